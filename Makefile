@@ -1,0 +1,34 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install install-dev demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[pipeline]'
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
+	PATH="$(abspath $(VENV))/bin:$$PATH" foal-pipe summary runs
+
+test: install-dev
+	$(PY) -m pytest -q
+
+bench: install-dev
+	$(PY) benchmarks/learn_bench.py
+	$(PY) benchmarks/extract_bench.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,239 @@
+"""AnalyticClassifier: an exact online ridge classifier with scikit-learn's ``partial_fit`` API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.backend import get_namespace, resolve_dtype, to_numpy
+from foal_pipe.engines import DEFAULT_ENGINE, ENGINES
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import atomic_path
+from foal_pipe.projection import SmoothProjection
+
+
+class AnalyticClassifier:
+    """Linear classifier on activations, fitted to one-hot labels by exact online ridge regression.
+
+    After every ``partial_fit`` call the weights equal the closed-form ridge solution
+    ``(H^T H + gamma I)^-1 H^T Y`` over all samples seen so far, whatever the batch sizes or order.
+
+    Unlike scikit-learn, ``classes_`` grows: a class first seen in a later call gets a zero column in
+    ``W`` inserted where it sorts. ``R`` (or ``G``) depends only on the features, so this stays exact.
+
+    Parameters
+    ----------
+    gamma : float, default=1.0
+        Ridge regularisation (``R0 = I / gamma``); must be > 0.
+    engine : {"gram", "rls"}, default="gram"
+        ``"rls"``: the paper's per-batch Woodbury recursion. ``"gram"``: accumulate ``H^T H`` and
+        ``H^T Y`` and solve when the weights are needed (the same solution, much faster on CPU).
+    dtype : {"float64", "float32"}, default="float64"
+        Dtype of the state. float32 halves memory but drifts from the exact solution.
+    backend : {"auto", "numpy", "cupy"}, default="numpy"
+        Array namespace for the state; ``auto`` uses CuPy when a GPU is available.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Sorted labels seen so far; column ``k`` of ``weights_`` scores ``classes_[k]``.
+    weights_ : ndarray of shape (n_features_in_, n_classes)
+        The paper's ``W`` (D x C), as a NumPy array.
+    coef_ : ndarray of shape (n_classes, n_features_in_)
+        ``weights_.T``, scikit-learn's orientation.
+    n_features_in_ : int
+    n_samples_seen_ : int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> H, y = rng.random((20, 5)), np.repeat([3, 7], 10)
+    >>> clf = AnalyticClassifier(gamma=1.0).partial_fit(H[:10], y[:10]).partial_fit(H[10:], y[10:])
+    >>> clf.classes_.tolist()
+    [3, 7]
+    """
+
+    def __init__(
+        self, gamma: float = 1.0, engine: str = DEFAULT_ENGINE, dtype: str = "float64", backend: str = "numpy"
+    ) -> None:
+        self.gamma = gamma
+        self.engine = engine
+        self.dtype = dtype
+        self.backend = backend
+
+    def _start(self, n_features: int) -> None:
+        if not np.isfinite(self.gamma) or self.gamma <= 0:
+            raise FoalPipeError(f"gamma must be a positive number, got {self.gamma}; try --gamma 1")
+        if self.engine not in ENGINES:
+            raise FoalPipeError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        self._xp = get_namespace(self.backend)
+        self._dtype = resolve_dtype(self.dtype)
+        self._engine = ENGINES[self.engine](n_features, float(self.gamma), self._xp, self._dtype)
+        self.n_features_in_ = n_features
+        self.classes_ = np.empty(0, dtype=np.int64)
+        self.n_samples_seen_ = 0
+
+    def _check_X(self, X: Any) -> Any:
+        if getattr(X, "ndim", None) != 2:
+            raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {getattr(X, 'shape', None)}")
+        if hasattr(self, "n_features_in_") and X.shape[1] != self.n_features_in_:
+            raise FoalPipeError(
+                f"X has {X.shape[1]} features but the classifier was fitted with {self.n_features_in_}; "
+                "use activations from the same projection"
+            )
+        return X
+
+    def partial_fit(self, X: Any, y: Any, classes: Any = None) -> AnalyticClassifier:
+        """Absorb one batch of activations ``X`` (n, D) with labels ``y`` (n,). Returns ``self``.
+
+        ``classes`` is accepted for scikit-learn compatibility; labels may also appear later.
+        """
+        X = self._check_X(X)
+        y = np.asarray(to_numpy(y)).ravel()
+        if y.shape[0] != X.shape[0]:
+            raise FoalPipeError(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels; pass one label per row")
+        if not hasattr(self, "_engine"):
+            self._start(int(X.shape[1]))
+        xp = self._xp
+        X = xp.asarray(X, dtype=self._dtype)
+        if not bool(xp.isfinite(X).all()):
+            raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
+        self._add_classes(np.concatenate([y, np.asarray(classes).ravel()]) if classes is not None else y)
+        Y = xp.zeros((X.shape[0], self.classes_.size), dtype=self._dtype)
+        Y[xp.arange(X.shape[0]), xp.asarray(np.searchsorted(self.classes_, y))] = 1.0
+        self._engine.update(X, Y)
+        self.n_samples_seen_ += int(X.shape[0])
+        return self
+
+    def _add_classes(self, labels: np.ndarray) -> None:
+        new = np.setdiff1d(labels, self.classes_)
+        if new.size == 0:
+            return
+        merged = np.union1d(self.classes_, new)
+        self._engine.insert_classes(merged.size, np.searchsorted(merged, self.classes_))
+        self.classes_ = merged
+
+    def merge(self, other: AnalyticClassifier) -> AnalyticClassifier:
+        """A new ``gram`` classifier holding the samples of both: the statistics simply add.
+
+        This is how per-task or per-worker statistics are combined; the result is exactly the classifier
+        that saw both streams. Only the ``gram`` engine keeps additive state.
+        """
+        self._check_fitted()
+        other._check_fitted()
+        if self.engine != "gram" or other.engine != "gram":
+            raise FoalPipeError("only gram classifiers can be merged; use engine='gram'")
+        if other.n_features_in_ != self.n_features_in_:
+            raise FoalPipeError("cannot merge classifiers fitted on different feature dimensions")
+        out = AnalyticClassifier(self.gamma, "gram", self.dtype, self.backend)
+        out._start(self.n_features_in_)
+        out._add_classes(np.union1d(self.classes_, other.classes_))
+        for part in (self, other):
+            cols = self._xp.asarray(np.searchsorted(out.classes_, part.classes_))
+            out._engine.G += part._engine.G
+            out._engine.Q[:, cols] += part._engine.Q
+        out.n_samples_seen_ = self.n_samples_seen_ + other.n_samples_seen_
+        return out
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "_engine"):
+            raise FoalPipeError("this AnalyticClassifier is not fitted yet; call partial_fit first")
+
+    def _weights(self) -> Any:
+        """Weights in the state's namespace, refused when not finite (ill-conditioned float32 state)."""
+        self._check_fitted()
+        W = self._engine.weights()
+        if not bool(self._xp.isfinite(W).all()):
+            raise FoalPipeError(
+                "the classifier has non-finite weights (ill-conditioned system); use a larger --gamma "
+                "or --dtype float64"
+            )
+        return W
+
+    @property
+    def weights_(self) -> np.ndarray:
+        return to_numpy(self._weights())
+
+    @property
+    def coef_(self) -> np.ndarray:
+        return self.weights_.T
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Scores ``X @ W`` of shape (n_samples, n_classes)."""
+        W = self._weights()
+        X = self._check_X(X)
+        return to_numpy(self._xp.asarray(X, dtype=self._dtype) @ W)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The class with the highest score, among the classes seen so far."""
+        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+
+    def score(self, X: Any, y: Any) -> float:
+        """Mean accuracy on ``(X, y)``."""
+        return float(np.mean(self.predict(X) == np.asarray(y)))
+
+    def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
+        """Write the full state (engine state, ``W``, ``classes``, optional projection) as safetensors.
+
+        Extra keyword arguments are stored as JSON metadata. :meth:`load` restores a classifier that keeps
+        learning exactly as if the stream had never been interrupted.
+        """
+        from safetensors.numpy import save_file
+
+        self._check_fitted()
+        if not np.issubdtype(self.classes_.dtype, np.integer):
+            raise FoalPipeError("only integer class labels can be saved; map labels to integer ids first")
+        tensors = {name: np.ascontiguousarray(to_numpy(a)) for name, a in self._engine.state().items()}
+        tensors["W"] = np.ascontiguousarray(self.weights_.astype(np.float64))
+        tensors["classes"] = self.classes_.astype(np.int64)
+        if projection is not None:
+            tensors["projection"] = np.ascontiguousarray(projection.components_)
+        meta = {key: json.dumps(value) for key, value in metadata.items()}
+        meta.update(
+            foal_pipe_state=json.dumps(
+                {"gamma": float(self.gamma), "engine": self.engine, "dtype": self._dtype.name,
+                 "n_samples_seen": self.n_samples_seen_}
+            ),
+            gamma=repr(float(self.gamma)),
+        )
+        path = Path(path)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:
+        """Restore a classifier written by :meth:`save` (safetensors only: nothing is unpickled)."""
+        tensors, meta = read_model(path)
+        if "foal_pipe_state" not in meta:
+            raise FoalPipeError(f"{path} holds no learner state; save it with AnalyticClassifier.save")
+        state = json.loads(meta["foal_pipe_state"])
+        clf = cls(gamma=state["gamma"], engine=state["engine"], dtype=state["dtype"], backend=backend)
+        clf._start(int(tensors["W"].shape[0]))
+        clf.classes_ = tensors["classes"].astype(np.int64)
+        clf._engine.load_state(tensors)
+        clf.n_samples_seen_ = int(state["n_samples_seen"])
+        return clf
+
+
+def read_model(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Tensors and metadata of a foal-pipe model file, with a clear error for anything else."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FoalPipeError(f"model file {path} does not exist; train one with `foal-pipe learn`")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception:
+        raise FoalPipeError(f"{path} is not a safetensors model file; pass the model.safetensors that learn wrote") from None
+    for key in ("W", "classes"):
+        if key not in tensors:
+            raise FoalPipeError(f"{path} has no {key!r} tensor; pass the model.safetensors that learn wrote")
+    return tensors, meta

@@ -1,0 +1,8 @@
+"""The one exception foal-pipe raises for problems a user can fix."""
+
+
+class FoalPipeError(Exception):
+    """A user-facing error: the message names the problem and the fix, in one line.
+
+    The CLI prints it as ``Error: <message>`` and exits with status 1, without a traceback.
+    """

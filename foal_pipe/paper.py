@@ -1,0 +1,166 @@
+"""The paper's published F-OAL numbers as data, and the rule that says when a run is comparable.
+
+Source: Zhuang et al., "F-OAL: Forward-only Online Analytic Learning", NeurIPS 2024
+(``shared/paper/f-oal-neurips2024.tex``): Table 2 (``tab:performance``, the F-OAL row, mean of 3 runs)
+and the appendix's gamma table (``tab:gamma``, A_avg for gamma = 1e2 .. 1e-3).
+
+A run is *comparable* to a Table 2 column when its dataset is that column's dataset and it used the
+paper's settings (:data:`PAPER_SETTINGS`, plus the column's number of tasks). :func:`match_paper`
+returns the row with the settings that differ, so a summary can say why a run is not compared.
+Choices where foal-pipe's defaults depart from the published code (input normalisation, last batch,
+masking unseen classes, projection init) do not prevent a comparison; :func:`recipe_notes` lists them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PAPER = "F-OAL (NeurIPS 2024), Table 2"
+PAPER_BACKBONE = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
+
+#: Settings every Table 2 run used (the number of tasks is per dataset: :attr:`PaperRow.n_tasks`).
+PAPER_SETTINGS: dict[str, Any] = {
+    "encoder": PAPER_BACKBONE,
+    "fusion": "mean",
+    "image_size": 224,
+    "projection_dim": 1000,
+    "gamma": 1.0,
+    "batch_size": 10,
+}
+
+#: What the published code does where foal-pipe's default differs (``metrics.json`` key -> value).
+PUBLISHED_RECIPE: dict[str, Any] = {
+    "normalize": False,
+    "drop_last": True,
+    "mask_unseen": False,
+    "projection_init": "uniform",
+}
+
+GAMMAS = (1e2, 1e1, 1.0, 1e-1, 1e-2, 1e-3)
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """One dataset's F-OAL results in the paper, in percent."""
+
+    dataset: str
+    title: str
+    n_tasks: int
+    A_avg: float
+    A_last: float
+    F: float
+    #: The appendix's A_avg (percent) for each gamma in :data:`GAMMAS`; at gamma 1 it can differ from
+    #: Table 2's A_avg (CORe50, FGVCAircraft, DTD): both are the paper's numbers.
+    gamma_A_avg: tuple[float, ...] = field(default=())
+
+    def metrics(self) -> dict[str, float]:
+        """Table 2's numbers as fractions, keyed like ``metrics.json``."""
+        return {"A_avg": self.A_avg / 100, "A_last": self.A_last / 100, "F": self.F / 100}
+
+
+TABLE2: tuple[PaperRow, ...] = (
+    PaperRow("cifar100", "CIFAR-100", 10, 91.1, 86.5, 5.5, (91.1, 91.1, 91.1, 90.8, 90.3, 87.2)),
+    PaperRow("core50", "CORe50", 9, 96.3, 92.5, 3.9, (95.3, 95.3, 95.3, 95.2, 93.6, 89.9)),
+    PaperRow("fgvcaircraft", "FGVCAircraft", 10, 62.2, 54.0, 10.0, (55.1, 59.5, 61.1, 47.1, 34.9, 22.4)),
+    PaperRow("dtd", "DTD", 10, 82.8, 75.9, 10.1, (70.3, 75.2, 81.6, 81.5, 79.1, 70.8)),
+    PaperRow("tinyimagenet", "Tiny-ImageNet", 10, 91.2, 87.3, 5.0, (91.2, 91.2, 91.2, 90.9, 90.3, 89.8)),
+    PaperRow("country211", "Country211", 10, 24.4, 17.5, 6.9, (23.2, 23.3, 24.4, 22.6, 21.3, 17.4)),
+)
+
+
+def dataset_key(name: str) -> str:
+    """Normalise a dataset name for matching: ``"FGVC-Aircraft"``, ``"fgvc_aircraft"`` -> ``"fgvcaircraft"``."""
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+def paper_row(dataset: str) -> PaperRow | None:
+    """The Table 2 column for ``dataset`` (any spelling), or ``None`` if the paper has none."""
+    key = dataset_key(dataset)
+    return next((row for row in TABLE2 if row.dataset == key), None)
+
+
+@dataclass(frozen=True)
+class PaperMatch:
+    """The paper's row for a run's dataset and the settings in which the run differs from it."""
+
+    row: PaperRow
+    differences: tuple[str, ...]
+
+    @property
+    def comparable(self) -> bool:
+        return not self.differences
+
+
+def run_settings(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings :func:`match_paper` compares, read from a ``metrics.json`` or ``sweep.json`` dict."""
+    encoder = metrics.get("encoder") or {}
+    tasks = metrics.get("tasks")
+    n_tasks = metrics.get("n_tasks", len(tasks) if isinstance(tasks, list) else None)
+    return {
+        "encoder": encoder.get("name"),
+        "fusion": encoder.get("fusion"),
+        "token": encoder.get("token", "cls"),
+        "image_size": encoder.get("image_size"),
+        "projection_dim": metrics.get("projection_dim"),
+        "gamma": metrics.get("gamma"),
+        "batch_size": metrics.get("batch_size"),
+        "n_tasks": n_tasks,
+    }
+
+
+def _same(key: str, ours: Any, paper: Any) -> bool:
+    if ours is None:
+        return False
+    if key == "gamma":
+        return abs(float(ours) - float(paper)) <= 1e-12 * max(1.0, abs(float(paper)))
+    if key == "fusion":
+        return dataset_key(ours) in {"mean", "meancls", "blockmean"}
+    if key == "token":
+        return dataset_key(ours) == "cls"
+    return ours == paper
+
+
+def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> PaperMatch | None:
+    """Compare a run with the paper's Table 2.
+
+    Parameters
+    ----------
+    metrics : mapping
+        A ``metrics.json`` (or ``sweep.json``) dict: ``dataset``, ``encoder``, ``projection_dim``,
+        ``gamma``, ``batch_size`` and ``n_tasks`` (or ``tasks``) are read.
+    ignore : tuple of str
+        Settings not to compare (a sweep varies ``"gamma"``).
+
+    Returns
+    -------
+    PaperMatch or None
+        ``None`` when the paper has no column for the dataset; otherwise the row and a tuple of
+        human-readable differences such as ``"gamma 0.1 (paper 1)"``, empty when comparable.
+    """
+    row = paper_row(str(metrics.get("dataset", "")))
+    if row is None:
+        return None
+    ours = run_settings(metrics)
+    wanted = dict(PAPER_SETTINGS, token="cls", n_tasks=row.n_tasks)
+    differences = tuple(
+        f"{key.replace('_', ' ')} {ours[key]} (paper {value:g})"
+        if isinstance(value, float)
+        else f"{key.replace('_', ' ')} {ours[key]} (paper {value})"
+        for key, value in wanted.items()
+        if key not in ignore and not _same(key, ours[key], value)
+    )
+    return PaperMatch(row, differences)
+
+
+def recipe_notes(metrics: Mapping[str, Any]) -> list[str]:
+    """Where a run departs from the published code in ways that do not block a comparison."""
+    encoder = metrics.get("encoder") or {}
+    seen = {"normalize": encoder.get("normalize"), **{k: metrics.get(k) for k in PUBLISHED_RECIPE if k != "normalize"}}
+    return [
+        f"{key.replace('_', ' ')} {seen[key]} (published code: {value})"
+        for key, value in PUBLISHED_RECIPE.items()
+        if seen[key] is not None and seen[key] != value
+    ]
