@@ -139,6 +139,34 @@ class AnalyticClassifier:
         out.n_samples_seen_ = self.n_samples_seen_ + other.n_samples_seen_
         return out
 
+    @classmethod
+    def from_statistics(
+        cls,
+        G: Any,
+        Q: Any,
+        classes: Any,
+        n_samples: int,
+        gamma: float = 1.0,
+        dtype: str = "float64",
+        backend: str = "numpy",
+    ) -> AnalyticClassifier:
+        """A ``gram`` classifier holding sums computed elsewhere (for example by Dask workers).
+
+        ``G = H^T H`` has shape (D, D), ``Q = H^T Y`` shape (D, C) with column ``k`` for ``classes[k]``;
+        ``classes`` must be sorted and unique. The result equals a classifier that saw those samples.
+        """
+        classes = np.asarray(classes, dtype=np.int64).ravel()
+        if G.ndim != 2 or G.shape[0] != G.shape[1] or Q.shape != (G.shape[0], classes.size):
+            raise FoalPipeError(f"G {G.shape} and Q {Q.shape} do not fit {classes.size} classes; expected (D, D) and (D, C)")
+        if classes.size and np.any(np.diff(classes) <= 0):
+            raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
+        clf = cls(gamma, "gram", dtype, backend)
+        clf._start(int(G.shape[0]))
+        clf.classes_ = classes
+        clf._engine.load_state({"G": G, "Q": Q})
+        clf.n_samples_seen_ = int(n_samples)
+        return clf
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "_engine"):
             raise FoalPipeError("this AnalyticClassifier is not fitted yet; call partial_fit first")
@@ -170,7 +198,8 @@ class AnalyticClassifier:
 
     def predict(self, X: Any) -> np.ndarray:
         """The class with the highest score, among the classes seen so far."""
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+        scores = self.decision_function(X)
+        return self.classes_[np.argmax(scores, axis=1)]
 
     def score(self, X: Any, y: Any) -> float:
         """Mean accuracy on ``(X, y)``."""

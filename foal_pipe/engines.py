@@ -23,7 +23,12 @@ from foal_pipe.errors import FoalPipeError
 def ridge_solve(G: Any, Q: Any, gamma: float, xp: ModuleType) -> Any:
     """``(G + gamma I)^-1 Q``, the closed-form ridge solution from accumulated statistics."""
     A = G + gamma * xp.eye(G.shape[0], dtype=G.dtype)
-    return xp.linalg.solve(A, Q)
+    try:
+        return xp.linalg.solve(A, Q)
+    except np.linalg.LinAlgError:
+        raise FoalPipeError(
+            f"the ridge system is singular at gamma={gamma:g}; use a larger --gamma or --dtype float64"
+        ) from None
 
 
 def _pad_columns(matrix: Any, n_total: int, positions: np.ndarray, xp: ModuleType) -> Any:

@@ -12,6 +12,7 @@ run directory or from a path given separately. :func:`evaluate` writes, into one
 ``*.csv``                the same data for ``dvc plots``: ``steps``, ``accuracy_matrix``,
                          ``weight_norms``, ``gamma``
 ``summary.md``           the headline metrics (beside the paper's Table 2 when comparable), the matrix
+``scores.json``          A_avg, A_last, F, F_published_code and the sweep's best gamma, for ``dvc metrics``
 =======================  ============================================================================
 
 Metrics are fractions in the JSON files and percent in plots and summaries. Every headline number is
@@ -24,7 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,14 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import atomic_path
+from foal_pipe.io import atomic_path, write_json
 from foal_pipe.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 
 METRICS_FILE = "metrics.json"
 SWEEP_FILE = "sweep.json"
 MODEL_FILE = "model.safetensors"
 SUMMARY_FILE = "summary.md"
+SCORES_FILE = "scores.json"
 DEFAULT_OUT = "eval"
 #: Largest disagreement tolerated between a stored metric and its recomputation from the matrix.
 TOLERANCE = 1e-6
@@ -53,8 +55,9 @@ class Run:
     metrics: dict[str, Any]
     sweep: dict[str, Any] | None = None
     sweep_path: Path | None = None
-    #: ``(labels, norms)``: each class's label id and the L2 norm of its column of W.
-    weight_norms: tuple[np.ndarray, np.ndarray] | None = None
+    #: ``(labels, norms, names)``: each class's label id, the L2 norm of its column of W, and the
+    #: store's class names (indexed by label id) when the model records them.
+    weight_norms: tuple[np.ndarray, np.ndarray, list[str] | None] | None = None
     model_path: Path | None = None
 
     @property
@@ -200,28 +203,38 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
     return sweep
 
 
-def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class L2 norms of W's columns from a ``model.safetensors``: ``(labels, norms)``."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+    """Per-class L2 norms of W's columns from a ``model.safetensors``: ``(labels, norms, class names)``.
+
+    Only ``W`` and ``classes`` are read (not the learner state); names come from the ``classes_names``
+    metadata when ``learn`` stored it.
+    """
+    from safetensors import safe_open
 
     path = Path(path)
+    if not path.is_file():
+        raise FoalPipeError(f"model file {path} does not exist; re-run `foal-pipe learn` or leave out --model")
     try:
-        tensors = load_file(str(path))
-    except FileNotFoundError:
-        raise FoalPipeError(f"model file {path} does not exist; re-run `foal-pipe learn` or drop --model") from None
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise FoalPipeError(
-            f"{path} is not a readable safetensors model ({str(exc).splitlines()[0][:80]}); re-run `foal-pipe learn`"
-        ) from None
-    if "W" not in tensors or "classes" not in tensors:
-        raise FoalPipeError(f"{path} lacks the tensor 'W' or 'classes'; it is not a foal-pipe model")
-    W, classes = np.asarray(tensors["W"]), np.asarray(tensors["classes"]).reshape(-1)
+        with safe_open(str(path), framework="numpy") as f:
+            keys, meta = set(f.keys()), f.metadata() or {}
+            if not {"W", "classes"} <= keys:
+                raise FoalPipeError(f"{path} lacks the tensor 'W' or 'classes'; pass the model.safetensors learn wrote")
+            W, classes = np.asarray(f.get_tensor("W")), np.asarray(f.get_tensor("classes")).reshape(-1)
+    except FoalPipeError:
+        raise
+    except Exception:  # safetensors raises several types for a damaged or foreign file
+        raise FoalPipeError(f"{path} is not a readable safetensors model; re-run `foal-pipe learn`") from None
     if W.ndim != 2 or W.shape[1] != classes.size:
         raise FoalPipeError(
             f"{path}: W has shape {W.shape} but there are {classes.size} class ids; expected W of shape (D, C)"
         )
-    return classes.astype(np.int64), np.linalg.norm(W.astype(np.float64), axis=0)
+    try:
+        names = json.loads(meta["classes_names"]) if "classes_names" in meta else None
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list):
+        names = None
+    return classes.astype(np.int64), np.linalg.norm(W.astype(np.float64), axis=0), names
 
 
 def load_run(
@@ -270,7 +283,7 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
     """One row per class in stream order (then unseen classes by label): position, label, task, norm."""
     if run.weight_norms is None:
         return []
-    labels, norms = run.weight_norms
+    labels, norms, names = run.weight_norms
     task_of = _task_of(run.metrics.get("tasks"))
     stream = [int(lab) for t in run.metrics.get("tasks") or [] for lab in t]
     order = {label: i for i, label in enumerate(stream)}
@@ -279,6 +292,7 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
         {
             "position": pos,
             "label": int(labels[k]),
+            "name": names[int(labels[k])] if names and 0 <= int(labels[k]) < len(names) else "",
             "task": task_of[int(labels[k])] + 1 if int(labels[k]) in task_of else "",
             "norm": float(norms[k]),
         }
@@ -320,6 +334,15 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
         for row in rows:
             writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
     return path
+
+
+def scores(run: Run) -> dict[str, float]:
+    """The headline numbers (fractions) for ``dvc metrics``: the run's, and the sweep's best gamma."""
+    out = {key: float(run.metrics[key]) for key in _HEADLINE if isinstance(run.metrics.get(key), (int, float))}
+    if run.sweep is not None:
+        best = max(run.sweep["results"], key=lambda r: r["A_avg"])
+        out.update(sweep_best_gamma=float(best["gamma"]), sweep_best_A_avg=float(best["A_avg"]))
+    return out
 
 
 def write_plot_data(run: Run, out: Path) -> list[Path]:
@@ -419,7 +442,12 @@ def plot_weight_norms(run: Run, path: Path) -> Path:
                    color=color.get(t, "lightgray"), label=f"task {t}" if t != "" else "not in stream")
     mean = float(np.mean([r["norm"] for r in rows]))
     ax.axhline(mean, color="black", lw=0.8, ls="--", label="mean")
-    ax.set_xlabel("class, in stream order")
+    if len(rows) <= 40:
+        ticks = [str(r["name"] or r["label"])[:12] for r in rows]
+        ax.set_xticks([r["position"] for r in rows], ticks, fontsize=7, rotation=90 if len(rows) > 12 else 0)
+        ax.set_xlabel("class, in stream order")
+    else:
+        ax.set_xlabel("class, in stream order")
     ax.set_ylabel("‖W[:, c]‖₂")
     ax.set_title(f"per-class weight norms (recency bias shows as taller late tasks)\n{_title(run)}", fontsize=9)
     if len(tasks) <= 12:
@@ -491,7 +519,7 @@ def summary_markdown(ev: Evaluation) -> str:
     show_paper = paper is not None and paper.comparable
     lines += ["## Results", ""]
     if show_paper:
-        lines += [f"| metric | ours | paper ({PAPER}, {paper.row.title}) | ours - paper |", "|---|---:|---:|---:|"]
+        lines += [f"| metric | ours | paper ({paper.row.title}) | ours - paper |", "|---|---:|---:|---:|"]
     else:
         lines += ["| metric | ours |", "|---|---:|"]
     labels = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)"}
@@ -511,7 +539,7 @@ def summary_markdown(ev: Evaluation) -> str:
         lines.append(f"The paper's Table 2 has no `{run.dataset}` column, so there is nothing to compare with.")
     elif paper.comparable:
         lines.append(
-            f"Same dataset and settings as the paper's {paper.row.title} column "
+            f"Same dataset and settings as the {paper.row.title} column of {PAPER} "
             f"(ViT-B/16, D=1000, gamma 1, batch 10, {paper.row.n_tasks} tasks); the paper reports a mean of 3 runs."
         )
     else:
@@ -590,6 +618,7 @@ def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
     ev.files += write_plot_data(run, out)
+    ev.files.append(write_json(out / SCORES_FILE, scores(run)))
     if plots:
         ev.files.append(plot_accuracy_matrix(run, out / "accuracy_matrix.png"))
         ev.files.append(plot_steps(run, out / "steps.png"))
@@ -617,9 +646,12 @@ class RunSummary:
     sweep: dict[str, Any] | None = None
 
 
-def find_runs(paths: Iterable[str | Path]) -> list[RunSummary]:
+def find_runs(
+    paths: Iterable[str | Path], on_error: Callable[[str], None] | None = None
+) -> list[RunSummary]:
     """Runs and sweeps under each path: a ``metrics.json``/``sweep.json`` file, or a directory searched
-    recursively (an ``eval`` output directory holds neither). Sorted by path; duplicates dropped."""
+    recursively. Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with
+    ``on_error``, is reported to it and skipped."""
     found: dict[Path, RunSummary] = {}
     for p in map(Path, paths):
         if not p.exists():
@@ -628,11 +660,18 @@ def find_runs(paths: Iterable[str | Path]) -> list[RunSummary]:
         for f in files:
             if f.name not in (METRICS_FILE, SWEEP_FILE):
                 raise FoalPipeError(f"{f} is neither a {METRICS_FILE} nor a {SWEEP_FILE}")
+            try:
+                data = read_metrics(f) if f.name == METRICS_FILE else read_sweep(f)
+            except FoalPipeError as exc:
+                if on_error is None:
+                    raise
+                on_error(str(exc))
+                continue
             entry = found.setdefault(f.parent, RunSummary(f.parent))
             if f.name == METRICS_FILE:
-                entry.metrics = read_metrics(f)
+                entry.metrics = data
             else:
-                entry.sweep = read_sweep(f)
+                entry.sweep = data
     if not found:
         names = ", ".join(map(str, paths))
         raise FoalPipeError(

@@ -164,8 +164,8 @@ def sweep_boundaries(running: Sequence[AnalyticClassifier], gammas: Sequence[flo
         lam, V = xp.linalg.eigh(G)
         B = V.T @ Q
         g = xp.asarray(np.asarray(gammas, dtype=G.dtype))
-        scaled = B[None, :, :] / (lam[None, :, None] + g[:, None, None])  # (n_gammas, D, C)
-        W = xp.einsum("ij,gjc->igc", V, scaled)
+        scaled = B[:, None, :] / (lam[:, None, None] + g[None, :, None])  # (D, n_gammas, C)
+        W = (V @ scaled.reshape(V.shape[0], -1)).reshape(scaled.shape)
         if not bool(xp.isfinite(W).all()):
             raise FoalPipeError("a swept classifier has non-finite weights; drop the smallest gammas or use --dtype float64")
         out.append(Boundary(clf.classes_, W))
@@ -246,14 +246,15 @@ def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: C
     start = time.perf_counter()
     p = prepare(features, config)
     _warn_dropped(p, log)
-    if config.engine == "rls":
-        if config.scheduler == "dask":
-            raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
-        boundaries, final = rls_boundaries(p)
-    else:
-        running = cumulative(task_statistics(p))
-        boundaries, final = gram_boundaries(running), running[-1]
-    acc = accuracy_matrices(p, boundaries)[0]
+    if config.engine == "rls" and config.scheduler == "dask":
+        raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
+    with np.errstate(all="ignore"):  # overflow is caught by the finiteness check on the weights
+        if config.engine == "rls":
+            boundaries, final = rls_boundaries(p)
+        else:
+            running = cumulative(task_statistics(p))
+            boundaries, final = gram_boundaries(running), running[-1]
+        acc = accuracy_matrices(p, boundaries)[0]
     metrics = {
         **_report(p, acc),
         "gamma": config.gamma,
@@ -283,8 +284,9 @@ def run_sweep(
     gammas = [check_gamma(g) for g in gammas]
     p = prepare(features, config)
     _warn_dropped(p, log)
-    running = cumulative(task_statistics(p))
-    acc = accuracy_matrices(p, sweep_boundaries(running, gammas))
+    with np.errstate(all="ignore"):  # overflow is caught by the finiteness check on the weights
+        running = cumulative(task_statistics(p))
+        acc = accuracy_matrices(p, sweep_boundaries(running, gammas))
     results = [{"gamma": g, **_report(p, acc[m])} for m, g in enumerate(gammas)]
     best = max(results, key=lambda r: r["A_avg"])
     report = {

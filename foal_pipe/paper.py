@@ -111,6 +111,18 @@ def run_settings(metrics: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+_LABELS = {
+    "encoder": "encoder",
+    "fusion": "fusion",
+    "token": "token",
+    "image_size": "image size",
+    "projection_dim": "projection dim D",
+    "gamma": "gamma",
+    "batch_size": "batch size",
+    "n_tasks": "tasks",
+}
+
+
 def _same(key: str, ours: Any, paper: Any) -> bool:
     if ours is None:
         return False
@@ -146,9 +158,9 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
     ours = run_settings(metrics)
     wanted = dict(PAPER_SETTINGS, token="cls", n_tasks=row.n_tasks)
     differences = tuple(
-        f"{key.replace('_', ' ')} {ours[key]} (paper {value:g})"
+        f"{_LABELS[key]} {ours[key]} (paper {value:g})"
         if isinstance(value, float)
-        else f"{key.replace('_', ' ')} {ours[key]} (paper {value})"
+        else f"{_LABELS[key]} {ours[key]} (paper {value})"
         for key, value in wanted.items()
         if key not in ignore and not _same(key, ours[key], value)
     )

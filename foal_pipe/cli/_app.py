@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from foal_pipe.errors import FoalPipeError
 
@@ -33,5 +34,5 @@ def user_errors() -> Iterator[None]:
     except FoalPipeError as exc:
         if os.environ.get("FOAL_PIPE_DEBUG"):
             raise
-        err_console.print(f"[bold red]Error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]Error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None

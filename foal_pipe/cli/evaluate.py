@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from foal_pipe.cli._app import app, console, err_console, user_errors
@@ -46,16 +47,23 @@ def evaluate(
 ) -> None:
     """Plot a run (accuracy matrix, A_i per step, weight norms, gamma curve) and write summary.md.
 
-    When the dataset and settings match a column of the paper's Table 2, summary.md shows the paper's
-    numbers beside ours.
+    When the dataset and settings match a column of the paper's Table 2, summary.md shows its numbers too.
     """
     with user_errors():
         from foal_pipe.evaluate import evaluate as run_evaluation
+        from foal_pipe.evaluate import pct
 
         ev = run_evaluation(run, out=out, sweep=sweep, model=model, plots=plots)
         for warning in ev.warnings:
             err_console.print(f"[bold yellow]Warning:[/] {warning}", highlight=False, soft_wrap=True)
-        console.print(summary_table([ev.run.path], paper_note=True))
+        m = ev.run.metrics
+        line = f"{ev.run.dataset}: A_avg {pct(m['A_avg'])}  A_last {pct(m['A_last'])}  F {pct(m['F'])} (%)"
+        if ev.paper is not None and ev.paper.comparable:
+            r = ev.paper.row
+            line += f"; paper ({r.title}): A_avg {r.A_avg}  A_last {r.A_last}  F {r.F}"
+        elif ev.paper is not None:
+            line += f"; not comparable with the paper's {ev.paper.row.title}: " + "; ".join(ev.paper.differences)
+        console.print(line, highlight=False, soft_wrap=True)
         console.print(f"Wrote {len(ev.files)} files to {ev.out}: " + ", ".join(f.name for f in ev.files),
                       highlight=False, soft_wrap=True)
 
@@ -73,54 +81,58 @@ def summary(
 ) -> None:
     """Print a table of runs (A_avg, A_last, F; the paper's numbers when comparable) and of sweeps."""
     with user_errors():
-        console.print(summary_table(paths or [Path("runs")], paper_note=False))
+        console.print(summary_table(paths or [Path("runs")]))
 
 
-def summary_table(paths: list[Path], paper_note: bool) -> Table:
-    """A rich table with one row per learn run and per sweep found under ``paths``."""
-    from foal_pipe.evaluate import describe, find_runs, pct
+def summary_table(paths: list[Path]) -> Table:
+    """A rich table with one row per learn run and per sweep found under ``paths``.
+
+    The paper column appears when a run's dataset is in the paper's Table 2; runs that are not
+    comparable say how many settings differ (``foal-pipe evaluate`` writes which ones to summary.md).
+    """
+    from foal_pipe.evaluate import find_runs, pct
     from foal_pipe.paper import match_paper
 
-    found = find_runs(paths)
-    table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left")
-    for name, justify in [("run", "left"), ("dataset", "left"), ("encoder", "left"), ("tasks", "right"),
-                          ("D", "right"), ("gamma", "right"), ("A_avg", "right"), ("A_last", "right"),
-                          ("F", "right"), ("paper A_avg/A_last/F", "left"), ("s", "right")]:
-        table.add_column(name, justify=justify, no_wrap=name != "paper A_avg/A_last/F")
-    notes = []
+    found = find_runs(paths, on_error=lambda message: err_console.print(
+        f"[bold yellow]Warning:[/] skipped: {message}", highlight=False, soft_wrap=True))
+    matches = {e.path: match_paper(e.metrics) for e in found if e.metrics is not None}
+    with_paper = any(m is not None for m in matches.values())
+    table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ["run", "data / encoder", "setting", "A_avg", "A_last", "F"]:
+        table.add_column(name, justify="right" if name[0] in "AF" else "left", no_wrap=name[0] in "AF",
+                         overflow="fold" if name == "run" else "ellipsis")
+    if with_paper:
+        table.add_column("paper A_avg / A_last / F")
+    table.add_column("s", justify="right", no_wrap=True)
+
+    def number(value, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+    def setting(d: dict, tasks, gamma: str) -> str:
+        return f"{tasks} tasks, D {number(d.get('projection_dim'), 'd')}, {gamma}"
+
+    def data(d: dict) -> str:
+        return f"{d.get('dataset', '?')} / {(d.get('encoder') or {}).get('name', '?')}"
+
     for entry in found:
         if entry.metrics is not None:
-            m = entry.metrics
-            match = match_paper(m)
-            if match is None:
-                paper = "-"
-            elif match.comparable:
-                paper = f"{match.row.A_avg} / {match.row.A_last} / {match.row.F}"
-            else:
-                paper = f"not comparable ({len(match.differences)} settings differ)"
-                notes.append(f"{entry.path}: differs from the paper's {match.row.title} in "
-                             + "; ".join(match.differences))
-            seconds = m.get("seconds")
-            table.add_row(
-                str(entry.path), str(m.get("dataset", "?")), str((m.get("encoder") or {}).get("name", "?")),
-                str(m.get("n_tasks", len(m["accuracy_matrix"]))), str(m.get("projection_dim", "?")),
-                f"{m.get('gamma', '?'):g}" if isinstance(m.get("gamma"), (int, float)) else "?",
-                pct(m["A_avg"]), pct(m["A_last"]), pct(m["F"]), paper,
-                f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
-            )
+            m, match = entry.metrics, matches[entry.path]
+            tasks = m.get("n_tasks", len(m["accuracy_matrix"]))
+            row = [str(entry.path), data(m), setting(m, tasks, f"gamma {number(m.get('gamma'), 'g')}"),
+                   pct(m["A_avg"]), pct(m["A_last"]), pct(m["F"])]
+            if with_paper:
+                row.append(
+                    "-" if match is None
+                    else f"{match.row.A_avg} / {match.row.A_last} / {match.row.F}" if match.comparable
+                    else f"not comparable: {len(match.differences)} settings differ"
+                )
+            table.add_row(*row, number(m.get("seconds"), ".1f"))
         if entry.sweep is not None:
             s = entry.sweep
             best = max(s["results"], key=lambda r: r["A_avg"])
-            gammas = ", ".join(f"{r['gamma']:g}" for r in s["results"])
-            seconds = s.get("seconds")
-            table.add_row(
-                f"{entry.path} (sweep)", str(s.get("dataset", "?")), str((s.get("encoder") or {}).get("name", "?")),
-                str(len(s["tasks"])) if isinstance(s.get("tasks"), list) else "?", str(s.get("projection_dim", "?")),
-                f"best {best['gamma']:g} of {gammas}", pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"]), "",
-                f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
-            )
-    if notes and paper_note:
-        table.caption = "\n".join(notes)
-    elif not notes and paper_note and len(found) == 1 and found[0].metrics is not None:
-        table.caption = describe(found[0].metrics)
+            tasks = s.get("n_tasks", len(s["tasks"]) if isinstance(s.get("tasks"), list) else "?")
+            gamma = f"best gamma {best['gamma']:g} of {len(s['results'])}"
+            row = [f"{entry.path}", data(s), setting(s, tasks, gamma), pct(best["A_avg"]), pct(best["A_last"]),
+                   pct(best["F"])]
+            table.add_row(*row, *([""] if with_paper else []), number(s.get("seconds"), ".1f"))
     return table

@@ -1,0 +1,215 @@
+"""Benchmark ``--scheduler dask``: 1 vs 2 Dask worker processes on this machine.
+
+* ``gram``: the Gram statistics of ``learn``/``sweep`` (projection + sigmoid + per-task ``H^T H`` and
+  ``H^T Y``) on a synthetic 500,000 x 768 float32 store (100 classes, 10 tasks, D = 1000), written chunk
+  by chunk. Timed: the single-process pass (``--scheduler local``, NumPy's BLAS free to use every core)
+  and the Dask pass on an already running LocalCluster of 1 and of 2 single-threaded workers; cluster
+  start-up is timed apart. The Dask statistics are checked against the local ones.
+* ``extract``: ``foal-pipe extract`` of ``digits`` through a tiny random-weight ViT, single process vs a
+  LocalCluster of 1 and of 2 workers (start-up included: it is what a user waits for).
+
+Medians of ``--repeats`` runs. Results are printed as JSON and written as the ``## dask`` section of
+benchmarks/RESULTS.md (replacing an older one).
+
+Usage: python benchmarks/dask_bench.py [gram|extract|all] [--rows 500000] [--repeats 3] [--store PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from foal_pipe.store import StoreMeta
+
+N_CLASSES, DIM, D, TASKS = 100, 768, 1000, 10
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def machine() -> dict[str, str]:
+    model = platform.processor() or platform.machine()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        pass
+    import dask
+
+    return {"cpu": model, "nproc": str(os.cpu_count()), "date": time.strftime("%Y-%m-%d"), "dask": dask.__version__}
+
+
+def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0) -> Path:
+    """Synthetic class-clustered features, written one chunk at a time (never a whole split in memory)."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
+    group = zarr.open_group(str(path), mode="w")
+    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(N_CLASSES)), dataset="synthetic",
+                     encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
+    group.attrs.update(meta.to_dict())
+    for split, n in (("train", n_train), ("test", n_test)):
+        feats = group.create_array(f"{split}/features", shape=(n, DIM), chunks=(chunk, DIM), dtype="float32")
+        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
+        y = rng.integers(0, N_CLASSES, size=n)
+        labels[:] = y
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, 2.0, size=(hi - lo, DIM)).astype(np.float32)
+    group.attrs["complete"] = True
+    return path
+
+
+def timed(fn, repeats: int) -> tuple[float, list[float], object]:
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(round(time.perf_counter() - start, 2))
+    return statistics.median(times), times, out
+
+
+def bench_gram(store: Path, repeats: int) -> dict:
+    from distributed import LocalCluster
+
+    from foal_pipe.learn import LearnConfig, prepare, task_statistics
+
+    common = dict(tasks=TASKS, projection_dim=D, seed=0, backend="numpy")
+    n_rows = int(zarr.open_group(str(store), mode="r")["train/features"].shape[0])
+    out: dict = {"rows": n_rows, "dim": DIM, "D": D, "classes": N_CLASSES, "tasks": TASKS}
+    median, runs, ref = timed(lambda: task_statistics(prepare(store, LearnConfig(**common))), repeats)
+    out["local"] = {"median_s": median, "runs_s": runs}
+    print(f"gram local: {median:.1f} s {runs}", file=sys.stderr)
+    for workers in (1, 2):
+        start = time.perf_counter()
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                          silence_logs=40) as cluster:
+            startup = time.perf_counter() - start
+            cfg = LearnConfig(**common, scheduler="dask", dask_address=cluster.scheduler_address)
+            median, runs, got = timed(lambda: task_statistics(prepare(store, cfg)), repeats)
+        err = max(float(np.abs(a._engine.G - b._engine.G).max()) for a, b in zip(ref, got))
+        err = max(err, max(float(np.abs(a._engine.Q - b._engine.Q).max()) for a, b in zip(ref, got)))
+        out[f"dask_{workers}"] = {"median_s": median, "runs_s": runs, "cluster_startup_s": round(startup, 2),
+                                  "max_abs_diff_vs_local": err}
+        print(f"gram dask x{workers}: {median:.1f} s {runs}, startup {startup:.1f} s, diff {err:.2e}", file=sys.stderr)
+    out["speedup_2_vs_1"] = round(out["dask_1"]["median_s"] / out["dask_2"]["median_s"], 2)
+    return out
+
+
+def bench_extract(work: Path, repeats: int) -> dict:
+    """Single process vs 1 and 2 Dask workers for `foal-pipe extract` of digits with a tiny ViT."""
+    exe = str(Path(sys.executable).with_name("foal-pipe"))
+    base = ["extract", "--dataset", "digits", *EXTRACT_ARGS]
+
+    def run(extra: list[str], name: str) -> float:
+        out = work / f"{name}.zarr"
+        start = time.perf_counter()
+        proc = subprocess.run([exe, *base, "--out", str(out), *extra], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"extract {extra} failed:\n{proc.stderr}")
+        return round(seconds, 2)
+
+    out: dict = {"dataset": "digits", "args": " ".join(EXTRACT_ARGS)}
+    for name, extra in (("local", []),
+                        ("dask_1", ["--scheduler", "dask", "--workers", "1"]),
+                        ("dask_2", ["--scheduler", "dask", "--workers", "2"])):
+        runs = [run(extra, f"{name}-{i}") for i in range(repeats)]
+        out[name] = {"median_s": statistics.median(runs), "runs_s": runs}
+        print(f"extract {name}: {runs}", file=sys.stderr)
+    ref = zarr.open_group(str(work / "local-0.zarr"), mode="r")
+    for name in ("dask_1", "dask_2"):
+        got = zarr.open_group(str(work / f"{name}-0.zarr"), mode="r")
+        out[name]["identical_to_local"] = all(
+            np.array_equal(np.asarray(ref[k][:]), np.asarray(got[k][:]))
+            for k in ("train/features", "train/labels", "test/features", "test/labels")
+        )
+    out["speedup_2_vs_1"] = round(out["dask_1"]["median_s"] / out["dask_2"]["median_s"], 2)
+    return out
+
+
+#: A tiny ViT with random weights (no download); 32 px digits images upscaled to 64 px.
+EXTRACT_ARGS = ["--model", "vit_tiny_patch16_224", "--random-weights", "--image-size", "64", "--device", "cpu"]
+
+
+def write_section(results: dict) -> None:
+    """Replace (or append) the ``## dask`` section of RESULTS.md."""
+    m = results["machine"]
+    lines = ["## dask", "",
+             f"`python benchmarks/dask_bench.py` on {m['cpu']}, nproc {m['nproc']}, dask {m['dask']}, {m['date']}. "
+             "Medians of the runs listed; workers are processes with one thread each.", ""]
+    if "gram" in results:
+        g = results["gram"]
+        lines += [f"### Gram statistics, {g['rows']:,} x {g['dim']} float32 store, {g['classes']} classes, "
+                  f"{g['tasks']} tasks, D = {g['D']}", "",
+                  "| run | seconds (median) | runs | cluster start-up s | max abs diff vs local |",
+                  "|---|---:|---|---:|---:|",
+                  f"| single process (`--scheduler local`, BLAS on all cores) | {g['local']['median_s']:.1f} | "
+                  f"{g['local']['runs_s']} | - | - |"]
+        for w in (1, 2):
+            r = g[f"dask_{w}"]
+            lines.append(f"| dask, {w} worker{'s' if w > 1 else ''} | {r['median_s']:.1f} | {r['runs_s']} | "
+                         f"{r['cluster_startup_s']:.1f} | {r['max_abs_diff_vs_local']:.1e} |")
+        lines += ["", f"2 vs 1 workers: {g['speedup_2_vs_1']:.2f}x.", ""]
+    if "extract" in results:
+        e = results["extract"]
+        lines += [f"### Extraction, digits, `{e['args']}` (wall time of the command, cluster start-up included)", "",
+                  "| run | seconds (median) | runs | store identical to single process |", "|---|---:|---|---|",
+                  f"| single process | {e['local']['median_s']:.1f} | {e['local']['runs_s']} | - |"]
+        for w in (1, 2):
+            r = e[f"dask_{w}"]
+            lines.append(f"| dask, {w} worker{'s' if w > 1 else ''} | {r['median_s']:.1f} | {r['runs_s']} | "
+                         f"{'yes' if r['identical_to_local'] else 'NO'} |")
+        lines += ["", f"2 vs 1 workers: {e['speedup_2_vs_1']:.2f}x.", ""]
+    if "notes" in results:
+        lines += [results["notes"], ""]
+    section = "\n".join(lines)
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
+    pattern = re.compile(r"^## dask\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", nargs="?", default="all", choices=("gram", "extract", "all"))
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--store", type=Path, default=None, help="reuse (or create) the synthetic store here")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+    results: dict = {"machine": machine()}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if args.what in ("gram", "all"):
+            store = args.store or tmp / "synthetic.zarr"
+            if not (store / "zarr.json").exists():
+                start = time.perf_counter()
+                make_store(store, args.rows, 10_000)
+                print(f"wrote {store} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            results["gram"] = bench_gram(store, args.repeats)
+        if args.what in ("extract", "all"):
+            results["extract"] = bench_extract(tmp, args.repeats)
+    print(json.dumps(results, indent=2))
+    if not args.no_write:
+        previous = {}
+        marker = RESULTS.with_suffix(".dask.json")
+        if marker.exists():
+            previous = json.loads(marker.read_text())
+        merged = {**previous, **results}
+        marker.write_text(json.dumps(merged, indent=2) + "\n")
+        write_section(merged)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Benchmark `foal-pipe learn` / `sweep` against a plain NumPy implementation of the paper's equations.
+
+Measured side by side in one run on a synthetic store (default 50,000 x 768 float32, 100 classes,
+10 tasks, D = 1000, batch 10):
+
+* `foal-pipe learn` (subprocess: wall time incl. start-up, peak RSS), median of --repeats;
+* the baseline: the paper's per-batch Woodbury step in float64 NumPy, as written (W preallocated for
+  all classes, K = (I + X R X^T)^-1, R <- R - R X^T K X R, W <- W + R X^T (Y - X W)), evaluated after
+  every task like learn;
+* `foal-pipe sweep` over 13 gammas (subprocess), median of --repeats;
+* exactness: learn's W against the closed-form ridge solution over every training row;
+* peak RSS of `learn` on a --big-rows store (default 500,000 rows) to show memory does not grow with N.
+
+Usage: python benchmarks/learn_bench.py [--rows 50000] [--big-rows 500000] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from foal_pipe.store import StoreMeta
+
+N_CLASSES, DIM, D, TASKS, BATCH = 100, 768, 1000, 10, 10
+GAMMAS = "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"
+
+
+def make_store(path: Path, n_train: int, n_test: int, seed: int = 0, chunk: int = 4096) -> Path:
+    """Synthetic ViT-like features written chunk by chunk (never the whole split in memory)."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
+    group = zarr.open_group(str(path), mode="w")
+    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(N_CLASSES)), dataset="synthetic",
+                     encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
+    group.attrs.update(meta.to_dict())
+    for split, n in (("train", n_train), ("test", n_test)):
+        feats = group.create_array(f"{split}/features", shape=(n, DIM), chunks=(chunk, DIM), dtype="float32")
+        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
+        y = rng.integers(0, N_CLASSES, size=n)
+        labels[:] = y
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, 8.0, size=(hi - lo, DIM)).astype(np.float32)
+    group.attrs["complete"] = True
+    return path
+
+
+def run_cli(args: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `foal-pipe` subprocess."""
+    exe = str(Path(sys.executable).with_name("foal-pipe"))
+    start = time.perf_counter()
+    proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"foal-pipe {' '.join(args)} failed: {proc.stderr.read().decode()}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def baseline(store: Path, seed: int = 0) -> tuple[float, list[list[float]]]:
+    """The paper's equations in plain float64 NumPy, one Woodbury step per batch of 10."""
+    start = time.perf_counter()
+    group = zarr.open_group(str(store), mode="r")
+    Xtr, ytr = np.asarray(group["train/features"][:]), np.asarray(group["train/labels"][:])
+    Xte, yte = np.asarray(group["test/features"][:]), np.asarray(group["test/labels"][:])
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(N_CLASSES)
+    tasks = [order[t * 10 : (t + 1) * 10] for t in range(TASKS)]
+    P = np.random.default_rng(seed).uniform(-1 / np.sqrt(DIM), 1 / np.sqrt(DIM), size=(DIM, D))
+    R, W = np.eye(D), np.zeros((D, N_CLASSES))
+    acc = []
+    for t, task in enumerate(tasks):
+        idx = np.flatnonzero(np.isin(ytr, task))
+        rng.shuffle(idx)
+        for b in range(0, idx.size, BATCH):
+            rows = idx[b : b + BATCH]
+            X = 1 / (1 + np.exp(-(Xtr[rows].astype(np.float64) @ P)))
+            Y = np.eye(N_CLASSES)[ytr[rows]]
+            K = np.linalg.inv(np.eye(X.shape[0]) + X @ R @ X.T)
+            R = R - R @ X.T @ K @ X @ R
+            W = W + R @ X.T @ (Y - X @ W)
+        row = []
+        for j in range(t + 1):
+            sel = np.isin(yte, tasks[j])
+            scores = (1 / (1 + np.exp(-(Xte[sel].astype(np.float64) @ P)))) @ W
+            row.append(float(np.mean(np.argmax(scores, axis=1) == yte[sel])))
+        acc.append(row)
+    return time.perf_counter() - start, acc
+
+
+def closed_form_error(store: Path, run: Path) -> float:
+    """max |W_learn - W_ridge| / max |W_ridge| over every training row the stream saw."""
+    from safetensors.numpy import load_file
+
+    model = load_file(str(run / "model.safetensors"))
+    metrics = json.loads((run / "metrics.json").read_text())
+    group = zarr.open_group(str(store), mode="r")
+    y = np.asarray(group["train/labels"][:])
+    seen = np.flatnonzero(np.isin(y, [c for t in metrics["tasks"] for c in t]))
+    G, Q = np.zeros((D, D)), np.zeros((D, model["classes"].size))
+    for lo in range(0, seen.size, 8192):
+        rows = seen[lo : lo + 8192]
+        H = 1 / (1 + np.exp(-(np.asarray(group["train/features"].get_orthogonal_selection((rows, slice(None)))).astype(np.float64) @ model["projection"])))
+        G += H.T @ H
+        Q += H.T @ (y[rows][:, None] == model["classes"][None, :])
+    W = np.linalg.solve(G + metrics["gamma"] * np.eye(D), Q)
+    return float(np.abs(model["W"] - W).max() / np.abs(W).max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--test-rows", type=int, default=10_000)
+    parser.add_argument("--big-rows", type=int, default=500_000, help="0 skips the memory run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        store = make_store(tmp / "bench.zarr", args.rows, args.test_rows)
+        common = ["--features", str(store), "--tasks", str(TASKS), "--batch-size", str(BATCH),
+                  "--projection-dim", str(D), "--seed", "0", "--backend", "numpy"]
+        learn = [run_cli(["learn", *common, "--out", str(tmp / "run")]) for _ in range(args.repeats)]
+        sweep = [run_cli(["sweep", *common, "--out", str(tmp / "sweep"), "--gammas", GAMMAS]) for _ in range(args.repeats)]
+        rls = run_cli(["learn", *common, "--out", str(tmp / "run-rls"), "--engine", "rls"])
+        f32 = run_cli(["learn", *common, "--out", str(tmp / "run-f32"), "--dtype", "float32"])
+        base_s, base_acc = baseline(store)
+        ours = json.loads((tmp / "run" / "metrics.json").read_text())
+        t_learn = statistics.median(s for s, _ in learn)
+        t_sweep = statistics.median(s for s, _ in sweep)
+        results.update(
+            rows=args.rows, learn_s=t_learn, learn_rss_mib=max(m for _, m in learn), learn_all_s=[s for s, _ in learn],
+            sweep_s=t_sweep, sweep_all_s=[s for s, _ in sweep], sweep_over_learn=t_sweep / t_learn,
+            rls_engine_s=rls[0], float32_s=f32[0], baseline_s=base_s, speedup=base_s / t_learn,
+            closed_form_rel_err=closed_form_error(store, tmp / "run"),
+            closed_form_rel_err_rls=closed_form_error(store, tmp / "run-rls"),
+            closed_form_rel_err_float32=closed_form_error(store, tmp / "run-f32"),
+            A_last_learn=ours["A_last"], A_last_baseline=float(np.mean(base_acc[-1])),
+        )
+        (tmp / "bench.zarr").rename(tmp / "done.zarr")
+        if args.big_rows:
+            big = make_store(tmp / "big.zarr", args.big_rows, 1000)
+            s, rss = run_cli(["learn", "--features", str(big), "--out", str(tmp / "big-run"), "--tasks", str(TASKS),
+                              "--projection-dim", str(D), "--backend", "numpy"])
+            results.update(big_rows=args.big_rows, big_learn_s=s, big_learn_rss_mib=rss)
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

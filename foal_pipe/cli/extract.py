@@ -1,0 +1,219 @@
+"""``foal-pipe extract`` (images -> feature store) and ``foal-pipe info`` (what a store holds).
+
+Torch, timm and torchvision are imported by the library only when a command runs, never at import.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from foal_pipe.cli._app import app, console, err_console, user_errors
+from foal_pipe.datasets import DATASETS
+from foal_pipe.encoders import PAPER_MODEL
+
+_DATASETS = ", ".join(DATASETS)
+
+
+def _size_on_disk(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+class _RichProgress:
+    """One bar per split: rows written of rows total, images/s, elapsed, ETA (on stderr)."""
+
+    def __init__(self) -> None:
+        self.bar = Progress(
+            TextColumn("[bold]{task.description:>5}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def start(self, split: str, done: int, total: int) -> None:
+        self.tasks[split] = self.bar.add_task(split, total=total, completed=done, rate="")
+
+    def advance(self, split: str, n: int) -> None:
+        task = self.tasks[split]
+        self.bar.advance(task, n)
+        speed = self.bar.tasks[task].speed
+        self.bar.update(task, rate=f"{speed:,.0f} images/s" if speed else "")
+
+
+@app.command()
+def extract(
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help=f"Dataset: {_DATASETS}. Default: digits "
+                                         "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
+    data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
+                        "fgvc-aircraft, country211 (default ~/datasets); the folder or its parent for core50, "
+                        "tiny-imagenet, fashion-mnist (defaults ~/datasets/core50_128x128, "
+                        "~/datasets/tiny-imagenet-200, /usr/share/datasets/fashion-mnist); the tree for "
+                        "imagefolder and the .h5 file for hdf5 (required for both). Unused for digits.",
+                        show_default=False)] = None,
+    download: Annotated[bool, typer.Option("--download", help="Let torchvision download cifar100, dtd, fgvc-aircraft "
+                        "or country211 into --data-dir. Default: off (use files already there).")] = False,
+    model: Annotated[str, typer.Option("--model", "-m", help="Full timm tag of a ViT-family model (weights via timm's "
+                     "Hugging Face cache), or 'pixels' (flattened pixels, no network). Default: the paper's "
+                     f"{PAPER_MODEL}.")] = PAPER_MODEL,
+    checkpoint: Annotated[Path | None, typer.Option(help="Local .safetensors or .pth state dict for --model, loaded "
+                          "with weights_only=True (no unpickling). Default: none (timm's pretrained weights).",
+                          show_default=False)] = None,
+    fusion: Annotated[str, typer.Option(help="mean-cls: average the token over every block's output, then the final "
+                      "norm (the paper); last: the last block only, then the final norm. Default: mean-cls.")]
+    = "mean-cls",
+    token: Annotated[str, typer.Option(help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
+    = "cls",
+    image_size: Annotated[int | None, typer.Option(help="Input side in pixels (images are resized to a square). "
+                          "Default: the model's own input size; for pixels the dataset's native size "
+                          "(8 for digits), else 32.", show_default=False)] = None,
+    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="Normalise with the model's own "
+                         "mean/std (pixels: 0.5/0.5). --no-normalize gives [0, 1] inputs as the published code. "
+                         "Default: --normalize.")] = True,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Feature store to write (a .zarr directory). "
+                   "Default: data/features/<dataset>.zarr.", show_default=False)] = None,
+    dtype: Annotated[str, typer.Option(help="Stored feature dtype: float32 or float16 (half the disk). "
+                     "Default: float32.")] = "float32",
+    chunk_rows: Annotated[int, typer.Option(help="Rows per stored chunk, the unit of writing and of resuming. "
+                          "Default: 1024.")] = 1024,
+    batch_size: Annotated[int | None, typer.Option(help="Images per forward pass (batches never straddle chunks). "
+                          "Default: 256 on CUDA, 32 on CPU.", show_default=False)] = None,
+    workers: Annotated[int | None, typer.Option(help="DataLoader worker processes (0: load in the main process). "
+                       "Default: half the CPU cores, at most 8.", show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
+                         "CUDA, fp32 on CPU.")] = "auto",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing store made with other settings "
+                         "(or a complete one). Default: off: a store with the same settings is resumed, one with "
+                         "other settings refused.")] = False,
+) -> None:
+    """Encode a dataset with a frozen ViT (fused block features) into a chunked Zarr feature store.
+
+    Re-running an interrupted command resumes after the last written chunk.
+    """
+    with user_errors():
+        from foal_pipe.extract import ExtractSpec, run_extract
+
+        spec = ExtractSpec(
+            dataset=dataset, out=str(out) if out else None, data_dir=str(data_dir) if data_dir else None,
+            download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None, fusion=fusion,
+            token=token, image_size=image_size, normalize=normalize, dtype=dtype, chunk_rows=chunk_rows,
+            batch_size=batch_size, workers=workers, device=device, precision=precision,
+        )
+        progress = _RichProgress()
+        try:
+            with progress.bar:
+                report = run_extract(spec, overwrite=overwrite, progress=progress)
+        except KeyboardInterrupt:
+            err_console.print(f"[yellow]Interrupted:[/] {spec.out_path} is incomplete; re-run the same command to "
+                              "resume after the last written chunk.", highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+        shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
+        if report.status == "complete":
+            console.print(f"{report.path} is already complete with these settings ({shape}); nothing to do "
+                          "(pass --overwrite to extract it again).", highlight=False, soft_wrap=True)
+            return
+        resumed = ""
+        if report.status == "resumed":
+            resumed = " (resumed from " + ", ".join(f"{s} {n:,}" for s, n in report.resumed_from.items()) + ")"
+        rate = sum(report.rows[s] - report.resumed_from.get(s, 0) for s in report.rows) / max(report.seconds, 1e-9)
+        console.print(
+            f"wrote {report.path}{resumed}: {shape} {dtype}, encoder {report.encoder}, {report.seconds:.1f} s "
+            f"({rate:,.0f} images/s on {report.device}, {report.precision})", highlight=False, soft_wrap=True,
+        )
+
+
+def store_summary(path: Path) -> dict[str, Any]:
+    """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output)."""
+    from foal_pipe.store import SPLITS, read_meta
+
+    group, meta = read_meta(path)
+    splits = {}
+    for split in SPLITS:
+        try:
+            features = group[f"{split}/features"]
+        except KeyError:
+            continue
+        splits[split] = {"rows": int(features.shape[0]), "dim": int(features.shape[1]) if features.ndim == 2 else None,
+                         "dtype": str(features.dtype), "chunk_rows": int(features.chunks[0])}
+    attrs = dict(group.attrs)
+    return {
+        "path": str(path),
+        "complete": meta.complete,
+        "dataset": meta.dataset,
+        "classes": list(meta.classes),
+        "encoder": meta.encoder,
+        "splits": splits,
+        "progress": attrs.get("progress"),
+        "source": attrs.get("source"),
+        "created": attrs.get("created"),
+        "finished": attrs.get("finished"),
+        "seconds": attrs.get("seconds"),
+        "runtime": attrs.get("runtime"),
+        "bytes_on_disk": _size_on_disk(Path(path)),
+    }
+
+
+@app.command()
+def info(
+    store: Annotated[Path, typer.Argument(help="A feature store (.zarr directory).", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON instead of a table. "
+                       "Default: off.")] = False,
+) -> None:
+    """Show a feature store: shape, dtype, classes, encoder, completeness and size on disk."""
+    with user_errors():
+        summary = store_summary(store)
+        if as_json:
+            console.print_json(json.dumps(summary))
+            return
+        enc = summary["encoder"]
+        table = Table(show_header=False, box=None, pad_edge=False)
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        if summary["complete"]:
+            status = "yes"
+        else:
+            prog = summary["progress"] or {}
+            done = ", ".join(f"{s} {prog.get(s, 0):,}/{v['rows']:,}" for s, v in summary["splits"].items())
+            status = f"[yellow]no[/] ({done} rows written; re-run the same `foal-pipe extract` to resume)"
+        classes = summary["classes"]
+        preview = ", ".join(classes[:6]) + (", ..." if len(classes) > 6 else "")
+        weights = enc.get("weights", {})
+        table.add_row("store", str(summary["path"]))
+        table.add_row("complete", status)
+        table.add_row("dataset", f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else ""))
+        table.add_row("classes", f"{len(classes)}: {preview}")
+        for split, v in summary["splits"].items():
+            table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
+        table.add_row("encoder", str(enc.get("name")))
+        details = [f"fusion {enc.get('fusion')}", f"token {enc.get('token')}", f"{enc.get('image_size')} px",
+                   "normalized" if enc.get("normalize") else "not normalized"]
+        if enc.get("precision"):
+            details.append(str(enc["precision"]))
+        table.add_row("", ", ".join(details))
+        if weights:
+            where = weights.get("id") or weights.get("path") or weights.get("url") or ""
+            table.add_row("weights", f"{weights.get('source')} {where}".strip()
+                          + (f" (sha256 {weights['sha256'][:12]}...)" if weights.get("sha256") else ""))
+        if enc.get("timm_version"):
+            table.add_row("timm", str(enc["timm_version"]))
+        if summary["seconds"] is not None:
+            table.add_row("extracted", f"{summary['finished']} in {summary['seconds']:.1f} s")
+        table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
+        console.print(table)

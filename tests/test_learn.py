@@ -1,0 +1,323 @@
+"""`foal-pipe learn`, `sweep` and `predict` on stores built here with zarr: numbers against hand computations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from safetensors.numpy import load_file
+from typer.testing import CliRunner
+
+from foal_pipe.cli import app
+from foal_pipe.metrics import summarize
+from foal_pipe.stream import build_stream
+
+runner = CliRunner()
+N_CLASSES, DIM = 12, 16
+
+
+def build_store(path: Path, n_train=600, n_test=240, seed=0, attrs=None, train_dim=DIM, test_dim=DIM, chunk=64,
+                noise=1.6, complete=True) -> Path:
+    """A store written directly with zarr, in dataset order; classes are Gaussian blobs that overlap."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(N_CLASSES, max(train_dim, test_dim)))
+    group = zarr.open_group(str(path), mode="w")
+    group.attrs.update(
+        {"format": "foal-pipe/features", "format_version": 1, "classes": [f"c{i}" for i in range(N_CLASSES)],
+         "dataset": "blobs", "encoder": {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}}
+        | (attrs or {})
+    )
+    for split, n, d in (("train", n_train, train_dim), ("test", n_test, test_dim)):
+        y = rng.integers(0, N_CLASSES, n)
+        x = (means[y, :d] + noise * rng.normal(size=(n, d))).astype(np.float32)
+        group.create_array(f"{split}/features", shape=x.shape, chunks=(chunk, d), dtype="float32")[:] = x
+        group.create_array(f"{split}/labels", shape=(n,), chunks=(n,), dtype="int32")[:] = y
+    if complete:
+        group.attrs["complete"] = True
+    return path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return build_store(tmp_path_factory.mktemp("store") / "blobs.zarr")
+
+
+def read(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    g = zarr.open_group(str(path), mode="r")
+    return (np.asarray(g["train/features"][:]), np.asarray(g["train/labels"][:]),
+            np.asarray(g["test/features"][:]), np.asarray(g["test/labels"][:]))
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result
+
+
+def learn(store: Path, out: Path, *extra: str, tasks=4, D=48, gamma=1.0, batch=10):
+    result = invoke("learn", "--features", store, "--out", out, "--tasks", tasks, "--projection-dim", D,
+                    "--gamma", gamma, "--batch-size", batch, "--seed", 3, "--backend", "numpy", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "metrics.json").read_text()), load_file(str(out / "model.safetensors"))
+
+
+def hand_accuracy(store: Path, metrics: dict, P: np.ndarray, gamma: float, mask_unseen=True, drop_last=False):
+    """Independent re-computation: closed-form ridge after each task, argmax on the test rows of each task."""
+    Xtr, ytr, Xte, yte = read(store)
+    stream = build_stream(ytr, N_CLASSES, metrics["n_tasks"], metrics["batch_size"], metrics["seed"], drop_last=drop_last)
+    assert stream.tasks == metrics["tasks"]
+    act = lambda X: 1 / (1 + np.exp(-(X.astype(np.float64) @ P)))  # noqa: E731
+    acc, weights = [], []
+    for i in range(len(stream.tasks)):
+        rows = np.concatenate(stream.rows[: i + 1])
+        seen = np.array(sorted(c for t in stream.tasks[: i + 1] for c in t))
+        H = act(Xtr[rows])
+        W = np.linalg.solve(H.T @ H + gamma * np.eye(H.shape[1]), H.T @ (ytr[rows][:, None] == seen[None, :]))
+        weights.append((seen, W))
+        row = []
+        for task in stream.tasks[: i + 1]:
+            sel = np.isin(yte, task)
+            scores = act(Xte[sel]) @ W
+            if mask_unseen:
+                pred = seen[scores.argmax(1)]
+            else:
+                full = np.zeros((scores.shape[0], N_CLASSES))
+                full[:, seen] = scores
+                pred = full.argmax(1)
+            row.append(float(np.mean(pred == yte[sel])))
+        acc.append(row)
+    return acc, weights
+
+
+@pytest.mark.parametrize("engine", ["gram", "rls"])
+@pytest.mark.parametrize("batch", [1, 7, 10, 64])
+def test_learn_equals_closed_form_and_hand_metrics(tmp_path, store, engine, batch):
+    metrics, model = learn(store, tmp_path / "run", "--engine", engine, batch=batch, gamma=0.5)
+    acc, weights = hand_accuracy(store, metrics, model["projection"], 0.5)
+    assert_same_matrix(metrics["accuracy_matrix"], acc)
+    seen, W = weights[-1]
+    np.testing.assert_array_equal(model["classes"], seen)
+    assert np.abs(model["W"] - W).max() / np.abs(W).max() < 1e-9
+    expected = summarize(acc)
+    for key in ("A_avg", "A_last", "F", "F_published_code", "A_steps"):
+        assert metrics[key] == pytest.approx(expected[key], abs=1e-12)
+    assert 0.3 < metrics["A_last"] < 1.0  # a real, imperfect classifier: the comparison above is not vacuous
+    assert metrics["engine"] == engine and metrics["n_train_seen"] == 600
+    assert all(len(row) == i + 1 for i, row in enumerate(metrics["accuracy_matrix"]))
+
+
+def test_outputs_and_provenance(tmp_path, store):
+    metrics, model = learn(store, tmp_path / "run")
+    for key in ("A_avg", "A_last", "F", "F_published_code", "accuracy_matrix", "tasks", "gamma", "projection_dim",
+                "batch_size", "seed", "engine", "backend", "dtype", "n_train_seen", "seconds", "encoder"):
+        assert key in metrics, key
+    assert metrics["encoder"]["name"] == "synthetic" and metrics["backend"] == "numpy" and metrics["dtype"] == "float64"
+    assert model["W"].dtype == np.float64 and model["W"].shape == (48, N_CLASSES)
+    assert model["projection"].shape == (DIM, 48) and model["classes"].dtype == np.int64
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), "numpy") as f:
+        meta = f.metadata()
+    assert float(meta["gamma"]) == 1.0 and json.loads(meta["dataset"]) == "blobs"
+    assert json.loads(meta["encoder"])["name"] == "synthetic"
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_seed_changes_order_but_run_is_reproducible(tmp_path, store):
+    a, _ = learn(store, tmp_path / "a")
+    b, _ = learn(store, tmp_path / "b")
+    assert a["accuracy_matrix"] == b["accuracy_matrix"] and a["tasks"] == b["tasks"]
+    c = invoke("learn", "--features", store, "--out", tmp_path / "c", "--tasks", 4, "--projection-dim", 48, "--seed", 4)
+    assert c.exit_code == 0, c.output
+    assert json.loads((tmp_path / "c" / "metrics.json").read_text())["tasks"] != a["tasks"]
+
+
+def test_drop_last_and_no_mask_unseen(tmp_path, store):
+    metrics, model = learn(store, tmp_path / "run", "--drop-last", "--no-mask-unseen", batch=7)
+    acc, _ = hand_accuracy(store, metrics, model["projection"], 1.0, mask_unseen=False, drop_last=True)
+    assert_same_matrix(metrics["accuracy_matrix"], acc)
+    full_rows = build_stream(read(store)[1], N_CLASSES, 4, 7, 3).rows
+    assert metrics["n_train_seen"] == sum(len(r) - len(r) % 7 for r in full_rows) < 600
+    assert metrics["drop_last"] is True and metrics["mask_unseen"] is False
+
+
+def test_leftover_classes_are_dropped_with_warning(tmp_path, store):
+    result = invoke("learn", "--features", store, "--out", tmp_path / "r", "--tasks", 5, "--projection-dim", 32)
+    assert result.exit_code == 0, result.output
+    assert "dropping 2 classes" in result.output
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert len(metrics["tasks"]) == 5 and all(len(t) == 2 for t in metrics["tasks"])
+    assert len(metrics["dropped_classes"]) == 2
+
+
+def test_class_order_file(tmp_path, store):
+    order = [[11, 0, 5], [3, 4], [1, 2, 6, 7, 8, 9, 10]]
+    path = tmp_path / "order.json"
+    path.write_text(json.dumps(order))
+    metrics, model = learn(store, tmp_path / "run", "--class-order", str(path))
+    assert metrics["tasks"] == order and len(metrics["accuracy_matrix"]) == 3
+    assert sorted(model["classes"].tolist()) == list(range(N_CLASSES))
+
+
+def test_sweep_equals_learn_for_every_gamma(tmp_path, store):
+    gammas = [1e-3, 0.1, 1.0, 10.0]
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--gammas", ",".join(map(str, gammas)),
+                    "--tasks", 4, "--projection-dim", 48, "--seed", 3, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    assert "best" in result.output
+    report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert report["gammas"] == gammas
+    for r in report["results"]:
+        metrics, _ = learn(store, tmp_path / f"g{r['gamma']}", gamma=r["gamma"])
+        assert_same_matrix(r["accuracy_matrix"], metrics["accuracy_matrix"])
+        assert r["A_avg"] == pytest.approx(metrics["A_avg"], abs=1e-12)
+    assert report["best_gamma"] == max(report["results"], key=lambda r: r["A_avg"])["gamma"]
+    assert len({r["A_avg"] for r in report["results"]}) > 1  # gamma matters on this data
+
+
+def test_sweep_weights_equal_closed_form(store):
+    from foal_pipe.learn import LearnConfig, cumulative, prepare, sweep_boundaries, task_statistics
+
+    p = prepare(store, LearnConfig(tasks=4, projection_dim=48, seed=3, backend="numpy"))
+    running = cumulative(task_statistics(p))
+    boundaries = sweep_boundaries(running, [0.01, 3.0])
+    for clf, b in zip(running, boundaries):
+        for m, gamma in enumerate([0.01, 3.0]):
+            G, Q = clf._engine.G, clf._engine.Q
+            W = np.linalg.solve(G + gamma * np.eye(48), Q)
+            assert np.abs(b.W[:, m, :] - W).max() / np.abs(W).max() < 1e-9
+
+
+def test_predict(tmp_path, store):
+    _, model = learn(store, tmp_path / "run")
+    out = tmp_path / "pred.csv"
+    result = invoke("predict", "--model", tmp_path / "run" / "model.safetensors", "--features", store, "--out", out)
+    assert result.exit_code == 0, result.output
+    _, _, Xte, yte = read(store)
+    expected = model["classes"][(1 / (1 + np.exp(-(Xte.astype(np.float64) @ model["projection"]))) @ model["W"]).argmax(1)]
+    rows = out.read_text().splitlines()
+    assert rows[0] == "row,label,class,true"
+    got = np.array([int(r.split(",")[1]) for r in rows[1:]])
+    np.testing.assert_array_equal(got, expected)
+    assert f"accuracy {100 * np.mean(expected == yte):.2f}%" in result.output
+
+
+def test_learn_path_does_not_import_torch(tmp_path, store):
+    code = (
+        "import sys; from foal_pipe.cli import app; "
+        f"app(['learn','--features',{str(store)!r},'--out',{str(tmp_path / 'r')!r},'--tasks','2',"
+        "'--projection-dim','8'], standalone_mode=False); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def _bad_store(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / "bad.zarr"
+    if kind == "missing":
+        return tmp_path / "nope.zarr"
+    if kind == "not-a-store":
+        path.mkdir()
+        (path / "readme.txt").write_text("hello")
+        return path
+    if kind == "incomplete":
+        return build_store(path, complete=False)
+    if kind == "version":
+        return build_store(path, attrs={"format_version": 99})
+    if kind == "format":
+        return build_store(path, attrs={"format": "something-else"})
+    if kind == "dims":
+        return build_store(path, test_dim=DIM + 1)
+    if kind in ("nan", "labels"):
+        build_store(path)
+        g = zarr.open_group(str(path), mode="r+")
+        if kind == "nan":
+            x = np.asarray(g["test/features"][:])
+            x[137, 3] = np.inf
+            g["test/features"][:] = x
+        else:
+            y = np.asarray(g["train/labels"][:])
+            y[5] = N_CLASSES
+            g["train/labels"][:] = y
+        return path
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("missing", "does not exist"),
+        ("not-a-store", "not a"),
+        ("incomplete", "not complete"),
+        ("version", "format_version 99"),
+        ("format", "is not a foal-pipe feature store"),
+        ("dims", "train features have 16 dimensions but test features have 17"),
+        ("nan", "test/features has NaN or inf values (first bad row: 137)"),
+        ("labels", "label 12 at row 5, outside [0, 12)"),
+    ],
+)
+def test_bad_stores(tmp_path, kind, message):
+    store = _bad_store(tmp_path, kind)
+    out = tmp_path / "out"
+    result = invoke("learn", "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 8)
+    assert_clean_error(result, message, out)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gamma", "0"], "gamma must be a positive number"),
+        (["--gamma", "-1"], "gamma must be a positive number"),
+        (["--tasks", "13"], "--tasks 13 is larger than the number of classes (12)"),
+        (["--projection-dim", "0"], "--projection-dim must be at least 1"),
+        (["--engine", "sgd"], "unknown engine"),
+        (["--backend", "tpu"], "unknown backend"),
+        (["--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"], "non-finite weights"),
+    ],
+)
+def test_bad_settings(tmp_path, store, args, message):
+    out = tmp_path / "out"
+    base = ["--features", store, "--out", out, "--tasks", 2, "--projection-dim", 8]
+    kv = dict(zip(base[::2], base[1::2])) | dict(zip(args[::2], args[1::2]))
+    result = invoke("learn", *[x for pair in kv.items() for x in pair])
+    assert_clean_error(result, message, out)
+
+
+def test_bad_sweep_and_predict_inputs(tmp_path, store):
+    out = tmp_path / "out"
+    assert_clean_error(invoke("sweep", "--features", store, "--out", out, "--gammas", "1,abc"), "not a comma-separated", out)
+    assert_clean_error(invoke("sweep", "--features", store, "--out", out, "--gammas", "1,0"), "positive number", out)
+    assert_clean_error(
+        invoke("predict", "--model", tmp_path / "none.safetensors", "--features", store), "does not exist", out
+    )
+    bogus = tmp_path / "bogus.safetensors"
+    bogus.write_bytes(b"not a model")
+    assert_clean_error(invoke("predict", "--model", bogus, "--features", store), "not a safetensors model", out)
+
+
+def test_bad_class_order(tmp_path, store):
+    for content, message in (("[[0, 1], [1]]", "more than one place"), ("[[0, 99]]", "label 99"), ("{", "not valid JSON")):
+        path = tmp_path / "order.json"
+        path.write_text(content)
+        out = tmp_path / "out"
+        result = invoke("learn", "--features", store, "--out", out, "--class-order", path, "--projection-dim", 8)
+        assert_clean_error(result, message, out)
+
+
+def assert_same_matrix(got: list[list[float]], expected: list[list[float]]) -> None:
+    assert [len(row) for row in got] == [len(row) for row in expected]
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(expected), rtol=0, atol=1e-12)
+
+
+def assert_clean_error(result, message: str, out: Path) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: "), result.output
+    assert message in " ".join(lines), result.output
+    assert not out.exists(), "output written despite the error"
