@@ -34,11 +34,11 @@ Backend = Annotated[str, typer.Option(help="auto (CuPy when a GPU and cupy are p
 Dtype = Annotated[str, typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (faster, drifts).")]
 ProjectionInit = Annotated[str, typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or normal (same variance).")]
 ClassOrder = Annotated[
-    Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides --tasks.")
+    Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides --tasks. Default: none (--tasks splits the classes).")
 ]
-DropLast = Annotated[bool, typer.Option("--drop-last", help="Drop each task's last incomplete batch (the published code).")]
+DropLast = Annotated[bool, typer.Option("--drop-last", help="Drop each task's last incomplete batch (the published code). Default: off (the batch is kept).")]
 NoMask = Annotated[
-    bool, typer.Option("--no-mask-unseen", help="Predict over all classes, unseen ones included (the published code).")
+    bool, typer.Option("--no-mask-unseen", help="Predict over all classes, unseen ones included (the published code). Default: off (only seen classes).")
 ]
 Scheduler = Annotated[
     str,
@@ -170,7 +170,7 @@ def predict(
     model: Annotated[Path, typer.Option(help="model.safetensors written by `foal-pipe learn`.")],
     features: Features,
     split: Annotated[str, typer.Option(help="Which split of the store to predict: train or test.")] = "test",
-    out: Annotated[Path | None, typer.Option(help="Write predictions as CSV here; by default print them to stdout.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write predictions as CSV here. Default: print to stdout.")] = None,
 ) -> None:
     """Predict class ids for every row of a store's split with a saved model.
 
