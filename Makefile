@@ -19,9 +19,11 @@ install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
+# The DVC pipeline on params.yaml's datasets (offline default: digits), then the table of results.
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
-	PATH="$(abspath $(VENV))/bin:$$PATH" foal-pipe summary runs
+	@echo "Plots and summary.md per run: runs/<dataset>/eval/ (or: dvc plots show; dvc metrics show)"
+	@PATH="$(abspath $(VENV))/bin:$$PATH" foal-pipe summary runs
 
 test: install-dev
 	$(PY) -m pytest -q

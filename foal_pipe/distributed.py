@@ -9,6 +9,13 @@ this module only says what each task computes:
   ``Q = H^T Y``; the partials are added pairwise on the workers as they finish, and only the total
   comes back. The sums are the same as the single-process pass (to rounding, ~1e-13), so the
   classifiers, weights and metrics are too. The per-batch RLS path is sequential and stays local.
+* **Extraction** (``extract``): the store is created by the client (:func:`foal_pipe.extract.create_store`),
+  then every chunk-aligned row range is a task (:func:`extract_range`) that encodes its rows and writes
+  them straight into the store; the model is loaded once per worker process. A range that raises is
+  retried (``retries``); one whose worker dies is rerun elsewhere by the scheduler. Each chunk is
+  computed from the same batches wherever it runs, so the store equals a single-process extraction.
+  Only the client writes attributes: ``progress`` (the contiguous prefix of finished ranges, the same
+  bookkeeping as the single-process resume) and, last, ``complete``.
 
 Workers read the store themselves, so its path must be visible to every worker (a shared
 filesystem, or an object store mounted on every node).
@@ -16,8 +23,11 @@ filesystem, or an object store mounted on every node).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +44,7 @@ from foal_pipe.projection import SmoothProjection
 if TYPE_CHECKING:
     from distributed import Client
 
+    from foal_pipe.extract import ExtractProgress, ExtractReport, ExtractSpec
     from foal_pipe.learn import Prepared
 
 #: Upper bound on the feature bytes one Gram task reads at once (a block of whole store chunks).
@@ -42,6 +53,12 @@ BLOCK_BYTES = 64 * 2**20
 BLOCKS_PER_WORKER = 4
 #: Seconds to wait for a remote cluster to have at least one worker.
 WORKER_TIMEOUT = 60
+#: Times a range that raised is resubmitted before the error stops the extraction.
+RETRIES = 3
+#: Extraction ranges: aim for this many per worker, each of at most ``MAX_RANGE_CHUNKS`` store chunks
+#: (small ranges keep the progress bar moving and make a lost worker cheap; a task costs milliseconds).
+RANGES_PER_WORKER = 8
+MAX_RANGE_CHUNKS = 4
 
 
 def require_distributed() -> ModuleType:
@@ -234,3 +251,136 @@ def dask_task_statistics(p: Prepared) -> list[AnalyticClassifier]:
             )
         )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Extraction
+
+
+def extract_range(spec: ExtractSpec, split: str, lo: int, hi: int, pin_gpu: bool = False) -> int:
+    """Task body, on a worker: encode rows ``[lo, hi)`` of ``split`` into the store; returns the row count.
+
+    ``pin_gpu`` (LocalClusters that foal-pipe starts) gives worker ``k`` the GPU ``k mod n_gpus``; on
+    clusters that pin GPUs themselves (dask-cuda) every worker's device 0 is its own.
+    """
+    from foal_pipe.extract import extract_rows
+
+    if pin_gpu:
+        import torch
+        from distributed import get_worker
+
+        name = get_worker().name
+        if isinstance(name, int) and torch.cuda.device_count() > 1:
+            torch.cuda.set_device(name % torch.cuda.device_count())
+    extract_rows(spec, split, lo, hi)
+    return hi - lo
+
+
+def extract_ranges(n_rows: int, chunk_rows: int, start: int, range_chunks: int) -> list[tuple[int, int]]:
+    """Chunk-aligned ``(lo, hi)`` ranges of ``range_chunks`` chunks covering ``[start, n_rows)``."""
+    step = chunk_rows * range_chunks
+    return [(lo, min(lo + step, n_rows)) for lo in range(start, n_rows, step)]
+
+
+def _remove_partial_files(path: Path) -> int:
+    """Delete ``*.partial`` files that zarr's atomic writes leave behind when a writer is killed mid-write."""
+    removed = 0
+    for stray in path.rglob("*.partial"):
+        stray.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def dask_extract(
+    spec: ExtractSpec,
+    address: str | None = "local",
+    workers: int | None = None,
+    overwrite: bool = False,
+    progress: ExtractProgress | None = None,
+    range_chunks: int | None = None,
+) -> ExtractReport:
+    """:func:`foal_pipe.extract.run_extract` on a Dask cluster: the same store, written by many workers.
+
+    ``workers`` (``address="local"`` only): worker processes of the LocalCluster; default one per CUDA
+    GPU when the device is CUDA, else one per CPU core. ``range_chunks``: store chunks per task (default:
+    about ``RANGES_PER_WORKER`` tasks per worker, at most ``MAX_RANGE_CHUNKS`` chunks each).
+    """
+    require_distributed()
+    import zarr
+    from distributed import KilledWorker, as_completed
+
+    from foal_pipe import extract as ex
+    from foal_pipe.store import SPLITS
+
+    progress = progress or ex.ExtractProgress()
+    started = time.perf_counter()
+    inputs = ex.open_inputs(spec)
+    state = ex.create_store(spec, inputs, overwrite=overwrite)
+    report = ex.ExtractReport(state.path, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
+                              inputs.encoder.dim, inputs.device, inputs.precision)
+    if state.status == "complete":
+        return report
+    path = state.path.resolve()
+    # What every worker runs: the client's resolved device and precision (they are part of the store's
+    # provenance), images loaded in the worker process itself, nothing downloaded twice.
+    task_spec = dataclasses.replace(spec, out=str(path), device=inputs.device, precision=inputs.precision,
+                                    batch_size=inputs.batch_size, workers=0, download=False)
+    local = address in (None, "", "local")
+    if workers is None:
+        gpus = _cuda_count() if inputs.device == "cuda" else 0
+        workers = gpus or os.cpu_count() or 1
+    with dask_client(address, workers) as client:
+        n = n_workers(client)
+        group = zarr.open_group(str(path), mode="r+")
+        group.attrs["runtime"] = {**ex._runtime(inputs), "workers": 0, "scheduler": "dask", "dask_workers": n}
+        chunk_rows = {s: int(group[f"{s}/features"].chunks[0]) for s in SPLITS}
+        todo = {s: state.rows[s] - state.progress[s] for s in SPLITS}
+        if range_chunks is None:
+            total_chunks = sum(math.ceil(todo[s] / chunk_rows[s]) for s in SPLITS)
+            range_chunks = min(MAX_RANGE_CHUNKS, max(1, math.ceil(total_chunks / (RANGES_PER_WORKER * n))))
+        pending: dict[str, tuple[str, int, int]] = {}
+        futures = []
+        for s in SPLITS:
+            progress.start(s, state.progress[s], state.rows[s])
+            for lo, hi in extract_ranges(state.rows[s], chunk_rows[s], state.progress[s], range_chunks):
+                future = client.submit(
+                    extract_range, task_spec, s, lo, hi, local and inputs.device == "cuda",
+                    key=f"foal-extract-{s}-{lo}-{hi}-{os.getpid()}-{time.time_ns()}",
+                    retries=RETRIES, priority=-len(futures), pure=False,
+                )
+                pending[future.key] = (s, lo, hi)
+                futures.append(future)
+        done: dict[str, dict[int, int]] = {s: {} for s in SPLITS}
+        prefix = dict(state.progress)
+        queue = as_completed(futures)
+        del futures  # finished ranges are released at once, so a lost worker's results are not recomputed
+        for future in queue:
+            s, lo, hi = pending.pop(future.key)
+            if future.status == "error":
+                exc = future.exception()
+                if isinstance(exc, KilledWorker):
+                    raise FoalPipeError(
+                        f"Dask workers died {RETRIES} times while extracting {s} rows [{lo}, {hi}) (out of memory?); "
+                        f"{path} is resumable: re-run the same command"
+                    ) from None
+                future.result()  # re-raises the task's own error (a FoalPipeError stays one line)
+            progress.advance(s, hi - lo)
+            done[s][lo] = hi
+            while prefix[s] in done[s]:
+                prefix[s] = done[s].pop(prefix[s])
+            if prefix[s] != state.progress[s]:
+                ex.mark_progress(path, s, prefix[s])
+                state.progress[s] = prefix[s]
+    _remove_partial_files(path)
+    report.seconds = time.perf_counter() - started
+    ex.finish_store(path, report.seconds)
+    return report
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0

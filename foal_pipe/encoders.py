@@ -125,10 +125,9 @@ class Encoder:
         import torch
 
         x = images.to(self.device, non_blocking=True).float().div_(255.0)
-        if self.config.normalize:
-            mean = torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1)
-            std = torch.tensor(self.std, device=x.device).view(1, -1, 1, 1)
-            x = (x - mean) / std
+        if self.config.normalize:  # in place: a batch of 256 ViT-B inputs is 154 MB in float32
+            x.sub_(torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1))
+            x.div_(torch.tensor(self.std, device=x.device).view(1, -1, 1, 1))
         return x
 
     def features(self, x: Any) -> Any:

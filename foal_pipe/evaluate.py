@@ -34,6 +34,7 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_path, write_json
+from foal_pipe.metrics import summarize
 from foal_pipe.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 
 METRICS_FILE = "metrics.json"
@@ -45,6 +46,9 @@ DEFAULT_OUT = "eval"
 #: Largest disagreement tolerated between a stored metric and its recomputation from the matrix.
 TOLERANCE = 1e-6
 _HEADLINE = ("A_avg", "A_last", "F", "F_published_code")
+_OUTPUTS = frozenset(
+    f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma") for ext in ("png", "csv")
+)
 
 
 @dataclass
@@ -107,31 +111,9 @@ def check_matrix(matrix: Any, where: str) -> list[list[float]]:
     return rows
 
 
-def metrics_from_matrix(matrix: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """A_i per step, A_avg, A_last, F (Eq. 17-18) and the published code's F from a[i][j].
-
-    F is the mean over tasks j < T of (best accuracy on j before the last task) - (accuracy on j at the
-    end); the published code takes the best over all rows, the last included, and averages over all T
-    tasks. With a single task both are 0.
-    """
-    a = [list(map(float, row)) for row in matrix]
-    T = len(a)
-    steps = [sum(row) / len(row) for row in a]
-    last = a[-1]
-    forgetting = [max(a[l][j] for l in range(j, T - 1)) - last[j] for j in range(T - 1)]
-    published = [max(a[l][j] for l in range(j, T)) - last[j] for j in range(T)]
-    return {
-        "A_steps": steps,
-        "A_avg": sum(steps) / T,
-        "A_last": sum(last) / T,
-        "F": sum(forgetting) / len(forgetting) if forgetting else 0.0,
-        "F_published_code": sum(published) / T,
-    }
-
-
 def consistency_warnings(metrics: dict[str, Any]) -> list[str]:
     """Stored headline metrics that disagree with their recomputation from the accuracy matrix."""
-    recomputed = metrics_from_matrix(metrics["accuracy_matrix"])
+    recomputed = summarize(metrics["accuracy_matrix"])
     out = []
     for key in _HEADLINE:
         stored = metrics.get(key)
@@ -303,7 +285,7 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
 def step_rows(run: Run) -> list[dict[str, Any]]:
     """After each task i: A_i, the newest task's accuracy a[i][i] and the first task's a[i][0] (percent)."""
     a = run.matrix
-    steps = metrics_from_matrix(a)["A_steps"]
+    steps = summarize(a)["A_steps"]
     return [
         {"step": i + 1, "A_i": 100 * steps[i], "newest_task": 100 * row[i], "first_task": 100 * row[0]}
         for i, row in enumerate(a)
@@ -557,7 +539,7 @@ def summary_markdown(ev: Evaluation) -> str:
 
     a = run.matrix
     T = len(a)
-    steps = metrics_from_matrix(a)["A_steps"]
+    steps = summarize(a)["A_steps"]
     lines += ["## Accuracy matrix (%)", "", "Row i: after training through task i; column j: test set of task j.", ""]
     lines.append("| after task | " + " | ".join(f"T{j + 1}" for j in range(T)) + " | A_i |")
     lines.append("|---:|" + "---:|" * (T + 1))
@@ -630,6 +612,8 @@ def evaluate(
     with atomic_path(out / SUMMARY_FILE) as tmp:
         tmp.write_text(summary_markdown(ev))
     ev.files.append(out / SUMMARY_FILE)
+    for name in _OUTPUTS - {f.name for f in ev.files}:  # left by an earlier evaluation with a sweep or model
+        (out / name).unlink(missing_ok=True)
     return ev
 
 

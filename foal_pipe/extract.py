@@ -114,7 +114,7 @@ class Inputs:
 
 
 def open_inputs(spec: ExtractSpec) -> Inputs:
-    """Open the dataset and describe the encoder; weights are not loaded (see :meth:`Inputs.load`)."""
+    """Open the dataset and describe the encoder; weights are not loaded yet (see :func:`load_inputs`)."""
     data = open_dataset(spec.dataset, spec.data_dir, spec.download)
     encoder = build_encoder(spec.encoder_config(), data.native_size)
     device = resolve_device(spec.device)
@@ -126,6 +126,7 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
 
 
 def load_inputs(inputs: Inputs) -> Inputs:
+    """Load the encoder's weights onto the device (once)."""
     if not inputs.loaded:
         inputs.encoder.load(inputs.device, inputs.precision)
         inputs.loaded = True
@@ -199,6 +200,12 @@ def _is_zarr_dir(path: Path) -> bool:
     return (path / "zarr.json").is_file() or (path / ".zgroup").is_file()
 
 
+def create_feature_array(group: zarr.Group, split: str, rows: int, dim: int, chunk_rows: int, dtype: str) -> zarr.Array:
+    """``<split>/features``: ``(rows, dim)`` chunked along rows only, unwritten chunks read as 0."""
+    return group.create_array(f"{split}/features", shape=(rows, dim), chunks=(min(chunk_rows, rows), dim),
+                              dtype=dtype, fill_value=0)
+
+
 def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: dict[str, Any]) -> None:
     enc = inputs.encoder
     meta = StoreMeta(classes=tuple(inputs.data.classes), dataset=spec.dataset, encoder=enc.provenance(),
@@ -207,8 +214,7 @@ def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: di
     for split in SPLITS:
         source = inputs.data.split(split)
         n = len(source)
-        group.create_array(f"{split}/features", shape=(n, enc.dim), chunks=(min(spec.chunk_rows, n), enc.dim),
-                           dtype=spec.dtype, fill_value=0)
+        create_feature_array(group, split, n, enc.dim, spec.chunk_rows, spec.dtype)
         one = (max(1, min(n, 1 << 20)),)
         group.create_array(f"{split}/labels", shape=(n,), chunks=one, dtype="int64")[:] = source.labels
         group.create_array(f"{split}/index", shape=(n,), chunks=one, dtype="int64")[:] = source.index
@@ -230,16 +236,11 @@ def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: boo
     creation leaves nothing at ``out``.
     """
     inputs = inputs or open_inputs(spec)
+    state = check_store(spec, inputs, overwrite)
+    if state is not None:
+        return state
     out = spec.out_path
     settings = store_settings(spec, inputs)
-    rows = dict(settings["rows"])
-    if out.exists():
-        if not out.is_dir() or (any(out.iterdir()) and not _is_zarr_dir(out)):
-            raise FoalPipeError(f"{out} exists and is not a feature store; refusing to replace it: choose another "
-                                "--out or remove it")
-        state = None if not any(out.iterdir()) else _existing_state(out, settings, rows, overwrite)
-        if state is not None:
-            return state
     tmp = out.parent / f".{out.name}.creating"
     if tmp.exists():
         shutil.rmtree(tmp)  # left by a creation that was interrupted
@@ -248,7 +249,23 @@ def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: boo
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    return StoreState(out, "created", {split: 0 for split in SPLITS}, rows)
+    return StoreState(out, "created", {split: 0 for split in SPLITS}, dict(settings["rows"]))
+
+
+def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> StoreState | None:
+    """The state of the store at ``spec.out_path`` without writing anything: ``None`` when it is to be
+    created (missing, an empty folder, or replaced because of ``overwrite``); a :class:`FoalPipeError` when
+    it may not be touched (not a store written by ``extract``, or other settings without ``overwrite``)."""
+    out = spec.out_path
+    if not out.exists():
+        return None
+    if not out.is_dir() or (any(out.iterdir()) and not _is_zarr_dir(out)):
+        raise FoalPipeError(f"{out} exists and is not a feature store; refusing to replace it: choose another "
+                            "--out or remove it")
+    if not any(out.iterdir()):
+        return None
+    settings = store_settings(spec, inputs)
+    return _existing_state(out, settings, dict(settings["rows"]), overwrite)
 
 
 def _existing_state(out: Path, settings: dict[str, Any], rows: dict[str, int], overwrite: bool) -> StoreState | None:
@@ -311,7 +328,7 @@ def extract_rows(
 ) -> None:
     """Encode rows ``[lo, hi)`` of ``split`` and write them into the existing store at ``spec.out_path``.
 
-    ``lo`` must be a multiple of the store's chunk size and ``hi`` one too, or the split's row count; each
+    ``lo`` and ``hi`` must each be a multiple of the store's chunk size or the split's row count; each
     write covers exactly one chunk. ``on_batch(n)`` is called after each batch, ``on_chunk(hi)`` after each
     chunk is written (with the end row of that chunk). Does not touch the attributes: progress and
     ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`, :func:`finish_store`).
@@ -322,7 +339,7 @@ def extract_rows(
     group = zarr.open_group(str(spec.out_path), mode="r+")
     array = group[f"{split}/features"]
     n, step = int(array.shape[0]), int(array.chunks[0])
-    if not (0 <= lo <= hi <= n) or lo % step or (hi % step and hi != n):
+    if not (0 <= lo <= hi <= n) or any(r % step and r != n for r in (lo, hi)):
         raise FoalPipeError(f"rows [{lo}, {hi}) of {split} are not aligned to its {step}-row chunks (or exceed "
                             f"its {n} rows); pass chunk-aligned ranges")
     if lo == hi:
@@ -394,6 +411,8 @@ class ExtractProgress:
 
 @dataclass
 class ExtractReport:
+    """What :func:`run_extract` did; ``seconds`` is 0 when the store was already complete."""
+
     path: Path
     status: str  # "created", "resumed", or "complete" (nothing to do)
     rows: dict[str, int]
@@ -410,7 +429,10 @@ def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractPro
     progress = progress or ExtractProgress()
     started = time.perf_counter()
     inputs = open_inputs(spec)
-    state = create_store(spec, inputs, overwrite=overwrite)
+    state = check_store(spec, inputs, overwrite=overwrite)
+    if state is None or state.status != "complete":
+        load_inputs(inputs)  # weights first: when they cannot be had, no store is left behind
+        state = state or create_store(spec, inputs, overwrite=overwrite)
     report = ExtractReport(state.path, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
                            inputs.encoder.dim, inputs.device, inputs.precision)
     if state.status == "complete":
@@ -418,7 +440,6 @@ def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractPro
     if state.status == "resumed":
         group = zarr.open_group(str(state.path), mode="r+")
         group.attrs["runtime"] = _runtime(inputs)
-    load_inputs(inputs)
     for split in SPLITS:
         done, n = state.progress[split], state.rows[split]
         progress.start(split, done, n)

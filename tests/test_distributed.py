@@ -131,3 +131,175 @@ def test_unknown_scheduler_and_bad_workers(store, tmp_path):
     assert result.exit_code == 1 and "choose local or dask" in result.output
     result = invoke("learn", "--features", store, "--out", tmp_path, "--scheduler", "dask", "--workers", "0")
     assert result.exit_code == 1 and "--workers must be at least 1" in result.output
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Extraction
+# ---------------------------------------------------------------------------------------------------------
+def _tiny_vit_spec(out, checkpoint):
+    from conftest import TINY_VIT, TINY_VIT_KWARGS
+
+    from foal_pipe.extract import ExtractSpec
+
+    return ExtractSpec(dataset="digits", model=TINY_VIT, checkpoint=str(checkpoint), model_kwargs=TINY_VIT_KWARGS,
+                       out=str(out), chunk_rows=128, batch_size=48, workers=0, device="cpu")
+
+
+def assert_same_store(a, b):
+    """Every file but the group's zarr.json byte-identical, attributes equal but for timing keys."""
+    import zarr
+
+    from foal_pipe.extract import TIMING_KEYS
+
+    def files(root):
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and p.relative_to(root).as_posix() != "zarr.json"}
+
+    def attrs(root):
+        return {k: v for k, v in dict(zarr.open_group(str(root), mode="r").attrs).items() if k not in TIMING_KEYS}
+
+    fa, fb = files(a), files(b)
+    assert sorted(fa) == sorted(fb)
+    assert [name for name in fa if fa[name] != fb[name]] == []
+    assert attrs(a) == attrs(b)
+    assert attrs(b)["complete"] is True
+
+
+@pytest.fixture(scope="module")
+def vit_reference(tmp_path_factory, tiny_vit_checkpoint):
+    """A single-process tiny-ViT extraction of digits (12 train + 3 test chunks of 128 rows)."""
+    import torch
+
+    from foal_pipe.extract import run_extract
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path_factory.mktemp("ref") / "digits.zarr"
+        run_extract(_tiny_vit_spec(out, tiny_vit_checkpoint))
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _fault_plugin(marker: str, after_writes: int, action: str):
+    """A worker plugin that makes one fault in the whole cluster: the first worker process to write its
+    ``after_writes``-th chunk then either SIGKILLs itself (``kill``) or raises OSError (``raise``), right after
+    that write. ``marker`` records the victim's pid; teardown restores the real writer."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class Fault(WorkerPlugin):
+        name = "foal-pipe-fault"
+
+        def setup(self, worker):
+            import os
+            import signal
+
+            import foal_pipe.extract as ex
+
+            real, count = ex._write_chunk, [0]
+            self.real = real
+
+            def write(array, lo, block):
+                real(array, lo, block)
+                count[0] += 1
+                if count[0] != after_writes:
+                    return
+                try:
+                    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    return
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                if action == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise OSError("injected write failure")
+
+            ex._write_chunk = write
+
+        def teardown(self, worker):
+            import foal_pipe.extract as ex
+
+            ex._write_chunk = self.real
+
+    return Fault()
+
+
+def test_extract_survives_a_killed_worker(tmp_path, vit_reference, tiny_vit_checkpoint):
+    """2 worker processes, ranges of 2 chunks; one worker is SIGKILLed mid-range (after the first chunk of its
+    second range): its ranges are rerun elsewhere and the store equals the single-process one."""
+    import os
+
+    from foal_pipe.distributed import dask_extract
+
+    marker = tmp_path / "killed.pid"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  silence_logs=50) as cluster, distributed.Client(cluster) as client:
+        client.register_plugin(_fault_plugin(str(marker), after_writes=3, action="kill"))
+        spec = _tiny_vit_spec(tmp_path / "digits.zarr", tiny_vit_checkpoint)
+        report = dask_extract(spec, address=cluster.scheduler_address, range_chunks=2)
+        victim = int(marker.read_text())
+        alive = set(client.run(os.getpid).values())
+    assert victim not in alive  # a worker process really died and was replaced
+    assert report.status == "created" and report.rows == {"train": 1442, "test": 355}
+    assert_same_store(vit_reference, spec.out_path)
+
+
+def test_extract_retries_a_range_that_raised(tmp_path, cluster):
+    """A range whose task raises (after writing its first chunk) is resubmitted; the store is still exact."""
+    from foal_pipe.distributed import dask_extract
+    from foal_pipe.extract import ExtractSpec, run_extract
+
+    base = dict(dataset="digits", model="pixels", chunk_rows=100, batch_size=30, workers=0, device="cpu")
+    run_extract(ExtractSpec(out=str(tmp_path / "ref.zarr"), **base))
+    marker = tmp_path / "failed.pid"
+    with distributed.Client(cluster.scheduler_address) as client:
+        client.register_plugin(_fault_plugin(str(marker), after_writes=4, action="raise"))
+        try:
+            dask_extract(ExtractSpec(out=str(tmp_path / "dask.zarr"), **base), address=cluster.scheduler_address,
+                         range_chunks=3)
+        finally:
+            client.unregister_worker_plugin("foal-pipe-fault")
+    assert marker.exists()  # the fault happened
+    assert_same_store(tmp_path / "ref.zarr", tmp_path / "dask.zarr")
+
+
+def test_cli_extract_dask_equals_local(tmp_path, cluster):
+    """`foal-pipe extract --scheduler dask` (pixels encoder) writes the same store as the plain command."""
+    args = ["extract", "--dataset", "digits", "--model", "pixels", "--chunk-rows", "200", "--batch-size", "64",
+            "--device", "cpu"]
+    local = invoke(*args, "--out", tmp_path / "local.zarr", "--workers", "0")
+    assert local.exit_code == 0, local.output
+    dask = invoke(*args, "--out", tmp_path / "dask.zarr", "--scheduler", "dask", "--dask-address",
+                  cluster.scheduler_address)
+    assert dask.exit_code == 0, dask.output
+    assert_same_store(tmp_path / "local.zarr", tmp_path / "dask.zarr")
+    again = invoke(*args, "--out", tmp_path / "dask.zarr", "--scheduler", "dask", "--dask-address",
+                   cluster.scheduler_address)
+    assert again.exit_code == 0 and "already complete" in again.output
+
+
+def test_extract_resumes_a_partial_store_on_dask(tmp_path, cluster):
+    """A store interrupted after some chunks is finished by the Dask path from its recorded progress."""
+    from foal_pipe.distributed import dask_extract
+    from foal_pipe.extract import ExtractSpec, create_store, extract_rows, mark_progress, run_extract
+
+    base = dict(dataset="digits", model="pixels", chunk_rows=100, batch_size=30, workers=0, device="cpu")
+    run_extract(ExtractSpec(out=str(tmp_path / "ref.zarr"), **base))
+    spec = ExtractSpec(out=str(tmp_path / "part.zarr"), **base)
+    create_store(spec)
+    extract_rows(spec, "train", 0, 300)
+    mark_progress(spec.out_path, "train", 300)
+    report = dask_extract(spec, address=cluster.scheduler_address)
+    assert report.status == "resumed" and report.resumed_from == {"train": 300, "test": 0}
+    assert_same_store(tmp_path / "ref.zarr", spec.out_path)
+
+
+def test_cli_extract_scheduler_errors(tmp_path, monkeypatch):
+    args = ["extract", "--model", "pixels", "--out", tmp_path / "x.zarr", "--device", "cpu"]
+    result = invoke(*args, "--scheduler", "spark")
+    assert result.exit_code == 1 and "choose local or dask" in result.output
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    result = invoke(*args, "--scheduler", "dask")
+    assert result.exit_code == 1 and "foal-pipe[dist]" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "x.zarr").exists()

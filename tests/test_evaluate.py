@@ -14,7 +14,8 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
-from foal_pipe.evaluate import evaluate, metrics_from_matrix, read_metrics
+from foal_pipe.evaluate import evaluate, read_metrics
+from foal_pipe.metrics import summarize
 from foal_pipe.paper import PAPER_BACKBONE, TABLE2, match_paper, paper_row
 
 runner = CliRunner()
@@ -92,25 +93,14 @@ def summary_value(text: str, label: str) -> list[str]:
 
 
 def test_metrics_from_matrix_match_hand_computation():
-    got = metrics_from_matrix(MATRIX)
+    got = summarize(MATRIX)
     assert got["A_steps"] == pytest.approx(A_STEPS)
     assert got["A_avg"] == pytest.approx(A_AVG)
     assert got["A_last"] == pytest.approx(A_LAST)
     assert got["F"] == pytest.approx(F)
     assert got["F_published_code"] == pytest.approx(F_PUBLISHED)
-    one = metrics_from_matrix([[0.5]])
+    one = summarize([[0.5]])
     assert (one["A_avg"], one["A_last"], one["F"], one["F_published_code"]) == (0.5, 0.5, 0.0, 0.0)
-
-
-def test_metrics_agree_with_the_learners_implementation():
-    from foal_pipe.metrics import summarize
-
-    rng = np.random.default_rng(0)
-    matrix = [list(rng.random(i + 1)) for i in range(7)]
-    ours, theirs = metrics_from_matrix(matrix), summarize(matrix)
-    for key in ("A_avg", "A_last", "F", "F_published_code"):
-        assert ours[key] == pytest.approx(theirs[key], abs=1e-12), key
-    assert ours["A_steps"] == pytest.approx(theirs["A_steps"], abs=1e-12)
 
 
 def test_table2_holds_the_papers_f_oal_row():
@@ -242,10 +232,13 @@ def test_inconsistent_metrics_are_reported_not_hidden(tmp_path):
 
 
 def test_optional_inputs_are_optional(tmp_path):
-    run = make_run(tmp_path / "run", model=False)
+    run = make_run(tmp_path / "run", model=False, sweep=make_sweep())
+    evaluate(run, out=tmp_path / "elsewhere")  # an earlier evaluation, with a sweep and plots
+    (run / "sweep.json").unlink()
     ev = evaluate(run, out=tmp_path / "elsewhere", plots=False)
     assert {f.name for f in ev.files} == {"steps.csv", "accuracy_matrix.csv", "summary.md", "scores.json"}
-    assert not list((tmp_path / "elsewhere").glob("*.png"))
+    assert not list((tmp_path / "elsewhere").glob("*.png"))  # stale plots are removed, not left to mislead
+    assert {p.name for p in (tmp_path / "elsewhere").iterdir()} == {f.name for f in ev.files}
     assert "## Gamma sweep" not in (tmp_path / "elsewhere" / "summary.md").read_text()
 
 
@@ -317,7 +310,8 @@ def test_cli_summary_table(tmp_path):
     out = result.output
     assert out.count(f"{100 * A_AVG:.2f}") == 2 and f"{100 * A_LAST:.2f}" in out
     assert "91.1 / 86.5 / 5.5" in out  # the comparable cifar100 run
-    assert "best gamma 0.01 of 6" in out and "85.00" in out  # the sweep's best gamma (listed last) and its A_avg
+    # the sweep's best gamma (listed last) and its A_avg
+    assert re.search(r"0\.01\*\s+85\.00\s+75\.00\s+5\.00", out) and "of 6 tried" in out
     assert "does not exist" in _error(runner.invoke(app, ["summary", str(tmp_path / "nowhere")]))
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -335,21 +329,29 @@ def test_cli_summary_skips_unreadable_runs_with_a_warning(tmp_path):
 
 @pytest.mark.parametrize("command", ["evaluate", "summary"])
 def test_every_option_states_its_default(command):
-    import click
     import typer.main
 
-    group = typer.main.get_command(app)
-    params = group.commands[command].params
+    params = typer.main.get_command(app).commands[command].params
     assert params
     for param in params:
         text = getattr(param, "help", None) or ""
         assert text, f"{command} {param.name} has no help"
         assert re.search(r"Default|Required", text), f"{command} {param.name}: help does not state its default"
-        if isinstance(param, click.Option):
-            assert param.help
 
 
 def test_read_metrics_accepts_the_learners_output_keys(tmp_path):
     make_run(tmp_path / "run", model=False)
     metrics = read_metrics(tmp_path / "run")
     assert metrics["accuracy_matrix"] == MATRIX
+
+
+def test_readme_evaluation_example_runs(tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Python API", 1)[1].split("\n## ", 1)[0]
+    code = next(block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "foal_pipe.evaluate" in block)
+    make_run(tmp_path / "runs" / "digits")
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    printed = capsys.readouterr().out.splitlines()
+    assert "summary.md" in printed[0] and printed[1] == "None" and printed[2] == "91.1"
+    assert (tmp_path / "runs/digits/eval/weight_norms.png").exists()

@@ -217,3 +217,57 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert after["A_avg"] == pytest.approx(entry["A_avg"], abs=1e-9)
     assert _summary_cell((repo / "runs/digits/eval/summary.md").read_text(), "A_avg (%)") == pytest.approx(
         100 * after["A_avg"], abs=0.005)
+
+
+# --------------------------------------------------------------------------------------------------
+# README: the two-command start, the paper configuration, the CLI reference
+
+README = (ROOT / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    return README.split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_quick_start_is_exactly_two_commands():
+    block = re.search(r"```\n(.*?)```", _section("Quick start"), re.S).group(1)
+    assert block.splitlines() == ["make demo", "make test"]
+
+
+def test_readme_paper_configuration_is_valid_and_comparable():
+    from foal_pipe.paper import PAPER_BACKBONE, match_paper
+
+    block = re.search(r"```yaml\n(.*?)```", _section("Reproducing the paper"), re.S).group(1)
+    config = yaml.safe_load(block)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section, values in config.items():
+        if isinstance(values, dict):
+            assert set(values) <= set(params[section]), f"README sets unknown {section} keys"
+            params[section].update(values)
+        else:
+            params[section] = values
+    assert params["datasets"] == ["cifar100"] and params["extract"]["model"] == PAPER_BACKBONE
+    learn, extract = params["learn"], params["extract"]
+    run = {"dataset": "cifar100", "n_tasks": learn["tasks"], "projection_dim": learn["projection_dim"],
+           "gamma": learn["gamma"], "batch_size": learn["batch_size"],
+           "encoder": {"name": extract["model"], "fusion": extract["fusion"], "token": extract["token"],
+                       "image_size": extract["image_size"] or 224}}
+    assert match_paper(run).comparable, match_paper(run).differences
+
+
+def test_readme_documents_every_command_and_option():
+    import typer.main
+
+    from foal_pipe.cli import app
+
+    group = typer.main.get_command(app)
+    missing = []
+    for name, command in group.commands.items():
+        if f"`{name}`" not in README and f"foal-pipe {name}" not in README:
+            missing.append(f"command {name}")
+        for param in command.params:
+            if param.param_type_name == "option" and param.name != "help":
+                flag = max(param.opts, key=len)
+                if flag not in README:
+                    missing.append(f"{name} {flag}")
+    assert not missing, "README.md does not document: " + ", ".join(missing)

@@ -42,7 +42,8 @@ def evaluate(
     ] = None,
     plots: Annotated[
         bool,
-        typer.Option(help="Draw the PNG plots (off: only CSV plot data and summary.md). Default: on."),
+        typer.Option(help="Draw the PNG plots (--no-plots: only CSV plot data and summary.md). Default: --plots.",
+                     show_default=False),
     ] = True,
 ) -> None:
     """Plot a run (accuracy matrix, A_i per step, weight norms, gamma curve) and write summary.md.
@@ -97,10 +98,11 @@ def summary_table(paths: list[Path]) -> Table:
         f"[bold yellow]Warning:[/] skipped: {message}", highlight=False, soft_wrap=True))
     matches = {e.path: match_paper(e.metrics) for e in found if e.metrics is not None}
     with_paper = any(m is not None for m in matches.values())
-    table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ["run", "data / encoder", "setting", "A_avg", "A_last", "F"]:
-        table.add_column(name, justify="right" if name[0] in "AF" else "left", no_wrap=name[0] in "AF",
-                         overflow="fold" if name == "run" else "ellipsis")
+    table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left", box=box.SIMPLE_HEAD,
+                  caption_justify="left")
+    table.add_column("run (dataset · encoder)", overflow="fold", min_width=16)
+    for name in ("tasks", "D", "gamma", "A_avg", "A_last", "F"):
+        table.add_column(name, justify="right", no_wrap=True)
     if with_paper:
         table.add_column("paper A_avg / A_last / F")
     table.add_column("s", justify="right", no_wrap=True)
@@ -108,17 +110,15 @@ def summary_table(paths: list[Path]) -> Table:
     def number(value, fmt: str) -> str:
         return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
 
-    def setting(d: dict, tasks, gamma: str) -> str:
-        return f"{tasks} tasks, D {number(d.get('projection_dim'), 'd')}, {gamma}"
+    def label(path: Path, d: dict) -> str:
+        return f"{path}\n[dim]{d.get('dataset', '?')} · {(d.get('encoder') or {}).get('name', '?')}[/]"
 
-    def data(d: dict) -> str:
-        return f"{d.get('dataset', '?')} / {(d.get('encoder') or {}).get('name', '?')}"
-
+    sweeps = []
     for entry in found:
         if entry.metrics is not None:
             m, match = entry.metrics, matches[entry.path]
-            tasks = m.get("n_tasks", len(m["accuracy_matrix"]))
-            row = [str(entry.path), data(m), setting(m, tasks, f"gamma {number(m.get('gamma'), 'g')}"),
+            row = [label(entry.path, m), str(m.get("n_tasks", len(m["accuracy_matrix"]))),
+                   number(m.get("projection_dim"), "d"), number(m.get("gamma"), "g"),
                    pct(m["A_avg"]), pct(m["A_last"]), pct(m["F"])]
             if with_paper:
                 row.append(
@@ -129,10 +129,13 @@ def summary_table(paths: list[Path]) -> Table:
             table.add_row(*row, number(m.get("seconds"), ".1f"))
         if entry.sweep is not None:
             s = entry.sweep
+            sweeps.append(len(s["results"]))
             best = max(s["results"], key=lambda r: r["A_avg"])
             tasks = s.get("n_tasks", len(s["tasks"]) if isinstance(s.get("tasks"), list) else "?")
-            gamma = f"best gamma {best['gamma']:g} of {len(s['results'])}"
-            row = [f"{entry.path}", data(s), setting(s, tasks, gamma), pct(best["A_avg"]), pct(best["A_last"]),
-                   pct(best["F"])]
+            row = [label(entry.path, s), str(tasks), number(s.get("projection_dim"), "d"), f"{best['gamma']:g}*",
+                   pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"])]
             table.add_row(*row, *([""] if with_paper else []), number(s.get("seconds"), ".1f"))
+    if sweeps:
+        tried = ", ".join(map(str, sweeps))
+        table.caption = f"*: a sweep's best gamma by A_avg (of {tried} tried) and its numbers"
     return table

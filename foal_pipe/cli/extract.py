@@ -16,6 +16,7 @@ from rich.table import Table
 from foal_pipe.cli._app import app, console, err_console, user_errors
 from foal_pipe.datasets import DATASETS
 from foal_pipe.encoders import PAPER_MODEL
+from foal_pipe.errors import FoalPipeError
 
 _DATASETS = ", ".join(DATASETS)
 
@@ -95,13 +96,22 @@ def extract(
     batch_size: Annotated[int | None, typer.Option(help="Images per forward pass (batches never straddle chunks). "
                           "Default: 256 on CUDA, 32 on CPU.", show_default=False)] = None,
     workers: Annotated[int | None, typer.Option(help="DataLoader worker processes (0: load in the main process). "
-                       "Default: half the CPU cores, at most 8.", show_default=False)] = None,
+                       "Default: half the CPU cores, at most 8. With --scheduler dask --dask-address local: Dask "
+                       "worker processes (default: one per CUDA GPU, else one per CPU core).", show_default=False)]
+    = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
     precision: Annotated[str, typer.Option(help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
                          "CUDA, fp32 on CPU.")] = "auto",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing store made with other settings "
                          "(or a complete one). Default: off: a store with the same settings is resumed, one with "
                          "other settings refused.")] = False,
+    scheduler: Annotated[str, typer.Option(help="local: this process. dask: chunk-aligned row ranges are tasks on a "
+                         "Dask cluster (pip install 'foal-pipe[dist]'); each worker loads the model once and writes "
+                         "its ranges into the store; failed ranges are retried, a lost worker's rerun elsewhere. "
+                         "Default: local.")] = "local",
+    dask_address: Annotated[str, typer.Option(help="With --scheduler dask: 'local' starts a LocalCluster of --workers "
+                            "processes, or a scheduler address tcp://host:port (--out and the dataset must then be on "
+                            "a filesystem every worker sees). Default: local.")] = "local",
 ) -> None:
     """Encode a dataset with a frozen ViT (fused block features) into a chunked Zarr feature store.
 
@@ -110,16 +120,23 @@ def extract(
     with user_errors():
         from foal_pipe.extract import ExtractSpec, run_extract
 
+        if scheduler not in ("local", "dask"):
+            raise FoalPipeError(f"unknown --scheduler {scheduler!r}; choose local or dask")
         spec = ExtractSpec(
             dataset=dataset, out=str(out) if out else None, data_dir=str(data_dir) if data_dir else None,
             download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None, fusion=fusion,
             token=token, image_size=image_size, normalize=normalize, dtype=dtype, chunk_rows=chunk_rows,
-            batch_size=batch_size, workers=workers, device=device, precision=precision,
+            batch_size=batch_size, workers=workers if scheduler == "local" else 0, device=device, precision=precision,
         )
         progress = _RichProgress()
         try:
             with progress.bar:
-                report = run_extract(spec, overwrite=overwrite, progress=progress)
+                if scheduler == "dask":
+                    from foal_pipe.distributed import dask_extract
+
+                    report = dask_extract(spec, dask_address, workers, overwrite=overwrite, progress=progress)
+                else:
+                    report = run_extract(spec, overwrite=overwrite, progress=progress)
         except KeyboardInterrupt:
             err_console.print(f"[yellow]Interrupted:[/] {spec.out_path} is incomplete; re-run the same command to "
                               "resume after the last written chunk.", highlight=False, soft_wrap=True)
@@ -202,11 +219,15 @@ def info(
         for split, v in summary["splits"].items():
             table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
         table.add_row("encoder", str(enc.get("name")))
-        details = [f"fusion {enc.get('fusion')}", f"token {enc.get('token')}", f"{enc.get('image_size')} px",
-                   "normalized" if enc.get("normalize") else "not normalized"]
+        details = [f"{key} {enc[key]}" for key in ("fusion", "token") if key in enc]
+        if "image_size" in enc:
+            details.append(f"{enc['image_size']} px")
+        if "normalize" in enc:
+            details.append("normalized" if enc["normalize"] else "not normalized")
         if enc.get("precision"):
             details.append(str(enc["precision"]))
-        table.add_row("", ", ".join(details))
+        if details:
+            table.add_row("", ", ".join(details))
         if weights:
             where = weights.get("id") or weights.get("path") or weights.get("url") or ""
             table.add_row("weights", f"{weights.get('source')} {where}".strip()
