@@ -6,13 +6,13 @@ this module only says what each task computes:
 * **Gram statistics** (``learn``/``sweep --engine gram``): the train features are read with
   :func:`dask.array.from_zarr` in blocks aligned to the store's chunks. Each block task fuses
   projection and sigmoid and returns its partial sums ``G_t = H_t^T H_t`` (one per task ``t``) and
-  ``Q = H^T Y``; the partials are added pairwise on the workers as they finish, and only the total
-  comes back. The sums are the same as the single-process pass (to rounding, ~1e-13), so the
+  ``Q = H^T Y``; the partials are added pairwise on the workers as they finish (preferably two held
+  by the same worker, so little moves), and only the total comes back. The sums are the same as the single-process pass (to rounding, ~1e-13), so the
   classifiers, weights and metrics are too. The per-batch RLS path is sequential and stays local.
 * **Extraction** (``extract``): the store is created by the client (:func:`foal_pipe.extract.create_store`),
   then every chunk-aligned row range is a task (:func:`extract_range`) that encodes its rows and writes
   them straight into the store; the model is loaded once per worker process. A range that raises is
-  retried (``retries``); one whose worker dies is rerun elsewhere by the scheduler. Each chunk is
+  resubmitted (``RETRIES`` times); one whose worker dies is rerun elsewhere by the scheduler. Each chunk is
   computed from the same batches wherever it runs, so the store equals a single-process extraction.
   Only the client writes attributes: ``progress`` (the contiguous prefix of finished ranges, the same
   bookkeeping as the single-process resume) and, last, ``complete``.
@@ -75,7 +75,7 @@ def require_distributed() -> ModuleType:
 
 
 @contextmanager
-def dask_client(address: str | None = "local", workers: int = 2, log: Callable[[str], None] | None = None) -> Iterator[Client]:
+def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Client]:
     """A connected client: ``local`` starts a LocalCluster of ``workers`` processes (closed on exit),
     anything else is a scheduler address such as ``tcp://host:8786`` (left running on exit)."""
     distributed = require_distributed()
@@ -108,9 +108,6 @@ def dask_client(address: str | None = "local", workers: int = 2, log: Callable[[
                 f"`dask worker {address}`"
             ) from None
     try:
-        if log is not None:
-            n = len(client.scheduler_info().get("workers", {}))
-            log(f"dask: {n} workers at {client.scheduler.address}")
         yield client
     finally:
         client.close()
@@ -190,24 +187,30 @@ def reduce_as_completed(
 ) -> Any:
     """Combine futures pairwise on the workers as they finish; ``advance(future)`` for each input.
 
-    Returns the future of the total. A task that failed raises its error here at once.
+    A finished partial waits for another one held by the same worker, so the combining task needs no
+    transfer; only the last partial of each worker moves. Returns the future of the total. A task that
+    failed raises its error here at once.
     """
     from distributed import as_completed
 
     inputs = {f.key for f in futures}
-    waiting = None
+    waiting: dict[Any, Any] = {}  # worker address -> a finished partial held there
     queue = as_completed(futures)
     for future in queue:
         if future.status == "error":
             future.result()  # re-raises the task's exception
         if future.key in inputs:
             advance(future)
-        if waiting is None:
-            waiting = future
+        holders = client.who_has([future]).get(future.key) or [None]
+        other = waiting.pop(holders[0], None)
+        if other is None and queue.is_empty() and waiting:  # nothing left to pair with here: cross workers
+            other = waiting.pop(next(iter(waiting)))
+        if other is None:
+            waiting[holders[0]] = future
         else:
-            queue.add(client.submit(combine, waiting, future, pure=False))
-            waiting = None
-    return waiting
+            queue.add(client.submit(combine, other, future, pure=False))
+    (last,) = waiting.values()
+    return last
 
 
 def dask_task_statistics(p: Prepared) -> list[AnalyticClassifier]:

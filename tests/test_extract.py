@@ -408,3 +408,12 @@ def test_grayscale_and_small_images_become_rgb_squares():
     img = Image.fromarray(np.full((5, 7), 200, np.uint8))
     arr = to_rgb_array(img, 4)
     assert arr.shape == (3, 4, 4) and (arr == 200).all()
+
+
+def test_readme_extraction_example_runs(tmp_path):
+    section = (REPO / "README.md").read_text().split("### Extraction from Python", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = tmp_path / "digits.zarr"
+    exec(code.replace("data/features/digits.zarr", str(out)).replace('model="pixels"', 'model="pixels", workers=0'), {})
+    store = open_store(out)
+    assert store.meta.complete and store.train.n_rows == 1442 and store.test.n_rows == 355

@@ -106,7 +106,7 @@ def extract(
                          "(or a complete one). Default: off: a store with the same settings is resumed, one with "
                          "other settings refused.")] = False,
     scheduler: Annotated[str, typer.Option(help="local: this process. dask: chunk-aligned row ranges are tasks on a "
-                         "Dask cluster (pip install 'foal-pipe[dist]'); each worker loads the model once and writes "
+                         "Dask cluster (needs the foal-pipe\\[dist] extra); each worker loads the model once and writes "
                          "its ranges into the store; failed ranges are retried, a lost worker's rerun elsewhere. "
                          "Default: local.")] = "local",
     dask_address: Annotated[str, typer.Option(help="With --scheduler dask: 'local' starts a LocalCluster of --workers "
