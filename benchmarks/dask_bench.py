@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from foal_pipe.store import StoreMeta
+from synthetic import DIM, N_CLASSES, make_store
 
-N_CLASSES, DIM, D, TASKS = 100, 768, 1000, 10
+D, TASKS = 1000, 10
 TINY_VIT = "vit_tiny_patch16_224"
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
@@ -50,26 +50,6 @@ def machine() -> dict[str, str]:
     import dask
 
     return {"cpu": model, "nproc": str(os.cpu_count()), "date": time.strftime("%Y-%m-%d"), "dask": dask.__version__}
-
-
-def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0) -> Path:
-    """Synthetic class-clustered features, written one chunk at a time (never a whole split in memory)."""
-    rng = np.random.default_rng(seed)
-    means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
-    group = zarr.open_group(str(path), mode="w")
-    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(N_CLASSES)), dataset="synthetic",
-                     encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
-    group.attrs.update(meta.to_dict())
-    for split, n in (("train", n_train), ("test", n_test)):
-        feats = group.create_array(f"{split}/features", shape=(n, DIM), chunks=(chunk, DIM), dtype="float32")
-        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
-        y = rng.integers(0, N_CLASSES, size=n)
-        labels[:] = y
-        for lo in range(0, n, chunk):
-            hi = min(lo + chunk, n)
-            feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, 2.0, size=(hi - lo, DIM)).astype(np.float32)
-    group.attrs["complete"] = True
-    return path
 
 
 def timed(fn, repeats: int) -> tuple[float, list[float], object]:
@@ -228,7 +208,7 @@ def main() -> None:
             store = args.store or tmp / "synthetic.zarr"
             if not (store / "zarr.json").exists():
                 start = time.perf_counter()
-                make_store(store, args.rows, 10_000)
+                make_store(store, args.rows, 10_000, noise=2.0)
                 print(f"wrote {store} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
             results["gram"] = bench_gram(store, args.repeats)
         if args.what in ("extract", "all"):

@@ -30,30 +30,10 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from foal_pipe.store import StoreMeta
+from synthetic import DIM, N_CLASSES, make_store
 
-N_CLASSES, DIM, D, TASKS, BATCH = 100, 768, 1000, 10, 10
+D, TASKS, BATCH = 1000, 10, 10
 GAMMAS = "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"
-
-
-def make_store(path: Path, n_train: int, n_test: int, seed: int = 0, chunk: int = 4096) -> Path:
-    """Synthetic ViT-like features written chunk by chunk (never the whole split in memory)."""
-    rng = np.random.default_rng(seed)
-    means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
-    group = zarr.open_group(str(path), mode="w")
-    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(N_CLASSES)), dataset="synthetic",
-                     encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
-    group.attrs.update(meta.to_dict())
-    for split, n in (("train", n_train), ("test", n_test)):
-        feats = group.create_array(f"{split}/features", shape=(n, DIM), chunks=(chunk, DIM), dtype="float32")
-        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
-        y = rng.integers(0, N_CLASSES, size=n)
-        labels[:] = y
-        for lo in range(0, n, chunk):
-            hi = min(lo + chunk, n)
-            feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, 8.0, size=(hi - lo, DIM)).astype(np.float32)
-    group.attrs["complete"] = True
-    return path
 
 
 def run_cli(args: list[str]) -> tuple[float, float]:

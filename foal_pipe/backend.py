@@ -42,12 +42,6 @@ def get_namespace(backend: str = "auto") -> ModuleType:
     return cp or np
 
 
-def namespace_of(array: Any) -> ModuleType:
-    """The namespace an array belongs to (NumPy for anything that is not a CuPy array)."""
-    module = type(array).__module__.split(".")[0]
-    return _cupy() or np if module == "cupy" else np
-
-
 def to_numpy(array: Any) -> np.ndarray:
     """Copy a NumPy or CuPy array to host memory as a NumPy array."""
     return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)

@@ -31,7 +31,7 @@ from foal_pipe.io import write_json
 from foal_pipe.metrics import summarize
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection
-from foal_pipe.store import FeatureStore, Split, open_store
+from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.stream import Stream, build_stream, read_class_order
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -53,10 +54,14 @@ DaskAddress = Annotated[
 Workers = Annotated[int, typer.Option(help="With --scheduler dask and --dask-address local: number of worker processes.")]
 
 
-def _config(**kwargs):
+def _config(options: dict):
+    """LearnConfig from a command's parameters (``locals()``): the fields it has, ``--no-mask-unseen`` inverted."""
     from foal_pipe.learn import LearnConfig
 
-    return LearnConfig(**kwargs)
+    _scheduler(options["scheduler"])
+    names = {f.name for f in dataclasses.fields(LearnConfig)}
+    config = {k: v for k, v in options.items() if k in names}
+    return LearnConfig(**config, mask_unseen=not options["no_mask_unseen"])
 
 
 def _log(message: str) -> None:
@@ -87,15 +92,11 @@ def learn(
 
     Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F) and OUT/model.safetensors.
     """
+    options = locals()
     from foal_pipe.learn import run_learn
 
     with user_errors():
-        config = _config(
-            tasks=tasks, batch_size=batch_size, projection_dim=projection_dim, gamma=gamma, seed=seed,
-            engine=engine, backend=backend, dtype=dtype, projection_init=projection_init,
-            class_order=class_order, drop_last=drop_last, mask_unseen=not no_mask_unseen,
-            scheduler=_scheduler(scheduler), dask_address=dask_address, workers=workers,
-        )
+        config = _config(options)
         m = run_learn(features, out, config, log=_log)
         console.print(
             f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}  "
@@ -142,15 +143,11 @@ def sweep(
 
     Each gamma's numbers equal what `learn --gamma G` gives with the same seed, tasks and projection.
     """
+    options = locals()
     from foal_pipe.learn import run_sweep
 
     with user_errors():
-        config = _config(
-            tasks=tasks, batch_size=batch_size, projection_dim=projection_dim, gamma=1.0, seed=seed,
-            engine="gram", backend=backend, dtype=dtype, projection_init=projection_init,
-            class_order=class_order, drop_last=drop_last, mask_unseen=not no_mask_unseen,
-            scheduler=_scheduler(scheduler), dask_address=dask_address, workers=workers,
-        )
+        config = _config(options)
         report = run_sweep(features, out, _gammas(gammas), config, log=_log)
         table = Table(title=f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})")
         for name in ("gamma", "A_avg %", "A_last %", "F %", ""):

@@ -1,0 +1,32 @@
+"""Synthetic ViT-like feature stores for the benchmarks, written chunk by chunk (never whole in memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from foal_pipe.store import StoreMeta
+
+N_CLASSES, DIM = 100, 768
+
+
+def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0, noise: float = 8.0) -> Path:
+    """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
+    group = zarr.open_group(str(path), mode="w")
+    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(N_CLASSES)), dataset="synthetic",
+                     encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
+    group.attrs.update(meta.to_dict())
+    for split, n in (("train", n_train), ("test", n_test)):
+        feats = group.create_array(f"{split}/features", shape=(n, DIM), chunks=(chunk, DIM), dtype="float32")
+        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
+        y = rng.integers(0, N_CLASSES, size=n)
+        labels[:] = y
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, noise, size=(hi - lo, DIM)).astype(np.float32)
+    group.attrs["complete"] = True
+    return path
