@@ -160,12 +160,15 @@ class AnalyticClassifier:
             raise FoalPipeError(f"G {G.shape} and Q {Q.shape} do not fit {classes.size} classes; expected (D, D) and (D, C)")
         if classes.size and np.any(np.diff(classes) <= 0):
             raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
-        clf = cls(gamma, "gram", dtype, backend)
-        clf._start(int(G.shape[0]))
-        clf.classes_ = classes
-        clf._engine.load_state({"G": G, "Q": Q})
-        clf.n_samples_seen_ = int(n_samples)
-        return clf
+        return cls(gamma, "gram", dtype, backend)._restore({"G": G, "Q": Q}, classes, n_samples, int(G.shape[0]))
+
+    def _restore(self, state: dict[str, Any], classes: np.ndarray, n_samples: int, dim: int) -> AnalyticClassifier:
+        """Set a fresh classifier's engine state, classes and sample count (load, sums computed elsewhere)."""
+        self._start(dim)
+        self.classes_ = classes
+        self._engine.load_state(state)
+        self.n_samples_seen_ = int(n_samples)
+        return self
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "_engine"):
@@ -242,11 +245,8 @@ class AnalyticClassifier:
             raise FoalPipeError(f"{path} holds no learner state; save it with AnalyticClassifier.save")
         state = json.loads(meta["foal_pipe_state"])
         clf = cls(gamma=state["gamma"], engine=state["engine"], dtype=state["dtype"], backend=backend)
-        clf._start(int(tensors["W"].shape[0]))
-        clf.classes_ = tensors["classes"].astype(np.int64)
-        clf._engine.load_state(tensors)
-        clf.n_samples_seen_ = int(state["n_samples_seen"])
-        return clf
+        classes = tensors["classes"].astype(np.int64)
+        return clf._restore(tensors, classes, state["n_samples_seen"], int(tensors["W"].shape[0]))
 
 
 def read_model(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -317,8 +317,7 @@ def dask_extract(
 
     progress = progress or ex.ExtractProgress()
     started = time.perf_counter()
-    inputs = ex.open_inputs(spec)
-    state = ex.create_store(spec, inputs, overwrite=overwrite)
+    inputs, state = ex.prepare_store(spec, overwrite)
     report = ex.ExtractReport(state.path, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
                               inputs.encoder.dim, inputs.device, inputs.precision)
     if state.status == "complete":
@@ -335,7 +334,7 @@ def dask_extract(
     with dask_client(address, workers) as client:
         n = n_workers(client)
         group = zarr.open_group(str(path), mode="r+")
-        group.attrs["runtime"] = {**ex._runtime(inputs), "workers": 0, "scheduler": "dask", "dask_workers": n}
+        group.attrs["runtime"] = {**ex.runtime_info(inputs), "workers": 0, "scheduler": "dask", "dask_workers": n}
         chunk_rows = {s: int(group[f"{s}/features"].chunks[0]) for s in SPLITS}
         todo = {s: state.rows[s] - state.progress[s] for s in SPLITS}
         if range_chunks is None:

@@ -161,7 +161,7 @@ def store_settings(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
     })
 
 
-def _runtime(inputs: Inputs) -> dict[str, Any]:
+def runtime_info(inputs: Inputs) -> dict[str, Any]:
     import torch
 
     import foal_pipe
@@ -224,7 +224,7 @@ def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: di
         "source": inputs.data.location,
         "progress": {split: 0 for split in SPLITS},
         "created": _now(),
-        "runtime": _runtime(inputs),
+        "runtime": runtime_info(inputs),
     })
     group.attrs.update(attrs)  # one write: the skeleton is usable from here on
 
@@ -424,22 +424,31 @@ class ExtractReport:
     precision: str
 
 
+def prepare_store(spec: ExtractSpec, overwrite: bool = False) -> tuple[Inputs, StoreState]:
+    """The inputs and the store to fill: an existing store checked against ``spec``, or a new one.
+
+    The weights are loaded before a store is created, so when they cannot be had nothing is left behind.
+    """
+    inputs = open_inputs(spec)
+    state = check_store(spec, inputs, overwrite=overwrite)
+    if state is None or state.status != "complete":
+        load_inputs(inputs)
+        state = state or create_store(spec, inputs, overwrite=overwrite)
+    return inputs, state
+
+
 def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractProgress | None = None) -> ExtractReport:
     """Create (or resume) the store for ``spec``, fill every split in order, then mark it complete."""
     progress = progress or ExtractProgress()
     started = time.perf_counter()
-    inputs = open_inputs(spec)
-    state = check_store(spec, inputs, overwrite=overwrite)
-    if state is None or state.status != "complete":
-        load_inputs(inputs)  # weights first: when they cannot be had, no store is left behind
-        state = state or create_store(spec, inputs, overwrite=overwrite)
+    inputs, state = prepare_store(spec, overwrite)
     report = ExtractReport(state.path, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
                            inputs.encoder.dim, inputs.device, inputs.precision)
     if state.status == "complete":
         return report
     if state.status == "resumed":
         group = zarr.open_group(str(state.path), mode="r+")
-        group.attrs["runtime"] = _runtime(inputs)
+        group.attrs["runtime"] = runtime_info(inputs)
     for split in SPLITS:
         done, n = state.progress[split], state.rows[split]
         progress.start(split, done, n)
