@@ -134,6 +134,18 @@ class Encoder:
         """Preprocessed float input -> float32 features ``(B, dim)`` on the device."""
         raise NotImplementedError
 
+    def _input_provenance(self) -> dict[str, Any]:
+        """What every encoder records about its input: size, normalisation, resizing and output dim."""
+        return {
+            "image_size": self.image_size,
+            "normalize": self.config.normalize,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "interpolation": self.interpolation,
+            "resize": "square",
+            "dim": self.dim,
+        }
+
     def __call__(self, images: Any) -> Any:
         import torch
 
@@ -158,13 +170,7 @@ class PixelsEncoder(Encoder):
             "name": "pixels",
             "fusion": "none",
             "token": "none",
-            "image_size": self.image_size,
-            "normalize": self.config.normalize,
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "interpolation": self.interpolation,
-            "resize": "square",
-            "dim": self.dim,
+            **self._input_provenance(),
             "weights": {"source": "none"},
             "precision": "fp32",
         }
@@ -319,13 +325,7 @@ class TimmEncoder(Encoder):
             "requested": self.config.name,
             "fusion": self.config.fusion,
             "token": self.config.token,
-            "image_size": self.image_size,
-            "normalize": self.config.normalize,
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "interpolation": self.interpolation,
-            "resize": "square",
-            "dim": self.dim,
+            **self._input_provenance(),
             "blocks": self.n_blocks,
             "final_norm": "applied once to the block average",
             "weights": self.weights,
