@@ -189,12 +189,14 @@ def test_offline_without_weights_fails_fast_naming_the_fixes(tmp_path, monkeypat
         assert "\n" not in message
 
 
-def test_reachable_probe_is_bounded():
-    from foal_pipe.encoders import _reachable
+def test_reachable_probe_is_bounded(monkeypatch):
+    """A connection that hangs (no network here: the socket call is replaced) is given up after the timeout."""
+    import foal_pipe.encoders as encoders
 
+    monkeypatch.setattr(encoders.socket, "create_connection", lambda *a, **k: time.sleep(30))
     start = time.perf_counter()
-    assert _reachable("https://invalid.invalid", timeout=1.0) is False
-    assert time.perf_counter() - start < 3
+    assert encoders._reachable("https://huggingface.co", timeout=0.5) is False
+    assert time.perf_counter() - start < 10
 
 
 def test_pixels_encoder_flattens_normalized_pixels():
