@@ -321,3 +321,15 @@ def assert_clean_error(result, message: str, out: Path) -> None:
     assert lines[-1].startswith("Error: "), result.output
     assert message in " ".join(lines), result.output
     assert not out.exists(), "output written despite the error"
+
+
+def test_backend_cupy_without_cupy_is_refused(tmp_path, store, monkeypatch):
+    import foal_pipe.backend as backend
+
+    monkeypatch.setattr(backend, "_cupy", lambda: None)  # as on a machine without CuPy or without a GPU
+    out = tmp_path / "out"
+    result = invoke("learn", "--features", store, "--out", out, "--backend", "cupy", "--projection-dim", 8, "--tasks", 2)
+    assert_clean_error(result, "pip install foal-pipe[gpu]", out)
+    auto = invoke("learn", "--features", store, "--out", out, "--backend", "auto", "--projection-dim", 8, "--tasks", 2)
+    assert auto.exit_code == 0, auto.output
+    assert json.loads((out / "metrics.json").read_text())["backend"] == "numpy"
