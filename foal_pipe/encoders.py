@@ -2,7 +2,7 @@
 
 ``pixels`` is the identity encoder (resized, flattened pixels) for offline demos and tests; every other name
 is a timm model (``TimmEncoder``), which must be a ViT family with ``blocks`` (ViT, DeiT, DINOv2, CLIP ViT,
-EVA, BEiT...). Feature fusion follows docs/protocol section 1: the chosen token (CLS, or the mean of the patch
+EVA, BEiT...). Feature fusion follows docs/protocol.md section 1: the chosen token (CLS, or the mean of the patch
 tokens) of every block's output -- the residual stream, before any norm -- is averaged over the blocks, and
 the model's final norm is applied once to that average. It is computed in the same single forward pass as
 timm's ``forward_features``: a forward hook on each block adds its token to a running (B, d) float32 sum, so

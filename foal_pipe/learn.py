@@ -40,7 +40,7 @@ RLS_WINDOW = 8192
 
 @dataclass
 class LearnConfig:
-    """Settings of one run; defaults are foal-pipe's (protocol.md section 3)."""
+    """Settings of one run; defaults are foal-pipe's (docs/protocol.md section 3)."""
 
     tasks: int | None = 10
     batch_size: int = 10

@@ -1,4 +1,4 @@
-"""The online stream (protocol.md section 3): class order, task split, shuffling, batches.
+"""The online stream (docs/protocol.md section 3): class order, task split, shuffling, batches.
 
 Everything is drawn from one ``numpy.random.default_rng(seed)``: first the class permutation, then
 the within-task shuffles in task order. The store keeps rows in dataset order; only this module
