@@ -13,7 +13,7 @@ from pathlib import Path
 from synthetic import make_store
 
 from foal_pipe.learn import (
-    LearnConfig, accuracy_matrices, cumulative, gram_boundaries, prepare, sweep_boundaries, task_statistics,
+    LearnConfig, accuracy_matrices, gram_boundaries, prepare, sweep_boundaries, task_statistics,
 )
 
 GAMMAS = [1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1, 3, 10, 30, 100, 300, 1000, 1e4]
@@ -34,10 +34,10 @@ def main() -> None:
             print(f"{name:<32} {time.perf_counter() - start:7.2f} s", flush=True)
             return out
 
-        running = cumulative(step("train pass (Gram statistics)", lambda: task_statistics(p)))
-        boundaries = step("learn: solves at task ends", lambda: gram_boundaries(running))
+        per_task = step("train pass (Gram statistics)", lambda: task_statistics(p))
+        boundaries, _ = step("learn: solves at task ends", lambda: gram_boundaries(per_task))
         step("learn: test pass", lambda: accuracy_matrices(p, boundaries))
-        swept = step(f"sweep: eigh + W for {len(GAMMAS)} gammas", lambda: sweep_boundaries(running, GAMMAS))
+        swept = step(f"sweep: eigh + W for {len(GAMMAS)} gammas", lambda: sweep_boundaries(per_task, GAMMAS))
         step("sweep: test pass", lambda: accuracy_matrices(p, swept))
 
 

@@ -15,7 +15,7 @@ Test accuracy for every boundary (and every gamma) is then computed in one pass 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -125,12 +125,16 @@ def task_statistics(p: Prepared) -> list[AnalyticClassifier]:
     return per_task
 
 
-def cumulative(per_task: Sequence[AnalyticClassifier]) -> list[AnalyticClassifier]:
-    """Classifiers after tasks 1..k for every k: running merges of the per-task statistics."""
-    out = [per_task[0]]
+def cumulative(per_task: Sequence[AnalyticClassifier]) -> Iterator[AnalyticClassifier]:
+    """Classifiers after tasks 1..k for every k: running merges of the per-task statistics.
+
+    A generator, so only one running D x D sum is alive at a time besides the per-task ones.
+    """
+    running = per_task[0]
+    yield running
     for clf in per_task[1:]:
-        out.append(out[-1].merge(clf))
-    return out
+        running = running.merge(clf)
+        yield running
 
 
 def rls_boundaries(p: Prepared) -> tuple[list[Boundary], AnalyticClassifier]:
@@ -152,14 +156,18 @@ def rls_boundaries(p: Prepared) -> tuple[list[Boundary], AnalyticClassifier]:
     return boundaries, clf
 
 
-def gram_boundaries(running: Sequence[AnalyticClassifier]) -> list[Boundary]:
-    return [Boundary(clf.classes_, clf._weights()[:, None, :]) for clf in running]
+def gram_boundaries(per_task: Sequence[AnalyticClassifier]) -> tuple[list[Boundary], AnalyticClassifier]:
+    """W after each task from the per-task Gram statistics, and the final classifier."""
+    boundaries = []
+    for clf in cumulative(per_task):
+        boundaries.append(Boundary(clf.classes_, clf._weights()[:, None, :]))
+    return boundaries, clf
 
 
-def sweep_boundaries(running: Sequence[AnalyticClassifier], gammas: Sequence[float]) -> list[Boundary]:
+def sweep_boundaries(per_task: Sequence[AnalyticClassifier], gammas: Sequence[float]) -> list[Boundary]:
     """``W(gamma) = V diag(1/(lambda + gamma)) V^T Q`` for every gamma from one eigh per boundary."""
     out = []
-    for clf in running:
+    for clf in cumulative(per_task):
         xp, G, Q = clf._xp, clf._engine.G, clf._engine.Q
         lam, V = xp.linalg.eigh(G)
         B = V.T @ Q
@@ -252,8 +260,7 @@ def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: C
         if config.engine == "rls":
             boundaries, final = rls_boundaries(p)
         else:
-            running = cumulative(task_statistics(p))
-            boundaries, final = gram_boundaries(running), running[-1]
+            boundaries, final = gram_boundaries(task_statistics(p))
         acc = accuracy_matrices(p, boundaries)[0]
     metrics = {
         **_report(p, acc),
@@ -285,8 +292,7 @@ def run_sweep(
     p = prepare(features, config)
     _warn_dropped(p, log)
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness check on the weights
-        running = cumulative(task_statistics(p))
-        acc = accuracy_matrices(p, sweep_boundaries(running, gammas))
+        acc = accuracy_matrices(p, sweep_boundaries(task_statistics(p), gammas))
     results = [{"gamma": g, **_report(p, acc[m])} for m, g in enumerate(gammas)]
     best = max(results, key=lambda r: r["A_avg"])
     report = {

@@ -183,9 +183,9 @@ def test_sweep_weights_equal_closed_form(store):
     from foal_pipe.learn import LearnConfig, cumulative, prepare, sweep_boundaries, task_statistics
 
     p = prepare(store, LearnConfig(tasks=4, projection_dim=48, seed=3, backend="numpy"))
-    running = cumulative(task_statistics(p))
-    boundaries = sweep_boundaries(running, [0.01, 3.0])
-    for clf, b in zip(running, boundaries):
+    per_task = task_statistics(p)
+    boundaries = sweep_boundaries(per_task, [0.01, 3.0])
+    for clf, b in zip(cumulative(per_task), boundaries, strict=True):
         for m, gamma in enumerate([0.01, 3.0]):
             G, Q = clf._engine.G, clf._engine.Q
             W = np.linalg.solve(G + gamma * np.eye(48), Q)
