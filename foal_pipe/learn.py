@@ -97,9 +97,23 @@ def prepare(features: str | Path, config: LearnConfig) -> Prepared:
     stream = build_stream(
         store.train.labels, n_classes, config.tasks, config.batch_size, config.seed, order, config.drop_last
     )
+    count_test_rows(stream, store.test.labels, n_classes)
     projection = SmoothProjection(config.projection_dim, config.projection_init, config.seed, config.dtype)
     projection.fit(np.empty((0, store.dim)))
     return Prepared(store, stream, projection, xp, config)
+
+
+def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:
+    """Test rows per task; refused up front when a task has none (it could not be evaluated)."""
+    row_task = stream.task_of_label(n_classes)[labels]
+    totals = np.bincount(row_task[row_task >= 0], minlength=stream.n_tasks)
+    empty = np.flatnonzero(totals == 0)
+    if empty.size:
+        raise FoalPipeError(
+            f"task {int(empty[0])} (classes {stream.tasks[empty[0]]}) has no test rows; every task needs test "
+            "samples to be evaluated: check the store's test labels or the task split"
+        )
+    return totals
 
 
 def task_statistics(p: Prepared) -> list[AnalyticClassifier]:
@@ -186,10 +200,7 @@ def accuracy_matrices(p: Prepared, boundaries: Sequence[Boundary]) -> np.ndarray
     task_of = p.stream.task_of_label(n_classes)
     row_task = task_of[test.labels]
     T, M = len(boundaries), int(boundaries[0].W.shape[1])
-    totals = np.bincount(row_task[row_task >= 0], minlength=T)
-    empty = [t for t in range(T) if totals[t] == 0]
-    if empty:
-        raise FoalPipeError(f"task {empty[0]} has no test rows; every task needs test samples to be evaluated")
+    totals = count_test_rows(p.stream, test.labels, n_classes)
     correct = np.zeros((M, T, T), dtype=np.int64)
     flat = [b.W.reshape(b.W.shape[0], -1) for b in boundaries]
     with progress_bar("test", test.n_rows) as advance:

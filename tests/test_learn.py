@@ -333,3 +333,15 @@ def test_backend_cupy_without_cupy_is_refused(tmp_path, store, monkeypatch):
     auto = invoke("learn", "--features", store, "--out", out, "--backend", "auto", "--projection-dim", 8, "--tasks", 2)
     assert auto.exit_code == 0, auto.output
     assert json.loads((out / "metrics.json").read_text())["backend"] == "numpy"
+
+
+def test_task_without_test_rows_is_refused_before_training(tmp_path):
+    store = build_store(tmp_path / "s.zarr")
+    g = zarr.open_group(str(store), mode="r+")
+    y = np.asarray(g["test/labels"][:])
+    g["test/labels"][:] = np.where(y == 11, 10, y)
+    order = tmp_path / "order.json"
+    order.write_text(json.dumps([[11], list(range(11))]))
+    out = tmp_path / "out"
+    result = invoke("learn", "--features", store, "--out", out, "--class-order", order, "--projection-dim", 8)
+    assert_clean_error(result, "task 0 (classes [11]) has no test rows", out)
