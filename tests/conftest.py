@@ -75,3 +75,14 @@ def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2
 def image_tree(tmp_path: Path) -> Path:
     """A small imagefolder dataset: 3 classes, 5 + 2 images each."""
     return make_image_tree(tmp_path / "images", {"cat": 5, "dog": 5, "emu": 5})
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and a busy shared machine makes multi-thread spin-waits crawl."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

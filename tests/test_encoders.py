@@ -14,13 +14,7 @@ from foal_pipe.encoders import ENCODERS, EncoderConfig, PixelsEncoder, build_enc
 from foal_pipe.errors import FoalPipeError
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models run fastest on one thread, and a busy shared machine makes multi-thread spin-waits crawl."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _reference_model(checkpoint: Path):

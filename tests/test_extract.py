@@ -28,15 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SUBPROCESS_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models run fastest on one thread, and a busy shared machine makes multi-thread spin-waits crawl."""
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pixels(out: Path, **kw) -> ExtractSpec:
