@@ -187,7 +187,11 @@ def test_reachable_probe_is_bounded(monkeypatch):
     """A connection that hangs (no network here: the socket call is replaced) is given up after the timeout."""
     import foal_pipe.encoders as encoders
 
-    monkeypatch.setattr(encoders.socket, "create_connection", lambda *a, **k: time.sleep(30))
+    def hang(*args, **kwargs):
+        time.sleep(3)
+        raise OSError("timed out")
+
+    monkeypatch.setattr(encoders.socket, "create_connection", hang)
     start = time.perf_counter()
     assert encoders._reachable("https://huggingface.co", timeout=0.5) is False
     assert time.perf_counter() - start < 10
