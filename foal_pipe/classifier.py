@@ -129,15 +129,15 @@ class AnalyticClassifier:
             raise FoalPipeError("only gram classifiers can be merged; use engine='gram'")
         if other.n_features_in_ != self.n_features_in_:
             raise FoalPipeError("cannot merge classifiers fitted on different feature dimensions")
-        out = AnalyticClassifier(self.gamma, "gram", self.dtype, self.backend)
-        out._start(self.n_features_in_)
-        out._add_classes(np.union1d(self.classes_, other.classes_))
+        xp = self._xp
+        classes = np.union1d(self.classes_, other.classes_)
+        Q = xp.zeros((self.n_features_in_, classes.size), dtype=self._dtype)
         for part in (self, other):
-            cols = self._xp.asarray(np.searchsorted(out.classes_, part.classes_))
-            out._engine.G += part._engine.G
-            out._engine.Q[:, cols] += part._engine.Q
-        out.n_samples_seen_ = self.n_samples_seen_ + other.n_samples_seen_
-        return out
+            Q[:, xp.asarray(np.searchsorted(classes, part.classes_))] += part._engine.Q
+        return AnalyticClassifier.from_statistics(
+            self._engine.G + other._engine.G, Q, classes, self.n_samples_seen_ + other.n_samples_seen_,
+            self.gamma, self.dtype, self.backend,
+        )
 
     @classmethod
     def from_statistics(
@@ -155,10 +155,10 @@ class AnalyticClassifier:
         ``G = H^T H`` has shape (D, D), ``Q = H^T Y`` shape (D, C) with column ``k`` for ``classes[k]``;
         ``classes`` must be sorted and unique. The result equals a classifier that saw those samples.
         """
-        classes = np.asarray(classes, dtype=np.int64).ravel()
+        classes = np.asarray(classes).ravel()
         if G.ndim != 2 or G.shape[0] != G.shape[1] or Q.shape != (G.shape[0], classes.size):
             raise FoalPipeError(f"G {G.shape} and Q {Q.shape} do not fit {classes.size} classes; expected (D, D) and (D, C)")
-        if classes.size and np.any(np.diff(classes) <= 0):
+        if np.any(classes[1:] <= classes[:-1]):
             raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
         return cls(gamma, "gram", dtype, backend)._restore({"G": G, "Q": Q}, classes, n_samples, int(G.shape[0]))
 

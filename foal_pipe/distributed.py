@@ -40,6 +40,7 @@ from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection
+from foal_pipe.store import check_finite
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -147,12 +148,7 @@ def block_statistics(
     one-hot over all classes (each class belongs to one task, so ``Q`` serves every task).
     """
     X = np.asarray(X)
-    finite = np.isfinite(X).all(axis=1)
-    if not finite.all():
-        raise FoalPipeError(
-            f"train/features has NaN or inf values (first bad row: {first_row + int(np.flatnonzero(~finite)[0])}); "
-            "re-extract the store (try `--dtype float32` if it was float16)"
-        )
+    check_finite(X, "train", first_row)
     dtype = projection.components_.dtype
     D = projection.components_.shape[1]
     G: dict[int, np.ndarray] = {}

@@ -74,6 +74,7 @@ class Prepared:
     projection: SmoothProjection
     xp: ModuleType
     config: LearnConfig
+    test_totals: np.ndarray  # test rows per task
 
 
 def check_gamma(gamma: float) -> float:
@@ -97,10 +98,10 @@ def prepare(features: str | Path, config: LearnConfig) -> Prepared:
     stream = build_stream(
         store.train.labels, n_classes, config.tasks, config.batch_size, config.seed, order, config.drop_last
     )
-    count_test_rows(stream, store.test.labels, n_classes)
+    test_totals = count_test_rows(stream, store.test.labels, n_classes)
     projection = SmoothProjection(config.projection_dim, config.projection_init, config.seed, config.dtype)
     projection.fit(np.empty((0, store.dim)))
-    return Prepared(store, stream, projection, xp, config)
+    return Prepared(store, stream, projection, xp, config, test_totals)
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -200,7 +201,7 @@ def accuracy_matrices(p: Prepared, boundaries: Sequence[Boundary]) -> np.ndarray
     task_of = p.stream.task_of_label(n_classes)
     row_task = task_of[test.labels]
     T, M = len(boundaries), int(boundaries[0].W.shape[1])
-    totals = count_test_rows(p.stream, test.labels, n_classes)
+    totals = p.test_totals
     correct = np.zeros((M, T, T), dtype=np.int64)
     flat = [b.W.reshape(b.W.shape[0], -1) for b in boundaries]
     with progress_bar("test", test.n_rows) as advance:

@@ -72,6 +72,22 @@ class StoreMeta:
         )
 
 
+def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int) -> np.ndarray:
+    """``block`` if every value is finite, else an error naming the split and the first bad row.
+
+    ``rows`` is the store row of ``block[0]`` (contiguous rows) or the store row of every block row.
+    """
+    finite = np.isfinite(block).all(axis=1)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
+        raise FoalPipeError(
+            f"{split}/features has NaN or inf values (first bad row: {row}); "
+            "re-extract the store (try `--dtype float32` if it was float16)"
+        )
+    return block
+
+
 @dataclass
 class Split:
     """One split (``train`` or ``test``): features stay on disk, labels (small) are held in memory."""
@@ -93,15 +109,7 @@ class Split:
         return int(self.features.chunks[0])
 
     def _checked(self, block: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
-        finite = np.isfinite(block).all(axis=1)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
-            raise FoalPipeError(
-                f"{self.name}/features has NaN or inf values (first bad row: {row}); "
-                "re-extract the store (try `--dtype float32` if it was float16)"
-            )
-        return block
+        return check_finite(block, self.name, rows)
 
     def iter_chunks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(first_row, features)`` for each stored chunk in ``[start, stop)``, in row order."""
