@@ -1,30 +1,138 @@
-"""Atomic output: every file is written to a temporary name beside it, then renamed into place."""
+"""Atomic output: files and whole run directories appear complete or not at all.
+
+A single file is written to a temporary name beside it, then renamed into place. A run's outputs (the model
+and its metrics, a sweep, an evaluation) are written into a temporary sibling directory that replaces the
+output directory in one rename, so a kill or a full disk leaves the previous outputs untouched.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from foal_pipe.errors import FoalPipeError
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _io_error(path: Path, exc: OSError, fix: str) -> FoalPipeError:
+    reason = exc.strerror or type(exc).__name__
+    return FoalPipeError(f"cannot write {path}: {reason}; {fix}")
 
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path; on success it replaces ``path``, on error it is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _io_error(path, exc, "free some space or choose another output path") from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON, atomically."""
+    """Write ``data`` as indented JSON with sorted keys (the same data gives the same bytes), atomically."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return Path(path)
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """Refuse, before any work, an output directory that cannot be written; removes stale temporaries.
+
+    Creates the parent directories and a probe directory beside ``path`` (removed again), so a read-only
+    place, a path under a file or ``path`` being a file are named now rather than after training.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with --out")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(path)
+        probe = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+        probe.rmdir()
+    except OSError as exc:
+        raise _io_error(path, exc, "choose a writable --out directory") from None
+    return path
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove temporaries of earlier runs on ``path`` whose process is gone (killed mid-write)."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary sibling directory; on success it becomes ``path`` in one rename.
+
+    Entries of an existing ``path`` that this run does not write (say ``eval/`` beside a run's model) are
+    carried over. On any error the temporary directory is removed and ``path`` is left as it was.
+    """
+    path = check_output_dir(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        if path.is_dir():
+            if not _exchange(tmp, path):
+                old = tmp.with_name(tmp.name + "-old")
+                os.rename(path, old)
+                os.rename(tmp, path)
+                tmp = old
+            for entry in tmp.iterdir():  # tmp now holds the previous outputs
+                if not (path / entry.name).exists():
+                    os.rename(entry, path / entry.name)
+        else:
+            os.rename(tmp, path)
+    except OSError as exc:
+        raise _io_error(path, exc, "free some space or choose another --out; previous outputs are unchanged") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
