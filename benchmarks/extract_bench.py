@@ -55,14 +55,15 @@ def _intermediates_fused(enc: Any, x: Any) -> Any:
     """The same fusion through timm's forward_intermediates (keeps all block outputs)."""
     import torch
 
-    from foal_pipe.encoders import _autocast, _final_norm
+    from foal_pipe.encoders.fusion import final_norm
+    from foal_pipe.encoders.runtime import autocast
 
     model = enc.model
-    with _autocast(enc.device, enc.precision):
+    with autocast(enc.device, enc.precision):
         inter = model.forward_intermediates(x, return_prefix_tokens=True, norm=False, output_fmt="NLC",
                                             intermediates_only=True)
         fused = torch.stack([prefix[:, 0].float() for _spatial, prefix in inter]).mean(dim=0)
-        return _final_norm(model)(fused).float()
+        return final_norm(model)(fused).float()
 
 
 def model_speed(arch: str, image_size: int, batch: int, device: str, precision: str, repeats: int) -> dict[str, Any]:

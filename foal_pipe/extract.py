@@ -42,6 +42,7 @@ from foal_pipe.encoders import (
     build_encoder,
     resolve_device,
     resolve_precision,
+    torch_version,
 )
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store import FORMAT, SPLITS, StoreMeta
@@ -59,8 +60,8 @@ class ExtractSpec:
     """Everything that defines one extraction (the CLI options of ``foal-pipe extract``).
 
     ``batch_size=None``: 256 on CUDA, 32 on CPU. ``workers=None``: half the CPU cores, at most 8.
-    ``out=None``: ``data/features/<dataset>.zarr``. ``pretrained`` and ``model_kwargs`` are for the Python
-    API only (benchmarks with random weights, tests with tiny ViTs).
+    ``out=None``: ``data/features/<dataset>.zarr``. ``model_kwargs`` (``--model-kwargs``) go to
+    ``timm.create_model``; ``pretrained=False`` (Python API only) gives seeded random weights, for benchmarks.
     """
 
     dataset: str = "digits"
@@ -162,12 +163,10 @@ def store_settings(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
 
 
 def runtime_info(inputs: Inputs) -> dict[str, Any]:
-    import torch
-
     import foal_pipe
 
     return {"device": inputs.device, "batch_size": inputs.batch_size, "workers": inputs.workers,
-            "torch_version": torch.__version__, "foal_pipe_version": foal_pipe.__version__}
+            "torch_version": torch_version(), "foal_pipe_version": foal_pipe.__version__}
 
 
 def _now() -> str:
@@ -316,6 +315,22 @@ def _write_chunk(array: zarr.Array, lo: int, block: np.ndarray) -> None:
     array[lo : lo + block.shape[0]] = block
 
 
+def _load_batches(images: PreparedImages, batches: list[list[int]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
+    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory), or, without
+    torch (``--model pixels`` on a light install), the same batches read in this process."""
+    try:
+        import torch
+    except ImportError:
+        for rows in batches:
+            items = [images[i] for i in rows]
+            yield np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
+        return
+    yield from torch.utils.data.DataLoader(
+        images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
+        prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
+    )
+
+
 def extract_rows(
     spec: ExtractSpec,
     split: str,
@@ -333,8 +348,6 @@ def extract_rows(
     chunk is written (with the end row of that chunk). Does not touch the attributes: progress and
     ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`, :func:`finish_store`).
     """
-    import torch
-
     inputs = load_inputs(inputs) if inputs is not None else _cached_inputs(spec)
     group = zarr.open_group(str(spec.out_path), mode="r+")
     array = group[f"{split}/features"]
@@ -348,18 +361,14 @@ def extract_rows(
     images = PreparedImages(source, encoder.image_size, encoder.interpolation)
     batches = [list(range(b, min(b + inputs.batch_size, c_hi)))
                for c_lo, c_hi in chunk_ranges(n, step, lo, hi) for b in range(c_lo, c_hi, inputs.batch_size)]
-    loader = torch.utils.data.DataLoader(
-        images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
-        prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
-    )
     buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
     chunk_lo, filled = lo, 0
-    for pixels, _labels, errors in loader:
+    for pixels, _labels, errors in _load_batches(images, batches, inputs):
         bad = [e for e in errors if e]
         if bad:
             raise FoalPipeError(f"cannot read image {bad[0]}; remove or replace the file, then re-run the same "
                                 "command to resume")
-        feats = encoder(pixels).cpu().numpy().astype(spec.dtype)
+        feats = encoder.encode(pixels).astype(spec.dtype)
         if not np.isfinite(feats).all():
             row = chunk_lo + filled + int(np.flatnonzero(~np.isfinite(feats).all(axis=1))[0])
             raise FoalPipeError(f"non-finite features at {split} row {row} (precision {inputs.precision}, dtype "

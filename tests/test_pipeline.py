@@ -71,7 +71,7 @@ def test_params_and_dvc_yaml_agree():
         assert f"stages/{name}.py" in stage["do"]["deps"]
         for dep in stage["do"]["deps"]:
             if "${" not in dep:
-                assert (ROOT / dep).is_file(), f"{name}: dependency {dep} does not exist"
+                assert (ROOT / dep).exists(), f"{name}: dependency {dep} does not exist"
     assert dvc["stages"]["extract"]["do"]["outs"] == [{"data/features/${item}.zarr": {"persist": True}}]
     # the sweep must not depend on learn.gamma or learn.engine, or a gamma change would rerun it
     sweep_params = dvc["stages"]["sweep"]["do"]["params"]

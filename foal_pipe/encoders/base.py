@@ -1,0 +1,55 @@
+"""The interface every encoder implements: uint8 images in, float32 features out, and its provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.encoders.config import EncoderConfig
+
+
+class Encoder:
+    """A frozen encoder: uint8 images ``(B, 3, s, s)`` in, float32 features ``(B, dim)`` out.
+
+    An encoder is described cheaply first (no weights), so a store can be created and checked before any
+    weights are fetched; :meth:`load` then loads the weights and moves them to a device.
+
+    Attributes set by subclasses: ``name`` (what the store records as the encoder), ``dim``, ``image_size``,
+    ``mean``/``std`` (per channel, applied when ``normalize``), ``interpolation`` (for the resize), ``config``.
+    """
+
+    name: str
+    dim: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    interpolation: str
+    config: EncoderConfig
+    device: str = "cpu"
+    precision: str = "fp32"
+
+    def provenance(self) -> dict[str, Any]:
+        """The store's ``encoder`` attribute."""
+        raise NotImplementedError
+
+    def load(self, device: str = "cpu", precision: str = "fp32") -> Encoder:
+        """Load weights and move to ``device``; returns ``self``."""
+        self.device, self.precision = device, precision
+        return self
+
+    def encode(self, images: Any) -> np.ndarray:
+        """uint8 images ``(B, 3, s, s)`` (a NumPy array or a CPU torch tensor) -> float32 NumPy ``(B, dim)``."""
+        raise NotImplementedError
+
+    def _input_provenance(self) -> dict[str, Any]:
+        """What every encoder records about its input: size, normalisation, resizing and output dim."""
+        return {
+            "image_size": self.image_size,
+            "normalize": self.config.normalize,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "interpolation": self.interpolation,
+            "resize": "square",
+            "dim": self.dim,
+        }

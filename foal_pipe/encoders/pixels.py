@@ -1,0 +1,49 @@
+"""``--model pixels``: the identity encoder, in NumPy (no torch), for offline demos and tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.encoders.base import Encoder
+from foal_pipe.encoders.config import EncoderConfig
+from foal_pipe.errors import FoalPipeError
+
+
+class PixelsEncoder(Encoder):
+    """The resized RGB image, flattened (``dim = 3 * s * s``); normalised to [-1, 1] by mean = std = 0.5
+    unless ``--no-normalize`` (then [0, 1]). Computes on the host in float32 whatever the device."""
+
+    def __init__(self, config: EncoderConfig, native_size: int | None = None):
+        for option, value in (("--checkpoint", config.checkpoint), ("--model-kwargs", config.model_kwargs)):
+            if value:
+                raise FoalPipeError(f"--model pixels has no weights or architecture, so {option} does not apply; "
+                                    f"drop {option} or choose a timm --model")
+        self.config = config
+        self.name = "pixels"
+        self.image_size = config.image_size or native_size or 32
+        self.dim = 3 * self.image_size**2
+        self.mean = self.std = (0.5, 0.5, 0.5)
+        self.interpolation = "bilinear"
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "name": "pixels",
+            "fusion": "none",
+            "token": "none",
+            **self._input_provenance(),
+            "weights": {"source": "none"},
+            "precision": "fp32",
+        }
+
+    def load(self, device: str = "cpu", precision: str = "fp32") -> Encoder:
+        return super().load(device, "fp32")  # nothing to compute in reduced precision
+
+    def encode(self, images: Any) -> np.ndarray:
+        x = np.asarray(images).astype(np.float32)
+        x /= np.float32(255.0)
+        if self.config.normalize:
+            x -= np.asarray(self.mean, np.float32).reshape(1, -1, 1, 1)
+            x /= np.asarray(self.std, np.float32).reshape(1, -1, 1, 1)
+        return x.reshape(x.shape[0], -1)

@@ -1,0 +1,80 @@
+"""Where and how an encoder computes: the optional torch stack, the device and the autocast precision.
+
+Torch, torchvision and timm come with ``pip install 'foal-pipe[extract]'``; the learner and ``--model pixels``
+run without them, so they are imported inside functions only and their absence is one clear error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import nullcontext
+from typing import Any
+
+from foal_pipe.errors import FoalPipeError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+EXTRACT_STACK = ("torch", "torchvision", "timm")
+INSTALL_EXTRACT = "pip install 'foal-pipe[extract]'"
+
+
+def require_extract_stack(what: str) -> None:
+    """Raise one line naming the install command when a module of :data:`EXTRACT_STACK` is not importable."""
+    missing = []
+    for module in EXTRACT_STACK:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise FoalPipeError(f"{what} needs torch, torchvision and timm (not installed: {', '.join(missing)}); run "
+                            f"{INSTALL_EXTRACT}, or use --model pixels (which needs none of them)")
+
+
+def _torch() -> Any:
+    """The torch module, or ``None`` without it."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def torch_version() -> str | None:
+    """torch's version, ``None`` when it is not installed (``--model pixels`` on a light install)."""
+    torch = _torch()
+    return None if torch is None else str(torch.__version__)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; asking for CUDA without it is an error."""
+    if device not in DEVICES:
+        raise FoalPipeError(f"unknown --device {device!r}; choose one of: {', '.join(DEVICES)}")
+    torch = _torch()
+    cuda = torch is not None and torch.cuda.is_available()
+    if device == "auto":
+        return "cuda" if cuda else "cpu"
+    if device == "cuda" and torch is None:
+        raise FoalPipeError(f"--device cuda needs torch, which is not installed; run {INSTALL_EXTRACT} (with a CUDA "
+                            "build of torch) or use --device cpu")
+    if device == "cuda" and not cuda:
+        raise FoalPipeError(f"--device cuda but CUDA is not available to torch {torch.__version__}; use --device cpu")
+    return device
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """``auto`` -> ``bf16`` on CUDA, ``fp32`` on CPU."""
+    if precision not in PRECISIONS:
+        raise FoalPipeError(f"unknown --precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if precision == "auto":
+        return "bf16" if device == "cuda" else "fp32"
+    return precision
+
+
+def autocast(device: str, precision: str) -> Any:
+    """torch autocast to ``precision`` on ``device``; a no-op context for fp32."""
+    import torch
+
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=device, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision])

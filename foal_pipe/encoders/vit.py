@@ -1,0 +1,160 @@
+"""Any timm ViT-family model (one with ``blocks``: ViT, DeiT, DINOv2, CLIP ViT, EVA, BEiT...) as an encoder:
+described from a ``meta``-device skeleton, weights from :mod:`~foal_pipe.encoders.weights`, features from
+:mod:`~foal_pipe.encoders.fusion`. Torch and timm are imported inside functions only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.encoders.base import Encoder
+from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig
+from foal_pipe.encoders.fusion import BlockFusion
+from foal_pipe.encoders.runtime import autocast, require_extract_stack
+from foal_pipe.encoders.weights import Architecture, describe_weights, load_model
+from foal_pipe.errors import FoalPipeError
+
+
+def _unknown_model_message(name: str) -> str:
+    import difflib
+
+    import timm
+
+    close = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return (f"unknown model {name!r}{hint}; use a full timm tag like {PAPER_MODEL}, see "
+            "timm.list_pretrained('vit_*'), or 'pixels'")
+
+
+def _skeleton(arch: Architecture) -> Any:
+    """The model on the ``meta`` device (no weights, no memory), or one clear error."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return arch.create()
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        if "pretrained tag" in str(exc) or "Invalid" in str(exc):
+            raise FoalPipeError(f"{arch.name}: {first}; see timm.list_pretrained('{arch.name.split('.')[0]}*') "
+                                "for valid tags") from None
+        raise FoalPipeError(f"cannot build timm model {arch.describe()} ({first}); check --model, --model-kwargs "
+                            "and --image-size") from None
+    except (TypeError, AssertionError, ValueError) as exc:
+        raise FoalPipeError(f"cannot build timm model {arch.describe()} ({exc}); check --model, --model-kwargs and "
+                            "--image-size (it must suit the patch size)") from None
+
+
+class TimmEncoder(Encoder):
+    """A timm ViT with feature fusion over its ``blocks``.
+
+    ``name`` (what the store records) is the full tag when the weights are the tag's, and the architecture
+    alone (with ``model_kwargs`` beside it) for a ``--checkpoint`` or random weights."""
+
+    def __init__(self, config: EncoderConfig, native_size: int | None = None):
+        require_extract_stack(f"--model {config.name}")
+        import timm
+        import torch
+
+        self.config = config
+        if not timm.is_model(config.name):
+            raise FoalPipeError(_unknown_model_message(config.name))
+        kwargs = dict(config.model_kwargs)
+        if config.image_size is not None:
+            kwargs["img_size"] = config.image_size
+        self.arch = Architecture(config.name, tuple(sorted(kwargs.items())))
+        skeleton = _skeleton(self.arch)
+        blocks = getattr(skeleton, "blocks", None)
+        if not isinstance(blocks, torch.nn.Sequential | torch.nn.ModuleList) or len(blocks) == 0:
+            raise FoalPipeError(
+                f"{config.name} ({type(skeleton).__name__}) has no transformer blocks (`blocks`), so feature "
+                "fusion cannot apply; use a ViT family model (vit_*, deit_*, dinov2, CLIP ViT, eva*, beit*)"
+            )
+        has_cls = getattr(skeleton, "cls_token", None) is not None
+        self.num_prefix = int(getattr(skeleton, "num_prefix_tokens", 1 if has_cls else 0))
+        if config.token == "cls" and not has_cls:
+            raise FoalPipeError(f"{config.name} has no CLS token; use --token mean (mean of the patch tokens)")
+        cfg = dict(skeleton.pretrained_cfg)
+        self.arch.pretrained_cfg = cfg
+        self.architecture = cfg.get("architecture") or config.name.split(".")[0]
+        tagged = f"{self.architecture}.{cfg['tag']}" if cfg.get("tag") else self.architecture
+        self.weights = describe_weights(config, cfg, tagged)
+        self.name = tagged if self.weights["source"] in ("hf-hub", "url") else self.architecture
+        data_cfg = timm.data.resolve_model_data_config(skeleton)
+        built = getattr(getattr(skeleton, "patch_embed", None), "img_size", None)  # what the model was built for
+        built = built[-1] if isinstance(built, tuple | list) else built
+        self.image_size = int(config.image_size or built or data_cfg["input_size"][-1])
+        self.mean, self.std = tuple(map(float, data_cfg["mean"])), tuple(map(float, data_cfg["std"]))
+        self.interpolation = str(data_cfg.get("interpolation") or "bicubic")
+        self.dim = int(skeleton.num_features)
+        self.n_blocks = len(blocks)
+        self.model: Any = None
+        self.fusion: BlockFusion | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        import timm
+
+        return {
+            "name": self.name,
+            "requested": self.config.name,
+            "fusion": self.config.fusion,
+            "token": self.config.token,
+            **self._input_provenance(),
+            "blocks": self.n_blocks,
+            "final_norm": "applied once to the block average",
+            "weights": self.weights,
+            "model_kwargs": dict(self.config.model_kwargs),
+            "timm_version": timm.__version__,
+            "precision": self.precision,
+        }
+
+    def load(self, device: str = "cpu", precision: str = "fp32") -> Encoder:
+        super().load(device, precision)
+        model = load_model(self.arch, self.weights, self.name).eval().requires_grad_(False).to(device)
+        self.model = model
+        self.fusion = BlockFusion(model, self.config.fusion, self.config.token, self.num_prefix, self.name)
+        return self
+
+    def preprocess(self, images: Any) -> Any:
+        """uint8 ``(B, 3, s, s)`` (any device) -> float32 on the encoder's device, scaled to [0, 1] and
+        normalised with ``mean``/``std`` when the config says so."""
+        import torch
+
+        x = images.to(self.device, non_blocking=True).float().div_(255.0)
+        if self.config.normalize:  # in place: a batch of 256 ViT-B inputs is 154 MB in float32
+            x.sub_(torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1))
+            x.div_(torch.tensor(self.std, device=x.device).view(1, -1, 1, 1))
+        return x
+
+    def _fusion(self) -> BlockFusion:
+        if self.fusion is None:
+            raise RuntimeError("call load() before encoding")
+        return self.fusion
+
+    def features(self, x: Any) -> Any:
+        """Preprocessed float input -> fused float32 features ``(B, dim)`` on the device."""
+        fusion = self._fusion()
+        with autocast(self.device, self.precision):
+            return fusion(x).float()
+
+    def plain_features(self, x: Any) -> Any:
+        """timm's own ``forward_features`` CLS token (after the final norm), hooks bypassed: the baseline
+        the fused forward is measured against."""
+        fusion = self._fusion()
+        with fusion.detached(), autocast(self.device, self.precision):
+            return self.model.forward_features(x)[:, 0].float()
+
+    def __call__(self, images: Any) -> Any:
+        """uint8 torch images -> float32 torch features on the device."""
+        import torch
+
+        with torch.inference_mode():
+            return self.features(self.preprocess(images))
+
+    def encode(self, images: Any) -> np.ndarray:
+        import torch
+
+        if isinstance(images, np.ndarray):
+            images = torch.from_numpy(np.ascontiguousarray(images))
+        return self(images).cpu().numpy()

@@ -1,0 +1,92 @@
+"""Without torch, torchvision or timm (``pip install foal-pipe`` without the ``extract`` extra): a timm model is
+one line naming the install command, and ``--model pixels`` extracts digits in NumPy alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from foal_pipe.cli import app
+from foal_pipe.store import open_store
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+runner = CliRunner()
+
+HIDDEN = """
+import sys
+
+class Hidden:  # `import torch` (or a submodule) raises ModuleNotFoundError, as on a machine without it
+    names = set(sys.argv[1].split(","))
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Hidden())
+sys.argv = ["foal-pipe", *sys.argv[2:]]
+from foal_pipe.cli import main
+main()
+"""
+
+
+def _without(modules: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", HIDDEN, modules, *args], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _message(missing: str) -> str:
+    return (f"Error: --model vit_tiny_patch16_224 needs torch, torchvision and timm (not installed: {missing}); "
+            "run pip install 'foal-pipe[extract]', or use --model pixels (which needs none of them)")
+
+
+@pytest.mark.parametrize("hidden", ["timm", "torchvision,timm"])
+def test_a_timm_model_without_the_extract_extra_is_one_line(tmp_path, monkeypatch, hidden):
+    for name in hidden.split(","):
+        monkeypatch.setitem(sys.modules, name, None)  # `import timm` raises ImportError in this process
+    out = tmp_path / "x.zarr"
+    result = runner.invoke(app, ["extract", "--model", "vit_tiny_patch16_224", "--out", str(out), "--workers", "0"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == _message(hidden.replace(",", ", "))
+    assert not out.exists()
+
+
+def test_a_timm_model_without_torch_is_one_line(tmp_path):
+    out = tmp_path / "x.zarr"
+    proc = _without("torch,torchvision,timm", "extract", "--model", "vit_tiny_patch16_224", "--out", str(out))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert " ".join(proc.stderr.split()) == _message("torch, torchvision, timm")
+    assert not out.exists()
+
+
+def test_pixels_on_digits_runs_without_torch(tmp_path):
+    without = tmp_path / "light.zarr"
+    proc = _without("torch,torchvision,timm", "extract", "--model", "pixels", "--out", str(without),
+                    "--chunk-rows", "512")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wrote" in proc.stdout and "train 1,442 x 192" in proc.stdout
+    with_torch = tmp_path / "full.zarr"
+    result = runner.invoke(app, ["extract", "--model", "pixels", "--out", str(with_torch), "--chunk-rows", "512",
+                                 "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    light, full = open_store(without), open_store(with_torch)
+    for split in ("train", "test"):
+        a, b = np.asarray(light.split(split).features[:]), np.asarray(full.split(split).features[:])
+        assert a.dtype == b.dtype == np.float32 and a.tobytes() == b.tobytes()
+    assert light.meta.extra["runtime"]["torch_version"] is None
+
+
+def test_cuda_without_torch_names_the_install(tmp_path):
+    proc = _without("torch,torchvision,timm", "extract", "--model", "pixels", "--device", "cuda", "--out",
+                    str(tmp_path / "c.zarr"))
+    assert proc.returncode == 1
+    assert "Error: --device cuda needs torch, which is not installed; run pip install 'foal-pipe[extract]'" \
+        in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
