@@ -74,8 +74,13 @@ def extract(
                      "Hugging Face cache), or 'pixels' (flattened pixels, no network). Default: the paper's "
                      f"{PAPER_MODEL}.")] = PAPER_MODEL,
     checkpoint: Annotated[Path | None, typer.Option(help="Local .safetensors or .pth state dict for --model, loaded "
-                          "with weights_only=True (no unpickling). Default: none (timm's pretrained weights).",
+                          "strictly (every parameter, exact shapes; only the classifier head is dropped) with "
+                          "weights_only=True (no unpickling). Default: none (timm's pretrained weights).",
                           show_default=False)] = None,
+    model_kwargs: Annotated[str, typer.Option(help="Arguments for timm.create_model as NAME=VALUE,... (ints, floats, "
+                            "true/false, strings), e.g. depth=2,patch_size=8,img_size=32,embed_dim=32,num_heads=2 for a "
+                            "custom architecture; recorded in the store and compared on resume. Default: none.",
+                            show_default=False)] = "",
     fusion: Annotated[str, typer.Option(help="mean-cls: average the token over every block's output, then the final "
                       "norm (the paper); last: the last block only, then the final norm. Default: mean-cls.")]
     = "mean-cls",
@@ -118,13 +123,15 @@ def extract(
     Re-running an interrupted command resumes after the last written chunk.
     """
     with user_errors():
+        from foal_pipe.encoders import parse_model_kwargs
         from foal_pipe.extract import ExtractSpec, run_extract
 
         if scheduler not in ("local", "dask"):
             raise FoalPipeError(f"unknown --scheduler {scheduler!r}; choose local or dask")
         spec = ExtractSpec(
             dataset=dataset, out=str(out) if out else None, data_dir=str(data_dir) if data_dir else None,
-            download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None, fusion=fusion,
+            download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None,
+            model_kwargs=parse_model_kwargs(model_kwargs), fusion=fusion,
             token=token, image_size=image_size, normalize=normalize, dtype=dtype, chunk_rows=chunk_rows,
             batch_size=batch_size, workers=workers if scheduler == "local" else 0, device=device, precision=precision,
         )
