@@ -57,7 +57,7 @@ def check_output_dir(path: str | Path) -> Path:
     Creates the parent directories and a probe directory beside ``path`` (removed again), so a read-only
     place, a path under a file or ``path`` being a file are named now rather than after training.
     """
-    path = Path(path)
+    path = _check_parents(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
@@ -72,7 +72,7 @@ def check_output_dir(path: str | Path) -> Path:
 
 def check_output_file(path: str | Path) -> Path:
     """Refuse, before any work, an output file that cannot be written (a directory, under a file, read-only)."""
-    path = Path(path)
+    path = _check_parents(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
@@ -83,6 +83,16 @@ def check_output_file(path: str | Path) -> Path:
         os.unlink(probe)
     except OSError as exc:
         raise _io_error(path, exc, "choose a writable --out path") from None
+    return path
+
+
+def _check_parents(path: Path) -> Path:
+    """Refuse a path below a file (mkdir would only say "File exists")."""
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another --out")
+            break
     return path
 
 

@@ -97,9 +97,8 @@ def _names(values: Any, n_columns: int) -> str | None:
     return None
 
 
-#: Metadata checks: key -> (required, check(value, n_columns) -> problem or None).
+#: Metadata checks besides ``format``: key -> (required, check(value, n_columns) -> problem or None).
 METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
-    "format": (True, lambda v, _: None if v == FORMAT else f"must be {FORMAT!r}"),
     "format_version": (
         True,
         lambda v, _: None if _is_int(v) and v == FORMAT_VERSION else
@@ -127,22 +126,26 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     dtypes before any value is read; values (finite floats, class ids) are checked for arrays only.
     ``metadata`` holds the decoded JSON values.
     """
-    if "format" not in metadata:
+    if metadata.get("format") != FORMAT:
+        found = f"metadata 'format' is {str(metadata['format'])!r:.60}" if "format" in metadata else "no 'format'"
         raise FoalPipeError(
-            f"{where} holds no foal-pipe metadata (a safetensors file from another tool or an older foal-pipe); "
-            f"{_FIX}"
+            f"{where} holds no foal-pipe metadata ({found}: a safetensors file from another tool or an older "
+            f"foal-pipe); {_FIX}"
         )
     missing = [name for name in REQUIRED_TENSORS if name not in tensors]
     unknown = sorted(set(tensors) - set(TENSORS))
     if missing or unknown:
         raise _refuse(where, f"tensor {missing[0]!r} is missing" if missing else f"unexpected tensor {unknown[0]!r}")
-    n_columns = int(tensors["W"].shape[-1]) if len(tensors["W"].shape) == 2 else -1
+    _check_shapes(tensors, where)
+    for key, value in metadata.items():
+        if isinstance(value, NotJSON):
+            raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
     for key, (required, check) in METADATA.items():
         if key not in metadata:
             if required:
                 raise _refuse(where, f"metadata {key!r} is missing")
             continue
-        problem = check(metadata[key], n_columns)
+        problem = check(metadata[key], int(tensors["W"].shape[1]))
         if problem:
             raise _refuse(where, f"metadata {key!r} ({metadata[key]!r:.60}) {problem}")
     state = ENGINES[metadata["engine"]].state_names
@@ -152,7 +155,6 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     stray = sorted(name for name in set(tensors) & {"G", "Q", "R"} if name not in state)
     if stray:
         raise _refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
-    _check_shapes(tensors, where)
     for name in state:
         if name != "W" and tensors[name].dtype != np.dtype(metadata["dtype"]):
             raise _refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
@@ -252,7 +254,7 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
                 if code not in DTYPE_OF_CODE:
                     raise _refuse(str(path), f"tensor {key!r} has dtype {code}, which a model file does not hold")
                 header[key] = TensorInfo(tuple(part.get_shape()), DTYPE_OF_CODE[code])
-            metadata = {key: _decode(value, key, path) for key, value in raw.items()}
+            metadata = {key: _decode(value) for key, value in raw.items()}
             validate_model(header, metadata, str(path))
             tensors = {key: f.get_tensor(key) for key in header if names is None or key in names}
     except (SafetensorError, OSError) as exc:
@@ -264,8 +266,12 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
     return tensors, metadata
 
 
-def _decode(value: str, key: str, path: Path) -> Any:
+class NotJSON(str):
+    """A metadata value that does not decode as JSON, kept for :func:`validate_model` to name."""
+
+
+def _decode(value: str) -> Any:
     try:
         return json.loads(value)
     except json.JSONDecodeError:
-        raise _refuse(str(path), f"metadata {key!r} ({value!r:.60}) is not JSON") from None
+        return NotJSON(value)

@@ -82,10 +82,10 @@ def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, feature
                 f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; "
                 "use a store with the model's class order"
             )
-    encoder = meta.get("encoder")
-    if encoder is not None and encoder != store.meta.encoder:
-        key = next(k for k in sorted(set(encoder) | set(store.meta.encoder)) if encoder.get(k) != store.meta.encoder.get(k))
+    encoder, theirs = meta.get("encoder"), store.meta.encoder
+    if encoder is not None and encoder != theirs:
+        key = next(k for k in sorted(set(encoder) | set(theirs)) if encoder.get(k) != theirs.get(k))
         raise FoalPipeError(
             f"the model was trained on other features: encoder {key!r} is {encoder.get(key)!r} in the model but "
-            f"{store.meta.encoder.get(key)!r} in {features}; use a store extracted with the model's encoder"
+            f"{theirs.get(key)!r} in {features}; use a store extracted with the model's encoder"
         )
