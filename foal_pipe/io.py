@@ -26,7 +26,8 @@ _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 
 def _io_error(path: Path, exc: OSError, fix: str) -> FoalPipeError:
     reason = exc.strerror or type(exc).__name__
-    return FoalPipeError(f"cannot write {path}: {reason}; {fix}")
+    code = errno.errorcode.get(exc.errno or 0)
+    return FoalPipeError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}")
 
 
 @contextmanager

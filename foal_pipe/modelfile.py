@@ -83,7 +83,10 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an integer beyond float range
+        return False
 
 
 def _names(values: Any, n_columns: int) -> str | None:
@@ -97,13 +100,8 @@ def _names(values: Any, n_columns: int) -> str | None:
     return None
 
 
-#: Metadata checks besides ``format``: key -> (required, check(value, n_columns) -> problem or None).
+#: Metadata checks besides the format's: key -> (required, check(value, n_columns) -> problem or None).
 METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
-    "format_version": (
-        True,
-        lambda v, _: None if _is_int(v) and v == FORMAT_VERSION else
-        f"is {v!r} but this foal-pipe reads version {FORMAT_VERSION}; upgrade foal-pipe or train the model again",
-    ),
     "gamma": (True, lambda v, _: None if _is_number(v) and v > 0 else "must be a positive number"),
     "engine": (True, lambda v, _: None if v in ENGINES else f"must be one of {', '.join(map(repr, ENGINES))}"),
     "dtype": (True, lambda v, _: None if v in DTYPES else f"must be one of {', '.join(map(repr, DTYPES))}"),
@@ -131,6 +129,12 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
         raise FoalPipeError(
             f"{where} holds no foal-pipe metadata ({found}: a safetensors file from another tool or an older "
             f"foal-pipe); {_FIX}"
+        )
+    version = metadata.get("format_version")
+    if not _is_int(version) or version != FORMAT_VERSION:
+        raise FoalPipeError(
+            f"{where} has model format_version {version!r:.20} but this foal-pipe reads version {FORMAT_VERSION}; "
+            "upgrade foal-pipe or train the model again"
         )
     missing = [name for name in REQUIRED_TENSORS if name not in tensors]
     unknown = sorted(set(tensors) - set(TENSORS))

@@ -15,7 +15,7 @@ from foal_pipe.cli._app import app, console, err_console, user_errors
 from foal_pipe.errors import FoalPipeError
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
-Out = Annotated[Path, typer.Option("--out", help="Output directory; files are written atomically at the end.")]
+Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
 Tasks = Annotated[
     int,
     typer.Option(help="Number of tasks; classes are shuffled with --seed and split evenly (leftover classes dropped)."),
