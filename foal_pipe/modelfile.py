@@ -11,14 +11,10 @@ process (the safetensors library keeps its metadata in a hash map with a per-pro
 
 Tensors (D: activations, C: classes, d: features):
 
-=============  ===========  ========================================================================
-``W``          (D, C)       float; the ridge weights, column k scores ``classes[k]``
-``classes``    (C,)         int; the label ids, sorted, unique, non-negative
-``projection`` (d, D)       float, optional; the smooth projection's matrix (activations
-                            ``sigmoid(X @ projection)``)
-``G``, ``Q``   (D, D), (D, C)  float in ``dtype``; the ``gram`` engine's state
-``R``          (D, D)       float in ``dtype``; the ``rls`` engine's state (with ``W``)
-=============  ===========  ========================================================================
+* ``W`` (D, C), float: the ridge weights; column k scores ``classes[k]``;
+* ``classes`` (C,), int: the label ids, sorted, unique, non-negative;
+* ``projection`` (d, D), float, optional: the smooth projection (activations ``sigmoid(X @ projection)``);
+* the engine's state in ``dtype``: ``G`` (D, D) and ``Q`` (D, C) for ``gram``, ``R`` (D, D) for ``rls``.
 
 Metadata: safetensors keeps string values only, so every value is stored as JSON text. Required:
 ``format`` (``"foal-pipe/model"``), ``format_version`` (1), ``gamma`` (a positive number), ``engine``
