@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import numpy as np
 from foal_pipe.backend import get_namespace, resolve_dtype, to_numpy
 from foal_pipe.engines import DEFAULT_ENGINE, ENGINES
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import atomic_path
+from foal_pipe.modelfile import read_model, write_model
 from foal_pipe.projection import SmoothProjection
 
 
@@ -209,60 +208,28 @@ class AnalyticClassifier:
         return float(np.mean(self.predict(X) == np.asarray(y)))
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
-        """Write the full state (engine state, ``W``, ``classes``, optional projection) as safetensors.
+        """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
 
-        Extra keyword arguments are stored as JSON metadata. :meth:`load` restores a classifier that keeps
-        learning exactly as if the stream had never been interrupted.
+        Extra keyword arguments are stored as JSON metadata (foal_pipe/modelfile.py lists the known keys).
+        :meth:`load` restores a classifier that keeps learning exactly as if the stream had never been
+        interrupted.
         """
-        from safetensors.numpy import save_file
-
         self._check_fitted()
         if not np.issubdtype(self.classes_.dtype, np.integer):
             raise FoalPipeError("only integer class labels can be saved; map labels to integer ids first")
-        tensors = {name: np.ascontiguousarray(to_numpy(a)) for name, a in self._engine.state().items()}
-        tensors["W"] = np.ascontiguousarray(self.weights_.astype(np.float64))
+        tensors = {name: to_numpy(a) for name, a in self._engine.state().items()}
+        tensors["W"] = self.weights_.astype(np.float64)
         tensors["classes"] = self.classes_.astype(np.int64)
         if projection is not None:
-            tensors["projection"] = np.ascontiguousarray(projection.components_)
-        meta = {key: json.dumps(value) for key, value in metadata.items()}
-        meta.update(
-            foal_pipe_state=json.dumps(
-                {"gamma": float(self.gamma), "engine": self.engine, "dtype": self._dtype.name,
+            tensors["projection"] = projection.components_
+        state = {"gamma": float(self.gamma), "engine": self.engine, "dtype": self._dtype.name,
                  "n_samples_seen": self.n_samples_seen_}
-            ),
-            gamma=repr(float(self.gamma)),
-        )
-        path = Path(path)
-        with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata=meta)
-        return path
+        return write_model(path, tensors, {**metadata, **state})
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:
-        """Restore a classifier written by :meth:`save` (safetensors only: nothing is unpickled)."""
+        """Restore a classifier written by :meth:`save`, validated (safetensors only: nothing is unpickled)."""
         tensors, meta = read_model(path)
-        if "foal_pipe_state" not in meta:
-            raise FoalPipeError(f"{path} holds no learner state; save it with AnalyticClassifier.save")
-        state = json.loads(meta["foal_pipe_state"])
-        clf = cls(gamma=state["gamma"], engine=state["engine"], dtype=state["dtype"], backend=backend)
+        clf = cls(gamma=meta["gamma"], engine=meta["engine"], dtype=meta["dtype"], backend=backend)
         classes = tensors["classes"].astype(np.int64)
-        return clf._restore(tensors, classes, state["n_samples_seen"], int(tensors["W"].shape[0]))
-
-
-def read_model(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Tensors and metadata of a foal-pipe model file, with a clear error for anything else."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FoalPipeError(f"model file {path} does not exist; train one with `foal-pipe learn`")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-    except Exception:
-        raise FoalPipeError(f"{path} is not a safetensors model file; pass the model.safetensors that learn wrote") from None
-    for key in ("W", "classes"):
-        if key not in tensors:
-            raise FoalPipeError(f"{path} has no {key!r} tensor; pass the model.safetensors that learn wrote")
-    return tensors, meta
+        return clf._restore(tensors, classes, meta["n_samples_seen"], int(tensors["W"].shape[0]))

@@ -21,11 +21,13 @@ from typing import Any
 from foal_pipe.errors import FoalPipeError
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
+_JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 
 
 def _io_error(path: Path, exc: OSError, fix: str) -> FoalPipeError:
     reason = exc.strerror or type(exc).__name__
-    return FoalPipeError(f"cannot write {path}: {reason}; {fix}")
+    code = errno.errorcode.get(exc.errno or 0)
+    return FoalPipeError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}")
 
 
 @contextmanager
@@ -51,17 +53,17 @@ def write_json(path: str | Path, data: Any) -> Path:
 
 
 def check_output_dir(path: str | Path) -> Path:
-    """Refuse, before any work, an output directory that cannot be written; removes stale temporaries.
+    """Refuse, before any work, an output directory that cannot be written; settles earlier interrupted runs.
 
     Creates the parent directories and a probe directory beside ``path`` (removed again), so a read-only
     place, a path under a file or ``path`` being a file are named now rather than after training.
     """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with --out")
+    path = _check_parents(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
+        if path.exists() and not path.is_dir():
+            raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with --out")
         probe = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
         probe.rmdir()
     except OSError as exc:
@@ -69,12 +71,41 @@ def check_output_dir(path: str | Path) -> Path:
     return path
 
 
+def check_output_file(path: str | Path) -> Path:
+    """Refuse, before any work, an output file that cannot be written (a directory, under a file, read-only)."""
+    path = _check_parents(Path(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(path)
+        if path.is_dir():
+            raise FoalPipeError(f"output {path} is a directory; pass a file path with --out")
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _io_error(path, exc, "choose a writable --out path") from None
+    return path
+
+
+def _check_parents(path: Path) -> Path:
+    """Refuse a path below a file (mkdir would only say "File exists")."""
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another --out")
+            break
+    return path
+
+
 def _remove_stale(path: Path) -> None:
-    """Remove temporaries of earlier runs on ``path`` whose process is gone (killed mid-write)."""
+    """Settle the temporaries of earlier runs on ``path`` whose process is gone (killed mid-write)."""
+    bases = set()
     for tmp in path.parent.glob(f".{path.name}.tmp-*"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            bases.add(tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD)))
+    for tmp in sorted(bases):
+        _settle(path, tmp)
 
 
 def _alive(pid: int) -> bool:
@@ -85,6 +116,39 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _settle(path: Path, tmp: Path) -> None:
+    """Finish or undo a replacement of ``path`` by the directory ``tmp``, then remove the temporaries.
+
+    Before swapping, :func:`atomic_dir` records the new directory's inode in the journal ``tmp.swap``. If
+    ``path`` now has that inode the swap happened, and the previous outputs (left in ``tmp`` by an exchange,
+    in ``tmp-old`` by two renames) give ``path`` the entries it lacks; if ``path`` is missing (killed between
+    the two renames), the previous outputs are put back. Without a journal ``tmp`` is an unfinished run.
+    """
+    journal, old = tmp.with_name(tmp.name + _JOURNAL), tmp.with_name(tmp.name + _OLD)
+    try:
+        new_inode = int(journal.read_text())
+    except (OSError, ValueError):
+        new_inode = None
+    if new_inode is not None:
+        if path.is_dir() and path.stat().st_ino == new_inode:
+            for previous in (tmp, old):
+                if previous.is_dir():
+                    for entry in previous.iterdir():
+                        if not os.path.lexists(path / entry.name):
+                            os.rename(entry, path / entry.name)
+        elif not os.path.lexists(path) and old.is_dir():
+            os.rename(old, path)
+    for leftover in (tmp, old, journal):
+        _remove(leftover)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -108,7 +172,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary sibling directory; on success it becomes ``path`` in one rename.
 
     Entries of an existing ``path`` that this run does not write (say ``eval/`` beside a run's model) are
-    carried over. On any error the temporary directory is removed and ``path`` is left as it was.
+    carried over. On any error the temporary directory is removed and ``path`` is left as it was; a run
+    killed at any point is settled by the next :func:`check_output_dir` on ``path``.
     """
     path = check_output_dir(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
@@ -116,20 +181,16 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
         if path.is_dir():
+            (tmp.with_name(tmp.name + _JOURNAL)).write_text(str(tmp.stat().st_ino))
             if not _exchange(tmp, path):
-                old = tmp.with_name(tmp.name + "-old")
-                os.rename(path, old)
+                os.rename(path, tmp.with_name(tmp.name + _OLD))
                 os.rename(tmp, path)
-                tmp = old
-            for entry in tmp.iterdir():  # tmp now holds the previous outputs
-                if not (path / entry.name).exists():
-                    os.rename(entry, path / entry.name)
         else:
             os.rename(tmp, path)
     except OSError as exc:
         raise _io_error(path, exc, "free some space or choose another --out; previous outputs are unchanged") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _settle(path, tmp)
 
 
 def _umask() -> int:

@@ -14,7 +14,6 @@ Test accuracy for every boundary (and every gamma) is then computed in one pass 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +26,14 @@ from foal_pipe.backend import get_namespace, resolve_dtype, to_numpy
 from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.engines import DEFAULT_ENGINE, ENGINES
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import write_json
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.metrics import summarize
+from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.stream import Stream, build_stream, read_class_order
+from foal_pipe.timings import Stopwatch
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
@@ -262,9 +263,12 @@ def _run_info(p: Prepared) -> dict[str, Any]:
 
 
 def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train through the stream, evaluate after each task, write ``metrics.json`` and ``model.safetensors``."""
-    start = time.perf_counter()
+    """Train through the stream, evaluate after each task; ``model.safetensors``, ``metrics.json`` and
+    ``timings.json`` replace ``out``'s as one unit (checked writable before any work)."""
+    out = check_output_dir(out)
+    clock = Stopwatch()
     p = prepare(features, config)
+    clock.lap("prepare")
     _warn_dropped(p, log)
     if config.engine == "rls" and config.scheduler == "dask":
         raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
@@ -273,38 +277,50 @@ def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: C
             boundaries, final = rls_boundaries(p)
         else:
             boundaries, final = gram_boundaries(task_statistics(p))
+        clock.lap("train")
         acc = accuracy_matrices(p, boundaries)[0]
+    clock.lap("test")
     metrics = {
         **_report(p, acc),
         "gamma": config.gamma,
         "engine": config.engine,
         **_run_info(p),
-        "seconds": round(time.perf_counter() - start, 3),
     }
-    out = Path(out)
-    final.save(
-        out / "model.safetensors",
-        projection=p.projection,
-        dataset=p.store.meta.dataset,
-        encoder=p.store.meta.encoder,
-        classes_names=list(p.store.classes),
-    )
-    write_json(out / "metrics.json", metrics)
+    with atomic_dir(out) as tmp:
+        final.save(
+            tmp / MODEL_FILE,
+            projection=p.projection,
+            dataset=p.store.meta.dataset,
+            encoder=p.store.meta.encoder,
+            class_names=[p.store.classes[c] for c in final.classes_],
+            activation="sigmoid",
+        )
+        write_json(tmp / "metrics.json", metrics)
+        clock.lap("write")
+        clock.write(tmp)
     return metrics
 
 
 def run_sweep(
     features: str | Path, out: str | Path, gammas: Sequence[float], config: LearnConfig, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Evaluate every gamma from one pass over the train split and one over the test split."""
-    start = time.perf_counter()
+    """Evaluate every gamma from one pass over the train split and one over the test split.
+
+    ``sweep.json`` and ``timings.json`` replace ``out``'s as one unit (checked writable before any work).
+    """
+    out = check_output_dir(out)
+    clock = Stopwatch()
     if not gammas:
         raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in gammas]
     p = prepare(features, config)
+    clock.lap("prepare")
     _warn_dropped(p, log)
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness check on the weights
-        acc = accuracy_matrices(p, sweep_boundaries(task_statistics(p), gammas))
+        boundaries = sweep_boundaries(task_statistics(p), gammas)
+        clock.lap("train")
+        acc = accuracy_matrices(p, boundaries)
+    clock.lap("test")
     results = [{"gamma": g, **_report(p, acc[m])} for m, g in enumerate(gammas)]
     best = max(results, key=lambda r: r["A_avg"])
     report = {
@@ -312,9 +328,11 @@ def run_sweep(
         "best_gamma": best["gamma"],
         "results": results,
         **_run_info(p),
-        "seconds": round(time.perf_counter() - start, 3),
     }
-    write_json(Path(out) / "sweep.json", report)
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "sweep.json", report)
+        clock.lap("write")
+        clock.write(tmp)
     return report
 
 

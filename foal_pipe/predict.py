@@ -1,22 +1,51 @@
-"""Predictions from a saved model on a store's split, chunk by chunk."""
+"""Predictions from a saved model on a store's split, chunk by chunk, and their CSV form."""
 
 from __future__ import annotations
 
+import csv
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
-from foal_pipe.classifier import read_model
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.modelfile import read_model
 from foal_pipe.projection import SmoothProjection
-from foal_pipe.store import Split, open_store
+from foal_pipe.store import SPLITS, FeatureStore, open_store
+
+#: The CSV's columns: the store row, the predicted label id and its name, the winning score
+#: (``sigmoid(x P) @ W`` for that class), and the label id and name the store holds for the row.
+COLUMNS = ("row", "predicted_class", "predicted_name", "score", "true_class", "true_name")
 
 
-def predict_split(model: str | Path, features: str | Path, split: str = "test") -> tuple[np.ndarray, Split, tuple[str, ...]]:
-    """Predicted label ids for every row of ``split``, the split itself, and the store's class names."""
-    if split not in ("train", "test"):
-        raise FoalPipeError(f"unknown split {split!r}; choose train or test")
-    tensors, _ = read_model(model)
+@dataclass
+class Predictions:
+    """One entry per row of a split: ``predicted`` and ``true`` label ids, ``score`` of the prediction."""
+
+    predicted: np.ndarray
+    score: np.ndarray
+    true: np.ndarray
+    names: tuple[str, ...]  # class names indexed by label id
+
+    @property
+    def accuracy(self) -> float:
+        return float((self.predicted == self.true).mean()) if self.predicted.size else float("nan")
+
+    def write_csv(self, fh: TextIO) -> None:
+        """Write :data:`COLUMNS`, one line per row."""
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        names = self.names
+        for i, (p, s, t) in enumerate(zip(self.predicted.tolist(), self.score.tolist(), self.true.tolist())):
+            writer.writerow([i, p, names[p], repr(s), t, names[t] if 0 <= t < len(names) else ""])
+
+
+def predict_split(model: str | Path, features: str | Path, split: str = "test") -> Predictions:
+    """Predict every row of ``split``; the model is read and validated before the store is opened."""
+    if split not in SPLITS:
+        raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
+    tensors, meta = read_model(model, names=("W", "classes", "projection"))
     if "projection" not in tensors:
         raise FoalPipeError(f"{model} has no 'projection' tensor; pass the model.safetensors that learn wrote")
     store = open_store(features)
@@ -27,10 +56,36 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
             f"the model expects {projection.n_features_in_}-dimensional features but {features} has {data.dim}; "
             "use a store made with the model's encoder"
         )
-    W, classes = tensors["W"], tensors["classes"]
-    if classes.size and classes.max() >= len(store.classes):
-        raise FoalPipeError(f"the model predicts label ids up to {int(classes.max())} but {features} has {len(store.classes)} classes")
-    pred = np.empty(data.n_rows, dtype=np.int64)
+    W, classes = tensors["W"], tensors["classes"].astype(np.int64)
+    _check_matches(meta, classes, store, features)
+    predicted = np.empty(data.n_rows, dtype=np.int64)
+    score = np.empty(data.n_rows, dtype=np.float64)
     for lo, X in data.iter_chunks():
-        pred[lo : lo + X.shape[0]] = classes[np.argmax(projection.transform(X) @ W, axis=1)]
-    return pred, data, store.classes
+        scores = projection.transform(X) @ W
+        best = np.argmax(scores, axis=1)
+        predicted[lo : lo + X.shape[0]] = classes[best]
+        score[lo : lo + X.shape[0]] = scores[np.arange(best.size), best]
+    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), store.classes)
+
+
+def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path) -> None:
+    """Refuse a store whose label ids, class names or encoder differ from those the model was trained on."""
+    if classes.size and classes.max() >= len(store.classes):
+        raise FoalPipeError(
+            f"the model predicts label ids up to {int(classes.max())} but {features} has {len(store.classes)} classes; "
+            "use a store with the model's classes"
+        )
+    names = meta.get("class_names")
+    for label, name in zip(classes.tolist(), names, strict=True) if names is not None else ():
+        if store.classes[label] != name:
+            raise FoalPipeError(
+                f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; "
+                "use a store with the model's class order"
+            )
+    encoder, theirs = meta.get("encoder"), store.meta.encoder
+    if encoder is not None and encoder != theirs:
+        key = next(k for k in sorted(set(encoder) | set(theirs)) if encoder.get(k) != theirs.get(k))
+        raise FoalPipeError(
+            f"the model was trained on other features: encoder {key!r} is {encoder.get(key)!r} in the model but "
+            f"{theirs.get(key)!r} in {features}; use a store extracted with the model's encoder"
+        )

@@ -86,7 +86,7 @@ def test_merge_equals_one_stream():
 @pytest.mark.parametrize("engine", ["gram", "rls"])
 def test_save_load_then_continue_equals_uninterrupted(tmp_path, data, engine):
     H, y = data
-    proj = SmoothProjection(7, random_state=0).fit(np.zeros((1, 3)))
+    proj = SmoothProjection(H.shape[1], random_state=0).fit(np.zeros((1, 3)))  # maps d = 3 to W's D = 40
     full = AnalyticClassifier(gamma=2.0, engine=engine)
     part = AnalyticClassifier(gamma=2.0, engine=engine)
     for i in range(0, 120, 10):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +15,7 @@ from foal_pipe.cli._app import app, console, err_console, user_errors
 from foal_pipe.errors import FoalPipeError
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
-Out = Annotated[Path, typer.Option("--out", help="Output directory; files are written atomically at the end.")]
+Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
 Tasks = Annotated[
     int,
     typer.Option(help="Number of tasks; classes are shuffled with --seed and split evenly (leftover classes dropped)."),
@@ -90,17 +89,19 @@ def learn(
 ) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
-    Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F) and OUT/model.safetensors.
+    Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F), OUT/model.safetensors and OUT/timings.json
+    (seconds per phase) as one unit: a failed or killed run leaves the previous outputs as they were.
     """
     options = locals()
     from foal_pipe.learn import run_learn
 
     with user_errors():
         config = _config(options)
+        start = time.perf_counter()
         m = run_learn(features, out, config, log=_log)
         console.print(
             f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}  "
-            f"({m['n_tasks']} tasks, {m['n_train_seen']} rows, {m['seconds']:.1f} s) -> {out}",
+            f"({m['n_tasks']} tasks, {m['n_train_seen']} rows, {time.perf_counter() - start:.1f} s) -> {out}",
             highlight=False,
         )
 
@@ -139,7 +140,7 @@ def sweep(
     dask_address: DaskAddress = "local",
     workers: Workers = 2,
 ) -> None:
-    """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json.
+    """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json and OUT/timings.json.
 
     Each gamma's numbers equal what `learn --gamma G` gives with the same seed, tasks and projection.
     """
@@ -148,6 +149,7 @@ def sweep(
 
     with user_errors():
         config = _config(options)
+        start = time.perf_counter()
         report = run_sweep(features, out, _gammas(gammas), config, log=_log)
         table = Table(title=f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})")
         for name in ("gamma", "A_avg %", "A_last %", "F %", ""):
@@ -159,7 +161,7 @@ def sweep(
                 "[bold green]best[/]" if best else "",
             )
         console.print(table)
-        console.print(f"{len(report['gammas'])} gammas in {report['seconds']:.1f} s -> {out / 'sweep.json'}")
+        console.print(f"{len(report['gammas'])} gammas in {time.perf_counter() - start:.1f} s -> {out / 'sweep.json'}")
 
 
 @app.command()
@@ -167,28 +169,27 @@ def predict(
     model: Annotated[Path, typer.Option(help="model.safetensors written by `foal-pipe learn`.")],
     features: Features,
     split: Annotated[str, typer.Option(help="Which split of the store to predict: train or test.")] = "test",
-    out: Annotated[Path | None, typer.Option(help="Write predictions as CSV here. Default: print to stdout.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the CSV here (atomically, checked before predicting). Default: stdout.")
+    ] = None,
 ) -> None:
-    """Predict class ids for every row of a store's split with a saved model.
+    """Predict every row of a store's split with a saved model; writes CSV.
 
-    Output columns: row, label (predicted id), class (its name), true (the stored label).
-    Accuracy against the stored labels is printed to stderr.
+    Columns: row, predicted_class (label id), predicted_name, score (the winning class's score),
+    true_class (the label id the store holds), true_name. Accuracy goes to stderr.
     """
+    from foal_pipe.io import atomic_path, check_output_file
     from foal_pipe.predict import predict_split
 
     with user_errors():
-        pred, store_split, names = predict_split(model, features, split)
-        buf = io.StringIO()
-        writer = csv.writer(buf)
-        writer.writerow(["row", "label", "class", "true"])
-        for i, (p, t) in enumerate(zip(pred.tolist(), store_split.labels.tolist())):
-            writer.writerow([i, p, names[p], t])
+        if out is not None:
+            check_output_file(out)
+        result = predict_split(model, features, split)
         if out is None:
-            sys.stdout.write(buf.getvalue())
+            result.write_csv(sys.stdout)
         else:
-            from foal_pipe.io import atomic_path
-
-            with atomic_path(out) as tmp:
-                tmp.write_text(buf.getvalue())
-        accuracy = float((pred == store_split.labels).mean()) if pred.size else float("nan")
-        err_console.print(f"{pred.size} rows, accuracy {100 * accuracy:.2f}% on {split}", highlight=False)
+            with atomic_path(out) as tmp, open(tmp, "w", newline="") as fh:
+                result.write_csv(fh)
+        err_console.print(
+            f"{result.predicted.size} rows, accuracy {100 * result.accuracy:.2f}% on {split}", highlight=False
+        )
