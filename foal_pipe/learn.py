@@ -281,6 +281,7 @@ def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: C
         **_run_info(p),
         "seconds": round(time.perf_counter() - start, 3),
     }
+    p.store.check_unchanged()
     out = Path(out)
     final.save(
         out / "model.safetensors",
@@ -314,6 +315,7 @@ def run_sweep(
         **_run_info(p),
         "seconds": round(time.perf_counter() - start, 3),
     }
+    p.store.check_unchanged()
     write_json(Path(out) / "sweep.json", report)
     return report
 

@@ -33,4 +33,5 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     pred = np.empty(data.n_rows, dtype=np.int64)
     for lo, X in data.iter_chunks():
         pred[lo : lo + X.shape[0]] = classes[np.argmax(projection.transform(X) @ W, axis=1)]
+    store.check_unchanged()
     return pred, data, store.classes
