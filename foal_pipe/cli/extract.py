@@ -138,8 +138,10 @@ def extract(
                 else:
                     report = run_extract(spec, overwrite=overwrite, progress=progress)
         except KeyboardInterrupt:
-            err_console.print(f"[yellow]Interrupted:[/] {spec.out_path} is incomplete; re-run the same command to "
-                              "resume after the last written chunk.", highlight=False, soft_wrap=True)
+            what = (f"{spec.out_path} is unchanged and its replacement incomplete" if overwrite
+                    else f"{spec.out_path} is incomplete")
+            err_console.print(f"[yellow]Interrupted:[/] {what}; re-run the same command to resume after the last "
+                              "written chunk.", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
         shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
         if report.status == "complete":
