@@ -184,9 +184,7 @@ def pipeline_speed(arch: str, n_images: int, image_size: int, batch: int, worker
 
 def store_write_speed(rows: int, dim: int, dtype: str, chunk_rows: int, repeats: int, progress: bool) -> dict[str, Any]:
     """MB/s of chunk writes (plus one progress attribute write per chunk when ``progress``)."""
-    import zarr
-
-    from foal_pipe.extract import _write_chunk, create_feature_array, mark_progress
+    from foal_pipe.store import FeatureWriter, StoreMeta, create_skeleton, mark_progress
 
     rng = np.random.default_rng(0)
     block = rng.standard_normal((chunk_rows, dim)).astype(dtype)  # ViT features are incompressible-ish floats
@@ -194,13 +192,14 @@ def store_write_speed(rows: int, dim: int, dtype: str, chunk_rows: int, repeats:
     for _ in range(repeats):
         tmp = Path(tempfile.mkdtemp(prefix="extract_write_"))
         try:
-            group = zarr.open_group(str(tmp / "w.zarr"), mode="w")
-            group.attrs["progress"] = {"train": 0}
-            array = create_feature_array(group, "train", rows, dim, chunk_rows, dtype)
+            labels = {"train": np.zeros(rows, np.int64), "test": np.zeros(1, np.int64)}
+            create_skeleton(tmp / "w.zarr", StoreMeta(("a",), "bench", {"name": "bench"}), dim, dtype, chunk_rows,
+                            labels)
+            writer = FeatureWriter(tmp / "w.zarr", "train")
             start = time.perf_counter()
             for lo in range(0, rows, chunk_rows):
                 n = min(chunk_rows, rows - lo)
-                _write_chunk(array, lo, block[:n])
+                writer.write(lo, block[:n])
                 if progress:
                     mark_progress(tmp / "w.zarr", "train", lo + n)
             secs.append(time.perf_counter() - start)

@@ -131,12 +131,36 @@ class H5Source(ImageSource):
             img = img.transpose(1, 2, 0)  # CHW -> HWC
         if img.ndim == 3 and img.shape[-1] == 1:
             img = img[..., 0]
-        if img.dtype != np.uint8:
-            img = np.clip(np.rint(img.astype(np.float64) * 255.0), 0, 255).astype(np.uint8)  # floats in [0, 1]
-        return img
+        return h5_pixels(img, f"{self.split}/images[{i}]")
 
     def describe(self, i: int) -> str:
         return f"{self.path}:{self.split}/images[{i}]"
+
+
+#: What pixel values an HDF5 image may hold, by dtype kind: uint8 as is, other integers in 0..255, floats in
+#: [0, 1] (scaled by 255). Anything else is refused rather than cast.
+H5_PIXELS = "uint8, integers in 0..255, or floats in [0, 1]"
+
+
+def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
+    """An HDF5 image as uint8, or a ValueError naming ``key`` when its values are not pixels (NaN, out of
+    range, or a dtype that is not numbers): a silent clip or cast would change the features."""
+    if img.dtype == np.uint8:
+        return img
+    if img.dtype.kind in "iu":
+        lo, hi = int(img.min(initial=0)), int(img.max(initial=0))
+        if lo < 0 or hi > 255:
+            raise ValueError(f"{key} has values {lo}..{hi}, outside 0..255; images must be {H5_PIXELS}")
+        return img.astype(np.uint8)
+    if img.dtype.kind == "f":
+        if not np.isfinite(img).all():
+            raise ValueError(f"{key} has NaN or inf pixel values; images must be {H5_PIXELS}")
+        lo, hi = float(img.min(initial=0.0)), float(img.max(initial=0.0))
+        if lo < 0 or hi > 1:
+            raise ValueError(f"{key} has float values {lo:g}..{hi:g}, outside [0, 1] (0..255 data: store it as "
+                             f"uint8); images must be {H5_PIXELS}")
+        return np.rint(img.astype(np.float64) * 255.0).astype(np.uint8)
+    raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")
 
 
 @dataclass
@@ -485,7 +509,14 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
                 if f"{split}/{key}" not in f:
                     raise FoalPipeError(f"{path} has no dataset {split}/{key}; it needs train/images, "
                                         "train/labels, test/images and test/labels")
-            labels[split] = np.asarray(f[f"{split}/labels"][:]).astype(np.int64).reshape(-1)
+            raw = f[f"{split}/labels"]
+            if raw.dtype.kind not in "iu":  # floats (NaN included) and booleans are not label ids
+                raise FoalPipeError(f"{path}: dataset {split}/labels has dtype {raw.dtype}; labels must be integers "
+                                    "0..K-1: store them with an integer dtype (e.g. labels.astype('int64'))")
+            if f[f"{split}/images"].dtype.kind not in "iuf":
+                raise FoalPipeError(f"{path}: dataset {split}/images has dtype {f[f'{split}/images'].dtype}; images "
+                                    f"must be {H5_PIXELS}")
+            labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
             shapes[split] = f[f"{split}/images"].shape
             if shapes[split][0] != len(labels[split]) or len(shapes[split]) not in (3, 4):
                 raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "

@@ -9,13 +9,13 @@ this module only says what each task computes:
   ``Q = H^T Y``; the partials are added pairwise on the workers as they finish (preferably two held
   by the same worker, so little moves), and only the total comes back. The sums are the same as the single-process pass (to rounding, ~1e-13), so the
   classifiers, weights and metrics are too. The per-batch RLS path is sequential and stays local.
-* **Extraction** (``extract``): the store is created by the client (:func:`foal_pipe.extract.create_store`),
-  then every chunk-aligned row range is a task (:func:`extract_range`) that encodes its rows and writes
-  them straight into the store; the model is loaded once per worker process. A range that raises is
+* **Extraction** (``extract``): the client holds the store's writer lock and creates the store
+  (:func:`foal_pipe.extract.extraction`), then every chunk-aligned row range is a task (:func:`extract_range`)
+  that encodes its rows and writes them straight into the store; the model is loaded once per worker process. A range that raises is
   resubmitted (``RETRIES`` times); one whose worker dies is rerun elsewhere by the scheduler. Each chunk is
   computed from the same batches wherever it runs, so the store equals a single-process extraction.
   Only the client writes attributes: ``progress`` (the contiguous prefix of finished ranges, the same
-  bookkeeping as the single-process resume) and, last, ``complete``.
+  bookkeeping as the single-process resume) and, last, ``complete`` (through :mod:`foal_pipe.store`).
 
 Workers read the store themselves, so its path must be visible to every worker (a shared
 filesystem, or an object store mounted on every node).
@@ -281,15 +281,6 @@ def extract_ranges(n_rows: int, chunk_rows: int, start: int, range_chunks: int) 
     return [(lo, min(lo + step, n_rows)) for lo in range(start, n_rows, step)]
 
 
-def _remove_partial_files(path: Path) -> int:
-    """Delete ``*.partial`` files that zarr's atomic writes leave behind when a writer is killed mid-write."""
-    removed = 0
-    for stray in path.rglob("*.partial"):
-        stray.unlink(missing_ok=True)
-        removed += 1
-    return removed
-
-
 def dask_extract(
     spec: ExtractSpec,
     address: str | None = "local",
@@ -309,69 +300,64 @@ def dask_extract(
     from distributed import KilledWorker, as_completed
 
     from foal_pipe import extract as ex
-    from foal_pipe.store import SPLITS
+    from foal_pipe.store import SPLITS, mark_progress, update_run
 
     progress = progress or ex.ExtractProgress()
-    started = time.perf_counter()
-    inputs, state = ex.prepare_store(spec, overwrite)
-    report = ex.ExtractReport(state.path, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
-                              inputs.encoder.dim, inputs.device, inputs.precision)
-    if state.status == "complete":
-        return report
-    path = state.path.resolve()
-    # What every worker runs: the client's resolved device and precision (they are part of the store's
-    # provenance), images loaded in the worker process itself, nothing downloaded twice.
-    task_spec = dataclasses.replace(spec, out=str(path), device=inputs.device, precision=inputs.precision,
-                                    batch_size=inputs.batch_size, workers=0, download=False)
-    local = address in (None, "", "local")
-    if workers is None:
-        gpus = _cuda_count() if inputs.device == "cuda" else 0
-        workers = gpus or os.cpu_count() or 1
-    with dask_client(address, workers) as client:
-        n = n_workers(client)
-        group = zarr.open_group(str(path), mode="r+")
-        group.attrs["runtime"] = {**ex.runtime_info(inputs), "workers": 0, "scheduler": "dask", "dask_workers": n}
-        chunk_rows = {s: int(group[f"{s}/features"].chunks[0]) for s in SPLITS}
-        todo = {s: state.rows[s] - state.progress[s] for s in SPLITS}
-        if range_chunks is None:
-            total_chunks = sum(math.ceil(todo[s] / chunk_rows[s]) for s in SPLITS)
-            range_chunks = min(MAX_RANGE_CHUNKS, max(1, math.ceil(total_chunks / (RANGES_PER_WORKER * n))))
-        pending: dict[str, tuple[str, int, int]] = {}
-        futures = []
-        for s in SPLITS:
-            progress.start(s, state.progress[s], state.rows[s])
-            for lo, hi in extract_ranges(state.rows[s], chunk_rows[s], state.progress[s], range_chunks):
-                future = client.submit(
-                    extract_range, task_spec, s, lo, hi, local and inputs.device == "cuda",
-                    key=f"foal-extract-{s}-{lo}-{hi}-{os.getpid()}-{time.time_ns()}",
-                    retries=RETRIES, priority=-len(futures), pure=False,
-                )
-                pending[future.key] = (s, lo, hi)
-                futures.append(future)
-        done: dict[str, dict[int, int]] = {s: {} for s in SPLITS}
-        prefix = dict(state.progress)
-        queue = as_completed(futures)
-        del futures  # finished ranges are released at once, so a lost worker's results are not recomputed
-        for future in queue:
-            s, lo, hi = pending.pop(future.key)
-            if future.status == "error":
-                exc = future.exception()
-                if isinstance(exc, KilledWorker):
-                    raise FoalPipeError(
-                        f"Dask workers died {RETRIES} times while extracting {s} rows [{lo}, {hi}) (out of memory?); "
-                        f"{path} is resumable: re-run the same command"
-                    ) from None
-                future.result()  # re-raises the task's own error (a FoalPipeError stays one line)
-            progress.advance(s, hi - lo)
-            done[s][lo] = hi
-            while prefix[s] in done[s]:
-                prefix[s] = done[s].pop(prefix[s])
-            if prefix[s] != state.progress[s]:
-                ex.mark_progress(path, s, prefix[s])
-                state.progress[s] = prefix[s]
-    _remove_partial_files(path)
-    report.seconds = time.perf_counter() - started
-    ex.finish_store(path, report.seconds)
+    with ex.extraction(spec, overwrite, runtime={"scheduler": "dask", "dask_address": address}) as (
+            inputs, state, report):
+        if state.status == "complete":
+            return report
+        path = state.path.resolve()
+        # What every worker runs: the client's resolved device and precision (they are part of the store's
+        # provenance), images loaded in the worker process itself, nothing downloaded twice.
+        task_spec = dataclasses.replace(spec, out=str(path), device=inputs.device, precision=inputs.precision,
+                                        batch_size=inputs.batch_size, workers=0, download=False)
+        local = address in (None, "", "local")
+        if workers is None:
+            gpus = _cuda_count() if inputs.device == "cuda" else 0
+            workers = gpus or os.cpu_count() or 1
+        with dask_client(address, workers) as client:
+            n = n_workers(client)
+            update_run(path, {"dask_workers": n})
+            group = zarr.open_group(str(path), mode="r")
+            chunk_rows = {s: int(group[f"{s}/features"].chunks[0]) for s in SPLITS}
+            todo = {s: state.rows[s] - state.progress[s] for s in SPLITS}
+            if range_chunks is None:
+                total_chunks = sum(math.ceil(todo[s] / chunk_rows[s]) for s in SPLITS)
+                range_chunks = min(MAX_RANGE_CHUNKS, max(1, math.ceil(total_chunks / (RANGES_PER_WORKER * n))))
+            pending: dict[str, tuple[str, int, int]] = {}
+            futures = []
+            for s in SPLITS:
+                progress.start(s, state.progress[s], state.rows[s])
+                for lo, hi in extract_ranges(state.rows[s], chunk_rows[s], state.progress[s], range_chunks):
+                    future = client.submit(
+                        extract_range, task_spec, s, lo, hi, local and inputs.device == "cuda",
+                        key=f"foal-extract-{s}-{lo}-{hi}-{os.getpid()}-{time.time_ns()}",
+                        retries=RETRIES, priority=-len(futures), pure=False,
+                    )
+                    pending[future.key] = (s, lo, hi)
+                    futures.append(future)
+            done: dict[str, dict[int, int]] = {s: {} for s in SPLITS}
+            prefix = dict(state.progress)
+            queue = as_completed(futures)
+            del futures  # finished ranges are released at once, so a lost worker's results are not recomputed
+            for future in queue:
+                s, lo, hi = pending.pop(future.key)
+                if future.status == "error":
+                    exc = future.exception()
+                    if isinstance(exc, KilledWorker):
+                        raise FoalPipeError(
+                            f"Dask workers died {RETRIES} times while extracting {s} rows [{lo}, {hi}) (out of "
+                            f"memory?); {state.out} is resumable: re-run the same command"
+                        ) from None
+                    future.result()  # re-raises the task's own error (a FoalPipeError stays one line)
+                progress.advance(s, hi - lo)
+                done[s][lo] = hi
+                while prefix[s] in done[s]:
+                    prefix[s] = done[s].pop(prefix[s])
+                if prefix[s] != state.progress[s]:
+                    mark_progress(path, s, prefix[s])
+                    state.progress[s] = prefix[s]
     return report
 
 

@@ -1,21 +1,24 @@
 """Resumable, chunk-aligned feature extraction into a feature store (docs/feature-store.md).
 
-The work is split in three steps so that a distributed driver can reuse the middle one:
+Every write of the store format is :mod:`foal_pipe.store`'s; this module decides what to write. The work is
+split in three steps so that a distributed driver can reuse the middle one:
 
 1. :func:`create_store` makes the store skeleton -- attributes, labels, row indices and empty feature arrays
    chunked along rows -- in a hidden sibling folder and renames it into place, so a crash never leaves a
-   half-made store. An existing store is resumed if it was made with the same settings, refused otherwise
-   (``overwrite=True`` replaces it).
+   half-made store. An existing store is resumed if it was made with the same settings (chunk files missing
+   below its progress are extracted again), refused otherwise. ``overwrite=True`` builds the replacement
+   beside it and swaps it in when complete, so a reader of the old store is never served a half-written one.
 2. :func:`extract_rows` encodes rows ``[lo, hi)`` of one split and writes them chunk by chunk, each write
    exactly one chunk. Batches never straddle a chunk boundary, so any chunk is computed from the same
    batches whether the run was interrupted or not, and a resumed store is identical to an uninterrupted one.
    It is callable from any process that can see the store (a DataLoader/Dask worker): it needs only the
    :class:`ExtractSpec` (the dataset and the encoder are opened once per process and cached).
-3. :func:`finish_store` sets ``complete`` last, once every split's ``progress`` reaches its row count.
+3. :func:`finish_store` sets ``complete`` and the ``generation`` id last, once every split's ``progress``
+   reaches its row count and every chunk file is there.
 
-:func:`run_extract` chains them for one process, recording ``progress`` (rows written, a multiple of the
-chunk size) in the group attributes after every chunk; a re-run continues after the last chunk recorded.
-Torch is imported inside functions only.
+:func:`extraction` wraps them with the store's writer lock and the sidecar run log; :func:`run_extract`
+fills every split in one process, recording ``progress`` (rows written, a multiple of the chunk size) after
+every chunk; a re-run continues after the last chunk recorded. Torch is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,14 +49,27 @@ from foal_pipe.encoders import (
     torch_version,
 )
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store import FORMAT, SPLITS, StoreMeta
+from foal_pipe.store import (
+    FORMAT,
+    FORMAT_VERSION,
+    SPLITS,
+    FeatureWriter,
+    StoreMeta,
+    complete_store,
+    create_skeleton,
+    log_run,
+    mark_progress,
+    remove_partial_files,
+    reopen_at,
+    replace_store,
+    update_run,
+    verify_store,
+    writer_lock,
+)
 
 DTYPES = ("float32", "float16")
 DEFAULT_CHUNK_ROWS = 1024
 DEFAULT_OUT = "data/features/{dataset}.zarr"
-TIMING_KEYS = ("created", "finished", "seconds", "runtime")
-"""Attributes that describe a run rather than the data: they may differ between a resumed and an
-uninterrupted extraction of the same store."""
 
 
 @dataclass(frozen=True)
@@ -149,23 +166,30 @@ def _jsonable(value: Any) -> Any:
 def store_settings(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
     """What must match for a store to be resumed: the data, the encoder and the layout (not the device,
     batch size or workers, and not where the checkpoint file lies, only its hash)."""
-    encoder = dict(inputs.encoder.provenance())
-    weights = {k: v for k, v in encoder.get("weights", {}).items() if k != "path"}
-    encoder["weights"] = weights
     return _jsonable({
         "dataset": spec.dataset,
         "rows": {split: len(inputs.data.split(split)) for split in SPLITS},
         "classes": inputs.data.classes,
-        "encoder": encoder,
+        "encoder": stored_encoder(inputs),
         "dtype": spec.dtype,
         "chunk_rows": spec.chunk_rows,
     })
 
 
-def runtime_info(inputs: Inputs) -> dict[str, Any]:
+def stored_encoder(inputs: Inputs) -> dict[str, Any]:
+    """The encoder's provenance as the store records it: the checkpoint's hash and size, not its path (the path
+    goes to the run log), so the same weights give the same store wherever they lie."""
+    encoder = dict(inputs.encoder.provenance())
+    encoder["weights"] = {k: v for k, v in encoder.get("weights", {}).items() if k != "path"}
+    return encoder
+
+
+def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
+    """What the run log records about this run (never the store: it varies from run to run)."""
     import foal_pipe
 
-    return {"device": inputs.device, "batch_size": inputs.batch_size, "workers": inputs.workers,
+    return {"host": socket.gethostname(), "pid": os.getpid(), "device": inputs.device,
+            "batch_size": inputs.batch_size, "workers": inputs.workers, "checkpoint": spec.checkpoint,
             "torch_version": torch_version(), "foal_pipe_version": foal_pipe.__version__}
 
 
@@ -187,68 +211,57 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 
 @dataclass
 class StoreState:
-    """Where a store stands: ``status`` is ``created``, ``resumed`` or ``complete``."""
+    """Where a store stands: ``status`` is ``created``, ``resumed`` or ``complete``.
+
+    ``path`` is where rows are written: ``out`` itself, or -- when ``--overwrite`` replaces an existing store --
+    a staging sibling ``.<name>.replacing`` that is swapped in when complete, so readers of the old store are
+    never served a half-written one. ``holes``: the first row of each split where a missing chunk file was
+    found below the recorded progress (those rows are extracted again).
+    """
 
     path: Path
     status: str
     progress: dict[str, int]
     rows: dict[str, int]
+    out: Path
+    holes: dict[str, int] = field(default_factory=dict)
 
 
 def _is_zarr_dir(path: Path) -> bool:
     return (path / "zarr.json").is_file() or (path / ".zgroup").is_file()
 
 
-def create_feature_array(group: zarr.Group, split: str, rows: int, dim: int, chunk_rows: int, dtype: str) -> zarr.Array:
-    """``<split>/features``: ``(rows, dim)`` chunked along rows only, unwritten chunks read as 0."""
-    return group.create_array(f"{split}/features", shape=(rows, dim), chunks=(min(chunk_rows, rows), dim),
-                              dtype=dtype, fill_value=0)
+def staging_path(out: Path) -> Path:
+    """Where ``--overwrite`` builds the replacement of the store at ``out``."""
+    return out.parent / f".{out.name}.replacing"
 
 
 def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: dict[str, Any]) -> None:
-    enc = inputs.encoder
-    meta = StoreMeta(classes=tuple(inputs.data.classes), dataset=spec.dataset, encoder=enc.provenance(),
-                     complete=False)
-    group = zarr.open_group(str(where), mode="w")
-    for split in SPLITS:
-        source = inputs.data.split(split)
-        n = len(source)
-        create_feature_array(group, split, n, enc.dim, spec.chunk_rows, spec.dtype)
-        one = (max(1, min(n, 1 << 20)),)
-        group.create_array(f"{split}/labels", shape=(n,), chunks=one, dtype="int64")[:] = source.labels
-        group.create_array(f"{split}/index", shape=(n,), chunks=one, dtype="int64")[:] = source.index
-    attrs = meta.to_dict()
-    attrs.update({
-        "extract": settings,
-        "source": inputs.data.location,
-        "progress": {split: 0 for split in SPLITS},
-        "created": _now(),
-        "runtime": runtime_info(inputs),
-    })
-    group.attrs.update(attrs)  # one write: the skeleton is usable from here on
+    meta = StoreMeta(classes=tuple(inputs.data.classes), dataset=spec.dataset, encoder=stored_encoder(inputs),
+                     extra={"extract": settings, "source": inputs.data.location})
+    labels = {split: inputs.data.split(split).labels for split in SPLITS}
+    index = {split: inputs.data.split(split).index for split in SPLITS}
+    create_skeleton(where, meta, inputs.encoder.dim, spec.dtype, spec.chunk_rows, labels, index)
 
 
 def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: bool = False) -> StoreState:
     """Create the store for ``spec`` (or find it resumable / complete); never mixes settings.
 
-    The skeleton is built in ``.<name>.creating`` beside ``out`` and renamed into place, so an interrupted
-    creation leaves nothing at ``out``.
+    A store replaced with ``overwrite`` is rebuilt in :func:`staging_path` (resumed there if an earlier
+    ``--overwrite`` run with the same settings was interrupted); :func:`finish_store` swaps it in. The caller
+    holds the store's writer lock (:func:`foal_pipe.store.writer_lock`) when other writers may run.
     """
     inputs = inputs or open_inputs(spec)
     state = check_store(spec, inputs, overwrite)
     if state is not None:
+        if state.holes:
+            reopen_at(state.path, state.progress)
         return state
     out = spec.out_path
     settings = store_settings(spec, inputs)
-    tmp = out.parent / f".{out.name}.creating"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left by a creation that was interrupted
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _build_skeleton(tmp, spec, inputs, settings)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return StoreState(out, "created", {split: 0 for split in SPLITS}, dict(settings["rows"]))
+    target = staging_path(out) if out.is_dir() and any(out.iterdir()) else out
+    _build_skeleton(target, spec, inputs, settings)
+    return StoreState(target, "created", {split: 0 for split in SPLITS}, dict(settings["rows"]), out)
 
 
 def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> StoreState | None:
@@ -264,40 +277,61 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
     if not any(out.iterdir()):
         return None
     settings = store_settings(spec, inputs)
-    return _existing_state(out, settings, dict(settings["rows"]), overwrite)
+    if not overwrite:
+        return _existing_state(out, out, settings)
+    staged = staging_path(out)
+    if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
+        try:
+            return _existing_state(staged, out, settings)
+        except FoalPipeError:
+            return None
+    return None
 
 
-def _existing_state(out: Path, settings: dict[str, Any], rows: dict[str, int], overwrite: bool) -> StoreState | None:
-    """The state of an existing store with the same settings; ``None`` if it is to be replaced."""
+def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreState:
+    """The state of the store at ``path`` (``out`` or its staging copy), which must have been made by
+    ``extract`` in this format with the same settings; holes below its progress move the progress back."""
     try:
-        group = zarr.open_group(str(out), mode="r")
+        group = zarr.open_group(str(path), mode="r")
         attrs = dict(group.attrs)
     except Exception:  # unreadable metadata: not ours to resume
         attrs, group = {}, None
-    if attrs.get("format") != FORMAT or "extract" not in attrs:
-        if overwrite:
-            return None
+    if attrs.get("format") != FORMAT or not isinstance(attrs.get("extract"), dict):
         raise FoalPipeError(f"{out} is a Zarr store but not one written by `foal-pipe extract`; pass --overwrite "
                             "to replace it or choose another --out")
+    if attrs.get("format_version") != FORMAT_VERSION or type(attrs.get("format_version")) is not int:
+        raise FoalPipeError(f"{out} was written in store format {attrs.get('format_version')!r}, this foal-pipe "
+                            f"writes format {FORMAT_VERSION}; pass --overwrite to extract it again")
     diffs = _differences(attrs["extract"], settings)
     if diffs:
-        if overwrite:
-            return None
         raise FoalPipeError(f"{out} was extracted with different settings ({'; '.join(diffs[:4])}); re-run with "
                             "the original options to resume it, or pass --overwrite to replace it")
-    if overwrite:
-        return None
+    rows = dict(settings["rows"])
+    recorded = attrs.get("progress")
+    progress = {}
+    damaged = f"{out} is damaged (%s); pass --overwrite to extract it again"
     for split in SPLITS:
         try:
-            shape = group[f"{split}/features"].shape
+            features = group[f"{split}/features"]
         except KeyError:
-            shape = None
-        if shape is None or shape[0] != rows[split]:
-            raise FoalPipeError(f"{out} lacks a complete {split}/features array (damaged store); pass --overwrite "
-                                "to extract it again")
-    progress = {split: int(attrs.get("progress", {}).get(split, 0)) for split in SPLITS}
-    status = "complete" if attrs.get("complete") is True else "resumed"
-    return StoreState(out, status, progress, rows)
+            raise FoalPipeError(damaged % f"no {split}/features array") from None
+        done = recorded.get(split) if isinstance(recorded, dict) else None
+        step = int(features.chunks[0])
+        if features.shape[0] != rows[split] or type(done) is not int or not 0 <= done <= rows[split] or (
+                done % step and done != rows[split]):
+            raise FoalPipeError(damaged % f"{split}/features {features.shape} with progress {done!r}")
+        progress[split] = done
+    lost = verify_store(path, read=False).problems  # chunk files missing (features: below the progress)
+    skeleton = [problem for problem in lost if not problem.array.endswith("/features")]
+    if skeleton:  # labels or row indices: only a new skeleton can bring them back
+        raise FoalPipeError(damaged % f"{skeleton[0]}")
+    holes: dict[str, int] = {}
+    for problem in lost:  # in row order: the first hole of each split is where its extraction resumes
+        split = problem.array.split("/")[0]
+        holes.setdefault(split, problem.lo)
+        progress[split] = holes[split]
+    status = "complete" if attrs.get("complete") is True and not holes else "resumed"
+    return StoreState(path, status, progress, rows, out, holes)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -308,11 +342,6 @@ def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None 
     stop = n_rows if stop is None else stop
     for lo in range(start, stop, chunk_rows):
         yield lo, min(lo + chunk_rows, stop)
-
-
-def _write_chunk(array: zarr.Array, lo: int, block: np.ndarray) -> None:
-    """One aligned write of one whole chunk (the last chunk of a split may be short)."""
-    array[lo : lo + block.shape[0]] = block
 
 
 def _load_batches(images: PreparedImages, batches: list[list[int]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
@@ -337,11 +366,13 @@ def extract_rows(
     lo: int,
     hi: int,
     *,
+    path: str | Path | None = None,
     inputs: Inputs | None = None,
     on_batch: Callable[[int], None] | None = None,
     on_chunk: Callable[[int], None] | None = None,
 ) -> None:
-    """Encode rows ``[lo, hi)`` of ``split`` and write them into the existing store at ``spec.out_path``.
+    """Encode rows ``[lo, hi)`` of ``split`` and write them into the existing store at ``path`` (default
+    ``spec.out_path``).
 
     ``lo`` and ``hi`` must each be a multiple of the store's chunk size or the split's row count; each
     write covers exactly one chunk. ``on_batch(n)`` is called after each batch, ``on_chunk(hi)`` after each
@@ -349,14 +380,11 @@ def extract_rows(
     ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`, :func:`finish_store`).
     """
     inputs = load_inputs(inputs) if inputs is not None else _cached_inputs(spec)
-    group = zarr.open_group(str(spec.out_path), mode="r+")
-    array = group[f"{split}/features"]
-    n, step = int(array.shape[0]), int(array.chunks[0])
-    if not (0 <= lo <= hi <= n) or any(r % step and r != n for r in (lo, hi)):
-        raise FoalPipeError(f"rows [{lo}, {hi}) of {split} are not aligned to its {step}-row chunks (or exceed "
-                            f"its {n} rows); pass chunk-aligned ranges")
+    writer = FeatureWriter(path or spec.out_path, split)
+    writer.check_range(lo, hi)
     if lo == hi:
         return
+    n, step = writer.n_rows, writer.chunk_rows
     encoder, source = inputs.encoder, inputs.data.split(split)
     images = PreparedImages(source, encoder.image_size, encoder.interpolation)
     batches = [list(range(b, min(b + inputs.batch_size, c_hi)))
@@ -379,33 +407,20 @@ def extract_rows(
             on_batch(len(feats))
         chunk_hi = min(chunk_lo + step, hi)
         if chunk_lo + filled == chunk_hi:
-            _write_chunk(array, chunk_lo, buffer[:filled])
+            writer.write(chunk_lo, buffer[:filled])
             if on_chunk:
                 on_chunk(chunk_hi)
             chunk_lo, filled = chunk_hi, 0
 
 
-def mark_progress(path: str | Path, split: str, rows: int) -> None:
-    """Record that rows ``[0, rows)`` of ``split`` are written (one atomic metadata write)."""
-    group = zarr.open_group(str(path), mode="r+")
-    progress = dict(group.attrs.get("progress", {}))
-    progress[split] = int(rows)
-    group.attrs["progress"] = progress
-
-
-def finish_store(path: str | Path, seconds: float | None = None) -> None:
-    """Set ``complete`` (last, in one metadata write) once every split's progress reaches its row count."""
-    group = zarr.open_group(str(path), mode="r+")
-    progress = dict(group.attrs.get("progress", {}))
-    for split in SPLITS:
-        n = int(group[f"{split}/features"].shape[0])
-        if int(progress.get(split, 0)) != n:
-            raise FoalPipeError(f"{path}: {split} has {progress.get(split, 0)} of {n} rows written; finish the "
-                                "extraction (re-run the same command) before marking it complete")
-    update: dict[str, Any] = {"finished": _now(), "complete": True}
-    if seconds is not None:
-        update["seconds"] = round(float(seconds), 3)
-    group.attrs.update(update)
+def finish_store(state: StoreState) -> str:
+    """Mark the store complete (last, once every split's progress reaches its row count and every chunk file
+    is there) and, for a replacement built aside, swap it in; returns the store's generation id."""
+    generation = complete_store(state.path)
+    if state.path != state.out:
+        replace_store(state.path, state.out)
+        state.path = state.out
+    return generation
 
 
 class ExtractProgress:
@@ -420,7 +435,7 @@ class ExtractProgress:
 
 @dataclass
 class ExtractReport:
-    """What :func:`run_extract` did; ``seconds`` is 0 when the store was already complete."""
+    """What an extraction did; ``seconds`` is 0 when the store was already complete."""
 
     path: Path
     status: str  # "created", "resumed", or "complete" (nothing to do)
@@ -431,6 +446,8 @@ class ExtractReport:
     dim: int
     device: str
     precision: str
+    holes: dict[str, int] = field(default_factory=dict)
+    generation: str | None = None
 
 
 def prepare_store(spec: ExtractSpec, overwrite: bool = False) -> tuple[Inputs, StoreState]:
@@ -442,28 +459,63 @@ def prepare_store(spec: ExtractSpec, overwrite: bool = False) -> tuple[Inputs, S
     state = check_store(spec, inputs, overwrite=overwrite)
     if state is None or state.status != "complete":
         load_inputs(inputs)
-        state = state or create_store(spec, inputs, overwrite=overwrite)
+        state = create_store(spec, inputs, overwrite=overwrite)
     return inputs, state
+
+
+@contextmanager
+def extraction(spec: ExtractSpec, overwrite: bool = False,
+               runtime: dict[str, Any] | None = None) -> Iterator[tuple[Inputs, StoreState, ExtractReport]]:
+    """Hold the store's writer lock, prepare the store, let the body fill every split, then finish it.
+
+    Yields ``(inputs, state, report)``; the body fills rows into ``state.path`` (nothing to do when
+    ``state.status == "complete"``) and records ``progress``. The sidecar log ``<store>.log.json`` gets the
+    run's start, end or error, and ``runtime`` (what :func:`runtime_info` does not know, e.g. the scheduler).
+    """
+    with writer_lock(spec.out_path):
+        for folder in (spec.out_path, staging_path(spec.out_path)):
+            if folder.is_dir() and _is_zarr_dir(folder):
+                remove_partial_files(folder)  # halves of writes a killed writer left: nobody else writes now
+        inputs, state = prepare_store(spec, overwrite)
+        report = ExtractReport(state.out, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
+                               inputs.encoder.dim, inputs.device, inputs.precision, dict(state.holes))
+        if state.status == "complete":
+            yield inputs, state, report
+            return
+        started = time.perf_counter()
+        log_run(state.path, {"started": _now(), "status": state.status, "resumed_from": dict(state.progress),
+                             "holes": dict(state.holes), **runtime_info(spec, inputs), **(runtime or {})},
+                fresh=state.status == "created")
+        try:
+            yield inputs, state, report
+            report.seconds = time.perf_counter() - started
+            report.generation = finish_store(state)
+        except BaseException as exc:
+            _log_stop(state.path, exc)
+            raise
+        update_run(state.out, {"finished": _now(), "seconds": round(report.seconds, 3),
+                               "generation": report.generation})
+
+
+def _log_stop(path: Path, exc: BaseException) -> None:
+    """Record in the run log why a run stopped; never hides the error itself."""
+    reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+    try:
+        update_run(path, {"stopped": _now(), "error": reason})
+    except (OSError, FoalPipeError):
+        pass
 
 
 def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractProgress | None = None) -> ExtractReport:
     """Create (or resume) the store for ``spec``, fill every split in order, then mark it complete."""
     progress = progress or ExtractProgress()
-    started = time.perf_counter()
-    inputs, state = prepare_store(spec, overwrite)
-    report = ExtractReport(state.path, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
-                           inputs.encoder.dim, inputs.device, inputs.precision)
-    if state.status == "complete":
-        return report
-    if state.status == "resumed":
-        group = zarr.open_group(str(state.path), mode="r+")
-        group.attrs["runtime"] = runtime_info(inputs)
-    for split in SPLITS:
-        done, n = state.progress[split], state.rows[split]
-        progress.start(split, done, n)
-        extract_rows(spec, split, done, n, inputs=inputs, on_batch=lambda k, s=split: progress.advance(s, k),
-                     on_chunk=lambda hi, s=split: mark_progress(state.path, s, hi))
-    report.seconds = time.perf_counter() - started
-    finish_store(state.path, report.seconds)
+    with extraction(spec, overwrite) as (inputs, state, report):
+        if state.status == "complete":
+            return report
+        for split in SPLITS:
+            done, n = state.progress[split], state.rows[split]
+            progress.start(split, done, n)
+            extract_rows(spec, split, done, n, path=state.path, inputs=inputs,
+                         on_batch=lambda k, s=split: progress.advance(s, k),
+                         on_chunk=lambda hi, s=split: mark_progress(state.path, s, hi))
     return report
-

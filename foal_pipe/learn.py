@@ -286,6 +286,7 @@ def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: C
         "engine": config.engine,
         **_run_info(p),
     }
+    p.store.check_unchanged()
     with atomic_dir(out) as tmp:
         final.save(
             tmp / MODEL_FILE,
@@ -329,6 +330,7 @@ def run_sweep(
         "results": results,
         **_run_info(p),
     }
+    p.store.check_unchanged()
     with atomic_dir(out) as tmp:
         write_json(tmp / "sweep.json", report)
         clock.lap("write")

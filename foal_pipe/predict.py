@@ -65,6 +65,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
         best = np.argmax(scores, axis=1)
         predicted[lo : lo + X.shape[0]] = classes[best]
         score[lo : lo + X.shape[0]] = scores[np.arange(best.size), best]
+    store.check_unchanged()
     return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), store.classes)
 
 

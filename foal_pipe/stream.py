@@ -71,27 +71,49 @@ def split_classes(n_classes: int, n_tasks: int, rng: np.random.Generator) -> tup
 
 
 def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
-    """Read an explicit task split: a JSON list of task lists of label ids."""
+    """Read an explicit task split: a JSON list of task lists of label ids (integers, not booleans).
+
+    It may leave classes out; :func:`dropped_warning` names them once the stream is built.
+    """
     path = Path(path)
+    example = "write e.g. [[0,1],[2,3]]"
     if not path.is_file():
         raise FoalPipeError(f"class order file {path} does not exist; pass a JSON list of task lists, e.g. [[0,1],[2,3]]")
     try:
-        tasks = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise FoalPipeError(f"class order file {path} is not UTF-8 text (byte {exc.start}); {example}") from None
+    except OSError as exc:
+        raise FoalPipeError(f"cannot read class order file {path}: {exc.strerror or exc}; {example}") from None
+    try:
+        tasks = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise FoalPipeError(f"class order file {path} is not valid JSON ({exc.msg}); write e.g. [[0,1],[2,3]]") from None
-    if (
-        not isinstance(tasks, list)
-        or not tasks
-        or not all(isinstance(t, list) and t and all(isinstance(c, int) for c in t) for t in tasks)
-    ):
+        raise FoalPipeError(f"class order file {path} is not valid JSON ({exc.msg}); {example}") from None
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, list) and t for t in tasks):
         raise FoalPipeError(f"class order file {path} must hold a non-empty JSON list of non-empty lists of label ids")
     flat = [c for t in tasks for c in t]
+    wrong = [c for c in flat if type(c) is not int]  # bool is an int subclass: true is not label 1
+    if wrong:
+        raise FoalPipeError(f"class order file {path} holds {json.dumps(wrong[0])}, which is not a label id; "
+                            f"label ids are integers, {example}")
     bad = [c for c in flat if not 0 <= c < n_classes]
     if bad:
         raise FoalPipeError(f"class order file {path} names label {bad[0]}, outside [0, {n_classes}); use the store's label ids")
     if len(set(flat)) != len(flat):
         raise FoalPipeError(f"class order file {path} lists a class in more than one place; each class belongs to one task")
     return tasks
+
+
+def dropped_warning(stream: Stream, n_classes: int, class_order: bool) -> str | None:
+    """The warning for classes the stream leaves out (None when it has them all): those that do not split
+    evenly into the tasks, or those an explicit ``--class-order`` does not list."""
+    if not stream.dropped:
+        return None
+    ids = f"{len(stream.dropped)} classes (label ids {stream.dropped})"
+    if class_order:
+        return (f"warning: --class-order lists {n_classes - len(stream.dropped)} of the store's {n_classes} "
+                f"classes; dropping the other {ids}: their rows are neither trained on nor evaluated")
+    return (f"warning: {n_classes} classes do not split evenly into {stream.n_tasks} tasks; dropping {ids}")
 
 
 def build_stream(

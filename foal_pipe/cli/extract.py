@@ -145,14 +145,20 @@ def extract(
                 else:
                     report = run_extract(spec, overwrite=overwrite, progress=progress)
         except KeyboardInterrupt:
-            err_console.print(f"[yellow]Interrupted:[/] {spec.out_path} is incomplete; re-run the same command to "
-                              "resume after the last written chunk.", highlight=False, soft_wrap=True)
+            what = (f"{spec.out_path} is unchanged and its replacement incomplete" if overwrite
+                    else f"{spec.out_path} is incomplete")
+            err_console.print(f"[yellow]Interrupted:[/] {what}; re-run the same command to resume after the last "
+                              "written chunk.", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
         shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
         if report.status == "complete":
             console.print(f"{report.path} is already complete with these settings ({shape}); nothing to do "
                           "(pass --overwrite to extract it again).", highlight=False, soft_wrap=True)
             return
+        if report.holes:
+            holes = ", ".join(f"{s} from row {row:,}" for s, row in report.holes.items())
+            err_console.print(f"[yellow]warning:[/] chunk files were missing below the recorded progress; "
+                              f"extracted them again ({holes})", highlight=False, soft_wrap=True)
         resumed = ""
         if report.status == "resumed":
             resumed = " (resumed from " + ", ".join(f"{s} {n:,}" for s, n in report.resumed_from.items()) + ")"
@@ -163,35 +169,72 @@ def extract(
         )
 
 
-def store_summary(path: Path) -> dict[str, Any]:
-    """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output)."""
-    from foal_pipe.store import SPLITS, read_meta
+def _last_run(log: dict[str, Any] | None) -> dict[str, Any]:
+    """The finishing run of the sidecar log, with the first run's start and the total seconds."""
+    runs = [r for r in (log or {}).get("runs", []) if isinstance(r, dict)]
+    if not runs:
+        return {}
+    seconds = [r["seconds"] for r in runs if isinstance(r.get("seconds"), (int, float))]
+    return {"created": runs[0].get("started"), "finished": runs[-1].get("finished"), "runs": len(runs),
+            "seconds": round(sum(seconds), 3) if seconds else None,
+            "runtime": {k: runs[-1][k] for k in ("host", "device", "batch_size", "workers", "checkpoint",
+                                                   "torch_version", "foal_pipe_version", "scheduler") if k in runs[-1]}}
+
+
+def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
+    """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output); ``verify`` reads every chunk."""
+    from foal_pipe.store import SPLITS, has_checksums, log_path, open_array, read_log, read_meta, verify_store
 
     group, meta = read_meta(path)
-    splits = {}
+    splits, checksums = {}, []
     for split in SPLITS:
-        try:
-            features = group[f"{split}/features"]
-        except KeyError:
-            continue
+        features = open_array(group, path, f"{split}/features")
+        checksums.append(has_checksums(features))
         splits[split] = {"rows": int(features.shape[0]), "dim": int(features.shape[1]) if features.ndim == 2 else None,
                          "dtype": str(features.dtype), "chunk_rows": int(features.chunks[0])}
-    attrs = dict(group.attrs)
-    return {
+    progress = meta.extra.get("progress")
+    log = read_log(path)
+    summary = {
         "path": str(path),
         "complete": meta.complete,
+        "format_version": meta.format_version,
+        "checksums": bool(checksums) and all(checksums),
+        "generation": meta.generation,
         "dataset": meta.dataset,
         "classes": list(meta.classes),
         "encoder": meta.encoder,
         "splits": splits,
-        "progress": attrs.get("progress"),
-        "source": attrs.get("source"),
-        "created": attrs.get("created"),
-        "finished": attrs.get("finished"),
-        "seconds": attrs.get("seconds"),
-        "runtime": attrs.get("runtime"),
+        "progress": {k: v for k, v in progress.items() if type(v) is int} if isinstance(progress, dict) else None,
+        "source": meta.extra.get("source"),
+        "log": str(log_path(path)) if log is not None else None,
+        **_last_run(log),
         "bytes_on_disk": _size_on_disk(Path(path)),
     }
+    result = verify_store(path, read=verify)
+    summary["problems"] = [str(p) for p in result.problems]
+    if verify:
+        summary["chunks_read"] = result.chunks_read
+    return summary
+
+
+def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
+    table.add_row("encoder", str(enc.get("name")))
+    details = [f"{key} {enc[key]}" for key in ("fusion", "token") if key in enc]
+    if "image_size" in enc:
+        details.append(f"{enc['image_size']} px")
+    if "normalize" in enc:
+        details.append("normalized" if enc["normalize"] else "not normalized")
+    if enc.get("precision"):
+        details.append(str(enc["precision"]))
+    if details:
+        table.add_row("", ", ".join(details))
+    weights = enc.get("weights")
+    if isinstance(weights, dict) and weights:
+        where = weights.get("id") or weights.get("path") or weights.get("url") or ""
+        table.add_row("weights", f"{weights.get('source')} {where}".strip()
+                      + (f" (sha256 {str(weights['sha256'])[:12]}...)" if weights.get("sha256") else ""))
+    if enc.get("timm_version"):
+        table.add_row("timm", str(enc["timm_version"]))
 
 
 @app.command()
@@ -199,49 +242,68 @@ def info(
     store: Annotated[Path, typer.Argument(help="A feature store (.zarr directory).", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON instead of a table. "
                        "Default: off.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Read every chunk: report damaged chunks (checksum "
+                      "mismatch, undecodable, NaN/inf) by split and rows and recompute the generation id. Default: "
+                      "off (metadata and a listing of the chunk files only).")] = False,
 ) -> None:
-    """Show a feature store: shape, dtype, classes, encoder, completeness and size on disk."""
+    """Show a feature store: shape, dtype, classes, encoder, completeness, checksums and size on disk.
+
+    Exits with status 1 when chunk files are missing (or, with --verify, damaged).
+    """
     with user_errors():
-        summary = store_summary(store)
+        summary = store_summary(store, verify)
+        problems = summary["problems"]
         if as_json:
             console.print_json(json.dumps(summary))
-            return
-        enc = summary["encoder"]
-        table = Table(show_header=False, box=None, pad_edge=False)
-        table.add_column(style="bold")
-        table.add_column(overflow="fold")
-        if summary["complete"]:
-            status = "yes"
         else:
-            prog = summary["progress"] or {}
-            done = ", ".join(f"{s} {prog.get(s, 0):,}/{v['rows']:,}" for s, v in summary["splits"].items())
-            status = f"[yellow]no[/] ({done} rows written; re-run the same `foal-pipe extract` to resume)"
-        classes = summary["classes"]
-        preview = ", ".join(classes[:6]) + (", ..." if len(classes) > 6 else "")
-        weights = enc.get("weights", {})
-        table.add_row("store", str(summary["path"]))
-        table.add_row("complete", status)
-        table.add_row("dataset", f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else ""))
-        table.add_row("classes", f"{len(classes)}: {preview}")
-        for split, v in summary["splits"].items():
-            table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
-        table.add_row("encoder", str(enc.get("name")))
-        details = [f"{key} {enc[key]}" for key in ("fusion", "token") if key in enc]
-        if "image_size" in enc:
-            details.append(f"{enc['image_size']} px")
-        if "normalize" in enc:
-            details.append("normalized" if enc["normalize"] else "not normalized")
-        if enc.get("precision"):
-            details.append(str(enc["precision"]))
-        if details:
-            table.add_row("", ", ".join(details))
-        if weights:
-            where = weights.get("id") or weights.get("path") or weights.get("url") or ""
-            table.add_row("weights", f"{weights.get('source')} {where}".strip()
-                          + (f" (sha256 {weights['sha256'][:12]}...)" if weights.get("sha256") else ""))
-        if enc.get("timm_version"):
-            table.add_row("timm", str(enc["timm_version"]))
-        if summary["seconds"] is not None:
-            table.add_row("extracted", f"{summary['finished']} in {summary['seconds']:.1f} s")
-        table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
-        console.print(table)
+            _print_table(summary)
+        if problems:
+            listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise FoalPipeError(f"{store} is damaged: {listed}; re-extract it (`foal-pipe extract ... --overwrite`) "
+                                "or restore it from a copy")
+
+
+def _print_table(summary: dict[str, Any]) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    if summary["complete"]:
+        status = "yes"
+    else:
+        prog = summary["progress"] or {}
+        done = ", ".join(f"{s} {prog.get(s, 0):,}/{v['rows']:,}" for s, v in summary["splits"].items())
+        status = f"[yellow]no[/] ({done} rows written; re-run the same `foal-pipe extract` to resume)"
+    classes = summary["classes"]
+    preview = ", ".join(classes[:6]) + (", ..." if len(classes) > 6 else "")
+    table.add_row("store", str(summary["path"]))
+    table.add_row("complete", status)
+    if summary["format_version"] == 1:
+        table.add_row("format", "1 (no chunk checksums: damage shows only as a decoding error; re-extract with "
+                      "this foal-pipe to get them)")
+    else:
+        checks = "crc32c checksum on every chunk" if summary["checksums"] else "no chunk checksums"
+        table.add_row("format", f"{summary['format_version']}, {checks}")
+    if summary["generation"]:
+        table.add_row("generation", summary["generation"])
+    table.add_row("dataset", f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else ""))
+    table.add_row("classes", f"{len(classes)}: {preview}")
+    for split, v in summary["splits"].items():
+        table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
+    _encoder_rows(table, summary["encoder"])
+    if summary.get("finished"):
+        runs = f", {summary['runs']} runs" if summary.get("runs", 1) > 1 else ""
+        seconds = f" in {summary['seconds']:.1f} s" if summary.get("seconds") is not None else ""
+        table.add_row("extracted", f"{summary['finished']}{seconds}{runs} (log: {summary['log']})")
+    runtime = summary.get("runtime") or {}
+    if runtime:
+        table.add_row("runtime", ", ".join(f"{k} {v}" for k, v in runtime.items() if v is not None))
+    table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
+    found = summary["problems"]
+    if "chunks_read" in summary:
+        table.add_row("verified", f"{summary['chunks_read']:,} chunks read, "
+                      + (f"[red]{len(found)} problems[/]" if found else "all intact"))
+    elif found:
+        table.add_row("damaged", f"[red]{len(found)} problems[/] (chunk files listed; --verify reads them all)")
+    for problem in found:
+        table.add_row("", f"[red]{problem}[/]")
+    console.print(table)
