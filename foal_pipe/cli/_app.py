@@ -1,26 +1,87 @@
-"""The typer application and the one place user errors become ``Error: ...`` and exit status 1."""
+"""The typer application and the one place user errors become ``Error: ...`` and exit status 1.
+
+Also what every command module shares for a readable ``--help`` and readable logs: :func:`choice` (an option
+with a fixed set of values, listed in ``--help``), :func:`flag` (an on/off option, no value placeholder),
+and consoles that do not fold long paths when the output is a file or a pipe.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from foal_pipe.errors import FoalPipeError
 
-app = typer.Typer(
+#: Console width when the output is not a terminal (a log file, a pipe) and ``COLUMNS`` is not set: wide
+#: enough that paths and table rows stay on one line instead of being folded at rich's default of 80.
+LOG_WIDTH = 512
+
+
+def _console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        if "COLUMNS" not in os.environ:
+            console.width = LOG_WIDTH
+    return console
+
+
+class _HelpFlag:
+    """``--help`` is a flag: no ``<bool>`` placeholder beside it."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpFlag, TyperCommand):
+    pass
+
+
+class _Group(_HelpFlag, TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    """Commands registered with ``@app.command()`` get :class:`_Command` unless they name another class."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _App(
     name="foal-pipe",
     help="F-OAL: frozen-ViT features to a Zarr cache, then exact online analytic learning.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_Group,
 )
-console = Console()
-err_console = Console(stderr=True)
+console = _console()
+err_console = _console(stderr=True)
+
+
+def choice(*values: str) -> Any:
+    """The type of an option with a fixed set of values: typer refuses others and ``--help`` shows ``<a|b|c>``.
+
+    Use as ``Annotated[choice("gram", "rls"), typer.Option(...)]``; the command receives the plain string.
+    """
+    return Literal[values]
+
+
+def flag(*names: str, help: str) -> Any:  # noqa: A002 (typer's own parameter name)
+    """An on/off option (``--drop-last`` or ``--plots/--no-plots``): no value placeholder in ``--help``, and
+    the default is stated once, by ``help`` (``... Default: off.``)."""
+    return typer.Option(*names, help=help, metavar="", show_default=False)
 
 
 @contextmanager
