@@ -19,6 +19,13 @@ from typer.core import TyperCommand, TyperGroup
 
 from foal_pipe.errors import FoalPipeError
 
+#: Modules of the optional extras -> the extra that installs them; the light install (`pip install foal-pipe`)
+#: has none of them, so a command that needs one says what to install.
+EXTRAS = {
+    "torch": "extract", "torchvision": "extract", "timm": "extract", "h5py": "extract",
+    "dask": "dist", "distributed": "dist", "cupy": "gpu",
+}
+
 #: Console width when the output is not a terminal (a log file, a pipe) and ``COLUMNS`` is not set: wide
 #: enough that paths and table rows stay on one line instead of being folded at rich's default of 80.
 LOG_WIDTH = 512
@@ -52,10 +59,22 @@ class _Group(_HelpFlag, TyperGroup):
 
 
 class _App(typer.Typer):
-    """Commands registered with ``@app.command()`` get :class:`_Command` unless they name another class."""
+    """Commands registered with ``@app.command()`` get :class:`_Command` unless they name another class; a
+    missing optional dependency ends any command with one line naming the extra to install."""
 
     def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
         return super().command(*args, cls=cls or _Command, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            module = (exc.name or "").split(".")[0]
+            if module not in EXTRAS or os.environ.get("FOAL_PIPE_DEBUG"):
+                raise
+            err_console.print(f"[bold red]Error:[/] this command needs {module}, which the light install leaves out; "
+                              f"install it with: pip install 'foal-pipe\\[{EXTRAS[module]}]'", highlight=False)
+            raise SystemExit(1) from None
 
 
 app = _App(
