@@ -245,10 +245,11 @@ def test_summary_numbers_match_metrics_json(tmp_path):
         cells = summary_value(text, str(i + 1))
         assert [float(c) for c in cells[: i + 1]] == pytest.approx([100 * v for v in row], abs=0.05)
         assert float(cells[-1]) == pytest.approx(100 * A_STEPS[i], abs=0.005)
-    assert "no `digits` column" in text
+    assert "no `digits` column" in text and text.startswith("# F-OAL run: run (digits)\n")
     best = max(make_sweep()["results"], key=lambda r: r["A_avg"])
     assert f"Selected gamma: {best['gamma']:g}, by test A_avg (old sweep) (test A_avg {100 * best['A_avg']:.2f}%)" in text
-    assert "predates GCV and leave-one-out" in text
+    assert "predates GCV and leave-one-out" in text and "The test-set oracle would pick" not in text
+    assert f"From `{run / 'sweep.json'}`.\n" in text  # no GCV or LOO in an old sweep
     for name in ("accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png"):
         assert f"({name})" in text
 
@@ -499,10 +500,10 @@ def test_evaluate_says_when_no_sweep_is_found(tmp_path):
 
 
 def test_metrics_with_or_without_seconds_evaluate_alike(tmp_path):
-    a = evaluate(make_run(tmp_path / "a", make_metrics(), model=False), out=tmp_path / "ea")
-    b = evaluate(make_run(tmp_path / "b", make_metrics(seconds=3.5), model=False), out=tmp_path / "eb")
-    text_a = (a.out / "summary.md").read_text().replace(str(tmp_path / "a"), "RUN")
-    text_b = (b.out / "summary.md").read_text().replace(str(tmp_path / "b"), "RUN")
+    a = evaluate(make_run(tmp_path / "a" / "run", make_metrics(), model=False), out=tmp_path / "ea")
+    b = evaluate(make_run(tmp_path / "b" / "run", make_metrics(seconds=3.5), model=False), out=tmp_path / "eb")
+    text_a = (a.out / "summary.md").read_text().replace(str(tmp_path / "a"), "DIR")
+    text_b = (b.out / "summary.md").read_text().replace(str(tmp_path / "b"), "DIR")
     assert text_a == text_b and " s " not in text_a  # no wall time in the summary: it would change every run
 
 
@@ -511,6 +512,7 @@ def test_gamma_auto_is_shown_with_the_gammas_chosen(tmp_path):
     run = make_run(tmp_path / "runs" / "auto", metrics, model=False)
     evaluate(run)
     text = (run / "eval" / "summary.md").read_text()
+    assert text.startswith("# F-OAL run: auto (digits)\n")  # the run's name, and its dataset
     assert "gamma=auto" in text
     assert "by GCV (generalised cross-validation, from the Gram statistics alone): T1 0.01, T2 1, T3 100." in text
     result = runner.invoke(app, ["summary", str(tmp_path / "runs")])

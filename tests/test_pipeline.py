@@ -496,6 +496,7 @@ def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
     small = json.loads((repo / "runs/small/metrics.json").read_text())
     assert (small["n_tasks"], small["projection_dim"], small["gamma"]) == (2, 64, 0.1)
     assert (repo / "data/features/small.zarr").is_dir() and (repo / "runs/small/eval/gamma.png").is_file()
+    assert (repo / "runs/small/eval/summary.md").read_text().startswith("# F-OAL run: small (digits)\n")
     # changing that entry reruns its stages only
     params["datasets"]["small"]["learn"]["tasks"] = 5
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

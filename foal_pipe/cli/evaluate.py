@@ -93,7 +93,7 @@ def summary_table(paths: list[Path]) -> Table:
     The paper column appears when a run's dataset is in the paper's Table 2; runs that are not
     comparable say how many settings differ (``foal-pipe evaluate`` writes which ones to summary.md).
     """
-    from foal_pipe.evaluate import find_runs, gamma_text, pct, select
+    from foal_pipe.evaluate import find_runs, gamma_text, pct, result_at, select
     from foal_pipe.paper import match_paper
 
     found = find_runs(paths, on_error=lambda message: err_console.print(
@@ -133,7 +133,7 @@ def summary_table(paths: list[Path]) -> Table:
             s = entry.sweep
             choice = select(s)
             sweeps.append(f"{len(s['results'])} by {choice.short}")
-            best = next(r for r in s["results"] if r["gamma"] == choice.gamma)
+            best = result_at(s, choice.gamma)
             tasks = s.get("n_tasks", len(s["tasks"]) if isinstance(s.get("tasks"), list) else "?")
             row = [label(entry.path, s), str(tasks), number(s.get("projection_dim"), "d"), f"{best['gamma']:g}*",
                    pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"])]

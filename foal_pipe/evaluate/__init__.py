@@ -35,7 +35,7 @@ from foal_pipe.evaluate.readers import (
     read_sweep,
     read_weight_norms,
 )
-from foal_pipe.evaluate.selection import Selection, select
+from foal_pipe.evaluate.selection import Selection, result_at, select
 
 __all__ = [
     "DEFAULT_OUT",
@@ -57,6 +57,7 @@ __all__ = [
     "read_metrics",
     "read_sweep",
     "read_weight_norms",
+    "result_at",
     "select",
     "summary_markdown",
     "sweep_candidates",

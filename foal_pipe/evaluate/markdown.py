@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.evaluate.readers import Run, is_number
-from foal_pipe.evaluate.selection import CRITERIA, OLD_SWEEP, last, result_at, select
+from foal_pipe.evaluate.selection import CRITERIA, has_criteria, last, result_at, select
 from foal_pipe.metrics import summarize
 from foal_pipe.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 
@@ -122,15 +122,15 @@ def _sweep(run: Run) -> list[str]:
     choice = select(s)
     sweep_paper = match_paper(s, ignore=("gamma",)) if s.get("dataset") else None
     with_paper = sweep_paper is not None and sweep_paper.comparable
-    criteria = any(key in r for r in s["results"] for key in ("gcv", "loo_accuracy", "loo_mse"))
+    criteria = has_criteria(s)
     head = "| gamma | A_avg (%) | A_last (%) | F (%) |"
     if criteria:
         head += " GCV | LOO accuracy (%) | LOO MSE |"
     if with_paper:
         head += " paper A_avg (%) |"
     head += " |"
-    lines = ["## Gamma sweep", "", f"From `{run.sweep_path}`; GCV and LOO at the last task boundary.", "",
-             head, "|" + "---:|" * (head.count("|") - 1)]
+    source = f"From `{run.sweep_path}`" + ("; GCV and LOO at the last task boundary." if criteria else ".")
+    lines = ["## Gamma sweep", "", source, "", head, "|" + "---:|" * (head.count("|") - 1)]
     for r in s["results"]:
         row = f"| {r['gamma']:g} | {pct(r['A_avg'])} | {pct(r['A_last'])} | {pct(r['F'])} |"
         if criteria:
@@ -146,11 +146,11 @@ def _sweep(run: Run) -> list[str]:
         lines.append(row + f" {', '.join(marks)} |")
     selected = result_at(s, choice.gamma)
     lines += ["", f"Selected gamma: {choice.gamma:g}, by {choice.criterion} (test A_avg {pct(selected['A_avg'])}%)."]
-    if choice.selected_by != "test":
+    if choice.selected_by in ("loo", "gcv"):
         oracle = result_at(s, choice.oracle_gamma)
         lines.append(f"The test-set oracle would pick {choice.oracle_gamma:g} (test A_avg {pct(oracle['A_avg'])}%); "
                      "it peeks at the test split, so it is shown for reference, not used.")
-    if choice.criterion == OLD_SWEEP:
+    if choice.selected_by is None:
         lines.append("This sweep predates GCV and leave-one-out selection, so its choice peeks at the test split; "
                      "re-run `foal-pipe sweep` for an honest one.")
     if choice.at_edge:
@@ -173,7 +173,7 @@ def summary_markdown(
     ``plots`` are the PNG file names, linked relative to summary.md.
     """
     m = run.metrics
-    lines = [f"# F-OAL run: {run.dataset}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
+    lines = [f"# F-OAL run: {run.label}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
     lines += _results(m, paper)
     lines += _paper_lines(run, paper)
     departures = recipe_notes(m) if paper is not None else []

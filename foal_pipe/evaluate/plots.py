@@ -24,7 +24,7 @@ DPI = 110
 def _title(run: Run) -> str:
     m = run.metrics
     encoder = (m.get("encoder") or {}).get("name", "?")
-    return f"{run.dataset} · {encoder} · γ={m.get('gamma', '?')} · D={m.get('projection_dim', '?')}"
+    return f"{run.label} · {encoder} · γ={m.get('gamma', '?')} · D={m.get('projection_dim', '?')}"
 
 
 def draw(path: Path, size: tuple[float, float], paint: Callable[[Any], None]) -> Path:
@@ -162,7 +162,7 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
         fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3)
         s = run.sweep or {}
         enc = (s.get("encoder") or {}).get("name", "?")
-        title = f"gamma sweep · {s.get('dataset', run.dataset)} · {enc} · D={s.get('projection_dim', '?')}"
+        title = f"gamma sweep · {run.label} · {enc} · D={s.get('projection_dim', '?')}"
         if choice.at_edge:
             title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
         ax.set_title(title, fontsize=9)

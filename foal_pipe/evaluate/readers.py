@@ -55,6 +55,12 @@ class Run:
     def dataset(self) -> str:
         return str(self.metrics.get("dataset", "?"))
 
+    @property
+    def label(self) -> str:
+        """The run's name (its directory, the pipeline's run name), with its dataset when that differs."""
+        name = self.path.resolve().name
+        return name if name == self.dataset else f"{name} ({self.dataset})"
+
 
 def is_number(value: Any) -> bool:
     """A JSON number (not a boolean)."""

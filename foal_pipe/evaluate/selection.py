@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from foal_pipe.evaluate.readers import CRITERION_KEYS
+
 #: ``selected_by`` -> how summary.md names the criterion.
 CRITERIA = {
     "loo": "leave-one-out MSE on the training rows seen",
@@ -71,6 +73,11 @@ def select(sweep: dict[str, Any]) -> Selection:
     selected_by = sweep.get("selected_by")
     gamma = float(sweep.get("best_gamma", oracle)) if selected_by else oracle
     return Selection(gamma, selected_by, oracle, tuple(float(r["gamma"]) for r in results))
+
+
+def has_criteria(sweep: dict[str, Any]) -> bool:
+    """Whether the sweep records GCV or leave-one-out per gamma (sweeps from before them do not)."""
+    return any(key in r for r in sweep["results"] for key in CRITERION_KEYS)
 
 
 def last(values: list[float | None] | None) -> float | None:

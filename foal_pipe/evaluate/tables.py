@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.evaluate.readers import HEADLINE, Run, is_number
-from foal_pipe.evaluate.selection import last, result_at, select
+from foal_pipe.evaluate.selection import has_criteria, last, result_at, select
 from foal_pipe.metrics import summarize
 
 
@@ -65,10 +65,9 @@ def gamma_rows(run: Run) -> list[dict[str, Any]]:
     LOO accuracy (percent) and LOO MSE at the last task boundary (``None`` where a criterion was skipped)."""
     if run.sweep is None:
         return []
-    results = run.sweep["results"]
-    criteria = any(key in r for r in results for key in ("gcv", "loo_accuracy", "loo_mse"))
+    criteria = has_criteria(run.sweep)
     rows = []
-    for r in results:
+    for r in run.sweep["results"]:
         row: dict[str, Any] = {"gamma": r["gamma"], "A_avg": 100 * r["A_avg"], "A_last": 100 * r["A_last"],
                                "F": 100 * r["F"]}
         if criteria:
