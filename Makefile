@@ -5,14 +5,16 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: install install-dev demo test bench clean
 
+# install: what `make demo` runs (extraction with PyTorch, the DVC pipeline); install-dev adds Dask and pytest.
+# `pip install foal-pipe` alone is the light install: learn, sweep, predict, evaluate, summary, info.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[pipeline]'
+	$(PIP) install -q -e '.[extract,pipeline]'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[extract,pipeline,dist,dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -22,7 +24,7 @@ install-dev: $(VENV)/.installed-dev
 # The DVC pipeline on params.yaml's datasets (offline default: digits), then the table of results.
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
-	@echo "Plots and summary.md per run: runs/<dataset>/eval/ (or: dvc plots show; dvc metrics show)"
+	@echo "Plots and summary.md per run: runs/<name>/eval/ (or: dvc plots show; dvc metrics show)"
 	@PATH="$(abspath $(VENV))/bin:$$PATH" foal-pipe summary runs
 
 test: install-dev

@@ -4,9 +4,12 @@ Source: Zhuang et al., "F-OAL: Forward-only Online Analytic Learning", NeurIPS 2
 (``shared/paper/f-oal-neurips2024.tex``): Table 2 (``tab:performance``, the F-OAL row, mean of 3 runs)
 and the appendix's gamma table (``tab:gamma``, A_avg for gamma = 1e2 .. 1e-3).
 
-A run is *comparable* to a Table 2 column when its dataset is that column's dataset and it used the
-paper's settings (:data:`PAPER_SETTINGS`, plus the column's number of tasks). :func:`match_paper`
-returns the row with the settings that differ, so a summary can say why a run is not compared.
+A run is *comparable* to a Table 2 column when its dataset is that column's dataset, it used the paper's
+settings (:data:`PAPER_SETTINGS`, plus the column's number of tasks) and it saw the same data: as many
+train and test rows as the paper's appendix states for that dataset, of the same feature dimension. Where
+the appendix gives only per-class averages (CORe50, FGVCAircraft, Country211) the row counts cannot be
+checked, so no match is claimed. :func:`match_paper` returns the row with the settings that differ, so a
+summary can say why a run is not compared.
 Choices where foal-pipe's defaults depart from the published code (input normalisation, last batch,
 masking unseen classes, projection init) do not prevent a comparison; :func:`recipe_notes` lists them.
 """
@@ -26,6 +29,7 @@ PAPER_SETTINGS: dict[str, Any] = {
     "encoder": PAPER_BACKBONE,
     "fusion": "mean",
     "image_size": 224,
+    "feature_dim": 768,
     "projection_dim": 1000,
     "gamma": 1.0,
     "batch_size": 10,
@@ -55,18 +59,28 @@ class PaperRow:
     #: The appendix's A_avg (percent) for each gamma in :data:`GAMMAS`; at gamma 1 it can differ from
     #: Table 2's A_avg (CORe50, FGVCAircraft, DTD): both are the paper's numbers.
     gamma_A_avg: tuple[float, ...] = field(default=())
+    #: Train and test rows over the classes streamed, where the appendix states them exactly; ``None``
+    #: where it gives only averages (then no run is claimed to match).
+    n_train: int | None = None
+    n_test: int | None = None
 
     def metrics(self) -> dict[str, float]:
         """Table 2's numbers as fractions, keyed like ``metrics.json``."""
         return {"A_avg": self.A_avg / 100, "A_last": self.A_last / 100, "F": self.F / 100}
 
 
+#: Row counts from the appendix's dataset descriptions: CIFAR-100 "5,000 images for training and 1,000 for
+#: testing" per task of 10; DTD 40 classes of "40 training images and 40 testing images"; Tiny-ImageNet 200
+#: classes of 500 with a 10,000-image test set. CORe50 ("2,398 training images and 900 testing images on
+#: average"), FGVCAircraft ("33 ... on average") and Country211 ("150 train and test images per class") are
+#: not exact, so they are ``None``.
 TABLE2: tuple[PaperRow, ...] = (
-    PaperRow("cifar100", "CIFAR-100", 10, 91.1, 86.5, 5.5, (91.1, 91.1, 91.1, 90.8, 90.3, 87.2)),
+    PaperRow("cifar100", "CIFAR-100", 10, 91.1, 86.5, 5.5, (91.1, 91.1, 91.1, 90.8, 90.3, 87.2), 50_000, 10_000),
     PaperRow("core50", "CORe50", 9, 96.3, 92.5, 3.9, (95.3, 95.3, 95.3, 95.2, 93.6, 89.9)),
     PaperRow("fgvcaircraft", "FGVCAircraft", 10, 62.2, 54.0, 10.0, (55.1, 59.5, 61.1, 47.1, 34.9, 22.4)),
-    PaperRow("dtd", "DTD", 10, 82.8, 75.9, 10.1, (70.3, 75.2, 81.6, 81.5, 79.1, 70.8)),
-    PaperRow("tinyimagenet", "Tiny-ImageNet", 10, 91.2, 87.3, 5.0, (91.2, 91.2, 91.2, 90.9, 90.3, 89.8)),
+    PaperRow("dtd", "DTD", 10, 82.8, 75.9, 10.1, (70.3, 75.2, 81.6, 81.5, 79.1, 70.8), 1_600, 1_600),
+    PaperRow("tinyimagenet", "Tiny-ImageNet", 10, 91.2, 87.3, 5.0, (91.2, 91.2, 91.2, 90.9, 90.3, 89.8), 100_000,
+             10_000),
     PaperRow("country211", "Country211", 10, 24.4, 17.5, 6.9, (23.2, 23.3, 24.4, 22.6, 21.3, 17.4)),
 )
 
@@ -95,7 +109,11 @@ class PaperMatch:
 
 
 def run_settings(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings :func:`match_paper` compares, read from a ``metrics.json`` or ``sweep.json`` dict."""
+    """The settings :func:`match_paper` compares, read from a ``metrics.json`` or ``sweep.json`` dict.
+
+    Rows: ``n_train_seen`` (the training rows streamed) and ``n_test`` (the test rows of the classes
+    streamed); the feature dimension: ``feature_dim``, else the store's ``encoder.dim``.
+    """
     encoder = metrics.get("encoder") or {}
     tasks = metrics.get("tasks")
     n_tasks = metrics.get("n_tasks", len(tasks) if isinstance(tasks, list) else None)
@@ -104,10 +122,13 @@ def run_settings(metrics: Mapping[str, Any]) -> dict[str, Any]:
         "fusion": encoder.get("fusion"),
         "token": encoder.get("token", "cls"),
         "image_size": encoder.get("image_size"),
+        "feature_dim": metrics.get("feature_dim", encoder.get("dim")),
         "projection_dim": metrics.get("projection_dim"),
         "gamma": metrics.get("gamma"),
         "batch_size": metrics.get("batch_size"),
         "n_tasks": n_tasks,
+        "n_train": metrics.get("n_train_seen"),
+        "n_test": metrics.get("n_test"),
     }
 
 
@@ -116,23 +137,40 @@ _LABELS = {
     "fusion": "fusion",
     "token": "token",
     "image_size": "image size",
+    "feature_dim": "feature dimension",
     "projection_dim": "projection dim D",
     "gamma": "gamma",
     "batch_size": "batch size",
     "n_tasks": "tasks",
+    "n_train": "train rows",
+    "n_test": "test rows",
 }
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _same(key: str, ours: Any, paper: Any) -> bool:
     if ours is None:
         return False
     if key == "gamma":
-        return abs(float(ours) - float(paper)) <= 1e-12 * max(1.0, abs(float(paper)))
+        return _number(ours) and abs(float(ours) - float(paper)) <= 1e-12 * max(1.0, abs(float(paper)))
     if key == "fusion":
         return dataset_key(ours) in {"mean", "meancls", "blockmean"}
     if key == "token":
         return dataset_key(ours) == "cls"
     return ours == paper
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "not recorded"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1000:
+        return f"{value:,}"
+    return str(value)
 
 
 def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> PaperMatch | None:
@@ -142,7 +180,8 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
     ----------
     metrics : mapping
         A ``metrics.json`` (or ``sweep.json``) dict: ``dataset``, ``encoder``, ``projection_dim``,
-        ``gamma``, ``batch_size`` and ``n_tasks`` (or ``tasks``) are read.
+        ``gamma``, ``batch_size``, ``n_tasks`` (or ``tasks``), ``n_train_seen``, ``n_test`` and
+        ``feature_dim`` (or ``encoder.dim``) are read.
     ignore : tuple of str
         Settings not to compare (a sweep varies ``"gamma"``).
 
@@ -157,14 +196,18 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
         return None
     ours = run_settings(metrics)
     wanted = dict(PAPER_SETTINGS, token="cls", n_tasks=row.n_tasks)
-    differences = tuple(
-        f"{_LABELS[key]} {ours[key]} (paper {value:g})"
-        if isinstance(value, float)
-        else f"{_LABELS[key]} {ours[key]} (paper {value})"
+    differences = [
+        f"{_LABELS[key]} {_show(ours[key])} (paper {_show(value)})"
         for key, value in wanted.items()
         if key not in ignore and not _same(key, ours[key], value)
-    )
-    return PaperMatch(row, differences)
+    ]
+    for key in ("n_train", "n_test"):
+        paper = getattr(row, key)
+        if paper is None:
+            differences.append(f"{_LABELS[key]} {_show(ours[key])} (the paper gives no exact count for {row.title})")
+        elif not _same(key, ours[key], paper):
+            differences.append(f"{_LABELS[key]} {_show(ours[key])} (paper {_show(paper)})")
+    return PaperMatch(row, tuple(differences))
 
 
 def recipe_notes(metrics: Mapping[str, Any]) -> list[str]:

@@ -1,13 +1,16 @@
-"""Shared by the stage scripts: read params.yaml, run one foal-pipe command.
+"""Shared by the stage scripts: read params.yaml, resolve one run's settings, run one foal-pipe command.
 
-The stage scripts hold no logic of their own: each turns params.yaml into the command line that a user
-would type, prints it, and runs it in this process (the same code path as the ``foal-pipe`` CLI).
+The stage scripts hold no logic of their own: each turns one run's settings into the command line that a user
+would type (``command(name, settings)``), prints it, and runs it in this process (the same code path as the
+``foal-pipe`` CLI). A run's settings are the shared ``extract``, ``learn`` and ``sweep`` sections of
+params.yaml with its ``datasets`` entry's overrides on top.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +18,45 @@ import yaml
 
 #: Relative to the working directory, as DVC runs stages from the directory of dvc.yaml.
 PARAMS = Path("params.yaml")
+SECTIONS = ("extract", "learn", "sweep")
 
 
-def stage_params() -> tuple[str, dict[str, Any]]:
-    """``(dataset, params)``: the script's only argument (dvc.yaml's ``${item}``) and all of params.yaml."""
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python {sys.argv[0]} DATASET  (one of the `datasets` in {PARAMS.name})")
-    return sys.argv[1], yaml.safe_load(PARAMS.read_text())
+class ParamsError(ValueError):
+    """params.yaml does not describe the run asked for; the message names the fix."""
 
 
-def stream_args(p: dict[str, Any]) -> list[str]:
+def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """One run's settings: ``{"dataset": ..., "extract": {...}, "learn": {...}, "sweep": {...}}``.
+
+    ``params["datasets"][name]`` may set ``dataset`` (default: ``name``) and override keys of the shared
+    sections; an unknown key is refused (a typo would otherwise be ignored silently).
+    """
+    entries = params.get("datasets")
+    if not isinstance(entries, dict):
+        raise ParamsError(f"`datasets` in {PARAMS} must map run names to overrides, e.g. `digits: {{}}`")
+    if name not in entries:
+        raise ParamsError(f"no run {name!r} under `datasets` in {PARAMS}; the runs are: {', '.join(entries)}")
+    entry = entries[name] or {}
+    unknown = sorted(set(entry) - {"dataset", *SECTIONS})
+    if unknown:
+        raise ParamsError(f"datasets.{name} in {PARAMS} has unknown keys {unknown}; it may set: dataset, "
+                          + ", ".join(SECTIONS))
+    settings: dict[str, Any] = {"dataset": entry.get("dataset", name)}
+    for section in SECTIONS:
+        overrides = entry.get(section) or {}
+        unknown = sorted(set(overrides) - set(params[section]))
+        if unknown:
+            raise ParamsError(f"datasets.{name}.{section} in {PARAMS} has unknown keys {unknown}; the keys of "
+                              f"`{section}` are: {', '.join(params[section])}")
+        settings[section] = {**params[section], **overrides}
+    return settings
+
+
+def stream_args(p: dict[str, Any]) -> list[Any]:
     """The options `learn` and `sweep` share: how the stream is built and the state is kept."""
     args = [
         "--tasks", p["tasks"], "--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"],
-        "--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"],
+        "--activation", p["activation"], "--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"],
         "--projection-init", p["projection_init"],
     ]
     if p["drop_last"]:
@@ -45,3 +73,15 @@ def run(args: list[Any]) -> None:
     from foal_pipe.cli import app
 
     app(args, prog_name="foal-pipe")
+
+
+def main(command: Callable[[str, dict[str, Any]], list[Any]]) -> None:
+    """Run ``command(NAME, settings)`` for the script's only argument (dvc.yaml's ``${key}``)."""
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})")
+    name = sys.argv[1]
+    try:
+        settings = resolve(yaml.safe_load(PARAMS.read_text()), name)
+    except ParamsError as exc:
+        sys.exit(f"Error: {exc}")
+    run(command(name, settings))

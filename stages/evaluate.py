@@ -1,10 +1,18 @@
-"""DVC stage `evaluate@DATASET`: plots, plot data and summary.md for runs/DATASET and its sweep
--> runs/DATASET/eval/."""
+"""DVC stage `evaluate@NAME`: plots, plot data and summary.md for runs/NAME -> runs/NAME/eval/.
 
-from _params import run, stage_params
+`foal-pipe evaluate` finds the run's sweep in runs/NAME-sweep/ by itself.
+"""
 
-dataset, _ = stage_params()
-run([
-    "evaluate", "--run", f"runs/{dataset}", "--sweep", f"runs/{dataset}-sweep/sweep.json",
-    "--out", f"runs/{dataset}/eval",
-])
+from __future__ import annotations
+
+from typing import Any
+
+from _params import main
+
+
+def command(name: str, settings: dict[str, Any]) -> list[Any]:
+    return ["evaluate", "--run", f"runs/{name}", "--out", f"runs/{name}/eval"]
+
+
+if __name__ == "__main__":
+    main(command)

@@ -1,10 +1,21 @@
-"""DVC stage `sweep@DATASET`: `foal-pipe sweep` over `sweep.gammas`, with learn's stream settings
-(everything in `learn` but gamma and engine) -> runs/DATASET-sweep/sweep.json."""
+"""DVC stage `sweep@NAME`: `foal-pipe sweep` over `sweep.gammas`, chosen by `sweep.select`, with learn's
+stream settings (everything in `learn` but gamma, select and engine) -> runs/NAME-sweep/sweep.json."""
 
-from _params import run, stage_params, stream_args
+from __future__ import annotations
 
-dataset, params = stage_params()
-run([
-    "sweep", "--features", f"data/features/{dataset}.zarr", "--out", f"runs/{dataset}-sweep",
-    "--gammas", ",".join(f"{float(g):g}" for g in params["sweep"]["gammas"]), *stream_args(params["learn"]),
-])
+from typing import Any
+
+from _params import main, stream_args
+
+
+def command(name: str, settings: dict[str, Any]) -> list[Any]:
+    s = settings["sweep"]
+    return [
+        "sweep", "--features", f"data/features/{name}.zarr", "--out", f"runs/{name}-sweep",
+        "--gammas", ",".join(f"{float(g):g}" for g in s["gammas"]), "--select", s["select"],
+        *stream_args(settings["learn"]),
+    ]
+
+
+if __name__ == "__main__":
+    main(command)

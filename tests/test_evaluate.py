@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
-from foal_pipe.evaluate import evaluate, read_metrics
+from foal_pipe.evaluate import evaluate, read_metrics, read_sweep, select
 from foal_pipe.metrics import summarize
 from foal_pipe.paper import PAPER_BACKBONE, TABLE2, match_paper, paper_row
 
@@ -29,7 +30,8 @@ F = ((0.90 - 0.70) + (0.95 - 0.85)) / 2  # best before the last task minus final
 F_PUBLISHED = ((0.90 - 0.70) + (0.95 - 0.85) + 0.0) / 3  # best over all rows, all T tasks
 TASKS = [[3, 7], [0, 5], [9, 1]]
 PIXELS = {"name": "pixels", "fusion": "none", "token": "none", "image_size": 8, "normalize": False}
-PAPER_ENCODER = {"name": PAPER_BACKBONE, "fusion": "mean-cls", "token": "cls", "image_size": 224, "normalize": True}
+PAPER_ENCODER = {"name": PAPER_BACKBONE, "fusion": "mean-cls", "token": "cls", "image_size": 224, "normalize": True,
+                 "dim": 768}
 
 
 def make_metrics(**overrides) -> dict:
@@ -37,7 +39,7 @@ def make_metrics(**overrides) -> dict:
         "A_avg": A_AVG, "A_last": A_LAST, "F": F, "F_published_code": F_PUBLISHED, "A_steps": A_STEPS,
         "accuracy_matrix": MATRIX, "tasks": TASKS, "n_tasks": 3, "gamma": 1.0, "projection_dim": 1000,
         "batch_size": 10, "seed": 0, "engine": "gram", "backend": "numpy", "dtype": "float64",
-        "n_train_seen": 600, "seconds": 1.25, "dataset": "digits", "encoder": PIXELS, "drop_last": False,
+        "n_train_seen": 600, "n_test": 150, "dataset": "digits", "encoder": PIXELS, "drop_last": False,
         "mask_unseen": True, "projection_init": "uniform",
     }
     metrics.update(overrides)
@@ -62,6 +64,7 @@ def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep:
 
 
 def make_sweep(dataset="digits", encoder=PIXELS, n_tasks=3, gammas=(1e-3, 1e-1, 1.0, 10.0, 100.0, 1e-2)) -> dict:
+    """A sweep as written before GCV and LOO: ``best_gamma`` by test A_avg (the last gamma listed here)."""
     results = [
         {"gamma": g, "A_avg": 0.8 + 0.01 * k, "A_last": 0.7 + 0.01 * k, "F": 0.05, "F_published_code": 0.04,
          "accuracy_matrix": MATRIX}
@@ -70,6 +73,37 @@ def make_sweep(dataset="digits", encoder=PIXELS, n_tasks=3, gammas=(1e-3, 1e-1, 
     return {"gammas": list(gammas), "best_gamma": gammas[-1], "results": results, "tasks": TASKS[:n_tasks],
             "n_tasks": n_tasks, "projection_dim": 1000, "batch_size": 10, "seed": 0, "dataset": dataset,
             "encoder": encoder, "seconds": 2.0}
+
+
+GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+
+
+def new_sweep(selected_by="loo", best=1.0, loo=True, **kwargs) -> dict:
+    """A sweep with GCV and LOO per task boundary (the stats helper's schema): test A_avg rises with gamma (the
+    oracle is 100); GCV and LOO MSE are lowest and LOO accuracy highest at gamma 1."""
+    sweep = make_sweep(gammas=GRID, **kwargs)
+    for k, r in enumerate(sweep["results"]):
+        off = abs(k - 3)
+        r["gcv"] = [0.9, 0.8, 0.5 + 0.1 * off]
+        r["loo_accuracy"] = [0.95, 0.9, 0.88 - 0.02 * off] if loo else None
+        r["loo_mse"] = [0.05, 0.07, 0.1 + 0.01 * off] if loo else None
+    sweep.pop("seconds")
+    sweep.update(best_gamma=best, best_gamma_test=100.0, selected_by=selected_by)
+    return sweep
+
+
+def png_chunks(path: Path) -> list[tuple[bytes, bytes]]:
+    """``(type, data)`` of every chunk of a PNG file, CRCs checked."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    chunks, pos = [], 8
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body)
+        chunks.append((kind, body))
+        pos += 12 + length
+    return chunks
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -116,8 +150,10 @@ def test_table2_holds_the_papers_f_oal_row():
 
 
 def paper_metrics(**overrides):
-    """A cifar100 run with the paper's settings (the accuracy matrix stays the 3-task one)."""
-    settings = {"dataset": "cifar100", "encoder": PAPER_ENCODER, "n_tasks": 10, "tasks": [[k] for k in range(10)]}
+    """A cifar100 run with the paper's settings and data (50,000 / 10,000 rows of 768 features); the accuracy
+    matrix stays the 3-task one."""
+    settings = {"dataset": "cifar100", "encoder": PAPER_ENCODER, "n_tasks": 10, "tasks": [[k] for k in range(10)],
+                "n_train_seen": 50_000, "n_test": 10_000}
     return make_metrics(**{**settings, **overrides})
 
 
@@ -129,11 +165,28 @@ def test_match_paper_requires_the_papers_settings():
     assert not off.comparable
     assert off.differences == ("gamma 0.1 (paper 1)", "batch size 32 (paper 10)")
     assert match_paper(paper_metrics(gamma=0.1), ignore=("gamma",)).comparable
+    assert match_paper(paper_metrics(gamma="auto")).differences == ("gamma auto (paper 1)",)
     assert not match_paper(paper_metrics(encoder=dict(PAPER_ENCODER, name="vit_small_patch16_224"))).comparable
     assert not match_paper(paper_metrics(encoder=dict(PAPER_ENCODER, fusion="last"))).comparable
-    # CORe50 is 9 tasks in the paper
-    assert not match_paper(paper_metrics(dataset="core50")).comparable
-    assert match_paper(paper_metrics(dataset="core50", n_tasks=9)).comparable
+    # Tiny-ImageNet: 10 tasks, 100,000 / 10,000 rows
+    assert not match_paper(paper_metrics(dataset="tiny-imagenet")).comparable
+    assert match_paper(paper_metrics(dataset="tiny-imagenet", n_train_seen=100_000)).comparable
+
+
+def test_match_paper_requires_the_papers_data():
+    """Dataset, encoder, row counts and feature dimension must all match before a match is claimed."""
+    assert match_paper(paper_metrics(n_train_seen=49_990)).differences == ("train rows 49,990 (paper 50,000)",)
+    assert match_paper(paper_metrics(n_test=1_000)).differences == ("test rows 1,000 (paper 10,000)",)
+    no_count = {k: v for k, v in paper_metrics().items() if k != "n_test"}
+    assert match_paper(no_count).differences == ("test rows not recorded (paper 10,000)",)
+    assert match_paper(paper_metrics(feature_dim=384)).differences == ("feature dimension 384 (paper 768)",)
+    no_dim = paper_metrics(encoder={k: v for k, v in PAPER_ENCODER.items() if k != "dim"})
+    assert match_paper(no_dim).differences == ("feature dimension not recorded (paper 768)",)
+    assert match_paper(paper_metrics(feature_dim=768)).comparable
+    # where the appendix gives only per-class averages, no match can be claimed
+    core50 = match_paper(paper_metrics(dataset="core50", n_tasks=9))
+    assert not core50.comparable and all("no exact count for CORe50" in d for d in core50.differences)
+    assert [row.dataset for row in TABLE2 if row.n_train is not None] == ["cifar100", "dtd", "tinyimagenet"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -148,10 +201,11 @@ def test_evaluate_writes_valid_plots_and_plot_data(tmp_path):
     names = {f.name for f in ev.files}
     assert names == {"accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png", "accuracy_matrix.csv",
                      "steps.csv", "weight_norms.csv", "gamma.csv", "summary.md", "scores.json"}
-    best = max(make_sweep()["results"], key=lambda r: r["A_avg"])
+    best = max(make_sweep()["results"], key=lambda r: r["A_avg"])  # an old sweep: chosen by test A_avg
     assert json.loads((out / "scores.json").read_text()) == pytest.approx(
         {"A_avg": A_AVG, "A_last": A_LAST, "F": F, "F_published_code": F_PUBLISHED,
-         "sweep_best_gamma": best["gamma"], "sweep_best_A_avg": best["A_avg"]})
+         "sweep_selected_gamma": best["gamma"], "sweep_selected_A_avg": best["A_avg"],
+         "sweep_oracle_gamma": best["gamma"], "sweep_oracle_A_avg": best["A_avg"]})
     for name in ("accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png"):
         width, height = png_size(out / name)
         assert width >= 300 and height >= 250, name
@@ -191,16 +245,18 @@ def test_summary_numbers_match_metrics_json(tmp_path):
         cells = summary_value(text, str(i + 1))
         assert [float(c) for c in cells[: i + 1]] == pytest.approx([100 * v for v in row], abs=0.05)
         assert float(cells[-1]) == pytest.approx(100 * A_STEPS[i], abs=0.005)
-    assert "no `digits` column" in text
+    assert "no `digits` column" in text and text.startswith("# F-OAL run: run (digits)\n")
     best = max(make_sweep()["results"], key=lambda r: r["A_avg"])
-    assert f"Best gamma by A_avg: {best['gamma']:g} ({100 * best['A_avg']:.2f}%)" in text
+    assert f"Selected gamma: {best['gamma']:g}, by test A_avg (old sweep) (test A_avg {100 * best['A_avg']:.2f}%)" in text
+    assert "predates GCV and leave-one-out" in text and "The test-set oracle would pick" not in text
+    assert f"From `{run / 'sweep.json'}`.\n" in text  # no GCV or LOO in an old sweep
     for name in ("accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png"):
         assert f"({name})" in text
 
 
 def test_summary_shows_the_papers_numbers_when_settings_match(tmp_path):
     sweep = make_sweep(dataset="cifar100", encoder=PAPER_ENCODER, n_tasks=10)
-    sweep["tasks"] = [[k] for k in range(10)]
+    sweep.update(tasks=[[k] for k in range(10)], n_train_seen=50_000, n_test=10_000)
     run = make_run(tmp_path / "run", paper_metrics(), sweep=sweep)
     ev = evaluate(run)
     assert ev.paper.comparable
@@ -209,8 +265,9 @@ def test_summary_shows_the_papers_numbers_when_settings_match(tmp_path):
     assert summary_value(text, "A_last (%)")[1] == "86.5"
     assert summary_value(text, "F (%)")[1] == "5.5"
     # the appendix's gamma table beside the sweep: gamma 1e-3 -> 87.2, gamma 100 -> 91.1
-    assert summary_value(text, "0.001")[-1] == "87.2"
-    assert summary_value(text, "100")[-1] == "91.1"
+    assert summary_value(text, "0.001")[-2:] == ["87.2", ""]
+    assert summary_value(text, "0.01")[-2:] == ["90.3", "selected, test oracle"]  # an old sweep: by test A_avg
+    assert summary_value(text, "100")[-2] == "91.1"
     assert "normalize True (published code: False)" in text  # departures from the published code are listed
 
 
@@ -220,6 +277,14 @@ def test_summary_says_why_a_run_is_not_compared(tmp_path):
     text = (run / "eval" / "summary.md").read_text()
     assert summary_value(text, "A_avg (%)") == [f"{100 * A_AVG:.2f}"]  # no paper column
     assert "Not compared with the paper's CIFAR-100 column" in text and "gamma 0.1 (paper 1)" in text
+
+
+def test_summary_claims_no_match_when_the_data_differ(tmp_path):
+    run = make_run(tmp_path / "run", paper_metrics(n_test=9_000))
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    assert summary_value(text, "A_avg (%)") == [f"{100 * A_AVG:.2f}"]
+    assert "this run differs in test rows 9,000 (paper 10,000)." in text
 
 
 def test_inconsistent_metrics_are_reported_not_hidden(tmp_path):
@@ -248,7 +313,7 @@ def test_optional_inputs_are_optional(tmp_path):
 
 def test_cli_evaluate(tmp_path):
     run = make_run(tmp_path / "run")
-    sweep_dir = tmp_path / "run-sweep"
+    sweep_dir = tmp_path / "elsewhere"
     sweep_dir.mkdir()
     (sweep_dir / "sweep.json").write_text(json.dumps(make_sweep()))
     result = runner.invoke(app, ["evaluate", "--run", str(run), "--sweep", str(sweep_dir), "--out",
@@ -310,8 +375,8 @@ def test_cli_summary_table(tmp_path):
     out = result.output
     assert out.count(f"{100 * A_AVG:.2f}") == 2 and f"{100 * A_LAST:.2f}" in out
     assert "91.1 / 86.5 / 5.5" in out  # the comparable cifar100 run
-    # the sweep's best gamma (listed last) and its A_avg
-    assert re.search(r"0\.01\*\s+85\.00\s+75\.00\s+5\.00", out) and "of 6 tried" in out
+    # the old sweep's gamma, chosen by test A_avg (listed last), and its A_avg
+    assert re.search(r"0\.01\*\s+85\.00\s+75\.00\s+5\.00", out) and "of 6 by test A_avg (old sweep)" in out
     assert "does not exist" in _error(runner.invoke(app, ["summary", str(tmp_path / "nowhere")]))
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -355,3 +420,254 @@ def test_readme_evaluation_example_runs(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert "summary.md" in printed[0] and printed[1] == "None" and printed[2] == "91.1"
     assert (tmp_path / "runs/digits/eval/weight_norms.png").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Byte-stable, atomic output
+
+
+def test_evaluate_twice_gives_identical_bytes(tmp_path):
+    """DVC hashes the outputs: the same run must give the same bytes, PNGs included."""
+    run = make_run(tmp_path / "run", make_metrics(gamma="auto", gammas_selected=[0.1, 1.0, 1.0], selected_by="loo"),
+                   sweep=new_sweep())
+    first = {f.name: f.read_bytes() for f in evaluate(run).files}
+    again = evaluate(run).files
+    assert {f.name: f.read_bytes() for f in again} == first
+    other = evaluate(run, out=tmp_path / "other").files  # a fresh directory, another process state
+    assert {f.name: f.read_bytes() for f in other} == first
+    assert {name for name in first if name.endswith(".png")} == {
+        "accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png"}
+    for name in ("accuracy_matrix.png", "gamma.png"):
+        kinds = [kind for kind, _ in png_chunks(run / "eval" / name)]
+        assert b"tIME" not in kinds
+        assert not [body for kind, body in png_chunks(run / "eval" / name) if kind == b"tEXt" and b"Software" in body]
+    assert not list(run.glob(".eval.tmp-*")), "temporary directories left behind"
+
+
+def test_failed_evaluation_leaves_the_previous_one(tmp_path, monkeypatch):
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.evaluate import evaluation
+
+    run = make_run(tmp_path / "run", sweep=new_sweep())
+    before = {f.name: f.read_bytes() for f in evaluate(run).files}
+    (run / "metrics.json").write_text(json.dumps(make_metrics(A_avg=0.5)))
+
+    def broken(*args, **kwargs):
+        raise FoalPipeError("disk full")
+
+    monkeypatch.setattr(evaluation, "plot_gamma", broken)
+    with pytest.raises(FoalPipeError, match="disk full"):
+        evaluate(run)
+    assert {p.name: p.read_bytes() for p in (run / "eval").iterdir()} == before
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding the sweep
+
+
+def test_evaluate_finds_the_pipelines_sweep_beside_the_run(tmp_path):
+    run = make_run(tmp_path / "runs" / "digits")
+    (tmp_path / "runs" / "digits-sweep").mkdir()
+    (tmp_path / "runs" / "digits-sweep" / "sweep.json").write_text(json.dumps(new_sweep()))
+    ev = evaluate(run)
+    assert ev.run.sweep_path == tmp_path / "runs" / "digits-sweep" / "sweep.json" and not ev.notes
+    assert "gamma.png" in {f.name for f in ev.files}
+    assert f"From `{tmp_path / 'runs' / 'digits-sweep' / 'sweep.json'}`" in (run / "eval" / "summary.md").read_text()
+    # RUN/sweep.json comes first when both exist
+    (run / "sweep.json").write_text(json.dumps(make_sweep()))
+    assert evaluate(run).run.sweep_path == run / "sweep.json"
+
+
+def test_evaluate_says_when_no_sweep_is_found(tmp_path):
+    run = make_run(tmp_path / "runs" / "digits", sweep=make_sweep())
+    evaluate(run)
+    assert (run / "eval" / "gamma.png").exists()
+    (run / "sweep.json").unlink()
+    ev = evaluate(run)
+    assert len(ev.notes) == 1
+    note = ev.notes[0]
+    assert str(run / "sweep.json") in note and str(tmp_path / "runs" / "digits-sweep" / "sweep.json") in note
+    assert not (run / "eval" / "gamma.png").exists() and not (run / "eval" / "gamma.csv").exists()
+    assert note in (run / "eval" / "summary.md").read_text()
+    result = runner.invoke(app, ["evaluate", "--run", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "Note: No gamma sweep found" in result.output
+
+
+# --------------------------------------------------------------------------------------------------
+# What metrics.json may hold: with or without wall times, gamma "auto"
+
+
+def test_metrics_with_or_without_seconds_evaluate_alike(tmp_path):
+    a = evaluate(make_run(tmp_path / "a" / "run", make_metrics(), model=False), out=tmp_path / "ea")
+    b = evaluate(make_run(tmp_path / "b" / "run", make_metrics(seconds=3.5), model=False), out=tmp_path / "eb")
+    text_a = (a.out / "summary.md").read_text().replace(str(tmp_path / "a"), "DIR")
+    text_b = (b.out / "summary.md").read_text().replace(str(tmp_path / "b"), "DIR")
+    assert text_a == text_b and " s " not in text_a  # no wall time in the summary: it would change every run
+
+
+def test_gamma_auto_is_shown_with_the_gammas_chosen(tmp_path):
+    metrics = make_metrics(gamma="auto", gammas_selected=[0.01, 1.0, 100.0], selected_by="gcv")
+    run = make_run(tmp_path / "runs" / "auto", metrics, model=False)
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    assert text.startswith("# F-OAL run: auto (digits)\n")  # the run's name, and its dataset
+    assert "gamma=auto" in text
+    assert "by GCV (generalised cross-validation, from the Gram statistics alone): T1 0.01, T2 1, T3 100." in text
+    result = runner.invoke(app, ["summary", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\s3\s+1000\s+auto\s+" + re.escape(f"{100 * A_AVG:.2f}"), result.output), result.output
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"gamma": "big"}, "expected a number > 0 or \"auto\""),
+        ({"gamma": -1}, "expected a number > 0"),
+        ({"gamma": "auto"}, "'gammas_selected' is not a list of 3 positive numbers"),
+        ({"gamma": "auto", "gammas_selected": [1.0, 1.0]}, "not a list of 3 positive numbers"),
+    ],
+)
+def test_bad_gamma_in_metrics_is_refused(tmp_path, overrides, message):
+    (tmp_path / "metrics.json").write_text(json.dumps(make_metrics(**overrides)))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_metrics(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# The sweep's choice of gamma (GCV, leave-one-out, the test oracle)
+
+
+def test_selected_gamma_and_criteria_in_summary_scores_and_csv(tmp_path):
+    run = make_run(tmp_path / "run", sweep=new_sweep())
+    evaluate(run)
+    out = run / "eval"
+    text = (out / "summary.md").read_text()
+    by_gamma = {r["gamma"]: r for r in new_sweep()["results"]}
+    assert "Selected gamma: 1, by leave-one-out MSE on the training rows seen (test A_avg 83.00%)." in text
+    assert "The test-set oracle would pick 100 (test A_avg 85.00%)" in text
+    assert "**Note:**" not in text  # gamma 1 is inside the grid
+    # the table: GCV, LOO accuracy and LOO MSE at the last boundary; the choices marked
+    table = text.split("## Gamma sweep")[1]
+    assert summary_value(table, "1") == ["83.00", "73.00", "5.00", "0.5", "88.00", "0.1", "selected"]
+    assert summary_value(table, "100") == ["85.00", "75.00", "5.00", "0.7", "84.00", "0.12", "test oracle"]
+    assert summary_value(table, "0.001")[-1] == ""
+    scores = json.loads((out / "scores.json").read_text())
+    assert (scores["sweep_selected_gamma"], scores["sweep_oracle_gamma"]) == (1.0, 100.0)
+    assert scores["sweep_selected_A_avg"] == pytest.approx(by_gamma[1.0]["A_avg"])
+    assert scores["sweep_oracle_A_avg"] == pytest.approx(by_gamma[100.0]["A_avg"])
+    rows = {float(r["gamma"]): r for r in csv.DictReader((out / "gamma.csv").open())}
+    for g, r in by_gamma.items():
+        assert float(rows[g]["gcv"]) == pytest.approx(r["gcv"][-1])
+        assert float(rows[g]["loo_accuracy"]) == pytest.approx(100 * r["loo_accuracy"][-1])
+        assert float(rows[g]["loo_mse"]) == pytest.approx(r["loo_mse"][-1])
+
+
+@pytest.mark.parametrize(
+    ("selected_by", "best", "criterion"),
+    [
+        ("loo", 1.0, "by leave-one-out MSE on the training rows seen"),
+        ("gcv", 0.1, "by GCV (generalised cross-validation, from the Gram statistics alone)"),
+        ("test", 100.0, "by test A_avg (an oracle: it peeks at the test split)"),
+    ],
+)
+def test_summary_names_the_criterion(tmp_path, selected_by, best, criterion):
+    run = make_run(tmp_path / "run", model=False, sweep=new_sweep(selected_by=selected_by, best=best))
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    assert f"Selected gamma: {best:g}, {criterion}" in text
+    assert ("The test-set oracle would pick" in text) == (selected_by != "test")
+    assert select(read_sweep(run / "sweep.json")).gamma == best
+
+
+@pytest.mark.parametrize(("best", "edge"), [(1e-3, "smallest"), (100.0, "largest"), (10.0, None)])
+def test_a_choice_at_the_edge_of_the_grid_is_flagged(tmp_path, best, edge):
+    run = make_run(tmp_path / "run", model=False, sweep=new_sweep(selected_by="gcv", best=best))
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    assert select(read_sweep(run / "sweep.json")).at_edge == edge
+    if edge:
+        assert f"**Note:** the selected gamma is the {edge} in the grid" in text
+    else:
+        assert "**Note:**" not in text
+
+
+def test_sweep_without_leave_one_out(tmp_path):
+    """`sweep --no-loo` writes null LOO lists: GCV is still shown, LOO cells are empty."""
+    run = make_run(tmp_path / "run", model=False, sweep=new_sweep(selected_by="gcv", best=1.0, loo=False))
+    ev = evaluate(run)
+    assert "gamma.png" in {f.name for f in ev.files}
+    text = (run / "eval" / "summary.md").read_text()
+    assert summary_value(text.split("## Gamma sweep")[1], "1") == ["83.00", "73.00", "5.00", "0.5", "-", "-", "selected"]
+    rows = list(csv.DictReader((run / "eval" / "gamma.csv").open()))
+    assert {r["loo_accuracy"] for r in rows} == {""} and all(r["gcv"] for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"selected_by": "magic"}, "'selected_by' is 'magic'"),
+        ({"best_gamma": 3.0}, "'best_gamma' 3.0 is not one of the gammas"),
+        ({"best_gamma_test": "x"}, "'best_gamma_test' 'x' is not one of the gammas"),
+    ],
+)
+def test_bad_sweep_selection_is_refused(tmp_path, change, message):
+    (tmp_path / "sweep.json").write_text(json.dumps({**new_sweep(), **change}))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_sweep(tmp_path)
+
+
+def test_bad_sweep_criterion_values_are_refused(tmp_path):
+    sweep = new_sweep()
+    sweep["results"][2]["gcv"] = 0.5
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    with pytest.raises(ValueError, match=r"results\[2\]: 'gcv' should be a list of numbers"):
+        read_sweep(tmp_path)
+
+
+def test_gamma_plot_shows_test_accuracy_gcv_and_loo_with_the_choice(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from foal_pipe.evaluate import load_run, plots
+
+    figures = []
+
+    def capture(path, size, paint):
+        fig = Figure(figsize=size)
+        paint(fig)
+        figures.append(fig)
+        return path
+
+    monkeypatch.setattr(plots, "draw", capture)
+    sweep = new_sweep(best=1e-3)  # at the edge
+    run = load_run(make_run(tmp_path / "run", model=False, sweep=sweep))
+    plots.plot_gamma(run, tmp_path / "gamma.png", None)
+    left, right = figures[0].axes
+    assert left.get_xscale() == "log"
+    lines = {line.get_label(): line for line in left.get_lines()}
+    gammas = [r["gamma"] for r in sweep["results"]]
+    assert list(lines["test A_avg"].get_xdata()) == gammas
+    assert list(lines["test A_avg"].get_ydata()) == pytest.approx([100 * r["A_avg"] for r in sweep["results"]])
+    loo = lines["LOO accuracy (train rows seen)"]
+    assert list(loo.get_ydata()) == pytest.approx([100 * r["loo_accuracy"][-1] for r in sweep["results"]])
+    assert list(lines["selected γ = 0.001 (LOO MSE)"].get_xdata()) == [1e-3, 1e-3]
+    assert list(lines["test oracle γ = 100"].get_xdata()) == [100.0, 100.0]
+    (gcv,) = right.get_lines()
+    assert gcv.get_label() == "GCV, last task (right axis)"
+    assert list(gcv.get_ydata()) == pytest.approx([r["gcv"][-1] for r in sweep["results"]])
+    assert "selected γ is the smallest tried" in left.get_title()
+    legend = [text.get_text() for text in figures[0].legends[0].get_texts()]
+    assert "GCV, last task (right axis)" in legend and "selected γ = 0.001 (LOO MSE)" in legend
+
+
+def test_cli_summary_shows_the_selected_gamma_and_timings(tmp_path):
+    make_run(tmp_path / "runs" / "digits", model=False)
+    (tmp_path / "runs" / "digits" / "timings.json").write_text(json.dumps({"phases": {"train": 1.0}, "total": 2.5}))
+    (tmp_path / "runs" / "digits-sweep").mkdir()
+    (tmp_path / "runs" / "digits-sweep" / "sweep.json").write_text(json.dumps(new_sweep()))
+    result = runner.invoke(app, ["summary", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\s1\*\s+83\.00\s+73\.00\s+5\.00", result.output), result.output
+    assert "of 6 by LOO MSE" in result.output
+    assert re.search(rf"{100 * A_AVG:.2f}\s+{100 * A_LAST:.2f}\s+{100 * F:.2f}\s+2\.5", result.output), result.output

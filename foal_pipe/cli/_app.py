@@ -1,4 +1,9 @@
-"""The typer application and the one place user errors become ``Error: ...`` and exit status 1."""
+"""The typer application and the one place user errors become ``Error: ...`` and exit status 1.
+
+Also what every command module shares for a readable ``--help`` and readable logs: :func:`choice` (an option
+with a fixed set of values, listed in ``--help``), :func:`flag` (an on/off option, no value placeholder),
+and consoles that do not fold long paths when the output is a file or a pipe.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +11,97 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from foal_pipe.errors import FoalPipeError
 
-app = typer.Typer(
+#: Modules of the optional extras -> the extra that installs them; the light install (`pip install foal-pipe`)
+#: has none of them, so a command that needs one says what to install.
+EXTRAS = {
+    "torch": "extract", "torchvision": "extract", "timm": "extract", "h5py": "extract",
+    "dask": "dist", "distributed": "dist", "cupy": "gpu",
+}
+
+#: Console width when the output is not a terminal (a log file, a pipe) and ``COLUMNS`` is not set: wide
+#: enough that paths and table rows stay on one line instead of being folded at rich's default of 80.
+LOG_WIDTH = 512
+
+
+def _console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        if "COLUMNS" not in os.environ:
+            console.width = LOG_WIDTH
+    return console
+
+
+class _HelpFlag:
+    """``--help`` is a flag: no ``<bool>`` placeholder beside it."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpFlag, TyperCommand):
+    pass
+
+
+class _Group(_HelpFlag, TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    """Commands registered with ``@app.command()`` get :class:`_Command` unless they name another class; a
+    missing optional dependency ends any command with one line naming the extra to install."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            module = (exc.name or "").split(".")[0]
+            if module not in EXTRAS or os.environ.get("FOAL_PIPE_DEBUG"):
+                raise
+            err_console.print(f"[bold red]Error:[/] this command needs {module}, which the light install leaves out; "
+                              f"install it with: pip install 'foal-pipe\\[{EXTRAS[module]}]'", highlight=False)
+            raise SystemExit(1) from None
+
+
+app = _App(
     name="foal-pipe",
     help="F-OAL: frozen-ViT features to a Zarr cache, then exact online analytic learning.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_Group,
 )
-console = Console()
-err_console = Console(stderr=True)
+console = _console()
+err_console = _console(stderr=True)
+
+
+def choice(*values: str) -> Any:
+    """The type of an option with a fixed set of values: typer refuses others and ``--help`` shows ``<a|b|c>``.
+
+    Use as ``Annotated[choice("gram", "rls"), typer.Option(...)]``; the command receives the plain string.
+    """
+    return Literal[values]
+
+
+def flag(*names: str, help: str) -> Any:  # noqa: A002 (typer's own parameter name)
+    """An on/off option (``--drop-last`` or ``--plots/--no-plots``): no value placeholder in ``--help``, and
+    the default is stated once, by ``help`` (``... Default: off.``)."""
+    return typer.Option(*names, help=help, metavar="", show_default=False)
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, user_errors
 
 
 @app.command()
@@ -30,7 +30,7 @@ def evaluate(
         Path | None,
         typer.Option(
             help="sweep.json (or its directory) from `foal-pipe sweep`, for the gamma plot. "
-            "Default: RUN/sweep.json if it exists, else no gamma plot.",
+            "Default: RUN/sweep.json, else RUN-sweep/sweep.json (where the pipeline writes it), else no gamma plot.",
         ),
     ] = None,
     model: Annotated[
@@ -41,9 +41,8 @@ def evaluate(
         ),
     ] = None,
     plots: Annotated[
-        bool,
-        typer.Option(help="Draw the PNG plots (--no-plots: only CSV plot data and summary.md). Default: --plots.",
-                     show_default=False),
+        bool, flag("--plots/--no-plots", help="Draw the PNG plots (--no-plots: only CSV plot data and summary.md). "
+                   "Default: --plots."),
     ] = True,
 ) -> None:
     """Plot a run (accuracy matrix, A_i per step, weight norms, gamma curve) and write summary.md.
@@ -57,6 +56,8 @@ def evaluate(
         ev = run_evaluation(run, out=out, sweep=sweep, model=model, plots=plots)
         for warning in ev.warnings:
             err_console.print(f"[bold yellow]Warning:[/] {warning}", highlight=False, soft_wrap=True)
+        for note in ev.notes:
+            err_console.print(f"Note: {note}", highlight=False, soft_wrap=True, markup=False)
         m = ev.run.metrics
         line = f"{ev.run.dataset}: A_avg {pct(m['A_avg'])}  A_last {pct(m['A_last'])}  F {pct(m['F'])} (%)"
         if ev.paper is not None and ev.paper.comparable:
@@ -77,6 +78,7 @@ def summary(
             help="Run directories, metrics.json or sweep.json files; directories are searched recursively. "
             "Default: runs.",
             show_default=False,
+            metavar="PATHS",
         ),
     ] = None,
 ) -> None:
@@ -91,7 +93,7 @@ def summary_table(paths: list[Path]) -> Table:
     The paper column appears when a run's dataset is in the paper's Table 2; runs that are not
     comparable say how many settings differ (``foal-pipe evaluate`` writes which ones to summary.md).
     """
-    from foal_pipe.evaluate import find_runs, pct
+    from foal_pipe.evaluate import find_runs, gamma_text, pct, result_at, select
     from foal_pipe.paper import match_paper
 
     found = find_runs(paths, on_error=lambda message: err_console.print(
@@ -118,7 +120,7 @@ def summary_table(paths: list[Path]) -> Table:
         if entry.metrics is not None:
             m, match = entry.metrics, matches[entry.path]
             row = [label(entry.path, m), str(m.get("n_tasks", len(m["accuracy_matrix"]))),
-                   number(m.get("projection_dim"), "d"), number(m.get("gamma"), "g"),
+                   number(m.get("projection_dim"), "d"), gamma_text(m),
                    pct(m["A_avg"]), pct(m["A_last"]), pct(m["F"])]
             if with_paper:
                 row.append(
@@ -126,16 +128,16 @@ def summary_table(paths: list[Path]) -> Table:
                     else f"{match.row.A_avg} / {match.row.A_last} / {match.row.F}" if match.comparable
                     else f"not comparable: {len(match.differences)} settings differ"
                 )
-            table.add_row(*row, number(m.get("seconds"), ".1f"))
+            table.add_row(*row, number(entry.seconds, ".1f"))
         if entry.sweep is not None:
             s = entry.sweep
-            sweeps.append(len(s["results"]))
-            best = max(s["results"], key=lambda r: r["A_avg"])
+            choice = select(s)
+            sweeps.append(f"{len(s['results'])} by {choice.short}")
+            best = result_at(s, choice.gamma)
             tasks = s.get("n_tasks", len(s["tasks"]) if isinstance(s.get("tasks"), list) else "?")
             row = [label(entry.path, s), str(tasks), number(s.get("projection_dim"), "d"), f"{best['gamma']:g}*",
                    pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"])]
-            table.add_row(*row, *([""] if with_paper else []), number(s.get("seconds"), ".1f"))
+            table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
     if sweeps:
-        tried = ", ".join(map(str, sweeps))
-        table.caption = f"*: a sweep's best gamma by A_avg (of {tried} tried) and its numbers"
+        table.caption = f"*: a sweep's selected gamma (of {', '.join(sweeps)}) and its test numbers"
     return table
