@@ -78,7 +78,8 @@ def test_light_commands_run_without_torch_timm_or_dask(tmp_path):
         ["predict", "--model", "runs/toy/model.safetensors", "--features", "s.zarr", "--out", "pred.csv"],
         ["evaluate", "--run", "runs/toy"],
         ["summary", "runs"],
-        ["extract", "--model", "pixels", "--out", "x.zarr"],
+        ["extract", "--model", "vit_tiny_patch16_224", "--out", "vit.zarr"],
+        ["extract", "--out", "x.zarr", "--model", "pixels"],  # pixels needs no torch
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     env.pop("FOAL_PIPE_DEBUG", None)
@@ -91,7 +92,8 @@ def test_light_commands_run_without_torch_timm_or_dask(tmp_path):
              for line in lines if line.startswith("EXIT ")}
     assert len(exits) == len(commands)
     assert {cmd: code for cmd, code in exits.items() if code != 0} == {"extract --model": 1}, proc.stderr
-    assert "install it with: pip install 'foal-pipe[extract]'" in proc.stderr
+    assert "pip install 'foal-pipe[extract]'" in proc.stderr and not (tmp_path / "vit.zarr").exists()
+    assert (tmp_path / "x.zarr" / "zarr.json").is_file()
     assert (tmp_path / "runs/toy/eval/gamma.png").is_file() and (tmp_path / "pred.csv").is_file()
     assert "LEARNER 60" in lines and "LOADED []" in lines
 

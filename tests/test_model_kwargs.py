@@ -11,11 +11,10 @@ import zarr
 from conftest import TINY_VIT, TINY_VIT_KWARGS
 from typer.testing import CliRunner
 
-import foal_pipe.extract as ex
 from foal_pipe.cli import app
 from foal_pipe.encoders import EncoderConfig, format_model_kwargs, parse_model_kwargs
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store import open_store
+from foal_pipe.store import FeatureWriter, open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -128,7 +127,7 @@ class Boom(Exception):
 
 def test_an_interrupted_custom_architecture_resumes(tmp_path, monkeypatch, tiny_store, tiny_vit_checkpoint):
     out = tmp_path / "r.zarr"
-    real = ex._write_chunk
+    real = FeatureWriter.write
     calls = []
 
     def once(*args):
@@ -137,9 +136,9 @@ def test_an_interrupted_custom_architecture_resumes(tmp_path, monkeypatch, tiny_
         calls.append(1)
         real(*args)
 
-    monkeypatch.setattr(ex, "_write_chunk", once)
+    monkeypatch.setattr(FeatureWriter, "write", once)
     assert isinstance(_extract(out, tiny_vit_checkpoint).exception, Boom)
-    monkeypatch.setattr(ex, "_write_chunk", real)
+    monkeypatch.setattr(FeatureWriter, "write", real)
     result = _extract(out, tiny_vit_checkpoint)
     assert result.exit_code == 0 and "resumed from train 512" in result.output, result.output
     np.testing.assert_array_equal(np.asarray(open_store(out).train.features[:]),
