@@ -151,7 +151,7 @@ def _settle(path: Path, tmp: Path) -> None:
         _remove(leftover)
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def exchange(a: Path, b: Path) -> bool:
     """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -182,7 +182,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~_umask())
         if path.is_dir():
             (tmp.with_name(tmp.name + _JOURNAL)).write_text(str(tmp.stat().st_ino))
-            if not _exchange(tmp, path):
+            if not exchange(tmp, path):
                 os.rename(path, tmp.with_name(tmp.name + _OLD))
                 os.rename(tmp, path)
         else:

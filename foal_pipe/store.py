@@ -45,7 +45,7 @@ from foal_pipe.chunks import (
     rows_text,
 )
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import _exchange, write_json
+from foal_pipe.io import exchange, write_json
 from foal_pipe.lock import exclusive_lock
 
 FORMAT = "foal-pipe/features"
@@ -745,7 +745,7 @@ def replace_store(new: str | Path, out: str | Path) -> None:
     the old one; the sidecar log moves with it. A reader of the old store notices (see ``check_unchanged``)."""
     new, out = Path(new), Path(out)
     with _writing(out, "the replaced store"):
-        if out.exists() and _exchange(new, out):
+        if out.exists() and exchange(new, out):
             shutil.rmtree(new)
         else:
             old = out.with_name(f".{out.name}.old-{os.getpid()}")

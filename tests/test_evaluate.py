@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.evaluate import evaluate, read_metrics, read_sweep, select
 from foal_pipe.metrics import summarize
+from foal_pipe.modelfile import write_model
 from foal_pipe.paper import PAPER_BACKBONE, TABLE2, match_paper, paper_row
 
 runner = CliRunner()
@@ -54,10 +54,11 @@ def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep:
         classes = np.array([0, 1, 3, 5, 7, 9], dtype=np.int64)
         W = np.zeros((4, classes.size))
         W[0] = classes + 1.0
-        names = [f"class{c}" for c in range(10)]
-        save_file({"W": W, "classes": classes, "projection": np.ones((2, 4))}, str(path / "model.safetensors"),
-                  metadata={"gamma": "1.0", "dataset": "digits", "encoder": json.dumps(PIXELS),
-                            "classes_names": json.dumps(names)})
+        names = [f"class{c}" for c in classes]
+        write_model(path / "model.safetensors",
+                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": W},
+                    {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 10, "dataset": "digits",
+                     "encoder": PIXELS, "class_names": names})
     if sweep is not None:
         (path / "sweep.json").write_text(json.dumps(sweep))
     return path
@@ -355,7 +356,7 @@ def test_cli_evaluate_other_bad_inputs(tmp_path):
     assert "does not exist" in _error(runner.invoke(app, ["evaluate", "--run", str(tmp_path / "missing")]))
     run = make_run(tmp_path / "run", model=False)
     (run / "model.safetensors").write_bytes(b"garbage")
-    assert "not a readable safetensors model" in _error(runner.invoke(app, ["evaluate", "--run", str(run)]))
+    assert "is not a safetensors model" in _error(runner.invoke(app, ["evaluate", "--run", str(run)]))
     (run / "model.safetensors").unlink()
     (tmp_path / "s.json").write_text(json.dumps({"gammas": [1]}))
     err = _error(runner.invoke(app, ["evaluate", "--run", str(run), "--sweep", str(tmp_path / "s.json")]))

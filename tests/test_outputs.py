@@ -221,7 +221,7 @@ def _text_fails(marker: str):
 
 FAULTS = {
     "rename of a file": lambda mp: mp.setattr(os, "replace", _enospc),
-    "swap of the directory": lambda mp: mp.setattr("foal_pipe.io._exchange", _enospc),
+    "swap of the directory": lambda mp: mp.setattr("foal_pipe.io.exchange", _enospc),
     "JSON text": _text_fails(".json.tmp-"),
     "journal": _text_fails(".swap"),
     "model bytes": lambda mp: mp.setattr("foal_pipe.modelfile.open", _FullDisk, raising=False),
@@ -348,7 +348,7 @@ from pathlib import Path
 import foal_pipe.io as io
 
 out, point = Path(sys.argv[1]), sys.argv[2]
-real_exchange, real_rename, renames = io._exchange, os.rename, []
+real_exchange, real_rename, renames = io.exchange, os.rename, []
 
 def exchange(a, b):
     if point == "journal":
@@ -367,7 +367,7 @@ def rename(a, b):
     if limit is not None and len(renames) == limit:
         os._exit(9)
 
-io._exchange, os.rename = exchange, rename
+io.exchange, os.rename = exchange, rename
 with io.atomic_dir(out) as tmp:
     (tmp / "model").write_text("new")
     if point == "writing":
@@ -414,7 +414,7 @@ if os.environ.get({SLOW!r}):
             return f(*args, **kwargs)
         return call
 
-    os.replace, os.rename, io._exchange = slow(os.replace), slow(os.rename), slow(io._exchange)
+    os.replace, os.rename, io.exchange = slow(os.replace), slow(os.rename), slow(io.exchange)
 """
 
 

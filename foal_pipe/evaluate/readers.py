@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.modelfile import read_model
 from foal_pipe.metrics import summarize
 
 METRICS_FILE = "metrics.json"
@@ -206,32 +207,10 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
 def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
     """Per-class L2 norms of W's columns from a ``model.safetensors``: ``(labels, norms, class names)``.
 
-    Only ``W`` and ``classes`` are read (not the learner state); names come from the ``classes_names``
-    metadata when ``learn`` stored it.
+    The file is validated by :func:`foal_pipe.modelfile.read_model`, but only ``W`` and ``classes`` are read
+    (not the learner state); names come from the ``class_names`` metadata, one per column of ``W``.
     """
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FoalPipeError(f"model file {path} does not exist; re-run `foal-pipe learn` or leave out --model")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            keys, meta = set(f.keys()), f.metadata() or {}
-            if not {"W", "classes"} <= keys:
-                raise FoalPipeError(f"{path} lacks the tensor 'W' or 'classes'; pass the model.safetensors learn wrote")
-            W, classes = np.asarray(f.get_tensor("W")), np.asarray(f.get_tensor("classes")).reshape(-1)
-    except FoalPipeError:
-        raise
-    except Exception:  # safetensors raises several types for a damaged or foreign file
-        raise FoalPipeError(f"{path} is not a readable safetensors model; re-run `foal-pipe learn`") from None
-    if W.ndim != 2 or W.shape[1] != classes.size:
-        raise FoalPipeError(
-            f"{path}: W has shape {W.shape} but there are {classes.size} class ids; expected W of shape (D, C)"
-        )
-    try:
-        names = json.loads(meta["classes_names"]) if "classes_names" in meta else None
-    except json.JSONDecodeError:
-        names = None
-    if not isinstance(names, list):
-        names = None
+    tensors, meta = read_model(path, names=("W", "classes"))
+    W, classes = tensors["W"], tensors["classes"].reshape(-1)
+    names = meta.get("class_names")
     return classes.astype(np.int64), np.linalg.norm(W.astype(np.float64), axis=0), names

@@ -34,7 +34,7 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
         {
             "position": pos,
             "label": int(labels[k]),
-            "name": names[int(labels[k])] if names and 0 <= int(labels[k]) < len(names) else "",
+            "name": names[k] if names else "",
             "task": task_of[int(labels[k])] + 1 if int(labels[k]) in task_of else "",
             "norm": float(norms[k]),
         }
