@@ -41,11 +41,13 @@ import zarr
 from foal_pipe.datasets import DatasetSplits, PreparedImages, open_dataset
 from foal_pipe.encoders import (
     PAPER_MODEL,
+    RESIZE_ON,
     Encoder,
     EncoderConfig,
     build_encoder,
     resolve_device,
     resolve_precision,
+    resolve_resize_on,
     torch_version,
 )
 from foal_pipe.errors import FoalPipeError
@@ -79,6 +81,8 @@ class ExtractSpec:
     ``batch_size=None``: 256 on CUDA, 32 on CPU. ``workers=None``: half the CPU cores, at most 8.
     ``out=None``: ``data/features/<dataset>.zarr``. ``model_kwargs`` (``--model-kwargs``) go to
     ``timm.create_model``; ``pretrained=False`` (Python API only) gives seeded random weights, for benchmarks.
+    ``resize_on`` (``--resize-on``): where images are resized, see :func:`resolve_resize_on`; it never changes
+    the features, so it is not among the store's settings.
     """
 
     dataset: str = "digits"
@@ -99,10 +103,13 @@ class ExtractSpec:
     precision: str = "auto"
     pretrained: bool = True
     model_kwargs: tuple[tuple[str, Any], ...] = ()
+    resize_on: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise FoalPipeError(f"unknown --dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if self.resize_on not in RESIZE_ON:
+            raise FoalPipeError(f"unknown --resize-on {self.resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
         for option, value in (("--chunk-rows", self.chunk_rows), ("--batch-size", self.batch_size)):
             if value is not None and value < 1:
                 raise FoalPipeError(f"{option} must be at least 1, got {value}")
@@ -120,7 +127,7 @@ class ExtractSpec:
 
 @dataclass
 class Inputs:
-    """An opened dataset and a described encoder, with the device and precision resolved."""
+    """An opened dataset and a described encoder, with the device, precision and resize place resolved."""
 
     data: DatasetSplits
     encoder: Encoder
@@ -128,7 +135,13 @@ class Inputs:
     precision: str
     batch_size: int
     workers: int
+    resize_on: str = "workers"
     loaded: bool = False
+
+    @property
+    def loaded_size(self) -> int:
+        """Side of the images the loader ships: the native size when the device resizes them."""
+        return self.data.native_size if self.resize_on == "device" else self.encoder.image_size
 
 
 def open_inputs(spec: ExtractSpec) -> Inputs:
@@ -140,7 +153,8 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
     encoder.device, encoder.precision = device, precision
     batch = spec.batch_size or (256 if device == "cuda" else 32)
     workers = spec.workers if spec.workers is not None else min(8, max(1, (os.cpu_count() or 2) // 2))
-    return Inputs(data, encoder, device, precision, batch, workers)
+    resize_on = resolve_resize_on(spec.resize_on, data.native_size, encoder.image_size, encoder.interpolation, device)
+    return Inputs(data, encoder, device, precision, batch, workers, resize_on)
 
 
 def load_inputs(inputs: Inputs) -> Inputs:
@@ -189,7 +203,8 @@ def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
     import foal_pipe
 
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": inputs.device,
-            "batch_size": inputs.batch_size, "workers": inputs.workers, "checkpoint": spec.checkpoint,
+            "batch_size": inputs.batch_size, "workers": inputs.workers, "resize_on": inputs.resize_on,
+            "checkpoint": spec.checkpoint,
             "torch_version": torch_version(), "foal_pipe_version": foal_pipe.__version__}
 
 
@@ -386,7 +401,7 @@ def extract_rows(
         return
     n, step = writer.n_rows, writer.chunk_rows
     encoder, source = inputs.encoder, inputs.data.split(split)
-    images = PreparedImages(source, encoder.image_size, encoder.interpolation)
+    images = PreparedImages(source, inputs.loaded_size, encoder.interpolation)
     batches = [list(range(b, min(b + inputs.batch_size, c_hi)))
                for c_lo, c_hi in chunk_ranges(n, step, lo, hi) for b in range(c_lo, c_hi, inputs.batch_size)]
     buffer = np.empty((step, encoder.dim), dtype=spec.dtype)

@@ -208,12 +208,14 @@ def test_timm_preprocessing_uses_the_models_mean_std_unless_no_normalize(tiny_vi
     assert enc.mean == (0.5, 0.5, 0.5) and enc.interpolation == "bicubic"  # augreg ViT's pretrained_cfg
     clip = build_encoder(EncoderConfig("vit_base_patch16_clip_224.openai", pretrained=False))
     assert clip.mean == pytest.approx((0.48145466, 0.4578275, 0.40821073)) and clip.image_size == 224
-    white = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
-    assert torch.allclose(enc.preprocess(white), torch.ones(1, 3, 2, 2))
+    white = torch.full((1, 3, 32, 32), 255, dtype=torch.uint8)
+    ones, black = torch.ones(1, 3, 32, 32), torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
+    assert torch.allclose(enc.preprocess(white), ones)
     raw = build_encoder(_tiny(tiny_vit_checkpoint, normalize=False))
-    assert torch.allclose(raw.preprocess(white), torch.ones(1, 3, 2, 2))
-    assert torch.allclose(raw.preprocess(torch.zeros(1, 3, 2, 2, dtype=torch.uint8)), torch.zeros(1, 3, 2, 2))
-    assert torch.allclose(enc.preprocess(torch.zeros(1, 3, 2, 2, dtype=torch.uint8)), -torch.ones(1, 3, 2, 2))
+    assert torch.allclose(raw.preprocess(white), ones)
+    assert torch.allclose(raw.preprocess(black), torch.zeros(1, 3, 32, 32))
+    assert torch.allclose(enc.preprocess(black), -ones)
+    assert torch.allclose(enc.preprocess(white[..., :2, :2]), ones)  # other sizes are resized to the model's
 
 
 def test_bf16_autocast_on_cpu_is_close_to_fp32(tiny_vit_checkpoint):

@@ -90,3 +90,16 @@ def test_cuda_without_torch_names_the_install(tmp_path):
     assert "Error: --device cuda needs torch, which is not installed; run pip install 'foal-pipe[extract]'" \
         in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
+
+
+def test_resizing_without_torch_stays_in_the_workers(tmp_path):
+    """`--resize-on auto` resizes with PIL in the workers on a light install; asking for the device names torch."""
+    auto = _without("torch,torchvision,timm", "extract", "--model", "pixels", "--image-size", "12", "--chunk-rows",
+                    "512", "--out", str(tmp_path / "auto.zarr"))
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert "train 1,442 x 432" in auto.stdout and read_log(tmp_path / "auto.zarr")["runs"][-1]["resize_on"] == "workers"
+    device = _without("torch,torchvision,timm", "extract", "--model", "pixels", "--image-size", "12", "--resize-on",
+                      "device", "--out", str(tmp_path / "device.zarr"))
+    assert device.returncode == 1 and "Traceback" not in device.stderr
+    assert ("Error: --resize-on device needs torch, which is not installed: pip install 'foal-pipe[extract]'; use "
+            "--resize-on workers (or auto)") in " ".join(device.stderr.split())

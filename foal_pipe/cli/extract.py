@@ -107,6 +107,11 @@ def extract(
     device: Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
     precision: Annotated[str, typer.Option(help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
                          "CUDA, fp32 on CPU.")] = "auto",
+    resize_on: Annotated[str, typer.Option(help="Where images are resized to the model's size: workers (PIL, in the "
+                         "DataLoader workers) or device (the workers ship native-size batches and the encoder's device "
+                         "resizes them, exactly as PIL would; only for datasets whose images share one size). The "
+                         "features are the same either way. Default: auto = device on CUDA when the dataset has one "
+                         "native size, else workers.")] = "auto",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing store made with other settings "
                          "(or a complete one). Default: off: a store with the same settings is resumed, one with "
                          "other settings refused.")] = False,
@@ -134,6 +139,7 @@ def extract(
             model_kwargs=parse_model_kwargs(model_kwargs), fusion=fusion,
             token=token, image_size=image_size, normalize=normalize, dtype=dtype, chunk_rows=chunk_rows,
             batch_size=batch_size, workers=workers if scheduler == "local" else 0, device=device, precision=precision,
+            resize_on=resize_on,
         )
         progress = _RichProgress()
         try:
@@ -177,8 +183,9 @@ def _last_run(log: dict[str, Any] | None) -> dict[str, Any]:
     seconds = [r["seconds"] for r in runs if isinstance(r.get("seconds"), (int, float))]
     return {"created": runs[0].get("started"), "finished": runs[-1].get("finished"), "runs": len(runs),
             "seconds": round(sum(seconds), 3) if seconds else None,
-            "runtime": {k: runs[-1][k] for k in ("host", "device", "batch_size", "workers", "checkpoint",
-                                                   "torch_version", "foal_pipe_version", "scheduler") if k in runs[-1]}}
+            "runtime": {k: runs[-1][k] for k in ("host", "device", "batch_size", "workers", "resize_on",
+                                                   "checkpoint", "torch_version", "foal_pipe_version", "scheduler")
+                        if k in runs[-1]}}
 
 
 def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:

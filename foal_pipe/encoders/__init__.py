@@ -4,7 +4,8 @@
 other name is a timm model (:class:`TimmEncoder`), which must be a ViT family with ``blocks``. One module per
 concern: :mod:`.config` (what was asked, ``--model-kwargs``), :mod:`.runtime` (torch, device, precision),
 :mod:`.weights` (strict loading of checkpoints and hub weights, their provenance), :mod:`.fusion` (the fused
-block tokens), :mod:`.vit` and :mod:`.pixels` (the encoders). Importing this package imports no torch.
+block tokens), :mod:`.resize` (``--resize-on``: PIL's resize on the device), :mod:`.vit` and :mod:`.pixels`
+(the encoders). Importing this package imports no torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig, format_model_kwargs, parse_model_kwargs
 from foal_pipe.encoders.fusion import FUSIONS, TOKENS
 from foal_pipe.encoders.pixels import PixelsEncoder
+from foal_pipe.encoders.resize import RESIZE_ON, resize_on_device, resolve_resize_on
 from foal_pipe.encoders.runtime import DEVICES, PRECISIONS, resolve_device, resolve_precision, torch_version
 from foal_pipe.encoders.vit import TimmEncoder
 from foal_pipe.encoders.weights import CHECKPOINT_SUFFIXES
@@ -44,6 +46,7 @@ __all__ = [
     "FUSIONS",
     "PAPER_MODEL",
     "PRECISIONS",
+    "RESIZE_ON",
     "TOKENS",
     "Encoder",
     "EncoderConfig",
@@ -55,5 +58,7 @@ __all__ = [
     "parse_model_kwargs",
     "resolve_device",
     "resolve_precision",
+    "resolve_resize_on",
+    "resize_on_device",
     "torch_version",
 ]

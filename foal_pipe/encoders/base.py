@@ -12,6 +12,9 @@ from foal_pipe.encoders.config import EncoderConfig
 class Encoder:
     """A frozen encoder: uint8 images ``(B, 3, s, s)`` in, float32 features ``(B, dim)`` out.
 
+    Images of another size (one size per batch: a dataset's native size under ``--resize-on device``) are
+    first resized to ``s`` where the encoder computes, exactly as PIL would (:mod:`.resize`).
+
     An encoder is described cheaply first (no weights), so a store can be created and checked before any
     weights are fetched; :meth:`load` then loads the weights and moves them to a device.
 
@@ -39,7 +42,7 @@ class Encoder:
         return self
 
     def encode(self, images: Any) -> np.ndarray:
-        """uint8 images ``(B, 3, s, s)`` (a NumPy array or a CPU torch tensor) -> float32 NumPy ``(B, dim)``."""
+        """uint8 images ``(B, 3, h, w)`` (a NumPy array or a CPU torch tensor) -> float32 NumPy ``(B, dim)``."""
         raise NotImplementedError
 
     def _input_provenance(self) -> dict[str, Any]:

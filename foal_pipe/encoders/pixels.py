@@ -8,12 +8,14 @@ import numpy as np
 
 from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import EncoderConfig
+from foal_pipe.encoders.resize import resize_on_device
 from foal_pipe.errors import FoalPipeError
 
 
 class PixelsEncoder(Encoder):
     """The resized RGB image, flattened (``dim = 3 * s * s``); normalised to [-1, 1] by mean = std = 0.5
-    unless ``--no-normalize`` (then [0, 1]). Computes on the host in float32 whatever the device."""
+    unless ``--no-normalize`` (then [0, 1]). Computes on the host in float32 whatever the device; only a resize
+    of native-size images (``--resize-on device``) runs on the device, with torch."""
 
     def __init__(self, config: EncoderConfig, native_size: int | None = None):
         for option, value in (("--checkpoint", config.checkpoint), ("--model-kwargs", config.model_kwargs)):
@@ -41,9 +43,19 @@ class PixelsEncoder(Encoder):
         return super().load(device, "fp32")  # nothing to compute in reduced precision
 
     def encode(self, images: Any) -> np.ndarray:
-        x = np.asarray(images).astype(np.float32)
+        size = self.image_size
+        if tuple(images.shape[-2:]) == (size, size):
+            x = np.asarray(images).astype(np.float32)
+        else:  # native-size images (--resize-on device): resized where the encoder computes, as PIL would
+            x = self._resized(images)
         x /= np.float32(255.0)
         if self.config.normalize:
             x -= np.asarray(self.mean, np.float32).reshape(1, -1, 1, 1)
             x /= np.asarray(self.std, np.float32).reshape(1, -1, 1, 1)
         return x.reshape(x.shape[0], -1)
+
+    def _resized(self, images: Any) -> np.ndarray:
+        import torch
+
+        x = torch.as_tensor(images).to(self.device)
+        return resize_on_device(x, self.image_size, self.interpolation).cpu().numpy()

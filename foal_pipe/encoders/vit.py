@@ -11,6 +11,7 @@ import numpy as np
 from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig
 from foal_pipe.encoders.fusion import BlockFusion
+from foal_pipe.encoders.resize import resize_on_device
 from foal_pipe.encoders.runtime import autocast, require_extract_stack
 from foal_pipe.encoders.weights import Architecture, describe_weights, load_model
 from foal_pipe.errors import FoalPipeError
@@ -117,11 +118,15 @@ class TimmEncoder(Encoder):
         return self
 
     def preprocess(self, images: Any) -> Any:
-        """uint8 ``(B, 3, s, s)`` (any device) -> float32 on the encoder's device, scaled to [0, 1] and
-        normalised with ``mean``/``std`` when the config says so."""
+        """uint8 ``(B, 3, h, w)`` (any device) -> float32 ``(B, 3, s, s)`` on the encoder's device: resized
+        to ``s`` there when ``h, w`` differ (as PIL would), scaled to [0, 1] and normalised with
+        ``mean``/``std`` when the config says so."""
         import torch
 
-        x = images.to(self.device, non_blocking=True).float().div_(255.0)
+        x = images.to(self.device, non_blocking=True)
+        size = self.image_size
+        x = resize_on_device(x, size, self.interpolation) if tuple(x.shape[-2:]) != (size, size) else x.float()
+        x.div_(255.0)
         if self.config.normalize:  # in place: a batch of 256 ViT-B inputs is 154 MB in float32
             x.sub_(torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1))
             x.div_(torch.tensor(self.std, device=x.device).view(1, -1, 1, 1))

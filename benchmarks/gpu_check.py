@@ -1,0 +1,521 @@
+"""The GPU check: one script a session lent a device runs in one call (at most 8 minutes), writing one JSON.
+
+Parts (each in its own try/except and time limit; the JSON is rewritten after each, so a failure or a kill
+keeps what came before; a backend that is not there is recorded as ``{"skipped": reason}``):
+
+(a) ``learner``: ``AnalyticClassifier(gamma=1, engine=E, backend=B)`` for B in numpy, cupy, torch (torch on
+    CUDA when available) and E in gram, rls, fed the same random float64 batches: W against NumPy's and
+    against the closed-form ridge solution (relative max error, exact means <= 1e-9), and the predictions.
+(b) ``learn``: ``foal-pipe learn --backend B`` (subprocesses) on the 50,000 x 768 synthetic store
+    (benchmarks/synthetic.py), D = 1000, 10 tasks, batch 10, on the GPU (cupy, torch) against NumPy on the
+    host, for ``--engine gram`` and ``--engine rls`` (the paper's per-batch recursion): wall seconds, A_avg,
+    and W against NumPy's.
+(c) ``extract``: ViT-B/16 (``vit_base_patch16_224``, random weights saved as a safetensors checkpoint and
+    passed as ``checkpoint``) at 224 px from random 32 px uint8 images in an HDF5 file (20,000 train, 2,000
+    test) in bf16 at batch 256, through the Python API (``run_extract``): end-to-end images/s into a store
+    with the resize on the device and in the workers, peak GPU memory (``torch.cuda.max_memory_allocated``),
+    the model alone (the fused encoder's forward on device tensors, with and without the device resize from
+    32 px), and the CUDA resize against PIL (grey levels). Targets: >= 5,000 images/s end to end on an H100,
+    < 2 GB at batch 256.
+
+``--dry-run`` runs the same steps at toy sizes on the CPU (numpy and torch-on-CPU backends, cupy skipped
+without a GPU; a 2-block 32-dim ViT at 64 px, a few hundred images, a 2,000-row store) in well under a
+minute; tests/test_gpu_check.py runs it in CI.
+
+On a lent device (see benchmarks/gpu_check.sh for the exact commands): here, ``bash benchmarks/gpu_check.sh
+download`` puts the wheels the device image lacks into .whl/ (zarr and its dependencies, array-api-compat,
+setuptools for the editable install); then one call of the device tool's ``run`` with ``carry: [".whl"]``,
+``timeout_s: 540`` and the command ``bash benchmarks/gpu_check.sh device``, which installs them into
+/tmp/site, installs foal-pipe with ``pip install --no-deps -e .``, and runs
+``python3 benchmarks/gpu_check.py --out $OUT``. The table is printed at the end; $OUT/gpu_check.json holds
+everything.
+
+Usage: python benchmarks/gpu_check.py --out DIR [--dry-run] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/synthetic.py
+
+EXACT = 1e-9
+BACKENDS = ("numpy", "cupy", "torch")
+ENGINES = ("gram", "rls")
+TARGETS = {"end_to_end_images_per_s": ">= 5,000 on an H100", "peak_gpu_gib": "< 2 GB at batch 256"}
+CLI = "from foal_pipe.cli import main; main()"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What each part runs on; :data:`FULL` on a lent GPU, :data:`DRY` on a CPU (``--dry-run``)."""
+
+    a_rows: int
+    a_dim: int
+    a_classes: int
+    a_batch: dict[str, int]
+    b_rows: int
+    b_test: int
+    b_dim: int
+    model: str
+    model_kwargs: tuple[tuple[str, Any], ...]
+    image_size: int
+    c_train: int
+    c_test: int
+    c_batch: int
+    chunk_rows: int
+    workers: int | None
+    repeats: int
+    part_seconds: int
+
+
+FULL = Sizes(a_rows=20_000, a_dim=512, a_classes=50, a_batch={"gram": 1000, "rls": 100}, b_rows=50_000,
+             b_test=10_000, b_dim=1000, model="vit_base_patch16_224", model_kwargs=(), image_size=224,
+             c_train=20_000, c_test=2_000, c_batch=256, chunk_rows=1024, workers=None, repeats=10, part_seconds=150)
+DRY = Sizes(a_rows=600, a_dim=48, a_classes=6, a_batch={"gram": 100, "rls": 25}, b_rows=2_000, b_test=500,
+            b_dim=64, model="vit_tiny_patch16_224",
+            model_kwargs=(("depth", 2), ("embed_dim", 32), ("img_size", 64), ("num_heads", 2), ("patch_size", 8)),
+            image_size=64, c_train=192, c_test=64, c_batch=32, chunk_rows=64, workers=0, repeats=2, part_seconds=60)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------------
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Raise TimeoutError in this (main) thread after ``seconds``, so one stuck part cannot eat the lease."""
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"part took longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _sync() -> None:
+    if _cuda():
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest absolute difference relative to the largest entry of the reference ``b``."""
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(float(np.abs(b).max()), 1e-300))
+
+
+def backend_problem(backend: str) -> str | None:
+    """Why ``backend`` cannot run here (this foal-pipe does not know it, CuPy or a GPU missing), or ``None``."""
+    from foal_pipe import backend as backends
+    from foal_pipe.classifier import AnalyticClassifier
+    from foal_pipe.errors import FoalPipeError
+
+    known = getattr(backends, "BACKENDS", None)
+    if known is not None and backend not in known:
+        return f"backend {backend} not supported by this foal-pipe (its backends: {', '.join(known)})"
+    try:
+        AnalyticClassifier(gamma=1.0, backend=backend).partial_fit(np.eye(3), np.array([0, 1, 1]))
+    except FoalPipeError as exc:
+        return str(exc)
+    return None
+
+
+def _rate(fn: Callable[[], Any], n: int, repeats: int) -> float:
+    """Images/s of ``fn`` (``n`` images a call): median of ``repeats`` timed calls after one warm-up."""
+    fn()
+    _sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return n / statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (a) the learner against NumPy and the closed form
+# ---------------------------------------------------------------------------------------------------------
+def part_learner(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    from foal_pipe.classifier import AnalyticClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((sz.a_rows, sz.a_dim))
+    y = rng.integers(0, sz.a_classes, sz.a_rows)
+    X_test = rng.standard_normal((2_000, sz.a_dim))
+    Y = np.eye(sz.a_classes)[y]
+    W_ridge = np.linalg.solve(X.T @ X + np.eye(sz.a_dim), X.T @ Y)  # gamma = 1
+    out.update(rows=sz.a_rows, dim=sz.a_dim, classes=sz.a_classes, gamma=1.0, dtype="float64", batch=sz.a_batch,
+               exact_below=EXACT, runs={})
+    reference: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for backend in BACKENDS:
+        problem = backend_problem(backend)
+        for engine in ENGINES:
+            key = f"{backend}/{engine}"
+            if problem:
+                out["runs"][key] = {"skipped": problem}
+                continue
+            try:
+                start = time.perf_counter()
+                clf = AnalyticClassifier(gamma=1.0, engine=engine, backend=backend, dtype="float64")
+                step = sz.a_batch[engine]
+                for lo in range(0, sz.a_rows, step):
+                    clf.partial_fit(X[lo : lo + step], y[lo : lo + step])
+                W, predicted = clf.weights_, clf.predict(X_test)
+                run = {"seconds": time.perf_counter() - start, "W_vs_closed_form": _rel(W, W_ridge)}
+                if backend == "numpy":
+                    reference[engine] = (W, predicted)
+                if engine in reference:
+                    run["W_vs_numpy"] = _rel(W, reference[engine][0])
+                    run["predictions_equal_numpy"] = float(np.mean(predicted == reference[engine][1]))
+                run["exact"] = run["W_vs_closed_form"] <= EXACT and run.get("W_vs_numpy", 0.0) <= EXACT
+                out["runs"][key] = run
+            except Exception as exc:
+                out["runs"][key] = {"error": _one_line(exc)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (b) foal-pipe learn on the synthetic store
+# ---------------------------------------------------------------------------------------------------------
+def _learn(store: Path, out: Path, backend: str, engine: str, dim: int, timeout: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-c", CLI, "learn", "--features", str(store), "--out", str(out), "--tasks", "10",
+           "--batch-size", "10", "--projection-dim", str(dim), "--gamma", "1", "--seed", "0", "--engine", engine,
+           "--backend", backend]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "wall_s": wall}
+    metrics = json.loads((out / "metrics.json").read_text())
+    run = {"wall_s": wall, "A_avg": float(metrics["A_avg"]), "A_last": float(metrics["A_last"])}
+    try:
+        from safetensors.numpy import load_file
+
+        run["_W"] = load_file(str(out / "model.safetensors"))["W"]
+    except Exception as exc:
+        run["W_unreadable"] = _one_line(exc)
+    return run
+
+
+def part_learn(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    from synthetic import make_store
+
+    out.update(store=f"{sz.b_rows:,} x 768 float32 (+{sz.b_test:,} test), 100 classes", projection_dim=sz.b_dim,
+               tasks=10, batch=10, runs={})
+    store = make_store(work / "synthetic.zarr", sz.b_rows, sz.b_test)
+    problems = {b: backend_problem(b) for b in BACKENDS}
+    for engine in ENGINES:
+        for backend in BACKENDS:
+            key = f"{backend}/{engine}"
+            if problems[backend]:
+                out["runs"][key] = {"skipped": problems[backend]}
+                continue
+            try:
+                out["runs"][key] = _learn(store, work / f"learn-{backend}-{engine}", backend, engine, sz.b_dim,
+                                          sz.part_seconds)
+            except Exception as exc:
+                out["runs"][key] = {"error": _one_line(exc)}
+    host = out["runs"].get("numpy/gram", {})
+    for key, run in out["runs"].items():
+        if "A_avg" in run and "A_avg" in host:
+            run["A_avg_minus_numpy"] = run["A_avg"] - host["A_avg"]
+            run["speedup_vs_numpy_gram"] = host["wall_s"] / run["wall_s"]
+        if "_W" in run and "_W" in host:
+            run["W_vs_numpy"] = _rel(run["_W"], host["_W"])
+    for run in out["runs"].values():
+        run.pop("_W", None)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (c) ViT extraction into a store
+# ---------------------------------------------------------------------------------------------------------
+class _Timeline:
+    """Progress sink of run_extract: when each batch finished."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, int]] = []
+
+    def start(self, split: str, done: int, total: int) -> None:
+        pass
+
+    def advance(self, split: str, n: int) -> None:
+        self.events.append((time.perf_counter(), n))
+
+    def steady(self, skip: int) -> float | None:
+        """Images/s after the first ``skip`` images (start-up, worker spawn, first batches)."""
+        done, t0, rows = 0, None, 0
+        for t, n in self.events:
+            if t0 is not None:
+                rows += n
+            done += n
+            if t0 is None and done >= skip:
+                t0 = t
+        return rows / (self.events[-1][0] - t0) if t0 is not None and rows else None
+
+
+def _random_h5(path: Path, n_train: int, n_test: int, side: int = 32) -> Path:
+    import h5py
+
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        for split, n in (("train", n_train), ("test", n_test)):
+            f[f"{split}/images"] = rng.integers(0, 256, (n, side, side, 3), dtype=np.uint8)
+            f[f"{split}/labels"] = rng.integers(0, 100, n)
+    return path
+
+
+def _checkpoint(sz: Sizes, path: Path) -> Path:
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model(sz.model, pretrained=False, **dict(sz.model_kwargs))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+def _peak_reset() -> None:
+    if _cuda():
+        import torch
+
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib() -> float | None:
+    if not _cuda():
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def part_extract(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    import torch
+
+    from foal_pipe.datasets import to_rgb_array
+    from foal_pipe.encoders import EncoderConfig, build_encoder, resize_on_device
+    from foal_pipe.extract import ExtractSpec, run_extract
+    from foal_pipe.store import open_store
+
+    device = "cuda" if _cuda() else "cpu"
+    precision = "bf16" if device == "cuda" else "fp32"
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    data = _random_h5(work / "random32.h5", sz.c_train, sz.c_test)
+    checkpoint = _checkpoint(sz, work / "vit.safetensors")
+    out.update(model=sz.model, model_kwargs=dict(sz.model_kwargs), weights="random (seed 0)",
+               image_size=sz.image_size, from_px=32, images=sz.c_train + sz.c_test, batch=sz.c_batch, device=device,
+               precision=precision, targets=TARGETS)
+
+    enc = build_encoder(EncoderConfig(sz.model, checkpoint=str(checkpoint), model_kwargs=sz.model_kwargs))
+    enc.load(device, precision)
+    rng = np.random.default_rng(1)
+    native = torch.from_numpy(rng.integers(0, 256, (sz.c_batch, 3, 32, 32), dtype=np.uint8)).to(device)
+    full = torch.from_numpy(rng.integers(0, 256, (sz.c_batch, 3, sz.image_size, sz.image_size),
+                                         dtype=np.uint8)).to(device)
+    _peak_reset()
+    with torch.inference_mode():
+        x = enc.preprocess(full)
+        out["model_alone_images_per_s"] = _rate(lambda: enc.features(x), sz.c_batch, sz.repeats)
+        out["model_with_device_resize_images_per_s"] = _rate(lambda: enc(native), sz.c_batch, sz.repeats)
+        out["device_resize_alone_images_per_s"] = _rate(
+            lambda: resize_on_device(native, sz.image_size, enc.interpolation), sz.c_batch, sz.repeats)
+    out["model_peak_gpu_gib"] = _peak_gib()
+    sample = native[:32].cpu().numpy()
+    pil = np.stack([to_rgb_array(np.ascontiguousarray(im.transpose(1, 2, 0)), sz.image_size, enc.interpolation)
+                    for im in sample])
+    on_device = resize_on_device(native[:32], sz.image_size, enc.interpolation).cpu().numpy()
+    out["device_resize_vs_pil_max_levels"] = float(np.abs(on_device - pil).max())
+    del enc, x, native, full
+    _peak_reset()
+
+    def spec(where: str, h5: Path, name: str) -> ExtractSpec:
+        return ExtractSpec(dataset="hdf5", data_dir=str(h5), model=sz.model, checkpoint=str(checkpoint),
+                           model_kwargs=sz.model_kwargs, out=str(work / f"{name}.zarr"), chunk_rows=sz.chunk_rows,
+                           batch_size=sz.c_batch, workers=sz.workers, device=device, precision=precision,
+                           resize_on=where)
+
+    # warm-up (first imports, file caches, CUDA kernels), not timed: two batches of each split
+    run_extract(spec("workers", _random_h5(work / "warm.h5", 2 * sz.c_batch, 2 * sz.c_batch), "warm-up"))
+    stores = {}
+    for where in ("device", "workers"):
+        _peak_reset()
+        timeline = _Timeline()
+        start = time.perf_counter()
+        report = run_extract(spec(where, data, f"extract-{where}"), progress=timeline)
+        wall = time.perf_counter() - start
+        n = sz.c_train + sz.c_test
+        out[f"end_to_end_resize_on_{where}"] = {
+            "wall_s": wall, "images_per_s": n / wall, "images_per_s_steady": timeline.steady(2 * sz.chunk_rows),
+            "peak_gpu_gib": _peak_gib(), "seconds_in_run_extract": report.seconds}
+        stores[where] = open_store(report.path)
+    a, b = (np.asarray(stores[w].train.features[:]) for w in ("device", "workers"))
+    out["features_device_vs_workers_max_abs"] = float(np.abs(a - b).max())
+    best = out["end_to_end_resize_on_device"]
+    out["meets_targets"] = "not applicable: no GPU" if device != "cuda" else {
+        "end_to_end_images_per_s": (best["images_per_s_steady"] or 0) >= 5000, "peak_gpu_gib": best["peak_gpu_gib"] < 2}
+
+
+PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
+    "learner": part_learner, "learn": part_learn, "extract": part_extract}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Machine, table, main
+# ---------------------------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    import foal_pipe
+
+    info: dict[str, Any] = {"python": platform.python_version(), "numpy": np.__version__, "nproc": os.cpu_count(),
+                            "foal_pipe": foal_pipe.__version__, "foal_pipe_path": str(Path(foal_pipe.__file__).parent),
+                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    for module in ("torch", "timm", "cupy", "zarr", "array_api_compat"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception as exc:  # absent, or broken: say which
+            info[module] = f"unavailable ({_one_line(exc)})"
+    if _cuda():
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).parent)
+        info["commit"] = commit.stdout.strip() or None
+    except Exception:
+        info["commit"] = None
+    return info
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+EXTRACT_ROWS = {
+    "end_to_end_resize_on_device": TARGETS["end_to_end_images_per_s"] + "; " + TARGETS["peak_gpu_gib"],
+    "end_to_end_resize_on_workers": "",
+    "model_alone_images_per_s": "",
+    "model_with_device_resize_images_per_s": "",
+    "device_resize_alone_images_per_s": "",
+    "model_peak_gpu_gib": TARGETS["peak_gpu_gib"],
+    "device_resize_vs_pil_max_levels": "0 (PIL's pixels exactly)",
+    "features_device_vs_workers_max_abs": "0",
+    "meets_targets": "",
+}
+"""Part (c)'s rows in the table, with the target shown beside each."""
+
+
+def _rows(report: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+    """``(part, what, result, target)`` for the table."""
+    for part, result in report["parts"].items():
+        if "error" in result:
+            yield part, "error", result["error"], ""
+        for key, run in result.get("runs", {}).items():
+            if "skipped" in run:
+                yield part, key, "skipped: " + run["skipped"], ""
+            elif "error" in run:
+                yield part, key, "error: " + run["error"], ""
+            else:
+                yield part, key, _fmt(run), f"W within {EXACT:g} of NumPy" if "W_vs_numpy" in run else ""
+        if part == "extract":
+            for key, target in EXTRACT_ROWS.items():
+                if key in result:
+                    yield part, key, _fmt(result[key]), target
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    where = report["machine"].get("gpu", "no GPU") + (" (dry run)" if report["dry_run"] else "")
+    table = Table(title=f"GPU check on {where}")
+    for name in ("part", "what", "result", "target"):
+        table.add_column(name, overflow="fold")
+    for row in _rows(report):
+        table.add_row(*(escape(cell) for cell in row))
+    Console(width=200).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
+    parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (CI)")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary folder, removed after)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    args = parser.parse_args(argv)
+    sizes = DRY if args.dry_run else FULL
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / "gpu_check.json"
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"dry_run": args.dry_run, "machine": machine(), "sizes": asdict(sizes), "parts": {}}
+    print(json.dumps(report["machine"]), flush=True)
+    try:
+        for name in args.parts.split(","):
+            start = time.perf_counter()
+            result = report["parts"][name] = {}
+            try:  # a part fills ``result`` as it goes: what it measured before failing is kept
+                with deadline(sizes.part_seconds):
+                    PARTS[name](sizes, work, result)
+            except Exception as exc:
+                result.update(error=_one_line(exc), traceback=traceback.format_exc(limit=6))
+            result["part_seconds"] = time.perf_counter() - start
+            target.write_text(json.dumps(report, indent=2, default=str))
+            print(f"{name}: done in {result['part_seconds']:.1f} s", flush=True)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print_table(report)
+    print(f"-> {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

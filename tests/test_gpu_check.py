@@ -1,0 +1,61 @@
+"""benchmarks/gpu_check.py --dry-run: the device check's every step at toy sizes on the CPU, so the script a lent
+GPU session runs (one call, a short lease) is known to work before anyone spends device time on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS, ENGINES = ("numpy", "cupy", "torch"), ("gram", "rls")
+
+
+def _skipped_or(run: dict, check) -> None:
+    """A backend that cannot run here says why; one that ran must pass ``check``."""
+    if "skipped" in run:
+        assert isinstance(run["skipped"], str) and len(run["skipped"]) > 10, run
+    else:
+        assert "error" not in run, run
+        check(run)
+
+
+def test_gpu_check_dry_run_writes_every_part(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract"}
+    assert not [name for name, part in report["parts"].items() if "error" in part]
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
+
+    learner = report["parts"]["learner"]["runs"]
+    assert set(learner) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES}
+    for key, run in learner.items():
+        def exact(r: dict) -> None:
+            assert r["W_vs_closed_form"] <= 1e-9 and r["W_vs_numpy"] <= 1e-9 and r["exact"] is True
+            assert r["predictions_equal_numpy"] == 1.0
+        _skipped_or(run, exact)
+    assert "skipped" not in learner["numpy/gram"] and "skipped" not in learner["numpy/rls"]
+
+    learn = report["parts"]["learn"]["runs"]
+    assert set(learn) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES}
+    host = learn["numpy/gram"]
+    assert 0 < host["A_avg"] <= 1 and host["wall_s"] > 0
+    for key, run in learn.items():
+        def agrees(r: dict) -> None:
+            assert r["wall_s"] > 0 and abs(r["A_avg_minus_numpy"]) < 1e-9 and r["W_vs_numpy"] <= 1e-9
+        _skipped_or(run, agrees)
+    assert "skipped" not in learn["numpy/rls"]
+
+    extract = report["parts"]["extract"]
+    for where in ("device", "workers"):
+        run = extract[f"end_to_end_resize_on_{where}"]
+        assert run["images_per_s"] > 0 and run["wall_s"] > 0
+    assert extract["model_alone_images_per_s"] > 0 and extract["model_with_device_resize_images_per_s"] > 0
+    assert extract["device_resize_vs_pil_max_levels"] == 0 and extract["features_device_vs_workers_max_abs"] == 0
+    assert extract["images"] == 256 and extract["from_px"] == 32 and extract["image_size"] == 64
