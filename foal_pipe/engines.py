@@ -32,7 +32,8 @@ GCV_DOF_WARNING = 0.9
 def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[float, Any, str | None]:
     """``(gamma, W, warning)``: the grid's gamma of least GCV, its weights, and a warning when ``df/n > 0.9``.
 
-    GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``.
+    GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
+    weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.
     """
     eigen = statistics.eigen()
     scores = eigen.gcv(grid)
@@ -45,7 +46,7 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[floa
             f"GCV chose gamma {gamma:g} where the effective degrees of freedom are {100 * ratio:.0f}% of the "
             f"{statistics.n} rows; GCV is unreliable as D nears n: prefer leave-one-out selection"
         )
-    return gamma, eigen.weights([gamma])[:, 0, :], warning
+    return gamma, statistics.solve(gamma), warning
 
 
 def check_gamma(gamma: Any) -> float:
