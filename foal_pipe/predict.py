@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,13 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     """Predicted label ids for every row of ``split``, the split itself, and the store's class names."""
     if split not in ("train", "test"):
         raise FoalPipeError(f"unknown split {split!r}; choose train or test")
-    tensors, _ = read_model(model)
+    tensors, meta = read_model(model)
     if "projection" not in tensors:
         raise FoalPipeError(f"{model} has no 'projection' tensor; pass the model.safetensors that learn wrote")
     store = open_store(features)
     data = store.split(split)
-    projection = SmoothProjection.from_matrix(tensors["projection"])
+    activation = json.loads(meta.get("activation", '"sigmoid"'))  # files written before activations were options
+    projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)
     if projection.n_features_in_ != data.dim:
         raise FoalPipeError(
             f"the model expects {projection.n_features_in_}-dimensional features but {features} has {data.dim}; "

@@ -143,31 +143,33 @@ def _float64(a: Any) -> Any:
 
 
 def _solve_spd(A: Any, Q: Any) -> Any:
-    """``A^-1 Q`` for a symmetric positive definite ``A`` that may be overwritten.
+    """``A^-1 Q`` for a symmetric ``A`` that may be overwritten, refused unless numerically positive definite.
 
-    NumPy arrays use LAPACK's Cholesky solver in place (half the time and no copy of ``A``); other
-    namespaces their general ``linalg.solve``. A matrix that is not numerically positive definite is refused.
+    ``G + gamma I`` is positive definite in exact arithmetic; when rounding in the sums (float32) outweighs
+    gamma in some direction it is not, and any solution would be noise: the Cholesky factorisation
+    notices. NumPy arrays use LAPACK's Cholesky solver in place (half an LU's time, no copy of ``A``);
+    other namespaces check with ``linalg.cholesky`` (CuPy returns NaN instead of raising), then solve.
     """
     xp = array_namespace(A)
     fail = FoalPipeError(
-        "the ridge system is singular or not positive definite at this gamma (the Gram sums are too "
-        "ill-conditioned); use a larger gamma or --dtype float64"
+        "G + gamma I is not positive definite at this gamma: rounding in the Gram sums outweighs gamma, so the "
+        "solve would be noise; use a larger gamma or --dtype float64"
     )
-    try:
-        if is_numpy_namespace(xp):
-            from scipy.linalg import LinAlgError, LinAlgWarning, solve
+    if is_numpy_namespace(xp):
+        from scipy.linalg import LinAlgError, LinAlgWarning, solve
 
-            with warnings.catch_warnings():  # near the resolution LAPACK warns of a small rcond; the floor is checked
-                warnings.simplefilter("ignore", LinAlgWarning)
-                try:  # A is symmetric, so A.T is the same matrix in the Fortran order LAPACK overwrites in place
-                    W = solve(A.T, Q, assume_a="pos", overwrite_a=True, check_finite=False)
-                except LinAlgError:
-                    raise fail from None
-        else:
-            W = xp.linalg.solve(A, Q)
+        with warnings.catch_warnings():  # near the resolution LAPACK warns of a small rcond; the floor is checked
+            warnings.simplefilter("ignore", LinAlgWarning)
+            try:  # A is symmetric, so A.T is the same matrix in the Fortran order LAPACK overwrites in place
+                return solve(A.T, Q, assume_a="pos", overwrite_a=True, check_finite=False)
+            except LinAlgError:
+                raise fail from None
+    try:
+        factor_ok = bool(xp.all(xp.isfinite(xp.linalg.cholesky(A))))
+        W = xp.linalg.solve(A, Q)
     except (np.linalg.LinAlgError, RuntimeError):  # torch's LinAlgError is a RuntimeError
         raise fail from None
-    if not bool(xp.all(xp.isfinite(W))):  # CuPy returns NaN instead of raising
+    if not factor_ok or not bool(xp.all(xp.isfinite(W))):
         raise fail
     return W
 
@@ -329,6 +331,7 @@ class RidgeStatistics:
         floor = finite_resolution(self.G)
         with _factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(_float64(self.G))
+        floor = max(floor, -float(xp.min(values)) if self.dim else 0.0)  # rounding can leave eigenvalues below 0
         return RidgeEigen(values, vectors, vectors.T @ _float64(self.Q), self.classes, self.n,
                           self.target_norm2, floor)
 
@@ -346,7 +349,7 @@ class RidgeEigen:
     classes: np.ndarray
     n: int
     y_norm2: float  # |Y|_F^2
-    floor: float  # the state's resolution (see :func:`resolution`)
+    floor: float  # gammas at or below it are refused: the sums' resolution, or -min(lambda) if larger
 
     def _gammas(self, gammas: Any) -> Any:
         g = np.asarray(gammas, dtype=np.float64).ravel()
@@ -354,10 +357,11 @@ class RidgeEigen:
             raise FoalPipeError("no gammas given; pass at least one, e.g. 1e-2,1,100")
         if np.any(~np.isfinite(g)) or np.any(g <= 0):
             raise FoalPipeError(f"gamma must be a positive number, got {g[~(np.isfinite(g) & (g > 0))][0]:g}; try --gamma 1")
-        if self.floor and g.min() < self.floor:
+        if self.floor and g.min() <= self.floor:
             raise FoalPipeError(
-                f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}); "
-                f"use gammas of at least {self.floor:.3g} or --dtype float64"
+                f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
+                f"diagonal entry, or the most negative eigenvalue rounding left), so its solution would be noise; "
+                f"use gammas above {self.floor:.3g} or --dtype float64"
             )
         xp = array_namespace(self.values)
         return xp.asarray(g, device=device(self.values))
