@@ -436,14 +436,14 @@ class LeaveOneOut:
         C = self.eigen.classes.size
         Z = _float64(xp.asarray(H)) @ self.eigen.vectors  # (m, D)
         leverage = (Z * Z) @ self.inverse  # (m, M)
-        scores = xp.reshape(Z @ self._scaled, (m, M, C))
-        Y = one_hot(labels, self.eigen.classes, scores)
-        residual = Y[:, None, :] - scores
+        Y = one_hot(labels, self.eigen.classes, Z)[:, None, :]
+        work = xp.reshape(Z @ self._scaled, (m, M, C))  # the fitted scores; then, in place, to spare memory traffic:
+        work -= Y  # minus the residual, -e_i
         with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
-            residual /= (1.0 - leverage)[:, :, None]  # the left-out residual e_i / (1 - h_i)
-        self.squared += to_numpy(xp.sum(residual * residual, axis=(0, 2)))
-        left_out = Y[:, None, :] - residual
-        predicted = to_numpy(xp.argmax(left_out, axis=2))
+            work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual, -e_i / (1 - h_i)
+        self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
+        work += Y  # the left-out prediction, y_i - e_i / (1 - h_i)
+        predicted = to_numpy(xp.argmax(work, axis=2))
         self.correct += np.sum(predicted == class_positions(self.eigen.classes, labels)[:, None], axis=0)
         self.rows += m
 
