@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--test-rows", type=int, default=10_000)
     parser.add_argument("--dtypes", default="float64,float32")
-    parser.add_argument("--no-check", action="store_true", help="skip the independent closed-form solution")
+    parser.add_argument("--no-check", action="store_true", help="skip the independent closed-form solution (float64)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -71,7 +71,7 @@ def main() -> None:
                      "timings": json.loads((out / "timings.json").read_text()),
                      "A_last": json.loads((out / "metrics.json").read_text())["A_last"]}
             print(dtype, json.dumps(entry), flush=True)
-            if not args.no_check:
+            if not args.no_check and dtype == "float64":  # float32's drift is in RESULTS from learn_bench
                 entry["closed_form_rel_err"] = closed_form_error(store, out)
                 print(dtype, "closed-form error", entry["closed_form_rel_err"], flush=True)
             results[dtype] = entry

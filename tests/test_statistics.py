@@ -164,3 +164,19 @@ def test_bad_inputs():
     with pytest.raises(FoalPipeError, match="positive number"):
         RidgeStatistics.from_batch(H, y).solve(0.0)
     np.testing.assert_array_equal(class_positions(np.array([2, 5, 9]), [9, 2]), [2, 0])
+
+
+def test_torch_arrays_give_the_numpy_numbers():
+    """The statistics are written against the array API: torch tensors (CPU) run the same code."""
+    torch = pytest.importorskip("torch")
+    H, y = data(60, 10, seed=6)
+    ref = RidgeStatistics.from_batch(H, y)
+    got = RidgeStatistics.from_batch(torch.asarray(H[:25]), y[:25]) + RidgeStatistics.from_batch(torch.asarray(H[25:]), y[25:])
+    assert isinstance(got.G, torch.Tensor)
+    np.testing.assert_allclose(got.solve(0.5).numpy(), ref.solve(0.5), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got.eigen().gcv(GAMMAS), ref.eigen().gcv(GAMMAS), rtol=1e-10)
+    loo_t, loo_n = got.eigen().loo(GAMMAS), ref.eigen().loo(GAMMAS)
+    loo_t.add(torch.asarray(H), y)
+    loo_n.add(H, y)
+    np.testing.assert_allclose(loo_t.mse(), loo_n.mse(), rtol=1e-9)
+    np.testing.assert_array_equal(loo_t.accuracy(), loo_n.accuracy())
