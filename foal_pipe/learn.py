@@ -258,15 +258,17 @@ def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.nd
 
 
 class FixedGamma:
-    """Solve for one gamma at each boundary (``learn --gamma G``)."""
+    """Solve for one gamma at each boundary (``learn --gamma G``); ``classifier`` is the last boundary's."""
 
     needs_rows = False
 
-    def __init__(self, gamma: float) -> None:
-        self.gamma = gamma
+    def __init__(self, gamma: float, dtype: str) -> None:
+        self.gamma, self.dtype = gamma, dtype
+        self.classifier: AnalyticClassifier | None = None
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
-        W = statistics.solve(self.gamma)
+        self.classifier = AnalyticClassifier.from_statistics(statistics, gamma=self.gamma, dtype=self.dtype)
+        W = self.classifier.weights_  # solved once: saving the last classifier reuses it
         return Boundary(statistics.classes, W[:, None, :], np.array([self.gamma]))
 
     def finish(self, state: Boundary) -> Boundary:
@@ -541,10 +543,14 @@ def run_learn(
         if model.engine == "rls":
             boundaries, final = rls_boundaries(run)
         else:
-            solver = ManyGammas(model.gamma_grid, loo, model.select) if auto else FixedGamma(float(model.gamma))
-            boundaries, statistics = gram_boundaries(run, solver)
-            final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
-                                                       dtype=model.dtype)
+            if auto:
+                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select))
+                final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
+                                                           dtype=model.dtype)
+            else:
+                solver = FixedGamma(float(model.gamma), model.dtype)
+                boundaries, _ = gram_boundaries(run, solver)
+                final = solver.classifier
         acc = accuracy_matrices(run, boundaries)[0]
     metrics: dict[str, Any] = {**_report(acc), "gamma": "auto" if auto else float(model.gamma), "engine": model.engine,
                                **_run_info(run, stream)}
