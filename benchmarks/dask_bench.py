@@ -35,7 +35,7 @@ import zarr
 
 from synthetic import DIM, N_CLASSES, make_store
 
-D, TASKS = 1000, 10
+D = 1000
 TINY_VIT = "vit_tiny_patch16_224"
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
@@ -62,25 +62,37 @@ def timed(fn, repeats: int) -> tuple[float, list[float], object]:
 
 
 def bench_gram(store: Path, repeats: int) -> dict:
-    from distributed import LocalCluster
+    """The Gram statistics of every train row: one process vs LocalClusters of 1 and 2 workers."""
+    from distributed import Client, LocalCluster
 
-    from foal_pipe.learn import LearnConfig, prepare, task_statistics
+    from foal_pipe.distributed import dask_statistics
+    from foal_pipe.projection import SmoothProjection
+    from foal_pipe.statistics import RidgeStatistics
+    from foal_pipe.store import open_store
 
-    common = dict(tasks=TASKS, projection_dim=D, seed=0, backend="numpy")
-    n_rows = int(zarr.open_group(str(store), mode="r")["train/features"].shape[0])
-    out: dict = {"rows": n_rows, "dim": DIM, "D": D, "classes": N_CLASSES, "tasks": TASKS}
-    median, runs, ref = timed(lambda: task_statistics(prepare(store, LearnConfig(**common))), repeats)
+    train = open_store(store).train
+    projection = SmoothProjection(n_components=D, random_state=0).fit(np.zeros((1, DIM)))
+    everything = np.ones(train.n_rows, dtype=bool)
+
+    def local() -> RidgeStatistics:
+        total = RidgeStatistics.empty(D)
+        for lo, X in train.iter_chunks():
+            total += RidgeStatistics.from_batch(projection.transform(X), train.labels[lo : lo + len(X)])
+        return total
+
+    out: dict = {"rows": train.n_rows, "dim": DIM, "D": D, "classes": N_CLASSES}
+    median, runs, ref = timed(local, repeats)
     out["local"] = {"median_s": median, "runs_s": runs}
     print(f"gram local: {median:.1f} s {runs}, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     for workers in (1, 2):
         start = time.perf_counter()
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                          silence_logs=50) as cluster:
+                          silence_logs=50) as cluster, Client(cluster) as client:
             startup = time.perf_counter() - start
-            cfg = LearnConfig(**common, scheduler="dask", dask_address=cluster.scheduler_address)
-            median, runs, got = timed(lambda: task_statistics(prepare(store, cfg)), repeats)
-        err = max(float(np.abs(a._engine.G - b._engine.G).max()) for a, b in zip(ref, got))
-        err = max(err, max(float(np.abs(a._engine.Q - b._engine.Q).max()) for a, b in zip(ref, got)))
+            median, runs, got = timed(
+                lambda: dask_statistics(client, str(store), everything, train.labels, projection, train.chunk_rows),
+                repeats)
+        err = max(float(np.abs(ref.G - got.G).max()), float(np.abs(ref.Q - got.Q).max()))
         out[f"dask_{workers}"] = {"median_s": median, "runs_s": runs, "cluster_startup_s": round(startup, 2),
                                   "max_abs_diff_vs_local": err}
         print(f"gram dask x{workers}: {median:.1f} s {runs}, startup {startup:.1f} s, diff {err:.2e}, "

@@ -7,7 +7,8 @@ Measured side by side in one run on a synthetic store (default 50,000 x 768 floa
 * the baseline: the paper's per-batch Woodbury step in float64 NumPy, as written (W preallocated for
   all classes, K = (I + X R X^T)^-1, R <- R - R X^T K X R, W <- W + R X^T (Y - X W)), evaluated after
   every task like learn;
-* `foal-pipe sweep` over 13 gammas (subprocess), median of --repeats;
+* `foal-pipe sweep --no-loo` over 13 gammas (subprocess), median of --repeats (selection_bench.py measures
+  the leave-one-out sweep and `learn --gamma auto`);
 * exactness: learn's W against the closed-form ridge solution over every training row;
 * peak RSS of `learn` on a --big-rows store (default 500,000 rows) to show memory does not grow with N.
 
@@ -113,7 +114,8 @@ def main() -> None:
         common = ["--features", str(store), "--tasks", str(TASKS), "--batch-size", str(BATCH),
                   "--projection-dim", str(D), "--seed", "0", "--backend", "numpy"]
         learn = [run_cli(["learn", *common, "--out", str(tmp / "run")]) for _ in range(args.repeats)]
-        sweep = [run_cli(["sweep", *common, "--out", str(tmp / "sweep"), "--gammas", GAMMAS]) for _ in range(args.repeats)]
+        sweep = [run_cli(["sweep", *common, "--out", str(tmp / "sweep"), "--gammas", GAMMAS, "--no-loo"])
+                 for _ in range(args.repeats)]
         rls = run_cli(["learn", *common, "--out", str(tmp / "run-rls"), "--engine", "rls"])
         f32 = run_cli(["learn", *common, "--out", str(tmp / "run-f32"), "--dtype", "float32"])
         base_s, base_acc = baseline(store)

@@ -1,44 +1,45 @@
-"""Time the steps of `learn` and `sweep` in one process (where the time goes), on a synthetic store.
+"""Where the time of `learn` and `sweep` goes, step by step (their timings.json), on a synthetic store.
 
-Usage: python benchmarks/learn_profile.py [--rows 50000] [--test-rows 10000]
+Steps: read (decoding train chunks, once per task), project (the expansion), gram (adding each block's
+H^T H and H^T Y), solve (a Cholesky solve per boundary, or an eigendecomposition serving every gamma), loo
+(the leave-one-out pass), test (the test pass for every boundary and gamma), write.
+
+Usage: python benchmarks/learn_profile.py [--rows 50000] [--test-rows 10000] [--dim 1000] [--activation sigmoid]
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 from synthetic import make_store
 
-from foal_pipe.learn import (
-    LearnConfig, accuracy_matrices, gram_boundaries, prepare, sweep_boundaries, task_statistics,
-)
-
-GAMMAS = [1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1, 3, 10, 30, 100, 300, 1000, 1e4]
+from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, run_learn, run_sweep
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--test-rows", type=int, default=10_000)
+    parser.add_argument("--dim", type=int, default=1000)
+    parser.add_argument("--activation", default="sigmoid")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = make_store(Path(tmp) / "profile.zarr", args.rows, args.test_rows)
-        p = prepare(store, LearnConfig(projection_dim=1000, backend="numpy"))
-
-        def step(name, fn):
-            start = time.perf_counter()
-            out = fn()
-            print(f"{name:<32} {time.perf_counter() - start:7.2f} s", flush=True)
-            return out
-
-        per_task = step("train pass (Gram statistics)", lambda: task_statistics(p))
-        boundaries, _ = step("learn: solves at task ends", lambda: gram_boundaries(per_task))
-        step("learn: test pass", lambda: accuracy_matrices(p, boundaries))
-        swept = step(f"sweep: eigh + W for {len(GAMMAS)} gammas", lambda: sweep_boundaries(per_task, GAMMAS))
-        step("sweep: test pass", lambda: accuracy_matrices(p, swept))
+        model = ModelConfig(projection_dim=args.dim, activation=args.activation)
+        common = (StreamConfig(), model, EvaluationConfig(), ExecutionConfig(backend="numpy"))
+        runs = {
+            "learn --gamma 1": lambda out: run_learn(store, out, *common, log=print),
+            "learn --gamma auto": lambda out: run_learn(store, out, StreamConfig(), ModelConfig(
+                projection_dim=args.dim, activation=args.activation, gamma="auto"), *common[2:], log=print),
+            "sweep --no-loo": lambda out: run_sweep(store, out, SweepConfig(loo=False), *common, log=print),
+            "sweep": lambda out: run_sweep(store, out, SweepConfig(), *common, log=print),
+        }
+        for i, (name, fn) in enumerate(runs.items()):
+            timings = fn(Path(tmp) / f"out{i}")["timings"]
+            steps = "  ".join(f"{k} {v:.2f}" for k, v in timings.items() if k != "total")
+            print(f"{name:<20} {timings['total']:7.2f} s   {steps}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Array namespaces: the learner is written once against ``xp`` and runs on NumPy or CuPy.
+"""Array namespaces: the learner is written once against the array API and runs on NumPy or CuPy.
 
-CuPy is optional (``pip install foal-pipe[gpu]``); nothing here imports it unless asked.
+Namespaces are array-api-compat's wrappers (``array_api_compat.numpy``, ``array_api_compat.cupy``), so
+the code in :mod:`foal_pipe.statistics` and :mod:`foal_pipe.engines` calls standard functions only. CuPy is
+optional (``pip install foal-pipe[gpu]``); nothing here imports it unless asked.
 """
 
 from __future__ import annotations
@@ -27,24 +29,45 @@ def _cupy() -> ModuleType | None:
         return None
 
 
-def get_namespace(backend: str = "auto") -> ModuleType:
+def resolve_backend(backend: str = "auto") -> str:
     """``numpy`` or ``cupy``; ``auto`` picks CuPy when it is installed and sees a GPU."""
     if backend not in BACKENDS:
         raise FoalPipeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "numpy":
-        return np
-    cp = _cupy()
-    if cp is None and backend == "cupy":
-        raise FoalPipeError(
-            "--backend cupy needs CuPy and a CUDA GPU; install it with `pip install foal-pipe[gpu]` "
-            "or use --backend numpy"
-        )
-    return cp or np
+        return "numpy"
+    if _cupy() is None:
+        if backend == "cupy":
+            raise FoalPipeError(
+                "--backend cupy needs CuPy and a CUDA GPU; install it with `pip install foal-pipe[gpu]` "
+                "or use --backend numpy"
+            )
+        return "numpy"
+    return "cupy"
+
+
+def get_namespace(backend: str = "auto") -> ModuleType:
+    """The array-API namespace of a backend (see :func:`resolve_backend`)."""
+    if resolve_backend(backend) == "cupy":
+        import array_api_compat.cupy as xp
+    else:
+        import array_api_compat.numpy as xp
+    return xp
 
 
 def to_numpy(array: Any) -> np.ndarray:
-    """Copy a NumPy or CuPy array to host memory as a NumPy array."""
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)
+    """Copy a NumPy, CuPy or torch array to host memory as a NumPy array."""
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "get"):  # CuPy
+        return np.asarray(array.get())
+    if hasattr(array, "cpu"):  # torch
+        return np.asarray(array.cpu())
+    return np.asarray(array)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for NumPy's and torch's float32 dtype objects alike."""
+    return getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype).split(".")[-1]
 
 
 def resolve_dtype(dtype: str | type | np.dtype) -> np.dtype:

@@ -1,39 +1,65 @@
-"""AnalyticClassifier: an exact online ridge classifier with scikit-learn's ``partial_fit`` API."""
+"""AnalyticClassifier: an exact online ridge classifier, a scikit-learn estimator with ``partial_fit``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from array_api_compat import device, is_array_api_obj, is_cupy_array, is_numpy_array
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import validate_data
 
 from foal_pipe.backend import get_namespace, resolve_dtype, to_numpy
-from foal_pipe.engines import DEFAULT_ENGINE, ENGINES
+from foal_pipe.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.modelfile import read_model, write_model
 from foal_pipe.projection import SmoothProjection
+from foal_pipe.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
+
+#: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
+#: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
+SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
+
+class NotFitted(FoalPipeError, NotFittedError):
+    """Raised by a method that needs a fitted classifier: a FoalPipeError and scikit-learn's NotFittedError."""
 
 
-class AnalyticClassifier:
+#: Fitted state that :meth:`AnalyticClassifier.fit` clears before learning again.
+_FITTED = ("_engine", "_dtype", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_")
+
+
+class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     """Linear classifier on activations, fitted to one-hot labels by exact online ridge regression.
 
     After every ``partial_fit`` call the weights equal the closed-form ridge solution
     ``(H^T H + gamma I)^-1 H^T Y`` over all samples seen so far, whatever the batch sizes or order.
+    ``fit`` is a fresh start followed by one ``partial_fit``.
 
     Unlike scikit-learn, ``classes_`` grows: a class first seen in a later call gets a zero column in
     ``W`` inserted where it sorts. ``R`` (or ``G``) depends only on the features, so this stays exact.
 
     Parameters
     ----------
-    gamma : float, default=1.0
-        Ridge regularisation (``R0 = I / gamma``); must be > 0.
+    gamma : float or "auto", default=1.0
+        Ridge regularisation (``R0 = I / gamma``); must be > 0. ``"auto"`` (gram engine) picks, at every
+        solve, the gamma of ``gamma_grid`` with the least generalised cross-validation score: computed from
+        the statistics alone, with no past sample (a warning flags a choice where GCV is unreliable).
+        ``foal-pipe learn --gamma auto`` can also use exact leave-one-out, because it re-reads the rows.
     engine : {"gram", "rls"}, default="gram"
         ``"rls"``: the paper's per-batch Woodbury recursion. ``"gram"``: accumulate ``H^T H`` and
-        ``H^T Y`` and solve when the weights are needed (the same solution, much faster on CPU).
+        ``H^T Y`` (a :class:`~foal_pipe.statistics.RidgeStatistics`) and solve when the weights are needed
+        (the same solution, much faster on CPU).
     dtype : {"float64", "float32"}, default="float64"
-        Dtype of the state. float32 halves memory but drifts from the exact solution.
+        Dtype of the state. float32 halves the memory of the sums; the gram engine still solves in float64
+        and refuses a gamma below the float32 resolution of its sums.
     backend : {"auto", "numpy", "cupy"}, default="numpy"
         Array namespace for the state; ``auto`` uses CuPy when a GPU is available.
+    gamma_grid : sequence of float or None, default=None
+        Candidates of ``gamma="auto"``; None: 13 decades, 1e-4 ... 1e8.
 
     Attributes
     ----------
@@ -43,6 +69,10 @@ class AnalyticClassifier:
         The paper's ``W`` (D x C), as a NumPy array.
     coef_ : ndarray of shape (n_classes, n_features_in_)
         ``weights_.T``, scikit-learn's orientation.
+    gamma_ : float
+        The gamma of ``weights_`` (the chosen one when ``gamma="auto"``).
+    statistics_ : RidgeStatistics
+        The gram engine's sums ``G``, ``Q``, classes and row counts.
     n_features_in_ : int
     n_samples_seen_ : int
 
@@ -57,54 +87,91 @@ class AnalyticClassifier:
     """
 
     def __init__(
-        self, gamma: float = 1.0, engine: str = DEFAULT_ENGINE, dtype: str = "float64", backend: str = "numpy"
+        self,
+        *,
+        gamma: float | str = 1.0,
+        engine: str = DEFAULT_ENGINE,
+        dtype: str = "float64",
+        backend: str = "numpy",
+        gamma_grid: Sequence[float] | None = None,
     ) -> None:
         self.gamma = gamma
         self.engine = engine
         self.dtype = dtype
         self.backend = backend
+        self.gamma_grid = gamma_grid
 
-    def _start(self, n_features: int) -> None:
-        if not np.isfinite(self.gamma) or self.gamma <= 0:
-            raise FoalPipeError(f"gamma must be a positive number, got {self.gamma}; try --gamma 1")
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "_engine")
+
+    def _start(self, n_features: int, label_dtype: np.dtype) -> None:
         if self.engine not in ENGINES:
             raise FoalPipeError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
-        self._xp = get_namespace(self.backend)
+        if self.gamma != "auto":
+            check_gamma(self.gamma)
+        elif self.engine != "gram":
+            raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
+        xp = get_namespace(self.backend)
         self._dtype = resolve_dtype(self.dtype)
-        self._engine = ENGINES[self.engine](n_features, float(self.gamma), self._xp, self._dtype)
-        self.n_features_in_ = n_features
-        self.classes_ = np.empty(0, dtype=np.int64)
+        dtype = getattr(xp, self._dtype.name)
+        if self.engine == "gram":
+            grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else tuple(check_gamma(g) for g in self.gamma_grid)
+            self._engine = GramEngine(n_features, self.gamma, xp, dtype, grid=grid)
+        else:
+            self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype)
+        self.classes_ = np.empty(0, dtype=label_dtype)
         self.n_samples_seen_ = 0
 
-    def _check_X(self, X: Any) -> Any:
-        if getattr(X, "ndim", None) != 2:
-            raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {getattr(X, 'shape', None)}")
-        if hasattr(self, "n_features_in_") and X.shape[1] != self.n_features_in_:
+    def _validate(self, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
+        """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy)."""
+        if is_numpy_array(X) or not is_array_api_obj(X):
+            if y is None:
+                return validate_data(self, X, reset=reset, dtype=[np.float64, np.float32]), None
+            X, y = validate_data(self, X, y, reset=reset, dtype=[np.float64, np.float32])
+            return X, y
+        if X.ndim != 2:
+            raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {tuple(X.shape)}")
+        if reset:
+            self.n_features_in_ = int(X.shape[1])
+        elif X.shape[1] != self.n_features_in_:
             raise FoalPipeError(
-                f"X has {X.shape[1]} features but the classifier was fitted with {self.n_features_in_}; "
-                "use activations from the same projection"
+                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features "
+                "as input; use activations from the same projection"
             )
+        if y is not None:
+            y = to_numpy(y).ravel()
+            if y.shape[0] != X.shape[0]:
+                raise FoalPipeError(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels; pass one label per row")
+        return X, y
+
+    def _state_array(self, X: Any) -> Any:
+        """``X`` in the state's namespace, device and dtype, refused if not finite."""
+        xp = get_namespace(self.backend)
+        like = self._engine.template
+        X = xp.asarray(X, dtype=like.dtype, device=device(like))
+        if not bool(xp.all(xp.isfinite(X))):
+            raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         return X
+
+    def fit(self, X: Any, y: Any) -> AnalyticClassifier:
+        """Forget everything learned, then :meth:`partial_fit` on ``(X, y)``."""
+        for name in _FITTED:
+            self.__dict__.pop(name, None)
+        return self.partial_fit(X, y)
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> AnalyticClassifier:
         """Absorb one batch of activations ``X`` (n, D) with labels ``y`` (n,). Returns ``self``.
 
         ``classes`` is accepted for scikit-learn compatibility; labels may also appear later.
         """
-        X = self._check_X(X)
-        y = np.asarray(to_numpy(y)).ravel()
-        if y.shape[0] != X.shape[0]:
-            raise FoalPipeError(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels; pass one label per row")
-        if not hasattr(self, "_engine"):
-            self._start(int(X.shape[1]))
-        xp = self._xp
-        X = xp.asarray(X, dtype=self._dtype)
-        if not bool(xp.isfinite(X).all()):
-            raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
+        first = not self.__sklearn_is_fitted__()
+        X, y = self._validate(X, y, reset=first)
+        check_classification_targets(y)
+        if first:
+            self._start(int(X.shape[1]), np.asarray(y).dtype)
+        X = self._state_array(X)
         self._add_classes(np.concatenate([y, np.asarray(classes).ravel()]) if classes is not None else y)
-        Y = xp.zeros((X.shape[0], self.classes_.size), dtype=self._dtype)
-        Y[xp.arange(X.shape[0]), xp.asarray(np.searchsorted(self.classes_, y))] = 1.0
-        self._engine.update(X, Y)
+        self._engine.update(X, y, self.classes_)
         self.n_samples_seen_ += int(X.shape[0])
         return self
 
@@ -113,8 +180,21 @@ class AnalyticClassifier:
         if new.size == 0:
             return
         merged = np.union1d(self.classes_, new)
-        self._engine.insert_classes(merged.size, np.searchsorted(merged, self.classes_))
+        self._engine.insert_classes(self.classes_, merged)
         self.classes_ = merged
+
+    @property
+    def statistics_(self) -> RidgeStatistics:
+        """The sufficient statistics (gram engine only; the RLS recursion keeps ``R`` and ``W`` instead)."""
+        self._check_fitted()
+        if not isinstance(self._engine, GramEngine):
+            raise FoalPipeError("only the gram engine keeps sufficient statistics; use engine='gram'")
+        return self._engine.statistics
+
+    @property
+    def gamma_(self) -> float:
+        self._check_fitted()
+        return self._engine.solution()[0] if self.gamma == "auto" else float(self.gamma)
 
     def merge(self, other: AnalyticClassifier) -> AnalyticClassifier:
         """A new ``gram`` classifier holding the samples of both: the statistics simply add.
@@ -122,62 +202,56 @@ class AnalyticClassifier:
         This is how per-task or per-worker statistics are combined; the result is exactly the classifier
         that saw both streams. Only the ``gram`` engine keeps additive state.
         """
-        self._check_fitted()
-        other._check_fitted()
         if self.engine != "gram" or other.engine != "gram":
             raise FoalPipeError("only gram classifiers can be merged; use engine='gram'")
         if other.n_features_in_ != self.n_features_in_:
             raise FoalPipeError("cannot merge classifiers fitted on different feature dimensions")
-        xp = self._xp
-        classes = np.union1d(self.classes_, other.classes_)
-        Q = xp.zeros((self.n_features_in_, classes.size), dtype=self._dtype)
-        for part in (self, other):
-            Q[:, xp.asarray(np.searchsorted(classes, part.classes_))] += part._engine.Q
         return AnalyticClassifier.from_statistics(
-            self._engine.G + other._engine.G, Q, classes, self.n_samples_seen_ + other.n_samples_seen_,
-            self.gamma, self.dtype, self.backend,
+            self.statistics_ + other.statistics_, gamma=self.gamma, dtype=self.dtype, gamma_grid=self.gamma_grid
         )
 
     @classmethod
     def from_statistics(
         cls,
-        G: Any,
-        Q: Any,
-        classes: Any,
-        n_samples: int,
-        gamma: float = 1.0,
-        dtype: str = "float64",
-        backend: str = "numpy",
+        statistics: RidgeStatistics,
+        *,
+        gamma: float | str = 1.0,
+        dtype: str | None = None,
+        gamma_grid: Sequence[float] | None = None,
     ) -> AnalyticClassifier:
-        """A ``gram`` classifier holding sums computed elsewhere (for example by Dask workers).
+        """A ``gram`` classifier holding sums computed elsewhere (Dask workers, the learn walk, a merge).
 
-        ``G = H^T H`` has shape (D, D), ``Q = H^T Y`` shape (D, C) with column ``k`` for ``classes[k]``;
-        ``classes`` must be sorted and unique. The result equals a classifier that saw those samples.
+        The result equals a classifier that saw those samples; dtype defaults to the statistics' own,
+        the backend is that of their arrays.
         """
-        classes = np.asarray(classes).ravel()
-        if G.ndim != 2 or G.shape[0] != G.shape[1] or Q.shape != (G.shape[0], classes.size):
-            raise FoalPipeError(f"G {G.shape} and Q {Q.shape} do not fit {classes.size} classes; expected (D, D) and (D, C)")
-        if np.any(classes[1:] <= classes[:-1]):
-            raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
-        return cls(gamma, "gram", dtype, backend)._restore({"G": G, "Q": Q}, classes, n_samples, int(G.shape[0]))
+        dtype = dtype or np.dtype(str(statistics.dtype)).name
+        backend = "cupy" if is_cupy_array(statistics.G) else "numpy"
+        clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend, gamma_grid=gamma_grid)
+        state = {"G": statistics.G, "Q": statistics.Q}
+        if statistics.counts is not None:
+            state["counts"] = statistics.counts
+        return clf._restore(state, statistics.classes, statistics.n, statistics.dim)
 
     def _restore(self, state: dict[str, Any], classes: np.ndarray, n_samples: int, dim: int) -> AnalyticClassifier:
         """Set a fresh classifier's engine state, classes and sample count (load, sums computed elsewhere)."""
-        self._start(dim)
+        classes = np.asarray(classes).ravel()
+        self._start(dim, classes.dtype)
+        self.n_features_in_ = dim
         self.classes_ = classes
-        self._engine.load_state(state)
+        self._engine.load_state(state, classes, n_samples)
         self.n_samples_seen_ = int(n_samples)
         return self
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "_engine"):
-            raise FoalPipeError("this AnalyticClassifier is not fitted yet; call partial_fit first")
+        if not self.__sklearn_is_fitted__():
+            raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
 
     def _weights(self) -> Any:
-        """Weights in the state's namespace, refused when not finite (ill-conditioned float32 state)."""
+        """Weights in the state's namespace, refused when not finite (an ill-conditioned float32 recursion)."""
         self._check_fitted()
         W = self._engine.weights()
-        if not bool(self._xp.isfinite(W).all()):
+        xp = get_namespace(self.backend)
+        if not bool(xp.all(xp.isfinite(W))):
             raise FoalPipeError(
                 "the classifier has non-finite weights (ill-conditioned system); use a larger --gamma "
                 "or --dtype float64"
@@ -192,20 +266,22 @@ class AnalyticClassifier:
     def coef_(self) -> np.ndarray:
         return self.weights_.T
 
-    def decision_function(self, X: Any) -> np.ndarray:
-        """Scores ``X @ W`` of shape (n_samples, n_classes)."""
+    def _scores(self, X: Any) -> np.ndarray:
+        self._check_fitted()
+        X, _ = self._validate(X)
         W = self._weights()
-        X = self._check_X(X)
-        return to_numpy(self._xp.asarray(X, dtype=self._dtype) @ W)
+        return to_numpy(self._state_array(X) @ W)
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Scores ``X @ W``, shape (n_samples, n_classes); with two classes, scikit-learn's (n_samples,)
+        margin ``score[:, 1] - score[:, 0]`` (positive means ``classes_[1]``)."""
+        scores = self._scores(X)
+        return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def predict(self, X: Any) -> np.ndarray:
         """The class with the highest score, among the classes seen so far."""
-        scores = self.decision_function(X)
+        scores = self._scores(X)
         return self.classes_[np.argmax(scores, axis=1)]
-
-    def score(self, X: Any, y: Any) -> float:
-        """Mean accuracy on ``(X, y)``."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
@@ -222,14 +298,18 @@ class AnalyticClassifier:
         tensors["classes"] = self.classes_.astype(np.int64)
         if projection is not None:
             tensors["projection"] = projection.components_
-        state = {"gamma": float(self.gamma), "engine": self.engine, "dtype": self._dtype.name,
+        state = {"gamma": float(self.gamma_), "engine": self.engine, "dtype": self._dtype.name,
                  "n_samples_seen": self.n_samples_seen_}
+        if self.gamma == "auto":  # the chosen gamma above; a loaded classifier keeps choosing
+            state["gamma_grid"] = [float(g) for g in self._engine.grid]
         return write_model(path, tensors, {**metadata, **state})
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:
         """Restore a classifier written by :meth:`save`, validated (safetensors only: nothing is unpickled)."""
         tensors, meta = read_model(path)
-        clf = cls(gamma=meta["gamma"], engine=meta["engine"], dtype=meta["dtype"], backend=backend)
+        auto = "gamma_grid" in meta
+        clf = cls(gamma="auto" if auto else meta["gamma"], engine=meta["engine"], dtype=meta["dtype"], backend=backend,
+                  gamma_grid=meta["gamma_grid"] if auto else None)
         classes = tensors["classes"].astype(np.int64)
         return clf._restore(tensors, classes, meta["n_samples_seen"], int(tensors["W"].shape[0]))

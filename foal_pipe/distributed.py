@@ -3,12 +3,14 @@
 Dask (``pip install 'foal-pipe[dist]'``) does the scheduling, data movement and fault tolerance;
 this module only says what each task computes:
 
-* **Gram statistics** (``learn``/``sweep --engine gram``): the train features are read with
-  :func:`dask.array.from_zarr` in blocks aligned to the store's chunks. Each block task fuses
-  projection and sigmoid and returns its partial sums ``G_t = H_t^T H_t`` (one per task ``t``) and
-  ``Q = H^T Y``; the partials are added pairwise on the workers as they finish (preferably two held
-  by the same worker, so little moves), and only the total comes back. The sums are the same as the single-process pass (to rounding, ~1e-13), so the
-  classifiers, weights and metrics are too. The per-batch RLS path is sequential and stays local.
+* **Gram statistics** (``learn``/``sweep --engine gram``): :func:`dask_statistics` sums the
+  :class:`~foal_pipe.statistics.RidgeStatistics` of the selected train rows (one task's, as ``learn``
+  walks the stream). The features are read with :func:`dask.array.from_zarr` in blocks aligned to the
+  store's chunks; each block task projects its selected rows and returns their statistics; partials are
+  added pairwise on the workers as they finish (preferably two held by the same worker, so little
+  moves), and only the total comes back. The sums are the same as the single-process pass (to rounding,
+  ~1e-13), so the weights and metrics are too. The per-batch RLS path is sequential and stays local.
+  This module takes a store path, arrays, a projection and statistics: it knows nothing of ``learn``.
 * **Extraction** (``extract``): the client holds the store's writer lock and creates the store
   (:func:`foal_pipe.extract.extraction`), then every chunk-aligned row range is a task (:func:`extract_range`)
   that encodes its rows and writes them straight into the store; the model is loaded once per worker process. A range that raises is
@@ -36,17 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection
+from foal_pipe.statistics import RidgeStatistics
 from foal_pipe.store import check_finite
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from foal_pipe.extract import ExtractProgress, ExtractReport, ExtractSpec
-    from foal_pipe.learn import Prepared
 
 #: Upper bound on the feature bytes one Gram task reads at once (a block of whole store chunks).
 BLOCK_BYTES = 64 * 2**20
@@ -133,49 +133,23 @@ def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int, workers: i
 
 
 def block_statistics(
-    X: np.ndarray,
-    first_row: int,
-    tasks: np.ndarray,
-    labels: np.ndarray,
-    projection: SmoothProjection,
-    n_classes: int,
-    step: int,
-) -> dict[str, Any]:
-    """Partial sums of one block, in the same arithmetic as the single-process pass.
-
-    Rows are projected ``step`` (the store's chunk size) at a time, as ``learn.task_statistics`` does.
-    Returns ``{"G": {task: H_t^T H_t}, "Q": H^T Y (D, n_classes), "rows": len(X)}`` where ``Y`` is
-    one-hot over all classes (each class belongs to one task, so ``Q`` serves every task).
-    """
+    X: np.ndarray, first_row: int, selected: np.ndarray, labels: np.ndarray, projection: SmoothProjection, step: int
+) -> RidgeStatistics | None:
+    """The statistics of one block's selected rows (None if it has none), projected ``step`` rows at a time."""
     X = np.asarray(X)
     check_finite(X, "train", first_row)
-    dtype = projection.components_.dtype
-    D = projection.components_.shape[1]
-    G: dict[int, np.ndarray] = {}
-    Q = np.zeros((D, n_classes), dtype=dtype)
+    total = None
     for lo in range(0, X.shape[0], step):
-        keep = np.flatnonzero(tasks[lo : lo + step] >= 0)
-        if keep.size == 0:
-            continue
-        H = projection.transform(X[lo + keep])
-        y, t_rows = labels[lo + keep], tasks[lo + keep]
-        Y = np.zeros((keep.size, n_classes), dtype=dtype)
-        Y[np.arange(keep.size), y] = 1.0
-        Q += H.T @ Y
-        for t in np.unique(t_rows):
-            Ht = H[np.flatnonzero(t_rows == t)]
-            if int(t) in G:
-                G[int(t)] += Ht.T @ Ht
-            else:
-                G[int(t)] = Ht.T @ Ht
-    return {"G": G, "Q": Q, "rows": int(X.shape[0])}
+        keep = lo + np.flatnonzero(selected[lo : lo + step])
+        if keep.size:
+            part = RidgeStatistics.from_batch(projection.transform(X[keep]), labels[keep])
+            total = part if total is None else total + part
+    return total
 
 
-def add_statistics(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """The sum of two partials (new arrays: inputs held by Dask are never modified)."""
-    G = {t: a["G"][t] + b["G"][t] if t in b["G"] else a["G"][t].copy() for t in a["G"]}
-    G.update({t: g.copy() for t, g in b["G"].items() if t not in a["G"]})
-    return {"G": G, "Q": a["Q"] + b["Q"], "rows": a["rows"] + b["rows"]}
+def add_statistics(a: RidgeStatistics | None, b: RidgeStatistics | None) -> RidgeStatistics | None:
+    """The sum of two partials, as new arrays (inputs held by Dask are never modified)."""
+    return b if a is None else a if b is None else a + b
 
 
 def reduce_as_completed(
@@ -209,47 +183,47 @@ def reduce_as_completed(
     return last
 
 
-def dask_task_statistics(p: Prepared) -> list[AnalyticClassifier]:
-    """The distributed twin of :func:`foal_pipe.learn.task_statistics`: same classifiers, to 1e-9."""
+def dask_statistics(
+    client: Client,
+    path: str,
+    selected: np.ndarray,
+    labels: np.ndarray,
+    projection: Any,
+    step: int,
+    advance: Callable[[int], None] = lambda n: None,
+) -> RidgeStatistics:
+    """The :class:`RidgeStatistics` of the train rows where ``selected`` is true, computed on the cluster.
+
+    ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
+    :class:`SmoothProjection` (or its future, scattered once by the caller), ``step`` the rows projected at
+    once; ``advance(n)`` reports rows done.
+    """
     require_distributed()
     import dask
     import dask.array as da
 
-    cfg, train = p.config, p.store.train
-    if cfg.engine != "gram":
-        raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
-    row_task = p.stream.row_tasks(train.n_rows)
-    n_classes = len(p.store.classes)
-    projection = SmoothProjection.from_matrix(p.projection.components_, cfg.dtype)
-    path = str(Path(p.store.path).resolve())
-    with dask_client(cfg.dask_address, cfg.workers) as client:
-        step = train.chunk_rows
-        rows = block_rows(train.n_rows, train.dim, train.features.dtype.itemsize, step, n_workers(client))
-        X = da.from_zarr(path, component="train/features", chunks=(rows, train.dim))
-        proj = client.scatter(projection, broadcast=True)
-        stat = dask.delayed(block_statistics, pure=True)
-        blocks = []
-        for i, block in enumerate(X.to_delayed().ravel()):
-            lo, hi = i * rows, min((i + 1) * rows, train.n_rows)
-            blocks.append(stat(block, lo, row_task[lo:hi], train.labels[lo:hi], proj, n_classes, step))
-        futures = client.compute(blocks)
-        sizes = {f.key: min(rows, train.n_rows - i * rows) for i, f in enumerate(futures)}
-        label = f"train (gram, dask x{n_workers(client)})"
-        with progress_bar(label, train.n_rows) as advance:
-            total = reduce_as_completed(client, futures, add_statistics, lambda f: advance(sizes[f.key])).result()
-    if total["rows"] != train.n_rows:
-        raise FoalPipeError(f"dask returned statistics for {total['rows']} of {train.n_rows} rows; re-run the command")
-    D = cfg.projection_dim
-    out = []
-    for t, task_rows in enumerate(p.stream.rows):
-        classes = np.unique(train.labels[task_rows])
-        G = total["G"].get(t, np.zeros((D, D), dtype=projection.components_.dtype))
-        out.append(
-            AnalyticClassifier.from_statistics(
-                G, total["Q"][:, classes], classes, task_rows.size, cfg.gamma, cfg.dtype, cfg.backend
-            )
-        )
-    return out
+    features = da.from_zarr(path, component="train/features")
+    n_rows, dim = (int(n) for n in features.shape)
+    chunk_rows = int(features.chunksize[0])
+    rows = block_rows(n_rows, dim, features.dtype.itemsize, chunk_rows, n_workers(client))
+    X = da.from_zarr(path, component="train/features", chunks=(rows, dim))
+    stat = dask.delayed(block_statistics, pure=True)
+    blocks, sizes = [], []
+    for i, block in enumerate(X.to_delayed().ravel()):
+        lo, hi = i * rows, min((i + 1) * rows, n_rows)
+        count = int(np.count_nonzero(selected[lo:hi]))
+        if count:
+            blocks.append(stat(block, lo, selected[lo:hi], labels[lo:hi], projection, step))
+            sizes.append(count)
+    if not blocks:
+        raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
+    futures = client.compute(blocks)
+    size_of = {f.key: n for f, n in zip(futures, sizes)}
+    total = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
+    expected = int(np.count_nonzero(selected))
+    if total is None or total.n != expected:
+        raise FoalPipeError(f"dask returned statistics for {0 if total is None else total.n} of {expected} rows; re-run the command")
+    return total
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,108 +1,244 @@
 """``learn`` and ``sweep``: the online protocol over a feature store, evaluated after every task.
 
-Both engines give, at each task boundary k, the ridge solution over every training row of tasks
-1..k; they differ in how they get there:
+At each task boundary k both engines give the ridge solution over every training row of tasks 1..k:
 
 * ``rls`` replays the stream batch by batch in stream order (reading each task's rows window by
   window), exactly as the paper's Algorithm 1.
-* ``gram`` needs no order: one pass over the store in storage order, chunk by chunk, adds each row's
-  ``h h^T`` to its task's Gram matrix. Weights at boundary k solve ``(sum_{t<=k} G_t + gamma I) W = Q``.
-  ``sweep`` reuses the same pass: one eigendecomposition per boundary serves every gamma.
+* ``gram`` walks the tasks in stream order with one running :class:`~foal_pipe.statistics.RidgeStatistics`:
+  task k's rows are read chunk by chunk (each chunk decoded once per task) and added, then the boundary is
+  solved. Memory does not grow with the number of tasks: the running sums, one batch's Gram matrix and one
+  block of rows.
 
-Test accuracy for every boundary (and every gamma) is then computed in one pass over the test split.
+At a boundary the gram walk either solves for a fixed gamma (``learn --gamma 1``), or decomposes ``G``
+once and serves many gammas (``sweep``, ``learn --gamma auto``): their weights, their GCV, and, after one
+more pass over the rows seen so far, their exact leave-one-out scores. That pass is fused with the next
+task's pass, so each chunk is still decoded once per task. Test accuracy for every boundary (and every
+gamma) is computed in one pass over the test split at the end.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from foal_pipe.backend import get_namespace, resolve_dtype, to_numpy
+from foal_pipe.backend import get_namespace, resolve_backend, resolve_dtype, to_numpy
 from foal_pipe.classifier import AnalyticClassifier
-from foal_pipe.engines import DEFAULT_ENGINE, ENGINES
+from foal_pipe.engines import ENGINES, GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.memory import check_memory
 from foal_pipe.metrics import summarize
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
-from foal_pipe.projection import SmoothProjection
+from foal_pipe.projection import SmoothProjection, check_activation
+from foal_pipe.statistics import DEFAULT_GAMMA_GRID, LeaveOneOut, RidgeEigen, RidgeStatistics
 from foal_pipe.store import FeatureStore, open_store
-from foal_pipe.stream import Stream, build_stream, read_class_order
-from foal_pipe.timings import Stopwatch
+from foal_pipe.stream import Stream, build_stream, dropped_warning, read_class_order
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
+#: Rows projected at once elsewhere: at most this many activation values (a store chunk at D = 1000).
+BLOCK_VALUES = 2**22
+#: The default gammas of ``sweep``.
+SWEEP_GAMMAS: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 1e4)
+#: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
+CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv", False), "test": ("A_avg", True)}
 
 
-@dataclass
-class LearnConfig:
-    """Settings of one run; defaults are foal-pipe's (docs/protocol.md section 3)."""
+@dataclass(frozen=True)
+class StreamConfig:
+    """How the stream is built (docs/protocol.md section 3)."""
 
     tasks: int | None = 10
     batch_size: int = 10
-    projection_dim: int = 1000
-    gamma: float = 1.0
     seed: int = 0
-    engine: str = DEFAULT_ENGINE
-    backend: str = "auto"
-    dtype: str = "float64"
-    projection_init: str = "uniform"
     class_order: Path | None = None
     drop_last: bool = False
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The expansion and the ridge classifier on it.
+
+    ``gamma`` is a number, or ``"auto"``: chosen at every task boundary on the training rows seen so far,
+    by leave-one-out MSE (``select="loo"``) or GCV (``select="gcv"``), among ``gamma_grid``.
+    ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
+    """
+
+    projection_dim: int = 1000
+    projection_init: str = "uniform"
+    activation: str | None = None
+    gamma: float | str = 1.0
+    select: str = "loo"
+    gamma_grid: tuple[float, ...] = DEFAULT_GAMMA_GRID
+    engine: str = "gram"
+    dtype: str = "float64"
+
+    @property
+    def resolved_activation(self) -> str:
+        if self.activation is not None:
+            return self.activation
+        return "identity" if self.projection_dim == 0 else "sigmoid"
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """How the test split is scored: ``mask_unseen`` restricts the argmax to the classes seen so far."""
+
     mask_unseen: bool = True
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """Where the work runs: the array backend, and ``dask`` for the Gram statistics on a cluster."""
+
+    backend: str = "auto"
     scheduler: str = "local"
-    dask_address: str | None = None
+    dask_address: str | None = "local"
     workers: int = 2
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Which gammas ``sweep`` scores and how it names the best: ``loo`` (LOO MSE), ``gcv`` or ``test`` (an oracle)."""
+
+    gammas: tuple[float, ...] = SWEEP_GAMMAS
+    select: str | None = None  # None: loo, or gcv with loo=False
+    loo: bool = True
+
+    @property
+    def resolved_select(self) -> str:
+        return self.select or ("loo" if self.loo else "gcv")
 
 
 @dataclass
 class Boundary:
-    """Weights after task k for one or more models (gammas): ``W`` has shape (D, n_models, C_k)."""
+    """The models after task k: ``W`` (D, M, C_k) for ``gammas`` (M), with the selection criteria over the grid."""
 
     classes: np.ndarray
     W: Any
+    gammas: np.ndarray
+    gcv: np.ndarray | None = None
+    loo_accuracy: np.ndarray | None = None
+    loo_mse: np.ndarray | None = None
+    gcv_dof_ratio: float | None = None  # df/n at GCV's choice
 
 
 @dataclass
-class Prepared:
+class Run:
+    """Everything validated before any work: the store, the stream, the projection, the settings."""
+
     store: FeatureStore
     stream: Stream
     projection: SmoothProjection
-    xp: ModuleType
-    config: LearnConfig
+    backend: str
+    xp: Any
+    model: ModelConfig
+    evaluation: EvaluationConfig
+    execution: ExecutionConfig
     test_totals: np.ndarray  # test rows per task
+    row_task: np.ndarray  # task of every train row, -1 for rows outside the stream
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dim(self) -> int:
+        return int(self.projection.components_.shape[1])
+
+    @property
+    def block_rows(self) -> int:
+        return max(1, BLOCK_VALUES // max(self.dim, 1))
+
+    @contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
 
-def check_gamma(gamma: float) -> float:
-    if not np.isfinite(gamma) or gamma <= 0:
-        raise FoalPipeError(f"gamma must be a positive number, got {gamma}; try --gamma 1")
-    return float(gamma)
+def parse_gamma(value: float | str) -> float | str:
+    """A positive number, or ``"auto"``."""
+    return "auto" if value == "auto" else check_gamma(value)
 
 
-def prepare(features: str | Path, config: LearnConfig) -> Prepared:
-    """Validate everything before any work: store, settings, stream, projection."""
-    check_gamma(config.gamma)
-    if config.projection_dim < 1:
-        raise FoalPipeError(f"--projection-dim must be at least 1, got {config.projection_dim}; the paper uses 1000")
-    if config.engine not in ENGINES:
-        raise FoalPipeError(f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}")
-    resolve_dtype(config.dtype)
-    xp = get_namespace(config.backend)
+def prepare(
+    features: str | Path,
+    stream_config: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    n_models: int = 1,
+    loo: bool = False,
+    command: str = "learn",
+) -> Run:
+    """Validate everything before any work: settings, store, stream, projection, memory."""
+    if model.gamma != "auto":
+        check_gamma(model.gamma)
+    elif model.engine != "gram":
+        raise FoalPipeError("--gamma auto needs --engine gram (the RLS recursion fixes gamma in R0 = I/gamma)")
+    if model.select not in ("loo", "gcv"):
+        raise FoalPipeError(f"unknown --select {model.select!r}; choose loo or gcv")
+    for g in model.gamma_grid:
+        check_gamma(g)
+    if model.projection_dim < 0:
+        raise FoalPipeError(f"--projection-dim must be at least 0 (0: no projection), got {model.projection_dim}; the paper uses 1000")
+    check_activation(model.resolved_activation)
+    if model.engine not in ENGINES:
+        raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
+    if execution.scheduler not in ("local", "dask"):
+        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose local or dask")
+    if model.engine == "rls" and execution.scheduler == "dask":
+        raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
+    resolve_dtype(model.dtype)
+    backend = resolve_backend(execution.backend)
     store = open_store(features)
     n_classes = len(store.classes)
-    order = read_class_order(config.class_order, n_classes) if config.class_order else None
+    order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
     stream = build_stream(
-        store.train.labels, n_classes, config.tasks, config.batch_size, config.seed, order, config.drop_last
+        store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.seed, order,
+        stream_config.drop_last,
     )
     test_totals = count_test_rows(stream, store.test.labels, n_classes)
-    projection = SmoothProjection(config.projection_dim, config.projection_init, config.seed, config.dtype)
-    projection.fit(np.empty((0, store.dim)))
-    return Prepared(store, stream, projection, xp, config, test_totals)
+    projection = SmoothProjection(
+        n_components=model.projection_dim, init=model.projection_init, activation=model.resolved_activation,
+        random_state=stream_config.seed, dtype=model.dtype,
+    ).fit(np.zeros((1, store.dim)))  # fit reads only the feature count
+    run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
+              stream.row_tasks(store.train.n_rows))
+    check_memory(command, memory_parts(run, n_models, loo),
+                 "lower --projection-dim, use --dtype float32, fewer --gammas, or free memory")
+    return run
+
+
+def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
+    """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
+    boundaries' weights kept for the test pass."""
+    D, item = run.dim, np.dtype(run.model.dtype).itemsize
+    square = D * D
+    eigen = run.model.gamma == "auto" or n_models > 1
+    if run.model.engine == "rls":
+        state = 2 * square * item  # R and one update's D x D product
+    elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram
+        state = square * item + 4 * square * 8
+    else:  # G and one batch's Gram while summing; G and G + gamma I at a solve
+        state = square * item + square * max(item, 8)
+    n_classes = len(run.store.classes)
+    block = run.block_rows * (D * 8 * 3 + run.store.dim * 8)
+    if loo:
+        block += run.block_rows * (D + 3 * n_models * n_classes) * 8
+    parts = {
+        f"state at D={D}": state,
+        "a block of rows": block + run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize,
+        "weights of every boundary": run.stream.n_tasks * D * n_models * n_classes * 8,
+    }
+    return parts
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -118,117 +254,234 @@ def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.nd
     return totals
 
 
-def task_statistics(p: Prepared) -> list[AnalyticClassifier]:
-    """One gram classifier per task, from a single pass over the train split in storage order."""
-    if p.config.scheduler == "dask":
-        from foal_pipe.distributed import dask_task_statistics
-
-        return dask_task_statistics(p)
-    cfg, train = p.config, p.store.train
-    row_task = p.stream.row_tasks(train.n_rows)
-    per_task = [AnalyticClassifier(cfg.gamma, "gram", cfg.dtype, cfg.backend) for _ in p.stream.tasks]
-    with progress_bar("train (gram)", train.n_rows) as advance:
-        for lo, X in train.iter_chunks():
-            tasks = row_task[lo : lo + X.shape[0]]
-            keep = np.flatnonzero(tasks >= 0)
-            if keep.size:
-                H = p.projection.transform(X[keep], p.xp)
-                labels, tasks = train.labels[lo + keep], tasks[keep]
-                for t in np.unique(tasks):
-                    sel = np.flatnonzero(tasks == t)
-                    per_task[t].partial_fit(H[p.xp.asarray(sel)], labels[sel])
-            advance(X.shape[0])
-    return per_task
+# ----------------------------------------------------------------------------------------------
+# What happens at a boundary
 
 
-def cumulative(per_task: Sequence[AnalyticClassifier]) -> Iterator[AnalyticClassifier]:
-    """Classifiers after tasks 1..k for every k: running merges of the per-task statistics.
+class FixedGamma:
+    """Solve for one gamma at each boundary (``learn --gamma G``); ``classifier`` is the last boundary's."""
 
-    A generator, so only one running D x D sum is alive at a time besides the per-task ones.
+    needs_rows = False
+
+    def __init__(self, gamma: float, dtype: str) -> None:
+        self.gamma, self.dtype = gamma, dtype
+        self.classifier: AnalyticClassifier | None = None
+
+    def start(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
+        self.classifier = AnalyticClassifier.from_statistics(statistics, gamma=self.gamma, dtype=self.dtype)
+        W = self.classifier.weights_  # solved once: saving the last classifier reuses it
+        return Boundary(statistics.classes, W[:, None, :], np.array([self.gamma]))
+
+    def finish(self, state: Boundary) -> Boundary:
+        return state
+
+
+@dataclass
+class _Pending:
+    """A boundary waiting for its leave-one-out pass."""
+
+    statistics_classes: np.ndarray
+    eigen: RidgeEigen
+    gcv: np.ndarray
+    loo: LeaveOneOut | None
+    max_task: int
+
+
+class ManyGammas:
+    """One eigendecomposition per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO.
+
+    ``choose`` (``loo`` or ``gcv``) keeps only the chosen gamma's weights (``learn --gamma auto``); None keeps
+    all of them (``sweep``).
     """
-    running = per_task[0]
-    yield running
-    for clf in per_task[1:]:
-        running = running.merge(clf)
-        yield running
+
+    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None) -> None:
+        self.grid = np.asarray(grid, dtype=np.float64)
+        self.needs_rows = loo
+        self.choose = choose
+
+    def start(self, statistics: RidgeStatistics, max_task: int) -> _Pending:
+        eigen = statistics.eigen()
+        loo = eigen.loo(self.grid) if self.needs_rows else None
+        return _Pending(statistics.classes, eigen, eigen.gcv(self.grid), loo, max_task)
+
+    def finish(self, pending: _Pending) -> Boundary:
+        eigen, gcv = pending.eigen, pending.gcv
+        accuracy = pending.loo.accuracy() if pending.loo else None
+        mse = pending.loo.mse() if pending.loo else None
+        best_gcv = int(np.argmin(gcv))
+        ratio = float(eigen.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(eigen.n, 1)
+        if self.choose is None:
+            gammas = self.grid
+        else:
+            scores = mse if self.choose == "loo" else gcv
+            gammas = self.grid[[int(np.argmin(scores))]]
+        return Boundary(pending.statistics_classes, eigen.weights(gammas), gammas, gcv, accuracy, mse, ratio)
 
 
-def rls_boundaries(p: Prepared) -> tuple[list[Boundary], AnalyticClassifier]:
+# ----------------------------------------------------------------------------------------------
+# The walk over the tasks
+
+
+def _read_blocks(run: Run, wanted: np.ndarray, advance: Callable[[int], None]) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
+    """``(H, labels, tasks)`` for the wanted train rows, in storage order: each chunk that holds one is decoded
+    once, its wanted rows projected ``block_rows`` at a time."""
+    train = run.store.train
+    step = train.chunk_rows
+    for lo in range(0, train.n_rows, step):
+        rows = np.flatnonzero(wanted[lo : lo + step])
+        if rows.size == 0:
+            continue
+        with run.timed("read"):
+            _, X = next(train.iter_chunks(lo, min(lo + step, train.n_rows)))
+        for b in range(0, rows.size, run.block_rows):
+            sel = rows[b : b + run.block_rows]
+            with run.timed("project"):
+                H = run.projection.transform(X[sel], run.xp)
+            yield H, train.labels[lo + sel], run.row_task[lo + sel]
+            advance(sel.size)
+
+
+def _local_pass(run: Run, task: int | None, running: RidgeStatistics, pending: _Pending | None,
+                advance: Callable[[int], None]) -> None:
+    """One pass over the train chunks: task ``task``'s rows into ``running``; rows of tasks up to
+    ``pending.max_task`` into its leave-one-out accumulator."""
+    rt = run.row_task
+    wanted = rt == task if task is not None else np.zeros(rt.shape, dtype=bool)
+    if pending is not None:
+        wanted |= (rt >= 0) & (rt <= pending.max_task)
+    xp = run.xp
+    for H, labels, tasks in _read_blocks(run, wanted, advance):
+        new = tasks == task if task is not None else np.zeros(tasks.shape, dtype=bool)
+        if new.all():
+            with run.timed("gram"):
+                running += RidgeStatistics.from_batch(H, labels)
+            continue
+        if new.any():
+            idx = np.flatnonzero(new)
+            with run.timed("gram"):
+                running += RidgeStatistics.from_batch(xp.take(H, xp.asarray(idx), axis=0), labels[idx])
+            old = np.flatnonzero(~new)
+            H, labels = xp.take(H, xp.asarray(old), axis=0), labels[old]
+        with run.timed("loo"):
+            pending.loo.add(H, labels)
+
+
+def gram_boundaries(run: Run, solver: FixedGamma | ManyGammas,
+                    on_task: Callable[[int, RidgeStatistics], None] | None = None) -> tuple[list[Boundary], RidgeStatistics]:
+    """Walk the tasks in stream order with one running statistics object; the boundaries and the final sums.
+
+    ``on_task(k, statistics)`` is called after task k is added (tests use it to check every boundary).
+    """
+    xp = run.xp
+    running = RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype))
+    boundaries: list[Boundary] = []
+    pending: _Pending | None = None
+    sizes = [rows.size for rows in run.stream.rows]
+    total = sum(sizes) + (sum(np.cumsum(sizes)) if solver.needs_rows else 0)
+    dask = run.execution.scheduler == "dask"
+    label = "train (gram" + (", dask" if dask else "") + (" + leave-one-out)" if solver.needs_rows else ")")
+    with progress_bar(label, total) as advance, _dask_session(run) as add_task:
+        for k in range(run.stream.n_tasks):
+            if add_task is not None:
+                with run.timed("gram"):
+                    running += add_task(k, advance)
+                if pending is not None:
+                    _local_pass(run, None, running, pending, advance)
+            else:
+                _local_pass(run, k, running, pending, advance)
+            if pending is not None:
+                with run.timed("solve"):
+                    boundaries.append(solver.finish(pending))
+                pending = None
+            if on_task is not None:
+                on_task(k, running)
+            with run.timed("solve"):
+                state = solver.start(running, k)
+                if not solver.needs_rows:
+                    boundaries.append(solver.finish(state))
+            pending = state if solver.needs_rows else None
+        if pending is not None:
+            _local_pass(run, None, running, pending, advance)
+            with run.timed("solve"):
+                boundaries.append(solver.finish(pending))
+    return boundaries, running
+
+
+@contextmanager
+def _dask_session(run: Run) -> Iterator[Callable[[int, Callable[[int], None]], RidgeStatistics] | None]:
+    """With ``--scheduler dask``: ``add_task(k, advance)`` computing task k's statistics on the cluster."""
+    if run.execution.scheduler != "dask":
+        yield None
+        return
+    from foal_pipe.distributed import dask_client, dask_statistics
+
+    train = run.store.train
+    path = str(Path(run.store.path).resolve())
+    with dask_client(run.execution.dask_address, run.execution.workers) as client:
+        projection = client.scatter(run.projection, broadcast=True)
+
+        def add_task(k: int, advance: Callable[[int], None]) -> RidgeStatistics:
+            return dask_statistics(client, path, run.row_task == k, train.labels, projection, run.block_rows, advance)
+
+        yield add_task
+
+
+def rls_boundaries(run: Run) -> tuple[list[Boundary], AnalyticClassifier]:
     """Replay the stream batch by batch with the paper's recursion; snapshot W at each task end."""
-    cfg, train = p.config, p.store.train
-    clf = AnalyticClassifier(cfg.gamma, "rls", cfg.dtype, cfg.backend)
+    train, batch = run.store.train, run.stream.batch_size
+    clf = AnalyticClassifier(gamma=run.model.gamma, engine="rls", dtype=run.model.dtype, backend=run.backend)
     boundaries = []
-    total = sum(rows.size for rows in p.stream.rows)
-    with progress_bar("train (rls)", total) as advance:
-        for rows in p.stream.rows:
+    total = sum(rows.size for rows in run.stream.rows)
+    with progress_bar("train (rls)", total) as advance, run.timed("rls"):
+        for rows in run.stream.rows:
             for lo in range(0, rows.size, RLS_WINDOW):
                 window = rows[lo : lo + RLS_WINDOW]
-                H = p.projection.transform(train.take(window), p.xp)
+                H = run.projection.transform(train.take(window), run.xp)
                 labels = train.labels[window]
-                for b in range(0, window.size, cfg.batch_size):
-                    clf.partial_fit(H[b : b + cfg.batch_size], labels[b : b + cfg.batch_size])
+                for b in range(0, window.size, batch):
+                    clf.partial_fit(H[b : b + batch], labels[b : b + batch])
                 advance(window.size)
-            boundaries.append(Boundary(clf.classes_.copy(), clf._weights()[:, None, :].copy()))
+            boundaries.append(Boundary(clf.classes_.copy(), clf.weights_[:, None, :], np.array([float(run.model.gamma)])))
     return boundaries, clf
 
 
-def gram_boundaries(per_task: Sequence[AnalyticClassifier]) -> tuple[list[Boundary], AnalyticClassifier]:
-    """W after each task from the per-task Gram statistics, and the final classifier."""
-    boundaries = []
-    for clf in cumulative(per_task):
-        boundaries.append(Boundary(clf.classes_, clf._weights()[:, None, :]))
-    return boundaries, clf
+# ----------------------------------------------------------------------------------------------
+# Evaluation
 
 
-def sweep_boundaries(per_task: Sequence[AnalyticClassifier], gammas: Sequence[float]) -> list[Boundary]:
-    """``W(gamma) = V diag(1/(lambda + gamma)) V^T Q`` for every gamma from one eigh per boundary."""
-    out = []
-    for clf in cumulative(per_task):
-        xp, G, Q = clf._xp, clf._engine.G, clf._engine.Q
-        lam, V = xp.linalg.eigh(G)
-        B = V.T @ Q
-        g = xp.asarray(np.asarray(gammas, dtype=G.dtype))
-        scaled = B[:, None, :] / (lam[:, None, None] + g[None, :, None])  # (D, n_gammas, C)
-        W = (V @ scaled.reshape(V.shape[0], -1)).reshape(scaled.shape)
-        if not bool(xp.isfinite(W).all()):
-            raise FoalPipeError("a swept classifier has non-finite weights; drop the smallest gammas or use --dtype float64")
-        out.append(Boundary(clf.classes_, W))
-    return out
-
-
-def accuracy_matrices(p: Prepared, boundaries: Sequence[Boundary]) -> np.ndarray:
+def accuracy_matrices(run: Run, boundaries: Sequence[Boundary]) -> np.ndarray:
     """``acc[m, i, j]``: accuracy of model m after task i on task j's test rows (NaN for j > i)."""
-    test, xp, n_classes = p.store.test, p.xp, len(p.store.classes)
-    task_of = p.stream.task_of_label(n_classes)
-    row_task = task_of[test.labels]
+    test, xp, n_classes = run.store.test, run.xp, len(run.store.classes)
+    row_task = run.stream.task_of_label(n_classes)[test.labels]
     T, M = len(boundaries), int(boundaries[0].W.shape[1])
-    totals = p.test_totals
     correct = np.zeros((M, T, T), dtype=np.int64)
-    flat = [b.W.reshape(b.W.shape[0], -1) for b in boundaries]
-    with progress_bar("test", test.n_rows) as advance:
+    flat = [xp.reshape(xp.asarray(b.W), (b.W.shape[0], -1)) for b in boundaries]
+    with progress_bar("test", test.n_rows) as advance, run.timed("test"):
         for lo, X in test.iter_chunks():
-            tasks = row_task[lo : lo + X.shape[0]]
-            keep = np.flatnonzero(tasks >= 0)
-            if keep.size:
-                H = p.projection.transform(X[keep], xp)
-                y, tasks = test.labels[lo + keep], tasks[keep]
+            tasks_all = row_task[lo : lo + X.shape[0]]
+            keep_all = np.flatnonzero(tasks_all >= 0)
+            for b0 in range(0, keep_all.size, run.block_rows):
+                keep = keep_all[b0 : b0 + run.block_rows]
+                H = run.projection.transform(X[keep], xp)
+                y, tasks = test.labels[lo + keep], tasks_all[keep]
                 for k, b in enumerate(boundaries):
                     rows = np.flatnonzero(tasks <= k)
                     if rows.size == 0:
                         continue
-                    scores = (H[xp.asarray(rows)] @ flat[k]).reshape(rows.size, M, -1)
-                    if p.config.mask_unseen:
+                    scores = xp.reshape(xp.take(H, xp.asarray(rows), axis=0) @ flat[k], (rows.size, M, -1))
+                    if run.evaluation.mask_unseen:
                         pred = b.classes[to_numpy(xp.argmax(scores, axis=2))]
                     else:  # the published code: unseen classes score 0 and can win
-                        full = xp.zeros((rows.size, M, n_classes), dtype=scores.dtype)
-                        full[:, :, xp.asarray(b.classes)] = scores
-                        pred = to_numpy(xp.argmax(full, axis=2))
+                        full = np.zeros((rows.size, M, n_classes))
+                        full[:, :, b.classes] = to_numpy(scores)
+                        pred = np.argmax(full, axis=2)
                     hit = pred == y[rows][:, None]
                     for m in range(M):
                         correct[m, k] += np.bincount(tasks[rows], weights=hit[:, m], minlength=T).astype(np.int64)
             advance(X.shape[0])
-    acc = correct / totals[None, None, :]
-    acc[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] = np.nan
+    acc = correct / run.test_totals[None, None, :]
+    upper = np.triu_indices(T, 1)
+    acc[:, upper[0], upper[1]] = np.nan
     return acc
 
 
@@ -236,112 +489,177 @@ def ragged(acc: np.ndarray) -> list[list[float]]:
     return [[float(v) for v in acc[i, : i + 1]] for i in range(acc.shape[0])]
 
 
-def _report(p: Prepared, acc: np.ndarray) -> dict[str, Any]:
+def _report(acc: np.ndarray) -> dict[str, Any]:
     matrix = ragged(acc)
     return {**summarize(matrix), "accuracy_matrix": matrix}
 
 
-def _run_info(p: Prepared) -> dict[str, Any]:
-    cfg = p.config
+def _run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
     return {
-        "tasks": p.stream.tasks,
-        "n_tasks": p.stream.n_tasks,
-        "dropped_classes": p.stream.dropped,
-        "projection_dim": cfg.projection_dim,
-        "projection_init": cfg.projection_init,
-        "batch_size": cfg.batch_size,
-        "drop_last": cfg.drop_last,
-        "mask_unseen": cfg.mask_unseen,
-        "seed": cfg.seed,
-        "backend": p.xp.__name__,
-        "dtype": cfg.dtype,
-        "n_train_seen": int(sum(rows.size for rows in p.stream.rows)),
-        "dataset": p.store.meta.dataset,
-        "encoder": p.store.meta.encoder,
-        "features": str(p.store.path),
+        "tasks": run.stream.tasks,
+        "n_tasks": run.stream.n_tasks,
+        "dropped_classes": run.stream.dropped,
+        "projection_dim": run.model.projection_dim,
+        "projection_init": run.model.projection_init,
+        "activation": run.model.resolved_activation,
+        "batch_size": stream_config.batch_size,
+        "drop_last": stream_config.drop_last,
+        "mask_unseen": run.evaluation.mask_unseen,
+        "seed": stream_config.seed,
+        "backend": run.backend,
+        "dtype": run.model.dtype,
+        "n_train_seen": int(sum(rows.size for rows in run.stream.rows)),
+        "n_test": int(run.test_totals.sum()),
+        "feature_dim": int(run.store.dim),
+        "dataset": run.store.meta.dataset,
+        "encoder": run.store.meta.encoder,
+        "features": str(run.store.path),
     }
 
 
-def run_learn(features: str | Path, out: str | Path, config: LearnConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train through the stream, evaluate after each task; ``model.safetensors``, ``metrics.json`` and
-    ``timings.json`` replace ``out``'s as one unit (checked writable before any work)."""
-    out = check_output_dir(out)
-    clock = Stopwatch()
-    p = prepare(features, config)
-    clock.lap("prepare")
-    _warn_dropped(p, log)
-    if config.engine == "rls" and config.scheduler == "dask":
-        raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
-    with np.errstate(all="ignore"):  # overflow is caught by the finiteness check on the weights
-        if config.engine == "rls":
-            boundaries, final = rls_boundaries(p)
+def _finite_or_none(values: np.ndarray | None) -> list[float | None] | None:
+    return None if values is None else [float(v) if np.isfinite(v) else None for v in values]
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands
+
+
+def run_learn(
+    features: str | Path,
+    out: str | Path,
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
+    and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    auto = model.gamma == "auto"
+    loo = auto and model.select == "loo"
+    run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
+    _warn_dropped(run, stream, log)
+    with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
+        if model.engine == "rls":
+            boundaries, final = rls_boundaries(run)
         else:
-            boundaries, final = gram_boundaries(task_statistics(p))
-        clock.lap("train")
-        acc = accuracy_matrices(p, boundaries)[0]
-    clock.lap("test")
-    metrics = {
-        **_report(p, acc),
-        "gamma": config.gamma,
-        "engine": config.engine,
-        **_run_info(p),
-    }
-    p.store.check_unchanged()
+            if auto:
+                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select))
+                final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
+                                                           dtype=model.dtype)
+            else:
+                solver = FixedGamma(float(model.gamma), model.dtype)
+                boundaries, _ = gram_boundaries(run, solver)
+                final = solver.classifier
+        acc = accuracy_matrices(run, boundaries)[0]
+    metrics: dict[str, Any] = {**_report(acc), "gamma": "auto" if auto else float(model.gamma), "engine": model.engine,
+                               **_run_info(run, stream)}
+    if auto:
+        metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by=model.select,
+                       gamma_grid=[float(g) for g in model.gamma_grid])
+        if model.select == "gcv":
+            _warn_gcv(boundaries, model.gamma_grid, log)
+    run.store.check_unchanged()
     with atomic_dir(out) as tmp:
-        final.save(
-            tmp / MODEL_FILE,
-            projection=p.projection,
-            dataset=p.store.meta.dataset,
-            encoder=p.store.meta.encoder,
-            class_names=[p.store.classes[c] for c in final.classes_],
-            activation="sigmoid",
-        )
-        write_json(tmp / "metrics.json", metrics)
-        clock.lap("write")
-        clock.write(tmp)
+        with run.timed("write"):
+            final.save(tmp / MODEL_FILE, projection=run.projection, dataset=run.store.meta.dataset,
+                       encoder=run.store.meta.encoder, class_names=[run.store.classes[c] for c in final.classes_],
+                       activation=run.model.resolved_activation)
+            write_json(tmp / "metrics.json", metrics)
+        run.timings["total"] = time.perf_counter() - start
+        write_json(tmp / "timings.json", _timings(run))
+    metrics["timings"] = _timings(run)
     return metrics
 
 
 def run_sweep(
-    features: str | Path, out: str | Path, gammas: Sequence[float], config: LearnConfig, log: Callable[[str], None] = print
+    features: str | Path,
+    out: str | Path,
+    sweep: SweepConfig,
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Evaluate every gamma from one pass over the train split and one over the test split.
-
-    ``sweep.json`` and ``timings.json`` replace ``out``'s as one unit (checked writable before any work).
-    """
-    out = check_output_dir(out)
-    clock = Stopwatch()
-    if not gammas:
+    """Score every gamma from one walk over the train split and one pass over the test split; write
+    ``sweep.json`` (and ``timings.json``). ``model.gamma`` and ``model.engine`` are not used."""
+    start = time.perf_counter()
+    if not sweep.gammas:
         raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
-    gammas = [check_gamma(g) for g in gammas]
-    p = prepare(features, config)
-    clock.lap("prepare")
-    _warn_dropped(p, log)
-    with np.errstate(all="ignore"):  # overflow is caught by the finiteness check on the weights
-        boundaries = sweep_boundaries(task_statistics(p), gammas)
-        clock.lap("train")
-        acc = accuracy_matrices(p, boundaries)
-    clock.lap("test")
-    results = [{"gamma": g, **_report(p, acc[m])} for m, g in enumerate(gammas)]
-    best = max(results, key=lambda r: r["A_avg"])
+    gammas = [check_gamma(g) for g in sweep.gammas]
+    select = sweep.resolved_select
+    if select not in CRITERIA:
+        raise FoalPipeError(f"unknown --select {select!r}; choose one of {', '.join(CRITERIA)}")
+    if select == "loo" and not sweep.loo:
+        raise FoalPipeError("--select loo needs the leave-one-out pass; drop --no-loo or use --select gcv")
+    check_output_dir(out)
+    run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
+                  n_models=len(gammas), loo=sweep.loo, command="sweep")
+    _warn_dropped(run, stream, log)
+    with np.errstate(all="ignore"):
+        boundaries, _ = gram_boundaries(run, ManyGammas(gammas, sweep.loo, None))
+        acc = accuracy_matrices(run, boundaries)
+    results = []
+    for m, g in enumerate(gammas):
+        results.append({
+            "gamma": g,
+            **_report(acc[m]),
+            "gcv": _finite_or_none(np.array([b.gcv[m] for b in boundaries])),
+            "loo_accuracy": [float(b.loo_accuracy[m]) for b in boundaries] if sweep.loo else None,
+            "loo_mse": _finite_or_none(np.array([b.loo_mse[m] for b in boundaries])) if sweep.loo else None,
+        })
     report = {
         "gammas": gammas,
-        "best_gamma": best["gamma"],
+        "best_gamma": choose(results, select),
+        "best_gamma_test": choose(results, "test"),
+        "selected_by": select,
         "results": results,
-        **_run_info(p),
+        **_run_info(run, stream),
     }
-    p.store.check_unchanged()
+    _warn_gcv(boundaries[-1:], gammas, log)
+    run.store.check_unchanged()
     with atomic_dir(out) as tmp:
         write_json(tmp / "sweep.json", report)
-        clock.lap("write")
-        clock.write(tmp)
+        run.timings["total"] = time.perf_counter() - start
+        write_json(tmp / "timings.json", _timings(run))
+    report["timings"] = _timings(run)
     return report
 
 
-def _warn_dropped(p: Prepared, log: Callable[[str], None]) -> None:
-    if p.stream.dropped and p.config.class_order is None:
+def choose(results: Sequence[dict[str, Any]], criterion: str) -> float:
+    """The gamma that ``criterion`` prefers at the last task boundary (first of equals, in the given order)."""
+    key, larger = CRITERIA[criterion]
+
+    def value(r: dict[str, Any]) -> float:
+        v = r[key][-1] if isinstance(r[key], list) else r[key]
+        if v is None:
+            return -np.inf if larger else np.inf
+        return v
+
+    scores = np.array([value(r) for r in results], dtype=np.float64)
+    return float(results[int(np.argmax(scores) if larger else np.argmin(scores))]["gamma"])
+
+
+def _timings(run: Run) -> dict[str, float]:
+    return {step: round(seconds, 3) for step, seconds in sorted(run.timings.items())}
+
+
+def _warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:
+    flagged = [k for k, b in enumerate(boundaries) if b.gcv_dof_ratio is not None and b.gcv_dof_ratio > GCV_DOF_WARNING]
+    if flagged:
+        b = boundaries[flagged[-1]]
         log(
-            f"warning: {len(p.store.classes)} classes do not split evenly into {p.stream.n_tasks} tasks; "
-            f"dropping {len(p.stream.dropped)} classes (label ids {p.stream.dropped})"
+            f"warning: GCV's choice has effective degrees of freedom {100 * b.gcv_dof_ratio:.0f}% of the rows "
+            f"(above {100 * GCV_DOF_WARNING:.0f}%) at {len(flagged)} task boundar{'y' if len(flagged) == 1 else 'ies'}; "
+            "GCV is unreliable as D nears n: prefer --select loo"
         )
 
+
+def _warn_dropped(run: Run, stream: StreamConfig, log: Callable[[str], None]) -> None:
+    message = dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None)
+    if message:
+        log(message)

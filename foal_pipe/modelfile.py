@@ -14,7 +14,8 @@ Tensors (D: activations, C: classes, d: features):
 * ``W`` (D, C), float: the ridge weights; column k scores ``classes[k]``;
 * ``classes`` (C,), int: the label ids, sorted, unique, non-negative;
 * ``projection`` (d, D), float, optional: the smooth projection (activations ``sigmoid(X @ projection)``);
-* the engine's state in ``dtype``: ``G`` (D, D) and ``Q`` (D, C) for ``gram``, ``R`` (D, D) for ``rls``.
+* the engine's state in ``dtype``: ``G`` (D, D), ``Q`` (D, C) and ``counts`` (C,), int: rows per class, for
+  ``gram``; ``R`` (D, D) for ``rls``.
 
 Metadata: safetensors keeps string values only, so every value is stored as JSON text. Required:
 ``format`` (``"foal-pipe/model"``), ``format_version`` (1), ``gamma`` (a positive number), ``engine``
@@ -38,6 +39,7 @@ import numpy as np
 from foal_pipe.backend import DTYPES
 from foal_pipe.engines import ENGINES
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.projection import ACTIVATIONS
 from foal_pipe.io import atomic_path
 
 MODEL_FILE = "model.safetensors"
@@ -61,6 +63,7 @@ TENSORS: dict[str, tuple[tuple[str, ...], str]] = {
     "G": (("D", "D"), "f"),
     "Q": (("D", "C"), "f"),
     "R": (("D", "D"), "f"),
+    "counts": (("C",), "iu"),
 }
 REQUIRED_TENSORS = ("W", "classes")
 
@@ -105,7 +108,7 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "class_names": (False, _names),
     "dataset": (False, lambda v, _: None if isinstance(v, str) else "must be a string"),
     "encoder": (False, lambda v, _: None if isinstance(v, dict) else "must be a mapping"),
-    "activation": (False, lambda v, _: None if v == "sigmoid" else "must be 'sigmoid'"),
+    "activation": (False, lambda v, _: None if v in ACTIVATIONS else f"must be one of {', '.join(map(repr, ACTIVATIONS))}"),
 }
 
 
@@ -192,6 +195,9 @@ def _check_values(tensors: Mapping[str, Any], where: str) -> None:
             raise _refuse(where, f"class id {int(classes.min())} is negative")
         if np.any(classes[1:] <= classes[:-1]):
             raise _refuse(where, "class ids are not sorted and unique")
+    counts = tensors.get("counts")
+    if isinstance(counts, np.ndarray) and counts.size and counts.min() < 0:
+        raise _refuse(where, f"the row count of a class is negative ({int(counts.min())})")
 
 
 def _json(value: Any, key: str) -> str:

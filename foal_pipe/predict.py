@@ -50,7 +50,8 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
         raise FoalPipeError(f"{model} has no 'projection' tensor; pass the model.safetensors that learn wrote")
     store = open_store(features)
     data = store.split(split)
-    projection = SmoothProjection.from_matrix(tensors["projection"])
+    activation = meta.get("activation", "sigmoid")
+    projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)
     if projection.n_features_in_ != data.dim:
         raise FoalPipeError(
             f"the model expects {projection.n_features_in_}-dimensional features but {features} has {data.dim}; "

@@ -11,12 +11,13 @@ import pytest
 
 import foal_pipe.classifier
 import foal_pipe.projection
+import foal_pipe.statistics
 from foal_pipe.store import write_store
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.mark.parametrize("module", [foal_pipe.classifier, foal_pipe.projection])
+@pytest.mark.parametrize("module", [foal_pipe.classifier, foal_pipe.projection, foal_pipe.statistics])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.learn import LearnConfig, run_learn
+from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_a_store_damaged_after_extraction_is_refused(tmp_path, reference, damage
     else:
         chunk.write_bytes(chunk.read_bytes()[:-10])
     with pytest.raises(FoalPipeError, match="train/features .*rows 896-1,023"):
-        run_learn(store, tmp_path / "run", LearnConfig(tasks=5, projection_dim=32))
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=32), EvaluationConfig(), ExecutionConfig())
     assert not (tmp_path / "run").exists()
     verify = runner.invoke(app, ["info", str(store), "--verify"])
     assert verify.exit_code == 1 and "Traceback" not in verify.output

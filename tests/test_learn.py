@@ -113,8 +113,11 @@ def test_learn_equals_closed_form_and_hand_metrics(tmp_path, store, engine, batc
 def test_outputs_and_provenance(tmp_path, store):
     metrics, model = learn(store, tmp_path / "run")
     for key in ("A_avg", "A_last", "F", "F_published_code", "accuracy_matrix", "tasks", "gamma", "projection_dim",
-                "batch_size", "seed", "engine", "backend", "dtype", "n_train_seen", "encoder"):
+                "batch_size", "seed", "engine", "backend", "dtype", "n_train_seen", "encoder", "activation"):
         assert key in metrics, key
+    assert "seconds" not in metrics  # wall-clock times live in timings.json, not in a pipeline output
+    timings = json.loads((tmp_path / "run" / "timings.json").read_text())
+    assert timings["total"] >= timings["solve"] > 0 and timings["test"] > 0
     assert metrics["encoder"]["name"] == "synthetic" and metrics["backend"] == "numpy" and metrics["dtype"] == "float64"
     assert model["W"].dtype == np.float64 and model["W"].shape == (48, N_CLASSES)
     assert model["projection"].shape == (DIM, 48) and model["classes"].dtype == np.int64
@@ -123,6 +126,7 @@ def test_outputs_and_provenance(tmp_path, store):
     with safe_open(str(tmp_path / "run" / "model.safetensors"), "numpy") as f:
         meta = f.metadata()
     assert float(meta["gamma"]) == 1.0 and json.loads(meta["dataset"]) == "blobs"
+    assert json.loads(meta["activation"]) == "sigmoid"
     assert json.loads(meta["encoder"])["name"] == "synthetic"
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]  # no temp files left
 
@@ -168,28 +172,36 @@ def test_sweep_equals_learn_for_every_gamma(tmp_path, store):
     result = invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--gammas", ",".join(map(str, gammas)),
                     "--tasks", 4, "--projection-dim", 48, "--seed", 3, "--backend", "numpy")
     assert result.exit_code == 0, result.output
-    assert "best" in result.output
+    assert "best gamma" in result.output and "oracle" in result.output
     report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert report["gammas"] == gammas
     for r in report["results"]:
         metrics, _ = learn(store, tmp_path / f"g{r['gamma']}", gamma=r["gamma"])
         assert_same_matrix(r["accuracy_matrix"], metrics["accuracy_matrix"])
         assert r["A_avg"] == pytest.approx(metrics["A_avg"], abs=1e-12)
-    assert report["best_gamma"] == max(report["results"], key=lambda r: r["A_avg"])["gamma"]
+        assert len(r["gcv"]) == len(r["loo_accuracy"]) == len(r["loo_mse"]) == 4
+    assert report["selected_by"] == "loo"
+    last_mse = [r["loo_mse"][-1] for r in report["results"]]
+    assert report["best_gamma"] == gammas[int(np.argmin(last_mse))]
+    assert report["best_gamma_test"] == max(report["results"], key=lambda r: r["A_avg"])["gamma"]
     assert len({r["A_avg"] for r in report["results"]}) > 1  # gamma matters on this data
+    assert "seconds" not in report and json.loads((tmp_path / "sw" / "timings.json").read_text())["loo"] > 0
 
 
-def test_sweep_weights_equal_closed_form(store):
-    from foal_pipe.learn import LearnConfig, cumulative, prepare, sweep_boundaries, task_statistics
+def test_sweep_weights_equal_closed_form_at_every_boundary(store):
+    from foal_pipe.learn import (EvaluationConfig, ExecutionConfig, ManyGammas, ModelConfig, StreamConfig,
+                                 gram_boundaries, prepare)
 
-    p = prepare(store, LearnConfig(tasks=4, projection_dim=48, seed=3, backend="numpy"))
-    per_task = task_statistics(p)
-    boundaries = sweep_boundaries(per_task, [0.01, 3.0])
-    for clf, b in zip(cumulative(per_task), boundaries, strict=True):
-        for m, gamma in enumerate([0.01, 3.0]):
-            G, Q = clf._engine.G, clf._engine.Q
-            W = np.linalg.solve(G + gamma * np.eye(48), Q)
-            assert np.abs(b.W[:, m, :] - W).max() / np.abs(W).max() < 1e-9
+    gammas = [0.01, 3.0]
+    run = prepare(store, StreamConfig(tasks=4, seed=3), ModelConfig(projection_dim=48), EvaluationConfig(),
+                  ExecutionConfig(backend="numpy"), n_models=2)
+    boundaries, _ = gram_boundaries(run, ManyGammas(gammas, loo=False, choose=None))
+    metrics = {"n_tasks": 4, "batch_size": 10, "seed": 3, "tasks": run.stream.tasks}
+    for gamma_index, gamma in enumerate(gammas):
+        _, weights = hand_accuracy(store, metrics, run.projection.components_, gamma)
+        for b, (seen, W) in zip(boundaries, weights, strict=True):
+            np.testing.assert_array_equal(b.classes, seen)
+            assert np.abs(b.W[:, gamma_index, :] - W).max() / np.abs(W).max() < 1e-9
 
 
 def test_predict(tmp_path, store):
@@ -273,10 +285,15 @@ def test_bad_stores(tmp_path, kind, message):
         (["--gamma", "0"], "gamma must be a positive number"),
         (["--gamma", "-1"], "gamma must be a positive number"),
         (["--tasks", "13"], "--tasks 13 is larger than the number of classes (12)"),
-        (["--projection-dim", "0"], "--projection-dim must be at least 1"),
+        (["--projection-dim", "-1"], "--projection-dim must be at least 0"),
         (["--engine", "sgd"], "unknown engine"),
         (["--backend", "tpu"], "unknown backend"),
-        (["--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"], "non-finite weights"),
+        (["--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"], "underflows in float32"),
+        (["--gamma", "abc"], "neither a number nor 'auto'"),
+        (["--gamma", "auto", "--engine", "rls"], "--gamma auto needs --engine gram"),
+        (["--gamma", "auto", "--select", "test"], "unknown --select 'test'"),
+        (["--activation", "tanh"], "unknown activation 'tanh'"),
+        (["--gamma-grid", "1,x"], "--gamma-grid '1,x' is not a comma-separated list"),
     ],
 )
 def test_bad_settings(tmp_path, store, args, message):

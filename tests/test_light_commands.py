@@ -106,7 +106,8 @@ def test_light_install_dependencies():
         return {req.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for req in requirements}
 
     assert names(project["dependencies"]) == {
-        "numpy", "zarr", "safetensors", "typer", "rich", "scikit-learn", "matplotlib", "array-api-compat"}
+        "numpy", "zarr", "safetensors", "typer", "rich", "scikit-learn", "matplotlib", "array-api-compat",
+        "threadpoolctl"}
     extras = project["optional-dependencies"]
     assert names(extras["extract"]) == {"torch", "torchvision", "timm", "h5py", "pillow"}
     assert names(extras["dist"]) == {"dask"} and "distributed" in extras["dist"][0]

@@ -158,7 +158,7 @@ BAD = {
     "names numbers": (_edit(meta={"class_names": [1, 2, 3]}), "must be a list of strings"),
     "names string": (_edit(meta={"class_names": "abc"}), "must be a list of strings"),
     "names twice": (_edit(meta={"class_names": ["a", "b", "a"]}), "names 'a' twice"),
-    "activation": (_edit(meta={"activation": "relu"}), "metadata 'activation' ('relu') must be 'sigmoid'"),
+    "activation": (_edit(meta={"activation": "tanh"}), "metadata 'activation' ('tanh') must be one of 'sigmoid'"),
     "W 1-D": (_edit(tensors=lambda t: {"W": t["W"].ravel()}), "tensor 'W' has shape (12,) but must have 2 dimensions"),
     "W vs classes": (_edit(tensors=lambda t: {"classes": np.array([0, 2, 5, 7])}),
                      "tensor 'classes' has shape (4,) but 'W' has C = 3"),
@@ -274,3 +274,12 @@ def test_classifier_round_trip_keeps_names_and_state(tmp_path):
     with pytest.raises(FoalPipeError, match="has 3 names but W has 4 columns"):
         clf.save(tmp_path / "bad.safetensors", class_names=["a", "b", "c"])
     assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_negative_class_counts_are_refused(tmp_path):
+    """The gram state's rows per class cannot be negative (GCV divides by their sum)."""
+    tensors = {"W": np.zeros((3, 2)), "classes": np.array([0, 1]), "G": np.eye(3), "Q": np.zeros((3, 2)),
+               "counts": np.array([4, -1])}
+    meta = {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 3}
+    with pytest.raises(FoalPipeError, match="row count of a class is negative"):
+        write_model(tmp_path / "m.safetensors", tensors, meta)

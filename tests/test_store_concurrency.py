@@ -30,7 +30,7 @@ import foal_pipe.store as st
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract, staging_path
-from foal_pipe.learn import LearnConfig, run_learn
+from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
 from foal_pipe.store import open_store, read_log, read_meta, writer_lock
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -179,7 +179,7 @@ def test_overwrite_while_learn_reads_voids_the_results(tmp_path, monkeypatch, re
     shutil.copytree(reference, store)
     done = _overwrite_during_test_read(monkeypatch, store, normalize=False)
     with pytest.raises(FoalPipeError, match=r"changed while it was being read \(generation \w+ -> \w+; another"):
-        run_learn(store, tmp_path / "run", LearnConfig(tasks=5, projection_dim=64))
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
     assert done and done[0].status == "created" and not (tmp_path / "run").exists()
     assert open_store(store).meta.encoder["normalize"] is False  # the new store is complete and in place
 
@@ -200,7 +200,7 @@ def test_a_store_swapped_for_another_layout_mid_read_is_named_as_changed(tmp_pat
     shutil.copytree(reference, store)
     _overwrite_during_test_read(monkeypatch, store, dtype="float16")
     with pytest.raises(FoalPipeError, match=r"changed while it was being read"):
-        run_learn(store, tmp_path / "run", LearnConfig(tasks=5, projection_dim=64))
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
 
 
 def test_predict_checks_the_store_it_read(tmp_path, monkeypatch, reference):
@@ -208,7 +208,7 @@ def test_predict_checks_the_store_it_read(tmp_path, monkeypatch, reference):
 
     store = tmp_path / "digits.zarr"
     shutil.copytree(reference, store)
-    run_learn(store, tmp_path / "run", LearnConfig(tasks=5, projection_dim=64))
+    run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
     _overwrite_during_test_read(monkeypatch, store, normalize=False)
     with pytest.raises(FoalPipeError, match="changed while it was being read"):
         predict_split(tmp_path / "run" / "model.safetensors", store)
@@ -315,10 +315,10 @@ def test_learn_outputs_are_unchanged_when_the_store_changed(tmp_path, monkeypatc
     store = tmp_path / "digits.zarr"
     shutil.copytree(reference, store)
     run = tmp_path / "run"
-    run_learn(store, run, LearnConfig(tasks=5, projection_dim=64))
+    run_learn(store, run, StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     _overwrite_during_test_read(monkeypatch, store, normalize=False)
     with pytest.raises(FoalPipeError, match="changed while it was being read"):
-        run_learn(store, run, LearnConfig(tasks=5, projection_dim=64, seed=1))
+        run_learn(store, run, StreamConfig(tasks=5, seed=1), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert np.isfinite(json.loads((run / "metrics.json").read_text())["A_avg"])

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +19,7 @@ Tasks = Annotated[
     typer.Option(help="Number of tasks; classes are shuffled with --seed and split evenly (leftover classes dropped)."),
 ]
 BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
-ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection.")]
+ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
 Seed = Annotated[int, typer.Option(help="Seed of the class order, the within-task shuffles and the projection.")]
 Engine = Annotated[
     str,
@@ -31,7 +29,8 @@ Engine = Annotated[
     ),
 ]
 Backend = Annotated[str, typer.Option(help="auto (CuPy when a GPU and cupy are present, else NumPy), numpy or cupy.")]
-Dtype = Annotated[str, typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (faster, drifts).")]
+Dtype = Annotated[str, typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (half the memory; "
+                                       "solved in float64, a gamma below its resolution is refused).")]
 ProjectionInit = Annotated[str, typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or normal (same variance).")]
 ClassOrder = Annotated[
     Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides --tasks. Default: none (--tasks splits the classes).")
@@ -53,18 +52,45 @@ DaskAddress = Annotated[
 Workers = Annotated[int, typer.Option(help="With --scheduler dask and --dask-address local: number of worker processes.")]
 
 
-def _config(options: dict):
-    """LearnConfig from a command's parameters (``locals()``): the fields it has, ``--no-mask-unseen`` inverted."""
-    from foal_pipe.learn import LearnConfig
-
-    _scheduler(options["scheduler"])
-    names = {f.name for f in dataclasses.fields(LearnConfig)}
-    config = {k: v for k, v in options.items() if k in names}
-    return LearnConfig(**config, mask_unseen=not options["no_mask_unseen"])
+Activation = Annotated[
+    str | None,
+    typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
+                 "or identity with --projection-dim 0 (ridge on the raw features)."),
+]
+Select = Annotated[
+    str | None,
+    typer.Option(help="How gamma is chosen on the training rows seen so far: loo (exact leave-one-out MSE, default) or "
+                 "gcv (generalised cross-validation, no extra pass); sweep also takes test, an oracle that peeks at the "
+                 "test split. Default: loo, or gcv with --no-loo."),
+]
 
 
 def _log(message: str) -> None:
     err_console.print(f"[yellow]{message}[/]", highlight=False, soft_wrap=True)
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(g) for g in text.split(",") if g.strip())
+    except ValueError:
+        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
+
+
+def _gamma(text: str) -> float | str:
+    from foal_pipe.learn import parse_gamma
+
+    if text == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise FoalPipeError(f"--gamma {text!r} is neither a number nor 'auto'; write e.g. --gamma 1 or --gamma auto") from None
+    return parse_gamma(value)
+
+
+def _timings(timings: dict[str, float]) -> str:
+    parts = [f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total"]
+    return f"{timings['total']:.1f} s: " + ", ".join(parts)
 
 
 @app.command()
@@ -74,12 +100,20 @@ def learn(
     tasks: Tasks = 10,
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
-    gamma: Annotated[float, typer.Option(help="Ridge regularisation gamma (R0 = I/gamma); must be > 0.")] = 1.0,
+    gamma: Annotated[
+        str, typer.Option(help="Ridge regularisation gamma (R0 = I/gamma), > 0; or auto: chosen at every task boundary "
+                          "on the training rows seen so far (see --select, --gamma-grid).")
+    ] = "1",
+    select: Select = None,
+    gamma_grid: Annotated[str, typer.Option(help="Candidates of --gamma auto (comma-separated).")] = (
+        "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"
+    ),
     seed: Seed = 0,
     engine: Engine = "gram",
     backend: Backend = "auto",
     dtype: Dtype = "float64",
     projection_init: ProjectionInit = "uniform",
+    activation: Activation = None,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
     no_mask_unseen: NoMask = False,
@@ -92,31 +126,30 @@ def learn(
     Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F), OUT/model.safetensors and OUT/timings.json
     (seconds per phase) as one unit: a failed or killed run leaves the previous outputs as they were.
     """
-    options = locals()
-    from foal_pipe.learn import run_learn
+    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
 
     with user_errors():
-        config = _config(options)
-        start = time.perf_counter()
-        m = run_learn(features, out, config, log=_log)
+        model = ModelConfig(
+            projection_dim=projection_dim, projection_init=projection_init, activation=activation,
+            gamma=_gamma(gamma), select=select or "loo", gamma_grid=_floats(gamma_grid, "--gamma-grid"),
+            engine=engine, dtype=dtype,
+        )
+        stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last)
+        evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
+        execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
+        m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
+        chosen = ""
+        if m["gamma"] == "auto":
+            chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
         console.print(
-            f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}  "
-            f"({m['n_tasks']} tasks, {m['n_train_seen']} rows, {time.perf_counter() - start:.1f} s) -> {out}",
+            f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}{chosen}  "
+            f"({m['n_tasks']} tasks, {m['n_train_seen']} rows, {_timings(m['timings'])}) -> {out}",
             highlight=False,
         )
 
 
-def _scheduler(name: str) -> str:
-    if name not in ("local", "dask"):
-        raise FoalPipeError(f"unknown scheduler {name!r}; choose local or dask")
-    return name
-
-
-def _gammas(text: str) -> list[float]:
-    try:
-        return [float(g) for g in text.split(",") if g.strip()]
-    except ValueError:
-        raise FoalPipeError(f"--gammas {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
+def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
+    return "-" if value is None else f"{scale * value:{fmt}}"
 
 
 @app.command()
@@ -126,6 +159,10 @@ def sweep(
     gammas: Annotated[str, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the data.")] = (
         "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"
     ),
+    select: Select = None,
+    no_loo: Annotated[
+        bool, typer.Option("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")
+    ] = False,
     tasks: Tasks = 10,
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
@@ -133,6 +170,7 @@ def sweep(
     backend: Backend = "auto",
     dtype: Dtype = "float64",
     projection_init: ProjectionInit = "uniform",
+    activation: Activation = None,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
     no_mask_unseen: NoMask = False,
@@ -140,28 +178,44 @@ def sweep(
     dask_address: DaskAddress = "local",
     workers: Workers = 2,
 ) -> None:
-    """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json and OUT/timings.json.
+    """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 
-    Each gamma's numbers equal what `learn --gamma G` gives with the same seed, tasks and projection.
+    Each gamma's test numbers equal what `learn --gamma G` gives with the same seed, tasks and projection;
+    GCV and exact leave-one-out scores, computed on the training rows only, name the best gamma.
     """
-    options = locals()
-    from foal_pipe.learn import run_sweep
+    from foal_pipe.learn import (
+        EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, choose, run_sweep,
+    )
 
     with user_errors():
-        config = _config(options)
-        start = time.perf_counter()
-        report = run_sweep(features, out, _gammas(gammas), config, log=_log)
+        config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo)
+        model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
+                            dtype=dtype)
+        stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last)
+        evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
+        execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
+        report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         table = Table(title=f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})")
-        for name in ("gamma", "A_avg %", "A_last %", "F %", ""):
+        for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
             table.add_column(name, justify="right")
+        choices = {"gcv": choose(report["results"], "gcv"), "test": report["best_gamma_test"]}
+        if not no_loo:
+            choices["loo"] = choose(report["results"], "loo")
         for r in report["results"]:
-            best = r["gamma"] == report["best_gamma"]
+            marks = [name for name, g in choices.items() if g == r["gamma"]]
+            label = ", ".join(f"[bold green]{m}[/]" if m == report["selected_by"] else m for m in marks)
             table.add_row(
                 f"{r['gamma']:g}", f"{100 * r['A_avg']:.2f}", f"{100 * r['A_last']:.2f}", f"{100 * r['F']:.2f}",
-                "[bold green]best[/]" if best else "",
+                _cell(r["gcv"][-1], fmt=".4g"), _cell(r["loo_accuracy"][-1] if r["loo_accuracy"] else None, 100),
+                _cell(r["loo_mse"][-1] if r["loo_mse"] else None, fmt=".4g"), label,
             )
         console.print(table)
-        console.print(f"{len(report['gammas'])} gammas in {time.perf_counter() - start:.1f} s -> {out / 'sweep.json'}")
+        console.print(
+            f"best gamma {report['best_gamma']:g} by {report['selected_by']} (GCV, LOO: training rows only; "
+            f"test {report['best_gamma_test']:g} is an oracle that peeks at the test split)", highlight=False,
+        )
+        console.print(f"{len(report['gammas'])} gammas in {_timings(report['timings'])} -> {out / 'sweep.json'}",
+                      highlight=False)
 
 
 @app.command()

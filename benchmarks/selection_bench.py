@@ -1,0 +1,78 @@
+"""Benchmark gamma selection against one `learn`: sweeps with and without leave-one-out, `learn --gamma auto`.
+
+Measured side by side in one run, interleaved (round-robin, so load from other processes hits every command
+alike), on the synthetic store (default 50,000 x 768 float32, 100 classes, 10 tasks, D = 1000, batch 10,
+`--backend numpy`); each figure is the median wall time of whole `foal-pipe` subprocesses, and the ratio is
+to `learn --gamma 1`. The step timings (timings.json) of the median run are recorded too.
+
+Usage: python benchmarks/selection_bench.py [--rows 50000] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from learn_bench import run_cli
+from synthetic import make_store
+
+D, TASKS = 1000, 10
+GRID = "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"  # 13 gammas: learn --gamma auto's default grid
+COMMANDS = {
+    "learn --gamma 1": ["learn", "--gamma", "1"],
+    "sweep --no-loo (13 gammas)": ["sweep", "--gammas", GRID, "--no-loo"],
+    "sweep (13 gammas, LOO at every boundary)": ["sweep", "--gammas", GRID],
+    "learn --gamma auto --select gcv": ["learn", "--gamma", "auto", "--select", "gcv"],
+    "learn --gamma auto (LOO)": ["learn", "--gamma", "auto"],
+}
+TARGETS = {"sweep --no-loo (13 gammas)": 1.3, "sweep (13 gammas, LOO at every boundary)": 4.0,
+           "learn --gamma auto --select gcv": 1.3, "learn --gamma auto (LOO)": 4.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--test-rows", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0]}
+    runs: dict[str, list[tuple[float, dict]]] = {name: [] for name in COMMANDS}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        store = make_store(tmp / "bench.zarr", args.rows, args.test_rows)
+        common = ["--features", str(store), "--tasks", str(TASKS), "--projection-dim", str(D), "--backend", "numpy"]
+        for _ in range(args.repeats):
+            for i, (name, cmd) in enumerate(COMMANDS.items()):
+                out = tmp / f"out{i}"
+                seconds, _ = run_cli([*cmd, *common, "--out", str(out)])
+                runs[name].append((seconds, json.loads((out / "timings.json").read_text())))
+                print(f"{name:<45} {seconds:7.2f} s", flush=True)
+        choices = {}
+        for i, name in enumerate(COMMANDS):
+            out = tmp / f"out{i}"
+            report = json.loads(((out / "sweep.json") if (out / "sweep.json").exists() else out / "metrics.json").read_text())
+            choices[name] = {k: report.get(k) for k in ("best_gamma", "best_gamma_test", "selected_by", "gammas_selected",
+                                                         "A_avg")}
+    base = statistics.median(s for s, _ in runs["learn --gamma 1"])
+    for name, rs in runs.items():
+        times = [s for s, _ in rs]
+        median = statistics.median(times)
+        steps = sorted(rs, key=lambda r: r[0])[len(rs) // 2][1]
+        results[name] = {"median_s": median, "all_s": times, "ratio_to_learn": median / base,
+                         "target_ratio": TARGETS.get(name), "timings_of_median_run": steps, **choices[name]}
+    results["load_end"] = os.getloadavg()[0]
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Expansion choices (activation, no projection) and the bounded-memory walk over the tasks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_learn import DIM, N_CLASSES, build_store, invoke, learn, read
+
+from foal_pipe import SmoothProjection
+from foal_pipe.learn import (EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, StreamConfig,
+                             gram_boundaries, prepare)
+from foal_pipe.store import Split
+from foal_pipe.stream import build_stream
+
+HAND = {
+    "sigmoid": lambda z: 1 / (1 + np.exp(-z)),
+    "relu": lambda z: np.where(z > 0, z, 0.0),
+    "identity": lambda z: z,
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("exp") / "blobs.zarr")
+
+
+@pytest.mark.parametrize("activation", sorted(HAND))
+def test_each_activation_matches_a_hand_computation(activation):
+    X = np.random.default_rng(0).normal(size=(30, 9)) * 3
+    proj = SmoothProjection(n_components=20, activation=activation, random_state=1).fit(X)
+    np.testing.assert_allclose(proj.transform(X), HAND[activation](X @ proj.components_), rtol=1e-12, atol=1e-15)
+    rebuilt = SmoothProjection.from_matrix(proj.components_, activation=activation)
+    np.testing.assert_array_equal(rebuilt.transform(X), proj.transform(X))
+
+
+def test_projection_dim_zero_is_the_raw_features():
+    X = np.random.default_rng(1).normal(size=(5, 7))
+    proj = SmoothProjection(n_components=0, activation="identity").fit(X)
+    np.testing.assert_array_equal(proj.components_, np.eye(7))
+    np.testing.assert_array_equal(proj.transform(X), X)
+    np.testing.assert_allclose(SmoothProjection(n_components=0, activation="relu").fit(X).transform(X), np.maximum(X, 0))
+
+
+def closed_form(store, P: np.ndarray, act, gamma: float, tasks: int = 4, seed: int = 3) -> list[tuple]:
+    """(seen classes, W) after every task, and the test accuracy matrix, written out from the raw arrays."""
+    Xtr, ytr, Xte, yte = read(store)
+    stream = build_stream(ytr, N_CLASSES, tasks, 10, seed)
+    out = []
+    for k in range(tasks):
+        rows = np.concatenate(stream.rows[: k + 1])
+        H = act(Xtr[rows].astype(np.float64) @ P)
+        seen = np.unique(ytr[rows])
+        W = np.linalg.solve(H.T @ H + gamma * np.eye(H.shape[1]), H.T @ (ytr[rows][:, None] == seen[None, :]))
+        accuracy = []
+        for task in stream.tasks[: k + 1]:
+            sel = np.isin(yte, task)
+            accuracy.append(float(np.mean(seen[(act(Xte[sel].astype(np.float64) @ P) @ W).argmax(1)] == yte[sel])))
+        out.append((seen, W, accuracy))
+    return out
+
+
+@pytest.mark.parametrize(("activation", "dim"), [("relu", 40), ("identity", 0)])
+def test_learn_with_activation_or_raw_features_equals_closed_form(tmp_path, store, activation, dim):
+    metrics, model = learn(store, tmp_path / "run", "--activation", activation, D=dim, gamma=0.7)
+    P = model["projection"]
+    assert P.shape == ((DIM, DIM) if dim == 0 else (DIM, dim))
+    expected = closed_form(store, P, HAND[activation], 0.7)
+    assert metrics["activation"] == activation and metrics["projection_dim"] == dim
+    assert metrics["accuracy_matrix"] == [acc for _, _, acc in expected]
+    seen, W, _ = expected[-1]
+    np.testing.assert_array_equal(model["classes"], seen)
+    assert np.abs(model["W"] - W).max() / np.abs(W).max() < 1e-9
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), "numpy") as f:
+        assert json.loads(f.metadata()["activation"]) == activation
+    out = tmp_path / "pred.csv"
+    result = invoke("predict", "--model", tmp_path / "run" / "model.safetensors", "--features", store, "--out", out)
+    assert result.exit_code == 0, result.output
+    _, _, Xte, _ = read(store)
+    predicted = [int(line.split(",")[1]) for line in out.read_text().splitlines()[1:]]
+    np.testing.assert_array_equal(predicted, seen[(HAND[activation](Xte.astype(np.float64) @ P) @ W).argmax(1)])
+
+
+def test_projection_dim_zero_defaults_to_identity(tmp_path, store):
+    metrics, _ = learn(store, tmp_path / "run", D=0)
+    assert metrics["activation"] == "identity"
+
+
+@pytest.mark.parametrize("loo", [False, True])
+def test_walk_holds_the_closed_form_at_every_boundary_and_decodes_each_chunk_once_per_task(store, monkeypatch, loo):
+    run = prepare(store, StreamConfig(tasks=4, seed=3), ModelConfig(projection_dim=40, activation="relu"),
+                  EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=loo)
+    decoded = []
+    original = Split.iter_chunks
+
+    def counting(self, start=0, stop=None):
+        for lo, X in original(self, start, stop):
+            decoded.append((self.name, lo))
+            yield lo, X
+
+    monkeypatch.setattr(Split, "iter_chunks", counting)
+    Xtr, ytr, _, _ = read(store)
+    seen_sums = []
+
+    def check(k, statistics):
+        rows = np.concatenate(run.stream.rows[: k + 1])
+        H = np.maximum(Xtr[rows].astype(np.float64) @ run.projection.components_, 0)
+        np.testing.assert_allclose(statistics.G, H.T @ H, rtol=1e-12, atol=1e-9)
+        assert statistics.n == rows.size
+        seen_sums.append(k)
+
+    solver = ManyGammas([0.5], loo=True, choose="loo") if loo else FixedGamma(0.5, "float64")
+    boundaries, _ = gram_boundaries(run, solver, on_task=check)
+    assert seen_sums == [0, 1, 2, 3]
+    expected = closed_form(store, run.projection.components_, HAND["relu"], 0.5)
+    for b, (seen, W, _) in zip(boundaries, expected, strict=True):
+        np.testing.assert_array_equal(b.classes, seen)
+        assert np.abs(b.W[:, 0, :] - W).max() / np.abs(W).max() < 1e-9
+    chunks = -(-run.store.train.n_rows // run.store.train.chunk_rows)
+    passes = 4 + (1 if loo else 0)  # one per task; leave-one-out adds one pass at the end
+    assert len(decoded) <= passes * chunks
+    assert max(decoded.count(c) for c in set(decoded)) <= passes

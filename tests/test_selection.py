@@ -1,0 +1,110 @@
+"""Choosing gamma on the training rows: `learn --gamma auto` and `sweep --select`, against independent LOO and GCV."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_learn import assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
+
+from foal_pipe.stream import build_stream
+
+GRID = [1e-3, 1.0, 4.0, 8.0, 16.0, 1e3]  # the choices differ between boundaries on this store
+N_CLASSES = 12
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("sel") / "blobs.zarr", n_train=300, noise=2.5)
+
+
+def criteria_by_hand(store, P: np.ndarray, tasks: int, seed: int, grid: list[float]) -> list[dict[str, np.ndarray]]:
+    """At each boundary: LOO MSE, LOO accuracy and GCV for every gamma, from the hat matrix of the rows seen."""
+    Xtr, ytr, _, _ = read(store)
+    stream = build_stream(ytr, N_CLASSES, tasks, 10, seed)
+    out = []
+    for k in range(tasks):
+        rows = np.concatenate(stream.rows[: k + 1])
+        H = 1 / (1 + np.exp(-(Xtr[rows].astype(np.float64) @ P)))
+        seen = np.unique(ytr[rows])
+        Y = (ytr[rows][:, None] == seen[None, :]).astype(float)
+        n = len(rows)
+        mse, acc, gcv = [], [], []
+        for g in grid:
+            hat = H @ np.linalg.solve(H.T @ H + g * np.eye(H.shape[1]), H.T)
+            h = np.diag(hat)
+            E = (Y - hat @ Y) / (1 - h)[:, None]
+            mse.append(np.mean(E**2))
+            acc.append(np.mean(seen[np.argmax(Y - E, axis=1)] == ytr[rows]))
+            gcv.append(n * np.sum((Y - hat @ Y) ** 2) / (n - np.trace(hat)) ** 2)
+        out.append({"loo_mse": np.array(mse), "loo_accuracy": np.array(acc), "gcv": np.array(gcv)})
+    return out
+
+
+@pytest.mark.parametrize("select", ["loo", "gcv"])
+def test_learn_auto_chooses_by_the_criterion_and_equals_learn_at_the_chosen_gammas(tmp_path, store, select):
+    grid = ",".join(map(str, GRID))
+    metrics, model = learn(store, tmp_path / "auto", "--gamma", "auto", "--select", select, "--gamma-grid", grid)
+    assert metrics["gamma"] == "auto" and metrics["selected_by"] == select
+    assert len(metrics["gammas_selected"]) == metrics["n_tasks"] == 4
+    hand = criteria_by_hand(store, model["projection"], 4, 3, GRID)
+    key = "loo_mse" if select == "loo" else "gcv"
+    assert metrics["gammas_selected"] == [GRID[int(np.argmin(c[key]))] for c in hand]
+    assert len(set(metrics["gammas_selected"])) > 1  # not one gamma for every boundary
+    by_gamma = {}
+    for k, gamma in enumerate(metrics["gammas_selected"]):
+        if gamma not in by_gamma:
+            by_gamma[gamma] = learn(store, tmp_path / f"g{gamma}", "--gamma", str(gamma))[0]
+        assert_same_matrix([metrics["accuracy_matrix"][k]], [by_gamma[gamma]["accuracy_matrix"][k]])
+    fixed = by_gamma[metrics["gammas_selected"][-1]]
+    assert float(json.loads(json.dumps(fixed["gamma"]))) == metrics["gammas_selected"][-1]
+
+
+def test_learn_with_a_number_keeps_todays_outputs(tmp_path, store):
+    metrics, _ = learn(store, tmp_path / "run", "--gamma", "0.5")
+    assert metrics["gamma"] == 0.5 and "gammas_selected" not in metrics and "selected_by" not in metrics
+
+
+def test_sweep_criteria_equal_hand_computation(tmp_path, store):
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--gammas", ",".join(map(str, GRID)),
+                    "--tasks", 4, "--projection-dim", 48, "--seed", 3, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    _, model = learn(store, tmp_path / "run")
+    hand = criteria_by_hand(store, model["projection"], 4, 3, GRID)
+    for m, r in enumerate(report["results"]):
+        for key in ("loo_mse", "gcv", "loo_accuracy"):
+            np.testing.assert_allclose(r[key], [c[key][m] for c in hand], rtol=1e-7, err_msg=key)
+    assert report["best_gamma"] == GRID[int(np.argmin(hand[-1]["loo_mse"]))]
+    assert {"gammas", "best_gamma", "best_gamma_test", "selected_by", "results", "tasks", "dataset"} <= set(report)
+    assert all(set(r) >= {"gamma", "A_avg", "A_last", "F", "accuracy_matrix", "gcv", "loo_accuracy", "loo_mse"}
+               for r in report["results"])
+
+
+def test_sweep_without_loo_and_with_the_test_oracle(tmp_path, store):
+    base = ["--features", store, "--gammas", ",".join(map(str, GRID)), "--tasks", 4, "--projection-dim", 48,
+            "--seed", 3, "--backend", "numpy"]
+    result = invoke("sweep", *base, "--out", tmp_path / "gcv", "--no-loo")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "gcv" / "sweep.json").read_text())
+    assert report["selected_by"] == "gcv"
+    assert all(r["loo_accuracy"] is None and r["loo_mse"] is None for r in report["results"])
+    assert report["best_gamma"] == GRID[int(np.argmin([r["gcv"][-1] for r in report["results"]]))]
+    result = invoke("sweep", *base, "--out", tmp_path / "test", "--no-loo", "--select", "test")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "test" / "sweep.json").read_text())
+    assert report["selected_by"] == "test" and report["best_gamma"] == report["best_gamma_test"]
+    assert_clean_error(invoke("sweep", *base, "--out", tmp_path / "x", "--no-loo", "--select", "loo"),
+                       "--select loo needs the leave-one-out pass", tmp_path / "x")
+    assert_clean_error(invoke("sweep", *base, "--out", tmp_path / "x", "--select", "best"),
+                       "unknown --select 'best'", tmp_path / "x")
+
+
+def test_gcv_warns_when_dof_near_n(tmp_path):
+    """60 rows in D = 56: GCV picks the smallest gamma, where df/n is near 1, and says it is unreliable."""
+    small = build_store(tmp_path / "small.zarr", n_train=60, noise=0.3)
+    result = invoke("learn", "--features", small, "--out", tmp_path / "run", "--tasks", 2, "--projection-dim", 56,
+                    "--gamma", "auto", "--select", "gcv", "--gamma-grid", "1e-6,1e-3,1,1e3", "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    assert "GCV is unreliable as D nears n" in result.output
