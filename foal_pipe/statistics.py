@@ -361,7 +361,7 @@ class RidgeEigen:
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
                 f"diagonal entry, or the most negative eigenvalue rounding left), so its solution would be noise; "
-                f"use gammas above {self.floor:.3g} or --dtype float64"
+                f"use gammas above {self.floor:.3g} (--gammas, --gamma-grid) or --dtype float64"
             )
         xp = array_namespace(self.values)
         return xp.asarray(g, device=device(self.values))

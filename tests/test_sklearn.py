@@ -14,7 +14,8 @@ from foal_pipe.classifier import SKLEARN_EXPECTED_FAILURES
 
 
 @parametrize_with_checks(
-    [AnalyticClassifier(), SmoothProjection(n_components=20)],
+    [AnalyticClassifier(), AnalyticClassifier(gamma="auto"), AnalyticClassifier(engine="rls"),
+     SmoothProjection(n_components=20), SmoothProjection(n_components=0, activation="relu")],
     expected_failed_checks=lambda est: SKLEARN_EXPECTED_FAILURES if isinstance(est, AnalyticClassifier) else {},
 )
 def test_sklearn_compatible_estimator(estimator, check):
