@@ -5,7 +5,7 @@ in :mod:`foal_pipe.statistics`, :mod:`foal_pipe.engines`, :mod:`foal_pipe.projec
 of :mod:`foal_pipe.learn` calls standard functions only. CuPy (``pip install foal-pipe[gpu]``) and torch
 (``pip install 'foal-pipe[extract]'``) are optional: nothing here imports them unless asked, and ``auto``
 imports torch only where an NVIDIA driver is present. ``array_api_strict``, the standard's reference
-namespace, is accepted too (not offered by the CLI): the tests run the whole learner on it.
+namespace, is accepted too (the CLI help does not list it): the tests run the whole learner on it.
 """
 
 from __future__ import annotations

@@ -305,6 +305,7 @@ class RidgeStatistics:
 
     def __add__(self, other: RidgeStatistics) -> RidgeStatistics:
         self._check_compatible(other)
+        other = other._like(self.G)
         classes = np.union1d(self.classes, other.classes)
         a, b = self.aligned(classes), other.aligned(classes)
         return RidgeStatistics(self.G + other.G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts))
@@ -312,6 +313,7 @@ class RidgeStatistics:
     def __iadd__(self, other: RidgeStatistics) -> RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
         self._check_compatible(other)
+        other = other._like(self.G)
         self.G += other.G
         classes = np.union1d(self.classes, other.classes)
         mine = self.aligned(classes)
@@ -327,6 +329,16 @@ class RidgeStatistics:
             raise TypeError(f"cannot add {type(other).__name__} to RidgeStatistics")
         if other.dim != self.dim:
             raise FoalPipeError(f"cannot add statistics of dimension {other.dim} to dimension {self.dim}; use the same projection")
+
+    def _like(self, array: Any) -> RidgeStatistics:
+        """These statistics in the namespace and on the device of ``array`` (host sums from Dask workers join
+        a device state)."""
+        xp = array_namespace(array)
+        if array_namespace(self.G) is xp:
+            return self
+        where = device(array)
+        return RidgeStatistics(xp.asarray(self.G, device=where), xp.asarray(self.Q, device=where), self.classes, self.n,
+                               self.counts)
 
     def copy(self) -> RidgeStatistics:
         xp = array_namespace(self.G)

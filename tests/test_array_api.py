@@ -200,3 +200,21 @@ def test_auto_picks_cupy_then_torch_on_cuda_then_numpy(monkeypatch):
     assert backend.resolve_backend("torch") == "torch"
     with pytest.raises(FoalPipeError, match="unknown backend 'tpu'; choose one of auto, numpy, cupy, torch"):
         backend.resolve_backend("tpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_host_statistics_join_a_device_state(backend):
+    """Dask workers sum on the host; their statistics add into the running state of any backend."""
+    from foal_pipe.backend import backend_of
+
+    xp = get_namespace(backend)
+    H, y = data(4)
+    host = RidgeStatistics.from_batch(H[50:], y[50:])
+    running = RidgeStatistics.from_batch(xp.asarray(H[:50]), y[:50])
+    total = running + host
+    running += host
+    ref = RidgeStatistics.from_batch(H, y)
+    for got in (total, running):
+        assert backend_of(got.G) == backend
+        close(got.G, ref.G)
+        close(got.Q, ref.Q)
