@@ -16,8 +16,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from array_api_compat import (array_namespace, is_array_api_strict_namespace, is_cupy_namespace, is_numpy_namespace,
-                              is_torch_namespace)
+from array_api_compat import (array_namespace, is_array_api_obj, is_array_api_strict_namespace, is_cupy_namespace,
+                              is_numpy_namespace, is_torch_namespace)
 
 from foal_pipe.errors import FoalPipeError
 
@@ -132,24 +132,46 @@ def backend_of(array: Any) -> str:
     raise FoalPipeError(f"arrays of {xp.__name__} are not supported; use NumPy, CuPy or torch arrays")
 
 
+def _torch_device() -> Any:
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+#: Where each backend makes arrays from host data (absent: the namespace's default device).
+DEFAULT_DEVICES: dict[str, Callable[[], Any]] = {"torch": _torch_device}
+
+
 def default_device(xp: ModuleType) -> Any:
     """Where a namespace's arrays are made from host data: torch's CUDA device when it has one, else the default."""
-    if is_torch_namespace(xp):
-        import torch
-
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for name, is_namespace in IS_NAMESPACE.items():
+        if is_namespace(xp):
+            return DEFAULT_DEVICES[name]() if name in DEFAULT_DEVICES else None
     return None
 
 
+def _strict_to_host(array: Any) -> np.ndarray:
+    import array_api_strict
+
+    return np.from_dlpack(array.to_device(array_api_strict.Device("CPU_DEVICE")))
+
+
+#: How each backend copies an array to host memory.
+TO_HOST: dict[str, Callable[[Any], np.ndarray]] = {
+    "numpy": np.asarray,
+    "cupy": lambda array: array.get(),
+    "torch": lambda array: array.detach().cpu().numpy(),
+    "array_api_strict": _strict_to_host,
+}
+
+
 def to_numpy(array: Any) -> np.ndarray:
-    """Copy a NumPy, CuPy or torch array to host memory as a NumPy array."""
+    """Copy a NumPy, CuPy, torch or array_api_strict array to host memory as a NumPy array."""
     if isinstance(array, np.ndarray):
         return array
-    if hasattr(array, "get"):  # CuPy
-        return np.asarray(array.get())
-    if hasattr(array, "cpu"):  # torch
-        return array.detach().cpu().numpy()
-    return np.from_dlpack(array)  # any other host namespace (array_api_strict)
+    if isinstance(array, np.generic) or not is_array_api_obj(array):
+        return np.asarray(array)
+    return TO_HOST[backend_of(array)](array)
 
 
 def dtype_name(dtype: Any) -> str:

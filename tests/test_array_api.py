@@ -11,7 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from foal_pipe.backend import get_namespace, to_numpy
+from array_api_compat import device
+
+from foal_pipe.backend import default_device, get_namespace, to_numpy
 from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.projection import ACTIVATIONS, SmoothProjection
@@ -24,11 +26,27 @@ BACKENDS = ["array_api_strict", pytest.param("torch", marks=pytest.mark.skipif(
 TOL = 1e-9
 
 
+@pytest.fixture(autouse=True)
+def strict_off_host(monkeypatch):
+    """array_api_strict arrays live on a simulated device other than the CPU, as CuPy's and torch-CUDA's do:
+    any NumPy call on them (``np.asarray``, NumPy indexing) raises instead of silently copying to the host."""
+    import array_api_strict
+
+    from foal_pipe import backend
+
+    monkeypatch.setitem(backend.DEFAULT_DEVICES, "array_api_strict", lambda: array_api_strict.Device("device1"))
+
+
 def close(a, b, tol=TOL) -> None:
     a, b = to_numpy(a), to_numpy(b)
     assert a.shape == b.shape
     scale = max(float(np.abs(b).max()), 1.0)
     assert float(np.abs(a - b).max()) <= tol * scale, float(np.abs(a - b).max())
+
+
+def on(xp, values, **kwargs):
+    """``values`` as an array of ``xp`` on its default device (the simulated one for array_api_strict)."""
+    return xp.asarray(values, device=default_device(xp), **kwargs)
 
 
 def data(seed=0, n=90, d=12, classes=(2, 5, 7, 9)):
@@ -40,7 +58,7 @@ def data(seed=0, n=90, d=12, classes=(2, 5, 7, 9)):
 def test_statistics_match_numpy(backend):
     xp = get_namespace(backend)
     H, y = data()
-    Hx = xp.asarray(H)
+    Hx = on(xp, H)
     ref = RidgeStatistics.from_batch(H[:40], y[:40]) + RidgeStatistics.from_batch(H[40:], y[40:])
     got = RidgeStatistics.from_batch(Hx[:40, ...], y[:40])
     got += RidgeStatistics.from_batch(Hx[40:, ...], y[40:])
@@ -77,13 +95,13 @@ def test_classifier_matches_numpy(backend, engine, gamma):
     for lo in range(0, H.shape[0], 7):  # classes arrive over time: columns are inserted as they do
         ref.partial_fit(H[lo : lo + 7], y[lo : lo + 7])
         got.partial_fit(H[lo : lo + 7], y[lo : lo + 7])
-    got_device = AnalyticClassifier(gamma=gamma, engine=engine, backend=backend).fit(xp.asarray(H), y)
+    got_device = AnalyticClassifier(gamma=gamma, engine=engine, backend=backend).fit(on(xp, H), y)
     np.testing.assert_array_equal(got.classes_, ref.classes_)
     assert got.gamma_ == ref.gamma_
     close(got.weights_, ref.weights_)
     close(got_device.weights_, ref.weights_)
     close(got.decision_function(H), ref.decision_function(H))
-    np.testing.assert_array_equal(got.predict(xp.asarray(H)), ref.predict(H))
+    np.testing.assert_array_equal(got.predict(on(xp, H)), ref.predict(H))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -95,14 +113,14 @@ def test_projection_matches_numpy(backend, activation, dim):
     projection = SmoothProjection(n_components=dim, activation=activation, random_state=0).fit(X)
     ref = projection.transform(X)
     close(projection.transform(X, xp), ref)
-    close(projection.transform(xp.asarray(X)), ref)
+    close(projection.transform(on(xp, X)), ref)
 
 
 @pytest.mark.parametrize("backend", ["numpy", *BACKENDS])
 def test_not_positive_definite_is_the_same_error_everywhere(backend):
     xp = get_namespace(backend)
-    G = -2.0 * xp.eye(3, dtype=xp.float64)  # G + I = -I: no ridge solution exists
-    stats = RidgeStatistics(G, xp.zeros((3, 1), dtype=xp.float64), np.array([0]), 3)
+    G = -2.0 * xp.eye(3, dtype=xp.float64, device=default_device(xp))  # G + I = -I: no ridge solution exists
+    stats = RidgeStatistics(G, xp.zeros((3, 1), dtype=xp.float64, device=default_device(xp)), np.array([0]), 3)
     with pytest.raises(FoalPipeError, match="not positive definite at this gamma"):
         stats.solve(1.0)
 
@@ -159,12 +177,14 @@ def test_state_stays_in_the_backend(backend):
 
     H, y = data(3)
     xp = get_namespace(backend)
-    stats = RidgeStatistics.from_batch(xp.asarray(H), y)
+    stats = RidgeStatistics.from_batch(on(xp, H), y)
     clf = AnalyticClassifier.from_statistics(stats, gamma=0.5)
     assert clf.backend == backend and backend_of(clf.statistics_.G) == backend
     assert backend_of(RidgeStatistics.empty(4, xp).G) == backend
     rls = AnalyticClassifier(engine="rls", backend=backend).fit(H, y)
     assert backend_of(rls._engine.R) == backend
+    for array in (stats.G, clf.statistics_.G, rls._engine.R, RidgeStatistics.empty(4, xp).G):
+        assert str(device(array)) == str(device(on(xp, [0.0])))
     close(clf.weights_, AnalyticClassifier(gamma=0.5).fit(H, y).weights_)
 
 
@@ -173,10 +193,10 @@ def test_singular_rls_update_is_the_same_error_everywhere(backend):
     from foal_pipe.engines import RLSEngine
 
     xp = get_namespace(backend)
-    engine = RLSEngine(2, 1.0, xp, xp.float64)
-    engine.R = -1.0 * xp.eye(2, dtype=xp.float64)  # M = I + H R H^T = 0 for H = e_1: singular
+    engine = RLSEngine(2, 1.0, xp, xp.float64, default_device(xp))
+    engine.R = -1.0 * xp.eye(2, dtype=xp.float64, device=default_device(xp))  # M = I + H R H^T = 0 for H = e_1: singular
     with pytest.raises(FoalPipeError, match="the RLS update is singular"):
-        engine.update(xp.asarray([[1.0, 0.0]], dtype=xp.float64), np.array([0]), np.array([0]))
+        engine.update(on(xp, [[1.0, 0.0]], dtype=xp.float64), np.array([0]), np.array([0]))
 
 
 def test_torch_backend_without_torch_is_one_clear_error(monkeypatch):
@@ -210,7 +230,7 @@ def test_host_statistics_join_a_device_state(backend):
     xp = get_namespace(backend)
     H, y = data(4)
     host = RidgeStatistics.from_batch(H[50:], y[50:])
-    running = RidgeStatistics.from_batch(xp.asarray(H[:50]), y[:50])
+    running = RidgeStatistics.from_batch(on(xp, H[:50]), y[:50])
     total = running + host
     running += host
     ref = RidgeStatistics.from_batch(H, y)
