@@ -1,4 +1,4 @@
-"""The learner on other array namespaces: array_api_strict (the standard, nothing more) and torch on CPU.
+"""The learner on other array namespaces: array_api_strict (the standard, nothing more), torch, and CuPy.
 
 Every computation runs through the same generic code as NumPy and must match it to 1e-9 in float64;
 this is what proves the CuPy and torch-CUDA paths on machines without a GPU.
@@ -6,23 +6,26 @@ this is what proves the CuPy and torch-CUDA paths on machines without a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
+import array_api_strict  # the dev extra: the generic code runs on every CI run
 import numpy as np
 import pytest
-
 from array_api_compat import device
 
-from foal_pipe.backend import default_device, get_namespace, to_numpy
+from foal_pipe.backend import _cupy, default_device, get_namespace, to_numpy
 from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.projection import ACTIVATIONS, SmoothProjection
 from foal_pipe.statistics import RidgeStatistics
 from tests.test_learn import build_store
 
-pytest.importorskip("array_api_strict")
-BACKENDS = ["array_api_strict", pytest.param("torch", marks=pytest.mark.skipif(
-    __import__("importlib").util.find_spec("torch") is None, reason="torch is not installed"))]
+BACKENDS = [
+    "array_api_strict",
+    pytest.param("torch", marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")),
+    pytest.param("cupy", marks=pytest.mark.skipif(_cupy() is None, reason="CuPy or a CUDA GPU is missing")),
+]  # torch runs on CUDA where it has it, else on the CPU: on a GPU machine this file checks both GPU paths
 TOL = 1e-9
 
 
@@ -30,8 +33,6 @@ TOL = 1e-9
 def strict_off_host(monkeypatch):
     """array_api_strict arrays live on a simulated device other than the CPU, as CuPy's and torch-CUDA's do:
     any NumPy call on them (``np.asarray``, NumPy indexing) raises instead of silently copying to the host."""
-    import array_api_strict
-
     from foal_pipe import backend
 
     monkeypatch.setitem(backend.DEFAULT_DEVICES, "array_api_strict", lambda: array_api_strict.Device("device1"))
