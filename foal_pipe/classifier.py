@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_api_compat import device, is_array_api_obj, is_cupy_array, is_numpy_array
+from array_api_compat import device, is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
-from foal_pipe.backend import get_namespace, resolve_dtype, to_numpy
+from foal_pipe.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.modelfile import read_model, write_model
@@ -56,8 +56,10 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     dtype : {"float64", "float32"}, default="float64"
         Dtype of the state. float32 halves the memory of the sums; the gram engine still solves in float64
         and refuses a gamma below the float32 resolution of its sums.
-    backend : {"auto", "numpy", "cupy"}, default="numpy"
-        Array namespace for the state; ``auto`` uses CuPy when a GPU is available.
+    backend : {"auto", "numpy", "cupy", "torch"}, default="numpy"
+        Array namespace for the state (torch: on CUDA when available, else the CPU); ``auto``: CuPy if it
+        sees a GPU, else torch on CUDA, else NumPy. Inputs may be host arrays or arrays of the backend;
+        labels, classes and counts stay host NumPy arrays.
     gamma_grid : sequence of float or None, default=None
         Candidates of ``gamma="auto"``; None: 13 decades, 1e-4 ... 1e8.
 
@@ -113,17 +115,17 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
             raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
         xp = get_namespace(self.backend)
         self._dtype = resolve_dtype(self.dtype)
-        dtype = getattr(xp, self._dtype.name)
+        dtype, where = getattr(xp, self._dtype.name), default_device(xp)
         if self.engine == "gram":
             grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else tuple(check_gamma(g) for g in self.gamma_grid)
-            self._engine = GramEngine(n_features, self.gamma, xp, dtype, grid=grid)
+            self._engine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)
         else:
-            self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype)
+            self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype, where)
         self.classes_ = np.empty(0, dtype=label_dtype)
         self.n_samples_seen_ = 0
 
     def _validate(self, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
-        """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy)."""
+        """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
         if is_numpy_array(X) or not is_array_api_obj(X):
             if y is None:
                 return validate_data(self, X, reset=reset, dtype=[np.float64, np.float32]), None
@@ -224,9 +226,8 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         The result equals a classifier that saw those samples; dtype defaults to the statistics' own,
         the backend is that of their arrays.
         """
-        dtype = dtype or np.dtype(str(statistics.dtype)).name
-        backend = "cupy" if is_cupy_array(statistics.G) else "numpy"
-        clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend, gamma_grid=gamma_grid)
+        dtype = dtype or dtype_name(statistics.dtype)
+        clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend_of(statistics.G), gamma_grid=gamma_grid)
         state = {"G": statistics.G, "Q": statistics.Q}
         if statistics.counts is not None:
             state["counts"] = statistics.counts

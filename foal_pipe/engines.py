@@ -23,7 +23,7 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.backend import dtype_name
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns, one_hot
+from foal_pipe.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns, checked_solve, one_hot
 
 #: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
 GCV_DOF_WARNING = 0.9
@@ -87,7 +87,9 @@ class RLSEngine:
         Y = one_hot(labels, classes, H)
         RHt = self.R @ H.T
         M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
-        RHtK = xp.linalg.solve(M, RHt.T).T  # M is symmetric, so (M^-1 RHt^T)^T = RHt M^-1
+        RHtK = checked_solve(M, RHt.T, FoalPipeError(  # M is symmetric, so (M^-1 RHt^T)^T = RHt M^-1
+            "the RLS update is singular (ill-conditioned system); use a larger --gamma or --dtype float64"
+        )).T
         self.W += RHtK @ (Y - H @ self.W)
         self.R -= RHtK @ RHt.T
 

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from array_api_compat import device
 
-from foal_pipe.backend import get_namespace, resolve_backend, resolve_dtype, to_numpy
+from foal_pipe.backend import default_device, get_namespace, resolve_backend, resolve_dtype, to_numpy
 from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.engines import ENGINES, GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError
@@ -359,9 +360,9 @@ def _local_pass(run: Run, task: int | None, running: RidgeStatistics, pending: _
         if new.any():
             idx = np.flatnonzero(new)
             with run.timed("gram"):
-                running += RidgeStatistics.from_batch(xp.take(H, xp.asarray(idx), axis=0), labels[idx])
+                running += RidgeStatistics.from_batch(xp.take(H, xp.asarray(idx, device=device(H)), axis=0), labels[idx])
             old = np.flatnonzero(~new)
-            H, labels = xp.take(H, xp.asarray(old), axis=0), labels[old]
+            H, labels = xp.take(H, xp.asarray(old, device=device(H)), axis=0), labels[old]
         with run.timed("loo"):
             pending.loo.add(H, labels)
 
@@ -439,7 +440,7 @@ def rls_boundaries(run: Run) -> tuple[list[Boundary], AnalyticClassifier]:
                 H = run.projection.transform(train.take(window), run.xp)
                 labels = train.labels[window]
                 for b in range(0, window.size, batch):
-                    clf.partial_fit(H[b : b + batch], labels[b : b + batch])
+                    clf.partial_fit(H[b : min(b + batch, window.size), :], labels[b : b + batch])
                 advance(window.size)
             boundaries.append(Boundary(clf.classes_.copy(), clf.weights_[:, None, :], np.array([float(run.model.gamma)])))
     return boundaries, clf
@@ -455,7 +456,7 @@ def accuracy_matrices(run: Run, boundaries: Sequence[Boundary]) -> np.ndarray:
     row_task = run.stream.task_of_label(n_classes)[test.labels]
     T, M = len(boundaries), int(boundaries[0].W.shape[1])
     correct = np.zeros((M, T, T), dtype=np.int64)
-    flat = [xp.reshape(xp.asarray(b.W), (b.W.shape[0], -1)) for b in boundaries]
+    flat = [xp.reshape(xp.asarray(b.W, device=default_device(xp)), (b.W.shape[0], -1)) for b in boundaries]
     with progress_bar("test", test.n_rows) as advance, run.timed("test"):
         for lo, X in test.iter_chunks():
             tasks_all = row_task[lo : lo + X.shape[0]]
@@ -468,7 +469,7 @@ def accuracy_matrices(run: Run, boundaries: Sequence[Boundary]) -> np.ndarray:
                     rows = np.flatnonzero(tasks <= k)
                     if rows.size == 0:
                         continue
-                    scores = xp.reshape(xp.take(H, xp.asarray(rows), axis=0) @ flat[k], (rows.size, M, -1))
+                    scores = xp.reshape(xp.take(H, xp.asarray(rows, device=device(H)), axis=0) @ flat[k], (rows.size, M, -1))
                     if run.evaluation.mask_unseen:
                         pred = b.classes[to_numpy(xp.argmax(scores, axis=2))]
                     else:  # the published code: unseen classes score 0 and can win

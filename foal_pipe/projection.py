@@ -11,10 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from foal_pipe.backend import default_device
 from foal_pipe.errors import FoalPipeError
 
 INITS = ("uniform", "normal")
@@ -140,7 +141,8 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         """``activation(X @ P)`` in ``dtype``; ``xp`` (an array namespace) computes on its device (the matrix is
         cached there), default: that of ``X``."""
         check_is_fitted(self)
-        if is_numpy_array(X) or not is_array_api_obj(X):
+        host = is_numpy_array(X) or not is_array_api_obj(X)
+        if host:
             X = validate_data(self, X, reset=False)
         elif X.shape[-1] != self.n_features_in_:
             raise FoalPipeError(
@@ -148,13 +150,15 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
                 "use features from the same encoder as the model"
             )
         xp = xp or array_namespace(X)
+        where = default_device(xp) if host else device(X)
         dtype = getattr(xp, np.dtype(self.dtype).name)
-        X = xp.asarray(X, dtype=dtype)
+        X = xp.asarray(X, dtype=dtype, device=where)
         if self.is_identity:
             Z = xp.asarray(X, copy=True)
         else:
-            matrix = self._device.get(xp.__name__)
+            key = f"{xp.__name__} {where}"
+            matrix = self._device.get(key)
             if matrix is None:
-                matrix = self._device[xp.__name__] = xp.asarray(self.components_)
+                matrix = self._device[key] = xp.asarray(self.components_, device=where)
             Z = X @ matrix
         return ACTIVATIONS[self.activation](Z)

@@ -36,7 +36,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
 from threadpoolctl import threadpool_limits
 
-from foal_pipe.backend import dtype_name, to_numpy
+from foal_pipe.backend import LINALG_ERRORS, default_device, dtype_name, to_numpy
 from foal_pipe.errors import FoalPipeError
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
@@ -148,7 +148,8 @@ def _solve_spd(A: Any, Q: Any) -> Any:
     ``G + gamma I`` is positive definite in exact arithmetic; when rounding in the sums (float32) outweighs
     gamma in some direction it is not, and any solution would be noise: the Cholesky factorisation
     notices. NumPy arrays use LAPACK's Cholesky solver in place (half an LU's time, no copy of ``A``);
-    other namespaces check with ``linalg.cholesky`` (CuPy returns NaN instead of raising), then solve.
+    other namespaces check with ``linalg.cholesky`` (CuPy returns NaN instead of raising), then
+    :func:`checked_solve`: the same error on every backend.
     """
     xp = array_namespace(A)
     fail = FoalPipeError(
@@ -166,12 +167,24 @@ def _solve_spd(A: Any, Q: Any) -> Any:
                 raise fail from None
     try:
         factor_ok = bool(xp.all(xp.isfinite(xp.linalg.cholesky(A))))
-        W = xp.linalg.solve(A, Q)
-    except (np.linalg.LinAlgError, RuntimeError):  # torch's LinAlgError is a RuntimeError
+    except LINALG_ERRORS:
         raise fail from None
-    if not factor_ok or not bool(xp.all(xp.isfinite(W))):
+    if not factor_ok:
         raise fail
-    return W
+    return checked_solve(A, Q, fail)
+
+
+def checked_solve(A: Any, B: Any, fail: FoalPipeError) -> Any:
+    """``linalg.solve(A, B)``, with ``fail`` raised alike on every backend when ``A`` is singular: NumPy and
+    torch raise their own errors, CuPy returns NaN (so the solution's finiteness is checked)."""
+    xp = array_namespace(A)
+    try:
+        X = xp.linalg.solve(A, B)
+    except LINALG_ERRORS:
+        raise fail from None
+    if not bool(xp.all(xp.isfinite(X))):
+        raise fail
+    return X
 
 
 @dataclass(eq=False)
@@ -234,6 +247,7 @@ class RidgeStatistics:
         if xp is None:
             xp = array_namespace(np.empty(0))
         dtype = xp.float64 if dtype is None else dtype
+        device = default_device(xp) if device is None else device
         return cls(
             xp.zeros((dim, dim), dtype=dtype, device=device),
             xp.zeros((dim, 0), dtype=dtype, device=device),
@@ -291,6 +305,7 @@ class RidgeStatistics:
 
     def __add__(self, other: RidgeStatistics) -> RidgeStatistics:
         self._check_compatible(other)
+        other = other._like(self.G)
         classes = np.union1d(self.classes, other.classes)
         a, b = self.aligned(classes), other.aligned(classes)
         return RidgeStatistics(self.G + other.G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts))
@@ -298,6 +313,7 @@ class RidgeStatistics:
     def __iadd__(self, other: RidgeStatistics) -> RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
         self._check_compatible(other)
+        other = other._like(self.G)
         self.G += other.G
         classes = np.union1d(self.classes, other.classes)
         mine = self.aligned(classes)
@@ -313,6 +329,16 @@ class RidgeStatistics:
             raise TypeError(f"cannot add {type(other).__name__} to RidgeStatistics")
         if other.dim != self.dim:
             raise FoalPipeError(f"cannot add statistics of dimension {other.dim} to dimension {self.dim}; use the same projection")
+
+    def _like(self, array: Any) -> RidgeStatistics:
+        """These statistics in the namespace and on the device of ``array`` (host sums from Dask workers join
+        a device state)."""
+        xp = array_namespace(array)
+        if array_namespace(self.G) is xp:
+            return self
+        where = device(array)
+        return RidgeStatistics(xp.asarray(self.G, device=where), xp.asarray(self.Q, device=where), self.classes, self.n,
+                               self.counts)
 
     def copy(self) -> RidgeStatistics:
         xp = array_namespace(self.G)
@@ -427,8 +453,9 @@ class LeaveOneOut:
         labels = np.asarray(labels).ravel()
         D, C = self.eigen.projected.shape
         step = max(1, LOO_BLOCK_VALUES // max(1, D + 3 * self.n_gammas * C))
-        for lo in range(0, H.shape[0], step):
-            self._add_block(H[lo : lo + step], labels[lo : lo + step])
+        n = H.shape[0]
+        for lo in range(0, n, step):  # in-bounds slices of both axes: the standard specifies nothing else
+            self._add_block(H[lo : min(lo + step, n), :], labels[lo : lo + step])
 
     def _add_block(self, H: Any, labels: np.ndarray) -> None:
         xp = array_namespace(self.eigen.vectors)

@@ -421,7 +421,7 @@ def _ran(proc: subprocess.CompletedProcess) -> set[str]:
 def _commit(repo: Path, message: str) -> None:
     env = _env(repo)
     _run(["git", "add", "-A"], repo, env)
-    _run(["git", "-c", "commit.gpgsign=false", "commit", "-qm", message], repo, env)
+    _run(["git", "-c", "commit.gpgsign=false", "commit", "--allow-empty", "-qm", message], repo, env)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,8 @@ Engine = Annotated[
         "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
     ),
 ]
-Backend = Annotated[str, typer.Option(help="auto (CuPy when a GPU and cupy are present, else NumPy), numpy or cupy.")]
+Backend = Annotated[str, typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, else NumPy), "
+                                           "numpy, cupy or torch (CUDA when available, else the CPU).")]
 Dtype = Annotated[str, typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (half the memory; "
                                        "solved in float64, a gamma below its resolution is refused).")]
 ProjectionInit = Annotated[str, typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or normal (same variance).")]
