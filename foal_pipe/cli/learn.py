@@ -95,6 +95,7 @@ def _timings(timings: dict[str, float]) -> str:
 
 @app.command()
 def learn(
+    ctx: typer.Context,
     features: Features,
     out: Out,
     tasks: Tasks = 10,
@@ -120,6 +121,14 @@ def learn(
     scheduler: Scheduler = "local",
     dask_address: DaskAddress = "local",
     workers: Workers = 2,
+    init_model: Annotated[
+        Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
+                                  "name gets a new label id), gamma, projection, activation and dtype from the model.")
+    ] = None,
+    eval_features: Annotated[
+        list[Path] | None, typer.Option(help="With --init-model: also score the final model on this store's test "
+                                        "split (classes by name; repeatable), to measure forgetting.")
+    ] = None,
 ) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
@@ -137,7 +146,15 @@ def learn(
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
-        m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
+        if init_model is not None:
+            from foal_pipe.continuation import continue_from_cli
+
+            m = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
+                                  eval_features or [], log=_log)
+        elif eval_features:
+            raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
+        else:
+            m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         chosen = ""
         if m["gamma"] == "auto":
             chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
