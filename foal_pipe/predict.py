@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.modelfile import read_model
+from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection
 from foal_pipe.store import SPLITS, FeatureStore, open_store
 
@@ -91,3 +93,55 @@ def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, feature
             f"the model was trained on other features: encoder {key!r} is {encoder.get(key)!r} in the model but "
             f"{theirs.get(key)!r} in {features}; use a store extracted with the model's encoder"
         )
+
+
+#: The image CSV's first columns: the file, the predicted label id and its name, the winning score; then, with
+#: ``--top-k K`` (K > 1), ``top{i}_name`` and ``top{i}_score`` for the K best classes.
+IMAGE_COLUMNS = ("path", "predicted_class", "predicted_name", "score")
+
+
+@dataclass
+class ImagePredictions:
+    """Scores (n, C; columns in ``classes`` order) of the image files that could be read, and those skipped."""
+
+    paths: list[Path]
+    scores: np.ndarray
+    classes: np.ndarray
+    names: list[str]  # one per column
+    top_k: int = 1
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def predicted(self) -> np.ndarray:
+        return self.classes[np.argmax(self.scores, axis=1)]
+
+    def write_csv(self, fh: TextIO) -> None:
+        """Write :data:`IMAGE_COLUMNS` (and the top-k columns), one line per image."""
+        writer = csv.writer(fh, lineterminator="\n")
+        k = min(self.top_k, len(self.names)) if self.top_k > 1 else 0
+        writer.writerow([*IMAGE_COLUMNS, *(f"top{i}_{what}" for i in range(1, k + 1) for what in ("name", "score"))])
+        order = np.argsort(-self.scores, axis=1, kind="stable")
+        for path, row, ranked in zip(self.paths, self.scores, order):
+            best = int(ranked[0])
+            top = [v for j in ranked[:k] for v in (self.names[j], repr(float(row[j])))]
+            writer.writerow([str(path), int(self.classes[best]), self.names[best], repr(float(row[best])), *top])
+
+
+def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpoint: str | Path | None = None,
+                        top_k: int = 1, skip_bad: bool = False, batch_size: int = 64,
+                        device: str = "cpu") -> ImagePredictions:
+    """Predict unlabelled image files (files, folders, globs) with the encoder rebuilt from the model's provenance."""
+    from foal_pipe.deploy import load_model
+    from foal_pipe.encoding import encode_files, find_images
+
+    if top_k < 1:
+        raise FoalPipeError(f"--top-k must be at least 1, got {top_k}")
+    if batch_size < 1:
+        raise FoalPipeError(f"--batch-size must be at least 1, got {batch_size}")
+    deployed = load_model(model)
+    paths = find_images(images)
+    encoder = deployed.encoder(checkpoint, device)
+    with progress_bar("predict", len(paths), unit="images") as advance:
+        encoded = encode_files(encoder, paths, batch_size, skip_bad, advance)
+    return ImagePredictions(encoded.paths, deployed.scores(encoded.features), deployed.classifier.classes_,
+                            deployed.class_names, top_k, encoded.skipped)
