@@ -14,7 +14,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.modelfile import read_model
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection
-from foal_pipe.store import SPLITS, FeatureStore, open_store
+from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
 
 #: The CSV's columns: the store row, the predicted label id and its name, the winning score
 #: (``sigmoid(x P) @ W`` for that class), and the label id and name the store holds for the row.
@@ -32,7 +32,8 @@ class Predictions:
 
     @property
     def accuracy(self) -> float:
-        return float((self.predicted == self.true).mean()) if self.predicted.size else float("nan")
+        labelled = self.true != UNLABELLED
+        return float((self.predicted == self.true)[labelled].mean()) if labelled.any() else float("nan")
 
     def write_csv(self, fh: TextIO) -> None:
         """Write :data:`COLUMNS`, one line per row."""
@@ -60,7 +61,8 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
             "use a store made with the model's encoder"
         )
     W, classes = tensors["W"], tensors["classes"].astype(np.int64)
-    _check_matches(meta, classes, store, features)
+    unlabelled = bool(np.all(np.asarray(data.labels) == UNLABELLED))
+    _check_matches(meta, classes, store, features, unlabelled)
     predicted = np.empty(data.n_rows, dtype=np.int64)
     score = np.empty(data.n_rows, dtype=np.float64)
     for lo, X in data.iter_chunks():
@@ -69,23 +71,20 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
         predicted[lo : lo + X.shape[0]] = classes[best]
         score[lo : lo + X.shape[0]] = scores[np.arange(best.size), best]
     store.check_unchanged()
-    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), store.classes)
+    names = store.classes
+    if unlabelled:  # the store's one placeholder class says nothing: name predictions from the model
+        model_names = meta.get("class_names") or [str(c) for c in classes.tolist()]
+        lookup = dict(zip(classes.tolist(), model_names))
+        names = tuple(lookup.get(i, "") for i in range(int(classes.max()) + 1 if classes.size else 0))
+    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), names)
 
 
-def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path) -> None:
-    """Refuse a store whose label ids, class names or encoder differ from those the model was trained on."""
-    if classes.size and classes.max() >= len(store.classes):
-        raise FoalPipeError(
-            f"the model predicts label ids up to {int(classes.max())} but {features} has {len(store.classes)} classes; "
-            "use a store with the model's classes"
-        )
-    names = meta.get("class_names")
-    for label, name in zip(classes.tolist(), names, strict=True) if names is not None else ():
-        if store.classes[label] != name:
-            raise FoalPipeError(
-                f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; "
-                "use a store with the model's class order"
-            )
+def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path,
+                   unlabelled: bool = False) -> None:
+    """Refuse a store whose label ids, class names or encoder differ from those the model was trained on (an
+    unlabelled store has no classes to compare)."""
+    if not unlabelled:
+        _check_classes(meta, classes, store, features)
     encoder, theirs = meta.get("encoder"), store.meta.encoder
     if encoder is not None and encoder != theirs:
         key = next(k for k in sorted(set(encoder) | set(theirs)) if encoder.get(k) != theirs.get(k))
@@ -145,3 +144,18 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
         encoded = encode_files(encoder, paths, batch_size, skip_bad, advance)
     return ImagePredictions(encoded.paths, deployed.scores(encoded.features), deployed.classifier.classes_,
                             deployed.class_names, top_k, encoded.skipped)
+
+
+def _check_classes(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path) -> None:
+    if classes.size and classes.max() >= len(store.classes):
+        raise FoalPipeError(
+            f"the model predicts label ids up to {int(classes.max())} but {features} has {len(store.classes)} classes; "
+            "use a store with the model's classes"
+        )
+    names = meta.get("class_names")
+    for label, name in zip(classes.tolist(), names, strict=True) if names is not None else ():
+        if store.classes[label] != name:
+            raise FoalPipeError(
+                f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; "
+                "use a store with the model's class order"
+            )

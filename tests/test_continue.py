@@ -111,3 +111,12 @@ def test_continuation_with_dask_equals_local(two_stores):
     assert local.exit_code == 0 and dask.exit_code == 0, dask.output
     W = [foal_pipe.load_model(tmp_path / run / "model.safetensors").classifier.weights_ for run in ("local", "dask")]
     np.testing.assert_allclose(W[1], W[0], atol=1e-9)
+
+
+def test_class_name_clash_refused(two_stores):
+    tmp_path, _, _ = two_stores
+    clash, _, _ = store(tmp_path / "clash.zarr", ["cat", "owl", "cat"], 5, np.random.default_rng(4))
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", clash, "--out",
+                   tmp_path / "run_c", "--tasks", 1)
+    assert_one_line_error(result, "'cat'", "two label ids")
+    assert not (tmp_path / "run_c").exists()

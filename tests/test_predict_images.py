@@ -142,3 +142,28 @@ def test_tiny_vit_from_checkpoint(tmp_path, tiny_vit_checkpoint, one_torch_threa
     assert_one_line_error(runner.invoke(app, ["predict", "--model", model, "--images", str(tree / "test"),
                                               "--checkpoint", str(other), "--out", str(out)]), "has sha256")
     assert not out.exists()
+
+
+def test_unlabelled_images_store(deployed, tmp_path):
+    root, tree, labelled, model = deployed
+    store = tmp_path / "unlabelled.zarr"
+    run_extract(ExtractSpec(dataset="images", data_dir=str(tree / "test"), model="pixels", image_size=12,
+                            out=str(store), device="cpu", workers=0, batch_size=5, chunk_rows=8))
+    from foal_pipe.store import open_store
+
+    s = open_store(store)
+    assert s.train.n_rows == 0 and s.test.labels.tolist() == [-1] * 9
+    by_store = runner.invoke(app, ["predict", "--model", str(model), "--features", str(store)])
+    by_labelled = runner.invoke(app, ["predict", "--model", str(model), "--features", str(labelled)])
+    assert by_store.exit_code == 0, by_store.output
+    assert "unlabelled" in by_store.stderr
+    a, b = rows(by_store.stdout), rows(by_labelled.stdout)
+    assert [r["predicted_class"] for r in a] == [r["predicted_class"] for r in b]
+    assert {r["true_class"] for r in a} == {"-1"}
+    result = runner.invoke(app, ["learn", "--features", str(store), "--out", str(tmp_path / "run")])
+    assert_one_line_error(result, "no train rows", "--dataset imagefolder")
+    assert not (tmp_path / "run").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(foal_pipe.FoalPipeError, match="no images"):
+        run_extract(ExtractSpec(dataset="images", data_dir=str(empty), model="pixels", out=str(tmp_path / "e.zarr")))

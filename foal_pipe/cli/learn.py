@@ -288,6 +288,5 @@ def predict(
                 err_console.print(f"[yellow]skipped {skipped}[/]", highlight=False, soft_wrap=True)
             err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False)
         else:
-            err_console.print(
-                f"{result.predicted.size} rows, accuracy {100 * result.accuracy:.2f}% on {split}", highlight=False
-            )
+            accuracy = "unlabelled" if result.accuracy != result.accuracy else f"accuracy {100 * result.accuracy:.2f}%"
+            err_console.print(f"{result.predicted.size} rows, {accuracy} on {split}", highlight=False)
