@@ -33,12 +33,15 @@ class DeployedModel:
         self.encoder_spec = encoder_spec
         self.metadata = dict(metadata or {})
         self._encoder: Any = None
+        self._weights: np.ndarray | None = None  # W as saved, until partial_fit changes it (saves a solve)
 
     # ------------------------------------------------------------------ predicting
     def scores(self, features: Any) -> np.ndarray:
         """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order."""
         H = self.projection.transform(np.asarray(features, dtype=self.projection.components_.dtype))
-        return np.atleast_2d(self.classifier._scores(H))
+        if self._weights is None:
+            return np.atleast_2d(self.classifier._scores(H))
+        return H @ self._weights
 
     def predict(self, features: Any) -> np.ndarray:
         """The label id with the highest score for each row of ``features`` (n, d)."""
@@ -98,6 +101,7 @@ class DeployedModel:
             old[label] = known[label]
         H = self.projection.transform(np.asarray(features, dtype=self.projection.components_.dtype))
         self.classifier.partial_fit(H, ids)
+        self._weights = None
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
         return self
 
@@ -120,4 +124,6 @@ def load_model(path: str | Path) -> DeployedModel:
     classifier = AnalyticClassifier.load(path)
     projection = SmoothProjection.from_matrix(tensors["projection"], activation=meta.get("activation", "sigmoid"))
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
-    return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
+    model = DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
+    model._weights = tensors["W"]
+    return model
