@@ -52,9 +52,6 @@ class DeployedModel:
         best = np.argmax(self.scores(features), axis=1)
         return [self.class_names[k] for k in best]
 
-    def name_of(self, label: int) -> str:
-        return self.class_names[int(np.searchsorted(self.classifier.classes_, label))]
-
     def encoder(self, checkpoint: str | Path | None = None, device: str = "cpu") -> Any:
         """The encoder of the training store, rebuilt from ``encoder_spec`` and loaded (once, then cached)."""
         if self._encoder is None:
