@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.store import UNLABELLED
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 DEFAULT_ROOT = Path("~/datasets")
@@ -425,6 +426,21 @@ def load_imagefolder(data_dir: Path | None, download: bool) -> DatasetSplits:
     return DatasetSplits("imagefolder", names, sources["train"], sources["test"], str(root))
 
 
+def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """Every image under ``DIR`` (recursively), unlabelled (label -1), as the test split; the train split is
+    empty. For ``predict --features`` on images nobody has labelled."""
+    if data_dir is None:
+        raise FoalPipeError("--dataset images needs --data-dir DIR, the folder that holds the images")
+    root = data_dir.expanduser()
+    if not root.is_dir():
+        raise FoalPipeError(f"images folder not found: {root} is not a folder; pass --data-dir DIR")
+    paths = _images_in(root)
+    if not paths:
+        raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check --data-dir")
+    return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths)),
+                         str(root))
+
+
 CORE50_TRAIN_SESSIONS = (1, 2, 4, 5, 6, 8, 9, 11)
 CORE50_TEST_SESSIONS = (3, 7, 10)
 
@@ -570,6 +586,8 @@ DATASETS: dict[str, DatasetEntry] = {
                                   "tiny-imagenet-200.zip"),
     "imagefolder": DatasetEntry(load_imagefolder, "local folder", "DIR/train/<class>, DIR/test/<class>",
                                 "your own images"),
+    "images": DatasetEntry(load_images, "local folder", "DIR (recursively), unlabelled: the test split",
+                           "your own images"),
     "hdf5": DatasetEntry(load_hdf5, "one .h5 file", "the file given as --data-dir", "your own file"),
 }
 
@@ -580,7 +598,7 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     if entry is None:
         raise FoalPipeError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     splits = entry.load(Path(data_dir) if data_dir is not None else None, download)
-    for split in ("train", "test"):
+    for split in ("train", "test") if name != "images" else ("test",):  # unlabelled images: no train split
         if len(splits.split(split)) == 0:
             raise FoalPipeError(f"dataset {name} has no {split} images at {splits.location}; check --data-dir")
     return splits

@@ -200,6 +200,7 @@ def prepare(
     resolve_dtype(model.dtype)
     backend = resolve_backend(execution.backend)
     store = open_store(features)
+    store.check_labelled()
     n_classes = len(store.classes)
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
     stream = build_stream(

@@ -57,6 +57,8 @@ LOG_SUFFIX = ".log.json"
 LABEL_CHUNK_ROWS = 1 << 20
 #: Whole-array reads (labels) and single chunks may use at most this share of the available memory.
 MEMORY_SHARE = 0.5
+#: The label of a row with no class (``extract --dataset images``): a store keeps it, ``learn`` refuses it.
+UNLABELLED = -1
 _KNOWN_KEYS = ("format", "format_version", "classes", "dataset", "encoder", "complete", "generation")
 _WRITE_CONFIG = {"write_empty_chunks": True}  # a chunk equal to the fill value is written too: none is ever absent
 
@@ -274,6 +276,17 @@ class FeatureStore:
     def classes(self) -> tuple[str, ...]:
         return self.meta.classes
 
+    def check_labelled(self) -> None:
+        """Refuse a store whose train split is empty or holds unlabelled rows (``extract --dataset images``)."""
+        train = self.train.labels
+        unlabelled = int((train == UNLABELLED).sum()) if train.size else 0
+        if train.size == 0 or unlabelled:
+            what = "no train rows" if train.size == 0 else f"{unlabelled:,} unlabelled train rows (label -1)"
+            raise FoalPipeError(
+                f"{self.path} has {what}: it was extracted from unlabelled images, so there is nothing to learn; "
+                "extract labelled images (--dataset imagefolder) to learn, or predict on it with `foal-pipe predict`"
+            )
+
     @property
     def dim(self) -> int:
         return self.train.dim
@@ -450,11 +463,11 @@ def open_store(path: str | Path) -> FeatureStore:
         _check_size(path, f"one {name}/features chunk ({features.chunks[0]:,} x {features.chunks[1]:,})",
                     chunk_bytes, "re-extract it with a smaller --chunk-rows")
         y = read_rows(path, f"{name}/labels", labels, 0, n)
-        if y.size and (y.min() < 0 or y.max() >= len(meta.classes)):
-            bad = int(np.flatnonzero((y < 0) | (y >= len(meta.classes)))[0])
+        if y.size and (y.min() < UNLABELLED or y.max() >= len(meta.classes)):
+            bad = int(np.flatnonzero((y < UNLABELLED) | (y >= len(meta.classes)))[0])
             raise FoalPipeError(
                 f"{name}/labels in {path} has label {int(y[bad])} at row {bad}, outside [0, {len(meta.classes)}) "
-                "(the number of classes); fix the labels or the 'classes' attribute"
+                "(the number of classes) and not -1 (unlabelled); fix the labels or the 'classes' attribute"
             )
         splits[name] = Split(name, features, y.astype(np.int64), path, fingerprint)
     if splits["train"].dim != splits["test"].dim:

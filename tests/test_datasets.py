@@ -22,7 +22,7 @@ from foal_pipe.datasets import (
 from foal_pipe.errors import FoalPipeError
 
 REQUIRED = ["digits", "fashion-mnist", "cifar100", "dtd", "fgvc-aircraft", "country211", "core50", "tiny-imagenet",
-            "imagefolder", "hdf5"]
+            "imagefolder", "images", "hdf5"]
 
 
 def test_registry_has_every_dataset_and_rejects_unknown_names():

@@ -96,6 +96,7 @@ def _timings(timings: dict[str, float]) -> str:
 
 @app.command()
 def learn(
+    ctx: typer.Context,
     features: Features,
     out: Out,
     tasks: Tasks = 10,
@@ -121,6 +122,14 @@ def learn(
     scheduler: Scheduler = "local",
     dask_address: DaskAddress = "local",
     workers: Workers = 2,
+    init_model: Annotated[
+        Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
+                                  "name gets a new label id), gamma, projection, activation and dtype from the model.")
+    ] = None,
+    eval_features: Annotated[
+        list[Path] | None, typer.Option(help="With --init-model: also score the final model on this store's test "
+                                        "split (classes by name; repeatable), to measure forgetting.")
+    ] = None,
 ) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
@@ -138,7 +147,15 @@ def learn(
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
-        m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
+        if init_model is not None:
+            from foal_pipe.continuation import continue_from_cli
+
+            m = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
+                                  eval_features or [], log=_log)
+        elif eval_features:
+            raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
+        else:
+            m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         chosen = ""
         if m["gamma"] == "auto":
             chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
@@ -222,29 +239,55 @@ def sweep(
 @app.command()
 def predict(
     model: Annotated[Path, typer.Option(help="model.safetensors written by `foal-pipe learn`.")],
-    features: Features,
-    split: Annotated[str, typer.Option(help="Which split of the store to predict: train or test.")] = "test",
+    features: Annotated[
+        Path | None, typer.Option(help="Predict a feature store's split (a .zarr written by `foal-pipe extract`).")
+    ] = None,
+    images: Annotated[
+        list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns "
+                                       "(repeatable), encoded as the model's store was.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="With --features: which split to predict, train or test.")] = "test",
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="With --images: the checkpoint of a model whose encoder came from --checkpoint "
+                                  "(its sha256 must equal the recorded one).")
+    ] = None,
+    top_k: Annotated[int, typer.Option(help="With --images: add the K best class names and scores (K > 1).")] = 1,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="With --images: skip unreadable files (listed on stderr). Default: off.")
+    ] = False,
+    batch_size: Annotated[int, typer.Option(help="With --images: images encoded at once.")] = 64,
+    device: Annotated[str, typer.Option(help="With --images: where the encoder runs (cpu, cuda, ...).")] = "cpu",
     out: Annotated[
         Path | None, typer.Option(help="Write the CSV here (atomically, checked before predicting). Default: stdout.")
     ] = None,
 ) -> None:
-    """Predict every row of a store's split with a saved model; writes CSV.
+    """Predict with a saved model; writes CSV.
 
-    Columns: row, predicted_class (label id), predicted_name, score (the winning class's score),
-    true_class (the label id the store holds), true_name. Accuracy goes to stderr.
+    --features: columns row, predicted_class (label id), predicted_name, score (the winning class's score),
+    true_class (the label id the store holds), true_name; accuracy goes to stderr. --images: columns path,
+    predicted_class, predicted_name, score (and top{i}_name, top{i}_score with --top-k).
     """
     from foal_pipe.io import atomic_path, check_output_file
-    from foal_pipe.predict import predict_split
+    from foal_pipe.predict import predict_image_files, predict_split
 
     with user_errors():
+        if (features is None) == (not images):
+            raise FoalPipeError("pass exactly one of --features STORE or --images PATH...")
         if out is not None:
             check_output_file(out)
-        result = predict_split(model, features, split)
+        if images:
+            result = predict_image_files(model, images, checkpoint, top_k, skip_bad, batch_size, device)
+        else:
+            result = predict_split(model, features, split)
         if out is None:
             result.write_csv(sys.stdout)
         else:
             with atomic_path(out) as tmp, open(tmp, "w", newline="") as fh:
                 result.write_csv(fh)
-        err_console.print(
-            f"{result.predicted.size} rows, accuracy {100 * result.accuracy:.2f}% on {split}", highlight=False
-        )
+        if images:
+            for skipped in result.skipped:
+                err_console.print(f"[yellow]skipped {skipped}[/]", highlight=False, soft_wrap=True)
+            err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False)
+        else:
+            accuracy = "unlabelled" if result.accuracy != result.accuracy else f"accuracy {100 * result.accuracy:.2f}%"
+            err_console.print(f"{result.predicted.size} rows, {accuracy} on {split}", highlight=False)

@@ -1,0 +1,122 @@
+"""learn --init-model: a saved model continued on a new store equals one run over both streams."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import foal_pipe
+from foal_pipe.cli import app
+from foal_pipe.store import write_store
+
+runner = CliRunner()
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def store(path, names, n_per_class, rng, dim=8, encoder=None):
+    y = np.repeat(np.arange(len(names)), n_per_class)
+    x = rng.normal(size=(y.size, dim)) + y[:, None] * 0.3
+    return write_store(path, (x, y), (x[::3], y[::3]), list(names), chunk_rows=7, dtype="float64",
+                       encoder=encoder), x, y
+
+
+def learn(*args):
+    return runner.invoke(app, ["learn", *map(str, args)])
+
+
+@pytest.fixture
+def two_stores(tmp_path):
+    rng = np.random.default_rng(0)
+    a = store(tmp_path / "a.zarr", ["cat", "dog", "emu", "fox"], 9, rng)
+    b = store(tmp_path / "b.zarr", ["gnu", "dog", "cat"], 8, rng)  # two known names in another order, one new
+    first = learn("--features", a[0], "--out", tmp_path / "run_a", "--tasks", 2, "--projection-dim", 30, "--gamma", 0.5)
+    assert first.exit_code == 0, first.output
+    return tmp_path, a, b
+
+
+def test_continuation_equals_one_run(two_stores):
+    tmp_path, (a, xa, ya), (b, xb, yb) = two_stores
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out",
+                   tmp_path / "run_b", "--tasks", 3, "--eval-features", a)
+    assert result.exit_code == 0, result.output
+    model = foal_pipe.load_model(tmp_path / "run_b" / "model.safetensors")
+    assert model.class_names == ["cat", "dog", "emu", "fox", "gnu"]
+    assert model.classifier.classes_.tolist() == [0, 1, 2, 3, 4]
+    merged = np.array([4, 1, 0])[yb]  # gnu -> new id 4, dog -> 1, cat -> 0
+    P = model.projection
+    H = P.transform(np.vstack([xa, xb]))
+    Y = np.eye(5)[np.concatenate([ya, merged])]
+    W = np.linalg.solve(H.T @ H + 0.5 * np.eye(H.shape[1]), H.T @ Y)
+    np.testing.assert_allclose(model.classifier.weights_, W, atol=1e-9)
+    assert model.classifier.n_samples_seen_ == ya.size + yb.size
+    metrics = json.loads((tmp_path / "run_b" / "metrics.json").read_text())
+    old = metrics["eval_features"][0]
+    H_old = P.transform(xa[::3])
+    expected = float((np.argmax(H_old @ W, axis=1) == ya[::3]).mean())
+    assert old["accuracy"] == pytest.approx(expected) and old["n_test"] == ya[::3].size
+    assert len(metrics["accuracy_matrix"]) == 3
+
+
+def test_conflicting_settings_refused(two_stores):
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    init = tmp_path / "run_a" / "model.safetensors"
+    for option, value, fragment in (("--gamma", 2, "--gamma 2.0 conflicts"),
+                                    ("--projection-dim", 40, "--projection-dim 40 conflicts"),
+                                    ("--dtype", "float32", "--dtype float32 conflicts"),
+                                    ("--seed", 3, "drop --seed"), ("--activation", "relu", "--activation relu")):
+        result = learn("--init-model", init, "--features", b, "--out", tmp_path / "run_b", option, value)
+        assert_one_line_error(result, fragment)
+    assert not (tmp_path / "run_b").exists()
+    same = learn("--init-model", init, "--features", b, "--out", tmp_path / "run_b", "--gamma", 0.5, "--tasks", 1)
+    assert same.exit_code == 0, same.output
+
+
+def test_store_from_another_encoder_refused(two_stores):
+    tmp_path, _, _ = two_stores
+    other, _, _ = store(tmp_path / "c.zarr", ["cat", "owl"], 6, np.random.default_rng(3),
+                        encoder={"name": "pixels", "fusion": "none", "image_size": 0, "normalize": False})
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", other, "--out",
+                   tmp_path / "run_c", "--tasks", 1)
+    assert_one_line_error(result, "'name' is 'pixels' in the store but 'synthetic' in the model")
+    assert not (tmp_path / "run_c").exists()
+
+
+def test_model_from_another_tool_refused(two_stores, tmp_path):
+    from safetensors.numpy import save_file
+
+    _, _, (b, _, _) = two_stores
+    save_file({"W": np.zeros((2, 2))}, str(tmp_path / "other.safetensors"))
+    result = learn("--init-model", tmp_path / "other.safetensors", "--features", b, "--out", tmp_path / "run_x")
+    assert_one_line_error(result, "another tool")
+    assert not (tmp_path / "run_x").exists()
+
+
+def test_continuation_with_dask_equals_local(two_stores):
+    tmp_path, _, (b, _, _) = two_stores
+    init = tmp_path / "run_a" / "model.safetensors"
+    local = learn("--init-model", init, "--features", b, "--out", tmp_path / "local", "--tasks", 3)
+    dask = learn("--init-model", init, "--features", b, "--out", tmp_path / "dask", "--tasks", 3,
+                 "--scheduler", "dask", "--workers", 1)
+    assert local.exit_code == 0 and dask.exit_code == 0, dask.output
+    W = [foal_pipe.load_model(tmp_path / run / "model.safetensors").classifier.weights_ for run in ("local", "dask")]
+    np.testing.assert_allclose(W[1], W[0], atol=1e-9)
+
+
+def test_class_name_clash_refused(two_stores):
+    tmp_path, _, _ = two_stores
+    clash, _, _ = store(tmp_path / "clash.zarr", ["cat", "owl", "cat"], 5, np.random.default_rng(4))
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", clash, "--out",
+                   tmp_path / "run_c", "--tasks", 1)
+    assert_one_line_error(result, "'cat'", "two label ids")
+    assert not (tmp_path / "run_c").exists()

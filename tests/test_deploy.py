@@ -1,0 +1,87 @@
+"""load_model: a saved model predicts from features and images, keeps learning (new classes by name), saves again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import foal_pipe
+from foal_pipe.classifier import AnalyticClassifier
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+from foal_pipe.store import write_store
+
+
+def learned(tmp_path, rng, names=("ant", "bee", "cow"), dim=6, n=60, projection_dim=20):
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    y = np.arange(n) % len(names)
+    store = write_store(tmp_path / "a.zarr", (x, y), (x[:15], y[:15]), list(names), chunk_rows=16)
+    run_learn(store, tmp_path / "run", StreamConfig(tasks=1), ModelConfig(projection_dim=projection_dim),
+              EvaluationConfig(), ExecutionConfig(backend="numpy"), log=lambda _: None)
+    return tmp_path / "run" / "model.safetensors", x, y
+
+
+def test_load_predict_matches_classifier(tmp_path):
+    rng = np.random.default_rng(0)
+    path, x, y = learned(tmp_path, rng)
+    model = foal_pipe.load_model(path)
+    assert model.class_names == ["ant", "bee", "cow"]
+    assert model.encoder_spec["name"] == "synthetic"
+    H = model.projection.transform(x.astype(np.float64))
+    ref = AnalyticClassifier(gamma=1.0).fit(H, y)
+    np.testing.assert_array_equal(model.predict(x), ref.predict(H))
+    assert model.predict_names(x) == [model.class_names[k] for k in ref.predict(H)]
+
+
+def test_save_load_continue_keeps_names_and_is_exact(tmp_path):
+    rng = np.random.default_rng(1)
+    path, x, y = learned(tmp_path, rng)
+    model = foal_pipe.load_model(path)
+    x2 = rng.normal(size=(12, 6))
+    names2 = ["cow", "dog", "ant", "dog"] * 3  # one known name, one new
+    model.partial_fit(x2, names2)
+    assert model.class_names == ["ant", "bee", "cow", "dog"]
+    model.save(tmp_path / "again.safetensors")
+    again = foal_pipe.load_model(tmp_path / "again.safetensors")
+    assert again.class_names == ["ant", "bee", "cow", "dog"]
+    assert again.classifier.classes_.tolist() == [0, 1, 2, 3]
+    # exact: closed-form ridge over both row sets with the merged label ids
+    H = model.projection.transform(np.vstack([x.astype(np.float64), x2]))
+    labels = np.concatenate([y, [{"ant": 0, "bee": 1, "cow": 2, "dog": 3}[n] for n in names2]])
+    Y = np.eye(4)[labels]
+    W = np.linalg.solve(H.T @ H + np.eye(H.shape[1]), H.T @ Y)
+    np.testing.assert_allclose(again.classifier.weights_, W, atol=1e-9)
+    # continuing the reloaded model gives the same as continuing the first one
+    x3 = rng.normal(size=(5, 6))
+    model.partial_fit(x3, ["emu"] * 5)
+    again.partial_fit(x3, ["emu"] * 5)
+    np.testing.assert_allclose(again.classifier.weights_, model.classifier.weights_, atol=1e-12)
+    assert again.class_names[-1] == "emu"
+
+
+def test_new_label_id_without_name_refused(tmp_path):
+    path, _, _ = learned(tmp_path, np.random.default_rng(2))
+    model = foal_pipe.load_model(path)
+    with pytest.raises(FoalPipeError, match="no name"):
+        model.partial_fit(np.zeros((2, 6)), [7, 7])
+
+
+def test_model_from_another_tool_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"W": np.zeros((2, 2))}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(FoalPipeError, match="another tool"):
+        foal_pipe.load_model(tmp_path / "other.safetensors")
+
+
+def test_readme_deploying_example(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Deploying a model", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(code, namespace)
+    assert namespace["again"].classifier.n_samples_seen_ == 66
