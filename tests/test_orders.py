@@ -129,3 +129,21 @@ def test_bad_order_options(store: Path, tmp_path: Path, args: list[str], message
 
 def test_parse_memory() -> None:
     assert parse_memory("8GiB") == 8 * 2**30 and parse_memory("512M") == 512 * 2**20 and parse_memory("100") == 100
+
+
+def test_stage_command_lines_pass_order_seeds() -> None:
+    import sys
+
+    from tests.test_pipeline import STAGES
+
+    sys.path.insert(0, str(STAGES))
+    from _params import stream_args
+
+    import yaml
+
+    learn = yaml.safe_load((STAGES.parent / "params.yaml").read_text())["learn"]
+    assert learn["order_seeds"] == [] and "--order-seed" not in stream_args(learn) and "--order-seeds" not in stream_args(learn)
+    one = stream_args({**learn, "order_seeds": [3]})
+    assert one[one.index("--order-seed") + 1] == 3
+    many = stream_args({**learn, "order_seeds": [0, 1, 2]})
+    assert many[many.index("--order-seeds") + 1] == "0,1,2"
