@@ -147,3 +147,39 @@ def test_stage_command_lines_pass_order_seeds() -> None:
     assert one[one.index("--order-seed") + 1] == 3
     many = stream_args({**learn, "order_seeds": [0, 1, 2]})
     assert many[many.index("--order-seeds") + 1] == "0,1,2"
+
+
+def test_evaluate_with_orders(store: Path, tmp_path: Path) -> None:
+    from foal_pipe.evaluate import evaluate
+
+    run = tmp_path / "many"
+    _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "0.5", "--order-seeds", "0,3,7"])
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    m = json.loads((run / "metrics.json").read_text())
+    assert "**Warning:**" not in text  # the mean F is not the mean matrix's F: no false inconsistency
+    for label, key in (("A_avg (%)", "A_avg"), ("A_last (%)", "A_last"), ("F (%)", "F")):
+        assert f"| {label} | {100 * m['mean'][key]:.2f} ± {100 * m['std'][key]:.2f} |" in text
+    for entry in m["orders"]:
+        assert f"| {entry['order_seed']} | {100 * entry['A_avg']:.2f} | {100 * entry['A_last']:.2f} |" in text
+    from types import SimpleNamespace
+
+    from foal_pipe.evaluate.plots import order_band
+
+    mean, std = order_band(SimpleNamespace(metrics=m))
+    steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in m["orders"]]) * 100
+    np.testing.assert_allclose(mean, steps.mean(axis=0))
+    np.testing.assert_allclose(std, steps.std(axis=0))
+    assert std.max() > 0 and (run / "eval" / "steps.png").stat().st_size > 0
+
+
+def test_evaluate_flags_an_order_inconsistent_with_its_matrix(store: Path, tmp_path: Path) -> None:
+    from foal_pipe.evaluate import evaluate
+
+    run = tmp_path / "many"
+    _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "0.5", "--order-seeds", "0,3"])
+    m = json.loads((run / "metrics.json").read_text())
+    m["orders"][1]["A_last"] += 0.1
+    (run / "metrics.json").write_text(json.dumps(m))
+    evaluate(run)
+    assert "A_last of order 3 in metrics.json" in (run / "eval" / "summary.md").read_text()
