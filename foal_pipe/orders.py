@@ -27,7 +27,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.learn import (
     Boundary, EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, Run, StreamConfig,
-    SweepConfig, _read_blocks, _report, _run_info, _timings, _warn_dropped, accuracy_matrices, choose, prepare,
+    SweepConfig, _report, _run_info, _timings, _warn_dropped, accuracy_matrices, choose, prepare,
     run_learn, run_sweep,
 )
 from foal_pipe.memory import human
@@ -39,6 +39,8 @@ from foal_pipe.statistics import RidgeStatistics
 DEFAULT_MAX_MEMORY = 8 * 2**30
 #: The metrics summarised over orders (mean and std).
 SUMMARY_KEYS = ("A_avg", "A_last", "F")
+#: The most raw feature rows buffered, per class, before their statistics are formed (bytes, all classes).
+BUFFER_BYTES = 256 * 2**20
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
           "t": 2**40, "tib": 2**40}
 
@@ -101,20 +103,50 @@ def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
 
 
 def class_statistics(runs: Sequence[Run]) -> list[RidgeStatistics]:
-    """One pass over the train chunks: the statistics of each class's rows (every row some order trains on)."""
+    """One pass over the train chunks: the statistics of each class's rows (every row some order trains on).
+
+    A chunk holds a few rows of each class; their Gram matrices would be thin and each one's addition a
+    pass over a D x D array. So each class's raw rows are buffered (at most ``BUFFER_BYTES`` in all) and
+    projected and summed a few hundred rows at a time.
+    """
     run = runs[0]
+    train, xp = run.store.train, run.xp
     wanted = np.zeros(run.row_task.shape, dtype=bool)
     for r in runs:
         wanted |= r.row_task >= 0
-    xp = run.xp
-    per_class = [RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)) for _ in run.store.classes]
-    with progress_bar("train (per-class gram)", int(wanted.sum())) as advance:
-        for H, labels, _ in _read_blocks(run, wanted, advance):
+    n_classes = len(run.store.classes)
+    flush_rows = max(16, min(run.block_rows, BUFFER_BYTES // (n_classes * run.store.dim * train.features.dtype.itemsize)))
+    per_class = [RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)) for _ in range(n_classes)]
+    buffers: dict[int, list[np.ndarray]] = {}
+    sizes = np.zeros(n_classes, dtype=np.int64)
+
+    def flush(c: int) -> None:
+        X = np.concatenate(buffers.pop(c))
+        sizes[c] = 0
+        for lo in range(0, X.shape[0], run.block_rows):
+            with run.timed("project"):
+                H = run.projection.transform(X[lo : lo + run.block_rows], xp)
             with run.timed("gram"):
-                for c in np.unique(labels):
-                    idx = np.flatnonzero(labels == c)
-                    H_c = H if idx.size == labels.size else xp.take(H, xp.asarray(idx), axis=0)
-                    per_class[int(c)] += RidgeStatistics.from_batch(H_c, labels[idx])
+                per_class[c] += RidgeStatistics.from_batch(H, np.full(H.shape[0], c))
+
+    step = train.chunk_rows
+    with progress_bar("train (per-class gram)", int(wanted.sum())) as advance:
+        for lo in range(0, train.n_rows, step):
+            rows = np.flatnonzero(wanted[lo : lo + step])
+            if rows.size == 0:
+                continue
+            with run.timed("read"):
+                _, X = next(train.iter_chunks(lo, min(lo + step, train.n_rows)))
+            labels = train.labels[lo + rows]
+            for c in np.unique(labels).tolist():
+                take = rows[labels == c]
+                buffers.setdefault(c, []).append(X[take])
+                sizes[c] += take.size
+                if sizes[c] >= flush_rows:
+                    flush(c)
+            advance(rows.size)
+        for c in list(buffers):
+            flush(c)
     return per_class
 
 

@@ -183,3 +183,16 @@ def test_evaluate_flags_an_order_inconsistent_with_its_matrix(store: Path, tmp_p
     (run / "metrics.json").write_text(json.dumps(m))
     evaluate(run)
     assert "A_last of order 3 in metrics.json" in (run / "eval" / "summary.md").read_text()
+
+
+def test_small_buffer_gives_the_same_orders(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers flushed every 16 rows of a class (many flushes per class) sum to the same statistics."""
+    import foal_pipe.orders as orders
+
+    args = [*COMMON, "--gamma", "0.5", "--order-seeds", "0,3"]
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "big"), *args])
+    monkeypatch.setattr(orders, "BUFFER_BYTES", 1)
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "small"), *args])
+    big, small = (json.loads((tmp_path / x / "metrics.json").read_text()) for x in ("big", "small"))
+    for a, b in zip(big["orders"], small["orders"]):
+        np.testing.assert_allclose(_matrix(a["accuracy_matrix"]), _matrix(b["accuracy_matrix"]), atol=1e-12, rtol=0)
