@@ -30,7 +30,7 @@ from foal_pipe.learn import (
     SweepConfig, _report, _run_info, _timings, _warn_dropped, accuracy_matrices, choose, prepare,
     run_learn, run_sweep,
 )
-from foal_pipe.memory import human
+from foal_pipe.memory import check_memory, human
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.statistics import RidgeStatistics
@@ -95,6 +95,17 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
                 f"{model.dtype}), above --max-memory {human(max_memory)}; raise --max-memory to {human(need)}, "
                 "use --dtype float32 or a lower --projection-dim for one pass")
     return None
+
+
+def _check_class_memory(command: str, run: Run) -> None:
+    """The per-class statistics and the row buffers, on top of one order's run, against the available memory."""
+    from foal_pipe.learn import memory_parts
+
+    need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
+    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need,
+                                              "buffered rows": BUFFER_BYTES},
+                 f"set --max-memory below {human(need)} for one pass per order, lower --projection-dim, "
+                 "use --dtype float32, or free memory")
 
 
 def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
@@ -228,8 +239,9 @@ def run_learn_orders(
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), max_memory)
     if reason is not None:
         return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason, start, log)
+    _check_class_memory("learn", runs[0])
     for run in runs:
-        _warn_dropped(run, replace(stream, order_seed=None), log)
+        _warn_dropped(run, stream, log)
     with np.errstate(all="ignore"):
         per_class = class_statistics(runs)
         entries, finals = [], []
@@ -251,9 +263,10 @@ def run_learn_orders(
     first_run = runs[0]
     metrics = combine([e for _, e in entries], entries[0][0])
     metrics["one_pass"] = True
-    timings = {k: v for r in runs for k, v in r.timings.items()}
-    for key in timings:
-        timings[key] = sum(r.timings.get(key, 0.0) for r in runs)
+    timings: dict[str, float] = {}
+    for r in runs:
+        for key, seconds in r.timings.items():
+            timings[key] = timings.get(key, 0.0) + seconds
     first_run.store.check_unchanged()
     with atomic_dir(out) as tmp:
         final = finals[0]
@@ -319,7 +332,8 @@ def run_sweep_orders(
         reports = []
         if reason is None:
             reports = _sweep_one_pass(features, seeds, sweep, stream, model, evaluation, execution, max_memory, log)
-        if not reports:
+        one_pass = bool(reports)
+        if not one_pass:
             log(f"running one pass per class order ({len(seeds)} passes): "
                 f"{reason or 'the per-class statistics exceed --max-memory'}")
             for s in seeds:
@@ -327,7 +341,7 @@ def run_sweep_orders(
                                          evaluation, execution, log=log))
                 shutil.rmtree(tmp / f"order-{s}")
         report = _combine_sweep(seeds, reports, sweep.resolved_select)
-        report["one_pass"] = reason is None and "timings" not in reports[0]
+        report["one_pass"] = one_pass
         timings = {"total": round(time.perf_counter() - start, 3)}
         for r in reports:
             r.pop("timings", None)
@@ -352,8 +366,9 @@ def _sweep_one_pass(features: str | Path, seeds: Sequence[int], sweep: SweepConf
     if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > max_memory:
         log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes), max_memory) or "")
         return []
+    _check_class_memory("sweep", runs[0])
     for run in runs:
-        _warn_dropped(run, replace(stream, order_seed=None), log)
+        _warn_dropped(run, stream, log)
     reports = []
     with np.errstate(all="ignore"):
         per_class = class_statistics(runs)
