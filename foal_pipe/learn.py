@@ -61,6 +61,11 @@ class StreamConfig:
     seed: int = 0
     class_order: Path | None = None
     drop_last: bool = False
+    order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
+
+    @property
+    def resolved_order_seed(self) -> int:
+        return self.seed if self.order_seed is None else self.order_seed
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,7 @@ def prepare(
     n_classes = len(store.classes)
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
     stream = build_stream(
-        store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.seed, order,
+        store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.resolved_order_seed, order,
         stream_config.drop_last,
     )
     test_totals = count_test_rows(stream, store.test.labels, n_classes)
@@ -508,6 +513,7 @@ def _run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
         "drop_last": stream_config.drop_last,
         "mask_unseen": run.evaluation.mask_unseen,
         "seed": stream_config.seed,
+        "order_seed": stream_config.resolved_order_seed,
         "backend": run.backend,
         "dtype": run.model.dtype,
         "n_train_seen": int(sum(rows.size for rows in run.stream.rows)),

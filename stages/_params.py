@@ -59,6 +59,11 @@ def stream_args(p: dict[str, Any]) -> list[Any]:
         "--activation", p["activation"], "--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"],
         "--projection-init", p["projection_init"],
     ]
+    seeds = [int(s) for s in p.get("order_seeds") or []]
+    if len(seeds) == 1:
+        args += ["--order-seed", seeds[0]]
+    elif seeds:
+        args += ["--order-seeds", ",".join(map(str, seeds))]
     if p["drop_last"]:
         args.append("--drop-last")
     if not p["mask_unseen"]:

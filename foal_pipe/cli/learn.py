@@ -20,7 +20,15 @@ Tasks = Annotated[
 ]
 BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
 ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
-Seed = Annotated[int, typer.Option(help="Seed of the class order, the within-task shuffles and the projection.")]
+Seed = Annotated[int, typer.Option(help="Seed of the projection and, without --order-seed(s), of the class order and the within-task shuffles.")]
+OrderSeed = Annotated[int | None, typer.Option(help="Seed of the class order and the within-task shuffles. Default: --seed.")]
+OrderSeeds = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
+                 "reported per order with mean and std. Default: one order (--order-seed).")
+]
+MaxMemory = Annotated[str, typer.Option(help="With --order-seeds: the most the per-class statistics (C x D^2 values) "
+                                        "may take before falling back to one pass per order.")]
 Engine = Annotated[
     str,
     typer.Option(
@@ -89,6 +97,17 @@ def _gamma(text: str) -> float | str:
     return parse_gamma(value)
 
 
+def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, ...] | None:
+    """The seeds of ``--order-seeds`` (None: one order, the plain command)."""
+    if order_seeds is None:
+        return None
+    if order_seed is not None:
+        raise FoalPipeError("pass --order-seed (one order) or --order-seeds (many), not both")
+    from foal_pipe.orders import parse_order_seeds
+
+    return parse_order_seeds(order_seeds)
+
+
 def _timings(timings: dict[str, float]) -> str:
     parts = [f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total"]
     return f"{timings['total']:.1f} s: " + ", ".join(parts)
@@ -111,6 +130,9 @@ def learn(
         "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"
     ),
     seed: Seed = 0,
+    order_seed: OrderSeed = None,
+    order_seeds: OrderSeeds = None,
+    max_memory: MaxMemory = "8GiB",
     engine: Engine = "gram",
     backend: Backend = "auto",
     dtype: Dtype = "float64",
@@ -144,18 +166,31 @@ def learn(
             gamma=_gamma(gamma), select=select or "loo", gamma_grid=_floats(gamma_grid, "--gamma-grid"),
             engine=engine, dtype=dtype,
         )
-        stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last)
+        stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
+                              order_seed=order_seed)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
+        seeds = _order_seeds(order_seed, order_seeds)
+        if eval_features and init_model is None:
+            raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
+        if init_model is not None and seeds is not None:
+            raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
         if init_model is not None:
             from foal_pipe.continuation import continue_from_cli
 
             m = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
                                   eval_features or [], log=_log)
-        elif eval_features:
-            raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
-        else:
+        elif seeds is None:
             m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
+        else:
+            from foal_pipe.orders import parse_memory, run_learn_orders
+
+            m = run_learn_orders(features, out, seeds, stream, model, evaluation, execution,
+                                 max_memory=parse_memory(max_memory), log=_log)
+            std = m["std"]
+            console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
+                          f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
+                          highlight=False)
         chosen = ""
         if m["gamma"] == "auto":
             chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
@@ -185,6 +220,9 @@ def sweep(
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
     seed: Seed = 0,
+    order_seed: OrderSeed = None,
+    order_seeds: OrderSeeds = None,
+    max_memory: MaxMemory = "8GiB",
     backend: Backend = "auto",
     dtype: Dtype = "float64",
     projection_init: ProjectionInit = "uniform",
@@ -209,10 +247,18 @@ def sweep(
         config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo)
         model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
                             dtype=dtype)
-        stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last)
+        stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
+                              order_seed=order_seed)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
-        report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
+        seeds = _order_seeds(order_seed, order_seeds)
+        if seeds is None:
+            report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
+        else:
+            from foal_pipe.orders import parse_memory, run_sweep_orders
+
+            report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution,
+                                      max_memory=parse_memory(max_memory), log=_log)
         table = Table(title=f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})")
         for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
             table.add_column(name, justify="right")

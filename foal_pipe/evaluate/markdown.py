@@ -66,10 +66,23 @@ def _results(m: dict[str, Any], paper: PaperMatch | None) -> list[str]:
             ref = paper.row.metrics().get(key)
             ref_s = f"{100 * ref:.1f}" if ref is not None else "-"
             delta = f"{100 * (ours - ref):+.1f}" if ref is not None else "-"
-            lines.append(f"| {label} | {pct(ours)} | {ref_s} | {delta} |")
+            lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} | {ref_s} | {delta} |")
         else:
-            lines.append(f"| {label} | {pct(ours)} |")
+            lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} |")
+    if isinstance(m.get("orders"), list):
+        seeds = ", ".join(str(o.get("order_seed")) for o in m["orders"])
+        lines += ["", f"Mean ± std (population) over {len(m['orders'])} class orders (order seeds {seeds}); "
+                  "the accuracy matrix below is their position-wise mean.", "",
+                  "| order seed | A_avg (%) | A_last (%) | F (%) |", "|---:|---:|---:|---:|"]
+        lines += [f"| {o.get('order_seed')} | {pct(o.get('A_avg'))} | {pct(o.get('A_last'))} | {pct(o.get('F'))} |"
+                  for o in m["orders"]]
     return lines + [""]
+
+
+def _spread(m: dict[str, Any], key: str) -> str:
+    """`` ± std`` when the run has many class orders."""
+    std = (m.get("std") or {}).get(key) if isinstance(m.get("std"), dict) else None
+    return f" ± {pct(std)}" if is_number(std) else ""
 
 
 def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:

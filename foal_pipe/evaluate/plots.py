@@ -16,6 +16,7 @@ import numpy as np
 from foal_pipe.evaluate.readers import Run
 from foal_pipe.evaluate.selection import select
 from foal_pipe.evaluate.tables import gamma_rows, step_rows, weight_norm_rows
+from foal_pipe.metrics import summarize
 from foal_pipe.paper import GAMMAS, PaperMatch
 
 DPI = 110
@@ -73,13 +74,21 @@ def plot_steps(run: Run, path: Path) -> Path:
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        ax.plot(x, [r["A_i"] for r in rows], "o-", label="A_i (mean over tasks seen)", lw=2)
+        band = order_band(run)
+        if band is None:
+            ax.plot(x, [r["A_i"] for r in rows], "o-", label="A_i (mean over tasks seen)", lw=2)
+        else:
+            mean, std = band
+            ax.plot(x, mean, "o-", label=f"A_i, mean over {len(run.metrics['orders'])} class orders", lw=2)
+            ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="+- std over orders")
         ax.plot(x, [r["newest_task"] for r in rows], "s--", label="newest task a[i][i]")
         ax.plot(x, [r["first_task"] for r in rows], "^:", label="first task a[i][1]")
         ax.set_xlabel("task (step i)")
         ax.set_ylabel("accuracy (%)")
         ax.set_xticks(x if len(x) <= 20 else x[:: max(1, len(x) // 10)])
         low = min(min(r["A_i"], r["newest_task"], r["first_task"]) for r in rows)
+        if band is not None:
+            low = min(low, float(np.min(band[0] - band[1])))
         ax.set_ylim(max(0.0, low - 5), 100.5)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower left")
@@ -88,6 +97,15 @@ def plot_steps(run: Run, path: Path) -> Path:
                      f"{_title(run)}", fontsize=9)
 
     return draw(path, (6.4, 4.0), paint)
+
+
+def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
+    """With ``orders`` (``learn --order-seeds``): the mean and std (percent) of A_i over the orders at each step."""
+    orders = run.metrics.get("orders")
+    if not isinstance(orders, list) or not orders:
+        return None
+    steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in orders]) * 100
+    return steps.mean(axis=0), steps.std(axis=0)
 
 
 def plot_weight_norms(run: Run, path: Path) -> Path:

@@ -1,0 +1,198 @@
+"""``--order-seeds``: many class orders from one pass equal separate runs, the memory fallback, evaluate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from foal_pipe.cli import app
+from foal_pipe.metrics import summarize
+from foal_pipe.orders import class_statistics_bytes, parse_memory
+from tests.test_learn import build_store
+
+runner = CliRunner()
+SEEDS = (0, 3, 7)
+COMMON = ["--tasks", "4", "--projection-dim", "24", "--batch-size", "7", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("orders") / "s.zarr")
+
+
+def _invoke(args: list[str]):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _matrix(m: list[list[float]]) -> np.ndarray:
+    T = len(m)
+    return np.array([row + [np.nan] * (T - len(row)) for row in m])
+
+
+def _separate(store: Path, tmp: Path, extra: list[str]) -> dict[int, dict]:
+    out = {}
+    for s in SEEDS:
+        _invoke(["learn", "--features", str(store), "--out", str(tmp / f"one-{s}"), *COMMON, "--order-seed", str(s), *extra])
+        out[s] = json.loads((tmp / f"one-{s}" / "metrics.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("extra", [["--gamma", "0.5"], ["--gamma", "auto", "--select", "gcv"]], ids=["fixed", "gcv"])
+def test_order_seeds_equal_separate_runs(store: Path, tmp_path: Path, extra: list[str]) -> None:
+    seeds = ",".join(map(str, SEEDS))
+    result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--order-seeds", seeds,
+                      *extra])
+    assert "one pass per class order" not in result.output
+    many = json.loads((tmp_path / "many" / "metrics.json").read_text())
+    separate = _separate(store, tmp_path, extra)
+    assert many["one_pass"] is True and [o["order_seed"] for o in many["orders"]] == list(SEEDS)
+    assert len({json.dumps(o["tasks"]) for o in many["orders"]}) == len(SEEDS)  # the orders differ
+    for entry in many["orders"]:
+        one = separate[entry["order_seed"]]
+        assert entry["tasks"] == one["tasks"]
+        np.testing.assert_allclose(_matrix(entry["accuracy_matrix"]), _matrix(one["accuracy_matrix"]), atol=1e-12, rtol=0)
+        for key in ("A_avg", "A_last", "F"):
+            assert entry[key] == pytest.approx(one[key], abs=1e-12)
+        if "gammas_selected" in one:
+            assert entry["gammas_selected"] == one["gammas_selected"]
+    for key in ("A_avg", "A_last", "F"):
+        values = np.array([separate[s][key] for s in SEEDS])
+        assert many["mean"][key] == pytest.approx(values.mean(), abs=1e-12)
+        assert many["std"][key] == pytest.approx(values.std(), abs=1e-12)
+        assert many[key] == pytest.approx(values.mean(), abs=1e-12)
+    assert many["A_steps"] == pytest.approx(np.mean([summarize(separate[s]["accuracy_matrix"])["A_steps"] for s in SEEDS], axis=0))
+
+
+def test_order_seed_defaults_to_seed(store: Path, tmp_path: Path) -> None:
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "a"), *COMMON])
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "b"), *COMMON, "--order-seed", "5"])
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "c"), *COMMON, "--order-seed", "6"])
+    a, b, c = (json.loads((tmp_path / x / "metrics.json").read_text()) for x in "abc")
+    assert a["tasks"] == b["tasks"] and a["accuracy_matrix"] == b["accuracy_matrix"]
+    assert a["tasks"] != c["tasks"]
+
+
+def test_memory_refusal_falls_back_to_one_pass_per_order(store: Path, tmp_path: Path) -> None:
+    need = class_statistics_bytes(12, 24, "float64")
+    result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--gamma", "0.5",
+                      "--order-seeds", "0,3,7", "--max-memory", str(need - 1)])
+    assert "running one pass per class order (3 passes)" in result.output
+    assert "raise --max-memory to" in result.output and "per-class statistics need" in result.output
+    many = json.loads((tmp_path / "many" / "metrics.json").read_text())
+    assert many["one_pass"] is False
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == ["metrics.json", "model.safetensors", "timings.json"]
+    separate = _separate(store, tmp_path, ["--gamma", "0.5"])
+    for entry in many["orders"]:
+        np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]), _matrix(separate[entry["order_seed"]]["accuracy_matrix"]))
+
+
+def test_loo_and_rls_fall_back(store: Path, tmp_path: Path) -> None:
+    result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "rls"), *COMMON, "--engine", "rls",
+                      "--order-seeds", "0,3"])
+    assert "--engine rls replays the rows" in result.output
+    m = json.loads((tmp_path / "rls" / "metrics.json").read_text())
+    assert len(m["orders"]) == 2
+
+
+def test_sweep_order_seeds(store: Path, tmp_path: Path) -> None:
+    _invoke(["sweep", "--features", str(store), "--out", str(tmp_path / "sw"), *COMMON, "--gammas", "0.1,1,10",
+             "--no-loo", "--order-seeds", "0,3"])
+    report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert report["one_pass"] is True
+    for i, g in enumerate((0.1, 1.0, 10.0)):
+        values = []
+        for s in (0, 3):
+            _invoke(["learn", "--features", str(store), "--out", str(tmp_path / f"l{s}-{g}"), *COMMON, "--gamma", str(g),
+                     "--order-seed", str(s)])
+            values.append(json.loads((tmp_path / f"l{s}-{g}" / "metrics.json").read_text())["A_avg"])
+        assert report["results"][i]["A_avg"] == pytest.approx(np.mean(values), abs=1e-12)
+        assert report["results"][i]["std"]["A_avg"] == pytest.approx(np.std(values), abs=1e-12)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--order-seeds", "0,x"], "not a comma-separated list"),
+    (["--order-seeds", "0,0"], "repeats a seed"),
+    (["--order-seeds", "0,1", "--order-seed", "2"], "not both"),
+    (["--order-seeds", "0,1", "--max-memory", "lots"], "is not a size"),
+])
+def test_bad_order_options(store: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["learn", "--features", str(store), "--out", str(tmp_path / "o"), *COMMON, *args])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_parse_memory() -> None:
+    assert parse_memory("8GiB") == 8 * 2**30 and parse_memory("512M") == 512 * 2**20 and parse_memory("100") == 100
+
+
+def test_stage_command_lines_pass_order_seeds() -> None:
+    import sys
+
+    from tests.test_pipeline import STAGES
+
+    sys.path.insert(0, str(STAGES))
+    from _params import stream_args
+
+    import yaml
+
+    learn = yaml.safe_load((STAGES.parent / "params.yaml").read_text())["learn"]
+    assert learn["order_seeds"] == [] and "--order-seed" not in stream_args(learn) and "--order-seeds" not in stream_args(learn)
+    one = stream_args({**learn, "order_seeds": [3]})
+    assert one[one.index("--order-seed") + 1] == 3
+    many = stream_args({**learn, "order_seeds": [0, 1, 2]})
+    assert many[many.index("--order-seeds") + 1] == "0,1,2"
+
+
+def test_evaluate_with_orders(store: Path, tmp_path: Path) -> None:
+    from foal_pipe.evaluate import evaluate
+
+    run = tmp_path / "many"
+    _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "0.5", "--order-seeds", "0,3,7"])
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    m = json.loads((run / "metrics.json").read_text())
+    assert "**Warning:**" not in text  # the mean F is not the mean matrix's F: no false inconsistency
+    for label, key in (("A_avg (%)", "A_avg"), ("A_last (%)", "A_last"), ("F (%)", "F")):
+        assert f"| {label} | {100 * m['mean'][key]:.2f} ± {100 * m['std'][key]:.2f} |" in text
+    for entry in m["orders"]:
+        assert f"| {entry['order_seed']} | {100 * entry['A_avg']:.2f} | {100 * entry['A_last']:.2f} |" in text
+    from types import SimpleNamespace
+
+    from foal_pipe.evaluate.plots import order_band
+
+    mean, std = order_band(SimpleNamespace(metrics=m))
+    steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in m["orders"]]) * 100
+    np.testing.assert_allclose(mean, steps.mean(axis=0))
+    np.testing.assert_allclose(std, steps.std(axis=0))
+    assert std.max() > 0 and (run / "eval" / "steps.png").stat().st_size > 0
+
+
+def test_evaluate_flags_an_order_inconsistent_with_its_matrix(store: Path, tmp_path: Path) -> None:
+    from foal_pipe.evaluate import evaluate
+
+    run = tmp_path / "many"
+    _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "0.5", "--order-seeds", "0,3"])
+    m = json.loads((run / "metrics.json").read_text())
+    m["orders"][1]["A_last"] += 0.1
+    (run / "metrics.json").write_text(json.dumps(m))
+    evaluate(run)
+    assert "A_last of order 3 in metrics.json" in (run / "eval" / "summary.md").read_text()
+
+
+def test_small_buffer_gives_the_same_orders(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers flushed every 16 rows of a class (many flushes per class) sum to the same statistics."""
+    import foal_pipe.orders as orders
+
+    args = [*COMMON, "--gamma", "0.5", "--order-seeds", "0,3"]
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "big"), *args])
+    monkeypatch.setattr(orders, "BUFFER_BYTES", 1)
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "small"), *args])
+    big, small = (json.loads((tmp_path / x / "metrics.json").read_text()) for x in ("big", "small"))
+    for a, b in zip(big["orders"], small["orders"]):
+        np.testing.assert_allclose(_matrix(a["accuracy_matrix"]), _matrix(b["accuracy_matrix"]), atol=1e-12, rtol=0)
