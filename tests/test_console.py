@@ -118,7 +118,7 @@ FIXED_SETS = {
 }
 #: Commands whose modules the pipeline helper does not own: the lead applies cli/_app.py's `choice()` and `flag()`
 #: there (see the report); then the mark comes off (strict: it fails once they pass).
-OTHERS = {"extract", "info", "learn", "sweep", "predict"}
+OTHERS = {"extract", "info"}
 
 
 def _commands():

@@ -286,13 +286,10 @@ def test_bad_stores(tmp_path, kind, message):
         (["--gamma", "-1"], "gamma must be a positive number"),
         (["--tasks", "13"], "--tasks 13 is larger than the number of classes (12)"),
         (["--projection-dim", "-1"], "--projection-dim must be at least 0"),
-        (["--engine", "sgd"], "unknown engine"),
-        (["--backend", "tpu"], "unknown backend"),
         (["--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"], "underflows in float32"),
         (["--gamma", "abc"], "neither a number nor 'auto'"),
         (["--gamma", "auto", "--engine", "rls"], "--gamma auto needs --engine gram"),
         (["--gamma", "auto", "--select", "test"], "unknown --select 'test'"),
-        (["--activation", "tanh"], "unknown activation 'tanh'"),
         (["--gamma-grid", "1,x"], "--gamma-grid '1,x' is not a comma-separated list"),
     ],
 )
@@ -328,6 +325,17 @@ def test_bad_class_order(tmp_path, store):
 def assert_same_matrix(got: list[list[float]], expected: list[list[float]]) -> None:
     assert [len(row) for row in got] == [len(row) for row in expected]
     np.testing.assert_allclose(np.concatenate(got), np.concatenate(expected), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--engine", "sgd"), ("--backend", "tpu"), ("--activation", "tanh"),
+                                             ("--dtype", "float16"), ("--projection-init", "xavier")])
+def test_values_outside_an_options_fixed_set_are_refused_by_the_cli(tmp_path, store, option, value):
+    """Options with a fixed set of values (listed in --help) refuse anything else before any work."""
+    out = tmp_path / "out"
+    result = invoke("learn", "--features", store, "--out", out, option, value)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and f"Invalid value for '{option}'" in result.output
+    assert not out.exists()
 
 
 def assert_clean_error(result, message: str, out: Path) -> None:

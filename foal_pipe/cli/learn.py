@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
 from foal_pipe.errors import FoalPipeError
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
@@ -30,26 +30,26 @@ OrderSeeds = Annotated[
 MaxMemory = Annotated[str, typer.Option(help="With --order-seeds: the most the per-class statistics (C x D^2 values) "
                                         "may take before falling back to one pass per order.")]
 Engine = Annotated[
-    str,
+    choice("gram", "rls"),
     typer.Option(
         help="gram: accumulate H^T H and H^T Y, solve at task ends (fastest, exact). "
         "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
     ),
 ]
-Backend = Annotated[str, typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, else NumPy), "
+Backend = Annotated[choice("auto", "numpy", "cupy", "torch"), typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, else NumPy), "
                                            "numpy, cupy or torch (CUDA when available, else the CPU).")]
-Dtype = Annotated[str, typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (half the memory; "
+Dtype = Annotated[choice("float64", "float32"), typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (half the memory; "
                                        "solved in float64, a gamma below its resolution is refused).")]
-ProjectionInit = Annotated[str, typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or normal (same variance).")]
+ProjectionInit = Annotated[choice("uniform", "normal"), typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or normal (same variance).")]
 ClassOrder = Annotated[
     Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides --tasks. Default: none (--tasks splits the classes).")
 ]
-DropLast = Annotated[bool, typer.Option("--drop-last", help="Drop each task's last incomplete batch (the published code). Default: off (the batch is kept).")]
+DropLast = Annotated[bool, flag("--drop-last", help="Drop each task's last incomplete batch (the published code). Default: off (the batch is kept).")]
 NoMask = Annotated[
-    bool, typer.Option("--no-mask-unseen", help="Predict over all classes, unseen ones included (the published code). Default: off (only seen classes).")
+    bool, flag("--no-mask-unseen", help="Predict over all classes, unseen ones included (the published code). Default: off (only seen classes).")
 ]
 Scheduler = Annotated[
-    str,
+    choice("local", "dask"),
     typer.Option(
         help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster "
         "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process)."
@@ -62,12 +62,12 @@ Workers = Annotated[int, typer.Option(help="With --scheduler dask and --dask-add
 
 
 Activation = Annotated[
-    str | None,
+    choice("sigmoid", "relu", "identity") | None,
     typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
                  "or identity with --projection-dim 0 (ridge on the raw features)."),
 ]
 Select = Annotated[
-    str | None,
+    choice("loo", "gcv", "test") | None,
     typer.Option(help="How gamma is chosen on the training rows seen so far: loo (exact leave-one-out MSE, default) or "
                  "gcv (generalised cross-validation, no extra pass); sweep also takes test, an oracle that peeks at the "
                  "test split. Default: loo, or gcv with --no-loo."),
@@ -214,7 +214,7 @@ def sweep(
     ),
     select: Select = None,
     no_loo: Annotated[
-        bool, typer.Option("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")
+        bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")
     ] = False,
     tasks: Tasks = 10,
     batch_size: BatchSize = 10,
@@ -292,14 +292,14 @@ def predict(
         list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns "
                                        "(repeatable), encoded as the model's store was.")
     ] = None,
-    split: Annotated[str, typer.Option(help="With --features: which split to predict, train or test.")] = "test",
+    split: Annotated[choice("train", "test"), typer.Option(help="With --features: which split to predict, train or test.")] = "test",
     checkpoint: Annotated[
         Path | None, typer.Option(help="With --images: the checkpoint of a model whose encoder came from --checkpoint "
                                   "(its sha256 must equal the recorded one).")
     ] = None,
     top_k: Annotated[int, typer.Option(help="With --images: add the K best class names and scores (K > 1).")] = 1,
     skip_bad: Annotated[
-        bool, typer.Option("--skip-bad", help="With --images: skip unreadable files (listed on stderr). Default: off.")
+        bool, flag("--skip-bad", help="With --images: skip unreadable files (listed on stderr). Default: off.")
     ] = False,
     batch_size: Annotated[int, typer.Option(help="With --images: images encoded at once.")] = 64,
     device: Annotated[str, typer.Option(help="With --images: where the encoder runs (cpu, cuda, ...).")] = "cpu",
