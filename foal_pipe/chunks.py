@@ -1,5 +1,6 @@
 """Chunk files of a Zarr array: which exist (a directory listing, never a read), reads that refuse a missing
-chunk instead of returning the fill value, and errors that name a bad chunk by its rows.
+chunk instead of returning the fill value, errors that name a bad chunk by its rows, and the check that the
+rows read are finite.
 
 Zarr reads a chunk whose file is missing as the fill value; for a feature store that means rows of zeros,
 trained on in silence. The helpers here make every absence and every undecodable chunk an error instead.
@@ -20,6 +21,8 @@ from zarr.storage import LocalStore
 from foal_pipe.errors import FoalPipeError
 
 _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+DTYPE_OPTIONS = {"blocks": "--blocks-dtype"}
+"""The extract option that sets an array's dtype, where it is not ``--dtype``."""
 REEXTRACT = "re-extract it (`foal-pipe extract ... --overwrite`) or restore it from a copy"
 
 
@@ -168,3 +171,23 @@ def read_rows(root: Path, name: str, array: zarr.Array, lo: int, hi: int) -> np.
             except Exception as inner:
                 raise chunk_error(root, name, array, first, inner) from None
         raise chunk_error(root, name, array, lo // step, exc) from None
+
+
+def chunk_spans(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None = None) -> list[tuple[int, int]]:
+    """The rows ``[lo, hi)`` of each chunk of ``chunk_rows`` rows that meets ``[start, stop)``, cut to it."""
+    stop = n_rows if stop is None else stop
+    return [(max(lo, start), min(lo + chunk_rows, stop)) for lo in range(start - start % chunk_rows, stop, chunk_rows)]
+
+
+def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int, what: str = "features") -> np.ndarray:
+    """``block`` (rows first) if every value is finite, else an error naming ``split/what`` and the first bad
+    row. ``rows`` is the store row of ``block[0]`` (contiguous rows) or the store row of every block row."""
+    finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
+        raise FoalPipeError(
+            f"{split}/{what} has NaN or inf values (first bad row: {row}); "
+            f"re-extract the store (try `{DTYPE_OPTIONS.get(what.split()[0], '--dtype')} float32` if it was float16)"
+        )
+    return block

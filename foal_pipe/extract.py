@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from foal_pipe.blockfusion import NORMS, FinalNorm
 from foal_pipe.datasets import DatasetSplits, PreparedImages, open_dataset
 from foal_pipe.encoders import (
     PAPER_MODEL,
@@ -52,9 +53,12 @@ from foal_pipe.encoders import (
 )
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store import (
+    BLOCK_DTYPES,
     FORMAT,
     FORMAT_VERSION,
+    ROW_ARRAYS,
     SPLITS,
+    BlockLayout,
     FeatureWriter,
     StoreMeta,
     complete_store,
@@ -83,6 +87,8 @@ class ExtractSpec:
     ``timm.create_model``; ``pretrained=False`` (Python API only) gives seeded random weights, for benchmarks.
     ``resize_on`` (``--resize-on``): where images are resized, see :func:`resolve_resize_on`; it never changes
     the features, so it is not among the store's settings.
+    ``keep_blocks`` (``--keep-blocks``) also stores every block's token in ``blocks_dtype``, so other fusions
+    can be computed at read time (:mod:`foal_pipe.blockfusion`).
     """
 
     dataset: str = "digits"
@@ -104,12 +110,17 @@ class ExtractSpec:
     pretrained: bool = True
     model_kwargs: tuple[tuple[str, Any], ...] = ()
     resize_on: str = "auto"
+    keep_blocks: bool = False
+    blocks_dtype: str = "float16"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise FoalPipeError(f"unknown --dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.resize_on not in RESIZE_ON:
             raise FoalPipeError(f"unknown --resize-on {self.resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
+        if self.blocks_dtype not in BLOCK_DTYPES:
+            raise FoalPipeError(f"unknown --blocks-dtype {self.blocks_dtype!r}; choose one of: "
+                                f"{', '.join(BLOCK_DTYPES)}")
         for option, value in (("--chunk-rows", self.chunk_rows), ("--batch-size", self.batch_size)):
             if value is not None and value < 1:
                 raise FoalPipeError(f"{option} must be at least 1, got {value}")
@@ -148,6 +159,8 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
     """Open the dataset and describe the encoder; weights are not loaded yet (see :func:`load_inputs`)."""
     data = open_dataset(spec.dataset, spec.data_dir, spec.download)
     encoder = build_encoder(spec.encoder_config(), data.native_size)
+    if spec.keep_blocks:
+        _check_keeps_blocks(encoder)
     device = resolve_device(spec.device)
     precision = resolve_precision(spec.precision, device) if encoder.name != "pixels" else "fp32"
     encoder.device, encoder.precision = device, precision
@@ -155,6 +168,16 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
     workers = spec.workers if spec.workers is not None else min(8, max(1, (os.cpu_count() or 2) // 2))
     resize_on = resolve_resize_on(spec.resize_on, data.native_size, encoder.image_size, encoder.interpolation, device)
     return Inputs(data, encoder, device, precision, batch, workers, resize_on)
+
+
+def _check_keeps_blocks(encoder: Encoder) -> None:
+    """``--keep-blocks`` needs transformer blocks and a final norm the reader can recompute."""
+    if not getattr(encoder, "n_blocks", 0):
+        raise FoalPipeError(f"--model {encoder.name} has no transformer blocks, so --keep-blocks does not apply; drop "
+                            "--keep-blocks or choose a timm ViT --model")
+    if getattr(encoder, "norm_kind", None) is None:
+        raise FoalPipeError(f"--keep-blocks: the final norm of {encoder.name} is not one foal-pipe can recompute "
+                            f"({', '.join(NORMS)}); drop --keep-blocks and extract one store per --fusion")
 
 
 def load_inputs(inputs: Inputs) -> Inputs:
@@ -187,6 +210,8 @@ def store_settings(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
         "encoder": stored_encoder(inputs),
         "dtype": spec.dtype,
         "chunk_rows": spec.chunk_rows,
+        "keep_blocks": spec.keep_blocks,
+        "blocks_dtype": spec.blocks_dtype if spec.keep_blocks else None,
     })
 
 
@@ -256,7 +281,17 @@ def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: di
                      extra={"extract": settings, "source": inputs.data.location})
     labels = {split: inputs.data.split(split).labels for split in SPLITS}
     index = {split: inputs.data.split(split).index for split in SPLITS}
-    create_skeleton(where, meta, inputs.encoder.dim, spec.dtype, spec.chunk_rows, labels, index)
+    create_skeleton(where, meta, inputs.encoder.dim, spec.dtype, spec.chunk_rows, labels, index,
+                    block_layout(spec, inputs))
+
+
+def block_layout(spec: ExtractSpec, inputs: Inputs) -> BlockLayout | None:
+    """What the store keeps of the blocks with ``--keep-blocks`` (the final norm read from the loaded weights)."""
+    if not spec.keep_blocks:
+        return None
+    norm = load_inputs(inputs).encoder.norm_parameters()
+    return BlockLayout(inputs.encoder.n_blocks, spec.blocks_dtype,
+                       FinalNorm(norm.pop("kind"), norm.pop("eps"), **norm))
 
 
 def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: bool = False) -> StoreState:
@@ -336,14 +371,14 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
                 done % step and done != rows[split]):
             raise FoalPipeError(damaged % f"{split}/features {features.shape} with progress {done!r}")
         progress[split] = done
-    lost = verify_store(path, read=False).problems  # chunk files missing (features: below the progress)
-    skeleton = [problem for problem in lost if not problem.array.endswith("/features")]
+    lost = verify_store(path, read=False).problems  # chunk files missing (features, blocks: below the progress)
+    skeleton = [problem for problem in lost if problem.array.partition("/")[2] not in ROW_ARRAYS]
     if skeleton:  # labels or row indices: only a new skeleton can bring them back
         raise FoalPipeError(damaged % f"{skeleton[0]}")
     holes: dict[str, int] = {}
-    for problem in lost:  # in row order: the first hole of each split is where its extraction resumes
+    for problem in lost:  # the first hole of each split (features or blocks) is where its extraction resumes
         split = problem.array.split("/")[0]
-        holes.setdefault(split, problem.lo)
+        holes[split] = min(holes.get(split, problem.lo), problem.lo)
         progress[split] = holes[split]
     status = "complete" if attrs.get("complete") is True and not holes else "resumed"
     return StoreState(path, status, progress, rows, out, holes)
@@ -405,27 +440,40 @@ def extract_rows(
     batches = [list(range(b, min(b + inputs.batch_size, c_hi)))
                for c_lo, c_hi in chunk_ranges(n, step, lo, hi) for b in range(c_lo, c_hi, inputs.batch_size)]
     buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
+    kept = np.empty((step, encoder.n_blocks, encoder.dim), dtype=spec.blocks_dtype) if spec.keep_blocks else None
     chunk_lo, filled = lo, 0
     for pixels, _labels, errors in _load_batches(images, batches, inputs):
         bad = [e for e in errors if e]
         if bad:
             raise FoalPipeError(f"cannot read image {bad[0]}; remove or replace the file, then re-run the same "
                                 "command to resume")
-        feats = encoder.encode(pixels).astype(spec.dtype)
-        if not np.isfinite(feats).all():
-            row = chunk_lo + filled + int(np.flatnonzero(~np.isfinite(feats).all(axis=1))[0])
-            raise FoalPipeError(f"non-finite features at {split} row {row} (precision {inputs.precision}, dtype "
-                                f"{spec.dtype}); use --precision fp32 or --dtype float32")
+        if kept is None:
+            feats = encoder.encode(pixels).astype(spec.dtype)
+        else:
+            feats, tokens = encoder.encode_blocks(pixels)
+            feats, tokens = feats.astype(spec.dtype), tokens.astype(spec.blocks_dtype)
+            _check_finite(tokens, f"block tokens at {split}", chunk_lo + filled, f"precision {inputs.precision}, "
+                          f"--blocks-dtype {spec.blocks_dtype}", "use --precision fp32 or --blocks-dtype float32")
+            kept[filled : filled + len(tokens)] = tokens
+        _check_finite(feats, f"features at {split}", chunk_lo + filled, f"precision {inputs.precision}, dtype "
+                      f"{spec.dtype}", "use --precision fp32 or --dtype float32")
         buffer[filled : filled + len(feats)] = feats
         filled += len(feats)
         if on_batch:
             on_batch(len(feats))
         chunk_hi = min(chunk_lo + step, hi)
         if chunk_lo + filled == chunk_hi:
-            writer.write(chunk_lo, buffer[:filled])
+            writer.write(chunk_lo, buffer[:filled], *(() if kept is None else (kept[:filled],)))
             if on_chunk:
                 on_chunk(chunk_hi)
             chunk_lo, filled = chunk_hi, 0
+
+
+def _check_finite(values: np.ndarray, what: str, first_row: int, how: str, fix: str) -> None:
+    """Refuse a batch with a NaN or inf (reduced precision or float16 overflow), naming its first row."""
+    finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if not finite.all():
+        raise FoalPipeError(f"non-finite {what} row {first_row + int(np.flatnonzero(~finite)[0])} ({how}); {fix}")
 
 
 def finish_store(state: StoreState) -> str:

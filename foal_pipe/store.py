@@ -13,6 +13,11 @@ sidecar run log -- and every read is checked by it:
 
 Features are never loaded whole: :meth:`Split.iter_chunks` and :meth:`Split.take` read chunk by chunk and
 check every row they return for NaN and inf.
+
+A store made with ``extract --keep-blocks`` (format 3) also keeps every block's token (``SPLIT/blocks``, read
+with :meth:`Split.read_blocks`/:meth:`Split.take_blocks`) and the final norm (:class:`BlockLayout`);
+:meth:`FeatureStore.fused` (or ``open_store(path, fusion=...)``) gives the store with its features fused from
+them at read time, :meth:`FeatureStore.fusions` several fusions from one read (:mod:`foal_pipe.blockfusion`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +36,25 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
+from foal_pipe.blockfusion import (
+    NORMS,
+    FinalNorm,
+    Fusion,
+    FusedSplit,
+    FusedSplits,
+    fused_encoder,
+    parse_fusion,
+    parse_fusions,
+)
 from foal_pipe.chunks import (
     REEXTRACT,
     StrictLocalStore,
+    check_finite,
     chunk_count,
     chunk_error,
     chunk_grid,
     chunk_span,
+    chunk_spans,
     damage_reason,
     leading_chunks,
     missing_chunks,
@@ -49,10 +66,13 @@ from foal_pipe.io import exchange, write_json
 from foal_pipe.lock import exclusive_lock
 
 FORMAT = "foal-pipe/features"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 SPLITS = ("train", "test")
 FEATURE_DTYPES = ("float16", "float32", "float64")
+BLOCK_DTYPES = ("float16", "float32")
+ROW_ARRAYS = ("features", "blocks")
+"""The arrays of a split that ``extract`` fills chunk by chunk (``progress`` counts their rows)."""
 LOG_SUFFIX = ".log.json"
 LABEL_CHUNK_ROWS = 1 << 20
 #: Whole-array reads (labels) and single chunks may use at most this share of the available memory.
@@ -70,6 +90,12 @@ def _json_type(value: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
              dict: "a mapping", type(None): "null"}
     return names.get(type(value), type(value).__name__)
+
+
+def _versions() -> str:
+    """``1, 2 or 3``."""
+    *head, last = map(str, READABLE_VERSIONS)
+    return f"{', '.join(head)} or {last}" if head else last
 
 
 def _shown(value: Any) -> str:
@@ -115,12 +141,12 @@ class StoreMeta:
         if type(version) is not int:  # bool is an int subclass, and 1.0 == 1: both are refused here
             raise FoalPipeError(
                 f"{where} has format_version {_shown(version)} ({_json_type(version)}), expected an integer "
-                f"({' or '.join(map(str, READABLE_VERSIONS))}); fix the attribute or re-extract the store"
+                f"({_versions()}); fix the attribute or re-extract the store"
             )
         if version not in READABLE_VERSIONS:
             raise FoalPipeError(
                 f"{where} has format_version {version} but this foal-pipe reads versions "
-                f"{', '.join(map(str, READABLE_VERSIONS))}; re-extract it with this version or upgrade foal-pipe"
+                f"{_versions()}; re-extract it with this version or upgrade foal-pipe"
             )
         for key in ("classes", "dataset", "encoder"):
             if key not in attrs:
@@ -164,34 +190,35 @@ def _write_attrs(group: zarr.Group, attrs: dict[str, Any]) -> None:
     group.attrs.put(_canonical(attrs))  # one atomic write of zarr.json
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """The per-block tokens a store keeps (``extract --keep-blocks``, format 3): ``SPLIT/blocks`` of shape
+    ``(N, count, d)`` and ``dtype``, chunked along rows only, and the encoder's final ``norm`` (its kind and
+    eps in the attribute ``blocks``, its parameters in the arrays ``norm/<name>``)."""
+
+    count: int
+    dtype: str
+    norm: FinalNorm
+
+    def to_dict(self) -> dict[str, Any]:
+        """The store's ``blocks`` attribute."""
+        return {"count": self.count, "dtype": self.dtype, "norm": {"kind": self.norm.kind, "eps": self.norm.eps}}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------------------------------------
-def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int) -> np.ndarray:
-    """``block`` if every value is finite, else an error naming the split and the first bad row.
-
-    ``rows`` is the store row of ``block[0]`` (contiguous rows) or the store row of every block row.
-    """
-    finite = np.isfinite(block).all(axis=1)
-    if not finite.all():
-        bad = int(np.flatnonzero(~finite)[0])
-        row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
-        raise FoalPipeError(
-            f"{split}/features has NaN or inf values (first bad row: {row}); "
-            "re-extract the store (try `--dtype float32` if it was float16)"
-        )
-    return block
-
-
 @dataclass
 class Split:
-    """One split (``train`` or ``test``): features stay on disk, labels (small) are held in memory."""
+    """One split (``train`` or ``test``): features (and per-block tokens, when the store keeps them) stay on
+    disk, labels (small) are held in memory."""
 
     name: str
     features: zarr.Array
     labels: np.ndarray
     root: Path = Path(".")
     fingerprint: tuple[Any, ...] = ()
+    blocks: zarr.Array | None = None
 
     @property
     def n_rows(self) -> int:
@@ -205,43 +232,64 @@ class Split:
     def chunk_rows(self) -> int:
         return int(self.features.chunks[0])
 
-    def _checked(self, block: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
-        return check_finite(block, self.name, rows)
+    @property
+    def chunk_bytes(self) -> int:
+        """Memory to hold one chunk of features as read."""
+        return self.chunk_rows * self.dim * self.features.dtype.itemsize
 
-    def read(self, lo: int, hi: int) -> np.ndarray:
-        """Rows ``[lo, hi)``, checked (a missing or damaged chunk is named)."""
+    def _array(self, leaf: str) -> zarr.Array:
+        array = self.features if leaf == "features" else self.blocks
+        if array is None:
+            raise FoalPipeError(f"{self.root}: {self.name} has no {leaf} array; extract the store with --keep-blocks")
+        return array
+
+    def _read(self, leaf: str, lo: int, hi: int) -> np.ndarray:
+        array = self._array(leaf)
         try:
-            block = read_rows(self.root, f"{self.name}/features", self.features, lo, hi)
+            block = read_rows(self.root, f"{self.name}/{leaf}", array, lo, hi)
         except FoalPipeError:
             check_same(self.root, self.fingerprint)  # a store swapped underneath is not "damaged"
             raise
-        return self._checked(block, lo)
+        return check_finite(block, self.name, lo, leaf)
+
+    def _take(self, leaf: str, rows: np.ndarray) -> np.ndarray:
+        array = self._array(leaf)
+        step = int(array.chunks[0])
+        order = np.argsort(rows, kind="stable")
+        try:
+            block = np.asarray(array.get_orthogonal_selection((rows[order],) + (slice(None),) * (array.ndim - 1)))
+        except (FoalPipeError, MemoryError):
+            raise
+        except Exception as exc:
+            for first in np.unique(rows // step):  # name the first chunk that fails on its own
+                lo = int(first) * step
+                self._read(leaf, lo, min(lo + step, self.n_rows))
+            check_same(self.root, self.fingerprint)
+            raise chunk_error(self.root, f"{self.name}/{leaf}", array, int(rows.min()) // step, exc) from None
+        out = np.empty_like(block)
+        out[order] = block
+        return check_finite(out, self.name, rows, leaf)
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)``, checked (a missing or damaged chunk is named)."""
+        return self._read("features", lo, hi)
 
     def iter_chunks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(first_row, features)`` for each stored chunk in ``[start, stop)``, in row order."""
-        stop = self.n_rows if stop is None else stop
-        step = self.chunk_rows
-        for lo in range(start - start % step, stop, step):
-            lo, hi = max(lo, start), min(lo + step, stop)
+        for lo, hi in chunk_spans(self.n_rows, self.chunk_rows, start, stop):
             yield lo, self.read(lo, hi)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Rows in the given order, reading each touched chunk once (orthogonal selection)."""
-        order = np.argsort(rows, kind="stable")
-        try:
-            block = np.asarray(self.features.get_orthogonal_selection((rows[order], slice(None))))
-        except (FoalPipeError, MemoryError):
-            raise
-        except Exception as exc:
-            for first in np.unique(rows // self.chunk_rows):  # name the first chunk that fails on its own
-                lo = int(first) * self.chunk_rows
-                self.read(lo, min(lo + self.chunk_rows, self.n_rows))
-            check_same(self.root, self.fingerprint)
-            first_chunk = int(rows.min()) // self.chunk_rows
-            raise chunk_error(self.root, f"{self.name}/features", self.features, first_chunk, exc) from None
-        out = np.empty_like(block)
-        out[order] = block
-        return self._checked(out, rows)
+        return self._take("features", rows)
+
+    def read_blocks(self, lo: int, hi: int) -> np.ndarray:
+        """Per-block tokens ``(hi - lo, L, d)`` of rows ``[lo, hi)``, checked like :meth:`read`."""
+        return self._read("blocks", lo, hi)
+
+    def take_blocks(self, rows: np.ndarray) -> np.ndarray:
+        """Per-block tokens of rows in the given order, each touched chunk read once."""
+        return self._take("blocks", rows)
 
 
 def _fingerprint(path: Path) -> tuple[Any, ...]:
@@ -268,9 +316,10 @@ class FeatureStore:
 
     path: Path
     meta: StoreMeta
-    train: Split
-    test: Split
+    train: Split | FusedSplit
+    test: Split | FusedSplit
     fingerprint: tuple[Any, ...] = ()
+    blocks: BlockLayout | None = None
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -291,8 +340,35 @@ class FeatureStore:
     def dim(self) -> int:
         return self.train.dim
 
-    def split(self, name: str) -> Split:
+    def split(self, name: str) -> Split | FusedSplit:
         return {"train": self.train, "test": self.test}[name]
+
+    def _layout(self, fusions: str) -> BlockLayout:
+        if self.blocks is None or isinstance(self.train, FusedSplit):
+            raise FoalPipeError(f"feature store {self.path} keeps no per-block tokens, so fusion {fusions} cannot be "
+                                "computed from it; extract a store that does with `foal-pipe extract ... "
+                                "--keep-blocks`, or use its features as they are (no fusion)")
+        return self.blocks
+
+    def fused(self, fusion: str | Fusion, norm: bool = True) -> FeatureStore:
+        """This store with ``train`` and ``test`` fused from the stored blocks at read time (``fusion``: a
+        :func:`~foal_pipe.blockfusion.parse_fusion` spec; ``norm=False`` skips the final norm). The ``encoder``
+        attribute of the result names the fusion, so a model trained on it is refused on other features."""
+        fusion = parse_fusion(fusion)
+        layout = self._layout(repr(fusion.text))
+        final = layout.norm if norm else None
+        train, test = FusedSplit(self.train, fusion, final), FusedSplit(self.test, fusion, final)
+        meta = StoreMeta(self.meta.classes, self.meta.dataset,
+                         fused_encoder(self.meta.encoder, fusion, norm, layout.dtype), self.meta.complete,
+                         self.meta.format_version, self.meta.generation, self.meta.extra)
+        return FeatureStore(self.path, meta, train, test, self.fingerprint, layout)
+
+    def fusions(self, fusions: str | Sequence[str | Fusion], norm: bool = True) -> dict[str, FusedSplits]:
+        """Several fusions at once (``sweep --fusions``): ``{"train": FusedSplits, "test": FusedSplits}``, whose
+        ``iter_chunks()``/``take(rows)`` give ``{spec: features}`` from one read of each blocks chunk."""
+        fusions = parse_fusions(fusions)
+        layout = self._layout(", ".join(repr(f.text) for f in fusions))
+        return {name: FusedSplits(self.split(name), fusions, layout.norm if norm else None) for name in SPLITS}
 
     def check_unchanged(self) -> None:
         """Raise :class:`FoalPipeError` if the store on disk is no longer the complete store that was opened
@@ -409,11 +485,11 @@ def _group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
 
 
 def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None) -> None:
-    """Every chunk file of every array exists (a listing, nothing is read); features of split ``s`` only
-    below ``progress[s]`` when given (an incomplete store)."""
+    """Every chunk file of every array exists (a listing, nothing is read); features and blocks of split ``s``
+    only below ``progress[s]`` when given (an incomplete store)."""
     for name, array in sorted(_group_arrays(group, path).items()):
         split, _, leaf = name.partition("/")
-        below = progress.get(split) if progress is not None and leaf == "features" else None
+        below = progress.get(split) if progress is not None and leaf in ROW_ARRAYS else None
         try:
             count, first = missing_chunks(path, array, below, limit=1)
         except OSError as exc:
@@ -424,8 +500,9 @@ def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None 
                                 f"(first at {where}); the store is damaged: {REEXTRACT}")
 
 
-def open_store(path: str | Path) -> FeatureStore:
-    """Open a store for reading and validate everything a learner relies on."""
+def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm: bool = True) -> FeatureStore:
+    """Open a store for reading and validate everything a learner relies on; with ``fusion``, its features
+    are fused from the stored blocks at read time (:meth:`FeatureStore.fused`)."""
     path = Path(path)
     try:  # first: a store swapped from here on is noticed by check_unchanged
         fingerprint = _fingerprint(path)
@@ -475,11 +552,54 @@ def open_store(path: str | Path) -> FeatureStore:
             f"train features have {splits['train'].dim} dimensions but test features have "
             f"{splits['test'].dim} in {path}; extract both splits with the same encoder"
         )
-    return FeatureStore(path, meta, splits["train"], splits["test"], fingerprint)
+    layout = None
+    if "blocks" in meta.extra:
+        layout = _read_layout(group, path, meta.extra["blocks"], splits["train"].dim)
+        for split in splits.values():
+            split.blocks = _blocks_array(group, path, split, layout)
+    store = FeatureStore(path, meta, splits["train"], splits["test"], fingerprint, layout)
+    return store if fusion is None else store.fused(fusion, fusion_norm)
+
+
+def _read_layout(group: zarr.Group, path: Path, attr: Any, dim: int) -> BlockLayout:
+    """The ``blocks`` attribute and the final norm's parameter arrays, checked."""
+    norm = attr.get("norm") if isinstance(attr, dict) else None
+    count, dtype = (attr.get("count"), attr.get("dtype")) if isinstance(attr, dict) else (None, None)
+    if (type(count) is not int or count < 1 or dtype not in BLOCK_DTYPES or not isinstance(norm, dict)
+            or not isinstance(norm.get("kind"), str) or type(norm.get("eps")) not in (int, float)
+            or not norm["eps"] >= 0):
+        raise FoalPipeError(f"{path}: attribute 'blocks' is {_shown(attr)}, expected count (an integer >= 1), dtype "
+                            f"({' or '.join(BLOCK_DTYPES)}) and norm (kind and eps >= 0); {REEXTRACT}")
+    if norm["kind"] not in NORMS:
+        raise FoalPipeError(f"{path}: final norm kind {norm['kind']!r} is not one foal-pipe recomputes "
+                            f"({', '.join(NORMS)}); upgrade foal-pipe or re-extract the store")
+    parameters = {}
+    for name in NORMS[norm["kind"]][1]:
+        array = open_array(group, path, f"norm/{name}")
+        if array.shape != (dim,) or array.dtype.kind != "f":
+            raise FoalPipeError(f"norm/{name} in {path} is {array.dtype} {array.shape}, expected floats of shape "
+                                f"({dim},) (the feature dimension); {REEXTRACT}")
+        parameters[name] = check_finite(read_rows(path, f"norm/{name}", array, 0, dim)[None], "norm", 0, name)[0]
+    return BlockLayout(count, dtype, FinalNorm(norm["kind"], float(norm["eps"]), **parameters))
+
+
+def _blocks_array(group: zarr.Group, path: Path, split: Split, layout: BlockLayout) -> zarr.Array:
+    """``SPLIT/blocks``, checked against the layout and the split's features (chunked along rows only)."""
+    name = f"{split.name}/blocks"
+    array = open_array(group, path, name)
+    want = (split.n_rows, layout.count, split.dim)
+    if array.shape != want or array.dtype.name != layout.dtype or tuple(array.chunks[1:]) != want[1:]:
+        raise FoalPipeError(f"{name} in {path} is {array.dtype} {array.shape} in chunks of {array.chunks}, expected "
+                            f"{layout.dtype} {want} chunked along rows only (rows, {layout.count}, {split.dim}); "
+                            f"{REEXTRACT}")
+    chunk_bytes = int(array.chunks[0]) * layout.count * split.dim * array.dtype.itemsize
+    _check_size(path, f"one {name} chunk ({array.chunks[0]:,} x {layout.count} x {split.dim:,})", chunk_bytes,
+                "re-extract it with a smaller --chunk-rows")
+    return array
 
 
 def has_checksums(array: zarr.Array) -> bool:
-    """Whether every chunk of ``array`` carries a crc32c checksum (format version 2 writes one)."""
+    """Whether every chunk of ``array`` carries a crc32c checksum (format versions 2 and 3 write one)."""
     return any(isinstance(codec, Crc32cCodec) for codec in getattr(array.metadata, "codecs", ()))
 
 
@@ -519,8 +639,8 @@ def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
 
 
 def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -> Verification:
-    """Report the missing chunk files of every array (features of an incomplete store only below its
-    ``progress``) by array and rows, from a listing; with ``read``, also read every chunk (checksum, decoding,
+    """Report the missing chunk files of every array (features and blocks of an incomplete store only below
+    its ``progress``) by array and rows, from a listing; with ``read``, also read every chunk (checksum, decoding,
     NaN/inf in features) and recompute a complete store's generation id. An array with more than
     ``max_listed`` missing chunks is reported as one problem."""
     path = Path(path)
@@ -535,7 +655,7 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
     for name, array in sorted(arrays.items()):
         split, _, leaf = name.partition("/")
         below = None
-        if progress is not None and leaf == "features":
+        if progress is not None and leaf in ROW_ARRAYS:
             below = progress.get(split, 0) if type(progress.get(split, 0)) is int else 0
         try:
             count, missing = missing_chunks(path, array, below, limit=max_listed)
@@ -559,10 +679,11 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), damage_reason(exc)))
                 continue
             n_read += 1
-            if leaf == "features" and block.dtype.kind == "f" and not np.isfinite(block).all():
+            if leaf in ROW_ARRAYS and block.dtype.kind == "f" and not np.isfinite(block).all():
                 lo = chunk_span(array, coords[0])[0]
+                finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), "NaN or inf values (first at row "
-                                f"{lo + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0]):,})"))
+                                f"{lo + int(np.flatnonzero(~finite)[0]):,})"))
     if read and meta.complete and meta.generation is not None and not problems:
         if compute_generation(path, group) != meta.generation:
             problems.append(ChunkProblem("(whole store)", 0, 0, "its files changed after it was completed "
@@ -593,17 +714,23 @@ def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: t
 
 
 def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, chunk_rows: int,
-                    labels: dict[str, np.ndarray], index: dict[str, np.ndarray] | None = None) -> None:
-    """A new, incomplete store at ``where``: labels, row indices, empty feature arrays chunked along rows, and
-    the attributes with ``progress`` 0, written last.
+                    labels: dict[str, np.ndarray], index: dict[str, np.ndarray] | None = None,
+                    blocks: BlockLayout | None = None) -> None:
+    """A new, incomplete store at ``where``: labels, row indices, empty feature arrays chunked along rows (and,
+    with ``blocks``, empty ``SPLIT/blocks`` arrays chunked the same way, the final norm's parameters and the
+    ``blocks`` attribute), and the attributes with ``progress`` 0, written last.
 
     It is built in ``.<name>.creating`` beside ``where`` and renamed into place (replacing an empty folder or
     an older skeleton there), so an interrupted creation leaves nothing at ``where``.
     """
     if dtype not in FEATURE_DTYPES:
         raise FoalPipeError(f"feature dtype {dtype!r} is outside the spec; choose one of {', '.join(FEATURE_DTYPES)}")
+    if blocks is not None and blocks.dtype not in BLOCK_DTYPES:
+        raise FoalPipeError(f"blocks dtype {blocks.dtype!r} is outside the spec; choose one of "
+                            f"{', '.join(BLOCK_DTYPES)}")
     where = Path(where)
     tmp = where.parent / f".{where.name}.creating"
+    extra = dict(meta.extra)
     with _writing(where, "the skeleton"):
         shutil.rmtree(tmp, ignore_errors=True)  # left by a creation that was killed
         where.parent.mkdir(parents=True, exist_ok=True)
@@ -612,13 +739,20 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
             for split in SPLITS:
                 y = np.asarray(labels[split], dtype=np.int64)
                 n = y.shape[0]
-                create_array(group, f"{split}/features", (n, dim), (max(1, min(chunk_rows, n)), dim), dtype)
+                rows = max(1, min(chunk_rows, n))
+                create_array(group, f"{split}/features", (n, dim), (rows, dim), dtype)
+                if blocks is not None:
+                    shape = (n, blocks.count, dim)
+                    create_array(group, f"{split}/blocks", shape, (rows, *shape[1:]), blocks.dtype)
                 one = (max(1, min(n, LABEL_CHUNK_ROWS)),)
                 create_array(group, f"{split}/labels", (n,), one, "int64")[:] = y
                 if index is not None:
                     create_array(group, f"{split}/index", (n,), one, "int64")[:] = np.asarray(index[split], np.int64)
-            attrs = StoreMeta(meta.classes, meta.dataset, meta.encoder, False, FORMAT_VERSION, None,
-                              meta.extra).to_dict()
+            if blocks is not None:
+                for name, values in blocks.norm.parameters.items():
+                    create_array(group, f"norm/{name}", (dim,), (dim,), "float32")[:] = np.asarray(values, np.float32)
+                extra["blocks"] = blocks.to_dict()
+            attrs = StoreMeta(meta.classes, meta.dataset, meta.encoder, False, FORMAT_VERSION, None, extra).to_dict()
             _write_attrs(group, {**attrs, "progress": {split: 0 for split in SPLITS}})
             if where.exists():
                 shutil.rmtree(where)
@@ -629,13 +763,16 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
 
 
 class FeatureWriter:
-    """Writes whole chunks of one split's features into an existing store (each write one chunk file,
-    written atomically: a kill leaves the old file or the new one, never a torn one)."""
+    """Writes whole chunks of one split's features -- and, in a store that keeps them, the same rows' block
+    tokens -- into an existing store (each write one chunk file, written atomically: a kill leaves the old file
+    or the new one, never a torn one)."""
 
     def __init__(self, path: str | Path, split: str):
         self.path, self.split = Path(path), split
         with _writing(self.path, f"{split}/features"):
-            self.array = zarr.open_group(str(self.path), mode="r+")[f"{split}/features"].with_config(_WRITE_CONFIG)
+            group = zarr.open_group(str(self.path), mode="r+")
+            self.array = group[f"{split}/features"].with_config(_WRITE_CONFIG)
+            self.blocks = group[f"{split}/blocks"].with_config(_WRITE_CONFIG) if "blocks" in group.attrs else None
         self.n_rows, self.chunk_rows = int(self.array.shape[0]), int(self.array.chunks[0])
 
     def check_range(self, lo: int, hi: int) -> None:
@@ -644,13 +781,21 @@ class FeatureWriter:
             raise FoalPipeError(f"rows [{lo}, {hi}) of {self.split} are not aligned to its {step}-row chunks (or "
                                 f"exceed its {n} rows); pass chunk-aligned ranges")
 
-    def write(self, lo: int, block: np.ndarray) -> None:
-        """Rows ``[lo, lo + len(block))``: exactly one chunk (the last chunk of a split may be short)."""
+    def write(self, lo: int, block: np.ndarray, blocks: np.ndarray | None = None) -> None:
+        """Rows ``[lo, lo + len(block))``: exactly one chunk (the last chunk of a split may be short). A store that
+        keeps block tokens needs ``blocks`` (those rows' ``(n, L, d)`` tokens): they are written first, so rows
+        whose features chunk exists have their blocks chunk too."""
         hi = lo + block.shape[0]
         self.check_range(lo, hi)
         if hi - lo != min(self.chunk_rows, self.n_rows - lo):
             raise FoalPipeError(f"a write of {self.split} rows [{lo}, {hi}) is not one whole chunk; write whole chunks")
+        if (blocks is None) != (self.blocks is None) or (blocks is not None and blocks.shape[0] != hi - lo):
+            has = "keeps" if self.blocks is not None else "does not keep"
+            raise FoalPipeError(f"{self.path} {has} block tokens; pass them with the features of the same rows "
+                                "exactly when it keeps them")
         with _writing(self.path, f"{self.split} rows [{lo}, {hi})"):
+            if self.blocks is not None:
+                self.blocks[lo:hi] = blocks
             self.array[lo:hi] = block
 
 
@@ -691,7 +836,7 @@ def remove_partial_files(path: str | Path) -> int:
 
 def compute_generation(path: str | Path, group: zarr.Group | None = None) -> str:
     """The store's generation id: a hash of its attributes (but ``complete`` and ``generation``), every array's
-    metadata, and every chunk's key, size and last 4 bytes (its crc32c checksum in format 2). The same data
+    metadata, and every chunk's key, size and last 4 bytes (its crc32c checksum since format 2). The same data
     written with the same settings gives the same id; a store replaced by other data gives another."""
     path = Path(path)
     group = group or zarr.open_group(str(path), mode="r")
@@ -737,17 +882,26 @@ def write_store(
     encoder: dict[str, Any] | None = None,
     chunk_rows: int = 4096,
     dtype: str = "float32",
+    blocks: tuple[np.ndarray, np.ndarray] | None = None,
+    norm: FinalNorm | None = None,
 ) -> Path:
-    """Write a complete store from in-memory arrays (tests, benchmarks, small datasets; extract streams)."""
+    """Write a complete store from in-memory arrays (tests, benchmarks, small datasets; extract streams).
+
+    ``blocks``: per-block tokens ``(N, L, d)`` of train and test (their dtype is stored), with the final
+    ``norm`` (default: none, ``identity``)."""
     encoder = encoder or {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}
     path = Path(path)
     dim = int(train[0].shape[1])
+    layout = None
+    if blocks is not None:
+        layout = BlockLayout(int(blocks[0].shape[1]), np.asarray(blocks[0]).dtype.name, norm or FinalNorm("identity"))
     create_skeleton(path, StoreMeta(tuple(classes), dataset, encoder), dim, dtype, chunk_rows,
-                    {name: y for name, (_, y) in zip(SPLITS, (train, test))})
-    for name, (x, _) in zip(SPLITS, (train, test)):
+                    {name: y for name, (_, y) in zip(SPLITS, (train, test))}, blocks=layout)
+    for i, (name, (x, _)) in enumerate(zip(SPLITS, (train, test))):
         writer = FeatureWriter(path, name)
         for lo in range(0, writer.n_rows, writer.chunk_rows):
-            writer.write(lo, np.asarray(x[lo : lo + writer.chunk_rows], dtype=dtype))
+            hi = lo + writer.chunk_rows
+            writer.write(lo, np.asarray(x[lo:hi], dtype=dtype), None if blocks is None else blocks[i][lo:hi])
         mark_progress(path, name, writer.n_rows)
     complete_store(path)
     return path

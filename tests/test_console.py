@@ -111,7 +111,7 @@ def _help_rows(command: str) -> dict[str, str]:
 
 #: Options whose values are a fixed set: --help must list them (``<a|b>``), not say ``<str>``.
 FIXED_SETS = {
-    "extract": ("--dataset", "--fusion", "--token", "--dtype", "--device", "--precision", "--scheduler"),
+    "extract": ("--dataset", "--token", "--dtype", "--blocks-dtype", "--device", "--precision", "--scheduler"),
     "learn": ("--engine", "--backend", "--dtype", "--projection-init", "--scheduler", "--activation", "--select"),
     "sweep": ("--backend", "--dtype", "--projection-init", "--scheduler", "--activation", "--select"),
     "predict": ("--split",),

@@ -13,14 +13,15 @@ from foal_pipe.store import FORMAT_VERSION, StoreMeta, open_store, write_store
 LITERAL = json.loads(
     """{
   "format": "foal-pipe/features",
-  "format_version": 2,
+  "format_version": 3,
   "classes": ["apple", "pear"],
   "dataset": "fruit",
   "encoder": {"name": "vit_base_patch16_224.augreg2_in21k_ft_in1k", "fusion": "mean-cls",
               "image_size": 224, "normalize": true},
   "complete": true,
   "generation": "0123456789abcdef",
-  "source": "/data/fruit"
+  "source": "/data/fruit",
+  "blocks": {"count": 12, "dtype": "float16", "norm": {"kind": "layernorm", "eps": 1e-06}}
 }"""
 )
 
@@ -28,15 +29,17 @@ LITERAL = json.loads(
 def test_meta_round_trip_against_literal_json():
     meta = StoreMeta.from_dict(LITERAL)
     assert meta.classes == ("apple", "pear") and meta.complete and meta.format_version == FORMAT_VERSION
-    assert meta.generation == "0123456789abcdef" and meta.extra == {"source": "/data/fruit"}
+    assert meta.generation == "0123456789abcdef" and meta.extra == {"source": "/data/fruit",
+                                                                    "blocks": LITERAL["blocks"]}
     assert meta.to_dict() == LITERAL
-    old = {k: v for k, v in LITERAL.items() if k != "generation"} | {"format_version": 1}  # still read
-    assert StoreMeta.from_dict(old).to_dict() == old
+    for version in (1, 2):  # still read
+        old = {k: v for k, v in LITERAL.items() if k not in ("generation", "blocks")} | {"format_version": version}
+        assert StoreMeta.from_dict(old).to_dict() == old
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"format_version": 3}, "format_version 3"), ({"format": "x"}, "not a foal-pipe feature store")],
+    [({"format_version": 4}, "format_version 4"), ({"format": "x"}, "not a foal-pipe feature store")],
 )
 def test_meta_refusals(change, message):
     with pytest.raises(FoalPipeError, match=message):

@@ -253,7 +253,7 @@ def run_extract_over(path: Path) -> str:
 def test_extract_does_not_resume_an_older_format(store):
     group = zarr.open_group(str(store), mode="r+")
     group.attrs.put({**dict(group.attrs), "format_version": 1})
-    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 2; pass --overwrite"):
+    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 3; pass --overwrite"):
         run_extract(_spec(store))
     assert run_extract(_spec(store), overwrite=True).status == "created"
-    assert read_meta(store)[1].format_version == 2
+    assert read_meta(store)[1].format_version == 3

@@ -81,9 +81,9 @@ def extract(
                             "true/false, strings), e.g. depth=2,patch_size=8,img_size=32,embed_dim=32,num_heads=2 for a "
                             "custom architecture; recorded in the store and compared on resume. Default: none.",
                             show_default=False)] = "",
-    fusion: Annotated[str, typer.Option(help="mean-cls: average the token over every block's output, then the final "
-                      "norm (the paper); last: the last block only, then the final norm. Default: mean-cls.")]
-    = "mean-cls",
+    fusion: Annotated[str, typer.Option(help="Which blocks' tokens are averaged before the final norm: mean-cls "
+                      "(every block: the paper), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K. "
+                      "Default: mean-cls.")] = "mean-cls",
     token: Annotated[str, typer.Option(help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
     = "cls",
     image_size: Annotated[int | None, typer.Option(help="Input side in pixels (images are resized to a square). "
@@ -96,6 +96,13 @@ def extract(
                    "Default: data/features/<dataset>.zarr.", show_default=False)] = None,
     dtype: Annotated[str, typer.Option(help="Stored feature dtype: float32 or float16 (half the disk). "
                      "Default: float32.")] = "float32",
+    keep_blocks: Annotated[bool, typer.Option("--keep-blocks", help="Also store every block's token (before any "
+                           "norm) and the final norm, so learn/sweep can choose the fusion later without "
+                           "re-extracting (L times the features on disk). Not for --model pixels. Default: off.")]
+    = False,
+    blocks_dtype: Annotated[str, typer.Option(help="Dtype of the stored block tokens with --keep-blocks: float16 "
+                            "(half the disk; fused features within ~1e-3 of extract's) or float32 (fused features "
+                            "equal extract's to 1e-6). Default: float16.")] = "float16",
     chunk_rows: Annotated[int, typer.Option(help="Rows per stored chunk, the unit of writing and of resuming. "
                           "Default: 1024.")] = 1024,
     batch_size: Annotated[int | None, typer.Option(help="Images per forward pass (batches never straddle chunks). "
@@ -138,6 +145,7 @@ def extract(
             download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None,
             model_kwargs=parse_model_kwargs(model_kwargs), fusion=fusion,
             token=token, image_size=image_size, normalize=normalize, dtype=dtype, chunk_rows=chunk_rows,
+            keep_blocks=keep_blocks, blocks_dtype=blocks_dtype,
             batch_size=batch_size, workers=workers if scheduler == "local" else 0, device=device, precision=precision,
             resize_on=resize_on,
         )
@@ -157,6 +165,8 @@ def extract(
                               "written chunk.", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
         shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
+        if keep_blocks:
+            shape += f", with every block's token ({blocks_dtype})"
         if report.status == "complete":
             console.print(f"{report.path} is already complete with these settings ({shape}); nothing to do "
                           "(pass --overwrite to extract it again).", highlight=False, soft_wrap=True)
@@ -215,6 +225,7 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
         "source": meta.extra.get("source"),
         "log": str(log_path(path)) if log is not None else None,
         **_last_run(log),
+        "blocks": meta.extra.get("blocks"),
         "bytes_on_disk": _size_on_disk(Path(path)),
     }
     result = verify_store(path, read=verify)
@@ -297,6 +308,11 @@ def _print_table(summary: dict[str, Any]) -> None:
     for split, v in summary["splits"].items():
         table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
     _encoder_rows(table, summary["encoder"])
+    blocks = summary.get("blocks")
+    if isinstance(blocks, dict):
+        norm = blocks.get("norm") if isinstance(blocks.get("norm"), dict) else {}
+        table.add_row("blocks", f"{blocks.get('count')} block tokens per row, {blocks.get('dtype')}, final norm "
+                      f"{norm.get('kind')} (eps {norm.get('eps')}): learn/sweep can choose the fusion")
     if summary.get("finished"):
         runs = f", {summary['runs']} runs" if summary.get("runs", 1) > 1 else ""
         seconds = f" in {summary['seconds']:.1f} s" if summary.get("seconds") is not None else ""

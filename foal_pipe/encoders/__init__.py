@@ -16,7 +16,7 @@ import numpy as np
 
 from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig, format_model_kwargs, parse_model_kwargs
-from foal_pipe.encoders.fusion import FUSIONS, TOKENS
+from foal_pipe.encoders.fusion import TOKENS
 from foal_pipe.encoders.pixels import PixelsEncoder
 from foal_pipe.encoders.resize import RESIZE_ON, resize_on_device, resolve_resize_on
 from foal_pipe.encoders.runtime import DEVICES, PRECISIONS, resolve_device, resolve_precision, torch_version
@@ -43,7 +43,6 @@ __all__ = [
     "CHECKPOINT_SUFFIXES",
     "DEVICES",
     "ENCODERS",
-    "FUSIONS",
     "PAPER_MODEL",
     "PRECISIONS",
     "RESIZE_ON",

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from foal_pipe.encoders.fusion import FUSIONS, TOKENS
+from foal_pipe.blockfusion import parse_fusion
+from foal_pipe.encoders.fusion import TOKENS
 from foal_pipe.errors import FoalPipeError
 
 PAPER_MODEL = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
@@ -81,8 +82,7 @@ class EncoderConfig:
     model_kwargs: ModelKwargs = ()
 
     def __post_init__(self) -> None:
-        if self.fusion not in FUSIONS:
-            raise FoalPipeError(f"unknown --fusion {self.fusion!r}; choose one of: {', '.join(FUSIONS)}")
+        object.__setattr__(self, "fusion", parse_fusion(self.fusion, "--fusion").text)  # the canonical spec
         if self.token not in TOKENS:
             raise FoalPipeError(f"unknown --token {self.token!r}; choose one of: {', '.join(TOKENS)}")
         if self.image_size is not None and self.image_size < 1:

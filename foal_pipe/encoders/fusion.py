@@ -1,19 +1,26 @@
 """Feature fusion over a timm ViT's ``blocks`` (docs/protocol.md section 1).
 
-The chosen token (:data:`TOKENS`: CLS, or the mean of the patch tokens) of each chosen block's output
-(:data:`FUSIONS`: every block, or the last) -- the residual stream, before any norm -- is averaged, and the
-model's final norm is applied once to that average. It is computed in the single forward pass of timm's
-``forward_features``: a forward hook on each chosen block adds its token to a running (B, d) float32 sum, so
-nothing larger than one (B, d) tensor is kept (``forward_intermediates`` would keep every block's full
-(B, L, d) output alive; benchmarks/extract_bench.py measures both). Torch is imported inside functions only.
+The chosen token (:data:`TOKENS`: CLS, or the mean of the patch tokens) of each chosen block's output (a
+fusion spec, :func:`foal_pipe.blockfusion.parse_fusion`: every block, the last, blocks A..B, block K) -- the
+residual stream, before any norm -- is averaged, and the model's final norm is applied once to that average.
+It is computed in the single forward pass of timm's ``forward_features``: a forward hook on each block adds
+its token to a running (B, d) float32 sum, so nothing larger than one (B, d) tensor is kept
+(``forward_intermediates`` would keep every block's full (B, L, d) output alive; benchmarks/extract_bench.py
+measures both). :meth:`BlockFusion.with_blocks` also returns every block's token (``extract --keep-blocks``),
+from the same forward pass; :func:`norm_parameters` gives the final norm's kind, eps and parameters, so the
+fusion can be recomputed from those tokens without the model (:mod:`foal_pipe.blockfusion`, which sums and
+divides exactly as the hooks do). Torch is imported inside functions only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
+from foal_pipe.blockfusion import NORMS, parse_fusion
 from foal_pipe.errors import FoalPipeError
 
 TOKENS: dict[str, Callable[[Any, int], Any]] = {
@@ -21,13 +28,6 @@ TOKENS: dict[str, Callable[[Any, int], Any]] = {
     "mean": lambda out, n_prefix: out[:, n_prefix:].mean(dim=1),  # register / distillation tokens excluded
 }
 """Token choice: ``(block output (B, L, d), number of prefix tokens) -> (B, d)``."""
-
-FUSIONS: dict[str, Callable[[Sequence[Any]], list[Any]]] = {
-    "mean-cls": lambda blocks: list(blocks),  # the paper: the average over every block
-    "last": lambda blocks: [blocks[-1]],  # the last block only: timm's forward_features token
-}
-"""Which blocks are averaged: ``model.blocks -> the blocks to hook``."""
-
 
 def final_norm(model: Any) -> Any:
     """The norm timm applies to the features: ``norm``, or ``fc_norm`` where ``norm`` is an identity
@@ -41,37 +41,105 @@ def final_norm(model: Any) -> Any:
     return fc_norm if fc_norm is not None else torch.nn.Identity()
 
 
+def norm_kinds() -> dict[type, str]:
+    """The norm classes whose computation :data:`foal_pipe.blockfusion.NORMS` repeats, by exact class (a
+    subclass may compute something else)."""
+    import timm.layers as layers
+    import torch
+
+    return {torch.nn.LayerNorm: "layernorm", layers.LayerNorm: "layernorm", layers.LayerNormFp32: "layernorm",
+            torch.nn.RMSNorm: "rmsnorm", layers.RmsNorm: "rmsnorm", layers.RmsNormFp32: "rmsnorm",
+            layers.SimpleNorm: "simplenorm", layers.SimpleNormFp32: "simplenorm", torch.nn.Identity: "identity"}
+
+
+def norm_kind(norm: Any) -> str | None:
+    """The :data:`~foal_pipe.blockfusion.NORMS` kind of a norm module, ``None`` when it is not one of them."""
+    kind = norm_kinds().get(type(norm))
+    shape = tuple(getattr(norm, "normalized_shape", ()) or ())
+    return kind if kind == "identity" or len(shape) == 1 else None
+
+
+def norm_parameters(norm: Any) -> dict[str, Any]:
+    """``{"kind", "eps", <parameter name>: float32 (d,) array...}`` of a supported final norm (a parameter the
+    module lacks, e.g. a LayerNorm without bias, is its neutral value: ones or zeros)."""
+    import torch
+
+    kind = norm_kind(norm)
+    if kind is None:
+        raise FoalPipeError(f"the final norm {type(norm).__name__} is not one foal-pipe can recompute "
+                            f"({', '.join(NORMS)}); extract without --keep-blocks")
+    if kind == "identity":
+        return {"kind": kind, "eps": 0.0}
+    (dim,) = norm.normalized_shape
+    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps  # torch.nn.RMSNorm's default
+    out: dict[str, Any] = {"kind": kind, "eps": float(eps)}
+    for name, neutral in zip(NORMS[kind][1], (np.ones, np.zeros)):
+        value = getattr(norm, name, None)
+        out[name] = neutral(dim, np.float32) if value is None else value.detach().float().cpu().numpy()
+    return out
+
+
+def fusion_blocks(fusion: str, n_blocks: int, name: str) -> range:
+    """The 0-based blocks a fusion spec averages in a model of ``n_blocks`` blocks, or one clear error."""
+    try:
+        return parse_fusion(fusion).blocks(n_blocks)
+    except FoalPipeError as exc:
+        raise FoalPipeError(f"{name}: {exc}") from None
+
+
 class BlockFusion:
     """Fused features of ``model`` (a loaded timm ViT): ``fusion(x)`` runs ``forward_features`` once and returns
-    the final norm of the average of the chosen blocks' tokens, float32 ``(B, d)``."""
+    the final norm of the average of the chosen blocks' tokens, float32 ``(B, d)``; ``fusion.with_blocks(x)``
+    returns them with every block's token, float32 ``(B, L, d)``."""
 
     def __init__(self, model: Any, fusion: str, token: str, n_prefix: int, name: str):
         self.model, self.name, self.n_prefix = model, name, n_prefix
-        self.blocks = FUSIONS[fusion](model.blocks)
+        self.chosen = fusion_blocks(fusion, len(model.blocks), name)
         self.pick = TOKENS[token]
         self.norm = final_norm(model)
         self._sum: Any = None
+        self._kept: list[Any] | None = None
         self._handles = self._attach()
 
     def _attach(self) -> list[Any]:
-        return [block.register_forward_hook(self._add) for block in self.blocks]
+        return [block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks)]
 
-    def _add(self, _module: Any, _inputs: Any, out: Any) -> None:
-        import torch
+    def _hook(self, index: int) -> Callable[[Any, Any, Any], None]:
+        chosen = index in self.chosen
 
-        if not isinstance(out, torch.Tensor) or out.ndim != 3:
-            raise FoalPipeError(f"{self.name}: a block returned {type(out).__name__}, not a (B, L, d) token tensor; "
-                                "this model family is not supported")
-        token = self.pick(out, self.n_prefix).float()
-        self._sum = token if self._sum is None else self._sum + token
+        def add(_module: Any, _inputs: Any, out: Any) -> None:
+            import torch
+
+            if not chosen and self._kept is None:
+                return
+            if not isinstance(out, torch.Tensor) or out.ndim != 3:
+                raise FoalPipeError(f"{self.name}: a block returned {type(out).__name__}, not a (B, L, d) token "
+                                    "tensor; this model family is not supported")
+            token = self.pick(out, self.n_prefix).float()
+            if chosen:
+                self._sum = token if self._sum is None else self._sum + token
+            if self._kept is not None:
+                self._kept.append(token)
+
+        return add
 
     def __call__(self, x: Any) -> Any:
-        self._sum = None
+        return self._forward(x, keep=False)[0]
+
+    def with_blocks(self, x: Any) -> tuple[Any, Any]:
+        """``(fused (B, d), every block's token (B, L, d))`` from one forward pass."""
+        return self._forward(x, keep=True)
+
+    def _forward(self, x: Any, keep: bool) -> tuple[Any, Any]:
+        import torch
+
+        self._sum, self._kept = None, [] if keep else None
         try:
             self.model.forward_features(x)
-            return self.norm(self._sum / len(self.blocks))
+            fused = self.norm(self._sum / len(self.chosen))
+            return fused, torch.stack(self._kept, dim=1) if keep else None
         finally:
-            self._sum = None
+            self._sum, self._kept = None, None
 
     @contextmanager
     def detached(self) -> Iterator[None]:

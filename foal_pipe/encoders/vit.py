@@ -10,7 +10,7 @@ import numpy as np
 
 from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig
-from foal_pipe.encoders.fusion import BlockFusion
+from foal_pipe.encoders.fusion import BlockFusion, final_norm, fusion_blocks, norm_kind, norm_parameters
 from foal_pipe.encoders.resize import resize_on_device
 from foal_pipe.encoders.runtime import autocast, require_extract_stack
 from foal_pipe.encoders.weights import Architecture, describe_weights, load_model
@@ -72,6 +72,7 @@ class TimmEncoder(Encoder):
                 f"{config.name} ({type(skeleton).__name__}) has no transformer blocks (`blocks`), so feature "
                 "fusion cannot apply; use a ViT family model (vit_*, deit_*, dinov2, CLIP ViT, eva*, beit*)"
             )
+        fusion_blocks(config.fusion, len(blocks), config.name)  # blocks the model lacks: refused before any work
         has_cls = getattr(skeleton, "cls_token", None) is not None
         self.num_prefix = int(getattr(skeleton, "num_prefix_tokens", 1 if has_cls else 0))
         if config.token == "cls" and not has_cls:
@@ -90,6 +91,7 @@ class TimmEncoder(Encoder):
         self.interpolation = str(data_cfg.get("interpolation") or "bicubic")
         self.dim = int(skeleton.num_features)
         self.n_blocks = len(blocks)
+        self.norm_kind = norm_kind(final_norm(skeleton))  # None: --keep-blocks cannot recompute the fusion
         self.model: Any = None
         self.fusion: BlockFusion | None = None
 
@@ -143,6 +145,14 @@ class TimmEncoder(Encoder):
         with autocast(self.device, self.precision):
             return fusion(x).float()
 
+    def features_and_blocks(self, x: Any) -> tuple[Any, Any]:
+        """Preprocessed float input -> fused float32 features ``(B, dim)`` and every block's chosen token, float32
+        ``(B, n_blocks, dim)`` before any norm, from one forward pass."""
+        fusion = self._fusion()
+        with autocast(self.device, self.precision):
+            fused, blocks = fusion.with_blocks(x)
+            return fused.float(), blocks
+
     def plain_features(self, x: Any) -> Any:
         """timm's own ``forward_features`` CLS token (after the final norm), hooks bypassed: the baseline
         the fused forward is measured against."""
@@ -163,3 +173,20 @@ class TimmEncoder(Encoder):
         if isinstance(images, np.ndarray):
             images = torch.from_numpy(np.ascontiguousarray(images))
         return self(images).cpu().numpy()
+
+    def encode_blocks(self, images: Any) -> tuple[np.ndarray, np.ndarray]:
+        """uint8 images -> ``(features (B, dim), block tokens (B, n_blocks, dim))``, float32 NumPy, from one
+        forward pass (``extract --keep-blocks``)."""
+        import torch
+
+        if isinstance(images, np.ndarray):
+            images = torch.from_numpy(np.ascontiguousarray(images))
+        with torch.inference_mode():
+            fused, blocks = self.features_and_blocks(self.preprocess(images))
+        return fused.cpu().numpy(), blocks.cpu().numpy()
+
+    def norm_parameters(self) -> dict[str, Any]:
+        """The final norm's kind, eps and float32 parameters (:func:`~foal_pipe.encoders.fusion.norm_parameters`)."""
+        if self.model is None:
+            raise RuntimeError("call load() before reading the norm")
+        return norm_parameters(final_norm(self.model))
