@@ -75,6 +75,9 @@ class ModelConfig:
     ``gamma`` is a number, or ``"auto"``: chosen at every task boundary on the training rows seen so far,
     by leave-one-out MSE (``select="loo"``) or GCV (``select="gcv"``), among ``gamma_grid``.
     ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
+    ``fusion`` (a :func:`~foal_pipe.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
+    time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
+    applies the stored final norm after it.
     """
 
     projection_dim: int = 1000
@@ -85,6 +88,8 @@ class ModelConfig:
     gamma_grid: tuple[float, ...] = DEFAULT_GAMMA_GRID
     engine: str = "gram"
     dtype: str = "float64"
+    fusion: str | None = None
+    fusion_norm: bool = True
 
     @property
     def resolved_activation(self) -> str:
@@ -204,7 +209,7 @@ def prepare(
         raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
     resolve_dtype(model.dtype)
     backend = resolve_backend(execution.backend)
-    store = open_store(features)
+    store = open_store(features, fusion=model.fusion, fusion_norm=model.fusion_norm)
     store.check_labelled()
     n_classes = len(store.classes)
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None

@@ -3,6 +3,7 @@ computed from them equals the encoder's own fusion, with the same resume and dam
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -501,3 +502,61 @@ def test_cli_refusals_are_one_line_and_write_nothing(tmp_path, vit4_checkpoint, 
     assert text.startswith("Error: ") and "\n" not in text and "Traceback" not in text, text
     assert message in text
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# learn / sweep / predict --fusion
+
+
+def _learn(store: Path, out: Path, *extra: str):
+    from typer.testing import CliRunner
+
+    from foal_pipe.cli import app
+
+    args = ["learn", "--features", str(store), "--out", str(out), "--tasks", "5", "--projection-dim", "64", *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_learn_with_a_read_time_fusion_equals_learn_on_those_features(stores, tmp_path):
+    """`learn --fusion last` on a blocks store is `learn` on a plain store holding the same fused features."""
+    from foal_pipe.modelfile import read_model
+    from foal_pipe.store import open_store, write_store
+
+    fused = open_store(stores["f32"], fusion="last")
+    plain = write_store(tmp_path / "fused.zarr", (_all(fused.train), fused.train.labels),
+                        (_all(fused.test), fused.test.labels), list(fused.classes), dataset="digits",
+                        encoder=fused.meta.encoder)
+    a = _learn(stores["f32"], tmp_path / "a", "--fusion", "last")
+    b = _learn(plain, tmp_path / "b")
+    assert a["accuracy_matrix"] == b["accuracy_matrix"] and a["encoder"]["fusion"] == "last"
+    wa, wb = read_model(tmp_path / "a/model.safetensors")[0]["W"], read_model(tmp_path / "b/model.safetensors")[0]["W"]
+    np.testing.assert_allclose(wa, wb, rtol=1e-12, atol=1e-12)
+    other = _learn(stores["f32"], tmp_path / "c", "--fusion", "last", "--no-fusion-norm")
+    assert other["encoder"]["final_norm"].startswith("not applied")
+
+
+def test_predict_rebuilds_the_models_fusion(stores, tmp_path):
+    from typer.testing import CliRunner
+
+    from foal_pipe.cli import app
+
+    _learn(stores["f32"], tmp_path / "run", "--fusion", "mean:2-3")
+    result = CliRunner().invoke(app, ["predict", "--model", str(tmp_path / "run/model.safetensors"), "--features",
+                                      str(stores["f32"]), "--out", str(tmp_path / "p.csv")])
+    assert result.exit_code == 0, result.output
+    refused = CliRunner().invoke(app, ["predict", "--model", str(tmp_path / "run/model.safetensors"), "--features",
+                                       str(stores["plain"])])
+    assert refused.exit_code == 1 and "--keep-blocks" in refused.output
+
+
+def test_learn_fusion_on_a_store_without_blocks_is_one_line(stores, tmp_path):
+    from typer.testing import CliRunner
+
+    from foal_pipe.cli import app
+
+    result = CliRunner().invoke(app, ["learn", "--features", str(stores["plain"]), "--out", str(tmp_path / "x"),
+                                      "--tasks", "5", "--fusion", "last"])
+    assert result.exit_code == 1 and "--keep-blocks" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()

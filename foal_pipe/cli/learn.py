@@ -74,6 +74,15 @@ Select = Annotated[
 ]
 
 
+Fusion = Annotated[
+    str | None,
+    typer.Option(help="Fuse the store's per-block tokens at read time (stores made with `extract --keep-blocks`): "
+                 "mean-cls (every block, the paper), last, mean:A-B (blocks A..B, 1-based), block:K; then the stored "
+                 "final norm. Default: the store's own features."),
+]
+NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion: skip the stored final norm. Default: off.")]
+
+
 def _log(message: str) -> None:
     err_console.print(f"[yellow]{message}[/]", highlight=False, soft_wrap=True)
 
@@ -138,6 +147,8 @@ def learn(
     dtype: Dtype = "float64",
     projection_init: ProjectionInit = "uniform",
     activation: Activation = None,
+    fusion: Fusion = None,
+    no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
     no_mask_unseen: NoMask = False,
@@ -164,7 +175,7 @@ def learn(
         model = ModelConfig(
             projection_dim=projection_dim, projection_init=projection_init, activation=activation,
             gamma=_gamma(gamma), select=select or "loo", gamma_grid=_floats(gamma_grid, "--gamma-grid"),
-            engine=engine, dtype=dtype,
+            engine=engine, dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm,
         )
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
                               order_seed=order_seed)
@@ -227,6 +238,8 @@ def sweep(
     dtype: Dtype = "float64",
     projection_init: ProjectionInit = "uniform",
     activation: Activation = None,
+    fusion: Fusion = None,
+    no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
     no_mask_unseen: NoMask = False,
@@ -246,7 +259,7 @@ def sweep(
     with user_errors():
         config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo)
         model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
-                            dtype=dtype)
+                            dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm)
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
                               order_seed=order_seed)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
