@@ -116,18 +116,9 @@ FIXED_SETS = {
     "sweep": ("--backend", "--dtype", "--projection-init", "--scheduler", "--activation", "--select"),
     "predict": ("--split",),
 }
-#: Commands whose modules the pipeline helper does not own: the lead applies cli/_app.py's `choice()` and `flag()`
-#: there (see the report); then the mark comes off (strict: it fails once they pass).
-OTHERS = {"extract", "info"}
 
 
-def _commands():
-    for name in typer.main.get_command(app).commands:
-        marks = [pytest.mark.xfail(strict=True, reason="cli/learn.py and cli/extract.py: not yet choice()/flag()")]
-        yield pytest.param(name, marks=marks if name in OTHERS else [])
-
-
-@pytest.mark.parametrize("command", list(_commands()))
+@pytest.mark.parametrize("command", list(typer.main.get_command(app).commands))
 def test_help_lists_choices_no_flag_placeholder_each_default_once(command):
     params = {max(p.opts, key=len): p for p in typer.main.get_command(app).commands[command].params}
     rows = _help_rows(command)

@@ -318,14 +318,11 @@ def test_cli_incomplete_store_info(tmp_path, monkeypatch):
 
 
 BAD_INPUTS = [
-    (["--dataset", "mnist"], "unknown dataset 'mnist'; choose one of"),
     (["--model", "vit_nope_patch16_224"], "unknown model 'vit_nope_patch16_224'"),
     (["--model", "resnet18"], "no transformer blocks"),
     (["--dataset", "imagefolder", "--data-dir", "{tmp}/missing"], "{tmp}/missing/train is not a folder"),
     (["--dataset", "cifar100", "--data-dir", "{tmp}"], "{tmp}/cifar-100-python"),
-    (["--dtype", "float64"], "unknown --dtype 'float64'"),
     (["--fusion", "max"], "unknown --fusion 'max'"),
-    (["--device", "tpu"], "unknown --device 'tpu'"),
     (["--chunk-rows", "0"], "--chunk-rows must be at least 1"),
     (["--checkpoint", "{tmp}/nope.safetensors", "--model", TINY_VIT], "does not exist"),
 ]
@@ -342,6 +339,17 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, args, message):
     assert text.startswith("Error: ") and message.replace("{tmp}", str(tmp_path)) in text.replace("\n", "")
     assert "Traceback" not in text
     assert not out.exists()  # nothing was created
+
+
+@pytest.mark.parametrize(("option", "value"), [("--dataset", "mnist"), ("--dtype", "float64"), ("--device", "tpu"),
+                                             ("--precision", "int8"), ("--token", "max")])
+def test_cli_values_outside_an_options_fixed_set_are_refused(tmp_path, option, value):
+    """Options with a fixed set of values (listed in --help) refuse anything else before anything is created."""
+    out = tmp_path / "x.zarr"
+    result = _cli("extract", "--model", "pixels", option, value, "--out", str(out), "--workers", "0")
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output and "Traceback" not in result.output
+    assert not out.exists()
 
 
 def test_cli_info_on_a_store_written_by_other_code(tmp_path):

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
 from foal_pipe.datasets import DATASETS
 from foal_pipe.encoders import PAPER_MODEL
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.progress import new_progress
 
 _DATASETS = ", ".join(DATASETS)
 
@@ -37,7 +38,7 @@ class _RichProgress:
     """One bar per split: rows written of rows total, images/s, elapsed, ETA (on stderr)."""
 
     def __init__(self) -> None:
-        self.bar = Progress(
+        self.bar = new_progress(
             TextColumn("[bold]{task.description:>5}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -60,7 +61,7 @@ class _RichProgress:
 
 @app.command()
 def extract(
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help=f"Dataset: {_DATASETS}. Default: digits "
+    dataset: Annotated[choice(*DATASETS), typer.Option("--dataset", "-d", show_default=False, help=f"Dataset: {_DATASETS}. Default: digits "
                                          "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
     data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
                         "fgvc-aircraft, country211 (default ~/datasets); the folder or its parent for core50, "
@@ -68,9 +69,9 @@ def extract(
                         "~/datasets/tiny-imagenet-200, /usr/share/datasets/fashion-mnist); the tree for "
                         "imagefolder and the .h5 file for hdf5 (required for both). Unused for digits.",
                         show_default=False)] = None,
-    download: Annotated[bool, typer.Option("--download", help="Let torchvision download cifar100, dtd, fgvc-aircraft "
+    download: Annotated[bool, flag("--download", help="Let torchvision download cifar100, dtd, fgvc-aircraft "
                         "or country211 into --data-dir. Default: off (use files already there).")] = False,
-    model: Annotated[str, typer.Option("--model", "-m", help="Full timm tag of a ViT-family model (weights via timm's "
+    model: Annotated[str, typer.Option("--model", "-m", show_default=False, help="Full timm tag of a ViT-family model (weights via timm's "
                      "Hugging Face cache), or 'pixels' (flattened pixels, no network). Default: the paper's "
                      f"{PAPER_MODEL}.")] = PAPER_MODEL,
     checkpoint: Annotated[Path | None, typer.Option(help="Local .safetensors or .pth state dict for --model, loaded "
@@ -81,29 +82,29 @@ def extract(
                             "true/false, strings), e.g. depth=2,patch_size=8,img_size=32,embed_dim=32,num_heads=2 for a "
                             "custom architecture; recorded in the store and compared on resume. Default: none.",
                             show_default=False)] = "",
-    fusion: Annotated[str, typer.Option(help="Which blocks' tokens are averaged before the final norm: mean-cls "
+    fusion: Annotated[str, typer.Option(show_default=False, help="Which blocks' tokens are averaged before the final norm: mean-cls "
                       "(every block: the paper), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K. "
                       "Default: mean-cls.")] = "mean-cls",
-    token: Annotated[str, typer.Option(help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
+    token: Annotated[choice("cls", "mean"), typer.Option(show_default=False, help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
     = "cls",
     image_size: Annotated[int | None, typer.Option(help="Input side in pixels (images are resized to a square). "
                           "Default: the model's own input size; for pixels the dataset's native size "
                           "(8 for digits), else 32.", show_default=False)] = None,
-    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="Normalise with the model's own "
+    normalize: Annotated[bool, flag("--normalize/--no-normalize", help="Normalise with the model's own "
                          "mean/std (pixels: 0.5/0.5). --no-normalize gives [0, 1] inputs as the published code. "
                          "Default: --normalize.")] = True,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Feature store to write (a .zarr directory). "
                    "Default: data/features/<dataset>.zarr.", show_default=False)] = None,
-    dtype: Annotated[str, typer.Option(help="Stored feature dtype: float32 or float16 (half the disk). "
+    dtype: Annotated[choice("float32", "float16"), typer.Option(show_default=False, help="Stored feature dtype: float32 or float16 (half the disk). "
                      "Default: float32.")] = "float32",
-    keep_blocks: Annotated[bool, typer.Option("--keep-blocks", help="Also store every block's token (before any "
+    keep_blocks: Annotated[bool, flag("--keep-blocks", help="Also store every block's token (before any "
                            "norm) and the final norm, so learn/sweep can choose the fusion later without "
                            "re-extracting (L times the features on disk). Not for --model pixels. Default: off.")]
     = False,
-    blocks_dtype: Annotated[str, typer.Option(help="Dtype of the stored block tokens with --keep-blocks: float16 "
+    blocks_dtype: Annotated[choice("float16", "float32"), typer.Option(show_default=False, help="Dtype of the stored block tokens with --keep-blocks: float16 "
                             "(half the disk; fused features within ~1e-3 of extract's) or float32 (fused features "
                             "equal extract's to 1e-6). Default: float16.")] = "float16",
-    chunk_rows: Annotated[int, typer.Option(help="Rows per stored chunk, the unit of writing and of resuming. "
+    chunk_rows: Annotated[int, typer.Option(show_default=False, help="Rows per stored chunk, the unit of writing and of resuming. "
                           "Default: 1024.")] = 1024,
     batch_size: Annotated[int | None, typer.Option(help="Images per forward pass (batches never straddle chunks). "
                           "Default: 256 on CUDA, 32 on CPU.", show_default=False)] = None,
@@ -111,22 +112,22 @@ def extract(
                        "Default: half the CPU cores, at most 8. With --scheduler dask --dask-address local: Dask "
                        "worker processes (default: one per CUDA GPU, else one per CPU core).", show_default=False)]
     = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
-    precision: Annotated[str, typer.Option(help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
+    device: Annotated[choice("auto", "cpu", "cuda"), typer.Option(show_default=False, help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
+    precision: Annotated[choice("auto", "fp32", "bf16", "fp16"), typer.Option(show_default=False, help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
                          "CUDA, fp32 on CPU.")] = "auto",
-    resize_on: Annotated[str, typer.Option(help="Where images are resized to the model's size: workers (PIL, in the "
+    resize_on: Annotated[choice("auto", "workers", "device"), typer.Option(show_default=False, help="Where images are resized to the model's size: workers (PIL, in the "
                          "DataLoader workers) or device (the workers ship native-size batches and the encoder's device "
                          "resizes them, exactly as PIL would; only for datasets whose images share one size). The "
                          "features are the same either way. Default: auto = device on CUDA when the dataset has one "
                          "native size, else workers.")] = "auto",
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing store made with other settings "
+    overwrite: Annotated[bool, flag("--overwrite", help="Replace an existing store made with other settings "
                          "(or a complete one). Default: off: a store with the same settings is resumed, one with "
                          "other settings refused.")] = False,
-    scheduler: Annotated[str, typer.Option(help="local: this process. dask: chunk-aligned row ranges are tasks on a "
+    scheduler: Annotated[choice("local", "dask"), typer.Option(show_default=False, help="local: this process. dask: chunk-aligned row ranges are tasks on a "
                          "Dask cluster (needs the foal-pipe\\[dist] extra); each worker loads the model once and writes "
                          "its ranges into the store; failed ranges are retried, a lost worker's rerun elsewhere. "
                          "Default: local.")] = "local",
-    dask_address: Annotated[str, typer.Option(help="With --scheduler dask: 'local' starts a LocalCluster of --workers "
+    dask_address: Annotated[str, typer.Option(show_default=False, help="With --scheduler dask: 'local' starts a LocalCluster of --workers "
                             "processes, or a scheduler address tcp://host:port (--out and the dataset must then be on "
                             "a filesystem every worker sees). Default: local.")] = "local",
 ) -> None:
@@ -258,9 +259,9 @@ def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
 @app.command()
 def info(
     store: Annotated[Path, typer.Argument(help="A feature store (.zarr directory).", show_default=False)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON instead of a table. "
+    as_json: Annotated[bool, flag("--json", help="Print everything as JSON instead of a table. "
                        "Default: off.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Read every chunk: report damaged chunks (checksum "
+    verify: Annotated[bool, flag("--verify", help="Read every chunk: report damaged chunks (checksum "
                       "mismatch, undecodable, NaN/inf) by split and rows and recompute the generation id. Default: "
                       "off (metadata and a listing of the chunk files only).")] = False,
 ) -> None:
