@@ -17,15 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from foal_pipe.chunks import check_finite, chunk_spans
 from foal_pipe.errors import FoalPipeError
-
-if TYPE_CHECKING:
-    from foal_pipe.store import Split
 
 FUSION_FORMS = "mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K"
 """The valid spec forms, as error messages name them."""
@@ -83,7 +80,7 @@ def _mean(argument: str | None, option: str) -> Fusion:
     a, b = _number(first.strip(), spec, option), _number(last.strip(), spec, option)
     if a > b:
         raise FoalPipeError(f"{option} {spec} starts at block {a}, after its last block {b}; write mean:A-B with "
-                            f"A <= B (e.g. mean:{b}-{a})")
+                            f"A <= B (e.g. mean:{b}-{a}), or one of {FUSION_FORMS}")
     return Fusion(f"mean:{a}-{b}", a, b)
 
 
@@ -218,7 +215,7 @@ class FusedSplits:
     applied). ``read``/``iter_chunks``/``take`` return ``{spec text: float32 (n, d)}``.
     """
 
-    def __init__(self, split: Split, fusions: Sequence[str | Fusion], norm: FinalNorm | None):
+    def __init__(self, split: Any, fusions: Sequence[str | Fusion], norm: FinalNorm | None):
         if split.blocks is None:
             raise FoalPipeError(f"{split.name} has no blocks array; extract the store with --keep-blocks")
         self.source, self.norm = split, norm
@@ -246,11 +243,16 @@ class FusedSplits:
 
     @property
     def chunk_bytes(self) -> int:
-        """Memory to fuse one chunk: the blocks read, and per fusion a float32 mean and its float64 norm."""
+        """Memory to fuse one chunk: the blocks read (and their float32 copy when several fusions share
+        blocks), and per fusion a float32 mean and the float64 temporaries of its norm."""
         n, (L, d) = self.chunk_rows, self.source.blocks.shape[1:]
-        return n * L * d * self.source.blocks.dtype.itemsize + len(self.chosen) * n * d * (4 + 8 * 2)
+        itemsize = self.source.blocks.dtype.itemsize
+        widened = 4 if sum(map(len, self.chosen.values())) > L and itemsize != 4 else 0
+        return n * L * d * (itemsize + widened) + len(self.chosen) * n * d * (4 + 8 * 3)
 
     def _fused(self, blocks: np.ndarray, rows: np.ndarray | int) -> dict[str, np.ndarray]:
+        if sum(map(len, self.chosen.values())) > blocks.shape[1]:  # blocks used twice: widen each once (exact)
+            blocks = blocks.astype(np.float32, copy=False)
         out = {}
         for text, chosen in self.chosen.items():
             mean = average_blocks(blocks, chosen)
@@ -281,7 +283,7 @@ class FusedSplit:
     ``read``, ``n_rows``, ``dim``, ``labels``, ``chunk_rows``, ``name``. ``features`` describes the fused
     array (shape, chunks, float32) but is not on disk: read through the methods."""
 
-    def __init__(self, split: Split, fusion: str | Fusion, norm: FinalNorm | None):
+    def __init__(self, split: Any, fusion: str | Fusion, norm: FinalNorm | None):
         self.fusion = parse_fusion(fusion)
         self._many = FusedSplits(split, [self.fusion], norm)
         self.name, self.labels = split.name, split.labels

@@ -450,8 +450,8 @@ def extract_rows(
         if kept is None:
             feats = encoder.encode(pixels).astype(spec.dtype)
         else:
-            feats, tokens = encoder.encode_blocks(pixels)
-            feats, tokens = feats.astype(spec.dtype), tokens.astype(spec.blocks_dtype)
+            feats, tokens = encoder.encode_blocks(pixels, spec.blocks_dtype)
+            feats = feats.astype(spec.dtype)
             _check_finite(tokens, f"block tokens at {split}", chunk_lo + filled, f"precision {inputs.precision}, "
                           f"--blocks-dtype {spec.blocks_dtype}", "use --precision fp32 or --blocks-dtype float32")
             kept[filled : filled + len(tokens)] = tokens

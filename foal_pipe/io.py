@@ -102,13 +102,14 @@ def _remove_stale(path: Path) -> None:
     bases = set()
     for tmp in path.parent.glob(f".{path.name}.tmp-*"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             bases.add(tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD)))
     for tmp in sorted(bases):
         _settle(path, tmp)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this host (one we may not signal counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

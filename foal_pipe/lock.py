@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import pid_alive
 
 LOCK_SUFFIX = ".lock"
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
@@ -56,13 +57,7 @@ def _alive_here(holder: dict[str, object]) -> bool:
         return bool(holder)
     if type(pid) is not int or pid == os.getpid():
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _acquire(lock: Path, what: str) -> int:

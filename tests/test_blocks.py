@@ -114,7 +114,8 @@ def test_specs_are_canonical_and_lists_refuse_repeats():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("mean:5-2", "--fusion mean:5-2 starts at block 5, after its last block 2; write mean:A-B with A <= B"),
+    ("mean:5-2", "--fusion mean:5-2 starts at block 5, after its last block 2; write mean:A-B with A <= B (e.g. "
+                 "mean:2-5)"),
     ("block:0", "--fusion block:0: blocks are numbered from 1"),
     ("foo", "unknown --fusion 'foo'"),
     ("mean", "--fusion mean needs a block range; write mean:A-B"),
@@ -130,7 +131,7 @@ def test_bad_specs_are_one_line_naming_the_valid_forms(text, message):
         parse_fusion(text, "--fusion")
     text = str(info.value)
     assert message in text and "\n" not in text
-    assert FUSION_FORMS in text or "write mean:A-B" in text
+    assert FUSION_FORMS in text
 
 
 def test_blocks_beyond_the_model_are_refused():
@@ -486,7 +487,6 @@ def test_cli_keep_blocks_and_info(tmp_path, vit4_checkpoint, stores):
 @pytest.mark.parametrize("args,message", [
     (["--model", "pixels", "--keep-blocks"], "--model pixels has no transformer blocks, so --keep-blocks does not "
      "apply; drop --keep-blocks or choose a timm ViT --model"),
-    (["--blocks-dtype", "int8", "--keep-blocks"], "unknown --blocks-dtype 'int8'; choose one of: float16, float32"),
     (["--fusion", "block:99", "--model", TINY_VIT], "fusion 'block:99' needs block 99 but there are 4 blocks"),
     (["--fusion", "mean:5-2", "--model", TINY_VIT], "--fusion mean:5-2 starts at block 5, after its last block 2"),
 ])

@@ -174,16 +174,17 @@ class TimmEncoder(Encoder):
             images = torch.from_numpy(np.ascontiguousarray(images))
         return self(images).cpu().numpy()
 
-    def encode_blocks(self, images: Any) -> tuple[np.ndarray, np.ndarray]:
-        """uint8 images -> ``(features (B, dim), block tokens (B, n_blocks, dim))``, float32 NumPy, from one
-        forward pass (``extract --keep-blocks``)."""
+    def encode_blocks(self, images: Any, blocks_dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+        """uint8 images -> ``(features (B, dim) float32, block tokens (B, n_blocks, dim) in blocks_dtype)``,
+        NumPy, from one forward pass (``extract --keep-blocks``). The tokens are cast on the device (rounded
+        to nearest, as NumPy would), so a float16 copy moves half the bytes to the host."""
         import torch
 
         if isinstance(images, np.ndarray):
             images = torch.from_numpy(np.ascontiguousarray(images))
         with torch.inference_mode():
             fused, blocks = self.features_and_blocks(self.preprocess(images))
-        return fused.cpu().numpy(), blocks.cpu().numpy()
+            return fused.cpu().numpy(), blocks.to(getattr(torch, blocks_dtype)).cpu().numpy()
 
     def norm_parameters(self) -> dict[str, Any]:
         """The final norm's kind, eps and float32 parameters (:func:`~foal_pipe.encoders.fusion.norm_parameters`)."""
