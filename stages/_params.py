@@ -8,13 +8,21 @@ params.yaml with its ``datasets`` entry's overrides on top.
 
 from __future__ import annotations
 
-import shlex
-import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+import os
 
-import yaml
+# One BLAS/OpenMP thread in every stage, whatever the machine or the caller's environment (Dask, for one, sets
+# these): sums computed with other thread counts differ in the last bits, and the pipeline's outputs must hash
+# the same everywhere so that dvc.lock matches. Set before NumPy and PyTorch are imported.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import shlex  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import yaml  # noqa: E402
 
 #: Relative to the working directory, as DVC runs stages from the directory of dvc.yaml.
 PARAMS = Path("params.yaml")

@@ -467,7 +467,8 @@ def test_dvc_repro_on_a_fresh_clone_leaves_git_status_clean(repro):
     if unstable:
         pytest.skip(f"outputs not byte-stable on this branch yet ({'; '.join(unstable)}): issue 9 req 1")
     status = _run(["git", "status", "--porcelain"], repo, _env(repo)).stdout
-    assert status == "", f"`dvc repro` on a fresh clone changed tracked files:\n{status}"
+    diff = _run(["git", "diff"], repo, _env(repo)).stdout
+    assert status == "", f"`dvc repro` on a fresh clone changed tracked files:\n{status}\n{diff[:4000]}"
 
 
 def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
