@@ -205,6 +205,9 @@ def prepare(
         raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
     if execution.scheduler not in ("local", "dask"):
         raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose local or dask")
+    if model.fusion is not None and execution.scheduler == "dask":
+        raise FoalPipeError("--fusion reads the stored blocks in this process; Dask workers read the stored features, "
+                            "so use --scheduler local with --fusion")
     if model.engine == "rls" and execution.scheduler == "dask":
         raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
     resolve_dtype(model.dtype)

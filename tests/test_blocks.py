@@ -560,3 +560,14 @@ def test_learn_fusion_on_a_store_without_blocks_is_one_line(stores, tmp_path):
                                       "--tasks", "5", "--fusion", "last"])
     assert result.exit_code == 1 and "--keep-blocks" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_learn_fusion_with_dask_is_refused_not_run_on_the_stored_features(stores, tmp_path):
+    from typer.testing import CliRunner
+
+    from foal_pipe.cli import app
+
+    result = CliRunner().invoke(app, ["learn", "--features", str(stores["f32"]), "--out", str(tmp_path / "x"),
+                                      "--tasks", "5", "--fusion", "last", "--scheduler", "dask"])
+    assert result.exit_code == 1 and "use --scheduler local with --fusion" in result.output
+    assert not (tmp_path / "x").exists()
