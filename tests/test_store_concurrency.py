@@ -274,13 +274,15 @@ def test_readers_see_the_old_or_the_new_store_never_a_mix(tmp_path, reference):
     incomplete store at the path (the swap is one atomic exchange)."""
     store = tmp_path / "digits.zarr"
     shutil.copytree(reference, store)
+    progress = tmp_path / "checks"
     watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCHER, str(store), str(tmp_path / "stop")], env=ENV, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE)
+        [sys.executable, "-c", WATCHER, str(store), str(tmp_path / "stop"), str(progress)], env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(1.0)
+        _wait_for_checks(progress, 1)  # the watcher has read the old store (however slow its start under load)
         for normalize in (False, True, False):
             run_extract(_spec(store, normalize=normalize), overwrite=True)
+        _wait_for_checks(progress, int(progress.read_text()) + 1)  # ... and reads the new one before it stops
     finally:
         (tmp_path / "stop").touch()
         out, err = watcher.communicate(timeout=60)
@@ -289,12 +291,19 @@ def test_readers_see_the_old_or_the_new_store_never_a_mix(tmp_path, reference):
     assert seen["checks"] > 0 and len(seen["generations"]) >= 2, (seen, err.decode()[-1000:])
 
 
+def _wait_for_checks(progress: Path, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (progress.exists() and int(progress.read_text() or 0) >= count):
+        assert time.monotonic() < deadline, f"the watcher made fewer than {count} checks in {timeout:.0f} s"
+        time.sleep(0.05)
+
+
 WATCHER = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store import open_store
-store, stop = sys.argv[1], Path(sys.argv[2])
+store, stop, progress = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 checks, bad, generations = 0, [], set()
 while not stop.exists():
     try:
@@ -303,6 +312,8 @@ while not stop.exists():
         s.check_unchanged()
         generations.add(s.meta.generation)
         checks += 1
+        progress.with_suffix(".tmp").write_text(str(checks))
+        os.replace(progress.with_suffix(".tmp"), progress)
     except FoalPipeError as exc:
         if "changed while it was being read" not in str(exc):
             bad.append(str(exc))
