@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from synthetic import N_CLASSES, make_store
 

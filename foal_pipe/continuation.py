@@ -21,10 +21,10 @@ from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.deploy import DeployedModel, load_model
 from foal_pipe.encoding import first_difference
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.learn import (
-    Boundary, EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, StreamConfig, _report,
-    _run_info, _timings, _warn_dropped, accuracy_matrices, gram_boundaries, prepare,
+    Boundary, EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, StreamConfig, _warn_dropped,
+    accuracy_matrices, gram_boundaries, learn_metrics, prepare, write_outputs,
 )
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.statistics import RidgeStatistics
@@ -180,20 +180,15 @@ def run_continue(
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
-    metrics: dict[str, Any] = {**_report(acc), "gamma": "auto" if auto else gamma, "engine": "gram",
-                               **_run_info(run, stream), "init_model": str(init_model),
-                               "n_samples_seen_total": int(final.n_samples_seen_),
-                               "label_ids": dict(zip(store.classes, merged.tolist()))}
-    if auto:
-        metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by=model.select)
-    metrics["eval_features"] = [evaluate_store(result, path) for path in eval_features]
-    run.store.check_unchanged()
-    with atomic_dir(out) as tmp:
+    metrics = {**learn_metrics(run, stream, acc, boundaries), "init_model": str(init_model),
+               "n_samples_seen_total": int(final.n_samples_seen_), "label_ids": dict(zip(store.classes, merged.tolist())),
+               "eval_features": [evaluate_store(result, path) for path in eval_features]}
+
+    def write(tmp: Path) -> None:
         result.save(tmp / MODEL_FILE)
         write_json(tmp / "metrics.json", metrics)
-        run.timings["total"] = time.perf_counter() - start
-        write_json(tmp / "timings.json", _timings(run))
-    metrics["timings"] = _timings(run)
+
+    metrics["timings"] = write_outputs(out, [run], start, write)
     return metrics
 
 

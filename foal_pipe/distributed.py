@@ -32,7 +32,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 

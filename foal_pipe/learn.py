@@ -571,23 +571,16 @@ def run_learn(
                 boundaries, _ = gram_boundaries(run, solver)
                 final = solver.classifier
         acc = accuracy_matrices(run, boundaries)[0]
-    metrics: dict[str, Any] = {**_report(acc), "gamma": "auto" if auto else float(model.gamma), "engine": model.engine,
-                               **_run_info(run, stream)}
-    if auto:
-        metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by=model.select,
-                       gamma_grid=[float(g) for g in model.gamma_grid])
-        if model.select == "gcv":
-            _warn_gcv(boundaries, model.gamma_grid, log)
-    run.store.check_unchanged()
-    with atomic_dir(out) as tmp:
+    metrics = learn_metrics(run, stream, acc, boundaries)
+    if auto and model.select == "gcv":
+        _warn_gcv(boundaries, model.gamma_grid, log)
+
+    def write(tmp: Path) -> None:
         with run.timed("write"):
-            final.save(tmp / MODEL_FILE, projection=run.projection, dataset=run.store.meta.dataset,
-                       encoder=run.store.meta.encoder, class_names=[run.store.classes[c] for c in final.classes_],
-                       activation=run.model.resolved_activation)
+            save_model(final, run, tmp / MODEL_FILE)
             write_json(tmp / "metrics.json", metrics)
-        run.timings["total"] = time.perf_counter() - start
-        write_json(tmp / "timings.json", _timings(run))
-    metrics["timings"] = _timings(run)
+
+    metrics["timings"] = write_outputs(out, [run], start, write)
     return metrics
 
 
@@ -637,12 +630,7 @@ def run_sweep(
         **_run_info(run, stream),
     }
     _warn_gcv(boundaries[-1:], gammas, log)
-    run.store.check_unchanged()
-    with atomic_dir(out) as tmp:
-        write_json(tmp / "sweep.json", report)
-        run.timings["total"] = time.perf_counter() - start
-        write_json(tmp / "timings.json", _timings(run))
-    report["timings"] = _timings(run)
+    report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
     return report
 
 
@@ -660,8 +648,39 @@ def choose(results: Sequence[dict[str, Any]], criterion: str) -> float:
     return float(results[int(np.argmax(scores) if larger else np.argmin(scores))]["gamma"])
 
 
-def _timings(run: Run) -> dict[str, float]:
-    return {step: round(seconds, 3) for step, seconds in sorted(run.timings.items())}
+def learn_metrics(run: Run, stream: StreamConfig, acc: np.ndarray, boundaries: Sequence[Boundary]) -> dict[str, Any]:
+    """``metrics.json`` of one learned stream: the accuracy report, the run's settings and, with ``--gamma auto``,
+    the gamma chosen at each boundary."""
+    model = run.model
+    metrics: dict[str, Any] = {**_report(acc), "gamma": "auto" if model.gamma == "auto" else float(model.gamma),
+                               "engine": model.engine, **_run_info(run, stream)}
+    if model.gamma == "auto":
+        metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by=model.select,
+                       gamma_grid=[float(g) for g in model.gamma_grid])
+    return metrics
+
+
+def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:
+    """The model file of a run: the classifier with the run's projection, provenance and class names."""
+    final.save(path, projection=run.projection, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
+               class_names=[run.store.classes[c] for c in final.classes_], activation=run.model.resolved_activation)
+
+
+def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], None]) -> dict[str, float]:
+    """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
+    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings."""
+    for run in runs:
+        run.store.check_unchanged()
+    with atomic_dir(out) as tmp:
+        write(tmp)
+        timings: dict[str, float] = {}
+        for run in runs:
+            for step, seconds in run.timings.items():
+                timings[step] = timings.get(step, 0.0) + seconds
+        timings["total"] = time.perf_counter() - start
+        timings = {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
+        write_json(tmp / "timings.json", timings)
+    return timings
 
 
 def _warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:

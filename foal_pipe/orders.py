@@ -27,7 +27,8 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.learn import (
     Boundary, EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, Run, StreamConfig,
-    SweepConfig, _report, _run_info, _timings, _warn_dropped, accuracy_matrices, choose, prepare,
+    SweepConfig, _report, _run_info, _warn_dropped, accuracy_matrices, choose, learn_metrics, prepare, save_model,
+    write_outputs,
     run_learn, run_sweep,
 )
 from foal_pipe.memory import check_memory, human
@@ -250,33 +251,21 @@ def run_learn_orders(
             solver = ManyGammas(model.gamma_grid, False, "gcv") if auto else FixedGamma(float(model.gamma), model.dtype)
             boundaries, running = order_boundaries(run, per_class, solver)
             acc = accuracy_matrices(run, boundaries)[0]
-            metrics = {**_report(acc), "gamma": "auto" if auto else float(model.gamma), "engine": model.engine,
-                       **_run_info(run, replace(stream, order_seed=s)), "order_seed": s}
+            metrics = {**learn_metrics(run, replace(stream, order_seed=s), acc, boundaries), "order_seed": s}
             if auto:
-                metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by="gcv",
-                               gamma_grid=[float(g) for g in model.gamma_grid])
                 finals.append(AnalyticClassifier.from_statistics(running, gamma=float(boundaries[-1].gammas[0]),
                                                                  dtype=model.dtype))
             else:
                 finals.append(solver.classifier)
             entries.append((metrics, _order_entry(s, metrics)))
-    first_run = runs[0]
     metrics = combine([e for _, e in entries], entries[0][0])
     metrics["one_pass"] = True
-    timings: dict[str, float] = {}
-    for r in runs:
-        for key, seconds in r.timings.items():
-            timings[key] = timings.get(key, 0.0) + seconds
-    first_run.store.check_unchanged()
-    with atomic_dir(out) as tmp:
-        final = finals[0]
-        final.save(tmp / MODEL_FILE, projection=first_run.projection, dataset=first_run.store.meta.dataset,
-                   encoder=first_run.store.meta.encoder, class_names=[first_run.store.classes[c] for c in final.classes_],
-                   activation=model.resolved_activation)
+
+    def write(tmp: Path) -> None:
+        save_model(finals[0], runs[0], tmp / MODEL_FILE)
         write_json(tmp / "metrics.json", metrics)
-        timings["total"] = time.perf_counter() - start
-        write_json(tmp / "timings.json", {k: round(v, 3) for k, v in sorted(timings.items())})
-    metrics["timings"] = {k: round(v, 3) for k, v in sorted(timings.items())}
+
+    metrics["timings"] = write_outputs(out, runs, start, write)
     return metrics
 
 
