@@ -125,3 +125,42 @@ def test_fusions_on_a_store_without_blocks_names_the_command_that_makes_one(plai
     assert result.exit_code == 1 and "`foal-pipe extract ... --keep-blocks`" in result.output
     assert "fusion 'mean-cls', 'last' cannot be computed" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_evaluate_plots_a_avg_per_fusion_and_summarises_each_choice(blocks_store, tmp_path):
+    learned = runner.invoke(app, ["learn", "--features", str(blocks_store), "--out", str(tmp_path / "run"), "--tasks", "5",
+                                  "--projection-dim", D, "--fusion", "last"])
+    assert learned.exit_code == 0, learned.output
+    sweep = _sweep(blocks_store, tmp_path / "run-sweep", "--fusions", ",".join(FUSIONS))
+    result = runner.invoke(app, ["evaluate", "--run", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "run" / "eval"
+    assert (out / "fusions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "summary.md").read_text()
+    assert "## Fusion ablation" in text
+    for entry in sweep["fusions"]:
+        at = next(r for r in entry["results"] if r["gamma"] == entry["best_gamma"])
+        top = next(r for r in entry["results"] if r["gamma"] == entry["best_gamma_test"])
+        row = (f"| {entry['fusion']} | {entry['best_gamma']:g} | {100 * at['A_avg']:.2f} | {100 * at['A_last']:.2f} | "
+               f"{100 * at['F']:.2f} | {entry['best_gamma_test']:g} | {100 * top['A_avg']:.2f} |")
+        assert row in text, row
+    best, oracle = sweep["best"], sweep["best_test"]
+    assert f"Selected fusion: {best['fusion']} with gamma {best['gamma']:g}, by leave-one-out MSE" in text
+    assert f"The test-set oracle would pick {oracle['fusion']} with gamma {oracle['gamma']:g}" in text
+    # a later sweep of one fusion: no fusion plot left behind beside the new summary
+    _sweep(blocks_store, tmp_path / "one", "--fusion", "last")
+    again = runner.invoke(app, ["evaluate", "--run", str(tmp_path / "run"), "--sweep", str(tmp_path / "one")])
+    assert again.exit_code == 0, again.output
+    assert not (out / "fusions.png").exists() and "## Fusion ablation" not in (out / "summary.md").read_text()
+
+
+def test_a_fusions_entry_that_names_no_fusion_is_refused(blocks_store, tmp_path):
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.evaluate import read_sweep
+
+    sweep = _sweep(blocks_store, tmp_path / "s", "--fusions", "last,mean-cls", "--no-loo")
+    assert read_sweep(tmp_path / "s")["best"] == sweep["best"]
+    sweep["best"]["fusion"] = "block:3"
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps(sweep))
+    with pytest.raises(FoalPipeError, match="'best' should name a fusion of 'fusions' and one of its gammas"):
+        read_sweep(tmp_path / "s")
