@@ -14,6 +14,10 @@ once and serves many gammas (``sweep``, ``learn --gamma auto``): their weights, 
 more pass over the rows seen so far, their exact leave-one-out scores. That pass is fused with the next
 task's pass, so each chunk is still decoded once per task. Test accuracy for every boundary (and every
 gamma) is computed in one pass over the test split at the end.
+
+``sweep --fusions`` walks several fusions of a blocks store at once: each blocks chunk is decoded once and
+fused every way (:class:`~foal_pipe.blockfusion.FusedSplits`), and each fusion keeps its own running
+statistics (a :class:`_Lane`), so the walk is the same one with a lane per fusion.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 from array_api_compat import device
 
 from foal_pipe.backend import default_device, get_namespace, resolve_backend, resolve_dtype, to_numpy
+from foal_pipe.blockfusion import FusedSplits, parse_fusions
 from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.engines import ENGINES, GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError
@@ -122,6 +127,7 @@ class SweepConfig:
     gammas: tuple[float, ...] = SWEEP_GAMMAS
     select: str | None = None  # None: loo, or gcv with loo=False
     loo: bool = True
+    fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
 
     @property
     def resolved_select(self) -> str:
@@ -156,6 +162,16 @@ class Run:
     test_totals: np.ndarray  # test rows per task
     row_task: np.ndarray  # task of every train row, -1 for rows outside the stream
     timings: dict[str, float] = field(default_factory=dict)
+    fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
+
+    @property
+    def lanes(self) -> tuple[str | None, ...]:
+        """What the walk keeps statistics for: every fusion of ``fused``, or the store's features (None)."""
+        return self.fused["train"].specs if self.fused is not None else (None,)
+
+    def source(self, split: str) -> Any:
+        """Where a split's chunks come from: ``iter_chunks`` gives ``{fusion: X}`` with ``fused``, else ``X``."""
+        return self.fused[split] if self.fused is not None else self.store.split(split)
 
     @property
     def dim(self) -> int:
@@ -188,8 +204,12 @@ def prepare(
     n_models: int = 1,
     loo: bool = False,
     command: str = "learn",
+    fusions: Sequence[str] = (),
 ) -> Run:
-    """Validate everything before any work: settings, store, stream, projection, memory."""
+    """Validate everything before any work: settings, store, stream, projection, memory.
+
+    ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`).
+    """
     if model.gamma != "auto":
         check_gamma(model.gamma)
     elif model.engine != "gram":
@@ -205,14 +225,18 @@ def prepare(
         raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
     if execution.scheduler not in ("local", "dask"):
         raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose local or dask")
-    if model.fusion is not None and execution.scheduler == "dask":
-        raise FoalPipeError("--fusion reads the stored blocks in this process; Dask workers read the stored features, "
-                            "so use --scheduler local with --fusion")
+    if fusions and model.fusion is not None:
+        raise FoalPipeError("pass --fusion (one fusion) or --fusions (several, one walk), not both")
+    option = "--fusions" if fusions else "--fusion"
+    if (fusions or model.fusion is not None) and execution.scheduler == "dask":
+        raise FoalPipeError(f"{option} reads the stored blocks in this process; Dask workers read the stored features, "
+                            f"so use --scheduler local with {option}")
     if model.engine == "rls" and execution.scheduler == "dask":
         raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
     resolve_dtype(model.dtype)
     backend = resolve_backend(execution.backend)
     store = open_store(features, fusion=model.fusion, fusion_norm=model.fusion_norm)
+    fused = store.fusions(parse_fusions(list(fusions), "--fusions"), model.fusion_norm) if fusions else None
     store.check_labelled()
     n_classes = len(store.classes)
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
@@ -224,9 +248,9 @@ def prepare(
     projection = SmoothProjection(
         n_components=model.projection_dim, init=model.projection_init, activation=model.resolved_activation,
         random_state=stream_config.seed, dtype=model.dtype,
-    ).fit(np.zeros((1, store.dim)))  # fit reads only the feature count
+    ).fit(np.zeros((1, fused["train"].dim if fused else store.dim)))  # fit reads only the feature count
     run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
-              stream.row_tasks(store.train.n_rows))
+              stream.row_tasks(store.train.n_rows), fused=fused)
     check_memory(command, memory_parts(run, n_models, loo),
                  "lower --projection-dim, use --dtype float32, fewer --gammas, or free memory")
     return run
@@ -234,7 +258,8 @@ def prepare(
 
 def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
-    boundaries' weights kept for the test pass."""
+    boundaries' weights kept for the test pass; the state and the weights once per lane (``sweep --fusions``:
+    each fusion keeps its statistics and its pending boundary through the walk)."""
     D, item = run.dim, np.dtype(run.model.dtype).itemsize
     square = D * D
     eigen = run.model.gamma == "auto" or n_models > 1
@@ -248,12 +273,15 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     block = run.block_rows * (D * 8 * 3 + run.store.dim * 8)
     if loo:
         block += run.block_rows * (D + 3 * n_models * n_classes) * 8
-    parts = {
-        f"state at D={D}": state,
-        "a block of rows": block + run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize,
-        "weights of every boundary": run.stream.n_tasks * D * n_models * n_classes * 8,
+    lanes = len(run.lanes)
+    chunk = (run.fused["train"].chunk_bytes if run.fused is not None
+             else run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize)
+    per_lane = f" x {lanes} fusions" if lanes > 1 else ""
+    return {
+        f"state at D={D}{per_lane}": state * lanes,
+        "a block of rows": block + chunk,
+        f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
-    return parts
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:
@@ -337,89 +365,127 @@ class ManyGammas:
 # The walk over the tasks
 
 
-def _read_blocks(run: Run, wanted: np.ndarray, advance: Callable[[int], None]) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
-    """``(H, labels, tasks)`` for the wanted train rows, in storage order: each chunk that holds one is decoded
-    once, its wanted rows projected ``block_rows`` at a time."""
-    train = run.store.train
-    step = train.chunk_rows
-    for lo in range(0, train.n_rows, step):
+@dataclass
+class _Lane:
+    """One feature set's walk (the store's features, or one fusion of ``sweep --fusions``): its running sums,
+    its solved boundaries and the boundary waiting for its leave-one-out pass."""
+
+    solver: FixedGamma | ManyGammas
+    running: RidgeStatistics
+    boundaries: list[Boundary] = field(default_factory=list)
+    pending: _Pending | None = None
+
+    def finish(self, run: Run) -> None:
+        if self.pending is not None:
+            with run.timed("solve"):
+                self.boundaries.append(self.solver.finish(self.pending))
+            self.pending = None
+
+    def start(self, run: Run, k: int) -> None:
+        with run.timed("solve"):
+            state = self.solver.start(self.running, k)
+            if self.solver.needs_rows:
+                self.pending = state
+            else:
+                self.boundaries.append(self.solver.finish(state))
+
+
+def _read_blocks(run: Run, wanted: np.ndarray,
+                 advance: Callable[[int], None]) -> Iterator[tuple[str | None, Any, np.ndarray, np.ndarray]]:
+    """``(lane, H, labels, tasks)`` for the wanted train rows, in storage order: each chunk that holds one is
+    decoded once (and fused every way, with ``--fusions``), its wanted rows projected ``block_rows`` at a time."""
+    source = run.source("train")
+    step, n_rows = source.chunk_rows, source.n_rows
+    for lo in range(0, n_rows, step):
         rows = np.flatnonzero(wanted[lo : lo + step])
         if rows.size == 0:
             continue
         with run.timed("read"):
-            _, X = next(train.iter_chunks(lo, min(lo + step, train.n_rows)))
+            _, chunk = next(source.iter_chunks(lo, min(lo + step, n_rows)))
+        views = chunk if isinstance(chunk, dict) else {None: chunk}
         for b in range(0, rows.size, run.block_rows):
             sel = rows[b : b + run.block_rows]
-            with run.timed("project"):
-                H = run.projection.transform(X[sel], run.xp)
-            yield H, train.labels[lo + sel], run.row_task[lo + sel]
+            for lane, X in views.items():
+                with run.timed("project"):
+                    H = run.projection.transform(X[sel], run.xp)
+                yield lane, H, source.labels[lo + sel], run.row_task[lo + sel]
             advance(sel.size)
 
 
-def _local_pass(run: Run, task: int | None, running: RidgeStatistics, pending: _Pending | None,
-                advance: Callable[[int], None]) -> None:
-    """One pass over the train chunks: task ``task``'s rows into ``running``; rows of tasks up to
-    ``pending.max_task`` into its leave-one-out accumulator."""
+def _local_pass(run: Run, task: int | None, lanes: dict[str | None, _Lane], advance: Callable[[int], None]) -> None:
+    """One pass over the train chunks: task ``task``'s rows into each lane's running sums; rows of tasks up to
+    the pending boundary's into its leave-one-out accumulator (the lanes walk in step: same boundaries)."""
     rt = run.row_task
     wanted = rt == task if task is not None else np.zeros(rt.shape, dtype=bool)
+    pending = next(iter(lanes.values())).pending
     if pending is not None:
         wanted |= (rt >= 0) & (rt <= pending.max_task)
     xp = run.xp
-    for H, labels, tasks in _read_blocks(run, wanted, advance):
+    for key, H, labels, tasks in _read_blocks(run, wanted, advance):
+        lane = lanes[key]
         new = tasks == task if task is not None else np.zeros(tasks.shape, dtype=bool)
         if new.all():
             with run.timed("gram"):
-                running += RidgeStatistics.from_batch(H, labels)
+                lane.running += RidgeStatistics.from_batch(H, labels)
             continue
         if new.any():
             idx = np.flatnonzero(new)
             with run.timed("gram"):
-                running += RidgeStatistics.from_batch(xp.take(H, xp.asarray(idx, device=device(H)), axis=0), labels[idx])
+                lane.running += RidgeStatistics.from_batch(xp.take(H, xp.asarray(idx, device=device(H)), axis=0),
+                                                           labels[idx])
             old = np.flatnonzero(~new)
             H, labels = xp.take(H, xp.asarray(old, device=device(H)), axis=0), labels[old]
         with run.timed("loo"):
-            pending.loo.add(H, labels)
+            lane.pending.loo.add(H, labels)
+
+
+def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
+              on_task: Callable[[int, dict[str | None, _Lane]], None] | None = None) -> dict[str | None, _Lane]:
+    """Walk the tasks in stream order with one running statistics object per lane (``solvers`` keyed by
+    :attr:`Run.lanes`, all needing the rows or none); each lane's boundaries and final sums.
+
+    ``on_task(k, lanes)`` is called after task k is added.
+    """
+    xp = run.xp
+    lanes = {key: _Lane(solver, RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)))
+             for key, solver in solvers.items()}
+    needs_rows = next(iter(solvers.values())).needs_rows
+    sizes = [rows.size for rows in run.stream.rows]
+    total = sum(sizes) + (sum(np.cumsum(sizes)) if needs_rows else 0)
+    dask = run.execution.scheduler == "dask"
+    label = "train (gram" + (", dask" if dask else "") + (" + leave-one-out)" if needs_rows else ")")
+    if len(lanes) > 1:
+        label += f", {len(lanes)} fusions"
+    with progress_bar(label, total) as advance, _dask_session(run) as add_task:
+        for k in range(run.stream.n_tasks):
+            if add_task is not None:  # one lane: prepare refuses fusions on Dask
+                with run.timed("gram"):
+                    lanes[None].running += add_task(k, advance)
+                if lanes[None].pending is not None:
+                    _local_pass(run, None, lanes, advance)
+            else:
+                _local_pass(run, k, lanes, advance)
+            for lane in lanes.values():
+                lane.finish(run)
+            if on_task is not None:
+                on_task(k, lanes)
+            for lane in lanes.values():
+                lane.start(run, k)
+        if needs_rows:
+            _local_pass(run, None, lanes, advance)
+            for lane in lanes.values():
+                lane.finish(run)
+    return lanes
 
 
 def gram_boundaries(run: Run, solver: FixedGamma | ManyGammas,
                     on_task: Callable[[int, RidgeStatistics], None] | None = None) -> tuple[list[Boundary], RidgeStatistics]:
-    """Walk the tasks in stream order with one running statistics object; the boundaries and the final sums.
+    """The walk with one lane (the store's features, or its ``--fusion``): the boundaries and the final sums.
 
     ``on_task(k, statistics)`` is called after task k is added (tests use it to check every boundary).
     """
-    xp = run.xp
-    running = RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype))
-    boundaries: list[Boundary] = []
-    pending: _Pending | None = None
-    sizes = [rows.size for rows in run.stream.rows]
-    total = sum(sizes) + (sum(np.cumsum(sizes)) if solver.needs_rows else 0)
-    dask = run.execution.scheduler == "dask"
-    label = "train (gram" + (", dask" if dask else "") + (" + leave-one-out)" if solver.needs_rows else ")")
-    with progress_bar(label, total) as advance, _dask_session(run) as add_task:
-        for k in range(run.stream.n_tasks):
-            if add_task is not None:
-                with run.timed("gram"):
-                    running += add_task(k, advance)
-                if pending is not None:
-                    _local_pass(run, None, running, pending, advance)
-            else:
-                _local_pass(run, k, running, pending, advance)
-            if pending is not None:
-                with run.timed("solve"):
-                    boundaries.append(solver.finish(pending))
-                pending = None
-            if on_task is not None:
-                on_task(k, running)
-            with run.timed("solve"):
-                state = solver.start(running, k)
-                if not solver.needs_rows:
-                    boundaries.append(solver.finish(state))
-            pending = state if solver.needs_rows else None
-        if pending is not None:
-            _local_pass(run, None, running, pending, advance)
-            with run.timed("solve"):
-                boundaries.append(solver.finish(pending))
-    return boundaries, running
+    lanes = gram_walk(run, {None: solver}, None if on_task is None else lambda k, lanes: on_task(k, lanes[None].running))
+    return lanes[None].boundaries, lanes[None].running
 
 
 @contextmanager
@@ -466,38 +532,58 @@ def rls_boundaries(run: Run) -> tuple[list[Boundary], AnalyticClassifier]:
 
 def accuracy_matrices(run: Run, boundaries: Sequence[Boundary]) -> np.ndarray:
     """``acc[m, i, j]``: accuracy of model m after task i on task j's test rows (NaN for j > i)."""
-    test, xp, n_classes = run.store.test, run.xp, len(run.store.classes)
+    return lane_accuracies(run, {None: boundaries})[None]
+
+
+def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]]) -> dict[str | None, np.ndarray]:
+    """:func:`accuracy_matrices` of every lane (keyed as :attr:`Run.lanes`) from one pass over the test split."""
+    test, n_classes = run.store.test, len(run.store.classes)
     row_task = run.stream.task_of_label(n_classes)[test.labels]
-    T, M = len(boundaries), int(boundaries[0].W.shape[1])
-    correct = np.zeros((M, T, T), dtype=np.int64)
-    flat = [xp.reshape(xp.asarray(b.W, device=default_device(xp)), (b.W.shape[0], -1)) for b in boundaries]
+    T = len(next(iter(boundaries.values())))
+    correct = {key: np.zeros((int(b[0].W.shape[1]), T, T), dtype=np.int64) for key, b in boundaries.items()}
+    flat = {key: [run.xp.reshape(run.xp.asarray(b.W, device=default_device(run.xp)), (b.W.shape[0], -1)) for b in bs]
+            for key, bs in boundaries.items()}
     with progress_bar("test", test.n_rows) as advance, run.timed("test"):
-        for lo, X in test.iter_chunks():
-            tasks_all = row_task[lo : lo + X.shape[0]]
+        for lo, chunk in run.source("test").iter_chunks():
+            views = chunk if isinstance(chunk, dict) else {None: chunk}
+            n = next(iter(views.values())).shape[0]
+            tasks_all = row_task[lo : lo + n]
             keep_all = np.flatnonzero(tasks_all >= 0)
             for b0 in range(0, keep_all.size, run.block_rows):
                 keep = keep_all[b0 : b0 + run.block_rows]
-                H = run.projection.transform(X[keep], xp)
                 y, tasks = test.labels[lo + keep], tasks_all[keep]
-                for k, b in enumerate(boundaries):
-                    rows = np.flatnonzero(tasks <= k)
-                    if rows.size == 0:
-                        continue
-                    scores = xp.reshape(xp.take(H, xp.asarray(rows, device=device(H)), axis=0) @ flat[k], (rows.size, M, -1))
-                    if run.evaluation.mask_unseen:
-                        pred = b.classes[to_numpy(xp.argmax(scores, axis=2))]
-                    else:  # the published code: unseen classes score 0 and can win
-                        full = np.zeros((rows.size, M, n_classes))
-                        full[:, :, b.classes] = to_numpy(scores)
-                        pred = np.argmax(full, axis=2)
-                    hit = pred == y[rows][:, None]
-                    for m in range(M):
-                        correct[m, k] += np.bincount(tasks[rows], weights=hit[:, m], minlength=T).astype(np.int64)
-            advance(X.shape[0])
-    acc = correct / run.test_totals[None, None, :]
-    upper = np.triu_indices(T, 1)
-    acc[:, upper[0], upper[1]] = np.nan
-    return acc
+                for key, X in views.items():
+                    H = run.projection.transform(X[keep], run.xp)
+                    _score(run, H, y, tasks, boundaries[key], flat[key], correct[key])
+            advance(n)
+    accuracies = {}
+    for key, counts in correct.items():
+        acc = counts / run.test_totals[None, None, :]
+        upper = np.triu_indices(T, 1)
+        acc[:, upper[0], upper[1]] = np.nan
+        accuracies[key] = acc
+    return accuracies
+
+
+def _score(run: Run, H: Any, y: np.ndarray, tasks: np.ndarray, boundaries: Sequence[Boundary], flat: Sequence[Any],
+           correct: np.ndarray) -> None:
+    """Add the hits of every boundary's models on the projected test rows ``H`` to ``correct[m, k, task]``."""
+    xp, n_classes = run.xp, len(run.store.classes)
+    M, T = correct.shape[0], correct.shape[1]
+    for k, b in enumerate(boundaries):
+        rows = np.flatnonzero(tasks <= k)
+        if rows.size == 0:
+            continue
+        scores = xp.reshape(xp.take(H, xp.asarray(rows, device=device(H)), axis=0) @ flat[k], (rows.size, M, -1))
+        if run.evaluation.mask_unseen:
+            pred = b.classes[to_numpy(xp.argmax(scores, axis=2))]
+        else:  # the published code: unseen classes score 0 and can win
+            full = np.zeros((rows.size, M, n_classes))
+            full[:, :, b.classes] = to_numpy(scores)
+            pred = np.argmax(full, axis=2)
+        hit = pred == y[rows][:, None]
+        for m in range(M):
+            correct[m, k] += np.bincount(tasks[rows], weights=hit[:, m], minlength=T).astype(np.int64)
 
 
 def ragged(acc: np.ndarray) -> list[list[float]]:
@@ -595,7 +681,13 @@ def run_sweep(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Score every gamma from one walk over the train split and one pass over the test split; write
-    ``sweep.json`` (and ``timings.json``). ``model.gamma`` and ``model.engine`` are not used."""
+    ``sweep.json`` (and ``timings.json``). ``model.gamma`` and ``model.engine`` are not used.
+
+    With ``sweep.fusions``, every fusion x gamma from that one walk (each blocks chunk decoded once per task):
+    ``sweep.json`` keeps the single-sweep keys for the fusion chosen overall, and adds ``fusions`` (each
+    fusion's ``results``, ``best_gamma``, ``best_gamma_test``), ``best`` and the oracle ``best_test``
+    (``{"fusion", "gamma"}`` over every fusion x gamma).
+    """
     start = time.perf_counter()
     if not sweep.gammas:
         raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
@@ -605,37 +697,60 @@ def run_sweep(
         raise FoalPipeError(f"unknown --select {select!r}; choose one of {', '.join(CRITERIA)}")
     if select == "loo" and not sweep.loo:
         raise FoalPipeError("--select loo needs the leave-one-out pass; drop --no-loo or use --select gcv")
+    fusions = [f.text for f in parse_fusions(list(sweep.fusions), "--fusions")] if sweep.fusions else []
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
-                  n_models=len(gammas), loo=sweep.loo, command="sweep")
+                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)
     _warn_dropped(run, stream, log)
     with np.errstate(all="ignore"):
-        boundaries, _ = gram_boundaries(run, ManyGammas(gammas, sweep.loo, None))
-        acc = accuracy_matrices(run, boundaries)
+        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes})
+        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()})
+    entries = {key: _sweep_entry(gammas, lane.boundaries, accs[key], sweep.loo, select)
+               for key, lane in lanes.items()}
+    if fusions:
+        report = _fusions_report(gammas, [{"fusion": key, **entries[key]} for key in fusions], select, model)
+    else:
+        report = {"gammas": gammas, **entries[None]}
+    report.update(_run_info(run, stream))
+    for key, lane in lanes.items():
+        _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
+    report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
+    return report
+
+
+def _sweep_entry(gammas: Sequence[float], boundaries: Sequence[Boundary], acc: np.ndarray, loo: bool,
+                 select: str) -> dict[str, Any]:
+    """One feature set's sweep: its choices and every gamma's results (the keys of a single sweep.json)."""
     results = []
     for m, g in enumerate(gammas):
         results.append({
             "gamma": g,
             **_report(acc[m]),
             "gcv": _finite_or_none(np.array([b.gcv[m] for b in boundaries])),
-            "loo_accuracy": [float(b.loo_accuracy[m]) for b in boundaries] if sweep.loo else None,
-            "loo_mse": _finite_or_none(np.array([b.loo_mse[m] for b in boundaries])) if sweep.loo else None,
+            "loo_accuracy": [float(b.loo_accuracy[m]) for b in boundaries] if loo else None,
+            "loo_mse": _finite_or_none(np.array([b.loo_mse[m] for b in boundaries])) if loo else None,
         })
-    report = {
-        "gammas": gammas,
-        "best_gamma": choose(results, select),
-        "best_gamma_test": choose(results, "test"),
-        "selected_by": select,
-        "results": results,
-        **_run_info(run, stream),
-    }
-    _warn_gcv(boundaries[-1:], gammas, log)
-    report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
-    return report
+    return {"best_gamma": choose(results, select), "best_gamma_test": choose(results, "test"), "selected_by": select,
+            "results": results}
 
 
-def choose(results: Sequence[dict[str, Any]], criterion: str) -> float:
-    """The gamma that ``criterion`` prefers at the last task boundary (first of equals, in the given order)."""
+def _fusions_report(gammas: Sequence[float], entries: Sequence[dict[str, Any]], select: str,
+                    model: ModelConfig) -> dict[str, Any]:
+    """``sweep --fusions``: the single-sweep keys of the fusion chosen overall (readers of one sweep read it),
+    with every fusion's entry, the choice over every fusion x gamma, and the test oracle's, labelled as such."""
+    fusion, gamma = choose_fusion(entries, select)
+    oracle_fusion, oracle_gamma = choose_fusion(entries, "test")
+    chosen = next(e for e in entries if e["fusion"] == fusion)
+    per_fusion = [{k: e[k] for k in ("fusion", "best_gamma", "best_gamma_test", "results")} for e in entries]
+    return {"gammas": gammas, "best_gamma": gamma, "best_gamma_test": chosen["best_gamma_test"], "selected_by": select,
+            "results": chosen["results"], "fusion": fusion, "fusion_norm": model.fusion_norm,
+            "best": {"fusion": fusion, "gamma": gamma, "selected_by": select},
+            "best_test": {"fusion": oracle_fusion, "gamma": oracle_gamma, "selected_by": "test"},
+            "fusions": per_fusion}
+
+
+def _best_index(results: Sequence[dict[str, Any]], criterion: str) -> int:
+    """The result that ``criterion`` prefers at the last task boundary (first of equals, in the given order)."""
     key, larger = CRITERIA[criterion]
 
     def value(r: dict[str, Any]) -> float:
@@ -645,7 +760,21 @@ def choose(results: Sequence[dict[str, Any]], criterion: str) -> float:
         return v
 
     scores = np.array([value(r) for r in results], dtype=np.float64)
-    return float(results[int(np.argmax(scores) if larger else np.argmin(scores))]["gamma"])
+    return int(np.argmax(scores) if larger else np.argmin(scores))
+
+
+def choose(results: Sequence[dict[str, Any]], criterion: str) -> float:
+    """The gamma that ``criterion`` prefers at the last task boundary (first of equals, in the given order)."""
+    return float(results[_best_index(results, criterion)]["gamma"])
+
+
+def choose_fusion(entries: Sequence[dict[str, Any]], criterion: str) -> tuple[str, float]:
+    """The ``(fusion, gamma)`` that ``criterion`` prefers over every fusion's results (``entries``: ``fusion``
+    and ``results`` each; first of equals, fusions in the given order). LOO MSE and GCV compare across fusions:
+    the same rows, the same one-hot targets, the same projection size."""
+    flat = [(e["fusion"], r) for e in entries for r in e["results"]]
+    fusion, result = flat[_best_index([r for _, r in flat], criterion)]
+    return fusion, float(result["gamma"])
 
 
 def learn_metrics(run: Run, stream: StreamConfig, acc: np.ndarray, boundaries: Sequence[Boundary]) -> dict[str, Any]:

@@ -312,6 +312,9 @@ def run_sweep_orders(
     A_last and F replaced by their mean over the orders (``std`` beside them), and ``orders``: each order's
     ``order_seed``, ``tasks``, ``best_gamma`` and ``results``."""
     start = time.perf_counter()
+    if sweep.fusions:
+        raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
+                            "--fusion X with --order-seeds")
     check_output_dir(out)
     check_orders(stream, seeds)
     out = Path(out)

@@ -44,6 +44,8 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
         args += ["--model-kwargs", _kwargs(p["model_kwargs"])]
     if p["download"]:
         args.append("--download")
+    if p["keep_blocks"]:
+        args.append("--keep-blocks")
     if complete(out):
         args.append("--overwrite")
     return args

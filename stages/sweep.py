@@ -1,5 +1,6 @@
-"""DVC stage `sweep@NAME`: `foal-pipe sweep` over `sweep.gammas`, chosen by `sweep.select`, with learn's
-stream settings (everything in `learn` but gamma, select and engine) -> runs/NAME-sweep/sweep.json."""
+"""DVC stage `sweep@NAME`: `foal-pipe sweep` over `sweep.gammas` (and `sweep.fusions`, when set), chosen by
+`sweep.select`, with learn's stream settings (everything in `learn` but gamma, select and engine)
+-> runs/NAME-sweep/sweep.json."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from _params import main, stream_args
 
 def command(name: str, settings: dict[str, Any]) -> list[Any]:
     s = settings["sweep"]
+    fusions = ["--fusions", ",".join(map(str, s["fusions"]))] if s["fusions"] else []
     return [
         "sweep", "--features", f"data/features/{name}.zarr", "--out", f"runs/{name}-sweep",
-        "--gammas", ",".join(f"{float(g):g}" for g in s["gammas"]), "--select", s["select"],
+        "--gammas", ",".join(f"{float(g):g}" for g in s["gammas"]), "--select", s["select"], *fusions,
         *stream_args(settings["learn"]),
     ]
 

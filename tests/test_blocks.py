@@ -182,6 +182,7 @@ def test_fused_from_float32_blocks_equals_extract_fusion(stores, spec):
     blocks, reference = open_store(stores["f32"]), open_store(stores[spec])
     fused = blocks.fused(spec)
     assert isinstance(fused.train, FusedSplit) and fused.dim == 32 and fused.train.chunk_rows == CHUNK
+    assert fused.train.features.shape == (1442, 32) and fused.train.features.dtype == np.float32  # sized, not read
     for split in ("train", "test"):
         want = np.asarray(reference.split(split).features[:])
         got = _all(fused.split(split))
@@ -482,6 +483,8 @@ def test_cli_keep_blocks_and_info(tmp_path, vit4_checkpoint, stores):
     assert_identical(stores["f16"], out)  # the CLI writes what the API writes
     shown = runner.invoke(app, ["info", str(out)])
     assert shown.exit_code == 0 and "4 block tokens per row, float16, final norm layernorm" in shown.output
+    as_json = json.loads(runner.invoke(app, ["info", str(out), "--json"]).stdout)
+    assert as_json["blocks"] == {"count": 4, "dtype": "float16", "norm": {"kind": "layernorm", "eps": 1e-6}}
 
 
 @pytest.mark.parametrize("args,message", [
@@ -571,3 +574,24 @@ def test_learn_fusion_with_dask_is_refused_not_run_on_the_stored_features(stores
                                       "--tasks", "5", "--fusion", "last", "--scheduler", "dask"])
     assert result.exit_code == 1 and "use --scheduler local with --fusion" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_fusing_at_read_time_needs_no_torch(stores):
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+class Hidden:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "timm", "torchvision"):
+            raise ModuleNotFoundError(name, name=name)
+sys.meta_path.insert(0, Hidden())
+from foal_pipe.store import open_store
+several = open_store({str(stores["f16"])!r}).fusions("mean-cls,mean:2-3")
+print(sum(len(d["mean:2-3"]) for _, d in several["test"].iter_chunks()))
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "355", proc.stderr[-2000:]

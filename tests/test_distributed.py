@@ -149,13 +149,13 @@ def test_unknown_scheduler_and_bad_workers(store, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # Extraction
 # ---------------------------------------------------------------------------------------------------------
-def _tiny_vit_spec(out, checkpoint):
+def _tiny_vit_spec(out, checkpoint, **kw):
     from conftest import TINY_VIT, TINY_VIT_KWARGS
 
     from foal_pipe.extract import ExtractSpec
 
     return ExtractSpec(dataset="digits", model=TINY_VIT, checkpoint=str(checkpoint), model_kwargs=TINY_VIT_KWARGS,
-                       out=str(out), chunk_rows=128, batch_size=48, workers=0, device="cpu")
+                       out=str(out), chunk_rows=128, batch_size=48, workers=0, device="cpu", **kw)
 
 
 def assert_same_store(a, b):
@@ -309,3 +309,24 @@ def test_cli_extract_scheduler_errors(tmp_path, monkeypatch):
     result = invoke(*args, "--scheduler", "dask")
     assert result.exit_code == 1 and "foal-pipe[dist]" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "x.zarr").exists()
+
+
+def test_extract_keep_blocks_on_dask_equals_local(tmp_path, cluster, tiny_vit_checkpoint):
+    """With --keep-blocks every worker writes each range's blocks chunks with its features chunks: the store
+    (blocks, norm parameters and all) equals the single-process one, byte for byte."""
+    import torch
+
+    from foal_pipe.distributed import dask_extract
+    from foal_pipe.extract import run_extract
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_extract(_tiny_vit_spec(tmp_path / "ref.zarr", tiny_vit_checkpoint, keep_blocks=True))
+    finally:
+        torch.set_num_threads(threads)
+    spec = _tiny_vit_spec(tmp_path / "dask.zarr", tiny_vit_checkpoint, keep_blocks=True)
+    report = dask_extract(spec, address=cluster.scheduler_address, range_chunks=3)
+    assert report.status == "created"
+    assert (spec.out_path / "train" / "blocks" / "c" / "11" / "0" / "0").is_file()
+    assert_same_store(tmp_path / "ref.zarr", spec.out_path)

@@ -206,6 +206,9 @@ def test_extract_command_line(tmp_path, monkeypatch):
         "--model-kwargs": "img_size=32,dynamic_img_size=true", "--download": None,
     }
     assert "--no-normalize" in argv and argv[-1] == "--download" and "--overwrite" not in argv
+    assert "--keep-blocks" not in argv
+    params["extract"]["keep_blocks"] = True
+    assert _command("extract", "shapes", params)[-1] == "--keep-blocks"
 
 
 def test_learn_command_line():
@@ -229,7 +232,9 @@ def test_sweep_command_line():
     assert argv[:8] == ["sweep", "--features", "data/features/digits.zarr", "--out", "runs/digits-sweep",
                         "--gammas", "0.0001,0.1,1,1e+08", "--select"]
     assert _pairs(argv)["--select"] == "gcv" and _pairs(argv)["--activation"] == "relu"
-    assert "--gamma" not in argv and "--engine" not in argv
+    assert "--gamma" not in argv and "--engine" not in argv and "--fusions" not in argv
+    params["sweep"]["fusions"] = ["mean-cls", "last", "mean:7-12"]
+    assert _pairs(_command("sweep", params=params))["--fusions"] == "mean-cls,last,mean:7-12"
     assert _command("evaluate", "shapes", {**params, "datasets": {"shapes": {}}}) == [
         "evaluate", "--run", "runs/shapes", "--out", "runs/shapes/eval"]
 

@@ -80,7 +80,13 @@ Fusion = Annotated[
                  "mean-cls (every block, the paper), last, mean:A-B (blocks A..B, 1-based), block:K; then the stored "
                  "final norm. Default: the store's own features."),
 ]
-NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion: skip the stored final norm. Default: off.")]
+NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
+Fusions = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated fusions of a blocks store (e.g. mean-cls,last,mean:7-12), every fusion x gamma "
+                 "from one read of the blocks: a table and sweep.json entries per fusion, and the best (fusion, "
+                 "gamma) by --select. Not with --fusion. Default: none (the store's features, or --fusion)."),
+]
 
 
 def _log(message: str) -> None:
@@ -239,6 +245,7 @@ def sweep(
     projection_init: ProjectionInit = "uniform",
     activation: Activation = None,
     fusion: Fusion = None,
+    fusions: Fusions = None,
     no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
@@ -251,13 +258,13 @@ def sweep(
 
     Each gamma's test numbers equal what `learn --gamma G` gives with the same seed, tasks and projection;
     GCV and exact leave-one-out scores, computed on the training rows only, name the best gamma.
+    With --fusions, the same for every fusion of a blocks store, and the best (fusion, gamma).
     """
-    from foal_pipe.learn import (
-        EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, choose, run_sweep,
-    )
+    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, run_sweep
 
     with user_errors():
-        config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo)
+        config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo,
+                             fusions=tuple(fusions.split(",")) if fusions is not None else ())
         model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
                             dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm)
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
@@ -265,6 +272,9 @@ def sweep(
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
         seeds = _order_seeds(order_seed, order_seeds)
+        if seeds is not None and fusions is not None:
+            raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
+                                "--fusion X with --order-seeds")
         if seeds is None:
             report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:
@@ -272,27 +282,49 @@ def sweep(
 
             report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution,
                                       max_memory=parse_memory(max_memory), log=_log)
-        table = Table(title=f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})")
-        for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
-            table.add_column(name, justify="right")
-        choices = {"gcv": choose(report["results"], "gcv"), "test": report["best_gamma_test"]}
-        if not no_loo:
-            choices["loo"] = choose(report["results"], "loo")
-        for r in report["results"]:
-            marks = [name for name, g in choices.items() if g == r["gamma"]]
-            label = ", ".join(f"[bold green]{m}[/]" if m == report["selected_by"] else m for m in marks)
-            table.add_row(
-                f"{r['gamma']:g}", f"{100 * r['A_avg']:.2f}", f"{100 * r['A_last']:.2f}", f"{100 * r['F']:.2f}",
-                _cell(r["gcv"][-1], fmt=".4g"), _cell(r["loo_accuracy"][-1] if r["loo_accuracy"] else None, 100),
-                _cell(r["loo_mse"][-1] if r["loo_mse"] else None, fmt=".4g"), label,
+        title = f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})"
+        for entry in report.get("fusions") or [report]:
+            console.print(_sweep_table(entry, report["selected_by"], no_loo,
+                                       title + (f", fusion {entry['fusion']}" if "fusion" in entry else "")))
+            if "fusion" in entry:
+                console.print(f"fusion {entry['fusion']}: best gamma {entry['best_gamma']:g} by "
+                              f"{report['selected_by']} (test oracle {entry['best_gamma_test']:g})", highlight=False)
+        if "best" in report:
+            best, oracle = report["best"], report["best_test"]
+            console.print(
+                f"best: fusion {best['fusion']}, gamma {best['gamma']:g} by {report['selected_by']} (GCV, LOO: training "
+                f"rows only; the test oracle's fusion {oracle['fusion']}, gamma {oracle['gamma']:g} peeks at the test "
+                "split)", highlight=False,
             )
-        console.print(table)
-        console.print(
-            f"best gamma {report['best_gamma']:g} by {report['selected_by']} (GCV, LOO: training rows only; "
-            f"test {report['best_gamma_test']:g} is an oracle that peeks at the test split)", highlight=False,
-        )
-        console.print(f"{len(report['gammas'])} gammas in {_timings(report['timings'])} -> {out / 'sweep.json'}",
+        else:
+            console.print(
+                f"best gamma {report['best_gamma']:g} by {report['selected_by']} (GCV, LOO: training rows only; "
+                f"test {report['best_gamma_test']:g} is an oracle that peeks at the test split)", highlight=False,
+            )
+        runs = f"{len(report['fusions'])} fusions x " if "fusions" in report else ""
+        console.print(f"{runs}{len(report['gammas'])} gammas in {_timings(report['timings'])} -> {out / 'sweep.json'}",
                       highlight=False)
+
+
+def _sweep_table(entry: dict, selected_by: str, no_loo: bool, title: str) -> Table:
+    """One feature set's gammas (a sweep.json, or one of its ``fusions``), its choices marked."""
+    from foal_pipe.learn import choose
+
+    table = Table(title=title)
+    for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
+        table.add_column(name, justify="right")
+    choices = {"gcv": choose(entry["results"], "gcv"), "test": entry["best_gamma_test"]}
+    if not no_loo:
+        choices["loo"] = choose(entry["results"], "loo")
+    for r in entry["results"]:
+        marks = [name for name, g in choices.items() if g == r["gamma"]]
+        label = ", ".join(f"[bold green]{m}[/]" if m == selected_by else m for m in marks)
+        table.add_row(
+            f"{r['gamma']:g}", f"{100 * r['A_avg']:.2f}", f"{100 * r['A_last']:.2f}", f"{100 * r['F']:.2f}",
+            _cell(r["gcv"][-1], fmt=".4g"), _cell(r["loo_accuracy"][-1] if r["loo_accuracy"] else None, 100),
+            _cell(r["loo_mse"][-1] if r["loo_mse"] else None, fmt=".4g"), label,
+        )
+    return table
 
 
 @app.command()

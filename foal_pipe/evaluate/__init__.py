@@ -9,10 +9,11 @@ A run directory is what ``foal-pipe learn --out DIR`` writes: ``metrics.json`` (
 ``steps.png``            A_i, the newest task's and the first task's accuracy after each step
 ``weight_norms.png``     L2 norm of each class's column of W, coloured by task (the recency-bias figure)
 ``gamma.png``            test A_avg, LOO accuracy and GCV against gamma, the selected gamma marked
+``fusions.png``          with ``sweep --fusions``: test A_avg against gamma per fusion, the choices marked
 ``*.csv``                the same data for ``dvc plots``: ``steps``, ``accuracy_matrix``,
                          ``weight_norms``, ``gamma``
 ``summary.md``           the headline metrics (beside the paper's Table 2 when comparable), the matrix,
-                         how gamma was chosen, the sweep
+                         how gamma was chosen, the sweep (and each fusion's choice)
 ``scores.json``          A_avg, A_last, F, F_published_code, the sweep's selected and oracle gammas
 =======================  ============================================================================
 

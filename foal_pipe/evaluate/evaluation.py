@@ -7,7 +7,9 @@ from pathlib import Path
 
 from foal_pipe.evaluate.discovery import load_run
 from foal_pipe.evaluate.markdown import summary_markdown
-from foal_pipe.evaluate.plots import plot_accuracy_matrix, plot_gamma, plot_steps, plot_weight_norms
+from foal_pipe.evaluate.plots import (
+    plot_accuracy_matrix, plot_fusions, plot_gamma, plot_steps, plot_weight_norms,
+)
 from foal_pipe.evaluate.readers import Run, consistency_warnings
 from foal_pipe.evaluate.tables import plot_data, scores, write_csv
 from foal_pipe.io import atomic_dir, write_json
@@ -21,6 +23,7 @@ DEFAULT_OUT = "eval"
 OUTPUTS = frozenset(
     {SUMMARY_FILE, SCORES_FILE}
     | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma") for ext in ("png", "csv")}
+    | {"fusions.png"}
 )
 
 
@@ -45,6 +48,8 @@ def _plots(run: Run, out: Path) -> list[Path]:
     if run.sweep is not None:
         sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.get("dataset") else None
         files.append(plot_gamma(run, out / "gamma.png", sweep_paper))
+        if "fusions" in run.sweep:
+            files.append(plot_fusions(run, out / "fusions.png"))
     return files
 
 

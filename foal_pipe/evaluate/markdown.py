@@ -172,6 +172,30 @@ def _sweep(run: Run) -> list[str]:
     return lines + [""]
 
 
+def _fusions(run: Run) -> list[str]:
+    """``sweep --fusions``: each fusion's selected gamma and its test numbers, and the choice over all of them."""
+    s = run.sweep
+    best, oracle = s["best"], s["best_test"]
+    criterion = CRITERIA.get(s.get("selected_by"), "a criterion the sweep does not record")
+    lines = ["## Fusion ablation", "", f"From `{run.sweep_path}`: every fusion x gamma from one read of the stored "
+             f"blocks; each fusion's gamma selected by {criterion}.", "",
+             "| fusion | selected gamma | A_avg (%) | A_last (%) | F (%) | test-oracle gamma | its A_avg (%) | |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for entry in s["fusions"]:
+        at, top = result_at(entry, entry["best_gamma"]), result_at(entry, entry["best_gamma_test"])
+        mark = "selected" if entry["fusion"] == best["fusion"] else ""
+        lines.append(f"| {entry['fusion']} | {entry['best_gamma']:g} | {pct(at['A_avg'])} | {pct(at['A_last'])} | "
+                     f"{pct(at['F'])} | {entry['best_gamma_test']:g} | {pct(top['A_avg'])} | {mark} |")
+    chosen = result_at(next(e for e in s["fusions"] if e["fusion"] == best["fusion"]), best["gamma"])
+    lines += ["", f"Selected fusion: {best['fusion']} with gamma {best['gamma']:g}, by {criterion} over every fusion "
+              f"and gamma (test A_avg {pct(chosen['A_avg'])}%). The gamma sweep below is this fusion's."]
+    if s.get("selected_by") != "test":
+        top = result_at(next(e for e in s["fusions"] if e["fusion"] == oracle["fusion"]), oracle["gamma"])
+        lines.append(f"The test-set oracle would pick {oracle['fusion']} with gamma {oracle['gamma']:g} (test A_avg "
+                     f"{pct(top['A_avg'])}%); it peeks at the test split, so it is shown for reference, not used.")
+    return lines + [""]
+
+
 def summary_markdown(
     run: Run,
     *,
@@ -198,6 +222,8 @@ def summary_markdown(
     lines += _matrix(run)
     if m.get("gamma") == "auto":
         lines += _auto_gamma(m)
+    if run.sweep is not None and "fusions" in run.sweep:
+        lines += _fusions(run)
     if run.sweep is not None:
         lines += _sweep(run)
     if plots:

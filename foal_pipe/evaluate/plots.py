@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.evaluate.readers import Run
-from foal_pipe.evaluate.selection import select
+from foal_pipe.evaluate.selection import SHORT, select
 from foal_pipe.evaluate.tables import gamma_rows, step_rows, weight_norm_rows
 from foal_pipe.metrics import summarize
 from foal_pipe.paper import GAMMAS, PaperMatch
@@ -184,5 +184,34 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
         if choice.at_edge:
             title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
         ax.set_title(title, fontsize=9)
+
+    return draw(path, (7.2, 5.0), paint)
+
+
+def plot_fusions(run: Run, path: Path) -> Path:
+    """``sweep --fusions``: test A_avg against gamma, one line per fusion, each fusion's selected gamma marked
+    (filled) and the (fusion, gamma) chosen over all of them starred."""
+    s = run.sweep or {}
+    best = s["best"]
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        for entry in s["fusions"]:
+            g = np.array([r["gamma"] for r in entry["results"]], dtype=float)
+            a = np.array([100 * r["A_avg"] for r in entry["results"]])
+            (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry['fusion']} (selected γ {entry['best_gamma']:g})")
+            at = int(np.argmin(np.abs(np.log(g) - np.log(entry["best_gamma"]))))
+            ax.plot(g[at], a[at], "o", color=line.get_color(), ms=8)
+            if entry["fusion"] == best["fusion"]:
+                ax.plot(g[at], a[at], "*", color="tab:red", ms=16, zorder=5,
+                        label=f"chosen: {best['fusion']}, γ = {best['gamma']:g} ({SHORT.get(s.get('selected_by'), '?')})")
+        ax.set_xscale("log")
+        ax.set_xlabel("γ (ridge regularisation, R0 = I/γ)")
+        ax.set_ylabel("test A_avg (%)")
+        ax.grid(alpha=0.3, which="both")
+        fig.legend(fontsize=7, loc="outside lower center", ncol=2)
+        enc = (s.get("encoder") or {}).get("name", "?")
+        ax.set_title(f"fusion ablation · {run.label} · {enc} · D={s.get('projection_dim', '?')}\n"
+                     "filled: each fusion's selected γ (training rows only)", fontsize=9)
 
     return draw(path, (7.2, 5.0), paint)

@@ -202,27 +202,51 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / SWEEP_FILE
     sweep = read_json(path, "a gamma sweep", _SWEEP_FIX)
-    results = sweep.get("results")
-    if not isinstance(results, list) or not results:
-        raise FoalPipeError(f"{path} has no 'results' list; it is not a foal-pipe sweep.json; {_SWEEP_FIX}")
-    for i, res in enumerate(results):
-        if not isinstance(res, dict) or not all(is_number(res.get(k)) for k in ("gamma", "A_avg", "A_last", "F")):
-            raise FoalPipeError(f"{path}: results[{i}] needs numbers 'gamma', 'A_avg', 'A_last' and 'F'; {_SWEEP_FIX}")
-        if res["gamma"] <= 0:
-            raise FoalPipeError(f"{path}: results[{i}] has gamma {res['gamma']}; gammas must be > 0")
-        _check_criteria(res, f"{path}: results[{i}]")
-    sweep["results"] = sorted(results, key=lambda r: r["gamma"])
+    _check_results(sweep, str(path))
     selected_by = sweep.get("selected_by")
     if selected_by is not None and selected_by not in SELECTORS:
         raise FoalPipeError(
             f"{path}: 'selected_by' is {selected_by!r}; expected one of {', '.join(SELECTORS)}; {_SWEEP_FIX}"
         )
-    for key in ("best_gamma", "best_gamma_test"):
-        if key in sweep and not any(
-            is_number(sweep[key]) and math.isclose(sweep[key], r["gamma"], rel_tol=1e-9) for r in results
-        ):
-            raise FoalPipeError(f"{path}: {key!r} {sweep[key]!r} is not one of the gammas in 'results'; {_SWEEP_FIX}")
+    if "fusions" in sweep:
+        _check_fusions(sweep, path)
     return sweep
+
+
+def _check_results(entry: dict[str, Any], where: str) -> None:
+    """A sweep's (or one fusion's) ``results``, sorted by gamma in place, and its choices among them."""
+    results = entry.get("results")
+    if not isinstance(results, list) or not results:
+        raise FoalPipeError(f"{where} has no 'results' list; it is not a foal-pipe sweep.json; {_SWEEP_FIX}")
+    for i, res in enumerate(results):
+        if not isinstance(res, dict) or not all(is_number(res.get(k)) for k in ("gamma", "A_avg", "A_last", "F")):
+            raise FoalPipeError(f"{where}: results[{i}] needs numbers 'gamma', 'A_avg', 'A_last' and 'F'; {_SWEEP_FIX}")
+        if res["gamma"] <= 0:
+            raise FoalPipeError(f"{where}: results[{i}] has gamma {res['gamma']}; gammas must be > 0")
+        _check_criteria(res, f"{where}: results[{i}]")
+    entry["results"] = sorted(results, key=lambda r: r["gamma"])
+    for key in ("best_gamma", "best_gamma_test"):
+        if key in entry and not any(
+            is_number(entry[key]) and math.isclose(entry[key], r["gamma"], rel_tol=1e-9) for r in results
+        ):
+            raise FoalPipeError(f"{where}: {key!r} {entry[key]!r} is not one of the gammas in 'results'; {_SWEEP_FIX}")
+
+
+def _check_fusions(sweep: dict[str, Any], path: Path) -> None:
+    """``sweep --fusions``: every fusion's entry, and the overall choices naming one of them and its gamma."""
+    fusions = sweep["fusions"]
+    if not isinstance(fusions, list) or not fusions or not all(isinstance(e, dict) and isinstance(e.get("fusion"), str)
+                                                              for e in fusions):
+        raise FoalPipeError(f"{path}: 'fusions' should be a list of entries, each with a 'fusion' spec; {_SWEEP_FIX}")
+    for i, entry in enumerate(fusions):
+        _check_results(entry, f"{path}: fusions[{i}]")
+    by_name = {e["fusion"]: e for e in fusions}
+    for key in ("best", "best_test"):
+        choice = sweep.get(key)
+        entry = by_name.get(choice.get("fusion")) if isinstance(choice, dict) else None
+        if entry is None or not any(is_number(choice.get("gamma")) and math.isclose(choice["gamma"], r["gamma"], rel_tol=1e-9)
+                                    for r in entry["results"]):
+            raise FoalPipeError(f"{path}: {key!r} should name a fusion of 'fusions' and one of its gammas; {_SWEEP_FIX}")
 
 
 def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
