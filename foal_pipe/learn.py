@@ -7,12 +7,14 @@ At each task boundary k both engines give the ridge solution over every training
 * ``gram`` walks the tasks in stream order with one running :class:`~foal_pipe.statistics.RidgeStatistics`:
   task k's rows are read chunk by chunk (each chunk decoded once per task) and added, then the boundary is
   solved. Memory does not grow with the number of tasks: the running sums, one batch's Gram matrix and one
-  block of rows.
+  block of rows (a leave-one-out run may also keep the rows' activations, below).
 
 At a boundary the gram walk either solves for a fixed gamma (``learn --gamma 1``), or decomposes ``G``
 once and serves many gammas (``sweep``, ``learn --gamma auto``): their weights, their GCV, and, after one
-more pass over the rows seen so far, their exact leave-one-out scores. That pass is fused with the next
-task's pass, so each chunk is still decoded once per task. Test accuracy for every boundary (and every
+more pass over the rows seen so far, their exact leave-one-out scores. That pass multiplies the activations
+kept from the rows' first projection (:class:`KeptActivations`, rows x D values) where ``--max-memory`` and
+the machine allow; otherwise it is fused with the next task's pass, which decodes each chunk once per task and
+projects the rows seen so far again. Test accuracy for every boundary (and every
 gamma) is computed in one pass over the test split at the end.
 
 ``sweep --fusions`` walks several fusions of a blocks store at once: each blocks chunk is decoded once and
@@ -38,7 +40,7 @@ from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.engines import ENGINES, GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
-from foal_pipe.memory import check_memory
+from foal_pipe.memory import DEFAULT_MAX_MEMORY, check_memory, fits, human
 from foal_pipe.metrics import summarize
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
@@ -51,6 +53,8 @@ from foal_pipe.stream import Stream, build_stream, dropped_warning, read_class_o
 RLS_WINDOW = 8192
 #: Rows projected at once elsewhere: at most this many activation values (a store chunk at D = 1000).
 BLOCK_VALUES = 2**22
+#: The part of the memory estimate that the kept leave-one-out activations take.
+KEPT_PART = "activations kept for leave-one-out"
 #: The default gammas of ``sweep``.
 SWEEP_GAMMAS: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 1e4)
 #: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
@@ -112,12 +116,14 @@ class EvaluationConfig:
 
 @dataclass(frozen=True)
 class ExecutionConfig:
-    """Where the work runs: the array backend, and ``dask`` for the Gram statistics on a cluster."""
+    """Where the work runs: the array backend, ``dask`` for the Gram statistics on a cluster, and ``max_memory``
+    (bytes), the most an optional speed-up may hold: the activations kept for leave-one-out."""
 
     backend: str = "auto"
     scheduler: str = "local"
     dask_address: str | None = "local"
     workers: int = 2
+    max_memory: int = DEFAULT_MAX_MEMORY
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,7 @@ class Run:
     test_totals: np.ndarray  # test rows per task
     row_task: np.ndarray  # task of every train row, -1 for rows outside the stream
     timings: dict[str, float] = field(default_factory=dict)
+    keep_activations: bool = False  # leave-one-out multiplies kept activations instead of projecting rows again
     fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
 
     @property
@@ -251,9 +258,30 @@ def prepare(
     ).fit(np.zeros((1, fused["train"].dim if fused else store.dim)))  # fit reads only the feature count
     run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), fused=fused)
-    check_memory(command, memory_parts(run, n_models, loo),
-                 "lower --projection-dim, use --dtype float32, fewer --gammas, or free memory")
+    parts = memory_parts(run, n_models, loo)
+    if loo:
+        kept = {KEPT_PART: kept_bytes(run)}
+        run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
+        if run.keep_activations:
+            parts.update(kept)
+    check_memory(command, parts, "lower --projection-dim, use --dtype float32, fewer --gammas, or free memory")
     return run
+
+
+def kept_bytes(run: Run) -> int:
+    """What keeping the activations of every train row of the stream takes (rows x D in the state's dtype, for
+    each fusion of ``sweep --fusions``)."""
+    rows = int(np.count_nonzero(run.row_task >= 0))
+    return rows * run.dim * np.dtype(run.model.dtype).itemsize * len(run.lanes)
+
+
+def reread_note(run: Run) -> str:
+    """Why a leave-one-out run projects the rows again at every boundary (the activations were not kept)."""
+    need = kept_bytes(run)
+    limit = (f"above --max-memory {human(run.execution.max_memory)}" if need > run.execution.max_memory
+             else "more than the available memory allows")
+    return (f"note: leave-one-out reads and projects the rows seen so far again at every task boundary (slower): "
+            f"keeping their activations needs {human(need)}, {limit}; raise --max-memory or free memory to keep them")
 
 
 def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
@@ -390,53 +418,109 @@ class _Lane:
                 self.boundaries.append(self.solver.finish(state))
 
 
-def _read_blocks(run: Run, wanted: np.ndarray,
-                 advance: Callable[[int], None]) -> Iterator[tuple[str | None, Any, np.ndarray, np.ndarray]]:
-    """``(lane, H, labels, tasks)`` for the wanted train rows, in storage order: each chunk that holds one is
-    decoded once (and fused every way, with ``--fusions``), its wanted rows projected ``block_rows`` at a time."""
+class KeptActivations:
+    """The activations of the stream's train rows, stored as the walk first projects them (``--gamma auto``,
+    ``sweep``: the leave-one-out pass at boundary k needs every row of tasks 1..k again, so it multiplies these
+    instead of decoding and projecting the rows again). They are the arrays the Gram pass summed, so the
+    leave-one-out scores are the same numbers as with rows projected again."""
+
+    def __init__(self, run: Run) -> None:
+        self.xp = run.xp
+        self.slot = np.full(run.row_task.shape, -1, dtype=np.int64)  # train row -> row of ``values``; -1: not yet
+        self.size = 0
+        self.values = run.xp.empty((int(np.count_nonzero(run.row_task >= 0)), run.dim),
+                                   dtype=getattr(run.xp, run.model.dtype), device=default_device(run.xp))
+
+    def has(self, rows: np.ndarray) -> np.ndarray:
+        return self.slot[rows] >= 0
+
+    def put(self, rows: np.ndarray, H: Any) -> None:
+        """Append ``H``, the activations of ``rows`` (a slice, which every array namespace can assign)."""
+        end = self.size + rows.size
+        self.values[self.size : end, :] = H
+        self.slot[rows] = np.arange(self.size, end)
+        self.size = end
+
+    def take(self, rows: np.ndarray) -> Any:
+        return self.xp.take(self.values, self.xp.asarray(self.slot[rows], device=device(self.values)), axis=0)
+
+
+class _Chunk:
+    """The train chunk starting at row ``lo``, decoded (and fused every way, with ``--fusions``) on first use:
+    never, when its rows are all kept."""
+
+    def __init__(self, run: Run, lo: int) -> None:
+        self.run, self.lo = run, lo
+        self._views: dict[str | None, np.ndarray] | None = None
+
+    def rows(self, lane: str | None, sel: np.ndarray) -> np.ndarray:
+        if self._views is None:
+            source = self.run.source("train")
+            with self.run.timed("read"):
+                _, chunk = next(source.iter_chunks(self.lo, min(self.lo + source.chunk_rows, source.n_rows)))
+            self._views = chunk if isinstance(chunk, dict) else {None: chunk}
+        return self._views[lane][sel]
+
+
+def _blocks(run: Run, wanted: np.ndarray) -> Iterator[tuple[_Chunk, np.ndarray]]:
+    """``(chunk, sel)``: the wanted train rows ``chunk.lo + sel`` in storage order, ``block_rows`` at a time."""
     source = run.source("train")
-    step, n_rows = source.chunk_rows, source.n_rows
-    for lo in range(0, n_rows, step):
-        rows = np.flatnonzero(wanted[lo : lo + step])
-        if rows.size == 0:
-            continue
-        with run.timed("read"):
-            _, chunk = next(source.iter_chunks(lo, min(lo + step, n_rows)))
-        views = chunk if isinstance(chunk, dict) else {None: chunk}
-        for b in range(0, rows.size, run.block_rows):
-            sel = rows[b : b + run.block_rows]
-            for lane, X in views.items():
-                with run.timed("project"):
-                    H = run.projection.transform(X[sel], run.xp)
-                yield lane, H, source.labels[lo + sel], run.row_task[lo + sel]
-            advance(sel.size)
+    for lo in range(0, source.n_rows, source.chunk_rows):
+        rows = np.flatnonzero(wanted[lo : lo + source.chunk_rows])
+        if rows.size:
+            chunk = _Chunk(run, lo)
+            for b in range(0, rows.size, run.block_rows):
+                yield chunk, rows[b : b + run.block_rows]
 
 
-def _local_pass(run: Run, task: int | None, lanes: dict[str | None, _Lane], advance: Callable[[int], None]) -> None:
+def _project(run: Run, X: np.ndarray) -> Any:
+    with run.timed("project"):
+        return run.projection.transform(X, run.xp)
+
+
+def _local_pass(run: Run, task: int | None, lanes: dict[str | None, _Lane], advance: Callable[[int], None],
+                kept: dict[str | None, KeptActivations] | None = None) -> None:
     """One pass over the train chunks: task ``task``'s rows into each lane's running sums; rows of tasks up to
-    the pending boundary's into its leave-one-out accumulator (the lanes walk in step: same boundaries)."""
-    rt = run.row_task
+    the pending boundary's into its leave-one-out accumulator (the lanes walk in step: same boundaries). With
+    ``kept``, rows are projected once (then kept) and only chunks holding rows never projected are decoded; the
+    blocks, and so every sum, are the same either way."""
+    rt, xp = run.row_task, run.xp
     wanted = rt == task if task is not None else np.zeros(rt.shape, dtype=bool)
     pending = next(iter(lanes.values())).pending
     if pending is not None:
         wanted |= (rt >= 0) & (rt <= pending.max_task)
-    xp = run.xp
-    for key, H, labels, tasks in _read_blocks(run, wanted, advance):
-        lane = lanes[key]
-        new = tasks == task if task is not None else np.zeros(tasks.shape, dtype=bool)
-        if new.all():
-            with run.timed("gram"):
-                lane.running += RidgeStatistics.from_batch(H, labels)
-            continue
-        if new.any():
-            idx = np.flatnonzero(new)
-            with run.timed("gram"):
-                lane.running += RidgeStatistics.from_batch(xp.take(H, xp.asarray(idx, device=device(H)), axis=0),
-                                                           labels[idx])
-            old = np.flatnonzero(~new)
-            H, labels = xp.take(H, xp.asarray(old, device=device(H)), axis=0), labels[old]
-        with run.timed("loo"):
-            lane.pending.loo.add(H, labels)
+    all_labels = run.source("train").labels
+    for chunk, sel in _blocks(run, wanted):
+        rows = chunk.lo + sel
+        labels = all_labels[rows]
+        new = rt[rows] == task if task is not None else np.zeros(sel.shape, dtype=bool)
+        for key, lane in lanes.items():
+            if kept is None:
+                H = _project(run, chunk.rows(key, sel))
+                fresh, old = _rows(xp, H, new), _rows(xp, H, ~new)
+            else:
+                unseen = sel[~kept[key].has(rows)]  # task ``task``'s rows; under Dask, the last task's
+                if unseen.size:
+                    kept[key].put(chunk.lo + unseen, _project(run, chunk.rows(key, unseen)))
+                fresh = kept[key].take(rows[new]) if new.any() else None
+                with run.timed("loo"):
+                    old = kept[key].take(rows[~new]) if not new.all() else None
+            if fresh is not None:
+                with run.timed("gram"):
+                    lane.running += RidgeStatistics.from_batch(fresh, labels[new])
+            if old is not None:
+                with run.timed("loo"):
+                    lane.pending.loo.add(old, labels[~new])
+        advance(sel.size)
+
+
+def _rows(xp: Any, H: Any, mask: np.ndarray) -> Any | None:
+    """The rows of ``H`` where ``mask`` holds: ``H`` itself when all do, None when none do."""
+    if mask.all():
+        return H
+    if not mask.any():
+        return None
+    return xp.take(H, xp.asarray(np.flatnonzero(mask), device=device(H)), axis=0)
 
 
 def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
@@ -456,15 +540,16 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
     label = "train (gram" + (", dask" if dask else "") + (" + leave-one-out)" if needs_rows else ")")
     if len(lanes) > 1:
         label += f", {len(lanes)} fusions"
+    kept = {key: KeptActivations(run) for key in lanes} if needs_rows and run.keep_activations else None
     with progress_bar(label, total) as advance, _dask_session(run) as add_task:
         for k in range(run.stream.n_tasks):
             if add_task is not None:  # one lane: prepare refuses fusions on Dask
                 with run.timed("gram"):
                     lanes[None].running += add_task(k, advance)
                 if lanes[None].pending is not None:
-                    _local_pass(run, None, lanes, advance)
+                    _local_pass(run, None, lanes, advance, kept)
             else:
-                _local_pass(run, k, lanes, advance)
+                _local_pass(run, k, lanes, advance, kept)
             for lane in lanes.values():
                 lane.finish(run)
             if on_task is not None:
@@ -472,7 +557,7 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
             for lane in lanes.values():
                 lane.start(run, k)
         if needs_rows:
-            _local_pass(run, None, lanes, advance)
+            _local_pass(run, None, lanes, advance, kept)
             for lane in lanes.values():
                 lane.finish(run)
     return lanes
@@ -644,6 +729,8 @@ def run_learn(
     loo = auto and model.select == "loo"
     run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
     _warn_dropped(run, stream, log)
+    if loo and not run.keep_activations:
+        log(reread_note(run))
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
         if model.engine == "rls":
             boundaries, final = rls_boundaries(run)
@@ -702,6 +789,8 @@ def run_sweep(
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)
     _warn_dropped(run, stream, log)
+    if sweep.loo and not run.keep_activations:
+        log(reread_note(run))
     with np.errstate(all="ignore"):
         lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes})
         accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()})

@@ -13,6 +13,11 @@ from foal_pipe.errors import FoalPipeError
 
 #: Resident memory of the interpreter with NumPy, SciPy, zarr and foal-pipe imported (measured: ~150 MiB).
 BASELINE_BYTES = 200 * 2**20
+#: Default ``--max-memory``: the most an optional speed-up may hold (the per-class statistics of
+#: ``--order-seeds``, the activations kept for leave-one-out); beyond it the slower bounded path runs.
+DEFAULT_MAX_MEMORY = 8 * 2**30
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
+          "t": 2**40, "tib": 2**40}
 
 
 def available_memory() -> int | None:
@@ -46,6 +51,27 @@ def human(n_bytes: float) -> str:
             return f"{n_bytes:.1f} {unit}" if unit != "B" else f"{int(n_bytes)} B"
         n_bytes /= 1024
     raise AssertionError("unreachable")
+
+
+def parse_memory(text: str) -> int:
+    """``"8GiB"``, ``"512M"`` or a byte count -> bytes."""
+    s = text.strip().lower()
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or value <= 0:
+        raise FoalPipeError(f"--max-memory {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
+    return int(value * _UNITS[unit])
+
+
+def fits(parts: dict[str, int]) -> bool:
+    """Whether the estimated peak (the sum of ``parts``, plus the interpreter) fits the available memory (True
+    when unknown): an optional cache is only kept where :func:`check_memory` would still pass with it."""
+    available = available_memory()
+    return available is None or BASELINE_BYTES + sum(parts.values()) <= available
 
 
 def check_memory(command: str, parts: dict[str, int], fix: str) -> int:

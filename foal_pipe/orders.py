@@ -31,19 +31,15 @@ from foal_pipe.learn import (
     write_outputs,
     run_learn, run_sweep,
 )
-from foal_pipe.memory import check_memory, human
+from foal_pipe.memory import DEFAULT_MAX_MEMORY, check_memory, human
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.statistics import RidgeStatistics
 
-#: Default ``--max-memory``: the most the per-class statistics may take.
-DEFAULT_MAX_MEMORY = 8 * 2**30
 #: The metrics summarised over orders (mean and std).
 SUMMARY_KEYS = ("A_avg", "A_last", "F")
 #: The most raw feature rows buffered, per class, before their statistics are formed (bytes, all classes).
 BUFFER_BYTES = 256 * 2**20
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
-          "t": 2**40, "tib": 2**40}
 
 
 def parse_order_seeds(text: str) -> tuple[int, ...]:
@@ -57,20 +53,6 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
     if len(set(seeds)) != len(seeds):
         raise FoalPipeError(f"--order-seeds {text!r} repeats a seed; list each class order once")
     return seeds
-
-
-def parse_memory(text: str) -> int:
-    """``"8GiB"``, ``"512M"`` or a byte count -> bytes."""
-    s = text.strip().lower()
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or value <= 0:
-        raise FoalPipeError(f"--max-memory {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
-    return int(value * _UNITS[unit])
 
 
 def class_statistics_bytes(n_classes: int, dim: int, dtype: str) -> int:

@@ -48,3 +48,27 @@ def test_small_run_fits(tmp_path, store, monkeypatch):
 def test_available_memory_reads_the_machine():
     available = memory.available_memory()
     assert available is None or available > 0
+
+
+def test_leave_one_out_keeps_activations_only_within_the_budget(store, monkeypatch):
+    """A leave-one-out run keeps rows x D activations when --max-memory and the machine allow, and its estimate
+    counts them; a fixed gamma (issue 12's bounded walk) never keeps them."""
+    from foal_pipe.learn import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, prepare
+
+    parts = {}
+    monkeypatch.setattr("foal_pipe.learn.check_memory", lambda command, p, fix: parts.update(p) or 0)
+
+    def run(gamma="auto", loo=True, max_memory=2**30):
+        parts.clear()
+        r = prepare(store, StreamConfig(tasks=3), ModelConfig(projection_dim=400, gamma=gamma), EvaluationConfig(),
+                    ExecutionConfig(backend="numpy", max_memory=max_memory), loo=loo)
+        return r.keep_activations, parts.get(KEPT_PART)
+
+    kept = 600 * 400 * 8  # build_store's 600 rows (12 classes into 3 tasks: all in the stream) x D float64
+    assert run() == (True, kept)
+    rest = sum(parts.values()) - kept
+    assert run(max_memory=kept - 1) == (False, None)
+    assert run(gamma=1.0, loo=False) == (False, None)
+    for spare, keeps in ((-1, False), (0, True)):  # the machine holds the rest, then the activations too
+        monkeypatch.setattr(memory, "available_memory", lambda s=spare: memory.BASELINE_BYTES + rest + kept + s)
+        assert run()[0] is keeps

@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
+from foal_pipe.memory import parse_memory
 from foal_pipe.metrics import summarize
-from foal_pipe.orders import class_statistics_bytes, parse_memory
+from foal_pipe.orders import class_statistics_bytes
 from tests.test_learn import build_store
 
 runner = CliRunner()

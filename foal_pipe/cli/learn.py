@@ -11,6 +11,7 @@ from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.memory import parse_memory
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
 Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
@@ -27,8 +28,10 @@ OrderSeeds = Annotated[
     typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
                  "reported per order with mean and std. Default: one order (--order-seed).")
 ]
-MaxMemory = Annotated[str, typer.Option(help="With --order-seeds: the most the per-class statistics (C x D^2 values) "
-                                        "may take before falling back to one pass per order.")]
+MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the activations kept for leave-one-out "
+                                        "(rows x D values; beyond it each boundary projects the rows again) and, with "
+                                        "--order-seeds, the per-class statistics (C x D^2 values; beyond it one pass "
+                                        "per order).")]
 Engine = Annotated[
     choice("gram", "rls"),
     typer.Option(
@@ -186,7 +189,8 @@ def learn(
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
                               order_seed=order_seed)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
-        execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
+        execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers,
+                                    max_memory=parse_memory(max_memory))
         seeds = _order_seeds(order_seed, order_seeds)
         if eval_features and init_model is None:
             raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
@@ -200,10 +204,10 @@ def learn(
         elif seeds is None:
             m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:
-            from foal_pipe.orders import parse_memory, run_learn_orders
+            from foal_pipe.orders import run_learn_orders
 
             m = run_learn_orders(features, out, seeds, stream, model, evaluation, execution,
-                                 max_memory=parse_memory(max_memory), log=_log)
+                                 max_memory=execution.max_memory, log=_log)
             std = m["std"]
             console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
@@ -270,7 +274,8 @@ def sweep(
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
                               order_seed=order_seed)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
-        execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers)
+        execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers,
+                                    max_memory=parse_memory(max_memory))
         seeds = _order_seeds(order_seed, order_seeds)
         if seeds is not None and fusions is not None:
             raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
@@ -278,10 +283,10 @@ def sweep(
         if seeds is None:
             report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:
-            from foal_pipe.orders import parse_memory, run_sweep_orders
+            from foal_pipe.orders import run_sweep_orders
 
             report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution,
-                                      max_memory=parse_memory(max_memory), log=_log)
+                                      max_memory=execution.max_memory, log=_log)
         title = f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})"
         for entry in report.get("fusions") or [report]:
             console.print(_sweep_table(entry, report["selected_by"], no_loo,
