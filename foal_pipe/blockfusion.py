@@ -253,12 +253,22 @@ class FusedSplits:
     def _fused(self, blocks: np.ndarray, rows: np.ndarray | int) -> dict[str, np.ndarray]:
         if sum(map(len, self.chosen.values())) > blocks.shape[1]:  # blocks used twice: widen each once (exact)
             blocks = blocks.astype(np.float32, copy=False)
-        out = {}
-        for text, chosen in self.chosen.items():
-            mean = average_blocks(blocks, chosen)
-            out[text] = check_finite(mean if self.norm is None else self.norm(mean), self.name, rows,
-                                     f"blocks (fused by {text})")
-        return out
+        return {text: self._fuse(text, blocks, rows) for text in self.chosen}
+
+    def _fuse(self, text: str, blocks: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
+        mean = average_blocks(blocks, self.chosen[text])
+        return check_finite(mean if self.norm is None else self.norm(mean), self.name, rows, f"blocks (fused by {text})")
+
+    def read_raw(self, lo: int, hi: int) -> np.ndarray:
+        """The stored blocks of rows ``[lo, hi)``, for :meth:`rows_of` (a pass that needs a few of a chunk's rows
+        fuses only those)."""
+        return self.source.read_blocks(lo, hi)
+
+    def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str | None) -> np.ndarray:
+        """Fusion ``fusion`` of rows ``lo + sel``, from the chunk ``raw`` that :meth:`read_raw` read at ``lo``.
+        Each row is fused on its own (a mean over blocks, a norm over features), so this equals those rows of
+        :meth:`read`."""
+        return self._fuse(fusion, raw[sel], lo + sel)
 
     def read(self, lo: int, hi: int) -> dict[str, np.ndarray]:
         """Rows ``[lo, hi)`` of every fusion."""
@@ -315,6 +325,12 @@ class FusedSplit:
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         return self._many.take(rows)[self.fusion.text]
+
+    def read_raw(self, lo: int, hi: int) -> np.ndarray:
+        return self._many.read_raw(lo, hi)
+
+    def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str | None = None) -> np.ndarray:
+        return self._many.rows_of(raw, lo, sel, self.fusion.text)
 
 
 def fused_encoder(encoder: dict[str, Any], fusion: Fusion, norm: bool, blocks_dtype: str) -> dict[str, Any]:

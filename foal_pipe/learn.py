@@ -447,20 +447,19 @@ class KeptActivations:
 
 
 class _Chunk:
-    """The train chunk starting at row ``lo``, decoded (and fused every way, with ``--fusions``) on first use:
-    never, when its rows are all kept."""
+    """The train chunk starting at row ``lo``, decoded on first use (never, when its rows are all kept); of a
+    blocks store, only the rows a pass asks for are fused (a task's rows are a fraction of each chunk)."""
 
     def __init__(self, run: Run, lo: int) -> None:
         self.run, self.lo = run, lo
-        self._views: dict[str | None, np.ndarray] | None = None
+        self.source = run.source("train")
+        self._raw: np.ndarray | None = None
 
     def rows(self, lane: str | None, sel: np.ndarray) -> np.ndarray:
-        if self._views is None:
-            source = self.run.source("train")
-            with self.run.timed("read"):
-                _, chunk = next(source.iter_chunks(self.lo, min(self.lo + source.chunk_rows, source.n_rows)))
-            self._views = chunk if isinstance(chunk, dict) else {None: chunk}
-        return self._views[lane][sel]
+        with self.run.timed("read"):
+            if self._raw is None:
+                self._raw = self.source.read_raw(self.lo, min(self.lo + self.source.chunk_rows, self.source.n_rows))
+            return self.source.rows_of(self._raw, self.lo, sel, lane)
 
 
 def _blocks(run: Run, wanted: np.ndarray) -> Iterator[tuple[_Chunk, np.ndarray]]:

@@ -283,6 +283,14 @@ class Split:
         """Rows in the given order, reading each touched chunk once (orthogonal selection)."""
         return self._take("features", rows)
 
+    def read_raw(self, lo: int, hi: int) -> np.ndarray:
+        """The stored chunk of rows ``[lo, hi)``, for :meth:`rows_of` (as fused splits have it)."""
+        return self.read(lo, hi)
+
+    def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str | None = None) -> np.ndarray:
+        """Rows ``lo + sel`` of the chunk ``raw`` that :meth:`read_raw` read at ``lo``."""
+        return raw[sel]
+
     def read_blocks(self, lo: int, hi: int) -> np.ndarray:
         """Per-block tokens ``(hi - lo, L, d)`` of rows ``[lo, hi)``, checked like :meth:`read`."""
         return self._read("blocks", lo, hi)
