@@ -33,9 +33,19 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
 
+def _machine() -> str:
+    """CPU model (from /proc/cpuinfo where there is one), cores and memory."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB"
+
+
 def _commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                          text=True)
+    """The checkout's commit, or "unknown" outside a git checkout."""
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=Path(__file__).parent,
+                          capture_output=True, text=True)
     return proc.stdout.strip() or "unknown"
 
 
@@ -74,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     env = blas_env(args.threads)
     results = json.loads(args.json.read_text()) if args.json.exists() else {"runs": {}}
-    results.update(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    results.update(machine=_machine(),
                    python=platform.python_version(), threads=args.threads, commit=_commit())
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or Path(tmp) / "fm.zarr"
