@@ -22,8 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,22 +29,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from _runner import run_cli
 from synthetic import DIM, N_CLASSES, make_store
 
 D, TASKS, BATCH = 1000, 10, 10
 GAMMAS = "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"
-
-
-def run_cli(args: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one `foal-pipe` subprocess."""
-    exe = str(Path(sys.executable).with_name("foal-pipe"))
-    start = time.perf_counter()
-    proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    if status != 0:
-        raise SystemExit(f"foal-pipe {' '.join(args)} failed: {proc.stderr.read().decode()}")
-    return seconds, usage.ru_maxrss / 1024
 
 
 def baseline(store: Path, seed: int = 0) -> tuple[float, list[list[float]]]:
@@ -120,12 +107,12 @@ def main() -> None:
         f32 = run_cli(["learn", *common, "--out", str(tmp / "run-f32"), "--dtype", "float32"])
         base_s, base_acc = baseline(store)
         ours = json.loads((tmp / "run" / "metrics.json").read_text())
-        t_learn = statistics.median(s for s, _ in learn)
-        t_sweep = statistics.median(s for s, _ in sweep)
+        t_learn = statistics.median(r.seconds for r in learn)
+        t_sweep = statistics.median(r.seconds for r in sweep)
         results.update(
-            rows=args.rows, learn_s=t_learn, learn_rss_mib=max(m for _, m in learn), learn_all_s=[s for s, _ in learn],
-            sweep_s=t_sweep, sweep_all_s=[s for s, _ in sweep], sweep_over_learn=t_sweep / t_learn,
-            rls_engine_s=rls[0], float32_s=f32[0], baseline_s=base_s, speedup=base_s / t_learn,
+            rows=args.rows, learn_s=t_learn, learn_rss_mib=max(r.peak_rss_mib for r in learn), learn_all_s=[r.seconds for r in learn],
+            sweep_s=t_sweep, sweep_all_s=[r.seconds for r in sweep], sweep_over_learn=t_sweep / t_learn,
+            rls_engine_s=rls.seconds, float32_s=f32.seconds, baseline_s=base_s, speedup=base_s / t_learn,
             closed_form_rel_err=closed_form_error(store, tmp / "run"),
             closed_form_rel_err_rls=closed_form_error(store, tmp / "run-rls"),
             closed_form_rel_err_float32=closed_form_error(store, tmp / "run-f32"),
@@ -134,9 +121,9 @@ def main() -> None:
         (tmp / "bench.zarr").rename(tmp / "done.zarr")
         if args.big_rows:
             big = make_store(tmp / "big.zarr", args.big_rows, 1000)
-            s, rss = run_cli(["learn", "--features", str(big), "--out", str(tmp / "big-run"), "--tasks", str(TASKS),
-                              "--projection-dim", str(D), "--backend", "numpy"])
-            results.update(big_rows=args.big_rows, big_learn_s=s, big_learn_rss_mib=rss)
+            big_run = run_cli(["learn", "--features", str(big), "--out", str(tmp / "big-run"), "--tasks", str(TASKS),
+                               "--projection-dim", str(D), "--backend", "numpy"])
+            results.update(big_rows=args.big_rows, big_learn_s=big_run.seconds, big_learn_rss_mib=big_run.peak_rss_mib)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

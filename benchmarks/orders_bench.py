@@ -15,28 +15,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 
+from _runner import blas_env, run_cli
 from synthetic import N_CLASSES, make_store
 
 D, TASKS, SEEDS = 1000, 10, (0, 1, 2, 3, 4)
-
-
-def run_cli(args: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one `foal-pipe` subprocess."""
-    exe = str(Path(sys.executable).with_name("foal-pipe"))
-    start = time.perf_counter()
-    proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    if status != 0:
-        raise SystemExit(f"foal-pipe {' '.join(args)} failed: {proc.stderr.read().decode()}")
-    return seconds, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -46,7 +33,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="BLAS threads of every subprocess")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("results") / "orders_bench.json")
     a = parser.parse_args()
-    env = {**os.environ, **{k: str(a.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+    env = blas_env(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp / "s.zarr", a.rows, a.rows // 5)
@@ -59,8 +46,8 @@ def main() -> None:
             runs = [run_cli(["learn", *common, "--out", str(tmp / f"one-{s}"), "--order-seed", str(s)], env)
                     for s in SEEDS]
             one += runs
-            separate.append((sum(t for t, _ in runs), max(m for _, m in runs)))
-            print(f"repeat {r}: 5 orders one pass {many[-1][0]:.2f} s, 5 separate {separate[-1][0]:.2f} s", flush=True)
+            separate.append((sum(r.seconds for r in runs), max(r.peak_rss_mib for r in runs)))
+            print(f"repeat {r}: 5 orders one pass {many[-1].seconds:.2f} s, 5 separate {separate[-1][0]:.2f} s", flush=True)
         metrics = json.loads((tmp / "many" / "metrics.json").read_text())
         worst = 0.0
         for entry in metrics["orders"]:
@@ -72,13 +59,13 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or platform.machine(),
         "nproc": os.cpu_count(), "threads": a.threads, "rows": a.rows, "classes": N_CLASSES, "D": D, "tasks": TASKS,
         "orders": len(SEEDS), "repeats": a.repeats,
-        "one_pass_s": [round(t, 2) for t, _ in many], "one_run_s": [round(t, 2) for t, _ in one],
+        "one_pass_s": [round(r.seconds, 2) for r in many], "one_run_s": [round(r.seconds, 2) for r in one],
         "separate_s": [round(t, 2) for t, _ in separate],
-        "median_one_pass_s": round(med([t for t, _ in many]), 2), "median_one_run_s": round(med([t for t, _ in one]), 2),
+        "median_one_pass_s": round(med([r.seconds for r in many]), 2), "median_one_run_s": round(med([r.seconds for r in one]), 2),
         "median_separate_s": round(med([t for t, _ in separate]), 2),
-        "ratio_one_pass_to_one_run": round(med([t for t, _ in many]) / med([t for t, _ in one]), 2),
-        "ratio_separate_to_one_pass": round(med([t for t, _ in separate]) / med([t for t, _ in many]), 2),
-        "peak_rss_one_pass_mib": round(med([m for _, m in many])), "peak_rss_one_run_mib": round(med([m for _, m in one])),
+        "ratio_one_pass_to_one_run": round(med([r.seconds for r in many]) / med([r.seconds for r in one]), 2),
+        "ratio_separate_to_one_pass": round(med([t for t, _ in separate]) / med([r.seconds for r in many]), 2),
+        "peak_rss_one_pass_mib": round(med([r.peak_rss_mib for r in many])), "peak_rss_one_run_mib": round(med([r.peak_rss_mib for r in one])),
         "class_statistics_mib": round(N_CLASSES * (D * D + D) * 8 / 2**20),
         "max_abs_accuracy_difference": worst, "one_pass_timings_last": timings,
         "A_avg_mean_std": [metrics["mean"]["A_avg"], metrics["std"]["A_avg"]],

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from learn_bench import run_cli
+from _runner import run_cli
 from synthetic import make_store
 
 D, TASKS = 1000, 10
@@ -58,7 +58,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for i, (name, cmd) in enumerate(COMMANDS.items()):
                 out = tmp / f"out{i}"
-                seconds, _ = run_cli([*cmd, *common, "--out", str(out)])
+                seconds = run_cli([*cmd, *common, "--out", str(out)]).seconds
                 runs[name].append((seconds, json.loads((out / "timings.json").read_text())))
                 print(f"{name:<50} {seconds:7.2f} s", flush=True)
         choices = {}

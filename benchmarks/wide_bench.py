@@ -1,7 +1,7 @@
 """Wide expansions in bounded memory: `learn` at large D (ReLU) on the synthetic store, peak RSS and exactness.
 
-For each dtype, one `foal-pipe learn --projection-dim D --activation relu` subprocess (wall time, peak RSS
-from wait4, the step timings of timings.json); then, in this process, the closed-form ridge solution over
+For each dtype, one `foal-pipe learn --projection-dim D --activation relu` subprocess (wall and CPU time,
+peak RSS from wait4, the step timings of timings.json); then, in this process, the closed-form ridge solution over
 every training row, computed independently (float64 Gram matrix in blocks, `numpy.linalg.solve`), against
 the saved W (max abs difference / max abs W).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from learn_bench import run_cli
+from _runner import run_cli
 from synthetic import make_store
 
 
@@ -65,10 +65,10 @@ def main() -> None:
         runs = {}
         for dtype in args.dtypes.split(","):  # every learn first: a child's peak RSS includes this process's at fork
             out = runs[dtype] = tmp / dtype
-            seconds, rss = run_cli(["learn", "--features", str(store), "--out", str(out), "--tasks", "10",
-                                    "--projection-dim", str(args.dim), "--activation", "relu", "--dtype", dtype,
-                                    "--backend", "numpy"])
-            results[dtype] = {"seconds": seconds, "peak_rss_mib": rss,
+            run = run_cli(["learn", "--features", str(store), "--out", str(out), "--tasks", "10",
+                           "--projection-dim", str(args.dim), "--activation", "relu", "--dtype", dtype,
+                           "--backend", "numpy"])
+            results[dtype] = {"seconds": run.seconds, "cpu_seconds": run.cpu_seconds, "peak_rss_mib": run.peak_rss_mib,
                               "timings": json.loads((out / "timings.json").read_text()),
                               "A_last": json.loads((out / "metrics.json").read_text())["A_last"]}
             print(dtype, json.dumps(results[dtype]), flush=True)
