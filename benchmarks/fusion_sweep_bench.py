@@ -29,7 +29,7 @@ import numpy as np
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # inherited by every foal-pipe subprocess
 
-from learn_bench import run_cli  # noqa: E402
+from _runner import run_cli  # noqa: E402
 
 from foal_pipe.blockfusion import FinalNorm, fuse  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for i, (name, cmd) in enumerate(COMMANDS.items()):
                 out = tmp / f"out{i}"
-                seconds, _ = run_cli([*cmd, *common, "--out", str(out)])
+                seconds = run_cli([*cmd, *common, "--out", str(out)]).seconds
                 runs[name].append((seconds, json.loads((out / "timings.json").read_text())))
                 print(f"{name:<45} {seconds:7.2f} s", flush=True)
         outcomes = {}
