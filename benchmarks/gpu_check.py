@@ -94,7 +94,7 @@ FULL = Sizes(a_rows=20_000, a_dim=512, a_classes=50, a_batch={"gram": 1000, "rls
 DRY = Sizes(a_rows=600, a_dim=48, a_classes=6, a_batch={"gram": 100, "rls": 25}, b_rows=2_000, b_test=500,
             b_dim=64, model="vit_tiny_patch16_224",
             model_kwargs=(("depth", 2), ("embed_dim", 32), ("img_size", 64), ("num_heads", 2), ("patch_size", 8)),
-            image_size=64, c_train=192, c_test=64, c_batch=32, chunk_rows=64, workers=0, repeats=2, part_seconds=60)
+            image_size=64, c_train=192, c_test=64, c_batch=32, chunk_rows=64, workers=0, repeats=2, part_seconds=180)
 
 
 # ---------------------------------------------------------------------------------------------------------
