@@ -7,13 +7,16 @@ and stall a long run) and is shown only on failure.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class CliRun(NamedTuple):
@@ -40,3 +43,38 @@ def run_cli(args: list[str], env: dict[str, str] | None = None) -> CliRun:
 def blas_env(threads: int) -> dict[str, str]:
     """This environment with every BLAS/OpenMP thread count set to ``threads``, for the children."""
     return {**os.environ, **{k: str(threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+
+
+def round_robin(commands: Mapping[str, Sequence[str]], common: Sequence[str], tmp: Path,
+                repeats: int) -> dict[str, list[tuple[float, dict]]]:
+    """Each command ``repeats`` times, interleaved (so load from other processes hits every command alike), with
+    ``common`` appended and ``--out tmp/out{i}``: ``{name: [(wall seconds, its timings.json), ...]}``. The
+    outputs of the last round stay in ``tmp/out{i}``."""
+    runs: dict[str, list[tuple[float, dict]]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for i, (name, cmd) in enumerate(commands.items()):
+            out = tmp / f"out{i}"
+            seconds = run_cli([*cmd, *common, "--out", str(out)]).seconds
+            runs[name].append((seconds, json.loads((out / "timings.json").read_text())))
+            print(f"{name:<50} {seconds:7.2f} s", flush=True)
+    return runs
+
+
+def medians(runs: Mapping[str, list[tuple[float, dict]]], base: str) -> dict[str, dict[str, Any]]:
+    """Each command's median wall time, every run's, the ratio to ``base``'s median and the median run's steps."""
+    reference = statistics.median(s for s, _ in runs[base])
+    summary = {}
+    for name, rs in runs.items():
+        times = [s for s, _ in rs]
+        median = statistics.median(times)
+        summary[name] = {"median_s": median, "all_s": times, "ratio_to_learn": median / reference,
+                         "timings_of_median_run": sorted(rs, key=lambda r: r[0])[len(rs) // 2][1]}
+    return summary
+
+
+def finish(results: dict[str, Any], path: Path | None) -> None:
+    """Record the closing load average, print the results and write them to ``path`` (if given) as JSON."""
+    results["load_end"] = os.getloadavg()[0]
+    print(json.dumps(results, indent=2))
+    if path:
+        path.write_text(json.dumps(results, indent=2) + "\n")

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # inherited by every foal-pipe subprocess
 
-from _runner import run_cli  # noqa: E402
+from _runner import finish, medians, round_robin  # noqa: E402
 
 from foal_pipe.blockfusion import FinalNorm, fuse  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
@@ -77,17 +76,11 @@ def main() -> None:
                      "store": {"train_rows": args.rows, "test_rows": args.test_rows, "dim": DIM, "blocks": BLOCKS,
                                "blocks_dtype": "float16", "classes": CLASSES, "tasks": TASKS, "D": D,
                                "chunk_rows": CHUNK}}
-    runs: dict[str, list[tuple[float, dict]]] = {name: [] for name in COMMANDS}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_blocks_store(tmp / "blocks.zarr", args.rows, args.test_rows)
         common = ["--features", str(store), "--tasks", str(TASKS), "--projection-dim", str(D), "--backend", "numpy"]
-        for _ in range(args.repeats):
-            for i, (name, cmd) in enumerate(COMMANDS.items()):
-                out = tmp / f"out{i}"
-                seconds = run_cli([*cmd, *common, "--out", str(out)]).seconds
-                runs[name].append((seconds, json.loads((out / "timings.json").read_text())))
-                print(f"{name:<45} {seconds:7.2f} s", flush=True)
+        runs = round_robin(COMMANDS, common, tmp, args.repeats)
         outcomes = {}
         for i, name in enumerate(COMMANDS):
             out = tmp / f"out{i}"
@@ -100,17 +93,9 @@ def main() -> None:
                                       for e in report.get("fusions", [])}}
             else:
                 outcomes[name] = {"A_avg": json.loads((out / "metrics.json").read_text())["A_avg"]}
-    base = statistics.median(s for s, _ in runs[BASE])
-    for name, rs in runs.items():
-        times = [s for s, _ in rs]
-        median = statistics.median(times)
-        steps = sorted(rs, key=lambda r: r[0])[len(rs) // 2][1]
-        results[name] = {"median_s": median, "all_s": times, "ratio_to_learn": median / base,
-                         "timings_of_median_run": steps, **outcomes[name]}
-    results["load_end"] = os.getloadavg()[0]
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    for name, summary in medians(runs, BASE).items():
+        results[name] = {**summary, **outcomes[name]}
+    finish(results, args.json)
 
 
 if __name__ == "__main__":

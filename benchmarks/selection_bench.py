@@ -16,12 +16,11 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _runner import run_cli
+from _runner import finish, medians, round_robin
 from synthetic import make_store
 
 D, TASKS = 1000, 10
@@ -50,17 +49,11 @@ def main() -> None:
     args = parser.parse_args()
     results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0]}
-    runs: dict[str, list[tuple[float, dict]]] = {name: [] for name in COMMANDS}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp / "bench.zarr", args.rows, args.test_rows)
         common = ["--features", str(store), "--tasks", str(TASKS), "--projection-dim", str(D), "--backend", "numpy"]
-        for _ in range(args.repeats):
-            for i, (name, cmd) in enumerate(COMMANDS.items()):
-                out = tmp / f"out{i}"
-                seconds = run_cli([*cmd, *common, "--out", str(out)]).seconds
-                runs[name].append((seconds, json.loads((out / "timings.json").read_text())))
-                print(f"{name:<50} {seconds:7.2f} s", flush=True)
+        runs = round_robin(COMMANDS, common, tmp, args.repeats)
         choices = {}
         for i, name in enumerate(COMMANDS):
             out = tmp / f"out{i}"
@@ -76,17 +69,9 @@ def main() -> None:
                  ["metrics.json", "model.safetensors"]),
             )
         }
-    base = statistics.median(s for s, _ in runs["learn --gamma 1"])
-    for name, rs in runs.items():
-        times = [s for s, _ in rs]
-        median = statistics.median(times)
-        steps = sorted(rs, key=lambda r: r[0])[len(rs) // 2][1]
-        results[name] = {"median_s": median, "all_s": times, "ratio_to_learn": median / base,
-                         "target_ratio": TARGETS.get(name), "timings_of_median_run": steps, **choices[name]}
-    results["load_end"] = os.getloadavg()[0]
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    for name, summary in medians(runs, "learn --gamma 1").items():
+        results[name] = {**summary, "target_ratio": TARGETS.get(name), **choices[name]}
+    finish(results, args.json)
 
 
 if __name__ == "__main__":

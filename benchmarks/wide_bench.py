@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from _runner import run_cli
+from _runner import finish, run_cli
 from synthetic import make_store
 
 
@@ -75,10 +75,7 @@ def main() -> None:
         if not args.no_check and "float64" in runs:  # float32's drift is in RESULTS from learn_bench
             results["float64"]["closed_form_rel_err"] = closed_form_error(store, runs["float64"])
             print("float64 closed-form error", results["float64"]["closed_form_rel_err"], flush=True)
-    results["load_end"] = os.getloadavg()[0]
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    finish(results, args.json)
 
 
 if __name__ == "__main__":
