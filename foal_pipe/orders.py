@@ -31,7 +31,7 @@ from foal_pipe.learn import (
     write_outputs,
     run_learn, run_sweep,
 )
-from foal_pipe.memory import DEFAULT_MAX_MEMORY, check_memory, human
+from foal_pipe.memory import check_memory, human
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.statistics import RidgeStatistics
@@ -61,7 +61,7 @@ def class_statistics_bytes(n_classes: int, dim: int, dtype: str) -> int:
 
 
 def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: ExecutionConfig, loo: bool,
-                    n_classes: int, max_memory: int) -> str | None:
+                    n_classes: int) -> str | None:
     """Why the orders cannot come from one pass (None: they can)."""
     reasons = {
         "--engine rls replays the rows in stream order": model.engine == "rls",
@@ -73,9 +73,9 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
         if applies:
             return reason
     need = class_statistics_bytes(n_classes, model.projection_dim, model.dtype)
-    if need > max_memory:
+    if need > execution.max_memory:
         return (f"the per-class statistics need {human(need)} ({n_classes} classes x D^2 at D={model.projection_dim}, "
-                f"{model.dtype}), above --max-memory {human(max_memory)}; raise --max-memory to {human(need)}, "
+                f"{model.dtype}), above --max-memory {human(execution.max_memory)}; raise --max-memory to {human(need)}, "
                 "use --dtype float32 or a lower --projection-dim for one pass")
     return None
 
@@ -208,7 +208,6 @@ def run_learn_orders(
     model: ModelConfig,
     evaluation: EvaluationConfig,
     execution: ExecutionConfig,
-    max_memory: int = DEFAULT_MAX_MEMORY,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """``learn`` for every class order of ``seeds``: ``metrics.json`` with ``orders``, ``mean`` and ``std``;
@@ -219,7 +218,7 @@ def run_learn_orders(
     out = Path(out)
     loo = model.gamma == "auto" and model.select == "loo"
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
-    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), max_memory)
+    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes))
     if reason is not None:
         return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason, start, log)
     _check_class_memory("learn", runs[0])
@@ -287,7 +286,6 @@ def run_sweep_orders(
     model: ModelConfig,
     evaluation: EvaluationConfig,
     execution: ExecutionConfig,
-    max_memory: int = DEFAULT_MAX_MEMORY,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """``sweep`` for every class order: ``sweep.json`` holds the first order's report with each gamma's A_avg,
@@ -302,10 +300,10 @@ def run_sweep_orders(
     out = Path(out)
     with atomic_dir(out) as tmp:
         # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
-        reason = fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0, max_memory)
+        reason = fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0)
         reports = []
         if reason is None:
-            reports = _sweep_one_pass(features, seeds, sweep, stream, model, evaluation, execution, max_memory, log)
+            reports = _sweep_one_pass(features, seeds, sweep, stream, model, evaluation, execution, log)
         one_pass = bool(reports)
         if not one_pass:
             log(f"running one pass per class order ({len(seeds)} passes): "
@@ -326,9 +324,9 @@ def run_sweep_orders(
 
 
 def _sweep_one_pass(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
-                    model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig, max_memory: int,
+                    model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
                     log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Each order's sweep report from one pass ([] when the per-class statistics exceed ``max_memory``)."""
+    """Each order's sweep report from one pass ([] when the per-class statistics exceed ``execution.max_memory``)."""
     from foal_pipe.engines import check_gamma
 
     if not sweep.gammas:
@@ -337,8 +335,8 @@ def _sweep_one_pass(features: str | Path, seeds: Sequence[int], sweep: SweepConf
     m = replace(model, gamma=1.0, engine="gram")
     runs = [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
                     command="sweep") for s in seeds]
-    if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > max_memory:
-        log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes), max_memory) or "")
+    if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > execution.max_memory:
+        log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes)) or "")
         return []
     _check_class_memory("sweep", runs[0])
     for run in runs:

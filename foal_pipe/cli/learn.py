@@ -206,8 +206,7 @@ def learn(
         else:
             from foal_pipe.orders import run_learn_orders
 
-            m = run_learn_orders(features, out, seeds, stream, model, evaluation, execution,
-                                 max_memory=execution.max_memory, log=_log)
+            m = run_learn_orders(features, out, seeds, stream, model, evaluation, execution, log=_log)
             std = m["std"]
             console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
@@ -285,8 +284,7 @@ def sweep(
         else:
             from foal_pipe.orders import run_sweep_orders
 
-            report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution,
-                                      max_memory=execution.max_memory, log=_log)
+            report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
         title = f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})"
         for entry in report.get("fusions") or [report]:
             console.print(_sweep_table(entry, report["selected_by"], no_loo,
