@@ -51,6 +51,16 @@ def vit_tiny_32_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def assert_one_line_error(result, *fragments: str) -> None:
+    """A CLI result that failed with exit 1 and one ``Error: ...`` message holding every fragment, no traceback."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in text, text
+
+
 def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0) -> Path:
     """``root/train/<class>/*.png`` and ``root/test/<class>/*.png`` with random images of mixed sizes and
     modes (RGB, grayscale, RGBA, palette)."""

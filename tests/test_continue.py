@@ -12,16 +12,9 @@ import foal_pipe
 from foal_pipe.cli import app
 from foal_pipe.store import write_store
 
+from conftest import assert_one_line_error
+
 runner = CliRunner()
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    text = " ".join(result.output.split())
-    assert text.startswith("Error: "), result.output
-    for fragment in fragments:
-        assert fragment in text, text
 
 
 def store(path, names, n_per_class, rng, dim=8, encoder=None):

@@ -13,18 +13,9 @@ import foal_pipe
 from foal_pipe.cli import app
 from foal_pipe.extract import ExtractSpec, run_extract
 
-from conftest import make_image_tree
+from conftest import assert_one_line_error, make_image_tree
 
 runner = CliRunner()
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    text = " ".join(result.output.split())
-    assert text.startswith("Error: "), result.output
-    for fragment in fragments:
-        assert fragment in text, text
 
 
 def rows(text: str) -> list[dict[str, str]]:
