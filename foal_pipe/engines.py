@@ -35,11 +35,11 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[floa
     GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
     weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.
     """
-    eigen = statistics.eigen()
-    scores = eigen.gcv(grid)
+    path = statistics.gamma_path(vectors=False)
+    scores = path.gcv(grid)
     best = int(np.argmin(scores))
     gamma = float(grid[best])
-    ratio = float(eigen.dof([gamma])[0]) / max(statistics.n, 1)
+    ratio = float(path.dof([gamma])[0]) / max(statistics.n, 1)
     warning = None
     if ratio > GCV_DOF_WARNING:
         warning = (

@@ -45,7 +45,7 @@ from foal_pipe.metrics import summarize
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection, check_activation
-from foal_pipe.statistics import DEFAULT_GAMMA_GRID, LeaveOneOut, RidgeEigen, RidgeStatistics
+from foal_pipe.statistics import DEFAULT_GAMMA_GRID, LeaveOneOut, GammaPath, RidgeStatistics
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.stream import Stream, build_stream, dropped_warning, read_class_order
 
@@ -352,17 +352,18 @@ class _Pending:
     """A boundary waiting for its leave-one-out pass."""
 
     statistics_classes: np.ndarray
-    eigen: RidgeEigen
+    path: GammaPath
     gcv: np.ndarray
     loo: LeaveOneOut | None
     max_task: int
 
 
 class ManyGammas:
-    """One eigendecomposition per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO.
+    """One factorisation per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO.
 
-    ``choose`` (``loo`` or ``gcv``) keeps only the chosen gamma's weights (``learn --gamma auto``); None keeps
-    all of them (``sweep``).
+    Leave-one-out needs the eigenvectors; without it the cheaper tridiagonal form serves (see
+    :meth:`RidgeStatistics.gamma_path`). ``choose`` (``loo`` or ``gcv``) keeps only the chosen gamma's
+    weights (``learn --gamma auto``); None keeps all of them (``sweep``).
     """
 
     def __init__(self, grid: Sequence[float], loo: bool, choose: str | None) -> None:
@@ -371,22 +372,22 @@ class ManyGammas:
         self.choose = choose
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> _Pending:
-        eigen = statistics.eigen()
-        loo = eigen.loo(self.grid) if self.needs_rows else None
-        return _Pending(statistics.classes, eigen, eigen.gcv(self.grid), loo, max_task)
+        path = statistics.gamma_path(vectors=self.needs_rows)
+        loo = path.loo(self.grid) if self.needs_rows else None
+        return _Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
 
     def finish(self, pending: _Pending) -> Boundary:
-        eigen, gcv = pending.eigen, pending.gcv
+        path, gcv = pending.path, pending.gcv
         accuracy = pending.loo.accuracy() if pending.loo else None
         mse = pending.loo.mse() if pending.loo else None
         best_gcv = int(np.argmin(gcv))
-        ratio = float(eigen.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(eigen.n, 1)
+        ratio = float(path.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(path.n, 1)
         if self.choose is None:
             gammas = self.grid
         else:
             scores = mse if self.choose == "loo" else gcv
             gammas = self.grid[[int(np.argmin(scores))]]
-        return Boundary(pending.statistics_classes, eigen.weights(gammas), gammas, gcv, accuracy, mse, ratio)
+        return Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -421,9 +422,8 @@ class _Lane:
 class KeptActivations:
     """The activations of the stream's train rows, stored as the walk first projects them (``--gamma auto``,
     ``sweep``: the leave-one-out pass at boundary k needs every row of tasks 1..k again, so it multiplies these
-    instead of decoding and projecting the rows again). They are the arrays the Gram pass summed; a row projected
-    again gives the same numbers, but for the last bit where BLAS rounds a row differently beside other rows
-    (small products: the tests compare to 1e-12; the benchmark store's files are identical)."""
+    instead of decoding and projecting the rows again). They are the arrays the Gram pass summed, and the same
+    bits as the rows projected again: every pass projects a row in the same block (see :func:`_blocks`)."""
 
     def __init__(self, run: Run) -> None:
         self.xp = run.xp
@@ -463,14 +463,24 @@ class _Chunk:
 
 
 def _blocks(run: Run, wanted: np.ndarray) -> Iterator[tuple[_Chunk, np.ndarray]]:
-    """``(chunk, sel)``: the wanted train rows ``chunk.lo + sel`` in storage order, ``block_rows`` at a time."""
+    """``(chunk, sel)``: the wanted train rows ``chunk.lo + sel``, chunk by chunk in storage order and, within a
+    chunk, one task's rows at a time, ``block_rows`` at a time.
+
+    A block thus never mixes tasks, and a task's rows in a chunk are cut into the same blocks by every pass
+    that asks for them: a row is always projected beside the same rows. BLAS may round a row's product
+    differently beside other rows (OpenBLAS picks kernels by the product's size), so this is what makes
+    kept activations equal to rows projected again, to the bit.
+    """
     source = run.source("train")
     for lo in range(0, source.n_rows, source.chunk_rows):
         rows = np.flatnonzero(wanted[lo : lo + source.chunk_rows])
         if rows.size:
             chunk = _Chunk(run, lo)
-            for b in range(0, rows.size, run.block_rows):
-                yield chunk, rows[b : b + run.block_rows]
+            tasks = run.row_task[lo + rows]
+            for task in np.unique(tasks):
+                mine = rows[tasks == task]
+                for b in range(0, mine.size, run.block_rows):
+                    yield chunk, mine[b : b + run.block_rows]
 
 
 def _project(run: Run, X: np.ndarray) -> Any:
@@ -484,7 +494,7 @@ def _local_pass(run: Run, task: int | None, lanes: dict[str | None, _Lane], adva
     the pending boundary's into its leave-one-out accumulator (the lanes walk in step: same boundaries). With
     ``kept``, rows are projected once (then kept) and only chunks holding rows never projected are decoded; the
     blocks, and so every sum, are the same either way."""
-    rt, xp = run.row_task, run.xp
+    rt = run.row_task
     wanted = rt == task if task is not None else np.zeros(rt.shape, dtype=bool)
     pending = next(iter(lanes.values())).pending
     if pending is not None:
@@ -493,34 +503,23 @@ def _local_pass(run: Run, task: int | None, lanes: dict[str | None, _Lane], adva
     for chunk, sel in _blocks(run, wanted):
         rows = chunk.lo + sel
         labels = all_labels[rows]
-        new = rt[rows] == task if task is not None else np.zeros(sel.shape, dtype=bool)
+        new = task is not None and rt[rows[0]] == task  # a block holds one task's rows
         for key, lane in lanes.items():
             if kept is None:
                 H = _project(run, chunk.rows(key, sel))
-                fresh, old = _rows(xp, H, new), _rows(xp, H, ~new)
             else:
-                unseen = sel[~kept[key].has(rows)]  # task ``task``'s rows; under Dask, the last task's
+                unseen = sel[~kept[key].has(rows)]  # the whole block or nothing: blocks are the same in every pass
                 if unseen.size:
                     kept[key].put(chunk.lo + unseen, _project(run, chunk.rows(key, unseen)))
-                fresh = kept[key].take(rows[new]) if new.any() else None
-                with run.timed("loo"):
-                    old = kept[key].take(rows[~new]) if not new.all() else None
-            if fresh is not None:
+                with run.timed("gram" if new else "loo"):
+                    H = kept[key].take(rows)
+            if new:
                 with run.timed("gram"):
-                    lane.running += RidgeStatistics.from_batch(fresh, labels[new])
-            if old is not None:
+                    lane.running += RidgeStatistics.from_batch(H, labels)
+            else:
                 with run.timed("loo"):
-                    lane.pending.loo.add(old, labels[~new])
+                    lane.pending.loo.add(H, labels)
         advance(sel.size)
-
-
-def _rows(xp: Any, H: Any, mask: np.ndarray) -> Any | None:
-    """The rows of ``H`` where ``mask`` holds: ``H`` itself when all do, None when none do."""
-    if mask.all():
-        return H
-    if not mask.any():
-        return None
-    return xp.take(H, xp.asarray(np.flatnonzero(mask), device=device(H)), axis=0)
 
 
 def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],

@@ -19,6 +19,9 @@ once, as scikit-learn's ``_RidgeGCV`` (``_eigen_decompose_gram`` / ``_solve_eige
   ``h_i = sum_k (v_k^T h_i)^2 / (lambda_k + g)`` and the residual ``e_i = y_i - W^T h_i`` give the
   prediction of a model refitted without row ``i``, ``y_i - e_i / (1 - h_i)``.
 
+Without leave-one-out, :meth:`RidgeStatistics.tridiagonal` (NumPy) stops the eigendecomposition halfway, at
+``G = U T U^T``, which serves the weights and GCV for about a third of the work (:class:`RidgeTridiagonal`).
+
 This module is the only place where the one-hot matrix and the Gram update are written. It is written
 once against the array API (``array-api-compat``), so NumPy, CuPy and torch arrays run the same code;
 labels and classes stay host-side NumPy arrays (they index, they do not compute). Solves and
@@ -357,21 +360,72 @@ class RidgeStatistics:
         floor = finite_resolution(self.G)
         with _factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(_float64(self.G))
-        floor = max(floor, -float(xp.min(values)) if self.dim else 0.0)  # rounding can leave eigenvalues below 0
-        return RidgeEigen(values, vectors, vectors.T @ _float64(self.Q), self.classes, self.n,
-                          self.target_norm2, floor)
+        return RidgeEigen(values=values, classes=self.classes, n=self.n, y_norm2=self.target_norm2,
+                          floor=_eigen_floor(floor, values), vectors=vectors, projected=vectors.T @ _float64(self.Q))
+
+    def gamma_path(self, vectors: bool) -> RidgeEigen | RidgeTridiagonal:
+        """The cheapest form that serves many gammas: :meth:`eigen` when ``vectors`` (leave-one-out needs them)
+        or off NumPy, else :meth:`tridiagonal`, the same weights and GCV for about half the work."""
+        if vectors or not is_numpy_namespace(array_namespace(self.G)) or self.dim < 2 or self.classes.size == 0:
+            return self.eigen()
+        return self.tridiagonal()
+
+    def tridiagonal(self) -> RidgeTridiagonal:
+        """``G = U T U^T`` by Householder reflections (LAPACK ``dsytrd``; NumPy arrays of dimension >= 2 only).
+
+        An eigendecomposition is this reduction plus the eigenvectors of ``T`` and their back-transform, which
+        GCV and the weights do not need: ``T + g I`` is solved directly (tridiagonal, ``O(D C)`` per gamma) and
+        the eigenvalues of ``T`` alone give ``df``. A 1000 x 1000 ``G`` on one thread: 0.05 s against 0.14 s.
+        """
+        from scipy.linalg import lapack
+
+        floor = finite_resolution(self.G)
+        with _factor_threads(self.dim):
+            lwork = int(lapack.dsytrd_lwork(self.dim, lower=1)[0])
+            reduced, diagonal, offdiagonal, tau, info = lapack.dsytrd(_float64(self.G), lower=1, lwork=lwork)
+            _lapack_ok("dsytrd", info)
+            values, info = lapack.dsterf(diagonal, offdiagonal)
+            _lapack_ok("dsterf", info)
+            reflectors = reduced[1:, :-1]
+            projected = _apply_reflectors(reflectors, tau, _float64(self.Q), "T")
+        return RidgeTridiagonal(values=values, classes=self.classes, n=self.n, y_norm2=self.target_norm2,
+                                floor=_eigen_floor(floor, values), diagonal=diagonal, offdiagonal=offdiagonal,
+                                reflectors=reflectors, tau=tau, projected=projected)
+
+
+def _eigen_floor(floor: float, values: Any) -> float:
+    """The refusal floor for gammas: the sums' resolution, or ``-min(lambda)`` when rounding left a negative eigenvalue."""
+    xp = array_namespace(values)
+    return max(floor, -float(xp.min(values)) if values.shape[0] else 0.0)
+
+
+def _lapack_ok(routine: str, info: int) -> None:
+    if info != 0:
+        raise FoalPipeError(f"LAPACK {routine} failed (info {info}) on the Gram matrix; check the features for NaN or inf")
+
+
+def _apply_reflectors(reflectors: np.ndarray, tau: np.ndarray, C: np.ndarray, trans: str) -> np.ndarray:
+    """``U C`` (``trans="N"``) or ``U^T C`` (``"T"``) for ``dsytrd``'s lower ``U``: LAPACK's ``dormtr``, which
+    SciPy does not wrap, is ``dormqr`` on the rows below the first with the reflectors below the subdiagonal."""
+    from scipy.linalg import lapack
+
+    out = np.array(C, dtype=np.float64, order="F", copy=True)
+    if out.shape[1] == 0:
+        return out
+    work = lapack.dormqr("L", trans, reflectors, tau, out[1:], lwork=-1)[1]
+    out[1:], _, info = lapack.dormqr("L", trans, reflectors, tau, out[1:], lwork=max(1, int(work[0])))
+    _lapack_ok("dormqr", info)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
-class RidgeEigen:
-    """The eigendecomposition of a :class:`RidgeStatistics`' ``G``: weights and scores for any gammas.
+class GammaPath:
+    """What serves many gammas from one factorisation of ``G``: its eigenvalues, and GCV from them.
 
     ``gammas`` arguments are 1-D sequences; results have one entry (or one slice) per gamma.
     """
 
     values: Any  # lambda, (D,)
-    vectors: Any  # V, (D, D)
-    projected: Any  # B = V^T Q, (D, C)
     classes: np.ndarray
     n: int
     y_norm2: float  # |Y|_F^2
@@ -397,27 +451,10 @@ class RidgeEigen:
         g = self._gammas(gammas)
         return 1.0 / (self.values[:, None] + g[None, :])
 
-    def weights(self, gammas: Any) -> Any:
-        """``W(g)`` for every gamma, shape (D, M, C)."""
-        inv = self.shrinkage(gammas)
-        xp = array_namespace(self.vectors)
-        D, C = self.projected.shape
-        scaled = self.projected[:, None, :] * inv[:, :, None]
-        return xp.reshape(self.vectors @ xp.reshape(scaled, (D, -1)), (D, inv.shape[1], C))
-
     def dof(self, gammas: Any) -> np.ndarray:
         """Effective degrees of freedom ``df(g) = sum_k lambda_k / (lambda_k + g)``."""
         xp = array_namespace(self.values)
         return to_numpy(xp.sum(self.values[:, None] * self.shrinkage(gammas), axis=0))
-
-    def rss(self, gammas: Any) -> np.ndarray:
-        """Training residual sum of squares, ``|Y|^2 - sum_k |B_k|^2 (lambda_k + 2g) / (lambda_k + g)^2``."""
-        xp = array_namespace(self.values)
-        g = self._gammas(gammas)
-        inv = self.shrinkage(gammas)
-        norms = xp.sum(self.projected * self.projected, axis=1)
-        fitted = xp.sum(norms[:, None] * (self.values[:, None] + 2 * g[None, :]) * inv * inv, axis=0)
-        return self.y_norm2 - to_numpy(fitted)
 
     def gcv(self, gammas: Any) -> np.ndarray:
         """Generalised cross-validation ``n RSS(g) / (n - df(g))^2`` (infinite where ``df >= n``)."""
@@ -425,9 +462,84 @@ class RidgeEigen:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(df < self.n, self.n * np.maximum(rss, 0.0) / (self.n - df) ** 2, np.inf)
 
+    def weights(self, gammas: Any) -> Any:
+        """``W(g)`` for every gamma, shape (D, M, C)."""
+        raise NotImplementedError
+
+    def rss(self, gammas: Any) -> np.ndarray:
+        """The training residual sum of squares ``|Y - H W(g)|^2``, per gamma."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class RidgeEigen(GammaPath):
+    """The eigendecomposition of a :class:`RidgeStatistics`' ``G``: weights, GCV and leave-one-out for any gammas."""
+
+    vectors: Any  # V, (D, D)
+    projected: Any  # B = V^T Q, (D, C)
+
+    def weights(self, gammas: Any) -> Any:
+        inv = self.shrinkage(gammas)
+        xp = array_namespace(self.vectors)
+        D, C = self.projected.shape
+        scaled = self.projected[:, None, :] * inv[:, :, None]
+        return xp.reshape(self.vectors @ xp.reshape(scaled, (D, -1)), (D, inv.shape[1], C))
+
+    def rss(self, gammas: Any) -> np.ndarray:
+        """``|Y|^2 - sum_k |B_k|^2 (lambda_k + 2g) / (lambda_k + g)^2``."""
+        xp = array_namespace(self.values)
+        g = self._gammas(gammas)
+        inv = self.shrinkage(gammas)
+        norms = xp.sum(self.projected * self.projected, axis=1)
+        fitted = xp.sum(norms[:, None] * (self.values[:, None] + 2 * g[None, :]) * inv * inv, axis=0)
+        return self.y_norm2 - to_numpy(fitted)
+
     def loo(self, gammas: Any) -> LeaveOneOut:
         """An accumulator of exact leave-one-out scores: feed it every row with :meth:`LeaveOneOut.add`."""
         return LeaveOneOut(self, gammas)
+
+
+@dataclass(frozen=True, eq=False)
+class RidgeTridiagonal(GammaPath):
+    """``G = U T U^T`` (NumPy, from :meth:`RidgeStatistics.tridiagonal`): weights and GCV for any gammas.
+
+    With ``b = U^T Q`` and ``z(g) = (T + g I)^-1 b``: ``W(g) = U z(g)``, and since ``G W = Q - g W``,
+    ``RSS(g) = |Y|^2 - tr(b^T z) - g |z|^2``. ``values`` are the eigenvalues of ``T``, which are those of ``G``.
+    """
+
+    diagonal: np.ndarray  # of T, (D,)
+    offdiagonal: np.ndarray  # of T, (D - 1,)
+    reflectors: np.ndarray  # dsytrd's Householder vectors, (D - 1, D - 1)
+    tau: np.ndarray  # their scales, (D - 1,)
+    projected: np.ndarray  # b = U^T Q, (D, C)
+
+    def _solved(self, gammas: Any) -> np.ndarray:
+        """``z(g)`` for every gamma, shape (D, M, C)."""
+        from scipy.linalg import lapack
+
+        g = self._gammas(gammas)
+        z = np.empty((self.projected.shape[0], g.size, self.projected.shape[1]))
+        for m, gamma in enumerate(g):
+            d, e, info = lapack.dpttrf(self.diagonal + gamma, self.offdiagonal)
+            if info != 0:
+                raise FoalPipeError(
+                    f"G + gamma I is not positive definite at gamma {gamma:g}: rounding in the Gram sums outweighs "
+                    "gamma, so the solve would be noise; use a larger gamma or --dtype float64"
+                )
+            z[:, m, :], info = lapack.dpttrs(d, e, self.projected)
+            _lapack_ok("dpttrs", info)
+        return z
+
+    def weights(self, gammas: Any) -> np.ndarray:
+        z = self._solved(gammas)
+        D, M, C = z.shape  # the back-transform is matrix products (LAPACK dlarfb), on every BLAS thread as such
+        return _apply_reflectors(self.reflectors, self.tau, z.reshape(D, M * C), "N").reshape(D, M, C)
+
+    def rss(self, gammas: Any) -> np.ndarray:
+        g = np.asarray(gammas, dtype=np.float64).ravel()
+        z = self._solved(g)
+        fitted = np.einsum("dc,dmc->m", self.projected, z) + g * np.einsum("dmc,dmc->m", z, z)
+        return self.y_norm2 - fitted
 
 
 class LeaveOneOut:

@@ -167,11 +167,7 @@ def test_a_fusions_entry_that_names_no_fusion_is_refused(blocks_store, tmp_path)
 
 
 def test_each_fusion_keeps_its_activations_with_the_same_results_as_projecting_again(blocks_store, tmp_path):
-    from test_selection import assert_same_numbers
-
-    kept = _sweep(blocks_store, tmp_path / "kept", "--fusions", ",".join(FUSIONS))
+    _sweep(blocks_store, tmp_path / "kept", "--fusions", ",".join(FUSIONS))
     result = _sweep(blocks_store, tmp_path / "again", "--fusions", ",".join(FUSIONS), "--max-memory", "1KiB", ok=False)
     assert result.exit_code == 0 and "reads and projects the rows seen so far again" in result.output, result.output
-    again = json.loads((tmp_path / "again" / "sweep.json").read_text())
-    assert_same_numbers(kept, again)
-    assert (kept["best"], kept["best_test"]) == (again["best"], again["best_test"])
+    assert (tmp_path / "kept" / "sweep.json").read_bytes() == (tmp_path / "again" / "sweep.json").read_bytes()

@@ -112,29 +112,11 @@ def test_gcv_warns_when_dof_near_n(tmp_path):
     assert "GCV is unreliable as D nears n" in result.output
 
 
-def assert_same_numbers(a, b, path="") -> None:
-    """Equal structures; floats equal to 1e-12 relative (see the test below), everything else exactly."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            assert_same_numbers(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_numbers(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        np.testing.assert_allclose(b, a, rtol=1e-12, atol=0, err_msg=path)
-    else:
-        assert a == b, path
-
-
 @pytest.mark.parametrize("command", ["sweep", "learn"])
 def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, store, monkeypatch, command):
     """Leave-one-out from the activations kept in memory, and from the rows read and projected again at every
-    boundary (forced by a --max-memory below the activations' size), give the same choices, accuracies and
-    scores. Not always the same last bit: BLAS may round a row's projection differently with other rows
-    beside it (OpenBLAS's small-matrix kernels), and the kept row was projected beside other rows; on the
-    benchmark store the files are identical. Blocks of 20 rows split the 64-row chunks; 5 tasks of 12
+    boundary (forced by a --max-memory below the activations' size), write the same bytes: a row's projection
+    does not depend on the rows projected beside it. Blocks of 20 rows split the 64-row chunks; 5 tasks of 12
     classes drop 2 classes, so some rows are outside the stream."""
     import foal_pipe.learn as walk
 
@@ -144,23 +126,18 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
     args = ["--features", store, "--tasks", 5, "--projection-dim", 48, "--seed", 3, "--backend", "numpy"]
     args += ["--gammas", ",".join(map(str, GRID))] if command == "sweep" else ["--gamma", "auto", "--gamma-grid", "1,16,1e3"]
-    reports, models, rows = {}, {}, {}
+    files = ["sweep.json"] if command == "sweep" else ["metrics.json", "model.safetensors"]
+    written, rows = {}, {}
     for budget in ("8GiB", "1KiB"):
         projected.clear()
         out = tmp_path / budget
         result = invoke(command, *args, "--max-memory", budget, "--out", out)
         assert result.exit_code == 0, result.output
         assert ("reads and projects the rows seen so far again" in result.output) == (budget == "1KiB"), result.output
-        reports[budget] = json.loads((out / ("sweep.json" if command == "sweep" else "metrics.json")).read_text())
-        models[budget] = load_file(str(out / "model.safetensors")) if command == "learn" else {}
+        written[budget] = {name: (out / name).read_bytes() for name in files}
         rows[budget] = sum(projected)
-    kept, again = reports["8GiB"], reports["1KiB"]
-    assert_same_numbers(kept, again)
-    for key in ("best_gamma", "gammas_selected", "accuracy_matrix"):
-        assert kept.get(key) == again.get(key), key
-    assert [r["loo_accuracy"] for r in kept.get("results", [])] == [r["loo_accuracy"] for r in again.get("results", [])]
-    for name, tensor in models["8GiB"].items():
-        np.testing.assert_allclose(models["1KiB"][name], tensor, rtol=1e-12, atol=1e-12 * np.abs(tensor).max(), err_msg=name)
+    assert written["8GiB"] == written["1KiB"]
+    kept = json.loads(written["8GiB"][files[0]])
     assert kept["n_tasks"] == 5 and len(kept["dropped_classes"]) == 2
     seen = np.cumsum([rows.size for rows in build_stream(read(store)[1], N_CLASSES, 5, 10, 3).rows])
     assert rows["8GiB"] == seen[-1] == kept["n_train_seen"]  # every row of the stream projected once, then kept

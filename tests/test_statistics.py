@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from foal_pipe import FoalPipeError
-from foal_pipe.statistics import RidgeStatistics, class_positions
+from foal_pipe.statistics import RidgeEigen, RidgeStatistics, RidgeTridiagonal, class_positions
 
 GAMMAS = [1e-2, 0.3, 1.0, 10.0, 300.0]
 
@@ -56,23 +56,36 @@ def test_sums_add_exactly_and_align_classes(n, D):
     assert wide.Q.shape == (D, 20) and np.count_nonzero(wide.Q[:, ~np.isin(np.arange(20), y[:5])]) == 0
 
 
-def test_solve_and_eigen_weights_equal_closed_form():
-    H, y = data(80, 20, seed=1)
+@pytest.mark.parametrize(("n", "D"), [(80, 20), (30, 45), (12, 2)])
+def test_solve_eigen_and_tridiagonal_weights_equal_closed_form(n, D):
+    H, y = data(n, D, seed=1)
     s = RidgeStatistics.from_batch(H, y)
     Y = one_hot(y, s.classes)
-    W_all = s.eigen().weights(GAMMAS)
+    W_eigen, W_tri = s.eigen().weights(GAMMAS), s.tridiagonal().weights(GAMMAS)
     for m, gamma in enumerate(GAMMAS):
         expected = ridge(H, Y, gamma)
-        for W in (s.solve(gamma), W_all[:, m, :]):
+        for W in (s.solve(gamma), W_eigen[:, m, :], W_tri[:, m, :]):
             assert np.abs(W - expected).max() / np.abs(expected).max() < 1e-9
 
 
+def test_gamma_path_is_tridiagonal_only_without_leave_one_out_on_numpy():
+    H, y = data(40, 6)
+    s = RidgeStatistics.from_batch(H, y)
+    assert isinstance(s.gamma_path(vectors=False), RidgeTridiagonal)
+    assert isinstance(s.gamma_path(vectors=True), RidgeEigen)  # leave-one-out needs the eigenvectors
+    assert isinstance(RidgeStatistics.from_batch(H[:, :1], y).gamma_path(vectors=False), RidgeEigen)  # D = 1
+    tri, eigen = s.tridiagonal(), s.eigen()
+    np.testing.assert_allclose(tri.values, eigen.values, rtol=1e-12, atol=1e-12 * eigen.values.max())
+    assert tri.floor == pytest.approx(eigen.floor, rel=1e-6)
+
+
+@pytest.mark.parametrize("form", ["eigen", "tridiagonal"])
 @pytest.mark.parametrize(("n", "D"), [(90, 12), (40, 60)])
-def test_gcv_equals_direct_computation_from_H(n, D):
+def test_gcv_equals_direct_computation_from_H(n, D, form):
     H, y = data(n, D, seed=2)
     s = RidgeStatistics.from_batch(H, y)
     Y = one_hot(y, s.classes)
-    e = s.eigen()
+    e = getattr(s, form)()
     gcv, df, rss = e.gcv(GAMMAS), e.dof(GAMMAS), e.rss(GAMMAS)
     for m, gamma in enumerate(GAMMAS):
         hat = H @ np.linalg.solve(H.T @ H + gamma * np.eye(D), H.T)  # the hat matrix, written out
@@ -143,8 +156,9 @@ def test_float32_sums_are_solved_in_float64_and_tiny_gammas_refused():
     floor = np.finfo(np.float32).eps * np.diag(s32.G).max()
     with pytest.raises(FoalPipeError, match="below the resolution of the float32 Gram sums"):
         s32.solve(floor / 2)
-    with pytest.raises(FoalPipeError, match="below the resolution"):
-        s32.eigen().gcv([floor / 2, 1.0])
+    for form in (s32.eigen(), s32.tridiagonal()):
+        with pytest.raises(FoalPipeError, match="below the resolution"):
+            form.gcv([floor / 2, 1.0])
     s32.solve(floor * 2)  # just above: accepted
     s64.solve(floor / 2)  # float64 sums resolve it
 
