@@ -32,6 +32,7 @@ gamma below their resolution is refused rather than solved into noise.
 from __future__ import annotations
 
 import warnings
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -365,7 +366,7 @@ class RidgeStatistics:
 
     def gamma_path(self, vectors: bool) -> RidgeEigen | RidgeTridiagonal:
         """The cheapest form that serves many gammas: :meth:`eigen` when ``vectors`` (leave-one-out needs them)
-        or off NumPy, else :meth:`tridiagonal`, the same weights and GCV for about half the work."""
+        or off NumPy, else :meth:`tridiagonal`, the same weights and GCV for about a third of the work."""
         if vectors or not is_numpy_namespace(array_namespace(self.G)) or self.dim < 2 or self.classes.size == 0:
             return self.eigen()
         return self.tridiagonal()
@@ -419,7 +420,7 @@ def _apply_reflectors(reflectors: np.ndarray, tau: np.ndarray, C: np.ndarray, tr
 
 
 @dataclass(frozen=True, eq=False)
-class GammaPath:
+class GammaPath(ABC):
     """What serves many gammas from one factorisation of ``G``: its eigenvalues, and GCV from them.
 
     ``gammas`` arguments are 1-D sequences; results have one entry (or one slice) per gamma.
@@ -462,13 +463,13 @@ class GammaPath:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(df < self.n, self.n * np.maximum(rss, 0.0) / (self.n - df) ** 2, np.inf)
 
+    @abstractmethod
     def weights(self, gammas: Any) -> Any:
         """``W(g)`` for every gamma, shape (D, M, C)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def rss(self, gammas: Any) -> np.ndarray:
         """The training residual sum of squares ``|Y - H W(g)|^2``, per gamma."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, eq=False)
