@@ -45,7 +45,7 @@ from foal_pipe.metrics import summarize
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection, check_activation
-from foal_pipe.statistics import DEFAULT_GAMMA_GRID, LeaveOneOut, GammaPath, RidgeStatistics
+from foal_pipe.statistics import DEFAULT_GAMMA_GRID, GammaPath, LeaveOneOut, RidgeStatistics
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.stream import Stream, build_stream, dropped_warning, read_class_order
 
