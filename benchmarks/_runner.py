@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -72,9 +73,21 @@ def medians(runs: Mapping[str, list[tuple[float, dict]]], base: str) -> dict[str
     return summary
 
 
+def header(**extra: Any) -> dict[str, Any]:
+    """The start of a results dict: the machine, the date and the opening load average, then ``extra``."""
+    return {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0], **extra}
+
+
+def save(results: dict[str, Any], path: Path | None) -> None:
+    """Write ``results`` to ``path`` (if given) as JSON, creating its folder."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+
+
 def finish(results: dict[str, Any], path: Path | None) -> None:
-    """Record the closing load average, print the results and write them to ``path`` (if given) as JSON."""
+    """Record the closing load average, print the results and :func:`save` them."""
     results["load_end"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
-    if path:
-        path.write_text(json.dumps(results, indent=2) + "\n")
+    save(results, path)

@@ -36,6 +36,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _runner import save  # noqa: E402
 from extract_bench import _register_synthetic, machine  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -212,9 +213,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     results["machine"]["loadavg_end"] = os.getloadavg()
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    save(results, args.json)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _runner import save
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -292,9 +293,7 @@ def main() -> None:
         results["gpu"] = {"skipped": "torch.cuda.is_available() is False: GPU figures not measured on this machine"}
         print("gpu: skipped (no CUDA device visible to torch); GPU figures not measured", flush=True)
     results["machine"]["loadavg_end"] = os.getloadavg()
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    save(results, args.json)
 
 
 if __name__ == "__main__":

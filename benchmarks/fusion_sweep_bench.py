@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,7 @@ import numpy as np
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # inherited by every foal-pipe subprocess
 
-from _runner import finish, medians, round_robin  # noqa: E402
+from _runner import finish, header, medians, round_robin  # noqa: E402
 
 from foal_pipe.blockfusion import FinalNorm, fuse  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
@@ -71,11 +69,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0],
-                     "store": {"train_rows": args.rows, "test_rows": args.test_rows, "dim": DIM, "blocks": BLOCKS,
-                               "blocks_dtype": "float16", "classes": CLASSES, "tasks": TASKS, "D": D,
-                               "chunk_rows": CHUNK}}
+    results = header(store={"train_rows": args.rows, "test_rows": args.test_rows, "dim": DIM, "blocks": BLOCKS,
+                            "blocks_dtype": "float16", "classes": CLASSES, "tasks": TASKS, "D": D, "chunk_rows": CHUNK})
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_blocks_store(tmp / "blocks.zarr", args.rows, args.test_rows)

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
-import time
 from pathlib import Path
 
-from _runner import finish, medians, round_robin
+from _runner import finish, header, medians, round_robin
 from synthetic import make_store
 
 D, TASKS = 1000, 10
@@ -47,8 +44,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0]}
+    results = header()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp / "bench.zarr", args.rows, args.test_rows)

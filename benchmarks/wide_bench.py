@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import zarr
-from _runner import finish, run_cli
+from _runner import finish, header, run_cli
 from synthetic import make_store
 
 
@@ -56,9 +53,7 @@ def main() -> None:
     parser.add_argument("--no-check", action="store_true", help="skip the independent closed-form solution (float64)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dim": args.dim, "rows": args.rows,
-                     "load_start": os.getloadavg()[0]}
+    results = header(dim=args.dim, rows=args.rows)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp / "wide.zarr", args.rows, args.test_rows)
