@@ -45,6 +45,7 @@ from foal_pipe.metrics import summarize
 from foal_pipe.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
 from foal_pipe.projection import SmoothProjection, check_activation
+from foal_pipe.scoring import ModelScores, Rows
 from foal_pipe.statistics import DEFAULT_GAMMA_GRID, GammaPath, LeaveOneOut, RidgeStatistics
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.stream import Stream, build_stream, dropped_warning, read_class_order
@@ -625,8 +626,7 @@ def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]]) 
     row_task = run.stream.task_of_label(n_classes)[test.labels]
     T = len(next(iter(boundaries.values())))
     correct = {key: np.zeros((int(b[0].W.shape[1]), T, T), dtype=np.int64) for key, b in boundaries.items()}
-    flat = {key: [run.xp.reshape(run.xp.asarray(b.W, device=default_device(run.xp)), (b.W.shape[0], -1)) for b in bs]
-            for key, bs in boundaries.items()}
+    models = {key: [_models(run, b) for b in bs] for key, bs in boundaries.items()}
     with progress_bar("test", test.n_rows) as advance, run.timed("test"):
         for lo, chunk in run.source("test").iter_chunks():
             views = chunk if isinstance(chunk, dict) else {None: chunk}
@@ -635,10 +635,11 @@ def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]]) 
             keep_all = np.flatnonzero(tasks_all >= 0)
             for b0 in range(0, keep_all.size, run.block_rows):
                 keep = keep_all[b0 : b0 + run.block_rows]
+                keep = keep[np.argsort(tasks_all[keep], kind="stable")]  # by task: each boundary scores a prefix
                 y, tasks = test.labels[lo + keep], tasks_all[keep]
                 for key, X in views.items():
                     H = run.projection.transform(X[keep], run.xp)
-                    _score(run, H, y, tasks, boundaries[key], flat[key], correct[key])
+                    _score(run, Rows.of(H), y, tasks, boundaries[key], models[key], correct[key])
             advance(n)
     accuracies = {}
     for key, counts in correct.items():
@@ -649,22 +650,24 @@ def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]]) 
     return accuracies
 
 
-def _score(run: Run, H: Any, y: np.ndarray, tasks: np.ndarray, boundaries: Sequence[Boundary], flat: Sequence[Any],
-           correct: np.ndarray) -> None:
-    """Add the hits of every boundary's models on the projected test rows ``H`` to ``correct[m, k, task]``."""
-    xp, n_classes = run.xp, len(run.store.classes)
+def _models(run: Run, b: Boundary) -> ModelScores:
+    W = run.xp.reshape(run.xp.asarray(b.W, device=default_device(run.xp)), (b.W.shape[0], -1))
+    if run.evaluation.mask_unseen:
+        return ModelScores(W, b.W.shape[1])
+    return ModelScores(W, b.W.shape[1], b.classes, len(run.store.classes))  # the published code: unseen classes score 0
+
+
+def _score(run: Run, H: Rows, y: np.ndarray, tasks: np.ndarray, boundaries: Sequence[Boundary],
+           models: Sequence[ModelScores], correct: np.ndarray) -> None:
+    """Add the hits of every boundary's models on the projected test rows ``H`` (sorted by task) to
+    ``correct[m, k, task]``."""
     M, T = correct.shape[0], correct.shape[1]
     for k, b in enumerate(boundaries):
-        rows = np.flatnonzero(tasks <= k)
+        rows = np.arange(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
         if rows.size == 0:
             continue
-        scores = xp.reshape(xp.take(H, xp.asarray(rows, device=device(H)), axis=0) @ flat[k], (rows.size, M, -1))
-        if run.evaluation.mask_unseen:
-            pred = b.classes[to_numpy(xp.argmax(scores, axis=2))]
-        else:  # the published code: unseen classes score 0 and can win
-            full = np.zeros((rows.size, M, n_classes))
-            full[:, :, b.classes] = to_numpy(scores)
-            pred = np.argmax(full, axis=2)
+        found = models[k].argmax(H.head(rows.size))
+        pred = b.classes[found] if run.evaluation.mask_unseen else found
         hit = pred == y[rows][:, None]
         for m in range(M):
             correct[m, k] += np.bincount(tasks[rows], weights=hit[:, m], minlength=T).astype(np.int64)

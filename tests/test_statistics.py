@@ -75,8 +75,23 @@ def test_gamma_path_is_tridiagonal_only_without_leave_one_out_on_numpy():
     assert isinstance(s.gamma_path(vectors=True), RidgeEigen)  # leave-one-out needs the eigenvectors
     assert isinstance(RidgeStatistics.from_batch(H[:, :1], y).gamma_path(vectors=False), RidgeEigen)  # D = 1
     tri, eigen = s.tridiagonal(), s.eigen()
-    np.testing.assert_allclose(tri.values, eigen.values, rtol=1e-12, atol=1e-12 * eigen.values.max())
+    wide = np.logspace(-4, 8, 13)  # df from T's factors, not from eigenvalues: the same at every scale
+    np.testing.assert_allclose(tri.dof(wide), eigen.dof(wide), rtol=1e-9)
     assert tri.floor == pytest.approx(eigen.floor, rel=1e-6)
+
+
+def test_tridiagonal_floor_is_the_most_negative_eigenvalue():
+    """Rounding can leave G with a negative eigenvalue; gammas up to it are refused, as by the eigen form."""
+    rng = np.random.default_rng(7)
+    V = np.linalg.qr(rng.normal(size=(8, 8)))[0]
+    G = (V * np.array([-1e-3, *np.linspace(1, 8, 7)])) @ V.T
+    s = RidgeStatistics(G, rng.normal(size=(8, 3)), np.arange(3), 40)
+    tri, eigen = s.tridiagonal(), s.eigen()
+    assert tri.floor == pytest.approx(1e-3, rel=1e-6) and eigen.floor == pytest.approx(1e-3, rel=1e-6)
+    for form in (tri, eigen):
+        with pytest.raises(FoalPipeError, match="below the resolution"):
+            form.gcv([9e-4, 1.0])
+    np.testing.assert_allclose(tri.gcv([2e-3, 1.0]), eigen.gcv([2e-3, 1.0]), rtol=1e-8)
 
 
 @pytest.mark.parametrize("form", ["eigen", "tridiagonal"])

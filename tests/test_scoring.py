@@ -1,0 +1,79 @@
+"""The argmax of float64 scores, decided from float32 products where a proven bound allows."""
+
+import numpy as np
+import pytest
+
+from foal_pipe.scoring import ModelScores, Rows, relative_bound
+
+
+def sigmoid_rows(n: int, D: int, seed: int = 0) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.random.default_rng(seed).normal(size=(n, D))))
+
+
+def float64_argmax(H: np.ndarray, W: np.ndarray, models: int) -> np.ndarray:
+    return np.argmax((H @ W).reshape(H.shape[0], models, -1), axis=2)
+
+
+def test_equals_the_float64_argmax_of_every_model():
+    H = sigmoid_rows(600, 300)
+    W = np.random.default_rng(1).normal(size=(300, 4 * 20)) * np.repeat([1e-6, 1e-2, 1.0, 1e4], 20)
+    found = ModelScores(W, 4).argmax(Rows.of(H))
+    np.testing.assert_array_equal(found, float64_argmax(H, W, 4))
+    np.testing.assert_array_equal(ModelScores(W, 4).argmax(Rows.of(H).head(70)), float64_argmax(H[:70], W, 4))
+
+
+def test_rows_float32_cannot_rank_are_scored_again_in_float64():
+    """Two classes whose weights differ below float32's resolution: float32 alone calls them a tie."""
+    rng = np.random.default_rng(2)
+    H = sigmoid_rows(400, 64, seed=3)
+    W = rng.normal(size=(64, 5))
+    W[:, 3] = W[:, 1] + 1e-10 * rng.normal(size=64)  # the winner between 1 and 3 depends on the row
+    W[:, 1] += 5.0  # classes 1 and 3 lead every row by far, so only their order is in doubt
+    W[:, 3] += 5.0
+    exact = float64_argmax(H, W, 1)
+    float32_only = np.argmax(H.astype(np.float32) @ W.astype(np.float32), axis=1)[:, None]
+    assert set(np.unique(exact)) == {1, 3} and np.any(float32_only != exact)  # float32 alone gets rows wrong
+    np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(H)), exact)
+
+
+def test_unseen_classes_scoring_zero_can_win():
+    """The published code's evaluation: scores at their class positions, 0 for every other class."""
+    H = sigmoid_rows(300, 40, seed=4)
+    W = np.random.default_rng(5).normal(size=(40, 2 * 3)) - 0.1  # often all negative: a zero wins
+    positions, width = np.array([1, 4, 6]), 8
+    full = np.zeros((300, 2, width))
+    full[:, :, positions] = (H @ W).reshape(300, 2, 3)
+    expected = np.argmax(full, axis=2)
+    assert np.any(~np.isin(expected, positions)) and np.any(np.isin(expected, positions))
+    np.testing.assert_array_equal(ModelScores(W, 2, positions, width).argmax(Rows.of(H)), expected)
+
+
+def test_weights_beyond_float32_range_and_float32_weights_use_float64_products():
+    H = sigmoid_rows(50, 10, seed=6)
+    W = np.random.default_rng(7).normal(size=(10, 6)) * 1e39
+    scores = ModelScores(W, 2)
+    assert scores.low is None  # float32 would overflow
+    np.testing.assert_array_equal(scores.argmax(Rows.of(H)), float64_argmax(H, W, 2))
+    W32 = np.random.default_rng(8).normal(size=(10, 6)).astype(np.float32)
+    assert ModelScores(W32, 2).low is None  # float32 models: their own product is the reference
+    np.testing.assert_array_equal(ModelScores(W32, 2).argmax(Rows.of(H.astype(np.float32))),
+                                  float64_argmax(H.astype(np.float32), W32, 2))
+
+
+def test_other_namespaces_score_in_their_own():
+    xps = pytest.importorskip("array_api_strict")
+    H, W = sigmoid_rows(30, 8, seed=9), np.random.default_rng(10).normal(size=(8, 6))
+    found = ModelScores(xps.asarray(W), 2).argmax(Rows.of(xps.asarray(H)))
+    np.testing.assert_array_equal(found, float64_argmax(H, W, 2))
+
+
+@pytest.mark.parametrize("D", [16, 1000, 4000])
+def test_float32_error_stays_within_the_bound(D):
+    """The bound holds with room on large random products, including cancelling ones (mixed signs)."""
+    rng = np.random.default_rng(D)
+    H = np.concatenate([sigmoid_rows(200, D, seed=D), rng.normal(size=(200, D)) * 1e3])
+    W = rng.normal(size=(D, 50)) * np.logspace(-8, 8, 50)
+    error = np.abs((H.astype(np.float32) @ W.astype(np.float32)).astype(np.float64) - H @ W)
+    allowed = relative_bound(D) * np.linalg.norm(H, axis=1)[:, None] * np.linalg.norm(W, axis=0)[None, :]
+    assert np.all(error <= allowed)
+    assert error.max() > 0  # float32 really rounds here
