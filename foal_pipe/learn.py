@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import device
 
-from foal_pipe.backend import default_device, get_namespace, resolve_backend, resolve_dtype, to_numpy
+from foal_pipe.backend import default_device, get_namespace, resolve_backend, resolve_dtype
 from foal_pipe.blockfusion import FusedSplits, parse_fusions
 from foal_pipe.classifier import AnalyticClassifier
 from foal_pipe.engines import ENGINES, GCV_DOF_WARNING, check_gamma
@@ -663,14 +663,14 @@ def _score(run: Run, H: Rows, y: np.ndarray, tasks: np.ndarray, boundaries: Sequ
     ``correct[m, k, task]``."""
     M, T = correct.shape[0], correct.shape[1]
     for k, b in enumerate(boundaries):
-        rows = np.arange(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
-        if rows.size == 0:
+        n = int(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
+        if n == 0:
             continue
-        found = models[k].argmax(H.head(rows.size))
+        found = models[k].argmax(H.head(n))
         pred = b.classes[found] if run.evaluation.mask_unseen else found
-        hit = pred == y[rows][:, None]
+        hit = pred == y[:n, None]
         for m in range(M):
-            correct[m, k] += np.bincount(tasks[rows], weights=hit[:, m], minlength=T).astype(np.int64)
+            correct[m, k] += np.bincount(tasks[:n], weights=hit[:, m], minlength=T).astype(np.int64)
 
 
 def ragged(acc: np.ndarray) -> list[list[float]]:
