@@ -560,8 +560,11 @@ class RidgeTridiagonal(GammaPath):
 
     def weights(self, gammas: Any) -> np.ndarray:
         z = self._solved(gammas)
-        D, M, C = z.shape  # the back-transform is matrix products (LAPACK dlarfb), on every BLAS thread as such
-        return _apply_reflectors(self.reflectors, self.tau, z.reshape(D, M * C), "N").reshape(D, M, C)
+        D, M, C = z.shape
+        # the back-transform is many rank-32 products (LAPACK dlarfb): on one thread, as the reduction, since
+        # two threads gained 40% on an idle machine but lost 20-30% (and doubled the worst case) beside one other job
+        with _factor_threads(D):
+            return _apply_reflectors(self.reflectors, self.tau, z.reshape(D, M * C), "N").reshape(D, M, C)
 
     def rss(self, gammas: Any) -> np.ndarray:
         g = self._gammas(gammas)

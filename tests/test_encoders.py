@@ -225,3 +225,35 @@ def test_bf16_autocast_on_cpu_is_close_to_fp32(tiny_vit_checkpoint):
     assert bf16.dtype == np.float32
     np.testing.assert_allclose(bf16, fp32, atol=0.15)
     assert not np.array_equal(bf16, fp32)
+
+
+def test_a_dropped_encoder_frees_its_model_without_the_cycle_collector(tiny_vit_checkpoint):
+    """No reference cycle through the block hooks: the weights (on a GPU, gigabytes) go when the encoder goes,
+    not whenever Python's cycle collector next runs (``run_extract`` twice in one process held two models)."""
+    import gc
+    import weakref
+
+    enc = build_encoder(_tiny(tiny_vit_checkpoint)).load("cpu")
+    encode_numpy(enc, _images(2))
+    model = weakref.ref(enc.model)
+    gc.disable()
+    try:
+        del enc
+        assert model() is None
+    finally:
+        gc.enable()
+
+
+def test_a_dropped_fusion_removes_its_hooks(tiny_vit_checkpoint):
+    from foal_pipe.encoders.fusion import BlockFusion
+
+    enc = build_encoder(_tiny(tiny_vit_checkpoint)).load("cpu")
+    blocks = enc.model.blocks
+    assert all(len(b._forward_hooks) == 1 for b in blocks)
+    extra = BlockFusion(enc.model, "last", "cls", enc.model.num_prefix_tokens, "extra")
+    assert all(len(b._forward_hooks) == 2 for b in blocks)
+    with extra.detached():
+        assert all(len(b._forward_hooks) == 1 for b in blocks)
+    del extra
+    assert all(len(b._forward_hooks) == 1 for b in blocks)
+    encode_numpy(enc, _images(2))  # the encoder's own hooks still work

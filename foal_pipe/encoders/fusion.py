@@ -14,6 +14,7 @@ divides exactly as the hooks do). Torch is imported inside functions only.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -87,6 +88,12 @@ def fusion_blocks(fusion: str, n_blocks: int, name: str) -> range:
         raise FoalPipeError(f"{name}: {exc}") from None
 
 
+def _remove_hooks(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+    handles.clear()
+
+
 class BlockFusion:
     """Fused features of ``model`` (a loaded timm ViT): ``fusion(x)`` runs ``forward_features`` once and returns
     the final norm of the average of the chosen blocks' tokens, float32 ``(B, d)``; ``fusion.with_blocks(x)``
@@ -99,27 +106,34 @@ class BlockFusion:
         self.norm = final_norm(model)
         self._sum: Any = None
         self._kept: list[Any] | None = None
-        self._handles = self._attach()
+        self._handles: list[Any] = []
+        self._attach()
+        weakref.finalize(self, _remove_hooks, self._handles)  # a dropped fusion leaves the model as it was
 
-    def _attach(self) -> list[Any]:
-        return [block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks)]
+    def _attach(self) -> None:
+        self._handles.extend(block.register_forward_hook(self._hook(i)) for i, block in enumerate(self.model.blocks))
 
     def _hook(self, index: int) -> Callable[[Any, Any, Any], None]:
+        """The hook of block ``index``. It holds this object weakly: a strong reference would make a cycle
+        (model -> hook -> fusion -> model), and the model's weights would stay on the GPU after the encoder is
+        dropped, until Python's cycle collector happens to run."""
         chosen = index in self.chosen
+        ref = weakref.ref(self)
 
         def add(_module: Any, _inputs: Any, out: Any) -> None:
             import torch
 
-            if not chosen and self._kept is None:
+            fusion = ref()
+            if fusion is None or (not chosen and fusion._kept is None):
                 return
             if not isinstance(out, torch.Tensor) or out.ndim != 3:
-                raise FoalPipeError(f"{self.name}: a block returned {type(out).__name__}, not a (B, L, d) token "
+                raise FoalPipeError(f"{fusion.name}: a block returned {type(out).__name__}, not a (B, L, d) token "
                                     "tensor; this model family is not supported")
-            token = self.pick(out, self.n_prefix).float()
+            token = fusion.pick(out, fusion.n_prefix).float()
             if chosen:
-                self._sum = token if self._sum is None else self._sum + token
-            if self._kept is not None:
-                self._kept.append(token)
+                fusion._sum = token if fusion._sum is None else fusion._sum + token
+            if fusion._kept is not None:
+                fusion._kept.append(token)
 
         return add
 
@@ -144,9 +158,8 @@ class BlockFusion:
     @contextmanager
     def detached(self) -> Iterator[None]:
         """The model without the hooks (for timm's own ``forward_features``, the benchmark baseline)."""
-        for handle in self._handles:
-            handle.remove()
+        _remove_hooks(self._handles)
         try:
             yield
         finally:
-            self._handles = self._attach()
+            self._attach()
