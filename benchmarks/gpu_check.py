@@ -25,8 +25,8 @@ minute; tests/test_gpu_check.py runs it in CI.
 On a lent device (see benchmarks/gpu_check.sh for the exact commands): here, ``bash benchmarks/gpu_check.sh
 download`` puts the wheels the device image lacks into .whl/ (zarr and its dependencies, array-api-compat,
 setuptools for the editable install); then one call of the device tool's ``run`` with ``carry: [".whl"]``,
-``timeout_s: 540`` and the command ``bash benchmarks/gpu_check.sh device``, which installs them into
-/tmp/site, installs foal-pipe with ``pip install --no-deps -e .``, and runs
+``timeout_s: 540`` and the command ``FOAL_PIPE_COMMIT=<this HEAD> bash benchmarks/gpu_check.sh device``,
+which installs them into /tmp/site, installs foal-pipe with ``pip install --no-deps -e .``, and runs
 ``python3 benchmarks/gpu_check.py --out $OUT``. The table is printed at the end; $OUT/gpu_check.json holds
 everything.
 
@@ -61,6 +61,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/synthetic
 EXACT = 1e-9
 BACKENDS = ("numpy", "cupy", "torch")
 ENGINES = ("gram", "rls")
+#: Names the commit of the tree being checked (the device tool sends the working tree, but its git metadata
+#: can be older): ``FOAL_PIPE_COMMIT=$(git rev-parse HEAD)`` written into the device command.
+COMMIT_VARIABLE = "FOAL_PIPE_COMMIT"
 TARGETS = {"end_to_end_images_per_s": ">= 5,000 on an H100", "peak_gpu_gib": "< 2 GB at batch 256"}
 CLI = "from foal_pipe.cli import main; main()"
 
@@ -418,13 +421,18 @@ def machine() -> dict[str, Any]:
 
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    info["commit"] = os.environ.get(COMMIT_VARIABLE) or _git_head()
+    return info
+
+
+def _git_head() -> str | None:
+    """This checkout's HEAD; on a device machine that may be the session's first commit, not the tree sent."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                                 cwd=Path(__file__).parent)
-        info["commit"] = commit.stdout.strip() or None
+        return commit.stdout.strip() or None
     except Exception:
-        info["commit"] = None
-    return info
+        return None
 
 
 def _fmt(value: Any) -> str:

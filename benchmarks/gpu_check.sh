@@ -9,12 +9,14 @@
 #    learner); setuptools >= 77 (builds the editable install with no network). About 11 MB. Keep one version of
 #    each in .whl/: two stop the install.
 # 2. One call of the device tool's `run`, then `give_back`:
-#        command:   bash benchmarks/gpu_check.sh device
+#        command:   FOAL_PIPE_COMMIT=<git rev-parse HEAD here> bash benchmarks/gpu_check.sh device
 #        carry:     [".whl"]
 #        timeout_s: 540
 #    It installs the wheels into /tmp/site, foal-pipe with `pip install --no-deps -e .`, and runs
 #    `python3 benchmarks/gpu_check.py --out $OUT` (at most 8 minutes: each of its 3 parts is cut at 150 s), which
 #    writes $OUT/gpu_check.json after every part; the printed table and log come back in $OUT/gpu_check.log.
+#    FOAL_PIPE_COMMIT is what the JSON records as the commit: the device's git metadata can be the session's
+#    first commit rather than the tree it was sent.
 #    The same as one `run` command line, without this file:
 #        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
 #        .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 || exit; python3 -m pip

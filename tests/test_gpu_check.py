@@ -23,13 +23,15 @@ def _skipped_or(run: dict, check) -> None:
 
 
 def test_gpu_check_dry_run_writes_every_part(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "FOAL_PIPE_COMMIT": "0123abcd"}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract"}
+    assert report["machine"]["commit"] == "0123abcd"  # the tree's commit as the caller names it
     assert not [name for name, part in report["parts"].items() if "error" in part]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
 
