@@ -121,13 +121,26 @@ def finite_resolution(G: Any) -> float:
     return floor
 
 
+def _check_positive(gammas: np.ndarray) -> None:
+    """Refuse the first gamma that is not a positive finite number."""
+    bad = gammas[~(np.isfinite(gammas) & (gammas > 0))]
+    if bad.size:
+        raise FoalPipeError(f"gamma must be a positive number, got {bad[0]:g}; try --gamma 1")
+
+
+def _not_positive_definite(where: str) -> FoalPipeError:
+    """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma)."""
+    return FoalPipeError(
+        f"G + gamma I is not positive definite {where}: rounding in the Gram sums outweighs gamma, so the solve "
+        "would be noise; use a larger gamma or --dtype float64"
+    )
+
+
 def check_gammas(G: Any, gammas: Any) -> None:
     """Refuse gammas that are not positive or that underflow in the dtype of ``G`` (see :func:`resolution`)."""
-    for g in np.atleast_1d(np.asarray(gammas, dtype=np.float64)):
-        if not np.isfinite(g) or g <= 0:
-            raise FoalPipeError(f"gamma must be a positive number, got {g:g}; try --gamma 1")
-    floor = finite_resolution(G)
     low = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
+    _check_positive(low)
+    floor = finite_resolution(G)
     if floor and low.min() < floor:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
@@ -156,10 +169,7 @@ def _solve_spd(A: Any, Q: Any) -> Any:
     :func:`checked_solve`: the same error on every backend.
     """
     xp = array_namespace(A)
-    fail = FoalPipeError(
-        "G + gamma I is not positive definite at this gamma: rounding in the Gram sums outweighs gamma, so the "
-        "solve would be noise; use a larger gamma or --dtype float64"
-    )
+    fail = _not_positive_definite("at this gamma")
     if is_numpy_namespace(xp):
         from scipy.linalg import LinAlgError, LinAlgWarning, solve
 
@@ -437,8 +447,7 @@ class GammaPath(ABC):
         g = np.asarray(gammas, dtype=np.float64).ravel()
         if g.size == 0:
             raise FoalPipeError("no gammas given; pass at least one, e.g. 1e-2,1,100")
-        if np.any(~np.isfinite(g)) or np.any(g <= 0):
-            raise FoalPipeError(f"gamma must be a positive number, got {g[~(np.isfinite(g) & (g > 0))][0]:g}; try --gamma 1")
+        _check_positive(g)
         if self.floor and g.min() <= self.floor:
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
@@ -530,10 +539,7 @@ class RidgeTridiagonal(GammaPath):
         if gamma not in self._solved_at:
             d, e, info = lapack.dpttrf(self.diagonal + gamma, self.offdiagonal)
             if info != 0:
-                raise FoalPipeError(
-                    f"G + gamma I is not positive definite at gamma {gamma:g}: rounding in the Gram sums outweighs "
-                    "gamma, so the solve would be noise; use a larger gamma or --dtype float64"
-                )
+                raise _not_positive_definite(f"at gamma {gamma:g}")
             z, info = lapack.dpttrs(d, e, self.projected)
             _lapack_ok("dpttrs", info)
             self._solved_at[gamma] = (d, e, z)
