@@ -3,7 +3,7 @@
 Both read the files in the main process (``extract --workers 0``), resize with PIL to the encoder's size and
 encode in batches of 64 on the CPU; ``extract`` then writes a store, ``predict`` projects and scores with a
 saved model. Timed: :func:`foal_pipe.extract.run_extract` (a fresh store each time) and
-:func:`foal_pipe.predict.predict_image_files` (model load, encoder build, encode, score; no CSV), alternated,
+:func:`foal_pipe.model.predict.predict_image_files` (model load, encoder build, encode, score; no CSV), alternated,
 medians of --repeats, with torch and BLAS limited to --threads threads.
 
 Encoders: ``pixels`` at 32 px, and timm's ``vit_tiny_patch16_224`` (12 blocks, 192-dim, random weights) at 64 px.
@@ -58,8 +58,9 @@ def main() -> None:
     from threadpoolctl import threadpool_limits
 
     from foal_pipe.extract import ExtractSpec, run_extract
-    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
-    from foal_pipe.predict import predict_image_files
+    from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.model.predict import predict_image_files
 
     torch.set_num_threads(args.threads)
     results = {}

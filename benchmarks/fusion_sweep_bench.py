@@ -28,7 +28,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 from _runner import finish, header, medians, round_robin  # noqa: E402
 
-from foal_pipe.blockfusion import FinalNorm, fuse  # noqa: E402
+from foal_pipe.store.blockfusion import FinalNorm, fuse  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
 
 DIM, BLOCKS, CLASSES, TASKS, D, CHUNK = 384, 12, 50, 10, 500, 1024

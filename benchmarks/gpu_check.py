@@ -145,8 +145,8 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 def backend_problem(backend: str) -> str | None:
     """Why ``backend`` cannot run here (this foal-pipe does not know it, CuPy or a GPU missing), or ``None``."""
-    from foal_pipe import backend as backends
-    from foal_pipe.classifier import AnalyticClassifier
+    from foal_pipe.core import backend as backends
+    from foal_pipe.model.classifier import AnalyticClassifier
     from foal_pipe.errors import FoalPipeError
 
     known = getattr(backends, "BACKENDS", None)
@@ -176,7 +176,7 @@ def _rate(fn: Callable[[], Any], n: int, repeats: int) -> float:
 # (a) the learner against NumPy and the closed form
 # ---------------------------------------------------------------------------------------------------------
 def part_learner(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
-    from foal_pipe.classifier import AnalyticClassifier
+    from foal_pipe.model.classifier import AnalyticClassifier
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((sz.a_rows, sz.a_dim))

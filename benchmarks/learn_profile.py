@@ -15,7 +15,8 @@ from pathlib import Path
 
 from synthetic import make_store
 
-from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, run_learn, run_sweep
+from foal_pipe.protocol.commands import run_learn, run_sweep
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
 
 def main() -> None:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from array_api_compat import device
 
-from foal_pipe.backend import _cupy, default_device, get_namespace, to_numpy
-from foal_pipe.classifier import AnalyticClassifier
+from foal_pipe.core.backend import _cupy, default_device, get_namespace, to_numpy
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.projection import ACTIVATIONS, SmoothProjection
-from foal_pipe.statistics import RidgeStatistics
+from foal_pipe.core.projection import ACTIVATIONS, SmoothProjection
+from foal_pipe.core.statistics import RidgeStatistics
 from tests.test_learn import build_store
 
 BACKENDS = [
@@ -33,7 +33,7 @@ TOL = 1e-9
 def strict_off_host(monkeypatch):
     """array_api_strict arrays live on a simulated device other than the CPU, as CuPy's and torch-CUDA's do:
     any NumPy call on them (``np.asarray``, NumPy indexing) raises instead of silently copying to the host."""
-    from foal_pipe import backend
+    from foal_pipe.core import backend
 
     monkeypatch.setitem(backend.DEFAULT_DEVICES, "array_api_strict", lambda: array_api_strict.Device("device1"))
 
@@ -132,7 +132,8 @@ def store(tmp_path_factory):
 
 
 def _learn(store, out, backend, **model):
-    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+    from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 
     run_learn(store, out, StreamConfig(tasks=3, seed=1, batch_size=20), ModelConfig(projection_dim=24, **model),
               EvaluationConfig(), ExecutionConfig(backend=backend), log=lambda _: None)
@@ -156,7 +157,8 @@ def test_learn_matches_numpy(tmp_path, store, backend, model):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sweep_matches_numpy(tmp_path, store, backend):
-    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, run_sweep
+    from foal_pipe.protocol.commands import run_sweep
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
     reports = {}
     for name in ("numpy", backend):
@@ -174,7 +176,7 @@ def test_sweep_matches_numpy(tmp_path, store, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_state_stays_in_the_backend(backend):
-    from foal_pipe.backend import backend_of
+    from foal_pipe.core.backend import backend_of
 
     H, y = data(3)
     xp = get_namespace(backend)
@@ -191,7 +193,7 @@ def test_state_stays_in_the_backend(backend):
 
 @pytest.mark.parametrize("backend", ["numpy", *BACKENDS])
 def test_singular_rls_update_is_the_same_error_everywhere(backend):
-    from foal_pipe.engines import RLSEngine
+    from foal_pipe.core.engines import RLSEngine
 
     xp = get_namespace(backend)
     engine = RLSEngine(2, 1.0, xp, xp.float64, default_device(xp))
@@ -209,7 +211,7 @@ def test_torch_backend_without_torch_is_one_clear_error(monkeypatch):
 
 
 def test_auto_picks_cupy_then_torch_on_cuda_then_numpy(monkeypatch):
-    import foal_pipe.backend as backend
+    import foal_pipe.core.backend as backend
 
     monkeypatch.setattr(backend, "_cupy", lambda: None)
     monkeypatch.setattr(backend, "_torch_cuda", lambda: False)
@@ -226,7 +228,7 @@ def test_auto_picks_cupy_then_torch_on_cuda_then_numpy(monkeypatch):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_host_statistics_join_a_device_state(backend):
     """Dask workers sum on the host; their statistics add into the running state of any backend."""
-    from foal_pipe.backend import backend_of
+    from foal_pipe.core.backend import backend_of
 
     xp = get_namespace(backend)
     H, y = data(4)

@@ -13,7 +13,7 @@ from conftest import TINY_VIT, TINY_VIT_KWARGS
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
-from foal_pipe.blockfusion import FUSION_FORMS, FinalNorm, FusedSplit, fuse, parse_fusion, parse_fusions
+from foal_pipe.store.blockfusion import FUSION_FORMS, FinalNorm, FusedSplit, fuse, parse_fusion, parse_fusions
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
@@ -524,7 +524,7 @@ def _learn(store: Path, out: Path, *extra: str):
 
 def test_learn_with_a_read_time_fusion_equals_learn_on_those_features(stores, tmp_path):
     """`learn --fusion last` on a blocks store is `learn` on a plain store holding the same fused features."""
-    from foal_pipe.modelfile import read_model
+    from foal_pipe.model.modelfile import read_model
     from foal_pipe.store import open_store, write_store
 
     fused = open_store(stores["f32"], fusion="last")

@@ -12,13 +12,9 @@ import pytest
 from conftest import make_image_tree
 from PIL import Image
 
-from foal_pipe.datasets import (
-    DATASETS,
-    FASHION_CLASSES,
-    PreparedImages,
-    open_dataset,
-    to_rgb_array,
-)
+from foal_pipe.datasets.loaders import FASHION_CLASSES
+from foal_pipe.datasets.registry import DATASETS, open_dataset
+from foal_pipe.datasets.sources import PreparedImages, to_rgb_array
 from foal_pipe.errors import FoalPipeError
 
 REQUIRED = ["digits", "fashion-mnist", "cifar100", "dtd", "fgvc-aircraft", "country211", "core50", "tiny-imagenet",

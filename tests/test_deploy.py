@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import foal_pipe
-from foal_pipe.classifier import AnalyticClassifier
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+from foal_pipe.protocol.commands import run_learn
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.store import write_store
 
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import foal_pipe.classifier
-import foal_pipe.projection
-import foal_pipe.statistics
+import foal_pipe.model.classifier
+import foal_pipe.core.projection
+import foal_pipe.core.statistics
 from foal_pipe.store import write_store
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.mark.parametrize("module", [foal_pipe.classifier, foal_pipe.projection, foal_pipe.statistics])
+@pytest.mark.parametrize("module", [foal_pipe.model.classifier, foal_pipe.core.projection, foal_pipe.core.statistics])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
-from foal_pipe.evaluate import evaluate, read_metrics, read_sweep, select
-from foal_pipe.metrics import summarize
-from foal_pipe.modelfile import write_model
-from foal_pipe.paper import PAPER_BACKBONE, TABLE2, match_paper, paper_row
+from foal_pipe.report import evaluate, read_metrics, read_sweep, select
+from foal_pipe.core.metrics import summarize
+from foal_pipe.model.modelfile import write_model
+from foal_pipe.report.paper import PAPER_BACKBONE, TABLE2, match_paper, paper_row
 
 runner = CliRunner()
 
@@ -414,7 +414,7 @@ def test_read_metrics_accepts_the_learners_output_keys(tmp_path):
 def test_readme_evaluation_example_runs(tmp_path, monkeypatch, capsys):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("\n## Python API", 1)[1].split("\n## ", 1)[0]
-    code = next(block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "foal_pipe.evaluate" in block)
+    code = next(block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "foal_pipe.report" in block)
     make_run(tmp_path / "runs" / "digits")
     monkeypatch.chdir(tmp_path)
     exec(code, {})
@@ -447,7 +447,7 @@ def test_evaluate_twice_gives_identical_bytes(tmp_path):
 
 def test_failed_evaluation_leaves_the_previous_one(tmp_path, monkeypatch):
     from foal_pipe.errors import FoalPipeError
-    from foal_pipe.evaluate import evaluation
+    from foal_pipe.report import evaluation
 
     run = make_run(tmp_path / "run", sweep=new_sweep())
     before = {f.name: f.read_bytes() for f in evaluate(run).files}
@@ -630,7 +630,7 @@ def test_bad_sweep_criterion_values_are_refused(tmp_path):
 def test_gamma_plot_shows_test_accuracy_gcv_and_loo_with_the_choice(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    from foal_pipe.evaluate import load_run, plots
+    from foal_pipe.report import load_run, plots
 
     figures = []
 

@@ -9,10 +9,12 @@ import pytest
 from test_learn import DIM, N_CLASSES, build_store, invoke, learn, read
 
 from foal_pipe import SmoothProjection
-from foal_pipe.learn import (EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, StreamConfig,
-                             gram_boundaries, prepare)
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
+from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import Split
-from foal_pipe.stream import build_stream
+from foal_pipe.protocol.stream import build_stream
 
 HAND = {
     "sigmoid": lambda z: 1 / (1 + np.exp(-z)),

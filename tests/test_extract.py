@@ -136,7 +136,7 @@ def test_resume_after_an_exception_gives_an_identical_store(tmp_path, monkeypatc
 
 KILLER = """
 import json, os, signal, sys
-import foal_pipe.extract as ex
+import foal_pipe.extract.run as ex
 fields = json.loads(sys.argv[1])
 fields["model_kwargs"] = tuple(tuple(kv) for kv in fields["model_kwargs"])
 real = ex.mark_progress
@@ -178,19 +178,21 @@ def test_distributed_style_out_of_order_ranges_give_the_same_store(tmp_path, vit
 
 
 def test_interrupted_creation_leaves_nothing_at_out(tmp_path, monkeypatch):
+    import foal_pipe.store.write as store_write
+
     spec = _pixels(tmp_path / "d.zarr")
-    real = st.create_array
+    real = store_write.create_array
 
     def dies(group, name, *args):
         if name == "test/index":
             raise Boom
         return real(group, name, *args)
 
-    monkeypatch.setattr(st, "create_array", dies)
+    monkeypatch.setattr(store_write, "create_array", dies)
     with pytest.raises(Boom):
         run_extract(spec)
     assert not spec.out_path.exists() and not (tmp_path / ".d.zarr.creating").exists()
-    monkeypatch.setattr(st, "create_array", real)
+    monkeypatch.setattr(store_write, "create_array", real)
     (tmp_path / ".d.zarr.creating").mkdir()  # as a SIGKILL during creation leaves it
     assert run_extract(spec).status == "created"
     assert not (tmp_path / ".d.zarr.creating").exists() and open_store(spec.out_path).meta.complete

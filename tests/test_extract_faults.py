@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+from foal_pipe.protocol.commands import run_learn
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[1]

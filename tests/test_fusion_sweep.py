@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 import foal_pipe.store as st
 from foal_pipe.cli import app
-from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, memory_parts, prepare
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.run import memory_parts, prepare
 from foal_pipe.store import write_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -156,7 +157,7 @@ def test_evaluate_plots_a_avg_per_fusion_and_summarises_each_choice(blocks_store
 
 def test_a_fusions_entry_that_names_no_fusion_is_refused(blocks_store, tmp_path):
     from foal_pipe.errors import FoalPipeError
-    from foal_pipe.evaluate import read_sweep
+    from foal_pipe.report import read_sweep
 
     sweep = _sweep(blocks_store, tmp_path / "s", "--fusions", "last,mean-cls", "--no-loo")
     assert read_sweep(tmp_path / "s")["best"] == sweep["best"]

@@ -14,8 +14,8 @@ from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
-from foal_pipe.metrics import summarize
-from foal_pipe.stream import build_stream
+from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.stream import build_stream
 
 runner = CliRunner()
 N_CLASSES, DIM = 12, 16
@@ -189,8 +189,10 @@ def test_sweep_equals_learn_for_every_gamma(tmp_path, store):
 
 
 def test_sweep_weights_equal_closed_form_at_every_boundary(store):
-    from foal_pipe.learn import (EvaluationConfig, ExecutionConfig, ManyGammas, ModelConfig, StreamConfig,
-                                 gram_boundaries, prepare)
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import prepare
+    from foal_pipe.protocol.solvers import ManyGammas
+    from foal_pipe.protocol.walk import gram_boundaries
 
     gammas = [0.01, 3.0]
     run = prepare(store, StreamConfig(tasks=4, seed=3), ModelConfig(projection_dim=48), EvaluationConfig(),
@@ -349,7 +351,7 @@ def assert_clean_error(result, message: str, out: Path) -> None:
 
 
 def test_backend_cupy_without_cupy_is_refused(tmp_path, store, monkeypatch):
-    import foal_pipe.backend as backend
+    import foal_pipe.core.backend as backend
 
     monkeypatch.setattr(backend, "_cupy", lambda: None)  # as on a machine without CuPy or without a GPU
     out = tmp_path / "out"

@@ -25,7 +25,8 @@ def test_too_large_projection_is_refused_before_any_work(tmp_path, store, monkey
 
 
 def test_estimate_grows_with_d_squared_not_with_tasks(store, monkeypatch):
-    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, memory_parts, prepare
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import memory_parts, prepare
 
     def state(dim, tasks, dtype="float64", **model):
         run = prepare(store, StreamConfig(tasks=tasks), ModelConfig(projection_dim=dim, dtype=dtype, **model),
@@ -53,10 +54,11 @@ def test_available_memory_reads_the_machine():
 def test_leave_one_out_keeps_activations_only_within_the_budget(store, monkeypatch):
     """A leave-one-out run keeps rows x D activations when --max-memory and the machine allow, and its estimate
     counts them; a fixed gamma (issue 12's bounded walk) never keeps them."""
-    from foal_pipe.learn import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, prepare
+    from foal_pipe.protocol.config import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import prepare
 
     parts = {}
-    monkeypatch.setattr("foal_pipe.learn.check_memory", lambda command, p, fix: parts.update(p) or 0)
+    monkeypatch.setattr("foal_pipe.protocol.run.check_memory", lambda command, p, fix: parts.update(p) or 0)
 
     def run(gamma="auto", loo=True, max_memory=2**30):
         parts.clear()

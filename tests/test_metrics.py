@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.metrics import summarize
-from foal_pipe.stream import build_stream, split_classes
+from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.stream import build_stream, split_classes
 
 
 def test_metrics_by_hand():

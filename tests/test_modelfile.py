@@ -14,9 +14,9 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from foal_pipe.classifier import AnalyticClassifier
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.modelfile import read_model, validate_model, write_model
+from foal_pipe.model.modelfile import read_model, validate_model, write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def test_same_model_gives_the_same_bytes_in_any_process(tmp_path):
     assert a == b.read_bytes()
     script = (
         "import sys; sys.path.insert(0, sys.argv[2]); from tests.test_modelfile import model; "
-        "from foal_pipe.modelfile import write_model; write_model(sys.argv[1], *model())"
+        "from foal_pipe.model.modelfile import write_model; write_model(sys.argv[1], *model())"
     )
     for seed in ("1", "2", "3"):
         out = tmp_path / f"p{seed}.safetensors"
@@ -251,7 +251,7 @@ def test_write_refuses_what_read_would_refuse_and_writes_nothing(tmp_path):
 
 
 def test_validate_checks_header_shapes_without_values():
-    from foal_pipe.modelfile import TensorInfo
+    from foal_pipe.model.modelfile import TensorInfo
 
     tensors, meta = model()
     header = {k: TensorInfo(v.shape, v.dtype) for k, v in tensors.items()}

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.memory import parse_memory
-from foal_pipe.metrics import summarize
-from foal_pipe.orders import class_statistics_bytes
+from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.orders import class_statistics_bytes
 from tests.test_learn import build_store
 
 runner = CliRunner()
@@ -151,7 +151,7 @@ def test_stage_command_lines_pass_order_seeds() -> None:
 
 
 def test_evaluate_with_orders(store: Path, tmp_path: Path) -> None:
-    from foal_pipe.evaluate import evaluate
+    from foal_pipe.report import evaluate
 
     run = tmp_path / "many"
     _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "0.5", "--order-seeds", "0,3,7"])
@@ -165,7 +165,7 @@ def test_evaluate_with_orders(store: Path, tmp_path: Path) -> None:
         assert f"| {entry['order_seed']} | {100 * entry['A_avg']:.2f} | {100 * entry['A_last']:.2f} |" in text
     from types import SimpleNamespace
 
-    from foal_pipe.evaluate.plots import order_band
+    from foal_pipe.report.plots import order_band
 
     mean, std = order_band(SimpleNamespace(metrics=m))
     steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in m["orders"]]) * 100
@@ -175,7 +175,7 @@ def test_evaluate_with_orders(store: Path, tmp_path: Path) -> None:
 
 
 def test_evaluate_flags_an_order_inconsistent_with_its_matrix(store: Path, tmp_path: Path) -> None:
-    from foal_pipe.evaluate import evaluate
+    from foal_pipe.report import evaluate
 
     run = tmp_path / "many"
     _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "0.5", "--order-seeds", "0,3"])
@@ -188,7 +188,7 @@ def test_evaluate_flags_an_order_inconsistent_with_its_matrix(store: Path, tmp_p
 
 def test_small_buffer_gives_the_same_orders(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Buffers flushed every 16 rows of a class (many flushes per class) sum to the same statistics."""
-    import foal_pipe.orders as orders
+    import foal_pipe.protocol.orders as orders
 
     args = [*COMMON, "--gamma", "0.5", "--order-seeds", "0,3"]
     _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "big"), *args])

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.io import check_output_dir
-from foal_pipe.modelfile import read_model
+from foal_pipe.model.modelfile import read_model
 from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ def _bad_out(tmp_path: Path, kind: str) -> tuple[Path, str]:
 @pytest.mark.parametrize("kind", ["file", "under-file", "immutable"])
 @pytest.mark.parametrize("command", ["learn", "sweep"])
 def test_unwritable_out_is_refused_before_training(tmp_path, store, monkeypatch, command, kind):
-    import foal_pipe.learn as learn
+    import foal_pipe.protocol.commands as learn
 
     monkeypatch.setattr(learn, "prepare", _trained)
     out, message = _bad_out(tmp_path, kind)
@@ -171,7 +171,7 @@ def test_read_only_directory_by_monkeypatch(tmp_path, store, monkeypatch):
     """The same refusal where the machine allows no chattr: the probe directory cannot be created."""
     import tempfile
 
-    import foal_pipe.learn as learn
+    import foal_pipe.protocol.commands as learn
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), kwargs.get("dir"))
@@ -225,7 +225,7 @@ FAULTS = {
     "swap of the directory": lambda mp: mp.setattr("foal_pipe.io.exchange", _enospc),
     "JSON text": _text_fails(".json.tmp-"),
     "journal": _text_fails(".swap"),
-    "model bytes": lambda mp: mp.setattr("foal_pipe.modelfile.open", _FullDisk, raising=False),
+    "model bytes": lambda mp: mp.setattr("foal_pipe.model.modelfile.open", _FullDisk, raising=False),
 }
 
 
@@ -298,7 +298,7 @@ def test_real_full_disk(tmp_path, store, mount):
 
 
 def test_real_read_only_mount(tmp_path, store, mount, monkeypatch):
-    import foal_pipe.learn as learn
+    import foal_pipe.protocol.commands as learn
 
     disk = mount("size=1m")
     out = disk / "run"
@@ -323,16 +323,16 @@ def test_real_read_only_mount(tmp_path, store, mount, monkeypatch):
 @pytest.mark.parametrize("command", ["learn", "sweep", "predict"])
 def test_unexpected_os_errors_are_one_line(tmp_path, store, monkeypatch, command):
     """An OSError the library does not name itself still ends as one line naming the path and the reason."""
-    import foal_pipe.learn
-    import foal_pipe.predict
+    import foal_pipe.protocol.commands
+    import foal_pipe.model.predict
 
     def fail(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/data/somewhere")
 
     if command == "predict":
-        monkeypatch.setattr(foal_pipe.predict, "predict_split", fail)
+        monkeypatch.setattr(foal_pipe.model.predict, "predict_split", fail)
     else:
-        monkeypatch.setattr(foal_pipe.learn, "prepare", fail)
+        monkeypatch.setattr(foal_pipe.protocol.commands, "prepare", fail)
     args = {"learn": learn_args(store, tmp_path / "run"), "sweep": sweep_args(store, tmp_path / "run"),
             "predict": ["predict", "--model", tmp_path / "m.safetensors", "--features", store]}[command]
     line = one_line_error(invoke(args))

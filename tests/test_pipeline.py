@@ -528,7 +528,7 @@ def test_readme_quick_start_is_exactly_two_commands():
 
 def test_readme_paper_configuration_is_valid_and_comparable(resolve):
     """The README's `datasets` entry for CIFAR-100, resolved as the stages do, is comparable with Table 2."""
-    from foal_pipe.paper import PAPER_BACKBONE, match_paper
+    from foal_pipe.report.paper import PAPER_BACKBONE, match_paper
 
     resolve, _ = resolve
     block = re.search(r"```yaml\n(.*?)```", _section("Reproducing the paper"), re.S).group(1)

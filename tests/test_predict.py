@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from foal_pipe.classifier import AnalyticClassifier
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.cli import app
-from foal_pipe.modelfile import read_model
+from foal_pipe.model.modelfile import read_model
 from foal_pipe.store import write_store
 
 runner = CliRunner()
@@ -102,9 +102,9 @@ def test_model_is_validated_before_the_store_is_read(tmp_path, trained, monkeypa
         model.write_bytes(bytes(data))
     elif content is not None:
         model.write_bytes(content)
-    import foal_pipe.predict
+    import foal_pipe.model.predict
 
-    monkeypatch.setattr(foal_pipe.predict, "open_store", _no_store_read)
+    monkeypatch.setattr(foal_pipe.model.predict, "open_store", _no_store_read)
     one_line_error(invoke("--model", model, "--features", store, "--out", tmp_path / "p.csv"), message)
     assert not (tmp_path / "p.csv").exists()
 
@@ -137,9 +137,9 @@ def _predicted(*args, **kwargs):
 
 def test_out_is_checked_before_predicting(tmp_path, trained, monkeypatch):
     store, model = trained
-    import foal_pipe.predict
+    import foal_pipe.model.predict
 
-    monkeypatch.setattr(foal_pipe.predict, "predict_split", _predicted)
+    monkeypatch.setattr(foal_pipe.model.predict, "predict_split", _predicted)
     one_line_error(invoke("--model", model, "--features", store, "--out", tmp_path), "is a directory")
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -120,12 +120,12 @@ class Stop(Exception):
 
 def test_a_store_resumes_across_resize_places(tmp_path, monkeypatch):
     """Half extracted in the workers, finished on the device: identical to an uninterrupted run."""
-    import foal_pipe.extract as ex
+    from foal_pipe.store import FeatureWriter
 
     reference = tmp_path / "ref.zarr"
     run_extract(_spec(reference, "workers"))
     out = tmp_path / "mixed.zarr"
-    real = ex.FeatureWriter.write
+    real = FeatureWriter.write
     calls = []
 
     def stop_after_three(self, lo, block):
@@ -134,10 +134,10 @@ def test_a_store_resumes_across_resize_places(tmp_path, monkeypatch):
         calls.append(lo)
         return real(self, lo, block)
 
-    monkeypatch.setattr(ex.FeatureWriter, "write", stop_after_three)
+    monkeypatch.setattr(FeatureWriter, "write", stop_after_three)
     with pytest.raises(Stop):
         run_extract(_spec(out, "workers"))
-    monkeypatch.setattr(ex.FeatureWriter, "write", real)
+    monkeypatch.setattr(FeatureWriter, "write", real)
     report = run_extract(_spec(out, "device"))
     assert report.status == "resumed" and report.resumed_from["train"] == 3 * 128
     assert_identical_stores(out, reference)

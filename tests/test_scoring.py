@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from foal_pipe.scoring import ModelScores, Rows, relative_bound
+from foal_pipe.core.scoring import ModelScores, Rows, relative_bound
 
 
 def sigmoid_rows(n: int, D: int, seed: int = 0) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 from test_learn import assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
 
-from foal_pipe.stream import build_stream
+from foal_pipe.protocol.stream import build_stream
 
 GRID = [1e-3, 1.0, 4.0, 8.0, 16.0, 1e3]  # the choices differ between boundaries on this store
 N_CLASSES = 12
@@ -118,9 +118,10 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     boundary (forced by a --max-memory below the activations' size), write the same bytes: a row's projection
     does not depend on the rows projected beside it. Blocks of 20 rows split the 64-row chunks; 5 tasks of 12
     classes drop 2 classes, so some rows are outside the stream."""
-    import foal_pipe.learn as walk
+    import foal_pipe.protocol.run as run
+    import foal_pipe.protocol.walk as walk
 
-    monkeypatch.setattr(walk, "BLOCK_VALUES", 48 * 20)
+    monkeypatch.setattr(run, "BLOCK_VALUES", 48 * 20)
     projected = []
     project = walk._project
     monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))

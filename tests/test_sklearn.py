@@ -10,7 +10,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from foal_pipe import AnalyticClassifier, SmoothProjection
-from foal_pipe.classifier import SKLEARN_EXPECTED_FAILURES
+from foal_pipe.model.classifier import SKLEARN_EXPECTED_FAILURES
 
 
 @parametrize_with_checks(
@@ -49,7 +49,7 @@ def test_pipeline_cross_validation_and_grid_search(digits):
 
 
 def test_auto_gamma_is_gcv_on_the_grid(digits):
-    from foal_pipe.statistics import RidgeStatistics
+    from foal_pipe.core.statistics import RidgeStatistics
 
     X, y = digits
     H = SmoothProjection(n_components=200, random_state=1).fit_transform(X)

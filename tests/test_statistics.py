@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from foal_pipe import FoalPipeError
-from foal_pipe.statistics import RidgeEigen, RidgeStatistics, RidgeTridiagonal, class_positions
+from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal
+from foal_pipe.core.linalg import class_positions
+from foal_pipe.core.statistics import RidgeStatistics
 
 GAMMAS = [1e-2, 0.3, 1.0, 10.0, 300.0]
 

@@ -25,12 +25,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import foal_pipe.lock as lk
+import foal_pipe.store.lock as lk
 import foal_pipe.store as st
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract, staging_path
-from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+from foal_pipe.protocol.commands import run_learn
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.store import open_store, read_log, read_meta, writer_lock
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -204,7 +205,7 @@ def test_a_store_swapped_for_another_layout_mid_read_is_named_as_changed(tmp_pat
 
 
 def test_predict_checks_the_store_it_read(tmp_path, monkeypatch, reference):
-    from foal_pipe.predict import predict_split
+    from foal_pipe.model.predict import predict_split
 
     store = tmp_path / "digits.zarr"
     shutil.copytree(reference, store)

@@ -17,11 +17,12 @@ import zarr
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
-from foal_pipe.chunks import missing_chunks
+from foal_pipe.store.chunks import missing_chunks
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
-from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+from foal_pipe.protocol.commands import run_learn
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.store import compute_generation, open_store, read_meta, verify_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -50,8 +50,8 @@ def evaluate(
     When the dataset and settings match a column of the paper's Table 2, summary.md shows its numbers too.
     """
     with user_errors():
-        from foal_pipe.evaluate import evaluate as run_evaluation
-        from foal_pipe.evaluate import pct
+        from foal_pipe.report import evaluate as run_evaluation
+        from foal_pipe.report import pct
 
         ev = run_evaluation(run, out=out, sweep=sweep, model=model, plots=plots)
         for warning in ev.warnings:
@@ -93,8 +93,8 @@ def summary_table(paths: list[Path]) -> Table:
     The paper column appears when a run's dataset is in the paper's Table 2; runs that are not
     comparable say how many settings differ (``foal-pipe evaluate`` writes which ones to summary.md).
     """
-    from foal_pipe.evaluate import find_runs, gamma_text, pct, result_at, select
-    from foal_pipe.paper import match_paper
+    from foal_pipe.report import find_runs, gamma_text, pct, result_at, select
+    from foal_pipe.report.paper import match_paper
 
     found = find_runs(paths, on_error=lambda message: err_console.print(
         f"[bold yellow]Warning:[/] skipped: {message}", highlight=False, soft_wrap=True))

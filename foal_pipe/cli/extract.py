@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
-from foal_pipe.datasets import DATASETS
+from foal_pipe.datasets.registry import DATASETS
 from foal_pipe.encoders import PAPER_MODEL
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.progress import new_progress
@@ -154,7 +154,7 @@ def extract(
         try:
             with progress.bar:
                 if scheduler == "dask":
-                    from foal_pipe.distributed import dask_extract
+                    from foal_pipe.extract.distributed import dask_extract
 
                     report = dask_extract(spec, dask_address, workers, overwrite=overwrite, progress=progress)
                 else:

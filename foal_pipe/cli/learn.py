@@ -104,7 +104,7 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
 
 
 def _gamma(text: str) -> float | str:
-    from foal_pipe.learn import parse_gamma
+    from foal_pipe.protocol.config import parse_gamma
 
     if text == "auto":
         return "auto"
@@ -121,7 +121,7 @@ def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, 
         return None
     if order_seed is not None:
         raise FoalPipeError("pass --order-seed (one order) or --order-seeds (many), not both")
-    from foal_pipe.orders import parse_order_seeds
+    from foal_pipe.protocol.orders import parse_order_seeds
 
     return parse_order_seeds(order_seeds)
 
@@ -178,7 +178,8 @@ def learn(
     Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F), OUT/model.safetensors and OUT/timings.json
     (seconds per phase) as one unit: a failed or killed run leaves the previous outputs as they were.
     """
-    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, run_learn
+    from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 
     with user_errors():
         model = ModelConfig(
@@ -197,14 +198,14 @@ def learn(
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
         if init_model is not None:
-            from foal_pipe.continuation import continue_from_cli
+            from foal_pipe.protocol.continuation import continue_from_cli
 
             m = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
                                   eval_features or [], log=_log)
         elif seeds is None:
             m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:
-            from foal_pipe.orders import run_learn_orders
+            from foal_pipe.protocol.orders import run_learn_orders
 
             m = run_learn_orders(features, out, seeds, stream, model, evaluation, execution, log=_log)
             std = m["std"]
@@ -263,7 +264,8 @@ def sweep(
     GCV and exact leave-one-out scores, computed on the training rows only, name the best gamma.
     With --fusions, the same for every fusion of a blocks store, and the best (fusion, gamma).
     """
-    from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, run_sweep
+    from foal_pipe.protocol.commands import run_sweep
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
     with user_errors():
         config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo,
@@ -282,7 +284,7 @@ def sweep(
         if seeds is None:
             report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:
-            from foal_pipe.orders import run_sweep_orders
+            from foal_pipe.protocol.orders import run_sweep_orders
 
             report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
         title = f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})"
@@ -311,7 +313,7 @@ def sweep(
 
 def _sweep_table(entry: dict, selected_by: str, no_loo: bool, title: str) -> Table:
     """One feature set's gammas (a sweep.json, or one of its ``fusions``), its choices marked."""
-    from foal_pipe.learn import choose
+    from foal_pipe.protocol.records import choose
 
     table = Table(title=title)
     for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
@@ -362,7 +364,7 @@ def predict(
     predicted_class, predicted_name, score (and top{i}_name, top{i}_score with --top-k).
     """
     from foal_pipe.io import atomic_path, check_output_file
-    from foal_pipe.predict import predict_image_files, predict_split
+    from foal_pipe.model.predict import predict_image_files, predict_split
 
     with user_errors():
         if (features is None) == (not images):

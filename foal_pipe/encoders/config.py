@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from foal_pipe.blockfusion import parse_fusion
+from foal_pipe.store.blockfusion import parse_fusion
 from foal_pipe.encoders.fusion import TOKENS
 from foal_pipe.errors import FoalPipeError
 

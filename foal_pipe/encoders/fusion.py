@@ -1,14 +1,14 @@
 """Feature fusion over a timm ViT's ``blocks`` (docs/protocol.md section 1).
 
 The chosen token (:data:`TOKENS`: CLS, or the mean of the patch tokens) of each chosen block's output (a
-fusion spec, :func:`foal_pipe.blockfusion.parse_fusion`: every block, the last, blocks A..B, block K) -- the
+fusion spec, :func:`foal_pipe.store.blockfusion.parse_fusion`: every block, the last, blocks A..B, block K) -- the
 residual stream, before any norm -- is averaged, and the model's final norm is applied once to that average.
 It is computed in the single forward pass of timm's ``forward_features``: a forward hook on each block adds
 its token to a running (B, d) float32 sum, so nothing larger than one (B, d) tensor is kept
 (``forward_intermediates`` would keep every block's full (B, L, d) output alive; benchmarks/extract_bench.py
 measures both). :meth:`BlockFusion.with_blocks` also returns every block's token (``extract --keep-blocks``),
 from the same forward pass; :func:`norm_parameters` gives the final norm's kind, eps and parameters, so the
-fusion can be recomputed from those tokens without the model (:mod:`foal_pipe.blockfusion`, which sums and
+fusion can be recomputed from those tokens without the model (:mod:`foal_pipe.store.blockfusion`, which sums and
 divides exactly as the hooks do). Torch is imported inside functions only.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.blockfusion import NORMS, parse_fusion
+from foal_pipe.store.blockfusion import NORMS, parse_fusion
 from foal_pipe.errors import FoalPipeError
 
 TOKENS: dict[str, Callable[[Any, int], Any]] = {
@@ -43,7 +43,7 @@ def final_norm(model: Any) -> Any:
 
 
 def norm_kinds() -> dict[type, str]:
-    """The norm classes whose computation :data:`foal_pipe.blockfusion.NORMS` repeats, by exact class (a
+    """The norm classes whose computation :data:`foal_pipe.store.blockfusion.NORMS` repeats, by exact class (a
     subclass may compute something else)."""
     import timm.layers as layers
     import torch
@@ -54,7 +54,7 @@ def norm_kinds() -> dict[type, str]:
 
 
 def norm_kind(norm: Any) -> str | None:
-    """The :data:`~foal_pipe.blockfusion.NORMS` kind of a norm module, ``None`` when it is not one of them."""
+    """The :data:`~foal_pipe.store.blockfusion.NORMS` kind of a norm module, ``None`` when it is not one of them."""
     kind = norm_kinds().get(type(norm))
     shape = tuple(getattr(norm, "normalized_shape", ()) or ())
     return kind if kind == "identity" or len(shape) == 1 else None

@@ -1,0 +1,193 @@
+"""Array namespaces: the learner is written once against the array API and runs on NumPy, CuPy or torch.
+
+Namespaces are array-api-compat's wrappers (``array_api_compat.numpy``, ``.cupy``, ``.torch``), so the code
+in :mod:`foal_pipe.core.statistics`, :mod:`foal_pipe.core.engines`, :mod:`foal_pipe.core.projection` and the evaluation
+of :mod:`foal_pipe.protocol` calls standard functions only. CuPy (``pip install foal-pipe[gpu]``) and torch
+(``pip install 'foal-pipe[extract]'``) are optional: nothing here imports them unless asked, and ``auto``
+imports torch only where an NVIDIA driver is present. ``array_api_strict``, the standard's reference
+namespace, is accepted too (the CLI help does not list it): the tests run the whole learner on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from array_api_compat import (
+    array_namespace,
+    is_array_api_obj,
+    is_array_api_strict_namespace,
+    is_cupy_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+)
+
+from foal_pipe.errors import FoalPipeError
+
+BACKENDS = ("auto", "numpy", "cupy", "torch")
+DTYPES = {"float64": np.float64, "float32": np.float32}
+#: Present when an NVIDIA driver is loaded: ``auto`` looks for torch's CUDA only then (importing torch is slow).
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+
+
+def _cupy() -> ModuleType | None:
+    try:
+        import cupy
+    except ImportError:
+        return None
+    try:
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:  # no driver, no device
+        return None
+
+
+def _torch_cuda() -> bool:
+    """torch is installed and sees a CUDA GPU (torch is imported only where a driver is loaded)."""
+    if not NVIDIA_DRIVER.exists():
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _numpy_namespace() -> ModuleType:
+    import array_api_compat.numpy as xp
+
+    return xp
+
+
+def _cupy_namespace() -> ModuleType:
+    if _cupy() is None:
+        raise FoalPipeError(
+            "--backend cupy needs CuPy and a CUDA GPU; install it with `pip install foal-pipe[gpu]` or use --backend numpy"
+        )
+    import array_api_compat.cupy as xp
+
+    return xp
+
+
+def _torch_namespace() -> ModuleType:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise FoalPipeError(
+            "--backend torch needs PyTorch; install it with `pip install 'foal-pipe[extract]'` (or `pip install torch`) "
+            "or use --backend numpy"
+        ) from None
+    import array_api_compat.torch as xp
+
+    return xp
+
+
+def _strict_namespace() -> ModuleType:
+    try:
+        import array_api_strict as xp
+    except ImportError:
+        raise FoalPipeError("backend array_api_strict needs `pip install array-api-strict` (the dev extra)") from None
+    return xp
+
+
+#: Namespace loaders by backend name; each raises a one-line FoalPipeError when its library is missing.
+NAMESPACES: dict[str, Callable[[], ModuleType]] = {
+    "numpy": _numpy_namespace,
+    "cupy": _cupy_namespace,
+    "torch": _torch_namespace,
+    "array_api_strict": _strict_namespace,
+}
+
+
+#: How to recognise each backend's namespace (:func:`backend_of`).
+IS_NAMESPACE: dict[str, Callable[[ModuleType], bool]] = {
+    "numpy": is_numpy_namespace,
+    "cupy": is_cupy_namespace,
+    "torch": is_torch_namespace,
+    "array_api_strict": is_array_api_strict_namespace,
+}
+#: What a backend's ``linalg`` raises on a singular matrix: NumPy's LinAlgError, torch's (a RuntimeError).
+#: CuPy raises nothing and returns NaN, so callers also check that the result is finite.
+LINALG_ERRORS: tuple[type[Exception], ...] = (np.linalg.LinAlgError, RuntimeError)
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """A key of :data:`NAMESPACES`; ``auto``: CuPy if it sees a GPU, else torch on CUDA if available, else NumPy."""
+    if backend not in BACKENDS and backend not in NAMESPACES:
+        raise FoalPipeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    if _cupy() is not None:
+        return "cupy"
+    return "torch" if _torch_cuda() else "numpy"
+
+
+def get_namespace(backend: str = "auto") -> ModuleType:
+    """The array-API namespace of a backend (see :func:`resolve_backend`)."""
+    return NAMESPACES[resolve_backend(backend)]()
+
+
+def backend_of(array: Any) -> str:
+    """The backend name of an array (``torch`` for a torch tensor, and so on)."""
+    xp = array_namespace(array)
+    for name, is_namespace in IS_NAMESPACE.items():
+        if is_namespace(xp):
+            return name
+    raise FoalPipeError(f"arrays of {xp.__name__} are not supported; use NumPy, CuPy or torch arrays")
+
+
+def _torch_device() -> Any:
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+#: Where each backend makes arrays from host data (absent: the namespace's default device).
+DEFAULT_DEVICES: dict[str, Callable[[], Any]] = {"torch": _torch_device}
+
+
+def default_device(xp: ModuleType) -> Any:
+    """Where a namespace's arrays are made from host data: torch's CUDA device when it has one, else the default."""
+    for name, is_namespace in IS_NAMESPACE.items():
+        if is_namespace(xp):
+            return DEFAULT_DEVICES[name]() if name in DEFAULT_DEVICES else None
+    return None
+
+
+def _strict_to_host(array: Any) -> np.ndarray:
+    import array_api_strict
+
+    return np.from_dlpack(array.to_device(array_api_strict.Device("CPU_DEVICE")))
+
+
+#: How each backend copies an array to host memory.
+TO_HOST: dict[str, Callable[[Any], np.ndarray]] = {
+    "numpy": np.asarray,
+    "cupy": lambda array: array.get(),
+    "torch": lambda array: array.detach().cpu().numpy(),
+    "array_api_strict": _strict_to_host,
+}
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    """Copy a NumPy, CuPy, torch or array_api_strict array to host memory as a NumPy array."""
+    if isinstance(array, np.ndarray):
+        return array
+    if isinstance(array, np.generic) or not is_array_api_obj(array):
+        return np.asarray(array)
+    return TO_HOST[backend_of(array)](array)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``float32`` for NumPy's and torch's float32 dtype objects alike."""
+    return getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype).split(".")[-1]
+
+
+def resolve_dtype(dtype: str | type | np.dtype) -> np.dtype:
+    """Validate a state dtype name (``float64`` or ``float32``)."""
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name not in DTYPES:
+        raise FoalPipeError(f"unsupported dtype {name!r}; use float64 (exact, default) or float32")
+    return np.dtype(DTYPES[name])

@@ -1,0 +1,178 @@
+"""The two exact engines behind :class:`~foal_pipe.model.classifier.AnalyticClassifier`.
+
+Both keep the ridge solution ``W = (H^T H + gamma I)^-1 H^T Y`` over every sample seen so far:
+
+* :class:`RLSEngine` is the paper's recursive least squares (Theorems 3.1-3.2): per batch, a Woodbury
+  update of ``R = (H^T H + gamma I)^-1`` and of ``W``. Cost O(D^2 S) per batch, every batch.
+* :class:`GramEngine` accumulates :class:`~foal_pipe.core.statistics.RidgeStatistics` (order-free sums) and
+  solves for ``W`` only when the weights are asked for: O(D^2 S) per batch as one BLAS call, O(D^3) per solve.
+  With ``gamma="auto"`` it picks gamma by GCV from the statistics alone.
+
+Engines are written against the array API; their namespace is that of their arrays (nothing holds a
+module, so an engine pickles).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, device
+
+from foal_pipe.core.backend import dtype_name
+from foal_pipe.core.linalg import checked_solve, one_hot
+from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
+from foal_pipe.errors import FoalPipeError
+
+#: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
+GCV_DOF_WARNING = 0.9
+
+
+def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[float, Any, str | None]:
+    """``(gamma, W, warning)``: the grid's gamma of least GCV, its weights, and a warning when ``df/n > 0.9``.
+
+    GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
+    weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.
+    """
+    path = statistics.gamma_path(vectors=False)
+    scores = path.gcv(grid)
+    best = int(np.argmin(scores))
+    gamma = float(grid[best])
+    ratio = float(path.dof([gamma])[0]) / max(statistics.n, 1)
+    warning = None
+    if ratio > GCV_DOF_WARNING:
+        warning = (
+            f"GCV chose gamma {gamma:g} where the effective degrees of freedom are {100 * ratio:.0f}% of the "
+            f"{statistics.n} rows; GCV is unreliable as D nears n: prefer leave-one-out selection"
+        )
+    return gamma, statistics.solve(gamma), warning
+
+
+def check_gamma(gamma: Any) -> float:
+    """A positive, finite gamma as a float; anything else refused."""
+    try:
+        value = float(gamma)
+    except (TypeError, ValueError):
+        raise FoalPipeError(f"gamma must be a positive number or 'auto', got {gamma!r}; try --gamma 1") from None
+    if not np.isfinite(value) or value <= 0:
+        raise FoalPipeError(f"gamma must be a positive number, got {gamma}; try --gamma 1")
+    return value
+
+
+class RLSEngine:
+    """The paper's per-batch recursive least squares; ``R0 = I / gamma``, ``W0 = 0``."""
+
+    name = "rls"
+    state_names = ("R", "W")
+
+    def __init__(self, dim: int, gamma: float, xp: Any, dtype: Any, device: Any = None) -> None:
+        if gamma == "auto":
+            raise FoalPipeError("gamma='auto' needs the gram engine (the RLS recursion fixes gamma in R0 = I/gamma)")
+        self.gamma = check_gamma(gamma)
+        self.R = xp.eye(dim, dtype=dtype, device=device) / self.gamma
+        if not bool(xp.all(xp.isfinite(self.R))):
+            raise FoalPipeError(
+                f"gamma {self.gamma:g} underflows in {dtype_name(dtype)}: R0 = I/gamma is not finite; use a larger gamma or float64"
+            )
+        self.W = xp.zeros((dim, 0), dtype=dtype, device=device)
+
+    def insert_classes(self, old: np.ndarray, new: np.ndarray) -> None:
+        """Zero columns of ``W`` wherever a class of ``new`` (a sorted superset of ``old``) is not in ``old``."""
+        self.W = align_columns(self.W, old, new)
+
+    def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
+        """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``."""
+        xp = array_namespace(self.R)
+        Y = one_hot(labels, classes, H)
+        RHt = self.R @ H.T
+        M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
+        RHtK = checked_solve(M, RHt.T, FoalPipeError(  # M is symmetric, so (M^-1 RHt^T)^T = RHt M^-1
+            "the RLS update is singular (ill-conditioned system); use a larger --gamma or --dtype float64"
+        )).T
+        self.W += RHtK @ (Y - H @ self.W)
+        self.R -= RHtK @ RHt.T
+
+    def weights(self) -> Any:
+        return self.W
+
+    @property
+    def template(self) -> Any:
+        """An array of the state: inputs are converted to its dtype and device."""
+        return self.R
+
+    def state(self) -> dict[str, Any]:
+        return {"R": self.R, "W": self.W}
+
+    def load_state(self, state: dict[str, Any], classes: np.ndarray, n: int) -> None:
+        xp = array_namespace(self.R)
+        for name in self.state_names:
+            if name not in state:
+                raise FoalPipeError(f"saved rls state lacks the tensor {name!r}; save the model again")
+        self.R = xp.asarray(state["R"], dtype=self.R.dtype, device=device(self.R))
+        self.W = xp.asarray(state["W"], dtype=self.R.dtype, device=device(self.R))
+
+
+class GramEngine:
+    """Accumulate ``G = H^T H`` and ``Q = H^T Y``; solve ``(G + gamma I) W = Q`` on demand (float64).
+
+    ``gamma="auto"`` picks the gamma of ``grid`` with the least GCV at every solve.
+    """
+
+    name = "gram"
+    state_names = ("G", "Q")
+
+    def __init__(self, dim: int, gamma: float | str, xp: Any, dtype: Any, device: Any = None,
+                 grid: Sequence[float] = DEFAULT_GAMMA_GRID) -> None:
+        self.gamma, self.grid = gamma, tuple(grid)
+        self.statistics = RidgeStatistics.empty(dim, xp, dtype, device)
+        self._solution: tuple[float, Any] | None = None
+
+    def insert_classes(self, old: np.ndarray, new: np.ndarray) -> None:
+        self.statistics = self.statistics.aligned(new)
+        self._solution = None
+
+    def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
+        self.statistics += RidgeStatistics.from_batch(H, labels, classes)
+        self._solution = None
+
+    def solution(self) -> tuple[float, Any]:
+        """``(gamma, W)``: the gamma used (chosen by GCV when ``auto``) and the weights, cached until the next update."""
+        if self._solution is None:
+            if self.gamma == "auto":
+                gamma, W, warning = gcv_choice(self.statistics, self.grid)
+                if warning:
+                    warnings.warn(warning, stacklevel=3)
+            else:
+                gamma, W = float(self.gamma), self.statistics.solve(float(self.gamma))
+            self._solution = (gamma, W)
+        return self._solution
+
+    def weights(self) -> Any:
+        return self.solution()[1]
+
+    @property
+    def template(self) -> Any:
+        """An array of the state: inputs are converted to its dtype and device."""
+        return self.statistics.G
+
+    def state(self) -> dict[str, Any]:
+        """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum)."""
+        s = self.statistics
+        return {"G": s.G, "Q": s.Q} | ({} if s.counts is None else {"counts": s.counts})
+
+    def load_state(self, state: dict[str, Any], classes: np.ndarray, n: int) -> None:
+        for name in self.state_names:
+            if name not in state:
+                raise FoalPipeError(f"saved gram state lacks the tensor {name!r}; save the model again")
+        empty = self.statistics
+        xp = array_namespace(empty.G)
+        cast = {name: xp.asarray(state[name], dtype=empty.G.dtype, device=device(empty.G)) for name in self.state_names}
+        counts = state.get("counts")
+        self.statistics = RidgeStatistics(cast["G"], cast["Q"], classes, int(n), None if counts is None else np.asarray(counts))
+        self._solution = None
+
+
+ENGINES: dict[str, type[GramEngine] | type[RLSEngine]] = {"gram": GramEngine, "rls": RLSEngine}
+DEFAULT_ENGINE = "gram"

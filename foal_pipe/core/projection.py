@@ -1,0 +1,164 @@
+"""Smooth projection: a fixed random linear map followed by an activation (paper Eq. 1, "Expansion").
+
+The paper uses a sigmoid to D = 1000; RanPAC-style expansions use a ReLU to D = 10,000; ``identity``
+keeps the random features linear. ``n_components=0`` skips the linear map: the activation applies to the
+raw features (with ``identity``, ridge on the raw features, the ablation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from foal_pipe.core.backend import default_device
+from foal_pipe.errors import FoalPipeError
+
+INITS = ("uniform", "normal")
+
+
+def sigmoid(z: Any) -> Any:
+    """Overflow-free logistic function, in place: 0.5 * (1 + tanh(z / 2))."""
+    xp = array_namespace(z)
+    z *= 0.5
+    out = xp.tanh(z)
+    out += 1.0
+    out *= 0.5
+    return out
+
+
+def relu(z: Any) -> Any:
+    """``max(z, 0)``, in place."""
+    z[z < 0] = 0
+    return z
+
+
+def identity(z: Any) -> Any:
+    return z
+
+
+#: Activation functions by name; each may overwrite its argument.
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"sigmoid": sigmoid, "relu": relu, "identity": identity}
+
+
+def check_activation(name: str) -> str:
+    if name not in ACTIVATIONS:
+        raise FoalPipeError(f"unknown activation {name!r}; choose one of {', '.join(ACTIVATIONS)}")
+    return name
+
+
+class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Random projection to ``n_components`` dimensions plus an activation; frozen after ``fit``.
+
+    ``fit`` only reads the number of input features, so any batch (the first of a stream) fixes it.
+    The default ``uniform`` init is PyTorch's ``nn.Linear`` default, U(-1/sqrt(d), 1/sqrt(d)), which the
+    authors' code uses; ``normal`` draws N(0, 1/(3d)), the same variance, as the paper describes.
+
+    Parameters
+    ----------
+    n_components : int, default=1000
+        Output dimension D; 0 means no projection (``components_`` is the identity, D = d).
+    init : {"uniform", "normal"}, default="uniform"
+    activation : {"sigmoid", "relu", "identity"}, default="sigmoid"
+        Applied to ``X @ components_``; the paper's is the sigmoid.
+    random_state : int, numpy Generator or None, default=None
+        Seed of the projection matrix.
+    dtype : str, default="float64"
+        Dtype of the matrix and of the activations ``transform`` returns.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_features_in_, n_components)
+        The projection matrix P (d x D); activations are ``activation(X @ P)``.
+    n_features_in_ : int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X = np.random.default_rng(0).normal(size=(4, 8))
+    >>> SmoothProjection(n_components=16, random_state=0).fit(X).transform(X).shape
+    (4, 16)
+    """
+
+    def __init__(
+        self,
+        *,
+        n_components: int = 1000,
+        init: str = "uniform",
+        activation: str = "sigmoid",
+        random_state: int | np.random.Generator | None = None,
+        dtype: str = "float64",
+    ) -> None:
+        self.n_components = n_components
+        self.init = init
+        self.activation = activation
+        self.random_state = random_state
+        self.dtype = dtype
+
+    def fit(self, X: Any, y: Any = None) -> SmoothProjection:
+        """Draw the matrix for ``X``'s number of features (the values of ``X`` are not used)."""
+        X = validate_data(self, X, reset=True)
+        n_features = int(X.shape[1])
+        if int(self.n_components) < 0:
+            raise FoalPipeError(f"projection dimension must be at least 0, got {self.n_components}; pass e.g. 1000 (0: none)")
+        if self.init not in INITS:
+            raise FoalPipeError(f"unknown projection init {self.init!r}; choose one of {', '.join(INITS)}")
+        check_activation(self.activation)
+        if int(self.n_components) == 0:
+            return self._set(np.eye(n_features))
+        rng = np.random.default_rng(self.random_state)
+        bound = 1.0 / np.sqrt(n_features)
+        shape = (n_features, int(self.n_components))
+        if self.init == "uniform":
+            matrix = rng.uniform(-bound, bound, size=shape)
+        else:
+            matrix = rng.normal(0.0, bound / np.sqrt(3.0), size=shape)
+        return self._set(matrix)
+
+    def _set(self, matrix: np.ndarray) -> SmoothProjection:
+        self.components_ = np.asarray(matrix, dtype=self.dtype)
+        self.n_features_in_ = int(self.components_.shape[0])
+        self._n_features_out = int(self.components_.shape[1])
+        self._device: dict[str, Any] = {}
+        return self
+
+    @classmethod
+    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64") -> SmoothProjection:
+        """A fitted projection with a given d x D matrix and activation (used when loading a saved model)."""
+        check_activation(activation)
+        return cls(n_components=int(matrix.shape[1]), activation=activation, dtype=dtype)._set(matrix)
+
+    @property
+    def is_identity(self) -> bool:
+        """No projection: ``components_`` is the identity, so ``transform`` skips the product."""
+        return int(self.n_components) == 0
+
+    def transform(self, X: Any, xp: Any = None) -> Any:
+        """``activation(X @ P)`` in ``dtype``; ``xp`` (an array namespace) computes on its device (the matrix is
+        cached there), default: that of ``X``."""
+        check_is_fitted(self)
+        host = is_numpy_array(X) or not is_array_api_obj(X)
+        if host:
+            X = validate_data(self, X, reset=False)
+        elif X.shape[-1] != self.n_features_in_:
+            raise FoalPipeError(
+                f"features have {X.shape[-1]} dimensions but the projection expects {self.n_features_in_}; "
+                "use features from the same encoder as the model"
+            )
+        xp = xp or array_namespace(X)
+        where = default_device(xp) if host else device(X)
+        dtype = getattr(xp, np.dtype(self.dtype).name)
+        X = xp.asarray(X, dtype=dtype, device=where)
+        if self.is_identity:
+            Z = xp.asarray(X, copy=True)
+        else:
+            key = f"{xp.__name__} {where}"
+            matrix = self._device.get(key)
+            if matrix is None:
+                matrix = self._device[key] = xp.asarray(self.components_, device=where)
+            Z = X @ matrix
+        return ACTIVATIONS[self.activation](Z)

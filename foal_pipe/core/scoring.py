@@ -1,0 +1,123 @@
+"""Each model's argmax over the float64 scores ``H @ W``, with most rows decided by float32 products.
+
+Scoring the test split costs ``rows x D x (models x classes)`` multiply-adds per boundary: with 13 gammas it is
+the largest cost ``sweep`` adds to ``learn``. BLAS multiplies float32 2-3x faster than float64, and a float32
+score lies within a proven bound of the exact one (rounding of the inputs and of any summation order,
+``|error| <= gamma_D sum_j |h_j w_j| <= gamma_D |h| |w|``; the bound also covers float64's own rounding). Where a
+model's top float32 score leads each other by more than twice the bound, the exact scores and the float64
+scores have that same unique argmax. A row a model cannot decide is scored again by that model in float64.
+The argmax is therefore that of the float64 product, row for row: nothing is approximated.
+
+Only NumPy float64 products take the float32 route (cuBLAS and torch may multiply float32 in TF32, which the
+bound does not cover); everything else is scored in its own namespace, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, is_numpy_array
+
+from foal_pipe.core.backend import to_numpy
+
+U32, U64 = 2.0**-24, 2.0**-53
+#: An absolute allowance per multiply-add for float32 values and products that underflow (2^-126 is float32's
+#: smallest normal; flushed to zero or subnormal, the error stays below it).
+UNDERFLOW = 2.0**-120
+
+
+def _gamma(n: int, u: float) -> float:
+    return n * u / (1.0 - n * u)
+
+
+def relative_bound(depth: int) -> float:
+    """``kappa``: float32 rounding (inputs and sums of ``depth`` terms) plus float64's, per unit of ``|h| |w|``."""
+    return 1.001 * (_gamma(depth, U32) * (1.0 + U32) ** 2 + 2.0 * U32 + U32**2 + _gamma(depth, U64))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows to score: as given (for float64 products), and on the float32 route their float32 copy and norms,
+    made once however many boundaries score them."""
+
+    H: Any  # (n, D)
+    low: np.ndarray | None = None  # float32 copy, NumPy only
+    norms: np.ndarray | None = None  # |h_i|, float64
+
+    @classmethod
+    def of(cls, H: Any) -> Rows:
+        if not is_numpy_array(H) or H.dtype not in (np.float32, np.float64) or H.shape[1] == 0:
+            return cls(H)
+        with np.errstate(over="ignore"):
+            low = H.astype(np.float32)
+        H64 = H.astype(np.float64, copy=False)
+        return cls(H, low, np.sqrt(np.einsum("ij,ij->i", H64, H64)))
+
+    def head(self, n: int) -> Rows:
+        """The first ``n`` rows (views, no copies)."""
+        if n == self.H.shape[0]:
+            return self
+        return Rows(self.H[:n, :], None if self.low is None else self.low[:n], None if self.norms is None else self.norms[:n])
+
+
+class ModelScores:
+    """The models of one boundary, ``W`` (D x models*C, its columns model by model), and their argmax.
+
+    With ``positions`` and ``width`` the C scores sit at those columns of ``width`` and every other column
+    scores 0 (the published code's unseen classes, which can win); the argmax is then into ``width``.
+    """
+
+    def __init__(self, W: Any, models: int, positions: np.ndarray | None = None, width: int | None = None) -> None:
+        self.W, self.models = W, models
+        self.positions, self.width = positions, width
+        self.low: np.ndarray | None = None
+        if is_numpy_array(W) and W.dtype == np.float64 and W.size:
+            with np.errstate(over="ignore"):
+                low = W.astype(np.float32)
+            if np.isfinite(low).all():
+                self.low = low
+                column = np.sqrt(np.einsum("dk,dk->k", W, W))
+                self.column_norm = column.reshape(models, -1).max(axis=1)  # (models,): the largest |w| of each
+                self.kappa = relative_bound(W.shape[0])
+
+    def argmax(self, rows: Rows) -> np.ndarray:
+        """``(n, models)``: each model's argmax over its scores, as the float64 product ranks them."""
+        if self.low is None or rows.low is None or rows.H.shape[0] == 0:
+            return self._exact(rows.H)
+        n, D = rows.low.shape
+        scores = self._spread((rows.low @ self.low).reshape(n, self.models, -1))
+        top = np.argmax(scores, axis=2)
+        best = np.take_along_axis(scores, top[:, :, None], axis=2)[:, :, 0].astype(np.float64)
+        bound = (self.kappa * rows.norms[:, None] * self.column_norm[None, :]
+                 + UNDERFLOW * (np.sqrt(D) * (rows.norms[:, None] + self.column_norm[None, :]) + D))
+        with np.errstate(invalid="ignore", over="ignore"):
+            # rounded down to float32, the threshold can only admit more rivals: a stricter test, never a looser one
+            threshold = np.nextafter((best - 2.0 * bound).astype(np.float32), np.float32(-np.inf))
+            rivals = np.count_nonzero(scores >= threshold[:, :, None], axis=2)
+        undecided = ~((rivals == 1) & np.isfinite(best))
+        for m in np.flatnonzero(undecided.any(axis=0)):
+            again = np.flatnonzero(undecided[:, m])
+            top[again, m] = self._exact(rows.H[again], m)[:, 0]
+        return top
+
+    def _spread(self, scores: Any) -> Any:
+        """Scores at their ``positions`` of ``width`` columns (0 elsewhere), or as they are."""
+        if self.positions is None:
+            return scores
+        full = np.zeros((*scores.shape[:2], self.width), dtype=scores.dtype)
+        full[:, :, self.positions] = scores
+        return full
+
+    def _exact(self, H: Any, model: int | None = None) -> np.ndarray:
+        """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone."""
+        xp = array_namespace(H)
+        if model is None:
+            scores = xp.reshape(H @ self.W, (H.shape[0], self.models, -1))
+        else:
+            width = self.W.shape[1] // self.models
+            scores = (H @ self.W[:, model * width : (model + 1) * width])[:, None, :]
+        if self.positions is None:
+            return to_numpy(xp.argmax(scores, axis=2))
+        return np.argmax(self._spread(to_numpy(scores)), axis=2)

@@ -1,0 +1,349 @@
+"""One loader per dataset: ``(data_dir or None, download) -> DatasetSplits``. Torch and torchvision are
+imported only inside the loaders that need them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.datasets.sources import (
+    H5_PIXELS,
+    IMAGE_EXTENSIONS,
+    ArraySource,
+    DatasetSplits,
+    FileSource,
+    H5Source,
+    TorchvisionSource,
+    images_in,
+    natural_key,
+)
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.store import UNLABELLED
+
+DEFAULT_ROOT = Path("~/datasets")
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+def _candidates(data_dir: Path | None, default: Path, subdir: str) -> list[Path]:
+    """Where a local dataset may be: ``DIR/<subdir>`` or ``DIR`` itself (``--data-dir``), else the default."""
+    if data_dir is None:
+        return [default.expanduser()]
+    base = data_dir.expanduser()
+    return [base / subdir, base] if subdir else [base]
+
+
+def _first_match(candidates: list[Path], ok: Callable[[Path], bool]) -> Path | None:
+    return next((c for c in candidates if ok(c)), None)
+
+
+def _missing(what: str, looked: list[Path], expected: str, obtain: str) -> FoalPipeError:
+    where = " or ".join(str(p) for p in looked)
+    return FoalPipeError(f"{what} not found: looked for {expected} in {where}; {obtain}")
+
+
+def load_digits(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """scikit-learn's bundled 8x8 digits (1,797 images); test = every 5th image of each class."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    y = bunch.target.astype(np.int64)
+    test_mask = np.zeros(len(y), bool)
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        test_mask[rows[4::5]] = True  # positions 4, 9, 14, ... within the class: a fixed 80/20 stratified split
+    tr, te = np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
+    return DatasetSplits(
+        "digits",
+        [str(c) for c in range(10)],
+        ArraySource(images[tr], y[tr], tr, "digits"),
+        ArraySource(images[te], y[te], te, "digits"),
+        location="scikit-learn (bundled)",
+        native_size=8,
+    )
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise FoalPipeError(f"{path} is not an IDX file of unsigned bytes; replace it with the original download")
+    shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(shape)):
+        raise FoalPipeError(f"{path} is truncated ({body.size} bytes for shape {shape}); download it again")
+    return body.reshape(shape)
+
+
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+_FASHION_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _idx_file(folder: Path, stem: str) -> Path | None:
+    return _first_match([folder / f"{stem}.gz", folder / stem], Path.is_file)
+
+
+def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """Fashion-MNIST from its four IDX files (gzipped or not)."""
+    looked = _candidates(data_dir, FASHION_MNIST_DIR, "fashion-mnist")
+    stems = [s for pair in _FASHION_FILES.values() for s in pair]
+    folder = _first_match(looked, lambda d: all(_idx_file(d, s) for s in stems))
+    if folder is None:
+        raise _missing(
+            "Fashion-MNIST", looked, "train-images-idx3-ubyte[.gz] and the 3 other IDX files",
+            "install Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or download the 4 "
+            "files from github.com/zalandoresearch/fashion-mnist into a folder and pass it as --data-dir",
+        )
+    splits = {}
+    for split, (img_stem, lab_stem) in _FASHION_FILES.items():
+        images, labels = _read_idx(_idx_file(folder, img_stem)), _read_idx(_idx_file(folder, lab_stem))
+        if images.shape[0] != labels.shape[0]:
+            raise FoalPipeError(f"{folder}: {img_stem} has {images.shape[0]} images but {lab_stem} has "
+                                f"{labels.shape[0]} labels; download the files again")
+        splits[split] = ArraySource(images, labels.astype(np.int64), what=f"fashion-mnist {split}")
+    return DatasetSplits("fashion-mnist", FASHION_CLASSES, splits["train"], splits["test"], str(folder), 28)
+
+
+@dataclass(frozen=True)
+class _TV:
+    """How to open one torchvision dataset: class name, split arguments, label attribute, folder it makes."""
+
+    cls: str
+    train: tuple[dict[str, Any], ...]
+    test: tuple[dict[str, Any], ...]
+    folder: str
+    size_note: str
+    native_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_TORCHVISION = {
+    "cifar100": _TV("CIFAR100", ({"train": True},), ({"train": False},), "cifar-100-python", "~170 MB", 32),
+    "dtd": _TV("DTD", ({"split": "train"}, {"split": "val"}), ({"split": "test"},), "dtd", "~600 MB"),
+    "fgvc-aircraft": _TV("FGVCAircraft", ({"split": "trainval"},), ({"split": "test"},), "fgvc-aircraft-2013b",
+                         "~2.6 GB", extra={"annotation_level": "variant"}),
+    "country211": _TV("Country211", ({"split": "train"},), ({"split": "test"},), "country211", "~11 GB"),
+}
+
+
+def _labels_of(ds: Any) -> np.ndarray:
+    for attr in ("targets", "_labels"):
+        if hasattr(ds, attr):
+            return np.asarray(getattr(ds, attr), dtype=np.int64)
+    return np.asarray([ds[i][1] for i in range(len(ds))], dtype=np.int64)
+
+
+def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits]:
+    tv = _TORCHVISION[name]
+
+    def load(data_dir: Path | None, download: bool) -> DatasetSplits:
+        import torchvision.datasets as tvd
+
+        root = (data_dir or DEFAULT_ROOT).expanduser()
+        cls = getattr(tvd, tv.cls)
+        opened = {}
+        for split, arg_sets in (("train", tv.train), ("test", tv.test)):
+            parts = []
+            for args in arg_sets:
+                try:
+                    parts.append(cls(root=str(root), download=download, **args, **tv.extra))
+                except RuntimeError as exc:
+                    if download:
+                        raise FoalPipeError(
+                            f"downloading {name} into {root} failed ({str(exc).splitlines()[0]}); check the "
+                            f"network, or download it elsewhere and copy {tv.folder}/ into {root}"
+                        ) from None
+                    raise FoalPipeError(
+                        f"{name} not found: looked for {root / tv.folder} (torchvision's layout); pass "
+                        f"--download to fetch it into {root} ({tv.size_note}), or --data-dir DIR where "
+                        f"DIR/{tv.folder} exists"
+                    ) from None
+                except OSError as exc:  # network errors during download
+                    raise FoalPipeError(
+                        f"downloading {name} into {root} failed ({exc}); check the network, or copy "
+                        f"{tv.folder}/ into {root} from a machine that has it"
+                    ) from None
+            labels = np.concatenate([_labels_of(p) for p in parts])
+            opened[split] = TorchvisionSource(parts, labels, f"{name} {split}")
+            classes = list(parts[0].classes)
+        return DatasetSplits(name, [str(c) for c in classes], opened["train"], opened["test"], str(root),
+                             tv.native_size)
+
+    load.__doc__ = f"torchvision's {tv.cls} in --data-dir (default {DEFAULT_ROOT})."
+    return load
+
+
+def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
+    paths, labels = [], []
+    lookup = {c: k for k, c in enumerate(classes)}
+    for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name):
+        files = images_in(cls_dir)
+        paths += files
+        labels += [lookup[cls_dir.name]] * len(files)
+    return paths, labels
+
+
+def load_imagefolder(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """``DIR/train/<class>/*`` and ``DIR/test/<class>/*``; classes are the sorted folder names of both."""
+    if data_dir is None:
+        raise FoalPipeError("--dataset imagefolder needs --data-dir DIR, where DIR/train/<class>/ and "
+                            "DIR/test/<class>/ hold the images")
+    root = data_dir.expanduser()
+    for split in ("train", "test"):
+        if not (root / split).is_dir():
+            raise FoalPipeError(f"imagefolder dataset not found: {root / split} is not a folder; put the images "
+                                f"in {root}/train/<class>/ and {root}/test/<class>/")
+    names = sorted({d.name for s in ("train", "test") for d in (root / s).iterdir() if d.is_dir()})
+    if not names:
+        raise FoalPipeError(f"{root}/train has no class folders; put the images in {root}/train/<class>/")
+    sources = {}
+    for split in ("train", "test"):
+        paths, labels = _folder_split(root / split, names)
+        if not paths:
+            raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root / split}/<class>/; "
+                                "add some or check --data-dir")
+        sources[split] = FileSource(paths, labels)
+    return DatasetSplits("imagefolder", names, sources["train"], sources["test"], str(root))
+
+
+def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """Every image under ``DIR`` (recursively), unlabelled (label -1), as the test split; the train split is
+    empty. For ``predict --features`` on images nobody has labelled."""
+    if data_dir is None:
+        raise FoalPipeError("--dataset images needs --data-dir DIR, the folder that holds the images")
+    root = data_dir.expanduser()
+    if not root.is_dir():
+        raise FoalPipeError(f"images folder not found: {root} is not a folder; pass --data-dir DIR")
+    paths = images_in(root)
+    if not paths:
+        raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check --data-dir")
+    return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths)),
+                         str(root))
+
+
+CORE50_TRAIN_SESSIONS = (1, 2, 4, 5, 6, 8, 9, 11)
+CORE50_TEST_SESSIONS = (3, 7, 10)
+
+
+def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """CORe50 128x128 (50 objects): sessions s1,2,4,5,6,8,9,11 train, s3,7,10 test (the NC protocol)."""
+    looked = _candidates(data_dir, DEFAULT_ROOT / "core50_128x128", "core50_128x128")
+    root = _first_match(looked, lambda d: (d / "s1").is_dir())
+    if root is None:
+        raise _missing(
+            "CORe50", looked, "the session folders s1..s11", "download core50_128x128.zip from "
+            "vlomonaco.github.io/core50 and unzip it (it makes core50_128x128/s1/o1/*.png ...), then pass "
+            "--data-dir pointing at core50_128x128 or its parent",
+        )
+    classes = [f"o{k}" for k in range(1, 51)]
+    sources = {}
+    for split, sessions in (("train", CORE50_TRAIN_SESSIONS), ("test", CORE50_TEST_SESSIONS)):
+        paths, labels = [], []
+        for s in sessions:
+            sdir = root / f"s{s}"
+            if not sdir.is_dir():
+                raise FoalPipeError(f"CORe50 session folder {sdir} is missing; unzip the whole core50_128x128.zip")
+            for k, obj in enumerate(classes):
+                files = images_in(sdir / obj) if (sdir / obj).is_dir() else []
+                paths += files
+                labels += [k] * len(files)
+        sources[split] = FileSource(paths, labels)
+    return DatasetSplits("core50", classes, sources["train"], sources["test"], str(root), 128)
+
+
+def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """Tiny-ImageNet-200: ``train/<wnid>/images/*.JPEG``; test = ``val/`` labelled by val_annotations.txt."""
+    looked = _candidates(data_dir, DEFAULT_ROOT / "tiny-imagenet-200", "tiny-imagenet-200")
+    root = _first_match(looked, lambda d: (d / "train").is_dir() and (d / "val" / "val_annotations.txt").is_file())
+    if root is None:
+        raise _missing(
+            "Tiny-ImageNet", looked, "train/ and val/val_annotations.txt", "download tiny-imagenet-200.zip "
+            "(cs231n.stanford.edu/tiny-imagenet-200.zip) and unzip it, then pass --data-dir pointing at "
+            "tiny-imagenet-200 or its parent",
+        )
+    classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())
+    lookup = {c: k for k, c in enumerate(classes)}
+    paths, labels = [], []
+    for c in classes:
+        files = images_in(root / "train" / c)
+        paths += files
+        labels += [lookup[c]] * len(files)
+    train = FileSource(paths, labels)
+    val_paths, val_labels = [], []
+    for line in (root / "val" / "val_annotations.txt").read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) < 2:
+            continue
+        if parts[1] not in lookup:
+            raise FoalPipeError(f"{root}/val/val_annotations.txt names class {parts[1]!r} that has no "
+                                f"{root}/train/{parts[1]} folder; unzip the full archive again")
+        val_paths.append(root / "val" / "images" / parts[0])
+        val_labels.append(lookup[parts[1]])
+    order = sorted(range(len(val_paths)), key=lambda i: natural_key(val_paths[i].name))
+    test = FileSource([val_paths[i] for i in order], [val_labels[i] for i in order])
+    return DatasetSplits("tiny-imagenet", classes, train, test, str(root), 64)
+
+
+def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
+    """One ``.h5`` file with ``train/images``, ``train/labels``, ``test/images``, ``test/labels``."""
+    import h5py
+
+    if data_dir is None:
+        raise FoalPipeError("--dataset hdf5 needs --data-dir FILE.h5 (with train/images, train/labels, "
+                            "test/images, test/labels)")
+    path = data_dir.expanduser()
+    if not path.is_file():
+        raise FoalPipeError(f"HDF5 dataset not found: {path} is not a file; pass --data-dir FILE.h5")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise FoalPipeError(f"cannot open {path} as HDF5 ({exc}); pass a .h5 file made with h5py") from None
+    with f:
+        labels, shapes = {}, {}
+        for split in ("train", "test"):
+            for key in ("images", "labels"):
+                if f"{split}/{key}" not in f:
+                    raise FoalPipeError(f"{path} has no dataset {split}/{key}; it needs train/images, "
+                                        "train/labels, test/images and test/labels")
+            raw = f[f"{split}/labels"]
+            if raw.dtype.kind not in "iu":  # floats (NaN included) and booleans are not label ids
+                raise FoalPipeError(f"{path}: dataset {split}/labels has dtype {raw.dtype}; labels must be integers "
+                                    "0..K-1: store them with an integer dtype (e.g. labels.astype('int64'))")
+            if f[f"{split}/images"].dtype.kind not in "iuf":
+                raise FoalPipeError(f"{path}: dataset {split}/images has dtype {f[f'{split}/images'].dtype}; images "
+                                    f"must be {H5_PIXELS}")
+            labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
+            shapes[split] = f[f"{split}/images"].shape
+            if shapes[split][0] != len(labels[split]) or len(shapes[split]) not in (3, 4):
+                raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "
+                                    f"{len(labels[split])} rows; expected (N, H, W[, C]) images and N labels")
+        names = f.attrs.get("classes")
+        if names is None and "classes" in f:
+            names = f["classes"][:]
+    n_classes = int(max(labels["train"].max(initial=-1), labels["test"].max(initial=-1))) + 1
+    if names is not None:
+        classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        if len(classes) < n_classes:
+            raise FoalPipeError(f"{path} lists {len(classes)} classes but its labels go up to {n_classes - 1}; "
+                                "fix its 'classes' attribute")
+    else:
+        classes = [str(k) for k in range(n_classes)]
+    if min(labels["train"].min(initial=0), labels["test"].min(initial=0)) < 0:
+        raise FoalPipeError(f"{path} has negative labels; labels must be 0..K-1")
+    shape = shapes["train"]
+    hw = shape[1:3] if len(shape) == 3 or shape[-1] in (1, 3) else shape[2:4]
+    native = int(hw[0]) if hw[0] == hw[1] else None
+    return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"]),
+                         H5Source(path, "test", labels["test"]), str(path), native)

@@ -1,0 +1,65 @@
+"""The dataset registry: :data:`DATASETS` maps a name to its loader (README, "Adding a dataset")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from foal_pipe.datasets.loaders import (
+    FASHION_MNIST_DIR,
+    load_core50,
+    load_digits,
+    load_fashion_mnist,
+    load_hdf5,
+    load_imagefolder,
+    load_images,
+    load_tiny_imagenet,
+    torchvision_loader,
+)
+from foal_pipe.datasets.sources import DatasetSplits
+from foal_pipe.errors import FoalPipeError
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """A registered dataset: its loader and the facts the README table and error messages show."""
+
+    load: Callable[[Path | None, bool], DatasetSplits]
+    source: str
+    looks_in: str
+    obtain: str
+
+
+DATASETS: dict[str, DatasetEntry] = {
+    "digits": DatasetEntry(load_digits, "scikit-learn (bundled)", "nowhere: ships with scikit-learn",
+                           "nothing to do (offline)"),
+    "fashion-mnist": DatasetEntry(load_fashion_mnist, "IDX files", f"{FASHION_MNIST_DIR}, or DIR/fashion-mnist or DIR",
+                                  "apt-get install dataset-fashion-mnist"),
+    "cifar100": DatasetEntry(torchvision_loader("cifar100"), "torchvision", "DIR/cifar-100-python",
+                             "--download"),
+    "dtd": DatasetEntry(torchvision_loader("dtd"), "torchvision", "DIR/dtd", "--download"),
+    "fgvc-aircraft": DatasetEntry(torchvision_loader("fgvc-aircraft"), "torchvision", "DIR/fgvc-aircraft-2013b",
+                                  "--download"),
+    "country211": DatasetEntry(torchvision_loader("country211"), "torchvision", "DIR/country211", "--download"),
+    "core50": DatasetEntry(load_core50, "local folder", "DIR/core50_128x128 or DIR", "core50_128x128.zip"),
+    "tiny-imagenet": DatasetEntry(load_tiny_imagenet, "local folder", "DIR/tiny-imagenet-200 or DIR",
+                                  "tiny-imagenet-200.zip"),
+    "imagefolder": DatasetEntry(load_imagefolder, "local folder", "DIR/train/<class>, DIR/test/<class>",
+                                "your own images"),
+    "images": DatasetEntry(load_images, "local folder", "DIR (recursively), unlabelled: the test split",
+                           "your own images"),
+    "hdf5": DatasetEntry(load_hdf5, "one .h5 file", "the file given as --data-dir", "your own file"),
+}
+
+
+def open_dataset(name: str, data_dir: str | Path | None = None, download: bool = False) -> DatasetSplits:
+    """Open a registered dataset; a missing one raises :class:`FoalPipeError` naming the path looked for."""
+    entry = DATASETS.get(name)
+    if entry is None:
+        raise FoalPipeError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    splits = entry.load(Path(data_dir) if data_dir is not None else None, download)
+    for split in ("train", "test") if name != "images" else ("test",):  # unlabelled images: no train split
+        if len(splits.split(split)) == 0:
+            raise FoalPipeError(f"dataset {name} has no {split} images at {splits.location}; check --data-dir")
+    return splits

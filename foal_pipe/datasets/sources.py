@@ -1,0 +1,219 @@
+"""Image sources (one split, labels known up front, images loaded lazily by position) and the preprocessing
+that turns any image into the uint8 RGB array a DataLoader batches.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+class ImageSource:
+    """One split of a dataset: ``len(source)`` images with integer ``labels`` (shape ``(N,)``).
+
+    Subclasses implement :meth:`load` (a PIL image or a uint8 array, HxW or HxWxC) and :meth:`describe`
+    (where image ``i`` comes from, for error messages). ``index[i]`` is row ``i``'s index in the original
+    dataset (written to the store as ``<split>/index``). Sources must pickle cheaply: DataLoader and Dask
+    workers receive a copy.
+    """
+
+    labels: np.ndarray
+    index: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def load(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def describe(self, i: int) -> str:
+        return f"image {i}"
+
+
+class ArraySource(ImageSource):
+    """Images held in memory as a uint8 array ``(N, H, W)`` or ``(N, H, W, 3)``."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, index: np.ndarray | None = None, what: str = ""):
+        self.images = images
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.index = np.arange(len(self.labels)) if index is None else np.asarray(index, dtype=np.int64)
+        self.what = what
+
+    def load(self, i: int) -> np.ndarray:
+        return self.images[i]
+
+    def describe(self, i: int) -> str:
+        return f"{self.what} image {int(self.index[i])}"
+
+
+class FileSource(ImageSource):
+    """Images in files, one path per row."""
+
+    def __init__(self, paths: Sequence[Path], labels: Sequence[int]):
+        self.paths = [str(p) for p in paths]
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.index = np.arange(len(self.paths), dtype=np.int64)
+
+    def load(self, i: int) -> Any:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as img:
+            img.load()
+            return img
+
+    def describe(self, i: int) -> str:
+        return self.paths[i]
+
+
+class TorchvisionSource(ImageSource):
+    """One or more torchvision datasets (concatenated) that return ``(PIL image, label)``."""
+
+    def __init__(self, parts: Sequence[Any], labels: np.ndarray, what: str):
+        self.parts = list(parts)
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.index = np.arange(len(self.labels), dtype=np.int64)
+        self.what = what
+
+    def load(self, i: int) -> Any:
+        part = int(np.searchsorted(self.offsets, i, side="right") - 1)
+        return self.parts[part][i - int(self.offsets[part])][0]
+
+    def describe(self, i: int) -> str:
+        return f"{self.what} image {i}"
+
+
+class H5Source(ImageSource):
+    """``<split>/images`` of an HDF5 file, read lazily; the file is reopened in each worker process."""
+
+    def __init__(self, path: Path, split: str, labels: np.ndarray):
+        self.path = str(path)
+        self.split = split
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.index = np.arange(len(self.labels), dtype=np.int64)
+        self._handle: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_handle": None, "_pid": -1}
+
+    def load(self, i: int) -> np.ndarray:
+        if self._handle is None or self._pid != os.getpid():
+            import h5py
+
+            self._handle, self._pid = h5py.File(self.path, "r"), os.getpid()
+        img = np.asarray(self._handle[f"{self.split}/images"][i])
+        if img.ndim == 3 and img.shape[0] in (1, 3) and img.shape[-1] not in (1, 3):
+            img = img.transpose(1, 2, 0)  # CHW -> HWC
+        if img.ndim == 3 and img.shape[-1] == 1:
+            img = img[..., 0]
+        return h5_pixels(img, f"{self.split}/images[{i}]")
+
+    def describe(self, i: int) -> str:
+        return f"{self.path}:{self.split}/images[{i}]"
+
+
+#: What pixel values an HDF5 image may hold, by dtype kind: uint8 as is, other integers in 0..255, floats in
+#: [0, 1] (scaled by 255). Anything else is refused rather than cast.
+H5_PIXELS = "uint8, integers in 0..255, or floats in [0, 1]"
+
+
+def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
+    """An HDF5 image as uint8, or a ValueError naming ``key`` when its values are not pixels (NaN, out of
+    range, or a dtype that is not numbers): a silent clip or cast would change the features."""
+    if img.dtype == np.uint8:
+        return img
+    if img.dtype.kind in "iu":
+        lo, hi = int(img.min(initial=0)), int(img.max(initial=0))
+        if lo < 0 or hi > 255:
+            raise ValueError(f"{key} has values {lo}..{hi}, outside 0..255; images must be {H5_PIXELS}")
+        return img.astype(np.uint8)
+    if img.dtype.kind == "f":
+        if not np.isfinite(img).all():
+            raise ValueError(f"{key} has NaN or inf pixel values; images must be {H5_PIXELS}")
+        lo, hi = float(img.min(initial=0.0)), float(img.max(initial=0.0))
+        if lo < 0 or hi > 1:
+            raise ValueError(f"{key} has float values {lo:g}..{hi:g}, outside [0, 1] (0..255 data: store it as "
+                             f"uint8); images must be {H5_PIXELS}")
+        return np.rint(img.astype(np.float64) * 255.0).astype(np.uint8)
+    raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")
+
+
+@dataclass
+class DatasetSplits:
+    """An opened dataset: class names, the two splits, and where it was read from."""
+
+    name: str
+    classes: list[str]
+    train: ImageSource
+    test: ImageSource
+    location: str = ""
+    native_size: int | None = None  # side of the images when all share one (the pixels encoder's default)
+
+    def split(self, name: str) -> ImageSource:
+        return {"train": self.train, "test": self.test}[name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Preprocessing: any image -> uint8 RGB (3, s, s); runs in DataLoader workers
+# ---------------------------------------------------------------------------------------------------------
+_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}
+
+
+def to_rgb_array(img: Any, size: int, interpolation: str = "bicubic") -> np.ndarray:
+    """Resize an image to ``size x size`` (no crop, aspect ratio not kept) as uint8 ``(3, size, size)``.
+
+    Grayscale, palette and RGBA images become 3-channel RGB.
+    """
+    from PIL import Image
+
+    if isinstance(img, np.ndarray):
+        img = Image.fromarray(img)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    if img.size != (size, size):
+        img = img.resize((size, size), resample=_RESAMPLE[interpolation])
+    return np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
+
+
+class PreparedImages:
+    """Map-style dataset for a DataLoader: row ``i`` -> ``(uint8 (3, s, s), label, error)``.
+
+    A row that cannot be read comes back as zeros with ``error`` set (an empty string otherwise), so the
+    main process can raise one clean :class:`FoalPipeError` naming the file instead of a worker traceback.
+    """
+
+    def __init__(self, source: ImageSource, size: int, interpolation: str):
+        self.source, self.size, self.interpolation = source, size, interpolation
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int, str]:
+        try:
+            return to_rgb_array(self.source.load(i), self.size, self.interpolation), int(self.source.labels[i]), ""
+        except Exception as exc:  # any decoder error: reported by the main process
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return np.zeros((3, self.size, self.size), np.uint8), -1, f"{self.source.describe(i)} ({detail})"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Image files of a folder, in natural order (the loaders and `predict --images` list them)
+# ---------------------------------------------------------------------------------------------------------
+def natural_key(text: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def images_in(folder: Path) -> list[Path]:
+    return sorted(
+        (p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()),
+        key=lambda p: natural_key(p.relative_to(folder).as_posix()),
+    )

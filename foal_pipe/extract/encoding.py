@@ -1,0 +1,153 @@
+"""Images to features outside ``extract``: the encoder a model was trained with, rebuilt from its provenance.
+
+``predict --images`` and :meth:`~foal_pipe.model.deploy.DeployedModel.predict_images` use it. Images are prepared
+exactly as ``extract`` prepares a folder's files (:func:`~foal_pipe.datasets.to_rgb_array` with the encoder's
+size and interpolation), so the features equal those of a store extracted from the same files.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, to_rgb_array
+from foal_pipe.errors import FoalPipeError
+
+#: Provenance keys that decide the features an encoder computes (not where it ran or which library built it).
+ENCODER_KEYS = ("name", "fusion", "token", "image_size", "normalize", "mean", "std", "interpolation", "resize", "dim",
+                "model_kwargs", "blocks")
+#: Images encoded at once by default.
+BATCH_SIZE = 64
+
+
+def first_difference(ours: dict[str, Any], theirs: dict[str, Any], keys: Sequence[str] | None = None) -> str | None:
+    """The first key (sorted, or of ``keys``) whose value differs between two provenance mappings, or None."""
+    for key in keys if keys is not None else sorted(set(ours) | set(theirs)):
+        if ours.get(key) != theirs.get(key):
+            return key
+    return None
+
+
+def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path | None = None,
+                           device: str = "cpu") -> Any:
+    """The encoder that ``spec`` (a store's or a model's ``encoder`` provenance) describes, loaded on ``device``.
+
+    A checkpoint-based encoder needs ``checkpoint``, and its sha256 must equal the recorded one; any
+    difference in what decides the features (``ENCODER_KEYS``) is refused, naming the first key.
+    """
+    from foal_pipe.encoders import EncoderConfig, build_encoder
+
+    if not spec:
+        raise FoalPipeError("the model records no encoder provenance, so it cannot encode images; extract a store "
+                            "with `foal-pipe extract` and pass --features")
+    weights = spec.get("weights") or {}
+    source = weights.get("source", "none")
+    if source == "checkpoint" and checkpoint is None:
+        raise FoalPipeError(f"the model's encoder {spec.get('name')} was loaded from a checkpoint (sha256 "
+                            f"{str(weights.get('sha256'))[:12]}...); pass --checkpoint FILE with those weights")
+    if source != "checkpoint" and checkpoint is not None:
+        raise FoalPipeError(f"the model's encoder {spec.get('name')} has {source} weights, not a checkpoint; "
+                            "drop --checkpoint")
+    config = dict(name=spec.get("requested") or spec["name"], fusion=spec.get("fusion", "mean-cls"),
+                  token=spec.get("token", "cls"), normalize=bool(spec.get("normalize", True)),
+                  checkpoint=str(checkpoint) if checkpoint is not None else None, pretrained=source != "random",
+                  model_kwargs=tuple(sorted((spec.get("model_kwargs") or {}).items())))
+    if config["name"] == "pixels":
+        config.update(fusion="mean-cls", token="cls")
+    encoder = build_encoder(EncoderConfig(**config))
+    if encoder.image_size != spec.get("image_size"):
+        encoder = build_encoder(EncoderConfig(**config, image_size=spec.get("image_size")))
+    ours = encoder.provenance()
+    if source == "checkpoint" and ours["weights"].get("sha256") != weights.get("sha256"):
+        raise FoalPipeError(f"--checkpoint {checkpoint} has sha256 {ours['weights'].get('sha256', '')[:12]}... but the "
+                            f"model's encoder was trained with {str(weights.get('sha256'))[:12]}...; pass the "
+                            "checkpoint the model's store was extracted with")
+    key = first_difference(spec, ours, [k for k in ENCODER_KEYS if k in spec])
+    if key is not None:
+        raise FoalPipeError(f"the rebuilt encoder differs from the model's: {key!r} is {ours.get(key)!r} but the model "
+                            f"records {spec.get(key)!r}; use the foal-pipe/timm versions the model was trained with")
+    return encoder.load(device)
+
+
+def find_images(patterns: Sequence[str | Path]) -> list[Path]:
+    """Image files from files, folders (searched recursively) and glob patterns, in the order given."""
+    found: list[Path] = []
+    for pattern in patterns:
+        path = Path(pattern).expanduser()
+        if path.is_dir():
+            files = images_in(path)
+            if not files:
+                raise FoalPipeError(f"{path} holds no images ({', '.join(IMAGE_EXTENSIONS)}); check the folder")
+            found += files
+        elif path.is_file():
+            found.append(path)
+        else:
+            matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
+            files = [m for m in matches if m.is_file() and m.suffix.lower() in IMAGE_EXTENSIONS]
+            if not files:
+                raise FoalPipeError(f"{pattern} matches no image file; pass image files, folders or glob patterns")
+            found += files
+    if not found:
+        raise FoalPipeError("no images given; pass --images with files, folders or glob patterns")
+    return found
+
+
+@dataclass
+class Encoded:
+    """Features of the images that could be read, the paths they came from, and the files skipped (with why)."""
+
+    features: np.ndarray
+    paths: list[Path]
+    skipped: list[str] = field(default_factory=list)
+
+
+def _read(path: Path, size: int, interpolation: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img.load()
+        return to_rgb_array(img, size, interpolation)
+
+
+def encode_files(encoder: Any, paths: Sequence[Path], batch_size: int = BATCH_SIZE, skip_bad: bool = False,
+                 advance: Callable[[int], None] = lambda n: None) -> Encoded:
+    """Encode image files ``batch_size`` at a time; an unreadable file is refused by name, or skipped with
+    ``skip_bad`` (listed in ``skipped``)."""
+    parts, kept, skipped = [], [], []
+    for lo in range(0, len(paths), batch_size):
+        batch, names = [], []
+        for path in paths[lo : lo + batch_size]:
+            try:
+                batch.append(_read(path, encoder.image_size, encoder.interpolation))
+            except Exception as exc:  # any decoder error: named, never a traceback
+                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if not skip_bad:
+                    raise FoalPipeError(f"cannot read image {path} ({detail}); fix or remove it, or pass --skip-bad "
+                                        "to skip unreadable files") from None
+                skipped.append(f"{path} ({detail})")
+                continue
+            names.append(path)
+        if batch:
+            parts.append(encoder.encode(np.stack(batch)))
+            kept += names
+        advance(min(batch_size, len(paths) - lo))
+    if not kept:
+        raise FoalPipeError(f"none of the {len(paths)} images could be read; check the files")
+    return Encoded(np.concatenate(parts), kept, skipped)
+
+
+def encode_images(encoder: Any, images: Any, batch_size: int = BATCH_SIZE) -> np.ndarray:
+    """Features of image files (paths) or of uint8 arrays ``(n, 3, h, w)``."""
+    if isinstance(images, np.ndarray):
+        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1] != 3:
+            raise FoalPipeError(f"images must be uint8 (n, 3, h, w), got {images.dtype} {images.shape}; "
+                                "or pass image file paths")
+        return np.concatenate([encoder.encode(images[lo : lo + batch_size])
+                               for lo in range(0, len(images), batch_size)])
+    paths = [images] if isinstance(images, str | Path) else list(images)
+    return encode_files(encoder, find_images(paths), batch_size).features

@@ -1,0 +1,207 @@
+"""Filling a store: rows encoded and written chunk by chunk (:func:`extract_rows`), under the writer lock and
+the run log (:func:`extraction`), every split in one process (:func:`run_extract`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.datasets.sources import PreparedImages
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inputs, now, open_inputs, runtime_info
+from foal_pipe.extract.state import StoreState, check_store, create_store, finish_store, is_zarr_dir, staging_path
+from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
+
+
+def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
+    """The chunk-aligned ``(lo, hi)`` row ranges covering ``[start, stop)``; ``start`` must be aligned."""
+    stop = n_rows if stop is None else stop
+    for lo in range(start, stop, chunk_rows):
+        yield lo, min(lo + chunk_rows, stop)
+
+
+def _load_batches(images: PreparedImages, batches: list[list[int]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
+    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory), or, without
+    torch (``--model pixels`` on a light install), the same batches read in this process."""
+    try:
+        import torch
+    except ImportError:
+        for rows in batches:
+            items = [images[i] for i in rows]
+            yield np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
+        return
+    yield from torch.utils.data.DataLoader(
+        images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
+        prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
+    )
+
+
+def extract_rows(
+    spec: ExtractSpec,
+    split: str,
+    lo: int,
+    hi: int,
+    *,
+    path: str | Path | None = None,
+    inputs: Inputs | None = None,
+    on_batch: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+) -> None:
+    """Encode rows ``[lo, hi)`` of ``split`` and write them into the existing store at ``path`` (default
+    ``spec.out_path``).
+
+    ``lo`` and ``hi`` must each be a multiple of the store's chunk size or the split's row count; each
+    write covers exactly one chunk. ``on_batch(n)`` is called after each batch, ``on_chunk(hi)`` after each
+    chunk is written (with the end row of that chunk). Does not touch the attributes: progress and
+    ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`, :func:`finish_store`).
+    """
+    inputs = load_inputs(inputs) if inputs is not None else cached_inputs(spec)
+    writer = FeatureWriter(path or spec.out_path, split)
+    writer.check_range(lo, hi)
+    if lo == hi:
+        return
+    n, step = writer.n_rows, writer.chunk_rows
+    encoder, source = inputs.encoder, inputs.data.split(split)
+    images = PreparedImages(source, inputs.loaded_size, encoder.interpolation)
+    batches = [list(range(b, min(b + inputs.batch_size, c_hi)))
+               for c_lo, c_hi in chunk_ranges(n, step, lo, hi) for b in range(c_lo, c_hi, inputs.batch_size)]
+    buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
+    kept = np.empty((step, encoder.n_blocks, encoder.dim), dtype=spec.blocks_dtype) if spec.keep_blocks else None
+    chunk_lo, filled = lo, 0
+    for pixels, _labels, errors in _load_batches(images, batches, inputs):
+        bad = [e for e in errors if e]
+        if bad:
+            raise FoalPipeError(f"cannot read image {bad[0]}; remove or replace the file, then re-run the same "
+                                "command to resume")
+        if kept is None:
+            feats = encoder.encode(pixels).astype(spec.dtype)
+        else:
+            feats, tokens = encoder.encode_blocks(pixels, spec.blocks_dtype)
+            feats = feats.astype(spec.dtype)
+            _check_finite(tokens, f"block tokens at {split}", chunk_lo + filled, f"precision {inputs.precision}, "
+                          f"--blocks-dtype {spec.blocks_dtype}", "use --precision fp32 or --blocks-dtype float32")
+            kept[filled : filled + len(tokens)] = tokens
+        _check_finite(feats, f"features at {split}", chunk_lo + filled, f"precision {inputs.precision}, dtype "
+                      f"{spec.dtype}", "use --precision fp32 or --dtype float32")
+        buffer[filled : filled + len(feats)] = feats
+        filled += len(feats)
+        if on_batch:
+            on_batch(len(feats))
+        chunk_hi = min(chunk_lo + step, hi)
+        if chunk_lo + filled == chunk_hi:
+            writer.write(chunk_lo, buffer[:filled], *(() if kept is None else (kept[:filled],)))
+            if on_chunk:
+                on_chunk(chunk_hi)
+            chunk_lo, filled = chunk_hi, 0
+
+
+def _check_finite(values: np.ndarray, what: str, first_row: int, how: str, fix: str) -> None:
+    """Refuse a batch with a NaN or inf (reduced precision or float16 overflow), naming its first row."""
+    finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if not finite.all():
+        raise FoalPipeError(f"non-finite {what} row {first_row + int(np.flatnonzero(~finite)[0])} ({how}); {fix}")
+
+
+class ExtractProgress:
+    """Progress callbacks of :func:`run_extract` (the CLI draws a rich bar with them); all no-ops here."""
+
+    def start(self, split: str, done: int, total: int) -> None:
+        pass
+
+    def advance(self, split: str, n: int) -> None:
+        pass
+
+
+@dataclass
+class ExtractReport:
+    """What an extraction did; ``seconds`` is 0 when the store was already complete."""
+
+    path: Path
+    status: str  # "created", "resumed", or "complete" (nothing to do)
+    rows: dict[str, int]
+    resumed_from: dict[str, int]
+    seconds: float
+    encoder: str
+    dim: int
+    device: str
+    precision: str
+    holes: dict[str, int] = field(default_factory=dict)
+    generation: str | None = None
+
+
+def prepare_store(spec: ExtractSpec, overwrite: bool = False) -> tuple[Inputs, StoreState]:
+    """The inputs and the store to fill: an existing store checked against ``spec``, or a new one.
+
+    The weights are loaded before a store is created, so when they cannot be had nothing is left behind.
+    """
+    inputs = open_inputs(spec)
+    state = check_store(spec, inputs, overwrite=overwrite)
+    if state is None or state.status != "complete":
+        load_inputs(inputs)
+        state = create_store(spec, inputs, overwrite=overwrite)
+    return inputs, state
+
+
+@contextmanager
+def extraction(spec: ExtractSpec, overwrite: bool = False,
+               runtime: dict[str, Any] | None = None) -> Iterator[tuple[Inputs, StoreState, ExtractReport]]:
+    """Hold the store's writer lock, prepare the store, let the body fill every split, then finish it.
+
+    Yields ``(inputs, state, report)``; the body fills rows into ``state.path`` (nothing to do when
+    ``state.status == "complete"``) and records ``progress``. The sidecar log ``<store>.log.json`` gets the
+    run's start, end or error, and ``runtime`` (what :func:`runtime_info` does not know, e.g. the scheduler).
+    """
+    with writer_lock(spec.out_path):
+        for folder in (spec.out_path, staging_path(spec.out_path)):
+            if folder.is_dir() and is_zarr_dir(folder):
+                remove_partial_files(folder)  # halves of writes a killed writer left: nobody else writes now
+        inputs, state = prepare_store(spec, overwrite)
+        report = ExtractReport(state.out, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
+                               inputs.encoder.dim, inputs.device, inputs.precision, dict(state.holes))
+        if state.status == "complete":
+            yield inputs, state, report
+            return
+        started = time.perf_counter()
+        log_run(state.path, {"started": now(), "status": state.status, "resumed_from": dict(state.progress),
+                             "holes": dict(state.holes), **runtime_info(spec, inputs), **(runtime or {})},
+                fresh=state.status == "created")
+        try:
+            yield inputs, state, report
+            report.seconds = time.perf_counter() - started
+            report.generation = finish_store(state)
+        except BaseException as exc:
+            _log_stop(state.path, exc)
+            raise
+        update_run(state.out, {"finished": now(), "seconds": round(report.seconds, 3),
+                               "generation": report.generation})
+
+
+def _log_stop(path: Path, exc: BaseException) -> None:
+    """Record in the run log why a run stopped; never hides the error itself."""
+    reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+    try:
+        update_run(path, {"stopped": now(), "error": reason})
+    except (OSError, FoalPipeError):
+        pass
+
+
+def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractProgress | None = None) -> ExtractReport:
+    """Create (or resume) the store for ``spec``, fill every split in order, then mark it complete."""
+    progress = progress or ExtractProgress()
+    with extraction(spec, overwrite) as (inputs, state, report):
+        if state.status == "complete":
+            return report
+        for split in SPLITS:
+            done, n = state.progress[split], state.rows[split]
+            progress.start(split, done, n)
+            extract_rows(spec, split, done, n, path=state.path, inputs=inputs,
+                         on_batch=lambda k, s=split: progress.advance(s, k),
+                         on_chunk=lambda hi, s=split: mark_progress(state.path, s, hi))
+    return report

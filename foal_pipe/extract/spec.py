@@ -1,0 +1,194 @@
+"""What an extraction is asked for (:class:`ExtractSpec`), what it opens (:class:`Inputs`: the dataset and the
+encoder, cached per process), and the settings and provenance a store records from them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.datasets.registry import open_dataset
+from foal_pipe.datasets.sources import DatasetSplits
+from foal_pipe.encoders import (
+    PAPER_MODEL,
+    RESIZE_ON,
+    Encoder,
+    EncoderConfig,
+    build_encoder,
+    resolve_device,
+    resolve_precision,
+    resolve_resize_on,
+    torch_version,
+)
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.store import BLOCK_DTYPES, SPLITS
+from foal_pipe.store.blockfusion import NORMS
+
+DTYPES = ("float32", "float16")
+DEFAULT_CHUNK_ROWS = 1024
+DEFAULT_OUT = "data/features/{dataset}.zarr"
+
+
+@dataclass(frozen=True)
+class ExtractSpec:
+    """Everything that defines one extraction (the CLI options of ``foal-pipe extract``).
+
+    ``batch_size=None``: 256 on CUDA, 32 on CPU. ``workers=None``: half the CPU cores, at most 8.
+    ``out=None``: ``data/features/<dataset>.zarr``. ``model_kwargs`` (``--model-kwargs``) go to
+    ``timm.create_model``; ``pretrained=False`` (Python API only) gives seeded random weights, for benchmarks.
+    ``resize_on`` (``--resize-on``): where images are resized, see :func:`resolve_resize_on`; it never changes
+    the features, so it is not among the store's settings.
+    ``keep_blocks`` (``--keep-blocks``) also stores every block's token in ``blocks_dtype``, so other fusions
+    can be computed at read time (:mod:`foal_pipe.store.blockfusion`).
+    """
+
+    dataset: str = "digits"
+    out: str | None = None
+    data_dir: str | None = None
+    download: bool = False
+    model: str = PAPER_MODEL
+    checkpoint: str | None = None
+    fusion: str = "mean-cls"
+    token: str = "cls"
+    image_size: int | None = None
+    normalize: bool = True
+    dtype: str = "float32"
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    batch_size: int | None = None
+    workers: int | None = None
+    device: str = "auto"
+    precision: str = "auto"
+    pretrained: bool = True
+    model_kwargs: tuple[tuple[str, Any], ...] = ()
+    resize_on: str = "auto"
+    keep_blocks: bool = False
+    blocks_dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise FoalPipeError(f"unknown --dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if self.resize_on not in RESIZE_ON:
+            raise FoalPipeError(f"unknown --resize-on {self.resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
+        if self.blocks_dtype not in BLOCK_DTYPES:
+            raise FoalPipeError(f"unknown --blocks-dtype {self.blocks_dtype!r}; choose one of: "
+                                f"{', '.join(BLOCK_DTYPES)}")
+        for option, value in (("--chunk-rows", self.chunk_rows), ("--batch-size", self.batch_size)):
+            if value is not None and value < 1:
+                raise FoalPipeError(f"{option} must be at least 1, got {value}")
+        if self.workers is not None and self.workers < 0:
+            raise FoalPipeError(f"--workers must be 0 (load in the main process) or more, got {self.workers}")
+
+    @property
+    def out_path(self) -> Path:
+        return Path(self.out or DEFAULT_OUT.format(dataset=self.dataset)).expanduser()
+
+    def encoder_config(self) -> EncoderConfig:
+        return EncoderConfig(self.model, self.fusion, self.token, self.image_size, self.normalize,
+                             self.checkpoint, self.pretrained, self.model_kwargs)
+
+
+@dataclass
+class Inputs:
+    """An opened dataset and a described encoder, with the device, precision and resize place resolved."""
+
+    data: DatasetSplits
+    encoder: Encoder
+    device: str
+    precision: str
+    batch_size: int
+    workers: int
+    resize_on: str = "workers"
+    loaded: bool = False
+
+    @property
+    def loaded_size(self) -> int:
+        """Side of the images the loader ships: the native size when the device resizes them."""
+        return self.data.native_size if self.resize_on == "device" else self.encoder.image_size
+
+
+def open_inputs(spec: ExtractSpec) -> Inputs:
+    """Open the dataset and describe the encoder; weights are not loaded yet (see :func:`load_inputs`)."""
+    data = open_dataset(spec.dataset, spec.data_dir, spec.download)
+    encoder = build_encoder(spec.encoder_config(), data.native_size)
+    if spec.keep_blocks:
+        _check_keeps_blocks(encoder)
+    device = resolve_device(spec.device)
+    precision = resolve_precision(spec.precision, device) if encoder.name != "pixels" else "fp32"
+    encoder.device, encoder.precision = device, precision
+    batch = spec.batch_size or (256 if device == "cuda" else 32)
+    workers = spec.workers if spec.workers is not None else min(8, max(1, (os.cpu_count() or 2) // 2))
+    resize_on = resolve_resize_on(spec.resize_on, data.native_size, encoder.image_size, encoder.interpolation, device)
+    return Inputs(data, encoder, device, precision, batch, workers, resize_on)
+
+
+def _check_keeps_blocks(encoder: Encoder) -> None:
+    """``--keep-blocks`` needs transformer blocks and a final norm the reader can recompute."""
+    if not getattr(encoder, "n_blocks", 0):
+        raise FoalPipeError(f"--model {encoder.name} has no transformer blocks, so --keep-blocks does not apply; drop "
+                            "--keep-blocks or choose a timm ViT --model")
+    if getattr(encoder, "norm_kind", None) is None:
+        raise FoalPipeError(f"--keep-blocks: the final norm of {encoder.name} is not one foal-pipe can recompute "
+                            f"({', '.join(NORMS)}); drop --keep-blocks and extract one store per --fusion")
+
+
+def load_inputs(inputs: Inputs) -> Inputs:
+    """Load the encoder's weights onto the device (once)."""
+    if not inputs.loaded:
+        inputs.encoder.load(inputs.device, inputs.precision)
+        inputs.loaded = True
+    return inputs
+
+
+@functools.lru_cache(maxsize=2)
+def cached_inputs(spec: ExtractSpec) -> Inputs:
+    return load_inputs(open_inputs(spec))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The settings and provenance a store records
+# ---------------------------------------------------------------------------------------------------------
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def store_settings(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
+    """What must match for a store to be resumed: the data, the encoder and the layout (not the device,
+    batch size or workers, and not where the checkpoint file lies, only its hash)."""
+    return _jsonable({
+        "dataset": spec.dataset,
+        "rows": {split: len(inputs.data.split(split)) for split in SPLITS},
+        "classes": inputs.data.classes,
+        "encoder": stored_encoder(inputs),
+        "dtype": spec.dtype,
+        "chunk_rows": spec.chunk_rows,
+        "keep_blocks": spec.keep_blocks,
+        "blocks_dtype": spec.blocks_dtype if spec.keep_blocks else None,
+    })
+
+
+def stored_encoder(inputs: Inputs) -> dict[str, Any]:
+    """The encoder's provenance as the store records it: the checkpoint's hash and size, not its path (the path
+    goes to the run log), so the same weights give the same store wherever they lie."""
+    encoder = dict(inputs.encoder.provenance())
+    encoder["weights"] = {k: v for k, v in encoder.get("weights", {}).items() if k != "path"}
+    return encoder
+
+
+def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
+    """What the run log records about this run (never the store: it varies from run to run)."""
+    import foal_pipe
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "device": inputs.device,
+            "batch_size": inputs.batch_size, "workers": inputs.workers, "resize_on": inputs.resize_on,
+            "checkpoint": spec.checkpoint,
+            "torch_version": torch_version(), "foal_pipe_version": foal_pipe.__version__}
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,185 @@
+"""The store an extraction fills (:class:`StoreState`): created aside and renamed into place, resumed when its
+settings match, refused otherwise, and finished last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
+from foal_pipe.store import (
+    FORMAT,
+    FORMAT_VERSION,
+    ROW_ARRAYS,
+    SPLITS,
+    BlockLayout,
+    StoreMeta,
+    complete_store,
+    create_skeleton,
+    reopen_at,
+    replace_store,
+    verify_store,
+)
+from foal_pipe.store.blockfusion import FinalNorm
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            show = (lambda v: f"{len(v)} entries" if isinstance(v, list) and len(v) > 4 else repr(v))
+            out.append(f"{prefix}{key}: {show(a)} -> {show(b)}")
+    return out
+
+
+@dataclass
+class StoreState:
+    """Where a store stands: ``status`` is ``created``, ``resumed`` or ``complete``.
+
+    ``path`` is where rows are written: ``out`` itself, or -- when ``--overwrite`` replaces an existing store --
+    a staging sibling ``.<name>.replacing`` that is swapped in when complete, so readers of the old store are
+    never served a half-written one. ``holes``: the first row of each split where a missing chunk file was
+    found below the recorded progress (those rows are extracted again).
+    """
+
+    path: Path
+    status: str
+    progress: dict[str, int]
+    rows: dict[str, int]
+    out: Path
+    holes: dict[str, int] = field(default_factory=dict)
+
+
+def is_zarr_dir(path: Path) -> bool:
+    return (path / "zarr.json").is_file() or (path / ".zgroup").is_file()
+
+
+def staging_path(out: Path) -> Path:
+    """Where ``--overwrite`` builds the replacement of the store at ``out``."""
+    return out.parent / f".{out.name}.replacing"
+
+
+def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: dict[str, Any]) -> None:
+    meta = StoreMeta(classes=tuple(inputs.data.classes), dataset=spec.dataset, encoder=stored_encoder(inputs),
+                     extra={"extract": settings, "source": inputs.data.location})
+    labels = {split: inputs.data.split(split).labels for split in SPLITS}
+    index = {split: inputs.data.split(split).index for split in SPLITS}
+    create_skeleton(where, meta, inputs.encoder.dim, spec.dtype, spec.chunk_rows, labels, index,
+                    block_layout(spec, inputs))
+
+
+def block_layout(spec: ExtractSpec, inputs: Inputs) -> BlockLayout | None:
+    """What the store keeps of the blocks with ``--keep-blocks`` (the final norm read from the loaded weights)."""
+    if not spec.keep_blocks:
+        return None
+    norm = load_inputs(inputs).encoder.norm_parameters()
+    return BlockLayout(inputs.encoder.n_blocks, spec.blocks_dtype,
+                       FinalNorm(norm.pop("kind"), norm.pop("eps"), **norm))
+
+
+def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: bool = False) -> StoreState:
+    """Create the store for ``spec`` (or find it resumable / complete); never mixes settings.
+
+    A store replaced with ``overwrite`` is rebuilt in :func:`staging_path` (resumed there if an earlier
+    ``--overwrite`` run with the same settings was interrupted); :func:`finish_store` swaps it in. The caller
+    holds the store's writer lock (:func:`foal_pipe.store.writer_lock`) when other writers may run.
+    """
+    inputs = inputs or open_inputs(spec)
+    state = check_store(spec, inputs, overwrite)
+    if state is not None:
+        if state.holes:
+            reopen_at(state.path, state.progress)
+        return state
+    out = spec.out_path
+    settings = store_settings(spec, inputs)
+    target = staging_path(out) if out.is_dir() and any(out.iterdir()) else out
+    _build_skeleton(target, spec, inputs, settings)
+    return StoreState(target, "created", {split: 0 for split in SPLITS}, dict(settings["rows"]), out)
+
+
+def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> StoreState | None:
+    """The state of the store at ``spec.out_path`` without writing anything: ``None`` when it is to be
+    created (missing, an empty folder, or replaced because of ``overwrite``); a :class:`FoalPipeError` when
+    it may not be touched (not a store written by ``extract``, or other settings without ``overwrite``)."""
+    out = spec.out_path
+    if not out.exists():
+        return None
+    if not out.is_dir() or (any(out.iterdir()) and not is_zarr_dir(out)):
+        raise FoalPipeError(f"{out} exists and is not a feature store; refusing to replace it: choose another "
+                            "--out or remove it")
+    if not any(out.iterdir()):
+        return None
+    settings = store_settings(spec, inputs)
+    if not overwrite:
+        return _existing_state(out, out, settings)
+    staged = staging_path(out)
+    if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
+        try:
+            return _existing_state(staged, out, settings)
+        except FoalPipeError:
+            return None
+    return None
+
+
+def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreState:
+    """The state of the store at ``path`` (``out`` or its staging copy), which must have been made by
+    ``extract`` in this format with the same settings; holes below its progress move the progress back."""
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        attrs = dict(group.attrs)
+    except Exception:  # unreadable metadata: not ours to resume
+        attrs, group = {}, None
+    if attrs.get("format") != FORMAT or not isinstance(attrs.get("extract"), dict):
+        raise FoalPipeError(f"{out} is a Zarr store but not one written by `foal-pipe extract`; pass --overwrite "
+                            "to replace it or choose another --out")
+    if attrs.get("format_version") != FORMAT_VERSION or type(attrs.get("format_version")) is not int:
+        raise FoalPipeError(f"{out} was written in store format {attrs.get('format_version')!r}, this foal-pipe "
+                            f"writes format {FORMAT_VERSION}; pass --overwrite to extract it again")
+    diffs = _differences(attrs["extract"], settings)
+    if diffs:
+        raise FoalPipeError(f"{out} was extracted with different settings ({'; '.join(diffs[:4])}); re-run with "
+                            "the original options to resume it, or pass --overwrite to replace it")
+    rows = dict(settings["rows"])
+    recorded = attrs.get("progress")
+    progress = {}
+    damaged = f"{out} is damaged (%s); pass --overwrite to extract it again"
+    for split in SPLITS:
+        try:
+            features = group[f"{split}/features"]
+        except KeyError:
+            raise FoalPipeError(damaged % f"no {split}/features array") from None
+        done = recorded.get(split) if isinstance(recorded, dict) else None
+        step = int(features.chunks[0])
+        if features.shape[0] != rows[split] or type(done) is not int or not 0 <= done <= rows[split] or (
+                done % step and done != rows[split]):
+            raise FoalPipeError(damaged % f"{split}/features {features.shape} with progress {done!r}")
+        progress[split] = done
+    lost = verify_store(path, read=False).problems  # chunk files missing (features, blocks: below the progress)
+    skeleton = [problem for problem in lost if problem.array.partition("/")[2] not in ROW_ARRAYS]
+    if skeleton:  # labels or row indices: only a new skeleton can bring them back
+        raise FoalPipeError(damaged % f"{skeleton[0]}")
+    holes: dict[str, int] = {}
+    for problem in lost:  # the first hole of each split (features or blocks) is where its extraction resumes
+        split = problem.array.split("/")[0]
+        holes[split] = min(holes.get(split, problem.lo), problem.lo)
+        progress[split] = holes[split]
+    status = "complete" if attrs.get("complete") is True and not holes else "resumed"
+    return StoreState(path, status, progress, rows, out, holes)
+
+
+def finish_store(state: StoreState) -> str:
+    """Mark the store complete (last, once every split's progress reaches its row count and every chunk file
+    is there) and, for a replacement built aside, swap it in; returns the store's generation id."""
+    generation = complete_store(state.path)
+    if state.path != state.out:
+        replace_store(state.path, state.out)
+        state.path = state.out
+    return generation

@@ -1,0 +1,283 @@
+"""The model file (``model.safetensors``): the one module that writes, reads and checks its bytes.
+
+A model file is a `safetensors <https://github.com/huggingface/safetensors#format>`_ file (nothing is
+unpickled) that :func:`write_model` lays out byte for byte, so the same model gives the same bytes in any
+process (the safetensors library keeps its metadata in a hash map with a per-process random order):
+
+* 8 bytes: the header length N, unsigned little-endian;
+* N bytes: the JSON header with sorted keys and no spaces, padded with spaces to a multiple of 8 bytes;
+* the tensors' little-endian, C-order bytes, largest element size first, then by name, with no holes (so
+  every tensor starts aligned to its element size, as the safetensors library does).
+
+Tensors (D: activations, C: classes, d: features):
+
+* ``W`` (D, C), float: the ridge weights; column k scores ``classes[k]``;
+* ``classes`` (C,), int: the label ids, sorted, unique, non-negative;
+* ``projection`` (d, D), float, optional: the smooth projection (activations ``sigmoid(X @ projection)``);
+* the engine's state in ``dtype``: ``G`` (D, D), ``Q`` (D, C) and ``counts`` (C,), int: rows per class, for
+  ``gram``; ``R`` (D, D) for ``rls``.
+
+Metadata: safetensors keeps string values only, so every value is stored as JSON text. Required:
+``format`` (``"foal-pipe/model"``), ``format_version`` (1), ``gamma`` (a positive number), ``engine``
+(``"gram"`` or ``"rls"``), ``dtype`` (the state's, ``"float64"`` or ``"float32"``), ``n_samples_seen``
+(a non-negative int). Optional and checked when present: ``class_names`` (one unique string per column of
+``W``), ``dataset`` (a string), ``encoder`` (a mapping: the store's encoder provenance), ``activation``
+(``"sigmoid"``). Any other key is kept as JSON, so later versions can add provenance without a new format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from foal_pipe.core.backend import DTYPES
+from foal_pipe.core.engines import ENGINES
+from foal_pipe.core.projection import ACTIVATIONS
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import atomic_path
+
+MODEL_FILE = "model.safetensors"
+FORMAT = "foal-pipe/model"
+FORMAT_VERSION = 1
+ALIGNMENT = 8
+
+#: safetensors' dtype codes for the dtypes a model file may hold.
+CODES = {
+    np.dtype("float64"): "F64", np.dtype("float32"): "F32",
+    np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("int16"): "I16", np.dtype("int8"): "I8",
+    np.dtype("uint32"): "U32", np.dtype("uint16"): "U16", np.dtype("uint8"): "U8",
+}
+DTYPE_OF_CODE = {code: dtype for dtype, code in CODES.items()}
+
+#: Each tensor's shape in named dimensions and its kind of dtype; every name must agree across tensors.
+TENSORS: dict[str, tuple[tuple[str, ...], str]] = {
+    "W": (("D", "C"), "f"),
+    "classes": (("C",), "iu"),
+    "projection": (("d", "D"), "f"),
+    "G": (("D", "D"), "f"),
+    "Q": (("D", "C"), "f"),
+    "R": (("D", "D"), "f"),
+    "counts": (("C",), "iu"),
+}
+REQUIRED_TENSORS = ("W", "classes")
+
+_FIX = "pass a model.safetensors written by `foal-pipe learn` (or AnalyticClassifier.save), or train it again"
+
+
+class TensorInfo(NamedTuple):
+    """A tensor as the header describes it: enough to check shapes and dtypes before reading any values."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def _names(values: Any, n_columns: int) -> str | None:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return "must be a list of strings"
+    if len(values) != n_columns:
+        return f"has {len(values)} names but W has {n_columns} columns"
+    if len(set(values)) != len(values):
+        dup = next(v for i, v in enumerate(values) if v in values[:i])
+        return f"names {dup!r} twice"
+    return None
+
+
+#: Metadata checks besides the format's: key -> (required, check(value, n_columns) -> problem or None).
+METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
+    "gamma": (True, lambda v, _: None if _is_number(v) and v > 0 else "must be a positive number"),
+    "engine": (True, lambda v, _: None if v in ENGINES else f"must be one of {', '.join(map(repr, ENGINES))}"),
+    "dtype": (True, lambda v, _: None if v in DTYPES else f"must be one of {', '.join(map(repr, DTYPES))}"),
+    "n_samples_seen": (True, lambda v, _: None if _is_int(v) and v >= 0 else "must be a non-negative integer"),
+    "class_names": (False, _names),
+    "dataset": (False, lambda v, _: None if isinstance(v, str) else "must be a string"),
+    "encoder": (False, lambda v, _: None if isinstance(v, dict) else "must be a mapping"),
+    "activation": (False, lambda v, _: None if v in ACTIVATIONS else f"must be one of {', '.join(map(repr, ACTIVATIONS))}"),
+}
+
+
+def _refuse(where: str, problem: str) -> FoalPipeError:
+    return FoalPipeError(f"{where}: {problem}; {_FIX}")
+
+
+def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], where: str = "model") -> None:
+    """Refuse anything but a consistent foal-pipe model, with one :class:`FoalPipeError` naming the problem.
+
+    ``tensors`` maps names to arrays, or to :class:`TensorInfo` (read from the header) to check shapes and
+    dtypes before any value is read; values (finite floats, class ids) are checked for arrays only.
+    ``metadata`` holds the decoded JSON values.
+    """
+    if metadata.get("format") != FORMAT:
+        found = f"metadata 'format' is {str(metadata['format'])!r:.60}" if "format" in metadata else "no 'format'"
+        raise FoalPipeError(
+            f"{where} holds no foal-pipe metadata ({found}: a safetensors file from another tool or an older "
+            f"foal-pipe); {_FIX}"
+        )
+    version = metadata.get("format_version")
+    if not _is_int(version) or version != FORMAT_VERSION:
+        raise FoalPipeError(
+            f"{where} has model format_version {version!r:.20} but this foal-pipe reads version {FORMAT_VERSION}; "
+            "upgrade foal-pipe or train the model again"
+        )
+    missing = [name for name in REQUIRED_TENSORS if name not in tensors]
+    unknown = sorted(set(tensors) - set(TENSORS))
+    if missing or unknown:
+        raise _refuse(where, f"tensor {missing[0]!r} is missing" if missing else f"unexpected tensor {unknown[0]!r}")
+    _check_shapes(tensors, where)
+    for key, value in metadata.items():
+        if isinstance(value, NotJSON):
+            raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
+    for key, (required, check) in METADATA.items():
+        if key not in metadata:
+            if required:
+                raise _refuse(where, f"metadata {key!r} is missing")
+            continue
+        problem = check(metadata[key], int(tensors["W"].shape[1]))
+        if problem:
+            raise _refuse(where, f"metadata {key!r} ({metadata[key]!r:.60}) {problem}")
+    state = ENGINES[metadata["engine"]].state_names
+    absent = [name for name in state if name not in tensors]
+    if absent:
+        raise _refuse(where, f"the {metadata['engine']} engine's state tensor {absent[0]!r} is missing")
+    stray = sorted(name for name in set(tensors) & {"G", "Q", "R"} if name not in state)
+    if stray:
+        raise _refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
+    for name in state:
+        if name != "W" and tensors[name].dtype != np.dtype(metadata["dtype"]):
+            raise _refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
+    _check_values(tensors, where)
+
+
+def _check_shapes(tensors: Mapping[str, Any], where: str) -> None:
+    sizes: dict[str, tuple[str, int]] = {}  # dimension -> (the tensor that fixed it, its size)
+    for name, (dims, kinds) in TENSORS.items():
+        if name not in tensors:
+            continue
+        shape, dtype = tuple(int(n) for n in tensors[name].shape), np.dtype(tensors[name].dtype)
+        if dtype.kind not in kinds or dtype not in CODES:
+            kind = "a float (float32 or float64)" if kinds == "f" else "an integer"
+            raise _refuse(where, f"tensor {name!r} has dtype {dtype} but must be {kind}")
+        if len(shape) != len(dims):
+            raise _refuse(where, f"tensor {name!r} has shape {shape} but must have {len(dims)} dimensions {dims}")
+        for dim, size in zip(dims, shape, strict=True):
+            first, known = sizes.setdefault(dim, (name, size))
+            if known != size:
+                raise _refuse(
+                    where, f"tensor {name!r} has shape {shape} but {first!r} has {dim} = {known}: the shapes disagree"
+                )
+
+
+def _check_values(tensors: Mapping[str, Any], where: str) -> None:
+    for name, value in tensors.items():
+        if not isinstance(value, np.ndarray):
+            continue
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise _refuse(where, f"tensor {name!r} holds NaN or inf values")
+    classes = tensors["classes"]
+    if isinstance(classes, np.ndarray) and classes.size:
+        if classes.min() < 0:
+            raise _refuse(where, f"class id {int(classes.min())} is negative")
+        if np.any(classes[1:] <= classes[:-1]):
+            raise _refuse(where, "class ids are not sorted and unique")
+    counts = tensors.get("counts")
+    if isinstance(counts, np.ndarray) and counts.size and counts.min() < 0:
+        raise _refuse(where, f"the row count of a class is negative ({int(counts.min())})")
+
+
+def _json(value: Any, key: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        raise FoalPipeError(f"metadata {key!r} ({value!r:.60}) cannot be stored as JSON; pass strings, numbers, "
+                            "lists or mappings") from None
+
+
+def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[str, Any]) -> Path:
+    """Write a model file atomically; the same tensors and metadata always give the same bytes.
+
+    ``format`` and ``format_version`` are added to ``metadata``; the model is validated first, so nothing
+    :func:`read_model` would refuse is ever written.
+    """
+    path = Path(path)
+    arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+    arrays = {name: a.astype(a.dtype.newbyteorder("<"), copy=False) for name, a in arrays.items()}
+    meta = {**metadata, "format": FORMAT, "format_version": FORMAT_VERSION}
+    validate_model(arrays, meta, str(path))
+    header: dict[str, Any] = {"__metadata__": {key: _json(value, key) for key, value in meta.items()}}
+    order = sorted(arrays, key=lambda name: (-arrays[name].dtype.itemsize, name))
+    offset = 0
+    for name in order:
+        a = arrays[name]
+        header[name] = {"data_offsets": [offset, offset + a.nbytes], "dtype": CODES[a.dtype.newbyteorder("=")],
+                        "shape": list(a.shape)}
+        offset += a.nbytes
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % ALIGNMENT)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)))
+        fh.write(text)
+        for name in order:
+            fh.write(arrays[name].data)
+    return path
+
+
+def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(tensors, metadata)`` of a validated model file; metadata values are decoded from JSON.
+
+    ``names`` reads only those tensors (say ``W``, ``classes`` and ``projection`` to predict, leaving the
+    D x D state on disk); shapes and dtypes of all tensors are checked from the header either way.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise FoalPipeError(f"model file {path} does not exist; train one with `foal-pipe learn`")
+    if not path.is_file():
+        raise FoalPipeError(f"model file {path} is not a file; pass the model.safetensors inside it")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            raw = f.metadata() or {}
+            header = {}
+            for key in f.keys():
+                part = f.get_slice(key)
+                code = part.get_dtype()
+                if code not in DTYPE_OF_CODE:
+                    raise _refuse(str(path), f"tensor {key!r} has dtype {code}, which a model file does not hold")
+                header[key] = TensorInfo(tuple(part.get_shape()), DTYPE_OF_CODE[code])
+            metadata = {key: _decode(value) for key, value in raw.items()}
+            validate_model(header, metadata, str(path))
+            tensors = {key: f.get_tensor(key) for key in header if names is None or key in names}
+    except (SafetensorError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FoalPipeError(
+            f"{path} is not a safetensors model file (damaged, truncated or another format: {reason}); {_FIX}"
+        ) from None
+    validate_model({**header, **tensors}, metadata, str(path))
+    return tensors, metadata
+
+
+class NotJSON(str):
+    """A metadata value that does not decode as JSON, kept for :func:`validate_model` to name."""
+
+
+def _decode(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return NotJSON(value)

@@ -1,0 +1,167 @@
+"""The ``learn`` and ``sweep`` commands: prepare, walk, test, record, and write the outputs as one unit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.protocol.config import (
+    CRITERIA,
+    EvaluationConfig,
+    ExecutionConfig,
+    ModelConfig,
+    StreamConfig,
+    SweepConfig,
+)
+from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
+from foal_pipe.protocol.records import fusions_report, learn_metrics, run_info, sweep_entry
+from foal_pipe.protocol.run import Run, prepare, reread_note
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.stream import dropped_warning
+from foal_pipe.protocol.walk import gram_boundaries, gram_walk, rls_boundaries
+from foal_pipe.store.blockfusion import parse_fusions
+
+
+def run_learn(
+    features: str | Path,
+    out: str | Path,
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
+    and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    auto = model.gamma == "auto"
+    loo = auto and model.select == "loo"
+    run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
+    warn_dropped(run, stream, log)
+    if loo and not run.keep_activations:
+        log(reread_note(run))
+    with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
+        if model.engine == "rls":
+            boundaries, final = rls_boundaries(run)
+        else:
+            if auto:
+                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select))
+                final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
+                                                           dtype=model.dtype)
+            else:
+                solver = FixedGamma(float(model.gamma), model.dtype)
+                boundaries, _ = gram_boundaries(run, solver)
+                final = solver.classifier
+        acc = accuracy_matrices(run, boundaries)[0]
+    metrics = learn_metrics(run, stream, acc, boundaries)
+    if auto and model.select == "gcv":
+        _warn_gcv(boundaries, model.gamma_grid, log)
+
+    def write(tmp: Path) -> None:
+        with run.timed("write"):
+            save_model(final, run, tmp / MODEL_FILE)
+            write_json(tmp / "metrics.json", metrics)
+
+    metrics["timings"] = write_outputs(out, [run], start, write)
+    return metrics
+
+
+def run_sweep(
+    features: str | Path,
+    out: str | Path,
+    sweep: SweepConfig,
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Score every gamma from one walk over the train split and one pass over the test split; write
+    ``sweep.json`` (and ``timings.json``). ``model.gamma`` and ``model.engine`` are not used.
+
+    With ``sweep.fusions``, every fusion x gamma from that one walk (each blocks chunk decoded once per task):
+    ``sweep.json`` keeps the single-sweep keys for the fusion chosen overall, and adds ``fusions`` (each
+    fusion's ``results``, ``best_gamma``, ``best_gamma_test``), ``best`` and the oracle ``best_test``
+    (``{"fusion", "gamma"}`` over every fusion x gamma).
+    """
+    start = time.perf_counter()
+    if not sweep.gammas:
+        raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
+    gammas = [check_gamma(g) for g in sweep.gammas]
+    select = sweep.resolved_select
+    if select not in CRITERIA:
+        raise FoalPipeError(f"unknown --select {select!r}; choose one of {', '.join(CRITERIA)}")
+    if select == "loo" and not sweep.loo:
+        raise FoalPipeError("--select loo needs the leave-one-out pass; drop --no-loo or use --select gcv")
+    fusions = [f.text for f in parse_fusions(list(sweep.fusions), "--fusions")] if sweep.fusions else []
+    check_output_dir(out)
+    run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
+                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)
+    warn_dropped(run, stream, log)
+    if sweep.loo and not run.keep_activations:
+        log(reread_note(run))
+    with np.errstate(all="ignore"):
+        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes})
+        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()})
+    entries = {key: sweep_entry(gammas, lane.boundaries, accs[key], sweep.loo, select)
+               for key, lane in lanes.items()}
+    if fusions:
+        report = fusions_report(gammas, [{"fusion": key, **entries[key]} for key in fusions], select, model)
+    else:
+        report = {"gammas": gammas, **entries[None]}
+    report.update(run_info(run, stream))
+    for key, lane in lanes.items():
+        _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
+    report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
+    return report
+
+
+def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:
+    """The model file of a run: the classifier with the run's projection, provenance and class names."""
+    final.save(path, projection=run.projection, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
+               class_names=[run.store.classes[c] for c in final.classes_], activation=run.model.resolved_activation)
+
+
+def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], None]) -> dict[str, float]:
+    """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
+    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings."""
+    for run in runs:
+        run.store.check_unchanged()
+    with atomic_dir(out) as tmp:
+        write(tmp)
+        timings: dict[str, float] = {}
+        for run in runs:
+            for step, seconds in run.timings.items():
+                timings[step] = timings.get(step, 0.0) + seconds
+        timings["total"] = time.perf_counter() - start
+        timings = {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
+        write_json(tmp / "timings.json", timings)
+    return timings
+
+
+def _warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:
+    flagged = [k for k, b in enumerate(boundaries) if b.gcv_dof_ratio is not None and b.gcv_dof_ratio > GCV_DOF_WARNING]
+    if flagged:
+        b = boundaries[flagged[-1]]
+        log(
+            f"warning: GCV's choice has effective degrees of freedom {100 * b.gcv_dof_ratio:.0f}% of the rows "
+            f"(above {100 * GCV_DOF_WARNING:.0f}%) at {len(flagged)} task boundar{'y' if len(flagged) == 1 else 'ies'}; "
+            "GCV is unreliable as D nears n: prefer --select loo"
+        )
+
+
+def warn_dropped(run: Run, stream: StreamConfig, log: Callable[[str], None]) -> None:
+    message = dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None)
+    if message:
+        log(message)

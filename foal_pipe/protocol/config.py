@@ -1,0 +1,105 @@
+"""The settings of ``learn`` and ``sweep``, grouped by what they decide, and the protocol's constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from foal_pipe.core.engines import check_gamma
+from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
+from foal_pipe.memory import DEFAULT_MAX_MEMORY
+
+#: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
+RLS_WINDOW = 8192
+#: Rows projected at once elsewhere: at most this many activation values (a store chunk at D = 1000).
+BLOCK_VALUES = 2**22
+#: The part of the memory estimate that the kept leave-one-out activations take.
+KEPT_PART = "activations kept for leave-one-out"
+#: The default gammas of ``sweep``.
+SWEEP_GAMMAS: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 1e4)
+#: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
+CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv", False), "test": ("A_avg", True)}
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How the stream is built (docs/protocol.md section 3)."""
+
+    tasks: int | None = 10
+    batch_size: int = 10
+    seed: int = 0
+    class_order: Path | None = None
+    drop_last: bool = False
+    order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
+
+    @property
+    def resolved_order_seed(self) -> int:
+        return self.seed if self.order_seed is None else self.order_seed
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The expansion and the ridge classifier on it.
+
+    ``gamma`` is a number, or ``"auto"``: chosen at every task boundary on the training rows seen so far,
+    by leave-one-out MSE (``select="loo"``) or GCV (``select="gcv"``), among ``gamma_grid``.
+    ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
+    ``fusion`` (a :func:`~foal_pipe.store.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
+    time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
+    applies the stored final norm after it.
+    """
+
+    projection_dim: int = 1000
+    projection_init: str = "uniform"
+    activation: str | None = None
+    gamma: float | str = 1.0
+    select: str = "loo"
+    gamma_grid: tuple[float, ...] = DEFAULT_GAMMA_GRID
+    engine: str = "gram"
+    dtype: str = "float64"
+    fusion: str | None = None
+    fusion_norm: bool = True
+
+    @property
+    def resolved_activation(self) -> str:
+        if self.activation is not None:
+            return self.activation
+        return "identity" if self.projection_dim == 0 else "sigmoid"
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """How the test split is scored: ``mask_unseen`` restricts the argmax to the classes seen so far."""
+
+    mask_unseen: bool = True
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """Where the work runs: the array backend, ``dask`` for the Gram statistics on a cluster, and ``max_memory``
+    (bytes), the most an optional speed-up may hold: the activations kept for leave-one-out."""
+
+    backend: str = "auto"
+    scheduler: str = "local"
+    dask_address: str | None = "local"
+    workers: int = 2
+    max_memory: int = DEFAULT_MAX_MEMORY
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Which gammas ``sweep`` scores and how it names the best: ``loo`` (LOO MSE), ``gcv`` or ``test`` (an oracle)."""
+
+    gammas: tuple[float, ...] = SWEEP_GAMMAS
+    select: str | None = None  # None: loo, or gcv with loo=False
+    loo: bool = True
+    fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
+
+    @property
+    def resolved_select(self) -> str:
+        return self.select or ("loo" if self.loo else "gcv")
+
+
+def parse_gamma(value: float | str) -> float | str:
+    """A positive number, or ``"auto"``."""
+    return "auto" if value == "auto" else check_gamma(value)

@@ -1,0 +1,211 @@
+"""``learn --init-model``: continue a saved model on a new store, exactly, matching classes by name.
+
+The saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
+walked as ``learn`` walks any store, its sums relabelled to the model's label ids (a known class name keeps
+its id, a new name gets the next id beyond the model's) and added to the saved ones at every task boundary:
+so the weights equal one run over the old stream followed by the new one. The model fixes everything the
+sums depend on: the projection, the activation, gamma and the state dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.extract.encoding import first_difference
+from foal_pipe.io import check_output_dir, write_json
+from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.deploy import DeployedModel, load_model
+from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.protocol.commands import warn_dropped, write_outputs
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.evaluation import accuracy_matrices
+from foal_pipe.protocol.records import learn_metrics
+from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.walk import gram_boundaries
+from foal_pipe.store import FeatureStore, open_store
+
+
+def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
+    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key."""
+    theirs = store.meta.encoder
+    key = first_difference(model_encoder or {}, theirs or {})
+    if key is not None:
+        raise FoalPipeError(
+            f"{where} was extracted with another encoder than the model's: {key!r} is {theirs.get(key)!r} in the "
+            f"store but {(model_encoder or {}).get(key)!r} in the model; extract the new images with the model's "
+            "encoder settings"
+        )
+
+
+def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
+    """``merged[k]``: the model label id of store class ``k`` (by name; new names get ids beyond the model's)."""
+    if len(set(store_classes)) != len(store_classes):
+        dup = next(c for i, c in enumerate(store_classes) if c in store_classes[:i])
+        raise FoalPipeError(f"the store names class {dup!r} under two label ids; class names must be unique")
+    return model.label_ids(list(store_classes))
+
+
+def relabel(statistics: RidgeStatistics, merged: np.ndarray) -> RidgeStatistics:
+    """The same sums with store label ids replaced by model label ids (columns re-sorted)."""
+    ids = merged[statistics.classes]
+    order = np.argsort(ids, kind="stable")
+    counts = statistics.counts[order] if statistics.counts is not None else None
+    return RidgeStatistics(statistics.G, statistics.Q[:, order], ids[order], statistics.n, counts)
+
+
+@dataclass
+class Continued:
+    """A boundary solver whose statistics start from the model's: ``base + relabel(running)``; boundary classes
+    are given back in store ids (model-only classes get ids past the store's, so they never match a test label)."""
+
+    inner: FixedGamma | ManyGammas
+    base: RidgeStatistics
+    merged: np.ndarray
+
+    @property
+    def needs_rows(self) -> bool:
+        return self.inner.needs_rows
+
+    def total(self, running: RidgeStatistics) -> RidgeStatistics:
+        return self.base + relabel(running, self.merged)
+
+    def start(self, statistics: RidgeStatistics, max_task: int) -> Any:
+        return self.inner.start(self.total(statistics), max_task)
+
+    def finish(self, state: Any) -> Boundary:
+        boundary = self.inner.finish(state)
+        back = {int(m): k for k, m in enumerate(self.merged.tolist())}
+        extra = len(self.merged)
+        ids = []
+        for m in boundary.classes.tolist():
+            ids.append(back.get(m, extra))
+            extra += m not in back
+        boundary.classes = np.asarray(ids, dtype=np.int64)
+        return boundary
+
+
+#: ModelConfig fields a saved model fixes (its sums were computed with them).
+FIXED_BY_MODEL = ("gamma", "projection_dim", "activation", "dtype")
+
+
+def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
+    """The model's gamma, projection size, activation and dtype; a different value in an ``explicit`` field
+    (None: every field that differs from ``ModelConfig()``) is refused, not applied to half the stream."""
+    meta = model.metadata
+    gamma = "auto" if "gamma_grid" in meta else float(meta["gamma"])
+    D = int(model.projection.components_.shape[1])
+    fixed = {"gamma": gamma, "projection_dim": 0 if model.projection.is_identity else D,
+             "activation": model.projection.activation, "dtype": meta["dtype"]}
+    if explicit is None:
+        explicit = [key for key in FIXED_BY_MODEL if getattr(given, key) != getattr(ModelConfig(), key)]
+    for key in FIXED_BY_MODEL:
+        asked = getattr(given, key)
+        if key in explicit and asked != fixed[key]:
+            option = "--" + key.replace("_", "-")
+            raise FoalPipeError(f"{option} {asked} conflicts with the model's {fixed[key]}; the model fixes it (its "
+                                f"sums were computed with it): drop {option}")
+    if meta["engine"] != "gram" or given.engine != "gram":
+        raise FoalPipeError("--init-model continues the gram engine's sums; use a model learned with --engine gram")
+    if gamma == "auto" and given.select != "gcv":
+        raise FoalPipeError("the model chooses gamma automatically; a continued model chooses it by GCV (leave-one-out "
+                            "would need the old rows): pass --select gcv")
+    grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
+    return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
+                   dtype=fixed["dtype"], gamma_grid=grid)
+
+
+def evaluate_store(model: DeployedModel, features: str | Path) -> dict[str, Any]:
+    """Accuracy of the final model on a store's test split, classes matched by name (forgetting, across
+    deployments); rows of classes the model never saw count as wrong and are counted apart."""
+    store = open_store(features)
+    check_encoder(model.encoder_spec, store, features)
+    known = dict(zip(model.class_names, model.classifier.classes_.tolist()))
+    target = np.array([known.get(name, -1) for name in store.classes], dtype=np.int64)
+    test = store.test
+    correct = 0
+    for lo, X in test.iter_chunks():
+        y = target[test.labels[lo : lo + X.shape[0]]]
+        correct += int((model.predict(X) == y).sum())
+    unknown = int((target[test.labels] < 0).sum())
+    return {"features": str(features), "n_test": int(test.n_rows), "accuracy": correct / max(test.n_rows, 1),
+            "unknown_class_rows": unknown}
+
+
+def run_continue(
+    init_model: str | Path,
+    features: str | Path,
+    out: str | Path,
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    eval_features: Sequence[str | Path] = (),
+    log: Callable[[str], None] = print,
+    explicit: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """``learn --init-model``: the model's sums plus the new store's, evaluated after each task on the new store's
+    test split (and at the end on each ``eval_features`` store); writes what ``learn`` writes."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    deployed = load_model(init_model)
+    model = model_settings(deployed, model, explicit)
+    if not evaluation.mask_unseen:
+        raise FoalPipeError("--init-model evaluates with the seen classes only; drop --no-mask-unseen")
+    store = open_store(features)
+    check_encoder(deployed.encoder_spec, store, features)
+    merged = label_map(deployed, list(store.classes))
+    auto = model.gamma == "auto"
+    loo = auto and model.select == "loo"
+    run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
+    if run.projection.components_.shape != deployed.projection.components_.shape:
+        raise FoalPipeError(f"the model expects {deployed.projection.components_.shape[0]}-dimensional features but "
+                            f"{features} has {run.store.dim}; use a store made with the model's encoder")
+    run.projection = deployed.projection
+    warn_dropped(run, stream, log)
+    base = deployed.classifier.statistics_
+    inner = ManyGammas(model.gamma_grid, loo, model.select) if auto else FixedGamma(float(model.gamma), model.dtype)
+    solver = Continued(inner, base, merged)
+    with np.errstate(all="ignore"):
+        boundaries, running = gram_boundaries(run, solver)
+        acc = accuracy_matrices(run, boundaries)[0]
+    gamma = float(boundaries[-1].gammas[0])
+    final = AnalyticClassifier.from_statistics(solver.total(running), gamma=gamma, dtype=model.dtype)
+    names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
+    names.update(zip(merged.tolist(), store.classes))
+    result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
+                           deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
+    metrics = {**learn_metrics(run, stream, acc, boundaries), "init_model": str(init_model),
+               "n_samples_seen_total": int(final.n_samples_seen_), "label_ids": dict(zip(store.classes, merged.tolist())),
+               "eval_features": [evaluate_store(result, path) for path in eval_features]}
+
+    def write(tmp: Path) -> None:
+        result.save(tmp / MODEL_FILE)
+        write_json(tmp / "metrics.json", metrics)
+
+    metrics["timings"] = write_outputs(out, [run], start, write)
+    return metrics
+
+
+def continue_from_cli(ctx: Any, init_model: Path, features: Path, out: Path, stream: StreamConfig, model: ModelConfig,
+                      evaluation: EvaluationConfig, execution: ExecutionConfig, eval_features: Sequence[Path],
+                      log: Callable[[str], None]) -> dict[str, Any]:
+    """``learn --init-model`` from the command line: an option is explicit when typed, not when defaulted."""
+    def given(name: str) -> bool:  # by name: typer vendors its own click
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    for name in ("seed", "projection_init"):  # they draw the projection
+        if given(name):
+            option = "--" + name.replace("_", "-")
+            raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
+    explicit = [name for name in FIXED_BY_MODEL if given(name)]
+    return run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features, log, explicit)

@@ -1,0 +1,139 @@
+"""``--scheduler dask`` for ``learn``/``sweep --engine gram``: the Gram statistics summed on a Dask cluster.
+
+Dask (``pip install 'foal-pipe[dist]'``) does the scheduling, data movement and fault tolerance; this module
+only says what each task computes. :func:`dask_statistics` sums the
+:class:`~foal_pipe.core.statistics.RidgeStatistics` of the selected train rows (one task's, as ``learn``
+walks the stream). The features are read with :func:`dask.array.from_zarr` in blocks aligned to the
+store's chunks; each block task projects its selected rows and returns their statistics; partials are
+added pairwise on the workers as they finish (preferably two held by the same worker, so little
+moves), and only the total comes back. The sums are the same as the single-process pass (to rounding,
+~1e-13), so the weights and metrics are too. The per-batch RLS path is sequential and stays local.
+This module takes a store path, arrays, a projection and statistics: it knows nothing of ``learn``.
+
+Workers read the store themselves, so its path must be visible to every worker (a shared
+filesystem, or an object store mounted on every node).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from foal_pipe.cluster import n_workers, require_distributed
+from foal_pipe.core.projection import SmoothProjection
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.store.chunks import check_finite
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+#: Upper bound on the feature bytes one Gram task reads at once (a block of whole store chunks).
+BLOCK_BYTES = 64 * 2**20
+#: Aim for at least this many blocks per worker, so a slow or lost worker costs little.
+BLOCKS_PER_WORKER = 4
+
+
+def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int, workers: int) -> int:
+    """Rows per Gram block: whole store chunks, at most ``BLOCK_BYTES`` of features, and at least
+    ``BLOCKS_PER_WORKER`` blocks per worker when the split is large enough."""
+    by_bytes = max(1, BLOCK_BYTES // max(1, chunk_rows * dim * itemsize))
+    by_balance = max(1, math.ceil(n_rows / (chunk_rows * workers * BLOCKS_PER_WORKER)))
+    return chunk_rows * min(by_bytes, by_balance)
+
+
+def block_statistics(
+    X: np.ndarray, first_row: int, selected: np.ndarray, labels: np.ndarray, projection: SmoothProjection, step: int
+) -> RidgeStatistics | None:
+    """The statistics of one block's selected rows (None if it has none), projected ``step`` rows at a time."""
+    X = np.asarray(X)
+    check_finite(X, "train", first_row)
+    total = None
+    for lo in range(0, X.shape[0], step):
+        keep = lo + np.flatnonzero(selected[lo : lo + step])
+        if keep.size:
+            part = RidgeStatistics.from_batch(projection.transform(X[keep]), labels[keep])
+            total = part if total is None else total + part
+    return total
+
+
+def add_statistics(a: RidgeStatistics | None, b: RidgeStatistics | None) -> RidgeStatistics | None:
+    """The sum of two partials, as new arrays (inputs held by Dask are never modified)."""
+    return b if a is None else a if b is None else a + b
+
+
+def reduce_as_completed(
+    client: Client, futures: list[Any], combine: Callable[[Any, Any], Any], advance: Callable[[Any], None]
+) -> Any:
+    """Combine futures pairwise on the workers as they finish; ``advance(future)`` for each input.
+
+    A finished partial waits for another one held by the same worker, so the combining task needs no
+    transfer; only the last partial of each worker moves. Returns the future of the total. A task that
+    failed raises its error here at once.
+    """
+    from distributed import as_completed
+
+    inputs = {f.key for f in futures}
+    waiting: dict[Any, Any] = {}  # worker address -> a finished partial held there
+    queue = as_completed(futures)
+    for future in queue:
+        if future.status == "error":
+            future.result()  # re-raises the task's exception
+        if future.key in inputs:
+            advance(future)
+        holders = client.who_has([future]).get(future.key) or [None]
+        other = waiting.pop(holders[0], None)
+        if other is None and queue.is_empty() and waiting:  # nothing left to pair with here: cross workers
+            other = waiting.pop(next(iter(waiting)))
+        if other is None:
+            waiting[holders[0]] = future
+        else:
+            queue.add(client.submit(combine, other, future, pure=False))
+    (last,) = waiting.values()
+    return last
+
+
+def dask_statistics(
+    client: Client,
+    path: str,
+    selected: np.ndarray,
+    labels: np.ndarray,
+    projection: Any,
+    step: int,
+    advance: Callable[[int], None] = lambda n: None,
+) -> RidgeStatistics:
+    """The :class:`RidgeStatistics` of the train rows where ``selected`` is true, computed on the cluster.
+
+    ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
+    :class:`SmoothProjection` (or its future, scattered once by the caller), ``step`` the rows projected at
+    once; ``advance(n)`` reports rows done.
+    """
+    require_distributed()
+    import dask
+    import dask.array as da
+
+    features = da.from_zarr(path, component="train/features")
+    n_rows, dim = (int(n) for n in features.shape)
+    chunk_rows = int(features.chunksize[0])
+    rows = block_rows(n_rows, dim, features.dtype.itemsize, chunk_rows, n_workers(client))
+    X = da.from_zarr(path, component="train/features", chunks=(rows, dim))
+    stat = dask.delayed(block_statistics, pure=True)
+    blocks, sizes = [], []
+    for i, block in enumerate(X.to_delayed().ravel()):
+        lo, hi = i * rows, min((i + 1) * rows, n_rows)
+        count = int(np.count_nonzero(selected[lo:hi]))
+        if count:
+            blocks.append(stat(block, lo, selected[lo:hi], labels[lo:hi], projection, step))
+            sizes.append(count)
+    if not blocks:
+        raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
+    futures = client.compute(blocks)
+    size_of = {f.key: n for f, n in zip(futures, sizes)}
+    total = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
+    expected = int(np.count_nonzero(selected))
+    if total is None or total.n != expected:
+        raise FoalPipeError(f"dask returned statistics for {0 if total is None else total.n} of {expected} rows; re-run the command")
+    return total

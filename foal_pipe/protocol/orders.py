@@ -1,0 +1,371 @@
+"""Many class orders (``--order-seeds``) from one pass over the train split.
+
+The ridge solution after task k depends only on the sums ``G``, ``Q`` over the rows of tasks 1..k, not on
+the order of those rows. One pass therefore accumulates one :class:`~foal_pipe.core.statistics.RidgeStatistics`
+per class (C x D^2 values), and every order's boundary k is the sum of its first k tasks' class statistics:
+the same rows summed, so each order's accuracy matrix equals a separate ``learn --order-seed s``.
+
+The one pass needs the order-free sums; where a run needs the rows in stream order (``--engine rls``), the
+rows again at every boundary (``--gamma auto --select loo``, ``sweep`` with its leave-one-out pass),
+order-dependent rows (``--drop-last``), a cluster (``--scheduler dask``), or where the per-class statistics
+exceed ``--max-memory``, it runs one pass per order instead and says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.memory import check_memory, human
+from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.commands import run_learn, run_sweep, save_model, warn_dropped, write_outputs
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from foal_pipe.protocol.evaluation import accuracy_matrices
+from foal_pipe.protocol.records import accuracy_report, choose, learn_metrics, run_info
+from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+
+#: The metrics summarised over orders (mean and std).
+SUMMARY_KEYS = ("A_avg", "A_last", "F")
+#: The most raw feature rows buffered, per class, before their statistics are formed (bytes, all classes).
+BUFFER_BYTES = 256 * 2**20
+
+
+def parse_order_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct integers."""
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise FoalPipeError(f"--order-seeds {text!r} is not a comma-separated list of integers; write e.g. 0,1,2,3,4") from None
+    if not seeds:
+        raise FoalPipeError("--order-seeds is empty; write e.g. 0,1,2,3,4")
+    if len(set(seeds)) != len(seeds):
+        raise FoalPipeError(f"--order-seeds {text!r} repeats a seed; list each class order once")
+    return seeds
+
+
+def class_statistics_bytes(n_classes: int, dim: int, dtype: str) -> int:
+    """What the per-class statistics take: ``C (D^2 + D)`` values."""
+    return n_classes * (dim * dim + dim) * np.dtype(dtype).itemsize
+
+
+def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: ExecutionConfig, loo: bool,
+                    n_classes: int) -> str | None:
+    """Why the orders cannot come from one pass (None: they can)."""
+    reasons = {
+        "--engine rls replays the rows in stream order": model.engine == "rls",
+        "the leave-one-out pass needs the rows at every boundary (use --select gcv, or sweep --no-loo)": loo,
+        "--drop-last drops rows that depend on each order's shuffle": stream.drop_last,
+        "--scheduler dask sums per task on the cluster": execution.scheduler == "dask",
+    }
+    for reason, applies in reasons.items():
+        if applies:
+            return reason
+    need = class_statistics_bytes(n_classes, model.projection_dim, model.dtype)
+    if need > execution.max_memory:
+        return (f"the per-class statistics need {human(need)} ({n_classes} classes x D^2 at D={model.projection_dim}, "
+                f"{model.dtype}), above --max-memory {human(execution.max_memory)}; raise --max-memory to {human(need)}, "
+                "use --dtype float32 or a lower --projection-dim for one pass")
+    return None
+
+
+def _check_class_memory(command: str, run: Run) -> None:
+    """The per-class statistics and the row buffers, on top of one order's run, against the available memory."""
+    from foal_pipe.protocol.run import memory_parts
+
+    need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
+    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need,
+                                              "buffered rows": BUFFER_BYTES},
+                 f"set --max-memory below {human(need)} for one pass per order, lower --projection-dim, "
+                 "use --dtype float32, or free memory")
+
+
+def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
+    if stream.class_order is not None and len(seeds) > 1:
+        raise FoalPipeError("--class-order fixes the class order, so --order-seeds has nothing to vary; pass one of them")
+
+
+def class_statistics(runs: Sequence[Run]) -> list[RidgeStatistics]:
+    """One pass over the train chunks: the statistics of each class's rows (every row some order trains on).
+
+    A chunk holds a few rows of each class; their Gram matrices would be thin and each one's addition a
+    pass over a D x D array. So each class's raw rows are buffered (at most ``BUFFER_BYTES`` in all) and
+    projected and summed a few hundred rows at a time.
+    """
+    run = runs[0]
+    train, xp = run.store.train, run.xp
+    wanted = np.zeros(run.row_task.shape, dtype=bool)
+    for r in runs:
+        wanted |= r.row_task >= 0
+    n_classes = len(run.store.classes)
+    flush_rows = max(16, min(run.block_rows, BUFFER_BYTES // (n_classes * run.store.dim * train.features.dtype.itemsize)))
+    per_class = [RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)) for _ in range(n_classes)]
+    buffers: dict[int, list[np.ndarray]] = {}
+    sizes = np.zeros(n_classes, dtype=np.int64)
+
+    def flush(c: int) -> None:
+        X = np.concatenate(buffers.pop(c))
+        sizes[c] = 0
+        for lo in range(0, X.shape[0], run.block_rows):
+            with run.timed("project"):
+                H = run.projection.transform(X[lo : lo + run.block_rows], xp)
+            with run.timed("gram"):
+                per_class[c] += RidgeStatistics.from_batch(H, np.full(H.shape[0], c))
+
+    step = train.chunk_rows
+    with progress_bar("train (per-class gram)", int(wanted.sum())) as advance:
+        for lo in range(0, train.n_rows, step):
+            rows = np.flatnonzero(wanted[lo : lo + step])
+            if rows.size == 0:
+                continue
+            with run.timed("read"):
+                _, X = next(train.iter_chunks(lo, min(lo + step, train.n_rows)))
+            labels = train.labels[lo + rows]
+            for c in np.unique(labels).tolist():
+                take = rows[labels == c]
+                buffers.setdefault(c, []).append(X[take])
+                sizes[c] += take.size
+                if sizes[c] >= flush_rows:
+                    flush(c)
+            advance(rows.size)
+        for c in list(buffers):
+            flush(c)
+    return per_class
+
+
+def order_boundaries(run: Run, per_class: Sequence[RidgeStatistics],
+                     solver: FixedGamma | ManyGammas) -> tuple[list[Boundary], RidgeStatistics]:
+    """Every boundary of ``run``'s order from the per-class sums (``solver`` must not need the rows)."""
+    running = RidgeStatistics.empty(run.dim, run.xp, getattr(run.xp, run.model.dtype))
+    boundaries = []
+    for k, task in enumerate(run.stream.tasks):
+        with run.timed("sum"):
+            for c in task:
+                running += per_class[c]
+        with run.timed("solve"):
+            boundaries.append(solver.finish(solver.start(running, k)))
+    return boundaries, running
+
+
+def summary(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders."""
+    values = {key: np.array([e[key] for e in entries], dtype=np.float64) for key in SUMMARY_KEYS}
+    return {"mean": {k: float(v.mean()) for k, v in values.items()}, "std": {k: float(v.std()) for k, v in values.items()}}
+
+
+def _order_entry(seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    keys = ("tasks", "accuracy_matrix", "A_steps", "A_avg", "A_last", "F", "F_published_code")
+    entry = {"order_seed": seed, **{k: metrics[k] for k in keys}}
+    if "gammas_selected" in metrics:
+        entry["gammas_selected"] = metrics["gammas_selected"]
+    return entry
+
+
+def combine(entries: Sequence[dict[str, Any]], first: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved), the
+    position-wise mean ``accuracy_matrix`` and ``A_steps``, the mean A_avg, A_last, F; ``orders`` and ``std``."""
+    stats = summary(entries)
+    matrices = [np.array([row + [np.nan] * (len(e["accuracy_matrix"]) - len(row)) for row in e["accuracy_matrix"]])
+                for e in entries]
+    mean = np.mean(matrices, axis=0)
+    metrics = {**first, **stats["mean"],
+               "accuracy_matrix": [[float(v) for v in mean[i, : i + 1]] for i in range(mean.shape[0])],
+               "A_steps": [float(v) for v in np.mean([e["A_steps"] for e in entries], axis=0)],
+               "F_published_code": float(np.mean([e["F_published_code"] for e in entries])),
+               "order_seeds": [e["order_seed"] for e in entries], "orders": list(entries), **stats}
+    metrics.pop("order_seed", None)
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands
+
+
+@dataclass
+class _Settings:
+    stream: StreamConfig
+    model: ModelConfig
+    evaluation: EvaluationConfig
+    execution: ExecutionConfig
+
+
+def run_learn_orders(
+    features: str | Path,
+    out: str | Path,
+    seeds: Sequence[int],
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``learn`` for every class order of ``seeds``: ``metrics.json`` with ``orders``, ``mean`` and ``std``;
+    ``model.safetensors`` is the first order's final model; ``timings.json``."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    check_orders(stream, seeds)
+    out = Path(out)
+    loo = model.gamma == "auto" and model.select == "loo"
+    runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
+    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes))
+    if reason is not None:
+        return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason, start, log)
+    _check_class_memory("learn", runs[0])
+    for run in runs:
+        warn_dropped(run, stream, log)
+    with np.errstate(all="ignore"):
+        per_class = class_statistics(runs)
+        entries, finals = [], []
+        for s, run in zip(seeds, runs):
+            auto = model.gamma == "auto"
+            solver = ManyGammas(model.gamma_grid, False, "gcv") if auto else FixedGamma(float(model.gamma), model.dtype)
+            boundaries, running = order_boundaries(run, per_class, solver)
+            acc = accuracy_matrices(run, boundaries)[0]
+            metrics = {**learn_metrics(run, replace(stream, order_seed=s), acc, boundaries), "order_seed": s}
+            if auto:
+                finals.append(AnalyticClassifier.from_statistics(running, gamma=float(boundaries[-1].gammas[0]),
+                                                                 dtype=model.dtype))
+            else:
+                finals.append(solver.classifier)
+            entries.append((metrics, _order_entry(s, metrics)))
+    metrics = combine([e for _, e in entries], entries[0][0])
+    metrics["one_pass"] = True
+
+    def write(tmp: Path) -> None:
+        save_model(finals[0], runs[0], tmp / MODEL_FILE)
+        write_json(tmp / "metrics.json", metrics)
+
+    metrics["timings"] = write_outputs(out, runs, start, write)
+    return metrics
+
+
+def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str,
+                     start: float, log: Callable[[str], None]) -> dict[str, Any]:
+    log(f"running one pass per class order ({len(seeds)} passes): {reason}")
+    with atomic_dir(out) as tmp:
+        results = []
+        for s in seeds:
+            sub = tmp / f"order-{s}"
+            results.append(run_learn(features, sub, replace(settings.stream, order_seed=s), settings.model,
+                                     settings.evaluation, settings.execution, log=log))
+        shutil.move(str(tmp / f"order-{seeds[0]}" / MODEL_FILE), str(tmp / MODEL_FILE))
+        for s in seeds:
+            shutil.rmtree(tmp / f"order-{s}")
+        first = {k: v for k, v in results[0].items() if k != "timings"}
+        metrics = combine([_order_entry(s, m) for s, m in zip(seeds, results)], first)
+        metrics["one_pass"] = False
+        write_json(tmp / "metrics.json", metrics)
+        timings: dict[str, float] = {}
+        for m in results:
+            for k, v in m["timings"].items():
+                timings[k] = timings.get(k, 0.0) + v
+        timings["total"] = time.perf_counter() - start
+        timings = {k: round(v, 3) for k, v in sorted(timings.items())}
+        write_json(tmp / "timings.json", timings)
+    metrics["timings"] = timings
+    return metrics
+
+
+def run_sweep_orders(
+    features: str | Path,
+    out: str | Path,
+    seeds: Sequence[int],
+    sweep: SweepConfig,
+    stream: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``sweep`` for every class order: ``sweep.json`` holds the first order's report with each gamma's A_avg,
+    A_last and F replaced by their mean over the orders (``std`` beside them), and ``orders``: each order's
+    ``order_seed``, ``tasks``, ``best_gamma`` and ``results``."""
+    start = time.perf_counter()
+    if sweep.fusions:
+        raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
+                            "--fusion X with --order-seeds")
+    check_output_dir(out)
+    check_orders(stream, seeds)
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
+        reason = fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0)
+        reports = []
+        if reason is None:
+            reports = _sweep_one_pass(features, seeds, sweep, stream, model, evaluation, execution, log)
+        one_pass = bool(reports)
+        if not one_pass:
+            log(f"running one pass per class order ({len(seeds)} passes): "
+                f"{reason or 'the per-class statistics exceed --max-memory'}")
+            for s in seeds:
+                reports.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
+                                         evaluation, execution, log=log))
+                shutil.rmtree(tmp / f"order-{s}")
+        report = _combine_sweep(seeds, reports, sweep.resolved_select)
+        report["one_pass"] = one_pass
+        timings = {"total": round(time.perf_counter() - start, 3)}
+        for r in reports:
+            r.pop("timings", None)
+        write_json(tmp / "sweep.json", report)
+        write_json(tmp / "timings.json", timings)
+    report["timings"] = timings
+    return report
+
+
+def _sweep_one_pass(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
+                    model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
+                    log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Each order's sweep report from one pass ([] when the per-class statistics exceed ``execution.max_memory``)."""
+    from foal_pipe.core.engines import check_gamma
+
+    if not sweep.gammas:
+        raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
+    gammas = [check_gamma(g) for g in sweep.gammas]
+    m = replace(model, gamma=1.0, engine="gram")
+    runs = [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
+                    command="sweep") for s in seeds]
+    if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > execution.max_memory:
+        log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes)) or "")
+        return []
+    _check_class_memory("sweep", runs[0])
+    for run in runs:
+        warn_dropped(run, stream, log)
+    reports = []
+    with np.errstate(all="ignore"):
+        per_class = class_statistics(runs)
+        for s, run in zip(seeds, runs):
+            boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None))
+            acc = accuracy_matrices(run, boundaries)
+            results = [{"gamma": g, **accuracy_report(acc[i]), "gcv": [float(b.gcv[i]) for b in boundaries],
+                        "loo_accuracy": None, "loo_mse": None} for i, g in enumerate(gammas)]
+            reports.append({"gammas": gammas, "best_gamma": choose(results, sweep.resolved_select),
+                            "best_gamma_test": choose(results, "test"), "selected_by": sweep.resolved_select,
+                            "results": results, **run_info(run, replace(stream, order_seed=s))})
+    runs[0].store.check_unchanged()
+    return reports
+
+
+def _combine_sweep(seeds: Sequence[int], reports: Sequence[dict[str, Any]], select: str) -> dict[str, Any]:
+    results = []
+    for i, r in enumerate(reports[0]["results"]):
+        per_order = [rep["results"][i] for rep in reports]
+        stats = summary(per_order)
+        results.append({**r, **stats["mean"], "std": stats["std"]})
+    orders = [{"order_seed": s, "tasks": rep["tasks"], "best_gamma": rep["best_gamma"], "results": rep["results"]}
+              for s, rep in zip(seeds, reports)]
+    report = {**reports[0], "results": results, "orders": orders, "order_seeds": list(seeds)}
+    report["best_gamma_test"] = choose(results, "test")
+    if select == "test":
+        report["best_gamma"] = report["best_gamma_test"]
+    return report

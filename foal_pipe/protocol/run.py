@@ -1,0 +1,198 @@
+"""A :class:`Run`: the store, the stream, the projection and the settings, validated (memory included)
+before any work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype
+from foal_pipe.core.engines import ENGINES, check_gamma
+from foal_pipe.core.projection import SmoothProjection, check_activation
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.memory import check_memory, fits, human
+from foal_pipe.protocol.config import (
+    BLOCK_VALUES,
+    KEPT_PART,
+    EvaluationConfig,
+    ExecutionConfig,
+    ModelConfig,
+    StreamConfig,
+)
+from foal_pipe.protocol.stream import Stream, build_stream, read_class_order
+from foal_pipe.store import FeatureStore, open_store
+from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
+
+
+@dataclass
+class Run:
+    """Everything validated before any work: the store, the stream, the projection, the settings."""
+
+    store: FeatureStore
+    stream: Stream
+    projection: SmoothProjection
+    backend: str
+    xp: Any
+    model: ModelConfig
+    evaluation: EvaluationConfig
+    execution: ExecutionConfig
+    test_totals: np.ndarray  # test rows per task
+    row_task: np.ndarray  # task of every train row, -1 for rows outside the stream
+    timings: dict[str, float] = field(default_factory=dict)
+    keep_activations: bool = False  # leave-one-out multiplies kept activations instead of projecting rows again
+    fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
+
+    @property
+    def lanes(self) -> tuple[str | None, ...]:
+        """What the walk keeps statistics for: every fusion of ``fused``, or the store's features (None)."""
+        return self.fused["train"].specs if self.fused is not None else (None,)
+
+    def source(self, split: str) -> Any:
+        """Where a split's chunks come from: ``iter_chunks`` gives ``{fusion: X}`` with ``fused``, else ``X``."""
+        return self.fused[split] if self.fused is not None else self.store.split(split)
+
+    @property
+    def dim(self) -> int:
+        return int(self.projection.components_.shape[1])
+
+    @property
+    def block_rows(self) -> int:
+        return max(1, BLOCK_VALUES // max(self.dim, 1))
+
+    @contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
+
+
+def prepare(
+    features: str | Path,
+    stream_config: StreamConfig,
+    model: ModelConfig,
+    evaluation: EvaluationConfig,
+    execution: ExecutionConfig,
+    n_models: int = 1,
+    loo: bool = False,
+    command: str = "learn",
+    fusions: Sequence[str] = (),
+) -> Run:
+    """Validate everything before any work: settings, store, stream, projection, memory.
+
+    ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`).
+    """
+    if model.gamma != "auto":
+        check_gamma(model.gamma)
+    elif model.engine != "gram":
+        raise FoalPipeError("--gamma auto needs --engine gram (the RLS recursion fixes gamma in R0 = I/gamma)")
+    if model.select not in ("loo", "gcv"):
+        raise FoalPipeError(f"unknown --select {model.select!r}; choose loo or gcv")
+    for g in model.gamma_grid:
+        check_gamma(g)
+    if model.projection_dim < 0:
+        raise FoalPipeError(f"--projection-dim must be at least 0 (0: no projection), got {model.projection_dim}; the paper uses 1000")
+    check_activation(model.resolved_activation)
+    if model.engine not in ENGINES:
+        raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
+    if execution.scheduler not in ("local", "dask"):
+        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose local or dask")
+    if fusions and model.fusion is not None:
+        raise FoalPipeError("pass --fusion (one fusion) or --fusions (several, one walk), not both")
+    option = "--fusions" if fusions else "--fusion"
+    if (fusions or model.fusion is not None) and execution.scheduler == "dask":
+        raise FoalPipeError(f"{option} reads the stored blocks in this process; Dask workers read the stored features, "
+                            f"so use --scheduler local with {option}")
+    if model.engine == "rls" and execution.scheduler == "dask":
+        raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
+    resolve_dtype(model.dtype)
+    backend = resolve_backend(execution.backend)
+    store = open_store(features, fusion=model.fusion, fusion_norm=model.fusion_norm)
+    fused = store.fusions(parse_fusions(list(fusions), "--fusions"), model.fusion_norm) if fusions else None
+    store.check_labelled()
+    n_classes = len(store.classes)
+    order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
+    stream = build_stream(
+        store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.resolved_order_seed, order,
+        stream_config.drop_last,
+    )
+    test_totals = count_test_rows(stream, store.test.labels, n_classes)
+    projection = SmoothProjection(
+        n_components=model.projection_dim, init=model.projection_init, activation=model.resolved_activation,
+        random_state=stream_config.seed, dtype=model.dtype,
+    ).fit(np.zeros((1, fused["train"].dim if fused else store.dim)))  # fit reads only the feature count
+    run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
+              stream.row_tasks(store.train.n_rows), fused=fused)
+    parts = memory_parts(run, n_models, loo)
+    if loo:
+        kept = {KEPT_PART: kept_bytes(run)}
+        run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
+        if run.keep_activations:
+            parts.update(kept)
+    check_memory(command, parts, "lower --projection-dim, use --dtype float32, fewer --gammas, or free memory")
+    return run
+
+
+def kept_bytes(run: Run) -> int:
+    """What keeping the activations of every train row of the stream takes (rows x D in the state's dtype, for
+    each fusion of ``sweep --fusions``)."""
+    rows = int(np.count_nonzero(run.row_task >= 0))
+    return rows * run.dim * np.dtype(run.model.dtype).itemsize * len(run.lanes)
+
+
+def reread_note(run: Run) -> str:
+    """Why a leave-one-out run projects the rows again at every boundary (the activations were not kept)."""
+    need = kept_bytes(run)
+    limit = (f"above --max-memory {human(run.execution.max_memory)}" if need > run.execution.max_memory
+             else "more than the available memory allows")
+    return (f"note: leave-one-out reads and projects the rows seen so far again at every task boundary (slower): "
+            f"keeping their activations needs {human(need)}, {limit}; raise --max-memory or free memory to keep them")
+
+
+def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
+    """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
+    boundaries' weights kept for the test pass; the state and the weights once per lane (``sweep --fusions``:
+    each fusion keeps its statistics and its pending boundary through the walk)."""
+    D, item = run.dim, np.dtype(run.model.dtype).itemsize
+    square = D * D
+    eigen = run.model.gamma == "auto" or n_models > 1
+    if run.model.engine == "rls":
+        state = 2 * square * item  # R and one update's D x D product
+    elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram
+        state = square * item + 4 * square * 8
+    else:  # G and one batch's Gram while summing; G and G + gamma I at a solve
+        state = square * item + square * max(item, 8)
+    n_classes = len(run.store.classes)
+    block = run.block_rows * (D * 8 * 3 + run.store.dim * 8)
+    if loo:
+        block += run.block_rows * (D + 3 * n_models * n_classes) * 8
+    lanes = len(run.lanes)
+    chunk = (run.fused["train"].chunk_bytes if run.fused is not None
+             else run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize)
+    per_lane = f" x {lanes} fusions" if lanes > 1 else ""
+    return {
+        f"state at D={D}{per_lane}": state * lanes,
+        "a block of rows": block + chunk,
+        f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
+    }
+
+
+def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:
+    """Test rows per task; refused up front when a task has none (it could not be evaluated)."""
+    row_task = stream.task_of_label(n_classes)[labels]
+    totals = np.bincount(row_task[row_task >= 0], minlength=stream.n_tasks)
+    empty = np.flatnonzero(totals == 0)
+    if empty.size:
+        raise FoalPipeError(
+            f"task {int(empty[0])} (classes {stream.tasks[empty[0]]}) has no test rows; every task needs test "
+            "samples to be evaluated: check the store's test labels or the task split"
+        )
+    return totals

@@ -1,0 +1,127 @@
+"""Finding a run's files: its sweep and model for ``evaluate``, and every run under a path for ``summary``.
+
+A run's sweep is ``RUN/sweep.json`` or, where the pipeline writes it (``foal-pipe sweep --out RUN-sweep``),
+``RUN-sweep/sweep.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.report.readers import (
+    METRICS_FILE,
+    MODEL_FILE,
+    SWEEP_FILE,
+    Run,
+    is_number,
+    read_json,
+    read_metrics,
+    read_sweep,
+    read_weight_norms,
+)
+
+#: Wall times of a run, beside its metrics.json (not a DVC output: they change every run).
+TIMINGS_FILE = "timings.json"
+
+
+def sweep_candidates(run_dir: Path) -> tuple[Path, ...]:
+    """Where a run's sweep may be, in the order they are tried: ``RUN/sweep.json``, ``RUN-sweep/sweep.json``."""
+    name = run_dir.name or run_dir.resolve().name
+    return run_dir / SWEEP_FILE, run_dir.parent / f"{name}-sweep" / SWEEP_FILE
+
+
+def load_run(
+    run_dir: str | Path,
+    sweep: str | Path | None = None,
+    model: str | Path | None = None,
+) -> Run:
+    """Read a run directory: ``metrics.json`` is required; the sweep and model are read when present.
+
+    ``sweep`` and ``model`` name other files (or, for the sweep, a directory) explicitly; then they must
+    exist. By default the first of :func:`sweep_candidates` that exists and ``DIR/model.safetensors`` are
+    used; when no sweep is found, :attr:`Run.sweep_searched` lists where it was looked for.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise FoalPipeError(f"run directory {run_dir} does not exist; run `foal-pipe learn --out {run_dir}` first")
+    if not run_dir.is_dir():
+        raise FoalPipeError(f"{run_dir} is not a directory; --run takes the directory `foal-pipe learn --out` wrote")
+    if not (run_dir / METRICS_FILE).exists():
+        raise FoalPipeError(
+            f"{run_dir} has no {METRICS_FILE}; run `foal-pipe learn --out {run_dir}` first (or check the path)"
+        )
+    run = Run(path=run_dir, metrics=read_metrics(run_dir / METRICS_FILE))
+    if sweep is not None:
+        sweep_path = Path(sweep)
+        run.sweep_path = sweep_path / SWEEP_FILE if sweep_path.is_dir() else sweep_path
+    else:
+        candidates = sweep_candidates(run_dir)
+        run.sweep_path = next((c for c in candidates if c.is_file()), None)
+        run.sweep_searched = () if run.sweep_path else candidates
+    if run.sweep_path is not None:
+        run.sweep = read_sweep(run.sweep_path)
+    model_path = Path(model) if model is not None else run_dir / MODEL_FILE
+    if model is not None or model_path.exists():
+        run.weight_norms = read_weight_norms(model_path)
+        run.model_path = model_path
+    return run
+
+
+@dataclass
+class RunSummary:
+    """One row of ``foal-pipe summary``: a learn run (``metrics``) or a sweep (``sweep``)."""
+
+    path: Path
+    metrics: dict[str, Any] | None = None
+    sweep: dict[str, Any] | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """The run's wall time: ``total`` in ``timings.json``, or ``seconds`` in a metrics.json or sweep.json
+        from before wall times moved out of them; ``None`` when neither is there."""
+        for data in (self.metrics or {}, self.sweep or {}):
+            if is_number(data.get("seconds")):
+                return float(data["seconds"])
+        try:
+            total = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
+        except FoalPipeError:  # missing or unreadable: the time is simply not shown
+            return None
+        return float(total) if is_number(total) else None
+
+
+def find_runs(
+    paths: Iterable[str | Path], on_error: Callable[[str], None] | None = None
+) -> list[RunSummary]:
+    """Runs and sweeps under each path: a ``metrics.json``/``sweep.json`` file, or a directory searched
+    recursively. Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with
+    ``on_error``, is reported to it and skipped."""
+    found: dict[Path, RunSummary] = {}
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FoalPipeError(f"{p} does not exist; give run directories or metrics.json/sweep.json files")
+        files = [p] if p.is_file() else sorted([*p.rglob(METRICS_FILE), *p.rglob(SWEEP_FILE)])
+        for f in files:
+            if f.name not in (METRICS_FILE, SWEEP_FILE):
+                raise FoalPipeError(f"{f} is neither a {METRICS_FILE} nor a {SWEEP_FILE}")
+            try:
+                data = read_metrics(f) if f.name == METRICS_FILE else read_sweep(f)
+            except FoalPipeError as exc:
+                if on_error is None:
+                    raise
+                on_error(str(exc))
+                continue
+            entry = found.setdefault(f.parent, RunSummary(f.parent))
+            if f.name == METRICS_FILE:
+                entry.metrics = data
+            else:
+                entry.sweep = data
+    if not found:
+        names = ", ".join(map(str, paths))
+        raise FoalPipeError(
+            f"no {METRICS_FILE} or {SWEEP_FILE} under {names}; run `dvc repro` or `foal-pipe learn` first"
+        )
+    return [found[k] for k in sorted(found)]

@@ -1,0 +1,87 @@
+"""One evaluation: read a run, write its plots, plot data, scores and summary into one directory, atomically."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from foal_pipe.io import atomic_dir, write_json
+from foal_pipe.report.discovery import load_run
+from foal_pipe.report.markdown import summary_markdown
+from foal_pipe.report.paper import PaperMatch, match_paper
+from foal_pipe.report.plots import plot_accuracy_matrix, plot_fusions, plot_gamma, plot_steps, plot_weight_norms
+from foal_pipe.report.readers import Run, consistency_warnings
+from foal_pipe.report.tables import plot_data, scores, write_csv
+
+SUMMARY_FILE = "summary.md"
+SCORES_FILE = "scores.json"
+DEFAULT_OUT = "eval"
+#: Every file an evaluation may write; those a later evaluation does not write (no sweep, no model, no
+#: plots) are removed, so a stale plot never sits beside a new summary.
+OUTPUTS = frozenset(
+    {SUMMARY_FILE, SCORES_FILE}
+    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma") for ext in ("png", "csv")}
+    | {"fusions.png"}
+)
+
+
+@dataclass
+class Evaluation:
+    """What :func:`evaluate` produced: the files written, the paper match, warnings and notes."""
+
+    run: Run
+    out: Path
+    files: list[Path] = field(default_factory=list)
+    paper: PaperMatch | None = None
+    #: The run's stored numbers disagree with its accuracy matrix.
+    warnings: list[str] = field(default_factory=list)
+    #: Things worth knowing that are not wrong, such as no sweep found.
+    notes: list[str] = field(default_factory=list)
+
+
+def _plots(run: Run, out: Path) -> list[Path]:
+    files = [plot_accuracy_matrix(run, out / "accuracy_matrix.png"), plot_steps(run, out / "steps.png")]
+    if run.weight_norms is not None:
+        files.append(plot_weight_norms(run, out / "weight_norms.png"))
+    if run.sweep is not None:
+        sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.get("dataset") else None
+        files.append(plot_gamma(run, out / "gamma.png", sweep_paper))
+        if "fusions" in run.sweep:
+            files.append(plot_fusions(run, out / "fusions.png"))
+    return files
+
+
+def evaluate(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    sweep: str | Path | None = None,
+    model: str | Path | None = None,
+    plots: bool = True,
+) -> Evaluation:
+    """Read a run and write its plots, plot data, ``scores.json`` and ``summary.md`` into ``out`` (default
+    ``RUN/eval``).
+
+    The directory is replaced in one step (:func:`foal_pipe.io.atomic_dir`): a failure leaves the previous
+    evaluation as it was. The same inputs give byte-identical files, PNGs included.
+    """
+    run = load_run(run_dir, sweep=sweep, model=model)
+    out = Path(out) if out is not None else run.path / DEFAULT_OUT
+    ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
+    if run.sweep_searched:
+        looked = " or ".join(str(p) for p in run.sweep_searched)
+        ev.notes.append(f"No gamma sweep found (looked for {looked}), so no gamma plot: run "
+                        f"`foal-pipe sweep --out {run.sweep_searched[-1].parent}` or pass `--sweep`.")
+    with atomic_dir(out) as tmp:
+        written = [write_csv(tmp / name, rows) for name, rows in plot_data(run).items() if rows]
+        written.append(write_json(tmp / SCORES_FILE, scores(run)))
+        if plots:
+            written += _plots(run, tmp)
+        text = summary_markdown(run, paper=ev.paper, warnings=ev.warnings, notes=ev.notes,
+                                plots=[f.name for f in written if f.suffix == ".png"])
+        (tmp / SUMMARY_FILE).write_text(text)
+        written.append(tmp / SUMMARY_FILE)
+    names = [f.name for f in written]
+    for stale in OUTPUTS - set(names):  # carried over from an earlier evaluation with a sweep, model or plots
+        (out / stale).unlink(missing_ok=True)
+    ev.files = [out / name for name in names]
+    return ev

@@ -1,0 +1,217 @@
+"""The PNG plots of a run, drawn with matplotlib's Agg canvas (no pyplot, no global backend change).
+
+Byte-stable: the same run gives the same PNG bytes, so DVC sees an unchanged output. Every figure is drawn
+under matplotlib's default style (a user's matplotlibrc does not leak in), at a fixed size and dpi, and saved
+without the ``Software`` text chunk (which names the matplotlib version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.metrics import summarize
+from foal_pipe.report.paper import GAMMAS, PaperMatch
+from foal_pipe.report.readers import Run
+from foal_pipe.report.selection import SHORT, select
+from foal_pipe.report.tables import gamma_rows, step_rows, weight_norm_rows
+
+DPI = 110
+
+
+def _title(run: Run) -> str:
+    m = run.metrics
+    encoder = (m.get("encoder") or {}).get("name", "?")
+    return f"{run.label} · {encoder} · γ={m.get('gamma', '?')} · D={m.get('projection_dim', '?')}"
+
+
+def draw(path: Path, size: tuple[float, float], paint: Callable[[Any], None]) -> Path:
+    """Create a figure of ``size`` inches, let ``paint(fig)`` draw on it, save it as PNG at ``path``."""
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        paint(fig)
+        fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+    return path
+
+
+def plot_accuracy_matrix(run: Run, path: Path) -> Path:
+    a = run.matrix
+    T = len(a)
+    grid = np.full((T, T), np.nan)
+    for i, row in enumerate(a):
+        grid[i, : i + 1] = 100 * np.asarray(row)
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", origin="upper")
+        fig.colorbar(image, ax=ax, label="accuracy (%)", shrink=0.85)
+        if T <= 20:
+            for i in range(T):
+                for j in range(i + 1):
+                    ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8,
+                            color="white" if grid[i, j] < 60 else "black")
+        ticks = range(T) if T <= 20 else range(0, T, max(1, T // 10))
+        ax.set_xticks(list(ticks), [str(t + 1) for t in ticks])
+        ax.set_yticks(list(ticks), [str(t + 1) for t in ticks])
+        ax.set_xlabel("evaluated on task j")
+        ax.set_ylabel("after training through task i")
+        ax.set_title(f"accuracy a[i][j]\n{_title(run)}", fontsize=9)
+
+    return draw(path, (1.6 + 0.55 * max(T, 4), 1.2 + 0.5 * max(T, 4)), paint)
+
+
+def plot_steps(run: Run, path: Path) -> Path:
+    rows = step_rows(run)
+    x = [r["step"] for r in rows]
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        band = order_band(run)
+        if band is None:
+            ax.plot(x, [r["A_i"] for r in rows], "o-", label="A_i (mean over tasks seen)", lw=2)
+        else:
+            mean, std = band
+            ax.plot(x, mean, "o-", label=f"A_i, mean over {len(run.metrics['orders'])} class orders", lw=2)
+            ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="+- std over orders")
+        ax.plot(x, [r["newest_task"] for r in rows], "s--", label="newest task a[i][i]")
+        ax.plot(x, [r["first_task"] for r in rows], "^:", label="first task a[i][1]")
+        ax.set_xlabel("task (step i)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_xticks(x if len(x) <= 20 else x[:: max(1, len(x) // 10)])
+        low = min(min(r["A_i"], r["newest_task"], r["first_task"]) for r in rows)
+        if band is not None:
+            low = min(low, float(np.min(band[0] - band[1])))
+        ax.set_ylim(max(0.0, low - 5), 100.5)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower left")
+        m = run.metrics
+        ax.set_title(f"A_avg {100 * m['A_avg']:.1f}%, A_last {100 * m['A_last']:.1f}%, F {100 * m['F']:.1f}%\n"
+                     f"{_title(run)}", fontsize=9)
+
+    return draw(path, (6.4, 4.0), paint)
+
+
+def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
+    """With ``orders`` (``learn --order-seeds``): the mean and std (percent) of A_i over the orders at each step."""
+    orders = run.metrics.get("orders")
+    if not isinstance(orders, list) or not orders:
+        return None
+    steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in orders]) * 100
+    return steps.mean(axis=0), steps.std(axis=0)
+
+
+def plot_weight_norms(run: Run, path: Path) -> Path:
+    rows = weight_norm_rows(run)
+    tasks = sorted({r["task"] for r in rows if r["task"] != ""})
+
+    def paint(fig: Any) -> None:
+        import matplotlib
+
+        ax = fig.add_subplot()
+        cmap = matplotlib.colormaps["tab10" if len(tasks) <= 10 else "viridis"]
+        color = {t: cmap(k % 10 if len(tasks) <= 10 else k / max(1, len(tasks) - 1)) for k, t in enumerate(tasks)}
+        for t in tasks + [""]:
+            sel = [r for r in rows if r["task"] == t]
+            if sel:
+                ax.bar([r["position"] for r in sel], [r["norm"] for r in sel], width=0.85,
+                       color=color.get(t, "lightgray"), label=f"task {t}" if t != "" else "not in stream")
+        ax.axhline(float(np.mean([r["norm"] for r in rows])), color="black", lw=0.8, ls="--", label="mean")
+        if len(rows) <= 40:
+            ticks = [str(r["name"] or r["label"])[:12] for r in rows]
+            ax.set_xticks([r["position"] for r in rows], ticks, fontsize=7, rotation=90 if len(rows) > 12 else 0)
+        ax.set_xlabel("class, in stream order")
+        ax.set_ylabel("‖W[:, c]‖₂")
+        ax.set_title(f"per-class weight norms (recency bias shows as taller late tasks)\n{_title(run)}", fontsize=9)
+        if len(tasks) <= 12:
+            ax.legend(fontsize=7, ncol=min(6, len(tasks) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.18))
+
+    return draw(path, (7.2, 3.8), paint)
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> np.ndarray | None:
+    """A column as floats (NaN where missing), or ``None`` when it has no value at all."""
+    values = np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=float)
+    return values if np.isfinite(values).any() else None
+
+
+def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
+    """Test A_avg and A_last, LOO accuracy (same axis, %) and GCV (own axis) against gamma; the selected gamma
+    and the test oracle's are marked; the paper's gamma table is overlaid when the sweep is comparable."""
+    rows = gamma_rows(run)
+    choice = select(run.sweep)
+    g = np.array([r["gamma"] for r in rows], dtype=float)
+    loo, gcv = _values(rows, "loo_accuracy"), _values(rows, "gcv")
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        ax.plot(g, [r["A_avg"] for r in rows], "o-", lw=2, label="test A_avg")
+        ax.plot(g, [r["A_last"] for r in rows], "s--", lw=1, alpha=0.7, label="test A_last")
+        if loo is not None:
+            ax.plot(g, loo, "D-.", color="tab:green", label="LOO accuracy (train rows seen)")
+        if paper is not None and paper.comparable and paper.row.gamma_A_avg:
+            ax.plot(GAMMAS, paper.row.gamma_A_avg, "x-.", color="black", label="A_avg (paper, appendix gamma table)")
+        ax.axvline(choice.gamma, color="tab:red", lw=1.2, ls="--",
+                   label=f"selected γ = {choice.gamma:g} ({choice.short})")
+        if choice.oracle_gamma != choice.gamma:
+            ax.axvline(choice.oracle_gamma, color="gray", lw=0.8, ls=":",
+                       label=f"test oracle γ = {choice.oracle_gamma:g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("γ (ridge regularisation, R0 = I/γ)")
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(alpha=0.3, which="both")
+        handles, labels = ax.get_legend_handles_labels()
+        if gcv is not None:
+            right = ax.twinx()
+            right.plot(g, gcv, "^:", color="tab:purple", label="GCV, last task (right axis)")
+            finite = gcv[np.isfinite(gcv)]
+            if finite.min() > 0 and finite.max() / finite.min() > 100:
+                right.set_yscale("log")
+            right.set_ylabel("GCV (lower is better)")
+            more_handles, more_labels = right.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3)
+        s = run.sweep or {}
+        enc = (s.get("encoder") or {}).get("name", "?")
+        title = f"gamma sweep · {run.label} · {enc} · D={s.get('projection_dim', '?')}"
+        if choice.at_edge:
+            title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
+        ax.set_title(title, fontsize=9)
+
+    return draw(path, (7.2, 5.0), paint)
+
+
+def plot_fusions(run: Run, path: Path) -> Path:
+    """``sweep --fusions``: test A_avg against gamma, one line per fusion, each fusion's selected gamma marked
+    (filled) and the (fusion, gamma) chosen over all of them starred."""
+    s = run.sweep or {}
+    best = s["best"]
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        for entry in s["fusions"]:
+            g = np.array([r["gamma"] for r in entry["results"]], dtype=float)
+            a = np.array([100 * r["A_avg"] for r in entry["results"]])
+            (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry['fusion']} (selected γ {entry['best_gamma']:g})")
+            at = int(np.argmin(np.abs(np.log(g) - np.log(entry["best_gamma"]))))
+            ax.plot(g[at], a[at], "o", color=line.get_color(), ms=8)
+            if entry["fusion"] == best["fusion"]:
+                ax.plot(g[at], a[at], "*", color="tab:red", ms=16, zorder=5,
+                        label=f"chosen: {best['fusion']}, γ = {best['gamma']:g} ({SHORT.get(s.get('selected_by'), '?')})")
+        ax.set_xscale("log")
+        ax.set_xlabel("γ (ridge regularisation, R0 = I/γ)")
+        ax.set_ylabel("test A_avg (%)")
+        ax.grid(alpha=0.3, which="both")
+        fig.legend(fontsize=7, loc="outside lower center", ncol=2)
+        enc = (s.get("encoder") or {}).get("name", "?")
+        ax.set_title(f"fusion ablation · {run.label} · {enc} · D={s.get('projection_dim', '?')}\n"
+                     "filled: each fusion's selected γ (training rows only)", fontsize=9)
+
+    return draw(path, (7.2, 5.0), paint)

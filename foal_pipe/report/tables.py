@@ -1,0 +1,113 @@
+"""The numbers behind the plots, as rows: CSV plot data for ``dvc plots`` and ``scores.json`` for ``dvc metrics``.
+
+Accuracies are percent in the rows (what the plots show) and fractions in the scores (as in metrics.json).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.core.metrics import summarize
+from foal_pipe.report.readers import HEADLINE, Run, is_number
+from foal_pipe.report.selection import has_criteria, last, result_at, select
+
+
+def _task_of(tasks: Any) -> dict[int, int]:
+    """Label id -> task index, from the stream's ``tasks`` (list of lists of label ids)."""
+    if not isinstance(tasks, list):
+        return {}
+    return {int(label): t for t, labels in enumerate(tasks) for label in labels}
+
+
+def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
+    """One row per class in stream order (then unseen classes by label): position, label, task, norm."""
+    if run.weight_norms is None:
+        return []
+    labels, norms, names = run.weight_norms
+    task_of = _task_of(run.metrics.get("tasks"))
+    stream = [int(lab) for t in run.metrics.get("tasks") or [] for lab in t]
+    order = {label: i for i, label in enumerate(stream)}
+    idx = sorted(range(labels.size), key=lambda k: (order.get(int(labels[k]), len(order)), int(labels[k])))
+    return [
+        {
+            "position": pos,
+            "label": int(labels[k]),
+            "name": names[k] if names else "",
+            "task": task_of[int(labels[k])] + 1 if int(labels[k]) in task_of else "",
+            "norm": float(norms[k]),
+        }
+        for pos, k in enumerate(idx)
+    ]
+
+
+def step_rows(run: Run) -> list[dict[str, Any]]:
+    """After each task i: A_i, the newest task's accuracy a[i][i] and the first task's a[i][0] (percent)."""
+    a = run.matrix
+    steps = summarize(a)["A_steps"]
+    return [
+        {"step": i + 1, "A_i": 100 * steps[i], "newest_task": 100 * row[i], "first_task": 100 * row[0]}
+        for i, row in enumerate(a)
+    ]
+
+
+def matrix_rows(run: Run) -> list[dict[str, Any]]:
+    return [
+        {"after_task": i + 1, "task": j + 1, "accuracy": 100 * v}
+        for i, row in enumerate(run.matrix)
+        for j, v in enumerate(row)
+    ]
+
+
+def gamma_rows(run: Run) -> list[dict[str, Any]]:
+    """One row per gamma of the sweep: test A_avg, A_last, F (percent) and, when the sweep has them, GCV,
+    LOO accuracy (percent) and LOO MSE at the last task boundary (``None`` where a criterion was skipped)."""
+    if run.sweep is None:
+        return []
+    criteria = has_criteria(run.sweep)
+    rows = []
+    for r in run.sweep["results"]:
+        row: dict[str, Any] = {"gamma": r["gamma"], "A_avg": 100 * r["A_avg"], "A_last": 100 * r["A_last"],
+                               "F": 100 * r["F"]}
+        if criteria:
+            loo_accuracy = last(r.get("loo_accuracy"))
+            row.update(gcv=last(r.get("gcv")), loo_accuracy=None if loo_accuracy is None else 100 * loo_accuracy,
+                       loo_mse=last(r.get("loo_mse")))
+        rows.append(row)
+    return rows
+
+
+def plot_data(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """The CSV files ``dvc plots`` reads, by file name; those without data (no model, no sweep) are empty."""
+    return {
+        "steps.csv": step_rows(run),
+        "accuracy_matrix.csv": matrix_rows(run),
+        "weight_norms.csv": weight_norm_rows(run),
+        "gamma.csv": gamma_rows(run),
+    }
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Rows as CSV, floats to 6 significant digits (stable text), ``None`` as an empty cell."""
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else "" if v is None else v for k, v in row.items()})
+    return path
+
+
+def scores(run: Run) -> dict[str, float]:
+    """The headline numbers (fractions) for ``dvc metrics``: the run's, and the sweep's selected gamma with its
+    test A_avg beside the test oracle's (the gamma with the best test A_avg)."""
+    out = {key: float(run.metrics[key]) for key in HEADLINE if is_number(run.metrics.get(key))}
+    if run.sweep is not None:
+        choice = select(run.sweep)
+        out.update(
+            sweep_selected_gamma=choice.gamma,
+            sweep_selected_A_avg=float(result_at(run.sweep, choice.gamma)["A_avg"]),
+            sweep_oracle_gamma=choice.oracle_gamma,
+            sweep_oracle_A_avg=float(result_at(run.sweep, choice.oracle_gamma)["A_avg"]),
+        )
+    return out

@@ -1,0 +1,47 @@
+"""The store's writer lock and its sidecar run log: what varies from run to run stays out of the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.io import write_json
+from foal_pipe.store.lock import exclusive_lock
+from foal_pipe.store.meta import LOG_SUFFIX, writing
+
+
+def writer_lock(path: str | Path) -> Any:
+    """The exclusive lock every writer of the store at ``path`` holds (``<path>.lock``; see foal_pipe.store.lock)."""
+    return exclusive_lock(path, f"feature store {path}")
+
+
+def log_path(path: str | Path) -> Path:
+    """``<store>.log.json`` beside the store: timestamps, durations, host, device and versions of each run."""
+    return Path(str(path) + LOG_SUFFIX)
+
+
+def read_log(path: str | Path) -> dict[str, Any] | None:
+    """The store's run log, or None when there is none or it is unreadable (it is informational only)."""
+    try:
+        log = json.loads(log_path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return log if isinstance(log, dict) and isinstance(log.get("runs"), list) else None
+
+
+def log_run(path: str | Path, entry: dict[str, Any], fresh: bool = False) -> None:
+    """Append a run to the store's log (a new log when ``fresh``: the store was just created)."""
+    log = None if fresh else read_log(path)
+    log = log or {"store": Path(path).name, "runs": []}
+    log["runs"].append(entry)
+    with writing(Path(path), "the run log"):
+        write_json(log_path(path), log)
+
+
+def update_run(path: str | Path, fields: dict[str, Any]) -> None:
+    """Add ``fields`` to the last run of the store's log."""
+    log = read_log(path) or {"store": Path(path).name, "runs": [{}]}
+    log["runs"][-1] = {**log["runs"][-1], **fields}
+    with writing(Path(path), "the run log"):
+        write_json(log_path(path), log)

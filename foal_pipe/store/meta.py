@@ -1,0 +1,217 @@
+"""The store format's constants and group attributes: :class:`StoreMeta`, read and written in one place."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore
+
+FORMAT = "foal-pipe/features"
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+SPLITS = ("train", "test")
+FEATURE_DTYPES = ("float16", "float32", "float64")
+BLOCK_DTYPES = ("float16", "float32")
+ROW_ARRAYS = ("features", "blocks")
+"""The arrays of a split that ``extract`` fills chunk by chunk (``progress`` counts their rows)."""
+LOG_SUFFIX = ".log.json"
+LABEL_CHUNK_ROWS = 1 << 20
+#: Whole-array reads (labels) and single chunks may use at most this share of the available memory.
+MEMORY_SHARE = 0.5
+#: The label of a row with no class (``extract --dataset images``): a store keeps it, ``learn`` refuses it.
+UNLABELLED = -1
+_KNOWN_KEYS = ("format", "format_version", "classes", "dataset", "encoder", "complete", "generation")
+WRITE_CONFIG = {"write_empty_chunks": True}  # a chunk equal to the fill value is written too: none is ever absent
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "a mapping", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _versions() -> str:
+    """``1, 2 or 3``."""
+    *head, last = map(str, READABLE_VERSIONS)
+    return f"{', '.join(head)} or {last}" if head else last
+
+
+def shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    """Group attributes of a feature store; ``extra`` keeps writer-specific keys verbatim."""
+
+    classes: tuple[str, ...]
+    dataset: str
+    encoder: dict[str, Any]
+    complete: bool = False
+    format_version: int = FORMAT_VERSION
+    generation: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "format": FORMAT,
+            "format_version": self.format_version,
+            "classes": list(self.classes),
+            "dataset": self.dataset,
+            "encoder": dict(self.encoder),
+            "complete": self.complete,
+            **self.extra,
+        }
+        if self.generation is not None:
+            out["generation"] = self.generation
+        return out
+
+    @classmethod
+    def from_dict(cls, attrs: dict[str, Any], where: str = "store") -> StoreMeta:
+        if not isinstance(attrs, dict) or attrs.get("format") != FORMAT:
+            found = attrs.get("format") if isinstance(attrs, dict) else attrs
+            raise FoalPipeError(
+                f"{where} is not a foal-pipe feature store (attribute 'format' is {shown(found)}, expected "
+                f"{FORMAT!r}); create one with `foal-pipe extract`"
+            )
+        version = attrs.get("format_version")
+        if type(version) is not int:  # bool is an int subclass, and 1.0 == 1: both are refused here
+            raise FoalPipeError(
+                f"{where} has format_version {shown(version)} ({_json_type(version)}), expected an integer "
+                f"({_versions()}); fix the attribute or re-extract the store"
+            )
+        if version not in READABLE_VERSIONS:
+            raise FoalPipeError(
+                f"{where} has format_version {version} but this foal-pipe reads versions "
+                f"{_versions()}; re-extract it with this version or upgrade foal-pipe"
+            )
+        for key in ("classes", "dataset", "encoder"):
+            if key not in attrs:
+                raise FoalPipeError(f"{where} lacks the attribute {key!r}; re-extract it with `foal-pipe extract`")
+        classes = attrs["classes"]
+        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+            if not isinstance(classes, list):
+                found = f"is {_json_type(classes)} ({shown(classes)})"
+            elif not classes:
+                found = "is empty"
+            else:
+                bad = next(c for c in classes if not isinstance(c, str))
+                found = f"holds {_json_type(bad)} ({shown(bad)})"
+            raise FoalPipeError(f"{where}: attribute 'classes' must be a non-empty list of class names (strings), "
+                                f"but it {found}; fix it or re-extract the store")
+        expected = {"dataset": (str,), "encoder": (dict,), "complete": (bool,), "generation": (str,)}
+        for key, types in expected.items():
+            if key in attrs and not isinstance(attrs[key], types):
+                want = {str: "a string", dict: "a mapping", bool: "a boolean"}[types[0]]
+                raise FoalPipeError(
+                    f"{where}: attribute {key!r} must be {want}, but it is {_json_type(attrs[key])} "
+                    f"({shown(attrs[key])}); fix it or re-extract the store"
+                )
+        return cls(
+            classes=tuple(classes),
+            dataset=attrs["dataset"],
+            encoder=dict(attrs["encoder"]),
+            complete=attrs.get("complete") is True,
+            format_version=version,
+            generation=attrs.get("generation"),
+            extra={k: v for k, v in attrs.items() if k not in _KNOWN_KEYS},
+        )
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every mapping's keys sorted: the same attributes always give the same bytes."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def write_attrs(group: zarr.Group, attrs: dict[str, Any]) -> None:
+    group.attrs.put(_canonical(attrs))  # one atomic write of zarr.json
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """The per-block tokens a store keeps (``extract --keep-blocks``, format 3): ``SPLIT/blocks`` of shape
+    ``(N, count, d)`` and ``dtype``, chunked along rows only, and the encoder's final ``norm`` (its kind and
+    eps in the attribute ``blocks``, its parameters in the arrays ``norm/<name>``)."""
+
+    count: int
+    dtype: str
+    norm: FinalNorm
+
+    def to_dict(self) -> dict[str, Any]:
+        """The store's ``blocks`` attribute."""
+        return {"count": self.count, "dtype": self.dtype, "norm": {"kind": self.norm.kind, "eps": self.norm.eps}}
+
+
+def _open_group(path: Path) -> zarr.Group:
+    meta_file = path / "zarr.json"
+    if not meta_file.is_file() and not (path / ".zgroup").is_file():
+        raise FoalPipeError(
+            f"{path} is not a Zarr feature store; point --features at a directory made by `foal-pipe extract`"
+        )
+    try:
+        return zarr.open_group(store=StrictLocalStore(str(path), read_only=True), mode="r")
+    except OSError as exc:
+        if exc.errno is not None:
+            raise FoalPipeError(f"cannot read feature store {path}: {exc.strerror}; check the path") from None
+        detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+    except Exception as exc:  # zarr raises several types for unparsable metadata
+        detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+    raise FoalPipeError(f"the group metadata of {path} is corrupt ({detail}); re-extract the store or restore it "
+                        "from a copy")
+
+
+def read_meta(path: str | Path) -> tuple[zarr.Group, StoreMeta]:
+    """Open the group at ``path`` and parse its attributes, without requiring ``complete``."""
+    path = Path(path)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        dangling = " (a symlink to nothing)" if path.is_symlink() else ""
+        raise FoalPipeError(f"feature store {path} does not exist{dangling}; create it with `foal-pipe extract` or "
+                            "check the path") from None
+    except OSError as exc:
+        raise FoalPipeError(f"cannot open feature store {path}: {exc.strerror or exc}; point --features at the "
+                            "store directory itself") from None
+    if not path.is_dir():
+        raise FoalPipeError(f"{path} is a file, not a feature store (a .zarr directory); point --features at "
+                            "a directory made by `foal-pipe extract`")
+    group = _open_group(path)
+    return group, StoreMeta.from_dict(dict(group.attrs), where=str(path))
+
+
+def open_array(group: zarr.Group, path: Path, name: str) -> zarr.Array:
+    """Array ``name`` of the group; a missing array or unreadable metadata is one clear error."""
+    try:
+        node = group[name]
+    except KeyError:
+        if (path / name / "zarr.json").is_file():  # zarr reports metadata it cannot parse as a missing node
+            raise FoalPipeError(f"{path / name}/zarr.json is corrupt (not valid array metadata); {REEXTRACT}") from None
+        raise FoalPipeError(f"feature store {path} has no {name} array; {REEXTRACT}") from None
+    except OSError as exc:
+        raise FoalPipeError(f"cannot read {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
+    except Exception as exc:
+        detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+        raise FoalPipeError(f"{path / name}/zarr.json is corrupt ({detail}); {REEXTRACT}") from None
+    if not isinstance(node, zarr.Array):
+        raise FoalPipeError(f"{path / name} is a group, not an array; {REEXTRACT}")
+    return node
+
+
+@contextmanager
+def writing(path: Path, what: str) -> Iterator[None]:
+    """Turn an OS error while writing (no space, read-only, no permission) into one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise FoalPipeError(f"cannot write {what} of {path}: {exc.strerror or exc}; free some space or make it "
+                            "writable, then re-run the same command (a store resumes after its last chunk)") from None

@@ -1,0 +1,393 @@
+"""Reading a store: :func:`open_store` checks it whole before any row is read, :class:`Split` reads it chunk by chunk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.store.blockfusion import (
+    NORMS,
+    FinalNorm,
+    FusedSplit,
+    FusedSplits,
+    Fusion,
+    fused_encoder,
+    parse_fusion,
+    parse_fusions,
+)
+from foal_pipe.store.chunks import (
+    REEXTRACT,
+    check_finite,
+    chunk_count,
+    chunk_error,
+    chunk_span,
+    chunk_spans,
+    missing_chunks,
+    read_rows,
+    rows_text,
+)
+from foal_pipe.store.meta import (
+    BLOCK_DTYPES,
+    FEATURE_DTYPES,
+    MEMORY_SHARE,
+    ROW_ARRAYS,
+    SPLITS,
+    UNLABELLED,
+    BlockLayout,
+    StoreMeta,
+    open_array,
+    read_meta,
+    shown,
+)
+
+
+@dataclass
+class Split:
+    """One split (``train`` or ``test``): features (and per-block tokens, when the store keeps them) stay on
+    disk, labels (small) are held in memory."""
+
+    name: str
+    features: zarr.Array
+    labels: np.ndarray
+    root: Path = Path(".")
+    fingerprint: tuple[Any, ...] = ()
+    blocks: zarr.Array | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def chunk_rows(self) -> int:
+        return int(self.features.chunks[0])
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Memory to hold one chunk of features as read."""
+        return self.chunk_rows * self.dim * self.features.dtype.itemsize
+
+    def _array(self, leaf: str) -> zarr.Array:
+        array = self.features if leaf == "features" else self.blocks
+        if array is None:
+            raise FoalPipeError(f"{self.root}: {self.name} has no {leaf} array; extract the store with --keep-blocks")
+        return array
+
+    def _read(self, leaf: str, lo: int, hi: int) -> np.ndarray:
+        array = self._array(leaf)
+        try:
+            block = read_rows(self.root, f"{self.name}/{leaf}", array, lo, hi)
+        except FoalPipeError:
+            check_same(self.root, self.fingerprint)  # a store swapped underneath is not "damaged"
+            raise
+        return check_finite(block, self.name, lo, leaf)
+
+    def _take(self, leaf: str, rows: np.ndarray) -> np.ndarray:
+        array = self._array(leaf)
+        step = int(array.chunks[0])
+        order = np.argsort(rows, kind="stable")
+        try:
+            block = np.asarray(array.get_orthogonal_selection((rows[order],) + (slice(None),) * (array.ndim - 1)))
+        except (FoalPipeError, MemoryError):
+            raise
+        except Exception as exc:
+            for first in np.unique(rows // step):  # name the first chunk that fails on its own
+                lo = int(first) * step
+                self._read(leaf, lo, min(lo + step, self.n_rows))
+            check_same(self.root, self.fingerprint)
+            raise chunk_error(self.root, f"{self.name}/{leaf}", array, int(rows.min()) // step, exc) from None
+        out = np.empty_like(block)
+        out[order] = block
+        return check_finite(out, self.name, rows, leaf)
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)``, checked (a missing or damaged chunk is named)."""
+        return self._read("features", lo, hi)
+
+    def iter_chunks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(first_row, features)`` for each stored chunk in ``[start, stop)``, in row order."""
+        for lo, hi in chunk_spans(self.n_rows, self.chunk_rows, start, stop):
+            yield lo, self.read(lo, hi)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows in the given order, reading each touched chunk once (orthogonal selection)."""
+        return self._take("features", rows)
+
+    def read_raw(self, lo: int, hi: int) -> np.ndarray:
+        """The stored chunk of rows ``[lo, hi)``, for :meth:`rows_of` (as fused splits have it)."""
+        return self.read(lo, hi)
+
+    def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str | None = None) -> np.ndarray:
+        """Rows ``lo + sel`` of the chunk ``raw`` that :meth:`read_raw` read at ``lo``."""
+        return raw[sel]
+
+    def read_blocks(self, lo: int, hi: int) -> np.ndarray:
+        """Per-block tokens ``(hi - lo, L, d)`` of rows ``[lo, hi)``, checked like :meth:`read`."""
+        return self._read("blocks", lo, hi)
+
+    def take_blocks(self, rows: np.ndarray) -> np.ndarray:
+        """Per-block tokens of rows in the given order, each touched chunk read once."""
+        return self._take("blocks", rows)
+
+
+def _fingerprint(path: Path) -> tuple[Any, ...]:
+    """What identifies the store now at ``path``: its folder, its generation id (for stores without one, the
+    hash of its attributes file) and whether it is complete."""
+    st = os.stat(path)
+    for name in ("zarr.json", ".zattrs"):
+        meta_file = path / name
+        if meta_file.is_file():
+            raw = meta_file.read_bytes()
+            doc = json.loads(raw)
+            attrs = (doc.get("attributes", {}) if name == "zarr.json" else doc) if isinstance(doc, dict) else {}
+            break
+    else:
+        raise FileNotFoundError(path / "zarr.json")
+    generation = attrs.get("generation") if isinstance(attrs, dict) else None
+    complete = isinstance(attrs, dict) and attrs.get("complete") is True
+    return st.st_dev, st.st_ino, generation or hashlib.sha256(raw).hexdigest()[:32], complete
+
+
+@dataclass
+class FeatureStore:
+    """An opened, validated, complete feature store."""
+
+    path: Path
+    meta: StoreMeta
+    train: Split | FusedSplit
+    test: Split | FusedSplit
+    fingerprint: tuple[Any, ...] = ()
+    blocks: BlockLayout | None = None
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.meta.classes
+
+    def check_labelled(self) -> None:
+        """Refuse a store whose train split is empty or holds unlabelled rows (``extract --dataset images``)."""
+        train = self.train.labels
+        unlabelled = int((train == UNLABELLED).sum()) if train.size else 0
+        if train.size == 0 or unlabelled:
+            what = "no train rows" if train.size == 0 else f"{unlabelled:,} unlabelled train rows (label -1)"
+            raise FoalPipeError(
+                f"{self.path} has {what}: it was extracted from unlabelled images, so there is nothing to learn; "
+                "extract labelled images (--dataset imagefolder) to learn, or predict on it with `foal-pipe predict`"
+            )
+
+    @property
+    def dim(self) -> int:
+        return self.train.dim
+
+    def split(self, name: str) -> Split | FusedSplit:
+        return {"train": self.train, "test": self.test}[name]
+
+    def _layout(self, fusions: str) -> BlockLayout:
+        if self.blocks is None or isinstance(self.train, FusedSplit):
+            raise FoalPipeError(f"feature store {self.path} keeps no per-block tokens, so fusion {fusions} cannot be "
+                                "computed from it; extract a store that does with `foal-pipe extract ... "
+                                "--keep-blocks`, or use its features as they are (no fusion)")
+        return self.blocks
+
+    def fused(self, fusion: str | Fusion, norm: bool = True) -> FeatureStore:
+        """This store with ``train`` and ``test`` fused from the stored blocks at read time (``fusion``: a
+        :func:`~foal_pipe.store.blockfusion.parse_fusion` spec; ``norm=False`` skips the final norm). The ``encoder``
+        attribute of the result names the fusion, so a model trained on it is refused on other features."""
+        fusion = parse_fusion(fusion)
+        layout = self._layout(repr(fusion.text))
+        final = layout.norm if norm else None
+        train, test = FusedSplit(self.train, fusion, final), FusedSplit(self.test, fusion, final)
+        meta = StoreMeta(self.meta.classes, self.meta.dataset,
+                         fused_encoder(self.meta.encoder, fusion, norm, layout.dtype), self.meta.complete,
+                         self.meta.format_version, self.meta.generation, self.meta.extra)
+        return FeatureStore(self.path, meta, train, test, self.fingerprint, layout)
+
+    def fusions(self, fusions: str | Sequence[str | Fusion], norm: bool = True) -> dict[str, FusedSplits]:
+        """Several fusions at once (``sweep --fusions``): ``{"train": FusedSplits, "test": FusedSplits}``, whose
+        ``iter_chunks()``/``take(rows)`` give ``{spec: features}`` from one read of each blocks chunk."""
+        fusions = parse_fusions(fusions)
+        layout = self._layout(", ".join(repr(f.text) for f in fusions))
+        return {name: FusedSplits(self.split(name), fusions, layout.norm if norm else None) for name in SPLITS}
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`FoalPipeError` if the store on disk is no longer the complete store that was opened
+        (replaced by ``extract --overwrite``, re-extracted, removed): call it after reading, before writing
+        results, so results computed from a store that changed underneath are never reported."""
+        check_same(self.path, self.fingerprint)
+
+
+def check_same(path: Path, fingerprint: tuple[Any, ...]) -> None:
+    """Raise if the store at ``path`` no longer has ``fingerprint`` (see :func:`_fingerprint`); no-op for ()."""
+    if not fingerprint:
+        return
+    try:
+        now = _fingerprint(path)
+    except (OSError, ValueError):
+        now = None
+    if now == fingerprint:
+        return
+    if now is None:
+        how = "it was removed or its attributes are unreadable"
+    elif not now[3]:
+        how = "it is no longer complete"
+    elif now[2] != fingerprint[2]:
+        how = f"generation {fingerprint[2][:12]} -> {now[2][:12]}"
+    else:
+        how = "it was replaced"
+    raise FoalPipeError(f"feature store {path} changed while it was being read ({how}; another `foal-pipe "
+                        "extract`?); these results are void: re-run the command")
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_size(path: Path, what: str, nbytes: int, fix: str) -> None:
+    """Refuse, before reading, a block that cannot fit in memory (absurd shapes in hand-made metadata)."""
+    available = _available_memory()
+    if nbytes > MEMORY_SHARE * available:
+        raise FoalPipeError(f"{path}: {what} needs {nbytes / 2**30:,.1f} GiB in memory, more than half of the "
+                            f"{available / 2**30:,.1f} GiB available; {fix}")
+
+
+def group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
+    """Every array in the store, by path."""
+    try:
+        return {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
+    except OSError as exc:
+        raise FoalPipeError(f"cannot list feature store {path}: {exc.strerror or exc}; {REEXTRACT}") from None
+    except Exception as exc:
+        detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+        raise FoalPipeError(f"feature store {path} has corrupt array metadata ({detail}); {REEXTRACT}") from None
+
+
+def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None) -> None:
+    """Every chunk file of every array exists (a listing, nothing is read); features and blocks of split ``s``
+    only below ``progress[s]`` when given (an incomplete store)."""
+    for name, array in sorted(group_arrays(group, path).items()):
+        split, _, leaf = name.partition("/")
+        below = progress.get(split) if progress is not None and leaf in ROW_ARRAYS else None
+        try:
+            count, first = missing_chunks(path, array, below, limit=1)
+        except OSError as exc:
+            raise FoalPipeError(f"cannot list {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
+        if count:
+            where = rows_text(chunk_span(array, first[0][0]))
+            raise FoalPipeError(f"{path}: {name} has {count:,} of {chunk_count(array):,} chunk files missing "
+                                f"(first at {where}); the store is damaged: {REEXTRACT}")
+
+
+def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm: bool = True) -> FeatureStore:
+    """Open a store for reading and validate everything a learner relies on; with ``fusion``, its features
+    are fused from the stored blocks at read time (:meth:`FeatureStore.fused`)."""
+    path = Path(path)
+    try:  # first: a store swapped from here on is noticed by check_unchanged
+        fingerprint = _fingerprint(path)
+    except (OSError, ValueError):
+        fingerprint = ()
+    group, meta = read_meta(path)  # the precise error when the attributes cannot be read
+    if not meta.complete:
+        raise FoalPipeError(
+            f"feature store {path} is not complete (extraction unfinished or interrupted); "
+            "re-run the same `foal-pipe extract` command to resume it"
+        )
+    if not fingerprint:
+        raise FoalPipeError(f"cannot read the attributes file of {path}; {REEXTRACT}")
+    arrays = {}
+    for name in SPLITS:
+        features = open_array(group, path, f"{name}/features")
+        labels = open_array(group, path, f"{name}/labels")
+        if features.ndim != 2 or labels.shape != (features.shape[0],):
+            raise FoalPipeError(
+                f"{name}/features {features.shape} and {name}/labels {labels.shape} do not match "
+                f"in {path}; expected (N, d) and (N,); re-extract it"
+            )
+        if features.dtype.name not in FEATURE_DTYPES:
+            raise FoalPipeError(f"{name}/features in {path} has dtype {features.dtype}, outside the spec "
+                                f"({', '.join(FEATURE_DTYPES)}); re-extract it with --dtype float32")
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise FoalPipeError(f"{name}/labels in {path} has dtype {labels.dtype}, expected integers; re-extract it")
+        arrays[name] = features, labels
+    check_chunks(path, group)
+    splits = {}
+    for name, (features, labels) in arrays.items():
+        n = int(labels.shape[0])
+        _check_size(path, f"{name}/labels ({n:,} rows)", 2 * n * 8, "this is not a store extract writes: re-extract it")
+        chunk_bytes = int(features.chunks[0]) * int(features.chunks[1]) * features.dtype.itemsize
+        _check_size(path, f"one {name}/features chunk ({features.chunks[0]:,} x {features.chunks[1]:,})",
+                    chunk_bytes, "re-extract it with a smaller --chunk-rows")
+        y = read_rows(path, f"{name}/labels", labels, 0, n)
+        if y.size and (y.min() < UNLABELLED or y.max() >= len(meta.classes)):
+            bad = int(np.flatnonzero((y < UNLABELLED) | (y >= len(meta.classes)))[0])
+            raise FoalPipeError(
+                f"{name}/labels in {path} has label {int(y[bad])} at row {bad}, outside [0, {len(meta.classes)}) "
+                "(the number of classes) and not -1 (unlabelled); fix the labels or the 'classes' attribute"
+            )
+        splits[name] = Split(name, features, y.astype(np.int64), path, fingerprint)
+    if splits["train"].dim != splits["test"].dim:
+        raise FoalPipeError(
+            f"train features have {splits['train'].dim} dimensions but test features have "
+            f"{splits['test'].dim} in {path}; extract both splits with the same encoder"
+        )
+    layout = None
+    if "blocks" in meta.extra:
+        layout = _read_layout(group, path, meta.extra["blocks"], splits["train"].dim)
+        for split in splits.values():
+            split.blocks = _blocks_array(group, path, split, layout)
+    store = FeatureStore(path, meta, splits["train"], splits["test"], fingerprint, layout)
+    return store if fusion is None else store.fused(fusion, fusion_norm)
+
+
+def _read_layout(group: zarr.Group, path: Path, attr: Any, dim: int) -> BlockLayout:
+    """The ``blocks`` attribute and the final norm's parameter arrays, checked."""
+    norm = attr.get("norm") if isinstance(attr, dict) else None
+    count, dtype = (attr.get("count"), attr.get("dtype")) if isinstance(attr, dict) else (None, None)
+    if (type(count) is not int or count < 1 or dtype not in BLOCK_DTYPES or not isinstance(norm, dict)
+            or not isinstance(norm.get("kind"), str) or type(norm.get("eps")) not in (int, float)
+            or not norm["eps"] >= 0):
+        raise FoalPipeError(f"{path}: attribute 'blocks' is {shown(attr)}, expected count (an integer >= 1), dtype "
+                            f"({' or '.join(BLOCK_DTYPES)}) and norm (kind and eps >= 0); {REEXTRACT}")
+    if norm["kind"] not in NORMS:
+        raise FoalPipeError(f"{path}: final norm kind {norm['kind']!r} is not one foal-pipe recomputes "
+                            f"({', '.join(NORMS)}); upgrade foal-pipe or re-extract the store")
+    parameters = {}
+    for name in NORMS[norm["kind"]][1]:
+        array = open_array(group, path, f"norm/{name}")
+        if array.shape != (dim,) or array.dtype.kind != "f":
+            raise FoalPipeError(f"norm/{name} in {path} is {array.dtype} {array.shape}, expected floats of shape "
+                                f"({dim},) (the feature dimension); {REEXTRACT}")
+        parameters[name] = check_finite(read_rows(path, f"norm/{name}", array, 0, dim)[None], "norm", 0, name)[0]
+    return BlockLayout(count, dtype, FinalNorm(norm["kind"], float(norm["eps"]), **parameters))
+
+
+def _blocks_array(group: zarr.Group, path: Path, split: Split, layout: BlockLayout) -> zarr.Array:
+    """``SPLIT/blocks``, checked against the layout and the split's features (chunked along rows only)."""
+    name = f"{split.name}/blocks"
+    array = open_array(group, path, name)
+    want = (split.n_rows, layout.count, split.dim)
+    if array.shape != want or array.dtype.name != layout.dtype or tuple(array.chunks[1:]) != want[1:]:
+        raise FoalPipeError(f"{name} in {path} is {array.dtype} {array.shape} in chunks of {array.chunks}, expected "
+                            f"{layout.dtype} {want} chunked along rows only (rows, {layout.count}, {split.dim}); "
+                            f"{REEXTRACT}")
+    chunk_bytes = int(array.chunks[0]) * layout.count * split.dim * array.dtype.itemsize
+    _check_size(path, f"one {name} chunk ({array.chunks[0]:,} x {layout.count} x {split.dim:,})", chunk_bytes,
+                "re-extract it with a smaller --chunk-rows")
+    return array

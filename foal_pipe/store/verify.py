@@ -1,0 +1,114 @@
+"""Verification: every chunk of a store listed, read and checked (``foal-pipe info --verify``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.store.chunks import (
+    REEXTRACT,
+    chunk_grid,
+    chunk_span,
+    damage_reason,
+    leading_chunks,
+    missing_chunks,
+    rows_text,
+)
+from foal_pipe.store.meta import ROW_ARRAYS, read_meta
+from foal_pipe.store.read import group_arrays
+from foal_pipe.store.write import compute_generation
+
+
+def has_checksums(array: zarr.Array) -> bool:
+    """Whether every chunk of ``array`` carries a crc32c checksum (format versions 2 and 3 write one)."""
+    return any(isinstance(codec, Crc32cCodec) for codec in getattr(array.metadata, "codecs", ()))
+
+
+@dataclass(frozen=True)
+class ChunkProblem:
+    """Rows ``[lo, hi)`` of ``array`` (e.g. ``train/features``) are ``missing`` or ``damaged`` (with why)."""
+
+    array: str
+    lo: int
+    hi: int
+    problem: str
+
+    def __str__(self) -> str:
+        where = f" {rows_text((self.lo, self.hi))}" if self.hi > self.lo else ""
+        return f"{self.array}{where}: {self.problem}"
+
+
+@dataclass
+class Verification:
+    """What :func:`verify_store` found: how many chunks it read, and the problems (none: the store is intact)."""
+
+    chunks_read: int
+    problems: list[ChunkProblem]
+
+
+def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
+    out: list[ChunkProblem] = []
+    for p in problems:
+        if out and out[-1].array == p.array and out[-1].problem == p.problem and out[-1].hi == p.lo:
+            out[-1] = ChunkProblem(p.array, out[-1].lo, p.hi, p.problem)
+        else:
+            out.append(p)
+    return out
+
+
+def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -> Verification:
+    """Report the missing chunk files of every array (features and blocks of an incomplete store only below
+    its ``progress``) by array and rows, from a listing; with ``read``, also read every chunk (checksum, decoding,
+    NaN/inf in features) and recompute a complete store's generation id. An array with more than
+    ``max_listed`` missing chunks is reported as one problem."""
+    path = Path(path)
+    group, meta = read_meta(path)
+    progress = None
+    if not meta.complete:
+        recorded = meta.extra.get("progress")
+        progress = recorded if isinstance(recorded, dict) else {}
+    problems: list[ChunkProblem] = []
+    n_read = 0
+    arrays = group_arrays(group, path)
+    for name, array in sorted(arrays.items()):
+        split, _, leaf = name.partition("/")
+        below = None
+        if progress is not None and leaf in ROW_ARRAYS:
+            below = progress.get(split, 0) if type(progress.get(split, 0)) is int else 0
+        try:
+            count, missing = missing_chunks(path, array, below, limit=max_listed)
+        except OSError as exc:
+            raise FoalPipeError(f"cannot list {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
+        if count > len(missing):
+            problems.append(ChunkProblem(name, 0, int(array.shape[0]), f"{count:,} chunk files missing"))
+            continue
+        problems += [ChunkProblem(name, *chunk_span(array, c[0]), "missing") for c in missing]
+        if not read:
+            continue
+        gone = set(missing)
+        for coords in np.ndindex(leading_chunks(array, below), *chunk_grid(array)[1:]):
+            if coords in gone:
+                continue
+            try:
+                block = np.asarray(array.blocks[coords])
+            except (MemoryError, FoalPipeError):
+                raise
+            except Exception as exc:
+                problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), damage_reason(exc)))
+                continue
+            n_read += 1
+            if leaf in ROW_ARRAYS and block.dtype.kind == "f" and not np.isfinite(block).all():
+                lo = chunk_span(array, coords[0])[0]
+                finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
+                problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), "NaN or inf values (first at row "
+                                f"{lo + int(np.flatnonzero(~finite)[0]):,})"))
+    if read and meta.complete and meta.generation is not None and not problems:
+        if compute_generation(path, group) != meta.generation:
+            problems.append(ChunkProblem("(whole store)", 0, 0, "its files changed after it was completed "
+                                         "(generation id mismatch)"))
+    return Verification(n_read, _merge(problems))

@@ -1,0 +1,258 @@
+"""Writing a store: arrays in the format's codecs, whole chunks, ``progress``, ``complete`` and the swap of a
+replaced store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import exchange
+from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.chunks import chunk_grid
+from foal_pipe.store.log import log_path
+from foal_pipe.store.meta import (
+    BLOCK_DTYPES,
+    FEATURE_DTYPES,
+    FORMAT_VERSION,
+    LABEL_CHUNK_ROWS,
+    SPLITS,
+    WRITE_CONFIG,
+    BlockLayout,
+    StoreMeta,
+    write_attrs,
+    writing,
+)
+from foal_pipe.store.read import check_chunks, group_arrays
+
+
+def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: tuple[int, ...],
+                 dtype: str) -> zarr.Array:
+    """An array in the store's codec pipeline (bytes, zstd, crc32c), every chunk written even when empty."""
+    return group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=0,
+                              serializer=BytesCodec(endian="little"),
+                              compressors=(ZstdCodec(level=0, checksum=False), Crc32cCodec()),
+                              config=WRITE_CONFIG)
+
+
+def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, chunk_rows: int,
+                    labels: dict[str, np.ndarray], index: dict[str, np.ndarray] | None = None,
+                    blocks: BlockLayout | None = None) -> None:
+    """A new, incomplete store at ``where``: labels, row indices, empty feature arrays chunked along rows (and,
+    with ``blocks``, empty ``SPLIT/blocks`` arrays chunked the same way, the final norm's parameters and the
+    ``blocks`` attribute), and the attributes with ``progress`` 0, written last.
+
+    It is built in ``.<name>.creating`` beside ``where`` and renamed into place (replacing an empty folder or
+    an older skeleton there), so an interrupted creation leaves nothing at ``where``.
+    """
+    if dtype not in FEATURE_DTYPES:
+        raise FoalPipeError(f"feature dtype {dtype!r} is outside the spec; choose one of {', '.join(FEATURE_DTYPES)}")
+    if blocks is not None and blocks.dtype not in BLOCK_DTYPES:
+        raise FoalPipeError(f"blocks dtype {blocks.dtype!r} is outside the spec; choose one of "
+                            f"{', '.join(BLOCK_DTYPES)}")
+    where = Path(where)
+    tmp = where.parent / f".{where.name}.creating"
+    extra = dict(meta.extra)
+    with writing(where, "the skeleton"):
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a creation that was killed
+        where.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            group = zarr.open_group(str(tmp), mode="w")
+            for split in SPLITS:
+                y = np.asarray(labels[split], dtype=np.int64)
+                n = y.shape[0]
+                rows = max(1, min(chunk_rows, n))
+                create_array(group, f"{split}/features", (n, dim), (rows, dim), dtype)
+                if blocks is not None:
+                    shape = (n, blocks.count, dim)
+                    create_array(group, f"{split}/blocks", shape, (rows, *shape[1:]), blocks.dtype)
+                one = (max(1, min(n, LABEL_CHUNK_ROWS)),)
+                create_array(group, f"{split}/labels", (n,), one, "int64")[:] = y
+                if index is not None:
+                    create_array(group, f"{split}/index", (n,), one, "int64")[:] = np.asarray(index[split], np.int64)
+            if blocks is not None:
+                for name, values in blocks.norm.parameters.items():
+                    create_array(group, f"norm/{name}", (dim,), (dim,), "float32")[:] = np.asarray(values, np.float32)
+                extra["blocks"] = blocks.to_dict()
+            attrs = StoreMeta(meta.classes, meta.dataset, meta.encoder, False, FORMAT_VERSION, None, extra).to_dict()
+            write_attrs(group, {**attrs, "progress": {split: 0 for split in SPLITS}})
+            if where.exists():
+                shutil.rmtree(where)
+            os.replace(tmp, where)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+class FeatureWriter:
+    """Writes whole chunks of one split's features -- and, in a store that keeps them, the same rows' block
+    tokens -- into an existing store (each write one chunk file, written atomically: a kill leaves the old file
+    or the new one, never a torn one)."""
+
+    def __init__(self, path: str | Path, split: str):
+        self.path, self.split = Path(path), split
+        with writing(self.path, f"{split}/features"):
+            group = zarr.open_group(str(self.path), mode="r+")
+            self.array = group[f"{split}/features"].with_config(WRITE_CONFIG)
+            self.blocks = group[f"{split}/blocks"].with_config(WRITE_CONFIG) if "blocks" in group.attrs else None
+        self.n_rows, self.chunk_rows = int(self.array.shape[0]), int(self.array.chunks[0])
+
+    def check_range(self, lo: int, hi: int) -> None:
+        n, step = self.n_rows, self.chunk_rows
+        if not (0 <= lo <= hi <= n) or any(r % step and r != n for r in (lo, hi)):
+            raise FoalPipeError(f"rows [{lo}, {hi}) of {self.split} are not aligned to its {step}-row chunks (or "
+                                f"exceed its {n} rows); pass chunk-aligned ranges")
+
+    def write(self, lo: int, block: np.ndarray, blocks: np.ndarray | None = None) -> None:
+        """Rows ``[lo, lo + len(block))``: exactly one chunk (the last chunk of a split may be short). A store that
+        keeps block tokens needs ``blocks`` (those rows' ``(n, L, d)`` tokens): they are written first, so rows
+        whose features chunk exists have their blocks chunk too."""
+        hi = lo + block.shape[0]
+        self.check_range(lo, hi)
+        if hi - lo != min(self.chunk_rows, self.n_rows - lo):
+            raise FoalPipeError(f"a write of {self.split} rows [{lo}, {hi}) is not one whole chunk; write whole chunks")
+        if (blocks is None) != (self.blocks is None) or (blocks is not None and blocks.shape[0] != hi - lo):
+            has = "keeps" if self.blocks is not None else "does not keep"
+            raise FoalPipeError(f"{self.path} {has} block tokens; pass them with the features of the same rows "
+                                "exactly when it keeps them")
+        with writing(self.path, f"{self.split} rows [{lo}, {hi})"):
+            if self.blocks is not None:
+                self.blocks[lo:hi] = blocks
+            self.array[lo:hi] = block
+
+
+def _open_rw(path: Path) -> tuple[zarr.Group, dict[str, Any]]:
+    with writing(path, "the attributes"):
+        group = zarr.open_group(str(path), mode="r+")
+        return group, dict(group.attrs)
+
+
+def mark_progress(path: str | Path, split: str, rows: int) -> None:
+    """Record that rows ``[0, rows)`` of ``split`` are written (one atomic metadata write)."""
+    path = Path(path)
+    group, attrs = _open_rw(path)
+    progress = dict(attrs.get("progress", {}))
+    progress[split] = int(rows)
+    with writing(path, "the progress"):
+        write_attrs(group, {**attrs, "progress": progress})
+
+
+def reopen_at(path: str | Path, progress: dict[str, int]) -> None:
+    """Move ``progress`` back (a hole was found below it) and clear ``complete``: the rows from there on are
+    extracted again."""
+    path = Path(path)
+    group, attrs = _open_rw(path)
+    attrs.pop("generation", None)
+    with writing(path, "the progress"):
+        write_attrs(group, {**attrs, "progress": dict(progress), "complete": False})
+
+
+def remove_partial_files(path: str | Path) -> int:
+    """Delete ``*.partial`` files that Zarr's atomic writes leave behind when a writer is killed mid-write."""
+    removed = 0
+    for stray in Path(path).rglob("*.partial"):
+        stray.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def compute_generation(path: str | Path, group: zarr.Group | None = None) -> str:
+    """The store's generation id: a hash of its attributes (but ``complete`` and ``generation``), every array's
+    metadata, and every chunk's key, size and last 4 bytes (its crc32c checksum since format 2). The same data
+    written with the same settings gives the same id; a store replaced by other data gives another."""
+    path = Path(path)
+    group = group or zarr.open_group(str(path), mode="r")
+    digest = hashlib.sha256()
+    attrs = {k: v for k, v in dict(group.attrs).items() if k not in ("complete", "generation")}
+    digest.update(json.dumps(attrs, sort_keys=True).encode())
+    for name, array in sorted(group_arrays(group, path).items()):
+        digest.update(f"\n{name}\n".encode() + (path / name / "zarr.json").read_bytes())
+        for coords in np.ndindex(*chunk_grid(array)):
+            key = array.metadata.encode_chunk_key(tuple(int(c) for c in coords))
+            with open(path / name / key, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 4))
+                digest.update(f"{key} {size} ".encode() + f.read())
+    return digest.hexdigest()[:32]
+
+
+def complete_store(path: str | Path) -> str:
+    """Mark a fully written store complete (one attribute write, last) and return its generation id; refused
+    while any split's ``progress`` is short of its rows or any chunk file is missing."""
+    path = Path(path)
+    group, attrs = _open_rw(path)
+    progress = attrs.get("progress", {})
+    for split in SPLITS:
+        n = int(group[f"{split}/features"].shape[0])
+        if int(progress.get(split, 0)) != n:
+            raise FoalPipeError(f"{path}: {split} has {progress.get(split, 0)} of {n} rows written; finish the "
+                                "extraction (re-run the same command) before marking it complete")
+    check_chunks(path, group)
+    remove_partial_files(path)
+    generation = compute_generation(path, group)
+    with writing(path, "the attributes"):
+        write_attrs(group, {**attrs, "complete": True, "generation": generation})
+    return generation
+
+
+def write_store(
+    path: str | Path,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    classes: list[str],
+    dataset: str = "synthetic",
+    encoder: dict[str, Any] | None = None,
+    chunk_rows: int = 4096,
+    dtype: str = "float32",
+    blocks: tuple[np.ndarray, np.ndarray] | None = None,
+    norm: FinalNorm | None = None,
+) -> Path:
+    """Write a complete store from in-memory arrays (tests, benchmarks, small datasets; extract streams).
+
+    ``blocks``: per-block tokens ``(N, L, d)`` of train and test (their dtype is stored), with the final
+    ``norm`` (default: none, ``identity``)."""
+    encoder = encoder or {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}
+    path = Path(path)
+    dim = int(train[0].shape[1])
+    layout = None
+    if blocks is not None:
+        layout = BlockLayout(int(blocks[0].shape[1]), np.asarray(blocks[0]).dtype.name, norm or FinalNorm("identity"))
+    create_skeleton(path, StoreMeta(tuple(classes), dataset, encoder), dim, dtype, chunk_rows,
+                    {name: y for name, (_, y) in zip(SPLITS, (train, test))}, blocks=layout)
+    for i, (name, (x, _)) in enumerate(zip(SPLITS, (train, test))):
+        writer = FeatureWriter(path, name)
+        for lo in range(0, writer.n_rows, writer.chunk_rows):
+            hi = lo + writer.chunk_rows
+            writer.write(lo, np.asarray(x[lo:hi], dtype=dtype), None if blocks is None else blocks[i][lo:hi])
+        mark_progress(path, name, writer.n_rows)
+    complete_store(path)
+    return path
+
+
+def replace_store(new: str | Path, out: str | Path) -> None:
+    """Put the store built at ``new`` in place of ``out`` (one atomic exchange where Linux allows) and delete
+    the old one; the sidecar log moves with it. A reader of the old store notices (see ``check_unchanged``)."""
+    new, out = Path(new), Path(out)
+    with writing(out, "the replaced store"):
+        if out.exists() and exchange(new, out):
+            shutil.rmtree(new)
+        else:
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            if out.exists():
+                os.rename(out, old)
+            os.rename(new, out)
+            shutil.rmtree(old, ignore_errors=True)
+        new_log = log_path(new)
+        if new_log.exists():
+            os.replace(new_log, log_path(out))
+        else:
+            log_path(out).unlink(missing_ok=True)
