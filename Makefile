@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install install-dev demo test bench clean
+.PHONY: install install-dev demo lint test bench clean
 
 # install: what `make demo` runs (extraction with PyTorch, the DVC pipeline); install-dev adds Dask and pytest.
 # `pip install foal-pipe` alone is the light install: learn, sweep, predict, evaluate, summary, info.
@@ -26,6 +26,9 @@ demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
 	@echo "Plots and summary.md per run: runs/<name>/eval/ (or: dvc plots show; dvc metrics show)"
 	@PATH="$(abspath $(VENV))/bin:$$PATH" foal-pipe summary runs
+
+lint: install-dev
+	$(VENV)/bin/ruff check foal_pipe tests stages benchmarks
 
 test: install-dev
 	$(PY) -m pytest -q

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-
 from synthetic import DIM, N_CLASSES, make_store
 
 D = 1000
@@ -65,9 +64,9 @@ def bench_gram(store: Path, repeats: int) -> dict:
     """The Gram statistics of every train row: one process vs LocalClusters of 1 and 2 workers."""
     from distributed import Client, LocalCluster
 
-    from foal_pipe.protocol.distributed import dask_statistics
     from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.core.statistics import RidgeStatistics
+    from foal_pipe.protocol.distributed import dask_statistics
     from foal_pipe.store import open_store
 
     train = open_store(store).train

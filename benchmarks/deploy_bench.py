@@ -58,9 +58,9 @@ def main() -> None:
     from threadpoolctl import threadpool_limits
 
     from foal_pipe.extract import ExtractSpec, run_extract
+    from foal_pipe.model.predict import predict_image_files
     from foal_pipe.protocol.commands import run_learn
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.model.predict import predict_image_files
 
     torch.set_num_threads(args.threads)
     results = {}

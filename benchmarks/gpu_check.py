@@ -146,8 +146,8 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def backend_problem(backend: str) -> str | None:
     """Why ``backend`` cannot run here (this foal-pipe does not know it, CuPy or a GPU missing), or ``None``."""
     from foal_pipe.core import backend as backends
-    from foal_pipe.model.classifier import AnalyticClassifier
     from foal_pipe.errors import FoalPipeError
+    from foal_pipe.model.classifier import AnalyticClassifier
 
     known = getattr(backends, "BACKENDS", None)
     if known is not None and backend not in known:
@@ -256,7 +256,7 @@ def part_learn(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
             except Exception as exc:
                 out["runs"][key] = {"error": _one_line(exc)}
     host = out["runs"].get("numpy/gram", {})
-    for key, run in out["runs"].items():
+    for run in out["runs"].values():
         if "A_avg" in run and "A_avg" in host:
             run["A_avg_minus_numpy"] = run["A_avg"] - host["A_avg"]
             run["speedup_vs_numpy_gram"] = host["wall_s"] / run["wall_s"]
@@ -356,12 +356,12 @@ def part_extract(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     full = torch.from_numpy(rng.integers(0, 256, (sz.c_batch, 3, sz.image_size, sz.image_size),
                                          dtype=np.uint8)).to(device)
     _peak_reset()
-    with torch.inference_mode():
+    with torch.inference_mode():  # the lambdas run here, before the `del` below (ruff's F821 sees the del)
         x = enc.preprocess(full)
-        out["model_alone_images_per_s"] = _rate(lambda: enc.features(x), sz.c_batch, sz.repeats)
-        out["model_with_device_resize_images_per_s"] = _rate(lambda: enc(native), sz.c_batch, sz.repeats)
+        out["model_alone_images_per_s"] = _rate(lambda: enc.features(x), sz.c_batch, sz.repeats)  # noqa: F821
+        out["model_with_device_resize_images_per_s"] = _rate(lambda: enc(native), sz.c_batch, sz.repeats)  # noqa: F821
         out["device_resize_alone_images_per_s"] = _rate(
-            lambda: resize_on_device(native, sz.image_size, enc.interpolation), sz.c_batch, sz.repeats)
+            lambda: resize_on_device(native, sz.image_size, enc.interpolation), sz.c_batch, sz.repeats)  # noqa: F821
     out["model_peak_gpu_gib"] = _peak_gib()
     sample = native[:32].cpu().numpy()
     pil = np.stack([to_rgb_array(np.ascontiguousarray(im.transpose(1, 2, 0)), sz.image_size, enc.interpolation)

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-
 from _runner import run_cli
 from synthetic import DIM, N_CLASSES, make_store
 
@@ -79,7 +78,8 @@ def closed_form_error(store: Path, run: Path) -> float:
     G, Q = np.zeros((D, D)), np.zeros((D, model["classes"].size))
     for lo in range(0, seen.size, 8192):
         rows = seen[lo : lo + 8192]
-        H = 1 / (1 + np.exp(-(np.asarray(group["train/features"].get_orthogonal_selection((rows, slice(None)))).astype(np.float64) @ model["projection"])))
+        X = np.asarray(group["train/features"].get_orthogonal_selection((rows, slice(None)))).astype(np.float64)
+        H = 1 / (1 + np.exp(-(X @ model["projection"])))
         G += H.T @ H
         Q += H.T @ (y[rows][:, None] == model["classes"][None, :])
     W = np.linalg.solve(G + metrics["gamma"] * np.eye(D), Q)
@@ -94,7 +94,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d")}
+    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                     "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp / "bench.zarr", args.rows, args.test_rows)
@@ -110,7 +111,8 @@ def main() -> None:
         t_learn = statistics.median(r.seconds for r in learn)
         t_sweep = statistics.median(r.seconds for r in sweep)
         results.update(
-            rows=args.rows, learn_s=t_learn, learn_rss_mib=max(r.peak_rss_mib for r in learn), learn_all_s=[r.seconds for r in learn],
+            rows=args.rows, learn_s=t_learn, learn_rss_mib=max(r.peak_rss_mib for r in learn),
+            learn_all_s=[r.seconds for r in learn],
             sweep_s=t_sweep, sweep_all_s=[r.seconds for r in sweep], sweep_over_learn=t_sweep / t_learn,
             rls_engine_s=rls.seconds, float32_s=f32.seconds, baseline_s=base_s, speedup=base_s / t_learn,
             closed_form_rel_err=closed_form_error(store, tmp / "run"),

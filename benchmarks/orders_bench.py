@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from _runner import blas_env, run_cli
 from synthetic import N_CLASSES, make_store
 
@@ -61,11 +60,13 @@ def main() -> None:
         "orders": len(SEEDS), "repeats": a.repeats,
         "one_pass_s": [round(r.seconds, 2) for r in many], "one_run_s": [round(r.seconds, 2) for r in one],
         "separate_s": [round(t, 2) for t, _ in separate],
-        "median_one_pass_s": round(med([r.seconds for r in many]), 2), "median_one_run_s": round(med([r.seconds for r in one]), 2),
+        "median_one_pass_s": round(med([r.seconds for r in many]), 2),
+        "median_one_run_s": round(med([r.seconds for r in one]), 2),
         "median_separate_s": round(med([t for t, _ in separate]), 2),
         "ratio_one_pass_to_one_run": round(med([r.seconds for r in many]) / med([r.seconds for r in one]), 2),
         "ratio_separate_to_one_pass": round(med([t for t, _ in separate]) / med([r.seconds for r in many]), 2),
-        "peak_rss_one_pass_mib": round(med([r.peak_rss_mib for r in many])), "peak_rss_one_run_mib": round(med([r.peak_rss_mib for r in one])),
+        "peak_rss_one_pass_mib": round(med([r.peak_rss_mib for r in many])),
+        "peak_rss_one_run_mib": round(med([r.peak_rss_mib for r in one])),
         "class_statistics_mib": round(N_CLASSES * (D * D + D) * 8 / 2**20),
         "max_abs_accuracy_difference": worst, "one_pass_timings_last": timings,
         "A_avg_mean_std": [metrics["mean"]["A_avg"], metrics["std"]["A_avg"]],

@@ -5,14 +5,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY_VIT = "vit_tiny_patch16_224"
-TINY_VIT_KWARGS = (("img_size", 32), ("patch_size", 8), ("depth", 2), ("num_heads", 2), ("embed_dim", 32))
-"""A 2-block, 32-dim ViT on 32-pixel images: the architecture behind ``tiny_vit_checkpoint``."""
+from helpers import KWARGS_4, TINY_VIT, TINY_VIT_KWARGS, make_image_tree  # noqa: E402  (helpers import foal_pipe)
+
+#: Fixtures that build a timm ViT: a test using one (directly or through another fixture) is marked slow.
+VIT_FIXTURES = frozenset({"tiny_vit_checkpoint", "vit_tiny_32_checkpoint", "vit4_checkpoint", "vit_reference"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if VIT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -51,36 +57,6 @@ def vit_tiny_32_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def assert_one_line_error(result, *fragments: str) -> None:
-    """A CLI result that failed with exit 1 and one ``Error: ...`` message holding every fragment, no traceback."""
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    text = " ".join(result.output.split())
-    assert text.startswith("Error: "), result.output
-    for fragment in fragments:
-        assert fragment in text, text
-
-
-def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0) -> Path:
-    """``root/train/<class>/*.png`` and ``root/test/<class>/*.png`` with random images of mixed sizes and
-    modes (RGB, grayscale, RGBA, palette)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    modes = ["RGB", "L", "RGBA", "P"]
-    for split, counts in (("train", classes), ("test", {c: test_per_class for c in classes})):
-        for cls, count in counts.items():
-            folder = root / split / cls
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                h, w = int(rng.integers(12, 48)), int(rng.integers(12, 48))
-                img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-                mode = modes[i % len(modes)]
-                img = img.convert(mode) if mode != "P" else img.convert("P", palette=Image.Palette.ADAPTIVE)
-                img.save(folder / f"img{i:03d}.png")
-    return root
-
-
 @pytest.fixture
 def image_tree(tmp_path: Path) -> Path:
     """A small imagefolder dataset: 3 classes, 5 + 2 images each."""
@@ -96,3 +72,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def vit4_checkpoint(tmp_path_factory) -> Path:
+    """A seeded random 4-block tiny ViT with non-trivial final-norm parameters, as safetensors."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(5)
+    model = timm.create_model(TINY_VIT, pretrained=False, **dict(KWARGS_4))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
+        model.cls_token.normal_(0, 1)
+    path = tmp_path_factory.mktemp("ckpt4") / "vit4.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path

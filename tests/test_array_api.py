@@ -13,13 +13,13 @@ import array_api_strict  # the dev extra: the generic code runs on every CI run
 import numpy as np
 import pytest
 from array_api_compat import device
+from helpers import build_store
 
 from foal_pipe.core.backend import _cupy, default_device, get_namespace, to_numpy
-from foal_pipe.model.classifier import AnalyticClassifier
-from foal_pipe.errors import FoalPipeError
 from foal_pipe.core.projection import ACTIVATIONS, SmoothProjection
 from foal_pipe.core.statistics import RidgeStatistics
-from tests.test_learn import build_store
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.model.classifier import AnalyticClassifier
 
 BACKENDS = [
     "array_api_strict",

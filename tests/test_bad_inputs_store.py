@@ -24,8 +24,8 @@ import foal_pipe.store as st
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
-from foal_pipe.store import open_store, read_meta, write_store
 from foal_pipe.protocol.stream import build_stream, dropped_warning, read_class_order
+from foal_pipe.store import open_store, read_meta, write_store
 
 runner = CliRunner()
 CLASSES = ["a", "b", "c", "d"]

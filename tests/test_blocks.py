@@ -9,72 +9,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import TINY_VIT, TINY_VIT_KWARGS
+from helpers import CHUNK, KWARGS_4, TINY_VIT, extract_one_thread, store_files, vit4_spec
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
-from foal_pipe.store.blockfusion import FUSION_FORMS, FinalNorm, FusedSplit, fuse, parse_fusion, parse_fusions
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
 from foal_pipe.store import create_array, open_store, verify_store, write_store
+from foal_pipe.store.blockfusion import FUSION_FORMS, FinalNorm, FusedSplit, fuse, parse_fusion, parse_fusions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 runner = CliRunner()
-KWARGS_4 = tuple((k, 4 if k == "depth" else v) for k, v in TINY_VIT_KWARGS)
-"""The tiny test ViT with 4 blocks, so that mean:A-B is neither every block nor one."""
 SPECS = ("mean-cls", "last", "mean:2-3", "block:2")
-CHUNK = 256  # digits: train 1,442 rows = 6 chunks (the last short), test 355 = 2
-
-
-@pytest.fixture(scope="module")
-def vit4_checkpoint(tmp_path_factory) -> Path:
-    """A seeded random 4-block tiny ViT with non-trivial final-norm parameters, as safetensors."""
-    import timm
-    import torch
-    from safetensors.torch import save_file
-
-    torch.manual_seed(5)
-    model = timm.create_model(TINY_VIT, pretrained=False, **dict(KWARGS_4))
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.5, 0.5)
-        model.cls_token.normal_(0, 1)
-    path = tmp_path_factory.mktemp("ckpt4") / "vit4.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    return path
-
-
-def _spec(out: Path, checkpoint: Path, **kw) -> ExtractSpec:
-    base = dict(dataset="digits", model=TINY_VIT, checkpoint=str(checkpoint), model_kwargs=KWARGS_4, out=str(out),
-                chunk_rows=CHUNK, batch_size=100, workers=0, device="cpu")
-    return ExtractSpec(**{**base, **kw})
-
-
-def _extract(spec: ExtractSpec):
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # module fixtures run before the one_torch_thread fixture
-    try:
-        return run_extract(spec)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, vit4_checkpoint) -> dict[str, Path]:
     """A float32 and a float16 blocks store, a plain store, and one ``extract --fusion SPEC`` store per spec."""
     root = tmp_path_factory.mktemp("blocks")
-    out = {"f32": _spec(root / "f32.zarr", vit4_checkpoint, keep_blocks=True, blocks_dtype="float32"),
-           "f16": _spec(root / "f16.zarr", vit4_checkpoint, keep_blocks=True),
-           "plain": _spec(root / "plain.zarr", vit4_checkpoint)}
-    out |= {spec: _spec(root / f"{spec.replace(':', '_')}.zarr", vit4_checkpoint, fusion=spec) for spec in SPECS}
+    out = {"f32": vit4_spec(root / "f32.zarr", vit4_checkpoint, keep_blocks=True, blocks_dtype="float32"),
+           "f16": vit4_spec(root / "f16.zarr", vit4_checkpoint, keep_blocks=True),
+           "plain": vit4_spec(root / "plain.zarr", vit4_checkpoint)}
+    out |= {spec: vit4_spec(root / f"{spec.replace(':', '_')}.zarr", vit4_checkpoint, fusion=spec) for spec in SPECS}
     for spec in out.values():
-        _extract(spec)
+        extract_one_thread(spec)
     return {name: spec.out_path for name, spec in out.items()}
 
 
@@ -86,12 +46,8 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
 
 
-def _files(store: Path) -> dict[str, bytes]:
-    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
-
-
 def assert_identical(a: Path, b: Path) -> None:
-    fa, fb = _files(a), _files(b)
+    fa, fb = store_files(a), store_files(b)
     assert sorted(fa) == sorted(fb)
     for name in fa:
         assert fa[name] == fb[name], f"{name} differs"
@@ -204,7 +160,7 @@ def test_fused_from_float16_blocks_is_close_to_extract_fusion(stores, spec):
 def test_keeping_blocks_does_not_change_the_features(stores):
     for kept in ("f32", "f16"):
         for split in ("train", "test"):
-            assert _files(stores[kept])[f"{split}/features/c/0/0"] == _files(stores["plain"])[f"{split}/features/c/0/0"]
+            assert store_files(stores[kept])[f"{split}/features/c/0/0"] == store_files(stores["plain"])[f"{split}/features/c/0/0"]
             np.testing.assert_array_equal(np.asarray(open_store(stores[kept]).split(split).features[:]),
                                           np.asarray(open_store(stores["plain"]).split(split).features[:]))
 
@@ -264,20 +220,21 @@ def test_several_fusions_from_one_read_of_each_chunk(stores, monkeypatch):
 
 
 def test_token_mean_blocks_fuse_like_extract(tmp_path, vit4_checkpoint):
-    kept = _spec(tmp_path / "k.zarr", vit4_checkpoint, token="mean", keep_blocks=True, blocks_dtype="float32")
-    ref = _spec(tmp_path / "r.zarr", vit4_checkpoint, token="mean", fusion="mean:3-4")
-    _extract(kept), _extract(ref)
+    kept = vit4_spec(tmp_path / "k.zarr", vit4_checkpoint, token="mean", keep_blocks=True, blocks_dtype="float32")
+    ref = vit4_spec(tmp_path / "r.zarr", vit4_checkpoint, token="mean", fusion="mean:3-4")
+    extract_one_thread(kept), extract_one_thread(ref)
     got = _all(open_store(kept.out_path).fused("mean:3-4").test)
     assert _relative(got, np.asarray(open_store(ref.out_path).test.features[:])) < 1e-6
 
 
+@pytest.mark.slow  # builds a timm ViT
 def test_rmsnorm_model_fuses_like_extract(tmp_path):
     kwargs = (*KWARGS_4, ("norm_layer", "rmsnorm"))
     base = dict(dataset="digits", model=TINY_VIT, pretrained=False, model_kwargs=tuple(sorted(kwargs)), workers=0,
                 chunk_rows=512, batch_size=128, device="cpu")
     kept = ExtractSpec(out=str(tmp_path / "k.zarr"), keep_blocks=True, blocks_dtype="float32", **base)
     ref = ExtractSpec(out=str(tmp_path / "r.zarr"), fusion="mean:1-3", **base)
-    _extract(kept), _extract(ref)
+    extract_one_thread(kept), extract_one_thread(ref)
     store = open_store(kept.out_path)
     assert store.blocks.norm.kind == "rmsnorm" and store.meta.extra["blocks"]["norm"]["kind"] == "rmsnorm"
     assert _relative(_all(store.fused("mean:1-3").test), np.asarray(open_store(ref.out_path).test.features[:])) < 1e-6
@@ -362,7 +319,7 @@ class Boom(Exception):
 def test_resume_gives_a_byte_identical_blocks_store(tmp_path, monkeypatch, stores, vit4_checkpoint, fail_at, half):
     """Killed before the chunk ``fail_at`` (train has 6 chunks, so 7 is in test); ``half``: that chunk's blocks
     are on disk, its features not (the kill came between the two writes)."""
-    spec = _spec(tmp_path / "b.zarr", vit4_checkpoint, keep_blocks=True)
+    spec = vit4_spec(tmp_path / "b.zarr", vit4_checkpoint, keep_blocks=True)
     real, calls = st.FeatureWriter.write, []
 
     def failing(writer, lo, block, *blocks):
@@ -399,12 +356,12 @@ def test_a_missing_blocks_chunk_is_found_and_re_extracted(tmp_path, stores, vit4
     assert [str(p) for p in verify_store(path, read=False).problems] == ["train/blocks rows 512-767: missing"]
     shown = runner.invoke(app, ["info", str(path)])
     assert shown.exit_code == 1 and "train/blocks rows 512-767: missing" in shown.output
-    report = run_extract(_spec(path, vit4_checkpoint, keep_blocks=True))
+    report = run_extract(vit4_spec(path, vit4_checkpoint, keep_blocks=True))
     assert report.status == "resumed" and report.holes == {"train": 512}
     assert_identical(stores["f16"], path)
     (path / "train" / "blocks" / "c" / "4" / "0" / "0").unlink()  # a later blocks hole, an earlier features one:
     (path / "train" / "features" / "c" / "1" / "0").unlink()  # extraction resumes at the first of either
-    report = run_extract(_spec(path, vit4_checkpoint, keep_blocks=True))
+    report = run_extract(vit4_spec(path, vit4_checkpoint, keep_blocks=True))
     assert report.status == "resumed" and report.holes == {"train": 256}
     assert_identical(stores["f16"], path)
 
@@ -436,15 +393,15 @@ def test_nan_in_blocks_is_named(tmp_path):
 
 
 def test_other_block_settings_refuse_to_resume(tmp_path, monkeypatch, vit4_checkpoint):
-    spec = _spec(tmp_path / "b.zarr", vit4_checkpoint, keep_blocks=True)
+    spec = vit4_spec(tmp_path / "b.zarr", vit4_checkpoint, keep_blocks=True)
     monkeypatch.setattr(st.FeatureWriter, "write", lambda *a: (_ for _ in ()).throw(Boom()))
     with pytest.raises(Boom):
         run_extract(spec)
     monkeypatch.undo()
     with pytest.raises(FoalPipeError, match=r"different settings \(blocks_dtype: 'float16' -> 'float32'\)"):
-        run_extract(_spec(spec.out_path, vit4_checkpoint, keep_blocks=True, blocks_dtype="float32"))
+        run_extract(vit4_spec(spec.out_path, vit4_checkpoint, keep_blocks=True, blocks_dtype="float32"))
     with pytest.raises(FoalPipeError, match=r"blocks_dtype: 'float16' -> None; keep_blocks: True -> False"):
-        run_extract(_spec(spec.out_path, vit4_checkpoint))
+        run_extract(vit4_spec(spec.out_path, vit4_checkpoint))
 
 
 # -- older stores still read ----------------------------------------------------------------------------------
@@ -469,7 +426,7 @@ def test_a_version_2_store_still_reads(tmp_path):
 
 # -- the command line -----------------------------------------------------------------------------------------
 def test_cli_keep_blocks_and_info(tmp_path, vit4_checkpoint, stores):
-    from conftest import TINY_VIT as MODEL
+    from helpers import TINY_VIT as MODEL
 
     from foal_pipe.encoders import format_model_kwargs
 

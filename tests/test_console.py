@@ -85,7 +85,7 @@ def test_error_with_a_long_path_is_one_unwrapped_line(tmp_path):
 
 
 def test_summary_table_in_a_log_keeps_paths_whole(tmp_path):
-    from test_evaluate import make_run
+    from helpers import make_run
 
     run = make_run(tmp_path / ("long-experiment-directory-" * 4) / "digits", model=False)
     proc = _foal_pipe("summary", str(tmp_path), cwd=tmp_path)
@@ -125,9 +125,8 @@ def test_help_lists_choices_no_flag_placeholder_each_default_once(command):
     problems = []
     for opt, row in rows.items():
         param = params.get(opt)
-        if (param is not None and getattr(param, "is_flag", False)) or opt == "--help":
-            if "<bool>" in row:
-                problems.append(f"{opt}: a flag with a value placeholder")
+        if ((param is not None and getattr(param, "is_flag", False)) or opt == "--help") and "<bool>" in row:
+            problems.append(f"{opt}: a flag with a value placeholder")
         if "Default:" in row and "[default:" in row:
             problems.append(f"{opt}: default stated twice")
     for opt in FIXED_SETS.get(command, ()):

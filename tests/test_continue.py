@@ -6,13 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 import foal_pipe
 from foal_pipe.cli import app
 from foal_pipe.store import write_store
-
-from conftest import assert_one_line_error
 
 runner = CliRunner()
 

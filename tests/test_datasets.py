@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_image_tree
+from helpers import make_image_tree
 from PIL import Image
 
 from foal_pipe.datasets.loaders import FASHION_CLASSES
@@ -160,7 +160,7 @@ def test_tiny_imagenet_layout(tmp_path):
         for i in range(3):
             Image.new("RGB", (6, 6)).save(root / "train" / wnid / "images" / f"{wnid}_{i}.JPEG")
     (root / "val" / "images").mkdir(parents=True)
-    for i, wnid in enumerate(["n02", "n01", "n02"]):
+    for i, _wnid in enumerate(["n02", "n01", "n02"]):
         Image.new("RGB", (6, 6)).save(root / "val" / "images" / f"val_{i}.JPEG")
     (root / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn02\t0\t0\t5\t5\nval_1.JPEG\tn01\t0\t0\t5\t5\n"
                                                        "val_2.JPEG\tn02\t0\t0\t5\t5\n")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import foal_pipe
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.protocol.commands import run_learn
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.store import write_store

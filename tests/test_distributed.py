@@ -15,6 +15,8 @@ distributed = pytest.importorskip("distributed")
 from foal_pipe.cli import app  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
 
+pytestmark = pytest.mark.slow  # local Dask clusters
+
 runner = CliRunner()
 N_CLASSES, DIM = 12, 24
 
@@ -88,11 +90,11 @@ def test_sweep_dask_equals_local_with_own_local_cluster(store, tmp_path):
 
 def test_dask_statistics_match_local(store, cluster):
     """Library level: the statistics of each task's rows, computed on the cluster, against one local batch."""
-    from foal_pipe.protocol.distributed import dask_statistics
     from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.core.statistics import RidgeStatistics
-    from foal_pipe.store import open_store
+    from foal_pipe.protocol.distributed import dask_statistics
     from foal_pipe.protocol.stream import build_stream
+    from foal_pipe.store import open_store
 
     opened = open_store(store)
     train = opened.train
@@ -150,7 +152,7 @@ def test_unknown_scheduler_and_bad_workers(store, tmp_path):
 # Extraction
 # ---------------------------------------------------------------------------------------------------------
 def _tiny_vit_spec(out, checkpoint, **kw):
-    from conftest import TINY_VIT, TINY_VIT_KWARGS
+    from helpers import TINY_VIT, TINY_VIT_KWARGS
 
     from foal_pipe.extract import ExtractSpec
 
@@ -253,8 +255,8 @@ def test_extract_survives_a_killed_worker(tmp_path, vit_reference, tiny_vit_chec
 
 def test_extract_retries_a_range_that_raised(tmp_path, cluster):
     """A range whose task raises (after writing its first chunk) is resubmitted; the store is still exact."""
-    from foal_pipe.extract.distributed import dask_extract
     from foal_pipe.extract import ExtractSpec, run_extract
+    from foal_pipe.extract.distributed import dask_extract
 
     base = dict(dataset="digits", model="pixels", chunk_rows=100, batch_size=30, workers=0, device="cpu")
     run_extract(ExtractSpec(out=str(tmp_path / "ref.zarr"), **base))
@@ -287,8 +289,8 @@ def test_cli_extract_dask_equals_local(tmp_path, cluster):
 
 def test_extract_resumes_a_partial_store_on_dask(tmp_path, cluster):
     """A store interrupted after some chunks is finished by the Dask path from its recorded progress."""
-    from foal_pipe.extract.distributed import dask_extract
     from foal_pipe.extract import ExtractSpec, create_store, extract_rows, mark_progress, run_extract
+    from foal_pipe.extract.distributed import dask_extract
 
     base = dict(dataset="digits", model="pixels", chunk_rows=100, batch_size=30, workers=0, device="cpu")
     run_extract(ExtractSpec(out=str(tmp_path / "ref.zarr"), **base))
@@ -316,8 +318,8 @@ def test_extract_keep_blocks_on_dask_equals_local(tmp_path, cluster, tiny_vit_ch
     (blocks, norm parameters and all) equals the single-process one, byte for byte."""
     import torch
 
-    from foal_pipe.extract.distributed import dask_extract
     from foal_pipe.extract import run_extract
+    from foal_pipe.extract.distributed import dask_extract
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

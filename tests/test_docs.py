@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import foal_pipe.model.classifier
 import foal_pipe.core.projection
 import foal_pipe.core.statistics
+import foal_pipe.model.classifier
 from foal_pipe.store import write_store
 
 README = Path(__file__).resolve().parents[1] / "README.md"

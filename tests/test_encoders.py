@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT, TINY_VIT_KWARGS
+from helpers import TINY_VIT, TINY_VIT_KWARGS
 
 from foal_pipe.encoders import ENCODERS, EncoderConfig, PixelsEncoder, build_encoder, encode_numpy
 from foal_pipe.errors import FoalPipeError
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -143,6 +142,7 @@ def test_checkpoint_errors(tiny_vit_checkpoint, tmp_path):
         build_encoder(wrong).load("cpu")
 
 
+@pytest.mark.slow  # builds a timm ViT
 def test_unknown_model_and_models_without_blocks():
     with pytest.raises(FoalPipeError, match="unknown model 'vit_bse_patch16_224'.*did you mean"):
         build_encoder(EncoderConfig("vit_bse_patch16_224"))

@@ -9,59 +9,16 @@ import struct
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import A_AVG, A_LAST, A_STEPS, F_PUBLISHED, MATRIX, PAPER_ENCODER, PIXELS, TASKS, F, make_metrics, make_run
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
-from foal_pipe.report import evaluate, read_metrics, read_sweep, select
 from foal_pipe.core.metrics import summarize
-from foal_pipe.model.modelfile import write_model
-from foal_pipe.report.paper import PAPER_BACKBONE, TABLE2, match_paper, paper_row
+from foal_pipe.report import evaluate, read_metrics, read_sweep, select
+from foal_pipe.report.paper import TABLE2, match_paper, paper_row
 
 runner = CliRunner()
-
-# A 3-task accuracy matrix and its metrics worked out by hand (paper Eq. 17-18).
-MATRIX = [[0.90], [0.80, 0.95], [0.70, 0.85, 0.90]]
-A_STEPS = [0.90, 0.875, 2.45 / 3]
-A_AVG = (0.90 + 0.875 + 2.45 / 3) / 3
-A_LAST = 2.45 / 3
-F = ((0.90 - 0.70) + (0.95 - 0.85)) / 2  # best before the last task minus final, tasks 1..T-1
-F_PUBLISHED = ((0.90 - 0.70) + (0.95 - 0.85) + 0.0) / 3  # best over all rows, all T tasks
-TASKS = [[3, 7], [0, 5], [9, 1]]
-PIXELS = {"name": "pixels", "fusion": "none", "token": "none", "image_size": 8, "normalize": False}
-PAPER_ENCODER = {"name": PAPER_BACKBONE, "fusion": "mean-cls", "token": "cls", "image_size": 224, "normalize": True,
-                 "dim": 768}
-
-
-def make_metrics(**overrides) -> dict:
-    metrics = {
-        "A_avg": A_AVG, "A_last": A_LAST, "F": F, "F_published_code": F_PUBLISHED, "A_steps": A_STEPS,
-        "accuracy_matrix": MATRIX, "tasks": TASKS, "n_tasks": 3, "gamma": 1.0, "projection_dim": 1000,
-        "batch_size": 10, "seed": 0, "engine": "gram", "backend": "numpy", "dtype": "float64",
-        "n_train_seen": 600, "n_test": 150, "dataset": "digits", "encoder": PIXELS, "drop_last": False,
-        "mask_unseen": True, "projection_init": "uniform",
-    }
-    metrics.update(overrides)
-    return metrics
-
-
-def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep: dict | None = None) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "metrics.json").write_text(json.dumps(metrics or make_metrics()))
-    if model:
-        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1
-        classes = np.array([0, 1, 3, 5, 7, 9], dtype=np.int64)
-        W = np.zeros((4, classes.size))
-        W[0] = classes + 1.0
-        names = [f"class{c}" for c in classes]
-        write_model(path / "model.safetensors",
-                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": W},
-                    {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 10, "dataset": "digits",
-                     "encoder": PIXELS, "class_names": names})
-    if sweep is not None:
-        (path / "sweep.json").write_text(json.dumps(sweep))
-    return path
 
 
 def make_sweep(dataset="digits", encoder=PIXELS, n_tasks=3, gammas=(1e-3, 1e-1, 1.0, 10.0, 100.0, 1e-2)) -> dict:

@@ -6,15 +6,15 @@ import json
 
 import numpy as np
 import pytest
-from test_learn import DIM, N_CLASSES, build_store, invoke, learn, read
+from helpers import DIM, N_CLASSES, build_store, invoke, learn, read
 
 from foal_pipe import SmoothProjection
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
+from foal_pipe.protocol.stream import build_stream
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import Split
-from foal_pipe.protocol.stream import build_stream
 
 HAND = {
     "sigmoid": lambda z: 1 / (1 + np.exp(-z)),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import TINY_VIT, TINY_VIT_KWARGS
+from helpers import TINY_VIT, TINY_VIT_KWARGS, assert_identical_stores
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -43,21 +43,6 @@ def _vit(out: Path, checkpoint: Path, **kw) -> ExtractSpec:
     base = dict(dataset="digits", model=TINY_VIT, checkpoint=str(checkpoint), model_kwargs=TINY_VIT_KWARGS,
                 out=str(out), chunk_rows=128, batch_size=48, workers=0, device="cpu")
     return ExtractSpec(**{**base, **kw})
-
-
-def _files(store: Path) -> dict[str, bytes]:
-    """Every file of a store (chunks, array and group metadata), by relative path."""
-    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
-
-
-def assert_identical_stores(a: Path, b: Path) -> None:
-    fa, fb = _files(a), _files(b)
-    assert sorted(fa) == sorted(fb)
-    for name in fa:
-        assert fa[name] == fb[name], f"{name} differs"
-    sa, sb = open_store(a), open_store(b)
-    for split in ("train", "test"):
-        np.testing.assert_array_equal(np.asarray(sa.split(split).features[:]), np.asarray(sb.split(split).features[:]))
 
 
 @pytest.fixture(scope="module")

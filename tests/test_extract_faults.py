@@ -21,7 +21,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.commands import run_learn
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # kill-and-resume runs
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 ARGS = ["extract", "--dataset", "digits", "--model", "pixels", "--chunk-rows", "128", "--batch-size", "50",
@@ -104,7 +104,8 @@ def test_a_store_damaged_after_extraction_is_refused(tmp_path, reference, damage
     else:
         chunk.write_bytes(chunk.read_bytes()[:-10])
     with pytest.raises(FoalPipeError, match="train/features .*rows 896-1,023"):
-        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=32), EvaluationConfig(), ExecutionConfig())
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=32), EvaluationConfig(),
+              ExecutionConfig())
     assert not (tmp_path / "run").exists()
     verify = runner.invoke(app, ["info", str(store), "--verify"])
     assert verify.exit_code == 1 and "Traceback" not in verify.output

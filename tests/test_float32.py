@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_learn import assert_clean_error, invoke
+from helpers import assert_clean_error, invoke
 
 from foal_pipe.store import write_store
 

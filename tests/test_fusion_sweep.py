@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_blocks import CHUNK, _extract, _spec, vit4_checkpoint  # noqa: F401  (a fixture)
+from helpers import CHUNK, extract_one_thread, vit4_spec
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
@@ -28,8 +28,8 @@ D = "200"  # with these gammas, LOO and the test oracle pick different fusions: 
 @pytest.fixture(scope="module")
 def blocks_store(tmp_path_factory, vit4_checkpoint) -> Path:  # noqa: F811
     """The 4-block tiny random ViT on digits, every block's CLS kept in float16."""
-    spec = _spec(tmp_path_factory.mktemp("fsweep") / "f16.zarr", vit4_checkpoint, keep_blocks=True)
-    _extract(spec)
+    spec = vit4_spec(tmp_path_factory.mktemp("fsweep") / "f16.zarr", vit4_checkpoint, keep_blocks=True)
+    extract_one_thread(spec)
     return spec.out_path
 
 

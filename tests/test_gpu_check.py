@@ -37,7 +37,7 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
 
     learner = report["parts"]["learner"]["runs"]
     assert set(learner) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES}
-    for key, run in learner.items():
+    for run in learner.values():
         def exact(r: dict) -> None:
             assert r["W_vs_closed_form"] <= 1e-9 and r["W_vs_numpy"] <= 1e-9 and r["exact"] is True
             assert r["predictions_equal_numpy"] == 1.0
@@ -48,7 +48,7 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert set(learn) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES}
     host = learn["numpy/gram"]
     assert 0 < host["A_avg"] <= 1 and host["wall_s"] > 0
-    for key, run in learn.items():
+    for run in learn.values():
         def agrees(r: dict) -> None:
             assert r["wall_s"] > 0 and abs(r["A_avg_minus_numpy"]) < 1e-9 and r["W_vs_numpy"] <= 1e-9
         _skipped_or(run, agrees)

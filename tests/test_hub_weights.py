@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VIT_KWARGS
+from helpers import TINY_VIT_KWARGS
 from safetensors.torch import load_file, save_file
 
 import foal_pipe.encoders.weights as weights
@@ -110,7 +110,8 @@ def silent_server():
 
 
 def _point_hub_at(hub, monkeypatch, port: int) -> None:
-    monkeypatch.setattr(hub, "HUGGINGFACE_CO_URL_TEMPLATE", f"http://127.0.0.1:{port}" + "/{repo_id}/resolve/{revision}/{filename}")
+    template = f"http://127.0.0.1:{port}" + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(hub, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(hub, "ENDPOINT", f"http://127.0.0.1:{port}")
 
 

@@ -10,59 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from safetensors.numpy import load_file
-from typer.testing import CliRunner
+from helpers import DIM, N_CLASSES, assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
 
-from foal_pipe.cli import app
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.stream import build_stream
-
-runner = CliRunner()
-N_CLASSES, DIM = 12, 16
-
-
-def build_store(path: Path, n_train=600, n_test=240, seed=0, attrs=None, train_dim=DIM, test_dim=DIM, chunk=64,
-                noise=1.6, complete=True) -> Path:
-    """A store written directly with zarr, in dataset order; classes are Gaussian blobs that overlap."""
-    rng = np.random.default_rng(seed)
-    means = rng.normal(size=(N_CLASSES, max(train_dim, test_dim)))
-    group = zarr.open_group(str(path), mode="w")
-    group.attrs.update(
-        {"format": "foal-pipe/features", "format_version": 1, "classes": [f"c{i}" for i in range(N_CLASSES)],
-         "dataset": "blobs", "encoder": {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}}
-        | (attrs or {})
-    )
-    for split, n, d in (("train", n_train, train_dim), ("test", n_test, test_dim)):
-        y = rng.integers(0, N_CLASSES, n)
-        x = (means[y, :d] + noise * rng.normal(size=(n, d))).astype(np.float32)
-        group.create_array(f"{split}/features", shape=x.shape, chunks=(chunk, d), dtype="float32")[:] = x
-        group.create_array(f"{split}/labels", shape=(n,), chunks=(n,), dtype="int32")[:] = y
-    if complete:
-        group.attrs["complete"] = True
-    return path
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     return build_store(tmp_path_factory.mktemp("store") / "blobs.zarr")
-
-
-def read(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    g = zarr.open_group(str(path), mode="r")
-    return (np.asarray(g["train/features"][:]), np.asarray(g["train/labels"][:]),
-            np.asarray(g["test/features"][:]), np.asarray(g["test/labels"][:]))
-
-
-def invoke(*args: str):
-    result = runner.invoke(app, [str(a) for a in args])
-    return result
-
-
-def learn(store: Path, out: Path, *extra: str, tasks=4, D=48, gamma=1.0, batch=10):
-    result = invoke("learn", "--features", store, "--out", out, "--tasks", tasks, "--projection-dim", D,
-                    "--gamma", gamma, "--batch-size", batch, "--seed", 3, "--backend", "numpy", *extra)
-    assert result.exit_code == 0, result.output
-    return json.loads((out / "metrics.json").read_text()), load_file(str(out / "model.safetensors"))
 
 
 def hand_accuracy(store: Path, metrics: dict, P: np.ndarray, gamma: float, mask_unseen=True, drop_last=False):
@@ -324,11 +280,6 @@ def test_bad_class_order(tmp_path, store):
         assert_clean_error(result, message, out)
 
 
-def assert_same_matrix(got: list[list[float]], expected: list[list[float]]) -> None:
-    assert [len(row) for row in got] == [len(row) for row in expected]
-    np.testing.assert_allclose(np.concatenate(got), np.concatenate(expected), rtol=0, atol=1e-12)
-
-
 @pytest.mark.parametrize(("option", "value"), [("--engine", "sgd"), ("--backend", "tpu"), ("--activation", "tanh"),
                                              ("--dtype", "float16"), ("--projection-init", "xavier")])
 def test_values_outside_an_options_fixed_set_are_refused_by_the_cli(tmp_path, store, option, value):
@@ -338,16 +289,6 @@ def test_values_outside_an_options_fixed_set_are_refused_by_the_cli(tmp_path, st
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and f"Invalid value for '{option}'" in result.output
     assert not out.exists()
-
-
-def assert_clean_error(result, message: str, out: Path) -> None:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert lines[-1].startswith("Error: "), result.output
-    assert message in " ".join(lines), result.output
-    assert not out.exists(), "output written despite the error"
 
 
 def test_backend_cupy_without_cupy_is_refused(tmp_path, store, monkeypatch):

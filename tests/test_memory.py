@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_learn import assert_clean_error, build_store, invoke
+from helpers import assert_clean_error, build_store, invoke
 
 import foal_pipe.memory as memory
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from foal_pipe.errors import FoalPipeError
 from foal_pipe.core.metrics import summarize
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.stream import build_stream, split_classes
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import TINY_VIT, TINY_VIT_KWARGS
+from helpers import TINY_VIT, TINY_VIT_KWARGS
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app

@@ -14,8 +14,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model, validate_model, write_model
 
 ROOT = Path(__file__).resolve().parents[1]

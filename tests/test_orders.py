@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import build_store
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
-from foal_pipe.memory import parse_memory
 from foal_pipe.core.metrics import summarize
+from foal_pipe.memory import parse_memory
 from foal_pipe.protocol.orders import class_statistics_bytes
-from tests.test_learn import build_store
 
 runner = CliRunner()
 SEEDS = (0, 3, 7)
@@ -67,7 +67,8 @@ def test_order_seeds_equal_separate_runs(store: Path, tmp_path: Path, extra: lis
         assert many["mean"][key] == pytest.approx(values.mean(), abs=1e-12)
         assert many["std"][key] == pytest.approx(values.std(), abs=1e-12)
         assert many[key] == pytest.approx(values.mean(), abs=1e-12)
-    assert many["A_steps"] == pytest.approx(np.mean([summarize(separate[s]["accuracy_matrix"])["A_steps"] for s in SEEDS], axis=0))
+    steps = [summarize(separate[s]["accuracy_matrix"])["A_steps"] for s in SEEDS]
+    assert many["A_steps"] == pytest.approx(np.mean(steps, axis=0))
 
 
 def test_order_seed_defaults_to_seed(store: Path, tmp_path: Path) -> None:
@@ -90,7 +91,8 @@ def test_memory_refusal_falls_back_to_one_pass_per_order(store: Path, tmp_path: 
     assert sorted(p.name for p in (tmp_path / "many").iterdir()) == ["metrics.json", "model.safetensors", "timings.json"]
     separate = _separate(store, tmp_path, ["--gamma", "0.5"])
     for entry in many["orders"]:
-        np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]), _matrix(separate[entry["order_seed"]]["accuracy_matrix"]))
+        alone = separate[entry["order_seed"]]["accuracy_matrix"]
+        np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]), _matrix(alone))
 
 
 def test_loo_and_rls_fall_back(store: Path, tmp_path: Path) -> None:
@@ -135,12 +137,11 @@ def test_parse_memory() -> None:
 def test_stage_command_lines_pass_order_seeds() -> None:
     import sys
 
-    from tests.test_pipeline import STAGES
+    from helpers import STAGES
 
     sys.path.insert(0, str(STAGES))
-    from _params import stream_args
-
     import yaml
+    from _params import stream_args
 
     learn = yaml.safe_load((STAGES.parent / "params.yaml").read_text())["learn"]
     assert learn["order_seeds"] == [] and "--order-seed" not in stream_args(learn) and "--order-seeds" not in stream_args(learn)

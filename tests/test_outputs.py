@@ -323,8 +323,8 @@ def test_real_read_only_mount(tmp_path, store, mount, monkeypatch):
 @pytest.mark.parametrize("command", ["learn", "sweep", "predict"])
 def test_unexpected_os_errors_are_one_line(tmp_path, store, monkeypatch, command):
     """An OSError the library does not name itself still ends as one line naming the path and the reason."""
-    import foal_pipe.protocol.commands
     import foal_pipe.model.predict
+    import foal_pipe.protocol.commands
 
     def fail(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/data/somewhere")

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import STAGES
 
 from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ROOT / "stages"
 VENV_BIN = Path(sys.executable).parent
 STAGE_NAMES = ("extract", "learn", "sweep", "evaluate")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.cli import app
+from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model
 from foal_pipe.store import write_store
 

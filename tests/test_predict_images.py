@@ -7,13 +7,12 @@ import io
 
 import numpy as np
 import pytest
+from helpers import assert_one_line_error, make_image_tree
 from typer.testing import CliRunner
 
 import foal_pipe
 from foal_pipe.cli import app
 from foal_pipe.extract import ExtractSpec, run_extract
-
-from conftest import assert_one_line_error, make_image_tree
 
 runner = CliRunner()
 
@@ -103,7 +102,7 @@ def test_bad_inputs(deployed, tmp_path):
 
 
 def test_tiny_vit_from_checkpoint(tmp_path, tiny_vit_checkpoint, one_torch_thread):
-    from conftest import TINY_VIT, TINY_VIT_KWARGS
+    from helpers import TINY_VIT, TINY_VIT_KWARGS
 
     tree = make_image_tree(tmp_path / "images", {"cat": 4, "dog": 4}, test_per_class=3)
     store = tmp_path / "vit.zarr"

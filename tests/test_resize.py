@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT, TINY_VIT_KWARGS
+from helpers import TINY_VIT, TINY_VIT_KWARGS, assert_identical_stores
 from PIL import Image
-from test_extract import assert_identical_stores
 from typer.testing import CliRunner
 
 import foal_pipe.encoders.pixels as pixels_module

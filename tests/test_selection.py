@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-from test_learn import assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
+from helpers import assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
 
 from foal_pipe.protocol.stream import build_stream
 

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import TINY_VIT, TINY_VIT_KWARGS
+from helpers import TINY_VIT, TINY_VIT_KWARGS
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import foal_pipe.store.lock as lk
 import foal_pipe.store as st
+import foal_pipe.store.lock as lk
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract, staging_path
@@ -148,9 +148,8 @@ def test_without_flock_the_pid_decides(tmp_path, monkeypatch):
     try:
         lk.lock_path(target).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
         with pytest.raises(FoalPipeError, match=rf"process {sleeper.pid} on host .*delete .*s.zarr.lock if that "
-                                                "process is gone"):
-            with writer_lock(target):
-                pass
+                                                "process is gone"), writer_lock(target):
+            pass
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -180,7 +179,8 @@ def test_overwrite_while_learn_reads_voids_the_results(tmp_path, monkeypatch, re
     shutil.copytree(reference, store)
     done = _overwrite_during_test_read(monkeypatch, store, normalize=False)
     with pytest.raises(FoalPipeError, match=r"changed while it was being read \(generation \w+ -> \w+; another"):
-        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(),
+              ExecutionConfig())
     assert done and done[0].status == "created" and not (tmp_path / "run").exists()
     assert open_store(store).meta.encoder["normalize"] is False  # the new store is complete and in place
 
@@ -201,7 +201,8 @@ def test_a_store_swapped_for_another_layout_mid_read_is_named_as_changed(tmp_pat
     shutil.copytree(reference, store)
     _overwrite_during_test_read(monkeypatch, store, dtype="float16")
     with pytest.raises(FoalPipeError, match=r"changed while it was being read"):
-        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(),
+              ExecutionConfig())
 
 
 def test_predict_checks_the_store_it_read(tmp_path, monkeypatch, reference):
@@ -209,7 +210,8 @@ def test_predict_checks_the_store_it_read(tmp_path, monkeypatch, reference):
 
     store = tmp_path / "digits.zarr"
     shutil.copytree(reference, store)
-    run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
+    run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(),
+              ExecutionConfig())
     _overwrite_during_test_read(monkeypatch, store, normalize=False)
     with pytest.raises(FoalPipeError, match="changed while it was being read"):
         predict_split(tmp_path / "run" / "model.safetensors", store)
@@ -331,6 +333,7 @@ def test_learn_outputs_are_unchanged_when_the_store_changed(tmp_path, monkeypatc
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     _overwrite_during_test_read(monkeypatch, store, normalize=False)
     with pytest.raises(FoalPipeError, match="changed while it was being read"):
-        run_learn(store, run, StreamConfig(tasks=5, seed=1), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
+        run_learn(store, run, StreamConfig(tasks=5, seed=1), ModelConfig(projection_dim=64), EvaluationConfig(),
+                  ExecutionConfig())
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert np.isfinite(json.loads((run / "metrics.json").read_text())["A_avg"])

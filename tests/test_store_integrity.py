@@ -17,13 +17,13 @@ import zarr
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
-from foal_pipe.store.chunks import missing_chunks
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
 from foal_pipe.protocol.commands import run_learn
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.store import compute_generation, open_store, read_meta, verify_store
+from foal_pipe.store.chunks import missing_chunks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 runner = CliRunner()
@@ -87,7 +87,8 @@ def test_a_deleted_chunk_is_refused_not_read_as_zeros(store, tmp_path, split, i,
     with pytest.raises(FoalPipeError, match=rf"{split}/features has 1 of 1?\d chunk files missing \(first at {rows}\)"):
         open_store(store)
     with pytest.raises(FoalPipeError, match="chunk files missing"):
-        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(), ExecutionConfig())
+        run_learn(store, tmp_path / "run", StreamConfig(tasks=5), ModelConfig(projection_dim=64), EvaluationConfig(),
+              ExecutionConfig())
     assert not (tmp_path / "run").exists()
     assert_one_line_error(_learn(store, tmp_path / "cli-run"), f"{split}/features", rows, "re-extract it")
     shown = runner.invoke(app, ["info", str(store)])

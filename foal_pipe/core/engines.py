@@ -74,7 +74,8 @@ class RLSEngine:
         self.R = xp.eye(dim, dtype=dtype, device=device) / self.gamma
         if not bool(xp.all(xp.isfinite(self.R))):
             raise FoalPipeError(
-                f"gamma {self.gamma:g} underflows in {dtype_name(dtype)}: R0 = I/gamma is not finite; use a larger gamma or float64"
+                f"gamma {self.gamma:g} underflows in {dtype_name(dtype)}: R0 = I/gamma is not finite; "
+                "use a larger gamma or float64"
             )
         self.W = xp.zeros((dim, 0), dtype=dtype, device=device)
 

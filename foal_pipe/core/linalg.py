@@ -25,7 +25,8 @@ def class_positions(classes: np.ndarray, labels: Any) -> np.ndarray:
     known = pos < classes.size
     known[known] = classes[pos[known]] == labels[known]
     if not known.all():
-        raise FoalPipeError(f"label {labels[np.flatnonzero(~known)[0]]!r} is not among the classes; pass the classes of every label")
+        raise FoalPipeError(f"label {labels[np.flatnonzero(~known)[0]]!r} is not among the classes; "
+                            "pass the classes of every label")
     return pos
 
 

@@ -17,8 +17,8 @@ def summarize(acc: np.ndarray | list[list[float]]) -> dict[str, float | list[flo
     T = len(rows)
     steps = [float(np.mean(row)) for row in rows]
     last = rows[-1]
-    forgetting = [max(rows[l][j] for l in range(j, T - 1)) - last[j] for j in range(T - 1)]
-    published = [max(rows[l][j] for l in range(j, T)) - last[j] for j in range(T)]
+    forgetting = [max(rows[k][j] for k in range(j, T - 1)) - last[j] for j in range(T - 1)]
+    published = [max(rows[k][j] for k in range(j, T)) - last[j] for j in range(T)]
     return {
         "A_steps": steps,
         "A_avg": float(np.mean(steps)),

@@ -101,7 +101,8 @@ class RidgeStatistics:
     >>> s = RidgeStatistics.from_batch(H[:4], [1, 1, 2, 2]) + RidgeStatistics.from_batch(H[4:], [5, 1])
     >>> s.classes.tolist(), s.n, s.counts.tolist()
     ([1, 2, 5], 6, [3, 2, 1])
-    >>> bool(np.allclose(s.solve(1.0), np.linalg.solve(H.T @ H + np.eye(3), H.T @ (np.array([1, 1, 2, 2, 5, 1])[:, None] == [1, 2, 5]))))
+    >>> Y = np.array([1, 1, 2, 2, 5, 1])[:, None] == [1, 2, 5]
+    >>> bool(np.allclose(s.solve(1.0), np.linalg.solve(H.T @ H + np.eye(3), H.T @ Y)))
     True
     """
 
@@ -214,7 +215,8 @@ class RidgeStatistics:
         if not isinstance(other, RidgeStatistics):
             raise TypeError(f"cannot add {type(other).__name__} to RidgeStatistics")
         if other.dim != self.dim:
-            raise FoalPipeError(f"cannot add statistics of dimension {other.dim} to dimension {self.dim}; use the same projection")
+            raise FoalPipeError(f"cannot add statistics of dimension {other.dim} to dimension {self.dim}; "
+                                "use the same projection")
 
     def _like(self, array: Any) -> RidgeStatistics:
         """These statistics in the namespace and on the device of ``array`` (host sums from Dask workers join

@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from foal_pipe.store.blockfusion import parse_fusion
 from foal_pipe.encoders.fusion import TOKENS
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.store.blockfusion import parse_fusion
 
 PAPER_MODEL = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
 RESERVED_KWARGS = ("num_classes", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path",

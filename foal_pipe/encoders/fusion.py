@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.store.blockfusion import NORMS, parse_fusion
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.store.blockfusion import NORMS, parse_fusion
 
 TOKENS: dict[str, Callable[[Any, int], Any]] = {
     "cls": lambda out, n_prefix: out[:, 0],

@@ -28,6 +28,10 @@ from foal_pipe.store import (
 from foal_pipe.store.blockfusion import FinalNorm
 
 
+def _shown(value: Any) -> str:
+    return f"{len(value)} entries" if isinstance(value, list) and len(value) > 4 else repr(value)
+
+
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(old) | set(new)):
@@ -35,8 +39,7 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
         elif a != b:
-            show = (lambda v: f"{len(v)} entries" if isinstance(v, list) and len(v) > 4 else repr(v))
-            out.append(f"{prefix}{key}: {show(a)} -> {show(b)}")
+            out.append(f"{prefix}{key}: {_shown(a)} -> {_shown(b)}")
     return out
 
 

@@ -287,7 +287,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
 
-        Extra keyword arguments are stored as JSON metadata (foal_pipe/modelfile.py lists the known keys).
+        Extra keyword arguments are stored as JSON metadata (foal_pipe/model/modelfile.py lists the known keys).
         :meth:`load` restores a classifier that keeps learning exactly as if the stream had never been
         interrupted.
         """

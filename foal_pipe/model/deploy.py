@@ -1,6 +1,6 @@
 """A saved model put to work: predict from features or images, keep learning, save again (``load_model``).
 
-The model file holds everything needed (foal_pipe/modelfile.py): the learner state, the projection, the
+The model file holds everything needed (foal_pipe/model/modelfile.py): the learner state, the projection, the
 activation, the class names and the store's encoder provenance. :class:`DeployedModel` wraps them so that an
 engineer can predict on new images and absorb new labelled rows, including rows of classes never seen,
 without retraining: the ridge statistics simply grow, so the result stays exact.

@@ -254,7 +254,7 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
         with safe_open(str(path), framework="numpy") as f:
             raw = f.metadata() or {}
             header = {}
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
                 part = f.get_slice(key)
                 code = part.get_dtype()
                 if code not in DTYPE_OF_CODE:

@@ -12,9 +12,9 @@ At each task boundary k both engines give the ridge solution over every training
 At a boundary the gram walk either solves for a fixed gamma (``learn --gamma 1``), or decomposes ``G``
 once and serves many gammas (``sweep``, ``learn --gamma auto``): their weights, their GCV, and, after one
 more pass over the rows seen so far, their exact leave-one-out scores. That pass multiplies the activations
-kept from the rows' first projection (:class:`~foal_pipe.protocol.walk.KeptActivations`, rows x D values) where ``--max-memory`` and
-the machine allow; otherwise it is fused with the next task's pass, which decodes each chunk once per task and
-projects the rows seen so far again. Test accuracy for every boundary (and every
+kept from the rows' first projection (:class:`~foal_pipe.protocol.walk.KeptActivations`, rows x D values)
+where ``--max-memory`` and the machine allow; otherwise it is fused with the next task's pass, which decodes
+each chunk once per task and projects the rows seen so far again. Test accuracy for every boundary (and every
 gamma) is computed in one pass over the test split at the end.
 
 ``sweep --fusions`` walks several fusions of a blocks store at once: each blocks chunk is decoded once and

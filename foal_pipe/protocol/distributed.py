@@ -135,5 +135,6 @@ def dask_statistics(
     total = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
     expected = int(np.count_nonzero(selected))
     if total is None or total.n != expected:
-        raise FoalPipeError(f"dask returned statistics for {0 if total is None else total.n} of {expected} rows; re-run the command")
+        raise FoalPipeError(f"dask returned statistics for {0 if total is None else total.n} of {expected} rows; "
+                            "re-run the command")
     return total

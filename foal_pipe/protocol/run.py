@@ -99,7 +99,8 @@ def prepare(
     for g in model.gamma_grid:
         check_gamma(g)
     if model.projection_dim < 0:
-        raise FoalPipeError(f"--projection-dim must be at least 0 (0: no projection), got {model.projection_dim}; the paper uses 1000")
+        raise FoalPipeError(f"--projection-dim must be at least 0 (0: no projection), got {model.projection_dim}; "
+                            "the paper uses 1000")
     check_activation(model.resolved_activation)
     if model.engine not in ENGINES:
         raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")

@@ -107,8 +107,8 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
                 finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), "NaN or inf values (first at row "
                                 f"{lo + int(np.flatnonzero(~finite)[0]):,})"))
-    if read and meta.complete and meta.generation is not None and not problems:
-        if compute_generation(path, group) != meta.generation:
-            problems.append(ChunkProblem("(whole store)", 0, 0, "its files changed after it was completed "
-                                         "(generation id mismatch)"))
+    if (read and meta.complete and meta.generation is not None and not problems
+            and compute_generation(path, group) != meta.generation):
+        problems.append(ChunkProblem("(whole store)", 0, 0, "its files changed after it was completed "
+                                     "(generation id mismatch)"))
     return Verification(n_read, _merge(problems))

@@ -1,0 +1,197 @@
+"""Helpers shared by the test modules (they import from here, never from each other); fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import zarr
+from safetensors.numpy import load_file
+from typer.testing import CliRunner
+
+from foal_pipe.cli import app
+from foal_pipe.extract import ExtractSpec, run_extract
+from foal_pipe.model.modelfile import write_model
+from foal_pipe.report.paper import PAPER_BACKBONE
+from foal_pipe.store import open_store
+
+STAGES = Path(__file__).resolve().parent.parent / "stages"
+runner = CliRunner()
+
+# --- timm ViTs and image trees ---------------------------------------------------------------------------------
+
+TINY_VIT = "vit_tiny_patch16_224"
+TINY_VIT_KWARGS = (("img_size", 32), ("patch_size", 8), ("depth", 2), ("num_heads", 2), ("embed_dim", 32))
+"""A 2-block, 32-dim ViT on 32-pixel images: the architecture behind ``tiny_vit_checkpoint``."""
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    """A CLI result that failed with exit 1 and one ``Error: ...`` message holding every fragment, no traceback."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0) -> Path:
+    """``root/train/<class>/*.png`` and ``root/test/<class>/*.png`` with random images of mixed sizes and
+    modes (RGB, grayscale, RGBA, palette)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    modes = ["RGB", "L", "RGBA", "P"]
+    for split, counts in (("train", classes), ("test", {c: test_per_class for c in classes})):
+        for cls, count in counts.items():
+            folder = root / split / cls
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                h, w = int(rng.integers(12, 48)), int(rng.integers(12, 48))
+                img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+                mode = modes[i % len(modes)]
+                img = img.convert(mode) if mode != "P" else img.convert("P", palette=Image.Palette.ADAPTIVE)
+                img.save(folder / f"img{i:03d}.png")
+    return root
+
+
+KWARGS_4 = tuple((k, 4 if k == "depth" else v) for k, v in TINY_VIT_KWARGS)
+"""The tiny test ViT with 4 blocks, so that mean:A-B is neither every block nor one."""
+CHUNK = 256  # digits: train 1,442 rows = 6 chunks (the last short), test 355 = 2
+
+
+def vit4_spec(out: Path, checkpoint: Path, **kw) -> ExtractSpec:
+    base = dict(dataset="digits", model=TINY_VIT, checkpoint=str(checkpoint), model_kwargs=KWARGS_4, out=str(out),
+                chunk_rows=CHUNK, batch_size=100, workers=0, device="cpu")
+    return ExtractSpec(**{**base, **kw})
+
+
+def extract_one_thread(spec: ExtractSpec):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # module fixtures run before the one_torch_thread fixture
+    try:
+        return run_extract(spec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def store_files(store: Path) -> dict[str, bytes]:
+    """Every file of a store (chunks, array and group metadata), by relative path."""
+    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+def assert_identical_stores(a: Path, b: Path) -> None:
+    fa, fb = store_files(a), store_files(b)
+    assert sorted(fa) == sorted(fb)
+    for name in fa:
+        assert fa[name] == fb[name], f"{name} differs"
+    sa, sb = open_store(a), open_store(b)
+    for split in ("train", "test"):
+        np.testing.assert_array_equal(np.asarray(sa.split(split).features[:]), np.asarray(sb.split(split).features[:]))
+
+
+# --- synthetic stores and the CLI -------------------------------------------------------------------------------
+
+N_CLASSES, DIM = 12, 16
+
+
+def build_store(path: Path, n_train=600, n_test=240, seed=0, attrs=None, train_dim=DIM, test_dim=DIM, chunk=64,
+                noise=1.6, complete=True) -> Path:
+    """A store written directly with zarr, in dataset order; classes are Gaussian blobs that overlap."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(N_CLASSES, max(train_dim, test_dim)))
+    group = zarr.open_group(str(path), mode="w")
+    group.attrs.update(
+        {"format": "foal-pipe/features", "format_version": 1, "classes": [f"c{i}" for i in range(N_CLASSES)],
+         "dataset": "blobs", "encoder": {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}}
+        | (attrs or {})
+    )
+    for split, n, d in (("train", n_train, train_dim), ("test", n_test, test_dim)):
+        y = rng.integers(0, N_CLASSES, n)
+        x = (means[y, :d] + noise * rng.normal(size=(n, d))).astype(np.float32)
+        group.create_array(f"{split}/features", shape=x.shape, chunks=(chunk, d), dtype="float32")[:] = x
+        group.create_array(f"{split}/labels", shape=(n,), chunks=(n,), dtype="int32")[:] = y
+    if complete:
+        group.attrs["complete"] = True
+    return path
+
+
+def read(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    g = zarr.open_group(str(path), mode="r")
+    return (np.asarray(g["train/features"][:]), np.asarray(g["train/labels"][:]),
+            np.asarray(g["test/features"][:]), np.asarray(g["test/labels"][:]))
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result
+
+
+def learn(store: Path, out: Path, *extra: str, tasks=4, D=48, gamma=1.0, batch=10):
+    result = invoke("learn", "--features", store, "--out", out, "--tasks", tasks, "--projection-dim", D,
+                    "--gamma", gamma, "--batch-size", batch, "--seed", 3, "--backend", "numpy", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "metrics.json").read_text()), load_file(str(out / "model.safetensors"))
+
+
+def assert_same_matrix(got: list[list[float]], expected: list[list[float]]) -> None:
+    assert [len(row) for row in got] == [len(row) for row in expected]
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(expected), rtol=0, atol=1e-12)
+
+
+def assert_clean_error(result, message: str, out: Path) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: "), result.output
+    assert message in " ".join(lines), result.output
+    assert not out.exists(), "output written despite the error"
+
+
+# --- hand-made runs for evaluate and summary --------------------------------------------------------------------
+
+# A 3-task accuracy matrix and its metrics worked out by hand (paper Eq. 17-18).
+MATRIX = [[0.90], [0.80, 0.95], [0.70, 0.85, 0.90]]
+A_STEPS = [0.90, 0.875, 2.45 / 3]
+A_AVG = (0.90 + 0.875 + 2.45 / 3) / 3
+A_LAST = 2.45 / 3
+F = ((0.90 - 0.70) + (0.95 - 0.85)) / 2  # best before the last task minus final, tasks 1..T-1
+F_PUBLISHED = ((0.90 - 0.70) + (0.95 - 0.85) + 0.0) / 3  # best over all rows, all T tasks
+TASKS = [[3, 7], [0, 5], [9, 1]]
+PIXELS = {"name": "pixels", "fusion": "none", "token": "none", "image_size": 8, "normalize": False}
+PAPER_ENCODER = {"name": PAPER_BACKBONE, "fusion": "mean-cls", "token": "cls", "image_size": 224, "normalize": True,
+                 "dim": 768}
+
+
+def make_metrics(**overrides) -> dict:
+    metrics = {
+        "A_avg": A_AVG, "A_last": A_LAST, "F": F, "F_published_code": F_PUBLISHED, "A_steps": A_STEPS,
+        "accuracy_matrix": MATRIX, "tasks": TASKS, "n_tasks": 3, "gamma": 1.0, "projection_dim": 1000,
+        "batch_size": 10, "seed": 0, "engine": "gram", "backend": "numpy", "dtype": "float64",
+        "n_train_seen": 600, "n_test": 150, "dataset": "digits", "encoder": PIXELS, "drop_last": False,
+        "mask_unseen": True, "projection_init": "uniform",
+    }
+    metrics.update(overrides)
+    return metrics
+
+
+def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep: dict | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.json").write_text(json.dumps(metrics or make_metrics()))
+    if model:
+        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1
+        classes = np.array([0, 1, 3, 5, 7, 9], dtype=np.int64)
+        W = np.zeros((4, classes.size))
+        W[0] = classes + 1.0
+        names = [f"class{c}" for c in classes]
+        write_model(path / "model.safetensors",
+                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": W},
+                    {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 10, "dataset": "digits",
+                     "encoder": PIXELS, "class_names": names})
+    if sweep is not None:
+        (path / "sweep.json").write_text(json.dumps(sweep))
+    return path
