@@ -12,14 +12,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.linalg import (
-    check_positive,
-    class_positions,
-    factor_threads,
-    float64,
-    not_positive_definite,
-    one_hot,
-)
+from foal_pipe.core.linalg import check_positive, class_positions, factor_threads, float64, not_positive_definite, one_hot
 from foal_pipe.errors import FoalPipeError
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.

@@ -15,14 +15,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
-from foal_pipe.protocol.config import (
-    CRITERIA,
-    EvaluationConfig,
-    ExecutionConfig,
-    ModelConfig,
-    StreamConfig,
-    SweepConfig,
-)
+from foal_pipe.protocol.config import CRITERIA, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
 from foal_pipe.protocol.records import fusions_report, learn_metrics, run_info, sweep_entry
 from foal_pipe.protocol.run import Run, prepare, reread_note

@@ -18,14 +18,7 @@ from foal_pipe.core.engines import ENGINES, check_gamma
 from foal_pipe.core.projection import SmoothProjection, check_activation
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import check_memory, fits, human
-from foal_pipe.protocol.config import (
-    BLOCK_VALUES,
-    KEPT_PART,
-    EvaluationConfig,
-    ExecutionConfig,
-    ModelConfig,
-    StreamConfig,
-)
+from foal_pipe.protocol.config import BLOCK_VALUES, KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.stream import Stream, build_stream, read_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions

@@ -10,15 +10,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store.chunks import (
-    REEXTRACT,
-    chunk_grid,
-    chunk_span,
-    damage_reason,
-    leading_chunks,
-    missing_chunks,
-    rows_text,
-)
+from foal_pipe.store.chunks import REEXTRACT, chunk_grid, chunk_span, damage_reason, leading_chunks, missing_chunks, rows_text
 from foal_pipe.store.meta import ROW_ARRAYS, read_meta
 from foal_pipe.store.read import group_arrays
 from foal_pipe.store.write import compute_generation
