@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install install-dev demo lint test bench clean
+.PHONY: install install-dev demo lint test bench docs clean
 
 # install: what `make demo` runs (extraction with PyTorch, the DVC pipeline); install-dev adds Dask and pytest.
 # `pip install foal-pipe` alone is the light install: learn, sweep, predict, evaluate, summary, info.
@@ -32,6 +32,15 @@ lint: install-dev
 
 test: install-dev
 	$(PY) -m pytest -q
+
+# The documentation site: docs/*.md and the docstrings (mkdocs.yml), built offline into site/; warnings fail it.
+$(VENV)/.installed-docs: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 bench: install-dev
 	$(PY) benchmarks/learn_bench.py

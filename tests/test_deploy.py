@@ -75,12 +75,12 @@ def test_model_from_another_tool_refused(tmp_path):
         foal_pipe.load_model(tmp_path / "other.safetensors")
 
 
-def test_readme_deploying_example(tmp_path, monkeypatch):
+def test_docs_deploying_example(tmp_path, monkeypatch):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Deploying a model", 1)[1]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    section = page.split("\n## From Python", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}

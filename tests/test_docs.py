@@ -1,4 +1,5 @@
-"""The docstring examples and the README's Python API example run as written."""
+"""The docstring examples and the documentation's Python examples run as written; README.md and docs/ hold
+together (length, links, the site's navigation)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import foal_pipe.core.statistics
 import foal_pipe.model.classifier
 from foal_pipe.store import write_store
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
 @pytest.mark.parametrize("module", [foal_pipe.model.classifier, foal_pipe.core.projection, foal_pipe.core.statistics])
@@ -23,9 +26,8 @@ def test_docstring_examples(module):
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_readme_python_api_example(tmp_path, monkeypatch):
-    section = README.read_text().split("## Python API", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_docs_python_api_example(tmp_path, monkeypatch):
+    code = re.search(r"```python\n(.*?)```", (DOCS / "python-api.md").read_text(), re.S).group(1)
     rng = np.random.default_rng(0)
     x, y = rng.random((120, 64)).astype(np.float32), np.repeat(np.arange(10), 12)
     store = write_store(tmp_path / "digits.zarr", (x, y), (x[:30], y[:30]), [str(i) for i in range(10)], chunk_rows=50)
@@ -33,3 +35,94 @@ def test_readme_python_api_example(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(code.replace("data/features/digits.zarr", str(store)), namespace)
     assert namespace["pred"].shape == (30,) and namespace["clf"].n_samples_seen_ == 120
+
+
+# --------------------------------------------------------------------------------------------------
+# README.md is the front door; docs/ is the site (mkdocs.yml). Both read on GitHub as they are.
+
+PAGES = [README, ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+_FENCE = re.compile(r"^(```|~~~)")
+
+
+def _prose_lines(path: Path) -> list[str]:
+    """The lines of a Markdown file outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in path.read_text().splitlines():
+        if _FENCE.match(line.lstrip()):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, spaces to '-', repeats numbered."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for line in _prose_lines(path):
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if match:
+            slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def _links(path: Path) -> list[str]:
+    text = "\n".join(re.sub(r"`[^`]*`", "", line) for line in _prose_lines(path))
+    return re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
+
+
+def test_readme_is_at_most_300_lines():
+    assert len(README.read_text().splitlines()) <= 300
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_existing_files_and_headings(page):
+    broken = []
+    for link in _links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", link):  # https:, mailto: ...
+            continue
+        target, _, anchor = link.partition("#")
+        path = (page.parent / target).resolve() if target else page
+        if not path.exists():
+            broken.append(f"{link} (no such file)")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{link} (no such heading)")
+    assert not broken, f"{page.relative_to(ROOT)}: " + ", ".join(broken)
+
+
+def test_the_site_navigation_lists_every_docs_page():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def pages(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, list):
+            for item in node:
+                yield from pages(item)
+        elif isinstance(node, dict):
+            for item in node.values():
+                yield from pages(item)
+
+    listed = list(pages(config["nav"]))
+    assert sorted(p.name for p in DOCS.glob("*.md")) == sorted(p for p in listed if "/" not in p)
+    published = [p.removeprefix("repo/") for p in listed if p.startswith("repo/")]
+    assert published and all((ROOT / p).is_file() for p in published)
+
+
+def test_metrics_page_worked_example():
+    """docs/metrics.md's example matrix gives the A_avg, A_last and F that the page works out by hand."""
+    page = (DOCS / "metrics.md").read_text()
+    namespace: dict = {}
+    exec(re.search(r"```python\n(.*?)```", page, re.S).group(1), namespace)
+    m = namespace["m"]
+    assert [round(a, 4) for a in m["A_steps"]] == [0.9, 0.875, 0.89]
+    assert (round(m["A_avg"], 4), round(m["A_last"], 4), round(m["F"], 4)) == (0.8883, 0.89, 0.05)
+    assert round(m["F_published_code"], 4) == 0.0333
+    for shown in ("A_avg = (0.90 + 0.875 + 0.89) / 3 = 0.8883", "A_last = A_3 = 0.89",
+                  "F = ((0.90 - 0.85) + (0.95 - 0.90)) / 2 = 0.05"):
+        assert shown in page

@@ -368,10 +368,9 @@ def test_read_metrics_accepts_the_learners_output_keys(tmp_path):
     assert metrics["accuracy_matrix"] == MATRIX
 
 
-def test_readme_evaluation_example_runs(tmp_path, monkeypatch, capsys):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("\n## Python API", 1)[1].split("\n## ", 1)[0]
-    code = next(block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "foal_pipe.report" in block)
+def test_docs_evaluation_example_runs(tmp_path, monkeypatch, capsys):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "foal_pipe.report" in block)
     make_run(tmp_path / "runs" / "digits")
     monkeypatch.chdir(tmp_path)
     exec(code, {})

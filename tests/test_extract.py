@@ -394,8 +394,8 @@ def test_grayscale_and_small_images_become_rgb_squares():
     assert arr.shape == (3, 4, 4) and (arr == 200).all()
 
 
-def test_readme_extraction_example_runs(tmp_path):
-    section = (REPO / "README.md").read_text().split("### Extraction from Python", 1)[1]
+def test_docs_extraction_example_runs(tmp_path):
+    section = (REPO / "docs" / "extract.md").read_text().split("\n## Extraction from Python", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     out = tmp_path / "digits.zarr"
     exec(code.replace("data/features/digits.zarr", str(out)).replace('model="pixels"', 'model="pixels", workers=0'), {})
