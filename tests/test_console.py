@@ -142,6 +142,14 @@ def test_main_help_has_no_flag_placeholder():
     assert "<bool>" not in row
 
 
+def test_version_prints_the_installed_version(tmp_path):
+    from importlib.metadata import version
+
+    proc = _foal_pipe("--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"foal-pipe {version('foal-pipe')}\n"
+
+
 def test_choice_refuses_values_outside_its_set():
     demo = typer.Typer()
 
