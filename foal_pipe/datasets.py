@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store import UNLABELLED
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 DEFAULT_ROOT = Path("~/datasets")
@@ -437,6 +436,8 @@ def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
     paths = _images_in(root)
     if not paths:
         raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check --data-dir")
+    from foal_pipe.store import UNLABELLED  # zarr: not imported for `foal-pipe --help`
+
     return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths)),
                          str(root))
 
