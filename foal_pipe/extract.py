@@ -24,10 +24,14 @@ every chunk; a re-run continues after the last chunk recorded. Torch is imported
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
+import signal
 import socket
+import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -161,7 +165,8 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
     encoder = build_encoder(spec.encoder_config(), data.native_size)
     if spec.keep_blocks:
         _check_keeps_blocks(encoder)
-    device = resolve_device(spec.device)
+    # a NumPy encoder computes on the host: `auto` is the CPU for it (asking torch about CUDA would import torch)
+    device = "cpu" if spec.device == "auto" and not encoder.needs_torch else resolve_device(spec.device)
     precision = resolve_precision(spec.precision, device) if encoder.name != "pixels" else "fp32"
     encoder.device, encoder.precision = device, precision
     batch = spec.batch_size or (256 if device == "cuda" else 32)
@@ -230,7 +235,8 @@ def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": inputs.device,
             "batch_size": inputs.batch_size, "workers": inputs.workers, "resize_on": inputs.resize_on,
             "checkpoint": spec.checkpoint,
-            "torch_version": torch_version(), "foal_pipe_version": foal_pipe.__version__}
+            "torch_version": torch_version() if "torch" in sys.modules else None,  # None: not used
+            "foal_pipe_version": foal_pipe.__version__}
 
 
 def _now() -> str:
@@ -395,19 +401,55 @@ def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None 
 
 
 def _load_batches(images: PreparedImages, batches: list[list[int]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
-    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory), or, without
-    torch (``--model pixels`` on a light install), the same batches read in this process."""
-    try:
-        import torch
-    except ImportError:
-        for rows in batches:
-            items = [images[i] for i in rows]
-            yield np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
+    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory) for an encoder
+    that computes with torch; for a NumPy one (``--model pixels``), the same batches read without torch."""
+    if not inputs.encoder.needs_torch:
+        yield from _numpy_batches(images, batches, inputs.workers)
         return
+    import torch
+
     yield from torch.utils.data.DataLoader(
         images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
         prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
     )
+
+
+_POOL_IMAGES: PreparedImages | None = None
+"""The images a :func:`_numpy_batches` worker process reads (set once per worker: a source may be large)."""
+
+
+def _pool_worker(images: PreparedImages) -> None:
+    global _POOL_IMAGES
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to report, once
+    _POOL_IMAGES = images
+
+
+def _read_batch(rows: list[int], images: PreparedImages | None = None) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    source = images if images is not None else _POOL_IMAGES
+    items = [source[i] for i in rows]  # type: ignore[index]
+    return np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
+
+
+def _numpy_batches(images: PreparedImages, batches: list[list[int]],
+                   workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[Any]]]:
+    """The batches in order, read by ``workers`` processes (at most 4 batches ahead each), or in this process
+    with ``workers=0``."""
+    if workers == 0 or len(batches) < 2:
+        for rows in batches:
+            yield _read_batch(rows, images)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    todo = iter(batches)
+    pool = ProcessPoolExecutor(min(workers, len(batches)), initializer=_pool_worker, initargs=(images,))
+    try:
+        ahead = deque(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 4 * workers))
+        while ahead:
+            batch = ahead.popleft().result()
+            ahead.extend(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 1))
+            yield batch
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def extract_rows(
