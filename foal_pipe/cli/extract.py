@@ -35,7 +35,8 @@ def _human(n: float) -> str:
 
 
 class _RichProgress:
-    """One bar per split: rows written of rows total, images/s, elapsed, ETA (on stderr)."""
+    """One bar per split: rows written of rows total, images/s, elapsed, ETA (on stderr; plain lines when it is
+    not a terminal)."""
 
     def __init__(self) -> None:
         self.bar = new_progress(
@@ -46,6 +47,7 @@ class _RichProgress:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=err_console,
+            unit="images",
         )
         self.tasks: dict[str, Any] = {}
 
