@@ -337,8 +337,14 @@ def predict(
         Path | None, typer.Option(help="Predict a feature store's split (a .zarr written by `foal-pipe extract`).")
     ] = None,
     images: Annotated[
-        list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns "
-                                       "(repeatable), encoded as the model's store was.")
+        list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns, "
+                                       "encoded as the model's store was; takes several paths (--images a.png b.png, "
+                                       "or a shell's --images dir/*.png) and repeats (--images a.png --images b.png).")
+    ] = None,
+    more_images: Annotated[
+        list[str] | None, typer.Argument(help="More image paths for --images (the shell expands --images dir/*.png "
+                                         "into --images dir/a.png dir/b.png ...).", show_default=False,
+                                         metavar="IMAGES")
     ] = None,
     split: Annotated[choice("train", "test"), typer.Option(help="With --features: which split to predict, train or test.")] = "test",
     checkpoint: Annotated[
@@ -364,6 +370,7 @@ def predict(
     from foal_pipe.io import atomic_path, check_output_file
     from foal_pipe.predict import predict_image_files, predict_split
 
+    images = [*(images or []), *(more_images or [])]
     with user_errors():
         if (features is None) == (not images):
             raise FoalPipeError("pass exactly one of --features STORE or --images PATH...")
