@@ -64,14 +64,15 @@ CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """How the stream is built (docs/protocol.md section 3)."""
+    """How the stream is built (docs/protocol.md section 3; the task split: :mod:`foal_pipe.stream`)."""
 
-    tasks: int | None = 10
+    tasks: int | None = None  # None: stream.DEFAULT_TASKS, at most one task per class
     batch_size: int = 10
     seed: int = 0
     class_order: Path | None = None
     drop_last: bool = False
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
+    drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
 
     @property
     def resolved_order_seed(self) -> int:
@@ -250,7 +251,7 @@ def prepare(
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
     stream = build_stream(
         store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.resolved_order_seed, order,
-        stream_config.drop_last,
+        stream_config.drop_last, stream_config.drop_remainder,
     )
     test_totals = count_test_rows(stream, store.test.labels, n_classes)
     projection = SmoothProjection(
@@ -687,6 +688,7 @@ def _run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
         "tasks": run.stream.tasks,
         "n_tasks": run.stream.n_tasks,
         "dropped_classes": run.stream.dropped,
+        "drop_remainder": stream_config.drop_remainder,
         "projection_dim": run.model.projection_dim,
         "projection_init": run.model.projection_init,
         "activation": run.model.resolved_activation,

@@ -62,8 +62,9 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
 
 def stream_args(p: dict[str, Any]) -> list[Any]:
     """The options `learn` and `sweep` share: how the stream is built and the state is kept."""
-    args = [
-        "--tasks", p["tasks"], "--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"],
+    args = [] if p["tasks"] is None else ["--tasks", p["tasks"]]
+    args += [
+        "--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"],
         "--activation", p["activation"], "--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"],
         "--projection-init", p["projection_init"],
     ]
@@ -74,6 +75,8 @@ def stream_args(p: dict[str, Any]) -> list[Any]:
         args += ["--order-seeds", ",".join(map(str, seeds))]
     if p["drop_last"]:
         args.append("--drop-last")
+    if p["drop_remainder"]:
+        args.append("--drop-remainder")
     if not p["mask_unseen"]:
         args.append("--no-mask-unseen")
     return args

@@ -223,6 +223,8 @@ def test_learn_command_line():
     assert _pairs(argv)["--gamma"] == "auto" and argv[-2:] == ["--select", "gcv"]
     assert _pairs(argv)["--activation"] == "relu" and "--drop-last" in argv and "--no-mask-unseen" in argv
     assert "--select" not in _command("learn", params=_params(gamma=0.5, select="gcv"))  # only with auto
+    argv = _command("learn", params=_params(tasks=None, drop_remainder=True))
+    assert "--tasks" not in argv and "--drop-remainder" in argv  # null: the CLI's default number of tasks
 
 
 def test_sweep_command_line():

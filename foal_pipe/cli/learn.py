@@ -16,8 +16,15 @@ from foal_pipe.memory import parse_memory
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
 Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
 Tasks = Annotated[
-    int,
-    typer.Option(help="Number of tasks; classes are shuffled with --seed and split evenly (leftover classes dropped)."),
+    int | None,
+    typer.Option(help="Number of tasks, at most the number of classes: the classes, shuffled with --seed, are cut into "
+                 "tasks of consecutive classes, the first (classes mod tasks) tasks one class larger (8 classes in 5 "
+                 "tasks: 2, 2, 2, 1, 1). Default: 10, or one class per task with fewer classes.", show_default=False),
+]
+DropRemainder = Annotated[
+    bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
+               "with a warning (the published code: DTD 47 -> 40 classes); recorded in metrics.json. Default: off "
+               "(every class is streamed).")
 ]
 BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
 ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
@@ -136,7 +143,7 @@ def learn(
     ctx: typer.Context,
     features: Features,
     out: Out,
-    tasks: Tasks = 10,
+    tasks: Tasks = None,
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
     gamma: Annotated[
@@ -160,6 +167,7 @@ def learn(
     no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
+    drop_remainder: DropRemainder = False,
     no_mask_unseen: NoMask = False,
     scheduler: Scheduler = "local",
     dask_address: DaskAddress = "local",
@@ -187,7 +195,7 @@ def learn(
             engine=engine, dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm,
         )
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
-                              order_seed=order_seed)
+                              order_seed=order_seed, drop_remainder=drop_remainder)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers,
                                     max_memory=parse_memory(max_memory))
@@ -236,7 +244,7 @@ def sweep(
     no_loo: Annotated[
         bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")
     ] = False,
-    tasks: Tasks = 10,
+    tasks: Tasks = None,
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
     seed: Seed = 0,
@@ -252,6 +260,7 @@ def sweep(
     no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
+    drop_remainder: DropRemainder = False,
     no_mask_unseen: NoMask = False,
     scheduler: Scheduler = "local",
     dask_address: DaskAddress = "local",
@@ -271,7 +280,7 @@ def sweep(
         model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
                             dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm)
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
-                              order_seed=order_seed)
+                              order_seed=order_seed, drop_remainder=drop_remainder)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers,
                                     max_memory=parse_memory(max_memory))
