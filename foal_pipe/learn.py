@@ -56,8 +56,6 @@ RLS_WINDOW = 8192
 BLOCK_VALUES = 2**22
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
-#: The default gammas of ``sweep``.
-SWEEP_GAMMAS: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 1e4)
 #: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
 CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv", False), "test": ("A_avg", True)}
 
@@ -132,7 +130,7 @@ class ExecutionConfig:
 class SweepConfig:
     """Which gammas ``sweep`` scores and how it names the best: ``loo`` (LOO MSE), ``gcv`` or ``test`` (an oracle)."""
 
-    gammas: tuple[float, ...] = SWEEP_GAMMAS
+    gammas: tuple[float, ...] = DEFAULT_GAMMA_GRID  # the grid `learn --gamma auto` chooses from
     select: str | None = None  # None: loo, or gcv with loo=False
     loo: bool = True
     fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
@@ -751,6 +749,7 @@ def run_learn(
     metrics = learn_metrics(run, stream, acc, boundaries)
     if auto and model.select == "gcv":
         _warn_gcv(boundaries, model.gamma_grid, log)
+    _warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
         with run.timed("write"):
@@ -807,8 +806,19 @@ def run_sweep(
     report.update(_run_info(run, stream))
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
+    flag_grid_edge(report, log)
     report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
     return report
+
+
+def flag_grid_edge(report: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Record in a sweep report whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is."""
+    gamma, grid = report["best_gamma"], report["gammas"]
+    edge = grid_edge(gamma, grid)
+    report["best_gamma_at_grid_edge"] = edge is not None
+    if edge is not None:
+        log(f"warning: the best gamma by {report['selected_by']}, {gamma:g}, is the {edge} of --gammas "
+            f"({min(grid):g} .. {max(grid):g}); a better gamma may lie beyond the grid: extend --gammas")
 
 
 def _sweep_entry(gammas: Sequence[float], boundaries: Sequence[Boundary], acc: np.ndarray, loo: bool,
@@ -877,9 +887,29 @@ def learn_metrics(run: Run, stream: StreamConfig, acc: np.ndarray, boundaries: S
     metrics: dict[str, Any] = {**_report(acc), "gamma": "auto" if model.gamma == "auto" else float(model.gamma),
                                "engine": model.engine, **_run_info(run, stream)}
     if model.gamma == "auto":
-        metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by=model.select,
-                       gamma_grid=[float(g) for g in model.gamma_grid])
+        chosen = [float(b.gammas[0]) for b in boundaries]
+        metrics.update(gammas_selected=chosen, selected_by=model.select, gamma_grid=[float(g) for g in model.gamma_grid],
+                       gammas_at_grid_edge=[grid_edge(g, model.gamma_grid) is not None for g in chosen])
     return metrics
+
+
+def grid_edge(gamma: float, grid: Sequence[float]) -> str | None:
+    """``"smallest"`` or ``"largest"`` when ``gamma`` is that end of ``grid`` (of two values or more), else None:
+    a gamma chosen there may be bettered beyond the grid."""
+    lo, hi = min(grid), max(grid)
+    if lo == hi:
+        return None
+    return "smallest" if gamma == lo else "largest" if gamma == hi else None
+
+
+def _warn_auto_edges(metrics: dict[str, Any], log: Callable[[str], None]) -> None:
+    """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
+    edges = [k for k, flagged in enumerate(metrics.get("gammas_at_grid_edge") or []) if flagged]
+    if edges:
+        grid, last = metrics["gamma_grid"], metrics["gammas_selected"][edges[-1]]
+        log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
+            f"{max(grid):g}), at {len(edges)} of {len(metrics['gammas_selected'])} task boundaries; a better gamma "
+            "may lie beyond the grid: extend --gamma-grid")
 
 
 def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:

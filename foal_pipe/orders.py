@@ -27,8 +27,8 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.learn import (
     Boundary, EvaluationConfig, ExecutionConfig, FixedGamma, ManyGammas, ModelConfig, Run, StreamConfig,
-    SweepConfig, _report, _run_info, _warn_dropped, accuracy_matrices, choose, learn_metrics, prepare, save_model,
-    write_outputs,
+    SweepConfig, _report, _run_info, _warn_auto_edges, _warn_dropped, accuracy_matrices, choose, flag_grid_edge,
+    learn_metrics, prepare, save_model, write_outputs,
     run_learn, run_sweep,
 )
 from foal_pipe.memory import check_memory, human
@@ -241,6 +241,7 @@ def run_learn_orders(
             entries.append((metrics, _order_entry(s, metrics)))
     metrics = combine([e for _, e in entries], entries[0][0])
     metrics["one_pass"] = True
+    _warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
         save_model(finals[0], runs[0], tmp / MODEL_FILE)
@@ -314,6 +315,7 @@ def run_sweep_orders(
                 shutil.rmtree(tmp / f"order-{s}")
         report = _combine_sweep(seeds, reports, sweep.resolved_select)
         report["one_pass"] = one_pass
+        flag_grid_edge(report, log)
         timings = {"total": round(time.perf_counter() - start, 3)}
         for r in reports:
             r.pop("timings", None)

@@ -97,6 +97,8 @@ def test_params_and_dvc_yaml_agree():
     assert params["datasets"] == {"digits": {}} and params["extract"]["model"] == "pixels"
     assert (params["learn"]["activation"], params["learn"]["select"], params["sweep"]["select"]) == (
         "sigmoid", "loo", "loo")
+    assert params["sweep"]["gammas"] is None  # the one default grid (foal_pipe.statistics.DEFAULT_GAMMA_GRID)
+    assert "gamma_grid" not in params["learn"]
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     assert list(dvc["stages"]) == list(STAGE_NAMES)
     for name, stage in dvc["stages"].items():
@@ -236,6 +238,7 @@ def test_sweep_command_line():
     assert _pairs(argv)["--select"] == "gcv" and _pairs(argv)["--activation"] == "relu"
     assert "--gamma" not in argv and "--engine" not in argv and "--fusions" not in argv
     params["sweep"]["fusions"] = ["mean-cls", "last", "mean:7-12"]
+    assert "--gammas" not in _command("sweep")  # null: the CLI's default grid
     assert _pairs(_command("sweep", params=params))["--fusions"] == "mean-cls,last,mean:7-12"
     assert _command("evaluate", "shapes", {**params, "datasets": {"shapes": {}}}) == [
         "evaluate", "--run", "runs/shapes", "--out", "runs/shapes/eval"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +13,19 @@ from rich.table import Table
 from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import parse_memory
+from foal_pipe.statistics import DEFAULT_GAMMA_GRID
+
+
+def _grid_text(grid: tuple[float, ...]) -> str:
+    """``1e-4,1e-3,...,1e8``: powers of ten written as such, other values as ``%g``."""
+    def one(g: float) -> str:
+        k = round(math.log10(g))
+        return f"{g:g}" if 10.0**k != g or -1 <= k <= 3 else f"1e{k}"
+
+    return ",".join(one(g) for g in grid)
+
+
+GRID_TEXT = _grid_text(DEFAULT_GAMMA_GRID)
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
 Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
@@ -151,9 +165,9 @@ def learn(
                           "on the training rows seen so far (see --select, --gamma-grid).")
     ] = "1",
     select: Select = None,
-    gamma_grid: Annotated[str, typer.Option(help="Candidates of --gamma auto (comma-separated).")] = (
-        "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"
-    ),
+    gamma_grid: Annotated[str | None, typer.Option(help="Candidates of --gamma auto (comma-separated); a choice on "
+                                                   f"an edge is warned about. Default: {GRID_TEXT}.",
+                                                   show_default=False)] = None,
     seed: Seed = 0,
     order_seed: OrderSeed = None,
     order_seeds: OrderSeeds = None,
@@ -191,7 +205,8 @@ def learn(
     with user_errors():
         model = ModelConfig(
             projection_dim=projection_dim, projection_init=projection_init, activation=activation,
-            gamma=_gamma(gamma), select=select or "loo", gamma_grid=_floats(gamma_grid, "--gamma-grid"),
+            gamma=_gamma(gamma), select=select or "loo",
+            gamma_grid=DEFAULT_GAMMA_GRID if gamma_grid is None else _floats(gamma_grid, "--gamma-grid"),
             engine=engine, dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm,
         )
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
@@ -237,9 +252,9 @@ def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
 def sweep(
     features: Features,
     out: Out,
-    gammas: Annotated[str, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the data.")] = (
-        "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"
-    ),
+    gammas: Annotated[str | None, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the "
+                                               "data; a best gamma on an edge is warned about. Default: --gamma auto's "
+                                               f"grid, {GRID_TEXT}.", show_default=False)] = None,
     select: Select = None,
     no_loo: Annotated[
         bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")
@@ -275,7 +290,8 @@ def sweep(
     from foal_pipe.learn import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, run_sweep
 
     with user_errors():
-        config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo,
+        config = SweepConfig(gammas=DEFAULT_GAMMA_GRID if gammas is None else _floats(gammas, "--gammas"),
+                             select=select, loo=not no_loo,
                              fusions=tuple(fusions.split(",")) if fusions is not None else ())
         model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
                             dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm)
