@@ -4,6 +4,11 @@ The stage scripts hold no logic of their own: each turns one run's settings into
 would type (``command(name, settings)``), prints it, and runs it in this process (the same code path as the
 ``foal-pipe`` CLI). A run's settings are the shared ``extract``, ``learn`` and ``sweep`` sections of
 params.yaml with its ``datasets`` entry's overrides on top.
+
+What each stage reads of them (:func:`stage_settings`) is written by the ``settings@NAME`` stage to
+runs/NAME-settings/STAGE.json, the file that stage depends on instead of params.yaml: a change reruns only
+the stages whose settings it changes (a learn gamma: learn and evaluate, never the extraction), whether the
+key is set in the shared section or in the entry, or left out of it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,20 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
                               f"`{section}` are: {', '.join(params[section])}")
         settings[section] = {**params[section], **overrides}
     return settings
+
+
+#: The settings of ``learn`` that ``sweep`` does not read (it scores many gammas, always with the gram engine).
+LEARN_ONLY = ("gamma", "select", "engine")
+
+
+def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What each stage's command is built from, by stage (a :func:`resolve` result in)."""
+    learn = settings["learn"]
+    return {
+        "extract": {"dataset": settings["dataset"], "extract": settings["extract"]},
+        "learn": {"learn": learn},
+        "sweep": {"sweep": settings["sweep"], "learn": {k: v for k, v in learn.items() if k not in LEARN_ONLY}},
+    }
 
 
 def stream_args(p: dict[str, Any]) -> list[Any]:
