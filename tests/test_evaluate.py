@@ -390,6 +390,11 @@ def test_cli_summary_table(tmp_path):
     assert "91.1 / 86.5 / 5.5" in out  # the comparable cifar100 run
     # the old sweep's gamma, chosen by test A_avg (listed last), and its A_avg
     assert re.search(r"0\.01\*\s+85\.00\s+75\.00\s+5\.00", out) and "of 6 by test A_avg (old sweep)" in out
+    # two sweeps chosen alike: the footnote states the grid and criterion once
+    (tmp_path / "runs" / "cifar-sweep").mkdir()
+    (tmp_path / "runs" / "cifar-sweep" / "sweep.json").write_text(json.dumps(make_sweep()))
+    two = runner.invoke(app, ["summary", str(tmp_path / "runs")], env={"COLUMNS": "220"})
+    assert two.exit_code == 0 and "(of 6 by test A_avg (old sweep)) and its test numbers" in two.output, two.output
     assert "does not exist" in _error(runner.invoke(app, ["summary", str(tmp_path / "nowhere")]))
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -139,5 +139,5 @@ def summary_table(paths: list[Path]) -> Table:
                    pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"])]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
     if sweeps:
-        table.caption = f"*: a sweep's selected gamma (of {', '.join(sweeps)}) and its test numbers"
+        table.caption = f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"
     return table
