@@ -104,6 +104,18 @@ def test_learn_in_a_log_has_no_blank_lines(tmp_path):
     assert [line for line in proc.stdout.splitlines() if line.strip()] == proc.stdout.splitlines()
 
 
+def test_tables_in_a_log_have_no_trailing_spaces(tmp_path):
+    rng = np.random.default_rng(0)
+    write_store(tmp_path / "s.zarr", (rng.normal(size=(12, 3)), np.arange(12) % 2), (rng.normal(size=(4, 3)),
+                np.arange(4) % 2), ["a", "b"], dataset="toy")
+    for args in (["info", "s.zarr"], ["sweep", "--features", "s.zarr", "--out", "sw", "--tasks", "1",
+                                      "--projection-dim", "4", "--gammas", "1,10"], ["summary", "."]):
+        proc = _foal_pipe(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(proc.stdout.splitlines()) > 3
+        assert not [line for line in proc.stdout.splitlines() if line != line.rstrip()], proc.stdout
+
+
 # --------------------------------------------------------------------------------------------------
 # Errors and long paths
 

@@ -334,7 +334,6 @@ def test_bad_stores(tmp_path, kind, message):
         (["--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"], "underflows in float32"),
         (["--gamma", "abc"], "neither a number nor 'auto'"),
         (["--gamma", "auto", "--engine", "rls"], "--gamma auto needs --engine gram"),
-        (["--gamma", "auto", "--select", "test"], "unknown --select 'test'"),
         (["--gamma-grid", "1,x"], "--gamma-grid '1,x' is not a comma-separated list"),
     ],
 )
@@ -344,6 +343,24 @@ def test_bad_settings(tmp_path, store, args, message):
     kv = dict(zip(base[::2], base[1::2])) | dict(zip(args[::2], args[1::2]))
     result = invoke("learn", *[x for pair in kv.items() for x in pair])
     assert_clean_error(result, message, out)
+
+
+def test_learn_never_offers_to_choose_on_the_test_split(tmp_path, store):
+    """--select test is sweep's oracle; learn lists (and takes) loo and gcv only."""
+    from test_console import _help_rows
+
+    assert "<loo|gcv>" in _help_rows("learn")["--select"] and "<loo|gcv|test>" in _help_rows("sweep")["--select"]
+    result = invoke("learn", "--features", store, "--out", tmp_path / "out", "--gamma", "auto", "--select", "test")
+    assert result.exit_code == 2 and "'test' is not one of 'loo', 'gcv'" in " ".join(result.output.replace("│", "").split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_task_and_one_gamma_are_singular(tmp_path, store):
+    learned = invoke("learn", "--features", store, "--out", tmp_path / "l", "--tasks", 1, "--projection-dim", 8)
+    assert learned.exit_code == 0 and "(1 task, 600 rows," in learned.output, learned.output
+    swept = invoke("sweep", "--features", store, "--out", tmp_path / "s", "--tasks", 1, "--projection-dim", 8,
+                   "--gammas", "1")
+    assert swept.exit_code == 0 and "(1 task, D=8)" in swept.output and "1 gamma in " in swept.output, swept.output
 
 
 def test_bad_sweep_and_predict_inputs(tmp_path, store):

@@ -116,6 +116,16 @@ def _main(
     """The options of ``foal-pipe`` itself (before a command): ``--version``."""
 
 
+def print_table(table: Any) -> None:
+    """Print a rich table on stdout; where that is not a terminal, without the padding that ends its lines."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
 def choice(*values: str) -> Any:
     """The type of an option with a fixed set of values: typer refuses others and ``--help`` shows ``<a|b|c>``.
 

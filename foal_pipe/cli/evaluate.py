@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, flag, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 
 
 @app.command()
@@ -84,7 +84,7 @@ def summary(
 ) -> None:
     """Print a table of runs (A_avg, A_last, F; the paper's numbers when comparable) and of sweeps."""
     with user_errors():
-        console.print(summary_table(paths or [Path("runs")]))
+        print_table(summary_table(paths or [Path("runs")]))
 
 
 def summary_table(paths: list[Path]) -> Table:

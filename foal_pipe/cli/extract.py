@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
 from foal_pipe.datasets import DATASETS
 from foal_pipe.encoders import PAPER_MODEL
 from foal_pipe.errors import FoalPipeError
@@ -342,4 +342,4 @@ def _print_table(summary: dict[str, Any]) -> None:
         table.add_row("damaged", f"[red]{len(found)} problems[/] (chunk files listed; --verify reads them all)")
     for problem in found:
         table.add_row("", f"[red]{problem}[/]")
-    console.print(table)
+    print_table(table)

@@ -10,10 +10,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import parse_memory
 from foal_pipe.statistics import DEFAULT_GAMMA_GRID
+from foal_pipe.stream import counted
 
 
 def _grid_text(grid: tuple[float, ...]) -> str:
@@ -90,11 +91,17 @@ Activation = Annotated[
     typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
                  "or identity with --projection-dim 0 (ridge on the raw features)."),
 ]
+LearnSelect = Annotated[
+    choice("loo", "gcv") | None,
+    typer.Option(help="With --gamma auto: how gamma is chosen on the training rows seen so far, loo (exact "
+                 "leave-one-out MSE) or gcv (generalised cross-validation, no extra pass); never on the test split. "
+                 "Default: loo."),
+]
 Select = Annotated[
     choice("loo", "gcv", "test") | None,
-    typer.Option(help="How gamma is chosen on the training rows seen so far: loo (exact leave-one-out MSE, default) or "
-                 "gcv (generalised cross-validation, no extra pass); sweep also takes test, an oracle that peeks at the "
-                 "test split. Default: loo, or gcv with --no-loo."),
+    typer.Option(help="How the best gamma is chosen: on the training rows seen so far, loo (exact leave-one-out MSE) "
+                 "or gcv (generalised cross-validation, no extra pass); or test, an oracle that peeks at the test "
+                 "split. Default: loo, or gcv with --no-loo."),
 ]
 
 
@@ -164,7 +171,7 @@ def learn(
         str, typer.Option(help="Ridge regularisation gamma (R0 = I/gamma), > 0; or auto: chosen at every task boundary "
                           "on the training rows seen so far (see --select, --gamma-grid).")
     ] = "1",
-    select: Select = None,
+    select: LearnSelect = None,
     gamma_grid: Annotated[str | None, typer.Option(help="Candidates of --gamma auto (comma-separated); a choice on "
                                                    f"an edge is warned about. Default: {GRID_TEXT}.",
                                                    show_default=False)] = None,
@@ -239,7 +246,7 @@ def learn(
             chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
         console.print(
             f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}{chosen}  "
-            f"({m['n_tasks']} tasks, {m['n_train_seen']} rows, {_timings(m['timings'])}) -> {out}",
+            f"({counted(m['n_tasks'], 'task')}, {counted(m['n_train_seen'], 'row')}, {_timings(m['timings'])}) -> {out}",
             highlight=False,
         )
 
@@ -310,10 +317,10 @@ def sweep(
             from foal_pipe.orders import run_sweep_orders
 
             report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
-        title = f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})"
+        title = f"gamma sweep: {report['dataset']} ({counted(report['n_tasks'], 'task')}, D={report['projection_dim']})"
         for entry in report.get("fusions") or [report]:
-            console.print(_sweep_table(entry, report["selected_by"], no_loo,
-                                       title + (f", fusion {entry['fusion']}" if "fusion" in entry else "")))
+            print_table(_sweep_table(entry, report["selected_by"], no_loo,
+                                     title + (f", fusion {entry['fusion']}" if "fusion" in entry else "")))
             if "fusion" in entry:
                 console.print(f"fusion {entry['fusion']}: best gamma {entry['best_gamma']:g} by "
                               f"{report['selected_by']} (test oracle {entry['best_gamma_test']:g})", highlight=False)
@@ -330,7 +337,8 @@ def sweep(
                 f"test {report['best_gamma_test']:g} is an oracle that peeks at the test split)", highlight=False,
             )
         runs = f"{len(report['fusions'])} fusions x " if "fusions" in report else ""
-        console.print(f"{runs}{len(report['gammas'])} gammas in {_timings(report['timings'])} -> {out / 'sweep.json'}",
+        console.print(f"{runs}{counted(len(report['gammas']), 'gamma')} in {_timings(report['timings'])} -> "
+                      f"{out / 'sweep.json'}",
                       highlight=False)
 
 
