@@ -32,7 +32,7 @@ from foal_pipe.store import write_store  # noqa: E402
 from foal_pipe.store.blockfusion import FinalNorm, fuse  # noqa: E402
 
 DIM, BLOCKS, CLASSES, TASKS, D, CHUNK = 384, 12, 50, 10, 500, 1024
-GRID = "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"  # sweep's 13 default gammas
+GRID = "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"  # 13 gammas (sweep's default before the one grid)
 FUSIONS = "mean-cls,last,mean:7-12"
 BASE = "learn --fusion mean-cls"
 COMMANDS = {

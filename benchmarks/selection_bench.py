@@ -21,7 +21,7 @@ from _runner import finish, header, medians, round_robin
 from synthetic import make_store
 
 D, TASKS = 1000, 10
-GRID = "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"  # 13 gammas: learn --gamma auto's default grid
+GRID = "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"  # 13 gammas: the default grid (sweep, --gamma auto)
 COMMANDS = {
     "learn --gamma 1": ["learn", "--gamma", "1"],
     "sweep --no-loo (13 gammas)": ["sweep", "--gammas", GRID, "--no-loo"],

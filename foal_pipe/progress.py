@@ -1,13 +1,17 @@
-"""Rich progress bars on stderr, so stdout stays clean for results.
+"""Progress on stderr, so stdout stays clean for results.
 
-A bar is drawn only on a terminal: in a log file or a CI capture a live display prints blank lines (transient
-bars) or stray bar glyphs, so there it is switched off and only the commands' own result lines remain.
+On a terminal, rich bars. Elsewhere (a log file, a pipe, a CI capture) a live display would print blank lines
+(transient bars) or stray bar glyphs, so the bars are off and plain lines take their place: one per task at
+every further 10% of its total, or after 30 s without one, once the task has run for 2 s (a quick command
+prints none). For example ``train: 6,144/50,000 images (12%), 512 images/s, 0:00:12 elapsed, 0:01:25 left``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -15,6 +19,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -22,14 +27,67 @@ from rich.progress import (
 
 _console = Console(stderr=True)
 
+#: Plain progress lines (output not a terminal): a line at every further LINE_STEP of the total, or after
+#: LINE_SECONDS without one, once a task has run QUIET_SECONDS.
+LINE_STEP = 0.10
+LINE_SECONDS = 30.0
+QUIET_SECONDS = 2.0
 
-def new_progress(*columns: str | ProgressColumn, console: Console | None = None, transient: bool = False) -> Progress:
-    """A :class:`rich.progress.Progress` on ``console`` (default stderr) that draws only when it is a terminal.
 
-    Tasks, counts and speeds are still tracked when the display is off, so callers need no second code path.
+def _clock(seconds: float | None) -> str:
+    return str(timedelta(seconds=int(seconds))) if seconds is not None else "?"
+
+
+class _Progress(Progress):
+    """A :class:`rich.progress.Progress` that prints plain lines (``unit`` counted) while its display is off."""
+
+    def __init__(self, *columns: str | ProgressColumn, unit: str, **kwargs: Any) -> None:
+        super().__init__(*columns, **kwargs)
+        self.unit = unit
+        self._printed: dict[TaskID, tuple[int, float]] = {}  # task -> (last step printed, when)
+
+    def add_task(self, description: str, *args: Any, **kwargs: Any) -> TaskID:
+        task_id = super().add_task(description, *args, **kwargs)
+        self._printed[task_id] = (self._step(task_id), self.get_time())
+        return task_id
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._line(task_id)
+
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
+        super().update(task_id, **kwargs)
+        self._line(task_id)
+
+    def _step(self, task_id: TaskID) -> int:
+        task = self._tasks[task_id]
+        return int(task.completed / task.total / LINE_STEP) if task.total else 0
+
+    def _line(self, task_id: TaskID) -> None:
+        if not self.disable or task_id not in self._printed:
+            return
+        task, now = self._tasks[task_id], self.get_time()
+        step, (last_step, last_time) = self._step(task_id), self._printed[task_id]
+        if (task.elapsed or 0.0) < QUIET_SECONDS or (step <= last_step and now - last_time < LINE_SECONDS):
+            return
+        self._printed[task_id] = (step, now)
+        total = f"/{task.total:,.0f}" if task.total else ""
+        share = f" ({task.percentage:.0f}%)" if task.total else ""
+        speed = f", {task.speed:,.0f} {self.unit}/s" if task.speed else ""
+        left = "" if task.finished else f", {_clock(task.time_remaining)} left"
+        self.console.print(f"{task.description}: {task.completed:,.0f}{total} {self.unit}{share}{speed}, "
+                           f"{_clock(task.elapsed)} elapsed{left}", highlight=False, markup=False, soft_wrap=True)
+
+
+def new_progress(*columns: str | ProgressColumn, console: Console | None = None, transient: bool = False,
+                 unit: str = "rows") -> Progress:
+    """A :class:`rich.progress.Progress` on ``console`` (default stderr) that draws only when it is a terminal,
+    and prints plain lines of ``unit`` counts elsewhere (see the module).
+
+    Tasks, counts and speeds are tracked either way, so callers need no second code path.
     """
     console = console or _console
-    return Progress(*columns, console=console, transient=transient, disable=not console.is_terminal)
+    return _Progress(*columns, unit=unit, console=console, transient=transient, disable=not console.is_terminal)
 
 
 @contextmanager
@@ -43,7 +101,7 @@ def progress_bar(description: str, total: int, unit: str = "rows") -> Iterator[C
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with new_progress(*columns, transient=True) as progress:
+    with new_progress(*columns, transient=True, unit=unit) as progress:
         task = progress.add_task(description, total=total, rate="")
 
         def advance(n: int) -> None:

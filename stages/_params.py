@@ -4,6 +4,11 @@ The stage scripts hold no logic of their own: each turns one run's settings into
 would type (``command(name, settings)``), prints it, and runs it in this process (the same code path as the
 ``foal-pipe`` CLI). A run's settings are the shared ``extract``, ``learn`` and ``sweep`` sections of
 params.yaml with its ``datasets`` entry's overrides on top.
+
+What each stage reads of them (:func:`stage_settings`) is written by the ``settings@NAME`` stage to
+runs/NAME-settings/STAGE.json, the file that stage depends on instead of params.yaml: a change reruns only
+the stages whose settings it changes (a learn gamma: learn and evaluate, never the extraction), whether the
+key is set in the shared section or in the entry, or left out of it.
 """
 
 from __future__ import annotations
@@ -60,10 +65,25 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     return settings
 
 
+#: The settings of ``learn`` that ``sweep`` does not read (it scores many gammas, always with the gram engine).
+LEARN_ONLY = ("gamma", "select", "engine")
+
+
+def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What each stage's command is built from, by stage (a :func:`resolve` result in)."""
+    learn = settings["learn"]
+    return {
+        "extract": {"dataset": settings["dataset"], "extract": settings["extract"]},
+        "learn": {"learn": learn},
+        "sweep": {"sweep": settings["sweep"], "learn": {k: v for k, v in learn.items() if k not in LEARN_ONLY}},
+    }
+
+
 def stream_args(p: dict[str, Any]) -> list[Any]:
     """The options `learn` and `sweep` share: how the stream is built and the state is kept."""
-    args = [
-        "--tasks", p["tasks"], "--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"],
+    args = [] if p["tasks"] is None else ["--tasks", p["tasks"]]
+    args += [
+        "--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"],
         "--activation", p["activation"], "--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"],
         "--projection-init", p["projection_init"],
     ]
@@ -74,6 +94,8 @@ def stream_args(p: dict[str, Any]) -> list[Any]:
         args += ["--order-seeds", ",".join(map(str, seeds))]
     if p["drop_last"]:
         args.append("--drop-last")
+    if p["drop_remainder"]:
+        args.append("--drop-remainder")
     if not p["mask_unseen"]:
         args.append("--no-mask-unseen")
     return args

@@ -1,30 +1,48 @@
 """DVC stage `extract@NAME`: `foal-pipe extract` -> data/features/NAME.zarr.
 
-The store is a `persist` output, so DVC leaves it in place when the stage reruns. DVC reruns this stage
-only when its params or code changed or the store is missing or incomplete; so an incomplete store (an
-interrupted run) is resumed, and a complete one is stale and replaced (`--overwrite`).
+The store is a `persist` output, so DVC leaves it in place when the stage reruns (after a change of the
+extraction's settings, or of the code). The store's own record of its settings decides what happens then:
+`foal-pipe extract` resumes an interrupted store with these settings and leaves a complete one alone (it says
+so), and only a store made with other settings is replaced (`--overwrite`). A change that does not concern the
+extraction never reaches this stage (dvc.yaml), and a rerun that does not change its settings never rewrites a
+store. Replace one by hand with `foal-pipe extract ... --overwrite`.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from _params import main
 
 
-def complete(path: str) -> bool:
-    import zarr
-
-    try:
-        return zarr.open_group(path, mode="r").attrs.get("complete") is True
-    except Exception:  # missing or not a store: nothing to replace
-        return False
-
-
 def _kwargs(values: dict[str, Any]) -> str:
     """``{img_size: 32, pretrained_strict: false}`` -> ``img_size=32,pretrained_strict=false`` (JSON scalars)."""
     return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items())
+
+
+def other_settings(out: str, dataset: str, p: dict[str, Any]) -> bool:
+    """Whether the store at ``out`` holds settings other than those ``p`` asks for (then it is replaced); False
+    when there is none, or it holds these settings (complete: nothing to do; interrupted: resumed)."""
+    if not Path(out).exists():
+        return False
+    from foal_pipe.encoders import parse_model_kwargs
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.extract import ExtractSpec, check_store, open_inputs
+
+    try:
+        spec = ExtractSpec(
+            dataset=dataset, out=out, data_dir=p["data_dir"], download=p["download"], model=p["model"],
+            checkpoint=p["checkpoint"], model_kwargs=parse_model_kwargs(_kwargs(p["model_kwargs"])),
+            fusion=p["fusion"], token=p["token"], image_size=p["image_size"], normalize=p["normalize"],
+            dtype=p["dtype"], chunk_rows=p["chunk_rows"], keep_blocks=p["keep_blocks"], batch_size=p["batch_size"],
+            workers=p["workers"], device=p["device"], precision=p["precision"],
+        )
+        check_store(spec, open_inputs(spec))
+    except FoalPipeError:  # other settings, or a store not to resume; `foal-pipe extract` says which, if not these
+        return True
+    return False
 
 
 def command(name: str, settings: dict[str, Any]) -> list[Any]:
@@ -46,7 +64,7 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
         args.append("--download")
     if p["keep_blocks"]:
         args.append("--keep-blocks")
-    if complete(out):
+    if other_settings(out, settings["dataset"], p):
         args.append("--overwrite")
     return args
 

@@ -1,6 +1,6 @@
-"""DVC stage `sweep@NAME`: `foal-pipe sweep` over `sweep.gammas` (and `sweep.fusions`, when set), chosen by
-`sweep.select`, with learn's stream settings (everything in `learn` but gamma, select and engine)
--> runs/NAME-sweep/sweep.json."""
+"""DVC stage `sweep@NAME`: `foal-pipe sweep` over `sweep.gammas` (null: the default grid) and `sweep.fusions`
+(when set), chosen by `sweep.select`, with learn's stream settings (everything in `learn` but gamma, select and
+engine) -> runs/NAME-sweep/sweep.json."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from _params import main, stream_args
 def command(name: str, settings: dict[str, Any]) -> list[Any]:
     s = settings["sweep"]
     fusions = ["--fusions", ",".join(map(str, s["fusions"]))] if s["fusions"] else []
+    gammas = [] if s["gammas"] is None else ["--gammas", ",".join(f"{float(g):g}" for g in s["gammas"])]
     return [
-        "sweep", "--features", f"data/features/{name}.zarr", "--out", f"runs/{name}-sweep",
-        "--gammas", ",".join(f"{float(g):g}" for g in s["gammas"]), "--select", s["select"], *fusions,
-        *stream_args(settings["learn"]),
+        "sweep", "--features", f"data/features/{name}.zarr", "--out", f"runs/{name}-sweep", *gammas,
+        "--select", s["select"], *fusions, *stream_args(settings["learn"]),
     ]
 
 

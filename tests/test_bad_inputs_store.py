@@ -206,8 +206,15 @@ def test_class_order_files(tmp_path, good):
     assert dropped_warning(stream, 4, class_order=True) == (
         "warning: --class-order lists 2 of the store's 4 classes; dropping the other 2 classes (label ids [1, 3]): "
         "their rows are neither trained on nor evaluated")
-    even = build_stream(open_store(good).train.labels, 4, 3, 10, 0)
-    assert dropped_warning(even, 4, class_order=False).startswith("warning: 4 classes do not split evenly into 3")
+    even = build_stream(open_store(good).train.labels, 4, 3, 10, 0, drop_remainder=True)
+    assert dropped_warning(even, 4, class_order=False).startswith(
+        "warning: 4 classes do not split evenly into 3 tasks; --drop-remainder drops 1 class (label ids [")
+    uneven = build_stream(open_store(good).train.labels, 4, 3, 10, 0)
+    assert dropped_warning(uneven, 4, class_order=False) == (
+        "note: 4 classes do not split evenly into 3 tasks: task 1 has 2 classes, tasks 2-3 have 1 class "
+        "(--drop-remainder drops the 1 class left over instead, as the published code)")
+    with pytest.raises(FoalPipeError, match="--drop-remainder applies to the seeded split"):
+        build_stream(open_store(good).train.labels, 4, None, 10, 0, order, drop_remainder=True)
     assert dropped_warning(build_stream(np.arange(8) % 4, 4, 2, 2, 0), 4, class_order=False) is None
 
 

@@ -83,9 +83,10 @@ def test_more_blocks_than_the_model_are_refused(tmp_path, tiny_vit_checkpoint):
 
 def test_wrong_shapes_are_refused_with_both_shapes(tmp_path, state):
     path = tmp_path / "shapes.safetensors"
-    save_file({**state, "pos_embed": torch.zeros(1, 5, 32), "blocks.1.mlp.fc1.bias": torch.zeros(64)}, str(path))
+    # 1 + 5 position embeddings: no square patch grid, so not one saved at another image size
+    save_file({**state, "pos_embed": torch.zeros(1, 6, 32), "blocks.1.mlp.fc1.bias": torch.zeros(64)}, str(path))
     message = _refusal(path)
-    assert "2 shape mismatches (pos_embed 1x5x32 in the file vs 1x17x32 in the model, blocks.1.mlp.fc1.bias 64 in " \
+    assert "2 shape mismatches (pos_embed 1x6x32 in the file vs 1x17x32 in the model, blocks.1.mlp.fc1.bias 64 in " \
            "the file vs 128 in the model)" in message
 
 
@@ -203,3 +204,55 @@ def test_the_recorded_hash_is_that_of_the_bytes_loaded(tmp_path, tiny_vit_checkp
     save_file({**state, "cls_token": torch.ones(1, 1, 32)}, str(path))
     with pytest.raises(FoalPipeError, match="changed after it was hashed"):
         enc.load("cpu")
+
+
+AT_ANY_SIZE = tuple(kv for kv in TINY_VIT_KWARGS if kv[0] != "img_size")  # the same ViT, its size from --image-size
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_a_checkpoint_at_another_image_size_is_resampled_as_timm_does(tmp_path, tiny_vit_checkpoint, state, suffix):
+    """Saved at 32 px (a 4 x 4 patch grid), loaded at 48 px (6 x 6): the position embeddings are resampled as
+    timm's own checkpoint loading resamples them, the rest is loaded strictly, and the store's provenance says so."""
+    import timm
+
+    path = tiny_vit_checkpoint
+    if suffix == ".pth":
+        path = tmp_path / "tiny.pth"
+        torch.save({"model": state}, path)
+    enc = build_encoder(EncoderConfig(TINY_VIT, checkpoint=str(path), model_kwargs=AT_ANY_SIZE, image_size=48))
+    assert enc.weights["pos_embed_resampled"] == {"from": [4, 4], "to": [6, 6], "prefix_tokens": 1,
+                                                  "interpolation": "bicubic", "antialias": True}
+    assert enc.provenance()["weights"]["pos_embed_resampled"] == enc.weights["pos_embed_resampled"]
+    enc.load("cpu")
+    theirs = timm.create_model(TINY_VIT, pretrained=True, num_classes=0, img_size=48, **dict(AT_ANY_SIZE),
+                               pretrained_cfg_overlay={"file": str(tiny_vit_checkpoint)}).eval()
+    ours = enc.model.state_dict()
+    assert ours.keys() == theirs.state_dict().keys() and ours["pos_embed"].shape == (1, 37, 32)
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(ours[key], value), key
+    images = np.random.default_rng(0).integers(0, 256, (3, 3, 48, 48), dtype=np.uint8)
+    x = enc.preprocess(torch.from_numpy(images))
+    with torch.inference_mode():
+        assert torch.equal(enc.plain_features(x), theirs.forward_features(x)[:, 0])
+    at_32 = build_encoder(_config(tiny_vit_checkpoint))  # at its own size: nothing resampled, nothing recorded
+    assert "pos_embed_resampled" not in at_32.weights
+
+
+def test_extract_records_the_resampling_and_resumes(tmp_path, tiny_vit_checkpoint):
+    """The store records the resampling before any weights load, so a re-run finds the same settings."""
+    from typer.testing import CliRunner
+
+    from foal_pipe.cli import app
+    from foal_pipe.store import open_store
+
+    out = tmp_path / "d.zarr"
+    args = ["extract", "--model", TINY_VIT, "--checkpoint", str(tiny_vit_checkpoint), "--model-kwargs",
+            "patch_size=8,depth=2,num_heads=2,embed_dim=32", "--image-size", "16", "--out", str(out), "--workers", "0"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    weights = open_store(out).meta.encoder["weights"]
+    assert weights["pos_embed_resampled"]["from"] == [4, 4] and weights["pos_embed_resampled"]["to"] == [2, 2]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "already complete with these settings" in again.output, again.output
+    info = CliRunner().invoke(app, ["info", str(out)])
+    assert "position embeddings resampled 4x4 -> 2x2 (bicubic): saved at another image size" in info.output

@@ -57,6 +57,39 @@ def test_progress_bar_writes_nothing_to_a_log(capfd):
     assert captured.err == "" and captured.out == ""
 
 
+def test_progress_prints_plain_lines_when_not_a_terminal():
+    """Every further 10% or after 30 s without a line, once the task has run 2 s; none before."""
+    log = Console(file=io.StringIO(), force_terminal=False)
+    now = [0.0]
+    progress = new_progress(console=log, unit="images")
+    progress.get_time = lambda: now[0]
+    with progress:
+        task = progress.add_task("train", total=1000)
+        for t, n in [(1.0, 150), (2.5, 0), (2.6, 50), (3.0, 10), (40.0, 10), (41.0, 780)]:
+            now[0] = t
+            progress.advance(task, n)
+    lines = log.file.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "train: 150/1", "train: 200/1", "train: 220/1", "train: 1"]
+    assert lines[0].startswith("train: 150/1,000 images (15%), ") and lines[0].endswith(" left")
+    assert lines[2].startswith("train: 220/1,000 images (22%)")  # 30 s since the last line
+    assert lines[3].startswith("train: 1,000/1,000 images (100%)") and lines[3].endswith("0:00:41 elapsed")
+
+
+def test_extract_in_a_pipe_prints_progress_lines(tmp_path):
+    code = ("import sys, foal_pipe.progress as p; p.QUIET_SECONDS = 0; from foal_pipe.cli import main; "
+            "sys.argv[0] = 'foal-pipe'; main()")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "FOAL_PIPE_DEBUG")}
+    proc = subprocess.run([sys.executable, "-c", code, "extract", "--model", "pixels", "--out", "d.zarr", "--workers",
+                           "0", "--batch-size", "64"], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["train"] * 10 + ["test"] * 6, proc.stderr
+    assert lines[9].startswith("train: 1,442/1,442 images (100%), ") and "\x1b" not in proc.stderr
+    assert lines[-1].startswith("test: 355/355 images (100%), ")
+
+
 def test_learn_in_a_log_has_no_blank_lines(tmp_path):
     rng = np.random.default_rng(0)
     y_train, y_test = np.repeat(np.arange(4), 30), np.repeat(np.arange(4), 5)
@@ -69,6 +102,18 @@ def test_learn_in_a_log_has_no_blank_lines(tmp_path):
     assert "" not in proc.stderr.splitlines(), f"blank lines on stderr: {proc.stderr!r}"
     assert "\x1b" not in proc.stderr + proc.stdout, "terminal control codes in a log"
     assert [line for line in proc.stdout.splitlines() if line.strip()] == proc.stdout.splitlines()
+
+
+def test_tables_in_a_log_have_no_trailing_spaces(tmp_path):
+    rng = np.random.default_rng(0)
+    write_store(tmp_path / "s.zarr", (rng.normal(size=(12, 3)), np.arange(12) % 2), (rng.normal(size=(4, 3)),
+                np.arange(4) % 2), ["a", "b"], dataset="toy")
+    for args in (["info", "s.zarr"], ["sweep", "--features", "s.zarr", "--out", "sw", "--tasks", "1",
+                                      "--projection-dim", "4", "--gammas", "1,10"], ["summary", "."]):
+        proc = _foal_pipe(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(proc.stdout.splitlines()) > 3
+        assert not [line for line in proc.stdout.splitlines() if line != line.rstrip()], proc.stdout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,6 +184,14 @@ def test_main_help_has_no_flag_placeholder():
     result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
     (row,) = [line for line in result.output.splitlines() if "--help" in line]
     assert "<bool>" not in row
+
+
+def test_version_prints_the_installed_version(tmp_path):
+    from importlib.metadata import version
+
+    proc = _foal_pipe("--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"foal-pipe {version('foal-pipe')}\n"
 
 
 def test_choice_refuses_values_outside_its_set():

@@ -147,6 +147,18 @@ def test_match_paper_requires_the_papers_data():
     assert [row.dataset for row in TABLE2 if row.n_train is not None] == ["cifar100", "dtd", "tinyimagenet"]
 
 
+def test_match_paper_on_dtd_needs_the_published_split():
+    """DTD's 47 classes in 10 tasks: the paper streams 40 (the published code drops 7); foal-pipe's default
+    streams all 47 in tasks of 5 and 4, which the comparison names with the flag that gives the paper's data."""
+    dropped = paper_metrics(dataset="dtd", tasks=[[4 * t + k for k in range(4)] for t in range(10)],
+                            n_train_seen=1_600, n_test=1_600, drop_remainder=True)
+    assert match_paper(dropped).comparable
+    kept = paper_metrics(dataset="dtd", tasks=[list(range(5))] * 7 + [list(range(4))] * 3, n_train_seen=1_880,
+                         n_test=1_880, drop_remainder=False)
+    hint = "; the published code drops the classes left over by an even split: --drop-remainder)"
+    assert match_paper(kept).differences == ("train rows 1,880 (paper 1,600" + hint, "test rows 1,880 (paper 1,600" + hint)
+
+
 # --------------------------------------------------------------------------------------------------
 # evaluate(): files, plots, summary.md
 
@@ -335,6 +347,11 @@ def test_cli_summary_table(tmp_path):
     assert "91.1 / 86.5 / 5.5" in out  # the comparable cifar100 run
     # the old sweep's gamma, chosen by test A_avg (listed last), and its A_avg
     assert re.search(r"0\.01\*\s+85\.00\s+75\.00\s+5\.00", out) and "of 6 by test A_avg (old sweep)" in out
+    # two sweeps chosen alike: the footnote states the grid and criterion once
+    (tmp_path / "runs" / "cifar-sweep").mkdir()
+    (tmp_path / "runs" / "cifar-sweep" / "sweep.json").write_text(json.dumps(make_sweep()))
+    two = runner.invoke(app, ["summary", str(tmp_path / "runs")], env={"COLUMNS": "220"})
+    assert two.exit_code == 0 and "(of 6 by test A_avg (old sweep)) and its test numbers" in two.output, two.output
     assert "does not exist" in _error(runner.invoke(app, ["summary", str(tmp_path / "nowhere")]))
     empty = tmp_path / "empty"
     empty.mkdir()

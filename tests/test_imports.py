@@ -59,3 +59,17 @@ def test_import_graph_has_no_cycle():
 
 def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_the_cli_starts_without_the_heavy_modules():
+    """`foal-pipe --help` imports no scikit-learn, SciPy, zarr, matplotlib or torch: they load with the commands
+    that use them (benchmarks/cli_startup_bench.py measures the start-up time)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from foal_pipe.cli import app; app(['--help'], standalone_mode=False); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy', 'zarr', 'matplotlib', 'torch'}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"

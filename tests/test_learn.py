@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import DIM, N_CLASSES, assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
+from helpers import DIM, N_CLASSES, assert_clean_error, assert_one_line_error, assert_same_matrix, build_store, invoke, learn, read
+from safetensors.numpy import load_file
 
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.stream import build_stream
@@ -24,7 +25,8 @@ def store(tmp_path_factory) -> Path:
 def hand_accuracy(store: Path, metrics: dict, P: np.ndarray, gamma: float, mask_unseen=True, drop_last=False):
     """Independent re-computation: closed-form ridge after each task, argmax on the test rows of each task."""
     Xtr, ytr, Xte, yte = read(store)
-    stream = build_stream(ytr, N_CLASSES, metrics["n_tasks"], metrics["batch_size"], metrics["seed"], drop_last=drop_last)
+    stream = build_stream(ytr, N_CLASSES, metrics["n_tasks"], metrics["batch_size"], metrics["seed"], drop_last=drop_last,
+                          drop_remainder=metrics.get("drop_remainder", False))
     assert stream.tasks == metrics["tasks"]
     act = lambda X: 1 / (1 + np.exp(-(X.astype(np.float64) @ P)))  # noqa: E731
     acc, weights = [], []
@@ -105,13 +107,56 @@ def test_drop_last_and_no_mask_unseen(tmp_path, store):
     assert metrics["drop_last"] is True and metrics["mask_unseen"] is False
 
 
-def test_leftover_classes_are_dropped_with_warning(tmp_path, store):
-    result = invoke("learn", "--features", store, "--out", tmp_path / "r", "--tasks", 5, "--projection-dim", 32)
+def test_drop_remainder_drops_the_leftover_classes_with_a_warning(tmp_path, store):
+    """The published code's split: every task C // T classes of the seeded permutation, the rest dropped."""
+    result = invoke("learn", "--features", store, "--out", tmp_path / "r", "--tasks", 5, "--projection-dim", 32,
+                    "--drop-remainder")
     assert result.exit_code == 0, result.output
-    assert "dropping 2 classes" in result.output
+    assert "--drop-remainder drops 2 classes" in result.output
     metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
-    assert len(metrics["tasks"]) == 5 and all(len(t) == 2 for t in metrics["tasks"])
-    assert len(metrics["dropped_classes"]) == 2
+    order = np.random.default_rng(0).permutation(N_CLASSES).tolist()
+    assert metrics["tasks"] == [sorted(order[2 * t : 2 * t + 2]) for t in range(5)]
+    assert metrics["dropped_classes"] == sorted(order[10:]) and metrics["drop_remainder"] is True
+    assert metrics["n_train_seen"] < 600
+
+
+@pytest.mark.parametrize("engine", ["gram", "rls"])
+def test_uneven_tasks_stream_every_class_exactly(tmp_path, store, engine):
+    """12 classes in 5 tasks: 3, 3, 2, 2, 2 classes, every train row streamed, still the closed form."""
+    result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--tasks", 5, "--projection-dim", 48,
+                    "--gamma", 0.5, "--seed", 3, "--backend", "numpy", "--engine", engine)
+    assert result.exit_code == 0, result.output
+    assert ("note: 12 classes do not split evenly into 5 tasks: tasks 1-2 have 3 classes, tasks 3-5 have 2 classes "
+            "(--drop-remainder drops the 2 classes left over instead") in " ".join(result.output.split())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    model = load_file(str(tmp_path / "run" / "model.safetensors"))
+    order = np.random.default_rng(3).permutation(N_CLASSES).tolist()
+    assert metrics["tasks"] == [sorted(order[a:b]) for a, b in [(0, 3), (3, 6), (6, 8), (8, 10), (10, 12)]]
+    assert metrics["dropped_classes"] == [] and metrics["drop_remainder"] is False
+    assert metrics["n_train_seen"] == 600 and model["classes"].tolist() == list(range(N_CLASSES))
+    acc, weights = hand_accuracy(store, metrics, model["projection"], 0.5)
+    assert_same_matrix(metrics["accuracy_matrix"], acc)
+    assert np.abs(model["W"] - weights[-1][1]).max() / np.abs(weights[-1][1]).max() < 1e-9
+
+
+def test_eight_classes_in_five_tasks_train_on_all_eight(tmp_path):
+    from foal_pipe.store import write_store
+
+    rng = np.random.default_rng(1)
+    y_train, y_test = np.arange(8).repeat(9), np.arange(8).repeat(3)
+    write_store(tmp_path / "eight.zarr", (rng.normal(size=(72, 6)), y_train), (rng.normal(size=(24, 6)), y_test),
+                [f"k{i}" for i in range(8)], dataset="eight")
+    base = ["learn", "--features", tmp_path / "eight.zarr", "--projection-dim", 16]
+    assert invoke(*base, "--out", tmp_path / "five", "--tasks", 5).exit_code == 0
+    five = json.loads((tmp_path / "five" / "metrics.json").read_text())
+    assert [len(t) for t in five["tasks"]] == [2, 2, 2, 1, 1]
+    assert sorted(c for t in five["tasks"] for c in t) == list(range(8)) and five["dropped_classes"] == []
+    assert five["n_train_seen"] == 72 and five["n_test"] == 24
+    default = invoke(*base, "--out", tmp_path / "default")  # no --tasks: 10 tasks, at most one per class
+    assert default.exit_code == 0, default.output
+    assert json.loads((tmp_path / "default" / "metrics.json").read_text())["n_tasks"] == 8
+    assert_one_line_error(invoke(*base, "--out", tmp_path / "nine", "--tasks", 9),
+                          "--tasks 9 is larger than the number of classes (8); use --tasks 8 or fewer")
 
 
 def test_class_order_file(tmp_path, store):
@@ -247,7 +292,6 @@ def test_bad_stores(tmp_path, kind, message):
         (["--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"], "underflows in float32"),
         (["--gamma", "abc"], "neither a number nor 'auto'"),
         (["--gamma", "auto", "--engine", "rls"], "--gamma auto needs --engine gram"),
-        (["--gamma", "auto", "--select", "test"], "unknown --select 'test'"),
         (["--gamma-grid", "1,x"], "--gamma-grid '1,x' is not a comma-separated list"),
     ],
 )
@@ -257,6 +301,24 @@ def test_bad_settings(tmp_path, store, args, message):
     kv = dict(zip(base[::2], base[1::2])) | dict(zip(args[::2], args[1::2]))
     result = invoke("learn", *[x for pair in kv.items() for x in pair])
     assert_clean_error(result, message, out)
+
+
+def test_learn_never_offers_to_choose_on_the_test_split(tmp_path, store):
+    """--select test is sweep's oracle; learn lists (and takes) loo and gcv only."""
+    from test_console import _help_rows
+
+    assert "<loo|gcv>" in _help_rows("learn")["--select"] and "<loo|gcv|test>" in _help_rows("sweep")["--select"]
+    result = invoke("learn", "--features", store, "--out", tmp_path / "out", "--gamma", "auto", "--select", "test")
+    assert result.exit_code == 2 and "'test' is not one of 'loo', 'gcv'" in " ".join(result.output.replace("│", "").split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_task_and_one_gamma_are_singular(tmp_path, store):
+    learned = invoke("learn", "--features", store, "--out", tmp_path / "l", "--tasks", 1, "--projection-dim", 8)
+    assert learned.exit_code == 0 and "(1 task, 600 rows," in learned.output, learned.output
+    swept = invoke("sweep", "--features", store, "--out", tmp_path / "s", "--tasks", 1, "--projection-dim", 8,
+                   "--gammas", "1")
+    assert swept.exit_code == 0 and "(1 task, D=8)" in swept.output and "1 gamma in " in swept.output, swept.output
 
 
 def test_bad_sweep_and_predict_inputs(tmp_path, store):

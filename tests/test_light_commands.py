@@ -112,3 +112,10 @@ def test_light_install_dependencies():
     assert names(extras["extract"]) == {"torch", "torchvision", "timm", "h5py", "pillow"}
     assert names(extras["dist"]) == {"dask"} and "distributed" in extras["dist"][0]
     assert not any("==" in req for group in (project["dependencies"], *extras.values()) for req in group)
+
+
+def test_the_package_ships_its_type_hints():
+    """PEP 561: the py.typed marker, and the package data that puts it in the wheel."""
+    assert (ROOT / "foal_pipe" / "py.typed").is_file()
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in setuptools["package-data"]["foal_pipe"]

@@ -103,3 +103,31 @@ def test_resizing_without_torch_stays_in_the_workers(tmp_path):
     assert device.returncode == 1 and "Traceback" not in device.stderr
     assert ("Error: --resize-on device needs torch, which is not installed: pip install 'foal-pipe[extract]'; use "
             "--resize-on workers (or auto)") in " ".join(device.stderr.split())
+
+
+WATCHED = """
+import atexit, sys
+atexit.register(lambda: print("torch imported:", "torch" in sys.modules, file=sys.stderr))
+sys.argv = ["foal-pipe", *sys.argv[1:]]
+from foal_pipe.cli import main
+main()
+"""
+
+
+def test_pixels_extraction_never_imports_torch(tmp_path):
+    """With torch installed, `extract --model pixels` (device auto, worker processes or none) leaves it alone:
+    the light path reads the same batches, so the store is the same bytes."""
+    stores = {}
+    for workers in ("2", "0"):
+        stores[workers] = tmp_path / f"w{workers}.zarr"
+        proc = subprocess.run([sys.executable, "-c", WATCHED, "extract", "--model", "pixels", "--out",
+                               str(stores[workers]), "--workers", workers, "--chunk-rows", "256", "--batch-size", "16"],
+                              env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-1] == "torch imported: False"
+        assert read_log(stores[workers])["runs"][-1]["torch_version"] is None
+    pooled, inline = open_store(stores["2"]), open_store(stores["0"])
+    assert pooled.meta.generation == inline.meta.generation
+    for split in ("train", "test"):
+        a, b = np.asarray(pooled.split(split).features[:]), np.asarray(inline.split(split).features[:])
+        assert a.tobytes() == b.tobytes()

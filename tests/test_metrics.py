@@ -29,12 +29,26 @@ def test_metrics_single_task_and_square_input():
 
 
 def test_split_classes_is_seeded_and_even():
-    a, dropped = split_classes(47, 10, np.random.default_rng(0))
-    b, _ = split_classes(47, 10, np.random.default_rng(0))
+    a, dropped = split_classes(47, 10, np.random.default_rng(0), drop_remainder=True)
+    b, _ = split_classes(47, 10, np.random.default_rng(0), drop_remainder=True)
     assert a == b and len(a) == 10 and all(len(t) == 4 for t in a) and len(dropped) == 7
     assert sorted([c for t in a for c in t] + dropped) == list(range(47))
-    c, _ = split_classes(47, 10, np.random.default_rng(1))
+    c, _ = split_classes(47, 10, np.random.default_rng(1), drop_remainder=True)
     assert c != a
+
+
+def test_split_classes_gives_the_remainder_to_the_first_tasks():
+    """47 classes in 10 tasks: the first 7 tasks get 5 classes, the last 3 get 4; nothing is dropped, and the
+    even split's tasks are the same whether or not the remainder is dropped."""
+    order = np.random.default_rng(0).permutation(47).tolist()
+    tasks, dropped = split_classes(47, 10, np.random.default_rng(0))
+    assert [len(t) for t in tasks] == [5] * 7 + [4] * 3 and dropped == []
+    assert tasks[0] == sorted(order[:5]) and tasks[-1] == sorted(order[43:])
+    for drop in (False, True):
+        assert split_classes(40, 10, np.random.default_rng(0), drop_remainder=drop) == (
+            [sorted(np.random.default_rng(0).permutation(40)[4 * t : 4 * t + 4].tolist()) for t in range(10)], [])
+    assert [len(t) for t in split_classes(8, None, np.random.default_rng(0))[0]] == [1] * 8  # default: 10, at most C
+    assert [len(t) for t in split_classes(47, None, np.random.default_rng(0))[0]] == [5] * 7 + [4] * 3
 
 
 def test_build_stream_shuffles_within_tasks_and_drops_last():

@@ -21,7 +21,9 @@ from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-STAGE_NAMES = ("extract", "learn", "sweep", "evaluate")
+STAGE_NAMES = ("settings", "extract", "learn", "sweep", "evaluate")
+#: The stages that read settings, each from its own runs/NAME-settings/STAGE.json.
+SETTINGS_READERS = ("extract", "learn", "sweep")
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -97,25 +99,28 @@ def test_params_and_dvc_yaml_agree():
     assert params["datasets"] == {"digits": {}} and params["extract"]["model"] == "pixels"
     assert (params["learn"]["activation"], params["learn"]["select"], params["sweep"]["select"]) == (
         "sigmoid", "loo", "loo")
+    assert params["sweep"]["gammas"] is None  # the one default grid (foal_pipe.core.statistics.DEFAULT_GAMMA_GRID)
+    assert "gamma_grid" not in params["learn"]
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     assert list(dvc["stages"]) == list(STAGE_NAMES)
     for name, stage in dvc["stages"].items():
         assert stage["foreach"] == "${datasets}"
         do = stage["do"]
         assert do["cmd"] == f"python stages/{name}.py ${{key}}"
-        # the whole package, not a hand-kept list of its modules
-        assert {f"stages/{name}.py", "stages/_params.py", "foal_pipe"} <= set(do["deps"])
-        assert not [dep for dep in do["deps"] if dep.startswith("foal_pipe/")]
         for dep in do["deps"]:
             if "${" not in dep:
                 assert (ROOT / dep).exists(), f"{name}: dependency {dep} does not exist"
-        assert "datasets.${key}" in do["params"], f"{name} must rerun when its own entry changes"
-        assert "datasets" not in do["params"], f"{name} must not rerun when another entry changes"
+        if name == "settings":  # the one stage that reads params.yaml: every section and its own entry only
+            assert do["params"] == ["extract", "learn", "sweep", "datasets.${key}"]
+            assert do["outs"] == [f"runs/${{key}}-settings/{s}.json" for s in SETTINGS_READERS]
+            continue
+        # the whole package, not a hand-kept list of its modules
+        assert {f"stages/{name}.py", "stages/_params.py", "foal_pipe"} <= set(do["deps"])
+        assert not [dep for dep in do["deps"] if dep.startswith("foal_pipe/")]
+        assert "params" not in do, f"{name} must depend on its own settings file, not on params.yaml"
+        own = [dep for dep in do["deps"] if dep.startswith("runs/${key}-settings/")]
+        assert own == ([f"runs/${{key}}-settings/{name}.json"] if name in SETTINGS_READERS else []), name
     assert dvc["stages"]["extract"]["do"]["outs"] == [{"data/features/${key}.zarr": {"persist": True}}]
-    # the sweep must not depend on learn.gamma, learn.select or learn.engine, or a gamma change would rerun it
-    sweep_params = dvc["stages"]["sweep"]["do"]["params"]
-    assert "learn" not in sweep_params
-    assert {f"learn.{k}" for k in params["learn"]} - set(sweep_params) == {"learn.gamma", "learn.select", "learn.engine"}
     assert (ROOT / ".dvc" / "config").read_text().count("analytics = false") == 1
     # every store the pipeline may write is git-ignored already, so `dvc repro` adds nothing to .gitignore
     assert "/*.zarr" in (ROOT / "data" / "features" / ".gitignore").read_text().splitlines()
@@ -147,6 +152,39 @@ def test_dataset_entries_override_the_shared_sections(resolve):
     assert shapes["learn"] == {**params["learn"], "tasks": 3}
     assert shapes["sweep"] == {**params["sweep"], "select": "gcv"}
     assert params["extract"]["data_dir"] is None, "an entry must not change the shared section"
+
+
+def test_each_stage_depends_on_what_it_reads(resolve):
+    """settings@NAME writes each stage's part of the settings: the extraction's (with the entry's dataset),
+    learn's, and sweep's with learn's stream settings (not its gamma, select or engine, so a gamma change keeps
+    the sweep); and what is absent from an entry is the shared section's value, so it needs no key there."""
+    import _params
+
+    resolve, _ = resolve
+    params = _params_defaults()
+    params["datasets"] = {"digits": {}, "gamma": {"dataset": "digits", "learn": {"gamma": "auto"}}}
+    digits, gamma = (_params.stage_settings(resolve(params, name)) for name in ("digits", "gamma"))
+    assert digits["extract"] == {"dataset": "digits", "extract": params["extract"]}
+    assert digits["learn"] == {"learn": params["learn"]}
+    assert set(digits["sweep"]) == {"sweep", "learn"} and digits["sweep"]["sweep"] == params["sweep"]
+    assert set(params["learn"]) - set(digits["sweep"]["learn"]) == {"gamma", "select", "engine"}
+    assert gamma["extract"] == digits["extract"] and gamma["sweep"] == digits["sweep"]
+    assert gamma["learn"] != digits["learn"]
+
+
+def test_settings_stage_writes_canonical_files(tmp_path):
+    params = _params()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    _stage("settings", tmp_path, "digits")
+    out = tmp_path / "runs" / "digits-settings"
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(files) == ["extract.json", "learn.json", "sweep.json"]
+    assert json.loads(files["learn.json"]) == {"learn": params["learn"]}
+    # the same values written another way (key order, flow style) give the same bytes
+    reordered = {key: params[key] for key in reversed(list(params))}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(reordered, sort_keys=False, default_flow_style=True))
+    _stage("settings", tmp_path, "digits")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
 
 
 @pytest.mark.parametrize(
@@ -223,6 +261,8 @@ def test_learn_command_line():
     assert _pairs(argv)["--gamma"] == "auto" and argv[-2:] == ["--select", "gcv"]
     assert _pairs(argv)["--activation"] == "relu" and "--drop-last" in argv and "--no-mask-unseen" in argv
     assert "--select" not in _command("learn", params=_params(gamma=0.5, select="gcv"))  # only with auto
+    argv = _command("learn", params=_params(tasks=None, drop_remainder=True))
+    assert "--tasks" not in argv and "--drop-remainder" in argv  # null: the CLI's default number of tasks
 
 
 def test_sweep_command_line():
@@ -234,6 +274,7 @@ def test_sweep_command_line():
     assert _pairs(argv)["--select"] == "gcv" and _pairs(argv)["--activation"] == "relu"
     assert "--gamma" not in argv and "--engine" not in argv and "--fusions" not in argv
     params["sweep"]["fusions"] = ["mean-cls", "last", "mean:7-12"]
+    assert "--gammas" not in _command("sweep")  # null: the CLI's default grid
     assert _pairs(_command("sweep", params=params))["--fusions"] == "mean-cls,last,mean:7-12"
     assert _command("evaluate", "shapes", {**params, "datasets": {"shapes": {}}}) == [
         "evaluate", "--run", "runs/shapes", "--out", "runs/shapes/eval"]
@@ -305,18 +346,40 @@ def test_stage_script_missing_store_is_one_line_error(workdir):
     assert missing.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error:") and "other.zarr" in lines[0]
 
 
-def test_extract_stage_script_resumes_or_replaces(tmp_path):
+def test_extract_stage_script_resumes_keeps_or_replaces(tmp_path):
+    """The store's recorded settings decide: the same settings leave a complete store as it is (not one file
+    rewritten) and resume an interrupted one; other settings replace it."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(_params()))
     first = _stage("extract", tmp_path, "digits")
     assert ("$ foal-pipe extract --dataset digits --model pixels --fusion mean-cls --token cls --normalize "
             "--dtype float32 --chunk-rows 1024 --device auto --precision auto --out data/features/digits.zarr"
             ) in first.stdout
     assert "--overwrite" not in first.stdout
-    attrs = json.loads((tmp_path / "data/features/digits.zarr/zarr.json").read_text())["attributes"]
+    store = tmp_path / "data/features/digits.zarr"
+    attrs = json.loads((store / "zarr.json").read_text())["attributes"]
     assert attrs["complete"] is True and attrs["dataset"] == "digits" and attrs["encoder"]["name"] == "pixels"
-    # DVC reruns extract only when something changed: a complete store is then stale and replaced
+    files = {p: p.stat().st_mtime_ns for p in store.rglob("*")}
+    # DVC reruns extract after a change of code, or of stages/_params.py: the same settings keep the store
     second = _stage("extract", tmp_path, "digits")
-    assert second.stdout.splitlines()[0].endswith("--overwrite")
+    assert not second.stdout.splitlines()[0].endswith("--overwrite")
+    assert "already complete with these settings" in second.stdout
+    assert {p: p.stat().st_mtime_ns for p in store.rglob("*")} == files
+    # an interrupted store with these settings is resumed, not replaced
+    group = json.loads((store / "zarr.json").read_text())
+    group["attributes"]["complete"] = False
+    group["attributes"]["progress"] = {"train": 1024, "test": 0}
+    (store / "zarr.json").write_text(json.dumps(group))
+    resumed = _stage("extract", tmp_path, "digits")
+    assert not resumed.stdout.splitlines()[0].endswith("--overwrite")
+    assert "(resumed from train 1,024, test 0)" in resumed.stdout
+    assert json.loads((store / "zarr.json").read_text())["attributes"]["generation"] == attrs["generation"]
+    # other settings: the store is replaced
+    params = _params()
+    params["extract"]["dtype"] = "float16"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    replaced = _stage("extract", tmp_path, "digits")
+    assert replaced.stdout.splitlines()[0].endswith("--overwrite")
+    assert json.loads((store / "train/features/zarr.json").read_text())["data_type"] == "float16"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,11 +471,11 @@ def test_stale_lock_is_detected(tmp_path):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     stale = stale_lock_entries(repo)
     for stage in STAGE_NAMES:
-        assert {"foal_pipe": "modified"}.items() <= next(
-            c["changed deps"] for c in stale[f"{stage}@digits"] if "changed deps" in c).items()
+        if stage != "settings":  # it reads params.yaml only
+            assert {"foal_pipe": "modified"}.items() <= next(
+                c["changed deps"] for c in stale[f"{stage}@digits"] if "changed deps" in c).items()
         assert stale[f"{stage}@shapes"] == ["not in dvc.lock"]
-    assert '"learn": "modified"' in json.dumps(stale["learn@digits"])
-    assert '"learn.tasks": "modified"' in json.dumps(stale["sweep@digits"])
+    assert '"learn": "modified"' in json.dumps(stale["settings@digits"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -476,13 +539,21 @@ def test_dvc_repro_on_a_fresh_clone_leaves_git_status_clean(repro):
     assert status == "", f"`dvc repro` on a fresh clone changed tracked files:\n{status}\n{diff[:4000]}"
 
 
+def _files(path: Path) -> dict[Path, int]:
+    """Every file under ``path`` with its modification time (ns): any rewrite shows."""
+    return {p: p.stat().st_mtime_ns for p in sorted(path.rglob("*")) if p.is_file()}
+
+
 def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
     repo, _ = repro
     env = _env(repo)
     _commit(repo, "pipeline ran")
-    # a gamma experiment: only learn and evaluate rerun; extraction and the sweep are cached
+    store = repo / "data/features/digits.zarr"
+    files = _files(store)
+    generation = json.loads((store / "zarr.json").read_text())["attributes"]["generation"]
+    # a gamma experiment: only learn and evaluate rerun (after the settings); extraction and the sweep are cached
     exp = _run([_dvc(), "exp", "run", "-S", "learn.gamma=0.1"], repo, env)
-    assert _ran(exp) == {"learn@digits", "evaluate@digits"}, exp.stdout
+    assert _ran(exp) == {"settings@digits", "learn@digits", "evaluate@digits"}, exp.stdout
     after = json.loads((repo / "runs/digits/metrics.json").read_text())
     assert after["gamma"] == 0.1
     # learn --gamma 0.1 reproduces the sweep's gamma = 0.1 entry (same stream, same projection)
@@ -491,6 +562,13 @@ def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
     assert after["A_avg"] == pytest.approx(entry["A_avg"], abs=1e-9)
     assert _summary_cell((repo / "runs/digits/eval/summary.md").read_text(), "A_avg (%)") == pytest.approx(
         100 * after["A_avg"], abs=0.005)
+    # the same kind of change in the run's own entry (README: a key the entry did not have): the same stages,
+    # and the store is not touched
+    entry = _run([_dvc(), "exp", "run", "-S", "+datasets.digits.learn={gamma: auto}"], repo, env)
+    assert _ran(entry) == {"settings@digits", "learn@digits", "evaluate@digits"}, entry.stdout
+    assert json.loads((repo / "runs/digits/metrics.json").read_text())["gamma"] == "auto"
+    assert _files(store) == files
+    assert json.loads((store / "zarr.json").read_text())["attributes"]["generation"] == generation
 
     # a second entry: its own store, runs and stages; digits is untouched
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -503,12 +581,14 @@ def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
     assert (small["n_tasks"], small["projection_dim"], small["gamma"]) == (2, 64, 0.1)
     assert (repo / "data/features/small.zarr").is_dir() and (repo / "runs/small/eval/gamma.png").is_file()
     assert (repo / "runs/small/eval/summary.md").read_text().startswith("# F-OAL run: small (digits)\n")
-    # changing that entry reruns its stages only
+    # changing that entry's stream reruns its stages but the extraction
+    small_files = _files(repo / "data/features/small.zarr")
     params["datasets"]["small"]["learn"]["tasks"] = 5
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     changed = _run([_dvc(), "repro"], repo, env)
-    assert _ran(changed) == {f"{stage}@small" for stage in STAGE_NAMES}, changed.stdout
+    assert _ran(changed) == {f"{stage}@small" for stage in STAGE_NAMES if stage != "extract"}, changed.stdout
     assert json.loads((repo / "runs/small/metrics.json").read_text())["n_tasks"] == 5
+    assert _files(repo / "data/features/small.zarr") == small_files and _files(store) == files
 
 
 # --------------------------------------------------------------------------------------------------

@@ -69,6 +69,21 @@ def test_glob_and_files(deployed):
     assert len(rows(result.stdout)) == 4
 
 
+def test_images_takes_several_paths(deployed):
+    """`--images A B` and a shell-expanded `--images dir/*.png` give what `--images A --images B` gives."""
+    root, tree, _, model = deployed
+    files = [str(p) for p in sorted((tree / "test" / "cat").glob("*.png"))] + [str(tree / "test" / "dog")]
+    repeated = runner.invoke(app, ["predict", "--model", str(model), *[a for f in files for a in ("--images", f)]])
+    several = runner.invoke(app, ["predict", "--model", str(model), "--images", *files])
+    after_options = runner.invoke(app, ["predict", "--images", *files[:2], "--model", str(model), *files[2:]])
+    for result in (repeated, several, after_options):
+        assert result.exit_code == 0, result.output
+    assert len(rows(repeated.stdout)) == 6
+    assert several.stdout == repeated.stdout == after_options.stdout
+    assert_one_line_error(runner.invoke(app, ["predict", "--model", str(model), "--features", "s.zarr", files[0]]),
+                          "pass exactly one of --features STORE or --images PATH")
+
+
 def test_bad_inputs(deployed, tmp_path):
     root, tree, _, model = deployed
     out = tmp_path / "pred.csv"

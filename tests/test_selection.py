@@ -116,7 +116,7 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     """Leave-one-out from the activations kept in memory, and from the rows read and projected again at every
     boundary (forced by a --max-memory below the activations' size), write the same bytes: a row's projection
     does not depend on the rows projected beside it. Blocks of 20 rows split the 64-row chunks; 5 tasks of 12
-    classes drop 2 classes, so some rows are outside the stream."""
+    classes with --drop-remainder drop 2 classes, so some rows are outside the stream."""
     import foal_pipe.protocol.run as run
     import foal_pipe.protocol.walk as walk
 
@@ -124,7 +124,8 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     projected = []
     project = walk._project
     monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
-    args = ["--features", store, "--tasks", 5, "--projection-dim", 48, "--seed", 3, "--backend", "numpy"]
+    args = ["--features", store, "--tasks", 5, "--drop-remainder", "--projection-dim", 48, "--seed", 3, "--backend",
+            "numpy"]
     args += ["--gammas", ",".join(map(str, GRID))] if command == "sweep" else ["--gamma", "auto", "--gamma-grid", "1,16,1e3"]
     files = ["sweep.json"] if command == "sweep" else ["metrics.json", "model.safetensors"]
     written, rows = {}, {}
@@ -139,6 +140,42 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     assert written["8GiB"] == written["1KiB"]
     kept = json.loads(written["8GiB"][files[0]])
     assert kept["n_tasks"] == 5 and len(kept["dropped_classes"]) == 2
-    seen = np.cumsum([rows.size for rows in build_stream(read(store)[1], N_CLASSES, 5, 10, 3).rows])
+    seen = np.cumsum([rows.size for rows in build_stream(read(store)[1], N_CLASSES, 5, 10, 3, drop_remainder=True).rows])
     assert rows["8GiB"] == seen[-1] == kept["n_train_seen"]  # every row of the stream projected once, then kept
     assert rows["1KiB"] == seen.sum() + seen[-1]  # the rows of tasks 1..k again after boundary k
+
+
+def test_one_default_grid_for_sweep_and_gamma_auto(tmp_path, store):
+    """`sweep` without --gammas and `learn --gamma auto` without --gamma-grid score the same grid, so every gamma
+    the sweep can pick, --gamma auto can too."""
+    from foal_pipe.protocol import ModelConfig, SweepConfig
+    from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
+
+    assert SweepConfig().gammas == ModelConfig().gamma_grid == DEFAULT_GAMMA_GRID
+    assert DEFAULT_GAMMA_GRID == tuple(10.0**k for k in range(-4, 9))
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2, "--projection-dim", 16)
+    assert result.exit_code == 0, result.output
+    sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    auto, _ = learn(store, tmp_path / "auto", "--gamma", "auto", D=16, tasks=2)
+    assert sweep["gammas"] == auto["gamma_grid"] == list(DEFAULT_GAMMA_GRID)
+
+
+def test_a_choice_on_the_grids_edge_is_warned_about_and_recorded(tmp_path, store):
+    base = ["--features", store, "--tasks", 4, "--projection-dim", 48, "--seed", 3, "--backend", "numpy"]
+    inside = invoke("sweep", *base, "--out", tmp_path / "inside", "--gammas", ",".join(map(str, GRID)))
+    assert inside.exit_code == 0 and "warning" not in inside.output, inside.output
+    report = json.loads((tmp_path / "inside" / "sweep.json").read_text())
+    assert GRID[0] < report["best_gamma"] < GRID[-1] and report["best_gamma_at_grid_edge"] is False
+    high = invoke("sweep", *base, "--out", tmp_path / "high", "--gammas", "1e3,1e4,1e5")
+    assert high.exit_code == 0, high.output
+    report = json.loads((tmp_path / "high" / "sweep.json").read_text())
+    assert report["best_gamma"] == 1e3 and report["best_gamma_at_grid_edge"] is True
+    assert ("warning: the best gamma by loo, 1000, is the smallest of --gammas (1000 .. 100000); a better gamma may "
+            "lie beyond the grid: extend --gammas") in " ".join(high.output.split())
+    metrics, _ = learn(store, tmp_path / "auto", "--gamma", "auto", "--gamma-grid", "1e-4,1e-3,1e-2")
+    assert metrics["gammas_at_grid_edge"] == [True] * 4 and metrics["gammas_selected"] == [1e-2] * 4
+    result = invoke("learn", *base, "--out", tmp_path / "auto2", "--gamma", "auto", "--gamma-grid", "1e-4,1e-3,1e-2")
+    assert ("warning: --gamma auto chose 0.01, the largest of --gamma-grid (0.0001 .. 0.01), at 4 of 4 task "
+            "boundaries; a better gamma may lie beyond the grid: extend --gamma-grid") in " ".join(result.output.split())
+    inner, _ = learn(store, tmp_path / "auto3", "--gamma", "auto", "--gamma-grid", ",".join(map(str, GRID)))
+    assert not any(inner["gammas_at_grid_edge"])

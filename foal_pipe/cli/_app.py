@@ -11,7 +11,7 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -88,6 +88,42 @@ app = _App(
 )
 console = _console()
 err_console = _console(stderr=True)
+
+
+def package_version() -> str:
+    """The installed distribution's version (importlib.metadata); the source tree's when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("foal-pipe")
+    except PackageNotFoundError:
+        from foal_pipe import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"foal-pipe {package_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
+                                          is_eager=True, metavar="", show_default=False)] = False,
+) -> None:
+    """The options of ``foal-pipe`` itself (before a command): ``--version``."""
+
+
+def print_table(table: Any) -> None:
+    """Print a rich table on stdout; where that is not a terminal, without the padding that ends its lines."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as captured:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def choice(*values: str) -> Any:

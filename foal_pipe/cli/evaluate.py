@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, flag, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 
 
 @app.command()
@@ -84,7 +84,7 @@ def summary(
 ) -> None:
     """Print a table of runs (A_avg, A_last, F; the paper's numbers when comparable) and of sweeps."""
     with user_errors():
-        console.print(summary_table(paths or [Path("runs")]))
+        print_table(summary_table(paths or [Path("runs")]))
 
 
 def summary_table(paths: list[Path]) -> Table:
@@ -139,5 +139,5 @@ def summary_table(paths: list[Path]) -> Table:
                    pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"])]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
     if sweeps:
-        table.caption = f"*: a sweep's selected gamma (of {', '.join(sweeps)}) and its test numbers"
+        table.caption = f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"
     return table

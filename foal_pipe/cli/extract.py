@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
 from foal_pipe.datasets.registry import DATASETS
 from foal_pipe.encoders import PAPER_MODEL
 from foal_pipe.errors import FoalPipeError
@@ -35,7 +35,8 @@ def _human(n: float) -> str:
 
 
 class _RichProgress:
-    """One bar per split: rows written of rows total, images/s, elapsed, ETA (on stderr)."""
+    """One bar per split: rows written of rows total, images/s, elapsed, ETA (on stderr; plain lines when it is
+    not a terminal)."""
 
     def __init__(self) -> None:
         self.bar = new_progress(
@@ -46,6 +47,7 @@ class _RichProgress:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=err_console,
+            unit="images",
         )
         self.tasks: dict[str, Any] = {}
 
@@ -76,7 +78,9 @@ def extract(
                      f"{PAPER_MODEL}.")] = PAPER_MODEL,
     checkpoint: Annotated[Path | None, typer.Option(help="Local .safetensors or .pth state dict for --model, loaded "
                           "strictly (every parameter, exact shapes; only the classifier head is dropped) with "
-                          "weights_only=True (no unpickling). Default: none (timm's pretrained weights).",
+                          "weights_only=True (no unpickling); saved at another image size, its position embeddings are "
+                          "resampled to --image-size as timm does (recorded in the store). Default: none (timm's "
+                          "pretrained weights).",
                           show_default=False)] = None,
     model_kwargs: Annotated[str, typer.Option(help="Arguments for timm.create_model as NAME=VALUE,... (ints, floats, "
                             "true/false, strings), e.g. depth=2,patch_size=8,img_size=32,embed_dim=32,num_heads=2 for a "
@@ -236,6 +240,10 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
     return summary
 
 
+def _grid(size: Any) -> str:
+    return "x".join(map(str, size)) if isinstance(size, list) else "?"
+
+
 def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
     table.add_row("encoder", str(enc.get("name")))
     details = [f"{key} {enc[key]}" for key in ("fusion", "token") if key in enc]
@@ -252,6 +260,10 @@ def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
         where = weights.get("id") or weights.get("path") or weights.get("url") or ""
         table.add_row("weights", f"{weights.get('source')} {where}".strip()
                       + (f" (sha256 {str(weights['sha256'])[:12]}...)" if weights.get("sha256") else ""))
+        plan = weights.get("pos_embed_resampled")
+        if isinstance(plan, dict):
+            table.add_row("", f"position embeddings resampled {_grid(plan.get('from'))} -> {_grid(plan.get('to'))} "
+                          f"({plan.get('interpolation')}): saved at another image size")
     if enc.get("timm_version"):
         table.add_row("timm", str(enc["timm_version"]))
 
@@ -330,4 +342,4 @@ def _print_table(summary: dict[str, Any]) -> None:
         table.add_row("damaged", f"[red]{len(found)} problems[/] (chunk files listed; --verify reads them all)")
     for problem in found:
         table.add_row("", f"[red]{problem}[/]")
-    console.print(table)
+    print_table(table)

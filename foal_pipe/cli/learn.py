@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -9,15 +10,36 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from foal_pipe.cli._app import app, choice, console, err_console, flag, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import parse_memory
+from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
+from foal_pipe.protocol.stream import counted
+
+
+def _grid_text(grid: tuple[float, ...]) -> str:
+    """``1e-4,1e-3,...,1e8``: powers of ten written as such, other values as ``%g``."""
+    def one(g: float) -> str:
+        k = round(math.log10(g))
+        return f"{g:g}" if 10.0**k != g or -1 <= k <= 3 else f"1e{k}"
+
+    return ",".join(one(g) for g in grid)
+
+
+GRID_TEXT = _grid_text(DEFAULT_GAMMA_GRID)
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
 Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
 Tasks = Annotated[
-    int,
-    typer.Option(help="Number of tasks; classes are shuffled with --seed and split evenly (leftover classes dropped)."),
+    int | None,
+    typer.Option(help="Number of tasks, at most the number of classes: the classes, shuffled with --seed, are cut into "
+                 "tasks of consecutive classes, the first (classes mod tasks) tasks one class larger (8 classes in 5 "
+                 "tasks: 2, 2, 2, 1, 1). Default: 10, or one class per task with fewer classes.", show_default=False),
+]
+DropRemainder = Annotated[
+    bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
+               "with a warning (the published code: DTD 47 -> 40 classes); recorded in metrics.json. Default: off "
+               "(every class is streamed).")
 ]
 BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
 ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
@@ -69,11 +91,17 @@ Activation = Annotated[
     typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
                  "or identity with --projection-dim 0 (ridge on the raw features)."),
 ]
+LearnSelect = Annotated[
+    choice("loo", "gcv") | None,
+    typer.Option(help="With --gamma auto: how gamma is chosen on the training rows seen so far, loo (exact "
+                 "leave-one-out MSE) or gcv (generalised cross-validation, no extra pass); never on the test split. "
+                 "Default: loo."),
+]
 Select = Annotated[
     choice("loo", "gcv", "test") | None,
-    typer.Option(help="How gamma is chosen on the training rows seen so far: loo (exact leave-one-out MSE, default) or "
-                 "gcv (generalised cross-validation, no extra pass); sweep also takes test, an oracle that peeks at the "
-                 "test split. Default: loo, or gcv with --no-loo."),
+    typer.Option(help="How the best gamma is chosen: on the training rows seen so far, loo (exact leave-one-out MSE) "
+                 "or gcv (generalised cross-validation, no extra pass); or test, an oracle that peeks at the test "
+                 "split. Default: loo, or gcv with --no-loo."),
 ]
 
 
@@ -136,17 +164,17 @@ def learn(
     ctx: typer.Context,
     features: Features,
     out: Out,
-    tasks: Tasks = 10,
+    tasks: Tasks = None,
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
     gamma: Annotated[
         str, typer.Option(help="Ridge regularisation gamma (R0 = I/gamma), > 0; or auto: chosen at every task boundary "
                           "on the training rows seen so far (see --select, --gamma-grid).")
     ] = "1",
-    select: Select = None,
-    gamma_grid: Annotated[str, typer.Option(help="Candidates of --gamma auto (comma-separated).")] = (
-        "1e-4,1e-3,1e-2,1e-1,1,10,100,1e3,1e4,1e5,1e6,1e7,1e8"
-    ),
+    select: LearnSelect = None,
+    gamma_grid: Annotated[str | None, typer.Option(help="Candidates of --gamma auto (comma-separated); a choice on "
+                                                   f"an edge is warned about. Default: {GRID_TEXT}.",
+                                                   show_default=False)] = None,
     seed: Seed = 0,
     order_seed: OrderSeed = None,
     order_seeds: OrderSeeds = None,
@@ -160,6 +188,7 @@ def learn(
     no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
+    drop_remainder: DropRemainder = False,
     no_mask_unseen: NoMask = False,
     scheduler: Scheduler = "local",
     dask_address: DaskAddress = "local",
@@ -184,11 +213,12 @@ def learn(
     with user_errors():
         model = ModelConfig(
             projection_dim=projection_dim, projection_init=projection_init, activation=activation,
-            gamma=_gamma(gamma), select=select or "loo", gamma_grid=_floats(gamma_grid, "--gamma-grid"),
+            gamma=_gamma(gamma), select=select or "loo",
+            gamma_grid=DEFAULT_GAMMA_GRID if gamma_grid is None else _floats(gamma_grid, "--gamma-grid"),
             engine=engine, dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm,
         )
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
-                              order_seed=order_seed)
+                              order_seed=order_seed, drop_remainder=drop_remainder)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers,
                                     max_memory=parse_memory(max_memory))
@@ -217,7 +247,7 @@ def learn(
             chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
         console.print(
             f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}{chosen}  "
-            f"({m['n_tasks']} tasks, {m['n_train_seen']} rows, {_timings(m['timings'])}) -> {out}",
+            f"({counted(m['n_tasks'], 'task')}, {counted(m['n_train_seen'], 'row')}, {_timings(m['timings'])}) -> {out}",
             highlight=False,
         )
 
@@ -230,14 +260,14 @@ def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
 def sweep(
     features: Features,
     out: Out,
-    gammas: Annotated[str, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the data.")] = (
-        "1e-4,1e-3,1e-2,1e-1,0.3,1,3,10,30,100,300,1000,1e4"
-    ),
+    gammas: Annotated[str | None, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the "
+                                               "data; a best gamma on an edge is warned about. Default: --gamma auto's "
+                                               f"grid, {GRID_TEXT}.", show_default=False)] = None,
     select: Select = None,
     no_loo: Annotated[
         bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")
     ] = False,
-    tasks: Tasks = 10,
+    tasks: Tasks = None,
     batch_size: BatchSize = 10,
     projection_dim: ProjectionDim = 1000,
     seed: Seed = 0,
@@ -253,6 +283,7 @@ def sweep(
     no_fusion_norm: NoFusionNorm = False,
     class_order: ClassOrder = None,
     drop_last: DropLast = False,
+    drop_remainder: DropRemainder = False,
     no_mask_unseen: NoMask = False,
     scheduler: Scheduler = "local",
     dask_address: DaskAddress = "local",
@@ -268,12 +299,13 @@ def sweep(
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
     with user_errors():
-        config = SweepConfig(gammas=_floats(gammas, "--gammas"), select=select, loo=not no_loo,
+        config = SweepConfig(gammas=DEFAULT_GAMMA_GRID if gammas is None else _floats(gammas, "--gammas"),
+                             select=select, loo=not no_loo,
                              fusions=tuple(fusions.split(",")) if fusions is not None else ())
         model = ModelConfig(projection_dim=projection_dim, projection_init=projection_init, activation=activation,
                             dtype=dtype, fusion=fusion, fusion_norm=not no_fusion_norm)
         stream = StreamConfig(tasks=tasks, batch_size=batch_size, seed=seed, class_order=class_order, drop_last=drop_last,
-                              order_seed=order_seed)
+                              order_seed=order_seed, drop_remainder=drop_remainder)
         evaluation = EvaluationConfig(mask_unseen=not no_mask_unseen)
         execution = ExecutionConfig(backend=backend, scheduler=scheduler, dask_address=dask_address, workers=workers,
                                     max_memory=parse_memory(max_memory))
@@ -287,10 +319,10 @@ def sweep(
             from foal_pipe.protocol.orders import run_sweep_orders
 
             report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
-        title = f"gamma sweep: {report['dataset']} ({report['n_tasks']} tasks, D={report['projection_dim']})"
+        title = f"gamma sweep: {report['dataset']} ({counted(report['n_tasks'], 'task')}, D={report['projection_dim']})"
         for entry in report.get("fusions") or [report]:
-            console.print(_sweep_table(entry, report["selected_by"], no_loo,
-                                       title + (f", fusion {entry['fusion']}" if "fusion" in entry else "")))
+            print_table(_sweep_table(entry, report["selected_by"], no_loo,
+                                     title + (f", fusion {entry['fusion']}" if "fusion" in entry else "")))
             if "fusion" in entry:
                 console.print(f"fusion {entry['fusion']}: best gamma {entry['best_gamma']:g} by "
                               f"{report['selected_by']} (test oracle {entry['best_gamma_test']:g})", highlight=False)
@@ -307,7 +339,8 @@ def sweep(
                 f"test {report['best_gamma_test']:g} is an oracle that peeks at the test split)", highlight=False,
             )
         runs = f"{len(report['fusions'])} fusions x " if "fusions" in report else ""
-        console.print(f"{runs}{len(report['gammas'])} gammas in {_timings(report['timings'])} -> {out / 'sweep.json'}",
+        console.print(f"{runs}{counted(len(report['gammas']), 'gamma')} in {_timings(report['timings'])} -> "
+                      f"{out / 'sweep.json'}",
                       highlight=False)
 
 
@@ -339,8 +372,14 @@ def predict(
         Path | None, typer.Option(help="Predict a feature store's split (a .zarr written by `foal-pipe extract`).")
     ] = None,
     images: Annotated[
-        list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns "
-                                       "(repeatable), encoded as the model's store was.")
+        list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns, "
+                                       "encoded as the model's store was; takes several paths (--images a.png b.png, "
+                                       "or a shell's --images dir/*.png) and repeats (--images a.png --images b.png).")
+    ] = None,
+    more_images: Annotated[
+        list[str] | None, typer.Argument(help="More image paths for --images (the shell expands --images dir/*.png "
+                                         "into --images dir/a.png dir/b.png ...).", show_default=False,
+                                         metavar="IMAGES")
     ] = None,
     split: Annotated[choice("train", "test"), typer.Option(help="With --features: which split to predict, train or test.")] = "test",
     checkpoint: Annotated[
@@ -366,6 +405,7 @@ def predict(
     from foal_pipe.io import atomic_path, check_output_file
     from foal_pipe.model.predict import predict_image_files, predict_split
 
+    images = [*(images or []), *(more_images or [])]
     with user_errors():
         if (features is None) == (not images):
             raise FoalPipeError("pass exactly one of --features STORE or --images PATH...")

@@ -19,7 +19,9 @@ class Encoder:
     weights are fetched; :meth:`load` then loads the weights and moves them to a device.
 
     Attributes set by subclasses: ``name`` (what the store records as the encoder), ``dim``, ``image_size``,
-    ``mean``/``std`` (per channel, applied when ``normalize``), ``interpolation`` (for the resize), ``config``.
+    ``mean``/``std`` (per channel, applied when ``normalize``), ``interpolation`` (for the resize), ``config``;
+    ``needs_torch`` (False for an encoder that computes in NumPy: then extraction never imports torch unless a
+    ``--device cuda`` or ``--resize-on device`` asks for it).
     """
 
     name: str
@@ -31,6 +33,7 @@ class Encoder:
     config: EncoderConfig
     device: str = "cpu"
     precision: str = "fp32"
+    needs_torch: bool = True
 
     def provenance(self) -> dict[str, Any]:
         """The store's ``encoder`` attribute."""

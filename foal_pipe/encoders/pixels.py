@@ -17,6 +17,8 @@ class PixelsEncoder(Encoder):
     unless ``--no-normalize`` (then [0, 1]). Computes on the host in float32 whatever the device; only a resize
     of native-size images (``--resize-on device``) runs on the device, with torch."""
 
+    needs_torch = False
+
     def __init__(self, config: EncoderConfig, native_size: int | None = None):
         for option, value in (("--checkpoint", config.checkpoint), ("--model-kwargs", config.model_kwargs)):
             if value:

@@ -4,6 +4,7 @@ described from a ``meta``-device skeleton, weights from :mod:`~foal_pipe.encoder
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig
 from foal_pipe.encoders.fusion import BlockFusion, final_norm, fusion_blocks, norm_kind, norm_parameters
 from foal_pipe.encoders.resize import resize_on_device
 from foal_pipe.encoders.runtime import autocast, require_extract_stack
-from foal_pipe.encoders.weights import Architecture, describe_weights, load_model
+from foal_pipe.encoders.weights import Architecture, describe_weights, load_model, pos_embed_resampling
 from foal_pipe.errors import FoalPipeError
 
 
@@ -82,6 +83,10 @@ class TimmEncoder(Encoder):
         self.architecture = cfg.get("architecture") or config.name.split(".")[0]
         tagged = f"{self.architecture}.{cfg['tag']}" if cfg.get("tag") else self.architecture
         self.weights = describe_weights(config, cfg, tagged)
+        if self.weights["source"] == "checkpoint":  # saved at another image size: recorded, resampled on loading
+            plan = pos_embed_resampling(Path(self.weights["path"]), skeleton)
+            if plan is not None:
+                self.weights["pos_embed_resampled"] = plan
         self.name = tagged if self.weights["source"] in ("hf-hub", "url") else self.architecture
         data_cfg = timm.data.resolve_model_data_config(skeleton)
         built = getattr(getattr(skeleton, "patch_embed", None), "img_size", None)  # what the model was built for

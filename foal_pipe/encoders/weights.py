@@ -3,7 +3,8 @@ random init (:data:`LOADERS`, by the ``source`` of the weights' provenance).
 
 Every parameter of the headless model must come from the weights, with its exact shape; only the classifier
 head's keys are dropped (timm itself loads non-strictly when the head is removed, which would leave missing
-blocks at a random init). A checkpoint is read with safetensors or ``torch.load(weights_only=True)`` from the
+blocks at a random init). The position embeddings of a checkpoint saved at another image size are resampled to
+the model's grid, as timm resamples its hub weights, and the store records it. A checkpoint is read with safetensors or ``torch.load(weights_only=True)`` from the
 very bytes whose SHA-256 the store records; pickled objects are never loaded. Hub weights are taken from the
 Hugging Face cache without touching the network when they are there; otherwise huggingface_hub's own
 offline mode answers at once, and one bounded request to the hub tells a missing network within seconds
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import pickle
 import re
 from collections.abc import Callable, Iterator
@@ -210,9 +212,64 @@ def fit_state_dict(state: dict[str, Any], model: Any, head: set[str], path: Path
                         f"{hint}; pass the --model, --model-kwargs and --image-size it was saved with")
 
 
+def _unwrapped(state: Any) -> Any:
+    wrapped = [key for key in WRAPPERS if isinstance(state, dict) and isinstance(state.get(key), dict)]
+    return state[wrapped[0]] if len(wrapped) == 1 else state
+
+
+def checkpoint_shape(path: Path, key: str) -> tuple[int, ...] | None:
+    """The shape of tensor ``key`` in a checkpoint (None when it has none or cannot be read: loading it then says
+    why), read from the safetensors header or a memory-mapped torch file, without loading the other tensors."""
+    try:
+        if path.suffix.lower() == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="numpy") as f:
+                return tuple(f.get_slice(key).get_shape()) if key in f.keys() else None
+        import torch
+
+        try:
+            state = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+        except RuntimeError:  # the legacy (not zip) format cannot be memory-mapped
+            state = _read_torch(path.read_bytes())
+        state = _unwrapped(state)
+        value = state.get(key) if isinstance(state, dict) else None
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    except Exception:
+        return None
+
+
+def pos_embed_resampling(path: Path, model: Any) -> dict[str, Any] | None:
+    """How the checkpoint's ``pos_embed`` is resampled to ``model``'s patch grid when the checkpoint was saved at
+    another image size: timm's rule (``resample_abs_pos_embed``, bicubic with antialias, the prefix tokens kept,
+    as timm's checkpoint filters do for its hub weights), the saved grid taken as square. None when it fits as it
+    is, or when it is no square grid of the model's width (then the strict load names the mismatch)."""
+    want, grid = getattr(model, "pos_embed", None), getattr(getattr(model, "patch_embed", None), "grid_size", None)
+    shape = checkpoint_shape(path, "pos_embed")
+    if want is None or grid is None or shape is None or shape == tuple(want.shape):
+        return None
+    prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 1))
+    side = math.isqrt(max(shape[1] - prefix, 0)) if len(shape) == 3 else 0
+    if side == 0 or side * side != shape[1] - prefix or shape[0] != 1 or shape[2] != want.shape[2]:
+        return None
+    return {"from": [side, side], "to": [int(g) for g in grid], "prefix_tokens": prefix, "interpolation": "bicubic",
+            "antialias": True}
+
+
+def resample_pos_embed(pos_embed: Any, plan: dict[str, Any]) -> Any:
+    """``pos_embed`` resampled as :func:`pos_embed_resampling` planned."""
+    from timm.layers import resample_abs_pos_embed
+
+    return resample_abs_pos_embed(pos_embed, new_size=plan["to"], old_size=plan["from"],
+                                  num_prefix_tokens=plan["prefix_tokens"], interpolation=plan["interpolation"],
+                                  antialias=plan["antialias"])
+
+
 def _checkpoint_model(arch: Architecture, weights: dict[str, Any], label: str) -> Any:
     path = Path(weights["path"])
     state = read_state_dict(path, weights["sha256"])
+    if "pos_embed_resampled" in weights:  # saved at another image size
+        state = {**state, "pos_embed": resample_pos_embed(state["pos_embed"], weights["pos_embed_resampled"])}
     model = arch.create()
     model.load_state_dict(fit_state_dict(state, model, head_keys(arch), path, arch), strict=True)
     return model

@@ -4,7 +4,10 @@ the run log (:func:`extraction`), every split in one process (:func:`run_extract
 
 from __future__ import annotations
 
+import itertools
+import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,19 +31,55 @@ def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None 
 
 
 def _load_batches(images: PreparedImages, batches: list[list[int]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
-    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory), or, without
-    torch (``--model pixels`` on a light install), the same batches read in this process."""
-    try:
-        import torch
-    except ImportError:
-        for rows in batches:
-            items = [images[i] for i in rows]
-            yield np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
+    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory) for an encoder
+    that computes with torch; for a NumPy one (``--model pixels``), the same batches read without torch."""
+    if not inputs.encoder.needs_torch:
+        yield from _numpy_batches(images, batches, inputs.workers)
         return
+    import torch
+
     yield from torch.utils.data.DataLoader(
         images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
         prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
     )
+
+
+_POOL_IMAGES: PreparedImages | None = None
+"""The images a :func:`_numpy_batches` worker process reads (set once per worker: a source may be large)."""
+
+
+def _pool_worker(images: PreparedImages) -> None:
+    global _POOL_IMAGES
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to report, once
+    _POOL_IMAGES = images
+
+
+def _read_batch(rows: list[int], images: PreparedImages | None = None) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    source = images if images is not None else _POOL_IMAGES
+    items = [source[i] for i in rows]  # type: ignore[index]
+    return np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
+
+
+def _numpy_batches(images: PreparedImages, batches: list[list[int]],
+                   workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[Any]]]:
+    """The batches in order, read by ``workers`` processes (at most 4 batches ahead each), or in this process
+    with ``workers=0``."""
+    if workers == 0 or len(batches) < 2:
+        for rows in batches:
+            yield _read_batch(rows, images)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    todo = iter(batches)
+    pool = ProcessPoolExecutor(min(workers, len(batches)), initializer=_pool_worker, initargs=(images,))
+    try:
+        ahead = deque(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 4 * workers))
+        while ahead:
+            batch = ahead.popleft().result()
+            ahead.extend(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 1))
+            yield batch
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def extract_rows(

@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -118,7 +119,8 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
     encoder = build_encoder(spec.encoder_config(), data.native_size)
     if spec.keep_blocks:
         _check_keeps_blocks(encoder)
-    device = resolve_device(spec.device)
+    # a NumPy encoder computes on the host: `auto` is the CPU for it (asking torch about CUDA would import torch)
+    device = "cpu" if spec.device == "auto" and not encoder.needs_torch else resolve_device(spec.device)
     precision = resolve_precision(spec.precision, device) if encoder.name != "pixels" else "fp32"
     encoder.device, encoder.precision = device, precision
     batch = spec.batch_size or (256 if device == "cuda" else 32)
@@ -187,7 +189,8 @@ def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": inputs.device,
             "batch_size": inputs.batch_size, "workers": inputs.workers, "resize_on": inputs.resize_on,
             "checkpoint": spec.checkpoint,
-            "torch_version": torch_version(), "foal_pipe_version": foal_pipe.__version__}
+            "torch_version": torch_version() if "torch" in sys.modules else None,  # None: not used
+            "foal_pipe_version": foal_pipe.__version__}
 
 
 def now() -> str:

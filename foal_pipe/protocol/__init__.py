@@ -22,7 +22,20 @@ fused every way (:class:`~foal_pipe.store.blockfusion.FusedSplits`), and each fu
 statistics (a lane of :mod:`foal_pipe.protocol.walk`), so the walk is the same one with a lane per fusion.
 """
 
-from foal_pipe.protocol.commands import run_learn, run_sweep
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from foal_pipe import lazy_names
+
+if TYPE_CHECKING:
+    from foal_pipe.protocol.commands import run_learn, run_sweep
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
 __all__ = ["EvaluationConfig", "ExecutionConfig", "ModelConfig", "StreamConfig", "SweepConfig", "run_learn", "run_sweep"]
+
+__getattr__ = lazy_names(__name__, {
+    "foal_pipe.protocol.commands": ["run_learn", "run_sweep"],
+    "foal_pipe.protocol.config": ["EvaluationConfig", "ExecutionConfig", "ModelConfig", "StreamConfig",
+                                    "SweepConfig"],
+})

@@ -17,7 +17,7 @@ from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.config import CRITERIA, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
-from foal_pipe.protocol.records import fusions_report, learn_metrics, run_info, sweep_entry
+from foal_pipe.protocol.records import fusions_report, grid_edge, learn_metrics, run_info, sweep_entry
 from foal_pipe.protocol.run import Run, prepare, reread_note
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
@@ -60,6 +60,7 @@ def run_learn(
     metrics = learn_metrics(run, stream, acc, boundaries)
     if auto and model.select == "gcv":
         _warn_gcv(boundaries, model.gamma_grid, log)
+    warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
         with run.timed("write"):
@@ -116,8 +117,29 @@ def run_sweep(
     report.update(run_info(run, stream))
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
+    flag_grid_edge(report, log)
     report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
     return report
+
+
+def flag_grid_edge(report: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Record in a sweep report whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is."""
+    gamma, grid = report["best_gamma"], report["gammas"]
+    edge = grid_edge(gamma, grid)
+    report["best_gamma_at_grid_edge"] = edge is not None
+    if edge is not None:
+        log(f"warning: the best gamma by {report['selected_by']}, {gamma:g}, is the {edge} of --gammas "
+            f"({min(grid):g} .. {max(grid):g}); a better gamma may lie beyond the grid: extend --gammas")
+
+
+def warn_auto_edges(metrics: dict[str, Any], log: Callable[[str], None]) -> None:
+    """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
+    edges = [k for k, flagged in enumerate(metrics.get("gammas_at_grid_edge") or []) if flagged]
+    if edges:
+        grid, last = metrics["gamma_grid"], metrics["gammas_selected"][edges[-1]]
+        log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
+            f"{max(grid):g}), at {len(edges)} of {len(metrics['gammas_selected'])} task boundaries; a better gamma "
+            "may lie beyond the grid: extend --gamma-grid")
 
 
 def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:

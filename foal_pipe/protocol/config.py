@@ -15,22 +15,21 @@ RLS_WINDOW = 8192
 BLOCK_VALUES = 2**22
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
-#: The default gammas of ``sweep``.
-SWEEP_GAMMAS: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 1e4)
 #: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
 CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv", False), "test": ("A_avg", True)}
 
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """How the stream is built (docs/protocol.md section 3)."""
+    """How the stream is built (docs/protocol.md section 3; the task split: :mod:`foal_pipe.protocol.stream`)."""
 
-    tasks: int | None = 10
+    tasks: int | None = None  # None: stream.DEFAULT_TASKS, at most one task per class
     batch_size: int = 10
     seed: int = 0
     class_order: Path | None = None
     drop_last: bool = False
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
+    drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
 
     @property
     def resolved_order_seed(self) -> int:
@@ -90,7 +89,7 @@ class ExecutionConfig:
 class SweepConfig:
     """Which gammas ``sweep`` scores and how it names the best: ``loo`` (LOO MSE), ``gcv`` or ``test`` (an oracle)."""
 
-    gammas: tuple[float, ...] = SWEEP_GAMMAS
+    gammas: tuple[float, ...] = DEFAULT_GAMMA_GRID  # the grid `learn --gamma auto` chooses from
     select: str | None = None  # None: loo, or gcv with loo=False
     loo: bool = True
     fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features

@@ -29,7 +29,8 @@ from foal_pipe.memory import check_memory, human
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
-from foal_pipe.protocol.commands import run_learn, run_sweep, save_model, warn_dropped, write_outputs
+from foal_pipe.protocol.commands import (flag_grid_edge, run_learn, run_sweep, save_model, warn_auto_edges,
+                                        warn_dropped, write_outputs)
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.records import accuracy_report, choose, learn_metrics, run_info
@@ -241,6 +242,7 @@ def run_learn_orders(
             entries.append((metrics, _order_entry(s, metrics)))
     metrics = combine([e for _, e in entries], entries[0][0])
     metrics["one_pass"] = True
+    warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
         save_model(finals[0], runs[0], tmp / MODEL_FILE)
@@ -314,6 +316,7 @@ def run_sweep_orders(
                 shutil.rmtree(tmp / f"order-{s}")
         report = _combine_sweep(seeds, reports, sweep.resolved_select)
         report["one_pass"] = one_pass
+        flag_grid_edge(report, log)
         timings = {"total": round(time.perf_counter() - start, 3)}
         for r in reports:
             r.pop("timings", None)

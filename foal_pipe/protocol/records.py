@@ -29,6 +29,7 @@ def run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
         "tasks": run.stream.tasks,
         "n_tasks": run.stream.n_tasks,
         "dropped_classes": run.stream.dropped,
+        "drop_remainder": stream_config.drop_remainder,
         "projection_dim": run.model.projection_dim,
         "projection_init": run.model.projection_init,
         "activation": run.model.resolved_activation,
@@ -118,6 +119,16 @@ def learn_metrics(run: Run, stream: StreamConfig, acc: np.ndarray, boundaries: S
     metrics: dict[str, Any] = {**accuracy_report(acc), "gamma": "auto" if model.gamma == "auto" else float(model.gamma),
                                "engine": model.engine, **run_info(run, stream)}
     if model.gamma == "auto":
-        metrics.update(gammas_selected=[float(b.gammas[0]) for b in boundaries], selected_by=model.select,
-                       gamma_grid=[float(g) for g in model.gamma_grid])
+        chosen = [float(b.gammas[0]) for b in boundaries]
+        metrics.update(gammas_selected=chosen, selected_by=model.select, gamma_grid=[float(g) for g in model.gamma_grid],
+                       gammas_at_grid_edge=[grid_edge(g, model.gamma_grid) is not None for g in chosen])
     return metrics
+
+
+def grid_edge(gamma: float, grid: Sequence[float]) -> str | None:
+    """``"smallest"`` or ``"largest"`` when ``gamma`` is that end of ``grid`` (of two values or more), else None:
+    a gamma chosen there may be bettered beyond the grid."""
+    lo, hi = min(grid), max(grid)
+    if lo == hi:
+        return None
+    return "smallest" if gamma == lo else "largest" if gamma == hi else None

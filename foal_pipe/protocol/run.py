@@ -116,7 +116,7 @@ def prepare(
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
     stream = build_stream(
         store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.resolved_order_seed, order,
-        stream_config.drop_last,
+        stream_config.drop_last, stream_config.drop_remainder,
     )
     test_totals = count_test_rows(stream, store.test.labels, n_classes)
     projection = SmoothProjection(

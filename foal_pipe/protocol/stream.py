@@ -3,6 +3,12 @@
 Everything is drawn from one ``numpy.random.default_rng(seed)``: first the class permutation, then
 the within-task shuffles in task order. The store keeps rows in dataset order; only this module
 decides the order in which a learner sees them.
+
+The permutation is cut into ``T`` tasks of consecutive classes. When ``T`` does not divide the ``C`` classes,
+the first ``C mod T`` tasks get one class more than the others (8 classes in 5 tasks: 2, 2, 2, 1, 1), so every
+class is streamed; ``drop_remainder`` instead gives every task ``C // T`` classes and leaves the last
+``C mod T`` classes of the permutation out (the published code), with a warning. Without ``T``,
+:data:`DEFAULT_TASKS` tasks, or one class per task when there are fewer classes.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError
 
+#: Tasks when none are asked for (at most one per class).
+DEFAULT_TASKS = 10
+
 
 @dataclass(frozen=True)
 class Stream:
@@ -25,7 +34,7 @@ class Stream:
     tasks : list of lists of label ids, in stream order.
     rows : one array per task: train row indices in the order the learner sees them.
     batch_size : rows per ``partial_fit`` call.
-    dropped : label ids left out because they do not split evenly into the tasks.
+    dropped : label ids left out: by ``drop_remainder``, or not listed by an explicit class order.
     """
 
     tasks: list[list[int]]
@@ -56,8 +65,13 @@ class Stream:
         return [rows[i : i + self.batch_size] for i in range(0, rows.size, self.batch_size)]
 
 
-def split_classes(n_classes: int, n_tasks: int, rng: np.random.Generator) -> tuple[list[list[int]], list[int]]:
-    """Seeded class permutation split evenly into ``n_tasks``; the leftover classes are returned apart."""
+def split_classes(n_classes: int, n_tasks: int | None, rng: np.random.Generator,
+                  drop_remainder: bool = False) -> tuple[list[list[int]], list[int]]:
+    """Seeded class permutation cut into ``n_tasks`` (None: :data:`DEFAULT_TASKS`, at most ``n_classes``); the
+    first ``n_classes mod n_tasks`` tasks get one class more, or, with ``drop_remainder``, those classes are
+    returned apart (the module's docstring)."""
+    if n_tasks is None:
+        n_tasks = min(DEFAULT_TASKS, n_classes)
     if n_tasks < 1:
         raise FoalPipeError(f"--tasks must be at least 1, got {n_tasks}")
     if n_tasks > n_classes:
@@ -65,9 +79,11 @@ def split_classes(n_classes: int, n_tasks: int, rng: np.random.Generator) -> tup
             f"--tasks {n_tasks} is larger than the number of classes ({n_classes}); use --tasks {n_classes} or fewer"
         )
     order = rng.permutation(n_classes)
-    per = n_classes // n_tasks
-    tasks = [sorted(int(c) for c in order[t * per : (t + 1) * per]) for t in range(n_tasks)]
-    return tasks, sorted(int(c) for c in order[n_tasks * per :])
+    per, extra = divmod(n_classes, n_tasks)
+    sizes = [per] * n_tasks if drop_remainder else [per + (t < extra) for t in range(n_tasks)]
+    bounds = np.cumsum([0, *sizes])
+    tasks = [sorted(int(c) for c in order[bounds[t] : bounds[t + 1]]) for t in range(n_tasks)]
+    return tasks, sorted(int(c) for c in order[bounds[-1] :])
 
 
 def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
@@ -104,16 +120,34 @@ def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
     return tasks
 
 
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 class``, ``2 classes``: ``n`` and the noun in the matching number (``nouns``: default ``noun + "s"``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def _tasks_range(first: int, last: int) -> str:
+    return f"task {first}" if first == last else f"tasks {first}-{last}"
+
+
 def dropped_warning(stream: Stream, n_classes: int, class_order: bool) -> str | None:
-    """The warning for classes the stream leaves out (None when it has them all): those that do not split
-    evenly into the tasks, or those an explicit ``--class-order`` does not list."""
+    """The warning for classes the stream leaves out (``--drop-remainder``, or an explicit ``--class-order`` that
+    does not list them), or the note on a seeded split into tasks of unequal sizes; None when neither applies."""
     if not stream.dropped:
-        return None
-    ids = f"{len(stream.dropped)} classes (label ids {stream.dropped})"
+        sizes = [len(t) for t in stream.tasks]
+        if class_order or len(set(sizes)) < 2:
+            return None
+        larger, n = sizes.count(sizes[0]), stream.n_tasks
+        return (f"note: {n_classes} classes do not split evenly into {n} tasks: {_tasks_range(1, larger)} "
+                f"{'has' if larger == 1 else 'have'} {counted(sizes[0], 'class', 'classes')}, "
+                f"{_tasks_range(larger + 1, n)} {'has' if n - larger == 1 else 'have'} "
+                f"{counted(sizes[-1], 'class', 'classes')} (--drop-remainder drops the "
+                f"{counted(larger, 'class', 'classes')} left over instead, as the published code)")
+    ids = f"{counted(len(stream.dropped), 'class', 'classes')} (label ids {stream.dropped})"
     if class_order:
         return (f"warning: --class-order lists {n_classes - len(stream.dropped)} of the store's {n_classes} "
                 f"classes; dropping the other {ids}: their rows are neither trained on nor evaluated")
-    return (f"warning: {n_classes} classes do not split evenly into {stream.n_tasks} tasks; dropping {ids}")
+    return (f"warning: {n_classes} classes do not split evenly into {counted(stream.n_tasks, 'task')}; "
+            f"--drop-remainder drops {ids}: their rows are neither trained on nor evaluated")
 
 
 def build_stream(
@@ -124,13 +158,18 @@ def build_stream(
     seed: int,
     class_order: list[list[int]] | None = None,
     drop_last: bool = False,
+    drop_remainder: bool = False,
 ) -> Stream:
-    """The stream over ``labels`` (a split's label array): tasks, then shuffled rows per task."""
+    """The stream over ``labels`` (a split's label array): tasks (``n_tasks`` None: the default number), then
+    shuffled rows per task."""
     if batch_size < 1:
         raise FoalPipeError(f"--batch-size must be at least 1, got {batch_size}")
     rng = np.random.default_rng(seed)
     if class_order is None:
-        tasks, dropped = split_classes(n_classes, int(n_tasks or 0), rng)
+        tasks, dropped = split_classes(n_classes, n_tasks, rng, drop_remainder)
+    elif drop_remainder:
+        raise FoalPipeError("--drop-remainder applies to the seeded split into --tasks; an explicit --class-order "
+                            "lists its tasks itself: drop --drop-remainder")
     else:
         tasks = class_order
         dropped = sorted(set(range(n_classes)) - {c for t in tasks for c in t})

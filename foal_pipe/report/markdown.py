@@ -13,6 +13,7 @@ from foal_pipe.core.metrics import summarize
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 from foal_pipe.report.readers import Run, is_number
 from foal_pipe.report.selection import CRITERIA, has_criteria, last, result_at, select
+from foal_pipe.protocol.stream import counted
 
 _LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)"}
 
@@ -38,7 +39,7 @@ def describe(metrics: dict[str, Any]) -> str:
     n_tasks = m.get("n_tasks", len(m.get("tasks") or []) or len(m["accuracy_matrix"]))
     parts = [
         f"encoder `{enc.get('name', '?')}`" + (f" ({enc_bits})" if enc_bits else ""),
-        f"{n_tasks} tasks",
+        counted(n_tasks, "task") if isinstance(n_tasks, int) else f"{n_tasks} tasks",
         f"D={m.get('projection_dim', '?')}",
         f"gamma={gamma_text(m)}",
         f"batch {m.get('batch_size', '?')}",

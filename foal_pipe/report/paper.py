@@ -201,12 +201,15 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
         for key, value in wanted.items()
         if key not in ignore and not _same(key, ours[key], value)
     ]
+    tasks = metrics.get("tasks")
+    uneven = isinstance(tasks, list) and len({len(t) for t in tasks if isinstance(t, list)}) > 1
+    kept = "; the published code drops the classes left over by an even split: --drop-remainder" if uneven else ""
     for key in ("n_train", "n_test"):
         paper = getattr(row, key)
         if paper is None:
             differences.append(f"{_LABELS[key]} {_show(ours[key])} (the paper gives no exact count for {row.title})")
         elif not _same(key, ours[key], paper):
-            differences.append(f"{_LABELS[key]} {_show(ours[key])} (paper {_show(paper)})")
+            differences.append(f"{_LABELS[key]} {_show(ours[key])} (paper {_show(paper)}{kept})")
     return PaperMatch(row, tuple(differences))
 
 

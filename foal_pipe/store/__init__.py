@@ -20,38 +20,45 @@ with :meth:`Split.read_blocks`/:meth:`Split.take_blocks`) and the final norm (:c
 them at read time, :meth:`FeatureStore.fusions` several fusions from one read (:mod:`foal_pipe.store.blockfusion`).
 """
 
-from foal_pipe.store.log import log_path, log_run, read_log, update_run, writer_lock
-from foal_pipe.store.meta import (
-    BLOCK_DTYPES,
-    FEATURE_DTYPES,
-    FORMAT,
-    FORMAT_VERSION,
-    LABEL_CHUNK_ROWS,
-    LOG_SUFFIX,
-    MEMORY_SHARE,
-    READABLE_VERSIONS,
-    ROW_ARRAYS,
-    SPLITS,
-    UNLABELLED,
-    BlockLayout,
-    StoreMeta,
-    open_array,
-    read_meta,
-)
-from foal_pipe.store.read import FeatureStore, Split, check_chunks, check_same, open_store
-from foal_pipe.store.verify import ChunkProblem, Verification, has_checksums, verify_store
-from foal_pipe.store.write import (
-    FeatureWriter,
-    complete_store,
-    compute_generation,
-    create_array,
-    create_skeleton,
-    mark_progress,
-    remove_partial_files,
-    reopen_at,
-    replace_store,
-    write_store,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from foal_pipe import lazy_names
+
+if TYPE_CHECKING:
+    from foal_pipe.store.log import log_path, log_run, read_log, update_run, writer_lock
+    from foal_pipe.store.meta import (
+        BLOCK_DTYPES,
+        FEATURE_DTYPES,
+        FORMAT,
+        FORMAT_VERSION,
+        LABEL_CHUNK_ROWS,
+        LOG_SUFFIX,
+        MEMORY_SHARE,
+        READABLE_VERSIONS,
+        ROW_ARRAYS,
+        SPLITS,
+        UNLABELLED,
+        BlockLayout,
+        StoreMeta,
+        open_array,
+        read_meta,
+    )
+    from foal_pipe.store.read import FeatureStore, Split, check_chunks, check_same, open_store
+    from foal_pipe.store.verify import ChunkProblem, Verification, has_checksums, verify_store
+    from foal_pipe.store.write import (
+        FeatureWriter,
+        complete_store,
+        compute_generation,
+        create_array,
+        create_skeleton,
+        mark_progress,
+        remove_partial_files,
+        reopen_at,
+        replace_store,
+        write_store,
+    )
 
 __all__ = [
     "BLOCK_DTYPES", "BlockLayout", "ChunkProblem", "FEATURE_DTYPES", "FORMAT", "FORMAT_VERSION", "FeatureStore",
@@ -61,3 +68,15 @@ __all__ = [
     "open_array", "open_store", "read_log", "read_meta", "remove_partial_files", "reopen_at", "replace_store",
     "update_run", "verify_store", "write_store", "writer_lock"
 ]
+
+__getattr__ = lazy_names(__name__, {
+    "foal_pipe.store.log": ["log_path", "log_run", "read_log", "update_run", "writer_lock"],
+    "foal_pipe.store.meta": ["BLOCK_DTYPES", "FEATURE_DTYPES", "FORMAT", "FORMAT_VERSION", "LABEL_CHUNK_ROWS",
+                               "LOG_SUFFIX", "MEMORY_SHARE", "READABLE_VERSIONS", "ROW_ARRAYS", "SPLITS",
+                               "UNLABELLED", "BlockLayout", "StoreMeta", "open_array", "read_meta"],
+    "foal_pipe.store.read": ["FeatureStore", "Split", "check_chunks", "check_same", "open_store"],
+    "foal_pipe.store.verify": ["ChunkProblem", "Verification", "has_checksums", "verify_store"],
+    "foal_pipe.store.write": ["FeatureWriter", "complete_store", "compute_generation", "create_array",
+                                "create_skeleton", "mark_progress", "remove_partial_files", "reopen_at",
+                                "replace_store", "write_store"],
+})

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store.chunks import check_finite, chunk_spans
 
 FUSION_FORMS = "mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K"
 """The valid spec forms, as error messages name them."""
@@ -256,6 +255,8 @@ class FusedSplits:
         return {text: self._fuse(text, blocks, rows) for text in self.chosen}
 
     def _fuse(self, text: str, blocks: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
+        from foal_pipe.store.chunks import check_finite  # zarr: not imported with the encoders' configuration
+
         mean = average_blocks(blocks, self.chosen[text])
         return check_finite(mean if self.norm is None else self.norm(mean), self.name, rows, f"blocks (fused by {text})")
 
@@ -276,6 +277,8 @@ class FusedSplits:
 
     def iter_chunks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Yield ``(first_row, {spec: features})`` for each stored chunk in ``[start, stop)``, in row order."""
+        from foal_pipe.store.chunks import chunk_spans
+
         for lo, hi in chunk_spans(self.n_rows, self.chunk_rows, start, stop):
             yield lo, self.read(lo, hi)
 
