@@ -10,7 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import DIM, N_CLASSES, assert_clean_error, assert_one_line_error, assert_same_matrix, build_store, invoke, learn, read
+from helpers import (
+    DIM,
+    N_CLASSES,
+    assert_clean_error,
+    assert_one_line_error,
+    assert_same_matrix,
+    build_store,
+    invoke,
+    learn,
+    read,
+)
 from safetensors.numpy import load_file
 
 from foal_pipe.core.metrics import summarize

@@ -148,11 +148,11 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
 def test_one_default_grid_for_sweep_and_gamma_auto(tmp_path, store):
     """`sweep` without --gammas and `learn --gamma auto` without --gamma-grid score the same grid, so every gamma
     the sweep can pick, --gamma auto can too."""
-    from foal_pipe.protocol import ModelConfig, SweepConfig
     from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
+    from foal_pipe.protocol import ModelConfig, SweepConfig
 
     assert SweepConfig().gammas == ModelConfig().gamma_grid == DEFAULT_GAMMA_GRID
-    assert DEFAULT_GAMMA_GRID == tuple(10.0**k for k in range(-4, 9))
+    assert tuple(10.0**k for k in range(-4, 9)) == DEFAULT_GAMMA_GRID
     result = invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2, "--projection-dim", 16)
     assert result.exit_code == 0, result.output
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())

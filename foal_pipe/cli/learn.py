@@ -11,9 +11,9 @@ import typer
 from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
+from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import parse_memory
-from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.protocol.stream import counted
 
 

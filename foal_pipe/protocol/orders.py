@@ -29,8 +29,15 @@ from foal_pipe.memory import check_memory, human
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.progress import progress_bar
-from foal_pipe.protocol.commands import (flag_grid_edge, run_learn, run_sweep, save_model, warn_auto_edges,
-                                        warn_dropped, write_outputs)
+from foal_pipe.protocol.commands import (
+    flag_grid_edge,
+    run_learn,
+    run_sweep,
+    save_model,
+    warn_auto_edges,
+    warn_dropped,
+    write_outputs,
+)
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.records import accuracy_report, choose, learn_metrics, run_info

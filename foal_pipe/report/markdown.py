@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.stream import counted
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 from foal_pipe.report.readers import Run, is_number
 from foal_pipe.report.selection import CRITERIA, has_criteria, last, result_at, select
-from foal_pipe.protocol.stream import counted
 
 _LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)"}
 
