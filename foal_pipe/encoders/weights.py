@@ -1,14 +1,15 @@
-"""Weights for a timm model, loaded strictly: a local checkpoint, timm's Hugging Face hub cache, or a seeded
-random init (:data:`LOADERS`, by the ``source`` of the weights' provenance).
+"""Weights for a timm model, loaded strictly: a local checkpoint, timm's Hugging Face hub cache, or a seeded random
+init (:data:`LOADERS`, by the ``source`` of the weights' provenance).
 
 Every parameter of the headless model must come from the weights, with its exact shape; only the classifier
 head's keys are dropped (timm itself loads non-strictly when the head is removed, which would leave missing
 blocks at a random init). The position embeddings of a checkpoint saved at another image size are resampled to
 the model's grid, as timm resamples its hub weights, and the store records it. A checkpoint is read with
-safetensors or ``torch.load(weights_only=True)`` from the very bytes whose SHA-256 the store records; pickled objects are never loaded. Hub weights are taken from the
-Hugging Face cache without touching the network when they are there; otherwise huggingface_hub's own
-offline mode answers at once, and one bounded request to the hub tells a missing network within seconds
-(instead of huggingface_hub's minute of retries). Torch and timm are imported inside functions only.
+safetensors or ``torch.load(weights_only=True)`` from the very bytes whose SHA-256 the store records; pickled
+objects are never loaded. Hub weights are taken from the Hugging Face cache without touching the network when
+they are there; otherwise huggingface_hub's own offline mode answers at once, and one bounded request to the hub
+tells a missing network within seconds (instead of huggingface_hub's minute of retries). Torch and timm are
+imported inside functions only.
 """
 
 from __future__ import annotations
