@@ -12,21 +12,24 @@ from foal_pipe.store import StoreMeta
 N_CLASSES, DIM = 100, 768
 
 
-def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0, noise: float = 8.0) -> Path:
-    """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store."""
+def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0, noise: float = 8.0,
+               n_classes: int = N_CLASSES, dim: int = DIM, dtype: str = "float32") -> Path:
+    """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store, rows in a random
+    class order (every chunk holds rows of every class)."""
     rng = np.random.default_rng(seed)
-    means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
+    means = rng.normal(0, 1, size=(n_classes, dim)).astype(np.float32)
     group = zarr.open_group(str(path), mode="w")
-    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(N_CLASSES)), dataset="synthetic",
+    meta = StoreMeta(classes=tuple(f"class{i}" for i in range(n_classes)), dataset="synthetic",
                      encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
     group.attrs.update(meta.to_dict())
     for split, n in (("train", n_train), ("test", n_test)):
-        feats = group.create_array(f"{split}/features", shape=(n, DIM), chunks=(chunk, DIM), dtype="float32")
+        feats = group.create_array(f"{split}/features", shape=(n, dim), chunks=(chunk, dim), dtype=dtype)
         labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
-        y = rng.integers(0, N_CLASSES, size=n)
+        y = rng.integers(0, n_classes, size=n)
         labels[:] = y
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
-            feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, noise, size=(hi - lo, DIM)).astype(np.float32)
+            rows = means[y[lo:hi]] + rng.normal(0, noise, size=(hi - lo, dim)).astype(np.float32)
+            feats[lo:hi] = rows.astype(dtype)
     group.attrs["complete"] = True
     return path

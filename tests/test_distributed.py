@@ -89,7 +89,8 @@ def test_sweep_dask_equals_local_with_own_local_cluster(store, tmp_path):
 
 
 def test_dask_statistics_match_local(store, cluster):
-    """Library level: the statistics of each task's rows, computed on the cluster, against one local batch."""
+    """Library level: the statistics of each task's rows, computed on the cluster in one pass, against one local
+    batch each."""
     from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.core.statistics import RidgeStatistics
     from foal_pipe.protocol.distributed import dask_statistics
@@ -103,8 +104,9 @@ def test_dask_statistics_match_local(store, cluster):
     X = np.concatenate([x for _, x in train.iter_chunks()])
     row_task = stream.row_tasks(train.n_rows)
     with distributed.Client(cluster.scheduler_address) as client:
-        for t in range(3):
-            got = dask_statistics(client, str(store), row_task == t, train.labels, projection, step=50)
+        per_task = dask_statistics(client, str(store), row_task, 3, train.labels, projection, step=50)
+        assert len(per_task) == 3
+        for t, got in enumerate(per_task):
             rows = np.flatnonzero(row_task == t)
             ref = RidgeStatistics.from_batch(projection.transform(X[rows]), train.labels[rows])
             np.testing.assert_array_equal(got.classes, ref.classes)

@@ -170,5 +170,5 @@ def test_a_fusions_entry_that_names_no_fusion_is_refused(blocks_store, tmp_path)
 def test_each_fusion_keeps_its_activations_with_the_same_results_as_projecting_again(blocks_store, tmp_path):
     _sweep(blocks_store, tmp_path / "kept", "--fusions", ",".join(FUSIONS))
     result = _sweep(blocks_store, tmp_path / "again", "--fusions", ",".join(FUSIONS), "--max-memory", "1KiB", ok=False)
-    assert result.exit_code == 0 and "reads and projects the rows seen so far again" in result.output, result.output
+    assert result.exit_code == 0 and "projects the rows seen so far again" in result.output, result.output
     assert (tmp_path / "kept" / "sweep.json").read_bytes() == (tmp_path / "again" / "sweep.json").read_bytes()

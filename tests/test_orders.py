@@ -84,7 +84,7 @@ def test_memory_refusal_falls_back_to_one_pass_per_order(store: Path, tmp_path: 
     need = class_statistics_bytes(12, 24, "float64")
     result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--gamma", "0.5",
                       "--order-seeds", "0,3,7", "--max-memory", str(need - 1)])
-    assert "running one pass per class order (3 passes)" in result.output
+    assert "running one walk per class order (3 walks over rows read once)" in result.output
     assert "raise --max-memory to" in result.output and "per-class statistics need" in result.output
     many = json.loads((tmp_path / "many" / "metrics.json").read_text())
     assert many["one_pass"] is False
@@ -187,13 +187,15 @@ def test_evaluate_flags_an_order_inconsistent_with_its_matrix(store: Path, tmp_p
     assert "A_last of order 3 in metrics.json" in (run / "eval" / "summary.md").read_text()
 
 
-def test_small_buffer_gives_the_same_orders(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Buffers flushed every 16 rows of a class (many flushes per class) sum to the same statistics."""
-    import foal_pipe.protocol.orders as orders
+def test_small_blocks_and_spilled_rows_give_the_same_orders(store: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 16 rows (many per class) of rows held in a temporary file sum to the same statistics."""
+    import foal_pipe.protocol.rowcache as rowcache
 
     args = [*COMMON, "--gamma", "0.5", "--order-seeds", "0,3"]
     _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "big"), *args])
-    monkeypatch.setattr(orders, "BUFFER_BYTES", 1)
+    monkeypatch.setattr(rowcache, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(rowcache, "RAM_BYTES", 0)
     _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "small"), *args])
     big, small = (json.loads((tmp_path / x / "metrics.json").read_text()) for x in ("big", "small"))
     for a, b in zip(big["orders"], small["orders"]):

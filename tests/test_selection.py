@@ -113,14 +113,15 @@ def test_gcv_warns_when_dof_near_n(tmp_path):
 
 @pytest.mark.parametrize("command", ["sweep", "learn"])
 def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, store, monkeypatch, command):
-    """Leave-one-out from the activations kept in memory, and from the rows read and projected again at every
-    boundary (forced by a --max-memory below the activations' size), write the same bytes: a row's projection
-    does not depend on the rows projected beside it. Blocks of 20 rows split the 64-row chunks; 5 tasks of 12
-    classes with --drop-remainder drop 2 classes, so some rows are outside the stream."""
-    import foal_pipe.protocol.run as run
+    """Leave-one-out from the activations kept in memory, and from the cached rows projected again at every
+    boundary (forced by a --max-memory below the activations' size), write the same bytes: every pass cuts a
+    task's rows into the same blocks. Blocks of 20 rows; 5 tasks of 12 classes with --drop-remainder drop 2
+    classes, so some rows are outside the stream. The decoded rows held in a temporary file instead of memory give
+    the same bytes too."""
+    import foal_pipe.protocol.rowcache as rowcache
     import foal_pipe.protocol.walk as walk
 
-    monkeypatch.setattr(run, "BLOCK_VALUES", 48 * 20)
+    monkeypatch.setattr(rowcache, "BLOCK_ROWS", 20)
     projected = []
     project = walk._project
     monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
@@ -129,16 +130,17 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     args += ["--gammas", ",".join(map(str, GRID))] if command == "sweep" else ["--gamma", "auto", "--gamma-grid", "1,16,1e3"]
     files = ["sweep.json"] if command == "sweep" else ["metrics.json", "model.safetensors"]
     written, rows = {}, {}
-    for budget in ("8GiB", "1KiB"):
+    for budget, ram in (("8GiB", rowcache.RAM_BYTES), ("1KiB", rowcache.RAM_BYTES), ("8GiB", 0)):
+        monkeypatch.setattr(rowcache, "RAM_BYTES", ram)
         projected.clear()
-        out = tmp_path / budget
+        out = tmp_path / f"{budget}-{ram}"
         result = invoke(command, *args, "--max-memory", budget, "--out", out)
         assert result.exit_code == 0, result.output
-        assert ("reads and projects the rows seen so far again" in result.output) == (budget == "1KiB"), result.output
-        written[budget] = {name: (out / name).read_bytes() for name in files}
+        assert ("projects the rows seen so far again" in result.output) == (budget == "1KiB"), result.output
+        written[budget, ram] = {name: (out / name).read_bytes() for name in files}
         rows[budget] = sum(projected)
-    assert written["8GiB"] == written["1KiB"]
-    kept = json.loads(written["8GiB"][files[0]])
+    assert len({tuple(w.values()) for w in written.values()}) == 1
+    kept = json.loads(written["8GiB", 0][files[0]])
     assert kept["n_tasks"] == 5 and len(kept["dropped_classes"]) == 2
     seen = np.cumsum([rows.size for rows in build_stream(read(store)[1], N_CLASSES, 5, 10, 3, drop_remainder=True).rows])
     assert rows["8GiB"] == seen[-1] == kept["n_train_seen"]  # every row of the stream projected once, then kept

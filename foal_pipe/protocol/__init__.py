@@ -1,21 +1,22 @@
 """``learn`` and ``sweep``: the online protocol over a feature store, evaluated after every task.
 
-At each task boundary k both engines give the ridge solution over every training row of tasks 1..k:
+Both engines first read the stream's train rows once, whatever the class order and the number of tasks
+(:class:`~foal_pipe.protocol.rowcache.GroupedRows`: every chunk decoded once on background threads, the rows grouped by
+task, in memory or in a temporary file). At each task boundary k both then give the ridge solution over every
+training row of tasks 1..k:
 
-* ``rls`` replays the stream batch by batch in stream order (reading each task's rows window by
-  window), exactly as the paper's Algorithm 1.
+* ``rls`` replays the stream batch by batch in stream order, exactly as the paper's Algorithm 1.
 * ``gram`` walks the tasks in stream order with one running :class:`~foal_pipe.core.statistics.RidgeStatistics`:
-  task k's rows are read chunk by chunk (each chunk decoded once per task) and added, then the boundary is
-  solved. Memory does not grow with the number of tasks: the running sums, one batch's Gram matrix and one
-  block of rows (a leave-one-out run may also keep the rows' activations, below).
+  task k's rows are projected and added in full-size blocks (a fixed number of rows, cut the same way in
+  every pass), then the boundary is solved.
 
 At a boundary the gram walk either solves for a fixed gamma (``learn --gamma 1``), or decomposes ``G``
 once and serves many gammas (``sweep``, ``learn --gamma auto``): their weights, their GCV, and, after one
-more pass over the rows seen so far, their exact leave-one-out scores. That pass multiplies the activations
-kept from the rows' first projection (:class:`~foal_pipe.protocol.walk.KeptActivations`, rows x D values)
-where ``--max-memory`` and the machine allow; otherwise it is fused with the next task's pass, which decodes
-each chunk once per task and projects the rows seen so far again. Test accuracy for every boundary (and every
-gamma) is computed in one pass over the test split at the end.
+more pass over the cached rows of tasks 1..k, their exact leave-one-out scores. That pass multiplies the
+activations kept from the rows' first projection (:class:`~foal_pipe.protocol.walk.KeptActivations`, rows x D values) where
+``--max-memory`` and the machine allow; otherwise it projects the cached rows again, in the same blocks, so to
+the same bits. Test accuracy for every boundary (and every gamma) is computed from one read of the test split
+at the end.
 
 ``sweep --fusions`` walks several fusions of a blocks store at once: each blocks chunk is decoded once and
 fused every way (:class:`~foal_pipe.store.blockfusion.FusedSplits`), and each fusion keeps its own running

@@ -21,7 +21,7 @@ from foal_pipe.protocol.records import fusions_report, grid_edge, learn_metrics,
 from foal_pipe.protocol.run import Run, prepare, reread_note
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
-from foal_pipe.protocol.walk import gram_boundaries, gram_walk, rls_boundaries
+from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries
 from foal_pipe.store.blockfusion import parse_fusions
 
 
@@ -33,9 +33,11 @@ def run_learn(
     evaluation: EvaluationConfig,
     execution: ExecutionConfig,
     log: Callable[[str], None] = print,
+    shared: SharedRows | None = None,
 ) -> dict[str, Any]:
     """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
-    and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit."""
+    and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
+    ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
@@ -46,17 +48,18 @@ def run_learn(
         log(reread_note(run))
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
         if model.engine == "rls":
-            boundaries, final = rls_boundaries(run)
+            boundaries, final = rls_boundaries(run, shared and shared.train)
         else:
             if auto:
-                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select))
+                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select),
+                                                         rows=shared and shared.train)
                 final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
                                                            dtype=model.dtype)
             else:
                 solver = FixedGamma(float(model.gamma), model.dtype)
-                boundaries, _ = gram_boundaries(run, solver)
+                boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train)
                 final = solver.classifier
-        acc = accuracy_matrices(run, boundaries)[0]
+        acc = accuracy_matrices(run, boundaries, shared and shared.test)[0]
     metrics = learn_metrics(run, stream, acc, boundaries)
     if auto and model.select == "gcv":
         _warn_gcv(boundaries, model.gamma_grid, log)
@@ -80,6 +83,7 @@ def run_sweep(
     evaluation: EvaluationConfig,
     execution: ExecutionConfig,
     log: Callable[[str], None] = print,
+    shared: SharedRows | None = None,
 ) -> dict[str, Any]:
     """Score every gamma from one walk over the train split and one pass over the test split; write
     ``sweep.json`` (and ``timings.json``). ``model.gamma`` and ``model.engine`` are not used.
@@ -87,7 +91,7 @@ def run_sweep(
     With ``sweep.fusions``, every fusion x gamma from that one walk (each blocks chunk decoded once per task):
     ``sweep.json`` keeps the single-sweep keys for the fusion chosen overall, and adds ``fusions`` (each
     fusion's ``results``, ``best_gamma``, ``best_gamma_test``), ``best`` and the oracle ``best_test``
-    (``{"fusion", "gamma"}`` over every fusion x gamma).
+    (``{"fusion", "gamma"}`` over every fusion x gamma). ``shared`` as in :func:`run_learn`.
     """
     start = time.perf_counter()
     if not sweep.gammas:
@@ -106,8 +110,9 @@ def run_sweep(
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
     with np.errstate(all="ignore"):
-        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes})
-        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()})
+        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes},
+                          rows=shared and shared.train)
+        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, shared and shared.test)
     entries = {key: sweep_entry(gammas, lane.boundaries, accs[key], sweep.loo, select)
                for key, lane in lanes.items()}
     if fusions:

@@ -11,8 +11,6 @@ from foal_pipe.memory import DEFAULT_MAX_MEMORY
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
-#: Rows projected at once elsewhere: at most this many activation values (a store chunk at D = 1000).
-BLOCK_VALUES = 2**22
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
 #: How each criterion ranks gammas: the key of a sweep result and whether larger is better.

@@ -2,9 +2,9 @@
 
 Dask (``pip install 'foal-pipe[dist]'``) does the scheduling, data movement and fault tolerance; this module
 only says what each task computes. :func:`dask_statistics` sums the
-:class:`~foal_pipe.core.statistics.RidgeStatistics` of the selected train rows (one task's, as ``learn``
-walks the stream). The features are read with :func:`dask.array.from_zarr` in blocks aligned to the
-store's chunks; each block task projects its selected rows and returns their statistics; partials are
+:class:`~foal_pipe.core.statistics.RidgeStatistics` of the train rows of every task in one pass over the store
+(``learn`` then adds them in stream order). The features are read with :func:`dask.array.from_zarr` in blocks
+aligned to the store's chunks; each block task projects its rows and returns their statistics per task; partials are
 added pairwise on the workers as they finish (preferably two held by the same worker, so little
 moves), and only the total comes back. The sums are the same as the single-process pass (to rounding,
 ~1e-13), so the weights and metrics are too. The per-batch RLS path is sequential and stays local.
@@ -46,23 +46,26 @@ def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int, workers: i
 
 
 def block_statistics(
-    X: np.ndarray, first_row: int, selected: np.ndarray, labels: np.ndarray, projection: SmoothProjection, step: int
-) -> RidgeStatistics | None:
-    """The statistics of one block's selected rows (None if it has none), projected ``step`` rows at a time."""
+    X: np.ndarray, first_row: int, groups: np.ndarray, n_groups: int, labels: np.ndarray, projection: SmoothProjection,
+    step: int,
+) -> list[RidgeStatistics | None]:
+    """The statistics of one block's rows per group (``groups``: each row's group, -1 for none; None for a group
+    without rows), each group's rows projected ``step`` at a time."""
     X = np.asarray(X)
     check_finite(X, "train", first_row)
-    total = None
-    for lo in range(0, X.shape[0], step):
-        keep = lo + np.flatnonzero(selected[lo : lo + step])
-        if keep.size:
+    totals: list[RidgeStatistics | None] = [None] * n_groups
+    for g in np.unique(groups[groups >= 0]).tolist():
+        mine = np.flatnonzero(groups == g)
+        for lo in range(0, mine.size, step):
+            keep = mine[lo : lo + step]
             part = RidgeStatistics.from_batch(projection.transform(X[keep]), labels[keep])
-            total = part if total is None else total + part
-    return total
+            totals[g] = part if totals[g] is None else totals[g] + part
+    return totals
 
 
-def add_statistics(a: RidgeStatistics | None, b: RidgeStatistics | None) -> RidgeStatistics | None:
-    """The sum of two partials, as new arrays (inputs held by Dask are never modified)."""
-    return b if a is None else a if b is None else a + b
+def add_statistics(a: list[RidgeStatistics | None], b: list[RidgeStatistics | None]) -> list[RidgeStatistics | None]:
+    """The group-wise sum of two partials, as new arrays (inputs held by Dask are never modified)."""
+    return [y if x is None else x if y is None else x + y for x, y in zip(a, b)]
 
 
 def reduce_as_completed(
@@ -99,13 +102,15 @@ def reduce_as_completed(
 def dask_statistics(
     client: Client,
     path: str,
-    selected: np.ndarray,
+    groups: np.ndarray,
+    n_groups: int,
     labels: np.ndarray,
     projection: Any,
     step: int,
     advance: Callable[[int], None] = lambda n: None,
-) -> RidgeStatistics:
-    """The :class:`RidgeStatistics` of the train rows where ``selected`` is true, computed on the cluster.
+) -> list[RidgeStatistics]:
+    """The :class:`RidgeStatistics` of each group of train rows (``groups``: every row's group, -1 for none),
+    computed on the cluster in one pass over the store.
 
     ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
     :class:`SmoothProjection` (or its future, scattered once by the caller), ``step`` the rows projected at
@@ -124,17 +129,17 @@ def dask_statistics(
     blocks, sizes = [], []
     for i, block in enumerate(X.to_delayed().ravel()):
         lo, hi = i * rows, min((i + 1) * rows, n_rows)
-        count = int(np.count_nonzero(selected[lo:hi]))
+        count = int(np.count_nonzero(groups[lo:hi] >= 0))
         if count:
-            blocks.append(stat(block, lo, selected[lo:hi], labels[lo:hi], projection, step))
+            blocks.append(stat(block, lo, groups[lo:hi], n_groups, labels[lo:hi], projection, step))
             sizes.append(count)
     if not blocks:
         raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
     futures = client.compute(blocks)
     size_of = {f.key: n for f, n in zip(futures, sizes)}
-    total = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
-    expected = int(np.count_nonzero(selected))
-    if total is None or total.n != expected:
-        raise FoalPipeError(f"dask returned statistics for {0 if total is None else total.n} of {expected} rows; "
-                            "re-run the command")
-    return total
+    totals = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
+    expected = np.bincount(groups[groups >= 0], minlength=n_groups)
+    got = np.array([0 if t is None else t.n for t in totals])
+    if not np.array_equal(got, expected) or any(t is None for t in totals):
+        raise FoalPipeError(f"dask returned statistics for {int(got.sum())} of {int(expected.sum())} rows; re-run the command")
+    return totals

@@ -1,44 +1,50 @@
-"""Test accuracy of every boundary's models (and every gamma, every fusion) from one pass over the test split."""
+"""Test accuracy of every boundary's models (and every gamma, every fusion) from one read of the test split."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import numpy as np
 
 from foal_pipe.core.backend import default_device
 from foal_pipe.core.scoring import ModelScores, Rows
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary
+from foal_pipe.protocol.walk import test_rows
 
 
-def accuracy_matrices(run: Run, boundaries: Sequence[Boundary]) -> np.ndarray:
+def accuracy_matrices(run: Run, boundaries: Sequence[Boundary], rows: GroupedRows | None = None) -> np.ndarray:
     """``acc[m, i, j]``: accuracy of model m after task i on task j's test rows (NaN for j > i)."""
-    return lane_accuracies(run, {None: boundaries})[None]
+    return lane_accuracies(run, {None: boundaries}, rows)[None]
 
 
-def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]]) -> dict[str | None, np.ndarray]:
-    """:func:`accuracy_matrices` of every lane (keyed as :attr:`Run.lanes`) from one pass over the test split."""
-    test, n_classes = run.store.test, len(run.store.classes)
-    row_task = run.stream.task_of_label(n_classes)[test.labels]
+def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]],
+                    rows: GroupedRows | None = None) -> dict[str | None, np.ndarray]:
+    """:func:`accuracy_matrices` of every lane (keyed as :attr:`Run.lanes`) from one read of the test split.
+
+    The test rows of the stream's classes are read once and grouped by task (:class:`GroupedRows`), so in
+    each full-size block the rows of tasks 1..k are a prefix, which boundary k scores. ``rows`` (from
+    :func:`test_rows` with ``classes``) serves several class orders from one read: each takes its classes' rows
+    in its task order.
+    """
     T = len(next(iter(boundaries.values())))
     correct = {key: np.zeros((int(b[0].W.shape[1]), T, T), dtype=np.int64) for key, b in boundaries.items()}
     models = {key: [_models(run, b) for b in bs] for key, bs in boundaries.items()}
-    with progress_bar("test", test.n_rows) as advance, run.timed("test"):
-        for lo, chunk in run.source("test").iter_chunks():
-            views = chunk if isinstance(chunk, dict) else {None: chunk}
-            n = next(iter(views.values())).shape[0]
-            tasks_all = row_task[lo : lo + n]
-            keep_all = np.flatnonzero(tasks_all >= 0)
-            for b0 in range(0, keep_all.size, run.block_rows):
-                keep = keep_all[b0 : b0 + run.block_rows]
-                keep = keep[np.argsort(tasks_all[keep], kind="stable")]  # by task: each boundary scores a prefix
-                y, tasks = test.labels[lo + keep], tasks_all[keep]
-                for key, X in views.items():
-                    H = run.projection.transform(X[keep], run.xp)
-                    _score(run, Rows.of(H), y, tasks, boundaries[key], models[key], correct[key])
-            advance(n)
+    n_rows = int(run.test_totals.sum())
+    with progress_bar("test (one read)", n_rows * (1 if rows else 2)) as advance, run.timed("test"), \
+            (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
+        task_of = run.stream.task_of_label(len(run.store.classes))[cached.labels]
+        order = np.argsort(task_of, kind="stable")[-n_rows:]  # rows outside the stream (-1) sort first
+        for start in range(0, n_rows, run.block_rows):
+            positions = order[start : start + run.block_rows]
+            y, tasks = cached.labels[positions], task_of[positions]
+            for key in cached.lanes:
+                H = run.projection.transform(cached.take(key, positions, run.xp), run.xp)
+                _score(run, Rows.of(H), y, tasks, boundaries[key], models[key], correct[key])
+            advance(positions.size)
     accuracies = {}
     for key, counts in correct.items():
         acc = counts / run.test_totals[None, None, :]

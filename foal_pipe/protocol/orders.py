@@ -8,7 +8,9 @@ the same rows summed, so each order's accuracy matrix equals a separate ``learn 
 The one pass needs the order-free sums; where a run needs the rows in stream order (``--engine rls``), the
 rows again at every boundary (``--gamma auto --select loo``, ``sweep`` with its leave-one-out pass),
 order-dependent rows (``--drop-last``), a cluster (``--scheduler dask``), or where the per-class statistics
-exceed ``--max-memory``, it runs one pass per order instead and says so.
+exceed ``--max-memory``, it runs one walk per order instead and says so. Either way the store is read once: the
+rows of every order's classes are decoded once and grouped by class (:func:`~foal_pipe.protocol.walk.shared_rows`),
+and each walk takes its tasks from them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
@@ -43,11 +46,10 @@ from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.records import accuracy_report, choose, learn_metrics, run_info
 from foal_pipe.protocol.run import Run, prepare
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 #: The metrics summarised over orders (mean and std).
 SUMMARY_KEYS = ("A_avg", "A_last", "F")
-#: The most raw feature rows buffered, per class, before their statistics are formed (bytes, all classes).
-BUFFER_BYTES = 256 * 2**20
 
 
 def parse_order_seeds(text: str) -> tuple[int, ...]:
@@ -89,13 +91,13 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
 
 
 def _check_class_memory(command: str, run: Run) -> None:
-    """The per-class statistics and the row buffers, on top of one order's run, against the available memory."""
+    """The per-class statistics, on top of one order's run (its cached rows included), against the available
+    memory."""
     from foal_pipe.protocol.run import memory_parts
 
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
-    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need,
-                                              "buffered rows": BUFFER_BYTES},
-                 f"set --max-memory below {human(need)} for one pass per order, lower --projection-dim, "
+    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need},
+                 f"set --max-memory below {human(need)} for one walk per order, lower --projection-dim, "
                  "use --dtype float32, or free memory")
 
 
@@ -104,51 +106,22 @@ def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
         raise FoalPipeError("--class-order fixes the class order, so --order-seeds has nothing to vary; pass one of them")
 
 
-def class_statistics(runs: Sequence[Run]) -> list[RidgeStatistics]:
-    """One pass over the train chunks: the statistics of each class's rows (every row some order trains on).
-
-    A chunk holds a few rows of each class; their Gram matrices would be thin and each one's addition a
-    pass over a D x D array. So each class's raw rows are buffered (at most ``BUFFER_BYTES`` in all) and
-    projected and summed a few hundred rows at a time.
-    """
-    run = runs[0]
-    train, xp = run.store.train, run.xp
-    wanted = np.zeros(run.row_task.shape, dtype=bool)
-    for r in runs:
-        wanted |= r.row_task >= 0
+def class_statistics(run: Run, rows: SharedRows) -> list[RidgeStatistics]:
+    """The statistics of each class's rows (every row some order trains on), from the rows read once and grouped
+    by class: each class projected and summed in full-size blocks."""
+    train, xp = rows.train, run.xp
     n_classes = len(run.store.classes)
-    flush_rows = max(16, min(run.block_rows, BUFFER_BYTES // (n_classes * run.store.dim * train.features.dtype.itemsize)))
     per_class = [RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)) for _ in range(n_classes)]
-    buffers: dict[int, list[np.ndarray]] = {}
-    sizes = np.zeros(n_classes, dtype=np.int64)
-
-    def flush(c: int) -> None:
-        X = np.concatenate(buffers.pop(c))
-        sizes[c] = 0
-        for lo in range(0, X.shape[0], run.block_rows):
-            with run.timed("project"):
-                H = run.projection.transform(X[lo : lo + run.block_rows], xp)
-            with run.timed("gram"):
-                per_class[c] += RidgeStatistics.from_batch(H, np.full(H.shape[0], c))
-
-    step = train.chunk_rows
-    with progress_bar("train (per-class gram)", int(wanted.sum())) as advance:
-        for lo in range(0, train.n_rows, step):
-            rows = np.flatnonzero(wanted[lo : lo + step])
-            if rows.size == 0:
-                continue
-            with run.timed("read"):
-                _, X = next(train.iter_chunks(lo, min(lo + step, train.n_rows)))
-            labels = train.labels[lo + rows]
-            for c in np.unique(labels).tolist():
-                take = rows[labels == c]
-                buffers.setdefault(c, []).append(X[take])
-                sizes[c] += take.size
-                if sizes[c] >= flush_rows:
-                    flush(c)
-            advance(rows.size)
-        for c in list(buffers):
-            flush(c)
+    with progress_bar("train (per-class gram)", train.n_rows) as advance:
+        for c in range(n_classes):
+            first, end = int(train.offsets[c]), int(train.offsets[c + 1])
+            for lo in range(first, end, run.block_rows):
+                hi = min(lo + run.block_rows, end)
+                with run.timed("project"):
+                    H = run.projection.transform(train.block(None, lo, hi, xp), xp)
+                with run.timed("gram"):
+                    per_class[c] += RidgeStatistics.from_batch(H, train.labels[lo:hi])
+                advance(hi - lo)
     return per_class
 
 
@@ -228,18 +201,20 @@ def run_learn_orders(
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes))
     if reason is not None:
-        return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason, start, log)
+        with shared_rows(runs) as shared:
+            return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason,
+                                    start, log, shared)
     _check_class_memory("learn", runs[0])
     for run in runs:
         warn_dropped(run, stream, log)
-    with np.errstate(all="ignore"):
-        per_class = class_statistics(runs)
+    with np.errstate(all="ignore"), shared_rows(runs) as shared:
+        per_class = class_statistics(runs[0], shared)
         entries, finals = [], []
         for s, run in zip(seeds, runs):
             auto = model.gamma == "auto"
             solver = ManyGammas(model.gamma_grid, False, "gcv") if auto else FixedGamma(float(model.gamma), model.dtype)
             boundaries, running = order_boundaries(run, per_class, solver)
-            acc = accuracy_matrices(run, boundaries)[0]
+            acc = accuracy_matrices(run, boundaries, shared.test)[0]
             metrics = {**learn_metrics(run, replace(stream, order_seed=s), acc, boundaries), "order_seed": s}
             if auto:
                 finals.append(AnalyticClassifier.from_statistics(running, gamma=float(boundaries[-1].gammas[0]),
@@ -260,14 +235,14 @@ def run_learn_orders(
 
 
 def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str,
-                     start: float, log: Callable[[str], None]) -> dict[str, Any]:
-    log(f"running one pass per class order ({len(seeds)} passes): {reason}")
+                     start: float, log: Callable[[str], None], shared: SharedRows) -> dict[str, Any]:
+    log(f"running one walk per class order ({len(seeds)} walks over rows read once): {reason}")
     with atomic_dir(out) as tmp:
         results = []
         for s in seeds:
             sub = tmp / f"order-{s}"
             results.append(run_learn(features, sub, replace(settings.stream, order_seed=s), settings.model,
-                                     settings.evaluation, settings.execution, log=log))
+                                     settings.evaluation, settings.execution, log=log, shared=shared))
         shutil.move(str(tmp / f"order-{seeds[0]}" / MODEL_FILE), str(tmp / MODEL_FILE))
         for s in seeds:
             shutil.rmtree(tmp / f"order-{s}")
@@ -310,17 +285,19 @@ def run_sweep_orders(
     with atomic_dir(out) as tmp:
         # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
         reason = fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0)
-        reports = []
-        if reason is None:
-            reports = _sweep_one_pass(features, seeds, sweep, stream, model, evaluation, execution, log)
-        one_pass = bool(reports)
-        if not one_pass:
-            log(f"running one pass per class order ({len(seeds)} passes): "
-                f"{reason or 'the per-class statistics exceed --max-memory'}")
-            for s in seeds:
-                reports.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
-                                         evaluation, execution, log=log))
-                shutil.rmtree(tmp / f"order-{s}")
+        runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution)
+        with shared_rows(runs) as shared:
+            reports = []
+            if reason is None:
+                reports = _sweep_one_pass(runs, seeds, sweep, stream, execution, log, shared)
+            one_pass = bool(reports)
+            if not one_pass:
+                log(f"running one walk per class order ({len(seeds)} walks over rows read once): "
+                    f"{reason or 'the per-class statistics exceed --max-memory'}")
+                for s in seeds:
+                    reports.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
+                                             evaluation, execution, log=log, shared=shared))
+                    shutil.rmtree(tmp / f"order-{s}")
         report = _combine_sweep(seeds, reports, sweep.resolved_select)
         report["one_pass"] = one_pass
         flag_grid_edge(report, log)
@@ -333,18 +310,22 @@ def run_sweep_orders(
     return report
 
 
-def _sweep_one_pass(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
-                    model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
-                    log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Each order's sweep report from one pass ([] when the per-class statistics exceed ``execution.max_memory``)."""
-    from foal_pipe.core.engines import check_gamma
-
+def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
+                model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> list[Run]:
+    """Every order's run of ``sweep`` (its settings validated before any work)."""
     if not sweep.gammas:
         raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     m = replace(model, gamma=1.0, engine="gram")
-    runs = [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
-                    command="sweep") for s in seeds]
+    return [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
+                    loo=sweep.loo, command="sweep") for s in seeds]
+
+
+def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
+                    execution: ExecutionConfig, log: Callable[[str], None], shared: SharedRows) -> list[dict[str, Any]]:
+    """Each order's sweep report from the per-class sums ([] when they exceed ``execution.max_memory``)."""
+    gammas = [float(g) for g in sweep.gammas]
+    m = runs[0].model
     if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > execution.max_memory:
         log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes)) or "")
         return []
@@ -353,10 +334,10 @@ def _sweep_one_pass(features: str | Path, seeds: Sequence[int], sweep: SweepConf
         warn_dropped(run, stream, log)
     reports = []
     with np.errstate(all="ignore"):
-        per_class = class_statistics(runs)
+        per_class = class_statistics(runs[0], shared)
         for s, run in zip(seeds, runs):
             boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None))
-            acc = accuracy_matrices(run, boundaries)
+            acc = accuracy_matrices(run, boundaries, shared.test)
             results = [{"gamma": g, **accuracy_report(acc[i]), "gcv": [float(b.gcv[i]) for b in boundaries],
                         "loo_accuracy": None, "loo_mse": None} for i, g in enumerate(gammas)]
             reports.append({"gammas": gammas, "best_gamma": choose(results, sweep.resolved_select),

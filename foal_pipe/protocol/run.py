@@ -18,7 +18,8 @@ from foal_pipe.core.engines import ENGINES, check_gamma
 from foal_pipe.core.projection import SmoothProjection, check_activation
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import check_memory, fits, human
-from foal_pipe.protocol.config import BLOCK_VALUES, KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.config import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
 from foal_pipe.protocol.stream import Stream, build_stream, read_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
@@ -57,7 +58,7 @@ class Run:
 
     @property
     def block_rows(self) -> int:
-        return max(1, BLOCK_VALUES // max(self.dim, 1))
+        return block_rows(self.dim)
 
     @contextmanager
     def timed(self, step: str) -> Iterator[None]:
@@ -143,18 +144,20 @@ def kept_bytes(run: Run) -> int:
 
 
 def reread_note(run: Run) -> str:
-    """Why a leave-one-out run projects the rows again at every boundary (the activations were not kept)."""
+    """Why a leave-one-out run projects the rows again at every boundary (the activations were not kept); the
+    rows come from the walk's cache, not from the store."""
     need = kept_bytes(run)
     limit = (f"above --max-memory {human(run.execution.max_memory)}" if need > run.execution.max_memory
              else "more than the available memory allows")
-    return (f"note: leave-one-out reads and projects the rows seen so far again at every task boundary (slower): "
+    return (f"note: leave-one-out projects the rows seen so far again at every task boundary (slower): "
             f"keeping their activations needs {human(need)}, {limit}; raise --max-memory or free memory to keep them")
 
 
 def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
-    boundaries' weights kept for the test pass; the state and the weights once per lane (``sweep --fusions``:
-    each fusion keeps its statistics and its pending boundary through the walk)."""
+    decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary
+    file that costs no process memory), the boundaries' weights kept for the test pass; the state and the
+    weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its pending boundary)."""
     D, item = run.dim, np.dtype(run.model.dtype).itemsize
     square = D * D
     eigen = run.model.gamma == "auto" or n_models > 1
@@ -172,11 +175,23 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     chunk = (run.fused["train"].chunk_bytes if run.fused is not None
              else run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize)
     per_lane = f" x {lanes} fusions" if lanes > 1 else ""
-    return {
+    parts = {
         f"state at D={D}{per_lane}": state * lanes,
-        "a block of rows": block + chunk,
+        "a block of rows": block + chunk * (READ_AHEAD + READ_THREADS),
         f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
+    cached = rows_cache_bytes(run)
+    if in_memory(cached, run.execution.max_memory):
+        parts[f"decoded rows{per_lane}"] = cached
+    elif run.model.engine == "rls":
+        parts["one task's decoded rows"] = max(rows.size for rows in run.stream.rows) * run.store.dim * 8
+    return parts
+
+
+def rows_cache_bytes(run: Run) -> int:
+    """What the walk's cache of decoded train rows takes (:class:`GroupedRows`, in the store's dtype)."""
+    item = 4 if run.fused is not None else run.store.train.features.dtype.itemsize
+    return cache_bytes(int(np.count_nonzero(run.row_task >= 0)), run.store.dim, item, len(run.lanes))
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:

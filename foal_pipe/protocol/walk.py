@@ -1,23 +1,24 @@
-"""The walk over the tasks: the gram engine's passes over the train chunks (a running
-:class:`~foal_pipe.core.statistics.RidgeStatistics` per lane, :class:`KeptActivations` for leave-one-out), on
-this machine or on Dask, and the rls engine's batch-by-batch replay."""
+"""The walk over the tasks: the train rows read once (:mod:`foal_pipe.protocol.rowcache`), then the gram
+engine's passes over them in full-size blocks (a running :class:`~foal_pipe.core.statistics.RidgeStatistics` per
+lane, :class:`KeptActivations` for leave-one-out), with every task's sums from Dask when asked, and the rls
+engine's batch-by-batch replay."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_api_compat import device
 
 from foal_pipe.core.backend import default_device
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.config import RLS_WINDOW
+from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending
 
@@ -48,192 +49,211 @@ class _Lane:
 
 
 class KeptActivations:
-    """The activations of the stream's train rows, stored as the walk first projects them (``--gamma auto``,
-    ``sweep``: the leave-one-out pass at boundary k needs every row of tasks 1..k again, so it multiplies these
-    instead of decoding and projecting the rows again). They are the arrays the Gram pass summed, and the same
-    bits as the rows projected again: every pass projects a row in the same block (see :func:`_blocks`)."""
+    """The activations of the stream's train rows in walk order, stored as the walk first projects them
+    (``--gamma auto``, ``sweep``): the leave-one-out pass at boundary k multiplies walk rows ``[0, ends[k])``
+    instead of projecting the rows again. They are the arrays the Gram pass summed, in the blocks a projection
+    again would use (:class:`~foal_pipe.rowcache.TaskBlocks`), so the same bits either way."""
 
-    def __init__(self, run: Run) -> None:
-        self.xp = run.xp
-        self.slot = np.full(run.row_task.shape, -1, dtype=np.int64)  # train row -> row of ``values``; -1: not yet
-        self.size = 0
-        self.values = run.xp.empty((int(np.count_nonzero(run.row_task >= 0)), run.dim),
-                                   dtype=getattr(run.xp, run.model.dtype), device=default_device(run.xp))
+    def __init__(self, run: Run, n_rows: int) -> None:
+        self.values = run.xp.empty((n_rows, run.dim), dtype=getattr(run.xp, run.model.dtype),
+                                   device=default_device(run.xp))
 
-    def has(self, rows: np.ndarray) -> np.ndarray:
-        return self.slot[rows] >= 0
+    def put(self, start: int, stop: int, H: Any) -> None:
+        self.values[start:stop, :] = H
 
-    def put(self, rows: np.ndarray, H: Any) -> None:
-        """Append ``H``, the activations of ``rows`` (a slice, which every array namespace can assign)."""
-        end = self.size + rows.size
-        self.values[self.size : end, :] = H
-        self.slot[rows] = np.arange(self.size, end)
-        self.size = end
-
-    def take(self, rows: np.ndarray) -> Any:
-        return self.xp.take(self.values, self.xp.asarray(self.slot[rows], device=device(self.values)), axis=0)
+    def take(self, start: int, stop: int) -> Any:
+        return self.values[start:stop, :]
 
 
-class _Chunk:
-    """The train chunk starting at row ``lo``, decoded on first use (never, when its rows are all kept); of a
-    blocks store, only the rows a pass asks for are fused (a task's rows are a fraction of each chunk)."""
-
-    def __init__(self, run: Run, lo: int) -> None:
-        self.run, self.lo = run, lo
-        self.source = run.source("train")
-        self._raw: np.ndarray | None = None
-
-    def rows(self, lane: str | None, sel: np.ndarray) -> np.ndarray:
-        with self.run.timed("read"):
-            if self._raw is None:
-                self._raw = self.source.read_raw(self.lo, min(self.lo + self.source.chunk_rows, self.source.n_rows))
-            return self.source.rows_of(self._raw, self.lo, sel, lane)
+def train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None, groups: np.ndarray | None = None,
+               n_groups: int | None = None) -> GroupedRows:
+    """The stream's train rows of every lane, each chunk decoded once, grouped by task (or by ``groups``, e.g.
+    by class for several class orders; see :mod:`foal_pipe.rowcache`)."""
+    with run.timed("read"):
+        return GroupedRows(run.source("train"), run.lanes, run.row_task if groups is None else groups,
+                           run.stream.n_tasks if n_groups is None else n_groups, run.execution.max_memory, on_chunk)
 
 
-def _blocks(run: Run, wanted: np.ndarray) -> Iterator[tuple[_Chunk, np.ndarray]]:
-    """``(chunk, sel)``: the wanted train rows ``chunk.lo + sel``, chunk by chunk in storage order and, within a
-    chunk, one task's rows at a time, ``block_rows`` at a time.
-
-    A block thus never mixes tasks, and a task's rows in a chunk are cut into the same blocks by every pass
-    that asks for them: a row is always projected beside the same rows. BLAS may round a row's product
-    differently beside other rows (OpenBLAS picks kernels by the product's size), so this is what makes
-    kept activations equal to rows projected again, to the bit.
-    """
-    source = run.source("train")
-    for lo in range(0, source.n_rows, source.chunk_rows):
-        rows = np.flatnonzero(wanted[lo : lo + source.chunk_rows])
-        if rows.size:
-            chunk = _Chunk(run, lo)
-            tasks = run.row_task[lo + rows]
-            for task in np.unique(tasks):
-                mine = rows[tasks == task]
-                for b in range(0, mine.size, run.block_rows):
-                    yield chunk, mine[b : b + run.block_rows]
-
-
-def _project(run: Run, X: np.ndarray) -> Any:
+def _project(run: Run, X: Any) -> Any:
     with run.timed("project"):
         return run.projection.transform(X, run.xp)
 
 
-def _local_pass(run: Run, task: int | None, lanes: dict[str | None, _Lane], advance: Callable[[int], None],
-                kept: dict[str | None, KeptActivations] | None = None) -> None:
-    """One pass over the train chunks: task ``task``'s rows into each lane's running sums; rows of tasks up to
-    the pending boundary's into its leave-one-out accumulator (the lanes walk in step: same boundaries). With
-    ``kept``, rows are projected once (then kept) and only chunks holding rows never projected are decoded; the
-    blocks, and so every sum, are the same either way."""
-    rt = run.row_task
-    wanted = rt == task if task is not None else np.zeros(rt.shape, dtype=bool)
-    pending = next(iter(lanes.values())).pending
-    if pending is not None:
-        wanted |= (rt >= 0) & (rt <= pending.max_task)
-    all_labels = run.source("train").labels
-    for chunk, sel in _blocks(run, wanted):
-        rows = chunk.lo + sel
-        labels = all_labels[rows]
-        new = task is not None and rt[rows[0]] == task  # a block holds one task's rows
+def _activations(run: Run, rows: GroupedRows, key: str | None, positions: np.ndarray) -> Any:
+    """The activations of the cached rows at ``positions``, projected."""
+    with run.timed("read"):
+        X = rows.take(key, positions, run.xp)
+    return _project(run, X)
+
+
+def _add_task(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict[str | None, _Lane],
+              kept: dict[str | None, KeptActivations] | None, advance: Callable[[int], None]) -> None:
+    """Task ``k``'s rows into each lane's running sums, in full-size blocks (kept, when ``kept``)."""
+    for start, stop, positions in walk.blocks(k):
+        labels = rows.labels[positions]
         for key, lane in lanes.items():
-            if kept is None:
-                H = _project(run, chunk.rows(key, sel))
-            else:
-                unseen = sel[~kept[key].has(rows)]  # the whole block or nothing: blocks are the same in every pass
-                if unseen.size:
-                    kept[key].put(chunk.lo + unseen, _project(run, chunk.rows(key, unseen)))
-                with run.timed("gram" if new else "loo"):
-                    H = kept[key].take(rows)
-            if new:
-                with run.timed("gram"):
-                    lane.running += RidgeStatistics.from_batch(H, labels)
-            else:
+            H = _activations(run, rows, key, positions)
+            with run.timed("gram"):
+                if kept is not None:
+                    kept[key].put(start, stop, H)
+                lane.running += RidgeStatistics.from_batch(H, labels)
+        advance(stop - start)
+
+
+def _loo_pass(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict[str | None, _Lane],
+              kept: dict[str | None, KeptActivations] | None, advance: Callable[[int], None]) -> None:
+    """Every row of tasks 1..k into each lane's pending leave-one-out accumulator, in the Gram pass's blocks."""
+    for t in range(k + 1):
+        for start, stop, positions in walk.blocks(t):
+            labels = rows.labels[positions]
+            for key, lane in lanes.items():
+                if kept is not None:
+                    H = kept[key].take(start, stop)
+                else:
+                    H = _activations(run, rows, key, positions)
                 with run.timed("loo"):
                     lane.pending.loo.add(H, labels)
-        advance(sel.size)
+            advance(stop - start)
 
 
 def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
-              on_task: Callable[[int, dict[str | None, _Lane]], None] | None = None) -> dict[str | None, _Lane]:
+              on_task: Callable[[int, dict[str | None, _Lane]], None] | None = None,
+              rows: GroupedRows | None = None) -> dict[str | None, _Lane]:
     """Walk the tasks in stream order with one running statistics object per lane (``solvers`` keyed by
     :attr:`Run.lanes`, all needing the rows or none); each lane's boundaries and final sums.
 
-    ``on_task(k, lanes)`` is called after task k is added.
+    The train rows are read once (:func:`train_rows`; or ``rows``, a cache several walks share); each task then
+    adds its rows in full-size blocks and, when the solvers need the rows, its boundary's leave-one-out pass takes
+    the rows of tasks 1..k from that cache (their activations, when kept). With ``--scheduler dask`` the cluster
+    computes every task's sums in one pass and the cache is read only for leave-one-out. ``on_task(k, lanes)`` is
+    called after task k is added.
     """
     xp = run.xp
     lanes = {key: _Lane(solver, RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)))
              for key, solver in solvers.items()}
     needs_rows = next(iter(solvers.values())).needs_rows
-    sizes = [rows.size for rows in run.stream.rows]
-    total = sum(sizes) + (sum(np.cumsum(sizes)) if needs_rows else 0)
+    sizes = [r.size for r in run.stream.rows]
+    n_stream = sum(sizes)
     dask = run.execution.scheduler == "dask"
-    label = "train (gram" + (", dask" if dask else "") + (" + leave-one-out)" if needs_rows else ")")
-    if len(lanes) > 1:
-        label += f", {len(lanes)} fusions"
-    kept = {key: KeptActivations(run) for key in lanes} if needs_rows and run.keep_activations else None
-    with progress_bar(label, total) as advance, _dask_session(run) as add_task:
-        for k in range(run.stream.n_tasks):
-            if add_task is not None:  # one lane: prepare refuses fusions on Dask
-                with run.timed("gram"):
-                    lanes[None].running += add_task(k, advance)
-                if lanes[None].pending is not None:
-                    _local_pass(run, None, lanes, advance, kept)
-            else:
-                _local_pass(run, k, lanes, advance, kept)
-            for lane in lanes.values():
-                lane.finish(run)
-            if on_task is not None:
-                on_task(k, lanes)
-            for lane in lanes.values():
-                lane.start(run, k)
-        if needs_rows:
-            _local_pass(run, None, lanes, advance, kept)
-            for lane in lanes.values():
-                lane.finish(run)
+    read = rows is None and (needs_rows or not dask)
+    total = (n_stream if read else 0) + (n_stream if dask else 0) + n_stream + (sum(np.cumsum(sizes)) if needs_rows else 0)
+    label = "train (" + ("one read, " if read else "") + "gram" + (", dask" if dask else "")
+    label += (" + leave-one-out" + ("" if run.keep_activations and not dask else ", rows projected again")
+              if needs_rows else "")
+    label += ")" + (f", {len(lanes)} fusions" if len(lanes) > 1 else "")
+    with progress_bar(label, total) as advance:
+        per_task = _dask_task_statistics(run, advance) if dask else None
+        with (train_rows(run, advance) if read else nullcontext(rows)) as cached:
+            walk = None if cached is None else TaskBlocks(cached, run.stream.rows, run.block_rows)
+            kept = ({key: KeptActivations(run, n_stream) for key in lanes}  # the cluster projected the Gram's rows
+                    if needs_rows and run.keep_activations and not dask else None)
+            for k in range(run.stream.n_tasks):
+                if per_task is not None:
+                    with run.timed("gram"):
+                        lanes[None].running += per_task[k]
+                    advance(sizes[k])
+                else:
+                    _add_task(run, cached, walk, k, lanes, kept, advance)
+                if on_task is not None:
+                    on_task(k, lanes)
+                for lane in lanes.values():
+                    lane.start(run, k)
+                if needs_rows:
+                    _loo_pass(run, cached, walk, k, lanes, kept, advance)
+                    for lane in lanes.values():
+                        lane.finish(run)
     return lanes
 
 
 def gram_boundaries(run: Run, solver: FixedGamma | ManyGammas,
-                    on_task: Callable[[int, RidgeStatistics], None] | None = None) -> tuple[list[Boundary], RidgeStatistics]:
+                    on_task: Callable[[int, RidgeStatistics], None] | None = None,
+                    rows: GroupedRows | None = None) -> tuple[list[Boundary], RidgeStatistics]:
     """The walk with one lane (the store's features, or its ``--fusion``): the boundaries and the final sums.
 
     ``on_task(k, statistics)`` is called after task k is added (tests use it to check every boundary).
     """
-    lanes = gram_walk(run, {None: solver}, None if on_task is None else lambda k, lanes: on_task(k, lanes[None].running))
+    lanes = gram_walk(run, {None: solver}, None if on_task is None else lambda k, lanes: on_task(k, lanes[None].running),
+                      rows)
     return lanes[None].boundaries, lanes[None].running
 
 
-@contextmanager
-def _dask_session(run: Run) -> Iterator[Callable[[int, Callable[[int], None]], RidgeStatistics] | None]:
-    """With ``--scheduler dask``: ``add_task(k, advance)`` computing task k's statistics on the cluster."""
-    if run.execution.scheduler != "dask":
-        yield None
-        return
+def _dask_task_statistics(run: Run, advance: Callable[[int], None]) -> list[RidgeStatistics]:
+    """With ``--scheduler dask``: every task's statistics, computed on the cluster in one pass over the store."""
     from foal_pipe.cluster import dask_client
     from foal_pipe.protocol.distributed import dask_statistics
 
-    train = run.store.train
     path = str(Path(run.store.path).resolve())
-    with dask_client(run.execution.dask_address, run.execution.workers) as client:
+    with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("gram"):
         projection = client.scatter(run.projection, broadcast=True)
-
-        def add_task(k: int, advance: Callable[[int], None]) -> RidgeStatistics:
-            return dask_statistics(client, path, run.row_task == k, train.labels, projection, run.block_rows, advance)
-
-        yield add_task
+        return dask_statistics(client, path, run.row_task, run.stream.n_tasks, run.store.train.labels, projection,
+                               run.block_rows, advance)
 
 
-def rls_boundaries(run: Run) -> tuple[list[Boundary], AnalyticClassifier]:
-    """Replay the stream batch by batch with the paper's recursion; snapshot W at each task end."""
-    train, batch = run.store.train, run.stream.batch_size
+def rls_boundaries(run: Run, rows: GroupedRows | None = None) -> tuple[list[Boundary], AnalyticClassifier]:
+    """Replay the stream batch by batch with the paper's recursion; snapshot W at each task end. The rows are read
+    once (:func:`train_rows`, or ``rows``); each task's are then taken in stream order, ``RLS_WINDOW`` at a time."""
+    batch = run.stream.batch_size
     clf = AnalyticClassifier(gamma=run.model.gamma, engine="rls", dtype=run.model.dtype, backend=run.backend)
     boundaries = []
-    total = sum(rows.size for rows in run.stream.rows)
-    with progress_bar("train (rls)", total) as advance, run.timed("rls"):
-        for rows in run.stream.rows:
-            for lo in range(0, rows.size, RLS_WINDOW):
-                window = rows[lo : lo + RLS_WINDOW]
-                H = run.projection.transform(train.take(window), run.xp)
-                labels = train.labels[window]
-                for b in range(0, window.size, batch):
-                    clf.partial_fit(H[b : min(b + batch, window.size), :], labels[b : b + batch])
-                advance(window.size)
+    total = sum(r.size for r in run.stream.rows)
+    with progress_bar("train (" + ("one read, " if rows is None else "") + "rls)", 2 * total) as advance, \
+            (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached, run.timed("rls"):
+        for task in run.stream.rows:
+            for lo in range(0, task.size, RLS_WINDOW):
+                positions = cached.position[task[lo : lo + RLS_WINDOW]]
+                H = run.projection.transform(cached.take(None, positions, run.xp), run.xp)
+                labels = cached.labels[positions]
+                for b in range(0, positions.size, batch):
+                    clf.partial_fit(H[b : min(b + batch, positions.size), :], labels[b : b + batch])
+                advance(positions.size)
             boundaries.append(Boundary(clf.classes_.copy(), clf.weights_[:, None, :], np.array([float(run.model.gamma)])))
     return boundaries, clf
+
+
+def test_rows(run: Run, classes: np.ndarray | None = None, on_chunk: Callable[[int], None] = lambda n: None) -> GroupedRows:
+    """The test rows of the stream's classes, read once, grouped by task; or, with ``classes`` (the classes of
+    several class orders), the rows of those classes grouped by class."""
+    test, n_classes = run.store.test, len(run.store.classes)
+    if classes is None:
+        groups, n_groups = run.stream.task_of_label(n_classes)[test.labels], run.stream.n_tasks
+    else:
+        groups, n_groups = np.where(np.isin(test.labels, classes), test.labels, -1), n_classes
+    return GroupedRows(run.source("test"), run.lanes, groups, n_groups, run.execution.max_memory, on_chunk)
+
+
+@dataclass
+class SharedRows:
+    """Rows read once for several class orders (``--order-seeds``): the train and test rows of every order's
+    classes, grouped by class, from which each order's walk takes its tasks."""
+
+    train: GroupedRows
+    test: GroupedRows
+
+    def close(self) -> None:
+        self.train.close()
+        self.test.close()
+
+    def __enter__(self) -> SharedRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def shared_rows(runs: Sequence[Run]) -> SharedRows:
+    """The train and test rows of every run's stream (the same store), each split read once, grouped by class."""
+    run = runs[0]
+    n_classes = len(run.store.classes)
+    labels = run.store.train.labels
+    groups = np.full(labels.shape, -1, dtype=np.int64)
+    for r in runs:
+        stream_rows = r.row_task >= 0
+        groups[stream_rows] = labels[stream_rows]
+    classes = np.unique(np.concatenate([np.concatenate(r.stream.tasks) for r in runs]))
+    with progress_bar("read (one read, every order)", int(np.count_nonzero(groups >= 0))) as advance:
+        train = train_rows(run, advance, groups, n_classes)
+    try:
+        return SharedRows(train, test_rows(run, classes))
+    except BaseException:
+        train.close()
+        raise

@@ -1,0 +1,162 @@
+"""Benchmark what a walk over a store costs against the data it reads, not the stream (issue 21).
+
+Three measurements, each side by side in one run, medians of --repeats, commands interleaved so that load from
+other processes hits each alike:
+
+* ``tasks``: ``learn --tasks 100`` against ``learn --tasks 5`` on the same store (default 40,000 x 384 float32,
+  100 classes in a random row order, D = 500): the same rows and flops, so the ratio shows what the number of
+  tasks costs (target <= 1.2x);
+* ``floor``: ``learn`` against the floor of any Gram learner on the same store (default 200,000 x 768, 100
+  classes, 10 tasks, D = 1000): :func:`floor` reads the store once, projects + sigmoid in 4,096-row blocks,
+  accumulates H^T H and H^T Y per task, and does one solve and one test scoring per task, in plain NumPy
+  (target <= 1.25x). Both run as subprocesses (start-up included), the floor with only NumPy, SciPy and zarr
+  to import; the floor's accuracy matrix must equal ``learn``'s;
+* ``imagenet`` (``--imagenet``): the same pair on a synthetic 1,281,167 x 768 float16 store, 1,000 classes,
+  10 tasks, D = 2000, with peak RSS (target < 4 GiB, within the floor ratio).
+
+``--compare DIR`` also times ``learn`` with the foal-pipe code of another checkout (e.g. an older commit in a
+git worktree) on the ``floor`` store, interleaved with the others.
+
+Usage: python benchmarks/walk_bench.py [--repeats 3] [--skip-tasks] [--skip-floor] [--imagenet] [--compare DIR]
+       [--json benchmarks/results/walk_bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from _runner import finish, header, run_cli
+from synthetic import make_store
+
+BLOCK = 4096
+
+
+def floor(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0) -> list[list[float]]:
+    """The floor of a Gram learner: one read of the store, full blocks, one solve and one scoring per task.
+
+    The stream is foal-pipe's (the class permutation of ``default_rng(seed)`` split evenly, the projection
+    uniform from ``default_rng(seed)``), so the accuracy matrix is comparable to ``learn``'s.
+    """
+    import scipy.linalg
+    import zarr
+
+    group = zarr.open_group(str(store), mode="r")
+    X, y = np.asarray(group["train/features"][:]), np.asarray(group["train/labels"][:])
+    Xt, yt = np.asarray(group["test/features"][:]), np.asarray(group["test/labels"][:])
+    n_classes, d = len(group.attrs["classes"]), X.shape[1]
+    split = np.array_split(np.random.default_rng(seed).permutation(n_classes), tasks)
+    P = np.random.default_rng(seed).uniform(-1 / np.sqrt(d), 1 / np.sqrt(d), size=(d, D))
+    task_of = np.empty(n_classes, dtype=np.int64)
+    for t, classes in enumerate(split):
+        task_of[classes] = t
+
+    def project(rows: np.ndarray) -> np.ndarray:
+        return 1 / (1 + np.exp(-(rows.astype(np.float64) @ P)))
+
+    G, Q = np.zeros((D, D)), np.zeros((D, n_classes))
+    test_order = np.argsort(task_of[yt], kind="stable")
+    Ht = np.concatenate([project(Xt[test_order[lo : lo + BLOCK]]) for lo in range(0, yt.size, BLOCK)])
+    yt, tt = yt[test_order], task_of[yt[test_order]]
+    acc = []
+    for k in range(tasks):
+        rows = np.flatnonzero(task_of[y] == k)
+        for lo in range(0, rows.size, BLOCK):
+            block = rows[lo : lo + BLOCK]
+            H = project(X[block])
+            G += H.T @ H
+            present = np.unique(y[block])
+            Q[:, present] += H.T @ (y[block][:, None] == present[None, :])
+        seen = np.sort(np.concatenate(split[: k + 1]))
+        W = scipy.linalg.solve(G + gamma * np.eye(D), Q[:, seen], assume_a="pos")
+        n = int(np.searchsorted(tt, k, side="right"))
+        hit = seen[np.argmax(Ht[:n] @ W, axis=1)] == yt[:n]
+        acc.append([float(hit[tt[:n] == j].mean()) for j in range(k + 1)])
+    return acc
+
+
+def run_floor(store: Path, tasks: int, D: int, out: Path) -> tuple[float, float]:
+    """:func:`floor` in a subprocess (start-up included, like ``learn``): wall seconds and peak RSS (MiB)."""
+    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); from walk_bench import floor; "
+            f"json.dump(floor(__import__('pathlib').Path({str(store)!r}), {tasks}, {D}, 0), open({str(out)!r}, 'w'))")
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit("the floor failed")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024
+
+
+def learn(store: Path, out: Path, tasks: int, D: int, env: dict[str, str] | None = None) -> tuple[float, float]:
+    run = run_cli(["learn", "--features", str(store), "--out", str(out), "--tasks", str(tasks), "--projection-dim",
+                   str(D), "--seed", "0", "--backend", "numpy"], env=env)
+    return run.seconds, run.peak_rss_mib
+
+
+def side_by_side(commands: dict[str, callable], repeats: int) -> dict[str, dict]:
+    """Every command ``repeats`` times, interleaved: medians of wall time and the peak RSS."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, command in commands.items():
+            runs[name].append(command())
+            print(f"{name:<24} {runs[name][-1][0]:8.2f} s {runs[name][-1][1]:8.0f} MiB  load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    return {name: {"median_s": statistics.median(s for s, _ in rs), "all_s": [round(s, 2) for s, _ in rs],
+                   "peak_rss_mib": max(m for _, m in rs)} for name, rs in runs.items()}
+
+
+def floor_pair(tmp: Path, store: Path, tasks: int, D: int, repeats: int, compare: Path | None) -> dict:
+    commands = {"learn": lambda: learn(store, tmp / "run", tasks, D),
+                "floor": lambda: run_floor(store, tasks, D, tmp / "floor.json")}
+    if compare is not None:
+        env = {**os.environ, "PYTHONPATH": str(compare)}
+        commands["learn (compare)"] = lambda: learn(store, tmp / "run-compare", tasks, D, env)
+    result = side_by_side(commands, repeats)
+    ours = json.loads((tmp / "run" / "metrics.json").read_text())["accuracy_matrix"]
+    theirs = json.loads((tmp / "floor.json").read_text())
+    result["learn_over_floor"] = result["learn"]["median_s"] / result["floor"]["median_s"]
+    result["same_accuracy_matrix"] = bool(np.allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-12))
+    if compare is not None:
+        result["compare_over_learn"] = result["learn (compare)"]["median_s"] / result["learn"]["median_s"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-tasks", action="store_true")
+    parser.add_argument("--skip-floor", action="store_true")
+    parser.add_argument("--imagenet", action="store_true", help="also the 1,281,167-row float16 store (D = 2000)")
+    parser.add_argument("--compare", type=Path, default=None, help="another checkout's code to time beside")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    results = header(repeats=args.repeats, blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", "default"))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if not args.skip_tasks:
+            store = make_store(tmp / "tasks.zarr", 40_000, 8_000, dim=384)
+            r = side_by_side({f"learn --tasks {t}": (lambda t=t: learn(store, tmp / f"t{t}", t, 500)) for t in (5, 100)},
+                             args.repeats)
+            r["ratio_100_over_5"] = r["learn --tasks 100"]["median_s"] / r["learn --tasks 5"]["median_s"]
+            results["tasks"] = {"store": "40,000 x 384 float32, 100 classes, D = 500", **r}
+        if not args.skip_floor:
+            store = make_store(tmp / "floor.zarr", 200_000, 10_000)
+            results["floor"] = {"store": "200,000 x 768 float32, 100 classes, 10 tasks, D = 1000",
+                                **floor_pair(tmp, store, 10, 1000, args.repeats, args.compare)}
+        if args.imagenet:
+            store = make_store(tmp / "imagenet.zarr", 1_281_167, 50_000, n_classes=1000, dtype="float16")
+            results["imagenet"] = {"store": "1,281,167 x 768 float16, 1,000 classes, 10 tasks, D = 2000",
+                                   **floor_pair(tmp, store, 10, 2000, 1, None)}
+    finish(results, args.json)
+
+
+if __name__ == "__main__":
+    main()

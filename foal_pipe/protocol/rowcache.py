@@ -1,0 +1,239 @@
+"""A split's rows decoded once and kept grouped (by task, or by class), in memory or in a spill file.
+
+A walk over a stream used to decode every chunk once per task: in a random class order each chunk holds rows
+of every task. :class:`GroupedRows` reads each stored chunk once, on background threads, and scatters the rows
+the walk needs into one array ordered by group (within a group, in storage order). A group is then one
+contiguous range, cut into full-size blocks by a fixed rule (:meth:`GroupedRows.blocks`) whatever the number
+of tasks or how they cut the chunks, so every pass over the rows (the Gram sums, leave-one-out, kept
+activations) sees the same blocks and the sums are byte-stable.
+
+The rows stay in the store's dtype. Up to :data:`RAM_BYTES` (and ``max_memory``) they are held in memory;
+larger they go to an unlinked temporary file in ``TMPDIR``, written once in group order and read back block by
+block: the operating system's page cache holds it, not the process, so memory stays flat in the data size.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.backend import default_device
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.memory import human
+
+#: Rows per block of the walk: the projection and the Gram update run on this many rows at once (4,096 rows
+#: x D = 1000 float64 is 33 MB). Fewer at large D, so that a block's activations stay near 2**25 values.
+BLOCK_ROWS = 4096
+MIN_BLOCK_ROWS = 256
+BLOCK_VALUES = 2**25
+#: Decoded rows held in memory at most; a larger cache spills to a temporary file.
+RAM_BYTES = 512 * 2**20
+#: Threads decoding chunks (zstd and the checksums release the GIL): half the cores, 2 to 8; and chunks decoded
+#: ahead of the scatter.
+READ_THREADS = min(8, max(2, (os.cpu_count() or 2) // 2))
+READ_AHEAD = 2 * READ_THREADS
+
+
+def block_rows(dim: int) -> int:
+    """Rows per block for activations of width ``dim``: :data:`BLOCK_ROWS`, fewer at large ``dim``."""
+    return int(min(BLOCK_ROWS, max(MIN_BLOCK_ROWS, BLOCK_VALUES // max(dim, 1))))
+
+
+def cache_bytes(n_rows: int, dim: int, itemsize: int, lanes: int = 1) -> int:
+    return n_rows * dim * itemsize * lanes
+
+
+def in_memory(nbytes: int, max_memory: int) -> bool:
+    """Whether a cache of ``nbytes`` is held in memory (else it spills to a temporary file)."""
+    return nbytes <= min(RAM_BYTES, max_memory)
+
+
+def ordered(group_of_row: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, offsets)``: the rows with a group (>= 0), by group and within a group in storage order, and
+    where each group starts in that order (``n_groups + 1`` offsets)."""
+    keep = np.flatnonzero(group_of_row >= 0)
+    rows = keep[np.argsort(group_of_row[keep], kind="stable")]
+    counts = np.bincount(group_of_row[keep], minlength=n_groups)[:n_groups]
+    return rows, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+class _Spill:
+    """One lane's rows in an unlinked temporary file, at ``position * row_bytes``."""
+
+    def __init__(self, n_rows: int, dim: int, dtype: np.dtype):
+        self.dim, self.dtype = dim, dtype
+        self.row_bytes = dim * dtype.itemsize
+        self.file = tempfile.TemporaryFile(prefix="foal-pipe-rows-")  # noqa: SIM115 (closed by close())
+        try:
+            os.ftruncate(self.file.fileno(), n_rows * self.row_bytes)
+        except OSError as exc:
+            self.file.close()
+            raise _spill_error(n_rows * self.row_bytes, exc) from None
+
+    def put(self, positions: np.ndarray, X: np.ndarray) -> None:
+        order = np.argsort(positions, kind="stable")
+        pos = positions[order]
+        breaks = np.flatnonzero(np.diff(pos) != 1) + 1
+        for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [pos.size]])):
+            data = np.ascontiguousarray(X[order[a:b]], dtype=self.dtype)
+            try:
+                os.pwrite(self.file.fileno(), memoryview(data).cast("B"), int(pos[a]) * self.row_bytes)
+            except OSError as exc:
+                raise _spill_error(data.nbytes, exc) from None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, self.dim), dtype=self.dtype)
+        view, offset = memoryview(out).cast("B"), start * self.row_bytes
+        while view.nbytes:
+            n = os.preadv(self.file.fileno(), [view], offset)
+            if n <= 0:
+                raise FoalPipeError(f"the temporary file of decoded rows ended early ({self.file.name}); re-run the command")
+            view, offset = view[n:], offset + n
+        return out
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _spill_error(nbytes: int, exc: OSError) -> FoalPipeError:
+    return FoalPipeError(f"cannot write {human(nbytes)} of decoded rows to a temporary file in {tempfile.gettempdir()} "
+                         f"({exc.strerror or exc}); set TMPDIR to a folder with room, or raise --max-memory")
+
+
+class GroupedRows:
+    """The rows of ``source`` (a store split, or the fused splits of ``sweep --fusions``) whose group is >= 0,
+    decoded once and held by group; ``lanes`` are the feature sets read from each chunk (``[None]``: the split's
+    features; fusion specs: each fusion of its blocks).
+
+    ``rows[i]`` is the store row at cache position ``i``, ``labels[i]`` its label, ``offsets[g]`` where group
+    ``g`` starts, ``position[r]`` the cache position of store row ``r`` (-1: not cached). ``on_chunk(n)`` is
+    called with the rows of each chunk once it is scattered.
+    """
+
+    def __init__(self, source: Any, lanes: Sequence[str | None], group_of_row: np.ndarray, n_groups: int,
+                 max_memory: int, on_chunk: Callable[[int], None] = lambda n: None):
+        self.lanes = tuple(lanes)
+        self.rows, self.offsets = ordered(group_of_row, n_groups)
+        self.labels = np.asarray(source.labels)[self.rows]
+        self.dim = int(source.dim)
+        self.dtype = np.dtype(source.features.dtype) if self.lanes == (None,) else np.dtype(np.float32)
+        self.nbytes = cache_bytes(self.rows.size, self.dim, self.dtype.itemsize, len(self.lanes))
+        self.in_memory = in_memory(self.nbytes, max_memory)
+        self._store: dict[str | None, np.ndarray | _Spill] = {}
+        try:
+            for lane in self.lanes:
+                self._store[lane] = (np.empty((self.rows.size, self.dim), dtype=self.dtype) if self.in_memory
+                                     else _Spill(self.rows.size, self.dim, self.dtype))
+            self._fill(source, group_of_row, on_chunk)
+        except BaseException:
+            self.close()
+            raise
+        self._device: dict[tuple[str | None, str], Any] = {}
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.rows.size)
+
+    def _fill(self, source: Any, group_of_row: np.ndarray, on_chunk: Callable[[int], None]) -> None:
+        """Decode every chunk holding a cached row once, ``READ_AHEAD`` chunks ahead on ``READ_THREADS`` threads,
+        and scatter its rows to their positions."""
+        position = self.position = np.full(group_of_row.shape, -1, dtype=np.int64)
+        position[self.rows] = np.arange(self.rows.size)
+        step, n = int(source.chunk_rows), int(source.n_rows)
+        starts = [lo for lo in range(0, n, step) if (group_of_row[lo : lo + step] >= 0).any()]
+
+        def decode(lo: int) -> tuple[np.ndarray, dict[str | None, np.ndarray]]:
+            sel = np.flatnonzero(group_of_row[lo : lo + step] >= 0)
+            raw = source.read_raw(lo, min(lo + step, n))
+            return lo + sel, {lane: source.rows_of(raw, lo, sel, lane) for lane in self.lanes}
+
+        pending: deque[Future] = deque()
+        with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="foal-pipe-read") as pool:
+            try:
+                for lo in starts:
+                    pending.append(pool.submit(decode, lo))
+                    if len(pending) > READ_AHEAD:
+                        self._scatter(position, *pending.popleft().result(), on_chunk)
+                while pending:
+                    self._scatter(position, *pending.popleft().result(), on_chunk)
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _scatter(self, position: np.ndarray, rows: np.ndarray, values: dict[str | None, np.ndarray],
+                 on_chunk: Callable[[int], None]) -> None:
+        pos = position[rows]
+        for lane, X in values.items():
+            store = self._store[lane]
+            if isinstance(store, _Spill):
+                store.put(pos, X)
+            else:
+                store[pos] = X
+        on_chunk(rows.size)
+
+    def block(self, lane: str | None, start: int, stop: int, xp: Any = None) -> Any:
+        """Rows at positions ``[start, stop)`` of ``lane``; with a device namespace ``xp``, on the device (the
+        whole in-memory cache is copied there once, so the walk does not wait on a copy per block)."""
+        store = self._store[lane]
+        if isinstance(store, _Spill):
+            return store.read(start, stop)
+        if xp is None or xp.__name__.startswith(("numpy", "array_api_compat.numpy")):
+            return store[start:stop]
+        key = (lane, xp.__name__)
+        if key not in self._device:
+            self._device[key] = xp.asarray(store, device=default_device(xp))
+        return self._device[key][start:stop, ...]
+
+    def take(self, lane: str | None, positions: np.ndarray, xp: Any = None) -> Any:
+        """Rows at ``positions`` (in that order): :meth:`block` where they are consecutive, else gathered (from a
+        spill file, each run of consecutive positions read once)."""
+        if positions.size and int(positions[-1]) - int(positions[0]) == positions.size - 1 and \
+                (positions.size == 1 or (np.diff(positions) == 1).all()):
+            return self.block(lane, int(positions[0]), int(positions[-1]) + 1, xp)
+        store = self._store[lane]
+        if isinstance(store, _Spill):
+            breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+            runs = zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [positions.size]]))
+            X = np.concatenate([store.read(int(positions[a]), int(positions[b - 1]) + 1) for a, b in runs])
+        else:
+            X = store[positions]
+        return X if xp is None else xp.asarray(X, device=default_device(xp))
+
+    def close(self) -> None:
+        for store in self._store.values():
+            if isinstance(store, _Spill):
+                store.close()
+        self._store, self._device = {}, {}
+
+    def __enter__(self) -> GroupedRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TaskBlocks:
+    """One stream's tasks over a :class:`GroupedRows` that holds their rows: each task's cache positions (sorted,
+    so a cache grouped by this stream's tasks gives consecutive ranges) cut into blocks of ``size`` rows.
+
+    ``blocks(k)`` yields ``(start, stop, positions)``: the block's place in the walk (tasks 1..k are walk rows
+    ``[0, ends[k])``) and its cache positions. Every pass cuts a task the same way.
+    """
+
+    def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int):
+        self.size = size
+        self.tasks = [np.sort(rows.position[r]) for r in stream_rows]
+        if any((t < 0).any() for t in self.tasks):
+            raise FoalPipeError("the decoded rows lack some of the stream's rows; re-run the command")
+        self.ends = np.cumsum([t.size for t in self.tasks]).astype(np.int64)
+
+    def blocks(self, k: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        base, positions = int(self.ends[k]) - self.tasks[k].size, self.tasks[k]
+        for a in range(0, positions.size, self.size):
+            yield base + a, base + min(a + self.size, positions.size), positions[a : a + self.size]
