@@ -39,7 +39,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     store = make_store(root / "s.zarr")
     # 2 tasks of 2 classes (one class dropped): the model knows 4 of the store's 5 classes
     result = runner.invoke(app, ["learn", "--features", str(store), "--out", str(root / "run"), "--tasks", "2",
-                                 "--projection-dim", "24", "--backend", "numpy", "--seed", "1"])
+                                 "--drop-remainder", "--projection-dim", "24", "--backend", "numpy", "--seed", "1"])
     assert result.exit_code == 0, result.output
     return store, root / "run" / "model.safetensors"
 
