@@ -4,8 +4,9 @@ Three measurements, each side by side in one run, medians of --repeats, commands
 other processes hits each alike:
 
 * ``tasks``: ``learn --tasks 100`` against ``learn --tasks 5`` on the same store (default 40,000 x 384 float32,
-  100 classes in a random row order, D = 500): the same rows and flops, so the ratio shows what the number of
-  tasks costs (target <= 1.2x);
+  100 classes in a random row order, D = 500): the same rows and projection/Gram flops, so the ratio shows what
+  the number of tasks costs (target <= 1.2x). What a boundary must do (one solve, the test rows of the tasks
+  seen scored) grows with the tasks in any learner, so the floor below runs at 5 and 100 tasks beside it;
 * ``floor``: ``learn`` against the floor of any Gram learner on the same store (default 200,000 x 768, 100
   classes, 10 tasks, D = 1000): :func:`floor` reads the store once, projects + sigmoid in 4,096-row blocks,
   accumulates H^T H and H^T Y per task, and does one solve and one test scoring per task, in plain NumPy
@@ -143,9 +144,13 @@ def main() -> None:
         tmp = Path(tmp)
         if not args.skip_tasks:
             store = make_store(tmp / "tasks.zarr", 40_000, 8_000, dim=384)
-            r = side_by_side({f"learn --tasks {t}": (lambda t=t: learn(store, tmp / f"t{t}", t, 500)) for t in (5, 100)},
-                             args.repeats)
+            commands = {}
+            for t in (5, 100):
+                commands[f"learn --tasks {t}"] = lambda t=t: learn(store, tmp / f"t{t}", t, 500)
+                commands[f"floor, {t} tasks"] = lambda t=t: run_floor(store, t, 500, tmp / f"floor{t}.json")
+            r = side_by_side(commands, args.repeats)
             r["ratio_100_over_5"] = r["learn --tasks 100"]["median_s"] / r["learn --tasks 5"]["median_s"]
+            r["floor_ratio_100_over_5"] = r["floor, 100 tasks"]["median_s"] / r["floor, 5 tasks"]["median_s"]
             results["tasks"] = {"store": "40,000 x 384 float32, 100 classes, D = 500", **r}
         if not args.skip_floor:
             store = make_store(tmp / "floor.zarr", 200_000, 10_000)
