@@ -236,8 +236,9 @@ def _learn(store: Path, out: Path, backend: str, engine: str, dim: int, timeout:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "wall_s": wall}
     metrics = json.loads((out / "metrics.json").read_text())
-    run = {"wall_s": wall, "in_process_s": json.loads((out / "timings.json").read_text())["total"],
-           "A_avg": float(metrics["A_avg"]), "A_last": float(metrics["A_last"])}
+    timings = json.loads((out / "timings.json").read_text())
+    run = {"wall_s": wall, "in_process_s": timings["total"], "timings": timings, "A_avg": float(metrics["A_avg"]),
+           "A_last": float(metrics["A_last"])}
     try:
         from safetensors.numpy import load_file
 
@@ -456,13 +457,29 @@ def part_cifar(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     for step, args in steps.items():
         out["seconds"][step] = _cli(args, sz.part_seconds)
     out["total_s"] = sum(out["seconds"].values())
+    run = json.loads(store.with_name(store.name + ".log.json").read_text())["runs"][-1]
+    out["extract_run"] = {k: run.get(k) for k in ("seconds", "device", "batch_size", "workers", "resize_on")}
+    for step in ("learn", "sweep"):
+        out[f"{step}_timings"] = json.loads((work / f"cifar-{'run' if step == 'learn' else 'sweep'}" /
+                                             "timings.json").read_text())
     metrics = json.loads((work / "cifar-run" / "metrics.json").read_text())
     out["A_avg"], out["n_train_seen"] = metrics["A_avg"], metrics["n_train_seen"]
     out["meets_goal"] = "not applicable: no GPU" if device != "cuda" else out["total_s"] <= 20
 
 
+def part_startup(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """What a command costs before it works: ``foal-pipe --help`` (median of 3) and the slowest imports of the CLI."""
+    times = [_cli(["--help"], 60) for _ in range(3)]
+    out["help_s"] = statistics.median(times)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import foal_pipe.cli; import foal_pipe.protocol.walk"],
+                          capture_output=True, text=True, timeout=120)
+    rows = [line.split("|") for line in proc.stderr.splitlines() if line.startswith("import time:") and "|" in line]
+    cumulative = sorted(((int(r[1]), r[2].strip()) for r in rows if r[1].strip().isdigit()), reverse=True)
+    out["slowest_imports_ms"] = {name: us / 1000 for us, name in cumulative[:12]}
+
+
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
-    "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar}
+    "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup}
 
 
 # ---------------------------------------------------------------------------------------------------------
