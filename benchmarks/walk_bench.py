@@ -15,8 +15,8 @@ other processes hits each alike:
 * ``imagenet`` (``--imagenet``): the same pair on a synthetic 1,281,167 x 768 float16 store, 1,000 classes,
   10 tasks, D = 2000, with peak RSS (target < 4 GiB, within the floor ratio).
 
-``--compare DIR`` also times ``learn`` with the foal-pipe code of another checkout (e.g. an older commit in a
-git worktree) on the ``floor`` store, interleaved with the others.
+``--compare DIR`` (repeatable) also times ``learn`` with the foal-pipe code of another checkout (e.g. an older
+commit in a git worktree) on the ``floor`` store, interleaved with the others.
 
 Usage: python benchmarks/walk_bench.py [--repeats 3] [--skip-tasks] [--skip-floor] [--imagenet] [--compare DIR]
        [--json benchmarks/results/walk_bench.json]
@@ -114,19 +114,19 @@ def side_by_side(commands: dict[str, callable], repeats: int) -> dict[str, dict]
                    "peak_rss_mib": max(m for _, m in rs)} for name, rs in runs.items()}
 
 
-def floor_pair(tmp: Path, store: Path, tasks: int, D: int, repeats: int, compare: Path | None) -> dict:
+def floor_pair(tmp: Path, store: Path, tasks: int, D: int, repeats: int, compare: list[Path]) -> dict:
     commands = {"learn": lambda: learn(store, tmp / "run", tasks, D),
                 "floor": lambda: run_floor(store, tasks, D, tmp / "floor.json")}
-    if compare is not None:
-        env = {**os.environ, "PYTHONPATH": str(compare)}
-        commands["learn (compare)"] = lambda: learn(store, tmp / "run-compare", tasks, D, env)
+    for i, code in enumerate(compare):
+        env = {**os.environ, "PYTHONPATH": str(code)}
+        commands[f"learn ({code.name})"] = lambda env=env, i=i: learn(store, tmp / f"run-compare{i}", tasks, D, env)
     result = side_by_side(commands, repeats)
     ours = json.loads((tmp / "run" / "metrics.json").read_text())["accuracy_matrix"]
     theirs = json.loads((tmp / "floor.json").read_text())
     result["learn_over_floor"] = result["learn"]["median_s"] / result["floor"]["median_s"]
     result["same_accuracy_matrix"] = bool(np.allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-12))
-    if compare is not None:
-        result["compare_over_learn"] = result["learn (compare)"]["median_s"] / result["learn"]["median_s"]
+    for code in compare:
+        result[f"{code.name}_over_learn"] = result[f"learn ({code.name})"]["median_s"] / result["learn"]["median_s"]
     return result
 
 
@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--skip-tasks", action="store_true")
     parser.add_argument("--skip-floor", action="store_true")
     parser.add_argument("--imagenet", action="store_true", help="also the 1,281,167-row float16 store (D = 2000)")
-    parser.add_argument("--compare", type=Path, default=None, help="another checkout's code to time beside")
+    parser.add_argument("--compare", type=Path, action="append", default=[],
+                        help="another checkout's code to time beside (repeatable)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = header(repeats=args.repeats, blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", "default"))
@@ -159,7 +160,7 @@ def main() -> None:
         if args.imagenet:
             store = make_store(tmp / "imagenet.zarr", 1_281_167, 50_000, n_classes=1000, dtype="float16")
             results["imagenet"] = {"store": "1,281,167 x 768 float16, 1,000 classes, 10 tasks, D = 2000",
-                                   **floor_pair(tmp, store, 10, 2000, 1, None)}
+                                   **floor_pair(tmp, store, 10, 2000, 1, [])}
     finish(results, args.json)
 
 
