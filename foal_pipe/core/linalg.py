@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import AbstractContextManager
+from functools import cache
 from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from foal_pipe.core.backend import LINALG_ERRORS, dtype_name
 from foal_pipe.errors import FoalPipeError
@@ -98,9 +100,18 @@ def check_gammas(G: Any, gammas: Any) -> None:
         )
 
 
-def factor_threads(dim: int) -> threadpool_limits:
+@cache
+def _threadpools() -> ThreadpoolController:
+    """The process's thread pools, found once: each lookup reads /proc/self/maps (about 3 ms, more than a
+    Cholesky factorisation at D = 500). SciPy's own BLAS is loaded first so that it is among them."""
+    import scipy.linalg  # noqa: F401
+
+    return ThreadpoolController()
+
+
+def factor_threads(dim: int) -> AbstractContextManager:
     """A BLAS thread limit for one factorisation of dimension ``dim`` (see ``SINGLE_THREAD_FACTOR_DIM``)."""
-    return threadpool_limits(limits=1 if dim <= SINGLE_THREAD_FACTOR_DIM else None, user_api="blas")
+    return _threadpools().limit(limits=1 if dim <= SINGLE_THREAD_FACTOR_DIM else None, user_api="blas")
 
 
 def float64(a: Any) -> Any:
