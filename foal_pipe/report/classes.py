@@ -21,13 +21,13 @@ from foal_pipe.report.readers import Run
 def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
     """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based)."""
     m = run.metrics
-    source = m.get("tasks") if isinstance(m.get("tasks"), list) else []
-    if isinstance(m.get("task_names"), list) and run.weight_norms is not None and run.weight_norms[2]:
+    source = m.get("tasks") or []
+    if m.get("task_names") and run.weight_norms is not None and run.weight_norms[2]:
         labels, _, names = run.weight_norms
         by_name = dict(zip(names, labels.tolist()))
         source = [[by_name.get(name) for name in t] for t in m["task_names"]]
     stream = [(t, c) for t, classes in enumerate(source) for c in classes]
-    return {int(c): (t, k) for k, (t, c) in enumerate(stream) if c is not None}
+    return {c: (t, k) for k, (t, c) in enumerate(stream) if c is not None}
 
 
 def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int]) -> list[int]:
@@ -38,12 +38,12 @@ def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int]) -
 def task_classes(run: Run) -> list[list[str]]:
     """Each task's classes, in stream order: by name when the run or its model names them, else label ids."""
     m = run.metrics
-    if isinstance(m.get("task_names"), list):
-        return [[str(name) for name in t] for t in m["task_names"]]
+    if m.get("task_names"):
+        return m["task_names"]
     names = {}
     if run.weight_norms is not None and run.weight_norms[2]:
         names = dict(zip(run.weight_norms[0].tolist(), run.weight_norms[2]))
-    return [[names.get(int(c), str(c)) for c in t] for t in m.get("tasks") or []]
+    return [[names.get(c, str(c)) for c in t] for t in m.get("tasks") or []]
 
 
 @dataclass

@@ -147,8 +147,7 @@ def _other_stores(m: dict[str, Any]) -> list[str]:
              "matched by name (rows of classes the model does not know count as wrong).", "",
              "| store | test rows | accuracy (%) | rows of unknown classes |", "|---|---:|---:|---:|"]
     for e in m["eval_features"]:
-        lines.append(f"| `{e.get('features')}` | {e.get('n_test', 0):,} | {pct(e.get('accuracy'))} | "
-                     f"{e.get('unknown_class_rows', 0):,} |")
+        lines.append(f"| `{e['features']}` | {e['n_test']:,} | {pct(e['accuracy'])} | {e['unknown_class_rows']:,} |")
     return lines + [""]
 
 
@@ -255,7 +254,7 @@ def summary_markdown(
         lines += ["", paragraph]
     lines.append("")
     lines += _matrix(run)
-    if isinstance(m.get("eval_features"), list) and m["eval_features"]:
+    if m.get("eval_features"):
         lines += _other_stores(m)
     if classes is not None:
         lines += _classes(classes, "init_model" in m)
