@@ -21,7 +21,7 @@ from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model
 
 if TYPE_CHECKING:
-    from foal_pipe.store import FeatureStore
+    from foal_pipe.store.read import FeatureStore
 
 
 def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
@@ -84,10 +84,11 @@ class DeployedModel:
         """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
         the model's by name: ``true`` is -1 for a row of a class the model does not know (or an unlabelled row).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
-        from foal_pipe.model.predict import _read_time_fusion
-        from foal_pipe.store import UNLABELLED, open_store
+        from foal_pipe.store.blockfusion import read_time_fusion
+        from foal_pipe.store.meta import UNLABELLED
+        from foal_pipe.store.read import open_store
 
-        store = open_store(features, **_read_time_fusion(self.encoder_spec))
+        store = open_store(features, **read_time_fusion(self.encoder_spec))
         check_encoder(self.encoder_spec, store, features)
         data = store.split(split)
         if data.dim != self.projection.n_features_in_:
