@@ -111,6 +111,8 @@ def test_store_predictions_match_classes_by_name(tmp_path):
     true, predicted = model.store_predictions(other)
     np.testing.assert_array_equal(true, np.array([2, 0, -1])[(y[:9] + 1) % 3])
     np.testing.assert_array_equal(predicted, model.predict(x[:9]))
+    with pytest.raises(FoalPipeError, match="unknown split 'val'; choose train or test"):
+        model.store_predictions(other, "val")
     with pytest.raises(FoalPipeError, match="another encoder than the model's"):
         model.store_predictions(write_store(tmp_path / "pix.zarr", (x[:6], y[:6]), (x[:3], y[:3]), ["a", "b", "c"],
                                             encoder={"name": "pixels"}))

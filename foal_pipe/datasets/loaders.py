@@ -224,8 +224,8 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
 
 
 def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
-    """``root/<class>/*`` split into train and test, stratified: ``round(fraction * n)`` of each class's ``n``
-    images (at least 1, at most ``n - 1``) are test images, drawn by a generator seeded with ``seed`` and the
+    """``root/<class>/*`` split into train and test, stratified: ``fraction * n`` of each class's ``n`` images,
+    rounded half up (at least 1, at most ``n - 1``), are test images, drawn by a generator seeded with ``seed`` and the
     class name (so a class's split does not depend on the other classes). Rows keep file order."""
     if not root.is_dir():
         raise FoalPipeError(f"imagefolder dataset not found: {root} is not a folder; pass --data-dir DIR with "

@@ -85,9 +85,11 @@ class DeployedModel:
         the model's by name: ``true`` is -1 for a row of a class the model does not know (or an unlabelled row).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
         from foal_pipe.store.blockfusion import read_time_fusion
-        from foal_pipe.store.meta import UNLABELLED
+        from foal_pipe.store.meta import SPLITS, UNLABELLED
         from foal_pipe.store.read import open_store
 
+        if split not in SPLITS:
+            raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
         store = open_store(features, **read_time_fusion(self.encoder_spec))
         check_encoder(self.encoder_spec, store, features)
         data = store.split(split)
