@@ -36,16 +36,18 @@ def assert_one_line_error(result, *fragments: str) -> None:
         assert fragment in text, text
 
 
-def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0) -> Path:
+def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0,
+                    split: bool = True) -> Path:
     """``root/train/<class>/*.png`` and ``root/test/<class>/*.png`` with random images of mixed sizes and
-    modes (RGB, grayscale, RGBA, palette)."""
+    modes (RGB, grayscale, RGBA, palette); ``split=False``: ``root/<class>/*.png`` only, ``classes[c]`` each."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     modes = ["RGB", "L", "RGBA", "P"]
-    for split, counts in (("train", classes), ("test", {c: test_per_class for c in classes})):
+    splits = (("train", classes), ("test", {c: test_per_class for c in classes})) if split else (("", classes),)
+    for split_name, counts in splits:
         for cls, count in counts.items():
-            folder = root / split / cls
+            folder = root / split_name / cls
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
                 h, w = int(rng.integers(12, 48)), int(rng.integers(12, 48))

@@ -157,6 +157,8 @@ class DatasetSplits:
     test: ImageSource
     location: str = ""
     native_size: int | None = None  # side of the images when all share one (the pixels encoder's default)
+    #: How the test split was drawn, for a dataset that had none (``extract --test-split``): ``test_fraction``, ``seed``.
+    test_split: dict[str, float | int] | None = None
 
     def split(self, name: str) -> ImageSource:
         return {"train": self.train, "test": self.test}[name]

@@ -10,15 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images
+from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model
+
+if TYPE_CHECKING:
+    from foal_pipe.store.read import FeatureStore
+
+
+def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
+    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key."""
+    theirs = store.meta.encoder
+    key = first_difference(model_encoder or {}, theirs or {})
+    if key is not None:
+        raise FoalPipeError(
+            f"{where} was extracted with another encoder than the model's: {key!r} is {theirs.get(key)!r} in the "
+            f"store but {(model_encoder or {}).get(key)!r} in the model; extract the new images with the model's "
+            "encoder settings"
+        )
 
 
 class DeployedModel:
@@ -53,6 +68,44 @@ class DeployedModel:
         best = np.argmax(self.scores(features), axis=1)
         return [self.class_names[k] for k in best]
 
+    def predict_proba(self, features: Any) -> np.ndarray:
+        """Class shares, shape (n, n_classes), columns in ``classifier.classes_`` order, rows summing to 1.
+
+        Ridge regression onto one-hot targets estimates each class's probability by least squares, so its scores
+        are clipped at 0 and normalised (a row with no positive score is uniform). The argmax is :meth:`predict`'s;
+        the values are not calibrated probabilities.
+        """
+        scores = np.clip(self.scores(features), 0.0, None)
+        total = scores.sum(axis=1, keepdims=True)
+        uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
+        return np.divide(scores, total, out=uniform, where=total > 0)
+
+    def store_predictions(self, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+        """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
+        the model's by name: ``true`` is -1 for a row of a class the model does not know (or an unlabelled row).
+        The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
+        from foal_pipe.store.blockfusion import read_time_fusion
+        from foal_pipe.store.meta import SPLITS, UNLABELLED
+        from foal_pipe.store.read import open_store
+
+        if split not in SPLITS:
+            raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
+        store = open_store(features, **read_time_fusion(self.encoder_spec))
+        check_encoder(self.encoder_spec, store, features)
+        data = store.split(split)
+        if data.dim != self.projection.n_features_in_:
+            raise FoalPipeError(f"the model expects {self.projection.n_features_in_}-dimensional features but "
+                                f"{features} has {data.dim}; use a store made with the model's encoder")
+        known = dict(zip(self.class_names, self.classifier.classes_.tolist()))
+        target = np.array([known.get(name, -1) for name in store.classes] + [-1], dtype=np.int64)
+        labels = np.asarray(data.labels, dtype=np.int64)
+        true = target[np.where(labels == UNLABELLED, len(store.classes), labels)]
+        predicted = np.empty(data.n_rows, dtype=np.int64)
+        for lo, X in data.iter_chunks():
+            predicted[lo : lo + X.shape[0]] = self.predict(X)
+        store.check_unchanged()
+        return true, predicted
+
     def encoder(self, checkpoint: str | Path | None = None, device: str = "cpu") -> Any:
         """The encoder of the training store, rebuilt from ``encoder_spec`` and loaded (once, then cached)."""
         if self._encoder is None:
@@ -66,6 +119,10 @@ class DeployedModel:
     def predict_images(self, images: Any, checkpoint: str | Path | None = None) -> np.ndarray:
         """Label ids for images (paths or uint8 arrays), encoded as the training store's images were."""
         return self.predict(self.encode_images(images, checkpoint))
+
+    def predict_image_names(self, images: Any, checkpoint: str | Path | None = None) -> list[str]:
+        """Class names for images (paths or uint8 arrays), as :meth:`predict_images` predicts them."""
+        return self.predict_names(self.encode_images(images, checkpoint))
 
     # ------------------------------------------------------------------ learning
     def label_ids(self, names: Sequence[str]) -> np.ndarray:

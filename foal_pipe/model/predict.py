@@ -15,6 +15,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.modelfile import read_model
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
+from foal_pipe.store.blockfusion import read_time_fusion
 
 #: The CSV's columns: the store row, the predicted label id and its name, the winning score
 #: (``sigmoid(x P) @ W`` for that class), and the label id and name the store holds for the row.
@@ -51,7 +52,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     tensors, meta = read_model(model, names=("W", "classes", "projection"))
     if "projection" not in tensors:
         raise FoalPipeError(f"{model} has no 'projection' tensor; pass the model.safetensors that learn wrote")
-    store = open_store(features, **_read_time_fusion(meta.get("encoder")))
+    store = open_store(features, **read_time_fusion(meta.get("encoder")))
     data = store.split(split)
     activation = meta.get("activation", "sigmoid")
     projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)
@@ -77,14 +78,6 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
         lookup = dict(zip(classes.tolist(), model_names))
         names = tuple(lookup.get(i, "") for i in range(int(classes.max()) + 1 if classes.size else 0))
     return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), names)
-
-
-def _read_time_fusion(encoder: dict | None) -> dict:
-    """``open_store`` arguments that rebuild the features of a model trained with ``learn --fusion``: its encoder
-    provenance names the fusion and whether the final norm was applied."""
-    if not encoder or "blocks_dtype" not in encoder:
-        return {}
-    return {"fusion": encoder["fusion"], "fusion_norm": str(encoder.get("final_norm", "")).startswith("applied")}
 
 
 def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path,

@@ -178,7 +178,28 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
         if not is_number(metrics.get(key)):
             raise FoalPipeError(f"{path} has no number under {key!r}; {_LEARN_FIX}")
     _check_gamma(metrics, path)
+    _check_classes(metrics, path)
     return metrics
+
+
+def _check_classes(metrics: dict[str, Any], path: Path) -> None:
+    """``tasks`` (label ids), ``task_names`` (a continued model's class names, task by task, as ``tasks``) and
+    ``eval_features`` (the continued model on other stores), when present, are what ``learn`` writes."""
+    tasks, names = metrics.get("tasks"), metrics.get("task_names")
+    if tasks is not None and not (isinstance(tasks, list) and all(
+            isinstance(t, list) and all(type(c) is int and c >= 0 for c in t) for t in tasks)):
+        raise FoalPipeError(f"{path}: 'tasks' should be a list of lists of label ids; {_LEARN_FIX}")
+    if names is not None and not (isinstance(names, list) and isinstance(tasks, list) and len(names) == len(tasks)
+                                  and all(isinstance(n, list) and len(n) == len(t) and all(isinstance(x, str) for x in n)
+                                          for n, t in zip(names, tasks))):
+        raise FoalPipeError(f"{path}: 'task_names' should name the classes of 'tasks', task by task; {_LEARN_FIX}")
+    entries = metrics.get("eval_features")
+    if entries is not None and not (isinstance(entries, list) and all(
+            isinstance(e, dict) and isinstance(e.get("features"), str) and is_number(e.get("accuracy"))
+            and 0 <= e["accuracy"] <= 1 and all(type(e.get(k)) is int and e[k] >= 0
+                                                for k in ("n_test", "unknown_class_rows")) for e in entries)):
+        raise FoalPipeError(f"{path}: 'eval_features' should be a list of {{features, n_test, accuracy, "
+                            f"unknown_class_rows}} entries; {_LEARN_FIX}")
 
 
 def _check_criteria(res: dict[str, Any], where: str) -> None:

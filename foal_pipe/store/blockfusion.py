@@ -341,3 +341,11 @@ def fused_encoder(encoder: dict[str, Any], fusion: Fusion, norm: bool, blocks_dt
     the dtype of the blocks they came from (a model trained on them is refused on other features)."""
     return {**encoder, "fusion": fusion.text, "blocks_dtype": blocks_dtype,
             "final_norm": "applied once to the block average" if norm else "not applied (--no-fusion-norm)"}
+
+
+def read_time_fusion(encoder: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``open_store`` arguments that fuse a blocks store as :func:`fused_encoder` recorded it in ``encoder``
+    (a model's provenance): ``{}`` for features read as stored."""
+    if not encoder or "blocks_dtype" not in encoder:
+        return {}
+    return {"fusion": encoder["fusion"], "fusion_norm": str(encoder.get("final_norm", "")).startswith("applied")}

@@ -356,6 +356,23 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
     return store if fusion is None else store.fused(fusion, fusion_norm)
 
 
+def read_split(path: str | Path, split: str = "train", fusion: str | Fusion | None = None,
+               fusion_norm: bool = True) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """A store's split in memory in one call: ``(X, y, class_names)``, features (n, d) as stored (fused with
+    ``fusion``), label ids (n,) indexing ``class_names``. Refused when the features would take more than half
+    the available memory: then read the split chunk by chunk (:meth:`Split.iter_chunks`)."""
+    if split not in SPLITS:
+        raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
+    store = open_store(path, fusion, fusion_norm)
+    data = store.split(split)
+    _check_size(store.path, f"{split}/features ({data.n_rows:,} x {data.dim:,})",
+                data.n_rows * data.dim * np.dtype(data.features.dtype).itemsize,
+                "read it chunk by chunk: open_store(path).train.iter_chunks()")
+    X = data.read(0, data.n_rows)
+    store.check_unchanged()
+    return X, data.labels.copy(), list(store.classes)
+
+
 def _read_layout(group: zarr.Group, path: Path, attr: Any, dim: int) -> BlockLayout:
     """The ``blocks`` attribute and the final norm's parameter arrays, checked."""
     norm = attr.get("norm") if isinstance(attr, dict) else None
