@@ -246,3 +246,14 @@ def test_a_shape_edited_to_a_trillion_rows_is_refused_in_one_line(store, tmp_pat
     assert "31,249,999,992 chunk files missing" in " ".join(shown.output.split())
     verified = runner.invoke(app, ["info", "--verify", str(store)])
     assert verified.exit_code == 1 and "Traceback" not in verified.output, verified.output
+
+
+@pytest.mark.slow
+def test_a_moved_chunk_is_refused_on_a_dask_cluster(store, tmp_path):
+    """Workers read through the same checked store (pickled with its chunk records)."""
+    pytest.importorskip("distributed")
+    _swap(_chunk(store, "train/features", 0), _chunk(store, "train/features", 1))
+    result = _learn(store, tmp_path / "run", "--scheduler", "dask", "--dask-address", "local", "--workers", "1")
+    assert_one_line_error(result, "chunk file train/features/c/0/0 is damaged (it holds the chunk of rows 32-63, "
+                                  "moved or copied here)")
+    assert not (tmp_path / "run").exists()

@@ -11,6 +11,7 @@ that position (a chunk moved or copied from elsewhere keeps a valid checksum of 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import io
 import math
@@ -166,8 +167,6 @@ class StrictLocalStore(LocalStore):
         return prototype.buffer.from_bytes(data)
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
-        import asyncio
-
         if not self._is_open:
             await self._open()
         value = await asyncio.to_thread(self._read, key, prototype or default_buffer_prototype(), byte_range)
