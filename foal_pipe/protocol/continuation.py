@@ -128,6 +128,7 @@ def evaluate_store(model: DeployedModel, features: str | Path) -> dict[str, Any]
     deployments); rows of classes the model never saw count as wrong and are counted apart."""
     store = open_store(features)
     check_encoder(model.encoder_spec, store, features)
+    store.check_labelled(("test",))
     known = dict(zip(model.class_names, model.classifier.classes_.tolist()))
     target = np.array([known.get(name, -1) for name in store.classes], dtype=np.int64)
     test = store.test

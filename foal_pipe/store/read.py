@@ -177,16 +177,23 @@ class FeatureStore:
     def classes(self) -> tuple[str, ...]:
         return self.meta.classes
 
-    def check_labelled(self) -> None:
-        """Refuse a store whose train split is empty or holds unlabelled rows (``extract --dataset images``)."""
-        train = self.train.labels
-        unlabelled = int((train == UNLABELLED).sum()) if train.size else 0
-        if train.size == 0 or unlabelled:
-            what = "no train rows" if train.size == 0 else f"{unlabelled:,} unlabelled train rows (label -1)"
+    def check_labelled(self, splits: Sequence[str] = SPLITS) -> None:
+        """Refuse a store whose train split is empty, or whose ``splits`` hold unlabelled rows (label -1, from
+        ``extract --dataset images``): a learner needs a label for every train row, an accuracy for every test row
+        (a -1 test row would be left out, or counted against the last class)."""
+        if "train" in splits and self.train.labels.size == 0:
             raise FoalPipeError(
-                f"{self.path} has {what}: it was extracted from unlabelled images, so there is nothing to learn; "
+                f"{self.path} has no train rows: it was extracted from unlabelled images, so there is nothing to learn; "
                 "extract labelled images (--dataset imagefolder) to learn, or predict on it with `foal-pipe predict`"
             )
+        for name in splits:
+            unlabelled = int((self.split(name).labels == UNLABELLED).sum())
+            if unlabelled:
+                raise FoalPipeError(
+                    f"{self.path} has {unlabelled:,} unlabelled {name} rows (label -1): every {name} row needs a "
+                    "label to be learned or scored; extract labelled images (--dataset imagefolder), or predict on "
+                    "the store with `foal-pipe predict`"
+                )
 
     @property
     def dim(self) -> int:
@@ -235,7 +242,7 @@ def check_same(path: Path, fingerprint: tuple[Any, ...]) -> None:
         return
     try:
         now = _fingerprint(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         now = None
     if now == fingerprint:
         return
@@ -308,7 +315,7 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
     path = Path(path)
     try:  # first: a store swapped from here on is noticed by check_unchanged
         fingerprint = _fingerprint(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         fingerprint = ()
     group, meta = read_meta(path)  # the precise error when the attributes cannot be read
     if not meta.complete:

@@ -99,7 +99,7 @@ def _is_feature_store(path: Path) -> bool:
     """Whether ``path`` holds a foal-pipe feature store (its group attributes say so), complete or not."""
     try:
         doc = json.loads((path / "zarr.json").read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and doc["attributes"].get("format") == FORMAT
 
