@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from foal_pipe.store import StoreMeta
+from foal_pipe.store import StoreMeta, complete_store
 
 N_CLASSES, DIM = 100, 768
 
 
 def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0, noise: float = 8.0) -> Path:
-    """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store."""
+    """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store (completed by
+    :func:`~foal_pipe.store.complete_store`, which writes the chunk records and the generation id of format 4)."""
     rng = np.random.default_rng(seed)
     means = rng.normal(0, 1, size=(N_CLASSES, DIM)).astype(np.float32)
     group = zarr.open_group(str(path), mode="w")
@@ -28,5 +29,6 @@ def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: i
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
             feats[lo:hi] = means[y[lo:hi]] + rng.normal(0, noise, size=(hi - lo, DIM)).astype(np.float32)
-    group.attrs["complete"] = True
+    group.attrs["progress"] = {"train": n_train, "test": n_test}
+    complete_store(path)
     return path

@@ -257,3 +257,21 @@ def test_a_moved_chunk_is_refused_on_a_dask_cluster(store, tmp_path):
     assert_one_line_error(result, "chunk file train/features/c/0/0 is damaged (it holds the chunk of rows 32-63, "
                                   "moved or copied here)")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hand_made_format_4_store_needs_complete_store(tmp_path):
+    """Another program's writer that declares format 4 gets the integrity data from complete_store."""
+    from foal_pipe.store import StoreMeta, complete_store
+
+    group = zarr.open_group(str(tmp_path / "h.zarr"), mode="w")
+    group.attrs.update(StoreMeta(("a", "b"), "hand", {"name": "x"}).to_dict())
+    for split in ("train", "test"):
+        group.create_array(f"{split}/features", shape=(6, 2), chunks=(4, 2), dtype="float32")[:] = np.arange(12.0).reshape(6, 2)
+        group.create_array(f"{split}/labels", shape=(6,), chunks=(6,), dtype="int64")[:] = np.arange(6) % 2
+    group.attrs.update({"complete": True})
+    with pytest.raises(FoalPipeError, match=r"declares format_version 4 but has no generation id; complete it with "
+                                            r"foal_pipe.store.complete_store"):
+        open_store(tmp_path / "h.zarr")
+    group.attrs.update({"complete": False, "progress": {"train": 6, "test": 6}})
+    complete_store(tmp_path / "h.zarr")
+    assert open_store(tmp_path / "h.zarr").train.read(0, 6).shape == (6, 2)

@@ -5,9 +5,10 @@ A chunk's CRC-32C covers only its own bytes, so a chunk file moved or copied to 
 it. At completion the writer records, in each array's ``chunk_files`` attribute, the size and the CRC-32C of
 every chunk file in chunk order (:func:`record_chunks`); the generation id then hashes the attributes and every
 array's ``zarr.json`` (records included). A reader recomputes the id from the metadata alone (a few small files,
-:func:`check_sealed`) -- an edited attribute, shape, norm or record is refused when the store is opened -- and
-checks each chunk file against its record when it reads it (:class:`~foal_pipe.store.chunks.StrictLocalStore`):
-a chunk in the wrong place is refused by the ordinary read, at no cost beyond comparing 4 bytes.
+:func:`~foal_pipe.store.read.check_sealed`) -- an edited attribute, shape, norm or record is refused when the
+store is opened -- and checks each chunk file against its record when it reads it
+(:class:`~foal_pipe.store.chunks.StrictLocalStore`): a chunk in the wrong place is refused by the ordinary read,
+at no cost beyond comparing 4 bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from foal_pipe.store.meta import StoreMeta, shown
 SEALED_FROM = 4
 #: The array attribute holding each chunk file's size and CRC-32C.
 CHUNK_FILES = "chunk_files"
+#: The fix for a format-4 store written without its integrity data (by another program).
+UNSEALED_FIX = ("complete it with foal_pipe.store.complete_store (which writes the chunk records and the generation "
+                "id once the attribute 'progress' names every row), or declare format_version 3")
 
 
 def group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
@@ -109,7 +113,7 @@ def sealed(meta: StoreMeta) -> bool:
 def generation_problem(path: Path, group: zarr.Group, meta: StoreMeta) -> str | None:
     """Why a sealed store's metadata is not what was completed (None when it is)."""
     if meta.generation is None:
-        return "it has no generation id"
+        return f"it declares format_version {meta.format_version} but has no generation id"
     try:
         now = compute_generation(path, group)
     except OSError as exc:

@@ -36,7 +36,7 @@ from foal_pipe.store.chunks import (
     read_rows,
     rows_text,
 )
-from foal_pipe.store.integrity import generation_problem, group_arrays, guard_chunks, sealed
+from foal_pipe.store.integrity import UNSEALED_FIX, generation_problem, group_arrays, guard_chunks, sealed
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -390,6 +390,8 @@ def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[st
         problem = generation_problem(path, group, meta)
         if problem is not None:
             check_same(path, fingerprint)  # a store replaced meanwhile is "changed", not damaged
+            if meta.generation is None:
+                raise FoalPipeError(f"feature store {path}: {problem}; {UNSEALED_FIX}")
             raise FoalPipeError(f"feature store {path} is damaged: {problem}; {REEXTRACT}")
     guard_chunks(path, group, arrays, records=sealed(meta))
 
