@@ -185,13 +185,13 @@ def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep:
     path.mkdir(parents=True, exist_ok=True)
     (path / "metrics.json").write_text(json.dumps(metrics or make_metrics()))
     if model:
-        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1
+        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1; (G + I) W = Q
         classes = np.array([0, 1, 3, 5, 7, 9], dtype=np.int64)
         W = np.zeros((4, classes.size))
         W[0] = classes + 1.0
         names = [f"class{c}" for c in classes]
         write_model(path / "model.safetensors",
-                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": W},
+                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": 2 * W},
                     {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 10, "dataset": "digits",
                      "encoder": PIXELS, "class_names": names})
     if sweep is not None:

@@ -213,6 +213,7 @@ def _last_run(log: dict[str, Any] | None) -> dict[str, Any]:
 def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
     """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output); ``verify`` reads every chunk."""
     from foal_pipe.store import SPLITS, has_checksums, log_path, open_array, read_log, read_meta, verify_store
+    from foal_pipe.store.integrity import SEALED_FROM
 
     group, meta = read_meta(path)
     splits, checksums = {}, []
@@ -229,6 +230,7 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
         "complete": meta.complete,
         "format_version": meta.format_version,
         "checksums": bool(checksums) and all(checksums),
+        "integrity": meta.format_version >= SEALED_FROM,
         "generation": meta.generation,
         "dataset": meta.dataset,
         "classes": list(meta.classes),
@@ -322,6 +324,11 @@ def _print_table(summary: dict[str, Any]) -> None:
                       "this foal-pipe to get them)")
     else:
         checks = "crc32c checksum on every chunk" if summary["checksums"] else "no chunk checksums"
+        if summary["integrity"]:
+            checks += ", each bound to its position; metadata sealed by the generation id"
+        else:
+            checks += (" (no integrity data: a chunk moved to another position, or an edited attribute, is not "
+                       "noticed by learn; re-extract with this foal-pipe to get it)")
         table.add_row("format", f"{summary['format_version']}, {checks}")
     if summary["generation"]:
         table.add_row("generation", summary["generation"])

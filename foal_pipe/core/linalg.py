@@ -79,6 +79,11 @@ def check_positive(gammas: np.ndarray) -> None:
         raise FoalPipeError(f"gamma must be a positive number, got {bad[0]:g}; try --gamma 1")
 
 
+def float64_way_out(dtype: str) -> str:
+    """`` or --dtype float64`` for float32 sums; nothing for float64 sums, which have no wider dtype to go to."""
+    return "" if dtype == "float64" else " or --dtype float64"
+
+
 def not_positive_definite(where: str) -> FoalPipeError:
     """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma)."""
     return FoalPipeError(
@@ -96,7 +101,7 @@ def check_gammas(G: Any, gammas: Any) -> None:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
             f"({floor:.3g} = eps x largest diagonal entry), so the solve would be noise; use a gamma of at least "
-            f"{floor:.3g} or --dtype float64"
+            f"{floor:.3g}{float64_way_out(dtype_name(G.dtype))}"
         )
 
 

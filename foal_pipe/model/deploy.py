@@ -51,10 +51,61 @@ class DeployedModel:
         self._encoder: Any = None
         self._weights: np.ndarray | None = None  # W as saved, until partial_fit changes it (saves a solve)
 
+    # ------------------------------------------------------------------ inputs
+    def _features(self, features: Any) -> np.ndarray:
+        """``features`` as the projection's dtype, refused unless a finite real 2-D array (n >= 1, d columns):
+        NumPy would drop imaginary parts and truncate nothing visibly, scikit-learn would raise its own errors."""
+        d = int(self.projection.n_features_in_)
+        try:
+            X = np.asarray(features)
+        except (ValueError, TypeError):
+            X = None
+        if X is None or X.dtype.kind not in "iuf":
+            what = "rows of unequal length" if X is None else {"c": "complex numbers", "b": "booleans"}.get(
+                X.dtype.kind, f"{X.dtype} values")
+            raise FoalPipeError(f"features must be a 2-D array of real numbers (n, {d}), but they hold {what}; "
+                                "pass the features the model's encoder gives")
+        if X.ndim != 2 or X.shape[1] != d or X.shape[0] == 0:
+            raise FoalPipeError(f"features have shape {X.shape} but the model expects (n, {d}) with n >= 1; pass one "
+                                "row per sample (X.reshape(1, -1) for one sample)")
+        X = X.astype(self.projection.components_.dtype, copy=False)
+        finite = np.isfinite(X).all(axis=1)
+        if not finite.all():
+            raise FoalPipeError(f"features hold NaN or inf (first at row {int(np.flatnonzero(~finite)[0])}); "
+                                "check the features (re-extract the store)")
+        return X
+
+    def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
+        """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or
+        one integer label id per row, never floats (truncated), booleans, complex numbers or a mapping."""
+        try:
+            shape = None if isinstance(labels, (str, bytes, dict, set)) or labels is None else np.shape(labels)
+        except ValueError:  # NumPy refuses ragged nesting
+            shape = ()
+        if shape is None or len(shape) != 1:
+            got = type(labels).__name__ if not shape else f"an array of shape {shape}"
+            raise FoalPipeError(f"labels must be a sequence of {n_rows} class names or label ids (one per row), not "
+                                f"{got}; pass e.g. ['cat', 'dog', ...] or [3, 5, ...]")
+        if shape[0] != n_rows:
+            raise FoalPipeError(f"{shape[0]} labels for {n_rows} rows of features; pass one label per row")
+        kind = labels.dtype.kind if isinstance(labels, np.ndarray) else "O"
+        if kind in "iu":
+            return labels.astype(np.int64), {}
+        items = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
+        if kind == "U" or all(isinstance(v, str) for v in items):
+            ids = self.label_ids(items)
+            return ids, dict(zip(ids.tolist(), items))
+        bad = next((v for v in items if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None)
+        if bad is not None:
+            what = "a mix of names and ids" if any(isinstance(v, str) for v in items) else f"{bad!r} ({type(bad).__name__})"
+            raise FoalPipeError(f"labels must be all class names (strings) or all integer label ids, but they hold "
+                                f"{what}; convert them first (ids: labels.astype(int) if they are whole numbers)")
+        return np.asarray(items, dtype=np.int64), {}
+
     # ------------------------------------------------------------------ predicting
     def scores(self, features: Any) -> np.ndarray:
         """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order."""
-        H = self.projection.transform(np.asarray(features, dtype=self.projection.components_.dtype))
+        H = self.projection.transform(self._features(features))
         if self._weights is None:
             return np.atleast_2d(self.classifier._scores(H))
         return H @ self._weights
@@ -140,21 +191,15 @@ class DeployedModel:
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
         """Absorb labelled rows: ``labels`` are class names (strings) or label ids. Exact: the result equals the
         model trained on its old rows and these together. Returns ``self``."""
-        labels = np.asarray(labels)
-        if labels.dtype.kind in "UO":
-            names = [str(v) for v in labels.tolist()]
-            ids = self.label_ids(names)
-            known = dict(zip(ids.tolist(), names))
-        else:
-            ids = labels.astype(np.int64)
-            known = {}
+        X = self._features(features)
+        ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
         for label in np.setdiff1d(ids, self.classifier.classes_).tolist():
             if label not in known:
                 raise FoalPipeError(f"label id {label} is new to the model and has no name; pass class names "
                                     "(strings) as labels for new classes")
             old[label] = known[label]
-        H = self.projection.transform(np.asarray(features, dtype=self.projection.components_.dtype))
+        H = self.projection.transform(X)
         self.classifier.partial_fit(H, ids)
         self._weights = None
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]

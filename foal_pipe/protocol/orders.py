@@ -41,7 +41,14 @@ from foal_pipe.protocol.commands import (
     warn_dropped,
     write_outputs,
 )
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from foal_pipe.protocol.config import (
+    EvaluationConfig,
+    ExecutionConfig,
+    ModelConfig,
+    StreamConfig,
+    SweepConfig,
+    check_seed,
+)
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.records import accuracy_report, choose, learn_metrics, run_info
 from foal_pipe.protocol.run import Run, prepare
@@ -62,6 +69,8 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
         raise FoalPipeError("--order-seeds is empty; write e.g. 0,1,2,3,4")
     if len(set(seeds)) != len(seeds):
         raise FoalPipeError(f"--order-seeds {text!r} repeats a seed; list each class order once")
+    for seed in seeds:
+        check_seed(seed, "--order-seeds")
     return seeds
 
 

@@ -16,8 +16,8 @@ from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore
 
 FORMAT = "foal-pipe/features"
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 SPLITS = ("train", "test")
 FEATURE_DTYPES = ("float16", "float32", "float64")
 BLOCK_DTYPES = ("float16", "float32")
@@ -40,7 +40,7 @@ def _json_type(value: Any) -> str:
 
 
 def _versions() -> str:
-    """``1, 2 or 3``."""
+    """``1, 2, 3 or 4``."""
     *head, last = map(str, READABLE_VERSIONS)
     return f"{', '.join(head)} or {last}" if head else last
 
