@@ -16,7 +16,8 @@ other processes hits each alike:
   10 tasks, D = 2000, with peak RSS (target < 4 GiB, within the floor ratio).
 
 ``--compare DIR`` (repeatable) also times ``learn`` with the foal-pipe code of another checkout (e.g. an older
-commit in a git worktree) on the ``floor`` store, interleaved with the others.
+commit in a git worktree) on the ``floor`` store, interleaved with the others; the store is then written by the
+first such checkout's ``benchmarks/synthetic.py`` (the same rows), in a format every version reads.
 
 Usage: python benchmarks/walk_bench.py [--repeats 3] [--skip-tasks] [--skip-floor] [--imagenet] [--compare DIR]
        [--json benchmarks/results/walk_bench.json]
@@ -114,6 +115,17 @@ def side_by_side(commands: dict[str, callable], repeats: int) -> dict[str, dict]
                    "peak_rss_mib": max(m for _, m in rs)} for name, rs in runs.items()}
 
 
+def store_by(code: Path | None, path: Path, n_train: int, n_test: int) -> Path:
+    """The synthetic store written by this checkout, or by ``code``'s own ``benchmarks/synthetic.py`` (a store
+    format older code reads too)."""
+    if code is None:
+        return make_store(path, n_train, n_test)
+    script = (f"import sys; from pathlib import Path; sys.path[:0] = [{str(code / 'benchmarks')!r}, {str(code)!r}]; "
+              f"from synthetic import make_store; make_store(Path({str(path)!r}), {n_train}, {n_test})")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(code)})
+    return path
+
+
 def floor_pair(tmp: Path, store: Path, tasks: int, D: int, repeats: int, compare: list[Path]) -> dict:
     commands = {"learn": lambda: learn(store, tmp / "run", tasks, D),
                 "floor": lambda: run_floor(store, tasks, D, tmp / "floor.json")}
@@ -154,7 +166,7 @@ def main() -> None:
             r["floor_ratio_100_over_5"] = r["floor, 100 tasks"]["median_s"] / r["floor, 5 tasks"]["median_s"]
             results["tasks"] = {"store": "40,000 x 384 float32, 100 classes, D = 500", **r}
         if not args.skip_floor:
-            store = make_store(tmp / "floor.zarr", 200_000, 10_000)
+            store = store_by(args.compare[0] if args.compare else None, tmp / "floor.zarr", 200_000, 10_000)
             results["floor"] = {"store": "200,000 x 768 float32, 100 classes, 10 tasks, D = 1000",
                                 **floor_pair(tmp, store, 10, 1000, args.repeats, args.compare)}
         if args.imagenet:
