@@ -30,7 +30,7 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar"}
+    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar", "startup"}
     assert report["machine"]["commit"] == "0123abcd"  # the tree's commit as the caller names it
     assert not [name for name, part in report["parts"].items() if "error" in part]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
@@ -68,3 +68,5 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert cifar["images"] == 500 and set(cifar["seconds"]) == {"extract", "learn", "sweep"}
     assert cifar["total_s"] == sum(cifar["seconds"].values()) > 0
     assert cifar["n_train_seen"] == 400 and 0 <= cifar["A_avg"] <= 1  # random images: chance or below
+    startup = report["parts"]["startup"]
+    assert startup["help_s"] > 0 and "foal_pipe.cli" in startup["slowest_imports_ms"]
