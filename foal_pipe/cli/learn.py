@@ -230,24 +230,24 @@ def learn(
         if init_model is not None:
             from foal_pipe.protocol.continuation import continue_from_cli
 
-            m = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
-                                  eval_features or [], log=_log)
+            done = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
+                                     eval_features or [], log=_log)
         elif seeds is None:
-            m = run_learn(features, out, stream, model, evaluation, execution, log=_log)
+            done = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:
             from foal_pipe.protocol.orders import run_learn_orders
 
-            m = run_learn_orders(features, out, seeds, stream, model, evaluation, execution, log=_log)
-            std = m["std"]
+            done = run_learn_orders(features, out, seeds, stream, model, evaluation, execution, log=_log)
+            std = done.metrics.std
             console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
                           highlight=False)
-        chosen = ""
-        if m["gamma"] == "auto":
-            chosen = f"  gamma by {m['selected_by']}: {', '.join(f'{g:g}' for g in m['gammas_selected'])}"
+        m, chosen = done.metrics, ""
+        if m.gamma == "auto":
+            chosen = f"  gamma by {m.selected_by}: {', '.join(f'{g:g}' for g in m.gammas_selected)}"
         console.print(
-            f"A_avg {100 * m['A_avg']:.2f}  A_last {100 * m['A_last']:.2f}  F {100 * m['F']:.2f}{chosen}  "
-            f"({counted(m['n_tasks'], 'task')}, {counted(m['n_train_seen'], 'row')}, {_timings(m['timings'])}) -> {out}",
+            f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {100 * m.F:.2f}{chosen}  "
+            f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
             highlight=False,
         )
 
@@ -314,53 +314,54 @@ def sweep(
             raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
                                 "--fusion X with --order-seeds")
         if seeds is None:
-            report = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
+            done = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:
             from foal_pipe.protocol.orders import run_sweep_orders
 
-            report = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
-        title = f"gamma sweep: {report['dataset']} ({counted(report['n_tasks'], 'task')}, D={report['projection_dim']})"
-        for entry in report.get("fusions") or [report]:
-            print_table(_sweep_table(entry, report["selected_by"], no_loo,
-                                     title + (f", fusion {entry['fusion']}" if "fusion" in entry else "")))
-            if "fusion" in entry:
-                console.print(f"fusion {entry['fusion']}: best gamma {entry['best_gamma']:g} by "
-                              f"{report['selected_by']} (test oracle {entry['best_gamma_test']:g})", highlight=False)
-        if "best" in report:
-            best, oracle = report["best"], report["best_test"]
+            done = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
+        report = done.report
+        title = f"gamma sweep: {report.dataset} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
+        for fusion, entry in [(e.fusion, e) for e in report.fusions] if report.fusions else [(None, report)]:
+            print_table(_sweep_table(entry.results, entry.best_gamma_test, report.selected_by, no_loo,
+                                     title + (f", fusion {fusion}" if fusion else "")))
+            if fusion:
+                console.print(f"fusion {fusion}: best gamma {entry.best_gamma:g} by {report.selected_by} (test oracle "
+                              f"{entry.best_gamma_test:g})", highlight=False)
+        if report.best is not None:
+            best, oracle = report.best, report.best_test
             console.print(
-                f"best: fusion {best['fusion']}, gamma {best['gamma']:g} by {report['selected_by']} (GCV, LOO: training "
-                f"rows only; the test oracle's fusion {oracle['fusion']}, gamma {oracle['gamma']:g} peeks at the test "
+                f"best: fusion {best.fusion}, gamma {best.gamma:g} by {report.selected_by} (GCV, LOO: training "
+                f"rows only; the test oracle's fusion {oracle.fusion}, gamma {oracle.gamma:g} peeks at the test "
                 "split)", highlight=False,
             )
         else:
             console.print(
-                f"best gamma {report['best_gamma']:g} by {report['selected_by']} (GCV, LOO: training rows only; "
-                f"test {report['best_gamma_test']:g} is an oracle that peeks at the test split)", highlight=False,
+                f"best gamma {report.best_gamma:g} by {report.selected_by} (GCV, LOO: training rows only; "
+                f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False,
             )
-        runs = f"{len(report['fusions'])} fusions x " if "fusions" in report else ""
-        console.print(f"{runs}{counted(len(report['gammas']), 'gamma')} in {_timings(report['timings'])} -> "
+        runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
+        console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
                       highlight=False)
 
 
-def _sweep_table(entry: dict, selected_by: str, no_loo: bool, title: str) -> Table:
-    """One feature set's gammas (a sweep.json, or one of its ``fusions``), its choices marked."""
+def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, title: str) -> Table:
+    """One feature set's gammas (of a sweep, or of one of its ``fusions``), its choices marked."""
     from foal_pipe.protocol.records import choose
 
     table = Table(title=title)
     for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
         table.add_column(name, justify="right")
-    choices = {"gcv": choose(entry["results"], "gcv"), "test": entry["best_gamma_test"]}
+    choices = {"gcv": choose(results, "gcv"), "test": oracle}
     if not no_loo:
-        choices["loo"] = choose(entry["results"], "loo")
-    for r in entry["results"]:
-        marks = [name for name, g in choices.items() if g == r["gamma"]]
+        choices["loo"] = choose(results, "loo")
+    for r in results:
+        marks = [name for name, g in choices.items() if g == r.gamma]
         label = ", ".join(f"[bold green]{m}[/]" if m == selected_by else m for m in marks)
         table.add_row(
-            f"{r['gamma']:g}", f"{100 * r['A_avg']:.2f}", f"{100 * r['A_last']:.2f}", f"{100 * r['F']:.2f}",
-            _cell(r["gcv"][-1], fmt=".4g"), _cell(r["loo_accuracy"][-1] if r["loo_accuracy"] else None, 100),
-            _cell(r["loo_mse"][-1] if r["loo_mse"] else None, fmt=".4g"), label,
+            f"{r.gamma:g}", f"{100 * r.A_avg:.2f}", f"{100 * r.A_last:.2f}", f"{100 * r.F:.2f}",
+            _cell(r.gcv[-1], fmt=".4g"), _cell(r.loo_accuracy[-1] if r.loo_accuracy else None, 100),
+            _cell(r.loo_mse[-1] if r.loo_mse else None, fmt=".4g"), label,
         )
     return table
 

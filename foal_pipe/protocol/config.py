@@ -13,8 +13,6 @@ from foal_pipe.memory import DEFAULT_MAX_MEMORY
 RLS_WINDOW = 8192
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
-#: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
-CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv", False), "test": ("A_avg", True)}
 
 
 @dataclass(frozen=True)

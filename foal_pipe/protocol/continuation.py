@@ -27,8 +27,9 @@ from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.records import learn_metrics
+from foal_pipe.protocol.records import Learned, learn_metrics
 from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import FeatureStore, open_store
@@ -123,7 +124,7 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
                    dtype=fixed["dtype"], gamma_grid=grid)
 
 
-def evaluate_store(model: DeployedModel, features: str | Path) -> dict[str, Any]:
+def evaluate_store(model: DeployedModel, features: str | Path) -> StoreScore:
     """Accuracy of the final model on a store's test split, classes matched by name (forgetting, across
     deployments); rows of classes the model never saw count as wrong and are counted apart."""
     store = open_store(features)
@@ -136,8 +137,8 @@ def evaluate_store(model: DeployedModel, features: str | Path) -> dict[str, Any]
         y = target[test.labels[lo : lo + X.shape[0]]]
         correct += int((model.predict(X) == y).sum())
     unknown = int((target[test.labels] < 0).sum())
-    return {"features": str(features), "n_test": int(test.n_rows), "accuracy": correct / max(test.n_rows, 1),
-            "unknown_class_rows": unknown}
+    return StoreScore(features=str(features), n_test=int(test.n_rows), accuracy=correct / max(test.n_rows, 1),
+                      unknown_class_rows=unknown)
 
 
 def run_continue(
@@ -151,7 +152,7 @@ def run_continue(
     eval_features: Sequence[str | Path] = (),
     log: Callable[[str], None] = print,
     explicit: Collection[str] | None = None,
-) -> dict[str, Any]:
+) -> Learned:
     """``learn --init-model``: the model's sums plus the new store's, evaluated after each task on the new store's
     test split (and at the end on each ``eval_features`` store); writes what ``learn`` writes."""
     start = time.perf_counter()
@@ -183,21 +184,20 @@ def run_continue(
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
-    metrics = {**learn_metrics(run, stream, acc, boundaries), "init_model": str(init_model),
-               "n_samples_seen_total": int(final.n_samples_seen_), "label_ids": dict(zip(store.classes, merged.tolist())),
-               "eval_features": [evaluate_store(result, path) for path in eval_features]}
+    metrics = replace(learn_metrics(run, stream, acc, boundaries), init_model=str(init_model),
+                      n_samples_seen_total=int(final.n_samples_seen_), label_ids=dict(zip(store.classes, merged.tolist())),
+                      eval_features=[evaluate_store(result, path) for path in eval_features])
 
     def write(tmp: Path) -> None:
         result.save(tmp / MODEL_FILE)
-        write_json(tmp / "metrics.json", metrics)
+        write_json(tmp / METRICS_FILE, metrics.to_dict())
 
-    metrics["timings"] = write_outputs(out, [run], start, write)
-    return metrics
+    return Learned(metrics, write_outputs(out, [run], start, write))
 
 
 def continue_from_cli(ctx: Any, init_model: Path, features: Path, out: Path, stream: StreamConfig, model: ModelConfig,
                       evaluation: EvaluationConfig, execution: ExecutionConfig, eval_features: Sequence[Path],
-                      log: Callable[[str], None]) -> dict[str, Any]:
+                      log: Callable[[str], None]) -> Learned:
     """``learn --init-model`` from the command line: an option is explicit when typed, not when defaulted."""
     def given(name: str) -> bool:  # by name: typer vendors its own click
         source = ctx.get_parameter_source(name)

@@ -9,20 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.report.readers import (
-    METRICS_FILE,
-    MODEL_FILE,
-    SWEEP_FILE,
-    Run,
-    is_number,
-    read_json,
-    read_metrics,
-    read_sweep,
-    read_weight_norms,
-)
+from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
+from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
 
 #: Wall times of a run, beside its metrics.json (not a DVC output: they change every run).
 TIMINGS_FILE = "timings.json"
@@ -76,16 +67,16 @@ class RunSummary:
     """One row of ``foal-pipe summary``: a learn run (``metrics``) or a sweep (``sweep``)."""
 
     path: Path
-    metrics: dict[str, Any] | None = None
-    sweep: dict[str, Any] | None = None
+    metrics: LearnMetrics | None = None
+    sweep: SweepReport | None = None
 
     @property
     def seconds(self) -> float | None:
         """The run's wall time: ``total`` in ``timings.json``, or ``seconds`` in a metrics.json or sweep.json
         from before wall times moved out of them; ``None`` when neither is there."""
-        for data in (self.metrics or {}, self.sweep or {}):
-            if is_number(data.get("seconds")):
-                return float(data["seconds"])
+        for record in (self.metrics, self.sweep):
+            if record is not None and record.seconds is not None:
+                return float(record.seconds)
         try:
             total = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
         except FoalPipeError:  # missing or unreadable: the time is simply not shown

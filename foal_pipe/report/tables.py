@@ -10,15 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summarize
-from foal_pipe.report.readers import HEADLINE, Run, is_number
+from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
 
 
-def _task_of(tasks: Any) -> dict[int, int]:
+def _task_of(tasks: list[list[int]] | None) -> dict[int, int]:
     """Label id -> task index, from the stream's ``tasks`` (list of lists of label ids)."""
-    if not isinstance(tasks, list):
-        return {}
-    return {int(label): t for t, labels in enumerate(tasks) for label in labels}
+    return {int(label): t for t, labels in enumerate(tasks or []) for label in labels}
 
 
 def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
@@ -26,8 +24,8 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
     if run.weight_norms is None:
         return []
     labels, norms, names = run.weight_norms
-    task_of = _task_of(run.metrics.get("tasks"))
-    stream = [int(lab) for t in run.metrics.get("tasks") or [] for lab in t]
+    task_of = _task_of(run.metrics.tasks)
+    stream = [int(lab) for t in run.metrics.tasks or [] for lab in t]
     order = {label: i for i, label in enumerate(stream)}
     idx = sorted(range(labels.size), key=lambda k: (order.get(int(labels[k]), len(order)), int(labels[k])))
     return [
@@ -67,13 +65,12 @@ def gamma_rows(run: Run) -> list[dict[str, Any]]:
         return []
     criteria = has_criteria(run.sweep)
     rows = []
-    for r in run.sweep["results"]:
-        row: dict[str, Any] = {"gamma": r["gamma"], "A_avg": 100 * r["A_avg"], "A_last": 100 * r["A_last"],
-                               "F": 100 * r["F"]}
+    for r in run.sweep.results:
+        row: dict[str, Any] = {"gamma": r.gamma, "A_avg": 100 * r.A_avg, "A_last": 100 * r.A_last, "F": 100 * r.F}
         if criteria:
-            loo_accuracy = last(r.get("loo_accuracy"))
-            row.update(gcv=last(r.get("gcv")), loo_accuracy=None if loo_accuracy is None else 100 * loo_accuracy,
-                       loo_mse=last(r.get("loo_mse")))
+            loo_accuracy = last(r.loo_accuracy)
+            row.update(gcv=last(r.gcv), loo_accuracy=None if loo_accuracy is None else 100 * loo_accuracy,
+                       loo_mse=last(r.loo_mse))
         rows.append(row)
     return rows
 
@@ -101,13 +98,13 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
 def scores(run: Run) -> dict[str, float]:
     """The headline numbers (fractions) for ``dvc metrics``: the run's, and the sweep's selected gamma with its
     test A_avg beside the test oracle's (the gamma with the best test A_avg)."""
-    out = {key: float(run.metrics[key]) for key in HEADLINE if is_number(run.metrics.get(key))}
+    out = {key: float(getattr(run.metrics, key)) for key in HEADLINE if getattr(run.metrics, key) is not None}
     if run.sweep is not None:
         choice = select(run.sweep)
         out.update(
             sweep_selected_gamma=choice.gamma,
-            sweep_selected_A_avg=float(result_at(run.sweep, choice.gamma)["A_avg"]),
+            sweep_selected_A_avg=float(result_at(run.sweep, choice.gamma).A_avg),
             sweep_oracle_gamma=choice.oracle_gamma,
-            sweep_oracle_A_avg=float(result_at(run.sweep, choice.oracle_gamma)["A_avg"]),
+            sweep_oracle_A_avg=float(result_at(run.sweep, choice.oracle_gamma).A_avg),
         )
     return out
