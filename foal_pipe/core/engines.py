@@ -153,6 +153,13 @@ class GramEngine:
     def weights(self) -> Any:
         return self.solution()[1]
 
+    def keep_solution(self, gamma: float, W: Any) -> None:
+        """Take ``W`` (D x C, solved at ``gamma``) as the solution until the next update: a loaded model's
+        weights, as saved."""
+        G = self.statistics.G
+        xp = array_namespace(G)
+        self._solution = (float(gamma), xp.asarray(W, dtype=xp.float64, device=device(G)))
+
     @property
     def template(self) -> Any:
         """An array of the state: inputs are converted to its dtype and device."""
