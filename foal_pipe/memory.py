@@ -67,6 +67,14 @@ def parse_memory(text: str) -> int:
     return int(value * _UNITS[unit])
 
 
+def memory_text(n_bytes: int) -> str:
+    """A size as :func:`parse_memory` reads it: ``8GiB``, in the largest binary unit that divides it."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if n_bytes and n_bytes % _UNITS[unit.lower()] == 0:
+            return f"{n_bytes // _UNITS[unit.lower()]}{unit}"
+    return str(n_bytes)
+
+
 def fits(parts: dict[str, int]) -> bool:
     """Whether the estimated peak (the sum of ``parts``, plus the interpreter) fits the available memory (True
     when unknown): an optional cache is only kept where :func:`check_memory` would still pass with it."""

@@ -13,6 +13,8 @@ from foal_pipe.memory import DEFAULT_MAX_MEMORY
 RLS_WINDOW = 8192
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
+#: Where the Gram statistics are summed: in this process, or on a Dask cluster.
+SCHEDULERS = ("local", "dask")
 
 
 @dataclass(frozen=True)

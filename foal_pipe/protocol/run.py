@@ -18,7 +18,7 @@ from foal_pipe.core.engines import ENGINES, check_gamma
 from foal_pipe.core.projection import SmoothProjection, check_activation
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import check_memory, fits, human
-from foal_pipe.protocol.config import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
 from foal_pipe.protocol.stream import Stream, build_stream, read_class_order
 from foal_pipe.store import FeatureStore, open_store
@@ -98,8 +98,8 @@ def prepare(
     check_activation(model.resolved_activation)
     if model.engine not in ENGINES:
         raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
-    if execution.scheduler not in ("local", "dask"):
-        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose local or dask")
+    if execution.scheduler not in SCHEDULERS:
+        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose {' or '.join(SCHEDULERS)}")
     if fusions and model.fusion is not None:
         raise FoalPipeError("pass --fusion (one fusion) or --fusions (several, one walk), not both")
     option = "--fusions" if fusions else "--fusion"
