@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Resident memory of the interpreter with NumPy, SciPy, zarr and foal-pipe imported (measured: ~150 MiB).
 BASELINE_BYTES = 200 * 2**20
@@ -63,7 +63,7 @@ def parse_memory(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in _UNITS or value <= 0:
-        raise FoalPipeError(f"--max-memory {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
+        raise FoalPipeError(f"{param('max_memory')} {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
     return int(value * _UNITS[unit])
 
 

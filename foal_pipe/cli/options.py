@@ -3,7 +3,7 @@
 An option named after a field of the settings dataclasses (:mod:`foal_pipe.protocol.config`) sets that field
 (:func:`settings`; ``--no-X`` sets ``X`` false); its default is read from the dataclass and its fixed set of
 values from the registry that accepts them. A new option is one settings field plus one alias here, and
-:data:`FLAGS` tells the error handler which flag sets a library parameter.
+:mod:`~foal_pipe.cli.flags` tells the error handler which flag sets a library parameter.
 
 Imported by ``foal-pipe --help``: nothing here imports scikit-learn, SciPy, zarr or torch.
 """
@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from foal_pipe.cli._app import choice, flag
+from foal_pipe.cli.flags import NEGATED
 from foal_pipe.core.activations import ACTIVATIONS, INITS
 from foal_pipe.core.backend import BACKENDS, DTYPES
 from foal_pipe.core.engines import ENGINES
@@ -211,8 +212,6 @@ PARSE: dict[str, Callable[[Any], Any]] = {
     "fusions": lambda text: tuple(text.split(",")),
     "max_memory": parse_memory,
 }
-#: ``--no-X`` options: each sets the field ``X`` to the opposite of the flag.
-NEGATED = {"no_mask_unseen": "mask_unseen", "no_fusion_norm": "fusion_norm", "no_loo": "loo"}
 
 
 def settings(params: Mapping[str, Any], kind: type[Any]) -> Any:
@@ -225,13 +224,3 @@ def settings(params: Mapping[str, Any], kind: type[Any]) -> Any:
         if name in names and value is not None:
             given[name] = (not value) if option in NEGATED else PARSE.get(name, lambda v: v)(value)
     return kind(**given)
-
-
-#: Library parameters -> the flag that sets them, where its name is not the parameter's (``--no-X`` for a
-#: field ``X`` the flag turns off); every other ``name`` is ``--name`` with dashes.
-FLAGS: dict[str, str] = {
-    **{field: "--" + option.replace("_", "-") for option, field in NEGATED.items()},
-    "n_components": "--projection-dim",
-    "init": "--projection-init",
-    "random_state": "--seed",
-}

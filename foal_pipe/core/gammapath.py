@@ -13,7 +13,7 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import check_positive, class_positions, factor_threads, float64, not_positive_definite, one_hot
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
 LOO_BLOCK_VALUES = 2**22
@@ -67,7 +67,7 @@ class GammaPath(ABC):
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
                 f"diagonal entry, or the most negative eigenvalue rounding left), so its solution would be noise; "
-                f"use gammas above {self.floor:.3g} (--gammas, --gamma-grid) or --dtype float64"
+                f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}) or {param('dtype', 'float64')}"
             )
         return g
 

@@ -18,7 +18,7 @@ from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_ga
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.scoring import best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.model.modelfile import read_model, write_model
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -255,8 +255,8 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         xp = get_namespace(self.backend)
         if not bool(xp.all(xp.isfinite(W))):
             raise FoalPipeError(
-                "the classifier has non-finite weights (ill-conditioned system); use a larger --gamma "
-                "or --dtype float64"
+                f"the classifier has non-finite weights (ill-conditioned system); use a larger {param('gamma')} "
+                f"or {param('dtype', 'float64')}"
             )
         return W
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 import numpy as np
 
 from foal_pipe.core.scoring import best_of
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
 
@@ -142,9 +142,9 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
     from foal_pipe.model.deploy import load_model
 
     if top_k < 1:
-        raise FoalPipeError(f"--top-k must be at least 1, got {top_k}")
+        raise FoalPipeError(f"{param('top_k')} must be at least 1, got {top_k}")
     if batch_size < 1:
-        raise FoalPipeError(f"--batch-size must be at least 1, got {batch_size}")
+        raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
     deployed = load_model(model)
     paths = find_images(images)
     encoder = deployed.encoder(checkpoint, device)

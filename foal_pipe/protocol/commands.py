@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
@@ -104,14 +104,15 @@ def run_sweep(
     """
     start = time.perf_counter()
     if not sweep.gammas:
-        raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
+        raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     select = sweep.resolved_select
     if select not in CRITERIA:
-        raise FoalPipeError(f"unknown --select {select!r}; choose one of {', '.join(CRITERIA)}")
+        raise FoalPipeError(f"unknown {param('select')} {select!r}; choose one of {', '.join(CRITERIA)}")
     if select == "loo" and not sweep.loo:
-        raise FoalPipeError("--select loo needs the leave-one-out pass; drop --no-loo or use --select gcv")
-    fusions = [f.text for f in parse_fusions(list(sweep.fusions), "--fusions")] if sweep.fusions else []
+        raise FoalPipeError(f"{param('select', 'loo')} needs the leave-one-out pass; drop {param('loo', False)} or use "
+                            f"{param('select', 'gcv')}")
+    fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.encoding import first_difference
 from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
@@ -111,14 +111,14 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
     for key in FIXED_BY_MODEL:
         asked = getattr(given, key)
         if key in explicit and asked != fixed[key]:
-            option = "--" + key.replace("_", "-")
-            raise FoalPipeError(f"{option} {asked} conflicts with the model's {fixed[key]}; the model fixes it (its "
-                                f"sums were computed with it): drop {option}")
+            raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {fixed[key]}; the model fixes it (its "
+                                f"sums were computed with it): drop {param(key)}")
     if meta["engine"] != "gram" or given.engine != "gram":
-        raise FoalPipeError("--init-model continues the gram engine's sums; use a model learned with --engine gram")
+        raise FoalPipeError(f"{param('init_model')} continues the gram engine's sums; use a model learned with "
+                            f"{param('engine', 'gram')}")
     if gamma == "auto" and given.select != "gcv":
         raise FoalPipeError("the model chooses gamma automatically; a continued model chooses it by GCV (leave-one-out "
-                            "would need the old rows): pass --select gcv")
+                            f"would need the old rows): pass {param('select', 'gcv')}")
     grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
     return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
                    dtype=fixed["dtype"], gamma_grid=grid)
@@ -160,7 +160,7 @@ def run_continue(
     deployed = load_model(init_model)
     model = model_settings(deployed, model, explicit)
     if not evaluation.mask_unseen:
-        raise FoalPipeError("--init-model evaluates with the seen classes only; drop --no-mask-unseen")
+        raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     merged = label_map(deployed, list(store.classes))

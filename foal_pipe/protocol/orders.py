@@ -25,7 +25,7 @@ import numpy as np
 
 from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.model.classifier import AnalyticClassifier
@@ -65,11 +65,12 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise FoalPipeError(f"--order-seeds {text!r} is not a comma-separated list of integers; write e.g. 0,1,2,3,4") from None
+        raise FoalPipeError(f"{param('seeds')} {text!r} is not a comma-separated list of integers; write e.g. "
+                            "0,1,2,3,4") from None
     if not seeds:
-        raise FoalPipeError("--order-seeds is empty; write e.g. 0,1,2,3,4")
+        raise FoalPipeError(f"{param('seeds')} is empty; write e.g. 0,1,2,3,4")
     if len(set(seeds)) != len(seeds):
-        raise FoalPipeError(f"--order-seeds {text!r} repeats a seed; list each class order once")
+        raise FoalPipeError(f"{param('seeds')} {text!r} repeats a seed; list each class order once")
     return seeds
 
 
@@ -105,13 +106,14 @@ def _check_class_memory(command: str, run: Run) -> None:
 
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
     check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need},
-                 f"set --max-memory below {human(need)} for one walk per order, lower --projection-dim, "
-                 "use --dtype float32, or free memory")
+                 f"set {param('max_memory')} below {human(need)} for one walk per order, lower {param('projection_dim')}, "
+                 f"use {param('dtype', 'float32')}, or free memory")
 
 
 def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
     if stream.class_order is not None and len(seeds) > 1:
-        raise FoalPipeError("--class-order fixes the class order, so --order-seeds has nothing to vary; pass one of them")
+        raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('seeds')} has nothing to vary; pass one "
+                            "of them")
 
 
 def class_statistics(run: Run, rows: SharedRows) -> list[RidgeStatistics]:
@@ -279,8 +281,8 @@ def run_sweep_orders(
     ``order_seed``, ``tasks``, ``best_gamma`` and ``results``."""
     start = time.perf_counter()
     if sweep.fusions:
-        raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
-                            "--fusion X with --order-seeds")
+        raise FoalPipeError(f"{param('fusions')} compares fusions on one class order; leave out {param('seeds')}, or pass "
+                            f"{param('fusion', 'X')} with {param('seeds')}")
     check_output_dir(out)
     check_orders(stream, seeds)
     out = Path(out)
@@ -311,7 +313,7 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
                 model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> list[Run]:
     """Every order's run of ``sweep`` (its settings validated before any work)."""
     if not sweep.gammas:
-        raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
+        raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     m = replace(model, gamma=1.0, engine="gram")
     return [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
 from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
@@ -40,7 +40,8 @@ def load_run(
     if not run_dir.exists():
         raise FoalPipeError(f"run directory {run_dir} does not exist; run `foal-pipe learn --out {run_dir}` first")
     if not run_dir.is_dir():
-        raise FoalPipeError(f"{run_dir} is not a directory; --run takes the directory `foal-pipe learn --out` wrote")
+        raise FoalPipeError(f"{run_dir} is not a directory; {param('run_dir')} takes the directory `foal-pipe learn --out` "
+                            "wrote")
     if not (run_dir / METRICS_FILE).exists():
         raise FoalPipeError(
             f"{run_dir} has no {METRICS_FILE}; run `foal-pipe learn --out {run_dir}` first (or check the path)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foal_pipe.protocol.schema import CRITERIA, FusionSweep, SweepReport, SweepResult, same_gamma
+from foal_pipe.protocol.schema import CRITERIA, CRITERION_KEYS, FusionSweep, SweepReport, SweepResult, same_gamma
 
 OLD_SWEEP = "test A_avg (old sweep)"
 
@@ -67,7 +67,7 @@ def select(sweep: SweepReport) -> Selection:
 
 def has_criteria(sweep: SweepReport) -> bool:
     """Whether the sweep records GCV or leave-one-out per gamma (sweeps from before them do not)."""
-    return any(r.gcv is not None or r.loo_accuracy is not None or r.loo_mse is not None for r in sweep.results)
+    return any(getattr(r, key) is not None for r in sweep.results for key in CRITERION_KEYS)
 
 
 def last(values: list[float | None] | None) -> float | None:
