@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from foal_pipe.store import StoreMeta
+from foal_pipe.store import StoreMeta, complete_store
 
 N_CLASSES, DIM = 100, 768
 
@@ -15,7 +15,8 @@ N_CLASSES, DIM = 100, 768
 def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: int = 0, noise: float = 8.0,
                n_classes: int = N_CLASSES, dim: int = DIM, dtype: str = "float32") -> Path:
     """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store, rows in a random
-    class order (every chunk holds rows of every class)."""
+    class order (every chunk holds rows of every class), completed by :func:`~foal_pipe.store.complete_store`
+    (which writes the chunk records and the generation id of format 4)."""
     rng = np.random.default_rng(seed)
     means = rng.normal(0, 1, size=(n_classes, dim)).astype(np.float32)
     group = zarr.open_group(str(path), mode="w")
@@ -31,5 +32,6 @@ def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: i
             hi = min(lo + chunk, n)
             rows = means[y[lo:hi]] + rng.normal(0, noise, size=(hi - lo, dim)).astype(np.float32)
             feats[lo:hi] = rows.astype(dtype)
-    group.attrs["complete"] = True
+    group.attrs["progress"] = {"train": n_train, "test": n_test}
+    complete_store(path)
     return path

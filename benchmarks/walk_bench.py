@@ -4,8 +4,9 @@ Three measurements, each side by side in one run, medians of --repeats, commands
 other processes hits each alike:
 
 * ``tasks``: ``learn --tasks 100`` against ``learn --tasks 5`` on the same store (default 40,000 x 384 float32,
-  100 classes in a random row order, D = 500): the same rows and flops, so the ratio shows what the number of
-  tasks costs (target <= 1.2x);
+  100 classes in a random row order, D = 500): the same rows and projection/Gram flops, so the ratio shows what
+  the number of tasks costs (target <= 1.2x). What a boundary must do (one solve, the test rows of the tasks
+  seen scored) grows with the tasks in any learner, so the floor below runs at 5 and 100 tasks beside it;
 * ``floor``: ``learn`` against the floor of any Gram learner on the same store (default 200,000 x 768, 100
   classes, 10 tasks, D = 1000): :func:`floor` reads the store once, projects + sigmoid in 4,096-row blocks,
   accumulates H^T H and H^T Y per task, and does one solve and one test scoring per task, in plain NumPy
@@ -14,8 +15,9 @@ other processes hits each alike:
 * ``imagenet`` (``--imagenet``): the same pair on a synthetic 1,281,167 x 768 float16 store, 1,000 classes,
   10 tasks, D = 2000, with peak RSS (target < 4 GiB, within the floor ratio).
 
-``--compare DIR`` also times ``learn`` with the foal-pipe code of another checkout (e.g. an older commit in a
-git worktree) on the ``floor`` store, interleaved with the others.
+``--compare DIR`` (repeatable) also times ``learn`` with the foal-pipe code of another checkout (e.g. an older
+commit in a git worktree) on the ``floor`` store, interleaved with the others; the store is then written by the
+first such checkout's ``benchmarks/synthetic.py`` (the same rows), in a format every version reads.
 
 Usage: python benchmarks/walk_bench.py [--repeats 3] [--skip-tasks] [--skip-floor] [--imagenet] [--compare DIR]
        [--json benchmarks/results/walk_bench.json]
@@ -113,19 +115,30 @@ def side_by_side(commands: dict[str, callable], repeats: int) -> dict[str, dict]
                    "peak_rss_mib": max(m for _, m in rs)} for name, rs in runs.items()}
 
 
-def floor_pair(tmp: Path, store: Path, tasks: int, D: int, repeats: int, compare: Path | None) -> dict:
+def store_by(code: Path | None, path: Path, n_train: int, n_test: int) -> Path:
+    """The synthetic store written by this checkout, or by ``code``'s own ``benchmarks/synthetic.py`` (a store
+    format older code reads too)."""
+    if code is None:
+        return make_store(path, n_train, n_test)
+    script = (f"import sys; from pathlib import Path; sys.path[:0] = [{str(code / 'benchmarks')!r}, {str(code)!r}]; "
+              f"from synthetic import make_store; make_store(Path({str(path)!r}), {n_train}, {n_test})")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(code)})
+    return path
+
+
+def floor_pair(tmp: Path, store: Path, tasks: int, D: int, repeats: int, compare: list[Path]) -> dict:
     commands = {"learn": lambda: learn(store, tmp / "run", tasks, D),
                 "floor": lambda: run_floor(store, tasks, D, tmp / "floor.json")}
-    if compare is not None:
-        env = {**os.environ, "PYTHONPATH": str(compare)}
-        commands["learn (compare)"] = lambda: learn(store, tmp / "run-compare", tasks, D, env)
+    for i, code in enumerate(compare):
+        env = {**os.environ, "PYTHONPATH": str(code)}
+        commands[f"learn ({code.name})"] = lambda env=env, i=i: learn(store, tmp / f"run-compare{i}", tasks, D, env)
     result = side_by_side(commands, repeats)
     ours = json.loads((tmp / "run" / "metrics.json").read_text())["accuracy_matrix"]
     theirs = json.loads((tmp / "floor.json").read_text())
     result["learn_over_floor"] = result["learn"]["median_s"] / result["floor"]["median_s"]
     result["same_accuracy_matrix"] = bool(np.allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-12))
-    if compare is not None:
-        result["compare_over_learn"] = result["learn (compare)"]["median_s"] / result["learn"]["median_s"]
+    for code in compare:
+        result[f"{code.name}_over_learn"] = result[f"learn ({code.name})"]["median_s"] / result["learn"]["median_s"]
     return result
 
 
@@ -135,7 +148,8 @@ def main() -> None:
     parser.add_argument("--skip-tasks", action="store_true")
     parser.add_argument("--skip-floor", action="store_true")
     parser.add_argument("--imagenet", action="store_true", help="also the 1,281,167-row float16 store (D = 2000)")
-    parser.add_argument("--compare", type=Path, default=None, help="another checkout's code to time beside")
+    parser.add_argument("--compare", type=Path, action="append", default=[],
+                        help="another checkout's code to time beside (repeatable)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     results = header(repeats=args.repeats, blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", "default"))
@@ -143,18 +157,22 @@ def main() -> None:
         tmp = Path(tmp)
         if not args.skip_tasks:
             store = make_store(tmp / "tasks.zarr", 40_000, 8_000, dim=384)
-            r = side_by_side({f"learn --tasks {t}": (lambda t=t: learn(store, tmp / f"t{t}", t, 500)) for t in (5, 100)},
-                             args.repeats)
+            commands = {}
+            for t in (5, 100):
+                commands[f"learn --tasks {t}"] = lambda t=t: learn(store, tmp / f"t{t}", t, 500)
+                commands[f"floor, {t} tasks"] = lambda t=t: run_floor(store, t, 500, tmp / f"floor{t}.json")
+            r = side_by_side(commands, args.repeats)
             r["ratio_100_over_5"] = r["learn --tasks 100"]["median_s"] / r["learn --tasks 5"]["median_s"]
+            r["floor_ratio_100_over_5"] = r["floor, 100 tasks"]["median_s"] / r["floor, 5 tasks"]["median_s"]
             results["tasks"] = {"store": "40,000 x 384 float32, 100 classes, D = 500", **r}
         if not args.skip_floor:
-            store = make_store(tmp / "floor.zarr", 200_000, 10_000)
+            store = store_by(args.compare[0] if args.compare else None, tmp / "floor.zarr", 200_000, 10_000)
             results["floor"] = {"store": "200,000 x 768 float32, 100 classes, 10 tasks, D = 1000",
                                 **floor_pair(tmp, store, 10, 1000, args.repeats, args.compare)}
         if args.imagenet:
             store = make_store(tmp / "imagenet.zarr", 1_281_167, 50_000, n_classes=1000, dtype="float16")
             results["imagenet"] = {"store": "1,281,167 x 768 float16, 1,000 classes, 10 tasks, D = 2000",
-                                   **floor_pair(tmp, store, 10, 2000, 1, None)}
+                                   **floor_pair(tmp, store, 10, 2000, 1, [])}
     finish(results, args.json)
 
 

@@ -50,3 +50,17 @@ class FoalPipeError(ValueError):
             return form(name) if value is None else form(name, json.loads(value))
 
         return _MARK.sub(one, self.template)
+
+
+class InputTypeError(FoalPipeError, TypeError):
+    """A :class:`FoalPipeError` that is also a ``TypeError``: an input of the wrong type, where scikit-learn's
+    conventions (and its estimator checks) expect a ``TypeError``."""
+
+
+def as_user_error(exc: ValueError | TypeError) -> FoalPipeError:
+    """``exc`` (a library's error about an input, e.g. scikit-learn's validation) as a one-line
+    :class:`FoalPipeError` -- an :class:`InputTypeError` for a ``TypeError`` -- with the same words."""
+    if isinstance(exc, FoalPipeError):
+        return exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return InputTypeError(message) if isinstance(exc, TypeError) else FoalPipeError(message)

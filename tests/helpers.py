@@ -36,16 +36,18 @@ def assert_one_line_error(result, *fragments: str) -> None:
         assert fragment in text, text
 
 
-def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0) -> Path:
+def make_image_tree(root: Path, classes: dict[str, int], test_per_class: int = 2, seed: int = 0,
+                    split: bool = True) -> Path:
     """``root/train/<class>/*.png`` and ``root/test/<class>/*.png`` with random images of mixed sizes and
-    modes (RGB, grayscale, RGBA, palette)."""
+    modes (RGB, grayscale, RGBA, palette); ``split=False``: ``root/<class>/*.png`` only, ``classes[c]`` each."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     modes = ["RGB", "L", "RGBA", "P"]
-    for split, counts in (("train", classes), ("test", {c: test_per_class for c in classes})):
+    splits = (("train", classes), ("test", {c: test_per_class for c in classes})) if split else (("", classes),)
+    for split_name, counts in splits:
         for cls, count in counts.items():
-            folder = root / split / cls
+            folder = root / split_name / cls
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
                 h, w = int(rng.integers(12, 48)), int(rng.integers(12, 48))
@@ -183,13 +185,13 @@ def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep:
     path.mkdir(parents=True, exist_ok=True)
     (path / "metrics.json").write_text(json.dumps(metrics or make_metrics()))
     if model:
-        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1
+        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1; (G + I) W = Q
         classes = np.array([0, 1, 3, 5, 7, 9], dtype=np.int64)
         W = np.zeros((4, classes.size))
         W[0] = classes + 1.0
         names = [f"class{c}" for c in classes]
         write_model(path / "model.safetensors",
-                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": W},
+                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": 2 * W},
                     {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 10, "dataset": "digits",
                      "encoder": PIXELS, "class_names": names})
     if sweep is not None:

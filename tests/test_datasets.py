@@ -73,7 +73,7 @@ def test_prepared_images_are_rgb_squares_and_report_unreadable_files(image_tree)
 
 
 def test_imagefolder_errors(tmp_path):
-    with pytest.raises(FoalPipeError, match="needs --data-dir"):
+    with pytest.raises(FoalPipeError, match="needs data_dir='DIR'"):
         open_dataset("imagefolder")
     with pytest.raises(FoalPipeError, match=f"{tmp_path / 'nope' / 'train'} is not a folder"):
         open_dataset("imagefolder", tmp_path / "nope")
@@ -175,6 +175,40 @@ def test_torchvision_dataset_missing_without_download(tmp_path):
     with pytest.raises(FoalPipeError) as info:
         open_dataset("cifar100", tmp_path)
     message = str(info.value)
-    assert str(tmp_path / "cifar-100-python") in message and "--download" in message
+    assert str(tmp_path / "cifar-100-python") in message and "download=True" in message
     with pytest.raises(FoalPipeError, match=str(tmp_path / "dtd")):
         open_dataset("dtd", tmp_path)
+
+
+def test_imagefolder_test_split_is_stratified_seeded_and_per_class(tmp_path):
+    root = make_image_tree(tmp_path / "pets", {"cat": 8, "dog": 5, "emu": 2}, split=False)
+    data = open_dataset("imagefolder", root, test_split=0.25)
+    assert data.classes == ["cat", "dog", "emu"] and data.test_split == {"test_fraction": 0.25, "seed": 0}
+    # round(0.25 * n), at least 1 and at most n - 1: cat 2 of 8, dog 1 of 5, emu 1 of 2
+    assert np.bincount(data.test.labels, minlength=3).tolist() == [2, 1, 1]
+    assert np.bincount(data.train.labels, minlength=3).tolist() == [6, 4, 1]
+    files = set(data.train.paths) | set(data.test.paths)
+    assert len(files) == 15 and set(data.train.paths).isdisjoint(data.test.paths)
+    for split in (data.train, data.test):  # file order within each class
+        assert split.paths == sorted(split.paths, key=lambda p: (Path(p).parent.name, Path(p).name))
+    same = open_dataset("imagefolder", root, test_split=0.25)
+    assert same.test.paths == data.test.paths
+    draws = {tuple(open_dataset("imagefolder", root, test_split=0.25, split_seed=s).test.paths) for s in range(6)}
+    assert len(draws) > 1  # the seed draws the split
+    # a class's split depends on the seed and its own files only: adding a class leaves the others' as they were
+    make_image_tree(tmp_path / "more", {"ant": 4}, split=False)
+    (tmp_path / "more" / "ant").rename(root / "ant")
+    grown = open_dataset("imagefolder", root, test_split=0.25)
+    assert [p for p in grown.test.paths if Path(p).parent.name != "ant"] == data.test.paths
+
+
+def test_test_split_errors(tmp_path, image_tree):
+    with pytest.raises(FoalPipeError, match="already split into train/ and test/ folders; drop test_split"):
+        open_dataset("imagefolder", image_tree, test_split=0.2)
+    with pytest.raises(FoalPipeError, match="dataset='digits' comes with its own train and test splits; drop test_split"):
+        open_dataset("digits", test_split=0.2)
+    root = make_image_tree(tmp_path / "few", {"a": 3, "b": 1}, split=False)
+    with pytest.raises(FoalPipeError, match=r"few/b has 1 image; test_split needs at least 2 per class"):
+        open_dataset("imagefolder", root, test_split=0.5)
+    with pytest.raises(FoalPipeError, match="or pass test_split='FRACTION'"):
+        open_dataset("imagefolder", root)

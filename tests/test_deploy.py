@@ -86,3 +86,33 @@ def test_docs_deploying_example(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(code, namespace)
     assert namespace["again"].classifier.n_samples_seen_ == 66
+
+
+def test_predict_proba_is_the_clipped_normalised_scores(tmp_path):
+    path, x, _ = learned(tmp_path, np.random.default_rng(3))
+    model = foal_pipe.load_model(path)
+    proba = model.predict_proba(x)
+    scores = model.scores(x)
+    assert proba.shape == scores.shape and (proba >= 0).all()
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(model.classifier.classes_[np.argmax(proba, axis=1)], model.predict(x))
+    positive = np.clip(scores, 0, None)
+    np.testing.assert_allclose(proba, positive / positive.sum(axis=1, keepdims=True))
+    hopeless = foal_pipe.load_model(path)
+    hopeless.scores = lambda features: -np.abs(model.scores(features))  # no positive score: uniform
+    np.testing.assert_allclose(hopeless.predict_proba(np.abs(x[:2])), np.full((2, 3), 1 / 3))
+
+
+def test_store_predictions_match_classes_by_name(tmp_path):
+    path, x, y = learned(tmp_path, np.random.default_rng(4))
+    model = foal_pipe.load_model(path)
+    other = write_store(tmp_path / "other.zarr", (x[:6], y[:6]), (x[:9], (y[:9] + 1) % 3), ["cow", "ant", "owl"],
+                        chunk_rows=4)  # store ids 0, 1, 2 are the model's 2, 0 and an unknown class
+    true, predicted = model.store_predictions(other)
+    np.testing.assert_array_equal(true, np.array([2, 0, -1])[(y[:9] + 1) % 3])
+    np.testing.assert_array_equal(predicted, model.predict(x[:9]))
+    with pytest.raises(FoalPipeError, match="unknown split 'val'; choose train or test"):
+        model.store_predictions(other, "val")
+    with pytest.raises(FoalPipeError, match="another encoder than the model's"):
+        model.store_predictions(write_store(tmp_path / "pix.zarr", (x[:6], y[:6]), (x[:3], y[:3]), ["a", "b", "c"],
+                                            encoder={"name": "pixels"}))

@@ -37,6 +37,32 @@ def test_docs_python_api_example(tmp_path, monkeypatch):
     assert namespace["pred"].shape == (30,) and namespace["clf"].n_samples_seen_ == 120
 
 
+def test_docs_read_split_example(tmp_path, capsys):
+    page = (DOCS / "python-api.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "read_split" in block)
+    rng = np.random.default_rng(1)
+    y = np.repeat(np.arange(3), 20)
+    x = (rng.normal(size=(60, 16)) + 2 * y[:, None]).astype(np.float32)
+    store = write_store(tmp_path / "digits.zarr", (x, y), (x[::4], y[::4]), ["ant", "bee", "cow"], chunk_rows=16)
+    namespace: dict = {}
+    exec(code.replace("data/features/digits.zarr", str(store)), namespace)
+    np.testing.assert_array_equal(namespace["X"], x)
+    np.testing.assert_array_equal(namespace["y_test"], y[::4])
+    assert namespace["names"] == ["ant", "bee", "cow"]
+    score, first = capsys.readouterr().out.rsplit(" [", 1)
+    assert float(score) > 0.9 and first.startswith("'ant'")
+
+
+def test_read_split_refuses_an_unknown_split(tmp_path):
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.store import read_split
+
+    store = write_store(tmp_path / "s.zarr", (np.zeros((4, 2)), np.arange(4) % 2), (np.zeros((2, 2)), np.arange(2)),
+                        ["a", "b"])
+    with pytest.raises(FoalPipeError, match="unknown split 'val'; choose train or test"):
+        read_split(store, "val")
+
+
 # --------------------------------------------------------------------------------------------------
 # README.md is the front door; docs/ is the site (mkdocs.yml). Both read on GitHub as they are.
 

@@ -311,6 +311,11 @@ def _error(result) -> str:
         (json.dumps(make_metrics(accuracy_matrix=[[0.9], [0.8]])), "row 1 of 'accuracy_matrix' should have 2"),
         (json.dumps(make_metrics(accuracy_matrix=[[90.0]])), "outside [0, 1]"),
         (json.dumps(make_metrics(F="high")), "no number under 'F'"),
+        (json.dumps(make_metrics(tasks=[[3, "7"]])), "no list of lists of label ids under 'tasks'"),
+        (json.dumps(make_metrics(task_names=[["a", "b"], ["c"], ["d", "e"]])), "'task_names' should name the classes"),
+        (json.dumps(make_metrics(eval_features=[{"features": "a.zarr", "n_test": 3, "accuracy": 1.5,
+                                                 "unknown_class_rows": 0}])),
+         "eval_features[0] has no number in [0, 1] under 'accuracy'"),
     ],
 )
 def test_cli_evaluate_bad_metrics_is_one_line_error(tmp_path, content, message):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import TINY_VIT, TINY_VIT_KWARGS, assert_identical_stores
+from helpers import TINY_VIT, TINY_VIT_KWARGS, assert_identical_stores, make_image_tree
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -381,6 +381,38 @@ def test_cli_settings_mismatch_and_unreadable_image(tmp_path, image_tree):
     assert mismatch.exit_code == 1 and "different settings" in mismatch.output and "--overwrite" in mismatch.output
     missing = _cli("info", str(tmp_path / "nothing.zarr"))
     assert missing.exit_code == 1 and "Error:" in missing.output and "does not exist" in missing.output
+
+
+def test_cli_test_split_of_a_folder_of_classes(tmp_path):
+    folder = make_image_tree(tmp_path / "pets", {"cat": 6, "dog": 6, "emu": 4}, split=False)
+    base = ["extract", "--dataset", "imagefolder", "--data-dir", str(folder), "--model", "pixels", "--image-size",
+            "8", "--workers", "0", "--chunk-rows", "4", "--test-split", "0.25"]
+    first = _cli(*base, "--out", str(tmp_path / "a.zarr"))
+    assert first.exit_code == 0, first.output
+    store = open_store(tmp_path / "a.zarr")
+    assert (store.train.n_rows, store.test.n_rows) == (11, 5) and store.classes == ("cat", "dog", "emu")  # 2, 2, 1
+    settings = read_meta(tmp_path / "a.zarr")[1].extra["extract"]
+    assert settings["test_split"] == {"test_fraction": 0.25, "seed": 0}
+    assert "test split drawn by extract --test-split 0.25 --split-seed 0" in _cli("info", str(tmp_path / "a.zarr")).output
+    again = _cli(*base, "--split-seed", "0", "--out", str(tmp_path / "b.zarr"))
+    assert again.exit_code == 0, again.output
+    assert_identical_stores(tmp_path / "a.zarr", tmp_path / "b.zarr")  # same seed, same split, same bytes
+    other = _cli(*base, "--split-seed", "3", "--out", str(tmp_path / "a.zarr"))  # another split: other settings
+    assert other.exit_code == 1 and "different settings" in other.output and "--overwrite" in other.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--test-split", "0.2"], "already split into train/ and test/ folders; drop --test-split"),
+    (["--test-split", "1"], "--test-split must be a fraction between 0 and 1"),
+    (["--split-seed", "2"], "--split-seed draws the split of --test-split; pass --test-split FRACTION too"),
+])
+def test_cli_test_split_refusals(tmp_path, image_tree, args, message):
+    out = tmp_path / "x.zarr"
+    result = _cli("extract", "--dataset", "imagefolder", "--data-dir", str(image_tree), "--model", "pixels",
+                  "--out", str(out), "--workers", "0", *args)
+    assert result.exit_code == 1 and result.output.startswith("Error: "), result.output
+    assert message in result.output.replace("\n", "") and "Traceback" not in result.output
+    assert not out.exists()
 
 
 def test_importing_the_cli_does_not_import_torch():

@@ -137,6 +137,7 @@ def test_evaluate_plots_a_avg_per_fusion_and_summarises_each_choice(blocks_store
     assert result.exit_code == 0, result.output
     out = tmp_path / "run" / "eval"
     assert (out / "fusions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "class_accuracy.csv").exists() and "could not be read" not in result.output  # the store fused
     text = (out / "summary.md").read_text()
     assert "## Fusion ablation" in text
     for entry in sweep["fusions"]:

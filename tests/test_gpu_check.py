@@ -30,7 +30,7 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract"}
+    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar", "startup"}
     assert report["machine"]["commit"] == "0123abcd"  # the tree's commit as the caller names it
     assert not [name for name, part in report["parts"].items() if "error" in part]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
@@ -45,12 +45,14 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert "skipped" not in learner["numpy/gram"] and "skipped" not in learner["numpy/rls"]
 
     learn = report["parts"]["learn"]["runs"]
-    assert set(learn) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES}
+    ran = [b for b in BACKENDS if "skipped" not in learn[f"{b}/gram"]]
+    assert set(learn) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES} | {f"{b}/gram (warm)" for b in ran}
     host = learn["numpy/gram"]
     assert 0 < host["A_avg"] <= 1 and host["wall_s"] > 0
     for run in learn.values():
         def agrees(r: dict) -> None:
-            assert r["wall_s"] > 0 and abs(r["A_avg_minus_numpy"]) < 1e-9 and r["W_vs_numpy"] <= 1e-9
+            assert r["wall_s"] > 0 and 0 < r["in_process_s"] < r["wall_s"]
+            assert abs(r["A_avg_minus_numpy"]) < 1e-9 and r["W_vs_numpy"] <= 1e-9
         _skipped_or(run, agrees)
     assert "skipped" not in learn["numpy/rls"]
 
@@ -61,3 +63,10 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert extract["model_alone_images_per_s"] > 0 and extract["model_with_device_resize_images_per_s"] > 0
     assert extract["device_resize_vs_pil_max_levels"] == 0 and extract["features_device_vs_workers_max_abs"] == 0
     assert extract["images"] == 256 and extract["from_px"] == 32 and extract["image_size"] == 64
+
+    cifar = report["parts"]["cifar"]
+    assert cifar["images"] == 500 and set(cifar["seconds"]) == {"extract", "learn", "sweep"}
+    assert cifar["total_s"] == sum(cifar["seconds"].values()) > 0
+    assert cifar["n_train_seen"] == 400 and 0 <= cifar["A_avg"] <= 1  # random images: chance or below
+    startup = report["parts"]["startup"]
+    assert startup["help_s"] > 0 and "foal_pipe.cli" in startup["slowest_imports_ms"]

@@ -26,8 +26,10 @@ def model(engine: str = "gram", dtype: str = "float64") -> tuple[dict[str, np.nd
     rng = np.random.default_rng(0)
     H = rng.random((10, 4))
     G = (H.T @ H).astype(dtype)
-    tensors = {"W": rng.normal(size=(4, 3)), "classes": np.array([0, 2, 5]), "projection": rng.normal(size=(2, 4))}
-    tensors |= {"G": G, "Q": rng.normal(size=(4, 3)).astype(dtype)} if engine == "gram" else {"R": G}
+    Q = rng.normal(size=(4, 3)).astype(dtype)
+    W = np.linalg.solve(G.astype(np.float64) + 0.5 * np.eye(4), Q.astype(np.float64))  # W solves (G + gamma I) W = Q
+    tensors = {"W": W, "classes": np.array([0, 2, 5]), "projection": rng.normal(size=(2, 4))}
+    tensors |= {"G": G, "Q": Q} if engine == "gram" else {"R": G}
     meta = {"gamma": 0.5, "engine": engine, "dtype": dtype, "n_samples_seen": 10, "class_names": ["a", "b", "c"],
             "dataset": "toy", "encoder": {"name": "pixels", "image_size": 8}}
     return tensors, meta
@@ -50,8 +52,10 @@ def test_round_trip_through_the_safetensors_library(tmp_path, engine, dtype):
         assert loaded[name].dtype == value.dtype
     with safe_open(str(path), framework="numpy") as f:
         stored = {key: json.loads(value) for key, value in f.metadata().items()}
-    assert stored == meta | {"format": "foal-pipe/model", "format_version": 1}
+    assert stored.pop("checksum").startswith("sha256:")
+    assert stored == meta | {"format": "foal-pipe/model", "format_version": 2}
     got, got_meta = read_model(path)
+    got_meta.pop("checksum")
     assert got_meta == stored
     for name, value in tensors.items():
         np.testing.assert_array_equal(got[name], value)
@@ -132,8 +136,8 @@ BAD = {
     "other metadata": (lambda p: raw(p / "x.safetensors", model()[0], {"format": Text("pt")}),
                        "metadata 'format' is 'pt'"),
     "format": (_edit(meta={"format": "foal-pipe/features"}), "metadata 'format' is 'foal-pipe/features'"),
-    "version 2": (_edit(meta={"format_version": 2}), "this foal-pipe reads version 1"),
-    "version true": (_edit(meta={"format_version": True}), "format_version True but this foal-pipe reads version 1"),
+    "version 3": (_edit(meta={"format_version": 3}), "this foal-pipe reads versions 1 and 2"),
+    "version true": (_edit(meta={"format_version": True}), "format_version True but this foal-pipe reads versions 1 and 2"),
     "version 1.0": (_edit(meta={"format_version": 1.0}), "format_version 1.0 but"),
     "no W": (_edit(drop=("W",)), "tensor 'W' is missing"),
     "no classes": (_edit(drop=("classes",)), "tensor 'classes' is missing"),

@@ -326,6 +326,10 @@ def test_learn_sweep_evaluate_stage_scripts(workdir):
     assert _summary_cell((out / "summary.md").read_text(), "A_avg (%)") == pytest.approx(
         100 * metrics["A_avg"], abs=0.005)
     assert "From `runs/digits-sweep/sweep.json`" in (out / "summary.md").read_text()  # found by evaluate itself
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["evaluate"]["do"]
+    declared = [next(iter(e)) if isinstance(e, dict) else e for key in ("outs", "metrics", "plots") for e in stage[key]]
+    assert sorted(p.name for p in out.iterdir()) == sorted(Path(d).name for d in declared)  # DVC knows every file
+    assert "data/features/${key}.zarr" in stage["deps"]  # the per-class accuracy reads the store
 
 
 def test_stage_script_params_errors_exit_nonzero(workdir):

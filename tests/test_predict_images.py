@@ -59,6 +59,7 @@ def test_predict_images_python_api(deployed):
     X = np.concatenate([x for _, x in s.test.iter_chunks()])
     paths = sorted((tree / "test").rglob("*.png"))
     np.testing.assert_array_equal(m.predict_images(paths), m.predict(X))
+    assert m.predict_image_names(paths) == m.predict_names(X)
 
 
 def test_glob_and_files(deployed):

@@ -152,13 +152,27 @@ def test_info_verify_reports_every_problem_by_split_and_rows(store):
     assert summary["chunks_read"] == 19 - 3
 
 
-def test_verify_recomputes_the_generation(store):
-    """A chunk replaced by another valid chunk passes its checksum; the generation id catches it."""
+def test_verify_finds_a_chunk_copied_over_another(store):
+    """A chunk replaced by another valid chunk passes its checksum; its record (format 4) catches it."""
     group = zarr.open_group(str(store), mode="r")
     assert compute_generation(store, group) == read_meta(store)[1].generation
     shutil.copyfile(_chunk(store, "train", 1), _chunk(store, "train", 2))
     result = verify_store(store)
     assert [str(p) for p in result.problems] == [
+        "train/features rows 256-383: damaged (it holds the chunk of rows 128-255, moved or copied here)"]
+
+
+def test_verify_recomputes_an_older_stores_generation(store):
+    """A format-3 store has no chunk records: the generation id, recomputed from every chunk, catches the copy."""
+    group = zarr.open_group(str(store), mode="r+")
+    attrs = {k: v for k, v in dict(group.attrs).items() if k != "generation"} | {"format_version": 3}
+    for name in ("train/features", "train/labels", "train/index", "test/features", "test/labels", "test/index"):
+        group[name].update_attributes({"chunk_files": None})
+    group.attrs.put(attrs)
+    group.attrs.put(attrs | {"generation": compute_generation(store)})
+    assert verify_store(store).problems == []
+    shutil.copyfile(_chunk(store, "train", 1), _chunk(store, "train", 2))
+    assert [str(p) for p in verify_store(store).problems] == [
         "(whole store): its files changed after it was completed (generation id mismatch)"]
 
 
@@ -255,7 +269,7 @@ def run_extract_over(path: Path) -> str:
 def test_extract_does_not_resume_an_older_format(store):
     group = zarr.open_group(str(store), mode="r+")
     group.attrs.put({**dict(group.attrs), "format_version": 1})
-    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 3; pass overwrite=True"):
+    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 4; pass overwrite=True"):
         run_extract(_spec(store))
     assert run_extract(_spec(store), overwrite=True).status == "created"
-    assert read_meta(store)[1].format_version == 3
+    assert read_meta(store)[1].format_version == 4

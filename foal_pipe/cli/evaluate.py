@@ -36,8 +36,9 @@ def evaluate(
     model: Annotated[
         Path | None,
         typer.Option(
-            help="model.safetensors for the per-class weight-norm plot. "
-            "Default: RUN/model.safetensors if it exists, else no weight-norm plot.",
+            help="model.safetensors for the per-class weight norms, and with the store metrics.json names, the "
+            "per-class accuracy and the confusion matrix. Default: RUN/model.safetensors if it exists, else none "
+            "of them.",
         ),
     ] = None,
     plots: Annotated[
@@ -45,7 +46,8 @@ def evaluate(
                    "Default: --plots."),
     ] = True,
 ) -> None:
-    """Plot a run (accuracy matrix, A_i per step, weight norms, gamma curve) and write summary.md.
+    """Plot a run (accuracy matrix, A_i per step, weight norms, gamma curve, confusion matrix) and write
+    summary.md (with the accuracy of every class).
 
     When the dataset and settings match a column of the paper's Table 2, summary.md shows its numbers too.
     """

@@ -71,6 +71,13 @@ def extract(
                         "~/datasets/tiny-imagenet-200, /usr/share/datasets/fashion-mnist); the tree for "
                         "imagefolder and the .h5 file for hdf5 (required for both). Unused for digits.",
                         show_default=False)] = None,
+    test_split: Annotated[float | None, typer.Option(help="For --dataset imagefolder without train/ and test/ "
+                          "folders: --data-dir holds one folder per class, and this fraction of each class's images "
+                          "(rounded, at least 1, at most all but 1) becomes the test split, drawn by --split-seed; "
+                          "recorded in the store's settings. Refused for datasets that come split. Default: none.",
+                          show_default=False)] = None,
+    split_seed: Annotated[int, typer.Option(show_default=False, help="Seed of the --test-split draw: the same seed "
+                          "gives the same split and the same store. Default: 0.")] = 0,
     download: Annotated[bool, flag("--download", help="Let torchvision download cifar100, dtd, fgvc-aircraft "
                         "or country211 into --data-dir. Default: off (use files already there).")] = False,
     model: Annotated[str, typer.Option("--model", "-m", show_default=False, help="Full timm tag of a ViT-family model (weights via timm's "
@@ -152,7 +159,7 @@ def extract(
             token=token, image_size=image_size, normalize=normalize, dtype=dtype, chunk_rows=chunk_rows,
             keep_blocks=keep_blocks, blocks_dtype=blocks_dtype,
             batch_size=batch_size, workers=workers if scheduler == "local" else 0, device=device, precision=precision,
-            resize_on=resize_on,
+            resize_on=resize_on, test_split=test_split, split_seed=split_seed,
         )
         progress = _RichProgress()
         try:
@@ -206,6 +213,7 @@ def _last_run(log: dict[str, Any] | None) -> dict[str, Any]:
 def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
     """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output); ``verify`` reads every chunk."""
     from foal_pipe.store import SPLITS, has_checksums, log_path, open_array, read_log, read_meta, verify_store
+    from foal_pipe.store.integrity import SEALED_FROM
 
     group, meta = read_meta(path)
     splits, checksums = {}, []
@@ -216,11 +224,13 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
                          "dtype": str(features.dtype), "chunk_rows": int(features.chunks[0])}
     progress = meta.extra.get("progress")
     log = read_log(path)
+    settings = meta.extra.get("extract")
     summary = {
         "path": str(path),
         "complete": meta.complete,
         "format_version": meta.format_version,
         "checksums": bool(checksums) and all(checksums),
+        "integrity": meta.format_version >= SEALED_FROM,
         "generation": meta.generation,
         "dataset": meta.dataset,
         "classes": list(meta.classes),
@@ -228,6 +238,7 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
         "splits": splits,
         "progress": {k: v for k, v in progress.items() if type(v) is int} if isinstance(progress, dict) else None,
         "source": meta.extra.get("source"),
+        "test_split": settings.get("test_split") if isinstance(settings, dict) else None,
         "log": str(log_path(path)) if log is not None else None,
         **_last_run(log),
         "blocks": meta.extra.get("blocks"),
@@ -313,6 +324,11 @@ def _print_table(summary: dict[str, Any]) -> None:
                       "this foal-pipe to get them)")
     else:
         checks = "crc32c checksum on every chunk" if summary["checksums"] else "no chunk checksums"
+        if summary["integrity"]:
+            checks += ", each bound to its position; metadata sealed by the generation id"
+        else:
+            checks += (" (no integrity data: a chunk moved to another position, or an edited attribute, is not "
+                       "noticed by learn; re-extract with this foal-pipe to get it)")
         table.add_row("format", f"{summary['format_version']}, {checks}")
     if summary["generation"]:
         table.add_row("generation", summary["generation"])
@@ -320,6 +336,10 @@ def _print_table(summary: dict[str, Any]) -> None:
     table.add_row("classes", f"{len(classes)}: {preview}")
     for split, v in summary["splits"].items():
         table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
+    drawn = summary["test_split"]
+    if isinstance(drawn, dict):
+        table.add_row("", f"test split drawn by extract --test-split {drawn.get('test_fraction')} --split-seed "
+                      f"{drawn.get('seed')} (stratified per class)")
     _encoder_rows(table, summary["encoder"])
     blocks = summary.get("blocks")
     if isinstance(blocks, dict):

@@ -242,7 +242,7 @@ def predict(
         bool, flag("--skip-bad", help="With --images: skip unreadable files (listed on stderr). Default: off.")
     ] = False,
     batch_size: Annotated[int, typer.Option(help="With --images: images encoded at once.")] = 64,
-    device: Annotated[str, typer.Option(help="With --images: where the encoder runs (cpu, cuda, ...).")] = "cpu",
+    device: Annotated[str, typer.Option(help="With --images: where the encoder runs: auto (CUDA when available), cpu or cuda.")] = "cpu",
     out: Annotated[
         Path | None, typer.Option(help="Write the CSV here (atomically, checked before predicting). Default: stdout.")
     ] = None,

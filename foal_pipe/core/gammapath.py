@@ -12,7 +12,15 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.linalg import check_positive, class_positions, factor_threads, float64, not_positive_definite, one_hot
+from foal_pipe.core.linalg import (
+    check_positive,
+    class_positions,
+    factor_threads,
+    float64,
+    float64_way_out,
+    not_positive_definite,
+    one_hot,
+)
 from foal_pipe.errors import FoalPipeError, param
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
@@ -57,6 +65,7 @@ class GammaPath(ABC):
     n: int
     y_norm2: float  # |Y|_F^2
     floor: float  # gammas at or below it are refused: the sums' resolution, or -min(lambda) if larger
+    dtype: str  # of the sums: --dtype float64 is a way out only from float32
 
     def _gammas(self, gammas: Any) -> np.ndarray:
         g = np.asarray(gammas, dtype=np.float64).ravel()
@@ -67,7 +76,7 @@ class GammaPath(ABC):
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
                 f"diagonal entry, or the most negative eigenvalue rounding left), so its solution would be noise; "
-                f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}) or {param('dtype', 'float64')}"
+                f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}){float64_way_out(self.dtype)}"
             )
         return g
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import AbstractContextManager
+from functools import cache
 from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from foal_pipe.core.backend import LINALG_ERRORS, dtype_name
 from foal_pipe.errors import FoalPipeError, param
@@ -77,6 +79,12 @@ def check_positive(gammas: np.ndarray) -> None:
         raise FoalPipeError(f"gamma must be a positive number, got {bad[0]:g}; try {param('gamma', 1)}")
 
 
+def float64_way_out(dtype: str) -> str:
+    """`` or dtype='float64'`` (the CLI: ``--dtype float64``) for float32 sums; nothing for float64 sums, which
+    have no wider dtype to go to."""
+    return "" if dtype == "float64" else f" or {param('dtype', 'float64')}"
+
+
 def not_positive_definite(where: str) -> FoalPipeError:
     """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma)."""
     return FoalPipeError(
@@ -94,13 +102,22 @@ def check_gammas(G: Any, gammas: Any) -> None:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
             f"({floor:.3g} = eps x largest diagonal entry), so the solve would be noise; use a gamma of at least "
-            f"{floor:.3g} or {param('dtype', 'float64')}"
+            f"{floor:.3g}{float64_way_out(dtype_name(G.dtype))}"
         )
 
 
-def factor_threads(dim: int) -> threadpool_limits:
+@cache
+def _threadpools() -> ThreadpoolController:
+    """The process's thread pools, found once: each lookup reads /proc/self/maps (about 3 ms, more than a
+    Cholesky factorisation at D = 500). SciPy's own BLAS is loaded first so that it is among them."""
+    import scipy.linalg  # noqa: F401
+
+    return ThreadpoolController()
+
+
+def factor_threads(dim: int) -> AbstractContextManager:
     """A BLAS thread limit for one factorisation of dimension ``dim`` (see ``SINGLE_THREAD_FACTOR_DIM``)."""
-    return threadpool_limits(limits=1 if dim <= SINGLE_THREAD_FACTOR_DIM else None, user_api="blas")
+    return _threadpools().limit(limits=1 if dim <= SINGLE_THREAD_FACTOR_DIM else None, user_api="blas")
 
 
 def float64(a: Any) -> Any:

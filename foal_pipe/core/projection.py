@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from foal_pipe.core.activations import ACTIVATIONS, INITS, check_activation
 from foal_pipe.core.backend import default_device
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, as_user_error
 
 
 class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -69,7 +69,10 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 
     def fit(self, X: Any, y: Any = None) -> SmoothProjection:
         """Draw the matrix for ``X``'s number of features (the values of ``X`` are not used)."""
-        X = validate_data(self, X, reset=True)
+        try:
+            X = validate_data(self, X, reset=True)
+        except (ValueError, TypeError) as exc:
+            raise as_user_error(exc) from None
         n_features = int(X.shape[1])
         if int(self.n_components) < 0:
             raise FoalPipeError(f"projection dimension must be at least 0, got {self.n_components}; pass e.g. 1000 (0: none)")
@@ -111,7 +114,10 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         check_is_fitted(self)
         host = is_numpy_array(X) or not is_array_api_obj(X)
         if host:
-            X = validate_data(self, X, reset=False)
+            try:
+                X = validate_data(self, X, reset=False)
+            except (ValueError, TypeError) as exc:
+                raise as_user_error(exc) from None
         elif X.shape[-1] != self.n_features_in_:
             raise FoalPipeError(
                 f"features have {X.shape[-1]} dimensions but the projection expects {self.n_features_in_}; "

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
 
-from foal_pipe.core.backend import default_device
+from foal_pipe.core.backend import default_device, dtype_name
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, apply_reflectors, eigen_floor, lapack_ok
 from foal_pipe.core.linalg import (
     check_gammas,
@@ -246,7 +246,8 @@ class RidgeStatistics:
         with factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(float64(self.G))
         return RidgeEigen(values=values, classes=self.classes, n=self.n, y_norm2=self.target_norm2,
-                          floor=eigen_floor(floor, values), vectors=vectors, projected=vectors.T @ float64(self.Q))
+                          floor=eigen_floor(floor, values), dtype=dtype_name(self.G.dtype), vectors=vectors,
+                          projected=vectors.T @ float64(self.Q))
 
     def gamma_path(self, vectors: bool) -> RidgeEigen | RidgeTridiagonal:
         """The cheapest form that serves many gammas: :meth:`eigen` when ``vectors`` (leave-one-out needs them)
@@ -274,7 +275,8 @@ class RidgeStatistics:
             reflectors = np.asfortranarray(reduced[1:, :-1])
             projected = np.asfortranarray(apply_reflectors(reflectors, tau, float64(self.Q), "T"))
         return RidgeTridiagonal(classes=self.classes, n=self.n, y_norm2=self.target_norm2,
-                                floor=eigen_floor(floor, lowest), diagonal=diagonal, offdiagonal=offdiagonal,
+                                floor=eigen_floor(floor, lowest), dtype=dtype_name(self.G.dtype), diagonal=diagonal,
+                                offdiagonal=offdiagonal,
                                 reflectors=reflectors, tau=tau, projected=projected)
 
 

@@ -157,6 +157,8 @@ class DatasetSplits:
     test: ImageSource
     location: str = ""
     native_size: int | None = None  # side of the images when all share one (the pixels encoder's default)
+    #: How the test split was drawn, for a dataset that had none (``extract --test-split``): ``test_fraction``, ``seed``.
+    test_split: dict[str, float | int] | None = None
 
     def split(self, name: str) -> ImageSource:
         return {"train": self.train, "test": self.test}[name]
@@ -168,15 +170,47 @@ class DatasetSplits:
 _RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}
 
 
+#: How images with more than 8 bits per pixel become 8-bit (PIL's ``convert`` would clip them to 0..255).
+WIDE_PIXELS = ("16-bit images (0..65535) are divided by 257, float images must lie in [0, 1] and are multiplied by "
+               "255, both rounded to the nearest integer")
+
+
+def eight_bit(img: Any) -> Any:
+    """A PIL image with more than 8 bits per pixel as an 8-bit grayscale one, by :data:`WIDE_PIXELS`; other
+    images as they are. PIL's ``convert("RGB")`` clips 16-bit values to 255 and float values in [0, 1] to 0 or 1
+    (an almost white or black image); a ValueError names pixels that no rule maps (a 32-bit integer image,
+    floats outside [0, 1], negative 16-bit values)."""
+    from PIL import Image
+
+    mode = img.mode
+    if not (mode.startswith("I;16") or mode in ("I", "F")):
+        return img
+    if mode == "I" and img.format != "PNG":  # PNG's mode "I" is 16-bit grey (older Pillow); elsewhere 32-bit
+        raise ValueError(f"32-bit integer pixels (mode I) have no rule to 0..255; save the image with 8 or 16 bits "
+                         f"({WIDE_PIXELS})")
+    pixels = np.asarray(img, dtype=np.float64)
+    if not np.isfinite(pixels).all():
+        raise ValueError(f"NaN or inf pixel values; {WIDE_PIXELS}")
+    lo, hi = (float(pixels.min()), float(pixels.max())) if pixels.size else (0.0, 0.0)
+    top = 1.0 if mode == "F" else 65535.0
+    if lo < 0 or hi > top:
+        raise ValueError(f"{'float' if mode == 'F' else '16-bit'} pixel values {lo:g}..{hi:g} lie outside "
+                         f"0..{top:g}; {WIDE_PIXELS}")
+    scaled = pixels * 255.0 if mode == "F" else pixels / 257.0
+    return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
+
+
 def to_rgb_array(img: Any, size: int, interpolation: str = "bicubic") -> np.ndarray:
     """Resize an image to ``size x size`` (no crop, aspect ratio not kept) as uint8 ``(3, size, size)``.
 
-    Grayscale, palette and RGBA images become 3-channel RGB.
+    Grayscale, palette and RGBA images become 3-channel RGB; 16-bit and float images are first brought to 8 bits
+    by :func:`eight_bit`.
     """
     from PIL import Image
 
     if isinstance(img, np.ndarray):
         img = Image.fromarray(img)
+    img = eight_bit(img)
     if img.mode != "RGB":
         img = img.convert("RGB")
     if img.size != (size, size):

@@ -97,6 +97,9 @@ def describe_weights(config: EncoderConfig, pretrained_cfg: dict[str, Any], name
     or ``url``."""
     if config.checkpoint:
         path = Path(config.checkpoint).expanduser()
+        if path.is_dir():
+            raise FoalPipeError(f"{param('checkpoint')} {path} is a directory; pass the .safetensors or .pth state dict file "
+                                "inside it")
         if not path.is_file():
             raise FoalPipeError(f"{param('checkpoint')} {path} does not exist; pass a .safetensors or .pth state dict")
         if path.suffix.lower() not in READERS:

@@ -40,8 +40,10 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     A checkpoint-based encoder needs ``checkpoint``, and its sha256 must equal the recorded one; any
     difference in what decides the features (``ENCODER_KEYS``) is refused, naming the first key.
     """
-    from foal_pipe.encoders import EncoderConfig, build_encoder
+    from foal_pipe.encoders import DEVICES, EncoderConfig, build_encoder, resolve_device
 
+    if device not in DEVICES:  # checked first: an encoder that ignores the device must not accept any name
+        raise FoalPipeError(f"unknown {param('device')} {device!r}; choose one of: {', '.join(DEVICES)}")
     if not spec:
         raise FoalPipeError("the model records no encoder provenance, so it cannot encode images; extract a store "
                             f"with `foal-pipe extract` and pass {param('features')}")
@@ -71,7 +73,7 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     if key is not None:
         raise FoalPipeError(f"the rebuilt encoder differs from the model's: {key!r} is {ours.get(key)!r} but the model "
                             f"records {spec.get(key)!r}; use the foal-pipe/timm versions the model was trained with")
-    return encoder.load(device)
+    return encoder.load("cpu" if device == "auto" and not encoder.needs_torch else resolve_device(device))
 
 
 def find_images(patterns: Sequence[str | Path]) -> list[Path]:

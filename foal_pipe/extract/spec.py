@@ -47,6 +47,8 @@ class ExtractSpec:
     the features, so it is not among the store's settings.
     ``keep_blocks`` (``--keep-blocks``) also stores every block's token in ``blocks_dtype``, so other fusions
     can be computed at read time (:mod:`foal_pipe.store.blockfusion`).
+    ``test_split`` (``--test-split``) splits a folder of class folders, stratified, seeded by ``split_seed``
+    (``--split-seed``); both are among the store's settings.
     """
 
     dataset: str = "digits"
@@ -70,8 +72,18 @@ class ExtractSpec:
     resize_on: str = "auto"
     keep_blocks: bool = False
     blocks_dtype: str = "float16"
+    test_split: float | None = None
+    split_seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.test_split is not None and not 0 < self.test_split < 1:
+            raise FoalPipeError(f"{param('test_split')} must be a fraction between 0 and 1 (the share of each class's images "
+                                f"to test on), got {self.test_split}")
+        if self.split_seed < 0:
+            raise FoalPipeError(f"{param('split_seed')} must be 0 or more, got {self.split_seed}")
+        if self.split_seed and self.test_split is None:
+            raise FoalPipeError(f"{param('split_seed')} draws the split of {param('test_split')}; pass "
+                                f"{param('test_split', 'FRACTION')} too")
         if self.dtype not in DTYPES:
             raise FoalPipeError(f"unknown {param('dtype')} {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.resize_on not in RESIZE_ON:
@@ -115,7 +127,7 @@ class Inputs:
 
 def open_inputs(spec: ExtractSpec) -> Inputs:
     """Open the dataset and describe the encoder; weights are not loaded yet (see :func:`load_inputs`)."""
-    data = open_dataset(spec.dataset, spec.data_dir, spec.download)
+    data = open_dataset(spec.dataset, spec.data_dir, spec.download, spec.test_split, spec.split_seed)
     encoder = build_encoder(spec.encoder_config(), data.native_size)
     if spec.keep_blocks:
         _check_keeps_blocks(encoder)
@@ -172,6 +184,7 @@ def store_settings(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
         "chunk_rows": spec.chunk_rows,
         "keep_blocks": spec.keep_blocks,
         "blocks_dtype": spec.blocks_dtype if spec.keep_blocks else None,
+        **({"test_split": inputs.data.test_split} if inputs.data.test_split else {}),
     })
 
 

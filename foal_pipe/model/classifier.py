@@ -18,7 +18,7 @@ from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_ga
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.scoring import best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.model.modelfile import read_model, write_model
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -128,10 +128,12 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     def _validate(self, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
         """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
         if is_numpy_array(X) or not is_array_api_obj(X):
-            if y is None:
-                return validate_data(self, X, reset=reset, dtype=[np.float64, np.float32]), None
-            X, y = validate_data(self, X, y, reset=reset, dtype=[np.float64, np.float32])
-            return X, y
+            try:
+                if y is None:
+                    return validate_data(self, X, reset=reset, dtype=[np.float64, np.float32]), None
+                return validate_data(self, X, y, reset=reset, dtype=[np.float64, np.float32])
+            except (ValueError, TypeError) as exc:  # scikit-learn's words, as the FoalPipeError the docs promise
+                raise as_user_error(exc) from None
         if X.ndim != 2:
             raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {tuple(X.shape)}")
         if reset:
@@ -169,7 +171,12 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         """
         first = not self.__sklearn_is_fitted__()
         X, y = self._validate(X, y, reset=first)
-        check_classification_targets(y)
+        try:
+            check_classification_targets(y)
+        except (ValueError, TypeError) as exc:
+            raise as_user_error(exc) from None
+        if np.asarray(y).dtype.kind == "c":
+            raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
         if first:
             self._start(int(X.shape[1]), np.asarray(y).dtype)
         X = self._state_array(X)

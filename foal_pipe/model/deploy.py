@@ -10,15 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images
+from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model
+
+if TYPE_CHECKING:
+    from foal_pipe.store.read import FeatureStore
+
+
+def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
+    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key."""
+    theirs = store.meta.encoder
+    key = first_difference(model_encoder or {}, theirs or {})
+    if key is not None:
+        raise FoalPipeError(
+            f"{where} was extracted with another encoder than the model's: {key!r} is {theirs.get(key)!r} in the "
+            f"store but {(model_encoder or {}).get(key)!r} in the model; extract the new images with the model's "
+            "encoder settings"
+        )
 
 
 class DeployedModel:
@@ -35,10 +50,62 @@ class DeployedModel:
         self.metadata = dict(metadata or {})
         self._encoder: Any = None
 
+    # ------------------------------------------------------------------ inputs
+    def _features(self, features: Any) -> np.ndarray:
+        """``features`` as the projection's dtype, refused unless a finite real 2-D array (n >= 1, d columns):
+        NumPy would drop imaginary parts and truncate nothing visibly, scikit-learn would raise its own errors."""
+        d = int(self.projection.n_features_in_)
+        try:
+            X = np.asarray(features)
+        except (ValueError, TypeError):
+            X = None
+        if X is None or X.dtype.kind not in "iuf":
+            what = "rows of unequal length" if X is None else {"c": "complex numbers", "b": "booleans"}.get(
+                X.dtype.kind, f"{X.dtype} values")
+            raise FoalPipeError(f"features must be a 2-D array of real numbers (n, {d}), but they hold {what}; "
+                                "pass the features the model's encoder gives")
+        if X.ndim != 2 or X.shape[1] != d or X.shape[0] == 0:
+            raise FoalPipeError(f"features have shape {X.shape} but the model expects (n, {d}) with n >= 1; pass one "
+                                "row per sample (X.reshape(1, -1) for one sample)")
+        X = X.astype(self.projection.components_.dtype, copy=False)
+        finite = np.isfinite(X).all(axis=1)
+        if not finite.all():
+            raise FoalPipeError(f"features hold NaN or inf (first at row {int(np.flatnonzero(~finite)[0])}); "
+                                "check the features (re-extract the store)")
+        return X
+
+    def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
+        """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or
+        one integer label id per row, never floats (truncated), booleans, complex numbers or a mapping."""
+        try:
+            shape = None if isinstance(labels, (str, bytes, dict, set)) or labels is None else np.shape(labels)
+        except ValueError:  # NumPy refuses ragged nesting
+            shape = ()
+        if shape is None or len(shape) != 1:
+            got = type(labels).__name__ if not shape else f"an array of shape {shape}"
+            raise FoalPipeError(f"labels must be a sequence of {n_rows} class names or label ids (one per row), not "
+                                f"{got}; pass e.g. ['cat', 'dog', ...] or [3, 5, ...]")
+        if shape[0] != n_rows:
+            raise FoalPipeError(f"{shape[0]} labels for {n_rows} rows of features; pass one label per row")
+        kind = labels.dtype.kind if isinstance(labels, np.ndarray) else "O"
+        if kind in "iu":
+            return labels.astype(np.int64), {}
+        items = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
+        if kind == "U" or all(isinstance(v, str) for v in items):
+            ids = self.label_ids(items)
+            return ids, dict(zip(ids.tolist(), items))
+        bad = next((v for v in items if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None)
+        if bad is not None:
+            what = "a mix of names and ids" if any(isinstance(v, str) for v in items) else f"{bad!r} ({type(bad).__name__})"
+            raise FoalPipeError(f"labels must be all class names (strings) or all integer label ids, but they hold "
+                                f"{what}; convert them first (ids: labels.astype(int) if they are whole numbers)")
+        return np.asarray(items, dtype=np.int64), {}
+
     # ------------------------------------------------------------------ predicting
     def activations(self, features: Any) -> np.ndarray:
-        """``activation(features @ P)``: what the classifier scores."""
-        return self.projection.transform(np.asarray(features, dtype=self.projection.components_.dtype))
+        """``activation(features @ P)``: what the classifier scores (``features`` checked: a finite real 2-D
+        array with the model's feature dimension)."""
+        return self.projection.transform(self._features(features))
 
     def scores(self, features: Any) -> np.ndarray:
         """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order
@@ -56,6 +123,44 @@ class DeployedModel:
         names = dict(zip(self.classifier.classes_.tolist(), self.class_names))
         return [names[label] for label in self.predict(features).tolist()]
 
+    def predict_proba(self, features: Any) -> np.ndarray:
+        """Class shares, shape (n, n_classes), columns in ``classifier.classes_`` order, rows summing to 1.
+
+        Ridge regression onto one-hot targets estimates each class's probability by least squares, so its scores
+        are clipped at 0 and normalised (a row with no positive score is uniform). The argmax is :meth:`predict`'s;
+        the values are not calibrated probabilities.
+        """
+        scores = np.clip(self.scores(features), 0.0, None)
+        total = scores.sum(axis=1, keepdims=True)
+        uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
+        return np.divide(scores, total, out=uniform, where=total > 0)
+
+    def store_predictions(self, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+        """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
+        the model's by name: ``true`` is -1 for a row of a class the model does not know (or an unlabelled row).
+        The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
+        from foal_pipe.store.blockfusion import read_time_fusion
+        from foal_pipe.store.meta import SPLITS, UNLABELLED
+        from foal_pipe.store.read import open_store
+
+        if split not in SPLITS:
+            raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
+        store = open_store(features, **read_time_fusion(self.encoder_spec))
+        check_encoder(self.encoder_spec, store, features)
+        data = store.split(split)
+        if data.dim != self.projection.n_features_in_:
+            raise FoalPipeError(f"the model expects {self.projection.n_features_in_}-dimensional features but "
+                                f"{features} has {data.dim}; use a store made with the model's encoder")
+        known = dict(zip(self.class_names, self.classifier.classes_.tolist()))
+        target = np.array([known.get(name, -1) for name in store.classes] + [-1], dtype=np.int64)
+        labels = np.asarray(data.labels, dtype=np.int64)
+        true = target[np.where(labels == UNLABELLED, len(store.classes), labels)]
+        predicted = np.empty(data.n_rows, dtype=np.int64)
+        for lo, X in data.iter_chunks():
+            predicted[lo : lo + X.shape[0]] = self.predict(X)
+        store.check_unchanged()
+        return true, predicted
+
     def encoder(self, checkpoint: str | Path | None = None, device: str = "cpu") -> Any:
         """The encoder of the training store, rebuilt from ``encoder_spec`` and loaded (once, then cached)."""
         if self._encoder is None:
@@ -69,6 +174,10 @@ class DeployedModel:
     def predict_images(self, images: Any, checkpoint: str | Path | None = None) -> np.ndarray:
         """Label ids for images (paths or uint8 arrays), encoded as the training store's images were."""
         return self.predict(self.encode_images(images, checkpoint))
+
+    def predict_image_names(self, images: Any, checkpoint: str | Path | None = None) -> list[str]:
+        """Class names for images (paths or uint8 arrays), as :meth:`predict_images` predicts them."""
+        return self.predict_names(self.encode_images(images, checkpoint))
 
     # ------------------------------------------------------------------ learning
     def label_ids(self, names: Sequence[str]) -> np.ndarray:
@@ -86,21 +195,15 @@ class DeployedModel:
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
         """Absorb labelled rows: ``labels`` are class names (strings) or label ids. Exact: the result equals the
         model trained on its old rows and these together. Returns ``self``."""
-        labels = np.asarray(labels)
-        if labels.dtype.kind in "UO":
-            names = [str(v) for v in labels.tolist()]
-            ids = self.label_ids(names)
-            known = dict(zip(ids.tolist(), names))
-        else:
-            ids = labels.astype(np.int64)
-            known = {}
+        X = self._features(features)
+        ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
         for label in np.setdiff1d(ids, self.classifier.classes_).tolist():
             if label not in known:
                 raise FoalPipeError(f"label id {label} is new to the model and has no name; pass class names "
                                     "(strings) as labels for new classes")
             old[label] = known[label]
-        self.classifier.partial_fit(self.activations(features), ids)
+        self.classifier.partial_fit(self.projection.transform(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
         return self
 

@@ -18,15 +18,22 @@ Tensors (D: activations, C: classes, d: features):
   ``gram``; ``R`` (D, D) for ``rls``.
 
 Metadata: safetensors keeps string values only, so every value is stored as JSON text. Required:
-``format`` (``"foal-pipe/model"``), ``format_version`` (1), ``gamma`` (a positive number), ``engine``
-(``"gram"`` or ``"rls"``), ``dtype`` (the state's, ``"float64"`` or ``"float32"``), ``n_samples_seen``
-(a non-negative int). Optional and checked when present: ``class_names`` (one unique string per column of
-``W``), ``dataset`` (a string), ``encoder`` (a mapping: the store's encoder provenance), ``activation``
-(``"sigmoid"``). Any other key is kept as JSON, so later versions can add provenance without a new format.
+``format`` (``"foal-pipe/model"``), ``format_version`` (2; version-1 files are read too), ``gamma`` (a positive
+number), ``engine`` (``"gram"`` or ``"rls"``), ``dtype`` (the state's, ``"float64"`` or ``"float32"``),
+``n_samples_seen`` (a non-negative int) and, from version 2, ``checksum`` (:func:`content_checksum`).
+Optional and checked when present: ``class_names`` (one unique string per column of ``W``), ``dataset`` (a
+string), ``encoder`` (a mapping: the store's encoder provenance), ``activation`` (``"sigmoid"``). Any other key
+is kept as JSON, so later versions can add provenance without a new format.
+
+Integrity: one flipped bit in ``W``, or an edited ``gamma``, ``activation`` or ``class_names``, would otherwise
+predict wrongly with exit status 0. The ``checksum`` covers every tensor and every other metadata value and is
+verified on every read; and wherever ``G`` and ``Q`` are stored, ``W`` must solve ``(G + gamma I) W = Q``
+(:func:`check_solution`, a product of D x D by D x C: version-1 files, which have no checksum, get it too).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -44,8 +51,16 @@ from foal_pipe.io import atomic_path
 
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 ALIGNMENT = 8
+#: ``checksum`` is this prefix and 64 hex digits.
+CHECKSUM_PREFIX = "sha256:"
+#: :func:`check_solution`'s tolerances, relative to the scale of the system; a legitimate solve leaves about
+#: 1e-15 (float64 rounding), so both leave a margin of a million.
+RESIDUAL_TOLERANCE = 1e-9
+GAMMA_TOLERANCE = 1e-9
+_READ_BLOCK = 1 << 24
 
 #: safetensors' dtype codes for the dtypes a model file may hold.
 CODES = {
@@ -109,7 +124,13 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "dataset": (False, lambda v, _: None if isinstance(v, str) else "must be a string"),
     "encoder": (False, lambda v, _: None if isinstance(v, dict) else "must be a mapping"),
     "activation": (False, lambda v, _: None if v in ACTIVATIONS else f"must be one of {', '.join(map(repr, ACTIVATIONS))}"),
+    "checksum": (False, lambda v, _: None if _is_checksum(v) else f"must be {CHECKSUM_PREFIX!r} and 64 hex digits"),
 }
+
+
+def _is_checksum(value: Any) -> bool:
+    digits = value[len(CHECKSUM_PREFIX):] if isinstance(value, str) and value.startswith(CHECKSUM_PREFIX) else ""
+    return len(digits) == 64 and all(c in "0123456789abcdef" for c in digits)
 
 
 def _refuse(where: str, problem: str) -> FoalPipeError:
@@ -130,10 +151,10 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
             f"foal-pipe); {_FIX}"
         )
     version = metadata.get("format_version")
-    if not _is_int(version) or version != FORMAT_VERSION:
+    if not _is_int(version) or version not in READABLE_VERSIONS:
         raise FoalPipeError(
-            f"{where} has model format_version {version!r:.20} but this foal-pipe reads version {FORMAT_VERSION}; "
-            "upgrade foal-pipe or train the model again"
+            f"{where} has model format_version {version!r:.20} but this foal-pipe reads versions "
+            f"{' and '.join(map(str, READABLE_VERSIONS))}; upgrade foal-pipe or train the model again"
         )
     missing = [name for name in REQUIRED_TENSORS if name not in tensors]
     unknown = sorted(set(tensors) - set(TENSORS))
@@ -162,6 +183,27 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
         if name != "W" and tensors[name].dtype != np.dtype(metadata["dtype"]):
             raise _refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
     _check_values(tensors, where)
+    if all(isinstance(tensors.get(name), np.ndarray) for name in ("W", "G", "Q")):
+        check_solution(tensors["W"], tensors["G"], tensors["Q"], metadata["gamma"], where)
+
+
+def check_solution(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float, where: str = "model") -> None:
+    """Refuse a ``W`` that does not solve ``(G + gamma I) W = Q`` (a flipped bit, an edited ``gamma``).
+
+    Two checks in float64, each a matrix product (no factorisation): the relative residual
+    ``|(G + gamma I) W - Q| / (|G| |W| + gamma |W| + |Q|)`` (Frobenius norms), which a backward-stable solve
+    keeps near 1e-15 however ill-conditioned; and the gamma that ``W`` implies, ``<Q - G W, W> / |W|^2``,
+    against the stored one, to ``GAMMA_TOLERANCE (|G| + gamma)``: an edited gamma shows here first.
+    """
+    W, G, Q = (np.asarray(a, dtype=np.float64) for a in (W, G, Q))
+    GW = G @ W
+    norm_g, norm_w, norm_q = (float(np.linalg.norm(a)) for a in (G, W, Q))
+    residual = float(np.linalg.norm(GW + gamma * W - Q))
+    scale = (norm_g + gamma) * norm_w + norm_q
+    implied = float(np.vdot(Q - GW, W)) / norm_w**2 if norm_w else gamma
+    if abs(implied - gamma) > GAMMA_TOLERANCE * (norm_g + gamma) or residual > RESIDUAL_TOLERANCE * scale:
+        raise _refuse(where, f"W does not solve (G + gamma I) W = Q for the stored gamma {gamma:g} (relative residual "
+                             f"{residual / scale:.1e}; W implies gamma {implied:.6g}): the file was altered")
 
 
 def _check_shapes(tensors: Mapping[str, Any], where: str) -> None:
@@ -211,15 +253,18 @@ def _json(value: Any, key: str) -> str:
 def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[str, Any]) -> Path:
     """Write a model file atomically; the same tensors and metadata always give the same bytes.
 
-    ``format`` and ``format_version`` are added to ``metadata``; the model is validated first, so nothing
-    :func:`read_model` would refuse is ever written.
+    ``format``, ``format_version`` and ``checksum`` are added to ``metadata`` (a ``checksum`` passed in is
+    replaced); the model is validated first, so nothing :func:`read_model` would refuse is ever written.
     """
     path = Path(path)
     arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
     arrays = {name: a.astype(a.dtype.newbyteorder("<"), copy=False) for name, a in arrays.items()}
-    meta = {**metadata, "format": FORMAT, "format_version": FORMAT_VERSION}
+    meta = {**{k: v for k, v in metadata.items() if k != "checksum"}, "format": FORMAT, "format_version": FORMAT_VERSION}
     validate_model(arrays, meta, str(path))
-    header: dict[str, Any] = {"__metadata__": {key: _json(value, key) for key, value in meta.items()}}
+    strings = {key: _json(value, key) for key, value in meta.items()}
+    entries = [(name, CODES[a.dtype.newbyteorder("=")], a.shape, [a.data]) for name, a in arrays.items()]
+    strings["checksum"] = _json(content_checksum(strings, entries), "checksum")
+    header: dict[str, Any] = {"__metadata__": strings}
     order = sorted(arrays, key=lambda name: (-arrays[name].dtype.itemsize, name))
     offset = 0
     for name in order:
@@ -237,11 +282,52 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
     return path
 
 
+def content_checksum(strings: Mapping[str, str], entries: Collection[tuple[str, str, Any, Any]]) -> str:
+    """``checksum``: ``sha256:`` and the SHA-256 hex digest of the model's canonical encoding.
+
+    ``strings`` are the metadata values as stored (JSON text; ``checksum`` itself is left out), ``entries``
+    ``(name, dtype code, shape, byte blocks)`` of every tensor. The encoding is the metadata as JSON (keys
+    sorted, no spaces) and a newline, then, per tensor in name order, ``[name, code, shape]`` as JSON, a newline
+    and the tensor's little-endian, C-order bytes. It depends on content only, not on the file's layout.
+    """
+    digest = hashlib.sha256()
+    text = {k: v for k, v in strings.items() if k != "checksum"}
+    digest.update(json.dumps(text, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    for name, code, shape, blocks in sorted(entries, key=lambda entry: entry[0]):
+        digest.update(json.dumps([name, code, [int(n) for n in shape]], separators=(",", ":")).encode() + b"\n")
+        for block in blocks:
+            digest.update(block)
+    return CHECKSUM_PREFIX + digest.hexdigest()
+
+
+def _file_checksum(path: Path, strings: Mapping[str, str]) -> str:
+    """:func:`content_checksum` of a model file, its tensors' bytes streamed from disk (none held whole)."""
+    with open(path, "rb") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(size))
+        start = 8 + size
+
+        def blocks(lo: int, hi: int) -> Any:
+            fh.seek(start + lo)
+            while lo < hi:
+                block = fh.read(min(_READ_BLOCK, hi - lo))
+                if not block:
+                    raise OSError("the file ends inside a tensor")
+                lo += len(block)
+                yield block
+
+        entries = [(name, info["dtype"], info["shape"], blocks(*info["data_offsets"]))
+                   for name, info in header.items() if name != "__metadata__"]
+        return content_checksum(strings, entries)
+
+
 def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(tensors, metadata)`` of a validated model file; metadata values are decoded from JSON.
 
     ``names`` reads only those tensors (say ``W``, ``classes`` and ``projection`` to predict, leaving the
-    D x D state on disk); shapes and dtypes of all tensors are checked from the header either way.
+    D x D state on disk); shapes and dtypes of all tensors are checked from the header either way, the
+    checksum (version 2) over every tensor's bytes, streamed. A version-1 file (no checksum) has ``W``, ``G``
+    and ``Q`` read for :func:`check_solution` whatever ``names`` says.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -262,14 +348,28 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
                 header[key] = TensorInfo(tuple(part.get_shape()), DTYPE_OF_CODE[code])
             metadata = {key: _decode(value) for key, value in raw.items()}
             validate_model(header, metadata, str(path))
-            tensors = {key: f.get_tensor(key) for key in header if names is None or key in names}
+            wanted = set(header) if names is None else set(names)
+            if metadata["format_version"] < 2:
+                wanted |= {"W", "G", "Q"}
+            tensors = {key: f.get_tensor(key) for key in header if key in wanted}
+        validate_model({**header, **tensors}, metadata, str(path))  # the values first: a precise reason
+        if metadata["format_version"] >= 2:
+            _verify_checksum(path, raw, metadata)
     except (SafetensorError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise FoalPipeError(
             f"{path} is not a safetensors model file (damaged, truncated or another format: {reason}); {_FIX}"
         ) from None
-    validate_model({**header, **tensors}, metadata, str(path))
-    return tensors, metadata
+    return {key: value for key, value in tensors.items() if names is None or key in names}, metadata
+
+
+def _verify_checksum(path: Path, raw: Mapping[str, str], metadata: Mapping[str, Any]) -> None:
+    if "checksum" not in metadata:
+        raise _refuse(str(path), f"it is a version-{metadata['format_version']} file without the metadata 'checksum' "
+                                 "that covers its content (removed?)")
+    if _file_checksum(path, raw) != metadata["checksum"]:
+        raise _refuse(str(path), "its content does not match its checksum: a tensor or a metadata value was altered "
+                                 "after it was written (a flipped bit, an edited gamma, activation or class name)")
 
 
 class NotJSON(str):
@@ -279,5 +379,5 @@ class NotJSON(str):
 def _decode(value: str) -> Any:
     try:
         return json.loads(value)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: JSON nested too deep to parse
         return NotJSON(value)

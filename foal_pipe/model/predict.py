@@ -14,6 +14,7 @@ from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
+from foal_pipe.store.blockfusion import read_time_fusion
 
 if TYPE_CHECKING:
     from foal_pipe.model.deploy import DeployedModel
@@ -55,7 +56,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     if split not in SPLITS:
         raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
     deployed = load_model(model)
-    store = open_store(features, **_read_time_fusion(deployed.encoder_spec))
+    store = open_store(features, **read_time_fusion(deployed.encoder_spec))
     data = store.split(split)
     if deployed.projection.n_features_in_ != data.dim:
         raise FoalPipeError(
@@ -78,14 +79,6 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     top = int(classes.max()) + 1 if classes.size else 0
     names += [by_id.get(i, "") for i in range(len(names), top)]
     return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names))
-
-
-def _read_time_fusion(encoder: dict | None) -> dict:
-    """``open_store`` arguments that rebuild the features of a model trained with ``learn --fusion``: its encoder
-    provenance names the fusion and whether the final norm was applied."""
-    if not encoder or "blocks_dtype" not in encoder:
-        return {}
-    return {"fusion": encoder["fusion"], "fusion_norm": str(encoder.get("final_norm", "")).startswith("applied")}
 
 
 def _check_matches(model: DeployedModel, by_name: bool, store: FeatureStore, features: str | Path) -> None:

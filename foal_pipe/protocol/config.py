@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
@@ -15,6 +18,15 @@ RLS_WINDOW = 8192
 KEPT_PART = "activations kept for leave-one-out"
 #: Where the Gram statistics are summed: in this process, or on a Dask cluster.
 SCHEDULERS = ("local", "dask")
+
+
+def check_seed(value: object, name: str = "seed") -> int:
+    """A seed NumPy's generators take: a non-negative integer (not a boolean); anything else refused, naming the
+    parameter ``name``."""
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not integer or value < 0:
+        raise FoalPipeError(f"{param(name)} must be a non-negative integer, got {value!r}; pass e.g. {param(name, 0)}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,11 @@ class StreamConfig:
     drop_last: bool = False
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
     drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
+
+    def __post_init__(self) -> None:
+        for name, value in (("seed", self.seed), ("order_seed", self.order_seed)):
+            if value is not None:
+                check_seed(value, name)
 
     @property
     def resolved_order_seed(self) -> int:

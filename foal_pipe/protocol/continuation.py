@@ -19,10 +19,9 @@ import numpy as np
 
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.extract.encoding import first_difference
 from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
-from foal_pipe.model.deploy import DeployedModel, load_model
+from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
@@ -32,19 +31,7 @@ from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
-from foal_pipe.store import FeatureStore, open_store
-
-
-def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
-    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key."""
-    theirs = store.meta.encoder
-    key = first_difference(model_encoder or {}, theirs or {})
-    if key is not None:
-        raise FoalPipeError(
-            f"{where} was extracted with another encoder than the model's: {key!r} is {theirs.get(key)!r} in the "
-            f"store but {(model_encoder or {}).get(key)!r} in the model; extract the new images with the model's "
-            "encoder settings"
-        )
+from foal_pipe.store import open_store
 
 
 def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
@@ -127,18 +114,10 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
 def evaluate_store(model: DeployedModel, features: str | Path) -> StoreScore:
     """Accuracy of the final model on a store's test split, classes matched by name (forgetting, across
     deployments); rows of classes the model never saw count as wrong and are counted apart."""
-    store = open_store(features)
-    check_encoder(model.encoder_spec, store, features)
-    known = dict(zip(model.class_names, model.classifier.classes_.tolist()))
-    target = np.array([known.get(name, -1) for name in store.classes], dtype=np.int64)
-    test = store.test
-    correct = 0
-    for lo, X in test.iter_chunks():
-        y = target[test.labels[lo : lo + X.shape[0]]]
-        correct += int((model.predict(X) == y).sum())
-    unknown = int((target[test.labels] < 0).sum())
-    return StoreScore(features=str(features), n_test=int(test.n_rows), accuracy=correct / max(test.n_rows, 1),
-                      unknown_class_rows=unknown)
+    true, predicted = model.store_predictions(features)
+    return StoreScore(features=str(features), n_test=int(true.size),
+                      accuracy=int((predicted == true).sum()) / max(true.size, 1),
+                      unknown_class_rows=int((true < 0).sum()))
 
 
 def run_continue(
@@ -186,6 +165,7 @@ def run_continue(
                            deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
     metrics = replace(learn_metrics(run, stream, acc, boundaries), init_model=str(init_model),
                       n_samples_seen_total=int(final.n_samples_seen_), label_ids=dict(zip(store.classes, merged.tolist())),
+                      task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
                       eval_features=[evaluate_store(result, path) for path in eval_features])
 
     def write(tmp: Path) -> None:

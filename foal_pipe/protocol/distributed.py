@@ -11,7 +11,9 @@ moves), and only the total comes back. The sums are the same as the single-proce
 This module takes a store path, arrays, a projection and statistics: it knows nothing of ``learn``.
 
 Workers read the store themselves, so its path must be visible to every worker (a shared
-filesystem, or an object store mounted on every node).
+filesystem, or an object store mounted on every node). They read it through the opened store's checked Zarr
+store (:class:`~foal_pipe.store.chunks.StrictLocalStore`, pickled with its chunk records), so a chunk that is
+missing, moved or not a regular file fails its task as it would fail a local read.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from foal_pipe.cluster import n_workers, require_distributed
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store.chunks import check_finite
+from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_finite, damage_reason
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -120,11 +122,13 @@ def dask_statistics(
     import dask
     import dask.array as da
 
-    features = da.from_zarr(path, component="train/features")
+    from foal_pipe.store import open_store
+
+    features = open_store(path).train.features
     n_rows, dim = (int(n) for n in features.shape)
-    chunk_rows = int(features.chunksize[0])
+    chunk_rows = int(features.chunks[0])
     rows = block_rows(n_rows, dim, features.dtype.itemsize, chunk_rows, n_workers(client))
-    X = da.from_zarr(path, component="train/features", chunks=(rows, dim))
+    X = da.from_zarr(features, chunks=(rows, dim))
     stat = dask.delayed(block_statistics, pure=True)
     blocks, sizes = [], []
     for i, block in enumerate(X.to_delayed().ravel()):
@@ -137,7 +141,10 @@ def dask_statistics(
         raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
     futures = client.compute(blocks)
     size_of = {f.key: n for f, n in zip(futures, sizes)}
-    totals = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
+    try:
+        totals = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
+    except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
+        raise FoalPipeError(f"{path}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; {REEXTRACT}") from None
     expected = np.bincount(groups[groups >= 0], minlength=n_groups)
     got = np.array([0 if t is None else t.n for t in totals])
     if not np.array_equal(got, expected) or any(t is None for t in totals):

@@ -40,7 +40,14 @@ from foal_pipe.protocol.commands import (
     warn_dropped,
     write_outputs,
 )
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from foal_pipe.protocol.config import (
+    EvaluationConfig,
+    ExecutionConfig,
+    ModelConfig,
+    StreamConfig,
+    SweepConfig,
+    check_seed,
+)
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.records import Learned, Swept, choose, learn_metrics, run_info, sweep_report, sweep_results
 from foal_pipe.protocol.run import Run, prepare
@@ -71,6 +78,8 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
         raise FoalPipeError(f"{param('seeds')} is empty; write e.g. 0,1,2,3,4")
     if len(set(seeds)) != len(seeds):
         raise FoalPipeError(f"{param('seeds')} {text!r} repeats a seed; list each class order once")
+    for seed in seeds:
+        check_seed(seed, "seeds")
     return seeds
 
 

@@ -184,18 +184,19 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
         "a block of rows": block + chunk * (READ_AHEAD + READ_THREADS),
         f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
-    cached = rows_cache_bytes(run)
-    if in_memory(cached, run.execution.max_memory):
-        parts[f"decoded rows{per_lane}"] = cached
-    elif run.model.engine == "rls":
-        parts["one task's decoded rows"] = max(rows.size for rows in run.stream.rows) * run.store.dim * 8
+    for split in ("train", "test"):
+        cached = rows_cache_bytes(run, split)
+        if in_memory(cached, run.execution.max_memory):
+            parts[f"decoded {split} rows{per_lane}"] = cached
     return parts
 
 
-def rows_cache_bytes(run: Run) -> int:
-    """What the walk's cache of decoded train rows takes (:class:`GroupedRows`, in the store's dtype)."""
-    item = 4 if run.fused is not None else run.store.train.features.dtype.itemsize
-    return cache_bytes(int(np.count_nonzero(run.row_task >= 0)), run.store.dim, item, len(run.lanes))
+def rows_cache_bytes(run: Run, split: str = "train") -> int:
+    """What the walk's cache of a split's decoded rows takes (:class:`GroupedRows`, in the store's dtype)."""
+    source = run.store.split(split)
+    item = 4 if run.fused is not None else source.features.dtype.itemsize
+    rows = int(np.count_nonzero(run.row_task >= 0)) if split == "train" else int(run.test_totals.sum())
+    return cache_bytes(rows, run.store.dim, item, len(run.lanes))
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:

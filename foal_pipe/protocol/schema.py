@@ -122,7 +122,11 @@ INTEGERS = _list_of(INTEGER)
 PER_BOUNDARY = _Kind("list of numbers or nulls (one per task boundary)",
                      lambda v: isinstance(v, list) and all(x is None or is_number(x) for x in v))
 MATRIX = _Kind("non-empty list of rows", lambda v: isinstance(v, list) and bool(v), _triangle)
-TASKS = _list_of(INTEGERS, "list of lists of label ids")
+LABEL = _Kind("label id", lambda v: INTEGER.accepts(v) and v >= 0)
+COUNT = _Kind("integer >= 0", lambda v: INTEGER.accepts(v) and v >= 0)
+FRACTION = _Kind("number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1)
+TASKS = _list_of(_list_of(LABEL), "list of lists of label ids")
+TASK_NAMES = _list_of(_list_of(TEXT), "list of lists of class names")
 NUMBER_BY_NAME = _Kind("mapping of numbers", lambda v: isinstance(v, dict) and all(map(is_number, v.values())))
 GAMMA = _Kind('number > 0 or "auto"', lambda v: v == "auto" or (is_number(v) and v > 0))
 SELECTOR = _Kind(f"criterion ({', '.join(CRITERIA)})", lambda v: v in CRITERIA)
@@ -234,9 +238,9 @@ class StoreScore(_Record):
     """``learn --init-model --eval-features``: the final model on another store's test split."""
 
     features: str = key(TEXT, required=True)
-    n_test: int = key(INTEGER, required=True)
-    accuracy: float = key(NUMBER, required=True)
-    unknown_class_rows: int = key(INTEGER, required=True)
+    n_test: int = key(COUNT, required=True)
+    accuracy: float = key(FRACTION, required=True)
+    unknown_class_rows: int = key(COUNT, required=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,6 +271,8 @@ class LearnMetrics(Accuracy, RunSettings):
     n_samples_seen_total: int | None = key(INTEGER)
     label_ids: dict[str, int] | None = key(_Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(
         INTEGER.accepts(x) for x in v.values())))
+    #: A continued model's classes by name, task by task as ``tasks`` (its label ids are not the store's).
+    task_names: list[list[str]] | None = key(TASK_NAMES)
     eval_features: list[StoreScore] | None = key(_records(StoreScore, "list of store scores"))
     order_seeds: list[int] | None = key(INTEGERS)
     orders: list[OrderMetrics] | None = key(_records(OrderMetrics, "list of class orders"))

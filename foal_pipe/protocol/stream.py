@@ -106,6 +106,9 @@ def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
         tasks = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FoalPipeError(f"class order file {path} is not valid JSON ({exc.msg}); {example}") from None
+    except RecursionError:  # Python's parser recurses once per level of nesting
+        raise FoalPipeError(f"class order file {path} nests its lists too deeply to read (a task split is a list of "
+                            f"lists, two levels); {example}") from None
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, list) and t for t in tasks):
         raise FoalPipeError(f"class order file {path} must hold a non-empty JSON list of non-empty lists of label ids")
     flat = [c for t in tasks for c in t]

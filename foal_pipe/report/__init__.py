@@ -12,8 +12,11 @@ A run directory is what ``foal-pipe learn --out DIR`` writes: ``metrics.json`` (
 ``fusions.png``          with ``sweep --fusions``: test A_avg against gamma per fusion, the choices marked
 ``*.csv``                the same data for ``dvc plots``: ``steps``, ``accuracy_matrix``,
                          ``weight_norms``, ``gamma``
+``class_accuracy.csv``   the final model's accuracy on each class's test rows of the run's store
+``confusion_matrix.*``   its confusion matrix on them, class names on both axes (PNG, counts in CSV)
 ``summary.md``           the headline metrics (beside the paper's Table 2 when comparable), the matrix,
-                         how gamma was chosen, the sweep (and each fusion's choice)
+                         the accuracy on ``--eval-features`` stores, the per-class table, how gamma was
+                         chosen, the sweep (and each fusion's choice)
 ``scores.json``          A_avg, A_last, F, F_published_code, the sweep's selected and oracle gammas
 =======================  ============================================================================
 
@@ -21,7 +24,8 @@ Metrics are fractions in the JSON files and percent in plots and summaries. Ever
 recomputed from the accuracy matrix (paper Eq. 17-18) and a disagreement is reported, not hidden.
 
 One module per concern: :mod:`.readers` (validated reading), :mod:`.discovery` (which files belong to a
-run), :mod:`.selection` (the sweep's choice of gamma), :mod:`.tables` (rows, CSV, scores), :mod:`.plots`,
+run), :mod:`.classes` (the model's classes: their tasks, per-class results), :mod:`.selection` (the sweep's
+choice of gamma), :mod:`.tables` (rows, CSV, scores), :mod:`.plots`,
 :mod:`.markdown` (summary.md) and :mod:`.evaluation` (all of it into one directory).
 """
 

@@ -6,12 +6,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from foal_pipe.io import atomic_dir, write_json
+from foal_pipe.report.classes import class_results
 from foal_pipe.report.discovery import load_run
 from foal_pipe.report.markdown import summary_markdown
 from foal_pipe.report.paper import PaperMatch, match_paper
-from foal_pipe.report.plots import plot_accuracy_matrix, plot_fusions, plot_gamma, plot_steps, plot_weight_norms
+from foal_pipe.report.plots import (
+    plot_accuracy_matrix,
+    plot_confusion,
+    plot_fusions,
+    plot_gamma,
+    plot_steps,
+    plot_weight_norms,
+)
 from foal_pipe.report.readers import Run, consistency_warnings
-from foal_pipe.report.tables import plot_data, scores, write_csv
+from foal_pipe.report.tables import plot_data, scores, write_confusion, write_csv
 
 SUMMARY_FILE = "summary.md"
 SCORES_FILE = "scores.json"
@@ -20,8 +28,9 @@ DEFAULT_OUT = "eval"
 #: plots) are removed, so a stale plot never sits beside a new summary.
 OUTPUTS = frozenset(
     {SUMMARY_FILE, SCORES_FILE}
-    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma") for ext in ("png", "csv")}
-    | {"fusions.png"}
+    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix")
+       for ext in ("png", "csv")}
+    | {"fusions.png", "class_accuracy.csv"}
 )
 
 
@@ -71,13 +80,22 @@ def evaluate(
         looked = " or ".join(str(p) for p in run.sweep_searched)
         ev.notes.append(f"No gamma sweep found (looked for {looked}), so no gamma plot: run "
                         f"`foal-pipe sweep --out {run.sweep_searched[-1].parent}` or pass `--sweep`.")
+    classes = class_results(run)
+    if isinstance(classes, str):
+        ev.notes.append(classes)
+        classes = None
     with atomic_dir(out) as tmp:
         written = [write_csv(tmp / name, rows) for name, rows in plot_data(run).items() if rows]
         written.append(write_json(tmp / SCORES_FILE, scores(run)))
+        if classes is not None:
+            written += [write_csv(tmp / "class_accuracy.csv", classes.rows()),
+                        write_confusion(tmp / "confusion_matrix.csv", classes)]
         if plots:
             written += _plots(run, tmp)
+            if classes is not None:
+                written.append(plot_confusion(run, classes, tmp / "confusion_matrix.png"))
         text = summary_markdown(run, paper=ev.paper, warnings=ev.warnings, notes=ev.notes,
-                                plots=[f.name for f in written if f.suffix == ".png"])
+                                plots=[f.name for f in written if f.suffix == ".png"], classes=classes)
         (tmp / SUMMARY_FILE).write_text(text)
         written.append(tmp / SUMMARY_FILE)
     names = [f.name for f in written]

@@ -12,6 +12,7 @@ from typing import Any
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA, LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
+from foal_pipe.report.classes import ClassResults, task_classes
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 from foal_pipe.report.readers import Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
@@ -117,11 +118,41 @@ def _matrix(run: Run) -> list[str]:
     for i, row in enumerate(a):
         cells = [pct(v, 1) for v in row] + [""] * (T - i - 1)
         lines.append(f"| {i + 1} | " + " | ".join(cells) + f" | {pct(steps[i])} |")
-    tasks = m.tasks
+    tasks = task_classes(run)
     if tasks:
-        lines += ["", "Classes per task (label ids, stream order): "
-                  + "; ".join(f"T{t + 1}: {', '.join(map(str, labels))}" for t, labels in enumerate(tasks[:20]))
+        lines += ["", "Classes per task (stream order): "
+                  + "; ".join(f"T{t + 1}: {', '.join(names)}" for t, names in enumerate(tasks[:20]))
                   + ("; ..." if len(tasks) > 20 else "")]
+    if m.init_model is not None:
+        lines += ["", f"The model continued `{m.init_model}` (`learn --init-model`): the matrix covers this run's "
+                  "tasks only."]
+    return lines + [""]
+
+
+def _classes(classes: ClassResults, continued: bool) -> list[str]:
+    """The final model's accuracy on each class's test rows (``class_accuracy.csv``)."""
+    n = int(classes.confusion.sum())
+    lines = ["## Per-class accuracy", "", f"The final model on the test split of `{classes.features}` ({n:,} rows); "
+             "`class_accuracy.csv` holds the same, `confusion_matrix.csv` the confusion counts (rows: true class, "
+             "columns: predicted)."]
+    if classes.unknown_rows:
+        lines[-1] += f" {classes.unknown_rows:,} rows of classes the model does not know are left out."
+    if continued:
+        lines[-1] += " Task -: a class the model learned before this run."
+    lines += ["", "| class | task | test rows | accuracy (%) |", "|---|---:|---:|---:|"]
+    for row in classes.rows():
+        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.1f}"
+        lines.append(f"| {row['name']} | {row['task'] or '-'} | {row['test_rows']:,} | {accuracy} |")
+    return lines + [""]
+
+
+def _other_stores(m: LearnMetrics) -> list[str]:
+    """``learn --init-model --eval-features``: the final model's accuracy on each other store's test split."""
+    lines = ["## Other feature stores", "", "The final model on each `--eval-features` store's test split, classes "
+             "matched by name (rows of classes the model does not know count as wrong).", "",
+             "| store | test rows | accuracy (%) | rows of unknown classes |", "|---|---:|---:|---:|"]
+    for e in m.eval_features:
+        lines.append(f"| `{e.features}` | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
     return lines + [""]
 
 
@@ -211,11 +242,13 @@ def summary_markdown(
     warnings: list[str],
     notes: list[str],
     plots: list[str],
+    classes: ClassResults | None = None,
 ) -> str:
-    """The ``summary.md`` text: settings, headline metrics (with the paper's), matrix, gamma, sweep, plots.
+    """The ``summary.md`` text: settings, headline metrics (with the paper's), matrix, the accuracy on other
+    stores, per-class accuracy, gamma, sweep, plots.
 
     ``warnings`` (inconsistent inputs) are bold; ``notes`` (say, no sweep found) are plain sentences;
-    ``plots`` are the PNG file names, linked relative to summary.md.
+    ``plots`` are the PNG file names, linked relative to summary.md; ``classes``: the per-class results.
     """
     m = run.metrics
     lines = [f"# F-OAL run: {run.label}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
@@ -228,6 +261,10 @@ def summary_markdown(
         lines += ["", paragraph]
     lines.append("")
     lines += _matrix(run)
+    if m.eval_features:
+        lines += _other_stores(m)
+    if classes is not None:
+        lines += _classes(classes, m.init_model is not None)
     if m.gamma == "auto":
         lines += _auto_gamma(m)
     if run.sweep is not None and run.sweep.fusions is not None:

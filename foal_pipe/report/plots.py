@@ -15,6 +15,7 @@ import numpy as np
 
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.schema import CRITERIA, RunSettings
+from foal_pipe.report.classes import ClassResults
 from foal_pipe.report.paper import GAMMAS, PaperMatch
 from foal_pipe.report.readers import Run
 from foal_pipe.report.selection import select
@@ -119,6 +120,7 @@ def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
 def plot_weight_norms(run: Run, path: Path) -> Path:
     rows = weight_norm_rows(run)
     tasks = sorted({r["task"] for r in rows if r["task"] != ""})
+    outside = "learned before this run" if run.metrics.init_model is not None else "not in stream"
 
     def paint(fig: Any) -> None:
         import matplotlib
@@ -130,7 +132,7 @@ def plot_weight_norms(run: Run, path: Path) -> Path:
             sel = [r for r in rows if r["task"] == t]
             if sel:
                 ax.bar([r["position"] for r in sel], [r["norm"] for r in sel], width=0.85,
-                       color=color.get(t, "lightgray"), label=f"task {t}" if t != "" else "not in stream")
+                       color=color.get(t, "lightgray"), label=f"task {t}" if t != "" else outside)
         ax.axhline(float(np.mean([r["norm"] for r in rows])), color="black", lw=0.8, ls="--", label="mean")
         if len(rows) <= 40:
             ticks = [str(r["name"] or r["label"])[:12] for r in rows]
@@ -222,3 +224,33 @@ def plot_fusions(run: Run, path: Path) -> Path:
                      "filled: each fusion's selected γ (training rows only)", fontsize=9)
 
     return draw(path, (7.2, 5.0), paint)
+
+
+def plot_confusion(run: Run, classes: ClassResults, path: Path) -> Path:
+    """The final model's confusion matrix on the store's test split: each true class's row as percent of its test
+    rows (counts written in when there are few classes), classes in stream order."""
+    counts = classes.confusion
+    C = counts.shape[0]
+    totals = counts.sum(axis=1, keepdims=True)
+    share = np.divide(100.0 * counts, totals, out=np.full(counts.shape, np.nan), where=totals > 0)
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        image = ax.imshow(share, vmin=0, vmax=100, cmap="Blues", interpolation="nearest")
+        fig.colorbar(image, ax=ax, label="share of the true class's test rows (%)", shrink=0.85)
+        if C <= 15:
+            for i in range(C):
+                for j in range(C):
+                    if counts[i, j]:
+                        ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=7,
+                                color="white" if share[i, j] > 60 else "black")
+        if C <= 40:
+            names = [name[:12] for name in classes.names]
+            ax.set_xticks(range(C), names, fontsize=7, rotation=90)
+            ax.set_yticks(range(C), names, fontsize=7)
+        ax.set_xlabel("predicted class")
+        ax.set_ylabel("true class")
+        ax.set_title(f"confusion on the test split, final model\n{_title(run)}", fontsize=9)
+
+    side = 3.0 + 0.22 * min(max(C, 8), 40)
+    return draw(path, (side + 1.2, side), paint)

@@ -139,7 +139,18 @@ def read_metrics(path: str | Path) -> LearnMetrics:
         path = path / METRICS_FILE
     metrics = LearnMetrics.from_dict(read_json(path, "a run's metrics", LearnMetrics.FIX), str(path))
     _check_gamma(metrics, path)
+    _check_classes(metrics, path)
     return metrics
+
+
+def _check_classes(metrics: LearnMetrics, path: Path) -> None:
+    """``task_names`` (a continued model's class names), when present, names the classes of ``tasks``, task by
+    task (the record has checked each key's type, ``eval_features`` included)."""
+    tasks, names = metrics.tasks, metrics.task_names
+    if names is not None and not (tasks is not None and len(names) == len(tasks)
+                                  and all(len(n) == len(t) for n, t in zip(names, tasks))):
+        raise FoalPipeError(f"{path}: 'task_names' should name the classes of 'tasks', task by task; "
+                            f"{LearnMetrics.FIX}")
 
 
 def read_sweep(path: str | Path) -> SweepReport:

@@ -10,33 +10,27 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summarize
+from foal_pipe.report.classes import ClassResults, stream_order, stream_positions
 from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
 
 
-def _task_of(tasks: list[list[int]] | None) -> dict[int, int]:
-    """Label id -> task index, from the stream's ``tasks`` (list of lists of label ids)."""
-    return {int(label): t for t, labels in enumerate(tasks or []) for label in labels}
-
-
 def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
-    """One row per class in stream order (then unseen classes by label): position, label, task, norm."""
+    """One row per class in stream order (then classes not in this run's stream by label): position, label,
+    task, norm."""
     if run.weight_norms is None:
         return []
     labels, norms, names = run.weight_norms
-    task_of = _task_of(run.metrics.tasks)
-    stream = [int(lab) for t in run.metrics.tasks or [] for lab in t]
-    order = {label: i for i, label in enumerate(stream)}
-    idx = sorted(range(labels.size), key=lambda k: (order.get(int(labels[k]), len(order)), int(labels[k])))
+    positions = stream_positions(run)
     return [
         {
             "position": pos,
             "label": int(labels[k]),
             "name": names[k] if names else "",
-            "task": task_of[int(labels[k])] + 1 if int(labels[k]) in task_of else "",
+            "task": positions[int(labels[k])][0] + 1 if int(labels[k]) in positions else "",
             "norm": float(norms[k]),
         }
-        for pos, k in enumerate(idx)
+        for pos, k in enumerate(stream_order(positions, labels.tolist()))
     ]
 
 
@@ -92,6 +86,16 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else "" if v is None else v for k, v in row.items()})
+    return path
+
+
+def write_confusion(path: Path, classes: ClassResults) -> Path:
+    """The confusion counts as CSV: a header of the predicted class names, then one row per true class."""
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(["true_class", *classes.names])
+        for name, counts in zip(classes.names, classes.confusion.tolist()):
+            writer.writerow([name, *counts])
     return path
 
 

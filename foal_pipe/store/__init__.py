@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from foal_pipe import lazy_names
 
 if TYPE_CHECKING:
+    from foal_pipe.store.integrity import compute_generation
     from foal_pipe.store.log import log_path, log_run, read_log, update_run, writer_lock
     from foal_pipe.store.meta import (
         BLOCK_DTYPES,
@@ -45,12 +46,11 @@ if TYPE_CHECKING:
         open_array,
         read_meta,
     )
-    from foal_pipe.store.read import FeatureStore, Split, check_chunks, check_same, open_store
+    from foal_pipe.store.read import FeatureStore, Split, check_chunks, check_same, open_store, read_split
     from foal_pipe.store.verify import ChunkProblem, Verification, has_checksums, verify_store
     from foal_pipe.store.write import (
         FeatureWriter,
         complete_store,
-        compute_generation,
         create_array,
         create_skeleton,
         mark_progress,
@@ -65,18 +65,20 @@ __all__ = [
     "FeatureWriter", "LABEL_CHUNK_ROWS", "LOG_SUFFIX", "MEMORY_SHARE", "READABLE_VERSIONS", "ROW_ARRAYS", "SPLITS",
     "Split", "StoreMeta", "UNLABELLED", "Verification", "check_chunks", "check_same", "complete_store",
     "compute_generation", "create_array", "create_skeleton", "has_checksums", "log_path", "log_run", "mark_progress",
-    "open_array", "open_store", "read_log", "read_meta", "remove_partial_files", "reopen_at", "replace_store",
+    "open_array", "open_store", "read_log", "read_meta", "read_split", "remove_partial_files", "reopen_at",
+    "replace_store",
     "update_run", "verify_store", "write_store", "writer_lock"
 ]
 
 __getattr__ = lazy_names(__name__, {
+    "foal_pipe.store.integrity": ["compute_generation"],
     "foal_pipe.store.log": ["log_path", "log_run", "read_log", "update_run", "writer_lock"],
     "foal_pipe.store.meta": ["BLOCK_DTYPES", "FEATURE_DTYPES", "FORMAT", "FORMAT_VERSION", "LABEL_CHUNK_ROWS",
                                "LOG_SUFFIX", "MEMORY_SHARE", "READABLE_VERSIONS", "ROW_ARRAYS", "SPLITS",
                                "UNLABELLED", "BlockLayout", "StoreMeta", "open_array", "read_meta"],
-    "foal_pipe.store.read": ["FeatureStore", "Split", "check_chunks", "check_same", "open_store"],
+    "foal_pipe.store.read": ["FeatureStore", "Split", "check_chunks", "check_same", "open_store", "read_split"],
     "foal_pipe.store.verify": ["ChunkProblem", "Verification", "has_checksums", "verify_store"],
-    "foal_pipe.store.write": ["FeatureWriter", "complete_store", "compute_generation", "create_array",
+    "foal_pipe.store.write": ["FeatureWriter", "complete_store", "create_array",
                                 "create_skeleton", "mark_progress", "remove_partial_files", "reopen_at",
                                 "replace_store", "write_store"],
 })

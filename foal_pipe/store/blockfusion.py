@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 FUSION_FORMS = "mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K"
 """The valid spec forms, as error messages name them."""
@@ -216,7 +216,7 @@ class FusedSplits:
 
     def __init__(self, split: Any, fusions: Sequence[str | Fusion], norm: FinalNorm | None):
         if split.blocks is None:
-            raise FoalPipeError(f"{split.name} has no blocks array; extract the store with --keep-blocks")
+            raise FoalPipeError(f"{split.name} has no blocks array; extract the store with {param('keep_blocks', True)}")
         self.source, self.norm = split, norm
         self.fusions = parse_fusions(list(fusions))
         n_blocks = int(split.blocks.shape[1])
@@ -341,3 +341,11 @@ def fused_encoder(encoder: dict[str, Any], fusion: Fusion, norm: bool, blocks_dt
     the dtype of the blocks they came from (a model trained on them is refused on other features)."""
     return {**encoder, "fusion": fusion.text, "blocks_dtype": blocks_dtype,
             "final_norm": "applied once to the block average" if norm else "not applied (--no-fusion-norm)"}
+
+
+def read_time_fusion(encoder: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``open_store`` arguments that fuse a blocks store as :func:`fused_encoder` recorded it in ``encoder``
+    (a model's provenance): ``{}`` for features read as stored."""
+    if not encoder or "blocks_dtype" not in encoder:
+        return {}
+    return {"fusion": encoder["fusion"], "fusion_norm": str(encoder.get("final_norm", "")).startswith("applied")}

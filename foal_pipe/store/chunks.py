@@ -3,26 +3,36 @@ chunk instead of returning the fill value, errors that name a bad chunk by its r
 rows read are finite.
 
 Zarr reads a chunk whose file is missing as the fill value; for a feature store that means rows of zeros,
-trained on in silence. The helpers here make every absence and every undecodable chunk an error instead.
+trained on in silence. The helpers here make every absence and every undecodable chunk an error instead, and
+read only what a chunk can be: a regular file (a FIFO would block the read forever, ``/dev/zero`` never ends),
+no larger than the chunk can be, and -- where the store records it (format 4) -- the very file written at
+that position (a chunk moved or copied from elsewhere keeps a valid checksum of its own).
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import io
 import math
 import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
-DTYPE_OPTIONS = {"blocks": "--blocks-dtype"}
-"""The extract option that sets an array's dtype, where it is not ``--dtype``."""
+DTYPE_OPTIONS = {"blocks": "blocks_dtype"}
+"""The extract parameter that sets an array's dtype, where it is not ``dtype``."""
 REEXTRACT = "re-extract it (`foal-pipe extract ... --overwrite`) or restore it from a copy"
 
 
@@ -30,26 +40,176 @@ class MissingChunk(FileNotFoundError):
     """A chunk file that should exist does not (Zarr alone would read it as the fill value)."""
 
 
+class BadChunkFile(OSError):
+    """A chunk file that is not one: not a regular file, larger than its chunk can be, or not the file the
+    store recorded at its position. ``reason`` says which, in a few words."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ChunkFiles:
+    """What the chunk files of one array (``path`` in the store) may be: at most ``limit`` bytes each and, where
+    the store records them (format 4), exactly ``sizes[i]`` bytes ending in the 4 bytes ``crcs[i]`` (the
+    CRC-32C the ``crc32c`` codec appends), ``i`` the chunk's index in C order over the chunk grid."""
+
+    path: str
+    prefix: str
+    sep: str
+    grid: tuple[int, ...]
+    limit: int
+    n_rows: int
+    chunk_rows: int
+    sizes: np.ndarray | None = None
+    crcs: np.ndarray | None = None
+
+    def index(self, rest: str) -> int | None:
+        """The C-order index of the chunk whose key (below the array's folder) is ``rest``; None for another file."""
+        if not rest.startswith(self.prefix):
+            return None
+        parts = rest[len(self.prefix):].split(self.sep)
+        if len(parts) != len(self.grid) or not all(p.isdigit() for p in parts):
+            return None
+        flat = 0
+        for part, size in zip(parts, self.grid):
+            if int(part) >= size:
+                return None
+            flat = flat * size + int(part)
+        return flat
+
+    def mismatch(self, index: int, data: bytes) -> str | None:
+        """Why ``data`` is not the file recorded for chunk ``index`` (None when it is): another chunk's file,
+        moved or copied here, or a checksum mismatch."""
+        tail = int.from_bytes(data[-4:], "little") if len(data) >= 4 else -1
+        if self.sizes is None or self.crcs is None or (len(data) == self.sizes[index] and tail == self.crcs[index]):
+            return None
+        same = np.flatnonzero((self.sizes == len(data)) & (self.crcs == tail))
+        if not same.size:
+            return "checksum mismatch"
+        first = int(same[0]) // math.prod(self.grid[1:]) * self.chunk_rows
+        where = rows_text((first, min(first + self.chunk_rows, self.n_rows)))
+        return f"it holds the chunk of {where}, moved or copied here"
+
+
+def chunk_limit(array: zarr.Array) -> int:
+    """The most bytes a chunk file of ``array`` can hold: its raw size plus 1/16 and 4 KiB (the worst case of
+    every standard compressor -- zstd, blosc, gzip, lz4 -- and a checksum fits well inside)."""
+    raw = math.prod(int(c) for c in (getattr(array, "shards", None) or array.chunks)) * array.dtype.itemsize
+    return raw + raw // 16 + 4096
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 class StrictLocalStore(LocalStore):
-    """A local Zarr store whose missing chunks raise :class:`MissingChunk` instead of reading as zeros, so a
-    chunk deleted (or a store swapped away) while a reader reads it is an error, never silent zeros."""
+    """A local Zarr store for reading a feature store: a missing chunk raises :class:`MissingChunk` instead of
+    reading as zeros (so a chunk deleted, or a store swapped away, while a reader reads it is an error), and
+    every file read is a regular file, read to at most its array's :func:`chunk_limit` and checked against the
+    store's record of its chunk (:meth:`expect`); anything else raises :class:`BadChunkFile`."""
+
+    def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
+        super().__init__(root, read_only=read_only)
+        self.arrays: dict[str, ChunkFiles] = {}
+
+    def with_read_only(self, read_only: bool = False) -> StrictLocalStore:
+        other = type(self)(self.root, read_only=read_only)
+        other.arrays = self.arrays
+        return other
+
+    def expect(self, name: str, array: zarr.Array, sizes: np.ndarray | None = None,
+               crcs: np.ndarray | None = None) -> None:
+        """Check the chunk files of array ``name`` when read: their size, and their record when given."""
+        prefix, sep = _key_parser(array)
+        rows = int(array.shape[0]) if array.ndim else 1
+        step = int(array.chunks[0]) if array.ndim else 1
+        self.arrays[name] = ChunkFiles(name, prefix, sep, chunk_grid(array), chunk_limit(array), rows, step, sizes, crcs)
+
+    def _files_of(self, key: str) -> tuple[ChunkFiles | None, int | None]:
+        if key.rpartition("/")[2] in _METADATA_FILES:
+            return None, None
+        for files in self.arrays.values():
+            if key.startswith(files.path + "/"):
+                return files, files.index(key[len(files.path) + 1:])
+        return None, None
+
+    def _read(self, key: str, prototype: Any, byte_range: Any) -> Any:
+        """The file at ``key`` (None if absent, as LocalStore), refused unless it is a regular file that can be
+        the chunk it stands for."""
+        path = self.root / key
+        try:  # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                return None
+            if not stat.S_ISREG(mode):
+                raise BadChunkFile(key, f"{_kind(mode)}, not a regular file")
+            files, index = self._files_of(key)
+            size = f.seek(0, io.SEEK_END)
+            if files is not None and size > files.limit:
+                raise BadChunkFile(key, f"{size:,} bytes, more than a chunk of its array can hold ({files.limit:,})")
+            f.seek(0)
+            if byte_range is not None:
+                return prototype.buffer.from_bytes(_read_range(f, size, byte_range))
+            data = f.read(size + 1)
+        if len(data) != size:
+            raise BadChunkFile(key, "its size changed while it was read")
+        problem = files.mismatch(index, data) if files is not None and index is not None else None
+        if problem is not None:
+            raise BadChunkFile(key, problem)
+        return prototype.buffer.from_bytes(data)
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
-        value = await super().get(key, prototype, byte_range)
+        if not self._is_open:
+            await self._open()
+        value = await asyncio.to_thread(self._read, key, prototype or default_buffer_prototype(), byte_range)
         if value is None and key.rsplit("/", 1)[-1] not in _METADATA_FILES:
             raise MissingChunk(key)
         return value
 
     def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
-        value = super().get_sync(key, prototype=prototype, byte_range=byte_range)
+        self._ensure_open_sync()
+        value = self._read(key, prototype or default_buffer_prototype(), byte_range)
         if value is None and key.rsplit("/", 1)[-1] not in _METADATA_FILES:
             raise MissingChunk(key)
         return value
 
 
+def _read_range(f: io.BufferedReader, size: int, byte_range: Any) -> bytes:
+    """The bytes of ``byte_range`` (Zarr's three kinds) of the open file ``f`` of ``size`` bytes."""
+    if isinstance(byte_range, RangeByteRequest):
+        f.seek(byte_range.start)
+        return f.read(max(0, byte_range.end - byte_range.start))
+    if isinstance(byte_range, OffsetByteRequest):
+        f.seek(byte_range.offset)
+    elif isinstance(byte_range, SuffixByteRequest):
+        f.seek(max(0, size - byte_range.suffix))
+    else:
+        raise TypeError(f"unexpected byte range {byte_range!r}")
+    return f.read(max(0, size - f.tell()))
+
+
 def chunk_grid(array: zarr.Array) -> tuple[int, ...]:
     """Chunks along each dimension."""
     return tuple(math.ceil(s / c) for s, c in zip(array.shape, array.chunks))
+
+
+def grid_coords(grid: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Every chunk coordinate of ``grid`` in C order, one at a time (``np.ndindex`` and ``itertools.product``
+    first build the ranges whole: a hand-made shape of 10^12 rows would exhaust the memory)."""
+    if not grid:
+        yield ()
+        return
+    for first in range(grid[0]):
+        for rest in grid_coords(grid[1:]):
+            yield (first, *rest)
 
 
 def chunk_count(array: zarr.Array) -> int:
@@ -133,9 +293,9 @@ def missing_chunks(root: Path, array: zarr.Array, below_row: int | None = None,
     count = expected - len(present)
     first: list[tuple[int, ...]] = []
     if count:
-        for coords in np.ndindex(rows_done, *grid[1:]):
+        for coords in grid_coords((rows_done, *grid[1:])):
             if coords not in present:
-                first.append(tuple(int(c) for c in coords))
+                first.append(coords)
                 if limit is not None and len(first) >= limit:
                     break
     return count, first
@@ -145,6 +305,8 @@ def damage_reason(exc: BaseException) -> str:
     """Why a chunk could not be read, in a few words."""
     if isinstance(exc, MissingChunk):
         return "missing (deleted, or the store was replaced while it was read)"
+    if isinstance(exc, BadChunkFile):
+        return f"damaged ({exc.reason})"
     if "checksum" in str(exc).lower():
         return "damaged (checksum mismatch)"
     detail = str(exc).splitlines()[0][:80] if str(exc) else ""
@@ -188,6 +350,6 @@ def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int, what: st
         row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
         raise FoalPipeError(
             f"{split}/{what} has NaN or inf values (first bad row: {row}); "
-            f"re-extract the store (try `{DTYPE_OPTIONS.get(what.split()[0], '--dtype')} float32` if it was float16)"
+            f"re-extract the store (try {param(DTYPE_OPTIONS.get(what.split()[0], 'dtype'), 'float32')} if it was float16)"
         )
     return block

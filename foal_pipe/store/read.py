@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import (
     NORMS,
     FinalNorm,
@@ -35,6 +36,7 @@ from foal_pipe.store.chunks import (
     read_rows,
     rows_text,
 )
+from foal_pipe.store.integrity import UNSEALED_FIX, generation_problem, group_arrays, guard_chunks, sealed
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -82,7 +84,8 @@ class Split:
     def _array(self, leaf: str) -> zarr.Array:
         array = self.features if leaf == "features" else self.blocks
         if array is None:
-            raise FoalPipeError(f"{self.root}: {self.name} has no {leaf} array; extract the store with --keep-blocks")
+            raise FoalPipeError(f"{self.root}: {self.name} has no {leaf} array; extract the store with "
+                                f"{param('keep_blocks', True)}")
         return array
 
     def _read(self, leaf: str, lo: int, hi: int) -> np.ndarray:
@@ -175,16 +178,23 @@ class FeatureStore:
     def classes(self) -> tuple[str, ...]:
         return self.meta.classes
 
-    def check_labelled(self) -> None:
-        """Refuse a store whose train split is empty or holds unlabelled rows (``extract --dataset images``)."""
-        train = self.train.labels
-        unlabelled = int((train == UNLABELLED).sum()) if train.size else 0
-        if train.size == 0 or unlabelled:
-            what = "no train rows" if train.size == 0 else f"{unlabelled:,} unlabelled train rows (label -1)"
+    def check_labelled(self, splits: Sequence[str] = SPLITS) -> None:
+        """Refuse a store whose train split is empty, or whose ``splits`` hold unlabelled rows (label -1, from
+        ``extract --dataset images``): a learner needs a label for every train row, an accuracy for every test row
+        (a -1 test row would be left out, or counted against the last class)."""
+        if "train" in splits and self.train.labels.size == 0:
             raise FoalPipeError(
-                f"{self.path} has {what}: it was extracted from unlabelled images, so there is nothing to learn; "
-                "extract labelled images (--dataset imagefolder) to learn, or predict on it with `foal-pipe predict`"
+                f"{self.path} has no train rows: it was extracted from unlabelled images, so there is nothing to learn; "
+                f"extract labelled images ({param('dataset', 'imagefolder')}) to learn, or predict on it with `foal-pipe predict`"
             )
+        for name in splits:
+            unlabelled = int((self.split(name).labels == UNLABELLED).sum())
+            if unlabelled:
+                raise FoalPipeError(
+                    f"{self.path} has {unlabelled:,} unlabelled {name} rows (label -1): every {name} row needs a "
+                    f"label to be learned or scored; extract labelled images ({param('dataset', 'imagefolder')}), or predict on "
+                    "the store with `foal-pipe predict`"
+                )
 
     @property
     def dim(self) -> int:
@@ -233,7 +243,7 @@ def check_same(path: Path, fingerprint: tuple[Any, ...]) -> None:
         return
     try:
         now = _fingerprint(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         now = None
     if now == fingerprint:
         return
@@ -260,6 +270,16 @@ def _available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def chunk_too_large(array: zarr.Array) -> str | None:
+    """Why one chunk of ``array`` cannot be read into memory (None when it can)."""
+    nbytes = math.prod(int(c) for c in array.chunks) * array.dtype.itemsize
+    available = _available_memory()
+    if nbytes > MEMORY_SHARE * available:
+        return (f"one chunk needs {nbytes / 2**30:,.1f} GiB in memory, more than half of the {available / 2**30:,.1f} "
+                "GiB available (not a store extract writes)")
+    return None
+
+
 def _check_size(path: Path, what: str, nbytes: int, fix: str) -> None:
     """Refuse, before reading, a block that cannot fit in memory (absurd shapes in hand-made metadata)."""
     available = _available_memory()
@@ -268,21 +288,11 @@ def _check_size(path: Path, what: str, nbytes: int, fix: str) -> None:
                             f"{available / 2**30:,.1f} GiB available; {fix}")
 
 
-def group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
-    """Every array in the store, by path."""
-    try:
-        return {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
-    except OSError as exc:
-        raise FoalPipeError(f"cannot list feature store {path}: {exc.strerror or exc}; {REEXTRACT}") from None
-    except Exception as exc:
-        detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
-        raise FoalPipeError(f"feature store {path} has corrupt array metadata ({detail}); {REEXTRACT}") from None
-
-
-def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None) -> None:
-    """Every chunk file of every array exists (a listing, nothing is read); features and blocks of split ``s``
-    only below ``progress[s]`` when given (an incomplete store)."""
-    for name, array in sorted(group_arrays(group, path).items()):
+def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None,
+                 arrays: dict[str, zarr.Array] | None = None) -> None:
+    """Every chunk file of every array (of ``arrays``, default all) exists (a listing, nothing is read);
+    features and blocks of split ``s`` only below ``progress[s]`` when given (an incomplete store)."""
+    for name, array in sorted((arrays or group_arrays(group, path)).items()):
         split, _, leaf = name.partition("/")
         below = progress.get(split) if progress is not None and leaf in ROW_ARRAYS else None
         try:
@@ -297,11 +307,16 @@ def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None 
 
 def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm: bool = True) -> FeatureStore:
     """Open a store for reading and validate everything a learner relies on; with ``fusion``, its features
-    are fused from the stored blocks at read time (:meth:`FeatureStore.fused`)."""
+    are fused from the stored blocks at read time (:meth:`FeatureStore.fused`).
+
+    The order matters: every attribute and array's metadata is checked first (each problem named precisely),
+    then sizes, then -- format 4 -- the generation id over the metadata (anything edited since completion is
+    refused) and the chunk records every later read checks, then the chunk listing; only then is anything read.
+    """
     path = Path(path)
     try:  # first: a store swapped from here on is noticed by check_unchanged
         fingerprint = _fingerprint(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         fingerprint = ()
     group, meta = read_meta(path)  # the precise error when the attributes cannot be read
     if not meta.complete:
@@ -311,53 +326,96 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
         )
     if not fingerprint:
         raise FoalPipeError(f"cannot read the attributes file of {path}; {REEXTRACT}")
-    arrays = {}
-    for name in SPLITS:
-        features = open_array(group, path, f"{name}/features")
-        labels = open_array(group, path, f"{name}/labels")
-        if features.ndim != 2 or labels.shape != (features.shape[0],):
-            raise FoalPipeError(
-                f"{name}/features {features.shape} and {name}/labels {labels.shape} do not match "
-                f"in {path}; expected (N, d) and (N,); re-extract it"
-            )
-        if features.dtype.name not in FEATURE_DTYPES:
-            raise FoalPipeError(f"{name}/features in {path} has dtype {features.dtype}, outside the spec "
-                                f"({', '.join(FEATURE_DTYPES)}); re-extract it with --dtype float32")
-        if not np.issubdtype(labels.dtype, np.integer):
-            raise FoalPipeError(f"{name}/labels in {path} has dtype {labels.dtype}, expected integers; re-extract it")
-        arrays[name] = features, labels
-    check_chunks(path, group)
-    splits = {}
+    arrays = {name: _split_arrays(group, path, name) for name in SPLITS}
+    dims = {name: int(features.shape[1]) for name, (features, _) in arrays.items()}
+    if dims["train"] != dims["test"]:
+        raise FoalPipeError(
+            f"train features have {dims['train']} dimensions but test features have "
+            f"{dims['test']} in {path}; extract both splits with the same encoder"
+        )
+    norm_arrays, blocks = {}, {}
+    if "blocks" in meta.extra:
+        count, dtype, kind, eps = _layout_attribute(path, meta.extra["blocks"])
+        norm_arrays = {name: _norm_array(group, path, name, dims["train"]) for name in NORMS[kind][1]}
+        blocks = {name: _blocks_array(group, path, name, features, count, dtype) for name, (features, _) in arrays.items()}
     for name, (features, labels) in arrays.items():
         n = int(labels.shape[0])
         _check_size(path, f"{name}/labels ({n:,} rows)", 2 * n * 8, "this is not a store extract writes: re-extract it")
         chunk_bytes = int(features.chunks[0]) * int(features.chunks[1]) * features.dtype.itemsize
         _check_size(path, f"one {name}/features chunk ({features.chunks[0]:,} x {features.chunks[1]:,})",
                     chunk_bytes, "re-extract it with a smaller --chunk-rows")
-        y = read_rows(path, f"{name}/labels", labels, 0, n)
+    every = group_arrays(group, path)
+    check_sealed(path, group, meta, every, fingerprint)
+    check_chunks(path, group, arrays=every)
+    splits = {}
+    for name, (features, labels) in arrays.items():
+        y = read_rows(path, f"{name}/labels", labels, 0, int(labels.shape[0]))
         if y.size and (y.min() < UNLABELLED or y.max() >= len(meta.classes)):
             bad = int(np.flatnonzero((y < UNLABELLED) | (y >= len(meta.classes)))[0])
             raise FoalPipeError(
                 f"{name}/labels in {path} has label {int(y[bad])} at row {bad}, outside [0, {len(meta.classes)}) "
                 "(the number of classes) and not -1 (unlabelled); fix the labels or the 'classes' attribute"
             )
-        splits[name] = Split(name, features, y.astype(np.int64), path, fingerprint)
-    if splits["train"].dim != splits["test"].dim:
-        raise FoalPipeError(
-            f"train features have {splits['train'].dim} dimensions but test features have "
-            f"{splits['test'].dim} in {path}; extract both splits with the same encoder"
-        )
+        splits[name] = Split(name, features, y.astype(np.int64), path, fingerprint, blocks.get(name))
     layout = None
     if "blocks" in meta.extra:
-        layout = _read_layout(group, path, meta.extra["blocks"], splits["train"].dim)
-        for split in splits.values():
-            split.blocks = _blocks_array(group, path, split, layout)
+        parameters = {name: check_finite(read_rows(path, f"norm/{name}", array, 0, dims["train"])[None], "norm", 0,
+                                         name)[0] for name, array in norm_arrays.items()}
+        layout = BlockLayout(count, dtype, FinalNorm(kind, eps, **parameters))
     store = FeatureStore(path, meta, splits["train"], splits["test"], fingerprint, layout)
     return store if fusion is None else store.fused(fusion, fusion_norm)
 
 
-def _read_layout(group: zarr.Group, path: Path, attr: Any, dim: int) -> BlockLayout:
-    """The ``blocks`` attribute and the final norm's parameter arrays, checked."""
+def read_split(path: str | Path, split: str = "train", fusion: str | Fusion | None = None,
+               fusion_norm: bool = True) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """A store's split in memory in one call: ``(X, y, class_names)``, features (n, d) as stored (fused with
+    ``fusion``), label ids (n,) indexing ``class_names``. Refused when the features would take more than half
+    the available memory: then read the split chunk by chunk (:meth:`Split.iter_chunks`)."""
+    if split not in SPLITS:
+        raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
+    store = open_store(path, fusion, fusion_norm)
+    data = store.split(split)
+    _check_size(store.path, f"{split}/features ({data.n_rows:,} x {data.dim:,})",
+                data.n_rows * data.dim * np.dtype(data.features.dtype).itemsize,
+                "read it chunk by chunk: open_store(path).train.iter_chunks()")
+    X = data.read(0, data.n_rows)
+    store.check_unchanged()
+    return X, data.labels.copy(), list(store.classes)
+
+
+def _split_arrays(group: zarr.Group, path: Path, name: str) -> tuple[zarr.Array, zarr.Array]:
+    """``SPLIT/features`` and ``SPLIT/labels``, their shapes and dtypes checked."""
+    features = open_array(group, path, f"{name}/features")
+    labels = open_array(group, path, f"{name}/labels")
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise FoalPipeError(
+            f"{name}/features {features.shape} and {name}/labels {labels.shape} do not match "
+            f"in {path}; expected (N, d) and (N,); re-extract it"
+        )
+    if features.dtype.name not in FEATURE_DTYPES:
+        raise FoalPipeError(f"{name}/features in {path} has dtype {features.dtype}, outside the spec "
+                            f"({', '.join(FEATURE_DTYPES)}); re-extract it with {param('dtype', 'float32')}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise FoalPipeError(f"{name}/labels in {path} has dtype {labels.dtype}, expected integers; re-extract it")
+    return features, labels
+
+
+def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array],
+                 fingerprint: tuple[Any, ...]) -> None:
+    """Refuse a format-4 store whose metadata changed since it was completed, then make every chunk read check
+    the file against its record; older stores (no integrity data) get the chunk size limits only."""
+    if sealed(meta):
+        problem = generation_problem(path, group, meta)
+        if problem is not None:
+            check_same(path, fingerprint)  # a store replaced meanwhile is "changed", not damaged
+            if meta.generation is None:
+                raise FoalPipeError(f"feature store {path}: {problem}; {UNSEALED_FIX}")
+            raise FoalPipeError(f"feature store {path} is damaged: {problem}; {REEXTRACT}")
+    guard_chunks(path, group, arrays, records=sealed(meta))
+
+
+def _layout_attribute(path: Path, attr: Any) -> tuple[int, str, str, float]:
+    """The ``blocks`` attribute, checked: block count, blocks dtype, the final norm's kind and eps."""
     norm = attr.get("norm") if isinstance(attr, dict) else None
     count, dtype = (attr.get("count"), attr.get("dtype")) if isinstance(attr, dict) else (None, None)
     if (type(count) is not int or count < 1 or dtype not in BLOCK_DTYPES or not isinstance(norm, dict)
@@ -368,26 +426,29 @@ def _read_layout(group: zarr.Group, path: Path, attr: Any, dim: int) -> BlockLay
     if norm["kind"] not in NORMS:
         raise FoalPipeError(f"{path}: final norm kind {norm['kind']!r} is not one foal-pipe recomputes "
                             f"({', '.join(NORMS)}); upgrade foal-pipe or re-extract the store")
-    parameters = {}
-    for name in NORMS[norm["kind"]][1]:
-        array = open_array(group, path, f"norm/{name}")
-        if array.shape != (dim,) or array.dtype.kind != "f":
-            raise FoalPipeError(f"norm/{name} in {path} is {array.dtype} {array.shape}, expected floats of shape "
-                                f"({dim},) (the feature dimension); {REEXTRACT}")
-        parameters[name] = check_finite(read_rows(path, f"norm/{name}", array, 0, dim)[None], "norm", 0, name)[0]
-    return BlockLayout(count, dtype, FinalNorm(norm["kind"], float(norm["eps"]), **parameters))
+    return count, dtype, norm["kind"], float(norm["eps"])
 
 
-def _blocks_array(group: zarr.Group, path: Path, split: Split, layout: BlockLayout) -> zarr.Array:
+def _norm_array(group: zarr.Group, path: Path, name: str, dim: int) -> zarr.Array:
+    """``norm/<name>``, one of the final norm's parameters: floats of shape (d,)."""
+    array = open_array(group, path, f"norm/{name}")
+    if array.shape != (dim,) or array.dtype.kind != "f":
+        raise FoalPipeError(f"norm/{name} in {path} is {array.dtype} {array.shape}, expected floats of shape "
+                            f"({dim},) (the feature dimension); {REEXTRACT}")
+    return array
+
+
+def _blocks_array(group: zarr.Group, path: Path, split: str, features: zarr.Array, count: int,
+                  dtype: str) -> zarr.Array:
     """``SPLIT/blocks``, checked against the layout and the split's features (chunked along rows only)."""
-    name = f"{split.name}/blocks"
+    name = f"{split}/blocks"
     array = open_array(group, path, name)
-    want = (split.n_rows, layout.count, split.dim)
-    if array.shape != want or array.dtype.name != layout.dtype or tuple(array.chunks[1:]) != want[1:]:
+    n_rows, dim = (int(n) for n in features.shape)
+    want = (n_rows, count, dim)
+    if array.shape != want or array.dtype.name != dtype or tuple(array.chunks[1:]) != want[1:]:
         raise FoalPipeError(f"{name} in {path} is {array.dtype} {array.shape} in chunks of {array.chunks}, expected "
-                            f"{layout.dtype} {want} chunked along rows only (rows, {layout.count}, {split.dim}); "
-                            f"{REEXTRACT}")
-    chunk_bytes = int(array.chunks[0]) * layout.count * split.dim * array.dtype.itemsize
-    _check_size(path, f"one {name} chunk ({array.chunks[0]:,} x {layout.count} x {split.dim:,})", chunk_bytes,
+                            f"{dtype} {want} chunked along rows only (rows, {count}, {dim}); {REEXTRACT}")
+    chunk_bytes = int(array.chunks[0]) * count * dim * array.dtype.itemsize
+    _check_size(path, f"one {name} chunk ({array.chunks[0]:,} x {count} x {dim:,})", chunk_bytes,
                 "re-extract it with a smaller --chunk-rows")
     return array

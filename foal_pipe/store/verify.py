@@ -10,10 +10,19 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store.chunks import REEXTRACT, chunk_grid, chunk_span, damage_reason, leading_chunks, missing_chunks, rows_text
+from foal_pipe.store.chunks import (
+    REEXTRACT,
+    chunk_grid,
+    chunk_span,
+    damage_reason,
+    grid_coords,
+    leading_chunks,
+    missing_chunks,
+    rows_text,
+)
+from foal_pipe.store.integrity import compute_generation, generation_problem, group_arrays, guard_chunks, record_problem, sealed
 from foal_pipe.store.meta import ROW_ARRAYS, read_meta
-from foal_pipe.store.read import group_arrays
-from foal_pipe.store.write import compute_generation
+from foal_pipe.store.read import chunk_too_large
 
 
 def has_checksums(array: zarr.Array) -> bool:
@@ -55,9 +64,10 @@ def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
 
 def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -> Verification:
     """Report the missing chunk files of every array (features and blocks of an incomplete store only below
-    its ``progress``) by array and rows, from a listing; with ``read``, also read every chunk (checksum, decoding,
-    NaN/inf in features) and recompute a complete store's generation id. An array with more than
-    ``max_listed`` missing chunks is reported as one problem."""
+    its ``progress``) by array and rows, from a listing, and -- for a complete store of format 4 -- metadata
+    changed since completion (its generation id, recomputed from the metadata); with ``read``, also read every
+    chunk (its record of format 4, checksum, decoding, NaN/inf in features) and recompute an older complete
+    store's generation id. An array with more than ``max_listed`` missing chunks is reported as one problem."""
     path = Path(path)
     group, meta = read_meta(path)
     progress = None
@@ -67,8 +77,16 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
     problems: list[ChunkProblem] = []
     n_read = 0
     arrays = group_arrays(group, path)
+    if sealed(meta):
+        changed = generation_problem(path, group, meta)
+        if changed is not None:
+            problems.append(ChunkProblem("(whole store)", 0, 0, changed))
     for name, array in sorted(arrays.items()):
         split, _, leaf = name.partition("/")
+        bad_record = record_problem(array) if sealed(meta) else None
+        if bad_record is not None:  # still read the chunks, without the record
+            problems.append(ChunkProblem(name, 0, 0, bad_record))
+        guard_chunks(path, group, {name: array}, records=sealed(meta) and bad_record is None)
         below = None
         if progress is not None and leaf in ROW_ARRAYS:
             below = progress.get(split, 0) if type(progress.get(split, 0)) is int else 0
@@ -82,8 +100,12 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
         problems += [ChunkProblem(name, *chunk_span(array, c[0]), "missing") for c in missing]
         if not read:
             continue
+        too_large = chunk_too_large(array)
+        if too_large is not None:
+            problems.append(ChunkProblem(name, 0, 0, too_large))
+            continue
         gone = set(missing)
-        for coords in np.ndindex(leading_chunks(array, below), *chunk_grid(array)[1:]):
+        for coords in grid_coords((leading_chunks(array, below), *chunk_grid(array)[1:])):
             if coords in gone:
                 continue
             try:
@@ -99,7 +121,7 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
                 finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), "NaN or inf values (first at row "
                                 f"{lo + int(np.flatnonzero(~finite)[0]):,})"))
-    if (read and meta.complete and meta.generation is not None and not problems
+    if (read and meta.complete and not sealed(meta) and meta.generation is not None and not problems
             and compute_generation(path, group) != meta.generation):
         problems.append(ChunkProblem("(whole store)", 0, 0, "its files changed after it was completed "
                                      "(generation id mismatch)"))

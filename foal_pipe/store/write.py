@@ -4,7 +4,6 @@ replaced store.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,11 +17,12 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import exchange
 from foal_pipe.store.blockfusion import FinalNorm
-from foal_pipe.store.chunks import chunk_grid
+from foal_pipe.store.integrity import compute_generation, record_chunks
 from foal_pipe.store.log import log_path
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
+    FORMAT,
     FORMAT_VERSION,
     LABEL_CHUNK_ROWS,
     SPLITS,
@@ -32,7 +32,7 @@ from foal_pipe.store.meta import (
     write_attrs,
     writing,
 )
-from foal_pipe.store.read import check_chunks, group_arrays
+from foal_pipe.store.read import check_chunks
 
 
 def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: tuple[int, ...],
@@ -52,7 +52,8 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
     ``blocks`` attribute), and the attributes with ``progress`` 0, written last.
 
     It is built in ``.<name>.creating`` beside ``where`` and renamed into place (replacing an empty folder or
-    an older skeleton there), so an interrupted creation leaves nothing at ``where``.
+    a feature store there), so an interrupted creation leaves nothing at ``where``. Anything else at ``where``
+    -- a file, a folder holding other things -- is refused before anything is written: it is not ours to delete.
     """
     if dtype not in FEATURE_DTYPES:
         raise FoalPipeError(f"feature dtype {dtype!r} is outside the spec; choose one of {', '.join(FEATURE_DTYPES)}")
@@ -60,6 +61,7 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
         raise FoalPipeError(f"blocks dtype {blocks.dtype!r} is outside the spec; choose one of "
                             f"{', '.join(BLOCK_DTYPES)}")
     where = Path(where)
+    _check_replaceable(where)
     tmp = where.parent / f".{where.name}.creating"
     extra = dict(meta.extra)
     with writing(where, "the skeleton"):
@@ -91,6 +93,28 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _is_feature_store(path: Path) -> bool:
+    """Whether ``path`` holds a foal-pipe feature store (its group attributes say so), complete or not."""
+    try:
+        doc = json.loads((path / "zarr.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and doc["attributes"].get("format") == FORMAT
+
+
+def _check_replaceable(where: Path) -> None:
+    """Refuse to replace what is at ``where`` unless it is nothing, an empty folder or a feature store."""
+    if not (where.exists() or where.is_symlink()):
+        return
+    if where.is_symlink() or not where.is_dir():
+        what = "a symlink" if where.is_symlink() else "a file"
+    elif any(where.iterdir()) and not _is_feature_store(where):
+        what = "a folder that is not a feature store"
+    else:
+        return
+    raise FoalPipeError(f"{where} exists and is {what}; refusing to replace it: choose another path or remove it")
 
 
 class FeatureWriter:
@@ -165,29 +189,11 @@ def remove_partial_files(path: str | Path) -> int:
     return removed
 
 
-def compute_generation(path: str | Path, group: zarr.Group | None = None) -> str:
-    """The store's generation id: a hash of its attributes (but ``complete`` and ``generation``), every array's
-    metadata, and every chunk's key, size and last 4 bytes (its crc32c checksum since format 2). The same data
-    written with the same settings gives the same id; a store replaced by other data gives another."""
-    path = Path(path)
-    group = group or zarr.open_group(str(path), mode="r")
-    digest = hashlib.sha256()
-    attrs = {k: v for k, v in dict(group.attrs).items() if k not in ("complete", "generation")}
-    digest.update(json.dumps(attrs, sort_keys=True).encode())
-    for name, array in sorted(group_arrays(group, path).items()):
-        digest.update(f"\n{name}\n".encode() + (path / name / "zarr.json").read_bytes())
-        for coords in np.ndindex(*chunk_grid(array)):
-            key = array.metadata.encode_chunk_key(tuple(int(c) for c in coords))
-            with open(path / name / key, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - 4))
-                digest.update(f"{key} {size} ".encode() + f.read())
-    return digest.hexdigest()[:32]
-
-
 def complete_store(path: str | Path) -> str:
-    """Mark a fully written store complete (one attribute write, last) and return its generation id; refused
-    while any split's ``progress`` is short of its rows or any chunk file is missing."""
+    """Mark a fully written store complete and return its generation id: record every chunk file's size and
+    CRC-32C in its array's metadata, compute the generation id over the metadata, then write ``complete`` and
+    ``generation`` (one attribute write, last). Refused while any split's ``progress`` is short of its rows or
+    any chunk file is missing."""
     path = Path(path)
     group, attrs = _open_rw(path)
     progress = attrs.get("progress", {})
@@ -198,6 +204,8 @@ def complete_store(path: str | Path) -> str:
                                 "extraction (re-run the same command) before marking it complete")
     check_chunks(path, group)
     remove_partial_files(path)
+    with writing(path, "the chunk records"):
+        record_chunks(path, group)
     generation = compute_generation(path, group)
     with writing(path, "the attributes"):
         write_attrs(group, {**attrs, "complete": True, "generation": generation})

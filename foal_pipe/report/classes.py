@@ -1,0 +1,101 @@
+"""The run's classes as the model knows them: which task each column of W belongs to, and the final model's
+per-class accuracy and confusion matrix on the test split of the run's store.
+
+``metrics.json`` lists each task's classes by the store's label ids (``tasks``); a model continued with
+``learn --init-model`` numbers its classes its own way, so such a run also names them (``task_names``) and
+the model's columns are matched to tasks by class name. Otherwise the label ids are the model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.report.readers import Run
+
+
+def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
+    """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based)."""
+    m = run.metrics
+    source: list[list[int | None]] = m.tasks or []
+    if m.task_names and run.weight_norms is not None and run.weight_norms[2]:
+        labels, _, names = run.weight_norms
+        by_name = dict(zip(names, labels.tolist()))
+        source = [[by_name.get(name) for name in t] for t in m.task_names]
+    stream = [(t, c) for t, classes in enumerate(source) for c in classes]
+    return {c: (t, k) for k, (t, c) in enumerate(stream) if c is not None}
+
+
+def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int]) -> list[int]:
+    """Indices of ``labels`` (model label ids) in stream order, then those not in the stream by label id."""
+    return sorted(range(len(labels)), key=lambda k: (positions.get(labels[k], (len(positions), 0)), labels[k]))
+
+
+def task_classes(run: Run) -> list[list[str]]:
+    """Each task's classes, in stream order: by name when the run or its model names them, else label ids."""
+    m = run.metrics
+    if m.task_names:
+        return m.task_names
+    names = {}
+    if run.weight_norms is not None and run.weight_norms[2]:
+        names = dict(zip(run.weight_norms[0].tolist(), run.weight_norms[2]))
+    return [[names.get(c, str(c)) for c in t] for t in m.tasks or []]
+
+
+@dataclass
+class ClassResults:
+    """The final model on the run's store's test split, one entry per class of the model (stream order, then
+    the model's other classes by label id): ``confusion[i, j]`` counts rows of class i predicted as class j."""
+
+    features: str
+    labels: list[int]
+    names: list[str]
+    #: Each class's task in this run's stream (1-based); ``None`` for a class the model learned before it.
+    tasks: list[int | None]
+    confusion: np.ndarray
+    #: Test rows of classes the model does not know (not in the matrix).
+    unknown_rows: int
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``class_accuracy.csv``: label id, name, task, test rows, correct, accuracy (%, empty without rows)."""
+        totals, hits = self.confusion.sum(axis=1), np.diag(self.confusion)
+        return [{"class": label, "name": name, "task": "" if task is None else task, "test_rows": int(n),
+                 "correct": int(k), "accuracy": 100 * float(k) / n if n else None}
+                for label, name, task, n, k in zip(self.labels, self.names, self.tasks, totals, hits)]
+
+
+def class_results(run: Run) -> ClassResults | str | None:
+    """The per-class results of the run's model on its store; ``None`` without a model or without a store named
+    in metrics.json (every ``learn`` names it); or why there are none (one sentence): a store that cannot be read,
+    or that no longer holds the test rows the run was scored on."""
+    from foal_pipe.model.deploy import load_model
+
+    features = run.metrics.features
+    if run.model_path is None or features is None:
+        return None
+    skipped = "so no per-class accuracy or confusion matrix"
+    model = load_model(run.model_path)
+    try:
+        true, predicted = model.store_predictions(features)
+    except FoalPipeError as exc:
+        return f"The run's feature store could not be read, {skipped} ({exc})."
+    positions = stream_positions(run)
+    ids = model.classifier.classes_.tolist()
+    order = stream_order(positions, ids)
+    column = np.zeros(max(ids) + 1, dtype=np.int64)  # model label id -> row and column of the matrix
+    column[[ids[k] for k in order]] = np.arange(len(order))
+    streamed = np.isin(true, list(positions))
+    n_test = run.metrics.n_test
+    if n_test is not None and int(streamed.sum()) != n_test:
+        return (f"{features} now holds {int(streamed.sum()):,} test rows of the run's classes but the run was tested "
+                f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
+    known = true >= 0
+    confusion = np.zeros((len(order), len(order)), dtype=np.int64)
+    np.add.at(confusion, (column[true[known]], column[predicted[known]]), 1)
+    tasks = [positions[ids[k]][0] + 1 if ids[k] in positions else None for k in order]
+    return ClassResults(features, [ids[k] for k in order], [model.class_names[k] for k in order], tasks, confusion,
+                        int((~known).sum()))
