@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -24,8 +24,8 @@ def require_distributed() -> ModuleType:
         import distributed
     except ImportError:
         raise FoalPipeError(
-            "--scheduler dask needs dask.distributed, which is not installed; "
-            "install it with `pip install 'foal-pipe[dist]'` or use --scheduler local"
+            f"{param('scheduler', 'dask')} needs dask.distributed, which is not installed; "
+            f"install it with `pip install 'foal-pipe[dist]'` or use {param('scheduler', 'local')}"
         ) from None
     return distributed
 
@@ -37,7 +37,7 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
     distributed = require_distributed()
     if address in (None, "", "local"):
         if workers < 1:
-            raise FoalPipeError(f"--workers must be at least 1, got {workers}")
+            raise FoalPipeError(f"{param('workers')} must be at least 1, got {workers}")
         cluster = distributed.LocalCluster(
             n_workers=workers,
             threads_per_worker=1,
@@ -53,7 +53,7 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
         except (OSError, TimeoutError, ValueError) as exc:
             raise FoalPipeError(
                 f"cannot connect to the Dask scheduler at {address!r} ({type(exc).__name__}); start one with "
-                "`dask scheduler` and pass its tcp://host:port, or use --dask-address local"
+                f"`dask scheduler` and pass its tcp://host:port, or use {param('dask_address', 'local')}"
             ) from None
         try:
             client.wait_for_workers(1, timeout=WORKER_TIMEOUT)

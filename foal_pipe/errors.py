@@ -1,13 +1,55 @@
-"""The one exception foal-pipe raises for problems a user can fix."""
+"""The one exception foal-pipe raises for problems a user can fix, and how its messages name parameters.
+
+A message names a setting with :func:`param`: the exception reads ``gamma=0`` (what a Python caller passes), and
+the command line, which sets it with a flag, prints ``--gamma 0`` (:meth:`FoalPipeError.render`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+# Private-use characters mark a parameter inside a message: no path, name or value holds them.
+_START, _VALUE, _END = "\ue000", "\ue001", "\ue002"
+_MARK = re.compile(f"{_START}([^{_VALUE}{_END}]*)(?:{_VALUE}([^{_END}]*))?{_END}")
+#: No value: the parameter itself is named.
+NO_VALUE: Any = object()
+
+
+def param(name: str, value: Any = NO_VALUE) -> str:
+    """A parameter named in a :class:`FoalPipeError` message, alone (``gamma``) or with a value (``gamma=1``,
+    ``dtype='float64'``): a string, number or boolean. The command line renders it as the flag that sets it."""
+    if value is NO_VALUE:
+        return f"{_START}{name}{_END}"
+    return f"{_START}{name}{_VALUE}{json.dumps(value)}{_END}"
+
+
+def python_form(name: str, value: Any = NO_VALUE) -> str:
+    """How a Python caller passes ``name``: ``gamma``, ``gamma=1``, ``dtype='float64'``."""
+    return name if value is NO_VALUE else f"{name}={value!r}"
 
 
 class FoalPipeError(ValueError):
     """A user-facing error: the message names the problem and the fix, in one line.
 
-    A ``ValueError``, so ordinary ``except ValueError`` code (scikit-learn's included) catches it.
-
-    The CLI prints it as ``Error: <message>`` and exits with status 1, without a traceback.
+    A ``ValueError``, so ordinary ``except ValueError`` code (scikit-learn's included) catches it. Its text names
+    parameters as a Python caller passes them; :meth:`render` names them otherwise (the CLI prints its flags as
+    ``Error: <message>`` and exits with status 1, without a traceback).
     """
+
+    def __init__(self, message: object = "") -> None:
+        self.template = str(message)
+        super().__init__(self.render(python_form))
+
+    def render(self, form: Callable[..., str]) -> str:
+        """The message with each parameter named by ``form(name)`` or ``form(name, value)``."""
+        def one(match: re.Match[str]) -> str:
+            name, value = match.group(1), match.group(2)
+            return form(name) if value is None else form(name, json.loads(value))
+
+        return _MARK.sub(one, self.template)
 
 
 class InputTypeError(FoalPipeError, TypeError):

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
@@ -63,11 +63,11 @@ def check_output_dir(path: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
         if path.exists() and not path.is_dir():
-            raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with --out")
+            raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with {param('out')}")
         probe = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
         probe.rmdir()
     except OSError as exc:
-        raise _io_error(path, exc, "choose a writable --out directory") from None
+        raise _io_error(path, exc, f"choose a writable {param('out')} directory") from None
     return path
 
 
@@ -78,12 +78,12 @@ def check_output_file(path: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
         if path.is_dir():
-            raise FoalPipeError(f"output {path} is a directory; pass a file path with --out")
+            raise FoalPipeError(f"output {path} is a directory; pass a file path with {param('out')}")
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise _io_error(path, exc, "choose a writable --out path") from None
+        raise _io_error(path, exc, f"choose a writable {param('out')} path") from None
     return path
 
 
@@ -92,7 +92,7 @@ def _check_parents(path: Path) -> Path:
     for parent in path.parents:
         if os.path.lexists(parent):
             if not parent.is_dir():
-                raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another --out")
+                raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another {param('out')}")
             break
     return path
 
@@ -189,7 +189,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         else:
             os.rename(tmp, path)
     except OSError as exc:
-        raise _io_error(path, exc, "free some space or choose another --out; previous outputs are unchanged") from None
+        raise _io_error(path, exc, f"free some space or choose another {param('out')}; previous outputs are unchanged") from None
     finally:
         _settle(path, tmp)
 

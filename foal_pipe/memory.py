@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Resident memory of the interpreter with NumPy, SciPy, zarr and foal-pipe imported (measured: ~150 MiB).
 BASELINE_BYTES = 200 * 2**20
@@ -63,8 +63,16 @@ def parse_memory(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in _UNITS or value <= 0:
-        raise FoalPipeError(f"--max-memory {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
+        raise FoalPipeError(f"{param('max_memory')} {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
     return int(value * _UNITS[unit])
+
+
+def memory_text(n_bytes: int) -> str:
+    """A size as :func:`parse_memory` reads it: ``8GiB``, in the largest binary unit that divides it."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if n_bytes and n_bytes % _UNITS[unit.lower()] == 0:
+            return f"{n_bytes // _UNITS[unit.lower()]}{unit}"
+    return str(n_bytes)
 
 
 def fits(parts: dict[str, int]) -> bool:

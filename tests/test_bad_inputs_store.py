@@ -212,7 +212,7 @@ def test_class_order_files(tmp_path, good):
     assert dropped_warning(uneven, 4, class_order=False) == (
         "note: 4 classes do not split evenly into 3 tasks: task 1 has 2 classes, tasks 2-3 have 1 class "
         "(--drop-remainder drops the 1 class left over instead, as the published code)")
-    with pytest.raises(FoalPipeError, match="--drop-remainder applies to the seeded split"):
+    with pytest.raises(FoalPipeError, match="drop_remainder applies to the seeded split into tasks"):
         build_stream(open_store(good).train.labels, 4, None, 10, 0, order, drop_remainder=True)
     assert dropped_warning(build_stream(np.arange(8) % 4, 4, 2, 2, 0), 4, class_order=False) is None
 

@@ -386,7 +386,7 @@ def test_nan_in_blocks_is_named(tmp_path):
     blocks[13, 1, 2] = np.inf
     x, y = np.ones((20, 3), np.float32), np.zeros(20, int)
     path = write_store(tmp_path / "s.zarr", (x, y), (x, y), ["a"], chunk_rows=8, blocks=(blocks, blocks))
-    with pytest.raises(FoalPipeError, match=r"train/blocks has NaN or inf values \(first bad row: 13\).*--blocks-dt"):
+    with pytest.raises(FoalPipeError, match=r"train/blocks has NaN or inf values \(first bad row: 13\).*blocks_dtype='float32'"):
         list(open_store(path, fusion="mean-cls").train.iter_chunks())
     problems = [str(p) for p in verify_store(path).problems]
     assert problems[0] == "test/blocks rows 8-15: NaN or inf values (first at row 13)"

@@ -41,7 +41,7 @@ def _refusal(checkpoint: Path, kwargs=TINY_VIT_KWARGS) -> str:
         _load(checkpoint, kwargs)
     message = str(info.value)
     assert "\n" not in message and str(checkpoint) in message
-    assert "pass the --model, --model-kwargs and --image-size it was saved with" in message
+    assert "pass the model, model_kwargs and image_size it was saved with" in message
     return message
 
 
@@ -192,7 +192,7 @@ def test_a_damaged_file_is_one_clear_error(tmp_path, tiny_vit_checkpoint, suffix
     path = tmp_path / f"cut{suffix}"
     data = tiny_vit_checkpoint.read_bytes() if suffix == ".safetensors" else b"PK\x03\x04 not a zip at all"
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(FoalPipeError, match=r"cannot read --checkpoint .* as a state dict \(.+\); save the weights"):
+    with pytest.raises(FoalPipeError, match=r"cannot read checkpoint .* as a state dict \(.+\); save the weights"):
         _load(path)
 
 

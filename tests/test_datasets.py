@@ -73,7 +73,7 @@ def test_prepared_images_are_rgb_squares_and_report_unreadable_files(image_tree)
 
 
 def test_imagefolder_errors(tmp_path):
-    with pytest.raises(FoalPipeError, match="needs --data-dir"):
+    with pytest.raises(FoalPipeError, match="needs data_dir='DIR'"):
         open_dataset("imagefolder")
     with pytest.raises(FoalPipeError, match=f"{tmp_path / 'nope' / 'train'} is not a folder"):
         open_dataset("imagefolder", tmp_path / "nope")
@@ -175,7 +175,7 @@ def test_torchvision_dataset_missing_without_download(tmp_path):
     with pytest.raises(FoalPipeError) as info:
         open_dataset("cifar100", tmp_path)
     message = str(info.value)
-    assert str(tmp_path / "cifar-100-python") in message and "--download" in message
+    assert str(tmp_path / "cifar-100-python") in message and "download=True" in message
     with pytest.raises(FoalPipeError, match=str(tmp_path / "dtd")):
         open_dataset("dtd", tmp_path)
 
@@ -203,12 +203,12 @@ def test_imagefolder_test_split_is_stratified_seeded_and_per_class(tmp_path):
 
 
 def test_test_split_errors(tmp_path, image_tree):
-    with pytest.raises(FoalPipeError, match="already split into train/ and test/ folders; drop --test-split"):
+    with pytest.raises(FoalPipeError, match="already split into train/ and test/ folders; drop test_split"):
         open_dataset("imagefolder", image_tree, test_split=0.2)
-    with pytest.raises(FoalPipeError, match="digits comes with its own train and test splits; drop --test-split"):
+    with pytest.raises(FoalPipeError, match="dataset='digits' comes with its own train and test splits; drop test_split"):
         open_dataset("digits", test_split=0.2)
     root = make_image_tree(tmp_path / "few", {"a": 3, "b": 1}, split=False)
-    with pytest.raises(FoalPipeError, match=r"few/b has 1 image; --test-split needs at least 2 per class"):
+    with pytest.raises(FoalPipeError, match=r"few/b has 1 image; test_split needs at least 2 per class"):
         open_dataset("imagefolder", root, test_split=0.5)
-    with pytest.raises(FoalPipeError, match="or pass --test-split FRACTION"):
+    with pytest.raises(FoalPipeError, match="or pass test_split='FRACTION'"):
         open_dataset("imagefolder", root)

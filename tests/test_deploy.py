@@ -99,7 +99,7 @@ def test_predict_proba_is_the_clipped_normalised_scores(tmp_path):
     positive = np.clip(scores, 0, None)
     np.testing.assert_allclose(proba, positive / positive.sum(axis=1, keepdims=True))
     hopeless = foal_pipe.load_model(path)
-    hopeless._weights = -np.abs(hopeless._weights)  # no positive score: uniform
+    hopeless.scores = lambda features: -np.abs(model.scores(features))  # no positive score: uniform
     np.testing.assert_allclose(hopeless.predict_proba(np.abs(x[:2])), np.full((2, 3), 1 / 3))
 
 

@@ -311,10 +311,11 @@ def _error(result) -> str:
         (json.dumps(make_metrics(accuracy_matrix=[[0.9], [0.8]])), "row 1 of 'accuracy_matrix' should have 2"),
         (json.dumps(make_metrics(accuracy_matrix=[[90.0]])), "outside [0, 1]"),
         (json.dumps(make_metrics(F="high")), "no number under 'F'"),
-        (json.dumps(make_metrics(tasks=[[3, "7"]])), "'tasks' should be a list of lists of label ids"),
+        (json.dumps(make_metrics(tasks=[[3, "7"]])), "no list of lists of label ids under 'tasks'"),
         (json.dumps(make_metrics(task_names=[["a", "b"], ["c"], ["d", "e"]])), "'task_names' should name the classes"),
         (json.dumps(make_metrics(eval_features=[{"features": "a.zarr", "n_test": 3, "accuracy": 1.5,
-                                                 "unknown_class_rows": 0}])), "'eval_features' should be a list"),
+                                                 "unknown_class_rows": 0}])),
+         "eval_features[0] has no number in [0, 1] under 'accuracy'"),
     ],
 )
 def test_cli_evaluate_bad_metrics_is_one_line_error(tmp_path, content, message):
@@ -386,7 +387,7 @@ def test_every_option_states_its_default(command):
 def test_read_metrics_accepts_the_learners_output_keys(tmp_path):
     make_run(tmp_path / "run", model=False)
     metrics = read_metrics(tmp_path / "run")
-    assert metrics["accuracy_matrix"] == MATRIX
+    assert metrics.accuracy_matrix == MATRIX
 
 
 def test_docs_evaluation_example_runs(tmp_path, monkeypatch, capsys):
@@ -501,8 +502,8 @@ def test_gamma_auto_is_shown_with_the_gammas_chosen(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"gamma": "big"}, "expected a number > 0 or \"auto\""),
-        ({"gamma": -1}, "expected a number > 0"),
+        ({"gamma": "big"}, "has no number > 0 or \"auto\" under 'gamma' (found \"big\")"),
+        ({"gamma": -1}, "has no number > 0 or \"auto\" under 'gamma' (found -1)"),
         ({"gamma": "auto"}, "'gammas_selected' is not a list of 3 positive numbers"),
         ({"gamma": "auto", "gammas_selected": [1.0, 1.0]}, "not a list of 3 positive numbers"),
     ],
@@ -585,9 +586,9 @@ def test_sweep_without_leave_one_out(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"selected_by": "magic"}, "'selected_by' is 'magic'"),
+        ({"selected_by": "magic"}, "has no criterion (loo, gcv, test) under 'selected_by' (found \"magic\")"),
         ({"best_gamma": 3.0}, "'best_gamma' 3.0 is not one of the gammas"),
-        ({"best_gamma_test": "x"}, "'best_gamma_test' 'x' is not one of the gammas"),
+        ({"best_gamma_test": "x"}, "has no number under 'best_gamma_test' (found \"x\")"),
     ],
 )
 def test_bad_sweep_selection_is_refused(tmp_path, change, message):
@@ -600,7 +601,7 @@ def test_bad_sweep_criterion_values_are_refused(tmp_path):
     sweep = new_sweep()
     sweep["results"][2]["gcv"] = 0.5
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
-    with pytest.raises(ValueError, match=r"results\[2\]: 'gcv' should be a list of numbers"):
+    with pytest.raises(ValueError, match=r"results\[2\] has no list of numbers or nulls .* under 'gcv'"):
         read_sweep(tmp_path)
 
 

@@ -189,7 +189,7 @@ def test_other_settings_are_refused_unless_overwrite(tmp_path, monkeypatch):
     with pytest.raises(Boom):
         run_extract(spec)
     monkeypatch.undo()
-    with pytest.raises(FoalPipeError, match=r"different settings \(dtype: 'float32' -> 'float16'\).*--overwrite"):
+    with pytest.raises(FoalPipeError, match=r"different settings \(dtype: 'float32' -> 'float16'\).*overwrite=True"):
         run_extract(replace(spec, dtype="float16"))
     with pytest.raises(FoalPipeError, match="encoder.image_size: 8 -> 16"):
         run_extract(replace(spec, image_size=16))

@@ -161,7 +161,7 @@ def test_a_fusions_entry_that_names_no_fusion_is_refused(blocks_store, tmp_path)
     from foal_pipe.report import read_sweep
 
     sweep = _sweep(blocks_store, tmp_path / "s", "--fusions", "last,mean-cls", "--no-loo")
-    assert read_sweep(tmp_path / "s")["best"] == sweep["best"]
+    assert read_sweep(tmp_path / "s").best.to_dict() == sweep["best"]
     sweep["best"]["fusion"] = "block:3"
     (tmp_path / "s" / "sweep.json").write_text(json.dumps(sweep))
     with pytest.raises(FoalPipeError, match="'best' should name a fusion of 'fusions' and one of its gammas"):

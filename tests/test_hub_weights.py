@@ -78,12 +78,12 @@ def test_hub_weights_that_do_not_fit_the_architecture_are_refused(hub, monkeypat
     message = str(info.value)
     assert message.startswith(f"the pretrained weights of {TAG} do not fit {TAG} built with embed_dim=32,")
     assert "120 missing keys (blocks.2.norm1.weight, blocks.2.norm1.bias, blocks.2.attn.qkv.weight, ...)" in message
-    assert "drop the --model-kwargs that change the architecture" in message and "\n" not in message
+    assert "drop the model_kwargs that change the architecture" in message and "\n" not in message
 
 
 def _assert_fixes(message: str) -> None:
     assert message.startswith(f"no weights for {TAG}: ") and "\n" not in message
-    for fix in ("pass --checkpoint FILE", "Hugging Face cache", "HF_HUB_OFFLINE=1", "--model pixels"):
+    for fix in ("pass checkpoint='FILE'", "Hugging Face cache", "HF_HUB_OFFLINE=1", "model='pixels'"):
         assert fix in message
 
 

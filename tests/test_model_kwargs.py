@@ -40,8 +40,8 @@ def test_parse_gives_typed_values_sorted_by_name():
     ("depth=", "item 'depth=' is not NAME=VALUE"),
     ("depth=2,depth=3", "gives depth twice"),
     ("2depth=2", "name '2depth' is not an argument name"),
-    ("num_classes=10", "--model-kwargs num_classes is set by foal-pipe itself"),
-    ("pretrained=true", "--model-kwargs pretrained is set by foal-pipe itself"),
+    ("num_classes=10", "model_kwargs num_classes is set by foal-pipe itself"),
+    ("pretrained=true", "model_kwargs pretrained is set by foal-pipe itself"),
 ])
 def test_malformed_items_are_refused(text, message):
     with pytest.raises(FoalPipeError) as info:
@@ -50,7 +50,7 @@ def test_malformed_items_are_refused(text, message):
 
 
 def test_image_size_and_img_size_must_agree():
-    with pytest.raises(FoalPipeError, match="--image-size 64 and --model-kwargs img_size=32 disagree"):
+    with pytest.raises(FoalPipeError, match="image_size=64 and model_kwargs='img_size=32' disagree"):
         EncoderConfig(TINY_VIT, image_size=64, model_kwargs=(("img_size", 32),))
     assert EncoderConfig(TINY_VIT, image_size=32, model_kwargs=(("img_size", 32),)).image_size == 32
 

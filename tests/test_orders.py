@@ -166,9 +166,10 @@ def test_evaluate_with_orders(store: Path, tmp_path: Path) -> None:
         assert f"| {entry['order_seed']} | {100 * entry['A_avg']:.2f} | {100 * entry['A_last']:.2f} |" in text
     from types import SimpleNamespace
 
+    from foal_pipe.protocol.schema import LearnMetrics
     from foal_pipe.report.plots import order_band
 
-    mean, std = order_band(SimpleNamespace(metrics=m))
+    mean, std = order_band(SimpleNamespace(metrics=LearnMetrics.from_dict(m)))
     steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in m["orders"]]) * 100
     np.testing.assert_allclose(mean, steps.mean(axis=0))
     np.testing.assert_allclose(std, steps.std(axis=0))

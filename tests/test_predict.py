@@ -127,8 +127,65 @@ def test_store_of_other_classes_or_encoder_is_refused(tmp_path, trained):
                    f"label {label} is {first!r} in the model but {swapped[label]!r} in")
     other = make_store(tmp_path / "encoder.zarr", encoder=ENCODER | {"image_size": 224})
     one_line_error(invoke("--model", model, "--features", other), "encoder 'image_size' is 0 in the model but 224 in")
-    other = make_store(tmp_path / "few.zarr", names=NAMES[:2])
-    one_line_error(invoke("--model", model, "--features", other), "has 2 classes")
+
+
+def test_a_store_of_fewer_classes_is_predicted_among_the_models(tmp_path, trained):
+    """A store whose classes are some of the model's (say, the first store of a continued model) is predicted
+    among every class of the model, with the true names from the store."""
+    _, model = trained
+    few = make_store(tmp_path / "few.zarr", names=NAMES[:2], seed=3)
+    result = invoke("--model", model, "--features", few, "--out", tmp_path / "p.csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    tensors, meta = read_model(model)
+    assert {r["predicted_name"] for r in rows} - set(NAMES[:2])  # classes the store lacks are predicted too
+    assert all(meta["class_names"][list(tensors["classes"]).index(int(r["predicted_class"]))] == r["predicted_name"]
+               for r in rows)
+    assert {r["true_name"] for r in rows} == set(NAMES[:2])
+    hits = np.mean([r["predicted_name"] == r["true_name"] for r in rows])
+    assert f"accuracy {100 * hits:.2f}%" in result.output
+
+
+def test_a_continued_model_predicts_its_first_store(tmp_path):
+    """Issue 24: `learn --init-model` on a store of new classes, then `predict` on the first store."""
+    old = make_store(tmp_path / "old.zarr", names=NAMES[:3])
+    new = make_store(tmp_path / "new.zarr", names=["fox", "gnu", NAMES[1]], seed=1)
+    common = ["--projection-dim", "16", "--backend", "numpy"]
+    assert runner.invoke(app, ["learn", "--features", str(old), "--out", str(tmp_path / "a"), "--tasks", "1",
+                               *common]).exit_code == 0
+    result = runner.invoke(app, ["learn", "--features", str(new), "--out", str(tmp_path / "b"), "--tasks", "1",
+                                 "--init-model", str(tmp_path / "a" / "model.safetensors"), "--backend", "numpy"])
+    assert result.exit_code == 0, result.output
+    model = tmp_path / "b" / "model.safetensors"
+    result = invoke("--model", model, "--features", old, "--out", tmp_path / "p.csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert len({r["predicted_name"] for r in rows}) > 3  # among the five classes of the continued model
+    assert all(r["true_name"] == NAMES[int(r["true_class"])] for r in rows)
+    # the new store numbers its classes otherwise than the model: refused, naming the class
+    one_line_error(invoke("--model", model, "--features", new), "label 0 is 'ant' in the model but 'fox' in")
+
+
+@pytest.mark.parametrize("mask", [True, False], ids=["seen classes", "published code"])
+def test_predict_and_learn_score_the_same_way(tmp_path, mask):
+    """The final row of learn's accuracy matrix equals the saved model's predictions on the test split, under
+    either unseen-classes rule (the published code's: every class of the store, unseen ones scoring 0)."""
+    import json
+
+    import zarr
+
+    from foal_pipe import load_model
+
+    store = make_store(tmp_path / "s.zarr")
+    args = ["learn", "--features", str(store), "--out", str(tmp_path / "run"), "--tasks", "2", "--drop-remainder",
+            "--projection-dim", "8", "--activation", "identity", "--backend", "numpy"]
+    assert runner.invoke(app, args + ([] if mask else ["--no-mask-unseen"])).exit_code == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    group = zarr.open_group(str(store), mode="r")
+    X, y = np.asarray(group["test/features"][:]), np.asarray(group["test/labels"][:])
+    predicted = load_model(tmp_path / "run" / "model.safetensors").predict(X, None if mask else range(len(NAMES)))
+    last = [float(np.mean(predicted[np.isin(y, task)] == y[np.isin(y, task)])) for task in metrics["tasks"]]
+    np.testing.assert_allclose(last, metrics["accuracy_matrix"][-1], rtol=0, atol=1e-12)
 
 
 def _predicted(*args, **kwargs):

@@ -205,9 +205,9 @@ def test_where_images_are_resized(asked, native, device, interpolation, want):
 
 
 @pytest.mark.parametrize("native,interpolation,message", [
-    (None, "bicubic", r"--resize-on device needs a dataset whose images share one size .*; use --resize-on workers"),
-    (8, "lanczos", r"--resize-on device reproduces PIL's bilinear and bicubic resampling only, not the model's "
-                   r"'lanczos'; use --resize-on workers"),
+    (None, "bicubic", r"resize_on='device' needs a dataset whose images share one size .*; use resize_on='workers'"),
+    (8, "lanczos", r"resize_on='device' reproduces PIL's bilinear and bicubic resampling only, not the model's "
+                   r"'lanczos'; use resize_on='workers'"),
 ])
 def test_the_device_resize_is_refused_where_it_cannot_apply(native, interpolation, message):
     with pytest.raises(FoalPipeError, match=message):

@@ -218,7 +218,7 @@ def test_resume_refuses_a_store_whose_labels_lost_a_chunk(tmp_path, monkeypatch)
         run_extract(spec)
     monkeypatch.setattr(st.FeatureWriter, "write", real)
     (spec.out_path / "train" / "labels" / "c" / "0").unlink()
-    with pytest.raises(FoalPipeError, match=r"is damaged \(train/labels rows 0-1,441: missing\); pass --overwrite"):
+    with pytest.raises(FoalPipeError, match=r"is damaged \(train/labels rows 0-1,441: missing\); pass overwrite=True"):
         run_extract(spec)
     assert run_extract(spec, overwrite=True).status == "created"
     assert verify_store(spec.out_path).problems == []
@@ -269,7 +269,7 @@ def run_extract_over(path: Path) -> str:
 def test_extract_does_not_resume_an_older_format(store):
     group = zarr.open_group(str(store), mode="r+")
     group.attrs.put({**dict(group.attrs), "format_version": 1})
-    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 4; pass --overwrite"):
+    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 4; pass overwrite=True"):
         run_extract(_spec(store))
     assert run_extract(_spec(store), overwrite=True).status == "created"
     assert read_meta(store)[1].format_version == 4

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
 
 #: Modules of the optional extras -> the extra that installs them; the light install (`pip install foal-pipe`)
@@ -142,8 +143,8 @@ def flag(*names: str, help: str) -> Any:  # noqa: A002 (typer's own parameter na
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a :class:`FoalPipeError`, and any I/O error the library did not name itself, into one line on
-    stderr and exit status 1.
+    """Turn a :class:`FoalPipeError` (the parameters it names rendered as flags), and any I/O error the library
+    did not name itself, into one line on stderr and exit status 1.
 
     Set ``FOAL_PIPE_DEBUG=1`` to see the traceback instead.
     """
@@ -152,7 +153,7 @@ def user_errors() -> Iterator[None]:
     except (FoalPipeError, OSError) as exc:
         if os.environ.get("FOAL_PIPE_DEBUG"):
             raise
-        message = str(exc) if isinstance(exc, FoalPipeError) else os_error_message(exc)
+        message = exc.render(cli_form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
         err_console.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 

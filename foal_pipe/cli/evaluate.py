@@ -61,7 +61,7 @@ def evaluate(
         for note in ev.notes:
             err_console.print(f"Note: {note}", highlight=False, soft_wrap=True, markup=False)
         m = ev.run.metrics
-        line = f"{ev.run.dataset}: A_avg {pct(m['A_avg'])}  A_last {pct(m['A_last'])}  F {pct(m['F'])} (%)"
+        line = f"{ev.run.dataset}: A_avg {pct(m.A_avg)}  A_last {pct(m.A_last)}  F {pct(m.F)} (%)"
         if ev.paper is not None and ev.paper.comparable:
             r = ev.paper.row
             line += f"; paper ({r.title}): A_avg {r.A_avg}  A_last {r.A_last}  F {r.F}"
@@ -112,18 +112,18 @@ def summary_table(paths: list[Path]) -> Table:
     table.add_column("s", justify="right", no_wrap=True)
 
     def number(value, fmt: str) -> str:
-        return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+        return "?" if value is None else format(value, fmt)
 
-    def label(path: Path, d: dict) -> str:
-        return f"{path}\n[dim]{d.get('dataset', '?')} · {(d.get('encoder') or {}).get('name', '?')}[/]"
+    def label(path: Path, run) -> str:
+        dataset = "?" if run.dataset is None else run.dataset
+        return f"{path}\n[dim]{dataset} · {(run.encoder or {}).get('name', '?')}[/]"
 
     sweeps = []
     for entry in found:
         if entry.metrics is not None:
             m, match = entry.metrics, matches[entry.path]
-            row = [label(entry.path, m), str(m.get("n_tasks", len(m["accuracy_matrix"]))),
-                   number(m.get("projection_dim"), "d"), gamma_text(m),
-                   pct(m["A_avg"]), pct(m["A_last"]), pct(m["F"])]
+            row = [label(entry.path, m), str(len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks),
+                   number(m.projection_dim, "d"), gamma_text(m), pct(m.A_avg), pct(m.A_last), pct(m.F)]
             if with_paper:
                 row.append(
                     "-" if match is None
@@ -134,11 +134,11 @@ def summary_table(paths: list[Path]) -> Table:
         if entry.sweep is not None:
             s = entry.sweep
             choice = select(s)
-            sweeps.append(f"{len(s['results'])} by {choice.short}")
+            sweeps.append(f"{len(s.results)} by {choice.short}")
             best = result_at(s, choice.gamma)
-            tasks = s.get("n_tasks", len(s["tasks"]) if isinstance(s.get("tasks"), list) else "?")
-            row = [label(entry.path, s), str(tasks), number(s.get("projection_dim"), "d"), f"{best['gamma']:g}*",
-                   pct(best["A_avg"]), pct(best["A_last"]), pct(best["F"])]
+            tasks = s.n_tasks if s.n_tasks is not None else "?" if s.tasks is None else len(s.tasks)
+            row = [label(entry.path, s), str(tasks), number(s.projection_dim, "d"), f"{best.gamma:g}*",
+                   pct(best.A_avg), pct(best.A_last), pct(best.F)]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
     if sweeps:
         table.caption = f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"

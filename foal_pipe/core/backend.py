@@ -25,7 +25,7 @@ from array_api_compat import (
     is_torch_namespace,
 )
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 BACKENDS = ("auto", "numpy", "cupy", "torch")
 DTYPES = {"float64": np.float64, "float32": np.float32}
@@ -64,7 +64,8 @@ def _numpy_namespace() -> ModuleType:
 def _cupy_namespace() -> ModuleType:
     if _cupy() is None:
         raise FoalPipeError(
-            "--backend cupy needs CuPy and a CUDA GPU; install it with `pip install foal-pipe[gpu]` or use --backend numpy"
+            f"{param('backend', 'cupy')} needs CuPy and a CUDA GPU; install it with `pip install foal-pipe[gpu]` or use "
+            f"{param('backend', 'numpy')}"
         )
     import array_api_compat.cupy as xp
 
@@ -76,8 +77,8 @@ def _torch_namespace() -> ModuleType:
         import torch  # noqa: F401
     except ImportError:
         raise FoalPipeError(
-            "--backend torch needs PyTorch; install it with `pip install 'foal-pipe[extract]'` (or `pip install torch`) "
-            "or use --backend numpy"
+            f"{param('backend', 'torch')} needs PyTorch; install it with `pip install 'foal-pipe[extract]'` (or `pip install "
+            f"torch`) or use {param('backend', 'numpy')}"
         ) from None
     import array_api_compat.torch as xp
 

@@ -24,7 +24,7 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.backend import dtype_name
 from foal_pipe.core.linalg import checked_solve, one_hot
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
 GCV_DOF_WARNING = 0.9
@@ -55,9 +55,9 @@ def check_gamma(gamma: Any) -> float:
     try:
         value = float(gamma)
     except (TypeError, ValueError):
-        raise FoalPipeError(f"gamma must be a positive number or 'auto', got {gamma!r}; try --gamma 1") from None
+        raise FoalPipeError(f"gamma must be a positive number or 'auto', got {gamma!r}; try {param('gamma', 1)}") from None
     if not np.isfinite(value) or value <= 0:
-        raise FoalPipeError(f"gamma must be a positive number, got {gamma}; try --gamma 1")
+        raise FoalPipeError(f"gamma must be a positive number, got {gamma}; try {param('gamma', 1)}")
     return value
 
 
@@ -90,7 +90,8 @@ class RLSEngine:
         RHt = self.R @ H.T
         M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
         RHtK = checked_solve(M, RHt.T, FoalPipeError(  # M is symmetric, so (M^-1 RHt^T)^T = RHt M^-1
-            "the RLS update is singular (ill-conditioned system); use a larger --gamma or --dtype float64"
+            f"the RLS update is singular (ill-conditioned system); use a larger {param('gamma')} or "
+            f"{param('dtype', 'float64')}"
         )).T
         self.W += RHtK @ (Y - H @ self.W)
         self.R -= RHtK @ RHt.T
@@ -152,6 +153,13 @@ class GramEngine:
 
     def weights(self) -> Any:
         return self.solution()[1]
+
+    def keep_solution(self, gamma: float, W: Any) -> None:
+        """Take ``W`` (D x C, solved at ``gamma``) as the solution until the next update: a loaded model's
+        weights, as saved."""
+        G = self.statistics.G
+        xp = array_namespace(G)
+        self._solution = (float(gamma), xp.asarray(W, dtype=xp.float64, device=device(G)))
 
     @property
     def template(self) -> Any:

@@ -21,7 +21,7 @@ from foal_pipe.core.linalg import (
     not_positive_definite,
     one_hot,
 )
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
 LOO_BLOCK_VALUES = 2**22
@@ -76,7 +76,7 @@ class GammaPath(ABC):
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
                 f"diagonal entry, or the most negative eigenvalue rounding left), so its solution would be noise; "
-                f"use gammas above {self.floor:.3g} (--gammas, --gamma-grid){float64_way_out(self.dtype)}"
+                f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}){float64_way_out(self.dtype)}"
             )
         return g
 

@@ -12,7 +12,7 @@ from array_api_compat import array_namespace, device, is_numpy_namespace
 from threadpoolctl import ThreadpoolController
 
 from foal_pipe.core.backend import LINALG_ERRORS, dtype_name
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Factorisations up to this dimension run on one BLAS thread: measured on a shared 2-core machine, a
 #: 1000 x 1000 ``eigh`` took 0.18-0.35 s on one thread and 0.6-1.5 s on two under load (solve: 0.05 vs
@@ -67,7 +67,7 @@ def finite_resolution(G: Any) -> float:
     if not np.isfinite(floor):
         raise FoalPipeError(
             f"the {dtype_name(G.dtype)} Gram sums overflowed (the features are too large for this dtype); "
-            "use --dtype float64 or rescale the features"
+            f"use {param('dtype', 'float64')} or rescale the features"
         )
     return floor
 
@@ -76,19 +76,20 @@ def check_positive(gammas: np.ndarray) -> None:
     """Refuse the first gamma that is not a positive finite number."""
     bad = gammas[~(np.isfinite(gammas) & (gammas > 0))]
     if bad.size:
-        raise FoalPipeError(f"gamma must be a positive number, got {bad[0]:g}; try --gamma 1")
+        raise FoalPipeError(f"gamma must be a positive number, got {bad[0]:g}; try {param('gamma', 1)}")
 
 
 def float64_way_out(dtype: str) -> str:
-    """`` or --dtype float64`` for float32 sums; nothing for float64 sums, which have no wider dtype to go to."""
-    return "" if dtype == "float64" else " or --dtype float64"
+    """`` or dtype='float64'`` (the CLI: ``--dtype float64``) for float32 sums; nothing for float64 sums, which
+    have no wider dtype to go to."""
+    return "" if dtype == "float64" else f" or {param('dtype', 'float64')}"
 
 
 def not_positive_definite(where: str) -> FoalPipeError:
     """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma)."""
     return FoalPipeError(
         f"G + gamma I is not positive definite {where}: rounding in the Gram sums outweighs gamma, so the solve "
-        "would be noise; use a larger gamma or --dtype float64"
+        f"would be noise; use a larger gamma or {param('dtype', 'float64')}"
     )
 
 

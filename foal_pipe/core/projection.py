@@ -7,7 +7,6 @@ raw features (with ``identity``, ridge on the raw features, the ablation).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,40 +14,9 @@ from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from foal_pipe.core.activations import ACTIVATIONS, INITS, check_activation
 from foal_pipe.core.backend import default_device
 from foal_pipe.errors import FoalPipeError, as_user_error
-
-INITS = ("uniform", "normal")
-
-
-def sigmoid(z: Any) -> Any:
-    """Overflow-free logistic function, in place: 0.5 * (1 + tanh(z / 2))."""
-    xp = array_namespace(z)
-    z *= 0.5
-    out = xp.tanh(z)
-    out += 1.0
-    out *= 0.5
-    return out
-
-
-def relu(z: Any) -> Any:
-    """``max(z, 0)``, in place."""
-    z[z < 0] = 0
-    return z
-
-
-def identity(z: Any) -> Any:
-    return z
-
-
-#: Activation functions by name; each may overwrite its argument.
-ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"sigmoid": sigmoid, "relu": relu, "identity": identity}
-
-
-def check_activation(name: str) -> str:
-    if name not in ACTIVATIONS:
-        raise FoalPipeError(f"unknown activation {name!r}; choose one of {', '.join(ACTIVATIONS)}")
-    return name
 
 
 class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):

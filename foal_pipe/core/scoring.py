@@ -62,6 +62,30 @@ class Rows:
         return Rows(self.H[:n, :], None if self.low is None else self.low[:n], None if self.norms is None else self.norms[:n])
 
 
+def spread(scores: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
+    """The published code's rule for the classes a model has not seen: ``scores`` (last axis: the model's
+    classes) placed at ``positions`` of ``width`` columns, every other column scoring 0, so an unseen class wins
+    a row where every seen class scores below 0."""
+    full = np.zeros((*scores.shape[:-1], width), dtype=scores.dtype)
+    full[..., positions] = scores
+    return full
+
+
+def best_of(scores: np.ndarray, classes: np.ndarray, among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's predicted label and its score, from float64 ``scores`` (n, C) whose columns are ``classes``.
+
+    ``among=None``: the argmax over ``classes``, the classes seen (F-OAL's rule). ``among`` (every label of the
+    task, a superset of ``classes``): the argmax over those labels, a class never seen scoring 0 (:func:`spread`,
+    the published code's rule). Ties go to the first column, as in :class:`ModelScores`.
+    """
+    if among is not None:
+        among = np.asarray(among)
+        order = np.argsort(among, kind="stable")
+        scores, classes = spread(scores, order[np.searchsorted(among, classes, sorter=order)], among.size), among
+    best = np.argmax(scores, axis=1)
+    return classes[best], scores[np.arange(best.size), best]
+
+
 class ModelScores:
     """The models of one boundary, ``W`` (D x models*C, its columns model by model), and their argmax.
 
@@ -103,12 +127,8 @@ class ModelScores:
         return top
 
     def _spread(self, scores: Any) -> Any:
-        """Scores at their ``positions`` of ``width`` columns (0 elsewhere), or as they are."""
-        if self.positions is None:
-            return scores
-        full = np.zeros((*scores.shape[:2], self.width), dtype=scores.dtype)
-        full[:, :, self.positions] = scores
-        return full
+        """Scores at their ``positions`` of ``width`` columns (0 elsewhere: :func:`spread`), or as they are."""
+        return scores if self.positions is None else spread(scores, self.positions, self.width)
 
     def _exact(self, H: Any, model: int | None = None) -> np.ndarray:
         """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone."""

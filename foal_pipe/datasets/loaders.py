@@ -25,7 +25,7 @@ from foal_pipe.datasets.sources import (
     images_in,
     natural_key,
 )
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 DEFAULT_ROOT = Path("~/datasets")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -167,7 +167,8 @@ def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits
                         ) from None
                     raise FoalPipeError(
                         f"{name} not found: looked for {root / tv.folder} (torchvision's layout); pass "
-                        f"--download to fetch it into {root} ({tv.size_note}), or --data-dir DIR where "
+                        f"{param('download', True)} to fetch it into {root} ({tv.size_note}), or "
+                        f"{param('data_dir', 'DIR')} where "
                         f"DIR/{tv.folder} exists"
                     ) from None
                 except OSError as exc:  # network errors during download
@@ -200,15 +201,15 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
     """``DIR/train/<class>/*`` and ``DIR/test/<class>/*``; classes are the sorted folder names of both. With
     ``test_split``, ``DIR/<class>/*`` instead, split by :func:`split_folder`."""
     if data_dir is None:
-        raise FoalPipeError("--dataset imagefolder needs --data-dir DIR, where DIR/train/<class>/ and "
-                            "DIR/test/<class>/ hold the images (or DIR/<class>/ with --test-split)")
+        raise FoalPipeError(f"{param('dataset', 'imagefolder')} needs {param('data_dir', 'DIR')}, where DIR/train/<class>/ "
+                            f"and DIR/test/<class>/ hold the images (or DIR/<class>/ with {param('test_split')})")
     root = data_dir.expanduser()
     if test_split is not None:
         return split_folder(root, test_split, split_seed)
     for split in ("train", "test"):
         if not (root / split).is_dir():
             raise FoalPipeError(f"imagefolder dataset not found: {root / split} is not a folder; put the images "
-                                f"in {root}/train/<class>/ and {root}/test/<class>/, or pass --test-split FRACTION "
+                                f"in {root}/train/<class>/ and {root}/test/<class>/, or pass {param('test_split', 'FRACTION')} "
                                 f"to split {root}/<class>/ folders")
     names = sorted({d.name for s in ("train", "test") for d in (root / s).iterdir() if d.is_dir()})
     if not names:
@@ -218,7 +219,7 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
         paths, labels = _folder_split(root / split, names)
         if not paths:
             raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root / split}/<class>/; "
-                                "add some or check --data-dir")
+                                f"add some or check {param('data_dir')}")
         sources[split] = FileSource(paths, labels)
     return DatasetSplits("imagefolder", names, sources["train"], sources["test"], str(root))
 
@@ -228,11 +229,11 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
     rounded half up (at least 1, at most ``n - 1``), are test images, drawn by a generator seeded with ``seed`` and the
     class name (so a class's split does not depend on the other classes). Rows keep file order."""
     if not root.is_dir():
-        raise FoalPipeError(f"imagefolder dataset not found: {root} is not a folder; pass --data-dir DIR with "
+        raise FoalPipeError(f"imagefolder dataset not found: {root} is not a folder; pass {param('data_dir', 'DIR')} with "
                             "DIR/<class>/ folders of images")
     if (root / "train").is_dir() or (root / "test").is_dir():
-        raise FoalPipeError(f"{root} is already split into train/ and test/ folders; drop --test-split (or "
-                            "--data-dir a folder of class folders)")
+        raise FoalPipeError(f"{root} is already split into train/ and test/ folders; drop {param('test_split')} (or "
+                            f"{param('data_dir')} a folder of class folders)")
     names = sorted(d.name for d in root.iterdir() if d.is_dir())
     if not names:
         raise FoalPipeError(f"{root} has no class folders; put the images in {root}/<class>/")
@@ -241,7 +242,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
     for k, name in enumerate(names):
         files = images_in(root / name)
         if len(files) < 2:
-            raise FoalPipeError(f"{root / name} has {len(files)} image{'s' * (len(files) != 1)}; --test-split needs "
+            raise FoalPipeError(f"{root / name} has {len(files)} image{'s' * (len(files) != 1)}; {param('test_split')} needs "
                                 "at least 2 per class (one to train on, one to test): add images or remove the folder")
         n_test = min(max(int(np.floor(fraction * len(files) + 0.5)), 1), len(files) - 1)
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
@@ -260,13 +261,13 @@ def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
     """Every image under ``DIR`` (recursively), unlabelled (label -1), as the test split; the train split is
     empty. For ``predict --features`` on images nobody has labelled."""
     if data_dir is None:
-        raise FoalPipeError("--dataset images needs --data-dir DIR, the folder that holds the images")
+        raise FoalPipeError(f"{param('dataset', 'images')} needs {param('data_dir', 'DIR')}, the folder that holds the images")
     root = data_dir.expanduser()
     if not root.is_dir():
-        raise FoalPipeError(f"images folder not found: {root} is not a folder; pass --data-dir DIR")
+        raise FoalPipeError(f"images folder not found: {root} is not a folder; pass {param('data_dir', 'DIR')}")
     paths = images_in(root)
     if not paths:
-        raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check --data-dir")
+        raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check {param('data_dir')}")
     from foal_pipe.store import UNLABELLED  # zarr: not imported for `foal-pipe --help`
 
     return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths)),
@@ -341,11 +342,11 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
     import h5py
 
     if data_dir is None:
-        raise FoalPipeError("--dataset hdf5 needs --data-dir FILE.h5 (with train/images, train/labels, "
-                            "test/images, test/labels)")
+        raise FoalPipeError(f"{param('dataset', 'hdf5')} needs {param('data_dir', 'FILE.h5')} (with train/images, "
+                            "train/labels, test/images, test/labels)")
     path = data_dir.expanduser()
     if not path.is_file():
-        raise FoalPipeError(f"HDF5 dataset not found: {path} is not a file; pass --data-dir FILE.h5")
+        raise FoalPipeError(f"HDF5 dataset not found: {path} is not a file; pass {param('data_dir', 'FILE.h5')}")
     try:
         f = h5py.File(path, "r")
     except OSError as exc:

@@ -18,7 +18,7 @@ from foal_pipe.datasets.loaders import (
     torchvision_loader,
 )
 from foal_pipe.datasets.sources import DatasetSplits
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,9 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     elif entry.splittable:
         splits = entry.load(folder, download, test_split=test_split, split_seed=split_seed)
     else:
-        raise FoalPipeError(f"--dataset {name} comes with its own train and test splits; drop --test-split (it "
-                            "splits a folder of class folders: --dataset imagefolder)")
+        raise FoalPipeError(f"{param('dataset', name)} comes with its own train and test splits; drop {param('test_split')} "
+                            f"(it splits a folder of class folders: {param('dataset', 'imagefolder')})")
     for split in ("train", "test") if name != "images" else ("test",):  # unlabelled images: no train split
         if len(splits.split(split)) == 0:
-            raise FoalPipeError(f"dataset {name} has no {split} images at {splits.location}; check --data-dir")
+            raise FoalPipeError(f"dataset {name} has no {split} images at {splits.location}; check {param('data_dir')}")
     return splits

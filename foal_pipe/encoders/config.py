@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foal_pipe.encoders.fusion import TOKENS
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import parse_fusion
 
 PAPER_MODEL = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
@@ -41,10 +41,10 @@ def parse_model_kwargs(text: str | None) -> ModelKwargs:
     for item in text.split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or not key or not value:
-            raise FoalPipeError(f"--model-kwargs item {item.strip()!r} is not NAME=VALUE; write e.g. "
-                                "--model-kwargs depth=2,patch_size=4,img_size=32")
+            raise FoalPipeError(f"{param('model_kwargs')} item {item.strip()!r} is not NAME=VALUE; write e.g. "
+                                f"{param('model_kwargs', 'depth=2,patch_size=4,img_size=32')}")
         if key in items:
-            raise FoalPipeError(f"--model-kwargs gives {key} twice; give each argument once")
+            raise FoalPipeError(f"{param('model_kwargs')} gives {key} twice; give each argument once")
         items[key] = _typed(value)
     return tuple(sorted(items.items()))
 
@@ -57,12 +57,13 @@ def format_model_kwargs(kwargs: ModelKwargs) -> str:
 def _check_model_kwargs(kwargs: ModelKwargs) -> None:
     for key, value in kwargs:
         if not str(key).isidentifier():
-            raise FoalPipeError(f"--model-kwargs name {key!r} is not an argument name; write NAME=VALUE, e.g. depth=2")
+            raise FoalPipeError(f"{param('model_kwargs')} name {key!r} is not an argument name; write NAME=VALUE, e.g. "
+                                "depth=2")
         if key in RESERVED_KWARGS:
-            raise FoalPipeError(f"--model-kwargs {key} is set by foal-pipe itself; drop it (the classifier head is "
-                                "always removed, weights come from the tag or --checkpoint)")
+            raise FoalPipeError(f"{param('model_kwargs')} {key} is set by foal-pipe itself; drop it (the classifier head is "
+                                f"always removed, weights come from the tag or {param('checkpoint')})")
         if not isinstance(value, bool | int | float | str):
-            raise FoalPipeError(f"--model-kwargs {key} has a {type(value).__name__} value; use an int, float, "
+            raise FoalPipeError(f"{param('model_kwargs')} {key} has a {type(value).__name__} value; use an int, float, "
                                 "bool or str")
 
 
@@ -82,13 +83,14 @@ class EncoderConfig:
     model_kwargs: ModelKwargs = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fusion", parse_fusion(self.fusion, "--fusion").text)  # the canonical spec
+        object.__setattr__(self, "fusion", parse_fusion(self.fusion, param("fusion")).text)  # the canonical spec
         if self.token not in TOKENS:
-            raise FoalPipeError(f"unknown --token {self.token!r}; choose one of: {', '.join(TOKENS)}")
+            raise FoalPipeError(f"unknown {param('token')} {self.token!r}; choose one of: {', '.join(TOKENS)}")
         if self.image_size is not None and self.image_size < 1:
-            raise FoalPipeError(f"--image-size must be a positive number of pixels, got {self.image_size}")
+            raise FoalPipeError(f"{param('image_size')} must be a positive number of pixels, got {self.image_size}")
         _check_model_kwargs(self.model_kwargs)
         img_size = dict(self.model_kwargs).get("img_size")
         if self.image_size is not None and img_size is not None and img_size != self.image_size:
-            raise FoalPipeError(f"--image-size {self.image_size} and --model-kwargs img_size={img_size} disagree; "
+            raise FoalPipeError(f"{param('image_size', self.image_size)} and {param('model_kwargs', f'img_size={img_size}')} "
+                                "disagree; "
                                 "give the input size once")

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import NORMS, parse_fusion
 
 TOKENS: dict[str, Callable[[Any, int], Any]] = {
@@ -68,7 +68,7 @@ def norm_parameters(norm: Any) -> dict[str, Any]:
     kind = norm_kind(norm)
     if kind is None:
         raise FoalPipeError(f"the final norm {type(norm).__name__} is not one foal-pipe can recompute "
-                            f"({', '.join(NORMS)}); extract without --keep-blocks")
+                            f"({', '.join(NORMS)}); extract without {param('keep_blocks', True)}")
     if kind == "identity":
         return {"kind": kind, "eps": 0.0}
     (dim,) = norm.normalized_shape
@@ -85,7 +85,7 @@ def fusion_blocks(fusion: str, n_blocks: int, name: str) -> range:
     try:
         return parse_fusion(fusion).blocks(n_blocks)
     except FoalPipeError as exc:
-        raise FoalPipeError(f"{name}: {exc}") from None
+        raise FoalPipeError(f"{name}: {exc.template}") from None
 
 
 def _remove_hooks(handles: list[Any]) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import EncoderConfig
 from foal_pipe.encoders.resize import resize_on_device
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 
 class PixelsEncoder(Encoder):
@@ -20,10 +20,10 @@ class PixelsEncoder(Encoder):
     needs_torch = False
 
     def __init__(self, config: EncoderConfig, native_size: int | None = None):
-        for option, value in (("--checkpoint", config.checkpoint), ("--model-kwargs", config.model_kwargs)):
+        for option, value in ((param("checkpoint"), config.checkpoint), (param("model_kwargs"), config.model_kwargs)):
             if value:
-                raise FoalPipeError(f"--model pixels has no weights or architecture, so {option} does not apply; "
-                                    f"drop {option} or choose a timm --model")
+                raise FoalPipeError(f"{param('model', 'pixels')} has no weights or architecture, so {option} does not "
+                                    f"apply; drop {option} or choose a timm {param('model')}")
         self.config = config
         self.name = "pixels"
         self.image_size = config.image_size or native_size or 32

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.encoders.runtime import torch_version
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 RESIZE_ON = ("auto", "device", "workers")
 PRECISION_BITS = 22
@@ -122,12 +122,12 @@ def resolve_resize_on(resize_on: str, native_size: int | None, image_size: int, 
     then does the work and the workers move small native-size batches), else the workers. Images that already
     have the model's size are not resized anywhere (``workers``)."""
     if resize_on not in RESIZE_ON:
-        raise FoalPipeError(f"unknown --resize-on {resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
+        raise FoalPipeError(f"unknown {param('resize_on')} {resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
     if resize_on == "workers" or native_size == image_size or (resize_on == "auto" and device != "cuda"):
         return "workers"
     problem = device_resize_problem(native_size, interpolation)
     if resize_on == "auto":
         return "workers" if problem else "device"
     if problem:
-        raise FoalPipeError(f"--resize-on device {problem}; use --resize-on workers (or auto)")
+        raise FoalPipeError(f"{param('resize_on', 'device')} {problem}; use {param('resize_on', 'workers')} (or auto)")
     return "device"

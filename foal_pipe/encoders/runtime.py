@@ -10,7 +10,7 @@ import importlib
 from contextlib import nullcontext
 from typing import Any
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -28,7 +28,7 @@ def require_extract_stack(what: str) -> None:
             missing.append(module)
     if missing:
         raise FoalPipeError(f"{what} needs torch, torchvision and timm (not installed: {', '.join(missing)}); run "
-                            f"{INSTALL_EXTRACT}, or use --model pixels (which needs none of them)")
+                            f"{INSTALL_EXTRACT}, or use {param('model', 'pixels')} (which needs none of them)")
 
 
 def _torch() -> Any:
@@ -49,23 +49,24 @@ def torch_version() -> str | None:
 def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when available, else ``cpu``; asking for CUDA without it is an error."""
     if device not in DEVICES:
-        raise FoalPipeError(f"unknown --device {device!r}; choose one of: {', '.join(DEVICES)}")
+        raise FoalPipeError(f"unknown {param('device')} {device!r}; choose one of: {', '.join(DEVICES)}")
     torch = _torch()
     cuda = torch is not None and torch.cuda.is_available()
     if device == "auto":
         return "cuda" if cuda else "cpu"
     if device == "cuda" and torch is None:
-        raise FoalPipeError(f"--device cuda needs torch, which is not installed; run {INSTALL_EXTRACT} (with a CUDA "
-                            "build of torch) or use --device cpu")
+        raise FoalPipeError(f"{param('device', 'cuda')} needs torch, which is not installed; run {INSTALL_EXTRACT} (with "
+                            f"a CUDA build of torch) or use {param('device', 'cpu')}")
     if device == "cuda" and not cuda:
-        raise FoalPipeError(f"--device cuda but CUDA is not available to torch {torch.__version__}; use --device cpu")
+        raise FoalPipeError(f"{param('device', 'cuda')} but CUDA is not available to torch {torch.__version__}; use "
+                            f"{param('device', 'cpu')}")
     return device
 
 
 def resolve_precision(precision: str, device: str) -> str:
     """``auto`` -> ``bf16`` on CUDA, ``fp32`` on CPU."""
     if precision not in PRECISIONS:
-        raise FoalPipeError(f"unknown --precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+        raise FoalPipeError(f"unknown {param('precision')} {precision!r}; choose one of: {', '.join(PRECISIONS)}")
     if precision == "auto":
         return "bf16" if device == "cuda" else "fp32"
     return precision

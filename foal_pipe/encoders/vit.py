@@ -15,7 +15,7 @@ from foal_pipe.encoders.fusion import BlockFusion, final_norm, fusion_blocks, no
 from foal_pipe.encoders.resize import resize_on_device
 from foal_pipe.encoders.runtime import autocast, require_extract_stack
 from foal_pipe.encoders.weights import Architecture, describe_weights, load_model, pos_embed_resampling
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 
 def _unknown_model_message(name: str) -> str:
@@ -41,11 +41,11 @@ def _skeleton(arch: Architecture) -> Any:
         if "pretrained tag" in str(exc) or "Invalid" in str(exc):
             raise FoalPipeError(f"{arch.name}: {first}; see timm.list_pretrained('{arch.name.split('.')[0]}*') "
                                 "for valid tags") from None
-        raise FoalPipeError(f"cannot build timm model {arch.describe()} ({first}); check --model, --model-kwargs "
-                            "and --image-size") from None
+        raise FoalPipeError(f"cannot build timm model {arch.describe()} ({first}); check {param('model')}, "
+                            f"{param('model_kwargs')} and {param('image_size')}") from None
     except (TypeError, AssertionError, ValueError) as exc:
-        raise FoalPipeError(f"cannot build timm model {arch.describe()} ({exc}); check --model, --model-kwargs and "
-                            "--image-size (it must suit the patch size)") from None
+        raise FoalPipeError(f"cannot build timm model {arch.describe()} ({exc}); check {param('model')}, "
+                            f"{param('model_kwargs')} and {param('image_size')} (it must suit the patch size)") from None
 
 
 class TimmEncoder(Encoder):
@@ -55,7 +55,7 @@ class TimmEncoder(Encoder):
     alone (with ``model_kwargs`` beside it) for a ``--checkpoint`` or random weights."""
 
     def __init__(self, config: EncoderConfig, native_size: int | None = None):
-        require_extract_stack(f"--model {config.name}")
+        require_extract_stack(param("model", config.name))
         import timm
         import torch
 
@@ -77,7 +77,7 @@ class TimmEncoder(Encoder):
         has_cls = getattr(skeleton, "cls_token", None) is not None
         self.num_prefix = int(getattr(skeleton, "num_prefix_tokens", 1 if has_cls else 0))
         if config.token == "cls" and not has_cls:
-            raise FoalPipeError(f"{config.name} has no CLS token; use --token mean (mean of the patch tokens)")
+            raise FoalPipeError(f"{config.name} has no CLS token; use {param('token', 'mean')} (mean of the patch tokens)")
         cfg = dict(skeleton.pretrained_cfg)
         self.arch.pretrained_cfg = cfg
         self.architecture = cfg.get("architecture") or config.name.split(".")[0]

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from foal_pipe.encoders.config import EncoderConfig, ModelKwargs, format_model_kwargs
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 SEED = 0
 """Seed of every model built before its weights are loaded (random weights are exactly this init)."""
@@ -98,12 +98,12 @@ def describe_weights(config: EncoderConfig, pretrained_cfg: dict[str, Any], name
     if config.checkpoint:
         path = Path(config.checkpoint).expanduser()
         if path.is_dir():
-            raise FoalPipeError(f"--checkpoint {path} is a directory; pass the .safetensors or .pth state dict file "
+            raise FoalPipeError(f"{param('checkpoint')} {path} is a directory; pass the .safetensors or .pth state dict file "
                                 "inside it")
         if not path.is_file():
-            raise FoalPipeError(f"--checkpoint {path} does not exist; pass a .safetensors or .pth state dict")
+            raise FoalPipeError(f"{param('checkpoint')} {path} does not exist; pass a .safetensors or .pth state dict")
         if path.suffix.lower() not in READERS:
-            raise FoalPipeError(f"--checkpoint {path} has suffix {path.suffix!r}; expected one of "
+            raise FoalPipeError(f"{param('checkpoint')} {path} has suffix {path.suffix!r}; expected one of "
                                 f"{', '.join(CHECKPOINT_SUFFIXES)} (a state dict)")
         return {"source": "checkpoint", "path": str(path.resolve()), "bytes": path.stat().st_size,
                 "sha256": file_sha256(path)}
@@ -113,7 +113,7 @@ def describe_weights(config: EncoderConfig, pretrained_cfg: dict[str, Any], name
         return {"source": "hf-hub", "id": str(pretrained_cfg["hf_hub_id"])}
     if pretrained_cfg.get("url"):
         return {"source": "url", "url": str(pretrained_cfg["url"])}
-    raise FoalPipeError(f"timm has no pretrained weights for {name}; pass --checkpoint FILE or choose a tag from "
+    raise FoalPipeError(f"timm has no pretrained weights for {name}; pass {param('checkpoint', 'FILE')} or choose a tag from "
                         "timm.list_pretrained()")
 
 
@@ -140,7 +140,7 @@ def read_state_dict(path: Path, expected_sha256: str) -> dict[str, Any]:
 
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != expected_sha256:
-        raise FoalPipeError(f"--checkpoint {path} changed after it was hashed; re-run once it no longer changes")
+        raise FoalPipeError(f"{param('checkpoint')} {path} changed after it was hashed; re-run once it no longer changes")
     fix = ("save the weights with safetensors.torch.save_file(model.state_dict(), FILE) or "
            "torch.save(model.state_dict(), FILE)")
     try:
@@ -148,27 +148,27 @@ def read_state_dict(path: Path, expected_sha256: str) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: (GLOBAL )?([\w.]+)", str(exc))
         what = f" ({found.group(2)})" if found else ""
-        raise FoalPipeError(f"--checkpoint {path} holds pickled Python objects{what}, not only tensors, and is not "
+        raise FoalPipeError(f"{param('checkpoint')} {path} holds pickled Python objects{what}, not only tensors, and is not "
                             f"unpickled; {fix}") from None
     except Exception as exc:
-        raise FoalPipeError(f"cannot read --checkpoint {path} as a state dict ({_one_line(exc)}); {fix}") from None
+        raise FoalPipeError(f"cannot read {param('checkpoint')} {path} as a state dict ({_one_line(exc)}); {fix}") from None
     if not isinstance(state, dict):
-        raise FoalPipeError(f"--checkpoint {path} holds a {type(state).__name__}, not a state dict (parameter names "
+        raise FoalPipeError(f"{param('checkpoint')} {path} holds a {type(state).__name__}, not a state dict (parameter names "
                             f"to tensors); {fix}")
     wrapped = [key for key in WRAPPERS if isinstance(state.get(key), dict)]
     if len(wrapped) > 1:
-        raise FoalPipeError(f"--checkpoint {path} holds both 'state_dict' and 'model'; which are the weights is "
+        raise FoalPipeError(f"{param('checkpoint')} {path} holds both 'state_dict' and 'model'; which are the weights is "
                             f"ambiguous: {fix}")
     if wrapped:
         state = state[wrapped[0]]
     bad = [(k, v) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
         key, value = bad[0]
-        raise FoalPipeError(f"--checkpoint {path}: entry {key!r} is a {type(value).__name__}, not a tensor "
+        raise FoalPipeError(f"{param('checkpoint')} {path}: entry {key!r} is a {type(value).__name__}, not a tensor "
                             f"({len(bad)} such entries); {fix} (a training checkpoint may hold it under "
                             "'state_dict' or 'model')")
     if not state:
-        raise FoalPipeError(f"--checkpoint {path} holds no tensors; {fix}")
+        raise FoalPipeError(f"{param('checkpoint')} {path} holds no tensors; {fix}")
     return state
 
 
@@ -212,8 +212,9 @@ def fit_state_dict(state: dict[str, Any], model: Any, head: set[str], path: Path
         return state
     in_file, in_model = _n_blocks(list(state)), _n_blocks(list(want))
     hint = f"; the file has {in_file} blocks, the model {in_model}" if in_file != in_model else ""
-    raise FoalPipeError(f"--checkpoint {path} does not fit {arch.describe()}: {_mismatch(missing, unexpected, shapes)}"
-                        f"{hint}; pass the --model, --model-kwargs and --image-size it was saved with")
+    raise FoalPipeError(f"{param('checkpoint')} {path} does not fit {arch.describe()}: "
+                        f"{_mismatch(missing, unexpected, shapes)}{hint}; pass the {param('model')}, {param('model_kwargs')} "
+                        f"and {param('image_size')} it was saved with")
 
 
 def _unwrapped(state: Any) -> Any:
@@ -300,8 +301,8 @@ def _pretrained_model(arch: Architecture, label: str) -> Any:
         shapes = [m.group(1) for line in lines if (m := re.search(r"size mismatch for (\S+):", line))]
         found = _mismatch(keys["Missing key(s)"], keys["Unexpected key(s)"], shapes) or _one_line(exc)
         raise FoalPipeError(f"the pretrained weights of {label} do not fit {arch.describe()}: {found}; "
-                            "drop the --model-kwargs that change the architecture (depth, embed_dim, num_heads, ...) "
-                            "or pass a --checkpoint saved from it") from None
+                            f"drop the {param('model_kwargs')} that change the architecture (depth, embed_dim, num_heads, "
+                            f"...) or pass a {param('checkpoint')} saved from it") from None
     model.reset_classifier(0)
     return model
 
@@ -323,9 +324,9 @@ def no_weights(label: str, why: str) -> FoalPipeError:
     from huggingface_hub import constants
 
     return FoalPipeError(
-        f"no weights for {label}: {why}; pass --checkpoint FILE (a local .safetensors or .pth state dict), or "
+        f"no weights for {label}: {why}; pass {param('checkpoint', 'FILE')} (a local .safetensors or .pth state dict), or "
         f"download them once on a machine with network (into the Hugging Face cache, {constants.HF_HUB_CACHE}) "
-        "and run with HF_HUB_OFFLINE=1, or use --model pixels"
+        f"and run with HF_HUB_OFFLINE=1, or use {param('model', 'pixels')}"
     )
 
 

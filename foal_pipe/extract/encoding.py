@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, to_rgb_array
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Provenance keys that decide the features an encoder computes (not where it ran or which library built it).
 ENCODER_KEYS = ("name", "fusion", "token", "image_size", "normalize", "mean", "std", "interpolation", "resize", "dim",
@@ -43,18 +43,18 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     from foal_pipe.encoders import DEVICES, EncoderConfig, build_encoder, resolve_device
 
     if device not in DEVICES:  # checked first: an encoder that ignores the device must not accept any name
-        raise FoalPipeError(f"unknown --device {device!r}; choose one of: {', '.join(DEVICES)}")
+        raise FoalPipeError(f"unknown {param('device')} {device!r}; choose one of: {', '.join(DEVICES)}")
     if not spec:
         raise FoalPipeError("the model records no encoder provenance, so it cannot encode images; extract a store "
-                            "with `foal-pipe extract` and pass --features")
+                            f"with `foal-pipe extract` and pass {param('features')}")
     weights = spec.get("weights") or {}
     source = weights.get("source", "none")
     if source == "checkpoint" and checkpoint is None:
         raise FoalPipeError(f"the model's encoder {spec.get('name')} was loaded from a checkpoint (sha256 "
-                            f"{str(weights.get('sha256'))[:12]}...); pass --checkpoint FILE with those weights")
+                            f"{str(weights.get('sha256'))[:12]}...); pass {param('checkpoint', 'FILE')} with those weights")
     if source != "checkpoint" and checkpoint is not None:
         raise FoalPipeError(f"the model's encoder {spec.get('name')} has {source} weights, not a checkpoint; "
-                            "drop --checkpoint")
+                            f"drop {param('checkpoint')}")
     config = dict(name=spec.get("requested") or spec["name"], fusion=spec.get("fusion", "mean-cls"),
                   token=spec.get("token", "cls"), normalize=bool(spec.get("normalize", True)),
                   checkpoint=str(checkpoint) if checkpoint is not None else None, pretrained=source != "random",
@@ -66,7 +66,7 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
         encoder = build_encoder(EncoderConfig(**config, image_size=spec.get("image_size")))
     ours = encoder.provenance()
     if source == "checkpoint" and ours["weights"].get("sha256") != weights.get("sha256"):
-        raise FoalPipeError(f"--checkpoint {checkpoint} has sha256 {ours['weights'].get('sha256', '')[:12]}... but the "
+        raise FoalPipeError(f"{param('checkpoint')} {checkpoint} has sha256 {ours['weights'].get('sha256', '')[:12]}... but the "
                             f"model's encoder was trained with {str(weights.get('sha256'))[:12]}...; pass the "
                             "checkpoint the model's store was extracted with")
     key = first_difference(spec, ours, [k for k in ENCODER_KEYS if k in spec])
@@ -95,7 +95,7 @@ def find_images(patterns: Sequence[str | Path]) -> list[Path]:
                 raise FoalPipeError(f"{pattern} matches no image file; pass image files, folders or glob patterns")
             found += files
     if not found:
-        raise FoalPipeError("no images given; pass --images with files, folders or glob patterns")
+        raise FoalPipeError(f"no images given; pass {param('images')} with files, folders or glob patterns")
     return found
 
 
@@ -129,8 +129,8 @@ def encode_files(encoder: Any, paths: Sequence[Path], batch_size: int = BATCH_SI
             except Exception as exc:  # any decoder error: named, never a traceback
                 detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if not skip_bad:
-                    raise FoalPipeError(f"cannot read image {path} ({detail}); fix or remove it, or pass --skip-bad "
-                                        "to skip unreadable files") from None
+                    raise FoalPipeError(f"cannot read image {path} ({detail}); fix or remove it, or pass "
+                                        f"{param('skip_bad', True)} to skip unreadable files") from None
                 skipped.append(f"{path} ({detail})")
                 continue
             names.append(path)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.datasets.sources import PreparedImages
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inputs, now, open_inputs, runtime_info
 from foal_pipe.extract.state import StoreState, check_store, create_store, finish_store, is_zarr_dir, staging_path
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
@@ -125,10 +125,11 @@ def extract_rows(
             feats, tokens = encoder.encode_blocks(pixels, spec.blocks_dtype)
             feats = feats.astype(spec.dtype)
             _check_finite(tokens, f"block tokens at {split}", chunk_lo + filled, f"precision {inputs.precision}, "
-                          f"--blocks-dtype {spec.blocks_dtype}", "use --precision fp32 or --blocks-dtype float32")
+                          f"{param('blocks_dtype', spec.blocks_dtype)}",
+                          f"use {param('precision', 'fp32')} or {param('blocks_dtype', 'float32')}")
             kept[filled : filled + len(tokens)] = tokens
         _check_finite(feats, f"features at {split}", chunk_lo + filled, f"precision {inputs.precision}, dtype "
-                      f"{spec.dtype}", "use --precision fp32 or --dtype float32")
+                      f"{spec.dtype}", f"use {param('precision', 'fp32')} or {param('dtype', 'float32')}")
         buffer[filled : filled + len(feats)] = feats
         filled += len(feats)
         if on_batch:

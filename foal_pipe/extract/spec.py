@@ -27,7 +27,7 @@ from foal_pipe.encoders import (
     resolve_resize_on,
     torch_version,
 )
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store import BLOCK_DTYPES, SPLITS
 from foal_pipe.store.blockfusion import NORMS
 
@@ -77,24 +77,25 @@ class ExtractSpec:
 
     def __post_init__(self) -> None:
         if self.test_split is not None and not 0 < self.test_split < 1:
-            raise FoalPipeError(f"--test-split must be a fraction between 0 and 1 (the share of each class's images "
+            raise FoalPipeError(f"{param('test_split')} must be a fraction between 0 and 1 (the share of each class's images "
                                 f"to test on), got {self.test_split}")
         if self.split_seed < 0:
-            raise FoalPipeError(f"--split-seed must be 0 or more, got {self.split_seed}")
+            raise FoalPipeError(f"{param('split_seed')} must be 0 or more, got {self.split_seed}")
         if self.split_seed and self.test_split is None:
-            raise FoalPipeError("--split-seed draws the split of --test-split; pass --test-split FRACTION too")
+            raise FoalPipeError(f"{param('split_seed')} draws the split of {param('test_split')}; pass "
+                                f"{param('test_split', 'FRACTION')} too")
         if self.dtype not in DTYPES:
-            raise FoalPipeError(f"unknown --dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+            raise FoalPipeError(f"unknown {param('dtype')} {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.resize_on not in RESIZE_ON:
-            raise FoalPipeError(f"unknown --resize-on {self.resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
+            raise FoalPipeError(f"unknown {param('resize_on')} {self.resize_on!r}; choose one of: {', '.join(RESIZE_ON)}")
         if self.blocks_dtype not in BLOCK_DTYPES:
-            raise FoalPipeError(f"unknown --blocks-dtype {self.blocks_dtype!r}; choose one of: "
+            raise FoalPipeError(f"unknown {param('blocks_dtype')} {self.blocks_dtype!r}; choose one of: "
                                 f"{', '.join(BLOCK_DTYPES)}")
         for option, value in (("--chunk-rows", self.chunk_rows), ("--batch-size", self.batch_size)):
             if value is not None and value < 1:
                 raise FoalPipeError(f"{option} must be at least 1, got {value}")
         if self.workers is not None and self.workers < 0:
-            raise FoalPipeError(f"--workers must be 0 (load in the main process) or more, got {self.workers}")
+            raise FoalPipeError(f"{param('workers')} must be 0 (load in the main process) or more, got {self.workers}")
 
     @property
     def out_path(self) -> Path:
@@ -143,11 +144,12 @@ def open_inputs(spec: ExtractSpec) -> Inputs:
 def _check_keeps_blocks(encoder: Encoder) -> None:
     """``--keep-blocks`` needs transformer blocks and a final norm the reader can recompute."""
     if not getattr(encoder, "n_blocks", 0):
-        raise FoalPipeError(f"--model {encoder.name} has no transformer blocks, so --keep-blocks does not apply; drop "
-                            "--keep-blocks or choose a timm ViT --model")
+        raise FoalPipeError(f"{param('model', encoder.name)} has no transformer blocks, so {param('keep_blocks')} does not "
+                            f"apply; drop {param('keep_blocks', True)} or choose a timm ViT {param('model')}")
     if getattr(encoder, "norm_kind", None) is None:
-        raise FoalPipeError(f"--keep-blocks: the final norm of {encoder.name} is not one foal-pipe can recompute "
-                            f"({', '.join(NORMS)}); drop --keep-blocks and extract one store per --fusion")
+        raise FoalPipeError(f"{param('keep_blocks')}: the final norm of {encoder.name} is not one foal-pipe can recompute "
+                            f"({', '.join(NORMS)}); drop {param('keep_blocks', True)} and extract one store per "
+                            f"{param('fusion')}")
 
 
 def load_inputs(inputs: Inputs) -> Inputs:

@@ -10,7 +10,7 @@ from typing import Any
 
 import zarr
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
 from foal_pipe.store import (
     FORMAT,
@@ -117,7 +117,7 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
         return None
     if not out.is_dir() or (any(out.iterdir()) and not is_zarr_dir(out)):
         raise FoalPipeError(f"{out} exists and is not a feature store; refusing to replace it: choose another "
-                            "--out or remove it")
+                            f"{param('out')} or remove it")
     if not any(out.iterdir()):
         return None
     settings = store_settings(spec, inputs)
@@ -141,19 +141,19 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
     except Exception:  # unreadable metadata: not ours to resume
         attrs, group = {}, None
     if attrs.get("format") != FORMAT or not isinstance(attrs.get("extract"), dict):
-        raise FoalPipeError(f"{out} is a Zarr store but not one written by `foal-pipe extract`; pass --overwrite "
-                            "to replace it or choose another --out")
+        raise FoalPipeError(f"{out} is a Zarr store but not one written by `foal-pipe extract`; pass {param('overwrite', True)} "
+                            f"to replace it or choose another {param('out')}")
     if attrs.get("format_version") != FORMAT_VERSION or type(attrs.get("format_version")) is not int:
         raise FoalPipeError(f"{out} was written in store format {attrs.get('format_version')!r}, this foal-pipe "
-                            f"writes format {FORMAT_VERSION}; pass --overwrite to extract it again")
+                            f"writes format {FORMAT_VERSION}; pass {param('overwrite', True)} to extract it again")
     diffs = _differences(attrs["extract"], settings)
     if diffs:
         raise FoalPipeError(f"{out} was extracted with different settings ({'; '.join(diffs[:4])}); re-run with "
-                            "the original options to resume it, or pass --overwrite to replace it")
+                            f"the original options to resume it, or pass {param('overwrite', True)} to replace it")
     rows = dict(settings["rows"])
     recorded = attrs.get("progress")
     progress = {}
-    damaged = f"{out} is damaged (%s); pass --overwrite to extract it again"
+    damaged = f"{out} is damaged (%s); pass {param('overwrite', True)} to extract it again"
     for split in SPLITS:
         try:
             features = group[f"{split}/features"]

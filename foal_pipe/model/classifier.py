@@ -16,8 +16,9 @@ from sklearn.utils.validation import validate_data
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma
 from foal_pipe.core.projection import SmoothProjection
+from foal_pipe.core.scoring import best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError, as_user_error
+from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.model.modelfile import read_model, write_model
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -148,11 +149,11 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
                 raise FoalPipeError(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels; pass one label per row")
         return X, y
 
-    def _state_array(self, X: Any) -> Any:
-        """``X`` in the state's namespace, device and dtype, refused if not finite."""
+    def _state_array(self, X: Any, dtype: Any = None) -> Any:
+        """``X`` in the state's namespace and device, in the state's dtype (or ``dtype``), refused if not finite."""
         xp = get_namespace(self.backend)
         like = self._engine.template
-        X = xp.asarray(X, dtype=like.dtype, device=device(like))
+        X = xp.asarray(X, dtype=like.dtype if dtype is None else dtype, device=device(like))
         if not bool(xp.all(xp.isfinite(X))):
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         return X
@@ -261,8 +262,8 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         xp = get_namespace(self.backend)
         if not bool(xp.all(xp.isfinite(W))):
             raise FoalPipeError(
-                "the classifier has non-finite weights (ill-conditioned system); use a larger --gamma "
-                "or --dtype float64"
+                f"the classifier has non-finite weights (ill-conditioned system); use a larger {param('gamma')} "
+                f"or {param('dtype', 'float64')}"
             )
         return W
 
@@ -274,22 +275,37 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     def coef_(self) -> np.ndarray:
         return self.weights_.T
 
-    def _scores(self, X: Any) -> np.ndarray:
+    def class_scores(self, X: Any) -> np.ndarray:
+        """Scores ``X @ W``, shape (n_samples, n_classes), columns in ``classes_`` order: float64 products of
+        ``X`` and the weights (solved in float64), whatever the state dtype. What :meth:`predict` ranks, and,
+        unlike :meth:`decision_function`, one column per class with two classes too."""
         self._check_fitted()
         X, _ = self._validate(X)
         W = self._weights()
-        return to_numpy(self._state_array(X) @ W)
+        xp = get_namespace(self.backend)
+        X = self._state_array(X, xp.float64)
+        return to_numpy(X @ xp.asarray(W, dtype=xp.float64))
 
     def decision_function(self, X: Any) -> np.ndarray:
-        """Scores ``X @ W``, shape (n_samples, n_classes); with two classes, scikit-learn's (n_samples,)
-        margin ``score[:, 1] - score[:, 0]`` (positive means ``classes_[1]``)."""
-        scores = self._scores(X)
+        """:meth:`class_scores`; with two classes, scikit-learn's (n_samples,) margin ``score[:, 1] - score[:, 0]``
+        (positive means ``classes_[1]``)."""
+        scores = self.class_scores(X)
         return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
-    def predict(self, X: Any) -> np.ndarray:
-        """The class with the highest score, among the classes seen so far."""
-        scores = self._scores(X)
-        return self.classes_[np.argmax(scores, axis=1)]
+    def predict(self, X: Any, classes: Any = None) -> np.ndarray:
+        """The class with the highest score among ``classes_``, the classes seen so far (F-OAL's rule).
+
+        ``classes``: every label of the task (the published code's rule): the argmax then runs over those labels,
+        a label never seen scoring 0, so it wins a row where every seen class scores below 0.
+        """
+        scores = self.class_scores(X)
+        if classes is not None:
+            classes = np.unique(np.asarray(classes).ravel())
+            if not np.isin(self.classes_, classes).all():
+                missing = np.setdiff1d(self.classes_, classes)[:3].tolist()
+                raise FoalPipeError(f"classes lacks the seen labels {missing}; pass every label of the task, those in "
+                                    "classes_ included")
+        return best_of(scores, self.classes_, classes)[0]
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
@@ -320,4 +336,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         clf = cls(gamma="auto" if auto else meta["gamma"], engine=meta["engine"], dtype=meta["dtype"], backend=backend,
                   gamma_grid=meta["gamma_grid"] if auto else None)
         classes = tensors["classes"].astype(np.int64)
-        return clf._restore(tensors, classes, meta["n_samples_seen"], int(tensors["W"].shape[0]))
+        clf._restore(tensors, classes, meta["n_samples_seen"], int(tensors["W"].shape[0]))
+        if isinstance(clf._engine, GramEngine):  # the weights as saved: no solve, the same bits on any machine
+            clf._engine.keep_solution(meta["gamma"], tensors["W"])
+        return clf

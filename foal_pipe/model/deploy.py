@@ -49,7 +49,6 @@ class DeployedModel:
         self.encoder_spec = encoder_spec
         self.metadata = dict(metadata or {})
         self._encoder: Any = None
-        self._weights: np.ndarray | None = None  # W as saved, until partial_fit changes it (saves a solve)
 
     # ------------------------------------------------------------------ inputs
     def _features(self, features: Any) -> np.ndarray:
@@ -103,21 +102,26 @@ class DeployedModel:
         return np.asarray(items, dtype=np.int64), {}
 
     # ------------------------------------------------------------------ predicting
-    def scores(self, features: Any) -> np.ndarray:
-        """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order."""
-        H = self.projection.transform(self._features(features))
-        if self._weights is None:
-            return np.atleast_2d(self.classifier._scores(H))
-        return H @ self._weights
+    def activations(self, features: Any) -> np.ndarray:
+        """``activation(features @ P)``: what the classifier scores (``features`` checked: a finite real 2-D
+        array with the model's feature dimension)."""
+        return self.projection.transform(self._features(features))
 
-    def predict(self, features: Any) -> np.ndarray:
-        """The label id with the highest score for each row of ``features`` (n, d)."""
-        return self.classifier.classes_[np.argmax(self.scores(features), axis=1)]
+    def scores(self, features: Any) -> np.ndarray:
+        """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order
+        (:meth:`AnalyticClassifier.class_scores <foal_pipe.model.classifier.AnalyticClassifier.class_scores>`)."""
+        return self.classifier.class_scores(self.activations(features))
+
+    def predict(self, features: Any, classes: Any = None) -> np.ndarray:
+        """The label id with the highest score for each row of ``features`` (n, d), among the classes the model
+        has seen, or among ``classes`` (:meth:`AnalyticClassifier.predict
+        <foal_pipe.model.classifier.AnalyticClassifier.predict>`)."""
+        return self.classifier.predict(self.activations(features), classes)
 
     def predict_names(self, features: Any) -> list[str]:
         """The class name with the highest score for each row."""
-        best = np.argmax(self.scores(features), axis=1)
-        return [self.class_names[k] for k in best]
+        names = dict(zip(self.classifier.classes_.tolist(), self.class_names))
+        return [names[label] for label in self.predict(features).tolist()]
 
     def predict_proba(self, features: Any) -> np.ndarray:
         """Class shares, shape (n, n_classes), columns in ``classifier.classes_`` order, rows summing to 1.
@@ -199,9 +203,7 @@ class DeployedModel:
                 raise FoalPipeError(f"label id {label} is new to the model and has no name; pass class names "
                                     "(strings) as labels for new classes")
             old[label] = known[label]
-        H = self.projection.transform(X)
-        self.classifier.partial_fit(H, ids)
-        self._weights = None
+        self.classifier.partial_fit(self.projection.transform(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
         return self
 
@@ -224,6 +226,4 @@ def load_model(path: str | Path) -> DeployedModel:
     classifier = AnalyticClassifier.load(path)
     projection = SmoothProjection.from_matrix(tensors["projection"], activation=meta.get("activation", "sigmoid"))
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
-    model = DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
-    model._weights = tensors["W"]
-    return model
+    return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)

@@ -6,16 +6,18 @@ import csv
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from foal_pipe.core.projection import SmoothProjection
-from foal_pipe.errors import FoalPipeError
-from foal_pipe.model.modelfile import read_model
+from foal_pipe.core.scoring import best_of
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
 from foal_pipe.store.blockfusion import read_time_fusion
+
+if TYPE_CHECKING:
+    from foal_pipe.model.deploy import DeployedModel
 
 #: The CSV's columns: the store row, the predicted label id and its name, the winning score
 #: (``sigmoid(x P) @ W`` for that class), and the label id and name the store holds for the row.
@@ -46,47 +48,45 @@ class Predictions:
 
 
 def predict_split(model: str | Path, features: str | Path, split: str = "test") -> Predictions:
-    """Predict every row of ``split``; the model is read and validated before the store is opened."""
+    """Predict every row of ``split`` among the model's classes; the model is read and validated before the store
+    is opened. The store's classes are matched to the model's by name: the model may know classes the store lacks
+    (a model continued on more classes) and the store classes the model never saw (never predicted)."""
+    from foal_pipe.model.deploy import load_model
+
     if split not in SPLITS:
         raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
-    tensors, meta = read_model(model, names=("W", "classes", "projection"))
-    if "projection" not in tensors:
-        raise FoalPipeError(f"{model} has no 'projection' tensor; pass the model.safetensors that learn wrote")
-    store = open_store(features, **read_time_fusion(meta.get("encoder")))
+    deployed = load_model(model)
+    store = open_store(features, **read_time_fusion(deployed.encoder_spec))
     data = store.split(split)
-    activation = meta.get("activation", "sigmoid")
-    projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)
-    if projection.n_features_in_ != data.dim:
+    if deployed.projection.n_features_in_ != data.dim:
         raise FoalPipeError(
-            f"the model expects {projection.n_features_in_}-dimensional features but {features} has {data.dim}; "
-            "use a store made with the model's encoder"
+            f"the model expects {deployed.projection.n_features_in_}-dimensional features but {features} has "
+            f"{data.dim}; use a store made with the model's encoder"
         )
-    W, classes = tensors["W"], tensors["classes"].astype(np.int64)
+    classes = deployed.classifier.classes_
+    named = deployed.metadata.get("class_names") is not None
     unlabelled = bool(np.all(np.asarray(data.labels) == UNLABELLED))
-    _check_matches(meta, classes, store, features, unlabelled)
+    _check_matches(deployed, named and not unlabelled, store, features)
     predicted = np.empty(data.n_rows, dtype=np.int64)
     score = np.empty(data.n_rows, dtype=np.float64)
     for lo, X in data.iter_chunks():
-        scores = projection.transform(X) @ W
-        best = np.argmax(scores, axis=1)
-        predicted[lo : lo + X.shape[0]] = classes[best]
-        score[lo : lo + X.shape[0]] = scores[np.arange(best.size), best]
+        predicted[lo : lo + X.shape[0]], score[lo : lo + X.shape[0]] = best_of(deployed.scores(X), classes)
     store.check_unchanged()
-    names = store.classes
-    if unlabelled:  # the store's one placeholder class says nothing: name predictions from the model
-        model_names = meta.get("class_names") or [str(c) for c in classes.tolist()]
-        lookup = dict(zip(classes.tolist(), model_names))
-        names = tuple(lookup.get(i, "") for i in range(int(classes.max()) + 1 if classes.size else 0))
-    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), names)
+    # names by label id: the store's, then the model's for the ids beyond them (an unlabelled store's one
+    # placeholder class says nothing: all from the model)
+    names = [] if unlabelled else list(store.classes)
+    by_id = dict(zip(classes.tolist(), deployed.class_names))
+    top = int(classes.max()) + 1 if classes.size else 0
+    names += [by_id.get(i, "") for i in range(len(names), top)]
+    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names))
 
 
-def _check_matches(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path,
-                   unlabelled: bool = False) -> None:
-    """Refuse a store whose label ids, class names or encoder differ from those the model was trained on (an
-    unlabelled store has no classes to compare)."""
-    if not unlabelled:
-        _check_classes(meta, classes, store, features)
-    encoder, theirs = meta.get("encoder"), store.meta.encoder
+def _check_matches(model: DeployedModel, by_name: bool, store: FeatureStore, features: str | Path) -> None:
+    """Refuse a store whose encoder differs from the model's, or (``by_name``) whose label ids name other classes
+    than the model's (a class the store and the model share must have one label id in both)."""
+    if by_name:
+        _check_classes(model, store, features)
+    encoder, theirs = model.encoder_spec, store.meta.encoder
     if encoder is not None and encoder != theirs:
         key = next(k for k in sorted(set(encoder) | set(theirs)) if encoder.get(k) != theirs.get(k))
         raise FoalPipeError(
@@ -135,9 +135,9 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
     from foal_pipe.model.deploy import load_model
 
     if top_k < 1:
-        raise FoalPipeError(f"--top-k must be at least 1, got {top_k}")
+        raise FoalPipeError(f"{param('top_k')} must be at least 1, got {top_k}")
     if batch_size < 1:
-        raise FoalPipeError(f"--batch-size must be at least 1, got {batch_size}")
+        raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
     deployed = load_model(model)
     paths = find_images(images)
     encoder = deployed.encoder(checkpoint, device)
@@ -147,16 +147,16 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
                             deployed.class_names, top_k, encoded.skipped)
 
 
-def _check_classes(meta: dict, classes: np.ndarray, store: FeatureStore, features: str | Path) -> None:
-    if classes.size and classes.max() >= len(store.classes):
-        raise FoalPipeError(
-            f"the model predicts label ids up to {int(classes.max())} but {features} has {len(store.classes)} classes; "
-            "use a store with the model's classes"
-        )
-    names = meta.get("class_names")
-    for label, name in zip(classes.tolist(), names, strict=True) if names is not None else ():
-        if store.classes[label] != name:
+def _check_classes(model: DeployedModel, store: FeatureStore, features: str | Path) -> None:
+    ours = dict(zip(model.classifier.classes_.tolist(), model.class_names))
+    for label, name in ours.items():
+        if label < len(store.classes) and store.classes[label] != name:
             raise FoalPipeError(
                 f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; "
                 "use a store with the model's class order"
             )
+    label_of = {name: label for label, name in ours.items()}
+    for label, name in enumerate(store.classes):
+        if label_of.get(name, label) != label:
+            raise FoalPipeError(f"class {name!r} is label {label_of[name]} in the model but {label} in {features}; "
+                                "use a store with the model's class order")

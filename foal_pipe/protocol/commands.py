@@ -6,19 +6,29 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
-from foal_pipe.protocol.config import CRITERIA, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
-from foal_pipe.protocol.records import fusions_report, grid_edge, learn_metrics, run_info, sweep_entry
+from foal_pipe.protocol.records import (
+    Learned,
+    Swept,
+    fusion_entry,
+    fusions_report,
+    grid_edge,
+    learn_metrics,
+    run_info,
+    sweep_report,
+    sweep_results,
+)
 from foal_pipe.protocol.run import Run, prepare, reread_note
+from foal_pipe.protocol.schema import CRITERIA, METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
 from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries
@@ -34,7 +44,7 @@ def run_learn(
     execution: ExecutionConfig,
     log: Callable[[str], None] = print,
     shared: SharedRows | None = None,
-) -> dict[str, Any]:
+) -> Learned:
     """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
     and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
     ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
@@ -68,10 +78,9 @@ def run_learn(
     def write(tmp: Path) -> None:
         with run.timed("write"):
             save_model(final, run, tmp / MODEL_FILE)
-            write_json(tmp / "metrics.json", metrics)
+            write_json(tmp / METRICS_FILE, metrics.to_dict())
 
-    metrics["timings"] = write_outputs(out, [run], start, write)
-    return metrics
+    return Learned(metrics, write_outputs(out, [run], start, write))
 
 
 def run_sweep(
@@ -84,7 +93,7 @@ def run_sweep(
     execution: ExecutionConfig,
     log: Callable[[str], None] = print,
     shared: SharedRows | None = None,
-) -> dict[str, Any]:
+) -> Swept:
     """Score every gamma from one walk over the train split and one pass over the test split; write
     ``sweep.json`` (and ``timings.json``). ``model.gamma`` and ``model.engine`` are not used.
 
@@ -95,14 +104,15 @@ def run_sweep(
     """
     start = time.perf_counter()
     if not sweep.gammas:
-        raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
+        raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     select = sweep.resolved_select
     if select not in CRITERIA:
-        raise FoalPipeError(f"unknown --select {select!r}; choose one of {', '.join(CRITERIA)}")
+        raise FoalPipeError(f"unknown {param('select')} {select!r}; choose one of {', '.join(CRITERIA)}")
     if select == "loo" and not sweep.loo:
-        raise FoalPipeError("--select loo needs the leave-one-out pass; drop --no-loo or use --select gcv")
-    fusions = [f.text for f in parse_fusions(list(sweep.fusions), "--fusions")] if sweep.fusions else []
+        raise FoalPipeError(f"{param('select', 'loo')} needs the leave-one-out pass; drop {param('loo', False)} or use "
+                            f"{param('select', 'gcv')}")
+    fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)
@@ -113,37 +123,36 @@ def run_sweep(
         lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes},
                           rows=shared and shared.train)
         accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, shared and shared.test)
-    entries = {key: sweep_entry(gammas, lane.boundaries, accs[key], sweep.loo, select)
-               for key, lane in lanes.items()}
+    results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
+    info = run_info(run, stream)
     if fusions:
-        report = fusions_report(gammas, [{"fusion": key, **entries[key]} for key in fusions], select, model)
+        report = fusions_report(gammas, [fusion_entry(key, results[key], select) for key in fusions], select, model,
+                                info)
     else:
-        report = {"gammas": gammas, **entries[None]}
-    report.update(run_info(run, stream))
+        report = sweep_report(gammas, results[None], select, info)
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
-    flag_grid_edge(report, log)
-    report["timings"] = write_outputs(out, [run], start, lambda tmp: write_json(tmp / "sweep.json", report))
-    return report
+    report = flag_grid_edge(report, log)
+    return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
 
 
-def flag_grid_edge(report: dict[str, Any], log: Callable[[str], None]) -> None:
-    """Record in a sweep report whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is."""
-    gamma, grid = report["best_gamma"], report["gammas"]
+def flag_grid_edge(report: SweepReport, log: Callable[[str], None]) -> SweepReport:
+    """The report, recording whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is."""
+    gamma, grid = report.best_gamma, report.gammas
     edge = grid_edge(gamma, grid)
-    report["best_gamma_at_grid_edge"] = edge is not None
     if edge is not None:
-        log(f"warning: the best gamma by {report['selected_by']}, {gamma:g}, is the {edge} of --gammas "
+        log(f"warning: the best gamma by {report.selected_by}, {gamma:g}, is the {edge} of --gammas "
             f"({min(grid):g} .. {max(grid):g}); a better gamma may lie beyond the grid: extend --gammas")
+    return replace(report, best_gamma_at_grid_edge=edge is not None)
 
 
-def warn_auto_edges(metrics: dict[str, Any], log: Callable[[str], None]) -> None:
+def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
     """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
-    edges = [k for k, flagged in enumerate(metrics.get("gammas_at_grid_edge") or []) if flagged]
+    edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
     if edges:
-        grid, last = metrics["gamma_grid"], metrics["gammas_selected"][edges[-1]]
+        grid, last = metrics.gamma_grid, metrics.gammas_selected[edges[-1]]
         log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
-            f"{max(grid):g}), at {len(edges)} of {len(metrics['gammas_selected'])} task boundaries; a better gamma "
+            f"{max(grid):g}), at {len(edges)} of {len(metrics.gammas_selected)} task boundaries; a better gamma "
             "may lie beyond the grid: extend --gamma-grid")
 
 

@@ -9,22 +9,23 @@ import numpy as np
 
 from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
-#: How each criterion ranks gammas: the key of a sweep result and whether larger is better.
-CRITERIA: dict[str, tuple[str, bool]] = {"loo": ("loo_mse", False), "gcv": ("gcv", False), "test": ("A_avg", True)}
+#: Where the Gram statistics are summed: in this process, or on a Dask cluster.
+SCHEDULERS = ("local", "dask")
 
 
-def check_seed(value: object, option: str = "--seed") -> int:
-    """A seed NumPy's generators take: a non-negative integer (not a boolean); anything else refused."""
+def check_seed(value: object, name: str = "seed") -> int:
+    """A seed NumPy's generators take: a non-negative integer (not a boolean); anything else refused, naming the
+    parameter ``name``."""
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     if not integer or value < 0:
-        raise FoalPipeError(f"{option} must be a non-negative integer, got {value!r}; pass e.g. {option} 0")
+        raise FoalPipeError(f"{param(name)} must be a non-negative integer, got {value!r}; pass e.g. {param(name, 0)}")
     return int(value)
 
 
@@ -41,9 +42,9 @@ class StreamConfig:
     drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
 
     def __post_init__(self) -> None:
-        for option, value in (("--seed", self.seed), ("--order-seed", self.order_seed)):
+        for name, value in (("seed", self.seed), ("order_seed", self.order_seed)):
             if value is not None:
-                check_seed(value, option)
+                check_seed(value, name)
 
     @property
     def resolved_order_seed(self) -> int:

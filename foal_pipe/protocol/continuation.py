@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
@@ -26,8 +26,9 @@ from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.records import learn_metrics
+from foal_pipe.protocol.records import Learned, learn_metrics
 from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import open_store
@@ -97,25 +98,26 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
     for key in FIXED_BY_MODEL:
         asked = getattr(given, key)
         if key in explicit and asked != fixed[key]:
-            option = "--" + key.replace("_", "-")
-            raise FoalPipeError(f"{option} {asked} conflicts with the model's {fixed[key]}; the model fixes it (its "
-                                f"sums were computed with it): drop {option}")
+            raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {fixed[key]}; the model fixes it (its "
+                                f"sums were computed with it): drop {param(key)}")
     if meta["engine"] != "gram" or given.engine != "gram":
-        raise FoalPipeError("--init-model continues the gram engine's sums; use a model learned with --engine gram")
+        raise FoalPipeError(f"{param('init_model')} continues the gram engine's sums; use a model learned with "
+                            f"{param('engine', 'gram')}")
     if gamma == "auto" and given.select != "gcv":
         raise FoalPipeError("the model chooses gamma automatically; a continued model chooses it by GCV (leave-one-out "
-                            "would need the old rows): pass --select gcv")
+                            f"would need the old rows): pass {param('select', 'gcv')}")
     grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
     return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
                    dtype=fixed["dtype"], gamma_grid=grid)
 
 
-def evaluate_store(model: DeployedModel, features: str | Path) -> dict[str, Any]:
+def evaluate_store(model: DeployedModel, features: str | Path) -> StoreScore:
     """Accuracy of the final model on a store's test split, classes matched by name (forgetting, across
     deployments); rows of classes the model never saw count as wrong and are counted apart."""
     true, predicted = model.store_predictions(features)
-    return {"features": str(features), "n_test": int(true.size),
-            "accuracy": int((predicted == true).sum()) / max(true.size, 1), "unknown_class_rows": int((true < 0).sum())}
+    return StoreScore(features=str(features), n_test=int(true.size),
+                      accuracy=int((predicted == true).sum()) / max(true.size, 1),
+                      unknown_class_rows=int((true < 0).sum()))
 
 
 def run_continue(
@@ -129,7 +131,7 @@ def run_continue(
     eval_features: Sequence[str | Path] = (),
     log: Callable[[str], None] = print,
     explicit: Collection[str] | None = None,
-) -> dict[str, Any]:
+) -> Learned:
     """``learn --init-model``: the model's sums plus the new store's, evaluated after each task on the new store's
     test split (and at the end on each ``eval_features`` store); writes what ``learn`` writes."""
     start = time.perf_counter()
@@ -137,7 +139,7 @@ def run_continue(
     deployed = load_model(init_model)
     model = model_settings(deployed, model, explicit)
     if not evaluation.mask_unseen:
-        raise FoalPipeError("--init-model evaluates with the seen classes only; drop --no-mask-unseen")
+        raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     merged = label_map(deployed, list(store.classes))
@@ -161,22 +163,21 @@ def run_continue(
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
-    metrics = {**learn_metrics(run, stream, acc, boundaries), "init_model": str(init_model),
-               "n_samples_seen_total": int(final.n_samples_seen_), "label_ids": dict(zip(store.classes, merged.tolist())),
-               "task_names": [[store.classes[c] for c in task] for task in run.stream.tasks],
-               "eval_features": [evaluate_store(result, path) for path in eval_features]}
+    metrics = replace(learn_metrics(run, stream, acc, boundaries), init_model=str(init_model),
+                      n_samples_seen_total=int(final.n_samples_seen_), label_ids=dict(zip(store.classes, merged.tolist())),
+                      task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
+                      eval_features=[evaluate_store(result, path) for path in eval_features])
 
     def write(tmp: Path) -> None:
         result.save(tmp / MODEL_FILE)
-        write_json(tmp / "metrics.json", metrics)
+        write_json(tmp / METRICS_FILE, metrics.to_dict())
 
-    metrics["timings"] = write_outputs(out, [run], start, write)
-    return metrics
+    return Learned(metrics, write_outputs(out, [run], start, write))
 
 
 def continue_from_cli(ctx: Any, init_model: Path, features: Path, out: Path, stream: StreamConfig, model: ModelConfig,
                       evaluation: EvaluationConfig, execution: ExecutionConfig, eval_features: Sequence[Path],
-                      log: Callable[[str], None]) -> dict[str, Any]:
+                      log: Callable[[str], None]) -> Learned:
     """``learn --init-model`` from the command line: an option is explicit when typed, not when defaulted."""
     def given(name: str) -> bool:  # by name: typer vendors its own click
         source = ctx.get_parameter_source(name)

@@ -20,13 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.model.classifier import AnalyticClassifier
@@ -50,8 +49,17 @@ from foal_pipe.protocol.config import (
     check_seed,
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.records import accuracy_report, choose, learn_metrics, run_info
+from foal_pipe.protocol.records import Learned, Swept, choose, learn_metrics, run_info, sweep_report, sweep_results
 from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.schema import (
+    METRICS_FILE,
+    SWEEP_FILE,
+    Accuracy,
+    LearnMetrics,
+    OrderMetrics,
+    OrderSweep,
+    SweepReport,
+)
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import SharedRows, shared_rows
 
@@ -64,13 +72,14 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise FoalPipeError(f"--order-seeds {text!r} is not a comma-separated list of integers; write e.g. 0,1,2,3,4") from None
+        raise FoalPipeError(f"{param('seeds')} {text!r} is not a comma-separated list of integers; write e.g. "
+                            "0,1,2,3,4") from None
     if not seeds:
-        raise FoalPipeError("--order-seeds is empty; write e.g. 0,1,2,3,4")
+        raise FoalPipeError(f"{param('seeds')} is empty; write e.g. 0,1,2,3,4")
     if len(set(seeds)) != len(seeds):
-        raise FoalPipeError(f"--order-seeds {text!r} repeats a seed; list each class order once")
+        raise FoalPipeError(f"{param('seeds')} {text!r} repeats a seed; list each class order once")
     for seed in seeds:
-        check_seed(seed, "--order-seeds")
+        check_seed(seed, "seeds")
     return seeds
 
 
@@ -106,13 +115,14 @@ def _check_class_memory(command: str, run: Run) -> None:
 
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
     check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need},
-                 f"set --max-memory below {human(need)} for one walk per order, lower --projection-dim, "
-                 "use --dtype float32, or free memory")
+                 f"set {param('max_memory')} below {human(need)} for one walk per order, lower {param('projection_dim')}, "
+                 f"use {param('dtype', 'float32')}, or free memory")
 
 
 def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
     if stream.class_order is not None and len(seeds) > 1:
-        raise FoalPipeError("--class-order fixes the class order, so --order-seeds has nothing to vary; pass one of them")
+        raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('seeds')} has nothing to vary; pass one "
+                            "of them")
 
 
 def class_statistics(run: Run, rows: SharedRows) -> list[RidgeStatistics]:
@@ -148,34 +158,32 @@ def order_boundaries(run: Run, per_class: Sequence[RidgeStatistics],
     return boundaries, running
 
 
-def summary(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, float]]:
     """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders."""
-    values = {key: np.array([e[key] for e in entries], dtype=np.float64) for key in SUMMARY_KEYS}
+    values = {key: np.array([getattr(e, key) for e in entries], dtype=np.float64) for key in SUMMARY_KEYS}
     return {"mean": {k: float(v.mean()) for k, v in values.items()}, "std": {k: float(v.std()) for k, v in values.items()}}
 
 
-def _order_entry(seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
-    keys = ("tasks", "accuracy_matrix", "A_steps", "A_avg", "A_last", "F", "F_published_code")
-    entry = {"order_seed": seed, **{k: metrics[k] for k in keys}}
-    if "gammas_selected" in metrics:
-        entry["gammas_selected"] = metrics["gammas_selected"]
-    return entry
+def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
+    return OrderMetrics(order_seed=seed, tasks=metrics.tasks, accuracy_matrix=metrics.accuracy_matrix,
+                        A_steps=metrics.A_steps, A_avg=metrics.A_avg, A_last=metrics.A_last, F=metrics.F,
+                        F_published_code=metrics.F_published_code, gammas_selected=metrics.gammas_selected)
 
 
-def combine(entries: Sequence[dict[str, Any]], first: dict[str, Any]) -> dict[str, Any]:
-    """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved), the
-    position-wise mean ``accuracy_matrix`` and ``A_steps``, the mean A_avg, A_last, F; ``orders`` and ``std``."""
+def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool) -> LearnMetrics:
+    """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved; no
+    ``order_seed``), the position-wise mean ``accuracy_matrix`` and ``A_steps``, the mean A_avg, A_last, F;
+    ``orders``, ``mean`` and ``std``."""
     stats = summary(entries)
-    matrices = [np.array([row + [np.nan] * (len(e["accuracy_matrix"]) - len(row)) for row in e["accuracy_matrix"]])
+    matrices = [np.array([row + [np.nan] * (len(e.accuracy_matrix) - len(row)) for row in e.accuracy_matrix])
                 for e in entries]
     mean = np.mean(matrices, axis=0)
-    metrics = {**first, **stats["mean"],
-               "accuracy_matrix": [[float(v) for v in mean[i, : i + 1]] for i in range(mean.shape[0])],
-               "A_steps": [float(v) for v in np.mean([e["A_steps"] for e in entries], axis=0)],
-               "F_published_code": float(np.mean([e["F_published_code"] for e in entries])),
-               "order_seeds": [e["order_seed"] for e in entries], "orders": list(entries), **stats}
-    metrics.pop("order_seed", None)
-    return metrics
+    return replace(first, **stats["mean"], order_seed=None,
+                   accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(mean.shape[0])],
+                   A_steps=[float(v) for v in np.mean([e.A_steps for e in entries], axis=0)],
+                   F_published_code=float(np.mean([e.F_published_code for e in entries])),
+                   order_seeds=[e.order_seed for e in entries], orders=list(entries), mean=stats["mean"],
+                   std=stats["std"], one_pass=one_pass)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +207,7 @@ def run_learn_orders(
     evaluation: EvaluationConfig,
     execution: ExecutionConfig,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> Learned:
     """``learn`` for every class order of ``seeds``: ``metrics.json`` with ``orders``, ``mean`` and ``std``;
     ``model.safetensors`` is the first order's final model; ``timings.json``."""
     start = time.perf_counter()
@@ -224,27 +232,25 @@ def run_learn_orders(
             solver = ManyGammas(model.gamma_grid, False, "gcv") if auto else FixedGamma(float(model.gamma), model.dtype)
             boundaries, running = order_boundaries(run, per_class, solver)
             acc = accuracy_matrices(run, boundaries, shared.test)[0]
-            metrics = {**learn_metrics(run, replace(stream, order_seed=s), acc, boundaries), "order_seed": s}
+            metrics = learn_metrics(run, replace(stream, order_seed=s), acc, boundaries)
             if auto:
                 finals.append(AnalyticClassifier.from_statistics(running, gamma=float(boundaries[-1].gammas[0]),
                                                                  dtype=model.dtype))
             else:
                 finals.append(solver.classifier)
             entries.append((metrics, _order_entry(s, metrics)))
-    metrics = combine([e for _, e in entries], entries[0][0])
-    metrics["one_pass"] = True
+    metrics = combine([e for _, e in entries], entries[0][0], one_pass=True)
     warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
         save_model(finals[0], runs[0], tmp / MODEL_FILE)
-        write_json(tmp / "metrics.json", metrics)
+        write_json(tmp / METRICS_FILE, metrics.to_dict())
 
-    metrics["timings"] = write_outputs(out, runs, start, write)
-    return metrics
+    return Learned(metrics, write_outputs(out, runs, start, write))
 
 
 def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str,
-                     start: float, log: Callable[[str], None], shared: SharedRows) -> dict[str, Any]:
+                     start: float, log: Callable[[str], None], shared: SharedRows) -> Learned:
     log(f"running one walk per class order ({len(seeds)} walks over rows read once): {reason}")
     with atomic_dir(out) as tmp:
         results = []
@@ -255,19 +261,17 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
         shutil.move(str(tmp / f"order-{seeds[0]}" / MODEL_FILE), str(tmp / MODEL_FILE))
         for s in seeds:
             shutil.rmtree(tmp / f"order-{s}")
-        first = {k: v for k, v in results[0].items() if k != "timings"}
-        metrics = combine([_order_entry(s, m) for s, m in zip(seeds, results)], first)
-        metrics["one_pass"] = False
-        write_json(tmp / "metrics.json", metrics)
+        metrics = combine([_order_entry(s, r.metrics) for s, r in zip(seeds, results)], results[0].metrics,
+                          one_pass=False)
+        write_json(tmp / METRICS_FILE, metrics.to_dict())
         timings: dict[str, float] = {}
-        for m in results:
-            for k, v in m["timings"].items():
+        for r in results:
+            for k, v in r.timings.items():
                 timings[k] = timings.get(k, 0.0) + v
         timings["total"] = time.perf_counter() - start
         timings = {k: round(v, 3) for k, v in sorted(timings.items())}
         write_json(tmp / "timings.json", timings)
-    metrics["timings"] = timings
-    return metrics
+    return Learned(metrics, timings)
 
 
 def run_sweep_orders(
@@ -280,14 +284,14 @@ def run_sweep_orders(
     evaluation: EvaluationConfig,
     execution: ExecutionConfig,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> Swept:
     """``sweep`` for every class order: ``sweep.json`` holds the first order's report with each gamma's A_avg,
     A_last and F replaced by their mean over the orders (``std`` beside them), and ``orders``: each order's
     ``order_seed``, ``tasks``, ``best_gamma`` and ``results``."""
     start = time.perf_counter()
     if sweep.fusions:
-        raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
-                            "--fusion X with --order-seeds")
+        raise FoalPipeError(f"{param('fusions')} compares fusions on one class order; leave out {param('seeds')}, or pass "
+                            f"{param('fusion', 'X')} with {param('seeds')}")
     check_output_dir(out)
     check_orders(stream, seeds)
     out = Path(out)
@@ -305,25 +309,20 @@ def run_sweep_orders(
                     f"{reason or 'the per-class statistics exceed --max-memory'}")
                 for s in seeds:
                     reports.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
-                                             evaluation, execution, log=log, shared=shared))
+                                             evaluation, execution, log=log, shared=shared).report)
                     shutil.rmtree(tmp / f"order-{s}")
-        report = _combine_sweep(seeds, reports, sweep.resolved_select)
-        report["one_pass"] = one_pass
-        flag_grid_edge(report, log)
+        report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), log)
         timings = {"total": round(time.perf_counter() - start, 3)}
-        for r in reports:
-            r.pop("timings", None)
-        write_json(tmp / "sweep.json", report)
+        write_json(tmp / SWEEP_FILE, report.to_dict())
         write_json(tmp / "timings.json", timings)
-    report["timings"] = timings
-    return report
+    return Swept(report, timings)
 
 
 def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
                 model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> list[Run]:
     """Every order's run of ``sweep`` (its settings validated before any work)."""
     if not sweep.gammas:
-        raise FoalPipeError("--gammas is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
+        raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     m = replace(model, gamma=1.0, engine="gram")
     return [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
@@ -331,7 +330,7 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
-                    execution: ExecutionConfig, log: Callable[[str], None], shared: SharedRows) -> list[dict[str, Any]]:
+                    execution: ExecutionConfig, log: Callable[[str], None], shared: SharedRows) -> list[SweepReport]:
     """Each order's sweep report from the per-class sums ([] when they exceed ``execution.max_memory``)."""
     gammas = [float(g) for g in sweep.gammas]
     m = runs[0].model
@@ -347,25 +346,21 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
         for s, run in zip(seeds, runs):
             boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None))
             acc = accuracy_matrices(run, boundaries, shared.test)
-            results = [{"gamma": g, **accuracy_report(acc[i]), "gcv": [float(b.gcv[i]) for b in boundaries],
-                        "loo_accuracy": None, "loo_mse": None} for i, g in enumerate(gammas)]
-            reports.append({"gammas": gammas, "best_gamma": choose(results, sweep.resolved_select),
-                            "best_gamma_test": choose(results, "test"), "selected_by": sweep.resolved_select,
-                            "results": results, **run_info(run, replace(stream, order_seed=s))})
+            reports.append(sweep_report(gammas, sweep_results(gammas, boundaries, acc, False), sweep.resolved_select,
+                                        run_info(run, replace(stream, order_seed=s))))
     runs[0].store.check_unchanged()
     return reports
 
 
-def _combine_sweep(seeds: Sequence[int], reports: Sequence[dict[str, Any]], select: str) -> dict[str, Any]:
+def _combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select: str) -> SweepReport:
+    """The first order's report with each gamma's A_avg, A_last and F the mean over the orders (``std`` beside
+    them), the test oracle's gamma (and a choice by ``test``) from those means, and every order's results."""
     results = []
-    for i, r in enumerate(reports[0]["results"]):
-        per_order = [rep["results"][i] for rep in reports]
-        stats = summary(per_order)
-        results.append({**r, **stats["mean"], "std": stats["std"]})
-    orders = [{"order_seed": s, "tasks": rep["tasks"], "best_gamma": rep["best_gamma"], "results": rep["results"]}
+    for i, r in enumerate(reports[0].results):
+        stats = summary([rep.results[i] for rep in reports])
+        results.append(replace(r, **stats["mean"], std=stats["std"]))
+    orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results)
               for s, rep in zip(seeds, reports)]
-    report = {**reports[0], "results": results, "orders": orders, "order_seeds": list(seeds)}
-    report["best_gamma_test"] = choose(results, "test")
-    if select == "test":
-        report["best_gamma"] = report["best_gamma_test"]
-    return report
+    oracle = choose(results, "test")
+    return replace(reports[0], results=results, orders=orders, order_seeds=list(seeds), best_gamma_test=oracle,
+                   best_gamma=oracle if select == "test" else reports[0].best_gamma)

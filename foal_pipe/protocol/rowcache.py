@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import human
 
 #: Rows per block of the walk: the projection and the Gram update run on this many rows at once (4,096 rows
@@ -103,7 +103,7 @@ class _Spill:
 
 def _spill_error(nbytes: int, exc: OSError) -> FoalPipeError:
     return FoalPipeError(f"cannot write {human(nbytes)} of decoded rows to a temporary file in {tempfile.gettempdir()} "
-                         f"({exc.strerror or exc}); set TMPDIR to a folder with room, or raise --max-memory")
+                         f"({exc.strerror or exc}); set TMPDIR to a folder with room, or raise {param('max_memory')}")
 
 
 class GroupedRows:

@@ -16,10 +16,11 @@ import numpy as np
 from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype
 from foal_pipe.core.engines import ENGINES, check_gamma
 from foal_pipe.core.projection import SmoothProjection, check_activation
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import check_memory, fits, human
-from foal_pipe.protocol.config import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
+from foal_pipe.protocol.schema import TRAINING_CRITERIA
 from foal_pipe.protocol.stream import Stream, build_stream, read_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
@@ -87,31 +88,33 @@ def prepare(
     if model.gamma != "auto":
         check_gamma(model.gamma)
     elif model.engine != "gram":
-        raise FoalPipeError("--gamma auto needs --engine gram (the RLS recursion fixes gamma in R0 = I/gamma)")
-    if model.select not in ("loo", "gcv"):
-        raise FoalPipeError(f"unknown --select {model.select!r}; choose loo or gcv")
+        raise FoalPipeError(f"{param('gamma', 'auto')} needs {param('engine', 'gram')} (the RLS recursion fixes gamma in "
+                            "R0 = I/gamma)")
+    if model.select not in TRAINING_CRITERIA:
+        raise FoalPipeError(f"unknown {param('select')} {model.select!r}; choose {' or '.join(TRAINING_CRITERIA)}")
     for g in model.gamma_grid:
         check_gamma(g)
     if model.projection_dim < 0:
-        raise FoalPipeError(f"--projection-dim must be at least 0 (0: no projection), got {model.projection_dim}; "
+        raise FoalPipeError(f"{param('projection_dim')} must be at least 0 (0: no projection), got {model.projection_dim}; "
                             "the paper uses 1000")
     check_activation(model.resolved_activation)
     if model.engine not in ENGINES:
         raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
-    if execution.scheduler not in ("local", "dask"):
-        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose local or dask")
+    if execution.scheduler not in SCHEDULERS:
+        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose {' or '.join(SCHEDULERS)}")
     if fusions and model.fusion is not None:
-        raise FoalPipeError("pass --fusion (one fusion) or --fusions (several, one walk), not both")
-    option = "--fusions" if fusions else "--fusion"
+        raise FoalPipeError(f"pass {param('fusion')} (one fusion) or {param('fusions')} (several, one walk), not both")
+    option = param("fusions" if fusions else "fusion")
     if (fusions or model.fusion is not None) and execution.scheduler == "dask":
         raise FoalPipeError(f"{option} reads the stored blocks in this process; Dask workers read the stored features, "
-                            f"so use --scheduler local with {option}")
+                            f"so use {param('scheduler', 'local')} with {option}")
     if model.engine == "rls" and execution.scheduler == "dask":
-        raise FoalPipeError("--engine rls is sequential and runs in one process; use --engine gram with --scheduler dask")
+        raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
+                            f"with {param('scheduler', 'dask')}")
     resolve_dtype(model.dtype)
     backend = resolve_backend(execution.backend)
     store = open_store(features, fusion=model.fusion, fusion_norm=model.fusion_norm)
-    fused = store.fusions(parse_fusions(list(fusions), "--fusions"), model.fusion_norm) if fusions else None
+    fused = store.fusions(parse_fusions(list(fusions), param("fusions")), model.fusion_norm) if fusions else None
     store.check_labelled()
     n_classes = len(store.classes)
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
@@ -132,7 +135,8 @@ def prepare(
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
-    check_memory(command, parts, "lower --projection-dim, use --dtype float32, fewer --gammas, or free memory")
+    check_memory(command, parts, f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, "
+                 "or free memory")
     return run
 
 

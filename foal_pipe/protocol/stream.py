@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 #: Tasks when none are asked for (at most one per class).
 DEFAULT_TASKS = 10
@@ -73,10 +73,11 @@ def split_classes(n_classes: int, n_tasks: int | None, rng: np.random.Generator,
     if n_tasks is None:
         n_tasks = min(DEFAULT_TASKS, n_classes)
     if n_tasks < 1:
-        raise FoalPipeError(f"--tasks must be at least 1, got {n_tasks}")
+        raise FoalPipeError(f"{param('tasks')} must be at least 1, got {n_tasks}")
     if n_tasks > n_classes:
         raise FoalPipeError(
-            f"--tasks {n_tasks} is larger than the number of classes ({n_classes}); use --tasks {n_classes} or fewer"
+            f"{param('tasks')} {n_tasks} is larger than the number of classes ({n_classes}); use {param('tasks', n_classes)} or "
+            "fewer"
         )
     order = rng.permutation(n_classes)
     per, extra = divmod(n_classes, n_tasks)
@@ -166,13 +167,13 @@ def build_stream(
     """The stream over ``labels`` (a split's label array): tasks (``n_tasks`` None: the default number), then
     shuffled rows per task."""
     if batch_size < 1:
-        raise FoalPipeError(f"--batch-size must be at least 1, got {batch_size}")
+        raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
     rng = np.random.default_rng(seed)
     if class_order is None:
         tasks, dropped = split_classes(n_classes, n_tasks, rng, drop_remainder)
     elif drop_remainder:
-        raise FoalPipeError("--drop-remainder applies to the seeded split into --tasks; an explicit --class-order "
-                            "lists its tasks itself: drop --drop-remainder")
+        raise FoalPipeError(f"{param('drop_remainder')} applies to the seeded split into {param('tasks')}; an explicit "
+                            f"{param('class_order')} lists its tasks itself: drop {param('drop_remainder', True)}")
     else:
         tasks = class_order
         dropped = sorted(set(range(n_classes)) - {c for t in tasks for c in t})

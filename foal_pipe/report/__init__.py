@@ -29,17 +29,11 @@ choice of gamma), :mod:`.tables` (rows, CSV, scores), :mod:`.plots`,
 :mod:`.markdown` (summary.md) and :mod:`.evaluation` (all of it into one directory).
 """
 
+from foal_pipe.protocol.schema import check_matrix
 from foal_pipe.report.discovery import RunSummary, find_runs, load_run, sweep_candidates
 from foal_pipe.report.evaluation import DEFAULT_OUT, OUTPUTS, SCORES_FILE, SUMMARY_FILE, Evaluation, evaluate
 from foal_pipe.report.markdown import describe, gamma_text, pct, summary_markdown
-from foal_pipe.report.readers import (
-    Run,
-    check_matrix,
-    consistency_warnings,
-    read_metrics,
-    read_sweep,
-    read_weight_norms,
-)
+from foal_pipe.report.readers import Run, consistency_warnings, read_metrics, read_sweep, read_weight_norms
 from foal_pipe.report.selection import Selection, result_at, select
 
 __all__ = [

@@ -21,11 +21,11 @@ from foal_pipe.report.readers import Run
 def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
     """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based)."""
     m = run.metrics
-    source = m.get("tasks") or []
-    if m.get("task_names") and run.weight_norms is not None and run.weight_norms[2]:
+    source: list[list[int | None]] = m.tasks or []
+    if m.task_names and run.weight_norms is not None and run.weight_norms[2]:
         labels, _, names = run.weight_norms
         by_name = dict(zip(names, labels.tolist()))
-        source = [[by_name.get(name) for name in t] for t in m["task_names"]]
+        source = [[by_name.get(name) for name in t] for t in m.task_names]
     stream = [(t, c) for t, classes in enumerate(source) for c in classes]
     return {c: (t, k) for k, (t, c) in enumerate(stream) if c is not None}
 
@@ -38,12 +38,12 @@ def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int]) -
 def task_classes(run: Run) -> list[list[str]]:
     """Each task's classes, in stream order: by name when the run or its model names them, else label ids."""
     m = run.metrics
-    if m.get("task_names"):
-        return m["task_names"]
+    if m.task_names:
+        return m.task_names
     names = {}
     if run.weight_norms is not None and run.weight_norms[2]:
         names = dict(zip(run.weight_norms[0].tolist(), run.weight_norms[2]))
-    return [[names.get(c, str(c)) for c in t] for t in m.get("tasks") or []]
+    return [[names.get(c, str(c)) for c in t] for t in m.tasks or []]
 
 
 @dataclass
@@ -74,8 +74,8 @@ def class_results(run: Run) -> ClassResults | str | None:
     or that no longer holds the test rows the run was scored on."""
     from foal_pipe.model.deploy import load_model
 
-    features = run.metrics.get("features")
-    if run.model_path is None or not isinstance(features, str):
+    features = run.metrics.features
+    if run.model_path is None or features is None:
         return None
     skipped = "so no per-class accuracy or confusion matrix"
     model = load_model(run.model_path)
@@ -89,9 +89,10 @@ def class_results(run: Run) -> ClassResults | str | None:
     column = np.zeros(max(ids) + 1, dtype=np.int64)  # model label id -> row and column of the matrix
     column[[ids[k] for k in order]] = np.arange(len(order))
     streamed = np.isin(true, list(positions))
-    if isinstance(run.metrics.get("n_test"), int) and int(streamed.sum()) != run.metrics["n_test"]:
+    n_test = run.metrics.n_test
+    if n_test is not None and int(streamed.sum()) != n_test:
         return (f"{features} now holds {int(streamed.sum()):,} test rows of the run's classes but the run was tested "
-                f"on {run.metrics['n_test']:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
+                f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
     known = true >= 0
     confusion = np.zeros((len(order), len(order)), dtype=np.int64)
     np.add.at(confusion, (column[true[known]], column[predicted[known]]), 1)

@@ -9,20 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from foal_pipe.errors import FoalPipeError
-from foal_pipe.report.readers import (
-    METRICS_FILE,
-    MODEL_FILE,
-    SWEEP_FILE,
-    Run,
-    is_number,
-    read_json,
-    read_metrics,
-    read_sweep,
-    read_weight_norms,
-)
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
+from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
 
 #: Wall times of a run, beside its metrics.json (not a DVC output: they change every run).
 TIMINGS_FILE = "timings.json"
@@ -49,7 +40,8 @@ def load_run(
     if not run_dir.exists():
         raise FoalPipeError(f"run directory {run_dir} does not exist; run `foal-pipe learn --out {run_dir}` first")
     if not run_dir.is_dir():
-        raise FoalPipeError(f"{run_dir} is not a directory; --run takes the directory `foal-pipe learn --out` wrote")
+        raise FoalPipeError(f"{run_dir} is not a directory; {param('run_dir')} takes the directory `foal-pipe learn --out` "
+                            "wrote")
     if not (run_dir / METRICS_FILE).exists():
         raise FoalPipeError(
             f"{run_dir} has no {METRICS_FILE}; run `foal-pipe learn --out {run_dir}` first (or check the path)"
@@ -76,16 +68,16 @@ class RunSummary:
     """One row of ``foal-pipe summary``: a learn run (``metrics``) or a sweep (``sweep``)."""
 
     path: Path
-    metrics: dict[str, Any] | None = None
-    sweep: dict[str, Any] | None = None
+    metrics: LearnMetrics | None = None
+    sweep: SweepReport | None = None
 
     @property
     def seconds(self) -> float | None:
         """The run's wall time: ``total`` in ``timings.json``, or ``seconds`` in a metrics.json or sweep.json
         from before wall times moved out of them; ``None`` when neither is there."""
-        for data in (self.metrics or {}, self.sweep or {}):
-            if is_number(data.get("seconds")):
-                return float(data["seconds"])
+        for record in (self.metrics, self.sweep):
+            if record is not None and record.seconds is not None:
+                return float(record.seconds)
         try:
             total = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
         except FoalPipeError:  # missing or unreadable: the time is simply not shown

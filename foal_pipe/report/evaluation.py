@@ -53,9 +53,9 @@ def _plots(run: Run, out: Path) -> list[Path]:
     if run.weight_norms is not None:
         files.append(plot_weight_norms(run, out / "weight_norms.png"))
     if run.sweep is not None:
-        sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.get("dataset") else None
+        sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.dataset else None
         files.append(plot_gamma(run, out / "gamma.png", sweep_paper))
-        if "fusions" in run.sweep:
+        if run.sweep.fusions is not None:
             files.append(plot_fusions(run, out / "fusions.png"))
     return files
 

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA, LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.classes import ClassResults, task_classes
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
-from foal_pipe.report.readers import Run, is_number
-from foal_pipe.report.selection import CRITERIA, has_criteria, last, result_at, select
+from foal_pipe.report.readers import Run
+from foal_pipe.report.selection import has_criteria, last, result_at, select
 
 _LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)"}
 
@@ -26,43 +27,48 @@ def pct(x: float | None, digits: int = 2) -> str:
     return f"{100 * x:.{digits}f}"
 
 
-def gamma_text(metrics: dict[str, Any]) -> str:
+def _or(value: Any, absent: str = "?") -> Any:
+    """A recorded value, or what stands for one the run does not record."""
+    return absent if value is None else value
+
+
+def gamma_text(metrics: LearnMetrics) -> str:
     """A run's gamma: the number, or ``auto`` (a gamma chosen at every task boundary)."""
-    gamma = metrics.get("gamma", "?")
-    return f"{gamma:g}" if is_number(gamma) else str(gamma)
+    gamma = _or(metrics.gamma)
+    return f"{gamma:g}" if isinstance(gamma, (int, float)) else str(gamma)
 
 
-def describe(metrics: dict[str, Any]) -> str:
+def describe(metrics: LearnMetrics) -> str:
     """One line of the settings that produced a run."""
     m = metrics
-    enc = m.get("encoder") or {}
+    enc = m.encoder or {}
     enc_bits = ", ".join(f"{k} {enc[k]}" for k in ("fusion", "image_size", "normalize") if k in enc)
-    n_tasks = m.get("n_tasks", len(m.get("tasks") or []) or len(m["accuracy_matrix"]))
+    n_tasks = _or(m.n_tasks, len(m.tasks or []) or len(m.accuracy_matrix))
     parts = [
         f"encoder `{enc.get('name', '?')}`" + (f" ({enc_bits})" if enc_bits else ""),
-        counted(n_tasks, "task") if isinstance(n_tasks, int) else f"{n_tasks} tasks",
-        f"D={m.get('projection_dim', '?')}",
+        counted(n_tasks, "task"),
+        f"D={_or(m.projection_dim)}",
         f"gamma={gamma_text(m)}",
-        f"batch {m.get('batch_size', '?')}",
-        f"seed {m.get('seed', '?')}",
-        f"engine {m.get('engine', '?')} {m.get('dtype', '')} {m.get('backend', '')}".rstrip(),
+        f"batch {_or(m.batch_size)}",
+        f"seed {_or(m.seed)}",
+        f"engine {_or(m.engine)} {_or(m.dtype, '')} {_or(m.backend, '')}".rstrip(),
     ]
-    if "activation" in m:
-        parts.append(f"activation {m['activation']}")
-    if "n_train_seen" in m:
-        parts.append(f"{m['n_train_seen']} training samples")
+    if m.activation is not None:
+        parts.append(f"activation {m.activation}")
+    if m.n_train_seen is not None:
+        parts.append(f"{m.n_train_seen} training samples")
     return " · ".join(parts)
 
 
-def _results(m: dict[str, Any], paper: PaperMatch | None) -> list[str]:
+def _results(m: LearnMetrics, paper: PaperMatch | None) -> list[str]:
     show_paper = paper is not None and paper.comparable
     if show_paper:
         lines = [f"| metric | ours | paper ({paper.row.title}) | ours - paper |", "|---|---:|---:|---:|"]
     else:
         lines = ["| metric | ours |", "|---|---:|"]
     for key, label in _LABELS.items():
-        ours = m.get(key)
-        if not is_number(ours):
+        ours = getattr(m, key)
+        if ours is None:
             continue
         if show_paper:
             ref = paper.row.metrics().get(key)
@@ -71,20 +77,19 @@ def _results(m: dict[str, Any], paper: PaperMatch | None) -> list[str]:
             lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} | {ref_s} | {delta} |")
         else:
             lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} |")
-    if isinstance(m.get("orders"), list):
-        seeds = ", ".join(str(o.get("order_seed")) for o in m["orders"])
-        lines += ["", f"Mean ± std (population) over {len(m['orders'])} class orders (order seeds {seeds}); "
+    if m.orders is not None:
+        seeds = ", ".join(str(o.order_seed) for o in m.orders)
+        lines += ["", f"Mean ± std (population) over {len(m.orders)} class orders (order seeds {seeds}); "
                   "the accuracy matrix below is their position-wise mean.", "",
                   "| order seed | A_avg (%) | A_last (%) | F (%) |", "|---:|---:|---:|---:|"]
-        lines += [f"| {o.get('order_seed')} | {pct(o.get('A_avg'))} | {pct(o.get('A_last'))} | {pct(o.get('F'))} |"
-                  for o in m["orders"]]
+        lines += [f"| {o.order_seed} | {pct(o.A_avg)} | {pct(o.A_last)} | {pct(o.F)} |" for o in m.orders]
     return lines + [""]
 
 
-def _spread(m: dict[str, Any], key: str) -> str:
+def _spread(m: LearnMetrics, key: str) -> str:
     """`` ± std`` when the run has many class orders."""
-    std = (m.get("std") or {}).get(key) if isinstance(m.get("std"), dict) else None
-    return f" ± {pct(std)}" if is_number(std) else ""
+    std = (m.std or {}).get(key)
+    return "" if std is None else f" ± {pct(std)}"
 
 
 def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
@@ -118,8 +123,8 @@ def _matrix(run: Run) -> list[str]:
         lines += ["", "Classes per task (stream order): "
                   + "; ".join(f"T{t + 1}: {', '.join(names)}" for t, names in enumerate(tasks[:20]))
                   + ("; ..." if len(tasks) > 20 else "")]
-    if "init_model" in m:
-        lines += ["", f"The model continued `{m['init_model']}` (`learn --init-model`): the matrix covers this run's "
+    if m.init_model is not None:
+        lines += ["", f"The model continued `{m.init_model}` (`learn --init-model`): the matrix covers this run's "
                   "tasks only."]
     return lines + [""]
 
@@ -141,20 +146,24 @@ def _classes(classes: ClassResults, continued: bool) -> list[str]:
     return lines + [""]
 
 
-def _other_stores(m: dict[str, Any]) -> list[str]:
+def _other_stores(m: LearnMetrics) -> list[str]:
     """``learn --init-model --eval-features``: the final model's accuracy on each other store's test split."""
     lines = ["## Other feature stores", "", "The final model on each `--eval-features` store's test split, classes "
              "matched by name (rows of classes the model does not know count as wrong).", "",
              "| store | test rows | accuracy (%) | rows of unknown classes |", "|---|---:|---:|---:|"]
-    for e in m["eval_features"]:
-        lines.append(f"| `{e['features']}` | {e['n_test']:,} | {pct(e['accuracy'])} | {e['unknown_class_rows']:,} |")
+    for e in m.eval_features:
+        lines.append(f"| `{e.features}` | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
     return lines + [""]
 
 
-def _auto_gamma(m: dict[str, Any]) -> list[str]:
+def _criterion(selected_by: str | None, what: str) -> str:
+    return CRITERIA[selected_by].description if selected_by in CRITERIA else f"a criterion the {what} does not record"
+
+
+def _auto_gamma(m: LearnMetrics) -> list[str]:
     """How ``learn --gamma auto`` chose gamma at each task boundary."""
-    chosen = ", ".join(f"T{i + 1} {g:g}" for i, g in enumerate(m["gammas_selected"]))
-    criterion = CRITERIA.get(m.get("selected_by"), "a criterion the run does not record")
+    chosen = ", ".join(f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected))
+    criterion = _criterion(m.selected_by, "run")
     return ["## Gamma", "", f"Chosen at every task boundary from the data seen so far, by {criterion}: {chosen}.", ""]
 
 
@@ -165,7 +174,7 @@ def _cell(value: float | None, fmt: str) -> str:
 def _sweep(run: Run) -> list[str]:
     s = run.sweep
     choice = select(s)
-    sweep_paper = match_paper(s, ignore=("gamma",)) if s.get("dataset") else None
+    sweep_paper = match_paper(s, ignore=("gamma",)) if s.dataset else None
     with_paper = sweep_paper is not None and sweep_paper.comparable
     criteria = has_criteria(s)
     head = "| gamma | A_avg (%) | A_last (%) | F (%) |"
@@ -176,24 +185,22 @@ def _sweep(run: Run) -> list[str]:
     head += " |"
     source = f"From `{run.sweep_path}`" + ("; GCV and LOO at the last task boundary." if criteria else ".")
     lines = ["## Gamma sweep", "", source, "", head, "|" + "---:|" * (head.count("|") - 1)]
-    for r in s["results"]:
-        row = f"| {r['gamma']:g} | {pct(r['A_avg'])} | {pct(r['A_last'])} | {pct(r['F'])} |"
+    for r in s.results:
+        row = f"| {r.gamma:g} | {pct(r.A_avg)} | {pct(r.A_last)} | {pct(r.F)} |"
         if criteria:
-            loo_accuracy = last(r.get("loo_accuracy"))
-            row += (f" {_cell(last(r.get('gcv')), '.4g')} | {pct(loo_accuracy)} |"
-                    f" {_cell(last(r.get('loo_mse')), '.4g')} |")
+            row += f" {_cell(last(r.gcv), '.4g')} | {pct(last(r.loo_accuracy))} | {_cell(last(r.loo_mse), '.4g')} |"
         if with_paper:
             ref = dict(zip(GAMMAS, sweep_paper.row.gamma_A_avg))
-            match = next((v for g, v in ref.items() if math.isclose(g, r["gamma"], rel_tol=1e-9)), None)
+            match = next((v for g, v in ref.items() if same_gamma(g, r.gamma)), None)
             row += f" {match if match is not None else '-'} |"
         marks = [label for label, g in (("selected", choice.gamma), ("test oracle", choice.oracle_gamma))
-                 if math.isclose(g, r["gamma"], rel_tol=1e-9)]
+                 if same_gamma(g, r.gamma)]
         lines.append(row + f" {', '.join(marks)} |")
     selected = result_at(s, choice.gamma)
-    lines += ["", f"Selected gamma: {choice.gamma:g}, by {choice.criterion} (test A_avg {pct(selected['A_avg'])}%)."]
-    if choice.selected_by in ("loo", "gcv"):
+    lines += ["", f"Selected gamma: {choice.gamma:g}, by {choice.criterion} (test A_avg {pct(selected.A_avg)}%)."]
+    if choice.selected_by in TRAINING_CRITERIA:
         oracle = result_at(s, choice.oracle_gamma)
-        lines.append(f"The test-set oracle would pick {choice.oracle_gamma:g} (test A_avg {pct(oracle['A_avg'])}%); "
+        lines.append(f"The test-set oracle would pick {choice.oracle_gamma:g} (test A_avg {pct(oracle.A_avg)}%); "
                      "it peeks at the test split, so it is shown for reference, not used.")
     if choice.selected_by is None:
         lines.append("This sweep predates GCV and leave-one-out selection, so its choice peeks at the test split; "
@@ -207,24 +214,24 @@ def _sweep(run: Run) -> list[str]:
 def _fusions(run: Run) -> list[str]:
     """``sweep --fusions``: each fusion's selected gamma and its test numbers, and the choice over all of them."""
     s = run.sweep
-    best, oracle = s["best"], s["best_test"]
-    criterion = CRITERIA.get(s.get("selected_by"), "a criterion the sweep does not record")
+    best, oracle = s.best, s.best_test
+    criterion = _criterion(s.selected_by, "sweep")
     lines = ["## Fusion ablation", "", f"From `{run.sweep_path}`: every fusion x gamma from one read of the stored "
              f"blocks; each fusion's gamma selected by {criterion}.", "",
              "| fusion | selected gamma | A_avg (%) | A_last (%) | F (%) | test-oracle gamma | its A_avg (%) | |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for entry in s["fusions"]:
-        at, top = result_at(entry, entry["best_gamma"]), result_at(entry, entry["best_gamma_test"])
-        mark = "selected" if entry["fusion"] == best["fusion"] else ""
-        lines.append(f"| {entry['fusion']} | {entry['best_gamma']:g} | {pct(at['A_avg'])} | {pct(at['A_last'])} | "
-                     f"{pct(at['F'])} | {entry['best_gamma_test']:g} | {pct(top['A_avg'])} | {mark} |")
-    chosen = result_at(next(e for e in s["fusions"] if e["fusion"] == best["fusion"]), best["gamma"])
-    lines += ["", f"Selected fusion: {best['fusion']} with gamma {best['gamma']:g}, by {criterion} over every fusion "
-              f"and gamma (test A_avg {pct(chosen['A_avg'])}%). The gamma sweep below is this fusion's."]
-    if s.get("selected_by") != "test":
-        top = result_at(next(e for e in s["fusions"] if e["fusion"] == oracle["fusion"]), oracle["gamma"])
-        lines.append(f"The test-set oracle would pick {oracle['fusion']} with gamma {oracle['gamma']:g} (test A_avg "
-                     f"{pct(top['A_avg'])}%); it peeks at the test split, so it is shown for reference, not used.")
+    for entry in s.fusions:
+        at, top = result_at(entry, entry.best_gamma), result_at(entry, entry.best_gamma_test)
+        mark = "selected" if entry.fusion == best.fusion else ""
+        lines.append(f"| {entry.fusion} | {entry.best_gamma:g} | {pct(at.A_avg)} | {pct(at.A_last)} | "
+                     f"{pct(at.F)} | {entry.best_gamma_test:g} | {pct(top.A_avg)} | {mark} |")
+    chosen = result_at(next(e for e in s.fusions if e.fusion == best.fusion), best.gamma)
+    lines += ["", f"Selected fusion: {best.fusion} with gamma {best.gamma:g}, by {criterion} over every fusion "
+              f"and gamma (test A_avg {pct(chosen.A_avg)}%). The gamma sweep below is this fusion's."]
+    if s.selected_by != "test":
+        top = result_at(next(e for e in s.fusions if e.fusion == oracle.fusion), oracle.gamma)
+        lines.append(f"The test-set oracle would pick {oracle.fusion} with gamma {oracle.gamma:g} (test A_avg "
+                     f"{pct(top.A_avg)}%); it peeks at the test split, so it is shown for reference, not used.")
     return lines + [""]
 
 
@@ -254,13 +261,13 @@ def summary_markdown(
         lines += ["", paragraph]
     lines.append("")
     lines += _matrix(run)
-    if m.get("eval_features"):
+    if m.eval_features:
         lines += _other_stores(m)
     if classes is not None:
-        lines += _classes(classes, "init_model" in m)
-    if m.get("gamma") == "auto":
+        lines += _classes(classes, m.init_model is not None)
+    if m.gamma == "auto":
         lines += _auto_gamma(m)
-    if run.sweep is not None and "fusions" in run.sweep:
+    if run.sweep is not None and run.sweep.fusions is not None:
         lines += _fusions(run)
     if run.sweep is not None:
         lines += _sweep(run)

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from foal_pipe.protocol.schema import LearnMetrics, RunSettings
+
 PAPER = "F-OAL (NeurIPS 2024), Table 2"
 PAPER_BACKBONE = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
 
@@ -108,27 +110,40 @@ class PaperMatch:
         return not self.differences
 
 
-def run_settings(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings :func:`match_paper` compares, read from a ``metrics.json`` or ``sweep.json`` dict.
+#: A run as :func:`match_paper` reads it: a ``metrics.json`` or ``sweep.json`` record, or such a dict.
+RunLike = RunSettings | Mapping[str, Any]
+
+
+def _record(run: RunLike) -> tuple[RunSettings, Any]:
+    """The run's settings and its gamma (a sweep has none: it varies gamma); a dict is read as a record."""
+    if isinstance(run, RunSettings):
+        return run, run.gamma if isinstance(run, LearnMetrics) else None
+    return RunSettings.from_dict(dict(run), "the run's settings"), run.get("gamma")
+
+
+def run_settings(run: RunLike) -> dict[str, Any]:
+    """The settings :func:`match_paper` compares.
 
     Rows: ``n_train_seen`` (the training rows streamed) and ``n_test`` (the test rows of the classes
     streamed); the feature dimension: ``feature_dim``, else the store's ``encoder.dim``.
     """
-    encoder = metrics.get("encoder") or {}
-    tasks = metrics.get("tasks")
-    n_tasks = metrics.get("n_tasks", len(tasks) if isinstance(tasks, list) else None)
+    settings, gamma = _record(run)
+    encoder = settings.encoder or {}
+    n_tasks = settings.n_tasks
+    if n_tasks is None and settings.tasks is not None:
+        n_tasks = len(settings.tasks)
     return {
         "encoder": encoder.get("name"),
         "fusion": encoder.get("fusion"),
         "token": encoder.get("token", "cls"),
         "image_size": encoder.get("image_size"),
-        "feature_dim": metrics.get("feature_dim", encoder.get("dim")),
-        "projection_dim": metrics.get("projection_dim"),
-        "gamma": metrics.get("gamma"),
-        "batch_size": metrics.get("batch_size"),
+        "feature_dim": encoder.get("dim") if settings.feature_dim is None else settings.feature_dim,
+        "projection_dim": settings.projection_dim,
+        "gamma": gamma,
+        "batch_size": settings.batch_size,
         "n_tasks": n_tasks,
-        "n_train": metrics.get("n_train_seen"),
-        "n_test": metrics.get("n_test"),
+        "n_train": settings.n_train_seen,
+        "n_test": settings.n_test,
     }
 
 
@@ -173,13 +188,13 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> PaperMatch | None:
+def match_paper(metrics: RunLike, *, ignore: tuple[str, ...] = ()) -> PaperMatch | None:
     """Compare a run with the paper's Table 2.
 
     Parameters
     ----------
-    metrics : mapping
-        A ``metrics.json`` (or ``sweep.json``) dict: ``dataset``, ``encoder``, ``projection_dim``,
+    metrics : LearnMetrics, SweepReport or mapping
+        A ``metrics.json`` (or ``sweep.json``) record or dict: ``dataset``, ``encoder``, ``projection_dim``,
         ``gamma``, ``batch_size``, ``n_tasks`` (or ``tasks``), ``n_train_seen``, ``n_test`` and
         ``feature_dim`` (or ``encoder.dim``) are read.
     ignore : tuple of str
@@ -191,7 +206,8 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
         ``None`` when the paper has no column for the dataset; otherwise the row and a tuple of
         human-readable differences such as ``"gamma 0.1 (paper 1)"``, empty when comparable.
     """
-    row = paper_row(str(metrics.get("dataset", "")))
+    settings, _ = _record(metrics)
+    row = paper_row(settings.dataset or "")
     if row is None:
         return None
     ours = run_settings(metrics)
@@ -201,8 +217,7 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
         for key, value in wanted.items()
         if key not in ignore and not _same(key, ours[key], value)
     ]
-    tasks = metrics.get("tasks")
-    uneven = isinstance(tasks, list) and len({len(t) for t in tasks if isinstance(t, list)}) > 1
+    uneven = len({len(t) for t in settings.tasks or []}) > 1
     kept = "; the published code drops the classes left over by an even split: --drop-remainder" if uneven else ""
     for key in ("n_train", "n_test"):
         paper = getattr(row, key)
@@ -213,10 +228,12 @@ def match_paper(metrics: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> 
     return PaperMatch(row, tuple(differences))
 
 
-def recipe_notes(metrics: Mapping[str, Any]) -> list[str]:
+def recipe_notes(metrics: RunLike) -> list[str]:
     """Where a run departs from the published code in ways that do not block a comparison."""
-    encoder = metrics.get("encoder") or {}
-    seen = {"normalize": encoder.get("normalize"), **{k: metrics.get(k) for k in PUBLISHED_RECIPE if k != "normalize"}}
+    settings, _ = _record(metrics)
+    encoder = settings.encoder or {}
+    seen = {"normalize": encoder.get("normalize"),
+            **{k: getattr(settings, k) for k in PUBLISHED_RECIPE if k != "normalize"}}
     return [
         f"{key.replace('_', ' ')} {seen[key]} (published code: {value})"
         for key, value in PUBLISHED_RECIPE.items()

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.schema import CRITERIA, RunSettings
 from foal_pipe.report.classes import ClassResults
 from foal_pipe.report.paper import GAMMAS, PaperMatch
 from foal_pipe.report.readers import Run
-from foal_pipe.report.selection import SHORT, select
+from foal_pipe.report.selection import select
 from foal_pipe.report.tables import gamma_rows, step_rows, weight_norm_rows
 
 DPI = 110
@@ -25,8 +26,15 @@ DPI = 110
 
 def _title(run: Run) -> str:
     m = run.metrics
-    encoder = (m.get("encoder") or {}).get("name", "?")
-    return f"{run.label} · {encoder} · γ={m.get('gamma', '?')} · D={m.get('projection_dim', '?')}"
+    return f"{run.label} · {_encoder(m)} · γ={_or(m.gamma)} · D={_or(m.projection_dim)}"
+
+
+def _or(value: Any) -> Any:
+    return "?" if value is None else value
+
+
+def _encoder(settings: RunSettings) -> str:
+    return (settings.encoder or {}).get("name", "?")
 
 
 def draw(path: Path, size: tuple[float, float], paint: Callable[[Any], None]) -> Path:
@@ -80,7 +88,7 @@ def plot_steps(run: Run, path: Path) -> Path:
             ax.plot(x, [r["A_i"] for r in rows], "o-", label="A_i (mean over tasks seen)", lw=2)
         else:
             mean, std = band
-            ax.plot(x, mean, "o-", label=f"A_i, mean over {len(run.metrics['orders'])} class orders", lw=2)
+            ax.plot(x, mean, "o-", label=f"A_i, mean over {len(run.metrics.orders)} class orders", lw=2)
             ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="+- std over orders")
         ax.plot(x, [r["newest_task"] for r in rows], "s--", label="newest task a[i][i]")
         ax.plot(x, [r["first_task"] for r in rows], "^:", label="first task a[i][1]")
@@ -94,7 +102,7 @@ def plot_steps(run: Run, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower left")
         m = run.metrics
-        ax.set_title(f"A_avg {100 * m['A_avg']:.1f}%, A_last {100 * m['A_last']:.1f}%, F {100 * m['F']:.1f}%\n"
+        ax.set_title(f"A_avg {100 * m.A_avg:.1f}%, A_last {100 * m.A_last:.1f}%, F {100 * m.F:.1f}%\n"
                      f"{_title(run)}", fontsize=9)
 
     return draw(path, (6.4, 4.0), paint)
@@ -102,17 +110,17 @@ def plot_steps(run: Run, path: Path) -> Path:
 
 def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
     """With ``orders`` (``learn --order-seeds``): the mean and std (percent) of A_i over the orders at each step."""
-    orders = run.metrics.get("orders")
-    if not isinstance(orders, list) or not orders:
+    orders = run.metrics.orders
+    if not orders:
         return None
-    steps = np.array([summarize(o["accuracy_matrix"])["A_steps"] for o in orders]) * 100
+    steps = np.array([summarize(o.accuracy_matrix)["A_steps"] for o in orders]) * 100
     return steps.mean(axis=0), steps.std(axis=0)
 
 
 def plot_weight_norms(run: Run, path: Path) -> Path:
     rows = weight_norm_rows(run)
     tasks = sorted({r["task"] for r in rows if r["task"] != ""})
-    outside = "learned before this run" if "init_model" in run.metrics else "not in stream"
+    outside = "learned before this run" if run.metrics.init_model is not None else "not in stream"
 
     def paint(fig: Any) -> None:
         import matplotlib
@@ -180,9 +188,8 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
             more_handles, more_labels = right.get_legend_handles_labels()
             handles, labels = handles + more_handles, labels + more_labels
         fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3)
-        s = run.sweep or {}
-        enc = (s.get("encoder") or {}).get("name", "?")
-        title = f"gamma sweep · {run.label} · {enc} · D={s.get('projection_dim', '?')}"
+        s = run.sweep
+        title = f"gamma sweep · {run.label} · {_encoder(s)} · D={_or(s.projection_dim)}"
         if choice.at_edge:
             title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
         ax.set_title(title, fontsize=9)
@@ -193,27 +200,27 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
 def plot_fusions(run: Run, path: Path) -> Path:
     """``sweep --fusions``: test A_avg against gamma, one line per fusion, each fusion's selected gamma marked
     (filled) and the (fusion, gamma) chosen over all of them starred."""
-    s = run.sweep or {}
-    best = s["best"]
+    s = run.sweep
+    best = s.best
+    short = CRITERIA[s.selected_by].short if s.selected_by in CRITERIA else "?"
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        for entry in s["fusions"]:
-            g = np.array([r["gamma"] for r in entry["results"]], dtype=float)
-            a = np.array([100 * r["A_avg"] for r in entry["results"]])
-            (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry['fusion']} (selected γ {entry['best_gamma']:g})")
-            at = int(np.argmin(np.abs(np.log(g) - np.log(entry["best_gamma"]))))
+        for entry in s.fusions:
+            g = np.array([r.gamma for r in entry.results], dtype=float)
+            a = np.array([100 * r.A_avg for r in entry.results])
+            (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry.fusion} (selected γ {entry.best_gamma:g})")
+            at = int(np.argmin(np.abs(np.log(g) - np.log(entry.best_gamma))))
             ax.plot(g[at], a[at], "o", color=line.get_color(), ms=8)
-            if entry["fusion"] == best["fusion"]:
+            if entry.fusion == best.fusion:
                 ax.plot(g[at], a[at], "*", color="tab:red", ms=16, zorder=5,
-                        label=f"chosen: {best['fusion']}, γ = {best['gamma']:g} ({SHORT.get(s.get('selected_by'), '?')})")
+                        label=f"chosen: {best.fusion}, γ = {best.gamma:g} ({short})")
         ax.set_xscale("log")
         ax.set_xlabel("γ (ridge regularisation, R0 = I/γ)")
         ax.set_ylabel("test A_avg (%)")
         ax.grid(alpha=0.3, which="both")
         fig.legend(fontsize=7, loc="outside lower center", ncol=2)
-        enc = (s.get("encoder") or {}).get("name", "?")
-        ax.set_title(f"fusion ablation · {run.label} · {enc} · D={s.get('projection_dim', '?')}\n"
+        ax.set_title(f"fusion ablation · {run.label} · {_encoder(s)} · D={_or(s.projection_dim)}\n"
                      "filled: each fusion's selected γ (training rows only)", fontsize=9)
 
     return draw(path, (7.2, 5.0), paint)

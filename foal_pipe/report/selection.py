@@ -8,20 +8,10 @@ A_avg: they are labelled as such, so a summary never passes a test-set choice of
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
 
-from foal_pipe.report.readers import CRITERION_KEYS
+from foal_pipe.protocol.schema import CRITERIA, CRITERION_KEYS, FusionSweep, SweepReport, SweepResult, same_gamma
 
-#: ``selected_by`` -> how summary.md names the criterion.
-CRITERIA = {
-    "loo": "leave-one-out MSE on the training rows seen",
-    "gcv": "GCV (generalised cross-validation, from the Gram statistics alone)",
-    "test": "test A_avg (an oracle: it peeks at the test split)",
-}
-#: ``selected_by`` -> the short name in plots and tables.
-SHORT = {"loo": "LOO MSE", "gcv": "GCV", "test": "test A_avg"}
 OLD_SWEEP = "test A_avg (old sweep)"
 
 
@@ -40,12 +30,12 @@ class Selection:
     @property
     def criterion(self) -> str:
         """The criterion in words, for summary.md."""
-        return CRITERIA[self.selected_by] if self.selected_by else OLD_SWEEP
+        return CRITERIA[self.selected_by].description if self.selected_by else OLD_SWEEP
 
     @property
     def short(self) -> str:
         """The criterion in a few characters, for plot legends and tables."""
-        return SHORT[self.selected_by] if self.selected_by else OLD_SWEEP
+        return CRITERIA[self.selected_by].short if self.selected_by else OLD_SWEEP
 
     @property
     def at_edge(self) -> str | None:
@@ -53,31 +43,31 @@ class Selection:
         beyond it), else ``None``."""
         if len(self.grid) < 2:
             return None
-        if math.isclose(self.gamma, self.grid[0], rel_tol=1e-9):
+        if same_gamma(self.gamma, self.grid[0]):
             return "smallest"
-        if math.isclose(self.gamma, self.grid[-1], rel_tol=1e-9):
+        if same_gamma(self.gamma, self.grid[-1]):
             return "largest"
         return None
 
 
-def result_at(sweep: dict[str, Any], gamma: float) -> dict[str, Any]:
-    """The sweep's result entry for ``gamma``."""
-    return next(r for r in sweep["results"] if math.isclose(r["gamma"], gamma, rel_tol=1e-9))
+def result_at(sweep: SweepReport | FusionSweep, gamma: float) -> SweepResult:
+    """The sweep's result for ``gamma``."""
+    return next(r for r in sweep.results if same_gamma(r.gamma, gamma))
 
 
-def select(sweep: dict[str, Any]) -> Selection:
+def select(sweep: SweepReport) -> Selection:
     """The :class:`Selection` of a sweep read by :func:`foal_pipe.report.readers.read_sweep`."""
-    results = sweep["results"]
-    best_test = max(results, key=lambda r: r["A_avg"])["gamma"]
-    oracle = float(sweep.get("best_gamma_test", best_test))
-    selected_by = sweep.get("selected_by")
-    gamma = float(sweep.get("best_gamma", oracle)) if selected_by else oracle
-    return Selection(gamma, selected_by, oracle, tuple(float(r["gamma"]) for r in results))
+    results = sweep.results
+    best_test = max(results, key=lambda r: r.A_avg).gamma
+    oracle = float(best_test if sweep.best_gamma_test is None else sweep.best_gamma_test)
+    selected_by = sweep.selected_by
+    gamma = float(oracle if sweep.best_gamma is None else sweep.best_gamma) if selected_by else oracle
+    return Selection(gamma, selected_by, oracle, tuple(float(r.gamma) for r in results))
 
 
-def has_criteria(sweep: dict[str, Any]) -> bool:
+def has_criteria(sweep: SweepReport) -> bool:
     """Whether the sweep records GCV or leave-one-out per gamma (sweeps from before them do not)."""
-    return any(key in r for r in sweep["results"] for key in CRITERION_KEYS)
+    return any(getattr(r, key) is not None for r in sweep.results for key in CRITERION_KEYS)
 
 
 def last(values: list[float | None] | None) -> float | None:

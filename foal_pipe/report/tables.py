@@ -11,7 +11,7 @@ from typing import Any
 
 from foal_pipe.core.metrics import summarize
 from foal_pipe.report.classes import ClassResults, stream_order, stream_positions
-from foal_pipe.report.readers import HEADLINE, Run, is_number
+from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
 
 
@@ -59,13 +59,12 @@ def gamma_rows(run: Run) -> list[dict[str, Any]]:
         return []
     criteria = has_criteria(run.sweep)
     rows = []
-    for r in run.sweep["results"]:
-        row: dict[str, Any] = {"gamma": r["gamma"], "A_avg": 100 * r["A_avg"], "A_last": 100 * r["A_last"],
-                               "F": 100 * r["F"]}
+    for r in run.sweep.results:
+        row: dict[str, Any] = {"gamma": r.gamma, "A_avg": 100 * r.A_avg, "A_last": 100 * r.A_last, "F": 100 * r.F}
         if criteria:
-            loo_accuracy = last(r.get("loo_accuracy"))
-            row.update(gcv=last(r.get("gcv")), loo_accuracy=None if loo_accuracy is None else 100 * loo_accuracy,
-                       loo_mse=last(r.get("loo_mse")))
+            loo_accuracy = last(r.loo_accuracy)
+            row.update(gcv=last(r.gcv), loo_accuracy=None if loo_accuracy is None else 100 * loo_accuracy,
+                       loo_mse=last(r.loo_mse))
         rows.append(row)
     return rows
 
@@ -103,13 +102,13 @@ def write_confusion(path: Path, classes: ClassResults) -> Path:
 def scores(run: Run) -> dict[str, float]:
     """The headline numbers (fractions) for ``dvc metrics``: the run's, and the sweep's selected gamma with its
     test A_avg beside the test oracle's (the gamma with the best test A_avg)."""
-    out = {key: float(run.metrics[key]) for key in HEADLINE if is_number(run.metrics.get(key))}
+    out = {key: float(getattr(run.metrics, key)) for key in HEADLINE if getattr(run.metrics, key) is not None}
     if run.sweep is not None:
         choice = select(run.sweep)
         out.update(
             sweep_selected_gamma=choice.gamma,
-            sweep_selected_A_avg=float(result_at(run.sweep, choice.gamma)["A_avg"]),
+            sweep_selected_A_avg=float(result_at(run.sweep, choice.gamma).A_avg),
             sweep_oracle_gamma=choice.oracle_gamma,
-            sweep_oracle_A_avg=float(result_at(run.sweep, choice.oracle_gamma)["A_avg"]),
+            sweep_oracle_A_avg=float(result_at(run.sweep, choice.oracle_gamma).A_avg),
         )
     return out

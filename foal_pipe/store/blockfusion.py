@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 FUSION_FORMS = "mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K"
 """The valid spec forms, as error messages name them."""
@@ -216,7 +216,7 @@ class FusedSplits:
 
     def __init__(self, split: Any, fusions: Sequence[str | Fusion], norm: FinalNorm | None):
         if split.blocks is None:
-            raise FoalPipeError(f"{split.name} has no blocks array; extract the store with --keep-blocks")
+            raise FoalPipeError(f"{split.name} has no blocks array; extract the store with {param('keep_blocks', True)}")
         self.source, self.norm = split, norm
         self.fusions = parse_fusions(list(fusions))
         n_blocks = int(split.blocks.shape[1])

@@ -28,11 +28,11 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteReques
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
-DTYPE_OPTIONS = {"blocks": "--blocks-dtype"}
-"""The extract option that sets an array's dtype, where it is not ``--dtype``."""
+DTYPE_OPTIONS = {"blocks": "blocks_dtype"}
+"""The extract parameter that sets an array's dtype, where it is not ``dtype``."""
 REEXTRACT = "re-extract it (`foal-pipe extract ... --overwrite`) or restore it from a copy"
 
 
@@ -350,6 +350,6 @@ def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int, what: st
         row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
         raise FoalPipeError(
             f"{split}/{what} has NaN or inf values (first bad row: {row}); "
-            f"re-extract the store (try `{DTYPE_OPTIONS.get(what.split()[0], '--dtype')} float32` if it was float16)"
+            f"re-extract the store (try {param(DTYPE_OPTIONS.get(what.split()[0], 'dtype'), 'float32')} if it was float16)"
         )
     return block

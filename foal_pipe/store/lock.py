@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import pid_alive
 
 LOCK_SUFFIX = ".lock"
@@ -105,7 +105,7 @@ def exclusive_lock(path: str | Path, what: str | None = None) -> Iterator[Path]:
         os.pwrite(fd, json.dumps(_holder()).encode(), 0)
     except OSError as exc:
         raise FoalPipeError(f"cannot create the lock file {lock}: {exc.strerror or exc}; choose a writable "
-                            "location (--out)") from None
+                            f"location ({param('out')})") from None
     try:
         yield lock
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 
 import zarr
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore
 
@@ -156,7 +156,7 @@ def _open_group(path: Path) -> zarr.Group:
     meta_file = path / "zarr.json"
     if not meta_file.is_file() and not (path / ".zgroup").is_file():
         raise FoalPipeError(
-            f"{path} is not a Zarr feature store; point --features at a directory made by `foal-pipe extract`"
+            f"{path} is not a Zarr feature store; point {param('features')} at a directory made by `foal-pipe extract`"
         )
     try:
         return zarr.open_group(store=StrictLocalStore(str(path), read_only=True), mode="r")
@@ -180,11 +180,11 @@ def read_meta(path: str | Path) -> tuple[zarr.Group, StoreMeta]:
         raise FoalPipeError(f"feature store {path} does not exist{dangling}; create it with `foal-pipe extract` or "
                             "check the path") from None
     except OSError as exc:
-        raise FoalPipeError(f"cannot open feature store {path}: {exc.strerror or exc}; point --features at the "
-                            "store directory itself") from None
+        raise FoalPipeError(f"cannot open feature store {path}: {exc.strerror or exc}; point {param('features')} at "
+                            "the store directory itself") from None
     if not path.is_dir():
-        raise FoalPipeError(f"{path} is a file, not a feature store (a .zarr directory); point --features at "
-                            "a directory made by `foal-pipe extract`")
+        raise FoalPipeError(f"{path} is a file, not a feature store (a .zarr directory); point "
+                            f"{param('features')} at a directory made by `foal-pipe extract`")
     group = _open_group(path)
     return group, StoreMeta.from_dict(dict(group.attrs), where=str(path))
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import (
     NORMS,
     FinalNorm,
@@ -84,7 +84,8 @@ class Split:
     def _array(self, leaf: str) -> zarr.Array:
         array = self.features if leaf == "features" else self.blocks
         if array is None:
-            raise FoalPipeError(f"{self.root}: {self.name} has no {leaf} array; extract the store with --keep-blocks")
+            raise FoalPipeError(f"{self.root}: {self.name} has no {leaf} array; extract the store with "
+                                f"{param('keep_blocks', True)}")
         return array
 
     def _read(self, leaf: str, lo: int, hi: int) -> np.ndarray:
@@ -184,14 +185,14 @@ class FeatureStore:
         if "train" in splits and self.train.labels.size == 0:
             raise FoalPipeError(
                 f"{self.path} has no train rows: it was extracted from unlabelled images, so there is nothing to learn; "
-                "extract labelled images (--dataset imagefolder) to learn, or predict on it with `foal-pipe predict`"
+                f"extract labelled images ({param('dataset', 'imagefolder')}) to learn, or predict on it with `foal-pipe predict`"
             )
         for name in splits:
             unlabelled = int((self.split(name).labels == UNLABELLED).sum())
             if unlabelled:
                 raise FoalPipeError(
                     f"{self.path} has {unlabelled:,} unlabelled {name} rows (label -1): every {name} row needs a "
-                    "label to be learned or scored; extract labelled images (--dataset imagefolder), or predict on "
+                    f"label to be learned or scored; extract labelled images ({param('dataset', 'imagefolder')}), or predict on "
                     "the store with `foal-pipe predict`"
                 )
 
@@ -393,7 +394,7 @@ def _split_arrays(group: zarr.Group, path: Path, name: str) -> tuple[zarr.Array,
         )
     if features.dtype.name not in FEATURE_DTYPES:
         raise FoalPipeError(f"{name}/features in {path} has dtype {features.dtype}, outside the spec "
-                            f"({', '.join(FEATURE_DTYPES)}); re-extract it with --dtype float32")
+                            f"({', '.join(FEATURE_DTYPES)}); re-extract it with {param('dtype', 'float32')}")
     if not np.issubdtype(labels.dtype, np.integer):
         raise FoalPipeError(f"{name}/labels in {path} has dtype {labels.dtype}, expected integers; re-extract it")
     return features, labels

@@ -1,0 +1,226 @@
+"""The options of ``learn`` and ``sweep``, each defined once, and the settings they build.
+
+An option named after a field of the settings dataclasses (:mod:`foal_pipe.protocol.config`) sets that field
+(:func:`settings`; ``--no-X`` sets ``X`` false); its default is read from the dataclass and its fixed set of
+values from the registry that accepts them. A new option is one settings field plus one alias here, and
+:mod:`~foal_pipe.cli.flags` tells the error handler which flag sets a library parameter.
+
+Imported by ``foal-pipe --help``: nothing here imports scikit-learn, SciPy, zarr or torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from foal_pipe.cli._app import choice, flag
+from foal_pipe.cli.flags import NEGATED
+from foal_pipe.core.activations import ACTIVATIONS, INITS
+from foal_pipe.core.backend import BACKENDS, DTYPES
+from foal_pipe.core.engines import ENGINES
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.memory import memory_text, parse_memory
+from foal_pipe.protocol.config import (
+    SCHEDULERS,
+    EvaluationConfig,
+    ExecutionConfig,
+    ModelConfig,
+    StreamConfig,
+    SweepConfig,
+    parse_gamma,
+)
+from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+from foal_pipe.protocol.stream import DEFAULT_TASKS
+from foal_pipe.store.blockfusion import FUSION_FORMS
+
+STREAM, MODEL, EVALUATION, EXECUTION, SWEEP = StreamConfig(), ModelConfig(), EvaluationConfig(), ExecutionConfig(), SweepConfig()
+
+
+def grid_text(grid: tuple[float, ...]) -> str:
+    """``1e-4,1e-3,...,1e8``: powers of ten written as such, other values as ``%g``."""
+    def one(g: float) -> str:
+        k = round(math.log10(g))
+        return f"{g:g}" if 10.0**k != g or -1 <= k <= 3 else f"1e{k}"
+
+    return ",".join(one(g) for g in grid)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Both commands: the store, the stream, the expansion, where the work runs
+
+Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
+Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
+Tasks = Annotated[
+    int | None,
+    typer.Option(help="Number of tasks, at most the number of classes: the classes, shuffled with --seed, are cut into "
+                 "tasks of consecutive classes, the first (classes mod tasks) tasks one class larger (8 classes in 5 "
+                 f"tasks: 2, 2, 2, 1, 1). Default: {DEFAULT_TASKS}, or one class per task with fewer classes.",
+                 show_default=False),
+]
+DropRemainder = Annotated[
+    bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
+               "with a warning (the published code: DTD 47 -> 40 classes); recorded in metrics.json. Default: off "
+               "(every class is streamed).")
+]
+BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
+ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
+Seed = Annotated[int, typer.Option(help="Seed of the projection and, without --order-seed(s), of the class order and "
+                                   "the within-task shuffles.")]
+OrderSeed = Annotated[int | None, typer.Option(help="Seed of the class order and the within-task shuffles. Default: --seed.")]
+OrderSeeds = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
+                 "reported per order with mean and std. Default: one order (--order-seed).")
+]
+MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the activations kept for leave-one-out "
+                                        "(rows x D values; beyond it each boundary projects the rows again) and, with "
+                                        "--order-seeds, the per-class statistics (C x D^2 values; beyond it one pass "
+                                        "per order).")]
+Backend = Annotated[choice(*BACKENDS), typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, "
+                                                    "else NumPy), numpy, cupy or torch (CUDA when available, else the CPU).")]
+Dtype = Annotated[choice(*DTYPES), typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (half the memory; "
+                                                "solved in float64, a gamma below its resolution is refused).")]
+ProjectionInit = Annotated[choice(*INITS), typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or "
+                                                        "normal (same variance).")]
+Activation = Annotated[
+    choice(*ACTIVATIONS) | None,
+    typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
+                 "or identity with --projection-dim 0 (ridge on the raw features)."),
+]
+ClassOrder = Annotated[
+    Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides "
+                              "--tasks. Default: none (--tasks splits the classes).")
+]
+DropLast = Annotated[bool, flag("--drop-last", help="Drop each task's last incomplete batch (the published code). "
+                                "Default: off (the batch is kept).")]
+NoMaskUnseen = Annotated[
+    bool, flag("--no-mask-unseen", help="Predict over all classes, unseen ones included (the published code). "
+               "Default: off (only seen classes).")
+]
+Scheduler = Annotated[
+    choice(*SCHEDULERS),
+    typer.Option(
+        help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster "
+        "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process)."
+    ),
+]
+DaskAddress = Annotated[
+    str, typer.Option(help="With --scheduler dask: 'local' starts a LocalCluster, or a scheduler address tcp://host:port.")
+]
+Workers = Annotated[int, typer.Option(help="With --scheduler dask and --dask-address local: number of worker processes.")]
+Fusion = Annotated[
+    str | None,
+    typer.Option(help="Fuse the store's per-block tokens at read time (stores made with `extract --keep-blocks`): "
+                 f"{FUSION_FORMS}; then the stored final norm. Default: the store's own features."),
+]
+NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
+
+# ----------------------------------------------------------------------------------------------------------------
+# learn
+
+Gamma = Annotated[
+    str, typer.Option(help="Ridge regularisation gamma (R0 = I/gamma), > 0; or auto: chosen at every task boundary on "
+                      "the training rows seen so far (see --select, --gamma-grid).")
+]
+LearnSelect = Annotated[
+    choice(*TRAINING_CRITERIA) | None,
+    typer.Option(help="With --gamma auto: how gamma is chosen on the training rows seen so far, loo (exact "
+                 "leave-one-out MSE) or gcv (generalised cross-validation, no extra pass); never on the test split. "
+                 f"Default: {MODEL.select}."),
+]
+GammaGrid = Annotated[
+    str | None, typer.Option(help="Candidates of --gamma auto (comma-separated); a choice on an edge is warned about. "
+                             f"Default: {grid_text(MODEL.gamma_grid)}.", show_default=False)
+]
+Engine = Annotated[
+    choice(*ENGINES),
+    typer.Option(
+        help="gram: accumulate H^T H and H^T Y, solve at task ends (fastest, exact). "
+        "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
+    ),
+]
+InitModel = Annotated[
+    Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
+                              "name gets a new label id), gamma, projection, activation and dtype from the model. "
+                              "Default: none (a new model).")
+]
+EvalFeatures = Annotated[
+    list[Path] | None, typer.Option(help="With --init-model: also score the final model on this store's test "
+                                    "split (classes by name; repeatable), to measure forgetting. Default: none.")
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# sweep
+
+Gammas = Annotated[
+    str | None, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the data; a best gamma on an "
+                             f"edge is warned about. Default: --gamma auto's grid, {grid_text(SWEEP.gammas)}.",
+                             show_default=False)
+]
+Select = Annotated[
+    choice(*CRITERIA) | None,
+    typer.Option(help="How the best gamma is chosen: on the training rows seen so far, loo (exact leave-one-out MSE) "
+                 "or gcv (generalised cross-validation, no extra pass); or test, an oracle that peeks at the test "
+                 "split. Default: loo, or gcv with --no-loo."),
+]
+NoLoo = Annotated[bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")]
+Fusions = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated fusions of a blocks store (e.g. mean-cls,last,mean:7-12), every fusion x gamma "
+                 "from one read of the blocks: a table and sweep.json entries per fusion, and the best (fusion, "
+                 "gamma) by --select. Not with --fusion. Default: none (the store's features, or --fusion)."),
+]
+
+#: Defaults of the options whose text the command line parses.
+GAMMA_TEXT = f"{MODEL.gamma:g}"
+MAX_MEMORY_TEXT = memory_text(EXECUTION.max_memory)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The settings the options build
+
+
+def floats(text: str, option: str) -> tuple[float, ...]:
+    """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``."""
+    try:
+        return tuple(float(g) for g in text.split(",") if g.strip())
+    except ValueError:
+        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
+
+
+def gamma_value(text: str) -> float | str:
+    """``--gamma``: a number > 0, or ``auto``."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise FoalPipeError(f"--gamma {text!r} is neither a number nor 'auto'; write e.g. --gamma 1 or --gamma auto") from None
+    return parse_gamma(value)
+
+
+#: Options whose text becomes the field's value.
+PARSE: dict[str, Callable[[Any], Any]] = {
+    "gamma": gamma_value,
+    "gamma_grid": lambda text: floats(text, "--gamma-grid"),
+    "gammas": lambda text: floats(text, "--gammas"),
+    "fusions": lambda text: tuple(text.split(",")),
+    "max_memory": parse_memory,
+}
+
+
+def settings(params: Mapping[str, Any], kind: type[Any]) -> Any:
+    """The settings of dataclass ``kind`` that a command's options ``params`` (``ctx.params``) give: each field
+    from the option of its name (parsed by :data:`PARSE`) or its ``--no-`` option; a field whose option is absent
+    or None keeps its default."""
+    names, given = {f.name for f in fields(kind)}, {}
+    for option, value in params.items():
+        name = NEGATED.get(option, option)
+        if name in names and value is not None:
+            given[name] = (not value) if option in NEGATED else PARSE.get(name, lambda v: v)(value)
+    return kind(**given)

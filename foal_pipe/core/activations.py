@@ -1,0 +1,43 @@
+"""The activations of the smooth projection and its initialisations, by name: registries light enough for the
+command line's choices (no scikit-learn)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from array_api_compat import array_namespace
+
+from foal_pipe.errors import FoalPipeError
+
+INITS = ("uniform", "normal")
+
+
+def sigmoid(z: Any) -> Any:
+    """Overflow-free logistic function, in place: 0.5 * (1 + tanh(z / 2))."""
+    xp = array_namespace(z)
+    z *= 0.5
+    out = xp.tanh(z)
+    out += 1.0
+    out *= 0.5
+    return out
+
+
+def relu(z: Any) -> Any:
+    """``max(z, 0)``, in place."""
+    z[z < 0] = 0
+    return z
+
+
+def identity(z: Any) -> Any:
+    return z
+
+
+#: Activation functions by name; each may overwrite its argument.
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"sigmoid": sigmoid, "relu": relu, "identity": identity}
+
+
+def check_activation(name: str) -> str:
+    if name not in ACTIVATIONS:
+        raise FoalPipeError(f"unknown activation {name!r}; choose one of {', '.join(ACTIVATIONS)}")
+    return name

@@ -1,0 +1,375 @@
+"""``metrics.json`` and ``sweep.json``: one frozen type each, the only code that turns them into JSON and back.
+
+A writer builds a :class:`LearnMetrics` or a :class:`SweepReport` and writes ``to_dict()``; a reader calls
+``from_dict()``, which checks the type of every key it knows and refuses a malformed file in one line that names
+the fix. A field that is ``None`` is not recorded (its key is left out), so the files of earlier versions, which
+lack later keys, read as they are; keys this version does not know are kept in ``extra`` and written back. The
+files are written with sorted keys (:func:`foal_pipe.io.write_json`): the same record gives the same bytes.
+
+Also the selection criteria (:data:`CRITERIA`) that ``selected_by`` names. Standard library only: the report,
+and the command line's choices, read this module without NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+from foal_pipe.errors import FoalPipeError
+
+METRICS_FILE = "metrics.json"
+SWEEP_FILE = "sweep.json"
+#: Per-result lists of a sweep, one value per task boundary (``null`` where that criterion was skipped).
+CRITERION_KEYS = ("gcv", "loo_accuracy", "loo_mse")
+_LEARN_FIX = "re-run `foal-pipe learn --out DIR` (or `dvc repro`) to write it"
+_SWEEP_FIX = "re-run `foal-pipe sweep --out DIR` to write it"
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """How a gamma is chosen: the sweep result key judged at the last task boundary, and which way is better."""
+
+    name: str
+    key: str
+    larger: bool
+    #: How summary.md names it.
+    description: str
+    #: Its name in plot legends and tables.
+    short: str
+
+
+#: ``selected_by`` -> criterion: LOO MSE and GCV judge the training rows seen; ``test`` is an oracle.
+CRITERIA: dict[str, Criterion] = {c.name: c for c in (
+    Criterion("loo", "loo_mse", False, "leave-one-out MSE on the training rows seen", "LOO MSE"),
+    Criterion("gcv", "gcv", False, "GCV (generalised cross-validation, from the Gram statistics alone)", "GCV"),
+    Criterion("test", "A_avg", True, "test A_avg (an oracle: it peeks at the test split)", "test A_avg"),
+)}
+#: The criteria of ``learn --gamma auto``, which never looks at the test split.
+TRAINING_CRITERIA = ("loo", "gcv")
+
+
+class _Invalid(Exception):
+    """A malformed value: the message says where and what; ``from_dict`` adds the fix."""
+
+
+def shown(value: Any) -> str:
+    """A value as JSON, cut to 40 characters."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number (not a boolean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What a key holds: ``noun`` names it in messages; ``convert(value, where, key)``, when given, checks inside
+    the value (``where`` names the record) and returns it converted."""
+
+    noun: str
+    accepts: Callable[[Any], bool]
+    convert: Callable[[Any, str, str], Any] | None = None
+
+    def parse(self, value: Any, where: str, key: str) -> Any:
+        if not self.accepts(value):
+            raise _Invalid(f"{where} has no {self.noun} under {key!r} (found {shown(value)})")
+        return self.convert(value, where, key) if self.convert else value
+
+
+def _list_of(kind: _Kind, noun: str | None = None) -> _Kind:
+    return _Kind(noun or f"list of {kind.noun}s", lambda v: isinstance(v, list) and all(map(kind.accepts, v)))
+
+
+def _record(cls: type[_Record], noun: str) -> _Kind:
+    return _Kind(noun, lambda v: isinstance(v, dict), lambda v, where, key: cls.parse_dict(v, f"{where}: {key}"))
+
+
+def _records(cls: type[_Record], noun: str) -> _Kind:
+    def convert(values: list, where: str, key: str) -> list:
+        return [cls.parse_dict(v, f"{where}: {key}[{i}]") for i, v in enumerate(values)]
+
+    return _Kind(noun, lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), convert)
+
+
+def _triangle(matrix: list, where: str, key: str) -> list[list[float]]:
+    """Row i holds i+1 accuracies (a[i][j] for tasks j <= i), each a fraction in [0, 1]."""
+    rows = []
+    for i, row in enumerate(matrix):
+        if not isinstance(row, list) or len(row) != i + 1:
+            raise _Invalid(f"{where}: row {i} of {key!r} should have {i + 1} entries "
+                           f"(a[i][j] for tasks j <= i), got {row!r:.60}")
+        if not all(map(is_number, row)):
+            raise _Invalid(f"{where}: row {i} of {key!r} is not all numbers")
+        if not all(0.0 <= v <= 1.0 for v in row):
+            raise _Invalid(f"{where}: row {i} of {key!r} has values outside [0, 1]; accuracies must be fractions")
+        rows.append([float(v) for v in row])
+    return rows
+
+
+NUMBER = _Kind("number", is_number)
+POSITIVE = _Kind("number > 0", lambda v: is_number(v) and v > 0)
+INTEGER = _Kind("integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+BOOLEAN = _Kind("boolean", lambda v: isinstance(v, bool))
+TEXT = _Kind("string", lambda v: isinstance(v, str))
+MAPPING = _Kind("mapping", lambda v: isinstance(v, dict))
+NUMBERS = _list_of(NUMBER, "list of numbers")
+INTEGERS = _list_of(INTEGER)
+PER_BOUNDARY = _Kind("list of numbers or nulls (one per task boundary)",
+                     lambda v: isinstance(v, list) and all(x is None or is_number(x) for x in v))
+MATRIX = _Kind("non-empty list of rows", lambda v: isinstance(v, list) and bool(v), _triangle)
+LABEL = _Kind("label id", lambda v: INTEGER.accepts(v) and v >= 0)
+COUNT = _Kind("integer >= 0", lambda v: INTEGER.accepts(v) and v >= 0)
+FRACTION = _Kind("number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1)
+TASKS = _list_of(_list_of(LABEL), "list of lists of label ids")
+TASK_NAMES = _list_of(_list_of(TEXT), "list of lists of class names")
+NUMBER_BY_NAME = _Kind("mapping of numbers", lambda v: isinstance(v, dict) and all(map(is_number, v.values())))
+GAMMA = _Kind('number > 0 or "auto"', lambda v: v == "auto" or (is_number(v) and v > 0))
+SELECTOR = _Kind(f"criterion ({', '.join(CRITERIA)})", lambda v: v in CRITERIA)
+
+
+def key(kind: _Kind, required: bool = False) -> Any:
+    """A dataclass field holding a JSON key of ``kind``; not ``required``: ``None`` when not recorded."""
+    return field(metadata={"kind": kind}) if required else field(default=None, metadata={"kind": kind})
+
+
+R = TypeVar("R", bound="_Record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Record:
+    """A JSON object with typed keys (the fields) and ``extra``, the keys of other versions, kept verbatim."""
+
+    FIX: ClassVar[str] = _LEARN_FIX
+    #: How messages name a record read without a path.
+    NAME: ClassVar[str] = "record"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: every recorded field (nested records as objects), then ``extra``."""
+        out = {f.name: _json(getattr(self, f.name)) for f in fields(self)
+               if f.name != "extra" and getattr(self, f.name) is not None}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any, where: str | None = None) -> R:
+        """The record of a JSON object (``where`` names it in messages); a malformed one raises
+        :class:`~foal_pipe.errors.FoalPipeError`, one line naming the fix."""
+        try:
+            return cls.parse_dict(data, where or cls.NAME)
+        except _Invalid as exc:
+            raise FoalPipeError(f"{exc}; {cls.FIX}") from None
+
+    @classmethod
+    def parse_dict(cls: type[R], data: Any, where: str) -> R:
+        """:meth:`from_dict` for a record nested in another: the outer record's ``from_dict`` names the fix."""
+        if not isinstance(data, dict):
+            raise _Invalid(f"{where} should be a JSON object, found {shown(data)}")
+        values: dict[str, Any] = {}
+        known = {f.name for f in fields(cls)}
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            kind = f.metadata["kind"]
+            if data.get(f.name) is not None:
+                values[f.name] = kind.parse(data[f.name], where, f.name)
+            elif f.default is MISSING:
+                raise _Invalid(f"{where} has no {f.name!r} {kind.noun}" if f.name not in data
+                               else f"{where} has no {kind.noun} under {f.name!r} (found null)")
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, _Record):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(_Record):
+    """What both files record of a run: the stream, the model's settings, and the store it read."""
+
+    tasks: list[list[int]] | None = key(TASKS)
+    n_tasks: int | None = key(INTEGER)
+    dropped_classes: list[int] | None = key(INTEGERS)
+    drop_remainder: bool | None = key(BOOLEAN)
+    projection_dim: int | None = key(INTEGER)
+    projection_init: str | None = key(TEXT)
+    activation: str | None = key(TEXT)
+    batch_size: int | None = key(INTEGER)
+    drop_last: bool | None = key(BOOLEAN)
+    mask_unseen: bool | None = key(BOOLEAN)
+    seed: int | None = key(INTEGER)
+    order_seed: int | None = key(INTEGER)
+    backend: str | None = key(TEXT)
+    dtype: str | None = key(TEXT)
+    n_train_seen: int | None = key(INTEGER)
+    n_test: int | None = key(INTEGER)
+    feature_dim: int | None = key(INTEGER)
+    dataset: str | None = key(TEXT)
+    #: The store's encoder provenance (:attr:`foal_pipe.store.meta.StoreMeta.encoder`).
+    encoder: dict[str, Any] | None = key(MAPPING)
+    features: str | None = key(TEXT)
+    #: Wall seconds, in files written before they moved to ``timings.json``.
+    seconds: float | None = key(NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accuracy(_Record):
+    """The accuracy report of a matrix (:func:`foal_pipe.core.metrics.summarize`): fractions."""
+
+    #: ``a[i][j]``: accuracy on task j after training through task i (row i has i+1 entries).
+    accuracy_matrix: list[list[float]] | None = key(MATRIX)
+    A_steps: list[float] | None = key(NUMBERS)
+    A_avg: float = key(NUMBER, required=True)
+    A_last: float = key(NUMBER, required=True)
+    F: float = key(NUMBER, required=True)
+    F_published_code: float | None = key(NUMBER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreScore(_Record):
+    """``learn --init-model --eval-features``: the final model on another store's test split."""
+
+    features: str = key(TEXT, required=True)
+    n_test: int = key(COUNT, required=True)
+    accuracy: float = key(FRACTION, required=True)
+    unknown_class_rows: int = key(COUNT, required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderMetrics(Accuracy):
+    """One class order of ``learn --order-seeds``."""
+
+    order_seed: int | None = key(INTEGER)
+    tasks: list[list[int]] | None = key(TASKS)
+    accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
+    gammas_selected: list[float] | None = key(NUMBERS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnMetrics(Accuracy, RunSettings):
+    """``metrics.json``: the accuracy after every task, the settings, and what ``--gamma auto``,
+    ``--init-model`` and ``--order-seeds`` add (with many orders the headline numbers are means over them)."""
+
+    NAME: ClassVar[str] = METRICS_FILE
+
+    accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
+    gamma: float | str | None = key(GAMMA)
+    engine: str | None = key(TEXT)
+    gammas_selected: list[float] | None = key(NUMBERS)
+    selected_by: str | None = key(SELECTOR)
+    gamma_grid: list[float] | None = key(NUMBERS)
+    gammas_at_grid_edge: list[bool] | None = key(_list_of(BOOLEAN))
+    init_model: str | None = key(TEXT)
+    n_samples_seen_total: int | None = key(INTEGER)
+    label_ids: dict[str, int] | None = key(_Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(
+        INTEGER.accepts(x) for x in v.values())))
+    #: A continued model's classes by name, task by task as ``tasks`` (its label ids are not the store's).
+    task_names: list[list[str]] | None = key(TASK_NAMES)
+    eval_features: list[StoreScore] | None = key(_records(StoreScore, "list of store scores"))
+    order_seeds: list[int] | None = key(INTEGERS)
+    orders: list[OrderMetrics] | None = key(_records(OrderMetrics, "list of class orders"))
+    mean: dict[str, float] | None = key(NUMBER_BY_NAME)
+    std: dict[str, float] | None = key(NUMBER_BY_NAME)
+    one_pass: bool | None = key(BOOLEAN)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepResult(Accuracy):
+    """One gamma of a sweep: its test accuracy and, per task boundary, GCV and leave-one-out (sweeps written
+    before those have none of the three keys: ``gcv`` is then None and none is written)."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    gamma: float = key(POSITIVE, required=True)
+    gcv: list[float | None] | None = key(PER_BOUNDARY)
+    loo_accuracy: list[float | None] | None = key(PER_BOUNDARY)
+    loo_mse: list[float | None] | None = key(PER_BOUNDARY)
+    #: With ``--order-seeds``: the std over the orders of A_avg, A_last and F (the fields above are means).
+    std: dict[str, float] | None = key(NUMBER_BY_NAME)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if self.gcv is not None:  # without the leave-one-out pass its lists are null, not absent
+            out.update(loo_accuracy=self.loo_accuracy, loo_mse=self.loo_mse)
+        return out
+
+    def criterion(self, name: str) -> float | None:
+        """The value criterion ``name`` judges: its key at the last task boundary (None where not computed)."""
+        value = getattr(self, CRITERIA[name].key)
+        value = value[-1] if isinstance(value, list) and value else value
+        return None if isinstance(value, list) else value
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusionChoice(_Record):
+    """``sweep --fusions``: a (fusion, gamma) chosen over every fusion x gamma, and by what."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    fusion: str = key(TEXT, required=True)
+    gamma: float = key(NUMBER, required=True)
+    selected_by: str | None = key(SELECTOR)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusionSweep(_Record):
+    """``sweep --fusions``: one fusion's results and its own choices of gamma."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    fusion: str = key(TEXT, required=True)
+    best_gamma: float | None = key(NUMBER)
+    best_gamma_test: float | None = key(NUMBER)
+    results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderSweep(_Record):
+    """``sweep --order-seeds``: one class order's results and choice."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    order_seed: int | None = key(INTEGER)
+    tasks: list[list[int]] | None = key(TASKS)
+    best_gamma: float | None = key(NUMBER)
+    results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport(RunSettings):
+    """``sweep.json``: every gamma's results, the gamma chosen by ``selected_by`` and the test oracle's, the
+    settings; with ``--fusions`` the single-sweep keys are the chosen fusion's, with ``--order-seeds`` means."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    NAME: ClassVar[str] = SWEEP_FILE
+    gammas: list[float] | None = key(_list_of(POSITIVE, "list of numbers > 0"))
+    best_gamma: float | None = key(NUMBER)
+    best_gamma_test: float | None = key(NUMBER)
+    selected_by: str | None = key(SELECTOR)
+    results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
+    best_gamma_at_grid_edge: bool | None = key(BOOLEAN)
+    fusion: str | None = key(TEXT)
+    fusion_norm: bool | None = key(BOOLEAN)
+    best: FusionChoice | None = key(_record(FusionChoice, "(fusion, gamma) object"))
+    best_test: FusionChoice | None = key(_record(FusionChoice, "(fusion, gamma) object"))
+    fusions: list[FusionSweep] | None = key(_records(FusionSweep, "list of fusion entries"))
+    orders: list[OrderSweep] | None = key(_records(OrderSweep, "list of class orders"))
+    order_seeds: list[int] | None = key(INTEGERS)
+    one_pass: bool | None = key(BOOLEAN)
+
+
+def check_matrix(matrix: Any, where: str) -> list[list[float]]:
+    """A lower-triangular accuracy matrix, validated: row i has i+1 fractions in [0, 1]."""
+    try:
+        return MATRIX.parse(matrix, where, "accuracy_matrix")
+    except _Invalid as exc:
+        raise FoalPipeError(f"{exc}; re-run `foal-pipe learn`") from None
+
+
+def same_gamma(a: float, b: float) -> bool:
+    """Two gammas of one grid, read back from JSON."""
+    return math.isclose(a, b, rel_tol=1e-9)
