@@ -19,8 +19,8 @@ from foal_pipe.errors import NO_VALUE, FoalPipeError, param
 
 PACKAGE = Path(__file__).resolve().parents[1] / "foal_pipe"
 FLAG = re.compile(r"(?<![\w`-])--[a-z][a-z-]*")
-#: Library modules whose messages still name flags: being changed on other branches (the store's integrity, the
-#: datasets), and ``learn --init-model``'s check of the options typed on the command line.
+#: Library code whose messages still name flags: ``learn --init-model``'s check of the options typed on the
+#: command line.
 NOT_YET = ("protocol/continuation.py:continue_from_cli",)
 
 
