@@ -254,8 +254,10 @@ def test_a_moved_chunk_is_refused_on_a_dask_cluster(store, tmp_path):
     pytest.importorskip("distributed")
     _swap(_chunk(store, "train/features", 0), _chunk(store, "train/features", 1))
     result = _learn(store, tmp_path / "run", "--scheduler", "dask", "--dask-address", "local", "--workers", "1")
-    assert_one_line_error(result, "chunk file train/features/c/0/0 is damaged (it holds the chunk of rows 32-63, "
-                                  "moved or copied here)")
+    assert_one_line_error(result, "chunk file train/features/c/", "moved or copied here)")
+    text = " ".join(result.output.split())  # whichever of the two swapped chunks a worker reads first is named
+    assert ("c/0/0 is damaged (it holds the chunk of rows 32-63," in text
+            or "c/1/0 is damaged (it holds the chunk of rows 0-31," in text), text
     assert not (tmp_path / "run").exists()
 
 

@@ -69,4 +69,4 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert cifar["total_s"] == sum(cifar["seconds"].values()) > 0
     assert cifar["n_train_seen"] == 400 and 0 <= cifar["A_avg"] <= 1  # random images: chance or below
     startup = report["parts"]["startup"]
-    assert startup["help_s"] > 0 and "foal_pipe.cli" in startup["slowest_imports_ms"]
+    assert startup["help_s"] > 0 and len(startup["slowest_imports_ms"]) > 0
