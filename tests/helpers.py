@@ -26,12 +26,14 @@ TINY_VIT_KWARGS = (("img_size", 32), ("patch_size", 8), ("depth", 2), ("num_head
 """A 2-block, 32-dim ViT on 32-pixel images: the architecture behind ``tiny_vit_checkpoint``."""
 
 
-def assert_one_line_error(result, *fragments: str) -> None:
-    """A CLI result that failed with exit 1 and one ``Error: ...`` message holding every fragment, no traceback."""
+def assert_one_line_error(result, *fragments: str, after_notes: bool = False) -> None:
+    """A CLI result that failed with exit 1 and one ``Error: ...`` message holding every fragment, no traceback and
+    no exception escaping; ``after_notes``: the command may print notes before the error line."""
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     text = " ".join(result.output.split())
-    assert text.startswith("Error: "), result.output
+    assert text.startswith("Error: ") or (after_notes and "\nError: " in result.output), result.output
     for fragment in fragments:
         assert fragment in text, text
 

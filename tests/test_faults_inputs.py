@@ -13,8 +13,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from functools import partial
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -29,14 +31,7 @@ from foal_pipe.store import open_store, write_store
 runner = CliRunner()
 
 
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    text = " ".join(result.output.split())
-    assert text.startswith("Error: ") or "\nError: " in result.output, result.output
-    for fragment in fragments:
-        assert fragment in text, text
+assert_one_line_error = partial(helpers.assert_one_line_error, after_notes=True)
 
 
 # -- images with more than 8 bits per pixel ----------------------------------------------------------------------

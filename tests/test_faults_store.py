@@ -14,8 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import zarr
@@ -32,14 +34,7 @@ CLASSES = ["a", "b", "c", "d"]
 runner = CliRunner()
 
 
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    text = " ".join(result.output.split())
-    assert text.startswith("Error: ") or "\nError: " in result.output, result.output
-    for fragment in fragments:
-        assert fragment in text, text
+assert_one_line_error = partial(helpers.assert_one_line_error, after_notes=True)
 
 
 def _data(n: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
