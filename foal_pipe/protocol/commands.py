@@ -169,14 +169,19 @@ def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Cal
         run.store.check_unchanged()
     with atomic_dir(out) as tmp:
         write(tmp)
-        timings: dict[str, float] = {}
-        for run in runs:
-            for step, seconds in run.timings.items():
-                timings[step] = timings.get(step, 0.0) + seconds
-        timings["total"] = time.perf_counter() - start
-        timings = {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
+        timings = summed_timings([run.timings for run in runs], start)
         write_json(tmp / "timings.json", timings)
     return timings
+
+
+def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str, float]:
+    """Each step's seconds summed over ``parts``, and the ``total`` since ``start``, rounded to milliseconds."""
+    timings: dict[str, float] = {}
+    for part in parts:
+        for step, seconds in part.items():
+            timings[step] = timings.get(step, 0.0) + seconds
+    timings["total"] = time.perf_counter() - start
+    return {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
 
 
 def _warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:

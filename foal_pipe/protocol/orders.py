@@ -36,6 +36,7 @@ from foal_pipe.protocol.commands import (
     run_learn,
     run_sweep,
     save_model,
+    summed_timings,
     warn_auto_edges,
     warn_dropped,
     write_outputs,
@@ -264,12 +265,7 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
         metrics = combine([_order_entry(s, r.metrics) for s, r in zip(seeds, results)], results[0].metrics,
                           one_pass=False)
         write_json(tmp / METRICS_FILE, metrics.to_dict())
-        timings: dict[str, float] = {}
-        for r in results:
-            for k, v in r.timings.items():
-                timings[k] = timings.get(k, 0.0) + v
-        timings["total"] = time.perf_counter() - start
-        timings = {k: round(v, 3) for k, v in sorted(timings.items())}
+        timings = summed_timings([r.timings for r in results], start)
         write_json(tmp / "timings.json", timings)
     return Learned(metrics, timings)
 
