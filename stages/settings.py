@@ -1,4 +1,4 @@
-"""DVC stage `settings@NAME`: each stage's settings for run NAME -> runs/NAME-settings/{extract,learn,sweep}.json.
+"""DVC stage `settings@NAME`: each stage's settings for run NAME -> runs/NAME-settings/{extract,learn,sweep}.settings.json.
 
 The other stages depend on these files, not on params.yaml: DVC reruns a stage when the bytes of its settings
 change, so a change reruns only the stages it concerns. Written in one canonical form (sorted keys), so that
@@ -20,7 +20,7 @@ def write(name: str, settings: dict[str, Any]) -> None:
     out = Path("runs") / f"{name}-settings"
     out.mkdir(parents=True, exist_ok=True)
     for stage, values in stage_settings(settings).items():
-        (out / f"{stage}.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
+        (out / f"{stage}.settings.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
 
 
 def main() -> None:

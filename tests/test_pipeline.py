@@ -22,7 +22,7 @@ from foal_pipe.store import write_store
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 STAGE_NAMES = ("settings", "extract", "learn", "sweep", "evaluate")
-#: The stages that read settings, each from its own runs/NAME-settings/STAGE.json.
+#: The stages that read settings, each from its own runs/NAME-settings/STAGE.settings.json.
 SETTINGS_READERS = ("extract", "learn", "sweep")
 
 
@@ -112,14 +112,14 @@ def test_params_and_dvc_yaml_agree():
                 assert (ROOT / dep).exists(), f"{name}: dependency {dep} does not exist"
         if name == "settings":  # the one stage that reads params.yaml: every section and its own entry only
             assert do["params"] == ["extract", "learn", "sweep", "datasets.${key}"]
-            assert do["outs"] == [f"runs/${{key}}-settings/{s}.json" for s in SETTINGS_READERS]
+            assert do["outs"] == [f"runs/${{key}}-settings/{s}.settings.json" for s in SETTINGS_READERS]
             continue
         # the whole package, not a hand-kept list of its modules
         assert {f"stages/{name}.py", "stages/_params.py", "foal_pipe"} <= set(do["deps"])
         assert not [dep for dep in do["deps"] if dep.startswith("foal_pipe/")]
         assert "params" not in do, f"{name} must depend on its own settings file, not on params.yaml"
         own = [dep for dep in do["deps"] if dep.startswith("runs/${key}-settings/")]
-        assert own == ([f"runs/${{key}}-settings/{name}.json"] if name in SETTINGS_READERS else []), name
+        assert own == ([f"runs/${{key}}-settings/{name}.settings.json"] if name in SETTINGS_READERS else []), name
     assert dvc["stages"]["extract"]["do"]["outs"] == [{"data/features/${key}.zarr": {"persist": True}}]
     assert (ROOT / ".dvc" / "config").read_text().count("analytics = false") == 1
     # every store the pipeline may write is git-ignored already, so `dvc repro` adds nothing to .gitignore
@@ -178,8 +178,8 @@ def test_settings_stage_writes_canonical_files(tmp_path):
     _stage("settings", tmp_path, "digits")
     out = tmp_path / "runs" / "digits-settings"
     files = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(files) == ["extract.json", "learn.json", "sweep.json"]
-    assert json.loads(files["learn.json"]) == {"learn": params["learn"]}
+    assert sorted(files) == ["extract.settings.json", "learn.settings.json", "sweep.settings.json"]
+    assert json.loads(files["learn.settings.json"]) == {"learn": params["learn"]}
     # the same values written another way (key order, flow style) give the same bytes
     reordered = {key: params[key] for key in reversed(list(params))}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(reordered, sort_keys=False, default_flow_style=True))
@@ -519,6 +519,8 @@ def test_dvc_repro_runs_every_stage(repro):
     shown = json.loads(_run([_dvc(), "metrics", "show", "--json"], repo, _env(repo)).stdout)
     scores = next(iter(shown.values()))["data"]["runs/digits/eval/scores.json"]["data"]
     assert scores["A_avg"] == pytest.approx(metrics["A_avg"])
+    table = _run([str(VENV_BIN / "foal-pipe"), "summary", "runs"], repo, _env(repo))  # the Quick start's last step
+    assert "runs/digits-sweep" in table.stdout and "skipped" not in table.stdout + table.stderr, table.stderr
 
 
 def test_dvc_repro_twice_reruns_nothing(repro):
