@@ -6,9 +6,10 @@ would type (``command(name, settings)``), prints it, and runs it in this process
 params.yaml with its ``datasets`` entry's overrides on top.
 
 What each stage reads of them (:func:`stage_settings`) is written by the ``settings@NAME`` stage to
-runs/NAME-settings/STAGE.settings.json (not named like a run's metrics.json or sweep.json), the file that stage depends on instead of params.yaml: a change reruns only
-the stages whose settings it changes (a learn gamma: learn and evaluate, never the extraction), whether the
-key is set in the shared section or in the entry, or left out of it.
+runs/NAME-settings/STAGE.settings.json (not named like a run's metrics.json or sweep.json), the file that
+stage depends on instead of params.yaml: a change reruns only the stages whose settings it changes (a learn
+gamma: learn and evaluate, never the extraction), whether the key is set in the shared section or in the
+entry, or left out of it.
 """
 
 from __future__ import annotations
