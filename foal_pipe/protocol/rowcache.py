@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from array_api_compat import is_numpy_namespace
 
 from foal_pipe.core.backend import default_device
 from foal_pipe.errors import FoalPipeError, param
@@ -183,7 +184,7 @@ class GroupedRows:
         store = self._store[lane]
         if isinstance(store, _Spill):
             return store.read(start, stop)
-        if xp is None or xp.__name__.startswith(("numpy", "array_api_compat.numpy")):
+        if xp is None or is_numpy_namespace(xp):
             return store[start:stop]
         key = (lane, xp.__name__)
         if key not in self._device:
@@ -203,7 +204,7 @@ class GroupedRows:
             X = np.concatenate([store.read(int(positions[a]), int(positions[b - 1]) + 1) for a, b in runs])
         else:
             X = store[positions]
-        return X if xp is None else xp.asarray(X, device=default_device(xp))
+        return X if xp is None or is_numpy_namespace(xp) else xp.asarray(X, device=default_device(xp))
 
     def close(self) -> None:
         for store in self._store.values():
