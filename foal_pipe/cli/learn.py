@@ -30,6 +30,25 @@ def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, 
     return parse_order_seeds(order_seeds)
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """The option was typed, not defaulted (by name: typer vendors its own click)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: tuple[int, ...] | None) -> None:
+    """``learn --head`` other than ridge: the options it cannot take, typed ones included, refused."""
+    from foal_pipe.protocol.config import ModelConfig
+    from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
+
+    if init_model is not None:
+        raise FoalPipeError(f"--init-model continues ridge's sums; --head {head} cannot continue a model: drop one")
+    if seeds is not None:
+        raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
+    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _given(ctx, name)]
+    check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
+
+
 def _timings(timings: dict[str, float]) -> str:
     parts = [f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total"]
     return f"{timings['total']:.1f} s: " + ", ".join(parts)
@@ -66,6 +85,9 @@ def learn(
     workers: o.Workers = o.EXECUTION.workers,
     init_model: o.InitModel = None,
     eval_features: o.EvalFeatures = None,
+    head: o.Head = o.MODEL.head,
+    shrinkage: o.Shrinkage = None,
+    shrinkage_offdiag: o.ShrinkageOffdiag = None,
 ) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
@@ -85,6 +107,8 @@ def learn(
             raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
+        if head != o.MODEL.head:
+            _check_head(ctx, head, init_model, seeds)
         if init_model is not None:
             from foal_pipe.protocol.continuation import continue_from_cli
 
@@ -101,6 +125,9 @@ def learn(
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
                           highlight=False)
         m, chosen = done.metrics, ""
+        if m.head is not None:
+            chosen = f"  head {m.head}" + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}"
+                                                  for k, v in m.head_options.items())
         if m.gamma == "auto":
             chosen = f"  gamma by {m.selected_by}: {', '.join(f'{g:g}' for g in m.gammas_selected)}"
         console.print(

@@ -24,6 +24,7 @@ from foal_pipe.core.activations import ACTIVATIONS, INITS
 from foal_pipe.core.backend import BACKENDS, DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS
 from foal_pipe.memory import memory_text, parse_memory
 from foal_pipe.protocol.config import (
     SCHEDULERS,
@@ -121,6 +122,20 @@ Fusion = Annotated[
 NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
 
 # ----------------------------------------------------------------------------------------------------------------
+# The heads (foal_pipe.heads)
+
+Shrinkage = Annotated[
+    str | None,
+    typer.Option(help="slda: eps of Lambda = pinv((1 - eps) S + eps I), a number in [0, 1] (default 1e-4), or oas (the "
+                 "OAS estimate); fecam: a1, the diagonal shrinkage (default 1). Not for the other heads.",
+                 show_default=False),
+]
+ShrinkageOffdiag = Annotated[
+    float | None, typer.Option(help="fecam: a2, the off-diagonal shrinkage (default 0). Not for the other heads.",
+                               show_default=False)
+]
+
+# ----------------------------------------------------------------------------------------------------------------
 # learn
 
 Gamma = Annotated[
@@ -143,6 +158,12 @@ Engine = Annotated[
         help="gram: accumulate H^T H and H^T Y, solve at task ends (fastest, exact). "
         "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
     ),
+]
+Head = Annotated[
+    choice(*HEADS),
+    typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
+                 "compared in docs/heads.md: ncm, slda and fecam work on the store's features (no projection "
+                 "options)."),
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
@@ -169,6 +190,13 @@ Select = Annotated[
                  "split. Default: loo, or gcv with --no-loo."),
 ]
 NoLoo = Annotated[bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")]
+Heads = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
+                 "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
+                 "leave-one-out accuracy (ridge's gamma sweep gives it). Not with --fusions or --order-seeds. "
+                 "Default: none (the gamma sweep alone)."),
+]
 Fusions = Annotated[
     str | None,
     typer.Option(help="Comma-separated fusions of a blocks store (e.g. mean-cls,last,mean:7-12), every fusion x gamma "
@@ -204,12 +232,24 @@ def gamma_value(text: str) -> float | str:
     return parse_gamma(value)
 
 
+def shrinkage_value(text: str) -> float | str:
+    """``--shrinkage``: a number, or ``oas``."""
+    if text == "oas":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise FoalPipeError(f"--shrinkage {text!r} is neither a number nor 'oas'; write e.g. --shrinkage 1e-4") from None
+
+
 #: Options whose text becomes the field's value.
 PARSE: dict[str, Callable[[Any], Any]] = {
     "gamma": gamma_value,
     "gamma_grid": lambda text: floats(text, "--gamma-grid"),
     "gammas": lambda text: floats(text, "--gammas"),
     "fusions": lambda text: tuple(text.split(",")),
+    "heads": lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
+    "shrinkage": shrinkage_value,
     "max_memory": parse_memory,
 }
 

@@ -11,14 +11,18 @@ import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import DEFAULT_HEAD
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
+from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
+from foal_pipe.protocol.headwalk import learn_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
+    accuracy_report,
     fusion_entry,
     fusions_report,
     grid_edge,
@@ -48,6 +52,8 @@ def run_learn(
     """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
     and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
     ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
+    if model.head != DEFAULT_HEAD:
+        return run_learn_head(features, out, stream, model, evaluation, execution, log)
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
@@ -78,6 +84,29 @@ def run_learn(
     def write(tmp: Path) -> None:
         with run.timed("write"):
             save_model(final, run, tmp / MODEL_FILE)
+            write_json(tmp / METRICS_FILE, metrics.to_dict())
+
+    return Learned(metrics, write_outputs(out, [run], start, write))
+
+
+def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
+                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None]) -> Learned:
+    """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
+    ``metrics.json`` (with ``head`` and ``head_options``) and ``timings.json`` as one unit."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    check_head_options([model.head], model)
+    settings = check_learn_head(model, evaluation, execution)
+    run = prepare(features, stream, settings, evaluation, execution, heads=[model.head])
+    warn_dropped(run, stream, log)
+    options = resolved_options(model.head, model)
+    with np.errstate(all="ignore"):
+        _, accs = learn_heads(run, [model.head], options)
+    metrics = LearnMetrics(**accuracy_report(accs[model.head]), head=model.head, head_options=options,
+                           **run_info(run, stream))
+
+    def write(tmp: Path) -> None:
+        with run.timed("write"):
             write_json(tmp / METRICS_FILE, metrics.to_dict())
 
     return Learned(metrics, write_outputs(out, [run], start, write))

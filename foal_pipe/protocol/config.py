@@ -60,7 +60,8 @@ class ModelConfig:
     ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
     ``fusion`` (a :func:`~foal_pipe.store.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
     time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
-    applies the stored final norm after it.
+    applies the stored final norm after it. ``head`` names the classifier (:mod:`foal_pipe.heads`); the fields
+    after it are the options of the heads that take them.
     """
 
     projection_dim: int = 1000
@@ -73,6 +74,9 @@ class ModelConfig:
     dtype: str = "float64"
     fusion: str | None = None
     fusion_norm: bool = True
+    head: str = "ridge"  # a key of foal_pipe.heads.HEADS; ridge: this learner
+    shrinkage: float | str | None = None  # slda's eps (or "oas"), fecam's a1; None: the head's default
+    shrinkage_offdiag: float | None = None  # fecam's a2; None: its default
 
     @property
     def resolved_activation(self) -> str:
@@ -108,6 +112,7 @@ class SweepConfig:
     select: str | None = None  # None: loo, or gcv with loo=False
     loo: bool = True
     fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
+    heads: tuple[str, ...] = ()  # heads of foal_pipe.heads.HEADS, all from one read; (): the gamma sweep alone
 
     @property
     def resolved_select(self) -> str:

@@ -80,10 +80,12 @@ def prepare(
     loo: bool = False,
     command: str = "learn",
     fusions: Sequence[str] = (),
+    heads: Sequence[str] = (),
 ) -> Run:
     """Validate everything before any work: settings, store, stream, projection, memory.
 
-    ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`).
+    ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`);
+    ``heads`` (other than ridge) add their state to the memory estimate.
     """
     if model.gamma != "auto":
         check_gamma(model.gamma)
@@ -130,14 +132,26 @@ def prepare(
     run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), fused=fused)
     parts = memory_parts(run, n_models, loo)
+    parts.update(head_parts(run, heads))
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
-    check_memory(command, parts, f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, "
-                 "or free memory")
+    check_memory(command, parts, f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}"
+                 + (f", fewer {param('heads')}" if heads else "") + ", or free memory")
     return run
+
+
+def head_parts(run: Run, heads: Sequence[str]) -> dict[str, int]:
+    """The state of every head other than ridge (:data:`foal_pipe.heads.HEADS`' ``memory``: per-class statistics
+    included), at the width of the rows it takes, for every class of the store."""
+    from foal_pipe.heads import HEADS
+
+    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    n_classes = len(run.store.classes)
+    return {f"{name} state ({n_classes} classes, d={dims[HEADS[name].space]})":
+            HEADS[name].memory(n_classes, dims[HEADS[name].space]) for name in heads if HEADS[name].factory is not None}
 
 
 def kept_bytes(run: Run) -> int:

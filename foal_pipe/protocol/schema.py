@@ -188,6 +188,8 @@ def _json(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, list):
         return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
     return value
 
 
@@ -279,6 +281,28 @@ class LearnMetrics(Accuracy, RunSettings):
     mean: dict[str, float] | None = key(NUMBER_BY_NAME)
     std: dict[str, float] | None = key(NUMBER_BY_NAME)
     one_pass: bool | None = key(BOOLEAN)
+    #: ``learn --head``: the head other than ridge (absent for ridge) and its options, defaults included.
+    head: str | None = key(TEXT)
+    head_options: dict[str, Any] | None = key(MAPPING)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadSweep(Accuracy):
+    """``sweep --heads``: one head's accuracy, its hyperparameters (ridge: the gamma chosen by the sweep's
+    criterion) and its exact leave-one-out accuracy on the training rows at the last boundary, where it has one."""
+
+    FIX: ClassVar[str] = "re-run `foal-pipe sweep --heads ... --out DIR` to write it"
+    accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
+    options: dict[str, Any] = key(MAPPING, required=True)
+    loo_accuracy: float | None = key(FRACTION)
+
+
+def _heads_by_name(values: dict, where: str, key: str) -> dict[str, HeadSweep]:
+    return {name: HeadSweep.parse_dict(v, f"{where}: {key}[{name!r}]") for name, v in values.items()}
+
+
+HEAD_SWEEPS = _Kind("mapping of head entries", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
+                    _heads_by_name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,6 +384,12 @@ class SweepReport(RunSettings):
     orders: list[OrderSweep] | None = key(_records(OrderSweep, "list of class orders"))
     order_seeds: list[int] | None = key(INTEGERS)
     one_pass: bool | None = key(BOOLEAN)
+    #: ``--heads``: every head's entry, the head of best leave-one-out accuracy (null when no head has one), how
+    #: it was chosen, and the test oracle's head, labelled as such.
+    heads: dict[str, HeadSweep] | None = key(HEAD_SWEEPS)
+    best_head: str | None = key(TEXT)
+    best_head_selected_by: str | None = key(TEXT)
+    best_head_test: str | None = key(TEXT)
 
 
 def check_matrix(matrix: Any, where: str) -> list[list[float]]:

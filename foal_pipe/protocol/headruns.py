@@ -1,0 +1,65 @@
+"""``learn --head`` and ``sweep --heads``: the heads of :mod:`foal_pipe.heads` through the one-read walk, their
+settings checked before any work and recorded with their options (defaults included)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import HEADS, head_entry
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig
+
+#: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
+PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
+#: ModelConfig fields that are some head's own options.
+HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag")
+
+
+def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
+    """The options head ``name`` runs with: those ``model`` gives, else the defaults of its factory."""
+    entry = HEADS[name]
+    given = asdict(model)
+    if entry.factory is None:
+        return {key: given[key] for key in entry.options}
+    defaults = inspect.signature(entry.factory).parameters
+    return {key: given[key] if given.get(key) is not None else defaults[key].default for key in entry.options}
+
+
+def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None = None) -> None:
+    """Refuse an option that none of ``names`` takes: a head's own option, or, when every head works on the store's
+    features, a projection option (``explicit``: the fields the user gave; None: those that differ from the
+    defaults)."""
+    defaults = ModelConfig()
+    if explicit is None:
+        explicit = [f for f in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if getattr(model, f) != getattr(defaults, f)]
+    entries = {name: head_entry(name) for name in names}
+    taken = {option for entry in entries.values() for option in entry.options}
+    for option in HEAD_OPTION_FIELDS:
+        if option in explicit and option not in taken:
+            users = [n for n, e in HEADS.items() if option in e.options]
+            raise FoalPipeError(f"{param(option)} is an option of {' and '.join(users)}, not of "
+                                f"{', '.join(names)}: drop it")
+    if all(e.space == "features" for e in entries.values()):
+        for option in PROJECTION_FIELDS:
+            if option in explicit:
+                raise FoalPipeError(f"{', '.join(names)} work{'s' if len(names) == 1 else ''} on the store's features "
+                                    f"(after --fusion), without a projection or gamma: drop {param(option)}")
+
+
+def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> ModelConfig:
+    """``learn --head`` other than ridge: its settings checked; the model settings it runs with (a head on the
+    store's features: no projection)."""
+    entry = head_entry(model.head)
+    if not evaluation.mask_unseen:
+        raise FoalPipeError(f"{param('head', model.head)} predicts among the classes seen so far; drop "
+                            f"{param('mask_unseen', False)} (it is ridge's published-code rule)")
+    if execution.scheduler != "local":
+        raise FoalPipeError(f"{param('head', model.head)} runs in this process; use {param('scheduler', 'local')}")
+    if model.dtype != "float64":
+        raise FoalPipeError(f"{param('head', model.head)} keeps float64 statistics; drop {param('dtype', model.dtype)}")
+    if entry.space == "features":
+        return replace(model, projection_dim=0, activation=None)
+    return model

@@ -1,0 +1,135 @@
+"""The walk of the analytic heads other than ridge (:mod:`foal_pipe.heads`): each task's rows from the one read of
+the train split (:class:`~foal_pipe.protocol.rowcache.GroupedRows`), in the gram walk's full-size blocks, into every
+head's running state; a boundary model per head at every task end; then every boundary scored on one read of the
+test split. The rows each head takes (its space) are computed once per block, whatever the number of heads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+
+from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.heads import HEADS, Head, Scorer, make_head
+from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
+from foal_pipe.protocol.run import Run
+from foal_pipe.protocol.walk import test_rows, train_rows
+
+
+def _features(run: Run, X: Any) -> Any:
+    return run.xp.asarray(X, dtype=run.xp.float64, device=default_device(run.xp))
+
+
+def _projected(run: Run, X: Any) -> Any:
+    X = _features(run, X)
+    if run.projection.is_identity:
+        return X
+    return X @ run.xp.asarray(run.projection.components_, dtype=run.xp.float64, device=default_device(run.xp))
+
+
+def _activations(run: Run, X: Any) -> Any:
+    H = run.projection.transform(X, run.xp)  # the bits ridge's Gram sums
+    return array_namespace(H).astype(H, run.xp.float64, copy=False)
+
+
+#: How a block of cached rows becomes the rows of each space (:data:`foal_pipe.heads.SPACES`).
+SPACE_ROWS: dict[str, Callable[[Run, Any], Any]] = {
+    "features": _features,
+    "projected": _projected,
+    "activations": _activations,
+}
+
+
+def _spaces(run: Run, X: Any, spaces: set[str]) -> dict[str, Any]:
+    with run.timed("project"):
+        return {space: SPACE_ROWS[space](run, X) for space in sorted(spaces)}
+
+
+def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options ``name`` takes (from a :class:`~foal_pipe.protocol.config.ModelConfig`'s fields), None left out."""
+    return {key: options[key] for key in HEADS[name].options if options.get(key) is not None}
+
+
+def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> dict[str, Head]:
+    """A fresh running state of every head in ``names`` on the rows of its space."""
+    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    return {name: make_head(name, head_options(name, options), run.xp, dims[HEADS[name].space]) for name in names}
+
+
+def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None) -> dict[str, list[Scorer]]:
+    """Walk the tasks in stream order, every head fed each block of task k's rows; each head's model at every task
+    end. The rows come from one read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``,
+    a cache other walks share."""
+    spaces = {type(h).space for h in heads.values()}
+    boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
+    total = sum(r.size for r in run.stream.rows)
+    label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
+    with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
+            (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
+        walk = TaskBlocks(cached, run.stream.rows, run.block_rows)
+        for k in range(run.stream.n_tasks):
+            for start, stop, positions in walk.blocks(k):
+                labels = cached.labels[positions]
+                with run.timed("read"):
+                    X = cached.take(None, positions, run.xp)
+                blocks = _spaces(run, X, spaces)
+                for name, head in heads.items():
+                    with run.timed(f"head {name}"):
+                        head.add(blocks[type(head).space], labels)
+                advance(stop - start)
+            for name, head in heads.items():
+                with run.timed(f"head {name}"):
+                    boundaries[name].append(head.boundary())
+    return boundaries
+
+
+def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
+                    rows: GroupedRows | None = None) -> dict[str, np.ndarray]:
+    """``acc[i, j]`` of every head (keyed as ``boundaries``; ``spaces`` its rows): its model after task i on task j's
+    test rows, predicted among the classes seen through task i (NaN for j > i), from one read of the test split
+    (or ``rows``, as :func:`~foal_pipe.protocol.evaluation.lane_accuracies` takes)."""
+    T = run.stream.n_tasks
+    correct = {name: np.zeros((T, T), dtype=np.int64) for name in boundaries}
+    n_rows = int(run.test_totals.sum())
+    with progress_bar("test (one read, heads)", n_rows * (1 if rows else 2)) as advance, run.timed("test"), \
+            (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
+        task_of = run.stream.task_of_label(len(run.store.classes))[cached.labels]
+        order = np.argsort(task_of, kind="stable")[-n_rows:]  # rows outside the stream (-1) sort first
+        for start in range(0, n_rows, run.block_rows):
+            positions = order[start : start + run.block_rows]
+            y, tasks = cached.labels[positions], task_of[positions]
+            blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
+            for name, scorers in boundaries.items():
+                for k, scorer in enumerate(scorers):
+                    n = int(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
+                    if n == 0:
+                        continue
+                    scores = scorer.scores(blocks[spaces[name]][:n, :])
+                    found = _argmax(scores)
+                    hit = scorer.classes[found] == y[:n]
+                    correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
+            advance(positions.size)
+    accuracies = {}
+    upper = np.triu_indices(T, 1)
+    for name, counts in correct.items():
+        acc = counts / run.test_totals[None, :]
+        acc[upper] = np.nan
+        accuracies[name] = acc
+    return accuracies
+
+
+def _argmax(scores: Any) -> np.ndarray:
+    """The column of each row's largest score, as host NumPy."""
+    return to_numpy(array_namespace(scores).argmax(scores, axis=1))
+
+
+def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], train: GroupedRows | None = None,
+                test: GroupedRows | None = None) -> tuple[dict[str, list[Scorer]], dict[str, np.ndarray]]:
+    """Every head of ``names`` through the stream and scored: its boundary models and its accuracy matrix."""
+    heads = build_heads(run, names, options)
+    boundaries = head_boundaries(run, heads, train)
+    return boundaries, head_accuracies(run, boundaries, {name: HEADS[name].space for name in names}, test)
