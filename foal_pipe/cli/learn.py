@@ -170,6 +170,9 @@ def sweep(
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,
     workers: o.Workers = o.EXECUTION.workers,
+    heads: o.Heads = None,
+    shrinkage: o.Shrinkage = None,
+    shrinkage_offdiag: o.ShrinkageOffdiag = None,
 ) -> None:
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 
@@ -190,6 +193,8 @@ def sweep(
         if seeds is not None and fusions is not None:
             raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
                                 "--fusion X with --order-seeds")
+        if seeds is not None and heads is not None:
+            raise FoalPipeError("--heads compares heads on one class order; leave out --order-seeds")
         if seeds is None:
             done = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:
@@ -216,6 +221,11 @@ def sweep(
                 f"best gamma {report.best_gamma:g} by {report.selected_by} (GCV, LOO: training rows only; "
                 f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False,
             )
+        if report.heads:
+            print_table(_heads_table(report))
+            chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; the other "
+                      "heads have no exact leave-one-out)" if report.best_head else "no head has a training criterion")
+            console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False)
         runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
@@ -240,6 +250,18 @@ def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, t
             _cell(r.gcv[-1], fmt=".4g"), _cell(r.loo_accuracy[-1] if r.loo_accuracy else None, 100),
             _cell(r.loo_mse[-1] if r.loo_mse else None, fmt=".4g"), label,
         )
+    return table
+
+
+def _heads_table(report) -> Table:
+    """``sweep --heads``: every head's accuracy, options and leave-one-out accuracy."""
+    table = Table(title=f"heads: {report.dataset} ({counted(report.n_tasks, 'task')})")
+    for name in ("head", "A_avg %", "A_last %", "F %", "LOO acc %", "options"):
+        table.add_column(name, justify="right")
+    for name, entry in report.heads.items():
+        options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.options.items())
+        table.add_row(name, f"{100 * entry.A_avg:.2f}", f"{100 * entry.A_last:.2f}", f"{100 * entry.F:.2f}",
+                      _cell(entry.loo_accuracy, 100), options)
     return table
 
 

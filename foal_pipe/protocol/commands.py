@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from contextlib import nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
-from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
+from foal_pipe.protocol.headruns import check_head_options, check_learn_head, check_sweep_heads, resolved_options
 from foal_pipe.protocol.headwalk import learn_heads
 from foal_pipe.protocol.records import (
     Learned,
@@ -26,6 +27,7 @@ from foal_pipe.protocol.records import (
     fusion_entry,
     fusions_report,
     grid_edge,
+    heads_report,
     learn_metrics,
     run_info,
     sweep_report,
@@ -35,7 +37,7 @@ from foal_pipe.protocol.run import Run, prepare, reread_note
 from foal_pipe.protocol.schema import CRITERIA, METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
-from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries
+from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows, train_rows
 from foal_pipe.store.blockfusion import parse_fusions
 
 
@@ -142,16 +144,18 @@ def run_sweep(
         raise FoalPipeError(f"{param('select', 'loo')} needs the leave-one-out pass; drop {param('loo', False)} or use "
                             f"{param('select', 'gcv')}")
     fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
+    others = check_sweep_heads(sweep, model, bool(fusions))
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
-                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)
+                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
     warn_dropped(run, stream, log)
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
-    with np.errstate(all="ignore"):
-        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes},
-                          rows=shared and shared.train)
-        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, shared and shared.test)
+    with np.errstate(all="ignore"), (train_rows(run) if others else nullcontext(shared and shared.train)) as train, \
+            (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
+        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes}, rows=train)
+        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
+        head_accs = learn_heads(run, others, asdict(model), train, test)[1] if others else {}
     results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
     info = run_info(run, stream)
     if fusions:
@@ -159,6 +163,8 @@ def run_sweep(
                                 info)
     else:
         report = sweep_report(gammas, results[None], select, info)
+    if sweep.heads:
+        report = heads_report(report, sweep.heads, head_accs, {name: resolved_options(name, model) for name in others})
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)

@@ -10,7 +10,7 @@ from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, SweepConfig
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
@@ -63,3 +63,24 @@ def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution
     if entry.space == "features":
         return replace(model, projection_dim=0, activation=None)
     return model
+
+
+def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> list[str]:
+    """``sweep --heads``: the names checked (ridge among them: its gamma sweep gives the sweep's own keys) and the
+    heads other than ridge, which the walk adds."""
+    names = list(sweep.heads)
+    if not names:
+        check_head_options(["ridge"], model)
+        return []
+    for name in names:
+        head_entry(name)
+    if len(set(names)) < len(names):
+        raise FoalPipeError(f"{param('heads')} names a head twice; name each once")
+    if "ridge" not in names:
+        raise FoalPipeError(f"{param('heads')} compares heads beside ridge's gamma sweep; add ridge (for one head alone: "
+                            "`learn --head NAME`)")
+    if fusions:
+        raise FoalPipeError(f"{param('heads')} compares heads on one feature set; pass {param('fusion')} with it, not "
+                            f"{param('fusions')}")
+    check_head_options(names, model)
+    return [name for name in names if HEADS[name].factory is not None]

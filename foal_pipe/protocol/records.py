@@ -12,7 +12,15 @@ import numpy as np
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
 from foal_pipe.protocol.run import Run
-from foal_pipe.protocol.schema import CRITERIA, FusionChoice, FusionSweep, LearnMetrics, SweepReport, SweepResult
+from foal_pipe.protocol.schema import (
+    CRITERIA,
+    FusionChoice,
+    FusionSweep,
+    HeadSweep,
+    LearnMetrics,
+    SweepReport,
+    SweepResult,
+)
 from foal_pipe.protocol.solvers import Boundary
 
 
@@ -90,6 +98,34 @@ def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], sele
                    fusion_norm=model.fusion_norm, best=FusionChoice(fusion=fusion, gamma=gamma, selected_by=select),
                    best_test=FusionChoice(fusion=oracle_fusion, gamma=oracle_gamma, selected_by="test"),
                    fusions=list(entries))
+
+
+#: How ``sweep --heads`` names its ``best_head``: a training-data criterion that only heads with an exact
+#: leave-one-out accuracy have (ridge, by its gamma sweep's leave-one-out pass); the others are not ranked by it.
+HEAD_CRITERION = "loo_accuracy"
+
+
+def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.ndarray],
+                 options: dict[str, dict[str, Any]]) -> SweepReport:
+    """``sweep --heads``: the report with every head's entry (ridge: its gamma chosen by ``selected_by``, and that
+    gamma's leave-one-out accuracy at the last boundary), the head of best leave-one-out accuracy (None when no
+    head has one) and the test oracle's head (best test A_avg), labelled as such."""
+    ridge = next(r for r in report.results if r.gamma == report.best_gamma)
+    entries = {}
+    for name in names:
+        if name == "ridge":
+            loo = ridge.loo_accuracy[-1] if ridge.loo_accuracy else None
+            entries[name] = HeadSweep(**{k: getattr(ridge, k) for k in ("accuracy_matrix", "A_steps", "A_avg", "A_last",
+                                                                        "F", "F_published_code")},
+                                      options={"gamma": ridge.gamma, "selected_by": report.selected_by},
+                                      loo_accuracy=loo)
+        else:
+            entries[name] = HeadSweep(**accuracy_report(accs[name]), options=options[name])
+    ranked = [name for name in names if entries[name].loo_accuracy is not None]
+    best = max(ranked, key=lambda name: entries[name].loo_accuracy) if ranked else None
+    oracle = max(names, key=lambda name: entries[name].A_avg)
+    return replace(report, heads=entries, best_head=best, best_head_selected_by=HEAD_CRITERION if best else None,
+                   best_head_test=oracle)
 
 
 def _best_index(results: Sequence[SweepResult], criterion: str) -> int:
