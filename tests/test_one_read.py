@@ -64,6 +64,7 @@ COMMANDS = {
     "sweep": ["sweep", "--gammas", "0.1,1,10"],
     "sweep-no-loo": ["sweep", "--gammas", "0.1,1,10", "--no-loo"],
     "orders": ["learn", "--order-seeds", "0,1"],
+    "sweep-heads": ["sweep", "--gammas", "0.1,1,10", "--heads", "ridge,ncm,slda,fecam"],
 }
 
 
@@ -76,6 +77,15 @@ def test_each_chunk_is_decoded_once_per_walk(store, decoded, tmp_path, command, 
     assert max(decoded.values()) == 1, decoded
     assert sum(1 for split, _ in decoded if split == "train") == train_chunks
     assert sum(1 for split, _ in decoded if split == "test") == test_chunks
+
+
+@pytest.mark.parametrize("head", ["ncm", "slda", "fecam"])
+def test_learn_head_decodes_each_chunk_once(store, decoded, tmp_path, head):
+    _invoke("learn", "--head", head, "--features", store, "--out", tmp_path / "out", "--tasks", 10, "--seed", 5,
+            "--backend", "numpy")
+    assert max(decoded.values()) == 1, decoded
+    assert sum(1 for split, _ in decoded if split == "train") == -(-600 // CHUNK)
+    assert sum(1 for split, _ in decoded if split == "test") == -(-200 // CHUNK)
 
 
 def test_results_equal_the_closed_form_with_100_tasks(store, tmp_path):

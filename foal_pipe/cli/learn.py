@@ -37,13 +37,13 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 
 def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: tuple[int, ...] | None) -> None:
-    """``learn --head`` other than ridge: the options it cannot take, typed ones included, refused."""
+    """``learn --head``: the options the head cannot take, typed ones included, refused."""
     from foal_pipe.protocol.config import ModelConfig
     from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
 
-    if init_model is not None:
+    if head != o.MODEL.head and init_model is not None:
         raise FoalPipeError(f"--init-model continues ridge's sums; --head {head} cannot continue a model: drop one")
-    if seeds is not None:
+    if head != o.MODEL.head and seeds is not None:
         raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
     typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _given(ctx, name)]
     check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
@@ -107,8 +107,7 @@ def learn(
             raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
-        if head != o.MODEL.head:
-            _check_head(ctx, head, init_model, seeds)
+        _check_head(ctx, head, init_model, seeds)
         if init_model is not None:
             from foal_pipe.protocol.continuation import continue_from_cli
 

@@ -54,11 +54,11 @@ HEADS: dict[str, HeadEntry] = {
 }
 
 
-def head_entry(name: str) -> HeadEntry:
-    """The registry's entry of ``name``; an unknown name refused, listing the heads."""
+def head_entry(name: str, option: str = "head") -> HeadEntry:
+    """The registry's entry of ``name``; an unknown name refused, naming ``option`` and listing the heads."""
     entry = HEADS.get(name)
     if entry is None:
-        raise FoalPipeError(f"unknown {param('head')} {name!r}; choose one of {', '.join(HEADS)}")
+        raise FoalPipeError(f"unknown {param(option)} {name!r}; choose one of {', '.join(HEADS)}")
     return entry
 
 

@@ -56,6 +56,7 @@ def run_learn(
     ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
     if model.head != DEFAULT_HEAD:
         return run_learn_head(features, out, stream, model, evaluation, execution, log)
+    check_head_options([DEFAULT_HEAD], model)
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
@@ -99,7 +100,7 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     check_output_dir(out)
     check_head_options([model.head], model)
     settings = check_learn_head(model, evaluation, execution)
-    run = prepare(features, stream, settings, evaluation, execution, heads=[model.head])
+    run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
     options = resolved_options(model.head, model)
     with np.errstate(all="ignore"):

@@ -9,13 +9,19 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import HEADS, head_entry
+from foal_pipe.heads import HEADS, head_entry, make_head
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, SweepConfig
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
 #: ModelConfig fields that are some head's own options.
 HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag")
+
+
+def _numpy() -> Any:
+    import array_api_compat.numpy as xp
+
+    return xp
 
 
 def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
@@ -42,6 +48,9 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
             users = [n for n, e in HEADS.items() if option in e.options]
             raise FoalPipeError(f"{param(option)} is an option of {' and '.join(users)}, not of "
                                 f"{', '.join(names)}: drop it")
+    for name, entry in entries.items():  # the head's own checks of its options, before any work
+        if entry.factory is not None:
+            make_head(name, {k: v for k, v in asdict(model).items() if k in HEAD_OPTION_FIELDS}, _numpy(), 1)
     if all(e.space == "features" for e in entries.values()):
         for option in PROJECTION_FIELDS:
             if option in explicit:
@@ -73,7 +82,7 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
         check_head_options(["ridge"], model)
         return []
     for name in names:
-        head_entry(name)
+        head_entry(name, "heads")
     if len(set(names)) < len(names):
         raise FoalPipeError(f"{param('heads')} names a head twice; name each once")
     if "ridge" not in names:

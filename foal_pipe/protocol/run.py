@@ -81,11 +81,13 @@ def prepare(
     command: str = "learn",
     fusions: Sequence[str] = (),
     heads: Sequence[str] = (),
+    ridge: bool = True,
 ) -> Run:
     """Validate everything before any work: settings, store, stream, projection, memory.
 
     ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`);
-    ``heads`` (other than ridge) add their state to the memory estimate.
+    ``heads`` (other than ridge) add their state to the memory estimate; ``ridge=False`` (``learn --head``) leaves
+    out ridge's state and weights.
     """
     if model.gamma != "auto":
         check_gamma(model.gamma)
@@ -132,14 +134,18 @@ def prepare(
     run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), fused=fused)
     parts = memory_parts(run, n_models, loo)
+    if not ridge:
+        parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
     parts.update(head_parts(run, heads))
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
-    check_memory(command, parts, f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}"
-                 + (f", fewer {param('heads')}" if heads else "") + ", or free memory")
+    fix = (f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, or free memory"
+           if ridge and not heads else "a head's per-class statistics grow as classes x d^2: leave that head out, "
+           "use features of fewer dimensions, or free memory")
+    check_memory(command, parts, fix)
     return run
 
 

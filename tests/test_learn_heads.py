@@ -1,0 +1,140 @@
+"""``learn --head`` and ``sweep --heads`` end to end: every accuracy matrix equals the heads' definitions written
+plainly (tests/helpers.py) at every task boundary, sweep's heads equal learn's, ridge's outputs are unchanged, and
+what a head cannot take is refused in one line before any work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_clean_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_slda
+
+from foal_pipe import memory
+
+REFERENCES = {
+    ("ncm",): ref_ncm,
+    ("slda",): ref_slda,
+    ("slda", "--shrinkage", "oas"): lambda X, y, T: ref_slda(X, y, T, "oas"),
+    ("slda", "--shrinkage", "0.25"): lambda X, y, T: ref_slda(X, y, T, 0.25),
+    ("fecam",): ref_fecam,
+    ("fecam", "--shrinkage", "0.5", "--shrinkage-offdiag", "0.3"): lambda X, y, T: ref_fecam(X, y, T, 0.5, 0.3),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("heads") / "blobs.zarr")
+
+
+def reference_matrix(store, tasks, reference):
+    """acc[i][j]: the definition fitted on the train rows of tasks 1..i, argmax over those classes, on task j's test
+    rows."""
+    x, y, xt, yt = (a.astype(np.float64) if a.dtype.kind == "f" else a for a in read(store))
+    matrix = []
+    for i in range(len(tasks)):
+        seen = np.concatenate(tasks[: i + 1])
+        train = np.isin(y, seen)
+        test = np.isin(yt, seen)
+        classes, scores = reference(x[train], y[train], xt[test])
+        top2 = np.sort(scores, axis=1)[:, -2:]
+        assert ((top2[:, 1] - top2[:, 0]) > 1e-9 * np.abs(scores).max()).all(), "a near-tie: pick another seed"
+        hit = classes[scores.argmax(axis=1)] == yt[test]
+        matrix.append([float(hit[np.isin(yt[test], tasks[j])].mean()) for j in range(i + 1)])
+    return matrix
+
+
+@pytest.mark.parametrize("args", list(REFERENCES), ids=" ".join)
+def test_learn_head_equals_its_definition_at_every_boundary(store, tmp_path, args):
+    result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--head", *args, "--tasks", 4,
+                    "--seed", 2, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    expected = reference_matrix(store, metrics["tasks"], REFERENCES[args])
+    assert metrics["accuracy_matrix"] == expected
+    assert metrics["head"] == args[0] and metrics["n_tasks"] == 4
+    defaults = {"ncm": {}, "slda": {"shrinkage": 1e-4}, "fecam": {"shrinkage": 1.0, "shrinkage_offdiag": 0.0}}
+    given = dict(zip([a.lstrip("-").replace("-", "_") for a in args[1::2]], args[2::2], strict=True))
+    options = {**defaults[args[0]], **{k: v if v == "oas" else float(v) for k, v in given.items()}}
+    assert metrics["head_options"] == options
+
+
+def test_learn_head_ridge_is_todays_learner_byte_for_byte(store, tmp_path):
+    base = ["--features", store, "--tasks", 4, "--projection-dim", 32, "--seed", 2, "--backend", "numpy"]
+    for out, extra in (("plain", []), ("ridge", ["--head", "ridge"])):
+        assert invoke("learn", *base, "--out", tmp_path / out, *extra).exit_code == 0
+    for name in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "ridge" / name).read_bytes()
+
+
+def test_sweep_heads_equal_learn_and_keep_the_gamma_sweep(store, tmp_path):
+    base = ["--features", store, "--tasks", 4, "--seed", 2, "--backend", "numpy"]
+    sweep = ["sweep", *base, "--projection-dim", 32, "--gammas", "0.1,1,10"]
+    assert invoke(*sweep, "--out", tmp_path / "plain").exit_code == 0
+    result = invoke(*sweep, "--out", tmp_path / "heads", "--heads", "ridge,ncm,slda,fecam", "--shrinkage", "0.25")
+    assert result.exit_code == 0, result.output
+    plain = json.loads((tmp_path / "plain" / "sweep.json").read_text())
+    report = json.loads((tmp_path / "heads" / "sweep.json").read_text())
+    added = {"heads", "best_head", "best_head_selected_by", "best_head_test"}
+    assert {k: v for k, v in report.items() if k not in added} == plain
+    heads = report["heads"]
+    assert sorted(heads) == ["fecam", "ncm", "ridge", "slda"]  # written with sorted keys
+    chosen = next(r for r in plain["results"] if r["gamma"] == plain["best_gamma"])
+    assert heads["ridge"]["accuracy_matrix"] == chosen["accuracy_matrix"]
+    assert heads["ridge"]["loo_accuracy"] == chosen["loo_accuracy"][-1]
+    assert heads["ridge"]["options"] == {"gamma": plain["best_gamma"], "selected_by": "loo"}
+    for name, args in (("ncm", []), ("slda", ["--shrinkage", "0.25"]), ("fecam", ["--shrinkage", "0.25"])):
+        out = tmp_path / name
+        assert invoke("learn", *base, "--out", out, "--head", name, *args).exit_code == 0
+        learned = json.loads((out / "metrics.json").read_text())
+        assert heads[name]["accuracy_matrix"] == learned["accuracy_matrix"]
+        assert heads[name]["options"] == learned["head_options"]
+        assert heads[name].get("loo_accuracy") is None
+    assert report["best_head"] == "ridge" and report["best_head_selected_by"] == "loo_accuracy"
+    assert report["best_head_test"] == max(heads, key=lambda h: heads[h]["A_avg"])
+
+
+def test_sweep_heads_without_loo_names_no_best_head(store, tmp_path):
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "s", "--tasks", 3, "--projection-dim", 16,
+                    "--gammas", "1", "--no-loo", "--heads", "ridge,ncm", "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert "best_head" not in report and report["best_head_test"] in ("ridge", "ncm")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["learn", "--head", "ncm", "--projection-dim", "100"], "drop --projection-dim"),
+    (["learn", "--head", "slda", "--projection-dim", "1000"], "drop --projection-dim"),  # typed, even at its default
+    (["learn", "--head", "fecam", "--gamma", "2"], "drop --gamma"),
+    (["learn", "--head", "ncm", "--shrinkage", "0.1"], "--shrinkage is an option of slda and fecam"),
+    (["learn", "--shrinkage", "0.1"], "--shrinkage is an option of slda and fecam"),
+    (["learn", "--head", "slda", "--shrinkage-offdiag", "0.1"], "--shrinkage-offdiag is an option of fecam"),
+    (["learn", "--head", "slda", "--shrinkage", "2"], "must lie in [0, 1]"),
+    (["learn", "--head", "slda", "--shrinkage", "much"], "neither a number nor 'oas'"),
+    (["learn", "--head", "fecam", "--shrinkage", "oas"], "fecam's --shrinkage must be a number"),
+    (["learn", "--head", "ncm", "--no-mask-unseen"], "drop --no-mask-unseen"),
+    (["learn", "--head", "ncm", "--dtype", "float32"], "float64"),
+    (["learn", "--head", "ncm", "--order-seeds", "0,1"], "--order-seeds runs ridge"),
+    (["sweep", "--heads", "ncm,slda"], "add ridge"),
+    (["sweep", "--heads", "ridge,knn"], "unknown --heads 'knn'"),
+    (["sweep", "--heads", "ridge,ncm,ncm"], "names a head twice"),
+    (["sweep", "--shrinkage", "0.1"], "--shrinkage is an option of slda and fecam"),
+    (["sweep", "--heads", "ridge,slda,fecam", "--shrinkage", "oas"], "fecam's --shrinkage must be a number"),
+])
+def test_what_a_head_cannot_take_is_refused_in_one_line(store, tmp_path, args, message):
+    out = tmp_path / "out"
+    result = invoke(*args, "--features", store, "--out", out, "--tasks", 3, "--backend", "numpy")
+    assert_clean_error(result, message, out)
+
+
+def test_per_class_statistics_beyond_memory_are_refused_with_the_figure(tmp_path, monkeypatch):
+    store = build_store(tmp_path / "wide.zarr", n_train=60, n_test=24, train_dim=3000, test_dim=3000, chunk=30)
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * 2**30)
+    out = tmp_path / "out"
+    result = invoke("learn", "--features", store, "--out", out, "--head", "fecam", "--tasks", 3, "--backend", "numpy")
+    state = 8 * (2 * 12 * 3000**2 + 2 * 3000**2)  # every class's Gram and pinv, and the normalised copy, in float64
+    assert_clean_error(result, f"fecam state (12 classes, d=3000) {memory.human(state)}", out)
+    assert "state at D" not in result.output  # ridge's state is not held
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * 2**30)
+    assert invoke("learn", "--features", store, "--out", out, "--head", "ncm", "--tasks", 3,
+                  "--backend", "numpy").exit_code == 0
