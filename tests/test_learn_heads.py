@@ -11,6 +11,7 @@ import pytest
 from helpers import assert_clean_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_slda
 
 from foal_pipe import memory
+from foal_pipe.errors import FoalPipeError
 
 REFERENCES = {
     ("ncm",): ref_ncm,
@@ -138,3 +139,25 @@ def test_per_class_statistics_beyond_memory_are_refused_with_the_figure(tmp_path
     monkeypatch.setattr(memory, "available_memory", lambda: 4 * 2**30)
     assert invoke("learn", "--features", store, "--out", out, "--head", "ncm", "--tasks", 3,
                   "--backend", "numpy").exit_code == 0
+
+
+def test_evaluate_draws_the_heads_and_the_report_reads_back(store, tmp_path):
+    from foal_pipe.protocol.schema import SweepReport
+
+    base = ["--features", store, "--tasks", 3, "--seed", 2, "--backend", "numpy", "--projection-dim", 16]
+    assert invoke("learn", *base, "--out", tmp_path / "run").exit_code == 0
+    result = invoke("sweep", *base, "--gammas", "0.1,1", "--heads", "ridge,slda,ncm", "--out", tmp_path / "run-sweep")
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "run-sweep" / "sweep.json").read_text())
+    report = SweepReport.from_dict(data)
+    assert report.to_dict() == data
+    assert report.heads["slda"].options == {"shrinkage": 1e-4}
+    evaluated = invoke("evaluate", "--run", tmp_path / "run", "--no-plots")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert not (tmp_path / "run" / "eval" / "heads.png").exists()
+    evaluated = invoke("evaluate", "--run", tmp_path / "run")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert (tmp_path / "run" / "eval" / "heads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = {**data, "heads": {"slda": {**data["heads"]["slda"], "accuracy_matrix": [[2.0]]}}}
+    with pytest.raises(FoalPipeError, match="heads\\['slda'\\]"):
+        SweepReport.from_dict(bad)

@@ -15,6 +15,7 @@ from foal_pipe.report.plots import (
     plot_confusion,
     plot_fusions,
     plot_gamma,
+    plot_heads,
     plot_steps,
     plot_weight_norms,
 )
@@ -30,7 +31,7 @@ OUTPUTS = frozenset(
     {SUMMARY_FILE, SCORES_FILE}
     | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix")
        for ext in ("png", "csv")}
-    | {"fusions.png", "class_accuracy.csv"}
+    | {"fusions.png", "heads.png", "class_accuracy.csv"}
 )
 
 
@@ -57,6 +58,8 @@ def _plots(run: Run, out: Path) -> list[Path]:
         files.append(plot_gamma(run, out / "gamma.png", sweep_paper))
         if run.sweep.fusions is not None:
             files.append(plot_fusions(run, out / "fusions.png"))
+        if run.sweep.heads:
+            files.append(plot_heads(run, out / "heads.png"))
     return files
 
 

@@ -226,6 +226,30 @@ def plot_fusions(run: Run, path: Path) -> Path:
     return draw(path, (7.2, 5.0), paint)
 
 
+def plot_heads(run: Run, path: Path) -> Path:
+    """``sweep --heads``: A_i (the mean accuracy over the tasks seen after task i) against the task, one line per
+    head; the head chosen on the training rows (leave-one-out) drawn bold, the test oracle's dashed."""
+    s = run.sweep
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        for name, entry in sorted(s.heads.items()):
+            steps = 100 * np.array(entry.A_steps or [np.mean(row) for row in entry.accuracy_matrix])
+            marks = [m for m, chosen in (("chosen by " + str(s.best_head_selected_by), s.best_head),
+                                         ("test oracle", s.best_head_test)) if chosen == name]
+            label = f"{name}: A_avg {100 * entry.A_avg:.2f}" + (f" ({', '.join(marks)})" if marks else "")
+            ax.plot(np.arange(1, steps.size + 1), steps, marker="o", lw=2.5 if name == s.best_head else 1.2,
+                    ls="--" if name == s.best_head_test and name != s.best_head else "-", label=label)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("task")
+        ax.set_ylabel("A_i: mean test accuracy over the tasks seen (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(f"heads · {run.label} · {_encoder(s)}", fontsize=9)
+
+    return draw(path, (7.2, 5.0), paint)
+
+
 def plot_confusion(run: Run, classes: ClassResults, path: Path) -> Path:
     """The final model's confusion matrix on the store's test split: each true class's row as percent of its test
     rows (counts written in when there are few classes), classes in stream order."""
