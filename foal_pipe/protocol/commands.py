@@ -102,6 +102,8 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     settings = check_learn_head(model, evaluation, execution)
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
+    log(f"note: --head {model.head} writes metrics.json only, no model.safetensors: `predict` and `--init-model` "
+        "take ridge's model file")
     options = resolved_options(model.head, model)
     with np.errstate(all="ignore"):
         _, accs = learn_heads(run, [model.head], options)
