@@ -247,3 +247,15 @@ def ref_fecam(X, y, T, a1=1.0, a2=0.0):
         P = np.linalg.pinv(S / np.outer(sd, sd))
         out[:, k] = [-(t - mu) @ P @ (t - mu) for t in Th]
     return classes, out
+
+
+def ref_ncm_loo(X, y):
+    """NCM's leave-one-out accuracy by refitting without each row (a class left empty predicts wrong)."""
+    hits = 0
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        if not (y[keep] == y[i]).any():
+            continue
+        classes, scores = ref_ncm(X[keep], y[keep], X[i : i + 1])
+        hits += int(classes[scores.argmax()] == y[i])
+    return hits / len(y)

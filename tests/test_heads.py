@@ -6,7 +6,7 @@ from __future__ import annotations
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
-from helpers import ref_fecam, ref_ncm, ref_slda
+from helpers import ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
 from sklearn.datasets import load_digits
 
 from foal_pipe.errors import FoalPipeError
@@ -122,3 +122,32 @@ def test_fecam_refuses_zero_variance_without_shrinkage():
 def test_bad_head_options_are_refused(name, options, match):
     with pytest.raises(FoalPipeError, match=match):
         make_head(name, options, xnp, 3)
+
+
+@pytest.mark.parametrize("data", ["random", "digits"])
+def test_ncm_leave_one_out_equals_refitting_without_each_row(data):
+    if data == "random":
+        X, y, _ = random_data(2, n=120)
+        y[0] = 9  # a class of one row: no mean without it
+    else:
+        X, y = load_digits(return_X_y=True)
+        X, y = X[::6], y[::6]
+    head = make_head("ncm", {}, xnp, X.shape[1])
+    for lo in range(0, len(y), 37):
+        head.add(X[lo : lo + 37], y[lo : lo + 37])
+    hits = sum(head.loo_hits(X[lo : lo + 50], y[lo : lo + 50]) for lo in range(0, len(y), 50))
+    expected = ref_ncm_loo(X, y)
+    assert hits / len(y) == expected
+    assert 0.3 < expected < 1  # neither trivial nor perfect: the test can fail
+
+
+@pytest.mark.parametrize(("name", "options"), list(REFERENCES))
+def test_head_is_exact_when_classes_recur_across_boundaries(name, options):
+    X, y, T = random_data(3)
+    head = make_head(name, dict(options), xnp, X.shape[1])
+    for start, stop in ((0, 100), (100, 180), (180, 300)):  # every class in every part
+        head.add(X[start:stop], y[start:stop])
+        classes, expected = REFERENCES[(name, options)](X[:stop], y[:stop], T)
+        scorer = head.boundary()
+        np.testing.assert_array_equal(scorer.classes, classes)
+        np.testing.assert_allclose(scorer.scores(T), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())

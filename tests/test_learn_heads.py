@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_clean_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_slda
+from helpers import assert_clean_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
 
 from foal_pipe import memory
 from foal_pipe.errors import FoalPipeError
@@ -90,8 +90,11 @@ def test_sweep_heads_equal_learn_and_keep_the_gamma_sweep(store, tmp_path):
         learned = json.loads((out / "metrics.json").read_text())
         assert heads[name]["accuracy_matrix"] == learned["accuracy_matrix"]
         assert heads[name]["options"] == learned["head_options"]
-        assert heads[name].get("loo_accuracy") is None
-    assert report["best_head"] == "ridge" and report["best_head_selected_by"] == "loo_accuracy"
+    assert "loo_accuracy" not in heads["slda"] and "loo_accuracy" not in heads["fecam"]  # no exact LOO for them
+    x, y, _, _ = read(store)
+    assert heads["ncm"]["loo_accuracy"] == ref_ncm_loo(x.astype(np.float64), y)  # every class is in the stream
+    ranked = {"ridge": heads["ridge"]["loo_accuracy"], "ncm": heads["ncm"]["loo_accuracy"]}
+    assert report["best_head"] == max(ranked, key=ranked.get) and report["best_head_selected_by"] == "loo_accuracy"
     assert report["best_head_test"] == max(heads, key=lambda h: heads[h]["A_avg"])
 
 
@@ -101,6 +104,7 @@ def test_sweep_heads_without_loo_names_no_best_head(store, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert "best_head" not in report and report["best_head_test"] in ("ridge", "ncm")
+    assert "loo_accuracy" not in report["heads"]["ncm"] and "loo_accuracy" not in report["heads"]["ridge"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

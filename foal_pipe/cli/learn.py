@@ -222,8 +222,8 @@ def sweep(
             )
         if report.heads:
             print_table(_heads_table(report))
-            chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; the other "
-                      "heads have no exact leave-one-out)" if report.best_head else "no head has a training criterion")
+            chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; ranked: the "
+                      "heads with an exact leave-one-out)" if report.best_head else "no head has a training criterion")
             console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False)
         runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "

@@ -194,7 +194,7 @@ Heads = Annotated[
     str | None,
     typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
                  "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
-                 "leave-one-out accuracy (ridge's gamma sweep gives it). Not with --fusions or --order-seeds. "
+                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). Not with --fusions or --order-seeds. "
                  "Default: none (the gamma sweep alone)."),
 ]
 Fusions = Annotated[

@@ -69,6 +69,7 @@ class FeCAMHead:
         self.a1 = check_alpha(shrinkage, "shrinkage", FECAM_SHRINKAGE)
         self.a2 = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
         self.moments = PerClassMoments(xp, dim)
+        self._solved: dict[int, tuple[int, Any, Any]] = {}  # class -> (rows, mean, precision) when last solved
 
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.moments.add(unit_rows(X), labels)
@@ -79,11 +80,13 @@ class FeCAMHead:
         if single:
             raise FoalPipeError(f"fecam needs at least 2 training rows per class for a covariance; class {single[0]} "
                                 "has 1 by its task's end: use another head or more rows per class")
-        precisions = []
-        for k in range(m.classes.size):
+        for k, c in enumerate(m.classes.tolist()):
+            if c in self._solved and self._solved[c][0] == m.counts[k]:
+                continue  # no row of this class since its last solve: the same inputs, the same bits
             S = shrunk_normalised(m.covariance(k), self.a1, self.a2)
             if not bool(xp.all(xp.isfinite(S))):
-                raise FoalPipeError(f"fecam: class {int(m.classes[k])} has a dimension of zero variance, which "
+                raise FoalPipeError(f"fecam: class {c} has a dimension of zero variance, which "
                                     f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
-            precisions.append(xp.linalg.pinv(S))
-        return MahalanobisScorer(m.classes.copy(), [m.mean(k) for k in range(m.classes.size)], precisions)
+            self._solved[c] = (m.counts[k], m.mean(k), xp.linalg.pinv(S))
+        solved = [self._solved[c] for c in m.classes.tolist()]
+        return MahalanobisScorer(m.classes.copy(), [s[1] for s in solved], [s[2] for s in solved])

@@ -106,7 +106,7 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
         "take ridge's model file")
     options = resolved_options(model.head, model)
     with np.errstate(all="ignore"):
-        _, accs = learn_heads(run, [model.head], options)
+        accs, _ = learn_heads(run, [model.head], options)
     metrics = LearnMetrics(**accuracy_report(accs[model.head]), head=model.head, head_options=options,
                            **run_info(run, stream))
 
@@ -158,7 +158,7 @@ def run_sweep(
             (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
         lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes}, rows=train)
         accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
-        head_accs = learn_heads(run, others, asdict(model), train, test)[1] if others else {}
+        head_accs, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
     results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
     info = run_info(run, stream)
     if fusions:
@@ -167,7 +167,8 @@ def run_sweep(
     else:
         report = sweep_report(gammas, results[None], select, info)
     if sweep.heads:
-        report = heads_report(report, sweep.heads, head_accs, {name: resolved_options(name, model) for name in others})
+        report = heads_report(report, sweep.heads, head_accs, head_loo,
+                              {name: resolved_options(name, model) for name in others})
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)

@@ -60,10 +60,12 @@ def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> d
     return {name: make_head(name, head_options(name, options), run.xp, dims[HEADS[name].space]) for name in names}
 
 
-def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None) -> dict[str, list[Scorer]]:
+def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None,
+                    loo: bool = False) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
     """Walk the tasks in stream order, every head fed each block of task k's rows; each head's model at every task
-    end. The rows come from one read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``,
-    a cache other walks share."""
+    end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
+    (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
+    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share."""
     spaces = {type(h).space for h in heads.values()}
     boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
     total = sum(r.size for r in run.stream.rows)
@@ -84,7 +86,17 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
             for name, head in heads.items():
                 with run.timed(f"head {name}"):
                     boundaries[name].append(head.boundary())
-    return boundaries
+        loo_heads = {name: head for name, head in heads.items() if loo and hasattr(head, "loo_hits")}
+        hits = dict.fromkeys(loo_heads, 0)
+        for k in range(run.stream.n_tasks) if loo_heads else ():
+            for _, _, positions in walk.blocks(k):
+                with run.timed("read"):
+                    X = cached.take(None, positions, run.xp)
+                blocks = _spaces(run, X, {type(h).space for h in loo_heads.values()})
+                for name, head in loo_heads.items():
+                    with run.timed("loo"):
+                        hits[name] += head.loo_hits(blocks[type(head).space], cached.labels[positions])
+    return boundaries, {name: count / int(walk.ends[-1]) for name, count in hits.items()}
 
 
 def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
@@ -128,8 +140,9 @@ def _argmax(scores: Any) -> np.ndarray:
 
 
 def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], train: GroupedRows | None = None,
-                test: GroupedRows | None = None) -> tuple[dict[str, list[Scorer]], dict[str, np.ndarray]]:
-    """Every head of ``names`` through the stream and scored: its boundary models and its accuracy matrix."""
+                test: GroupedRows | None = None, loo: bool = False) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Every head of ``names`` through the stream and scored: its accuracy matrix and, with ``loo``, the exact
+    leave-one-out accuracy at the last boundary of the heads that have one."""
     heads = build_heads(run, names, options)
-    boundaries = head_boundaries(run, heads, train)
-    return boundaries, head_accuracies(run, boundaries, {name: HEADS[name].space for name in names}, test)
+    boundaries, loo_accuracy = head_boundaries(run, heads, train, loo)
+    return head_accuracies(run, boundaries, {name: HEADS[name].space for name in names}, test), loo_accuracy

@@ -101,26 +101,27 @@ def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], sele
 
 
 #: How ``sweep --heads`` names its ``best_head``: a training-data criterion that only heads with an exact
-#: leave-one-out accuracy have (ridge, by its gamma sweep's leave-one-out pass); the others are not ranked by it.
+#: leave-one-out accuracy have (ridge, by its gamma sweep's leave-one-out pass; ncm); the others are not ranked.
 HEAD_CRITERION = "loo_accuracy"
 
 
-def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.ndarray],
+def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.ndarray], loo: dict[str, float],
                  options: dict[str, dict[str, Any]]) -> SweepReport:
     """``sweep --heads``: the report with every head's entry (ridge: its gamma chosen by ``selected_by``, and that
-    gamma's leave-one-out accuracy at the last boundary), the head of best leave-one-out accuracy (None when no
-    head has one) and the test oracle's head (best test A_avg), labelled as such."""
+    gamma's leave-one-out accuracy at the last boundary; the others: ``loo``, their exact leave-one-out accuracy
+    where they have one), the head of best leave-one-out accuracy (None when no head has one; first of equals in
+    ``names``' order) and the test oracle's head (best test A_avg), labelled as such."""
     ridge = next(r for r in report.results if r.gamma == report.best_gamma)
     entries = {}
     for name in names:
         if name == "ridge":
-            loo = ridge.loo_accuracy[-1] if ridge.loo_accuracy else None
+            ridge_loo = ridge.loo_accuracy[-1] if ridge.loo_accuracy else None
             entries[name] = HeadSweep(**{k: getattr(ridge, k) for k in ("accuracy_matrix", "A_steps", "A_avg", "A_last",
                                                                         "F", "F_published_code")},
                                       options={"gamma": ridge.gamma, "selected_by": report.selected_by},
-                                      loo_accuracy=loo)
+                                      loo_accuracy=ridge_loo)
         else:
-            entries[name] = HeadSweep(**accuracy_report(accs[name]), options=options[name])
+            entries[name] = HeadSweep(**accuracy_report(accs[name]), options=options[name], loo_accuracy=loo.get(name))
     ranked = [name for name in names if entries[name].loo_accuracy is not None]
     best = max(ranked, key=lambda name: entries[name].loo_accuracy) if ranked else None
     oracle = max(names, key=lambda name: entries[name].A_avg)
