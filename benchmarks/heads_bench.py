@@ -38,6 +38,7 @@ COMMANDS = {
     "learn --head fecam": ["learn", "--head", "fecam"],
     "sweep (13 gammas, LOO)": ["sweep"],
     f"sweep --heads {HEADS}": ["sweep", "--heads", HEADS],
+    f"sweep --heads {HEADS} --gammas 1 --no-loo": ["sweep", "--heads", HEADS, "--gammas", "1", "--no-loo"],
 }
 
 
@@ -108,7 +109,9 @@ def main() -> None:
         "ratios": {"sweep_heads_over_learn_wall": round(sweep_heads["wall_s"] / learn["wall_s"], 2),
                    "sweep_heads_over_learn_cpu": round(sweep_heads["cpu_s"] / learn["cpu_s"], 2),
                    "sweep_heads_over_sweep_wall": round(sweep_heads["wall_s"] / medians["sweep (13 gammas, LOO)"]["wall_s"], 2),
-                   "sweep_heads_over_separate_runs_wall": round(sweep_heads["wall_s"] / separate, 2)},
+                   "sweep_heads_over_separate_runs_wall": round(sweep_heads["wall_s"] / separate, 2),
+                   "one_gamma_sweep_heads_over_learn_wall": round(
+                       medians[f"sweep --heads {HEADS} --gammas 1 --no-loo"]["wall_s"] / learn["wall_s"], 2)},
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
