@@ -165,3 +165,32 @@ def test_evaluate_draws_the_heads_and_the_report_reads_back(store, tmp_path):
     bad = {**data, "heads": {"slda": {**data["heads"]["slda"], "accuracy_matrix": [[2.0]]}}}
     with pytest.raises(FoalPipeError, match="heads\\['slda'\\]"):
         SweepReport.from_dict(bad)
+
+
+@pytest.mark.parametrize("head", ["ncm", "slda", "fecam"])
+def test_learn_head_on_torch_equals_numpy(store, tmp_path, head):
+    pytest.importorskip("torch")
+    matrices = {}
+    for backend in ("numpy", "torch"):
+        out = tmp_path / backend
+        result = invoke("learn", "--features", store, "--out", out, "--head", head, "--tasks", 4, "--seed", 2,
+                        "--backend", backend)
+        assert result.exit_code == 0, result.output
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["backend"] == backend
+        matrices[backend] = metrics["accuracy_matrix"]
+    assert matrices["torch"] == matrices["numpy"]
+
+
+def test_sweep_heads_on_torch_equals_numpy(store, tmp_path):
+    pytest.importorskip("torch")
+    reports = {}
+    for backend in ("numpy", "torch"):
+        result = invoke("sweep", "--features", store, "--out", tmp_path / backend, "--tasks", 3, "--seed", 2,
+                        "--projection-dim", 16, "--gammas", "0.1,1", "--heads", "ridge,ncm,slda,fecam",
+                        "--backend", backend)
+        assert result.exit_code == 0, result.output
+        reports[backend] = json.loads((tmp_path / backend / "sweep.json").read_text())["heads"]
+    for name, entry in reports["numpy"].items():
+        assert reports["torch"][name]["accuracy_matrix"] == entry["accuracy_matrix"], name
+        assert reports["torch"][name].get("loo_accuracy") == entry.get("loo_accuracy"), name
