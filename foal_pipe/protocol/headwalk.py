@@ -5,7 +5,7 @@ test split. The rows each head takes (its space) are computed once per block, wh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -60,10 +60,17 @@ def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> d
     return {name: make_head(name, head_options(name, options), run.xp, dims[HEADS[name].space]) for name in names}
 
 
+def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    """The cache positions of a task's rows in stream order (a head may depend on it: dual's recursion), ``size`` at
+    a time."""
+    for lo in range(0, task.size, size):
+        yield rows.position[task[lo : lo + size]]
+
+
 def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None,
                     loo: bool = False) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
-    """Walk the tasks in stream order, every head fed each block of task k's rows; each head's model at every task
-    end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
+    """Walk the tasks in stream order, every head fed task k's rows in stream order, in blocks; each head's model
+    at every task end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
     (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
     read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share."""
     spaces = {type(h).space for h in heads.values()}
@@ -73,8 +80,8 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
     with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
             (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
         walk = TaskBlocks(cached, run.stream.rows, run.block_rows)
-        for k in range(run.stream.n_tasks):
-            for start, stop, positions in walk.blocks(k):
+        for task in run.stream.rows:
+            for positions in _in_stream_order(cached, task, run.block_rows):
                 labels = cached.labels[positions]
                 with run.timed("read"):
                     X = cached.take(None, positions, run.xp)
@@ -82,7 +89,7 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
                 for name, head in heads.items():
                     with run.timed(f"head {name}"):
                         head.add(blocks[type(head).space], labels)
-                advance(stop - start)
+                advance(positions.size)
             for name, head in heads.items():
                 with run.timed(f"head {name}"):
                     boundaries[name].append(head.boundary())
