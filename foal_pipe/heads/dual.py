@@ -1,0 +1,227 @@
+"""``dual``: DS-AL (Zhuang et al., AAAI 2024, "DS-AL: A Dual-Stream Analytic Learning for Exemplar-Free
+Class-Incremental Learning"): a main ridge stream on ``relu(h)`` and a compensation ridge stream on ``tanh(h)``
+fitted to what the main stream leaves over, ``h`` the rows after the projection and before any activation.
+
+The recursion is ``DSAL.fit`` in ZHUANGHP/Analytic-continual-learning (``analytic/DSAL.py``, lines 61-77 at commit
+0afd6bf), called once per mini-batch ``(h_b, Y_b)`` of the stream (``analytic/ACIL.py``, line 240):
+
+1. the main stream takes the batch (``RecursiveLinear.fit``, ``analytic/AnalyticLinear.py`` lines 101-128): its
+   weights become the ridge solution ``W_m = (G_m + gamma I)^-1 Q_m`` over every relu row so far, this batch
+   included;
+2. "previous label cleansing" (DSAL.py lines 71-73): the residual ``E_b = Y_b - relu(h_b) W_m``, with the columns
+   of earlier tasks' classes set to zero;
+3. the compensation stream takes ``(tanh(h_b), E_b)``: at a boundary its weights are the ridge solution
+   ``W_c = (G_c + gamma_comp I)^-1 sum_b tanh(h_b)^T E_b``.
+
+Scores are ``relu(h) W_m + compensation * tanh(h) W_c`` (DSAL.py line 58). The residuals depend on the order of the
+rows and on how they are cut into batches, so exact here means equal to this recursion for the stream's
+mini-batches: the rows of each task (those after the previous ``boundary()``), in stream order, cut from that
+task's first row into batches of ``batch_size`` rows; the task's last batch holds the rest (it may be short), as
+a DataLoader without ``drop_last`` gives. ``add`` may receive blocks of any size: a partial batch is carried
+over to the next block and flushed at ``boundary()``.
+
+Which columns are cleansed. The published code zeroes ``Y_comp[:, :-increase_size]`` (DSAL.py line 73): every
+column but the last ``increase_size`` of ``0 .. M``, where ``M`` is the largest label seen so far (the width of
+``Y_main``, line 62) and ``increase_size`` the number of classes of the current phase (the base phase's size in
+phase 0, ``main.py`` lines 227-229). With class ids numbered in task order, that is every class of an earlier
+task once the running ``M`` has reached the current task's largest class; before that (a batch in which the
+task's largest class has not yet appeared), the kept window slides down onto earlier classes. Class ids here are
+global and any order may be walked, so this head states the rule by task, which the published code means:
+the columns of every class seen before the current task began are zeroed, the classes first seen in the current
+task are kept. A class that recurs from an earlier task is zeroed. Predictions are over the classes seen (the
+published code also scores never-seen ids below ``M``, with zero weights).
+
+Numerics: the main stream keeps ``R = (G_m + gamma I)^-1`` by the Woodbury update of the published code (so a batch
+costs O(b D^2), not a D x D solve), and refreshes it from ``G_m`` by an exact float64 solve at every boundary,
+where ``W_m`` and ``W_c`` are exact solves too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar
+
+import numpy as np
+from array_api_compat import array_namespace, device
+
+from foal_pipe.core.linalg import check_gammas, check_positive, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.statistics import align_columns
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads.balanced import FLOAT64, check_rows
+
+
+def relu(h: Any) -> Any:
+    """``max(h, 0)`` as a new array (``h`` is left as it is)."""
+    xp = array_namespace(h)
+    return xp.where(h > 0, h, xp.zeros_like(h))
+
+
+@dataclass(eq=False)
+class DualScorer:
+    """``relu(h) W_main + compensation * tanh(h) W_comp`` over ``classes``."""
+
+    classes: np.ndarray
+    W_main: Any
+    W_comp: Any
+    compensation: float
+
+    def scores(self, X: Any) -> Any:
+        xp = array_namespace(X)
+        h = float64(X)
+        return relu(h) @ self.W_main + self.compensation * (xp.tanh(h) @ self.W_comp)
+
+
+class DualHead:
+    """DS-AL's main and compensation streams on the projected rows, equal to the published per-batch recursion.
+
+    Parameters
+    ----------
+    gamma : float, default=1.0
+        Main stream's ridge regularisation, > 0.
+    gamma_comp : float or None, default=None
+        Compensation stream's ridge regularisation, > 0; None: ``gamma``.
+    compensation : float, default=1.0
+        ``C`` in ``scores = main + C * compensation``.
+    batch_size : int, default=10
+        Rows per mini-batch of the recursion (each task's rows are cut from its first row).
+    xp : array namespace
+    dim : int
+        Width D of the projected rows.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (C,)
+        Sorted class ids seen so far, the pending partial batch included.
+    earlier_ : ndarray
+        Classes seen before the current task: their columns of the residual are zeroed.
+
+    Examples
+    --------
+    >>> import array_api_compat.numpy as xp
+    >>> h = np.random.default_rng(0).normal(size=(9, 4))
+    >>> head = DualHead(batch_size=4, xp=xp, dim=4)
+    >>> head.add(h[:5], np.array([0, 1, 0, 1, 1]))
+    >>> _ = head.boundary()
+    >>> head.add(h[5:], np.array([2, 2, 3, 3]))
+    >>> model = head.boundary()
+    >>> model.classes.tolist(), head.earlier_.tolist()
+    ([0, 1, 2, 3], [0, 1, 2, 3])
+    """
+
+    name: ClassVar[str] = "dual"
+    space: ClassVar[str] = "projected"
+
+    def __init__(
+        self,
+        *,
+        gamma: float = 1.0,
+        gamma_comp: float | None = None,
+        compensation: float = 1.0,
+        batch_size: int = 10,
+        xp: ModuleType,
+        dim: int,
+    ) -> None:
+        gamma_comp = gamma if gamma_comp is None else gamma_comp
+        check_positive(np.asarray([gamma, gamma_comp], dtype=np.float64))
+        if not np.isfinite(compensation):
+            raise FoalPipeError(f"compensation must be a finite number, got {compensation}; try compensation=1")
+        if int(batch_size) < 1:
+            raise FoalPipeError(f"batch_size must be at least 1, got {batch_size}; try batch_size=10")
+        self.gamma = float(gamma)
+        self.gamma_comp = float(gamma_comp)
+        self.compensation = float(compensation)
+        self.batch_size = int(batch_size)
+        self.xp = xp
+        self.dim = int(dim)
+        self.classes_ = np.zeros(0, dtype=np.int64)
+        self.earlier_ = np.zeros(0, dtype=np.int64)
+        self._pending: list[tuple[Any, np.ndarray]] = []  # the partial batch: blocks of rows and their labels
+        self._state: dict[str, Any] | None = None  # built at the first row, on its device
+
+    @staticmethod
+    def fixed_bytes(dim: int) -> int:
+        """State bytes independent of the classes: ``R`` and the two streams' Grams (D x D each), plus the boundary's
+        solve (a shifted copy and ``[W_m | R]``, 2 D x D)."""
+        return FLOAT64 * 5 * dim * dim
+
+    @staticmethod
+    def bytes_per_class(dim: int) -> int:
+        """State bytes each seen class adds: its columns of ``Q_m``, ``Q_c`` and the two weights (D each)."""
+        return FLOAT64 * 4 * dim
+
+    def _start(self, like: Any) -> dict[str, Any]:
+        xp, where, D = self.xp, device(like), self.dim
+        empty = xp.zeros((D, 0), dtype=xp.float64, device=where)
+        R = xp.eye(D, dtype=xp.float64, device=where) / self.gamma
+        return {"R": R, "G_main": xp.zeros((D, D), dtype=xp.float64, device=where), "Q_main": empty,
+                "G_comp": xp.zeros((D, D), dtype=xp.float64, device=where), "Q_comp": empty}
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        """Take rows in stream order: full batches run the recursion, the remainder waits for the next block."""
+        labels = check_rows(X, labels, self.dim)
+        if labels.size == 0:
+            return
+        X = float64(X)
+        if self._state is None:
+            self._state = self._start(X)
+        pending = sum(int(block.shape[0]) for block, _ in self._pending)
+        start = 0
+        if pending:  # complete the carried-over batch first
+            start = min(self.batch_size - pending, labels.size)
+            self._pending.append((X[:start, ...], labels[:start]))
+            if pending + start < self.batch_size:
+                return
+            self._flush()
+        stop = start + (labels.size - start) // self.batch_size * self.batch_size
+        for lo in range(start, stop, self.batch_size):
+            self._batch(X[lo:lo + self.batch_size, ...], labels[lo:lo + self.batch_size])
+        if stop < labels.size:
+            self._pending.append((X[stop:, ...], labels[stop:]))
+
+    def _flush(self) -> None:
+        if self._pending:
+            blocks, labels = zip(*self._pending)
+            self._pending = []
+            self._batch(self.xp.concat(list(blocks), axis=0), np.concatenate(labels))
+
+    def _batch(self, h: Any, labels: np.ndarray) -> None:
+        """One step of DSAL.fit on a mini-batch ``h`` (b x D) labelled ``labels``."""
+        xp, state = self.xp, self._state
+        assert state is not None
+        seen = np.union1d(self.classes_, labels)
+        if seen.size > self.classes_.size:
+            for key in ("Q_main", "Q_comp"):
+                state[key] = align_columns(state[key], self.classes_, seen)
+            self.classes_ = seen
+        Y = one_hot(labels, seen, h)
+        main = relu(h)
+        # main stream, Woodbury (RecursiveLinear.fit): K = (I + X R X^T)^-1, R <- R - (X R)^T K (X R)
+        U = main @ state["R"]
+        KU = solve_spd(shifted(U @ main.T, 1.0), U)  # = relu(h) R_new, since I - S (I + S)^-1 = (I + S)^-1
+        state["R"] -= U.T @ KU
+        state["G_main"] += main.T @ main
+        state["Q_main"] += main.T @ Y
+        # previous label cleansing: the residual of the updated main stream, earlier tasks' columns zeroed
+        keep = xp.asarray(np.isin(seen, self.earlier_, invert=True).astype(np.float64), device=device(h))
+        E = (Y - KU @ state["Q_main"]) * keep[None, :]
+        comp = xp.tanh(h)
+        state["G_comp"] += comp.T @ comp
+        state["Q_comp"] += comp.T @ E
+
+    def boundary(self) -> DualScorer:
+        """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
+        self._flush()
+        state = self._state
+        if state is None:
+            raise FoalPipeError("the dual head has no rows yet; add rows before a task boundary")
+        xp, D = self.xp, self.dim
+        check_gammas(state["G_main"], self.gamma)
+        check_gammas(state["G_comp"], self.gamma_comp)
+        C = self.classes_.size
+        both = solve_spd(shifted(state["G_main"], self.gamma),
+                         xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["R"]))], axis=1))
+        W_main, state["R"] = both[:, :C], both[:, C:]
+        W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"])
+        self.earlier_ = self.classes_.copy()
+        return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)
