@@ -11,11 +11,14 @@ line up with the recursion's mini-batches), on NumPy and on torch (CPU).
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 
 import numpy as np
 import pytest
 
+import foal_pipe.heads.balanced
+import foal_pipe.heads.dual
 from foal_pipe.core.backend import get_namespace, to_numpy
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.balanced import BalancedHead
@@ -129,6 +132,8 @@ def test_balanced_weights_are_inverse_counts_with_mean_one():
     head.add(np.ones((10, 2)), np.array([3] * 8 + [6] * 2))
     np.testing.assert_allclose(head.weights(), [0.4, 1.6])
     assert BalancedHead.bytes_per_class(100) == 8 * (100 * 100 + 100 + 1)
+    assert BalancedHead.memory(3, 100) == 8 * (3 * (100 * 100 + 100 + 1) + 2 * 100 * 100 + 2 * 100 * 3)
+    assert DualHead.memory(3, 100) == 8 * (5 * 100 * 100 + 4 * 100 * 3)
 
 
 def test_balanced_is_not_ridge_on_an_imbalanced_stream():
@@ -262,3 +267,9 @@ def test_heads_on_every_backend(backend):
 def test_bad_options_and_rows_are_refused_in_one_line(build, message):
     with pytest.raises(FoalPipeError, match=message):
         build(get_namespace("numpy"))
+
+
+@pytest.mark.parametrize("module", [foal_pipe.heads.balanced, foal_pipe.heads.dual])
+def test_docstring_examples(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

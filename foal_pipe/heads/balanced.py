@@ -102,9 +102,10 @@ class BalancedHead:
         return FLOAT64 * (dim * dim + dim + 1)
 
     @staticmethod
-    def boundary_bytes(dim: int, n_classes: int) -> int:
-        """Extra bytes a boundary allocates: the weighted Gram, its shifted copy and W with its right-hand side."""
-        return FLOAT64 * (2 * dim * dim + 2 * dim * n_classes)
+    def memory(n_classes: int, dim: int) -> int:
+        """Bytes at the largest (a boundary): every class's state, plus the weighted Gram, its shifted copy and W
+        with its right-hand side (``8 (C (D^2 + D + 1) + 2 D^2 + 2 D C)``)."""
+        return n_classes * BalancedHead.bytes_per_class(dim) + FLOAT64 * (2 * dim * dim + 2 * dim * n_classes)
 
     @property
     def classes_(self) -> np.ndarray:

@@ -140,15 +140,10 @@ class DualHead:
         self._state: dict[str, Any] | None = None  # built at the first row, on its device
 
     @staticmethod
-    def fixed_bytes(dim: int) -> int:
-        """State bytes independent of the classes: ``R`` and the two streams' Grams (D x D each), plus the boundary's
-        solve (a shifted copy and ``[W_m | R]``, 2 D x D)."""
-        return FLOAT64 * 5 * dim * dim
-
-    @staticmethod
-    def bytes_per_class(dim: int) -> int:
-        """State bytes each seen class adds: its columns of ``Q_m``, ``Q_c`` and the two weights (D each)."""
-        return FLOAT64 * 4 * dim
+    def memory(n_classes: int, dim: int) -> int:
+        """Bytes at the largest (a boundary's main solve, ``R`` dropped): the two Grams, ``Q_m`` and ``Q_c``, the
+        shifted Gram, the right-hand side ``[Q_m | I]`` and its solution ``[W_m | R]``: ``8 (5 D^2 + 4 D C)``."""
+        return FLOAT64 * (5 * dim * dim + 4 * dim * n_classes)
 
     def _start(self, like: Any) -> dict[str, Any]:
         xp, where, D = self.xp, device(like), self.dim
@@ -165,6 +160,9 @@ class DualHead:
         X = float64(X)
         if self._state is None:
             self._state = self._start(X)
+        main, comp = relu(X), self.xp.tanh(X)  # the Grams are sums, whatever the batches: one product per block
+        self._state["G_main"] += main.T @ main
+        self._state["G_comp"] += comp.T @ comp
         pending = sum(int(block.shape[0]) for block, _ in self._pending)
         start = 0
         if pending:  # complete the carried-over batch first
@@ -200,14 +198,11 @@ class DualHead:
         U = main @ state["R"]
         KU = solve_spd(shifted(U @ main.T, 1.0), U)  # = relu(h) R_new, since I - S (I + S)^-1 = (I + S)^-1
         state["R"] -= U.T @ KU
-        state["G_main"] += main.T @ main
         state["Q_main"] += main.T @ Y
         # previous label cleansing: the residual of the updated main stream, earlier tasks' columns zeroed
         keep = xp.asarray(np.isin(seen, self.earlier_, invert=True).astype(np.float64), device=device(h))
         E = (Y - KU @ state["Q_main"]) * keep[None, :]
-        comp = xp.tanh(h)
-        state["G_comp"] += comp.T @ comp
-        state["Q_comp"] += comp.T @ E
+        state["Q_comp"] += xp.tanh(h).T @ E
 
     def boundary(self) -> DualScorer:
         """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
@@ -219,9 +214,10 @@ class DualHead:
         check_gammas(state["G_main"], self.gamma)
         check_gammas(state["G_comp"], self.gamma_comp)
         C = self.classes_.size
+        state["R"] = None  # refreshed below from the exact solve
         both = solve_spd(shifted(state["G_main"], self.gamma),
-                         xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["R"]))], axis=1))
-        W_main, state["R"] = both[:, :C], both[:, C:]
+                         xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1))
+        W_main, state["R"] = xp.asarray(both[:, :C], copy=True), xp.asarray(both[:, C:], copy=True)
         W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"])
         self.earlier_ = self.classes_.copy()
         return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)
