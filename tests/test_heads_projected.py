@@ -19,13 +19,14 @@ import pytest
 
 import foal_pipe.heads.balanced
 import foal_pipe.heads.dual
-from foal_pipe.core.backend import get_namespace, to_numpy
+from foal_pipe.core.backend import default_device, get_namespace, to_numpy
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.balanced import BalancedHead
 from foal_pipe.heads.dual import DualHead
 
 BACKENDS = [
     "numpy",
+    "array_api_strict",
     pytest.param("torch", marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")),
 ]
 TOL = 1e-9
@@ -65,12 +66,28 @@ STREAMS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def strict_off_host(monkeypatch):
+    """array_api_strict arrays on a simulated device other than the CPU (as in test_array_api.py): a NumPy call on
+    them raises instead of silently copying to the host."""
+    import array_api_strict
+
+    from foal_pipe.core import backend
+
+    monkeypatch.setitem(backend.DEFAULT_DEVICES, "array_api_strict", lambda: array_api_strict.Device("device1"))
+
+
+def on(xp, values):
+    """``values`` as an array of ``xp`` on its default device."""
+    return xp.asarray(values, device=default_device(xp))
+
+
 def feed(head, tasks, xp, block: int) -> list:
     """Each task in blocks of ``block`` rows, then ``boundary()``; the models at every boundary."""
     models = []
     for rows, labels in tasks:
         for lo in range(0, labels.size, block):
-            head.add(xp.asarray(rows[lo:lo + block]), labels[lo:lo + block])
+            head.add(on(xp, rows[lo:lo + block]), labels[lo:lo + block])
         models.append(head.boundary())
     return models
 
@@ -78,7 +95,7 @@ def feed(head, tasks, xp, block: int) -> list:
 def assert_scores(model, reference_classes, reference_scores, probe, xp) -> None:
     """Same classes, same scores (relative to their scale), same predictions where the reference has no near-tie."""
     np.testing.assert_array_equal(model.classes, reference_classes)
-    got = to_numpy(model.scores(xp.asarray(probe)))
+    got = to_numpy(model.scores(on(xp, probe)))
     scale = max(float(np.abs(reference_scores).max()), 1.0)
     assert float(np.abs(got - reference_scores).max()) <= TOL * scale
     top2 = np.sort(reference_scores, axis=1)[:, -2:] if reference_scores.shape[1] > 1 else None
@@ -244,14 +261,15 @@ def test_dual_compensation_and_cleansing_change_the_model():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_heads_on_every_backend(backend):
-    """The same generic code on torch (CPU) gives the numbers of the plain NumPy references."""
+    """The same generic code on the standard's own namespace (array_api_strict, off the host) and on torch (CPU)
+    gives the numbers of the plain NumPy references."""
     xp = get_namespace(backend)
     check_balanced(STREAMS["recurring"](), 0.5, xp, 7)
     check_dual(STREAMS["recurring"](), xp, 7)
     head = DualHead(xp=xp, dim=12)
     rows, labels = STREAMS["recurring"]()[0]
-    head.add(xp.asarray(rows), labels)
-    assert type(head.boundary().scores(xp.asarray(rows))) is type(xp.asarray(rows))
+    head.add(on(xp, rows), labels)
+    assert type(head.boundary().scores(on(xp, rows))) is type(on(xp, rows))
 
 
 @pytest.mark.parametrize(("build", "message"), [
