@@ -17,10 +17,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-import foal_pipe.heads.balanced
-import foal_pipe.heads.dual
 from foal_pipe.core.backend import default_device, get_namespace, to_numpy
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import balanced, dual
 from foal_pipe.heads.balanced import BalancedHead
 from foal_pipe.heads.dual import DualHead
 
@@ -216,21 +215,33 @@ def check_dual(tasks, xp, block, batch=10, gamma=1.0, gamma_comp=0.5, C=0.7, plc
         assert_scores(model, classes, scores(probe), probe, xp)
 
 
+@pytest.fixture(params=[1, 6], ids=["batch-by-batch", "6-batch-blocks"])
+def woodbury_blocks(request, monkeypatch):
+    """Mini-batches per shared pass over the inverse (:func:`foal_pipe.heads.dual.block_batches`): 1 is the published
+    step batch by batch; 6 runs the block recursion (the default picks by D, and the tests' D are small)."""
+    monkeypatch.setattr(dual, "block_batches", lambda batch_size, dim: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("block", [7, 4096])
 @pytest.mark.parametrize("stream", sorted(STREAMS))
-def test_dual_equals_the_published_recursion_at_every_boundary(stream, block):
+def test_dual_equals_the_published_recursion_at_every_boundary(stream, block, woodbury_blocks):
     check_dual(STREAMS[stream](), get_namespace("numpy"), block)
 
 
 @pytest.mark.parametrize("batch", [1, 3, 256])
-def test_dual_batch_sizes(batch):
+def test_dual_batch_sizes(batch, woodbury_blocks):
     """One-row batches, batches that do not divide a task, and a batch longer than any task (one short batch)."""
     check_dual(STREAMS["recurring"](), get_namespace("numpy"), 7, batch=batch, gamma=0.3, gamma_comp=2.0, C=1.0)
 
 
 @pytest.mark.parametrize("block", [7, 4096])
-def test_dual_on_digits(block):
+def test_dual_on_digits(block, woodbury_blocks):
     check_dual(digits_stream("none"), get_namespace("numpy"), block, gamma=0.1, gamma_comp=0.1, C=1.0)
+
+
+def test_block_size_follows_the_dimension():
+    assert dual.block_batches(10, 1000) == 25 and dual.block_batches(10, 40) == 1 and dual.block_batches(300, 4096) == 1
 
 
 def test_dual_matches_the_published_column_slice_when_ids_follow_the_tasks():
@@ -260,7 +271,7 @@ def test_dual_compensation_and_cleansing_change_the_model():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_heads_on_every_backend(backend):
+def test_heads_on_every_backend(backend, woodbury_blocks):
     """The same generic code on the standard's own namespace (array_api_strict, off the host) and on torch (CPU)
     gives the numbers of the plain NumPy references."""
     xp = get_namespace(backend)
@@ -287,7 +298,7 @@ def test_bad_options_and_rows_are_refused_in_one_line(build, message):
         build(get_namespace("numpy"))
 
 
-@pytest.mark.parametrize("module", [foal_pipe.heads.balanced, foal_pipe.heads.dual])
+@pytest.mark.parametrize("module", [balanced, dual])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

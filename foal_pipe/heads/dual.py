@@ -31,9 +31,12 @@ the columns of every class seen before the current task began are zeroed, the cl
 task are kept. A class that recurs from an earlier task is zeroed. Predictions are over the classes seen (the
 published code also scores never-seen ids below ``M``, with zero weights).
 
-Numerics: the main stream keeps ``R = (G_m + gamma I)^-1`` by the Woodbury update of the published code (so a batch
-costs O(b D^2), not a D x D solve), and refreshes it from ``G_m`` by an exact float64 solve at every boundary,
-where ``W_m`` and ``W_c`` are exact solves too.
+Numerics: the main stream keeps ``R = (G_m + gamma I)^-1`` by the Woodbury update of the published code (a batch
+costs O(b D^2), not a D x D solve), run for several consecutive batches in one pass over ``R``
+(:meth:`DualHead._batches`), and refreshes it from ``G_m`` by an exact float64 solve at every boundary, where
+``W_m`` and ``W_c`` are exact solves too. Measured on one core at D = 1000, batch 10: 860 rows/s batch by batch
+with the Grams per batch, 1,500-1,900 with the Grams per block, 2,200-2,800 with 25-batch blocks (load 2-6 on 2
+shared cores).
 """
 
 from __future__ import annotations
@@ -49,6 +52,14 @@ from foal_pipe.core.linalg import check_gammas, check_positive, float64, one_hot
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.balanced import FLOAT64, check_rows
+
+#: Rows whose Woodbury steps share one pass over the D x D inverse (at most; a quarter of D for a small D).
+BLOCK_ROWS = 256
+
+
+def block_batches(batch_size: int, dim: int) -> int:
+    """Mini-batches per block of :meth:`DualHead._batches`: about ``min(BLOCK_ROWS, D / 4)`` rows, at least one batch."""
+    return max(1, min(BLOCK_ROWS, dim // 4) // batch_size)
 
 
 def relu(h: Any) -> Any:
@@ -172,8 +183,9 @@ class DualHead:
                 return
             self._flush()
         stop = start + (labels.size - start) // self.batch_size * self.batch_size
-        for lo in range(start, stop, self.batch_size):
-            self._batch(X[lo:lo + self.batch_size, ...], labels[lo:lo + self.batch_size])
+        rows = self.batch_size * block_batches(self.batch_size, self.dim)
+        for lo in range(start, stop, rows):
+            self._batches(X[lo:min(lo + rows, stop), ...], labels[lo:min(lo + rows, stop)])
         if stop < labels.size:
             self._pending.append((X[stop:, ...], labels[stop:]))
 
@@ -181,28 +193,46 @@ class DualHead:
         if self._pending:
             blocks, labels = zip(*self._pending)
             self._pending = []
-            self._batch(self.xp.concat(list(blocks), axis=0), np.concatenate(labels))
+            self._batches(self.xp.concat(list(blocks), axis=0), np.concatenate(labels))
 
-    def _batch(self, h: Any, labels: np.ndarray) -> None:
-        """One step of DSAL.fit on a mini-batch ``h`` (b x D) labelled ``labels``."""
-        xp, state = self.xp, self._state
+    def _batches(self, h: Any, labels: np.ndarray) -> None:
+        """DSAL.fit on each mini-batch of ``h`` (B x D: consecutive batches of ``batch_size`` rows, the last one
+        possibly short), in order.
+
+        The published step per batch ``X`` (RecursiveLinear.fit) is ``R <- R - R X^T (I + X R X^T)^-1 X R``: two
+        passes over the D x D ``R`` for b rows. Here the batches of a block share one pass: with ``R0`` the inverse
+        at the block's start and ``Z`` the block's relu rows, the same recursion runs on ``T = Z R Z^T`` and
+        ``V = Z R Q_m`` (B x B and B x C), and ``R`` is updated once at the end, ``R0 - (Z R0)^T (I + Z R0 Z^T)^-1
+        Z R0``. Equal to the per-batch recursion in exact arithmetic.
+        """
+        xp, state, b = self.xp, self._state, self.batch_size
         assert state is not None
         seen = np.union1d(self.classes_, labels)
-        if seen.size > self.classes_.size:
+        if seen.size > self.classes_.size:  # a class's columns are zero until its first row: widening early is exact
             for key in ("Q_main", "Q_comp"):
                 state[key] = align_columns(state[key], self.classes_, seen)
             self.classes_ = seen
         Y = one_hot(labels, seen, h)
-        main = relu(h)
-        # main stream, Woodbury (RecursiveLinear.fit): K = (I + X R X^T)^-1, R <- R - (X R)^T K (X R)
-        U = main @ state["R"]
-        KU = solve_spd(shifted(U @ main.T, 1.0), U)  # = relu(h) R_new, since I - S (I + S)^-1 = (I + S)^-1
-        state["R"] -= U.T @ KU
-        state["Q_main"] += main.T @ Y
-        # previous label cleansing: the residual of the updated main stream, earlier tasks' columns zeroed
+        Z = relu(h)
+        P = Z @ state["R"]
+        M = P @ Z.T
+        T = xp.asarray(M, copy=True)  # Z R Z^T for the current R
+        V = P @ state["Q_main"]  # Z R Q_m for the current R and Q_m
+        rows, C = labels.size, seen.size
+        for lo in range(0, rows, b):
+            hi = min(lo + b, rows)
+            # RecursiveLinear.fit on rows lo:hi, seen through T and V; K = (I + T_JJ)^-1
+            U = V[lo:hi, :] + T[lo:hi, lo:hi] @ Y[lo:hi, :]  # X R (Q_m + X^T Y_J)
+            KU = solve_spd(shifted(T[lo:hi, lo:hi], 1.0), xp.concat([U, T[lo:hi, hi:]], axis=1))
+            V[lo:, :] += T[lo:, lo:hi] @ (Y[lo:hi, :] - KU[:, :C])
+            if hi < rows:
+                T[hi:, hi:] -= T[hi:, lo:hi] @ KU[:, C:]
+        # previous label cleansing: each batch's residual under the main stream updated with it (V's rows are final
+        # once their batch is done), earlier tasks' columns zeroed
         keep = xp.asarray(np.isin(seen, self.earlier_, invert=True).astype(np.float64), device=device(h))
-        E = (Y - KU @ state["Q_main"]) * keep[None, :]
-        state["Q_comp"] += xp.tanh(h).T @ E
+        state["Q_comp"] += xp.tanh(h).T @ ((Y - V) * keep[None, :])
+        state["Q_main"] += Z.T @ Y
+        state["R"] -= P.T @ solve_spd(shifted(M, 1.0), P)
 
     def boundary(self) -> DualScorer:
         """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
