@@ -284,9 +284,11 @@ def test_heads_on_every_backend(backend, woodbury_blocks):
 
 
 @pytest.mark.parametrize(("build", "message"), [
-    (lambda xp: BalancedHead(gamma=0.0, xp=xp, dim=3), "gamma must be a positive number"),
-    (lambda xp: DualHead(gamma_comp=-1.0, xp=xp, dim=3), "gamma must be a positive number"),
-    (lambda xp: DualHead(batch_size=0, xp=xp, dim=3), "batch_size must be at least 1"),
+    (lambda xp: BalancedHead(gamma=0.0, xp=xp, dim=3), "gamma must be a positive number, got 0.0; try gamma=1"),
+    (lambda xp: BalancedHead(gamma="auto", xp=xp, dim=3), "gamma must be a number, got 'auto'; try gamma=1"),
+    (lambda xp: DualHead(gamma_comp=-1.0, xp=xp, dim=3), "gamma_comp must be a positive number"),
+    (lambda xp: DualHead(batch_size=0, xp=xp, dim=3), "batch_size must be a whole number of at least 1, got 0"),
+    (lambda xp: DualHead(batch_size=2.5, xp=xp, dim=3), "batch_size must be a whole number of at least 1, got 2.5"),
     (lambda xp: DualHead(compensation=float("nan"), xp=xp, dim=3), "compensation must be a finite number"),
     (lambda xp: BalancedHead(xp=xp, dim=3).boundary(), "no rows yet"),
     (lambda xp: DualHead(xp=xp, dim=3).boundary(), "no rows yet"),

@@ -25,22 +25,9 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import device
 
-from foal_pipe.core.linalg import check_gammas, check_positive, float64, shifted, solve_spd
+from foal_pipe.core.linalg import check_gammas, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
-
-#: Bytes of one float64.
-FLOAT64 = 8
-
-
-def check_rows(X: Any, labels: Any, dim: int) -> np.ndarray:
-    """The labels as a host vector, refused unless ``X`` is ``(len(labels), dim)``."""
-    labels = np.asarray(labels).ravel()
-    if X.ndim != 2 or X.shape[1] != dim:
-        raise FoalPipeError(f"rows have shape {tuple(X.shape)} but the head was built for dim={dim}; "
-                            "build the head with the rows' width")
-    if X.shape[0] != labels.size:
-        raise FoalPipeError(f"{X.shape[0]} rows but {labels.size} labels; pass one label per row")
-    return labels
+from foal_pipe.heads.checks import FLOAT64, check_rows, positive
 
 
 @dataclass(eq=False)
@@ -88,8 +75,7 @@ class BalancedHead:
     space: ClassVar[str] = "activations"
 
     def __init__(self, *, gamma: float = 1.0, xp: ModuleType, dim: int) -> None:
-        check_positive(np.asarray([gamma], dtype=np.float64))
-        self.gamma = float(gamma)
+        self.gamma = positive("gamma", gamma)
         self.xp = xp
         self.dim = int(dim)
         self._grams: dict[int, Any] = {}  # class id -> H_c^T H_c (D x D)

@@ -48,10 +48,10 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import check_gammas, check_positive, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.linalg import check_gammas, float64, one_hot, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads.balanced import FLOAT64, check_rows
+from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
 
 #: Rows whose Woodbury steps share one pass over the D x D inverse (at most; a quarter of D for a small D).
 BLOCK_ROWS = 256
@@ -133,16 +133,10 @@ class DualHead:
         xp: ModuleType,
         dim: int,
     ) -> None:
-        gamma_comp = gamma if gamma_comp is None else gamma_comp
-        check_positive(np.asarray([gamma, gamma_comp], dtype=np.float64))
-        if not np.isfinite(compensation):
-            raise FoalPipeError(f"compensation must be a finite number, got {compensation}; try compensation=1")
-        if int(batch_size) < 1:
-            raise FoalPipeError(f"batch_size must be at least 1, got {batch_size}; try batch_size=10")
-        self.gamma = float(gamma)
-        self.gamma_comp = float(gamma_comp)
-        self.compensation = float(compensation)
-        self.batch_size = int(batch_size)
+        self.gamma = positive("gamma", gamma)
+        self.gamma_comp = self.gamma if gamma_comp is None else positive("gamma_comp", gamma_comp)
+        self.compensation = finite("compensation", compensation)
+        self.batch_size = at_least_one("batch_size", batch_size, 10)
         self.xp = xp
         self.dim = int(dim)
         self.classes_ = np.zeros(0, dtype=np.int64)
