@@ -152,6 +152,17 @@ def test_balanced_weights_are_inverse_counts_with_mean_one():
     assert DualHead.memory(3, 100) == 8 * (5 * 100 * 100 + 4 * 100 * 3)
 
 
+def test_balanced_is_ridge_when_every_class_has_as_many_rows():
+    """Equal counts: every w_c is 1, and the head is ridge on one-hot targets (closed form written here)."""
+    rng = np.random.default_rng(7)
+    H, y = rng.normal(size=(60, 5)), np.repeat([1, 4, 8], 20)
+    xp = get_namespace("numpy")
+    head = BalancedHead(gamma=0.7, xp=xp, dim=5)
+    head.add(H, y)
+    ridge = np.linalg.solve(H.T @ H + 0.7 * np.eye(5), H.T @ (y[:, None] == [1, 4, 8]))
+    np.testing.assert_allclose(head.boundary().W, ridge, rtol=1e-10, atol=1e-12)
+
+
 def test_balanced_is_not_ridge_on_an_imbalanced_stream():
     """With classes of 80 and 4 rows the re-weighting changes the model (the test above could not pass by accident
     with plain ridge)."""
