@@ -10,7 +10,8 @@ ZHUANGHP/Analytic-continual-learning (``analytic/AnalyticLinear.py``, lines 202-
 ``fit`` (lines 161-199) keeps one Gram ``A[c] = H_c^T H_c`` per class, the sums ``C = H^T Y`` and the counts. One
 difference: the published weights are scaled to mean 1 over ``max label + 1`` label slots (``len(self.cnt)``),
 here over the classes seen; the two agree when the labels seen are ``0 .. K-1``, and otherwise differ by one factor
-on every ``w_c``, which is the same as a different gamma.
+on every ``w_c``, which is the same as a different gamma. The rows are ``ridge``'s activations, so the activation
+is the projection's (AIR's random buffer applies a ReLU, ``RandomBuffer``'s default: choose ``relu`` to match).
 
 The per-class Grams make the state exact for any stream, classes recurring across tasks included, at the price
 of ``C x D^2`` floats (:meth:`BalancedHead.bytes_per_class`).

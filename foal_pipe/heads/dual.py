@@ -103,7 +103,7 @@ class DualHead:
     Attributes
     ----------
     classes_ : ndarray of shape (C,)
-        Sorted class ids seen so far, the pending partial batch included.
+        Sorted class ids of the rows the recursion has taken (a carried-over partial batch's not yet).
     earlier_ : ndarray
         Classes seen before the current task: their columns of the residual are zeroed.
 
