@@ -88,6 +88,8 @@ def learn(
     head: o.Head = o.MODEL.head,
     shrinkage: o.Shrinkage = None,
     shrinkage_offdiag: o.ShrinkageOffdiag = None,
+    compensation: o.Compensation = None,
+    gamma_comp: o.GammaComp = None,
 ) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
@@ -172,6 +174,8 @@ def sweep(
     heads: o.Heads = None,
     shrinkage: o.Shrinkage = None,
     shrinkage_offdiag: o.ShrinkageOffdiag = None,
+    compensation: o.Compensation = None,
+    gamma_comp: o.GammaComp = None,
 ) -> None:
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 

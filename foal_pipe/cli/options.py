@@ -135,6 +135,15 @@ ShrinkageOffdiag = Annotated[
                                show_default=False)
 ]
 
+Compensation = Annotated[
+    float | None, typer.Option(help="dual: C, the compensation stream's weight in the scores (default 1). Not for the "
+                               "other heads.", show_default=False)
+]
+GammaComp = Annotated[
+    float | None, typer.Option(help="dual: the compensation stream's ridge regularisation, > 0 (default: dual's gamma). "
+                               "Not for the other heads.", show_default=False)
+]
+
 # ----------------------------------------------------------------------------------------------------------------
 # learn
 
@@ -163,7 +172,7 @@ Head = Annotated[
     choice(*HEADS),
     typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
                  "compared in docs/heads.md: ncm, slda and fecam work on the store's features (no projection "
-                 "options)."),
+                 "options); balanced (AIR) and dual (DS-AL) on the projection, with --gamma."),
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "

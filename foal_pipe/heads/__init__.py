@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads.balanced import BalancedHead
 from foal_pipe.heads.base import SPACES, Head, Scorer
+from foal_pipe.heads.dual import DualHead
 from foal_pipe.heads.fecam import FeCAMHead
 from foal_pipe.heads.ncm import NCMHead
 from foal_pipe.heads.slda import SLDAHead
@@ -51,6 +53,12 @@ HEADS: dict[str, HeadEntry] = {
                       "deep streaming LDA (Avalanche StreamingLDA)", "Hayes & Kanan, CVPR-W 2020"),
     "fecam": HeadEntry(FeCAMHead, "features", ("shrinkage", "shrinkage_offdiag"), lambda c, d: 8 * (2 * c * d * d + 2 * d * d),
                        "FeCAM (its ViT scripts)", "Goswami et al., NeurIPS 2023"),
+    "balanced": HeadEntry(BalancedHead, "activations", ("gamma",), BalancedHead.memory,
+                          "AIR's analytic re-weighting (GeneralizedARM.update, ZHUANGHP/Analytic-continual-learning)",
+                          "Fang et al., AIR, 2024"),
+    "dual": HeadEntry(DualHead, "projected", ("gamma", "gamma_comp", "compensation"), DualHead.memory,
+                      "DS-AL's dual stream (analytic/DSAL.py, ZHUANGHP/Analytic-continual-learning)",
+                      "Zhuang et al., AAAI 2024"),
 }
 
 
@@ -66,5 +74,6 @@ def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int) -> Head:
     """A fresh running state of head ``name`` on rows of width ``dim``; ``options`` maps its option names to values
     (None: the head's default)."""
     entry = head_entry(name)
-    given = {key: value for key, value in options.items() if key in entry.options and value is not None}
+    given = {key: value for key, value in options.items()
+             if (key in entry.options or key == "batch_size") and value is not None}
     return entry.factory(xp=xp, dim=dim, **given)

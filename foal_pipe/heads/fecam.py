@@ -66,8 +66,8 @@ class FeCAMHead:
     def __init__(self, *, xp: Any, dim: int, shrinkage: Any = FECAM_SHRINKAGE,
                  shrinkage_offdiag: Any = FECAM_OFFDIAG) -> None:
         self.xp = xp
-        self.a1 = check_alpha(shrinkage, "shrinkage", FECAM_SHRINKAGE)
-        self.a2 = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
+        self.shrinkage = check_alpha(shrinkage, "shrinkage", FECAM_SHRINKAGE)
+        self.shrinkage_offdiag = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
         self.moments = PerClassMoments(xp, dim)
         self._solved: dict[int, tuple[int, Any, Any]] = {}  # class -> (rows, mean, precision) when last solved
 
@@ -83,7 +83,7 @@ class FeCAMHead:
         for k, c in enumerate(m.classes.tolist()):
             if c in self._solved and self._solved[c][0] == m.counts[k]:
                 continue  # no row of this class since its last solve: the same inputs, the same bits
-            S = shrunk_normalised(m.covariance(k), self.a1, self.a2)
+            S = shrunk_normalised(m.covariance(k), self.shrinkage, self.shrinkage_offdiag)
             if not bool(xp.all(xp.isfinite(S))):
                 raise FoalPipeError(f"fecam: class {c} has a dimension of zero variance, which "
                                     f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")

@@ -24,6 +24,7 @@ from foal_pipe.protocol.records import (
     Learned,
     Swept,
     accuracy_report,
+    choose,
     fusion_entry,
     fusions_report,
     grid_edge,
@@ -34,7 +35,14 @@ from foal_pipe.protocol.records import (
     sweep_results,
 )
 from foal_pipe.protocol.run import Run, prepare, reread_note
-from foal_pipe.protocol.schema import CRITERIA, METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport
+from foal_pipe.protocol.schema import (
+    CRITERIA,
+    METRICS_FILE,
+    SWEEP_FILE,
+    TRAINING_CRITERIA,
+    LearnMetrics,
+    SweepReport,
+)
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
 from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows, train_rows
@@ -158,8 +166,11 @@ def run_sweep(
             (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
         lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes}, rows=train)
         accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
+        results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
+        if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
+            model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
+                                                ("loo" if sweep.loo else "gcv")))
         head_accs, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
-    results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
     info = run_info(run, stream)
     if fusions:
         report = fusions_report(gammas, [fusion_entry(key, results[key], select) for key in fusions], select, model,

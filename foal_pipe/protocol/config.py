@@ -77,6 +77,8 @@ class ModelConfig:
     head: str = "ridge"  # a key of foal_pipe.heads.HEADS; ridge: this learner
     shrinkage: float | str | None = None  # slda's eps (or "oas"), fecam's a1; None: the head's default
     shrinkage_offdiag: float | None = None  # fecam's a2; None: its default
+    compensation: float | None = None  # dual's C; None: its default
+    gamma_comp: float | None = None  # dual's compensation gamma; None: gamma
 
     @property
     def resolved_activation(self) -> str:

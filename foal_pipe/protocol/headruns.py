@@ -3,7 +3,6 @@ settings checked before any work and recorded with their options (defaults inclu
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
@@ -15,7 +14,9 @@ from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelCo
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
 #: ModelConfig fields that are some head's own options.
-HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag")
+HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp")
+#: ModelConfig fields of ridge's own solver: no other head takes them.
+RIDGE_FIELDS = ("select", "gamma_grid", "engine")
 
 
 def _numpy() -> Any:
@@ -25,13 +26,15 @@ def _numpy() -> Any:
 
 
 def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
-    """The options head ``name`` runs with: those ``model`` gives, else the defaults of its factory."""
+    """The options head ``name`` runs with, as the head holds them (its attribute of each option's name): those
+    ``model`` gives, else the head's defaults (dual's ``gamma_comp``: its ``gamma``)."""
     entry = HEADS[name]
     given = asdict(model)
     if entry.factory is None:
         return {key: given[key] for key in entry.options}
-    defaults = inspect.signature(entry.factory).parameters
-    return {key: given[key] if given.get(key) is not None else defaults[key].default for key in entry.options}
+    given["gamma"] = None if given["gamma"] == "auto" else given["gamma"]
+    head = make_head(name, given, _numpy(), 1)
+    return {key: getattr(head, key) for key in entry.options}
 
 
 def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None = None) -> None:
@@ -51,6 +54,14 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
     for name, entry in entries.items():  # the head's own checks of its options, before any work
         if entry.factory is not None:
             make_head(name, {k: v for k, v in asdict(model).items() if k in HEAD_OPTION_FIELDS}, _numpy(), 1)
+    if "ridge" not in names:
+        for option in RIDGE_FIELDS:
+            if option in explicit:
+                raise FoalPipeError(f"{param(option)} sets ridge's solver, which {', '.join(names)} do"
+                                    f"{'es' if len(names) == 1 else ''} not use: drop it")
+    if "activation" in explicit and all(e.space == "projected" for e in entries.values()):
+        raise FoalPipeError(f"{', '.join(names)} applie{'s' if len(names) == 1 else ''} its own activations to the "
+                            f"projected rows: drop {param('activation')}")
     if all(e.space == "features" for e in entries.values()):
         for option in PROJECTION_FIELDS:
             if option in explicit:
@@ -67,6 +78,10 @@ def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution
                             f"{param('mask_unseen', False)} (it is ridge's published-code rule)")
     if execution.scheduler != "local":
         raise FoalPipeError(f"{param('head', model.head)} runs in this process; use {param('scheduler', 'local')}")
+    if model.gamma == "auto":
+        raise FoalPipeError(f"{param('gamma', 'auto')} chooses ridge's gamma; {param('head', model.head)} takes a "
+                            f"number: pass e.g. {param('gamma', 1)}, or compare gammas with `sweep --heads ridge,"
+                            f"{model.head}`")
     if model.dtype != "float64":
         raise FoalPipeError(f"{param('head', model.head)} keeps float64 statistics; drop {param('dtype', model.dtype)}")
     if entry.space == "features":

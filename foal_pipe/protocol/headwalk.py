@@ -5,6 +5,7 @@ test split. The rows each head takes (its space) are computed once per block, wh
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -57,7 +58,13 @@ def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> dict[str, Head]:
     """A fresh running state of every head in ``names`` on the rows of its space."""
     dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
-    return {name: make_head(name, head_options(name, options), run.xp, dims[HEADS[name].space]) for name in names}
+    heads = {}
+    for name in names:
+        given = head_options(name, options)
+        if "batch_size" in inspect.signature(HEADS[name].factory).parameters:  # a recursion over the stream's batches
+            given["batch_size"] = run.stream.batch_size
+        heads[name] = make_head(name, given, run.xp, dims[HEADS[name].space])
+    return heads
 
 
 def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int) -> Iterator[np.ndarray]:
