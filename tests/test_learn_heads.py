@@ -120,6 +120,11 @@ def test_sweep_heads_without_loo_names_no_best_head(store, tmp_path):
     (["learn", "--head", "ncm", "--no-mask-unseen"], "drop --no-mask-unseen"),
     (["learn", "--head", "ncm", "--dtype", "float32"], "float64"),
     (["learn", "--head", "ncm", "--order-seeds", "0,1"], "--order-seeds runs ridge"),
+    (["learn", "--head", "dual", "--activation", "relu"], "its own activations to the projected rows"),
+    (["learn", "--head", "balanced", "--gamma", "auto"], "takes a number"),
+    (["learn", "--head", "balanced", "--engine", "rls"], "sets ridge's solver"),
+    (["learn", "--head", "ncm", "--compensation", "2"], "--compensation is an option of dual"),
+    (["learn", "--head", "dual", "--gamma-comp", "-1"], "--gamma-comp must be a positive number"),
     (["sweep", "--heads", "ncm,slda"], "add ridge"),
     (["sweep", "--heads", "ridge,knn"], "unknown --heads 'knn'"),
     (["sweep", "--heads", "ridge,ncm,ncm"], "names a head twice"),
@@ -194,3 +199,32 @@ def test_sweep_heads_on_torch_equals_numpy(store, tmp_path):
     for name, entry in reports["numpy"].items():
         assert reports["torch"][name]["accuracy_matrix"] == entry["accuracy_matrix"], name
         assert reports["torch"][name].get("loo_accuracy") == entry.get("loo_accuracy"), name
+
+
+@pytest.mark.parametrize("head", ["ncm", "slda", "fecam", "balanced", "dual"])
+def test_the_walk_feeds_each_head_its_rows_in_stream_order(store, head):
+    """The walk's models equal the head fed by hand, task by task in stream order, with its rows computed plainly:
+    the store's features, the projected rows (dual, in the stream's batches) or their sigmoid (balanced)."""
+    import array_api_compat.numpy as xnp
+
+    from foal_pipe.heads import HEADS, make_head
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.headwalk import build_heads, head_boundaries
+    from foal_pipe.protocol.run import prepare
+
+    space = HEADS[head].space
+    model = ModelConfig(projection_dim=0 if space == "features" else 24, gamma=0.5)
+    run = prepare(store, StreamConfig(tasks=4, seed=2, batch_size=7), model, EvaluationConfig(),
+                  ExecutionConfig(backend="numpy"), heads=[head])
+    walked = head_boundaries(run, build_heads(run, [head], {"gamma": 0.5}))[0][head]
+    x, y, xt, _ = (a.astype(np.float64) if a.dtype.kind == "f" else a for a in read(store))
+    P = np.asarray(run.projection.components_, dtype=np.float64)
+    plain = {"features": lambda X: X, "projected": lambda X: X @ P, "activations": lambda X: 1 / (1 + np.exp(-(X @ P)))}
+    by_hand = make_head(head, {"gamma": 0.5, **({"batch_size": 7} if head == "dual" else {})}, xnp,
+                        x.shape[1] if space == "features" else 24)
+    for k, task in enumerate(run.stream.rows):
+        by_hand.add(plain[space](x[task]), y[task])
+        expected = by_hand.boundary()
+        np.testing.assert_array_equal(walked[k].classes, expected.classes)
+        T = plain[space](xt)
+        np.testing.assert_allclose(walked[k].scores(T), expected.scores(T), rtol=1e-9, atol=1e-9)

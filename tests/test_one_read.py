@@ -64,7 +64,7 @@ COMMANDS = {
     "sweep": ["sweep", "--gammas", "0.1,1,10"],
     "sweep-no-loo": ["sweep", "--gammas", "0.1,1,10", "--no-loo"],
     "orders": ["learn", "--order-seeds", "0,1"],
-    "sweep-heads": ["sweep", "--gammas", "0.1,1,10", "--heads", "ridge,ncm,slda,fecam"],
+    "sweep-heads": ["sweep", "--gammas", "0.1,1,10", "--heads", "ridge,ncm,slda,fecam,balanced,dual"],
 }
 
 
@@ -79,10 +79,11 @@ def test_each_chunk_is_decoded_once_per_walk(store, decoded, tmp_path, command, 
     assert sum(1 for split, _ in decoded if split == "test") == test_chunks
 
 
-@pytest.mark.parametrize("head", ["ncm", "slda", "fecam"])
+@pytest.mark.parametrize("head", ["ncm", "slda", "fecam", "balanced", "dual"])
 def test_learn_head_decodes_each_chunk_once(store, decoded, tmp_path, head):
+    projection = [] if head in ("ncm", "slda", "fecam") else ["--projection-dim", 24]
     _invoke("learn", "--head", head, "--features", store, "--out", tmp_path / "out", "--tasks", 10, "--seed", 5,
-            "--backend", "numpy")
+            "--backend", "numpy", *projection)
     assert max(decoded.values()) == 1, decoded
     assert sum(1 for split, _ in decoded if split == "train") == -(-600 // CHUNK)
     assert sum(1 for split, _ in decoded if split == "test") == -(-200 // CHUNK)
