@@ -9,8 +9,8 @@ threads. Recorded per command: every round's measurements, the medians, A_avg, A
 and the load averages. Every walk reads the store once: tests/test_one_read.py counts the decoded chunks of
 `sweep --heads ridge,ncm,slda,fecam` and of `learn --head`.
 
-Usage: python benchmarks/heads_bench.py [--store /tmp/stores/heads/fm784.zarr] [--rounds 3] [--threads 1]
-       [--json benchmarks/results/heads_bench.json]
+Usage: python benchmarks/heads_bench.py [--set features|projected] [--store /tmp/stores/heads/fm784.zarr]
+       [--rounds 3] [--threads 1] [--json benchmarks/results/heads_bench.json]
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from _runner import blas_env, run_cli
 TASKS = 5
 COMMON = ["--tasks", str(TASKS), "--backend", "numpy", "--seed", "0"]
 HEADS = "ridge,ncm,slda,fecam"
-COMMANDS = {
-    "learn ridge (D=1000, gamma 1)": ["learn"],
+ALL_HEADS = "ridge,ncm,slda,fecam,balanced,dual"
+LEARN = "learn ridge (D=1000, gamma 1)"
+FEATURE_HEADS = {
+    LEARN: ["learn"],
     "learn --head ncm": ["learn", "--head", "ncm"],
     "learn --head slda": ["learn", "--head", "slda"],
     "learn --head slda --shrinkage oas": ["learn", "--head", "slda", "--shrinkage", "oas"],
@@ -40,6 +42,14 @@ COMMANDS = {
     f"sweep --heads {HEADS}": ["sweep", "--heads", HEADS],
     f"sweep --heads {HEADS} --gammas 1 --no-loo": ["sweep", "--heads", HEADS, "--gammas", "1", "--no-loo"],
 }
+#: The heads on the projection (D = 1000, as ridge) and all six heads from one sweep.
+PROJECTED_HEADS = {
+    LEARN: ["learn"],
+    "learn --head balanced": ["learn", "--head", "balanced"],
+    "learn --head dual": ["learn", "--head", "dual"],
+    f"sweep --heads {ALL_HEADS}": ["sweep", "--heads", ALL_HEADS],
+}
+SETS = {"features": FEATURE_HEADS, "projected": PROJECTED_HEADS}
 
 
 def ensure_store(store: Path) -> None:
@@ -78,15 +88,19 @@ def main() -> None:
     parser.add_argument("--store", type=Path, default=Path("/tmp/stores/heads/fm784.zarr"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--set", choices=sorted(SETS), default="features",
+                        help="features: ridge beside ncm, slda, fecam and the 4-head sweep; projected: balanced, dual "
+                             "and the 6-head sweep")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("results") / "heads_bench.json")
     args = parser.parse_args()
     ensure_store(args.store)
     env = blas_env(args.threads)
-    runs: dict[str, list[dict]] = {name: [] for name in COMMANDS}
+    commands = SETS[args.set]
+    runs: dict[str, list[dict]] = {name: [] for name in commands}
     outcomes: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for i, (name, cmd) in enumerate(COMMANDS.items()):
+            for i, (name, cmd) in enumerate(commands.items()):
                 out = Path(tmp) / f"out{i}"
                 load = os.getloadavg()
                 run = run_cli([*cmd, "--features", str(args.store), "--out", str(out), *COMMON], env)
@@ -98,20 +112,12 @@ def main() -> None:
                       flush=True)
     medians = {name: {key: statistics.median(x[key] for x in rs) for key in ("wall_s", "cpu_s", "peak_rss_mib")}
                for name, rs in runs.items()}
-    learn = medians["learn ridge (D=1000, gamma 1)"]
-    sweep_heads = medians[f"sweep --heads {HEADS}"]
-    separate = sum(medians[n]["wall_s"] for n in ("sweep (13 gammas, LOO)", "learn --head ncm", "learn --head slda",
-                                                 "learn --head fecam"))
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "threads": args.threads,
         "rounds": args.rounds, "tasks": TASKS, "rows": {"train": 60000, "test": 10000, "d": 784},
-        "medians": medians, "outcomes": outcomes, "runs": runs,
-        "ratios": {"sweep_heads_over_learn_wall": round(sweep_heads["wall_s"] / learn["wall_s"], 2),
-                   "sweep_heads_over_learn_cpu": round(sweep_heads["cpu_s"] / learn["cpu_s"], 2),
-                   "sweep_heads_over_sweep_wall": round(sweep_heads["wall_s"] / medians["sweep (13 gammas, LOO)"]["wall_s"], 2),
-                   "sweep_heads_over_separate_runs_wall": round(sweep_heads["wall_s"] / separate, 2),
-                   "one_gamma_sweep_heads_over_learn_wall": round(
-                       medians[f"sweep --heads {HEADS} --gammas 1 --no-loo"]["wall_s"] / learn["wall_s"], 2)},
+        "set": args.set, "medians": medians, "outcomes": outcomes, "runs": runs,
+        "ratios": {f"{name} / learn ({key})": round(m[key] / medians[LEARN][key], 2)
+                   for name, m in medians.items() if name != LEARN for key in ("wall_s", "cpu_s")},
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
