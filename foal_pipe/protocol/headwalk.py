@@ -1,5 +1,5 @@
 """The walk of the analytic heads other than ridge (:mod:`foal_pipe.heads`): each task's rows from the one read of
-the train split (:class:`~foal_pipe.protocol.rowcache.GroupedRows`), in the gram walk's full-size blocks, into every
+the train split (:class:`~foal_pipe.protocol.rowcache.GroupedRows`), in stream order and full-size blocks, into every
 head's running state; a boundary model per head at every task end; then every boundary scored on one read of the
 test split. The rows each head takes (its space) are computed once per block, whatever the number of heads."""
 
@@ -16,7 +16,7 @@ from array_api_compat import array_namespace
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
 from foal_pipe.progress import progress_bar
-from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
+from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.walk import test_rows, train_rows
 
@@ -86,7 +86,6 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
     label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
     with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
             (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
-        walk = TaskBlocks(cached, run.stream.rows, run.block_rows)
         for task in run.stream.rows:
             for positions in _in_stream_order(cached, task, run.block_rows):
                 labels = cached.labels[positions]
@@ -102,15 +101,15 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
                     boundaries[name].append(head.boundary())
         loo_heads = {name: head for name, head in heads.items() if loo and hasattr(head, "loo_hits")}
         hits = dict.fromkeys(loo_heads, 0)
-        for k in range(run.stream.n_tasks) if loo_heads else ():
-            for _, _, positions in walk.blocks(k):
+        for task in run.stream.rows if loo_heads else ():
+            for positions in _in_stream_order(cached, task, run.block_rows):
                 with run.timed("read"):
                     X = cached.take(None, positions, run.xp)
                 blocks = _spaces(run, X, {type(h).space for h in loo_heads.values()})
                 for name, head in loo_heads.items():
                     with run.timed("loo"):
                         hits[name] += head.loo_hits(blocks[type(head).space], cached.labels[positions])
-    return boundaries, {name: count / int(walk.ends[-1]) for name, count in hits.items()}
+    return boundaries, {name: count / total for name, count in hits.items()}
 
 
 def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
