@@ -5,6 +5,7 @@ what a head cannot take is refused in one line before any work."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -246,3 +247,8 @@ def test_a_head_run_has_no_model_file_and_says_so(store, tmp_path):
     evaluated = invoke("evaluate", "--run", run)
     assert evaluated.exit_code == 0, evaluated.output
     assert (run / "eval" / "accuracy_matrix.png").exists()
+    summarized = invoke("summary", run)
+    assert summarized.exit_code == 0, summarized.output
+    assert "head ncm" in summarized.output
+    assert re.search(r"\s-\s+" + f"{100 * json.loads((run / 'metrics.json').read_text())['A_avg']:.2f}",
+                     summarized.output)  # no gamma: ncm has none

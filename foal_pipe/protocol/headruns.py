@@ -66,7 +66,7 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
         for option in PROJECTION_FIELDS:
             if option in explicit:
                 raise FoalPipeError(f"{', '.join(names)} work{'s' if len(names) == 1 else ''} on the store's features "
-                                    f"(after --fusion), without a projection or gamma: drop {param(option)}")
+                                    f"(after {param('fusion')}), without a projection or gamma: drop {param(option)}")
 
 
 def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> ModelConfig:
