@@ -149,6 +149,12 @@ def test_per_class_statistics_beyond_memory_are_refused_with_the_figure(tmp_path
     monkeypatch.setattr(memory, "available_memory", lambda: 4 * 2**30)
     assert invoke("learn", "--features", store, "--out", out, "--head", "ncm", "--tasks", 3,
                   "--backend", "numpy").exit_code == 0
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**30)
+    out = tmp_path / "balanced"
+    result = invoke("learn", "--features", store, "--out", out, "--head", "balanced", "--projection-dim", 3000,
+                    "--tasks", 3, "--backend", "numpy")
+    state = 8 * (12 * (3000**2 + 3000 + 1) + 2 * 3000**2 + 2 * 3000 * 12)  # a Gram per class, the weighted one, W
+    assert_clean_error(result, f"balanced state (12 classes, d=3000) {memory.human(state)}", out)
 
 
 def test_evaluate_draws_the_heads_and_the_report_reads_back(store, tmp_path):
