@@ -8,7 +8,7 @@ from functools import cache
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, device, is_numpy_namespace
+from array_api_compat import array_namespace, device, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from threadpoolctl import ThreadpoolController
 
 from foal_pipe.core.backend import LINALG_ERRORS, dtype_name
@@ -146,12 +146,28 @@ def solve_spd(A: Any, Q: Any) -> Any:
             except LinAlgError:
                 raise fail from None
     try:
-        factor_ok = bool(xp.all(xp.isfinite(xp.linalg.cholesky(A))))
+        L = xp.linalg.cholesky(A)
+        factor_ok = bool(xp.all(xp.isfinite(L)))
     except LINALG_ERRORS:
         raise fail from None
     if not factor_ok:
         raise fail
-    return checked_solve(A, Q, fail)
+    solved = _cholesky_solve(xp, L, Q)
+    return checked_solve(A, Q, fail) if solved is None else solved
+
+
+def _cholesky_solve(xp: Any, L: Any, Q: Any) -> Any | None:
+    """``(L L^T)^-1 Q`` by two triangular solves with the factor already checked (a third of an LU solve's
+    work), where the namespace has triangular solves (CuPy, torch); None elsewhere."""
+    if is_cupy_namespace(xp):
+        from cupyx.scipy.linalg import solve_triangular
+
+        return solve_triangular(L, solve_triangular(L, Q, lower=True), lower=True, trans="T")
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch.cholesky_solve(Q, L)
+    return None
 
 
 def checked_solve(A: Any, B: Any, fail: FoalPipeError) -> Any:
