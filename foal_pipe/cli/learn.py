@@ -30,6 +30,12 @@ def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, 
     return parse_order_seeds(order_seeds)
 
 
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was typed (not defaulted): ``learn --init-model`` refuses or checks those."""
+    source = ctx.get_parameter_source(name)  # compared by name: typer vendors its own click
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def _timings(timings: dict[str, float]) -> str:
     parts = [f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total"]
     return f"{timings['total']:.1f} s: " + ", ".join(parts)
@@ -86,10 +92,15 @@ def learn(
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
         if init_model is not None:
-            from foal_pipe.protocol.continuation import continue_from_cli
+            from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
 
-            done = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
-                                     eval_features or [], log=_log)
+            typed = [name for name in ("seed", "projection_init", *FIXED_BY_MODEL) if _typed(ctx, name)]
+            for name in ("seed", "projection_init"):  # they draw the projection
+                if name in typed:
+                    option = "--" + name.replace("_", "-")
+                    raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
+            done = run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features or [],
+                                _log, [name for name in FIXED_BY_MODEL if name in typed])
         elif seeds is None:
             done = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:

@@ -174,18 +174,3 @@ def run_continue(
 
     return Learned(metrics, write_outputs(out, [run], start, write))
 
-
-def continue_from_cli(ctx: Any, init_model: Path, features: Path, out: Path, stream: StreamConfig, model: ModelConfig,
-                      evaluation: EvaluationConfig, execution: ExecutionConfig, eval_features: Sequence[Path],
-                      log: Callable[[str], None]) -> Learned:
-    """``learn --init-model`` from the command line: an option is explicit when typed, not when defaulted."""
-    def given(name: str) -> bool:  # by name: typer vendors its own click
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-    for name in ("seed", "projection_init"):  # they draw the projection
-        if given(name):
-            option = "--" + name.replace("_", "-")
-            raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
-    explicit = [name for name in FIXED_BY_MODEL if given(name)]
-    return run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features, log, explicit)
