@@ -71,7 +71,8 @@ def train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None, group
     by class for several class orders; see :mod:`foal_pipe.rowcache`)."""
     with run.timed("read"):
         return GroupedRows(run.source("train"), run.lanes, run.row_task if groups is None else groups,
-                           run.stream.n_tasks if n_groups is None else n_groups, run.execution.max_memory, on_chunk)
+                           run.stream.n_tasks if n_groups is None else n_groups, run.execution.max_memory, on_chunk,
+                           run.xp)
 
 
 def _project(run: Run, X: Any) -> Any:
@@ -218,7 +219,7 @@ def test_rows(run: Run, classes: np.ndarray | None = None, on_chunk: Callable[[i
         groups, n_groups = run.stream.task_of_label(n_classes)[test.labels], run.stream.n_tasks
     else:
         groups, n_groups = np.where(np.isin(test.labels, classes), test.labels, -1), n_classes
-    return GroupedRows(run.source("test"), run.lanes, groups, n_groups, run.execution.max_memory, on_chunk)
+    return GroupedRows(run.source("test"), run.lanes, groups, n_groups, run.execution.max_memory, on_chunk, run.xp)
 
 
 @dataclass
