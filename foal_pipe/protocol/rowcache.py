@@ -231,7 +231,7 @@ class TaskBlocks:
     """
 
     def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int, points: Sequence[int] = ()):
-        self.size = size
+        self.size, self.points = size, frozenset(points)
         self.ends = np.cumsum([r.size for r in stream_rows]).astype(np.int64)
         self.segments: list[list[np.ndarray]] = []
         for k, r in enumerate(stream_rows):

@@ -102,7 +102,7 @@ def _add_task(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict
                     kept[key].put(start, stop, H)
                 lane.running += RidgeStatistics.from_batch(H, labels)
         advance(stop - start)
-        if on_point is not None and stop < end:
+        if on_point is not None and stop < end and stop in walk.points:
             on_point(stop)
 
 
@@ -233,7 +233,8 @@ def rls_boundaries(run: Run, rows: GroupedRows | None = None,
 
 
 def _rls_snapshot(run: Run, clf: AnalyticClassifier) -> Boundary:
-    return Boundary(clf.classes_.copy(), clf.weights_[:, None, :], np.array([float(run.model.gamma)]))
+    """The recursion's weights now: a copy, since the recursion updates W in place until a new class arrives."""
+    return Boundary(clf.classes_.copy(), clf.weights_.copy()[:, None, :], np.array([float(run.model.gamma)]))
 
 
 def test_rows(run: Run, classes: np.ndarray | None = None, on_chunk: Callable[[int], None] = lambda n: None) -> GroupedRows:
