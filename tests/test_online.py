@@ -249,3 +249,34 @@ def test_bad_values_refused_in_one_line(tmp_path, store, args, message):
         assert result.exit_code == 2 and "blurry" in result.output and not out.exists()
         return
     assert_clean_error(result, message, out)
+
+
+def test_evaluate_plots_the_curve(tmp_path, store):
+    metrics, _ = learn(store, tmp_path / "run", *BLURRY, "--eval-every", "100")
+    result = invoke("evaluate", "--run", tmp_path / "run", "--out", tmp_path / "eval")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "eval" / "anytime.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = (tmp_path / "eval" / "anytime.csv").read_text().splitlines()
+    assert rows[0] == "samples_seen,accuracy" and len(rows) == 1 + len(metrics["anytime"]["accuracy"])
+    for line, n, a in zip(rows[1:], metrics["anytime"]["samples_seen"], metrics["anytime"]["accuracy"]):
+        assert line == f"{n},{100 * a:.6g}"
+    assert "disagree" not in result.output  # the Si-Blurry summary is recomputed by its own definition
+    plain = tmp_path / "plain"
+    learn(store, plain)
+    assert invoke("evaluate", "--run", plain, "--out", tmp_path / "eval2").exit_code == 0
+    assert not (tmp_path / "eval2" / "anytime.png").exists()
+
+
+def test_anytime_record_round_trip():
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.protocol.schema import LearnMetrics
+
+    data = {"accuracy_matrix": [[0.5]], "A_avg": 0.5, "A_last": 0.5, "F": 0.0, "A_auc": 0.4, "stream": "si-blurry",
+            "disjoint_ratio": 50, "blurry_ratio": 10, "disjoint_classes": [1], "blurred_rows": 3,
+            "anytime": {"eval_every": 10, "samples_seen": [10, 20], "accuracy": [0.3, 0.5], "gammas": [1.0, 1.0]}}
+    record = LearnMetrics.from_dict(data)
+    assert record.anytime.samples_seen == [10, 20] and record.to_dict() == data
+    with pytest.raises(FoalPipeError, match="eval_every"):
+        LearnMetrics.from_dict({**data, "anytime": {**data["anytime"], "eval_every": 0}})
+    with pytest.raises(FoalPipeError, match="accuracy"):
+        LearnMetrics.from_dict({**data, "anytime": {**data["anytime"], "accuracy": [1.5, 0.2]}})

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from foal_pipe.core.backend import default_device
+from foal_pipe.core.metrics import summarize_seen
 from foal_pipe.core.scoring import ModelScores, Rows
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.anytime import Anytime, curve_accuracy
@@ -131,13 +132,11 @@ def blurry_report(hits: np.ndarray, totals: np.ndarray, seen: Sequence[np.ndarra
     mean over the classes seen before the last task of their best earlier accuracy minus their last."""
     T = len(seen)
     matrix = [[float(hits[i, seen[j]].sum() / totals[seen[j]].sum()) for j in range(i + 1)] for i in range(T)]
-    steps = [row[-1] for row in matrix]
     with np.errstate(all="ignore"):
         per_class = hits / totals[None, :]
     drops = [max(per_class[i, c] for i in range(T - 1) if c in seen[i]) - per_class[T - 1, c]
              for c in (seen[T - 2] if T > 1 else [])]
-    return {"accuracy_matrix": matrix, "A_steps": steps, "A_avg": float(np.mean(steps)), "A_last": steps[-1],
-            "F": float(np.mean(drops)) if drops else 0.0}
+    return {"accuracy_matrix": matrix, **summarize_seen(matrix), "F": float(np.mean(drops)) if drops else 0.0}
 
 
 def task_matrix(hits: np.ndarray, totals: np.ndarray, tasks: Sequence[Sequence[int]]) -> np.ndarray:

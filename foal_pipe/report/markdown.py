@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.core.metrics import summarize
+from foal_pipe.core.metrics import summary_of
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA, LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.classes import ClassResults, task_classes
@@ -111,7 +111,7 @@ def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
 def _matrix(run: Run) -> list[str]:
     a, m = run.matrix, run.metrics
     T = len(a)
-    steps = summarize(a)["A_steps"]
+    steps = summary_of(a, run.metrics.stream)["A_steps"]
     lines = ["## Accuracy matrix (%)", "", "Row i: after training through task i; column j: test set of task j.", ""]
     lines.append("| after task | " + " | ".join(f"T{j + 1}" for j in range(T)) + " | A_i |")
     lines.append("|---:|" + "---:|" * (T + 1))
