@@ -139,8 +139,9 @@ def prepare(
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
+    fewer_points = f"a larger {param('eval_every')}, " if evaluation.eval_every is not None else ""
     check_memory(command, parts, f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, "
-                 "or free memory")
+                 f"{fewer_points}or free memory")
     return run
 
 
@@ -188,6 +189,10 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
         "a block of rows": block + chunk * (READ_AHEAD + READ_THREADS),
         f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
+    if run.evaluation.eval_every is not None:  # every point's weights wait for the one test read
+        n_stream = int(np.count_nonzero(run.row_task >= 0))
+        parts[f"weights of every --eval-every point ({n_stream // run.evaluation.eval_every})"] = (
+            n_stream // run.evaluation.eval_every * D * n_classes * 8)
     for split in ("train", "test"):
         cached = rows_cache_bytes(run, split)
         if in_memory(cached, run.execution.max_memory):
