@@ -261,6 +261,9 @@ def test_evaluate_plots_the_curve(tmp_path, store):
     for line, n, a in zip(rows[1:], metrics["anytime"]["samples_seen"], metrics["anytime"]["accuracy"]):
         assert line == f"{n},{100 * a:.6g}"
     assert "disagree" not in result.output  # the Si-Blurry summary is recomputed by its own definition
+    summary = (tmp_path / "eval" / "summary.md").read_text()
+    assert f"| A_auc (%) | {100 * metrics['A_auc']:.2f} |" in summary
+    assert "stream si-blurry (disjoint ratio 50%, blurry ratio 10%)" in summary
     plain = tmp_path / "plain"
     learn(store, plain)
     assert invoke("evaluate", "--run", plain, "--out", tmp_path / "eval2").exit_code == 0

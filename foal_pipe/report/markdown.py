@@ -17,7 +17,8 @@ from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recip
 from foal_pipe.report.readers import Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
 
-_LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)"}
+_LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)",
+           "A_auc": "A_auc (%)"}
 
 
 def pct(x: float | None, digits: int = 2) -> str:
@@ -57,6 +58,10 @@ def describe(metrics: LearnMetrics) -> str:
         parts.append(f"activation {m.activation}")
     if m.n_train_seen is not None:
         parts.append(f"{m.n_train_seen} training samples")
+    if m.stream is not None:
+        parts.append(f"stream {m.stream} (disjoint ratio {_or(m.disjoint_ratio)}%, blurry ratio {_or(m.blurry_ratio)}%)")
+    if m.anytime is not None:
+        parts.append(f"evaluated every {m.anytime.eval_every} rows")
     return " · ".join(parts)
 
 
