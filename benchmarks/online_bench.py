@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: accuracy, cost")
     args = parser.parse_args()
     env = {**blas_env(args.threads), "PYTHONPATH": str(ROOT)}
+    os.environ.update(env)  # round_robin's children inherit this process's environment
     skip = set(args.skip.split(","))
     results = header(threads=args.threads, D=D, eval_every=EVERY, tasks=TASKS, store=str(args.store),
                      uptime=Path("/proc/loadavg").read_text().strip())
