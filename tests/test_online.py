@@ -8,7 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import N_CLASSES, assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
+from helpers import (
+    N_CLASSES,
+    assert_clean_error,
+    assert_one_line_error,
+    assert_same_matrix,
+    build_store,
+    invoke,
+    learn,
+    read,
+)
 
 import foal_pipe.protocol.run as run_module
 from foal_pipe.protocol.anytime import Anytime
@@ -249,6 +258,7 @@ def test_bad_values_refused_in_one_line(tmp_path, store, args, message):
         assert result.exit_code == 2 and "blurry" in result.output and not out.exists()
         return
     assert_clean_error(result, message, out)
+    assert_one_line_error(result, message)
 
 
 def test_evaluate_plots_the_curve(tmp_path, store):
