@@ -20,6 +20,7 @@ from foal_pipe.protocol.solvers import Boundary
 
 if TYPE_CHECKING:
     from foal_pipe.protocol.run import Run
+    from foal_pipe.protocol.walk import _Lane
 
 #: ``--gamma auto`` at points before the first task end, where no gamma has been chosen yet (learn's default).
 FIRST_GAMMA = 1.0
@@ -49,7 +50,7 @@ class Anytime:
         self.samples.append(samples)
         self.snapshots.append(snapshot)
 
-    def gram(self, samples: int, lane: object, at_task_end: bool) -> None:
+    def gram(self, samples: int, lane: _Lane, at_task_end: bool) -> None:
         """Record the gram walk's ``lane`` at a point: its last boundary at a task end, else a solve on its
         running sums with the gamma of its last boundary (or :attr:`first_gamma`)."""
         if at_task_end:

@@ -263,8 +263,24 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
                   disjoint_classes=sorted(int(c) for c in order[:n_disjoint]), blurred_rows=int(pool.size))
 
 
-#: ``--stream``: the task splits :func:`make_stream` builds.
-STREAMS = ("disjoint", "si-blurry")
+def _disjoint(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
+              class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
+              blurry_ratio: int) -> Stream:
+    return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder)
+
+
+def _si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
+               class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
+               blurry_ratio: int) -> Stream:
+    for name, value in (("class_order", class_order), ("drop_remainder", drop_remainder)):
+        if value:
+            raise FoalPipeError(f"{param(name)} splits disjoint tasks; {param('stream', 'si-blurry')} draws its own "
+                                f"split: leave out {param(name)} or use {param('stream', 'disjoint')}")
+    return si_blurry(labels, n_classes, n_tasks, batch_size, seed, disjoint_ratio, blurry_ratio, drop_last)
+
+
+#: ``--stream``: each kind of stream by name, with the same arguments (:func:`make_stream`'s).
+STREAMS = {"disjoint": _disjoint, "si-blurry": _si_blurry}
 
 
 def make_stream(kind: str, labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
@@ -273,10 +289,5 @@ def make_stream(kind: str, labels: np.ndarray, n_classes: int, n_tasks: int | No
     """The stream ``kind`` (:data:`STREAMS`) over a split's labels; its options refused where they do not apply."""
     if kind not in STREAMS:
         raise FoalPipeError(f"unknown {param('stream')} {kind!r}; choose {' or '.join(STREAMS)}")
-    if kind == "disjoint":
-        return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder)
-    for name, value in (("class_order", class_order), ("drop_remainder", drop_remainder)):
-        if value:
-            raise FoalPipeError(f"{param(name)} splits disjoint tasks; {param('stream', kind)} draws its own split: "
-                                f"leave out {param(name)} or use {param('stream', 'disjoint')}")
-    return si_blurry(labels, n_classes, n_tasks, batch_size, seed, disjoint_ratio, blurry_ratio, drop_last)
+    return STREAMS[kind](labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder,
+                         disjoint_ratio, blurry_ratio)
