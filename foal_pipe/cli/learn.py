@@ -66,6 +66,10 @@ def learn(
     class_order: o.ClassOrder = o.STREAM.class_order,
     drop_last: o.DropLast = o.STREAM.drop_last,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
+    eval_every: o.EvalEvery = None,
     no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,
@@ -114,6 +118,8 @@ def learn(
         m, chosen = done.metrics, ""
         if m.gamma == "auto":
             chosen = f"  gamma by {m.selected_by}: {', '.join(f'{g:g}' for g in m.gammas_selected)}"
+        if m.A_auc is not None:
+            chosen = f"  A_auc {100 * m.A_auc:.2f}{chosen}"
         console.print(
             f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {100 * m.F:.2f}{chosen}  "
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
@@ -150,6 +156,9 @@ def sweep(
     class_order: o.ClassOrder = o.STREAM.class_order,
     drop_last: o.DropLast = o.STREAM.drop_last,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
     no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,

@@ -26,7 +26,7 @@ from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.records import Learned, learn_metrics
+from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
@@ -140,6 +140,10 @@ def run_continue(
     model = model_settings(deployed, model, explicit)
     if not evaluation.mask_unseen:
         raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
+    if stream.stream != "disjoint" or evaluation.eval_every is not None:
+        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
+        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
+                            f"{option}")
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     merged = label_map(deployed, list(store.classes))
@@ -163,7 +167,7 @@ def run_continue(
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
-    metrics = replace(learn_metrics(run, stream, acc, boundaries), init_model=str(init_model),
+    metrics = replace(learn_metrics(run, stream, accuracy_report(acc), boundaries), init_model=str(init_model),
                       n_samples_seen_total=int(final.n_samples_seen_), label_ids=dict(zip(store.classes, merged.tolist())),
                       task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
                       eval_features=[evaluate_store(result, path) for path in eval_features])

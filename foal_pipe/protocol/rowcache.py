@@ -249,17 +249,26 @@ class TaskBlocks:
     so a cache grouped by this stream's tasks gives consecutive ranges) cut into blocks of ``size`` rows.
 
     ``blocks(k)`` yields ``(start, stop, positions)``: the block's place in the walk (tasks 1..k are walk rows
-    ``[0, ends[k])``) and its cache positions. Every pass cuts a task the same way.
+    ``[0, ends[k])``) and its cache positions. Every pass cuts a task the same way. With ``points`` (training
+    rows seen, in stream order: ``--eval-every``), a task is first cut, in stream order, into segments at the
+    points inside it; each segment is then sorted and cut into blocks, so a block ends at every point and walk
+    rows ``[0, p)`` are the first ``p`` rows of the stream.
     """
 
-    def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int):
-        self.size = size
-        self.tasks = [np.sort(rows.position[r]) for r in stream_rows]
-        if any((t < 0).any() for t in self.tasks):
+    def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int, points: Sequence[int] = ()):
+        self.size, self.points = size, frozenset(points)
+        self.ends = np.cumsum([r.size for r in stream_rows]).astype(np.int64)
+        self.segments: list[list[np.ndarray]] = []
+        for k, r in enumerate(stream_rows):
+            base = int(self.ends[k]) - r.size
+            cuts = [p - base for p in points if base < p < base + r.size]
+            self.segments.append([np.sort(rows.position[s]) for s in np.split(r, cuts)])
+        if any((s < 0).any() for segments in self.segments for s in segments):
             raise FoalPipeError("the decoded rows lack some of the stream's rows; re-run the command")
-        self.ends = np.cumsum([t.size for t in self.tasks]).astype(np.int64)
 
     def blocks(self, k: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        base, positions = int(self.ends[k]) - self.tasks[k].size, self.tasks[k]
-        for a in range(0, positions.size, self.size):
-            yield base + a, base + min(a + self.size, positions.size), positions[a : a + self.size]
+        base = int(self.ends[k]) - sum(s.size for s in self.segments[k])
+        for positions in self.segments[k]:
+            for a in range(0, positions.size, self.size):
+                yield base + a, base + min(a + self.size, positions.size), positions[a : a + self.size]
+            base += positions.size
