@@ -30,9 +30,9 @@ def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, 
     return parse_order_seeds(order_seeds)
 
 
-def _given(ctx: typer.Context, name: str) -> bool:
-    """The option was typed, not defaulted (by name: typer vendors its own click)."""
-    source = ctx.get_parameter_source(name)
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was typed (not defaulted): ``learn --init-model`` refuses or checks those."""
+    source = ctx.get_parameter_source(name)  # compared by name: typer vendors its own click
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
@@ -45,7 +45,7 @@ def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: t
         raise FoalPipeError(f"--init-model continues ridge's sums; --head {head} cannot continue a model: drop one")
     if head != o.MODEL.head and seeds is not None:
         raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
-    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _given(ctx, name)]
+    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _typed(ctx, name)]
     check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
 
 
@@ -79,6 +79,10 @@ def learn(
     class_order: o.ClassOrder = o.STREAM.class_order,
     drop_last: o.DropLast = o.STREAM.drop_last,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
+    eval_every: o.EvalEvery = None,
     no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,
@@ -111,10 +115,15 @@ def learn(
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
         _check_head(ctx, head, init_model, seeds)
         if init_model is not None:
-            from foal_pipe.protocol.continuation import continue_from_cli
+            from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
 
-            done = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
-                                     eval_features or [], log=_log)
+            typed = [name for name in ("seed", "projection_init", *FIXED_BY_MODEL) if _typed(ctx, name)]
+            for name in ("seed", "projection_init"):  # they draw the projection
+                if name in typed:
+                    option = "--" + name.replace("_", "-")
+                    raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
+            done = run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features or [],
+                                _log, [name for name in FIXED_BY_MODEL if name in typed])
         elif seeds is None:
             done = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:
@@ -131,6 +140,8 @@ def learn(
                                                   for k, v in m.head_options.items())
         if m.gamma == "auto":
             chosen = f"  gamma by {m.selected_by}: {', '.join(f'{g:g}' for g in m.gammas_selected)}"
+        if m.A_auc is not None:
+            chosen = f"  A_auc {100 * m.A_auc:.2f}{chosen}"
         console.print(
             f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {100 * m.F:.2f}{chosen}  "
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
@@ -167,6 +178,9 @@ def sweep(
     class_order: o.ClassOrder = o.STREAM.class_order,
     drop_last: o.DropLast = o.STREAM.drop_last,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
     no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,

@@ -36,7 +36,7 @@ from foal_pipe.protocol.config import (
     parse_gamma,
 )
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
-from foal_pipe.protocol.stream import DEFAULT_TASKS
+from foal_pipe.protocol.stream import DEFAULT_TASKS, STREAMS
 from foal_pipe.store.blockfusion import FUSION_FORMS
 
 STREAM, MODEL, EVALUATION, EXECUTION, SWEEP = StreamConfig(), ModelConfig(), EvaluationConfig(), ExecutionConfig(), SweepConfig()
@@ -67,6 +67,19 @@ DropRemainder = Annotated[
     bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
                "with a warning (the published code: DTD 47 -> 40 classes); recorded in metrics.json. Default: off "
                "(every class is streamed).")
+]
+StreamKind = Annotated[
+    choice(*STREAMS),
+    typer.Option("--stream", help="disjoint: each class in one task (--tasks, --class-order). si-blurry: the Si-Blurry "
+                 "stream (Moon et al. 2023; docs/streams.md): classes recur across tasks and the classes per task are "
+                 "drawn with the seed (--disjoint-ratio, --blurry-ratio); metrics.json records it."),
+]
+DisjointRatio = Annotated[
+    int, typer.Option(help="With --stream si-blurry: % of the classes (rounded down) whose rows all fall in one task.")
+]
+BlurryRatio = Annotated[
+    int, typer.Option(help="With --stream si-blurry: % of the other classes' rows (rounded down) dealt over the tasks "
+                      "instead of staying in their class's task.")
 ]
 BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
 ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
@@ -178,6 +191,13 @@ InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
                               "name gets a new label id), gamma, projection, activation and dtype from the model. "
                               "Default: none (a new model).")
+]
+EvalEvery = Annotated[
+    int | None,
+    typer.Option(help="Also score the test rows of the classes seen so far after every N training rows (exact ridge "
+                 "on the rows seen; gamma: the last task end's choice, or --gamma): metrics.json gains the curve "
+                 "(anytime) and A_auc, its mean (Koh et al. 2022). Default: none (task ends only).",
+                 show_default=False),
 ]
 EvalFeatures = Annotated[
     list[Path] | None, typer.Option(help="With --init-model: also score the final model on this store's test "

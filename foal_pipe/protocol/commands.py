@@ -16,9 +16,16 @@ from foal_pipe.heads import DEFAULT_HEAD
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
-from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
-from foal_pipe.protocol.headruns import check_head_options, check_learn_head, check_sweep_heads, resolved_options
+from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
+from foal_pipe.protocol.headruns import (
+    check_head_options,
+    check_head_stream,
+    check_learn_head,
+    check_sweep_heads,
+    resolved_options,
+)
 from foal_pipe.protocol.headwalk import learn_heads
 from foal_pipe.protocol.records import (
     Learned,
@@ -70,24 +77,25 @@ def run_learn(
     auto = model.gamma == "auto"
     loo = auto and model.select == "loo"
     run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
+    anytime = anytime_points(run)
     warn_dropped(run, stream, log)
     if loo and not run.keep_activations:
         log(reread_note(run))
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
         if model.engine == "rls":
-            boundaries, final = rls_boundaries(run, shared and shared.train)
+            boundaries, final = rls_boundaries(run, shared and shared.train, anytime)
         else:
             if auto:
                 boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select),
-                                                         rows=shared and shared.train)
+                                                         rows=shared and shared.train, anytime=anytime)
                 final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
                                                            dtype=model.dtype)
             else:
                 solver = FixedGamma(float(model.gamma), model.dtype)
-                boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train)
+                boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
                 final = solver.classifier
-        acc = accuracy_matrices(run, boundaries, shared and shared.test)[0]
-    metrics = learn_metrics(run, stream, acc, boundaries)
+        reports, curve = model_reports(run, boundaries, shared and shared.test, anytime)
+    metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
     if auto and model.select == "gcv":
         _warn_gcv(boundaries, model.gamma_grid, log)
     warn_auto_edges(metrics, log)
@@ -107,6 +115,7 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     start = time.perf_counter()
     check_output_dir(out)
     check_head_options([model.head], model)
+    check_head_stream(stream, evaluation)
     settings = check_learn_head(model, evaluation, execution)
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
@@ -123,6 +132,19 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
             write_json(tmp / METRICS_FILE, metrics.to_dict())
 
     return Learned(metrics, write_outputs(out, [run], start, write))
+
+
+def anytime_points(run: Run) -> Anytime | None:
+    """The evaluation points of ``--eval-every`` (None without it); refused when the stream is shorter."""
+    every = run.evaluation.eval_every
+    if every is None:
+        return None
+    anytime = Anytime(run, every)
+    if not anytime.points:
+        n = int(sum(r.size for r in run.stream.rows))
+        raise FoalPipeError(f"{param('eval_every', every)} is more than the stream's {n} training rows, so nothing would "
+                            f"be evaluated; pass at most {param('eval_every', n)}")
+    return anytime
 
 
 def run_sweep(
@@ -155,7 +177,12 @@ def run_sweep(
         raise FoalPipeError(f"{param('select', 'loo')} needs the leave-one-out pass; drop {param('loo', False)} or use "
                             f"{param('select', 'gcv')}")
     fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
+    if fusions and stream.stream != "disjoint":
+        raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
+                            f"fusions one at a time ({param('fusion', 'X')})")
     others = check_sweep_heads(sweep, model, bool(fusions))
+    if others:
+        check_head_stream(stream, evaluation)
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
@@ -165,8 +192,12 @@ def run_sweep(
     with np.errstate(all="ignore"), (train_rows(run) if others else nullcontext(shared and shared.train)) as train, \
             (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
         lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes}, rows=train)
-        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
-        results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
+        if run.stream.kind == "disjoint":
+            accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
+            reports = {key: [accuracy_report(a) for a in acc] for key, acc in accs.items()}
+        else:
+            reports = {None: model_reports(run, lanes[None].boundaries, test)[0]}
+        results = {key: sweep_results(gammas, lane.boundaries, reports[key], sweep.loo) for key, lane in lanes.items()}
         if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
             model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
                                                 ("loo" if sweep.loo else "gcv")))

@@ -11,6 +11,7 @@ from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
+from foal_pipe.protocol.stream import check_ratio
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
@@ -40,11 +41,16 @@ class StreamConfig:
     drop_last: bool = False
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
     drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
+    stream: str = "disjoint"  # stream.STREAMS: disjoint tasks, or si-blurry (classes recur, task sizes drawn)
+    disjoint_ratio: int = 50  # si-blurry: % of the classes seen in one task only
+    blurry_ratio: int = 10  # si-blurry: % of the other classes' rows dealt over the tasks
 
     def __post_init__(self) -> None:
         for name, value in (("seed", self.seed), ("order_seed", self.order_seed)):
             if value is not None:
                 check_seed(value, name)
+        for name in ("disjoint_ratio", "blurry_ratio"):
+            check_ratio(getattr(self, name), name)
 
     @property
     def resolved_order_seed(self) -> int:
@@ -89,9 +95,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class EvaluationConfig:
-    """How the test split is scored: ``mask_unseen`` restricts the argmax to the classes seen so far."""
+    """How the test split is scored: ``mask_unseen`` restricts the argmax to the classes seen so far;
+    ``eval_every`` (training rows) adds the anytime curve (docs/streams.md), None: task ends only."""
 
     mask_unseen: bool = True
+    eval_every: int | None = None
+
+    def __post_init__(self) -> None:
+        value = self.eval_every
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+            raise FoalPipeError(f"{param('eval_every')} counts training rows between evaluations and must be at least 1, "
+                                f"got {value!r}; pass e.g. {param('eval_every', 1000)}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry, make_head
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, SweepConfig
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
@@ -108,3 +108,13 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
                             f"{param('fusions')}")
     check_head_options(names, model)
     return [name for name in names if HEADS[name].factory is not None]
+
+
+def check_head_stream(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
+    """Heads other than ridge are scored on disjoint tasks at task ends: other streams and anytime points refused."""
+    if stream.stream != "disjoint":
+        raise FoalPipeError(f"the heads other than ridge are scored at the ends of disjoint tasks; drop "
+                            f"{param('stream', stream.stream)} (or use ridge alone)")
+    if evaluation.eval_every is not None:
+        raise FoalPipeError(f"the heads other than ridge are scored at task ends; drop {param('eval_every')} (or use "
+                            "ridge alone)")

@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.schema import (
     CRITERIA,
+    AnytimeCurve,
     FusionChoice,
     FusionSweep,
     HeadSweep,
@@ -35,8 +37,14 @@ def accuracy_report(acc: np.ndarray) -> dict[str, Any]:
 
 
 def run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
-    """The :class:`~foal_pipe.protocol.schema.RunSettings` fields of a run."""
-    return {
+    """The :class:`~foal_pipe.protocol.schema.RunSettings` fields of a run (the stream's kind and ratios only for
+    a Si-Blurry stream: the default's records stay as they were)."""
+    blurry = {} if run.stream.kind == "disjoint" else {
+        "stream": run.stream.kind, "disjoint_ratio": stream_config.disjoint_ratio,
+        "blurry_ratio": stream_config.blurry_ratio, "disjoint_classes": run.stream.disjoint_classes,
+        "blurred_rows": run.stream.blurred_rows,
+    }
+    return {**blurry,
         "tasks": run.stream.tasks,
         "n_tasks": run.stream.n_tasks,
         "dropped_classes": run.stream.dropped,
@@ -64,10 +72,11 @@ def _finite_or_none(values: np.ndarray) -> list[float | None]:
     return [float(v) if np.isfinite(v) else None for v in values]
 
 
-def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], acc: np.ndarray,
+def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]],
                   loo: bool) -> list[SweepResult]:
-    """Every gamma's results from one walk: ``acc[m]`` and, per boundary, GCV and (with ``loo``) leave-one-out."""
-    return [SweepResult(gamma=g, **accuracy_report(acc[m]),
+    """Every gamma's results from one walk: ``reports[m]`` (:class:`Accuracy` fields) and, per boundary, GCV and
+    (with ``loo``) leave-one-out."""
+    return [SweepResult(gamma=g, **reports[m],
                         gcv=_finite_or_none(np.array([b.gcv[m] for b in boundaries])),
                         loo_accuracy=[float(b.loo_accuracy[m]) for b in boundaries] if loo else None,
                         loo_mse=_finite_or_none(np.array([b.loo_mse[m] for b in boundaries])) if loo else None)
@@ -151,12 +160,18 @@ def choose_fusion(entries: Sequence[FusionSweep], criterion: str) -> tuple[str, 
     return fusion, float(result.gamma)
 
 
-def learn_metrics(run: Run, stream: StreamConfig, acc: np.ndarray, boundaries: Sequence[Boundary]) -> LearnMetrics:
-    """``metrics.json`` of one learned stream: the accuracy report, the run's settings and, with ``--gamma auto``,
-    the gamma chosen at each boundary."""
+def learn_metrics(run: Run, stream: StreamConfig, report: dict[str, Any], boundaries: Sequence[Boundary],
+                  anytime: Anytime | None = None, curve: Sequence[float] | None = None) -> LearnMetrics:
+    """``metrics.json`` of one learned stream: the accuracy ``report`` (:class:`Accuracy` fields), the run's
+    settings, with ``--gamma auto`` the gamma chosen at each boundary, and with ``anytime`` its ``curve``
+    (accuracy at each point) and ``A_auc``, the curve's mean."""
     model = run.model
-    metrics = LearnMetrics(**accuracy_report(acc), gamma="auto" if model.gamma == "auto" else float(model.gamma),
+    metrics = LearnMetrics(**report, gamma="auto" if model.gamma == "auto" else float(model.gamma),
                            engine=model.engine, **run_info(run, stream))
+    if anytime is not None:
+        metrics = replace(metrics, A_auc=float(np.mean(curve)) if len(curve) else None, anytime=AnytimeCurve(
+            eval_every=anytime.every, samples_seen=list(anytime.samples), accuracy=[float(a) for a in curve],
+            gammas=[float(b.gammas[0]) for b in anytime.snapshots]))
     if model.gamma == "auto":
         chosen = [float(b.gammas[0]) for b in boundaries]
         metrics = replace(metrics, gammas_selected=chosen, selected_by=model.select,

@@ -125,6 +125,8 @@ MATRIX = _Kind("non-empty list of rows", lambda v: isinstance(v, list) and bool(
 LABEL = _Kind("label id", lambda v: INTEGER.accepts(v) and v >= 0)
 COUNT = _Kind("integer >= 0", lambda v: INTEGER.accepts(v) and v >= 0)
 FRACTION = _Kind("number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1)
+FRACTIONS = _list_of(FRACTION, "list of numbers in [0, 1]")
+POSITIVE_INTEGER = _Kind("integer >= 1", lambda v: INTEGER.accepts(v) and v >= 1)
 TASKS = _list_of(_list_of(LABEL), "list of lists of label ids")
 TASK_NAMES = _list_of(_list_of(TEXT), "list of lists of class names")
 NUMBER_BY_NAME = _Kind("mapping of numbers", lambda v: isinstance(v, dict) and all(map(is_number, v.values())))
@@ -220,6 +222,13 @@ class RunSettings(_Record):
     features: str | None = key(TEXT)
     #: Wall seconds, in files written before they moved to ``timings.json``.
     seconds: float | None = key(NUMBER)
+    #: ``--stream si-blurry`` (docs/streams.md): its ratios (%), the classes seen in one task only, and the rows
+    #: of the other classes dealt over the tasks. Not recorded for the default disjoint stream.
+    stream: str | None = key(TEXT)
+    disjoint_ratio: int | None = key(COUNT)
+    blurry_ratio: int | None = key(COUNT)
+    disjoint_classes: list[int] | None = key(INTEGERS)
+    blurred_rows: int | None = key(COUNT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,6 +255,17 @@ class StoreScore(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AnytimeCurve(_Record):
+    """``learn --eval-every N``: the accuracy on the test rows of the classes seen so far after every N training
+    rows, and the gamma of the weights there (docs/streams.md)."""
+
+    eval_every: int = key(POSITIVE_INTEGER, required=True)
+    samples_seen: list[int] = key(INTEGERS, required=True)
+    accuracy: list[float] = key(FRACTIONS, required=True)
+    gammas: list[float] | None = key(NUMBERS)
+
+
+@dataclass(frozen=True, kw_only=True)
 class OrderMetrics(Accuracy):
     """One class order of ``learn --order-seeds``."""
 
@@ -253,6 +273,8 @@ class OrderMetrics(Accuracy):
     tasks: list[list[int]] | None = key(TASKS)
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
     gammas_selected: list[float] | None = key(NUMBERS)
+    A_auc: float | None = key(FRACTION)
+    anytime: AnytimeCurve | None = key(_record(AnytimeCurve, "anytime curve object"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,6 +303,10 @@ class LearnMetrics(Accuracy, RunSettings):
     mean: dict[str, float] | None = key(NUMBER_BY_NAME)
     std: dict[str, float] | None = key(NUMBER_BY_NAME)
     one_pass: bool | None = key(BOOLEAN)
+    #: ``--eval-every``: the mean of ``anytime``'s accuracies (Koh et al. 2022); with ``--order-seeds`` the
+    #: mean over the orders (each order's curve and A_auc in ``orders``).
+    A_auc: float | None = key(FRACTION)
+    anytime: AnytimeCurve | None = key(_record(AnytimeCurve, "anytime curve object"))
     #: ``learn --head``: the head other than ridge (absent for ridge) and its options, defaults included.
     head: str | None = key(TEXT)
     head_options: dict[str, Any] | None = key(MAPPING)

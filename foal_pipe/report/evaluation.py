@@ -12,6 +12,7 @@ from foal_pipe.report.markdown import summary_markdown
 from foal_pipe.report.paper import PaperMatch, match_paper
 from foal_pipe.report.plots import (
     plot_accuracy_matrix,
+    plot_anytime,
     plot_confusion,
     plot_fusions,
     plot_gamma,
@@ -53,6 +54,8 @@ def _plots(run: Run, out: Path) -> list[Path]:
     files = [plot_accuracy_matrix(run, out / "accuracy_matrix.png"), plot_steps(run, out / "steps.png")]
     if run.weight_norms is not None:
         files.append(plot_weight_norms(run, out / "weight_norms.png"))
+    if run.metrics.anytime is not None:
+        files.append(plot_anytime(run, out / "anytime.png"))
     if run.sweep is not None:
         sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.dataset else None
         files.append(plot_gamma(run, out / "gamma.png", sweep_paper))
