@@ -42,3 +42,12 @@ class Head(Protocol):
     def boundary(self) -> Scorer:
         """At a task end: the exact model over all rows added so far."""
         ...
+
+
+class LeaveOneOut(Protocol):
+    """A head that can also score its exact leave-one-out accuracy (``sweep --heads``' training-data criterion):
+    after the last boundary the walk passes every row added again, in blocks."""
+
+    def loo_hits(self, X: Any, labels: np.ndarray) -> int:
+        """How many of the rows ``X`` (each added before) the model refitted without that row predicts right."""
+        ...
