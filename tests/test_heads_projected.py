@@ -141,6 +141,52 @@ def test_balanced_on_digits(block):
     check_balanced(digits_stream("sigmoid"), 1.0, get_namespace("numpy"), block)
 
 
+def balanced_loo_brute_force(H: np.ndarray, y: np.ndarray, gamma: float) -> int:
+    """Rows that the closed form refitted without them predicts right (a class of one row: wrong)."""
+    hits = 0
+    for i in range(y.size):
+        rest = np.arange(y.size) != i
+        if np.any(y[rest] == y[i]):
+            classes, W = balanced_closed_form(H[rest], y[rest], gamma)
+            hits += int(classes[np.argmax(H[i] @ W)] == y[i])
+    return hits
+
+
+def loo_stream(seed: int = 6) -> list:
+    """Overlapping classes in 6 dimensions (leave-one-out misses some), one class of a single row, one of two."""
+    tasks = random_stream(seed, [[0, 3, 5], [1, 3]], dim=6, per_class=(3, 40))
+    rows, labels = tasks[1]
+    return [tasks[0], (np.concatenate([rows, rows[:3] + 0.1]), np.concatenate([labels, [8, 9, 9]]))]
+
+
+def check_balanced_loo(xp, block: int, gamma: float = 0.3) -> None:
+    tasks = loo_stream()
+    head = BalancedHead(gamma=gamma, xp=xp, dim=6)
+    feed(head, tasks, xp, 4096)
+    H, y = np.concatenate([r for r, _ in tasks]), np.concatenate([lab for _, lab in tasks])
+    hits = sum(head.loo_hits(on(xp, H[lo:lo + block]), y[lo:lo + block]) for lo in range(0, y.size, block))
+    expected = balanced_loo_brute_force(H, y, gamma)
+    classes, W = balanced_closed_form(H, y, gamma)
+    assert hits == expected < int(np.sum(classes[np.argmax(H @ W, axis=1)] == y))  # LOO is not training accuracy
+    assert expected > 0.25 * y.size
+
+
+@pytest.mark.parametrize("block", [7, 4096])
+def test_balanced_leave_one_out_equals_refits_without_each_row(block):
+    check_balanced_loo(get_namespace("numpy"), block)
+
+
+def test_balanced_takes_no_rows_after_its_leave_one_out_pass():
+    xp = get_namespace("numpy")
+    head = BalancedHead(xp=xp, dim=2)
+    head.add(np.eye(2).repeat(3, axis=0), np.array([0, 0, 0, 1, 1, 1]))
+    head.loo_hits(np.eye(2), np.array([0, 1]))
+    with pytest.raises(FoalPipeError, match="leave-one-out pass has used its per-class Grams"):
+        head.add(np.eye(2), np.array([0, 1]))
+    with pytest.raises(FoalPipeError, match="is not among the classes"):
+        head.loo_hits(np.eye(2), np.array([0, 7]))
+
+
 def test_balanced_weights_are_inverse_counts_with_mean_one():
     """The re-weighting itself: a class with 4x the rows weighs 4x less, and the weights average 1."""
     xp = get_namespace("numpy")
@@ -148,7 +194,7 @@ def test_balanced_weights_are_inverse_counts_with_mean_one():
     head.add(np.ones((10, 2)), np.array([3] * 8 + [6] * 2))
     np.testing.assert_allclose(head.weights(), [0.4, 1.6])
     assert BalancedHead.bytes_per_class(100) == 8 * (100 * 100 + 100 + 1)
-    assert BalancedHead.memory(3, 100) == 8 * (3 * (100 * 100 + 100 + 1) + 2 * 100 * 100 + 2 * 100 * 3)
+    assert BalancedHead.memory(3, 100) == 8 * (3 * (100 * 100 + 100 + 1) + 9 * 100 + 5 * 100 * 100 + 2 * 100 * 3)
     assert DualHead.memory(3, 100) == 8 * (5 * 100 * 100 + 4 * 100 * 3)
 
 
@@ -287,6 +333,7 @@ def test_heads_on_every_backend(backend, woodbury_blocks):
     gives the numbers of the plain NumPy references."""
     xp = get_namespace(backend)
     check_balanced(STREAMS["recurring"](), 0.5, xp, 7)
+    check_balanced_loo(xp, 7)
     check_dual(STREAMS["recurring"](), xp, 7)
     head = DualHead(xp=xp, dim=12)
     rows, labels = STREAMS["recurring"]()[0]

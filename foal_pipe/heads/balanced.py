@@ -15,6 +15,14 @@ is the projection's (AIR's random buffer applies a ReLU, ``RandomBuffer``'s defa
 
 The per-class Grams make the state exact for any stream, classes recurring across tasks included, at the price
 of ``C x D^2`` floats (:meth:`BalancedHead.bytes_per_class`).
+
+Exact leave-one-out (:meth:`BalancedHead.loo_hits`, ``sweep --heads``' criterion on training data): without row
+``i`` of class ``c``, ``n_c`` drops by one, so every weight moves (the mean-1 scaling) and the refit is
+``M_c - w'_c h_i h_i^T`` with ``M_c = sum_k w'_k H_k^T H_k + gamma I``, ``w'`` the weights with ``n_c - 1``: one
+matrix per class, and Sherman-Morrison per row. With ``lev = h_i^T M_c^-1 h_i`` the refitted scores are
+``(h_i^T M_c^-1 B'_c - w'_c lev e_c) / (1 - w'_c lev)``, ``B'_c`` the weighted sums with the row still in; the
+positive denominator does not move the argmax. A class of one row has no model without it: that row counts as
+wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import device
 
-from foal_pipe.core.linalg import check_gammas, float64, shifted, solve_spd
+from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.linalg import check_gammas, class_positions, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
 
@@ -82,6 +91,7 @@ class BalancedHead:
         self._grams: dict[int, Any] = {}  # class id -> H_c^T H_c (D x D)
         self._sums: dict[int, Any] = {}  # class id -> H_c^T 1 (D,)
         self._counts: dict[int, int] = {}
+        self._loo: dict[int, tuple[Any, Any, float] | None] | None = None  # class id -> (M_c^-1, M_c^-1 B'_c, w'_c)
 
     @staticmethod
     def bytes_per_class(dim: int) -> int:
@@ -90,9 +100,11 @@ class BalancedHead:
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:
-        """Bytes at the largest (a boundary): every class's state, plus the weighted Gram, its shifted copy and W
-        with its right-hand side (``8 (C (D^2 + D + 1) + 2 D^2 + 2 D C)``)."""
-        return n_classes * BalancedHead.bytes_per_class(dim) + FLOAT64 * (2 * dim * dim + 2 * dim * n_classes)
+        """Bytes at the largest: every class's state, plus either a boundary's weighted Gram, its shifted copy and W
+        with its right-hand side, or the leave-one-out pass's (each class's Gram replaced by its ``M_c^-1``, plus its
+        D x C weights, and the solve's 5 D x D): ``8 (C (D^2 + D + 1) + C^2 D + 5 D^2 + 2 D C)``."""
+        C, D = n_classes, dim
+        return C * BalancedHead.bytes_per_class(D) + FLOAT64 * (C * C * D + 5 * D * D + 2 * D * C)
 
     @property
     def classes_(self) -> np.ndarray:
@@ -102,8 +114,14 @@ class BalancedHead:
     def counts_(self) -> np.ndarray:
         return np.asarray([self._counts[c] for c in sorted(self._counts)], dtype=np.int64)
 
+    def _check_open(self) -> None:
+        if self._loo is not None:
+            raise FoalPipeError("the balanced head's leave-one-out pass has used its per-class Grams; "
+                                "build a new head to add rows or solve again")
+
     def add(self, X: Any, labels: np.ndarray) -> None:
         """Add rows (any block size, any order of classes) to their classes' Grams and sums."""
+        self._check_open()
         xp = self.xp
         labels = check_rows(X, labels, self.dim)
         X = float64(X)
@@ -126,6 +144,7 @@ class BalancedHead:
 
     def boundary(self) -> LinearScorer:
         """The re-weighted ridge over every row added so far (one float64 Cholesky solve)."""
+        self._check_open()
         xp = self.xp
         classes = self.classes_
         if classes.size == 0:
@@ -137,3 +156,58 @@ class BalancedHead:
         check_gammas(gram, self.gamma)
         sums = xp.stack([weight * self._sums[cls] for cls, weight in zip(classes.tolist(), weights.tolist())], axis=1)
         return LinearScorer(classes=classes, W=solve_spd(shifted(gram, self.gamma), sums))
+
+    def _prepare_loo(self) -> dict[int, tuple[Any, Any, float] | None]:
+        """Each class's ``M_c^-1`` and ``M_c^-1 B'_c`` (one float64 solve per class), each replacing that class's Gram."""
+        xp, D = self.xp, self.dim
+        classes, counts = self.classes_, self.counts_.astype(np.float64)
+        K, inverse = classes.size, 1.0 / counts
+        where = device(self._grams[int(classes[0])])
+        base = xp.zeros((D, D), dtype=xp.float64, device=where)  # sum_k A_k / n_k
+        for cls, w in zip(classes.tolist(), inverse.tolist()):
+            base += w * self._grams[cls]
+        sums = xp.stack([w * self._sums[cls] for cls, w in zip(classes.tolist(), inverse.tolist())], axis=1)
+        eye = xp.eye(D, dtype=xp.float64, device=where)
+        loo: dict[int, tuple[Any, Any, float] | None] = {}
+        for j, cls in enumerate(classes.tolist()):
+            gram = self._grams.pop(cls)
+            if counts[j] == 1:
+                loo[cls] = None
+                continue
+            n = float(counts[j])  # Python floats: a NumPy scalar times a device array would copy it to the host
+            delta = 1.0 / (n - 1) - 1.0 / n  # w'_k = scale / n_k, w'_c = scale / (n_c - 1)
+            scale = K / (float(inverse.sum()) + delta)
+            own = xp.asarray((np.arange(K) == j).astype(np.float64), device=where)
+            rhs = scale * (sums + delta * self._sums[cls][:, None] * own[None, :])
+            M = scale * (base + delta * gram)
+            check_gammas(M, self.gamma)
+            both = solve_spd(shifted(M, self.gamma), xp.concat([rhs, eye], axis=1))
+            loo[cls] = (xp.asarray(both[:, K:], copy=True), xp.asarray(both[:, :K], copy=True), scale / (n - 1))
+        return loo
+
+    def loo_hits(self, X: Any, labels: np.ndarray) -> int:
+        """How many of the rows ``X`` (each added before, and no rows added after) the model refitted without that row
+        predicts right (see the module docstring). The first call turns the per-class Grams into ``M_c^-1``: the head
+        takes no more rows and solves no more boundaries."""
+        xp = self.xp
+        labels = check_rows(X, labels, self.dim)
+        if self._loo is None:
+            if not self._counts:
+                raise FoalPipeError("the balanced head has no rows yet; add rows before a leave-one-out pass")
+            self._loo = self._prepare_loo()
+        classes = self.classes_
+        own = class_positions(classes, labels)
+        X = float64(X)
+        hits = 0
+        for j in np.unique(own).tolist():
+            entry = self._loo[int(classes[j])]
+            if entry is None:
+                continue
+            inverse, W, w = entry
+            rows = np.flatnonzero(own == j)
+            Xc = X if rows.size == labels.size else xp.take(X, xp.asarray(rows, device=device(X)), axis=0)
+            leverage = xp.sum((Xc @ inverse) * Xc, axis=1)
+            mark = xp.asarray((np.arange(classes.size) == j).astype(np.float64), device=device(X))
+            scores = Xc @ W - (w * leverage)[:, None] * mark[None, :]
+            hits += int(np.count_nonzero(to_numpy(xp.argmax(scores, axis=1)) == j))
+        return hits
