@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.protocol.solvers import Boundary
 
 if TYPE_CHECKING:
     from foal_pipe.protocol.run import Run
-    from foal_pipe.protocol.walk import _Lane
 
 #: ``--gamma auto`` at points before the first task end, where no gamma has been chosen yet (learn's default).
 FIRST_GAMMA = 1.0
@@ -50,16 +50,16 @@ class Anytime:
         self.samples.append(samples)
         self.snapshots.append(snapshot)
 
-    def gram(self, samples: int, lane: _Lane, at_task_end: bool) -> None:
-        """Record the gram walk's ``lane`` at a point: its last boundary at a task end, else a solve on its
-        running sums with the gamma of its last boundary (or :attr:`first_gamma`)."""
+    def gram(self, samples: int, running: RidgeStatistics, boundaries: list[Boundary], at_task_end: bool) -> None:
+        """Record the gram walk at a point: its last boundary at a task end, else a solve on its ``running`` sums
+        with the gamma of its last boundary (or :attr:`first_gamma`)."""
         if at_task_end:
-            self.add(samples, lane.boundaries[-1])
+            self.add(samples, boundaries[-1])
             return
-        gamma = float(lane.boundaries[-1].gammas[0]) if lane.boundaries else self.first_gamma
+        gamma = float(boundaries[-1].gammas[0]) if boundaries else self.first_gamma
         with self.run.timed("anytime solve"):
-            clf = AnalyticClassifier.from_statistics(lane.running, gamma=gamma, dtype=self.run.model.dtype)
-            self.add(samples, Boundary(lane.running.classes, clf.weights_[:, None, :], np.array([gamma])))
+            clf = AnalyticClassifier.from_statistics(running, gamma=gamma, dtype=self.run.model.dtype)
+            self.add(samples, Boundary(running.classes, clf.weights_[:, None, :], np.array([gamma])))
 
 
 def curve_accuracy(hits: np.ndarray, class_totals: np.ndarray, snapshots: list[Boundary]) -> list[float]:

@@ -155,7 +155,7 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
         with (train_rows(run, advance) if read else nullcontext(rows)) as cached:
             points = anytime.points if anytime is not None else ()
             walk = None if cached is None else TaskBlocks(cached, run.stream.rows, run.block_rows, points)
-            on_point = None if anytime is None else lambda n: anytime.gram(n, lanes[None], False)
+            on_point = None if anytime is None else lambda n: anytime.gram(n, lanes[None].running, lanes[None].boundaries, False)
             kept = ({key: KeptActivations(run, n_stream) for key in lanes}  # the cluster projected the Gram's rows
                     if needs_rows and run.keep_activations and not dask else None)
             for k in range(run.stream.n_tasks):
@@ -174,7 +174,7 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
                     for lane in lanes.values():
                         lane.finish(run)
                 if anytime is not None and int(walk.ends[k]) in anytime.points:
-                    anytime.gram(int(walk.ends[k]), lanes[None], True)
+                    anytime.gram(int(walk.ends[k]), lanes[None].running, lanes[None].boundaries, True)
     return lanes
 
 
