@@ -41,8 +41,8 @@ def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: t
     from foal_pipe.protocol.config import ModelConfig
     from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
 
-    if head != o.MODEL.head and init_model is not None:
-        raise FoalPipeError(f"--init-model continues ridge's sums; --head {head} cannot continue a model: drop one")
+    if init_model is not None:
+        return  # the model names its head and fixes its options: checked against it (protocol/continuation.py)
     if head != o.MODEL.head and seeds is not None:
         raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
     typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _typed(ctx, name)]
@@ -116,14 +116,23 @@ def learn(
         _check_head(ctx, head, init_model, seeds)
         if init_model is not None:
             from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
+            from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
-            typed = [name for name in ("seed", "projection_init", *FIXED_BY_MODEL) if _typed(ctx, name)]
+            fixed = (*FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS)
+            typed = [name for name in ("seed", "projection_init", *fixed) if _typed(ctx, name)]
             for name in ("seed", "projection_init"):  # they draw the projection
                 if name in typed:
                     option = "--" + name.replace("_", "-")
                     raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
-            done = run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features or [],
-                                _log, [name for name in FIXED_BY_MODEL if name in typed])
+            from foal_pipe.model.modelfile import stored_head
+            from foal_pipe.protocol.headcontinue import run_continue_head
+
+            if stored_head(init_model) is None:
+                done = run_continue(init_model, features, out, stream, model, evaluation, execution,
+                                    eval_features or [], _log, [name for name in fixed if name in typed])
+            else:
+                done = run_continue_head(init_model, features, out, stream, model, evaluation, execution,
+                                         eval_features or [], _log, [name for name in fixed if name in typed])
         elif seeds is None:
             done = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:

@@ -18,7 +18,8 @@ from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.classifier import AnalyticClassifier
-from foal_pipe.model.modelfile import read_model
+from foal_pipe.model.headmodel import HeadClassifier, load_head
+from foal_pipe.model.modelfile import read_model, stored_head
 
 if TYPE_CHECKING:
     from foal_pipe.store.read import FeatureStore
@@ -37,11 +38,12 @@ def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, whe
 
 
 class DeployedModel:
-    """A loaded model: ``classifier`` (an :class:`AnalyticClassifier` that keeps learning), ``projection``,
+    """A loaded model: ``classifier`` (an :class:`AnalyticClassifier` that keeps learning, or a head's
+    :class:`~foal_pipe.model.headmodel.HeadClassifier`), ``projection``,
     ``class_names`` (one per column of ``W``, in ``classifier.classes_`` order) and ``encoder_spec`` (the
     provenance of the store it was trained on: what :meth:`predict_images` rebuilds)."""
 
-    def __init__(self, classifier: AnalyticClassifier, projection: SmoothProjection, class_names: Sequence[str],
+    def __init__(self, classifier: AnalyticClassifier | HeadClassifier, projection: SmoothProjection, class_names: Sequence[str],
                  encoder_spec: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> None:
         self.classifier = classifier
         self.projection = projection
@@ -102,10 +104,16 @@ class DeployedModel:
         return np.asarray(items, dtype=np.int64), {}
 
     # ------------------------------------------------------------------ predicting
+    def rows(self, X: np.ndarray) -> np.ndarray:
+        """What the classifier takes of checked features: ``activation(X @ P)`` (a head: the rows of its space)."""
+        if isinstance(self.classifier, HeadClassifier):
+            return self.classifier.rows(X, self.projection)
+        return self.projection.transform(X)
+
     def activations(self, features: Any) -> np.ndarray:
         """``activation(features @ P)``: what the classifier scores (``features`` checked: a finite real 2-D
         array with the model's feature dimension)."""
-        return self.projection.transform(self._features(features))
+        return self.rows(self._features(features))
 
     def scores(self, features: Any) -> np.ndarray:
         """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order
@@ -128,8 +136,11 @@ class DeployedModel:
 
         Ridge regression onto one-hot targets estimates each class's probability by least squares, so its scores
         are clipped at 0 and normalised (a row with no positive score is uniform). The argmax is :meth:`predict`'s;
-        the values are not calibrated probabilities.
+        the values are not calibrated probabilities. A head other than ridge: slda's softmax (the Gaussian posterior
+        under equal priors), balanced's and dual's as ridge's; ncm and fecam score distances and refuse.
         """
+        if isinstance(self.classifier, HeadClassifier):
+            return self.classifier.probabilities(self.scores(features))
         scores = np.clip(self.scores(features), 0.0, None)
         total = scores.sum(axis=1, keepdims=True)
         uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
@@ -203,7 +214,7 @@ class DeployedModel:
                 raise FoalPipeError(f"label id {label} is new to the model and has no name; pass class names "
                                     "(strings) as labels for new classes")
             old[label] = known[label]
-        self.classifier.partial_fit(self.projection.transform(X), ids)
+        self.classifier.partial_fit(self.rows(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
         return self
 
@@ -219,7 +230,11 @@ class DeployedModel:
 
 def load_model(path: str | Path) -> DeployedModel:
     """Read a model file written by ``foal-pipe learn`` (or :meth:`DeployedModel.save`), validated; nothing is
-    unpickled. A model without class names names its classes by their ids."""
+    unpickled. A model without class names names its classes by their ids. A head other than ridge has a
+    :class:`~foal_pipe.model.headmodel.HeadClassifier` as its ``classifier``."""
+    if stored_head(path) is not None:
+        classifier, projection, names, meta = load_head(path)
+        return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
     tensors, meta = read_model(path, names=("W", "classes", "projection"))
     if "projection" not in tensors:
         raise FoalPipeError(f"{path} has no 'projection' tensor; pass the model.safetensors that learn wrote")

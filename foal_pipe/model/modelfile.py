@@ -52,7 +52,10 @@ from foal_pipe.io import atomic_path
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: The version of a file holding a head other than ridge (:data:`foal_pipe.heads.state.HEAD_FILES`); ridge's files
+#: stay version 2, byte for byte.
+HEAD_FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 ALIGNMENT = 8
 #: ``checksum`` is this prefix and 64 hex digits.
 CHECKSUM_PREFIX = "sha256:"
@@ -154,8 +157,12 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     if not _is_int(version) or version not in READABLE_VERSIONS:
         raise FoalPipeError(
             f"{where} has model format_version {version!r:.20} but this foal-pipe reads versions "
-            f"{' and '.join(map(str, READABLE_VERSIONS))}; upgrade foal-pipe or train the model again"
+            f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}; upgrade foal-pipe or train "
+            "the model again"
         )
+    if version == HEAD_FORMAT_VERSION or "head" in metadata:
+        _validate_head(tensors, metadata, where)
+        return
     missing = [name for name in REQUIRED_TENSORS if name not in tensors]
     unknown = sorted(set(tensors) - set(TENSORS))
     if missing or unknown:
@@ -187,6 +194,62 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
         check_solution(tensors["W"], tensors["G"], tensors["Q"], metadata["gamma"], where)
 
 
+def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], where: str) -> None:
+    """:func:`validate_model` for a head other than ridge: its tensors (:data:`~foal_pipe.heads.state.HEAD_FILES`,
+    all float64 but ``classes`` and ``counts``, int64), its options and its row counts."""
+    from foal_pipe.heads import HEADS, make_head
+    from foal_pipe.heads.state import HEAD_FILES, file_options
+
+    name = metadata.get("head")
+    if metadata["format_version"] != HEAD_FORMAT_VERSION or name is None:
+        problem = "names no 'head'" if name is None else f"cannot hold a head (version {HEAD_FORMAT_VERSION} does)"
+        raise _refuse(where, f"a version-{metadata['format_version']} file {problem}")
+    if not isinstance(name, str) or name not in HEAD_FILES:
+        raise _refuse(where, f"metadata 'head' ({name!r:.60}) is not a head this foal-pipe stores; it stores "
+                             f"{', '.join(HEAD_FILES)} (and ridge, without 'head')")
+    for key, value in metadata.items():
+        if isinstance(value, NotJSON):
+            raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
+    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f")
+                                           for key, dims in HEAD_FILES[name].tensors.items()}}
+    if HEADS[name].space != "features":
+        schema["projection"] = (("d", "D"), "f")
+    missing = [key for key in schema if key not in tensors]
+    unknown = sorted(set(tensors) - set(schema))
+    if missing or unknown:
+        raise _refuse(where, f"the {name} head's tensor {missing[0]!r} is missing" if missing
+                      else f"tensor {unknown[0]!r} does not belong to the {name} head")
+    _check_shapes(tensors, where, schema)
+    for key, value in tensors.items():
+        wanted = np.dtype("int64" if schema[key][1] == "iu" else "float64")
+        if key != "projection" and np.dtype(value.dtype) != wanted:
+            raise _refuse(where, f"tensor {key!r} is {np.dtype(value.dtype)} but the {name} head keeps {wanted}")
+    n_classes = int(tensors["classes"].shape[0])
+    for key in ("class_names", "dataset", "encoder", "activation", "checksum", "n_samples_seen"):
+        if key in metadata:
+            problem = METADATA[key][1](metadata[key], n_classes)
+            if problem:
+                raise _refuse(where, f"metadata {key!r} ({metadata[key]!r:.60}) {problem}")
+    if "n_samples_seen" not in metadata:
+        raise _refuse(where, "metadata 'n_samples_seen' is missing")
+    options = metadata.get("head_options")
+    if not isinstance(options, dict) or set(options) != set(file_options(name)):
+        raise _refuse(where, f"metadata 'head_options' ({options!r:.60}) must map the {name} head's options "
+                             f"({', '.join(file_options(name)) or 'none'}) to their values")
+    try:
+        make_head(name, options, np, 1)
+    except FoalPipeError as exc:
+        raise _refuse(where, f"metadata 'head_options' holds a value the {name} head refuses ({exc})") from None
+    _check_values(tensors, where)
+    counts = tensors.get("counts")
+    if isinstance(counts, np.ndarray):
+        if counts.size and counts.min() < 1:
+            raise _refuse(where, f"a class has {int(counts.min())} rows; every class stored has at least one")
+        if int(counts.sum()) != metadata["n_samples_seen"]:
+            raise _refuse(where, f"the class row counts sum to {int(counts.sum())} but 'n_samples_seen' is "
+                                 f"{metadata['n_samples_seen']}")
+
+
 def check_solution(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float, where: str = "model") -> None:
     """Refuse a ``W`` that does not solve ``(G + gamma I) W = Q`` (a flipped bit, an edited ``gamma``).
 
@@ -206,9 +269,10 @@ def check_solution(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float, wh
                              f"{residual / scale:.1e}; W implies gamma {implied:.6g}): the file was altered")
 
 
-def _check_shapes(tensors: Mapping[str, Any], where: str) -> None:
+def _check_shapes(tensors: Mapping[str, Any], where: str,
+                  schema: Mapping[str, tuple[tuple[str, ...], str]] = TENSORS) -> None:
     sizes: dict[str, tuple[str, int]] = {}  # dimension -> (the tensor that fixed it, its size)
-    for name, (dims, kinds) in TENSORS.items():
+    for name, (dims, kinds) in schema.items():
         if name not in tensors:
             continue
         shape, dtype = tuple(int(n) for n in tensors[name].shape), np.dtype(tensors[name].dtype)
@@ -259,7 +323,8 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
     path = Path(path)
     arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
     arrays = {name: a.astype(a.dtype.newbyteorder("<"), copy=False) for name, a in arrays.items()}
-    meta = {**{k: v for k, v in metadata.items() if k != "checksum"}, "format": FORMAT, "format_version": FORMAT_VERSION}
+    version = HEAD_FORMAT_VERSION if "head" in metadata else FORMAT_VERSION
+    meta = {**{k: v for k, v in metadata.items() if k != "checksum"}, "format": FORMAT, "format_version": version}
     validate_model(arrays, meta, str(path))
     strings = {key: _json(value, key) for key, value in meta.items()}
     entries = [(name, CODES[a.dtype.newbyteorder("=")], a.shape, [a.data]) for name, a in arrays.items()]
@@ -334,6 +399,19 @@ def _run_head(run: Path) -> str | None:
     return head if isinstance(head, str) else None
 
 
+def stored_head(path: str | Path) -> str | None:
+    """The ``head`` a model file's metadata names, unchecked (None: none, or not a readable file): which reader to
+    use, before :func:`read_model` validates everything."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            head = _decode((f.metadata() or {}).get("head", "null"))
+    except (SafetensorError, OSError):
+        return None
+    return head if isinstance(head, str) else None
+
+
 def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(tensors, metadata)`` of a validated model file; metadata values are decoded from JSON.
 
@@ -348,9 +426,8 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
     if not path.exists():
         head = _run_head(path.parent)
         if head is not None:
-            raise FoalPipeError(f"model file {path} does not exist: its run learned {param('head', head)}, which writes "
-                                "metrics.json only; predicting and continuing take ridge's model file (`foal-pipe "
-                                f"learn` without {param('head')})")
+            raise FoalPipeError(f"model file {path} does not exist: its run learned {param('head', head)} with a "
+                                "foal-pipe that wrote metrics.json only for heads; run that `foal-pipe learn` again")
         raise FoalPipeError(f"model file {path} does not exist; train one with `foal-pipe learn`")
     if not path.is_file():
         raise FoalPipeError(f"model file {path} is not a file; pass the model.safetensors inside it")

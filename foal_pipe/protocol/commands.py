@@ -12,9 +12,11 @@ import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import DEFAULT_HEAD
+from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
+from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
@@ -26,7 +28,7 @@ from foal_pipe.protocol.headruns import (
     check_sweep_heads,
     resolved_options,
 )
-from foal_pipe.protocol.headwalk import learn_heads
+from foal_pipe.protocol.headwalk import build_heads, head_accuracies, head_boundaries, learn_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -111,7 +113,8 @@ def run_learn(
 def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
                    evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None]) -> Learned:
     """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
-    ``metrics.json`` (with ``head`` and ``head_options``) and ``timings.json`` as one unit."""
+    ``metrics.json`` (with ``head`` and ``head_options``), ``model.safetensors`` (the head after the last task) and
+    ``timings.json`` as one unit."""
     start = time.perf_counter()
     check_output_dir(out)
     check_head_options([model.head], model)
@@ -119,19 +122,33 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     settings = check_learn_head(model, evaluation, execution)
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
-    log(f"note: --head {model.head} writes metrics.json only, no model.safetensors: `predict` and `--init-model` "
-        "take ridge's model file")
     options = resolved_options(model.head, model)
     with np.errstate(all="ignore"):
-        accs, _ = learn_heads(run, [model.head], options)
+        heads = build_heads(run, [model.head], options)
+        boundaries, _ = head_boundaries(run, heads)
+        accs = head_accuracies(run, boundaries, {model.head: HEADS[model.head].space})
     metrics = LearnMetrics(**accuracy_report(accs[model.head]), head=model.head, head_options=options,
                            **run_info(run, stream))
 
     def write(tmp: Path) -> None:
         with run.timed("write"):
+            save_head_model(heads[model.head], boundaries[model.head][-1], run, tmp / MODEL_FILE)
             write_json(tmp / METRICS_FILE, metrics.to_dict())
 
     return Learned(metrics, write_outputs(out, [run], start, write))
+
+
+def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
+    """The model file of a head's run: its tensors after the last task (:mod:`foal_pipe.heads.state`), its options
+    (dual's with the stream's batch size), the run's projection, provenance and class names."""
+    name = type(head).name
+    options = resolved_options(name, run.model)
+    if takes_batch_size(name):
+        options["batch_size"] = run.stream.batch_size
+    extra = {} if HEADS[name].space == "features" else {"activation": run.model.resolved_activation}
+    model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows))
+    model.save(path, projection=run.projection, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
+               class_names=[run.store.classes[c] for c in model.classes_], **extra)
 
 
 def anytime_points(run: Run) -> Anytime | None:

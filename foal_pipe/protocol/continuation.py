@@ -1,4 +1,5 @@
-"""``learn --init-model``: continue a saved model on a new store, exactly, matching classes by name.
+"""``learn --init-model``: continue a saved model on a new store, exactly, matching classes by name (a head other
+than ridge: :mod:`foal_pipe.protocol.headcontinue`).
 
 The saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
 walked as ``learn`` walks any store, its sums relabelled to the model's label ids (a known class name keeps
@@ -19,13 +20,16 @@ import numpy as np
 
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import DEFAULT_HEAD
 from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
+from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
+from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
@@ -137,6 +141,13 @@ def run_continue(
     start = time.perf_counter()
     check_output_dir(out)
     deployed = load_model(init_model)
+    if isinstance(deployed.classifier, HeadClassifier):
+        raise FoalPipeError(f"{init_model} holds the {deployed.classifier.name} head; continue it with "
+                            "foal_pipe.protocol.headcontinue.run_continue_head (what `learn --init-model` calls)")
+    if model.head != DEFAULT_HEAD:
+        raise FoalPipeError(f"{init_model} is a ridge model; {param('head', model.head)} cannot continue it: drop "
+                            f"{param('head')}")
+    check_head_options([DEFAULT_HEAD], model)
     model = model_settings(deployed, model, explicit)
     if not evaluation.mask_unseen:
         raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from foal_pipe.core.metrics import summary_of
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.model.modelfile import read_model
+from foal_pipe.model.modelfile import read_model, stored_head
 from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
@@ -194,13 +194,22 @@ def _check_fusions(sweep: SweepReport, path: Path) -> SweepReport:
     return replace(sweep, fusions=fusions)
 
 
-def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str] | None] | None:
     """Per-class L2 norms of W's columns from a ``model.safetensors``: ``(labels, norms, class names)``.
 
     The file is validated by :func:`foal_pipe.model.modelfile.read_model`, but only ``W`` and ``classes`` are read
-    (not the learner state); names come from the ``class_names`` metadata, one per column of ``W``.
+    (not the learner state); names come from the ``class_names`` metadata, one per column of ``W``. A head other
+    than ridge: its linear weights (slda's and balanced's ``W``, dual's ``W_main``); None for ncm and fecam, which
+    score distances.
     """
-    tensors, meta = read_model(path, names=("W", "classes"))
-    W, classes = tensors["W"], tensors["classes"].reshape(-1)
+    from foal_pipe.heads.state import HEAD_FILES
+
+    head = stored_head(path)
+    key = "W" if head not in HEAD_FILES else HEAD_FILES[head].weights
+    if key is None:
+        read_model(path, names=("classes",))  # validated all the same
+        return None
+    tensors, meta = read_model(path, names=(key, "classes"))
+    W, classes = tensors[key], tensors["classes"].reshape(-1)
     names = meta.get("class_names")
     return classes.astype(np.int64), np.linalg.norm(W.astype(np.float64), axis=0), names

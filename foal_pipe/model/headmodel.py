@@ -1,0 +1,143 @@
+"""A head other than ridge put to work from its model file: predict, keep learning, save again.
+
+The model file holds the head's name and options, its scorer's parameters and its sufficient statistics
+(:mod:`foal_pipe.heads.state`); :class:`HeadClassifier` stands where :class:`~foal_pipe.model.classifier.AnalyticClassifier`
+stands for ridge, so :class:`~foal_pipe.model.deploy.DeployedModel` and ``predict`` work on top of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import array_api_compat.numpy as xp_numpy
+import numpy as np
+
+from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.projection import SmoothProjection
+from foal_pipe.core.scoring import best_of
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS, Head, make_head
+from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
+from foal_pipe.model.modelfile import read_model, write_model
+
+
+def _shares(scores: np.ndarray) -> np.ndarray:
+    """Ridge's rule (:meth:`DeployedModel.predict_proba`): scores of a least-squares fit to one-hot targets, clipped
+    at 0 and normalised (a row with no positive score is uniform)."""
+    scores = np.clip(scores, 0.0, None)
+    total = scores.sum(axis=1, keepdims=True)
+    uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
+    return np.divide(scores, total, out=uniform, where=total > 0)
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """LDA's scores are the Gaussian log-likelihoods up to a term shared by every class: their softmax is the
+    posterior under equal class priors."""
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+#: How a head's scores become class probabilities; a head not listed (ncm, fecam: distances) has none.
+PROBABILITIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"slda": _softmax, "balanced": _shares, "dual": _shares}
+
+
+def head_width(name: str, tensors: Mapping[str, Any]) -> int:
+    """The width of the rows the head takes (d or D), read from its scorer's tensors."""
+    for key, dims in HEAD_FILES[name].scorer.items():
+        for axis, dim in enumerate(dims):
+            if dim in ("d", "D"):
+                return int(tensors[key].shape[axis])
+    raise AssertionError(f"the {name} head's scorer has no row width")
+
+
+class HeadClassifier:
+    """A head's model from its file: ``classes_``, :meth:`class_scores` and :meth:`predict` as the run's own scorer
+    gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task)."""
+
+    def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+                 n_samples_seen: int) -> None:
+        self.name, self.options = name, dict(options)
+        self.tensors = dict(tensors)
+        self.scorer = scorer_from(name, self.tensors, self.options, xp_numpy)
+        self.n_samples_seen_ = int(n_samples_seen)
+        self._head: Head | None = None
+
+    @property
+    def classes_(self) -> np.ndarray:
+        return self.scorer.classes
+
+    def head(self, xp: Any = xp_numpy) -> Head:
+        """A running state of the head holding the file's statistics, in namespace ``xp``."""
+        return restore_head(make_head(self.name, self.options, xp, head_width(self.name, self.tensors)),
+                            self.name, self.tensors)
+
+    def class_scores(self, rows: Any) -> np.ndarray:
+        """The scorer's scores of the rows of the head's space, (n, n_classes), columns in ``classes_`` order."""
+        return np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64)
+
+    def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
+        """The class of the highest score among the classes seen (a head scores no others)."""
+        if classes is not None:
+            raise FoalPipeError(f"the {self.name} head predicts among the classes it has seen; leave out classes")
+        return best_of(self.class_scores(rows), self.classes_)[0]
+
+    def partial_fit(self, rows: Any, labels: np.ndarray) -> HeadClassifier:
+        """Add rows of the head's space as one more task: the model equals the head fitted on every row so far."""
+        if self._head is None:
+            self._head = self.head()
+        self._head.add(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64))
+        self.scorer = self._head.boundary()
+        self.tensors = {**export_head(self.name, self._head, self.scorer),
+                        **({"projection": self.tensors["projection"]} if "projection" in self.tensors else {})}
+        self.n_samples_seen_ += int(np.asarray(labels).size)
+        return self
+
+    def rows(self, X: np.ndarray, projection: SmoothProjection) -> np.ndarray:
+        """The rows of the head's space for checked features ``X``: the features, the projected rows or the
+        activations, in float64 (as the walk gives them)."""
+        space = HEADS[self.name].space
+        if space == "features":
+            return np.asarray(X, dtype=np.float64)
+        if space == "projected":
+            return np.asarray(X, dtype=np.float64) @ np.asarray(projection.components_, dtype=np.float64)
+        return np.asarray(projection.transform(X), dtype=np.float64)
+
+    def probabilities(self, scores: np.ndarray) -> np.ndarray:
+        """Class probabilities where the head's scores mean them (:data:`PROBABILITIES`); ncm and fecam refuse."""
+        rule = PROBABILITIES.get(self.name)
+        if rule is None:
+            raise FoalPipeError(f"the {self.name} head scores distances, not probabilities; use predict or scores")
+        return rule(scores)
+
+    def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
+        """Write the model file: the head's tensors and options; the projection and its activation where the head
+        takes projected rows (the other keys as :func:`~foal_pipe.model.modelfile.write_model` keeps them)."""
+        tensors = {key: value for key, value in self.tensors.items() if key != "projection"}
+        projected = HEADS[self.name].space != "features"
+        if projection is not None and projected:
+            tensors["projection"] = projection.components_
+        kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen")
+                and (projected or k != "activation")}
+        return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
+                                           "n_samples_seen": self.n_samples_seen_})
+
+
+def _identity(d: int) -> SmoothProjection:
+    """The features as they are: what a head on the store's features is given."""
+    return SmoothProjection(n_components=0, activation="identity").fit(np.zeros((1, d)))
+
+
+def load_head(path: str | Path) -> tuple[HeadClassifier, SmoothProjection, list[str], dict[str, Any]]:
+    """A head's model file, validated (nothing is unpickled): its classifier, the projection its rows take (the
+    identity for a head on the store's features), its class names and metadata."""
+    tensors, meta = read_model(path)
+    name = meta["head"]
+    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"])
+    if "projection" in tensors:
+        projection = SmoothProjection.from_matrix(tensors["projection"], activation=meta.get("activation", "identity"))
+    else:
+        projection = _identity(head_width(name, tensors))
+    names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
+    return classifier, projection, names, meta
