@@ -140,12 +140,12 @@ def test_continued_head_equals_the_head_on_both_streams_in_order(tmp_path, name)
     HeadClassifier(name, options, export_head(name, one, first), y1.size).save(path, projection=identity)
     model = load_model(path).classifier
     assert model.n_samples_seen_ == y1.size
-    np.testing.assert_array_equal(model.class_scores(x2), np.asarray(first.scores(x2)))
+    np.testing.assert_allclose(model.class_scores(x2), np.asarray(first.scores(x2)), rtol=1e-12, atol=1e-12)
     one.add(x2, y2)
     both = one.boundary()
     model.partial_fit(x2, y2)
     assert model.classes_.tolist() == both.classes.tolist() == [0, 1, 2, 3, 5]
-    np.testing.assert_array_equal(model.class_scores(x1), np.asarray(both.scores(x1)))
+    np.testing.assert_allclose(model.class_scores(x1), np.asarray(both.scores(x1)), rtol=1e-12, atol=1e-12)
     for key, value in export_head(name, one, both).items():
         np.testing.assert_array_equal(model.tensors[key], value, err_msg=key)
 
@@ -291,3 +291,44 @@ def test_ridge_model_file_is_unchanged_and_an_old_file_predicts_as_before(tmp_pa
     assert not isinstance(deployed.classifier, HeadClassifier)
     np.testing.assert_allclose(deployed.scores(xt), scores, rtol=1e-12)
     assert (deployed.predict(xt) == tensors["classes"][scores.argmax(axis=1)]).all()
+
+
+def test_init_model_continues_balanced_as_its_definition_on_both_stores(tmp_path):
+    """balanced through learn --init-model: W equals AIR's re-weighted ridge written plainly on both stores' activations
+    (classes matched by name), and a dual model continues through the CLI too."""
+    rng = np.random.default_rng(0)
+    a, xa, ya = _named_store(tmp_path / "a.zarr", ["cat", "dog", "emu", "fox"], 9, rng)
+    b, xb, yb = _named_store(tmp_path / "b.zarr", ["gnu", "dog", "cat"], 8, rng)
+    for name in ("balanced", "dual"):
+        first = invoke("learn", "--features", a, "--out", tmp_path / f"{name}_a", "--head", name, "--projection-dim", 12,
+                       "--gamma", 0.5, "--tasks", 2)
+        assert first.exit_code == 0, first.output
+        result = invoke("learn", "--init-model", tmp_path / f"{name}_a" / "model.safetensors", "--features", b,
+                        "--out", tmp_path / f"{name}_b", "--tasks", 3)
+        assert result.exit_code == 0, result.output
+    model = load_model(tmp_path / "balanced_b" / "model.safetensors")
+    H = model.projection.transform(np.vstack([xa, xb]))  # sigmoid(x P), the activations balanced takes
+    y = np.concatenate([ya, np.array([4, 1, 0])[yb]])
+    classes = np.unique(y)
+    n = np.array([(y == c).sum() for c in classes], dtype=np.float64)
+    w = (1 / n) * classes.size / (1 / n).sum()
+    A = sum(w[k] * H[y == c].T @ H[y == c] for k, c in enumerate(classes)) + 0.5 * np.eye(H.shape[1])
+    B = np.stack([w[k] * H[y == c].sum(axis=0) for k, c in enumerate(classes)], axis=1)
+    np.testing.assert_allclose(model.classifier.tensors["W"], np.linalg.solve(A, B), rtol=1e-9, atol=1e-12)
+    dual = load_model(tmp_path / "dual_b" / "model.safetensors")
+    assert dual.class_names == ["cat", "dog", "emu", "fox", "gnu"] and dual.classifier.n_samples_seen_ == y.size
+
+
+def test_deployed_head_learns_new_names_and_saves(runs, tmp_path):
+    tmp, store = runs
+    model = load_model(tmp / "ncm" / "model.safetensors")
+    x = read(store)[0].astype(np.float64)[:10]
+    model.partial_fit(x, ["zebra"] * 5 + ["c0"] * 5)
+    assert model.class_names[-1] == "zebra" and model.classifier.classes_.tolist()[-1] == 12
+    unit = x[:5] / np.linalg.norm(x[:5], axis=1, keepdims=True)
+    np.testing.assert_allclose(model.classifier.tensors["means"][-1], unit.mean(axis=0), rtol=1e-12)
+    model.save(tmp_path / "more.safetensors")
+    again = load_model(tmp_path / "more.safetensors")
+    assert again.class_names == model.class_names
+    np.testing.assert_allclose(again.scores(x), model.scores(x), rtol=1e-12)  # the same means, laid out contiguously
+    assert (again.predict(x) == model.predict(x)).all()

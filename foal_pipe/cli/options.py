@@ -189,7 +189,8 @@ Head = Annotated[
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
-                              "name gets a new label id), gamma, projection, activation and dtype from the model. "
+                              "name gets a new label id), gamma, projection, activation and dtype from the model; "
+                              "a head's model (learn --head) continues that head with its options. "
                               "Default: none (a new model).")
 ]
 EvalEvery = Annotated[
