@@ -80,6 +80,14 @@ def test_round_trip_predicts_the_runs_test_predictions(runs, name):
         assert (predictions.predicted == classes[expected.argmax(axis=1)]).all()
 
 
+@pytest.mark.parametrize("name", list(ARGS))
+def test_a_loaded_head_model_saves_the_same_bytes(runs, tmp_path, name):
+    tmp, _ = runs
+    path = tmp / name / "model.safetensors"
+    load_model(path).save(tmp_path / "again.safetensors")
+    assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
 @pytest.mark.parametrize("name", ["fecam", "dual"])
 def test_same_command_twice_gives_the_same_model_bytes(runs, tmp_path, name):
     tmp, store = runs

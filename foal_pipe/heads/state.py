@@ -23,7 +23,7 @@ from foal_pipe.heads.base import Head, Scorer
 from foal_pipe.heads.dual import DualHead, DualScorer
 from foal_pipe.heads.fecam import FeCAMHead, MahalanobisScorer
 from foal_pipe.heads.ncm import DistanceScorer, NCMHead
-from foal_pipe.heads.slda import LinearScorer
+from foal_pipe.heads.slda import LinearScorer, SLDAHead
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _load_class_sums(sums: Any, classes: np.ndarray, t: Mapping[str, Any]) -> No
         sums.gram = _on(xp, t["gram"])
 
 
-def _restore_ncm(head: NCMHead, t: Mapping[str, Any]) -> None:
+def _restore_class_sums(head: NCMHead | SLDAHead, t: Mapping[str, Any]) -> None:
     _load_class_sums(head.sums, t["classes"], t)
 
 
@@ -95,13 +95,13 @@ HEAD_FILES: dict[str, HeadFile] = {
         scorer={"means": ("C", "d")}, state={"counts": ("C",), "sums": ("d", "C"), "shift": ("d",)},
         export=lambda head, s: {"means": s.means, **_class_sums(head.sums)},
         scorer_of=lambda classes, t, _: DistanceScorer(classes, t["means"]),
-        restore=_restore_ncm),
+        restore=_restore_class_sums),
     "slda": HeadFile(
         scorer={"W": ("d", "C"), "b": ("C",)},
         state={"counts": ("C",), "sums": ("d", "C"), "shift": ("d",), "gram": ("d", "d")},
         export=lambda head, s: {"W": s.W, "b": s.b, **_class_sums(head.sums), "gram": head.sums.gram},
         scorer_of=lambda classes, t, _: LinearScorer(classes, t["W"], t["b"]),
-        restore=_restore_ncm, weights="W"),
+        restore=_restore_class_sums, weights="W"),
     "fecam": HeadFile(
         scorer={"means": ("C", "d"), "precisions": ("C", "d", "d")},
         state={"counts": ("C",), "shifts": ("C", "d"), "sums": ("C", "d"), "grams": ("C", "d", "d")},

@@ -112,14 +112,15 @@ class HeadClassifier:
         return rule(scores)
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
-        """Write the model file: the head's tensors and options; the projection and its activation where the head
-        takes projected rows (the other keys as :func:`~foal_pipe.model.modelfile.write_model` keeps them)."""
+        """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
+        its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
+        keeps them)."""
         tensors = {key: value for key, value in self.tensors.items() if key != "projection"}
-        projected = HEADS[self.name].space != "features"
-        if projection is not None and projected:
+        space = HEADS[self.name].space
+        if projection is not None and space != "features":
             tensors["projection"] = projection.components_
         kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen")
-                and (projected or k != "activation")}
+                and (space == "activations" or k != "activation")}
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
                                            "n_samples_seen": self.n_samples_seen_})
 

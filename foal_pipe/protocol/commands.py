@@ -145,10 +145,9 @@ def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
     options = resolved_options(name, run.model)
     if takes_batch_size(name):
         options["batch_size"] = run.stream.batch_size
-    extra = {} if HEADS[name].space == "features" else {"activation": run.model.resolved_activation}
     model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows))
     model.save(path, projection=run.projection, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
-               class_names=[run.store.classes[c] for c in model.classes_], **extra)
+               class_names=[run.store.classes[c] for c in model.classes_], activation=run.model.resolved_activation)
 
 
 def anytime_points(run: Run) -> Anytime | None:
