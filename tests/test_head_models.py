@@ -20,6 +20,7 @@ from foal_pipe.model.deploy import load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import read_model, validate_model, write_model
 from foal_pipe.model.predict import predict_split
+from foal_pipe.protocol.stream import build_stream
 from foal_pipe.store import write_store
 
 DATA = Path(__file__).parent / "data"
@@ -301,9 +302,9 @@ def test_ridge_model_file_is_unchanged_and_an_old_file_predicts_as_before(tmp_pa
     assert (deployed.predict(xt) == tensors["classes"][scores.argmax(axis=1)]).all()
 
 
-def test_init_model_continues_balanced_as_its_definition_on_both_stores(tmp_path):
-    """balanced through learn --init-model: W equals AIR's re-weighted ridge written plainly on both stores' activations
-    (classes matched by name), and a dual model continues through the CLI too."""
+def test_init_model_continues_balanced_and_dual_as_their_definitions_on_both_stores(tmp_path):
+    """learn --init-model: balanced's W equals AIR's re-weighted ridge written plainly on both stores' activations
+    (classes matched by name); dual's weights equal one recursion over both stores' tasks."""
     rng = np.random.default_rng(0)
     a, xa, ya = _named_store(tmp_path / "a.zarr", ["cat", "dog", "emu", "fox"], 9, rng)
     b, xb, yb = _named_store(tmp_path / "b.zarr", ["gnu", "dog", "cat"], 8, rng)
@@ -325,6 +326,16 @@ def test_init_model_continues_balanced_as_its_definition_on_both_stores(tmp_path
     np.testing.assert_allclose(model.classifier.tensors["W"], np.linalg.solve(A, B), rtol=1e-9, atol=1e-12)
     dual = load_model(tmp_path / "dual_b" / "model.safetensors")
     assert dual.class_names == ["cat", "dog", "emu", "fox", "gnu"] and dual.classifier.n_samples_seen_ == y.size
+    # dual: one DualHead given store a's tasks, then store b's (ids matched by name), each task's rows in its stream
+    # order, a boundary at every task end: the recursion the continued model must equal
+    head = make_head("dual", {"gamma": 0.5, "batch_size": 10}, xp, 12)
+    P = dual.projection.components_
+    for x, labels, ids, tasks in ((xa, ya, np.arange(4), 2), (xb, yb, np.array([4, 1, 0]), 3)):
+        for rows in build_stream(labels, int(labels.max()) + 1, tasks, 10, 0).rows:
+            head.add(x[rows] @ P, ids[labels[rows]])
+            scorer = head.boundary()
+    for key in ("W_main", "W_comp"):
+        np.testing.assert_allclose(dual.classifier.tensors[key], getattr(scorer, key), rtol=1e-9, atol=1e-12)
 
 
 def test_deployed_head_learns_new_names_and_saves(runs, tmp_path):
