@@ -156,7 +156,8 @@ def test_per_class_statistics_beyond_memory_are_refused_with_the_figure(tmp_path
     out = tmp_path / "balanced"
     result = invoke("learn", "--features", store, "--out", out, "--head", "balanced", "--projection-dim", 3000,
                     "--tasks", 3, "--backend", "numpy")
-    state = 8 * (12 * (3000**2 + 3000 + 1) + 2 * 3000**2 + 2 * 3000 * 12)  # a Gram per class, the weighted one, W
+    # a Gram per class, and what a boundary or the leave-one-out pass holds besides (BalancedHead.memory's terms)
+    state = 8 * (12 * (3000**2 + 3000 + 1) + 12**2 * 3000 + 5 * 3000**2 + 2 * 3000 * 12)
     assert_clean_error(result, f"balanced state (12 classes, d=3000) {memory.human(state)}", out)
 
 
