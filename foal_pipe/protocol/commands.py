@@ -26,9 +26,10 @@ from foal_pipe.protocol.records import (
     run_info,
     sweep_report,
     sweep_results,
+    sweep_selections,
 )
 from foal_pipe.protocol.run import Run, prepare, reread_note
-from foal_pipe.protocol.schema import CRITERIA, METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport
+from foal_pipe.protocol.schema import CRITERIA, METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, SweepSelection
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
 from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries
@@ -51,7 +52,7 @@ def run_learn(
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
-    loo = auto and model.select == "loo"
+    loo = model.loo
     run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
     warn_dropped(run, stream, log)
     if loo and not run.keep_activations:
@@ -61,8 +62,8 @@ def run_learn(
             boundaries, final = rls_boundaries(run, shared and shared.train)
         else:
             if auto:
-                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select),
-                                                         rows=shared and shared.train)
+                solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade)
+                boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train)
                 final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
                                                            dtype=model.dtype)
             else:
@@ -109,8 +110,8 @@ def run_sweep(
     select = sweep.resolved_select
     if select not in CRITERIA:
         raise FoalPipeError(f"unknown {param('select')} {select!r}; choose one of {', '.join(CRITERIA)}")
-    if select == "loo" and not sweep.loo:
-        raise FoalPipeError(f"{param('select', 'loo')} needs the leave-one-out pass; drop {param('loo', False)} or use "
+    if CRITERIA[select].rows and not sweep.loo:
+        raise FoalPipeError(f"{param('select', select)} needs the leave-one-out pass; drop {param('loo', False)} or use "
                             f"{param('select', 'gcv')}")
     fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
     check_output_dir(out)
@@ -119,17 +120,20 @@ def run_sweep(
     warn_dropped(run, stream, log)
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
+    solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
     with np.errstate(all="ignore"):
-        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes},
-                          rows=shared and shared.train)
+        lanes = gram_walk(run, solvers, rows=shared and shared.train)
         accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, shared and shared.test)
     results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
+    selections = {key: sweep_selections(lane.boundaries, accs[key][len(gammas):], solvers[key].criteria,
+                                        sweep.per_decade) for key, lane in lanes.items()}
     info = run_info(run, stream)
     if fusions:
-        report = fusions_report(gammas, [fusion_entry(key, results[key], select) for key in fusions], select, model,
-                                info)
+        report = fusions_report(gammas, [fusion_entry(key, results[key], select, selections[key]) for key in fusions],
+                                select, model, info)
     else:
-        report = sweep_report(gammas, results[None], select, info)
+        report = sweep_report(gammas, results[None], select, info, selections[None])
+    warn_search_edges(report.selections or [], log)
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)
@@ -154,6 +158,14 @@ def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
         log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
             f"{max(grid):g}), at {len(edges)} of {len(metrics.gammas_selected)} task boundaries; a better gamma "
             "may lie beyond the grid: extend --gamma-grid")
+
+
+def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str], None]) -> None:
+    """``sweep``: warn when a criterion's refined choice at the last boundary is an end of the searched range."""
+    for s in selections:
+        if s.at_edge[-1]:
+            log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {s.gammas_selected[-1]:g}, is an end of the "
+                f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
 
 
 def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:
