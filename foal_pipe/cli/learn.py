@@ -191,6 +191,12 @@ def sweep(
                 f"best gamma {report.best_gamma:g} by {report.selected_by} (GCV, LOO: training rows only; "
                 f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False,
             )
+        if report.selections:
+            from foal_pipe.protocol.schema import CRITERIA
+
+            console.print("refined search (last boundary's gamma, test A_last of the chosen models): " + ", ".join(
+                f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
+                for s in report.selections), highlight=False)
         runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
