@@ -12,6 +12,7 @@ Usage: python benchmarks/gamma_select_bench.py evidence --stores fm=/tmp/fm.zarr
            --configs fm:1000:sigmoid:uniform,fm:1000:relu:normal [--tasks 5]
        python benchmarks/gamma_select_bench.py pair --store /tmp/fm.zarr --dim 3000 --activation relu
            --init normal --selects gcv [--repeats 3] [--tasks 5]
+       python benchmarks/gamma_select_bench.py table   (the evidence of --json as a Markdown table)
 """
 
 from __future__ import annotations
@@ -100,9 +101,35 @@ def pair(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
     _save(results, args.json)
 
 
+SHORT = {"loo": "LOO MSE", "gcv": "GCV", "loo_accuracy": "LOO acc"}
+
+
+def table(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
+    """The evidence as a Markdown table, and each selector's count of configurations where it is best or tied."""
+    wins = {name: [0, 0] for name in SHORT}
+    print("| configuration | " + " | ".join(f"{v} A_last / A_avg % (gamma at the last boundary)" for v in SHORT.values())
+          + " | decade oracle A_last % | CPU s |")
+    print("|---|" + "---:|" * (len(SHORT) + 2))
+    for config, run in results.get("evidence", {}).items():
+        sel = run["selections"]
+        best = [max(s[k] for s in sel.values()) for k in ("A_last", "A_avg")]
+        cells = []
+        for name in SHORT:
+            s = sel[name]
+            marks = [s[k] == b for k, b in zip(("A_last", "A_avg"), best)]
+            for i, m in enumerate(marks):
+                wins[name][i] += m
+            text = [f"**{100 * s[k]:.2f}**" if m else f"{100 * s[k]:.2f}" for k, m in zip(("A_last", "A_avg"), marks)]
+            cells.append(f"{text[0]} / {text[1]} ({s['gammas_selected'][-1]:.3g})")
+        oracle = run["decade_oracle_A_last"]
+        print(f"| {config} | " + " | ".join(cells) + f" | {100 * oracle['A_last']:.2f} ({oracle['gamma']:g}) | "
+              f"{run['cpu_s']:.0f} |")
+    print("\nbest or tied (A_last, A_avg): " + ", ".join(f"{SHORT[n]} {w[0]}, {w[1]}" for n, w in wins.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("evidence", "pair"))
+    parser.add_argument("mode", choices=("evidence", "pair", "table"))
     parser.add_argument("--stores", default="", help="evidence: NAME=PATH,... of feature stores")
     parser.add_argument("--configs", default="", help="evidence: DATASET:D:ACTIVATION:INIT,...")
     parser.add_argument("--store", default="", help="pair: the feature store")
@@ -117,7 +144,10 @@ def main() -> None:
     args = parser.parse_args()
     results = json.loads(args.json.read_text()) if args.json.exists() else {}
     results.update(threads=args.threads, machine=f"{os.cpu_count()} cores")
-    (evidence if args.mode == "evidence" else pair)(args, blas_env(args.threads), results)
+    if args.mode == "table":
+        table(args, {}, json.loads(args.json.read_text()))
+        return
+    {"evidence": evidence, "pair": pair}[args.mode](args, blas_env(args.threads), results)
 
 
 if __name__ == "__main__":
