@@ -176,10 +176,12 @@ def test_a_choice_on_the_grids_edge_is_warned_about_and_recorded(tmp_path, store
     assert report["best_gamma"] == 1e3 and report["best_gamma_at_grid_edge"] is True
     assert ("warning: the best gamma by loo, 1000, is the smallest of --gammas (1000 .. 100000); a better gamma may "
             "lie beyond the grid: extend --gammas") in " ".join(high.output.split())
-    metrics, _ = learn(store, tmp_path / "auto", "--gamma", "auto", "--gamma-grid", "1e-4,1e-3,1e-2")
+    metrics, _ = learn(store, tmp_path / "auto", "--gamma", "auto", "--select", "loo", "--gamma-grid", "1e-4,1e-3,1e-2")
     assert metrics["gammas_at_grid_edge"] == [True] * 4 and metrics["gammas_selected"] == [1e-2] * 4
-    result = invoke("learn", *base, "--out", tmp_path / "auto2", "--gamma", "auto", "--gamma-grid", "1e-4,1e-3,1e-2")
+    result = invoke("learn", *base, "--out", tmp_path / "auto2", "--gamma", "auto", "--select", "loo", "--gamma-grid",
+                    "1e-4,1e-3,1e-2")
     assert ("warning: --gamma auto chose 0.01, the largest of --gamma-grid (0.0001 .. 0.01), at 4 of 4 task "
             "boundaries; a better gamma may lie beyond the grid: extend --gamma-grid") in " ".join(result.output.split())
-    inner, _ = learn(store, tmp_path / "auto3", "--gamma", "auto", "--gamma-grid", ",".join(map(str, GRID)))
+    inner, _ = learn(store, tmp_path / "auto3", "--gamma", "auto", "--select", "loo", "--gamma-grid",
+                     ",".join(map(str, GRID)))
     assert not any(inner["gammas_at_grid_edge"])

@@ -70,7 +70,7 @@ class ModelConfig:
     projection_init: str = "uniform"
     activation: str | None = None
     gamma: float | str = 1.0
-    select: str = "loo"
+    select: str = "loo_accuracy"  # the selector best or tied most often (benchmarks/RESULTS.md, issue 23)
     gamma_grid: tuple[float, ...] = DEFAULT_GAMMA_GRID
     per_decade: int = PER_DECADE
     engine: str = "gram"
