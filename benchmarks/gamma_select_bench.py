@@ -111,7 +111,8 @@ def table(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
           + " | decade oracle A_last % | CPU s |")
     print("|---|" + "---:|" * (len(SHORT) + 2))
     for config, run in results.get("evidence", {}).items():
-        sel = run["selections"]
+        sel = {name: {**s, **{k: round(100 * s[k], 2) / 100 for k in ("A_last", "A_avg")}}  # equal as printed: tied
+               for name, s in run["selections"].items()}
         best = [max(s[k] for s in sel.values()) for k in ("A_last", "A_avg")]
         cells = []
         for name in SHORT:
