@@ -465,6 +465,28 @@ def part_cifar(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     metrics = json.loads((work / "cifar-run" / "metrics.json").read_text())
     out["A_avg"], out["n_train_seen"] = metrics["A_avg"], metrics["n_train_seen"]
     out["meets_goal"] = "not applicable: no GPU" if device != "cuda" else out["total_s"] <= 20
+    few = list(steps["extract"])  # the same command on 2,000 images: what it costs besides the images
+    few[few.index("--data-dir") + 1] = str(_random_h5(work / "few.h5", 1_000, 1_000))
+    few[few.index("--out") + 1] = str(work / "few.zarr")
+    out["extract_2000_images"] = _profile_cli(few, work, sz.part_seconds)
+
+
+def _profile_cli(args: list[str], work: Path, timeout: int, top: int = 25) -> dict[str, float]:
+    """Where a command's time goes: wall seconds, then the cumulative seconds of its slowest calls (cProfile)."""
+    script, profile = work / "cli_main.py", work / "cli.prof"
+    script.write_text(CLI + "\n")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), str(script), *args], capture_output=True,
+                   text=True, timeout=timeout, check=True)
+    wall = time.perf_counter() - start
+    import pstats
+
+    stats = pstats.Stats(str(profile)).stats
+    imports = max((v[3] for k, v in stats.items() if k[2] == "_find_and_load"), default=0.0)
+    ours = sorted(((v[3], f"{Path(k[0]).parent.name}/{Path(k[0]).name}:{k[1]}({k[2]})") for k, v in stats.items()
+                   if "/foal_pipe/" in k[0] and "/cli/" not in k[0]), reverse=True)
+    return {"wall_s": round(wall, 3), "imports_s": round(imports, 3),
+            **{name: round(seconds, 3) for seconds, name in ours[:top]}}
 
 
 def part_startup(sz: Sizes, work: Path, out: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 from safetensors.numpy import load_file
+from sklearn.covariance import OAS
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
@@ -199,3 +200,62 @@ def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep:
     if sweep is not None:
         (path / "sweep.json").write_text(json.dumps(sweep))
     return path
+
+
+# --- the heads' definitions written plainly (float64, loops): what the heads are tested against ----------------
+
+def unit(X):
+    norms = np.sqrt((X**2).sum(axis=1, keepdims=True))
+    return X / np.where(norms > 0, norms, 1.0)
+
+
+def ref_ncm(X, y, T):
+    classes = np.unique(y)
+    means = np.array([unit(X)[y == c].mean(axis=0) for c in classes])
+    Th = unit(T)
+    return classes, -np.array([[((t - m) ** 2).sum() for m in means] for t in Th])
+
+
+def slda_covariance(X, y, eps):
+    classes = np.unique(y)
+    means = np.array([X[y == c].mean(axis=0) for c in classes])
+    R = X - means[np.searchsorted(classes, y)]
+    if eps == "oas":
+        return classes, means, OAS().fit(R).covariance_
+    S = R.T @ R / len(y)
+    return classes, means, (1 - eps) * S + eps * np.eye(X.shape[1])
+
+
+def ref_slda(X, y, T, eps=1e-4):
+    classes, means, S = slda_covariance(X, y, eps)
+    Lam = np.linalg.pinv(S)
+    return classes, np.array([[t @ Lam @ m - m @ Lam @ m / 2 for m in means] for t in T])
+
+
+def ref_fecam(X, y, T, a1=1.0, a2=0.0):
+    classes = np.unique(y)
+    Xh, Th = unit(X), unit(T)
+    out = np.empty((len(T), classes.size))
+    for k, c in enumerate(classes):
+        rows = Xh[y == c]
+        mu = rows.mean(axis=0)
+        S = np.cov(rows, rowvar=False)
+        d = S.shape[0]
+        off = ~np.eye(d, dtype=bool)
+        S = S + a1 * np.mean(np.diag(S)) * np.eye(d) + a2 * S[off].mean() * off
+        sd = np.sqrt(np.diag(S))
+        P = np.linalg.pinv(S / np.outer(sd, sd))
+        out[:, k] = [-(t - mu) @ P @ (t - mu) for t in Th]
+    return classes, out
+
+
+def ref_ncm_loo(X, y):
+    """NCM's leave-one-out accuracy by refitting without each row (a class left empty predicts wrong)."""
+    hits = 0
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        if not (y[keep] == y[i]).any():
+            continue
+        classes, scores = ref_ncm(X[keep], y[keep], X[i : i + 1])
+        hits += int(classes[scores.argmax()] == y[i])
+    return hits / len(y)

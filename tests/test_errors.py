@@ -19,9 +19,6 @@ from foal_pipe.errors import NO_VALUE, FoalPipeError, param
 
 PACKAGE = Path(__file__).resolve().parents[1] / "foal_pipe"
 FLAG = re.compile(r"(?<![\w`-])--[a-z][a-z-]*")
-#: Library code whose messages still name flags: ``learn --init-model``'s check of the options typed on the
-#: command line.
-NOT_YET = ("protocol/continuation.py:continue_from_cli",)
 
 
 def test_a_python_caller_reads_parameters():
@@ -81,8 +78,7 @@ def test_library_messages_name_parameters_not_flags():
         where = path.relative_to(PACKAGE).as_posix()
         if where.startswith("cli/"):
             continue
-        for function, line, text in _messages(path):
-            if FLAG.search(re.sub(r"`[^`]*`", "", text)) and not any(
-                    f"{where}:{function}".startswith(skip) or where.startswith(skip) for skip in NOT_YET):
+        for _function, line, text in _messages(path):
+            if FLAG.search(re.sub(r"`[^`]*`", "", text)):
                 flagged.append(f"{where}:{line}: {text[:80]}")
     assert not flagged, "library messages naming flags:\n" + "\n".join(flagged)

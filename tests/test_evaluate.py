@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.schema import LearnMetrics
 from foal_pipe.report import evaluate, read_metrics, read_sweep, select
 from foal_pipe.report.paper import TABLE2, match_paper, paper_row
 
@@ -119,6 +120,8 @@ def test_match_paper_requires_the_papers_settings():
     assert match_paper(make_metrics()) is None  # digits: not in Table 2
     match = match_paper(paper_metrics())
     assert match.comparable and match.row.title == "CIFAR-100"
+    other = match_paper(LearnMetrics.from_dict(paper_metrics(head="balanced", head_options={"gamma": 1.0})))
+    assert other.differences == ("head balanced (paper: F-OAL's ridge)",)  # the paper's numbers are ridge's
     off = match_paper(paper_metrics(gamma=0.1, batch_size=32))
     assert not off.comparable
     assert off.differences == ("gamma 0.1 (paper 1)", "batch size 32 (paper 10)")

@@ -64,6 +64,7 @@ COMMANDS = {
     "sweep": ["sweep", "--gammas", "0.1,1,10"],
     "sweep-no-loo": ["sweep", "--gammas", "0.1,1,10", "--no-loo"],
     "orders": ["learn", "--order-seeds", "0,1"],
+    "sweep-heads": ["sweep", "--gammas", "0.1,1,10", "--heads", "ridge,ncm,slda,fecam,balanced,dual"],
 }
 
 
@@ -76,6 +77,16 @@ def test_each_chunk_is_decoded_once_per_walk(store, decoded, tmp_path, command, 
     assert max(decoded.values()) == 1, decoded
     assert sum(1 for split, _ in decoded if split == "train") == train_chunks
     assert sum(1 for split, _ in decoded if split == "test") == test_chunks
+
+
+@pytest.mark.parametrize("head", ["ncm", "slda", "fecam", "balanced", "dual"])
+def test_learn_head_decodes_each_chunk_once(store, decoded, tmp_path, head):
+    projection = [] if head in ("ncm", "slda", "fecam") else ["--projection-dim", 24]
+    _invoke("learn", "--head", head, "--features", store, "--out", tmp_path / "out", "--tasks", 10, "--seed", 5,
+            "--backend", "numpy", *projection)
+    assert max(decoded.values()) == 1, decoded
+    assert sum(1 for split, _ in decoded if split == "train") == -(-600 // CHUNK)
+    assert sum(1 for split, _ in decoded if split == "test") == -(-200 // CHUNK)
 
 
 def test_results_equal_the_closed_form_with_100_tasks(store, tmp_path):
@@ -106,3 +117,24 @@ def test_continuing_a_model_decodes_the_new_store_once(store, decoded, tmp_path)
             tmp_path / "more", "--tasks", 2, "--backend", "numpy")
     assert max(decoded.values()) == 1, decoded
     assert sum(1 for split, _ in decoded if split == "train") == -(-120 // CHUNK)
+
+
+def test_rows_reach_the_device_as_each_chunk_is_decoded(store, monkeypatch):
+    """On a device backend the rows are scattered there during the read (no bulk copy after it): every block and
+    gather equals the host rows, and the device copy exists before the walk asks for a block."""
+    torch = pytest.importorskip("torch")
+    import array_api_compat.torch as xp
+
+    import foal_pipe.protocol.rowcache as rowcache
+
+    monkeypatch.setattr(rowcache, "on_device", lambda namespace: namespace is xp)  # torch on the CPU stands in
+    split = open_store(store).split("train")
+    groups = np.asarray(split.labels) % 7
+    rows = rowcache.GroupedRows(split, [None], groups, 7, 2**30, xp=xp)
+    assert (None, xp.__name__) in rows._device
+    host = rowcache.GroupedRows(split, [None], groups, 7, 2**30)
+    assert np.array_equal(rows.block(None, 0, rows.n_rows), host.block(None, 0, host.n_rows))
+    for lo, hi in zip(rows.offsets[:-1], rows.offsets[1:]):
+        assert torch.equal(rows.block(None, int(lo), int(hi), xp), torch.from_numpy(host.block(None, int(lo), int(hi))))
+    scattered = np.random.default_rng(0).permutation(rows.n_rows)[:50]
+    assert torch.equal(rows.take(None, scattered, xp), torch.from_numpy(host.take(None, scattered)))

@@ -116,14 +116,21 @@ def summary_table(paths: list[Path]) -> Table:
 
     def label(path: Path, run) -> str:
         dataset = "?" if run.dataset is None else run.dataset
-        return f"{path}\n[dim]{dataset} · {(run.encoder or {}).get('name', '?')}[/]"
+        head = f" · head {run.head}" if getattr(run, "head", None) else ""
+        return f"{path}\n[dim]{dataset} · {(run.encoder or {}).get('name', '?')}{head}[/]"
+
+    def gamma_cell(m) -> str:
+        """ridge's gamma; a head's own gamma (balanced, dual), or - for a head without one."""
+        if m.head is None:
+            return gamma_text(m)
+        return format((m.head_options or {})["gamma"], "g") if "gamma" in (m.head_options or {}) else "-"
 
     sweeps = []
     for entry in found:
         if entry.metrics is not None:
             m, match = entry.metrics, matches[entry.path]
             row = [label(entry.path, m), str(len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks),
-                   number(m.projection_dim, "d"), gamma_text(m), pct(m.A_avg), pct(m.A_last), pct(m.F)]
+                   number(m.projection_dim, "d"), gamma_cell(m), pct(m.A_avg), pct(m.A_last), pct(m.F)]
             if with_paper:
                 row.append(
                     "-" if match is None

@@ -30,6 +30,25 @@ def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, 
     return parse_order_seeds(order_seeds)
 
 
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was typed (not defaulted): ``learn --init-model`` refuses or checks those."""
+    source = ctx.get_parameter_source(name)  # compared by name: typer vendors its own click
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: tuple[int, ...] | None) -> None:
+    """``learn --head``: the options the head cannot take, typed ones included, refused."""
+    from foal_pipe.protocol.config import ModelConfig
+    from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
+
+    if head != o.MODEL.head and init_model is not None:
+        raise FoalPipeError(f"--init-model continues ridge's sums; --head {head} cannot continue a model: drop one")
+    if head != o.MODEL.head and seeds is not None:
+        raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
+    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _typed(ctx, name)]
+    check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
+
+
 def _timings(timings: dict[str, float]) -> str:
     parts = [f"{step} {seconds:.1f}" for step, seconds in timings.items() if step != "total"]
     return f"{timings['total']:.1f} s: " + ", ".join(parts)
@@ -61,12 +80,21 @@ def learn(
     class_order: o.ClassOrder = o.STREAM.class_order,
     drop_last: o.DropLast = o.STREAM.drop_last,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
+    eval_every: o.EvalEvery = None,
     no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,
     workers: o.Workers = o.EXECUTION.workers,
     init_model: o.InitModel = None,
     eval_features: o.EvalFeatures = None,
+    head: o.Head = o.MODEL.head,
+    shrinkage: o.Shrinkage = None,
+    shrinkage_offdiag: o.ShrinkageOffdiag = None,
+    compensation: o.Compensation = None,
+    gamma_comp: o.GammaComp = None,
 ) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
@@ -86,11 +114,17 @@ def learn(
             raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
+        _check_head(ctx, head, init_model, seeds)
         if init_model is not None:
-            from foal_pipe.protocol.continuation import continue_from_cli
+            from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
 
-            done = continue_from_cli(ctx, init_model, features, out, stream, model, evaluation, execution,
-                                     eval_features or [], log=_log)
+            typed = [name for name in ("seed", "projection_init", *FIXED_BY_MODEL) if _typed(ctx, name)]
+            for name in ("seed", "projection_init"):  # they draw the projection
+                if name in typed:
+                    option = "--" + name.replace("_", "-")
+                    raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
+            done = run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features or [],
+                                _log, [name for name in FIXED_BY_MODEL if name in typed])
         elif seeds is None:
             done = run_learn(features, out, stream, model, evaluation, execution, log=_log)
         else:
@@ -102,8 +136,13 @@ def learn(
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
                           highlight=False)
         m, chosen = done.metrics, ""
+        if m.head is not None:
+            chosen = f"  head {m.head}" + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}"
+                                                  for k, v in m.head_options.items())
         if m.gamma == "auto":
             chosen = f"  gamma by {m.selected_by}: {', '.join(f'{g:g}' for g in m.gammas_selected)}"
+        if m.A_auc is not None:
+            chosen = f"  A_auc {100 * m.A_auc:.2f}{chosen}"
         console.print(
             f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {100 * m.F:.2f}{chosen}  "
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
@@ -141,10 +180,18 @@ def sweep(
     class_order: o.ClassOrder = o.STREAM.class_order,
     drop_last: o.DropLast = o.STREAM.drop_last,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
     no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
     scheduler: o.Scheduler = o.EXECUTION.scheduler,
     dask_address: o.DaskAddress = o.EXECUTION.dask_address,
     workers: o.Workers = o.EXECUTION.workers,
+    heads: o.Heads = None,
+    shrinkage: o.Shrinkage = None,
+    shrinkage_offdiag: o.ShrinkageOffdiag = None,
+    compensation: o.Compensation = None,
+    gamma_comp: o.GammaComp = None,
 ) -> None:
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 
@@ -165,6 +212,8 @@ def sweep(
         if seeds is not None and fusions is not None:
             raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
                                 "--fusion X with --order-seeds")
+        if seeds is not None and heads is not None:
+            raise FoalPipeError("--heads compares heads on one class order; leave out --order-seeds")
         if seeds is None:
             done = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:
@@ -197,6 +246,11 @@ def sweep(
             console.print("refined search (last boundary's gamma, test A_last of the chosen models): " + ", ".join(
                 f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
                 for s in report.selections), highlight=False)
+        if report.heads:
+            print_table(_heads_table(report))
+            chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; ranked: the "
+                      "heads with an exact leave-one-out)" if report.best_head else "no head has a training criterion")
+            console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False)
         runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
@@ -221,6 +275,18 @@ def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, t
             _cell(r.gcv[-1], fmt=".4g"), _cell(r.loo_accuracy[-1] if r.loo_accuracy else None, 100),
             _cell(r.loo_mse[-1] if r.loo_mse else None, fmt=".4g"), label,
         )
+    return table
+
+
+def _heads_table(report) -> Table:
+    """``sweep --heads``: every head's accuracy, options and leave-one-out accuracy."""
+    table = Table(title=f"heads: {report.dataset} ({counted(report.n_tasks, 'task')})")
+    for name in ("head", "A_avg %", "A_last %", "F %", "LOO acc %", "options"):
+        table.add_column(name, justify="right")
+    for name, entry in report.heads.items():
+        options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.options.items())
+        table.add_row(name, f"{100 * entry.A_avg:.2f}", f"{100 * entry.A_last:.2f}", f"{100 * entry.F:.2f}",
+                      _cell(entry.loo_accuracy, 100), options)
     return table
 
 

@@ -24,6 +24,7 @@ from foal_pipe.core.activations import ACTIVATIONS, INITS
 from foal_pipe.core.backend import BACKENDS, DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS
 from foal_pipe.memory import memory_text, parse_memory
 from foal_pipe.protocol.config import (
     SCHEDULERS,
@@ -35,7 +36,7 @@ from foal_pipe.protocol.config import (
     parse_gamma,
 )
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
-from foal_pipe.protocol.stream import DEFAULT_TASKS
+from foal_pipe.protocol.stream import DEFAULT_TASKS, STREAMS
 from foal_pipe.store.blockfusion import FUSION_FORMS
 
 STREAM, MODEL, EVALUATION, EXECUTION, SWEEP = StreamConfig(), ModelConfig(), EvaluationConfig(), ExecutionConfig(), SweepConfig()
@@ -66,6 +67,19 @@ DropRemainder = Annotated[
     bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
                "with a warning (the published code: DTD 47 -> 40 classes); recorded in metrics.json. Default: off "
                "(every class is streamed).")
+]
+StreamKind = Annotated[
+    choice(*STREAMS),
+    typer.Option("--stream", help="disjoint: each class in one task (--tasks, --class-order). si-blurry: the Si-Blurry "
+                 "stream (Moon et al. 2023; docs/streams.md): classes recur across tasks and the classes per task are "
+                 "drawn with the seed (--disjoint-ratio, --blurry-ratio); metrics.json records it."),
+]
+DisjointRatio = Annotated[
+    int, typer.Option(help="With --stream si-blurry: % of the classes (rounded down) whose rows all fall in one task.")
+]
+BlurryRatio = Annotated[
+    int, typer.Option(help="With --stream si-blurry: % of the other classes' rows (rounded down) dealt over the tasks "
+                      "instead of staying in their class's task.")
 ]
 BatchSize = Annotated[int, typer.Option(help="Mini-batch size S of the online stream.")]
 ProjectionDim = Annotated[int, typer.Option(help="Projection dimension D of the smooth projection; 0: no projection.")]
@@ -121,6 +135,29 @@ Fusion = Annotated[
 NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
 
 # ----------------------------------------------------------------------------------------------------------------
+# The heads (foal_pipe.heads)
+
+Shrinkage = Annotated[
+    str | None,
+    typer.Option(help="slda: eps of Lambda = pinv((1 - eps) S + eps I), a number in [0, 1] (default 1e-4), or oas (the "
+                 "OAS estimate); fecam: a1, the diagonal shrinkage (default 1). Not for the other heads.",
+                 show_default=False),
+]
+ShrinkageOffdiag = Annotated[
+    float | None, typer.Option(help="fecam: a2, the off-diagonal shrinkage (default 0). Not for the other heads.",
+                               show_default=False)
+]
+
+Compensation = Annotated[
+    float | None, typer.Option(help="dual: C, the compensation stream's weight in the scores (default 1). Not for the "
+                               "other heads.", show_default=False)
+]
+GammaComp = Annotated[
+    float | None, typer.Option(help="dual: the compensation stream's ridge regularisation, > 0 (default: dual's gamma). "
+                               "Not for the other heads.", show_default=False)
+]
+
+# ----------------------------------------------------------------------------------------------------------------
 # learn
 
 Gamma = Annotated[
@@ -150,10 +187,23 @@ Engine = Annotated[
         "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
     ),
 ]
+Head = Annotated[
+    choice(*HEADS),
+    typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
+                 "compared in docs/heads.md: ncm, slda and fecam work on the store's features (no projection "
+                 "options); balanced (AIR) and dual (DS-AL) on the projection, with --gamma."),
+]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
                               "name gets a new label id), gamma, projection, activation and dtype from the model. "
                               "Default: none (a new model).")
+]
+EvalEvery = Annotated[
+    int | None,
+    typer.Option(help="Also score the test rows of the classes seen so far after every N training rows (exact ridge "
+                 "on the rows seen; gamma: the last task end's choice, or --gamma): metrics.json gains the curve "
+                 "(anytime) and A_auc, its mean (Koh et al. 2022). Default: none (task ends only).",
+                 show_default=False),
 ]
 EvalFeatures = Annotated[
     list[Path] | None, typer.Option(help="With --init-model: also score the final model on this store's test "
@@ -176,6 +226,13 @@ Select = Annotated[
                  "gcv with --no-loo."),
 ]
 NoLoo = Annotated[bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")]
+Heads = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
+                 "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
+                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). Not with --fusions or --order-seeds. "
+                 "Default: none (the gamma sweep alone)."),
+]
 Fusions = Annotated[
     str | None,
     typer.Option(help="Comma-separated fusions of a blocks store (e.g. mean-cls,last,mean:7-12), every fusion x gamma "
@@ -211,12 +268,24 @@ def gamma_value(text: str) -> float | str:
     return parse_gamma(value)
 
 
+def shrinkage_value(text: str) -> float | str:
+    """``--shrinkage``: a number, or ``oas``."""
+    if text == "oas":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise FoalPipeError(f"--shrinkage {text!r} is neither a number nor 'oas'; write e.g. --shrinkage 1e-4") from None
+
+
 #: Options whose text becomes the field's value.
 PARSE: dict[str, Callable[[Any], Any]] = {
     "gamma": gamma_value,
     "gamma_grid": lambda text: floats(text, "--gamma-grid"),
     "gammas": lambda text: floats(text, "--gammas"),
     "fusions": lambda text: tuple(text.split(",")),
+    "heads": lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
+    "shrinkage": shrinkage_value,
     "max_memory": parse_memory,
 }
 

@@ -26,3 +26,21 @@ def summarize(acc: np.ndarray | list[list[float]]) -> dict[str, float | list[flo
         "F": float(np.mean(forgetting)) if forgetting else 0.0,
         "F_published_code": float(np.mean(published)),
     }
+
+
+def summarize_seen(acc: np.ndarray | list[list[float]]) -> dict[str, float | list[float]]:
+    """A_t per step, A_avg and A_last of a stream whose classes recur (Si-Blurry, docs/streams.md), from its
+    matrix ``a[i][j]``: accuracy after task i on the test rows of the classes seen by the end of task j. A_t is
+    ``a[t][t]``, the accuracy on every class seen so far (Moon et al., ICCV 2023); F needs per-class accuracies
+    and is not derived here."""
+    steps = [float(row[i]) for i, row in enumerate(acc)]
+    return {"A_steps": steps, "A_avg": float(np.mean(steps)), "A_last": steps[-1]}
+
+
+#: How each stream's accuracy matrix is summarised (``metrics.json``'s ``stream``; absent: disjoint).
+SUMMARIES = {"disjoint": summarize, "si-blurry": summarize_seen}
+
+
+def summary_of(acc: np.ndarray | list[list[float]], stream: str | None) -> dict[str, float | list[float]]:
+    """The summary of ``stream``'s accuracy matrix (None: the disjoint stream, files that do not record one)."""
+    return SUMMARIES[stream or "disjoint"](acc)

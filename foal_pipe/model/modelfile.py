@@ -46,7 +46,7 @@ import numpy as np
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.core.projection import ACTIVATIONS
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_path
 
 MODEL_FILE = "model.safetensors"
@@ -321,6 +321,19 @@ def _file_checksum(path: Path, strings: Mapping[str, str]) -> str:
         return content_checksum(strings, entries)
 
 
+def _run_head(run: Path) -> str | None:
+    """The head other than ridge that the run in ``run`` learned (its metrics.json's ``head``), if any."""
+    import json
+
+    from foal_pipe.protocol.schema import METRICS_FILE
+
+    try:
+        head = json.loads((run / METRICS_FILE).read_text()).get("head")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return head if isinstance(head, str) else None
+
+
 def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(tensors, metadata)`` of a validated model file; metadata values are decoded from JSON.
 
@@ -333,6 +346,11 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
 
     path = Path(path)
     if not path.exists():
+        head = _run_head(path.parent)
+        if head is not None:
+            raise FoalPipeError(f"model file {path} does not exist: its run learned {param('head', head)}, which writes "
+                                "metrics.json only; predicting and continuing take ridge's model file (`foal-pipe "
+                                f"learn` without {param('head')})")
         raise FoalPipeError(f"model file {path} does not exist; train one with `foal-pipe learn`")
     if not path.is_file():
         raise FoalPipeError(f"model file {path} is not a file; pass the model.safetensors inside it")

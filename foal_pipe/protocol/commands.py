@@ -4,24 +4,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from contextlib import nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import DEFAULT_HEAD
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
-from foal_pipe.protocol.evaluation import accuracy_matrices, lane_accuracies
+from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
+from foal_pipe.protocol.headruns import (
+    check_head_options,
+    check_head_stream,
+    check_learn_head,
+    check_sweep_heads,
+    resolved_options,
+)
+from foal_pipe.protocol.headwalk import learn_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
+    accuracy_report,
+    choose,
     fusion_entry,
     fusions_report,
     grid_edge,
+    heads_report,
     learn_metrics,
     run_info,
     sweep_report,
@@ -29,10 +43,18 @@ from foal_pipe.protocol.records import (
     sweep_selections,
 )
 from foal_pipe.protocol.run import Run, prepare, reread_note
-from foal_pipe.protocol.schema import CRITERIA, METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, SweepSelection
+from foal_pipe.protocol.schema import (
+    CRITERIA,
+    METRICS_FILE,
+    SWEEP_FILE,
+    TRAINING_CRITERIA,
+    LearnMetrics,
+    SweepReport,
+    SweepSelection,
+)
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
-from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries
+from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows, train_rows
 from foal_pipe.store.blockfusion import parse_fusions
 
 
@@ -49,29 +71,33 @@ def run_learn(
     """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
     and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
     ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
+    if model.head != DEFAULT_HEAD:
+        return run_learn_head(features, out, stream, model, evaluation, execution, log)
+    check_head_options([DEFAULT_HEAD], model)
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
     loo = model.loo
     run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
+    anytime = anytime_points(run)
     warn_dropped(run, stream, log)
     if loo and not run.keep_activations:
         log(reread_note(run))
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
         if model.engine == "rls":
-            boundaries, final = rls_boundaries(run, shared and shared.train)
+            boundaries, final = rls_boundaries(run, shared and shared.train, anytime)
         else:
             if auto:
                 solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade)
-                boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train)
+                boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
                 final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
                                                            dtype=model.dtype)
             else:
                 solver = FixedGamma(float(model.gamma), model.dtype)
-                boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train)
+                boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
                 final = solver.classifier
-        acc = accuracy_matrices(run, boundaries, shared and shared.test)[0]
-    metrics = learn_metrics(run, stream, acc, boundaries)
+        reports, curve = model_reports(run, boundaries, shared and shared.test, anytime)
+    metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
     if auto and model.select == "gcv":
         _warn_gcv(boundaries, model.gamma_grid, log)
     warn_auto_edges(metrics, log)
@@ -82,6 +108,45 @@ def run_learn(
             write_json(tmp / METRICS_FILE, metrics.to_dict())
 
     return Learned(metrics, write_outputs(out, [run], start, write))
+
+
+def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
+                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None]) -> Learned:
+    """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
+    ``metrics.json`` (with ``head`` and ``head_options``) and ``timings.json`` as one unit."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    check_head_options([model.head], model)
+    check_head_stream(stream, evaluation)
+    settings = check_learn_head(model, evaluation, execution)
+    run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
+    warn_dropped(run, stream, log)
+    log(f"note: --head {model.head} writes metrics.json only, no model.safetensors: `predict` and `--init-model` "
+        "take ridge's model file")
+    options = resolved_options(model.head, model)
+    with np.errstate(all="ignore"):
+        accs, _ = learn_heads(run, [model.head], options)
+    metrics = LearnMetrics(**accuracy_report(accs[model.head]), head=model.head, head_options=options,
+                           **run_info(run, stream))
+
+    def write(tmp: Path) -> None:
+        with run.timed("write"):
+            write_json(tmp / METRICS_FILE, metrics.to_dict())
+
+    return Learned(metrics, write_outputs(out, [run], start, write))
+
+
+def anytime_points(run: Run) -> Anytime | None:
+    """The evaluation points of ``--eval-every`` (None without it); refused when the stream is shorter."""
+    every = run.evaluation.eval_every
+    if every is None:
+        return None
+    anytime = Anytime(run, every)
+    if not anytime.points:
+        n = int(sum(r.size for r in run.stream.rows))
+        raise FoalPipeError(f"{param('eval_every', every)} is more than the stream's {n} training rows, so nothing would "
+                            f"be evaluated; pass at most {param('eval_every', n)}")
+    return anytime
 
 
 def run_sweep(
@@ -114,19 +179,34 @@ def run_sweep(
         raise FoalPipeError(f"{param('select', select)} needs the leave-one-out pass; drop {param('loo', False)} or use "
                             f"{param('select', 'gcv')}")
     fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
+    if fusions and stream.stream != "disjoint":
+        raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
+                            f"fusions one at a time ({param('fusion', 'X')})")
+    others = check_sweep_heads(sweep, model, bool(fusions))
+    if others:
+        check_head_stream(stream, evaluation)
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
-                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions)
+                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
     warn_dropped(run, stream, log)
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
     solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
-    with np.errstate(all="ignore"):
-        lanes = gram_walk(run, solvers, rows=shared and shared.train)
-        accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, shared and shared.test)
-    results = {key: sweep_results(gammas, lane.boundaries, accs[key], sweep.loo) for key, lane in lanes.items()}
-    selections = {key: sweep_selections(lane.boundaries, accs[key][len(gammas):], solvers[key].criteria,
-                                        sweep.per_decade) for key, lane in lanes.items()}
+    with np.errstate(all="ignore"), (train_rows(run) if others else nullcontext(shared and shared.train)) as train, \
+            (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
+        lanes = gram_walk(run, solvers, rows=train)
+        if run.stream.kind == "disjoint":
+            accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
+            reports = {key: [accuracy_report(a) for a in acc] for key, acc in accs.items()}
+        else:
+            reports = {None: model_reports(run, lanes[None].boundaries, test)[0]}
+        results = {key: sweep_results(gammas, lane.boundaries, reports[key], sweep.loo) for key, lane in lanes.items()}
+        selections = {key: sweep_selections(lane.boundaries, reports[key][len(gammas):], solvers[key].criteria,
+                                            sweep.per_decade) for key, lane in lanes.items()}
+        if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
+            model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
+                                                ("loo" if sweep.loo else "gcv")))
+        head_accs, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
     info = run_info(run, stream)
     if fusions:
         report = fusions_report(gammas, [fusion_entry(key, results[key], select, selections[key]) for key in fusions],
@@ -134,6 +214,9 @@ def run_sweep(
     else:
         report = sweep_report(gammas, results[None], select, info, selections[None])
     warn_search_edges(report.selections or [], log)
+    if sweep.heads:
+        report = heads_report(report, sweep.heads, head_accs, head_loo,
+                              {name: resolved_options(name, model) for name in others})
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)

@@ -13,6 +13,7 @@ from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
 from foal_pipe.protocol.schema import CRITERIA
+from foal_pipe.protocol.stream import check_ratio
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
@@ -42,11 +43,16 @@ class StreamConfig:
     drop_last: bool = False
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
     drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
+    stream: str = "disjoint"  # stream.STREAMS: disjoint tasks, or si-blurry (classes recur, task sizes drawn)
+    disjoint_ratio: int = 50  # si-blurry: % of the classes seen in one task only
+    blurry_ratio: int = 10  # si-blurry: % of the other classes' rows dealt over the tasks
 
     def __post_init__(self) -> None:
         for name, value in (("seed", self.seed), ("order_seed", self.order_seed)):
             if value is not None:
                 check_seed(value, name)
+        for name in ("disjoint_ratio", "blurry_ratio"):
+            check_ratio(getattr(self, name), name)
 
     @property
     def resolved_order_seed(self) -> int:
@@ -63,7 +69,8 @@ class ModelConfig:
     ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
     ``fusion`` (a :func:`~foal_pipe.store.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
     time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
-    applies the stored final norm after it.
+    applies the stored final norm after it. ``head`` names the classifier (:mod:`foal_pipe.heads`); the fields
+    after it are the options of the heads that take them.
     """
 
     projection_dim: int = 1000
@@ -77,6 +84,11 @@ class ModelConfig:
     dtype: str = "float64"
     fusion: str | None = None
     fusion_norm: bool = True
+    head: str = "ridge"  # a key of foal_pipe.heads.HEADS; ridge: this learner
+    shrinkage: float | str | None = None  # slda's eps (or "oas"), fecam's a1; None: the head's default
+    shrinkage_offdiag: float | None = None  # fecam's a2; None: its default
+    compensation: float | None = None  # dual's C; None: its default
+    gamma_comp: float | None = None  # dual's compensation gamma; None: gamma
 
     @property
     def loo(self) -> bool:
@@ -92,9 +104,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class EvaluationConfig:
-    """How the test split is scored: ``mask_unseen`` restricts the argmax to the classes seen so far."""
+    """How the test split is scored: ``mask_unseen`` restricts the argmax to the classes seen so far;
+    ``eval_every`` (training rows) adds the anytime curve (docs/streams.md), None: task ends only."""
 
     mask_unseen: bool = True
+    eval_every: int | None = None
+
+    def __post_init__(self) -> None:
+        value = self.eval_every
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+            raise FoalPipeError(f"{param('eval_every')} counts training rows between evaluations and must be at least 1, "
+                                f"got {value!r}; pass e.g. {param('eval_every', 1000)}")
 
 
 @dataclass(frozen=True)
@@ -118,6 +138,7 @@ class SweepConfig:
     loo: bool = True
     per_decade: int = PER_DECADE  # the refined search of every criterion (``selections`` in sweep.json)
     fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
+    heads: tuple[str, ...] = ()  # heads of foal_pipe.heads.HEADS, all from one read; (): the gamma sweep alone
 
     @property
     def resolved_select(self) -> str:

@@ -26,7 +26,7 @@ from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.records import Learned, learn_metrics
+from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
@@ -140,6 +140,10 @@ def run_continue(
     model = model_settings(deployed, model, explicit)
     if not evaluation.mask_unseen:
         raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
+    if stream.stream != "disjoint" or evaluation.eval_every is not None:
+        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
+        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
+                            f"{option}")
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     merged = label_map(deployed, list(store.classes))
@@ -164,7 +168,7 @@ def run_continue(
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
-    metrics = replace(learn_metrics(run, stream, acc, boundaries), init_model=str(init_model),
+    metrics = replace(learn_metrics(run, stream, accuracy_report(acc), boundaries), init_model=str(init_model),
                       n_samples_seen_total=int(final.n_samples_seen_), label_ids=dict(zip(store.classes, merged.tolist())),
                       task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
                       eval_features=[evaluate_store(result, path) for path in eval_features])
@@ -175,18 +179,3 @@ def run_continue(
 
     return Learned(metrics, write_outputs(out, [run], start, write))
 
-
-def continue_from_cli(ctx: Any, init_model: Path, features: Path, out: Path, stream: StreamConfig, model: ModelConfig,
-                      evaluation: EvaluationConfig, execution: ExecutionConfig, eval_features: Sequence[Path],
-                      log: Callable[[str], None]) -> Learned:
-    """``learn --init-model`` from the command line: an option is explicit when typed, not when defaulted."""
-    def given(name: str) -> bool:  # by name: typer vendors its own click
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-    for name in ("seed", "projection_init"):  # they draw the projection
-        if given(name):
-            option = "--" + name.replace("_", "-")
-            raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
-    explicit = [name for name in FIXED_BY_MODEL if given(name)]
-    return run_continue(init_model, features, out, stream, model, evaluation, execution, eval_features, log, explicit)

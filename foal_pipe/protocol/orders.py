@@ -50,7 +50,16 @@ from foal_pipe.protocol.config import (
     check_seed,
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.records import Learned, Swept, choose, learn_metrics, run_info, sweep_report, sweep_results
+from foal_pipe.protocol.records import (
+    Learned,
+    Swept,
+    accuracy_report,
+    choose,
+    learn_metrics,
+    run_info,
+    sweep_report,
+    sweep_results,
+)
 from foal_pipe.protocol.run import Run, prepare
 from foal_pipe.protocol.schema import (
     METRICS_FILE,
@@ -90,9 +99,11 @@ def class_statistics_bytes(n_classes: int, dim: int, dtype: str) -> int:
 
 
 def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: ExecutionConfig, loo: bool,
-                    n_classes: int) -> str | None:
+                    n_classes: int, anytime: bool = False) -> str | None:
     """Why the orders cannot come from one pass (None: they can)."""
     reasons = {
+        "--stream si-blurry spreads a class's rows over several tasks": stream.stream != "disjoint",
+        "--eval-every solves inside the tasks": anytime,
         "--engine rls replays the rows in stream order": model.engine == "rls",
         "the leave-one-out pass needs the rows at every boundary (use --select gcv, or sweep --no-loo)": loo,
         "--drop-last drops rows that depend on each order's shuffle": stream.drop_last,
@@ -160,15 +171,18 @@ def order_boundaries(run: Run, per_class: Sequence[RidgeStatistics],
 
 
 def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, float]]:
-    """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders."""
-    values = {key: np.array([getattr(e, key) for e in entries], dtype=np.float64) for key in SUMMARY_KEYS}
+    """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders, and of A_auc where every
+    order has one (``--eval-every``)."""
+    keys = [*SUMMARY_KEYS, *(["A_auc"] if all(getattr(e, "A_auc", None) is not None for e in entries) else [])]
+    values = {key: np.array([getattr(e, key) for e in entries], dtype=np.float64) for key in keys}
     return {"mean": {k: float(v.mean()) for k, v in values.items()}, "std": {k: float(v.std()) for k, v in values.items()}}
 
 
 def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
     return OrderMetrics(order_seed=seed, tasks=metrics.tasks, accuracy_matrix=metrics.accuracy_matrix,
                         A_steps=metrics.A_steps, A_avg=metrics.A_avg, A_last=metrics.A_last, F=metrics.F,
-                        F_published_code=metrics.F_published_code, gammas_selected=metrics.gammas_selected)
+                        F_published_code=metrics.F_published_code, gammas_selected=metrics.gammas_selected,
+                        A_auc=metrics.A_auc, anytime=metrics.anytime)
 
 
 def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool) -> LearnMetrics:
@@ -182,7 +196,8 @@ def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool
     return replace(first, **stats["mean"], order_seed=None,
                    accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(mean.shape[0])],
                    A_steps=[float(v) for v in np.mean([e.A_steps for e in entries], axis=0)],
-                   F_published_code=float(np.mean([e.F_published_code for e in entries])),
+                   F_published_code=(None if any(e.F_published_code is None for e in entries)
+                                     else float(np.mean([e.F_published_code for e in entries]))),
                    order_seeds=[e.order_seed for e in entries], orders=list(entries), mean=stats["mean"],
                    std=stats["std"], one_pass=one_pass)
 
@@ -217,7 +232,7 @@ def run_learn_orders(
     out = Path(out)
     loo = model.loo
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
-    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes))
+    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None)
     if reason is not None:
         with shared_rows(runs) as shared:
             return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason,
@@ -234,7 +249,7 @@ def run_learn_orders(
                       else FixedGamma(float(model.gamma), model.dtype))
             boundaries, running = order_boundaries(run, per_class, solver)
             acc = accuracy_matrices(run, boundaries, shared.test)[0]
-            metrics = learn_metrics(run, replace(stream, order_seed=s), acc, boundaries)
+            metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
             if auto:
                 finals.append(AnalyticClassifier.from_statistics(running, gamma=float(boundaries[-1].gammas[0]),
                                                                  dtype=model.dtype))
@@ -342,8 +357,8 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
         per_class = class_statistics(runs[0], shared)
         for s, run in zip(seeds, runs):
             boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None, sweep.per_decade))
-            acc = accuracy_matrices(run, boundaries, shared.test)
-            reports.append(sweep_report(gammas, sweep_results(gammas, boundaries, acc, False), sweep.resolved_select,
+            reports_m = [accuracy_report(a) for a in accuracy_matrices(run, boundaries, shared.test)]
+            reports.append(sweep_report(gammas, sweep_results(gammas, boundaries, reports_m, False), sweep.resolved_select,
                                         run_info(run, replace(stream, order_seed=s))))
     runs[0].store.check_unchanged()
     return reports

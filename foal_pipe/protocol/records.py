@@ -11,13 +11,16 @@ import numpy as np
 
 from foal_pipe.core.gammapath import best_point
 from foal_pipe.core.metrics import summarize
+from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.schema import (
     CRITERIA,
+    AnytimeCurve,
     FusionChoice,
     FusionSweep,
     GammaSearch,
+    HeadSweep,
     LearnMetrics,
     SweepReport,
     SweepResult,
@@ -37,8 +40,14 @@ def accuracy_report(acc: np.ndarray) -> dict[str, Any]:
 
 
 def run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
-    """The :class:`~foal_pipe.protocol.schema.RunSettings` fields of a run."""
-    return {
+    """The :class:`~foal_pipe.protocol.schema.RunSettings` fields of a run (the stream's kind and ratios only for
+    a Si-Blurry stream: the default's records stay as they were)."""
+    blurry = {} if run.stream.kind == "disjoint" else {
+        "stream": run.stream.kind, "disjoint_ratio": stream_config.disjoint_ratio,
+        "blurry_ratio": stream_config.blurry_ratio, "disjoint_classes": run.stream.disjoint_classes,
+        "blurred_rows": run.stream.blurred_rows,
+    }
+    return {**blurry,
         "tasks": run.stream.tasks,
         "n_tasks": run.stream.n_tasks,
         "dropped_classes": run.stream.dropped,
@@ -66,10 +75,11 @@ def _finite_or_none(values: np.ndarray) -> list[float | None]:
     return [float(v) if np.isfinite(v) else None for v in values]
 
 
-def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], acc: np.ndarray,
+def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]],
                   loo: bool) -> list[SweepResult]:
-    """Every gamma's results from one walk: ``acc[m]`` and, per boundary, GCV and (with ``loo``) leave-one-out."""
-    return [SweepResult(gamma=g, **accuracy_report(acc[m]),
+    """Every gamma's results from one walk: ``reports[m]`` (:class:`Accuracy` fields) and, per boundary, GCV and
+    (with ``loo``) leave-one-out."""
+    return [SweepResult(gamma=g, **reports[m],
                         gcv=_finite_or_none(np.array([b.gcv[m] for b in boundaries])),
                         loo_accuracy=[float(b.loo_accuracy[m]) for b in boundaries] if loo else None,
                         loo_mse=_finite_or_none(np.array([b.loo_mse[m] for b in boundaries])) if loo else None)
@@ -84,13 +94,14 @@ def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int
                        gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches])
 
 
-def sweep_selections(boundaries: Sequence[Boundary], acc: np.ndarray, criteria: Sequence[str],
+def sweep_selections(boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]], criteria: Sequence[str],
                      per_decade: int) -> list[SweepSelection]:
-    """Each criterion's refined search and the test accuracy ``acc[i]`` of the models it chose (``criteria[i]``)."""
+    """Each criterion's refined search and the test accuracy ``reports[i]`` (:class:`Accuracy` fields) of the
+    models it chose (``criteria[i]``)."""
     out = []
     for i, name in enumerate(criteria):
         search = gamma_search(boundaries, name, per_decade)
-        out.append(SweepSelection(**accuracy_report(acc[i]), **{k: getattr(search, k) for k in (
+        out.append(SweepSelection(**reports[i], **{k: getattr(search, k) for k in (
             "criterion", "per_decade", "gammas", "values", "gammas_selected", "at_edge")}))
     return out
 
@@ -123,6 +134,35 @@ def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], sele
                    fusions=list(entries))
 
 
+#: How ``sweep --heads`` names its ``best_head``: a training-data criterion that only heads with an exact
+#: leave-one-out accuracy have (ridge, by its gamma sweep's leave-one-out pass; ncm); the others are not ranked.
+HEAD_CRITERION = "loo_accuracy"
+
+
+def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.ndarray], loo: dict[str, float],
+                 options: dict[str, dict[str, Any]]) -> SweepReport:
+    """``sweep --heads``: the report with every head's entry (ridge: its gamma chosen by ``selected_by``, and that
+    gamma's leave-one-out accuracy at the last boundary; the others: ``loo``, their exact leave-one-out accuracy
+    where they have one), the head of best leave-one-out accuracy (None when no head has one; first of equals in
+    ``names``' order) and the test oracle's head (best test A_avg), labelled as such."""
+    ridge = next(r for r in report.results if r.gamma == report.best_gamma)
+    entries = {}
+    for name in names:
+        if name == "ridge":
+            ridge_loo = ridge.loo_accuracy[-1] if ridge.loo_accuracy else None
+            entries[name] = HeadSweep(**{k: getattr(ridge, k) for k in ("accuracy_matrix", "A_steps", "A_avg", "A_last",
+                                                                        "F", "F_published_code")},
+                                      options={"gamma": ridge.gamma, "selected_by": report.selected_by},
+                                      loo_accuracy=ridge_loo)
+        else:
+            entries[name] = HeadSweep(**accuracy_report(accs[name]), options=options[name], loo_accuracy=loo.get(name))
+    ranked = [name for name in names if entries[name].loo_accuracy is not None]
+    best = max(ranked, key=lambda name: entries[name].loo_accuracy) if ranked else None
+    oracle = max(names, key=lambda name: entries[name].A_avg)
+    return replace(report, heads=entries, best_head=best, best_head_selected_by=HEAD_CRITERION if best else None,
+                   best_head_test=oracle)
+
+
 def _best_index(results: Sequence[SweepResult], criterion: str) -> int:
     """The result that ``criterion`` prefers at the last task boundary (among equals, LOO accuracy's least LOO
     MSE, then the first in the given order)."""
@@ -147,12 +187,18 @@ def choose_fusion(entries: Sequence[FusionSweep], criterion: str) -> tuple[str, 
     return fusion, float(result.gamma)
 
 
-def learn_metrics(run: Run, stream: StreamConfig, acc: np.ndarray, boundaries: Sequence[Boundary]) -> LearnMetrics:
-    """``metrics.json`` of one learned stream: the accuracy report, the run's settings and, with ``--gamma auto``,
-    the gamma chosen at each boundary."""
+def learn_metrics(run: Run, stream: StreamConfig, report: dict[str, Any], boundaries: Sequence[Boundary],
+                  anytime: Anytime | None = None, curve: Sequence[float] | None = None) -> LearnMetrics:
+    """``metrics.json`` of one learned stream: the accuracy ``report`` (:class:`Accuracy` fields), the run's
+    settings, with ``--gamma auto`` the gamma chosen at each boundary, and with ``anytime`` its ``curve``
+    (accuracy at each point) and ``A_auc``, the curve's mean."""
     model = run.model
-    metrics = LearnMetrics(**accuracy_report(acc), gamma="auto" if model.gamma == "auto" else float(model.gamma),
+    metrics = LearnMetrics(**report, gamma="auto" if model.gamma == "auto" else float(model.gamma),
                            engine=model.engine, **run_info(run, stream))
+    if anytime is not None:
+        metrics = replace(metrics, A_auc=float(np.mean(curve)) if len(curve) else None, anytime=AnytimeCurve(
+            eval_every=anytime.every, samples_seen=list(anytime.samples), accuracy=[float(a) for a in curve],
+            gammas=[float(b.gammas[0]) for b in anytime.snapshots]))
     if model.gamma == "auto":
         search = gamma_search(boundaries, model.select, model.per_decade)
         metrics = replace(metrics, gammas_selected=search.gammas_selected, selected_by=model.select,

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_numpy_namespace
+from array_api_compat import is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 
 from foal_pipe.core.backend import default_device
 from foal_pipe.errors import FoalPipeError, param
@@ -53,6 +53,13 @@ def cache_bytes(n_rows: int, dim: int, itemsize: int, lanes: int = 1) -> int:
 def in_memory(nbytes: int, max_memory: int) -> bool:
     """Whether a cache of ``nbytes`` is held in memory (else it spills to a temporary file)."""
     return nbytes <= min(RAM_BYTES, max_memory)
+
+
+def on_device(xp: Any) -> bool:
+    """Whether ``xp`` keeps arrays away from host memory (CuPy; torch on a GPU), so rows must be copied there."""
+    if is_cupy_namespace(xp):
+        return True
+    return is_torch_namespace(xp) and default_device(xp).type != "cpu"
 
 
 def ordered(group_of_row: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,10 +122,14 @@ class GroupedRows:
     ``rows[i]`` is the store row at cache position ``i``, ``labels[i]`` its label, ``offsets[g]`` where group
     ``g`` starts, ``position[r]`` the cache position of store row ``r`` (-1: not cached). ``on_chunk(n)`` is
     called with the rows of each chunk once it is scattered.
+
+    With ``xp`` a device namespace (CuPy, torch) and the rows held in memory, each decoded chunk is also copied
+    to the device and scattered there while the next chunks decode, so the walk finds its rows on the device
+    without a bulk copy after the read.
     """
 
     def __init__(self, source: Any, lanes: Sequence[str | None], group_of_row: np.ndarray, n_groups: int,
-                 max_memory: int, on_chunk: Callable[[int], None] = lambda n: None):
+                 max_memory: int, on_chunk: Callable[[int], None] = lambda n: None, xp: Any = None):
         self.lanes = tuple(lanes)
         self.rows, self.offsets = ordered(group_of_row, n_groups)
         self.labels = np.asarray(source.labels)[self.rows]
@@ -127,6 +138,8 @@ class GroupedRows:
         self.nbytes = cache_bytes(self.rows.size, self.dim, self.dtype.itemsize, len(self.lanes))
         self.in_memory = in_memory(self.nbytes, max_memory)
         self._store: dict[str | None, np.ndarray | _Spill] = {}
+        self._device: dict[tuple[str | None, str], Any] = {}
+        self._to = xp if self.in_memory and on_device(xp) else None
         try:
             for lane in self.lanes:
                 self._store[lane] = (np.empty((self.rows.size, self.dim), dtype=self.dtype) if self.in_memory
@@ -135,7 +148,6 @@ class GroupedRows:
         except BaseException:
             self.close()
             raise
-        self._device: dict[tuple[str | None, str], Any] = {}
 
     @property
     def n_rows(self) -> int:
@@ -176,7 +188,18 @@ class GroupedRows:
                 store.put(pos, X)
             else:
                 store[pos] = X
+            if self._to is not None:
+                self._to_device(lane, pos, X)
         on_chunk(rows.size)
+
+    def _to_device(self, lane: str | None, pos: np.ndarray, X: np.ndarray) -> None:
+        """One decoded chunk's rows into the device copy of ``lane`` (made on the first chunk)."""
+        xp, where = self._to, default_device(self._to)
+        X = xp.asarray(X, device=where)
+        key = (lane, xp.__name__)
+        if key not in self._device:
+            self._device[key] = xp.empty((self.n_rows, self.dim), dtype=X.dtype, device=where)
+        self._device[key][xp.asarray(pos, device=where), ...] = X
 
     def block(self, lane: str | None, start: int, stop: int, xp: Any = None) -> Any:
         """Rows at positions ``[start, stop)`` of ``lane``; with a device namespace ``xp``, on the device (the
@@ -202,6 +225,8 @@ class GroupedRows:
             breaks = np.flatnonzero(np.diff(positions) != 1) + 1
             runs = zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [positions.size]]))
             X = np.concatenate([store.read(int(positions[a]), int(positions[b - 1]) + 1) for a, b in runs])
+        elif xp is not None and (lane, xp.__name__) in self._device:
+            return self._device[(lane, xp.__name__)][xp.asarray(positions, device=default_device(xp)), ...]
         else:
             X = store[positions]
         return X if xp is None or is_numpy_namespace(xp) else xp.asarray(X, device=default_device(xp))
@@ -224,17 +249,26 @@ class TaskBlocks:
     so a cache grouped by this stream's tasks gives consecutive ranges) cut into blocks of ``size`` rows.
 
     ``blocks(k)`` yields ``(start, stop, positions)``: the block's place in the walk (tasks 1..k are walk rows
-    ``[0, ends[k])``) and its cache positions. Every pass cuts a task the same way.
+    ``[0, ends[k])``) and its cache positions. Every pass cuts a task the same way. With ``points`` (training
+    rows seen, in stream order: ``--eval-every``), a task is first cut, in stream order, into segments at the
+    points inside it; each segment is then sorted and cut into blocks, so a block ends at every point and walk
+    rows ``[0, p)`` are the first ``p`` rows of the stream.
     """
 
-    def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int):
-        self.size = size
-        self.tasks = [np.sort(rows.position[r]) for r in stream_rows]
-        if any((t < 0).any() for t in self.tasks):
+    def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int, points: Sequence[int] = ()):
+        self.size, self.points = size, frozenset(points)
+        self.ends = np.cumsum([r.size for r in stream_rows]).astype(np.int64)
+        self.segments: list[list[np.ndarray]] = []
+        for k, r in enumerate(stream_rows):
+            base = int(self.ends[k]) - r.size
+            cuts = [p - base for p in points if base < p < base + r.size]
+            self.segments.append([np.sort(rows.position[s]) for s in np.split(r, cuts)])
+        if any((s < 0).any() for segments in self.segments for s in segments):
             raise FoalPipeError("the decoded rows lack some of the stream's rows; re-run the command")
-        self.ends = np.cumsum([t.size for t in self.tasks]).astype(np.int64)
 
     def blocks(self, k: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        base, positions = int(self.ends[k]) - self.tasks[k].size, self.tasks[k]
-        for a in range(0, positions.size, self.size):
-            yield base + a, base + min(a + self.size, positions.size), positions[a : a + self.size]
+        base = int(self.ends[k]) - sum(s.size for s in self.segments[k])
+        for positions in self.segments[k]:
+            for a in range(0, positions.size, self.size):
+                yield base + a, base + min(a + self.size, positions.size), positions[a : a + self.size]
+            base += positions.size

@@ -21,7 +21,7 @@ from foal_pipe.memory import check_memory, fits, human
 from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
 from foal_pipe.protocol.schema import TRAINING_CRITERIA
-from foal_pipe.protocol.stream import Stream, build_stream, read_class_order
+from foal_pipe.protocol.stream import Stream, make_stream, read_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
 
@@ -80,10 +80,14 @@ def prepare(
     loo: bool = False,
     command: str = "learn",
     fusions: Sequence[str] = (),
+    heads: Sequence[str] = (),
+    ridge: bool = True,
 ) -> Run:
     """Validate everything before any work: settings, store, stream, projection, memory.
 
-    ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`).
+    ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`);
+    ``heads`` (other than ridge) add their state to the memory estimate; ``ridge=False`` (``learn --head``) leaves
+    out ridge's state and weights.
     """
     if model.gamma != "auto":
         check_gamma(model.gamma)
@@ -118,11 +122,15 @@ def prepare(
     store.check_labelled()
     n_classes = len(store.classes)
     order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
-    stream = build_stream(
-        store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size, stream_config.resolved_order_seed, order,
-        stream_config.drop_last, stream_config.drop_remainder,
+    stream = make_stream(
+        stream_config.stream, store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size,
+        stream_config.resolved_order_seed, order, stream_config.drop_last, stream_config.drop_remainder,
+        stream_config.disjoint_ratio, stream_config.blurry_ratio,
     )
-    test_totals = count_test_rows(stream, store.test.labels, n_classes)
+    if evaluation.eval_every is not None and execution.scheduler == "dask":
+        raise FoalPipeError(f"{param('eval_every')} solves inside the tasks, which {param('scheduler', 'dask')} sums whole; "
+                            f"use {param('scheduler', 'local')} with {param('eval_every')}")
+    test_totals = count_test_rows(stream, store.test.labels, n_classes, evaluation.eval_every is not None)
     projection = SmoothProjection(
         n_components=model.projection_dim, init=model.projection_init, activation=model.resolved_activation,
         random_state=stream_config.seed, dtype=model.dtype,
@@ -130,14 +138,31 @@ def prepare(
     run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), fused=fused)
     parts = memory_parts(run, n_models, loo)
+    if not ridge:
+        parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
+    parts.update(head_parts(run, heads))
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
-    check_memory(command, parts, f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, "
-                 "or free memory")
+    fewer_points = f"a larger {param('eval_every')}, " if evaluation.eval_every is not None else ""
+    fix = (f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, {fewer_points}"
+           "or free memory" if ridge and not heads else "a head's per-class statistics grow as classes x d^2: leave "
+           "that head out, use features of fewer dimensions, or free memory")
+    check_memory(command, parts, fix)
     return run
+
+
+def head_parts(run: Run, heads: Sequence[str]) -> dict[str, int]:
+    """The state of every head other than ridge (:data:`foal_pipe.heads.HEADS`' ``memory``: per-class statistics
+    included), at the width of the rows it takes, for every class of the store."""
+    from foal_pipe.heads import HEADS
+
+    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    n_classes = len(run.store.classes)
+    return {f"{name} state ({n_classes} classes, d={dims[HEADS[name].space]})":
+            HEADS[name].memory(n_classes, dims[HEADS[name].space]) for name in heads if HEADS[name].factory is not None}
 
 
 def kept_bytes(run: Run) -> int:
@@ -184,6 +209,10 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
         "a block of rows": block + chunk * (READ_AHEAD + READ_THREADS),
         f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
+    if run.evaluation.eval_every is not None:  # every point's weights wait for the one test read
+        n_stream = int(np.count_nonzero(run.row_task >= 0))
+        parts[f"weights of every --eval-every point ({n_stream // run.evaluation.eval_every})"] = (
+            n_stream // run.evaluation.eval_every * D * n_classes * 8)
     for split in ("train", "test"):
         cached = rows_cache_bytes(run, split)
         if in_memory(cached, run.execution.max_memory):
@@ -199,10 +228,19 @@ def rows_cache_bytes(run: Run, split: str = "train") -> int:
     return cache_bytes(rows, run.store.dim, item, len(run.lanes))
 
 
-def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int) -> np.ndarray:
-    """Test rows per task; refused up front when a task has none (it could not be evaluated)."""
+def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class: bool = False) -> np.ndarray:
+    """Test rows per task (of the classes first seen there); refused up front when a task has none (it could not
+    be evaluated). A Si-Blurry stream, or anytime evaluation (``by_class``), scores the classes seen so far and
+    needs test rows for every class of the stream instead."""
     row_task = stream.task_of_label(n_classes)[labels]
     totals = np.bincount(row_task[row_task >= 0], minlength=stream.n_tasks)
+    if by_class or stream.kind != "disjoint":
+        streamed = np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in stream.tasks]))
+        missing = np.setdiff1d(streamed, labels)
+        if missing.size:
+            raise FoalPipeError(f"class {int(missing[0])} is trained on but has no test rows; scoring the classes seen "
+                                "so far needs test rows for every class: check the store's test labels")
+        return totals
     empty = np.flatnonzero(totals == 0)
     if empty.size:
         raise FoalPipeError(

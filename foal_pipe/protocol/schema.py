@@ -129,6 +129,8 @@ MATRIX = _Kind("non-empty list of rows", lambda v: isinstance(v, list) and bool(
 LABEL = _Kind("label id", lambda v: INTEGER.accepts(v) and v >= 0)
 COUNT = _Kind("integer >= 0", lambda v: INTEGER.accepts(v) and v >= 0)
 FRACTION = _Kind("number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1)
+FRACTIONS = _list_of(FRACTION, "list of numbers in [0, 1]")
+POSITIVE_INTEGER = _Kind("integer >= 1", lambda v: INTEGER.accepts(v) and v >= 1)
 TASKS = _list_of(_list_of(LABEL), "list of lists of label ids")
 TASK_NAMES = _list_of(_list_of(TEXT), "list of lists of class names")
 CURVES = _Kind("list of lists of numbers or nulls (one list per task boundary)",
@@ -194,6 +196,8 @@ def _json(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, list):
         return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
     return value
 
 
@@ -224,6 +228,13 @@ class RunSettings(_Record):
     features: str | None = key(TEXT)
     #: Wall seconds, in files written before they moved to ``timings.json``.
     seconds: float | None = key(NUMBER)
+    #: ``--stream si-blurry`` (docs/streams.md): its ratios (%), the classes seen in one task only, and the rows
+    #: of the other classes dealt over the tasks. Not recorded for the default disjoint stream.
+    stream: str | None = key(TEXT)
+    disjoint_ratio: int | None = key(COUNT)
+    blurry_ratio: int | None = key(COUNT)
+    disjoint_classes: list[int] | None = key(INTEGERS)
+    blurred_rows: int | None = key(COUNT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +261,17 @@ class StoreScore(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AnytimeCurve(_Record):
+    """``learn --eval-every N``: the accuracy on the test rows of the classes seen so far after every N training
+    rows, and the gamma of the weights there (docs/streams.md)."""
+
+    eval_every: int = key(POSITIVE_INTEGER, required=True)
+    samples_seen: list[int] = key(INTEGERS, required=True)
+    accuracy: list[float] = key(FRACTIONS, required=True)
+    gammas: list[float] | None = key(NUMBERS)
+
+
+@dataclass(frozen=True, kw_only=True)
 class OrderMetrics(Accuracy):
     """One class order of ``learn --order-seeds``."""
 
@@ -257,6 +279,8 @@ class OrderMetrics(Accuracy):
     tasks: list[list[int]] | None = key(TASKS)
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
     gammas_selected: list[float] | None = key(NUMBERS)
+    A_auc: float | None = key(FRACTION)
+    anytime: AnytimeCurve | None = key(_record(AnytimeCurve, "anytime curve object"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,6 +333,32 @@ class LearnMetrics(Accuracy, RunSettings):
     mean: dict[str, float] | None = key(NUMBER_BY_NAME)
     std: dict[str, float] | None = key(NUMBER_BY_NAME)
     one_pass: bool | None = key(BOOLEAN)
+    #: ``--eval-every``: the mean of ``anytime``'s accuracies (Koh et al. 2022); with ``--order-seeds`` the
+    #: mean over the orders (each order's curve and A_auc in ``orders``).
+    A_auc: float | None = key(FRACTION)
+    anytime: AnytimeCurve | None = key(_record(AnytimeCurve, "anytime curve object"))
+    #: ``learn --head``: the head other than ridge (absent for ridge) and its options, defaults included.
+    head: str | None = key(TEXT)
+    head_options: dict[str, Any] | None = key(MAPPING)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadSweep(Accuracy):
+    """``sweep --heads``: one head's accuracy, its hyperparameters (ridge: the gamma chosen by the sweep's
+    criterion) and its exact leave-one-out accuracy on the training rows at the last boundary, where it has one."""
+
+    FIX: ClassVar[str] = "re-run `foal-pipe sweep --heads ... --out DIR` to write it"
+    accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
+    options: dict[str, Any] = key(MAPPING, required=True)
+    loo_accuracy: float | None = key(FRACTION)
+
+
+def _heads_by_name(values: dict, where: str, key: str) -> dict[str, HeadSweep]:
+    return {name: HeadSweep.parse_dict(v, f"{where}: {key}[{name!r}]") for name, v in values.items()}
+
+
+HEAD_SWEEPS = _Kind("mapping of head entries", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
+                    _heads_by_name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,6 +443,12 @@ class SweepReport(RunSettings):
     orders: list[OrderSweep] | None = key(_records(OrderSweep, "list of class orders"))
     order_seeds: list[int] | None = key(INTEGERS)
     one_pass: bool | None = key(BOOLEAN)
+    #: ``--heads``: every head's entry, the head of best leave-one-out accuracy (null when no head has one), how
+    #: it was chosen, and the test oracle's head, labelled as such.
+    heads: dict[str, HeadSweep] | None = key(HEAD_SWEEPS)
+    best_head: str | None = key(TEXT)
+    best_head_selected_by: str | None = key(TEXT)
+    best_head_test: str | None = key(TEXT)
 
 
 def check_matrix(matrix: Any, where: str) -> list[list[float]]:

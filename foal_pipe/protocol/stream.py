@@ -1,4 +1,4 @@
-"""The online stream (docs/protocol.md section 3): class order, task split, shuffling, batches.
+"""The online stream (docs/protocol.md section 3, docs/streams.md): class order, task split, shuffling, batches.
 
 Everything is drawn from one ``numpy.random.default_rng(seed)``: first the class permutation, then
 the within-task shuffles in task order. The store keeps rows in dataset order; only this module
@@ -9,6 +9,9 @@ the first ``C mod T`` tasks get one class more than the others (8 classes in 5 t
 class is streamed; ``drop_remainder`` instead gives every task ``C // T`` classes and leaves the last
 ``C mod T`` classes of the permutation out (the published code), with a warning. Without ``T``,
 :data:`DEFAULT_TASKS` tasks, or one class per task when there are fewer classes.
+
+That is the ``disjoint`` stream. ``si-blurry`` (:func:`si_blurry`) lets classes recur across tasks and draws
+the number of classes per task (Moon et al., ICCV 2023); :data:`STREAMS` names both.
 """
 
 from __future__ import annotations
@@ -41,16 +44,20 @@ class Stream:
     rows: list[np.ndarray]
     batch_size: int
     dropped: list[int]
+    kind: str = "disjoint"
+    disjoint_classes: list[int] | None = None  # si-blurry: the classes seen in one task only
+    blurred_rows: int | None = None  # si-blurry: rows of the other classes dealt over the tasks
 
     @property
     def n_tasks(self) -> int:
         return len(self.tasks)
 
     def task_of_label(self, n_classes: int) -> np.ndarray:
-        """``t`` for each label id in task ``t``; -1 for labels outside the stream."""
+        """``t`` for each label id first seen in task ``t`` (its only task in a disjoint stream); -1 for labels
+        outside the stream."""
         out = np.full(n_classes, -1, dtype=np.int64)
-        for t, task in enumerate(self.tasks):
-            out[task] = t
+        for t in reversed(range(self.n_tasks)):
+            out[self.tasks[t]] = t
         return out
 
     def row_tasks(self, n_rows: int) -> np.ndarray:
@@ -135,7 +142,10 @@ def _tasks_range(first: int, last: int) -> str:
 
 def dropped_warning(stream: Stream, n_classes: int, class_order: bool) -> str | None:
     """The warning for classes the stream leaves out (``--drop-remainder``, or an explicit ``--class-order`` that
-    does not list them), or the note on a seeded split into tasks of unequal sizes; None when neither applies."""
+    does not list them), or the note on a seeded split into tasks of unequal sizes; None when neither applies
+    (a Si-Blurry stream draws unequal tasks by design)."""
+    if stream.kind != "disjoint":
+        return None
     if not stream.dropped:
         sizes = [len(t) for t in stream.tasks]
         if class_order or len(set(sizes)) < 2:
@@ -187,3 +197,97 @@ def build_stream(
             raise FoalPipeError(f"task {t} (classes {task}) has no training rows; check the store's labels or the task split")
         rows.append(idx)
     return Stream(tasks=[list(t) for t in tasks], rows=rows, batch_size=batch_size, dropped=dropped)
+
+
+def check_ratio(value: object, name: str) -> int:
+    """A percentage of ``--disjoint-ratio`` / ``--blurry-ratio``: an integer in [0, 100]."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= value <= 100:
+        raise FoalPipeError(f"{param(name)} is a percentage, an integer from 0 to 100, got {value!r}; "
+                            f"pass e.g. {param(name, 50)}")
+    return int(value)
+
+
+def _cut(items: np.ndarray, n_tasks: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``items`` cut into ``n_tasks`` consecutive pieces at ``n_tasks - 1`` uniform random points (pieces may be
+    empty): the published code's stochastic split."""
+    points = np.sort(rng.integers(0, items.size, n_tasks - 1)) if items.size else np.zeros(n_tasks - 1, np.int64)
+    bounds = np.concatenate([[0], points, [items.size]])
+    return [items[bounds[t] : bounds[t + 1]] for t in range(n_tasks)]
+
+
+def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
+              disjoint_ratio: int = 50, blurry_ratio: int = 10, drop_last: bool = False) -> Stream:
+    """The Si-Blurry stream (Moon et al., ICCV 2023, and its public code; docs/streams.md).
+
+    From one ``numpy.random.default_rng(seed)``: a class permutation; its first ``C * disjoint_ratio // 100``
+    classes are *disjoint* (their rows in one task only), the others *blurry*; each group cut into the tasks at
+    uniform random points (a stochastic number of classes per task). Each class's rows go to its task, shuffled.
+    Then ``blurry_ratio`` % of the blurry classes' rows (rounded down), drawn uniformly, leave their task: pooled,
+    shuffled and dealt over the tasks in random quotas (cut points again; a row may land in its own task, as in
+    the published code). Each task's rows are shuffled once more. Unlike the published code no class is left
+    over (it rounds both counts down to multiples of the tasks); tasks that receive no row are left out.
+    """
+    if batch_size < 1:
+        raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
+    disjoint_ratio, blurry_ratio = check_ratio(disjoint_ratio, "disjoint_ratio"), check_ratio(blurry_ratio, "blurry_ratio")
+    n_tasks = min(DEFAULT_TASKS, n_classes) if n_tasks is None else n_tasks
+    if n_tasks < 1:
+        raise FoalPipeError(f"{param('tasks')} must be at least 1, got {n_tasks}")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_classes)
+    n_disjoint = n_classes * disjoint_ratio // 100
+    disjoint, blurry = _cut(order[:n_disjoint], n_tasks, rng), _cut(order[n_disjoint:], n_tasks, rng)
+
+    def rows_of(classes: np.ndarray) -> np.ndarray:
+        idx = np.flatnonzero(np.isin(labels, classes))
+        rng.shuffle(idx)
+        return idx
+
+    own, spread = [rows_of(c) for c in disjoint], [rows_of(c) for c in blurry]
+    everyone = np.concatenate(spread)
+    moved = np.zeros(everyone.size, dtype=bool)
+    moved[rng.choice(everyone.size, everyone.size * blurry_ratio // 100, replace=False)] = True
+    pool = rng.permutation(everyone[moved])
+    quotas = _cut(pool, n_tasks, rng)
+    stays = np.split(~moved, np.cumsum([r.size for r in spread])[:-1])
+    tasks, rows = [], []
+    for t in range(n_tasks):
+        idx = np.concatenate([own[t], spread[t][stays[t]], quotas[t]])
+        rng.shuffle(idx)
+        if drop_last:
+            idx = idx[: idx.size - idx.size % batch_size]
+        if idx.size:
+            tasks.append(sorted(int(c) for c in np.unique(labels[idx])))
+            rows.append(idx)
+    return Stream(tasks=tasks, rows=rows, batch_size=batch_size, dropped=[], kind="si-blurry",
+                  disjoint_classes=sorted(int(c) for c in order[:n_disjoint]), blurred_rows=int(pool.size))
+
+
+def _disjoint(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
+              class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
+              blurry_ratio: int) -> Stream:
+    return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder)
+
+
+def _si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
+               class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
+               blurry_ratio: int) -> Stream:
+    for name, value in (("class_order", class_order), ("drop_remainder", drop_remainder)):
+        if value:
+            raise FoalPipeError(f"{param(name)} splits disjoint tasks; {param('stream', 'si-blurry')} draws its own "
+                                f"split: leave out {param(name)} or use {param('stream', 'disjoint')}")
+    return si_blurry(labels, n_classes, n_tasks, batch_size, seed, disjoint_ratio, blurry_ratio, drop_last)
+
+
+#: ``--stream``: each kind of stream by name, with the same arguments (:func:`make_stream`'s).
+STREAMS = {"disjoint": _disjoint, "si-blurry": _si_blurry}
+
+
+def make_stream(kind: str, labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
+                class_order: list[list[int]] | None = None, drop_last: bool = False, drop_remainder: bool = False,
+                disjoint_ratio: int = 50, blurry_ratio: int = 10) -> Stream:
+    """The stream ``kind`` (:data:`STREAMS`) over a split's labels; its options refused where they do not apply."""
+    if kind not in STREAMS:
+        raise FoalPipeError(f"unknown {param('stream')} {kind!r}; choose {' or '.join(STREAMS)}")
+    return STREAMS[kind](labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder,
+                         disjoint_ratio, blurry_ratio)

@@ -17,6 +17,7 @@ from foal_pipe.core.backend import default_device
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import RLS_WINDOW
 from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
@@ -71,7 +72,8 @@ def train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None, group
     by class for several class orders; see :mod:`foal_pipe.rowcache`)."""
     with run.timed("read"):
         return GroupedRows(run.source("train"), run.lanes, run.row_task if groups is None else groups,
-                           run.stream.n_tasks if n_groups is None else n_groups, run.execution.max_memory, on_chunk)
+                           run.stream.n_tasks if n_groups is None else n_groups, run.execution.max_memory, on_chunk,
+                           run.xp)
 
 
 def _project(run: Run, X: Any) -> Any:
@@ -87,8 +89,11 @@ def _activations(run: Run, rows: GroupedRows, key: str | None, positions: np.nda
 
 
 def _add_task(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict[str | None, _Lane],
-              kept: dict[str | None, KeptActivations] | None, advance: Callable[[int], None]) -> None:
-    """Task ``k``'s rows into each lane's running sums, in full-size blocks (kept, when ``kept``)."""
+              kept: dict[str | None, KeptActivations] | None, advance: Callable[[int], None],
+              on_point: Callable[[int], None] | None = None) -> None:
+    """Task ``k``'s rows into each lane's running sums, in full-size blocks (kept, when ``kept``);
+    ``on_point(n)`` after each block that ends at an evaluation point inside the task."""
+    end = int(walk.ends[k])
     for start, stop, positions in walk.blocks(k):
         labels = rows.labels[positions]
         for key, lane in lanes.items():
@@ -98,6 +103,8 @@ def _add_task(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict
                     kept[key].put(start, stop, H)
                 lane.running += RidgeStatistics.from_batch(H, labels)
         advance(stop - start)
+        if on_point is not None and stop < end and stop in walk.points:
+            on_point(stop)
 
 
 def _loo_pass(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict[str | None, _Lane],
@@ -118,7 +125,7 @@ def _loo_pass(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict
 
 def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
               on_task: Callable[[int, dict[str | None, _Lane]], None] | None = None,
-              rows: GroupedRows | None = None) -> dict[str | None, _Lane]:
+              rows: GroupedRows | None = None, anytime: Anytime | None = None) -> dict[str | None, _Lane]:
     """Walk the tasks in stream order with one running statistics object per lane (``solvers`` keyed by
     :attr:`Run.lanes`, all needing the rows or none); each lane's boundaries and final sums.
 
@@ -126,7 +133,9 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
     adds its rows in full-size blocks and, when the solvers need the rows, its boundary's leave-one-out pass takes
     the rows of tasks 1..k from that cache (their activations, when kept). With ``--scheduler dask`` the cluster
     computes every task's sums in one pass and the cache is read only for leave-one-out. ``on_task(k, lanes)`` is
-    called after task k is added.
+    called after task k is added. ``anytime`` (``--eval-every``, one lane) records the weights at its points: the
+    blocks end there (:class:`TaskBlocks`); a point inside a task is solved from the running sums, one at a task
+    end is that end's boundary.
     """
     xp = run.xp
     lanes = {key: _Lane(solver, RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)))
@@ -144,7 +153,9 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
     with progress_bar(label, total) as advance:
         per_task = _dask_task_statistics(run, advance) if dask else None
         with (train_rows(run, advance) if read else nullcontext(rows)) as cached:
-            walk = None if cached is None else TaskBlocks(cached, run.stream.rows, run.block_rows)
+            points = anytime.points if anytime is not None else ()
+            walk = None if cached is None else TaskBlocks(cached, run.stream.rows, run.block_rows, points)
+            on_point = None if anytime is None else lambda n: anytime.gram(n, lanes[None].running, lanes[None].boundaries, False)
             kept = ({key: KeptActivations(run, n_stream) for key in lanes}  # the cluster projected the Gram's rows
                     if needs_rows and run.keep_activations and not dask else None)
             for k in range(run.stream.n_tasks):
@@ -153,7 +164,7 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
                         lanes[None].running += per_task[k]
                     advance(sizes[k])
                 else:
-                    _add_task(run, cached, walk, k, lanes, kept, advance)
+                    _add_task(run, cached, walk, k, lanes, kept, advance, on_point)
                 if on_task is not None:
                     on_task(k, lanes)
                 for lane in lanes.values():
@@ -162,18 +173,20 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
                     _loo_pass(run, cached, walk, k, lanes, kept, advance)
                     for lane in lanes.values():
                         lane.finish(run)
+                if anytime is not None and int(walk.ends[k]) in anytime.points:
+                    anytime.gram(int(walk.ends[k]), lanes[None].running, lanes[None].boundaries, True)
     return lanes
 
 
 def gram_boundaries(run: Run, solver: FixedGamma | ManyGammas,
                     on_task: Callable[[int, RidgeStatistics], None] | None = None,
-                    rows: GroupedRows | None = None) -> tuple[list[Boundary], RidgeStatistics]:
+                    rows: GroupedRows | None = None, anytime: Anytime | None = None) -> tuple[list[Boundary], RidgeStatistics]:
     """The walk with one lane (the store's features, or its ``--fusion``): the boundaries and the final sums.
 
     ``on_task(k, statistics)`` is called after task k is added (tests use it to check every boundary).
     """
     lanes = gram_walk(run, {None: solver}, None if on_task is None else lambda k, lanes: on_task(k, lanes[None].running),
-                      rows)
+                      rows, anytime)
     return lanes[None].boundaries, lanes[None].running
 
 
@@ -189,25 +202,40 @@ def _dask_task_statistics(run: Run, advance: Callable[[int], None]) -> list[Ridg
                                run.block_rows, advance)
 
 
-def rls_boundaries(run: Run, rows: GroupedRows | None = None) -> tuple[list[Boundary], AnalyticClassifier]:
+def rls_boundaries(run: Run, rows: GroupedRows | None = None,
+                   anytime: Anytime | None = None) -> tuple[list[Boundary], AnalyticClassifier]:
     """Replay the stream batch by batch with the paper's recursion; snapshot W at each task end. The rows are read
-    once (:func:`train_rows`, or ``rows``); each task's are then taken in stream order, ``RLS_WINDOW`` at a time."""
+    once (:func:`train_rows`, or ``rows``); each task's are then taken in stream order, ``RLS_WINDOW`` at a time.
+    ``anytime``: W is also snapshot at its points; a task's windows end there too, so a batch that would straddle
+    a point is cut in two (as batches are cut at windows and task ends)."""
     batch = run.stream.batch_size
     clf = AnalyticClassifier(gamma=run.model.gamma, engine="rls", dtype=run.model.dtype, backend=run.backend)
     boundaries = []
     total = sum(r.size for r in run.stream.rows)
     with progress_bar("train (" + ("one read, " if rows is None else "") + "rls)", 2 * total) as advance, \
             (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached, run.timed("rls"):
+        seen, points = 0, set(anytime.points) if anytime is not None else set()
         for task in run.stream.rows:
-            for lo in range(0, task.size, RLS_WINDOW):
-                positions = cached.position[task[lo : lo + RLS_WINDOW]]
+            cuts = sorted({*range(0, task.size, RLS_WINDOW), *(p - seen for p in points if seen < p < seen + task.size)})
+            for lo, hi in zip(cuts, [*cuts[1:], task.size]):
+                positions = cached.position[task[lo:hi]]
                 H = run.projection.transform(cached.take(None, positions, run.xp), run.xp)
                 labels = cached.labels[positions]
                 for b in range(0, positions.size, batch):
                     clf.partial_fit(H[b : min(b + batch, positions.size), :], labels[b : b + batch])
                 advance(positions.size)
-            boundaries.append(Boundary(clf.classes_.copy(), clf.weights_[:, None, :], np.array([float(run.model.gamma)])))
+                if hi < task.size and seen + hi in points:
+                    anytime.add(seen + hi, _rls_snapshot(run, clf))
+            seen += task.size
+            boundaries.append(_rls_snapshot(run, clf))
+            if seen in points:
+                anytime.add(seen, boundaries[-1])
     return boundaries, clf
+
+
+def _rls_snapshot(run: Run, clf: AnalyticClassifier) -> Boundary:
+    """The recursion's weights now: a copy, since the recursion updates W in place until a new class arrives."""
+    return Boundary(clf.classes_.copy(), clf.weights_.copy()[:, None, :], np.array([float(run.model.gamma)]))
 
 
 def test_rows(run: Run, classes: np.ndarray | None = None, on_chunk: Callable[[int], None] = lambda n: None) -> GroupedRows:
@@ -218,7 +246,7 @@ def test_rows(run: Run, classes: np.ndarray | None = None, on_chunk: Callable[[i
         groups, n_groups = run.stream.task_of_label(n_classes)[test.labels], run.stream.n_tasks
     else:
         groups, n_groups = np.where(np.isin(test.labels, classes), test.labels, -1), n_classes
-    return GroupedRows(run.source("test"), run.lanes, groups, n_groups, run.execution.max_memory, on_chunk)
+    return GroupedRows(run.source("test"), run.lanes, groups, n_groups, run.execution.max_memory, on_chunk, run.xp)
 
 
 @dataclass

@@ -12,9 +12,11 @@ from foal_pipe.report.markdown import summary_markdown
 from foal_pipe.report.paper import PaperMatch, match_paper
 from foal_pipe.report.plots import (
     plot_accuracy_matrix,
+    plot_anytime,
     plot_confusion,
     plot_fusions,
     plot_gamma,
+    plot_heads,
     plot_steps,
     plot_weight_norms,
 )
@@ -30,7 +32,7 @@ OUTPUTS = frozenset(
     {SUMMARY_FILE, SCORES_FILE}
     | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix")
        for ext in ("png", "csv")}
-    | {"fusions.png", "class_accuracy.csv"}
+    | {"fusions.png", "heads.png", "class_accuracy.csv"}
 )
 
 
@@ -52,11 +54,15 @@ def _plots(run: Run, out: Path) -> list[Path]:
     files = [plot_accuracy_matrix(run, out / "accuracy_matrix.png"), plot_steps(run, out / "steps.png")]
     if run.weight_norms is not None:
         files.append(plot_weight_norms(run, out / "weight_norms.png"))
+    if run.metrics.anytime is not None:
+        files.append(plot_anytime(run, out / "anytime.png"))
     if run.sweep is not None:
         sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.dataset else None
         files.append(plot_gamma(run, out / "gamma.png", sweep_paper))
         if run.sweep.fusions is not None:
             files.append(plot_fusions(run, out / "fusions.png"))
+        if run.sweep.heads:
+            files.append(plot_heads(run, out / "heads.png"))
     return files
 
 

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.core.metrics import summarize
+from foal_pipe.core.metrics import summary_of
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA, LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.classes import ClassResults, task_classes
@@ -17,7 +17,8 @@ from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recip
 from foal_pipe.report.readers import Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
 
-_LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)"}
+_LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)",
+           "A_auc": "A_auc (%)"}
 
 
 def pct(x: float | None, digits: int = 2) -> str:
@@ -57,6 +58,10 @@ def describe(metrics: LearnMetrics) -> str:
         parts.append(f"activation {m.activation}")
     if m.n_train_seen is not None:
         parts.append(f"{m.n_train_seen} training samples")
+    if m.stream is not None:
+        parts.append(f"stream {m.stream} (disjoint ratio {_or(m.disjoint_ratio)}%, blurry ratio {_or(m.blurry_ratio)}%)")
+    if m.anytime is not None:
+        parts.append(f"evaluated every {m.anytime.eval_every} rows")
     return " · ".join(parts)
 
 
@@ -111,7 +116,7 @@ def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
 def _matrix(run: Run) -> list[str]:
     a, m = run.matrix, run.metrics
     T = len(a)
-    steps = summarize(a)["A_steps"]
+    steps = summary_of(a, run.metrics.stream)["A_steps"]
     lines = ["## Accuracy matrix (%)", "", "Row i: after training through task i; column j: test set of task j.", ""]
     lines.append("| after task | " + " | ".join(f"T{j + 1}" for j in range(T)) + " | A_i |")
     lines.append("|---:|" + "---:|" * (T + 1))

@@ -217,6 +217,11 @@ def match_paper(metrics: RunLike, *, ignore: tuple[str, ...] = ()) -> PaperMatch
         for key, value in wanted.items()
         if key not in ignore and not _same(key, ours[key], value)
     ]
+    head = getattr(settings, "head", None)
+    if head is not None:  # learn --head: the paper's numbers are F-OAL's ridge
+        differences.insert(0, f"head {head} (paper: F-OAL's ridge)")
+    if settings.stream not in (None, "disjoint"):
+        differences.append(f"stream {settings.stream} (paper: disjoint tasks)")
     uneven = len({len(t) for t in settings.tasks or []}) > 1
     kept = "; the published code drops the classes left over by an even split: --drop-remainder" if uneven else ""
     for key in ("n_train", "n_test"):

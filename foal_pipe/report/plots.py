@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.metrics import summarize
+from foal_pipe.core.metrics import summary_of
 from foal_pipe.protocol.schema import CRITERIA, RunSettings
 from foal_pipe.report.classes import ClassResults
 from foal_pipe.report.paper import GAMMAS, PaperMatch
 from foal_pipe.report.readers import Run
 from foal_pipe.report.selection import select
-from foal_pipe.report.tables import gamma_rows, step_rows, weight_norm_rows
+from foal_pipe.report.tables import anytime_rows, gamma_rows, step_rows, weight_norm_rows
 
 DPI = 110
 
@@ -108,12 +108,33 @@ def plot_steps(run: Run, path: Path) -> Path:
     return draw(path, (6.4, 4.0), paint)
 
 
+def plot_anytime(run: Run, path: Path) -> Path:
+    """``learn --eval-every``: accuracy on the classes seen so far against the training rows seen."""
+    rows = anytime_rows(run)
+    m = run.metrics
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        ax.plot([r["samples_seen"] for r in rows], [r["accuracy"] for r in rows], "-", lw=1.5,
+                label=f"every {m.anytime.eval_every} rows")
+        ax.set_xlabel("training rows seen")
+        ax.set_ylabel("accuracy on the classes seen so far (%)")
+        ax.set_ylim(max(0.0, min(r["accuracy"] for r in rows) - 5), 100.5)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        stream = m.stream or "disjoint"
+        ax.set_title(f"A_auc {100 * m.A_auc:.1f}%, A_last {100 * m.A_last:.1f}% ({stream} stream)\n{_title(run)}",
+                     fontsize=9)
+
+    return draw(path, (6.4, 4.0), paint)
+
+
 def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
     """With ``orders`` (``learn --order-seeds``): the mean and std (percent) of A_i over the orders at each step."""
     orders = run.metrics.orders
     if not orders:
         return None
-    steps = np.array([summarize(o.accuracy_matrix)["A_steps"] for o in orders]) * 100
+    steps = np.array([summary_of(o.accuracy_matrix, run.metrics.stream)["A_steps"] for o in orders]) * 100
     return steps.mean(axis=0), steps.std(axis=0)
 
 
@@ -222,6 +243,30 @@ def plot_fusions(run: Run, path: Path) -> Path:
         fig.legend(fontsize=7, loc="outside lower center", ncol=2)
         ax.set_title(f"fusion ablation · {run.label} · {_encoder(s)} · D={_or(s.projection_dim)}\n"
                      "filled: each fusion's selected γ (training rows only)", fontsize=9)
+
+    return draw(path, (7.2, 5.0), paint)
+
+
+def plot_heads(run: Run, path: Path) -> Path:
+    """``sweep --heads``: A_i (the mean accuracy over the tasks seen after task i) against the task, one line per
+    head; the head chosen on the training rows (leave-one-out) drawn bold, the test oracle's dashed."""
+    s = run.sweep
+
+    def paint(fig: Any) -> None:
+        ax = fig.add_subplot()
+        for name, entry in sorted(s.heads.items()):
+            steps = 100 * np.array(entry.A_steps or [np.mean(row) for row in entry.accuracy_matrix])
+            marks = [m for m, chosen in (("chosen by " + str(s.best_head_selected_by), s.best_head),
+                                         ("test oracle", s.best_head_test)) if chosen == name]
+            label = f"{name}: A_avg {100 * entry.A_avg:.2f}" + (f" ({', '.join(marks)})" if marks else "")
+            ax.plot(np.arange(1, steps.size + 1), steps, marker="o", lw=2.5 if name == s.best_head else 1.2,
+                    ls="--" if name == s.best_head_test and name != s.best_head else "-", label=label)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("task")
+        ax.set_ylabel("A_i: mean test accuracy over the tasks seen (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(f"heads · {run.label} · {_encoder(s)}", fontsize=9)
 
     return draw(path, (7.2, 5.0), paint)
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.core.metrics import summarize
+from foal_pipe.core.metrics import summary_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.modelfile import read_model
 from foal_pipe.protocol.schema import (
@@ -86,11 +86,11 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
     """
     if metrics.orders is not None:
         return _orders_warnings(metrics)
-    recomputed = summarize(metrics.accuracy_matrix)
+    recomputed = summary_of(metrics.accuracy_matrix, metrics.stream)
     out = []
     for key in HEADLINE:
         stored = getattr(metrics, key)
-        if stored is not None and abs(stored - recomputed[key]) > TOLERANCE:
+        if stored is not None and key in recomputed and abs(stored - recomputed[key]) > TOLERANCE:
             out.append(
                 f"{key} in metrics.json is {stored:.6f} but the accuracy matrix gives {recomputed[key]:.6f}"
             )
@@ -99,7 +99,7 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
         len(stored_steps) != len(recomputed["A_steps"])
         or any(abs(float(s) - r) > TOLERANCE for s, r in zip(stored_steps, recomputed["A_steps"]))
     ):
-        out.append("A_steps in metrics.json disagrees with the row means of the accuracy matrix")
+        out.append("A_steps in metrics.json disagrees with its recomputation from the accuracy matrix")
     return out
 
 
@@ -107,9 +107,9 @@ def _orders_warnings(metrics: LearnMetrics) -> list[str]:
     out = []
     for entry in metrics.orders:
         where = f"order {'?' if entry.order_seed is None else entry.order_seed}"
-        recomputed = summarize(entry.accuracy_matrix)
+        recomputed = summary_of(entry.accuracy_matrix, metrics.stream)
         out += [f"{key} of {where} in metrics.json is {stored:.6f} but its accuracy matrix gives {recomputed[key]:.6f}"
-                for key in HEADLINE if (stored := getattr(entry, key)) is not None
+                for key in HEADLINE if (stored := getattr(entry, key)) is not None and key in recomputed
                 and abs(stored - recomputed[key]) > TOLERANCE]
     for key in HEADLINE:
         values = [getattr(e, key) for e in metrics.orders]

@@ -9,7 +9,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.core.metrics import summarize
+from foal_pipe.core.metrics import summary_of
 from foal_pipe.report.classes import ClassResults, stream_order, stream_positions
 from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
@@ -37,11 +37,20 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
 def step_rows(run: Run) -> list[dict[str, Any]]:
     """After each task i: A_i, the newest task's accuracy a[i][i] and the first task's a[i][0] (percent)."""
     a = run.matrix
-    steps = summarize(a)["A_steps"]
+    steps = summary_of(a, run.metrics.stream)["A_steps"]
     return [
         {"step": i + 1, "A_i": 100 * steps[i], "newest_task": 100 * row[i], "first_task": 100 * row[0]}
         for i, row in enumerate(a)
     ]
+
+
+def anytime_rows(run: Run) -> list[dict[str, Any]]:
+    """``learn --eval-every``: the accuracy (percent) on the classes seen so far after each number of training
+    rows; none without a curve."""
+    curve = run.metrics.anytime
+    if curve is None:
+        return []
+    return [{"samples_seen": n, "accuracy": 100 * a} for n, a in zip(curve.samples_seen, curve.accuracy)]
 
 
 def matrix_rows(run: Run) -> list[dict[str, Any]]:
@@ -76,6 +85,7 @@ def plot_data(run: Run) -> dict[str, list[dict[str, Any]]]:
         "accuracy_matrix.csv": matrix_rows(run),
         "weight_norms.csv": weight_norm_rows(run),
         "gamma.csv": gamma_rows(run),
+        "anytime.csv": anytime_rows(run),
     }
 
 

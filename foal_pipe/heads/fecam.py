@@ -1,0 +1,92 @@
+"""``fecam``: FeCAM (Goswami et al., NeurIPS 2023, its ViT scripts): per-class Mahalanobis distance to the class
+mean of L2-normalised features, with shrunk, unit-diagonal class covariances."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from array_api_compat import array_namespace, device
+
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads.moments import PerClassMoments, unit_rows
+
+#: FeCAM's ``alpha1`` and ``alpha2`` as its ViT scripts set them when off-diagonal shrinkage is off.
+FECAM_SHRINKAGE, FECAM_OFFDIAG = 1.0, 0.0
+
+
+def check_alpha(value: Any, name: str, default: float) -> float:
+    try:
+        a = float(value)
+    except (TypeError, ValueError):
+        raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {value!r}; try {param(name, default)}") from None
+    if not (np.isfinite(a) and a >= 0):
+        raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {a:g}; try {param(name, default)}")
+    return a
+
+
+def shrunk_normalised(S: Any, a1: float, a2: float) -> Any:
+    """``S + a1 mean(diag S) I + a2 mean(offdiag S) (1 - I)``, divided by ``sd sd^T`` (unit diagonal)."""
+    xp = array_namespace(S)
+    d = S.shape[0]
+    diagonal = xp.linalg.diagonal(S)
+    diag_mean = float(xp.mean(diagonal))
+    off_mean = float(xp.sum(S) - xp.sum(diagonal)) / (d * d - d) if d > 1 else 0.0
+    eye = xp.eye(d, dtype=S.dtype, device=device(S))
+    S = S + a1 * diag_mean * eye + a2 * off_mean * (1 - eye)
+    sd = xp.sqrt(xp.linalg.diagonal(S))
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero variance gives NaN, refused by the caller
+        return S / (sd[:, None] * sd[None, :])
+
+
+class MahalanobisScorer:
+    """Scores ``-(x_hat - mu_c)^T Lambda_c (x_hat - mu_c)`` over ``classes`` (argmax: the nearest class)."""
+
+    def __init__(self, classes: np.ndarray, means: list[Any], precisions: list[Any]) -> None:
+        self.classes, self.means, self.precisions = classes, means, precisions
+
+    def scores(self, X: Any) -> Any:
+        xp = array_namespace(X)
+        Xh = unit_rows(X)
+        columns = []
+        for mu, L in zip(self.means, self.precisions, strict=True):
+            R = Xh - mu[None, :]
+            columns.append(-xp.sum((R @ L) * R, axis=1))
+        return xp.stack(columns, axis=1)
+
+
+class FeCAMHead:
+    """x_hat = x / ||x||; per class the mean and unbiased covariance S_c of x_hat, shrunk (``shrinkage`` a1,
+    ``shrinkage_offdiag`` a2) and normalised to unit diagonal; predicts argmin_c (x_hat - mu_c)^T pinv(S_c)
+    (x_hat - mu_c)."""
+
+    name: ClassVar[str] = "fecam"
+    space: ClassVar[str] = "features"
+
+    def __init__(self, *, xp: Any, dim: int, shrinkage: Any = FECAM_SHRINKAGE,
+                 shrinkage_offdiag: Any = FECAM_OFFDIAG) -> None:
+        self.xp = xp
+        self.shrinkage = check_alpha(shrinkage, "shrinkage", FECAM_SHRINKAGE)
+        self.shrinkage_offdiag = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
+        self.moments = PerClassMoments(xp, dim)
+        self._solved: dict[int, tuple[int, Any, Any]] = {}  # class -> (rows, mean, precision) when last solved
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        self.moments.add(unit_rows(X), labels)
+
+    def boundary(self) -> MahalanobisScorer:
+        xp, m = self.xp, self.moments
+        single = [int(c) for c, n in zip(m.classes, m.counts, strict=True) if n < 2]
+        if single:
+            raise FoalPipeError(f"fecam needs at least 2 training rows per class for a covariance; class {single[0]} "
+                                "has 1 by its task's end: use another head or more rows per class")
+        for k, c in enumerate(m.classes.tolist()):
+            if c in self._solved and self._solved[c][0] == m.counts[k]:
+                continue  # no row of this class since its last solve: the same inputs, the same bits
+            S = shrunk_normalised(m.covariance(k), self.shrinkage, self.shrinkage_offdiag)
+            if not bool(xp.all(xp.isfinite(S))):
+                raise FoalPipeError(f"fecam: class {c} has a dimension of zero variance, which "
+                                    f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
+            self._solved[c] = (m.counts[k], m.mean(k), xp.linalg.pinv(S))
+        solved = [self._solved[c] for c in m.classes.tolist()]
+        return MahalanobisScorer(m.classes.copy(), [s[1] for s in solved], [s[2] for s in solved])

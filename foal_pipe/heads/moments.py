@@ -1,0 +1,116 @@
+"""Running class statistics the feature-space heads share: counts, class sums and second moments of shifted rows.
+
+Sums of ``z = x - c`` for a fixed shift ``c`` (a row of the stream, fixed when first seen) give the same
+means and scatter as sums of ``x`` in exact arithmetic, and keep the ``G - s s^T / n`` cancellation small in
+float64 when the features sit far from the origin (pixels in 0..255).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, device
+
+from foal_pipe.core.backend import default_device
+from foal_pipe.core.linalg import class_positions, one_hot
+from foal_pipe.core.statistics import align_columns
+
+
+def unit_rows(X: Any) -> Any:
+    """``x / ||x||`` per row; a row of zero norm stays zero (as ``torch.nn.functional.normalize``)."""
+    xp = array_namespace(X)
+    norms = xp.linalg.vector_norm(X, axis=1, keepdims=True)
+    return X / xp.where(norms > 0, norms, xp.ones_like(norms))
+
+
+class ClassSums:
+    """Counts and sums of shifted rows per class (columns in sorted ``classes``), and, with ``pooled``, the
+    Gram of every shifted row: a running state that any block size adds to exactly."""
+
+    def __init__(self, xp: Any, dim: int, pooled: bool = False) -> None:
+        self.xp, self.dim = xp, dim
+        self.classes = np.empty(0, dtype=np.int64)
+        self.counts = np.empty(0, dtype=np.int64)
+        where = default_device(xp)
+        self.sums = xp.zeros((dim, 0), dtype=xp.float64, device=where)  # column k: sum of z over class k
+        self.shift: Any = None  # c, the first row added
+        self.gram = xp.zeros((dim, dim), dtype=xp.float64, device=where) if pooled else None
+        self.n = 0
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        labels = np.asarray(labels).ravel()
+        if labels.size == 0:
+            return
+        xp = self.xp
+        if self.shift is None:
+            self.shift = xp.asarray(X[0:1, :], copy=True)
+        grown = np.union1d(self.classes, labels)
+        if grown.size > self.classes.size:
+            self.sums = align_columns(self.sums, self.classes, grown)
+            self.counts = np.bincount(np.searchsorted(grown, self.classes), weights=self.counts,
+                                      minlength=grown.size).astype(np.int64)
+            self.classes = grown
+        Z = X - self.shift
+        self.sums += Z.T @ one_hot(labels, self.classes, Z)
+        self.counts += np.bincount(class_positions(self.classes, labels), minlength=self.classes.size)
+        if self.gram is not None:
+            self.gram += Z.T @ Z
+        self.n += labels.size
+
+    def means(self) -> Any:
+        """``(C, d)``: the mean row of every class."""
+        xp = self.xp
+        counts = xp.asarray(self.counts.astype(np.float64), device=default_device(xp))
+        return (self.sums / counts[None, :]).T + self.shift
+
+    def scatter(self) -> Any:
+        """``sum_i (x_i - mu_{y_i})(x_i - mu_{y_i})^T`` over every row (``pooled`` only): the within-class scatter."""
+        xp = self.xp
+        counts = xp.asarray(self.counts.astype(np.float64), device=default_device(xp))
+        return self.gram - (self.sums / counts[None, :]) @ self.sums.T
+
+
+class PerClassMoments:
+    """Per class: count, sum and Gram of the class's rows shifted by its first row (``C x d^2`` values)."""
+
+    def __init__(self, xp: Any, dim: int) -> None:
+        self.xp, self.dim = xp, dim
+        self.classes = np.empty(0, dtype=np.int64)
+        self.counts: list[int] = []
+        self.shifts: list[Any] = []
+        self.sums: list[Any] = []
+        self.grams: list[Any] = []
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        xp = self.xp
+        labels = np.asarray(labels).ravel()
+        where = default_device(xp)
+        for c in np.unique(labels):
+            rows = np.flatnonzero(labels == c)
+            Xc = xp.take(X, xp.asarray(rows, device=where), axis=0)
+            k = int(np.searchsorted(self.classes, c))
+            if k == self.classes.size or self.classes[k] != c:
+                self.classes = np.insert(self.classes, k, c)
+                self.counts.insert(k, 0)
+                self.shifts.insert(k, xp.asarray(Xc[0, :], copy=True))
+                self.sums.insert(k, xp.zeros((self.dim,), dtype=xp.float64, device=where))
+                self.grams.insert(k, xp.zeros((self.dim, self.dim), dtype=xp.float64, device=where))
+            Z = Xc - self.shifts[k][None, :]
+            self.counts[k] += rows.size
+            self.sums[k] = self.sums[k] + xp.sum(Z, axis=0)
+            self.grams[k] = self.grams[k] + Z.T @ Z
+
+    def mean(self, k: int) -> Any:
+        return self.sums[k] / self.counts[k] + self.shifts[k]
+
+    def covariance(self, k: int) -> Any:
+        """The unbiased covariance of class ``k``'s rows (``n_k >= 2``)."""
+        s = self.sums[k]
+        return (self.grams[k] - s[:, None] * s[None, :] / self.counts[k]) / (self.counts[k] - 1)
+
+
+def shift_diagonal(S: Any, value: float) -> Any:
+    """``S + value I``."""
+    xp = array_namespace(S)
+    return S + value * xp.eye(S.shape[0], dtype=S.dtype, device=device(S))

@@ -1,0 +1,80 @@
+"""``slda``: deep streaming LDA (Hayes & Kanan 2020) on the exact pooled covariance, scored as Avalanche's
+``StreamingLDA.predict``."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from array_api_compat import array_namespace
+
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads.moments import ClassSums, shift_diagonal
+
+#: ``--shrinkage`` of slda: Avalanche's default.
+SLDA_SHRINKAGE = 1e-4
+
+
+def oas_covariance(S: Any, n: int) -> Any:
+    """The OAS estimate (Chen et al. 2010, as scikit-learn's ``OAS``) from the empirical covariance ``S`` of
+    ``n`` centred rows: ``(1 - rho) S + rho mu I`` with ``mu = tr(S)/d`` and
+    ``rho = min((mean(S^2) + mu^2) / ((n + 1)(mean(S^2) - mu^2 / d)), 1)``."""
+    xp = array_namespace(S)
+    d = S.shape[0]
+    alpha = float(xp.sum(S * S)) / d**2
+    mu = float(xp.sum(xp.linalg.diagonal(S))) / d
+    den = (n + 1) * (alpha - mu**2 / d)
+    rho = 1.0 if den == 0 else min((alpha + mu**2) / den, 1.0)
+    return shift_diagonal((1.0 - rho) * S, rho * mu)
+
+
+def check_shrinkage(value: float | str) -> float | str:
+    """slda's ``--shrinkage``: a number in [0, 1], or ``oas``."""
+    if value == "oas":
+        return value
+    try:
+        eps = float(value)
+    except (TypeError, ValueError):
+        raise FoalPipeError(f"slda's {param('shrinkage')} must be a number in [0, 1] or 'oas', got {value!r}; "
+                            f"try {param('shrinkage', SLDA_SHRINKAGE)}") from None
+    if not 0 <= eps <= 1:
+        raise FoalPipeError(f"slda's {param('shrinkage')} must lie in [0, 1], got {eps:g}; "
+                            f"try {param('shrinkage', SLDA_SHRINKAGE)}")
+    return eps
+
+
+class LinearScorer:
+    """Scores ``X W + b`` over ``classes``."""
+
+    def __init__(self, classes: np.ndarray, W: Any, b: Any) -> None:
+        self.classes, self.W, self.b = classes, W, b
+
+    def scores(self, X: Any) -> Any:
+        return X @ self.W + self.b[None, :]
+
+
+class SLDAHead:
+    """mu_c class means; S the pooled within-class covariance (1/N) sum (x - mu_y)(x - mu_y)^T;
+    Lambda = pinv((1 - eps) S + eps I) (or of the OAS estimate); score_c = x^T Lambda mu_c - mu_c^T Lambda mu_c / 2."""
+
+    name: ClassVar[str] = "slda"
+    space: ClassVar[str] = "features"
+
+    def __init__(self, *, xp: Any, dim: int, shrinkage: float | str = SLDA_SHRINKAGE) -> None:
+        self.xp = xp
+        self.shrinkage = check_shrinkage(shrinkage)
+        self.sums = ClassSums(xp, dim, pooled=True)
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        self.sums.add(X, labels)
+
+    def boundary(self) -> LinearScorer:
+        xp, sums = self.xp, self.sums
+        S = sums.scatter() / sums.n
+        if self.shrinkage == "oas":
+            S = oas_covariance(S, sums.n)
+        else:
+            S = shift_diagonal((1.0 - self.shrinkage) * S, self.shrinkage)
+        M = sums.means()  # (C, d)
+        W = xp.linalg.pinv(S) @ M.T  # Lambda mu_c per column
+        return LinearScorer(sums.classes.copy(), W, -0.5 * xp.sum(M.T * W, axis=0))

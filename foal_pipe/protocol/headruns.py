@@ -1,0 +1,120 @@
+"""``learn --head`` and ``sweep --heads``: the heads of :mod:`foal_pipe.heads` through the one-read walk, their
+settings checked before any work and recorded with their options (defaults included)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import HEADS, head_entry, make_head
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+
+#: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
+PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
+#: ModelConfig fields that are some head's own options.
+HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp")
+#: ModelConfig fields of ridge's own solver: no other head takes them.
+RIDGE_FIELDS = ("select", "gamma_grid", "engine")
+
+
+def _numpy() -> Any:
+    import array_api_compat.numpy as xp
+
+    return xp
+
+
+def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
+    """The options head ``name`` runs with, as the head holds them (its attribute of each option's name): those
+    ``model`` gives, else the head's defaults (dual's ``gamma_comp``: its ``gamma``)."""
+    entry = HEADS[name]
+    given = asdict(model)
+    if entry.factory is None:
+        return {key: given[key] for key in entry.options}
+    given["gamma"] = None if given["gamma"] == "auto" else given["gamma"]
+    head = make_head(name, given, _numpy(), 1)
+    return {key: getattr(head, key) for key in entry.options}
+
+
+def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None = None) -> None:
+    """Refuse an option that none of ``names`` takes: a head's own option, or, when every head works on the store's
+    features, a projection option (``explicit``: the fields the user gave; None: those that differ from the
+    defaults)."""
+    defaults = ModelConfig()
+    if explicit is None:
+        explicit = [f for f in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if getattr(model, f) != getattr(defaults, f)]
+    entries = {name: head_entry(name) for name in names}
+    taken = {option for entry in entries.values() for option in entry.options}
+    for option in HEAD_OPTION_FIELDS:
+        if option in explicit and option not in taken:
+            users = [n for n, e in HEADS.items() if option in e.options]
+            raise FoalPipeError(f"{param(option)} is an option of {' and '.join(users)}, not of "
+                                f"{', '.join(names)}: drop it")
+    for name, entry in entries.items():  # the head's own checks of its options, before any work
+        if entry.factory is not None:
+            make_head(name, {k: v for k, v in asdict(model).items() if k in HEAD_OPTION_FIELDS}, _numpy(), 1)
+    if "ridge" not in names:
+        for option in RIDGE_FIELDS:
+            if option in explicit:
+                raise FoalPipeError(f"{param(option)} sets ridge's solver, which {', '.join(names)} do"
+                                    f"{'es' if len(names) == 1 else ''} not use: drop it")
+    if "activation" in explicit and all(e.space == "projected" for e in entries.values()):
+        raise FoalPipeError(f"{', '.join(names)} applie{'s' if len(names) == 1 else ''} its own activations to the "
+                            f"projected rows: drop {param('activation')}")
+    if all(e.space == "features" for e in entries.values()):
+        for option in PROJECTION_FIELDS:
+            if option in explicit:
+                raise FoalPipeError(f"{', '.join(names)} work{'s' if len(names) == 1 else ''} on the store's features "
+                                    f"(after {param('fusion')}), without a projection or gamma: drop {param(option)}")
+
+
+def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> ModelConfig:
+    """``learn --head`` other than ridge: its settings checked; the model settings it runs with (a head on the
+    store's features: no projection)."""
+    entry = head_entry(model.head)
+    if not evaluation.mask_unseen:
+        raise FoalPipeError(f"{param('head', model.head)} predicts among the classes seen so far; drop "
+                            f"{param('mask_unseen', False)} (it is ridge's published-code rule)")
+    if execution.scheduler != "local":
+        raise FoalPipeError(f"{param('head', model.head)} runs in this process; use {param('scheduler', 'local')}")
+    if model.gamma == "auto":
+        raise FoalPipeError(f"{param('gamma', 'auto')} chooses ridge's gamma; {param('head', model.head)} takes a "
+                            f"number: pass e.g. {param('gamma', 1)}, or compare gammas with `sweep --heads ridge,"
+                            f"{model.head}`")
+    if model.dtype != "float64":
+        raise FoalPipeError(f"{param('head', model.head)} keeps float64 statistics; drop {param('dtype', model.dtype)}")
+    if entry.space == "features":
+        return replace(model, projection_dim=0, activation=None)
+    return model
+
+
+def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> list[str]:
+    """``sweep --heads``: the names checked (ridge among them: its gamma sweep gives the sweep's own keys) and the
+    heads other than ridge, which the walk adds."""
+    names = list(sweep.heads)
+    if not names:
+        check_head_options(["ridge"], model)
+        return []
+    for name in names:
+        head_entry(name, "heads")
+    if len(set(names)) < len(names):
+        raise FoalPipeError(f"{param('heads')} names a head twice; name each once")
+    if "ridge" not in names:
+        raise FoalPipeError(f"{param('heads')} compares heads beside ridge's gamma sweep; add ridge (for one head alone: "
+                            "`learn --head NAME`)")
+    if fusions:
+        raise FoalPipeError(f"{param('heads')} compares heads on one feature set; pass {param('fusion')} with it, not "
+                            f"{param('fusions')}")
+    check_head_options(names, model)
+    return [name for name in names if HEADS[name].factory is not None]
+
+
+def check_head_stream(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
+    """Heads other than ridge are scored on disjoint tasks at task ends: other streams and anytime points refused."""
+    if stream.stream != "disjoint":
+        raise FoalPipeError(f"the heads other than ridge are scored at the ends of disjoint tasks; drop "
+                            f"{param('stream', stream.stream)} (or use ridge alone)")
+    if evaluation.eval_every is not None:
+        raise FoalPipeError(f"the heads other than ridge are scored at task ends; drop {param('eval_every')} (or use "
+                            "ridge alone)")

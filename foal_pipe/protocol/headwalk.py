@@ -1,0 +1,161 @@
+"""The walk of the analytic heads other than ridge (:mod:`foal_pipe.heads`): each task's rows from the one read of
+the train split (:class:`~foal_pipe.protocol.rowcache.GroupedRows`), in stream order and full-size blocks, into every
+head's running state; a boundary model per head at every task end; then every boundary scored on one read of the
+test split. The rows each head takes (its space) are computed once per block, whatever the number of heads."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace
+
+from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.heads import HEADS, Head, Scorer, make_head
+from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.rowcache import GroupedRows
+from foal_pipe.protocol.run import Run
+from foal_pipe.protocol.walk import test_rows, train_rows
+
+
+def _features(run: Run, X: Any) -> Any:
+    return run.xp.asarray(X, dtype=run.xp.float64, device=default_device(run.xp))
+
+
+def _projected(run: Run, X: Any) -> Any:
+    X = _features(run, X)
+    if run.projection.is_identity:
+        return X
+    return X @ run.xp.asarray(run.projection.components_, dtype=run.xp.float64, device=default_device(run.xp))
+
+
+def _activations(run: Run, X: Any) -> Any:
+    H = run.projection.transform(X, run.xp)  # the bits ridge's Gram sums
+    return array_namespace(H).astype(H, run.xp.float64, copy=False)
+
+
+#: How a block of cached rows becomes the rows of each space (:data:`foal_pipe.heads.SPACES`).
+SPACE_ROWS: dict[str, Callable[[Run, Any], Any]] = {
+    "features": _features,
+    "projected": _projected,
+    "activations": _activations,
+}
+
+
+def _spaces(run: Run, X: Any, spaces: set[str]) -> dict[str, Any]:
+    with run.timed("project"):
+        return {space: SPACE_ROWS[space](run, X) for space in sorted(spaces)}
+
+
+def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options ``name`` takes (from a :class:`~foal_pipe.protocol.config.ModelConfig`'s fields), None left out."""
+    return {key: options[key] for key in HEADS[name].options if options.get(key) is not None}
+
+
+def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> dict[str, Head]:
+    """A fresh running state of every head in ``names`` on the rows of its space."""
+    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    heads = {}
+    for name in names:
+        given = head_options(name, options)
+        if "batch_size" in inspect.signature(HEADS[name].factory).parameters:  # a recursion over the stream's batches
+            given["batch_size"] = run.stream.batch_size
+        heads[name] = make_head(name, given, run.xp, dims[HEADS[name].space])
+    return heads
+
+
+def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    """The cache positions of a task's rows in stream order (a head may depend on it: dual's recursion), ``size`` at
+    a time."""
+    for lo in range(0, task.size, size):
+        yield rows.position[task[lo : lo + size]]
+
+
+def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None,
+                    loo: bool = False) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
+    """Walk the tasks in stream order, every head fed task k's rows in stream order, in blocks; each head's model
+    at every task end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
+    (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
+    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share."""
+    spaces = {type(h).space for h in heads.values()}
+    boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
+    total = sum(r.size for r in run.stream.rows)
+    label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
+    with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
+            (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
+        for task in run.stream.rows:
+            for positions in _in_stream_order(cached, task, run.block_rows):
+                labels = cached.labels[positions]
+                with run.timed("read"):
+                    X = cached.take(None, positions, run.xp)
+                blocks = _spaces(run, X, spaces)
+                for name, head in heads.items():
+                    with run.timed(f"head {name}"):
+                        head.add(blocks[type(head).space], labels)
+                advance(positions.size)
+            for name, head in heads.items():
+                with run.timed(f"head {name}"):
+                    boundaries[name].append(head.boundary())
+        loo_heads = {name: head for name, head in heads.items() if loo and hasattr(head, "loo_hits")}
+        hits = dict.fromkeys(loo_heads, 0)
+        for task in run.stream.rows if loo_heads else ():
+            for positions in _in_stream_order(cached, task, run.block_rows):
+                with run.timed("read"):
+                    X = cached.take(None, positions, run.xp)
+                blocks = _spaces(run, X, {type(h).space for h in loo_heads.values()})
+                for name, head in loo_heads.items():
+                    with run.timed("loo"):
+                        hits[name] += head.loo_hits(blocks[type(head).space], cached.labels[positions])
+    return boundaries, {name: count / total for name, count in hits.items()}
+
+
+def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
+                    rows: GroupedRows | None = None) -> dict[str, np.ndarray]:
+    """``acc[i, j]`` of every head (keyed as ``boundaries``; ``spaces`` its rows): its model after task i on task j's
+    test rows, predicted among the classes seen through task i (NaN for j > i), from one read of the test split
+    (or ``rows``, as :func:`~foal_pipe.protocol.evaluation.lane_accuracies` takes)."""
+    T = run.stream.n_tasks
+    correct = {name: np.zeros((T, T), dtype=np.int64) for name in boundaries}
+    n_rows = int(run.test_totals.sum())
+    with progress_bar("test (one read, heads)", n_rows * (1 if rows else 2)) as advance, run.timed("test"), \
+            (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
+        task_of = run.stream.task_of_label(len(run.store.classes))[cached.labels]
+        order = np.argsort(task_of, kind="stable")[-n_rows:]  # rows outside the stream (-1) sort first
+        for start in range(0, n_rows, run.block_rows):
+            positions = order[start : start + run.block_rows]
+            y, tasks = cached.labels[positions], task_of[positions]
+            blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
+            for name, scorers in boundaries.items():
+                for k, scorer in enumerate(scorers):
+                    n = int(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
+                    if n == 0:
+                        continue
+                    scores = scorer.scores(blocks[spaces[name]][:n, :])
+                    found = _argmax(scores)
+                    hit = scorer.classes[found] == y[:n]
+                    correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
+            advance(positions.size)
+    accuracies = {}
+    upper = np.triu_indices(T, 1)
+    for name, counts in correct.items():
+        acc = counts / run.test_totals[None, :]
+        acc[upper] = np.nan
+        accuracies[name] = acc
+    return accuracies
+
+
+def _argmax(scores: Any) -> np.ndarray:
+    """The column of each row's largest score, as host NumPy."""
+    return to_numpy(array_namespace(scores).argmax(scores, axis=1))
+
+
+def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], train: GroupedRows | None = None,
+                test: GroupedRows | None = None, loo: bool = False) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Every head of ``names`` through the stream and scored: its accuracy matrix and, with ``loo``, the exact
+    leave-one-out accuracy at the last boundary of the heads that have one."""
+    heads = build_heads(run, names, options)
+    boundaries, loo_accuracy = head_boundaries(run, heads, train, loo)
+    return head_accuracies(run, boundaries, {name: HEADS[name].space for name in names}, test), loo_accuracy

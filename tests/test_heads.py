@@ -1,0 +1,153 @@
+"""The feature-space heads (ncm, slda, fecam) against their definitions written plainly in float64, at every task
+boundary of a stream fed in blocks of random sizes; on random data and on scikit-learn's digits."""
+
+from __future__ import annotations
+
+import array_api_compat.numpy as xnp
+import numpy as np
+import pytest
+from helpers import ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
+from sklearn.datasets import load_digits
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS, make_head
+
+REFERENCES = {
+    ("ncm", ()): ref_ncm,
+    ("slda", ()): ref_slda,
+    ("slda", (("shrinkage", 0.3),)): lambda X, y, T: ref_slda(X, y, T, 0.3),
+    ("slda", (("shrinkage", "oas"),)): lambda X, y, T: ref_slda(X, y, T, "oas"),
+    ("fecam", ()): ref_fecam,
+    ("fecam", (("shrinkage", 0.5), ("shrinkage_offdiag", 0.2))): lambda X, y, T: ref_fecam(X, y, T, 0.5, 0.2),
+}
+
+
+def walk(head, X, y, tasks, seed):
+    """Feed each task's rows (shuffled) in random-size blocks; yield the rows seen and the boundary's scorer."""
+    rng = np.random.default_rng(seed)
+    seen = np.zeros(len(y), dtype=bool)
+    for task in tasks:
+        rows = rng.permutation(np.flatnonzero(np.isin(y, task)))
+        lo = 0
+        while lo < rows.size:
+            hi = lo + int(rng.integers(1, 40))
+            head.add(xnp.asarray(X[rows[lo:hi]]), y[rows[lo:hi]])
+            lo = hi
+        seen[rows] = True
+        yield seen.copy(), head.boundary()
+
+
+def check_boundaries(name, options, X, y, T, tasks, seed=0, xp=xnp):
+    reference = REFERENCES[(name, options)]
+    head = make_head(name, dict(options), xp, X.shape[1])
+    checked = 0
+    for seen, scorer in walk(head, X, y, tasks, seed):
+        classes, expected = reference(X[seen], y[seen], T)
+        np.testing.assert_array_equal(scorer.classes, classes)
+        got = np.asarray(scorer.scores(xp.asarray(T)))
+        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+        top2 = np.sort(expected, axis=1)[:, -2:] if classes.size > 1 else None
+        if top2 is not None:  # predictions equal wherever the reference has no near-tie
+            clear = (top2[:, 1] - top2[:, 0]) > 1e-6 * np.abs(expected).max()
+            assert clear.sum() > len(T) // 2
+            np.testing.assert_array_equal(got.argmax(axis=1)[clear], expected.argmax(axis=1)[clear])
+        checked += 1
+    assert checked == len(tasks)
+
+
+def random_data(seed=0, n=300, d=6, classes=6):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    centres = rng.normal(size=(classes, d)) * 2
+    X = centres[y] + rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) + 3.0  # far from the origin
+    return X, y, rng.normal(size=(50, d)) * 2 + 3.0
+
+
+@pytest.mark.parametrize(("name", "options"), list(REFERENCES))
+def test_head_equals_its_definition_at_every_boundary_random(name, options):
+    X, y, T = random_data()
+    check_boundaries(name, options, X, y, T, [[3, 0], [5], [1, 2, 4]])
+
+
+@pytest.mark.parametrize(("name", "options"), list(REFERENCES))
+def test_head_equals_its_definition_at_every_boundary_digits(name, options):
+    X, y = load_digits(return_X_y=True)
+    train = np.arange(len(y)) % 5 != 0
+    check_boundaries(name, options, X[train], y[train], X[~train], [[7, 1, 4], [0, 9], [2, 3, 5, 6, 8]], seed=1)
+
+
+def test_heads_on_torch_equal_numpy():
+    torch = pytest.importorskip("torch")
+    import array_api_compat.torch as xt
+
+    X, y, T = random_data(1)
+    for name in ("ncm", "slda", "fecam"):
+        scorers = {}
+        for key, xp in (("numpy", xnp), ("torch", xt)):
+            head = make_head(name, {}, xp, X.shape[1])
+            for lo in range(0, len(y), 64):
+                head.add(xp.asarray(X[lo : lo + 64], dtype=xp.float64), y[lo : lo + 64])
+            scorers[key] = head.boundary()
+        got = scorers["torch"].scores(torch.asarray(T, dtype=torch.float64)).numpy()
+        np.testing.assert_allclose(got, scorers["numpy"].scores(T), rtol=1e-9, atol=1e-9)
+
+
+def test_registry_entries_are_complete():
+    for name, entry in HEADS.items():
+        assert entry.space in ("features", "activations", "projected"), name
+        assert entry.memory(10, 100) > 0 and entry.source and entry.citation
+        if entry.factory is not None:
+            assert entry.factory.name == name and entry.factory.space == entry.space
+
+
+def test_fecam_refuses_a_class_with_one_row():
+    head = make_head("fecam", {}, xnp, 3)
+    head.add(np.ones((3, 3)) + np.eye(3), np.array([0, 0, 1]))
+    with pytest.raises(FoalPipeError, match="at least 2 training rows per class"):
+        head.boundary()
+
+
+def test_fecam_refuses_zero_variance_without_shrinkage():
+    head = make_head("fecam", {"shrinkage": 0.0}, xnp, 3)
+    X = np.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [3.0, 1.0, 0.0]])
+    head.add(X, np.zeros(3, dtype=np.int64))
+    with pytest.raises(FoalPipeError, match="zero variance"):
+        head.boundary()
+
+
+@pytest.mark.parametrize(("name", "options", "match"), [
+    ("slda", {"shrinkage": 2.0}, "must lie in"), ("slda", {"shrinkage": "x"}, "or 'oas'"),
+    ("fecam", {"shrinkage": -1.0}, ">= 0"), ("fecam", {"shrinkage_offdiag": "oas"}, ">= 0"),
+])
+def test_bad_head_options_are_refused(name, options, match):
+    with pytest.raises(FoalPipeError, match=match):
+        make_head(name, options, xnp, 3)
+
+
+@pytest.mark.parametrize("data", ["random", "digits"])
+def test_ncm_leave_one_out_equals_refitting_without_each_row(data):
+    if data == "random":
+        X, y, _ = random_data(2, n=120)
+        y[0] = 9  # a class of one row: no mean without it
+    else:
+        X, y = load_digits(return_X_y=True)
+        X, y = X[::6], y[::6]
+    head = make_head("ncm", {}, xnp, X.shape[1])
+    for lo in range(0, len(y), 37):
+        head.add(X[lo : lo + 37], y[lo : lo + 37])
+    hits = sum(head.loo_hits(X[lo : lo + 50], y[lo : lo + 50]) for lo in range(0, len(y), 50))
+    expected = ref_ncm_loo(X, y)
+    assert hits / len(y) == expected
+    assert 0.3 < expected < 1  # neither trivial nor perfect: the test can fail
+
+
+@pytest.mark.parametrize(("name", "options"), list(REFERENCES))
+def test_head_is_exact_when_classes_recur_across_boundaries(name, options):
+    X, y, T = random_data(3)
+    head = make_head(name, dict(options), xnp, X.shape[1])
+    for start, stop in ((0, 100), (100, 180), (180, 300)):  # every class in every part
+        head.add(X[start:stop], y[start:stop])
+        classes, expected = REFERENCES[(name, options)](X[:stop], y[:stop], T)
+        scorer = head.boundary()
+        np.testing.assert_array_equal(scorer.classes, classes)
+        np.testing.assert_allclose(scorer.scores(T), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
