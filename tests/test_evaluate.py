@@ -589,7 +589,7 @@ def test_sweep_without_leave_one_out(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"selected_by": "magic"}, "has no criterion (loo, gcv, test) under 'selected_by' (found \"magic\")"),
+        ({"selected_by": "magic"}, "has no criterion (loo, gcv, loo_accuracy, test) under 'selected_by' (found \"magic\")"),
         ({"best_gamma": 3.0}, "'best_gamma' 3.0 is not one of the gammas"),
         ({"best_gamma_test": "x"}, "has no number under 'best_gamma_test' (found \"x\")"),
     ],

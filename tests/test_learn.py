@@ -317,7 +317,8 @@ def test_learn_never_offers_to_choose_on_the_test_split(tmp_path, store):
     """--select test is sweep's oracle; learn lists (and takes) loo and gcv only."""
     from test_console import _help_rows
 
-    assert "<loo|gcv>" in _help_rows("learn")["--select"] and "<loo|gcv|test>" in _help_rows("sweep")["--select"]
+    assert "<loo|gcv|loo_accuracy>" in _help_rows("learn")["--select"]
+    assert "<loo|gcv|loo_accuracy|test>" in _help_rows("sweep")["--select"]
     result = invoke("learn", "--features", store, "--out", tmp_path / "out", "--gamma", "auto", "--select", "test")
     assert result.exit_code == 2 and "'test' is not one of 'loo', 'gcv'" in " ".join(result.output.replace("│", "").split())
     assert not (tmp_path / "out").exists()

@@ -126,7 +126,8 @@ def test_keys_of_other_versions_are_kept_and_absent_keys_stay_absent():
         (LearnMetrics, METRICS_ORDERS, {"F": None}, "has no number under 'F' (found null)"),
         (LearnMetrics, METRICS_ORDERS, {"accuracy_matrix": [[0.5], [1]]},
          "row 1 of 'accuracy_matrix' should have 2 entries"),
-        (SweepReport, SWEEP_ORDERS, {"selected_by": "magic"}, "has no criterion (loo, gcv, test) under 'selected_by'"),
+        (SweepReport, SWEEP_ORDERS, {"selected_by": "magic"},
+         "has no criterion (loo, gcv, loo_accuracy, test) under 'selected_by'"),
         (SweepReport, SWEEP_FUSIONS, {"best": {"fusion": "last"}}, "sweep.json: best has no 'gamma' number"),
     ],
 )

@@ -45,7 +45,8 @@ def criteria_by_hand(store, P: np.ndarray, tasks: int, seed: int, grid: list[flo
 @pytest.mark.parametrize("select", ["loo", "gcv"])
 def test_learn_auto_chooses_by_the_criterion_and_equals_learn_at_the_chosen_gammas(tmp_path, store, select):
     grid = ",".join(map(str, GRID))
-    metrics, model = learn(store, tmp_path / "auto", "--gamma", "auto", "--select", select, "--gamma-grid", grid)
+    metrics, model = learn(store, tmp_path / "auto", "--gamma", "auto", "--select", select, "--gamma-grid", grid,
+                           "--per-decade", 0)  # the grid's gammas only: the refined search is tests/test_gamma_search.py
     assert metrics["gamma"] == "auto" and metrics["selected_by"] == select
     assert len(metrics["gammas_selected"]) == metrics["n_tasks"] == 4
     hand = criteria_by_hand(store, model["projection"], 4, 3, GRID)
@@ -106,7 +107,8 @@ def test_gcv_warns_when_dof_near_n(tmp_path):
     """60 rows in D = 56: GCV picks the smallest gamma, where df/n is near 1, and says it is unreliable."""
     small = build_store(tmp_path / "small.zarr", n_train=60, noise=0.3)
     result = invoke("learn", "--features", small, "--out", tmp_path / "run", "--tasks", 2, "--projection-dim", 56,
-                    "--gamma", "auto", "--select", "gcv", "--gamma-grid", "1e-6,1e-3,1,1e3", "--backend", "numpy")
+                    "--gamma", "auto", "--select", "gcv", "--gamma-grid", "1e-6,1e-3,1,1e3", "--per-decade", 0,
+                    "--backend", "numpy")
     assert result.exit_code == 0, result.output
     assert "GCV is unreliable as D nears n" in result.output
 
@@ -174,10 +176,12 @@ def test_a_choice_on_the_grids_edge_is_warned_about_and_recorded(tmp_path, store
     assert report["best_gamma"] == 1e3 and report["best_gamma_at_grid_edge"] is True
     assert ("warning: the best gamma by loo, 1000, is the smallest of --gammas (1000 .. 100000); a better gamma may "
             "lie beyond the grid: extend --gammas") in " ".join(high.output.split())
-    metrics, _ = learn(store, tmp_path / "auto", "--gamma", "auto", "--gamma-grid", "1e-4,1e-3,1e-2")
+    metrics, _ = learn(store, tmp_path / "auto", "--gamma", "auto", "--select", "loo", "--gamma-grid", "1e-4,1e-3,1e-2")
     assert metrics["gammas_at_grid_edge"] == [True] * 4 and metrics["gammas_selected"] == [1e-2] * 4
-    result = invoke("learn", *base, "--out", tmp_path / "auto2", "--gamma", "auto", "--gamma-grid", "1e-4,1e-3,1e-2")
+    result = invoke("learn", *base, "--out", tmp_path / "auto2", "--gamma", "auto", "--select", "loo", "--gamma-grid",
+                    "1e-4,1e-3,1e-2")
     assert ("warning: --gamma auto chose 0.01, the largest of --gamma-grid (0.0001 .. 0.01), at 4 of 4 task "
             "boundaries; a better gamma may lie beyond the grid: extend --gamma-grid") in " ".join(result.output.split())
-    inner, _ = learn(store, tmp_path / "auto3", "--gamma", "auto", "--gamma-grid", ",".join(map(str, GRID)))
+    inner, _ = learn(store, tmp_path / "auto3", "--gamma", "auto", "--select", "loo", "--gamma-grid",
+                     ",".join(map(str, GRID)))
     assert not any(inner["gammas_at_grid_edge"])

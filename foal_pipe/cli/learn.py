@@ -65,6 +65,7 @@ def learn(
     gamma: o.Gamma = o.GAMMA_TEXT,
     select: o.LearnSelect = None,
     gamma_grid: o.GammaGrid = None,
+    per_decade: o.PerDecade = o.MODEL.per_decade,
     seed: o.Seed = o.STREAM.seed,
     order_seed: o.OrderSeed = o.STREAM.order_seed,
     order_seeds: o.OrderSeeds = None,
@@ -170,6 +171,7 @@ def sweep(
     gammas: o.Gammas = None,
     select: o.Select = o.SWEEP.select,
     no_loo: o.NoLoo = not o.SWEEP.loo,
+    per_decade: o.PerDecade = o.SWEEP.per_decade,
     tasks: o.Tasks = o.STREAM.tasks,
     batch_size: o.BatchSize = o.STREAM.batch_size,
     projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
@@ -247,6 +249,12 @@ def sweep(
                 f"best gamma {report.best_gamma:g} by {report.selected_by} (GCV, LOO: training rows only; "
                 f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False,
             )
+        if report.selections:
+            from foal_pipe.protocol.schema import CRITERIA
+
+            console.print("refined search (last boundary's gamma, test A_last of the chosen models): " + ", ".join(
+                f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
+                for s in report.selections), highlight=False)
         if report.heads:
             print_table(_heads_table(report))
             chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; ranked: the "

@@ -167,12 +167,18 @@ Gamma = Annotated[
 LearnSelect = Annotated[
     choice(*TRAINING_CRITERIA) | None,
     typer.Option(help="With --gamma auto: how gamma is chosen on the training rows seen so far, loo (exact "
-                 "leave-one-out MSE) or gcv (generalised cross-validation, no extra pass); never on the test split. "
+                 "leave-one-out MSE), gcv (generalised cross-validation, no extra pass) or loo_accuracy (exact "
+                 "leave-one-out accuracy; among equals the least LOO MSE); never on the test split. "
                  f"Default: {MODEL.select}."),
 ]
 GammaGrid = Annotated[
     str | None, typer.Option(help="Candidates of --gamma auto (comma-separated); a choice on an edge is warned about. "
                              f"Default: {grid_text(MODEL.gamma_grid)}.", show_default=False)
+]
+PerDecade = Annotated[
+    int, typer.Option(help="Points per decade of the refined search of gamma: the criterion is evaluated at this many "
+                      "log-spaced gammas per decade across the grid's range and the best is chosen (learn --gamma auto; "
+                      "sweep's selections), besides the grid's own; 0: the grid's gammas only. Default: 8.", show_default=False)
 ]
 Engine = Annotated[
     choice(*ENGINES),
@@ -215,9 +221,10 @@ Gammas = Annotated[
 ]
 Select = Annotated[
     choice(*CRITERIA) | None,
-    typer.Option(help="How the best gamma is chosen: on the training rows seen so far, loo (exact leave-one-out MSE) "
-                 "or gcv (generalised cross-validation, no extra pass); or test, an oracle that peeks at the test "
-                 "split. Default: loo, or gcv with --no-loo."),
+    typer.Option(help="How the best gamma is chosen: on the training rows seen so far, loo (exact leave-one-out MSE), "
+                 "gcv (generalised cross-validation, no extra pass) or loo_accuracy (exact leave-one-out accuracy; "
+                 "among equals the least LOO MSE); or test, an oracle that peeks at the test split. Default: loo, or "
+                 "gcv with --no-loo."),
 ]
 NoLoo = Annotated[bool, flag("--no-loo", help="Skip the leave-one-out pass (then --select defaults to gcv). Default: off.")]
 Heads = Annotated[

@@ -22,6 +22,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import dtype_name
+from foal_pipe.core.gammapath import best_point, search_grid
 from foal_pipe.core.linalg import checked_solve, one_hot
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
@@ -31,15 +32,15 @@ GCV_DOF_WARNING = 0.9
 
 
 def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[float, Any, str | None]:
-    """``(gamma, W, warning)``: the grid's gamma of least GCV, its weights, and a warning when ``df/n > 0.9``.
+    """``(gamma, W, warning)``: the gamma of least GCV over the refined search of ``grid``'s range
+    (:func:`~foal_pipe.core.gammapath.search_grid`), its weights, and a warning when ``df/n > 0.9``.
 
     GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
     weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.
     """
     path = statistics.gamma_path(vectors=False)
-    scores = path.gcv(grid)
-    best = int(np.argmin(scores))
-    gamma = float(grid[best])
+    points = search_grid(grid)
+    gamma = float(points[best_point(path.gcv(points), larger=False)])
     ratio = float(path.dof([gamma])[0]) / max(statistics.n, 1)
     warning = None
     if ratio > GCV_DOF_WARNING:
@@ -119,7 +120,7 @@ class RLSEngine:
 class GramEngine:
     """Accumulate ``G = H^T H`` and ``Q = H^T Y``; solve ``(G + gamma I) W = Q`` on demand (float64).
 
-    ``gamma="auto"`` picks the gamma of ``grid`` with the least GCV at every solve.
+    ``gamma="auto"`` picks the gamma of least GCV over ``grid``'s range at every solve (:func:`gcv_choice`).
     """
 
     name = "gram"

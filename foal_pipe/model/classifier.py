@@ -47,7 +47,8 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     ----------
     gamma : float or "auto", default=1.0
         Ridge regularisation (``R0 = I / gamma``); must be > 0. ``"auto"`` (gram engine) picks, at every
-        solve, the gamma of ``gamma_grid`` with the least generalised cross-validation score: computed from
+        solve, the gamma with the least generalised cross-validation score among 8 log-spaced points per
+        decade of ``gamma_grid``'s range (:func:`~foal_pipe.core.gammapath.search_grid`): computed from
         the statistics alone, with no past sample (a warning flags a choice where GCV is unreliable).
         ``foal-pipe learn --gamma auto`` can also use exact leave-one-out, because it re-reads the rows.
     engine : {"gram", "rls"}, default="gram"
@@ -62,7 +63,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         sees a GPU, else torch on CUDA, else NumPy. Inputs may be host arrays or arrays of the backend;
         labels, classes and counts stay host NumPy arrays.
     gamma_grid : sequence of float or None, default=None
-        Candidates of ``gamma="auto"``; None: 13 decades, 1e-4 ... 1e8.
+        The range of ``gamma="auto"``'s search (its least and greatest values); None: 1e-4 ... 1e8.
 
     Attributes
     ----------

@@ -42,6 +42,7 @@ from foal_pipe.protocol.records import (
     run_info,
     sweep_report,
     sweep_results,
+    sweep_selections,
 )
 from foal_pipe.protocol.run import Run, prepare, reread_note
 from foal_pipe.protocol.schema import (
@@ -51,6 +52,7 @@ from foal_pipe.protocol.schema import (
     TRAINING_CRITERIA,
     LearnMetrics,
     SweepReport,
+    SweepSelection,
 )
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
@@ -77,7 +79,7 @@ def run_learn(
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
-    loo = auto and model.select == "loo"
+    loo = model.loo
     run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
     anytime = anytime_points(run)
     warn_dropped(run, stream, log)
@@ -88,8 +90,8 @@ def run_learn(
             boundaries, final = rls_boundaries(run, shared and shared.train, anytime)
         else:
             if auto:
-                boundaries, statistics = gram_boundaries(run, ManyGammas(model.gamma_grid, loo, model.select),
-                                                         rows=shared and shared.train, anytime=anytime)
+                solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade)
+                boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
                 final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
                                                            dtype=model.dtype)
             else:
@@ -189,8 +191,8 @@ def run_sweep(
     select = sweep.resolved_select
     if select not in CRITERIA:
         raise FoalPipeError(f"unknown {param('select')} {select!r}; choose one of {', '.join(CRITERIA)}")
-    if select == "loo" and not sweep.loo:
-        raise FoalPipeError(f"{param('select', 'loo')} needs the leave-one-out pass; drop {param('loo', False)} or use "
+    if CRITERIA[select].rows and not sweep.loo:
+        raise FoalPipeError(f"{param('select', select)} needs the leave-one-out pass; drop {param('loo', False)} or use "
                             f"{param('select', 'gcv')}")
     fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
     if fusions and stream.stream != "disjoint":
@@ -205,25 +207,29 @@ def run_sweep(
     warn_dropped(run, stream, log)
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
+    solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
     with np.errstate(all="ignore"), (train_rows(run) if others else nullcontext(shared and shared.train)) as train, \
             (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
-        lanes = gram_walk(run, {key: ManyGammas(gammas, sweep.loo, None) for key in run.lanes}, rows=train)
+        lanes = gram_walk(run, solvers, rows=train)
         if run.stream.kind == "disjoint":
             accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
             reports = {key: [accuracy_report(a) for a in acc] for key, acc in accs.items()}
         else:
             reports = {None: model_reports(run, lanes[None].boundaries, test)[0]}
         results = {key: sweep_results(gammas, lane.boundaries, reports[key], sweep.loo) for key, lane in lanes.items()}
+        selections = {key: sweep_selections(lane.boundaries, reports[key][len(gammas):], solvers[key].criteria,
+                                            sweep.per_decade) for key, lane in lanes.items()}
         if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
             model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
                                                 ("loo" if sweep.loo else "gcv")))
         head_accs, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
     info = run_info(run, stream)
     if fusions:
-        report = fusions_report(gammas, [fusion_entry(key, results[key], select) for key in fusions], select, model,
-                                info)
+        report = fusions_report(gammas, [fusion_entry(key, results[key], select, selections[key]) for key in fusions],
+                                select, model, info)
     else:
-        report = sweep_report(gammas, results[None], select, info)
+        report = sweep_report(gammas, results[None], select, info, selections[None])
+    warn_search_edges(report.selections or [], log)
     if sweep.heads:
         report = heads_report(report, sweep.heads, head_accs, head_loo,
                               {name: resolved_options(name, model) for name in others})
@@ -251,6 +257,14 @@ def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
         log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
             f"{max(grid):g}), at {len(edges)} of {len(metrics.gammas_selected)} task boundaries; a better gamma "
             "may lie beyond the grid: extend --gamma-grid")
+
+
+def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str], None]) -> None:
+    """``sweep``: warn when a criterion's refined choice at the last boundary is an end of the searched range."""
+    for s in selections:
+        if s.at_edge[-1]:
+            log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {s.gammas_selected[-1]:g}, is an end of the "
+                f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
 
 
 def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:

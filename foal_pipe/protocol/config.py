@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from foal_pipe.core.engines import check_gamma
+from foal_pipe.core.gammapath import PER_DECADE
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
+from foal_pipe.protocol.schema import CRITERIA
 from foal_pipe.protocol.stream import check_ratio
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
@@ -62,7 +64,8 @@ class ModelConfig:
     """The expansion and the ridge classifier on it.
 
     ``gamma`` is a number, or ``"auto"``: chosen at every task boundary on the training rows seen so far,
-    by leave-one-out MSE (``select="loo"``) or GCV (``select="gcv"``), among ``gamma_grid``.
+    by leave-one-out MSE (``select="loo"``), GCV (``select="gcv"``) or leave-one-out accuracy
+    (``select="loo_accuracy"``), over ``per_decade`` log-spaced points per decade of ``gamma_grid``'s range.
     ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
     ``fusion`` (a :func:`~foal_pipe.store.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
     time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
@@ -74,8 +77,9 @@ class ModelConfig:
     projection_init: str = "uniform"
     activation: str | None = None
     gamma: float | str = 1.0
-    select: str = "loo"
+    select: str = "loo_accuracy"  # the selector best or tied most often (benchmarks/RESULTS.md, issue 23)
     gamma_grid: tuple[float, ...] = DEFAULT_GAMMA_GRID
+    per_decade: int = PER_DECADE
     engine: str = "gram"
     dtype: str = "float64"
     fusion: str | None = None
@@ -85,6 +89,11 @@ class ModelConfig:
     shrinkage_offdiag: float | None = None  # fecam's a2; None: its default
     compensation: float | None = None  # dual's C; None: its default
     gamma_comp: float | None = None  # dual's compensation gamma; None: gamma
+
+    @property
+    def loo(self) -> bool:
+        """Whether ``--gamma auto``'s criterion needs the leave-one-out pass over the rows."""
+        return self.gamma == "auto" and self.select in CRITERIA and CRITERIA[self.select].rows
 
     @property
     def resolved_activation(self) -> str:
@@ -127,6 +136,7 @@ class SweepConfig:
     gammas: tuple[float, ...] = DEFAULT_GAMMA_GRID  # the grid `learn --gamma auto` chooses from
     select: str | None = None  # None: loo, or gcv with loo=False
     loo: bool = True
+    per_decade: int = PER_DECADE  # the refined search of every criterion (``selections`` in sweep.json)
     fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
     heads: tuple[str, ...] = ()  # heads of foal_pipe.heads.HEADS, all from one read; (): the gamma sweep alone
 

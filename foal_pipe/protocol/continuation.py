@@ -159,7 +159,7 @@ def run_continue(
     check_encoder(deployed.encoder_spec, store, features)
     merged = label_map(deployed, list(store.classes))
     auto = model.gamma == "auto"
-    loo = auto and model.select == "loo"
+    loo = model.loo
     run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
     if run.projection.components_.shape != deployed.projection.components_.shape:
         raise FoalPipeError(f"the model expects {deployed.projection.components_.shape[0]}-dimensional features but "
@@ -167,7 +167,8 @@ def run_continue(
     run.projection = deployed.projection
     warn_dropped(run, stream, log)
     base = deployed.classifier.statistics_
-    inner = ManyGammas(model.gamma_grid, loo, model.select) if auto else FixedGamma(float(model.gamma), model.dtype)
+    inner = (ManyGammas(model.gamma_grid, loo, model.select, model.per_decade) if auto
+             else FixedGamma(float(model.gamma), model.dtype))
     solver = Continued(inner, base, merged)
     with np.errstate(all="ignore"):
         boundaries, running = gram_boundaries(run, solver)

@@ -230,7 +230,7 @@ def run_learn_orders(
     check_output_dir(out)
     check_orders(stream, seeds)
     out = Path(out)
-    loo = model.gamma == "auto" and model.select == "loo"
+    loo = model.loo
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None)
     if reason is not None:
@@ -245,7 +245,8 @@ def run_learn_orders(
         entries, finals = [], []
         for s, run in zip(seeds, runs):
             auto = model.gamma == "auto"
-            solver = ManyGammas(model.gamma_grid, False, "gcv") if auto else FixedGamma(float(model.gamma), model.dtype)
+            solver = (ManyGammas(model.gamma_grid, False, model.select, model.per_decade) if auto
+                      else FixedGamma(float(model.gamma), model.dtype))
             boundaries, running = order_boundaries(run, per_class, solver)
             acc = accuracy_matrices(run, boundaries, shared.test)[0]
             metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
@@ -355,7 +356,7 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
     with np.errstate(all="ignore"):
         per_class = class_statistics(runs[0], shared)
         for s, run in zip(seeds, runs):
-            boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None))
+            boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None, sweep.per_decade))
             reports_m = [accuracy_report(a) for a in accuracy_matrices(run, boundaries, shared.test)]
             reports.append(sweep_report(gammas, sweep_results(gammas, boundaries, reports_m, False), sweep.resolved_select,
                                         run_info(run, replace(stream, order_seed=s))))

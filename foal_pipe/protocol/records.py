@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.core.gammapath import best_point
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
@@ -18,10 +19,12 @@ from foal_pipe.protocol.schema import (
     AnytimeCurve,
     FusionChoice,
     FusionSweep,
+    GammaSearch,
     HeadSweep,
     LearnMetrics,
     SweepReport,
     SweepResult,
+    SweepSelection,
 )
 from foal_pipe.protocol.solvers import Boundary
 
@@ -83,17 +86,39 @@ def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], repor
             for m, g in enumerate(gammas)]
 
 
-def fusion_entry(fusion: str, results: list[SweepResult], select: str) -> FusionSweep:
+def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int) -> GammaSearch:
+    """The record of ``criterion``'s refined search at every boundary."""
+    searches = [b.searches[criterion] for b in boundaries]
+    return GammaSearch(criterion=criterion, per_decade=per_decade, gammas=[float(g) for g in searches[0].gammas],
+                       values=[_finite_or_none(s.values) for s in searches],
+                       gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches])
+
+
+def sweep_selections(boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]], criteria: Sequence[str],
+                     per_decade: int) -> list[SweepSelection]:
+    """Each criterion's refined search and the test accuracy ``reports[i]`` (:class:`Accuracy` fields) of the
+    models it chose (``criteria[i]``)."""
+    out = []
+    for i, name in enumerate(criteria):
+        search = gamma_search(boundaries, name, per_decade)
+        out.append(SweepSelection(**reports[i], **{k: getattr(search, k) for k in (
+            "criterion", "per_decade", "gammas", "values", "gammas_selected", "at_edge")}))
+    return out
+
+
+def fusion_entry(fusion: str, results: list[SweepResult], select: str,
+                 selections: list[SweepSelection] | None = None) -> FusionSweep:
     """One fusion's sweep (an entry of ``fusions``): its results and its own choices of gamma."""
     return FusionSweep(fusion=fusion, best_gamma=choose(results, select), best_gamma_test=choose(results, "test"),
-                       results=results)
+                       results=results, selections=selections)
 
 
-def sweep_report(gammas: Sequence[float], results: list[SweepResult], select: str, info: dict[str, Any]) -> SweepReport:
+def sweep_report(gammas: Sequence[float], results: list[SweepResult], select: str, info: dict[str, Any],
+                 selections: list[SweepSelection] | None = None) -> SweepReport:
     """The ``sweep.json`` of one feature set: its results, the gamma ``select`` chooses and the test oracle's,
-    and the run's settings ``info``."""
+    the refined ``selections`` and the run's settings ``info``."""
     return SweepReport(gammas=list(gammas), best_gamma=choose(results, select), best_gamma_test=choose(results, "test"),
-                       selected_by=select, results=results, **info)
+                       selected_by=select, results=results, selections=selections, **info)
 
 
 def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], select: str, model: ModelConfig,
@@ -103,7 +128,7 @@ def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], sele
     fusion, gamma = choose_fusion(entries, select)
     oracle_fusion, oracle_gamma = choose_fusion(entries, "test")
     chosen = next(e for e in entries if e.fusion == fusion)
-    return replace(sweep_report(gammas, chosen.results, select, info), best_gamma=gamma, fusion=fusion,
+    return replace(sweep_report(gammas, chosen.results, select, info, chosen.selections), best_gamma=gamma, fusion=fusion,
                    fusion_norm=model.fusion_norm, best=FusionChoice(fusion=fusion, gamma=gamma, selected_by=select),
                    best_test=FusionChoice(fusion=oracle_fusion, gamma=oracle_gamma, selected_by="test"),
                    fusions=list(entries))
@@ -139,11 +164,13 @@ def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.n
 
 
 def _best_index(results: Sequence[SweepResult], criterion: str) -> int:
-    """The result that ``criterion`` prefers at the last task boundary (first of equals, in the given order)."""
-    larger = CRITERIA[criterion].larger
-    missing = -np.inf if larger else np.inf
-    scores = np.array([missing if (v := r.criterion(criterion)) is None else v for r in results], dtype=np.float64)
-    return int(np.argmax(scores) if larger else np.argmin(scores))
+    """The result that ``criterion`` prefers at the last task boundary (among equals, LOO accuracy's least LOO
+    MSE, then the first in the given order)."""
+    def scores(name: str) -> np.ndarray:
+        return np.array([np.nan if (v := r.criterion(name)) is None else v for r in results], dtype=np.float64)
+
+    return best_point(scores(criterion), CRITERIA[criterion].larger,
+                      scores("loo") if criterion == "loo_accuracy" else None)
 
 
 def choose(results: Sequence[SweepResult], criterion: str) -> float:
@@ -173,10 +200,10 @@ def learn_metrics(run: Run, stream: StreamConfig, report: dict[str, Any], bounda
             eval_every=anytime.every, samples_seen=list(anytime.samples), accuracy=[float(a) for a in curve],
             gammas=[float(b.gammas[0]) for b in anytime.snapshots]))
     if model.gamma == "auto":
-        chosen = [float(b.gammas[0]) for b in boundaries]
-        metrics = replace(metrics, gammas_selected=chosen, selected_by=model.select,
-                          gamma_grid=[float(g) for g in model.gamma_grid],
-                          gammas_at_grid_edge=[grid_edge(g, model.gamma_grid) is not None for g in chosen])
+        search = gamma_search(boundaries, model.select, model.per_decade)
+        metrics = replace(metrics, gammas_selected=search.gammas_selected, selected_by=model.select,
+                          gamma_grid=[float(g) for g in model.gamma_grid], gammas_at_grid_edge=search.at_edge,
+                          gamma_search=search)
     return metrics
 
 

@@ -39,16 +39,20 @@ class Criterion:
     description: str
     #: Its name in plot legends and tables.
     short: str
+    #: Whether it needs the leave-one-out pass over the rows (GCV needs only the statistics).
+    rows: bool = False
 
 
 #: ``selected_by`` -> criterion: LOO MSE and GCV judge the training rows seen; ``test`` is an oracle.
 CRITERIA: dict[str, Criterion] = {c.name: c for c in (
-    Criterion("loo", "loo_mse", False, "leave-one-out MSE on the training rows seen", "LOO MSE"),
+    Criterion("loo", "loo_mse", False, "leave-one-out MSE on the training rows seen", "LOO MSE", rows=True),
     Criterion("gcv", "gcv", False, "GCV (generalised cross-validation, from the Gram statistics alone)", "GCV"),
+    Criterion("loo_accuracy", "loo_accuracy", True, "leave-one-out accuracy on the training rows seen (among "
+              "equals, the least LOO MSE)", "LOO acc", rows=True),
     Criterion("test", "A_avg", True, "test A_avg (an oracle: it peeks at the test split)", "test A_avg"),
 )}
 #: The criteria of ``learn --gamma auto``, which never looks at the test split.
-TRAINING_CRITERIA = ("loo", "gcv")
+TRAINING_CRITERIA = ("loo", "gcv", "loo_accuracy")
 
 
 class _Invalid(Exception):
@@ -129,6 +133,8 @@ FRACTIONS = _list_of(FRACTION, "list of numbers in [0, 1]")
 POSITIVE_INTEGER = _Kind("integer >= 1", lambda v: INTEGER.accepts(v) and v >= 1)
 TASKS = _list_of(_list_of(LABEL), "list of lists of label ids")
 TASK_NAMES = _list_of(_list_of(TEXT), "list of lists of class names")
+CURVES = _Kind("list of lists of numbers or nulls (one list per task boundary)",
+               lambda v: isinstance(v, list) and all(map(PER_BOUNDARY.accepts, v)))
 NUMBER_BY_NAME = _Kind("mapping of numbers", lambda v: isinstance(v, dict) and all(map(is_number, v.values())))
 GAMMA = _Kind('number > 0 or "auto"', lambda v: v == "auto" or (is_number(v) and v > 0))
 SELECTOR = _Kind(f"criterion ({', '.join(CRITERIA)})", lambda v: v in CRITERIA)
@@ -278,6 +284,28 @@ class OrderMetrics(Accuracy):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GammaSearch(_Record):
+    """A criterion's refined search of gamma: ``per_decade`` log-spaced ``gammas`` per decade of the grid's
+    range (the same at every task boundary), the criterion's ``values`` there at each boundary (null where
+    infinite), the gamma chosen at each boundary and whether it is an end of the range (the best may lie beyond)."""
+
+    criterion: str = key(SELECTOR, required=True)
+    per_decade: int = key(INTEGER, required=True)
+    gammas: list[float] = key(_list_of(POSITIVE, "list of numbers > 0"), required=True)
+    values: list[list[float | None]] = key(CURVES, required=True)
+    gammas_selected: list[float] = key(NUMBERS, required=True)
+    at_edge: list[bool] = key(_list_of(BOOLEAN), required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepSelection(Accuracy, GammaSearch):
+    """``sweep``: one criterion's refined choice at every boundary and the test accuracy of the models so chosen."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LearnMetrics(Accuracy, RunSettings):
     """``metrics.json``: the accuracy after every task, the settings, and what ``--gamma auto``,
     ``--init-model`` and ``--order-seeds`` add (with many orders the headline numbers are means over them)."""
@@ -291,6 +319,8 @@ class LearnMetrics(Accuracy, RunSettings):
     selected_by: str | None = key(SELECTOR)
     gamma_grid: list[float] | None = key(NUMBERS)
     gammas_at_grid_edge: list[bool] | None = key(_list_of(BOOLEAN))
+    #: ``--gamma auto``: the criterion's refined search (``gammas_selected`` are its choices).
+    gamma_search: GammaSearch | None = key(_record(GammaSearch, "gamma search object"))
     init_model: str | None = key(TEXT)
     n_samples_seen_total: int | None = key(INTEGER)
     label_ids: dict[str, int] | None = key(_Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(
@@ -376,6 +406,7 @@ class FusionSweep(_Record):
     best_gamma: float | None = key(NUMBER)
     best_gamma_test: float | None = key(NUMBER)
     results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
+    selections: list[SweepSelection] | None = key(_records(SweepSelection, "list of selections"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,6 +433,8 @@ class SweepReport(RunSettings):
     selected_by: str | None = key(SELECTOR)
     results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
     best_gamma_at_grid_edge: bool | None = key(BOOLEAN)
+    #: Every criterion's refined search and the test accuracy of its choices (``best_gamma`` stays the grid's).
+    selections: list[SweepSelection] | None = key(_records(SweepSelection, "list of selections"))
     fusion: str | None = key(TEXT)
     fusion_norm: bool | None = key(BOOLEAN)
     best: FusionChoice | None = key(_record(FusionChoice, "(fusion, gamma) object"))

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.gammapath import GammaPath, LeaveOneOut
+from foal_pipe.core.gammapath import PER_DECADE, GammaPath, LeaveOneOut, Search, best_point, search_grid
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.protocol.schema import CRITERIA
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Boundary:
     loo_accuracy: np.ndarray | None = None
     loo_mse: np.ndarray | None = None
     gcv_dof_ratio: float | None = None  # df/n at GCV's choice
+    #: Each criterion's refined search (:func:`~foal_pipe.core.gammapath.search_grid`), by criterion name.
+    searches: dict[str, Search] | None = None
 
 
 class FixedGamma:
@@ -58,32 +61,47 @@ class Pending:
 
 
 class ManyGammas:
-    """One factorisation per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO.
+    """One factorisation per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO, and each
+    criterion's refined search over ``per_decade`` points per decade of the grid's range.
 
     Leave-one-out needs the eigenvectors; without it the cheaper tridiagonal form serves (see
-    :meth:`RidgeStatistics.gamma_path`). ``choose`` (``loo`` or ``gcv``) keeps only the chosen gamma's
-    weights (``learn --gamma auto``); None keeps all of them (``sweep``).
+    :meth:`RidgeStatistics.gamma_path`). ``choose`` (a :data:`~foal_pipe.protocol.schema.CRITERIA` name of the
+    training rows) keeps only the weights of its refined choice (``learn --gamma auto``); None keeps the grid's
+    and, after them, those of every criterion's refined choice that the pass computes (``sweep``), in
+    :attr:`criteria` order.
     """
 
-    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None) -> None:
+    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None, per_decade: int = PER_DECADE) -> None:
         self.grid = np.asarray(grid, dtype=np.float64)
+        self.fine = search_grid(self.grid, per_decade)
         self.needs_rows = loo
         self.choose = choose
+        available = [name for name, c in CRITERIA.items() if c.name != "test" and (loo or not c.rows)]
+        self.criteria = (choose,) if choose else tuple(available)
+        self._at_grid = np.searchsorted(self.fine, self.grid)  # the grid's points are among the fine ones
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
         path = statistics.gamma_path(vectors=self.needs_rows)
-        loo = path.loo(self.grid) if self.needs_rows else None
+        loo = path.loo(self.fine) if self.needs_rows else None
         return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
 
     def finish(self, pending: Pending) -> Boundary:
         path, gcv = pending.path, pending.gcv
-        accuracy = pending.loo.accuracy() if pending.loo else None
-        mse = pending.loo.mse() if pending.loo else None
+        curves = {"gcv": path.gcv(self.fine)}
+        accuracy = mse = None
+        if pending.loo:
+            curves.update(loo=pending.loo.mse(), loo_accuracy=pending.loo.accuracy())
+            accuracy, mse = curves["loo_accuracy"][self._at_grid], curves["loo"][self._at_grid]
+        searches = {name: Search(name, self.fine, curves[name],
+                                 best_point(curves[name], CRITERIA[name].larger,
+                                            curves["loo"] if name == "loo_accuracy" else None))
+                    for name in self.criteria}
         best_gcv = int(np.argmin(gcv))
         ratio = float(path.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(path.n, 1)
         if self.choose is None:
-            gammas = self.grid
+            gammas = np.concatenate([self.grid, [searches[name].gamma for name in self.criteria]])
         else:
-            scores = mse if self.choose == "loo" else gcv
-            gammas = self.grid[[int(np.argmin(scores))]]
-        return Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio)
+            gammas = np.array([searches[self.choose].gamma])
+            if self.choose == "gcv":
+                ratio = float(path.dof(gammas)[0]) / max(path.n, 1)
+        return Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
