@@ -28,7 +28,7 @@ from foal_pipe.protocol.headruns import (
     check_sweep_heads,
     resolved_options,
 )
-from foal_pipe.protocol.headwalk import build_heads, head_accuracies, head_boundaries, learn_heads
+from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, learn_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -128,8 +128,8 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     with np.errstate(all="ignore"):
         heads = build_heads(run, [model.head], options)
         boundaries, _ = head_boundaries(run, heads)
-        accs = head_accuracies(run, boundaries, {model.head: HEADS[model.head].space})
-    metrics = LearnMetrics(**accuracy_report(accs[model.head]), head=model.head, head_options=options,
+        reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space})
+    metrics = LearnMetrics(**reports[model.head], head=model.head, head_options=options,
                            **run_info(run, stream))
 
     def write(tmp: Path) -> None:
@@ -222,7 +222,7 @@ def run_sweep(
         if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
             model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
                                                 ("loo" if sweep.loo else "gcv")))
-        head_accs, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
+        head_fields, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
     info = run_info(run, stream)
     if fusions:
         report = fusions_report(gammas, [fusion_entry(key, results[key], select, selections[key]) for key in fusions],
@@ -231,7 +231,7 @@ def run_sweep(
         report = sweep_report(gammas, results[None], select, info, selections[None])
     warn_search_edges(report.selections or [], log)
     if sweep.heads:
-        report = heads_report(report, sweep.heads, head_accs, head_loo,
+        report = heads_report(report, sweep.heads, head_fields, head_loo,
                               {name: resolved_options(name, model) for name in others})
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))

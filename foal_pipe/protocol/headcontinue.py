@@ -128,6 +128,9 @@ def run_continue_head(
     if execution.scheduler != "local":
         raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
     check_head_stream(stream, evaluation)
+    if stream.stream != "disjoint":
+        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
+                            f"{param('stream', stream.stream)}")
     if takes_batch_size(name) and stream.batch_size != options["batch_size"]:
         raise FoalPipeError(f"the model's {name} recursion ran on mini-batches of {options['batch_size']} rows; pass "
                             f"{param('batch_size', options['batch_size'])} to continue it exactly")

@@ -111,10 +111,9 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
 
 
 def check_head_stream(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
-    """Heads other than ridge are scored on disjoint tasks at task ends: other streams and anytime points refused."""
-    if stream.stream != "disjoint":
-        raise FoalPipeError(f"the heads other than ridge are scored at the ends of disjoint tasks; drop "
-                            f"{param('stream', stream.stream)} (or use ridge alone)")
+    """Heads other than ridge are scored at task ends, on disjoint or Si-Blurry streams (every head's state is a
+    function of the rows added so far, whatever their classes' order): anytime points refused, since a point inside
+    a task is no boundary of dual's per-task recursion (docs/streams.md)."""
     if evaluation.eval_every is not None:
         raise FoalPipeError(f"the heads other than ridge are scored at task ends; drop {param('eval_every')} (or use "
                             "ridge alone)")

@@ -16,6 +16,8 @@ from array_api_compat import array_namespace
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.evaluation import blurry_report, seen_classes
+from foal_pipe.protocol.records import accuracy_report
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.walk import test_rows, train_rows
@@ -147,15 +149,56 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     return accuracies
 
 
+def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
+                    rows: GroupedRows | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``(hits, totals)`` as :func:`~foal_pipe.protocol.evaluation.class_hits` gives ridge's: ``hits[name][p, c]``,
+    boundary p of head ``name``'s correct predictions (among its classes) on class c's test rows, for its classes
+    only (0 elsewhere); ``totals[c]``, class c's test rows. One read of the test split (or ``rows``)."""
+    n_classes = len(run.store.classes)
+    hits = {name: np.zeros((len(scorers), n_classes), dtype=np.int64) for name, scorers in boundaries.items()}
+    masks = {name: [np.isin(np.arange(n_classes), s.classes) for s in scorers] for name, scorers in boundaries.items()}
+    streamed = run.stream.task_of_label(n_classes) >= 0
+    with progress_bar("test (one read, heads by class)", int(run.test_totals.sum()) * (1 if rows else 2)) as advance, \
+            run.timed("test"), (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
+        order = np.flatnonzero(streamed[cached.labels])
+        totals = np.bincount(cached.labels[order], minlength=n_classes)[:n_classes]
+        for start in range(0, order.size, run.block_rows):
+            positions = order[start : start + run.block_rows]
+            y = cached.labels[positions]
+            blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
+            for name, scorers in boundaries.items():
+                for p, scorer in enumerate(scorers):
+                    scored = masks[name][p][y]
+                    if not scored.any():
+                        continue
+                    hit = (scorer.classes[_argmax(scorer.scores(blocks[spaces[name]]))] == y) & scored
+                    hits[name][p] += np.bincount(y, weights=hit, minlength=n_classes).astype(np.int64)[:n_classes]
+            advance(positions.size)
+    return hits, totals
+
+
+def head_reports(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
+                 rows: GroupedRows | None = None) -> dict[str, dict[str, Any]]:
+    """Each head's :class:`~foal_pipe.protocol.schema.Accuracy` fields at the task ends, by ridge's definitions: a
+    disjoint stream's accuracy matrix by task (:func:`head_accuracies`); a Si-Blurry stream's over the classes seen
+    so far (:func:`~foal_pipe.protocol.evaluation.blurry_report`, the same function that scores ridge)."""
+    if run.stream.kind == "disjoint":
+        return {name: accuracy_report(acc) for name, acc in head_accuracies(run, boundaries, spaces, rows).items()}
+    ends = seen_classes(run.stream.tasks)  # the classes each boundary predicts among
+    hits, totals = head_class_hits(run, boundaries, spaces, rows)
+    return {name: blurry_report(h, totals, ends) for name, h in hits.items()}
+
+
 def _argmax(scores: Any) -> np.ndarray:
     """The column of each row's largest score, as host NumPy."""
     return to_numpy(array_namespace(scores).argmax(scores, axis=1))
 
 
 def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], train: GroupedRows | None = None,
-                test: GroupedRows | None = None, loo: bool = False) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Every head of ``names`` through the stream and scored: its accuracy matrix and, with ``loo``, the exact
+                test: GroupedRows | None = None, loo: bool = False) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """Every head of ``names`` through the stream and scored: its accuracy fields (:func:`head_reports`) and, with
+    ``loo``, the exact
     leave-one-out accuracy at the last boundary of the heads that have one."""
     heads = build_heads(run, names, options)
     boundaries, loo_accuracy = head_boundaries(run, heads, train, loo)
-    return head_accuracies(run, boundaries, {name: HEADS[name].space for name in names}, test), loo_accuracy
+    return head_reports(run, boundaries, {name: HEADS[name].space for name in names}, test), loo_accuracy

@@ -139,12 +139,12 @@ def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], sele
 HEAD_CRITERION = "loo_accuracy"
 
 
-def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.ndarray], loo: dict[str, float],
+def heads_report(report: SweepReport, names: Sequence[str], fields: dict[str, dict[str, Any]], loo: dict[str, float],
                  options: dict[str, dict[str, Any]]) -> SweepReport:
     """``sweep --heads``: the report with every head's entry (ridge: its gamma chosen by ``selected_by``, and that
     gamma's leave-one-out accuracy at the last boundary; the others: ``loo``, their exact leave-one-out accuracy
-    where they have one), the head of best leave-one-out accuracy (None when no head has one; first of equals in
-    ``names``' order) and the test oracle's head (best test A_avg), labelled as such."""
+    where they have one, and ``fields``, their accuracy fields), the head of best leave-one-out accuracy (None when
+    no head has one; first of equals in ``names``' order) and the test oracle's head (best test A_avg), labelled as such."""
     ridge = next(r for r in report.results if r.gamma == report.best_gamma)
     entries = {}
     for name in names:
@@ -155,7 +155,7 @@ def heads_report(report: SweepReport, names: Sequence[str], accs: dict[str, np.n
                                       options={"gamma": ridge.gamma, "selected_by": report.selected_by},
                                       loo_accuracy=ridge_loo)
         else:
-            entries[name] = HeadSweep(**accuracy_report(accs[name]), options=options[name], loo_accuracy=loo.get(name))
+            entries[name] = HeadSweep(**fields[name], options=options[name], loo_accuracy=loo.get(name))
     ranked = [name for name in names if entries[name].loo_accuracy is not None]
     best = max(ranked, key=lambda name: entries[name].loo_accuracy) if ranked else None
     oracle = max(names, key=lambda name: entries[name].A_avg)
