@@ -183,7 +183,8 @@ def test_sweep_heads_on_si_blurry_equal_learn_and_same_seed_same_bytes(store, tm
         for key in ("accuracy_matrix", "A_steps", "A_avg", "A_last", "F"):
             assert heads[name][key] == one[key], (name, key)
     result = invoke("learn", "--features", store, "--out", tmp_path / "c", "--head", "ncm", *BLURRY)
-    assert (tmp_path / "c" / "metrics.json").read_bytes() == (tmp_path / "ncm" / "metrics.json").read_bytes()
+    for file in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "c" / file).read_bytes() == (tmp_path / "ncm" / file).read_bytes()
 
 
 @pytest.mark.parametrize("args", [("learn", "--head", "ncm", "--stream", "si-blurry", "--eval-every", "100"),
