@@ -110,6 +110,18 @@ class PerClassMoments:
         return (self.grams[k] - s[:, None] * s[None, :] / self.counts[k]) / (self.counts[k] - 1)
 
 
+def symmetric_pinv(S: Any) -> Any:
+    """``pinv(S)`` of a symmetric ``S`` from its eigendecomposition, with the array API's cutoff (singular values
+    ``|w|`` at most ``max(d) eps max|w|`` dropped): the same definition as ``xp.linalg.pinv``, from ``eigh``, a few
+    times cheaper than the SVD ``pinv`` runs."""
+    xp = array_namespace(S)
+    w, V = xp.linalg.eigh(S)
+    magnitude = xp.abs(w)
+    kept = magnitude > S.shape[0] * xp.finfo(S.dtype).eps * xp.max(magnitude)
+    inverse = xp.where(kept, 1 / xp.where(kept, w, xp.ones_like(w)), xp.zeros_like(w))
+    return (V * inverse[None, :]) @ V.T
+
+
 def shift_diagonal(S: Any, value: float) -> Any:
     """``S + value I``."""
     xp = array_namespace(S)

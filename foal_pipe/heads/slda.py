@@ -9,7 +9,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads.moments import ClassSums, shift_diagonal
+from foal_pipe.heads.moments import ClassSums, shift_diagonal, symmetric_pinv
 
 #: ``--shrinkage`` of slda: Avalanche's default.
 SLDA_SHRINKAGE = 1e-4
@@ -76,5 +76,5 @@ class SLDAHead:
         else:
             S = shift_diagonal((1.0 - self.shrinkage) * S, self.shrinkage)
         M = sums.means()  # (C, d)
-        W = xp.linalg.pinv(S) @ M.T  # Lambda mu_c per column
+        W = symmetric_pinv(S) @ M.T  # Lambda mu_c per column
         return LinearScorer(sums.classes.copy(), W, -0.5 * xp.sum(M.T * W, axis=0))
