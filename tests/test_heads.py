@@ -11,8 +11,8 @@ from sklearn.datasets import load_digits
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
-from foal_pipe.heads.fecam import FeCAMHead, cholesky_factor, quadratic_forms
-from foal_pipe.heads.moments import symmetric_pinv
+from foal_pipe.heads.fecam import FeCAMHead, cholesky_factor, eigenvalue_floor, quadratic_forms, shrunk_normalised
+from foal_pipe.heads.moments import certified_definite, symmetric_pinv
 from foal_pipe.protocol.headwalk import boundary_scores
 
 REFERENCES = {
@@ -156,15 +156,32 @@ def test_head_is_exact_when_classes_recur_across_boundaries(name, options):
         np.testing.assert_allclose(scorer.scores(T), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize("kind", ["psd-singular", "indefinite", "definite"])
-def test_symmetric_pinv_equals_numpy_pinv(kind):
+@pytest.mark.parametrize(("kind", "floor", "inverts"), [
+    ("psd-singular", 0.0, False), ("indefinite", 0.0, False), ("definite", 0.0, False), ("definite", 1.0, True),
+    ("definite", 1e-15, False),  # a floor too small to certify the condition number: eigh
+])
+def test_symmetric_pinv_equals_numpy_pinv(kind, floor, inverts, monkeypatch):
     rng = np.random.default_rng(7)
     A = rng.normal(size=(9, 4))
     S = {"psd-singular": A @ A.T,  # rank 4 of 9: pinv drops five eigenvalues
          "indefinite": A @ np.diag([3.0, -2.0, 1.0, -0.5]) @ A.T,
-         "definite": A @ A.T + np.eye(9)}[kind]
+         "definite": A @ A.T + np.eye(9)}[kind]  # eigenvalues >= 1
+    assert certified_definite(xnp.asarray(S), floor) is inverts
     expected = np.linalg.pinv(S, rtol=9 * np.finfo(np.float64).eps)  # the array API's default cutoff
-    np.testing.assert_allclose(symmetric_pinv(xnp.asarray(S)), expected, rtol=1e-9, atol=1e-11 * np.abs(expected).max())
+    np.testing.assert_allclose(symmetric_pinv(xnp.asarray(S), floor), expected, rtol=1e-9,
+                               atol=1e-11 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize(("a1", "a2"), [(1.0, 0.0), (0.5, 0.2), (0.01, 0.0), (2.0, 1.0)])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_fecam_eigenvalue_floor_bounds_the_shrunk_covariance(a1, a2, sign):
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(40, 7)) @ rng.normal(size=(7, 7)) * np.arange(1, 8)
+    X[:, 0] = sign * X[:, 1] + 0.1 * X[:, 0]  # a strongly correlated pair: off-diagonal mean of either sign
+    C = np.cov(X, rowvar=False)
+    floor = eigenvalue_floor(C, a1, a2)
+    smallest = np.linalg.eigvalsh(shrunk_normalised(C, a1, a2)).min()
+    assert 0 < floor <= smallest * (1 + 1e-12)
 
 
 def fecam_boundaries(parts, X, y, options=()):

@@ -71,6 +71,20 @@ def cholesky_factor(precision: Any) -> Any:
     return C if bool(xp.all(xp.isfinite(C))) else None
 
 
+def eigenvalue_floor(C: Any, a1: float, a2: float) -> float:
+    """A lower bound on the eigenvalues of ``shrunk_normalised(C, a1, a2)`` for a covariance ``C`` (positive
+    semi-definite): Weyl's inequality gives ``a1 mean(diag C) + min(a2 m (d - 1), -a2 m)`` (``m`` the off-diagonal
+    mean; ``1 1^T - I`` has eigenvalues ``d - 1`` and ``-1``) before the unit-diagonal scaling, which divides it by at
+    most the largest diagonal entry."""
+    xp = array_namespace(C)
+    d = C.shape[0]
+    diagonal = xp.linalg.diagonal(C)
+    diag_mean = float(xp.mean(diagonal))
+    off = a2 * float(xp.sum(C) - xp.sum(diagonal)) / (d * d - d) if d > 1 else 0.0
+    top = float(xp.max(diagonal)) + a1 * diag_mean
+    return (a1 * diag_mean + min(off * (d - 1), -off)) / top if top > 0 else 0.0
+
+
 class MahalanobisScorer:
     """Scores ``-(x_hat - mu_c)^T Lambda_c (x_hat - mu_c)`` over ``classes`` (argmax: the nearest class); ``keys``
     (optional) name each class's statistics (:class:`~foal_pipe.heads.base.ClassColumns`): a walk then computes a
@@ -121,11 +135,12 @@ class FeCAMHead:
         for k, c in enumerate(m.classes.tolist()):
             if c in self._solved and self._solved[c][0] == m.counts[k]:
                 continue  # no row of this class since its last solve: the same inputs, the same bits
-            S = shrunk_normalised(m.covariance(k), self.shrinkage, self.shrinkage_offdiag)
+            C = m.covariance(k)
+            S = shrunk_normalised(C, self.shrinkage, self.shrinkage_offdiag)
             if not bool(xp.all(xp.isfinite(S))):
                 raise FoalPipeError(f"fecam: class {c} has a dimension of zero variance, which "
                                     f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
-            precision = symmetric_pinv(S)
+            precision = symmetric_pinv(S, eigenvalue_floor(C, self.shrinkage, self.shrinkage_offdiag))
             self._solved[c] = (m.counts[k], m.mean(k), precision, cholesky_factor(precision))
         solved = [self._solved[c] for c in m.classes.tolist()]
         keys = [(c, s[0]) for c, s in zip(m.classes.tolist(), solved, strict=True)]  # a class's rows only grow
