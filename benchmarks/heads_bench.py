@@ -54,13 +54,16 @@ PROJECTED_HEADS = {
     "learn --head dual": ["learn", "--head", "dual"],
     f"sweep --heads {ALL_HEADS}": ["sweep", "--heads", ALL_HEADS],
 }
-#: The two readings of the 4-head sweep against one `learn`: (a) every head learned once at `learn`'s settings;
-#: (b) what the heads add to the default sweep (13 gammas, leave-one-out).
+#: The two readings of the 4-head sweep against one `learn`: (a) every head learned once at `learn`'s settings (and
+#: the same sweep without heads: ridge's one-gamma sweep beside `learn`); (b) what the heads add to the default sweep
+#: (13 gammas, leave-one-out).
 SWEEP = "sweep (13 gammas, LOO)"
 SWEEP_HEADS = f"sweep --heads {HEADS}"
 ONCE = f"sweep --heads {HEADS} --gammas 1 --no-loo"
+SWEEP_ONCE = "sweep --gammas 1 --no-loo"
 RATIO_HEADS = {
     LEARN: ["learn"],
+    SWEEP_ONCE: ["sweep", "--gammas", "1", "--no-loo"],
     ONCE: ["sweep", "--heads", HEADS, "--gammas", "1", "--no-loo"],
     SWEEP: ["sweep"],
     SWEEP_HEADS: ["sweep", "--heads", HEADS],
@@ -109,7 +112,8 @@ def with_baseline(commands: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def readings(medians: dict[str, dict[str, float]]) -> dict[str, float]:
     """The sweep readings (a) and (b), CPU and wall, where the set has them."""
-    pairs = {"(a) 4 heads once / learn": (ONCE, LEARN), "(b) sweep --heads / sweep": (SWEEP_HEADS, SWEEP),
+    pairs = {"(a) 4 heads once / learn": (ONCE, LEARN), "(a) 4 heads once / the same sweep without heads": (ONCE, SWEEP_ONCE),
+             "(b) sweep --heads / sweep": (SWEEP_HEADS, SWEEP),
              "sweep --heads / learn": (SWEEP_HEADS, LEARN)}
     pairs |= {f"{name}{BASELINE}": (top + BASELINE, bottom + BASELINE if bottom + BASELINE in medians else bottom)
               for name, (top, bottom) in pairs.items()}
