@@ -11,7 +11,14 @@ from sklearn.datasets import load_digits
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
-from foal_pipe.heads.fecam import FeCAMHead, cholesky_factor, eigenvalue_floor, quadratic_forms, shrunk_normalised
+from foal_pipe.heads.fecam import (
+    FeCAMHead,
+    MahalanobisScorer,
+    cholesky_factor,
+    eigenvalue_floor,
+    quadratic_forms,
+    shrunk_normalised,
+)
 from foal_pipe.heads.moments import certified_definite, symmetric_pinv
 from foal_pipe.protocol.headwalk import boundary_scores
 
@@ -234,3 +241,14 @@ def test_fecam_triangular_product_equals_the_quadratic_form(d):
     np.testing.assert_allclose(quadratic_forms(xnp.asarray(R), P), expected, rtol=1e-12)
     indefinite = P - 2 * np.abs(np.linalg.eigvalsh(P)).max() * np.outer(np.eye(d)[0], np.eye(d)[0])
     assert cholesky_factor(xnp.asarray(indefinite)) is None  # the dense form, which takes any symmetric precision
+
+
+def test_fecam_scorer_from_saved_means_and_precisions_scores_the_same_bits():
+    X, y, T = random_data(5)
+    scorer = make_head("fecam", {}, xnp, X.shape[1])
+    scorer.add(X, y)
+    scorer = scorer.boundary()
+    assert all(f is not None for f in scorer.factors)  # the default shrinkage gives definite precisions
+    rebuilt = MahalanobisScorer(scorer.classes, [np.array(m) for m in scorer.means],
+                                [np.array(p) for p in scorer.precisions])
+    np.testing.assert_array_equal(rebuilt.scores(T), scorer.scores(T))

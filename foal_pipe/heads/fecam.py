@@ -88,13 +88,14 @@ def eigenvalue_floor(C: Any, a1: float, a2: float) -> float:
 class MahalanobisScorer:
     """Scores ``-(x_hat - mu_c)^T Lambda_c (x_hat - mu_c)`` over ``classes`` (argmax: the nearest class); ``keys``
     (optional) name each class's statistics (:class:`~foal_pipe.heads.base.ClassColumns`): a walk then computes a
-    class's distances once per change of its rows, not at every boundary. ``factors`` (optional): each precision's
-    Cholesky factor or None, for the cheaper triangular product."""
+    class's distances once per change of its rows, not at every boundary. ``factors``: each precision's Cholesky
+    factor or None, for the cheaper triangular product; computed here when not given, so that a scorer built from
+    saved means and precisions scores with the same factors, the same bits, as the run's own."""
 
     def __init__(self, classes: np.ndarray, means: list[Any], precisions: list[Any],
                  keys: Sequence[Hashable] | None = None, factors: Sequence[Any] | None = None) -> None:
         self.classes, self.means, self.precisions, self.keys = classes, means, precisions, keys
-        self.factors = list(factors) if factors is not None else [None] * len(precisions)
+        self.factors = list(factors) if factors is not None else [cholesky_factor(p) for p in precisions]
 
     def prepare(self, X: Any) -> Any:
         return unit_rows(X)
