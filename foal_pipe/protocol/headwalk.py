@@ -128,14 +128,14 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
             positions = order[start : start + run.block_rows]
             y, tasks = cached.labels[positions], task_of[positions]
             blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
+            ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
+            scored = np.flatnonzero(ends > 0)
             for name, scorers in boundaries.items():
-                for k, scorer in enumerate(scorers):
-                    n = int(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
-                    if n == 0:
-                        continue
-                    scores = scorer.scores(blocks[spaces[name]][:n, :])
-                    found = _argmax(scores)
-                    hit = scorer.classes[found] == y[:n]
+                chosen = [scorers[k] for k in scored]
+                for k, scorer, scores in zip(scored, chosen, boundary_scores(chosen, blocks[spaces[name]],
+                                                                             ends[scored]), strict=True):
+                    n = ends[k]
+                    hit = scorer.classes[_argmax(scores)] == y[:n]
                     correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
             advance(positions.size)
     accuracies = {}
@@ -145,6 +145,31 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
         acc[upper] = np.nan
         accuracies[name] = acc
     return accuracies
+
+
+def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int]) -> Iterator[Any]:
+    """Each scorer's scores of the first ``ends[k]`` rows of ``X`` (the scorers of one head, boundary by boundary).
+    Scorers with class keys (:class:`~foal_pipe.heads.base.ClassColumns`) share a memo: the rows are prepared once
+    and a class's column is computed for the rows it lacks only, so each (row, class) score is computed once per
+    change of the class's statistics, not once per boundary."""
+    memo: dict[Any, Any] = {}
+    prepared = None
+    for scorer, n in zip(scorers, ends, strict=True):
+        if getattr(scorer, "keys", None) is None:
+            yield scorer.scores(X[:n, :])
+            continue
+        if prepared is None:
+            prepared = scorer.prepare(X)
+            xp = array_namespace(prepared)
+        columns = []
+        for k, key in enumerate(scorer.keys):
+            done = memo.get(key)
+            m = 0 if done is None else done.shape[0]
+            if m < n:
+                new = scorer.column(k, prepared[m:n, :])
+                memo[key] = done = new if done is None else xp.concat((done, new))
+            columns.append(done[:n])
+        yield xp.stack(columns, axis=1)
 
 
 def _argmax(scores: Any) -> np.ndarray:
