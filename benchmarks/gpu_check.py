@@ -23,6 +23,11 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
     learn`` (D = 1000, 10 tasks, CuPy) and ``foal-pipe sweep`` (13 gammas, leave-one-out): seconds of each
     command, start-up included; goal <= 20 s in all (the paper reports 261 s on an RTX 4070 Ti).
 
+(e) ``heads``: ``learn --head H`` for ncm, slda, fecam, balanced and dual on NumPy, CuPy and torch (20,000 x 512
+    synthetic store, 50 classes, 5 tasks): the accuracy matrices against NumPy's (largest difference) and seconds.
+(f) ``online``: ``learn --stream si-blurry --eval-every N`` (the anytime curve, A_auc) and ``learn --gamma auto``
+    (the refined search) on each backend against NumPy.
+
 ``--dry-run`` runs the same steps at toy sizes on the CPU (numpy and torch-on-CPU backends, cupy skipped
 without a GPU; a 2-block 32-dim ViT at 64 px, a few hundred images, a 2,000-row store) in well under a
 minute; tests/test_gpu_check.py runs it in CI.
@@ -286,6 +291,94 @@ def part_learn(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
         run.pop("_W", None)
 
 
+def _learn_args(store: Path, out: Path, backend: str, extra: list[str], timeout: int) -> dict[str, Any]:
+    """One ``foal-pipe learn`` subprocess: wall and in-process seconds, the accuracy matrix and what else
+    metrics.json says (A_avg, A_last, A_auc and the anytime curve when there is one)."""
+    cmd = [sys.executable, "-c", CLI, "learn", "--features", str(store), "--out", str(out), "--seed", "0",
+           "--backend", backend, *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "wall_s": wall}
+    metrics = json.loads((out / "metrics.json").read_text())
+    run = {"wall_s": wall, "in_process_s": json.loads((out / "timings.json").read_text())["total"],
+           "A_avg": metrics["A_avg"], "A_last": metrics["A_last"],
+           "_matrix": _square(metrics["accuracy_matrix"])}
+    if metrics.get("anytime"):
+        run["A_auc"] = metrics.get("A_auc")
+        run["_curve"] = np.array(metrics["anytime"]["accuracy"], dtype=float)
+    return run
+
+
+def _square(rows: list[list[float]]) -> np.ndarray:
+    """metrics.json's accuracy matrix (row i: the tasks 1..i) as a square array, NaN above the diagonal."""
+    out = np.full((len(rows), max(map(len, rows), default=0)), np.nan)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def _against_numpy(runs: dict[str, dict[str, Any]]) -> None:
+    """Each device run's largest difference from the NumPy run of the same command (accuracy matrix, curve)."""
+    for key, run in runs.items():
+        host = runs.get(key.split("/")[0] + "/numpy", {})
+        for field in ("_matrix", "_curve"):
+            if field in run and field in host and run is not host:
+                a, b = run[field], host[field]
+                run[f"{field[1:]}_vs_numpy"] = float(np.nanmax(np.abs(a - b))) if a.shape == b.shape else "shape differs"
+    for run in runs.values():
+        run.pop("_matrix", None)
+        run.pop("_curve", None)
+
+
+def _each_backend(runs: dict[str, dict[str, Any]], name: str, learn: Callable[[str], dict],
+                  backends: tuple[str, ...] = BACKENDS) -> None:
+    for backend in backends:
+        problem = backend_problem(backend)
+        try:
+            runs[f"{name}/{backend}"] = {"skipped": problem} if problem else learn(backend)
+        except Exception as exc:
+            runs[f"{name}/{backend}"] = {"error": _one_line(exc)}
+
+
+def part_heads(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """``learn --head H`` for every analytic head (issue 22) on NumPy, CuPy and torch: the accuracy matrices
+    equal NumPy's (largest difference), with the seconds each took."""
+    from synthetic import make_store
+
+    store = make_store(work / "heads.zarr", sz.a_rows, sz.a_rows // 5, n_classes=sz.a_classes, dim=sz.a_dim)
+    out.update(store=f"{sz.a_rows:,} x {sz.a_dim} float32, {sz.a_classes} classes, 5 tasks", runs={})
+    for head in ("ncm", "slda", "fecam", "balanced", "dual"):
+        extra = ["--tasks", "5", "--head", head] + (["--projection-dim", str(sz.b_dim // 2)]
+                                                     if head in ("balanced", "dual") else [])
+        _each_backend(out["runs"], head,
+                      lambda b, head=head, extra=extra: _learn_args(store, work / f"head-{head}-{b}", b, extra,
+                                                                    sz.part_seconds),
+                      ("numpy",) if sz == DRY else BACKENDS)  # the dry run: each head's path, not torch's start-up
+    _against_numpy(out["runs"])
+
+
+def part_online(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """Issue 25 and 23 on the device: a Si-Blurry stream with ``--eval-every`` (the anytime curve and A_auc),
+    and ``--gamma auto`` (the refined search), each on NumPy, CuPy and torch against NumPy."""
+    from synthetic import make_store
+
+    store = make_store(work / "online.zarr", sz.a_rows, sz.a_rows // 5, n_classes=sz.a_classes, dim=sz.a_dim)
+    out.update(store=f"{sz.a_rows:,} x {sz.a_dim} float32, {sz.a_classes} classes", runs={})
+    commands = {
+        "si-blurry --eval-every": ["--tasks", "5", "--stream", "si-blurry", "--eval-every", str(sz.a_rows // 20),
+                                   "--projection-dim", str(sz.b_dim)],
+        "gamma auto": ["--tasks", "5", "--gamma", "auto", "--projection-dim", str(sz.b_dim)],
+    }
+    for name, extra in commands.items():
+        _each_backend(out["runs"], name,
+                      lambda b, name=name, extra=extra: _learn_args(store, work / f"online-{name[:5]}-{b}", b, extra,
+                                                                    sz.part_seconds))
+    _against_numpy(out["runs"])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # (c) ViT extraction into a store
 # ---------------------------------------------------------------------------------------------------------
@@ -501,7 +594,8 @@ def part_startup(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
 
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
-    "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup}
+    "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup,
+    "heads": part_heads, "online": part_online}
 
 
 # ---------------------------------------------------------------------------------------------------------

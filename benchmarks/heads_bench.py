@@ -9,8 +9,13 @@ threads. Recorded per command: every round's measurements, the medians, A_avg, A
 and the load averages. Every walk reads the store once: tests/test_one_read.py counts the decoded chunks of
 `sweep --heads ridge,ncm,slda,fecam` and of `learn --head`.
 
-Usage: python benchmarks/heads_bench.py [--set features|projected] [--store /tmp/stores/heads/fm784.zarr]
-       [--rounds 3] [--threads 1] [--json benchmarks/results/heads_bench.json]
+`--set ratio` runs the 4-head sweep's two readings against `learn`: (a) `sweep --heads ridge,ncm,slda,fecam
+--gammas 1 --no-loo` (every head learned once, as `learn` learns ridge) against `learn`; (b) the default `sweep
+--heads` against plain `sweep` (what the heads add to a sweep). `--baseline DIR` runs the head commands on that
+source tree too (its `PYTHONPATH`), interleaved with this tree's, for before/after side by side.
+
+Usage: python benchmarks/heads_bench.py [--set features|projected|ratio] [--store /tmp/stores/heads/fm784.zarr]
+       [--rounds 3] [--threads 1] [--baseline DIR] [--json benchmarks/results/heads_bench.json]
 """
 
 from __future__ import annotations
@@ -49,7 +54,23 @@ PROJECTED_HEADS = {
     "learn --head dual": ["learn", "--head", "dual"],
     f"sweep --heads {ALL_HEADS}": ["sweep", "--heads", ALL_HEADS],
 }
-SETS = {"features": FEATURE_HEADS, "projected": PROJECTED_HEADS}
+#: The two readings of the 4-head sweep against one `learn`: (a) every head learned once at `learn`'s settings (and
+#: the same sweep without heads: ridge's one-gamma sweep beside `learn`); (b) what the heads add to the default sweep
+#: (13 gammas, leave-one-out).
+SWEEP = "sweep (13 gammas, LOO)"
+SWEEP_HEADS = f"sweep --heads {HEADS}"
+ONCE = f"sweep --heads {HEADS} --gammas 1 --no-loo"
+SWEEP_ONCE = "sweep --gammas 1 --no-loo"
+RATIO_HEADS = {
+    LEARN: ["learn"],
+    SWEEP_ONCE: ["sweep", "--gammas", "1", "--no-loo"],
+    ONCE: ["sweep", "--heads", HEADS, "--gammas", "1", "--no-loo"],
+    SWEEP: ["sweep"],
+    SWEEP_HEADS: ["sweep", "--heads", HEADS],
+}
+SETS = {"features": FEATURE_HEADS, "projected": PROJECTED_HEADS, "ratio": RATIO_HEADS}
+#: With --baseline: the head commands of the set run again on that source tree (before), beside this one (after).
+BASELINE = " [baseline]"
 
 
 def ensure_store(store: Path) -> None:
@@ -83,6 +104,24 @@ def outcome(out: Path) -> dict:
     return result
 
 
+def with_baseline(commands: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Each command that runs a head other than ridge twice: on this tree and, renamed, on --baseline's."""
+    heads = {name + BASELINE: cmd for name, cmd in commands.items() if "--heads" in cmd or "--head" in cmd}
+    return {**commands, **heads}
+
+
+def readings(medians: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The sweep readings (a) and (b), CPU and wall, where the set has them."""
+    pairs = {"(a) 4 heads once / learn": (ONCE, LEARN), "(a) 4 heads once / the same sweep without heads": (ONCE, SWEEP_ONCE),
+             "(b) sweep --heads / sweep": (SWEEP_HEADS, SWEEP),
+             "sweep --heads / learn": (SWEEP_HEADS, LEARN)}
+    pairs |= {f"{name}{BASELINE}": (top + BASELINE, bottom + BASELINE if bottom + BASELINE in medians else bottom)
+              for name, (top, bottom) in pairs.items()}
+    return {f"{name} ({key})": round(medians[top][key] / medians[bottom][key], 2)
+            for name, (top, bottom) in pairs.items() if top in medians and bottom in medians
+            for key in ("cpu_s", "wall_s")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=Path("/tmp/stores/heads/fm784.zarr"))
@@ -92,10 +131,13 @@ def main() -> None:
                         help="features: ridge beside ncm, slda, fecam and the 4-head sweep; projected: balanced, dual "
                              "and the 6-head sweep")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("results") / "heads_bench.json")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a foal-pipe source tree (e.g. `git archive` of the commit before a change): its head "
+                             "commands run too, interleaved, for before/after side by side (default: none)")
     args = parser.parse_args()
     ensure_store(args.store)
     env = blas_env(args.threads)
-    commands = SETS[args.set]
+    commands = SETS[args.set] if args.baseline is None else with_baseline(SETS[args.set])
     runs: dict[str, list[dict]] = {name: [] for name in commands}
     outcomes: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +145,8 @@ def main() -> None:
             for i, (name, cmd) in enumerate(commands.items()):
                 out = Path(tmp) / f"out{i}"
                 load = os.getloadavg()
-                run = run_cli([*cmd, "--features", str(args.store), "--out", str(out), *COMMON], env)
+                given = env if not name.endswith(BASELINE) else {**env, "PYTHONPATH": str(args.baseline)}
+                run = run_cli([*cmd, "--features", str(args.store), "--out", str(out), *COMMON], given)
                 runs[name].append({"round": r, "wall_s": round(run.seconds, 2), "cpu_s": round(run.cpu_seconds, 2),
                                    "peak_rss_mib": round(run.peak_rss_mib), "load_before": [round(v, 2) for v in load],
                                    "timings": json.loads((out / "timings.json").read_text())})
@@ -118,10 +161,12 @@ def main() -> None:
         "set": args.set, "medians": medians, "outcomes": outcomes, "runs": runs,
         "ratios": {f"{name} / learn ({key})": round(m[key] / medians[LEARN][key], 2)
                    for name, m in medians.items() if name != LEARN for key in ("wall_s", "cpu_s")},
+        "readings": readings(medians), "baseline": None if args.baseline is None else str(args.baseline),
+        "uptime": os.getloadavg(),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    print(json.dumps({"medians": medians, "ratios": report["ratios"]}, indent=2))
+    print(json.dumps({"medians": medians, "ratios": report["ratios"], "readings": report["readings"]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar", "startup"}
+    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar", "startup",
+                                                                      "heads", "online"}
     assert report["machine"]["commit"] == "0123abcd"  # the tree's commit as the caller names it
     assert not [name for name, part in report["parts"].items() if "error" in part]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
@@ -70,3 +71,13 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert cifar["n_train_seen"] == 400 and 0 <= cifar["A_avg"] <= 1  # random images: chance or below
     startup = report["parts"]["startup"]
     assert startup["help_s"] > 0 and len(startup["slowest_imports_ms"]) > 0
+
+    heads = report["parts"]["heads"]["runs"]
+    assert {key for key in heads if key.endswith("/numpy")} == {f"{h}/numpy" for h in ("ncm", "slda", "fecam",
+                                                                                      "balanced", "dual")}
+    assert all(0 <= run["A_last"] <= 1 and run["wall_s"] > 0 for run in heads.values())
+    online = report["parts"]["online"]["runs"]
+    assert 0 <= online["si-blurry --eval-every/numpy"]["A_auc"] <= 1
+    for name in ("si-blurry --eval-every", "gamma auto"):
+        torch_run = online[f"{name}/torch"]
+        assert "skipped" in torch_run or torch_run["matrix_vs_numpy"] <= 1e-12

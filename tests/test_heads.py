@@ -11,6 +11,16 @@ from sklearn.datasets import load_digits
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
+from foal_pipe.heads.fecam import (
+    FeCAMHead,
+    MahalanobisScorer,
+    cholesky_factor,
+    eigenvalue_floor,
+    quadratic_forms,
+    shrunk_normalised,
+)
+from foal_pipe.heads.moments import certified_definite, symmetric_pinv
+from foal_pipe.protocol.headwalk import boundary_scores
 
 REFERENCES = {
     ("ncm", ()): ref_ncm,
@@ -151,3 +161,94 @@ def test_head_is_exact_when_classes_recur_across_boundaries(name, options):
         scorer = head.boundary()
         np.testing.assert_array_equal(scorer.classes, classes)
         np.testing.assert_allclose(scorer.scores(T), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize(("kind", "floor", "inverts"), [
+    ("psd-singular", 0.0, False), ("indefinite", 0.0, False), ("definite", 0.0, False), ("definite", 1.0, True),
+    ("definite", 1e-15, False),  # a floor too small to certify the condition number: eigh
+])
+def test_symmetric_pinv_equals_numpy_pinv(kind, floor, inverts, monkeypatch):
+    rng = np.random.default_rng(7)
+    A = rng.normal(size=(9, 4))
+    S = {"psd-singular": A @ A.T,  # rank 4 of 9: pinv drops five eigenvalues
+         "indefinite": A @ np.diag([3.0, -2.0, 1.0, -0.5]) @ A.T,
+         "definite": A @ A.T + np.eye(9)}[kind]  # eigenvalues >= 1
+    assert certified_definite(xnp.asarray(S), floor) is inverts
+    expected = np.linalg.pinv(S, rtol=9 * np.finfo(np.float64).eps)  # the array API's default cutoff
+    np.testing.assert_allclose(symmetric_pinv(xnp.asarray(S), floor), expected, rtol=1e-9,
+                               atol=1e-11 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize(("a1", "a2"), [(1.0, 0.0), (0.5, 0.2), (0.01, 0.0), (2.0, 1.0)])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_fecam_eigenvalue_floor_bounds_the_shrunk_covariance(a1, a2, sign):
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(40, 7)) @ rng.normal(size=(7, 7)) * np.arange(1, 8)
+    X[:, 0] = sign * X[:, 1] + 0.1 * X[:, 0]  # a strongly correlated pair: off-diagonal mean of either sign
+    C = np.cov(X, rowvar=False)
+    floor = eigenvalue_floor(C, a1, a2)
+    smallest = np.linalg.eigvalsh(shrunk_normalised(C, a1, a2)).min()
+    assert 0 < floor <= smallest * (1 + 1e-12)
+
+
+def fecam_boundaries(parts, X, y, options=()):
+    """fecam fed each part of the stream (a list of row ranges) in blocks of 17 rows; its scorer at each part's end."""
+    head = FeCAMHead(xp=xnp, dim=X.shape[1], **dict(options))
+    scorers, seen = [], []
+    for start, stop in parts:
+        for lo in range(start, stop, 17):
+            head.add(X[lo : min(lo + 17, stop)], y[lo : min(lo + 17, stop)])
+        scorers.append(head.boundary())
+        seen.append(stop)
+    return scorers, seen
+
+
+@pytest.mark.parametrize("stream", ["disjoint", "recurring"])
+@pytest.mark.parametrize("options", [(), (("shrinkage", 0.5), ("shrinkage_offdiag", 0.2))])
+def test_fecam_memoised_distances_equal_recomputation_at_every_boundary(stream, options):
+    X, y, T = random_data(4, n=360)
+    if stream == "disjoint":  # classes {0, 1}, {2, 3}, {4, 5}: each class's statistics stop changing
+        order = np.argsort(y // 2, kind="stable")
+        X, y = X[order], y[order]
+        parts = [(0, int(np.sum(y < 2))), (int(np.sum(y < 2)), int(np.sum(y < 4))), (int(np.sum(y < 4)), len(y))]
+    else:  # every class in every part: each class gets rows again, so its distances must be recomputed
+        parts = [(0, 120), (120, 200), (200, 360)]
+    scorers, seen = fecam_boundaries(parts, X, y, options)
+    keys = [dict(zip(s.keys, s.classes.tolist(), strict=True)) for s in scorers]
+    if stream == "disjoint":  # the earlier tasks' classes keep their keys: their columns are reused
+        assert keys[0].items() <= keys[1].items() <= keys[2].items()
+    else:  # no class keeps its key past a part that gave it rows
+        assert not set(keys[0]) & set(keys[1]) and not set(keys[1]) & set(keys[2])
+    a1, a2 = dict(options).get("shrinkage", 1.0), dict(options).get("shrinkage_offdiag", 0.0)
+    ends = [20, 35, 50]  # each boundary scores a longer prefix of the test rows, as the walk's task-sorted blocks
+    memoised = list(boundary_scores(scorers, xnp.asarray(T), ends))
+    for scorer, stop, n, got in zip(scorers, seen, ends, memoised, strict=True):
+        classes, expected = ref_fecam(X[:stop], y[:stop], T[:n], a1, a2)
+        np.testing.assert_array_equal(scorer.classes, classes)
+        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+        np.testing.assert_allclose(got, scorer.scores(T[:n]), rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("d", [1, 5, 13])
+def test_fecam_triangular_product_equals_the_quadratic_form(d):
+    rng = np.random.default_rng(d)
+    A, R = rng.normal(size=(d, d)), rng.normal(size=(30, d))
+    P = A @ A.T + 0.1 * np.eye(d)
+    expected = np.array([r @ P @ r for r in R])
+    C = cholesky_factor(xnp.asarray(P))
+    assert C is not None
+    np.testing.assert_allclose(quadratic_forms(xnp.asarray(R), P, C), expected, rtol=1e-12)
+    np.testing.assert_allclose(quadratic_forms(xnp.asarray(R), P), expected, rtol=1e-12)
+    indefinite = P - 2 * np.abs(np.linalg.eigvalsh(P)).max() * np.outer(np.eye(d)[0], np.eye(d)[0])
+    assert cholesky_factor(xnp.asarray(indefinite)) is None  # the dense form, which takes any symmetric precision
+
+
+def test_fecam_scorer_from_saved_means_and_precisions_scores_the_same_bits():
+    X, y, T = random_data(5)
+    scorer = make_head("fecam", {}, xnp, X.shape[1])
+    scorer.add(X, y)
+    scorer = scorer.boundary()
+    assert all(f is not None for f in scorer.factors)  # the default shrinkage gives definite precisions
+    rebuilt = MahalanobisScorer(scorer.classes, [np.array(m) for m in scorer.means],
+                                [np.array(p) for p in scorer.precisions])
+    np.testing.assert_array_equal(rebuilt.scores(T), scorer.scores(T))

@@ -144,7 +144,7 @@ def test_per_class_statistics_beyond_memory_are_refused_with_the_figure(tmp_path
     monkeypatch.setattr(memory, "available_memory", lambda: 2 * 2**30)
     out = tmp_path / "out"
     result = invoke("learn", "--features", store, "--out", out, "--head", "fecam", "--tasks", 3, "--backend", "numpy")
-    state = 8 * (2 * 12 * 3000**2 + 2 * 3000**2)  # every class's Gram and pinv, and the normalised copy, in float64
+    state = 8 * (3 * 12 * 3000**2 + 2 * 3000**2)  # every class's Gram, pinv and its factor, the normalised copy
     assert_clean_error(result, f"fecam state (12 classes, d=3000) {memory.human(state)}", out)
     assert "state at D" not in result.output  # ridge's state is not held
     monkeypatch.setattr(memory, "available_memory", lambda: 4 * 2**30)

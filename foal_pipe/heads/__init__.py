@@ -51,7 +51,7 @@ HEADS: dict[str, HeadEntry] = {
                      "nearest class mean (SimpleCIL)", "Zhou et al., IJCV 2024"),
     "slda": HeadEntry(SLDAHead, "features", ("shrinkage",), lambda c, d: 8 * (3 * d * d + 2 * c * d),
                       "deep streaming LDA (Avalanche StreamingLDA)", "Hayes & Kanan, CVPR-W 2020"),
-    "fecam": HeadEntry(FeCAMHead, "features", ("shrinkage", "shrinkage_offdiag"), lambda c, d: 8 * (2 * c * d * d + 2 * d * d),
+    "fecam": HeadEntry(FeCAMHead, "features", ("shrinkage", "shrinkage_offdiag"), lambda c, d: 8 * (3 * c * d * d + 2 * d * d),
                        "FeCAM (its ViT scripts)", "Goswami et al., NeurIPS 2023"),
     "balanced": HeadEntry(BalancedHead, "activations", ("gamma",), BalancedHead.memory,
                           "AIR's analytic re-weighting (GeneralizedARM.update, ZHUANGHP/Analytic-continual-learning)",

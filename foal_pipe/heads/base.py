@@ -10,6 +10,7 @@ namespace, :mod:`foal_pipe.core.backend`) and ``dim`` (the width of the rows the
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -26,6 +27,24 @@ class Scorer(Protocol):
 
     def scores(self, X: Any) -> Any:
         """(n, len(classes)) array in ``X``'s namespace; higher = more likely (argmax predicts)."""
+        ...
+
+
+class ClassColumns(Protocol):
+    """A scorer whose column of a class depends on that class's statistics alone (fecam's distances). ``keys[k]``
+    names the statistics of ``classes[k]`` (equal keys, equal columns, whichever boundary's scorer holds them), so a
+    walk scoring the same rows at every boundary computes each (row, class) column once per change of the class's
+    statistics: once in a disjoint stream, again whenever a class gets rows again."""
+
+    classes: np.ndarray
+    keys: Sequence[Hashable] | None  # None: no key, score with ``scores``
+
+    def prepare(self, X: Any) -> Any:
+        """The rows as :meth:`column` takes them (the same for every scorer of one head)."""
+        ...
+
+    def column(self, k: int, prepared: Any) -> Any:
+        """Scores of ``classes[k]`` for prepared rows: column ``k`` of :meth:`Scorer.scores`."""
         ...
 
 

@@ -3,13 +3,15 @@ mean of L2-normalised features, with shrunk, unit-diagonal class covariances."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from array_api_compat import array_namespace, device
 
+from foal_pipe.core.backend import LINALG_ERRORS
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads.moments import PerClassMoments, unit_rows
+from foal_pipe.heads.moments import PerClassMoments, symmetric_pinv, unit_rows
 
 #: FeCAM's ``alpha1`` and ``alpha2`` as its ViT scripts set them when off-diagonal shrinkage is off.
 FECAM_SHRINKAGE, FECAM_OFFDIAG = 1.0, 0.0
@@ -39,20 +41,71 @@ def shrunk_normalised(S: Any, a1: float, a2: float) -> Any:
         return S / (sd[:, None] * sd[None, :])
 
 
-class MahalanobisScorer:
-    """Scores ``-(x_hat - mu_c)^T Lambda_c (x_hat - mu_c)`` over ``classes`` (argmax: the nearest class)."""
+#: Column blocks of the triangular product in :func:`quadratic_forms`: 4 skips 3/8 of the dense product's work
+#: (measured: 0.078 s against 0.118 s for 4,000 rows at d = 784, one BLAS thread); more blocks gain nothing more.
+TRIANGLE_BLOCKS = 4
 
-    def __init__(self, classes: np.ndarray, means: list[Any], precisions: list[Any]) -> None:
-        self.classes, self.means, self.precisions = classes, means, precisions
+
+def quadratic_forms(R: Any, precision: Any, factor: Any = None) -> Any:
+    """``r^T Lambda r`` for every row ``r`` of ``R``; with ``factor`` C (lower triangular, ``Lambda = C C^T``) as
+    ``||r C||^2``, each column block of ``R C`` taking only C's rows below the diagonal block."""
+    xp = array_namespace(R)
+    if factor is None:
+        return xp.sum((R @ precision) * R, axis=1)
+    d = factor.shape[0]
+    edges = [d * j // TRIANGLE_BLOCKS for j in range(TRIANGLE_BLOCKS + 1)]
+    total = 0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        Q = R[:, lo:] @ factor[lo:, lo:hi]
+        total = total + xp.sum(Q * Q, axis=1)
+    return total
+
+
+def cholesky_factor(precision: Any) -> Any:
+    """``C`` lower triangular with ``C C^T = precision`` when it is positive definite, else None (the dense form)."""
+    xp = array_namespace(precision)
+    try:
+        C = xp.linalg.cholesky(precision)
+    except LINALG_ERRORS:
+        return None
+    return C if bool(xp.all(xp.isfinite(C))) else None
+
+
+def eigenvalue_floor(C: Any, a1: float, a2: float) -> float:
+    """A lower bound on the eigenvalues of ``shrunk_normalised(C, a1, a2)`` for a covariance ``C`` (positive
+    semi-definite): Weyl's inequality gives ``a1 mean(diag C) + min(a2 m (d - 1), -a2 m)`` (``m`` the off-diagonal
+    mean; ``1 1^T - I`` has eigenvalues ``d - 1`` and ``-1``) before the unit-diagonal scaling, which divides it by at
+    most the largest diagonal entry."""
+    xp = array_namespace(C)
+    d = C.shape[0]
+    diagonal = xp.linalg.diagonal(C)
+    diag_mean = float(xp.mean(diagonal))
+    off = a2 * float(xp.sum(C) - xp.sum(diagonal)) / (d * d - d) if d > 1 else 0.0
+    top = float(xp.max(diagonal)) + a1 * diag_mean
+    return (a1 * diag_mean + min(off * (d - 1), -off)) / top if top > 0 else 0.0
+
+
+class MahalanobisScorer:
+    """Scores ``-(x_hat - mu_c)^T Lambda_c (x_hat - mu_c)`` over ``classes`` (argmax: the nearest class); ``keys``
+    (optional) name each class's statistics (:class:`~foal_pipe.heads.base.ClassColumns`): a walk then computes a
+    class's distances once per change of its rows, not at every boundary. ``factors``: each precision's Cholesky
+    factor or None, for the cheaper triangular product; computed here when not given, so that a scorer built from
+    saved means and precisions scores with the same factors, the same bits, as the run's own."""
+
+    def __init__(self, classes: np.ndarray, means: list[Any], precisions: list[Any],
+                 keys: Sequence[Hashable] | None = None, factors: Sequence[Any] | None = None) -> None:
+        self.classes, self.means, self.precisions, self.keys = classes, means, precisions, keys
+        self.factors = list(factors) if factors is not None else [cholesky_factor(p) for p in precisions]
+
+    def prepare(self, X: Any) -> Any:
+        return unit_rows(X)
+
+    def column(self, k: int, prepared: Any) -> Any:
+        return -quadratic_forms(prepared - self.means[k][None, :], self.precisions[k], self.factors[k])
 
     def scores(self, X: Any) -> Any:
-        xp = array_namespace(X)
-        Xh = unit_rows(X)
-        columns = []
-        for mu, L in zip(self.means, self.precisions, strict=True):
-            R = Xh - mu[None, :]
-            columns.append(-xp.sum((R @ L) * R, axis=1))
-        return xp.stack(columns, axis=1)
+        Xh = self.prepare(X)
+        return array_namespace(X).stack([self.column(k, Xh) for k in range(self.classes.size)], axis=1)
 
 
 class FeCAMHead:
@@ -69,7 +122,7 @@ class FeCAMHead:
         self.shrinkage = check_alpha(shrinkage, "shrinkage", FECAM_SHRINKAGE)
         self.shrinkage_offdiag = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
         self.moments = PerClassMoments(xp, dim)
-        self._solved: dict[int, tuple[int, Any, Any]] = {}  # class -> (rows, mean, precision) when last solved
+        self._solved: dict[int, tuple[int, Any, Any, Any]] = {}  # class -> (rows, mean, precision, its factor)
 
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.moments.add(unit_rows(X), labels)
@@ -83,10 +136,14 @@ class FeCAMHead:
         for k, c in enumerate(m.classes.tolist()):
             if c in self._solved and self._solved[c][0] == m.counts[k]:
                 continue  # no row of this class since its last solve: the same inputs, the same bits
-            S = shrunk_normalised(m.covariance(k), self.shrinkage, self.shrinkage_offdiag)
+            C = m.covariance(k)
+            S = shrunk_normalised(C, self.shrinkage, self.shrinkage_offdiag)
             if not bool(xp.all(xp.isfinite(S))):
                 raise FoalPipeError(f"fecam: class {c} has a dimension of zero variance, which "
                                     f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
-            self._solved[c] = (m.counts[k], m.mean(k), xp.linalg.pinv(S))
+            precision = symmetric_pinv(S, eigenvalue_floor(C, self.shrinkage, self.shrinkage_offdiag))
+            self._solved[c] = (m.counts[k], m.mean(k), precision, cholesky_factor(precision))
         solved = [self._solved[c] for c in m.classes.tolist()]
-        return MahalanobisScorer(m.classes.copy(), [s[1] for s in solved], [s[2] for s in solved])
+        keys = [(c, s[0]) for c, s in zip(m.classes.tolist(), solved, strict=True)]  # a class's rows only grow
+        return MahalanobisScorer(m.classes.copy(), [s[1] for s in solved], [s[2] for s in solved], keys,
+                                 [s[3] for s in solved])

@@ -9,23 +9,24 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads.moments import ClassSums, shift_diagonal
+from foal_pipe.heads.moments import ClassSums, shift_diagonal, symmetric_pinv
 
 #: ``--shrinkage`` of slda: Avalanche's default.
 SLDA_SHRINKAGE = 1e-4
 
 
-def oas_covariance(S: Any, n: int) -> Any:
+def oas_covariance(S: Any, n: int) -> tuple[Any, float]:
     """The OAS estimate (Chen et al. 2010, as scikit-learn's ``OAS``) from the empirical covariance ``S`` of
     ``n`` centred rows: ``(1 - rho) S + rho mu I`` with ``mu = tr(S)/d`` and
-    ``rho = min((mean(S^2) + mu^2) / ((n + 1)(mean(S^2) - mu^2 / d)), 1)``."""
+    ``rho = min((mean(S^2) + mu^2) / ((n + 1)(mean(S^2) - mu^2 / d)), 1)``; and ``rho mu``, a lower bound on its
+    eigenvalues (``S`` is positive semi-definite)."""
     xp = array_namespace(S)
     d = S.shape[0]
     alpha = float(xp.sum(S * S)) / d**2
     mu = float(xp.sum(xp.linalg.diagonal(S))) / d
     den = (n + 1) * (alpha - mu**2 / d)
     rho = 1.0 if den == 0 else min((alpha + mu**2) / den, 1.0)
-    return shift_diagonal((1.0 - rho) * S, rho * mu)
+    return shift_diagonal((1.0 - rho) * S, rho * mu), rho * mu
 
 
 def check_shrinkage(value: float | str) -> float | str:
@@ -72,9 +73,9 @@ class SLDAHead:
         xp, sums = self.xp, self.sums
         S = sums.scatter() / sums.n
         if self.shrinkage == "oas":
-            S = oas_covariance(S, sums.n)
+            S, floor = oas_covariance(S, sums.n)
         else:
-            S = shift_diagonal((1.0 - self.shrinkage) * S, self.shrinkage)
+            S, floor = shift_diagonal((1.0 - self.shrinkage) * S, self.shrinkage), self.shrinkage
         M = sums.means()  # (C, d)
-        W = xp.linalg.pinv(S) @ M.T  # Lambda mu_c per column
+        W = symmetric_pinv(S, floor) @ M.T  # Lambda mu_c per column
         return LinearScorer(sums.classes.copy(), W, -0.5 * xp.sum(M.T * W, axis=0))

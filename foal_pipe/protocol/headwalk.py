@@ -130,14 +130,14 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
             positions = order[start : start + run.block_rows]
             y, tasks = cached.labels[positions], task_of[positions]
             blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
+            ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
+            scored = np.flatnonzero(ends > 0)
             for name, scorers in boundaries.items():
-                for k, scorer in enumerate(scorers):
-                    n = int(np.searchsorted(tasks, k, side="right"))  # the rows of tasks 1..k
-                    if n == 0:
-                        continue
-                    scores = scorer.scores(blocks[spaces[name]][:n, :])
-                    found = _argmax(scores)
-                    hit = scorer.classes[found] == y[:n]
+                chosen = [scorers[k] for k in scored]
+                for k, scorer, scores in zip(scored, chosen, boundary_scores(chosen, blocks[spaces[name]],
+                                                                             ends[scored]), strict=True):
+                    n = ends[k]
+                    hit = scorer.classes[_argmax(scores)] == y[:n]
                     correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
             advance(positions.size)
     accuracies = {}
@@ -149,11 +149,37 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     return accuracies
 
 
+def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int]) -> Iterator[Any]:
+    """Each scorer's scores of the first ``ends[k]`` rows of ``X`` (the scorers of one head, boundary by boundary).
+    Scorers with class keys (:class:`~foal_pipe.heads.base.ClassColumns`) share a memo: the rows are prepared once
+    and a class's column is computed for the rows it lacks only, so each (row, class) score is computed once per
+    change of the class's statistics, not once per boundary."""
+    memo: dict[Any, Any] = {}
+    prepared = None
+    for scorer, n in zip(scorers, ends, strict=True):
+        if getattr(scorer, "keys", None) is None:
+            yield scorer.scores(X[:n, :])
+            continue
+        if prepared is None:
+            prepared = scorer.prepare(X)
+            xp = array_namespace(prepared)
+        columns = []
+        for k, key in enumerate(scorer.keys):
+            done = memo.get(key)
+            m = 0 if done is None else done.shape[0]
+            if m < n:
+                new = scorer.column(k, prepared[m:n, :])
+                memo[key] = done = new if done is None else xp.concat((done, new))
+            columns.append(done[:n])
+        yield xp.stack(columns, axis=1)
+
+
 def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
                     rows: GroupedRows | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``(hits, totals)`` as :func:`~foal_pipe.protocol.evaluation.class_hits` gives ridge's: ``hits[name][p, c]``,
     boundary p of head ``name``'s correct predictions (among its classes) on class c's test rows, for its classes
-    only (0 elsewhere); ``totals[c]``, class c's test rows. One read of the test split (or ``rows``)."""
+    only (0 elsewhere); ``totals[c]``, class c's test rows. One read of the test split (or ``rows``); every boundary
+    scores every row, a class's column computed once per change of its rows (:func:`boundary_scores`)."""
     n_classes = len(run.store.classes)
     hits = {name: np.zeros((len(scorers), n_classes), dtype=np.int64) for name, scorers in boundaries.items()}
     masks = {name: [np.isin(np.arange(n_classes), s.classes) for s in scorers] for name, scorers in boundaries.items()}
@@ -167,11 +193,9 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
             y = cached.labels[positions]
             blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
             for name, scorers in boundaries.items():
-                for p, scorer in enumerate(scorers):
-                    scored = masks[name][p][y]
-                    if not scored.any():
-                        continue
-                    hit = (scorer.classes[_argmax(scorer.scores(blocks[spaces[name]]))] == y) & scored
+                X = blocks[spaces[name]]
+                for p, scores in enumerate(boundary_scores(scorers, X, [X.shape[0]] * len(scorers))):
+                    hit = (scorers[p].classes[_argmax(scores)] == y) & masks[name][p][y]
                     hits[name][p] += np.bincount(y, weights=hit, minlength=n_classes).astype(np.int64)[:n_classes]
             advance(positions.size)
     return hits, totals
