@@ -12,6 +12,7 @@ Usage: python benchmarks/gamma_select_bench.py evidence --stores fm=/tmp/fm.zarr
            --configs fm:1000:sigmoid:uniform,fm:1000:relu:normal [--tasks 5]
        python benchmarks/gamma_select_bench.py pair --store /tmp/fm.zarr --dim 3000 --activation relu
            --init normal --selects gcv [--repeats 3] [--tasks 5]
+           (--selects loo_accuracy@4096: leave-one-out accuracy on 4,096 sampled rows, `--loo-sample 4096`)
        python benchmarks/gamma_select_bench.py table   (the evidence of --json as a Markdown table)
 """
 
@@ -71,9 +72,15 @@ def evidence(args: argparse.Namespace, env: dict[str, str], results: dict) -> No
         _save(results, args.json)
 
 
+def _auto(select: str) -> tuple[str, list[str]]:
+    """A `--selects` item: CRITERION, or CRITERION@M for leave-one-out on M sampled rows (`--loo-sample M`)."""
+    criterion, _, sample = select.partition("@")
+    extra = ["--select", criterion] + (["--loo-sample", sample] if sample else [])
+    return "learn --gamma auto " + " ".join(extra), ["--gamma", "auto", *extra]
+
+
 def pair(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
-    commands = {"learn --gamma 1": ["--gamma", "1"],
-                **{f"learn --gamma auto --select {s}": ["--gamma", "auto", "--select", s] for s in args.selects.split(",")}}
+    commands = {"learn --gamma 1": ["--gamma", "1"], **dict(_auto(s) for s in args.selects.split(","))}
     common = ["--features", args.store, *_model_args(args.dim, args.activation, args.init, args.tasks)]
     key = f"D={args.dim} {args.activation} {args.init}"
     entry = results.setdefault("pair", {}).setdefault(key, {"runs": {name: [] for name in commands}})
@@ -137,7 +144,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=3000)
     parser.add_argument("--activation", default="relu")
     parser.add_argument("--init", default="normal")
-    parser.add_argument("--selects", default="gcv", help="pair: the --select values of `--gamma auto`")
+    parser.add_argument("--selects", default="gcv", help="pair: the --select values of `--gamma auto`; "
+                        "CRITERION@M adds --loo-sample M")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads of every subprocess")

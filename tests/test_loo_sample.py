@@ -1,5 +1,5 @@
-"""Leave-one-out on a sample of the rows through the tridiagonal form (issue 23): the sampled criterion
-against the exact one and against refits by hand, the tridiagonal scores against the eigen ones, the bound."""
+"""Leave-one-out on a sample of the rows (issue 23): the sampled criterion against the exact one and against
+refits by hand, the scores and leverages by hand, the row sample, the bound, and learn --loo-sample."""
 
 from __future__ import annotations
 
@@ -29,14 +29,9 @@ def _sampled(path, H, labels, rows):
     return loo
 
 
-def test_tridiagonal_scores_and_leverages_equal_the_eigen_ones(data):
+def test_scores_and_leverages_equal_the_closed_form(data):
     H, labels = data
-    stats = RidgeStatistics.from_batch(H, labels)
-    s_tri, l_tri = stats.tridiagonal().fitted(H, GAMMAS)
-    s_eig, l_eig = stats.eigen().fitted(H, GAMMAS)
-    np.testing.assert_allclose(s_tri, s_eig, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(l_tri, l_eig, rtol=0, atol=1e-9)
-    # and by hand: h^T (G + g I)^-1 h and h^T (G + g I)^-1 Y^T H
+    s_tri, l_tri = RidgeStatistics.from_batch(H, labels).eigen().fitted(H, GAMMAS)
     Y = (labels[:, None] == np.array([2, 5, 9])[None, :]).astype(float)
     for m, g in enumerate(GAMMAS):
         inv = np.linalg.inv(H.T @ H + g * np.eye(H.shape[1]))
@@ -49,7 +44,7 @@ def test_all_rows_sampled_equal_the_exact_leave_one_out(data):
     stats = RidgeStatistics.from_batch(H, labels)
     exact = stats.eigen().loo(GAMMAS)
     exact.add(H, labels)
-    sampled = _sampled(stats.tridiagonal(), H, labels, np.arange(H.shape[0]))
+    sampled = _sampled(stats.eigen(), H, labels, np.arange(H.shape[0]))
     np.testing.assert_array_equal(sampled.accuracy(), exact.accuracy())
     np.testing.assert_allclose(sampled.mse(), exact.mse(), rtol=1e-9, atol=0)
 
@@ -59,7 +54,7 @@ def test_a_sample_equals_refits_without_each_sampled_row(data):
     classes = np.array([2, 5, 9])
     Y = (labels[:, None] == classes[None, :]).astype(float)
     rows = np.array([0, 3, 4, 17, 40, 41, 66, 89])
-    sampled = _sampled(RidgeStatistics.from_batch(H, labels).tridiagonal(), H, labels, rows)
+    sampled = _sampled(RidgeStatistics.from_batch(H, labels).eigen(), H, labels, rows)
     correct, squared = np.zeros(GAMMAS.size), np.zeros(GAMMAS.size)
     for m, g in enumerate(GAMMAS):
         for i in rows:
@@ -74,7 +69,7 @@ def test_a_sample_equals_refits_without_each_sampled_row(data):
 
 def test_an_incomplete_sample_is_refused(data):
     H, labels = data
-    loo = SampledLeaveOneOut(RidgeStatistics.from_batch(H, labels).tridiagonal(), GAMMAS, 10)
+    loo = SampledLeaveOneOut(RidgeStatistics.from_batch(H, labels).eigen(), GAMMAS, 10)
     loo.add(H[:9], labels[:9])
     with pytest.raises(Exception, match="saw 9 rows but the sample holds 10"):
         loo.accuracy()

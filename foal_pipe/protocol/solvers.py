@@ -10,9 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.gammapath import PER_DECADE, GammaPath, LeaveOneOut, Search, best_point, search_grid
+from foal_pipe.core.gammapath import (
+    PER_DECADE,
+    GammaPath,
+    LeaveOneOut,
+    SampledLeaveOneOut,
+    Search,
+    best_point,
+    search_grid,
+)
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.schema import CRITERIA
 
 
@@ -29,6 +38,9 @@ class Boundary:
     gcv_dof_ratio: float | None = None  # df/n at GCV's choice
     #: Each criterion's refined search (:func:`~foal_pipe.core.gammapath.search_grid`), by criterion name.
     searches: dict[str, Search] | None = None
+    #: With a sampled leave-one-out: the rows it scored and Hoeffding's bound on its accuracy at every gamma.
+    loo_rows: int | None = None
+    loo_bound: float | None = None
 
 
 class FixedGamma:
@@ -56,7 +68,7 @@ class Pending:
     statistics_classes: np.ndarray
     path: GammaPath
     gcv: np.ndarray
-    loo: LeaveOneOut | None
+    loo: LeaveOneOut | SampledLeaveOneOut | None
     max_task: int
 
 
@@ -64,15 +76,18 @@ class ManyGammas:
     """One factorisation per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO, and each
     criterion's refined search over ``per_decade`` points per decade of the grid's range.
 
-    Leave-one-out needs the eigenvectors; without it the cheaper tridiagonal form serves (see
+    Leave-one-out needs the eigenvectors (over every row, or over ``sample``'s rows only:
+    :class:`~foal_pipe.core.gammapath.SampledLeaveOneOut`); without it the cheaper tridiagonal form serves (see
     :meth:`RidgeStatistics.gamma_path`). ``choose`` (a :data:`~foal_pipe.protocol.schema.CRITERIA` name of the
     training rows) keeps only the weights of its refined choice (``learn --gamma auto``); None keeps the grid's
     and, after them, those of every criterion's refined choice that the pass computes (``sweep``), in
     :attr:`criteria` order.
     """
 
-    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None, per_decade: int = PER_DECADE) -> None:
+    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None, per_decade: int = PER_DECADE,
+                 sample: RowSample | None = None) -> None:
         self.grid = np.asarray(grid, dtype=np.float64)
+        self.sample = sample if loo else None
         self.fine = search_grid(self.grid, per_decade)
         self.needs_rows = loo
         self.choose = choose
@@ -82,7 +97,12 @@ class ManyGammas:
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
         path = statistics.gamma_path(vectors=self.needs_rows)
-        loo = path.loo(self.fine) if self.needs_rows else None
+        if not self.needs_rows:
+            loo = None
+        elif self.sample is None:
+            loo = path.loo(self.fine)
+        else:
+            loo = SampledLeaveOneOut(path, self.fine, self.sample.boundaries[max_task].size)
         return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
 
     def finish(self, pending: Pending) -> Boundary:
@@ -104,4 +124,8 @@ class ManyGammas:
             gammas = np.array([searches[self.choose].gamma])
             if self.choose == "gcv":
                 ratio = float(path.dof(gammas)[0]) / max(path.n, 1)
-        return Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
+        boundary = Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
+        if self.sample is not None:
+            boundary.loo_rows = self.sample.boundaries[pending.max_task].size
+            boundary.loo_bound = self.sample.bound(pending.max_task, path.n, self.fine.size)
+        return boundary
