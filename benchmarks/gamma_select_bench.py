@@ -3,6 +3,7 @@
 ``evidence``: one `foal-pipe sweep` (with the leave-one-out pass) per configuration DATASET:D:ACTIVATION:INIT
 gives, from the one walk, every criterion's refined choice at every boundary (LOO MSE, GCV, LOO accuracy) and the
 test accuracy of the models so chosen (``selections`` in sweep.json): the selectors compared on the same stream.
+``auto``: `learn --gamma auto` per configuration and `--selects` item: its choices' test accuracy and cost.
 ``pair``: `learn --gamma 1` and `learn --gamma auto --select S` (each S given) run interleaved (round-robin)
 ``--repeats`` times at one width; medians of wall and CPU seconds, ratios to `--gamma 1`, A_last of each.
 Every child runs with ``--threads`` BLAS threads (`_runner.blas_env`); results are merged into --json after
@@ -72,6 +73,33 @@ def evidence(args: argparse.Namespace, env: dict[str, str], results: dict) -> No
         _save(results, args.json)
 
 
+def auto(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
+    """`learn --gamma auto --select S` (each S of --selects, CRITERION@M for --loo-sample M) per configuration of
+    --configs: the test accuracy of its choices, to set beside the evidence's exact selections."""
+    stores = dict(item.split("=", 1) for item in args.stores.split(","))
+    runs = results.setdefault("auto", {})
+    for config in args.configs.split(","):
+        dataset, dim, activation, init = config.split(":")
+        for select in args.selects.split(","):
+            name, extra = _auto(select)
+            with tempfile.TemporaryDirectory() as tmp:
+                out, load, started = Path(tmp) / "out", os.getloadavg(), _now()
+                run = run_cli(["learn", "--features", stores[dataset], "--out", str(out), *extra,
+                               *_model_args(int(dim), activation, init, args.tasks)], env)
+                metrics = json.loads((out / "metrics.json").read_text())
+                timings = json.loads((out / "timings.json").read_text())
+            search = metrics["gamma_search"]
+            runs.setdefault(config, {})[name] = {
+                "started": started, "load_start": list(load), "load_end": list(os.getloadavg()),
+                "wall_s": round(run.seconds, 2), "cpu_s": round(run.cpu_seconds, 2),
+                "peak_rss_mib": round(run.peak_rss_mib), "A_last": metrics["A_last"], "A_avg": metrics["A_avg"],
+                "gammas_selected": metrics["gammas_selected"], "timings": timings,
+                "sample": {k: search[k] for k in ("loo_sample", "sample_rows", "sample_eps", "sample_delta") if k in search}}
+            print(f"{config} {name}: A_last {100 * metrics['A_last']:.2f} A_avg {100 * metrics['A_avg']:.2f} cpu "
+                  f"{run.cpu_seconds:.1f} s gammas {metrics['gammas_selected']}", flush=True)
+            _save(results, args.json)
+
+
 def _auto(select: str) -> tuple[str, list[str]]:
     """A `--selects` item: CRITERION, or CRITERION@M for leave-one-out on M sampled rows (`--loo-sample M`)."""
     criterion, _, sample = select.partition("@")
@@ -137,7 +165,7 @@ def table(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("evidence", "pair", "table"))
+    parser.add_argument("mode", choices=("evidence", "pair", "auto", "table"))
     parser.add_argument("--stores", default="", help="evidence: NAME=PATH,... of feature stores")
     parser.add_argument("--configs", default="", help="evidence: DATASET:D:ACTIVATION:INIT,...")
     parser.add_argument("--store", default="", help="pair: the feature store")
@@ -156,7 +184,7 @@ def main() -> None:
     if args.mode == "table":
         table(args, {}, json.loads(args.json.read_text()))
         return
-    {"evidence": evidence, "pair": pair}[args.mode](args, blas_env(args.threads), results)
+    {"evidence": evidence, "pair": pair, "auto": auto}[args.mode](args, blas_env(args.threads), results)
 
 
 if __name__ == "__main__":
