@@ -156,3 +156,16 @@ def test_loo_sample_same_bytes_twice_and_a_bad_value_refused(tmp_path, store):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert_clean_error(invoke("learn", "--features", store, "--out", tmp_path / "x", "--gamma", "auto",
                               "--loo-sample", -1, "--backend", "numpy"), "--loo-sample counts the rows", tmp_path / "x")
+
+
+def test_tridiagonal_scores_and_leverages_equal_the_eigen_ones(data):
+    H, labels = data
+    stats = RidgeStatistics.from_batch(H, labels)
+    s_tri, l_tri = stats.tridiagonal().fitted(H[:30], GAMMAS)
+    s_eig, l_eig = stats.eigen().fitted(H[:30], GAMMAS)
+    np.testing.assert_allclose(s_tri, s_eig, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(l_tri, l_eig, rtol=0, atol=1e-9)
+    loo = SampledLeaveOneOut(stats.tridiagonal(), GAMMAS, 30)
+    loo.add(H[:30], labels[:30])
+    exact = _sampled(stats.eigen(), H, labels, np.arange(30))
+    np.testing.assert_array_equal(loo.accuracy(), exact.accuracy())

@@ -17,6 +17,7 @@ from foal_pipe.core.gammapath import (
     SampledLeaveOneOut,
     Search,
     best_point,
+    sample_needs_vectors,
     search_grid,
 )
 from foal_pipe.core.statistics import RidgeStatistics
@@ -76,8 +77,9 @@ class ManyGammas:
     """One factorisation per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO, and each
     criterion's refined search over ``per_decade`` points per decade of the grid's range.
 
-    Leave-one-out needs the eigenvectors (over every row, or over ``sample``'s rows only:
-    :class:`~foal_pipe.core.gammapath.SampledLeaveOneOut`); without it the cheaper tridiagonal form serves (see
+    Leave-one-out over every row needs the eigenvectors; over ``sample``'s rows only
+    (:class:`~foal_pipe.core.gammapath.SampledLeaveOneOut`) they serve when cheaper
+    (:func:`~foal_pipe.core.gammapath.sample_needs_vectors`); otherwise the tridiagonal form serves (see
     :meth:`RidgeStatistics.gamma_path`). ``choose`` (a :data:`~foal_pipe.protocol.schema.CRITERIA` name of the
     training rows) keeps only the weights of its refined choice (``learn --gamma auto``); None keeps the grid's
     and, after them, those of every criterion's refined choice that the pass computes (``sweep``), in
@@ -96,13 +98,14 @@ class ManyGammas:
         self._at_grid = np.searchsorted(self.fine, self.grid)  # the grid's points are among the fine ones
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
-        path = statistics.gamma_path(vectors=self.needs_rows)
+        rows = None if self.sample is None else self.sample.boundaries[max_task].size
+        path = statistics.gamma_path(vectors=self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim)))
         if not self.needs_rows:
             loo = None
-        elif self.sample is None:
+        elif rows is None:
             loo = path.loo(self.fine)
         else:
-            loo = SampledLeaveOneOut(path, self.fine, self.sample.boundaries[max_task].size)
+            loo = SampledLeaveOneOut(path, self.fine, rows)
         return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
 
     def finish(self, pending: Pending) -> Boundary:
