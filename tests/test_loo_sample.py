@@ -169,3 +169,40 @@ def test_tridiagonal_scores_and_leverages_equal_the_eigen_ones(data):
     loo.add(H[:30], labels[:30])
     exact = _sampled(stats.eigen(), H, labels, np.arange(30))
     np.testing.assert_array_equal(loo.accuracy(), exact.accuracy())
+
+
+def test_sampled_rows_kept_or_projected_again_give_the_same_bytes(tmp_path, store, monkeypatch):
+    """The sampled rows' activations kept in memory, or projected again from the cached rows at every boundary
+    (a --max-memory below their size): the same bytes; only the sampled rows are projected again."""
+    import foal_pipe.protocol.walk as walk
+
+    projected = []
+    project = walk._project
+    monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
+    written, counts = {}, {}
+    for budget in ("8GiB", "1KiB"):
+        projected.clear()
+        _learn(store, tmp_path / budget, "--loo-sample", 40, "--max-memory", budget)
+        written[budget] = [(tmp_path / budget / name).read_bytes() for name in ("metrics.json", "model.safetensors")]
+        counts[budget] = sum(projected)
+    assert written["8GiB"] == written["1KiB"]
+    sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 4, 10, 3).rows]
+    assert counts["8GiB"] == sum(sizes)
+    assert counts["1KiB"] == sum(sizes) + sum(min(40, e) for e in np.cumsum(sizes))
+
+
+def test_the_memory_estimate_counts_only_the_rows_ever_sampled(store, monkeypatch):
+    from foal_pipe.protocol.config import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import prepare
+
+    parts = {}
+    monkeypatch.setattr("foal_pipe.protocol.run.check_memory", lambda command, p, fix: parts.update(p) or 0)
+    prepare(store, StreamConfig(tasks=3), ModelConfig(projection_dim=400, gamma="auto", loo_sample=100),
+            EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=True)
+    sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 3, 10, 0).rows]
+    ranks = np.random.default_rng([0, 23]).permutation(sum(sizes))
+    ever = set()
+    for end in np.cumsum(sizes):
+        ever |= set(np.argsort(ranks[:end])[:100].tolist())
+    assert 100 < len(ever) < sum(sizes)
+    assert parts[KEPT_PART] == len(ever) * 400 * 8
