@@ -206,4 +206,3 @@ def test_the_memory_estimate_counts_only_the_rows_ever_sampled(store, monkeypatc
         ever |= set(np.argsort(ranks[:end])[:100].tolist())
     assert 100 < len(ever) < sum(sizes)
     assert parts[KEPT_PART] == len(ever) * 400 * 8
-
