@@ -48,6 +48,7 @@ class FixedGamma:
     """Solve for one gamma at each boundary (``learn --gamma G``); ``classifier`` is the last boundary's."""
 
     needs_rows = False
+    sample: RowSample | None = None
 
     def __init__(self, gamma: float, dtype: str) -> None:
         self.gamma, self.dtype = gamma, dtype

@@ -174,7 +174,7 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
     lanes = {key: _Lane(solver, RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)))
              for key, solver in solvers.items()}
     needs_rows = next(iter(solvers.values())).needs_rows
-    row_sample = getattr(next(iter(solvers.values())), "sample", None)
+    row_sample = next(iter(solvers.values())).sample
     sizes = [r.size for r in run.stream.rows]
     n_stream = sum(sizes)
     loo_rows = sum(np.cumsum(sizes)) if row_sample is None else sum(p.size for p in row_sample.boundaries)
