@@ -302,11 +302,12 @@ class SampledLeaveOneOut:
 
     Each sampled row is left out of *all* the rows summed (exactly, by Sherman-Morrison: its left-out score is
     ``(s - lev y) / (1 - lev)``), so the sampled accuracy is an unbiased estimate of the exact leave-one-out
-    accuracy, within :func:`sample_bound` of it at every gamma with the stated probability. It needs the
-    eigenvectors, as exact leave-one-out does, but multiplies only the sampled rows by them. (The tridiagonal
-    form was measured slower: one ``dpttrs`` over 4,096 rows at D = 3,000 takes 0.24 s, latency-bound, times
-    97 gammas, against 2.0 s for the eigenvectors' extra cost and 1.3 s for ``H V``; benchmarks/RESULTS.md.)
-    ``rows``: how many rows will be added (the sample's size).
+    accuracy, within :func:`sample_bound` of it at every gamma with the stated probability. Each row's
+    coordinates in an eigenbasis serve every gamma by matrix products: from ``G``'s eigenvectors
+    (:meth:`RidgeEigen.fitted`) or, for few rows, from the tridiagonal form (:meth:`RidgeTridiagonal.fitted`;
+    :func:`sample_needs_vectors` chooses). (A tridiagonal solve per gamma instead is a latency-bound recurrence:
+    0.24 s for 4,096 rows at D = 3,000, times 97 gammas; benchmarks/RESULTS.md.) ``rows``: how many rows will be
+    added (the sample's size).
     """
 
     def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int) -> None:
