@@ -3,6 +3,7 @@
 ``evidence``: one `foal-pipe sweep` (with the leave-one-out pass) per configuration DATASET:D:ACTIVATION:INIT
 gives, from the one walk, every criterion's refined choice at every boundary (LOO MSE, GCV, LOO accuracy) and the
 test accuracy of the models so chosen (``selections`` in sweep.json): the selectors compared on the same stream.
+``auto``: `learn --gamma auto` per configuration and `--selects` item: its choices' test accuracy and cost.
 ``pair``: `learn --gamma 1` and `learn --gamma auto --select S` (each S given) run interleaved (round-robin)
 ``--repeats`` times at one width; medians of wall and CPU seconds, ratios to `--gamma 1`, A_last of each.
 Every child runs with ``--threads`` BLAS threads (`_runner.blas_env`); results are merged into --json after
@@ -12,6 +13,7 @@ Usage: python benchmarks/gamma_select_bench.py evidence --stores fm=/tmp/fm.zarr
            --configs fm:1000:sigmoid:uniform,fm:1000:relu:normal [--tasks 5]
        python benchmarks/gamma_select_bench.py pair --store /tmp/fm.zarr --dim 3000 --activation relu
            --init normal --selects gcv [--repeats 3] [--tasks 5]
+           (--selects loo_accuracy@4096: leave-one-out accuracy on 4,096 sampled rows, `--loo-sample 4096`)
        python benchmarks/gamma_select_bench.py table   (the evidence of --json as a Markdown table)
 """
 
@@ -71,9 +73,42 @@ def evidence(args: argparse.Namespace, env: dict[str, str], results: dict) -> No
         _save(results, args.json)
 
 
+def auto(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
+    """`learn --gamma auto --select S` (each S of --selects, CRITERION@M for --loo-sample M) per configuration of
+    --configs: the test accuracy of its choices, to set beside the evidence's exact selections."""
+    stores = dict(item.split("=", 1) for item in args.stores.split(","))
+    runs = results.setdefault("auto", {})
+    for config in args.configs.split(","):
+        dataset, dim, activation, init = config.split(":")
+        for select in args.selects.split(","):
+            name, extra = _auto(select)
+            with tempfile.TemporaryDirectory() as tmp:
+                out, load, started = Path(tmp) / "out", os.getloadavg(), _now()
+                run = run_cli(["learn", "--features", stores[dataset], "--out", str(out), *extra,
+                               *_model_args(int(dim), activation, init, args.tasks)], env)
+                metrics = json.loads((out / "metrics.json").read_text())
+                timings = json.loads((out / "timings.json").read_text())
+            search = metrics["gamma_search"]
+            runs.setdefault(config, {})[name] = {
+                "started": started, "load_start": list(load), "load_end": list(os.getloadavg()),
+                "wall_s": round(run.seconds, 2), "cpu_s": round(run.cpu_seconds, 2),
+                "peak_rss_mib": round(run.peak_rss_mib), "A_last": metrics["A_last"], "A_avg": metrics["A_avg"],
+                "gammas_selected": metrics["gammas_selected"], "timings": timings,
+                "sample": {k: search[k] for k in ("loo_sample", "sample_rows", "sample_eps", "sample_delta") if k in search}}
+            print(f"{config} {name}: A_last {100 * metrics['A_last']:.2f} A_avg {100 * metrics['A_avg']:.2f} cpu "
+                  f"{run.cpu_seconds:.1f} s gammas {metrics['gammas_selected']}", flush=True)
+            _save(results, args.json)
+
+
+def _auto(select: str) -> tuple[str, list[str]]:
+    """A `--selects` item: CRITERION, or CRITERION@M for leave-one-out on M sampled rows (`--loo-sample M`)."""
+    criterion, _, sample = select.partition("@")
+    extra = ["--select", criterion] + (["--loo-sample", sample] if sample else [])
+    return "learn --gamma auto " + " ".join(extra), ["--gamma", "auto", *extra]
+
+
 def pair(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
-    commands = {"learn --gamma 1": ["--gamma", "1"],
-                **{f"learn --gamma auto --select {s}": ["--gamma", "auto", "--select", s] for s in args.selects.split(",")}}
+    commands = {"learn --gamma 1": ["--gamma", "1"], **dict(_auto(s) for s in args.selects.split(","))}
     common = ["--features", args.store, *_model_args(args.dim, args.activation, args.init, args.tasks)]
     key = f"D={args.dim} {args.activation} {args.init}"
     entry = results.setdefault("pair", {}).setdefault(key, {"runs": {name: [] for name in commands}})
@@ -130,14 +165,15 @@ def table(args: argparse.Namespace, env: dict[str, str], results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("evidence", "pair", "table"))
+    parser.add_argument("mode", choices=("evidence", "pair", "auto", "table"))
     parser.add_argument("--stores", default="", help="evidence: NAME=PATH,... of feature stores")
     parser.add_argument("--configs", default="", help="evidence: DATASET:D:ACTIVATION:INIT,...")
     parser.add_argument("--store", default="", help="pair: the feature store")
     parser.add_argument("--dim", type=int, default=3000)
     parser.add_argument("--activation", default="relu")
     parser.add_argument("--init", default="normal")
-    parser.add_argument("--selects", default="gcv", help="pair: the --select values of `--gamma auto`")
+    parser.add_argument("--selects", default="gcv", help="pair: the --select values of `--gamma auto`; "
+                        "CRITERION@M adds --loo-sample M")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads of every subprocess")
@@ -148,7 +184,7 @@ def main() -> None:
     if args.mode == "table":
         table(args, {}, json.loads(args.json.read_text()))
         return
-    {"evidence": evidence, "pair": pair}[args.mode](args, blas_env(args.threads), results)
+    {"evidence": evidence, "pair": pair, "auto": auto}[args.mode](args, blas_env(args.threads), results)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def learn(
     select: o.LearnSelect = None,
     gamma_grid: o.GammaGrid = None,
     per_decade: o.PerDecade = o.MODEL.per_decade,
+    loo_sample: o.LooSample = o.MODEL.loo_sample,
     seed: o.Seed = o.STREAM.seed,
     order_seed: o.OrderSeed = o.STREAM.order_seed,
     order_seeds: o.OrderSeeds = None,

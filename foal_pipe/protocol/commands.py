@@ -44,7 +44,7 @@ from foal_pipe.protocol.records import (
     sweep_results,
     sweep_selections,
 )
-from foal_pipe.protocol.run import Run, prepare, reread_note
+from foal_pipe.protocol.run import Run, prepare, reread_note, row_sample
 from foal_pipe.protocol.schema import (
     CRITERIA,
     METRICS_FILE,
@@ -90,7 +90,7 @@ def run_learn(
             boundaries, final = rls_boundaries(run, shared and shared.train, anytime)
         else:
             if auto:
-                solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade)
+                solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade, row_sample(run))
                 boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
                 final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
                                                            dtype=model.dtype)

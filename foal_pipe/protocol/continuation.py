@@ -30,6 +30,7 @@ from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
+from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
@@ -66,6 +67,10 @@ class Continued:
     @property
     def needs_rows(self) -> bool:
         return self.inner.needs_rows
+
+    @property
+    def sample(self) -> RowSample | None:
+        return self.inner.sample
 
     def total(self, running: RidgeStatistics) -> RidgeStatistics:
         return self.base + relabel(running, self.merged)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.gammapath import best_point
+from foal_pipe.core.gammapath import SAMPLE_DELTA, best_point
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
@@ -86,12 +86,18 @@ def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], repor
             for m, g in enumerate(gammas)]
 
 
-def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int) -> GammaSearch:
-    """The record of ``criterion``'s refined search at every boundary."""
+def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int, loo_sample: int = 0) -> GammaSearch:
+    """The record of ``criterion``'s refined search at every boundary (with ``loo_sample``, its sample and bound
+    where the criterion is leave-one-out's)."""
     searches = [b.searches[criterion] for b in boundaries]
+    sampled = {}
+    if loo_sample and boundaries and boundaries[0].loo_rows is not None and CRITERIA[criterion].rows:
+        sampled = dict(loo_sample=int(loo_sample), sample_rows=[int(b.loo_rows) for b in boundaries],
+                       sample_eps=[float(b.loo_bound) for b in boundaries], sample_delta=SAMPLE_DELTA)
     return GammaSearch(criterion=criterion, per_decade=per_decade, gammas=[float(g) for g in searches[0].gammas],
                        values=[_finite_or_none(s.values) for s in searches],
-                       gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches])
+                       gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches],
+                       **sampled)
 
 
 def sweep_selections(boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]], criteria: Sequence[str],
@@ -200,7 +206,7 @@ def learn_metrics(run: Run, stream: StreamConfig, report: dict[str, Any], bounda
             eval_every=anytime.every, samples_seen=list(anytime.samples), accuracy=[float(a) for a in curve],
             gammas=[float(b.gammas[0]) for b in anytime.snapshots]))
     if model.gamma == "auto":
-        search = gamma_search(boundaries, model.select, model.per_decade)
+        search = gamma_search(boundaries, model.select, model.per_decade, model.loo_sample)
         metrics = replace(metrics, gammas_selected=search.gammas_selected, selected_by=model.select,
                           gamma_grid=[float(g) for g in model.gamma_grid], gammas_at_grid_edge=search.at_edge,
                           gamma_search=search)

@@ -19,6 +19,7 @@ from foal_pipe.core.projection import SmoothProjection, check_activation
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import check_memory, fits, human
 from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.loosample import LOO_SAMPLE, RowSample
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
 from foal_pipe.protocol.schema import TRAINING_CRITERIA
 from foal_pipe.protocol.stream import Stream, make_stream, read_class_order
@@ -98,6 +99,7 @@ def prepare(
         raise FoalPipeError(f"unknown {param('select')} {model.select!r}; choose {' or '.join(TRAINING_CRITERIA)}")
     for g in model.gamma_grid:
         check_gamma(g)
+    check_loo_sample(model.loo_sample)
     if model.projection_dim < 0:
         raise FoalPipeError(f"{param('projection_dim')} must be at least 0 (0: no projection), got {model.projection_dim}; "
                             "the paper uses 1000")
@@ -165,10 +167,24 @@ def head_parts(run: Run, heads: Sequence[str]) -> dict[str, int]:
             HEADS[name].memory(n_classes, dims[HEADS[name].space]) for name in heads if HEADS[name].factory is not None}
 
 
+def check_loo_sample(value: object) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise FoalPipeError(f"{param('loo_sample')} counts the rows leave-one-out scores at each boundary and must be "
+                            f"an integer >= 0 (0: every row), got {value!r}; e.g. {param('loo_sample', LOO_SAMPLE)}")
+
+
+def row_sample(run: Run) -> RowSample | None:
+    """The rows a sampled leave-one-out scores (``--loo-sample``), None when it scores every row."""
+    if not run.model.loo_sample:
+        return None
+    return RowSample.draw([r.size for r in run.stream.rows], int(run.model.loo_sample), int(run.projection.random_state))
+
+
 def kept_bytes(run: Run) -> int:
-    """What keeping the activations of every train row of the stream takes (rows x D in the state's dtype, for
-    each fusion of ``sweep --fusions``)."""
-    rows = int(np.count_nonzero(run.row_task >= 0))
+    """What keeping the activations for leave-one-out takes: of every train row of the stream, or of the rows
+    ever sampled (``--loo-sample``), rows x D in the state's dtype, for each fusion of ``sweep --fusions``."""
+    sample = row_sample(run)
+    rows = int(np.count_nonzero(run.row_task >= 0)) if sample is None else int(sample.kept.size)
     return rows * run.dim * np.dtype(run.model.dtype).itemsize * len(run.lanes)
 
 

@@ -287,7 +287,12 @@ class OrderMetrics(Accuracy):
 class GammaSearch(_Record):
     """A criterion's refined search of gamma: ``per_decade`` log-spaced ``gammas`` per decade of the grid's
     range (the same at every task boundary), the criterion's ``values`` there at each boundary (null where
-    infinite), the gamma chosen at each boundary and whether it is an end of the range (the best may lie beyond)."""
+    infinite), the gamma chosen at each boundary and whether it is an end of the range (the best may lie beyond).
+
+    With a sampled leave-one-out (``--loo-sample``): the rows requested (``loo_sample``) and scored at each
+    boundary (``sample_rows``), and Hoeffding's ``sample_eps`` there (0 where every row was scored): with
+    probability >= ``1 - sample_delta`` every gamma's sampled value is within eps of its all-rows leave-one-out
+    accuracy, so the choice's all-rows value is within 2 eps of the best searched gamma's."""
 
     criterion: str = key(SELECTOR, required=True)
     per_decade: int = key(INTEGER, required=True)
@@ -295,6 +300,10 @@ class GammaSearch(_Record):
     values: list[list[float | None]] = key(CURVES, required=True)
     gammas_selected: list[float] = key(NUMBERS, required=True)
     at_edge: list[bool] = key(_list_of(BOOLEAN), required=True)
+    loo_sample: int | None = key(POSITIVE_INTEGER)
+    sample_rows: list[int] | None = key(_list_of(COUNT))
+    sample_eps: list[float] | None = key(NUMBERS)
+    sample_delta: float | None = key(FRACTION)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,9 +10,19 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.gammapath import PER_DECADE, GammaPath, LeaveOneOut, Search, best_point, search_grid
+from foal_pipe.core.gammapath import (
+    PER_DECADE,
+    GammaPath,
+    LeaveOneOut,
+    SampledLeaveOneOut,
+    Search,
+    best_point,
+    sample_needs_vectors,
+    search_grid,
+)
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.schema import CRITERIA
 
 
@@ -29,12 +39,16 @@ class Boundary:
     gcv_dof_ratio: float | None = None  # df/n at GCV's choice
     #: Each criterion's refined search (:func:`~foal_pipe.core.gammapath.search_grid`), by criterion name.
     searches: dict[str, Search] | None = None
+    #: With a sampled leave-one-out: the rows it scored and Hoeffding's bound on its accuracy at every gamma.
+    loo_rows: int | None = None
+    loo_bound: float | None = None
 
 
 class FixedGamma:
     """Solve for one gamma at each boundary (``learn --gamma G``); ``classifier`` is the last boundary's."""
 
     needs_rows = False
+    sample: RowSample | None = None
 
     def __init__(self, gamma: float, dtype: str) -> None:
         self.gamma, self.dtype = gamma, dtype
@@ -56,7 +70,7 @@ class Pending:
     statistics_classes: np.ndarray
     path: GammaPath
     gcv: np.ndarray
-    loo: LeaveOneOut | None
+    loo: LeaveOneOut | SampledLeaveOneOut | None
     max_task: int
 
 
@@ -64,15 +78,19 @@ class ManyGammas:
     """One factorisation per boundary serves every gamma of ``grid``: weights, GCV and (``loo``) LOO, and each
     criterion's refined search over ``per_decade`` points per decade of the grid's range.
 
-    Leave-one-out needs the eigenvectors; without it the cheaper tridiagonal form serves (see
+    Leave-one-out over every row needs the eigenvectors; over ``sample``'s rows only
+    (:class:`~foal_pipe.core.gammapath.SampledLeaveOneOut`) they serve when cheaper
+    (:func:`~foal_pipe.core.gammapath.sample_needs_vectors`); otherwise the tridiagonal form serves (see
     :meth:`RidgeStatistics.gamma_path`). ``choose`` (a :data:`~foal_pipe.protocol.schema.CRITERIA` name of the
     training rows) keeps only the weights of its refined choice (``learn --gamma auto``); None keeps the grid's
     and, after them, those of every criterion's refined choice that the pass computes (``sweep``), in
     :attr:`criteria` order.
     """
 
-    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None, per_decade: int = PER_DECADE) -> None:
+    def __init__(self, grid: Sequence[float], loo: bool, choose: str | None, per_decade: int = PER_DECADE,
+                 sample: RowSample | None = None) -> None:
         self.grid = np.asarray(grid, dtype=np.float64)
+        self.sample = sample if loo else None
         self.fine = search_grid(self.grid, per_decade)
         self.needs_rows = loo
         self.choose = choose
@@ -81,8 +99,14 @@ class ManyGammas:
         self._at_grid = np.searchsorted(self.fine, self.grid)  # the grid's points are among the fine ones
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
-        path = statistics.gamma_path(vectors=self.needs_rows)
-        loo = path.loo(self.fine) if self.needs_rows else None
+        rows = None if self.sample is None else self.sample.boundaries[max_task].size
+        path = statistics.gamma_path(vectors=self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim)))
+        if not self.needs_rows:
+            loo = None
+        elif rows is None:
+            loo = path.loo(self.fine)
+        else:
+            loo = SampledLeaveOneOut(path, self.fine, rows)
         return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
 
     def finish(self, pending: Pending) -> Boundary:
@@ -104,4 +128,8 @@ class ManyGammas:
             gammas = np.array([searches[self.choose].gamma])
             if self.choose == "gcv":
                 ratio = float(path.dof(gammas)[0]) / max(path.n, 1)
-        return Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
+        boundary = Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
+        if self.sample is not None:
+            boundary.loo_rows = self.sample.boundaries[pending.max_task].size
+            boundary.loo_bound = self.sample.bound(pending.max_task, path.n, self.fine.size)
+        return boundary

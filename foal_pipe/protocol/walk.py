@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import default_device
 from foal_pipe.core.statistics import RidgeStatistics
@@ -19,6 +20,7 @@ from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import RLS_WINDOW
+from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending
@@ -53,17 +55,35 @@ class KeptActivations:
     """The activations of the stream's train rows in walk order, stored as the walk first projects them
     (``--gamma auto``, ``sweep``): the leave-one-out pass at boundary k multiplies walk rows ``[0, ends[k])``
     instead of projecting the rows again. They are the arrays the Gram pass summed, in the blocks a projection
-    again would use (:class:`~foal_pipe.rowcache.TaskBlocks`), so the same bits either way."""
+    again would use (:class:`~foal_pipe.rowcache.TaskBlocks`), so the same bits either way. With ``keep`` (the
+    walk positions a sampled leave-one-out scores, :attr:`RowSample.kept`) only those rows are stored."""
 
-    def __init__(self, run: Run, n_rows: int) -> None:
-        self.values = run.xp.empty((n_rows, run.dim), dtype=getattr(run.xp, run.model.dtype),
-                                   device=default_device(run.xp))
+    def __init__(self, run: Run, n_rows: int, keep: np.ndarray | None = None) -> None:
+        self.slot = None
+        if keep is not None:
+            self.slot = np.full(n_rows, -1, dtype=np.int64)
+            self.slot[keep] = np.arange(keep.size)
+        self.values = run.xp.empty((n_rows if keep is None else keep.size, run.dim),
+                                   dtype=getattr(run.xp, run.model.dtype), device=default_device(run.xp))
 
     def put(self, start: int, stop: int, H: Any) -> None:
-        self.values[start:stop, :] = H
+        if self.slot is None:
+            self.values[start:stop, :] = H
+            return
+        slots = self.slot[start:stop]
+        inside = np.flatnonzero(slots >= 0)
+        if inside.size:
+            xp = array_namespace(H)
+            self.values[xp.asarray(slots[inside], device=device(H)), :] = xp.take(
+                H, xp.asarray(inside, device=device(H)), axis=0)
 
     def take(self, start: int, stop: int) -> Any:
         return self.values[start:stop, :]
+
+    def rows(self, positions: np.ndarray) -> Any:
+        """The kept activations of walk ``positions`` (all of them kept)."""
+        xp = array_namespace(self.values)
+        return xp.take(self.values, xp.asarray(self.slot[positions], device=device(self.values)), axis=0)
 
 
 def train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None, groups: np.ndarray | None = None,
@@ -108,8 +128,21 @@ def _add_task(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict
 
 
 def _loo_pass(run: Run, rows: GroupedRows, walk: TaskBlocks, k: int, lanes: dict[str | None, _Lane],
-              kept: dict[str | None, KeptActivations] | None, advance: Callable[[int], None]) -> None:
-    """Every row of tasks 1..k into each lane's pending leave-one-out accumulator, in the Gram pass's blocks."""
+              kept: dict[str | None, KeptActivations] | None, advance: Callable[[int], None],
+              sample: tuple[RowSample, np.ndarray] | None = None) -> None:
+    """Every row of tasks 1..k into each lane's pending leave-one-out accumulator, in the Gram pass's blocks; with
+    ``sample`` (the sample and the cache position of every walk position), the boundary's sampled rows only."""
+    if sample is not None:
+        positions = sample[0].boundaries[k]
+        for lo in range(0, positions.size, run.block_rows):
+            chosen = positions[lo : lo + run.block_rows]
+            labels = rows.labels[sample[1][chosen]]
+            for key, lane in lanes.items():
+                H = kept[key].rows(chosen) if kept is not None else _activations(run, rows, key, sample[1][chosen])
+                with run.timed("loo"):
+                    lane.pending.loo.add(H, labels)
+            advance(chosen.size)
+        return
     for t in range(k + 1):
         for start, stop, positions in walk.blocks(t):
             labels = rows.labels[positions]
@@ -141,11 +174,13 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
     lanes = {key: _Lane(solver, RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)))
              for key, solver in solvers.items()}
     needs_rows = next(iter(solvers.values())).needs_rows
+    row_sample = next(iter(solvers.values())).sample
     sizes = [r.size for r in run.stream.rows]
     n_stream = sum(sizes)
+    loo_rows = sum(np.cumsum(sizes)) if row_sample is None else sum(p.size for p in row_sample.boundaries)
     dask = run.execution.scheduler == "dask"
     read = rows is None and (needs_rows or not dask)
-    total = (n_stream if read else 0) + (n_stream if dask else 0) + n_stream + (sum(np.cumsum(sizes)) if needs_rows else 0)
+    total = (n_stream if read else 0) + (n_stream if dask else 0) + n_stream + (loo_rows if needs_rows else 0)
     label = "train (" + ("one read, " if read else "") + "gram" + (", dask" if dask else "")
     label += (" + leave-one-out" + ("" if run.keep_activations and not dask else ", rows projected again")
               if needs_rows else "")
@@ -156,8 +191,9 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
             points = anytime.points if anytime is not None else ()
             walk = None if cached is None else TaskBlocks(cached, run.stream.rows, run.block_rows, points)
             on_point = None if anytime is None else lambda n: anytime.gram(n, lanes[None].running, lanes[None].boundaries, False)
-            kept = ({key: KeptActivations(run, n_stream) for key in lanes}  # the cluster projected the Gram's rows
-                    if needs_rows and run.keep_activations and not dask else None)
+            kept = ({key: KeptActivations(run, n_stream, None if row_sample is None else row_sample.kept) for key in lanes}
+                    if needs_rows and run.keep_activations and not dask else None)  # the cluster projected the Gram's rows
+            sample = None if row_sample is None or not needs_rows else (row_sample, walk_positions(walk, run.stream.n_tasks))
             for k in range(run.stream.n_tasks):
                 if per_task is not None:
                     with run.timed("gram"):
@@ -170,12 +206,18 @@ def gram_walk(run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
                 for lane in lanes.values():
                     lane.start(run, k)
                 if needs_rows:
-                    _loo_pass(run, cached, walk, k, lanes, kept, advance)
+                    _loo_pass(run, cached, walk, k, lanes, kept, advance, sample)
                     for lane in lanes.values():
                         lane.finish(run)
                 if anytime is not None and int(walk.ends[k]) in anytime.points:
                     anytime.gram(int(walk.ends[k]), lanes[None].running, lanes[None].boundaries, True)
     return lanes
+
+
+def walk_positions(walk: TaskBlocks, n_tasks: int) -> np.ndarray:
+    """The cache position of every walk position, in walk order (the blocks of every task, end to end)."""
+    parts = [positions for k in range(n_tasks) for _, _, positions in walk.blocks(k)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def gram_boundaries(run: Run, solver: FixedGamma | ManyGammas,

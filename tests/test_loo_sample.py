@@ -1,0 +1,208 @@
+"""Leave-one-out on a sample of the rows (issue 23): the sampled criterion against the exact one and against
+refits by hand, the scores and leverages by hand, the row sample, the bound, and learn --loo-sample."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from helpers import N_CLASSES, assert_clean_error, build_store, invoke, learn, read
+
+from foal_pipe.core.gammapath import SampledLeaveOneOut, sample_bound
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.protocol.loosample import RowSample
+from foal_pipe.protocol.stream import build_stream
+
+GAMMAS = np.array([1e-3, 0.05, 1.0, 7.5, 300.0])
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(7)
+    n, D = 90, 14
+    labels = rng.choice([2, 5, 9], size=n)
+    H = rng.normal(size=(n, D)) + labels[:, None] * 0.15
+    return H, labels
+
+
+def _sampled(path, H, labels, rows):
+    loo = SampledLeaveOneOut(path, GAMMAS, len(rows))
+    loo.add(H[rows], labels[rows])
+    return loo
+
+
+def test_scores_and_leverages_equal_the_closed_form(data):
+    H, labels = data
+    s_tri, l_tri = RidgeStatistics.from_batch(H, labels).eigen().fitted(H, GAMMAS)
+    Y = (labels[:, None] == np.array([2, 5, 9])[None, :]).astype(float)
+    for m, g in enumerate(GAMMAS):
+        inv = np.linalg.inv(H.T @ H + g * np.eye(H.shape[1]))
+        np.testing.assert_allclose(l_tri[:, m], np.einsum("id,de,ie->i", H, inv, H), rtol=0, atol=1e-9)
+        np.testing.assert_allclose(s_tri[:, m, :], H @ inv @ H.T @ Y, rtol=0, atol=1e-9)
+
+
+def test_all_rows_sampled_equal_the_exact_leave_one_out(data):
+    H, labels = data
+    stats = RidgeStatistics.from_batch(H, labels)
+    exact = stats.eigen().loo(GAMMAS)
+    exact.add(H, labels)
+    sampled = _sampled(stats.eigen(), H, labels, np.arange(H.shape[0]))
+    np.testing.assert_array_equal(sampled.accuracy(), exact.accuracy())
+    np.testing.assert_allclose(sampled.mse(), exact.mse(), rtol=1e-9, atol=0)
+
+
+def test_a_sample_equals_refits_without_each_sampled_row(data):
+    H, labels = data
+    classes = np.array([2, 5, 9])
+    Y = (labels[:, None] == classes[None, :]).astype(float)
+    rows = np.array([0, 3, 4, 17, 40, 41, 66, 89])
+    sampled = _sampled(RidgeStatistics.from_batch(H, labels).eigen(), H, labels, rows)
+    correct, squared = np.zeros(GAMMAS.size), np.zeros(GAMMAS.size)
+    for m, g in enumerate(GAMMAS):
+        for i in rows:
+            keep = np.arange(H.shape[0]) != i
+            W = np.linalg.solve(H[keep].T @ H[keep] + g * np.eye(H.shape[1]), H[keep].T @ Y[keep])
+            score = H[i] @ W
+            correct[m] += classes[np.argmax(score)] == labels[i]
+            squared[m] += np.sum((Y[i] - score) ** 2)
+    np.testing.assert_array_equal(sampled.accuracy(), correct / rows.size)
+    np.testing.assert_allclose(sampled.mse(), squared / (rows.size * classes.size), rtol=1e-8, atol=0)
+
+
+def test_an_incomplete_sample_is_refused(data):
+    H, labels = data
+    loo = SampledLeaveOneOut(RidgeStatistics.from_batch(H, labels).eigen(), GAMMAS, 10)
+    loo.add(H[:9], labels[:9])
+    with pytest.raises(Exception, match="saw 9 rows but the sample holds 10"):
+        loo.accuracy()
+
+
+def test_the_bound_is_hoeffding_with_a_union_over_the_gammas():
+    assert sample_bound(4096, 97, 0.05) == pytest.approx(math.sqrt(math.log(2 * 97 / 0.05) / (2 * 4096)), rel=1e-15)
+    assert sample_bound(4096, 97) == pytest.approx(0.03176, abs=5e-6)
+    assert sample_bound(1000, 97) > sample_bound(4000, 97)
+
+
+# ---- learn --loo-sample: the sample, the curve, the record ---------------------------------------------------------
+
+RANGE = "1e-3,1e3"  # 49 gammas at 8 per decade
+POINTS = 10.0 ** np.linspace(-3, 3, 49)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("loosample") / "blobs.zarr", n_train=300, noise=2.5)
+
+
+def _learn(store, out, *extra):
+    return learn(store, out, "--gamma", "auto", "--gamma-grid", RANGE, *extra)
+
+
+def test_the_sample_is_the_least_ranks_among_the_rows_seen():
+    sizes = [40, 25, 35]
+    sample = RowSample.draw(sizes, 30, 5)
+    ranks = np.random.default_rng([5, 23]).permutation(100)
+    for k, end in enumerate(np.cumsum(sizes)):
+        np.testing.assert_array_equal(sample.boundaries[k], np.sort(np.argsort(ranks[:end])[:30]))
+    assert RowSample.draw(sizes, 30, 5).kept.tolist() == sample.kept.tolist()  # deterministic
+    assert RowSample.draw(sizes, 30, 6).boundaries[0].tolist() != sample.boundaries[0].tolist()
+    assert RowSample.draw(sizes, 60, 5).boundaries[0].tolist() == list(range(40))  # M >= rows seen: every row
+
+
+def test_a_sample_of_every_row_gives_the_exact_curve_and_choice(tmp_path, store):
+    exact, _ = _learn(store, tmp_path / "exact")
+    every, _ = _learn(store, tmp_path / "every", "--loo-sample", 10_000)
+    a, b = exact["gamma_search"], every["gamma_search"]
+    np.testing.assert_allclose(np.array(b["values"], dtype=float), np.array(a["values"], dtype=float), rtol=0, atol=1e-12)
+    assert b["gammas_selected"] == a["gammas_selected"]
+    assert exact["accuracy_matrix"] == every["accuracy_matrix"]
+    sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 4, 10, 3).rows]
+    assert b["sample_eps"] == [0.0] * 4 and b["sample_rows"] == np.cumsum(sizes).tolist()
+    assert "sample_rows" not in a and "loo_sample" not in a
+
+
+def test_a_sample_gives_leave_one_out_of_the_sampled_rows_by_hand_and_the_bound(tmp_path, store):
+    m = 50
+    metrics, model = _learn(store, tmp_path / "s", "--loo-sample", m)
+    search = metrics["gamma_search"]
+    Xtr, ytr, _, _ = read(store)
+    stream = build_stream(ytr, N_CLASSES, 4, 10, 3)
+    walk = np.concatenate([np.sort(r) for r in stream.rows])  # each task's rows in dataset order
+    ranks = np.random.default_rng([3, 23]).permutation(walk.size)
+    P = model["projection"]
+    for k in range(4):
+        end = sum(r.size for r in stream.rows[: k + 1])
+        rows = walk[:end]
+        chosen = np.sort(np.argsort(ranks[:end])[:m])  # walk positions sampled
+        H = 1 / (1 + np.exp(-(Xtr[rows].astype(np.float64) @ P)))
+        seen = np.unique(ytr[rows])
+        Y = (ytr[rows][:, None] == seen[None, :]).astype(float)
+        accuracy = []
+        for g in POINTS:
+            hat = H[chosen] @ np.linalg.solve(H.T @ H + g * np.eye(H.shape[1]), H.T)  # sampled rows of the hat matrix
+            E = (Y[chosen] - hat @ Y) / (1 - hat[np.arange(m), chosen])[:, None]
+            accuracy.append(np.mean(seen[np.argmax(Y[chosen] - E, axis=1)] == ytr[rows][chosen]))
+        np.testing.assert_allclose(search["values"][k], accuracy, rtol=0, atol=1e-12)
+        assert search["sample_rows"][k] == m
+        assert search["sample_eps"][k] == pytest.approx(math.sqrt(math.log(2 * 49 / 0.05) / (2 * m)), rel=1e-12)
+    assert search["loo_sample"] == m and search["sample_delta"] == 0.05
+
+
+def test_loo_sample_same_bytes_twice_and_a_bad_value_refused(tmp_path, store):
+    for run in ("a", "b"):
+        _learn(store, tmp_path / run, "--loo-sample", 40)
+    for name in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert_clean_error(invoke("learn", "--features", store, "--out", tmp_path / "x", "--gamma", "auto",
+                              "--loo-sample", -1, "--backend", "numpy"), "--loo-sample counts the rows", tmp_path / "x")
+
+
+def test_tridiagonal_scores_and_leverages_equal_the_eigen_ones(data):
+    H, labels = data
+    stats = RidgeStatistics.from_batch(H, labels)
+    s_tri, l_tri = stats.tridiagonal().fitted(H[:30], GAMMAS)
+    s_eig, l_eig = stats.eigen().fitted(H[:30], GAMMAS)
+    np.testing.assert_allclose(s_tri, s_eig, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(l_tri, l_eig, rtol=0, atol=1e-9)
+    loo = SampledLeaveOneOut(stats.tridiagonal(), GAMMAS, 30)
+    loo.add(H[:30], labels[:30])
+    exact = _sampled(stats.eigen(), H, labels, np.arange(30))
+    np.testing.assert_array_equal(loo.accuracy(), exact.accuracy())
+
+
+def test_sampled_rows_kept_or_projected_again_give_the_same_bytes(tmp_path, store, monkeypatch):
+    """The sampled rows' activations kept in memory, or projected again from the cached rows at every boundary
+    (a --max-memory below their size): the same bytes; only the sampled rows are projected again."""
+    import foal_pipe.protocol.walk as walk
+
+    projected = []
+    project = walk._project
+    monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
+    written, counts = {}, {}
+    for budget in ("8GiB", "1KiB"):
+        projected.clear()
+        _learn(store, tmp_path / budget, "--loo-sample", 40, "--max-memory", budget)
+        written[budget] = [(tmp_path / budget / name).read_bytes() for name in ("metrics.json", "model.safetensors")]
+        counts[budget] = sum(projected)
+    assert written["8GiB"] == written["1KiB"]
+    sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 4, 10, 3).rows]
+    assert counts["8GiB"] == sum(sizes)
+    assert counts["1KiB"] == sum(sizes) + sum(min(40, e) for e in np.cumsum(sizes))
+
+
+def test_the_memory_estimate_counts_only_the_rows_ever_sampled(store, monkeypatch):
+    from foal_pipe.protocol.config import KEPT_PART, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import prepare
+
+    parts = {}
+    monkeypatch.setattr("foal_pipe.protocol.run.check_memory", lambda command, p, fix: parts.update(p) or 0)
+    prepare(store, StreamConfig(tasks=3), ModelConfig(projection_dim=400, gamma="auto", loo_sample=100),
+            EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=True)
+    sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 3, 10, 0).rows]
+    ranks = np.random.default_rng([0, 23]).permutation(sum(sizes))
+    ever = set()
+    for end in np.cumsum(sizes):
+        ever |= set(np.argsort(ranks[:end])[:100].tolist())
+    assert 100 < len(ever) < sum(sizes)
+    assert parts[KEPT_PART] == len(ever) * 400 * 8
