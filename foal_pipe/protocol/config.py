@@ -80,7 +80,7 @@ class ModelConfig:
     select: str = "loo_accuracy"  # the selector best or tied most often (benchmarks/RESULTS.md, issue 23)
     gamma_grid: tuple[float, ...] = DEFAULT_GAMMA_GRID
     per_decade: int = PER_DECADE
-    loo_sample: int = 0  # leave-one-out on this many sampled rows per boundary (protocol/loosample.py); 0: all rows
+    loo_sample: int = 4096  # leave-one-out on this many sampled rows per boundary (protocol/loosample.py); 0: all rows
     engine: str = "gram"
     dtype: str = "float64"
     fusion: str | None = None
