@@ -60,9 +60,9 @@ class KeptActivations:
 
     def __init__(self, run: Run, n_rows: int, keep: np.ndarray | None = None) -> None:
         self.slot = None
-        if keep is not None:
+        if keep is not None:  # slots in walk order, so a block's kept rows fill consecutive slots
             self.slot = np.full(n_rows, -1, dtype=np.int64)
-            self.slot[keep] = np.arange(keep.size)
+            self.slot[np.sort(keep)] = np.arange(keep.size)
         self.values = run.xp.empty((n_rows if keep is None else keep.size, run.dim),
                                    dtype=getattr(run.xp, run.model.dtype), device=default_device(run.xp))
 
@@ -74,8 +74,8 @@ class KeptActivations:
         inside = np.flatnonzero(slots >= 0)
         if inside.size:
             xp = array_namespace(H)
-            self.values[xp.asarray(slots[inside], device=device(H)), :] = xp.take(
-                H, xp.asarray(inside, device=device(H)), axis=0)
+            first = int(slots[inside[0]])
+            self.values[first : first + inside.size, :] = xp.take(H, xp.asarray(inside, device=device(H)), axis=0)
 
     def take(self, start: int, stop: int) -> Any:
         return self.values[start:stop, :]
