@@ -231,19 +231,12 @@ def part_learner(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 # (b) foal-pipe learn on the synthetic store
 # ---------------------------------------------------------------------------------------------------------
 def _learn(store: Path, out: Path, backend: str, engine: str, dim: int, timeout: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-c", CLI, "learn", "--features", str(store), "--out", str(out), "--tasks", "10",
-           "--batch-size", "10", "--projection-dim", str(dim), "--gamma", "1", "--seed", "0", "--engine", engine,
-           "--backend", backend]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "wall_s": wall}
-    metrics = json.loads((out / "metrics.json").read_text())
-    timings = json.loads((out / "timings.json").read_text())
-    run = {"wall_s": wall, "in_process_s": timings["total"], "timings": timings, "A_avg": float(metrics["A_avg"]),
-           "A_last": float(metrics["A_last"])}
+    run = _learn_args(store, out, backend, ["--tasks", "10", "--batch-size", "10", "--projection-dim", str(dim),
+                                            "--gamma", "1", "--engine", engine], timeout)
+    if "error" in run:
+        return run
+    run.pop("_matrix")
+    run["timings"] = json.loads((out / "timings.json").read_text())
     try:
         from safetensors.numpy import load_file
 
