@@ -77,3 +77,20 @@ def test_float32_error_stays_within_the_bound(D):
     allowed = relative_bound(D) * np.linalg.norm(H, axis=1)[:, None] * np.linalg.norm(W, axis=0)[None, :]
     assert np.all(error <= allowed)
     assert error.max() > 0  # float32 really rounds here
+
+
+def test_unseen_zeros_act_as_one_rival_at_the_first_unseen_column():
+    """Rows where every seen class scores far below 0 go to the first unseen column (float64's first of equal
+    scores), and a seen class scoring exactly 0 before it wins that tie."""
+    H = sigmoid_rows(200, 30, seed=11)
+    W = np.random.default_rng(12).normal(size=(30, 2 * 4)) - 0.3
+    W[:, 4] = 0.0  # model 1's first class (position 0) scores exactly 0 on every row
+    W[:, 5:] -= 1.0
+    positions, width = np.array([0, 5, 7, 9]), 10
+    full = np.zeros((200, 2, width))
+    full[:, :, positions] = (H @ W).reshape(200, 2, 4)
+    expected = np.argmax(full, axis=2)
+    assert np.any(expected[:, 0] == 1) and np.all(expected[:, 1] == 0)
+    np.testing.assert_array_equal(ModelScores(W, 2, positions, width).argmax(Rows.of(H)), expected)
+    seen_all = np.arange(4)  # every column seen: no zeros compete
+    np.testing.assert_array_equal(ModelScores(W, 2, seen_all, 4).argmax(Rows.of(H)), float64_argmax(H, W, 2))

@@ -95,7 +95,10 @@ class ModelScores:
 
     def __init__(self, W: Any, models: int, positions: np.ndarray | None = None, width: int | None = None) -> None:
         self.W, self.models = W, models
-        self.positions, self.width = positions, width
+        self.positions = None if positions is None else np.asarray(positions)
+        self.width = width
+        unseen = [] if positions is None else np.flatnonzero(~np.isin(np.arange(width), self.positions))
+        self._first_unseen = int(unseen[0]) if len(unseen) else -1
         self.low: np.ndarray | None = None
         if is_numpy_array(W) and W.dtype == np.float64 and W.size:
             with np.errstate(over="ignore"):
@@ -107,19 +110,32 @@ class ModelScores:
                 self.kappa = relative_bound(W.shape[0])
 
     def argmax(self, rows: Rows) -> np.ndarray:
-        """``(n, models)``: each model's argmax over its scores, as the float64 product ranks them."""
+        """``(n, models)``: each model's argmax over its scores, as the float64 product ranks them.
+
+        With ``positions``, the unseen classes' zeros act as one rival scoring 0 at the first unseen column
+        (float64's argmax takes the first of equal scores), so the float32 scores are never spread to ``width``.
+        """
         if self.low is None or rows.low is None or rows.H.shape[0] == 0:
             return self._exact(rows.H)
         n, D = rows.low.shape
-        scores = self._spread((rows.low @ self.low).reshape(n, self.models, -1))
+        scores = (rows.low @ self.low).reshape(n, self.models, -1)
         top = np.argmax(scores, axis=2)
         best = np.take_along_axis(scores, top[:, :, None], axis=2)[:, :, 0].astype(np.float64)
+        zeros = self.positions is not None and self.width > scores.shape[2]
+        if zeros:
+            best = np.maximum(best, 0.0)  # NaN stays NaN, so stays undecided
         bound = (self.kappa * rows.norms[:, None] * self.column_norm[None, :]
                  + UNDERFLOW * (np.sqrt(D) * (rows.norms[:, None] + self.column_norm[None, :]) + D))
         with np.errstate(invalid="ignore", over="ignore"):
             # rounded down to float32, the threshold can only admit more rivals: a stricter test, never a looser one
             threshold = np.nextafter((best - 2.0 * bound).astype(np.float32), np.float32(-np.inf))
             rivals = np.count_nonzero(scores >= threshold[:, :, None], axis=2)
+            if zeros:
+                rivals += threshold <= 0
+        if self.positions is not None:
+            top = self.positions[top]
+            if zeros:
+                top[best == 0.0] = self._first_unseen
         undecided = ~((rivals == 1) & np.isfinite(best))
         for m in np.flatnonzero(undecided.any(axis=0)):
             again = np.flatnonzero(undecided[:, m])

@@ -62,13 +62,13 @@ def align_columns(matrix: Any, old: np.ndarray, new: np.ndarray) -> Any:
     This is how a class-incremental learner grows ``classes_``: a class first seen later had a zero target
     in every earlier row, so its column is exactly zero until then.
     """
-    missing = np.setdiff1d(old, new)
-    if missing.size:
-        raise FoalPipeError(f"cannot align columns to classes without {missing.tolist()}; pass a superset")
+    at = np.minimum(np.searchsorted(new, old), max(new.size - 1, 0))
+    found = new[at] == old if new.size else np.zeros(old.size, dtype=bool)
+    if not found.all():
+        raise FoalPipeError(f"cannot align columns to classes without {old[~found].tolist()}; pass a superset")
     xp = array_namespace(matrix)
-    have = np.isin(new, old)
     source = np.full(new.size, old.size, dtype=np.int64)  # index of the appended zero column
-    source[have] = np.searchsorted(old, new[have])
+    source[at] = np.arange(old.size)
     zero = xp.zeros((matrix.shape[0], 1), dtype=matrix.dtype, device=device(matrix))
     return xp.take(xp.concat([matrix, zero], axis=1), xp.asarray(source, device=device(matrix)), axis=1)
 
