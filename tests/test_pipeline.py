@@ -17,6 +17,7 @@ import pytest
 import yaml
 from helpers import STAGES
 
+from foal_pipe.protocol.config import ModelConfig, SweepConfig
 from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,8 +98,9 @@ def _stage_module(name: str):
 def test_params_and_dvc_yaml_agree():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert params["datasets"] == {"digits": {}} and params["extract"]["model"] == "pixels"
+    # the pipeline runs the commands' defaults
     assert (params["learn"]["activation"], params["learn"]["select"], params["sweep"]["select"]) == (
-        "sigmoid", "loo", "loo")
+        "sigmoid", ModelConfig().select, SweepConfig().resolved_select)
     assert params["sweep"]["gammas"] is None  # the one default grid (foal_pipe.core.statistics.DEFAULT_GAMMA_GRID)
     assert "gamma_grid" not in params["learn"]
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
