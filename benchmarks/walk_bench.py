@@ -85,6 +85,48 @@ def floor(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0) -> lis
     return acc
 
 
+def boundary_work(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0) -> float:
+    """Seconds of the work every boundary of any exact learner that evaluates after each task must do, and
+    nothing else: one Cholesky solve of ``G + gamma I`` for the classes seen (one BLAS thread, as foal-pipe
+    factors at this D) and the test rows of the tasks seen multiplied by those weights in float32 (the cheapest
+    product; foal-pipe's float32 route), with their argmax. Read, projection and Gram sums are done untimed.
+
+    ``learn --tasks 5`` plus the difference of this work at 100 and 5 tasks is the least ``learn --tasks 100``
+    could take with reading, projection and Gram sums perfectly flat in the number of tasks.
+    """
+    import scipy.linalg
+    import zarr
+    from threadpoolctl import ThreadpoolController
+
+    group = zarr.open_group(str(store), mode="r")
+    X, y = np.asarray(group["train/features"][:]), np.asarray(group["train/labels"][:])
+    Xt, yt = np.asarray(group["test/features"][:]), np.asarray(group["test/labels"][:])
+    n_classes, d = len(group.attrs["classes"]), X.shape[1]
+    split = np.array_split(np.random.default_rng(seed).permutation(n_classes), tasks)
+    P = np.random.default_rng(seed).uniform(-1 / np.sqrt(d), 1 / np.sqrt(d), size=(d, D))
+    task_of = np.empty(n_classes, dtype=np.int64)
+    for t, classes in enumerate(split):
+        task_of[classes] = t
+    order = np.argsort(task_of[yt], kind="stable")
+    Ht = (1 / (1 + np.exp(-(Xt[order].astype(np.float64) @ P)))).astype(np.float32)
+    ends = np.searchsorted(task_of[yt[order]], np.arange(tasks), side="right")
+    G, Q, seconds = np.zeros((D, D)), np.zeros((D, n_classes)), 0.0
+    pools = ThreadpoolController()  # found once: each lookup reads /proc/self/maps (3 ms)
+    for k in range(tasks):
+        rows = np.flatnonzero(task_of[y] == k)
+        H = 1 / (1 + np.exp(-(X[rows].astype(np.float64) @ P)))
+        G += H.T @ H
+        Q[:, split[k]] += H.T @ (y[rows][:, None] == split[k][None, :])
+        seen = np.sort(np.concatenate(split[: k + 1]))
+        start = time.perf_counter()
+        with pools.limit(limits=1, user_api="blas"):
+            W = scipy.linalg.cho_solve(scipy.linalg.cho_factor(G + gamma * np.eye(D), check_finite=False), Q[:, seen],
+                                       check_finite=False)
+        np.argmax(Ht[: ends[k]] @ W.astype(np.float32), axis=1)
+        seconds += time.perf_counter() - start
+    return seconds
+
+
 def run_floor(store: Path, tasks: int, D: int, out: Path) -> tuple[float, float]:
     """:func:`floor` in a subprocess (start-up included, like ``learn``): wall seconds and peak RSS (MiB)."""
     code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); from walk_bench import floor; "
@@ -164,6 +206,10 @@ def main() -> None:
             r = side_by_side(commands, args.repeats)
             r["ratio_100_over_5"] = r["learn --tasks 100"]["median_s"] / r["learn --tasks 5"]["median_s"]
             r["floor_ratio_100_over_5"] = r["floor, 100 tasks"]["median_s"] / r["floor, 5 tasks"]["median_s"]
+            work = {t: statistics.median(boundary_work(store, t, 500, 0) for _ in range(args.repeats)) for t in (5, 100)}
+            r["boundary_work_s"] = {"5 tasks": work[5], "100 tasks": work[100]}
+            r["least_ratio_100_over_5"] = (r["learn --tasks 5"]["median_s"] + work[100] - work[5]) / \
+                r["learn --tasks 5"]["median_s"]
             results["tasks"] = {"store": "40,000 x 384 float32, 100 classes, D = 500", **r}
         if not args.skip_floor:
             store = store_by(args.compare[0] if args.compare else None, tmp / "floor.zarr", 200_000, 10_000)
