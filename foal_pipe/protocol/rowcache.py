@@ -147,7 +147,7 @@ class GroupedRows:
             for lane in self.lanes:
                 self._store[lane] = (np.empty((self.rows.size, self.dim), dtype=self.dtype) if self.in_memory
                                      else _Spill(self.rows.size, self.dim, self.dtype))
-            if self.in_memory and on_device(xp):
+            if xp is not None and self.in_memory and on_device(xp):
                 self._copier = device_copier(xp, self.lanes, self.n_rows, self.dim, self.dtype,
                                              min(int(source.chunk_rows), self.n_rows))
                 self.copy_mode = self._copier.mode
