@@ -153,7 +153,7 @@ class GroupedRows:
                 self.copy_mode = self._copier.mode
             self._fill(source, group_of_row, on_chunk)
             if self._copier is not None:
-                self._device.update({(lane, xp.__name__): rows for lane, rows in self._copier.finish().items()})
+                self._device.update({(lane, xp.__name__): X for lane, X in self._copier.finish().items()})
                 self._copier = None
         except BaseException:
             self.close()
