@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -100,7 +100,7 @@ class _Slot:
     positions: np.ndarray
     values: dict[Lane, np.ndarray]
     event: Any
-    in_flight: bool = field(default=False)
+    in_flight: bool = False
 
 
 class StagedCopier:
