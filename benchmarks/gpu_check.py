@@ -27,6 +27,9 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
     synthetic store, 50 classes, 5 tasks): the accuracy matrices against NumPy's (largest difference) and seconds.
 (f) ``online``: ``learn --stream si-blurry --eval-every N`` (the anytime curve, A_auc) and ``learn --gamma auto``
     (the refined search) on each backend against NumPy.
+(g) ``copies``: the read's host-to-device copy (``GroupedRows``, 50,000 x 768) staged through pinned buffers on a
+    stream of its own against the synchronous copy (``FOAL_PIPE_SYNC_COPY=1``) and the host alone: median fill
+    seconds, interleaved, and the device rows of both copies against the host's bit for bit.
 
 ``--dry-run`` runs the same steps at toy sizes on the CPU (numpy and torch-on-CPU backends, cupy skipped
 without a GPU; a 2-block 32-dim ViT at 64 px, a few hundred images, a 2,000-row store) in well under a
@@ -373,6 +376,111 @@ def part_online(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# (g) the host-to-device copy of the read, staged against synchronous
+# ---------------------------------------------------------------------------------------------------------
+def _device_sync(backend: str) -> None:
+    """Wait for all the work queued on the device (so a fill's time includes its last scatter)."""
+    if backend == "cupy":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+    elif _cuda():
+        _sync()
+
+
+@contextmanager
+def _copy_mode(mode: str) -> Iterator[None]:
+    """``sync``: the synchronous copy forced (its environment variable); ``staged`` and ``host``: as by default."""
+    from foal_pipe.protocol.devicecopy import SYNC_VARIABLE
+
+    before = os.environ.pop(SYNC_VARIABLE, None)
+    if mode == "sync":
+        os.environ[SYNC_VARIABLE] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(SYNC_VARIABLE, None)
+        if before is not None:
+            os.environ[SYNC_VARIABLE] = before
+
+
+@contextmanager
+def _cpu_stands_in(xp: Any, dry: bool) -> Iterator[bool]:
+    """Whether ``xp`` is copied to: a device namespace, or (dry run) torch on the CPU standing in for one."""
+    import foal_pipe.protocol.rowcache as rowcache
+
+    real = rowcache.on_device
+    if dry and not real(xp):
+        rowcache.on_device = lambda namespace: namespace is xp or real(namespace)
+    try:
+        yield rowcache.on_device(xp)
+    finally:
+        rowcache.on_device = real
+
+
+def part_copies(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """Issue 21's overlap on the device: ``GroupedRows`` reads the train split of the 50,000 x 768 store (10 tasks
+    in a random class order) on the host alone (NumPy), and on each device backend with the staged copy (pinned
+    buffers, a stream of its own) and the synchronous one (``FOAL_PIPE_SYNC_COPY=1``), interleaved, after one
+    warm-up round: the median seconds of each fill (the device synchronized at its end), what the copy adds to
+    the host's read, and the device rows of both copies against the host cache, bit for bit. The overlap works
+    when ``staged`` is close to ``host`` and below ``sync``. The dry run stands torch on the CPU in for a device
+    (both copies then run synchronously)."""
+    from synthetic import make_store
+
+    from foal_pipe.core.backend import get_namespace, to_numpy
+    from foal_pipe.protocol.devicecopy import SYNC_VARIABLE
+    from foal_pipe.protocol.rowcache import GroupedRows
+    from foal_pipe.store import open_store
+
+    store = make_store(work / "copies.zarr", sz.b_rows, sz.b_test)
+    split = open_store(store).split("train")
+    groups = (np.random.default_rng(0).permutation(100) % 10)[np.asarray(split.labels)]
+    out.update(store=f"{sz.b_rows:,} x 768 float32, 10 tasks in a random class order", repeats=sz.repeats,
+               forced_by=f"{SYNC_VARIABLE}=1", runs={})
+    with GroupedRows(split, [None], groups, 10, 2**40) as host:
+        expected = np.ascontiguousarray(host.block(None, 0, host.n_rows))
+
+    def fill(xp: Any, backend: str) -> tuple[float, GroupedRows]:
+        start = time.perf_counter()
+        rows = GroupedRows(split, [None], groups, 10, 2**40, xp=xp)
+        _device_sync(backend)
+        return time.perf_counter() - start, rows
+
+    for backend in ("cupy", "torch"):
+        problem = backend_problem(backend)
+        if problem:
+            out["runs"][backend] = {"skipped": problem}
+            continue
+        try:
+            xp = get_namespace(backend)
+            with _cpu_stands_in(xp, sz == DRY) as copied:
+                if not copied:
+                    out["runs"][backend] = {"skipped": f"{backend} has no device here: nothing is copied"}
+                    continue
+                run: dict[str, Any] = {"copy_mode": {}, "rows_equal_host": {}}
+                times: dict[str, list[float]] = {"host": [], "sync": [], "staged": []}
+                for repeat in range(sz.repeats + 1):  # the first round warms up (CuPy compiles its scatter)
+                    for mode in times:
+                        with _copy_mode(mode):
+                            seconds, rows = fill(None if mode == "host" else xp, backend)
+                        with rows:
+                            if repeat:
+                                times[mode].append(seconds)
+                            elif mode != "host":
+                                run["copy_mode"][mode] = rows.copy_mode
+                                device = np.ascontiguousarray(to_numpy(rows.block(None, 0, rows.n_rows, xp)))
+                                run["rows_equal_host"][mode] = bool(device.dtype == expected.dtype and np.array_equal(
+                                    device.view(np.uint8), expected.view(np.uint8)))
+                median = {mode: statistics.median(t) for mode, t in times.items()}
+                run.update(fill_s=median, copy_adds_s={m: median[m] - median["host"] for m in ("sync", "staged")},
+                           staged_vs_sync=median["staged"] / median["sync"])
+                out["runs"][backend] = run
+        except Exception as exc:
+            out["runs"][backend] = {"error": _one_line(exc)}
+
+
+# ---------------------------------------------------------------------------------------------------------
 # (c) ViT extraction into a store
 # ---------------------------------------------------------------------------------------------------------
 class _Timeline:
@@ -588,7 +696,7 @@ def part_startup(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
     "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup,
-    "heads": part_heads, "online": part_online}
+    "heads": part_heads, "online": part_online, "copies": part_copies}
 
 
 # ---------------------------------------------------------------------------------------------------------

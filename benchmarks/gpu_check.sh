@@ -16,7 +16,8 @@
 #    `python3 benchmarks/gpu_check.py --out $OUT` (at most 8 minutes: each of its 3 parts is cut at 150 s), which
 #    writes $OUT/gpu_check.json after every part; the printed table and log come back in $OUT/gpu_check.log.
 #    FOAL_PIPE_COMMIT is what the JSON records as the commit: the device's git metadata can be the session's
-#    first commit rather than the tree it was sent.
+#    first commit rather than the tree it was sent. Arguments after `device` go to gpu_check.py, e.g.
+#    `bash benchmarks/gpu_check.sh device --parts learn,copies` for those two parts alone.
 #    The same as one `run` command line, without this file:
 #        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
 #        .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 || exit; python3 -m pip
@@ -40,7 +41,7 @@ device)
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
     "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e .
-    "$PYTHON" benchmarks/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+    "$PYTHON" benchmarks/gpu_check.py --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/gpu_check.log"
     ;;
 *)
     echo "usage: bash benchmarks/gpu_check.sh download|device (see the comments at the top)" >&2

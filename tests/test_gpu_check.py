@@ -31,7 +31,7 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar", "startup",
-                                                                      "heads", "online"}
+                                                                      "heads", "online", "copies"}
     assert report["machine"]["commit"] == "0123abcd"  # the tree's commit as the caller names it
     assert not [name for name, part in report["parts"].items() if "error" in part]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
@@ -81,3 +81,11 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     for name in ("si-blurry --eval-every", "gamma auto"):
         torch_run = online[f"{name}/torch"]
         assert "skipped" in torch_run or torch_run["matrix_vs_numpy"] <= 1e-12
+
+    copies = report["parts"]["copies"]["runs"]
+    assert "skipped" in copies["cupy"]  # no GPU here
+    if "skipped" not in copies["torch"]:  # torch on the CPU stands in for a device: both copies are synchronous
+        run = copies["torch"]
+        assert run["copy_mode"] == {"sync": "sync", "staged": "sync"}
+        assert run["rows_equal_host"] == {"sync": True, "staged": True}
+        assert set(run["fill_s"]) == {"host", "sync", "staged"} and min(run["fill_s"].values()) > 0

@@ -2,7 +2,8 @@
 
 Both engines first read the stream's train rows once, whatever the class order and the number of tasks
 (:class:`~foal_pipe.protocol.rowcache.GroupedRows`: every chunk decoded once on background threads, the rows grouped by
-task, in memory or in a temporary file). At each task boundary k both then give the ridge solution over every
+task, in memory or in a temporary file; on a GPU backend copied to the device as they decode,
+:mod:`~foal_pipe.protocol.devicecopy`). At each task boundary k both then give the ridge solution over every
 training row of tasks 1..k:
 
 * ``rls`` replays the stream batch by batch in stream order, exactly as the paper's Algorithm 1.

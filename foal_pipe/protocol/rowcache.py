@@ -27,6 +27,7 @@ from array_api_compat import is_cupy_namespace, is_numpy_namespace, is_torch_nam
 from foal_pipe.core.backend import default_device
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import human
+from foal_pipe.protocol.devicecopy import StagedCopier, SyncCopier, device_copier
 
 #: Rows per block of the walk: the projection and the Gram update run on this many rows at once (4,096 rows
 #: x D = 1000 float64 is 33 MB). Fewer at large D, so that a block's activations stay near 2**25 values.
@@ -124,8 +125,9 @@ class GroupedRows:
     called with the rows of each chunk once it is scattered.
 
     With ``xp`` a device namespace (CuPy, torch) and the rows held in memory, each decoded chunk is also copied
-    to the device and scattered there while the next chunks decode, so the walk finds its rows on the device
-    without a bulk copy after the read.
+    to the device and scattered there while the next chunks decode (:mod:`~foal_pipe.protocol.devicecopy`:
+    through pinned buffers on a stream of its own where the backend has one; ``copy_mode`` says which), so the
+    walk finds its rows on the device without a bulk copy after the read.
     """
 
     def __init__(self, source: Any, lanes: Sequence[str | None], group_of_row: np.ndarray, n_groups: int,
@@ -139,12 +141,20 @@ class GroupedRows:
         self.in_memory = in_memory(self.nbytes, max_memory)
         self._store: dict[str | None, np.ndarray | _Spill] = {}
         self._device: dict[tuple[str | None, str], Any] = {}
-        self._to = xp if self.in_memory and on_device(xp) else None
+        self._copier: SyncCopier | StagedCopier | None = None
+        self.copy_mode: str | None = None
         try:
             for lane in self.lanes:
                 self._store[lane] = (np.empty((self.rows.size, self.dim), dtype=self.dtype) if self.in_memory
                                      else _Spill(self.rows.size, self.dim, self.dtype))
+            if xp is not None and self.in_memory and on_device(xp):
+                self._copier = device_copier(xp, self.lanes, self.n_rows, self.dim, self.dtype,
+                                             min(int(source.chunk_rows), self.n_rows))
+                self.copy_mode = self._copier.mode
             self._fill(source, group_of_row, on_chunk)
+            if self._copier is not None:
+                self._device.update({(lane, xp.__name__): X for lane, X in self._copier.finish().items()})
+                self._copier = None
         except BaseException:
             self.close()
             raise
@@ -188,18 +198,9 @@ class GroupedRows:
                 store.put(pos, X)
             else:
                 store[pos] = X
-            if self._to is not None:
-                self._to_device(lane, pos, X)
+        if self._copier is not None:
+            self._copier.put(pos, values)
         on_chunk(rows.size)
-
-    def _to_device(self, lane: str | None, pos: np.ndarray, X: np.ndarray) -> None:
-        """One decoded chunk's rows into the device copy of ``lane`` (made on the first chunk)."""
-        xp, where = self._to, default_device(self._to)
-        X = xp.asarray(X, device=where)
-        key = (lane, xp.__name__)
-        if key not in self._device:
-            self._device[key] = xp.empty((self.n_rows, self.dim), dtype=X.dtype, device=where)
-        self._device[key][xp.asarray(pos, device=where), ...] = X
 
     def block(self, lane: str | None, start: int, stop: int, xp: Any = None) -> Any:
         """Rows at positions ``[start, stop)`` of ``lane``; with a device namespace ``xp``, on the device (the
@@ -232,6 +233,9 @@ class GroupedRows:
         return X if xp is None or is_numpy_namespace(xp) else xp.asarray(X, device=default_device(xp))
 
     def close(self) -> None:
+        if self._copier is not None:
+            self._copier.close()
+            self._copier = None
         for store in self._store.values():
             if isinstance(store, _Spill):
                 store.close()
