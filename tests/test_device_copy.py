@@ -310,3 +310,26 @@ def test_host_namespaces_copy_nothing(store, name):
     assert rows.copy_mode is None and rows._device == {}
     expected = np.asarray(split.read(0, 130))[rows.rows]
     assert np.array_equal(to_numpy(rows.block(None, 0, rows.n_rows, xp)), expected)
+
+
+def test_device_rows_that_differ_from_the_host_are_refused(store, torch_xp, monkeypatch):
+    """A copy stream that loses a chunk's scatter: GroupedRows compares sampled rows with the host cache and refuses
+    in one line instead of handing the walk wrong rows."""
+    import torch
+
+    monkeypatch.setattr(rowcache, "on_device", lambda namespace: namespace is torch_xp)
+
+    class LosesOneScatter(DeferredStreams):
+        lost = False
+
+        def scatter(self, dst, positions, values):
+            if not self.lost:
+                self.lost = True
+                return
+            super().scatter(dst, positions, values)
+
+    monkeypatch.setitem(devicecopy.STREAMS, "torch", lambda xp: LosesOneScatter(torch.from_numpy))
+    split = open_store(store).split("train")
+    groups = np.asarray(split.labels) % 4
+    with pytest.raises(FoalPipeError, match="differ from the decoded rows .staged copy.; set FOAL_PIPE_SYNC_COPY=1"):
+        rowcache.GroupedRows(split, [None], groups, 4, 2**30, xp=torch_xp)

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 from array_api_compat import is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 
-from foal_pipe.core.backend import default_device
+from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import human
-from foal_pipe.protocol.devicecopy import StagedCopier, SyncCopier, device_copier
+from foal_pipe.protocol.devicecopy import SYNC_VARIABLE, StagedCopier, SyncCopier, device_copier
 
 #: Rows per block of the walk: the projection and the Gram update run on this many rows at once (4,096 rows
 #: x D = 1000 float64 is 33 MB). Fewer at large D, so that a block's activations stay near 2**25 values.
@@ -40,6 +40,8 @@ RAM_BYTES = 512 * 2**20
 #: ahead of the scatter.
 READ_THREADS = min(8, max(2, (os.cpu_count() or 2) // 2))
 READ_AHEAD = 2 * READ_THREADS
+#: Rows compared between the device copy and the host cache after the read (spread evenly over the cache).
+CHECKED_ROWS = 1024
 
 
 def block_rows(dim: int) -> int:
@@ -155,6 +157,7 @@ class GroupedRows:
             if self._copier is not None:
                 self._device.update({(lane, xp.__name__): X for lane, X in self._copier.finish().items()})
                 self._copier = None
+                self._check_device_rows(xp)
         except BaseException:
             self.close()
             raise
@@ -201,6 +204,19 @@ class GroupedRows:
         if self._copier is not None:
             self._copier.put(pos, values)
         on_chunk(rows.size)
+
+    def _check_device_rows(self, xp: Any) -> None:
+        """Compare :data:`CHECKED_ROWS` rows spread over the cache, bit for bit, between the device and the host:
+        an asynchronous copy that went wrong (a buffer refilled early, a chunk not copied) is refused, not learnt
+        from."""
+        sample = np.unique(np.linspace(0, self.n_rows - 1, min(self.n_rows, CHECKED_ROWS)).astype(np.int64))
+        for lane in self.lanes:
+            device_rows = to_numpy(xp.take(self._device[(lane, xp.__name__)],
+                                           xp.asarray(sample, device=default_device(xp)), axis=0))
+            host_rows = self._store[lane][sample]
+            if device_rows.tobytes() != np.ascontiguousarray(host_rows).tobytes():
+                raise FoalPipeError(f"the rows copied to the device differ from the decoded rows ({self.copy_mode} "
+                                    f"copy); set {SYNC_VARIABLE}=1 to copy synchronously, and report it")
 
     def block(self, lane: str | None, start: int, stop: int, xp: Any = None) -> Any:
         """Rows at positions ``[start, stop)`` of ``lane``; with a device namespace ``xp``, on the device (the
