@@ -4,20 +4,18 @@ class for streams whose classes recur and for the anytime points."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import numpy as np
 
 from foal_pipe.core.backend import default_device
 from foal_pipe.core.metrics import summarize_seen
 from foal_pipe.core.scoring import ModelScores, Rows
-from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.anytime import Anytime, curve_accuracy
 from foal_pipe.protocol.records import accuracy_report
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary
-from foal_pipe.protocol.walk import test_rows
+from foal_pipe.protocol.testblocks import by_task, eval_blocks, in_cache_order
 
 
 def accuracy_matrices(run: Run, boundaries: Sequence[Boundary], rows: GroupedRows | None = None) -> np.ndarray:
@@ -29,26 +27,18 @@ def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]],
                     rows: GroupedRows | None = None) -> dict[str | None, np.ndarray]:
     """:func:`accuracy_matrices` of every lane (keyed as :attr:`Run.lanes`) from one read of the test split.
 
-    The test rows of the stream's classes are read once and grouped by task (:class:`GroupedRows`), so in
-    each full-size block the rows of tasks 1..k are a prefix, which boundary k scores. ``rows`` (from
-    :func:`test_rows` with ``classes``) serves several class orders from one read: each takes its classes' rows
-    in its task order.
+    The test rows of the stream's classes are read once and sorted by task
+    (:func:`~foal_pipe.protocol.testblocks.by_task`), so in each full-size block the rows of tasks 1..k are a
+    prefix, which boundary k scores. ``rows`` (from :func:`~foal_pipe.protocol.walk.test_rows` with ``classes``)
+    serves several class orders from one read: each takes its classes' rows in its task order.
     """
     T = len(next(iter(boundaries.values())))
     correct = {key: np.zeros((int(b[0].W.shape[1]), T, T), dtype=np.int64) for key, b in boundaries.items()}
     models = {key: [_models(run, b) for b in bs] for key, bs in boundaries.items()}
-    n_rows = int(run.test_totals.sum())
-    with progress_bar("test (one read)", n_rows * (1 if rows else 2)) as advance, run.timed("test"), \
-            (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
-        task_of = run.stream.task_of_label(len(run.store.classes))[cached.labels]
-        order = np.argsort(task_of, kind="stable")[-n_rows:]  # rows outside the stream (-1) sort first
-        for start in range(0, n_rows, run.block_rows):
-            positions = order[start : start + run.block_rows]
-            y, tasks = cached.labels[positions], task_of[positions]
-            for key in cached.lanes:
-                H = run.projection.transform(cached.take(key, positions, run.xp), run.xp)
-                _score(run, Rows.of(H), y, tasks, boundaries[key], models[key], correct[key])
-            advance(positions.size)
+    for block in eval_blocks(run, "test (one read)", by_task, rows):
+        for key in block.cached.lanes:
+            _score(run, Rows.of(block.projected(key)), block.labels, block.tasks, boundaries[key], models[key],
+                   correct[key])
     accuracies = {}
     for key, counts in correct.items():
         acc = counts / run.test_totals[None, None, :]
@@ -85,32 +75,26 @@ def class_hits(run: Run, snapshots: Sequence[Boundary], seen: Sequence[np.ndarra
                rows: GroupedRows | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(hits, totals)``: ``hits[m, p, c]``, model m of snapshot p's correct predictions on class c's test rows,
     for the classes ``seen[p]`` (0 elsewhere); ``totals[c]``, class c's test rows. The test rows of the stream's
-    classes are read once (or taken from ``rows``, :func:`test_rows` with ``classes``), and every snapshot scores
-    each block of them."""
+    classes are read once (or taken from ``rows``, :func:`~foal_pipe.protocol.walk.test_rows` with ``classes``),
+    and every snapshot scores each block of them."""
     n_classes = len(run.store.classes)
     M = int(snapshots[0].W.shape[1])
     hits = np.zeros((M, len(snapshots), n_classes), dtype=np.int64)
     models = [_models(run, b) for b in snapshots]
     masks = [np.isin(np.arange(n_classes), s) for s in seen]
-    streamed = run.stream.task_of_label(n_classes) >= 0
-    with progress_bar("test (one read, by class)", int(run.test_totals.sum()) * (1 if rows else 2)) as advance, \
-            run.timed("test"), (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
-        order = np.flatnonzero(streamed[cached.labels])
-        totals = np.bincount(cached.labels[order], minlength=n_classes)[:n_classes]
-        for start in range(0, order.size, run.block_rows):
-            positions = order[start : start + run.block_rows]
-            y = cached.labels[positions]
-            H = Rows.of(run.projection.transform(cached.take(None, positions, run.xp), run.xp))
-            for p, b in enumerate(snapshots):
-                scored = masks[p][y]
-                if not scored.any():
-                    continue
-                found = models[p].argmax(H)
-                pred = b.classes[found] if run.evaluation.mask_unseen else found
-                hit = (pred == y[:, None]) & scored[:, None]
-                for m in range(M):
-                    hits[m, p] += np.bincount(y, weights=hit[:, m], minlength=n_classes).astype(np.int64)[:n_classes]
-            advance(positions.size)
+    totals = np.zeros(n_classes, dtype=np.int64)
+    for block in eval_blocks(run, "test (one read, by class)", in_cache_order, rows):
+        y, H = block.labels, Rows.of(block.projected())
+        totals += np.bincount(y, minlength=n_classes)[:n_classes]
+        for p, b in enumerate(snapshots):
+            scored = masks[p][y]
+            if not scored.any():
+                continue
+            found = models[p].argmax(H)
+            pred = b.classes[found] if run.evaluation.mask_unseen else found
+            hit = (pred == y[:, None]) & scored[:, None]
+            for m in range(M):
+                hits[m, p] += np.bincount(y, weights=hit[:, m], minlength=n_classes).astype(np.int64)[:n_classes]
     return hits, totals
 
 

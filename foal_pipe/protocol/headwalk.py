@@ -20,7 +20,8 @@ from foal_pipe.protocol.evaluation import blurry_report, seen_classes
 from foal_pipe.protocol.records import accuracy_report
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
-from foal_pipe.protocol.walk import test_rows, train_rows
+from foal_pipe.protocol.testblocks import by_task, eval_blocks, in_cache_order
+from foal_pipe.protocol.walk import train_rows
 
 
 def _features(run: Run, X: Any) -> Any:
@@ -121,25 +122,18 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     (or ``rows``, as :func:`~foal_pipe.protocol.evaluation.lane_accuracies` takes)."""
     T = run.stream.n_tasks
     correct = {name: np.zeros((T, T), dtype=np.int64) for name in boundaries}
-    n_rows = int(run.test_totals.sum())
-    with progress_bar("test (one read, heads)", n_rows * (1 if rows else 2)) as advance, run.timed("test"), \
-            (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
-        task_of = run.stream.task_of_label(len(run.store.classes))[cached.labels]
-        order = np.argsort(task_of, kind="stable")[-n_rows:]  # rows outside the stream (-1) sort first
-        for start in range(0, n_rows, run.block_rows):
-            positions = order[start : start + run.block_rows]
-            y, tasks = cached.labels[positions], task_of[positions]
-            blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
-            ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
-            scored = np.flatnonzero(ends > 0)
-            for name, scorers in boundaries.items():
-                chosen = [scorers[k] for k in scored]
-                for k, scorer, scores in zip(scored, chosen, boundary_scores(chosen, blocks[spaces[name]],
-                                                                             ends[scored]), strict=True):
-                    n = ends[k]
-                    hit = scorer.classes[_argmax(scores)] == y[:n]
-                    correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
-            advance(positions.size)
+    for block in eval_blocks(run, "test (one read, heads)", by_task, rows):
+        y, tasks = block.labels, block.tasks
+        blocks = _spaces(run, block.features(), set(spaces.values()))
+        ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
+        scored = np.flatnonzero(ends > 0)
+        for name, scorers in boundaries.items():
+            chosen = [scorers[k] for k in scored]
+            for k, scorer, scores in zip(scored, chosen, boundary_scores(chosen, blocks[spaces[name]], ends[scored]),
+                                         strict=True):
+                n = ends[k]
+                hit = scorer.classes[_argmax(scores)] == y[:n]
+                correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
     accuracies = {}
     upper = np.triu_indices(T, 1)
     for name, counts in correct.items():
@@ -183,21 +177,16 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     n_classes = len(run.store.classes)
     hits = {name: np.zeros((len(scorers), n_classes), dtype=np.int64) for name, scorers in boundaries.items()}
     masks = {name: [np.isin(np.arange(n_classes), s.classes) for s in scorers] for name, scorers in boundaries.items()}
-    streamed = run.stream.task_of_label(n_classes) >= 0
-    with progress_bar("test (one read, heads by class)", int(run.test_totals.sum()) * (1 if rows else 2)) as advance, \
-            run.timed("test"), (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
-        order = np.flatnonzero(streamed[cached.labels])
-        totals = np.bincount(cached.labels[order], minlength=n_classes)[:n_classes]
-        for start in range(0, order.size, run.block_rows):
-            positions = order[start : start + run.block_rows]
-            y = cached.labels[positions]
-            blocks = _spaces(run, cached.take(None, positions, run.xp), set(spaces.values()))
-            for name, scorers in boundaries.items():
-                X = blocks[spaces[name]]
-                for p, scores in enumerate(boundary_scores(scorers, X, [X.shape[0]] * len(scorers))):
-                    hit = (scorers[p].classes[_argmax(scores)] == y) & masks[name][p][y]
-                    hits[name][p] += np.bincount(y, weights=hit, minlength=n_classes).astype(np.int64)[:n_classes]
-            advance(positions.size)
+    totals = np.zeros(n_classes, dtype=np.int64)
+    for block in eval_blocks(run, "test (one read, heads by class)", in_cache_order, rows):
+        y = block.labels
+        totals += np.bincount(y, minlength=n_classes)[:n_classes]
+        blocks = _spaces(run, block.features(), set(spaces.values()))
+        for name, scorers in boundaries.items():
+            X = blocks[spaces[name]]
+            for p, scores in enumerate(boundary_scores(scorers, X, [X.shape[0]] * len(scorers))):
+                hit = (scorers[p].classes[_argmax(scores)] == y) & masks[name][p][y]
+                hits[name][p] += np.bincount(y, weights=hit, minlength=n_classes).astype(np.int64)[:n_classes]
     return hits, totals
 
 
