@@ -42,13 +42,10 @@ from synthetic import make_store
 BLOCK = 4096
 
 
-def floor(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0) -> list[list[float]]:
-    """The floor of a Gram learner: one read of the store, full blocks, one solve and one scoring per task.
-
-    The stream is foal-pipe's (the class permutation of ``default_rng(seed)`` split evenly, the projection
-    uniform from ``default_rng(seed)``), so the accuracy matrix is comparable to ``learn``'s.
-    """
-    import scipy.linalg
+def stream_of(store: Path, tasks: int, D: int, seed: int) -> tuple:
+    """The store's train and test rows and labels, its number of classes, and foal-pipe's stream: the class
+    permutation of ``default_rng(seed)`` split evenly into ``tasks``, the projection uniform from
+    ``default_rng(seed)``, and the task of each class."""
     import zarr
 
     group = zarr.open_group(str(store), mode="r")
@@ -60,6 +57,17 @@ def floor(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0) -> lis
     task_of = np.empty(n_classes, dtype=np.int64)
     for t, classes in enumerate(split):
         task_of[classes] = t
+    return X, y, Xt, yt, n_classes, split, P, task_of
+
+
+def floor(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0) -> list[list[float]]:
+    """The floor of a Gram learner: one read of the store, full blocks, one solve and one scoring per task.
+
+    The stream is foal-pipe's (:func:`stream_of`), so the accuracy matrix is comparable to ``learn``'s.
+    """
+    import scipy.linalg
+
+    X, y, Xt, yt, n_classes, split, P, task_of = stream_of(store, tasks, D, seed)
 
     def project(rows: np.ndarray) -> np.ndarray:
         return 1 / (1 + np.exp(-(rows.astype(np.float64) @ P)))
@@ -95,18 +103,9 @@ def boundary_work(store: Path, tasks: int, D: int, seed: int, gamma: float = 1.0
     could take with reading, projection and Gram sums perfectly flat in the number of tasks.
     """
     import scipy.linalg
-    import zarr
     from threadpoolctl import ThreadpoolController
 
-    group = zarr.open_group(str(store), mode="r")
-    X, y = np.asarray(group["train/features"][:]), np.asarray(group["train/labels"][:])
-    Xt, yt = np.asarray(group["test/features"][:]), np.asarray(group["test/labels"][:])
-    n_classes, d = len(group.attrs["classes"]), X.shape[1]
-    split = np.array_split(np.random.default_rng(seed).permutation(n_classes), tasks)
-    P = np.random.default_rng(seed).uniform(-1 / np.sqrt(d), 1 / np.sqrt(d), size=(d, D))
-    task_of = np.empty(n_classes, dtype=np.int64)
-    for t, classes in enumerate(split):
-        task_of[classes] = t
+    X, y, Xt, yt, n_classes, split, P, task_of = stream_of(store, tasks, D, seed)
     order = np.argsort(task_of[yt], kind="stable")
     Ht = (1 / (1 + np.exp(-(Xt[order].astype(np.float64) @ P)))).astype(np.float32)
     ends = np.searchsorted(task_of[yt[order]], np.arange(tasks), side="right")

@@ -118,6 +118,15 @@ def _chunks(sizes: list[int], dim: int, lanes=LANES, seed: int = 0):
 SIZES = [7, 23, 1, 40, 12, 9, 31, 5, 18]  # unequal, more chunks than buffers, some larger than a buffer
 
 
+def _staged(streams: DeferredStreams) -> tuple[dict, dict]:
+    """SIZES' chunks (4 columns) through a ring of 16-row buffers on ``streams``: the device arrays, the host's."""
+    n, chunks, expected = _chunks(SIZES, 4)
+    copier = StagedCopier(streams, LANES, n, 4, np.dtype(np.float32), rows=16)
+    for pos, values in chunks:
+        copier.put(pos, values)
+    return copier.finish(), expected
+
+
 @pytest.mark.parametrize("rows", [40, 10])
 def test_staged_rows_equal_the_host_rows(rows):
     n, chunks, expected = _chunks(SIZES, 6)
@@ -134,12 +143,8 @@ def test_staged_rows_equal_the_host_rows(rows):
 
 
 def test_a_buffer_is_refilled_only_after_its_event_was_waited_on():
-    n, chunks, expected = _chunks(SIZES, 4)
     streams = DeferredStreams()
-    copier = StagedCopier(streams, LANES, n, 4, np.dtype(np.float32), rows=16)
-    for pos, values in chunks:
-        copier.put(pos, values)
-    copier.finish()
+    _staged(streams)
     assert streams.overwritten == [] and streams.early == []
     assert streams.log[0] == ("follow", -1)  # the copy stream follows the default stream before any copy
     # between two uses of a slot (its positions buffer: the first of its 1 + lanes buffers), a wait on that slot's
@@ -162,12 +167,8 @@ def test_a_buffer_is_refilled_only_after_its_event_was_waited_on():
 
 def test_the_double_catches_a_ring_that_does_not_wait():
     """The checks above can fail: without the waits, buffers are refilled under queued copies and rows go wrong."""
-    n, chunks, expected = _chunks(SIZES, 4)
     streams = NoWait()
-    copier = StagedCopier(streams, LANES, n, 4, np.dtype(np.float32), rows=16)
-    for pos, values in chunks:
-        copier.put(pos, values)
-    device = copier.finish()
+    device, expected = _staged(streams)
     assert streams.overwritten and streams.early
     assert not all(np.array_equal(device[lane], expected[lane]) for lane in LANES)
 

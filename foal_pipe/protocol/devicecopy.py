@@ -168,7 +168,22 @@ def _copy_error(exc: Exception) -> FoalPipeError:
                          f"another backend")
 
 
-class _CupyStreams:
+class _OnStream:
+    """What CuPy's and torch's streams and events share: record on the copy stream, wait on the host."""
+
+    stream: Any
+
+    def record(self, event: Any) -> None:
+        event.record(self.stream)
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+class _CupyStreams(_OnStream):
     """CuPy: ``cupyx.empty_pinned`` buffers, a non-blocking ``cupy.cuda.Stream``, ``ndarray.set(..., stream=)``."""
 
     def __init__(self, xp: Any):
@@ -200,17 +215,8 @@ class _CupyStreams:
         with self.stream:
             dst[positions] = values
 
-    def record(self, event: Any) -> None:
-        event.record(self.stream)
 
-    def wait(self, event: Any) -> None:
-        event.synchronize()
-
-    def synchronize(self) -> None:
-        self.stream.synchronize()
-
-
-class _TorchStreams:
+class _TorchStreams(_OnStream):
     """torch on CUDA: ``pin_memory=True`` tensors, a ``torch.cuda.Stream``, ``Tensor.to(non_blocking=True)``."""
 
     def __init__(self, xp: Any):
@@ -246,15 +252,6 @@ class _TorchStreams:
     def scatter(self, dst: Any, positions: Any, values: Any) -> None:
         with self.torch.cuda.stream(self.stream):
             dst[positions] = values
-
-    def record(self, event: Any) -> None:
-        event.record(self.stream)
-
-    def wait(self, event: Any) -> None:
-        event.synchronize()
-
-    def synchronize(self) -> None:
-        self.stream.synchronize()
 
 
 def _torch_streams(xp: Any) -> Streams | None:
