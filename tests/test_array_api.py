@@ -15,8 +15,9 @@ import pytest
 from array_api_compat import device
 from helpers import build_store
 
+from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import _cupy, default_device, get_namespace, to_numpy
-from foal_pipe.core.projection import ACTIVATIONS, SmoothProjection
+from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.classifier import AnalyticClassifier

@@ -113,7 +113,7 @@ def test_walk_holds_the_closed_form_at_every_boundary_and_decodes_each_chunk_onc
         assert statistics.n == rows.size
         seen_sums.append(k)
 
-    solver = ManyGammas([0.5], loo=True, choose="loo") if loo else FixedGamma(0.5, "float64")
+    solver = ManyGammas([0.5], loo=True, choose="loo") if loo else FixedGamma(0.5)
     boundaries, _ = gram_boundaries(run, solver, on_task=check)
     assert seen_sums == [0, 1, 2, 3]
     expected = closed_form(store, run.projection.components_, HAND["relu"], 0.5)

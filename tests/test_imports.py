@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+from helpers import build_store
 
 PACKAGE = Path(__file__).resolve().parents[1] / "foal_pipe"
 
@@ -52,7 +57,7 @@ def test_import_graph_has_no_cycle():
     modules = {module_name(f) for f in files}
     graph = {module_name(f): imports(f, modules) - {module_name(f)} for f in files}
     walk = graph["foal_pipe.protocol.walk"]
-    assert walk >= {"foal_pipe.core.statistics", "foal_pipe.model.classifier"}  # the parser sees imports
+    assert walk >= {"foal_pipe.core.statistics", "foal_pipe.model.ridgemodel"}  # the parser sees imports
     assert "foal_pipe.protocol.distributed" in walk  # ... also those inside functions
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
@@ -64,12 +69,29 @@ def test_cycle_finder_finds_a_cycle():
 def test_the_cli_starts_without_the_heavy_modules():
     """`foal-pipe --help` imports no scikit-learn, SciPy, zarr, matplotlib or torch: they load with the commands
     that use them (benchmarks/cli_startup_bench.py measures the start-up time)."""
-    import subprocess
-    import sys
-
     code = ("import sys; from foal_pipe.cli import app; app(['--help'], standalone_mode=False); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy', 'zarr', 'matplotlib', 'torch'}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=PACKAGE.parent)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("args", [["learn"], ["learn", "--gamma", "auto"], ["learn", "--engine", "rls"],
+                                  ["learn", "--eval-every", "150"], ["learn", "--gamma", "auto", "--eval-every", "150"],
+                                  ["learn", "--engine", "rls", "--eval-every", "150"], ["sweep"], ["sweep", "--no-loo"]],
+                         ids=" ".join)
+def test_learn_and_sweep_with_ridge_run_without_scikit_learn(tmp_path, args):
+    """Ridge's `learn` and `sweep` solve through the engines and write the model file through
+    :class:`~foal_pipe.model.ridgemodel.RidgeModel` and the projection through
+    :class:`~foal_pipe.core.expansion.Expansion`: scikit-learn loads with the Python API's estimators, not with
+    these commands."""
+    store = build_store(tmp_path / "blobs.zarr")
+    out = tmp_path / "out"
+    code = ("import sys; from foal_pipe.cli import app; app(sys.argv[1:], standalone_mode=False); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    proc = subprocess.run([sys.executable, "-c", code, *args, "--features", str(store), "--out", str(out), "--tasks", "3",
+                           "--projection-dim", "32"], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / ("model.safetensors" if args[0] == "learn" else "sweep.json")).is_file()
     assert proc.stdout.splitlines()[-1] == "[]"

@@ -166,7 +166,7 @@ def test_every_point_is_closed_form_ridge(store, monkeypatch, stream, engine):
     if engine == "rls":
         boundaries, _ = rls_boundaries(run, anytime=anytime)
     else:
-        boundaries, _ = gram_boundaries(run, FixedGamma(0.7, "float64"), anytime=anytime)
+        boundaries, _ = gram_boundaries(run, FixedGamma(0.7), anytime=anytime)
     Xtr, ytr, _, _ = read(store)
     H = sigmoid_features(run.projection.components_)(Xtr)
     order = np.concatenate(run.stream.rows)

@@ -62,6 +62,27 @@ def check_gamma(gamma: Any) -> float:
     return value
 
 
+def checked_weights(W: Any) -> Any:
+    """``W``, refused when not finite (an ill-conditioned float32 recursion, or a solve past its precision)."""
+    xp = array_namespace(W)
+    if not bool(xp.all(xp.isfinite(W))):
+        raise FoalPipeError(
+            f"the classifier has non-finite weights (ill-conditioned system); use a larger {param('gamma')} "
+            f"or {param('dtype', 'float64')}"
+        )
+    return W
+
+
+def grow_classes(engine: GramEngine | RLSEngine, classes: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The sorted ``classes`` with ``labels``' new ones, the engine's columns widened to them (zero where new)."""
+    new = np.setdiff1d(labels, classes)
+    if new.size == 0:
+        return classes
+    merged = np.union1d(classes, new)
+    engine.insert_classes(classes, merged)
+    return merged
+
+
 class RLSEngine:
     """The paper's per-batch recursive least squares; ``R0 = I / gamma``, ``W0 = 0``."""
 
@@ -168,9 +189,8 @@ class GramEngine:
         return self.statistics.G
 
     def state(self) -> dict[str, Any]:
-        """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum)."""
-        s = self.statistics
-        return {"G": s.G, "Q": s.Q} | ({} if s.counts is None else {"counts": s.counts})
+        """The statistics' :meth:`~foal_pipe.core.statistics.RidgeStatistics.state`."""
+        return self.statistics.state()
 
     def load_state(self, state: dict[str, Any], classes: np.ndarray, n: int) -> None:
         for name in self.state_names:

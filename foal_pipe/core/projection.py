@@ -2,7 +2,8 @@
 
 The paper uses a sigmoid to D = 1000; RanPAC-style expansions use a ReLU to D = 10,000; ``identity``
 keeps the random features linear. ``n_components=0`` skips the linear map: the activation applies to the
-raw features (with ``identity``, ridge on the raw features, the ablation).
+raw features (with ``identity``, ridge on the raw features, the ablation). The arithmetic is
+:class:`~foal_pipe.core.expansion.Expansion`'s, which the command line uses without scikit-learn.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
+from array_api_compat import is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from foal_pipe.core.activations import ACTIVATIONS, INITS, check_activation
-from foal_pipe.core.backend import default_device
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError, as_user_error
 
 
@@ -73,35 +73,27 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
             X = validate_data(self, X, reset=True)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
-        n_features = int(X.shape[1])
-        if int(self.n_components) < 0:
-            raise FoalPipeError(f"projection dimension must be at least 0, got {self.n_components}; pass e.g. 1000 (0: none)")
-        if self.init not in INITS:
-            raise FoalPipeError(f"unknown projection init {self.init!r}; choose one of {', '.join(INITS)}")
-        check_activation(self.activation)
-        if int(self.n_components) == 0:
-            return self._set(np.eye(n_features))
-        rng = np.random.default_rng(self.random_state)
-        bound = 1.0 / np.sqrt(n_features)
-        shape = (n_features, int(self.n_components))
-        if self.init == "uniform":
-            matrix = rng.uniform(-bound, bound, size=shape)
-        else:
-            matrix = rng.normal(0.0, bound / np.sqrt(3.0), size=shape)
-        return self._set(matrix)
+        return self._set(Expansion.draw(int(X.shape[1]), self.n_components, self.init, self.activation,
+                                        self.random_state, self.dtype))
 
-    def _set(self, matrix: np.ndarray) -> SmoothProjection:
-        self.components_ = np.asarray(matrix, dtype=self.dtype)
+    def _set(self, expansion: Expansion) -> SmoothProjection:
+        self._expansion = expansion
+        self.components_ = expansion.components_
         self.n_features_in_ = int(self.components_.shape[0])
         self._n_features_out = int(self.components_.shape[1])
-        self._device: dict[str, Any] = {}
         return self
 
     @classmethod
     def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64") -> SmoothProjection:
         """A fitted projection with a given d x D matrix and activation (used when loading a saved model)."""
-        check_activation(activation)
-        return cls(n_components=int(matrix.shape[1]), activation=activation, dtype=dtype)._set(matrix)
+        return cls(n_components=int(matrix.shape[1]), activation=activation, dtype=dtype)._set(
+            Expansion.from_matrix(matrix, activation, dtype))
+
+    @property
+    def expansion(self) -> Expansion:
+        """The fitted matrix and activation without scikit-learn (what the command line's walks use)."""
+        check_is_fitted(self)
+        return self._expansion
 
     @property
     def is_identity(self) -> bool:
@@ -123,16 +115,4 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
                 f"features have {X.shape[-1]} dimensions but the projection expects {self.n_features_in_}; "
                 "use features from the same encoder as the model"
             )
-        xp = xp or array_namespace(X)
-        where = default_device(xp) if host else device(X)
-        dtype = getattr(xp, np.dtype(self.dtype).name)
-        X = xp.asarray(X, dtype=dtype, device=where)
-        if self.is_identity:
-            Z = xp.asarray(X, copy=True)
-        else:
-            key = f"{xp.__name__} {where}"
-            matrix = self._device.get(key)
-            if matrix is None:
-                matrix = self._device[key] = xp.asarray(self.components_, device=where)
-            Z = X @ matrix
-        return ACTIVATIONS[self.activation](Z)
+        return self._expansion.apply(X, xp)

@@ -233,6 +233,10 @@ class RidgeStatistics:
         counts = None if self.counts is None else self.counts.copy()
         return RidgeStatistics(xp.asarray(self.G, copy=True), xp.asarray(self.Q, copy=True), self.classes.copy(), self.n, counts)
 
+    def state(self) -> dict[str, Any]:
+        """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum): what a model keeps."""
+        return {"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
+
     def solve(self, gamma: float) -> Any:
         """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64."""
         check_gammas(self.G, gamma)

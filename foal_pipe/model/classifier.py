@@ -14,12 +14,13 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
-from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma
+from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma, checked_weights, grow_classes
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.scoring import best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError, as_user_error, param
-from foal_pipe.model.modelfile import read_model, write_model
+from foal_pipe.errors import FoalPipeError, as_user_error
+from foal_pipe.model.modelfile import read_model
+from foal_pipe.model.ridgemodel import RidgeModel
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
@@ -187,12 +188,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         return self
 
     def _add_classes(self, labels: np.ndarray) -> None:
-        new = np.setdiff1d(labels, self.classes_)
-        if new.size == 0:
-            return
-        merged = np.union1d(self.classes_, new)
-        self._engine.insert_classes(self.classes_, merged)
-        self.classes_ = merged
+        self.classes_ = grow_classes(self._engine, self.classes_, labels)
 
     @property
     def statistics_(self) -> RidgeStatistics:
@@ -259,14 +255,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     def _weights(self) -> Any:
         """Weights in the state's namespace, refused when not finite (an ill-conditioned float32 recursion)."""
         self._check_fitted()
-        W = self._engine.weights()
-        xp = get_namespace(self.backend)
-        if not bool(xp.all(xp.isfinite(W))):
-            raise FoalPipeError(
-                f"the classifier has non-finite weights (ill-conditioned system); use a larger {param('gamma')} "
-                f"or {param('dtype', 'float64')}"
-            )
-        return W
+        return checked_weights(self._engine.weights())
 
     @property
     def weights_(self) -> np.ndarray:
@@ -316,18 +305,10 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         interrupted.
         """
         self._check_fitted()
-        if not np.issubdtype(self.classes_.dtype, np.integer):
-            raise FoalPipeError("only integer class labels can be saved; map labels to integer ids first")
-        tensors = {name: to_numpy(a) for name, a in self._engine.state().items()}
-        tensors["W"] = self.weights_.astype(np.float64)
-        tensors["classes"] = self.classes_.astype(np.int64)
-        if projection is not None:
-            tensors["projection"] = projection.components_
-        state = {"gamma": float(self.gamma_), "engine": self.engine, "dtype": self._dtype.name,
-                 "n_samples_seen": self.n_samples_seen_}
-        if self.gamma == "auto":  # the chosen gamma above; a loaded classifier keeps choosing
-            state["gamma_grid"] = [float(g) for g in self._engine.grid]
-        return write_model(path, tensors, {**metadata, **state})
+        grid = self._engine.grid if self.gamma == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
+        model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, self.engine, self._dtype.name,
+                           self.n_samples_seen_, grid)
+        return model.save(path, None if projection is None else projection.components_, **metadata)
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:

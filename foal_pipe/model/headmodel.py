@@ -9,18 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import array_api_compat.numpy as xp_numpy
 import numpy as np
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, make_head
 from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
+
+if TYPE_CHECKING:  # scikit-learn: loaded with a model, not with learn, which saves an Expansion
+    from foal_pipe.core.expansion import Expansion
+    from foal_pipe.core.projection import SmoothProjection
 
 
 def _shares(scores: np.ndarray) -> np.ndarray:
@@ -111,7 +114,7 @@ class HeadClassifier:
             raise FoalPipeError(f"the {self.name} head scores distances, not probabilities; use predict or scores")
         return rule(scores)
 
-    def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
+    def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
         its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
         keeps them)."""
@@ -127,12 +130,16 @@ class HeadClassifier:
 
 def _identity(d: int) -> SmoothProjection:
     """The features as they are: what a head on the store's features is given."""
+    from foal_pipe.core.projection import SmoothProjection
+
     return SmoothProjection(n_components=0, activation="identity").fit(np.zeros((1, d)))
 
 
 def load_head(path: str | Path) -> tuple[HeadClassifier, SmoothProjection, list[str], dict[str, Any]]:
     """A head's model file, validated (nothing is unpickled): its classifier, the projection its rows take (the
     identity for a head on the store's features), its class names and metadata."""
+    from foal_pipe.core.projection import SmoothProjection
+
     tensors, meta = read_model(path)
     name = meta["head"]
     classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"])

@@ -43,9 +43,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
-from foal_pipe.core.projection import ACTIVATIONS
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_path
 

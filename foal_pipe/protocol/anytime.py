@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.solvers import Boundary
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class Anytime:
             return
         gamma = float(boundaries[-1].gammas[0]) if boundaries else self.first_gamma
         with self.run.timed("anytime solve"):
-            clf = AnalyticClassifier.from_statistics(running, gamma=gamma, dtype=self.run.model.dtype)
-            self.add(samples, Boundary(running.classes, clf.weights_[:, None, :], np.array([gamma])))
+            W = RidgeModel.solved(running, gamma).weights
+            self.add(samples, Boundary(running.classes, W[:, None, :], np.array([gamma])))
 
 
 def curve_accuracy(hits: np.ndarray, class_totals: np.ndarray, snapshots: list[Boundary]) -> list[float]:

@@ -15,9 +15,9 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
@@ -92,12 +92,11 @@ def run_learn(
             if auto:
                 solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade, row_sample(run))
                 boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
-                final = AnalyticClassifier.from_statistics(statistics, gamma=float(boundaries[-1].gammas[0]),
-                                                           dtype=model.dtype)
+                final = RidgeModel.solved(statistics, float(boundaries[-1].gammas[0]))
             else:
-                solver = FixedGamma(float(model.gamma), model.dtype)
+                solver = FixedGamma(float(model.gamma))
                 boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
-                final = solver.classifier
+                final = solver.model
         reports, curve = model_reports(run, boundaries, shared and shared.test, anytime)
     metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
     if auto and model.select == "gcv":
@@ -267,10 +266,10 @@ def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str],
                 f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
 
 
-def save_model(final: AnalyticClassifier, run: Run, path: Path) -> None:
-    """The model file of a run: the classifier with the run's projection, provenance and class names."""
-    final.save(path, projection=run.projection, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
-               class_names=[run.store.classes[c] for c in final.classes_], activation=run.model.resolved_activation)
+def save_model(final: RidgeModel, run: Run, path: Path) -> None:
+    """The model file of a run: the ridge model with the run's projection, provenance and class names."""
+    final.save(path, run.projection.components_, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
+               class_names=[run.store.classes[c] for c in final.classes], activation=run.model.resolved_activation)
 
 
 def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], None]) -> dict[str, float]:

@@ -169,11 +169,11 @@ def run_continue(
     if run.projection.components_.shape != deployed.projection.components_.shape:
         raise FoalPipeError(f"the model expects {deployed.projection.components_.shape[0]}-dimensional features but "
                             f"{features} has {run.store.dim}; use a store made with the model's encoder")
-    run.projection = deployed.projection
+    run.projection = deployed.projection.expansion
     warn_dropped(run, stream, log)
     base = deployed.classifier.statistics_
     inner = (ManyGammas(model.gamma_grid, loo, model.select, model.per_decade) if auto
-             else FixedGamma(float(model.gamma), model.dtype))
+             else FixedGamma(float(model.gamma)))
     solver = Continued(inner, base, merged)
     with np.errstate(all="ignore"):
         boundaries, running = gram_boundaries(run, solver)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from foal_pipe.cluster import n_workers, require_distributed
-from foal_pipe.core.projection import SmoothProjection
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_finite, damage_reason
@@ -48,7 +48,7 @@ def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int, workers: i
 
 
 def block_statistics(
-    X: np.ndarray, first_row: int, groups: np.ndarray, n_groups: int, labels: np.ndarray, projection: SmoothProjection,
+    X: np.ndarray, first_row: int, groups: np.ndarray, n_groups: int, labels: np.ndarray, projection: Expansion,
     step: int,
 ) -> list[RidgeStatistics | None]:
     """The statistics of one block's rows per group (``groups``: each row's group, -1 for none; None for a group
@@ -115,7 +115,7 @@ def dask_statistics(
     computed on the cluster in one pass over the store.
 
     ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
-    :class:`SmoothProjection` (or its future, scattered once by the caller), ``step`` the rows projected at
+    :class:`~foal_pipe.core.expansion.Expansion` (or its future, scattered once by the caller), ``step`` the rows projected at
     once; ``advance(n)`` reports rows done.
     """
     require_distributed()

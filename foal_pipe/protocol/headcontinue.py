@@ -141,7 +141,7 @@ def run_continue_head(
                             f"{features} has {store.dim}; use a store made with the model's encoder")
     merged = label_map(deployed, list(store.classes))
     run = prepare(features, stream, settings, evaluation, execution, heads=[name], ridge=False)
-    run.projection = deployed.projection
+    run.projection = deployed.projection.expansion
     warn_dropped(run, stream, log)
     walker = relabelled(deployed.classifier.head(run.xp), merged)
     with np.errstate(all="ignore"):

@@ -28,8 +28,8 @@ from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.commands import (
     flag_grid_edge,
@@ -246,15 +246,14 @@ def run_learn_orders(
         for s, run in zip(seeds, runs):
             auto = model.gamma == "auto"
             solver = (ManyGammas(model.gamma_grid, False, model.select, model.per_decade) if auto
-                      else FixedGamma(float(model.gamma), model.dtype))
+                      else FixedGamma(float(model.gamma)))
             boundaries, running = order_boundaries(run, per_class, solver)
             acc = accuracy_matrices(run, boundaries, shared.test)[0]
             metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
             if auto:
-                finals.append(AnalyticClassifier.from_statistics(running, gamma=float(boundaries[-1].gammas[0]),
-                                                                 dtype=model.dtype))
+                finals.append(RidgeModel.solved(running, float(boundaries[-1].gammas[0])))
             else:
-                finals.append(solver.classifier)
+                finals.append(solver.model)
             entries.append((metrics, _order_entry(s, metrics)))
     metrics = combine([e for _, e in entries], entries[0][0], one_pass=True)
     warn_auto_edges(metrics, log)

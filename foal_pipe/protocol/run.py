@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.core.activations import check_activation
 from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype
 from foal_pipe.core.engines import ENGINES, check_gamma
-from foal_pipe.core.projection import SmoothProjection, check_activation
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import check_memory, fits, human
 from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
@@ -33,7 +34,7 @@ class Run:
 
     store: FeatureStore
     stream: Stream
-    projection: SmoothProjection
+    projection: Expansion
     backend: str
     xp: Any
     model: ModelConfig
@@ -41,6 +42,7 @@ class Run:
     execution: ExecutionConfig
     test_totals: np.ndarray  # test rows per task
     row_task: np.ndarray  # task of every train row, -1 for rows outside the stream
+    seed: int  # the projection's seed, which also draws the rows of a sampled leave-one-out
     timings: dict[str, float] = field(default_factory=dict)
     keep_activations: bool = False  # leave-one-out multiplies kept activations instead of projecting rows again
     fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
@@ -133,12 +135,10 @@ def prepare(
         raise FoalPipeError(f"{param('eval_every')} solves inside the tasks, which {param('scheduler', 'dask')} sums whole; "
                             f"use {param('scheduler', 'local')} with {param('eval_every')}")
     test_totals = count_test_rows(stream, store.test.labels, n_classes, evaluation.eval_every is not None)
-    projection = SmoothProjection(
-        n_components=model.projection_dim, init=model.projection_init, activation=model.resolved_activation,
-        random_state=stream_config.seed, dtype=model.dtype,
-    ).fit(np.zeros((1, fused["train"].dim if fused else store.dim)))  # fit reads only the feature count
+    projection = Expansion.draw(fused["train"].dim if fused else store.dim, model.projection_dim, model.projection_init,
+                                model.resolved_activation, stream_config.seed, model.dtype)
     run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
-              stream.row_tasks(store.train.n_rows), fused=fused)
+              stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused)
     parts = memory_parts(run, n_models, loo)
     if not ridge:
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
@@ -177,7 +177,7 @@ def row_sample(run: Run) -> RowSample | None:
     """The rows a sampled leave-one-out scores (``--loo-sample``), None when it scores every row."""
     if not run.model.loo_sample:
         return None
-    return RowSample.draw([r.size for r in run.stream.rows], int(run.model.loo_sample), int(run.projection.random_state))
+    return RowSample.draw([r.size for r in run.stream.rows], int(run.model.loo_sample), run.seed)
 
 
 def kept_bytes(run: Run) -> int:

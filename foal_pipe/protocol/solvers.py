@@ -21,7 +21,7 @@ from foal_pipe.core.gammapath import (
     search_grid,
 )
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.schema import CRITERIA
 
@@ -45,19 +45,18 @@ class Boundary:
 
 
 class FixedGamma:
-    """Solve for one gamma at each boundary (``learn --gamma G``); ``classifier`` is the last boundary's."""
+    """Solve for one gamma at each boundary (``learn --gamma G``); ``model`` is the last boundary's."""
 
     needs_rows = False
     sample: RowSample | None = None
 
-    def __init__(self, gamma: float, dtype: str) -> None:
-        self.gamma, self.dtype = gamma, dtype
-        self.classifier: AnalyticClassifier | None = None
+    def __init__(self, gamma: float) -> None:
+        self.gamma = gamma
+        self.model: RidgeModel | None = None
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
-        self.classifier = AnalyticClassifier.from_statistics(statistics, gamma=self.gamma, dtype=self.dtype)
-        W = self.classifier.weights_  # solved once: saving the last classifier reuses it
-        return Boundary(statistics.classes, W[:, None, :], np.array([self.gamma]))
+        self.model = RidgeModel.solved(statistics, self.gamma)  # solved once: saving the last model reuses it
+        return Boundary(statistics.classes, self.model.weights[:, None, :], np.array([self.gamma]))
 
     def finish(self, state: Boundary) -> Boundary:
         return state

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.backend import default_device
+from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.core.engines import RLSEngine, checked_weights, grow_classes
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import RLS_WINDOW
@@ -245,17 +246,18 @@ def _dask_task_statistics(run: Run, advance: Callable[[int], None]) -> list[Ridg
 
 
 def rls_boundaries(run: Run, rows: GroupedRows | None = None,
-                   anytime: Anytime | None = None) -> tuple[list[Boundary], AnalyticClassifier]:
+                   anytime: Anytime | None = None) -> tuple[list[Boundary], RidgeModel]:
     """Replay the stream batch by batch with the paper's recursion; snapshot W at each task end. The rows are read
     once (:func:`train_rows`, or ``rows``); each task's are then taken in stream order, ``RLS_WINDOW`` at a time.
     ``anytime``: W is also snapshot at its points; a task's windows end there too, so a batch that would straddle
-    a point is cut in two (as batches are cut at windows and task ends)."""
+    a point is cut in two (as batches are cut at windows and task ends). Returns the boundaries and the last model."""
     batch = run.stream.batch_size
-    clf = AnalyticClassifier(gamma=run.model.gamma, engine="rls", dtype=run.model.dtype, backend=run.backend)
+    engine = RLSEngine(run.dim, run.model.gamma, run.xp, getattr(run.xp, run.model.dtype), default_device(run.xp))
     boundaries = []
     total = sum(r.size for r in run.stream.rows)
     with progress_bar("train (" + ("one read, " if rows is None else "") + "rls)", 2 * total) as advance, \
             (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached, run.timed("rls"):
+        classes = np.empty(0, dtype=cached.labels.dtype)
         seen, points = 0, set(anytime.points) if anytime is not None else set()
         for task in run.stream.rows:
             cuts = sorted({*range(0, task.size, RLS_WINDOW), *(p - seen for p in points if seen < p < seen + task.size)})
@@ -264,20 +266,24 @@ def rls_boundaries(run: Run, rows: GroupedRows | None = None,
                 H = run.projection.transform(cached.take(None, positions, run.xp), run.xp)
                 labels = cached.labels[positions]
                 for b in range(0, positions.size, batch):
-                    clf.partial_fit(H[b : min(b + batch, positions.size), :], labels[b : b + batch])
+                    classes = grow_classes(engine, classes, labels[b : b + batch])
+                    engine.update(H[b : min(b + batch, positions.size), :], labels[b : b + batch], classes)
                 advance(positions.size)
                 if hi < task.size and seen + hi in points:
-                    anytime.add(seen + hi, _rls_snapshot(run, clf))
+                    anytime.add(seen + hi, _rls_snapshot(run, engine, classes))
             seen += task.size
-            boundaries.append(_rls_snapshot(run, clf))
+            boundaries.append(_rls_snapshot(run, engine, classes))
             if seen in points:
                 anytime.add(seen, boundaries[-1])
-    return boundaries, clf
+    final = RidgeModel(engine.state(), boundaries[-1].W[:, 0, :], classes, float(run.model.gamma), "rls",
+                       run.model.dtype, seen)
+    return boundaries, final
 
 
-def _rls_snapshot(run: Run, clf: AnalyticClassifier) -> Boundary:
+def _rls_snapshot(run: Run, engine: RLSEngine, classes: np.ndarray) -> Boundary:
     """The recursion's weights now: a copy, since the recursion updates W in place until a new class arrives."""
-    return Boundary(clf.classes_.copy(), clf.weights_.copy()[:, None, :], np.array([float(run.model.gamma)]))
+    W = to_numpy(checked_weights(engine.weights())).copy()
+    return Boundary(classes.copy(), W[:, None, :], np.array([float(run.model.gamma)]))
 
 
 def test_rows(run: Run, classes: np.ndarray | None = None, on_chunk: Callable[[int], None] = lambda n: None) -> GroupedRows:

@@ -1,0 +1,86 @@
+"""The smooth projection's arithmetic, free of scikit-learn: the matrix, its draw and ``activation(X @ P)``.
+
+:class:`~foal_pipe.core.projection.SmoothProjection` (the scikit-learn estimator of the Python API) holds one;
+the command line's walks use one directly, so ``learn`` and ``sweep`` start without importing scikit-learn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
+
+from foal_pipe.core.activations import ACTIVATIONS, INITS, check_activation
+from foal_pipe.core.backend import default_device
+from foal_pipe.errors import FoalPipeError
+
+
+@dataclass(frozen=True, eq=False)
+class Expansion:
+    """A fixed d x D matrix ``components_`` and an activation; ``transform`` gives ``activation(X @ P)`` in the
+    matrix's dtype. ``is_identity``: no projection (``components_`` is the identity), so the product is skipped."""
+
+    components_: np.ndarray
+    activation: str
+    is_identity: bool = False
+    _device: dict[str, Any] = field(default_factory=dict, repr=False)  # the matrix on each namespace and device
+
+    @classmethod
+    def draw(cls, n_features: int, n_components: int, init: str, activation: str,
+             random_state: int | np.random.Generator | None, dtype: str) -> Expansion:
+        """A random ``n_features`` x ``n_components`` matrix (0 components: the identity) drawn from ``random_state``:
+        ``uniform`` is U(-1/sqrt(d), 1/sqrt(d)), PyTorch's ``nn.Linear`` default; ``normal`` N(0, 1/(3d)), the same
+        variance."""
+        if int(n_components) < 0:
+            raise FoalPipeError(f"projection dimension must be at least 0, got {n_components}; pass e.g. 1000 (0: none)")
+        if init not in INITS:
+            raise FoalPipeError(f"unknown projection init {init!r}; choose one of {', '.join(INITS)}")
+        check_activation(activation)
+        if int(n_components) == 0:
+            return cls(np.asarray(np.eye(n_features), dtype=dtype), activation, is_identity=True)
+        rng = np.random.default_rng(random_state)
+        bound = 1.0 / np.sqrt(n_features)
+        shape = (n_features, int(n_components))
+        if init == "uniform":
+            matrix = rng.uniform(-bound, bound, size=shape)
+        else:
+            matrix = rng.normal(0.0, bound / np.sqrt(3.0), size=shape)
+        return cls(np.asarray(matrix, dtype=dtype), activation)
+
+    @classmethod
+    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64") -> Expansion:
+        """A given d x D matrix (a saved model's): always multiplied, even when it is the identity."""
+        check_activation(activation)
+        return cls(np.asarray(matrix, dtype=dtype), activation)
+
+    @property
+    def n_features_in_(self) -> int:
+        return int(self.components_.shape[0])
+
+    def transform(self, X: Any, xp: Any = None) -> Any:
+        """``activation(X @ P)`` of 2-D ``X`` (rows of a store, which refuses NaN and inf as it reads them);
+        ``xp`` (an array namespace) computes on its device, default: that of ``X``."""
+        if getattr(X, "ndim", None) != 2 or X.shape[1] != self.n_features_in_:
+            raise FoalPipeError(
+                f"features of shape {tuple(getattr(X, 'shape', ()))} do not fit the projection, which expects "
+                f"(rows, {self.n_features_in_}); use features from the same encoder as the model"
+            )
+        return self.apply(X, xp)
+
+    def apply(self, X: Any, xp: Any = None) -> Any:
+        """:meth:`transform` of ``X`` already checked; the matrix is cached on each namespace and device it meets."""
+        host = is_numpy_array(X) or not is_array_api_obj(X)
+        xp = xp or array_namespace(X)
+        where = default_device(xp) if host else device(X)
+        X = xp.asarray(X, dtype=getattr(xp, self.components_.dtype.name), device=where)
+        if self.is_identity:
+            Z = xp.asarray(X, copy=True)
+        else:
+            key = f"{xp.__name__} {where}"
+            matrix = self._device.get(key)
+            if matrix is None:
+                matrix = self._device[key] = xp.asarray(self.components_, device=where)
+            Z = X @ matrix
+        return ACTIVATIONS[self.activation](Z)
