@@ -95,3 +95,39 @@ def test_learn_and_sweep_with_ridge_run_without_scikit_learn(tmp_path, args):
     assert proc.returncode == 0, proc.stderr
     assert (out / ("model.safetensors" if args[0] == "learn" else "sweep.json")).is_file()
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.fixture(scope="module")
+def saved_runs(tmp_path_factory):
+    """A store and two runs of it: ridge (gamma auto, so predict reads a grid) and the ncm head."""
+    from foal_pipe.cli import app
+
+    root = tmp_path_factory.mktemp("deploy")
+    store = build_store(root / "blobs.zarr")
+    for name, options in {"ridge": ["--gamma", "auto", "--select", "gcv", "--projection-dim", "32"],
+                          "ncm": ["--head", "ncm"]}.items():
+        app(["learn", "--features", str(store), "--out", str(root / name), "--tasks", "3", *options],
+            standalone_mode=False)
+    return store, root
+
+
+@pytest.mark.parametrize("head", ["ridge", "ncm"])
+@pytest.mark.parametrize("command", ["predict", "evaluate", "learn --init-model"])
+def test_predict_evaluate_and_continue_run_without_scikit_learn(saved_runs, tmp_path, command, head):
+    """`predict`, `evaluate` and `learn --init-model` load a model file as a
+    :class:`~foal_pipe.model.ridgemodel.SavedRidge` (or a head's classifier) and an
+    :class:`~foal_pipe.core.expansion.Expansion`: an engineer's repeated `predict` starts without scikit-learn."""
+    store, root = saved_runs
+    model = root / head / "model.safetensors"
+    out = tmp_path / "out"
+    args = {"predict": ["predict", "--model", str(model), "--features", str(store), "--out", str(tmp_path / "p.csv")],
+            "evaluate": ["evaluate", "--run", str(root / head), "--out", str(out)],
+            "learn --init-model": ["learn", "--init-model", str(model), "--features", str(store), "--out", str(out),
+                                   "--tasks", "2", *(["--select", "gcv"] if head == "ridge" else [])]}[command]
+    code = ("import sys; from foal_pipe.cli import app; app(sys.argv[1:], standalone_mode=False); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "p.csv").is_file() if command == "predict" else out.is_dir()
+    assert proc.stdout.splitlines()[-1] == "[]"

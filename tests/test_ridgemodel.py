@@ -67,3 +67,91 @@ def test_ridge_model_refuses_labels_that_are_not_integers(tmp_path):
     with pytest.raises(FoalPipeError, match="only integer class labels"):
         RidgeModel.solved(statistics, 1.0).save(tmp_path / "m.safetensors")
     assert not (tmp_path / "m.safetensors").exists()
+
+
+def _saved(tmp_path, settings):
+    """Features X (n, 6), a projection P (6, 8) and the file of an estimator fitted on sigmoid(X P) in two batches."""
+    rng = np.random.default_rng(4)
+    X, y, P = rng.normal(size=(50, 6)), rng.integers(0, 4, 50) * 3, rng.normal(size=(6, 8))
+    H = HAND["sigmoid"](X @ P)
+    clf = AnalyticClassifier(**settings).partial_fit(H[:20], y[:20]).partial_fit(H[20:], y[20:])
+    path = clf.save(tmp_path / "m.safetensors", SmoothProjection.from_matrix(P), class_names=list("abcd"))
+    return X, y, P, H, clf, path
+
+
+@pytest.mark.parametrize("settings", [{"gamma": 0.5}, {"gamma": 0.5, "dtype": "float32"}, {"gamma": "auto"},
+                                      {"gamma": 0.5, "engine": "rls"}, {"gamma": 0.5, "engine": "rls", "dtype": "float32"}],
+                         ids=lambda s: "-".join(map(str, s.values())))
+def test_saved_ridge_predicts_as_the_estimator_and_the_closed_form(tmp_path, settings):
+    """load_model(estimators=False), what predict, evaluate and learn --init-model load: the estimator's scores,
+    predictions, statistics and file, to the bit; the scores those of the closed-form ridge solution."""
+    from foal_pipe.model.deploy import load_model
+    from foal_pipe.model.ridgemodel import SavedRidge
+
+    X, y, P, H, clf, path = _saved(tmp_path, settings)
+    full, light = load_model(path), load_model(path, estimators=False)
+    assert isinstance(full.classifier, AnalyticClassifier) and isinstance(full.projection, SmoothProjection)
+    assert isinstance(light.classifier, SavedRidge) and isinstance(light.projection, Expansion)
+    scores = light.scores(X)
+    np.testing.assert_array_equal(scores, full.scores(X))
+    Y = (y[:, None] == np.array([0, 3, 6, 9])[None, :]).astype(np.float64)
+    gamma = clf.gamma_
+    expected = H @ np.linalg.solve(H.T @ H + gamma * np.eye(8), H.T @ Y)
+    np.testing.assert_allclose(scores, expected, rtol=1e-3 if "dtype" in settings else 1e-9, atol=1e-4)
+    np.testing.assert_array_equal(light.predict(X), full.predict(X))
+    np.testing.assert_array_equal(light.predict(X, classes=range(12)), full.predict(X, classes=range(12)))
+    assert light.predict_names(X) == full.predict_names(X)
+    np.testing.assert_array_equal(light.predict_proba(X), full.predict_proba(X))
+    assert light.classifier.n_samples_seen_ == full.classifier.n_samples_seen_ == 50
+    np.testing.assert_array_equal(light.classifier.classes_, full.classifier.classes_)
+    if settings.get("engine") != "rls":
+        ours, theirs = light.classifier.statistics_, full.classifier.statistics_
+        for name in ("G", "Q", "classes", "counts"):
+            np.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name))
+            assert getattr(ours, name).dtype == getattr(theirs, name).dtype
+        assert ours.n == theirs.n
+    else:
+        with pytest.raises(FoalPipeError, match="only the gram engine keeps sufficient statistics"):
+            light.classifier.statistics_  # noqa: B018
+    again = light.save(tmp_path / "light.safetensors")
+    assert again.read_bytes() == full.save(tmp_path / "full.safetensors").read_bytes()
+
+
+def test_saved_ridge_refuses_what_the_estimator_refuses(tmp_path):
+    from foal_pipe.model.deploy import load_model
+
+    X, y, _, _, _, path = _saved(tmp_path, {"gamma": 0.5})
+    light = load_model(path, estimators=False)
+    with pytest.raises(FoalPipeError, match=r"only predicts; load it with load_model\(path\)"):
+        light.partial_fit(X, y)
+    H = np.full((2, 8), np.nan)
+    for classifier, nan in ((light.classifier, "X contains NaN or inf"), (load_model(path).classifier, "X contains NaN")):
+        with pytest.raises(FoalPipeError, match=nan):
+            classifier.class_scores(H)
+        with pytest.raises(FoalPipeError, match=r"classes lacks the seen labels \[9\]"):
+            classifier.predict(np.zeros((2, 8)), classes=[0, 3, 6])
+    model = RidgeModel.load(path)
+    for grid, engine, message in (([1e-2, 1e2], "rls", "gamma='auto' needs engine='gram'"),
+                                  ([1e-2, -1.0], "gram", "gamma must be a positive number, got -1.0")):
+        state = {"R": np.eye(8), "W": model.weights} if engine == "rls" else model.state
+        bad = RidgeModel(state, model.weights, model.classes, model.gamma, engine, "float64", 50, grid)
+        bad.save(tmp_path / "bad.safetensors", np.eye(6, 8))
+        for load in (lambda: AnalyticClassifier.load(tmp_path / "bad.safetensors"),
+                     lambda: load_model(tmp_path / "bad.safetensors", estimators=False)):
+            with pytest.raises(FoalPipeError, match=message):
+                load()
+
+
+def test_ridge_model_load_reads_what_save_wrote(tmp_path):
+    rng = np.random.default_rng(2)
+    H, y = rng.random((30, 5)), rng.integers(0, 3, 30)
+    model = RidgeModel.solved(RidgeStatistics.from_batch(H, y), 0.25)
+    model.save(tmp_path / "m.safetensors", rng.random((4, 5)), activation="relu")
+    loaded = RidgeModel.load(tmp_path / "m.safetensors")
+    assert (loaded.gamma, loaded.engine, loaded.dtype, loaded.n_samples, loaded.gamma_grid) == (0.25, "gram", "float64",
+                                                                                                 30, None)
+    np.testing.assert_array_equal(loaded.weights, model.weights)
+    np.testing.assert_array_equal(loaded.classes, [0, 1, 2])
+    assert sorted(loaded.state) == sorted(model.state)
+    for name, value in model.state.items():
+        np.testing.assert_array_equal(loaded.state[name], value)

@@ -21,6 +21,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.errors import FoalPipeError
 
 U32, U64 = 2.0**-24, 2.0**-53
 #: An absolute allowance per multiply-add for float32 values and products that underflow (2^-126 is float32's
@@ -69,6 +70,18 @@ def spread(scores: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
     full = np.zeros((*scores.shape[:-1], width), dtype=scores.dtype)
     full[..., positions] = scores
     return full
+
+
+def among_classes(seen: np.ndarray, classes: Any) -> np.ndarray | None:
+    """``classes`` (every label of the task) as ``best_of``'s ``among``: unique, refused when it lacks a seen label."""
+    if classes is None:
+        return None
+    classes = np.unique(np.asarray(classes).ravel())
+    if not np.isin(seen, classes).all():
+        missing = np.setdiff1d(seen, classes)[:3].tolist()
+        raise FoalPipeError(f"classes lacks the seen labels {missing}; pass every label of the task, those in "
+                            "classes_ included")
+    return classes
 
 
 def best_of(scores: np.ndarray, classes: np.ndarray, among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

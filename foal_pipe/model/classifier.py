@@ -16,10 +16,9 @@ from sklearn.utils.validation import validate_data
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma, checked_weights, grow_classes
 from foal_pipe.core.projection import SmoothProjection
-from foal_pipe.core.scoring import best_of
+from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
 from foal_pipe.errors import FoalPipeError, as_user_error
-from foal_pipe.model.modelfile import read_model
 from foal_pipe.model.ridgemodel import RidgeModel
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -289,13 +288,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         a label never seen scoring 0, so it wins a row where every seen class scores below 0.
         """
         scores = self.class_scores(X)
-        if classes is not None:
-            classes = np.unique(np.asarray(classes).ravel())
-            if not np.isin(self.classes_, classes).all():
-                missing = np.setdiff1d(self.classes_, classes)[:3].tolist()
-                raise FoalPipeError(f"classes lacks the seen labels {missing}; pass every label of the task, those in "
-                                    "classes_ included")
-        return best_of(scores, self.classes_, classes)[0]
+        return best_of(scores, self.classes_, among_classes(self.classes_, classes))[0]
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
@@ -312,13 +305,13 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:
-        """Restore a classifier written by :meth:`save`, validated (safetensors only: nothing is unpickled)."""
-        tensors, meta = read_model(path)
-        auto = "gamma_grid" in meta
-        clf = cls(gamma="auto" if auto else meta["gamma"], engine=meta["engine"], dtype=meta["dtype"], backend=backend,
-                  gamma_grid=meta["gamma_grid"] if auto else None)
-        classes = tensors["classes"].astype(np.int64)
-        clf._restore(tensors, classes, meta["n_samples_seen"], int(tensors["W"].shape[0]))
+        """Restore a classifier written by :meth:`save`, validated (safetensors only: nothing is unpickled); the file
+        is read by :meth:`RidgeModel.load <foal_pipe.model.ridgemodel.RidgeModel.load>`."""
+        model = RidgeModel.load(path)
+        auto = model.gamma_grid is not None
+        clf = cls(gamma="auto" if auto else model.gamma, engine=model.engine, dtype=model.dtype, backend=backend,
+                  gamma_grid=model.gamma_grid)
+        clf._restore(dict(model.state), model.classes, model.n_samples, int(model.weights.shape[0]))
         if isinstance(clf._engine, GramEngine):  # the weights as saved: no solve, the same bits on any machine
-            clf._engine.keep_solution(meta["gamma"], tensors["W"])
+            clf._engine.keep_solution(model.gamma, model.weights)
         return clf

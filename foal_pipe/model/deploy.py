@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from foal_pipe.core.projection import SmoothProjection
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import read_model, stored_head
+from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
+    from foal_pipe.core.projection import SmoothProjection
+    from foal_pipe.model.classifier import AnalyticClassifier
     from foal_pipe.store.read import FeatureStore
 
 
@@ -43,7 +45,8 @@ class DeployedModel:
     ``class_names`` (one per column of ``W``, in ``classifier.classes_`` order) and ``encoder_spec`` (the
     provenance of the store it was trained on: what :meth:`predict_images` rebuilds)."""
 
-    def __init__(self, classifier: AnalyticClassifier | HeadClassifier, projection: SmoothProjection, class_names: Sequence[str],
+    def __init__(self, classifier: AnalyticClassifier | SavedRidge | HeadClassifier, projection: SmoothProjection | Expansion,
+                 class_names: Sequence[str],
                  encoder_spec: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> None:
         self.classifier = classifier
         self.projection = projection
@@ -228,17 +231,32 @@ class DeployedModel:
         return self.classifier.save(path, projection=self.projection, **extra)
 
 
-def load_model(path: str | Path) -> DeployedModel:
+def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     """Read a model file written by ``foal-pipe learn`` (or :meth:`DeployedModel.save`), validated; nothing is
     unpickled. A model without class names names its classes by their ids. A head other than ridge has a
-    :class:`~foal_pipe.model.headmodel.HeadClassifier` as its ``classifier``."""
+    :class:`~foal_pipe.model.headmodel.HeadClassifier` as its ``classifier``.
+
+    ``estimators``: a ridge model's ``classifier`` is an :class:`AnalyticClassifier` and the ``projection`` a
+    :class:`SmoothProjection` (scikit-learn estimators that keep learning); False: a
+    :class:`~foal_pipe.model.ridgemodel.SavedRidge` and an :class:`~foal_pipe.core.expansion.Expansion`, which
+    predict the same bits and give their sums to continue from without importing scikit-learn (the command line's)."""
     if stored_head(path) is not None:
-        classifier, projection, names, meta = load_head(path)
+        classifier, projection, names, meta = load_head(path, estimators=estimators)
         return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
     tensors, meta = read_model(path, names=("W", "classes", "projection"))
     if "projection" not in tensors:
         raise FoalPipeError(f"{path} has no 'projection' tensor; pass the model.safetensors that learn wrote")
-    classifier = AnalyticClassifier.load(path)
-    projection = SmoothProjection.from_matrix(tensors["projection"], activation=meta.get("activation", "sigmoid"))
+    activation = meta.get("activation", "sigmoid")
+    classifier: AnalyticClassifier | SavedRidge
+    projection: SmoothProjection | Expansion
+    if estimators:
+        from foal_pipe.core.projection import SmoothProjection
+        from foal_pipe.model.classifier import AnalyticClassifier
+
+        classifier = AnalyticClassifier.load(path)
+        projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)
+    else:
+        classifier = SavedRidge(RidgeModel.load(path))
+        projection = Expansion.from_matrix(tensors["projection"], activation=activation)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
     return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)

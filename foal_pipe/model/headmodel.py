@@ -15,14 +15,14 @@ import array_api_compat.numpy as xp_numpy
 import numpy as np
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, make_head
 from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
 
-if TYPE_CHECKING:  # scikit-learn: loaded with a model, not with learn, which saves an Expansion
-    from foal_pipe.core.expansion import Expansion
+if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.core.projection import SmoothProjection
 
 
@@ -97,7 +97,7 @@ class HeadClassifier:
         self.n_samples_seen_ += int(np.asarray(labels).size)
         return self
 
-    def rows(self, X: np.ndarray, projection: SmoothProjection) -> np.ndarray:
+    def rows(self, X: np.ndarray, projection: SmoothProjection | Expansion) -> np.ndarray:
         """The rows of the head's space for checked features ``X``: the features, the projected rows or the
         activations, in float64 (as the walk gives them)."""
         space = HEADS[self.name].space
@@ -128,24 +128,33 @@ class HeadClassifier:
                                            "n_samples_seen": self.n_samples_seen_})
 
 
-def _identity(d: int) -> SmoothProjection:
+def _identity(d: int, estimators: bool) -> SmoothProjection | Expansion:
     """The features as they are: what a head on the store's features is given."""
+    if not estimators:
+        return Expansion.draw(d, 0, "uniform", "identity", None, "float64")
     from foal_pipe.core.projection import SmoothProjection
 
     return SmoothProjection(n_components=0, activation="identity").fit(np.zeros((1, d)))
 
 
-def load_head(path: str | Path) -> tuple[HeadClassifier, SmoothProjection, list[str], dict[str, Any]]:
+def load_head(path: str | Path, *, estimators: bool = True
+              ) -> tuple[HeadClassifier, SmoothProjection | Expansion, list[str], dict[str, Any]]:
     """A head's model file, validated (nothing is unpickled): its classifier, the projection its rows take (the
-    identity for a head on the store's features), its class names and metadata."""
-    from foal_pipe.core.projection import SmoothProjection
-
+    identity for a head on the store's features; an :class:`~foal_pipe.core.expansion.Expansion` without
+    ``estimators``), its class names and metadata."""
     tensors, meta = read_model(path)
     name = meta["head"]
     classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"])
     if "projection" in tensors:
-        projection = SmoothProjection.from_matrix(tensors["projection"], activation=meta.get("activation", "identity"))
+        activation = meta.get("activation", "identity")
+        if estimators:
+            from foal_pipe.core.projection import SmoothProjection
+
+            projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(tensors["projection"],
+                                                                                    activation=activation)
+        else:
+            projection = Expansion.from_matrix(tensors["projection"], activation=activation)
     else:
-        projection = _identity(head_width(name, tensors))
+        projection = _identity(head_width(name, tensors), estimators)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
     return classifier, projection, names, meta

@@ -55,7 +55,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
 
     if split not in SPLITS:
         raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
-    deployed = load_model(model)
+    deployed = load_model(model, estimators=False)
     store = open_store(features, **read_time_fusion(deployed.encoder_spec))
     data = store.split(split)
     if deployed.projection.n_features_in_ != data.dim:
@@ -138,7 +138,7 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
         raise FoalPipeError(f"{param('top_k')} must be at least 1, got {top_k}")
     if batch_size < 1:
         raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
-    deployed = load_model(model)
+    deployed = load_model(model, estimators=False)
     paths = find_images(images)
     encoder = deployed.encoder(checkpoint, device)
     with progress_bar("predict", len(paths), unit="images") as advance:

@@ -1,6 +1,9 @@
 """A ridge model as its file holds it, free of scikit-learn: ``learn`` saves one directly and
 :meth:`AnalyticClassifier.save <foal_pipe.model.classifier.AnalyticClassifier.save>` through one, so the ridge
-file's tensors and metadata are written in one place (:func:`~foal_pipe.model.modelfile.write_model` checks them).
+file's tensors and metadata are written in one place (:func:`~foal_pipe.model.modelfile.write_model` checks them),
+and read in one (:meth:`RidgeModel.load`, which :meth:`AnalyticClassifier.load
+<foal_pipe.model.classifier.AnalyticClassifier.load>` builds on). :class:`SavedRidge` puts a loaded one to work for
+``predict``, ``evaluate`` and ``learn --init-model``, so they start without importing scikit-learn.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.backend import dtype_name, to_numpy
-from foal_pipe.core.engines import checked_weights
+from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
+from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.model.modelfile import write_model
+from foal_pipe.model.modelfile import read_model, write_model
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,22 @@ class RidgeModel:
         return cls(statistics.state(), W, statistics.classes, float(gamma), "gram", dtype_name(statistics.dtype),
                    int(statistics.n))
 
+    @classmethod
+    def load(cls, path: str | Path) -> RidgeModel:
+        """A ridge model file, read and validated by :func:`~foal_pipe.model.modelfile.read_model` (nothing is
+        unpickled): the engine's state and the weights as saved (no solve: the same bits on any machine); a
+        ``gamma="auto"`` model's grid is checked as the estimator checks it."""
+        tensors, meta = read_model(path)
+        engine, grid = meta["engine"], meta.get("gamma_grid")
+        if grid is not None:
+            if engine != "gram":
+                raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
+            for g in grid:
+                check_gamma(g)
+        state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts")}
+        return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
+                   meta["n_samples_seen"], grid)
+
     def save(self, path: str | Path, projection: np.ndarray | None = None, **metadata: Any) -> Path:
         """Write the model file: the state, ``W`` (float64), ``classes``, the ``projection`` matrix when given, and
         ``metadata`` (foal_pipe/model/modelfile.py lists the known keys) with the settings."""
@@ -56,3 +76,59 @@ class RidgeModel:
         if self.gamma_grid is not None:
             settings["gamma_grid"] = [float(g) for g in self.gamma_grid]
         return write_model(path, tensors, {**metadata, **settings})
+
+
+class SavedRidge:
+    """A :class:`RidgeModel` put to work without scikit-learn, as ``predict``, ``evaluate`` and ``learn --init-model``
+    load one: ``classes_``, :meth:`class_scores` and :meth:`predict` give what :meth:`AnalyticClassifier.load
+    <foal_pipe.model.classifier.AnalyticClassifier.load>`'s estimator gives, bit for bit, and ``statistics_`` the
+    gram sums to continue from. Learning row by row is the estimator's (:func:`~foal_pipe.model.deploy.load_model`)."""
+
+    def __init__(self, model: RidgeModel) -> None:
+        self.model = model
+
+    @property
+    def classes_(self) -> np.ndarray:
+        return self.model.classes
+
+    @property
+    def n_samples_seen_(self) -> int:
+        return int(self.model.n_samples)
+
+    @property
+    def statistics_(self) -> RidgeStatistics:
+        """The gram engine's sums in the state dtype (the RLS recursion keeps ``R`` and ``W`` instead)."""
+        if self.model.engine != "gram":
+            raise FoalPipeError("only the gram engine keeps sufficient statistics; use engine='gram'")
+        dtype, state = np.dtype(self.model.dtype), self.model.state
+        counts = state.get("counts")
+        return RidgeStatistics(np.asarray(state["G"], dtype=dtype), np.asarray(state["Q"], dtype=dtype),
+                               self.model.classes, int(self.model.n_samples), None if counts is None else np.asarray(counts))
+
+    def weights(self) -> np.ndarray:
+        """``W`` in float64, refused when not finite; the recursion's as its state dtype holds it."""
+        W = np.asarray(self.model.weights)
+        if self.model.engine == "rls":
+            W = W.astype(self.model.dtype)
+        return checked_weights(W).astype(np.float64)
+
+    def class_scores(self, rows: Any) -> np.ndarray:
+        """Scores ``rows @ W`` in float64, shape (n, n_classes), columns in ``classes_`` order."""
+        W = self.weights()
+        X = np.asarray(rows, dtype=np.float64)
+        if not np.isfinite(X).all():
+            raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
+        return X @ W
+
+    def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
+        """The class of the highest score among ``classes_`` (or among ``classes``, every label of the task)."""
+        scores = self.class_scores(rows)
+        return best_of(scores, self.classes_, among_classes(self.classes_, classes))[0]
+
+    def partial_fit(self, rows: Any, labels: Any) -> SavedRidge:
+        raise FoalPipeError("a model loaded with estimators=False only predicts; load it with load_model(path) to keep "
+                            "learning")
+
+    def save(self, path: str | Path, projection: Any = None, **metadata: Any) -> Path:
+        """Write the model file, with ``projection``'s matrix when given (:meth:`RidgeModel.save`)."""
+        return self.model.save(path, None if projection is None else projection.components_, **metadata)

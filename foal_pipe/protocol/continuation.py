@@ -22,10 +22,10 @@ from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD
 from foal_pipe.io import check_output_dir, write_json
-from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 from foal_pipe.protocol.commands import warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
@@ -145,7 +145,7 @@ def run_continue(
     test split (and at the end on each ``eval_features`` store); writes what ``learn`` writes."""
     start = time.perf_counter()
     check_output_dir(out)
-    deployed = load_model(init_model)
+    deployed = load_model(init_model, estimators=False)
     if isinstance(deployed.classifier, HeadClassifier):
         raise FoalPipeError(f"{init_model} holds the {deployed.classifier.name} head; continue it with "
                             "foal_pipe.protocol.headcontinue.run_continue_head (what `learn --init-model` calls)")
@@ -169,7 +169,7 @@ def run_continue(
     if run.projection.components_.shape != deployed.projection.components_.shape:
         raise FoalPipeError(f"the model expects {deployed.projection.components_.shape[0]}-dimensional features but "
                             f"{features} has {run.store.dim}; use a store made with the model's encoder")
-    run.projection = deployed.projection.expansion
+    run.projection = deployed.projection
     warn_dropped(run, stream, log)
     base = deployed.classifier.statistics_
     inner = (ManyGammas(model.gamma_grid, loo, model.select, model.per_decade) if auto
@@ -179,7 +179,7 @@ def run_continue(
         boundaries, running = gram_boundaries(run, solver)
         acc = accuracy_matrices(run, boundaries)[0]
     gamma = float(boundaries[-1].gammas[0])
-    final = AnalyticClassifier.from_statistics(solver.total(running), gamma=gamma, dtype=model.dtype)
+    final = SavedRidge(RidgeModel.solved(solver.total(running), gamma))
     names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],

@@ -117,7 +117,7 @@ def run_continue_head(
     writes."""
     start = time.perf_counter()
     check_output_dir(out)
-    deployed = load_model(init_model)
+    deployed = load_model(init_model, estimators=False)
     if not isinstance(deployed.classifier, HeadClassifier):
         raise FoalPipeError(f"{init_model} is a ridge model; continue it with `learn --init-model` "
                             "(foal_pipe.protocol.continuation.run_continue)")
@@ -141,7 +141,7 @@ def run_continue_head(
                             f"{features} has {store.dim}; use a store made with the model's encoder")
     merged = label_map(deployed, list(store.classes))
     run = prepare(features, stream, settings, evaluation, execution, heads=[name], ridge=False)
-    run.projection = deployed.projection.expansion
+    run.projection = deployed.projection
     warn_dropped(run, stream, log)
     walker = relabelled(deployed.classifier.head(run.xp), merged)
     with np.errstate(all="ignore"):

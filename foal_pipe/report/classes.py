@@ -78,7 +78,7 @@ def class_results(run: Run) -> ClassResults | str | None:
     if run.model_path is None or features is None:
         return None
     skipped = "so no per-class accuracy or confusion matrix"
-    model = load_model(run.model_path)
+    model = load_model(run.model_path, estimators=False)
     try:
         true, predicted = model.store_predictions(features)
     except FoalPipeError as exc:
