@@ -32,8 +32,8 @@ from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
-from foal_pipe.protocol.run import prepare
-from foal_pipe.protocol.schema import METRICS_FILE, StoreScore
+from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import open_store
@@ -180,12 +180,24 @@ def run_continue(
         acc = accuracy_matrices(run, boundaries)[0]
     gamma = float(boundaries[-1].gammas[0])
     final = SavedRidge(RidgeModel.solved(solver.total(running), gamma))
+    return continued_outputs(init_model, deployed, final, merged, run, learn_metrics(run, stream, accuracy_report(acc),
+                             boundaries), eval_features, out, start)
+
+
+def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: Any, merged: np.ndarray, run: Run,
+                      metrics: LearnMetrics, eval_features: Sequence[str | Path], out: str | Path,
+                      start: float) -> Learned:
+    """Write a continuation's outputs (ridge or a head): the ``final`` classifier deployed with the model's
+    projection and encoder and every class's name (the model's, then the new store's at their ``merged`` ids), and
+    ``metrics`` with what continuing adds: the model continued, the rows seen in all, the new store's label ids,
+    the tasks by name and the scores on each ``eval_features`` store."""
+    store = run.store
     names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
-                           deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
-    metrics = replace(learn_metrics(run, stream, accuracy_report(acc), boundaries), init_model=str(init_model),
-                      n_samples_seen_total=int(final.n_samples_seen_), label_ids=dict(zip(store.classes, merged.tolist())),
+                           deployed.encoder_spec, {**deployed.metadata, "dataset": store.meta.dataset})
+    metrics = replace(metrics, init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
+                      label_ids=dict(zip(store.classes, merged.tolist())),
                       task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
                       eval_features=[evaluate_store(result, path) for path in eval_features])
 

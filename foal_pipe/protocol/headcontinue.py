@@ -21,18 +21,17 @@ import numpy as np
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
-from foal_pipe.io import check_output_dir, write_json
+from foal_pipe.io import check_output_dir
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
-from foal_pipe.model.modelfile import MODEL_FILE
-from foal_pipe.protocol.commands import warn_dropped, write_outputs
+from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-from foal_pipe.protocol.continuation import FIXED_BY_MODEL, evaluate_store, label_map
+from foal_pipe.protocol.continuation import FIXED_BY_MODEL, continued_outputs, label_map
 from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_stream
 from foal_pipe.protocol.headwalk import head_accuracies, head_boundaries
 from foal_pipe.protocol.records import Learned, accuracy_report, run_info
 from foal_pipe.protocol.run import prepare
-from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics
+from foal_pipe.protocol.schema import LearnMetrics
 from foal_pipe.store import open_store
 
 
@@ -150,19 +149,6 @@ def run_continue_head(
     new_rows = sum(int(r.size) for r in run.stream.rows)
     final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
                            deployed.classifier.n_samples_seen_ + new_rows)
-    names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
-    names.update(zip(merged.tolist(), store.classes))
-    result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
-                               deployed.encoder_spec, {**deployed.metadata, "dataset": run.store.meta.dataset})
     shown = {k: v for k, v in options.items() if k != "batch_size"}
     metrics = LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
-    metrics = replace(metrics, init_model=str(init_model), n_samples_seen_total=final.n_samples_seen_,
-                      label_ids=dict(zip(store.classes, merged.tolist())),
-                      task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
-                      eval_features=[evaluate_store(result, path) for path in eval_features])
-
-    def write(tmp: Path) -> None:
-        result.save(tmp / MODEL_FILE)
-        write_json(tmp / METRICS_FILE, metrics.to_dict())
-
-    return Learned(metrics, write_outputs(out, [run], start, write))
+    return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)
