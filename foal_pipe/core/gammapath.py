@@ -237,7 +237,35 @@ class RidgeTridiagonal(GammaPath):
         return self.y_norm2 - fitted
 
 
-class LeaveOneOut:
+class _LeftOutTotals(ABC):
+    """What a leave-one-out pass adds up, per gamma: the rows added, those whose left-out prediction is their label,
+    and their squared left-out residuals; read once every expected row is in (``_check_complete``)."""
+
+    rows: int
+    correct: np.ndarray
+    squared: np.ndarray
+
+    @property
+    @abstractmethod
+    def n_classes(self) -> int: ...
+
+    @abstractmethod
+    def _check_complete(self) -> None: ...
+
+    def accuracy(self) -> np.ndarray:
+        """Fraction of the rows added whose left-out prediction is their label, per gamma."""
+        self._check_complete()
+        return self.correct / max(self.rows, 1)
+
+    def mse(self) -> np.ndarray:
+        """Mean over the rows added and the classes of the squared left-out residual, per gamma (inf where a row
+        has leverage 1)."""
+        self._check_complete()
+        mse = self.squared / max(self.rows * self.n_classes, 1)
+        return np.where(np.isnan(mse), np.inf, mse)
+
+
+class LeaveOneOut(_LeftOutTotals):
     """Exact leave-one-out accuracy and squared error for several gammas, from one pass over the rows.
 
     Every row summed into the statistics must be added once (any order, any blocks); the model left
@@ -281,23 +309,17 @@ class LeaveOneOut:
         self.correct += np.sum(predicted == class_positions(self.eigen.classes, labels)[:, None], axis=0)
         self.rows += m
 
+    @property
+    def n_classes(self) -> int:
+        return int(self.eigen.classes.size)
+
     def _check_complete(self) -> None:
         if self.rows != self.eigen.n:
             raise FoalPipeError(f"leave-one-out saw {self.rows} rows but the statistics hold {self.eigen.n}; add every row once")
 
-    def accuracy(self) -> np.ndarray:
-        """Fraction of rows whose left-out prediction is their label, per gamma."""
-        self._check_complete()
-        return self.correct / max(self.rows, 1)
-
-    def mse(self) -> np.ndarray:
-        """Mean over rows and classes of the squared left-out residual, per gamma (inf where a row has leverage 1)."""
-        self._check_complete()
-        mse = self.squared / max(self.rows * self.eigen.classes.size, 1)
-        return np.where(np.isnan(mse), np.inf, mse)
 
 
-class SampledLeaveOneOut:
+class SampledLeaveOneOut(_LeftOutTotals):
     """Leave-one-out accuracy and squared error over a sample of the rows of the statistics, for several gammas.
 
     Each sampled row is left out of *all* the rows summed (exactly, by Sherman-Morrison: its left-out score is
@@ -340,20 +362,14 @@ class SampledLeaveOneOut:
         self.correct += np.sum(predicted == class_positions(self.path.classes, labels)[:, None], axis=0)
         self.rows += int(H.shape[0])
 
+    @property
+    def n_classes(self) -> int:
+        return int(self.path.classes.size)
+
     def _check_complete(self) -> None:
         if self.rows != self.expected:
             raise FoalPipeError(f"sampled leave-one-out saw {self.rows} rows but the sample holds {self.expected}")
 
-    def accuracy(self) -> np.ndarray:
-        """Fraction of the sampled rows whose left-out prediction is their label, per gamma."""
-        self._check_complete()
-        return self.correct / max(self.rows, 1)
-
-    def mse(self) -> np.ndarray:
-        """Mean over sampled rows and classes of the squared left-out residual, per gamma."""
-        self._check_complete()
-        mse = self.squared / max(self.rows * self.path.classes.size, 1)
-        return np.where(np.isnan(mse), np.inf, mse)
 
 
 def sample_needs_vectors(rows: int, dim: int) -> bool:
