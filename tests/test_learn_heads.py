@@ -139,13 +139,60 @@ def test_what_a_head_cannot_take_is_refused_in_one_line(store, tmp_path, args, m
     assert_clean_error(result, message, out)
 
 
+@pytest.mark.parametrize("head, dim, extra, continued", [
+    ("fecam", 1200, (), False),  # C = 12 precisions of 1200 x 1200; the model file copies them and the Grams
+    ("fecam", 1200, ("--stream", "si-blurry"), False),  # classes recur: earlier boundaries keep their precisions
+    ("balanced", 300, ("--projection-dim", 2000), False),  # 12 Grams of 2000 x 2000, and their copies in the file
+    ("fecam", 1200, (), True),  # the loaded model's tensors, and its classes solved again at the first boundary
+    ("balanced", 300, ("--projection-dim", 2000), True),
+], ids=["fecam", "fecam-si-blurry", "balanced", "fecam-init-model", "balanced-init-model"])
+def test_the_memory_estimate_bounds_what_learn_head_allocates(tmp_path, monkeypatch, head, dim, extra, continued):
+    """The estimate ``learn --head`` (or ``learn --init-model`` of its model) checks before its walk bounds the peak
+    of what the command allocates (traced by tracemalloc: every NumPy array), to the written model file."""
+    import tracemalloc
+
+    from foal_pipe.protocol import run as run_module
+
+    store = build_store(tmp_path / "wide.zarr", n_train=1200 if "si-blurry" in extra else 240, n_test=48,
+                        train_dim=dim, test_dim=dim, chunk=60)
+    command = ["--head", head, *extra]
+    if continued:
+        first = invoke("learn", "--features", store, "--out", tmp_path / "first", "--tasks", 3, "--backend", "numpy",
+                       *command)
+        assert first.exit_code == 0, first.output
+        store = build_store(tmp_path / "more.zarr", n_train=240, n_test=48, train_dim=dim, test_dim=dim, chunk=60,
+                            seed=1)
+        command = ["--init-model", tmp_path / "first" / "model.safetensors"]
+    estimates = []
+    check = run_module.check_memory
+    monkeypatch.setattr(run_module, "check_memory", lambda command, parts, fix: estimates.append(dict(parts))
+                        or check(command, parts, fix))
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        result = invoke("learn", "--features", store, "--out", tmp_path / "out", "--tasks", 3, "--backend", "numpy",
+                        *command)
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0, result.output
+    (parts,) = estimates
+    assert f"{head} model file" in parts and ("the --init-model's tensors" in parts) == continued
+    assert peak <= sum(parts.values()), (memory.human(peak), {k: memory.human(v) for k, v in parts.items()})
+
+
 def test_per_class_statistics_beyond_memory_are_refused_with_the_figure(tmp_path, monkeypatch):
     store = build_store(tmp_path / "wide.zarr", n_train=60, n_test=24, train_dim=3000, test_dim=3000, chunk=30)
     monkeypatch.setattr(memory, "available_memory", lambda: 2 * 2**30)
     out = tmp_path / "out"
     result = invoke("learn", "--features", store, "--out", out, "--head", "fecam", "--tasks", 3, "--backend", "numpy")
-    state = 8 * (3 * 12 * 3000**2 + 2 * 3000**2)  # every class's Gram, pinv and its factor, the normalised copy
+    state = 8 * (12 * (3000**2 + 2 * 3000) + 4 * 3000**2)  # every class's Gram, sums and shift; a boundary's solve
     assert_clean_error(result, f"fecam state (12 classes, d=3000) {memory.human(state)}", out)
+    present = np.unique(read(store)[1]).size  # disjoint tasks: each class of the stream solved once
+    kept = 8 * present * (2 * 3000**2 + 3000)  # its precision, factor and mean
+    assert f"fecam scorers of every boundary {memory.human(kept)}" in result.output
+    written = 8 * (2 * 12 * 3000**2 + 3 * 12 * 3000 + 2 * 12) + 12 * 3000**2  # stacked tensors, a finiteness mask
+    assert f"fecam model file {memory.human(written)}" in result.output
     assert "state at D" not in result.output  # ridge's state is not held
     monkeypatch.setattr(memory, "available_memory", lambda: 4 * 2**30)
     assert invoke("learn", "--features", store, "--out", out, "--head", "ncm", "--tasks", 3,

@@ -32,31 +32,37 @@ class HeadEntry:
 
     ``factory(xp=, dim=, **options)`` builds its running state (None: ridge, the walk's own learner); ``space``
     the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads (None there:
-    the head's default); ``memory(classes, dim)`` the bytes its state holds at its largest; ``source`` and
-    ``citation`` fill the docs' table.
+    the head's default); ``memory(classes, dim)`` the bytes its state holds at its largest; ``kept(changed, seen,
+    dim)`` the bytes one boundary's scorer keeps until the test pass scores it (``seen``: the classes seen so far;
+    ``changed``: those whose rows changed since the last boundary, all a scorer holds anew where it shares the other
+    classes' columns with earlier boundaries, as fecam's does); ``source`` and ``citation`` fill the docs' table.
     """
 
     factory: Callable[..., Head] | None
     space: str
     options: tuple[str, ...]
     memory: Callable[[int, int], int]
+    kept: Callable[[int, int, int], int]
     source: str
     citation: str
 
 
 HEADS: dict[str, HeadEntry] = {
-    "ridge": HeadEntry(None, "activations", ("gamma",), lambda c, d: 8 * d * (d + c),
+    "ridge": HeadEntry(None, "activations", ("gamma",), lambda c, d: 8 * d * (d + c), lambda changed, seen, d: 8 * d * seen,
                        "F-OAL / ACIL / RanPAC", "Zhuang et al., NeurIPS 2024"),
-    "ncm": HeadEntry(NCMHead, "features", (), lambda c, d: 8 * 2 * c * d,
+    "ncm": HeadEntry(NCMHead, "features", (), lambda c, d: 8 * 2 * c * d, lambda changed, seen, d: 8 * seen * d,
                      "nearest class mean (SimpleCIL)", "Zhou et al., IJCV 2024"),
     "slda": HeadEntry(SLDAHead, "features", ("shrinkage",), lambda c, d: 8 * (3 * d * d + 2 * c * d),
+                      lambda changed, seen, d: 8 * seen * (d + 1),
                       "deep streaming LDA (Avalanche StreamingLDA)", "Hayes & Kanan, CVPR-W 2020"),
-    "fecam": HeadEntry(FeCAMHead, "features", ("shrinkage", "shrinkage_offdiag"), lambda c, d: 8 * (3 * c * d * d + 2 * d * d),
+    "fecam": HeadEntry(FeCAMHead, "features", ("shrinkage", "shrinkage_offdiag"), FeCAMHead.memory, FeCAMHead.kept,
                        "FeCAM (its ViT scripts)", "Goswami et al., NeurIPS 2023"),
     "balanced": HeadEntry(BalancedHead, "activations", ("gamma",), BalancedHead.memory,
+                          lambda changed, seen, d: 8 * seen * d,
                           "AIR's analytic re-weighting (GeneralizedARM.update, ZHUANGHP/Analytic-continual-learning)",
                           "Fang et al., AIR, 2024"),
     "dual": HeadEntry(DualHead, "projected", ("gamma", "gamma_comp", "compensation"), DualHead.memory,
+                      lambda changed, seen, d: 8 * 2 * seen * d,
                       "DS-AL's dual stream (analytic/DSAL.py, ZHUANGHP/Analytic-continual-learning)",
                       "Zhuang et al., AAAI 2024"),
 }

@@ -11,6 +11,7 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import LINALG_ERRORS
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import PerClassMoments, symmetric_pinv, unit_rows
 
 #: FeCAM's ``alpha1`` and ``alpha2`` as its ViT scripts set them when off-diagonal shrinkage is off.
@@ -123,6 +124,19 @@ class FeCAMHead:
         self.shrinkage_offdiag = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
         self.moments = PerClassMoments(xp, dim)
         self._solved: dict[int, tuple[int, Any, Any, Any]] = {}  # class -> (rows, mean, precision, its factor)
+
+    @staticmethod
+    def memory(n_classes: int, dim: int) -> int:
+        """Bytes of the running state at its largest: every class's Gram, sums and shift, plus a boundary's solve
+        (the covariance, its shrunk copy and the pseudo-inverse's eigenvectors and product: 4 d^2, measured with
+        tracemalloc). The precisions live in the boundaries' scorers (:meth:`kept`)."""
+        return FLOAT64 * (n_classes * (dim * dim + 2 * dim) + 4 * dim * dim)
+
+    @staticmethod
+    def kept(changed: int, seen: int, dim: int) -> int:
+        """Bytes a boundary's scorer holds anew: a precision, its Cholesky factor and a mean per class whose rows
+        changed; the other classes' are the earlier scorers' own."""
+        return FLOAT64 * changed * (2 * dim * dim + dim)
 
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.moments.add(unit_rows(X), labels)

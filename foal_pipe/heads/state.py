@@ -9,6 +9,7 @@ stopped), and converts both ways. Every float is float64, every integer int64, a
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,14 @@ HEAD_FILES: dict[str, HeadFile] = {
                                                          float(options["compensation"])),
         restore=_restore_dual, weights="W_main"),
 }
+
+
+def file_bytes(name: str, n_classes: int, width: int) -> int:
+    """What writing head ``name``'s model file adds to the run's memory: its tensors exported to host float64 (fecam's
+    and balanced's per-class stacks are new copies; on a device every tensor is), plus the finiteness check's
+    one byte per value of the largest (:func:`~foal_pipe.model.modelfile.write_model` checks one at a time)."""
+    sizes = [math.prod(n_classes if dim == "C" else width for dim in dims) for dims in HEAD_FILES[name].tensors.values()]
+    return 8 * (sum(sizes) + n_classes) + max(sizes)
 
 
 def takes_batch_size(name: str) -> bool:

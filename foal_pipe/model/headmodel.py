@@ -18,7 +18,7 @@ from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads import HEADS, Head, make_head
+from foal_pipe.heads import HEADS, Head, Scorer, make_head
 from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
 
@@ -63,13 +63,21 @@ class HeadClassifier:
                  n_samples_seen: int) -> None:
         self.name, self.options = name, dict(options)
         self.tensors = dict(tensors)
-        self.scorer = scorer_from(name, self.tensors, self.options, xp_numpy)
+        self._scorer: Scorer | None = None
         self.n_samples_seen_ = int(n_samples_seen)
         self._head: Head | None = None
 
     @property
+    def scorer(self) -> Scorer:
+        """The scorer the tensors hold, built when first needed: a model only written (``learn --head``) never
+        holds fecam's C Cholesky factors beside its C precisions."""
+        if self._scorer is None:
+            self._scorer = scorer_from(self.name, self.tensors, self.options, xp_numpy)
+        return self._scorer
+
+    @property
     def classes_(self) -> np.ndarray:
-        return self.scorer.classes
+        return np.asarray(self.tensors["classes"], dtype=np.int64)
 
     def head(self, xp: Any = xp_numpy) -> Head:
         """A running state of the head holding the file's statistics, in namespace ``xp``."""
@@ -91,8 +99,8 @@ class HeadClassifier:
         if self._head is None:
             self._head = self.head()
         self._head.add(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64))
-        self.scorer = self._head.boundary()
-        self.tensors = {**export_head(self.name, self._head, self.scorer),
+        self._scorer = self._head.boundary()
+        self.tensors = {**export_head(self.name, self._head, self._scorer),
                         **({"projection": self.tensors["projection"]} if "projection" in self.tensors else {})}
         self.n_samples_seen_ += int(np.asarray(labels).size)
         return self

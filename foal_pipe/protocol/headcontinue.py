@@ -30,7 +30,7 @@ from foal_pipe.protocol.continuation import FIXED_BY_MODEL, continued_outputs, l
 from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_stream
 from foal_pipe.protocol.headwalk import head_accuracies, head_boundaries
 from foal_pipe.protocol.records import Learned, accuracy_report, run_info
-from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.run import HeadStart, prepare
 from foal_pipe.protocol.schema import LearnMetrics
 from foal_pipe.store import open_store
 
@@ -139,7 +139,9 @@ def run_continue_head(
         raise FoalPipeError(f"the model expects {deployed.projection.n_features_in_}-dimensional features but "
                             f"{features} has {store.dim}; use a store made with the model's encoder")
     merged = label_map(deployed, list(store.classes))
-    run = prepare(features, stream, settings, evaluation, execution, heads=[name], ridge=False)
+    held = sum(int(np.asarray(t).nbytes) for t in deployed.classifier.tensors.values())
+    run = prepare(features, stream, settings, evaluation, execution, heads=[name], ridge=False,
+                  start=HeadStart(merged, deployed.classifier.classes_, held))
     run.projection = deployed.projection
     warn_dropped(run, stream, log)
     walker = relabelled(deployed.classifier.head(run.xp), merged)

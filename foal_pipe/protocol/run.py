@@ -85,12 +85,13 @@ def prepare(
     fusions: Sequence[str] = (),
     heads: Sequence[str] = (),
     ridge: bool = True,
+    start: HeadStart | None = None,
 ) -> Run:
     """Validate everything before any work: settings, store, stream, projection, memory.
 
     ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`);
     ``heads`` (other than ridge) add their state to the memory estimate; ``ridge=False`` (``learn --head``) leaves
-    out ridge's state and weights.
+    out ridge's state and weights; ``start`` (a continued head) adds the model's classes and tensors.
     """
     if model.gamma != "auto":
         check_gamma(model.gamma)
@@ -142,7 +143,7 @@ def prepare(
     parts = memory_parts(run, n_models, loo)
     if not ridge:
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
-    parts.update(head_parts(run, heads))
+    parts.update(head_parts(run, heads, model_file=not ridge, start=start))
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
@@ -156,15 +157,48 @@ def prepare(
     return run
 
 
-def head_parts(run: Run, heads: Sequence[str]) -> dict[str, int]:
+@dataclass(frozen=True)
+class HeadStart:
+    """Where a continued head starts (``learn --init-model``): ``merged`` maps store label ids to the model's,
+    ``classes`` are the model's classes (solved again at the first boundary), ``held`` the bytes of its loaded
+    tensors, held through the run."""
+
+    merged: np.ndarray
+    classes: np.ndarray
+    held: int
+
+
+def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
+               start: HeadStart | None = None) -> dict[str, int]:
     """The state of every head other than ridge (:data:`foal_pipe.heads.HEADS`' ``memory``: per-class statistics
-    included), at the width of the rows it takes, for every class of the store."""
+    included), at the width of the rows it takes, for every class; the scorers of every boundary, which wait for the
+    one test pass (``kept``, from the classes each task's rows hold); with ``model_file`` (``learn --head``), what
+    writing the one head's model file adds while they are held; with ``start``, the continued model's tensors."""
     from foal_pipe.heads import HEADS
+    from foal_pipe.heads.state import file_bytes
 
     dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
-    n_classes = len(run.store.classes)
-    return {f"{name} state ({n_classes} classes, d={dims[HEADS[name].space]})":
-            HEADS[name].memory(n_classes, dims[HEADS[name].space]) for name in heads if HEADS[name].factory is not None}
+    labels = np.asarray(run.store.train.labels)
+    classes = np.arange(len(run.store.classes))
+    if start is not None:
+        labels, classes = start.merged[labels], np.union1d(start.merged, start.classes)
+    seen = np.empty(0, dtype=np.int64) if start is None else np.asarray(start.classes, dtype=np.int64)
+    changes = []  # (classes whose rows changed, classes seen) at each boundary
+    for t, rows in enumerate(run.stream.rows):
+        task = np.unique(labels[rows])
+        changed = task.size if start is None or t else np.union1d(task, start.classes).size
+        seen = np.union1d(seen, task)
+        changes.append((changed, seen.size))
+    parts = {}
+    for name in (name for name in heads if HEADS[name].factory is not None):
+        entry, width = HEADS[name], dims[HEADS[name].space]
+        parts[f"{name} state ({classes.size} classes, d={width})"] = entry.memory(classes.size, width)
+        parts[f"{name} scorers of every boundary"] = sum(entry.kept(c, s, width) for c, s in changes)
+    if model_file and HEADS[heads[0]].factory is not None:
+        parts[f"{heads[0]} model file"] = file_bytes(heads[0], classes.size, dims[HEADS[heads[0]].space])
+    if start is not None:
+        parts["the --init-model's tensors"] = start.held
+    return parts
 
 
 def check_loo_sample(value: object) -> None:
