@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import N_CLASSES, assert_clean_error, build_store, invoke, learn, read
 
-from foal_pipe.core.gammapath import SampledLeaveOneOut, sample_bound
+from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_bound
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.stream import build_stream
@@ -45,7 +45,7 @@ def test_scores_and_leverages_equal_the_closed_form(data):
 def test_all_rows_sampled_equal_the_exact_leave_one_out(data):
     H, labels = data
     stats = RidgeStatistics.from_batch(H, labels)
-    exact = stats.eigen().loo(GAMMAS)
+    exact = LeaveOneOut(stats.eigen(), GAMMAS)
     exact.add(H, labels)
     sampled = _sampled(stats.eigen(), H, labels, np.arange(H.shape[0]))
     np.testing.assert_array_equal(sampled.accuracy(), exact.accuracy())

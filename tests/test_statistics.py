@@ -7,6 +7,7 @@ import pytest
 
 from foal_pipe import FoalPipeError
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal
+from foal_pipe.core.leaveoneout import LeaveOneOut
 from foal_pipe.core.linalg import class_positions
 from foal_pipe.core.statistics import RidgeStatistics
 
@@ -130,7 +131,7 @@ def brute_force_loo(H: np.ndarray, y: np.ndarray, classes: np.ndarray, gamma: fl
 def test_loo_equals_brute_force_refits(n, D):
     H, y = data(n, D, seed=3)
     s = RidgeStatistics.from_batch(H, y)
-    loo = s.eigen().loo(GAMMAS)
+    loo = LeaveOneOut(s.eigen(), GAMMAS)
     order = np.random.default_rng(0).permutation(n)  # any order, any blocks
     for rows in np.array_split(order, 4):
         loo.add(H[rows], y[rows])
@@ -148,7 +149,7 @@ def test_loo_mse_equals_sklearn_ridgecv(n, D):
 
     H, y = data(n, D, seed=4)
     s = RidgeStatistics.from_batch(H, y)
-    loo = s.eigen().loo(GAMMAS)
+    loo = LeaveOneOut(s.eigen(), GAMMAS)
     loo.add(H, y)
     cv = RidgeCV(alphas=GAMMAS, fit_intercept=False, store_cv_results=True).fit(H, one_hot(y, s.classes))
     np.testing.assert_allclose(loo.mse(), cv.cv_results_.mean(axis=(0, 1)), rtol=1e-8)
@@ -156,7 +157,7 @@ def test_loo_mse_equals_sklearn_ridgecv(n, D):
 
 def test_loo_needs_every_row_once():
     H, y = data(30, 5)
-    loo = RidgeStatistics.from_batch(H, y).eigen().loo([1.0])
+    loo = LeaveOneOut(RidgeStatistics.from_batch(H, y).eigen(), [1.0])
     loo.add(H[:20], y[:20])
     with pytest.raises(FoalPipeError, match="saw 20 rows but the statistics hold 30"):
         loo.mse()
@@ -206,7 +207,7 @@ def test_torch_arrays_give_the_numpy_numbers():
     assert isinstance(got.G, torch.Tensor)
     np.testing.assert_allclose(got.solve(0.5).numpy(), ref.solve(0.5), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got.eigen().gcv(GAMMAS), ref.eigen().gcv(GAMMAS), rtol=1e-10)
-    loo_t, loo_n = got.eigen().loo(GAMMAS), ref.eigen().loo(GAMMAS)
+    loo_t, loo_n = LeaveOneOut(got.eigen(), GAMMAS), LeaveOneOut(ref.eigen(), GAMMAS)
     loo_t.add(torch.asarray(H), y)
     loo_n.add(H, y)
     np.testing.assert_allclose(loo_t.mse(), loo_n.mse(), rtol=1e-9)

@@ -22,7 +22,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import dtype_name
-from foal_pipe.core.gammapath import best_point, search_grid
+from foal_pipe.core.gammasearch import best_point, search_grid
 from foal_pipe.core.linalg import checked_solve, one_hot
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
@@ -33,7 +33,7 @@ GCV_DOF_WARNING = 0.9
 
 def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[float, Any, str | None]:
     """``(gamma, W, warning)``: the gamma of least GCV over the refined search of ``grid``'s range
-    (:func:`~foal_pipe.core.gammapath.search_grid`), its weights, and a warning when ``df/n > 0.9``.
+    (:func:`~foal_pipe.core.gammasearch.search_grid`), its weights, and a warning when ``df/n > 0.9``.
 
     GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
     weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.

@@ -1,6 +1,6 @@
-"""Many gammas from one factorisation of ``G`` (:class:`RidgeEigen`, :class:`RidgeTridiagonal`), exact
-leave-one-out from one more pass over the rows (:class:`LeaveOneOut`), or over a sample of the rows, with
-Hoeffding's bound (:class:`SampledLeaveOneOut`, :func:`sample_bound`).
+"""Many gammas from one factorisation of ``G``: its eigendecomposition (:class:`RidgeEigen`) or its tridiagonal
+form (:class:`RidgeTridiagonal`) give the weights, RSS, degrees of freedom and GCV at any gamma. Leave-one-out
+over the rows is :mod:`foal_pipe.core.leaveoneout`; the refined search over gammas :mod:`foal_pipe.core.gammasearch`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,12 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import (
     check_positive,
-    class_positions,
     factor_threads,
     float64,
     float64_way_out,
     not_positive_definite,
-    one_hot,
 )
 from foal_pipe.errors import FoalPipeError, param
-
-#: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
-LOO_BLOCK_VALUES = 2**22
 
 
 def eigen_floor(floor: float, values: Any) -> float:
@@ -102,7 +97,8 @@ class GammaPath(ABC):
 
 @dataclass(frozen=True, eq=False)
 class RidgeEigen(GammaPath):
-    """The eigendecomposition of a :class:`RidgeStatistics`' ``G``: weights, GCV and leave-one-out for any gammas."""
+    """The eigendecomposition of a :class:`RidgeStatistics`' ``G``: weights and GCV for any gammas, and what
+    leave-one-out needs (:class:`~foal_pipe.core.leaveoneout.LeaveOneOut`)."""
 
     values: Any  # lambda, (D,)
     vectors: Any  # V, (D, D)
@@ -133,10 +129,6 @@ class RidgeEigen(GammaPath):
         norms = xp.sum(self.projected * self.projected, axis=1)
         fitted = xp.sum(norms[:, None] * (self.values[:, None] + 2 * g[None, :]) * inv * inv, axis=0)
         return self.y_norm2 - to_numpy(fitted)
-
-    def loo(self, gammas: Any) -> LeaveOneOut:
-        """An accumulator of exact leave-one-out scores: feed it every row with :meth:`LeaveOneOut.add`."""
-        return LeaveOneOut(self, gammas)
 
     def fitted(self, H: Any, gammas: Any) -> tuple[Any, Any]:
         """For rows ``H`` (m x D) of the statistics: the fitted scores ``h^T W(g)`` (m, M, C) and the leverages
@@ -235,220 +227,3 @@ class RidgeTridiagonal(GammaPath):
         z = self._solved(g)
         fitted = np.einsum("dc,dmc->m", self.projected, z) + g * np.einsum("dmc,dmc->m", z, z)
         return self.y_norm2 - fitted
-
-
-class _LeftOutTotals(ABC):
-    """What a leave-one-out pass adds up, per gamma: the rows added, those whose left-out prediction is their label,
-    and their squared left-out residuals; read once every expected row is in (``_check_complete``)."""
-
-    rows: int
-    correct: np.ndarray
-    squared: np.ndarray
-
-    @property
-    @abstractmethod
-    def n_classes(self) -> int: ...
-
-    @abstractmethod
-    def _check_complete(self) -> None: ...
-
-    def accuracy(self) -> np.ndarray:
-        """Fraction of the rows added whose left-out prediction is their label, per gamma."""
-        self._check_complete()
-        return self.correct / max(self.rows, 1)
-
-    def mse(self) -> np.ndarray:
-        """Mean over the rows added and the classes of the squared left-out residual, per gamma (inf where a row
-        has leverage 1)."""
-        self._check_complete()
-        mse = self.squared / max(self.rows * self.n_classes, 1)
-        return np.where(np.isnan(mse), np.inf, mse)
-
-
-class LeaveOneOut(_LeftOutTotals):
-    """Exact leave-one-out accuracy and squared error for several gammas, from one pass over the rows.
-
-    Every row summed into the statistics must be added once (any order, any blocks); the model left
-    out is that of the statistics minus the row, so no refit happens.
-    """
-
-    def __init__(self, eigen: RidgeEigen, gammas: Any) -> None:
-        self.eigen = eigen
-        self.inverse = eigen.shrinkage(gammas)  # (D, M)
-        xp = array_namespace(eigen.vectors)
-        D, C = eigen.projected.shape
-        self._scaled = xp.reshape(eigen.projected[:, None, :] * self.inverse[:, :, None], (D, -1))  # (D, M*C)
-        self.n_gammas = int(self.inverse.shape[1])
-        self.rows = 0
-        self.correct = np.zeros(self.n_gammas, dtype=np.int64)
-        self.squared = np.zeros(self.n_gammas, dtype=np.float64)
-
-    def add(self, H: Any, labels: Any) -> None:
-        """Score rows ``H`` (n x D) with their labels; rows are cut into blocks to bound memory."""
-        labels = np.asarray(labels).ravel()
-        D, C = self.eigen.projected.shape
-        step = max(1, LOO_BLOCK_VALUES // max(1, D + 3 * self.n_gammas * C))
-        n = H.shape[0]
-        for lo in range(0, n, step):  # in-bounds slices of both axes: the standard specifies nothing else
-            self._add_block(H[lo : min(lo + step, n), :], labels[lo : lo + step])
-
-    def _add_block(self, H: Any, labels: np.ndarray) -> None:
-        xp = array_namespace(self.eigen.vectors)
-        m, M = H.shape[0], self.n_gammas
-        C = self.eigen.classes.size
-        Z = float64(xp.asarray(H)) @ self.eigen.vectors  # (m, D)
-        leverage = (Z * Z) @ self.inverse  # (m, M)
-        Y = one_hot(labels, self.eigen.classes, Z)[:, None, :]
-        work = xp.reshape(Z @ self._scaled, (m, M, C))  # the fitted scores; then, in place, to spare memory traffic:
-        work -= Y  # minus the residual, -e_i
-        with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
-            work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual, -e_i / (1 - h_i)
-        self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
-        work += Y  # the left-out prediction, y_i - e_i / (1 - h_i)
-        predicted = to_numpy(xp.argmax(work, axis=2))
-        self.correct += np.sum(predicted == class_positions(self.eigen.classes, labels)[:, None], axis=0)
-        self.rows += m
-
-    @property
-    def n_classes(self) -> int:
-        return int(self.eigen.classes.size)
-
-    def _check_complete(self) -> None:
-        if self.rows != self.eigen.n:
-            raise FoalPipeError(f"leave-one-out saw {self.rows} rows but the statistics hold {self.eigen.n}; add every row once")
-
-
-
-class SampledLeaveOneOut(_LeftOutTotals):
-    """Leave-one-out accuracy and squared error over a sample of the rows of the statistics, for several gammas.
-
-    Each sampled row is left out of *all* the rows summed (exactly, by Sherman-Morrison: its left-out score is
-    ``(s - lev y) / (1 - lev)``), so the sampled accuracy is an unbiased estimate of the exact leave-one-out
-    accuracy, within :func:`sample_bound` of it at every gamma with the stated probability. Each row's
-    coordinates in an eigenbasis serve every gamma by matrix products: from ``G``'s eigenvectors
-    (:meth:`RidgeEigen.fitted`) or, for few rows, from the tridiagonal form (:meth:`RidgeTridiagonal.fitted`;
-    :func:`sample_needs_vectors` chooses). (A tridiagonal solve per gamma instead is a latency-bound recurrence:
-    0.24 s for 4,096 rows at D = 3,000, times 97 gammas; benchmarks/RESULTS.md.) ``rows``: how many rows will be
-    added (the sample's size).
-    """
-
-    def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int) -> None:
-        self.path = path
-        self.gammas = path._gammas(gammas)
-        self.expected = int(rows)
-        self.rows = 0
-        self.correct = np.zeros(self.gammas.size, dtype=np.int64)
-        self.squared = np.zeros(self.gammas.size, dtype=np.float64)
-
-    def add(self, H: Any, labels: Any) -> None:
-        """Score sampled rows ``H`` (m x D) with their labels, in blocks that bound the temporaries."""
-        labels = np.asarray(labels).ravel()
-        D = int(H.shape[1])
-        step = max(1, LOO_BLOCK_VALUES // max(1, 2 * D + 3 * self.gammas.size * self.path.classes.size))
-        n = H.shape[0]
-        for lo in range(0, n, step):
-            self._add_block(H[lo : min(lo + step, n), :], labels[lo : lo + step])
-
-    def _add_block(self, H: Any, labels: np.ndarray) -> None:
-        scores, leverage = self.path.fitted(H, self.gammas)
-        xp = array_namespace(scores)
-        Y = one_hot(labels, self.path.classes, scores)[:, None, :]
-        work = scores - Y  # minus the residual, -e_i
-        with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1: inf
-            work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual
-        self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
-        work += Y  # the left-out prediction
-        predicted = to_numpy(xp.argmax(work, axis=2))
-        self.correct += np.sum(predicted == class_positions(self.path.classes, labels)[:, None], axis=0)
-        self.rows += int(H.shape[0])
-
-    @property
-    def n_classes(self) -> int:
-        return int(self.path.classes.size)
-
-    def _check_complete(self) -> None:
-        if self.rows != self.expected:
-            raise FoalPipeError(f"sampled leave-one-out saw {self.rows} rows but the sample holds {self.expected}")
-
-
-
-def sample_needs_vectors(rows: int, dim: int) -> bool:
-    """Whether leave-one-out on ``rows`` sampled rows is cheaper with ``G``'s eigenvectors (their back-transform,
-    ``2 D^3``, then ``2 m D^2`` at GEMM speed) than with the tridiagonal form (:meth:`RidgeTridiagonal.fitted`:
-    ``T``'s eigenvectors, then reflectors and a product, ``4 m D^2``). Measured on one thread at D = 3,000, m =
-    4,096: eigenvectors 2.05 s more than the reduction, ``H V`` 1.34 s; ``dstemr`` 0.77 s, reflectors 2.74 s:
-    the tridiagonal form is cheaper while ``m < 1.03 D - 1,160``, taken as ``m < D - 1,100``."""
-    return rows >= dim - 1100
-
-
-#: The failure probability of :func:`sample_bound` recorded with a sampled search.
-SAMPLE_DELTA = 0.05
-
-
-def sample_bound(m: int, n_gammas: int, delta: float = SAMPLE_DELTA) -> float:
-    """Hoeffding's bound with a union over ``n_gammas``: with probability >= ``1 - delta`` the leave-one-out
-    accuracy of ``m`` rows drawn uniformly without replacement is within ``sqrt(ln(2 K / delta) / (2 m))`` of
-    that of all rows, at every gamma at once (Hoeffding's inequality holds for sampling without replacement;
-    Serfling's is tighter). So the gamma chosen on the sample has all-rows leave-one-out accuracy within twice
-    that of the best searched gamma's."""
-    return float(np.sqrt(np.log(2 * n_gammas / delta) / (2 * m)))
-
-
-#: Points per decade of the refined search: neighbours differ by 10^(1/8) = 1.33x (benchmarks/RESULTS.md,
-#: "Continuous gamma": test accuracy moves by hundredths of a point over that step).
-PER_DECADE = 8
-
-
-def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
-    """The gammas a refined search evaluates, ascending: the points of ``grid`` and ``per_decade`` log-spaced
-    points per decade from its least to its greatest (0: the grid's points only).
-
-    A fine grid, not a bracketing search: leave-one-out scores every gamma in its one pass over the rows, so
-    its gammas must be fixed before the rows are read; GCV then costs ``O(D C)`` per point.
-    """
-    g = np.unique(np.asarray(grid, dtype=np.float64).ravel())
-    check_positive(g)
-    if not isinstance(per_decade, (int, np.integer)) or isinstance(per_decade, bool) or per_decade < 0:
-        raise FoalPipeError(f"{param('per_decade')} must be an integer >= 0, got {per_decade!r}; e.g. "
-                            f"{param('per_decade', PER_DECADE)} (0: the grid's gammas only)")
-    lo, hi = np.log10(g[0]), np.log10(g[-1])
-    if per_decade == 0 or lo == hi:
-        return g
-    steps = int(np.ceil(round(float(hi - lo) * per_decade, 6)))
-    fine = 10.0 ** (lo + (hi - lo) * np.arange(1, steps) / steps)
-    near = np.isclose(fine[:, None], g[None, :], rtol=1e-9, atol=0.0).any(axis=1)  # a grid point's rounded twin
-    return np.union1d(g, fine[~near])
-
-
-def best_point(values: np.ndarray, larger: bool, tie: np.ndarray | None = None) -> int:
-    """The index of the best of ``values`` (NaN never best). Among equals (LOO accuracy is piecewise constant
-    in gamma: it has plateaus) the least ``tie`` wins (LOO MSE), then the first (the smallest gamma)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = np.where(np.isnan(v), -np.inf if larger else np.inf, v)
-    candidates = np.flatnonzero(v == (v.max() if larger else v.min()))
-    if tie is not None and candidates.size > 1:
-        t = np.where(np.isnan(tie[candidates]), np.inf, tie[candidates])
-        candidates = candidates[t == t.min()]
-    return int(candidates[0])
-
-
-@dataclass(frozen=True)
-class Search:
-    """One criterion's refined search at one task boundary: its value at every point of ``gammas`` and the
-    index chosen; ``edge`` is ``"smallest"``/``"largest"`` when that is an end of the range (the best may lie
-    beyond it)."""
-
-    criterion: str
-    gammas: np.ndarray
-    values: np.ndarray
-    index: int
-
-    @property
-    def gamma(self) -> float:
-        return float(self.gammas[self.index])
-
-    @property
-    def edge(self) -> str | None:
-        if self.gammas.size < 2:
-            return None
-        return "smallest" if self.index == 0 else "largest" if self.index == self.gammas.size - 1 else None

@@ -48,7 +48,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     gamma : float or "auto", default=1.0
         Ridge regularisation (``R0 = I / gamma``); must be > 0. ``"auto"`` (gram engine) picks, at every
         solve, the gamma with the least generalised cross-validation score among 8 log-spaced points per
-        decade of ``gamma_grid``'s range (:func:`~foal_pipe.core.gammapath.search_grid`): computed from
+        decade of ``gamma_grid``'s range (:func:`~foal_pipe.core.gammasearch.search_grid`): computed from
         the statistics alone, with no past sample (a warning flags a choice where GCV is unreliable).
         ``foal-pipe learn --gamma auto`` can also use exact leave-one-out, because it re-reads the rows.
     engine : {"gram", "rls"}, default="gram"

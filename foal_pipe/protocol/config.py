@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from foal_pipe.core.engines import check_gamma
-from foal_pipe.core.gammapath import PER_DECADE
+from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY

@@ -2,7 +2,7 @@
 
 Every walk position gets a fixed random rank, drawn from the seed; at the boundary that ends at walk row ``e``
 the sample is the ``M`` rows of ``[0, e)`` with the least ranks: uniform without replacement among the rows
-seen (not stratified by class, so :func:`~foal_pipe.core.gammapath.sample_bound` applies as it is). A row
+seen (not stratified by class, so :func:`~foal_pipe.core.leaveoneout.sample_bound` applies as it is). A row
 once out of the sample never re-enters it, so the rows to keep are the union of the boundaries' samples,
 about ``M (1 + 1/2 + ... + 1/T)`` for T equal tasks, not every row.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foal_pipe.core.gammapath import sample_bound
+from foal_pipe.core.leaveoneout import sample_bound
 
 #: Rows scored per boundary by default: Hoeffding's bound over 97 gammas is then 0.032 at delta 0.05.
 LOO_SAMPLE = 4096

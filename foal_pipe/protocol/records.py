@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.gammapath import SAMPLE_DELTA, best_point
+from foal_pipe.core.gammasearch import best_point
+from foal_pipe.core.leaveoneout import SAMPLE_DELTA
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig

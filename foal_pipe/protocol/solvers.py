@@ -10,16 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.gammapath import (
-    PER_DECADE,
-    GammaPath,
-    LeaveOneOut,
-    SampledLeaveOneOut,
-    Search,
-    best_point,
-    sample_needs_vectors,
-    search_grid,
-)
+from foal_pipe.core.gammapath import GammaPath
+from foal_pipe.core.gammasearch import PER_DECADE, Search, best_point, search_grid
+from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.loosample import RowSample
@@ -37,7 +30,7 @@ class Boundary:
     loo_accuracy: np.ndarray | None = None
     loo_mse: np.ndarray | None = None
     gcv_dof_ratio: float | None = None  # df/n at GCV's choice
-    #: Each criterion's refined search (:func:`~foal_pipe.core.gammapath.search_grid`), by criterion name.
+    #: Each criterion's refined search (:func:`~foal_pipe.core.gammasearch.search_grid`), by criterion name.
     searches: dict[str, Search] | None = None
     #: With a sampled leave-one-out: the rows it scored and Hoeffding's bound on its accuracy at every gamma.
     loo_rows: int | None = None
@@ -78,8 +71,8 @@ class ManyGammas:
     criterion's refined search over ``per_decade`` points per decade of the grid's range.
 
     Leave-one-out over every row needs the eigenvectors; over ``sample``'s rows only
-    (:class:`~foal_pipe.core.gammapath.SampledLeaveOneOut`) they serve when cheaper
-    (:func:`~foal_pipe.core.gammapath.sample_needs_vectors`); otherwise the tridiagonal form serves (see
+    (:class:`~foal_pipe.core.leaveoneout.SampledLeaveOneOut`) they serve when cheaper
+    (:func:`~foal_pipe.core.leaveoneout.sample_needs_vectors`); otherwise the tridiagonal form serves (see
     :meth:`RidgeStatistics.gamma_path`). ``choose`` (a :data:`~foal_pipe.protocol.schema.CRITERIA` name of the
     training rows) keeps only the weights of its refined choice (``learn --gamma auto``); None keeps the grid's
     and, after them, those of every criterion's refined choice that the pass computes (``sweep``), in
@@ -103,7 +96,7 @@ class ManyGammas:
         if not self.needs_rows:
             loo = None
         elif rows is None:
-            loo = path.loo(self.fine)
+            loo = LeaveOneOut(path, self.fine)
         else:
             loo = SampledLeaveOneOut(path, self.fine, rows)
         return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)

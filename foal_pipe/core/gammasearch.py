@@ -1,0 +1,72 @@
+"""The refined search over gammas: the grid a criterion is evaluated on (:func:`search_grid`), the best point
+(:func:`best_point`) and one criterion's search at a boundary (:class:`Search`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.linalg import check_positive
+from foal_pipe.errors import FoalPipeError, param
+
+#: Points per decade of the refined search: neighbours differ by 10^(1/8) = 1.33x (benchmarks/RESULTS.md,
+#: "Continuous gamma": test accuracy moves by hundredths of a point over that step).
+PER_DECADE = 8
+
+
+def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
+    """The gammas a refined search evaluates, ascending: the points of ``grid`` and ``per_decade`` log-spaced
+    points per decade from its least to its greatest (0: the grid's points only).
+
+    A fine grid, not a bracketing search: leave-one-out scores every gamma in its one pass over the rows, so
+    its gammas must be fixed before the rows are read; GCV then costs ``O(D C)`` per point.
+    """
+    g = np.unique(np.asarray(grid, dtype=np.float64).ravel())
+    check_positive(g)
+    if not isinstance(per_decade, (int, np.integer)) or isinstance(per_decade, bool) or per_decade < 0:
+        raise FoalPipeError(f"{param('per_decade')} must be an integer >= 0, got {per_decade!r}; e.g. "
+                            f"{param('per_decade', PER_DECADE)} (0: the grid's gammas only)")
+    lo, hi = np.log10(g[0]), np.log10(g[-1])
+    if per_decade == 0 or lo == hi:
+        return g
+    steps = int(np.ceil(round(float(hi - lo) * per_decade, 6)))
+    fine = 10.0 ** (lo + (hi - lo) * np.arange(1, steps) / steps)
+    near = np.isclose(fine[:, None], g[None, :], rtol=1e-9, atol=0.0).any(axis=1)  # a grid point's rounded twin
+    return np.union1d(g, fine[~near])
+
+
+def best_point(values: np.ndarray, larger: bool, tie: np.ndarray | None = None) -> int:
+    """The index of the best of ``values`` (NaN never best). Among equals (LOO accuracy is piecewise constant
+    in gamma: it has plateaus) the least ``tie`` wins (LOO MSE), then the first (the smallest gamma)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = np.where(np.isnan(v), -np.inf if larger else np.inf, v)
+    candidates = np.flatnonzero(v == (v.max() if larger else v.min()))
+    if tie is not None and candidates.size > 1:
+        t = np.where(np.isnan(tie[candidates]), np.inf, tie[candidates])
+        candidates = candidates[t == t.min()]
+    return int(candidates[0])
+
+
+@dataclass(frozen=True)
+class Search:
+    """One criterion's refined search at one task boundary: its value at every point of ``gammas`` and the
+    index chosen; ``edge`` is ``"smallest"``/``"largest"`` when that is an end of the range (the best may lie
+    beyond it)."""
+
+    criterion: str
+    gammas: np.ndarray
+    values: np.ndarray
+    index: int
+
+    @property
+    def gamma(self) -> float:
+        return float(self.gammas[self.index])
+
+    @property
+    def edge(self) -> str | None:
+        if self.gammas.size < 2:
+            return None
+        return "smallest" if self.index == 0 else "largest" if self.index == self.gammas.size - 1 else None
