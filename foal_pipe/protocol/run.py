@@ -177,6 +177,9 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
     from foal_pipe.heads import HEADS
     from foal_pipe.heads.state import file_bytes
 
+    names = [name for name in heads if HEADS[name].factory is not None]
+    if not names:
+        return {}
     dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
     labels = np.asarray(run.store.train.labels)
     classes = np.arange(len(run.store.classes))
@@ -190,12 +193,12 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
         seen = np.union1d(seen, task)
         changes.append((changed, seen.size))
     parts = {}
-    for name in (name for name in heads if HEADS[name].factory is not None):
+    for name in names:
         entry, width = HEADS[name], dims[HEADS[name].space]
         parts[f"{name} state ({classes.size} classes, d={width})"] = entry.memory(classes.size, width)
         parts[f"{name} scorers of every boundary"] = sum(entry.kept(c, s, width) for c, s in changes)
-    if model_file and HEADS[heads[0]].factory is not None:
-        parts[f"{heads[0]} model file"] = file_bytes(heads[0], classes.size, dims[HEADS[heads[0]].space])
+    if model_file:
+        parts[f"{names[0]} model file"] = file_bytes(names[0], classes.size, dims[HEADS[names[0]].space])
     if start is not None:
         parts["the --init-model's tensors"] = start.held
     return parts
