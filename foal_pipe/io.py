@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,9 @@ from typing import Any
 from foal_pipe.errors import FoalPipeError, param
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
+STORE_FORMAT = "foal-pipe/features"
+"""The ``format`` attribute of a feature store (:data:`foal_pipe.store.meta.FORMAT`): here, so that the output
+checks recognise a store without importing Zarr."""
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 
 
@@ -87,13 +90,37 @@ def check_output_file(path: str | Path) -> Path:
     return path
 
 
+def check_not_an_input(path: str | Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an output that is one of the command's input files: written over, the input would be lost."""
+    if not os.path.lexists(path):
+        return
+    for given in inputs:
+        if given is not None and os.path.exists(given) and os.path.samefile(path, given):
+            raise FoalPipeError(f"output {path} is an input of this command ({given}) and would be overwritten; "
+                                f"choose another {param('out')}")
+
+
+def is_feature_store(path: Path) -> bool:
+    """Whether ``path`` holds a foal-pipe feature store (its group attributes say so), complete or not."""
+    try:
+        doc = json.loads((path / "zarr.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and doc["attributes"].get("format") == STORE_FORMAT
+
+
 def _check_parents(path: Path) -> Path:
-    """Refuse a path below a file (mkdir would only say "File exists")."""
+    """Refuse a path below a file (mkdir would only say "File exists") and a path in a feature store (a run's files
+    there would sit among its arrays, or overwrite them)."""
     for parent in path.parents:
         if os.path.lexists(parent):
             if not parent.is_dir():
                 raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another {param('out')}")
             break
+    full = path.resolve()
+    for where in (full, *full.parents):
+        if is_feature_store(where):
+            raise FoalPipeError(f"output {path} lies in the feature store {where}; choose an {param('out')} outside it")
     return path
 
 

@@ -337,7 +337,7 @@ def predict(
     true_class (the label id the store holds), true_name; accuracy goes to stderr. --images: columns path,
     predicted_class, predicted_name, score (and top{i}_name, top{i}_score with --top-k).
     """
-    from foal_pipe.io import atomic_path, check_output_file
+    from foal_pipe.io import atomic_path, check_not_an_input, check_output_file
     from foal_pipe.model.predict import predict_image_files, predict_split
 
     images = [*(images or []), *(more_images or [])]
@@ -346,6 +346,12 @@ def predict(
             raise FoalPipeError("pass exactly one of --features STORE or --images PATH...")
         if out is not None:
             check_output_file(out)
+            inputs = [model, checkpoint]
+            if images:
+                from foal_pipe.extract.encoding import find_images
+
+                inputs += find_images(images)
+            check_not_an_input(out, inputs)
         if images:
             result = predict_image_files(model, images, checkpoint, top_k, skip_bad, batch_size, device)
         else:

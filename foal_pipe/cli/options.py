@@ -287,13 +287,21 @@ def shrinkage_value(text: str) -> float | str:
         raise FoalPipeError(f"--shrinkage {text!r} is neither a number nor 'oas'; write e.g. --shrinkage 1e-4") from None
 
 
+def heads_value(text: str) -> tuple[str, ...]:
+    """``--heads``: the head names; given, it must name one (an empty list is not "no heads")."""
+    heads = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not heads:
+        raise FoalPipeError(f"--heads {text!r} names no head; write a comma-separated list of {', '.join(HEADS)}")
+    return heads
+
+
 #: Options whose text becomes the field's value.
 PARSE: dict[str, Callable[[Any], Any]] = {
     "gamma": gamma_value,
     "gamma_grid": lambda text: floats(text, "--gamma-grid"),
     "gammas": lambda text: floats(text, "--gammas"),
     "fusions": lambda text: tuple(text.split(",")),
-    "heads": lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
+    "heads": heads_value,
     "shrinkage": shrinkage_value,
     "max_memory": parse_memory,
 }

@@ -17,6 +17,15 @@ from foal_pipe.errors import FoalPipeError, param
 PER_DECADE = 8
 
 
+def check_grid(grid: Any) -> np.ndarray:
+    """The distinct gammas of ``grid``, ascending; an empty grid (nothing to choose from) is refused."""
+    g = np.unique(np.asarray(grid, dtype=np.float64).ravel())
+    if g.size == 0:
+        raise FoalPipeError(f"{param('gamma_grid')} is empty; pass some gammas, e.g. 1e-3,1e-2,1e-1,1,10")
+    check_positive(g)
+    return g
+
+
 def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
     """The gammas a refined search evaluates, ascending: the points of ``grid`` and ``per_decade`` log-spaced
     points per decade from its least to its greatest (0: the grid's points only).
@@ -24,8 +33,7 @@ def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
     A fine grid, not a bracketing search: leave-one-out scores every gamma in its one pass over the rows, so
     its gammas must be fixed before the rows are read; GCV then costs ``O(D C)`` per point.
     """
-    g = np.unique(np.asarray(grid, dtype=np.float64).ravel())
-    check_positive(g)
+    g = check_grid(grid)
     if not isinstance(per_decade, (int, np.integer)) or isinstance(per_decade, bool) or per_decade < 0:
         raise FoalPipeError(f"{param('per_decade')} must be an integer >= 0, got {per_decade!r}; e.g. "
                             f"{param('per_decade', PER_DECADE)} (0: the grid's gammas only)")

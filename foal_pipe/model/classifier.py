@@ -15,6 +15,7 @@ from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma, checked_weights, grow_classes
+from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
@@ -120,6 +121,8 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         dtype, where = getattr(xp, self._dtype.name), default_device(xp)
         if self.engine == "gram":
             grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else tuple(check_gamma(g) for g in self.gamma_grid)
+            if self.gamma == "auto":
+                check_grid(grid)
             self._engine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)
         else:
             self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype, where)

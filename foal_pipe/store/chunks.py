@@ -197,7 +197,12 @@ def _read_range(f: io.BufferedReader, size: int, byte_range: Any) -> bytes:
 
 
 def chunk_grid(array: zarr.Array) -> tuple[int, ...]:
-    """Chunks along each dimension."""
+    """Chunks along each dimension; a chunk side below 1 (hand-edited metadata: no rows could be stored) is refused."""
+    if any(int(c) < 1 for c in array.chunks):
+        where = getattr(array.store, "root", None)
+        shape = tuple(map(int, array.chunks))
+        raise FoalPipeError(f"array {array.path}{f' in {where}' if where else ''} has chunk shape {shape}, with a side "
+                            f"below 1, so no chunk can hold its rows; {REEXTRACT}")
     return tuple(math.ceil(s / c) for s, c in zip(array.shape, array.chunks))
 
 

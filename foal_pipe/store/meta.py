@@ -12,10 +12,11 @@ from typing import Any
 import zarr
 
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io import STORE_FORMAT
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore
 
-FORMAT = "foal-pipe/features"
+FORMAT = STORE_FORMAT
 FORMAT_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
 SPLITS = ("train", "test")
@@ -109,6 +110,10 @@ class StoreMeta:
                 found = f"holds {_json_type(bad)} ({shown(bad)})"
             raise FoalPipeError(f"{where}: attribute 'classes' must be a non-empty list of class names (strings), "
                                 f"but it {found}; fix it or re-extract the store")
+        if len(set(classes)) != len(classes):
+            twice = next(c for i, c in enumerate(classes) if c in classes[:i])
+            raise FoalPipeError(f"{where}: attribute 'classes' names {twice!r} twice, so a model could not tell those "
+                                "labels apart by name; fix it or re-extract the store")
         expected = {"dataset": (str,), "encoder": (dict,), "complete": (bool,), "generation": (str,)}
         for key, types in expected.items():
             if key in attrs and not isinstance(attrs[key], types):

@@ -4,7 +4,6 @@ replaced store.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -15,14 +14,13 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import exchange
+from foal_pipe.io import exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import compute_generation, record_chunks
 from foal_pipe.store.log import log_path
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
-    FORMAT,
     FORMAT_VERSION,
     LABEL_CHUNK_ROWS,
     SPLITS,
@@ -95,22 +93,13 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
             raise
 
 
-def _is_feature_store(path: Path) -> bool:
-    """Whether ``path`` holds a foal-pipe feature store (its group attributes say so), complete or not."""
-    try:
-        doc = json.loads((path / "zarr.json").read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and doc["attributes"].get("format") == FORMAT
-
-
 def _check_replaceable(where: Path) -> None:
     """Refuse to replace what is at ``where`` unless it is nothing, an empty folder or a feature store."""
     if not (where.exists() or where.is_symlink()):
         return
     if where.is_symlink() or not where.is_dir():
         what = "a symlink" if where.is_symlink() else "a file"
-    elif any(where.iterdir()) and not _is_feature_store(where):
+    elif any(where.iterdir()) and not is_feature_store(where):
         what = "a folder that is not a feature store"
     else:
         return

@@ -1,0 +1,181 @@
+"""A second outside fault hunt (after issue 24's): each case below was wrong on main and is now refused in one line.
+
+Before: `predict --out` wrote its CSV over the model it read, over an input image or over a store's zarr.json
+(data loss, exit 0); `learn`/`sweep`/`evaluate`/`predict` wrote their outputs into a feature store (every
+later read of it warned, `extract --overwrite` would delete them); an empty `--gamma-grid` was an IndexError
+traceback (and `gamma_grid=[]` fitted, to fail at the first prediction); a chunk shape edited to 0 was a
+ZeroDivisionError traceback in every reader, `info` included; a store naming a class twice was trained on and
+refused only when the model was written, naming a temporary file; `--heads ""` ran the plain gamma sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import helpers
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from foal_pipe import AnalyticClassifier
+from foal_pipe.cli import app
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.extract import ExtractSpec, run_extract
+from foal_pipe.store import write_store
+
+runner = CliRunner()
+CLASSES = ["a", "b", "c", "d"]
+assert_one_line_error = partial(helpers.assert_one_line_error, after_notes=True)
+
+
+def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.tile(np.arange(4), n // 4)
+    return (rng.normal(size=(n, 6)) + 3 * y[:, None]).astype(np.float32), y
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    return write_store(tmp_path / "s.zarr", _data(128, 0), _data(64, 1), CLASSES, chunk_rows=32)
+
+
+def _invoke(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _learn(store: Path, out: Path, *extra: object):
+    return _invoke("learn", "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 16, *extra)
+
+
+@pytest.fixture
+def model(store, tmp_path) -> Path:
+    assert _learn(store, tmp_path / "run").exit_code == 0
+    return tmp_path / "run" / "model.safetensors"
+
+
+# -- an output over an input, or inside a feature store ----------------------------------------------------------
+def test_predict_refuses_to_write_over_the_model_it_reads(store, model, tmp_path):
+    before = model.read_bytes()
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(model)
+    for out in (model, link):
+        result = _invoke("predict", "--model", model, "--features", store, "--out", out)
+        assert_one_line_error(result, f"output {out} is an input of this command", "choose another --out")
+    assert model.read_bytes() == before
+
+
+def test_predict_images_refuses_to_write_over_an_input_image(tmp_path):
+    tree = helpers.make_image_tree(tmp_path / "tree", {"a": 4, "b": 4})
+    run_extract(ExtractSpec(dataset="imagefolder", data_dir=str(tree), model="pixels", image_size=8,
+                            out=str(tmp_path / "px.zarr"), device="cpu", workers=0, batch_size=4, chunk_rows=4))
+    assert _invoke("learn", "--features", tmp_path / "px.zarr", "--out", tmp_path / "run", "--tasks", 2,
+                   "--projection-dim", 16).exit_code == 0
+    image = tree / "test" / "a" / "img000.png"
+    before = image.read_bytes()
+    for given in (tree / "test", image, str(tree / "test" / "*" / "*.png")):
+        result = _invoke("predict", "--model", tmp_path / "run" / "model.safetensors", "--images", given,
+                         "--out", image)
+        assert_one_line_error(result, f"output {image} is an input of this command")
+    assert image.read_bytes() == before
+    ok = _invoke("predict", "--model", tmp_path / "run" / "model.safetensors", "--images", tree / "test",
+                 "--out", tmp_path / "pred.csv")
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "pred.csv").read_text().count("\n") == 1 + 4
+
+
+@pytest.mark.parametrize("where", ["zarr.json", "p.csv", "train/labels/c/0"])
+def test_predict_refuses_an_out_inside_the_store(store, model, where):
+    files = helpers.store_files(store)
+    result = _invoke("predict", "--model", model, "--features", store, "--out", store / where)
+    assert_one_line_error(result, f"lies in the feature store {store.resolve()}", "outside it")
+    assert helpers.store_files(store) == files
+
+
+@pytest.mark.parametrize("command", ["learn", "sweep", "evaluate"])
+@pytest.mark.parametrize("where", [".", "train", "runs/x"])
+def test_run_outputs_inside_a_store_are_refused(store, model, command, where):
+    files = helpers.store_files(store)
+    out = store / where
+    if command == "evaluate":
+        result = _invoke("evaluate", "--run", model.parent, "--out", out, "--no-plots")
+    else:
+        result = _invoke(command, "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 16)
+    assert_one_line_error(result, "lies in the feature store", "choose an --out outside it")
+    assert helpers.store_files(store) == files
+
+
+def test_outputs_beside_a_store_are_still_written(store, model, tmp_path):
+    result = _invoke("predict", "--model", model, "--features", store, "--out", tmp_path / "p.csv")
+    assert result.exit_code == 0, result.output
+    assert _invoke("evaluate", "--run", model.parent, "--no-plots").exit_code == 0
+    assert (model.parent / "eval" / "summary.md").is_file()
+
+
+# -- an empty gamma grid -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("grid", ["", " , "])
+def test_an_empty_gamma_grid_is_refused_in_one_line(store, tmp_path, grid):
+    result = _learn(store, tmp_path / "run", "--gamma", "auto", "--gamma-grid", grid)
+    assert_one_line_error(result, "--gamma-grid is empty")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_gamma_grid_is_refused_by_fit():
+    X, y = _data(40, 3)
+    with pytest.raises(FoalPipeError, match="gamma_grid is empty"):
+        AnalyticClassifier(gamma="auto", gamma_grid=[]).fit(X, y)
+    # a fixed gamma does not use the grid: still fitted, and exactly the ridge solution
+    clf = AnalyticClassifier(gamma=2.0, gamma_grid=[]).fit(X.astype(np.float64), y)
+    Y = np.eye(4)[y]
+    X64 = X.astype(np.float64)
+    W = np.linalg.solve(X64.T @ X64 + 2.0 * np.eye(6), X64.T @ Y)
+    np.testing.assert_array_equal(clf.predict(X64), np.argmax(X64 @ W, axis=1))
+
+
+# -- a chunk side edited to 0 ------------------------------------------------------------------------------------
+def _zero_chunk(store: Path, array: str) -> None:
+    meta_file = store / array / "zarr.json"
+    meta = json.loads(meta_file.read_text())
+    meta["chunk_grid"]["configuration"]["chunk_shape"][0] = 0
+    meta_file.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("array", ["train/features", "test/labels"])
+@pytest.mark.parametrize("command", [("info",), ("info", "--verify"), ("learn",), ("predict",)])
+def test_a_chunk_shape_edited_to_zero_is_refused_in_one_line(tmp_path, array, command):
+    store = helpers.build_store(tmp_path / "b.zarr")  # format 1: no generation id to notice the edit first
+    assert _invoke("learn", "--features", store, "--out", tmp_path / "run", "--tasks", 4,
+                   "--projection-dim", 16).exit_code == 0
+    _zero_chunk(store, array)
+    args = {"info": ("info", store, *command[1:]),
+            "learn": ("learn", "--features", store, "--out", tmp_path / "run2", "--tasks", 4),
+            "predict": ("predict", "--model", tmp_path / "run" / "model.safetensors", "--features", store)}
+    result = _invoke(*args[command[0]])
+    assert_one_line_error(result, f"array {array} in {store} has chunk shape (0", "re-extract it")
+
+
+def test_an_extracted_store_with_a_zero_chunk_side_is_refused_by_info(store):
+    _zero_chunk(store, "train/features")
+    assert_one_line_error(_invoke("info", store), "array train/features", "has chunk shape (0, 6)")
+
+
+# -- a class named twice -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["learn", "sweep", "info"])
+def test_a_store_naming_a_class_twice_is_refused_before_training(tmp_path, command):
+    names = [f"c{i}" for i in range(helpers.N_CLASSES - 1)] + ["c0"]
+    store = helpers.build_store(tmp_path / "b.zarr", attrs={"classes": names})
+    args = ("info", store) if command == "info" else (command, "--features", store, "--out", tmp_path / "run",
+                                                       "--tasks", 4, "--projection-dim", 16)
+    result = _invoke(*args)
+    assert_one_line_error(result, "attribute 'classes' names 'c0' twice")
+    assert ".tmp-" not in result.output
+    assert not (tmp_path / "run").exists()
+
+
+# -- --heads that names no head ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("heads", ["", ",", " , "])
+def test_heads_naming_no_head_is_refused(store, tmp_path, heads):
+    result = _invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2, "--heads", heads)
+    assert_one_line_error(result, "--heads", "names no head", "ridge, ncm")
+    assert not (tmp_path / "sw").exists()
