@@ -5,7 +5,9 @@ Before: `predict --out` wrote its CSV over the model it read, over an input imag
 later read of it warned, `extract --overwrite` would delete them); an empty `--gamma-grid` was an IndexError
 traceback (and `gamma_grid=[]` fitted, to fail at the first prediction); a chunk shape edited to 0 was a
 ZeroDivisionError traceback in every reader, `info` included; a store naming a class twice was trained on and
-refused only when the model was written, naming a temporary file; `--heads ""` ran the plain gamma sweep.
+refused only when the model was written, naming a temporary file; `--heads ""` ran the plain gamma sweep;
+`evaluate --model` or `--sweep` of another run or store was reported as the run's own; `gamma_grid=5` was a
+TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1.
 """
 
 from __future__ import annotations
@@ -179,3 +181,51 @@ def test_heads_naming_no_head_is_refused(store, tmp_path, heads):
     result = _invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2, "--heads", heads)
     assert_one_line_error(result, "--heads", "names no head", "ridge, ncm")
     assert not (tmp_path / "sw").exists()
+
+
+# -- evaluate with another run's model or another store's sweep --------------------------------------------------
+def test_evaluate_refuses_a_model_of_another_run(store, model, tmp_path):
+    other_store = helpers.build_store(tmp_path / "blobs.zarr")
+    assert _invoke("learn", "--features", other_store, "--out", tmp_path / "blobs", "--tasks", 4,
+                   "--projection-dim", 16).exit_code == 0
+    assert _learn(store, tmp_path / "wider", "--projection-dim", 24).exit_code == 0
+    for other, what in ((tmp_path / "blobs", "its dataset is 'blobs' but the run's metrics.json has 'synthetic'"),
+                        (tmp_path / "wider", "its projection dimension D is 24 but the run's metrics.json has 16")):
+        result = _invoke("evaluate", "--run", model.parent, "--model", other / "model.safetensors", "--out",
+                         tmp_path / "ev", "--no-plots")
+        assert_one_line_error(result, f"is not the model of run {model.parent}", what)
+        assert not (tmp_path / "ev").exists()
+    result = _invoke("evaluate", "--run", model.parent, "--model", model, "--out", tmp_path / "ev", "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "ev" / "class_accuracy.csv").is_file()
+
+
+def test_evaluate_refuses_a_sweep_of_another_store(store, model, tmp_path):
+    other_store = helpers.build_store(tmp_path / "blobs.zarr")
+    assert _invoke("sweep", "--features", other_store, "--out", tmp_path / "blobs-sweep", "--tasks", 4,
+                   "--projection-dim", 16).exit_code == 0
+    result = _invoke("evaluate", "--run", model.parent, "--sweep", tmp_path / "blobs-sweep", "--out",
+                     tmp_path / "ev", "--no-plots")
+    assert_one_line_error(result, "swept other features than run", "its dataset is 'blobs'")
+    assert not (tmp_path / "ev").exists()
+    assert _invoke("sweep", "--features", store, "--out", tmp_path / "own-sweep", "--tasks", 2,
+                   "--projection-dim", 16).exit_code == 0
+    result = _invoke("evaluate", "--run", model.parent, "--sweep", tmp_path / "own-sweep", "--out", tmp_path / "ev",
+                     "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "ev" / "gamma.csv").is_file()
+
+
+# -- gammas the Python API misread -------------------------------------------------------------------------------
+@pytest.mark.parametrize("grid", [5, "1,10", b"1"])
+def test_a_gamma_grid_that_is_not_a_sequence_is_refused(grid):
+    X, y = _data(40, 3)
+    with pytest.raises(FoalPipeError, match="gamma_grid must be a sequence of gammas"):
+        AnalyticClassifier(gamma="auto", gamma_grid=grid).fit(X, y)
+
+
+@pytest.mark.parametrize("gamma", [True, np.True_])
+def test_a_boolean_gamma_is_refused(gamma):
+    X, y = _data(40, 3)
+    with pytest.raises(FoalPipeError, match="gamma must be a positive number"):
+        AnalyticClassifier(gamma=gamma).fit(X, y)

@@ -52,8 +52,10 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[floa
 
 
 def check_gamma(gamma: Any) -> float:
-    """A positive, finite gamma as a float; anything else refused."""
+    """A positive, finite gamma as a float; anything else refused (a boolean too, though float(True) is 1)."""
     try:
+        if isinstance(gamma, (bool, np.bool_)):
+            raise TypeError
         value = float(gamma)
     except (TypeError, ValueError):
         raise FoalPipeError(f"gamma must be a positive number or 'auto', got {gamma!r}; try {param('gamma', 1)}") from None

@@ -34,6 +34,17 @@ class NotFitted(FoalPipeError, NotFittedError):
 _FITTED = ("_engine", "_dtype", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_")
 
 
+def _gammas(grid: Any) -> list[Any]:
+    """The entries of ``gamma_grid``: a sequence of numbers, not one number or a string (iterated by character)."""
+    try:
+        if isinstance(grid, (str, bytes)):
+            raise TypeError
+        return list(grid)
+    except TypeError:
+        raise FoalPipeError(f"gamma_grid must be a sequence of gammas, got {grid!r:.60}; e.g. gamma_grid=[0.1, 1, 10]"
+                            ) from None
+
+
 class AnalyticClassifier(ClassifierMixin, BaseEstimator):
     """Linear classifier on activations, fitted to one-hot labels by exact online ridge regression.
 
@@ -120,7 +131,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         self._dtype = resolve_dtype(self.dtype)
         dtype, where = getattr(xp, self._dtype.name), default_device(xp)
         if self.engine == "gram":
-            grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else tuple(check_gamma(g) for g in self.gamma_grid)
+            grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else tuple(check_gamma(g) for g in _gammas(self.gamma_grid))
             if self.gamma == "auto":
                 check_grid(grid)
             self._engine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)

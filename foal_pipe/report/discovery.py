@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.model.modelfile import MODEL_FILE
@@ -56,11 +57,45 @@ def load_run(
         run.sweep_searched = () if run.sweep_path else candidates
     if run.sweep_path is not None:
         run.sweep = read_sweep(run.sweep_path)
+        found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics) if sweep is not None else []
+        if found:
+            what, theirs, ours = found[0]
+            raise FoalPipeError(f"{param('sweep')} {run.sweep_path} swept other features than run {run_dir}: its "
+                                f"{what} is {theirs!r:.80} but the run's metrics.json has {ours!r:.80}; pass a sweep "
+                                "of the run's store")
     model_path = Path(model) if model is not None else run_dir / MODEL_FILE
+    if model is not None:
+        check_run_model(run, model_path)
     if model is not None or model_path.exists():
         run.weight_norms = read_weight_norms(model_path)
         run.model_path = model_path
     return run
+
+
+def check_run_model(run: Run, path: Path) -> None:
+    """Refuse a ``--model`` that this run cannot have written: trained on another dataset or encoder, or (ridge)
+    at another projection dimension; its weight norms, per-class accuracy and confusion matrix would be reported
+    as the run's."""
+    from foal_pipe.model.modelfile import read_model, stored_head
+
+    tensors, meta = read_model(path, names=("projection",))
+    m = run.metrics
+    found = _other_data(meta.get("dataset"), meta.get("encoder"), m)
+    if not found and stored_head(path) is None and m.projection_dim:
+        rows = tensors["projection"].shape[1] if "projection" in tensors else None
+        if rows is not None and rows != m.projection_dim:
+            found.append(("projection dimension D", rows, m.projection_dim))
+    if found:
+        what, theirs, ours = found[0]
+        raise FoalPipeError(f"{param('model')} {path} is not the model of run {run.path}: its {what} is {theirs!r:.80} "
+                            f"but the run's metrics.json has {ours!r:.80}; pass the run's own model (or leave out "
+                            f"{param('model')})")
+
+
+def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics) -> list[tuple[str, Any, Any]]:
+    """``(what, theirs, the run's)`` where a file's dataset or encoder differ from the run's (both recorded)."""
+    pairs = (("dataset", dataset, metrics.dataset), ("encoder", encoder, metrics.encoder))
+    return [(what, theirs, ours) for what, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
 
 
 @dataclass

@@ -112,8 +112,8 @@ class StoreMeta:
                                 f"but it {found}; fix it or re-extract the store")
         if len(set(classes)) != len(classes):
             twice = next(c for i, c in enumerate(classes) if c in classes[:i])
-            raise FoalPipeError(f"{where}: attribute 'classes' names {twice!r} twice, so a model could not tell those "
-                                "labels apart by name; fix it or re-extract the store")
+            raise FoalPipeError(f"{where}: attribute 'classes' names {twice!r} twice: two label ids for one name, which a "
+                                "model could not tell apart; fix it or re-extract the store")
         expected = {"dataset": (str,), "encoder": (dict,), "complete": (bool,), "generation": (str,)}
         for key, types in expected.items():
             if key in attrs and not isinstance(attrs[key], types):
