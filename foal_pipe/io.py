@@ -117,11 +117,16 @@ def _check_parents(path: Path) -> Path:
             if not parent.is_dir():
                 raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another {param('out')}")
             break
-    full = path.resolve()
-    for where in (full, *full.parents):
-        if is_feature_store(where):
-            raise FoalPipeError(f"output {path} lies in the feature store {where}; choose an {param('out')} outside it")
+    where = enclosing_store(path, itself=True)
+    if where is not None:
+        raise FoalPipeError(f"output {path} lies in the feature store {where}; choose an {param('out')} outside it")
     return path
+
+
+def enclosing_store(path: str | Path, itself: bool = False) -> Path | None:
+    """The feature store that ``path`` lies in (``itself``: or is), if any."""
+    full = Path(path).resolve()
+    return next((where for where in ((full,) if itself else ()) + tuple(full.parents) if is_feature_store(where)), None)
 
 
 def _remove_stale(path: Path) -> None:

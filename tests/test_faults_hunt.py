@@ -7,7 +7,9 @@ traceback (and `gamma_grid=[]` fitted, to fail at the first prediction); a chunk
 ZeroDivisionError traceback in every reader, `info` included; a store naming a class twice was trained on and
 refused only when the model was written, naming a temporary file; `--heads ""` ran the plain gamma sweep;
 `evaluate --model` or `--sweep` of another run or store was reported as the run's own; `gamma_grid=5` was a
-TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1.
+TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1;
+`extract --out` inside a store made that store read as damaged; a huge pixels `--image-size` was a MemoryError
+traceback.
 """
 
 from __future__ import annotations
@@ -229,3 +231,22 @@ def test_a_boolean_gamma_is_refused(gamma):
     X, y = _data(40, 3)
     with pytest.raises(FoalPipeError, match="gamma must be a positive number"):
         AnalyticClassifier(gamma=gamma).fit(X, y)
+
+
+# -- extract: a store inside a store, features too wide for memory -----------------------------------------------
+def test_extract_refuses_a_store_inside_a_store(store, tmp_path):
+    files = helpers.store_files(store)
+    for inner in (store / "inner.zarr", store / "train" / "deep" / "x.zarr"):
+        result = _invoke("extract", "--dataset", "digits", "--model", "pixels", "--out", inner)
+        assert_one_line_error(result, f"--out {inner} lies in the feature store {store.resolve()}", "outside it")
+        with pytest.raises(FoalPipeError, match="lies in the feature store"):
+            write_store(inner, _data(8, 0), _data(8, 1), CLASSES)
+    assert helpers.store_files(store) == files
+    assert _learn(store, tmp_path / "run").exit_code == 0  # not damaged: on main its generation id no longer matched
+
+
+def test_extract_refuses_features_too_wide_for_memory(tmp_path):
+    out = tmp_path / "huge.zarr"
+    result = _invoke("extract", "--dataset", "digits", "--model", "pixels", "--image-size", 100_000, "--out", out)
+    assert_one_line_error(result, "one chunk of features", "choose a smaller --image-size")
+    assert not out.exists()

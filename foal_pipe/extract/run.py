@@ -20,6 +20,7 @@ from foal_pipe.datasets.sources import PreparedImages
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inputs, now, open_inputs, runtime_info
 from foal_pipe.extract.state import StoreState, check_store, create_store, finish_store, is_zarr_dir, staging_path
+from foal_pipe.io import enclosing_store
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
 
 
@@ -198,6 +199,10 @@ def extraction(spec: ExtractSpec, overwrite: bool = False,
     ``state.status == "complete"``) and records ``progress``. The sidecar log ``<store>.log.json`` gets the
     run's start, end or error, and ``runtime`` (what :func:`runtime_info` does not know, e.g. the scheduler).
     """
+    outer = enclosing_store(spec.out_path)
+    if outer is not None:
+        raise FoalPipeError(f"{param('out')} {spec.out_path} lies in the feature store {outer}, which a store inside "
+                            f"would damage (its metadata would no longer match); choose an {param('out')} outside it")
     with writer_lock(spec.out_path):
         for folder in (spec.out_path, staging_path(spec.out_path)):
             if folder.is_dir() and is_zarr_dir(folder):

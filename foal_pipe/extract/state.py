@@ -103,9 +103,23 @@ def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: boo
         return state
     out = spec.out_path
     settings = store_settings(spec, inputs)
+    _check_chunk_memory(spec, inputs, max(settings["rows"].values(), default=1))
     target = staging_path(out) if out.is_dir() and any(out.iterdir()) else out
     _build_skeleton(target, spec, inputs, settings)
     return StoreState(target, "created", {split: 0 for split in SPLITS}, dict(settings["rows"]), out)
+
+
+def _check_chunk_memory(spec: ExtractSpec, inputs: Inputs, rows: int) -> None:
+    """Refuse, before a store is created, features too wide for one chunk and one batch in memory (a pixels
+    encoder at a huge --image-size): extraction would otherwise end in a MemoryError traceback."""
+    import numpy as np
+
+    from foal_pipe.memory import check_memory
+
+    dim = inputs.encoder.dim
+    check_memory("extract", {"one chunk of features": max(1, min(spec.chunk_rows, rows)) * dim * np.dtype(spec.dtype).itemsize,
+                             "one batch of features": inputs.batch_size * dim * 4},
+                 f"choose a smaller {param('image_size')} (features of {dim:,} values a row) or {param('chunk_rows')}")
 
 
 def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> StoreState | None:

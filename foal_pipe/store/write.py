@@ -14,7 +14,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import exchange, is_feature_store
+from foal_pipe.io import enclosing_store, exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import compute_generation, record_chunks
 from foal_pipe.store.log import log_path
@@ -94,7 +94,12 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
 
 
 def _check_replaceable(where: Path) -> None:
-    """Refuse to replace what is at ``where`` unless it is nothing, an empty folder or a feature store."""
+    """Refuse to replace what is at ``where`` unless it is nothing, an empty folder or a feature store, and a store
+    inside another (its metadata would change the outer store's generation id: that store would read as damaged)."""
+    outer = enclosing_store(where)
+    if outer is not None:
+        raise FoalPipeError(f"{where} lies in the feature store {outer}, which a store inside would damage; choose a "
+                            f"path outside it")
     if not (where.exists() or where.is_symlink()):
         return
     if where.is_symlink() or not where.is_dir():
