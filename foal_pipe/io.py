@@ -62,6 +62,9 @@ def check_output_dir(path: str | Path) -> Path:
     place, a path under a file or ``path`` being a file are named now rather than after training.
     """
     path = _check_parents(Path(path))
+    if path.name in ("", ".", ".."):  # rename() refuses them: the run would fail after all its work
+        raise FoalPipeError(f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename; "
+                            f"pass it by name, e.g. {param('out')} {Path(os.path.abspath(path))}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)

@@ -9,7 +9,7 @@ refused only when the model was written, naming a temporary file; `--heads ""` r
 `evaluate --model` or `--sweep` of another run or store was reported as the run's own; `gamma_grid=5` was a
 TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1;
 `extract --out` inside a store made that store read as damaged; a huge pixels `--image-size` was a MemoryError
-traceback.
+traceback; `learn --out .` failed after all its work with "Device or resource busy ... free some space".
 """
 
 from __future__ import annotations
@@ -250,3 +250,15 @@ def test_extract_refuses_features_too_wide_for_memory(tmp_path):
     result = _invoke("extract", "--dataset", "digits", "--model", "pixels", "--image-size", 100_000, "--out", out)
     assert_one_line_error(result, "one chunk of features", "choose a smaller --image-size")
     assert not out.exists()
+
+
+# -- an output directory named '.' or '..' -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", [".", "sub/.."])
+def test_an_output_named_dot_is_refused_before_the_work(store, model, tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args in (("learn", "--features", store, "--out", name, "--tasks", 2, "--projection-dim", 16),
+                 ("evaluate", "--run", model.parent, "--out", name, "--no-plots")):
+        result = _invoke(*args)
+        assert_one_line_error(result, f"output {name} names a directory by '.' or '..'", f"--out {tmp_path}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
