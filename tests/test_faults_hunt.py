@@ -9,7 +9,8 @@ refused only when the model was written, naming a temporary file; `--heads ""` r
 `evaluate --model` or `--sweep` of another run or store was reported as the run's own; `gamma_grid=5` was a
 TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1;
 `extract --out` inside a store made that store read as damaged; a huge pixels `--image-size` was a MemoryError
-traceback; `learn --out .` failed after all its work with "Device or resource busy ... free some space".
+traceback; `learn --out .` failed after all its work with "Device or resource busy ... free some space";
+A_avg 3.0 in a sweep.json result was shown as 300%.
 """
 
 from __future__ import annotations
@@ -262,3 +263,20 @@ def test_an_output_named_dot_is_refused_before_the_work(store, model, tmp_path, 
         result = _invoke(*args)
         assert_one_line_error(result, f"output {name} names a directory by '.' or '..'", f"--out {tmp_path}")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+# -- accuracies outside [0, 1] in a sweep.json or metrics.json ---------------------------------------------------
+@pytest.mark.parametrize("edit", [{"A_avg": 3.0}, {"A_last": -0.5}, {"A_steps": [1.0, 2.0]}])
+def test_sweep_and_metrics_accuracies_outside_zero_one_are_refused(store, model, tmp_path, edit):
+    assert _invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2,
+                   "--projection-dim", 16).exit_code == 0
+    sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    sweep["results"][0].update(edit)
+    (tmp_path / "sw" / "sweep.json").write_text(json.dumps(sweep))
+    result = _invoke("evaluate", "--run", model.parent, "--sweep", tmp_path / "sw", "--out", tmp_path / "ev")
+    assert_one_line_error(result, "sweep.json: results[0]", "in [0, 1]")
+    metrics = json.loads((model.parent / "metrics.json").read_text())
+    (model.parent / "metrics.json").write_text(json.dumps({**metrics, **edit}))
+    assert_one_line_error(_invoke("evaluate", "--run", model.parent, "--out", tmp_path / "ev"), "metrics.json",
+                          "in [0, 1]")
+    assert not (tmp_path / "ev").exists()

@@ -119,7 +119,7 @@ def test_keys_of_other_versions_are_kept_and_absent_keys_stay_absent():
 @pytest.mark.parametrize(
     ("kind", "text", "change", "message"),
     [
-        (LearnMetrics, METRICS_ORDERS, {"A_avg": "high"}, "metrics.json has no number under 'A_avg' (found \"high\")"),
+        (LearnMetrics, METRICS_ORDERS, {"A_avg": "high"}, "metrics.json has no number in [0, 1] under 'A_avg' (found \"high\")"),
         (LearnMetrics, METRICS_ORDERS, {"one_pass": 1}, "has no boolean under 'one_pass' (found 1)"),
         (LearnMetrics, METRICS_ORDERS, {"tasks": [[0.5]]}, "has no list of lists of label ids under 'tasks'"),
         (LearnMetrics, METRICS_ORDERS, {"gamma": 0}, "has no number > 0 or \"auto\" under 'gamma' (found 0)"),

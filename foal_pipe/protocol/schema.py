@@ -243,9 +243,9 @@ class Accuracy(_Record):
 
     #: ``a[i][j]``: accuracy on task j after training through task i (row i has i+1 entries).
     accuracy_matrix: list[list[float]] | None = key(MATRIX)
-    A_steps: list[float] | None = key(NUMBERS)
-    A_avg: float = key(NUMBER, required=True)
-    A_last: float = key(NUMBER, required=True)
+    A_steps: list[float] | None = key(FRACTIONS)
+    A_avg: float = key(FRACTION, required=True)
+    A_last: float = key(FRACTION, required=True)
     F: float = key(NUMBER, required=True)
     F_published_code: float | None = key(NUMBER)
 
