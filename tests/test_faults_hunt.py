@@ -10,7 +10,7 @@ refused only when the model was written, naming a temporary file; `--heads ""` r
 TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1;
 `extract --out` inside a store made that store read as damaged; a huge pixels `--image-size` was a MemoryError
 traceback; `learn --out .` failed after all its work with "Device or resource busy ... free some space";
-A_avg 3.0 in a sweep.json result was shown as 300%.
+A_avg 3.0 in a sweep.json result was shown as 300%; the Python API saved model files inside a store.
 """
 
 from __future__ import annotations
@@ -280,3 +280,17 @@ def test_sweep_and_metrics_accuracies_outside_zero_one_are_refused(store, model,
     assert_one_line_error(_invoke("evaluate", "--run", model.parent, "--out", tmp_path / "ev"), "metrics.json",
                           "in [0, 1]")
     assert not (tmp_path / "ev").exists()
+
+
+def test_the_python_api_refuses_to_save_a_model_inside_a_store(store, model, tmp_path):
+    from foal_pipe import load_model
+
+    files = helpers.store_files(store)
+    X, y = _data(40, 3)
+    for save in (AnalyticClassifier().fit(X, y).save, load_model(model).save):
+        for where in (store / "m.safetensors", store / "train" / "features" / "m.safetensors"):
+            with pytest.raises(FoalPipeError, match=f"lies in the feature store {store.resolve()}"):
+                save(where)
+        save(tmp_path / "beside.safetensors")
+        assert (tmp_path / "beside.safetensors").is_file()
+    assert helpers.store_files(store) == files

@@ -47,7 +47,7 @@ from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import atomic_path
+from foal_pipe.io import atomic_path, enclosing_store
 
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
@@ -321,6 +321,9 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
     replaced); the model is validated first, so nothing :func:`read_model` would refuse is ever written.
     """
     path = Path(path)
+    outer = enclosing_store(path)
+    if outer is not None:  # among its arrays it would be in the way of every later read of the store
+        raise FoalPipeError(f"cannot save a model as {path}: it lies in the feature store {outer}; save it outside")
     arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
     arrays = {name: a.astype(a.dtype.newbyteorder("<"), copy=False) for name, a in arrays.items()}
     version = HEAD_FORMAT_VERSION if "head" in metadata else FORMAT_VERSION
