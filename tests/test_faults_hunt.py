@@ -10,7 +10,8 @@ refused only when the model was written, naming a temporary file; `--heads ""` r
 TypeError traceback, `gamma_grid=b"1"` was read as the gamma 49 (a byte) and `gamma=True` as gamma 1;
 `extract --out` inside a store made that store read as damaged; a huge pixels `--image-size` was a MemoryError
 traceback; `learn --out .` failed after all its work with "Device or resource busy ... free some space";
-A_avg 3.0 in a sweep.json result was shown as 300%; the Python API saved model files inside a store.
+A_avg 3.0 in a sweep.json result was shown as 300%; the Python API saved model files inside a store; `--per-decade
+100000000` was a MemoryError traceback (learn) or an out-of-memory kill (sweep).
 """
 
 from __future__ import annotations
@@ -294,3 +295,12 @@ def test_the_python_api_refuses_to_save_a_model_inside_a_store(store, model, tmp
         save(tmp_path / "beside.safetensors")
         assert (tmp_path / "beside.safetensors").is_file()
     assert helpers.store_files(store) == files
+
+
+# -- a refined gamma search too fine to fit in memory ------------------------------------------------------------
+@pytest.mark.parametrize("command", [("learn", "--gamma", "auto"), ("sweep",)])
+def test_a_huge_per_decade_is_refused_in_one_line(store, tmp_path, command):
+    result = _invoke(*command, "--features", store, "--out", tmp_path / "run", "--tasks", 2, "--projection-dim", 16,
+                     "--per-decade", 100_000_000)
+    assert_one_line_error(result, "--per-decade 100000000 asks for 1,200,000,000 gammas", "e.g. --per-decade 8")
+    assert not (tmp_path / "run").exists()

@@ -15,6 +15,9 @@ from foal_pipe.errors import FoalPipeError, param
 #: Points per decade of the refined search: neighbours differ by 10^(1/8) = 1.33x (benchmarks/RESULTS.md,
 #: "Continuous gamma": test accuracy moves by hundredths of a point over that step).
 PER_DECADE = 8
+#: The most gammas a refined search evaluates (the default grid at PER_DECADE: about 100); beyond, a huge
+#: ``per_decade`` would exhaust the memory.
+MAX_SEARCH_POINTS = 100_000
 
 
 def check_grid(grid: Any) -> np.ndarray:
@@ -41,6 +44,10 @@ def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
     if per_decade == 0 or lo == hi:
         return g
     steps = int(np.ceil(round(float(hi - lo) * per_decade, 6)))
+    if steps > MAX_SEARCH_POINTS:
+        raise FoalPipeError(f"{param('per_decade', int(per_decade))} asks for {steps:,} gammas over the grid's "
+                            f"{float(hi - lo):g} decades, more than the {MAX_SEARCH_POINTS:,} a search evaluates; "
+                            f"e.g. {param('per_decade', PER_DECADE)}")
     fine = 10.0 ** (lo + (hi - lo) * np.arange(1, steps) / steps)
     near = np.isclose(fine[:, None], g[None, :], rtol=1e-9, atol=0.0).any(axis=1)  # a grid point's rounded twin
     return np.union1d(g, fine[~near])
