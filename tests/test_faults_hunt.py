@@ -304,3 +304,9 @@ def test_a_huge_per_decade_is_refused_in_one_line(store, tmp_path, command):
                      "--per-decade", 100_000_000)
     assert_one_line_error(result, "--per-decade 100000000 asks for 1,200,000,000 gammas", "e.g. --per-decade 8")
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_of_a_store_does_not_advise_writing_a_run_into_it(store, tmp_path):
+    result = _invoke("evaluate", "--run", store)
+    assert_one_line_error(result, f"{store} is a feature store, not a run directory")
+    assert f"--out {store}" not in result.output

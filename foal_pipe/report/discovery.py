@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io import is_feature_store
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
 from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
@@ -43,6 +44,9 @@ def load_run(
     if not run_dir.is_dir():
         raise FoalPipeError(f"{run_dir} is not a directory; {param('run_dir')} takes the directory `foal-pipe learn --out` "
                             "wrote")
+    if is_feature_store(run_dir):  # the advice below would be to write a run into the store
+        raise FoalPipeError(f"{run_dir} is a feature store, not a run directory; pass the directory that "
+                            f"`foal-pipe learn --features {run_dir} --out DIR` wrote")
     if not (run_dir / METRICS_FILE).exists():
         raise FoalPipeError(
             f"{run_dir} has no {METRICS_FILE}; run `foal-pipe learn --out {run_dir}` first (or check the path)"
