@@ -112,3 +112,41 @@ def test_class_name_clash_refused(two_stores):
                    tmp_path / "run_c", "--tasks", 1)
     assert_one_line_error(result, "'cat'", "two label ids")
     assert not (tmp_path / "run_c").exists()
+
+
+def _learned_from(path) -> list[str]:
+    from foal_pipe.model.modelfile import read_model
+
+    return read_model(path)[1]["learned_from"]
+
+
+@pytest.mark.parametrize("head", ["ridge", "ncm"])
+def test_the_rows_a_model_has_learned_are_refused(two_stores, head):
+    """A model records the stores it learned (their generation ids); continuing it on one of them, or on a copy,
+    would count every row twice and is refused before any work. A continued model has learned both stores."""
+    import shutil
+
+    from foal_pipe.store import open_store
+
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    generation = {store: open_store(store).meta.generation for store in (a, b)}
+    assert all(generation.values()) and generation[a] != generation[b]
+    first = tmp_path / "run_a" / "model.safetensors"
+    if head != "ridge":
+        first = tmp_path / "head_a" / "model.safetensors"
+        assert learn("--features", a, "--out", first.parent, "--tasks", 2, "--head", head).exit_code == 0
+    assert _learned_from(first) == [generation[a]]
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(a, copy)
+    for features in (a, copy):
+        result = learn("--init-model", first, "--features", features, "--out", tmp_path / "again", "--tasks", 1)
+        assert_one_line_error(result, f"{first} has already learned the training rows of {features}",
+                              "count every row twice")
+        assert not (tmp_path / "again").exists()
+    result = learn("--init-model", first, "--features", b, "--out", tmp_path / "run_b", "--tasks", 1)
+    assert result.exit_code == 0, result.output
+    assert _learned_from(tmp_path / "run_b" / "model.safetensors") == [generation[a], generation[b]]
+    for features in (a, b):
+        result = learn("--init-model", tmp_path / "run_b" / "model.safetensors", "--features", features, "--out",
+                       tmp_path / "again", "--tasks", 1)
+        assert_one_line_error(result, "has already learned the training rows", "count every row twice")

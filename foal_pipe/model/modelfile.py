@@ -22,8 +22,10 @@ Metadata: safetensors keeps string values only, so every value is stored as JSON
 number), ``engine`` (``"gram"`` or ``"rls"``), ``dtype`` (the state's, ``"float64"`` or ``"float32"``),
 ``n_samples_seen`` (a non-negative int) and, from version 2, ``checksum`` (:func:`content_checksum`).
 Optional and checked when present: ``class_names`` (one unique string per column of ``W``), ``dataset`` (a
-string), ``encoder`` (a mapping: the store's encoder provenance), ``activation`` (``"sigmoid"``). Any other key
-is kept as JSON, so later versions can add provenance without a new format.
+string), ``encoder`` (a mapping: the store's encoder provenance), ``activation`` (``"sigmoid"``),
+``learned_from`` (the generation ids of the stores whose training rows the model has learned, in order: ``learn
+--init-model`` refuses to learn them twice). Any other key is kept as JSON, so later versions can add provenance
+without a new format.
 
 Integrity: one flipped bit in ``W``, or an edited ``gamma``, ``activation`` or ``class_names``, would otherwise
 predict wrongly with exit status 0. The ``checksum`` covers every tensor and every other metadata value and is
@@ -128,6 +130,8 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "encoder": (False, lambda v, _: None if isinstance(v, dict) else "must be a mapping"),
     "activation": (False, lambda v, _: None if v in ACTIVATIONS else f"must be one of {', '.join(map(repr, ACTIVATIONS))}"),
     "checksum": (False, lambda v, _: None if _is_checksum(v) else f"must be {CHECKSUM_PREFIX!r} and 64 hex digits"),
+    "learned_from": (False, lambda v, _: None if isinstance(v, list) and all(isinstance(g, str) for g in v)
+                     else "must be a list of store generation ids (strings)"),
 }
 
 

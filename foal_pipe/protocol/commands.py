@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -147,7 +148,7 @@ def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
     if takes_batch_size(name):
         options["batch_size"] = run.stream.batch_size
     model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows))
-    model.save(path, projection=run.projection, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
+    model.save(path, projection=run.projection, **provenance(run),
                class_names=[run.store.classes[c] for c in model.classes_], activation=run.model.resolved_activation)
 
 
@@ -266,9 +267,18 @@ def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str],
                 f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
 
 
+def provenance(run: Run, learned_from: Sequence[str] = ()) -> dict[str, Any]:
+    """A model file's record of the data it learned: the store's dataset and encoder, and ``learned_from`` (the
+    generation ids of the stores whose training rows it holds, this one last) where the store has one."""
+    generation = run.store.meta.generation
+    stores = [*learned_from, generation] if generation else list(learned_from)
+    return {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder,
+            **({"learned_from": stores} if stores else {})}
+
+
 def save_model(final: RidgeModel, run: Run, path: Path) -> None:
     """The model file of a run: the ridge model with the run's projection, provenance and class names."""
-    final.save(path, run.projection.components_, dataset=run.store.meta.dataset, encoder=run.store.meta.encoder,
+    final.save(path, run.projection.components_, **provenance(run),
                class_names=[run.store.classes[c] for c in final.classes], activation=run.model.resolved_activation)
 
 

@@ -26,7 +26,7 @@ from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
-from foal_pipe.protocol.commands import warn_dropped, write_outputs
+from foal_pipe.protocol.commands import provenance, warn_dropped, write_outputs
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
@@ -36,7 +36,7 @@ from foal_pipe.protocol.run import Run, prepare
 from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
-from foal_pipe.store import open_store
+from foal_pipe.store import FeatureStore, open_store
 
 
 def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
@@ -45,6 +45,16 @@ def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
         dup = next(c for i, c in enumerate(store_classes) if c in store_classes[:i])
         raise FoalPipeError(f"the store names class {dup!r} under two label ids; class names must be unique")
     return model.label_ids(list(store_classes))
+
+
+def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Path, init_model: str | Path) -> None:
+    """Refuse a store whose training rows the model has already learned (its generation id is in the model's
+    ``learned_from``): its sums would count every row twice, as if the rows had been given twice."""
+    generation = store.meta.generation
+    if generation and generation in model.metadata.get("learned_from", []):
+        raise FoalPipeError(f"{init_model} has already learned the training rows of {features} (store generation "
+                            f"{generation[:16]}); continuing on them would count every row twice: pass "
+                            f"{param('features')} a store of new rows")
 
 
 def relabel(statistics: RidgeStatistics, merged: np.ndarray) -> RidgeStatistics:
@@ -162,6 +172,7 @@ def run_continue(
                             f"{option}")
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
+    check_new_rows(deployed, store, features, init_model)
     merged = label_map(deployed, list(store.classes))
     auto = model.gamma == "auto"
     loo = model.loo
@@ -195,7 +206,8 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
-                           deployed.encoder_spec, {**deployed.metadata, "dataset": store.meta.dataset})
+                           deployed.encoder_spec,
+                           {**deployed.metadata, **provenance(run, deployed.metadata.get("learned_from", []))})
     metrics = replace(metrics, init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
                       label_ids=dict(zip(store.classes, merged.tolist())),
                       task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],

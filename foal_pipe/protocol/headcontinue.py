@@ -26,7 +26,7 @@ from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-from foal_pipe.protocol.continuation import FIXED_BY_MODEL, continued_outputs, label_map
+from foal_pipe.protocol.continuation import FIXED_BY_MODEL, check_new_rows, continued_outputs, label_map
 from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_stream
 from foal_pipe.protocol.headwalk import head_accuracies, head_boundaries
 from foal_pipe.protocol.records import Learned, accuracy_report, run_info
@@ -135,6 +135,7 @@ def run_continue_head(
                             f"{param('batch_size', options['batch_size'])} to continue it exactly")
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
+    check_new_rows(deployed, store, features, init_model)
     if store.dim != deployed.projection.n_features_in_:
         raise FoalPipeError(f"the model expects {deployed.projection.n_features_in_}-dimensional features but "
                             f"{features} has {store.dim}; use a store made with the model's encoder")
