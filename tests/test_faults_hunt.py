@@ -310,3 +310,28 @@ def test_evaluate_of_a_store_does_not_advise_writing_a_run_into_it(store, tmp_pa
     result = _invoke("evaluate", "--run", store)
     assert_one_line_error(result, f"{store} is a feature store, not a run directory")
     assert f"--out {store}" not in result.output
+
+
+# -- an option that this command line would ignore ---------------------------------------------------------------
+@pytest.mark.parametrize("command, typed, needs, fix", [
+    ("learn", ("--gamma-grid", "1,10"), "--gamma auto", ("--gamma", "auto")),
+    ("learn", ("--select", "gcv"), "--gamma auto", ("--gamma", "auto")),
+    ("learn", ("--per-decade", 4), "--gamma auto", ("--gamma", "auto")),
+    ("learn", ("--loo-sample", 40), "--gamma auto", ("--gamma", "auto")),
+    ("learn", ("--disjoint-ratio", 30), "--stream si-blurry", ("--stream", "si-blurry")),
+    ("sweep", ("--blurry-ratio", 20), "--stream si-blurry", ("--stream", "si-blurry")),
+    ("learn", ("--workers", 1), "--scheduler dask", None),
+    ("sweep", ("--dask-address", "local"), "--scheduler dask", None),
+    ("learn", ("--no-fusion-norm",), "--fusion", None),
+    ("sweep", ("--no-fusion-norm",), "--fusion or --fusions", None),
+])
+def test_an_option_the_command_would_ignore_is_refused(store, tmp_path, command, typed, needs, fix):
+    """Typed without the setting it acts with, an option used to be ignored: the run looked tuned and was not."""
+    flag = typed[0]
+    base = (command, "--features", store, "--tasks", 2, "--projection-dim", 16)
+    result = _invoke(*base, "--out", tmp_path / "run", *typed)
+    assert_one_line_error(result, f"{flag} acts only with {needs}", f"drop {flag} or add {needs}")
+    assert not (tmp_path / "run").exists()
+    if fix is not None:  # with the setting, the option is taken
+        assert _invoke(*base, "--out", tmp_path / "taken", *typed, *fix).exit_code == 0
+    assert _invoke(*base, "--out", tmp_path / "default").exit_code == 0  # the defaults alone are not "typed"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -34,6 +35,28 @@ def _typed(ctx: typer.Context, name: str) -> bool:
     """Whether option ``name`` was typed (not defaulted): ``learn --init-model`` refuses or checks those."""
     source = ctx.get_parameter_source(name)  # compared by name: typer vendors its own click
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+#: Options that act only with another setting (named), by whether it is set: typed without it they would be
+#: ignored, so they are refused (``learn``'s gamma options act with ``--gamma auto`` only).
+ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
+    "disjoint_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
+    "blurry_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
+    "dask_address": ("--scheduler dask", lambda p: p["scheduler"] == "dask"),
+    "workers": ("--scheduler dask", lambda p: p["scheduler"] == "dask"),
+}
+SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
+                                                   lambda p: bool(p["fusion"] or p["fusions"]))}
+LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
+                   **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade", "loo_sample")}}
+
+
+def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]]) -> None:
+    """Refuse a typed option that this command line would ignore (:data:`ONLY_WITH`)."""
+    for name, (needs, applies) in only_with.items():
+        if _typed(ctx, name) and not applies(ctx.params):
+            flag = "--" + name.replace("_", "-")
+            raise FoalPipeError(f"{flag} acts only with {needs} and would be ignored here; drop {flag} or add {needs}")
 
 
 def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: tuple[int, ...] | None) -> None:
@@ -116,6 +139,8 @@ def learn(
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
         _check_head(ctx, head, init_model, seeds)
+        if init_model is None:  # a continued model's gamma settings are checked against the model's
+            _check_applies(ctx, LEARN_ONLY_WITH)
         if init_model is not None:
             from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
             from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
@@ -219,6 +244,7 @@ def sweep(
         evaluation = o.settings(ctx.params, EvaluationConfig)
         execution = o.settings(ctx.params, ExecutionConfig)
         seeds = _order_seeds(order_seed, order_seeds)
+        _check_applies(ctx, SWEEP_ONLY_WITH)
         if seeds is not None and fusions is not None:
             raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
                                 "--fusion X with --order-seeds")
