@@ -653,3 +653,17 @@ def test_cli_summary_shows_the_selected_gamma_and_timings(tmp_path):
     assert re.search(r"\s1\*\s+83\.00\s+73\.00\s+5\.00", result.output), result.output
     assert "of 6 by LOO MSE" in result.output
     assert re.search(rf"{100 * A_AVG:.2f}\s+{100 * A_LAST:.2f}\s+{100 * F:.2f}\s+2\.5", result.output), result.output
+
+
+def test_summary_warns_of_stored_numbers_the_matrix_contradicts(tmp_path):
+    """summary shows a run's stored A_avg; when the accuracy matrix gives another, it says so (as evaluate does)."""
+    make_run(tmp_path / "runs" / "ok", model=False)
+    edited = make_run(tmp_path / "runs" / "edited", model=False)
+    metrics = json.loads((edited / "metrics.json").read_text())
+    metrics["A_avg"] = 0.5
+    (edited / "metrics.json").write_text(json.dumps(metrics))
+    result = runner.invoke(app, ["summary", str(tmp_path / "runs")], env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"A_avg in metrics.json is 0.500000 but the accuracy matrix gives {A_AVG:.6f}" in text
+    assert text.count("Warning:") == 1 and "edited" in text.split("Warning:")[1]

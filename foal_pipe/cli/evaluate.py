@@ -95,7 +95,7 @@ def summary_table(paths: list[Path]) -> Table:
     The paper column appears when a run's dataset is in the paper's Table 2; runs that are not
     comparable say how many settings differ (``foal-pipe evaluate`` writes which ones to summary.md).
     """
-    from foal_pipe.report import find_runs, gamma_text, pct, result_at, select
+    from foal_pipe.report import consistency_warnings, find_runs, gamma_text, pct, result_at, select
     from foal_pipe.report.paper import match_paper
 
     found = find_runs(paths, on_error=lambda message: err_console.print(
@@ -138,6 +138,8 @@ def summary_table(paths: list[Path]) -> Table:
                     else f"not comparable: {len(match.differences)} settings differ"
                 )
             table.add_row(*row, number(entry.seconds, ".1f"))
+            for problem in consistency_warnings(m):  # as evaluate does: the row shows the stored numbers
+                err_console.print(f"[bold yellow]Warning:[/] {entry.path}: {problem}", highlight=False, soft_wrap=True)
         if entry.sweep is not None:
             s = entry.sweep
             choice = select(s)
