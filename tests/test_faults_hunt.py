@@ -335,3 +335,14 @@ def test_an_option_the_command_would_ignore_is_refused(store, tmp_path, command,
     if fix is not None:  # with the setting, the option is taken
         assert _invoke(*base, "--out", tmp_path / "taken", *typed, *fix).exit_code == 0
     assert _invoke(*base, "--out", tmp_path / "default").exit_code == 0  # the defaults alone are not "typed"
+
+
+@pytest.mark.parametrize("command, option", [("sweep", "--gammas"), ("learn", "--gamma-grid")])
+def test_a_gamma_listed_twice_is_refused(store, tmp_path, command, option):
+    """sweep evaluated a gamma listed twice twice (two identical results in sweep.json)."""
+    auto = ("--gamma", "auto") if command == "learn" else ()
+    result = _invoke(command, "--features", store, "--out", tmp_path / "run", "--tasks", 2, *auto, option, "1,10,1.0")
+    assert_one_line_error(result, f"{option} lists 1 twice; list each gamma once")
+    assert not (tmp_path / "run").exists()
+    assert _invoke(command, "--features", store, "--out", tmp_path / "once", "--tasks", 2, *auto, option,
+                   "1,10").exit_code == 0

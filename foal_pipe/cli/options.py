@@ -259,11 +259,15 @@ MAX_MEMORY_TEXT = memory_text(EXECUTION.max_memory)
 
 
 def floats(text: str, option: str) -> tuple[float, ...]:
-    """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``."""
+    """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``; a value listed twice is refused (a sweep would evaluate it twice)."""
     try:
-        return tuple(float(g) for g in text.split(",") if g.strip())
+        values = tuple(float(g) for g in text.split(",") if g.strip())
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise FoalPipeError(f"{option} lists {twice:g} twice; list each gamma once")
+    return values
 
 
 def gamma_value(text: str) -> float | str:
