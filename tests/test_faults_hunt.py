@@ -204,6 +204,49 @@ def test_evaluate_refuses_a_model_of_another_run(store, model, tmp_path):
     assert (tmp_path / "ev" / "class_accuracy.csv").is_file()
 
 
+def test_evaluate_refuses_a_model_the_run_did_not_write(store, model, tmp_path):
+    """Same store, same D, another seed: only the checksum metrics.json records tells the models apart."""
+    import shutil
+
+    from foal_pipe.model.modelfile import read_model
+
+    run = model.parent
+    recorded = json.loads((run / "metrics.json").read_text())["model_checksum"]
+    assert recorded == read_model(model)[1]["checksum"]  # verified against the file's content
+    assert _learn(store, tmp_path / "seed1", "--seed", 1).exit_code == 0
+    other = tmp_path / "seed1" / "model.safetensors"
+    result = _invoke("evaluate", "--run", run, "--model", other, "--out", tmp_path / "ev", "--no-plots")
+    assert_one_line_error(result, f"{other} is not the model run {run} wrote", "pass the run's own model")
+    assert not (tmp_path / "ev").exists()
+    shutil.copy(model, tmp_path / "own.safetensors")  # the run's own model, moved: still its own
+    result = _invoke("evaluate", "--run", run, "--model", tmp_path / "own.safetensors", "--out", tmp_path / "ev",
+                     "--no-plots")
+    assert result.exit_code == 0, result.output
+    shutil.copy(other, model)  # the run's file replaced after the run
+    result = _invoke("evaluate", "--run", run, "--out", tmp_path / "ev2", "--no-plots")
+    assert_one_line_error(result, "is not the model run", "replaced after the run")
+    metrics = json.loads((run / "metrics.json").read_text())
+    del metrics["model_checksum"]  # a run written before the checksum was recorded: read as before
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert _invoke("evaluate", "--run", run, "--out", tmp_path / "ev3", "--no-plots").exit_code == 0
+
+
+@pytest.mark.parametrize("extra", [("--head", "ncm"), ("--order-seeds", "0,1"), ("--init-model",)],
+                         ids=["head", "order-seeds", "init-model"])
+def test_every_run_records_the_checksum_of_the_model_it_wrote(store, model, tmp_path, extra):
+    from foal_pipe.model.modelfile import read_model
+
+    features = store
+    if extra == ("--init-model",):
+        features = write_store(tmp_path / "more.zarr", _data(64, 5), _data(32, 6), ["e", "f", "g", "h"],
+                               chunk_rows=32)
+        extra = ("--init-model", model)
+    result = _invoke("learn", "--features", features, "--out", tmp_path / "run2", "--tasks", 2, *extra)
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((tmp_path / "run2" / "metrics.json").read_text())["model_checksum"]
+    assert recorded == read_model(tmp_path / "run2" / "model.safetensors")[1]["checksum"]
+
+
 def test_evaluate_refuses_a_sweep_of_another_store(store, model, tmp_path):
     other_store = helpers.build_store(tmp_path / "blobs.zarr")
     assert _invoke("sweep", "--features", other_store, "--out", tmp_path / "blobs-sweep", "--tasks", 4,

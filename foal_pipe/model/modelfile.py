@@ -406,6 +406,19 @@ def _run_head(run: Path) -> str | None:
     return head if isinstance(head, str) else None
 
 
+def stored_checksum(path: str | Path) -> str | None:
+    """The ``checksum`` a model file's metadata records, unchecked (None: none, or not a readable file): which model
+    a run wrote, as its ``metrics.json`` records it; :func:`read_model` verifies it against the content."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            checksum = _decode((f.metadata() or {}).get("checksum", "null"))
+    except (SafetensorError, OSError, ValueError):
+        return None
+    return checksum if isinstance(checksum, str) else None
+
+
 def stored_head(path: str | Path) -> str | None:
     """The ``head`` a model file's metadata names, unchecked (None: none, or not a readable file): which reader to
     use, before :func:`read_model` validates everything."""

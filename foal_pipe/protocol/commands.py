@@ -17,7 +17,7 @@ from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.headmodel import HeadClassifier
-from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
@@ -105,11 +105,12 @@ def run_learn(
     warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
+        nonlocal metrics
         with run.timed("write"):
-            save_model(final, run, tmp / MODEL_FILE)
-            write_json(tmp / METRICS_FILE, metrics.to_dict())
+            metrics = write_run(tmp, metrics, lambda path: save_model(final, run, path))
 
-    return Learned(metrics, write_outputs(out, [run], start, write))
+    timings = write_outputs(out, [run], start, write)
+    return Learned(metrics, timings)
 
 
 def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
@@ -133,11 +134,13 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
                            **run_info(run, stream))
 
     def write(tmp: Path) -> None:
+        nonlocal metrics
         with run.timed("write"):
-            save_head_model(heads[model.head], boundaries[model.head][-1], run, tmp / MODEL_FILE)
-            write_json(tmp / METRICS_FILE, metrics.to_dict())
+            metrics = write_run(tmp, metrics, lambda path: save_head_model(heads[model.head],
+                                                                            boundaries[model.head][-1], run, path))
 
-    return Learned(metrics, write_outputs(out, [run], start, write))
+    timings = write_outputs(out, [run], start, write)
+    return Learned(metrics, timings)
 
 
 def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
@@ -265,6 +268,15 @@ def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str],
         if s.at_edge[-1]:
             log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {s.gammas_selected[-1]:g}, is an end of the "
                 f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
+
+
+def write_run(tmp: Path, metrics: LearnMetrics, save: Callable[[Path], object]) -> LearnMetrics:
+    """Write a run's model file (``save``), then its ``metrics.json`` recording that file's checksum, which
+    ``evaluate`` checks a model against; the metrics as written."""
+    save(tmp / MODEL_FILE)
+    metrics = replace(metrics, model_checksum=stored_checksum(tmp / MODEL_FILE))
+    write_json(tmp / METRICS_FILE, metrics.to_dict())
+    return metrics
 
 
 def provenance(run: Run, learned_from: Sequence[str] = ()) -> dict[str, Any]:

@@ -21,19 +21,18 @@ import numpy as np
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD
-from foal_pipe.io import check_output_dir, write_json
+from foal_pipe.io import check_output_dir
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
-from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
-from foal_pipe.protocol.commands import provenance, warn_dropped, write_outputs
+from foal_pipe.protocol.commands import provenance, warn_dropped, write_outputs, write_run
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import Run, prepare
-from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics, StoreScore
+from foal_pipe.protocol.schema import LearnMetrics, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import FeatureStore, open_store
@@ -214,8 +213,9 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
                       eval_features=[evaluate_store(result, path) for path in eval_features])
 
     def write(tmp: Path) -> None:
-        result.save(tmp / MODEL_FILE)
-        write_json(tmp / METRICS_FILE, metrics.to_dict())
+        nonlocal metrics
+        metrics = write_run(tmp, metrics, result.save)
 
-    return Learned(metrics, write_outputs(out, [run], start, write))
+    timings = write_outputs(out, [run], start, write)
+    return Learned(metrics, timings)
 

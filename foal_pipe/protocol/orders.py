@@ -40,6 +40,7 @@ from foal_pipe.protocol.commands import (
     warn_auto_edges,
     warn_dropped,
     write_outputs,
+    write_run,
 )
 from foal_pipe.protocol.config import (
     EvaluationConfig,
@@ -259,10 +260,11 @@ def run_learn_orders(
     warn_auto_edges(metrics, log)
 
     def write(tmp: Path) -> None:
-        save_model(finals[0], runs[0], tmp / MODEL_FILE)
-        write_json(tmp / METRICS_FILE, metrics.to_dict())
+        nonlocal metrics
+        metrics = write_run(tmp, metrics, lambda path: save_model(finals[0], runs[0], path))
 
-    return Learned(metrics, write_outputs(out, runs, start, write))
+    timings = write_outputs(out, runs, start, write)
+    return Learned(metrics, timings)
 
 
 def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str,

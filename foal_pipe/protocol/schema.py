@@ -332,6 +332,8 @@ class LearnMetrics(Accuracy, RunSettings):
     gamma_search: GammaSearch | None = key(_record(GammaSearch, "gamma search object"))
     init_model: str | None = key(TEXT)
     n_samples_seen_total: int | None = key(INTEGER)
+    #: The ``checksum`` of the model file the run wrote: ``evaluate`` refuses another model as the run's.
+    model_checksum: str | None = key(TEXT)
     label_ids: dict[str, int] | None = key(_Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(
         INTEGER.accepts(x) for x in v.values())))
     #: A continued model's classes by name, task by task as ``tasks`` (its label ids are not the store's).

@@ -70,10 +70,27 @@ def load_run(
     model_path = Path(model) if model is not None else run_dir / MODEL_FILE
     if model is not None:
         check_run_model(run, model_path)
+    if model_path.exists():
+        check_model_checksum(run, model_path, given=model is not None)
     if model is not None or model_path.exists():
         run.weight_norms = read_weight_norms(model_path)
         run.model_path = model_path
     return run
+
+
+def check_model_checksum(run: Run, path: Path, given: bool) -> None:
+    """Refuse a model file other than the one the run wrote, where its ``metrics.json`` records that file's checksum
+    (``model_checksum``): the weight norms, per-class accuracy and confusion matrix would be another model's."""
+    from foal_pipe.model.modelfile import stored_checksum
+
+    recorded = run.metrics.model_checksum if run.metrics is not None else None
+    found = stored_checksum(path)
+    if recorded is None or found is None or found == recorded:
+        return  # an older run records none; an unreadable file is refused by its reader, with the reason
+    fix = ("pass the run's own model (or leave out --model)" if given
+           else f"the file was replaced after the run: run `foal-pipe learn --out {run.path}` again")
+    raise FoalPipeError(f"{path} is not the model run {run.path} wrote: its checksum {found[:23]}... differs from "
+                        f"the {recorded[:23]}... its metrics.json records; {fix}")
 
 
 def check_run_model(run: Run, path: Path) -> None:
