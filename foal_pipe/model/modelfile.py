@@ -406,30 +406,28 @@ def _run_head(run: Path) -> str | None:
     return head if isinstance(head, str) else None
 
 
-def stored_checksum(path: str | Path) -> str | None:
-    """The ``checksum`` a model file's metadata records, unchecked (None: none, or not a readable file): which model
-    a run wrote, as its ``metrics.json`` records it; :func:`read_model` verifies it against the content."""
+def _stored_text(path: str | Path, key: str) -> str | None:
+    """The string a model file's metadata holds under ``key``, unchecked (None: none, or not a readable file)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as f:
-            checksum = _decode((f.metadata() or {}).get("checksum", "null"))
-    except (SafetensorError, OSError, ValueError):
+            value = _decode((f.metadata() or {}).get(key, "null"))
+    except (SafetensorError, OSError):
         return None
-    return checksum if isinstance(checksum, str) else None
+    return value if isinstance(value, str) else None
+
+
+def stored_checksum(path: str | Path) -> str | None:
+    """The ``checksum`` a model file's metadata records, unchecked: which model a run wrote, as its ``metrics.json``
+    records it; :func:`read_model` verifies it against the content."""
+    return _stored_text(path, "checksum")
 
 
 def stored_head(path: str | Path) -> str | None:
-    """The ``head`` a model file's metadata names, unchecked (None: none, or not a readable file): which reader to
-    use, before :func:`read_model` validates everything."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            head = _decode((f.metadata() or {}).get("head", "null"))
-    except (SafetensorError, OSError):
-        return None
-    return head if isinstance(head, str) else None
+    """The ``head`` a model file's metadata names, unchecked: which reader to use, before :func:`read_model`
+    validates everything."""
+    return _stored_text(path, "head")
 
 
 def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
