@@ -103,14 +103,7 @@ def run_learn(
     if auto and model.select == "gcv":
         _warn_gcv(boundaries, model.gamma_grid, log)
     warn_auto_edges(metrics, log)
-
-    def write(tmp: Path) -> None:
-        nonlocal metrics
-        with run.timed("write"):
-            metrics = write_run(tmp, metrics, lambda path: save_model(final, run, path))
-
-    timings = write_outputs(out, [run], start, write)
-    return Learned(metrics, timings)
+    return write_learned(out, [run], start, metrics, lambda path: save_model(final, run, path), timed=True)
 
 
 def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
@@ -132,15 +125,8 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
         reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space})
     metrics = LearnMetrics(**reports[model.head], head=model.head, head_options=options,
                            **run_info(run, stream))
-
-    def write(tmp: Path) -> None:
-        nonlocal metrics
-        with run.timed("write"):
-            metrics = write_run(tmp, metrics, lambda path: save_head_model(heads[model.head],
-                                                                            boundaries[model.head][-1], run, path))
-
-    timings = write_outputs(out, [run], start, write)
-    return Learned(metrics, timings)
+    return write_learned(out, [run], start, metrics, lambda path: save_head_model(
+        heads[model.head], boundaries[model.head][-1], run, path), timed=True)
 
 
 def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
@@ -270,13 +256,22 @@ def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str],
                 f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
 
 
-def write_run(tmp: Path, metrics: LearnMetrics, save: Callable[[Path], object]) -> LearnMetrics:
-    """Write a run's model file (``save``), then its ``metrics.json`` recording that file's checksum, which
-    ``evaluate`` checks a model against; the metrics as written."""
-    save(tmp / MODEL_FILE)
-    metrics = replace(metrics, model_checksum=stored_checksum(tmp / MODEL_FILE))
-    write_json(tmp / METRICS_FILE, metrics.to_dict())
-    return metrics
+def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: LearnMetrics,
+                  save: Callable[[Path], object], timed: bool = False) -> Learned:
+    """Write a run's model file (``save``), then its ``metrics.json`` recording that file's checksum (which
+    ``evaluate`` checks a model against), with ``timings.json``, as one unit (:func:`write_outputs`); ``timed``: the
+    writing is the first run's ``write`` step. The metrics as written."""
+    written = metrics
+
+    def write(tmp: Path) -> None:
+        nonlocal written
+        with runs[0].timed("write") if timed else nullcontext():
+            save(tmp / MODEL_FILE)
+            written = replace(metrics, model_checksum=stored_checksum(tmp / MODEL_FILE))
+            write_json(tmp / METRICS_FILE, written.to_dict())
+
+    timings = write_outputs(out, runs, start, write)
+    return Learned(written, timings)
 
 
 def provenance(run: Run, learned_from: Sequence[str] = ()) -> dict[str, Any]:

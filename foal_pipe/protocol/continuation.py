@@ -25,7 +25,7 @@ from foal_pipe.io import check_output_dir
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
-from foal_pipe.protocol.commands import provenance, warn_dropped, write_outputs, write_run
+from foal_pipe.protocol.commands import provenance, warn_dropped, write_learned
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
@@ -211,11 +211,5 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
                       label_ids=dict(zip(store.classes, merged.tolist())),
                       task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
                       eval_features=[evaluate_store(result, path) for path in eval_features])
-
-    def write(tmp: Path) -> None:
-        nonlocal metrics
-        metrics = write_run(tmp, metrics, result.save)
-
-    timings = write_outputs(out, [run], start, write)
-    return Learned(metrics, timings)
+    return write_learned(out, [run], start, metrics, result.save)
 

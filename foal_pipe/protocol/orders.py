@@ -39,8 +39,7 @@ from foal_pipe.protocol.commands import (
     summed_timings,
     warn_auto_edges,
     warn_dropped,
-    write_outputs,
-    write_run,
+    write_learned,
 )
 from foal_pipe.protocol.config import (
     EvaluationConfig,
@@ -258,13 +257,7 @@ def run_learn_orders(
             entries.append((metrics, _order_entry(s, metrics)))
     metrics = combine([e for _, e in entries], entries[0][0], one_pass=True)
     warn_auto_edges(metrics, log)
-
-    def write(tmp: Path) -> None:
-        nonlocal metrics
-        metrics = write_run(tmp, metrics, lambda path: save_model(finals[0], runs[0], path))
-
-    timings = write_outputs(out, runs, start, write)
-    return Learned(metrics, timings)
+    return write_learned(out, runs, start, metrics, lambda path: save_model(finals[0], runs[0], path))
 
 
 def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str,
