@@ -406,27 +406,31 @@ def _run_head(run: Path) -> str | None:
     return head if isinstance(head, str) else None
 
 
-def _stored_text(path: str | Path, key: str) -> str | None:
-    """The string a model file's metadata holds under ``key``, unchecked (None: none, or not a readable file)."""
+def stored_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """A model file's metadata (decoded) and tensor shapes, unchecked (both empty: not a readable file): what to
+    compare before :func:`read_model` validates everything, without reading a tensor."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as f:
-            value = _decode((f.metadata() or {}).get(key, "null"))
+            return ({key: _decode(value) for key, value in (f.metadata() or {}).items()},
+                    {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError):
-        return None
+        return {}, {}
+
+
+def _stored_text(path: str | Path, key: str) -> str | None:
+    value = stored_header(path)[0].get(key)
     return value if isinstance(value, str) else None
 
 
 def stored_checksum(path: str | Path) -> str | None:
-    """The ``checksum`` a model file's metadata records, unchecked: which model a run wrote, as its ``metrics.json``
-    records it; :func:`read_model` verifies it against the content."""
+    """The ``checksum`` a model file records, unchecked (:func:`read_model` verifies it): which model a run wrote."""
     return _stored_text(path, "checksum")
 
 
 def stored_head(path: str | Path) -> str | None:
-    """The ``head`` a model file's metadata names, unchecked: which reader to use, before :func:`read_model`
-    validates everything."""
+    """The ``head`` a model file names, unchecked: which reader to use, before :func:`read_model` validates it."""
     return _stored_text(path, "head")
 
 

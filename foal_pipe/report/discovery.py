@@ -97,13 +97,13 @@ def check_run_model(run: Run, path: Path) -> None:
     """Refuse a ``--model`` that this run cannot have written: trained on another dataset or encoder, or (ridge)
     at another projection dimension; its weight norms, per-class accuracy and confusion matrix would be reported
     as the run's."""
-    from foal_pipe.model.modelfile import read_model, stored_head
+    from foal_pipe.model.modelfile import stored_header
 
-    tensors, meta = read_model(path, names=("projection",))
+    meta, shapes = stored_header(path)  # from the header alone: read_weight_norms then validates the whole file
     m = run.metrics
     found = _other_data(meta.get("dataset"), meta.get("encoder"), m)
-    if not found and stored_head(path) is None and m.projection_dim:
-        rows = tensors["projection"].shape[1] if "projection" in tensors else None
+    if not found and not isinstance(meta.get("head"), str) and m.projection_dim:
+        rows = shapes["projection"][1] if "projection" in shapes else None
         if rows is not None and rows != m.projection_dim:
             found.append(("projection dimension D", rows, m.projection_dim))
     if found:
