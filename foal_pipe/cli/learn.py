@@ -43,7 +43,8 @@ ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "disjoint_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
     "blurry_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
     "dask_address": ("--scheduler dask", lambda p: p["scheduler"] == "dask"),
-    "workers": ("--scheduler dask", lambda p: p["scheduler"] == "dask"),
+    "workers": ("--scheduler dask and --dask-address local",  # another cluster has its own workers
+                lambda p: p["scheduler"] == "dask" and p["dask_address"] == "local"),
 }
 SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
                                                    lambda p: bool(p["fusion"] or p["fusions"]))}
