@@ -64,8 +64,8 @@ def bench_gram(store: Path, repeats: int) -> dict:
     """The Gram statistics of every train row: one process vs LocalClusters of 1 and 2 workers."""
     from distributed import Client, LocalCluster
 
-    from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.core.statistics import RidgeStatistics
+    from foal_pipe.model.projection import SmoothProjection
     from foal_pipe.protocol.distributed import dask_statistics
     from foal_pipe.store import open_store
 

@@ -24,6 +24,13 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 STORE_FORMAT = "foal-pipe/features"
 """The ``format`` attribute of a feature store (:data:`foal_pipe.store.meta.FORMAT`): here, so that the output
 checks recognise a store without importing Zarr."""
+#: The label of a row with no class (``extract --dataset images``): a store keeps it, ``learn`` refuses it. Here,
+#: below both, so that the datasets make such rows and the store checks them without importing each other.
+UNLABELLED = -1
+#: The run files (:mod:`foal_pipe.protocol.schema` owns their format): here, so that the model layer, below the
+#: protocol, finds a run's ``metrics.json`` by name.
+METRICS_FILE = "metrics.json"
+SWEEP_FILE = "sweep.json"
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 
 

@@ -18,10 +18,10 @@ from helpers import build_store
 from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import _cupy, default_device, get_namespace, to_numpy
 from foal_pipe.core.leaveoneout import LeaveOneOut
-from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.classifier import AnalyticClassifier
+from foal_pipe.model.projection import SmoothProjection
 
 BACKENDS = [
     "array_api_strict",

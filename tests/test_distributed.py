@@ -91,8 +91,8 @@ def test_sweep_dask_equals_local_with_own_local_cluster(store, tmp_path):
 def test_dask_statistics_match_local(store, cluster):
     """Library level: the statistics of each task's rows, computed on the cluster in one pass, against one local
     batch each."""
-    from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.core.statistics import RidgeStatistics
+    from foal_pipe.model.projection import SmoothProjection
     from foal_pipe.protocol.distributed import dask_statistics
     from foal_pipe.protocol.stream import build_stream
     from foal_pipe.store import open_store

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import foal_pipe.core.projection
 import foal_pipe.core.statistics
 import foal_pipe.model.classifier
+import foal_pipe.model.projection
 from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 
 
-@pytest.mark.parametrize("module", [foal_pipe.model.classifier, foal_pipe.core.projection, foal_pipe.core.statistics])
+@pytest.mark.parametrize("module", [foal_pipe.model.classifier, foal_pipe.model.projection, foal_pipe.core.statistics])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -12,7 +12,6 @@ import pytest
 from helpers import assert_one_line_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_slda
 from safetensors.numpy import load_file, save_file
 
-from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
 from foal_pipe.heads.state import export_head
@@ -20,6 +19,7 @@ from foal_pipe.model.deploy import load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import read_model, validate_model, write_model
 from foal_pipe.model.predict import predict_split
+from foal_pipe.model.projection import SmoothProjection
 from foal_pipe.protocol.stream import build_stream
 from foal_pipe.store import write_store
 

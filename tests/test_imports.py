@@ -1,4 +1,5 @@
-"""The import graph of foal_pipe has no cycle, counting imports inside functions too."""
+"""The import graph of foal_pipe has no cycle and runs down the layers (:data:`LAYERS`), counting imports inside
+functions and TYPE_CHECKING blocks too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,22 @@ import pytest
 from helpers import build_store
 
 PACKAGE = Path(__file__).resolve().parents[1] / "foal_pipe"
+#: foal_pipe's packages and top-level modules, bottom first. A module imports its own package and the layers
+#: below its own, never a layer above nor a sibling of its layer (siblings stay independent: ``datasets`` makes
+#: rows without the store's Zarr, the heads solve without either). ``foal_pipe`` itself is the facade: it
+#: re-exports the public names and nothing imports it.
+LAYERS = (
+    ("errors", "progress", "lazy", "version"),  # no foal_pipe imports but errors
+    ("core", "io", "memory", "cluster"),  # the maths (array API, no scikit-learn), files, memory, the Dask client
+    ("datasets", "store", "heads"),  # image sources, the feature store, the heads over statistics
+    ("encoders",),
+    ("extract",),
+    ("model",),  # the scikit-learn estimators, the model file, deployment
+    ("protocol",),  # the walks, the configs and the records
+    ("report",),
+    ("cli",),
+    ("foal_pipe",),
+)
 
 
 def module_name(path: Path) -> str:
@@ -28,6 +45,19 @@ def imports(path: Path, modules: set[str]) -> set[str]:
             for alias in node.names:  # `from foal_pipe import extract` names a module; `from x import f` a member
                 found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module)
     return {name for name in found if name in modules}
+
+
+def layer_of(module: str) -> str:
+    """The layer table's name for a module: its top-level package or module under foal_pipe, or the facade."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_violations(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Every import that runs up the layers or across to a sibling, as ``importer -> imported``."""
+    rank = {name: i for i, names in enumerate(layers) for name in names}
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if layer_of(module) != layer_of(target) and rank[layer_of(target)] >= rank[layer_of(module)])
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -60,6 +90,33 @@ def test_import_graph_has_no_cycle():
     assert walk >= {"foal_pipe.core.statistics", "foal_pipe.model.ridgemodel"}  # the parser sees imports
     assert "foal_pipe.protocol.distributed" in walk  # ... also those inside functions
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_imports_run_down_the_layers():
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    assert {layer_of(m) for m in modules} == {name for names in LAYERS for name in names}, "add new packages to LAYERS"
+    graph = {module_name(f): imports(f, modules) - {module_name(f)} for f in files}
+    assert "foal_pipe.store.blockfusion" in graph["foal_pipe.extract.spec"]  # the graph holds cross-layer imports
+    assert layer_violations(graph, LAYERS) == []
+
+
+def test_layer_check_finds_upward_and_sibling_imports():
+    layers = (("errors",), ("core", "io"), ("store",), ("foal_pipe",))
+    graph = {"foal_pipe.store.meta": {"foal_pipe.io", "foal_pipe.errors", "foal_pipe.store.read"},
+             "foal_pipe.core.linalg": {"foal_pipe.io"}, "foal_pipe.io": {"foal_pipe.store"},
+             "foal_pipe.errors": {"foal_pipe"}, "foal_pipe": {"foal_pipe.store.meta"}}
+    assert layer_violations(graph, layers) == ["foal_pipe.core.linalg -> foal_pipe.io", "foal_pipe.errors -> foal_pipe",
+                                               "foal_pipe.io -> foal_pipe.store"]
+
+
+def test_core_imports_no_scikit_learn():
+    """The maths runs without scikit-learn: its estimators (:mod:`foal_pipe.model`) wrap it."""
+    found = {path.name for path in (PACKAGE / "core").glob("*.py")
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+             if name.split(".")[0] == "sklearn"}
+    assert found == set()
 
 
 def test_cycle_finder_finds_a_cycle():

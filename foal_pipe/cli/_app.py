@@ -98,7 +98,7 @@ def package_version() -> str:
     try:
         return version("foal-pipe")
     except PackageNotFoundError:
-        from foal_pipe import __version__
+        from foal_pipe.version import __version__
 
         return __version__
 

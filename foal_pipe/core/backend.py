@@ -1,7 +1,7 @@
 """Array namespaces: the learner is written once against the array API and runs on NumPy, CuPy or torch.
 
 Namespaces are array-api-compat's wrappers (``array_api_compat.numpy``, ``.cupy``, ``.torch``), so the code
-in :mod:`foal_pipe.core.statistics`, :mod:`foal_pipe.core.engines`, :mod:`foal_pipe.core.projection` and the evaluation
+in :mod:`foal_pipe.core.statistics`, :mod:`foal_pipe.core.engines`, :mod:`foal_pipe.model.projection` and the evaluation
 of :mod:`foal_pipe.protocol` calls standard functions only. CuPy (``pip install foal-pipe[gpu]``) and torch
 (``pip install 'foal-pipe[extract]'``) are optional: nothing here imports them unless asked, and ``auto``
 imports torch only where an NVIDIA driver is present. ``array_api_strict``, the standard's reference

@@ -1,6 +1,6 @@
 """The smooth projection's arithmetic, free of scikit-learn: the matrix, its draw and ``activation(X @ P)``.
 
-:class:`~foal_pipe.core.projection.SmoothProjection` (the scikit-learn estimator of the Python API) holds one;
+:class:`~foal_pipe.model.projection.SmoothProjection` (the scikit-learn estimator of the Python API) holds one;
 the command line's walks use one directly, so ``learn`` and ``sweep`` start without importing scikit-learn.
 """
 

@@ -40,7 +40,7 @@ def apply_reflectors(reflectors: np.ndarray, tau: np.ndarray, C: np.ndarray, tra
     from scipy.linalg import lapack
 
     out = np.empty(C.shape, dtype=np.float64)
-    if out.shape[1] == 0:
+    if C.shape[1] == 0:
         return out
     body = np.array(C[1:], dtype=np.float64, order="F")  # what dormqr overwrites, in the layout it needs
     work = lapack.dormqr("L", trans, reflectors, tau, body, lwork=-1)[1]

@@ -109,8 +109,9 @@ class ModelScores:
     def __init__(self, W: Any, models: int, positions: np.ndarray | None = None, width: int | None = None) -> None:
         self.W, self.models = W, models
         self.positions = None if positions is None else np.asarray(positions)
-        self.width = width
-        unseen = [] if positions is None else np.flatnonzero(~np.isin(np.arange(width), self.positions))
+        self.width = width if width is not None else 0  # used with positions only, which come with their width
+        unseen = (np.empty(0, dtype=np.intp) if self.positions is None
+                  else np.flatnonzero(~np.isin(np.arange(self.width), self.positions)))
         self._first_unseen = int(unseen[0]) if len(unseen) else -1
         self.low: np.ndarray | None = None
         if is_numpy_array(W) and W.dtype == np.float64 and W.size:
@@ -128,7 +129,7 @@ class ModelScores:
         With ``positions``, the unseen classes' zeros act as one rival scoring 0 at the first unseen column
         (float64's argmax takes the first of equal scores), so the float32 scores are never spread to ``width``.
         """
-        if self.low is None or rows.low is None or rows.H.shape[0] == 0:
+        if self.low is None or rows.low is None or rows.norms is None or rows.H.shape[0] == 0:
             return self._exact(rows.H)
         n, D = rows.low.shape
         scores = (rows.low @ self.low).reshape(n, self.models, -1)
@@ -152,7 +153,7 @@ class ModelScores:
         undecided = ~((rivals == 1) & np.isfinite(best))
         for m in np.flatnonzero(undecided.any(axis=0)):
             again = np.flatnonzero(undecided[:, m])
-            top[again, m] = self._exact(rows.H[again], m)[:, 0]
+            top[again, m] = self._exact(rows.H[again], int(m))[:, 0]
         return top
 
     def _spread(self, scores: Any) -> Any:

@@ -26,6 +26,7 @@ from foal_pipe.datasets.sources import (
     natural_key,
 )
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io import UNLABELLED
 
 DEFAULT_ROOT = Path("~/datasets")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -268,8 +269,6 @@ def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
     paths = images_in(root)
     if not paths:
         raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check {param('data_dir')}")
-    from foal_pipe.store import UNLABELLED  # zarr: not imported for `foal-pipe --help`
-
     return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths)),
                          str(root))
 

@@ -30,6 +30,7 @@ from foal_pipe.encoders import (
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store import BLOCK_DTYPES, SPLITS
 from foal_pipe.store.blockfusion import NORMS
+from foal_pipe.version import __version__
 
 DTYPES = ("float32", "float16")
 DEFAULT_CHUNK_ROWS = 1024
@@ -198,13 +199,11 @@ def stored_encoder(inputs: Inputs) -> dict[str, Any]:
 
 def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
     """What the run log records about this run (never the store: it varies from run to run)."""
-    import foal_pipe
-
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": inputs.device,
             "batch_size": inputs.batch_size, "workers": inputs.workers, "resize_on": inputs.resize_on,
             "checkpoint": spec.checkpoint,
             "torch_version": torch_version() if "torch" in sys.modules else None,  # None: not used
-            "foal_pipe_version": foal_pipe.__version__}
+            "foal_pipe_version": __version__}
 
 
 def now() -> str:

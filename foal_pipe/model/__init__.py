@@ -1,1 +1,2 @@
-"""A learned model: the scikit-learn classifier, its model file, the deployed model and prediction."""
+"""A learned model: the scikit-learn estimators (classifier, projection), the model file, the deployed model and
+prediction."""

@@ -16,10 +16,10 @@ from sklearn.utils.validation import validate_data
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma, checked_weights, grow_classes
 from foal_pipe.core.gammasearch import check_grid
-from foal_pipe.core.projection import SmoothProjection
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
 from foal_pipe.errors import FoalPipeError, as_user_error
+from foal_pipe.model.projection import SmoothProjection
 from foal_pipe.model.ridgemodel import RidgeModel
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason

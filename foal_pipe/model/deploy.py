@@ -22,8 +22,8 @@ from foal_pipe.model.modelfile import read_model, stored_head
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
-    from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.model.classifier import AnalyticClassifier
+    from foal_pipe.model.projection import SmoothProjection
     from foal_pipe.store.read import FeatureStore
 
 
@@ -250,8 +250,8 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     classifier: AnalyticClassifier | SavedRidge
     projection: SmoothProjection | Expansion
     if estimators:
-        from foal_pipe.core.projection import SmoothProjection
         from foal_pipe.model.classifier import AnalyticClassifier
+        from foal_pipe.model.projection import SmoothProjection
 
         classifier = AnalyticClassifier.load(path)
         projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)

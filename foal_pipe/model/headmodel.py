@@ -23,7 +23,7 @@ from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_
 from foal_pipe.model.modelfile import read_model, write_model
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
-    from foal_pipe.core.projection import SmoothProjection
+    from foal_pipe.model.projection import SmoothProjection
 
 
 def _shares(scores: np.ndarray) -> np.ndarray:
@@ -140,7 +140,7 @@ def _identity(d: int, estimators: bool) -> SmoothProjection | Expansion:
     """The features as they are: what a head on the store's features is given."""
     if not estimators:
         return Expansion.draw(d, 0, "uniform", "identity", None, "float64")
-    from foal_pipe.core.projection import SmoothProjection
+    from foal_pipe.model.projection import SmoothProjection
 
     return SmoothProjection(n_components=0, activation="identity").fit(np.zeros((1, d)))
 
@@ -156,7 +156,7 @@ def load_head(path: str | Path, *, estimators: bool = True
     if "projection" in tensors:
         activation = meta.get("activation", "identity")
         if estimators:
-            from foal_pipe.core.projection import SmoothProjection
+            from foal_pipe.model.projection import SmoothProjection
 
             projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(tensors["projection"],
                                                                                     activation=activation)

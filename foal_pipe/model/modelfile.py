@@ -49,7 +49,7 @@ from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import atomic_path, enclosing_store
+from foal_pipe.io import METRICS_FILE, atomic_path, enclosing_store
 
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
@@ -396,8 +396,6 @@ def _file_checksum(path: Path, strings: Mapping[str, str]) -> str:
 def _run_head(run: Path) -> str | None:
     """The head other than ridge that the run in ``run`` learned (its metrics.json's ``head``), if any."""
     import json
-
-    from foal_pipe.protocol.schema import METRICS_FILE
 
     try:
         head = json.loads((run / METRICS_FILE).read_text()).get("head")

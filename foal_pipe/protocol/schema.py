@@ -19,9 +19,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import METRICS_FILE, SWEEP_FILE
 
-METRICS_FILE = "metrics.json"
-SWEEP_FILE = "sweep.json"
 #: Per-result lists of a sweep, one value per task boundary (``null`` where that criterion was skipped).
 CRITERION_KEYS = ("gcv", "loo_accuracy", "loo_mse")
 _LEARN_FIX = "re-run `foal-pipe learn --out DIR` (or `dvc repro`) to write it"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from foal_pipe import lazy_names
+from foal_pipe.lazy import lazy_names
 
 if TYPE_CHECKING:
     from foal_pipe.store.integrity import compute_generation

@@ -265,7 +265,7 @@ class FusedSplits:
         fuses only those)."""
         return self.source.read_blocks(lo, hi)
 
-    def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str | None) -> np.ndarray:
+    def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str) -> np.ndarray:
         """Fusion ``fusion`` of rows ``lo + sel``, from the chunk ``raw`` that :meth:`read_raw` read at ``lo``.
         Each row is fused on its own (a mean over blocks, a norm over features), so this equals those rows of
         :meth:`read`."""

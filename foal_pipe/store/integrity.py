@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -137,5 +138,5 @@ def guard_chunks(path: Path, group: zarr.Group, arrays: dict[str, zarr.Array], r
         problem = record_problem(array)
         if problem is not None:
             raise FoalPipeError(f"{path / name}: {problem}; {REEXTRACT}")
-        files = array.attrs[CHUNK_FILES]
+        files: Any = array.attrs[CHUNK_FILES]  # record_problem checked it: {"bytes": [...], "crc32c": [...]}
         store.expect(name, array, np.asarray(files["bytes"], dtype=np.uint64), np.asarray(files["crc32c"], np.uint32))

@@ -7,14 +7,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zarr
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import STORE_FORMAT
+from foal_pipe.io import UNLABELLED as UNLABELLED
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
 
 FORMAT = STORE_FORMAT
 FORMAT_VERSION = 4
@@ -28,10 +32,9 @@ LOG_SUFFIX = ".log.json"
 LABEL_CHUNK_ROWS = 1 << 20
 #: Whole-array reads (labels) and single chunks may use at most this share of the available memory.
 MEMORY_SHARE = 0.5
-#: The label of a row with no class (``extract --dataset images``): a store keeps it, ``learn`` refuses it.
-UNLABELLED = -1
 _KNOWN_KEYS = ("format", "format_version", "classes", "dataset", "encoder", "complete", "generation")
-WRITE_CONFIG = {"write_empty_chunks": True}  # a chunk equal to the fill value is written too: none is ever absent
+#: A chunk equal to the fill value is written too: none is ever absent.
+WRITE_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
 
 def _json_type(value: Any) -> str:

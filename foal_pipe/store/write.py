@@ -27,6 +27,7 @@ from foal_pipe.store.meta import (
     WRITE_CONFIG,
     BlockLayout,
     StoreMeta,
+    open_array,
     write_attrs,
     writing,
 )
@@ -120,8 +121,9 @@ class FeatureWriter:
         self.path, self.split = Path(path), split
         with writing(self.path, f"{split}/features"):
             group = zarr.open_group(str(self.path), mode="r+")
-            self.array = group[f"{split}/features"].with_config(WRITE_CONFIG)
-            self.blocks = group[f"{split}/blocks"].with_config(WRITE_CONFIG) if "blocks" in group.attrs else None
+            self.array = open_array(group, self.path, f"{split}/features").with_config(WRITE_CONFIG)
+            self.blocks = (open_array(group, self.path, f"{split}/blocks").with_config(WRITE_CONFIG)
+                           if "blocks" in group.attrs else None)
         self.n_rows, self.chunk_rows = int(self.array.shape[0]), int(self.array.chunks[0])
 
     def check_range(self, lo: int, hi: int) -> None:
@@ -143,7 +145,7 @@ class FeatureWriter:
             raise FoalPipeError(f"{self.path} {has} block tokens; pass them with the features of the same rows "
                                 "exactly when it keeps them")
         with writing(self.path, f"{self.split} rows [{lo}, {hi})"):
-            if self.blocks is not None:
+            if self.blocks is not None and blocks is not None:  # both or neither, checked above
                 self.blocks[lo:hi] = blocks
             self.array[lo:hi] = block
 
@@ -192,7 +194,7 @@ def complete_store(path: str | Path) -> str:
     group, attrs = _open_rw(path)
     progress = attrs.get("progress", {})
     for split in SPLITS:
-        n = int(group[f"{split}/features"].shape[0])
+        n = int(open_array(group, path, f"{split}/features").shape[0])
         if int(progress.get(split, 0)) != n:
             raise FoalPipeError(f"{path}: {split} has {progress.get(split, 0)} of {n} rows written; finish the "
                                 "extraction (re-run the same command) before marking it complete")
