@@ -130,7 +130,7 @@ Workers = Annotated[int, typer.Option(help="With --scheduler dask and --dask-add
 Fusion = Annotated[
     str | None,
     typer.Option(help="Fuse the store's per-block tokens at read time (stores made with `extract --keep-blocks`): "
-                 f"{FUSION_FORMS}; then the stored final norm. Default: the store's own features."),
+                 f"{FUSION_FORMS}; then the stored final norm (concat: on each block's token). Default: the store's own features."),
 ]
 NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
 
@@ -246,7 +246,7 @@ Fusions = Annotated[
     str | None,
     typer.Option(help="Comma-separated fusions of a blocks store (e.g. mean-cls,last,mean:7-12), every fusion x gamma "
                  "from one read of the blocks: a table and sweep.json entries per fusion, and the best (fusion, "
-                 "gamma) by --select. Not with --fusion. Default: none (the store's features, or --fusion)."),
+                 "gamma) by --select. All of one width (concat:A-B fusions of as many blocks). Not with --fusion. Default: none (the store's features, or --fusion)."),
 ]
 
 #: Defaults of the options whose text the command line parses.

@@ -83,7 +83,12 @@ class EncoderConfig:
     model_kwargs: ModelKwargs = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fusion", parse_fusion(self.fusion, param("fusion")).text)  # the canonical spec
+        fusion = parse_fusion(self.fusion, param("fusion"))
+        if fusion.concat:  # a store's features have the encoder's width; concat's rows are k times wider
+            raise FoalPipeError(f"{param('fusion', fusion.text)} sets blocks side by side, which is fused when reading a "
+                                f"blocks store, not when extracting: extract with {param('keep_blocks', True)}, then "
+                                f"learn or sweep with {param('fusion', fusion.text)}")
+        object.__setattr__(self, "fusion", fusion.text)  # the canonical spec
         if self.token not in TOKENS:
             raise FoalPipeError(f"unknown {param('token')} {self.token!r}; choose one of: {', '.join(TOKENS)}")
         if self.image_size is not None and self.image_size < 1:

@@ -1,10 +1,13 @@
-"""Block fusions: which blocks' tokens are averaged, then the final norm -- in NumPy, for stores that keep
-every block's token (``extract --keep-blocks``, docs/feature-store.md).
+"""Block fusions: which blocks' tokens are averaged (then the final norm), or set side by side (each block's
+token normed, then concatenated) -- in NumPy, for stores that keep every block's token (``extract --keep-blocks``,
+docs/feature-store.md).
 
 The spec language (:func:`parse_fusion`) is shared with ``extract --fusion``, and both sides compute the
 same way: float32 sums of the chosen blocks' tokens in block order, one float32 division, then the final
 norm. So features fused here from float32 blocks equal those the encoder fuses in its forward pass (to the
-norm's rounding, ~1e-7 relative), and a fusion ablation needs no new extraction.
+norm's rounding, ~1e-7 relative), and a fusion ablation needs no new extraction. ``concat:A-B`` (LayUP's and
+DINOv2's linear probes: the last blocks' tokens side by side, each through the final norm, as DINOv2's
+``get_intermediate_layers(norm=True)``) is computed here only, at read time: its rows have (B-A+1) x d features.
 
 :class:`FusedSplits` computes several fusions of a split from one read of each blocks chunk (``sweep
 --fusions``); :class:`FusedSplit` is one fusion, with the interface of :class:`foal_pipe.store.Split`
@@ -23,7 +26,8 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError, param
 
-FUSION_FORMS = "mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K"
+FUSION_FORMS = ("mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive), block:K or concat:A-B "
+                "(blocks A to B side by side)")
 """The valid spec forms, as error messages name them."""
 
 
@@ -33,11 +37,13 @@ FUSION_FORMS = "mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, 
 @dataclass(frozen=True)
 class Fusion:
     """A parsed fusion spec: blocks ``first`` to ``last`` (1-based, inclusive; 0 means the last block)
-    are averaged. ``text`` is the canonical spec (``mean:07-12`` becomes ``mean:7-12``)."""
+    are averaged, or with ``concat`` set side by side. ``text`` is the canonical spec (``mean:07-12`` becomes
+    ``mean:7-12``)."""
 
     text: str
     first: int
     last: int
+    concat: bool = False
 
     def blocks(self, n_blocks: int) -> range:
         """The 0-based indices of the averaged blocks of a model (or store) with ``n_blocks`` blocks."""
@@ -46,6 +52,11 @@ class Fusion:
             raise FoalPipeError(f"fusion {self.text!r} needs block {last} but there are {n_blocks} blocks; choose "
                                 f"blocks within 1-{n_blocks} ({FUSION_FORMS})")
         return range(first - 1, last)
+
+    def width(self, n_blocks: int, dim: int) -> int:
+        """Features a row of this fusion has, from blocks of ``dim`` features: ``dim``, or one ``dim`` a block
+        for ``concat``."""
+        return dim * len(self.blocks(n_blocks)) if self.concat else dim
 
     def __str__(self) -> str:
         return self.text
@@ -70,17 +81,22 @@ def _number(text: str, spec: str, option: str) -> int:
     return int(text)
 
 
-def _mean(argument: str | None, option: str) -> Fusion:
-    first, sep, last = (argument or "").partition("-")
-    if argument is None or not sep:
-        raise FoalPipeError(f"{option} {'mean:' + argument if argument else 'mean'} needs a block range; write "
-                            f"mean:A-B (e.g. mean:7-12), or one of {FUSION_FORMS}")
-    spec = f"mean:{argument}"
-    a, b = _number(first.strip(), spec, option), _number(last.strip(), spec, option)
-    if a > b:
-        raise FoalPipeError(f"{option} {spec} starts at block {a}, after its last block {b}; write mean:A-B with "
-                            f"A <= B (e.g. mean:{b}-{a}), or one of {FUSION_FORMS}")
-    return Fusion(f"mean:{a}-{b}", a, b)
+def _range(name: str) -> Callable[[str | None, str], Fusion]:
+    """The parser of ``NAME:A-B``: ``mean`` averages blocks A..B, ``concat`` sets them side by side."""
+
+    def parse(argument: str | None, option: str) -> Fusion:
+        first, sep, last = (argument or "").partition("-")
+        if argument is None or not sep:
+            raise FoalPipeError(f"{option} {f'{name}:' + argument if argument else name} needs a block range; write "
+                                f"{name}:A-B (e.g. {name}:7-12), or one of {FUSION_FORMS}")
+        spec = f"{name}:{argument}"
+        a, b = _number(first.strip(), spec, option), _number(last.strip(), spec, option)
+        if a > b:
+            raise FoalPipeError(f"{option} {spec} starts at block {a}, after its last block {b}; write {name}:A-B "
+                                f"with A <= B (e.g. {name}:{b}-{a}), or one of {FUSION_FORMS}")
+        return Fusion(f"{name}:{a}-{b}", a, b, concat=name == "concat")
+
+    return parse
 
 
 def _block(argument: str | None, option: str) -> Fusion:
@@ -94,8 +110,9 @@ def _block(argument: str | None, option: str) -> Fusion:
 FORMS: dict[str, Callable[[str | None, str], Fusion]] = {
     "mean-cls": _bare("mean-cls", 1, 0),  # the paper: every block
     "last": _bare("last", 0, 0),  # the last block: timm's forward_features token
-    "mean": _mean,  # mean:A-B
+    "mean": _range("mean"),  # mean:A-B
     "block": _block,  # block:K
+    "concat": _range("concat"),  # concat:A-B: LayUP, DINOv2's linear probes
 }
 """Spec forms by their name (the text before ``:``): ``(argument after ':' or None, option) -> Fusion``."""
 
@@ -191,9 +208,23 @@ def average_blocks(blocks: np.ndarray, chosen: range) -> np.ndarray:
     return total
 
 
+def concat_blocks(blocks: np.ndarray, chosen: range, norm: FinalNorm | None) -> np.ndarray:
+    """``(n, k*d)`` float32: the tokens of ``blocks[:, chosen]`` (``k`` blocks), each through ``norm`` (None: as
+    stored), side by side in block order -- row i is ``[norm(t_i,A), ..., norm(t_i,B)]``."""
+    tokens = blocks[:, chosen.start:chosen.stop].astype(np.float32)  # a copy: never modifies the blocks read
+    n, k, d = tokens.shape
+    flat = tokens.reshape(n * k, d)  # the norm works row by row, so each block's token is normed on its own
+    return (flat if norm is None else norm(flat)).reshape(n, k * d)
+
+
 def fuse(blocks: np.ndarray, fusion: str | Fusion, norm: FinalNorm | None) -> np.ndarray:
-    """Fused float32 features ``(n, d)`` from per-block tokens ``(n, L, d)``; ``norm=None`` skips the norm."""
-    mean = average_blocks(blocks, parse_fusion(fusion).blocks(blocks.shape[1]))
+    """Fused float32 features ``(n, d)`` (``concat``: ``(n, k*d)``) from per-block tokens ``(n, L, d)``;
+    ``norm=None`` skips the norm."""
+    fusion = parse_fusion(fusion)
+    chosen = fusion.blocks(blocks.shape[1])
+    if fusion.concat:
+        return concat_blocks(blocks, chosen, norm)
+    mean = average_blocks(blocks, chosen)
     return mean if norm is None else norm(mean)
 
 
@@ -211,7 +242,8 @@ class FusedSplits:
     """Several fusions of one split, each chunk of its blocks read once (``sweep --fusions``).
 
     ``split`` is a :class:`foal_pipe.store.Split` with blocks; ``norm`` the store's final norm (``None``: none
-    applied). ``read``/``iter_chunks``/``take`` return ``{spec text: float32 (n, d)}``.
+    applied). ``read``/``iter_chunks``/``take`` return ``{spec text: float32 (n, dim)}``. Every fusion has the same
+    width ``dim`` (one walk projects them all with one matrix): ``concat`` fusions of other widths are refused.
     """
 
     def __init__(self, split: Any, fusions: Sequence[str | Fusion], norm: FinalNorm | None):
@@ -221,6 +253,15 @@ class FusedSplits:
         self.fusions = parse_fusions(list(fusions))
         n_blocks = int(split.blocks.shape[1])
         self.chosen = {f.text: f.blocks(n_blocks) for f in self.fusions}  # refuses blocks the store lacks
+        self.concat = {f.text for f in self.fusions if f.concat}
+        widths = {f.text: f.width(n_blocks, int(split.blocks.shape[2])) for f in self.fusions}
+        if len(set(widths.values())) > 1:
+            a, wa = next(iter(widths.items()))
+            b, wb = next((t, w) for t, w in widths.items() if w != wa)
+            raise FoalPipeError(f"{param('fusions')} {a} gives rows of {wa:,} features and {b} of {wb:,}; one walk "
+                                f"projects every fusion with one matrix, so list fusions of one width (concat:A-B of "
+                                f"k blocks: k x {int(split.blocks.shape[2])}), and run {b} with {param('fusion', b)}")
+        self._width = widths[self.fusions[0].text]
         self.name, self.labels = split.name, split.labels
         self.root, self.fingerprint = split.root, split.fingerprint
 
@@ -234,7 +275,7 @@ class FusedSplits:
 
     @property
     def dim(self) -> int:
-        return int(self.source.blocks.shape[2])
+        return self._width
 
     @property
     def chunk_rows(self) -> int:
@@ -243,11 +284,11 @@ class FusedSplits:
     @property
     def chunk_bytes(self) -> int:
         """Memory to fuse one chunk: the blocks read (and their float32 copy when several fusions share
-        blocks), and per fusion a float32 mean and the float64 temporaries of its norm."""
+        blocks), and per fusion a float32 mean (or concatenation) and the float64 temporaries of its norm."""
         n, (L, d) = self.chunk_rows, self.source.blocks.shape[1:]
         itemsize = self.source.blocks.dtype.itemsize
         widened = 4 if sum(map(len, self.chosen.values())) > L and itemsize != 4 else 0
-        return n * L * d * (itemsize + widened) + len(self.chosen) * n * d * (4 + 8 * 3)
+        return n * L * d * (itemsize + widened) + len(self.chosen) * n * self.dim * (4 + 8 * 3)
 
     def _fused(self, blocks: np.ndarray, rows: np.ndarray | int) -> dict[str, np.ndarray]:
         if sum(map(len, self.chosen.values())) > blocks.shape[1]:  # blocks used twice: widen each once (exact)
@@ -257,8 +298,12 @@ class FusedSplits:
     def _fuse(self, text: str, blocks: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
         from foal_pipe.store.chunks import check_finite  # zarr: not imported with the encoders' configuration
 
-        mean = average_blocks(blocks, self.chosen[text])
-        return check_finite(mean if self.norm is None else self.norm(mean), self.name, rows, f"blocks (fused by {text})")
+        if text in self.concat:
+            fused = concat_blocks(blocks, self.chosen[text], self.norm)
+        else:
+            mean = average_blocks(blocks, self.chosen[text])
+            fused = mean if self.norm is None else self.norm(mean)
+        return check_finite(fused, self.name, rows, f"blocks (fused by {text})")
 
     def read_raw(self, lo: int, hi: int) -> np.ndarray:
         """The stored blocks of rows ``[lo, hi)``, for :meth:`rows_of` (a pass that needs a few of a chunk's rows
@@ -267,7 +312,7 @@ class FusedSplits:
 
     def rows_of(self, raw: np.ndarray, lo: int, sel: np.ndarray, fusion: str) -> np.ndarray:
         """Fusion ``fusion`` of rows ``lo + sel``, from the chunk ``raw`` that :meth:`read_raw` read at ``lo``.
-        Each row is fused on its own (a mean over blocks, a norm over features), so this equals those rows of
+        Each row is fused on its own (a mean or concatenation over blocks, a norm over features), so this equals those rows of
         :meth:`read`."""
         return self._fuse(fusion, raw[sel], lo + sel)
 
