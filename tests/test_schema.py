@@ -1,5 +1,6 @@
-"""metrics.json and sweep.json: each schema pinned by a literal file that reads and writes back to the same text,
-and a malformed file refused in one line that names the key and the fix."""
+"""metrics.json and sweep.json: each schema pinned by a literal file that reads and writes back to the same text
+(plus the format and version it names), a file of another format or a newer version refused in one line, and a
+malformed file refused in one line that names the key and the fix."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import write_json
 from foal_pipe.protocol.schema import LearnMetrics, SweepReport
+from foal_pipe.report.readers import read_metrics, read_sweep
 
-# Each literal is a file as foal-pipe writes it (sorted keys), cut to one task, one gamma, two orders or fusions.
+# Each literal is a file as foal-pipe wrote it before files named their format (version 1, sorted keys), cut to one
+# task, one gamma, two orders or fusions; written back, it names its format and version.
 METRICS_CONTINUED_AUTO = (
     '{"A_avg": 0.603, "A_last": 0.559, "A_steps": [0.647], "F": 0.176, "F_published_code": 0.0882, '
     '"accuracy_matrix": [[0.647]], "activation": "sigmoid", "backend": "numpy", "batch_size": 10, "dataset": '
@@ -85,6 +88,8 @@ SWEEP_ORDERS = (
     '0.0333}}], "seed": 0, "selected_by": "test", "tasks": [[2]]}'
 )
 
+STAMPS = {LearnMetrics: {"format": "foal-pipe/metrics", "format_version": 1},
+          SweepReport: {"format": "foal-pipe/sweep", "format_version": 1}}
 LITERALS = {"metrics continued, gamma auto": (LearnMetrics, METRICS_CONTINUED_AUTO),
             "metrics of class orders": (LearnMetrics, METRICS_ORDERS),
             "sweep of fusions": (SweepReport, SWEEP_FUSIONS),
@@ -95,9 +100,49 @@ LITERALS = {"metrics continued, gamma auto": (LearnMetrics, METRICS_CONTINUED_AU
 def test_literal_file_reads_and_writes_back_to_the_same_text(kind, text, tmp_path):
     record = kind.from_dict(json.loads(text))
     assert record.extra == {}  # every key is a field of the record
-    assert json.dumps(record.to_dict(), sort_keys=True) == text
+    stamped = {**json.loads(text), **STAMPS[kind]}
+    assert json.dumps(record.to_dict(), sort_keys=True) == json.dumps(stamped, sort_keys=True)
     write_json(tmp_path / "out.json", record.to_dict())  # the writers' path: indented, sorted keys
-    assert (tmp_path / "out.json").read_text() == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+    assert (tmp_path / "out.json").read_text() == json.dumps(stamped, indent=2, sort_keys=True) + "\n"
+    again = kind.from_dict(json.loads((tmp_path / "out.json").read_text()))
+    assert again == record and again.extra == {}  # the format and version are read, not kept as unknown keys
+
+
+@pytest.mark.parametrize(("kind", "text"), [(LearnMetrics, METRICS_ORDERS), (SweepReport, SWEEP_ORDERS)],
+                         ids=["metrics", "sweep"])
+@pytest.mark.parametrize("version", [2, 0, "1", None, 1.5])
+def test_a_version_this_foal_pipe_does_not_read_is_refused_in_one_line(kind, text, version, tmp_path):
+    data = {**json.loads(text), "format": STAMPS[kind]["format"], "format_version": version}
+    with pytest.raises(FoalPipeError) as info:
+        kind.from_dict(data, "runs/x/f.json")
+    message = str(info.value)
+    assert message == (f"runs/x/f.json has format_version {json.dumps(version)}, which this foal-pipe does not read "
+                       f"(it reads {STAMPS[kind]['format']} versions 1 to 1); upgrade foal-pipe to read it")
+    path = tmp_path / kind.NAME
+    path.write_text(json.dumps(data))
+    with pytest.raises(FoalPipeError, match=f"^{path} has format_version"):
+        (read_metrics if kind is LearnMetrics else read_sweep)(path)
+
+
+def test_a_file_of_the_other_format_is_refused_in_one_line():
+    sweep = SweepReport.from_dict(json.loads(SWEEP_ORDERS)).to_dict()
+    with pytest.raises(FoalPipeError) as info:
+        LearnMetrics.from_dict(sweep, "runs/x/metrics.json")
+    assert str(info.value) == ('runs/x/metrics.json is a "foal-pipe/sweep" file, not a foal-pipe/metrics file '
+                               "(metrics.json); pass the metrics.json of a foal-pipe run")
+
+
+def test_the_cli_refuses_a_newer_metrics_file_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from foal_pipe.cli import app
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({**json.loads(METRICS_ORDERS), "format_version": 9}))
+    result = CliRunner().invoke(app, ["summary", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "has format_version 9, which this foal-pipe does not read" in result.output
 
 
 def test_fields_are_typed_and_nested_records_are_records():
@@ -113,7 +158,7 @@ def test_keys_of_other_versions_are_kept_and_absent_keys_stay_absent():
     old = {"accuracy_matrix": [[0.5]], "A_avg": 0.5, "A_last": 0.5, "F": 0.0, "seconds": 2.0, "later_key": [1]}
     record = LearnMetrics.from_dict(old)
     assert record.seconds == 2.0 and record.extra == {"later_key": [1]} and record.gamma is None
-    assert record.to_dict() == old
+    assert record.to_dict() == {**old, **STAMPS[LearnMetrics]}
 
 
 @pytest.mark.parametrize(

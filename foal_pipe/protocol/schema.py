@@ -1,10 +1,13 @@
 """``metrics.json`` and ``sweep.json``: one frozen type each, the only code that turns them into JSON and back.
 
-A writer builds a :class:`LearnMetrics` or a :class:`SweepReport` and writes ``to_dict()``; a reader calls
-``from_dict()``, which checks the type of every key it knows and refuses a malformed file in one line that names
-the fix. A field that is ``None`` is not recorded (its key is left out), so the files of earlier versions, which
-lack later keys, read as they are; keys this version does not know are kept in ``extra`` and written back. The
-files are written with sorted keys (:func:`foal_pipe.io.write_json`): the same record gives the same bytes.
+A writer builds a :class:`LearnMetrics` or a :class:`SweepReport` and writes ``to_dict()``, which names the
+file's ``format`` and ``format_version`` (zarr-python's ``parse_zarr_format``: a file says what it is); a reader
+calls ``from_dict()``, which refuses another format or a version this foal-pipe does not know, reads a file without
+them (written before they were recorded) as version 1, checks the type of every key it knows and refuses a
+malformed file in one line that names the fix. A field that is ``None`` is not recorded (its key is left out),
+so the files of earlier versions, which lack later keys, read as they are; keys this version does not know are
+kept in ``extra`` and written back. The files are written with sorted keys (:func:`foal_pipe.io.write_json`): the
+same record gives the same bytes. The machinery of typed keys is :mod:`foal_pipe.protocol.typedjson`.
 
 Also the selection criteria (:data:`CRITERIA`) that ``selected_by`` names. Standard library only: the report,
 and the command line's choices, read this module without NumPy.
@@ -12,18 +15,48 @@ and the command line's choices, read this module without NumPy.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import METRICS_FILE, SWEEP_FILE
+from foal_pipe.protocol.typedjson import (
+    BOOLEAN,
+    COUNT,
+    CURVES,
+    FRACTION,
+    FRACTIONS,
+    GAMMA,
+    INTEGER,
+    INTEGERS,
+    MAPPING,
+    MATRIX,
+    NUMBER,
+    NUMBER_BY_NAME,
+    NUMBERS,
+    PER_BOUNDARY,
+    POSITIVE,
+    POSITIVE_INTEGER,
+    TASK_NAMES,
+    TASKS,
+    TEXT,
+    _Document,
+    _Invalid,
+    _Kind,
+    _list_of,
+    _Record,
+    _record,
+    _records,
+    key,
+)
+from foal_pipe.protocol.typedjson import is_number as is_number  # the report's number test
 
+#: The ``format`` of each file (its ``format_version``: :attr:`_Document.VERSION`).
+METRICS_FORMAT = "foal-pipe/metrics"
+SWEEP_FORMAT = "foal-pipe/sweep"
 #: Per-result lists of a sweep, one value per task boundary (``null`` where that criterion was skipped).
 CRITERION_KEYS = ("gcv", "loo_accuracy", "loo_mse")
-_LEARN_FIX = "re-run `foal-pipe learn --out DIR` (or `dvc repro`) to write it"
 _SWEEP_FIX = "re-run `foal-pipe sweep --out DIR` to write it"
 
 
@@ -54,151 +87,8 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in (
 TRAINING_CRITERIA = ("loo", "gcv", "loo_accuracy")
 
 
-class _Invalid(Exception):
-    """A malformed value: the message says where and what; ``from_dict`` adds the fix."""
 
-
-def shown(value: Any) -> str:
-    """A value as JSON, cut to 40 characters."""
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def is_number(value: Any) -> bool:
-    """A JSON number (not a boolean)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """What a key holds: ``noun`` names it in messages; ``convert(value, where, key)``, when given, checks inside
-    the value (``where`` names the record) and returns it converted."""
-
-    noun: str
-    accepts: Callable[[Any], bool]
-    convert: Callable[[Any, str, str], Any] | None = None
-
-    def parse(self, value: Any, where: str, key: str) -> Any:
-        if not self.accepts(value):
-            raise _Invalid(f"{where} has no {self.noun} under {key!r} (found {shown(value)})")
-        return self.convert(value, where, key) if self.convert else value
-
-
-def _list_of(kind: _Kind, noun: str | None = None) -> _Kind:
-    return _Kind(noun or f"list of {kind.noun}s", lambda v: isinstance(v, list) and all(map(kind.accepts, v)))
-
-
-def _record(cls: type[_Record], noun: str) -> _Kind:
-    return _Kind(noun, lambda v: isinstance(v, dict), lambda v, where, key: cls.parse_dict(v, f"{where}: {key}"))
-
-
-def _records(cls: type[_Record], noun: str) -> _Kind:
-    def convert(values: list, where: str, key: str) -> list:
-        return [cls.parse_dict(v, f"{where}: {key}[{i}]") for i, v in enumerate(values)]
-
-    return _Kind(noun, lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), convert)
-
-
-def _triangle(matrix: list, where: str, key: str) -> list[list[float]]:
-    """Row i holds i+1 accuracies (a[i][j] for tasks j <= i), each a fraction in [0, 1]."""
-    rows = []
-    for i, row in enumerate(matrix):
-        if not isinstance(row, list) or len(row) != i + 1:
-            raise _Invalid(f"{where}: row {i} of {key!r} should have {i + 1} entries "
-                           f"(a[i][j] for tasks j <= i), got {row!r:.60}")
-        if not all(map(is_number, row)):
-            raise _Invalid(f"{where}: row {i} of {key!r} is not all numbers")
-        if not all(0.0 <= v <= 1.0 for v in row):
-            raise _Invalid(f"{where}: row {i} of {key!r} has values outside [0, 1]; accuracies must be fractions")
-        rows.append([float(v) for v in row])
-    return rows
-
-
-NUMBER = _Kind("number", is_number)
-POSITIVE = _Kind("number > 0", lambda v: is_number(v) and v > 0)
-INTEGER = _Kind("integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
-BOOLEAN = _Kind("boolean", lambda v: isinstance(v, bool))
-TEXT = _Kind("string", lambda v: isinstance(v, str))
-MAPPING = _Kind("mapping", lambda v: isinstance(v, dict))
-NUMBERS = _list_of(NUMBER, "list of numbers")
-INTEGERS = _list_of(INTEGER)
-PER_BOUNDARY = _Kind("list of numbers or nulls (one per task boundary)",
-                     lambda v: isinstance(v, list) and all(x is None or is_number(x) for x in v))
-MATRIX = _Kind("non-empty list of rows", lambda v: isinstance(v, list) and bool(v), _triangle)
-LABEL = _Kind("label id", lambda v: INTEGER.accepts(v) and v >= 0)
-COUNT = _Kind("integer >= 0", lambda v: INTEGER.accepts(v) and v >= 0)
-FRACTION = _Kind("number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1)
-FRACTIONS = _list_of(FRACTION, "list of numbers in [0, 1]")
-POSITIVE_INTEGER = _Kind("integer >= 1", lambda v: INTEGER.accepts(v) and v >= 1)
-TASKS = _list_of(_list_of(LABEL), "list of lists of label ids")
-TASK_NAMES = _list_of(_list_of(TEXT), "list of lists of class names")
-CURVES = _Kind("list of lists of numbers or nulls (one list per task boundary)",
-               lambda v: isinstance(v, list) and all(map(PER_BOUNDARY.accepts, v)))
-NUMBER_BY_NAME = _Kind("mapping of numbers", lambda v: isinstance(v, dict) and all(map(is_number, v.values())))
-GAMMA = _Kind('number > 0 or "auto"', lambda v: v == "auto" or (is_number(v) and v > 0))
 SELECTOR = _Kind(f"criterion ({', '.join(CRITERIA)})", lambda v: v in CRITERIA)
-
-
-def key(kind: _Kind, required: bool = False) -> Any:
-    """A dataclass field holding a JSON key of ``kind``; not ``required``: ``None`` when not recorded."""
-    return field(metadata={"kind": kind}) if required else field(default=None, metadata={"kind": kind})
-
-
-R = TypeVar("R", bound="_Record")
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Record:
-    """A JSON object with typed keys (the fields) and ``extra``, the keys of other versions, kept verbatim."""
-
-    FIX: ClassVar[str] = _LEARN_FIX
-    #: How messages name a record read without a path.
-    NAME: ClassVar[str] = "record"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object: every recorded field (nested records as objects), then ``extra``."""
-        out = {f.name: _json(getattr(self, f.name)) for f in fields(self)
-               if f.name != "extra" and getattr(self, f.name) is not None}
-        return {**out, **self.extra}
-
-    @classmethod
-    def from_dict(cls: type[R], data: Any, where: str | None = None) -> R:
-        """The record of a JSON object (``where`` names it in messages); a malformed one raises
-        :class:`~foal_pipe.errors.FoalPipeError`, one line naming the fix."""
-        try:
-            return cls.parse_dict(data, where or cls.NAME)
-        except _Invalid as exc:
-            raise FoalPipeError(f"{exc}; {cls.FIX}") from None
-
-    @classmethod
-    def parse_dict(cls: type[R], data: Any, where: str) -> R:
-        """:meth:`from_dict` for a record nested in another: the outer record's ``from_dict`` names the fix."""
-        if not isinstance(data, dict):
-            raise _Invalid(f"{where} should be a JSON object, found {shown(data)}")
-        values: dict[str, Any] = {}
-        known = {f.name for f in fields(cls)}
-        for f in fields(cls):
-            if f.name == "extra":
-                continue
-            kind = f.metadata["kind"]
-            if data.get(f.name) is not None:
-                values[f.name] = kind.parse(data[f.name], where, f.name)
-            elif f.default is MISSING:
-                raise _Invalid(f"{where} has no {f.name!r} {kind.noun}" if f.name not in data
-                               else f"{where} has no {kind.noun} under {f.name!r} (found null)")
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, _Record):
-        return value.to_dict()
-    if isinstance(value, list):
-        return [_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    return value
-
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings(_Record):
@@ -314,11 +204,12 @@ class SweepSelection(Accuracy, GammaSearch):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LearnMetrics(Accuracy, RunSettings):
+class LearnMetrics(Accuracy, RunSettings, _Document):
     """``metrics.json``: the accuracy after every task, the settings, and what ``--gamma auto``,
     ``--init-model`` and ``--order-seeds`` add (with many orders the headline numbers are means over them)."""
 
     NAME: ClassVar[str] = METRICS_FILE
+    FORMAT: ClassVar[str] = METRICS_FORMAT
 
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
     gamma: float | str | None = key(GAMMA)
@@ -431,12 +322,13 @@ class OrderSweep(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepReport(RunSettings):
+class SweepReport(RunSettings, _Document):
     """``sweep.json``: every gamma's results, the gamma chosen by ``selected_by`` and the test oracle's, the
     settings; with ``--fusions`` the single-sweep keys are the chosen fusion's, with ``--order-seeds`` means."""
 
     FIX: ClassVar[str] = _SWEEP_FIX
     NAME: ClassVar[str] = SWEEP_FILE
+    FORMAT: ClassVar[str] = SWEEP_FORMAT
     gammas: list[float] | None = key(_list_of(POSITIVE, "list of numbers > 0"))
     best_gamma: float | None = key(NUMBER)
     best_gamma_test: float | None = key(NUMBER)
