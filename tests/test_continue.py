@@ -53,7 +53,7 @@ def test_continuation_equals_one_run(two_stores):
     np.testing.assert_allclose(model.classifier.weights_, W, atol=1e-9)
     assert model.classifier.n_samples_seen_ == ya.size + yb.size
     metrics = json.loads((tmp_path / "run_b" / "metrics.json").read_text())
-    old = metrics["eval_features"][0]
+    old = metrics["continuation"]["eval_features"][0]
     H_old = P.transform(xa[::3])
     expected = float((np.argmax(H_old @ W, axis=1) == ya[::3]).mean())
     assert old["accuracy"] == pytest.approx(expected) and old["n_test"] == ya[::3].size

@@ -113,19 +113,20 @@ def test_continued_model_is_reported_by_its_own_classes(tmp_path):
     learn("--features", a, "--out", tmp_path / "run_a", "--tasks", 2, "--projection-dim", 30)
     metrics = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out",
                     tmp_path / "run_b", "--tasks", 3, "--eval-features", a)
-    assert metrics["task_names"] == [[["gnu", "dog", "cat"][c] for c in task] for task in metrics["tasks"]]
+    task_names = metrics["continuation"]["task_names"]
+    assert task_names == [[["gnu", "dog", "cat"][c] for c in task] for task in metrics["tasks"]]
     ev = evaluate(tmp_path / "run_b")
     out = ev.out
-    task_of = {name: t + 1 for t, names in enumerate(metrics["task_names"]) for name in names}
+    task_of = {name: t + 1 for t, names in enumerate(task_names) for name in names}
     norms = read_csv(out / "weight_norms.csv")
-    assert [r["name"] for r in norms[:3]] == [n for names in metrics["task_names"] for n in names]
+    assert [r["name"] for r in norms[:3]] == [n for names in task_names for n in names]
     assert {r["name"]: r["task"] for r in norms} == {**{n: str(t) for n, t in task_of.items()}, "emu": "", "fox": ""}
     assert {r["name"]: int(r["label"]) for r in norms} == {"cat": 0, "dog": 1, "emu": 2, "fox": 3, "gnu": 4}
     rows = {r["name"]: r for r in read_csv(out / "class_accuracy.csv")}
     assert {n: r["task"] for n, r in rows.items()} == {**{n: str(t) for n, t in task_of.items()}, "emu": "", "fox": ""}
     assert {n: int(r["test_rows"]) for n, r in rows.items()} == {"gnu": 3, "dog": 3, "cat": 2, "emu": 0, "fox": 0}
     text = (out / "summary.md").read_text()
-    (old,) = metrics["eval_features"]
+    (old,) = metrics["continuation"]["eval_features"]
     assert "## Other feature stores" in text
     assert f"| `{a}` | {old['n_test']} | {100 * old['accuracy']:.2f} | 0 |" in text
     assert "| emu | - | 0 | - |" in text and "Task -: a class the model learned before this run." in text

@@ -189,9 +189,10 @@ def test_init_model_continues_a_head_exactly(tmp_path, name):
     unambiguous(expected)
     assert (model.predict(test) == classes[expected.argmax(axis=1)]).all()
     metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
-    assert metrics["head"] == name and metrics["init_model"].endswith("model.safetensors")
-    assert metrics["label_ids"] == {"gnu": 4, "dog": 1, "cat": 0}
-    old = metrics["eval_features"][0]
+    continued = metrics["continuation"]
+    assert metrics["head"] == name and continued["init_model"].endswith("model.safetensors")
+    assert continued["label_ids"] == {"gnu": 4, "dog": 1, "cat": 0}
+    old = continued["eval_features"][0]
     assert old["accuracy"] == pytest.approx(float((model.predict(xa[::3]) == ya[::3]).mean()))
 
 

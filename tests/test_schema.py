@@ -14,7 +14,9 @@ from foal_pipe.protocol.schema import LearnMetrics, SweepReport
 from foal_pipe.report.readers import read_metrics, read_sweep
 
 # Each literal is a file as foal-pipe wrote it before files named their format (version 1, sorted keys), cut to one
-# task, one gamma, two orders or fusions; written back, it names its format and version.
+# task, one gamma, two orders or fusions; written back, it names its format and version, and metrics.json (version
+# 2) keeps a continuation's keys in "continuation".
+CONTINUATION_KEYS = ("init_model", "n_samples_seen_total", "label_ids", "task_names", "eval_features")
 METRICS_CONTINUED_AUTO = (
     '{"A_avg": 0.603, "A_last": 0.559, "A_steps": [0.647], "F": 0.176, "F_published_code": 0.0882, '
     '"accuracy_matrix": [[0.647]], "activation": "sigmoid", "backend": "numpy", "batch_size": 10, "dataset": '
@@ -88,7 +90,7 @@ SWEEP_ORDERS = (
     '0.0333}}], "seed": 0, "selected_by": "test", "tasks": [[2]]}'
 )
 
-STAMPS = {LearnMetrics: {"format": "foal-pipe/metrics", "format_version": 1},
+STAMPS = {LearnMetrics: {"format": "foal-pipe/metrics", "format_version": 2},
           SweepReport: {"format": "foal-pipe/sweep", "format_version": 1}}
 LITERALS = {"metrics continued, gamma auto": (LearnMetrics, METRICS_CONTINUED_AUTO),
             "metrics of class orders": (LearnMetrics, METRICS_ORDERS),
@@ -100,7 +102,7 @@ LITERALS = {"metrics continued, gamma auto": (LearnMetrics, METRICS_CONTINUED_AU
 def test_literal_file_reads_and_writes_back_to_the_same_text(kind, text, tmp_path):
     record = kind.from_dict(json.loads(text))
     assert record.extra == {}  # every key is a field of the record
-    stamped = {**json.loads(text), **STAMPS[kind]}
+    stamped = {**as_version_2(kind, json.loads(text)), **STAMPS[kind]}
     assert json.dumps(record.to_dict(), sort_keys=True) == json.dumps(stamped, sort_keys=True)
     write_json(tmp_path / "out.json", record.to_dict())  # the writers' path: indented, sorted keys
     assert (tmp_path / "out.json").read_text() == json.dumps(stamped, indent=2, sort_keys=True) + "\n"
@@ -108,16 +110,36 @@ def test_literal_file_reads_and_writes_back_to_the_same_text(kind, text, tmp_pat
     assert again == record and again.extra == {}  # the format and version are read, not kept as unknown keys
 
 
+def as_version_2(kind, data: dict) -> dict:
+    """A version 1 file as version 2 writes it: metrics.json's continuation keys moved into "continuation"."""
+    moved = {k: data[k] for k in CONTINUATION_KEYS if k in data} if kind is LearnMetrics else {}
+    return {**{k: v for k, v in data.items() if k not in moved}, **({"continuation": moved} if moved else {})}
+
+
+def test_a_version_1_continuation_reads_into_its_record():
+    data = json.loads(METRICS_CONTINUED_AUTO)
+    for version in ({}, {"format": "foal-pipe/metrics", "format_version": 1}):
+        metrics = LearnMetrics.from_dict({**data, **version})
+        assert metrics.continuation.init_model == "run/model.safetensors" and metrics.extra == {}
+        assert metrics.continuation.label_ids == {"ant": 0, "bee": 1, "hen": 3, "ibis": 4}
+        assert metrics.continuation.eval_features[0].accuracy == 0.5 and metrics.continuation.n_samples_seen_total == 190
+    written = metrics.to_dict()
+    assert written["continuation"] == {k: data[k] for k in CONTINUATION_KEYS if k in data}  # this one has no task_names
+    assert not written.keys() & set(CONTINUATION_KEYS)
+    assert LearnMetrics.from_dict(written) == metrics  # version 2 reads back as written
+    assert LearnMetrics.from_dict(json.loads(METRICS_ORDERS)).continuation is None  # not a continuation: absent
+
+
 @pytest.mark.parametrize(("kind", "text"), [(LearnMetrics, METRICS_ORDERS), (SweepReport, SWEEP_ORDERS)],
                          ids=["metrics", "sweep"])
-@pytest.mark.parametrize("version", [2, 0, "1", None, 1.5])
+@pytest.mark.parametrize("version", [99, 0, "1", None, 1.5])
 def test_a_version_this_foal_pipe_does_not_read_is_refused_in_one_line(kind, text, version, tmp_path):
     data = {**json.loads(text), "format": STAMPS[kind]["format"], "format_version": version}
     with pytest.raises(FoalPipeError) as info:
         kind.from_dict(data, "runs/x/f.json")
-    message = str(info.value)
-    assert message == (f"runs/x/f.json has format_version {json.dumps(version)}, which this foal-pipe does not read "
-                       f"(it reads {STAMPS[kind]['format']} versions 1 to 1); upgrade foal-pipe to read it")
+    reads = f"{STAMPS[kind]['format']} versions 1 to {STAMPS[kind]['format_version']}"
+    assert str(info.value) == (f"runs/x/f.json has format_version {json.dumps(version)}, which this foal-pipe does not "
+                               f"read (it reads {reads}); upgrade foal-pipe to read it")
     path = tmp_path / kind.NAME
     path.write_text(json.dumps(data))
     with pytest.raises(FoalPipeError, match=f"^{path} has format_version"):
@@ -151,7 +173,7 @@ def test_fields_are_typed_and_nested_records_are_records():
     orders = SweepReport.from_dict(json.loads(SWEEP_ORDERS))
     assert orders.results[0].loo_mse is None and orders.results[0].to_dict()["loo_mse"] is None  # null, not absent
     metrics = LearnMetrics.from_dict(json.loads(METRICS_CONTINUED_AUTO))
-    assert metrics.eval_features[0].unknown_class_rows == 0 and metrics.gamma == "auto"
+    assert metrics.continuation.eval_features[0].unknown_class_rows == 0 and metrics.gamma == "auto"
 
 
 def test_keys_of_other_versions_are_kept_and_absent_keys_stay_absent():

@@ -32,7 +32,7 @@ from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import Run, prepare
-from foal_pipe.protocol.schema import LearnMetrics, StoreScore
+from foal_pipe.protocol.schema import Continuation, LearnMetrics, StoreScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import FeatureStore, open_store
@@ -207,9 +207,10 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec,
                            {**deployed.metadata, **provenance(run, deployed.metadata.get("learned_from", []))})
-    metrics = replace(metrics, init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
-                      label_ids=dict(zip(store.classes, merged.tolist())),
-                      task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
-                      eval_features=[evaluate_store(result, path) for path in eval_features])
+    metrics = replace(metrics, continuation=Continuation(
+        init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
+        label_ids=dict(zip(store.classes, merged.tolist())),
+        task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
+        eval_features=[evaluate_store(result, path) for path in eval_features]))
     return write_learned(out, [run], start, metrics, result.save)
 

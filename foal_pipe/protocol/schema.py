@@ -16,7 +16,7 @@ and the command line's choices, read this module without NumPy.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from foal_pipe.errors import FoalPipeError
@@ -203,13 +203,38 @@ class SweepSelection(Accuracy, GammaSearch):
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
 
 
+LABEL_IDS = _Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(INTEGER.accepts(x) for x in v.values()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Continuation(_Record):
+    """``learn --init-model``: the model continued, the rows it has seen in all, the store's classes by the model's
+    label ids, this run's classes by name, task by task as ``tasks`` (a continued model's label ids are not the
+    store's), and the final model's scores on each ``--eval-features`` store."""
+
+    init_model: str | None = key(TEXT)
+    n_samples_seen_total: int | None = key(INTEGER)
+    label_ids: dict[str, int] | None = key(LABEL_IDS)
+    task_names: list[list[str]] | None = key(TASK_NAMES)
+    eval_features: list[StoreScore] | None = key(_records(StoreScore, "list of store scores"))
+
+
+#: The keys version 1 of ``metrics.json`` kept at the top level and version 2 keeps in ``continuation``.
+CONTINUATION_KEYS = tuple(f.name for f in fields(Continuation) if f.name != "extra")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LearnMetrics(Accuracy, RunSettings, _Document):
     """``metrics.json``: the accuracy after every task, the settings, and what ``--gamma auto``,
-    ``--init-model`` and ``--order-seeds`` add (with many orders the headline numbers are means over them)."""
+    ``--init-model`` (:attr:`continuation`) and ``--order-seeds`` add (with many orders the headline numbers are
+    means over them).
+
+    Version 2 keeps a continuation's keys in ``continuation``; a version 1 file (or one without a version) has them
+    at the top level and reads into the same record."""
 
     NAME: ClassVar[str] = METRICS_FILE
     FORMAT: ClassVar[str] = METRICS_FORMAT
+    VERSION: ClassVar[int] = 2
 
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
     gamma: float | str | None = key(GAMMA)
@@ -220,15 +245,9 @@ class LearnMetrics(Accuracy, RunSettings, _Document):
     gammas_at_grid_edge: list[bool] | None = key(_list_of(BOOLEAN))
     #: ``--gamma auto``: the criterion's refined search (``gammas_selected`` are its choices).
     gamma_search: GammaSearch | None = key(_record(GammaSearch, "gamma search object"))
-    init_model: str | None = key(TEXT)
-    n_samples_seen_total: int | None = key(INTEGER)
+    continuation: Continuation | None = key(_record(Continuation, "continuation object"))
     #: The ``checksum`` of the model file the run wrote: ``evaluate`` refuses another model as the run's.
     model_checksum: str | None = key(TEXT)
-    label_ids: dict[str, int] | None = key(_Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(
-        INTEGER.accepts(x) for x in v.values())))
-    #: A continued model's classes by name, task by task as ``tasks`` (its label ids are not the store's).
-    task_names: list[list[str]] | None = key(TASK_NAMES)
-    eval_features: list[StoreScore] | None = key(_records(StoreScore, "list of store scores"))
     order_seeds: list[int] | None = key(INTEGERS)
     orders: list[OrderMetrics] | None = key(_records(OrderMetrics, "list of class orders"))
     mean: dict[str, float] | None = key(NUMBER_BY_NAME)
@@ -241,6 +260,15 @@ class LearnMetrics(Accuracy, RunSettings, _Document):
     #: ``learn --head``: the head other than ridge (absent for ridge) and its options, defaults included.
     head: str | None = key(TEXT)
     head_options: dict[str, Any] | None = key(MAPPING)
+
+    @classmethod
+    def parse_dict(cls, data: Any, where: str) -> LearnMetrics:
+        """Version 1's top-level continuation keys read into :attr:`continuation`."""
+        if isinstance(data, dict) and data.get("format_version", 1) == 1 and "continuation" not in data:
+            moved = {k: data[k] for k in CONTINUATION_KEYS if k in data}
+            if moved:
+                data = {**{k: v for k, v in data.items() if k not in moved}, "continuation": moved}
+        return super().parse_dict(data, where)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,10 +22,11 @@ def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
     """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based)."""
     m = run.metrics
     source: list[list[int | None]] = m.tasks or []
-    if m.task_names and run.weight_norms is not None and run.weight_norms[2]:
+    task_names = m.continuation.task_names if m.continuation else None
+    if task_names and run.weight_norms is not None and run.weight_norms[2]:
         labels, _, names = run.weight_norms
         by_name = dict(zip(names, labels.tolist()))
-        source = [[by_name.get(name) for name in t] for t in m.task_names]
+        source = [[by_name.get(name) for name in t] for t in task_names]
     stream = [(t, c) for t, classes in enumerate(source) for c in classes]
     return {c: (t, k) for k, (t, c) in enumerate(stream) if c is not None}
 
@@ -38,8 +39,8 @@ def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int]) -
 def task_classes(run: Run) -> list[list[str]]:
     """Each task's classes, in stream order: by name when the run or its model names them, else label ids."""
     m = run.metrics
-    if m.task_names:
-        return m.task_names
+    if m.continuation and m.continuation.task_names:
+        return m.continuation.task_names
     names = {}
     if run.weight_norms is not None and run.weight_norms[2]:
         names = dict(zip(run.weight_norms[0].tolist(), run.weight_norms[2]))

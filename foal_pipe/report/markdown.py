@@ -128,8 +128,8 @@ def _matrix(run: Run) -> list[str]:
         lines += ["", "Classes per task (stream order): "
                   + "; ".join(f"T{t + 1}: {', '.join(names)}" for t, names in enumerate(tasks[:20]))
                   + ("; ..." if len(tasks) > 20 else "")]
-    if m.init_model is not None:
-        lines += ["", f"The model continued `{m.init_model}` (`learn --init-model`): the matrix covers this run's "
+    if m.continuation is not None:
+        lines += ["", f"The model continued `{m.continuation.init_model}` (`learn --init-model`): the matrix covers this run's "
                   "tasks only."]
     return lines + [""]
 
@@ -156,7 +156,7 @@ def _other_stores(m: LearnMetrics) -> list[str]:
     lines = ["## Other feature stores", "", "The final model on each `--eval-features` store's test split, classes "
              "matched by name (rows of classes the model does not know count as wrong).", "",
              "| store | test rows | accuracy (%) | rows of unknown classes |", "|---|---:|---:|---:|"]
-    for e in m.eval_features:
+    for e in (m.continuation.eval_features if m.continuation else None) or []:
         lines.append(f"| `{e.features}` | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
     return lines + [""]
 
@@ -266,10 +266,10 @@ def summary_markdown(
         lines += ["", paragraph]
     lines.append("")
     lines += _matrix(run)
-    if m.eval_features:
+    if m.continuation is not None and m.continuation.eval_features:
         lines += _other_stores(m)
     if classes is not None:
-        lines += _classes(classes, m.init_model is not None)
+        lines += _classes(classes, m.continuation is not None)
     if m.gamma == "auto":
         lines += _auto_gamma(m)
     if run.sweep is not None and run.sweep.fusions is not None:

@@ -141,7 +141,7 @@ def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
 def plot_weight_norms(run: Run, path: Path) -> Path:
     rows = weight_norm_rows(run)
     tasks = sorted({r["task"] for r in rows if r["task"] != ""})
-    outside = "learned before this run" if run.metrics.init_model is not None else "not in stream"
+    outside = "learned before this run" if run.metrics.continuation is not None else "not in stream"
 
     def paint(fig: Any) -> None:
         import matplotlib

@@ -146,7 +146,7 @@ def read_metrics(path: str | Path) -> LearnMetrics:
 def _check_classes(metrics: LearnMetrics, path: Path) -> None:
     """``task_names`` (a continued model's class names), when present, names the classes of ``tasks``, task by
     task (the record has checked each key's type, ``eval_features`` included)."""
-    tasks, names = metrics.tasks, metrics.task_names
+    tasks, names = metrics.tasks, metrics.continuation.task_names if metrics.continuation else None
     if names is not None and not (tasks is not None and len(names) == len(tasks)
                                   and all(len(n) == len(t) for n, t in zip(names, tasks))):
         raise FoalPipeError(f"{path}: 'task_names' should name the classes of 'tasks', task by task; "
