@@ -1,8 +1,9 @@
 """foal-pipe: F-OAL as a feature cache plus an exact recursive-least-squares learner.
 
 The public names are imported on first use (here and in the subpackages that re-export names, through
-:func:`~foal_pipe.lazy.lazy_names`), so that ``import foal_pipe.cli`` (and ``foal-pipe --help``) does not pay for scikit-learn
-or zarr.
+:func:`~foal_pipe.lazy.lazy_names`), so that ``import foal_pipe.cli`` (and ``foal-pipe --help``) does not pay for
+scikit-learn or zarr. This module is the facade, above every layer (tests/test_imports.py): nothing in the package
+imports it.
 """
 
 from __future__ import annotations
