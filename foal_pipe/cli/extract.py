@@ -67,8 +67,10 @@ def extract(
                                          "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
     data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
                         "fgvc-aircraft, country211 (default ~/datasets); the folder or its parent for core50, "
-                        "tiny-imagenet, fashion-mnist (defaults ~/datasets/core50_128x128, "
-                        "~/datasets/tiny-imagenet-200, /usr/share/datasets/fashion-mnist); the tree for "
+                        "tiny-imagenet, fashion-mnist and the benchmarks cub200, imagenet-r, imagenet-a, objectnet, "
+                        "omnibenchmark, vtab (defaults ~/datasets/core50_128x128, ~/datasets/tiny-imagenet-200, "
+                        "/usr/share/datasets/fashion-mnist, ~/datasets/CUB_200_2011, ~/datasets/imagenet-r, ...; "
+                        "`foal-pipe datasets` lists them); the tree for "
                         "imagefolder and the .h5 file for hdf5 (required for both). Unused for digits.",
                         show_default=False)] = None,
     test_split: Annotated[float | None, typer.Option(help="For --dataset imagefolder without train/ and test/ "
