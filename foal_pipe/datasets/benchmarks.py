@@ -92,7 +92,7 @@ def folder_benchmark_loader(name: str) -> Callable[[Path | None, bool], DatasetS
             if empty:
                 raise FoalPipeError(f"{bench.title} at {root}: {split}/{classes[empty[0]]} holds no images "
                                     f"({len(empty)} class folders of {split}/ are empty); unpack the whole archive again")
-            sources[split] = FileSource(paths, labels)
+            sources[split] = FileSource(paths, labels, root / split)
         return DatasetSplits(name, classes, sources["train"], sources["test"], str(root))
 
     load.__doc__ = f"{bench.title}: the PTM-CIL split, {bench.classes} classes in train/<class>/ and test/<class>/."
@@ -155,5 +155,5 @@ def load_cub200(data_dir: Path | None, download: bool) -> DatasetSplits:
         split = "train" if flag == "1" else "test"
         paths[split].append(path)
         rows[split].append(int(label) - 1)
-    return DatasetSplits("cub200", classes, FileSource(paths["train"], rows["train"]),
-                         FileSource(paths["test"], rows["test"]), str(root))
+    return DatasetSplits("cub200", classes, FileSource(paths["train"], rows["train"], root / "images"),
+                         FileSource(paths["test"], rows["test"], root / "images"), str(root))

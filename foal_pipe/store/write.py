@@ -18,6 +18,7 @@ from foal_pipe.io import enclosing_store, exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import compute_generation, record_chunks
 from foal_pipe.store.log import log_path
+from foal_pipe.store.manifest import write_manifest
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -44,10 +45,11 @@ def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: t
 
 def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, chunk_rows: int,
                     labels: dict[str, np.ndarray], index: dict[str, np.ndarray] | None = None,
-                    blocks: BlockLayout | None = None) -> None:
+                    blocks: BlockLayout | None = None, manifest: bytes | None = None) -> None:
     """A new, incomplete store at ``where``: labels, row indices, empty feature arrays chunked along rows (and,
     with ``blocks``, empty ``SPLIT/blocks`` arrays chunked the same way, the final norm's parameters and the
-    ``blocks`` attribute), and the attributes with ``progress`` 0, written last.
+    ``blocks`` attribute; with ``manifest``, the split manifest's bytes and the ``manifest`` attribute), and the
+    attributes with ``progress`` 0, written last.
 
     It is built in ``.<name>.creating`` beside ``where`` and renamed into place (replacing an empty folder or
     a feature store there), so an interrupted creation leaves nothing at ``where``. Anything else at ``where``
@@ -83,6 +85,8 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
                 for name, values in blocks.norm.parameters.items():
                     create_array(group, f"norm/{name}", (dim,), (dim,), "float32")[:] = np.asarray(values, np.float32)
                 extra["blocks"] = blocks.to_dict()
+            if manifest is not None:
+                extra["manifest"] = write_manifest(group, manifest)
             attrs = StoreMeta(meta.classes, meta.dataset, meta.encoder, False, FORMAT_VERSION, None, extra).to_dict()
             write_attrs(group, {**attrs, "progress": {split: 0 for split in SPLITS}})
             if where.exists():
