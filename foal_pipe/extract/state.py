@@ -28,7 +28,8 @@ from foal_pipe.store import (
     verify_store,
 )
 from foal_pipe.store.blockfusion import FinalNorm
-from foal_pipe.store.manifest import replace_manifest, stored_manifest
+from foal_pipe.store.manifest import stored_manifest
+from foal_pipe.store.write import replace_manifest
 
 
 def _shown(value: Any) -> str:

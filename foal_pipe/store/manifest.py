@@ -1,50 +1,21 @@
-"""The split manifest a store keeps (format 5, docs/feature-store.md): the bytes of the document
+"""Reading the split manifest a store keeps (format 5, docs/feature-store.md): the bytes of the document
 :mod:`foal_pipe.datasets.manifest` defines, as the uint8 array ``manifest``, with its SHA-256 and length in the
-attribute ``manifest``. The array travels through the store's codecs, chunk records and generation id like any other.
+attribute ``manifest``. The array travels through the store's codecs, chunk records and generation id like any other;
+:mod:`foal_pipe.store.write` writes it.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import zarr
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store.chunks import REEXTRACT, read_rows
 from foal_pipe.store.meta import open_array, read_meta
 
 MANIFEST = "manifest"
-#: Bytes per chunk of the ``manifest`` array.
-MANIFEST_CHUNK = 1 << 22
-
-
-def write_manifest(group: zarr.Group, raw: bytes) -> dict[str, Any]:
-    """Write ``raw`` as the ``manifest`` array of a new store; returns the ``manifest`` attribute."""
-    from foal_pipe.store.write import create_array
-
-    values = np.frombuffer(raw, dtype=np.uint8)
-    create_array(group, MANIFEST, (values.size,), (max(1, min(values.size, MANIFEST_CHUNK)),), "uint8")[:] = values
-    return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
-
-
-def replace_manifest(path: str | Path, raw: bytes) -> None:
-    """Put ``raw`` in place of the manifest of an incomplete store (``extract`` resuming over image files that
-    changed in rows not written yet); completion then seals it with the rest."""
-    import shutil
-
-    from foal_pipe.store.meta import write_attrs, writing
-
-    path = Path(path)
-    with writing(path, "the split manifest"):
-        group = zarr.open_group(str(path), mode="r+")
-        attrs = dict(group.attrs)
-        shutil.rmtree(path / MANIFEST, ignore_errors=True)
-        group = zarr.open_group(str(path), mode="r+")
-        attrs[MANIFEST] = write_manifest(group, raw)
-        write_attrs(group, attrs)
 
 
 def read_manifest_bytes(path: str | Path) -> bytes | None:

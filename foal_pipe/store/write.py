@@ -4,6 +4,7 @@ replaced store.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from foal_pipe.io import enclosing_store, exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import compute_generation, record_chunks
 from foal_pipe.store.log import log_path
-from foal_pipe.store.manifest import write_manifest
+from foal_pipe.store.manifest import MANIFEST
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -32,6 +33,9 @@ from foal_pipe.store.meta import (
     writing,
 )
 from foal_pipe.store.read import check_chunks
+
+#: Bytes per chunk of the ``manifest`` array (the split manifest, :mod:`foal_pipe.store.manifest`).
+MANIFEST_CHUNK = 1 << 22
 
 
 def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: tuple[int, ...],
@@ -95,6 +99,26 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def write_manifest(group: zarr.Group, raw: bytes) -> dict[str, Any]:
+    """Write ``raw`` as the ``manifest`` array of a new store; returns the ``manifest`` attribute."""
+    values = np.frombuffer(raw, dtype=np.uint8)
+    create_array(group, MANIFEST, (values.size,), (max(1, min(values.size, MANIFEST_CHUNK)),), "uint8")[:] = values
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+
+
+def replace_manifest(path: str | Path, raw: bytes) -> None:
+    """Put ``raw`` in place of the manifest of an incomplete store (``extract`` resuming over image files that
+    changed in rows not written yet); completion then seals it with the rest."""
+    path = Path(path)
+    with writing(path, "the split manifest"):
+        group = zarr.open_group(str(path), mode="r+")
+        attrs = dict(group.attrs)
+        shutil.rmtree(path / MANIFEST, ignore_errors=True)
+        group = zarr.open_group(str(path), mode="r+")
+        attrs[MANIFEST] = write_manifest(group, raw)
+        write_attrs(group, attrs)
 
 
 def _check_replaceable(where: Path) -> None:
