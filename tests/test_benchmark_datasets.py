@@ -118,6 +118,12 @@ def test_ptm_cil_refuses_a_wrong_class_count_and_unmatched_folders(tmp_path):
     with pytest.raises(FoalPipeError, match=r"ImageNet-R at .* has 199 class folders in train/, but the benchmark has "
                                             r"200; unpack the whole archive"):
         open_dataset("imagenet-r", tmp_path)
+    make_ptm_cil(tmp_path / "omnibenchmark", 300)
+    for image in (tmp_path / "omnibenchmark" / "test" / "n10000007").iterdir():
+        image.unlink()
+    with pytest.raises(FoalPipeError, match=r"OmniBenchmark at .*: test/n10000007 holds no images \(1 empty class "
+                                            r"folder in test/\); unpack the whole archive again"):
+        open_dataset("omnibenchmark", tmp_path)
     make_ptm_cil(tmp_path / "objectnet", 200, test_classes=198)
     with pytest.raises(FoalPipeError, match=r"test/ and train/ hold different class folders \(.* 2 in all\)"):
         open_dataset("objectnet", tmp_path)

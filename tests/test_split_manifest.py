@@ -121,6 +121,9 @@ def test_split_manifest_refuses_missing_or_changed_images_and_leaves_nothing(tmp
     assert_one_line_error(_extract("--dataset", "imagefolder", "--data-dir", photos, "--split-manifest", plain,
                                    "--out", out), "records no split manifest")
     assert not out.exists()
+    assert_one_line_error(runner.invoke(app, ["info", str(plain), "--export-manifest", str(tmp_path / "p.json")]),
+                          "plain.zarr records no split manifest")
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_a_changed_image_is_noticed_where_its_features_are_written(tmp_path, image_tree):

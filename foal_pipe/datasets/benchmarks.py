@@ -91,7 +91,8 @@ def folder_benchmark_loader(name: str) -> Callable[[Path | None, bool], DatasetS
             empty = sorted(set(range(len(classes))) - set(labels))
             if empty:
                 raise FoalPipeError(f"{bench.title} at {root}: {split}/{classes[empty[0]]} holds no images "
-                                    f"({len(empty)} class folders of {split}/ are empty); unpack the whole archive again")
+                                    f"({len(empty)} empty class folder{'s' * (len(empty) != 1)} in {split}/); unpack "
+                                    "the whole archive again")
             sources[split] = FileSource(paths, labels, root / split)
         return DatasetSplits(name, classes, sources["train"], sources["test"], str(root))
 
