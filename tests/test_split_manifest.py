@@ -141,3 +141,20 @@ def test_a_changed_image_is_noticed_where_its_features_are_written(tmp_path, ima
     image.write_bytes(original)
     again = _extract("--dataset", "imagefolder", "--data-dir", image_tree, "--out", out)
     assert again.exit_code == 0 and "already complete" in again.output, again.output
+
+
+def test_an_in_memory_dataset_names_rows_by_dataset_index_and_hashes_their_pixels():
+    from sklearn.datasets import load_digits
+
+    from foal_pipe.datasets.manifest import build_manifest
+    from foal_pipe.datasets.registry import open_dataset
+
+    data = open_dataset("digits")
+    manifest = build_manifest(data)
+    pixels = np.rint(load_digits().images * (255.0 / 16.0)).astype(np.uint8)
+    test = manifest.splits["test"]
+    assert [int(name) for name, _, _ in test] == data.test.index.tolist() and len(test) == 355
+    for name, digest, label in test[:20]:
+        image = pixels[int(name)]
+        assert digest == hashlib.sha256(b"|u1(8, 8)" + image.tobytes()).hexdigest()
+        assert label == load_digits().target[int(name)]
