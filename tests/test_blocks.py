@@ -244,7 +244,7 @@ def test_rmsnorm_model_fuses_like_extract(tmp_path):
 def test_layout_attributes_and_settings(stores):
     group = zarr.open_group(str(stores["f16"]), mode="r")
     attrs = dict(group.attrs)
-    assert attrs["format_version"] == 4
+    assert attrs["format_version"] == 5
     assert attrs["blocks"] == {"count": 4, "dtype": "float16", "norm": {"kind": "layernorm", "eps": 1e-6}}
     assert attrs["extract"]["keep_blocks"] is True and attrs["extract"]["blocks_dtype"] == "float16"
     plain = dict(zarr.open_group(str(stores["plain"]), mode="r").attrs)

@@ -18,6 +18,7 @@ from foal_pipe.datasets.sources import PreparedImages, to_rgb_array
 from foal_pipe.errors import FoalPipeError
 
 REQUIRED = ["digits", "fashion-mnist", "cifar100", "dtd", "fgvc-aircraft", "country211", "core50", "tiny-imagenet",
+            "cub200", "imagenet-r", "imagenet-a", "objectnet", "omnibenchmark", "vtab",
             "imagefolder", "images", "hdf5"]
 
 

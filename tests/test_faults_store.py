@@ -266,7 +266,7 @@ def test_a_hand_made_format_4_store_needs_complete_store(tmp_path):
         group.create_array(f"{split}/features", shape=(6, 2), chunks=(4, 2), dtype="float32")[:] = np.arange(12.0).reshape(6, 2)
         group.create_array(f"{split}/labels", shape=(6,), chunks=(6,), dtype="int64")[:] = np.arange(6) % 2
     group.attrs.update({"complete": True})
-    with pytest.raises(FoalPipeError, match=r"declares format_version 4 but has no generation id; complete it with "
+    with pytest.raises(FoalPipeError, match=r"declares format_version 5 but has no generation id; complete it with "
                                             r"foal_pipe.store.complete_store"):
         open_store(tmp_path / "h.zarr")
     group.attrs.update({"complete": False, "progress": {"train": 6, "test": 6}})

@@ -73,6 +73,7 @@ def test_light_commands_run_without_torch_timm_or_dask(tmp_path):
         ["--help"], *([name, "--help"] for name in ("extract", "info", "learn", "sweep", "predict", "evaluate",
                                                      "summary")),
         ["info", "s.zarr"],
+        ["datasets", "--data-dir", "."],
         ["learn", "--features", "s.zarr", "--out", "runs/toy", *stream],
         ["sweep", "--features", "s.zarr", "--out", "runs/toy-sweep", "--gammas", "0.1,1", *stream],
         ["predict", "--model", "runs/toy/model.safetensors", "--features", "s.zarr", "--out", "pred.csv"],

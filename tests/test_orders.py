@@ -201,3 +201,43 @@ def test_small_blocks_and_spilled_rows_give_the_same_orders(store: Path, tmp_pat
     big, small = (json.loads((tmp_path / x / "metrics.json").read_text()) for x in ("big", "small"))
     for a, b in zip(big["orders"], small["orders"]):
         np.testing.assert_allclose(_matrix(a["accuracy_matrix"]), _matrix(b["accuracy_matrix"]), atol=1e-12, rtol=0)
+
+
+def test_class_order_pilot_is_lamda_pilots_seeded_shuffle_cut_into_tasks(store, tmp_path):
+    """``--class-order pilot``: LAMDA-PILOT's order (``np.random.seed(1993); np.random.permutation(C)``) cut into
+    --tasks of consecutive classes; the same run as the explicit task file of that order."""
+    n_classes = len(json.loads((store / "zarr.json").read_text())["attributes"]["classes"])
+    np.random.seed(1993)
+    permutation = np.random.permutation(n_classes).tolist()
+    size = n_classes // 4
+    expected = [sorted(permutation[t * size:(t + 1) * size]) for t in range(4)]
+    assert n_classes % 4 == 0
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "pilot"), *COMMON, "--class-order", "pilot"])
+    named = json.loads((tmp_path / "pilot" / "metrics.json").read_text())
+    assert named["tasks"] == expected
+    order_file = tmp_path / "order.json"
+    order_file.write_text(json.dumps(expected))
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "file"), *COMMON, "--class-order", str(order_file)])
+    explicit = json.loads((tmp_path / "file" / "metrics.json").read_text())
+    assert named["accuracy_matrix"] == explicit["accuracy_matrix"] and named["A_last"] == explicit["A_last"]
+    np.random.seed(7)
+    other = np.random.permutation(n_classes).tolist()
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "seven"), *COMMON, "--class-order", "pilot:7"])
+    seven = json.loads((tmp_path / "seven" / "metrics.json").read_text())
+    assert seven["tasks"] == [sorted(other[t * size:(t + 1) * size]) for t in range(4)] != expected
+
+
+def test_class_order_pilot_refusals(store, tmp_path, monkeypatch):
+    base = ["learn", "--features", str(store), *COMMON]
+    cases = [(["--class-order", "pilot:x"], "--class-order pilot:x is not pilot with a seed (the seed after the colon "
+                                             "must be a non-negative integer); pass e.g. --class-order pilot:1993"),
+             (["--class-order", "pilot", "--drop-remainder"], "--class-order pilot streams every class"),
+             (["--class-order", "pilot", "--order-seeds", "0,1"], "--class-order fixes the class order")]
+    monkeypatch.chdir(tmp_path)
+    for extra, message in cases:
+        result = runner.invoke(app, [*base, "--out", "run", *extra])
+        assert result.exit_code == 1 and message in " ".join(result.output.split()), result.output
+    Path("pilot").write_text("[[0]]")
+    result = runner.invoke(app, [*base, "--out", "run", "--class-order", "pilot"])
+    assert result.exit_code == 1 and "names both the class order pilot and the file pilot" in result.output, result.output
+    assert not Path("run").exists()

@@ -13,7 +13,7 @@ from foal_pipe.store import FORMAT_VERSION, StoreMeta, open_store, write_store
 LITERAL = json.loads(
     """{
   "format": "foal-pipe/features",
-  "format_version": 4,
+  "format_version": 5,
   "classes": ["apple", "pear"],
   "dataset": "fruit",
   "encoder": {"name": "vit_base_patch16_224.augreg2_in21k_ft_in1k", "fusion": "mean-cls",
@@ -32,14 +32,14 @@ def test_meta_round_trip_against_literal_json():
     assert meta.generation == "0123456789abcdef" and meta.extra == {"source": "/data/fruit",
                                                                     "blocks": LITERAL["blocks"]}
     assert meta.to_dict() == LITERAL
-    for version in (1, 2, 3):  # still read
+    for version in (1, 2, 3, 4):  # still read
         old = {k: v for k, v in LITERAL.items() if k not in ("generation", "blocks")} | {"format_version": version}
         assert StoreMeta.from_dict(old).to_dict() == old
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"format_version": 5}, "format_version 5"), ({"format": "x"}, "not a foal-pipe feature store")],
+    [({"format_version": 6}, "format_version 6"), ({"format": "x"}, "not a foal-pipe feature store")],
 )
 def test_meta_refusals(change, message):
     with pytest.raises(FoalPipeError, match=message):

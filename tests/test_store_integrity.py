@@ -135,7 +135,8 @@ def test_a_damaged_labels_chunk_is_named(store):
 def test_info_verify_reports_every_problem_by_split_and_rows(store):
     clean = runner.invoke(app, ["info", str(store), "--verify"])
     assert clean.exit_code == 0, clean.output
-    assert "19 chunks read, all intact" in clean.output  # 12 + 3 feature chunks, 1 label + 1 index chunk per split
+    assert "20 chunks read, all intact" in clean.output  # 12 + 3 feature chunks, 1 label + 1 index chunk per
+    # split, 1 split-manifest chunk
     assert "crc32c checksum on every chunk" in clean.output
     _chunk(store, "train", 0).unlink()
     _chunk(store, "train", 1).unlink()
@@ -149,7 +150,7 @@ def test_info_verify_reports_every_problem_by_split_and_rows(store):
     summary = json.loads(as_json.stdout)
     assert summary["problems"] == ["test/features rows 128-255: damaged (checksum mismatch)",
                                    "train/features rows 0-255: missing"]
-    assert summary["chunks_read"] == 19 - 3
+    assert summary["chunks_read"] == 20 - 3
 
 
 def test_verify_finds_a_chunk_copied_over_another(store):
@@ -269,7 +270,7 @@ def run_extract_over(path: Path) -> str:
 def test_extract_does_not_resume_an_older_format(store):
     group = zarr.open_group(str(store), mode="r+")
     group.attrs.put({**dict(group.attrs), "format_version": 1})
-    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 4; pass overwrite=True"):
+    with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 5; pass overwrite=True"):
         run_extract(_spec(store))
     assert run_extract(_spec(store), overwrite=True).status == "created"
-    assert read_meta(store)[1].format_version == 4
+    assert read_meta(store)[1].format_version == 5

@@ -67,8 +67,10 @@ def extract(
                                          "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
     data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
                         "fgvc-aircraft, country211 (default ~/datasets); the folder or its parent for core50, "
-                        "tiny-imagenet, fashion-mnist (defaults ~/datasets/core50_128x128, "
-                        "~/datasets/tiny-imagenet-200, /usr/share/datasets/fashion-mnist); the tree for "
+                        "tiny-imagenet, fashion-mnist and the benchmarks cub200, imagenet-r, imagenet-a, objectnet, "
+                        "omnibenchmark, vtab (defaults ~/datasets/core50_128x128, ~/datasets/tiny-imagenet-200, "
+                        "/usr/share/datasets/fashion-mnist, ~/datasets/CUB_200_2011, ~/datasets/imagenet-r, ...; "
+                        "`foal-pipe datasets` lists them); the tree for "
                         "imagefolder and the .h5 file for hdf5 (required for both). Unused for digits.",
                         show_default=False)] = None,
     test_split: Annotated[float | None, typer.Option(help="For --dataset imagefolder without train/ and test/ "
@@ -78,6 +80,12 @@ def extract(
                           show_default=False)] = None,
     split_seed: Annotated[int, typer.Option(show_default=False, help="Seed of the --test-split draw: the same seed "
                           "gives the same split and the same store. Default: 0.")] = 0,
+    split_manifest: Annotated[Path | None, typer.Option(help="Take the train and test splits from this split manifest: "
+                              "another feature store (every store of image files records one) or the JSON file `foal-pipe "
+                              "info STORE --export-manifest FILE` writes. Every image it lists must be in --data-dir (in "
+                              "either split's folder) with the same bytes (SHA-256), or the extraction is refused; rows "
+                              "follow the manifest. Not with --test-split. Default: none (the dataset's own split).",
+                              show_default=False)] = None,
     download: Annotated[bool, flag("--download", help="Let torchvision download cifar100, dtd, fgvc-aircraft "
                         "or country211 into --data-dir. Default: off (use files already there).")] = False,
     model: Annotated[str, typer.Option("--model", "-m", show_default=False, help="Full timm tag of a ViT-family model (weights via timm's "
@@ -160,6 +168,7 @@ def extract(
             keep_blocks=keep_blocks, blocks_dtype=blocks_dtype,
             batch_size=batch_size, workers=workers if scheduler == "local" else 0, device=device, precision=precision,
             resize_on=resize_on, test_split=test_split, split_seed=split_seed,
+            split_manifest=str(split_manifest) if split_manifest else None,
         )
         progress = _RichProgress()
         try:
@@ -239,6 +248,7 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
         "progress": {k: v for k, v in progress.items() if type(v) is int} if isinstance(progress, dict) else None,
         "source": meta.extra.get("source"),
         "test_split": settings.get("test_split") if isinstance(settings, dict) else None,
+        "manifest": meta.extra.get("manifest"),
         "log": str(log_path(path)) if log is not None else None,
         **_last_run(log),
         "blocks": meta.extra.get("blocks"),
@@ -287,12 +297,17 @@ def info(
     verify: Annotated[bool, flag("--verify", help="Read every chunk: report damaged chunks (checksum "
                       "mismatch, undecodable, NaN/inf) by split and rows and recompute the generation id. Default: "
                       "off (metadata and a listing of the chunk files only).")] = False,
+    export_manifest: Annotated[Path | None, typer.Option(help="Write the store's split manifest (the images of each "
+                               "split with their SHA-256) to this JSON file, for `extract --split-manifest`. Default: "
+                               "none.", show_default=False)] = None,
 ) -> None:
     """Show a feature store: shape, dtype, classes, encoder, completeness, checksums and size on disk.
 
     Exits with status 1 when chunk files are missing (or, with --verify, damaged).
     """
     with user_errors():
+        if export_manifest is not None:
+            _export_manifest(store, export_manifest)
         summary = store_summary(store, verify)
         problems = summary["problems"]
         if as_json:
@@ -303,6 +318,21 @@ def info(
             listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
             raise FoalPipeError(f"{store} is damaged: {listed}; re-extract it (`foal-pipe extract ... --overwrite`) "
                                 "or restore it from a copy")
+
+
+def _export_manifest(store: Path, out: Path) -> None:
+    """Write the store's split manifest to ``out`` (whole, via a temporary file: never half-written)."""
+    import os
+
+    from foal_pipe.datasets.manifest import read_manifest
+
+    raw = read_manifest(store).to_bytes()
+    if out.is_dir():
+        raise FoalPipeError(f"--export-manifest {out} is a folder; pass a file name such as {out / 'manifest.json'}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_bytes(raw)
+    os.replace(partial, out)
 
 
 def _print_table(summary: dict[str, Any]) -> None:
@@ -340,6 +370,10 @@ def _print_table(summary: dict[str, Any]) -> None:
     if isinstance(drawn, dict):
         table.add_row("", f"test split drawn by extract --test-split {drawn.get('test_fraction')} --split-seed "
                       f"{drawn.get('seed')} (stratified per class)")
+    manifest = summary.get("manifest")
+    if isinstance(manifest, dict):
+        table.add_row("manifest", f"the images of each split with their SHA-256 ({manifest.get('bytes'):,} bytes, sha256 "
+                      f"{str(manifest.get('sha256'))[:12]}...): `info --export-manifest FILE`, `extract --split-manifest`")
     _encoder_rows(table, summary["encoder"])
     blocks = summary.get("blocks")
     if isinstance(blocks, dict):

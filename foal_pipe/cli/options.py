@@ -108,7 +108,10 @@ Activation = Annotated[
 ]
 ClassOrder = Annotated[
     Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides "
-                              "--tasks. Default: none (--tasks splits the classes).")
+                              "--tasks. Or pilot: LAMDA-PILOT's class order (numpy.random.seed(1993), then "
+                              "numpy.random.permutation of the label ids; pilot:SEED another seed) cut into --tasks. "
+                              "Default: none (--tasks splits the classes in the order drawn by --order-seed).",
+                              metavar="FILE|pilot")
 ]
 DropLast = Annotated[bool, flag("--drop-last", help="Drop each task's last incomplete batch (the published code). "
                                 "Default: off (the batch is kept).")]

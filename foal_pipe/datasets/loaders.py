@@ -221,7 +221,7 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
         if not paths:
             raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root / split}/<class>/; "
                                 f"add some or check {param('data_dir')}")
-        sources[split] = FileSource(paths, labels)
+        sources[split] = FileSource(paths, labels, root / split)
     return DatasetSplits("imagefolder", names, sources["train"], sources["test"], str(root))
 
 
@@ -253,9 +253,21 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
             split = "test" if is_test else "train"
             paths[split].append(path)
             labels[split].append(k)
-    return DatasetSplits("imagefolder", names, FileSource(paths["train"], labels["train"]),
-                         FileSource(paths["test"], labels["test"]), str(root),
+    return DatasetSplits("imagefolder", names, FileSource(paths["train"], labels["train"], root),
+                         FileSource(paths["test"], labels["test"], root), str(root),
                          test_split={"test_fraction": fraction, "seed": seed})
+
+
+def load_class_folders(data_dir: Path) -> DatasetSplits:
+    """Every image of ``DIR/<class>/*`` as the train split (the test split empty): the images a split manifest
+    takes its splits from when they lie in one folder per class."""
+    root = data_dir.expanduser()
+    names = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    if not names:
+        raise FoalPipeError(f"imagefolder dataset not found: {root} has no class folders; pass {param('data_dir', 'DIR')} "
+                            "with DIR/<class>/ or DIR/train/<class>/ folders of images")
+    paths, labels = _folder_split(root, names)
+    return DatasetSplits("imagefolder", names, FileSource(paths, labels, root), FileSource([], [], root), str(root))
 
 
 def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
@@ -269,7 +281,7 @@ def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
     paths = images_in(root)
     if not paths:
         raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check {param('data_dir')}")
-    return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths)),
+    return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths), root),
                          str(root))
 
 
@@ -299,7 +311,7 @@ def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
                 files = images_in(sdir / obj) if (sdir / obj).is_dir() else []
                 paths += files
                 labels += [k] * len(files)
-        sources[split] = FileSource(paths, labels)
+        sources[split] = FileSource(paths, labels, root)
     return DatasetSplits("core50", classes, sources["train"], sources["test"], str(root), 128)
 
 
@@ -320,7 +332,7 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
         files = images_in(root / "train" / c)
         paths += files
         labels += [lookup[c]] * len(files)
-    train = FileSource(paths, labels)
+    train = FileSource(paths, labels, root)
     val_paths, val_labels = [], []
     for line in (root / "val" / "val_annotations.txt").read_text().splitlines():
         parts = line.split("\t")
@@ -332,7 +344,7 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
         val_paths.append(root / "val" / "images" / parts[0])
         val_labels.append(lookup[parts[1]])
     order = sorted(range(len(val_paths)), key=lambda i: natural_key(val_paths[i].name))
-    test = FileSource([val_paths[i] for i in order], [val_labels[i] for i in order])
+    test = FileSource([val_paths[i] for i in order], [val_labels[i] for i in order], root)
     return DatasetSplits("tiny-imagenet", classes, train, test, str(root), 64)
 
 

@@ -6,8 +6,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from foal_pipe.datasets.benchmarks import (
+    PTM_CIL,
+    PTM_CIL_SOURCE,
+    folder_benchmark_loader,
+    load_cub200,
+    locate_cub,
+    locate_folder_benchmark,
+)
 from foal_pipe.datasets.loaders import (
+    _TORCHVISION,
+    DEFAULT_ROOT,
     FASHION_MNIST_DIR,
+    _candidates,
+    _first_match,
+    _idx_file,
+    load_class_folders,
     load_core50,
     load_digits,
     load_fashion_mnist,
@@ -17,36 +31,82 @@ from foal_pipe.datasets.loaders import (
     load_tiny_imagenet,
     torchvision_loader,
 )
+from foal_pipe.datasets.manifest import apply_manifest, read_manifest
 from foal_pipe.datasets.sources import DatasetSplits
 from foal_pipe.errors import FoalPipeError, param
 
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    """A registered dataset: its loader and the facts the README table and error messages show. A ``splittable``
-    loader also takes ``test_split`` and ``split_seed`` (``extract --test-split``) for data with no test split."""
+    """A registered dataset: its loader and the facts docs/datasets.md, ``foal-pipe datasets`` and error messages
+    show. A ``splittable`` loader also takes ``test_split`` and ``split_seed`` (``extract --test-split``) for data
+    with no test split. ``classes``: the class count a benchmark must have (None: whatever the data holds).
+    ``locate(data_dir)``: where the data is found, without reading it (None: not there); no ``locate`` for the
+    datasets that are the user's own files, found wherever ``--data-dir`` points."""
 
     load: Callable[..., DatasetSplits]
     source: str
     looks_in: str
     obtain: str
     splittable: bool = False
+    classes: int | None = None
+    locate: Callable[[Path | None], str | None] | None = None
+
+
+def _where(ok: Callable[[Path], bool], default: Path, subdir: str) -> Callable[[Path | None], str | None]:
+    """A ``locate`` for a loader that looks in ``DIR/<subdir>``, then ``DIR`` (``default`` without ``DIR``)."""
+    def locate(data_dir: Path | None) -> str | None:
+        found = _first_match(_candidates(data_dir, default, subdir), ok)
+        return str(found) if found is not None else None
+
+    return locate
+
+
+def _torchvision_where(name: str) -> Callable[[Path | None], str | None]:
+    """A ``locate`` for a torchvision dataset: its folder under the root (``DIR``, default ``~/datasets``)."""
+    folder = _TORCHVISION[name].folder
+
+    def locate(data_dir: Path | None) -> str | None:
+        found = (data_dir or DEFAULT_ROOT).expanduser() / folder
+        return str(found) if found.is_dir() else None
+
+    return locate
+
+
+_FASHION_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                  "t10k-labels-idx1-ubyte")
 
 
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry(load_digits, "scikit-learn (bundled)", "nowhere: ships with scikit-learn",
-                           "nothing to do (offline)"),
+                           "nothing to do (offline)", classes=10, locate=lambda data_dir: "scikit-learn (bundled)"),
     "fashion-mnist": DatasetEntry(load_fashion_mnist, "IDX files", f"{FASHION_MNIST_DIR}, or DIR/fashion-mnist or DIR",
-                                  "apt-get install dataset-fashion-mnist"),
+                                  "apt-get install dataset-fashion-mnist", classes=10,
+                                  locate=_where(lambda d: all(_idx_file(d, s) for s in _FASHION_STEMS),
+                                                FASHION_MNIST_DIR, "fashion-mnist")),
     "cifar100": DatasetEntry(torchvision_loader("cifar100"), "torchvision", "DIR/cifar-100-python",
-                             "--download"),
-    "dtd": DatasetEntry(torchvision_loader("dtd"), "torchvision", "DIR/dtd", "--download"),
+                             "--download", classes=100, locate=_torchvision_where("cifar100")),
+    "dtd": DatasetEntry(torchvision_loader("dtd"), "torchvision", "DIR/dtd", "--download", classes=47,
+                        locate=_torchvision_where("dtd")),
     "fgvc-aircraft": DatasetEntry(torchvision_loader("fgvc-aircraft"), "torchvision", "DIR/fgvc-aircraft-2013b",
-                                  "--download"),
-    "country211": DatasetEntry(torchvision_loader("country211"), "torchvision", "DIR/country211", "--download"),
-    "core50": DatasetEntry(load_core50, "local folder", "DIR/core50_128x128 or DIR", "core50_128x128.zip"),
+                                  "--download", classes=100, locate=_torchvision_where("fgvc-aircraft")),
+    "country211": DatasetEntry(torchvision_loader("country211"), "torchvision", "DIR/country211", "--download",
+                               classes=211, locate=_torchvision_where("country211")),
+    "core50": DatasetEntry(load_core50, "local folder", "DIR/core50_128x128 or DIR", "core50_128x128.zip", classes=50,
+                           locate=_where(lambda d: (d / "s1").is_dir(), DEFAULT_ROOT / "core50_128x128",
+                                         "core50_128x128")),
     "tiny-imagenet": DatasetEntry(load_tiny_imagenet, "local folder", "DIR/tiny-imagenet-200 or DIR",
-                                  "tiny-imagenet-200.zip"),
+                                  "tiny-imagenet-200.zip", classes=200,
+                                  locate=_where(lambda d: (d / "train").is_dir()
+                                                and (d / "val" / "val_annotations.txt").is_file(),
+                                                DEFAULT_ROOT / "tiny-imagenet-200", "tiny-imagenet-200")),
+    "cub200": DatasetEntry(load_cub200, "CUB-200-2011 archive, official split",
+                           "~/datasets/CUB_200_2011; DIR/CUB_200_2011 or DIR",
+                           "CUB_200_2011.tgz (data.caltech.edu/records/65de6-vzc59)", classes=200, locate=locate_cub),
+    **{name: DatasetEntry(folder_benchmark_loader(name), "PTM-CIL split (train/, test/)",
+                          f"~/datasets/{bench.folders[0]}; " + " or ".join(f"DIR/{f}" for f in bench.folders) + " or DIR",
+                          PTM_CIL_SOURCE, classes=bench.classes, locate=locate_folder_benchmark(name))
+       for name, bench in PTM_CIL.items()},
     "imagefolder": DatasetEntry(load_imagefolder, "local folder",
                                 "DIR/train/<class>, DIR/test/<class>; DIR/<class> with --test-split",
                                 "your own images", splittable=True),
@@ -57,14 +117,23 @@ DATASETS: dict[str, DatasetEntry] = {
 
 
 def open_dataset(name: str, data_dir: str | Path | None = None, download: bool = False,
-                 test_split: float | None = None, split_seed: int = 0) -> DatasetSplits:
+                 test_split: float | None = None, split_seed: int = 0,
+                 split_manifest: str | Path | None = None) -> DatasetSplits:
     """Open a registered dataset; a missing one raises :class:`FoalPipeError` naming the path looked for.
-    ``test_split`` (a fraction) splits a dataset that has no test split, seeded by ``split_seed``."""
+    ``test_split`` (a fraction) splits a dataset that has no test split, seeded by ``split_seed``;
+    ``split_manifest`` (a store or an exported manifest) takes the splits it lists from the dataset's images."""
     entry = DATASETS.get(name)
     if entry is None:
         raise FoalPipeError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     folder = Path(data_dir) if data_dir is not None else None
-    if test_split is None:
+    if split_manifest is not None:
+        if test_split is not None:
+            raise FoalPipeError(f"{param('split_manifest')} lists the split itself; drop {param('test_split')}")
+        manifest = read_manifest(split_manifest)
+        pool = (load_class_folders(folder) if name == "imagefolder" and folder is not None
+                and not (folder.expanduser() / "train").is_dir() else entry.load(folder, download))
+        splits = apply_manifest(pool, manifest, str(split_manifest))
+    elif test_split is None:
         splits = entry.load(folder, download)
     elif entry.splittable:
         splits = entry.load(folder, download, test_split=test_split, split_seed=split_seed)

@@ -4,6 +4,7 @@ that turns any image into the uint8 RGB array a DataLoader batches.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Sequence
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from foal_pipe.errors import FoalPipeError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -37,6 +40,12 @@ class ImageSource:
     def describe(self, i: int) -> str:
         return f"image {i}"
 
+    def fingerprints(self) -> list[tuple[str, str]] | None:
+        """``(name, SHA-256)`` of every row's image, the split manifest's entries (docs/datasets.md, "Split
+        manifests"): a name that does not depend on the machine or on the split the image lies in, and the hash
+        of its bytes. None for a source that cannot name its images cheaply (torchvision, HDF5)."""
+        return None
+
 
 class ArraySource(ImageSource):
     """Images held in memory as a uint8 array ``(N, H, W)`` or ``(N, H, W, 3)``."""
@@ -53,14 +62,25 @@ class ArraySource(ImageSource):
     def describe(self, i: int) -> str:
         return f"{self.what} image {int(self.index[i])}"
 
+    def fingerprints(self) -> list[tuple[str, str]]:
+        """Each row named by its index in the dataset, hashed over its pixels (dtype, shape and bytes)."""
+        return [(str(int(k)), _sha256_array(self.images[i])) for i, k in enumerate(self.index.tolist())]
+
 
 class FileSource(ImageSource):
-    """Images in files, one path per row."""
+    """Images in files, one path per row. ``root``: the folder the split manifest names the files from (their
+    paths relative to it, e.g. ``<class>/<file>`` under ``train/``, so a file keeps its name in either split), or
+    the ``names`` themselves with the files' known ``digests`` (a split built from a manifest)."""
 
-    def __init__(self, paths: Sequence[Path], labels: Sequence[int]):
+    def __init__(self, paths: Sequence[Path | str], labels: Sequence[int], root: Path | None = None,
+                 names: Sequence[str] | None = None, digests: Sequence[str] | None = None):
         self.paths = [str(p) for p in paths]
         self.labels = np.asarray(labels, dtype=np.int64)
         self.index = np.arange(len(self.paths), dtype=np.int64)
+        if names is None and root is not None:
+            names = [Path(p).relative_to(root).as_posix() for p in paths]
+        self.names = None if names is None else list(names)
+        self.digests = None if digests is None else list(digests)
 
     def load(self, i: int) -> Any:
         from PIL import Image
@@ -71,6 +91,14 @@ class FileSource(ImageSource):
 
     def describe(self, i: int) -> str:
         return self.paths[i]
+
+    def fingerprints(self) -> list[tuple[str, str]] | None:
+        """Each file named relative to ``root``, hashed over its bytes (by a few threads: hashing releases the GIL)."""
+        if self.names is None:
+            return None
+        if self.digests is None:
+            self.digests = hash_files(self.paths)
+        return list(zip(self.names, self.digests))
 
 
 class TorchvisionSource(ImageSource):
@@ -119,6 +147,31 @@ class H5Source(ImageSource):
 
     def describe(self, i: int) -> str:
         return f"{self.path}:{self.split}/images[{i}]"
+
+
+def hash_files(paths: Sequence[str]) -> list[str]:
+    """The SHA-256 of each file, in order, by a few threads (hashing releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(sha256_file, paths))
+
+
+def sha256_file(path: str) -> str:
+    """The SHA-256 of a file's bytes; an unreadable file is a FoalPipeError naming it."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise FoalPipeError(f"cannot read image {path} ({exc.strerror or exc}); remove or replace the file") from None
+    return digest.hexdigest()
+
+
+def _sha256_array(image: np.ndarray) -> str:
+    image = np.ascontiguousarray(image)
+    return hashlib.sha256(f"{image.dtype.str}{image.shape}".encode() + image.tobytes()).hexdigest()
 
 
 #: What pixel values an HDF5 image may hold, by dtype kind: uint8 as is, other integers in 0..255, floats in

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from foal_pipe.datasets.manifest import SplitManifest, build_manifest
 from foal_pipe.datasets.registry import open_dataset
 from foal_pipe.datasets.sources import DatasetSplits
 from foal_pipe.encoders import (
@@ -49,7 +50,8 @@ class ExtractSpec:
     ``keep_blocks`` (``--keep-blocks``) also stores every block's token in ``blocks_dtype``, so other fusions
     can be computed at read time (:mod:`foal_pipe.store.blockfusion`).
     ``test_split`` (``--test-split``) splits a folder of class folders, stratified, seeded by ``split_seed``
-    (``--split-seed``); both are among the store's settings.
+    (``--split-seed``); both are among the store's settings. ``split_manifest`` (``--split-manifest``): a store or an
+    exported manifest whose splits are taken from the dataset's images, exactly.
     """
 
     dataset: str = "digits"
@@ -75,6 +77,7 @@ class ExtractSpec:
     blocks_dtype: str = "float16"
     test_split: float | None = None
     split_seed: int = 0
+    split_manifest: str | None = None
 
     def __post_init__(self) -> None:
         if self.test_split is not None and not 0 < self.test_split < 1:
@@ -120,6 +123,11 @@ class Inputs:
     resize_on: str = "workers"
     loaded: bool = False
 
+    @functools.cached_property
+    def manifest(self) -> SplitManifest | None:
+        """The split manifest of the opened dataset (its images hashed once, when first asked for)."""
+        return build_manifest(self.data)
+
     @property
     def loaded_size(self) -> int:
         """Side of the images the loader ships: the native size when the device resizes them."""
@@ -128,7 +136,8 @@ class Inputs:
 
 def open_inputs(spec: ExtractSpec) -> Inputs:
     """Open the dataset and describe the encoder; weights are not loaded yet (see :func:`load_inputs`)."""
-    data = open_dataset(spec.dataset, spec.data_dir, spec.download, spec.test_split, spec.split_seed)
+    data = open_dataset(spec.dataset, spec.data_dir, spec.download, spec.test_split, spec.split_seed,
+                        spec.split_manifest)
     encoder = build_encoder(spec.encoder_config(), data.native_size)
     if spec.keep_blocks:
         _check_keeps_blocks(encoder)

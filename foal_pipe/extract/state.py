@@ -4,12 +4,14 @@ settings match, refused otherwise, and finished last.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zarr
 
+from foal_pipe.datasets.manifest import SplitManifest
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
 from foal_pipe.store import (
@@ -26,6 +28,8 @@ from foal_pipe.store import (
     verify_store,
 )
 from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.manifest import stored_manifest
+from foal_pipe.store.write import replace_manifest
 
 
 def _shown(value: Any) -> str:
@@ -75,8 +79,9 @@ def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: di
                      extra={"extract": settings, "source": inputs.data.location})
     labels = {split: inputs.data.split(split).labels for split in SPLITS}
     index = {split: inputs.data.split(split).index for split in SPLITS}
+    manifest = inputs.manifest.to_bytes() if inputs.manifest is not None else None
     create_skeleton(where, meta, inputs.encoder.dim, spec.dtype, spec.chunk_rows, labels, index,
-                    block_layout(spec, inputs))
+                    block_layout(spec, inputs), manifest)
 
 
 def block_layout(spec: ExtractSpec, inputs: Inputs) -> BlockLayout | None:
@@ -100,6 +105,8 @@ def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: boo
     if state is not None:
         if state.holes:
             reopen_at(state.path, state.progress)
+        if state.status != "complete" and inputs.manifest is not None:
+            replace_manifest(state.path, inputs.manifest.to_bytes())  # rows not written yet may have new files
         return state
     out = spec.out_path
     settings = store_settings(spec, inputs)
@@ -136,14 +143,35 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
         return None
     settings = store_settings(spec, inputs)
     if not overwrite:
-        return _existing_state(out, out, settings)
+        return _check_manifest(_existing_state(out, out, settings), inputs)
     staged = staging_path(out)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:
-            return _existing_state(staged, out, settings)
+            return _check_manifest(_existing_state(staged, out, settings), inputs)
         except FoalPipeError:
             return None
     return None
+
+
+def _check_manifest(state: StoreState, inputs: Inputs) -> StoreState:
+    """Refuse to resume (or to call complete) a store whose written rows came from images that are no longer the
+    dataset's: each split's manifest entries below its progress must equal the current ones (name, SHA-256,
+    label). Rows not written yet may come from other files; :func:`create_store` records them."""
+    recorded, current = stored_manifest(state.path), inputs.manifest
+    if recorded is None and current is None:
+        return state
+    out = f"{state.out} was extracted"
+    if recorded is None or current is None:
+        has = "without a split manifest" if recorded is None else "with a split manifest"
+        raise FoalPipeError(f"{out} {has}, unlike this dataset; pass {param('overwrite', True)} to extract it again")
+    old = SplitManifest.from_dict(json.loads(recorded.decode()), str(state.path))
+    for split in SPLITS:
+        for row, (was, now) in enumerate(zip(old.splits[split][: state.progress[split]], current.splits[split])):
+            if was != now:
+                raise FoalPipeError(f"{out} from other images: {split} row {row} holds the features of {was[0]!r} "
+                                    f"(SHA-256 {was[1][:12]}...), now {now[0]!r} (SHA-256 {now[1][:12]}...); restore "
+                                    f"the original images, or pass {param('overwrite', True)} to extract it again")
+    return state
 
 
 def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreState:

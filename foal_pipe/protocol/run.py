@@ -23,7 +23,7 @@ from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, E
 from foal_pipe.protocol.loosample import LOO_SAMPLE, RowSample
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
 from foal_pipe.protocol.schema import TRAINING_CRITERIA
-from foal_pipe.protocol.stream import Stream, make_stream, read_class_order
+from foal_pipe.protocol.stream import Stream, make_stream, resolve_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
 
@@ -126,7 +126,8 @@ def prepare(
     fused = store.fusions(parse_fusions(list(fusions), param("fusions")), model.fusion_norm) if fusions else None
     store.check_labelled()
     n_classes = len(store.classes)
-    order = read_class_order(stream_config.class_order, n_classes) if stream_config.class_order else None
+    order = (resolve_class_order(stream_config.class_order, n_classes, stream_config.tasks, stream_config.drop_remainder)
+             if stream_config.class_order else None)
     stream = make_stream(
         stream_config.stream, store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size,
         stream_config.resolved_order_seed, order, stream_config.drop_last, stream_config.drop_remainder,

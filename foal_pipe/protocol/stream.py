@@ -17,6 +17,7 @@ the number of classes per task (Moon et al., ICCV 2023); :data:`STREAMS` names b
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,11 +73,11 @@ class Stream:
         return [rows[i : i + self.batch_size] for i in range(0, rows.size, self.batch_size)]
 
 
-def split_classes(n_classes: int, n_tasks: int | None, rng: np.random.Generator,
-                  drop_remainder: bool = False) -> tuple[list[list[int]], list[int]]:
-    """Seeded class permutation cut into ``n_tasks`` (None: :data:`DEFAULT_TASKS`, at most ``n_classes``); the
-    first ``n_classes mod n_tasks`` tasks get one class more, or, with ``drop_remainder``, those classes are
-    returned apart (the module's docstring)."""
+def split_classes(n_classes: int, n_tasks: int | None, rng: np.random.Generator | None,
+                  drop_remainder: bool = False, order: np.ndarray | None = None) -> tuple[list[list[int]], list[int]]:
+    """Seeded class permutation (or the given ``order``) cut into ``n_tasks`` (None: :data:`DEFAULT_TASKS`, at most
+    ``n_classes``); the first ``n_classes mod n_tasks`` tasks get one class more, or, with ``drop_remainder``,
+    those classes are returned apart (the module's docstring)."""
     if n_tasks is None:
         n_tasks = min(DEFAULT_TASKS, n_classes)
     if n_tasks < 1:
@@ -86,12 +87,51 @@ def split_classes(n_classes: int, n_tasks: int | None, rng: np.random.Generator,
             f"{param('tasks')} {n_tasks} is larger than the number of classes ({n_classes}); use {param('tasks', n_classes)} or "
             "fewer"
         )
-    order = rng.permutation(n_classes)
+    if order is None:
+        order = rng.permutation(n_classes)  # type: ignore[union-attr]
     per, extra = divmod(n_classes, n_tasks)
     sizes = [per] * n_tasks if drop_remainder else [per + (t < extra) for t in range(n_tasks)]
     bounds = np.cumsum([0, *sizes])
     tasks = [sorted(int(c) for c in order[bounds[t] : bounds[t + 1]]) for t in range(n_tasks)]
     return tasks, sorted(int(c) for c in order[bounds[-1] :])
+
+
+#: The named class orders of ``--class-order`` (docs/orders.md): name -> (default seed, the permutation of the
+#: ``C`` label ids it draws from a seed). ``pilot`` is LAMDA-PILOT's (PyCIL's, RanPAC's): ``np.random.seed(1993)``
+#: then ``np.random.permutation(C)`` (NumPy's legacy generator) over the label ids, which are the sorted class
+#: folder names in both tools. ``pilot:S`` draws it from seed ``S``.
+CLASS_ORDERS: dict[str, tuple[int, Callable[[int, int], np.ndarray]]] = {
+    "pilot": (1993, lambda n_classes, seed: np.random.RandomState(seed).permutation(n_classes)),
+}
+
+
+def named_class_order(text: str) -> tuple[str, int] | None:
+    """``(name, seed)`` when ``text`` is ``NAME`` or ``NAME:SEED`` of :data:`CLASS_ORDERS`, else None (a file)."""
+    name, colon, seed = text.partition(":")
+    if name not in CLASS_ORDERS:
+        return None
+    if colon and not (seed.isdigit() and seed.isascii()):
+        raise FoalPipeError(f"{param('class_order', text)} is not {name} with a seed (the seed after the colon must be a "
+                            f"non-negative integer); pass e.g. {param('class_order', f'{name}:{CLASS_ORDERS[name][0]}')}")
+    return name, int(seed) if colon else CLASS_ORDERS[name][0]
+
+
+def resolve_class_order(value: str | Path, n_classes: int, n_tasks: int | None,
+                        drop_remainder: bool = False) -> list[list[int]]:
+    """The tasks of ``--class-order``: a named order (:data:`CLASS_ORDERS`) cut into ``n_tasks`` as the seeded split
+    is, or the task lists of a JSON file (:func:`read_class_order`)."""
+    named = named_class_order(str(value))
+    if named is None:
+        return read_class_order(value, n_classes)
+    if Path(value).exists():
+        raise FoalPipeError(f"{param('class_order', str(value))} names both the class order {named[0]} and the file "
+                            f"{value}; rename the file")
+    if drop_remainder:
+        raise FoalPipeError(f"{param('class_order', str(value))} streams every class (the first classes mod tasks "
+                            f"tasks one class larger); drop {param('drop_remainder', True)}")
+    name, seed = named
+    tasks, _ = split_classes(n_classes, n_tasks, None, order=CLASS_ORDERS[name][1](n_classes, seed))
+    return tasks
 
 
 def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:

@@ -29,6 +29,7 @@ from foal_pipe.lazy import lazy_names
 if TYPE_CHECKING:
     from foal_pipe.store.integrity import compute_generation
     from foal_pipe.store.log import log_path, log_run, read_log, update_run, writer_lock
+    from foal_pipe.store.manifest import read_manifest_bytes
     from foal_pipe.store.meta import (
         BLOCK_DTYPES,
         FEATURE_DTYPES,
@@ -65,7 +66,7 @@ __all__ = [
     "FeatureWriter", "LABEL_CHUNK_ROWS", "LOG_SUFFIX", "MEMORY_SHARE", "READABLE_VERSIONS", "ROW_ARRAYS", "SPLITS",
     "Split", "StoreMeta", "UNLABELLED", "Verification", "check_chunks", "check_same", "complete_store",
     "compute_generation", "create_array", "create_skeleton", "has_checksums", "log_path", "log_run", "mark_progress",
-    "open_array", "open_store", "read_log", "read_meta", "read_split", "remove_partial_files", "reopen_at",
+    "open_array", "open_store", "read_log", "read_manifest_bytes", "read_meta", "read_split", "remove_partial_files", "reopen_at",
     "replace_store",
     "update_run", "verify_store", "write_store", "writer_lock"
 ]
@@ -73,6 +74,7 @@ __all__ = [
 __getattr__ = lazy_names(__name__, {
     "foal_pipe.store.integrity": ["compute_generation"],
     "foal_pipe.store.log": ["log_path", "log_run", "read_log", "update_run", "writer_lock"],
+    "foal_pipe.store.manifest": ["read_manifest_bytes"],
     "foal_pipe.store.meta": ["BLOCK_DTYPES", "FEATURE_DTYPES", "FORMAT", "FORMAT_VERSION", "LABEL_CHUNK_ROWS",
                                "LOG_SUFFIX", "MEMORY_SHARE", "READABLE_VERSIONS", "ROW_ARRAYS", "SPLITS",
                                "UNLABELLED", "BlockLayout", "StoreMeta", "open_array", "read_meta"],

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
 
 FORMAT = STORE_FORMAT
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 SPLITS = ("train", "test")
 FEATURE_DTYPES = ("float16", "float32", "float64")
 BLOCK_DTYPES = ("float16", "float32")
@@ -44,7 +44,7 @@ def _json_type(value: Any) -> str:
 
 
 def _versions() -> str:
-    """``1, 2, 3 or 4``."""
+    """``1, 2, 3, 4 or 5``."""
     *head, last = map(str, READABLE_VERSIONS)
     return f"{', '.join(head)} or {last}" if head else last
 

@@ -4,6 +4,7 @@ replaced store.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from foal_pipe.io import enclosing_store, exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import compute_generation, record_chunks
 from foal_pipe.store.log import log_path
+from foal_pipe.store.manifest import MANIFEST
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -33,6 +35,9 @@ from foal_pipe.store.meta import (
 )
 from foal_pipe.store.read import check_chunks
 
+#: Bytes per chunk of the ``manifest`` array (the split manifest, :mod:`foal_pipe.store.manifest`).
+MANIFEST_CHUNK = 1 << 22
+
 
 def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: tuple[int, ...],
                  dtype: str) -> zarr.Array:
@@ -45,10 +50,11 @@ def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], chunks: t
 
 def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, chunk_rows: int,
                     labels: dict[str, np.ndarray], index: dict[str, np.ndarray] | None = None,
-                    blocks: BlockLayout | None = None) -> None:
+                    blocks: BlockLayout | None = None, manifest: bytes | None = None) -> None:
     """A new, incomplete store at ``where``: labels, row indices, empty feature arrays chunked along rows (and,
     with ``blocks``, empty ``SPLIT/blocks`` arrays chunked the same way, the final norm's parameters and the
-    ``blocks`` attribute), and the attributes with ``progress`` 0, written last.
+    ``blocks`` attribute; with ``manifest``, the split manifest's bytes and the ``manifest`` attribute), and the
+    attributes with ``progress`` 0, written last.
 
     It is built in ``.<name>.creating`` beside ``where`` and renamed into place (replacing an empty folder or
     a feature store there), so an interrupted creation leaves nothing at ``where``. Anything else at ``where``
@@ -84,6 +90,8 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
                 for name, values in blocks.norm.parameters.items():
                     create_array(group, f"norm/{name}", (dim,), (dim,), "float32")[:] = np.asarray(values, np.float32)
                 extra["blocks"] = blocks.to_dict()
+            if manifest is not None:
+                extra["manifest"] = write_manifest(group, manifest)
             attrs = StoreMeta(meta.classes, meta.dataset, meta.encoder, False, FORMAT_VERSION, None, extra).to_dict()
             write_attrs(group, {**attrs, "progress": {split: 0 for split in SPLITS}})
             if where.exists():
@@ -92,6 +100,26 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def write_manifest(group: zarr.Group, raw: bytes) -> dict[str, Any]:
+    """Write ``raw`` as the ``manifest`` array of a new store; returns the ``manifest`` attribute."""
+    values = np.frombuffer(raw, dtype=np.uint8)
+    create_array(group, MANIFEST, (values.size,), (max(1, min(values.size, MANIFEST_CHUNK)),), "uint8")[:] = values
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+
+
+def replace_manifest(path: str | Path, raw: bytes) -> None:
+    """Put ``raw`` in place of the manifest of an incomplete store (``extract`` resuming over image files that
+    changed in rows not written yet); completion then seals it with the rest."""
+    path = Path(path)
+    with writing(path, "the split manifest"):
+        group = zarr.open_group(str(path), mode="r+")
+        attrs = dict(group.attrs)
+        shutil.rmtree(path / MANIFEST, ignore_errors=True)
+        group = zarr.open_group(str(path), mode="r+")
+        attrs[MANIFEST] = write_manifest(group, raw)
+        write_attrs(group, attrs)
 
 
 def _check_replaceable(where: Path) -> None:

@@ -1,0 +1,156 @@
+"""Split manifests (docs/datasets.md, "Split manifests"): the list of images of each split, by name and SHA-256, that
+a store records, so a split travels as a list rather than as a seed and a folder layout. ``extract --split-manifest``
+builds the splits of a dataset from another store's manifest (or its exported JSON), exactly: every listed image
+must be there with the same bytes, and rows follow the manifest's order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files
+from foal_pipe.errors import FoalPipeError, param
+
+FORMAT = "foal-pipe/split-manifest"
+FORMAT_VERSION = 1
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class SplitManifest:
+    """The images of each split: ``splits[split]`` lists ``(name, sha256, label)`` in row order; ``classes[label]``
+    is the class name. Its canonical bytes (:meth:`to_bytes`) are what a store keeps and ``--split-manifest``
+    reads."""
+
+    classes: tuple[str, ...]
+    splits: dict[str, tuple[tuple[str, str, int], ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "classes": list(self.classes),
+                **{split: [list(entry) for entry in self.splits[split]] for split in SPLITS}}
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> SplitManifest:
+        """A manifest read from ``where``; anything but this format is one line naming what is wrong."""
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise FoalPipeError(f"{where} is not a split manifest (no 'format': {FORMAT!r}); pass a feature store "
+                                "written by `foal-pipe extract` or the JSON `foal-pipe info --export-manifest` writes")
+        if doc.get("format_version") != FORMAT_VERSION or type(doc.get("format_version")) is not int:
+            raise FoalPipeError(f"{where} is split manifest version {doc.get('format_version')!r}; this foal-pipe reads "
+                                f"version {FORMAT_VERSION}: export it again with this foal-pipe")
+        classes = doc.get("classes")
+        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+            raise FoalPipeError(f"{where}: 'classes' must be a non-empty list of class names; export it again")
+        splits = {}
+        for split in SPLITS:
+            entries = doc.get(split)
+            if not isinstance(entries, list):
+                raise FoalPipeError(f"{where}: {split!r} must be a list of [name, sha256, label]; export it again")
+            for entry in entries:
+                if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                        and isinstance(entry[1], str) and len(entry[1]) == 64 and type(entry[2]) is int
+                        and -1 <= entry[2] < len(classes)):
+                    raise FoalPipeError(f"{where}: {split} entry {json.dumps(entry)[:80]} is not [name, sha256 (64 hex "
+                                        f"digits), label in 0..{len(classes) - 1} or -1]; export it again")
+            splits[split] = tuple((name, digest, label) for name, digest, label in entries)
+            names = sorted(entry[0] for entry in splits[split])
+            twice = next((n for a, n in zip(names, names[1:]) if a == n), None)
+            if twice is not None:
+                raise FoalPipeError(f"{where} lists the image {twice!r} twice in its {split} split; a split names each "
+                                    "image once")
+        return cls(tuple(classes), splits)
+
+
+def _class_name(classes: Any, label: int) -> str:
+    """The class name of ``label``; ``""`` for an unlabelled image (-1)."""
+    return classes[label] if 0 <= label < len(classes) else ""
+
+
+def build_manifest(data: DatasetSplits) -> SplitManifest | None:
+    """The manifest of an opened dataset (None when a split cannot name its images: torchvision, HDF5)."""
+    prints = {split: data.split(split).fingerprints() for split in SPLITS}
+    if any(p is None for p in prints.values()):
+        return None
+    return SplitManifest(tuple(data.classes), {
+        split: tuple((name, digest, int(label)) for (name, digest), label in
+                     zip(prints[split], data.split(split).labels.tolist()))  # type: ignore[arg-type]
+        for split in SPLITS})
+
+
+def read_manifest(path: str | Path) -> SplitManifest:
+    """The manifest a feature store records (a ``.zarr`` folder), or a JSON file exported from one."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        from foal_pipe.store import read_manifest_bytes
+
+        raw = read_manifest_bytes(path)
+        if raw is None:
+            raise FoalPipeError(f"{path} records no split manifest (a store of format 4 or older, or of a dataset read "
+                                "from torchvision or HDF5); re-extract it with this foal-pipe, or pass another "
+                                f"{param('split_manifest')}")
+    elif path.is_file():
+        raw = path.read_bytes()
+    else:
+        raise FoalPipeError(f"split manifest {path} does not exist; pass a feature store or the JSON file "
+                            "`foal-pipe info STORE --export-manifest FILE` writes")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise FoalPipeError(f"{path} is not a split manifest (not JSON); pass a feature store or the JSON file "
+                            "`foal-pipe info STORE --export-manifest FILE` writes") from None
+    return SplitManifest.from_dict(doc, str(path))
+
+
+def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> DatasetSplits:
+    """The splits ``manifest`` lists, taken from the images of ``pool`` (both its splits): each entry is the file of
+    that name (relative to its split's class folders, so an image may lie in either split) whose bytes have the
+    entry's SHA-256; rows in the manifest's order, with its labels and class names. A listed image that is missing,
+    or whose bytes differ, is refused; images of ``pool`` the manifest does not list are left out."""
+    files: dict[str, list[tuple[str, str]]] = {}  # name -> (path, class name) of each file so named
+    for split in SPLITS:
+        source = pool.split(split)
+        if not isinstance(source, FileSource) or source.names is None:
+            raise FoalPipeError(f"{param('split_manifest')} splits image files; {pool.name} is not read from image files "
+                                f"named in a folder: leave out {param('split_manifest')}")
+        for name, path, label in zip(source.names, source.paths, source.labels.tolist()):
+            files.setdefault(name, []).append((path, _class_name(pool.classes, label)))
+    listed = [(split, entry) for split in SPLITS for entry in manifest.splits[split]]
+    missing = [(split, name) for split, (name, _, _) in listed if name not in files]
+    if missing:
+        s = "s" * (len(missing) != 1)
+        raise FoalPipeError(f"{len(missing)} image{s} of the split manifest {where} ({missing[0][0]}: {missing[0][1]!r}"
+                            f"{', ...' if len(missing) > 1 else ''}) {'are' if s else 'is'} not in {pool.location}; "
+                            f"point {param('data_dir')} at the images the manifest lists")
+    candidates = sorted({path for _, (name, _, _) in listed for path, _ in files[name]})
+    digests = dict(zip(candidates, hash_files(candidates)))
+    taken: set[str] = set()
+    rows: dict[str, list[tuple[str, str, int, str]]] = {split: [] for split in SPLITS}
+    for split, (name, digest, label) in listed:
+        same = [(path, cls) for path, cls in files[name] if digests[path] == digest and path not in taken]
+        if not same:
+            raise FoalPipeError(f"image {name!r} of the split manifest {where} ({split}) has other bytes in "
+                                f"{pool.location} ({files[name][0][0]}) than the manifest records; restore the "
+                                "original file")
+        path, cls = same[0]
+        if cls != _class_name(manifest.classes, label):
+            raise FoalPipeError(f"image {name!r} is class {cls!r} in {pool.location} but "
+                                f"{_class_name(manifest.classes, label)!r} in the split manifest {where}; it is not "
+                                "the same dataset")
+        taken.add(path)
+        rows[split].append((path, name, label, digest))
+    sources = {split: FileSource([r[0] for r in rows[split]], [r[2] for r in rows[split]],
+                                 names=[r[1] for r in rows[split]], digests=[r[3] for r in rows[split]])
+               for split in SPLITS}
+    return DatasetSplits(pool.name, list(manifest.classes), sources["train"], sources["test"], pool.location,
+                         pool.native_size)
