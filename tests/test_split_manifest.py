@@ -14,7 +14,7 @@ import zarr
 from helpers import assert_one_line_error, make_image_tree, runner
 
 from foal_pipe.cli import app
-from foal_pipe.datasets.manifest import read_manifest
+from foal_pipe.extract.manifest import read_manifest
 from foal_pipe.store import open_store, read_meta, write_store
 
 PIXELS = ["--model", "pixels", "--image-size", "8", "--workers", "0"]

@@ -324,7 +324,7 @@ def _export_manifest(store: Path, out: Path) -> None:
     """Write the store's split manifest to ``out`` (whole, via a temporary file: never half-written)."""
     import os
 
-    from foal_pipe.datasets.manifest import read_manifest
+    from foal_pipe.extract.manifest import read_manifest
 
     raw = read_manifest(store).to_bytes()
     if out.is_dir():

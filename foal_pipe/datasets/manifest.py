@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files
@@ -88,28 +87,14 @@ def build_manifest(data: DatasetSplits) -> SplitManifest | None:
         for split in SPLITS})
 
 
-def read_manifest(path: str | Path) -> SplitManifest:
-    """The manifest a feature store records (a ``.zarr`` folder), or a JSON file exported from one."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        from foal_pipe.store import read_manifest_bytes
-
-        raw = read_manifest_bytes(path)
-        if raw is None:
-            raise FoalPipeError(f"{path} records no split manifest (a store of format 4 or older, or of a dataset read "
-                                "from torchvision or HDF5); re-extract it with this foal-pipe, or pass another "
-                                f"{param('split_manifest')}")
-    elif path.is_file():
-        raw = path.read_bytes()
-    else:
-        raise FoalPipeError(f"split manifest {path} does not exist; pass a feature store or the JSON file "
-                            "`foal-pipe info STORE --export-manifest FILE` writes")
+def parse_manifest(raw: bytes, where: str) -> SplitManifest:
+    """The manifest in ``raw`` (a store's ``manifest`` array or an exported JSON file), read from ``where``."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise FoalPipeError(f"{path} is not a split manifest (not JSON); pass a feature store or the JSON file "
+        raise FoalPipeError(f"{where} is not a split manifest (not JSON); pass a feature store or the JSON file "
                             "`foal-pipe info STORE --export-manifest FILE` writes") from None
-    return SplitManifest.from_dict(doc, str(path))
+    return SplitManifest.from_dict(doc, where)
 
 
 def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> DatasetSplits:

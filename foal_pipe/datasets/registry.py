@@ -31,7 +31,7 @@ from foal_pipe.datasets.loaders import (
     load_tiny_imagenet,
     torchvision_loader,
 )
-from foal_pipe.datasets.manifest import apply_manifest, read_manifest
+from foal_pipe.datasets.manifest import SplitManifest, apply_manifest
 from foal_pipe.datasets.sources import DatasetSplits
 from foal_pipe.errors import FoalPipeError, param
 
@@ -118,10 +118,11 @@ DATASETS: dict[str, DatasetEntry] = {
 
 def open_dataset(name: str, data_dir: str | Path | None = None, download: bool = False,
                  test_split: float | None = None, split_seed: int = 0,
-                 split_manifest: str | Path | None = None) -> DatasetSplits:
+                 split_manifest: SplitManifest | None = None, manifest_source: str = "the split manifest") -> DatasetSplits:
     """Open a registered dataset; a missing one raises :class:`FoalPipeError` naming the path looked for.
     ``test_split`` (a fraction) splits a dataset that has no test split, seeded by ``split_seed``;
-    ``split_manifest`` (a store or an exported manifest) takes the splits it lists from the dataset's images."""
+    ``split_manifest`` (read from ``manifest_source`` by :func:`foal_pipe.extract.manifest.read_manifest`) takes the
+    splits it lists from the dataset's images."""
     entry = DATASETS.get(name)
     if entry is None:
         raise FoalPipeError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
@@ -129,10 +130,9 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     if split_manifest is not None:
         if test_split is not None:
             raise FoalPipeError(f"{param('split_manifest')} lists the split itself; drop {param('test_split')}")
-        manifest = read_manifest(split_manifest)
         pool = (load_class_folders(folder) if name == "imagefolder" and folder is not None
                 and not (folder.expanduser() / "train").is_dir() else entry.load(folder, download))
-        splits = apply_manifest(pool, manifest, str(split_manifest))
+        splits = apply_manifest(pool, split_manifest, manifest_source)
     elif test_split is None:
         splits = entry.load(folder, download)
     elif entry.splittable:

@@ -29,6 +29,7 @@ from foal_pipe.encoders import (
     torch_version,
 )
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.extract.manifest import read_manifest
 from foal_pipe.store import BLOCK_DTYPES, SPLITS
 from foal_pipe.store.blockfusion import NORMS
 from foal_pipe.version import __version__
@@ -136,8 +137,9 @@ class Inputs:
 
 def open_inputs(spec: ExtractSpec) -> Inputs:
     """Open the dataset and describe the encoder; weights are not loaded yet (see :func:`load_inputs`)."""
+    manifest = None if spec.split_manifest is None else read_manifest(spec.split_manifest)
     data = open_dataset(spec.dataset, spec.data_dir, spec.download, spec.test_split, spec.split_seed,
-                        spec.split_manifest)
+                        manifest, str(spec.split_manifest))
     encoder = build_encoder(spec.encoder_config(), data.native_size)
     if spec.keep_blocks:
         _check_keeps_blocks(encoder)
