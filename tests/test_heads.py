@@ -6,7 +6,7 @@ from __future__ import annotations
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
-from helpers import ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
+from helpers import ref_cosine, ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
 from sklearn.datasets import load_digits
 
 from foal_pipe.errors import FoalPipeError
@@ -29,6 +29,7 @@ REFERENCES = {
     ("slda", (("shrinkage", "oas"),)): lambda X, y, T: ref_slda(X, y, T, "oas"),
     ("fecam", ()): ref_fecam,
     ("fecam", (("shrinkage", 0.5), ("shrinkage_offdiag", 0.2))): lambda X, y, T: ref_fecam(X, y, T, 0.5, 0.2),
+    ("cosine", ()): ref_cosine,
 }
 
 
@@ -91,7 +92,7 @@ def test_heads_on_torch_equal_numpy():
     import array_api_compat.torch as xt
 
     X, y, T = random_data(1)
-    for name in ("ncm", "slda", "fecam"):
+    for name in ("ncm", "slda", "fecam", "cosine"):
         scorers = {}
         for key, xp in (("numpy", xnp), ("torch", xt)):
             head = make_head(name, {}, xp, X.shape[1])

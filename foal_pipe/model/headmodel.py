@@ -7,7 +7,7 @@ stands for ridge, so :class:`~foal_pipe.model.deploy.DeployedModel` and ``predic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,26 +24,6 @@ from foal_pipe.model.modelfile import read_model, write_model
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.core.projection import SmoothProjection
-
-
-def _shares(scores: np.ndarray) -> np.ndarray:
-    """Ridge's rule (:meth:`DeployedModel.predict_proba`): scores of a least-squares fit to one-hot targets, clipped
-    at 0 and normalised (a row with no positive score is uniform)."""
-    scores = np.clip(scores, 0.0, None)
-    total = scores.sum(axis=1, keepdims=True)
-    uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
-    return np.divide(scores, total, out=uniform, where=total > 0)
-
-
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    """LDA's scores are the Gaussian log-likelihoods up to a term shared by every class: their softmax is the
-    posterior under equal class priors."""
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
-#: How a head's scores become class probabilities; a head not listed (ncm, fecam: distances) has none.
-PROBABILITIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"slda": _softmax, "balanced": _shares, "dual": _shares}
 
 
 def head_width(name: str, tensors: Mapping[str, Any]) -> int:
@@ -116,10 +96,12 @@ class HeadClassifier:
         return np.asarray(projection.transform(X), dtype=np.float64)
 
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
-        """Class probabilities where the head's scores mean them (:data:`PROBABILITIES`); ncm and fecam refuse."""
-        rule = PROBABILITIES.get(self.name)
+        """Class probabilities where the head's scores mean them (its class's ``probabilities``); ncm, fecam and
+        cosine, which score distances or cosines, refuse."""
+        rule = HEADS[self.name].head.probabilities
         if rule is None:
-            raise FoalPipeError(f"the {self.name} head scores distances, not probabilities; use predict or scores")
+            raise FoalPipeError(f"the {self.name} head's scores are distances or cosines, not probabilities; use "
+                                "predict or scores")
         return rule(scores)
 
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:

@@ -4,7 +4,7 @@ settings checked before any work and recorded with their options (defaults inclu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
@@ -13,8 +13,9 @@ from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelCo
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
-#: ModelConfig fields that are some head's own options.
-HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp")
+#: ModelConfig fields that are some head's own options (gamma, ridge's too, apart), read from the registry.
+HEAD_OPTION_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "gamma"
+                           and any(f.name in entry.options for entry in HEADS.values()))
 #: ModelConfig fields of ridge's own solver: no other head takes them.
 RIDGE_FIELDS = ("select", "gamma_grid", "engine")
 

@@ -5,7 +5,6 @@ test split. The rows each head takes (its space) are computed once per block, wh
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -64,7 +63,7 @@ def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> d
     heads = {}
     for name in names:
         given = head_options(name, options)
-        if "batch_size" in inspect.signature(HEADS[name].factory).parameters:  # a recursion over the stream's batches
+        if "batch_size" in HEADS[name].head.option_names():  # a recursion over the stream's batches
             given["batch_size"] = run.stream.batch_size
         heads[name] = make_head(name, given, run.xp, dims[HEADS[name].space])
     return heads
