@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from foal_pipe.core.projection import SmoothProjection
     from foal_pipe.model.classifier import AnalyticClassifier
     from foal_pipe.model.deploy import DeployedModel, load_model
+    from foal_pipe.model.headestimator import head_classifier
 
 
 def lazy_names(package: str, modules: dict[str, Iterable[str]]) -> Callable[[str], Any]:
@@ -31,8 +32,10 @@ def lazy_names(package: str, modules: dict[str, Iterable[str]]) -> Callable[[str
     return __getattr__
 
 __version__ = "0.1.0"
-__all__ = ["AnalyticClassifier", "DeployedModel", "FoalPipeError", "SmoothProjection", "__version__", "load_model"]
+__all__ = ["AnalyticClassifier", "DeployedModel", "FoalPipeError", "SmoothProjection", "__version__", "head_classifier",
+           "load_model"]
 
 __getattr__ = lazy_names(__name__, {"foal_pipe.model.classifier": ["AnalyticClassifier"],
                                     "foal_pipe.model.deploy": ["DeployedModel", "load_model"],
-                                    "foal_pipe.core.projection": ["SmoothProjection"]})
+                                    "foal_pipe.core.projection": ["SmoothProjection"],
+                                    "foal_pipe.model.headestimator": ["head_classifier"]})

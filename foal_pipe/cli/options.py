@@ -27,6 +27,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS
 from foal_pipe.memory import memory_text, parse_memory
 from foal_pipe.protocol.config import (
+    HEAD_ROWS,
     SCHEDULERS,
     EvaluationConfig,
     ExecutionConfig,
@@ -200,6 +201,13 @@ Head = Annotated[
     typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
                  "compared in docs/heads.md: ncm, slda and fecam work on the store's features (no projection "
                  "options); balanced (AIR) and dual (DS-AL) on the projection, with --gamma."),
+]
+HeadRows = Annotated[
+    choice(*HEAD_ROWS) | None,
+    typer.Option(help="The rows of a head on the store's features (ncm, slda, fecam, cosine): features, or "
+                 "activations, the projection's (--projection-dim, --projection-init, --activation; e.g. KLDA: slda "
+                 "on --activation cos random Fourier features). Default: the head's own rows (features for those "
+                 "heads; balanced and dual take the projection anyway).", show_default=False),
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "

@@ -43,7 +43,7 @@ class HeadEntry:
     citation: str
 
     @property
-    def factory(self) -> Callable[..., Head] | None:
+    def factory(self) -> type[HeadBase] | None:
         return None if self.head is RidgeHead else self.head
 
     @property

@@ -38,7 +38,7 @@ from array_api_compat import device
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import check_gammas, class_positions, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads.base import HeadBase, shares
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
 from foal_pipe.heads.moments import on_device
 
@@ -101,7 +101,7 @@ class BalancedHead(HeadBase):
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"counts": ("C",), "sums": ("C", "D"),
                                                                "grams": ("C", "D", "D")}
     weight_tensor: ClassVar[str | None] = "W"
-    probabilities = staticmethod(shares)  # a least-squares fit to one-hot targets, as ridge's
+    probabilities: ClassVar[str | None] = "shares"  # a least-squares fit to one-hot targets, as ridge's
 
     def __init__(self, *, xp: ModuleType, dim: int, **options: Any) -> None:
         self.options = BalancedOptions(**options)

@@ -90,6 +90,10 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
+#: How a head's scores become class probabilities, by the name its class gives (``probabilities``).
+PROBABILITY_RULES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"softmax": softmax, "shares": shares}
+
+
 @dataclass(frozen=True)
 class NoOptions:
     """The options of a head that has none."""
@@ -100,7 +104,8 @@ class HeadBase:
     (a frozen dataclass whose ``__post_init__`` refuses a bad value in one line), its memory estimate, its file
     layout (``scorer_tensors`` and ``state_tensors`` in named dimensions: C classes, d the store's features, D the
     projection's width; :meth:`state_dict` and :meth:`load_state_dict`, like PyTorch's; :meth:`scorer_from`) and how
-    its scores become probabilities (``probabilities``; None: distances, no probabilities).
+    its scores become probabilities (``probabilities``: a key of :data:`PROBABILITY_RULES`; None: its scores are
+    distances or cosines, not probabilities).
 
     A subclass sets the class variables, defines ``add`` and ``boundary`` (:class:`Head`), and builds
     ``self.options = Options(**options)`` in ``__init__(self, *, xp, dim, **options)``."""
@@ -111,7 +116,18 @@ class HeadBase:
     scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     weight_tensor: ClassVar[str | None] = None  # the tensor whose column k scores class k linearly (weight norms)
-    probabilities: ClassVar[Callable[[np.ndarray], np.ndarray] | None] = None
+    probabilities: ClassVar[str | None] = None
+
+    def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
+        self.options: Any = self.Options(**options)  # refuses a bad value in one line
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        """Rows ``X`` labelled with global class ids ``labels`` (:class:`Head`)."""
+        raise NotImplementedError
+
+    def boundary(self) -> Scorer:
+        """The exact model over all rows added so far (:class:`Head`)."""
+        raise NotImplementedError
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:

@@ -52,7 +52,7 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.linalg import check_gammas, float64, one_hot, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads.base import HeadBase, shares
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
 from foal_pipe.heads.moments import on_device
 
@@ -148,11 +148,12 @@ class DualHead(HeadBase):
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "R": ("D", "D"), "G_main": ("D", "D"), "Q_main": ("D", "C"), "G_comp": ("D", "D"), "Q_comp": ("D", "C")}
     weight_tensor: ClassVar[str | None] = "W_main"
-    probabilities = staticmethod(shares)  # least-squares fits to one-hot targets, as ridge's
+    probabilities: ClassVar[str | None] = "shares"  # least-squares fits to one-hot targets, as ridge's
 
     def __init__(self, *, xp: ModuleType, dim: int, **options: Any) -> None:
         self.options = DualOptions(**options)
-        self.gamma, self.gamma_comp = self.options.gamma, self.options.gamma_comp
+        self.gamma = self.options.gamma
+        self.gamma_comp: float = self.gamma if self.options.gamma_comp is None else self.options.gamma_comp
         self.compensation, self.batch_size = self.options.compensation, self.options.batch_size
         self.xp = xp
         self.dim = int(dim)

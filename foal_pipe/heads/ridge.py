@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from foal_pipe.heads.base import HeadBase, shares
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64
 
 
@@ -23,7 +23,7 @@ class RidgeHead(HeadBase):
     name: ClassVar[str] = "ridge"
     space: ClassVar[str] = "activations"
     Options: ClassVar[type] = RidgeOptions
-    probabilities = staticmethod(shares)
+    probabilities: ClassVar[str | None] = "shares"
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:

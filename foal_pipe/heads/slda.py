@@ -11,7 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads.base import HeadBase, softmax
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import ClassSums, shift_diagonal, symmetric_pinv
 
@@ -79,7 +79,7 @@ class SLDAHead(HeadBase):
     scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"W": ("d", "C"), "b": ("C",)}
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {**ClassSums.TENSORS, "gram": ("d", "d")}
     weight_tensor: ClassVar[str | None] = "W"
-    probabilities = staticmethod(softmax)
+    probabilities: ClassVar[str | None] = "softmax"
 
     def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
         self.xp = xp
@@ -115,7 +115,8 @@ class SLDAHead(HeadBase):
         if self.shrinkage == "oas":
             S, floor = oas_covariance(S, sums.n)
         else:
-            S, floor = shift_diagonal((1.0 - self.shrinkage) * S, self.shrinkage), self.shrinkage
+            eps = float(self.shrinkage)
+            S, floor = shift_diagonal((1.0 - eps) * S, eps), eps
         M = sums.means()  # (C, d)
         W = symmetric_pinv(S, floor) @ M.T  # Lambda mu_c per column
         return LinearScorer(sums.classes.copy(), W, -0.5 * xp.sum(M.T * W, axis=0))

@@ -19,6 +19,7 @@ from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
+from foal_pipe.heads.base import PROBABILITY_RULES
 from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
 
@@ -40,8 +41,9 @@ class HeadClassifier:
     gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task)."""
 
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                 n_samples_seen: int) -> None:
+                 n_samples_seen: int, space: str | None = None) -> None:
         self.name, self.options = name, dict(options)
+        self.space = space or HEADS[name].space  # the rows it takes: its own, or the activations (``--head-rows``)
         self.tensors = dict(tensors)
         self._scorer: Scorer | None = None
         self.n_samples_seen_ = int(n_samples_seen)
@@ -88,7 +90,7 @@ class HeadClassifier:
     def rows(self, X: np.ndarray, projection: SmoothProjection | Expansion) -> np.ndarray:
         """The rows of the head's space for checked features ``X``: the features, the projected rows or the
         activations, in float64 (as the walk gives them)."""
-        space = HEADS[self.name].space
+        space = self.space
         if space == "features":
             return np.asarray(X, dtype=np.float64)
         if space == "projected":
@@ -102,14 +104,14 @@ class HeadClassifier:
         if rule is None:
             raise FoalPipeError(f"the {self.name} head's scores are distances or cosines, not probabilities; use "
                                 "predict or scores")
-        return rule(scores)
+        return PROBABILITY_RULES[rule](scores)
 
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
         its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
         keeps them)."""
         tensors = {key: value for key, value in self.tensors.items() if key != "projection"}
-        space = HEADS[self.name].space
+        space = self.space
         if projection is not None and space != "features":
             tensors["projection"] = projection.components_
         kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen")
@@ -134,7 +136,9 @@ def load_head(path: str | Path, *, estimators: bool = True
     ``estimators``), its class names and metadata."""
     tensors, meta = read_model(path)
     name = meta["head"]
-    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"])
+    own = HEADS[name].space  # a head on the store's features given the activations keeps the projection (--head-rows)
+    space = "activations" if own == "features" and "projection" in tensors else own
+    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"], space)
     if "projection" in tensors:
         activation = meta.get("activation", "identity")
         if estimators:

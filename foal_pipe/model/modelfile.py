@@ -214,10 +214,10 @@ def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     for key, value in metadata.items():
         if isinstance(value, NotJSON):
             raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
-    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f")
-                                           for key, dims in HEAD_FILES[name].tensors.items()}}
-    if HEADS[name].space != "features":
-        schema["projection"] = (("d", "D"), "f")
+    moved = HEADS[name].space == "features" and "projection" in tensors  # on the activations (--head-rows)
+    named = {key: tuple("D" if moved and n == "d" else n for n in dims) for key, dims in HEAD_FILES[name].tensors.items()}
+    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f") for key, dims in named.items()}}
+    schema |= {"projection": (("d", "D"), "f")} if HEADS[name].space != "features" or moved else {}
     missing = [key for key in schema if key not in tensors]
     unknown = sorted(set(tensors) - set(schema))
     if missing or unknown:

@@ -1,0 +1,72 @@
+"""Any head on any rows: a head on the store's features given the projection's activations (``--head-rows
+activations``) equals its definition on those rows, computed plainly here; its model file predicts and continues;
+the combinations that do not apply are refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, build_store, invoke, read, ref_cosine, ref_slda
+from safetensors.numpy import load_file
+
+from foal_pipe.model.deploy import load_model
+from foal_pipe.model.predict import predict_split
+
+REFERENCES = {"slda": lambda H, y, T: ref_slda(H, y, T, 0.25), "cosine": ref_cosine}
+ARGS = {"slda": ("--shrinkage", "0.25"), "cosine": ()}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("rows") / "blobs.zarr")
+
+
+@pytest.mark.parametrize("name", ["slda", "cosine"])
+def test_feature_head_on_relu_activations_equals_its_definition(store, tmp_path, name):
+    result = invoke("learn", "--features", store, "--out", tmp_path / name, "--head", name, *ARGS[name],
+                    "--head-rows", "activations", "--projection-dim", 24, "--activation", "relu", "--tasks", 3,
+                    "--seed", 4, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    ridge = invoke("learn", "--features", store, "--out", tmp_path / "ridge", "--projection-dim", 24, "--activation",
+                   "relu", "--tasks", 3, "--seed", 4, "--backend", "numpy")
+    assert ridge.exit_code == 0, ridge.output
+    path = tmp_path / name / "model.safetensors"
+    P = load_file(str(path))["projection"]
+    # the rows ridge's Gram sums: the same projection for the same seed
+    np.testing.assert_array_equal(P, load_file(str(tmp_path / "ridge" / "model.safetensors"))["projection"])
+    x, y, xt, yt = read(store)
+    H, Ht = np.maximum(x.astype(np.float64) @ P, 0), np.maximum(xt.astype(np.float64) @ P, 0)
+    classes, expected = REFERENCES[name](H, y, Ht)
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    assert ((top2[:, 1] - top2[:, 0]) > 1e-9 * np.abs(expected).max()).all()
+    predicted = classes[expected.argmax(axis=1)]
+    deployed = load_model(path)
+    np.testing.assert_allclose(deployed.scores(xt), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+    assert (deployed.predict(xt) == predicted).all()
+    assert (predict_split(path, store).predicted == predicted).all()
+    metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+    last = [float((predicted == yt)[np.isin(yt, task)].mean()) for task in metrics["tasks"]]
+    assert last == metrics["accuracy_matrix"][-1]
+    assert metrics["projection_dim"] == 24 and metrics["activation"] == "relu"
+    # continuing it: the activations of the new rows through the model's own projection
+    again = invoke("learn", "--init-model", path, "--features", store, "--out", tmp_path / "more", "--tasks", 2)
+    assert again.exit_code == 0, again.output
+    classes, expected = REFERENCES[name](np.vstack([H, H]), np.concatenate([y, y]), Ht)
+    assert (load_model(tmp_path / "more" / "model.safetensors").predict(xt) == classes[expected.argmax(axis=1)]).all()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--head", "slda", "--projection-dim", "20"), "or pass --head-rows activations"),
+    (("--head", "dual", "--head-rows", "activations"), "drop --head-rows activations"),
+    (("--head", "ridge", "--head-rows", "features"), "drop --head-rows features"),
+    (("--head", "ncm", "--head-rows", "activations", "--gamma", "2"), "ncm takes no gamma: drop --gamma"),
+    (("--head", "ncm", "--head-rows", "nope"), "nope"),
+])
+def test_head_rows_combinations_that_do_not_apply_are_refused(store, tmp_path, args, message):
+    result = invoke("learn", "--features", store, "--out", tmp_path / "x", *args)
+    assert result.exit_code != 0 and message in " ".join(result.output.split()), result.output
+    if "nope" not in args:
+        assert_one_line_error(result, message)
+    assert not (tmp_path / "x").exists()
