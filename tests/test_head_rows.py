@@ -70,3 +70,64 @@ def test_head_rows_combinations_that_do_not_apply_are_refused(store, tmp_path, a
     if "nope" not in args:
         assert_one_line_error(result, message)
     assert not (tmp_path / "x").exists()
+
+
+# --- random Fourier features: --activation cos ------------------------------------------------------------------
+
+def test_cos_expansion_is_random_fourier_features_written_plainly():
+    from foal_pipe.core.expansion import Expansion
+
+    X = np.random.default_rng(0).normal(size=(5, 7))
+    cos = Expansion.draw(7, 30, "normal", "cos", 3, "float64")
+    relu = Expansion.draw(7, 30, "normal", "relu", 3, "float64")
+    np.testing.assert_array_equal(cos.components_, relu.components_)  # the bias is drawn after the matrix
+    b = cos.bias_
+    assert b.shape == (30,) and b.min() >= 0 and b.max() < 2 * np.pi and np.unique(b).size == 30
+    expected = np.sqrt(2 / 30) * np.cos(X @ cos.components_ + b[None, :])
+    np.testing.assert_allclose(cos.transform(X), expected, rtol=1e-13, atol=1e-13)
+    assert relu.bias_ is None
+
+
+def test_cos_features_approximate_the_gaussian_kernel():
+    """phi(x)^T phi(y) -> exp(-||x - y||^2 / (2 sigma^2)) for W ~ N(0, 1/sigma^2): with the normal init's 1/(3d),
+    sigma^2 = 3d (Rahimi & Recht 2007); the error of D features is about 1/sqrt(D)."""
+    from foal_pipe.core.expansion import Expansion
+
+    d, D = 6, 40000
+    X = np.random.default_rng(1).normal(size=(8, d)) * 3
+    Phi = Expansion.draw(d, D, "normal", "cos", 0, "float64").transform(X)
+    kernel = np.exp(-((X[:, None, :] - X[None, :, :]) ** 2).sum(axis=2) / (6 * d))
+    assert np.abs(Phi @ Phi.T - kernel).max() < 0.03
+
+
+def test_slda_on_cos_features_equals_its_definition_and_round_trips(store, tmp_path):
+    result = invoke("learn", "--features", store, "--out", tmp_path / "klda", "--head", "slda", "--head-rows",
+                    "activations", "--projection-dim", 40, "--projection-init", "normal", "--activation", "cos",
+                    "--tasks", 3, "--seed", 1, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "klda" / "model.safetensors"
+    tensors = load_file(str(path))
+    P, b = tensors["projection"], tensors["projection_bias"]
+    x, y, xt, _ = read(store)
+    phi = lambda X: np.sqrt(2 / 40) * np.cos(X.astype(np.float64) @ P + b)  # noqa: E731
+    classes, expected = ref_slda(phi(x), y, phi(xt), 1e-4)
+    deployed = load_model(path)
+    np.testing.assert_allclose(deployed.scores(xt), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+    assert (predict_split(path, store).predicted == classes[expected.argmax(axis=1)]).all()
+    deployed.save(tmp_path / "again.safetensors")
+    assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()
+
+
+def test_cos_where_its_bias_cannot_be_kept_is_refused(store, tmp_path):
+    from foal_pipe import AnalyticClassifier, SmoothProjection
+
+    result = invoke("learn", "--features", store, "--out", tmp_path / "r", "--activation", "cos")
+    assert_one_line_error(result, "--activation cos draws a projection bias that ridge's model file does not hold")
+    assert not (tmp_path / "r").exists()
+    proj = SmoothProjection(n_components=8, activation="cos", random_state=0).fit(np.zeros((1, 4)))
+    clf = AnalyticClassifier().fit(proj.transform(np.eye(4)), [0, 1, 0, 1])
+    with pytest.raises(ValueError, match="a ridge model file holds no projection bias"):
+        clf.save(tmp_path / "m.safetensors", projection=proj)
+    assert not (tmp_path / "m.safetensors").exists()
+    with pytest.raises(ValueError, match="needs the projection's bias"):
+        SmoothProjection.from_matrix(proj.components_, activation="cos")

@@ -253,3 +253,23 @@ def test_fecam_scorer_from_saved_means_and_precisions_scores_the_same_bits():
     rebuilt = MahalanobisScorer(scorer.classes, [np.array(m) for m in scorer.means],
                                 [np.array(p) for p in scorer.precisions])
     np.testing.assert_array_equal(rebuilt.scores(T), scorer.scores(T))
+
+
+def test_a_head_lives_in_its_class_and_the_config_carries_its_options():
+    from foal_pipe.heads.dual import DualOptions
+    from foal_pipe.heads.state import HEAD_FILES, file_options
+    from foal_pipe.protocol.config import ModelConfig
+
+    for name, entry in HEADS.items():
+        assert entry.options == tuple(o for o in entry.head.option_names() if o != "batch_size"), name
+        if entry.factory is not None:
+            assert HEAD_FILES[name].tensors == {**entry.head.scorer_tensors, **entry.head.state_tensors}
+    assert file_options("dual") == ("gamma", "gamma_comp", "compensation", "batch_size")
+    assert DualOptions(gamma=2.0).gamma_comp == 2.0
+    with pytest.raises(FoalPipeError, match="batch_size"):
+        DualOptions(batch_size=0)
+    assert ModelConfig(head="slda", shrinkage=0.3).head_options == {"shrinkage": 0.3}
+    assert ModelConfig(head="cosine").head_options == {}
+    assert ModelConfig(head="dual", compensation=0.5).head_options == {"gamma": 1.0, "compensation": 0.5}
+    with pytest.raises(FoalPipeError, match="head_rows must be one of features, activations"):
+        ModelConfig(head_rows="pixels")

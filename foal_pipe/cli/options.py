@@ -104,7 +104,9 @@ ProjectionInit = Annotated[choice(*INITS), typer.Option(help="uniform U(-1/sqrt(
                                                         "normal (same variance).")]
 Activation = Annotated[
     choice(*ACTIVATIONS) | None,
-    typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
+    typer.Option(help="Activation after the projection: sigmoid (the paper), relu, identity, or cos: random Fourier "
+                 "features sqrt(2/D) cos(x P + b), b drawn uniform in [0, 2 pi) after P (KLDA's expansion; with a "
+                 "--head on --head-rows activations or in sweep: ridge's model file holds no bias). Default: sigmoid, "
                  "or identity with --projection-dim 0 (ridge on the raw features)."),
 ]
 ClassOrder = Annotated[

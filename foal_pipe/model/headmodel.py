@@ -83,7 +83,7 @@ class HeadClassifier:
         self._head.add(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64))
         self._scorer = self._head.boundary()
         self.tensors = {**export_head(self.name, self._head, self._scorer),
-                        **({"projection": self.tensors["projection"]} if "projection" in self.tensors else {})}
+                        **{key: self.tensors[key] for key in ("projection", "projection_bias") if key in self.tensors}}
         self.n_samples_seen_ += int(np.asarray(labels).size)
         return self
 
@@ -110,10 +110,12 @@ class HeadClassifier:
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
         its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
         keeps them)."""
-        tensors = {key: value for key, value in self.tensors.items() if key != "projection"}
+        tensors = {key: value for key, value in self.tensors.items() if key not in ("projection", "projection_bias")}
         space = self.space
         if projection is not None and space != "features":
             tensors["projection"] = projection.components_
+            if space == "activations" and projection.bias_ is not None:  # cos: random Fourier features
+                tensors["projection_bias"] = projection.bias_
         kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen")
                 and (space == "activations" or k != "activation")}
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
@@ -144,10 +146,11 @@ def load_head(path: str | Path, *, estimators: bool = True
         if estimators:
             from foal_pipe.core.projection import SmoothProjection
 
-            projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(tensors["projection"],
-                                                                                    activation=activation)
+            projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(
+                tensors["projection"], activation=activation, bias=tensors.get("projection_bias"))
         else:
-            projection = Expansion.from_matrix(tensors["projection"], activation=activation)
+            projection = Expansion.from_matrix(tensors["projection"], activation=activation,
+                                               bias=tensors.get("projection_bias"))
     else:
         projection = _identity(head_width(name, tensors), estimators)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]

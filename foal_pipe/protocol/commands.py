@@ -26,6 +26,7 @@ from foal_pipe.protocol.headruns import (
     check_head_options,
     check_head_stream,
     check_learn_head,
+    check_ridge_model_file,
     check_sweep_heads,
     head_space,
     resolved_options,
@@ -78,6 +79,7 @@ def run_learn(
     if model.head != DEFAULT_HEAD:
         return run_learn_head(features, out, stream, model, evaluation, execution, log)
     check_head_options([DEFAULT_HEAD], model)
+    check_ridge_model_file(model)
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"

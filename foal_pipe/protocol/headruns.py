@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 from typing import Any
 
+from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry, make_head
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
@@ -43,6 +44,15 @@ def check_head_rows(names: Sequence[str], model: ModelConfig) -> None:
             rows = "rows (before the activation)" if own == "projected" else "activations"
             raise FoalPipeError(f"{param('head', name)} is defined on the projection's {rows}; drop "
                                 f"{param('head_rows', model.head_rows)} (it moves a head on the store's features)")
+
+
+def check_ridge_model_file(model: ModelConfig) -> None:
+    """``learn`` with ridge writes a ridge model file, which holds no projection bias: ``--activation cos`` (random
+    Fourier features, whose bias it would drop) refused before any work; ``sweep`` writes no model and takes it."""
+    if model.resolved_activation in BIASED:
+        raise FoalPipeError(f"{param('activation', model.resolved_activation)} draws a projection bias that ridge's "
+                            f"model file does not hold; use it with a head ({param('head', 'slda')} "
+                            f"{param('head_rows', 'activations')}) or in `sweep`, or pass {param('activation', 'relu')}")
 
 
 def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
