@@ -152,6 +152,28 @@ def test_ncm_leave_one_out_equals_refitting_without_each_row(data):
     assert 0.3 < expected < 1  # neither trivial nor perfect: the test can fail
 
 
+@pytest.mark.parametrize("data", ["random", "digits"])
+def test_cosine_leave_one_out_equals_refitting_without_each_row(data):
+    if data == "random":
+        X, y, _ = random_data(3, n=120)
+        y[0] = 9  # a class of one row: no prototype without it
+    else:
+        X, y = load_digits(return_X_y=True)
+        X, y = X[::6], y[::6]
+    head = make_head("cosine", {}, xnp, X.shape[1])
+    for lo in range(0, len(y), 37):
+        head.add(X[lo : lo + 37].astype(np.float64), y[lo : lo + 37])
+    hits = sum(head.loo_hits(X[lo : lo + 50].astype(np.float64), y[lo : lo + 50]) for lo in range(0, len(y), 50))
+    expected = 0
+    for i in range(len(y)):  # refit without each row
+        keep = np.arange(len(y)) != i
+        if (y[keep] == y[i]).any():
+            classes, scores = ref_cosine(X[keep], y[keep], X[i : i + 1])
+            expected += int(classes[scores.argmax()] == y[i])
+    assert hits == expected
+    assert 0.3 * len(y) < expected < len(y)  # neither trivial nor perfect: the test can fail
+
+
 @pytest.mark.parametrize(("name", "options"), list(REFERENCES))
 def test_head_is_exact_when_classes_recur_across_boundaries(name, options):
     X, y, T = random_data(3)

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
+from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.linalg import class_positions
 from foal_pipe.heads.base import HeadBase, NoOptions
 from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import ClassSums, unit_rows
@@ -69,3 +71,21 @@ class CosineHead(HeadBase):
     @classmethod
     def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> CosineScorer:
         return CosineScorer(classes, tensors["prototypes"])
+
+    def loo_hits(self, X: Any, labels: np.ndarray) -> int:
+        """Exact leave-one-out: without row i its class's prototype becomes ``(n p - x_i) / (n - 1)``, whose cosine to
+        ``x_i`` is that of ``n p - x_i`` (a positive scale moves no cosine); the other prototypes are unchanged. A
+        class of one row has no prototype without it: that row counts as wrong."""
+        xp = array_namespace(X)
+        sums = self.sums
+        own = class_positions(sums.classes, labels)
+        prototypes = sums.means()
+        scores = CosineScorer(sums.classes, prototypes).scores(X)
+        where = device(scores)
+        at = xp.asarray(own, device=where)
+        n = xp.asarray(sums.counts[own].astype(np.float64), device=where)[:, None]
+        left_out = xp.sum(unit_rows(X) * unit_rows(n * xp.take(prototypes, at, axis=0) - X), axis=1)
+        left_out = xp.where(n[:, 0] > 1, left_out, -xp.inf)
+        is_own = at[:, None] == xp.arange(sums.classes.size, device=where)[None, :]
+        scores = xp.where(is_own, left_out[:, None], scores)
+        return int(np.count_nonzero(to_numpy(xp.argmax(scores, axis=1)) == own))
