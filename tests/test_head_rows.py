@@ -131,3 +131,21 @@ def test_cos_where_its_bias_cannot_be_kept_is_refused(store, tmp_path):
     assert not (tmp_path / "m.safetensors").exists()
     with pytest.raises(ValueError, match="needs the projection's bias"):
         SmoothProjection.from_matrix(proj.components_, activation="cos")
+
+
+def test_a_cos_head_file_without_its_bias_is_refused_in_one_line(store, tmp_path):
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.model.modelfile import read_model, write_model
+
+    result = invoke("learn", "--features", store, "--out", tmp_path / "k", "--head", "cosine", "--head-rows",
+                    "activations", "--projection-dim", 12, "--activation", "cos", "--tasks", 2)
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "k" / "model.safetensors"
+    tensors, meta = read_model(path)
+    meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "checksum")}
+    write_model(tmp_path / "bad.safetensors", {k: v for k, v in tensors.items() if k != "projection_bias"}, meta)
+    with pytest.raises(FoalPipeError, match="activation 'cos' needs the projection's bias") as info:
+        load_model(tmp_path / "bad.safetensors")
+    assert "\n" not in str(info.value)
+    out = invoke("predict", "--model", tmp_path / "bad.safetensors", "--features", store, "--out", tmp_path / "p.csv")
+    assert_one_line_error(out, "needs the projection's bias")
