@@ -17,11 +17,14 @@ from foal_pipe.version import __version__
 if TYPE_CHECKING:
     from foal_pipe.model.classifier import AnalyticClassifier
     from foal_pipe.model.deploy import DeployedModel, load_model
+    from foal_pipe.model.headestimator import head_classifier
     from foal_pipe.model.projection import SmoothProjection
 
 
-__all__ = ["AnalyticClassifier", "DeployedModel", "FoalPipeError", "SmoothProjection", "__version__", "load_model"]
+__all__ = ["AnalyticClassifier", "DeployedModel", "FoalPipeError", "SmoothProjection", "__version__", "head_classifier",
+           "load_model"]
 
 __getattr__ = lazy_names(__name__, {"foal_pipe.model.classifier": ["AnalyticClassifier"],
                                     "foal_pipe.model.deploy": ["DeployedModel", "load_model"],
-                                    "foal_pipe.model.projection": ["SmoothProjection"]})
+                                    "foal_pipe.model.projection": ["SmoothProjection"],
+                                    "foal_pipe.model.headestimator": ["head_classifier"]})

@@ -216,6 +216,13 @@ def ref_ncm(X, y, T):
     return classes, -np.array([[((t - m) ** 2).sum() for m in means] for t in Th])
 
 
+def ref_cosine(X, y, T):
+    """SimpleCIL's prototypes: the mean raw row of each class; scores: the cosine of each test row to each."""
+    classes = np.unique(y)
+    prototypes = [X[y == c].mean(axis=0) for c in classes]
+    return classes, np.array([[t @ p / (np.sqrt(t @ t) * np.sqrt(p @ p)) for p in prototypes] for t in T])
+
+
 def slda_covariance(X, y, eps):
     classes = np.unique(y)
     means = np.array([X[y == c].mean(axis=0) for c in classes])

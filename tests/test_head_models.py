@@ -9,7 +9,7 @@ from pathlib import Path
 import array_api_compat.numpy as xp
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_slda
+from helpers import assert_one_line_error, build_store, invoke, read, ref_cosine, ref_fecam, ref_ncm, ref_slda
 from safetensors.numpy import load_file, save_file
 
 from foal_pipe.errors import FoalPipeError
@@ -27,9 +27,10 @@ DATA = Path(__file__).parent / "data"
 #: Each head's ``learn`` options beyond the store (balanced and dual take the projection).
 ARGS = {"ncm": (), "slda": ("--shrinkage", "0.25"), "fecam": ("--shrinkage", "0.5", "--shrinkage-offdiag", "0.3"),
         "balanced": ("--projection-dim", "24", "--gamma", "0.5"),
-        "dual": ("--projection-dim", "24", "--gamma", "0.5", "--compensation", "0.7", "--batch-size", "7")}
+        "dual": ("--projection-dim", "24", "--gamma", "0.5", "--compensation", "0.7", "--batch-size", "7"),
+        "cosine": ()}
 REFERENCES = {"ncm": ref_ncm, "slda": lambda X, y, T: ref_slda(X, y, T, 0.25),
-              "fecam": lambda X, y, T: ref_fecam(X, y, T, 0.5, 0.3)}
+              "fecam": lambda X, y, T: ref_fecam(X, y, T, 0.5, 0.3), "cosine": ref_cosine}
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +115,8 @@ def test_predict_cli_and_probabilities(runs, tmp_path):
     balanced = load_model(tmp / "balanced" / "model.safetensors")
     shares = np.clip(balanced.scores(x), 0, None)
     np.testing.assert_allclose(balanced.predict_proba(x), shares / shares.sum(axis=1, keepdims=True), rtol=1e-12)
-    for name in ("ncm", "fecam"):
-        with pytest.raises(FoalPipeError, match=f"the {name} head scores distances, not probabilities"):
+    for name in ("ncm", "fecam", "cosine"):
+        with pytest.raises(FoalPipeError, match=f"the {name} head's scores are distances or cosines, not probabilities"):
             load_model(tmp / name / "model.safetensors").predict_proba(x)
 
 
@@ -137,7 +138,7 @@ def test_continued_head_equals_the_head_on_both_streams_in_order(tmp_path, name)
     x1, y1, x2, y2 = x1[perm1], y1[perm1], x2[perm2], y2[perm2]
     options = {"ncm": {}, "slda": {"shrinkage": "oas"}, "fecam": {"shrinkage": 0.5, "shrinkage_offdiag": 0.3},
                "balanced": {"gamma": 0.5}, "dual": {"gamma": 0.5, "gamma_comp": 2.0, "compensation": 0.7,
-                                                    "batch_size": 4}}[name]
+                                                    "batch_size": 4}, "cosine": {}}[name]
     if HEADS[name].space != "features":
         x1, x2 = np.tanh(x1), np.tanh(x2)
     one = make_head(name, options, xp, d)
@@ -165,14 +166,14 @@ def _named_store(path, names, n_per_class, rng, d=8):
     return write_store(path, (x, y), (x[::3], y[::3]), list(names), chunk_rows=7, dtype="float64"), x, y
 
 
-@pytest.mark.parametrize("name", ["ncm", "slda", "fecam"])
+@pytest.mark.parametrize("name", ["ncm", "slda", "fecam", "cosine"])
 def test_init_model_continues_a_head_exactly(tmp_path, name):
     """learn --init-model of a head's model on a store with known and new class names: the final model equals the
     head's definition on both stores' train rows (classes matched by name)."""
     rng = np.random.default_rng(0)
     a, xa, ya = _named_store(tmp_path / "a.zarr", ["cat", "dog", "emu", "fox"], 9, rng)
     b, xb, yb = _named_store(tmp_path / "b.zarr", ["gnu", "dog", "cat"], 8, rng)
-    args = {"ncm": (), "slda": ("--shrinkage", "0.25"), "fecam": ("--shrinkage", "0.5")}[name]
+    args = {"ncm": (), "slda": ("--shrinkage", "0.25"), "fecam": ("--shrinkage", "0.5"), "cosine": ()}[name]
     first = invoke("learn", "--features", a, "--out", tmp_path / "a", "--head", name, *args, "--tasks", 2)
     assert first.exit_code == 0, first.output
     result = invoke("learn", "--init-model", tmp_path / "a" / "model.safetensors", "--features", b, "--out",
@@ -183,7 +184,7 @@ def test_init_model_continues_a_head_exactly(tmp_path, name):
     assert model.classifier.n_samples_seen_ == ya.size + yb.size
     merged = np.array([4, 1, 0])[yb]
     reference = {"ncm": ref_ncm, "slda": lambda X, y, T: ref_slda(X, y, T, 0.25),
-                 "fecam": lambda X, y, T: ref_fecam(X, y, T, 0.5)}[name]
+                 "fecam": lambda X, y, T: ref_fecam(X, y, T, 0.5), "cosine": ref_cosine}[name]
     test = np.vstack([xa[::3], xb[::3]])
     classes, expected = reference(np.vstack([xa, xb]), np.concatenate([ya, merged]), test)
     unambiguous(expected)

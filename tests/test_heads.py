@@ -6,7 +6,7 @@ from __future__ import annotations
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
-from helpers import ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
+from helpers import ref_cosine, ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
 from sklearn.datasets import load_digits
 
 from foal_pipe.errors import FoalPipeError
@@ -29,6 +29,7 @@ REFERENCES = {
     ("slda", (("shrinkage", "oas"),)): lambda X, y, T: ref_slda(X, y, T, "oas"),
     ("fecam", ()): ref_fecam,
     ("fecam", (("shrinkage", 0.5), ("shrinkage_offdiag", 0.2))): lambda X, y, T: ref_fecam(X, y, T, 0.5, 0.2),
+    ("cosine", ()): ref_cosine,
 }
 
 
@@ -91,7 +92,7 @@ def test_heads_on_torch_equal_numpy():
     import array_api_compat.torch as xt
 
     X, y, T = random_data(1)
-    for name in ("ncm", "slda", "fecam"):
+    for name in ("ncm", "slda", "fecam", "cosine"):
         scorers = {}
         for key, xp in (("numpy", xnp), ("torch", xt)):
             head = make_head(name, {}, xp, X.shape[1])
@@ -149,6 +150,28 @@ def test_ncm_leave_one_out_equals_refitting_without_each_row(data):
     expected = ref_ncm_loo(X, y)
     assert hits / len(y) == expected
     assert 0.3 < expected < 1  # neither trivial nor perfect: the test can fail
+
+
+@pytest.mark.parametrize("data", ["random", "digits"])
+def test_cosine_leave_one_out_equals_refitting_without_each_row(data):
+    if data == "random":
+        X, y, _ = random_data(3, n=120)
+        y[0] = 9  # a class of one row: no prototype without it
+    else:
+        X, y = load_digits(return_X_y=True)
+        X, y = X[::6], y[::6]
+    head = make_head("cosine", {}, xnp, X.shape[1])
+    for lo in range(0, len(y), 37):
+        head.add(X[lo : lo + 37].astype(np.float64), y[lo : lo + 37])
+    hits = sum(head.loo_hits(X[lo : lo + 50].astype(np.float64), y[lo : lo + 50]) for lo in range(0, len(y), 50))
+    expected = 0
+    for i in range(len(y)):  # refit without each row
+        keep = np.arange(len(y)) != i
+        if (y[keep] == y[i]).any():
+            classes, scores = ref_cosine(X[keep], y[keep], X[i : i + 1])
+            expected += int(classes[scores.argmax()] == y[i])
+    assert hits == expected
+    assert 0.3 * len(y) < expected < len(y)  # neither trivial nor perfect: the test can fail
 
 
 @pytest.mark.parametrize(("name", "options"), list(REFERENCES))
@@ -252,3 +275,23 @@ def test_fecam_scorer_from_saved_means_and_precisions_scores_the_same_bits():
     rebuilt = MahalanobisScorer(scorer.classes, [np.array(m) for m in scorer.means],
                                 [np.array(p) for p in scorer.precisions])
     np.testing.assert_array_equal(rebuilt.scores(T), scorer.scores(T))
+
+
+def test_a_head_lives_in_its_class_and_the_config_carries_its_options():
+    from foal_pipe.heads.dual import DualOptions
+    from foal_pipe.heads.state import HEAD_FILES, file_options
+    from foal_pipe.protocol.config import ModelConfig
+
+    for name, entry in HEADS.items():
+        assert entry.options == tuple(o for o in entry.head.option_names() if o != "batch_size"), name
+        if entry.factory is not None:
+            assert HEAD_FILES[name].tensors == {**entry.head.scorer_tensors, **entry.head.state_tensors}
+    assert file_options("dual") == ("gamma", "gamma_comp", "compensation", "batch_size")
+    assert DualOptions(gamma=2.0).gamma_comp == 2.0
+    with pytest.raises(FoalPipeError, match="batch_size"):
+        DualOptions(batch_size=0)
+    assert ModelConfig(head="slda", shrinkage=0.3).head_options == {"shrinkage": 0.3}
+    assert ModelConfig(head="cosine").head_options == {}
+    assert ModelConfig(head="dual", compensation=0.5).head_options == {"gamma": 1.0, "compensation": 0.5}
+    with pytest.raises(FoalPipeError, match="head_rows must be one of features, activations"):
+        ModelConfig(head_rows="pixels")

@@ -69,7 +69,7 @@ def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: t
         return  # the model names its head and fixes its options: checked against it (protocol/continuation.py)
     if head != o.MODEL.head and seeds is not None:
         raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
-    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _typed(ctx, name)]
+    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS, "head_rows") if _typed(ctx, name)]
     check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
 
 
@@ -116,6 +116,7 @@ def learn(
     init_model: o.InitModel = None,
     eval_features: o.EvalFeatures = None,
     head: o.Head = o.MODEL.head,
+    head_rows: o.HeadRows = o.MODEL.head_rows,
     shrinkage: o.Shrinkage = None,
     shrinkage_offdiag: o.ShrinkageOffdiag = None,
     compensation: o.Compensation = None,

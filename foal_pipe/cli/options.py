@@ -27,6 +27,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS
 from foal_pipe.memory import memory_text, parse_memory
 from foal_pipe.protocol.config import (
+    HEAD_ROWS,
     SCHEDULERS,
     EvaluationConfig,
     ExecutionConfig,
@@ -103,7 +104,9 @@ ProjectionInit = Annotated[choice(*INITS), typer.Option(help="uniform U(-1/sqrt(
                                                         "normal (same variance).")]
 Activation = Annotated[
     choice(*ACTIVATIONS) | None,
-    typer.Option(help="Activation after the projection: sigmoid (the paper), relu or identity. Default: sigmoid, "
+    typer.Option(help="Activation after the projection: sigmoid (the paper), relu, identity, or cos: random Fourier "
+                 "features sqrt(2/D) cos(x P + b), b drawn uniform in [0, 2 pi) after P (KLDA's expansion; with a "
+                 "--head on --head-rows activations or in sweep: ridge's model file holds no bias). Default: sigmoid, "
                  "or identity with --projection-dim 0 (ridge on the raw features)."),
 ]
 ClassOrder = Annotated[
@@ -203,6 +206,13 @@ Head = Annotated[
     typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
                  "compared in docs/heads.md: ncm, slda and fecam work on the store's features (no projection "
                  "options); balanced (AIR) and dual (DS-AL) on the projection, with --gamma."),
+]
+HeadRows = Annotated[
+    choice(*HEAD_ROWS) | None,
+    typer.Option(help="The rows of a head on the store's features (ncm, slda, fecam, cosine): features, or "
+                 "activations, the projection's (--projection-dim, --projection-init, --activation; e.g. KLDA: slda "
+                 "on --activation cos random Fourier features). Default: the head's own rows (features for those "
+                 "heads; balanced and dual take the projection anyway).", show_default=False),
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "

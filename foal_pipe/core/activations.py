@@ -33,8 +33,20 @@ def identity(z: Any) -> Any:
     return z
 
 
+def cos(z: Any) -> Any:
+    """Random Fourier features (Rahimi & Recht 2007), as KLDA draws them: ``sqrt(2 / D) cos(z)`` of the projection
+    plus its bias (``z = x W + b``, ``b`` uniform in [0, 2 pi): :data:`BIASED`), so that ``phi(x)^T phi(y)``
+    approximates a shift-invariant kernel of ``x - y`` (Gaussian for a Gaussian ``W``)."""
+    xp = array_namespace(z)
+    out = xp.cos(z)
+    out *= (2.0 / z.shape[1]) ** 0.5
+    return out
+
+
 #: Activation functions by name; each may overwrite its argument.
-ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"sigmoid": sigmoid, "relu": relu, "identity": identity}
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"sigmoid": sigmoid, "relu": relu, "identity": identity, "cos": cos}
+#: The activations whose projection adds a bias drawn uniformly from [0, 2 pi), one per column, after the matrix.
+BIASED = ("cos",)
 
 
 def check_activation(name: str) -> str:

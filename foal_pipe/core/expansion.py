@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 
-from foal_pipe.core.activations import ACTIVATIONS, INITS, check_activation
+from foal_pipe.core.activations import ACTIVATIONS, BIASED, INITS, check_activation
 from foal_pipe.core.backend import default_device
 from foal_pipe.errors import FoalPipeError
 
@@ -20,12 +20,14 @@ from foal_pipe.errors import FoalPipeError
 @dataclass(frozen=True, eq=False)
 class Expansion:
     """A fixed d x D matrix ``components_`` and an activation; ``transform`` gives ``activation(X @ P)`` in the
-    matrix's dtype. ``is_identity``: no projection (``components_`` is the identity), so the product is skipped."""
+    matrix's dtype (``activation(X @ P + b)`` for an activation of :data:`~foal_pipe.core.activations.BIASED`, with
+    ``bias_`` b). ``is_identity``: no projection (``components_`` is the identity), so the product is skipped."""
 
     components_: np.ndarray
     activation: str
     is_identity: bool = False
     _device: dict[str, Any] = field(default_factory=dict, repr=False)  # the matrix on each namespace and device
+    bias_: np.ndarray | None = None
 
     @classmethod
     def draw(cls, n_features: int, n_components: int, init: str, activation: str,
@@ -39,6 +41,9 @@ class Expansion:
             raise FoalPipeError(f"unknown projection init {init!r}; choose one of {', '.join(INITS)}")
         check_activation(activation)
         if int(n_components) == 0:
+            if activation in BIASED:
+                raise FoalPipeError(f"activation {activation!r} is random Fourier features of a projection; pass a "
+                                    "projection dimension above 0 (e.g. 5000)")
             return cls(np.asarray(np.eye(n_features), dtype=dtype), activation, is_identity=True)
         rng = np.random.default_rng(random_state)
         bound = 1.0 / np.sqrt(n_features)
@@ -47,13 +52,24 @@ class Expansion:
             matrix = rng.uniform(-bound, bound, size=shape)
         else:
             matrix = rng.normal(0.0, bound / np.sqrt(3.0), size=shape)
-        return cls(np.asarray(matrix, dtype=dtype), activation)
+        bias = rng.uniform(0.0, 2 * np.pi, size=shape[1]) if activation in BIASED else None  # after the matrix
+        return cls(np.asarray(matrix, dtype=dtype), activation, bias_=None if bias is None else bias.astype(dtype))
 
     @classmethod
-    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64") -> Expansion:
-        """A given d x D matrix (a saved model's): always multiplied, even when it is the identity."""
+    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64",
+                    bias: np.ndarray | None = None) -> Expansion:
+        """A given d x D matrix (a saved model's), and its bias where the activation takes one: always multiplied,
+        even when it is the identity."""
         check_activation(activation)
-        return cls(np.asarray(matrix, dtype=dtype), activation)
+        if (activation in BIASED) != (bias is not None):
+            problem = "needs the projection's bias" if bias is None else "takes no projection bias"
+            raise FoalPipeError(f"activation {activation!r} {problem}; pass the projection and bias the model was "
+                                "learned with")
+        if bias is not None and np.shape(bias) != (np.shape(matrix)[1],):
+            raise FoalPipeError(f"the projection bias has shape {np.shape(bias)} but the projection has "
+                                f"{np.shape(matrix)[1]} columns; pass one bias per column")
+        return cls(np.asarray(matrix, dtype=dtype), activation,
+                   bias_=None if bias is None else np.asarray(bias, dtype=dtype))
 
     @property
     def n_features_in_(self) -> int:
@@ -83,4 +99,9 @@ class Expansion:
             if matrix is None:
                 matrix = self._device[key] = xp.asarray(self.components_, device=where)
             Z = X @ matrix
+            if self.bias_ is not None:
+                bias = self._device.get(key + " bias")
+                if bias is None:
+                    bias = self._device[key + " bias"] = xp.asarray(self.bias_, device=where)
+                Z += bias[None, :]
         return ACTIVATIONS[self.activation](Z)

@@ -1,9 +1,9 @@
 """The analytic heads: closed-form classifiers on a frozen backbone's features, each exact at every task boundary.
 
-A timm-like registry (:data:`HEADS`): each entry builds its head (:mod:`foal_pipe.heads.base`'s contract) from its
-own options, says which rows it takes (:data:`~foal_pipe.heads.base.SPACES`), what its state holds for the
-up-front memory estimate, and where it comes from. ``ridge`` is F-OAL's learner itself
-(:mod:`foal_pipe.protocol.walk`'s Gram lanes); its entry has no factory.
+A timm-like registry (:data:`HEADS`): one line per head, its class (:class:`~foal_pipe.heads.base.HeadBase`: the
+head's options, rows, memory estimate, file layout and probabilities live there) and where it comes from.
+``ridge`` is F-OAL's learner itself (:mod:`foal_pipe.protocol.walk`'s Gram lanes); its entry has no factory.
+Adding a head: docs/adding-a-head.md.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.balanced import BalancedHead
-from foal_pipe.heads.base import SPACES, Head, Scorer
+from foal_pipe.heads.base import SPACES, Head, HeadBase, Scorer
+from foal_pipe.heads.cosine import CosineHead
 from foal_pipe.heads.dual import DualHead
 from foal_pipe.heads.fecam import FeCAMHead
 from foal_pipe.heads.ncm import NCMHead
+from foal_pipe.heads.ridge import RidgeHead
 from foal_pipe.heads.slda import SLDAHead
 
-__all__ = ["DEFAULT_HEAD", "HEADS", "SPACES", "Head", "HeadEntry", "Scorer", "head_entry", "make_head"]
+__all__ = ["DEFAULT_HEAD", "HEADS", "SPACES", "Head", "HeadBase", "HeadEntry", "Scorer", "head_entry", "make_head"]
 
 #: The head of ``learn`` without ``--head``: F-OAL's ridge learner.
 DEFAULT_HEAD = "ridge"
@@ -28,43 +30,47 @@ DEFAULT_HEAD = "ridge"
 
 @dataclass(frozen=True)
 class HeadEntry:
-    """A head of the registry.
+    """A head of the registry: its class (``head``) and, for the docs' table, ``source`` and ``citation``.
 
-    ``factory(xp=, dim=, **options)`` builds its running state (None: ridge, the walk's own learner); ``space``
-    the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads (None there:
-    the head's default); ``memory(classes, dim)`` the bytes its state holds at its largest; ``kept(changed, seen,
-    dim)`` the bytes one boundary's scorer keeps until the test pass scores it (``seen``: the classes seen so far;
-    ``changed``: those whose rows changed since the last boundary, all a scorer holds anew where it shares the other
-    classes' columns with earlier boundaries, as fecam's does); ``source`` and ``citation`` fill the docs' table.
+    The rest is read from the class: ``factory`` builds its running state (None: ridge, the walk's own learner);
+    ``space`` the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads
+    (its ``Options`` but ``batch_size``, the stream's); ``memory(classes, dim)`` the bytes its state holds at its
+    largest; ``kept(changed, seen, dim)`` the bytes one boundary's scorer keeps until the test pass scores it.
     """
 
-    factory: Callable[..., Head] | None
-    space: str
-    options: tuple[str, ...]
-    memory: Callable[[int, int], int]
-    kept: Callable[[int, int, int], int]
+    head: type[HeadBase]
     source: str
     citation: str
 
+    @property
+    def factory(self) -> type[HeadBase] | None:
+        return None if self.head is RidgeHead else self.head
+
+    @property
+    def space(self) -> str:
+        return self.head.space
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return tuple(name for name in self.head.option_names() if name != "batch_size")
+
+    @property
+    def memory(self) -> Callable[[int, int], int]:
+        return self.head.memory
+
+    @property
+    def kept(self) -> Callable[[int, int, int], int]:
+        return self.head.kept
+
 
 HEADS: dict[str, HeadEntry] = {
-    "ridge": HeadEntry(None, "activations", ("gamma",), lambda c, d: 8 * d * (d + c), lambda changed, seen, d: 8 * d * seen,
-                       "F-OAL / ACIL / RanPAC", "Zhuang et al., NeurIPS 2024"),
-    "ncm": HeadEntry(NCMHead, "features", (), lambda c, d: 8 * 2 * c * d, lambda changed, seen, d: 8 * seen * d,
-                     "nearest class mean (SimpleCIL)", "Zhou et al., IJCV 2024"),
-    "slda": HeadEntry(SLDAHead, "features", ("shrinkage",), lambda c, d: 8 * (3 * d * d + 2 * c * d),
-                      lambda changed, seen, d: 8 * seen * (d + 1),
-                      "deep streaming LDA (Avalanche StreamingLDA)", "Hayes & Kanan, CVPR-W 2020"),
-    "fecam": HeadEntry(FeCAMHead, "features", ("shrinkage", "shrinkage_offdiag"), FeCAMHead.memory, FeCAMHead.kept,
-                       "FeCAM (its ViT scripts)", "Goswami et al., NeurIPS 2023"),
-    "balanced": HeadEntry(BalancedHead, "activations", ("gamma",), BalancedHead.memory,
-                          lambda changed, seen, d: 8 * seen * d,
-                          "AIR's analytic re-weighting (GeneralizedARM.update, ZHUANGHP/Analytic-continual-learning)",
-                          "Fang et al., AIR, 2024"),
-    "dual": HeadEntry(DualHead, "projected", ("gamma", "gamma_comp", "compensation"), DualHead.memory,
-                      lambda changed, seen, d: 8 * 2 * seen * d,
-                      "DS-AL's dual stream (analytic/DSAL.py, ZHUANGHP/Analytic-continual-learning)",
-                      "Zhuang et al., AAAI 2024"),
+    "ridge": HeadEntry(RidgeHead, "F-OAL / ACIL / RanPAC", "Zhuang et al., NeurIPS 2024"),
+    "ncm": HeadEntry(NCMHead, "nearest class mean of L2-normalised features", "Mensink et al., TPAMI 2013"),
+    "slda": HeadEntry(SLDAHead, "deep streaming LDA (Avalanche StreamingLDA)", "Hayes & Kanan, CVPR-W 2020"),
+    "fecam": HeadEntry(FeCAMHead, "FeCAM (its ViT scripts)", "Goswami et al., NeurIPS 2023"),
+    "balanced": HeadEntry(BalancedHead, "AIR's analytic re-weighting (GeneralizedARM.update)", "Fang et al., AIR, 2024"),
+    "dual": HeadEntry(DualHead, "DS-AL's dual stream (analytic/DSAL.py)", "Zhuang et al., AAAI 2024"),
+    "cosine": HeadEntry(CosineHead, "SimpleCIL's prototype classifier (cosine to class means)", "Zhou et al., IJCV 2024"),
 }
 
 
@@ -80,6 +86,9 @@ def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int) -> Head:
     """A fresh running state of head ``name`` on rows of width ``dim``; ``options`` maps its option names to values
     (None: the head's default)."""
     entry = head_entry(name)
-    given = {key: value for key, value in options.items()
-             if (key in entry.options or key == "batch_size") and value is not None}
+    if entry.factory is None:
+        raise FoalPipeError(f"{param('head', name)} is the walk's own learner, not a head to build; use "
+                            "foal_pipe.AnalyticClassifier")
+    taken = entry.head.option_names()
+    given = {key: value for key, value in options.items() if key in taken and value is not None}
     return entry.factory(xp=xp, dim=dim, **given)

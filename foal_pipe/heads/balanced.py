@@ -27,6 +27,7 @@ wrong.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
@@ -37,7 +38,9 @@ from array_api_compat import device
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import check_gammas, class_positions, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
+from foal_pipe.heads.moments import on_device
 
 
 @dataclass(eq=False)
@@ -51,7 +54,17 @@ class LinearScorer:
         return float64(X) @ self.W
 
 
-class BalancedHead:
+@dataclass(frozen=True)
+class BalancedOptions:
+    """``gamma``: the ridge regularisation, > 0."""
+
+    gamma: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gamma", positive("gamma", self.gamma))
+
+
+class BalancedHead(HeadBase):
     """AIR's re-weighted ridge on the activations: exact at every boundary for any stream.
 
     Parameters
@@ -83,9 +96,16 @@ class BalancedHead:
 
     name: ClassVar[str] = "balanced"
     space: ClassVar[str] = "activations"
+    Options: ClassVar[type] = BalancedOptions
+    scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"W": ("D", "C")}
+    state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"counts": ("C",), "sums": ("C", "D"),
+                                                               "grams": ("C", "D", "D")}
+    weight_tensor: ClassVar[str | None] = "W"
+    probabilities: ClassVar[str | None] = "shares"  # a least-squares fit to one-hot targets, as ridge's
 
-    def __init__(self, *, gamma: float = 1.0, xp: ModuleType, dim: int) -> None:
-        self.gamma = positive("gamma", gamma)
+    def __init__(self, *, xp: ModuleType, dim: int, **options: Any) -> None:
+        self.options = BalancedOptions(**options)
+        self.gamma = self.options.gamma
         self.xp = xp
         self.dim = int(dim)
         self._grams: dict[int, Any] = {}  # class id -> H_c^T H_c (D x D)
@@ -105,6 +125,24 @@ class BalancedHead:
         D x C weights, and the solve's 5 D x D): ``8 (C (D^2 + D + 1) + C^2 D + 5 D^2 + 2 D C)``."""
         C, D = n_classes, dim
         return C * BalancedHead.bytes_per_class(D) + FLOAT64 * (C * C * D + 5 * D * D + 2 * D * C)
+
+    @staticmethod
+    def kept(changed: int, seen: int, dim: int) -> int:
+        return FLOAT64 * seen * dim
+
+    def state_dict(self, scorer: LinearScorer) -> dict[str, Any]:
+        return {"W": scorer.W, "counts": self.counts_,
+                **{key: np.stack([to_numpy(part[c]) for c in self.classes_.tolist()])
+                   for key, part in (("sums", self._sums), ("grams", self._grams))}}
+
+    def load_state_dict(self, tensors: Mapping[str, Any]) -> None:
+        for k, c in enumerate(np.asarray(tensors["classes"]).tolist()):
+            self._grams[c], self._sums[c] = on_device(self.xp, tensors["grams"][k]), on_device(self.xp, tensors["sums"][k])
+            self._counts[c] = int(tensors["counts"][k])
+
+    @classmethod
+    def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> LinearScorer:
+        return LinearScorer(classes, tensors["W"])
 
     @property
     def classes_(self) -> np.ndarray:

@@ -5,12 +5,14 @@ The walk (:mod:`foal_pipe.protocol.walk`) reads the train rows once and feeds ea
 :attr:`Head.space` in stream order, in blocks of any size; ``boundary()`` at every task end must equal a
 from-scratch float64 computation of the head's definition on all rows added so far. Heads are built by their
 registry entry (:data:`foal_pipe.heads.HEADS`) with their own options as keyword arguments plus ``xp`` (the array
-namespace, :mod:`foal_pipe.core.backend`) and ``dim`` (the width of the rows they will be given).
+namespace, :mod:`foal_pipe.core.backend`) and ``dim`` (the width of the rows they will be given). Each head's class
+derives from :class:`HeadBase`, which carries the rest of what the package knows of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -70,3 +72,89 @@ class LeaveOneOut(Protocol):
     def loo_hits(self, X: Any, labels: np.ndarray) -> int:
         """How many of the rows ``X`` (each added before) the model refitted without that row predicts right."""
         ...
+
+
+def shares(scores: np.ndarray) -> np.ndarray:
+    """Ridge's rule (:meth:`~foal_pipe.model.deploy.DeployedModel.predict_proba`): scores of a least-squares fit to
+    one-hot targets, clipped at 0 and normalised (a row with no positive score is uniform)."""
+    scores = np.clip(scores, 0.0, None)
+    total = scores.sum(axis=1, keepdims=True)
+    uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
+    return np.divide(scores, total, out=uniform, where=total > 0)
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """LDA's scores are the Gaussian log-likelihoods up to a term shared by every class: their softmax is the
+    posterior under equal class priors."""
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+#: How a head's scores become class probabilities, by the name its class gives (``probabilities``).
+PROBABILITY_RULES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"softmax": softmax, "shares": shares}
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a head that has none."""
+
+
+class HeadBase:
+    """What a head's class carries besides its running state, so that a head lives in one module: its ``Options``
+    (a frozen dataclass whose ``__post_init__`` refuses a bad value in one line), its memory estimate, its file
+    layout (``scorer_tensors`` and ``state_tensors`` in named dimensions: C classes, d the store's features, D the
+    projection's width; :meth:`state_dict` and :meth:`load_state_dict`, like PyTorch's; :meth:`scorer_from`) and how
+    its scores become probabilities (``probabilities``: a key of :data:`PROBABILITY_RULES`; None: its scores are
+    distances or cosines, not probabilities).
+
+    A subclass sets the class variables, defines ``add`` and ``boundary`` (:class:`Head`), and builds
+    ``self.options = Options(**options)`` in ``__init__(self, *, xp, dim, **options)``."""
+
+    name: ClassVar[str]
+    space: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+    scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    weight_tensor: ClassVar[str | None] = None  # the tensor whose column k scores class k linearly (weight norms)
+    probabilities: ClassVar[str | None] = None
+
+    def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
+        self.options: Any = self.Options(**options)  # refuses a bad value in one line
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        """Rows ``X`` labelled with global class ids ``labels`` (:class:`Head`)."""
+        raise NotImplementedError
+
+    def boundary(self) -> Scorer:
+        """The exact model over all rows added so far (:class:`Head`)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def memory(n_classes: int, dim: int) -> int:
+        """Bytes the running state holds at its largest, for ``n_classes`` classes of rows of width ``dim``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kept(changed: int, seen: int, dim: int) -> int:
+        """Bytes one boundary's scorer keeps until the test pass scores it (``seen``: the classes seen so far;
+        ``changed``: those whose rows changed since the last boundary)."""
+        raise NotImplementedError
+
+    def state_dict(self, scorer: Any) -> dict[str, Any]:
+        """Every tensor of :attr:`scorer_tensors` and :attr:`state_tensors` after the boundary ``scorer``."""
+        raise NotImplementedError
+
+    def load_state_dict(self, tensors: Mapping[str, Any]) -> None:
+        """Load :meth:`state_dict`'s statistics (and ``classes``) into this fresh head: it then adds rows exactly as if
+        its stream had never stopped."""
+        raise NotImplementedError
+
+    @classmethod
+    def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> Scorer:
+        """The scorer :attr:`scorer_tensors` hold (``options``: the head's ``Options``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The names of the head's options, in their dataclass's order."""
+        return tuple(f.name for f in fields(cls.Options))

@@ -41,6 +41,7 @@ shared cores).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
@@ -51,7 +52,9 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.linalg import check_gammas, float64, one_hot, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
+from foal_pipe.heads.moments import on_device
 
 #: Rows whose Woodbury steps share one pass over the D x D inverse (at most; a quarter of D for a small D).
 BLOCK_ROWS = 256
@@ -83,7 +86,25 @@ class DualScorer:
         return relu(h) @ self.W_main + self.compensation * (xp.tanh(h) @ self.W_comp)
 
 
-class DualHead:
+@dataclass(frozen=True)
+class DualOptions:
+    """DS-AL's options (see :class:`DualHead`); ``batch_size`` is the stream's, recorded in the model file."""
+
+    gamma: float = 1.0
+    gamma_comp: float | None = None
+    compensation: float = 1.0
+    batch_size: int = 10
+
+    def __post_init__(self) -> None:
+        gamma = positive("gamma", self.gamma)
+        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "gamma_comp", gamma if self.gamma_comp is None
+                           else positive("gamma_comp", self.gamma_comp))
+        object.__setattr__(self, "compensation", finite("compensation", self.compensation))
+        object.__setattr__(self, "batch_size", at_least_one("batch_size", self.batch_size, 10))
+
+
+class DualHead(HeadBase):
     """DS-AL's main and compensation streams on the projected rows, equal to the published per-batch recursion.
 
     Parameters
@@ -122,21 +143,18 @@ class DualHead:
 
     name: ClassVar[str] = "dual"
     space: ClassVar[str] = "projected"
+    Options: ClassVar[type] = DualOptions
+    scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"W_main": ("D", "C"), "W_comp": ("D", "C")}
+    state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "R": ("D", "D"), "G_main": ("D", "D"), "Q_main": ("D", "C"), "G_comp": ("D", "D"), "Q_comp": ("D", "C")}
+    weight_tensor: ClassVar[str | None] = "W_main"
+    probabilities: ClassVar[str | None] = "shares"  # least-squares fits to one-hot targets, as ridge's
 
-    def __init__(
-        self,
-        *,
-        gamma: float = 1.0,
-        gamma_comp: float | None = None,
-        compensation: float = 1.0,
-        batch_size: int = 10,
-        xp: ModuleType,
-        dim: int,
-    ) -> None:
-        self.gamma = positive("gamma", gamma)
-        self.gamma_comp = self.gamma if gamma_comp is None else positive("gamma_comp", gamma_comp)
-        self.compensation = finite("compensation", compensation)
-        self.batch_size = at_least_one("batch_size", batch_size, 10)
+    def __init__(self, *, xp: ModuleType, dim: int, **options: Any) -> None:
+        self.options = DualOptions(**options)
+        self.gamma = self.options.gamma
+        self.gamma_comp: float = self.gamma if self.options.gamma_comp is None else self.options.gamma_comp
+        self.compensation, self.batch_size = self.options.compensation, self.options.batch_size
         self.xp = xp
         self.dim = int(dim)
         self.classes_ = np.zeros(0, dtype=np.int64)
@@ -149,6 +167,25 @@ class DualHead:
         """Bytes at the largest (a boundary's main solve, ``R`` dropped): the two Grams, ``Q_m`` and ``Q_c``, the
         shifted Gram, the right-hand side ``[Q_m | I]`` and its solution ``[W_m | R]``: ``8 (5 D^2 + 4 D C)``."""
         return FLOAT64 * (5 * dim * dim + 4 * dim * n_classes)
+
+    @staticmethod
+    def kept(changed: int, seen: int, dim: int) -> int:
+        return FLOAT64 * 2 * seen * dim
+
+    def state_dict(self, scorer: DualScorer) -> dict[str, Any]:
+        assert self._state is not None
+        return {"W_main": scorer.W_main, "W_comp": scorer.W_comp, **self._state}
+
+    def load_state_dict(self, tensors: Mapping[str, Any]) -> None:
+        """The recursion's state right after a boundary: no partial batch, ``R`` the exact inverse, every class seen
+        an earlier task's (its residual columns zeroed from the next row on)."""
+        self.classes_ = np.asarray(tensors["classes"], dtype=np.int64).copy()
+        self.earlier_ = self.classes_.copy()
+        self._state = {key: on_device(self.xp, tensors[key]) for key in self.state_tensors}
+
+    @classmethod
+    def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> DualScorer:
+        return DualScorer(classes, tensors["W_main"], tensors["W_comp"], float(options["compensation"]))
 
     def _start(self, like: Any) -> dict[str, Any]:
         xp, where, D = self.xp, device(like), self.dim

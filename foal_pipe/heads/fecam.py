@@ -3,14 +3,16 @@ mean of L2-normalised features, with shrunk, unit-diagonal class covariances."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.backend import LINALG_ERRORS
+from foal_pipe.core.backend import LINALG_ERRORS, to_numpy
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import PerClassMoments, symmetric_pinv, unit_rows
 
@@ -109,19 +111,34 @@ class MahalanobisScorer:
         return array_namespace(X).stack([self.column(k, Xh) for k in range(self.classes.size)], axis=1)
 
 
-class FeCAMHead:
+@dataclass(frozen=True)
+class FeCAMOptions:
+    """``shrinkage`` (a1) and ``shrinkage_offdiag`` (a2), each a number >= 0."""
+
+    shrinkage: float = FECAM_SHRINKAGE
+    shrinkage_offdiag: float = FECAM_OFFDIAG
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shrinkage", check_alpha(self.shrinkage, "shrinkage", FECAM_SHRINKAGE))
+        object.__setattr__(self, "shrinkage_offdiag",
+                           check_alpha(self.shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG))
+
+
+class FeCAMHead(HeadBase):
     """x_hat = x / ||x||; per class the mean and unbiased covariance S_c of x_hat, shrunk (``shrinkage`` a1,
     ``shrinkage_offdiag`` a2) and normalised to unit diagonal; predicts argmin_c (x_hat - mu_c)^T pinv(S_c)
     (x_hat - mu_c)."""
 
     name: ClassVar[str] = "fecam"
     space: ClassVar[str] = "features"
+    Options: ClassVar[type] = FeCAMOptions
+    scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"means": ("C", "d"), "precisions": ("C", "d", "d")}
+    state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = PerClassMoments.TENSORS
 
-    def __init__(self, *, xp: Any, dim: int, shrinkage: Any = FECAM_SHRINKAGE,
-                 shrinkage_offdiag: Any = FECAM_OFFDIAG) -> None:
+    def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
         self.xp = xp
-        self.shrinkage = check_alpha(shrinkage, "shrinkage", FECAM_SHRINKAGE)
-        self.shrinkage_offdiag = check_alpha(shrinkage_offdiag, "shrinkage_offdiag", FECAM_OFFDIAG)
+        self.options = FeCAMOptions(**options)
+        self.shrinkage, self.shrinkage_offdiag = self.options.shrinkage, self.options.shrinkage_offdiag
         self.moments = PerClassMoments(xp, dim)
         self._solved: dict[int, tuple[int, Any, Any, Any]] = {}  # class -> (rows, mean, precision, its factor)
 
@@ -137,6 +154,17 @@ class FeCAMHead:
         """Bytes a boundary's scorer holds anew: a precision, its Cholesky factor and a mean per class whose rows
         changed; the other classes' are the earlier scorers' own."""
         return FLOAT64 * changed * (2 * dim * dim + dim)
+
+    def state_dict(self, scorer: MahalanobisScorer) -> dict[str, Any]:
+        return {"means": np.stack([to_numpy(m) for m in scorer.means]),
+                "precisions": np.stack([to_numpy(p) for p in scorer.precisions]), **self.moments.state_dict()}
+
+    def load_state_dict(self, tensors: Mapping[str, Any]) -> None:
+        self.moments.load_state_dict(tensors)
+
+    @classmethod
+    def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> MahalanobisScorer:
+        return MahalanobisScorer(classes, list(tensors["means"]), list(tensors["precisions"]))
 
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.moments.add(unit_rows(X), labels)

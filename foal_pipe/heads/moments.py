@@ -7,14 +7,20 @@ float64 when the features sit far from the origin (pixels in 0..255).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.backend import default_device
+from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.core.linalg import class_positions, one_hot
 from foal_pipe.core.statistics import align_columns
+
+
+def on_device(xp: Any, a: Any) -> Any:
+    """A stored tensor as float64 in namespace ``xp``, on its default device."""
+    return xp.asarray(np.asarray(a, dtype=np.float64), device=default_device(xp))
 
 
 def unit_rows(X: Any) -> Any:
@@ -58,6 +64,24 @@ class ClassSums:
             self.gram += Z.T @ Z
         self.n += labels.size
 
+    #: The model-file tensors of the state (and ``gram``, ``("d", "d")``, when pooled).
+    TENSORS = {"counts": ("C",), "sums": ("d", "C"), "shift": ("d",)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as :attr:`TENSORS` name it (``classes`` apart)."""
+        state = {"counts": self.counts.copy(), "sums": self.sums, "shift": self.shift[0, :]}
+        return state if self.gram is None else {**state, "gram": self.gram}
+
+    def load_state_dict(self, t: Mapping[str, Any]) -> None:
+        """Load :meth:`state_dict`'s tensors and ``classes``."""
+        xp = self.xp
+        self.classes = np.asarray(t["classes"], dtype=np.int64).copy()
+        self.counts = np.asarray(t["counts"], dtype=np.int64).copy()
+        self.sums, self.shift = on_device(xp, t["sums"]), on_device(xp, t["shift"])[None, :]
+        self.n = int(self.counts.sum())
+        if self.gram is not None:
+            self.gram = on_device(xp, t["gram"])
+
     def means(self) -> Any:
         """``(C, d)``: the mean row of every class."""
         xp = self.xp
@@ -100,6 +124,23 @@ class PerClassMoments:
             self.counts[k] += rows.size
             self.sums[k] = self.sums[k] + xp.sum(Z, axis=0)
             self.grams[k] = self.grams[k] + Z.T @ Z
+
+    #: The model-file tensors of the state.
+    TENSORS = {"counts": ("C",), "shifts": ("C", "d"), "sums": ("C", "d"), "grams": ("C", "d", "d")}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as :attr:`TENSORS` name it, each list stacked on the host (``classes`` apart)."""
+        return {"counts": np.asarray(self.counts, dtype=np.int64),
+                **{key: np.stack([to_numpy(a) for a in getattr(self, key)]) for key in ("shifts", "sums", "grams")}}
+
+    def load_state_dict(self, t: Mapping[str, Any]) -> None:
+        """Load :meth:`state_dict`'s tensors and ``classes``."""
+        xp = self.xp
+        self.classes = np.asarray(t["classes"], dtype=np.int64).copy()
+        self.counts = [int(n) for n in t["counts"]]
+        self.shifts = [on_device(xp, row) for row in t["shifts"]]
+        self.sums = [on_device(xp, row) for row in t["sums"]]
+        self.grams = [on_device(xp, gram) for gram in t["grams"]]
 
     def mean(self, k: int) -> Any:
         return self.sums[k] / self.counts[k] + self.shifts[k]

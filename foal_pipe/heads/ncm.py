@@ -1,7 +1,9 @@
-"""``ncm``: nearest class mean on L2-normalised features (SimpleCIL's prototype classifier)."""
+"""``ncm``: nearest class mean on L2-normalised features, in Euclidean distance (SimpleCIL's cosine to raw class
+means is another head, ``cosine``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -9,6 +11,8 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import class_positions
+from foal_pipe.heads.base import HeadBase, NoOptions
+from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import ClassSums, unit_rows
 
 
@@ -25,14 +29,36 @@ class DistanceScorer:
         return 2 * (Xh @ M.T) - xp.sum(Xh * Xh, axis=1)[:, None] - xp.sum(M * M, axis=1)[None, :]
 
 
-class NCMHead:
+class NCMHead(HeadBase):
     """x_hat = x / ||x||; mu_c the mean x_hat of class c; predicts argmin_c ||x_hat - mu_c||."""
 
     name: ClassVar[str] = "ncm"
     space: ClassVar[str] = "features"
+    scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"means": ("C", "d")}
+    state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = ClassSums.TENSORS
 
-    def __init__(self, *, xp: Any, dim: int) -> None:
+    def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
+        self.options = NoOptions(**options)
         self.sums = ClassSums(xp, dim)
+
+    @staticmethod
+    def memory(n_classes: int, dim: int) -> int:
+        """The class sums and a boundary's means: ``2 C d`` floats."""
+        return FLOAT64 * 2 * n_classes * dim
+
+    @staticmethod
+    def kept(changed: int, seen: int, dim: int) -> int:
+        return FLOAT64 * seen * dim
+
+    def state_dict(self, scorer: DistanceScorer) -> dict[str, Any]:
+        return {"means": scorer.means, **self.sums.state_dict()}
+
+    def load_state_dict(self, tensors: Mapping[str, Any]) -> None:
+        self.sums.load_state_dict(tensors)
+
+    @classmethod
+    def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> DistanceScorer:
+        return DistanceScorer(classes, tensors["means"])
 
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.sums.add(unit_rows(X), labels)

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads.base import HeadBase
+from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import ClassSums, shift_diagonal, symmetric_pinv
 
 #: ``--shrinkage`` of slda: Avalanche's default.
@@ -54,17 +58,53 @@ class LinearScorer:
         return X @ self.W + self.b[None, :]
 
 
-class SLDAHead:
+@dataclass(frozen=True)
+class SLDAOptions:
+    """``shrinkage``: eps in [0, 1], or ``oas``."""
+
+    shrinkage: float | str = SLDA_SHRINKAGE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shrinkage", check_shrinkage(self.shrinkage))
+
+
+class SLDAHead(HeadBase):
     """mu_c class means; S the pooled within-class covariance (1/N) sum (x - mu_y)(x - mu_y)^T;
-    Lambda = pinv((1 - eps) S + eps I) (or of the OAS estimate); score_c = x^T Lambda mu_c - mu_c^T Lambda mu_c / 2."""
+    Lambda = pinv((1 - eps) S + eps I) (or of the OAS estimate); score_c = x^T Lambda mu_c - mu_c^T Lambda mu_c / 2.
+    Its scores are the Gaussian log-likelihoods up to a term shared by the classes: their softmax is the posterior."""
 
     name: ClassVar[str] = "slda"
     space: ClassVar[str] = "features"
+    Options: ClassVar[type] = SLDAOptions
+    scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"W": ("d", "C"), "b": ("C",)}
+    state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {**ClassSums.TENSORS, "gram": ("d", "d")}
+    weight_tensor: ClassVar[str | None] = "W"
+    probabilities: ClassVar[str | None] = "softmax"
 
-    def __init__(self, *, xp: Any, dim: int, shrinkage: float | str = SLDA_SHRINKAGE) -> None:
+    def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
         self.xp = xp
-        self.shrinkage = check_shrinkage(shrinkage)
+        self.options = SLDAOptions(**options)
+        self.shrinkage = self.options.shrinkage
         self.sums = ClassSums(xp, dim, pooled=True)
+
+    @staticmethod
+    def memory(n_classes: int, dim: int) -> int:
+        """The pooled Gram, a boundary's covariance and its inverse; the class sums and means."""
+        return FLOAT64 * (3 * dim * dim + 2 * n_classes * dim)
+
+    @staticmethod
+    def kept(changed: int, seen: int, dim: int) -> int:
+        return FLOAT64 * seen * (dim + 1)
+
+    def state_dict(self, scorer: LinearScorer) -> dict[str, Any]:
+        return {"W": scorer.W, "b": scorer.b, **self.sums.state_dict()}
+
+    def load_state_dict(self, tensors: Mapping[str, Any]) -> None:
+        self.sums.load_state_dict(tensors)
+
+    @classmethod
+    def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> LinearScorer:
+        return LinearScorer(classes, tensors["W"], tensors["b"])
 
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.sums.add(X, labels)
@@ -75,7 +115,8 @@ class SLDAHead:
         if self.shrinkage == "oas":
             S, floor = oas_covariance(S, sums.n)
         else:
-            S, floor = shift_diagonal((1.0 - self.shrinkage) * S, self.shrinkage), self.shrinkage
+            eps = float(self.shrinkage)
+            S, floor = shift_diagonal((1.0 - eps) * S, eps), eps
         M = sums.means()  # (C, d)
         W = symmetric_pinv(S, floor) @ M.T  # Lambda mu_c per column
         return LinearScorer(sums.classes.copy(), W, -0.5 * xp.sum(M.T * W, axis=0))

@@ -20,7 +20,7 @@ from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
 from foal_pipe.errors import FoalPipeError, as_user_error
 from foal_pipe.model.projection import SmoothProjection
-from foal_pipe.model.ridgemodel import RidgeModel
+from foal_pipe.model.ridgemodel import RidgeModel, ridge_projection
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
@@ -315,7 +315,7 @@ class AnalyticClassifier(ClassifierMixin, BaseEstimator):
         grid = self._engine.grid if self.gamma == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
         model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, self.engine, self._dtype.name,
                            self.n_samples_seen_, grid)
-        return model.save(path, None if projection is None else projection.components_, **metadata)
+        return model.save(path, ridge_projection(projection), **metadata)
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:

@@ -7,7 +7,7 @@ stands for ridge, so :class:`~foal_pipe.model.deploy.DeployedModel` and ``predic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,31 +19,12 @@ from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
+from foal_pipe.heads.base import PROBABILITY_RULES
 from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.model.projection import SmoothProjection
-
-
-def _shares(scores: np.ndarray) -> np.ndarray:
-    """Ridge's rule (:meth:`DeployedModel.predict_proba`): scores of a least-squares fit to one-hot targets, clipped
-    at 0 and normalised (a row with no positive score is uniform)."""
-    scores = np.clip(scores, 0.0, None)
-    total = scores.sum(axis=1, keepdims=True)
-    uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
-    return np.divide(scores, total, out=uniform, where=total > 0)
-
-
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    """LDA's scores are the Gaussian log-likelihoods up to a term shared by every class: their softmax is the
-    posterior under equal class priors."""
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
-#: How a head's scores become class probabilities; a head not listed (ncm, fecam: distances) has none.
-PROBABILITIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"slda": _softmax, "balanced": _shares, "dual": _shares}
 
 
 def head_width(name: str, tensors: Mapping[str, Any]) -> int:
@@ -60,8 +41,9 @@ class HeadClassifier:
     gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task)."""
 
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                 n_samples_seen: int) -> None:
+                 n_samples_seen: int, space: str | None = None) -> None:
         self.name, self.options = name, dict(options)
+        self.space = space or HEADS[name].space  # the rows it takes: its own, or the activations (``--head-rows``)
         self.tensors = dict(tensors)
         self._scorer: Scorer | None = None
         self.n_samples_seen_ = int(n_samples_seen)
@@ -101,14 +83,14 @@ class HeadClassifier:
         self._head.add(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64))
         self._scorer = self._head.boundary()
         self.tensors = {**export_head(self.name, self._head, self._scorer),
-                        **({"projection": self.tensors["projection"]} if "projection" in self.tensors else {})}
+                        **{key: self.tensors[key] for key in ("projection", "projection_bias") if key in self.tensors}}
         self.n_samples_seen_ += int(np.asarray(labels).size)
         return self
 
     def rows(self, X: np.ndarray, projection: SmoothProjection | Expansion) -> np.ndarray:
         """The rows of the head's space for checked features ``X``: the features, the projected rows or the
         activations, in float64 (as the walk gives them)."""
-        space = HEADS[self.name].space
+        space = self.space
         if space == "features":
             return np.asarray(X, dtype=np.float64)
         if space == "projected":
@@ -116,20 +98,24 @@ class HeadClassifier:
         return np.asarray(projection.transform(X), dtype=np.float64)
 
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
-        """Class probabilities where the head's scores mean them (:data:`PROBABILITIES`); ncm and fecam refuse."""
-        rule = PROBABILITIES.get(self.name)
+        """Class probabilities where the head's scores mean them (its class's ``probabilities``); ncm, fecam and
+        cosine, which score distances or cosines, refuse."""
+        rule = HEADS[self.name].head.probabilities
         if rule is None:
-            raise FoalPipeError(f"the {self.name} head scores distances, not probabilities; use predict or scores")
-        return rule(scores)
+            raise FoalPipeError(f"the {self.name} head's scores are distances or cosines, not probabilities; use "
+                                "predict or scores")
+        return PROBABILITY_RULES[rule](scores)
 
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
         its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
         keeps them)."""
-        tensors = {key: value for key, value in self.tensors.items() if key != "projection"}
-        space = HEADS[self.name].space
+        tensors = {key: value for key, value in self.tensors.items() if key not in ("projection", "projection_bias")}
+        space = self.space
         if projection is not None and space != "features":
             tensors["projection"] = projection.components_
+            if space == "activations" and projection.bias_ is not None:  # cos: random Fourier features
+                tensors["projection_bias"] = projection.bias_
         kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen")
                 and (space == "activations" or k != "activation")}
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
@@ -152,16 +138,19 @@ def load_head(path: str | Path, *, estimators: bool = True
     ``estimators``), its class names and metadata."""
     tensors, meta = read_model(path)
     name = meta["head"]
-    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"])
+    own = HEADS[name].space  # a head on the store's features given the activations keeps the projection (--head-rows)
+    space = "activations" if own == "features" and "projection" in tensors else own
+    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"], space)
     if "projection" in tensors:
         activation = meta.get("activation", "identity")
         if estimators:
             from foal_pipe.model.projection import SmoothProjection
 
-            projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(tensors["projection"],
-                                                                                    activation=activation)
+            projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(
+                tensors["projection"], activation=activation, bias=tensors.get("projection_bias"))
         else:
-            projection = Expansion.from_matrix(tensors["projection"], activation=activation)
+            projection = Expansion.from_matrix(tensors["projection"], activation=activation,
+                                               bias=tensors.get("projection_bias"))
     else:
         projection = _identity(head_width(name, tensors), estimators)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]

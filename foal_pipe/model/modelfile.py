@@ -199,8 +199,7 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
 
 
 def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], where: str) -> None:
-    """:func:`validate_model` for a head other than ridge: its tensors (:data:`~foal_pipe.heads.state.HEAD_FILES`,
-    all float64 but ``classes`` and ``counts``, int64), its options and its row counts."""
+    """:func:`validate_model` for a head: its tensors (all float64 but ``classes``, ``counts``), options, row counts."""
     from foal_pipe.heads import HEADS, make_head
     from foal_pipe.heads.state import HEAD_FILES, file_options
 
@@ -214,11 +213,12 @@ def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     for key, value in metadata.items():
         if isinstance(value, NotJSON):
             raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
-    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f")
-                                           for key, dims in HEAD_FILES[name].tensors.items()}}
-    if HEADS[name].space != "features":
-        schema["projection"] = (("d", "D"), "f")
-    missing = [key for key in schema if key not in tensors]
+    moved = HEADS[name].space == "features" and "projection" in tensors  # on the activations (--head-rows)
+    named = {key: tuple("D" if moved and n == "d" else n for n in dims) for key, dims in HEAD_FILES[name].tensors.items()}
+    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f") for key, dims in named.items()}}
+    projected = {"projection": (("d", "D"), "f"), "projection_bias": (("D",), "f")}  # the bias: cos's only
+    schema |= projected if HEADS[name].space != "features" or moved else {}
+    missing = [key for key in schema if key not in tensors and key != "projection_bias"]
     unknown = sorted(set(tensors) - set(schema))
     if missing or unknown:
         raise _refuse(where, f"the {name} head's tensor {missing[0]!r} is missing" if missing

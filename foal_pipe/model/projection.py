@@ -31,8 +31,9 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     n_components : int, default=1000
         Output dimension D; 0 means no projection (``components_`` is the identity, D = d).
     init : {"uniform", "normal"}, default="uniform"
-    activation : {"sigmoid", "relu", "identity"}, default="sigmoid"
-        Applied to ``X @ components_``; the paper's is the sigmoid.
+    activation : {"sigmoid", "relu", "identity", "cos"}, default="sigmoid"
+        Applied to ``X @ components_``; the paper's is the sigmoid. ``cos``: random Fourier features,
+        ``sqrt(2 / D) cos(X @ components_ + bias_)`` with ``bias_`` uniform in [0, 2 pi) (KLDA's expansion).
     random_state : int, numpy Generator or None, default=None
         Seed of the projection matrix.
     dtype : str, default="float64"
@@ -42,6 +43,8 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     ----------
     components_ : ndarray of shape (n_features_in_, n_components)
         The projection matrix P (d x D); activations are ``activation(X @ P)``.
+    bias_ : ndarray of shape (n_components,) or None
+        ``cos``'s bias, drawn after P from the same seed; None for the other activations.
     n_features_in_ : int
 
     Examples
@@ -79,15 +82,17 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     def _set(self, expansion: Expansion) -> SmoothProjection:
         self._expansion = expansion
         self.components_ = expansion.components_
+        self.bias_ = expansion.bias_
         self.n_features_in_ = int(self.components_.shape[0])
         self._n_features_out = int(self.components_.shape[1])
         return self
 
     @classmethod
-    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64") -> SmoothProjection:
-        """A fitted projection with a given d x D matrix and activation (used when loading a saved model)."""
+    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64",
+                    bias: np.ndarray | None = None) -> SmoothProjection:
+        """A fitted projection with a given d x D matrix, activation and, for ``cos``, bias (a saved model's)."""
         return cls(n_components=int(matrix.shape[1]), activation=activation, dtype=dtype)._set(
-            Expansion.from_matrix(matrix, activation, dtype))
+            Expansion.from_matrix(matrix, activation, dtype, bias))
 
     @property
     def expansion(self) -> Expansion:

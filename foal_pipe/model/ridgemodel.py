@@ -78,6 +78,18 @@ class RidgeModel:
         return write_model(path, tensors, {**metadata, **settings})
 
 
+def ridge_projection(projection: Any) -> Any:
+    """The matrix a ridge model file stores for ``projection`` (None: none); a ``cos`` projection, whose bias the
+    ridge file does not hold, refused rather than saved without it."""
+    if projection is None:
+        return None
+    if getattr(projection, "bias_", None) is not None:
+        raise FoalPipeError(f"a ridge model file holds no projection bias, which activation {projection.activation!r} "
+                            "needs; save a head's model (learn --head slda --head-rows activations) or use relu or "
+                            "sigmoid")
+    return projection.components_
+
+
 class SavedRidge:
     """A :class:`RidgeModel` put to work without scikit-learn, as ``predict``, ``evaluate`` and ``learn --init-model``
     load one: ``classes_``, :meth:`class_scores` and :meth:`predict` give what :meth:`AnalyticClassifier.load
@@ -131,4 +143,4 @@ class SavedRidge:
 
     def save(self, path: str | Path, projection: Any = None, **metadata: Any) -> Path:
         """Write the model file, with ``projection``'s matrix when given (:meth:`RidgeModel.save`)."""
-        return self.model.save(path, None if projection is None else projection.components_, **metadata)
+        return self.model.save(path, ridge_projection(projection), **metadata)

@@ -13,7 +13,7 @@ import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
+from foal_pipe.heads import DEFAULT_HEAD, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.headmodel import HeadClassifier
@@ -26,7 +26,9 @@ from foal_pipe.protocol.headruns import (
     check_head_options,
     check_head_stream,
     check_learn_head,
+    check_ridge_model_file,
     check_sweep_heads,
+    head_space,
     resolved_options,
 )
 from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, learn_heads
@@ -77,6 +79,7 @@ def run_learn(
     if model.head != DEFAULT_HEAD:
         return run_learn_head(features, out, stream, model, evaluation, execution, log)
     check_head_options([DEFAULT_HEAD], model)
+    check_ridge_model_file(model)
     start = time.perf_counter()
     check_output_dir(out)
     auto = model.gamma == "auto"
@@ -119,10 +122,11 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
     options = resolved_options(model.head, model)
+    spaces = {model.head: head_space(model.head, model)}
     with np.errstate(all="ignore"):
-        heads = build_heads(run, [model.head], options)
-        boundaries, _ = head_boundaries(run, heads)
-        reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space})
+        heads = build_heads(run, [model.head], options, spaces)
+        boundaries, _ = head_boundaries(run, heads, spaces=spaces)
+        reports = head_reports(run, boundaries, spaces)
     metrics = LearnMetrics(**reports[model.head], head=model.head, head_options=options,
                            **run_info(run, stream))
     return write_learned(out, [run], start, metrics, lambda path: save_head_model(
@@ -136,7 +140,8 @@ def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
     options = resolved_options(name, run.model)
     if takes_batch_size(name):
         options["batch_size"] = run.stream.batch_size
-    model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows))
+    model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows),
+                           space=head_space(name, run.model))
     model.save(path, projection=run.projection, **provenance(run),
                class_names=[run.store.classes[c] for c in model.classes_], activation=run.model.resolved_activation)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from foal_pipe.protocol.stream import check_ratio
 RLS_WINDOW = 8192
 #: The part of the memory estimate that the kept leave-one-out activations take.
 KEPT_PART = "activations kept for leave-one-out"
+#: The rows a head on the store's features may take instead (``--head-rows``): its own, or the projection's
+#: activations (KLDA's kernel expansion before LDA: ``--head slda --head-rows activations --activation cos``).
+HEAD_ROWS = ("features", "activations")
 #: Where the Gram statistics are summed: in this process, or on a Dask cluster.
 SCHEDULERS = ("local", "dask")
 
@@ -70,7 +74,8 @@ class ModelConfig:
     ``fusion`` (a :func:`~foal_pipe.store.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
     time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
     applies the stored final norm after it. ``head`` names the classifier (:mod:`foal_pipe.heads`); the fields
-    after it are the options of the heads that take them.
+    after it are the options of the heads that take them; ``head_rows`` puts a head on the store's features on the
+    projection's activations instead.
     """
 
     projection_dim: int = 1000
@@ -90,6 +95,20 @@ class ModelConfig:
     shrinkage_offdiag: float | None = None  # fecam's a2; None: its default
     compensation: float | None = None  # dual's C; None: its default
     gamma_comp: float | None = None  # dual's compensation gamma; None: gamma
+    head_rows: str | None = None  # a feature head's rows (HEAD_ROWS): features or activations; None: the head's own
+
+    def __post_init__(self) -> None:
+        if self.head_rows is not None and self.head_rows not in HEAD_ROWS:
+            raise FoalPipeError(f"{param('head_rows')} must be one of {', '.join(HEAD_ROWS)}, got {self.head_rows!r}; "
+                                f"e.g. {param('head_rows', 'activations')}")
+
+    @property
+    def head_options(self) -> dict[str, Any]:
+        """The options of :attr:`head` that these settings give (the registry names them), None left out: the
+        mapping the head is built from and its model file and metrics record."""
+        from foal_pipe.heads import head_entry
+
+        return {key: getattr(self, key) for key in head_entry(self.head).options if getattr(self, key) is not None}
 
     @property
     def loo(self) -> bool:

@@ -70,9 +70,9 @@ class Relabelled:
         return StoreIds(self.last, self.merged)
 
 
-def relabelled(head: Head, merged: np.ndarray) -> Relabelled:
-    """:class:`Relabelled` with the head's ``space`` and ``name`` (the walk reads them from the type)."""
-    kind = type(f"Relabelled{type(head).__name__}", (Relabelled,), {"space": type(head).space, "name": type(head).name})
+def relabelled(head: Head, merged: np.ndarray, space: str) -> Relabelled:
+    """:class:`Relabelled` with the head's ``name`` and the ``space`` of its rows (the walk reads them from the type)."""
+    kind = type(f"Relabelled{type(head).__name__}", (Relabelled,), {"space": space, "name": type(head).name})
     return kind(head, merged)
 
 
@@ -84,11 +84,12 @@ def head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collect
         explicit = [key for key in ("head", *FIXED_BY_MODEL, *HEAD_OPTION_FIELDS)
                     if getattr(given, key) != getattr(ModelConfig(), key)]
     name, options = deployed.classifier.name, deployed.classifier.options
-    projected = HEADS[name].space != "features"
+    space = deployed.classifier.space
     D = int(deployed.projection.components_.shape[1])
     fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
-                             "projection_dim": D if projected else 0, "dtype": "float64",
-                             "activation": deployed.projection.activation if HEADS[name].space == "activations" else None}
+                             "projection_dim": D if space != "features" else 0, "dtype": "float64",
+                             "activation": deployed.projection.activation if space == "activations" else None,
+                             "head_rows": "activations" if space != HEADS[name].space else None}
     for key in explicit:
         asked, known = getattr(given, key), fixed.get(key)
         if asked != known:
@@ -145,13 +146,14 @@ def run_continue_head(
                   start=HeadStart(merged, deployed.classifier.classes_, held))
     run.projection = deployed.projection
     warn_dropped(run, stream, log)
-    walker = relabelled(deployed.classifier.head(run.xp), merged)
+    space = deployed.classifier.space
+    walker = relabelled(deployed.classifier.head(run.xp), merged, space)
     with np.errstate(all="ignore"):
         boundaries, _ = head_boundaries(run, {name: walker})
-        acc = head_accuracies(run, boundaries, {name: HEADS[name].space})[name]
+        acc = head_accuracies(run, boundaries, {name: space})[name]
     new_rows = sum(int(r.size) for r in run.stream.rows)
     final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
-                           deployed.classifier.n_samples_seen_ + new_rows)
+                           deployed.classifier.n_samples_seen_ + new_rows, space)
     shown = {k: v for k, v in options.items() if k != "batch_size"}
     metrics = LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
     return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)

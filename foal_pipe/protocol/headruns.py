@@ -4,17 +4,19 @@ settings checked before any work and recorded with their options (defaults inclu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
+from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry, make_head
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
-#: ModelConfig fields that are some head's own options.
-HEAD_OPTION_FIELDS = ("shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp")
+#: ModelConfig fields that are some head's own options (gamma, ridge's too, apart), read from the registry.
+HEAD_OPTION_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "gamma"
+                           and any(f.name in entry.options for entry in HEADS.values()))
 #: ModelConfig fields of ridge's own solver: no other head takes them.
 RIDGE_FIELDS = ("select", "gamma_grid", "engine")
 
@@ -23,6 +25,34 @@ def _numpy() -> Any:
     import array_api_compat.numpy as xp
 
     return xp
+
+
+def head_space(name: str, model: ModelConfig) -> str:
+    """The rows head ``name`` takes in a run of ``model``: its own (:data:`foal_pipe.heads.SPACES`), or the
+    activations where ``head_rows`` puts a head on the store's features there."""
+    own = HEADS[name].space
+    return "activations" if own == "features" and model.head_rows == "activations" else own
+
+
+def check_head_rows(names: Sequence[str], model: ModelConfig) -> None:
+    """``head_rows`` applies to the heads on the store's features; any other head is refused with it."""
+    if model.head_rows is None:
+        return
+    for name in names:
+        own = HEADS[name].space
+        if own != "features":
+            rows = "rows (before the activation)" if own == "projected" else "activations"
+            raise FoalPipeError(f"{param('head', name)} is defined on the projection's {rows}; drop "
+                                f"{param('head_rows', model.head_rows)} (it moves a head on the store's features)")
+
+
+def check_ridge_model_file(model: ModelConfig) -> None:
+    """``learn`` with ridge writes a ridge model file, which holds no projection bias: ``--activation cos`` (random
+    Fourier features, whose bias it would drop) refused before any work; ``sweep`` writes no model and takes it."""
+    if model.resolved_activation in BIASED:
+        raise FoalPipeError(f"{param('activation', model.resolved_activation)} draws a projection bias that ridge's "
+                            f"model file does not hold; use it with a head ({param('head', 'slda')} "
+                            f"{param('head_rows', 'activations')}) or in `sweep`, or pass {param('activation', 'relu')}")
 
 
 def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
@@ -59,20 +89,26 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
             if option in explicit:
                 raise FoalPipeError(f"{param(option)} sets ridge's solver, which {', '.join(names)} do"
                                     f"{'es' if len(names) == 1 else ''} not use: drop it")
+    check_head_rows(names, model)
     if "activation" in explicit and all(e.space == "projected" for e in entries.values()):
         raise FoalPipeError(f"{', '.join(names)} applie{'s' if len(names) == 1 else ''} its own activations to the "
                             f"projected rows: drop {param('activation')}")
-    if all(e.space == "features" for e in entries.values()):
+    if all(head_space(name, model) == "features" for name in names):
         for option in PROJECTION_FIELDS:
             if option in explicit:
+                hint = (f"; or pass {param('head_rows', 'activations')} to give it the projection's activations"
+                        if option != "gamma" and len(names) == 1 else "")
                 raise FoalPipeError(f"{', '.join(names)} work{'s' if len(names) == 1 else ''} on the store's features "
-                                    f"(after {param('fusion')}), without a projection or gamma: drop {param(option)}")
+                                    f"(after {param('fusion')}), without a projection or gamma: drop {param(option)}"
+                                    f"{hint}")
+    elif "gamma" in explicit and not any("gamma" in entries[name].options for name in names):
+        raise FoalPipeError(f"{', '.join(names)} take{'s' if len(names) == 1 else ''} no gamma: drop {param('gamma')}")
 
 
 def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> ModelConfig:
     """``learn --head`` other than ridge: its settings checked; the model settings it runs with (a head on the
     store's features: no projection)."""
-    entry = head_entry(model.head)
+    head_entry(model.head)
     if not evaluation.mask_unseen:
         raise FoalPipeError(f"{param('head', model.head)} predicts among the classes seen so far; drop "
                             f"{param('mask_unseen', False)} (it is ridge's published-code rule)")
@@ -84,7 +120,7 @@ def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution
                             f"{model.head}`")
     if model.dtype != "float64":
         raise FoalPipeError(f"{param('head', model.head)} keeps float64 statistics; drop {param('dtype', model.dtype)}")
-    if entry.space == "features":
+    if head_space(model.head, model) == "features":
         return replace(model, projection_dim=0, activation=None)
     return model
 
@@ -103,6 +139,9 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
     if "ridge" not in names:
         raise FoalPipeError(f"{param('heads')} compares heads beside ridge's gamma sweep; add ridge (for one head alone: "
                             "`learn --head NAME`)")
+    if model.head_rows is not None:
+        raise FoalPipeError(f"{param('heads')} compares the heads on their own rows; drop {param('head_rows')} (or run "
+                            f"`learn --head NAME --head-rows {model.head_rows}`)")
     if fusions:
         raise FoalPipeError(f"{param('heads')} compares heads on one feature set; pass {param('fusion')} with it, not "
                             f"{param('fusions')}")

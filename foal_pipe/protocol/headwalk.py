@@ -5,7 +5,6 @@ test split. The rows each head takes (its space) are computed once per block, wh
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -58,15 +57,18 @@ def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return {key: options[key] for key in HEADS[name].options if options.get(key) is not None}
 
 
-def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> dict[str, Head]:
-    """A fresh running state of every head in ``names`` on the rows of its space."""
+def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any],
+                spaces: Mapping[str, str] | None = None) -> dict[str, Head]:
+    """A fresh running state of every head in ``names`` on the rows of its space (``spaces``: where a head takes other
+    rows than its own, as ``--head-rows`` gives)."""
     dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
     heads = {}
     for name in names:
+        space = (spaces or {}).get(name, HEADS[name].space)
         given = head_options(name, options)
-        if "batch_size" in inspect.signature(HEADS[name].factory).parameters:  # a recursion over the stream's batches
+        if "batch_size" in HEADS[name].head.option_names():  # a recursion over the stream's batches
             given["batch_size"] = run.stream.batch_size
-        heads[name] = make_head(name, given, run.xp, dims[HEADS[name].space])
+        heads[name] = make_head(name, given, run.xp, dims[space])
     return heads
 
 
@@ -77,13 +79,14 @@ def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int) -> Iterator
         yield rows.position[task[lo : lo + size]]
 
 
-def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None,
-                    loo: bool = False) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
+def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None, loo: bool = False,
+                    spaces: Mapping[str, str] | None = None) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
     """Walk the tasks in stream order, every head fed task k's rows in stream order, in blocks; each head's model
     at every task end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
     (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
-    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share."""
-    spaces = {type(h).space for h in heads.values()}
+    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share.
+    ``spaces``: the rows of a head that takes other rows than its own (``--head-rows``)."""
+    space_of = {name: (spaces or {}).get(name, type(head).space) for name, head in heads.items()}
     boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
     total = sum(r.size for r in run.stream.rows)
     label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
@@ -94,10 +97,10 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
                 labels = cached.labels[positions]
                 with run.timed("read"):
                     X = cached.take(None, positions, run.xp)
-                blocks = _spaces(run, X, spaces)
+                blocks = _spaces(run, X, set(space_of.values()))
                 for name, head in heads.items():
                     with run.timed(f"head {name}"):
-                        head.add(blocks[type(head).space], labels)
+                        head.add(blocks[space_of[name]], labels)
                 advance(positions.size)
             for name, head in heads.items():
                 with run.timed(f"head {name}"):
@@ -108,10 +111,10 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
             for positions in _in_stream_order(cached, task, run.block_rows):
                 with run.timed("read"):
                     X = cached.take(None, positions, run.xp)
-                blocks = _spaces(run, X, {type(h).space for h in loo_heads.values()})
+                blocks = _spaces(run, X, {space_of[name] for name in loo_heads})
                 for name, head in loo_heads.items():
                     with run.timed("loo"):
-                        hits[name] += head.loo_hits(blocks[type(head).space], cached.labels[positions])
+                        hits[name] += head.loo_hits(blocks[space_of[name]], cached.labels[positions])
     return boundaries, {name: count / total for name, count in hits.items()}
 
 

@@ -50,6 +50,7 @@ from foal_pipe.protocol.config import (
     check_seed,
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
+from foal_pipe.protocol.headruns import check_ridge_model_file
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -229,6 +230,7 @@ def run_learn_orders(
     start = time.perf_counter()
     check_output_dir(out)
     check_orders(stream, seeds)
+    check_ridge_model_file(model)
     out = Path(out)
     loo = model.loo
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]

@@ -177,6 +177,7 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
     writing the one head's model file adds while they are held; with ``start``, the continued model's tensors."""
     from foal_pipe.heads import HEADS
     from foal_pipe.heads.state import file_bytes
+    from foal_pipe.protocol.headruns import head_space
 
     names = [name for name in heads if HEADS[name].factory is not None]
     if not names:
@@ -195,11 +196,11 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
         changes.append((changed, seen.size))
     parts = {}
     for name in names:
-        entry, width = HEADS[name], dims[HEADS[name].space]
+        entry, width = HEADS[name], dims[head_space(name, run.model)]
         parts[f"{name} state ({classes.size} classes, d={width})"] = entry.memory(classes.size, width)
         parts[f"{name} scorers of every boundary"] = sum(entry.kept(c, s, width) for c, s in changes)
     if model_file:
-        parts[f"{names[0]} model file"] = file_bytes(names[0], classes.size, dims[HEADS[names[0]].space])
+        parts[f"{names[0]} model file"] = file_bytes(names[0], classes.size, dims[head_space(names[0], run.model)])
     if start is not None:
         parts["the --init-model's tensors"] = start.held
     return parts

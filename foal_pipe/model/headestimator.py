@@ -1,0 +1,153 @@
+"""Every head as a scikit-learn estimator, built by name: ``head_classifier("cosine")`` or ``SLDAClassifier(
+shrinkage="oas")``, with ``fit``, ``partial_fit`` (one call, one task), ``predict``, ``score`` and, where the head's
+scores mean probabilities, ``predict_proba``.
+
+One class per head of the registry (:data:`foal_pipe.heads.HEADS`), made here from the head's ``Options`` dataclass,
+so its parameters are the head's options with their defaults and a new head gets its estimator without a line
+here. The estimator takes the rows as they are: put a :class:`~foal_pipe.core.projection.SmoothProjection` before a
+head on the activations (balanced, or KLDA's slda on random features) in a pipeline.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import MISSING, asdict, fields
+from typing import Any, ClassVar
+
+import array_api_compat.numpy as xp_numpy
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import validate_data
+
+from foal_pipe.core.backend import to_numpy
+from foal_pipe.errors import FoalPipeError, as_user_error, param
+from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
+from foal_pipe.heads.base import PROBABILITY_RULES
+from foal_pipe.model.classifier import NotFitted
+
+
+def _has_probabilities(estimator: HeadEstimator) -> bool:
+    return HEADS[estimator.head].head.probabilities is not None
+
+
+class HeadEstimator(ClassifierMixin, BaseEstimator):
+    """The estimator of one head (``head``, set by each subclass): each :meth:`partial_fit` call adds one task's
+    rows and solves the head's exact model over every row so far; :meth:`fit` starts afresh. Labels may be any
+    classification targets; ``classes_`` is sorted and grows as new labels arrive."""
+
+    head: ClassVar[str]
+
+    def _options(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(HEADS[self.head].head.Options)}
+
+    def fit(self, X: Any, y: Any) -> HeadEstimator:
+        """Forget every row, then :meth:`partial_fit` on ``(X, y)``."""
+        for name in ("_head", "_scorer", "_ids", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_"):
+            self.__dict__.pop(name, None)
+        return self.partial_fit(X, y)
+
+    def partial_fit(self, X: Any, y: Any, classes: Any = None) -> HeadEstimator:
+        """Add the rows ``X`` labelled ``y`` as one task (``classes`` accepted for scikit-learn, not needed)."""
+        first = not hasattr(self, "_head")
+        try:
+            X, y = validate_data(self, X, y, reset=first, dtype=np.float64)
+            check_classification_targets(y)
+        except (ValueError, TypeError) as exc:
+            raise as_user_error(exc) from None
+        if first:
+            self._head: Head = make_head(self.head, self._options(), xp_numpy, int(X.shape[1]))
+            self._ids: dict[Any, int] = {}  # label -> the head's class id, in order of first appearance
+            self.n_samples_seen_ = 0
+        for label in np.unique(y).tolist():
+            self._ids.setdefault(label, len(self._ids))
+        self.classes_ = np.asarray(sorted(self._ids), dtype=np.asarray(y).dtype)
+        self._head.add(np.asarray(X, dtype=np.float64), np.asarray([self._ids[v] for v in y.tolist()], dtype=np.int64))
+        self._scorer: Scorer = self._head.boundary()
+        self.n_samples_seen_ += int(X.shape[0])
+        return self
+
+    def class_scores(self, X: Any) -> np.ndarray:
+        """The head's scores of ``X``, one column per class of :attr:`classes_` (higher: more likely)."""
+        if not hasattr(self, "_scorer"):
+            raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
+        try:
+            X = validate_data(self, X, reset=False, dtype=np.float64)
+        except (ValueError, TypeError) as exc:
+            raise as_user_error(exc) from None
+        scores = np.asarray(to_numpy(self._scorer.scores(np.asarray(X, dtype=np.float64))), dtype=np.float64)
+        return scores[:, [self._ids[c] for c in self.classes_.tolist()]]  # the scorer's columns are sorted ids
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The class of the highest score (the first of a tie)."""
+        scores = self.class_scores(X)
+        return self.classes_[np.argmax(scores, axis=1)]
+
+    @available_if(_has_probabilities)
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities where the head's scores mean them (slda's softmax; balanced's and dual's shares)."""
+        return PROBABILITY_RULES[str(HEADS[self.head].head.probabilities)](self.class_scores(X))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The head's model-file tensors (:mod:`foal_pipe.heads.state`) stand for its running state: no array
+        namespace module is pickled."""
+        from foal_pipe.heads.state import export_head
+
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_head", "_scorer")}
+        if "_head" in self.__dict__:
+            state["_tensors"] = export_head(self.head, self._head, self._scorer)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from foal_pipe.heads.state import restore_head, scorer_from
+
+        tensors = state.pop("_tensors", None)
+        self.__dict__.update(state)
+        if tensors is not None:
+            head = make_head(self.head, self._options(), xp_numpy, self.n_features_in_)
+            self._head = restore_head(head, self.head, tensors)
+            self._scorer = scorer_from(self.head, tensors, self._options(), xp_numpy)
+
+
+def _estimator(name: str, head: type[HeadBase]) -> type[HeadEstimator]:
+    """The estimator class of head ``name``: ``__init__`` takes the head's options as keyword parameters."""
+    options = fields(head.Options)
+
+    def __init__(self: HeadEstimator, **given: Any) -> None:
+        unknown = set(given) - {f.name for f in options}
+        if unknown:
+            raise TypeError(f"{type(self).__name__} takes no parameter {sorted(unknown)[0]!r}")
+        for f in options:
+            setattr(self, f.name, given.get(f.name, f.default))
+
+    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                             default=None if f.default is MISSING else f.default) for f in options])
+    title = head.__name__.removesuffix("Head")
+    doc = (f"scikit-learn estimator of the ``{name}`` head (:class:`{head.__module__}.{head.__name__}`); parameters: "
+           f"{', '.join(f'``{f.name}={f.default!r}``' for f in options) or 'none'}.")
+    return type(f"{title}Classifier", (HeadEstimator,), {"head": name, "__init__": __init__, "__doc__": doc,
+                                                          "__module__": __name__})
+
+
+#: The estimator class of every head but ridge (whose estimator is :class:`~foal_pipe.model.classifier.AnalyticClassifier`).
+ESTIMATORS: dict[str, type[HeadEstimator]] = {name: _estimator(name, entry.head) for name, entry in HEADS.items()
+                                              if entry.factory is not None}
+globals().update({cls.__name__: cls for cls in ESTIMATORS.values()})  # importable by name, so they pickle
+
+
+def head_classifier(name: str, **options: Any) -> BaseEstimator:
+    """The scikit-learn estimator of head ``name`` with its ``options`` (``ridge``: an
+    :class:`~foal_pipe.model.classifier.AnalyticClassifier`)."""
+    head_entry(name)
+    if name == "ridge":
+        from foal_pipe.model.classifier import AnalyticClassifier
+
+        return AnalyticClassifier(**options)
+    unknown = set(options) - {f.name for f in fields(HEADS[name].head.Options)}
+    if unknown:
+        raise FoalPipeError(f"the {name} head takes no option {param(sorted(unknown)[0])}; its options: "
+                            f"{', '.join(asdict(HEADS[name].head.Options()) ) or 'none'}")
+    return ESTIMATORS[name](**options)
