@@ -120,7 +120,6 @@ def test_sweep_heads_without_loo_names_no_best_head(store, tmp_path):
     (["learn", "--head", "fecam", "--shrinkage", "oas"], "fecam's --shrinkage must be a number"),
     (["learn", "--head", "ncm", "--no-mask-unseen"], "drop --no-mask-unseen"),
     (["learn", "--head", "ncm", "--dtype", "float32"], "float64"),
-    (["learn", "--head", "ncm", "--order-seeds", "0,1"], "--order-seeds runs ridge"),
     (["learn", "--head", "dual", "--activation", "relu"], "its own activations to the projected rows"),
     (["learn", "--head", "balanced", "--gamma", "auto"], "takes a number"),
     (["learn", "--head", "balanced", "--engine", "rls"], "sets ridge's solver"),

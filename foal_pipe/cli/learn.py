@@ -60,15 +60,13 @@ def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[
             raise FoalPipeError(f"{flag} acts only with {needs} and would be ignored here; drop {flag} or add {needs}")
 
 
-def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: tuple[int, ...] | None) -> None:
+def _check_head(ctx: typer.Context, head: str, init_model: Path | None) -> None:
     """``learn --head``: the options the head cannot take, typed ones included, refused."""
     from foal_pipe.protocol.config import ModelConfig
     from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
 
     if init_model is not None:
         return  # the model names its head and fixes its options: checked against it (protocol/continuation.py)
-    if head != o.MODEL.head and seeds is not None:
-        raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
     typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if _typed(ctx, name)]
     check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
 
@@ -139,7 +137,7 @@ def learn(
             raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
         if init_model is not None and seeds is not None:
             raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
-        _check_head(ctx, head, init_model, seeds)
+        _check_head(ctx, head, init_model)
         if init_model is None:  # a continued model's gamma settings are checked against the model's
             _check_applies(ctx, LEARN_ONLY_WITH)
         if init_model is not None:
@@ -249,8 +247,6 @@ def sweep(
         if seeds is not None and fusions is not None:
             raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
                                 "--fusion X with --order-seeds")
-        if seeds is not None and heads is not None:
-            raise FoalPipeError("--heads compares heads on one class order; leave out --order-seeds")
         if seeds is None:
             done = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
         else:

@@ -89,7 +89,7 @@ OrderSeed = Annotated[int | None, typer.Option(help="Seed of the class order and
 OrderSeeds = Annotated[
     str | None,
     typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
-                 "reported per order with mean and std. Default: one order (--order-seed).")
+                 "reported per order with mean and std; every head (--head, sweep --heads). Default: one order (--order-seed).")
 ]
 MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the activations kept for leave-one-out "
                                         "(rows x D values; beyond it each boundary projects the rows again) and, with "
@@ -239,7 +239,8 @@ Heads = Annotated[
     str | None,
     typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
                  "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
-                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). Not with --fusions or --order-seeds. "
+                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). Not with --fusions; with "
+                 "--order-seeds, every order of every head (means over the orders). "
                  "Default: none (the gamma sweep alone)."),
 ]
 Fusions = Annotated[

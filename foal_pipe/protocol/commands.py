@@ -75,7 +75,7 @@ def run_learn(
     and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
     ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
     if model.head != DEFAULT_HEAD:
-        return run_learn_head(features, out, stream, model, evaluation, execution, log)
+        return run_learn_head(features, out, stream, model, evaluation, execution, log, shared)
     check_head_options([DEFAULT_HEAD], model)
     start = time.perf_counter()
     check_output_dir(out)
@@ -106,23 +106,30 @@ def run_learn(
     return write_learned(out, [run], start, metrics, lambda path: save_model(final, run, path), timed=True)
 
 
-def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
-                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None]) -> Learned:
-    """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
-    ``metrics.json`` (with ``head`` and ``head_options``), ``model.safetensors`` (the head after the last task) and
-    ``timings.json`` as one unit."""
-    start = time.perf_counter()
-    check_output_dir(out)
+def head_settings(stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig,
+                  execution: ExecutionConfig) -> ModelConfig:
+    """``learn --head NAME`` (not ridge): its settings checked before any work; the model settings it runs with."""
     check_head_options([model.head], model)
     check_head_stream(stream, evaluation)
-    settings = check_learn_head(model, evaluation, execution)
+    return check_learn_head(model, evaluation, execution)
+
+
+def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
+                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None],
+                   shared: SharedRows | None = None) -> Learned:
+    """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
+    ``metrics.json`` (with ``head`` and ``head_options``), ``model.safetensors`` (the head after the last task) and
+    ``timings.json`` as one unit. ``shared`` as in :func:`run_learn`."""
+    start = time.perf_counter()
+    check_output_dir(out)
+    settings = head_settings(stream, model, evaluation, execution)
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
     options = resolved_options(model.head, model)
     with np.errstate(all="ignore"):
         heads = build_heads(run, [model.head], options)
-        boundaries, _ = head_boundaries(run, heads)
-        reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space})
+        boundaries, _ = head_boundaries(run, heads, shared and shared.train)
+        reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space}, shared and shared.test)
     metrics = LearnMetrics(**reports[model.head], head=model.head, head_options=options,
                            **run_info(run, stream))
     return write_learned(out, [run], start, metrics, lambda path: save_head_model(
@@ -197,8 +204,9 @@ def run_sweep(
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
     solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
-    with np.errstate(all="ignore"), (train_rows(run) if others else nullcontext(shared and shared.train)) as train, \
-            (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
+    read = others and shared is None  # the heads walk the rows ridge's walk takes, read once
+    with np.errstate(all="ignore"), (train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
+            (test_rows(run) if read else nullcontext(shared and shared.test)) as test:
         lanes = gram_walk(run, solvers, rows=train)
         if run.stream.kind == "disjoint":
             accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
