@@ -211,7 +211,8 @@ EvalEvery = Annotated[
     int | None,
     typer.Option(help="Also score the test rows of the classes seen so far after every N training rows (exact ridge "
                  "on the rows seen; gamma: the last task end's choice, or --gamma): metrics.json gains the curve "
-                 "(anytime) and A_auc, its mean (Koh et al. 2022). Default: none (task ends only).",
+                 "(anytime) and A_auc, its mean (Koh et al. 2022); with --head, that head's model on the rows seen (not "
+                 "dual). Default: none (task ends only).",
                  show_default=False),
 ]
 EvalFeatures = Annotated[

@@ -20,11 +20,11 @@ from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.anytime import Anytime
+from foal_pipe.protocol.capabilities import check_points
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
 from foal_pipe.protocol.headruns import (
     check_head_options,
-    check_head_stream,
     check_learn_head,
     check_sweep_heads,
     resolved_options,
@@ -51,6 +51,7 @@ from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
     TRAINING_CRITERIA,
+    AnytimeCurve,
     LearnMetrics,
     SweepReport,
     SweepSelection,
@@ -110,8 +111,7 @@ def head_settings(stream: StreamConfig, model: ModelConfig, evaluation: Evaluati
                   execution: ExecutionConfig) -> ModelConfig:
     """``learn --head NAME`` (not ridge): its settings checked before any work; the model settings it runs with."""
     check_head_options([model.head], model)
-    check_head_stream(stream, evaluation)
-    return check_learn_head(model, evaluation, execution)
+    return check_learn_head(model, evaluation, execution, stream)
 
 
 def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
@@ -126,12 +126,20 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
     options = resolved_options(model.head, model)
+    anytime = anytime_points(run)
+    points = None if anytime is None else {model.head: []}
+    if anytime is not None:
+        check_points(model.head, run.store.train.labels[np.concatenate(run.stream.rows)], anytime.every)
     with np.errstate(all="ignore"):
         heads = build_heads(run, [model.head], options)
-        boundaries, _ = head_boundaries(run, heads, shared and shared.train)
-        reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space}, shared and shared.test)
-    metrics = LearnMetrics(**reports[model.head], head=model.head, head_options=options,
-                           **run_info(run, stream))
+        boundaries, _ = head_boundaries(run, heads, shared and shared.train, points=points)
+        reports = head_reports(run, boundaries, {model.head: HEADS[model.head].space}, shared and shared.test, points)
+    report = reports[model.head]
+    curve = report.pop("curve", None)
+    metrics = LearnMetrics(**report, head=model.head, head_options=options, **run_info(run, stream))
+    if anytime is not None:
+        metrics = replace(metrics, A_auc=float(np.mean(curve)), anytime=AnytimeCurve(
+            eval_every=anytime.every, samples_seen=list(anytime.points), accuracy=[float(a) for a in curve]))
     return write_learned(out, [run], start, metrics, lambda path: save_head_model(
         heads[model.head], boundaries[model.head][-1], run, path), timed=True)
 
@@ -195,8 +203,6 @@ def run_sweep(
         raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
                             f"fusions one at a time ({param('fusion', 'X')})")
     others = check_sweep_heads(sweep, model, bool(fusions))
-    if others:
-        check_head_stream(stream, evaluation)
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)

@@ -9,6 +9,7 @@ from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry, make_head
+from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
@@ -69,21 +70,13 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
                                     f"(after {param('fusion')}), without a projection or gamma: drop {param(option)}")
 
 
-def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> ModelConfig:
-    """``learn --head`` other than ridge: its settings checked; the model settings it runs with (a head on the
-    store's features: no projection)."""
+def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
+                     stream: StreamConfig | None = None) -> ModelConfig:
+    """``learn --head`` other than ridge: its settings checked against the capability table
+    (:data:`~foal_pipe.protocol.capabilities.CAPABILITIES`); the model settings it runs with (a head on the store's
+    features: no projection)."""
     entry = head_entry(model.head)
-    if not evaluation.mask_unseen:
-        raise FoalPipeError(f"{param('head', model.head)} predicts among the classes seen so far; drop "
-                            f"{param('mask_unseen', False)} (it is ridge's published-code rule)")
-    if execution.scheduler != "local":
-        raise FoalPipeError(f"{param('head', model.head)} runs in this process; use {param('scheduler', 'local')}")
-    if model.gamma == "auto":
-        raise FoalPipeError(f"{param('gamma', 'auto')} chooses ridge's gamma; {param('head', model.head)} takes a "
-                            f"number: pass e.g. {param('gamma', 1)}, or compare gammas with `sweep --heads ridge,"
-                            f"{model.head}`")
-    if model.dtype != "float64":
-        raise FoalPipeError(f"{param('head', model.head)} keeps float64 statistics; drop {param('dtype', model.dtype)}")
+    check_capabilities([model.head], Settings(stream or StreamConfig(), model, evaluation, execution))
     if entry.space == "features":
         return replace(model, projection_dim=0, activation=None)
     return model
@@ -108,12 +101,3 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
                             f"{param('fusions')}")
     check_head_options(names, model)
     return [name for name in names if HEADS[name].factory is not None]
-
-
-def check_head_stream(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
-    """Heads other than ridge are scored at task ends, on disjoint or Si-Blurry streams (every head's state is a
-    function of the rows added so far, whatever their classes' order): anytime points refused, since a point inside
-    a task is no boundary of dual's per-task recursion (docs/streams.md)."""
-    if evaluation.eval_every is not None:
-        raise FoalPipeError(f"the heads other than ridge are scored at task ends; drop {param('eval_every')} (or use "
-                            "ridge alone)")

@@ -16,7 +16,8 @@ from array_api_compat import array_namespace
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
 from foal_pipe.progress import progress_bar
-from foal_pipe.protocol.evaluation import blurry_report, seen_classes
+from foal_pipe.protocol.anytime import curve_accuracy
+from foal_pipe.protocol.evaluation import blurry_report, seen_classes, task_matrix
 from foal_pipe.protocol.records import accuracy_report
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
@@ -70,27 +71,35 @@ def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> d
     return heads
 
 
-def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int) -> Iterator[np.ndarray]:
+def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int, cuts: Sequence[int] = ()) -> Iterator[np.ndarray]:
     """The cache positions of a task's rows in stream order (a head may depend on it: dual's recursion), ``size`` at
-    a time."""
-    for lo in range(0, task.size, size):
-        yield rows.position[task[lo : lo + size]]
+    a time; a block also ends at each of ``cuts`` (offsets inside the task: ``--eval-every``'s points)."""
+    starts = sorted({*range(0, task.size, size), *(c for c in cuts if 0 < c < task.size)})
+    for lo, hi in zip(starts, [*starts[1:], task.size]):
+        for first in range(lo, hi, size):
+            yield rows.position[task[first : min(first + size, hi)]]
 
 
-def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None,
-                    loo: bool = False) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
+def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None, loo: bool = False,
+                    points: Mapping[str, list[Scorer]] | None = None) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
     """Walk the tasks in stream order, every head fed task k's rows in stream order, in blocks; each head's model
     at every task end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
     (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
-    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share."""
+    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share.
+    ``points`` (``--eval-every``: each head's list, filled here): the model of every head at each of
+    ``run.evaluation.eval_every``'s points, the rows seen so far (the blocks end there; a task end's is its boundary)."""
+    every = run.evaluation.eval_every if points is not None else None
     spaces = {type(h).space for h in heads.values()}
     boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
     total = sum(r.size for r in run.stream.rows)
     label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
     with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
             (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
+        seen = 0
         for task in run.stream.rows:
-            for positions in _in_stream_order(cached, task, run.block_rows):
+            cuts = range(every - seen % every, task.size + 1, every) if every else ()
+            done = 0
+            for positions in _in_stream_order(cached, task, run.block_rows, cuts):
                 labels = cached.labels[positions]
                 with run.timed("read"):
                     X = cached.take(None, positions, run.xp)
@@ -99,9 +108,17 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
                     with run.timed(f"head {name}"):
                         head.add(blocks[type(head).space], labels)
                 advance(positions.size)
+                done += positions.size
+                if every and done < task.size and (seen + done) % every == 0:
+                    for name, head in heads.items():
+                        with run.timed(f"head {name}"):
+                            points[name].append(head.boundary())
+            seen += task.size
             for name, head in heads.items():
                 with run.timed(f"head {name}"):
                     boundaries[name].append(head.boundary())
+                    if every and seen % every == 0:
+                        points[name].append(boundaries[name][-1])
         loo_heads = {name: head for name, head in heads.items() if loo and hasattr(head, "loo_hits")}
         hits = dict.fromkeys(loo_heads, 0)
         for task in run.stream.rows if loo_heads else ():
@@ -191,15 +208,28 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
 
 
 def head_reports(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
-                 rows: GroupedRows | None = None) -> dict[str, dict[str, Any]]:
+                 rows: GroupedRows | None = None,
+                 points: Mapping[str, Sequence[Scorer]] | None = None) -> dict[str, dict[str, Any]]:
     """Each head's :class:`~foal_pipe.protocol.schema.Accuracy` fields at the task ends, by ridge's definitions: a
     disjoint stream's accuracy matrix by task (:func:`head_accuracies`); a Si-Blurry stream's over the classes seen
-    so far (:func:`~foal_pipe.protocol.evaluation.blurry_report`, the same function that scores ridge)."""
-    if run.stream.kind == "disjoint":
+    so far (:func:`~foal_pipe.protocol.evaluation.blurry_report`, the same function that scores ridge). With
+    ``points`` (``--eval-every``), each head's ``curve`` too: the accuracy of its model at each point on the test
+    rows of the classes it has seen (:func:`~foal_pipe.protocol.anytime.curve_accuracy`, as ridge's)."""
+    if run.stream.kind == "disjoint" and points is None:
         return {name: accuracy_report(acc) for name, acc in head_accuracies(run, boundaries, spaces, rows).items()}
     ends = seen_classes(run.stream.tasks)  # the classes each boundary predicts among
-    hits, totals = head_class_hits(run, boundaries, spaces, rows)
-    return {name: blurry_report(h, totals, ends) for name, h in hits.items()}
+    T = run.stream.n_tasks
+    scorers = {name: [*b, *(points[name] if points is not None else ())] for name, b in boundaries.items()}
+    hits, totals = head_class_hits(run, scorers, spaces, rows)
+    reports = {}
+    for name, h in hits.items():
+        if run.stream.kind == "disjoint":
+            reports[name] = accuracy_report(task_matrix(h[:T], totals, run.stream.tasks))
+        else:
+            reports[name] = blurry_report(h[:T], totals, ends)
+        if points is not None:
+            reports[name]["curve"] = curve_accuracy(h[T:], totals, points[name])
+    return reports
 
 
 def _argmax(scores: Any) -> np.ndarray:

@@ -52,7 +52,7 @@ from foal_pipe.protocol.config import (
     check_seed,
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.headruns import check_head_stream, check_sweep_heads
+from foal_pipe.protocol.headruns import check_sweep_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -316,8 +316,6 @@ def run_sweep_orders(
     with atomic_dir(out) as tmp:
         # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
         others = check_sweep_heads(sweep, model, False)
-        if others:
-            check_head_stream(stream, evaluation)
         reason = ("--heads walks every head per class order" if others else
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0))
         runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)
