@@ -240,8 +240,8 @@ Heads = Annotated[
     str | None,
     typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
                  "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
-                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). Not with --fusions; with "
-                 "--order-seeds, every order of every head (means over the orders). "
+                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). With --fusions, every head on "
+                 "every fusion; with --order-seeds, every order of every head (means over the orders). "
                  "Default: none (the gamma sweep alone)."),
 ]
 Fusions = Annotated[

@@ -53,6 +53,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("--order-seeds", None),
     Capability("sweep --heads", None),
     Capability("--stream si-blurry", None),
+    Capability("--fusion", None),
+    Capability("sweep --fusions", None),
     Capability("--init-model", None),
     Capability("--eval-every", ("ridge", "ncm", "slda", "fecam", "balanced"),
                lambda s: s.evaluation.eval_every is not None,
@@ -71,8 +73,6 @@ CAPABILITIES: tuple[Capability, ...] = (
                "`sweep --heads ridge,{head}`"),
     Capability("--engine rls", ("ridge",), lambda s: s.model.engine != "gram", "has no RLS recursion",
                f"drop {param('engine')}"),
-    Capability("sweep --fusions", ("ridge",), None, "compares heads on one feature set",
-               f"pass {param('fusion')} with {param('heads')}"),
 )
 
 

@@ -202,7 +202,7 @@ def run_sweep(
     if fusions and stream.stream != "disjoint":
         raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
                             f"fusions one at a time ({param('fusion', 'X')})")
-    others = check_sweep_heads(sweep, model, bool(fusions))
+    others = check_sweep_heads(sweep, model)
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
@@ -222,20 +222,27 @@ def run_sweep(
         results = {key: sweep_results(gammas, lane.boundaries, reports[key], sweep.loo) for key, lane in lanes.items()}
         selections = {key: sweep_selections(lane.boundaries, reports[key][len(gammas):], solvers[key].criteria,
                                             sweep.per_decade) for key, lane in lanes.items()}
-        if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
-            model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
-                                                ("loo" if sweep.loo else "gcv")))
-        head_fields, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
+        # heads that take gamma run at ridge's choice on their feature set by a training criterion (never the oracle)
+        criterion = select if select in TRAINING_CRITERIA else ("loo" if sweep.loo else "gcv")
+        models = {key: replace(model, gamma=choose(results[key], criterion)) for key in lanes} if others else {}
+        heads = {key: learn_heads(run, others, asdict(m), train, test, sweep.loo, key) for key, m in models.items()}
     info = run_info(run, stream)
+
+    def with_heads(report: SweepReport, key: str | None) -> SweepReport:
+        return heads_report(report, sweep.heads, *heads.get(key, ({}, {})),
+                            {name: resolved_options(name, models[key]) for name in others})
+
     if fusions:
-        report = fusions_report(gammas, [fusion_entry(key, results[key], select, selections[key]) for key in fusions],
-                                select, model, info)
+        entries = [fusion_entry(key, results[key], select, selections[key]) for key in fusions]
+        if sweep.heads:  # every fusion's heads, as a sweep of that fusion alone with --heads writes them
+            entries = [replace(e, heads=with_heads(sweep_report(gammas, results[e.fusion], select, info), e.fusion).heads)
+                       for e in entries]
+        report = fusions_report(gammas, entries, select, model, info)
     else:
         report = sweep_report(gammas, results[None], select, info, selections[None])
     warn_search_edges(report.selections or [], log)
     if sweep.heads:
-        report = heads_report(report, sweep.heads, head_fields, head_loo,
-                              {name: resolved_options(name, model) for name in others})
+        report = with_heads(report, report.fusion if fusions else None)
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)

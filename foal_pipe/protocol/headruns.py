@@ -82,7 +82,7 @@ def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution
     return model
 
 
-def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> list[str]:
+def check_sweep_heads(sweep: SweepConfig, model: ModelConfig) -> list[str]:
     """``sweep --heads``: the names checked (ridge among them: its gamma sweep gives the sweep's own keys) and the
     heads other than ridge, which the walk adds."""
     names = list(sweep.heads)
@@ -96,8 +96,5 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
     if "ridge" not in names:
         raise FoalPipeError(f"{param('heads')} compares heads beside ridge's gamma sweep; add ridge (for one head alone: "
                             "`learn --head NAME`)")
-    if fusions:
-        raise FoalPipeError(f"{param('heads')} compares heads on one feature set; pass {param('fusion')} with it, not "
-                            f"{param('fusions')}")
     check_head_options(names, model)
     return [name for name in names if HEADS[name].factory is not None]

@@ -61,7 +61,7 @@ def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any]) -> dict[str, Head]:
     """A fresh running state of every head in ``names`` on the rows of its space."""
-    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    dims = {"features": run.features_dim, "projected": run.dim, "activations": run.dim}
     heads = {}
     for name in names:
         given = head_options(name, options)
@@ -81,13 +81,15 @@ def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int, cuts: Seque
 
 
 def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None, loo: bool = False,
-                    points: Mapping[str, list[Scorer]] | None = None) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
+                    points: Mapping[str, list[Scorer]] | None = None,
+                    lane: str | None = None) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
     """Walk the tasks in stream order, every head fed task k's rows in stream order, in blocks; each head's model
     at every task end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
     (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
     read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share.
     ``points`` (``--eval-every``: each head's list, filled here): the model of every head at each of
-    ``run.evaluation.eval_every``'s points, the rows seen so far (the blocks end there; a task end's is its boundary)."""
+    ``run.evaluation.eval_every``'s points, the rows seen so far (the blocks end there; a task end's is its boundary).
+    ``lane``: the fusion whose rows the heads take (``sweep --fusions``; None: the store's features)."""
     every = run.evaluation.eval_every if points is not None else None
     spaces = {type(h).space for h in heads.values()}
     boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
@@ -102,7 +104,7 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
             for positions in _in_stream_order(cached, task, run.block_rows, cuts):
                 labels = cached.labels[positions]
                 with run.timed("read"):
-                    X = cached.take(None, positions, run.xp)
+                    X = cached.take(lane, positions, run.xp)
                 blocks = _spaces(run, X, spaces)
                 for name, head in heads.items():
                     with run.timed(f"head {name}"):
@@ -124,7 +126,7 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
         for task in run.stream.rows if loo_heads else ():
             for positions in _in_stream_order(cached, task, run.block_rows):
                 with run.timed("read"):
-                    X = cached.take(None, positions, run.xp)
+                    X = cached.take(lane, positions, run.xp)
                 blocks = _spaces(run, X, {type(h).space for h in loo_heads.values()})
                 for name, head in loo_heads.items():
                     with run.timed("loo"):
@@ -133,7 +135,7 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
 
 
 def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
-                    rows: GroupedRows | None = None) -> dict[str, np.ndarray]:
+                    rows: GroupedRows | None = None, lane: str | None = None) -> dict[str, np.ndarray]:
     """``acc[i, j]`` of every head (keyed as ``boundaries``; ``spaces`` its rows): its model after task i on task j's
     test rows, predicted among the classes seen through task i (NaN for j > i), from one read of the test split
     (or ``rows``, as :func:`~foal_pipe.protocol.evaluation.lane_accuracies` takes)."""
@@ -141,7 +143,7 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     correct = {name: np.zeros((T, T), dtype=np.int64) for name in boundaries}
     for block in eval_blocks(run, "test (one read, heads)", by_task, rows):
         y, tasks = block.labels, block.tasks
-        blocks = _spaces(run, block.features(), set(spaces.values()))
+        blocks = _spaces(run, block.features(lane), set(spaces.values()))
         ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
         scored = np.flatnonzero(ends > 0)
         for name, scorers in boundaries.items():
@@ -186,7 +188,7 @@ def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int]) -> I
 
 
 def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
-                    rows: GroupedRows | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                    rows: GroupedRows | None = None, lane: str | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``(hits, totals)`` as :func:`~foal_pipe.protocol.evaluation.class_hits` gives ridge's: ``hits[name][p, c]``,
     boundary p of head ``name``'s correct predictions (among its classes) on class c's test rows, for its classes
     only (0 elsewhere); ``totals[c]``, class c's test rows. One read of the test split (or ``rows``); every boundary
@@ -198,7 +200,7 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     for block in eval_blocks(run, "test (one read, heads by class)", in_cache_order, rows):
         y = block.labels
         totals += np.bincount(y, minlength=n_classes)[:n_classes]
-        blocks = _spaces(run, block.features(), set(spaces.values()))
+        blocks = _spaces(run, block.features(lane), set(spaces.values()))
         for name, scorers in boundaries.items():
             X = blocks[spaces[name]]
             for p, scores in enumerate(boundary_scores(scorers, X, [X.shape[0]] * len(scorers))):
@@ -208,19 +210,19 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
 
 
 def head_reports(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
-                 rows: GroupedRows | None = None,
-                 points: Mapping[str, Sequence[Scorer]] | None = None) -> dict[str, dict[str, Any]]:
+                 rows: GroupedRows | None = None, points: Mapping[str, Sequence[Scorer]] | None = None,
+                 lane: str | None = None) -> dict[str, dict[str, Any]]:
     """Each head's :class:`~foal_pipe.protocol.schema.Accuracy` fields at the task ends, by ridge's definitions: a
     disjoint stream's accuracy matrix by task (:func:`head_accuracies`); a Si-Blurry stream's over the classes seen
     so far (:func:`~foal_pipe.protocol.evaluation.blurry_report`, the same function that scores ridge). With
     ``points`` (``--eval-every``), each head's ``curve`` too: the accuracy of its model at each point on the test
     rows of the classes it has seen (:func:`~foal_pipe.protocol.anytime.curve_accuracy`, as ridge's)."""
     if run.stream.kind == "disjoint" and points is None:
-        return {name: accuracy_report(acc) for name, acc in head_accuracies(run, boundaries, spaces, rows).items()}
+        return {name: accuracy_report(acc) for name, acc in head_accuracies(run, boundaries, spaces, rows, lane).items()}
     ends = seen_classes(run.stream.tasks)  # the classes each boundary predicts among
     T = run.stream.n_tasks
     scorers = {name: [*b, *(points[name] if points is not None else ())] for name, b in boundaries.items()}
-    hits, totals = head_class_hits(run, scorers, spaces, rows)
+    hits, totals = head_class_hits(run, scorers, spaces, rows, lane)
     reports = {}
     for name, h in hits.items():
         if run.stream.kind == "disjoint":
@@ -238,10 +240,11 @@ def _argmax(scores: Any) -> np.ndarray:
 
 
 def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], train: GroupedRows | None = None,
-                test: GroupedRows | None = None, loo: bool = False) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
-    """Every head of ``names`` through the stream and scored: its accuracy fields (:func:`head_reports`) and, with
-    ``loo``, the exact
-    leave-one-out accuracy at the last boundary of the heads that have one."""
+                test: GroupedRows | None = None, loo: bool = False,
+                lane: str | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """Every head of ``names`` through the stream and scored (on ``lane``'s rows: a fusion of ``sweep --fusions``):
+    its accuracy fields (:func:`head_reports`) and, with ``loo``, the exact leave-one-out accuracy at the last
+    boundary of the heads that have one."""
     heads = build_heads(run, names, options)
-    boundaries, loo_accuracy = head_boundaries(run, heads, train, loo)
-    return head_reports(run, boundaries, {name: HEADS[name].space for name in names}, test), loo_accuracy
+    boundaries, loo_accuracy = head_boundaries(run, heads, train, loo, lane=lane)
+    return head_reports(run, boundaries, {name: HEADS[name].space for name in names}, test, lane=lane), loo_accuracy

@@ -315,7 +315,7 @@ def run_sweep_orders(
     out = Path(out)
     with atomic_dir(out) as tmp:
         # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
-        others = check_sweep_heads(sweep, model, False)
+        others = check_sweep_heads(sweep, model)
         reason = ("--heads walks every head per class order" if others else
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0))
         runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)

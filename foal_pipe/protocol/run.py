@@ -48,6 +48,11 @@ class Run:
     fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
 
     @property
+    def features_dim(self) -> int:
+        """The width of the rows before the projection: a fusion's (``fused``; every fusion has one) or the store's."""
+        return self.fused["train"].dim if self.fused is not None else self.store.dim
+
+    @property
     def lanes(self) -> tuple[str | None, ...]:
         """What the walk keeps statistics for: every fusion of ``fused``, or the store's features (None)."""
         return self.fused["train"].specs if self.fused is not None else (None,)
@@ -181,7 +186,7 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
     names = [name for name in heads if HEADS[name].factory is not None]
     if not names:
         return {}
-    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    dims = {"features": run.features_dim, "projected": run.dim, "activations": run.dim}
     labels = np.asarray(run.store.train.labels)
     classes = np.arange(len(run.store.classes))
     if start is not None:

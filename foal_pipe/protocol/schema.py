@@ -420,6 +420,8 @@ class FusionSweep(_Record):
     best_gamma_test: float | None = key(NUMBER)
     results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
     selections: list[SweepSelection] | None = key(_records(SweepSelection, "list of selections"))
+    #: ``--heads``: this fusion's entry of every head.
+    heads: dict[str, HeadSweep] | None = key(HEAD_SWEEPS)
 
 
 @dataclass(frozen=True, kw_only=True)
