@@ -76,8 +76,6 @@ def test_eval_every_keeps_each_heads_task_end_matrix(store, tmp_path, head):
     (["--head", "dual", "--eval-every", "50"], "--head dual solves its compensation stream once per task"),
     (["--head", "fecam", "--eval-every", "50"], "--head fecam needs 2 training rows of every class seen, but at the "
                                                 "point after 450 rows class"),
-    (["--head", "ncm", "--scheduler", "dask"], "--head ncm runs in this process (the cluster sums ridge's Gram only); "
-                                               "use --scheduler local"),
     (["--head", "slda", "--dtype", "float32"], "--head slda keeps float64 statistics; drop --dtype float32"),
     (["--head", "balanced", "--gamma", "auto"], "compare gammas with `sweep --heads ridge,balanced`"),
 ])

@@ -120,7 +120,8 @@ Scheduler = Annotated[
     choice(*SCHEDULERS),
     typer.Option(
         help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster "
-        "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process)."
+        "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process); with "
+        "a head other than ridge, the cluster reads the train split and the head takes its rows here."
     ),
 ]
 DaskAddress = Annotated[

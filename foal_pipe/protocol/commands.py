@@ -29,7 +29,7 @@ from foal_pipe.protocol.headruns import (
     check_sweep_heads,
     resolved_options,
 )
-from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, learn_heads
+from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, head_train_rows, learn_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -58,7 +58,7 @@ from foal_pipe.protocol.schema import (
 )
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
-from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows, train_rows
+from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows
 from foal_pipe.store.blockfusion import parse_fusions
 
 
@@ -211,7 +211,7 @@ def run_sweep(
         log(reread_note(run))
     solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
     read = others and shared is None  # the heads walk the rows ridge's walk takes, read once
-    with np.errstate(all="ignore"), (train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
+    with np.errstate(all="ignore"), (head_train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
             (test_rows(run) if read else nullcontext(shared and shared.test)) as test:
         lanes = gram_walk(run, solvers, rows=train)
         if run.stream.kind == "disjoint":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,26 @@ def _spaces(run: Run, X: Any, spaces: set[str]) -> dict[str, Any]:
         return {space: SPACE_ROWS[space](run, X) for space in sorted(spaces)}
 
 
+def head_train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None) -> GroupedRows:
+    """The stream's train rows as the heads take them, read once (:func:`~foal_pipe.protocol.walk.train_rows`); with
+    ``--scheduler dask`` the cluster reads and decodes the chunks (:class:`~foal_pipe.protocol.distributed.ClusterSplit`,
+    the same bytes), and the heads' running states take the rows here, in stream order, as their definitions need."""
+    if run.execution.scheduler != "dask":
+        return train_rows(run, on_chunk)
+    from foal_pipe.cluster import dask_client
+    from foal_pipe.protocol.distributed import BLOCK_BYTES, ClusterSplit
+
+    source = run.source("train")
+    step, n = int(source.chunk_rows), int(source.n_rows)
+    starts = [lo for lo in range(0, n, step) if (run.row_task[lo : lo + step] >= 0).any()]
+    block = max(1, BLOCK_BYTES // max(1, step * int(source.dim) * np.dtype(source.features.dtype).itemsize))
+    with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("read"):
+        split = ClusterSplit(source, client, str(Path(run.store.path).resolve()), run.model.fusion,
+                             run.model.fusion_norm, "train", starts, block)
+        return GroupedRows(split, run.lanes, run.row_task, run.stream.n_tasks, run.execution.max_memory, on_chunk,
+                           run.xp)
+
+
 def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The options ``name`` takes (from a :class:`~foal_pipe.protocol.config.ModelConfig`'s fields), None left out."""
     return {key: options[key] for key in HEADS[name].options if options.get(key) is not None}
@@ -96,7 +117,7 @@ def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | Non
     total = sum(r.size for r in run.stream.rows)
     label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
     with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
-            (train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
+            (head_train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
         seen = 0
         for task in run.stream.rows:
             cuts = range(every - seen % every, task.size + 1, every) if every else ()
