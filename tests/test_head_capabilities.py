@@ -94,3 +94,29 @@ def test_docs_hold_the_capability_table_generated_from_the_registry():
     header = table.splitlines()[0]
     assert all(f" {name} " in header for name in HEADS)  # every head of the registry has a column
     assert len([line for line in table.splitlines() if line.startswith("| `")]) == len(CAPABILITIES)
+
+
+def test_the_memory_estimate_counts_the_scorers_of_every_point(store):
+    """With ``--eval-every`` a head's scorers wait for the test read at every point too: the estimate sums each
+    snapshot's ``kept`` bytes over the stream cut at task ends and points, computed here by hand."""
+    from foal_pipe.heads import HEADS
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import head_parts, prepare
+
+    stream, model = StreamConfig(tasks=4, batch_size=10, seed=3), ModelConfig(head="fecam", projection_dim=0)
+    parts = {}
+    for every in (None, 100):
+        run = prepare(store, stream, model, EvaluationConfig(eval_every=every), ExecutionConfig(backend="numpy"),
+                      heads=["fecam"], ridge=False)
+        parts[every] = head_parts(run, ["fecam"])["fecam scorers of every boundary"]
+    _, y, _, _ = read(store)
+    order = np.concatenate(build_stream(y, N_CLASSES, 4, 10, 3).rows)
+    ends = np.cumsum([r.size for r in build_stream(y, N_CLASSES, 4, 10, 3).rows])
+    cuts = sorted({*ends.tolist(), *range(100, order.size + 1, 100)})
+    expected, seen, lo = 0, set(), 0
+    for hi in cuts:
+        changed = set(y[order[lo:hi]].tolist())
+        seen |= changed
+        expected += HEADS["fecam"].kept(len(changed), len(seen), 16)
+        lo = hi
+    assert parts[100] == expected > parts[None]
