@@ -357,3 +357,19 @@ def test_learn_head_dask_equals_local(store, cluster, tmp_path, monkeypatch, hea
     for name in ("metrics.json", "model.safetensors"):
         assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
     assert 0.5 < json.loads((tmp_path / "local/metrics.json").read_text())["A_last"] < 1.0
+
+
+def test_head_orders_on_dask_read_once_by_the_cluster_and_equal_local(store, cluster, tmp_path, monkeypatch):
+    from foal_pipe.protocol.distributed import ClusterSplit
+
+    reads = []
+    real = ClusterSplit.read_raw
+    monkeypatch.setattr(ClusterSplit, "read_raw", lambda self, lo, hi: reads.append(lo) or real(self, lo, hi))
+    args = ("--tasks", "4", "--seed", "3", "--backend", "numpy", "--head", "slda", "--order-seeds", "0,1")
+    assert invoke("learn", "--features", store, "--out", tmp_path / "local", *args).exit_code == 0
+    dask = invoke("learn", "--features", store, "--out", tmp_path / "dask", *args, "--scheduler", "dask",
+                  "--dask-address", cluster.scheduler_address)
+    assert dask.exit_code == 0, dask.output
+    assert sorted(reads) == list(range(0, 3000, 170))  # one read of every chunk, for both orders
+    for name in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name

@@ -55,24 +55,27 @@ def _spaces(run: Run, X: Any, spaces: set[str]) -> dict[str, Any]:
         return {space: SPACE_ROWS[space](run, X) for space in sorted(spaces)}
 
 
-def head_train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None) -> GroupedRows:
-    """The stream's train rows as the heads take them, read once (:func:`~foal_pipe.protocol.walk.train_rows`); with
-    ``--scheduler dask`` the cluster reads and decodes the chunks (:class:`~foal_pipe.protocol.distributed.ClusterSplit`,
-    the same bytes), and the heads' running states take the rows here, in stream order, as their definitions need."""
+def head_train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None, groups: np.ndarray | None = None,
+                    n_groups: int | None = None) -> GroupedRows:
+    """The stream's train rows as the heads take them, read once (:func:`~foal_pipe.protocol.walk.train_rows`, grouped
+    by task or by ``groups``); with ``--scheduler dask`` the cluster reads and decodes the chunks
+    (:class:`~foal_pipe.protocol.distributed.ClusterSplit`, the same bytes), and the heads' running states take the
+    rows here, in stream order, as their definitions need."""
     if run.execution.scheduler != "dask":
-        return train_rows(run, on_chunk)
+        return train_rows(run, on_chunk, groups, n_groups)
+    groups = run.row_task if groups is None else groups
+    n_groups = run.stream.n_tasks if n_groups is None else n_groups
     from foal_pipe.cluster import dask_client
     from foal_pipe.protocol.distributed import BLOCK_BYTES, ClusterSplit
 
     source = run.source("train")
     step, n = int(source.chunk_rows), int(source.n_rows)
-    starts = [lo for lo in range(0, n, step) if (run.row_task[lo : lo + step] >= 0).any()]
+    starts = [lo for lo in range(0, n, step) if (groups[lo : lo + step] >= 0).any()]
     block = max(1, BLOCK_BYTES // max(1, step * int(source.dim) * np.dtype(source.features.dtype).itemsize))
     with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("read"):
         split = ClusterSplit(source, client, str(Path(run.store.path).resolve()), run.model.fusion,
                              run.model.fusion_norm, "train", starts, block)
-        return GroupedRows(split, run.lanes, run.row_task, run.stream.n_tasks, run.execution.max_memory, on_chunk,
-                           run.xp)
+        return GroupedRows(split, run.lanes, groups, n_groups, run.execution.max_memory, on_chunk, run.xp)
 
 
 def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:

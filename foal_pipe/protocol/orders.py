@@ -53,6 +53,7 @@ from foal_pipe.protocol.config import (
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
+from foal_pipe.protocol.headwalk import head_train_rows
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -238,7 +239,7 @@ def run_learn_orders(
         head_model = head_settings(stream, model, evaluation, execution)
         runs = [prepare(features, replace(stream, order_seed=s), head_model, evaluation, execution, heads=[model.head],
                         ridge=False) for s in seeds]
-        with shared_rows(runs) as shared:
+        with shared_rows(runs, head_train_rows) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
     loo = model.loo
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
