@@ -84,6 +84,19 @@ def test_a_refused_combination_says_why_in_one_line(store, tmp_path, args, messa
     assert_clean_error(invoke("learn", "--features", store, "--out", out, *STREAM, *args), message, out)
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--dtype", "float32"], "--head ncm keeps float64 statistics; drop --dtype float32"),
+    (["--no-mask-unseen"], "--head ncm predicts among the classes seen so far"),
+    (["--dtype", "float32", "--order-seeds", "0,1"], "--head ncm keeps float64 statistics"),
+])
+def test_sweep_heads_refuse_what_only_ridge_takes(store, tmp_path, args, message):
+    """They ran the heads in float64, masked, while sweep.json recorded the option: now refused, as learn --head."""
+    out = tmp_path / "out"
+    result = invoke("sweep", "--features", store, "--out", out, *STREAM, "--projection-dim", 16, "--gammas", "1",
+                    "--heads", "ridge,ncm", *args)
+    assert_clean_error(result, message, out)
+
+
 def test_docs_hold_the_capability_table_generated_from_the_registry():
     from foal_pipe.cli.flags import cli_form
     from foal_pipe.heads import HEADS

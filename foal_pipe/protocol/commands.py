@@ -20,7 +20,7 @@ from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.anytime import Anytime
-from foal_pipe.protocol.capabilities import check_points
+from foal_pipe.protocol.capabilities import Settings, check_capabilities, check_points
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
 from foal_pipe.protocol.headruns import (
@@ -203,6 +203,7 @@ def run_sweep(
         raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
                             f"fusions one at a time ({param('fusion', 'X')})")
     others = check_sweep_heads(sweep, model)
+    check_capabilities(others, Settings(stream, model, evaluation, execution))  # what ridge alone would take
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)

@@ -32,6 +32,7 @@ from foal_pipe.memory import check_memory, human
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.commands import (
     flag_grid_edge,
     head_settings,
@@ -317,6 +318,7 @@ def run_sweep_orders(
     with atomic_dir(out) as tmp:
         # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
         others = check_sweep_heads(sweep, model)
+        check_capabilities(others, Settings(stream, model, evaluation, execution))
         reason = ("--heads walks every head per class order" if others else
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0))
         runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)
