@@ -187,9 +187,9 @@ def test_sweep_heads_on_si_blurry_equal_learn_and_same_seed_same_bytes(store, tm
         assert (tmp_path / "c" / file).read_bytes() == (tmp_path / "ncm" / file).read_bytes()
 
 
-@pytest.mark.parametrize("args", [("learn", "--head", "ncm", "--stream", "si-blurry", "--eval-every", "100"),
+@pytest.mark.parametrize("args", [("learn", "--head", "dual", "--stream", "si-blurry", "--eval-every", "100"),
                                   ("learn", "--head", "dual", "--eval-every", "100")], ids=" ".join)
-def test_anytime_points_with_heads_are_refused_in_one_line(store, tmp_path, args):
+def test_anytime_points_with_dual_are_refused_in_one_line(store, tmp_path, args):
     out = tmp_path / "out"
     result = invoke(*args, "--features", store, "--out", out, "--tasks", 3, "--backend", "numpy")
     assert_clean_error(result, "drop --eval-every", out)

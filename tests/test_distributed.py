@@ -334,3 +334,42 @@ def test_extract_keep_blocks_on_dask_equals_local(tmp_path, cluster, tiny_vit_ch
     assert report.status == "created"
     assert (spec.out_path / "train" / "blocks" / "c" / "11" / "0" / "0").is_file()
     assert_same_store(tmp_path / "ref.zarr", spec.out_path)
+
+
+@pytest.mark.parametrize("head", ["ncm", "slda", "dual"])
+def test_learn_head_dask_equals_local(store, cluster, tmp_path, monkeypatch, head):
+    """A head on --scheduler dask: the cluster reads and decodes the train chunks, the head takes the rows in stream
+    order here; the same bytes as a local run (metrics.json and the model file)."""
+    from foal_pipe.protocol.distributed import ClusterSplit
+
+    reads = []
+    real = ClusterSplit.read_raw
+    monkeypatch.setattr(ClusterSplit, "read_raw", lambda self, lo, hi: reads.append(lo) or real(self, lo, hi))
+    args = ("--tasks", "4", "--seed", "3", "--backend", "numpy", "--head", head,
+            *(("--projection-dim", "150") if head == "dual" else ()))
+    local = invoke("learn", "--features", store, "--out", tmp_path / "local", *args)
+    assert local.exit_code == 0, local.output
+    assert not reads
+    dask = invoke("learn", "--features", store, "--out", tmp_path / "dask", *args, "--scheduler", "dask",
+                  "--dask-address", cluster.scheduler_address)
+    assert dask.exit_code == 0, dask.output
+    assert sorted(reads) == list(range(0, 3000, 170))  # every train chunk, read by the cluster
+    for name in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    assert 0.5 < json.loads((tmp_path / "local/metrics.json").read_text())["A_last"] < 1.0
+
+
+def test_head_orders_on_dask_read_once_by_the_cluster_and_equal_local(store, cluster, tmp_path, monkeypatch):
+    from foal_pipe.protocol.distributed import ClusterSplit
+
+    reads = []
+    real = ClusterSplit.read_raw
+    monkeypatch.setattr(ClusterSplit, "read_raw", lambda self, lo, hi: reads.append(lo) or real(self, lo, hi))
+    args = ("--tasks", "4", "--seed", "3", "--backend", "numpy", "--head", "slda", "--order-seeds", "0,1")
+    assert invoke("learn", "--features", store, "--out", tmp_path / "local", *args).exit_code == 0
+    dask = invoke("learn", "--features", store, "--out", tmp_path / "dask", *args, "--scheduler", "dask",
+                  "--dask-address", cluster.scheduler_address)
+    assert dask.exit_code == 0, dask.output
+    assert sorted(reads) == list(range(0, 3000, 170))  # one read of every chunk, for both orders
+    for name in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name

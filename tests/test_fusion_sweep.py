@@ -173,3 +173,28 @@ def test_each_fusion_keeps_its_activations_with_the_same_results_as_projecting_a
     result = _sweep(blocks_store, tmp_path / "again", "--fusions", ",".join(FUSIONS), "--max-memory", "1KiB", ok=False)
     assert result.exit_code == 0 and "projects the rows seen so far again" in result.output, result.output
     assert (tmp_path / "kept" / "sweep.json").read_bytes() == (tmp_path / "again" / "sweep.json").read_bytes()
+
+
+def test_heads_on_every_fusion_equal_a_learn_of_each_head_on_that_fusion(blocks_store, tmp_path):
+    """``sweep --fusions --heads``: each fusion's head entries equal ``learn --head H --fusion F`` (the same rows, in
+    the same order and blocks: equal matrices); ridge's results are those of the sweep without ``--heads``."""
+    fusions = ("mean-cls", "last")
+    heads = _sweep(blocks_store, tmp_path / "heads", "--fusions", ",".join(fusions), "--heads", "ridge,ncm,slda,balanced")
+    plain = _sweep(blocks_store, tmp_path / "plain", "--fusions", ",".join(fusions))
+    added = {"heads", "best_head", "best_head_selected_by", "best_head_test"}
+    assert {k: v for k, v in heads.items() if k not in added | {"fusions"}} == \
+        {k: v for k, v in plain.items() if k != "fusions"}
+    for entry, alone in zip(heads["fusions"], plain["fusions"], strict=True):
+        assert {k: v for k, v in entry.items() if k != "heads"} == alone
+        assert entry["heads"]["ridge"]["options"]["gamma"] == alone["best_gamma"]
+        for name in ("ncm", "slda", "balanced"):
+            out = tmp_path / f"{name}-{entry['fusion']}"
+            extra = ["--projection-dim", D, "--gamma", str(entry["heads"]["ridge"]["options"]["gamma"])] \
+                if name == "balanced" else []
+            result = runner.invoke(app, ["learn", "--features", str(blocks_store), "--out", str(out), "--tasks", "5",
+                                         "--head", name, "--fusion", entry["fusion"], *extra])
+            assert result.exit_code == 0, result.output
+            learned = json.loads((out / "metrics.json").read_text())
+            assert entry["heads"][name]["accuracy_matrix"] == learned["accuracy_matrix"], (name, entry["fusion"])
+    chosen = next(e for e in heads["fusions"] if e["fusion"] == heads["fusion"])
+    assert heads["heads"] == chosen["heads"]  # the top-level heads: the fusion chosen overall

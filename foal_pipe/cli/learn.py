@@ -60,15 +60,12 @@ def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[
             raise FoalPipeError(f"{flag} acts only with {needs} and would be ignored here; drop {flag} or add {needs}")
 
 
-def _check_head(ctx: typer.Context, head: str, init_model: Path | None, seeds: tuple[int, ...] | None) -> None:
-    """``learn --head``: the options the head cannot take, typed ones included, refused."""
+def _check_head(ctx: typer.Context, head: str) -> None:
+    """``learn --head``: the options the head cannot take, typed ones included, refused (with ``--init-model`` the
+    model names its head and fixes its options: checked against it, protocol/continuation.py)."""
     from foal_pipe.protocol.config import ModelConfig
     from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
 
-    if init_model is not None:
-        return  # the model names its head and fixes its options: checked against it (protocol/continuation.py)
-    if head != o.MODEL.head and seeds is not None:
-        raise FoalPipeError(f"--order-seeds runs ridge; run --head {head} once per --order-seed")
     typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS, "head_rows") if _typed(ctx, name)]
     check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
 
@@ -127,47 +124,25 @@ def learn(
     Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F), OUT/model.safetensors and OUT/timings.json
     (seconds per phase) as one unit: a failed or killed run leaves the previous outputs as they were.
     """
-    from foal_pipe.protocol.commands import run_learn
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.continuation import FIXED_BY_MODEL
+    from foal_pipe.protocol.entry import LearnSettings
+    from foal_pipe.protocol.entry import learn as learn_entry
+    from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
     with user_errors():
-        model = o.settings(ctx.params, ModelConfig)
-        stream = o.settings(ctx.params, StreamConfig)
-        evaluation = o.settings(ctx.params, EvaluationConfig)
-        execution = o.settings(ctx.params, ExecutionConfig)
         seeds = _order_seeds(order_seed, order_seeds)
-        if eval_features and init_model is None:
-            raise FoalPipeError("--eval-features scores a continued model; use it with --init-model")
-        if init_model is not None and seeds is not None:
-            raise FoalPipeError("--init-model continues one stream; leave out --order-seed/--order-seeds")
-        _check_head(ctx, head, init_model, seeds)
-        if init_model is None:  # a continued model's gamma settings are checked against the model's
+        settings = LearnSettings(
+            o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
+            o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,
+            tuple(eval_features or ()),
+            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS)
+                  if _typed(ctx, name)))
+        if init_model is None:  # a continued model's settings are checked against the model's
+            _check_head(ctx, head)
             _check_applies(ctx, LEARN_ONLY_WITH)
-        if init_model is not None:
-            from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
-            from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
-
-            fixed = (*FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS)
-            typed = [name for name in ("seed", "projection_init", *fixed) if _typed(ctx, name)]
-            for name in ("seed", "projection_init"):  # they draw the projection
-                if name in typed:
-                    option = "--" + name.replace("_", "-")
-                    raise FoalPipeError(f"{option} draws the projection, which comes from --init-model; drop {option}")
-            from foal_pipe.model.modelfile import stored_head
-            from foal_pipe.protocol.headcontinue import run_continue_head
-
-            if stored_head(init_model) is None:
-                done = run_continue(init_model, features, out, stream, model, evaluation, execution,
-                                    eval_features or [], _log, [name for name in fixed if name in typed])
-            else:
-                done = run_continue_head(init_model, features, out, stream, model, evaluation, execution,
-                                         eval_features or [], _log, [name for name in fixed if name in typed])
-        elif seeds is None:
-            done = run_learn(features, out, stream, model, evaluation, execution, log=_log)
-        else:
-            from foal_pipe.protocol.orders import run_learn_orders
-
-            done = run_learn_orders(features, out, seeds, stream, model, evaluation, execution, log=_log)
+        done = learn_entry(features, out, settings, log=_log)
+        if seeds is not None:
             std = done.metrics.std
             console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
@@ -236,28 +211,19 @@ def sweep(
     GCV and exact leave-one-out scores, computed on the training rows only, name the best gamma.
     With --fusions, the same for every fusion of a blocks store, and the best (fusion, gamma).
     """
-    from foal_pipe.protocol.commands import run_sweep
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+    from foal_pipe.protocol.entry import SweepSettings
+    from foal_pipe.protocol.entry import sweep as sweep_entry
 
     with user_errors():
-        config = o.settings(ctx.params, SweepConfig)
-        model = o.settings({k: v for k, v in ctx.params.items() if k != "select"}, ModelConfig)  # select: the sweep's
-        stream = o.settings(ctx.params, StreamConfig)
-        evaluation = o.settings(ctx.params, EvaluationConfig)
-        execution = o.settings(ctx.params, ExecutionConfig)
-        seeds = _order_seeds(order_seed, order_seeds)
+        settings = SweepSettings(
+            o.settings(ctx.params, SweepConfig),
+            o.settings(ctx.params, StreamConfig),
+            o.settings({k: v for k, v in ctx.params.items() if k != "select"}, ModelConfig),  # select: the sweep's
+            o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig),
+            _order_seeds(order_seed, order_seeds))
         _check_applies(ctx, SWEEP_ONLY_WITH)
-        if seeds is not None and fusions is not None:
-            raise FoalPipeError("--fusions compares fusions on one class order; leave out --order-seeds, or pass "
-                                "--fusion X with --order-seeds")
-        if seeds is not None and heads is not None:
-            raise FoalPipeError("--heads compares heads on one class order; leave out --order-seeds")
-        if seeds is None:
-            done = run_sweep(features, out, config, stream, model, evaluation, execution, log=_log)
-        else:
-            from foal_pipe.protocol.orders import run_sweep_orders
-
-            done = run_sweep_orders(features, out, seeds, config, stream, model, evaluation, execution, log=_log)
+        done = sweep_entry(features, out, settings, log=_log)
         report = done.report
         title = f"gamma sweep: {report.dataset} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
         for fusion, entry in [(e.fusion, e) for e in report.fusions] if report.fusions else [(None, report)]:

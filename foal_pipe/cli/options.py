@@ -90,7 +90,7 @@ OrderSeed = Annotated[int | None, typer.Option(help="Seed of the class order and
 OrderSeeds = Annotated[
     str | None,
     typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
-                 "reported per order with mean and std. Default: one order (--order-seed).")
+                 "reported per order with mean and std; every head (--head, sweep --heads). Default: one order (--order-seed).")
 ]
 MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the activations kept for leave-one-out "
                                         "(rows x D values; beyond it each boundary projects the rows again) and, with "
@@ -126,7 +126,8 @@ Scheduler = Annotated[
     choice(*SCHEDULERS),
     typer.Option(
         help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster "
-        "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process)."
+        "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process); with "
+        "a head other than ridge, the cluster reads the train split and the head takes its rows here."
     ),
 ]
 DaskAddress = Annotated[
@@ -224,7 +225,8 @@ EvalEvery = Annotated[
     int | None,
     typer.Option(help="Also score the test rows of the classes seen so far after every N training rows (exact ridge "
                  "on the rows seen; gamma: the last task end's choice, or --gamma): metrics.json gains the curve "
-                 "(anytime) and A_auc, its mean (Koh et al. 2022). Default: none (task ends only).",
+                 "(anytime) and A_auc, its mean (Koh et al. 2022); with --head, that head's model on the rows seen (not "
+                 "dual). Default: none (task ends only).",
                  show_default=False),
 ]
 EvalFeatures = Annotated[
@@ -252,7 +254,8 @@ Heads = Annotated[
     str | None,
     typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
                  "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
-                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). Not with --fusions or --order-seeds. "
+                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). With --fusions, every head on "
+                 "every fusion; with --order-seeds, every order of every head (means over the orders). "
                  "Default: none (the gamma sweep alone)."),
 ]
 Fusions = Annotated[

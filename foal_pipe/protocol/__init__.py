@@ -1,5 +1,9 @@
 """``learn`` and ``sweep``: the online protocol over a feature store, evaluated after every task.
 
+The entry points are :func:`learn` and :func:`sweep` (:mod:`foal_pipe.protocol.entry`): ``learn(features, out,
+LearnSettings(...))`` refuses the option combinations no run takes and dispatches every head, class orders and
+continuation; the command line calls them.
+
 Both engines first read the stream's train rows once, whatever the class order and the number of tasks
 (:class:`~foal_pipe.protocol.rowcache.GroupedRows`: every chunk decoded once on background threads, the rows grouped by
 task, in memory or in a temporary file; on a GPU backend copied to the device as they decode,
@@ -33,11 +37,14 @@ from foal_pipe.lazy import lazy_names
 if TYPE_CHECKING:
     from foal_pipe.protocol.commands import run_learn, run_sweep
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+    from foal_pipe.protocol.entry import LearnSettings, SweepSettings, learn, sweep
 
-__all__ = ["EvaluationConfig", "ExecutionConfig", "ModelConfig", "StreamConfig", "SweepConfig", "run_learn", "run_sweep"]
+__all__ = ["EvaluationConfig", "ExecutionConfig", "LearnSettings", "ModelConfig", "StreamConfig", "SweepConfig",
+           "SweepSettings", "learn", "run_learn", "run_sweep", "sweep"]
 
 __getattr__ = lazy_names(__name__, {
     "foal_pipe.protocol.commands": ["run_learn", "run_sweep"],
+    "foal_pipe.protocol.entry": ["LearnSettings", "SweepSettings", "learn", "sweep"],
     "foal_pipe.protocol.config": ["EvaluationConfig", "ExecutionConfig", "ModelConfig", "StreamConfig",
                                     "SweepConfig"],
 })

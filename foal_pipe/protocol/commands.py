@@ -20,18 +20,18 @@ from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.anytime import Anytime
+from foal_pipe.protocol.capabilities import Settings, check_capabilities, check_points
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
 from foal_pipe.protocol.headruns import (
     check_head_options,
-    check_head_stream,
     check_learn_head,
     check_ridge_model_file,
     check_sweep_heads,
     head_space,
     resolved_options,
 )
-from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, learn_heads
+from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, head_train_rows, learn_heads
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -53,13 +53,14 @@ from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
     TRAINING_CRITERIA,
+    AnytimeCurve,
     LearnMetrics,
     SweepReport,
     SweepSelection,
 )
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
-from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows, train_rows
+from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows
 from foal_pipe.store.blockfusion import parse_fusions
 
 
@@ -77,7 +78,7 @@ def run_learn(
     and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
     ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
     if model.head != DEFAULT_HEAD:
-        return run_learn_head(features, out, stream, model, evaluation, execution, log)
+        return run_learn_head(features, out, stream, model, evaluation, execution, log, shared)
     check_head_options([DEFAULT_HEAD], model)
     check_ridge_model_file(model)
     start = time.perf_counter()
@@ -109,26 +110,40 @@ def run_learn(
     return write_learned(out, [run], start, metrics, lambda path: save_model(final, run, path), timed=True)
 
 
+def head_settings(stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig,
+                  execution: ExecutionConfig) -> ModelConfig:
+    """``learn --head NAME`` (not ridge): its settings checked before any work; the model settings it runs with."""
+    check_head_options([model.head], model)
+    return check_learn_head(model, evaluation, execution, stream)
+
+
 def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
-                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None]) -> Learned:
+                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None],
+                   shared: SharedRows | None = None) -> Learned:
     """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
     ``metrics.json`` (with ``head`` and ``head_options``), ``model.safetensors`` (the head after the last task) and
-    ``timings.json`` as one unit."""
+    ``timings.json`` as one unit. ``shared`` as in :func:`run_learn`."""
     start = time.perf_counter()
     check_output_dir(out)
-    check_head_options([model.head], model)
-    check_head_stream(stream, evaluation)
-    settings = check_learn_head(model, evaluation, execution)
+    settings = head_settings(stream, model, evaluation, execution)
     run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
     warn_dropped(run, stream, log)
     options = resolved_options(model.head, model)
+    anytime = anytime_points(run)
+    points = None if anytime is None else {model.head: []}
+    if anytime is not None:
+        check_points(model.head, run.store.train.labels[np.concatenate(run.stream.rows)], anytime.every)
     spaces = {model.head: head_space(model.head, model)}
     with np.errstate(all="ignore"):
         heads = build_heads(run, [model.head], options, spaces)
-        boundaries, _ = head_boundaries(run, heads, spaces=spaces)
-        reports = head_reports(run, boundaries, spaces)
-    metrics = LearnMetrics(**reports[model.head], head=model.head, head_options=options,
-                           **run_info(run, stream))
+        boundaries, _ = head_boundaries(run, heads, shared and shared.train, points=points, spaces=spaces)
+        reports = head_reports(run, boundaries, spaces, shared and shared.test, points)
+    report = reports[model.head]
+    curve = report.pop("curve", None)
+    metrics = LearnMetrics(**report, head=model.head, head_options=options, **run_info(run, stream))
+    if anytime is not None:
+        metrics = replace(metrics, A_auc=float(np.mean(curve)), anytime=AnytimeCurve(
+            eval_every=anytime.every, samples_seen=list(anytime.points), accuracy=[float(a) for a in curve]))
     return write_learned(out, [run], start, metrics, lambda path: save_head_model(
         heads[model.head], boundaries[model.head][-1], run, path), timed=True)
 
@@ -192,9 +207,8 @@ def run_sweep(
     if fusions and stream.stream != "disjoint":
         raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
                             f"fusions one at a time ({param('fusion', 'X')})")
-    others = check_sweep_heads(sweep, model, bool(fusions))
-    if others:
-        check_head_stream(stream, evaluation)
+    others = check_sweep_heads(sweep, model)
+    check_capabilities(others, Settings(stream, model, evaluation, execution))  # what ridge alone would take
     check_output_dir(out)
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
@@ -202,8 +216,9 @@ def run_sweep(
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
     solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
-    with np.errstate(all="ignore"), (train_rows(run) if others else nullcontext(shared and shared.train)) as train, \
-            (test_rows(run) if others else nullcontext(shared and shared.test)) as test:
+    read = others and shared is None  # the heads walk the rows ridge's walk takes, read once
+    with np.errstate(all="ignore"), (head_train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
+            (test_rows(run) if read else nullcontext(shared and shared.test)) as test:
         lanes = gram_walk(run, solvers, rows=train)
         if run.stream.kind == "disjoint":
             accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
@@ -213,20 +228,27 @@ def run_sweep(
         results = {key: sweep_results(gammas, lane.boundaries, reports[key], sweep.loo) for key, lane in lanes.items()}
         selections = {key: sweep_selections(lane.boundaries, reports[key][len(gammas):], solvers[key].criteria,
                                             sweep.per_decade) for key, lane in lanes.items()}
-        if others:  # heads that take gamma run at ridge's choice by a training criterion (never the test oracle)
-            model = replace(model, gamma=choose(results[None], select if select in TRAINING_CRITERIA else
-                                                ("loo" if sweep.loo else "gcv")))
-        head_fields, head_loo = learn_heads(run, others, asdict(model), train, test, sweep.loo) if others else ({}, {})
+        # heads that take gamma run at ridge's choice on their feature set by a training criterion (never the oracle)
+        criterion = select if select in TRAINING_CRITERIA else ("loo" if sweep.loo else "gcv")
+        models = {key: replace(model, gamma=choose(results[key], criterion)) for key in lanes} if others else {}
+        heads = {key: learn_heads(run, others, asdict(m), train, test, sweep.loo, key) for key, m in models.items()}
     info = run_info(run, stream)
+
+    def with_heads(report: SweepReport, key: str | None) -> SweepReport:
+        return heads_report(report, sweep.heads, *heads.get(key, ({}, {})),
+                            {name: resolved_options(name, models[key]) for name in others})
+
     if fusions:
-        report = fusions_report(gammas, [fusion_entry(key, results[key], select, selections[key]) for key in fusions],
-                                select, model, info)
+        entries = [fusion_entry(key, results[key], select, selections[key]) for key in fusions]
+        if sweep.heads:  # every fusion's heads, as a sweep of that fusion alone with --heads writes them
+            entries = [replace(e, heads=with_heads(sweep_report(gammas, results[e.fusion], select, info), e.fusion).heads)
+                       for e in entries]
+        report = fusions_report(gammas, entries, select, model, info)
     else:
         report = sweep_report(gammas, results[None], select, info, selections[None])
     warn_search_edges(report.selections or [], log)
     if sweep.heads:
-        report = heads_report(report, sweep.heads, head_fields, head_loo,
-                              {name: resolved_options(name, model) for name in others})
+        report = with_heads(report, report.fusion if fusions else None)
     for key, lane in lanes.items():
         _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)

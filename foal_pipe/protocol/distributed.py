@@ -150,3 +150,54 @@ def dask_statistics(
     if not np.array_equal(got, expected) or any(t is None for t in totals):
         raise FoalPipeError(f"dask returned statistics for {int(got.sum())} of {int(expected.sum())} rows; re-run the command")
     return totals
+
+
+def read_chunks(path: str, fusion: str | None, fusion_norm: bool, split: str, starts: list[int]) -> dict[int, Any]:
+    """On a worker: the stored chunks of a split that start at ``starts`` (:meth:`~foal_pipe.store.Split.read_raw`,
+    checked as a local read is), the store opened once for them, with the run's ``fusion``."""
+    from foal_pipe.store import open_store
+
+    source = open_store(path, fusion, fusion_norm).split(split)
+    step, n = int(source.chunk_rows), int(source.n_rows)
+    return {lo: source.read_raw(lo, min(lo + step, n)) for lo in starts}
+
+
+class ClusterSplit:
+    """A split whose chunks the cluster reads and decodes (``--scheduler dask`` with a head other than ridge), read
+    like the local split it wraps (:class:`~foal_pipe.protocol.rowcache.GroupedRows` calls :meth:`read_raw` chunk
+    by chunk, in order, on a few threads): the chunks are asked for in blocks of ``block`` chunks, ``ahead`` blocks
+    ahead of the one read, and each block is let go once its chunks are taken. The bytes are those of a local read."""
+
+    def __init__(self, split: Any, client: Client, path: str, fusion: str | None, fusion_norm: bool, name: str,
+                 starts: list[int], block: int, ahead: int = 2) -> None:
+        import threading
+
+        self._split, self._client = split, client
+        self._where = (path, fusion, fusion_norm, name)
+        self._blocks = [starts[i : i + block] for i in range(0, len(starts), block)]
+        self._block_of = {lo: b for b, chunk in enumerate(self._blocks) for lo in chunk}
+        self._left = [len(chunk) for chunk in self._blocks]
+        self._futures: dict[int, Any] = {}
+        self._ahead = ahead
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:  # labels, dim, features, chunk_rows, n_rows, rows_of: the local split's
+        return getattr(self._split, name)
+
+    def read_raw(self, lo: int, hi: int) -> np.ndarray:
+        b = self._block_of[lo]
+        with self._lock:
+            for k in range(b, min(b + 1 + self._ahead, len(self._blocks))):
+                if k not in self._futures and self._left[k]:
+                    self._futures[k] = self._client.submit(read_chunks, *self._where, self._blocks[k], pure=False)
+            future = self._futures[b]
+        try:
+            raw = future.result()[lo]
+        except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
+            raise FoalPipeError(f"{self._where[0]}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; "
+                                f"{REEXTRACT}") from None
+        with self._lock:
+            self._left[b] -= 1
+            if not self._left[b]:
+                self._futures.pop(b).release()
+        return raw

@@ -27,7 +27,7 @@ from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.continuation import FIXED_BY_MODEL, check_new_rows, continued_outputs, label_map
-from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_stream
+from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 from foal_pipe.protocol.headwalk import head_accuracies, head_boundaries
 from foal_pipe.protocol.records import Learned, accuracy_report, run_info
 from foal_pipe.protocol.run import HeadStart, prepare
@@ -127,10 +127,10 @@ def run_continue_head(
         raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
     if execution.scheduler != "local":
         raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
-    check_head_stream(stream, evaluation)
-    if stream.stream != "disjoint":
+    if stream.stream != "disjoint" or evaluation.eval_every is not None:  # as a ridge model's continuation
+        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
         raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
-                            f"{param('stream', stream.stream)}")
+                            f"{option}")
     if takes_batch_size(name) and stream.batch_size != options["batch_size"]:
         raise FoalPipeError(f"the model's {name} recursion ran on mini-batches of {options['batch_size']} rows; pass "
                             f"{param('batch_size', options['batch_size'])} to continue it exactly")

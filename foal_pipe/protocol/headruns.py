@@ -10,6 +10,7 @@ from typing import Any
 from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry, make_head
+from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
@@ -105,27 +106,19 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
         raise FoalPipeError(f"{', '.join(names)} take{'s' if len(names) == 1 else ''} no gamma: drop {param('gamma')}")
 
 
-def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> ModelConfig:
-    """``learn --head`` other than ridge: its settings checked; the model settings it runs with (a head on the
-    store's features: no projection)."""
+def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
+                     stream: StreamConfig | None = None) -> ModelConfig:
+    """``learn --head`` other than ridge: its settings checked against the capability table
+    (:data:`~foal_pipe.protocol.capabilities.CAPABILITIES`); the model settings it runs with (a head on the store's
+    features: no projection)."""
     head_entry(model.head)
-    if not evaluation.mask_unseen:
-        raise FoalPipeError(f"{param('head', model.head)} predicts among the classes seen so far; drop "
-                            f"{param('mask_unseen', False)} (it is ridge's published-code rule)")
-    if execution.scheduler != "local":
-        raise FoalPipeError(f"{param('head', model.head)} runs in this process; use {param('scheduler', 'local')}")
-    if model.gamma == "auto":
-        raise FoalPipeError(f"{param('gamma', 'auto')} chooses ridge's gamma; {param('head', model.head)} takes a "
-                            f"number: pass e.g. {param('gamma', 1)}, or compare gammas with `sweep --heads ridge,"
-                            f"{model.head}`")
-    if model.dtype != "float64":
-        raise FoalPipeError(f"{param('head', model.head)} keeps float64 statistics; drop {param('dtype', model.dtype)}")
+    check_capabilities([model.head], Settings(stream or StreamConfig(), model, evaluation, execution))
     if head_space(model.head, model) == "features":
         return replace(model, projection_dim=0, activation=None)
     return model
 
 
-def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> list[str]:
+def check_sweep_heads(sweep: SweepConfig, model: ModelConfig) -> list[str]:
     """``sweep --heads``: the names checked (ridge among them: its gamma sweep gives the sweep's own keys) and the
     heads other than ridge, which the walk adds."""
     names = list(sweep.heads)
@@ -142,17 +135,5 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig, fusions: bool) -> 
     if model.head_rows is not None:
         raise FoalPipeError(f"{param('heads')} compares the heads on their own rows; drop {param('head_rows')} (or run "
                             f"`learn --head NAME --head-rows {model.head_rows}`)")
-    if fusions:
-        raise FoalPipeError(f"{param('heads')} compares heads on one feature set; pass {param('fusion')} with it, not "
-                            f"{param('fusions')}")
     check_head_options(names, model)
     return [name for name in names if HEADS[name].factory is not None]
-
-
-def check_head_stream(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
-    """Heads other than ridge are scored at task ends, on disjoint or Si-Blurry streams (every head's state is a
-    function of the rows added so far, whatever their classes' order): anytime points refused, since a point inside
-    a task is no boundary of dual's per-task recursion (docs/streams.md)."""
-    if evaluation.eval_every is not None:
-        raise FoalPipeError(f"the heads other than ridge are scored at task ends; drop {param('eval_every')} (or use "
-                            "ridge alone)")

@@ -26,13 +26,16 @@ import numpy as np
 from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import DEFAULT_HEAD
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.commands import (
     flag_grid_edge,
+    head_settings,
     run_learn,
     run_sweep,
     save_model,
@@ -50,7 +53,8 @@ from foal_pipe.protocol.config import (
     check_seed,
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.headruns import check_ridge_model_file
+from foal_pipe.protocol.headruns import check_ridge_model_file, check_sweep_heads
+from foal_pipe.protocol.headwalk import head_train_rows
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -232,13 +236,19 @@ def run_learn_orders(
     check_orders(stream, seeds)
     check_ridge_model_file(model)
     out = Path(out)
+    settings = _Settings(stream, model, evaluation, execution)
+    if model.head != DEFAULT_HEAD:
+        head_model = head_settings(stream, model, evaluation, execution)
+        runs = [prepare(features, replace(stream, order_seed=s), head_model, evaluation, execution, heads=[model.head],
+                        ridge=False) for s in seeds]
+        with shared_rows(runs, head_train_rows) as shared:  # read by the cluster with --scheduler dask
+            return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
     loo = model.loo
     runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None)
     if reason is not None:
         with shared_rows(runs) as shared:
-            return _learn_per_order(features, out, seeds, _Settings(stream, model, evaluation, execution), reason,
-                                    start, log, shared)
+            return _learn_per_order(features, out, seeds, settings, reason, start, log, shared)
     _check_class_memory("learn", runs[0])
     for run in runs:
         warn_dropped(run, stream, log)
@@ -262,9 +272,12 @@ def run_learn_orders(
     return write_learned(out, runs, start, metrics, lambda path: save_model(finals[0], runs[0], path))
 
 
-def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str,
+def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str | None,
                      start: float, log: Callable[[str], None], shared: SharedRows) -> Learned:
-    log(f"running one walk per class order ({len(seeds)} walks over rows read once): {reason}")
+    """One walk per order over the rows read once (``reason``: why ridge cannot sum per class; None for a head
+    other than ridge, whose state follows its rows' stream order and is walked per order by definition)."""
+    if reason is not None:
+        log(f"running one walk per class order ({len(seeds)} walks over rows read once): {reason}")
     with atomic_dir(out) as tmp:
         results = []
         for s in seeds:
@@ -305,8 +318,11 @@ def run_sweep_orders(
     out = Path(out)
     with atomic_dir(out) as tmp:
         # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
-        reason = fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0)
-        runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution)
+        others = check_sweep_heads(sweep, model)
+        check_capabilities(others, Settings(stream, model, evaluation, execution))
+        reason = ("--heads walks every head per class order" if others else
+                  fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0))
+        runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)
         with shared_rows(runs) as shared:
             reports = []
             if reason is None:
@@ -327,14 +343,16 @@ def run_sweep_orders(
 
 
 def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
-                model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig) -> list[Run]:
-    """Every order's run of ``sweep`` (its settings validated before any work)."""
+                model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
+                heads: Sequence[str] = ()) -> list[Run]:
+    """Every order's run of ``sweep`` (its settings validated before any work; ``heads``: the heads other than
+    ridge, in its memory estimate)."""
     if not sweep.gammas:
         raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     m = replace(model, gamma=1.0, engine="gram")
     return [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
-                    loo=sweep.loo, command="sweep") for s in seeds]
+                    loo=sweep.loo, command="sweep", heads=heads) for s in seeds]
 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
@@ -367,8 +385,35 @@ def _combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select:
     for i, r in enumerate(reports[0].results):
         stats = summary([rep.results[i] for rep in reports])
         results.append(replace(r, **stats["mean"], std=stats["std"]))
-    orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results)
-              for s, rep in zip(seeds, reports)]
+    orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results,
+                         heads=rep.heads) for s, rep in zip(seeds, reports)]
     oracle = choose(results, "test")
-    return replace(reports[0], results=results, orders=orders, order_seeds=list(seeds), best_gamma_test=oracle,
-                   best_gamma=oracle if select == "test" else reports[0].best_gamma)
+    combined = replace(reports[0], results=results, orders=orders, order_seeds=list(seeds), best_gamma_test=oracle,
+                       best_gamma=oracle if select == "test" else reports[0].best_gamma)
+    return _combine_heads(combined, reports) if reports[0].heads else combined
+
+
+def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> SweepReport:
+    """``--heads`` over orders: each head's entry with its accuracy matrix, A_avg, A_last, F (std beside them) and
+    leave-one-out accuracy the means over the orders (ridge's options: each order's gamma); the best head by
+    mean leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
+    heads = {}
+    for name, first in report.heads.items():
+        entries = [rep.heads[name] for rep in reports]
+        stats = summary(entries)
+        T = len(first.accuracy_matrix)
+        mean = np.mean([[row + [np.nan] * (T - len(row)) for row in e.accuracy_matrix] for e in entries], axis=0)
+        loo = [e.loo_accuracy for e in entries]
+        heads[name] = replace(first, **stats["mean"], std=stats["std"],
+                              accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(T)],
+                              A_steps=[float(v) for v in np.mean([e.A_steps for e in entries], axis=0)],
+                              F_published_code=None if any(e.F_published_code is None for e in entries)
+                              else float(np.mean([e.F_published_code for e in entries])),
+                              loo_accuracy=None if None in loo else float(np.mean(loo)))
+        if name == "ridge":  # each order at its own gamma, chosen by the sweep's criterion on its training rows
+            heads[name] = replace(heads[name], options={"gammas": [e.options["gamma"] for e in entries],
+                                                        "selected_by": first.options["selected_by"]})
+    ranked = [name for name, entry in heads.items() if entry.loo_accuracy is not None]
+    best = max(ranked, key=lambda name: heads[name].loo_accuracy) if ranked else None
+    return replace(report, heads=heads, best_head=best, best_head_selected_by=report.best_head_selected_by if best else None,
+                   best_head_test=max(heads, key=lambda name: heads[name].A_avg))

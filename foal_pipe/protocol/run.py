@@ -48,6 +48,11 @@ class Run:
     fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
 
     @property
+    def features_dim(self) -> int:
+        """The width of the rows before the projection: a fusion's (``fused``; every fusion has one) or the store's."""
+        return self.fused["train"].dim if self.fused is not None else self.store.dim
+
+    @property
     def lanes(self) -> tuple[str | None, ...]:
         """What the walk keeps statistics for: every fusion of ``fused``, or the store's features (None)."""
         return self.fused["train"].specs if self.fused is not None else (None,)
@@ -172,9 +177,10 @@ class HeadStart:
 def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
                start: HeadStart | None = None) -> dict[str, int]:
     """The state of every head other than ridge (:data:`foal_pipe.heads.HEADS`' ``memory``: per-class statistics
-    included), at the width of the rows it takes, for every class; the scorers of every boundary, which wait for the
-    one test pass (``kept``, from the classes each task's rows hold); with ``model_file`` (``learn --head``), what
-    writing the one head's model file adds while they are held; with ``start``, the continued model's tensors."""
+    included), at the width of the rows it takes, for every class; the scorers of every boundary (and ``--eval-every``
+    point), which wait for the one test pass (``kept``, from the classes each task's rows, or each point's, hold);
+    with ``model_file`` (``learn --head``), what writing the one head's model file adds while they are held; with
+    ``start``, the continued model's tensors."""
     from foal_pipe.heads import HEADS
     from foal_pipe.heads.state import file_bytes
     from foal_pipe.protocol.headruns import head_space
@@ -182,18 +188,22 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
     names = [name for name in heads if HEADS[name].factory is not None]
     if not names:
         return {}
-    dims = {"features": run.store.dim, "projected": run.dim, "activations": run.dim}
+    dims = {"features": run.features_dim, "projected": run.dim, "activations": run.dim}
     labels = np.asarray(run.store.train.labels)
     classes = np.arange(len(run.store.classes))
     if start is not None:
         labels, classes = start.merged[labels], np.union1d(start.merged, start.classes)
     seen = np.empty(0, dtype=np.int64) if start is None else np.asarray(start.classes, dtype=np.int64)
-    changes = []  # (classes whose rows changed, classes seen) at each boundary
+    changes = []  # (classes whose rows changed, classes seen) at each boundary and --eval-every point
+    every, done = run.evaluation.eval_every, 0
     for t, rows in enumerate(run.stream.rows):
-        task = np.unique(labels[rows])
-        changed = task.size if start is None or t else np.union1d(task, start.classes).size
-        seen = np.union1d(seen, task)
-        changes.append((changed, seen.size))
+        cuts = [] if every is None else [c - done for c in range(every * (done // every + 1), done + rows.size, every)]
+        for part, segment in enumerate(np.split(rows, cuts)):
+            task = np.unique(labels[segment])
+            changed = task.size if start is None or t or part else np.union1d(task, start.classes).size
+            seen = np.union1d(seen, task)
+            changes.append((changed, seen.size))
+        done += rows.size
     parts = {}
     for name in names:
         entry, width = HEADS[name], dims[head_space(name, run.model)]

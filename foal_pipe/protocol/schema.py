@@ -280,6 +280,8 @@ class HeadSweep(Accuracy):
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
     options: dict[str, Any] = key(MAPPING, required=True)
     loo_accuracy: float | None = key(FRACTION)
+    #: With ``--order-seeds``: the std over the orders of A_avg, A_last and F (the fields above are means).
+    std: dict[str, float] | None = key(NUMBER_BY_NAME)
 
 
 def _heads_by_name(values: dict, where: str, key: str) -> dict[str, HeadSweep]:
@@ -336,6 +338,8 @@ class FusionSweep(_Record):
     best_gamma_test: float | None = key(NUMBER)
     results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
     selections: list[SweepSelection] | None = key(_records(SweepSelection, "list of selections"))
+    #: ``--heads``: this fusion's entry of every head.
+    heads: dict[str, HeadSweep] | None = key(HEAD_SWEEPS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -347,6 +351,8 @@ class OrderSweep(_Record):
     tasks: list[list[int]] | None = key(TASKS)
     best_gamma: float | None = key(NUMBER)
     results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
+    #: ``--heads``: this order's entry of every head.
+    heads: dict[str, HeadSweep] | None = key(HEAD_SWEEPS)
 
 
 @dataclass(frozen=True, kw_only=True)

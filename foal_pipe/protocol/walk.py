@@ -316,8 +316,9 @@ class SharedRows:
         self.close()
 
 
-def shared_rows(runs: Sequence[Run]) -> SharedRows:
-    """The train and test rows of every run's stream (the same store), each split read once, grouped by class."""
+def shared_rows(runs: Sequence[Run], read: Callable[..., GroupedRows] | None = None) -> SharedRows:
+    """The train and test rows of every run's stream (the same store), each split read once, grouped by class
+    (the train split by ``read``, :func:`train_rows`'s signature; default :func:`train_rows`)."""
     run = runs[0]
     n_classes = len(run.store.classes)
     labels = run.store.train.labels
@@ -327,7 +328,7 @@ def shared_rows(runs: Sequence[Run]) -> SharedRows:
         groups[stream_rows] = labels[stream_rows]
     classes = np.unique(np.concatenate([np.concatenate(r.stream.tasks) for r in runs]))
     with progress_bar("read (one read, every order)", int(np.count_nonzero(groups >= 0))) as advance:
-        train = train_rows(run, advance, groups, n_classes)
+        train = (read or train_rows)(run, advance, groups, n_classes)
     try:
         return SharedRows(train, test_rows(run, classes))
     except BaseException:
