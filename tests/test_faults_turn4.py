@@ -145,3 +145,22 @@ def test_a_symlink_loop_as_out_is_refused(store, tmp_path):
     loop.symlink_to(loop)
     assert_one_line_error(_learn(store, loop), f"output {loop} is a symlink that never reaches", "choose another --out")
     assert loop.is_symlink()
+
+
+# -- 2. a huge --projection-dim: refused by the memory estimate before the projection is drawn ----------------------
+@pytest.mark.parametrize("command", [
+    ("learn",), ("sweep",), ("learn", "--head", "balanced"), ("learn", "--head", "dual"),
+    ("learn", "--order-seeds", "0,1"), ("sweep", "--order-seeds", "0,1"),
+], ids=" ".join)
+def test_a_huge_projection_dim_is_refused_before_it_is_drawn(store, tmp_path, monkeypatch, command):
+    from foal_pipe.core.expansion import Expansion
+
+    def drawn(*args, **kwargs):
+        raise AssertionError(f"the projection was drawn: {args}")
+
+    monkeypatch.setattr(Expansion, "draw", drawn)
+    out = tmp_path / "run"
+    result = _invoke(*command, "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 10_000_000)
+    assert_one_line_error(result, f"{command[0]} needs about", "the projection (6 x 10,000,000)",
+                          "is available;", "--projection-dim")
+    assert not out.exists() and _leftovers(tmp_path) == []
