@@ -164,3 +164,40 @@ def test_a_huge_projection_dim_is_refused_before_it_is_drawn(store, tmp_path, mo
     assert_one_line_error(result, f"{command[0]} needs about", "the projection (6 x 10,000,000)",
                           "is available;", "--projection-dim")
     assert not out.exists() and _leftovers(tmp_path) == []
+
+
+# -- 3. learn --init-model on the same images re-extracted with another --chunk-rows or --dtype --------------------
+@pytest.fixture(scope="module")
+def extractions(tmp_path_factory) -> dict[str, Path]:
+    """The same image tree extracted three times (4-row chunks, 2-row chunks, float16), and another tree of the
+    same shape (same labels and row indices, other images)."""
+    root = tmp_path_factory.mktemp("reextracted")
+    trees = {name: helpers.make_image_tree(root / name, {"a": 6, "b": 6, "c": 6}, seed=seed)
+             for name, seed in (("tree", 0), ("other_tree", 1))}
+    stores = {}
+    for name, tree, extra in (("a", "tree", {}), ("rechunked", "tree", {"chunk_rows": 2}),
+                              ("float16", "tree", {"dtype": "float16"}), ("other", "other_tree", {})):
+        spec = dict(dataset="imagefolder", data_dir=str(trees[tree]), model="pixels", image_size=4,
+                    out=str(root / f"{name}.zarr"), device="cpu", workers=0, batch_size=4, chunk_rows=4)
+        run_extract(ExtractSpec(**{**spec, **extra}))
+        stores[name] = root / f"{name}.zarr"
+    return stores
+
+
+@pytest.mark.parametrize("head", ["ridge", "ncm", "slda", "fecam", "balanced", "dual"])
+def test_init_model_refuses_the_same_rows_re_extracted(extractions, tmp_path, head):
+    projected = ("--projection-dim", 8) if head in ("ridge", "balanced", "dual") else ()
+    first = _invoke("learn", "--features", extractions["a"], "--out", tmp_path / "first", "--head", head,
+                    "--tasks", 1, *projected)
+    assert first.exit_code == 0, first.output
+    model = tmp_path / "first" / "model.safetensors"
+    for again in ("a", "rechunked", "float16"):
+        result = _invoke("learn", "--init-model", model, "--features", extractions[again], "--out", tmp_path / "x")
+        assert_one_line_error(result, f"has already learned the training rows of {extractions[again]}",
+                              "would count every row twice")
+        assert not (tmp_path / "x").exists()
+    result = _invoke("learn", "--init-model", model, "--features", extractions["other"], "--out", tmp_path / "next")
+    assert result.exit_code == 0, result.output
+    result = _invoke("learn", "--init-model", tmp_path / "next" / "model.safetensors", "--features",
+                     extractions["rechunked"], "--out", tmp_path / "x")
+    assert_one_line_error(result, "the same rows extracted again: data identity", "would count every row twice")

@@ -203,6 +203,23 @@ class FeatureStore:
     def split(self, name: str) -> Split | FusedSplit:
         return {"train": self.train, "test": self.test}[name]
 
+    def data_identity(self) -> str | None:
+        """What identifies the training rows whatever their chunking and dtype (the generation id changes with
+        both): a hash of the dataset, its source and the train rows' source indices and labels, all recorded by
+        ``extract``; None for a store without row indices or a source (one written by ``write_store``)."""
+        source = self.meta.extra.get("source")
+        try:
+            array = zarr.open_group(str(self.path), mode="r")["train/index"]
+        except KeyError:
+            return None
+        if source is None or not isinstance(array, zarr.Array):
+            return None
+        index = read_rows(self.path, "train/index", array, 0, int(array.shape[0]))
+        digest = hashlib.sha256(json.dumps([self.meta.dataset, source], sort_keys=True).encode())
+        for ids in (index, self.train.labels):
+            digest.update(np.ascontiguousarray(ids, dtype="<i8").tobytes())
+        return digest.hexdigest()
+
     def _layout(self, fusions: str) -> BlockLayout:
         if self.blocks is None or isinstance(self.train, FusedSplit):
             raise FoalPipeError(f"feature store {self.path} keeps no per-block tokens, so fusion {fusions} cannot be "
