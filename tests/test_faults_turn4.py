@@ -10,7 +10,10 @@ every row twice; a store or model file whose declared version was edited down sk
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -20,8 +23,10 @@ import pytest
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
-from foal_pipe.store import write_store
+from foal_pipe.store import open_store, write_store
+from foal_pipe.store.blockfusion import FinalNorm
 
 runner = CliRunner()
 CLASSES = ["a", "b", "c", "d"]
@@ -56,7 +61,7 @@ def _other_filesystem(tmp_path: Path) -> Path:
     shm = Path("/dev/shm")
     if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("no second filesystem (/dev/shm) to put the link's target on")
-    return Path(__import__("tempfile").mkdtemp(prefix="foal-faults-", dir=shm))
+    return Path(tempfile.mkdtemp(prefix="foal-faults-", dir=shm))
 
 
 @pytest.fixture(params=["same", "other"])
@@ -67,7 +72,7 @@ def target_root(request, tmp_path):
         return
     root = _other_filesystem(tmp_path)
     yield root
-    __import__("shutil").rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _link(tmp_path: Path, target_root: Path, name: str) -> tuple[Path, Path]:
@@ -201,3 +206,77 @@ def test_init_model_refuses_the_same_rows_re_extracted(extractions, tmp_path, he
     result = _invoke("learn", "--init-model", tmp_path / "next" / "model.safetensors", "--features",
                      extractions["rechunked"], "--out", tmp_path / "x")
     assert_one_line_error(result, "the same rows extracted again: data identity", "would count every row twice")
+
+
+# -- 4. a declared version edited down: every integrity record present is still checked ---------------------------
+def _edit_attrs(store: Path, **attrs) -> None:
+    """Edit the store's attributes by hand (as a user would, in zarr.json): a value None removes the key."""
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"].update(attrs)
+    doc["attributes"] = {k: v for k, v in doc["attributes"].items() if v is not None}
+    meta.write_text(json.dumps(doc))
+
+
+def _strip_records(store: Path) -> None:
+    for meta in store.rglob("zarr.json"):
+        doc = json.loads(meta.read_text())
+        if doc.get("node_type") == "array":
+            doc["attributes"].pop("chunk_files", None)
+            meta.write_text(json.dumps(doc))
+
+
+def _swap_chunks(store: Path) -> None:
+    """Exchange the first two chunk files of train/features (same size: a CRC-32C alone passes them)."""
+    first, second = store / "train/features/c/0/0", store / "train/features/c/1/0"
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+
+
+def _refused_everywhere(store: Path, tmp_path: Path, model: Path, *fragments: str) -> None:
+    for args in (("learn", "--features", store, "--out", tmp_path / "r2", "--tasks", 2, "--projection-dim", 16),
+                 ("sweep", "--features", store, "--out", tmp_path / "s2", "--tasks", 2, "--projection-dim", 16),
+                 ("predict", "--model", model, "--features", store)):
+        assert_one_line_error(_invoke(*args), f"feature store {store}", *fragments)
+    assert not (tmp_path / "r2").exists() and not (tmp_path / "s2").exists()
+
+
+@pytest.mark.parametrize("version", [3, 2, 1])
+def test_a_store_whose_version_was_edited_down_is_refused(store, tmp_path, version):
+    assert _learn(store, tmp_path / "run").exit_code == 0
+    model = tmp_path / "run" / "model.safetensors"
+    _swap_chunks(store)
+    _edit_attrs(store, format_version=version)
+    _refused_everywhere(store, tmp_path, model, f"declares format_version {version} but carries the chunk records "
+                        "of format 4: its version was edited down")
+    _strip_records(store)  # the records gone too: the generation id still holds the metadata and chunks
+    _refused_everywhere(store, tmp_path, model, "is damaged", "generation id")
+
+
+def test_a_downgraded_store_with_an_edited_norm_kind_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = _data(64, 0)
+    blocks = rng.normal(size=(64, 2, 6)).astype(np.float32)
+    store = write_store(tmp_path / "b.zarr", (x, y), (x[:32], y[:32]), CLASSES, chunk_rows=32,
+                        blocks=(blocks, blocks[:32]), norm=FinalNorm("identity"))
+    doc = json.loads((store / "zarr.json").read_text())
+    doc["attributes"]["blocks"]["norm"]["kind"] = "identity"
+    _edit_attrs(store, format_version=3, blocks=doc["attributes"]["blocks"])
+    with pytest.raises(FoalPipeError, match="declares format_version 3 but carries the chunk records of format 4"):
+        open_store(store)
+
+
+def test_an_old_store_is_read_and_its_generation_checked(store, tmp_path):
+    """A genuine format-3 store (no chunk records, a generation id over every chunk) still reads; swapped chunks
+    in it, which no record binds, are now refused by its generation id instead of read."""
+    from foal_pipe.store.integrity import compute_generation
+
+    _strip_records(store)
+    _edit_attrs(store, format_version=3, generation=None)
+    _edit_attrs(store, generation=compute_generation(store))
+    x = open_store(store).train.read(0, 64)
+    np.testing.assert_array_equal(x, _data(128, 0)[0][:64])
+    _swap_chunks(store)
+    with pytest.raises(FoalPipeError, match=r"is damaged: its attributes or array metadata differ"):
+        open_store(store)

@@ -36,7 +36,14 @@ from foal_pipe.store.chunks import (
     read_rows,
     rows_text,
 )
-from foal_pipe.store.integrity import UNSEALED_FIX, generation_problem, group_arrays, guard_chunks, sealed
+from foal_pipe.store.integrity import (
+    UNSEALED_FIX,
+    generation_problem,
+    group_arrays,
+    guard_chunks,
+    proven_version,
+    sealed,
+)
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -420,8 +427,17 @@ def _split_arrays(group: zarr.Group, path: Path, name: str) -> tuple[zarr.Array,
 def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array],
                  fingerprint: tuple[Any, ...]) -> None:
     """Refuse a format-4 store whose metadata changed since it was completed, then make every chunk read check
-    the file against its record; older stores (no integrity data) get the chunk size limits only."""
-    if sealed(meta):
+    the file against its record; older stores get the chunk size limits and, where they carry a generation id,
+    its check (over every chunk's size and last bytes). Every record present is checked: a store declaring a
+    version older than its records prove (:func:`proven_version`) is refused."""
+    proven = proven_version(arrays)
+    if meta.complete and meta.format_version < proven:
+        raise FoalPipeError(f"feature store {path} declares format_version {meta.format_version} but carries the chunk "
+                            f"records of format {proven}: its version was edited down, which would skip their checks; "
+                            f"restore format_version {proven} (its generation id is then checked) or re-extract it")
+    if not sealed(meta) and meta.complete and meta.generation is not None:
+        check_chunks(path, group, arrays=arrays)  # a missing chunk is named as missing, not as a changed store
+    if meta.complete and meta.generation is not None or sealed(meta):
         problem = generation_problem(path, group, meta)
         if problem is not None:
             check_same(path, fingerprint)  # a store replaced meanwhile is "changed", not damaged
