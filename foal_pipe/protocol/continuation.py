@@ -52,11 +52,7 @@ def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Pa
     ``learned_data``): its sums would count every row twice, as if the rows had been given twice."""
     for key, this, what in (("learned_from", store.meta.generation, "store generation"),
                             ("learned_data", store.data_identity(), "the same rows extracted again: data identity")):
-        learned = model.metadata.get(key, [])
-        if not isinstance(learned, list):
-            raise FoalPipeError(f"{init_model}: metadata {key!r} is not a list of ids; use a model file written by "
-                                "foal-pipe")
-        if this and this in learned:
+        if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings
             raise FoalPipeError(f"{init_model} has already learned the training rows of {features} ({what} "
                                 f"{this[:16]}); continuing on them would count every row twice: pass "
                                 f"{param('features')} a store of new rows")
