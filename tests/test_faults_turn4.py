@@ -280,3 +280,39 @@ def test_an_old_store_is_read_and_its_generation_checked(store, tmp_path):
     _swap_chunks(store)
     with pytest.raises(FoalPipeError, match=r"is damaged: its attributes or array metadata differ"):
         open_store(store)
+
+
+# -- 6. write_store (and extract --overwrite) delete only a store's own files ---------------------------------------
+def test_write_store_refuses_a_look_alike_folder_holding_a_users_file(tmp_path):
+    look_alike = tmp_path / "s.zarr"
+    look_alike.mkdir()
+    (look_alike / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
+                                                      "attributes": {"format": "foal-pipe/features"}}))
+    (look_alike / "thesis.tex").write_text("the user's")
+    with pytest.raises(FoalPipeError, match=r"s.zarr exists and is a feature store that also holds 'thesis.tex', "
+                                            r"which a store does not write; refusing to replace it"):
+        write_store(look_alike, _data(8, 0), _data(4, 1), CLASSES, chunk_rows=4)
+    assert (look_alike / "thesis.tex").read_text() == "the user's"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_real_store_is_still_replaced_and_a_users_file_inside_one_is_kept(store, tmp_path):
+    before = helpers.store_files(store)
+    write_store(store, _data(128, 5), _data(64, 6), CLASSES, chunk_rows=16)  # store files only: replaced
+    assert helpers.store_files(store) != before and "train/features/c/7/0" in helpers.store_files(store)
+    (store / "train" / "notes.txt").write_text("the user's")
+    with pytest.raises(FoalPipeError, match=r"also holds 'train/notes.txt'"):
+        write_store(store, _data(8, 0), _data(4, 1), CLASSES, chunk_rows=4)
+    assert (store / "train" / "notes.txt").read_text() == "the user's"
+
+
+def test_extract_overwrite_refuses_a_store_holding_a_users_file(tmp_path):
+    spec = ExtractSpec(dataset="imagefolder", data_dir=str(helpers.make_image_tree(tmp_path / "tree", {"a": 4})),
+                       model="pixels", image_size=4, out=str(tmp_path / "px.zarr"), device="cpu", workers=0,
+                       batch_size=4, chunk_rows=4)
+    run_extract(spec)
+    (tmp_path / "px.zarr" / "mine.txt").write_text("the user's")
+    with pytest.raises(FoalPipeError, match=r"px.zarr also holds 'mine.txt', which a store does not write; "
+                                            r"overwrite=True would delete it with the store"):
+        run_extract(spec, overwrite=True)
+    assert (tmp_path / "px.zarr" / "mine.txt").read_text() == "the user's"

@@ -12,6 +12,7 @@ import zarr
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
+from foal_pipe.io import is_feature_store
 from foal_pipe.store import (
     FORMAT,
     FORMAT_VERSION,
@@ -26,6 +27,7 @@ from foal_pipe.store import (
     verify_store,
 )
 from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.write import foreign_file
 
 
 def _shown(value: Any) -> str:
@@ -137,6 +139,10 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
     settings = store_settings(spec, inputs)
     if not overwrite:
         return _existing_state(out, out, settings)
+    foreign = foreign_file(out) if is_feature_store(out) else None
+    if foreign is not None:  # --overwrite deletes the old store whole: refuse before a user's file goes with it
+        raise FoalPipeError(f"{out} also holds {foreign!r}, which a store does not write; {param('overwrite', True)} "
+                            f"would delete it with the store: move it out first, or choose another {param('out')}")
     staged = staging_path(out)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:
