@@ -316,3 +316,21 @@ def test_extract_overwrite_refuses_a_store_holding_a_users_file(tmp_path):
                                             r"overwrite=True would delete it with the store"):
         run_extract(spec, overwrite=True)
     assert (tmp_path / "px.zarr" / "mine.txt").read_text() == "the user's"
+
+
+# -- 8. the Python API's model paths: FoalPipeError, never a bare TypeError or ValueError ---------------------------
+def test_model_paths_of_the_wrong_kind_raise_foal_pipe_errors(tmp_path, monkeypatch):
+    import foal_pipe
+    from foal_pipe import AnalyticClassifier
+    from foal_pipe.errors import InputTypeError
+
+    model = AnalyticClassifier().fit(*_data(16, 0))
+    for call in (lambda: foal_pipe.load_model(123), lambda: foal_pipe.load_model(b"path"),
+                 lambda: AnalyticClassifier.load(None), lambda: model.save(123)):
+        with pytest.raises(InputTypeError, match=r"a model path must be a str or a pathlib.Path, got "):
+            call()
+    monkeypatch.chdir(tmp_path)
+    for where in (".", "", tmp_path):
+        with pytest.raises(FoalPipeError, match=r"it names a directory; pass a file path, e.g. .*model.safetensors"):
+            model.save(where)
+    assert list(tmp_path.iterdir()) == []

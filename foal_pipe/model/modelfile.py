@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -49,7 +50,7 @@ import numpy as np
 from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, InputTypeError, param
 from foal_pipe.io import atomic_path, enclosing_store
 from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_checksum, is_checksum
 
@@ -136,6 +137,19 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "learned_data": (False, lambda v, _: None if isinstance(v, list) and all(isinstance(g, str) for g in v)
                      else "must be a list of data identities (strings)"),
 }
+
+
+def model_path(path: Any, writing: bool = False) -> Path:
+    """``path`` as a model file's path, or one line saying why it cannot be one (the Python API's callers get a
+    :class:`FoalPipeError` -- for a wrong type an ``InputTypeError``, also a ``TypeError`` -- not a bare
+    ``TypeError`` from deep inside): a ``str`` or ``os.PathLike``, naming a file when ``writing``."""
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise InputTypeError(f"a model path must be a str or a pathlib.Path, got {type(path).__name__} {path!r:.60}")
+    path = Path(path)
+    if writing and (path.name in ("", ".", "..") or path.is_dir()):
+        raise FoalPipeError(f"cannot save a model as {path}: it names a directory; pass a file path, e.g. "
+                            f"{path / MODEL_FILE}")
+    return path
 
 
 def _refuse(where: str, problem: str) -> FoalPipeError:
@@ -322,7 +336,7 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
     ``format``, ``format_version`` and ``checksum`` are added to ``metadata`` (a ``checksum`` passed in is
     replaced); the model is validated first, so nothing :func:`read_model` would refuse is ever written.
     """
-    path = Path(path)
+    path = model_path(path, writing=True)
     outer = enclosing_store(path)
     if outer is not None:  # among its arrays it would be in the way of every later read of the store
         raise FoalPipeError(f"cannot save a model as {path}: it lies in the feature store {outer}; save it outside")
@@ -371,7 +385,7 @@ def stored_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(path), framework="numpy") as f:
+        with safe_open(str(model_path(path)), framework="numpy") as f:
             return ({key: _decode(value) for key, value in (f.metadata() or {}).items()},
                     {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError):
@@ -403,7 +417,7 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
     """
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
+    path = model_path(path)
     if not path.exists():
         head = _run_head(path.parent)
         if head is not None:
