@@ -334,3 +334,37 @@ def test_model_paths_of_the_wrong_kind_raise_foal_pipe_errors(tmp_path, monkeypa
         with pytest.raises(FoalPipeError, match=r"it names a directory; pass a file path, e.g. .*model.safetensors"):
             model.save(where)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- 9. smaller ones: a metrics.json nested too deep, an empty image path, images with no pixels --------------------
+def test_a_metrics_json_nested_too_deep_is_one_line(tmp_path):
+    run = helpers.make_run(tmp_path / "run", model=False)
+    (run / "metrics.json").write_text("[" * 100_000 + "]" * 100_000)
+    for args in (("evaluate", "--run", run), ("summary", run)):
+        assert_one_line_error(_invoke(*args), "metrics.json is nested too deep to read (a run's metrics)")
+
+
+def test_predict_refuses_an_empty_image_path(model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # '' was '.': every image below the working directory was predicted
+    helpers.make_image_tree(tmp_path / "photos", {"a": 2})
+    result = _invoke("predict", "--model", model_dir / "model.safetensors", "--images", "")
+    assert_one_line_error(result, "an image path is empty; pass --images with files, folders or glob patterns")
+
+
+def test_predict_images_refuses_arrays_without_pixels(model_dir):
+    import foal_pipe
+
+    model = foal_pipe.load_model(model_dir / "model.safetensors")
+    for shape in ((0, 3, 4, 4), (1, 3, 0, 4), (2, 3, 4, 0)):
+        with pytest.raises(FoalPipeError, match="hold no pixels; pass at least one image of at least 1 x 1 pixels"):
+            model.predict_images(np.zeros(shape, dtype=np.uint8))
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    """A pixels model (4 x 4 images) learned from a tiny image tree."""
+    tree = helpers.make_image_tree(tmp_path / "tree", {"a": 4, "b": 4})
+    run_extract(ExtractSpec(dataset="imagefolder", data_dir=str(tree), model="pixels", image_size=4,
+                            out=str(tmp_path / "px.zarr"), device="cpu", workers=0, batch_size=4, chunk_rows=4))
+    assert _learn(tmp_path / "px.zarr", tmp_path / "pixels-run").exit_code == 0
+    return tmp_path / "pixels-run"
