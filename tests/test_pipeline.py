@@ -206,6 +206,25 @@ def test_bad_dataset_entries_are_refused(resolve, datasets, name, message):
         resolve(params, name)
 
 
+@pytest.mark.parametrize("section", ["extract", "learn", "sweep"])
+def test_an_unknown_key_in_a_shared_section_is_refused(resolve, section):
+    """Issue 34: `gamme: 0.001` under `learn:` (or `dvc exp run -S +learn.gamme=0.001`) ran with gamma 1.0."""
+    resolve, error = resolve
+    params = _params()
+    params["datasets"] = {"digits": {}}
+    params[section] = {**params[section], "gamme": 0.001}
+    with pytest.raises(error, match=re.escape(f"`{section}` in params.yaml has unknown keys ['gamme']; its keys are: ")):
+        resolve(params, "digits")
+
+
+def test_the_repository_params_use_known_keys_only(resolve):
+    import _params
+
+    params = _params_defaults()
+    assert {section: sorted(params[section]) for section in _params.SECTIONS} == {
+        section: sorted(keys) for section, keys in _params.KEYS.items()}
+
+
 # --------------------------------------------------------------------------------------------------
 # The command line each stage builds
 
