@@ -368,3 +368,40 @@ def model_dir(tmp_path) -> Path:
                             out=str(tmp_path / "px.zarr"), device="cpu", workers=0, batch_size=4, chunk_rows=4))
     assert _learn(tmp_path / "px.zarr", tmp_path / "pixels-run").exit_code == 0
     return tmp_path / "pixels-run"
+
+
+# -- 7. an old run (no model_checksum): its recorded settings must fit the model file --------------------------------
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_evaluate_of_an_old_run_refuses_another_seeds_model(store, tmp_path, dtype):
+    for seed in (0, 1):
+        assert _learn(store, tmp_path / f"seed{seed}", "--seed", seed, "--dtype", dtype).exit_code == 0
+        metrics = tmp_path / f"seed{seed}" / "metrics.json"
+        old = {k: v for k, v in json.loads(metrics.read_text()).items() if k != "model_checksum"}
+        metrics.write_text(json.dumps(old))  # as written before model_checksum
+    result = _invoke("evaluate", "--run", tmp_path / "seed0")
+    assert result.exit_code == 0, result.output  # its own model: the settings fit
+    shutil.copy(tmp_path / "seed1" / "model.safetensors", tmp_path / "seed0" / "model.safetensors")
+    assert_one_line_error(_invoke("evaluate", "--run", tmp_path / "seed0"), "is not the model run",
+                          "its projection is not the one the run's seed 0 draws")
+    result = _invoke("evaluate", "--run", tmp_path / "seed0", "--model", tmp_path / "seed1" / "model.safetensors")
+    assert_one_line_error(result, "its projection is not the one the run's seed 0 draws")
+
+
+# -- 10. the heaviest tests are marked slow, so -m "not slow" is a fast subset ---------------------------------------
+def test_the_heaviest_tests_are_marked_slow():
+    import subprocess
+    import sys
+
+    heavy = {"test_outputs.py": ["test_sigkill_at_random_moments", "test_kill_at_each_step_of_the_swap"],
+             "test_pipeline.py": ["test_dvc_repro_runs_every_stage", "test_dvc_repro_twice_reruns_nothing",
+                                  "test_committed_dvc_lock_matches_code_and_params"],
+             "test_store_concurrency.py": ["test_two_extract_processes_one_store",
+                                           "test_readers_see_the_old_or_the_new_store_never_a_mix"]}
+    here = Path(__file__).parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow",
+                           *(str(here / name) for name in heavy)], capture_output=True, text=True, timeout=300,
+                          cwd=here.parent)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fast = {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines() if "::" in line}
+    assert fast, proc.stdout[-2000:]
+    assert not {name for names in heavy.values() for name in names} & fast
