@@ -405,3 +405,34 @@ def test_the_heaviest_tests_are_marked_slow():
     fast = {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines() if "::" in line}
     assert fast, proc.stdout[-2000:]
     assert not {name for names in heavy.values() for name in names} & fast
+
+
+def _png(rows: bytes, width: int, height: int) -> bytes:
+    """An RGB PNG whose (well-formed) compressed data holds ``rows``, filter bytes included."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def test_a_png_whose_pixel_data_stops_early_is_refused(model_dir, tmp_path):
+    from PIL import Image
+
+    row = b"\x00" + bytes(range(12))  # one row of 4 RGB pixels
+    whole, short = tmp_path / "whole.png", tmp_path / "short.png"
+    whole.write_bytes(_png(row * 3, 4, 3))
+    short.write_bytes(_png(row, 4, 3))  # Pillow decodes it, rows 2 and 3 zeros
+    with Image.open(short) as img:
+        img.load()
+        assert np.asarray(img)[1:].max() == 0
+    model = model_dir / "model.safetensors"
+    assert _invoke("predict", "--model", model, "--images", whole).exit_code == 0
+    result = _invoke("predict", "--model", model, "--images", short)
+    assert_one_line_error(result, f"cannot read image {short} (its pixel data ends after 13 of 39 bytes: the file is "
+                          "truncated)")
+    result = _invoke("predict", "--model", model, "--images", short, whole, "--skip-bad")
+    assert result.exit_code == 0 and "skipped" in result.output and "1 images predicted" in result.output, result.output

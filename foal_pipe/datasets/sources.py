@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.png import png_shortfall
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
@@ -67,6 +69,9 @@ class FileSource(ImageSource):
 
         with Image.open(self.paths[i]) as img:
             img.load()
+            short = png_shortfall(self.paths[i]) if img.format == "PNG" else None
+            if short is not None:
+                raise ValueError(short)
             return img
 
     def describe(self, i: int) -> str:

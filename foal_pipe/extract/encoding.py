@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
 
@@ -116,6 +117,9 @@ def _read(path: Path, size: int, interpolation: str) -> np.ndarray:
 
     with Image.open(path) as img:
         img.load()
+        short = png_shortfall(path) if img.format == "PNG" else None
+        if short is not None:
+            raise ValueError(short)
         return to_rgb_array(img, size, interpolation)
 
 
