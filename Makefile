@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install install-dev demo lint test bench docs clean
+.PHONY: install install-dev demo lint test test-fast bench docs clean
 
 # install: what `make demo` runs (extraction with PyTorch, the DVC pipeline); install-dev adds Dask and pytest.
 # `pip install foal-pipe` alone is the light install: learn, sweep, predict, evaluate, summary, info.
@@ -34,6 +34,11 @@ lint: install-dev
 
 test: install-dev
 	$(PY) -m pytest -q
+
+# The suite without the tests marked slow (Dask clusters, SIGKILL loops, dvc repro, real timm ViTs, concurrent
+# processes): a quick check while editing; `make test` runs everything.
+test-fast: install-dev
+	$(PY) -m pytest -q -m "not slow"
 
 # The documentation site: docs/*.md and the docstrings (mkdocs.yml), built offline into site/; warnings fail it.
 $(VENV)/.installed-docs: pyproject.toml

@@ -40,10 +40,25 @@ def _io_error(path: Path, exc: OSError, fix: str) -> FoalPipeError:
     return FoalPipeError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}")
 
 
+def follow_link(path: str | Path) -> Path:
+    """The path an output given as a symlink is written at: its target, so the link stays and nothing of the
+    target's moves (replacing the link itself would leave the user's link a real folder, take the target's
+    files into it and, across filesystems, fail half-way). A symlink loop is refused."""
+    path = Path(path)
+    if not os.path.islink(path):
+        return path
+    target = Path(os.path.realpath(path))
+    if os.path.islink(target):
+        raise FoalPipeError(f"output {path} is a symlink that never reaches a file or folder (a loop); "
+                            f"remove it or choose another {param('out')}")
+    return target
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path; on success it replaces ``path``, on error it is removed."""
-    path = Path(path)
+    """Yield a temporary path; on success it replaces ``path`` (a symlink's target, the link kept), on error it
+    is removed."""
+    path = follow_link(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,9 +81,10 @@ def check_output_dir(path: str | Path) -> Path:
     """Refuse, before any work, an output directory that cannot be written; settles earlier interrupted runs.
 
     Creates the parent directories and a probe directory beside ``path`` (removed again), so a read-only
-    place, a path under a file or ``path`` being a file are named now rather than after training.
+    place, a path under a file or ``path`` being a file are named now rather than after training. A symlinked
+    ``path`` is checked (and later written) at its target: :func:`follow_link`.
     """
-    path = _check_parents(Path(path))
+    path = _check_parents(follow_link(path))
     if path.name in ("", ".", ".."):  # rename() refuses them: the run would fail after all its work
         raise FoalPipeError(f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename; "
                             f"pass it by name, e.g. {param('out')} {Path(os.path.abspath(path))}")
@@ -86,7 +102,7 @@ def check_output_dir(path: str | Path) -> Path:
 
 def check_output_file(path: str | Path) -> Path:
     """Refuse, before any work, an output file that cannot be written (a directory, under a file, read-only)."""
-    path = _check_parents(Path(path))
+    path = _check_parents(follow_link(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale(path)
@@ -215,8 +231,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary sibling directory; on success it becomes ``path`` in one rename.
 
     Entries of an existing ``path`` that this run does not write (say ``eval/`` beside a run's model) are
-    carried over. On any error the temporary directory is removed and ``path`` is left as it was; a run
-    killed at any point is settled by the next :func:`check_output_dir` on ``path``.
+    carried over. A symlinked ``path`` is replaced at its target, the link kept (:func:`follow_link`). On any
+    error the temporary directory is removed and ``path`` is left as it was; a run killed at
+    any point is settled by the next :func:`check_output_dir` on ``path``.
     """
     path = check_output_dir(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))

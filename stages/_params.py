@@ -35,6 +35,17 @@ PARAMS = Path("params.yaml")
 SECTIONS = ("extract", "learn", "sweep")
 
 
+#: The keys of each shared section, as the stage scripts read them: any other is refused, since a typo
+#: (`gamme: 0.001`, or `dvc exp run -S +learn.gamme=0.001`) would otherwise run with the default silently.
+KEYS = {
+    "extract": ("model", "checkpoint", "model_kwargs", "fusion", "token", "image_size", "normalize", "dtype",
+                "keep_blocks", "chunk_rows", "data_dir", "download", "device", "precision", "batch_size", "workers"),
+    "learn": ("tasks", "batch_size", "projection_dim", "activation", "gamma", "select", "seed", "order_seeds",
+              "engine", "dtype", "backend", "projection_init", "drop_last", "drop_remainder", "mask_unseen"),
+    "sweep": ("gammas", "select", "fusions"),
+}
+
+
 class ParamsError(ValueError):
     """params.yaml does not describe the run asked for; the message names the fix."""
 
@@ -43,13 +54,22 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     """One run's settings: ``{"dataset": ..., "extract": {...}, "learn": {...}, "sweep": {...}}``.
 
     ``params["datasets"][name]`` may set ``dataset`` (default: ``name``) and override keys of the shared
-    sections; an unknown key is refused (a typo would otherwise be ignored silently).
+    sections; an unknown key, there or in a shared section (:data:`KEYS`), is refused (a typo would otherwise be
+    ignored silently).
     """
     entries = params.get("datasets")
     if not isinstance(entries, dict):
         raise ParamsError(f"`datasets` in {PARAMS} must map run names to overrides, e.g. `digits: {{}}`")
     if name not in entries:
         raise ParamsError(f"no run {name!r} under `datasets` in {PARAMS}; the runs are: {', '.join(entries)}")
+    for section in SECTIONS:
+        shared = params.get(section)
+        if not isinstance(shared, dict):
+            raise ParamsError(f"`{section}` in {PARAMS} must map its settings to values, e.g. the repository's")
+        unknown = sorted(set(shared) - set(KEYS[section]))
+        if unknown:
+            raise ParamsError(f"`{section}` in {PARAMS} has unknown keys {unknown}; its keys are: "
+                              f"{', '.join(KEYS[section])}")
     entry = entries[name] or {}
     unknown = sorted(set(entry) - {"dataset", *SECTIONS})
     if unknown:

@@ -18,6 +18,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
 from foal_pipe.store import create_array, open_store, verify_store, write_store
 from foal_pipe.store.blockfusion import FUSION_FORMS, FinalNorm, FusedSplit, fuse, parse_fusion, parse_fusions
+from foal_pipe.store.integrity import compute_generation
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -413,8 +414,10 @@ def test_a_version_2_store_still_reads(tmp_path):
     for split, rows in (("train", slice(0, 40)), ("test", slice(40, 50))):
         create_array(group, f"{split}/features", x[rows].shape, (16, 6), "float32")[:] = x[rows]
         create_array(group, f"{split}/labels", y[rows].shape, (40,), "int64")[:] = y[rows]
-    group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": list("abcde"), "dataset": "v2",
-                     "encoder": {"name": "synthetic"}, "complete": True, "generation": "0" * 32})
+    attrs = {"format": "foal-pipe/features", "format_version": 2, "classes": list("abcde"), "dataset": "v2",
+             "encoder": {"name": "synthetic"}, "complete": True}
+    group.attrs.put(attrs)
+    group.attrs.put({**attrs, "generation": compute_generation(path)})  # checked on open: it must be the store's
     store = open_store(path)
     assert store.meta.format_version == 2 and store.blocks is None and store.train.blocks is None
     np.testing.assert_array_equal(_all(store.train), x[:40])

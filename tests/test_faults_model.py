@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import foal_pipe
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.model.checksum import content_checksum
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model
 from foal_pipe.store import write_store
@@ -145,6 +146,30 @@ def test_version_1_files_still_load_with_the_consistency_check(tmp_path, trained
         for names in (None, ("W", "classes", "projection")):  # G and Q are read for the check either way
             text = _refused(lambda names=names: read_model(old, names))
             assert "W does not solve (G + gamma I) W = Q for the stored gamma" in text and reason in text
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_model_relabelled_version_1_is_still_checksum_verified(tmp_path, trained, edit):
+    """Issue 34: a version-2 file relabelled version 1 (its checksum kept) skipped the checksum, so an edited
+    activation (81.69% instead of 94.93%) or swapped class names predicted with exit 0. Refused now, as edited
+    down (the declared version) or altered (the checksum, which covers the version too)."""
+    store, good = trained
+    bad = _altered(tmp_path, good, lambda data: _edit_meta(format_version=lambda _: 1)(EDITS[edit](data)))
+    for read in (lambda: read_model(bad), lambda: read_model(bad, names=("W", "classes", "projection")),
+                 lambda: foal_pipe.load_model(bad), lambda: AnalyticClassifier.load(bad)):
+        text = _refused(read)
+        assert "its content does not match its checksum" in text or "W does not solve" in text, text
+    result = runner.invoke(app, ["predict", "--model", str(bad), "--features", str(store)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    relabelled = tmp_path / "relabelled.safetensors"  # the version alone: the checksum covers it
+    relabelled.write_bytes(_edit_meta(format_version=lambda _: 1)(good.read_bytes()))
+    assert "its content does not match its checksum" in _refused(lambda: read_model(relabelled))
+    header, buffer = _parts(relabelled.read_bytes())  # its checksum recomputed: named as a version edited down
+    entries = [(name, info["dtype"], info["shape"], [buffer[slice(*info["data_offsets"])]])
+               for name, info in header.items() if name != "__metadata__"]
+    header["__metadata__"]["checksum"] = json.dumps(content_checksum(header["__metadata__"], entries))
+    relabelled.write_bytes(_join(header, buffer))
+    assert "declares format_version 1 but carries a checksum" in _refused(lambda: read_model(relabelled))
 
 
 def test_a_saved_model_carries_a_checksum_over_its_content(tmp_path, trained):

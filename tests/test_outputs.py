@@ -381,6 +381,7 @@ KILL_POINTS = {"writing": "old", "journal": "old", "exchanged": "new", "carrying
                "fallback-away": "old", "fallback-both": "new"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", sorted(KILL_POINTS))
 def test_kill_at_each_step_of_the_swap(tmp_path, point):
     out = tmp_path / "run"
@@ -425,6 +426,7 @@ def _timed_run(args: list[str], **env: str) -> float:
     return time.perf_counter() - started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["learn", "sweep"])
 def test_sigkill_at_random_moments(tmp_path, store, command):
     """Kill the real CLI at random moments (fixed seeds): the outputs are always one whole run's."""

@@ -206,6 +206,25 @@ def test_bad_dataset_entries_are_refused(resolve, datasets, name, message):
         resolve(params, name)
 
 
+@pytest.mark.parametrize("section", ["extract", "learn", "sweep"])
+def test_an_unknown_key_in_a_shared_section_is_refused(resolve, section):
+    """Issue 34: `gamme: 0.001` under `learn:` (or `dvc exp run -S +learn.gamme=0.001`) ran with gamma 1.0."""
+    resolve, error = resolve
+    params = _params()
+    params["datasets"] = {"digits": {}}
+    params[section] = {**params[section], "gamme": 0.001}
+    with pytest.raises(error, match=re.escape(f"`{section}` in params.yaml has unknown keys ['gamme']; its keys are: ")):
+        resolve(params, "digits")
+
+
+def test_the_repository_params_use_known_keys_only(resolve):
+    import _params
+
+    params = _params_defaults()
+    assert {section: sorted(params[section]) for section in _params.SECTIONS} == {
+        section: sorted(keys) for section, keys in _params.KEYS.items()}
+
+
 # --------------------------------------------------------------------------------------------------
 # The command line each stage builds
 
@@ -352,6 +371,7 @@ def test_stage_script_missing_store_is_one_line_error(workdir):
     assert missing.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error:") and "other.zarr" in lines[0]
 
 
+@pytest.mark.slow
 def test_extract_stage_script_resumes_keeps_or_replaces(tmp_path):
     """The store's recorded settings decide: the same settings leave a complete store as it is (not one file
     rewritten) and resume an interrupted one; other settings replace it."""
@@ -461,6 +481,7 @@ def fresh_clone(tmp_path_factory) -> Path:
     return _fresh_clone(tmp_path_factory.mktemp("lock") / "clone")
 
 
+@pytest.mark.slow
 def test_committed_dvc_lock_matches_code_and_params(fresh_clone):
     """`make demo` on a fresh clone must not rewrite dvc.lock: regenerate it (`dvc repro`) when this fails."""
     stale = stale_lock_entries(fresh_clone)
@@ -507,6 +528,7 @@ def repro(tmp_path_factory):
     return repo, _run([_dvc(), "repro"], repo, _env(repo))
 
 
+@pytest.mark.slow
 def test_dvc_repro_runs_every_stage(repro):
     repo, first = repro
     assert _ran(first) == {f"{stage}@digits" for stage in STAGE_NAMES}, first.stdout
@@ -525,6 +547,7 @@ def test_dvc_repro_runs_every_stage(repro):
     assert "runs/digits-sweep" in table.stdout and "skipped" not in table.stdout + table.stderr, table.stderr
 
 
+@pytest.mark.slow
 def test_dvc_repro_twice_reruns_nothing(repro):
     repo, _ = repro
     again = _run([_dvc(), "repro"], repo, _env(repo))
@@ -532,6 +555,7 @@ def test_dvc_repro_twice_reruns_nothing(repro):
     assert "Data and pipelines are up to date." in _run([_dvc(), "status"], repo, _env(repo)).stdout
 
 
+@pytest.mark.slow
 def test_dvc_repro_on_a_fresh_clone_leaves_git_status_clean(repro):
     """The committed dvc.lock records the outputs' hashes: byte-stable outputs leave it (and git) unchanged."""
     repo, _ = repro
@@ -552,6 +576,7 @@ def _files(path: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
     repo, _ = repro
     env = _env(repo)

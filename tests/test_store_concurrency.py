@@ -91,6 +91,7 @@ print(ex.run_extract(ex.ExtractSpec(**spec)).status)
 """
 
 
+@pytest.mark.slow
 def test_two_extract_processes_one_store(tmp_path, reference):
     """A second `extract` of the same store while the first runs is refused at once, naming the first; the
     first finishes alone and its store is exact."""
@@ -128,6 +129,7 @@ with writer_lock(sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_a_dead_writers_lock_is_taken_over(tmp_path, reference):
     spec = _spec(tmp_path / "digits.zarr")
     proc = subprocess.Popen([sys.executable, "-c", DIES_HOLDING, str(spec.out_path)], env=ENV)
@@ -272,6 +274,7 @@ def test_overwrite_builds_aside_and_resumes_there(tmp_path, monkeypatch, referen
     assert not Path(str(staging_path(store)) + ".log.json").exists()
 
 
+@pytest.mark.slow
 def test_readers_see_the_old_or_the_new_store_never_a_mix(tmp_path, reference):
     """A loop of `info --verify` in another process during an `extract --overwrite` never sees a damaged or
     incomplete store at the path (the swap is one atomic exchange)."""

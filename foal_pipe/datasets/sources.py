@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.errors import FoalPipeError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -87,6 +88,9 @@ class FileSource(ImageSource):
 
         with Image.open(self.paths[i]) as img:
             img.load()
+            short = png_shortfall(self.paths[i]) if img.format == "PNG" else None
+            if short is not None:
+                raise ValueError(short)
             return img
 
     def describe(self, i: int) -> str:

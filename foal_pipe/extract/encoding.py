@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
 
@@ -80,6 +81,9 @@ def find_images(patterns: Sequence[str | Path]) -> list[Path]:
     """Image files from files, folders (searched recursively) and glob patterns, in the order given."""
     found: list[Path] = []
     for pattern in patterns:
+        if not str(pattern).strip():  # Path("") is ".": every image under the working directory
+            raise FoalPipeError(f"an image path is empty; pass {param('images')} with files, folders or glob patterns "
+                                "(\".\" for the working directory)")
         path = Path(pattern).expanduser()
         if path.is_dir():
             files = images_in(path)
@@ -113,6 +117,9 @@ def _read(path: Path, size: int, interpolation: str) -> np.ndarray:
 
     with Image.open(path) as img:
         img.load()
+        short = png_shortfall(path) if img.format == "PNG" else None
+        if short is not None:
+            raise ValueError(short)
         return to_rgb_array(img, size, interpolation)
 
 
@@ -149,6 +156,9 @@ def encode_images(encoder: Any, images: Any, batch_size: int = BATCH_SIZE) -> np
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1] != 3:
             raise FoalPipeError(f"images must be uint8 (n, 3, h, w), got {images.dtype} {images.shape}; "
                                 "or pass image file paths")
+        if images.size == 0:
+            raise FoalPipeError(f"images of shape {images.shape} hold no pixels; pass at least one image of at least "
+                                "1 x 1 pixels")
         return np.concatenate([encoder.encode(images[lo : lo + batch_size])
                                for lo in range(0, len(images), batch_size)])
     paths = [images] if isinstance(images, str | Path) else list(images)

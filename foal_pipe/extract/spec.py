@@ -30,6 +30,7 @@ from foal_pipe.encoders import (
 )
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.manifest import read_manifest
+from foal_pipe.io import follow_link
 from foal_pipe.store import BLOCK_DTYPES, SPLITS
 from foal_pipe.store.blockfusion import NORMS
 from foal_pipe.version import __version__
@@ -104,7 +105,8 @@ class ExtractSpec:
 
     @property
     def out_path(self) -> Path:
-        return Path(self.out or DEFAULT_OUT.format(dataset=self.dataset)).expanduser()
+        """Where the store is written: a symlinked ``--out`` at its target, the link kept."""
+        return follow_link(Path(self.out or DEFAULT_OUT.format(dataset=self.dataset)).expanduser())
 
     def encoder_config(self) -> EncoderConfig:
         return EncoderConfig(self.model, self.fusion, self.token, self.image_size, self.normalize,

@@ -14,6 +14,7 @@ import zarr
 from foal_pipe.datasets.manifest import SplitManifest
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
+from foal_pipe.io import is_feature_store
 from foal_pipe.store import (
     FORMAT,
     FORMAT_VERSION,
@@ -29,7 +30,7 @@ from foal_pipe.store import (
 )
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.manifest import stored_manifest
-from foal_pipe.store.write import replace_manifest
+from foal_pipe.store.write import foreign_file, replace_manifest
 
 
 def _shown(value: Any) -> str:
@@ -144,6 +145,10 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
     settings = store_settings(spec, inputs)
     if not overwrite:
         return _check_manifest(_existing_state(out, out, settings), inputs)
+    foreign = foreign_file(out) if is_feature_store(out) else None
+    if foreign is not None:  # --overwrite deletes the old store whole: refuse before a user's file goes with it
+        raise FoalPipeError(f"{out} also holds {foreign!r}, which a store does not write; {param('overwrite', True)} "
+                            f"would delete it with the store: move it out first, or choose another {param('out')}")
     staged = staging_path(out)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:

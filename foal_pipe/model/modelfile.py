@@ -24,20 +24,22 @@ number), ``engine`` (``"gram"`` or ``"rls"``), ``dtype`` (the state's, ``"float6
 Optional and checked when present: ``class_names`` (one unique string per column of ``W``), ``dataset`` (a
 string), ``encoder`` (a mapping: the store's encoder provenance), ``activation`` (``"sigmoid"``),
 ``learned_from`` (the generation ids of the stores whose training rows the model has learned, in order: ``learn
---init-model`` refuses to learn them twice). Any other key is kept as JSON, so later versions can add provenance
-without a new format.
+--init-model`` refuses to learn them twice) and ``learned_data`` (their data identities, which survive
+re-extraction: :meth:`~foal_pipe.store.FeatureStore.data_identity`). Any other key is kept as JSON, so later
+versions can add provenance without a new format.
 
 Integrity: one flipped bit in ``W``, or an edited ``gamma``, ``activation`` or ``class_names``, would otherwise
 predict wrongly with exit status 0. The ``checksum`` covers every tensor and every other metadata value and is
-verified on every read; and wherever ``G`` and ``Q`` are stored, ``W`` must solve ``(G + gamma I) W = Q``
+verified on every read (whatever version the file declares: one declaring version 1 with a checksum is
+refused, its version was edited down); and wherever ``G`` and ``Q`` are stored, ``W`` must solve ``(G + gamma I) W = Q``
 (:func:`check_solution`, a product of D x D by D x C: version-1 files, which have no checksum, get it too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
+import os
 import struct
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -48,8 +50,9 @@ import numpy as np
 from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, InputTypeError, param
 from foal_pipe.io import METRICS_FILE, atomic_path, enclosing_store
+from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_checksum, is_checksum
 
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
@@ -58,14 +61,13 @@ FORMAT_VERSION = 2
 #: stay version 2, byte for byte.
 HEAD_FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
+#: The first version with a ``checksum``; a file declaring an older one while carrying it is refused.
+CHECKSUM_FROM = 2
 ALIGNMENT = 8
-#: ``checksum`` is this prefix and 64 hex digits.
-CHECKSUM_PREFIX = "sha256:"
 #: :func:`check_solution`'s tolerances, relative to the scale of the system; a legitimate solve leaves about
 #: 1e-15 (float64 rounding), so both leave a margin of a million.
 RESIDUAL_TOLERANCE = 1e-9
 GAMMA_TOLERANCE = 1e-9
-_READ_BLOCK = 1 << 24
 
 #: safetensors' dtype codes for the dtypes a model file may hold.
 CODES = {
@@ -129,15 +131,25 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "dataset": (False, lambda v, _: None if isinstance(v, str) else "must be a string"),
     "encoder": (False, lambda v, _: None if isinstance(v, dict) else "must be a mapping"),
     "activation": (False, lambda v, _: None if v in ACTIVATIONS else f"must be one of {', '.join(map(repr, ACTIVATIONS))}"),
-    "checksum": (False, lambda v, _: None if _is_checksum(v) else f"must be {CHECKSUM_PREFIX!r} and 64 hex digits"),
+    "checksum": (False, lambda v, _: None if is_checksum(v) else f"must be {CHECKSUM_PREFIX!r} and 64 hex digits"),
     "learned_from": (False, lambda v, _: None if isinstance(v, list) and all(isinstance(g, str) for g in v)
                      else "must be a list of store generation ids (strings)"),
+    "learned_data": (False, lambda v, _: None if isinstance(v, list) and all(isinstance(g, str) for g in v)
+                     else "must be a list of data identities (strings)"),
 }
 
 
-def _is_checksum(value: Any) -> bool:
-    digits = value[len(CHECKSUM_PREFIX):] if isinstance(value, str) and value.startswith(CHECKSUM_PREFIX) else ""
-    return len(digits) == 64 and all(c in "0123456789abcdef" for c in digits)
+def model_path(path: Any, writing: bool = False) -> Path:
+    """``path`` as a model file's path, or one line saying why it cannot be one (the Python API's callers get a
+    :class:`FoalPipeError` -- for a wrong type an ``InputTypeError``, also a ``TypeError`` -- not a bare
+    ``TypeError`` from deep inside): a ``str`` or ``os.PathLike``, naming a file when ``writing``."""
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise InputTypeError(f"a model path must be a str or a pathlib.Path, got {type(path).__name__} {path!r:.60}")
+    path = Path(path)
+    if writing and (path.name in ("", ".", "..") or path.is_dir()):
+        raise FoalPipeError(f"cannot save a model as {path}: it names a directory; pass a file path, e.g. "
+                            f"{path / MODEL_FILE}")
+    return path
 
 
 def _refuse(where: str, problem: str) -> FoalPipeError:
@@ -324,7 +336,7 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
     ``format``, ``format_version`` and ``checksum`` are added to ``metadata`` (a ``checksum`` passed in is
     replaced); the model is validated first, so nothing :func:`read_model` would refuse is ever written.
     """
-    path = Path(path)
+    path = model_path(path, writing=True)
     outer = enclosing_store(path)
     if outer is not None:  # among its arrays it would be in the way of every later read of the store
         raise FoalPipeError(f"cannot save a model as {path}: it lies in the feature store {outer}; save it outside")
@@ -354,45 +366,6 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
     return path
 
 
-def content_checksum(strings: Mapping[str, str], entries: Collection[tuple[str, str, Any, Any]]) -> str:
-    """``checksum``: ``sha256:`` and the SHA-256 hex digest of the model's canonical encoding.
-
-    ``strings`` are the metadata values as stored (JSON text; ``checksum`` itself is left out), ``entries``
-    ``(name, dtype code, shape, byte blocks)`` of every tensor. The encoding is the metadata as JSON (keys
-    sorted, no spaces) and a newline, then, per tensor in name order, ``[name, code, shape]`` as JSON, a newline
-    and the tensor's little-endian, C-order bytes. It depends on content only, not on the file's layout.
-    """
-    digest = hashlib.sha256()
-    text = {k: v for k, v in strings.items() if k != "checksum"}
-    digest.update(json.dumps(text, sort_keys=True, separators=(",", ":")).encode() + b"\n")
-    for name, code, shape, blocks in sorted(entries, key=lambda entry: entry[0]):
-        digest.update(json.dumps([name, code, [int(n) for n in shape]], separators=(",", ":")).encode() + b"\n")
-        for block in blocks:
-            digest.update(block)
-    return CHECKSUM_PREFIX + digest.hexdigest()
-
-
-def _file_checksum(path: Path, strings: Mapping[str, str]) -> str:
-    """:func:`content_checksum` of a model file, its tensors' bytes streamed from disk (none held whole)."""
-    with open(path, "rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(size))
-        start = 8 + size
-
-        def blocks(lo: int, hi: int) -> Any:
-            fh.seek(start + lo)
-            while lo < hi:
-                block = fh.read(min(_READ_BLOCK, hi - lo))
-                if not block:
-                    raise OSError("the file ends inside a tensor")
-                lo += len(block)
-                yield block
-
-        entries = [(name, info["dtype"], info["shape"], blocks(*info["data_offsets"]))
-                   for name, info in header.items() if name != "__metadata__"]
-        return content_checksum(strings, entries)
-
-
 def _run_head(run: Path) -> str | None:
     """The head other than ridge that the run in ``run`` learned (its metrics.json's ``head``), if any."""
     import json
@@ -410,7 +383,7 @@ def stored_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(path), framework="numpy") as f:
+        with safe_open(str(model_path(path)), framework="numpy") as f:
             return ({key: _decode(value) for key, value in (f.metadata() or {}).items()},
                     {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError):
@@ -442,7 +415,7 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
     """
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
+    path = model_path(path)
     if not path.exists():
         head = _run_head(path.parent)
         if head is not None:
@@ -468,7 +441,7 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
                 wanted |= {"W", "G", "Q"}
             tensors = {key: f.get_tensor(key) for key in header if key in wanted}
         validate_model({**header, **tensors}, metadata, str(path))  # the values first: a precise reason
-        if metadata["format_version"] >= 2:
+        if metadata["format_version"] >= 2 or "checksum" in metadata:  # every checksum present is verified
             _verify_checksum(path, raw, metadata)
     except (SafetensorError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -482,9 +455,12 @@ def _verify_checksum(path: Path, raw: Mapping[str, str], metadata: Mapping[str, 
     if "checksum" not in metadata:
         raise _refuse(str(path), f"it is a version-{metadata['format_version']} file without the metadata 'checksum' "
                                  "that covers its content (removed?)")
-    if _file_checksum(path, raw) != metadata["checksum"]:
+    if file_checksum(path, raw) != metadata["checksum"]:
         raise _refuse(str(path), "its content does not match its checksum: a tensor or a metadata value was altered "
                                  "after it was written (a flipped bit, an edited gamma, activation or class name)")
+    if metadata["format_version"] < CHECKSUM_FROM:
+        raise _refuse(str(path), f"it declares format_version {metadata['format_version']} but carries a checksum, "
+                                 f"which files have from version {CHECKSUM_FROM}: its version was edited down")
 
 
 class NotJSON(str):

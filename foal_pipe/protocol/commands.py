@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -301,13 +301,17 @@ def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: L
     return Learned(written, timings)
 
 
-def provenance(run: Run, learned_from: Sequence[str] = ()) -> dict[str, Any]:
-    """A model file's record of the data it learned: the store's dataset and encoder, and ``learned_from`` (the
-    generation ids of the stores whose training rows it holds, this one last) where the store has one."""
-    generation = run.store.meta.generation
-    stores = [*learned_from, generation] if generation else list(learned_from)
-    return {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder,
-            **({"learned_from": stores} if stores else {})}
+def provenance(run: Run, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A model file's record of the data it learned: the store's dataset and encoder, ``learned_from`` (the
+    generation ids of the stores whose training rows it holds, this one last) and ``learned_data`` (their data
+    identities, which survive re-extraction with other chunks or dtype) where the store has them; ``previous``:
+    the continued model's metadata, whose lists are extended."""
+    record = {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder}
+    for key, this in (("learned_from", run.store.meta.generation), ("learned_data", run.store.data_identity())):
+        values = [*(previous or {}).get(key, []), *([this] if this else [])]
+        if values:
+            record[key] = values
+    return record
 
 
 def save_model(final: RidgeModel, run: Run, path: Path) -> None:

@@ -48,12 +48,14 @@ def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
 
 def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Path, init_model: str | Path) -> None:
     """Refuse a store whose training rows the model has already learned (its generation id is in the model's
-    ``learned_from``): its sums would count every row twice, as if the rows had been given twice."""
-    generation = store.meta.generation
-    if generation and generation in model.metadata.get("learned_from", []):
-        raise FoalPipeError(f"{init_model} has already learned the training rows of {features} (store generation "
-                            f"{generation[:16]}); continuing on them would count every row twice: pass "
-                            f"{param('features')} a store of new rows")
+    ``learned_from``, or its data identity -- the same rows re-extracted with other chunks or dtype -- in
+    ``learned_data``): its sums would count every row twice, as if the rows had been given twice."""
+    for key, this, what in (("learned_from", store.meta.generation, "store generation"),
+                            ("learned_data", store.data_identity(), "the same rows extracted again: data identity")):
+        if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings
+            raise FoalPipeError(f"{init_model} has already learned the training rows of {features} ({what} "
+                                f"{this[:16]}); continuing on them would count every row twice: pass "
+                                f"{param('features')} a store of new rows")
 
 
 def relabel(statistics: RidgeStatistics, merged: np.ndarray) -> RidgeStatistics:
@@ -206,7 +208,7 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     names.update(zip(merged.tolist(), store.classes))
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec,
-                           {**deployed.metadata, **provenance(run, deployed.metadata.get("learned_from", []))})
+                           {**deployed.metadata, **provenance(run, deployed.metadata)})
     metrics = replace(metrics, continuation=Continuation(
         init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
         label_ids=dict(zip(store.classes, merged.tolist())),

@@ -142,13 +142,13 @@ def prepare(
         raise FoalPipeError(f"{param('eval_every')} solves inside the tasks, which {param('scheduler', 'dask')} sums whole; "
                             f"use {param('scheduler', 'local')} with {param('eval_every')}")
     test_totals = count_test_rows(stream, store.test.labels, n_classes, evaluation.eval_every is not None)
-    projection = Expansion.draw(fused["train"].dim if fused else store.dim, model.projection_dim, model.projection_init,
-                                model.resolved_activation, stream_config.seed, model.dtype)
-    run = Run(store, stream, projection, backend, get_namespace(backend), model, evaluation, execution, test_totals,
-              stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused)
+    width = fused["train"].dim if fused else store.dim
+    run = Run(store, stream, _planned(width, model), backend, get_namespace(backend), model, evaluation, execution,
+              test_totals, stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused)
     parts = memory_parts(run, n_models, loo)
     if not ridge:
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
+    parts[f"the projection ({width:,} x {run.dim:,})"] = width * run.dim * (8 + np.dtype(model.dtype).itemsize)
     parts.update(head_parts(run, heads, model_file=not ridge, start=start))
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
@@ -158,9 +158,18 @@ def prepare(
     fewer_points = f"a larger {param('eval_every')}, " if evaluation.eval_every is not None else ""
     fix = (f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, {fewer_points}"
            "or free memory" if ridge and not heads else "a head's per-class statistics grow as classes x d^2: leave "
-           "that head out, use features of fewer dimensions, or free memory")
+           f"that head out, use features of fewer dimensions (a lower {param('projection_dim')}), or free memory")
     check_memory(command, parts, fix)
+    run.projection = Expansion.draw(width, model.projection_dim, model.projection_init, model.resolved_activation,
+                                    stream_config.seed, model.dtype)
     return run
+
+
+def _planned(width: int, model: ModelConfig) -> Expansion:
+    """A stand-in of the projection with its shape and no memory (one broadcast value): the memory estimate
+    needs its width before the matrix is drawn, so a huge ``projection_dim`` is refused, not allocated."""
+    dim = int(model.projection_dim) or width
+    return Expansion(np.broadcast_to(np.zeros((), dtype=model.dtype), (width, dim)), model.resolved_activation)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import is_feature_store
 from foal_pipe.model.modelfile import MODEL_FILE
@@ -85,12 +87,37 @@ def check_model_checksum(run: Run, path: Path, given: bool) -> None:
 
     recorded = run.metrics.model_checksum if run.metrics is not None else None
     found = stored_checksum(path)
+    if recorded is None and run.metrics is not None:
+        check_recorded_settings(run, path)  # an older run records no checksum: its settings must fit the file
     if recorded is None or found is None or found == recorded:
-        return  # an older run records none; an unreadable file is refused by its reader, with the reason
+        return  # an unreadable file is refused by its reader, with the reason
     fix = ("pass the run's own model (or leave out --model)" if given
            else f"the file was replaced after the run: run `foal-pipe learn --out {run.path}` again")
     raise FoalPipeError(f"{path} is not the model run {run.path} wrote: its checksum {found[:23]}... differs from "
                         f"the {recorded[:23]}... its metrics.json records; {fix}")
+
+
+def check_recorded_settings(run: Run, path: Path) -> None:
+    """For a run whose metrics.json predates ``model_checksum``: refuse a model file whose projection -- drawn
+    again from the run's seed, init and shape, bit for bit -- is not the run's (another seed's model would
+    otherwise be reported as the run's). A continued model (``init_model``) started from another
+    file's projection and rows, so only a fresh run is compared."""
+    from foal_pipe.core.expansion import Expansion
+    from foal_pipe.model.modelfile import read_model, stored_header
+
+    m = run.metrics
+    meta, shapes = stored_header(path)
+    if m.init_model is not None or not meta:
+        return
+    D, d = m.projection_dim, m.feature_dim
+    if not (D and d and m.seed is not None and shapes.get("projection") == (d, D)):
+        return
+    stored = read_model(path, names=("projection",))[0]["projection"]
+    drawn = Expansion.draw(d, D, m.projection_init or "uniform", "identity", m.seed, "float64").components_
+    if not np.array_equal(stored, drawn.astype(m.dtype or "float64").astype(stored.dtype)):  # as the run kept it
+        raise FoalPipeError(f"{path} is not the model run {run.path} wrote: its projection is not the one the run's "
+                            f"seed {m.seed} draws (the run predates model_checksum, so its settings were compared); "
+                            f"pass the run's own model, or run `foal-pipe learn --out {run.path}` again")
 
 
 def check_run_model(run: Run, path: Path) -> None:

@@ -73,6 +73,8 @@ def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
         raise FoalPipeError(f"cannot read {path} ({exc.__class__.__name__}); {fix}") from None
     except json.JSONDecodeError as exc:
         raise FoalPipeError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
+    except RecursionError:  # arrays or objects nested too deep for the parser: no file foal-pipe writes
+        raise FoalPipeError(f"{path} is nested too deep to read ({what}); {fix}") from None
     if not isinstance(data, dict):
         raise FoalPipeError(f"{path} should hold a JSON object ({what}), got {type(data).__name__}; {fix}")
     return data

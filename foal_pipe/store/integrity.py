@@ -106,6 +106,12 @@ def record_problem(array: zarr.Array) -> str | None:
     return f"attribute {CHUNK_FILES!r} is {shown(attr)}, expected the size and CRC-32C of each of its {count:,} chunk files"
 
 
+def proven_version(arrays: dict[str, zarr.Array]) -> int:
+    """The newest format the store's integrity data proves (0: none): format 4's chunk records on any array. A
+    declared ``format_version`` below it was edited down, which would skip their checks."""
+    return SEALED_FROM if any(array.attrs.get(CHUNK_FILES) is not None for array in arrays.values()) else 0
+
+
 def sealed(meta: StoreMeta) -> bool:
     """Whether the store carries integrity data to check: complete, in format 4 or later."""
     return meta.complete and meta.format_version >= SEALED_FROM

@@ -36,7 +36,14 @@ from foal_pipe.store.chunks import (
     read_rows,
     rows_text,
 )
-from foal_pipe.store.integrity import UNSEALED_FIX, generation_problem, group_arrays, guard_chunks, sealed
+from foal_pipe.store.integrity import (
+    UNSEALED_FIX,
+    generation_problem,
+    group_arrays,
+    guard_chunks,
+    proven_version,
+    sealed,
+)
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
@@ -202,6 +209,23 @@ class FeatureStore:
 
     def split(self, name: str) -> Split | FusedSplit:
         return {"train": self.train, "test": self.test}[name]
+
+    def data_identity(self) -> str | None:
+        """What identifies the training rows whatever their chunking and dtype (the generation id changes with
+        both): a hash of the dataset, its source and the train rows' source indices and labels, all recorded by
+        ``extract``; None for a store without row indices or a source (one written by ``write_store``)."""
+        source = self.meta.extra.get("source")
+        try:
+            array = zarr.open_group(str(self.path), mode="r")["train/index"]
+        except KeyError:
+            return None
+        if source is None or not isinstance(array, zarr.Array):
+            return None
+        index = read_rows(self.path, "train/index", array, 0, int(array.shape[0]))
+        digest = hashlib.sha256(json.dumps([self.meta.dataset, source], sort_keys=True).encode())
+        for ids in (index, self.train.labels):
+            digest.update(np.ascontiguousarray(ids, dtype="<i8").tobytes())
+        return digest.hexdigest()
 
     def _layout(self, fusions: str) -> BlockLayout:
         if self.blocks is None or isinstance(self.train, FusedSplit):
@@ -403,8 +427,17 @@ def _split_arrays(group: zarr.Group, path: Path, name: str) -> tuple[zarr.Array,
 def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array],
                  fingerprint: tuple[Any, ...]) -> None:
     """Refuse a format-4 store whose metadata changed since it was completed, then make every chunk read check
-    the file against its record; older stores (no integrity data) get the chunk size limits only."""
-    if sealed(meta):
+    the file against its record; older stores get the chunk size limits and, where they carry a generation id,
+    its check (over every chunk's size and last bytes). Every record present is checked: a store declaring a
+    version older than its records prove (:func:`proven_version`) is refused."""
+    proven = proven_version(arrays)
+    if meta.complete and meta.format_version < proven:
+        raise FoalPipeError(f"feature store {path} declares format_version {meta.format_version} but carries the chunk "
+                            f"records of format {proven}: its version was edited down, which would skip their checks; "
+                            f"restore format_version {proven} (its generation id is then checked) or re-extract it")
+    if not sealed(meta) and meta.complete and meta.generation is not None:
+        check_chunks(path, group, arrays=arrays)  # a missing chunk is named as missing, not as a changed store
+    if meta.complete and meta.generation is not None or sealed(meta):
         problem = generation_problem(path, group, meta)
         if problem is not None:
             check_same(path, fingerprint)  # a store replaced meanwhile is "changed", not damaged

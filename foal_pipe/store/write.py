@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
         raise FoalPipeError(f"blocks dtype {blocks.dtype!r} is outside the spec; choose one of "
                             f"{', '.join(BLOCK_DTYPES)}")
     where = Path(where)
-    _check_replaceable(where)
+    check_replaceable(where)
     tmp = where.parent / f".{where.name}.creating"
     extra = dict(meta.extra)
     with writing(where, "the skeleton"):
@@ -122,9 +123,29 @@ def replace_manifest(path: str | Path, raw: bytes) -> None:
         write_attrs(group, attrs)
 
 
-def _check_replaceable(where: Path) -> None:
-    """Refuse to replace what is at ``where`` unless it is nothing, an empty folder or a feature store, and a store
-    inside another (its metadata would change the outer store's generation id: that store would read as damaged)."""
+_META = r"zarr\.(?:json|[0-9a-f]+\.partial)"
+_STORE_FILE = re.compile(rf"(?:(?:train|test|norm)/)?{_META}|(?:(?:train|test)/(?:features|labels|index|blocks)|"
+                         rf"norm/\w+|manifest)/(?:{_META}|c(?:/\d+)+(?:\.[0-9a-f]+\.partial)?)")
+"""The relative path of every file a store's writer makes (metadata, chunks, Zarr's interrupted chunk writes)."""
+
+
+def foreign_file(where: Path) -> str | None:
+    """The first entry in the folder ``where`` that a store's writer does not make (a user's file, a symlink, a
+    FIFO), as a relative path; None when it holds store files only, so deleting it deletes nothing else."""
+    for root, dirs, files in os.walk(where):
+        for name in sorted(dirs + files):
+            entry = Path(root, name)
+            relative = entry.relative_to(where).as_posix()
+            if entry.is_symlink() or not (entry.is_dir() or (entry.is_file() and _STORE_FILE.fullmatch(relative))):
+                return relative
+    return None
+
+
+def check_replaceable(where: Path) -> None:
+    """Refuse to replace what is at ``where`` unless it is nothing, an empty folder or a feature store holding
+    store files only (a look-alike's ``zarr.json`` is not enough: a user's file beside it would be deleted), and a
+    store inside another (its metadata would change the outer store's generation id: that store would read as
+    damaged)."""
     outer = enclosing_store(where)
     if outer is not None:
         raise FoalPipeError(f"{where} lies in the feature store {outer}, which a store inside would damage; choose a "
@@ -135,6 +156,8 @@ def _check_replaceable(where: Path) -> None:
         what = "a symlink" if where.is_symlink() else "a file"
     elif any(where.iterdir()) and not is_feature_store(where):
         what = "a folder that is not a feature store"
+    elif (foreign := foreign_file(where)) is not None:
+        what = f"a feature store that also holds {foreign!r}, which a store does not write"
     else:
         return
     raise FoalPipeError(f"{where} exists and is {what}; refusing to replace it: choose another path or remove it")
