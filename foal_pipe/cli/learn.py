@@ -47,7 +47,8 @@ ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
                 lambda p: p["scheduler"] == "dask" and p["dask_address"] == "local"),
 }
 SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
-                                                   lambda p: bool(p["fusion"] or p["fusions"]))}
+                                                   lambda p: bool(p["fusion"] or p["fusions"])),
+                   "loo_sample": ("the leave-one-out pass (no --no-loo)", lambda p: not p["no_loo"])}
 LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
                    **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade", "loo_sample")}}
 
@@ -199,6 +200,7 @@ def sweep(
     select: o.Select = o.SWEEP.select,
     no_loo: o.NoLoo = not o.SWEEP.loo,
     per_decade: o.PerDecade = o.SWEEP.per_decade,
+    loo_sample: o.LooSample = o.MODEL.loo_sample,
     tasks: o.Tasks = o.STREAM.tasks,
     batch_size: o.BatchSize = o.STREAM.batch_size,
     projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
