@@ -133,10 +133,10 @@ class SampledLeaveOneOut(_LeftOutTotals):
             self._add_block(H[lo : min(lo + step, n), :], labels[lo : lo + step])
 
     def _add_block(self, H: Any, labels: np.ndarray) -> None:
-        scores, leverage = fitted_from(self.path.coordinates(H), *self._scaling)
-        xp = array_namespace(scores)
-        Y = one_hot(labels, self.path.classes, scores)[:, None, :]
-        work = scores - Y  # minus the residual, -e_i
+        work, leverage = fitted_from(self.path.coordinates(H), *self._scaling)  # the fitted scores; then, in place:
+        xp = array_namespace(work)
+        Y = one_hot(labels, self.path.classes, work)[:, None, :]
+        work -= Y  # minus the residual, -e_i
         with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1: inf
             work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual
         self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))

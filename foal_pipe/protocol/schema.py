@@ -402,7 +402,8 @@ class SweepResult(Accuracy):
 class LeaveOneOutRows(_Record):
     """``sweep``'s leave-one-out pass: the rows requested per boundary (``loo_sample``, 0: every row), the rows
     scored at each boundary and Hoeffding's ``sample_eps`` there at ``sample_delta`` (0 where every row seen was
-    scored); ``exact``: every boundary scored every row seen, so every leave-one-out figure is exact."""
+    scored): it bounds the sampled LOO accuracies (values in [0, 1]); the sampled LOO MSEs are unbiased estimates
+    without that bound. ``exact``: every boundary scored every row seen, so every leave-one-out figure is exact."""
 
     FIX: ClassVar[str] = _SWEEP_FIX
     loo_sample: int = key(COUNT, required=True)
