@@ -234,7 +234,8 @@ def sweep(
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 
     Each gamma's test numbers equal what `learn --gamma G` gives with the same seed, tasks and projection;
-    GCV and exact leave-one-out scores, computed on the training rows only, name the best gamma.
+    GCV and leave-one-out scores, computed on the training rows only (leave-one-out on --loo-sample rows a
+    boundary, with its bound in sweep.json; 0: every row, exact), name the best gamma.
     With --fusions, the same for every fusion of a blocks store, and the best (fusion, gamma).
     """
     from foal_pipe.protocol.commands import run_sweep
