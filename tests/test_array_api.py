@@ -177,6 +177,25 @@ def test_sweep_matches_numpy(tmp_path, store, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_sweep_sampled_leave_one_out_matches_numpy(tmp_path, store, backend):
+    """`sweep --loo-sample`: the sampled rows kept, scored and left out on the device, as NumPy does on the host."""
+    from foal_pipe.protocol.commands import run_sweep
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+
+    reports = {}
+    for name in ("numpy", backend):
+        run_sweep(store, tmp_path / name, SweepConfig(gammas=(0.01, 1.0, 100.0)), StreamConfig(tasks=3, seed=1),
+                  ModelConfig(projection_dim=24, loo_sample=25), EvaluationConfig(), ExecutionConfig(backend=name),
+                  log=lambda _: None)
+        reports[name] = json.loads((tmp_path / name / "sweep.json").read_text())
+    ref, got = reports["numpy"], reports[backend]
+    assert ref["leave_one_out"]["exact"] is False and got["leave_one_out"] == ref["leave_one_out"]
+    for r_got, r_ref in zip(got["results"], ref["results"], strict=True):
+        assert r_got["loo_accuracy"] == r_ref["loo_accuracy"]
+        close(np.asarray(r_got["loo_mse"], dtype=float), np.asarray(r_ref["loo_mse"], dtype=float))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_state_stays_in_the_backend(backend):
     from foal_pipe.core.backend import backend_of
 

@@ -66,7 +66,7 @@ def test_read_split_refuses_an_unknown_split(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # README.md is the front door; docs/ is the site (mkdocs.yml). Both read on GitHub as they are.
 
-PAGES = [README, ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [README, ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "RESULTS.md", *sorted(DOCS.glob("*.md"))]
 _FENCE = re.compile(r"^(```|~~~)")
 
 

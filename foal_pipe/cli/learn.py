@@ -47,7 +47,8 @@ ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
                 lambda p: p["scheduler"] == "dask" and p["dask_address"] == "local"),
 }
 SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
-                                                   lambda p: bool(p["fusion"] or p["fusions"]))}
+                                                   lambda p: bool(p["fusion"] or p["fusions"])),
+                   "loo_sample": ("the leave-one-out pass (no --no-loo)", lambda p: not p["no_loo"])}
 LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
                    **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade", "loo_sample")}}
 
@@ -175,6 +176,7 @@ def sweep(
     select: o.Select = o.SWEEP.select,
     no_loo: o.NoLoo = not o.SWEEP.loo,
     per_decade: o.PerDecade = o.SWEEP.per_decade,
+    loo_sample: o.LooSample = o.MODEL.loo_sample,
     tasks: o.Tasks = o.STREAM.tasks,
     batch_size: o.BatchSize = o.STREAM.batch_size,
     projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
@@ -208,7 +210,8 @@ def sweep(
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 
     Each gamma's test numbers equal what `learn --gamma G` gives with the same seed, tasks and projection;
-    GCV and exact leave-one-out scores, computed on the training rows only, name the best gamma.
+    GCV and leave-one-out scores, computed on the training rows only (leave-one-out on --loo-sample rows a
+    boundary, with its bound in sweep.json; 0: every row, exact), name the best gamma.
     With --fusions, the same for every fusion of a blocks store, and the best (fusion, gamma).
     """
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig

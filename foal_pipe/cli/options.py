@@ -188,12 +188,12 @@ PerDecade = Annotated[
                       "sweep's selections), besides the grid's own; 0: the grid's gammas only. Default: 8.", show_default=False)
 ]
 LooSample = Annotated[
-    int, typer.Option(help="With --gamma auto and a leave-one-out criterion: score leave-one-out on this many rows "
-                      "drawn from --seed among those seen, at each task boundary (each left out of all the rows, "
-                      "through the tridiagonal form: no eigenvectors), instead of on every row; the sampled "
-                      "accuracy is within Hoeffding's sqrt(ln(2K/0.05)/2M) of every row's at all K gammas with "
-                      f"probability 0.95 (recorded in metrics.json). 0: every row (exact). Default: {MODEL.loo_sample}.",
-                      show_default=False)
+    int, typer.Option(help="With learn --gamma auto and a leave-one-out criterion, and in sweep's leave-one-out pass: "
+                      "score leave-one-out on this many rows drawn from --seed among those seen, at each task boundary "
+                      "(each left out of all the rows; the same rows in learn and sweep), instead of on every row; the "
+                      "sampled accuracy is within Hoeffding's sqrt(ln(2K/0.05)/2M) of every row's at all K gammas with "
+                      "probability 0.95 (recorded in metrics.json and sweep.json). 0: every row (exact). "
+                      f"Default: {MODEL.loo_sample}.", show_default=False)
 ]
 Engine = Annotated[
     choice(*ENGINES),

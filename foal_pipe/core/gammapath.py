@@ -134,12 +134,28 @@ class RidgeEigen(GammaPath):
         """For rows ``H`` (m x D) of the statistics: the fitted scores ``h^T W(g)`` (m, M, C) and the leverages
         ``h^T (G + g I)^-1 h`` (m, M), the two numbers leave-one-out needs of each row; ``2 m D^2`` for the
         eigenbasis, then GEMMs over the gammas."""
+        return fitted_from(self.coordinates(H), *self.scaling(gammas))
+
+    def scaling(self, gammas: Any) -> tuple[Any, Any]:
+        """What turns eigen-coordinates into :meth:`fitted`'s numbers at every gamma, computed once for many
+        blocks of rows: ``1 / (lambda + g)`` (D, M) and ``B`` scaled by it (D, M*C)."""
         xp = array_namespace(self.vectors)
         inv = self.shrinkage(gammas)
-        D, C = self.projected.shape
-        Z = float64(xp.asarray(H)) @ self.vectors
-        scaled = xp.reshape(self.projected[:, None, :] * inv[:, :, None], (D, -1))
-        return xp.reshape(Z @ scaled, (Z.shape[0], inv.shape[1], C)), (Z * Z) @ inv
+        D, _ = self.projected.shape
+        return inv, xp.reshape(self.projected[:, None, :] * inv[:, :, None], (D, -1))
+
+    def coordinates(self, H: Any) -> Any:
+        """Rows ``H`` (m x D) in ``G``'s eigenbasis, ``H V``, in float64."""
+        xp = array_namespace(self.vectors)
+        return float64(xp.asarray(H)) @ self.vectors
+
+
+def fitted_from(Z: Any, inv: Any, scaled: Any) -> tuple[Any, Any]:
+    """Fitted scores (m, M, C) and leverages (m, M) of rows with eigen-coordinates ``Z`` (m x D), from a path's
+    :meth:`~RidgeEigen.scaling`: every gamma's in two matrix products."""
+    xp = array_namespace(Z)
+    M = inv.shape[1]
+    return xp.reshape(Z @ scaled, (Z.shape[0], M, scaled.shape[1] // max(M, 1))), (Z * Z) @ inv
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,14 +229,21 @@ class RidgeTridiagonal(GammaPath):
     def fitted(self, H: Any, gammas: Any) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`RidgeEigen.fitted`, with ``h``'s eigen-coordinates ``S^T (U^T h)``: the reflectors and one
         product with ``S`` (``4 m D^2``) instead of forming ``U S`` (``2 D^3``); cheaper for few rows."""
+        return fitted_from(self.coordinates(H), *self.scaling(gammas))
+
+    def scaling(self, gammas: Any) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`RidgeEigen.scaling`, in ``T``'s eigenbasis (``B = S^T b``)."""
         values, S = self.spectrum()
         g = self._gammas(gammas)
-        D, C = self.projected.shape
+        D, _ = self.projected.shape
         inv = 1.0 / (values[:, None] + g[None, :])
-        with factor_threads(D):
-            Z = (S.T @ apply_reflectors(self.reflectors, self.tau, np.asarray(H, dtype=np.float64).T, "T")).T
-        scaled = ((S.T @ self.projected)[:, None, :] * inv[:, :, None]).reshape(D, -1)
-        return (Z @ scaled).reshape(Z.shape[0], g.size, C), (Z * Z) @ inv
+        return inv, ((S.T @ self.projected)[:, None, :] * inv[:, :, None]).reshape(D, -1)
+
+    def coordinates(self, H: Any) -> np.ndarray:
+        """Rows ``H`` (m x D) in ``G``'s eigenbasis, ``S^T U^T h`` per row, without forming ``U S``."""
+        _, S = self.spectrum()
+        with factor_threads(self.diagonal.shape[0]):
+            return (S.T @ apply_reflectors(self.reflectors, self.tau, np.asarray(H, dtype=np.float64).T, "T")).T
 
     def rss(self, gammas: Any) -> np.ndarray:
         g = self._gammas(gammas)

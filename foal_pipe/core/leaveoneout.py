@@ -11,7 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal
+from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, fitted_from
 from foal_pipe.core.linalg import class_positions, float64, one_hot
 from foal_pipe.errors import FoalPipeError
 
@@ -117,6 +117,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
     def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int) -> None:
         self.path = path
         self.gammas = path._gammas(gammas)
+        self._scaling = path.scaling(self.gammas)  # once for every block: (D, M) and (D, M*C)
         self.expected = int(rows)
         self.rows = 0
         self.correct = np.zeros(self.gammas.size, dtype=np.int64)
@@ -132,10 +133,10 @@ class SampledLeaveOneOut(_LeftOutTotals):
             self._add_block(H[lo : min(lo + step, n), :], labels[lo : lo + step])
 
     def _add_block(self, H: Any, labels: np.ndarray) -> None:
-        scores, leverage = self.path.fitted(H, self.gammas)
-        xp = array_namespace(scores)
-        Y = one_hot(labels, self.path.classes, scores)[:, None, :]
-        work = scores - Y  # minus the residual, -e_i
+        work, leverage = fitted_from(self.path.coordinates(H), *self._scaling)  # the fitted scores; then, in place:
+        xp = array_namespace(work)
+        Y = one_hot(labels, self.path.classes, work)[:, None, :]
+        work -= Y  # minus the residual, -e_i
         with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1: inf
             work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual
         self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))

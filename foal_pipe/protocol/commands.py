@@ -42,6 +42,7 @@ from foal_pipe.protocol.records import (
     grid_edge,
     heads_report,
     learn_metrics,
+    leave_one_out_rows,
     run_info,
     sweep_report,
     sweep_results,
@@ -215,7 +216,8 @@ def run_sweep(
     warn_dropped(run, stream, log)
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))
-    solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade) for key in run.lanes}
+    sample = row_sample(run) if sweep.loo else None  # learn --gamma auto's rows and bound (--loo-sample)
+    solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade, sample) for key in run.lanes}
     read = others and shared is None  # the heads walk the rows ridge's walk takes, read once
     with np.errstate(all="ignore"), (head_train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
             (test_rows(run) if read else nullcontext(shared and shared.test)) as test:
@@ -227,7 +229,7 @@ def run_sweep(
             reports = {None: model_reports(run, lanes[None].boundaries, test)[0]}
         results = {key: sweep_results(gammas, lane.boundaries, reports[key], sweep.loo) for key, lane in lanes.items()}
         selections = {key: sweep_selections(lane.boundaries, reports[key][len(gammas):], solvers[key].criteria,
-                                            sweep.per_decade) for key, lane in lanes.items()}
+                                            sweep.per_decade, model.loo_sample) for key, lane in lanes.items()}
         # heads that take gamma run at ridge's choice on their feature set by a training criterion (never the oracle)
         criterion = select if select in TRAINING_CRITERIA else ("loo" if sweep.loo else "gcv")
         models = {key: replace(model, gamma=choose(results[key], criterion)) for key in lanes} if others else {}
@@ -246,6 +248,10 @@ def run_sweep(
         report = fusions_report(gammas, entries, select, model, info)
     else:
         report = sweep_report(gammas, results[None], select, info, selections[None])
+    if sweep.loo:
+        seen = np.cumsum([r.size for r in run.stream.rows])
+        report = replace(report, leave_one_out=leave_one_out_rows(next(iter(lanes.values())).boundaries,
+                                                                  model.loo_sample, seen))
     warn_search_edges(report.selections or [], log)
     if sweep.heads:
         report = with_heads(report, report.fusion if fusions else None)

@@ -23,6 +23,7 @@ from foal_pipe.protocol.schema import (
     GammaSearch,
     HeadSweep,
     LearnMetrics,
+    LeaveOneOutRows,
     SweepReport,
     SweepResult,
     SweepSelection,
@@ -102,15 +103,25 @@ def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int
 
 
 def sweep_selections(boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]], criteria: Sequence[str],
-                     per_decade: int) -> list[SweepSelection]:
+                     per_decade: int, loo_sample: int = 0) -> list[SweepSelection]:
     """Each criterion's refined search and the test accuracy ``reports[i]`` (:class:`Accuracy` fields) of the
-    models it chose (``criteria[i]``)."""
+    models it chose (``criteria[i]``); with ``loo_sample``, the leave-one-out criteria's sample and bound."""
     out = []
     for i, name in enumerate(criteria):
-        search = gamma_search(boundaries, name, per_decade)
+        search = gamma_search(boundaries, name, per_decade, loo_sample)
         out.append(SweepSelection(**reports[i], **{k: getattr(search, k) for k in (
-            "criterion", "per_decade", "gammas", "values", "gammas_selected", "at_edge")}))
+            "criterion", "per_decade", "gammas", "values", "gammas_selected", "at_edge", "loo_sample",
+            "sample_rows", "sample_eps", "sample_delta")}))
     return out
+
+
+def leave_one_out_rows(boundaries: Sequence[Boundary], loo_sample: int, seen: Sequence[int]) -> LeaveOneOutRows:
+    """What ``sweep``'s leave-one-out figures scored: per boundary the rows (``seen[k]`` without a sample) and
+    Hoeffding's bound, exact where every boundary scored every row seen."""
+    rows = [int(n) if b.loo_rows is None else int(b.loo_rows) for b, n in zip(boundaries, seen)]
+    eps = [0.0 if b.loo_bound is None else float(b.loo_bound) for b in boundaries]
+    return LeaveOneOutRows(loo_sample=int(loo_sample), exact=not any(eps), sample_rows=rows, sample_eps=eps,
+                           sample_delta=SAMPLE_DELTA)
 
 
 def fusion_entry(fusion: str, results: list[SweepResult], select: str,

@@ -319,6 +319,21 @@ class SweepResult(Accuracy):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeaveOneOutRows(_Record):
+    """``sweep``'s leave-one-out pass: the rows requested per boundary (``loo_sample``, 0: every row), the rows
+    scored at each boundary and Hoeffding's ``sample_eps`` there at ``sample_delta`` (0 where every row seen was
+    scored): it bounds the sampled LOO accuracies (values in [0, 1]); the sampled LOO MSEs are unbiased estimates
+    without that bound. ``exact``: every boundary scored every row seen, so every leave-one-out figure is exact."""
+
+    FIX: ClassVar[str] = _SWEEP_FIX
+    loo_sample: int = key(COUNT, required=True)
+    exact: bool = key(BOOLEAN, required=True)
+    sample_rows: list[int] = key(_list_of(COUNT), required=True)
+    sample_eps: list[float] = key(NUMBERS, required=True)
+    sample_delta: float = key(FRACTION, required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FusionChoice(_Record):
     """``sweep --fusions``: a (fusion, gamma) chosen over every fusion x gamma, and by what."""
 
@@ -371,6 +386,8 @@ class SweepReport(RunSettings, _Document):
     best_gamma_at_grid_edge: bool | None = key(BOOLEAN)
     #: Every criterion's refined search and the test accuracy of its choices (``best_gamma`` stays the grid's).
     selections: list[SweepSelection] | None = key(_records(SweepSelection, "list of selections"))
+    #: The rows the leave-one-out figures scored (``--loo-sample``) and their bound; absent with ``--no-loo``.
+    leave_one_out: LeaveOneOutRows | None = key(_record(LeaveOneOutRows, "leave-one-out rows object"))
     fusion: str | None = key(TEXT)
     fusion_norm: bool | None = key(BOOLEAN)
     best: FusionChoice | None = key(_record(FusionChoice, "(fusion, gamma) object"))
