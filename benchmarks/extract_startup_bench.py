@@ -1,13 +1,16 @@
 """What `foal-pipe extract` costs besides the images: a small extraction as a command, start-up included.
 
-A ViT-B/16 checkpoint (`vit_base_patch16_224`, 86 M parameters, 346 MB as safetensors, random weights) over
-2,000 random 32 px images (1,000 train, 1,000 test, an HDF5 file) at 32 px (`--model-kwargs img_size=32`): the
-checkpoint is as large as a real one, while the encoding itself is light (5 tokens a block), so the command's
-seconds are mostly start-up: imports, hashing and loading the checkpoint, starting the loader workers. Each
-command is run --repeats times into a fresh store (median wall and CPU seconds), after one run that warms the
-file cache; the run log's ``seconds`` is the time inside :func:`run_extract` after the store was prepared.
+A ViT-B/16 checkpoint (`vit_base_patch16_224`, 86 M parameters, 343 MB as safetensors, random weights) over
+--images random 32 px images (half train, half test, an HDF5 file) at 32 px (`--model-kwargs img_size=32`): the
+checkpoint is as large as a real one while the encoding is light (5 tokens a block), so the command's seconds are
+mostly start-up: imports, hashing and loading the checkpoint, starting the loader workers. Each source tree of
+--trees (default: this one) runs the command --repeats times into a fresh store, the trees interleaved (load from
+other processes hits them alike), after one round that warms the file cache: median wall and CPU seconds, and
+the run log's ``seconds`` (inside :func:`run_extract` after the store was prepared). Recorded checkpoint hashes
+go to a temporary folder (``FOAL_PIPE_CACHE_DIR``), removed after.
 
-Usage: python benchmarks/extract_startup_bench.py [--repeats 5] [--workers 2] [--json out.json]
+Usage: python benchmarks/extract_startup_bench.py [--images 2000] [--repeats 5] [--workers 2] [--trees A,B]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from _runner import finish, run_cli
 
 
-def _inputs(tmp: Path) -> tuple[Path, Path]:
+def _inputs(tmp: Path, images: int) -> tuple[Path, Path]:
     """The HDF5 images and the ViT-B/16 checkpoint (random weights, seed 0)."""
     import h5py
     import timm
@@ -35,8 +38,8 @@ def _inputs(tmp: Path) -> tuple[Path, Path]:
     data = tmp / "images.h5"
     with h5py.File(data, "w") as f:
         for split in ("train", "test"):
-            f[f"{split}/images"] = rng.integers(0, 256, (1_000, 32, 32, 3), dtype=np.uint8)
-            f[f"{split}/labels"] = rng.integers(0, 10, 1_000)
+            f[f"{split}/images"] = rng.integers(0, 256, (images // 2, 32, 32, 3), dtype=np.uint8)
+            f[f"{split}/labels"] = rng.integers(0, 10, images // 2)
     torch.manual_seed(0)
     model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=32, num_classes=0)
     checkpoint = tmp / "vit_b16.safetensors"
@@ -48,30 +51,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2, help="loader workers (--workers of the command)")
+    parser.add_argument("--images", type=int, default=2_000, help="images in all (half train, half test)")
+    parser.add_argument("--trees", default=str(Path(__file__).resolve().parents[1]),
+                        help="comma-separated source trees (PYTHONPATH) to compare, e.g. a checkout of the baseline")
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     load_start = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="extract_startup_"))
     try:
-        data, checkpoint = _inputs(tmp)
+        data, checkpoint = _inputs(tmp, opts.images)
         store = tmp / "store.zarr"
         args = ["extract", "--dataset", "hdf5", "--data-dir", str(data), "--model", "vit_base_patch16_224",
                 "--checkpoint", str(checkpoint), "--model-kwargs", "img_size=32", "--image-size", "32",
                 "--device", "cpu", "--batch-size", "100", "--workers", str(opts.workers), "--out", str(store)]
-        runs, inside = [], []
+        trees = opts.trees.split(",")
+        runs: dict[str, list[tuple[float, float, float]]] = {tree: [] for tree in trees}
         for repeat in range(opts.repeats + 1):
-            shutil.rmtree(store, ignore_errors=True)
-            store.with_name(store.name + ".log.json").unlink(missing_ok=True)
-            run = run_cli(args)
-            if repeat:  # the first run warms the file cache
-                runs.append(run)
-                log = json.loads(store.with_name(store.name + ".log.json").read_text())
-                inside.append(log["runs"][-1]["seconds"])
-                print(f"run {repeat}: {run.seconds:.2f} s wall, {run.cpu_seconds:.2f} s CPU", flush=True)
-        result = {"command": "foal-pipe " + " ".join(args), "images": 2_000, "checkpoint_bytes": checkpoint.stat().st_size,
-                  "repeats": opts.repeats, "wall_s": statistics.median(r.seconds for r in runs),
-                  "cpu_s": statistics.median(r.cpu_seconds for r in runs),
-                  "in_run_extract_s": statistics.median(inside)}
+            for tree in trees:
+                shutil.rmtree(store, ignore_errors=True)
+                store.with_name(store.name + ".log.json").unlink(missing_ok=True)
+                env = {**os.environ, "PYTHONPATH": tree, "FOAL_PIPE_CACHE_DIR": str(tmp / "cache")}
+                run = run_cli(args, env=env)
+                if repeat:  # the first round warms the file cache
+                    log = json.loads(store.with_name(store.name + ".log.json").read_text())
+                    runs[tree].append((run.seconds, run.cpu_seconds, log["runs"][-1]["seconds"]))
+                    print(f"{tree}: {run.seconds:.2f} s wall, {run.cpu_seconds:.2f} s CPU", flush=True)
+        result = {"command": "foal-pipe " + " ".join(args), "images": opts.images,
+                  "checkpoint_bytes": checkpoint.stat().st_size, "repeats": opts.repeats,
+                  "trees": {tree: {"wall_s": statistics.median(r[0] for r in rs),
+                                   "cpu_s": statistics.median(r[1] for r in rs),
+                                   "in_run_extract_s": statistics.median(r[2] for r in rs)} for tree, rs in runs.items()}}
         result["load_start"] = load_start
         finish(result, opts.json)
     finally:

@@ -31,6 +31,13 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
     stream of its own against the synchronous copy (``FOAL_PIPE_SYNC_COPY=1``) and the host alone: median fill
     seconds, interleaved, and the device rows of both copies against the host's bit for bit.
 
+(h) ``scale`` (not run by default: ``--parts scale,cifar`` is one device call): issue 33's probe, a 300,000 x 768
+    float16 store, 1,000 classes, D = 2000, 10 tasks: ``learn``, ``sweep``, ``learn --gamma auto`` and ``learn
+    --head slda`` on NumPy, CuPy and torch, first call and warm, wall and in-process (benchmarks/gpu_scale.py).
+
+The JSON's ``plan`` gives, at the device's sizes (also in a dry run), each part's expected seconds and deadline
+and whether the call fits one device call with a minute to spare.
+
 ``--dry-run`` runs the same steps at toy sizes on the CPU (numpy and torch-on-CPU backends, cupy skipped
 without a GPU; a 2-block 32-dim ViT at 64 px, a few hundred images, a 2,000-row store) in well under a
 minute; tests/test_gpu_check.py runs it in CI.
