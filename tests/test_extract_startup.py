@@ -92,3 +92,31 @@ def test_a_failed_weights_load_stops_the_started_workers(tmp_path, monkeypatch, 
     with pytest.raises(FoalPipeError, match="no weights for the test"):
         run_extract(_spec(tmp_path / "x.zarr", tiny_vit_checkpoint, workers=2))
     assert closed == [True] and not (tmp_path / "x.zarr").exists()
+
+
+def test_cuda_starts_on_a_thread_after_the_workers_were_forked(monkeypatch):
+    """On CUDA the context is created on a thread (torch.cuda.init, replaced here: no GPU needed) while the weights
+    are read; on the CPU nothing is started."""
+    import threading
+
+    import torch
+
+    called: list[str] = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: called.append(threading.current_thread().name))
+    assert ex.start_device("cpu") is None and called == []
+    thread = ex.start_device("cuda")
+    thread.join(10)
+    assert called == ["foal-pipe-cuda-init"] and thread is not threading.main_thread()
+
+
+def test_a_failing_cuda_start_on_the_thread_prints_nothing(monkeypatch, capfd):
+    """The thread's error is left to the main thread's first use of the device (one line there), not printed as a
+    thread's traceback."""
+    import torch
+
+    def broken() -> None:
+        raise RuntimeError("no CUDA driver")
+
+    monkeypatch.setattr(torch.cuda, "init", broken)
+    ex.start_device("cuda").join(10)
+    assert "Traceback" not in capfd.readouterr().err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -88,7 +89,28 @@ def start_loading(spec: ExtractSpec, inputs: Inputs, done: dict[str, int]) -> Lo
     batches = [[(split, i) for i in rows] for split in SPLITS
                for rows in batch_rows(len(images.images[split]), spec.chunk_rows, done[split],
                                       len(images.images[split]), inputs.batch_size)]
-    return Loading(dict(done), _load_batches(images, batches, inputs))
+    loading = Loading(dict(done), _load_batches(images, batches, inputs))
+    start_device(inputs.device)
+    return loading
+
+
+def start_device(device: str) -> threading.Thread | None:
+    """On CUDA, create the device's context on a thread (it takes seconds on a bare machine) while the main thread
+    reads the weights; called after the loader's workers were forked, so no process is forked while it runs.
+    torch's lazy initialisation holds a lock: moving the weights to the device waits for it, or does it."""
+    if device != "cuda":
+        return None
+    import torch
+
+    def init() -> None:
+        try:
+            torch.cuda.init()
+        except Exception:  # (the main thread's first use of the device raises it again, as one line)
+            pass
+
+    thread = threading.Thread(target=init, name="foal-pipe-cuda-init", daemon=True)
+    thread.start()
+    return thread
 
 
 _POOL_IMAGES: PreparedImages | None = None
