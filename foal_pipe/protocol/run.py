@@ -125,7 +125,9 @@ def prepare(
         raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
                             f"with {param('scheduler', 'dask')}")
     resolve_dtype(model.dtype)
+    started = time.perf_counter()  # the backend's start-up: `auto` may import CuPy or torch to look for a GPU
     backend = resolve_backend(execution.backend)
+    starting = time.perf_counter() - started
     store = open_store(features, fusion=model.fusion, fusion_norm=model.fusion_norm)
     fused = store.fusions(parse_fusions(list(fusions), param("fusions")), model.fusion_norm) if fusions else None
     store.check_labelled()
@@ -146,7 +148,7 @@ def prepare(
     xp = get_namespace(backend)
     run = Run(store, stream, projection, backend, xp, model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused,
-              timings={"backend": time.perf_counter() - started})
+              timings={"backend": starting + time.perf_counter() - started})
     parts = memory_parts(run, n_models, loo)
     if not ridge:
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
