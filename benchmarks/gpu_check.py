@@ -31,6 +31,13 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
     stream of its own against the synchronous copy (``FOAL_PIPE_SYNC_COPY=1``) and the host alone: median fill
     seconds, interleaved, and the device rows of both copies against the host's bit for bit.
 
+(h) ``scale`` (not run by default: ``--parts scale,cifar`` is one device call): issue 33's probe, a 300,000 x 768
+    float16 store, 1,000 classes, D = 2000, 10 tasks: ``learn``, ``sweep``, ``learn --gamma auto`` and ``learn
+    --head slda`` on NumPy, CuPy and torch, first call and warm, wall and in-process (benchmarks/gpu_scale.py).
+
+The JSON's ``plan`` gives, at the device's sizes (also in a dry run), each part's expected seconds and deadline
+and whether the call fits one device call with a minute to spare.
+
 ``--dry-run`` runs the same steps at toy sizes on the CPU (numpy and torch-on-CPU backends, cupy skipped
 without a GPU; a 2-block 32-dim ViT at 64 px, a few hundred images, a 2,000-row store) in well under a
 minute; tests/test_gpu_check.py runs it in CI.
@@ -69,7 +76,9 @@ from typing import Any
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/synthetic.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/synthetic.py, gpu_scale.py
+
+import gpu_scale  # noqa: E402 (found through the path above)
 
 EXACT = 1e-9
 BACKENDS = ("numpy", "cupy", "torch")
@@ -104,17 +113,18 @@ class Sizes:
     part_seconds: int
     d_train: int
     d_test: int
+    cifar_seconds: int
 
 
 FULL = Sizes(a_rows=20_000, a_dim=512, a_classes=50, a_batch={"gram": 1000, "rls": 100}, b_rows=50_000,
              b_test=10_000, b_dim=1000, model="vit_base_patch16_224", model_kwargs=(), image_size=224,
              c_train=20_000, c_test=2_000, c_batch=256, chunk_rows=1024, workers=None, repeats=10, part_seconds=150,
-             d_train=50_000, d_test=10_000)
+             d_train=50_000, d_test=10_000, cifar_seconds=110)
 DRY = Sizes(a_rows=600, a_dim=48, a_classes=6, a_batch={"gram": 100, "rls": 25}, b_rows=2_000, b_test=500,
             b_dim=64, model="vit_tiny_patch16_224",
             model_kwargs=(("depth", 2), ("embed_dim", 32), ("img_size", 64), ("num_heads", 2), ("patch_size", 8)),
             image_size=64, c_train=192, c_test=64, c_batch=32, chunk_rows=64, workers=0, repeats=2, part_seconds=180,
-            d_train=400, d_test=100)
+            d_train=400, d_test=100, cifar_seconds=180)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -649,7 +659,7 @@ def part_cifar(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     }
     out["seconds"] = {}
     for step, args in steps.items():
-        out["seconds"][step] = _cli(args, sz.part_seconds)
+        out["seconds"][step] = _cli(args, sz.cifar_seconds)
     out["total_s"] = sum(out["seconds"].values())
     run = json.loads(store.with_name(store.name + ".log.json").read_text())["runs"][-1]
     out["extract_run"] = {k: run.get(k) for k in ("seconds", "device", "batch_size", "workers", "resize_on")}
@@ -662,7 +672,7 @@ def part_cifar(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     few = list(steps["extract"])  # the same command on 2,000 images: what it costs besides the images
     few[few.index("--data-dir") + 1] = str(_random_h5(work / "few.h5", 1_000, 1_000))
     few[few.index("--out") + 1] = str(work / "few.zarr")
-    out["extract_2000_images"] = _profile_cli(few, work, sz.part_seconds)
+    out["extract_2000_images"] = _profile_cli(few, work, sz.cifar_seconds)
 
 
 def _profile_cli(args: list[str], work: Path, timeout: int, top: int = 25) -> dict[str, float]:
@@ -694,9 +704,29 @@ def part_startup(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     out["slowest_imports_ms"] = {name: us / 1000 for us, name in cumulative[:12]}
 
 
+def part_scale(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """Issue 33's probe at 300,000 rows (benchmarks/gpu_scale.py)."""
+    gpu_scale.part_scale(gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL, work, out, backend_problem)
+
+
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
     "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup,
-    "heads": part_heads, "online": part_online, "copies": part_copies}
+    "heads": part_heads, "online": part_online, "copies": part_copies, "scale": part_scale}
+DEFAULT_PARTS = ("learner", "learn", "extract", "cifar", "startup", "heads", "online", "copies")
+"""What runs without ``--parts``; ``scale`` takes a device call of its own with ``cifar`` (``--parts scale,cifar``)."""
+
+
+def part_deadline(sz: Sizes, name: str) -> int:
+    """Seconds part ``name`` may take: ``scale`` stops its own runs at its deadline (a margin after it here)."""
+    if name == "scale":
+        return (gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL).seconds + 15
+    return sz.cifar_seconds if name == "cifar" else sz.part_seconds
+
+
+def device_plan(parts: list[str]) -> dict[str, Any]:
+    """The plan of a device call with ``parts`` at the device's sizes (:data:`FULL`), also in a dry run."""
+    return gpu_scale.plan(gpu_scale.SCALE_FULL, part_deadline(FULL, "cifar"),
+                          {name: part_deadline(FULL, name) for name in parts}, parts)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -797,21 +827,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
     parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (CI)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary folder, removed after)")
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                        help=f"comma-separated subset of {', '.join(PARTS)} (default: all but scale)")
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    unknown = [name for name in parts if name not in PARTS]
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
     sizes = DRY if args.dry_run else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / "gpu_check.json"
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"dry_run": args.dry_run, "machine": machine(), "sizes": asdict(sizes), "parts": {}}
+    report: dict[str, Any] = {"dry_run": args.dry_run, "machine": machine(), "sizes": asdict(sizes),
+                              "plan": device_plan(parts), "parts": {}}
     print(json.dumps(report["machine"]), flush=True)
+    plan = report["plan"]
+    print(f"plan on a device: {', '.join(parts)}; expected {plan['expected_s']} s, at most {plan['worst_s']} s of a "
+          f"{plan['device_call_s']} s call", flush=True)
     try:
-        for name in args.parts.split(","):
+        for name in parts:
             start = time.perf_counter()
             result = report["parts"][name] = {}
             try:  # a part fills ``result`` as it goes: what it measured before failing is kept
-                with deadline(sizes.part_seconds):
+                with deadline(part_deadline(sizes, name)):
                     PARTS[name](sizes, work, result)
             except Exception as exc:
                 result.update(error=_one_line(exc), traceback=traceback.format_exc(limit=6))

@@ -21,6 +21,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Recorded checkpoint hashes go to a folder of this session's, not the user's cache (subprocesses inherit it)."""
+    from foal_pipe.encoders.hashes import CACHE_VARIABLE
+
+    before = os.environ.get(CACHE_VARIABLE)
+    os.environ[CACHE_VARIABLE] = str(tmp_path_factory.mktemp("foal-pipe-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_VARIABLE, None)
+    else:
+        os.environ[CACHE_VARIABLE] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_vit_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A seeded random tiny ViT (``TINY_VIT`` with ``TINY_VIT_KWARGS``, classifier head included) saved as

@@ -89,3 +89,46 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
         assert run["copy_mode"] == {"sync": "sync", "staged": "sync"}
         assert run["rows_equal_host"] == {"sync": True, "staged": True}
         assert set(run["fill_s"]) == {"host", "sync", "staged"} and min(run["fill_s"].values()) > 0
+
+
+def test_gpu_check_scale_and_cifar_dry_run_plans_one_device_call(tmp_path):
+    """Issue 33's device call (``--parts scale,cifar``): every run of ``scale`` at toy sizes, and a plan at the
+    device's sizes that holds learn, sweep, auto and slda and fits one call with time to spare."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--parts",
+                           "scale,cifar", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert list(report["parts"]) == ["scale", "cifar"]
+    assert not [name for name, part in report["parts"].items() if "error" in part]
+
+    plan = report["plan"]
+    scale_plan = plan["parts"]["scale"]
+    assert set(scale_plan["commands"]) == {"learn", "sweep", "auto", "slda"}
+    assert scale_plan["commands"]["auto"][1:3] == ["learn", "--features"] and "auto" in scale_plan["commands"]["auto"]
+    assert scale_plan["commands"]["sweep"][1] == "sweep" and "slda" in scale_plan["commands"]["slda"]
+    assert "300,000 x 768 float16" in scale_plan["store"] and "1,000 classes" in scale_plan["store"]
+    assert "2000" in scale_plan["commands"]["learn"]
+    assert scale_plan["expected_s"] <= scale_plan["deadline_s"]  # the expected runs are not cut by the deadline
+    assert plan["worst_s"] == plan["setup_s"] + sum(p["deadline_s"] for p in plan["parts"].values())
+    assert plan["fits"] is True and plan["worst_s"] <= plan["device_call_s"] - 60
+
+    scale = report["parts"]["scale"]
+    assert "x 768 float16" in scale["store"] and scale["store_s"] > 0
+    runs = scale["runs"]
+    assert set(runs) == {f"{c}/{r}" for c, passes in scale_plan["runs"].items() for r in passes}
+    assert all("cupy" not in key or "skipped" in run for key, run in runs.items())  # no GPU here
+    for name in ("learn", "auto", "slda", "sweep"):
+        host = runs[f"{name}/numpy"]
+        assert "error" not in host and "skipped" not in host, host
+        assert 0 < host["in_process_s"] < host["wall_s"] and host["timings"]["total"] == host["in_process_s"]
+        torch_run = runs[f"{name}/torch warm"]
+        if "skipped" not in torch_run:
+            assert "error" not in torch_run, torch_run
+            if name == "sweep":
+                assert torch_run["best_gamma_equals_numpy"] is True
+            else:
+                assert abs(torch_run["A_avg_minus_numpy"]) < 1e-9 and 0 < host["A_avg"] <= 1
+    cifar = report["parts"]["cifar"]
+    assert set(cifar["seconds"]) == {"extract", "learn", "sweep"} and cifar["total_s"] > 0

@@ -74,7 +74,7 @@ def _cupy_namespace() -> ModuleType:
 
 def _torch_namespace() -> ModuleType:
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         raise FoalPipeError(
             f"{param('backend', 'torch')} needs PyTorch; install it with `pip install 'foal-pipe[extract]'` (or `pip install "
@@ -82,6 +82,8 @@ def _torch_namespace() -> ModuleType:
         ) from None
     import array_api_compat.torch as xp
 
+    if torch.cuda.is_available():
+        torch.cuda.init()  # the CUDA context now, in the backend's start-up, rather than in the first step's seconds
     return xp
 
 
@@ -155,6 +157,32 @@ def default_device(xp: ModuleType) -> Any:
         if is_namespace(xp):
             return DEFAULT_DEVICES[name]() if name in DEFAULT_DEVICES else None
     return None
+
+
+def _cupy_sync() -> None:
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def _torch_sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+#: How to wait for the work a backend has queued on its device (absent: it computes on the host, synchronously).
+SYNCHRONIZE: dict[str, Callable[[], None]] = {"cupy": _cupy_sync, "torch": _torch_sync}
+
+
+def synchronize(xp: ModuleType) -> None:
+    """Wait until the device of namespace ``xp`` has finished what was queued on it, so that a step's seconds
+    count the device work the step queued, on a GPU as on the CPU (a no-op on NumPy)."""
+    for name, wait in SYNCHRONIZE.items():
+        if IS_NAMESPACE[name](xp):
+            wait()
+            return
 
 
 def _strict_to_host(array: Any) -> np.ndarray:

@@ -20,6 +20,7 @@ import math
 import pickle
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,15 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """The SHA-256 of a checkpoint, hashed once and recorded (:mod:`foal_pipe.encoders.hashes`): later commands
+    take the record while the file's size, times and inode are unchanged. A record can never put a wrong hash in
+    a store: the loaded bytes are hashed again and must match (:func:`read_state_dict`)."""
+    from foal_pipe.encoders import hashes
+
+    return hashes.recorded(path) or hashes.hashed(path, file_sha256)
 
 
 def _read_safetensors(data: bytes) -> Any:
@@ -106,7 +116,7 @@ def describe_weights(config: EncoderConfig, pretrained_cfg: dict[str, Any], name
             raise FoalPipeError(f"{param('checkpoint')} {path} has suffix {path.suffix!r}; expected one of "
                                 f"{', '.join(CHECKPOINT_SUFFIXES)} (a state dict)")
         return {"source": "checkpoint", "path": str(path.resolve()), "bytes": path.stat().st_size,
-                "sha256": file_sha256(path)}
+                "sha256": checkpoint_sha256(path)}
     if not config.pretrained:
         return {"source": "random", "seed": SEED}
     if pretrained_cfg.get("hf_hub_id"):
@@ -136,11 +146,23 @@ def read_state_dict(path: Path, expected_sha256: str) -> dict[str, Any]:
 
     The file is read once, and those bytes must have ``expected_sha256`` (the hash recorded in the store when
     the encoder was described), so the store's record is the hash of what was loaded."""
+    data = path.read_bytes()
+    with ThreadPoolExecutor(1) as pool:  # hashlib lets go of the GIL: the bytes are hashed while they are parsed
+        digest = pool.submit(lambda: hashlib.sha256(data).hexdigest())
+        state = _parse_state_dict(path, data)
+        if digest.result() != expected_sha256:
+            from foal_pipe.encoders import hashes
+
+            hashes.forget(path)
+            raise FoalPipeError(f"{param('checkpoint')} {path} changed after it was hashed; re-run once it no longer "
+                                "changes")
+    return state
+
+
+def _parse_state_dict(path: Path, data: bytes) -> dict[str, Any]:
+    """The tensors of a checkpoint's bytes, unwrapped and checked (see :func:`read_state_dict`)."""
     import torch
 
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != expected_sha256:
-        raise FoalPipeError(f"{param('checkpoint')} {path} changed after it was hashed; re-run once it no longer changes")
     fix = ("save the weights with safetensors.torch.save_file(model.state_dict(), FILE) or "
            "torch.save(model.state_dict(), FILE)")
     try:

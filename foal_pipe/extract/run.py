@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -31,18 +32,85 @@ def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None 
         yield lo, min(lo + chunk_rows, stop)
 
 
-def _load_batches(images: PreparedImages, batches: list[list[int]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
+def _load_batches(images: Any, batches: list[list[Any]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
     """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory) for an encoder
-    that computes with torch; for a NumPy one (``--model pixels``), the same batches read without torch."""
+    that computes with torch, its workers started by this call, not at the first batch; for a NumPy one
+    (``--model pixels``), the same batches read without torch."""
     if not inputs.encoder.needs_torch:
-        yield from _numpy_batches(images, batches, inputs.workers)
-        return
+        return _numpy_batches(images, batches, inputs.workers)
     import torch
 
-    yield from torch.utils.data.DataLoader(
+    return iter(torch.utils.data.DataLoader(
         images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
         prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
-    )
+    ))
+
+
+def batch_rows(n_rows: int, chunk_rows: int, lo: int, hi: int, batch_size: int) -> list[list[int]]:
+    """The rows of each batch encoding ``[lo, hi)``: batches never cross a chunk, so each chunk is written whole."""
+    return [list(range(b, min(b + batch_size, c_hi)))
+            for c_lo, c_hi in chunk_ranges(n_rows, chunk_rows, lo, hi) for b in range(c_lo, c_hi, batch_size)]
+
+
+class SplitImages:
+    """Every split's images as one map-style dataset, row ``(split, i)``: one loader (its workers started once)
+    reads every split of an extraction in order."""
+
+    def __init__(self, images: dict[str, PreparedImages]):
+        self.images = images
+
+    def __len__(self) -> int:
+        return sum(len(images) for images in self.images.values())
+
+    def __getitem__(self, key: tuple[str, int]) -> tuple[np.ndarray, int, str]:
+        split, i = key
+        return self.images[split][i]
+
+
+@dataclass
+class Loading:
+    """The batches of a whole extraction (every split from ``done`` to its end), their loader already started
+    (:func:`start_loading`): its workers read the first batches while the weights load."""
+
+    done: dict[str, int]
+    batches: Iterator[tuple[Any, Any, Any]]
+
+    def close(self) -> None:
+        """Stop the loader's workers (a run that failed before reading every batch)."""
+        close = getattr(self.batches, "close", None) or getattr(self.batches, "_shutdown_workers", None)
+        if close is not None:
+            close()
+
+
+def start_loading(spec: ExtractSpec, inputs: Inputs, done: dict[str, int]) -> Loading:
+    """Start reading every split's rows from ``done`` on: one loader for the whole extraction, in order."""
+    images = SplitImages({split: PreparedImages(inputs.data.split(split), inputs.loaded_size,
+                                                inputs.encoder.interpolation) for split in SPLITS})
+    batches = [[(split, i) for i in rows] for split in SPLITS
+               for rows in batch_rows(len(images.images[split]), spec.chunk_rows, done[split],
+                                      len(images.images[split]), inputs.batch_size)]
+    loading = Loading(dict(done), _load_batches(images, batches, inputs))
+    start_device(inputs.device)
+    return loading
+
+
+def start_device(device: str) -> threading.Thread | None:
+    """On CUDA, create the device's context on a thread (it takes seconds on a bare machine) while the main thread
+    reads the weights; called after the loader's workers were forked, so no process is forked while it runs.
+    torch's lazy initialisation holds a lock: moving the weights to the device waits for it, or does it."""
+    if device != "cuda":
+        return None
+    import torch
+
+    def init() -> None:
+        try:
+            torch.cuda.init()
+        except Exception:  # (the main thread's first use of the device raises it again, as one line)
+            pass
+
+    thread = threading.Thread(target=init, name="foal-pipe-cuda-init", daemon=True)
+    thread.start()
+    return thread
 
 
 _POOL_IMAGES: PreparedImages | None = None
@@ -93,14 +161,17 @@ def extract_rows(
     inputs: Inputs | None = None,
     on_batch: Callable[[int], None] | None = None,
     on_chunk: Callable[[int], None] | None = None,
+    loaded: Iterator[tuple[Any, Any, Any]] | None = None,
 ) -> None:
     """Encode rows ``[lo, hi)`` of ``split`` and write them into the existing store at ``path`` (default
     ``spec.out_path``).
 
     ``lo`` and ``hi`` must each be a multiple of the store's chunk size or the split's row count; each
     write covers exactly one chunk. ``on_batch(n)`` is called after each batch, ``on_chunk(hi)`` after each
-    chunk is written (with the end row of that chunk). Does not touch the attributes: progress and
-    ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`, :func:`finish_store`).
+    chunk is written (with the end row of that chunk). ``loaded``: a loader already started whose next batches
+    are these rows' (:func:`start_loading`); by default one is started here. Does not touch the attributes:
+    progress and ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`,
+    :func:`finish_store`).
     """
     inputs = load_inputs(inputs) if inputs is not None else cached_inputs(spec)
     writer = FeatureWriter(path or spec.out_path, split)
@@ -108,14 +179,15 @@ def extract_rows(
     if lo == hi:
         return
     n, step = writer.n_rows, writer.chunk_rows
-    encoder, source = inputs.encoder, inputs.data.split(split)
-    images = PreparedImages(source, inputs.loaded_size, encoder.interpolation)
-    batches = [list(range(b, min(b + inputs.batch_size, c_hi)))
-               for c_lo, c_hi in chunk_ranges(n, step, lo, hi) for b in range(c_lo, c_hi, inputs.batch_size)]
+    encoder = inputs.encoder
+    batches = batch_rows(n, step, lo, hi, inputs.batch_size)
+    if loaded is None:
+        images = PreparedImages(inputs.data.split(split), inputs.loaded_size, encoder.interpolation)
+        loaded = _load_batches(images, batches, inputs)
     buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
     kept = np.empty((step, encoder.n_blocks, encoder.dim), dtype=spec.blocks_dtype) if spec.keep_blocks else None
     chunk_lo, filled = lo, 0
-    for pixels, _labels, errors in _load_batches(images, batches, inputs):
+    for pixels, _labels, errors in itertools.islice(loaded, len(batches)):
         bad = [e for e in errors if e]
         if bad:
             raise FoalPipeError(f"cannot read image {bad[0]}; remove or replace the file, then re-run the same "
@@ -177,27 +249,34 @@ class ExtractReport:
     generation: str | None = None
 
 
-def prepare_store(spec: ExtractSpec, overwrite: bool = False) -> tuple[Inputs, StoreState]:
+def prepare_store(spec: ExtractSpec, overwrite: bool = False,
+                  before_load: Callable[[Inputs, dict[str, int]], None] | None = None) -> tuple[Inputs, StoreState]:
     """The inputs and the store to fill: an existing store checked against ``spec``, or a new one.
 
     The weights are loaded before a store is created, so when they cannot be had nothing is left behind.
+    ``before_load(inputs, done)``, when there is work to do, is called before the weights load with the rows of
+    each split already in the store (to start reading the rest meanwhile).
     """
     inputs = open_inputs(spec)
     state = check_store(spec, inputs, overwrite=overwrite)
     if state is None or state.status != "complete":
+        if before_load is not None:
+            before_load(inputs, dict(state.progress) if state is not None else dict.fromkeys(SPLITS, 0))
         load_inputs(inputs)
         state = create_store(spec, inputs, overwrite=overwrite)
     return inputs, state
 
 
 @contextmanager
-def extraction(spec: ExtractSpec, overwrite: bool = False,
-               runtime: dict[str, Any] | None = None) -> Iterator[tuple[Inputs, StoreState, ExtractReport]]:
+def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, Any] | None = None,
+               before_load: Callable[[Inputs, dict[str, int]], None] | None = None,
+               ) -> Iterator[tuple[Inputs, StoreState, ExtractReport]]:
     """Hold the store's writer lock, prepare the store, let the body fill every split, then finish it.
 
     Yields ``(inputs, state, report)``; the body fills rows into ``state.path`` (nothing to do when
     ``state.status == "complete"``) and records ``progress``. The sidecar log ``<store>.log.json`` gets the
     run's start, end or error, and ``runtime`` (what :func:`runtime_info` does not know, e.g. the scheduler).
+    ``before_load``: see :func:`prepare_store`.
     """
     outer = enclosing_store(spec.out_path)
     if outer is not None:
@@ -207,7 +286,7 @@ def extraction(spec: ExtractSpec, overwrite: bool = False,
         for folder in (spec.out_path, staging_path(spec.out_path)):
             if folder.is_dir() and is_zarr_dir(folder):
                 remove_partial_files(folder)  # halves of writes a killed writer left: nobody else writes now
-        inputs, state = prepare_store(spec, overwrite)
+        inputs, state = prepare_store(spec, overwrite, before_load)
         report = ExtractReport(state.out, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
                                inputs.encoder.dim, inputs.device, inputs.precision, dict(state.holes))
         if state.status == "complete":
@@ -238,15 +317,28 @@ def _log_stop(path: Path, exc: BaseException) -> None:
 
 
 def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractProgress | None = None) -> ExtractReport:
-    """Create (or resume) the store for ``spec``, fill every split in order, then mark it complete."""
+    """Create (or resume) the store for ``spec``, fill every split in order, then mark it complete.
+
+    One loader reads every split, started before the weights load: its workers read the first batches while the
+    checkpoint is read, hashed and moved to the device, and start once rather than once per split."""
     progress = progress or ExtractProgress()
-    with extraction(spec, overwrite) as (inputs, state, report):
-        if state.status == "complete":
-            return report
-        for split in SPLITS:
-            done, n = state.progress[split], state.rows[split]
-            progress.start(split, done, n)
-            extract_rows(spec, split, done, n, path=state.path, inputs=inputs,
-                         on_batch=lambda k, s=split: progress.advance(s, k),
-                         on_chunk=lambda hi, s=split: mark_progress(state.path, s, hi))
+    started: list[Loading] = []
+    try:
+        with extraction(spec, overwrite, before_load=lambda inputs, done: started.append(
+                start_loading(spec, inputs, done))) as (inputs, state, report):
+            if state.status == "complete":
+                return report
+            if not started or started[0].done != state.progress:  # the store's rows are not those planned
+                for loading in started:
+                    loading.close()
+                started[:] = [start_loading(spec, inputs, state.progress)]
+            for split in SPLITS:
+                done, n = state.progress[split], state.rows[split]
+                progress.start(split, done, n)
+                extract_rows(spec, split, done, n, path=state.path, inputs=inputs, loaded=started[0].batches,
+                             on_batch=lambda k, s=split: progress.advance(s, k),
+                             on_chunk=lambda hi, s=split: mark_progress(state.path, s, hi))
+    finally:
+        for loading in started:
+            loading.close()
     return report

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.activations import check_activation
-from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype
+from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype, synchronize
 from foal_pipe.core.engines import ENGINES, check_gamma
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError, param
@@ -71,9 +71,13 @@ class Run:
 
     @contextmanager
     def timed(self, step: str) -> Iterator[None]:
+        """Add the seconds of the body to ``step``; on a GPU the step ends when the device has done what it queued
+        (CuPy and torch return before their kernels finish), so the device's seconds land in the step that
+        queued them, as on the CPU."""
         start = time.perf_counter()
         try:
             yield
+            synchronize(self.xp)
         finally:
             self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
@@ -126,7 +130,9 @@ def prepare(
         raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
                             f"with {param('scheduler', 'dask')}")
     resolve_dtype(model.dtype)
+    started = time.perf_counter()  # the backend's start-up: `auto` may import CuPy or torch to look for a GPU
     backend = resolve_backend(execution.backend)
+    starting = time.perf_counter() - started
     store = open_store(features, fusion=model.fusion, fusion_norm=model.fusion_norm)
     fused = store.fusions(parse_fusions(list(fusions), param("fusions")), model.fusion_norm) if fusions else None
     store.check_labelled()
@@ -143,8 +149,11 @@ def prepare(
                             f"use {param('scheduler', 'local')} with {param('eval_every')}")
     test_totals = count_test_rows(stream, store.test.labels, n_classes, evaluation.eval_every is not None)
     width = fused["train"].dim if fused else store.dim
-    run = Run(store, stream, _planned(width, model), backend, get_namespace(backend), model, evaluation, execution,
-              test_totals, stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused)
+    started = time.perf_counter()  # importing the backend's library (torch: seconds) and starting its device
+    xp = get_namespace(backend)
+    run = Run(store, stream, _planned(width, model), backend, xp, model, evaluation, execution, test_totals,
+              stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused,
+              timings={"backend": starting + time.perf_counter() - started})
     parts = memory_parts(run, n_models, loo)
     if not ridge:
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
