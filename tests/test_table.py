@@ -204,3 +204,31 @@ def test_population_std_is_numpy_ddof0():
     (cell,) = engine.cells(runs)
     assert cell["A_last"]["std"] == pytest.approx(np.sqrt(((0.2) ** 2 * 2) / 3))
     assert "A_auc" not in cell
+
+
+@pytest.mark.parametrize("gamma", [("--gamma", "1"), ("--gamma", "auto", "--select", "gcv")])
+def test_ridge_from_per_class_sums_equals_its_separate_learn(stores, tmp_path, gamma):
+    """Without the leave-one-out pass, ridge's boundaries of every order and task count come from per-class sums
+    computed once per store: still each run's separate learn."""
+    out = tmp_path / "t"
+    result = invoke("table", "--features", stores[1], "--heads", "ridge,balanced", "--order-seeds", "0,2", "--tasks",
+                    "3,5", "--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--out", out, *gamma)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "table.json").read_text())
+    for run in doc["runs"]:
+        if run["head"] == "ridge":
+            extra = list(gamma)
+        else:  # balanced at ridge's last-boundary gamma of the same order
+            ridge = next(r for r in doc["runs"] if r["head"] == "ridge" and (r["tasks"], r["order_seed"])
+                         == (run["tasks"], run["order_seed"]))
+            chosen = 1.0 if gamma[1] == "1" else ridge["options"]["gammas_selected"][-1]
+            assert run["options"]["gamma"] == chosen
+            extra = ["--head", "balanced", "--gamma", repr(chosen)]
+        sep = tmp_path / f"{run['head']}-{run['tasks']}-{run['order_seed']}"
+        result = invoke("learn", "--features", stores[1], "--order-seed", run["order_seed"], "--tasks", run["tasks"],
+                        "--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--out", sep, *extra)
+        assert result.exit_code == 0, result.output
+        separate = json.loads((sep / "metrics.json").read_text())
+        assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])
+        if run["head"] == "ridge" and gamma[1] == "auto":
+            assert run["options"]["gammas_selected"] == separate["gammas_selected"]

@@ -191,6 +191,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
     from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.orders import class_statistics, fallback_reason
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings
@@ -201,6 +202,9 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     keys = {(h, t, seed): fingerprint(store, h, t, seed, settings) for h in config.heads for (t, seed) in streams}
     done = {k: rec for k, key in keys.items() if (rec := kept.get(key)) is not None}
     n_resumed = len(done)
+    # ridge without the leave-one-out pass: every order's and task count's boundaries from per-class sums
+    one_pass = fallback_reason(s.stream, ridge_model, s.execution, ridge_model.loo, len(store.classes)) is None
+    per_class = None
     if len(done) < len(keys):
         with np.errstate(all="ignore"), shared_rows(list(runs.values())) as shared:
             for (t, seed), stream in streams.items():
@@ -208,10 +212,13 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                 if "ridge" in config.heads:
                     rec = done.get(("ridge", t, seed))
                     if rec is None:
-                        with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=f"{kept.path.name}-") as tmp:
-                            learned = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
-                                                s.execution, log=log, shared=shared)
-                        m = learned.metrics
+                        if one_pass:
+                            per_class = per_class or class_statistics(runs[(t, seed)], shared)
+                            m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared)
+                        else:
+                            with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=f"{kept.path.name}-") as tmp:
+                                m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
+                                              s.execution, log=log, shared=shared).metrics
                         options = {"gamma": m.gamma, "selected_by": m.selected_by,
                                    "gammas_selected": m.gammas_selected}
                         rec = run_record(path, store, "ridge", t, seed, m, options)
@@ -224,6 +231,22 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                     kept.put(keys[rec_key], rec)
                     done[rec_key] = rec
     return [done[(h, t, seed)] for h in config.heads for t in config.tasks for seed in config.order_seeds], n_resumed
+
+
+def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any) -> Any:
+    """ridge's metrics on one order from the per-class sums (:func:`~foal_pipe.protocol.orders.order_boundaries`):
+    the same rows summed as its separate ``learn``, so the same accuracy matrix (``learn --order-seeds``' one pass)."""
+    from foal_pipe.protocol.evaluation import accuracy_matrices
+    from foal_pipe.protocol.orders import order_boundaries
+    from foal_pipe.protocol.records import accuracy_report, learn_metrics
+    from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
+
+    model = run.model
+    solver = (ManyGammas(model.gamma_grid, False, model.select, model.per_decade) if model.gamma == "auto"
+              else FixedGamma(float(model.gamma)))
+    boundaries, _ = order_boundaries(run, per_class, solver)
+    acc = accuracy_matrices(run, boundaries, shared.test)[0]
+    return learn_metrics(run, stream, accuracy_report(acc), boundaries)
 
 
 def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: int, stream: StreamConfig,
