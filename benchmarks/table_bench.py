@@ -6,7 +6,7 @@ Both sides are `foal-pipe` subprocesses on the same synthetic stores with the ta
 other jobs' load) of every subprocess, interleaved over --repeats, medians; and that every run of the table has
 the accuracy matrix of its separate run.
 
-Usage: python benchmarks/table_bench.py [--rows 20000] [--dim 384] [--classes 20] [--gamma auto] [--repeats 2]
+Usage: python benchmarks/table_bench.py [--rows 20000] [--dim 384] [--classes 20] [--gamma auto] [--select gcv] [--repeats 2]
 [--threads 1] [--json out.json]
 """
 
@@ -31,24 +31,26 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--classes", type=int, default=20)
     parser.add_argument("--gamma", default="auto", help="the table's --gamma (and ridge's separate learn's)")
+    parser.add_argument("--select", default=None, help="with --gamma auto: the criterion (default: learn's)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads of every subprocess")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("results") / "table_bench.json")
     a = parser.parse_args()
     env = blas_env(a.threads)
+    select = ["--select", a.select] if a.select else []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         stores = [make_store(tmp / f"s{i}.zarr", a.rows, a.rows // 5, seed=i, dim=a.dim,
                              n_classes=a.classes) for i in range(2)]
         table_cmd = ["table", *(x for s in stores for x in ("--features", str(s))), "--heads", ",".join(HEADS),
                      "--order-seeds", ",".join(map(str, SEEDS)), "--tasks", ",".join(map(str, TASKS)),
-                     "--projection-dim", str(D), "--gamma", a.gamma, "--backend", "numpy", "--out", str(tmp / "table")]
+                     "--projection-dim", str(D), "--gamma", a.gamma, *select, "--backend", "numpy", "--out", str(tmp / "table")]
         tables, separates = [], []
         for r in range(a.repeats):  # interleaved, so load changes hit both alike
             tables.append(run_cli(table_cmd, env))
             runs = []
             for s in stores:
                 for head in HEADS:
-                    extra = ["--gamma", a.gamma, "--projection-dim", str(D)] if head == "ridge" else []
+                    extra = ["--gamma", a.gamma, *select, "--projection-dim", str(D)] if head == "ridge" else []
                     for t in TASKS:
                         for seed in SEEDS:
                             out = tmp / f"{s.stem}-{head}-{t}-{seed}"
@@ -65,8 +67,9 @@ def main() -> None:
             for run in doc["runs"])
     med = statistics.median
     result = {
-        **header(gamma=a.gamma, classes=a.classes, threads=a.threads, rows=a.rows, test_rows=a.rows // 5, dim=a.dim,
-                 D=D, heads=list(HEADS), order_seeds=list(SEEDS), tasks=list(TASKS), runs=len(doc["runs"]), repeats=a.repeats),
+        **header(gamma=a.gamma, select=a.select, classes=a.classes, threads=a.threads, rows=a.rows,
+                 test_rows=a.rows // 5, dim=a.dim, D=D, heads=list(HEADS), order_seeds=list(SEEDS),
+                 tasks=list(TASKS), runs=len(doc["runs"]), repeats=a.repeats),
         "table_wall_s": [t.seconds for t in tables], "table_cpu_s": [t.cpu_seconds for t in tables],
         "separate_wall_s": [s for s, _ in separates], "separate_cpu_s": [c for _, c in separates],
         "ratio_wall": med(t.seconds for t in tables) / med(s for s, _ in separates),
