@@ -63,3 +63,19 @@ def test_summary_shows_stream_a_auc_and_every_head_of_a_sweep(runs, tmp_path):
     for name, head in sweep["heads"].items():
         assert f"· head {name}" in shown.output
         assert f"{100 * head['A_last']:.2f}" in shown.output
+
+
+def test_evaluate_summary_has_the_heads_table(runs, tmp_path):
+    _, store = runs
+    run = tmp_path / "run"
+    assert invoke("learn", "--features", store, "--tasks", 3, "--out", run, *COMMON).exit_code == 0
+    result = invoke("sweep", "--features", store, "--tasks", 3, "--gammas", "0.1,1", "--heads", "ridge,ncm,slda",
+                    "--out", tmp_path / "run-sweep", *COMMON)
+    assert result.exit_code == 0, result.output
+    assert invoke("evaluate", "--run", run, "--no-plots").exit_code == 0
+    text = (run / "eval" / "summary.md").read_text()
+    sweep = json.loads((tmp_path / "run-sweep" / "sweep.json").read_text())
+    assert "## Heads" in text
+    for name, head in sweep["heads"].items():
+        assert f"| {name} | {100 * head['A_avg']:.2f} | {100 * head['A_last']:.2f} | {100 * head['F']:.2f} |" in text
+    assert f"the test oracle's: {sweep['best_head_test']}" in text
