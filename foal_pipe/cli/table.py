@@ -14,8 +14,11 @@ from foal_pipe.errors import FoalPipeError
 
 TableFeatures = Annotated[
     list[Path], typer.Option("--features", help="A feature store (a .zarr written by `foal-pipe extract`); repeat "
-                             "for several (--features A.zarr --features B.zarr): each is read once for all its runs.")
+                             "for several (--features A.zarr --features B.zarr): each is read once for all its runs.",
+                             metavar="PATH")
 ]
+TableSeed = Annotated[int, typer.Option(help="Seed of the projection (ridge, balanced, dual) and of the leave-one-out "
+                                        "sample; the class orders come from --order-seeds.")]
 TableHeads = Annotated[
     str, typer.Option(help="Comma-separated heads of `foal-pipe learn --head` (any registered head): ridge, balanced "
                       "and dual on the projection; ncm, slda, fecam on the store's features.")
@@ -56,7 +59,7 @@ def table(
     select: o.LearnSelect = None,
     projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
     activation: o.Activation = o.MODEL.activation,
-    seed: o.Seed = o.STREAM.seed,
+    seed: TableSeed = o.STREAM.seed,
     batch_size: o.BatchSize = o.STREAM.batch_size,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
     stream: o.StreamKind = o.STREAM.stream,
