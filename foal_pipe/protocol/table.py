@@ -115,6 +115,7 @@ def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings
 
 
 def asdict_shallow(settings: Settings) -> dict[str, Any]:
+    """The four settings records by name, as ``table.json``'s ``settings`` holds them."""
     return {"stream": settings.stream, "model": settings.model, "evaluation": settings.evaluation,
             "execution": settings.execution}
 
