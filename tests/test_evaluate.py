@@ -499,7 +499,7 @@ def test_gamma_auto_is_shown_with_the_gammas_chosen(tmp_path):
     assert "by GCV (generalised cross-validation, from the Gram statistics alone): T1 0.01, T2 1, T3 100." in text
     result = runner.invoke(app, ["summary", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
-    assert re.search(r"\s3\s+1000\s+auto\s+" + re.escape(f"{100 * A_AVG:.2f}"), result.output), result.output
+    assert re.search(r"\s3\s+disjoint\s+1000\s+auto\s+" + re.escape(f"{100 * A_AVG:.2f}"), result.output), result.output
 
 
 @pytest.mark.parametrize(
