@@ -27,7 +27,7 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-from foal_pipe.protocol.headruns import check_head_options, check_head_stream, check_learn_head, resolved_options
+from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
 from foal_pipe.protocol.run import prepare
 
 #: The format of ``table.json``; a reader refuses another.
@@ -86,7 +86,6 @@ def check_table(config: TableConfig, features: Sequence[Path], settings: Setting
     check_head_options(list(config.heads), model, explicit)
     others = [h for h in config.heads if h != "ridge"]
     if others:
-        check_head_stream(settings.stream, settings.evaluation)
         for name in others:
             check_learn_head(head_model(name, model, 1.0), settings.evaluation, settings.execution)
     auto_heads = [h for h in others if h in GAMMA_HEADS and "gamma" in HEADS[h].options]
