@@ -32,7 +32,7 @@ import yaml  # noqa: E402
 
 #: Relative to the working directory, as DVC runs stages from the directory of dvc.yaml.
 PARAMS = Path("params.yaml")
-SECTIONS = ("extract", "learn", "sweep")
+SECTIONS = ("extract", "learn", "sweep", "table")
 
 
 #: The keys of each shared section, as the stage scripts read them: any other is refused, since a typo
@@ -90,6 +90,10 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
 LEARN_ONLY = ("gamma", "select", "engine")
 
 
+#: The settings of ``learn`` that the table's runs share (its gamma is ``auto``, chosen by ``select``).
+TABLE_FROM_LEARN = ("batch_size", "projection_dim", "activation", "seed", "backend", "select")
+
+
 def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """What each stage's command is built from, by stage (a :func:`resolve` result in)."""
     learn = settings["learn"]
@@ -97,6 +101,7 @@ def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "extract": {"dataset": settings["dataset"], "extract": settings["extract"]},
         "learn": {"learn": learn},
         "sweep": {"sweep": settings["sweep"], "learn": {k: v for k, v in learn.items() if k not in LEARN_ONLY}},
+        "table": {"table": settings["table"], "learn": {k: learn[k] for k in TABLE_FROM_LEARN}},
     }
 
 

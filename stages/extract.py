@@ -37,7 +37,8 @@ def other_settings(out: str, dataset: str, p: dict[str, Any]) -> bool:
             checkpoint=p["checkpoint"], model_kwargs=parse_model_kwargs(_kwargs(p["model_kwargs"])),
             fusion=p["fusion"], token=p["token"], image_size=p["image_size"], normalize=p["normalize"],
             dtype=p["dtype"], chunk_rows=p["chunk_rows"], keep_blocks=p["keep_blocks"], batch_size=p["batch_size"],
-            workers=p["workers"], device=p["device"], precision=p["precision"],
+            workers=p["workers"], device=p["device"], precision=p["precision"], test_split=p["test_split"],
+            split_seed=p["split_seed"],
         )
         check_store(spec, open_inputs(spec))
     except FoalPipeError:  # other settings, or a store not to resume; `foal-pipe extract` says which, if not these
@@ -58,6 +59,8 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
     for option, key in optional.items():
         if p[key] is not None:
             args += [option, p[key]]
+    if p["test_split"] is not None:
+        args += ["--test-split", p["test_split"], "--split-seed", p["split_seed"]]
     if p["model_kwargs"]:
         args += ["--model-kwargs", _kwargs(p["model_kwargs"])]
     if p["download"]:

@@ -1,4 +1,4 @@
-"""DVC stage `settings@NAME`: each stage's settings for run NAME -> runs/NAME-settings/{extract,learn,sweep}.settings.json.
+"""DVC stage `settings@NAME`: each stage's settings for run NAME -> runs/NAME-settings/{extract,learn,sweep,table}.settings.json.
 
 The other stages depend on these files, not on params.yaml: DVC reruns a stage when the bytes of its settings
 change, so a change reruns only the stages it concerns. Written in one canonical form (sorted keys), so that

@@ -116,3 +116,16 @@ def test_store_predictions_match_classes_by_name(tmp_path):
     with pytest.raises(FoalPipeError, match="another encoder than the model's"):
         model.store_predictions(write_store(tmp_path / "pix.zarr", (x[:6], y[:6]), (x[:3], y[:3]), ["a", "b", "c"],
                                             encoder={"name": "pixels"}))
+
+
+def test_an_encoder_mismatch_names_both_encoders(tmp_path):
+    """'blocks' is 4 in the store but None in the model said nothing of which encoders differ."""
+    from foal_pipe.model.deploy import check_encoder
+    from foal_pipe.store import open_store
+
+    x, y = np.random.default_rng(0).normal(size=(6, 4)), np.array([0, 1, 2, 0, 1, 2])
+    store = open_store(write_store(tmp_path / "b.zarr", (x, y), (x, y), ["a", "b", "c"],
+                                             encoder={"name": "vit_small_patch16_224", "blocks": 4}))
+    with pytest.raises(FoalPipeError) as info:
+        check_encoder({"name": "pixels"}, store, "b.zarr")
+    assert "the store's encoder is 'vit_small_patch16_224', the model's 'pixels'" in str(info.value)

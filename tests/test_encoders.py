@@ -257,3 +257,12 @@ def test_a_dropped_fusion_removes_its_hooks(tiny_vit_checkpoint):
     del extra
     assert all(len(b._forward_hooks) == 1 for b in blocks)
     encode_numpy(enc, _images(2))  # the encoder's own hooks still work
+
+
+def test_a_misspelt_pixels_suggests_pixels_not_a_timm_model():
+    """`--model pixel` used to suggest mixnet_l; the built-in encoder is the one meant."""
+    from foal_pipe.encoders.vit import _unknown_model_message
+
+    message = _unknown_model_message("pixel")
+    assert "(did you mean pixels?)" in message and "mixnet" not in message
+    assert "did you mean vit_base_patch16_224" in _unknown_model_message("vit_bse_patch16_224")

@@ -499,7 +499,7 @@ def test_gamma_auto_is_shown_with_the_gammas_chosen(tmp_path):
     assert "by GCV (generalised cross-validation, from the Gram statistics alone): T1 0.01, T2 1, T3 100." in text
     result = runner.invoke(app, ["summary", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
-    assert re.search(r"\s3\s+1000\s+auto\s+" + re.escape(f"{100 * A_AVG:.2f}"), result.output), result.output
+    assert re.search(r"\s3\s+disjoint\s+1000\s+auto\s+" + re.escape(f"{100 * A_AVG:.2f}"), result.output), result.output
 
 
 @pytest.mark.parametrize(
@@ -652,7 +652,7 @@ def test_cli_summary_shows_the_selected_gamma_and_timings(tmp_path):
     assert result.exit_code == 0, result.output
     assert re.search(r"\s1\*\s+83\.00\s+73\.00\s+5\.00", result.output), result.output
     assert "of 6 by LOO MSE" in result.output
-    assert re.search(rf"{100 * A_AVG:.2f}\s+{100 * A_LAST:.2f}\s+{100 * F:.2f}\s+2\.5", result.output), result.output
+    assert re.search(rf"{100 * A_AVG:.2f}\s+{100 * A_LAST:.2f}\s+{100 * F:.2f}\s+-\s+2\.5", result.output), result.output
 
 
 def test_summary_warns_of_stored_numbers_the_matrix_contradicts(tmp_path):

@@ -22,9 +22,9 @@ from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-STAGE_NAMES = ("settings", "extract", "learn", "sweep", "evaluate")
+STAGE_NAMES = ("settings", "extract", "learn", "sweep", "evaluate", "table")
 #: The stages that read settings, each from its own runs/NAME-settings/STAGE.settings.json.
-SETTINGS_READERS = ("extract", "learn", "sweep")
+SETTINGS_READERS = ("extract", "learn", "sweep", "table")
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -113,7 +113,7 @@ def test_params_and_dvc_yaml_agree():
             if "${" not in dep:
                 assert (ROOT / dep).exists(), f"{name}: dependency {dep} does not exist"
         if name == "settings":  # the one stage that reads params.yaml: every section and its own entry only
-            assert do["params"] == ["extract", "learn", "sweep", "datasets.${key}"]
+            assert do["params"] == ["extract", "learn", "sweep", "table", "datasets.${key}"]
             assert do["outs"] == [f"runs/${{key}}-settings/{s}.settings.json" for s in SETTINGS_READERS]
             continue
         # the whole package, not a hand-kept list of its modules
@@ -147,7 +147,7 @@ def test_dataset_entries_override_the_shared_sections(resolve):
                                                    "learn": {"tasks": 3}, "sweep": {"select": "gcv"}}}
     digits, shapes = resolve(params, "digits"), resolve(params, "shapes")
     assert digits == {"dataset": "digits", "extract": params["extract"], "learn": params["learn"],
-                      "sweep": params["sweep"]}
+                      "sweep": params["sweep"], "table": params["table"]}
     assert shapes["dataset"] == "imagefolder" and shapes["extract"]["data_dir"] == "data/shapes"
     assert {k: v for k, v in shapes["extract"].items() if k != "data_dir"} == {
         k: v for k, v in params["extract"].items() if k != "data_dir"}
@@ -180,7 +180,8 @@ def test_settings_stage_writes_canonical_files(tmp_path):
     _stage("settings", tmp_path, "digits")
     out = tmp_path / "runs" / "digits-settings"
     files = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(files) == ["extract.settings.json", "learn.settings.json", "sweep.settings.json"]
+    assert sorted(files) == ["extract.settings.json", "learn.settings.json", "sweep.settings.json",
+                             "table.settings.json"]
     assert json.loads(files["learn.settings.json"]) == {"learn": params["learn"]}
     # the same values written another way (key order, flow style) give the same bytes
     reordered = {key: params[key] for key in reversed(list(params))}
@@ -268,6 +269,22 @@ def test_extract_command_line(tmp_path, monkeypatch):
     assert "--keep-blocks" not in argv
     params["extract"]["keep_blocks"] = True
     assert _command("extract", "shapes", params)[-1] == "--keep-blocks"
+    assert "--test-split" not in argv and "--split-seed" not in argv  # null: the dataset's own split
+    params["extract"].update(test_split=0.25, split_seed=7)
+    assert _pairs(_command("extract", "shapes", params)).items() >= {"--test-split": "0.25", "--split-seed": "7"}.items()
+
+
+def test_table_command_line():
+    """table@NAME: params.yaml's table section, learn's stream and projection settings, ridge's gamma auto."""
+    assert _command("table") == [
+        "table", "--features", "data/features/digits.zarr", "--out", "runs/digits-table", "--heads", "ridge,ncm,slda",
+        "--order-seeds", "0,1,2", "--tasks", "5", "--gamma", "auto", "--select", "loo_accuracy", "--batch-size", "10",
+        "--projection-dim", "1000", "--activation", "sigmoid", "--seed", "0", "--backend", "auto",
+    ]
+    params = _params(projection_dim=200)
+    params["datasets"] = {"digits": {"table": {"tasks": [2, 5], "heads": ["ridge", "balanced"]}}}
+    argv = _pairs(_command("table", params=params))
+    assert (argv["--tasks"], argv["--heads"], argv["--projection-dim"]) == ("2,5", "ridge,balanced", "200")
 
 
 def test_learn_command_line():
@@ -548,6 +565,27 @@ def test_dvc_repro_runs_every_stage(repro):
 
 
 @pytest.mark.slow
+def test_dvc_repro_writes_the_table(repro, tmp_path):
+    """table@digits: params.yaml's heads x orders x task counts on the pipeline's store, each run its separate learn."""
+    repo, _ = repro
+    params = yaml.safe_load((repo / "params.yaml").read_text())["table"]
+    out = repo / "runs/digits-table"
+    assert sorted(p.name for p in out.iterdir()) == ["table.csv", "table.json", "table.md", "table.png", "table.tex"]
+    doc = json.loads((out / "table.json").read_text())
+    assert len(doc["runs"]) == len(params["heads"]) * len(params["order_seeds"]) * len(params["tasks"])
+    for cell in doc["cells"]:
+        values = [r["A_last"] for r in doc["runs"] if (r["head"], r["tasks"]) == (cell["head"], cell["tasks"])]
+        assert cell["A_last"]["values"] == values
+        assert cell["A_last"]["mean"] == pytest.approx(sum(values) / len(values))
+    run = next(r for r in doc["runs"] if r["head"] == "ncm" and r["order_seed"] == params["order_seeds"][-1])
+    separate = tmp_path / "ncm"
+    _run([str(VENV_BIN / "foal-pipe"), "learn", "--features", "data/features/digits.zarr", "--head", "ncm",
+          "--order-seed", str(run["order_seed"]), "--tasks", str(run["tasks"]), "--out", str(separate)], repo, _env(repo))
+    assert run["accuracy_matrix"] == json.loads((separate / "metrics.json").read_text())["accuracy_matrix"]
+    assert "| ridge |" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
 def test_dvc_repro_twice_reruns_nothing(repro):
     repo, _ = repro
     again = _run([_dvc(), "repro"], repo, _env(repo))
@@ -619,7 +657,9 @@ def test_dvc_experiment_and_dataset_entries_rerun_only_their_stages(repro):
     params["datasets"]["small"]["learn"]["tasks"] = 5
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     changed = _run([_dvc(), "repro"], repo, env)
-    assert _ran(changed) == {f"{stage}@small" for stage in STAGE_NAMES if stage != "extract"}, changed.stdout
+    # (the table has its own task counts, params.yaml's table.tasks: it keeps its outputs)
+    assert _ran(changed) == {f"{stage}@small" for stage in STAGE_NAMES if stage not in ("extract", "table")}, \
+        changed.stdout
     assert json.loads((repo / "runs/small/metrics.json").read_text())["n_tasks"] == 5
     assert _files(repo / "data/features/small.zarr") == small_files and _files(store) == files
 

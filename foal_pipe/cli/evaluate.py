@@ -83,10 +83,40 @@ def summary(
             metavar="PATHS",
         ),
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(help="Group the learn runs into table cells by these keys (comma-separated: head, tasks, dataset, "
+                     "encoder, stream, D, gamma), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; "
+                     "e.g. head,tasks over runs of several class orders. Default: one row per run.",
+                     show_default=False),
+    ] = None,
 ) -> None:
-    """Print a table of runs (A_avg, A_last, F; the paper's numbers when comparable) and of sweeps."""
+    """Print a table of runs (A_avg, A_last, F, A_auc; the paper's numbers when comparable) and of sweeps, a
+    `sweep --heads`' heads each on a row of its own; with --group, the runs grouped into cells."""
     with user_errors():
-        print_table(summary_table(paths or [Path("runs")]))
+        if group is not None:
+            print_table(grouped_table(paths or [Path("runs")], group))
+        else:
+            print_table(summary_table(paths or [Path("runs")]))
+
+
+def grouped_table(paths: list[Path], group: str) -> Table:
+    """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
+    from foal_pipe.report import find_runs
+    from foal_pipe.report.grouping import METRICS, group_cells, parse_group
+
+    keys = parse_group(group)
+    found = find_runs(paths, on_error=lambda message: err_console.print(
+        f"[bold yellow]Warning:[/] skipped: {message}", highlight=False, soft_wrap=True))
+    cells = group_cells([e.metrics for e in found if e.metrics is not None], keys)
+    table = Table(title=f"F-OAL runs by {', '.join(keys)} (mean +- std over the runs of a cell, ddof 0; in %)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for k in (*keys, "runs", *METRICS):
+        table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
+    for c in cells:
+        table.add_row(*(str(v) for v in c["key"].values()), str(c["n"]),
+                      *(f"{100 * c[m]['mean']:.2f} +- {100 * c[m]['std']:.2f}" for m in METRICS))
+    return table
 
 
 def summary_table(paths: list[Path]) -> Table:
@@ -105,7 +135,7 @@ def summary_table(paths: list[Path]) -> Table:
     table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left", box=box.SIMPLE_HEAD,
                   caption_justify="left")
     table.add_column("run (dataset · encoder)", overflow="fold", min_width=16)
-    for name in ("tasks", "D", "gamma", "A_avg", "A_last", "F"):
+    for name in ("tasks", "stream", "D", "gamma", "A_avg", "A_last", "F", "A_auc"):
         table.add_column(name, justify="right", no_wrap=True)
     if with_paper:
         table.add_column("paper A_avg / A_last / F")
@@ -130,7 +160,8 @@ def summary_table(paths: list[Path]) -> Table:
         if entry.metrics is not None:
             m, match = entry.metrics, matches[entry.path]
             row = [label(entry.path, m), str(len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks),
-                   number(m.projection_dim, "d"), gamma_cell(m), pct(m.A_avg), pct(m.A_last), pct(m.F)]
+                   m.stream or "disjoint", number(m.projection_dim, "d"), gamma_cell(m), pct(m.A_avg), pct(m.A_last),
+                   pct(m.F), "-" if m.A_auc is None else pct(m.A_auc)]
             if with_paper:
                 row.append(
                     "-" if match is None
@@ -146,9 +177,15 @@ def summary_table(paths: list[Path]) -> Table:
             sweeps.append(f"{len(s.results)} by {choice.short}")
             best = result_at(s, choice.gamma)
             tasks = s.n_tasks if s.n_tasks is not None else "?" if s.tasks is None else len(s.tasks)
-            row = [label(entry.path, s), str(tasks), number(s.projection_dim, "d"), f"{best.gamma:g}*",
-                   pct(best.A_avg), pct(best.A_last), pct(best.F)]
+            stream = s.stream or "disjoint"
+            row = [label(entry.path, s), str(tasks), stream, number(s.projection_dim, "d"), f"{best.gamma:g}*",
+                   pct(best.A_avg), pct(best.A_last), pct(best.F), "-"]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
+            for name, head in (s.heads or {}).items():  # sweep --heads: every head, ridge at the sweep's choice
+                gamma = head.options.get("gamma")
+                table.add_row(f"{entry.path}\n[dim]· head {name}[/]", str(tasks), stream, number(s.projection_dim, "d"),
+                              "-" if gamma is None else format(gamma, "g"), pct(head.A_avg), pct(head.A_last),
+                              pct(head.F), "-", *([""] if with_paper else []), "")
     if sweeps:
         table.caption = f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"
     return table

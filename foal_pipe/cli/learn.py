@@ -318,7 +318,8 @@ def predict(
         Path | None, typer.Option(help="With --images: the checkpoint of a model whose encoder came from --checkpoint "
                                   "(its sha256 must equal the recorded one).")
     ] = None,
-    top_k: Annotated[int, typer.Option(help="With --images: add the K best class names and scores (K > 1).")] = 1,
+    top_k: Annotated[int, typer.Option(help="With --images: add the 2nd to K-th best class names and scores as "
+                                       "top2_name, top2_score, ... (K > 1; the best is predicted_name, score).")] = 1,
     skip_bad: Annotated[
         bool, flag("--skip-bad", help="With --images: skip unreadable files (listed on stderr). Default: off.")
     ] = False,
@@ -332,7 +333,7 @@ def predict(
 
     --features: columns row, predicted_class (label id), predicted_name, score (the winning class's score),
     true_class (the label id the store holds), true_name; accuracy goes to stderr. --images: columns path,
-    predicted_class, predicted_name, score (and top{i}_name, top{i}_score with --top-k).
+    predicted_class, predicted_name, score (and top{i}_name, top{i}_score for i = 2..K with --top-k K).
     """
     from foal_pipe.io import atomic_path, check_not_an_input, check_output_file
     from foal_pipe.model.predict import predict_image_files, predict_split

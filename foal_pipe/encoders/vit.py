@@ -23,7 +23,9 @@ def _unknown_model_message(name: str) -> str:
 
     import timm
 
-    close = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(name.split(".")[0], ["pixels", *timm.list_models()], n=3, cutoff=0.6)
+    if "pixels" in close:  # the built-in encoder, not a timm model that happens to look alike (mixnet_l)
+        close = ["pixels"]
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return (f"unknown model {name!r}{hint}; use a full timm tag like {PAPER_MODEL}, see "
             "timm.list_pretrained('vit_*'), or 'pixels'")

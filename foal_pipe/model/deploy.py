@@ -29,13 +29,16 @@ if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, e
 
 def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
     """Refuse a store whose encoder provenance differs from the model's, naming the first differing key."""
-    theirs = store.meta.encoder
-    key = first_difference(model_encoder or {}, theirs or {})
+    theirs = store.meta.encoder or {}
+    ours = model_encoder or {}
+    key = first_difference(ours, theirs)
     if key is not None:
+        named = ("" if key == "name" else
+                 f" (the store's encoder is {theirs.get('name')!r}, the model's {ours.get('name')!r})")
         raise FoalPipeError(
-            f"{where} was extracted with another encoder than the model's: {key!r} is {theirs.get(key)!r} in the "
-            f"store but {(model_encoder or {}).get(key)!r} in the model; extract the new images with the model's "
-            "encoder settings"
+            f"{where} was extracted with another encoder than the model's{named}: {key!r} is {theirs.get(key)!r} "
+            f"in the store but {ours.get(key)!r} in the model; extract the new images with the model's encoder "
+            "settings"
         )
 
 

@@ -96,7 +96,8 @@ def _check_matches(model: DeployedModel, by_name: bool, store: FeatureStore, fea
 
 
 #: The image CSV's first columns: the file, the predicted label id and its name, the winning score; then, with
-#: ``--top-k K`` (K > 1), ``top{i}_name`` and ``top{i}_score`` for the K best classes.
+#: ``--top-k K`` (K > 1), ``top{i}_name`` and ``top{i}_score`` for the 2nd to K-th best classes (the best is
+#: ``predicted_name`` and ``score``, not repeated).
 IMAGE_COLUMNS = ("path", "predicted_class", "predicted_name", "score")
 
 
@@ -119,11 +120,11 @@ class ImagePredictions:
         """Write :data:`IMAGE_COLUMNS` (and the top-k columns), one line per image."""
         writer = csv.writer(fh, lineterminator="\n")
         k = min(self.top_k, len(self.names)) if self.top_k > 1 else 0
-        writer.writerow([*IMAGE_COLUMNS, *(f"top{i}_{what}" for i in range(1, k + 1) for what in ("name", "score"))])
+        writer.writerow([*IMAGE_COLUMNS, *(f"top{i}_{what}" for i in range(2, k + 1) for what in ("name", "score"))])
         order = np.argsort(-self.scores, axis=1, kind="stable")
         for path, row, ranked in zip(self.paths, self.scores, order):
             best = int(ranked[0])
-            top = [v for j in ranked[:k] for v in (self.names[j], repr(float(row[j])))]
+            top = [v for j in ranked[1:k] for v in (self.names[j], repr(float(row[j])))]
             writer.writerow([str(path), int(self.classes[best]), self.names[best], repr(float(row[best])), *top])
 
 

@@ -31,9 +31,11 @@ def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
     return {c: (t, k) for k, (t, c) in enumerate(stream) if c is not None}
 
 
-def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int]) -> list[int]:
-    """Indices of ``labels`` (model label ids) in stream order, then those not in the stream by label id."""
-    return sorted(range(len(labels)), key=lambda k: (positions.get(labels[k], (len(positions), 0)), labels[k]))
+def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int], earlier_first: bool = False) -> list[int]:
+    """Indices of ``labels`` (model label ids) in stream order, then those not in the stream by label id;
+    ``earlier_first`` (a continued model: those were learned before this stream) puts them first instead."""
+    outside = (-1, 0) if earlier_first else (len(positions), 0)
+    return sorted(range(len(labels)), key=lambda k: (positions.get(labels[k], outside), labels[k]))
 
 
 def task_classes(run: Run) -> list[list[str]]:

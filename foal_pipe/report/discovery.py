@@ -107,7 +107,7 @@ def check_recorded_settings(run: Run, path: Path) -> None:
 
     m = run.metrics
     meta, shapes = stored_header(path)
-    if m.init_model is not None or not meta:
+    if m.continuation is not None or not meta:
         return
     D, d = m.projection_dim, m.feature_dim
     if not (D and d and m.seed is not None and shapes.get("projection") == (d, D)):

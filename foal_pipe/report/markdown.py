@@ -240,6 +240,21 @@ def _fusions(run: Run) -> list[str]:
     return lines + [""]
 
 
+def _heads(run: Run) -> list[str]:
+    """``sweep --heads``: every head's test numbers, options and exact leave-one-out accuracy, and the choices."""
+    s = run.sweep
+    lines = ["## Heads", "", f"From `{run.sweep_path}`: every head from one read of the store (ridge at the sweep's "
+             "selected gamma).", "", "| head | A_avg % | A_last % | F % | LOO acc % | options |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, h in s.heads.items():
+        options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in h.options.items())
+        lines.append(f"| {name} | {pct(h.A_avg)} | {pct(h.A_last)} | {pct(h.F)} | {pct(h.loo_accuracy)} | "
+                     f"{options or '-'} |")
+    chosen = (f"Best head by {s.best_head_selected_by} (training rows only): **{s.best_head}**" if s.best_head
+              else "No head has a training criterion")
+    return lines + ["", f"{chosen}; the test oracle's: {s.best_head_test} (it peeks at the test split).", ""]
+
+
 def summary_markdown(
     run: Run,
     *,
@@ -276,6 +291,8 @@ def summary_markdown(
         lines += _fusions(run)
     if run.sweep is not None:
         lines += _sweep(run)
+    if run.sweep is not None and run.sweep.heads:
+        lines += _heads(run)
     if plots:
         lines += ["## Plots", "", *(f"![{Path(name).stem.replace('_', ' ')}]({name})" for name in plots), ""]
     return "\n".join(lines)

@@ -58,23 +58,41 @@ def plot_accuracy_matrix(run: Run, path: Path) -> Path:
     for i, row in enumerate(a):
         grid[i, : i + 1] = 100 * np.asarray(row)
 
+    low, high = colour_scale(grid)
+    title = f"accuracy a[i][j]\n{_title(run)}"
+
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", origin="upper")
+        image = ax.imshow(grid, vmin=low, vmax=high, cmap="viridis", origin="upper")
         fig.colorbar(image, ax=ax, label="accuracy (%)", shrink=0.85)
         if T <= 20:
             for i in range(T):
                 for j in range(i + 1):
                     ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8,
-                            color="white" if grid[i, j] < 60 else "black")
+                            color="white" if grid[i, j] < low + 0.6 * (high - low) else "black")
         ticks = range(T) if T <= 20 else range(0, T, max(1, T // 10))
         ax.set_xticks(list(ticks), [str(t + 1) for t in ticks])
         ax.set_yticks(list(ticks), [str(t + 1) for t in ticks])
         ax.set_xlabel("evaluated on task j")
         ax.set_ylabel("after training through task i")
-        ax.set_title(f"accuracy a[i][j]\n{_title(run)}", fontsize=9)
+        ax.set_title(title, fontsize=9)
 
-    return draw(path, (1.6 + 0.55 * max(T, 4), 1.2 + 0.5 * max(T, 4)), paint)
+    return draw(path, (max(1.6 + 0.55 * max(T, 4), title_width(title)), 1.2 + 0.5 * max(T, 4)), paint)
+
+
+def colour_scale(grid: np.ndarray) -> tuple[float, float]:
+    """The colour range of an accuracy grid (percent): from the lowest value's ten below (0 at least) to 100, so
+    that 93 and 100 do not share one colour on a 0-100 scale."""
+    values = grid[np.isfinite(grid)]
+    low = float(np.floor(values.min() / 10) * 10) if values.size else 0.0
+    return (min(low, 90.0), 100.0)
+
+
+def title_width(title: str, fontsize: float = 9) -> float:
+    """Inches a figure needs for ``title`` (its longest line) at ``fontsize`` points, with a margin: about 0.6 em
+    per character."""
+    longest = max((len(line) for line in title.splitlines()), default=0)
+    return 0.6 * fontsize / 72 * longest + 0.6
 
 
 def plot_steps(run: Run, path: Path) -> Path:

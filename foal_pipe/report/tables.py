@@ -16,8 +16,8 @@ from foal_pipe.report.selection import has_criteria, last, result_at, select
 
 
 def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
-    """One row per class in stream order (then classes not in this run's stream by label): position, label,
-    task, norm."""
+    """One row per class in stream order (then classes not in this run's stream by label; for a continued model
+    those come first: they were learned before this stream): position, label, task, norm."""
     if run.weight_norms is None:
         return []
     labels, norms, names = run.weight_norms
@@ -30,7 +30,7 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
             "task": positions[int(labels[k])][0] + 1 if int(labels[k]) in positions else "",
             "norm": float(norms[k]),
         }
-        for pos, k in enumerate(stream_order(positions, labels.tolist()))
+        for pos, k in enumerate(stream_order(positions, labels.tolist(), run.metrics.continuation is not None))
     ]
 
 

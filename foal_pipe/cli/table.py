@@ -1,0 +1,110 @@
+"""``foal-pipe table``: the field's results table (stores x heads x task counts x class orders) in one command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from foal_pipe.cli import options as o
+from foal_pipe.cli._app import app, console, err_console, print_table, user_errors
+from foal_pipe.errors import FoalPipeError
+
+TableFeatures = Annotated[
+    list[Path], typer.Option("--features", help="A feature store (a .zarr written by `foal-pipe extract`); repeat "
+                             "for several (--features A.zarr --features B.zarr): each is read once for all its runs.",
+                             metavar="PATH")
+]
+TableSeed = Annotated[int, typer.Option(help="Seed of the projection (ridge, balanced, dual) and of the leave-one-out "
+                                        "sample; the class orders come from --order-seeds.")]
+TableHeads = Annotated[
+    str, typer.Option(help="Comma-separated heads of `foal-pipe learn --head` (any registered head): ridge, balanced "
+                      "and dual on the projection; ncm, slda, fecam on the store's features.")
+]
+TableOrderSeeds = Annotated[
+    str, typer.Option(help="Comma-separated class-order seeds; each cell is the mean and std over these orders.")
+]
+TableTasks = Annotated[str, typer.Option(help="Comma-separated task counts, e.g. 10,20: a table per count.")]
+TableGamma = Annotated[
+    str, typer.Option(help="ridge's gamma: auto (chosen at every task boundary on the training rows seen so far, "
+                      "by --select) or a number > 0. balanced and dual run at ridge's last-boundary choice on the same "
+                      "class order with auto (ridge must be among --heads), or at this number.")
+]
+#: The model options a user typed, as headruns.check_head_options takes them (defaults are not "asked for").
+MODEL_OPTIONS = ("projection_dim", "activation", "gamma", "select", "shrinkage", "shrinkage_offdiag", "compensation",
+                 "gamma_comp")
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of integers; write e.g. 0,1,2") from None
+    if not values:
+        raise FoalPipeError(f"{option} is empty; write e.g. 0,1,2")
+    return values
+
+
+@app.command()
+def table(
+    ctx: typer.Context,
+    features: TableFeatures,
+    out: o.Out,
+    heads: TableHeads = "ridge",
+    order_seeds: TableOrderSeeds = "0,1,2",
+    tasks: TableTasks = "10",
+    gamma: TableGamma = "auto",
+    select: o.LearnSelect = None,
+    projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
+    activation: o.Activation = o.MODEL.activation,
+    seed: TableSeed = o.STREAM.seed,
+    batch_size: o.BatchSize = o.STREAM.batch_size,
+    drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
+    stream: o.StreamKind = o.STREAM.stream,
+    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
+    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
+    shrinkage: o.Shrinkage = None,
+    shrinkage_offdiag: o.ShrinkageOffdiag = None,
+    compensation: o.Compensation = None,
+    gamma_comp: o.GammaComp = None,
+    max_memory: o.MaxMemory = o.MAX_MEMORY_TEXT,
+    backend: o.Backend = o.EXECUTION.backend,
+) -> None:
+    """Run every store x head x task count x class order and write the table as one unit: OUT/table.json (each run
+    and each cell's mean, std and values over the orders), table.md, table.csv, table.tex (booktabs) and table.png.
+
+    Each run equals the separate `learn --head H --order-seed S --tasks T` with the same options; each store is read
+    once for all its runs. A killed table keeps its finished runs beside OUT and the same command resumes them.
+    """
+    from foal_pipe.cli.learn import LEARN_ONLY_WITH, _check_applies, _typed
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.table import Settings, TableConfig, run_table
+    from foal_pipe.report.resultstable import store_label, write_files
+
+    with user_errors():
+        params = {k: v for k, v in ctx.params.items() if k not in ("heads", "tasks", "order_seeds")}
+        model = o.settings(params, ModelConfig)
+        settings = Settings(o.settings(params, StreamConfig), model, o.settings(params, EvaluationConfig),
+                            o.settings(params, ExecutionConfig))
+        _check_applies(ctx, {k: LEARN_ONLY_WITH[k] for k in ("disjoint_ratio", "blurry_ratio", "select")})
+        config = TableConfig(o.heads_value(heads), _ints(order_seeds, "--order-seeds"), _ints(tasks, "--tasks"))
+        explicit = [name for name in MODEL_OPTIONS if _typed(ctx, name)]
+        done = run_table(features, out, config, settings, explicit,
+                         log=lambda m: err_console.print(f"[yellow]{m}[/]", highlight=False, soft_wrap=True),
+                         write=write_files)
+        for t in config.tasks:
+            view = Table(title=f"{t} tasks: A_last / A_avg %, mean +- std over {len(config.order_seeds)} orders")
+            view.add_column("head")
+            for store in done["features"]:
+                view.add_column(store_label(store), justify="right")
+            for head in config.heads:
+                row = [head]
+                for store in done["features"]:
+                    c = next(c for c in done["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, t))
+                    row.append(f"{100 * c['A_last']['mean']:.2f}+-{100 * c['A_last']['std']:.2f} / "
+                               f"{100 * c['A_avg']['mean']:.2f}+-{100 * c['A_avg']['std']:.2f}")
+                view.add_row(*row)
+            print_table(view)
+        console.print(f"{len(done['runs'])} runs -> {Path(out) / 'table.md'}", highlight=False)

@@ -1,0 +1,294 @@
+"""``foal-pipe table``: every store x head x task count x class order, each run the separate ``learn --head H
+--order-seed S --tasks T`` would give, from one read of each store.
+
+Per store, the train and test rows of every run are read once and grouped by class
+(:func:`~foal_pipe.protocol.walk.shared_rows`); each (task count, order) then takes ridge's walk
+(:func:`~foal_pipe.protocol.commands.run_learn` on the shared rows) and one walk of the other heads
+(:func:`~foal_pipe.protocol.headwalk.learn_heads`) from them. Each finished run is kept beside the output
+(``.OUT.table-runs/``) under a fingerprint of its store and settings, so a killed table resumes its finished runs;
+the table's files are written as one unit and the kept runs removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.heads import HEADS, head_entry
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
+from foal_pipe.protocol.run import prepare
+
+#: The format of ``table.json``; a reader refuses another.
+TABLE_FORMAT = "foal-pipe/table"
+TABLE_VERSION = 1
+#: The metrics of a cell, each as mean, std and the values over the orders.
+CELL_KEYS = ("A_avg", "A_last", "F")
+#: The std of a cell: population (ddof 0), as ``learn --order-seeds`` reports over orders.
+DDOF = 0
+#: Heads that take ridge's gamma: with ``--gamma auto`` they run at ridge's last-boundary choice on the same order.
+GAMMA_HEADS = ("balanced", "dual")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What the table crosses: the heads (keys of :data:`foal_pipe.heads.HEADS`), class orders and task counts."""
+
+    heads: tuple[str, ...] = ("ridge",)
+    order_seeds: tuple[int, ...] = (0,)
+    tasks: tuple[int, ...] = (10,)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings every run shares (``model.gamma`` may be ``"auto"``: ridge chooses it on training rows)."""
+
+    stream: StreamConfig
+    model: ModelConfig
+    evaluation: EvaluationConfig
+    execution: ExecutionConfig
+
+
+def check_table(config: TableConfig, features: Sequence[Path], settings: Settings,
+                explicit: Sequence[str] | None = None) -> None:
+    """Refuse, before any work, a table some run of which ``learn`` would refuse (``explicit``: the model options the
+    user gave, as :func:`~foal_pipe.protocol.headruns.check_head_options` takes them)."""
+    if not features:
+        raise FoalPipeError(f"no feature store given; pass {param('features', 'A.zarr')} (repeatable)")
+    resolved = [Path(f).resolve() for f in features]
+    if len(set(resolved)) < len(resolved):
+        raise FoalPipeError(f"{param('features')} names a store twice; name each once")
+    for name in config.heads:
+        head_entry(name, "heads")
+    for option, values in (("heads", config.heads), ("order_seeds", config.order_seeds), ("tasks", config.tasks)):
+        if not values:
+            raise FoalPipeError(f"{param(option)} is empty; give at least one")
+        if len(set(values)) < len(values):
+            raise FoalPipeError(f"{param(option)} lists a value twice; list each once")
+    for t in config.tasks:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise FoalPipeError(f"{param('tasks')} takes task counts of at least 1, got {t!r}; write e.g. 10,20")
+    if settings.stream.class_order is not None and len(config.order_seeds) > 1:
+        raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('order_seeds')} has nothing to vary; "
+                            "pass one seed")
+    model = settings.model
+    check_head_options(list(config.heads), model, explicit)
+    others = [h for h in config.heads if h != "ridge"]
+    if others:
+        for name in others:
+            check_learn_head(head_model(name, model, 1.0), settings.evaluation, settings.execution)
+    auto_heads = [h for h in others if h in GAMMA_HEADS and "gamma" in HEADS[h].options]
+    if model.gamma == "auto" and auto_heads and "ridge" not in config.heads:
+        raise FoalPipeError(f"with {param('gamma', 'auto')}, {', '.join(auto_heads)} run at the gamma ridge chooses on the "
+                            f"training rows; add ridge to {param('heads')} or pass a number, e.g. {param('gamma', 1)}")
+
+
+def head_model(name: str, model: ModelConfig, gamma: float) -> ModelConfig:
+    """The settings head ``name``'s separate ``learn --head`` runs with: its own head, ``gamma`` a number (ridge's
+    choice with ``--gamma auto``; the heads on the store's features ignore it)."""
+    return replace(model, head=name, gamma=gamma)
+
+
+def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings) -> str:
+    """What a kept run was computed from: the store (its path, generation and row counts), the head, the task
+    count, the order and every setting; a resumed table reuses a run only under the same fingerprint."""
+    meta = store.meta
+    doc = {
+        "store": str(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
+        "encoder": meta.encoder, "rows": [int(store.train.labels.size), int(store.test.labels.size)],
+        "head": head, "tasks": tasks, "order_seed": seed,
+        "settings": {k: asdict(v) for k, v in asdict_shallow(settings).items()},
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def asdict_shallow(settings: Settings) -> dict[str, Any]:
+    """The four settings records by name, as ``table.json``'s ``settings`` holds them."""
+    return {"stream": settings.stream, "model": settings.model, "evaluation": settings.evaluation,
+            "execution": settings.execution}
+
+
+def run_record(store_path: Path, store: Any, head: str, tasks: int, seed: int, metrics: Any,
+               options: dict[str, Any]) -> dict[str, Any]:
+    """One run of ``table.json``: where it came from, its options and its accuracy fields (fractions)."""
+    return {
+        "store": str(store_path), "dataset": store.meta.dataset, "encoder": (store.meta.encoder or {}).get("name"),
+        "head": head, "tasks": tasks, "n_tasks": metrics.n_tasks, "order_seed": seed, "options": options,
+        "accuracy_matrix": metrics.accuracy_matrix, "A_avg": metrics.A_avg, "A_last": metrics.A_last, "F": metrics.F,
+        "A_auc": metrics.A_auc, "n_train_seen": metrics.n_train_seen, "n_test": metrics.n_test,
+        "feature_dim": metrics.feature_dim,
+    }
+
+
+class _Kept:
+    """The finished runs of a table under way, one JSON file each beside the output, found again by fingerprint."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out.parent / f".{out.name}.table-runs"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        write_json(self.path / f"{key}.json", record)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings: Settings,
+              explicit: Sequence[str] | None = None, log: Callable[[str], None] = print,
+              write: Callable[[Path, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every run of the table, its cells, and its files written by ``write(tmp, table)`` into ``out`` as one unit
+    (``table.json`` always); the table as written."""
+    start = time.perf_counter()
+    out = Path(out)
+    check_table(config, features, settings, explicit)
+    check_output_dir(out)
+    kept = _Kept(out)
+    runs, resumed = [], 0
+    for path in features:
+        store_runs, n = _store_runs(Path(path), config, settings, kept, log)
+        runs += store_runs
+        resumed += n
+    if resumed:
+        log(f"resumed {resumed} finished run{'s' if resumed != 1 else ''} of an interrupted table")
+    table = {
+        "format": TABLE_FORMAT, "format_version": TABLE_VERSION,
+        "features": [str(p) for p in features], "heads": list(config.heads),
+        "order_seeds": list(config.order_seeds), "tasks": list(config.tasks),
+        "settings": {k: _jsonable(asdict(v)) for k, v in asdict_shallow(settings).items()},
+        "std_ddof": DDOF, "runs": runs, "cells": cells(runs),
+    }
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "table.json", table)
+        if write is not None:
+            write(tmp, table)
+    kept.clear()
+    log(f"{len(runs)} runs in {time.perf_counter() - start:.1f} s")
+    return table
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept,
+                log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
+    """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
+    from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.orders import class_statistics, fallback_reason
+    from foal_pipe.protocol.walk import shared_rows
+
+    s = settings
+    ridge_model = replace(s.model, head="ridge")
+    streams = {(t, seed): replace(s.stream, tasks=t, order_seed=seed) for t in config.tasks for seed in config.order_seeds}
+    runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution) for key, stream in streams.items()}
+    store = next(iter(runs.values())).store
+    keys = {(h, t, seed): fingerprint(store, h, t, seed, settings) for h in config.heads for (t, seed) in streams}
+    done = {k: rec for k, key in keys.items() if (rec := kept.get(key)) is not None}
+    n_resumed = len(done)
+    # ridge without the leave-one-out pass: every order's and task count's boundaries from per-class sums
+    one_pass = fallback_reason(s.stream, ridge_model, s.execution, ridge_model.loo, len(store.classes)) is None
+    per_class = None
+    if len(done) < len(keys):
+        with np.errstate(all="ignore"), shared_rows(list(runs.values())) as shared:
+            for (t, seed), stream in streams.items():
+                gamma = None if s.model.gamma == "auto" else float(s.model.gamma)
+                if "ridge" in config.heads:
+                    rec = done.get(("ridge", t, seed))
+                    if rec is None:
+                        if one_pass:
+                            per_class = per_class or class_statistics(runs[(t, seed)], shared)
+                            m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared)
+                        else:
+                            with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=f"{kept.path.name}-") as tmp:
+                                m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
+                                              s.execution, log=log, shared=shared).metrics
+                        options = {"gamma": m.gamma, "selected_by": m.selected_by,
+                                   "gammas_selected": m.gammas_selected}
+                        rec = run_record(path, store, "ridge", t, seed, m, options)
+                        kept.put(keys[("ridge", t, seed)], rec)
+                        done[("ridge", t, seed)] = rec
+                    if gamma is None:
+                        gamma = float(rec["options"]["gammas_selected"][-1])
+                todo = [h for h in config.heads if h != "ridge" and (h, t, seed) not in done]
+                for rec_key, rec in _head_runs(path, store, todo, t, seed, stream, settings, gamma, shared).items():
+                    kept.put(keys[rec_key], rec)
+                    done[rec_key] = rec
+    return [done[(h, t, seed)] for h in config.heads for t in config.tasks for seed in config.order_seeds], n_resumed
+
+
+def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any) -> Any:
+    """ridge's metrics on one order from the per-class sums (:func:`~foal_pipe.protocol.orders.order_boundaries`):
+    the same rows summed as its separate ``learn``, so the same accuracy matrix (``learn --order-seeds``' one pass)."""
+    from foal_pipe.protocol.evaluation import accuracy_matrices
+    from foal_pipe.protocol.orders import order_boundaries
+    from foal_pipe.protocol.records import accuracy_report, learn_metrics
+    from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
+
+    model = run.model
+    solver = (ManyGammas(model.gamma_grid, False, model.select, model.per_decade) if model.gamma == "auto"
+              else FixedGamma(float(model.gamma)))
+    boundaries, _ = order_boundaries(run, per_class, solver)
+    acc = accuracy_matrices(run, boundaries, shared.test)[0]
+    return learn_metrics(run, stream, accuracy_report(acc), boundaries)
+
+
+def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: int, stream: StreamConfig,
+               settings: Settings, gamma: float | None, shared: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The heads other than ridge on one (task count, order): one walk of the heads of each space (the store's
+    features; the projection) over the shared rows, each as its separate ``learn --head`` would run."""
+    from foal_pipe.protocol.headwalk import learn_heads
+    from foal_pipe.protocol.records import run_info
+    from foal_pipe.protocol.schema import LearnMetrics
+
+    out: dict[tuple[str, int, int], dict[str, Any]] = {}
+    g = 1.0 if gamma is None else gamma
+    for space in ("features", "projected"):
+        group = [n for n in names if (HEADS[n].space == "features") == (space == "features")]
+        if not group:
+            continue
+        model = head_model(group[0], settings.model, g)
+        run_model = check_learn_head(model, settings.evaluation, settings.execution)
+        run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False)
+        options = asdict(model)
+        reports, _ = learn_heads(run, group, options, shared.train, shared.test)
+        for name in group:
+            resolved = resolved_options(name, head_model(name, settings.model, g))
+            metrics = LearnMetrics(**reports[name], head=name, head_options=resolved, **run_info(run, stream))
+            out[(name, tasks, seed)] = run_record(path, store, name, tasks, seed, metrics, resolved)
+    return out
+
+
+def cells(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cell per store x head x task count: ``A_avg``, ``A_last``, ``F`` (and ``A_auc`` where every run has one)
+    as ``{"mean", "std", "values"}`` over its runs' orders, std with ddof :data:`DDOF`."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["store"], r["head"], r["tasks"]), []).append(r)
+    out = []
+    for (store, head, tasks), members in groups.items():
+        keys = [*CELL_KEYS, *(["A_auc"] if all(m["A_auc"] is not None for m in members) else [])]
+        cell = {"store": store, "dataset": members[0]["dataset"], "encoder": members[0]["encoder"], "head": head,
+                "tasks": tasks, "n_tasks": members[0]["n_tasks"], "order_seeds": [m["order_seed"] for m in members]}
+        for key in keys:
+            values = np.array([m[key] for m in members], dtype=np.float64)
+            cell[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=DDOF)),
+                         "values": [float(v) for v in values]}
+        out.append(cell)
+    return out

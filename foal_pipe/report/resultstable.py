@@ -1,0 +1,172 @@
+"""The files of ``foal-pipe table`` from its ``table.json`` document: ``table.md``, ``table.csv``, ``table.tex`` and
+``table.png``.
+
+The printed tables are the field's: per task count, a row per head and, per store, A_last and A_avg in percent as
+mean +- std over the class orders (std with the ddof ``table.json`` records), the best mean of each column in bold;
+published rows whose protocol matches a store's (:mod:`foal_pipe.report.published`) follow as marked reference rows.
+The CSV holds every cell and metric as fractions, as ``table.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.report.published import PublishedRow, references
+
+#: The columns of the printed tables, per store.
+SHOWN = (("A_last", "A_last", "$A_{last}$"), ("A_avg", "A_avg", "$A_{avg}$"))
+CSV_FIELDS = ("store", "dataset", "encoder", "head", "tasks", "n_tasks", "orders", "metric", "mean", "std", "values")
+
+
+def store_label(store: str) -> str:
+    """A store's column name: its folder name without ``.zarr``."""
+    name = Path(store).name
+    return name.removesuffix(".zarr") or name
+
+
+def _cell(table: dict[str, Any], store: str, head: str, tasks: int) -> dict[str, Any] | None:
+    return next((c for c in table["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, tasks)), None)
+
+
+def _best(table: dict[str, Any], store: str, tasks: int, metric: str) -> float:
+    means = [c[metric]["mean"] for c in table["cells"] if c["store"] == store and c["tasks"] == tasks]
+    return max(means)
+
+
+def _columns(table: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(store, metric) for store in table["features"] for metric, _, _ in SHOWN]
+
+
+def _ours(table: dict[str, Any], tasks: int, bold: Any, pm: str) -> list[list[str]]:
+    rows = []
+    for head in table["heads"]:
+        row = [head]
+        for store, metric in _columns(table):
+            cell = _cell(table, store, head, tasks)
+            text = f"{100 * cell[metric]['mean']:.2f} {pm} {100 * cell[metric]['std']:.2f}"
+            row.append(bold(text) if cell[metric]["mean"] == _best(table, store, tasks, metric) else text)
+        rows.append(row)
+    return rows
+
+
+def _published(table: dict[str, Any], tasks: int, matched: Sequence[tuple[PublishedRow, str]]) -> list[list[str]]:
+    rows = []
+    for row, store in matched:
+        if row.tasks != next(c["n_tasks"] for c in table["cells"] if c["store"] == store and c["tasks"] == tasks):
+            continue
+        values = []
+        for s, metric in _columns(table):
+            value = getattr(row, metric) if s == store else None
+            values.append("-" if value is None else f"{value:.1f}")
+        rows.append([f"{row.method} (published: {row.source})", *values])
+    return rows
+
+
+def _orders_note(table: dict[str, Any]) -> str:
+    n = len(table["order_seeds"])
+    return (f"mean ± std over {n} class order{'s' if n != 1 else ''} (seeds {', '.join(map(str, table['order_seeds']))}; "
+            f"std with ddof {table['std_ddof']}), percent")
+
+
+def markdown(table: dict[str, Any]) -> str:
+    """``table.md``: a table per task count, the published reference rows under ours, and why other published rows
+    are not shown."""
+    matched, why = references(table["cells"])
+    lines = ["# Results table", "", f"A_last and A_avg, {_orders_note(table)}; the best mean of each column in bold. "
+             "Rows marked *published* are references from the papers named, shown where their benchmark, backbone "
+             "and task count match what the store records.", ""]
+    header = ["head", *[f"{store_label(s)} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
+    for tasks in table["tasks"]:
+        lines += [f"## {tasks} tasks", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in _ours(table, tasks, lambda t: f"**{t}**", "±")]
+        lines += ["| *" + r[0] + "* | " + " | ".join(r[1:]) + " |" for r in _published(table, tasks, matched)]
+        lines.append("")
+    lines += ["## Published results", ""]
+    if not matched and not why:
+        lines.append("No published row shares a benchmark with these stores (foal_pipe/report/published.py lists them).")
+    lines += [f"- not shown: {w}" for w in why]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _tex_escape(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("&", r"\&"), ("%", r"\%"), ("#", r"\#"), ("$", r"\$")):
+        text = text.replace(a, b)
+    return text
+
+
+def latex(table: dict[str, Any]) -> str:
+    """``table.tex``: a booktabs tabular per task count, ``mean $\\pm$ std``, the best mean per column in bold."""
+    matched, _ = references(table["cells"])
+    stores = table["features"]
+    out = [f"% foal-pipe table: A_last and A_avg, {_orders_note(table).replace('±', '+-')}; needs \\usepackage{{booktabs}}"]
+    for tasks in table["tasks"]:
+        spec = "l" + " cc" * len(stores)
+        out += [r"\begin{table}[t]", r"\centering", f"\\caption{{{tasks} tasks}}", f"\\begin{{tabular}}{{{spec}}}",
+                r"\toprule",
+                " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(store_label(s))}}}" for s in stores) + r" \\",
+                " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(stores))),
+                "Head & " + " & ".join(tex for _ in stores for _, _, tex in SHOWN) + r" \\", r"\midrule"]
+        for row in _ours(table, tasks, lambda t: f"$\\mathbf{{{t}}}$", r"\pm"):
+            out.append(_tex_escape(row[0]) + " & " + " & ".join(v if v.startswith("$") else f"${v}$" for v in row[1:])
+                       + r" \\")
+        published = _published(table, tasks, matched)
+        if published:
+            out.append(r"\midrule")
+            out += [r"\textit{" + _tex_escape(r[0]) + "} & " + " & ".join(r[1:]) + r" \\" for r in published]
+        out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(out)
+
+
+def csv_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every cell's metrics, one row each: mean, std and the values over the orders (fractions)."""
+    rows = []
+    for c in table["cells"]:
+        for metric in ("A_avg", "A_last", "F", "A_auc"):
+            if metric in c:
+                rows.append({"store": c["store"], "dataset": c["dataset"], "encoder": c["encoder"], "head": c["head"],
+                             "tasks": c["tasks"], "n_tasks": c["n_tasks"], "orders": len(c["order_seeds"]),
+                             "metric": metric, "mean": repr(c[metric]["mean"]), "std": repr(c[metric]["std"]),
+                             "values": " ".join(repr(v) for v in c[metric]["values"])})
+    return rows
+
+
+def plot(table: dict[str, Any], path: Path) -> Path:
+    """``table.png``: per task count, A_last (mean, std as error bars) of every head on every store."""
+    import numpy as np
+
+    from foal_pipe.report.plots import draw
+
+    stores, heads, tasks = table["features"], table["heads"], table["tasks"]
+
+    def paint(fig: Any) -> None:
+        axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+        width = 0.8 / len(heads)
+        for ax, t in zip(axes, tasks, strict=True):
+            x = np.arange(len(stores))
+            for i, head in enumerate(heads):
+                cells = [_cell(table, s, head, t) for s in stores]
+                ax.bar(x + (i - (len(heads) - 1) / 2) * width, [100 * c["A_last"]["mean"] for c in cells], width,
+                       yerr=[100 * c["A_last"]["std"] for c in cells], capsize=3, label=head)
+            ax.set_xticks(x, [store_label(s) for s in stores])
+            ax.set_title(f"{t} tasks")
+            ax.set_ylabel("A_last %")
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, fontsize="small", loc="outside right upper")
+        fig.suptitle(f"A_last, {_orders_note(table).replace('±', '+-')}", fontsize="small")
+
+    return draw(path, (max(4.0, 1.2 * len(stores) * len(heads) * len(tasks) / 2 + 2.5), 3.6), paint)
+
+
+def write_files(tmp: Path, table: dict[str, Any]) -> None:
+    """The table's files beside ``table.json`` in the directory ``tmp``."""
+    (tmp / "table.md").write_text(markdown(table))
+    (tmp / "table.tex").write_text(latex(table))
+    with open(tmp / "table.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(csv_rows(table))
+    plot(table, tmp / "table.png")

@@ -1,0 +1,81 @@
+"""``summary``: runs grouped into table cells (``--group``), the stream and A_auc columns, and a ``sweep --heads``'
+heads on rows of their own."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, build_store, invoke
+
+COMMON = ("--projection-dim", "32", "--seed", "3", "--backend", "numpy")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("groups")
+    store = build_store(root / "s.zarr")
+    for head in ("ridge", "ncm"):
+        for seed in (0, 1, 2):
+            extra = COMMON if head == "ridge" else ("--seed", "3", "--backend", "numpy")
+            result = invoke("learn", "--features", store, "--head", head, "--order-seed", seed, "--tasks", 3,
+                            "--out", root / "runs" / f"{head}-{seed}", *extra)
+            assert result.exit_code == 0, result.output
+    return root, store
+
+
+def test_group_head_tasks_gives_mean_and_population_std_of_the_runs(runs):
+    root, _ = runs
+    result = invoke("summary", root / "runs", "--group", "head,tasks")
+    assert result.exit_code == 0, result.output
+    for head in ("ridge", "ncm"):
+        values = {k: [json.loads((root / "runs" / f"{head}-{s}" / "metrics.json").read_text())[k] for s in (0, 1, 2)]
+                  for k in ("A_avg", "A_last", "F")}
+        line = next(row for row in result.output.splitlines() if row.split()[:3] == [head, "3", "3"])
+        for k, v in values.items():
+            mean = sum(v) / 3
+            std = (sum((x - mean) ** 2 for x in v) / 3) ** 0.5  # population std, written out
+            assert f"{100 * mean:.2f} +- {100 * std:.2f}" in line, (k, line)
+    assert np.std([0.0, 1.0]) == 0.5  # ddof 0, as the table and the title say
+    assert "ddof 0" in result.output
+
+
+def test_group_refuses_an_unknown_key(runs):
+    root, _ = runs
+    assert_one_line_error(invoke("summary", root / "runs", "--group", "head,colour"),
+                          "unknown --group key 'colour'; choose from head, tasks")
+
+
+def test_summary_shows_stream_a_auc_and_every_head_of_a_sweep(runs, tmp_path):
+    root, store = runs
+    out = tmp_path / "runs"
+    assert invoke("learn", "--features", store, "--tasks", 3, "--eval-every", 100, "--out", out / "anytime",
+                  *COMMON).exit_code == 0
+    result = invoke("sweep", "--features", store, "--tasks", 3, "--gammas", "0.1,1", "--heads", "ridge,ncm",
+                    "--out", out / "heads", *COMMON)
+    assert result.exit_code == 0, result.output
+    shown = invoke("summary", out)
+    assert shown.exit_code == 0, shown.output
+    anytime = json.loads((out / "anytime" / "metrics.json").read_text())
+    assert f"{100 * anytime['A_auc']:.2f}" in shown.output and "disjoint" in shown.output
+    sweep = json.loads((out / "heads" / "sweep.json").read_text())
+    for name, head in sweep["heads"].items():
+        assert f"· head {name}" in shown.output
+        assert f"{100 * head['A_last']:.2f}" in shown.output
+
+
+def test_evaluate_summary_has_the_heads_table(runs, tmp_path):
+    _, store = runs
+    run = tmp_path / "run"
+    assert invoke("learn", "--features", store, "--tasks", 3, "--out", run, *COMMON).exit_code == 0
+    result = invoke("sweep", "--features", store, "--tasks", 3, "--gammas", "0.1,1", "--heads", "ridge,ncm,slda",
+                    "--out", tmp_path / "run-sweep", *COMMON)
+    assert result.exit_code == 0, result.output
+    assert invoke("evaluate", "--run", run, "--no-plots").exit_code == 0
+    text = (run / "eval" / "summary.md").read_text()
+    sweep = json.loads((tmp_path / "run-sweep" / "sweep.json").read_text())
+    assert "## Heads" in text
+    for name, head in sweep["heads"].items():
+        assert f"| {name} | {100 * head['A_avg']:.2f} | {100 * head['A_last']:.2f} | {100 * head['F']:.2f} |" in text
+    assert f"the test oracle's: {sweep['best_head_test']}" in text

@@ -1,0 +1,234 @@
+"""``foal-pipe table``: each run equals its separate ``learn``, cells are the mean and std of their runs, the files
+are written as one unit, a killed table resumes, and published rows appear only where the protocol matches."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_clean_error, assert_same_matrix, build_store, invoke
+
+from foal_pipe.protocol import table as engine
+from foal_pipe.report.paper import PAPER_BACKBONE
+from foal_pipe.report.published import PUBLISHED, references
+from foal_pipe.report.resultstable import latex, markdown
+
+FILES = ("table.json", "table.md", "table.csv", "table.tex", "table.png")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("table")
+    return build_store(root / "a.zarr", seed=0), build_store(root / "b.zarr", seed=1, noise=2.0)
+
+
+def _table(stores, out, *extra, heads="ridge,ncm,slda"):
+    args = ["table", *(x for s in stores for x in ("--features", s)), "--heads", heads, "--order-seeds", "0,1",
+            "--tasks", "3,4", "--projection-dim", "48", "--batch-size", "10", "--seed", "3", "--backend", "numpy",
+            "--out", out, *extra]
+    return invoke(*args)
+
+
+@pytest.fixture(scope="module")
+def table24(stores, tmp_path_factory):
+    out = tmp_path_factory.mktemp("t24") / "table"
+    result = _table(stores, out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_every_run_equals_its_separate_learn(stores, table24, tmp_path):
+    doc = json.loads((table24 / "table.json").read_text())
+    assert len(doc["runs"]) == 24
+    for run in doc["runs"]:
+        extra = ["--projection-dim", "48", "--gamma", "auto"] if run["head"] == "ridge" else []
+        out = tmp_path / f"{run['head']}-{run['tasks']}-{run['order_seed']}-{run['store'][-6]}"
+        result = invoke("learn", "--features", run["store"], "--out", out, "--head", run["head"], "--order-seed",
+                        run["order_seed"], "--tasks", run["tasks"], "--batch-size", 10, "--seed", 3, "--backend",
+                        "numpy", *extra)
+        assert result.exit_code == 0, result.output
+        separate = json.loads((out / "metrics.json").read_text())
+        assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])
+        for key in ("A_avg", "A_last", "F"):
+            assert run[key] == pytest.approx(separate[key], abs=1e-12)
+        if run["head"] == "ridge":
+            assert run["options"]["gammas_selected"] == separate["gammas_selected"]
+
+
+def test_cells_are_the_mean_and_population_std_of_their_runs(table24):
+    doc = json.loads((table24 / "table.json").read_text())
+    assert doc["std_ddof"] == 0
+    assert len(doc["cells"]) == 12  # 2 stores x 3 heads x 2 task counts
+    for cell in doc["cells"]:
+        members = [r for r in doc["runs"]
+                   if (r["store"], r["head"], r["tasks"]) == (cell["store"], cell["head"], cell["tasks"])]
+        assert [r["order_seed"] for r in members] == [0, 1]
+        for key in ("A_avg", "A_last", "F"):
+            a, b = (r[key] for r in members)
+            mean = (a + b) / 2
+            std = ((a - mean) ** 2 / 2 + (b - mean) ** 2 / 2) ** 0.5  # population std of two values, written out
+            assert cell[key]["values"] == [a, b]
+            assert cell[key]["mean"] == pytest.approx(mean, abs=1e-15)
+            assert cell[key]["std"] == pytest.approx(std, abs=1e-15)
+
+
+def test_md_csv_tex_and_plot_hold_the_cells(table24):
+    doc = json.loads((table24 / "table.json").read_text())
+    assert sorted(p.name for p in table24.iterdir()) == sorted(FILES)
+    md, tex = (table24 / "table.md").read_text(), (table24 / "table.tex").read_text()
+    rows = list(csv.DictReader((table24 / "table.csv").open()))
+    assert len(rows) == 12 * 3
+    for cell in doc["cells"]:
+        text = f"{100 * cell['A_last']['mean']:.2f} ± {100 * cell['A_last']['std']:.2f}"
+        assert text in md
+        assert text.replace("±", r"\pm") in tex
+        row = next(r for r in rows if (r["store"], r["head"], int(r["tasks"]), r["metric"])
+                   == (cell["store"], cell["head"], cell["tasks"], "A_last"))
+        assert float(row["mean"]) == cell["A_last"]["mean"]
+    for tasks in (3, 4):  # the best A_last of each store's column is bold
+        for store in doc["features"]:
+            best = max((c for c in doc["cells"] if c["store"] == store and c["tasks"] == tasks),
+                       key=lambda c: c["A_last"]["mean"])
+            assert f"**{100 * best['A_last']['mean']:.2f} ± {100 * best['A_last']['std']:.2f}**" in md
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"\mathbf{" in tex
+    assert (table24 / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert doc["settings"]["model"]["gamma"] == "auto"  # the default, recorded
+
+
+def test_same_command_twice_gives_the_same_bytes(stores, table24, tmp_path):
+    out = tmp_path / "again"
+    assert _table(stores, out).exit_code == 0
+    for name in FILES:
+        assert (out / name).read_bytes() == (table24 / name).read_bytes(), name
+
+
+def test_a_killed_table_resumes_its_finished_runs(stores, table24, tmp_path, monkeypatch):
+    out = tmp_path / "killed"
+    put, calls = engine._Kept.put, []
+
+    def dying(self, key, record):
+        put(self, key, record)
+        calls.append(key)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine._Kept, "put", dying)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_table(list(stores), out, engine.TableConfig(("ridge", "ncm", "slda"), (0, 1), (3, 4)), _settings())
+    assert not out.exists()
+    kept = out.parent / f".{out.name}.table-runs"
+    assert len(list(kept.glob("*.json"))) == 7
+    monkeypatch.setattr(engine._Kept, "put", put)
+    computed = []
+    monkeypatch.setattr(engine._Kept, "put", lambda self, key, record: (computed.append(key), put(self, key, record)))
+    result = _table(stores, out)
+    assert result.exit_code == 0, result.output
+    assert "resumed 7 finished runs" in result.output
+    assert len(computed) == 24 - 7
+    assert not kept.exists()
+    for name in FILES:
+        assert (out / name).read_bytes() == (table24 / name).read_bytes(), name
+
+
+def _settings():
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+
+    return engine.Settings(StreamConfig(batch_size=10, seed=3), ModelConfig(projection_dim=48, gamma="auto"),
+                           EvaluationConfig(), ExecutionConfig(backend="numpy"))
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--heads", "ridge,lda"), "unknown --heads 'lda'"),
+    (("--heads", "ncm,balanced"), "add ridge to --heads or pass a number"),
+    (("--tasks", "3,3"), "--tasks lists a value twice"),
+    (("--order-seeds", "a"), "--order-seeds 'a' is not a comma-separated list"),
+    (("--heads", "ncm,slda", "--activation", "relu"), "drop --activation"),
+    (("--gamma", "1", "--select", "gcv"), "--select acts only with --gamma auto"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(stores, tmp_path, extra, message):
+    out = tmp_path / "bad"
+    args = [*extra]
+    heads = "ridge"
+    if "--heads" in args:
+        i = args.index("--heads")
+        heads = args[i + 1]
+        del args[i : i + 2]
+    result = invoke("table", "--features", stores[0], "--heads", heads, "--order-seeds", "0", "--tasks", "3",
+                    "--out", out, *args)
+    assert_clean_error(result, message, out)
+
+
+def test_a_store_named_twice_is_refused(stores, tmp_path):
+    out = tmp_path / "twice"
+    result = invoke("table", "--features", stores[0], "--features", stores[0], "--out", out, "--tasks", "3")
+    assert_clean_error(result, "--features names a store twice", out)
+
+
+def _cell(dataset, encoder, n_tasks, store="s.zarr"):
+    values = {"mean": 0.9, "std": 0.01, "values": [0.89, 0.91]}
+    return {"store": store, "dataset": dataset, "encoder": encoder, "head": "ridge", "tasks": n_tasks,
+            "n_tasks": n_tasks, "order_seeds": [0, 1], "A_avg": values, "A_last": values, "F": values}
+
+
+def test_published_rows_only_where_benchmark_backbone_and_tasks_match():
+    foal = next(r for r in PUBLISHED if r.benchmark == "cifar100")
+    assert (foal.A_last, foal.A_avg, foal.tasks) == (86.5, 91.1, 10)  # the paper's Table 2, F-OAL's CIFAR-100 column
+    matched, why = references([_cell("cifar100", PAPER_BACKBONE, 10)])
+    assert [(r.method, r.benchmark) for r, _ in matched] == [("F-OAL", "cifar100")]
+    assert why == []
+    matched, why = references([_cell("CIFAR-100", PAPER_BACKBONE, 20)])
+    assert matched == [] and "has 10 tasks; this cell 20" in why[0]
+    matched, why = references([_cell("cifar100", "vit_small_patch16_224", 10)])
+    assert matched == [] and "holds vit_small_patch16_224" in why[0]
+    assert references([_cell("digits", "pixels", 10)]) == ([], [])
+
+
+def test_published_reference_row_is_printed_marked(tmp_path):
+    table = {"features": ["c.zarr"], "heads": ["ridge"], "order_seeds": [0, 1], "tasks": [10], "std_ddof": 0,
+             "cells": [_cell("cifar100", PAPER_BACKBONE, 10, "c.zarr")]}
+    md = markdown(table)
+    assert "| *F-OAL (published: Zhuang et al., F-OAL, NeurIPS 2024, Table 2)* | 86.5 | 91.1 |" in md
+    assert r"\textit{F-OAL (published" in latex(table)
+    table["cells"] = [_cell("cifar100", PAPER_BACKBONE, 10, "c.zarr") | {"tasks": 20, "n_tasks": 20}]
+    table["tasks"] = [20]
+    md = markdown(table)
+    assert "published:" not in md.split("## Published results")[0]
+    assert "not shown: F-OAL on cifar100" in md
+
+
+def test_population_std_is_numpy_ddof0():
+    runs = [{"store": "s", "dataset": "d", "encoder": "e", "head": "ncm", "tasks": 2, "n_tasks": 2, "order_seed": s,
+             "A_avg": v, "A_last": v, "F": v, "A_auc": None} for s, v in enumerate([0.5, 0.7, 0.9])]
+    (cell,) = engine.cells(runs)
+    assert cell["A_last"]["std"] == pytest.approx(np.sqrt(((0.2) ** 2 * 2) / 3))
+    assert "A_auc" not in cell
+
+
+@pytest.mark.parametrize("gamma", [("--gamma", "1"), ("--gamma", "auto", "--select", "gcv")])
+def test_ridge_from_per_class_sums_equals_its_separate_learn(stores, tmp_path, gamma):
+    """Without the leave-one-out pass, ridge's boundaries of every order and task count come from per-class sums
+    computed once per store: still each run's separate learn."""
+    out = tmp_path / "t"
+    result = invoke("table", "--features", stores[1], "--heads", "ridge,balanced", "--order-seeds", "0,2", "--tasks",
+                    "3,5", "--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--out", out, *gamma)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "table.json").read_text())
+    for run in doc["runs"]:
+        if run["head"] == "ridge":
+            extra = list(gamma)
+        else:  # balanced at ridge's last-boundary gamma of the same order
+            ridge = next(r for r in doc["runs"] if r["head"] == "ridge" and (r["tasks"], r["order_seed"])
+                         == (run["tasks"], run["order_seed"]))
+            chosen = 1.0 if gamma[1] == "1" else ridge["options"]["gammas_selected"][-1]
+            assert run["options"]["gamma"] == chosen
+            extra = ["--head", "balanced", "--gamma", repr(chosen)]
+        sep = tmp_path / f"{run['head']}-{run['tasks']}-{run['order_seed']}"
+        result = invoke("learn", "--features", stores[1], "--order-seed", run["order_seed"], "--tasks", run["tasks"],
+                        "--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--out", sep, *extra)
+        assert result.exit_code == 0, result.output
+        separate = json.loads((sep / "metrics.json").read_text())
+        assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])
+        if run["head"] == "ridge" and gamma[1] == "auto":
+            assert run["options"]["gammas_selected"] == separate["gammas_selected"]
