@@ -45,6 +45,7 @@ RECORDED = {
     "ModelConfig.fusion": "metrics:encoder.fusion",
     "ModelConfig.fusion_norm": "metrics:encoder.final_norm",
     "ModelConfig.head": "metrics:head",  # absent for ridge
+    "ModelConfig.head_rows": "metrics:head_rows",  # absent where the head takes its own rows
     "ModelConfig.shrinkage": "metrics:head_options.shrinkage",
     "ModelConfig.shrinkage_offdiag": "metrics:head_options.shrinkage_offdiag",
     "ModelConfig.compensation": "metrics:head_options.compensation",
@@ -122,6 +123,11 @@ def test_learn_records_the_settings_it_was_given(tmp_path):
                 "--shrinkage", "0.25", "--shrinkage-offdiag", "0.5")
     assert [recorded(head, RECORDED[f"ModelConfig.{k}"]) for k in ("head", "shrinkage", "shrinkage_offdiag")] == [
         "fecam", 0.25, 0.5]
+    rows = _run("learn", "--features", str(store), "--out", str(tmp_path / "d"), "--tasks", "3", "--head", "slda",
+                "--head-rows", "activations", "--projection-dim", "20", "--activation", "relu")
+    assert [recorded(rows, RECORDED[f"ModelConfig.{k}"]) for k in ("head", "head_rows", "projection_dim")] == [
+        "slda", "activations", 20]
+    assert "head_rows" not in head
 
 
 def test_learn_records_the_fusion_and_sweep_its_settings(tmp_path):

@@ -85,8 +85,8 @@ def ridge_projection(projection: Any) -> Any:
         return None
     if getattr(projection, "bias_", None) is not None:
         raise FoalPipeError(f"a ridge model file holds no projection bias, which activation {projection.activation!r} "
-                            "needs; save a head's model (learn --head slda --head-rows activations) or use relu or "
-                            "sigmoid")
+                            "needs; save a head's model (`foal-pipe learn --head slda --head-rows activations`) or use "
+                            "relu or sigmoid")
     return projection.components_
 
 

@@ -141,7 +141,8 @@ def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, 
         reports = head_reports(run, boundaries, spaces, shared and shared.test, points)
     report = reports[model.head]
     curve = report.pop("curve", None)
-    metrics = LearnMetrics(**report, head=model.head, head_options=options, **run_info(run, stream))
+    metrics = LearnMetrics(**report, head=model.head, head_options=options, head_rows=model.head_rows,
+                           **run_info(run, stream))
     if anytime is not None:
         metrics = replace(metrics, A_auc=float(np.mean(curve)), anytime=AnytimeCurve(
             eval_every=anytime.every, samples_seen=list(anytime.points), accuracy=[float(a) for a in curve]))

@@ -260,6 +260,8 @@ class LearnMetrics(Accuracy, RunSettings, _Document):
     #: ``learn --head``: the head other than ridge (absent for ridge) and its options, defaults included.
     head: str | None = key(TEXT)
     head_options: dict[str, Any] | None = key(MAPPING)
+    #: ``--head-rows``: the rows the head took, where the run chose other rows than the head's own.
+    head_rows: str | None = key(TEXT)
 
     @classmethod
     def parse_dict(cls, data: Any, where: str) -> LearnMetrics:
