@@ -39,10 +39,12 @@ SECTIONS = ("extract", "learn", "sweep", "table")
 #: (`gamme: 0.001`, or `dvc exp run -S +learn.gamme=0.001`) would otherwise run with the default silently.
 KEYS = {
     "extract": ("model", "checkpoint", "model_kwargs", "fusion", "token", "image_size", "normalize", "dtype",
-                "keep_blocks", "chunk_rows", "data_dir", "download", "device", "precision", "batch_size", "workers"),
+                "keep_blocks", "chunk_rows", "data_dir", "test_split", "split_seed", "download", "device", "precision",
+                "batch_size", "workers"),
     "learn": ("tasks", "batch_size", "projection_dim", "activation", "gamma", "select", "seed", "order_seeds",
               "engine", "dtype", "backend", "projection_init", "drop_last", "drop_remainder", "mask_unseen"),
     "sweep": ("gammas", "select", "fusions"),
+    "table": ("heads", "order_seeds", "tasks"),
 }
 
 
