@@ -150,3 +150,52 @@ def test_the_rows_a_model_has_learned_are_refused(two_stores, head):
         result = learn("--init-model", tmp_path / "run_b" / "model.safetensors", "--features", features, "--out",
                        tmp_path / "again", "--tasks", 1)
         assert_one_line_error(result, "has already learned the training rows", "count every row twice")
+
+
+@pytest.mark.parametrize("head", ["ridge", "ncm"])
+def test_every_class_seen_is_scored_after_a_continuation(two_stores, head):
+    """``all_classes``: the final model's accuracy over the test rows of both stores (A_last over every class
+    seen), per task of the new store and for the old store, equals the count of its own predictions here."""
+    tmp_path, (a, xa, ya), (b, xb, yb) = two_stores
+    first = tmp_path / "run_a" / "model.safetensors"
+    if head != "ridge":
+        first = tmp_path / "head_a" / "model.safetensors"
+        assert learn("--features", a, "--out", first.parent, "--tasks", 2, "--head", head).exit_code == 0
+    out = tmp_path / "run_b"
+    result = learn("--init-model", first, "--features", b, "--out", out, "--tasks", 2, "--eval-features", a)
+    assert result.exit_code == 0, result.output
+    model = foal_pipe.load_model(out / "model.safetensors")
+    ids = dict(zip(model.class_names, model.classifier.classes_.tolist()))
+    names_a, names_b = ["cat", "dog", "emu", "fox"], ["gnu", "dog", "cat"]
+    hits_a = model.predict(xa[::3]) == np.array([ids[n] for n in names_a])[ya[::3]]
+    hits_b = model.predict(xb[::3]) == np.array([ids[n] for n in names_b])[yb[::3]]
+    metrics = json.loads((out / "metrics.json").read_text())
+    everything = metrics["continuation"]["all_classes"]
+    expected = (hits_a.sum() + hits_b.sum()) / (hits_a.size + hits_b.size)
+    assert everything["A_last"] == pytest.approx(expected)
+    assert everything["n_test"] == hits_a.size + hits_b.size == 12 + 8
+    parts = {p["task"]: p for p in everything["tasks"]}
+    assert list(parts) == ["T1", "T2", "eval"]
+    for t, names in enumerate(metrics["continuation"]["task_names"]):
+        rows = np.isin(np.array(names_b)[yb[::3]], names)
+        assert parts[f"T{t + 1}"]["n_test"] == rows.sum()
+        assert parts[f"T{t + 1}"]["accuracy"] == pytest.approx(hits_b[rows].mean())
+        assert parts[f"T{t + 1}"]["features"] == str(b)
+    assert parts["T2"]["accuracy"] == pytest.approx(metrics["accuracy_matrix"][-1][-1])
+    assert parts["eval"] == {"task": "eval", "features": str(a), "n_test": 12, "accuracy": pytest.approx(hits_a.mean())}
+    assert f"every class seen: A_last {100 * expected:.2f} over 20 test rows" in result.output
+
+
+def test_metrics_without_all_classes_still_read(two_stores):
+    """A continuation's metrics.json written before ``all_classes`` came reads as it is, and writes back the same."""
+    from foal_pipe.protocol.schema import LearnMetrics
+
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    out = tmp_path / "run_b"
+    assert learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out", out,
+                 "--tasks", 2, "--eval-features", a).exit_code == 0
+    data = json.loads((out / "metrics.json").read_text())
+    del data["continuation"]["all_classes"]
+    metrics = LearnMetrics.from_dict(data, "metrics.json")
+    assert metrics.continuation.all_classes is None and metrics.continuation.eval_features[0].features == str(a)
+    assert metrics.to_dict() == data

@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
+from foal_pipe.model.deploy import load_model
 from foal_pipe.model.predict import predict_split
 from foal_pipe.report import evaluate
-from foal_pipe.store import write_store
+from foal_pipe.store import open_store, write_store
 
 runner = CliRunner()
 NAMES = ["ant", "bee", "cow", "dog", "emu", "fox"]
@@ -125,12 +126,25 @@ def test_continued_model_is_reported_by_its_own_classes(tmp_path):
     assert {r["name"]: int(r["label"]) for r in norms} == {"cat": 0, "dog": 1, "emu": 2, "fox": 3, "gnu": 4}
     rows = {r["name"]: r for r in read_csv(out / "class_accuracy.csv")}
     assert {n: r["task"] for n, r in rows.items()} == {**{n: str(t) for n, t in task_of.items()}, "emu": "", "fox": ""}
-    assert {n: int(r["test_rows"]) for n, r in rows.items()} == {"gnu": 3, "dog": 3, "cat": 2, "emu": 0, "fox": 0}
+    # emu and fox, learned before this run, are filled from the --eval-features store a (rows 18..35, every third)
+    assert {n: int(r["test_rows"]) for n, r in rows.items()} == {"gnu": 3, "dog": 3, "cat": 2, "emu": 3, "fox": 3}
+    model = load_model(tmp_path / "run_b" / "model.safetensors")
+    test_a = open_store(a).split("test")
+    x_a, y_a = np.vstack([X for _, X in test_a.iter_chunks()]), np.asarray(test_a.labels)
+    predicted = model.predict(x_a)
+    for name, label in (("emu", 2), ("fox", 3)):
+        rows_of = y_a == label
+        assert int(rows[name]["correct"]) == int((predicted[rows_of] == label).sum())
     text = (out / "summary.md").read_text()
     (old,) = metrics["continuation"]["eval_features"]
     assert "## Other feature stores" in text
     assert f"| `{a}` | {old['n_test']} | {100 * old['accuracy']:.2f} | 0 |" in text
-    assert "| emu | - | 0 | - |" in text and "Task -: a class the model learned before this run." in text
+    emu = 100 * int(rows["emu"]["correct"]) / 3
+    assert f"| emu | - | 3 | {emu:.1f} |" in text and "Task -: a class the model learned before this run." in text
+    assert f"Its rows are the test rows of `{a}` (`--eval-features`)." in text
+    everything = metrics["continuation"]["all_classes"]
+    assert f"Every class seen (A_last over all the model's classes, as the literature reads it): " \
+           f"{100 * everything['A_last']:.2f} on 20 test rows;" in text
     assert f"The model continued `{tmp_path / 'run_a' / 'model.safetensors'}`" in text
 
 

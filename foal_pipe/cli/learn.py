@@ -161,6 +161,11 @@ def learn(
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
             highlight=False,
         )
+        everything = m.continuation.all_classes if m.continuation is not None else None
+        if everything is not None:
+            parts = ", ".join(f"{p.task} {100 * p.accuracy:.2f}" for p in everything.tasks)
+            console.print(f"every class seen: A_last {100 * everything.A_last:.2f} over "
+                          f"{counted(everything.n_test, 'test row')} ({parts})", highlight=False)
 
 
 def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:

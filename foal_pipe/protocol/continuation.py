@@ -32,7 +32,7 @@ from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
 from foal_pipe.protocol.run import Run, prepare
-from foal_pipe.protocol.schema import Continuation, LearnMetrics, StoreScore
+from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, StoreScore, TaskScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
 from foal_pipe.store import FeatureStore, open_store
@@ -134,10 +134,33 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
 def evaluate_store(model: DeployedModel, features: str | Path) -> StoreScore:
     """Accuracy of the final model on a store's test split, classes matched by name (forgetting, across
     deployments); rows of classes the model never saw count as wrong and are counted apart."""
-    true, predicted = model.store_predictions(features)
+    return store_score(features, *model.store_predictions(features))
+
+
+def store_score(features: str | Path, true: np.ndarray, predicted: np.ndarray) -> StoreScore:
+    """:func:`evaluate_store` from the model's ``(true, predicted)`` label ids on the store's test rows."""
     return StoreScore(features=str(features), n_test=int(true.size),
                       accuracy=int((predicted == true).sum()) / max(true.size, 1),
                       unknown_class_rows=int((true < 0).sum()))
+
+
+def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
+                scored: Sequence[tuple[str | Path, np.ndarray, np.ndarray]]) -> AllClasses:
+    """The final model on every class it has seen: the run's store's test rows task by task (rows of classes
+    outside this run's tasks left out, as its accuracy matrix does) and each eval store's rows of the classes the
+    model knows (``scored``: its path and the model's ``(true, predicted)``; a store that is the run's own is
+    left out, its rows are counted once)."""
+    true, predicted = result.store_predictions(run.store.path)
+    parts = [(f"T{t + 1}", run.store.path, (predicted == true)[np.isin(true, merged[task])])
+             for t, task in enumerate(run.stream.tasks)]
+    own = run.store.meta.generation
+    for path, true, predicted in scored:
+        if own is None or open_store(path).meta.generation != own:
+            parts.append(("eval", path, (predicted == true)[true >= 0]))
+    n = sum(hits.size for _, _, hits in parts)
+    return AllClasses(A_last=sum(int(hits.sum()) for _, _, hits in parts) / max(n, 1), n_test=n, tasks=[
+        TaskScore(task=task, features=str(path), n_test=int(hits.size), accuracy=int(hits.sum()) / max(hits.size, 1))
+        for task, path, hits in parts])
 
 
 def run_continue(
@@ -209,10 +232,12 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
                            deployed.encoder_spec,
                            {**deployed.metadata, **provenance(run, deployed.metadata)})
+    scored = [(path, *result.store_predictions(path)) for path in eval_features]
     metrics = replace(metrics, continuation=Continuation(
         init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
         label_ids=dict(zip(store.classes, merged.tolist())),
         task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
-        eval_features=[evaluate_store(result, path) for path in eval_features]))
+        eval_features=[store_score(*score) for score in scored],
+        all_classes=all_classes(result, run, merged, scored) if scored else None))
     return write_learned(out, [run], start, metrics, result.save)
 

@@ -203,6 +203,28 @@ class SweepSelection(Accuracy, GammaSearch):
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TaskScore(_Record):
+    """One part of :class:`AllClasses`: a task of this run (``T1``, ... on the run's store) or the classes
+    learned before it (``earlier``, on one ``--eval-features`` store)."""
+
+    task: str = key(TEXT, required=True)
+    features: str = key(TEXT, required=True)
+    n_test: int = key(COUNT, required=True)
+    accuracy: float = key(FRACTION, required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllClasses(_Record):
+    """``learn --init-model --eval-features``: the final model on the test rows of every class it has seen (the
+    run's store's rows of this run's classes and the eval stores' rows of the classes learned before), as A_last
+    reads in the literature; ``tasks``: the same per part (their rows add up to ``n_test``)."""
+
+    A_last: float = key(FRACTION, required=True)
+    n_test: int = key(COUNT, required=True)
+    tasks: list[TaskScore] = key(_records(TaskScore, "list of task scores"), required=True)
+
+
 LABEL_IDS = _Kind("mapping of label ids", lambda v: isinstance(v, dict) and all(INTEGER.accepts(x) for x in v.values()))
 
 
@@ -217,6 +239,8 @@ class Continuation(_Record):
     label_ids: dict[str, int] | None = key(LABEL_IDS)
     task_names: list[list[str]] | None = key(TASK_NAMES)
     eval_features: list[StoreScore] | None = key(_records(StoreScore, "list of store scores"))
+    #: Written since the record came; older files read without it.
+    all_classes: AllClasses | None = key(_record(AllClasses, "all-classes object"))
 
 
 #: The keys version 1 of ``metrics.json`` kept at the top level and version 2 keeps in ``continuation``.

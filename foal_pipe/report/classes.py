@@ -62,6 +62,8 @@ class ClassResults:
     confusion: np.ndarray
     #: Test rows of classes the model does not know (not in the matrix).
     unknown_rows: int
+    #: A continued run's ``--eval-features`` stores whose test rows fill the classes learned before it.
+    earlier_from: tuple[str, ...] = ()
 
     def rows(self) -> list[dict[str, Any]]:
         """``class_accuracy.csv``: label id, name, task, test rows, correct, accuracy (%, empty without rows)."""
@@ -99,6 +101,34 @@ def class_results(run: Run) -> ClassResults | str | None:
     known = true >= 0
     confusion = np.zeros((len(order), len(order)), dtype=np.int64)
     np.add.at(confusion, (column[true[known]], column[predicted[known]]), 1)
+    earlier = _earlier_rows(run, model, positions)
+    if isinstance(earlier, str):
+        return f"{earlier}, {skipped}."
+    for true, predicted in earlier.values():
+        np.add.at(confusion, (column[true], column[predicted]), 1)
     tasks = [positions[ids[k]][0] + 1 if ids[k] in positions else None for k in order]
     return ClassResults(features, [ids[k] for k in order], [model.class_names[k] for k in order], tasks, confusion,
-                        int((~known).sum()))
+                        int((~known).sum()), tuple(earlier))
+
+
+def _earlier_rows(run: Run, model: Any, positions: dict[int, tuple[int, int]]
+                  ) -> dict[str, tuple[np.ndarray, np.ndarray]] | str:
+    """A continued run's ``--eval-features`` stores: each one's ``(true, predicted)`` on its test rows of the
+    classes learned before the run (the run's own store is left out: its rows are counted already); or why a
+    store cannot be read."""
+    from foal_pipe.store.read import open_store
+
+    continuation = run.metrics.continuation
+    stores = [e.features for e in (continuation.eval_features or [])] if continuation is not None else []
+    rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    try:
+        own = open_store(run.metrics.features).meta.generation if stores else None
+        for features in stores:
+            if own is not None and open_store(features).meta.generation == own:
+                continue
+            true, predicted = model.store_predictions(features)
+            before = (true >= 0) & ~np.isin(true, list(positions))
+            rows[features] = (true[before], predicted[before])
+    except FoalPipeError as exc:
+        return f"The run's --eval-features store could not be read ({exc})"
+    return rows

@@ -144,6 +144,9 @@ def _classes(classes: ClassResults, continued: bool) -> list[str]:
         lines[-1] += f" {classes.unknown_rows:,} rows of classes the model does not know are left out."
     if continued:
         lines[-1] += " Task -: a class the model learned before this run."
+    if classes.earlier_from:
+        lines[-1] += (" Its rows are the test rows of " + ", ".join(f"`{f}`" for f in classes.earlier_from)
+                      + " (`--eval-features`).")
     lines += ["", "| class | task | test rows | accuracy (%) |", "|---|---:|---:|---:|"]
     for row in classes.rows():
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.1f}"
@@ -158,6 +161,11 @@ def _other_stores(m: LearnMetrics) -> list[str]:
              "| store | test rows | accuracy (%) | rows of unknown classes |", "|---|---:|---:|---:|"]
     for e in (m.continuation.eval_features if m.continuation else None) or []:
         lines.append(f"| `{e.features}` | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
+    everything = m.continuation.all_classes if m.continuation else None
+    if everything is not None:
+        parts = "; ".join(f"{p.task} ({p.n_test:,} rows of `{p.features}`) {pct(p.accuracy)}" for p in everything.tasks)
+        lines += ["", f"Every class seen (A_last over all the model's classes, as the literature reads it): "
+                  f"{pct(everything.A_last)} on {everything.n_test:,} test rows; {parts}."]
     return lines + [""]
 
 
