@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.metrics import summary_of
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.schema import CRITERIA, RunSettings
 from foal_pipe.report.classes import ClassResults
 from foal_pipe.report.paper import GAMMAS, PaperMatch
@@ -26,7 +27,24 @@ DPI = 110
 
 def _title(run: Run) -> str:
     m = run.metrics
-    return f"{run.label} · {_encoder(m)} · γ={_or(m.gamma)} · D={_or(m.projection_dim)}"
+    return f"{_label(run)} · {_encoder(m)} · γ={_or(m.gamma)} · D={_or(m.projection_dim)}"
+
+
+def _label(run: Run) -> str:
+    """The run's label; an image folder (``--dataset imagefolder``) named by its folder, which the store records
+    as its ``source`` (what ``info`` shows), while the store can be read."""
+    from foal_pipe.store import read_meta
+
+    if run.dataset != "imagefolder" or run.metrics.features is None:
+        return run.label
+    try:
+        source = read_meta(run.metrics.features)[1].extra.get("source")
+    except FoalPipeError:
+        return run.label
+    if not isinstance(source, str) or not Path(source).name:
+        return run.label
+    name, folder = run.path.resolve().name, Path(source).name
+    return name if name == folder else f"{name} ({folder})"
 
 
 def _or(value: Any) -> Any:
@@ -180,7 +198,9 @@ def plot_weight_norms(run: Run, path: Path) -> Path:
         ax.set_ylabel("‖W[:, c]‖₂")
         ax.set_title(f"per-class weight norms (recency bias shows as taller late tasks)\n{_title(run)}", fontsize=9)
         if len(tasks) <= 12:
-            ax.legend(fontsize=7, ncol=min(6, len(tasks) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.18))
+            # a figure legend "outside": the constrained layout makes room for it below the x label and tick
+            # labels (an axes legend placed below the axes overlapped them and pushed text off the canvas)
+            fig.legend(fontsize=7, ncol=min(6, len(tasks) + 1), loc="outside lower center")
 
     return draw(path, (7.2, 3.8), paint)
 
@@ -228,7 +248,7 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
             handles, labels = handles + more_handles, labels + more_labels
         fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3)
         s = run.sweep
-        title = f"gamma sweep · {run.label} · {_encoder(s)} · D={_or(s.projection_dim)}"
+        title = f"gamma sweep · {_label(run)} · {_encoder(s)} · D={_or(s.projection_dim)}"
         if choice.at_edge:
             title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
         ax.set_title(title, fontsize=9)
@@ -259,7 +279,7 @@ def plot_fusions(run: Run, path: Path) -> Path:
         ax.set_ylabel("test A_avg (%)")
         ax.grid(alpha=0.3, which="both")
         fig.legend(fontsize=7, loc="outside lower center", ncol=2)
-        ax.set_title(f"fusion ablation · {run.label} · {_encoder(s)} · D={_or(s.projection_dim)}\n"
+        ax.set_title(f"fusion ablation · {_label(run)} · {_encoder(s)} · D={_or(s.projection_dim)}\n"
                      "filled: each fusion's selected γ (training rows only)", fontsize=9)
 
     return draw(path, (7.2, 5.0), paint)
@@ -284,7 +304,7 @@ def plot_heads(run: Run, path: Path) -> Path:
         ax.set_ylabel("A_i: mean test accuracy over the tasks seen (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        ax.set_title(f"heads · {run.label} · {_encoder(s)}", fontsize=9)
+        ax.set_title(f"heads · {_label(run)} · {_encoder(s)}", fontsize=9)
 
     return draw(path, (7.2, 5.0), paint)
 
