@@ -199,3 +199,19 @@ def test_metrics_without_all_classes_still_read(two_stores):
     metrics = LearnMetrics.from_dict(data, "metrics.json")
     assert metrics.continuation.all_classes is None and metrics.continuation.eval_features[0].features == str(a)
     assert metrics.to_dict() == data
+
+
+def test_the_runs_own_store_is_not_counted_twice(two_stores):
+    """``--eval-features`` naming the new store itself (or a copy of it) adds no rows to ``all_classes``."""
+    import shutil
+
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    shutil.copytree(b, tmp_path / "b_copy.zarr")
+    out = tmp_path / "run_b"
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out", out,
+                   "--tasks", 2, "--eval-features", a, "--eval-features", b, "--eval-features", tmp_path / "b_copy.zarr")
+    assert result.exit_code == 0, result.output
+    continuation = json.loads((out / "metrics.json").read_text())["continuation"]
+    assert [p["task"] for p in continuation["all_classes"]["tasks"]] == ["T1", "T2", "eval"]
+    assert continuation["all_classes"]["n_test"] == 12 + 8
+    assert len(continuation["eval_features"]) == 3

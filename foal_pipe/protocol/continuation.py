@@ -144,6 +144,14 @@ def store_score(features: str | Path, true: np.ndarray, predicted: np.ndarray) -
                       unknown_class_rows=int((true < 0).sum()))
 
 
+def same_store(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths hold one store's rows: the same folder, or the same generation id (a copy)."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    generation = open_store(a).meta.generation
+    return generation is not None and generation == open_store(b).meta.generation
+
+
 def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
                 scored: Sequence[tuple[str | Path, np.ndarray, np.ndarray]]) -> AllClasses:
     """The final model on every class it has seen: the run's store's test rows task by task (rows of classes
@@ -153,9 +161,8 @@ def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
     true, predicted = result.store_predictions(run.store.path)
     parts = [(f"T{t + 1}", run.store.path, (predicted == true)[np.isin(true, merged[task])])
              for t, task in enumerate(run.stream.tasks)]
-    own = run.store.meta.generation
     for path, true, predicted in scored:
-        if own is None or open_store(path).meta.generation != own:
+        if not same_store(path, run.store.path):
             parts.append(("eval", path, (predicted == true)[true >= 0]))
     n = sum(hits.size for _, _, hits in parts)
     return AllClasses(A_last=sum(int(hits.sum()) for _, _, hits in parts) / max(n, 1), n_test=n, tasks=[

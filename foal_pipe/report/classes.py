@@ -116,15 +116,14 @@ def _earlier_rows(run: Run, model: Any, positions: dict[int, tuple[int, int]]
     """A continued run's ``--eval-features`` stores: each one's ``(true, predicted)`` on its test rows of the
     classes learned before the run (the run's own store is left out: its rows are counted already); or why a
     store cannot be read."""
-    from foal_pipe.store.read import open_store
+    from foal_pipe.protocol.continuation import same_store
 
     continuation = run.metrics.continuation
     stores = [e.features for e in (continuation.eval_features or [])] if continuation is not None else []
     rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
-        own = open_store(run.metrics.features).meta.generation if stores else None
         for features in stores:
-            if own is not None and open_store(features).meta.generation == own:
+            if same_store(features, run.metrics.features):
                 continue
             true, predicted = model.store_predictions(features)
             before = (true >= 0) & ~np.isin(true, list(positions))
