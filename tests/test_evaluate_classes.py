@@ -141,7 +141,8 @@ def test_continued_model_is_reported_by_its_own_classes(tmp_path):
     assert f"| `{a}` | {old['n_test']} | {100 * old['accuracy']:.2f} | 0 |" in text
     emu = 100 * int(rows["emu"]["correct"]) / 3
     assert f"| emu | - | 3 | {emu:.1f} |" in text and "Task -: a class the model learned before this run." in text
-    assert f"Its rows are the test rows of `{a}` (`--eval-features`)." in text
+    assert f"The final model on the test splits of `{b}` and, for the classes learned before this run, of `{a}` " \
+           "(`--eval-features`) (14 rows);" in text
     everything = metrics["continuation"]["all_classes"]
     assert f"Every class seen (A_last over all the model's classes, as the literature reads it): " \
            f"{100 * everything['A_last']:.2f} on 20 test rows;" in text

@@ -137,16 +137,17 @@ def _matrix(run: Run) -> list[str]:
 def _classes(classes: ClassResults, continued: bool) -> list[str]:
     """The final model's accuracy on each class's test rows (``class_accuracy.csv``)."""
     n = int(classes.confusion.sum())
-    lines = ["## Per-class accuracy", "", f"The final model on the test split of `{classes.features}` ({n:,} rows); "
+    where = f"the test split of `{classes.features}`"
+    if classes.earlier_from:
+        where = (f"the test splits of `{classes.features}` and, for the classes learned before this run, of "
+                 + ", ".join(f"`{f}`" for f in classes.earlier_from) + " (`--eval-features`)")
+    lines = ["## Per-class accuracy", "", f"The final model on {where} ({n:,} rows); "
              "`class_accuracy.csv` holds the same, `confusion_matrix.csv` the confusion counts (rows: true class, "
              "columns: predicted)."]
     if classes.unknown_rows:
         lines[-1] += f" {classes.unknown_rows:,} rows of classes the model does not know are left out."
     if continued:
         lines[-1] += " Task -: a class the model learned before this run."
-    if classes.earlier_from:
-        lines[-1] += (" Its rows are the test rows of " + ", ".join(f"`{f}`" for f in classes.earlier_from)
-                      + " (`--eval-features`).")
     lines += ["", "| class | task | test rows | accuracy (%) |", "|---|---:|---:|---:|"]
     for row in classes.rows():
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.1f}"
