@@ -1,7 +1,8 @@
 """``--dtype float32`` for every head: the rows are rounded to float32 (features, projection and activation computed
 in float32) and the statistics stay float64 (docs/heads.md, "--dtype float32"). float32's results equal float64's
 within the documented tolerance, the model file records float32 and its reload predicts what the run scored, the
-array-API namespaces agree with NumPy, and a continued float32 model keeps its dtype."""
+array-API namespaces agree with NumPy, a continued float32 model keeps its dtype, and ``sweep --heads`` and
+``--order-seeds`` in float32 equal separate ``learn --head --dtype float32`` runs."""
 
 from __future__ import annotations
 
@@ -140,3 +141,26 @@ def test_a_float32_model_continues_in_float32(stores, tmp_path):
     assert_clean_error(invoke("learn", "--features", stores["more"], "--out", refused, "--init-model",
                               tmp_path / "first" / "model.safetensors", "--dtype", "float64", "--tasks", 5,
                               "--backend", "numpy"), "--dtype float64 conflicts with the model's slda head", refused)
+
+
+def test_sweep_heads_in_float32_equal_learn_in_float32(stores, tmp_path):
+    """``sweep --heads`` with ``--dtype float32`` (refused before) runs each head as ``learn --head --dtype float32``."""
+    store = stores["blobs"]
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "sweep", "--tasks", 5, "--seed", 1,
+                    "--backend", "numpy", "--projection-dim", 32, "--gammas", "1", "--heads", "ridge,ncm,slda",
+                    "--dtype", "float32")
+    assert result.exit_code == 0, result.output
+    heads = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["heads"]
+    for name in ("ncm", "slda"):
+        learned = _learn(store, tmp_path / name, name, "--dtype", "float32")
+        assert heads[name]["accuracy_matrix"] == learned["accuracy_matrix"]
+
+
+@pytest.mark.parametrize("head", ["slda", "balanced"])
+def test_order_seeds_in_float32_equal_separate_float32_runs(stores, tmp_path, head):
+    store = stores["blobs"]
+    metrics = _learn(store, tmp_path / "orders", head, "--order-seeds", "0,1", "--dtype", "float32")
+    for order in metrics["orders"]:
+        seed = order["order_seed"]
+        alone = _learn(store, tmp_path / f"seed{seed}", head, "--order-seed", seed, "--dtype", "float32")
+        assert order["accuracy_matrix"] == alone["accuracy_matrix"] and order["tasks"] == alone["tasks"]
