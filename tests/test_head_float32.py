@@ -83,6 +83,7 @@ def test_float32_equals_float64_within_the_documented_tolerance(stores, tmp_path
     f64, f32 = load_model(tmp_path / "f64" / "model.safetensors"), load_model(tmp_path / "f32" / "model.safetensors")
     p64, p32 = f64.predict(x), f32.predict(x)
     assert np.mean(p64 != p32) <= PREDICTIONS_DIFFER
+    np.testing.assert_array_equal(load_model(tmp_path / "f32" / "model.safetensors", estimators=False).predict(x), p32)
     s64, s32 = f64.scores(x), f32.scores(x)
     assert np.all(np.abs(s32 - s64) <= SCORE_RTOL * np.abs(s64).max(axis=1, keepdims=True))
     if head in ("balanced", "dual") or data == "blobs":  # digits' rotated pixels and every projection: rounded rows
