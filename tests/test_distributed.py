@@ -336,8 +336,9 @@ def test_extract_keep_blocks_on_dask_equals_local(tmp_path, cluster, tiny_vit_ch
     assert_same_store(tmp_path / "ref.zarr", spec.out_path)
 
 
-@pytest.mark.parametrize("head", ["ncm", "slda", "dual"])
-def test_learn_head_dask_equals_local(store, cluster, tmp_path, monkeypatch, head):
+@pytest.mark.parametrize(("head", "dtype"), [("ncm", "float64"), ("slda", "float64"), ("dual", "float64"),
+                                             ("dual", "float32")])  # dual's float32: rows through a float32 projection
+def test_learn_head_dask_equals_local(store, cluster, tmp_path, monkeypatch, head, dtype):
     """A head on --scheduler dask: the cluster reads and decodes the train chunks, the head takes the rows in stream
     order here; the same bytes as a local run (metrics.json and the model file)."""
     from foal_pipe.protocol.distributed import ClusterSplit
@@ -345,7 +346,7 @@ def test_learn_head_dask_equals_local(store, cluster, tmp_path, monkeypatch, hea
     reads = []
     real = ClusterSplit.read_raw
     monkeypatch.setattr(ClusterSplit, "read_raw", lambda self, lo, hi: reads.append(lo) or real(self, lo, hi))
-    args = ("--tasks", "4", "--seed", "3", "--backend", "numpy", "--head", head,
+    args = ("--tasks", "4", "--seed", "3", "--backend", "numpy", "--head", head, "--dtype", dtype,
             *(("--projection-dim", "150") if head == "dual" else ()))
     local = invoke("learn", "--features", store, "--out", tmp_path / "local", *args)
     assert local.exit_code == 0, local.output

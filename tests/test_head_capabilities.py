@@ -76,7 +76,6 @@ def test_eval_every_keeps_each_heads_task_end_matrix(store, tmp_path, head):
     (["--head", "dual", "--eval-every", "50"], "--head dual solves its compensation stream once per task"),
     (["--head", "fecam", "--eval-every", "50"], "--head fecam needs 2 training rows of every class seen, but at the "
                                                 "point after 450 rows class"),
-    (["--head", "slda", "--dtype", "float32"], "--head slda keeps float64 statistics; drop --dtype float32"),
     (["--head", "balanced", "--gamma", "auto"], "compare gammas with `sweep --heads ridge,balanced`"),
 ])
 def test_a_refused_combination_says_why_in_one_line(store, tmp_path, args, message):
@@ -85,9 +84,7 @@ def test_a_refused_combination_says_why_in_one_line(store, tmp_path, args, messa
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--dtype", "float32"], "--head ncm keeps float64 statistics; drop --dtype float32"),
     (["--no-mask-unseen"], "--head ncm predicts among the classes seen so far"),
-    (["--dtype", "float32", "--order-seeds", "0,1"], "--head ncm keeps float64 statistics"),
 ])
 def test_sweep_heads_refuse_what_only_ridge_takes(store, tmp_path, args, message):
     """They ran the heads in float64, masked, while sweep.json recorded the option: now refused, as learn --head."""

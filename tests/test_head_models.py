@@ -251,6 +251,7 @@ BAD = {
     "bad option": ("slda", None, {"head_options": {"shrinkage": 2.0}}, "holds a value the slda head refuses"),
     "missing option": ("dual", None, {"head_options": {"gamma": 1.0}}, "must map the dual head's options"),
     "counts": ("ncm", None, {"n_samples_seen": 5}, "the class row counts sum to 600 but 'n_samples_seen' is 5"),
+    "dtype": ("ncm", None, {"dtype": "float16"}, "metadata 'dtype' ('float16') must be one of"),
 }
 
 

@@ -119,7 +119,6 @@ def test_sweep_heads_without_loo_names_no_best_head(store, tmp_path):
     (["learn", "--head", "slda", "--shrinkage", "much"], "neither a number nor 'oas'"),
     (["learn", "--head", "fecam", "--shrinkage", "oas"], "fecam's --shrinkage must be a number"),
     (["learn", "--head", "ncm", "--no-mask-unseen"], "drop --no-mask-unseen"),
-    (["learn", "--head", "ncm", "--dtype", "float32"], "float64"),
     (["learn", "--head", "dual", "--activation", "relu"], "its own activations to the projected rows"),
     (["learn", "--head", "balanced", "--gamma", "auto"], "has no search over gamma"),
     (["learn", "--head", "balanced", "--engine", "rls"], "sets ridge's solver"),

@@ -41,8 +41,9 @@ class HeadClassifier:
     gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task)."""
 
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-                 n_samples_seen: int, space: str | None = None) -> None:
+                 n_samples_seen: int, space: str | None = None, dtype: str = "float64") -> None:
         self.name, self.options = name, dict(options)
+        self.dtype = dtype  # the rows' (``--dtype``): float32 rows are rounded, the statistics stay float64
         self.space = space or HEADS[name].space  # the rows it takes: its own, or the activations (``--head-rows``)
         self.tensors = dict(tensors)
         self._scorer: Scorer | None = None
@@ -89,12 +90,13 @@ class HeadClassifier:
 
     def rows(self, X: np.ndarray, projection: SmoothProjection | Expansion) -> np.ndarray:
         """The rows of the head's space for checked features ``X``: the features, the projected rows or the
-        activations, in float64 (as the walk gives them)."""
-        space = self.space
+        activations, computed in the model's dtype and given as float64 (as the walk gives them)."""
+        space, dtype = self.space, np.dtype(self.dtype)
         if space == "features":
-            return np.asarray(X, dtype=np.float64)
+            return np.asarray(X, dtype=dtype).astype(np.float64, copy=False)
         if space == "projected":
-            return np.asarray(X, dtype=np.float64) @ np.asarray(projection.components_, dtype=np.float64)
+            rows = np.asarray(X, dtype=dtype) @ np.asarray(projection.components_, dtype=dtype)
+            return rows.astype(np.float64, copy=False)
         return np.asarray(projection.transform(X), dtype=np.float64)
 
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
@@ -116,10 +118,11 @@ class HeadClassifier:
             tensors["projection"] = projection.components_
             if space == "activations" and projection.bias_ is not None:  # cos: random Fourier features
                 tensors["projection_bias"] = projection.bias_
-        kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen")
+        kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen", "dtype")
                 and (space == "activations" or k != "activation")}
+        rounded = {"dtype": self.dtype} if self.dtype != "float64" else {}  # float64: the files written before
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
-                                           "n_samples_seen": self.n_samples_seen_})
+                                           "n_samples_seen": self.n_samples_seen_, **rounded})
 
 
 def _identity(d: int, estimators: bool) -> SmoothProjection | Expansion:
@@ -140,7 +143,8 @@ def load_head(path: str | Path, *, estimators: bool = True
     name = meta["head"]
     own = HEADS[name].space  # a head on the store's features given the activations keeps the projection (--head-rows)
     space = "activations" if own == "features" and "projection" in tensors else own
-    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"], space)
+    classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"], space,
+                                meta.get("dtype", "float64"))
     if "projection" in tensors:
         activation = meta.get("activation", "identity")
         if estimators:

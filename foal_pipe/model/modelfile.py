@@ -238,10 +238,10 @@ def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     _check_shapes(tensors, where, schema)
     for key, value in tensors.items():
         wanted = np.dtype("int64" if schema[key][1] == "iu" else "float64")
-        if key != "projection" and np.dtype(value.dtype) != wanted:
+        if key not in projected and np.dtype(value.dtype) != wanted:  # the projection: in the run's dtype
             raise _refuse(where, f"tensor {key!r} is {np.dtype(value.dtype)} but the {name} head keeps {wanted}")
     n_classes = int(tensors["classes"].shape[0])
-    for key in ("class_names", "dataset", "encoder", "activation", "checksum", "n_samples_seen"):
+    for key in ("class_names", "dataset", "encoder", "activation", "checksum", "n_samples_seen", "dtype"):
         if key in metadata:
             problem = METADATA[key][1](metadata[key], n_classes)
             if problem:

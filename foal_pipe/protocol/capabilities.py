@@ -64,8 +64,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                "predicts among the classes seen so far",
                f"drop {param('mask_unseen', False)} (it is ridge's published-code rule)"),
     Capability("--scheduler dask", None),
-    Capability("--dtype float32", ("ridge",), lambda s: s.model.dtype != "float64", "keeps float64 statistics",
-               f"drop {param('dtype', 'float32')}"),
+    Capability("--dtype float32", None),
     Capability("--gamma auto", ("ridge",), lambda s: s.model.gamma == "auto",
                f"has no search over gamma ({param('gamma', 'auto')} is ridge's)",
                f"pass a number such as {param('gamma', 1)} where the head takes one, or compare gammas with "

@@ -158,7 +158,7 @@ def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
     if takes_batch_size(name):
         options["batch_size"] = run.stream.batch_size
     model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows),
-                           space=head_space(name, run.model))
+                           space=head_space(name, run.model), dtype=run.model.dtype)
     model.save(path, projection=run.projection, **provenance(run),
                class_names=[run.store.classes[c] for c in model.classes_], activation=run.model.resolved_activation)
 

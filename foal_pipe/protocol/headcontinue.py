@@ -87,7 +87,8 @@ def head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collect
     space = deployed.classifier.space
     D = int(deployed.projection.components_.shape[1])
     fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
-                             "projection_dim": D if space != "features" else 0, "dtype": "float64",
+                             "projection_dim": D if space != "features" else 0,
+                             "dtype": deployed.classifier.dtype,
                              "activation": deployed.projection.activation if space == "activations" else None,
                              "head_rows": "activations" if space != HEADS[name].space else None}
     for key in explicit:
@@ -153,7 +154,7 @@ def run_continue_head(
         acc = head_accuracies(run, boundaries, {name: space})[name]
     new_rows = sum(int(r.size) for r in run.stream.rows)
     final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
-                           deployed.classifier.n_samples_seen_ + new_rows, space)
+                           deployed.classifier.n_samples_seen_ + new_rows, space, deployed.classifier.dtype)
     shown = {k: v for k, v in options.items() if k != "batch_size"}
     metrics = LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
     return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)

@@ -25,20 +25,29 @@ from foal_pipe.protocol.testblocks import by_task, eval_blocks, in_cache_order
 from foal_pipe.protocol.walk import train_rows
 
 
+def _float64(run: Run, X: Any) -> Any:
+    """Rows computed in the run's dtype, as the float64 every head's statistics, solve and scoring take: with
+    ``--dtype float32`` the rows are rounded to float32 (the store's rows, the projection and the activation all
+    in float32), the heads' sums stay float64 (docs/heads.md, "--dtype float32")."""
+    return array_namespace(X).astype(X, run.xp.float64, copy=False)
+
+
 def _features(run: Run, X: Any) -> Any:
-    return run.xp.asarray(X, dtype=run.xp.float64, device=default_device(run.xp))
+    xp = run.xp
+    return _float64(run, xp.asarray(X, dtype=getattr(xp, run.model.dtype), device=default_device(xp)))
 
 
 def _projected(run: Run, X: Any) -> Any:
-    X = _features(run, X)
+    xp = run.xp
+    dtype = getattr(xp, run.model.dtype)
+    X = xp.asarray(X, dtype=dtype, device=default_device(xp))
     if run.projection.is_identity:
-        return X
-    return X @ run.xp.asarray(run.projection.components_, dtype=run.xp.float64, device=default_device(run.xp))
+        return _float64(run, X)
+    return _float64(run, X @ xp.asarray(run.projection.components_, dtype=dtype, device=default_device(xp)))
 
 
 def _activations(run: Run, X: Any) -> Any:
-    H = run.projection.transform(X, run.xp)  # the bits ridge's Gram sums
-    return array_namespace(H).astype(H, run.xp.float64, copy=False)
+    return _float64(run, run.projection.transform(X, run.xp))  # the bits ridge's Gram sums
 
 
 #: How a block of cached rows becomes the rows of each space (:data:`foal_pipe.heads.SPACES`).
