@@ -79,8 +79,9 @@ def table(
     once for all its runs. A killed table keeps its finished runs beside OUT and the same command resumes them.
     """
     from foal_pipe.cli.learn import LEARN_ONLY_WITH, _check_applies, _typed
+    from foal_pipe.protocol.capabilities import Settings
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.table import Settings, TableConfig, run_table
+    from foal_pipe.protocol.table import TableConfig, run_table
     from foal_pipe.report.resultstable import store_label, write_files
 
     with user_errors():

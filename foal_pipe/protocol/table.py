@@ -26,7 +26,8 @@ import numpy as np
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.capabilities import Settings
+from foal_pipe.protocol.config import ModelConfig, StreamConfig
 from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
 from foal_pipe.protocol.run import prepare
 
@@ -50,14 +51,6 @@ class TableConfig:
     tasks: tuple[int, ...] = (10,)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The settings every run shares (``model.gamma`` may be ``"auto"``: ridge chooses it on training rows)."""
-
-    stream: StreamConfig
-    model: ModelConfig
-    evaluation: EvaluationConfig
-    execution: ExecutionConfig
 
 
 def check_table(config: TableConfig, features: Sequence[Path], settings: Settings,
