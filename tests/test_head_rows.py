@@ -58,7 +58,7 @@ def test_feature_head_on_relu_activations_equals_its_definition(store, tmp_path,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--head", "slda", "--projection-dim", "20"), "or pass --head-rows activations"),
+    (("--head", "slda", "--head-rows", "features", "--projection-dim", "20"), "or pass --head-rows activations"),
     (("--head", "dual", "--head-rows", "activations"), "drop --head-rows activations"),
     (("--head", "ridge", "--head-rows", "features"), "drop --head-rows features"),
     (("--head", "ncm", "--head-rows", "activations", "--gamma", "2"), "ncm takes no gamma: drop --gamma"),
@@ -70,6 +70,22 @@ def test_head_rows_combinations_that_do_not_apply_are_refused(store, tmp_path, a
     if "nope" not in args:
         assert_one_line_error(result, message)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_projection_option_gives_a_feature_head_the_activations(store, tmp_path):
+    """`learn --head slda --projection-dim D --activation relu` (KLDA's recipe as the issue wrote it) runs on the
+    activations: the same bytes as with `--head-rows activations`, recorded as such; a projection option stays
+    refused where `--head-rows features` is typed (above) and for a head on the projection it means what it did."""
+    common = ("--features", store, "--tasks", 3, "--head", "slda", "--projection-dim", 24, "--activation", "relu")
+    implied = invoke("learn", *common, "--out", tmp_path / "implied")
+    explicit = invoke("learn", *common, "--head-rows", "activations", "--out", tmp_path / "explicit")
+    assert implied.exit_code == 0 and explicit.exit_code == 0, implied.output + explicit.output
+    for name in ("model.safetensors", "metrics.json"):
+        assert (tmp_path / "implied" / name).read_bytes() == (tmp_path / "explicit" / name).read_bytes()
+    assert json.loads((tmp_path / "implied" / "metrics.json").read_text())["head_rows"] == "activations"
+    plain = invoke("learn", "--features", store, "--tasks", 3, "--head", "slda", "--out", tmp_path / "plain")
+    assert plain.exit_code == 0, plain.output
+    assert "head_rows" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
 
 
 # --- random Fourier features: --activation cos ------------------------------------------------------------------

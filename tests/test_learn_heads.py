@@ -109,8 +109,9 @@ def test_sweep_heads_without_loo_names_no_best_head(store, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["learn", "--head", "ncm", "--projection-dim", "100"], "drop --projection-dim"),
-    (["learn", "--head", "slda", "--projection-dim", "1000"], "drop --projection-dim"),  # typed, even at its default
+    (["learn", "--head", "ncm", "--head-rows", "features", "--projection-dim", "100"], "drop --projection-dim"),
+    (["learn", "--head", "slda", "--head-rows", "features", "--projection-dim", "1000"],
+     "drop --projection-dim"),  # typed, even at its default
     (["learn", "--head", "fecam", "--gamma", "2"], "drop --gamma"),
     (["learn", "--head", "ncm", "--shrinkage", "0.1"], "--shrinkage is an option of slda and fecam"),
     (["learn", "--shrinkage", "0.1"], "--shrinkage is an option of slda and fecam"),

@@ -61,6 +61,12 @@ def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[
             raise FoalPipeError(f"{flag} acts only with {needs} and would be ignored here; drop {flag} or add {needs}")
 
 
+#: The options that ask for projected rows: typed with a head on the store's features (ncm, slda, fecam, cosine)
+#: and no ``--head-rows``, they give it the activations, as ``--head-rows activations`` does (KLDA's recipe reads
+#: ``learn --head slda --projection-dim 5000 --activation relu``).
+PROJECTION_OPTIONS = ("projection_dim", "projection_init", "activation")
+
+
 def _check_head(ctx: typer.Context, head: str) -> None:
     """``learn --head``: the options the head cannot take, typed ones included, refused (with ``--init-model`` the
     model names its head and fixes its options: checked against it, protocol/continuation.py)."""
@@ -133,6 +139,11 @@ def learn(
 
     with user_errors():
         seeds = _order_seeds(order_seed, order_seeds)
+        if init_model is None and head_rows is None and any(_typed(ctx, name) for name in PROJECTION_OPTIONS):
+            from foal_pipe.heads import head_entry
+
+            if head_entry(head).space == "features":  # a projection asked for a head on the store's features
+                ctx.params["head_rows"] = "activations"
         settings = LearnSettings(
             o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,

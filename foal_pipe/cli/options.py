@@ -214,7 +214,8 @@ HeadRows = Annotated[
     typer.Option(help="The rows of a head on the store's features (ncm, slda, fecam, cosine): features, or "
                  "activations, the projection's (--projection-dim, --projection-init, --activation; e.g. KLDA: slda "
                  "on --activation cos random Fourier features). Default: the head's own rows (features for those "
-                 "heads; balanced and dual take the projection anyway).", show_default=False),
+                 "heads, activations when a projection option is typed; balanced and dual take the projection "
+                 "anyway).", show_default=False),
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
