@@ -69,12 +69,13 @@ class BalancedHead(HeadBase):
 
     Parameters
     ----------
-    gamma : float, default=1.0
-        Ridge regularisation, > 0 (as ``ridge``'s gamma).
     xp : array namespace
         Where the state lives and the rows arrive (:mod:`foal_pipe.core.backend`).
     dim : int
         Width D of the activation rows.
+    **options
+        :class:`BalancedOptions`: ``gamma`` (float, default 1.0), the ridge regularisation, > 0 (as ``ridge``'s
+        gamma).
 
     Attributes
     ----------

@@ -109,17 +109,14 @@ class DualHead(HeadBase):
 
     Parameters
     ----------
-    gamma : float, default=1.0
-        Main stream's ridge regularisation, > 0.
-    gamma_comp : float or None, default=None
-        Compensation stream's ridge regularisation, > 0; None: ``gamma``.
-    compensation : float, default=1.0
-        ``C`` in ``scores = main + C * compensation``.
-    batch_size : int, default=10
-        Rows per mini-batch of the recursion (each task's rows are cut from its first row).
     xp : array namespace
     dim : int
         Width D of the projected rows.
+    **options
+        :class:`DualOptions`: ``gamma`` (float, default 1.0), the main stream's ridge regularisation, > 0;
+        ``gamma_comp`` (float or None, default None), the compensation stream's, > 0 (None: ``gamma``);
+        ``compensation`` (float, default 1.0), ``C`` in ``scores = main + C * compensation``; ``batch_size`` (int,
+        default 10), rows per mini-batch of the recursion (each task's rows are cut from its first row).
 
     Attributes
     ----------
