@@ -130,6 +130,24 @@ def read(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
             np.asarray(g["test/features"][:]), np.asarray(g["test/labels"][:]))
 
 
+#: The fault tests' small store: four separable classes of six features (tests/test_faults_*.py).
+FAULT_CLASSES = ["a", "b", "c", "d"]
+
+
+def fault_rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows of :data:`FAULT_CLASSES` in turn, each class's mean 3 apart (float32 features, labels)."""
+    rng = np.random.default_rng(seed)
+    y = np.tile(np.arange(4), n // 4)
+    return (rng.normal(size=(n, 6)) + 3 * y[:, None]).astype(np.float32), y
+
+
+def fault_store(path: Path) -> Path:
+    """128 train and 64 test rows of :func:`fault_rows` in chunks of 32."""
+    from foal_pipe.store import write_store
+
+    return write_store(path, fault_rows(128, 0), fault_rows(64, 1), FAULT_CLASSES, chunk_rows=32)
+
+
 def invoke(*args: str):
     result = runner.invoke(app, [str(a) for a in args])
     return result

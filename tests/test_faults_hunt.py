@@ -23,32 +23,21 @@ from pathlib import Path
 import helpers
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from foal_pipe import AnalyticClassifier
-from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import ExtractSpec, run_extract
 from foal_pipe.store import write_store
 
-runner = CliRunner()
-CLASSES = ["a", "b", "c", "d"]
+CLASSES = helpers.FAULT_CLASSES
 assert_one_line_error = partial(helpers.assert_one_line_error, after_notes=True)
-
-
-def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    y = np.tile(np.arange(4), n // 4)
-    return (rng.normal(size=(n, 6)) + 3 * y[:, None]).astype(np.float32), y
+_data = helpers.fault_rows
+_invoke = helpers.invoke
 
 
 @pytest.fixture
 def store(tmp_path) -> Path:
-    return write_store(tmp_path / "s.zarr", _data(128, 0), _data(64, 1), CLASSES, chunk_rows=32)
-
-
-def _invoke(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
+    return helpers.fault_store(tmp_path / "s.zarr")
 
 
 def _learn(store: Path, out: Path, *extra: object):
