@@ -136,3 +136,19 @@ def test_table_prints_the_row_whose_protocol_the_store_records(tmp_path):
     assert (f"; {other.resolve()}: {row.tasks} tasks, vit_tiny_patch16_224; the backbone differs, not comparable"
             in md)
     assert f"; {match.resolve()}: 3 tasks, {row.backbone}; the task count differs, not comparable" in md
+
+
+def test_ranpac_frozen_rows_match_only_their_in21k_tag():
+    ranpac = [r for r in PUBLISHED if r.source.startswith("RanPAC/RanPAC ")]
+    assert {r.benchmark for r in ranpac} == {"cifar100", "imagenet-r", "imagenet-a", "cub200", "omnibenchmark", "vtab"}
+    assert all(r.A_avg is None and not r.replay for r in ranpac)  # RanPAC's tables give the final accuracy only
+    tagged = next(r for r in ranpac if r.benchmark == "cifar100" and r.method == "RanPAC (no Phase 1)")
+    matched, _ = references([_cell("cifar100", "vit_base_patch16_224.augreg_in21k", tagged.tasks)])
+    assert {ref.row.source for ref in matched} == {tagged.source} and len(matched) == 3
+    table = {"features": ["c.zarr"], "heads": ["ridge"], "order_seeds": [0], "tasks": [tagged.tasks], "std_ddof": 0,
+             "cells": [_cell("cifar100", tagged.backbone, tagged.tasks, "c.zarr")]}
+    assert re.search(rf"\| \*RanPAC \(no Phase 1\) \[\d\]\* \| {tagged.A_last} \| - \|", markdown(table))
+    untagged = next(r for r in ranpac if r.benchmark == "imagenet-r")
+    for tag in ("vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_base_patch16_224.augreg_in21k_ft_in1k"):
+        matched, why = references([_cell("imagenet-r", tag, untagged.tasks)])
+        assert matched == [] and any("the backbone differs" in w for w in why)

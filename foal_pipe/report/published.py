@@ -72,12 +72,61 @@ def _table2() -> list[PublishedRow]:
     return rows
 
 
+RANPAC_COMMIT = "012927f86e8d95dc9e7c6015a5e1048e6604c8b6"
+#: RanPAC's timm names, as its ``inc_net.py`` creates them. ``vit_base_patch16_224_in21k`` is timm's deprecated alias
+#: of ``vit_base_patch16_224.augreg_in21k`` (timm 1.0's ``vision_transformer.py``). The untagged
+#: ``vit_base_patch16_224`` is IN-21k pretrained and IN-1k fine-tuned, but which weights depends on the timm version
+#: (``augreg2_in21k_ft_in1k`` since timm 0.9, docs/protocol.md) and RanPAC pins none: no store can claim it.
+RANPAC_BACKBONES = {
+    "pretrained_vit_b16_224_in21k": "vit_base_patch16_224.augreg_in21k",
+    "pretrained_vit_b16_224": "timm vit_base_patch16_224 untagged (IN-21k pretrain, IN-1k fine-tune; weights vary "
+                              "with the timm version, which RanPAC does not pin)",
+}
+#: RanPAC's frozen-backbone rows (its ``main_tables.py``: "data in Table 1 and Table 2"): the row name in
+#: ``paper_tables/Table_data_main_{key}.csv``, and ours.
+RANPAC_METHODS = {"No Phase 1": "RanPAC (no Phase 1)", "No RPs or Phase 1": "RanPAC (no RP, no Phase 1)",
+                  "NCM only": "cosine NCM (RanPAC's)"}
+#: Per benchmark: RanPAC's dataset key, its task count (``args/{key}_publish.csv``: init_cls = increment),
+#: ``convnet_type``, whether the classes are shuffled (seed 1993), and the final accuracies of
+#: :data:`RANPAC_METHODS` in order, as the CSV prints them.
+RANPAC_TABLES: dict[str, tuple[str, int, str, bool, tuple[float, float, float]]] = {
+    "cifar100": ("cifar224", 10, "pretrained_vit_b16_224_in21k", True, (89.0, 87.0, 83.4)),
+    "imagenet-r": ("imagenetr", 10, "pretrained_vit_b16_224", True, (71.8, 67.6, 61.2)),
+    "imagenet-a": ("imageneta", 10, "pretrained_vit_b16_224", True, (58.2, 54.4, 49.3)),
+    "cub200": ("cub", 10, "pretrained_vit_b16_224", True, (88.7, 86.8, 85.1)),
+    "omnibenchmark": ("omnibenchmark", 10, "pretrained_vit_b16_224_in21k", True, (78.2, 73.1, 73.1)),
+    "vtab": ("vtab", 5, "pretrained_vit_b16_224", False, (92.2, 91.9, 88.4)),
+}
+_RANPAC_SETTING = ("offline per task: frozen backbone, class statistics over each whole task, {tasks} tasks; "
+                   "{order}; no input normalisation; {how}; final accuracy = the mean over tasks of each task's "
+                   "accuracy after the last (foal-pipe's A_last); one run")
+_RANPAC_HOW = {
+    "No Phase 1": "ReLU of a Gaussian random projection to M = 10,000, then ridge with lambda chosen per task from "
+                  "1e-8..1e8 on an 80:20 split of that task's rows",
+    "No RPs or Phase 1": "ridge on the 768 features, lambda chosen per task from 1e-8..1e8 on an 80:20 split",
+    "NCM only": "cosine similarity to the class means (SimpleCIL's classifier, as RanPAC.py runs it)",
+}
+
+
+def _ranpac() -> list[PublishedRow]:
+    rows = []
+    for benchmark, (key, tasks, convnet, shuffled, values) in RANPAC_TABLES.items():
+        order = "classes shuffled by seed 1993 (--class-order pilot)" if shuffled else "classes in dataset order"
+        source = f"RanPAC/RanPAC paper_tables/Table_data_main_{key}.csv, commit {RANPAC_COMMIT}"
+        for (name, method), value in zip(RANPAC_METHODS.items(), values, strict=True):
+            rows.append(PublishedRow(method, benchmark, RANPAC_BACKBONES[convnet], tasks, value, None, source, False,
+                                     _RANPAC_SETTING.format(tasks=tasks, order=order, how=_RANPAC_HOW[name])))
+    return rows
+
+
 ACIL_README = ("ZHUANGHP/Analytic-continual-learning README.md, table 'Benchmarks (B50, 25 phases)', "
                "commit 16c49d9f65d779a84feb655304422007869298be")
 
-#: The registry: F-OAL's Table 2 (every method), then the ACIL repository's own CIFAR-100 benchmark.
+#: The registry: F-OAL's Table 2 (every method), RanPAC's frozen-backbone rows, then the ACIL repository's own
+#: CIFAR-100 benchmark.
 PUBLISHED: tuple[PublishedRow, ...] = (
     *_table2(),
+    *_ranpac(),
     PublishedRow("ACIL", "cifar100", "resnet32 base-trained on CIFAR-100's first 50 classes (ACIL's release)", 26,
                  63.384, 71.047, ACIL_README, False,
                  "offline: base training on 50 classes, then 25 phases of 2 (B50, 26 sessions); the repository's "
