@@ -4,7 +4,8 @@ and the rule that says when one may stand beside a table's cell.
 Rule: a published row is printed as a reference only where the benchmark (the store's dataset, by
 :func:`~foal_pipe.report.paper.dataset_key`), the backbone (the store's encoder, a full timm tag) and the task count
 (the cell's ``n_tasks``) all match; its ``setting`` (online or offline, base session, runs) is printed with it,
-because the rule does not check those. Otherwise the table says which of the three differ. Only numbers read in a
+because the rule does not check those. Where the benchmark matches but the backbone or task count does not, the
+table says which differs. Only numbers read in a
 source are listed (docs/results-table.md says which sources were searched and which methods are missing).
 """
 
