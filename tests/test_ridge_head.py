@@ -1,0 +1,89 @@
+"""Ridge as a head of the registry (issue 30): built by ``make_head`` like every head, exact against the closed form
+at every boundary, its state in the ridge model file's own layout (``G``, ``Q``, ``counts``, ``W``), so a model file
+``learn`` wrote scores and continues through the head."""
+
+from __future__ import annotations
+
+import array_api_compat.numpy as xnp
+import numpy as np
+import pytest
+from helpers import build_store, learn
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS, make_head
+from foal_pipe.heads.ridge import RidgeHead
+from foal_pipe.model.modelfile import read_model
+from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
+
+
+def _rows(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 6, n)
+    return rng.normal(size=(n, dim)) + y[:, None] * 0.4, y
+
+
+def _closed_form(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    classes = np.unique(y)
+    Y = (y[:, None] == classes).astype(np.float64)
+    return classes, np.linalg.solve(X.T @ X + gamma * np.eye(X.shape[1]), X.T @ Y)
+
+
+def test_registry_builds_ridge_and_every_boundary_is_the_closed_form():
+    assert HEADS["ridge"].factory is RidgeHead and HEADS["ridge"].gram_lanes
+    X, y = _rows(300, 7, 0)
+    head = make_head("ridge", {"gamma": 2.5}, xnp, 7)
+    seen = np.zeros(0, dtype=int)
+    for task in (np.isin(y, [4, 1]), np.isin(y, [0, 2, 3, 5])):  # class 4 first: columns grow where they sort
+        for block in np.array_split(np.flatnonzero(task), 3):
+            head.add(X[block], y[block])
+        seen = np.concatenate([seen, np.flatnonzero(task)])
+        scorer = head.boundary()
+        classes, W = _closed_form(X[seen], y[seen], 2.5)
+        assert scorer.classes.tolist() == classes.tolist()
+        np.testing.assert_allclose(scorer.W, W, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(scorer.scores(X[:5]), X[:5] @ W, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("gamma", [0.0, -1.0, "big", True])
+def test_a_bad_gamma_is_refused_when_the_head_is_built(gamma):
+    with pytest.raises(FoalPipeError, match="gamma must be a positive number"):
+        make_head("ridge", {"gamma": gamma}, xnp, 3)
+
+
+def test_state_dict_is_the_ridge_model_files_layout(tmp_path):
+    """The head's tensors are those RidgeModel.solved saves for the same rows, bit for bit."""
+    X, y = _rows(200, 5, 1)
+    head = make_head("ridge", {"gamma": 0.7}, xnp, 5)
+    head.add(X, y)
+    scorer = head.boundary()
+    state = head.state_dict(scorer)
+    RidgeModel.solved(head.engine.statistics, 0.7).save(tmp_path / "m.safetensors")
+    tensors, meta = read_model(tmp_path / "m.safetensors")
+    assert set(state) == set(RidgeHead.scorer_tensors) | set(RidgeHead.state_tensors) == {"W", "G", "Q", "counts"}
+    assert set(state) <= set(tensors) and meta["engine"] == "gram" and meta["gamma"] == 0.7
+    for name, value in state.items():
+        np.testing.assert_array_equal(tensors[name], value)
+
+
+def test_a_ridge_model_file_from_learn_scores_and_continues_through_the_head(tmp_path):
+    """``learn``'s model file: the head's scorer from its tensors scores as predict's SavedRidge does, and a head
+    loaded from it and given more rows equals one head given every row (gram sums add exactly)."""
+    store = build_store(tmp_path / "s.zarr")
+    learn(store, tmp_path / "run", gamma=0.5, D=20)
+    tensors, meta = read_model(tmp_path / "run" / "model.safetensors")
+    saved = SavedRidge(RidgeModel.load(tmp_path / "run" / "model.safetensors"))
+    X, y = _rows(60, tensors["G"].shape[0], 2)
+    scorer = RidgeHead.scorer_from(tensors["classes"], tensors, {"gamma": meta["gamma"]})
+    np.testing.assert_array_equal(scorer.scores(X), saved.class_scores(X))
+
+    head = make_head("ridge", {"gamma": meta["gamma"]}, xnp, X.shape[1])
+    head.load_state_dict(tensors)
+    head.add(X, y + 12)  # six new classes after the store's twelve
+    stats = saved.statistics_
+    G, Q = stats.G + X.T @ X, np.concatenate([stats.Q, X.T @ (y[:, None] == np.unique(y))], axis=1)
+    classes = np.concatenate([stats.classes, np.unique(y) + 12])
+    W = np.linalg.solve(G + meta["gamma"] * np.eye(G.shape[0]), Q)
+    got = head.boundary()
+    assert got.classes.tolist() == classes.tolist()
+    np.testing.assert_allclose(got.W, W, rtol=1e-9, atol=1e-12)
+    assert head.engine.statistics.n == stats.n + X.shape[0]
