@@ -7,7 +7,7 @@ from __future__ import annotations
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
-from helpers import build_store, learn
+from helpers import build_store, invoke, learn
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
@@ -87,3 +87,24 @@ def test_a_ridge_model_file_from_learn_scores_and_continues_through_the_head(tmp
     assert got.classes.tolist() == classes.tolist()
     np.testing.assert_allclose(got.W, W, rtol=1e-9, atol=1e-12)
     assert head.engine.statistics.n == stats.n + X.shape[0]
+
+
+@pytest.mark.parametrize("head", ["ridge", "ncm"])
+def test_one_continuation_entry_takes_any_model_file(tmp_path, head):
+    """``run_continue`` continues a ridge model and a head's model alike (it told a Python caller with a head's file
+    to call another function); its outputs are the bytes ``learn --init-model`` writes."""
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.continuation import run_continue
+
+    first, second = build_store(tmp_path / "a.zarr", seed=1), build_store(tmp_path / "b.zarr", seed=2)
+    size = ("--projection-dim", 20) if head == "ridge" else ()
+    assert invoke("learn", "--features", first, "--out", tmp_path / "a", "--head", head, "--tasks", 2, *size).exit_code == 0
+    init = tmp_path / "a" / "model.safetensors"
+    cli = invoke("learn", "--features", second, "--out", tmp_path / "cli", "--init-model", init, "--tasks", 2)
+    assert cli.exit_code == 0, cli.output
+    done = run_continue(init, second, tmp_path / "py", StreamConfig(tasks=2), ModelConfig(), EvaluationConfig(),
+                        ExecutionConfig(), log=lambda _: None)
+    assert done.metrics.n_tasks == 2 and done.metrics.continuation is not None
+    assert done.metrics.head == (None if head == "ridge" else head)
+    for name in ("metrics.json", "model.safetensors"):
+        assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
