@@ -108,3 +108,24 @@ def test_one_continuation_entry_takes_any_model_file(tmp_path, head):
     assert done.metrics.head == (None if head == "ridge" else head)
     for name in ("metrics.json", "model.safetensors"):
         assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
+
+
+def test_the_heads_walk_takes_ridge_and_equals_learns_gram_lanes(tmp_path):
+    """Ridge built by the registry and fed through the heads' walk (``head_boundaries``, the walk every other head
+    takes) gives ``learn``'s accuracy matrix and, at the last boundary, its weights."""
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.headwalk import build_heads, head_accuracies, head_boundaries
+    from foal_pipe.protocol.run import prepare
+
+    store = build_store(tmp_path / "s.zarr")
+    metrics, tensors = learn(store, tmp_path / "run", gamma=0.5, D=30)
+    stream = StreamConfig(tasks=4, batch_size=10, seed=3)
+    run = prepare(store, stream, ModelConfig(projection_dim=30, gamma=0.5), EvaluationConfig(),
+                  ExecutionConfig(backend="numpy"))
+    heads = build_heads(run, ["ridge"], {"gamma": 0.5})
+    boundaries, _ = head_boundaries(run, heads)
+    acc = head_accuracies(run, boundaries, {"ridge": "activations"})["ridge"]
+    expected = metrics["accuracy_matrix"]
+    assert [row[: i + 1] for i, row in enumerate(acc.tolist())] == expected
+    last = boundaries["ridge"][-1]
+    np.testing.assert_allclose(last.W, tensors["W"], rtol=1e-9, atol=1e-12 * np.abs(tensors["W"]).max())
