@@ -21,6 +21,7 @@ import numpy as np
 from array_api_compat import array_namespace, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.linalg import factor_threads
 from foal_pipe.errors import FoalPipeError
 
 U32, U64 = 2.0**-24, 2.0**-53
@@ -151,9 +152,12 @@ class ModelScores:
             if zeros:
                 top[best == 0.0] = self._first_unseen
         undecided = ~((rivals == 1) & np.isfinite(best))
-        for m in np.flatnonzero(undecided.any(axis=0)):
-            again = np.flatnonzero(undecided[:, m])
-            top[again, m] = self._exact(rows.H[again], int(m))[:, 0]
+        # about 1% of the rows, a few dozen per model: products too small for a second BLAS thread, which costs
+        # more to wake than it saves and, beside other jobs, made this loop 40x slower (0.05 s -> 2.3 s a sweep)
+        with factor_threads(1):
+            for m in np.flatnonzero(undecided.any(axis=0)):
+                again = np.flatnonzero(undecided[:, m])
+                top[again, m] = self._exact(rows.H[again], int(m))[:, 0]
         return top
 
     def _spread(self, scores: Any) -> Any:
