@@ -167,11 +167,11 @@ class RidgeTridiagonal(GammaPath):
     g |z|^2``. ``df(g) = D - g tr((T + g I)^-1)``, and the diagonal of that inverse follows from the factors by
     ``x_D = 1 / d_D``, ``x_i = 1 / d_i + l_i^2 x_(i+1)`` (positive terms only): no eigenvalue is needed.
 
-    A gamma's solve and RSS do not depend on the other gammas asked with it, so each is computed once and kept:
-    the refined grid reuses the coarse grid's, and the weights reuse the solves of GCV. The RSS sums are two dot
-    products of one gamma's ``z`` (no (D, M, C) copy); ``df`` runs its recurrence for every gamma at once
-    (:func:`inverse_trace`). The solves stay ``dpttrs`` per gamma: its two sweeps written as array operations over
-    the gammas and classes give the same bits, but measured faster only from about 30 classes, slower below.
+    A gamma's solve, RSS and ``df`` do not depend on the other gammas asked with it, so each is computed once and
+    kept: the refined grid reuses the coarse grid's, and the weights reuse the solves of GCV. The RSS sums are two
+    dot products of one gamma's ``z`` (no (D, M, C) copy). Solves and ``df`` stay LAPACK calls per gamma
+    (``dpttrs``, ``dtbtrs``): their recurrences written as array operations over the gammas (and classes) give the
+    same bits but, at D = 1000, were slower for one gamma or a few classes and at best 1.5x faster (100 classes).
     """
 
     diagonal: np.ndarray  # of T, (D,)
@@ -182,6 +182,7 @@ class RidgeTridiagonal(GammaPath):
     _solved_at: dict[float, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, init=False,
                                                                                repr=False)
     _sums: dict[float, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)  # tr(b^T z), |z|^2
+    _dof: dict[float, float] = field(default_factory=dict, init=False, repr=False)
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _at(self, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,14 +198,20 @@ class RidgeTridiagonal(GammaPath):
             self._solved_at[gamma] = (d, e, z)
         return self._solved_at[gamma]
 
-    def factors(self, gammas: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``d`` (D, M) and ``l`` (D - 1, M): ``T + g I = L diag(d) L^T`` at every gamma."""
-        solved = [self._at(float(gamma)) for gamma in self._gammas(gammas)]
-        return np.stack([d for d, _, _ in solved], axis=1), np.stack([e for _, e, _ in solved], axis=1)
-
     def dof(self, gammas: Any) -> np.ndarray:
+        from scipy.linalg import lapack
+
         g = self._gammas(gammas)
-        return self.diagonal.shape[0] - g * inverse_trace(*self.factors(g))
+        D = self.diagonal.shape[0]
+        for gamma in map(float, g):
+            if gamma not in self._dof:
+                d, e, _ = self._at(gamma)
+                recurrence = np.ones((2, D))  # unit upper bidiagonal: x_i - l_i^2 x_(i+1) = 1 / d_i
+                recurrence[0, 1:] = -(e * e)
+                x, info = lapack.dtbtrs(recurrence, 1.0 / d, uplo="U", trans="N", diag="U")
+                lapack_ok("dtbtrs", info)
+                self._dof[gamma] = D - gamma * x.sum()
+        return np.array([self._dof[gamma] for gamma in map(float, g)])
 
     def weights(self, gammas: Any) -> np.ndarray:
         g = self._gammas(gammas)
@@ -256,13 +263,3 @@ class RidgeTridiagonal(GammaPath):
         fitted = np.array([self._sums[gamma][0] + gamma * self._sums[gamma][1] for gamma in map(float, g)])
         return self.y_norm2 - fitted
 
-
-def inverse_trace(d: np.ndarray, sub: np.ndarray) -> np.ndarray:
-    """``tr((L diag(d) L^T)^-1)`` for every factorisation (``d`` (D, M), ``L``'s subdiagonal ``sub`` (D - 1, M)):
-    the diagonal of the inverse by ``x_D = 1 / d_D``, ``x_i = 1 / d_i + l_i^2 x_(i+1)``, one array step over the
-    gammas per row, then each gamma's sum (the same bits as ``dtbtrs`` and a sum per gamma)."""
-    x = np.ascontiguousarray(1.0 / d.T)  # (M, D): each gamma's diagonal one row, summed pairwise on its own
-    squares = sub.T * sub.T
-    for i in range(d.shape[0] - 2, -1, -1):
-        x[:, i] += squares[:, i] * x[:, i + 1]
-    return x.sum(axis=1)
