@@ -5,8 +5,10 @@ the largest cost ``sweep`` adds to ``learn``. BLAS multiplies float32 2-3x faste
 score lies within a proven bound of the exact one (rounding of the inputs and of any summation order,
 ``|error| <= gamma_D sum_j |h_j w_j| <= gamma_D |h| |w|``; the bound also covers float64's own rounding). Where a
 model's top float32 score leads each other by more than twice the bound, the exact scores and the float64
-scores have that same unique argmax. A row a model cannot decide is scored again by that model in float64.
-The argmax is therefore that of the float64 product, row for row: nothing is approximated.
+scores have that same unique argmax. A model whose weights lie within ``delta`` of an earlier model's (a
+neighbouring gamma) is not multiplied at all: its exact scores lie within ``|h| delta`` of that model's, so the
+same test with the bound widened by it decides most rows. A row a model cannot decide is scored again by that
+model in float64. The argmax is therefore that of the float64 product, row for row: nothing is approximated.
 
 Only NumPy float64 products take the float32 route (cuBLAS and torch may multiply float32 in TF32, which the
 bound does not cover); everything else is scored in its own namespace, as before.
