@@ -159,9 +159,10 @@ class ClassSums:
 
 def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
     """The statistics of each class's rows (every row some order trains on), from the rows read once and grouped
-    by class: each class projected and summed in full-size blocks, as
-    :meth:`~foal_pipe.core.statistics.RidgeStatistics.from_batch` forms them (the same products, so the same
-    bits), written into the stacked arrays without a D x D temporary per class on NumPy."""
+    by class: the cache projected in full-size blocks of consecutive rows (as ``learn`` projects a task, not in
+    one thin block per class), and each class's part of a block summed as
+    :meth:`~foal_pipe.core.statistics.RidgeStatistics.from_batch` forms ``H^T H`` and ``H^T Y``, written into the
+    stacked arrays without a D x D temporary per class on NumPy."""
     train, xp = rows.train, run.xp
     n_classes = len(run.store.classes)
     dtype = getattr(xp, run.model.dtype)
@@ -169,25 +170,29 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
                      xp.zeros((n_classes, run.dim, 1), dtype=dtype, device=default_device(xp)),
                      np.diff(train.offsets).astype(np.int64)[:n_classes])
     host = is_numpy_namespace(xp)
+    started = np.zeros(n_classes, dtype=bool)
     with progress_bar("train (per-class gram)", train.n_rows) as advance:
-        for c in range(n_classes):
-            first, end = int(train.offsets[c]), int(train.offsets[c + 1])
-            for lo in range(first, end, run.block_rows):
-                hi = min(lo + run.block_rows, end)
-                with run.timed("project"):
-                    H = run.projection.transform(train.block(None, lo, hi, xp), xp)
-                with run.timed("gram"):
-                    Ht, Y = H.T, one_hot(train.labels[lo:hi], np.array([c]), H)
-                    if lo > first:
-                        sums.G[c, ...] += Ht @ H
+        for lo in range(0, train.n_rows, run.block_rows):
+            hi = min(lo + run.block_rows, train.n_rows)
+            with run.timed("project"):
+                H = run.projection.transform(train.block(None, lo, hi, xp), xp)
+            with run.timed("gram"):
+                labels = train.labels[lo:hi]
+                cuts = np.flatnonzero(np.diff(labels)) + 1
+                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), hi - lo]):
+                    c, part = int(labels[a]), H[a:b, ...]
+                    Ht, Y = part.T, one_hot(labels[a:b], np.array([c]), part)
+                    if started[c]:
+                        sums.G[c, ...] += Ht @ part
                         sums.Q[c, ...] += Ht @ Y
                     elif host:
-                        np.matmul(Ht, H, out=sums.G[c])
+                        np.matmul(Ht, part, out=sums.G[c])
                         np.matmul(Ht, Y, out=sums.Q[c])
                     else:
-                        sums.G[c, ...] = Ht @ H
+                        sums.G[c, ...] = Ht @ part
                         sums.Q[c, ...] = Ht @ Y
-                advance(hi - lo)
+                    started[c] = True
+            advance(hi - lo)
     return sums
 
 
