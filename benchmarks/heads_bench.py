@@ -9,12 +9,13 @@ threads. Recorded per command: every round's measurements, the medians, A_avg, A
 and the load averages. Every walk reads the store once: tests/test_one_read.py counts the decoded chunks of
 `sweep --heads ridge,ncm,slda,fecam` and of `learn --head`.
 
-`--set ratio` runs the 4-head sweep's two readings against `learn`: (a) `sweep --heads ridge,ncm,slda,fecam
+`--set once` runs reading (a) alone (`learn` and the one-gamma 4-head sweep). `--set ratio` runs the 4-head
+sweep's two readings against `learn`: (a) `sweep --heads ridge,ncm,slda,fecam
 --gammas 1 --no-loo` (every head learned once, as `learn` learns ridge) against `learn`; (b) the default `sweep
 --heads` against plain `sweep` (what the heads add to a sweep). `--baseline DIR` runs the head commands on that
 source tree too (its `PYTHONPATH`), interleaved with this tree's, for before/after side by side.
 
-Usage: python benchmarks/heads_bench.py [--set features|projected|ratio] [--store /tmp/stores/heads/fm784.zarr]
+Usage: python benchmarks/heads_bench.py [--set features|projected|ratio|once] [--store /tmp/stores/heads/fm784.zarr]
        [--rounds 3] [--threads 1] [--baseline DIR] [--json benchmarks/results/heads_bench.json]
 """
 
@@ -68,7 +69,9 @@ RATIO_HEADS = {
     SWEEP: ["sweep"],
     SWEEP_HEADS: ["sweep", "--heads", HEADS],
 }
-SETS = {"features": FEATURE_HEADS, "projected": PROJECTED_HEADS, "ratio": RATIO_HEADS}
+#: Reading (a) alone: `learn` and the 4-head sweep at one gamma (with --baseline: before and after side by side).
+ONCE_HEADS = {LEARN: ["learn"], ONCE: ["sweep", "--heads", HEADS, "--gammas", "1", "--no-loo"]}
+SETS = {"features": FEATURE_HEADS, "projected": PROJECTED_HEADS, "ratio": RATIO_HEADS, "once": ONCE_HEADS}
 #: With --baseline: the head commands of the set run again on that source tree (before), beside this one (after).
 BASELINE = " [baseline]"
 
@@ -129,7 +132,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", choices=sorted(SETS), default="features",
                         help="features: ridge beside ncm, slda, fecam and the 4-head sweep; projected: balanced, dual "
-                             "and the 6-head sweep")
+                             "and the 6-head sweep; ratio: readings (a) and (b); once: reading (a) alone")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("results") / "heads_bench.json")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a foal-pipe source tree (e.g. `git archive` of the commit before a change): its head "

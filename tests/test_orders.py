@@ -7,12 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import build_store
+from helpers import build_store, read
+from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.core.metrics import summarize
 from foal_pipe.memory import parse_memory
+from foal_pipe.protocol import run as run_module
 from foal_pipe.protocol.orders import class_statistics_bytes
 
 runner = CliRunner()
@@ -69,6 +71,28 @@ def test_order_seeds_equal_separate_runs(store: Path, tmp_path: Path, extra: lis
         assert many[key] == pytest.approx(values.mean(), abs=1e-12)
     steps = [summarize(separate[s]["accuracy_matrix"])["A_steps"] for s in SEEDS]
     assert many["A_steps"] == pytest.approx(np.mean(steps, axis=0))
+
+
+def test_class_sums_over_several_blocks_equal_the_closed_form(store: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each class's rows cut into several blocks (16 rows, about 50 a class): the per-class sums still add up to
+    ``H^T H`` and ``H^T Y`` of every train row (the first order's final model), and each order equals its
+    separate run."""
+    monkeypatch.setattr(run_module, "block_rows", lambda dim: 16)
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--gamma", "0.5",
+             "--order-seeds", ",".join(map(str, SEEDS))])
+    model = load_file(str(tmp_path / "many" / "model.safetensors"))
+    X, y, _, _ = read(store)
+    H = 1 / (1 + np.exp(-(X.astype(np.float64) @ model["projection"])))  # the default activation, sigmoid
+    Y = (y[:, None] == np.arange(12)[None, :]).astype(np.float64)
+    np.testing.assert_allclose(model["G"], H.T @ H, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(model["Q"], H.T @ Y, rtol=1e-10, atol=1e-9)
+    assert model["counts"].tolist() == np.bincount(y, minlength=12).tolist()
+    many = json.loads((tmp_path / "many" / "metrics.json").read_text())
+    separate = _separate(store, tmp_path, ["--gamma", "0.5"])
+    for entry in many["orders"]:
+        np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]),
+                                      _matrix(separate[entry["order_seed"]]["accuracy_matrix"]))
 
 
 def test_order_seed_defaults_to_seed(store: Path, tmp_path: Path) -> None:

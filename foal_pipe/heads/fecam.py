@@ -11,6 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import LINALG_ERRORS, to_numpy
+from foal_pipe.core.linalg import factor_threads
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64
@@ -68,7 +69,8 @@ def cholesky_factor(precision: Any) -> Any:
     """``C`` lower triangular with ``C C^T = precision`` when it is positive definite, else None (the dense form)."""
     xp = array_namespace(precision)
     try:
-        C = xp.linalg.cholesky(precision)
+        with factor_threads(precision.shape[0]):  # as symmetric_pinv: one BLAS thread
+            C = xp.linalg.cholesky(precision)
     except LINALG_ERRORS:
         return None
     return C if bool(xp.all(xp.isfinite(C))) else None

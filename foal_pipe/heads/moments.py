@@ -14,7 +14,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import default_device, to_numpy
-from foal_pipe.core.linalg import class_positions, one_hot
+from foal_pipe.core.linalg import class_positions, factor_threads, one_hot
 from foal_pipe.core.statistics import align_columns
 
 
@@ -173,9 +173,10 @@ def symmetric_pinv(S: Any, floor: float = 0.0) -> Any:
     bound on ``S``'s eigenvalues, 0: none known): when it certifies that nothing is dropped
     (:func:`certified_definite`), ``inv(S)``, the same matrix, a few times cheaper again."""
     xp = array_namespace(S)
-    if certified_definite(S, floor):
-        return xp.linalg.inv(S)
-    w, V = xp.linalg.eigh(S)
+    with factor_threads(S.shape[0]):  # one BLAS thread: two are many times slower on a busy machine
+        if certified_definite(S, floor):
+            return xp.linalg.inv(S)
+        w, V = xp.linalg.eigh(S)
     magnitude = xp.abs(w)
     kept = magnitude > S.shape[0] * xp.finfo(S.dtype).eps * xp.max(magnitude)
     inverse = xp.where(kept, 1 / xp.where(kept, w, xp.ones_like(w)), xp.zeros_like(w))

@@ -20,10 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from array_api_compat import is_numpy_namespace
 
+from foal_pipe.core.backend import default_device
 from foal_pipe.core.engines import check_gamma
+from foal_pipe.core.linalg import one_hot
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD
@@ -142,34 +146,74 @@ def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
                             "of them")
 
 
-def class_statistics(run: Run, rows: SharedRows) -> list[RidgeStatistics]:
+@dataclass
+class ClassSums:
+    """Every class's ``G_c = H_c^T H_c`` (stacked, C x D x D), ``Q``'s column ``q_c = H_c^T 1`` (C x D x 1) and
+    row count: one preallocated array per sum, each class's Gram one product over all its rows (blocks of
+    ``block_rows`` beyond that), so the per-class sums cost about one Gram of the same rows."""
+
+    G: Any
+    Q: Any
+    counts: np.ndarray
+
+
+def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
     """The statistics of each class's rows (every row some order trains on), from the rows read once and grouped
-    by class: each class projected and summed in full-size blocks."""
+    by class: the cache projected in full-size blocks of consecutive rows (as ``learn`` projects a task, not in
+    one thin block per class), and each class's part of a block summed as
+    :meth:`~foal_pipe.core.statistics.RidgeStatistics.from_batch` forms ``H^T H`` and ``H^T Y``, written into the
+    stacked arrays without a D x D temporary per class on NumPy."""
     train, xp = rows.train, run.xp
     n_classes = len(run.store.classes)
-    per_class = [RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)) for _ in range(n_classes)]
+    dtype = getattr(xp, run.model.dtype)
+    sums = ClassSums(xp.zeros((n_classes, run.dim, run.dim), dtype=dtype, device=default_device(xp)),
+                     xp.zeros((n_classes, run.dim, 1), dtype=dtype, device=default_device(xp)),
+                     np.diff(train.offsets).astype(np.int64)[:n_classes])
+    host = is_numpy_namespace(xp)
+    started = np.zeros(n_classes, dtype=bool)
     with progress_bar("train (per-class gram)", train.n_rows) as advance:
-        for c in range(n_classes):
-            first, end = int(train.offsets[c]), int(train.offsets[c + 1])
-            for lo in range(first, end, run.block_rows):
-                hi = min(lo + run.block_rows, end)
-                with run.timed("project"):
-                    H = run.projection.transform(train.block(None, lo, hi, xp), xp)
-                with run.timed("gram"):
-                    per_class[c] += RidgeStatistics.from_batch(H, train.labels[lo:hi])
-                advance(hi - lo)
-    return per_class
+        for lo in range(0, train.n_rows, run.block_rows):
+            hi = min(lo + run.block_rows, train.n_rows)
+            with run.timed("project"):
+                H = run.projection.transform(train.block(None, lo, hi, xp), xp)
+            with run.timed("gram"):
+                labels = train.labels[lo:hi]
+                cuts = np.flatnonzero(np.diff(labels)) + 1
+                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), hi - lo]):
+                    c, part = int(labels[a]), H[a:b, ...]
+                    Ht, Y = part.T, one_hot(labels[a:b], np.array([c]), part)
+                    if started[c]:
+                        sums.G[c, ...] += Ht @ part
+                        sums.Q[c, ...] += Ht @ Y
+                    elif host:
+                        np.matmul(Ht, part, out=sums.G[c])
+                        np.matmul(Ht, Y, out=sums.Q[c])
+                    else:
+                        sums.G[c, ...] = Ht @ part
+                        sums.Q[c, ...] = Ht @ Y
+                    started[c] = True
+            advance(hi - lo)
+    return sums
 
 
-def order_boundaries(run: Run, per_class: Sequence[RidgeStatistics],
-                     solver: FixedGamma | ManyGammas) -> tuple[list[Boundary], RidgeStatistics]:
-    """Every boundary of ``run``'s order from the per-class sums (``solver`` must not need the rows)."""
-    running = RidgeStatistics.empty(run.dim, run.xp, getattr(run.xp, run.model.dtype))
-    boundaries = []
+def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas) -> tuple[list[Boundary], RidgeStatistics]:
+    """Every boundary of ``run``'s order from the per-class sums (``solver`` must not need the rows): ``G`` summed
+    class by class in task order, in place; ``Q`` the seen classes' columns (sorted, as the statistics keep them)."""
+    xp = run.xp
+    G = xp.zeros((run.dim, run.dim), dtype=sums.G.dtype, device=default_device(xp))
+    columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.G.dtype, device=default_device(xp))
+    seen = np.zeros(sums.counts.size, dtype=bool)
+    boundaries, running = [], RidgeStatistics.empty(run.dim, xp, sums.G.dtype)
     for k, task in enumerate(run.stream.tasks):
         with run.timed("sum"):
             for c in task:
-                running += per_class[c]
+                if sums.counts[c]:
+                    G += sums.G[c, ...]
+                    columns[:, c : c + 1] += sums.Q[c, ...]
+                    seen[c] = True
+            classes = np.flatnonzero(seen)
+            Q = xp.take(columns, xp.asarray(classes, device=default_device(xp)), axis=1)
+            running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes])
         with run.timed("solve"):
             boundaries.append(solver.finish(solver.start(running, k)))
     return boundaries, running
