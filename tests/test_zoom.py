@@ -105,3 +105,16 @@ def test_the_default_sample_of_every_row_and_loo_sample_zero_choose_alike(tmp_pa
     for va, vb in zip(a["values"], b["values"]):
         np.testing.assert_allclose(va, vb, rtol=1e-9, atol=1e-12)
     assert default["accuracy_matrix"] == exact["accuracy_matrix"]
+
+
+def test_the_memory_estimate_counts_the_samples_coordinates(store):
+    """The zoom keeps the sampled rows' eigen-coordinates (float64): the largest boundary sample x D x 8 bytes."""
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.run import memory_parts, prepare
+
+    settings = (StreamConfig(tasks=4), ModelConfig(projection_dim=48, gamma="auto", loo_sample=100), EvaluationConfig(),
+                ExecutionConfig(backend="numpy"))
+    parts = memory_parts(prepare(store, *settings, loo=True), 1, True)
+    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8  # every boundary past 100 rows holds 100
+    exact = (settings[0], ModelConfig(projection_dim=48, gamma="auto", loo_sample=0), *settings[2:])
+    assert not any("eigen-coordinates" in name for name in memory_parts(prepare(store, *exact, loo=True), 1, True))

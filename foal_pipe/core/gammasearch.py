@@ -35,8 +35,8 @@ def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
     """The gammas a refined search evaluates, ascending: the points of ``grid`` and ``per_decade`` log-spaced
     points per decade from its least to its greatest (0: the grid's points only).
 
-    A fine grid, not a bracketing search: leave-one-out scores every gamma in its one pass over the rows, so
-    its gammas must be fixed before the rows are read; GCV then costs ``O(D C)`` per point.
+    GCV costs ``O(D C)`` per point and evaluates them all; leave-one-out visits some by :func:`zoom` (the exact
+    pass scores them all while it reads the rows, then selects by the same zoom).
     """
     g = check_grid(grid)
     if not isinstance(per_decade, (int, np.integer)) or isinstance(per_decade, bool) or per_decade < 0:
