@@ -284,7 +284,7 @@ def test_a_head_lives_in_its_class_and_the_config_carries_its_options():
 
     for name, entry in HEADS.items():
         assert entry.options == tuple(o for o in entry.head.option_names() if o != "batch_size"), name
-        if entry.factory is not None:
+        if name != "ridge":  # ridge's tensors are the ridge model file's own (tests/test_ridge_head.py)
             assert HEAD_FILES[name].tensors == {**entry.head.scorer_tensors, **entry.head.state_tensors}
     assert file_options("dual") == ("gamma", "gamma_comp", "compensation", "batch_size")
     assert DualOptions(gamma=2.0).gamma_comp == 2.0

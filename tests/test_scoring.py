@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from foal_pipe.core.scoring import ModelScores, Rows, relative_bound
+from foal_pipe.core.scoring import FOLLOW, ModelScores, Rows, followers, relative_bound
 
 
 def sigmoid_rows(n: int, D: int, seed: int = 0) -> np.ndarray:
@@ -94,3 +94,55 @@ def test_unseen_zeros_act_as_one_rival_at_the_first_unseen_column():
     np.testing.assert_array_equal(ModelScores(W, 2, positions, width).argmax(Rows.of(H)), expected)
     seen_all = np.arange(4)  # every column seen: no zeros compete
     np.testing.assert_array_equal(ModelScores(W, 2, seen_all, 4).argmax(Rows.of(H)), float64_argmax(H, W, 2))
+
+
+def near_gammas(rng: np.random.Generator, D: int, C: int) -> np.ndarray:
+    """Five models, as neighbouring gammas give: 0, then 1 and 2 within a hair of it, 3 far, 4 within a hair of 3.
+    Classes 1 and 3 of model 0 tie to 1e-10, so the hair flips the winner on some rows."""
+    W0 = rng.normal(size=(D, C))
+    W0[:, 3] = W0[:, 1] + 1e-10 * rng.normal(size=D)
+    W0[:, [1, 3]] += 2.0
+    W3 = rng.normal(size=(D, C))
+    hair = lambda scale: scale * rng.normal(size=(D, C))  # noqa: E731
+    return np.concatenate([W0, W0 + hair(1e-9), W0 + hair(1e-7), W3, W3 + hair(1e-8)], axis=1)
+
+
+def test_models_close_to_a_leader_are_decided_from_its_scores_and_equal_the_float64_argmax():
+    rng = np.random.default_rng(13)
+    H = sigmoid_rows(500, 40, seed=14)
+    W = near_gammas(rng, 40, 6)
+    scores = ModelScores(W, 5)
+    assert scores.leaders.tolist() == [0, 3] and scores.low.shape == (40, 12)  # the product skips three models
+    expected = float64_argmax(H, W, 5)
+    assert np.any(expected[:, 0] != expected[:, 1])  # the hair flips near-tie rows: followers are not copies
+    np.testing.assert_array_equal(scores.argmax(Rows.of(H)), expected)
+    np.testing.assert_array_equal(scores.argmax(Rows.of(H).head(33)), expected[:33])
+
+
+def test_followers_bound_the_distance_to_their_leader():
+    rng = np.random.default_rng(15)
+    W = near_gammas(rng, 30, 4)
+    blocks = W.reshape(30, 5, 4)
+    norms = np.linalg.norm(blocks, axis=0).max(axis=1)
+    leader, distance = followers(W, 5, norms)
+    assert leader.tolist() == [0, 0, 0, 3, 3]
+    for m in (1, 2, 4):
+        actual = np.linalg.norm(blocks[:, m] - blocks[:, leader[m]], axis=0).max()
+        assert actual <= distance[m] <= 1.01 * actual and distance[m] <= FOLLOW * norms[leader[m]]
+    far = W.copy()
+    far[:, 4:8] += 1e-3 * np.linalg.norm(blocks[:, 0], axis=0).max()  # beyond FOLLOW: model 1 leads
+    assert followers(far, 5, norms)[0].tolist()[:2] == [0, 1]
+
+
+def test_followers_with_unseen_zeros_equal_the_float64_argmax():
+    rng = np.random.default_rng(16)
+    H = sigmoid_rows(400, 30, seed=17)
+    W = near_gammas(rng, 30, 4) - np.tile(np.r_[0.3, 2.2, 0.3, 2.2], 5)  # zeros often win
+    positions, width = np.array([0, 2, 5, 7]), 9
+    full = np.zeros((400, 5, width))
+    full[:, :, positions] = (H @ W).reshape(400, 5, 4)
+    expected = np.argmax(full, axis=2)
+    assert np.any(~np.isin(expected, positions)) and np.any(np.isin(expected, positions))
+    found = ModelScores(W, 5, positions, width)
+    assert found.leaders.tolist() == [0, 3]
+    np.testing.assert_array_equal(found.argmax(Rows.of(H)), expected)

@@ -1,5 +1,5 @@
 """``foal-pipe table``: each run equals its separate ``learn``, cells are the mean and std of their runs, the files
-are written as one unit, a killed table resumes, and published rows appear only where the protocol matches."""
+are written as one unit and a killed table resumes (published rows beside ours: tests/test_published.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import pytest
 from helpers import assert_clean_error, assert_same_matrix, build_store, invoke
 
 from foal_pipe.protocol import table as engine
-from foal_pipe.report.paper import PAPER_BACKBONE
-from foal_pipe.report.published import PUBLISHED, references
-from foal_pipe.report.resultstable import latex, markdown
 
 FILES = ("table.json", "table.md", "table.csv", "table.tex", "table.png")
 
@@ -164,38 +161,6 @@ def test_a_store_named_twice_is_refused(stores, tmp_path):
     out = tmp_path / "twice"
     result = invoke("table", "--features", stores[0], "--features", stores[0], "--out", out, "--tasks", "3")
     assert_clean_error(result, "--features names a store twice", out)
-
-
-def _cell(dataset, encoder, n_tasks, store="s.zarr"):
-    values = {"mean": 0.9, "std": 0.01, "values": [0.89, 0.91]}
-    return {"store": store, "dataset": dataset, "encoder": encoder, "head": "ridge", "tasks": n_tasks,
-            "n_tasks": n_tasks, "order_seeds": [0, 1], "A_avg": values, "A_last": values, "F": values}
-
-
-def test_published_rows_only_where_benchmark_backbone_and_tasks_match():
-    foal = next(r for r in PUBLISHED if r.benchmark == "cifar100")
-    assert (foal.A_last, foal.A_avg, foal.tasks) == (86.5, 91.1, 10)  # the paper's Table 2, F-OAL's CIFAR-100 column
-    matched, why = references([_cell("cifar100", PAPER_BACKBONE, 10)])
-    assert [(r.method, r.benchmark) for r, _ in matched] == [("F-OAL", "cifar100")]
-    assert why == []
-    matched, why = references([_cell("CIFAR-100", PAPER_BACKBONE, 20)])
-    assert matched == [] and "has 10 tasks; this cell 20" in why[0]
-    matched, why = references([_cell("cifar100", "vit_small_patch16_224", 10)])
-    assert matched == [] and "holds vit_small_patch16_224" in why[0]
-    assert references([_cell("digits", "pixels", 10)]) == ([], [])
-
-
-def test_published_reference_row_is_printed_marked(tmp_path):
-    table = {"features": ["c.zarr"], "heads": ["ridge"], "order_seeds": [0, 1], "tasks": [10], "std_ddof": 0,
-             "cells": [_cell("cifar100", PAPER_BACKBONE, 10, "c.zarr")]}
-    md = markdown(table)
-    assert "| *F-OAL (published: Zhuang et al., F-OAL, NeurIPS 2024, Table 2)* | 86.5 | 91.1 |" in md
-    assert r"\textit{F-OAL (published" in latex(table)
-    table["cells"] = [_cell("cifar100", PAPER_BACKBONE, 10, "c.zarr") | {"tasks": 20, "n_tasks": 20}]
-    table["tasks"] = [20]
-    md = markdown(table)
-    assert "published:" not in md.split("## Published results")[0]
-    assert "not shown: F-OAL on cifar100" in md
 
 
 def test_population_std_is_numpy_ddof0():

@@ -83,49 +83,13 @@ def _timings(timings: dict[str, float]) -> str:
 
 
 @app.command()
-def learn(
-    ctx: typer.Context,
-    features: o.Features,
-    out: o.Out,
-    tasks: o.Tasks = o.STREAM.tasks,
-    batch_size: o.BatchSize = o.STREAM.batch_size,
-    projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
-    gamma: o.Gamma = o.GAMMA_TEXT,
-    select: o.LearnSelect = None,
-    gamma_grid: o.GammaGrid = None,
-    per_decade: o.PerDecade = o.MODEL.per_decade,
-    loo_sample: o.LooSample = o.MODEL.loo_sample,
-    seed: o.Seed = o.STREAM.seed,
-    order_seed: o.OrderSeed = o.STREAM.order_seed,
-    order_seeds: o.OrderSeeds = None,
-    max_memory: o.MaxMemory = o.MAX_MEMORY_TEXT,
-    engine: o.Engine = o.MODEL.engine,
-    backend: o.Backend = o.EXECUTION.backend,
-    dtype: o.Dtype = o.MODEL.dtype,
-    projection_init: o.ProjectionInit = o.MODEL.projection_init,
-    activation: o.Activation = o.MODEL.activation,
-    fusion: o.Fusion = o.MODEL.fusion,
-    no_fusion_norm: o.NoFusionNorm = not o.MODEL.fusion_norm,
-    class_order: o.ClassOrder = o.STREAM.class_order,
-    drop_last: o.DropLast = o.STREAM.drop_last,
-    drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
-    stream: o.StreamKind = o.STREAM.stream,
-    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
-    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
-    eval_every: o.EvalEvery = None,
-    no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
-    scheduler: o.Scheduler = o.EXECUTION.scheduler,
-    dask_address: o.DaskAddress = o.EXECUTION.dask_address,
-    workers: o.Workers = o.EXECUTION.workers,
-    init_model: o.InitModel = None,
-    eval_features: o.EvalFeatures = None,
-    head: o.Head = o.MODEL.head,
-    head_rows: o.HeadRows = o.MODEL.head_rows,
-    shrinkage: o.Shrinkage = None,
-    shrinkage_offdiag: o.ShrinkageOffdiag = None,
-    compensation: o.Compensation = None,
-    gamma_comp: o.GammaComp = None,
-) -> None:
+@o.options("tasks", "batch_size", "projection_dim", "gamma", "select", "gamma_grid", "per_decade", "loo_sample", "seed",
+           "order_seed", "order_seeds", "max_memory", "engine", "backend", "dtype", "projection_init", "activation",
+           "fusion", "no_fusion_norm", "class_order", "drop_last", "drop_remainder", "stream", "disjoint_ratio",
+           "blurry_ratio", "eval_every", "no_mask_unseen", "scheduler", "dask_address", "workers", "init_model",
+           "eval_features", "head", "head_rows", "shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp",
+           select=(o.LearnSelect, None))
+def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
     Writes OUT/metrics.json (accuracy matrix, A_avg, A_last, F), OUT/model.safetensors and OUT/timings.json
@@ -138,8 +102,9 @@ def learn(
     from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
     with user_errors():
-        seeds = _order_seeds(order_seed, order_seeds)
-        if init_model is None and head_rows is None and any(_typed(ctx, name) for name in PROJECTION_OPTIONS):
+        init_model, head = params["init_model"], params["head"]
+        seeds = _order_seeds(params["order_seed"], params["order_seeds"])
+        if init_model is None and params["head_rows"] is None and any(_typed(ctx, name) for name in PROJECTION_OPTIONS):
             from foal_pipe.heads import head_entry
 
             if head_entry(head).space == "features":  # a projection asked for a head on the store's features
@@ -147,7 +112,7 @@ def learn(
         settings = LearnSettings(
             o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,
-            tuple(eval_features or ()),
+            tuple(params["eval_features"] or ()),
             tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS)
                   if _typed(ctx, name)))
         if init_model is None:  # a continued model's settings are checked against the model's
@@ -184,45 +149,12 @@ def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
 
 
 @app.command()
-def sweep(
-    ctx: typer.Context,
-    features: o.Features,
-    out: o.Out,
-    gammas: o.Gammas = None,
-    select: o.Select = o.SWEEP.select,
-    no_loo: o.NoLoo = not o.SWEEP.loo,
-    per_decade: o.PerDecade = o.SWEEP.per_decade,
-    loo_sample: o.LooSample = o.MODEL.loo_sample,
-    tasks: o.Tasks = o.STREAM.tasks,
-    batch_size: o.BatchSize = o.STREAM.batch_size,
-    projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
-    seed: o.Seed = o.STREAM.seed,
-    order_seed: o.OrderSeed = o.STREAM.order_seed,
-    order_seeds: o.OrderSeeds = None,
-    max_memory: o.MaxMemory = o.MAX_MEMORY_TEXT,
-    backend: o.Backend = o.EXECUTION.backend,
-    dtype: o.Dtype = o.MODEL.dtype,
-    projection_init: o.ProjectionInit = o.MODEL.projection_init,
-    activation: o.Activation = o.MODEL.activation,
-    fusion: o.Fusion = o.MODEL.fusion,
-    fusions: o.Fusions = None,
-    no_fusion_norm: o.NoFusionNorm = not o.MODEL.fusion_norm,
-    class_order: o.ClassOrder = o.STREAM.class_order,
-    drop_last: o.DropLast = o.STREAM.drop_last,
-    drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
-    stream: o.StreamKind = o.STREAM.stream,
-    disjoint_ratio: o.DisjointRatio = o.STREAM.disjoint_ratio,
-    blurry_ratio: o.BlurryRatio = o.STREAM.blurry_ratio,
-    no_mask_unseen: o.NoMaskUnseen = not o.EVALUATION.mask_unseen,
-    scheduler: o.Scheduler = o.EXECUTION.scheduler,
-    dask_address: o.DaskAddress = o.EXECUTION.dask_address,
-    workers: o.Workers = o.EXECUTION.workers,
-    heads: o.Heads = None,
-    shrinkage: o.Shrinkage = None,
-    shrinkage_offdiag: o.ShrinkageOffdiag = None,
-    compensation: o.Compensation = None,
-    gamma_comp: o.GammaComp = None,
-) -> None:
+@o.options("gammas", "select", "no_loo", "per_decade", "loo_sample", "tasks", "batch_size", "projection_dim", "seed",
+           "order_seed", "order_seeds", "max_memory", "backend", "dtype", "projection_init", "activation", "fusion",
+           "fusions", "no_fusion_norm", "class_order", "drop_last", "drop_remainder", "stream", "disjoint_ratio",
+           "blurry_ratio", "no_mask_unseen", "scheduler", "dask_address", "workers", "heads", "shrinkage",
+           "shrinkage_offdiag", "compensation", "gamma_comp", select=(o.Select, o.SWEEP.select))
+def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 
     Each gamma's test numbers equal what `learn --gamma G` gives with the same seed, tasks and projection;
@@ -240,13 +172,13 @@ def sweep(
             o.settings(ctx.params, StreamConfig),
             o.settings({k: v for k, v in ctx.params.items() if k != "select"}, ModelConfig),  # select: the sweep's
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig),
-            _order_seeds(order_seed, order_seeds))
+            _order_seeds(params["order_seed"], params["order_seeds"]))
         _check_applies(ctx, SWEEP_ONLY_WITH)
         done = sweep_entry(features, out, settings, log=_log)
         report = done.report
         title = f"gamma sweep: {report.dataset} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
         for fusion, entry in [(e.fusion, e) for e in report.fusions] if report.fusions else [(None, report)]:
-            print_table(_sweep_table(entry.results, entry.best_gamma_test, report.selected_by, no_loo,
+            print_table(_sweep_table(entry.results, entry.best_gamma_test, report.selected_by, params["no_loo"],
                                      title + (f", fusion {fusion}" if fusion else "")))
             if fusion:
                 console.print(f"fusion {fusion}: best gamma {entry.best_gamma:g} by {report.selected_by} (test oracle "

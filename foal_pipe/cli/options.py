@@ -10,6 +10,7 @@ Imported by ``foal-pipe --help``: nothing here imports scikit-learn, SciPy, zarr
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import fields
@@ -270,6 +271,75 @@ Fusions = Annotated[
 #: Defaults of the options whose text the command line parses.
 GAMMA_TEXT = f"{MODEL.gamma:g}"
 MAX_MEMORY_TEXT = memory_text(EXECUTION.max_memory)
+
+#: Every option of ``learn`` and ``sweep`` but ``--select`` (whose values and default differ), each defined once: its
+#: type (with its help) and its default. A command lists the names it takes (:func:`options`).
+OPTIONS: dict[str, tuple[Any, Any]] = {
+    "gamma": (Gamma, GAMMA_TEXT),
+    "gamma_grid": (GammaGrid, None),
+    "gammas": (Gammas, None),
+    "no_loo": (NoLoo, not SWEEP.loo),
+    "engine": (Engine, MODEL.engine),
+    "fusions": (Fusions, None),
+    "eval_every": (EvalEvery, None),
+    "init_model": (InitModel, None),
+    "eval_features": (EvalFeatures, None),
+    "head": (Head, MODEL.head),
+    "head_rows": (HeadRows, MODEL.head_rows),
+    "heads": (Heads, None),
+    "per_decade": (PerDecade, MODEL.per_decade),
+    "loo_sample": (LooSample, MODEL.loo_sample),
+    "tasks": (Tasks, STREAM.tasks),
+    "batch_size": (BatchSize, STREAM.batch_size),
+    "projection_dim": (ProjectionDim, MODEL.projection_dim),
+    "seed": (Seed, STREAM.seed),
+    "order_seed": (OrderSeed, STREAM.order_seed),
+    "order_seeds": (OrderSeeds, None),
+    "max_memory": (MaxMemory, MAX_MEMORY_TEXT),
+    "backend": (Backend, EXECUTION.backend),
+    "dtype": (Dtype, MODEL.dtype),
+    "projection_init": (ProjectionInit, MODEL.projection_init),
+    "activation": (Activation, MODEL.activation),
+    "fusion": (Fusion, MODEL.fusion),
+    "no_fusion_norm": (NoFusionNorm, not MODEL.fusion_norm),
+    "class_order": (ClassOrder, STREAM.class_order),
+    "drop_last": (DropLast, STREAM.drop_last),
+    "drop_remainder": (DropRemainder, STREAM.drop_remainder),
+    "stream": (StreamKind, STREAM.stream),
+    "disjoint_ratio": (DisjointRatio, STREAM.disjoint_ratio),
+    "blurry_ratio": (BlurryRatio, STREAM.blurry_ratio),
+    "no_mask_unseen": (NoMaskUnseen, not EVALUATION.mask_unseen),
+    "scheduler": (Scheduler, EXECUTION.scheduler),
+    "dask_address": (DaskAddress, EXECUTION.dask_address),
+    "workers": (Workers, EXECUTION.workers),
+    "shrinkage": (Shrinkage, None),
+    "shrinkage_offdiag": (ShrinkageOffdiag, None),
+    "compensation": (Compensation, None),
+    "gamma_comp": (GammaComp, None),
+}
+
+
+def options(*names: str, **own: tuple[Any, Any]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the signature typer reads: ``ctx``, ``--features``, ``--out``, then the options ``names`` in that
+    order (their ``--help`` order), each the command's ``own`` ``(type, default)`` or else :data:`OPTIONS`'s. The
+    command takes them as keyword arguments (``def learn(ctx, features, out, **params)``)."""
+    missing = [name for name in names if name not in own and name not in OPTIONS]
+    if missing or set(own) - set(names):
+        raise TypeError(f"options: no definition of {missing} or unlisted own options {sorted(set(own) - set(names))}")
+
+    def build(command: Callable[..., None]) -> Callable[..., None]:
+        keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        parameters = [inspect.Parameter("ctx", keyword, annotation=typer.Context),
+                      inspect.Parameter("features", keyword, annotation=Features),
+                      inspect.Parameter("out", keyword, annotation=Out)]
+        for name in names:
+            kind, default = own.get(name) or OPTIONS[name]
+            parameters.append(inspect.Parameter(name, keyword, annotation=kind, default=default))
+        command.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+        return command
+
+    return build
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 A timm-like registry (:data:`HEADS`): one line per head, its class (:class:`~foal_pipe.heads.base.HeadBase`: the
 head's options, rows, memory estimate, file layout and probabilities live there) and where it comes from.
-``ridge`` is F-OAL's learner itself (:mod:`foal_pipe.protocol.walk`'s Gram lanes); its entry has no factory.
+``ridge`` is F-OAL's learner, a head like the others; the CLI's ridge runs go through
+:mod:`foal_pipe.protocol.walk`'s Gram lanes (:attr:`HeadEntry.gram_lanes`), which add its gamma path, RLS engine and
+fusion lanes.
 Adding a head: docs/adding-a-head.md.
 """
 
@@ -32,7 +34,8 @@ DEFAULT_HEAD = "ridge"
 class HeadEntry:
     """A head of the registry: its class (``head``) and, for the docs' table, ``source`` and ``citation``.
 
-    The rest is read from the class: ``factory`` builds its running state (None: ridge, the walk's own learner);
+    The rest is read from the class: ``factory`` builds its running state; ``gram_lanes``: the CLI runs it in
+    :mod:`foal_pipe.protocol.walk`'s Gram lanes (ridge), not in the heads' walk;
     ``space`` the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads
     (its ``Options`` but ``batch_size``, the stream's); ``memory(classes, dim)`` the bytes its state holds at its
     largest; ``kept(changed, seen, dim)`` the bytes one boundary's scorer keeps until the test pass scores it.
@@ -43,8 +46,12 @@ class HeadEntry:
     citation: str
 
     @property
-    def factory(self) -> type[HeadBase] | None:
-        return None if self.head is RidgeHead else self.head
+    def factory(self) -> type[HeadBase]:
+        return self.head
+
+    @property
+    def gram_lanes(self) -> bool:
+        return self.head is RidgeHead
 
     @property
     def space(self) -> str:
@@ -86,9 +93,6 @@ def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int) -> Head:
     """A fresh running state of head ``name`` on rows of width ``dim``; ``options`` maps its option names to values
     (None: the head's default)."""
     entry = head_entry(name)
-    if entry.factory is None:
-        raise FoalPipeError(f"{param('head', name)} is the walk's own learner, not a head to build; use "
-                            "foal_pipe.AnalyticClassifier")
     taken = entry.head.option_names()
     given = {key: value for key, value in options.items() if key in taken and value is not None}
     return entry.factory(xp=xp, dim=dim, **given)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.heads import HEADS
+from foal_pipe.heads import DEFAULT_HEAD, HEADS
 from foal_pipe.heads.base import HeadBase, Scorer
 from foal_pipe.heads.moments import on_device
 
@@ -47,9 +47,8 @@ class HeadFile:
         return {**self.scorer, **self.state}
 
 
-#: Every head but ridge (whose tensors are the model file's own).
-HEAD_FILES: dict[str, HeadFile] = {name: HeadFile(entry.head) for name, entry in HEADS.items()
-                                   if entry.factory is not None}
+#: Every head but ridge (whose tensors, the same names, are the model file's own: no ``head`` key, its own version).
+HEAD_FILES: dict[str, HeadFile] = {name: HeadFile(entry.head) for name, entry in HEADS.items() if name != DEFAULT_HEAD}
 
 
 def file_bytes(name: str, n_classes: int, width: int) -> int:

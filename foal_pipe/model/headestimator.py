@@ -132,20 +132,18 @@ def _estimator(name: str, head: type[HeadBase]) -> type[HeadEstimator]:
                                                           "__module__": __name__})
 
 
-#: The estimator class of every head but ridge (whose estimator is :class:`~foal_pipe.model.classifier.AnalyticClassifier`).
-ESTIMATORS: dict[str, type[HeadEstimator]] = {name: _estimator(name, entry.head) for name, entry in HEADS.items()
-                                              if entry.factory is not None}
+#: The estimator class of every head (ridge's: ``RidgeClassifier``, equal to
+#: :class:`~foal_pipe.model.classifier.AnalyticClassifier` at its gamma; not scikit-learn's RidgeClassifier, which fits
+#: +-1 targets with an intercept).
+ESTIMATORS: dict[str, type[HeadEstimator]] = {name: _estimator(name, entry.head) for name, entry in HEADS.items()}
 globals().update({cls.__name__: cls for cls in ESTIMATORS.values()})  # importable by name, so they pickle
 
 
 def head_classifier(name: str, **options: Any) -> BaseEstimator:
-    """The scikit-learn estimator of head ``name`` with its ``options`` (``ridge``: an
-    :class:`~foal_pipe.model.classifier.AnalyticClassifier`)."""
+    """The scikit-learn estimator of head ``name`` with its ``options`` (ridge's equals an
+    :class:`~foal_pipe.model.classifier.AnalyticClassifier` at its gamma, which adds the RLS engine, float32 sums and
+    the array backends)."""
     head_entry(name)
-    if name == "ridge":
-        from foal_pipe.model.classifier import AnalyticClassifier
-
-        return AnalyticClassifier(**options)
     unknown = set(options) - {f.name for f in fields(HEADS[name].head.Options)}
     if unknown:
         raise FoalPipeError(f"the {name} head takes no option {param(sorted(unknown)[0])}; its options: "

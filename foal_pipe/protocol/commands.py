@@ -13,7 +13,7 @@ import numpy as np
 
 from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import DEFAULT_HEAD, Head, Scorer
+from foal_pipe.heads import DEFAULT_HEAD, Head, Scorer, head_entry
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.model.headmodel import HeadClassifier
@@ -77,8 +77,10 @@ def run_learn(
 ) -> Learned:
     """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
     and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
-    ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`)."""
-    if model.head != DEFAULT_HEAD:
+    ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`). The head's
+    registry entry picks the walk: ridge's Gram lanes (its gamma path, RLS engine, fusion lanes) here, every other
+    head :func:`run_learn_head`."""
+    if not head_entry(model.head).gram_lanes:
         return run_learn_head(features, out, stream, model, evaluation, execution, log, shared)
     check_head_options([DEFAULT_HEAD], model)
     check_ridge_model_file(model)

@@ -1,11 +1,18 @@
-"""``learn --init-model``: continue a saved model on a new store, exactly, matching classes by name (a head other
-than ridge: :mod:`foal_pipe.protocol.headcontinue`).
+"""``learn --init-model``: continue a saved model of any head on a new store, exactly, matching classes by name (a
+known class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the
+model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.gram_lanes`).
 
-The saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
-walked as ``learn`` walks any store, its sums relabelled to the model's label ids (a known class name keeps
-its id, a new name gets the next id beyond the model's) and added to the saved ones at every task boundary:
-so the weights equal one run over the old stream followed by the new one. The model fixes everything the
-sums depend on: the projection, the activation, gamma and the state dtype.
+Ridge: the saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
+walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at
+every task boundary: so the weights equal one run over the old stream followed by the new one. The model fixes
+everything the sums depend on: the projection, the activation, gamma and the state dtype.
+
+Another head: its model file holds what continuing needs (:mod:`foal_pipe.heads.state`): ncm's and slda's class
+sums, counts (and slda's Gram), fecam's per-class sums and Grams, balanced's per-class Grams, dual's two Grams,
+right-hand sides and main inverse right after its last boundary (the next task's residuals zero the old classes'
+columns, as the recursion does at a task change). The new store's rows are added in stream order, exactly as if the
+old stream and the new one had been one; the head, its options, the projection and dual's batch size come from the
+model.
 """
 
 from __future__ import annotations
@@ -14,13 +21,14 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import DEFAULT_HEAD
+from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
+from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import check_output_dir
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
@@ -28,10 +36,11 @@ from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 from foal_pipe.protocol.commands import provenance, warn_dropped, write_learned
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.headruns import check_head_options
+from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_options
+from foal_pipe.protocol.headwalk import head_accuracies, head_boundaries
 from foal_pipe.protocol.loosample import RowSample
-from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics
-from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics, run_info
+from foal_pipe.protocol.run import HeadStart, Run, prepare
 from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, StoreScore, TaskScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import gram_boundaries
@@ -182,14 +191,24 @@ def run_continue(
     log: Callable[[str], None] = print,
     explicit: Collection[str] | None = None,
 ) -> Learned:
-    """``learn --init-model``: the model's sums plus the new store's, evaluated after each task on the new store's
-    test split (and at the end on each ``eval_features`` store); writes what ``learn`` writes."""
+    """``learn --init-model``: the model's statistics plus the new store's rows, evaluated after each task on the new
+    store's test split (and at the end on each ``eval_features`` store); writes what ``learn`` (or ``learn --head``)
+    writes. ``explicit``: the settings the caller gave (a different value of one the model fixes is refused; None:
+    those that differ from the defaults)."""
     start = time.perf_counter()
     check_output_dir(out)
     deployed = load_model(init_model, estimators=False)
-    if isinstance(deployed.classifier, HeadClassifier):
-        raise FoalPipeError(f"{init_model} holds the {deployed.classifier.name} head; continue it with "
-                            "foal_pipe.protocol.headcontinue.run_continue_head (what `learn --init-model` calls)")
+    name = deployed.classifier.name if isinstance(deployed.classifier, HeadClassifier) else DEFAULT_HEAD
+    part = _continue_gram if HEADS[name].gram_lanes else _continue_head
+    return part(init_model, deployed, features, out, stream, model, evaluation, execution, eval_features, log,
+                explicit, start)
+
+
+def _continue_gram(init_model: str | Path, deployed: DeployedModel, features: str | Path, out: str | Path,
+                   stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
+                   eval_features: Sequence[str | Path], log: Callable[[str], None], explicit: Collection[str] | None,
+                   start: float) -> Learned:
+    """Ridge's part: the model's gram sums added to the new store's at every boundary, in walk.py's Gram lanes."""
     if model.head != DEFAULT_HEAD:
         raise FoalPipeError(f"{init_model} is a ridge model; {param('head', model.head)} cannot continue it: drop "
                             f"{param('head')}")
@@ -248,3 +267,111 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
         all_classes=all_classes(result, run, merged, scored) if scored else None))
     return write_learned(out, [run], start, metrics, result.save)
 
+
+class StoreIds:
+    """A boundary model over model label ids seen with store label ids: a model-only class gets an id past the
+    store's, so no test row of the store matches it."""
+
+    def __init__(self, inner: Scorer, merged: np.ndarray) -> None:
+        back = {int(m): k for k, m in enumerate(merged.tolist())}
+        extra, ids = len(merged), []
+        for m in inner.classes.tolist():
+            ids.append(back.get(m, extra))
+            extra += m not in back
+        self.inner, self.classes = inner, np.asarray(ids, dtype=np.int64)
+
+    def scores(self, X: Any) -> Any:
+        return self.inner.scores(X)
+
+
+class Relabelled:
+    """A restored head walked on a store: rows' store label ids become the model's (``merged``) on the way in, the
+    boundary models are seen in store ids (:class:`StoreIds`); ``last`` keeps the last one in model ids."""
+
+    space: ClassVar[str]
+    name: ClassVar[str]
+
+    def __init__(self, head: Head, merged: np.ndarray) -> None:
+        self.head, self.merged = head, merged
+        self.last: Scorer | None = None
+
+    def add(self, X: Any, labels: np.ndarray) -> None:
+        self.head.add(X, self.merged[np.asarray(labels, dtype=np.int64)])
+
+    def boundary(self) -> StoreIds:
+        self.last = self.head.boundary()
+        return StoreIds(self.last, self.merged)
+
+
+def relabelled(head: Head, merged: np.ndarray, space: str) -> Relabelled:
+    """:class:`Relabelled` with the head's ``name`` and the ``space`` of its rows (the walk reads them from the type)."""
+    kind = type(f"Relabelled{type(head).__name__}", (Relabelled,), {"space": space, "name": type(head).name})
+    return kind(head, merged)
+
+
+def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
+    """The settings of the model's head; an ``explicit`` (typed) ``--head``, head option, gamma, projection size,
+    activation or dtype that differs from the model's is refused (the statistics were computed with the model's).
+    ``explicit`` None: the fields that differ from ``ModelConfig()``."""
+    if explicit is None:
+        explicit = [key for key in ("head", *FIXED_BY_MODEL, *HEAD_OPTION_FIELDS)
+                    if getattr(given, key) != getattr(ModelConfig(), key)]
+    name, options = deployed.classifier.name, deployed.classifier.options
+    space = deployed.classifier.space
+    D = int(deployed.projection.components_.shape[1])
+    fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
+                             "projection_dim": D if space != "features" else 0,
+                             "dtype": deployed.classifier.dtype,
+                             "activation": deployed.projection.activation if space == "activations" else None,
+                             "head_rows": "activations" if space != HEADS[name].space else None}
+    for key in explicit:
+        asked, known = getattr(given, key), fixed.get(key)
+        if asked != known:
+            held = f"its {known}" if known is not None else "which does not take it"
+            raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {name} head ({held}); the model fixes "
+                                f"it: drop {param(key)}")
+    fixed.setdefault("gamma", ModelConfig().gamma)
+    return replace(given, **{k: v for k, v in fixed.items() if k in ModelConfig.__dataclass_fields__})
+
+
+def _continue_head(init_model: str | Path, deployed: DeployedModel, features: str | Path, out: str | Path,
+                   stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
+                   eval_features: Sequence[str | Path], log: Callable[[str], None], explicit: Collection[str] | None,
+                   start: float) -> Learned:
+    """Another head's part: the head restored from its tensors, the new store's rows added through the heads' walk."""
+    name, options = deployed.classifier.name, deployed.classifier.options
+    settings = continued_head_settings(deployed, model, explicit)
+    if not evaluation.mask_unseen:
+        raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
+    if execution.scheduler != "local":
+        raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
+    if stream.stream != "disjoint" or evaluation.eval_every is not None:  # as a ridge model's continuation
+        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
+        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
+                            f"{option}")
+    if takes_batch_size(name) and stream.batch_size != options["batch_size"]:
+        raise FoalPipeError(f"the model's {name} recursion ran on mini-batches of {options['batch_size']} rows; pass "
+                            f"{param('batch_size', options['batch_size'])} to continue it exactly")
+    store = open_store(features)
+    check_encoder(deployed.encoder_spec, store, features)
+    check_new_rows(deployed, store, features, init_model)
+    if store.dim != deployed.projection.n_features_in_:
+        raise FoalPipeError(f"the model expects {deployed.projection.n_features_in_}-dimensional features but "
+                            f"{features} has {store.dim}; use a store made with the model's encoder")
+    merged = label_map(deployed, list(store.classes))
+    held = sum(int(np.asarray(t).nbytes) for t in deployed.classifier.tensors.values())
+    run = prepare(features, stream, settings, evaluation, execution, heads=[name], ridge=False,
+                  start=HeadStart(merged, deployed.classifier.classes_, held))
+    run.projection = deployed.projection
+    warn_dropped(run, stream, log)
+    space = deployed.classifier.space
+    walker = relabelled(deployed.classifier.head(run.xp), merged, space)
+    with np.errstate(all="ignore"):
+        boundaries, _ = head_boundaries(run, {name: walker})
+        acc = head_accuracies(run, boundaries, {name: space})[name]
+    new_rows = sum(int(r.size) for r in run.stream.rows)
+    final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
+                           deployed.classifier.n_samples_seen_ + new_rows, space, deployed.classifier.dtype)
+    shown = {k: v for k, v in options.items() if k != "batch_size"}
+    metrics = LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
+    return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)

@@ -1,8 +1,8 @@
 """The library's entry points, ``learn(features, out, settings)`` and ``sweep(features, out, settings)``: they refuse
 the option combinations no run can take (one declarative table, :data:`LEARN_RULES`, :data:`SWEEP_RULES`, in the
 spirit of scikit-learn's ``_parameter_constraints``; what a head cannot take is the capability table,
-:mod:`foal_pipe.protocol.capabilities`) and dispatch: a continued model (ridge's or a head's, by its file), many class
-orders, or one run. The command line is a thin face over them."""
+:mod:`foal_pipe.protocol.capabilities`) and dispatch: a continued model (its part chosen by the model file's head), many
+class orders, or one run. The command line is a thin face over them."""
 
 from __future__ import annotations
 
@@ -88,15 +88,12 @@ def learn(features: str | Path, out: str | Path, settings: LearnSettings | None 
     s = settings or LearnSettings()
     check_rules(LEARN_RULES, s)
     if s.init_model is not None:
-        from foal_pipe.model.modelfile import stored_head
         from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
-        from foal_pipe.protocol.headcontinue import run_continue_head
         from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
         fixed = [name for name in (*FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS) if name in s.given]
-        go = run_continue if stored_head(s.init_model) is None else run_continue_head
-        return go(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution, list(s.eval_features),
-                  log, fixed)
+        return run_continue(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution,
+                            list(s.eval_features), log, fixed)
     if s.order_seeds is not None:
         from foal_pipe.protocol.orders import run_learn_orders
 

@@ -61,7 +61,7 @@ def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
     ``model`` gives, else the head's defaults (dual's ``gamma_comp``: its ``gamma``)."""
     entry = HEADS[name]
     given = asdict(model)
-    if entry.factory is None:
+    if entry.gram_lanes:
         return {key: given[key] for key in entry.options}
     given["gamma"] = None if given["gamma"] == "auto" else given["gamma"]
     head = make_head(name, given, _numpy(), 1)
@@ -83,7 +83,7 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
             raise FoalPipeError(f"{param(option)} is an option of {' and '.join(users)}, not of "
                                 f"{', '.join(names)}: drop it")
     for name, entry in entries.items():  # the head's own checks of its options, before any work
-        if entry.factory is not None:
+        if not entry.gram_lanes:
             make_head(name, {k: v for k, v in asdict(model).items() if k in HEAD_OPTION_FIELDS}, _numpy(), 1)
     if "ridge" not in names:
         for option in RIDGE_FIELDS:
@@ -136,4 +136,4 @@ def check_sweep_heads(sweep: SweepConfig, model: ModelConfig) -> list[str]:
         raise FoalPipeError(f"{param('heads')} compares the heads on their own rows; drop {param('head_rows')} (or run "
                             f"`learn --head NAME --head-rows {model.head_rows}`)")
     check_head_options(names, model)
-    return [name for name in names if HEADS[name].factory is not None]
+    return [name for name in names if not HEADS[name].gram_lanes]

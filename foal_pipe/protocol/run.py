@@ -203,7 +203,7 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
     from foal_pipe.heads.state import file_bytes
     from foal_pipe.protocol.headruns import head_space
 
-    names = [name for name in heads if HEADS[name].factory is not None]
+    names = [name for name in heads if not HEADS[name].gram_lanes]
     if not names:
         return {}
     dims = {"features": run.features_dim, "projected": run.dim, "activations": run.dim}

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.report.published import PublishedRow, references
+from foal_pipe.report.published import Reference, references
 
 #: The columns of the printed tables, per store.
 SHOWN = (("A_last", "A_last", "$A_{last}$"), ("A_avg", "A_avg", "$A_{avg}$"))
@@ -52,16 +52,28 @@ def _ours(table: dict[str, Any], tasks: int, bold: Any, pm: str) -> list[list[st
     return rows
 
 
-def _published(table: dict[str, Any], tasks: int, matched: Sequence[tuple[PublishedRow, str]]) -> list[list[str]]:
+def _notes(matched: Sequence[Reference]) -> list[tuple[str, str]]:
+    """The footnotes of the reference rows: one per (source, setting), numbered in the registry's order."""
+    notes: list[tuple[str, str]] = []
+    for ref in matched:
+        if (ref.row.source, ref.row.setting) not in notes:
+            notes.append((ref.row.source, ref.row.setting))
+    return notes
+
+
+def _published(table: dict[str, Any], tasks: int, matched: Sequence[Reference]) -> list[list[str]]:
+    """The reference rows of one task count: the published mean in each matching store's columns, ``-`` where the
+    source gives none, empty for the stores it does not match; the label marks replay methods and the footnote."""
+    notes = _notes(matched)
     rows = []
-    for row, store in matched:
-        if row.tasks != next(c["n_tasks"] for c in table["cells"] if c["store"] == store and c["tasks"] == tasks):
-            continue
+    for row in dict.fromkeys(ref.row for ref in matched if ref.tasks == tasks):
+        stores = {ref.store for ref in matched if ref.row == row and ref.tasks == tasks}
         values = []
-        for s, metric in _columns(table):
-            value = getattr(row, metric) if s == store else None
-            values.append("-" if value is None else f"{value:.1f}")
-        rows.append([f"{row.method} (published: {row.source})", *values])
+        for store, metric in _columns(table):
+            value = getattr(row, metric)
+            values.append("" if store not in stores else "-" if value is None else f"{value}")
+        label = f"{row.method}{' (replay)' if row.replay else ''} [{notes.index((row.source, row.setting)) + 1}]"
+        rows.append([label, *values])
     return rows
 
 
@@ -76,8 +88,9 @@ def markdown(table: dict[str, Any]) -> str:
     are not shown."""
     matched, why = references(table["cells"])
     lines = ["# Results table", "", f"A_last and A_avg, {_orders_note(table)}; the best mean of each column in bold. "
-             "Rows marked *published* are references from the papers named, shown where their benchmark, backbone "
-             "and task count match what the store records.", ""]
+             "Rows in italics with a note number [n] are published references (their mean only, from the source the "
+             "note names), shown where their benchmark, backbone and task count match what the store records; "
+             "*(replay)* marks methods that keep exemplars.", ""]
     header = ["head", *[f"{store_label(s)} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
     for tasks in table["tasks"]:
         lines += [f"## {tasks} tasks", "", "| " + " | ".join(header) + " |",
@@ -88,6 +101,9 @@ def markdown(table: dict[str, Any]) -> str:
     lines += ["## Published results", ""]
     if not matched and not why:
         lines.append("No published row shares a benchmark with these stores (foal_pipe/report/published.py lists them).")
+    lines += [f"{i}. {source}; {setting}" for i, (source, setting) in enumerate(_notes(matched), 1)]
+    if matched and why:
+        lines.append("")
     lines += [f"- not shown: {w}" for w in why]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -117,7 +133,13 @@ def latex(table: dict[str, Any]) -> str:
         if published:
             out.append(r"\midrule")
             out += [r"\textit{" + _tex_escape(r[0]) + "} & " + " & ".join(r[1:]) + r" \\" for r in published]
-        out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+        out += [r"\bottomrule", r"\end{tabular}"]
+        if published:
+            used = {(ref.row.source, ref.row.setting) for ref in matched if ref.tasks == tasks}
+            out += [r"\par\footnotesize " + " ".join(f"[{i}] {_tex_escape(source)}: {_tex_escape(setting)}."
+                                                     for i, (source, setting) in enumerate(_notes(matched), 1)
+                                                     if (source, setting) in used)]
+        out += [r"\end{table}", ""]
     return "\n".join(out)
 
 
