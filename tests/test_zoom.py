@@ -118,3 +118,24 @@ def test_the_memory_estimate_counts_the_samples_coordinates(store):
     assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8  # every boundary past 100 rows holds 100
     exact = (settings[0], ModelConfig(projection_dim=48, gamma="auto", loo_sample=0), *settings[2:])
     assert not any("eigen-coordinates" in name for name in memory_parts(prepare(store, *exact, loo=True), 1, True))
+
+
+@pytest.mark.parametrize("edit", ["a value too many", "an index beyond gammas", "indices not ascending"])
+def test_a_search_whose_evaluated_does_not_pair_with_its_values_is_refused(tmp_path, store, edit):
+    """The zoom's record pairs ``values[k]`` with ``evaluated[k]``; a file that breaks the pairing is refused."""
+    import json
+
+    from foal_pipe.errors import FoalPipeError
+    from foal_pipe.protocol.schema import LearnMetrics
+
+    metrics, _ = learn(store, tmp_path / "run", "--gamma", "auto")
+    assert LearnMetrics.from_dict(metrics).gamma_search.evaluated == metrics["gamma_search"]["evaluated"]
+    search = json.loads(json.dumps(metrics["gamma_search"]))
+    if edit == "a value too many":
+        search["values"][0].append(0.5)
+    elif edit == "an index beyond gammas":
+        search["evaluated"][0][-1] = len(search["gammas"])
+    else:
+        search["evaluated"][0][:2] = search["evaluated"][0][1::-1]
+    with pytest.raises(FoalPipeError, match="'evaluated' should hold, at each boundary of 'values', the ascending"):
+        LearnMetrics.from_dict({**metrics, "gamma_search": search}, "runs/x/metrics.json")

@@ -199,6 +199,19 @@ class GammaSearch(_Record):
     sample_eps: list[float] | None = key(NUMBERS)
     sample_delta: float | None = key(FRACTION)
 
+    @classmethod
+    def parse_dict(cls, data: Any, where: str) -> GammaSearch:
+        """``evaluated`` must index ``gammas``, ascending, one index per value at every boundary: a reader pairs them."""
+        record = super().parse_dict(data, where)
+        if record.evaluated is not None:
+            n = len(record.gammas)
+            if len(record.evaluated) != len(record.values) or any(
+                    len(e) != len(v) or e != sorted(set(e)) or (e and e[-1] >= n)
+                    for e, v in zip(record.evaluated, record.values)):
+                raise _Invalid(f"{where}: 'evaluated' should hold, at each boundary of 'values', the ascending indices "
+                               f"into 'gammas' ({n}) of its values")
+        return record
+
 
 @dataclass(frozen=True, kw_only=True)
 class SweepSelection(Accuracy, GammaSearch):
