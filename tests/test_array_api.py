@@ -17,7 +17,7 @@ from helpers import build_store
 
 from foal_pipe.core.activations import ACTIVATIONS, BIASED
 from foal_pipe.core.backend import _cupy, default_device, get_namespace, to_numpy
-from foal_pipe.core.leaveoneout import LeaveOneOut
+from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.classifier import AnalyticClassifier
@@ -86,6 +86,13 @@ def test_statistics_match_numpy(backend):
     loo_got.add(Hx, y)
     np.testing.assert_array_equal(loo_got.accuracy(), loo_ref.accuracy())
     close(loo_got.mse(), loo_ref.mse())
+    sampled = SampledLeaveOneOut(e_got, grid, 10)  # the zoom's: coordinates kept on the device, gammas scored later
+    sampled.add(Hx[:10, :], y[:10])
+    picked = sampled.evaluate(np.array([2, 0]))
+    reference = SampledLeaveOneOut(e_ref, [grid[2], grid[0]], 10)
+    reference.add(H[:10], y[:10])
+    np.testing.assert_array_equal(picked["loo_accuracy"], reference.accuracy())
+    close(picked["loo"], reference.mse())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import assert_clean_error, assert_same_matrix, build_store, invoke, learn, read
 from test_selection import criteria_by_hand
+from test_zoom import RULES, best_by_hand, zoom_by_hand
 
 from foal_pipe.model.classifier import AnalyticClassifier
 
@@ -28,12 +29,18 @@ def hand(store, tmp_path_factory):
     return criteria_by_hand(store, model["projection"], 4, 3, list(POINTS)), model["projection"]
 
 
-def choice_by_hand(c: dict[str, np.ndarray], select: str) -> int:
-    """Least LOO MSE or GCV; the greatest LOO accuracy, among equals the least LOO MSE, then the smallest gamma."""
-    if select != "loo_accuracy":
-        return int(np.argmin(c["loo_mse" if select == "loo" else "gcv"]))
-    best = np.flatnonzero(c["loo_accuracy"] == c["loo_accuracy"].max())
-    return int(best[np.argmin(c["loo_mse"][best])])
+CURVE = {"loo": "loo_mse", "gcv": "gcv", "loo_accuracy": "loo_accuracy"}
+GRID_AT = [0, 48]  # RANGE, the --gamma-grid, among the 49 points
+
+
+def search_by_hand(c: dict[str, np.ndarray], select: str) -> tuple[list[int], int]:
+    """The points evaluated and the choice: GCV over all 49 (least value); leave-one-out by its zoom (greatest LOO
+    accuracy, among equals the least LOO MSE, then the smallest gamma; or least LOO MSE)."""
+    if select == "gcv":
+        return list(range(POINTS.size)), int(np.argmin(c["gcv"]))
+    curves = {"loo": c["loo_mse"], "loo_accuracy": c["loo_accuracy"]}
+    points = zoom_by_hand(GRID_AT, curves, select, *RULES[select])
+    return points, best_by_hand(points, curves, select, *RULES[select])
 
 
 @pytest.mark.parametrize("select", ["loo", "gcv", "loo_accuracy"])
@@ -42,10 +49,13 @@ def test_refined_choice_and_curve_equal_the_criterion_by_hand(tmp_path, store, h
     search = metrics["gamma_search"]
     assert search["criterion"] == select and search["per_decade"] == 8
     np.testing.assert_allclose(search["gammas"], POINTS, rtol=1e-12)
-    key = {"loo": "loo_mse", "gcv": "gcv", "loo_accuracy": "loo_accuracy"}[select]
+    expected = []
     for k, c in enumerate(hand[0]):
-        np.testing.assert_allclose(search["values"][k], c[key], rtol=1e-7, err_msg=f"boundary {k}")
-    expected = [float(POINTS[choice_by_hand(c, select)]) for c in hand[0]]
+        points, best = search_by_hand(c, select)
+        assert search.get("evaluated", [list(range(POINTS.size))] * 4)[k] == points
+        np.testing.assert_allclose(search["values"][k], c[CURVE[select]][points], rtol=1e-7, err_msg=f"boundary {k}")
+        expected.append(float(POINTS[best]))
+    assert ("evaluated" in search) == (select != "gcv")  # GCV keeps its full refined grid
     np.testing.assert_allclose(metrics["gammas_selected"], expected, rtol=1e-12)
     assert search["gammas_selected"] == metrics["gammas_selected"]
     assert metrics["gammas_at_grid_edge"] == search["at_edge"] == [False] * 4
@@ -77,7 +87,7 @@ def test_sweep_records_every_selector_and_its_test_accuracy(tmp_path, store, han
     assert set(selections) == {"loo", "gcv", "loo_accuracy"}
     for select, s in selections.items():
         np.testing.assert_allclose(s["gammas"], POINTS, rtol=1e-12)
-        expected = [float(POINTS[choice_by_hand(c, select)]) for c in hand[0]]
+        expected = [float(POINTS[search_by_hand(c, select)[1]]) for c in hand[0]]  # each as learn's, alone
         np.testing.assert_allclose(s["gammas_selected"], expected, rtol=1e-12)
         for k, gamma in enumerate(s["gammas_selected"]):  # each boundary's model is learn's at that gamma
             fixed, _ = learn(store, tmp_path / f"{select}{k}", "--gamma", repr(gamma))

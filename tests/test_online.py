@@ -289,7 +289,7 @@ def test_anytime_record_round_trip():
             "anytime": {"eval_every": 10, "samples_seen": [10, 20], "accuracy": [0.3, 0.5], "gammas": [1.0, 1.0]}}
     record = LearnMetrics.from_dict(data)
     assert record.anytime.samples_seen == [10, 20]
-    assert record.to_dict() == {**data, "format": "foal-pipe/metrics", "format_version": 2}  # now naming its format
+    assert record.to_dict() == {**data, "format": "foal-pipe/metrics", "format_version": 3}  # now naming its format
     with pytest.raises(FoalPipeError, match="eval_every"):
         LearnMetrics.from_dict({**data, "anytime": {**data["anytime"], "eval_every": 0}})
     with pytest.raises(FoalPipeError, match="accuracy"):

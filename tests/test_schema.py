@@ -90,8 +90,8 @@ SWEEP_ORDERS = (
     '0.0333}}], "seed": 0, "selected_by": "test", "tasks": [[2]]}'
 )
 
-STAMPS = {LearnMetrics: {"format": "foal-pipe/metrics", "format_version": 2},
-          SweepReport: {"format": "foal-pipe/sweep", "format_version": 1}}
+STAMPS = {LearnMetrics: {"format": "foal-pipe/metrics", "format_version": 3},
+          SweepReport: {"format": "foal-pipe/sweep", "format_version": 2}}
 LITERALS = {"metrics continued, gamma auto": (LearnMetrics, METRICS_CONTINUED_AUTO),
             "metrics of class orders": (LearnMetrics, METRICS_ORDERS),
             "sweep of fusions": (SweepReport, SWEEP_FUSIONS),

@@ -1,9 +1,11 @@
 """The refined search over gammas: the grid a criterion is evaluated on (:func:`search_grid`), the best point
-(:func:`best_point`) and one criterion's search at a boundary (:class:`Search`).
+(:func:`best_point`), the zoom that evaluates few of its points (:func:`zoom`) and one criterion's search at a
+boundary (:class:`Search`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +35,8 @@ def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
     """The gammas a refined search evaluates, ascending: the points of ``grid`` and ``per_decade`` log-spaced
     points per decade from its least to its greatest (0: the grid's points only).
 
-    A fine grid, not a bracketing search: leave-one-out scores every gamma in its one pass over the rows, so
-    its gammas must be fixed before the rows are read; GCV then costs ``O(D C)`` per point.
+    GCV costs ``O(D C)`` per point and evaluates them all; leave-one-out visits some by :func:`zoom` (the exact
+    pass scores them all while it reads the rows, then selects by the same zoom).
     """
     g = check_grid(grid)
     if not isinstance(per_decade, (int, np.integer)) or isinstance(per_decade, bool) or per_decade < 0:
@@ -65,20 +67,67 @@ def best_point(values: np.ndarray, larger: bool, tie: np.ndarray | None = None) 
     return int(candidates[0])
 
 
+#: A zoom's rule per criterion: whether larger is better, and the criterion whose least value breaks its ties.
+Rule = tuple[bool, str | None]
+
+
+def zoom(size: int, start: Any, evaluate: Callable[[np.ndarray], Mapping[str, np.ndarray]],
+         rules: Mapping[str, Rule]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each criterion's zoom over a refined grid of ``size`` gammas: the indices of its points (ascending), and
+    every curve ``evaluate(indices)`` returns over the grid (NaN where no zoom asked).
+
+    ``start`` (the coarse grid's indices, the ends among them) is evaluated first; then each criterion of ``rules``
+    takes its best so far (:func:`best_point` over its own points) and its nearest neighbours among them ``lo <
+    best < hi``, and adds the index midpoints ``(lo + best) // 2`` and ``(best + hi) // 2``, until its best's
+    immediate neighbours are among its points (or it is an end). The criteria run in lockstep, each stage
+    evaluating the union of what they ask for, each choosing among its own points only: its choice does not
+    depend on which other criteria ran (``sweep`` chooses as ``learn --gamma auto`` does). The rule assumes no
+    better isolated spike away from the best coarse point's neighbourhood: about 6 points instead of every one of
+    the two coarse intervals beside it (docs/gamma.md, "The refined search").
+    """
+    first = np.unique(np.asarray(start, dtype=np.int64))
+    done = np.zeros(size, dtype=bool)
+    own = {name: np.zeros(size, dtype=bool) for name in rules}
+    curves: dict[str, np.ndarray] = {}
+    asked = {name: first for name in rules}
+    while any(a.size for a in asked.values()):
+        todo = np.unique(np.concatenate(list(asked.values())))
+        todo = todo[~done[todo]]
+        if todo.size:
+            for name, got in evaluate(todo).items():
+                curves.setdefault(name, np.full(size, np.nan))[todo] = got
+            done[todo] = True
+        for name, (larger, tie) in rules.items():
+            own[name][asked[name]] = True
+            at = np.flatnonzero(own[name])
+            i = best_point(curves[name][at], larger, None if tie is None else curves[tie][at])
+            best, lo, hi = at[i], at[max(i - 1, 0)], at[min(i + 1, at.size - 1)]
+            wanted = [c for c in {(lo + best) // 2, (best + hi) // 2} if not own[name][c]]
+            asked[name] = np.array(sorted(wanted), dtype=np.int64)
+    return {name: np.flatnonzero(mask) for name, mask in own.items()}, curves
+
+
 @dataclass(frozen=True)
 class Search:
-    """One criterion's refined search at one task boundary: its value at every point of ``gammas`` and the
-    index chosen; ``edge`` is ``"smallest"``/``"largest"`` when that is an end of the range (the best may lie
-    beyond it)."""
+    """One criterion's refined search at one task boundary: its value at every point of ``gammas`` evaluated
+    (ascending) and the index chosen among them; ``refined`` is the grid searched when the search evaluated part of
+    it (:func:`zoom`; None: all of it). ``edge`` is ``"smallest"``/``"largest"`` when that is an end of the range
+    (the best may lie beyond it)."""
 
     criterion: str
     gammas: np.ndarray
     values: np.ndarray
     index: int
+    refined: np.ndarray | None = None
 
     @property
     def gamma(self) -> float:
         return float(self.gammas[self.index])
+
+    @property
+    def grid(self) -> np.ndarray:
+        """The refined grid the search was over."""
+        return self.gammas if self.refined is None else self.refined
 
     @property
     def edge(self) -> str | None:

@@ -24,8 +24,7 @@ class _LeftOutTotals(ABC):
     and their squared left-out residuals; read once every expected row is in (``_check_complete``)."""
 
     rows: int
-    correct: np.ndarray
-    squared: np.ndarray
+    gammas: np.ndarray
 
     @property
     @abstractmethod
@@ -34,17 +33,41 @@ class _LeftOutTotals(ABC):
     @abstractmethod
     def _check_complete(self) -> None: ...
 
+    @abstractmethod
+    def _totals(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows predicted right and the summed squared left-out residuals at ``gammas[indices]``."""
+
+    def evaluate(self, indices: Any = None) -> dict[str, np.ndarray]:
+        """LOO accuracy (``"loo_accuracy"``) and LOO MSE (``"loo"``) at ``gammas[indices]`` (None: every gamma):
+        the curves a :func:`~foal_pipe.core.gammasearch.zoom` asks for, by :data:`CRITERIA` name."""
+        self._check_complete()
+        at = np.arange(self.gammas.size) if indices is None else np.asarray(indices, dtype=np.int64)
+        correct, squared = self._totals(at)
+        mse = squared / max(self.rows * self.n_classes, 1)
+        return {"loo_accuracy": correct / max(self.rows, 1), "loo": np.where(np.isnan(mse), np.inf, mse)}
+
     def accuracy(self) -> np.ndarray:
         """Fraction of the rows added whose left-out prediction is their label, per gamma."""
-        self._check_complete()
-        return self.correct / max(self.rows, 1)
+        return self.evaluate()["loo_accuracy"]
 
     def mse(self) -> np.ndarray:
         """Mean over the rows added and the classes of the squared left-out residual, per gamma (inf where a row
         has leverage 1)."""
-        self._check_complete()
-        mse = self.squared / max(self.rows * self.n_classes, 1)
-        return np.where(np.isnan(mse), np.inf, mse)
+        return self.evaluate()["loo"]
+
+
+def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per gamma, the rows whose left-out prediction is their label and their summed squared left-out residuals,
+    from the rows' fitted scores ``work`` (m, M, C; overwritten, to spare memory traffic) and leverages (m, M)."""
+    xp = array_namespace(work)
+    Y = one_hot(labels, classes, work)[:, None, :]
+    work -= Y  # minus the residual, -e_i
+    with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
+        work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual, -e_i / (1 - h_i)
+    squared = to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
+    work += Y  # the left-out prediction, y_i - e_i / (1 - h_i)
+    predicted = to_numpy(xp.argmax(work, axis=2))
+    return np.sum(predicted == class_positions(classes, labels)[:, None], axis=0), squared
 
 
 class LeaveOneOut(_LeftOutTotals):
@@ -56,7 +79,8 @@ class LeaveOneOut(_LeftOutTotals):
 
     def __init__(self, eigen: RidgeEigen, gammas: Any) -> None:
         self.eigen = eigen
-        self.inverse = eigen.shrinkage(gammas)  # (D, M)
+        self.gammas = eigen._gammas(gammas)
+        self.inverse = eigen.shrinkage(self.gammas)  # (D, M)
         xp = array_namespace(eigen.vectors)
         D, C = eigen.projected.shape
         self._scaled = xp.reshape(eigen.projected[:, None, :] * self.inverse[:, :, None], (D, -1))  # (D, M*C)
@@ -80,16 +104,13 @@ class LeaveOneOut(_LeftOutTotals):
         C = self.eigen.classes.size
         Z = float64(xp.asarray(H)) @ self.eigen.vectors  # (m, D)
         leverage = (Z * Z) @ self.inverse  # (m, M)
-        Y = one_hot(labels, self.eigen.classes, Z)[:, None, :]
-        work = xp.reshape(Z @ self._scaled, (m, M, C))  # the fitted scores; then, in place, to spare memory traffic:
-        work -= Y  # minus the residual, -e_i
-        with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
-            work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual, -e_i / (1 - h_i)
-        self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
-        work += Y  # the left-out prediction, y_i - e_i / (1 - h_i)
-        predicted = to_numpy(xp.argmax(work, axis=2))
-        self.correct += np.sum(predicted == class_positions(self.eigen.classes, labels)[:, None], axis=0)
+        correct, squared = left_out(xp.reshape(Z @ self._scaled, (m, M, C)), leverage, labels, self.eigen.classes)
+        self.squared += squared
+        self.correct += correct
         self.rows += m
+
+    def _totals(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.correct[indices], self.squared[indices]
 
     @property
     def n_classes(self) -> int:
@@ -110,40 +131,38 @@ class SampledLeaveOneOut(_LeftOutTotals):
     coordinates in an eigenbasis serve every gamma by matrix products: from ``G``'s eigenvectors
     (:meth:`RidgeEigen.fitted`) or, for few rows, from the tridiagonal form (:meth:`RidgeTridiagonal.fitted`;
     :func:`sample_needs_vectors` chooses). (A tridiagonal solve per gamma instead is a latency-bound recurrence:
-    0.24 s for 4,096 rows at D = 3,000, times 97 gammas; benchmarks/RESULTS.md.) ``rows``: how many rows will be
-    added (the sample's size).
+    0.24 s for 4,096 rows at D = 3,000, times 97 gammas; benchmarks/RESULTS.md.) The coordinates are kept, so the
+    gammas are scored after the pass, only those a zoom asks for (:meth:`evaluate`; ``m D`` float64 values).
+    ``rows``: how many rows will be added (the sample's size).
     """
 
     def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int) -> None:
         self.path = path
         self.gammas = path._gammas(gammas)
-        self._scaling = path.scaling(self.gammas)  # once for every block: (D, M) and (D, M*C)
         self.expected = int(rows)
         self.rows = 0
-        self.correct = np.zeros(self.gammas.size, dtype=np.int64)
-        self.squared = np.zeros(self.gammas.size, dtype=np.float64)
+        self._coordinates: list[Any] = []  # the sampled rows' H V blocks, float64 on the rows' device
+        self._labels: list[np.ndarray] = []
 
     def add(self, H: Any, labels: Any) -> None:
-        """Score sampled rows ``H`` (m x D) with their labels, in blocks that bound the temporaries."""
-        labels = np.asarray(labels).ravel()
-        D = int(H.shape[1])
-        step = max(1, LOO_BLOCK_VALUES // max(1, 2 * D + 3 * self.gammas.size * self.path.classes.size))
-        n = H.shape[0]
-        for lo in range(0, n, step):
-            self._add_block(H[lo : min(lo + step, n), :], labels[lo : lo + step])
-
-    def _add_block(self, H: Any, labels: np.ndarray) -> None:
-        work, leverage = fitted_from(self.path.coordinates(H), *self._scaling)  # the fitted scores; then, in place:
-        xp = array_namespace(work)
-        Y = one_hot(labels, self.path.classes, work)[:, None, :]
-        work -= Y  # minus the residual, -e_i
-        with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1: inf
-            work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual
-        self.squared += to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
-        work += Y  # the left-out prediction
-        predicted = to_numpy(xp.argmax(work, axis=2))
-        self.correct += np.sum(predicted == class_positions(self.path.classes, labels)[:, None], axis=0)
+        """Keep sampled rows ``H`` (m x D)' eigen-coordinates and labels: any gammas are then scored by products
+        alone (:meth:`evaluate`), a few at a time as a zoom asks (``m D`` float64 values kept)."""
+        self._coordinates.append(self.path.coordinates(H))
+        self._labels.append(np.asarray(labels).ravel())
         self.rows += int(H.shape[0])
+
+    def _totals(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inv, scaled = self.path.scaling(self.gammas[indices])  # (D, k) and (D, k*C)
+        correct = np.zeros(indices.size, dtype=np.int64)
+        squared = np.zeros(indices.size, dtype=np.float64)
+        step = max(1, LOO_BLOCK_VALUES // max(1, 3 * indices.size * self.n_classes))  # bounds the temporaries
+        for Z, labels in zip(self._coordinates, self._labels):
+            for lo in range(0, Z.shape[0], step):
+                block = Z[lo : min(lo + step, Z.shape[0]), :]
+                right, sums = left_out(*fitted_from(block, inv, scaled), labels[lo : lo + step], self.path.classes)
+                correct += right
+                squared += sums
+        return correct, squared
 
     @property
     def n_classes(self) -> int:

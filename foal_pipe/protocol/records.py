@@ -96,7 +96,10 @@ def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int
     if loo_sample and boundaries and boundaries[0].loo_rows is not None and CRITERIA[criterion].rows:
         sampled = dict(loo_sample=int(loo_sample), sample_rows=[int(b.loo_rows) for b in boundaries],
                        sample_eps=[float(b.loo_bound) for b in boundaries], sample_delta=SAMPLE_DELTA)
-    return GammaSearch(criterion=criterion, per_decade=per_decade, gammas=[float(g) for g in searches[0].gammas],
+    grid = searches[0].grid
+    if any(s.refined is not None for s in searches):  # a zoom: each boundary's evaluated points
+        sampled["evaluated"] = [np.searchsorted(grid, s.gammas).tolist() for s in searches]
+    return GammaSearch(criterion=criterion, per_decade=per_decade, gammas=[float(g) for g in grid],
                        values=[_finite_or_none(s.values) for s in searches],
                        gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches],
                        **sampled)
@@ -110,7 +113,7 @@ def sweep_selections(boundaries: Sequence[Boundary], reports: Sequence[dict[str,
     for i, name in enumerate(criteria):
         search = gamma_search(boundaries, name, per_decade, loo_sample)
         out.append(SweepSelection(**reports[i], **{k: getattr(search, k) for k in (
-            "criterion", "per_decade", "gammas", "values", "gammas_selected", "at_edge", "loo_sample",
+            "criterion", "per_decade", "gammas", "values", "evaluated", "gammas_selected", "at_edge", "loo_sample",
             "sample_rows", "sample_eps", "sample_delta")}))
     return out
 

@@ -269,7 +269,8 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
     decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary
     file that costs no process memory), the boundaries' weights kept for the test pass; the state and the
-    weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its pending boundary)."""
+    weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its pending boundary); with a
+    sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom."""
     D, item = run.dim, np.dtype(run.model.dtype).itemsize
     square = D * D
     eigen = run.model.gamma == "auto" or n_models > 1
@@ -292,6 +293,10 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
         "a block of rows": block + chunk * (READ_AHEAD + READ_THREADS),
         f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
+    sample = row_sample(run) if loo else None
+    if sample is not None and sample.boundaries:  # SampledLeaveOneOut keeps the sample's H V for the zoom
+        parts[f"leave-one-out sample's eigen-coordinates{per_lane}"] = (
+            max(p.size for p in sample.boundaries) * D * 8 * lanes)
     if run.evaluation.eval_every is not None:  # every point's weights wait for the one test read
         n_stream = int(np.count_nonzero(run.row_task >= 0))
         parts[f"weights of every --eval-every point ({n_stream // run.evaluation.eval_every})"] = (

@@ -181,18 +181,36 @@ class GammaSearch(_Record):
     With a sampled leave-one-out (``--loo-sample``): the rows requested (``loo_sample``) and scored at each
     boundary (``sample_rows``), and Hoeffding's ``sample_eps`` there (0 where every row was scored): with
     probability >= ``1 - sample_delta`` every gamma's sampled value is within eps of its all-rows leave-one-out
-    accuracy, so the choice's all-rows value is within 2 eps of the best searched gamma's."""
+    accuracy, so the choice's all-rows value is within 2 eps of the best searched gamma's.
+
+    ``evaluated`` (leave-one-out's zoom, since ``metrics.json`` version 3 and ``sweep.json`` version 2): at each
+    boundary the indices into ``gammas`` of the points evaluated, ascending, and ``values[k]`` holds the values at
+    those points only; absent, every point was evaluated."""
 
     criterion: str = key(SELECTOR, required=True)
     per_decade: int = key(INTEGER, required=True)
     gammas: list[float] = key(_list_of(POSITIVE, "list of numbers > 0"), required=True)
     values: list[list[float | None]] = key(CURVES, required=True)
+    evaluated: list[list[int]] | None = key(_list_of(_list_of(COUNT), "list of lists of indices"))
     gammas_selected: list[float] = key(NUMBERS, required=True)
     at_edge: list[bool] = key(_list_of(BOOLEAN), required=True)
     loo_sample: int | None = key(POSITIVE_INTEGER)
     sample_rows: list[int] | None = key(_list_of(COUNT))
     sample_eps: list[float] | None = key(NUMBERS)
     sample_delta: float | None = key(FRACTION)
+
+    @classmethod
+    def parse_dict(cls, data: Any, where: str) -> GammaSearch:
+        """``evaluated`` must index ``gammas``, ascending, one index per value at every boundary: a reader pairs them."""
+        record = super().parse_dict(data, where)
+        if record.evaluated is not None:
+            n = len(record.gammas)
+            if len(record.evaluated) != len(record.values) or any(
+                    len(e) != len(v) or e != sorted(set(e)) or (e and e[-1] >= n)
+                    for e, v in zip(record.evaluated, record.values)):
+                raise _Invalid(f"{where}: 'evaluated' should hold, at each boundary of 'values', the ascending indices "
+                               f"into 'gammas' ({n}) of its values")
+        return record
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,11 +272,12 @@ class LearnMetrics(Accuracy, RunSettings, _Document):
     means over them).
 
     Version 2 keeps a continuation's keys in ``continuation``; a version 1 file (or one without a version) has them
-    at the top level and reads into the same record."""
+    at the top level and reads into the same record. Version 3: ``gamma_search`` may hold only the points its zoom
+    evaluated (:attr:`GammaSearch.evaluated`)."""
 
     NAME: ClassVar[str] = METRICS_FILE
     FORMAT: ClassVar[str] = METRICS_FORMAT
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
 
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
     gamma: float | str | None = key(GAMMA)
@@ -399,11 +418,13 @@ class OrderSweep(_Record):
 @dataclass(frozen=True, kw_only=True)
 class SweepReport(RunSettings, _Document):
     """``sweep.json``: every gamma's results, the gamma chosen by ``selected_by`` and the test oracle's, the
-    settings; with ``--fusions`` the single-sweep keys are the chosen fusion's, with ``--order-seeds`` means."""
+    settings; with ``--fusions`` the single-sweep keys are the chosen fusion's, with ``--order-seeds`` means.
+    Version 2: a selection may hold only the points its zoom evaluated (:attr:`GammaSearch.evaluated`)."""
 
     FIX: ClassVar[str] = _SWEEP_FIX
     NAME: ClassVar[str] = SWEEP_FILE
     FORMAT: ClassVar[str] = SWEEP_FORMAT
+    VERSION: ClassVar[int] = 2
     gammas: list[float] | None = key(_list_of(POSITIVE, "list of numbers > 0"))
     best_gamma: float | None = key(NUMBER)
     best_gamma_test: float | None = key(NUMBER)

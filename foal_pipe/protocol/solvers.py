@@ -11,12 +11,17 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.gammapath import GammaPath
-from foal_pipe.core.gammasearch import PER_DECADE, Search, best_point, search_grid
+from foal_pipe.core.gammasearch import PER_DECADE, Rule, Search, best_point, search_grid, zoom
 from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.schema import CRITERIA
+
+#: The leave-one-out criteria's zoom rules (:func:`~foal_pipe.core.gammasearch.zoom`): LOO accuracy's ties go
+#: to the least LOO MSE.
+LOO_RULES: dict[str, Rule] = {"loo": (CRITERIA["loo"].larger, None),
+                              "loo_accuracy": (CRITERIA["loo_accuracy"].larger, "loo")}
 
 
 @dataclass
@@ -103,15 +108,19 @@ class ManyGammas:
 
     def finish(self, pending: Pending) -> Boundary:
         path, gcv = pending.path, pending.gcv
-        curves = {"gcv": path.gcv(self.fine)}
+        gcv_fine = path.gcv(self.fine)
+        searches = {"gcv": Search("gcv", self.fine, gcv_fine, best_point(gcv_fine, False))} if "gcv" in self.criteria else {}
         accuracy = mse = None
         if pending.loo:
-            curves.update(loo=pending.loo.mse(), loo_accuracy=pending.loo.accuracy())
+            rules = {name: LOO_RULES[name] for name in self.criteria if name in LOO_RULES} or {"loo": LOO_RULES["loo"]}
+            points, curves = zoom(self.fine.size, self._at_grid, pending.loo.evaluate, rules)
             accuracy, mse = curves["loo_accuracy"][self._at_grid], curves["loo"][self._at_grid]
-        searches = {name: Search(name, self.fine, curves[name],
-                                 best_point(curves[name], CRITERIA[name].larger,
-                                            curves["loo"] if name == "loo_accuracy" else None))
-                    for name in self.criteria}
+            for name, (larger, tie) in rules.items():
+                if name in self.criteria:
+                    at = points[name]
+                    index = best_point(curves[name][at], larger, None if tie is None else curves[tie][at])
+                    searches[name] = Search(name, self.fine[at], curves[name][at], index,
+                                            None if at.size == self.fine.size else self.fine)
         best_gcv = int(np.argmin(gcv))
         ratio = float(path.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(path.n, 1)
         if self.choose is None:
