@@ -119,6 +119,23 @@ def test_memory_refusal_falls_back_to_one_pass_per_order(store: Path, tmp_path: 
         np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]), _matrix(alone))
 
 
+def test_sampled_leave_one_out_orders_choose_as_separate_runs(store: Path, tmp_path: Path) -> None:
+    """``--gamma auto`` with leave-one-out on a sample smaller than the rows seen: each order's walk over the rows
+    cached by class visits a task's rows in the order a separate run does, so the sample (walk positions) names the
+    same rows and every boundary chooses the same gamma (before: the class-grouped cache reordered each task's rows,
+    so another sample was scored and other gammas chosen)."""
+    extra = ["--gamma", "auto", "--loo-sample", "16"]
+    seeds = ",".join(map(str, SEEDS))
+    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--order-seeds", seeds, *extra])
+    many = json.loads((tmp_path / "many" / "metrics.json").read_text())
+    separate = _separate(store, tmp_path, extra)
+    for entry in many["orders"]:
+        one = separate[entry["order_seed"]]
+        assert 16 in one["gamma_search"]["sample_rows"] and max(one["gamma_search"]["sample_eps"]) > 0  # a true sample
+        assert entry["gammas_selected"] == one["gammas_selected"]
+        np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]), _matrix(one["accuracy_matrix"]))
+
+
 def test_loo_and_rls_fall_back(store: Path, tmp_path: Path) -> None:
     result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "rls"), *COMMON, "--engine", "rls",
                       "--order-seeds", "0,3"])

@@ -265,14 +265,16 @@ class GroupedRows:
 
 
 class TaskBlocks:
-    """One stream's tasks over a :class:`GroupedRows` that holds their rows: each task's cache positions (sorted,
-    so a cache grouped by this stream's tasks gives consecutive ranges) cut into blocks of ``size`` rows.
+    """One stream's tasks over a :class:`GroupedRows` that holds their rows: each task's rows in storage order (so a
+    cache grouped by this stream's tasks gives consecutive ranges, and a cache grouped otherwise, by class for many
+    orders, walks the rows in the same order, so that walk positions, and the leave-one-out sample drawn over them,
+    name the same rows), as cache positions cut into blocks of ``size`` rows.
 
     ``blocks(k)`` yields ``(start, stop, positions)``: the block's place in the walk (tasks 1..k are walk rows
     ``[0, ends[k])``) and its cache positions. Every pass cuts a task the same way. With ``points`` (training
     rows seen, in stream order: ``--eval-every``), a task is first cut, in stream order, into segments at the
-    points inside it; each segment is then sorted and cut into blocks, so a block ends at every point and walk
-    rows ``[0, p)`` are the first ``p`` rows of the stream.
+    points inside it; each segment is then put in storage order and cut into blocks, so a block ends at every point
+    and walk rows ``[0, p)`` are the first ``p`` rows of the stream.
     """
 
     def __init__(self, rows: GroupedRows, stream_rows: Sequence[np.ndarray], size: int, points: Sequence[int] = ()):
@@ -282,7 +284,7 @@ class TaskBlocks:
         for k, r in enumerate(stream_rows):
             base = int(self.ends[k]) - r.size
             cuts = [p - base for p in points if base < p < base + r.size]
-            self.segments.append([np.sort(rows.position[s]) for s in np.split(r, cuts)])
+            self.segments.append([rows.position[np.sort(s)] for s in np.split(r, cuts)])
         if any((s < 0).any() for segments in self.segments for s in segments):
             raise FoalPipeError("the decoded rows lack some of the stream's rows; re-run the command")
 
