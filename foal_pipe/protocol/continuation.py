@@ -98,6 +98,10 @@ class Continued:
     def start(self, statistics: RidgeStatistics, max_task: int) -> Any:
         return self.inner.start(self.total(statistics), max_task)
 
+    def zoom(self, state: Any) -> None:
+        if isinstance(self.inner, ManyGammas):
+            self.inner.zoom(state)
+
     def finish(self, state: Any) -> Boundary:
         boundary = self.inner.finish(state)
         back = {int(m): k for k, m in enumerate(self.merged.tolist())}

@@ -14,6 +14,7 @@ from foal_pipe.core.gammapath import GammaPath
 from foal_pipe.core.gammasearch import PER_DECADE, Rule, Search, best_point, search_grid, zoom
 from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
 from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.schema import CRITERIA
@@ -69,6 +70,7 @@ class Pending:
     gcv: np.ndarray
     loo: LeaveOneOut | SampledLeaveOneOut | None
     max_task: int
+    zoomed: tuple[dict[str, Rule], dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # :meth:`ManyGammas.zoom`
 
 
 class ManyGammas:
@@ -106,14 +108,23 @@ class ManyGammas:
             loo = SampledLeaveOneOut(path, self.fine, rows)
         return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
 
+    def zoom(self, pending: Pending) -> tuple[dict[str, Rule], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The leave-one-out criteria's zoom (:func:`~foal_pipe.core.gammasearch.zoom`) once every row is added: their
+        rules, the points each visited and the curves there; computed once (the walk times it as ``loo``)."""
+        if pending.zoomed is None:
+            if pending.loo is None:
+                raise FoalPipeError("this boundary has no leave-one-out pass to zoom over; pass loo=True")
+            rules = {name: LOO_RULES[name] for name in self.criteria if name in LOO_RULES} or {"loo": LOO_RULES["loo"]}
+            pending.zoomed = (rules, *zoom(self.fine.size, self._at_grid, pending.loo.evaluate, rules))
+        return pending.zoomed
+
     def finish(self, pending: Pending) -> Boundary:
         path, gcv = pending.path, pending.gcv
         gcv_fine = path.gcv(self.fine)
         searches = {"gcv": Search("gcv", self.fine, gcv_fine, best_point(gcv_fine, False))} if "gcv" in self.criteria else {}
         accuracy = mse = None
         if pending.loo:
-            rules = {name: LOO_RULES[name] for name in self.criteria if name in LOO_RULES} or {"loo": LOO_RULES["loo"]}
-            points, curves = zoom(self.fine.size, self._at_grid, pending.loo.evaluate, rules)
+            rules, points, curves = self.zoom(pending)
             accuracy, mse = curves["loo_accuracy"][self._at_grid], curves["loo"][self._at_grid]
             for name, (larger, tie) in rules.items():
                 if name in self.criteria:

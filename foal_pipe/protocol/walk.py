@@ -39,6 +39,8 @@ class _Lane:
 
     def finish(self, run: Run) -> None:
         if self.pending is not None:
+            with run.timed("loo"):
+                self.solver.zoom(self.pending)
             with run.timed("solve"):
                 self.boundaries.append(self.solver.finish(self.pending))
             self.pending = None
