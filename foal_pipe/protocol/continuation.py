@@ -75,6 +75,28 @@ def relabel(statistics: RidgeStatistics, merged: np.ndarray) -> RidgeStatistics:
     return RidgeStatistics(statistics.G, statistics.Q[:, order], ids[order], statistics.n, counts)
 
 
+def store_ids(classes: np.ndarray, merged: np.ndarray) -> np.ndarray:
+    """Model label ids ``classes`` as store label ids (``merged``: the model id of each store id); a model-only
+    class gets an id past the store's, one each in order, so no test row of the store matches it."""
+    back = {int(m): k for k, m in enumerate(merged.tolist())}
+    extra, ids = len(merged), []
+    for m in classes.tolist():
+        ids.append(back.get(m, extra))
+        extra += m not in back
+    return np.asarray(ids, dtype=np.int64)
+
+
+def check_continuable(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
+    """What every continuation refuses: scoring among all classes, and a stream other than disjoint tasks scored at
+    their ends."""
+    if not evaluation.mask_unseen:
+        raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
+    if stream.stream != "disjoint" or evaluation.eval_every is not None:
+        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
+        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
+                            f"{option}")
+
+
 @dataclass
 class Continued:
     """A boundary solver whose statistics start from the model's: ``base + relabel(running)``; boundary classes
@@ -104,13 +126,7 @@ class Continued:
 
     def finish(self, state: Any) -> Boundary:
         boundary = self.inner.finish(state)
-        back = {int(m): k for k, m in enumerate(self.merged.tolist())}
-        extra = len(self.merged)
-        ids = []
-        for m in boundary.classes.tolist():
-            ids.append(back.get(m, extra))
-            extra += m not in back
-        boundary.classes = np.asarray(ids, dtype=np.int64)
+        boundary.classes = store_ids(boundary.classes, self.merged)
         return boundary
 
 
@@ -218,12 +234,7 @@ def _continue_gram(init_model: str | Path, deployed: DeployedModel, features: st
                             f"{param('head')}")
     check_head_options([DEFAULT_HEAD], model)
     model = model_settings(deployed, model, explicit)
-    if not evaluation.mask_unseen:
-        raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
-    if stream.stream != "disjoint" or evaluation.eval_every is not None:
-        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
-        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
-                            f"{option}")
+    check_continuable(stream, evaluation)
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     check_new_rows(deployed, store, features, init_model)
@@ -277,12 +288,7 @@ class StoreIds:
     store's, so no test row of the store matches it."""
 
     def __init__(self, inner: Scorer, merged: np.ndarray) -> None:
-        back = {int(m): k for k, m in enumerate(merged.tolist())}
-        extra, ids = len(merged), []
-        for m in inner.classes.tolist():
-            ids.append(back.get(m, extra))
-            extra += m not in back
-        self.inner, self.classes = inner, np.asarray(ids, dtype=np.int64)
+        self.inner, self.classes = inner, store_ids(inner.classes, merged)
 
     def scores(self, X: Any) -> Any:
         return self.inner.scores(X)
@@ -345,14 +351,9 @@ def _continue_head(init_model: str | Path, deployed: DeployedModel, features: st
     """Another head's part: the head restored from its tensors, the new store's rows added through the heads' walk."""
     name, options = deployed.classifier.name, deployed.classifier.options
     settings = continued_head_settings(deployed, model, explicit)
-    if not evaluation.mask_unseen:
-        raise FoalPipeError(f"{param('init_model')} evaluates with the seen classes only; drop {param('mask_unseen', False)}")
+    check_continuable(stream, evaluation)
     if execution.scheduler != "local":
         raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
-    if stream.stream != "disjoint" or evaluation.eval_every is not None:  # as a ridge model's continuation
-        option = param("eval_every") if evaluation.eval_every is not None else param("stream", stream.stream)
-        raise FoalPipeError(f"{param('init_model')} continues a model over disjoint tasks scored at their ends; leave out "
-                            f"{option}")
     if takes_batch_size(name) and stream.batch_size != options["batch_size"]:
         raise FoalPipeError(f"the model's {name} recursion ran on mini-batches of {options['batch_size']} rows; pass "
                             f"{param('batch_size', options['batch_size'])} to continue it exactly")
