@@ -10,10 +10,11 @@ from helpers import DIM, N_CLASSES, build_store, invoke, learn, read
 
 from foal_pipe import SmoothProjection
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import build_stream
-from foal_pipe.protocol.walk import gram_boundaries
+from foal_pipe.protocol.walk import walk
 from foal_pipe.store import Split
 
 HAND = {
@@ -114,7 +115,8 @@ def test_walk_holds_the_closed_form_at_every_boundary_and_decodes_each_chunk_onc
         seen_sums.append(k)
 
     solver = ManyGammas([0.5], loo=True, choose="loo") if loo else FixedGamma(0.5)
-    boundaries, _ = gram_boundaries(run, solver, on_task=check)
+    learner = GramLearner(run, {None: solver}, on_task=lambda k, lanes: check(k, lanes[None].running))
+    boundaries = walk(run, [learner])[0].boundaries
     assert seen_sums == [0, 1, 2, 3]
     expected = closed_form(store, run.projection.components_, HAND["relu"], 0.5)
     for b, (seen, W, _) in zip(boundaries, expected, strict=True):

@@ -201,14 +201,15 @@ def test_sweep_equals_learn_for_every_gamma(tmp_path, store):
 
 def test_sweep_weights_equal_closed_form_at_every_boundary(store):
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.learners.gram import GramLearner
     from foal_pipe.protocol.run import prepare
     from foal_pipe.protocol.solvers import ManyGammas
-    from foal_pipe.protocol.walk import gram_boundaries
+    from foal_pipe.protocol.walk import walk
 
     gammas = [0.01, 3.0]
     run = prepare(store, StreamConfig(tasks=4, seed=3), ModelConfig(projection_dim=48), EvaluationConfig(),
                   ExecutionConfig(backend="numpy"), n_models=2)
-    boundaries, _ = gram_boundaries(run, ManyGammas(gammas, loo=False, choose=None))
+    boundaries = walk(run, [GramLearner(run, {None: ManyGammas(gammas, loo=False, choose=None)})])[0].boundaries
     metrics = {"n_tasks": 4, "batch_size": 10, "seed": 3, "tasks": run.stream.tasks}
     for gamma_index, gamma in enumerate(gammas):
         _, weights = hand_accuracy(store, metrics, run.projection.components_, gamma)

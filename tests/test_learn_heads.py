@@ -264,14 +264,16 @@ def test_the_walk_feeds_each_head_its_rows_in_stream_order(store, head):
 
     from foal_pipe.heads import HEADS, make_head
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.headwalk import build_heads, head_boundaries
+    from foal_pipe.protocol.headwalk import build_heads
+    from foal_pipe.protocol.learners.heads import HeadsLearner
     from foal_pipe.protocol.run import prepare
+    from foal_pipe.protocol.walk import walk
 
     space = HEADS[head].space
     model = ModelConfig(projection_dim=0 if space == "features" else 24, gamma=0.5)
     run = prepare(store, StreamConfig(tasks=4, seed=2, batch_size=7), model, EvaluationConfig(),
                   ExecutionConfig(backend="numpy"), heads=[head])
-    walked = head_boundaries(run, build_heads(run, [head], {"gamma": 0.5}))[0][head]
+    walked = walk(run, [HeadsLearner(run, build_heads(run, [head], {"gamma": 0.5}))])[0].boundaries[head]
     x, y, xt, _ = (a.astype(np.float64) if a.dtype.kind == "f" else a for a in read(store))
     P = np.asarray(run.projection.components_, dtype=np.float64)
     plain = {"features": lambda X: X, "projected": lambda X: X @ P, "activations": lambda X: 1 / (1 + np.exp(-(X @ P)))}

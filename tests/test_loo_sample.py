@@ -176,11 +176,11 @@ def test_tridiagonal_scores_and_leverages_equal_the_eigen_ones(data):
 def test_sampled_rows_kept_or_projected_again_give_the_same_bytes(tmp_path, store, monkeypatch):
     """The sampled rows' activations kept in memory, or projected again from the cached rows at every boundary
     (a --max-memory below their size): the same bytes; only the sampled rows are projected again."""
-    import foal_pipe.protocol.walk as walk
+    import foal_pipe.protocol.learners.gram as gram
 
     projected = []
-    project = walk._project
-    monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
+    project = gram._project
+    monkeypatch.setattr(gram, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
     written, counts = {}, {}
     for budget in ("8GiB", "1KiB"):
         projected.clear()

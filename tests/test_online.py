@@ -22,10 +22,12 @@ from helpers import (
 import foal_pipe.protocol.run as run_module
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.learners.gram import GramLearner
+from foal_pipe.protocol.learners.rls import RLSLearner
 from foal_pipe.protocol.run import prepare
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import si_blurry
-from foal_pipe.protocol.walk import gram_boundaries, rls_boundaries
+from foal_pipe.protocol.walk import walk
 
 BLURRY = ("--stream", "si-blurry")
 
@@ -164,9 +166,9 @@ def test_every_point_is_closed_form_ridge(store, monkeypatch, stream, engine):
     run = _run(store, stream, engine, 0.7, 45)
     anytime = Anytime(run, 45)
     if engine == "rls":
-        boundaries, _ = rls_boundaries(run, anytime=anytime)
+        boundaries = walk(run, [RLSLearner(run, anytime)])[0].boundaries
     else:
-        boundaries, _ = gram_boundaries(run, FixedGamma(0.7), anytime=anytime)
+        boundaries = walk(run, [GramLearner(run, {None: FixedGamma(0.7)}, anytime=anytime)])[0].boundaries
     Xtr, ytr, _, _ = read(store)
     H = sigmoid_features(run.projection.components_)(Xtr)
     order = np.concatenate(run.stream.rows)
@@ -181,7 +183,8 @@ def test_every_point_is_closed_form_ridge(store, monkeypatch, stream, engine):
 def test_auto_gamma_at_points_is_the_last_task_ends(store):
     run = _run(store, "si-blurry", "gram", "auto", 40)
     anytime = Anytime(run, 40)
-    boundaries, _ = gram_boundaries(run, ManyGammas(run.model.gamma_grid, True, "loo"), anytime=anytime)
+    solver = ManyGammas(run.model.gamma_grid, True, "loo")
+    boundaries = walk(run, [GramLearner(run, {None: solver}, anytime=anytime)])[0].boundaries
     ends = np.cumsum([r.size for r in run.stream.rows])
     Xtr, ytr, _, _ = read(store)
     H = sigmoid_features(run.projection.components_)(Xtr)

@@ -111,11 +111,13 @@ def test_one_continuation_entry_takes_any_model_file(tmp_path, head):
 
 
 def test_the_heads_walk_takes_ridge_and_equals_learns_gram_lanes(tmp_path):
-    """Ridge built by the registry and fed through the heads' walk (``head_boundaries``, the walk every other head
-    takes) gives ``learn``'s accuracy matrix and, at the last boundary, its weights."""
+    """Ridge built by the registry and fed by the heads' learner of the walk (``HeadsLearner``, the learner every
+    other head takes) gives ``learn``'s accuracy matrix and, at the last boundary, its weights."""
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.headwalk import build_heads, head_accuracies, head_boundaries
+    from foal_pipe.protocol.headwalk import build_heads, head_accuracies
+    from foal_pipe.protocol.learners.heads import HeadsLearner
     from foal_pipe.protocol.run import prepare
+    from foal_pipe.protocol.walk import walk
 
     store = build_store(tmp_path / "s.zarr")
     metrics, tensors = learn(store, tmp_path / "run", gamma=0.5, D=30)
@@ -123,7 +125,7 @@ def test_the_heads_walk_takes_ridge_and_equals_learns_gram_lanes(tmp_path):
     run = prepare(store, stream, ModelConfig(projection_dim=30, gamma=0.5), EvaluationConfig(),
                   ExecutionConfig(backend="numpy"))
     heads = build_heads(run, ["ridge"], {"gamma": 0.5})
-    boundaries, _ = head_boundaries(run, heads)
+    boundaries = walk(run, [HeadsLearner(run, heads)])[0].boundaries
     acc = head_accuracies(run, boundaries, {"ridge": "activations"})["ridge"]
     expected = metrics["accuracy_matrix"]
     assert [row[: i + 1] for i, row in enumerate(acc.tolist())] == expected

@@ -120,13 +120,13 @@ def test_kept_activations_give_the_same_results_as_projecting_again(tmp_path, st
     task's rows into the same blocks. Blocks of 20 rows; 5 tasks of 12 classes with --drop-remainder drop 2
     classes, so some rows are outside the stream. The decoded rows held in a temporary file instead of memory give
     the same bytes too."""
+    import foal_pipe.protocol.learners.gram as gram
     import foal_pipe.protocol.rowcache as rowcache
-    import foal_pipe.protocol.walk as walk
 
     monkeypatch.setattr(rowcache, "BLOCK_ROWS", 20)
     projected = []
-    project = walk._project
-    monkeypatch.setattr(walk, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
+    project = gram._project
+    monkeypatch.setattr(gram, "_project", lambda run, X: projected.append(X.shape[0]) or project(run, X))
     args = ["--features", store, "--tasks", 5, "--drop-remainder", "--projection-dim", 48, "--seed", 3, "--backend",
             "numpy"]
     args += ["--gammas", ",".join(map(str, GRID))] if command == "sweep" else ["--gamma", "auto", "--gamma-grid", "1,16,1e3"]

@@ -2,9 +2,9 @@
 
 A timm-like registry (:data:`HEADS`): one line per head, its class (:class:`~foal_pipe.heads.base.HeadBase`: the
 head's options, rows, memory estimate, file layout and probabilities live there) and where it comes from.
-``ridge`` is F-OAL's learner, a head like the others; the CLI's ridge runs go through
-:mod:`foal_pipe.protocol.walk`'s Gram lanes (:attr:`HeadEntry.gram_lanes`), which add its gamma path, RLS engine and
-fusion lanes.
+``ridge`` is F-OAL's learner, a head like the others; in the CLI's one walk it has its own learner
+(:attr:`HeadEntry.learner`: :mod:`foal_pipe.protocol.learners.gram`'s Gram lanes), which adds its gamma path, RLS
+engine and fusion lanes.
 Adding a head: docs/adding-a-head.md.
 """
 
@@ -32,10 +32,12 @@ DEFAULT_HEAD = "ridge"
 
 @dataclass(frozen=True)
 class HeadEntry:
-    """A head of the registry: its class (``head``) and, for the docs' table, ``source`` and ``citation``.
+    """A head of the registry: its class (``head``), for the docs' table ``source`` and ``citation``, and ``learner``:
+    the learner that runs it in the CLI's one walk (:data:`~foal_pipe.protocol.learnkinds.LEARN_KINDS`: ``"gram"``,
+    ridge's Gram lanes; ``"heads"``, the registry heads' running states).
 
-    The rest is read from the class: ``factory`` builds its running state; ``gram_lanes``: the CLI runs it in
-    :mod:`foal_pipe.protocol.walk`'s Gram lanes (ridge), not in the heads' walk;
+    The rest is read from the class: ``factory`` builds its running state; ``gram_lanes``: it runs in ridge's Gram
+    lanes;
     ``space`` the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads
     (its ``Options`` but ``batch_size``, the stream's); ``memory(classes, dim)`` the bytes its state holds at its
     largest; ``kept(changed, seen, dim)`` the bytes one boundary's scorer keeps until the test pass scores it.
@@ -44,6 +46,7 @@ class HeadEntry:
     head: type[HeadBase]
     source: str
     citation: str
+    learner: str = "heads"
 
     @property
     def factory(self) -> type[HeadBase]:
@@ -51,7 +54,7 @@ class HeadEntry:
 
     @property
     def gram_lanes(self) -> bool:
-        return self.head is RidgeHead
+        return self.learner == "gram"
 
     @property
     def space(self) -> str:
@@ -71,7 +74,7 @@ class HeadEntry:
 
 
 HEADS: dict[str, HeadEntry] = {
-    "ridge": HeadEntry(RidgeHead, "F-OAL / ACIL / RanPAC", "Zhuang et al., NeurIPS 2024"),
+    "ridge": HeadEntry(RidgeHead, "F-OAL / ACIL / RanPAC", "Zhuang et al., NeurIPS 2024", "gram"),
     "ncm": HeadEntry(NCMHead, "nearest class mean of L2-normalised features", "Mensink et al., TPAMI 2013"),
     "slda": HeadEntry(SLDAHead, "deep streaming LDA (Avalanche StreamingLDA)", "Hayes & Kanan, CVPR-W 2020"),
     "fecam": HeadEntry(FeCAMHead, "FeCAM (its ViT scripts)", "Goswami et al., NeurIPS 2023"),

@@ -3,35 +3,29 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.engines import GCV_DOF_WARNING, check_gamma
+from foal_pipe.core.engines import check_gamma
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import DEFAULT_HEAD, Head, Scorer, head_entry
-from foal_pipe.heads.state import export_head, takes_batch_size
-from foal_pipe.io import atomic_dir, check_output_dir, write_json
-from foal_pipe.model.headmodel import HeadClassifier
-from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
-from foal_pipe.model.ridgemodel import RidgeModel
+from foal_pipe.heads import head_entry
+from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.protocol.anytime import Anytime
-from foal_pipe.protocol.capabilities import Settings, check_capabilities, check_points
+from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
 from foal_pipe.protocol.headruns import (
-    check_head_options,
-    check_learn_head,
-    check_ridge_model_file,
     check_sweep_heads,
-    head_space,
     resolved_options,
 )
-from foal_pipe.protocol.headwalk import build_heads, head_boundaries, head_reports, head_train_rows, learn_heads
+from foal_pipe.protocol.learners.gram import GramLearner
+from foal_pipe.protocol.learners.heads import learn_heads
+from foal_pipe.protocol.learnkinds import LEARN_KINDS, warn_gcv
+from foal_pipe.protocol.outputs import write_learned, write_outputs
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -41,7 +35,6 @@ from foal_pipe.protocol.records import (
     fusions_report,
     grid_edge,
     heads_report,
-    learn_metrics,
     leave_one_out_rows,
     run_info,
     sweep_report,
@@ -51,17 +44,14 @@ from foal_pipe.protocol.records import (
 from foal_pipe.protocol.run import Run, prepare, reread_note, row_sample
 from foal_pipe.protocol.schema import (
     CRITERIA,
-    METRICS_FILE,
     SWEEP_FILE,
     TRAINING_CRITERIA,
-    AnytimeCurve,
-    LearnMetrics,
     SweepReport,
     SweepSelection,
 )
-from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.solvers import ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
-from foal_pipe.protocol.walk import SharedRows, gram_boundaries, gram_walk, rls_boundaries, test_rows
+from foal_pipe.protocol.walk import SharedRows, head_train_rows, test_rows, walk
 from foal_pipe.store.blockfusion import parse_fusions
 
 
@@ -75,94 +65,21 @@ def run_learn(
     log: Callable[[str], None] = print,
     shared: SharedRows | None = None,
 ) -> Learned:
-    """Train through the stream, evaluate after each task; write ``metrics.json``, ``model.safetensors``
-    and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one unit.
-    ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`). The head's
-    registry entry picks the walk: ridge's Gram lanes (its gamma path, RLS engine, fusion lanes) here, every other
-    head :func:`run_learn_head`."""
-    if not head_entry(model.head).gram_lanes:
-        return run_learn_head(features, out, stream, model, evaluation, execution, log, shared)
-    check_head_options([DEFAULT_HEAD], model)
-    check_ridge_model_file(model)
+    """Train ``model.head`` through the stream, evaluate after each task; write ``metrics.json``,
+    ``model.safetensors`` and ``timings.json`` (wall-clock seconds by step, not a pipeline output) into ``out`` as one
+    unit. ``shared``: rows already read for several class orders (:func:`~foal_pipe.protocol.walk.shared_rows`). The
+    head's registry entry picks its learner of the one walk and its outputs
+    (:data:`~foal_pipe.protocol.learnkinds.LEARN_KINDS`: ridge's Gram lanes or rls engine, or a registry head)."""
+    kind = LEARN_KINDS[head_entry(model.head).learner]
+    settings = kind.settings(stream, model, evaluation, execution)
     start = time.perf_counter()
     check_output_dir(out)
-    auto = model.gamma == "auto"
-    loo = model.loo
-    run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
+    run = prepare(features, stream, settings, evaluation, execution, **kind.prepare(model))
     anytime = anytime_points(run)
     warn_dropped(run, stream, log)
-    if loo and not run.keep_activations:
-        log(reread_note(run))
     with np.errstate(all="ignore"):  # overflow is caught by the finiteness checks of the solves
-        if model.engine == "rls":
-            boundaries, final = rls_boundaries(run, shared and shared.train, anytime)
-        else:
-            if auto:
-                solver = ManyGammas(model.gamma_grid, loo, model.select, model.per_decade, row_sample(run))
-                boundaries, statistics = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
-                final = RidgeModel.solved(statistics, float(boundaries[-1].gammas[0]))
-            else:
-                solver = FixedGamma(float(model.gamma))
-                boundaries, _ = gram_boundaries(run, solver, rows=shared and shared.train, anytime=anytime)
-                final = solver.model
-        reports, curve = model_reports(run, boundaries, shared and shared.test, anytime)
-    metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
-    if auto and model.select == "gcv":
-        _warn_gcv(boundaries, model.gamma_grid, log)
-    warn_auto_edges(metrics, log)
-    return write_learned(out, [run], start, metrics, lambda path: save_model(final, run, path), timed=True)
-
-
-def head_settings(stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig,
-                  execution: ExecutionConfig) -> ModelConfig:
-    """``learn --head NAME`` (not ridge): its settings checked before any work; the model settings it runs with."""
-    check_head_options([model.head], model)
-    return check_learn_head(model, evaluation, execution, stream)
-
-
-def run_learn_head(features: str | Path, out: str | Path, stream: StreamConfig, model: ModelConfig,
-                   evaluation: EvaluationConfig, execution: ExecutionConfig, log: Callable[[str], None],
-                   shared: SharedRows | None = None) -> Learned:
-    """``learn --head NAME`` (not ridge): the head through the one-read walk, scored after every task; writes
-    ``metrics.json`` (with ``head`` and ``head_options``), ``model.safetensors`` (the head after the last task) and
-    ``timings.json`` as one unit. ``shared`` as in :func:`run_learn`."""
-    start = time.perf_counter()
-    check_output_dir(out)
-    settings = head_settings(stream, model, evaluation, execution)
-    run = prepare(features, stream, settings, evaluation, execution, heads=[model.head], ridge=False)
-    warn_dropped(run, stream, log)
-    options = resolved_options(model.head, model)
-    anytime = anytime_points(run)
-    points = None if anytime is None else {model.head: []}
-    if anytime is not None:
-        check_points(model.head, run.store.train.labels[np.concatenate(run.stream.rows)], anytime.every)
-    spaces = {model.head: head_space(model.head, model)}
-    with np.errstate(all="ignore"):
-        heads = build_heads(run, [model.head], options, spaces)
-        boundaries, _ = head_boundaries(run, heads, shared and shared.train, points=points, spaces=spaces)
-        reports = head_reports(run, boundaries, spaces, shared and shared.test, points)
-    report = reports[model.head]
-    curve = report.pop("curve", None)
-    metrics = LearnMetrics(**report, head=model.head, head_options=options, head_rows=model.head_rows,
-                           **run_info(run, stream))
-    if anytime is not None:
-        metrics = replace(metrics, A_auc=float(np.mean(curve)), anytime=AnytimeCurve(
-            eval_every=anytime.every, samples_seen=list(anytime.points), accuracy=[float(a) for a in curve]))
-    return write_learned(out, [run], start, metrics, lambda path: save_head_model(
-        heads[model.head], boundaries[model.head][-1], run, path), timed=True)
-
-
-def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
-    """The model file of a head's run: its tensors after the last task (:mod:`foal_pipe.heads.state`), its options
-    (dual's with the stream's batch size), the run's projection, provenance and class names."""
-    name = type(head).name
-    options = resolved_options(name, run.model)
-    if takes_batch_size(name):
-        options["batch_size"] = run.stream.batch_size
-    model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows),
-                           space=head_space(name, run.model), dtype=run.model.dtype)
-    model.save(path, projection=run.projection, **provenance(run),
-               class_names=[run.store.classes[c] for c in model.classes_], activation=run.model.resolved_activation)
+        metrics, save = kind.learn(run, model, stream, shared, anytime, log)
+    return write_learned(out, [run], start, metrics, save, timed=True)
 
 
 def anytime_points(run: Run) -> Anytime | None:
@@ -224,7 +141,7 @@ def run_sweep(
     read = others and shared is None  # the heads walk the rows ridge's walk takes, read once
     with np.errstate(all="ignore"), (head_train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
             (test_rows(run) if read else nullcontext(shared and shared.test)) as test:
-        lanes = gram_walk(run, solvers, rows=train)
+        lanes = walk(run, [GramLearner(run, solvers)], train)[0].lanes
         if run.stream.kind == "disjoint":
             accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
             reports = {key: [accuracy_report(a) for a in acc] for key, acc in accs.items()}
@@ -259,7 +176,7 @@ def run_sweep(
     if sweep.heads:
         report = with_heads(report, report.fusion if fusions else None)
     for key, lane in lanes.items():
-        _warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
+        warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
     report = flag_grid_edge(report, log)
     return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
 
@@ -274,92 +191,12 @@ def flag_grid_edge(report: SweepReport, log: Callable[[str], None]) -> SweepRepo
     return replace(report, best_gamma_at_grid_edge=edge is not None)
 
 
-def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
-    """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
-    edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
-    if edges:
-        grid, last = metrics.gamma_grid, metrics.gammas_selected[edges[-1]]
-        log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
-            f"{max(grid):g}), at {len(edges)} of {len(metrics.gammas_selected)} task boundaries; a better gamma "
-            "may lie beyond the grid: extend --gamma-grid")
-
-
 def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str], None]) -> None:
     """``sweep``: warn when a criterion's refined choice at the last boundary is an end of the searched range."""
     for s in selections:
         if s.at_edge[-1]:
             log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {s.gammas_selected[-1]:g}, is an end of the "
                 f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
-
-
-def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: LearnMetrics,
-                  save: Callable[[Path], object], timed: bool = False) -> Learned:
-    """Write a run's model file (``save``), then its ``metrics.json`` recording that file's checksum (which
-    ``evaluate`` checks a model against), with ``timings.json``, as one unit (:func:`write_outputs`); ``timed``: the
-    writing is the first run's ``write`` step. The metrics as written."""
-    written = metrics
-
-    def write(tmp: Path) -> None:
-        nonlocal written
-        with runs[0].timed("write") if timed else nullcontext():
-            save(tmp / MODEL_FILE)
-            written = replace(metrics, model_checksum=stored_checksum(tmp / MODEL_FILE))
-            write_json(tmp / METRICS_FILE, written.to_dict())
-
-    timings = write_outputs(out, runs, start, write)
-    return Learned(written, timings)
-
-
-def provenance(run: Run, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A model file's record of the data it learned: the store's dataset and encoder, ``learned_from`` (the
-    generation ids of the stores whose training rows it holds, this one last) and ``learned_data`` (their data
-    identities, which survive re-extraction with other chunks or dtype) where the store has them; ``previous``:
-    the continued model's metadata, whose lists are extended."""
-    record = {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder}
-    for key, this in (("learned_from", run.store.meta.generation), ("learned_data", run.store.data_identity())):
-        values = [*(previous or {}).get(key, []), *([this] if this else [])]
-        if values:
-            record[key] = values
-    return record
-
-
-def save_model(final: RidgeModel, run: Run, path: Path) -> None:
-    """The model file of a run: the ridge model with the run's projection, provenance and class names."""
-    final.save(path, run.projection.components_, **provenance(run),
-               class_names=[run.store.classes[c] for c in final.classes], activation=run.model.resolved_activation)
-
-
-def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], None]) -> dict[str, float]:
-    """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
-    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings."""
-    for run in runs:
-        run.store.check_unchanged()
-    with atomic_dir(out) as tmp:
-        write(tmp)
-        timings = summed_timings([run.timings for run in runs], start)
-        write_json(tmp / "timings.json", timings)
-    return timings
-
-
-def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str, float]:
-    """Each step's seconds summed over ``parts``, and the ``total`` since ``start``, rounded to milliseconds."""
-    timings: dict[str, float] = {}
-    for part in parts:
-        for step, seconds in part.items():
-            timings[step] = timings.get(step, 0.0) + seconds
-    timings["total"] = time.perf_counter() - start
-    return {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
-
-
-def _warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:
-    flagged = [k for k, b in enumerate(boundaries) if b.gcv_dof_ratio is not None and b.gcv_dof_ratio > GCV_DOF_WARNING]
-    if flagged:
-        b = boundaries[flagged[-1]]
-        log(
-            f"warning: GCV's choice has effective degrees of freedom {100 * b.gcv_dof_ratio:.0f}% of the rows "
-            f"(above {100 * GCV_DOF_WARNING:.0f}%) at {len(flagged)} task boundar{'y' if len(flagged) == 1 else 'ies'}; "
-            "GCV is unreliable as D nears n: prefer --select loo"
-        )
 
 
 def warn_dropped(run: Run, stream: StreamConfig, log: Callable[[str], None]) -> None:

@@ -1,6 +1,7 @@
 """``learn --init-model``: continue a saved model of any head on a new store, exactly, matching classes by name (a
 known class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the
-model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.gram_lanes`).
+model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.learner`, :data:`PARTS`);
+both parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner.
 
 Ridge: the saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
 walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at
@@ -33,17 +34,20 @@ from foal_pipe.io import check_output_dir
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
-from foal_pipe.protocol.commands import provenance, warn_dropped, write_learned
+from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_options
-from foal_pipe.protocol.headwalk import head_accuracies, head_boundaries
+from foal_pipe.protocol.headwalk import head_accuracies
+from foal_pipe.protocol.learners.gram import GramLearner
+from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.loosample import RowSample
+from foal_pipe.protocol.outputs import provenance, write_learned
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics, run_info
 from foal_pipe.protocol.run import HeadStart, Run, prepare
 from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, StoreScore, TaskScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
-from foal_pipe.protocol.walk import gram_boundaries
+from foal_pipe.protocol.walk import walk
 from foal_pipe.store import FeatureStore, open_store
 
 
@@ -219,16 +223,15 @@ def run_continue(
     check_output_dir(out)
     deployed = load_model(init_model, estimators=False)
     name = deployed.classifier.name if isinstance(deployed.classifier, HeadClassifier) else DEFAULT_HEAD
-    part = _continue_gram if HEADS[name].gram_lanes else _continue_head
-    return part(init_model, deployed, features, out, stream, model, evaluation, execution, eval_features, log,
-                explicit, start)
+    return PARTS[HEADS[name].learner](init_model, deployed, features, out, stream, model, evaluation, execution,
+                                      eval_features, log, explicit, start)
 
 
 def _continue_gram(init_model: str | Path, deployed: DeployedModel, features: str | Path, out: str | Path,
                    stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
                    eval_features: Sequence[str | Path], log: Callable[[str], None], explicit: Collection[str] | None,
                    start: float) -> Learned:
-    """Ridge's part: the model's gram sums added to the new store's at every boundary, in walk.py's Gram lanes."""
+    """Ridge's part: the model's gram sums added to the new store's at every boundary, in ridge's Gram lanes."""
     if model.head != DEFAULT_HEAD:
         raise FoalPipeError(f"{init_model} is a ridge model; {param('head', model.head)} cannot continue it: drop "
                             f"{param('head')}")
@@ -252,7 +255,8 @@ def _continue_gram(init_model: str | Path, deployed: DeployedModel, features: st
              else FixedGamma(float(model.gamma)))
     solver = Continued(inner, base, merged)
     with np.errstate(all="ignore"):
-        boundaries, running = gram_boundaries(run, solver)
+        gram = walk(run, [GramLearner(run, {None: solver})])[0]
+        boundaries, running = gram.boundaries, gram.running
         acc = accuracy_matrices(run, boundaries)[0]
     gamma = float(boundaries[-1].gammas[0])
     final = SavedRidge(RidgeModel.solved(solver.total(running), gamma))
@@ -348,7 +352,7 @@ def _continue_head(init_model: str | Path, deployed: DeployedModel, features: st
                    stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
                    eval_features: Sequence[str | Path], log: Callable[[str], None], explicit: Collection[str] | None,
                    start: float) -> Learned:
-    """Another head's part: the head restored from its tensors, the new store's rows added through the heads' walk."""
+    """Another head's part: the head restored from its tensors, the new store's rows added by the heads' learner."""
     name, options = deployed.classifier.name, deployed.classifier.options
     settings = continued_head_settings(deployed, model, explicit)
     check_continuable(stream, evaluation)
@@ -372,7 +376,7 @@ def _continue_head(init_model: str | Path, deployed: DeployedModel, features: st
     space = deployed.classifier.space
     walker = relabelled(deployed.classifier.head(run.xp), merged, space)
     with np.errstate(all="ignore"):
-        boundaries, _ = head_boundaries(run, {name: walker})
+        boundaries = walk(run, [HeadsLearner(run, {name: walker})])[0].boundaries
         acc = head_accuracies(run, boundaries, {name: space})[name]
     new_rows = sum(int(r.size) for r in run.stream.rows)
     final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
@@ -380,3 +384,7 @@ def _continue_head(init_model: str | Path, deployed: DeployedModel, features: st
     shown = {k: v for k, v in options.items() if k != "batch_size"}
     metrics = LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
     return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)
+
+
+#: Each learner's part of ``learn --init-model``, by the model file's :attr:`~foal_pipe.heads.HeadEntry.learner`.
+PARTS: dict[str, Callable[..., Learned]] = {"gram": _continue_gram, "heads": _continue_head}

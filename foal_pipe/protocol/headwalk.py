@@ -1,13 +1,10 @@
-"""The walk of the analytic heads other than ridge (:mod:`foal_pipe.heads`): each task's rows from the one read of
-the train split (:class:`~foal_pipe.protocol.rowcache.GroupedRows`), in stream order and full-size blocks, into every
-head's running state; a boundary model per head at every task end; then every boundary scored on one read of the
-test split. The rows each head takes (its space) are computed once per block, whatever the number of heads."""
+"""The registry heads' rows and scores (:mod:`foal_pipe.heads`; their walk is :mod:`foal_pipe.protocol.learners.heads`):
+the rows of each space computed from a block of cached rows (:data:`SPACE_ROWS`), the heads' fresh running states
+(:func:`build_heads`), and every boundary model scored on one read of the test split (:func:`head_reports`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,14 +12,12 @@ from array_api_compat import array_namespace
 
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
-from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.anytime import curve_accuracy
 from foal_pipe.protocol.evaluation import blurry_report, seen_classes, task_matrix
 from foal_pipe.protocol.records import accuracy_report
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.testblocks import by_task, eval_blocks, in_cache_order
-from foal_pipe.protocol.walk import train_rows
 
 
 def _float64(run: Run, X: Any) -> Any:
@@ -58,32 +53,10 @@ SPACE_ROWS: dict[str, Callable[[Run, Any], Any]] = {
 }
 
 
-def _spaces(run: Run, X: Any, spaces: set[str]) -> dict[str, Any]:
+def space_rows(run: Run, X: Any, spaces: set[str]) -> dict[str, Any]:
+    """The rows of every space of ``spaces`` from one block of cached rows ``X``, each computed once."""
     with run.timed("project"):
         return {space: SPACE_ROWS[space](run, X) for space in sorted(spaces)}
-
-
-def head_train_rows(run: Run, on_chunk: Callable[[int], None] = lambda n: None, groups: np.ndarray | None = None,
-                    n_groups: int | None = None) -> GroupedRows:
-    """The stream's train rows as the heads take them, read once (:func:`~foal_pipe.protocol.walk.train_rows`, grouped
-    by task or by ``groups``); with ``--scheduler dask`` the cluster reads and decodes the chunks
-    (:class:`~foal_pipe.protocol.distributed.ClusterSplit`, the same bytes), and the heads' running states take the
-    rows here, in stream order, as their definitions need."""
-    if run.execution.scheduler != "dask":
-        return train_rows(run, on_chunk, groups, n_groups)
-    groups = run.row_task if groups is None else groups
-    n_groups = run.stream.n_tasks if n_groups is None else n_groups
-    from foal_pipe.cluster import dask_client
-    from foal_pipe.protocol.distributed import BLOCK_BYTES, ClusterSplit
-
-    source = run.source("train")
-    step, n = int(source.chunk_rows), int(source.n_rows)
-    starts = [lo for lo in range(0, n, step) if (groups[lo : lo + step] >= 0).any()]
-    block = max(1, BLOCK_BYTES // max(1, step * int(source.dim) * np.dtype(source.features.dtype).itemsize))
-    with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("read"):
-        split = ClusterSplit(source, client, str(Path(run.store.path).resolve()), run.model.fusion,
-                             run.model.fusion_norm, "train", starts, block)
-        return GroupedRows(split, run.lanes, groups, n_groups, run.execution.max_memory, on_chunk, run.xp)
 
 
 def head_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,70 +79,6 @@ def build_heads(run: Run, names: Sequence[str], options: Mapping[str, Any],
     return heads
 
 
-def _in_stream_order(rows: GroupedRows, task: np.ndarray, size: int, cuts: Sequence[int] = ()) -> Iterator[np.ndarray]:
-    """The cache positions of a task's rows in stream order (a head may depend on it: dual's recursion), ``size`` at
-    a time; a block also ends at each of ``cuts`` (offsets inside the task: ``--eval-every``'s points)."""
-    starts = sorted({*range(0, task.size, size), *(c for c in cuts if 0 < c < task.size)})
-    for lo, hi in zip(starts, [*starts[1:], task.size]):
-        for first in range(lo, hi, size):
-            yield rows.position[task[first : min(first + size, hi)]]
-
-
-def head_boundaries(run: Run, heads: Mapping[str, Head], rows: GroupedRows | None = None, loo: bool = False,
-                    points: Mapping[str, list[Scorer]] | None = None, lane: str | None = None,
-                    spaces: Mapping[str, str] | None = None) -> tuple[dict[str, list[Scorer]], dict[str, float]]:
-    """Walk the tasks in stream order, every head fed task k's rows in stream order, in blocks; each head's model
-    at every task end, and with ``loo`` the exact leave-one-out accuracy at the last boundary of each head that has one
-    (:class:`~foal_pipe.heads.base.LeaveOneOut`), from one more pass over the cached rows. The rows come from one
-    read of the train split (:func:`~foal_pipe.protocol.walk.train_rows`), or ``rows``, a cache other walks share.
-    ``points`` (``--eval-every``: each head's list, filled here): the model of every head at each of
-    ``run.evaluation.eval_every``'s points, the rows seen so far (the blocks end there; a task end's is its boundary).
-    ``lane``: the fusion whose rows the heads take (``sweep --fusions``; None: the store's features). ``spaces``: the
-    rows of a head that takes other rows than its own (``--head-rows``)."""
-    every = run.evaluation.eval_every if points is not None else None
-    space_of = {name: (spaces or {}).get(name, type(head).space) for name, head in heads.items()}
-    boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
-    total = sum(r.size for r in run.stream.rows)
-    label = "train (" + ("one read, " if rows is None else "") + ", ".join(heads) + ")"
-    with progress_bar(label, total * (2 if rows is None else 1)) as advance, \
-            (head_train_rows(run, advance) if rows is None else nullcontext(rows)) as cached:
-        seen = 0
-        for task in run.stream.rows:
-            cuts = range(every - seen % every, task.size + 1, every) if every else ()
-            done = 0
-            for positions in _in_stream_order(cached, task, run.block_rows, cuts):
-                labels = cached.labels[positions]
-                with run.timed("read"):
-                    X = cached.take(lane, positions, run.xp)
-                blocks = _spaces(run, X, set(space_of.values()))
-                for name, head in heads.items():
-                    with run.timed(f"head {name}"):
-                        head.add(blocks[space_of[name]], labels)
-                advance(positions.size)
-                done += positions.size
-                if every and done < task.size and (seen + done) % every == 0:
-                    for name, head in heads.items():
-                        with run.timed(f"head {name}"):
-                            points[name].append(head.boundary())
-            seen += task.size
-            for name, head in heads.items():
-                with run.timed(f"head {name}"):
-                    boundaries[name].append(head.boundary())
-                    if every and seen % every == 0:
-                        points[name].append(boundaries[name][-1])
-        loo_heads = {name: head for name, head in heads.items() if loo and hasattr(head, "loo_hits")}
-        hits = dict.fromkeys(loo_heads, 0)
-        for task in run.stream.rows if loo_heads else ():
-            for positions in _in_stream_order(cached, task, run.block_rows):
-                with run.timed("read"):
-                    X = cached.take(lane, positions, run.xp)
-                blocks = _spaces(run, X, {space_of[name] for name in loo_heads})
-                for name, head in loo_heads.items():
-                    with run.timed("loo"):
-                        hits[name] += head.loo_hits(blocks[space_of[name]], cached.labels[positions])
-    return boundaries, {name: count / total for name, count in hits.items()}
-
-
 def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
                     rows: GroupedRows | None = None, lane: str | None = None) -> dict[str, np.ndarray]:
     """``acc[i, j]`` of every head (keyed as ``boundaries``; ``spaces`` its rows): its model after task i on task j's
@@ -179,7 +88,7 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     correct = {name: np.zeros((T, T), dtype=np.int64) for name in boundaries}
     for block in eval_blocks(run, "test (one read, heads)", by_task, rows):
         y, tasks = block.labels, block.tasks
-        blocks = _spaces(run, block.features(lane), set(spaces.values()))
+        blocks = space_rows(run, block.features(lane), set(spaces.values()))
         ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
         scored = np.flatnonzero(ends > 0)
         for name, scorers in boundaries.items():
@@ -236,7 +145,7 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     for block in eval_blocks(run, "test (one read, heads by class)", in_cache_order, rows):
         y = block.labels
         totals += np.bincount(y, minlength=n_classes)[:n_classes]
-        blocks = _spaces(run, block.features(lane), set(spaces.values()))
+        blocks = space_rows(run, block.features(lane), set(spaces.values()))
         for name, scorers in boundaries.items():
             X = blocks[spaces[name]]
             for p, scores in enumerate(boundary_scores(scorers, X, [X.shape[0]] * len(scorers))):
@@ -273,14 +182,3 @@ def head_reports(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: M
 def _argmax(scores: Any) -> np.ndarray:
     """The column of each row's largest score, as host NumPy."""
     return to_numpy(array_namespace(scores).argmax(scores, axis=1))
-
-
-def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], train: GroupedRows | None = None,
-                test: GroupedRows | None = None, loo: bool = False,
-                lane: str | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
-    """Every head of ``names`` through the stream and scored (on ``lane``'s rows: a fusion of ``sweep --fusions``):
-    its accuracy fields (:func:`head_reports`) and, with ``loo``, the exact leave-one-out accuracy at the last
-    boundary of the heads that have one."""
-    heads = build_heads(run, names, options)
-    boundaries, loo_accuracy = head_boundaries(run, heads, train, loo, lane=lane)
-    return head_reports(run, boundaries, {name: HEADS[name].space for name in names}, test, lane=lane), loo_accuracy

@@ -37,17 +37,7 @@ from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.capabilities import Settings, check_capabilities
-from foal_pipe.protocol.commands import (
-    flag_grid_edge,
-    head_settings,
-    run_learn,
-    run_sweep,
-    save_model,
-    summed_timings,
-    warn_auto_edges,
-    warn_dropped,
-    write_learned,
-)
+from foal_pipe.protocol.commands import flag_grid_edge, run_learn, run_sweep, warn_dropped
 from foal_pipe.protocol.config import (
     EvaluationConfig,
     ExecutionConfig,
@@ -58,7 +48,8 @@ from foal_pipe.protocol.config import (
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_ridge_model_file, check_sweep_heads
-from foal_pipe.protocol.headwalk import head_train_rows
+from foal_pipe.protocol.learnkinds import head_settings, warn_auto_edges
+from foal_pipe.protocol.outputs import save_model, summed_timings, write_learned
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -80,7 +71,7 @@ from foal_pipe.protocol.schema import (
     SweepReport,
 )
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
-from foal_pipe.protocol.walk import SharedRows, shared_rows
+from foal_pipe.protocol.walk import SharedRows, head_train_rows, shared_rows
 
 #: The metrics summarised over orders (mean and std).
 SUMMARY_KEYS = ("A_avg", "A_last", "F")

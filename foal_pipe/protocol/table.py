@@ -4,7 +4,7 @@
 Per store, the train and test rows of every run are read once and grouped by class
 (:func:`~foal_pipe.protocol.walk.shared_rows`); each (task count, order) then takes ridge's walk
 (:func:`~foal_pipe.protocol.commands.run_learn` on the shared rows) and one walk of the other heads
-(:func:`~foal_pipe.protocol.headwalk.learn_heads`) from them. Each finished run is kept beside the output
+(:func:`~foal_pipe.protocol.learners.heads.learn_heads`) from them. Each finished run is kept beside the output
 (``.OUT.table-runs/``) under a fingerprint of its store and settings, so a killed table resumes its finished runs;
 the table's files are written as one unit and the kept runs removed.
 """
@@ -246,7 +246,7 @@ def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: i
                settings: Settings, gamma: float | None, shared: Any) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The heads other than ridge on one (task count, order): one walk of the heads of each space (the store's
     features; the projection) over the shared rows, each as its separate ``learn --head`` would run."""
-    from foal_pipe.protocol.headwalk import learn_heads
+    from foal_pipe.protocol.learners.heads import learn_heads
     from foal_pipe.protocol.records import run_info
     from foal_pipe.protocol.schema import LearnMetrics
 

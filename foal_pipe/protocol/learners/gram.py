@@ -1,0 +1,239 @@
+"""Ridge's Gram lanes in the walk: a running :class:`~foal_pipe.core.statistics.RidgeStatistics` per lane (the store's
+features, or each fusion of ``sweep --fusions``), added in full-size blocks (:class:`~foal_pipe.protocol.rowcache.
+TaskBlocks`), solved at every boundary for one gamma or a gamma path, with the leave-one-out pass over the rows of
+tasks 1..k (their :class:`KeptActivations`, when kept), every task's sums from Dask when asked, and the points of
+``--eval-every`` (:class:`~foal_pipe.protocol.anytime.Anytime`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from array_api_compat import array_namespace, device
+
+from foal_pipe.core.backend import default_device
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.protocol.anytime import Anytime
+from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
+from foal_pipe.protocol.run import Run
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending
+from foal_pipe.protocol.walk import Advance, Learner, n_stream
+
+
+@dataclass
+class Lane:
+    """One feature set's walk (the store's features, or one fusion of ``sweep --fusions``): its running sums,
+    its solved boundaries and the boundary waiting for its leave-one-out pass."""
+
+    solver: FixedGamma | ManyGammas
+    running: RidgeStatistics
+    boundaries: list[Boundary] = field(default_factory=list)
+    pending: Pending | None = None
+
+    def finish(self, run: Run) -> None:
+        if self.pending is not None:
+            with run.timed("loo"):
+                self.solver.zoom(self.pending)
+            with run.timed("solve"):
+                self.boundaries.append(self.solver.finish(self.pending))
+            self.pending = None
+
+    def start(self, run: Run, k: int) -> None:
+        with run.timed("solve"):
+            state = self.solver.start(self.running, k)
+            if self.solver.needs_rows:
+                self.pending = state
+            else:
+                self.boundaries.append(self.solver.finish(state))
+
+
+class KeptActivations:
+    """The activations of the stream's train rows in walk order, stored as the walk first projects them
+    (``--gamma auto``, ``sweep``): the leave-one-out pass at boundary k multiplies walk rows ``[0, ends[k])``
+    instead of projecting the rows again. They are the arrays the Gram pass summed, in the blocks a projection
+    again would use (:class:`~foal_pipe.rowcache.TaskBlocks`), so the same bits either way. With ``keep`` (the
+    walk positions a sampled leave-one-out scores, :attr:`RowSample.kept`) only those rows are stored."""
+
+    def __init__(self, run: Run, n_rows: int, keep: np.ndarray | None = None) -> None:
+        self.slot = None
+        if keep is not None:  # slots in walk order, so a block's kept rows fill consecutive slots
+            self.slot = np.full(n_rows, -1, dtype=np.int64)
+            self.slot[np.sort(keep)] = np.arange(keep.size)
+        self.values = run.xp.empty((n_rows if keep is None else keep.size, run.dim),
+                                   dtype=getattr(run.xp, run.model.dtype), device=default_device(run.xp))
+
+    def put(self, start: int, stop: int, H: Any) -> None:
+        if self.slot is None:
+            self.values[start:stop, :] = H
+            return
+        slots = self.slot[start:stop]
+        inside = np.flatnonzero(slots >= 0)
+        if inside.size:
+            xp = array_namespace(H)
+            first = int(slots[inside[0]])
+            self.values[first : first + inside.size, :] = xp.take(H, xp.asarray(inside, device=device(H)), axis=0)
+
+    def take(self, start: int, stop: int) -> Any:
+        return self.values[start:stop, :]
+
+    def rows(self, positions: np.ndarray) -> Any:
+        """The kept activations of walk ``positions`` (all of them kept)."""
+        xp = array_namespace(self.values)
+        return xp.take(self.values, xp.asarray(self.slot[positions], device=device(self.values)), axis=0)
+
+
+def _project(run: Run, X: Any) -> Any:
+    with run.timed("project"):
+        return run.projection.transform(X, run.xp)
+
+
+def walk_positions(walk: TaskBlocks, n_tasks: int) -> np.ndarray:
+    """The cache position of every walk position, in walk order (the blocks of every task, end to end)."""
+    parts = [positions for k in range(n_tasks) for _, _, positions in walk.blocks(k)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+class GramLearner(Learner):
+    """Ridge's lanes (``solvers`` keyed by :attr:`Run.lanes`, all needing the rows or none): each task adds its rows
+    in full-size blocks and, when the solvers need the rows, its boundary's leave-one-out pass takes the rows of
+    tasks 1..k from the cache (their activations, when kept). With ``--scheduler dask`` the cluster computes every
+    task's sums in one pass and the cache is read only for leave-one-out. ``on_task(k, lanes)`` is called after task
+    k is added (tests check every boundary with it). ``anytime`` (``--eval-every``, one lane) records the weights at
+    its points: the blocks end there (:class:`TaskBlocks`); a point inside a task is solved from the running sums,
+    one at a task end is that end's boundary. :attr:`lanes` holds each lane's boundaries and final sums."""
+
+    def __init__(self, run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
+                 on_task: Callable[[int, dict[str | None, Lane]], None] | None = None,
+                 anytime: Anytime | None = None) -> None:
+        super().__init__(run)
+        xp = run.xp
+        self.lanes = {key: Lane(solver, RidgeStatistics.empty(run.dim, xp, getattr(xp, run.model.dtype)))
+                      for key, solver in solvers.items()}
+        first = next(iter(solvers.values()))
+        self.needs_loo, self.sample = first.needs_rows, first.sample
+        self.on_task, self.anytime = on_task, anytime
+        self.dask = run.execution.scheduler == "dask"
+        self.sizes = [r.size for r in run.stream.rows]
+        self.kept: dict[str | None, KeptActivations] | None = None
+        self.blocks: TaskBlocks | None = None
+        self.positions: np.ndarray | None = None
+        self.per_task: list[RidgeStatistics] | None = None
+        self.label = "gram" + (", dask" if self.dask else "")
+        self.label += (" + leave-one-out" + ("" if run.keep_activations and not self.dask else ", rows projected again")
+                       if self.needs_loo else "")
+        self.label += f", {len(self.lanes)} fusions" if len(self.lanes) > 1 else ""
+
+    @property
+    def boundaries(self) -> list[Boundary]:
+        """The store's lane's boundaries (one lane)."""
+        return self.lanes[None].boundaries
+
+    @property
+    def running(self) -> RidgeStatistics:
+        """The store's lane's sums after the last task (one lane)."""
+        return self.lanes[None].running
+
+    @property
+    def needs_rows(self) -> bool:
+        return self.needs_loo or not self.dask
+
+    def progress_total(self) -> int:
+        n = n_stream(self.run)
+        loo_rows = sum(np.cumsum(self.sizes)) if self.sample is None else sum(p.size for p in self.sample.boundaries)
+        return (n if self.dask else 0) + n + (int(loo_rows) if self.needs_loo else 0)
+
+    def begin(self, advance: Advance) -> None:
+        if self.dask:
+            self.per_task = _dask_task_statistics(self.run, advance)
+
+    def start(self, rows: GroupedRows | None) -> None:
+        run = self.run
+        points = self.anytime.points if self.anytime is not None else ()
+        self.blocks = None if rows is None else TaskBlocks(rows, run.stream.rows, run.block_rows, points)
+        if self.needs_loo and run.keep_activations and not self.dask:  # else the cluster projected the Gram's rows
+            keep = None if self.sample is None else self.sample.kept
+            self.kept = {key: KeptActivations(run, n_stream(run), keep) for key in self.lanes}
+        if self.sample is not None and self.needs_loo:
+            self.positions = walk_positions(self.blocks, run.stream.n_tasks)
+
+    def add_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
+        if self.per_task is not None:
+            with self.run.timed("gram"):
+                self.lanes[None].running += self.per_task[k]
+            advance(self.sizes[k])
+        else:
+            self._add_blocks(k, rows, advance)
+        if self.on_task is not None:
+            self.on_task(k, self.lanes)
+
+    def end_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
+        for lane in self.lanes.values():
+            lane.start(self.run, k)
+        if self.needs_loo:
+            self._loo_pass(k, rows, advance)
+            for lane in self.lanes.values():
+                lane.finish(self.run)
+        if self.anytime is not None and int(self.blocks.ends[k]) in self.anytime.points:
+            self.anytime.gram(int(self.blocks.ends[k]), self.running, self.boundaries, True)
+
+    def _activations(self, rows: GroupedRows, key: str | None, positions: np.ndarray) -> Any:
+        """The activations of the cached rows at ``positions``, projected."""
+        run = self.run
+        with run.timed("read"):
+            X = rows.take(key, positions, run.xp)
+        return _project(run, X)
+
+    def _add_blocks(self, k: int, rows: GroupedRows, advance: Advance) -> None:
+        """Task ``k``'s rows into each lane's running sums, in full-size blocks (kept, when kept); at each block that
+        ends at an evaluation point inside the task, the anytime point."""
+        end = int(self.blocks.ends[k])
+        for start, stop, positions in self.blocks.blocks(k):
+            labels = rows.labels[positions]
+            for key, lane in self.lanes.items():
+                H = self._activations(rows, key, positions)
+                with self.run.timed("gram"):
+                    if self.kept is not None:
+                        self.kept[key].put(start, stop, H)
+                    lane.running += RidgeStatistics.from_batch(H, labels)
+            advance(stop - start)
+            if self.anytime is not None and stop < end and stop in self.blocks.points:
+                self.anytime.gram(stop, self.running, self.boundaries, False)
+
+    def _loo_pass(self, k: int, rows: GroupedRows, advance: Advance) -> None:
+        """Every row of tasks 1..k into each lane's pending leave-one-out accumulator, in the Gram pass's blocks; with
+        a sample (:class:`~foal_pipe.protocol.loosample.RowSample`), the boundary's sampled rows only."""
+        run, kept = self.run, self.kept
+        if self.sample is not None:
+            chosen_all = self.sample.boundaries[k]
+            for lo in range(0, chosen_all.size, run.block_rows):
+                chosen = chosen_all[lo : lo + run.block_rows]
+                labels = rows.labels[self.positions[chosen]]
+                for key, lane in self.lanes.items():
+                    H = kept[key].rows(chosen) if kept is not None else self._activations(rows, key, self.positions[chosen])
+                    with run.timed("loo"):
+                        lane.pending.loo.add(H, labels)
+                advance(chosen.size)
+            return
+        for t in range(k + 1):
+            for start, stop, positions in self.blocks.blocks(t):
+                labels = rows.labels[positions]
+                for key, lane in self.lanes.items():
+                    H = kept[key].take(start, stop) if kept is not None else self._activations(rows, key, positions)
+                    with run.timed("loo"):
+                        lane.pending.loo.add(H, labels)
+                advance(stop - start)
+
+
+def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
+    """With ``--scheduler dask``: every task's statistics, computed on the cluster in one pass over the store."""
+    from foal_pipe.cluster import dask_client
+    from foal_pipe.protocol.distributed import dask_statistics
+
+    path = str(Path(run.store.path).resolve())
+    with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("gram"):
+        projection = client.scatter(run.projection, broadcast=True)
+        return dask_statistics(client, path, run.row_task, run.stream.n_tasks, run.store.train.labels, projection,
+                               run.block_rows, advance)

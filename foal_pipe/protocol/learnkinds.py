@@ -1,0 +1,147 @@
+"""How ``learn`` runs a head, by the walk its registry entry names (:attr:`~foal_pipe.heads.HeadEntry.learner`):
+one :class:`LearnKind` per learner of the one walk, in one table (:data:`LEARN_KINDS`), so
+:func:`~foal_pipe.protocol.commands.run_learn` is one function for every head. A kind checks the settings before any
+work, names what :func:`~foal_pipe.protocol.run.prepare` takes, then walks, scores and hands back the metrics and the
+model file's writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from foal_pipe.core.engines import GCV_DOF_WARNING
+from foal_pipe.heads import DEFAULT_HEAD, Scorer
+from foal_pipe.model.ridgemodel import RidgeModel
+from foal_pipe.protocol.anytime import Anytime
+from foal_pipe.protocol.capabilities import check_points
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.evaluation import model_reports
+from foal_pipe.protocol.headruns import (
+    check_head_options,
+    check_learn_head,
+    check_ridge_model_file,
+    head_space,
+    resolved_options,
+)
+from foal_pipe.protocol.headwalk import build_heads, head_reports
+from foal_pipe.protocol.learners.gram import GramLearner
+from foal_pipe.protocol.learners.heads import HeadsLearner
+from foal_pipe.protocol.learners.rls import RLSLearner
+from foal_pipe.protocol.outputs import save_head_model, save_model
+from foal_pipe.protocol.records import grid_edge, learn_metrics, run_info
+from foal_pipe.protocol.run import Run, reread_note, row_sample
+from foal_pipe.protocol.schema import AnytimeCurve, LearnMetrics
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.walk import SharedRows, walk
+
+Log = Callable[[str], None]
+#: What a kind's walk gives back: the run's metrics and the writer of its model file.
+Learnt = tuple[LearnMetrics, Callable[[Path], None]]
+
+
+@dataclass(frozen=True)
+class LearnKind:
+    """``settings(stream, model, evaluation, execution)``: the options checked before any work, and the model settings
+    the run is prepared with; ``prepare(model)``: :func:`~foal_pipe.protocol.run.prepare`'s keywords;
+    ``learn(run, model, stream, shared, anytime, log)``: the walk, its scores and what
+    :func:`~foal_pipe.protocol.outputs.write_learned` writes."""
+
+    settings: Callable[[StreamConfig, ModelConfig, EvaluationConfig, ExecutionConfig], ModelConfig]
+    prepare: Callable[[ModelConfig], dict[str, Any]]
+    learn: Callable[[Run, ModelConfig, StreamConfig, SharedRows | None, Anytime | None, Log], Learnt]
+
+
+def ridge_settings(stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig,
+                   execution: ExecutionConfig) -> ModelConfig:
+    """Ridge's options checked; it runs with them as given."""
+    check_head_options([DEFAULT_HEAD], model)
+    check_ridge_model_file(model)
+    return model
+
+
+def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: SharedRows | None, anytime: Anytime | None,
+                log: Log) -> Learnt:
+    """Ridge's Gram lanes (one gamma, or the gamma path with ``--gamma auto``) or the rls engine, scored after every
+    task (and at ``--eval-every``'s points)."""
+    auto = model.gamma == "auto"
+    if model.loo and not run.keep_activations:
+        log(reread_note(run))
+    rows = shared and shared.train
+    final: RidgeModel | None
+    if model.engine == "rls":
+        rls = walk(run, [RLSLearner(run, anytime)], rows)[0]
+        boundaries, final = rls.boundaries, rls.final
+    else:
+        solver = (ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run)) if auto
+                  else FixedGamma(float(model.gamma)))
+        gram = walk(run, [GramLearner(run, {None: solver}, anytime=anytime)], rows)[0]
+        boundaries = gram.boundaries
+        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0])) if auto else solver.model
+    reports, curve = model_reports(run, boundaries, shared and shared.test, anytime)
+    metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
+    if auto and model.select == "gcv":
+        warn_gcv(boundaries, model.gamma_grid, log)
+    warn_auto_edges(metrics, log)
+    return metrics, lambda path: save_model(final, run, path)
+
+
+def head_settings(stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig,
+                  execution: ExecutionConfig) -> ModelConfig:
+    """``learn --head NAME`` (not ridge): its settings checked before any work; the model settings it runs with."""
+    check_head_options([model.head], model)
+    return check_learn_head(model, evaluation, execution, stream)
+
+
+def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: SharedRows | None, anytime: Anytime | None,
+               log: Log) -> Learnt:
+    """A registry head through the walk, scored after every task (and at ``--eval-every``'s points); its metrics carry
+    ``head`` and ``head_options``, its model file the head after the last task."""
+    options = resolved_options(model.head, model)
+    points: dict[str, list[Scorer]] | None = None if anytime is None else {model.head: []}
+    if anytime is not None:
+        check_points(model.head, run.store.train.labels[np.concatenate(run.stream.rows)], anytime.every)
+    spaces = {model.head: head_space(model.head, model)}
+    heads = build_heads(run, [model.head], options, spaces)
+    learner = walk(run, [HeadsLearner(run, heads, points=points, spaces=spaces)], shared and shared.train)[0]
+    report = head_reports(run, learner.boundaries, spaces, shared and shared.test, points)[model.head]
+    curve = report.pop("curve", None)
+    metrics = LearnMetrics(**report, head=model.head, head_options=options, head_rows=model.head_rows,
+                           **run_info(run, stream))
+    if anytime is not None:
+        metrics = replace(metrics, A_auc=float(np.mean(curve)), anytime=AnytimeCurve(
+            eval_every=anytime.every, samples_seen=list(anytime.points), accuracy=[float(a) for a in curve]))
+    last = learner.boundaries[model.head][-1]
+    return metrics, lambda path: save_head_model(heads[model.head], last, run, path)
+
+
+def warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:
+    """Warn when GCV's choice has effective degrees of freedom near the rows' count, where GCV is unreliable."""
+    flagged = [k for k, b in enumerate(boundaries) if b.gcv_dof_ratio is not None and b.gcv_dof_ratio > GCV_DOF_WARNING]
+    if flagged:
+        b = boundaries[flagged[-1]]
+        log(
+            f"warning: GCV's choice has effective degrees of freedom {100 * b.gcv_dof_ratio:.0f}% of the rows "
+            f"(above {100 * GCV_DOF_WARNING:.0f}%) at {len(flagged)} task boundar{'y' if len(flagged) == 1 else 'ies'}; "
+            "GCV is unreliable as D nears n: prefer --select loo"
+        )
+
+
+def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
+    """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
+    edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
+    if edges:
+        grid, last = metrics.gamma_grid, metrics.gammas_selected[edges[-1]]
+        log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
+            f"{max(grid):g}), at {len(edges)} of {len(metrics.gammas_selected)} task boundaries; a better gamma "
+            "may lie beyond the grid: extend --gamma-grid")
+
+
+#: Each learner of the walk's ``learn``, by :attr:`~foal_pipe.heads.HeadEntry.learner`.
+LEARN_KINDS: dict[str, LearnKind] = {
+    "gram": LearnKind(ridge_settings, lambda model: {"n_models": 1, "loo": model.loo}, learn_ridge),
+    "heads": LearnKind(head_settings, lambda model: {"heads": [model.head], "ridge": False}, learn_head),
+}

@@ -1,0 +1,91 @@
+"""A run's outputs: its files written as one unit after checking its stores did not change (:func:`write_outputs`,
+:func:`write_learned`), and its model file, ridge's (:func:`save_model`) or a registry head's (:func:`save_head_model`),
+with the provenance of the rows it learned."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.heads import Head, Scorer
+from foal_pipe.heads.state import export_head, takes_batch_size
+from foal_pipe.io import atomic_dir, write_json
+from foal_pipe.model.headmodel import HeadClassifier
+from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
+from foal_pipe.model.ridgemodel import RidgeModel
+from foal_pipe.protocol.headruns import head_space, resolved_options
+from foal_pipe.protocol.records import Learned
+from foal_pipe.protocol.run import Run
+from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics
+
+
+def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: LearnMetrics,
+                  save: Callable[[Path], object], timed: bool = False) -> Learned:
+    """Write a run's model file (``save``), then its ``metrics.json`` recording that file's checksum (which
+    ``evaluate`` checks a model against), with ``timings.json``, as one unit (:func:`write_outputs`); ``timed``: the
+    writing is the first run's ``write`` step. The metrics as written."""
+    written = metrics
+
+    def write(tmp: Path) -> None:
+        nonlocal written
+        with runs[0].timed("write") if timed else nullcontext():
+            save(tmp / MODEL_FILE)
+            written = replace(metrics, model_checksum=stored_checksum(tmp / MODEL_FILE))
+            write_json(tmp / METRICS_FILE, written.to_dict())
+
+    timings = write_outputs(out, runs, start, write)
+    return Learned(written, timings)
+
+def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], None]) -> dict[str, float]:
+    """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
+    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings."""
+    for run in runs:
+        run.store.check_unchanged()
+    with atomic_dir(out) as tmp:
+        write(tmp)
+        timings = summed_timings([run.timings for run in runs], start)
+        write_json(tmp / "timings.json", timings)
+    return timings
+
+def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str, float]:
+    """Each step's seconds summed over ``parts``, and the ``total`` since ``start``, rounded to milliseconds."""
+    timings: dict[str, float] = {}
+    for part in parts:
+        for step, seconds in part.items():
+            timings[step] = timings.get(step, 0.0) + seconds
+    timings["total"] = time.perf_counter() - start
+    return {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
+
+def provenance(run: Run, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A model file's record of the data it learned: the store's dataset and encoder, ``learned_from`` (the
+    generation ids of the stores whose training rows it holds, this one last) and ``learned_data`` (their data
+    identities, which survive re-extraction with other chunks or dtype) where the store has them; ``previous``:
+    the continued model's metadata, whose lists are extended."""
+    record = {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder}
+    for key, this in (("learned_from", run.store.meta.generation), ("learned_data", run.store.data_identity())):
+        values = [*(previous or {}).get(key, []), *([this] if this else [])]
+        if values:
+            record[key] = values
+    return record
+
+def save_model(final: RidgeModel, run: Run, path: Path) -> None:
+    """The model file of a run: the ridge model with the run's projection, provenance and class names."""
+    final.save(path, run.projection.components_, **provenance(run),
+               class_names=[run.store.classes[c] for c in final.classes], activation=run.model.resolved_activation)
+
+
+def save_head_model(head: Head, scorer: Scorer, run: Run, path: Path) -> None:
+    """The model file of a head's run: its tensors after the last task (:mod:`foal_pipe.heads.state`), its options
+    (dual's with the stream's batch size), the run's projection, provenance and class names."""
+    name = type(head).name
+    options = resolved_options(name, run.model)
+    if takes_batch_size(name):
+        options["batch_size"] = run.stream.batch_size
+    model = HeadClassifier(name, options, export_head(name, head, scorer), sum(int(r.size) for r in run.stream.rows),
+                           space=head_space(name, run.model), dtype=run.model.dtype)
+    model.save(path, projection=run.projection, **provenance(run),
+               class_names=[run.store.classes[c] for c in model.classes_], activation=run.model.resolved_activation)
