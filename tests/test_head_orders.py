@@ -89,3 +89,17 @@ def test_sweep_heads_with_order_seeds_equal_each_orders_sweep(store, tmp_path):
     ncm_loo = np.mean([singles[s]["heads"]["ncm"]["loo_accuracy"] for s in SEEDS])
     assert many["heads"]["ncm"]["loo_accuracy"] == pytest.approx(ncm_loo, abs=1e-15)
     assert many["best_head_test"] == max(many["heads"], key=lambda h: many["heads"][h]["A_avg"])
+
+
+def test_a_head_on_cos_rows_takes_order_seeds(store, tmp_path):
+    """``--activation cos`` (random Fourier features, whose bias ridge's model file cannot hold) is refused for ridge
+    only: a head on those rows takes ``--order-seeds`` as it takes ``--order-seed`` (the orders pick the head's
+    settings check through the table ``learn`` uses; before, they refused every head with ridge's message)."""
+    args = [*COMMON, "--head", "slda", "--projection-dim", "24", "--activation", "cos", "--head-rows", "activations"]
+    _run("learn", "--features", store, "--out", tmp_path / "many", *args, "--order-seeds", "0,3")
+    _run("learn", "--features", store, "--out", tmp_path / "one", *args, "--order-seed", "3")
+    many, one = _metrics(tmp_path / "many"), _metrics(tmp_path / "one")
+    assert many["orders"][1]["accuracy_matrix"] == one["accuracy_matrix"]
+    ridge = invoke("learn", "--features", store, "--out", tmp_path / "ridge", *COMMON, "--projection-dim", "24",
+                   "--activation", "cos", "--order-seeds", "0,3")
+    assert ridge.exit_code != 0 and "projection bias" in ridge.output

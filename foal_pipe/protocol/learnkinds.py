@@ -33,10 +33,11 @@ from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.learners.rls import RLSLearner
 from foal_pipe.protocol.outputs import save_head_model, save_model
 from foal_pipe.protocol.records import grid_edge, learn_metrics, run_info
+from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run, reread_note, row_sample
 from foal_pipe.protocol.schema import AnytimeCurve, LearnMetrics
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
-from foal_pipe.protocol.walk import SharedRows, walk
+from foal_pipe.protocol.walk import SharedRows, head_train_rows, train_rows, walk
 
 Log = Callable[[str], None]
 #: What a kind's walk gives back: the run's metrics and the writer of its model file.
@@ -48,11 +49,16 @@ class LearnKind:
     """``settings(stream, model, evaluation, execution)``: the options checked before any work, and the model settings
     the run is prepared with; ``prepare(model)``: :func:`~foal_pipe.protocol.run.prepare`'s keywords;
     ``learn(run, model, stream, shared, anytime, log)``: the walk, its scores and what
-    :func:`~foal_pipe.protocol.outputs.write_learned` writes."""
+    :func:`~foal_pipe.protocol.outputs.write_learned` writes; ``read``: the reader of the train rows several class
+    orders share (:func:`~foal_pipe.protocol.walk.shared_rows`); ``class_sums``: whether its state is a sum over rows
+    in any order, so that many class orders come from per-class sums in one pass (:mod:`foal_pipe.protocol.orders`),
+    not one walk per order."""
 
     settings: Callable[[StreamConfig, ModelConfig, EvaluationConfig, ExecutionConfig], ModelConfig]
     prepare: Callable[[ModelConfig], dict[str, Any]]
     learn: Callable[[Run, ModelConfig, StreamConfig, SharedRows | None, Anytime | None, Log], Learnt]
+    read: Callable[..., GroupedRows]
+    class_sums: bool
 
 
 def ridge_settings(stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig,
@@ -142,6 +148,7 @@ def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
 
 #: Each learner of the walk's ``learn``, by :attr:`~foal_pipe.heads.HeadEntry.learner`.
 LEARN_KINDS: dict[str, LearnKind] = {
-    "gram": LearnKind(ridge_settings, lambda model: {"n_models": 1, "loo": model.loo}, learn_ridge),
-    "heads": LearnKind(head_settings, lambda model: {"heads": [model.head], "ridge": False}, learn_head),
+    "gram": LearnKind(ridge_settings, lambda model: {"n_models": 1, "loo": model.loo}, learn_ridge, train_rows, True),
+    "heads": LearnKind(head_settings, lambda model: {"heads": [model.head], "ridge": False}, learn_head,
+                       head_train_rows, False),
 }

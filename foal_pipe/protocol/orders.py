@@ -30,7 +30,7 @@ from foal_pipe.core.engines import check_gamma
 from foal_pipe.core.linalg import one_hot
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads import DEFAULT_HEAD
+from foal_pipe.heads import head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.model.modelfile import MODEL_FILE
@@ -47,8 +47,8 @@ from foal_pipe.protocol.config import (
     check_seed,
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.headruns import check_ridge_model_file, check_sweep_heads
-from foal_pipe.protocol.learnkinds import head_settings, warn_auto_edges
+from foal_pipe.protocol.headruns import check_sweep_heads
+from foal_pipe.protocol.learnkinds import LEARN_KINDS, warn_auto_edges
 from foal_pipe.protocol.outputs import save_model, summed_timings, write_learned
 from foal_pipe.protocol.records import (
     Learned,
@@ -71,7 +71,7 @@ from foal_pipe.protocol.schema import (
     SweepReport,
 )
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
-from foal_pipe.protocol.walk import SharedRows, head_train_rows, shared_rows
+from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 #: The metrics summarised over orders (mean and std).
 SUMMARY_KEYS = ("A_avg", "A_last", "F")
@@ -269,25 +269,24 @@ def run_learn_orders(
     start = time.perf_counter()
     check_output_dir(out)
     check_orders(stream, seeds)
-    check_ridge_model_file(model)
+    kind = LEARN_KINDS[head_entry(model.head).learner]  # as run_learn picks it
+    run_model = kind.settings(stream, model, evaluation, execution)
     out = Path(out)
     settings = _Settings(stream, model, evaluation, execution)
-    if model.head != DEFAULT_HEAD:
-        head_model = head_settings(stream, model, evaluation, execution)
-        runs = [prepare(features, replace(stream, order_seed=s), head_model, evaluation, execution, heads=[model.head],
-                        ridge=False) for s in seeds]
-        with shared_rows(runs, head_train_rows) as shared:  # read by the cluster with --scheduler dask
+    runs = [prepare(features, replace(stream, order_seed=s), run_model, evaluation, execution, **kind.prepare(model))
+            for s in seeds]
+    if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
+        with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
     loo = model.loo
-    runs = [prepare(features, replace(stream, order_seed=s), model, evaluation, execution, loo=loo) for s in seeds]
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None)
     if reason is not None:
-        with shared_rows(runs) as shared:
+        with shared_rows(runs, kind.read) as shared:
             return _learn_per_order(features, out, seeds, settings, reason, start, log, shared)
     _check_class_memory("learn", runs[0])
     for run in runs:
         warn_dropped(run, stream, log)
-    with np.errstate(all="ignore"), shared_rows(runs) as shared:
+    with np.errstate(all="ignore"), shared_rows(runs, kind.read) as shared:
         per_class = class_statistics(runs[0], shared)
         entries, finals = [], []
         for s, run in zip(seeds, runs):
