@@ -223,45 +223,44 @@ def run_continue(
     check_output_dir(out)
     deployed = load_model(init_model, estimators=False)
     name = deployed.classifier.name if isinstance(deployed.classifier, HeadClassifier) else DEFAULT_HEAD
-    return PARTS[HEADS[name].learner](init_model, deployed, features, out, stream, model, evaluation, execution,
-                                      eval_features, log, explicit, start)
-
-
-def _continue_gram(init_model: str | Path, deployed: DeployedModel, features: str | Path, out: str | Path,
-                   stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
-                   eval_features: Sequence[str | Path], log: Callable[[str], None], explicit: Collection[str] | None,
-                   start: float) -> Learned:
-    """Ridge's part: the model's gram sums added to the new store's at every boundary, in ridge's Gram lanes."""
-    if model.head != DEFAULT_HEAD:
-        raise FoalPipeError(f"{init_model} is a ridge model; {param('head', model.head)} cannot continue it: drop "
-                            f"{param('head')}")
-    check_head_options([DEFAULT_HEAD], model)
-    model = model_settings(deployed, model, explicit)
+    part = PARTS[HEADS[name].learner]
+    settings = part.settings(init_model, deployed, model, stream, execution, explicit)
     check_continuable(stream, evaluation)
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     check_new_rows(deployed, store, features, init_model)
+    if store.dim != deployed.projection.n_features_in_:
+        raise FoalPipeError(f"the model expects {deployed.projection.n_features_in_}-dimensional features but "
+                            f"{features} has {store.dim}; use a store made with the model's encoder")
     merged = label_map(deployed, list(store.classes))
-    auto = model.gamma == "auto"
-    loo = model.loo
-    run = prepare(features, stream, model, evaluation, execution, n_models=1, loo=loo)
-    if run.projection.components_.shape != deployed.projection.components_.shape:
-        raise FoalPipeError(f"the model expects {deployed.projection.components_.shape[0]}-dimensional features but "
-                            f"{features} has {run.store.dim}; use a store made with the model's encoder")
+    run = prepare(features, stream, settings, evaluation, execution, **part.prepare(deployed, merged, settings))
     run.projection = deployed.projection
     warn_dropped(run, stream, log)
-    base = deployed.classifier.statistics_
-    inner = (ManyGammas(model.gamma_grid, loo, model.select, model.per_decade) if auto
-             else FixedGamma(float(model.gamma)))
-    solver = Continued(inner, base, merged)
     with np.errstate(all="ignore"):
-        gram = walk(run, [GramLearner(run, {None: solver})])[0]
-        boundaries, running = gram.boundaries, gram.running
-        acc = accuracy_matrices(run, boundaries)[0]
-    gamma = float(boundaries[-1].gammas[0])
-    final = SavedRidge(RidgeModel.solved(solver.total(running), gamma))
-    return continued_outputs(init_model, deployed, final, merged, run, learn_metrics(run, stream, accuracy_report(acc),
-                             boundaries), eval_features, out, start)
+        final, metrics = part.learn(run, deployed, merged, stream)
+    return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)
+
+
+def _gram_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,
+                   execution: ExecutionConfig, explicit: Collection[str] | None) -> ModelConfig:
+    """Ridge's settings: the model's gamma, projection, activation and dtype (:func:`model_settings`)."""
+    if model.head != DEFAULT_HEAD:
+        raise FoalPipeError(f"{init_model} is a ridge model; {param('head', model.head)} cannot continue it: drop "
+                            f"{param('head')}")
+    check_head_options([DEFAULT_HEAD], model)
+    return model_settings(deployed, model, explicit)
+
+
+def _continue_gram(run: Run, deployed: DeployedModel, merged: np.ndarray, stream: StreamConfig) -> tuple[Any, LearnMetrics]:
+    """Ridge's part: the model's gram sums added to the new store's at every boundary, in ridge's Gram lanes."""
+    model = run.model
+    inner = (ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade) if model.gamma == "auto"
+             else FixedGamma(float(model.gamma)))
+    solver = Continued(inner, deployed.classifier.statistics_, merged)
+    gram = walk(run, [GramLearner(run, {None: solver})])[0]
+    acc = accuracy_matrices(run, gram.boundaries)[0]
+    final = SavedRidge(RidgeModel.solved(solver.total(gram.running), float(gram.boundaries[-1].gammas[0])))
+    return final, learn_metrics(run, stream, accuracy_report(acc), gram.boundaries)
 
 
 def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: Any, merged: np.ndarray, run: Run,
@@ -348,43 +347,52 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
     return replace(given, **{k: v for k, v in fixed.items() if k in ModelConfig.__dataclass_fields__})
 
 
-def _continue_head(init_model: str | Path, deployed: DeployedModel, features: str | Path, out: str | Path,
-                   stream: StreamConfig, model: ModelConfig, evaluation: EvaluationConfig, execution: ExecutionConfig,
-                   eval_features: Sequence[str | Path], log: Callable[[str], None], explicit: Collection[str] | None,
-                   start: float) -> Learned:
-    """Another head's part: the head restored from its tensors, the new store's rows added by the heads' learner."""
+def _head_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,
+                   execution: ExecutionConfig, explicit: Collection[str] | None) -> ModelConfig:
+    """Another head's settings: its own (:func:`continued_head_settings`), in this process, on its batch size."""
     name, options = deployed.classifier.name, deployed.classifier.options
     settings = continued_head_settings(deployed, model, explicit)
-    check_continuable(stream, evaluation)
     if execution.scheduler != "local":
         raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
     if takes_batch_size(name) and stream.batch_size != options["batch_size"]:
         raise FoalPipeError(f"the model's {name} recursion ran on mini-batches of {options['batch_size']} rows; pass "
                             f"{param('batch_size', options['batch_size'])} to continue it exactly")
-    store = open_store(features)
-    check_encoder(deployed.encoder_spec, store, features)
-    check_new_rows(deployed, store, features, init_model)
-    if store.dim != deployed.projection.n_features_in_:
-        raise FoalPipeError(f"the model expects {deployed.projection.n_features_in_}-dimensional features but "
-                            f"{features} has {store.dim}; use a store made with the model's encoder")
-    merged = label_map(deployed, list(store.classes))
+    return settings
+
+
+def _head_prepare(deployed: DeployedModel, merged: np.ndarray, settings: ModelConfig) -> dict[str, Any]:
     held = sum(int(np.asarray(t).nbytes) for t in deployed.classifier.tensors.values())
-    run = prepare(features, stream, settings, evaluation, execution, heads=[name], ridge=False,
-                  start=HeadStart(merged, deployed.classifier.classes_, held))
-    run.projection = deployed.projection
-    warn_dropped(run, stream, log)
-    space = deployed.classifier.space
+    return {"heads": [deployed.classifier.name], "ridge": False,
+            "start": HeadStart(merged, deployed.classifier.classes_, held)}
+
+
+def _continue_head(run: Run, deployed: DeployedModel, merged: np.ndarray, stream: StreamConfig) -> tuple[Any, LearnMetrics]:
+    """Another head's part: the head restored from its tensors, the new store's rows added by the heads' learner."""
+    name, options, space = deployed.classifier.name, deployed.classifier.options, deployed.classifier.space
     walker = relabelled(deployed.classifier.head(run.xp), merged, space)
-    with np.errstate(all="ignore"):
-        boundaries = walk(run, [HeadsLearner(run, {name: walker})])[0].boundaries
-        acc = head_accuracies(run, boundaries, {name: space})[name]
+    boundaries = walk(run, [HeadsLearner(run, {name: walker})])[0].boundaries
+    acc = head_accuracies(run, boundaries, {name: space})[name]
     new_rows = sum(int(r.size) for r in run.stream.rows)
     final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
                            deployed.classifier.n_samples_seen_ + new_rows, space, deployed.classifier.dtype)
     shown = {k: v for k, v in options.items() if k != "batch_size"}
-    metrics = LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
-    return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)
+    return final, LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One learner's part of ``learn --init-model``: ``settings(init_model, deployed, model, stream, execution,
+    explicit)``, the settings the model fixes (refused when the caller gave others); ``prepare(deployed, merged,
+    settings)``, :func:`~foal_pipe.protocol.run.prepare`'s keywords; ``learn(run, deployed, merged, stream)``, the
+    walk from the model's state and its scores: the final classifier and the metrics."""
+
+    settings: Callable[..., ModelConfig]
+    prepare: Callable[[DeployedModel, np.ndarray, ModelConfig], dict[str, Any]]
+    learn: Callable[[Run, DeployedModel, np.ndarray, StreamConfig], tuple[Any, LearnMetrics]]
 
 
 #: Each learner's part of ``learn --init-model``, by the model file's :attr:`~foal_pipe.heads.HeadEntry.learner`.
-PARTS: dict[str, Callable[..., Learned]] = {"gram": _continue_gram, "heads": _continue_head}
+PARTS: dict[str, Part] = {
+    "gram": Part(_gram_settings, lambda deployed, merged, settings: {"n_models": 1, "loo": settings.loo}, _continue_gram),
+    "heads": Part(_head_settings, _head_prepare, _continue_head),
+}
