@@ -89,9 +89,8 @@ def learn(features: str | Path, out: str | Path, settings: LearnSettings | None 
     check_rules(LEARN_RULES, s)
     if s.init_model is not None:
         from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
-        from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
-        fixed = [name for name in (*FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS) if name in s.given]
+        fixed = [name for name in (*FIXED_BY_MODEL, "head") if name in s.given]  # and every head option given
         return run_continue(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution,
                             list(s.eval_features), log, fixed)
     if s.order_seeds is not None:
