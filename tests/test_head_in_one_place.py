@@ -201,3 +201,27 @@ def test_head_option_text_is_read_by_the_options_field_type():
     assert parse_value("2.5", [int]) is None and parse_value("x", [float]) is None
     assert parse_value("false", [bool]) is False and parse_value("maybe", [bool]) is None
     assert parse_value("b", [Literal["a", "b"]]) == "b" and parse_value("c", [Literal["a", "b"]]) is None
+
+
+def test_table_gives_each_head_its_options_beside_ridge(store, tmp_path):
+    """``table --heads ridge,slda --shrinkage``: ridge takes none of the heads' options, slda its own (refused before,
+    at ridge's run with ``--gamma auto``); ``--head-option`` writes the same bytes; table.json's settings keep one key
+    per head option."""
+    base = ["table", "--features", store, "--tasks", 3, "--order-seeds", 0, "--projection-dim", 16, "--heads",
+            "ridge,slda", "--backend", "numpy"]
+    for out, args in (("flag", ["--shrinkage", "0.25"]), ("option", ["--head-option", "shrinkage=0.25"])):
+        result = invoke(*base, "--out", tmp_path / out, *args)
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "flag" / "table.json").read_bytes() == (tmp_path / "option" / "table.json").read_bytes()
+    table = json.loads((tmp_path / "flag" / "table.json").read_text())
+    model = table["settings"]["model"]
+    assert "head_options" not in model
+    assert {k: model[k] for k in ("shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp")} == {
+        "shrinkage": 0.25, "shrinkage_offdiag": None, "compensation": None, "gamma_comp": None}
+    result = invoke("learn", "--features", store, "--out", tmp_path / "slda", "--tasks", 3, "--order-seed", 0,
+                    "--head", "slda", "--shrinkage", "0.25", "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    learned = json.loads((tmp_path / "slda" / "metrics.json").read_text())
+    run = next(r for r in table["runs"] if r["head"] == "slda")
+    assert (run["accuracy_matrix"], run["options"]) == (learned["accuracy_matrix"], {"shrinkage": 0.25})
+    assert next(r for r in table["runs"] if r["head"] == "ridge")["options"]["selected_by"] == "loo_accuracy"

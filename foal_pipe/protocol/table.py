@@ -188,7 +188,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings
-    ridge_model = replace(s.model, head="ridge")
+    ridge_model = replace(s.model, head="ridge", head_options={})  # the heads' options go to the heads that take them
     streams = {(t, seed): replace(s.stream, tasks=t, order_seed=seed) for t in config.tasks for seed in config.order_seeds}
     runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution) for key, stream in streams.items()}
     store = next(iter(runs.values())).store
