@@ -20,7 +20,8 @@ class LearnSettings:
     """Everything ``learn`` takes besides its store and output folder. ``order_seeds``: many class orders (None:
     one, ``stream.order_seed``); ``init_model``: a model file to continue, ``eval_features`` the stores it is also
     scored on; ``given``: the setting names the caller set explicitly (a continued model fixes some of them and
-    checks those against its own; the command line passes what was typed)."""
+    checks those against its own; the command line passes what was typed; every option in ``model.head_options``
+    is given by being there)."""
 
     stream: StreamConfig = field(default_factory=StreamConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
