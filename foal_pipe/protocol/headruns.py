@@ -57,10 +57,11 @@ def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
     """The options head ``name`` runs with, as the head holds them (its attribute of each option's name): those
     ``model`` gives, else the head's defaults (dual's ``gamma_comp``: its ``gamma``)."""
     entry = HEADS[name]
-    given = model.head_arguments()
+    given = model.options_for(name)
     if entry.gram_lanes:
-        return {key: given[key] for key in entry.options}
-    given["gamma"] = None if given["gamma"] == "auto" else given["gamma"]
+        return given
+    if given.get("gamma") == "auto":  # ridge's search, no value of another head's: its default
+        del given["gamma"]
     head = make_head(name, given, _numpy(), 1)
     return {key: getattr(head, key) for key in entry.options}
 
