@@ -225,3 +225,15 @@ def test_table_gives_each_head_its_options_beside_ridge(store, tmp_path):
     run = next(r for r in table["runs"] if r["head"] == "slda")
     assert (run["accuracy_matrix"], run["options"]) == (learned["accuracy_matrix"], {"shrinkage": 0.25})
     assert next(r for r in table["runs"] if r["head"] == "ridge")["options"]["selected_by"] == "loo_accuracy"
+
+
+@pytest.mark.parametrize("command", ["learn", "sweep", "table"])
+def test_help_explains_head_option_with_the_registrys_options(command):
+    import re
+
+    result = invoke(command, "--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+    assert "--head-option NAME=VALUE" in text
+    assert "the heads' options: shrinkage (slda, fecam); shrinkage_offdiag (fecam); gamma_comp (dual); compensation " \
+           "(dual)" in text and "Default: none (each head's defaults)" in text
