@@ -135,6 +135,8 @@ def test_a_new_head_with_a_new_option_runs_from_python_and_the_command_line(pnor
     (["learn", "--head", "ncm", "--head-option", "temperature=1"], "no head takes an option 'temperature'"),
     (["learn", "--head", "ncm", "--head-option", "power"], "--head-option 'power' is not NAME=VALUE"),
     (["learn", "--head", "balanced", "--head-option", "gamma=2"], "gamma is a setting of its own"),
+    (["learn", "--head", "dual", "--head-option", "gamma_comp=none"],
+     "gamma_comp of dual takes a number; write e.g. --head-option gamma_comp=1.0"),  # its default, None, is no example
 ])
 def test_a_new_heads_option_is_checked_like_the_others(pnorm, store, tmp_path, args, message):
     out = tmp_path / "out"

@@ -28,15 +28,19 @@ def _kinds(annotation: Any) -> list[Any]:
 
 
 def _option_types(name: str, heads: Sequence[str]) -> tuple[list[Any], Any]:
-    """The types option ``name`` takes in any of ``heads`` (their ``Options`` fields), and its first default."""
+    """The types option ``name`` takes in any of ``heads`` (their ``Options`` fields), and an example value: its first
+    default that is a value (dual's ``gamma_comp`` defaults to None: its gamma), else one of its first type."""
     kinds: list[Any] = []
     example: Any = None
     for head in heads:
         options = HEADS[head].head.Options
         field = next(f for f in fields(options) if f.name == name)
         kinds += [k for k in _kinds(typing.get_type_hints(options)[name]) if k not in kinds]
-        if example is None and field.default is not MISSING:
+        if example is None and field.default not in (MISSING, None):
             example = field.default
+    if example is None and kinds:
+        literal = typing.get_args(kinds[0]) if typing.get_origin(kinds[0]) is typing.Literal else ()
+        example = literal[0] if literal else {bool: "true", int: 1, float: 1.0}.get(kinds[0], "VALUE")
     return kinds, example
 
 
