@@ -218,7 +218,7 @@ def run_continue(
     start = time.perf_counter()
     check_output_dir(out)
     deployed = load_model(init_model, estimators=False)
-    name = deployed.classifier.name if isinstance(deployed.classifier, HeadClassifier) else DEFAULT_HEAD
+    name = deployed.classifier.name
     part = _continue_gram if HEADS[name].gram_lanes else _continue_head
     return part(init_model, deployed, features, out, stream, model, evaluation, execution, eval_features, log,
                 explicit, start)
