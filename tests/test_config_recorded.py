@@ -46,10 +46,7 @@ RECORDED = {
     "ModelConfig.fusion_norm": "metrics:encoder.final_norm",
     "ModelConfig.head": "metrics:head",  # absent for ridge
     "ModelConfig.head_rows": "metrics:head_rows",  # absent where the head takes its own rows
-    "ModelConfig.shrinkage": "metrics:head_options.shrinkage",
-    "ModelConfig.shrinkage_offdiag": "metrics:head_options.shrinkage_offdiag",
-    "ModelConfig.compensation": "metrics:head_options.compensation",
-    "ModelConfig.gamma_comp": "metrics:head_options.gamma_comp",
+    "ModelConfig.head_options": "metrics:head_options",  # the head's options, its defaults included
     "EvaluationConfig.mask_unseen": "metrics:mask_unseen",
     "EvaluationConfig.eval_every": "metrics:anytime.eval_every",
     "ExecutionConfig.backend": "metrics:backend",  # resolved: auto names the backend that ran
@@ -121,8 +118,8 @@ def test_learn_records_the_settings_it_was_given(tmp_path):
         "si-blurry", 40, 20]
     head = _run("learn", "--features", str(store), "--out", str(tmp_path / "c"), "--tasks", "3", "--head", "fecam",
                 "--shrinkage", "0.25", "--shrinkage-offdiag", "0.5")
-    assert [recorded(head, RECORDED[f"ModelConfig.{k}"]) for k in ("head", "shrinkage", "shrinkage_offdiag")] == [
-        "fecam", 0.25, 0.5]
+    assert [recorded(head, RECORDED[f"ModelConfig.{k}"]) for k in ("head", "head_options")] == [
+        "fecam", {"shrinkage": 0.25, "shrinkage_offdiag": 0.5}]
     rows = _run("learn", "--features", str(store), "--out", str(tmp_path / "d"), "--tasks", "3", "--head", "slda",
                 "--head-rows", "activations", "--projection-dim", "20", "--activation", "relu")
     assert [recorded(rows, RECORDED[f"ModelConfig.{k}"]) for k in ("head", "head_rows", "projection_dim")] == [

@@ -129,3 +129,22 @@ def test_an_encoder_mismatch_names_both_encoders(tmp_path):
     with pytest.raises(FoalPipeError) as info:
         check_encoder({"name": "pixels"}, store, "b.zarr")
     assert "the store's encoder is 'vit_small_patch16_224', the model's 'pixels'" in str(info.value)
+
+
+@pytest.mark.parametrize("estimators", [True, False])
+def test_a_ridge_model_answers_as_every_head_does(tmp_path, estimators):
+    """DeployedModel has one path for every head: a ridge classifier (the estimator or the saved model) names its
+    head, gives the rows it scores and turns scores into probabilities by the registry's rule, as a head's does."""
+    from foal_pipe.heads import HEADS, probabilities
+    from foal_pipe.heads.base import PROBABILITY_RULES
+
+    path, x, _ = learned(tmp_path, np.random.default_rng(4))
+    model = foal_pipe.load_model(path, estimators=estimators)
+    assert model.classifier.name == "ridge" and HEADS["ridge"].head.probabilities == "shares"
+    np.testing.assert_array_equal(model.classifier.rows(x.astype(np.float64), model.projection),
+                                  model.projection.transform(x.astype(np.float64)))
+    scores = model.scores(x)
+    np.testing.assert_array_equal(model.predict_proba(x), PROBABILITY_RULES["shares"](scores))
+    np.testing.assert_array_equal(probabilities("ridge", scores), PROBABILITY_RULES["shares"](scores))
+    with pytest.raises(FoalPipeError, match="ncm head's scores are distances"):
+        probabilities("ncm", scores)

@@ -290,9 +290,11 @@ def test_a_head_lives_in_its_class_and_the_config_carries_its_options():
     assert DualOptions(gamma=2.0).gamma_comp == 2.0
     with pytest.raises(FoalPipeError, match="batch_size"):
         DualOptions(batch_size=0)
-    assert ModelConfig(head="slda", shrinkage=0.3).head_options == {"shrinkage": 0.3}
-    assert ModelConfig(head="cosine").head_options == {}
-    assert ModelConfig(head="dual", compensation=0.5).head_options == {"gamma": 1.0, "compensation": 0.5}
+    assert ModelConfig(head="slda", head_options={"shrinkage": 0.3}).options_for("slda") == {"shrinkage": 0.3}
+    assert ModelConfig(head="cosine").options_for("cosine") == {}
+    dual = ModelConfig(head="dual", head_options={"compensation": 0.5, "shrinkage": 0.1})
+    assert dual.options_for("dual") == {"gamma": 1.0, "compensation": 0.5}  # each head takes its own options
+    assert dual.options_for("fecam") == {"shrinkage": 0.1}
     with pytest.raises(FoalPipeError, match="head_rows must be one of features, activations"):
         ModelConfig(head_rows="pixels")
 

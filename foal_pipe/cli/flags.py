@@ -22,11 +22,26 @@ FLAGS: dict[str, str] = {
     "random_state": "--seed",
     "seeds": "--order-seeds",
     "run_dir": "--run",
+    "head_options": "--head-option",
 }
+
+
+#: The heads' options with a flag of their own (``--shrinkage``); any other is set with ``--head-option NAME=VALUE``.
+HEAD_OPTION_FLAGS = ("shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp")
+
+
+def _head_option(name: str) -> bool:
+    """Whether ``name`` is a head option without a flag of its own (the registry read now: any head's)."""
+    from foal_pipe.protocol.config import head_option_names
+
+    return name not in FLAGS and name not in HEAD_OPTION_FLAGS and name in head_option_names()
 
 
 def cli_form(name: str, value: Any = NO_VALUE) -> str:
     """How the command line sets ``name`` (to ``value``): ``--gamma``, ``--gamma 1``; a switch is its flag alone
-    (``--drop-last`` for ``drop_last=True``, ``--no-loo`` for ``loo=False``)."""
+    (``--drop-last`` for ``drop_last=True``, ``--no-loo`` for ``loo=False``); a head option without a flag of its own
+    ``--head-option NAME=VALUE``."""
+    if _head_option(name):
+        return f"--head-option {name}" if value is NO_VALUE else f"--head-option {name}={value}"
     flag = FLAGS.get(name, "--" + name.replace("_", "-"))
     return flag if value is NO_VALUE or isinstance(value, bool) else f"{flag} {value}"

@@ -71,9 +71,9 @@ def _check_head(ctx: typer.Context, head: str) -> None:
     """``learn --head``: the options the head cannot take, typed ones included, refused (with ``--init-model`` the
     model names its head and fixes its options: checked against it, protocol/continuation.py)."""
     from foal_pipe.protocol.config import ModelConfig
-    from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, PROJECTION_FIELDS, check_head_options
+    from foal_pipe.protocol.headruns import PROJECTION_FIELDS, check_head_options
 
-    typed = [name for name in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS, "head_rows") if _typed(ctx, name)]
+    typed = [name for name in (*PROJECTION_FIELDS, "head_rows") if _typed(ctx, name)]
     check_head_options([head], o.settings(ctx.params, ModelConfig), typed)
 
 
@@ -88,7 +88,7 @@ def _timings(timings: dict[str, float]) -> str:
            "fusion", "no_fusion_norm", "class_order", "drop_last", "drop_remainder", "stream", "disjoint_ratio",
            "blurry_ratio", "eval_every", "no_mask_unseen", "scheduler", "dask_address", "workers", "init_model",
            "eval_features", "head", "head_rows", "shrinkage", "shrinkage_offdiag", "compensation", "gamma_comp",
-           select=(o.LearnSelect, None))
+           "head_option", select=(o.LearnSelect, None))
 def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
     """Train F-OAL's analytic classifier through the stream, evaluating after every task.
 
@@ -99,7 +99,6 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
     from foal_pipe.protocol.continuation import FIXED_BY_MODEL
     from foal_pipe.protocol.entry import LearnSettings
     from foal_pipe.protocol.entry import learn as learn_entry
-    from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
     with user_errors():
         init_model, head = params["init_model"], params["head"]
@@ -113,8 +112,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,
             tuple(params["eval_features"] or ()),
-            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS)
-                  if _typed(ctx, name)))
+            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head") if _typed(ctx, name)))
         if init_model is None:  # a continued model's settings are checked against the model's
             _check_head(ctx, head)
             _check_applies(ctx, LEARN_ONLY_WITH)
@@ -153,7 +151,7 @@ def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
            "order_seed", "order_seeds", "max_memory", "backend", "dtype", "projection_init", "activation", "fusion",
            "fusions", "no_fusion_norm", "class_order", "drop_last", "drop_remainder", "stream", "disjoint_ratio",
            "blurry_ratio", "no_mask_unseen", "scheduler", "dask_address", "workers", "heads", "shrinkage",
-           "shrinkage_offdiag", "compensation", "gamma_comp", select=(o.Select, o.SWEEP.select))
+           "shrinkage_offdiag", "compensation", "gamma_comp", "head_option", select=(o.Select, o.SWEEP.select))
 def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
     """Evaluate many gammas at about the cost of one `learn`: writes OUT/sweep.json (and OUT/timings.json).
 

@@ -21,6 +21,7 @@ import typer
 
 from foal_pipe.cli._app import choice, flag
 from foal_pipe.cli.flags import NEGATED
+from foal_pipe.cli.headoptions import head_options
 from foal_pipe.core.activations import ACTIVATIONS, INITS
 from foal_pipe.core.backend import BACKENDS, DTYPES
 from foal_pipe.core.engines import ENGINES
@@ -35,6 +36,7 @@ from foal_pipe.protocol.config import (
     ModelConfig,
     StreamConfig,
     SweepConfig,
+    head_option_names,
     parse_gamma,
 )
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
@@ -164,6 +166,15 @@ Compensation = Annotated[
 GammaComp = Annotated[
     float | None, typer.Option(help="dual: the compensation stream's ridge regularisation, > 0 (default: dual's gamma). "
                                "Not for the other heads.", show_default=False)
+]
+HeadOption = Annotated[
+    list[str] | None,
+    typer.Option("--head-option", metavar="NAME=VALUE",
+                 help="A head's own option, read as its head's Options type (repeatable: --head-option shrinkage=oas "
+                 "--head-option shrinkage_offdiag=0.3); the heads' options: " + "; ".join(
+                     f"{name} ({', '.join(heads)})" for name, heads in head_option_names().items())
+                 + ". The flags above set the same options (one given both ways must agree). Default: none (each "
+                 "head's defaults).", show_default=False),
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -316,6 +327,7 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "shrinkage_offdiag": (ShrinkageOffdiag, None),
     "compensation": (Compensation, None),
     "gamma_comp": (GammaComp, None),
+    "head_option": (HeadOption, None),
 }
 
 
@@ -402,10 +414,13 @@ PARSE: dict[str, Callable[[Any], Any]] = {
 def settings(params: Mapping[str, Any], kind: type[Any]) -> Any:
     """The settings of dataclass ``kind`` that a command's options ``params`` (``ctx.params``) give: each field
     from the option of its name (parsed by :data:`PARSE`) or its ``--no-`` option; a field whose option is absent
-    or None keeps its default."""
+    or None keeps its default; ``head_options`` from ``--head-option`` and the heads' own flags
+    (:func:`~foal_pipe.cli.headoptions.head_options`)."""
     names, given = {f.name for f in fields(kind)}, {}
     for option, value in params.items():
         name = NEGATED.get(option, option)
         if name in names and value is not None:
             given[name] = (not value) if option in NEGATED else PARSE.get(name, lambda v: v)(value)
+    if "head_options" in names:
+        given["head_options"] = head_options(params, PARSE)
     return kind(**given)

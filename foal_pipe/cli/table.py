@@ -32,9 +32,9 @@ TableGamma = Annotated[
                       "by --select) or a number > 0. balanced and dual run at ridge's last-boundary choice on the same "
                       "class order with auto (ridge must be among --heads), or at this number.")
 ]
-#: The model options a user typed, as headruns.check_head_options takes them (defaults are not "asked for").
-MODEL_OPTIONS = ("projection_dim", "activation", "gamma", "select", "shrinkage", "shrinkage_offdiag", "compensation",
-                 "gamma_comp")
+#: The model options a user typed, as headruns.check_head_options takes them (defaults are not "asked for"; the head
+#: options given are asked for by being given).
+MODEL_OPTIONS = ("projection_dim", "activation", "gamma", "select")
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -69,6 +69,7 @@ def table(
     shrinkage_offdiag: o.ShrinkageOffdiag = None,
     compensation: o.Compensation = None,
     gamma_comp: o.GammaComp = None,
+    head_option: o.HeadOption = None,
     max_memory: o.MaxMemory = o.MAX_MEMORY_TEXT,
     backend: o.Backend = o.EXECUTION.backend,
 ) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.balanced import BalancedHead
-from foal_pipe.heads.base import SPACES, Head, HeadBase, Scorer
+from foal_pipe.heads.base import PROBABILITY_RULES, SPACES, Head, HeadBase, Scorer
 from foal_pipe.heads.cosine import CosineHead
 from foal_pipe.heads.dual import DualHead
 from foal_pipe.heads.fecam import FeCAMHead
@@ -24,7 +24,8 @@ from foal_pipe.heads.ncm import NCMHead
 from foal_pipe.heads.ridge import RidgeHead
 from foal_pipe.heads.slda import SLDAHead
 
-__all__ = ["DEFAULT_HEAD", "HEADS", "SPACES", "Head", "HeadBase", "HeadEntry", "Scorer", "head_entry", "make_head"]
+__all__ = ["DEFAULT_HEAD", "HEADS", "SPACES", "Head", "HeadBase", "HeadEntry", "Scorer", "head_entry", "make_head",
+           "probabilities"]
 
 #: The head of ``learn`` without ``--head``: F-OAL's ridge learner.
 DEFAULT_HEAD = "ridge"
@@ -99,3 +100,13 @@ def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int) -> Head:
     taken = entry.head.option_names()
     given = {key: value for key, value in options.items() if key in taken and value is not None}
     return entry.factory(xp=xp, dim=dim, **given)
+
+
+def probabilities(name: str, scores: Any) -> Any:
+    """Head ``name``'s scores (n, classes) as class probabilities, by its class's rule (``probabilities``); a head whose
+    scores are distances or cosines (ncm, fecam, cosine) refuses."""
+    rule = head_entry(name).head.probabilities
+    if rule is None:
+        raise FoalPipeError(f"the {name} head's scores are distances or cosines, not probabilities; use predict or "
+                            "scores")
+    return PROBABILITY_RULES[rule](scores)

@@ -20,7 +20,7 @@ from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
 from foal_pipe.errors import FoalPipeError, as_user_error
 from foal_pipe.model.projection import SmoothProjection
-from foal_pipe.model.ridgemodel import RidgeModel, ridge_projection
+from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, ridge_projection
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
@@ -45,7 +45,7 @@ def _gammas(grid: Any) -> list[Any]:
                             ) from None
 
 
-class AnalyticClassifier(ClassifierMixin, BaseEstimator):
+class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
     """Linear classifier on activations, fitted to one-hot labels by exact online ridge regression.
 
     After every ``partial_fit`` call the weights equal the closed-form ridge solution

@@ -112,9 +112,7 @@ class DeployedModel:
     # ------------------------------------------------------------------ predicting
     def rows(self, X: np.ndarray) -> np.ndarray:
         """What the classifier takes of checked features: ``activation(X @ P)`` (a head: the rows of its space)."""
-        if isinstance(self.classifier, HeadClassifier):
-            return self.classifier.rows(X, self.projection)
-        return self.projection.transform(X)
+        return self.classifier.rows(X, self.projection)
 
     def activations(self, features: Any) -> np.ndarray:
         """``activation(features @ P)``: what the classifier scores (``features`` checked: a finite real 2-D
@@ -145,12 +143,7 @@ class DeployedModel:
         the values are not calibrated probabilities. A head other than ridge: slda's softmax (the Gaussian posterior
         under equal priors), balanced's and dual's as ridge's; ncm and fecam score distances and refuse.
         """
-        if isinstance(self.classifier, HeadClassifier):
-            return self.classifier.probabilities(self.scores(features))
-        scores = np.clip(self.scores(features), 0.0, None)
-        total = scores.sum(axis=1, keepdims=True)
-        uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
-        return np.divide(scores, total, out=uniform, where=total > 0)
+        return self.classifier.probabilities(self.scores(features))
 
     def store_predictions(self, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
         """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to

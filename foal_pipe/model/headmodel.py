@@ -18,8 +18,7 @@ from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads import HEADS, Head, Scorer, make_head
-from foal_pipe.heads.base import PROBABILITY_RULES
+from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
 
@@ -100,13 +99,8 @@ class HeadClassifier:
         return np.asarray(projection.transform(X), dtype=np.float64)
 
     def probabilities(self, scores: np.ndarray) -> np.ndarray:
-        """Class probabilities where the head's scores mean them (its class's ``probabilities``); ncm, fecam and
-        cosine, which score distances or cosines, refuse."""
-        rule = HEADS[self.name].head.probabilities
-        if rule is None:
-            raise FoalPipeError(f"the {self.name} head's scores are distances or cosines, not probabilities; use "
-                                "predict or scores")
-        return PROBABILITY_RULES[rule](scores)
+        """Class probabilities where the head's scores mean them (:func:`foal_pipe.heads.probabilities`)."""
+        return probabilities(self.name, scores)
 
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,

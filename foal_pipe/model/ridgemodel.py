@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import probabilities
 from foal_pipe.model.modelfile import read_model, write_model
 
 
@@ -90,7 +91,23 @@ def ridge_projection(projection: Any) -> Any:
     return projection.components_
 
 
-class SavedRidge:
+class RidgeFace:
+    """What :class:`~foal_pipe.model.deploy.DeployedModel` asks of every classifier, as ridge answers it, so a
+    deployed model has one path for every head: the head's ``name``, the rows it scores (the projection's
+    activations) and how its scores become probabilities (the registry's rule for ridge)."""
+
+    name: ClassVar[str] = "ridge"
+
+    def rows(self, X: np.ndarray, projection: Any) -> np.ndarray:
+        """The activations ``projection.transform(X)`` of checked features ``X``: what ridge scores."""
+        return projection.transform(X)
+
+    def probabilities(self, scores: np.ndarray) -> np.ndarray:
+        """Ridge's scores as class shares (:func:`~foal_pipe.heads.base.shares`: clipped at 0, normalised)."""
+        return probabilities(self.name, scores)
+
+
+class SavedRidge(RidgeFace):
     """A :class:`RidgeModel` put to work without scikit-learn, as ``predict``, ``evaluate`` and ``learn --init-model``
     load one: ``classes_``, :meth:`class_scores` and :meth:`predict` give what :meth:`AnalyticClassifier.load
     <foal_pipe.model.classifier.AnalyticClassifier.load>`'s estimator gives, bit for bit, and ``statistics_`` the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -153,7 +153,7 @@ def run_sweep(
         # heads that take gamma run at ridge's choice on their feature set by a training criterion (never the oracle)
         criterion = select if select in TRAINING_CRITERIA else ("loo" if sweep.loo else "gcv")
         models = {key: replace(model, gamma=choose(results[key], criterion)) for key in lanes} if others else {}
-        heads = {key: learn_heads(run, others, asdict(m), train, test, sweep.loo, key) for key, m in models.items()}
+        heads = {key: learn_heads(run, others, m.head_arguments(), train, test, sweep.loo, key) for key, m in models.items()}
     info = run_info(run, stream)
 
     def with_heads(report: SweepReport, key: str | None) -> SweepReport:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,64 @@ class StreamConfig:
         return self.seed if self.order_seed is None else self.order_seed
 
 
+#: Head options that are settings of their own: ``gamma`` (:attr:`ModelConfig.gamma`, ridge's too) and the stream's
+#: ``batch_size`` (dual's recursion runs on the stream's batches).
+OWN_SETTINGS = ("gamma", "batch_size")
+
+
+def head_option_names() -> dict[str, list[str]]:
+    """Every head option of the registry (:data:`foal_pipe.heads.HEADS`, read now) -> the heads that take it, in the
+    registry's order; the :data:`OWN_SETTINGS` left out."""
+    from foal_pipe.heads import HEADS
+
+    taken: dict[str, list[str]] = {}
+    for name, entry in HEADS.items():
+        for option in entry.options:
+            if option not in OWN_SETTINGS:
+                taken.setdefault(option, []).append(name)
+    return taken
+
+
+class HeadOptions(Mapping[str, Any]):
+    """The heads' own options a run gives, option name -> value (e.g. ``{"shrinkage": "oas"}``): read-only and
+    hashable, so that :class:`ModelConfig` stays a frozen value. Each head takes those of its ``Options``."""
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        self._items = tuple(sorted((items or {}).items()))
+
+    def __getitem__(self, key: str) -> Any:
+        return dict(self._items)[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __repr__(self) -> str:
+        return f"HeadOptions({dict(self._items)!r})"
+
+
+def check_head_option_names(options: object) -> HeadOptions:
+    """``head_options`` as :class:`HeadOptions`, None values (the head's default) left out; refused in one line
+    unless it maps names of the registry's head options (gamma and batch_size are settings of their own)."""
+    if not isinstance(options, Mapping):
+        raise FoalPipeError(f"{param('head_options')} must map head option names to values, got {options!r}; pass "
+                            f"e.g. head_options={{'shrinkage': 'oas'}}")
+    known = head_option_names()
+    for key in options:
+        if key in OWN_SETTINGS:
+            raise FoalPipeError(f"{key} is a setting of its own, not a head option: pass {param(key)} and drop it from "
+                                f"{param('head_options')}")
+        if key not in known:
+            listed = "; ".join(f"{option} ({', '.join(heads)})" for option, heads in known.items())
+            raise FoalPipeError(f"no head takes an option {key!r}; the heads' options are: {listed}")
+    return HeadOptions({key: value for key, value in options.items() if value is not None})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The expansion and the ridge classifier on it.
@@ -73,9 +132,10 @@ class ModelConfig:
     ``activation=None`` means the paper's sigmoid, or identity when ``projection_dim`` is 0 (raw features).
     ``fusion`` (a :func:`~foal_pipe.store.blockfusion.parse_fusion` spec) fuses the store's per-block tokens at read
     time instead of using its stored features (stores made with ``extract --keep-blocks``); ``fusion_norm``
-    applies the stored final norm after it. ``head`` names the classifier (:mod:`foal_pipe.heads`); the fields
-    after it are the options of the heads that take them; ``head_rows`` puts a head on the store's features on the
-    projection's activations instead.
+    applies the stored final norm after it. ``head`` names the classifier (:mod:`foal_pipe.heads`);
+    ``head_options`` maps the heads' own options (those of their ``Options`` dataclass but gamma) to values, each head
+    taking those it has (``{"shrinkage": 0.25}``: slda's and fecam's; a head left out: its default); ``head_rows``
+    puts a head on the store's features on the projection's activations instead.
     """
 
     projection_dim: int = 1000
@@ -91,24 +151,26 @@ class ModelConfig:
     fusion: str | None = None
     fusion_norm: bool = True
     head: str = "ridge"  # a key of foal_pipe.heads.HEADS; ridge: this learner
-    shrinkage: float | str | None = None  # slda's eps (or "oas"), fecam's a1; None: the head's default
-    shrinkage_offdiag: float | None = None  # fecam's a2; None: its default
-    compensation: float | None = None  # dual's C; None: its default
-    gamma_comp: float | None = None  # dual's compensation gamma; None: gamma
+    head_options: Mapping[str, Any] = HeadOptions()  # the heads' own options by name; made a HeadOptions
     head_rows: str | None = None  # a feature head's rows (HEAD_ROWS): features or activations; None: the head's own
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "head_options", check_head_option_names(self.head_options))
         if self.head_rows is not None and self.head_rows not in HEAD_ROWS:
             raise FoalPipeError(f"{param('head_rows')} must be one of {', '.join(HEAD_ROWS)}, got {self.head_rows!r}; "
                                 f"e.g. {param('head_rows', 'activations')}")
 
-    @property
-    def head_options(self) -> dict[str, Any]:
-        """The options of :attr:`head` that these settings give (the registry names them), None left out: the
-        mapping the head is built from and its model file and metrics record."""
+    def head_arguments(self) -> dict[str, Any]:
+        """Every head option these settings give, gamma included: each head is built from those it takes."""
+        return {"gamma": self.gamma, **self.head_options}
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        """The options of head ``name`` that these settings give (the registry names them), None left out: the
+        mapping the head is built from."""
         from foal_pipe.heads import head_entry
 
-        return {key: getattr(self, key) for key in head_entry(self.head).options if getattr(self, key) is not None}
+        given = self.head_arguments()
+        return {key: given[key] for key in head_entry(name).options if given.get(key) is not None}
 
     @property
     def loo(self) -> bool:
@@ -163,6 +225,16 @@ class SweepConfig:
     @property
     def resolved_select(self) -> str:
         return self.select or ("loo" if self.loo else "gcv")
+
+
+def config_record(config: Any) -> dict[str, Any]:
+    """A settings dataclass as ``table.json`` records it: its fields, ModelConfig's ``head_options`` spread into one
+    key per head option of the registry (None where not given), as the record has held them since the first heads."""
+    record = asdict(config)
+    if isinstance(config, ModelConfig):
+        given = record.pop("head_options")
+        record.update({option: given.get(option) for option in head_option_names()})
+    return record
 
 
 def parse_gamma(value: float | str) -> float | str:

@@ -35,9 +35,9 @@ from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 from foal_pipe.protocol.commands import warn_dropped
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.config import OWN_SETTINGS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
-from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS, check_head_options
+from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.headwalk import head_accuracies
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
@@ -222,7 +222,7 @@ def run_continue(
     start = time.perf_counter()
     check_output_dir(out)
     deployed = load_model(init_model, estimators=False)
-    name = deployed.classifier.name if isinstance(deployed.classifier, HeadClassifier) else DEFAULT_HEAD
+    name = deployed.classifier.name
     part = PARTS[HEADS[name].learner]
     settings = part.settings(init_model, deployed, model, stream, execution, explicit)
     check_continuable(stream, evaluation)
@@ -323,12 +323,11 @@ def relabelled(head: Head, merged: np.ndarray, space: str) -> Relabelled:
 
 
 def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
-    """The settings of the model's head; an ``explicit`` (typed) ``--head``, head option, gamma, projection size,
-    activation or dtype that differs from the model's is refused (the statistics were computed with the model's).
-    ``explicit`` None: the fields that differ from ``ModelConfig()``."""
+    """The settings of the model's head; an ``explicit`` (typed) ``--head``, gamma, projection size, activation or
+    dtype, or any of ``given.head_options``, that differs from the model's is refused (the statistics were computed
+    with the model's). ``explicit`` None: the fields that differ from ``ModelConfig()``."""
     if explicit is None:
-        explicit = [key for key in ("head", *FIXED_BY_MODEL, *HEAD_OPTION_FIELDS)
-                    if getattr(given, key) != getattr(ModelConfig(), key)]
+        explicit = [key for key in ("head", *FIXED_BY_MODEL) if getattr(given, key) != getattr(ModelConfig(), key)]
     name, options = deployed.classifier.name, deployed.classifier.options
     space = deployed.classifier.space
     D = int(deployed.projection.components_.shape[1])
@@ -337,14 +336,16 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
                              "dtype": deployed.classifier.dtype,
                              "activation": deployed.projection.activation if space == "activations" else None,
                              "head_rows": "activations" if space != HEADS[name].space else None}
-    for key in explicit:
-        asked, known = getattr(given, key), fixed.get(key)
+    asked_for = {**{key: getattr(given, key) for key in explicit}, **given.head_options}
+    for key, asked in asked_for.items():
+        known = fixed.get(key)
         if asked != known:
             held = f"its {known}" if known is not None else "which does not take it"
             raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {name} head ({held}); the model fixes "
                                 f"it: drop {param(key)}")
     fixed.setdefault("gamma", ModelConfig().gamma)
-    return replace(given, **{k: v for k, v in fixed.items() if k in ModelConfig.__dataclass_fields__})
+    own = {k: v for k, v in options.items() if k not in OWN_SETTINGS}
+    return replace(given, **{k: v for k, v in fixed.items() if k in ModelConfig.__dataclass_fields__}, head_options=own)
 
 
 def _head_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,

@@ -20,7 +20,8 @@ class LearnSettings:
     """Everything ``learn`` takes besides its store and output folder. ``order_seeds``: many class orders (None:
     one, ``stream.order_seed``); ``init_model``: a model file to continue, ``eval_features`` the stores it is also
     scored on; ``given``: the setting names the caller set explicitly (a continued model fixes some of them and
-    checks those against its own; the command line passes what was typed)."""
+    checks those against its own; the command line passes what was typed; every option in ``model.head_options``
+    is given by being there)."""
 
     stream: StreamConfig = field(default_factory=StreamConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -89,9 +90,8 @@ def learn(features: str | Path, out: str | Path, settings: LearnSettings | None 
     check_rules(LEARN_RULES, s)
     if s.init_model is not None:
         from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
-        from foal_pipe.protocol.headruns import HEAD_OPTION_FIELDS
 
-        fixed = [name for name in (*FIXED_BY_MODEL, "head", *HEAD_OPTION_FIELDS) if name in s.given]
+        fixed = [name for name in (*FIXED_BY_MODEL, "head") if name in s.given]  # and every head option given
         return run_continue(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution,
                             list(s.eval_features), log, fixed)
     if s.order_seeds is not None:

@@ -4,7 +4,7 @@ settings checked before any work and recorded with their options (defaults inclu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import replace
 from typing import Any
 
 from foal_pipe.core.activations import BIASED
@@ -15,9 +15,6 @@ from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelCo
 
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
-#: ModelConfig fields that are some head's own options (gamma, ridge's too, apart), read from the registry.
-HEAD_OPTION_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "gamma"
-                           and any(f.name in entry.options for entry in HEADS.values()))
 #: ModelConfig fields of ridge's own solver: no other head takes them.
 RIDGE_FIELDS = ("select", "gamma_grid", "engine")
 
@@ -60,31 +57,32 @@ def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
     """The options head ``name`` runs with, as the head holds them (its attribute of each option's name): those
     ``model`` gives, else the head's defaults (dual's ``gamma_comp``: its ``gamma``)."""
     entry = HEADS[name]
-    given = asdict(model)
+    given = model.options_for(name)
     if entry.gram_lanes:
-        return {key: given[key] for key in entry.options}
-    given["gamma"] = None if given["gamma"] == "auto" else given["gamma"]
+        return given
+    if given.get("gamma") == "auto":  # ridge's search, no value of another head's: its default
+        del given["gamma"]
     head = make_head(name, given, _numpy(), 1)
     return {key: getattr(head, key) for key in entry.options}
 
 
 def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None = None) -> None:
-    """Refuse an option that none of ``names`` takes: a head's own option, or, when every head works on the store's
-    features, a projection option (``explicit``: the fields the user gave; None: those that differ from the
-    defaults)."""
+    """Refuse an option that none of ``names`` takes: one of ``model.head_options`` (each given), or, when every
+    head works on the store's features, a projection option (``explicit``: the fields the user gave; None: those that
+    differ from the defaults)."""
     defaults = ModelConfig()
     if explicit is None:
-        explicit = [f for f in (*PROJECTION_FIELDS, *HEAD_OPTION_FIELDS) if getattr(model, f) != getattr(defaults, f)]
+        explicit = [f for f in PROJECTION_FIELDS if getattr(model, f) != getattr(defaults, f)]
     entries = {name: head_entry(name) for name in names}
     taken = {option for entry in entries.values() for option in entry.options}
-    for option in HEAD_OPTION_FIELDS:
-        if option in explicit and option not in taken:
+    for option in model.head_options:
+        if option not in taken:
             users = [n for n, e in HEADS.items() if option in e.options]
             raise FoalPipeError(f"{param(option)} is an option of {' and '.join(users)}, not of "
                                 f"{', '.join(names)}: drop it")
     for name, entry in entries.items():  # the head's own checks of its options, before any work
         if not entry.gram_lanes:
-            make_head(name, {k: v for k, v in asdict(model).items() if k in HEAD_OPTION_FIELDS}, _numpy(), 1)
+            make_head(name, model.head_options, _numpy(), 1)
     if "ridge" not in names:
         for option in RIDGE_FIELDS:
             if option in explicit:

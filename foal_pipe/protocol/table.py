@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.protocol.capabilities import Settings
-from foal_pipe.protocol.config import ModelConfig, StreamConfig
+from foal_pipe.protocol.config import ModelConfig, StreamConfig, config_record
 from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
 from foal_pipe.protocol.run import prepare
 
@@ -101,7 +101,7 @@ def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings
         "store": str(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
         "encoder": meta.encoder, "rows": [int(store.train.labels.size), int(store.test.labels.size)],
         "head": head, "tasks": tasks, "order_seed": seed,
-        "settings": {k: asdict(v) for k, v in asdict_shallow(settings).items()},
+        "settings": {k: config_record(v) for k, v in asdict_shallow(settings).items()},
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -164,7 +164,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
         "format": TABLE_FORMAT, "format_version": TABLE_VERSION,
         "features": [str(p) for p in features], "heads": list(config.heads),
         "order_seeds": list(config.order_seeds), "tasks": list(config.tasks),
-        "settings": {k: _jsonable(asdict(v)) for k, v in asdict_shallow(settings).items()},
+        "settings": {k: _jsonable(config_record(v)) for k, v in asdict_shallow(settings).items()},
         "std_ddof": DDOF, "runs": runs, "cells": cells(runs),
     }
     with atomic_dir(out) as tmp:
@@ -188,7 +188,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings
-    ridge_model = replace(s.model, head="ridge")
+    ridge_model = replace(s.model, head="ridge", head_options={})  # the heads' options go to the heads that take them
     streams = {(t, seed): replace(s.stream, tasks=t, order_seed=seed) for t in config.tasks for seed in config.order_seeds}
     runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution) for key, stream in streams.items()}
     store = next(iter(runs.values())).store
@@ -259,7 +259,7 @@ def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: i
         model = head_model(group[0], settings.model, g)
         run_model = check_learn_head(model, settings.evaluation, settings.execution)
         run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False)
-        options = asdict(model)
+        options = model.head_arguments()
         reports, _ = learn_heads(run, group, options, shared.train, shared.test)
         for name in group:
             resolved = resolved_options(name, head_model(name, settings.model, g))
