@@ -20,7 +20,7 @@ from foal_pipe.heads.fecam import (
     shrunk_normalised,
 )
 from foal_pipe.heads.moments import certified_definite, symmetric_pinv
-from foal_pipe.protocol.headwalk import boundary_scores
+from foal_pipe.protocol.headscores import boundary_scores
 
 REFERENCES = {
     ("ncm", ()): ref_ncm,

@@ -264,7 +264,7 @@ def test_the_walk_feeds_each_head_its_rows_in_stream_order(store, head):
 
     from foal_pipe.heads import HEADS, make_head
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.headwalk import build_heads
+    from foal_pipe.protocol.headscores import build_heads
     from foal_pipe.protocol.learners.heads import HeadsLearner
     from foal_pipe.protocol.run import prepare
     from foal_pipe.protocol.walk import walk

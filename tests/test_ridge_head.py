@@ -114,7 +114,7 @@ def test_the_heads_walk_takes_ridge_and_equals_learns_gram_lanes(tmp_path):
     """Ridge built by the registry and fed by the heads' learner of the walk (``HeadsLearner``, the learner every
     other head takes) gives ``learn``'s accuracy matrix and, at the last boundary, its weights."""
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.headwalk import build_heads, head_accuracies
+    from foal_pipe.protocol.headscores import build_heads, head_accuracies
     from foal_pipe.protocol.learners.heads import HeadsLearner
     from foal_pipe.protocol.run import prepare
     from foal_pipe.protocol.walk import walk

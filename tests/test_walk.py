@@ -10,7 +10,7 @@ from helpers import build_store
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.continuation import PARTS
-from foal_pipe.protocol.headwalk import build_heads
+from foal_pipe.protocol.headscores import build_heads
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.learnkinds import LEARN_KINDS

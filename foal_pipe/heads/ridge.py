@@ -2,8 +2,9 @@
 ``Q = H^T Y`` (:class:`~foal_pipe.core.statistics.RidgeStatistics`), as a head like any other: built by the registry,
 its file layout the ridge model file's own (``G``, ``Q``, ``counts``, ``W``: :mod:`foal_pipe.model.ridgemodel`).
 
-The CLI's ridge runs still go through :mod:`foal_pipe.protocol.walk`'s Gram lanes, which add what this head does not
-hold: the gamma path (GCV, leave-one-out), the RLS engine, float32 sums, fusion lanes and Dask per-task sums.
+The CLI runs ridge in the one walk with its own learner, the Gram lanes (:mod:`foal_pipe.protocol.learners.gram`),
+which add what this head does not hold: the gamma path (GCV, leave-one-out), the RLS engine, float32 sums, fusion
+lanes and Dask per-task sums.
 """
 
 from __future__ import annotations

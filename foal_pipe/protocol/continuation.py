@@ -38,7 +38,7 @@ from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import OWN_SETTINGS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
-from foal_pipe.protocol.headwalk import head_accuracies
+from foal_pipe.protocol.headscores import head_accuracies
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.loosample import RowSample

@@ -27,7 +27,7 @@ from foal_pipe.protocol.headruns import (
     head_space,
     resolved_options,
 )
-from foal_pipe.protocol.headwalk import build_heads, head_reports
+from foal_pipe.protocol.headscores import build_heads, head_reports
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.learners.rls import RLSLearner

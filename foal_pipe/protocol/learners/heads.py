@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.heads import HEADS, Head, Scorer
-from foal_pipe.protocol.headwalk import build_heads, head_reports, space_rows
+from foal_pipe.protocol.headscores import build_heads, head_reports, space_rows
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.walk import Advance, Learner, head_train_rows, walk
@@ -97,7 +97,7 @@ def learn_heads(run: Run, names: Sequence[str], options: Mapping[str, Any], trai
                 test: GroupedRows | None = None, loo: bool = False,
                 lane: str | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
     """Every head of ``names`` through the stream and scored (on ``lane``'s rows: a fusion of ``sweep --fusions``):
-    its accuracy fields (:func:`~foal_pipe.protocol.headwalk.head_reports`) and, with ``loo``, the exact leave-one-out
+    its accuracy fields (:func:`~foal_pipe.protocol.headscores.head_reports`) and, with ``loo``, the exact leave-one-out
     accuracy at the last boundary of the heads that have one."""
     learner = walk(run, [HeadsLearner(run, build_heads(run, names, options), loo, lane=lane)], train)[0]
     reports = head_reports(run, learner.boundaries, {name: HEADS[name].space for name in names}, test, lane=lane)
