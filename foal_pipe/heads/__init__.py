@@ -37,9 +37,8 @@ class HeadEntry:
     the learner that runs it in the CLI's one walk (:data:`~foal_pipe.protocol.learnkinds.LEARN_KINDS`: ``"gram"``,
     ridge's Gram lanes; ``"heads"``, the registry heads' running states).
 
-    The rest is read from the class: ``factory`` builds its running state; ``gram_lanes``: it runs in ridge's Gram
-    lanes;
-    ``space`` the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads
+    ``gram_lanes``: its learner is ridge's Gram lanes. The rest is read from the class: ``factory`` builds its running
+    state; ``space`` the rows it takes; ``options`` the :class:`~foal_pipe.protocol.config.ModelConfig` fields it reads
     (its ``Options`` but ``batch_size``, the stream's); ``memory(classes, dim)`` the bytes its state holds at its
     largest; ``kept(changed, seen, dim)`` the bytes one boundary's scorer keeps until the test pass scores it.
     """
