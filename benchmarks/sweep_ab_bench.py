@@ -3,9 +3,10 @@ source trees (``--baseline`` against this checkout, each through ``PYTHONPATH``)
 
 Each round runs every command with the baseline tree, then with this one, for each ``--threads`` setting (``default``:
 the machine's BLAS threads, nothing pinned; a number: every BLAS/OpenMP pool set to it); medians over ``--repeats``
-rounds, each median's ratio to the same tree's `learn --gamma 1`, after/before per command, the child's CPU seconds
-and the load average before and after. Stores as ``benchmarks/synthetic.py`` makes them: ``narrow`` (20,000 x 256,
-4,000 test rows, D = 600) or ``wide`` (50,000 x 768, 10,000 test rows, D = 1000); 100 classes, 10 tasks, sigmoid.
+rounds, each median's ratio to the same tree's `learn --gamma 1`, after/before per command, the child's CPU seconds,
+each step's median (``timings.json``) and the load average before and after. Stores as ``benchmarks/synthetic.py``
+makes them: ``narrow`` (20,000 x 256, 4,000 test rows, D = 600) or ``wide`` (50,000 x 768, 10,000 test rows,
+D = 1000); 100 classes, 10 tasks, sigmoid.
 
 Usage: python benchmarks/sweep_ab_bench.py --baseline /work/main [--store narrow] [--only learn,sweep]
            [--threads default,1] [--repeats 3] [--store-dir DIR] [--json benchmarks/results/sweep_ab_narrow.json]
@@ -14,6 +15,7 @@ Usage: python benchmarks/sweep_ab_bench.py --baseline /work/main [--store narrow
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -55,24 +57,28 @@ def main() -> None:
         if not store.exists():
             make_store(store, rows, test_rows, n_classes=100, dim=features)
         common = ["--features", str(store), "--tasks", "10", "--projection-dim", str(dim), "--backend", "numpy"]
-        runs: dict[str, dict[str, list[tuple[float, float]]]] = {}
+        runs: dict[str, list[tuple[float, float, dict]]] = {}
         for _ in range(args.repeats):
             for threads in args.threads.split(","):
                 base = os.environ if threads == "default" else blas_env(int(threads))
                 for name in names:
                     for tree, path in trees.items():
                         env = {**base, "PYTHONPATH": str(path)}
-                        run = run_cli([*COMMANDS[name], *common, "--out", str(Path(tmp) / "out")], env)
-                        runs.setdefault(f"{threads}:{name}:{tree}", []).append((run.seconds, run.cpu_seconds))
+                        out = Path(tmp) / f"out-{tree}-{name}"
+                        run = run_cli([*COMMANDS[name], *common, "--out", str(out)], env)
+                        steps = json.loads((out / "timings.json").read_text())
+                        runs.setdefault(f"{threads}:{name}:{tree}", []).append((run.seconds, run.cpu_seconds, steps))
                         print(f"threads {threads:<8} {name:<10} {tree:<7} {run.seconds:7.2f} s "
                               f"({run.cpu_seconds:.2f} CPU s)", flush=True)
         summary: dict[str, dict] = {}
         for key, rs in runs.items():
             threads, name, tree = key.split(":")
-            learn = statistics.median(s for s, _ in runs[f"{threads}:learn:{tree}"])
-            median = statistics.median(s for s, _ in rs)
-            summary[key] = {"median_s": median, "all_s": [s for s, _ in rs], "cpu_s": [c for _, c in rs],
-                            "ratio_to_learn": median / learn}
+            learn = statistics.median(r[0] for r in runs[f"{threads}:learn:{tree}"])
+            median = statistics.median(r[0] for r in rs)
+            steps = {step: statistics.median(r[2].get(step, 0.0) for r in rs) for step in rs[0][2]
+                     if isinstance(rs[0][2][step], float)}
+            summary[key] = {"median_s": median, "all_s": [r[0] for r in rs], "cpu_s": [r[1] for r in rs],
+                            "ratio_to_learn": median / learn, "median_steps_s": steps}
         for key, entry in summary.items():
             if key.endswith(":after"):
                 entry["after_over_before"] = entry["median_s"] / summary[key[: -len("after")] + "before"]["median_s"]

@@ -146,30 +146,3 @@ def test_followers_with_unseen_zeros_equal_the_float64_argmax():
     found = ModelScores(W, 5, positions, width)
     assert found.leaders.tolist() == [0, 3]
     np.testing.assert_array_equal(found.argmax(Rows.of(H)), expected)
-
-
-@pytest.mark.parametrize("mapped", [False, True])
-def test_repeated_models_are_scored_once_and_equal_the_float64_argmax(mapped):
-    """sweep's choices repeat grid gammas: bit-equal models are multiplied once, their argmax copied; a model one
-    bit away (or with -0.0 for 0.0) is a model of its own."""
-    rng = np.random.default_rng(21)
-    H = sigmoid_rows(300, 24, seed=22)
-    A, B = rng.normal(size=(24, 5)), rng.normal(size=(24, 5))
-    A[3, 2] = 0.0
-    signed = A.copy()
-    signed[3, 2] = -0.0
-    apart = B.copy()
-    apart[0, 0] = np.nextafter(apart[0, 0], np.inf)
-    W = np.concatenate([A, B, A.copy(), signed, B.copy(), apart], axis=1)
-    positions, width = (np.array([0, 2, 3, 6, 8]), 9) if mapped else (None, None)
-    scores = ModelScores(W, 6, positions, width)
-    assert scores.models == 4 and scores.expand.tolist() == [0, 1, 0, 2, 1, 3]
-    if mapped:
-        full = np.zeros((300, 6, width))
-        full[:, :, positions] = (H @ W).reshape(300, 6, 5)
-        expected = np.argmax(full, axis=2)
-    else:
-        expected = float64_argmax(H, W, 6)
-    np.testing.assert_array_equal(scores.argmax(Rows.of(H)), expected)
-    np.testing.assert_array_equal(scores.argmax(Rows.of(H).head(41)), expected[:41])
-    assert ModelScores(W[:, :10], 2).expand is None  # all distinct: nothing to copy

@@ -7,8 +7,7 @@ score lies within a proven bound of the exact one (rounding of the inputs and of
 model's top float32 score leads each other by more than twice the bound, the exact scores and the float64
 scores have that same unique argmax. A model whose weights lie within ``delta`` of an earlier model's (a
 neighbouring gamma) is not multiplied at all: its exact scores lie within ``|h| delta`` of that model's, so the
-same test with the bound widened by it decides most rows; a model bit-equal to an earlier one (``sweep``'s choices
-repeat grid gammas) takes that model's argmax. A row a model cannot decide is scored again by that
+same test with the bound widened by it decides most rows. A row a model cannot decide is scored again by that
 model in float64. The argmax is therefore that of the float64 product, row for row: nothing is approximated.
 
 Only NumPy float64 products take the float32 route (cuBLAS and torch may multiply float32 in TF32, which the
@@ -126,26 +125,6 @@ def followers(W: np.ndarray, models: int, column_norm: np.ndarray) -> tuple[np.n
     return leader, distance
 
 
-def distinct_models(W: np.ndarray, models: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first of each set of models with bit-equal weights (``sweep``'s choices often repeat a grid gamma or each
-    other), and each model's index among those: equal weights have equal scores, so one argmax serves them all.
-    Models in ``W`` (D x models*C) in order; compared as unsigned words of their width, so ``-0.0`` and ``0.0`` differ."""
-    blocks = W.reshape(W.shape[0], models, -1)
-    words = blocks.view(np.dtype(f"u{W.dtype.itemsize}"))
-    first: dict[bytes, list[int]] = {}  # a model's first row, the cheap key, to the distinct models that have it
-    distinct: list[int] = []
-    expand = np.empty(models, dtype=np.intp)
-    for m in range(models):
-        same = first.setdefault(words[0, m].tobytes(), [])
-        match = next((j for j in same if np.array_equal(words[:, distinct[j]], words[:, m])), None)
-        if match is None:
-            match = len(distinct)
-            same.append(match)
-            distinct.append(m)
-        expand[m] = match
-    return np.array(distinct, dtype=np.intp), expand
-
-
 class ModelScores:
     """The models of one boundary, ``W`` (D x models*C, its columns model by model), and their argmax.
 
@@ -154,13 +133,6 @@ class ModelScores:
     """
 
     def __init__(self, W: Any, models: int, positions: np.ndarray | None = None, width: int | None = None) -> None:
-        #: each model's column among the distinct models scored (None: all distinct); see :func:`distinct_models`
-        self.expand: np.ndarray | None = None
-        if is_numpy_array(W) and W.size:
-            distinct, expand = distinct_models(W, models)
-            if distinct.size < models:
-                blocks = W.reshape(W.shape[0], models, -1)
-                W, models, self.expand = np.ascontiguousarray(blocks[:, distinct].reshape(W.shape[0], -1)), distinct.size, expand
         self.W, self.models = W, models
         self.positions = None if positions is None else np.asarray(positions)
         self.width = width if width is not None else 0  # used with positions only, which come with their width
@@ -181,13 +153,7 @@ class ModelScores:
                     low.reshape(W.shape[0], models, -1)[:, self.leaders].reshape(W.shape[0], -1))
 
     def argmax(self, rows: Rows) -> np.ndarray:
-        """``(n, models)``: each model's argmax over its scores, as the float64 product ranks them (:meth:`_argmax`
-        of the distinct models, a repeated model's column copied from its first occurrence)."""
-        found = self._argmax(rows)
-        return found if self.expand is None else found[:, self.expand]
-
-    def _argmax(self, rows: Rows) -> np.ndarray:
-        """:meth:`argmax` of the distinct models.
+        """``(n, models)``: each model's argmax over its scores, as the float64 product ranks them.
 
         With ``positions``, the unseen classes' zeros act as one rival scoring 0 at the first unseen column
         (float64's argmax takes the first of equal scores), so the float32 scores are never spread to ``width``.
