@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from helpers import N_CLASSES, assert_clean_error, build_store, invoke, learn, read
 
-from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_bound
+from foal_pipe.core import leaveoneout
+from foal_pipe.core.gammapath import fitted_from
+from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, left_out, sample_bound
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.stream import build_stream
@@ -208,3 +210,58 @@ def test_the_memory_estimate_counts_only_the_rows_ever_sampled(store, monkeypatc
         ever |= set(np.argsort(ranks[:end])[:100].tolist())
     assert 100 < len(ever) < sum(sizes)
     assert parts[KEPT_PART] == len(ever) * 400 * 8
+
+
+def test_left_out_scores_equal_the_one_hot_residuals_bit_for_bit(data):
+    """The NumPy route shifts only the label entries; the formula with the whole one-hot Y, written out here, gives
+    the same counts and the same squared sums to the last bit (a leverage of 1 included: inf)."""
+    H, labels = data
+    classes = np.array([2, 5, 9])
+    fitted, leverage = RidgeStatistics.from_batch(H, labels).eigen().fitted(H, GAMMAS)
+    leverage[3, 1] = 1.0
+    Y = (labels[:, None] == classes[None, :]).astype(float)[:, None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        residual = (fitted - Y) / (1.0 - leverage)[:, :, None]
+    squared = np.sum(np.linalg.vecdot(residual, residual, axis=-1), axis=0)
+    right = np.sum(np.argmax(residual + Y, axis=2) == np.searchsorted(classes, labels)[:, None], axis=0)
+    got_right, got_squared = left_out(fitted.copy(), leverage, labels, classes)
+    assert np.isinf(got_squared[1])
+    np.testing.assert_array_equal(got_right, right)
+    assert got_squared.tobytes() == squared.tobytes()
+
+
+def test_reused_block_buffers_give_what_fresh_arrays_give(data, monkeypatch):
+    """Evaluations of different gamma counts and blocks of different sizes reuse the same buffers: each result
+    equals, bit for bit, the products and the left-out work on fresh arrays."""
+    monkeypatch.setattr(leaveoneout, "LOO_BLOCK_VALUES", 3 * 2 * 3 * 7)  # blocks of 7 rows at 2 gammas, 2 at 5
+    H, labels = data
+    path = RidgeStatistics.from_batch(H, labels).eigen()
+    rows = np.arange(0, H.shape[0], 2)
+    loo = _sampled(path, H, labels, rows)
+    Z = path.coordinates(H[rows])
+    for indices in ([0, 4], [1, 2, 3], [2], [0, 1, 2, 3, 4], [3, 4]):
+        indices = np.array(indices)
+        inv, scaled = path.scaling(GAMMAS[indices])
+        step = max(1, leaveoneout.LOO_BLOCK_VALUES // (3 * indices.size * 3))
+        right, squared = np.zeros(indices.size, dtype=np.int64), np.zeros(indices.size)
+        for lo in range(0, rows.size, step):
+            block = Z[lo : lo + step]
+            got = left_out(np.reshape(block @ scaled, (block.shape[0], indices.size, 3)), (block * block) @ inv,
+                           labels[rows][lo : lo + step], path.classes)
+            right, squared = right + got[0], squared + got[1]
+        curves = loo.evaluate(indices)
+        np.testing.assert_array_equal(curves["loo_accuracy"], right / rows.size)
+        assert curves["loo"].tobytes() == (squared / (rows.size * 3)).tobytes()
+
+
+def test_the_exact_pass_with_reused_buffers_equals_refits_in_blocks(data, monkeypatch):
+    monkeypatch.setattr(leaveoneout, "LOO_BLOCK_VALUES", 200)  # blocks of 6 rows, the last one shorter
+    H, labels = data
+    path = RidgeStatistics.from_batch(H, labels).eigen()
+    whole = LeaveOneOut(path, GAMMAS)
+    whole.add(H, labels)
+    Z = H @ path.vectors
+    fitted, leverage = fitted_from(Z, *path.scaling(GAMMAS))
+    right, squared = left_out(fitted, leverage, labels, path.classes)
+    np.testing.assert_array_equal(whole.correct, right)
+    np.testing.assert_allclose(whole.squared, squared, rtol=1e-12, atol=0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, device
+from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import (
@@ -150,12 +150,34 @@ class RidgeEigen(GammaPath):
         return float64(xp.asarray(H)) @ self.vectors
 
 
-def fitted_from(Z: Any, inv: Any, scaled: Any) -> tuple[Any, Any]:
+def fitted_from(Z: Any, inv: Any, scaled: Any, scratch: Scratch | None = None) -> tuple[Any, Any]:
     """Fitted scores (m, M, C) and leverages (m, M) of rows with eigen-coordinates ``Z`` (m x D), from a path's
-    :meth:`~RidgeEigen.scaling`: every gamma's in two matrix products."""
+    :meth:`~RidgeEigen.scaling`: every gamma's in two matrix products. With ``scratch`` (NumPy), the scores and
+    ``Z * Z`` are written into its buffers: the same products, without fresh pages for every block."""
     xp = array_namespace(Z)
     M = inv.shape[1]
-    return xp.reshape(Z @ scaled, (Z.shape[0], M, scaled.shape[1] // max(M, 1))), (Z * Z) @ inv
+    m, width = Z.shape[0], scaled.shape[1]
+    if scratch is None or not (is_numpy_array(Z) and Z.dtype == scaled.dtype == np.float64):
+        return xp.reshape(Z @ scaled, (m, M, width // max(M, 1))), (Z * Z) @ inv
+    fitted = np.matmul(Z, scaled, out=scratch("fitted", (m, width)))
+    return fitted.reshape(m, M, width // max(M, 1)), np.multiply(Z, Z, out=scratch("squares", Z.shape)) @ inv
+
+
+class Scratch:
+    """Float64 buffers a pass reuses for its per-block temporaries (NumPy): fresh arrays of tens of MB are new
+    pages at every block, and their faults cost about as much as the element-wise work on them. ``scratch(name,
+    shape)`` is a C-contiguous view of the first values of the buffer ``name``, grown when too small; a view is
+    valid until the next call with the same name."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < size:
+            buffer = self._buffers[name] = np.empty(size, dtype=np.float64)
+        return buffer[:size].reshape(shape)
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,10 +8,10 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, fitted_from
+from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
 from foal_pipe.core.linalg import class_positions, float64, one_hot
 from foal_pipe.errors import FoalPipeError
 
@@ -60,14 +60,24 @@ def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray) 
     """Per gamma, the rows whose left-out prediction is their label and their summed squared left-out residuals,
     from the rows' fitted scores ``work`` (m, M, C; overwritten, to spare memory traffic) and leverages (m, M)."""
     xp = array_namespace(work)
-    Y = one_hot(labels, classes, work)[:, None, :]
-    work -= Y  # minus the residual, -e_i
+    positions = class_positions(classes, labels)
+    # NumPy: the label entries alone; adding Y's zeros leaves the others as they are (up to a zero's sign, which no
+    # comparison sees). The standard has no integer-array assignment, so other namespaces add Y itself
+    Y = None if is_numpy_array(work) else one_hot(labels, classes, work)[:, None, :]
+    rows = np.arange(work.shape[0])
+    if Y is None:
+        work[rows, :, positions] -= 1.0  # minus the residual, -e_i
+    else:
+        work -= Y
     with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
         work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual, -e_i / (1 - h_i)
     squared = to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
-    work += Y  # the left-out prediction, y_i - e_i / (1 - h_i)
+    if Y is None:
+        work[rows, :, positions] += 1.0  # the left-out prediction, y_i - e_i / (1 - h_i)
+    else:
+        work += Y
     predicted = to_numpy(xp.argmax(work, axis=2))
-    return np.sum(predicted == class_positions(classes, labels)[:, None], axis=0), squared
+    return np.sum(predicted == positions[:, None], axis=0), squared
 
 
 class LeaveOneOut(_LeftOutTotals):
@@ -85,6 +95,7 @@ class LeaveOneOut(_LeftOutTotals):
         D, C = eigen.projected.shape
         self._scaled = xp.reshape(eigen.projected[:, None, :] * self.inverse[:, :, None], (D, -1))  # (D, M*C)
         self.n_gammas = int(self.inverse.shape[1])
+        self._scratch = Scratch()
         self.rows = 0
         self.correct = np.zeros(self.n_gammas, dtype=np.int64)
         self.squared = np.zeros(self.n_gammas, dtype=np.float64)
@@ -100,14 +111,12 @@ class LeaveOneOut(_LeftOutTotals):
 
     def _add_block(self, H: Any, labels: np.ndarray) -> None:
         xp = array_namespace(self.eigen.vectors)
-        m, M = H.shape[0], self.n_gammas
-        C = self.eigen.classes.size
         Z = float64(xp.asarray(H)) @ self.eigen.vectors  # (m, D)
-        leverage = (Z * Z) @ self.inverse  # (m, M)
-        correct, squared = left_out(xp.reshape(Z @ self._scaled, (m, M, C)), leverage, labels, self.eigen.classes)
+        correct, squared = left_out(*fitted_from(Z, self.inverse, self._scaled, self._scratch), labels,
+                                    self.eigen.classes)
         self.squared += squared
         self.correct += correct
-        self.rows += m
+        self.rows += H.shape[0]
 
     def _totals(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.correct[indices], self.squared[indices]
@@ -143,6 +152,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
         self.rows = 0
         self._coordinates: list[Any] = []  # the sampled rows' H V blocks, float64 on the rows' device
         self._labels: list[np.ndarray] = []
+        self._scratch = Scratch()  # the blocks' scores and squares, reused by every block of every evaluation
 
     def add(self, H: Any, labels: Any) -> None:
         """Keep sampled rows ``H`` (m x D)' eigen-coordinates and labels: any gammas are then scored by products
@@ -159,7 +169,8 @@ class SampledLeaveOneOut(_LeftOutTotals):
         for Z, labels in zip(self._coordinates, self._labels):
             for lo in range(0, Z.shape[0], step):
                 block = Z[lo : min(lo + step, Z.shape[0]), :]
-                right, sums = left_out(*fitted_from(block, inv, scaled), labels[lo : lo + step], self.path.classes)
+                right, sums = left_out(*fitted_from(block, inv, scaled, self._scratch), labels[lo : lo + step],
+                                       self.path.classes)
                 correct += right
                 squared += sums
         return correct, squared
