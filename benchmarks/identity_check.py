@@ -55,6 +55,23 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "sweep-fusions": ("sweep", *COMMON, "--gammas", "0.1,1,10", "--fusions", "last,mean:1-2"),
     "sweep-heads": ("sweep", *COMMON, "--gammas", "0.1,1,10", "--heads", "ridge,ncm,slda"),
     "sweep-order-seeds": ("sweep", *COMMON, "--gammas", "0.1,1", "--order-seeds", "0,1"),
+    "slda-oas": ("learn", *COMMON, "--head", "slda", "--shrinkage", "oas"),
+    "fecam-opts": ("learn", *COMMON, "--head", "fecam", "--shrinkage", "0.5", "--shrinkage-offdiag", "0.3"),
+    "dual-opts": ("learn", *COMMON, "--head", "dual", "--compensation", "0.7", "--gamma-comp", "2", "--gamma", "0.5"),
+    "balanced-gamma": ("learn", *COMMON, "--head", "balanced", "--gamma", "0.5"),
+    "slda-orders": ("learn", *COMMON, "--head", "slda", "--shrinkage", "0.25", "--order-seeds", "0,1"),
+    "sweep-heads-opts": ("sweep", *COMMON, "--gammas", "0.1,1", "--heads", "ridge,slda,fecam,dual", "--shrinkage", "0.25",
+                         "--compensation", "0.5"),
+    "sweep-heads-orders": ("sweep", *COMMON, "--gammas", "0.1,1", "--heads", "ridge,slda,dual", "--shrinkage", "0.25",
+                           "--order-seeds", "0,1"),
+    "table": ("table", "--tasks", "3", "--projection-dim", "16", "--order-seeds", "0,1", "--heads", "ridge,slda,fecam,dual",
+              "--shrinkage", "0.25", "--compensation", "0.5", "--gamma", "1"),
+    "table-auto": ("table", "--tasks", "3", "--projection-dim", "16", "--order-seeds", "0", "--heads", "ridge,ncm,balanced",
+                   "--gamma", "auto"),
+    "continue-slda": ("learn", "--features", "b.zarr", "--tasks", "2", "--init-model", "{R}/slda-oas/model.safetensors",
+                      "--shrinkage", "oas"),
+    "continue-dual": ("learn", "--features", "b.zarr", "--tasks", "2", "--init-model", "{R}/dual-opts/model.safetensors",
+                      "--batch-size", "16"),
 }
 #: Commands on a run made above: name -> arguments (``predict`` writes a CSV, ``evaluate`` a folder).
 AFTER: dict[str, tuple[str, ...]] = {
@@ -64,6 +81,8 @@ AFTER: dict[str, tuple[str, ...]] = {
                      "--out", "{R}/predict-slda/predictions.csv"),
     "evaluate-ridge": ("evaluate", "--run", "{R}/learn", "--out", "{R}/evaluate-ridge", "--no-plots"),
     "evaluate-fecam": ("evaluate", "--run", "{R}/learn-head-fecam", "--out", "{R}/evaluate-fecam", "--no-plots"),
+    "predict-dual": ("predict", "--model", "{R}/dual-opts/model.safetensors", "--features", "{S}",
+                     "--out", "{R}/predict-dual/predictions.csv"),
 }
 
 
