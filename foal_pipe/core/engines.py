@@ -91,7 +91,7 @@ class RLSEngine:
     name = "rls"
     state_names = ("R", "W")
 
-    def __init__(self, dim: int, gamma: float, xp: Any, dtype: Any, device: Any = None) -> None:
+    def __init__(self, dim: int, gamma: float | str, xp: Any, dtype: Any, device: Any = None) -> None:
         if gamma == "auto":
             raise FoalPipeError("gamma='auto' needs the gram engine (the RLS recursion fixes gamma in R0 = I/gamma)")
         self.gamma = check_gamma(gamma)

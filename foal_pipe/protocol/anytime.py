@@ -10,6 +10,7 @@ its recursion's own weights. Between task ends the gamma is the one chosen at th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.solvers import Boundary
 
 if TYPE_CHECKING:
+    from foal_pipe.heads import Scorer
     from foal_pipe.protocol.run import Run
 
 #: ``--gamma auto`` at points before the first task end, where no gamma has been chosen yet (learn's default).
@@ -62,7 +64,8 @@ class Anytime:
             self.add(samples, Boundary(running.classes, W[:, None, :], np.array([gamma])))
 
 
-def curve_accuracy(hits: np.ndarray, class_totals: np.ndarray, snapshots: list[Boundary]) -> list[float]:
+def curve_accuracy(hits: np.ndarray, class_totals: np.ndarray,
+                   snapshots: Sequence[Boundary | Scorer]) -> list[float]:
     """The accuracy at each snapshot on the test rows of its classes (those seen so far), from ``hits[p, c]``:
     correct predictions of snapshot p on class c's test rows, ``class_totals[c]`` test rows of class c."""
     return [float(hits[p, b.classes].sum() / class_totals[b.classes].sum()) for p, b in enumerate(snapshots)]

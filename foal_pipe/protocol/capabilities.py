@@ -95,7 +95,9 @@ def check_points(head: str, labels: np.ndarray, every: int) -> None:
     """``--eval-every`` with a head that needs :data:`MIN_CLASS_ROWS`: refuse, before any work, points where a seen
     class has fewer rows, naming the nearest ``--eval-every`` above that has none."""
     least = MIN_CLASS_ROWS.get(head)
-    found = None if least is None else _short_point(labels, every, least)
+    if least is None:
+        return
+    found = _short_point(labels, every, least)
     if found is None:
         return
     n, c = found

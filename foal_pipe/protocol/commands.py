@@ -22,6 +22,7 @@ from foal_pipe.protocol.headruns import (
     check_sweep_heads,
     resolved_options,
 )
+from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import learn_heads
 from foal_pipe.protocol.learnkinds import LEARN_KINDS, warn_gcv
@@ -139,8 +140,8 @@ def run_sweep(
     sample = row_sample(run) if sweep.loo else None  # learn --gamma auto's rows and bound (--loo-sample)
     solvers = {key: ManyGammas(gammas, sweep.loo, None, sweep.per_decade, sample) for key in run.lanes}
     read = others and shared is None  # the heads walk the rows ridge's walk takes, read once
-    with np.errstate(all="ignore"), (head_train_rows(run) if read else nullcontext(shared and shared.train)) as train, \
-            (test_rows(run) if read else nullcontext(shared and shared.test)) as test:
+    with np.errstate(all="ignore"), (head_train_rows(run) if read else nullcontext(shared.train if shared else None)) as train, \
+            (test_rows(run) if read else nullcontext(shared.test if shared else None)) as test:
         lanes = walk(run, [GramLearner(run, solvers)], train)[0].lanes
         if run.stream.kind == "disjoint":
             accs = lane_accuracies(run, {key: lane.boundaries for key, lane in lanes.items()}, test)
@@ -169,21 +170,26 @@ def run_sweep(
     else:
         report = sweep_report(gammas, results[None], select, info, selections[None])
     if sweep.loo:
-        seen = np.cumsum([r.size for r in run.stream.rows])
+        seen = np.cumsum([r.size for r in run.stream.rows]).tolist()
         report = replace(report, leave_one_out=leave_one_out_rows(next(iter(lanes.values())).boundaries,
                                                                   model.loo_sample, seen))
     warn_search_edges(report.selections or [], log)
     if sweep.heads:
         report = with_heads(report, report.fusion if fusions else None)
     for key, lane in lanes.items():
-        warn_gcv(lane.boundaries[-1:], gammas, log if key is None else lambda text, key=key: log(f"{key}: {text}"))
+        warn_gcv(lane.boundaries[-1:], gammas, log if key is None else prefixed(log, f"{key}: "))
     report = flag_grid_edge(report, log)
     return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
 
 
+def prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    """``log`` with ``prefix`` before every line (a fusion's warnings name it)."""
+    return lambda text: log(prefix + text)
+
+
 def flag_grid_edge(report: SweepReport, log: Callable[[str], None]) -> SweepReport:
     """The report, recording whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is."""
-    gamma, grid = report.best_gamma, report.gammas
+    gamma, grid = known(report.best_gamma, "a sweep's best gamma"), known(report.gammas, "a sweep's gammas")
     edge = grid_edge(gamma, grid)
     if edge is not None:
         log(f"warning: the best gamma by {report.selected_by}, {gamma:g}, is the {edge} of --gammas "

@@ -31,8 +31,7 @@ SCHEDULERS = ("local", "dask")
 def check_seed(value: object, name: str = "seed") -> int:
     """A seed NumPy's generators take: a non-negative integer (not a boolean); anything else refused, naming the
     parameter ``name``."""
-    integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not integer or value < 0:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
         raise FoalPipeError(f"{param(name)} must be a non-negative integer, got {value!r}; pass e.g. {param(name, 0)}")
     return int(value)
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from foal_pipe.protocol.config import OWN_SETTINGS, EvaluationConfig, ExecutionC
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.headscores import head_accuracies
+from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.loosample import RowSample
@@ -49,6 +50,9 @@ from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, St
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import walk
 from foal_pipe.store import FeatureStore, open_store
+
+if TYPE_CHECKING:  # scikit-learn: not loaded by learn --init-model
+    from foal_pipe.model.classifier import AnalyticClassifier
 
 
 def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
@@ -192,8 +196,9 @@ def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
     model knows (``scored``: its path and the model's ``(true, predicted)``; a store that is the run's own is
     left out, its rows are counted once)."""
     true, predicted = result.store_predictions(run.store.path)
-    parts = [(f"T{t + 1}", run.store.path, (predicted == true)[np.isin(true, merged[task])])
-             for t, task in enumerate(run.stream.tasks)]
+    parts: list[tuple[str, str | Path, np.ndarray]] = [
+        (f"T{t + 1}", run.store.path, (predicted == true)[np.isin(true, merged[task])])
+        for t, task in enumerate(run.stream.tasks)]
     for path, true, predicted in scored:
         if not same_store(path, run.store.path):
             parts.append(("eval", path, (predicted == true)[true >= 0]))
@@ -256,7 +261,7 @@ def _continue_gram(run: Run, deployed: DeployedModel, merged: np.ndarray, stream
     model = run.model
     inner = (ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade) if model.gamma == "auto"
              else FixedGamma(float(model.gamma)))
-    solver = Continued(inner, deployed.classifier.statistics_, merged)
+    solver = Continued(inner, ridge_of(deployed).statistics_, merged)
     gram = walk(run, [GramLearner(run, {None: solver})])[0]
     acc = accuracy_matrices(run, gram.boundaries)[0]
     final = SavedRidge(RidgeModel.solved(solver.total(gram.running), float(gram.boundaries[-1].gammas[0])))
@@ -322,18 +327,32 @@ def relabelled(head: Head, merged: np.ndarray, space: str) -> Relabelled:
     return kind(head, merged)
 
 
+def head_of(deployed: DeployedModel) -> HeadClassifier:
+    """The model's head (its file's learner chose the head's part, :data:`PARTS`)."""
+    if not isinstance(deployed.classifier, HeadClassifier):
+        raise internal_error("a ridge model continued as a head")
+    return deployed.classifier
+
+
+def ridge_of(deployed: DeployedModel) -> AnalyticClassifier | SavedRidge:
+    """The model's ridge classifier (its file's learner chose ridge's part, :data:`PARTS`)."""
+    if isinstance(deployed.classifier, HeadClassifier):
+        raise internal_error("a head's model continued as ridge")
+    return deployed.classifier
+
+
 def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
     """The settings of the model's head; an ``explicit`` (typed) ``--head``, gamma, projection size, activation or
     dtype, or any of ``given.head_options``, that differs from the model's is refused (the statistics were computed
     with the model's). ``explicit`` None: the fields that differ from ``ModelConfig()``."""
     if explicit is None:
         explicit = [key for key in ("head", *FIXED_BY_MODEL) if getattr(given, key) != getattr(ModelConfig(), key)]
-    name, options = deployed.classifier.name, deployed.classifier.options
-    space = deployed.classifier.space
+    classifier = head_of(deployed)
+    name, options, space = classifier.name, classifier.options, classifier.space
     D = int(deployed.projection.components_.shape[1])
     fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
                              "projection_dim": D if space != "features" else 0,
-                             "dtype": deployed.classifier.dtype,
+                             "dtype": classifier.dtype,
                              "activation": deployed.projection.activation if space == "activations" else None,
                              "head_rows": "activations" if space != HEADS[name].space else None}
     asked_for = {**{key: getattr(given, key) for key in explicit}, **given.head_options}
@@ -351,7 +370,8 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
 def _head_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,
                    execution: ExecutionConfig, explicit: Collection[str] | None) -> ModelConfig:
     """Another head's settings: its own (:func:`continued_head_settings`), in this process, on its batch size."""
-    name, options = deployed.classifier.name, deployed.classifier.options
+    classifier = head_of(deployed)
+    name, options = classifier.name, classifier.options
     settings = continued_head_settings(deployed, model, explicit)
     if execution.scheduler != "local":
         raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
@@ -362,20 +382,24 @@ def _head_settings(init_model: str | Path, deployed: DeployedModel, model: Model
 
 
 def _head_prepare(deployed: DeployedModel, merged: np.ndarray, settings: ModelConfig) -> dict[str, Any]:
-    held = sum(int(np.asarray(t).nbytes) for t in deployed.classifier.tensors.values())
-    return {"heads": [deployed.classifier.name], "ridge": False,
-            "start": HeadStart(merged, deployed.classifier.classes_, held)}
+    classifier = head_of(deployed)
+    held = sum(int(np.asarray(t).nbytes) for t in classifier.tensors.values())
+    return {"heads": [classifier.name], "ridge": False, "start": HeadStart(merged, classifier.classes_, held)}
 
 
 def _continue_head(run: Run, deployed: DeployedModel, merged: np.ndarray, stream: StreamConfig) -> tuple[Any, LearnMetrics]:
     """Another head's part: the head restored from its tensors, the new store's rows added by the heads' learner."""
-    name, options, space = deployed.classifier.name, deployed.classifier.options, deployed.classifier.space
-    walker = relabelled(deployed.classifier.head(run.xp), merged, space)
+    classifier = head_of(deployed)
+    name, options, space = classifier.name, classifier.options, classifier.space
+    walker = relabelled(classifier.head(run.xp), merged, space)
     boundaries = walk(run, [HeadsLearner(run, {name: walker})])[0].boundaries
     acc = head_accuracies(run, boundaries, {name: space})[name]
     new_rows = sum(int(r.size) for r in run.stream.rows)
-    final = HeadClassifier(name, options, export_head(name, walker.head, walker.last),
-                           deployed.classifier.n_samples_seen_ + new_rows, space, deployed.classifier.dtype)
+    last = walker.last
+    if last is None:
+        raise internal_error("a continued head without a boundary")
+    final = HeadClassifier(name, options, export_head(name, walker.head, last), classifier.n_samples_seen_ + new_rows,
+                           space, classifier.dtype)
     shown = {k: v for k, v in options.items() if k != "batch_size"}
     return final, LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
 

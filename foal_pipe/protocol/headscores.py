@@ -5,13 +5,14 @@ the rows of each space computed from a block of cached rows (:data:`SPACE_ROWS`)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
+from foal_pipe.heads.base import ClassColumns
 from foal_pipe.protocol.anytime import curve_accuracy
 from foal_pipe.protocol.evaluation import blurry_report, seen_classes, task_matrix
 from foal_pipe.protocol.records import accuracy_report
@@ -92,7 +93,7 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
         ends = np.searchsorted(tasks, np.arange(T), side="right")  # boundary k scores the rows of tasks 1..k
         scored = np.flatnonzero(ends > 0)
         for name, scorers in boundaries.items():
-            chosen = [scorers[k] for k in scored]
+            chosen = [scorers[int(k)] for k in scored]
             for k, scorer, scores in zip(scored, chosen, boundary_scores(chosen, blocks[spaces[name]], ends[scored]),
                                          strict=True):
                 n = ends[k]
@@ -107,7 +108,7 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     return accuracies
 
 
-def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int]) -> Iterator[Any]:
+def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int] | np.ndarray) -> Iterator[Any]:
     """Each scorer's scores of the first ``ends[k]`` rows of ``X`` (the scorers of one head, boundary by boundary).
     Scorers with class keys (:class:`~foal_pipe.heads.base.ClassColumns`) share a memo: the rows are prepared once
     and a class's column is computed for the rows it lacks only, so each (row, class) score is computed once per
@@ -115,20 +116,22 @@ def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int]) -> I
     memo: dict[Any, Any] = {}
     prepared = None
     for scorer, n in zip(scorers, ends, strict=True):
-        if getattr(scorer, "keys", None) is None:
+        keys = getattr(scorer, "keys", None)
+        if keys is None:
             yield scorer.scores(X[:n, :])
             continue
+        by_class = cast(ClassColumns, scorer)  # a structural protocol: a scorer with class keys is one
         if prepared is None:
-            prepared = scorer.prepare(X)
+            prepared = by_class.prepare(X)
             xp = array_namespace(prepared)
         columns = []
-        for k, key in enumerate(scorer.keys):
+        for k, key in enumerate(keys):
             done = memo.get(key)
             m = 0 if done is None else done.shape[0]
             if m < n:
-                new = scorer.column(k, prepared[m:n, :])
-                memo[key] = done = new if done is None else xp.concat((done, new))
-            columns.append(done[:n])
+                new = by_class.column(k, prepared[m:n, :])
+                memo[key] = new if done is None else xp.concat((done, new))
+            columns.append(memo[key][:n])
         yield xp.stack(columns, axis=1)
 
 

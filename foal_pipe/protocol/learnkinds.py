@@ -76,18 +76,21 @@ def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: Shar
     auto = model.gamma == "auto"
     if model.loo and not run.keep_activations:
         log(reread_note(run))
-    rows = shared and shared.train
-    final: RidgeModel | None
+    rows = shared.train if shared else None
+    final: RidgeModel
     if model.engine == "rls":
         rls = walk(run, [RLSLearner(run, anytime)], rows)[0]
         boundaries, final = rls.boundaries, rls.final
-    else:
-        solver = (ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run)) if auto
-                  else FixedGamma(float(model.gamma)))
-        gram = walk(run, [GramLearner(run, {None: solver}, anytime=anytime)], rows)[0]
+    elif auto:
+        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run))
+        gram = walk(run, [GramLearner(run, {None: path}, anytime=anytime)], rows)[0]
         boundaries = gram.boundaries
-        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0])) if auto else solver.model
-    reports, curve = model_reports(run, boundaries, shared and shared.test, anytime)
+        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]))
+    else:
+        fixed = FixedGamma(float(model.gamma))
+        boundaries = walk(run, [GramLearner(run, {None: fixed}, anytime=anytime)], rows)[0].boundaries
+        final = fixed.model
+    reports, curve = model_reports(run, boundaries, shared.test if shared else None, anytime)
     metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
     if auto and model.select == "gcv":
         warn_gcv(boundaries, model.gamma_grid, log)
@@ -112,8 +115,8 @@ def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: Share
         check_points(model.head, run.store.train.labels[np.concatenate(run.stream.rows)], anytime.every)
     spaces = {model.head: head_space(model.head, model)}
     heads = build_heads(run, [model.head], options, spaces)
-    learner = walk(run, [HeadsLearner(run, heads, points=points, spaces=spaces)], shared and shared.train)[0]
-    report = head_reports(run, learner.boundaries, spaces, shared and shared.test, points)[model.head]
+    learner = walk(run, [HeadsLearner(run, heads, points=points, spaces=spaces)], shared.train if shared else None)[0]
+    report = head_reports(run, learner.boundaries, spaces, shared.test if shared else None, points)[model.head]
     curve = report.pop("curve", None)
     metrics = LearnMetrics(**report, head=model.head, head_options=options, head_rows=model.head_rows,
                            **run_info(run, stream))
@@ -126,11 +129,10 @@ def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: Share
 
 def warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:
     """Warn when GCV's choice has effective degrees of freedom near the rows' count, where GCV is unreliable."""
-    flagged = [k for k, b in enumerate(boundaries) if b.gcv_dof_ratio is not None and b.gcv_dof_ratio > GCV_DOF_WARNING]
+    flagged = [ratio for b in boundaries if (ratio := b.gcv_dof_ratio) is not None and ratio > GCV_DOF_WARNING]
     if flagged:
-        b = boundaries[flagged[-1]]
         log(
-            f"warning: GCV's choice has effective degrees of freedom {100 * b.gcv_dof_ratio:.0f}% of the rows "
+            f"warning: GCV's choice has effective degrees of freedom {100 * flagged[-1]:.0f}% of the rows "
             f"(above {100 * GCV_DOF_WARNING:.0f}%) at {len(flagged)} task boundar{'y' if len(flagged) == 1 else 'ies'}; "
             "GCV is unreliable as D nears n: prefer --select loo"
         )
@@ -139,10 +141,11 @@ def warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callabl
 def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
     """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
     edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
-    if edges:
-        grid, last = metrics.gamma_grid, metrics.gammas_selected[edges[-1]]
+    grid, selected = metrics.gamma_grid, metrics.gammas_selected
+    if edges and grid is not None and selected is not None:  # edges come with --gamma auto's grid and choices
+        last = selected[edges[-1]]
         log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
-            f"{max(grid):g}), at {len(edges)} of {len(metrics.gammas_selected)} task boundaries; a better gamma "
+            f"{max(grid):g}), at {len(edges)} of {len(selected)} task boundaries; a better gamma "
             "may lie beyond the grid: extend --gamma-grid")
 
 

@@ -48,6 +48,7 @@ from foal_pipe.protocol.config import (
 )
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
+from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.learnkinds import LEARN_KINDS, warn_auto_edges
 from foal_pipe.protocol.outputs import save_model, summed_timings, write_learned
 from foal_pipe.protocol.records import (
@@ -206,13 +207,13 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas)
             Q = xp.take(columns, xp.asarray(classes, device=default_device(xp)), axis=1)
             running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes])
         with run.timed("solve"):
-            boundaries.append(solver.finish(solver.start(running, k)))
+            boundaries.append(solver.solve(running, k))
     return boundaries, running
 
 
-def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, float]]:
+def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, Any]]:
     """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders, and of A_auc where every
-    order has one (``--eval-every``)."""
+    order has one (``--eval-every``). Floats, typed Any: they fill the records' fields of those names."""
     keys = [*SUMMARY_KEYS, *(["A_auc"] if all(getattr(e, "A_auc", None) is not None for e in entries) else [])]
     values = {key: np.array([getattr(e, key) for e in entries], dtype=np.float64) for key in keys}
     return {"mean": {k: float(v.mean()) for k, v in values.items()}, "std": {k: float(v.std()) for k, v in values.items()}}
@@ -235,11 +236,11 @@ def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool
     mean = np.mean(matrices, axis=0)
     return replace(first, **stats["mean"], order_seed=None,
                    accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(mean.shape[0])],
-                   A_steps=[float(v) for v in np.mean([e.A_steps for e in entries], axis=0)],
+                   A_steps=[float(v) for v in np.mean([known(e.A_steps, "an order's A_steps") for e in entries], axis=0)],
                    F_published_code=(None if any(e.F_published_code is None for e in entries)
                                      else float(np.mean([e.F_published_code for e in entries]))),
-                   order_seeds=[e.order_seed for e in entries], orders=list(entries), mean=stats["mean"],
-                   std=stats["std"], one_pass=one_pass)
+                   order_seeds=[known(e.order_seed, "an order's seed") for e in entries], orders=list(entries),
+                   mean=stats["mean"], std=stats["std"], one_pass=one_pass)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,16 +291,16 @@ def run_learn_orders(
         per_class = class_statistics(runs[0], shared)
         entries, finals = [], []
         for s, run in zip(seeds, runs):
-            auto = model.gamma == "auto"
-            solver = (ManyGammas(model.gamma_grid, False, model.select, model.per_decade) if auto
-                      else FixedGamma(float(model.gamma)))
-            boundaries, running = order_boundaries(run, per_class, solver)
-            acc = accuracy_matrices(run, boundaries, shared.test)[0]
-            metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
-            if auto:
+            if model.gamma == "auto":
+                path = ManyGammas(model.gamma_grid, False, model.select, model.per_decade)
+                boundaries, running = order_boundaries(run, per_class, path)
                 finals.append(RidgeModel.solved(running, float(boundaries[-1].gammas[0])))
             else:
-                finals.append(solver.model)
+                fixed = FixedGamma(float(model.gamma))
+                boundaries, _ = order_boundaries(run, per_class, fixed)
+                finals.append(fixed.model)
+            acc = accuracy_matrices(run, boundaries, shared.test)[0]
+            metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
             entries.append((metrics, _order_entry(s, metrics)))
     metrics = combine([e for _, e in entries], entries[0][0], one_pass=True)
     warn_auto_edges(metrics, log)
@@ -432,22 +433,23 @@ def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> Sweep
     leave-one-out accuracy the means over the orders (ridge's options: each order's gamma); the best head by
     mean leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
     heads = {}
-    for name, first in report.heads.items():
-        entries = [rep.heads[name] for rep in reports]
+    for name, first in known(report.heads, "the heads' entries").items():
+        entries = [known(rep.heads, "an order's heads")[name] for rep in reports]
         stats = summary(entries)
         T = len(first.accuracy_matrix)
         mean = np.mean([[row + [np.nan] * (T - len(row)) for row in e.accuracy_matrix] for e in entries], axis=0)
-        loo = [e.loo_accuracy for e in entries]
+        loo = [v for e in entries if (v := e.loo_accuracy) is not None]
         heads[name] = replace(first, **stats["mean"], std=stats["std"],
                               accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(T)],
-                              A_steps=[float(v) for v in np.mean([e.A_steps for e in entries], axis=0)],
+                              A_steps=[float(v) for v in np.mean([known(e.A_steps, "a head's A_steps") for e in entries],
+                                                                 axis=0)],
                               F_published_code=None if any(e.F_published_code is None for e in entries)
                               else float(np.mean([e.F_published_code for e in entries])),
-                              loo_accuracy=None if None in loo else float(np.mean(loo)))
+                              loo_accuracy=None if len(loo) < len(entries) else float(np.mean(loo)))
         if name == "ridge":  # each order at its own gamma, chosen by the sweep's criterion on its training rows
             heads[name] = replace(heads[name], options={"gammas": [e.options["gamma"] for e in entries],
                                                         "selected_by": first.options["selected_by"]})
-    ranked = [name for name, entry in heads.items() if entry.loo_accuracy is not None]
-    best = max(ranked, key=lambda name: heads[name].loo_accuracy) if ranked else None
+    ranked = {name: score for name, entry in heads.items() if (score := entry.loo_accuracy) is not None}
+    best = max(ranked, key=ranked.__getitem__) if ranked else None
     return replace(report, heads=heads, best_head=best, best_head_selected_by=report.best_head_selected_by if best else None,
                    best_head_test=max(heads, key=lambda name: heads[name].A_avg))

@@ -40,7 +40,7 @@ def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: L
     timings = write_outputs(out, runs, start, write)
     return Learned(written, timings)
 
-def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], None]) -> dict[str, float]:
+def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], object]) -> dict[str, float]:
     """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
     summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings."""
     for run in runs:

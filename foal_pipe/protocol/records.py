@@ -14,6 +14,7 @@ from foal_pipe.core.leaveoneout import SAMPLE_DELTA
 from foal_pipe.core.metrics import summarize
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
+from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.schema import (
     CRITERIA,
@@ -82,20 +83,22 @@ def sweep_results(gammas: Sequence[float], boundaries: Sequence[Boundary], repor
     """Every gamma's results from one walk: ``reports[m]`` (:class:`Accuracy` fields) and, per boundary, GCV and
     (with ``loo``) leave-one-out."""
     return [SweepResult(gamma=g, **reports[m],
-                        gcv=_finite_or_none(np.array([b.gcv[m] for b in boundaries])),
-                        loo_accuracy=[float(b.loo_accuracy[m]) for b in boundaries] if loo else None,
-                        loo_mse=_finite_or_none(np.array([b.loo_mse[m] for b in boundaries])) if loo else None)
+                        gcv=_finite_or_none(np.array([known(b.gcv, "a sweep's GCV")[m] for b in boundaries])),
+                        loo_accuracy=[float(known(b.loo_accuracy, "a sweep's LOO accuracy")[m]) for b in boundaries]
+                        if loo else None,
+                        loo_mse=_finite_or_none(np.array([known(b.loo_mse, "a sweep's LOO MSE")[m] for b in boundaries]))
+                        if loo else None)
             for m, g in enumerate(gammas)]
 
 
 def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int, loo_sample: int = 0) -> GammaSearch:
     """The record of ``criterion``'s refined search at every boundary (with ``loo_sample``, its sample and bound
     where the criterion is leave-one-out's)."""
-    searches = [b.searches[criterion] for b in boundaries]
-    sampled = {}
+    searches = [known(b.searches, "a gamma path's searches")[criterion] for b in boundaries]
+    sampled: dict[str, Any] = {}
     if loo_sample and boundaries and boundaries[0].loo_rows is not None and CRITERIA[criterion].rows:
-        sampled = dict(loo_sample=int(loo_sample), sample_rows=[int(b.loo_rows) for b in boundaries],
-                       sample_eps=[float(b.loo_bound) for b in boundaries], sample_delta=SAMPLE_DELTA)
+        sampled = dict(loo_sample=int(loo_sample), sample_rows=[int(known(b.loo_rows, "a sample's rows")) for b in boundaries],
+                       sample_eps=[float(known(b.loo_bound, "a sample's bound")) for b in boundaries], sample_delta=SAMPLE_DELTA)
     grid = searches[0].grid
     if any(s.refined is not None for s in searches):  # a zoom: each boundary's evaluated points
         sampled["evaluated"] = [np.searchsorted(grid, s.gammas).tolist() for s in searches]
@@ -177,8 +180,8 @@ def heads_report(report: SweepReport, names: Sequence[str], fields: dict[str, di
                                       loo_accuracy=ridge_loo)
         else:
             entries[name] = HeadSweep(**fields[name], options=options[name], loo_accuracy=loo.get(name))
-    ranked = [name for name in names if entries[name].loo_accuracy is not None]
-    best = max(ranked, key=lambda name: entries[name].loo_accuracy) if ranked else None
+    ranked = {name: score for name in names if (score := entries[name].loo_accuracy) is not None}
+    best = max(ranked, key=ranked.__getitem__) if ranked else None
     oracle = max(names, key=lambda name: entries[name].A_avg)
     return replace(report, heads=entries, best_head=best, best_head_selected_by=HEAD_CRITERION if best else None,
                    best_head_test=oracle)
@@ -217,6 +220,7 @@ def learn_metrics(run: Run, stream: StreamConfig, report: dict[str, Any], bounda
     metrics = LearnMetrics(**report, gamma="auto" if model.gamma == "auto" else float(model.gamma),
                            engine=model.engine, **run_info(run, stream))
     if anytime is not None:
+        curve = known(curve, "the anytime curve")
         metrics = replace(metrics, A_auc=float(np.mean(curve)) if len(curve) else None, anytime=AnytimeCurve(
             eval_every=anytime.every, samples_seen=list(anytime.samples), accuracy=[float(a) for a in curve],
             gammas=[float(b.gammas[0]) for b in anytime.snapshots]))

@@ -28,6 +28,7 @@ from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import human
 from foal_pipe.protocol.devicecopy import SYNC_VARIABLE, StagedCopier, SyncCopier, device_copier
+from foal_pipe.protocol.internal import internal_error
 
 #: Rows per block of the walk: the projection and the Gram update run on this many rows at once (4,096 rows
 #: x D = 1000 float64 is 33 MB). Fewer at large D, so that a block's activations stay near 2**25 values.
@@ -94,13 +95,13 @@ class _Spill:
         for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [pos.size]])):
             data = np.ascontiguousarray(X[order[a:b]], dtype=self.dtype)
             try:
-                os.pwrite(self.file.fileno(), memoryview(data).cast("B"), int(pos[a]) * self.row_bytes)
+                os.pwrite(self.file.fileno(), data.data.cast("B"), int(pos[a]) * self.row_bytes)
             except OSError as exc:
                 raise _spill_error(data.nbytes, exc) from None
 
     def read(self, start: int, stop: int) -> np.ndarray:
         out = np.empty((stop - start, self.dim), dtype=self.dtype)
-        view, offset = memoryview(out).cast("B"), start * self.row_bytes
+        view, offset = out.data.cast("B"), start * self.row_bytes
         while view.nbytes:
             n = os.preadv(self.file.fileno(), [view], offset)
             if n <= 0:
@@ -179,7 +180,7 @@ class GroupedRows:
             raw = source.read_raw(lo, min(lo + step, n))
             return lo + sel, {lane: source.rows_of(raw, lo, sel, lane) for lane in self.lanes}
 
-        pending: deque[Future] = deque()
+        pending: deque[Future[tuple[np.ndarray, dict[str | None, np.ndarray]]]] = deque()
         with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="foal-pipe-read") as pool:
             try:
                 for lo in starts:
@@ -213,7 +214,10 @@ class GroupedRows:
         for lane in self.lanes:
             device_rows = to_numpy(xp.take(self._device[(lane, xp.__name__)],
                                            xp.asarray(sample, device=default_device(xp)), axis=0))
-            host_rows = self._store[lane][sample]
+            host = self._store[lane]
+            if isinstance(host, _Spill):  # a spilled cache is read from its file, never copied to the device
+                raise internal_error("rows spilled to disk checked against a device copy")
+            host_rows = host[sample]
             if device_rows.tobytes() != np.ascontiguousarray(host_rows).tobytes():
                 raise FoalPipeError(f"the rows copied to the device differ from the decoded rows ({self.copy_mode} "
                                     f"copy); set {SYNC_VARIABLE}=1 to copy synchronously, and report it")

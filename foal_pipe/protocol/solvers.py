@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from foal_pipe.core.gammapath import GammaPath
+from foal_pipe.core.gammapath import GammaPath, RidgeEigen
 from foal_pipe.core.gammasearch import PER_DECADE, Rule, Search, best_point, search_grid, zoom
 from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.ridgemodel import RidgeModel
+from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.schema import CRITERIA
 
@@ -51,14 +52,25 @@ class FixedGamma:
 
     def __init__(self, gamma: float) -> None:
         self.gamma = gamma
-        self.model: RidgeModel | None = None
+        self._model: RidgeModel | None = None
+
+    @property
+    def model(self) -> RidgeModel:
+        """The last boundary's model (solved once: saving the last model reuses it)."""
+        if self._model is None:
+            raise internal_error("FixedGamma.model read before its first boundary")
+        return self._model
 
     def start(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
-        self.model = RidgeModel.solved(statistics, self.gamma)  # solved once: saving the last model reuses it
-        return Boundary(statistics.classes, self.model.weights[:, None, :], np.array([self.gamma]))
+        self._model = model = RidgeModel.solved(statistics, self.gamma)
+        return Boundary(statistics.classes, model.weights[:, None, :], np.array([self.gamma]))
 
     def finish(self, state: Boundary) -> Boundary:
         return state
+
+    def solve(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
+        """The boundary at once (one gamma never waits for the rows)."""
+        return self.finish(self.start(statistics, max_task))
 
 
 @dataclass
@@ -71,6 +83,24 @@ class Pending:
     loo: LeaveOneOut | SampledLeaveOneOut | None
     max_task: int
     zoomed: tuple[dict[str, Rule], dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # :meth:`ManyGammas.zoom`
+
+
+class Solver(Protocol):
+    """A lane's solver that may wait for the rows (:class:`ManyGammas`; a continued model's wraps one or a
+    :class:`FixedGamma`): :meth:`start` at a task end, then, when it :attr:`needs_rows`, the leave-one-out pass fills
+    the :class:`Pending` boundary before :meth:`zoom` and :meth:`finish`."""
+
+    @property
+    def needs_rows(self) -> bool: ...
+
+    @property
+    def sample(self) -> RowSample | None: ...
+
+    def start(self, statistics: RidgeStatistics, max_task: int) -> Pending: ...
+
+    def zoom(self, pending: Pending) -> object: ...
+
+    def finish(self, pending: Pending) -> Boundary: ...
 
 
 class ManyGammas:
@@ -100,9 +130,12 @@ class ManyGammas:
     def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
         path = statistics.gamma_path(vectors=self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim)))
+        loo: LeaveOneOut | SampledLeaveOneOut | None
         if not self.needs_rows:
             loo = None
         elif rows is None:
+            if not isinstance(path, RidgeEigen):  # gamma_path gives the eigenvectors when asked
+                raise internal_error("leave-one-out over every row without the eigenvectors")
             loo = LeaveOneOut(path, self.fine)
         else:
             loo = SampledLeaveOneOut(path, self.fine, rows)
@@ -117,6 +150,10 @@ class ManyGammas:
             rules = {name: LOO_RULES[name] for name in self.criteria if name in LOO_RULES} or {"loo": LOO_RULES["loo"]}
             pending.zoomed = (rules, *zoom(self.fine.size, self._at_grid, pending.loo.evaluate, rules))
         return pending.zoomed
+
+    def solve(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
+        """The boundary at once, without a leave-one-out pass (``loo=False``)."""
+        return self.finish(self.start(statistics, max_task))
 
     def finish(self, pending: Pending) -> Boundary:
         path, gcv = pending.path, pending.gcv

@@ -15,6 +15,7 @@ from typing import TypeVar
 import numpy as np
 
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run
 
@@ -31,6 +32,7 @@ class Learner:
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self._rows: GroupedRows | None = None
 
     @property
     def needs_rows(self) -> bool:
@@ -49,7 +51,15 @@ class Learner:
         """Work before the read (ridge's per-task sums on a cluster)."""
 
     def start(self, rows: GroupedRows | None) -> None:
-        """The rows are read (None: none were needed nor given)."""
+        """The rows are read (None: none were needed nor given); kept as :attr:`cache`."""
+        self._rows = rows
+
+    @property
+    def cache(self) -> GroupedRows:
+        """The rows :meth:`start` was given: a learner that :attr:`needs_rows` always has them."""
+        if self._rows is None:
+            raise internal_error(f"the walk gave no rows to {type(self).__name__}, which needs them")
+        return self._rows
 
     def add_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
         """Task ``k``'s rows into the running state (every learner has its own)."""

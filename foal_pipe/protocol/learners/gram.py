@@ -6,10 +6,10 @@ tasks 1..k (their :class:`KeptActivations`, when kept), every task's sums from D
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 from array_api_compat import array_namespace, device
@@ -17,10 +17,14 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.backend import default_device
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.protocol.anytime import Anytime
+from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
-from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, Pending, Solver
 from foal_pipe.protocol.walk import Advance, Learner, n_stream
+
+#: A lane's boundary solver: one gamma, or one that may wait for the rows (the gamma path; a continued model's).
+LaneSolver: TypeAlias = FixedGamma | Solver
 
 
 @dataclass
@@ -28,26 +32,35 @@ class Lane:
     """One feature set's walk (the store's features, or one fusion of ``sweep --fusions``): its running sums,
     its solved boundaries and the boundary waiting for its leave-one-out pass."""
 
-    solver: FixedGamma | ManyGammas
+    solver: LaneSolver
     running: RidgeStatistics
     boundaries: list[Boundary] = field(default_factory=list)
     pending: Pending | None = None
 
     def finish(self, run: Run) -> None:
-        if self.pending is not None:
+        pending, solver = self.pending, self.solver
+        if pending is not None and not isinstance(solver, FixedGamma):  # one gamma never waits for the rows
             with run.timed("loo"):
-                self.solver.zoom(self.pending)
+                solver.zoom(pending)
             with run.timed("solve"):
-                self.boundaries.append(self.solver.finish(self.pending))
+                self.boundaries.append(solver.finish(pending))
             self.pending = None
 
     def start(self, run: Run, k: int) -> None:
+        solver = self.solver
         with run.timed("solve"):
-            state = self.solver.start(self.running, k)
-            if self.solver.needs_rows:
-                self.pending = state
+            if isinstance(solver, FixedGamma):
+                self.boundaries.append(solver.solve(self.running, k))
+            elif solver.needs_rows:
+                self.pending = solver.start(self.running, k)
             else:
-                self.boundaries.append(self.solver.finish(state))
+                self.boundaries.append(solver.finish(solver.start(self.running, k)))
+
+    def add_loo(self, H: Any, labels: np.ndarray) -> None:
+        """Rows into the pending boundary's leave-one-out pass (:meth:`start` left it, its solver needing the rows)."""
+        if self.pending is None or self.pending.loo is None:
+            raise internal_error("a leave-one-out pass with no pending boundary")
+        self.pending.loo.add(H, labels)
 
 
 class KeptActivations:
@@ -58,7 +71,7 @@ class KeptActivations:
     walk positions a sampled leave-one-out scores, :attr:`RowSample.kept`) only those rows are stored."""
 
     def __init__(self, run: Run, n_rows: int, keep: np.ndarray | None = None) -> None:
-        self.slot = None
+        self.slot: np.ndarray | None = None
         if keep is not None:  # slots in walk order, so a block's kept rows fill consecutive slots
             self.slot = np.full(n_rows, -1, dtype=np.int64)
             self.slot[np.sort(keep)] = np.arange(keep.size)
@@ -81,6 +94,8 @@ class KeptActivations:
 
     def rows(self, positions: np.ndarray) -> Any:
         """The kept activations of walk ``positions`` (all of them kept)."""
+        if self.slot is None:
+            raise internal_error("kept activations read by sample position, but every row was kept")
         xp = array_namespace(self.values)
         return xp.take(self.values, xp.asarray(self.slot[positions], device=device(self.values)), axis=0)
 
@@ -105,7 +120,7 @@ class GramLearner(Learner):
     its points: the blocks end there (:class:`TaskBlocks`); a point inside a task is solved from the running sums,
     one at a task end is that end's boundary. :attr:`lanes` holds each lane's boundaries and final sums."""
 
-    def __init__(self, run: Run, solvers: dict[str | None, FixedGamma | ManyGammas],
+    def __init__(self, run: Run, solvers: Mapping[str | None, LaneSolver],
                  on_task: Callable[[int, dict[str | None, Lane]], None] | None = None,
                  anytime: Anytime | None = None) -> None:
         super().__init__(run)
@@ -118,8 +133,8 @@ class GramLearner(Learner):
         self.dask = run.execution.scheduler == "dask"
         self.sizes = [r.size for r in run.stream.rows]
         self.kept: dict[str | None, KeptActivations] | None = None
-        self.blocks: TaskBlocks | None = None
-        self.positions: np.ndarray | None = None
+        self._blocks: TaskBlocks | None = None
+        self._positions: np.ndarray | None = None
         self.per_task: list[RidgeStatistics] | None = None
         self.label = "gram" + (", dask" if self.dask else "")
         self.label += (" + leave-one-out" + ("" if run.keep_activations and not self.dask else ", rows projected again")
@@ -140,6 +155,20 @@ class GramLearner(Learner):
     def needs_rows(self) -> bool:
         return self.needs_loo or not self.dask
 
+    @property
+    def blocks(self) -> TaskBlocks:
+        """The walk's blocks of the rows :meth:`start` was given."""
+        if self._blocks is None:
+            raise internal_error("the Gram lanes' blocks read before the walk gave them rows")
+        return self._blocks
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The cache position of every walk position (a sampled leave-one-out's rows, by walk position)."""
+        if self._positions is None:
+            raise internal_error("walk positions read without a sampled leave-one-out")
+        return self._positions
+
     def progress_total(self) -> int:
         n = n_stream(self.run)
         loo_rows = sum(np.cumsum(self.sizes)) if self.sample is None else sum(p.size for p in self.sample.boundaries)
@@ -150,14 +179,15 @@ class GramLearner(Learner):
             self.per_task = _dask_task_statistics(self.run, advance)
 
     def start(self, rows: GroupedRows | None) -> None:
+        super().start(rows)
         run = self.run
         points = self.anytime.points if self.anytime is not None else ()
-        self.blocks = None if rows is None else TaskBlocks(rows, run.stream.rows, run.block_rows, points)
+        self._blocks = None if rows is None else TaskBlocks(rows, run.stream.rows, run.block_rows, points)
         if self.needs_loo and run.keep_activations and not self.dask:  # else the cluster projected the Gram's rows
             keep = None if self.sample is None else self.sample.kept
             self.kept = {key: KeptActivations(run, n_stream(run), keep) for key in self.lanes}
         if self.sample is not None and self.needs_loo:
-            self.positions = walk_positions(self.blocks, run.stream.n_tasks)
+            self._positions = walk_positions(self.blocks, run.stream.n_tasks)
 
     def add_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
         if self.per_task is not None:
@@ -165,7 +195,7 @@ class GramLearner(Learner):
                 self.lanes[None].running += self.per_task[k]
             advance(self.sizes[k])
         else:
-            self._add_blocks(k, rows, advance)
+            self._add_blocks(k, self.cache, advance)
         if self.on_task is not None:
             self.on_task(k, self.lanes)
 
@@ -173,7 +203,7 @@ class GramLearner(Learner):
         for lane in self.lanes.values():
             lane.start(self.run, k)
         if self.needs_loo:
-            self._loo_pass(k, rows, advance)
+            self._loo_pass(k, self.cache, advance)
             for lane in self.lanes.values():
                 lane.finish(self.run)
         if self.anytime is not None and int(self.blocks.ends[k]) in self.anytime.points:
@@ -214,7 +244,7 @@ class GramLearner(Learner):
                 for key, lane in self.lanes.items():
                     H = kept[key].rows(chosen) if kept is not None else self._activations(rows, key, self.positions[chosen])
                     with run.timed("loo"):
-                        lane.pending.loo.add(H, labels)
+                        lane.add_loo(H, labels)
                 advance(chosen.size)
             return
         for t in range(k + 1):
@@ -223,7 +253,7 @@ class GramLearner(Learner):
                 for key, lane in self.lanes.items():
                     H = kept[key].take(start, stop) if kept is not None else self._activations(rows, key, positions)
                     with run.timed("loo"):
-                        lane.pending.loo.add(H, labels)
+                        lane.add_loo(H, labels)
                 advance(stop - start)
 
 

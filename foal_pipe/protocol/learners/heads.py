@@ -40,7 +40,8 @@ class HeadsLearner(Learner):
                  points: Mapping[str, list[Scorer]] | None = None, lane: str | None = None,
                  spaces: Mapping[str, str] | None = None) -> None:
         super().__init__(run)
-        self.heads, self.loo, self.points, self.lane = heads, loo, points, lane
+        self.heads, self.loo, self.lane = heads, loo, lane
+        self.points: Mapping[str, list[Scorer]] = points if points is not None else {}
         self.every = run.evaluation.eval_every if points is not None else None
         self.space_of = {name: (spaces or {}).get(name, type(head).space) for name, head in heads.items()}
         self.boundaries: dict[str, list[Scorer]] = {name: [] for name in heads}
@@ -57,7 +58,7 @@ class HeadsLearner(Learner):
         return space_rows(self.run, X, spaces)
 
     def add_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
-        run, every, task = self.run, self.every, self.run.stream.rows[k]
+        run, every, task, rows = self.run, self.every, self.run.stream.rows[k], self.cache
         cuts = range(every - self.seen % every, task.size + 1, every) if every else ()
         done = 0
         for positions in in_stream_order(rows, task, run.block_rows, cuts):
@@ -82,6 +83,7 @@ class HeadsLearner(Learner):
                     self.points[name].append(self.boundaries[name][-1])
 
     def finish(self, rows: GroupedRows | None, advance: Advance) -> None:
+        rows = self.cache
         loo_heads = {name: head for name, head in self.heads.items() if self.loo and hasattr(head, "loo_hits")}
         hits = dict.fromkeys(loo_heads, 0)
         for task in self.run.stream.rows if loo_heads else ():

@@ -31,14 +31,15 @@ class RLSLearner(Learner):
         self.engine = RLSEngine(run.dim, run.model.gamma, run.xp, getattr(run.xp, run.model.dtype),
                                 default_device(run.xp))
         self.boundaries: list[Boundary] = []
-        self.classes = np.empty(0, dtype=np.int64)
+        self.classes: np.ndarray = np.empty(0, dtype=np.int64)
         self.seen = 0
 
     def start(self, rows: GroupedRows | None) -> None:
-        self.classes = np.empty(0, dtype=rows.labels.dtype)
+        super().start(rows)
+        self.classes = np.empty(0, dtype=self.cache.labels.dtype)
 
     def add_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
-        run, task, seen, batch = self.run, self.run.stream.rows[k], self.seen, self.run.stream.batch_size
+        run, task, seen, batch, rows = self.run, self.run.stream.rows[k], self.seen, self.run.stream.batch_size, self.cache
         cuts = sorted({*range(0, task.size, RLS_WINDOW), *(p - seen for p in self.points if seen < p < seen + task.size)})
         with run.timed("rls"):
             for lo, hi in zip(cuts, [*cuts[1:], task.size]):
@@ -49,14 +50,14 @@ class RLSLearner(Learner):
                     self.classes = grow_classes(self.engine, self.classes, labels[b : b + batch])
                     self.engine.update(H[b : min(b + batch, positions.size), :], labels[b : b + batch], self.classes)
                 advance(positions.size)
-                if hi < task.size and seen + hi in self.points:
+                if hi < task.size and seen + hi in self.points and self.anytime is not None:
                     self.anytime.add(seen + hi, self._snapshot())
         self.seen += task.size
 
     def end_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
         with self.run.timed("rls"):
             self.boundaries.append(self._snapshot())
-        if self.seen in self.points:
+        if self.seen in self.points and self.anytime is not None:
             self.anytime.add(self.seen, self.boundaries[-1])
 
     @property
