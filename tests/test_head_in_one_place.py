@@ -20,7 +20,6 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, HeadBase, HeadEntry
 from foal_pipe.heads.checks import FLOAT64, positive
 from foal_pipe.heads.moments import ClassSums
-from foal_pipe.heads.state import HEAD_FILES, HeadFile
 from foal_pipe.protocol import ExecutionConfig, LearnSettings, ModelConfig, StreamConfig, learn
 
 
@@ -85,9 +84,8 @@ class PNormHead(HeadBase):
 
 @pytest.fixture
 def pnorm(monkeypatch):
-    """The eighth head, registered for one test: its one registry line (and the model files' table, built at import)."""
+    """The eighth head, registered for one test: its one registry line, and nothing else."""
     monkeypatch.setitem(HEADS, "pnorm", HeadEntry(PNormHead, "a test's p-norm nearest mean", "none"))
-    monkeypatch.setitem(HEAD_FILES, "pnorm", HeadFile(PNormHead))
 
 
 @pytest.fixture(scope="module")

@@ -279,13 +279,13 @@ def test_fecam_scorer_from_saved_means_and_precisions_scores_the_same_bits():
 
 def test_a_head_lives_in_its_class_and_the_config_carries_its_options():
     from foal_pipe.heads.dual import DualOptions
-    from foal_pipe.heads.state import HEAD_FILES, file_options
+    from foal_pipe.heads.state import file_options, head_file
     from foal_pipe.protocol.config import ModelConfig
 
     for name, entry in HEADS.items():
         assert entry.options == tuple(o for o in entry.head.option_names() if o != "batch_size"), name
         if name != "ridge":  # ridge's tensors are the ridge model file's own (tests/test_ridge_head.py)
-            assert HEAD_FILES[name].tensors == {**entry.head.scorer_tensors, **entry.head.state_tensors}
+            assert head_file(name).tensors == {**entry.head.scorer_tensors, **entry.head.state_tensors}
     assert file_options("dual") == ("gamma", "gamma_comp", "compensation", "batch_size")
     assert DualOptions(gamma=2.0).gamma_comp == 2.0
     with pytest.raises(FoalPipeError, match="batch_size"):

@@ -47,15 +47,22 @@ class HeadFile:
         return {**self.scorer, **self.state}
 
 
-#: Every head but ridge (whose tensors, the same names, are the model file's own: no ``head`` key, its own version).
-HEAD_FILES: dict[str, HeadFile] = {name: HeadFile(entry.head) for name, entry in HEADS.items() if name != DEFAULT_HEAD}
+def file_heads() -> tuple[str, ...]:
+    """The heads a head model file holds, read from the registry now (a head registered later is among them): every
+    head but ridge, whose tensors (the same names) are the ridge model file's own, without a ``head`` key."""
+    return tuple(name for name in HEADS if name != DEFAULT_HEAD)
+
+
+def head_file(name: str) -> HeadFile:
+    """Head ``name``'s tensors in its model file, read from its class (one of :func:`file_heads`)."""
+    return HeadFile(HEADS[name].head)
 
 
 def file_bytes(name: str, n_classes: int, width: int) -> int:
     """What writing head ``name``'s model file adds to the run's memory: its tensors exported to host float64 (fecam's
     and balanced's per-class stacks are new copies; on a device every tensor is), plus the finiteness check's
     one byte per value of the largest (:func:`~foal_pipe.model.modelfile.write_model` checks one at a time)."""
-    sizes = [math.prod(n_classes if dim == "C" else width for dim in dims) for dims in HEAD_FILES[name].tensors.values()]
+    sizes = [math.prod(n_classes if dim == "C" else width for dim in dims) for dims in head_file(name).tensors.values()]
     return 8 * (sum(sizes) + n_classes) + max(sizes)
 
 

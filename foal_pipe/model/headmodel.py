@@ -19,7 +19,7 @@ from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
-from foal_pipe.heads.state import HEAD_FILES, export_head, restore_head, scorer_from
+from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, write_model
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, pre
 
 def head_width(name: str, tensors: Mapping[str, Any]) -> int:
     """The width of the rows the head takes (d or D), read from its scorer's tensors."""
-    for key, dims in HEAD_FILES[name].scorer.items():
+    for key, dims in head_file(name).scorer.items():
         for axis, dim in enumerate(dims):
             if dim in ("d", "D"):
                 return int(tensors[key].shape[axis])

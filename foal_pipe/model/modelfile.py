@@ -57,7 +57,7 @@ from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_che
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
 FORMAT_VERSION = 2
-#: The version of a file holding a head other than ridge (:data:`foal_pipe.heads.state.HEAD_FILES`); ridge's files
+#: The version of a file holding a head other than ridge (:func:`foal_pipe.heads.state.file_heads`); ridge's files
 #: stay version 2, byte for byte.
 HEAD_FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -213,20 +213,20 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
 def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], where: str) -> None:
     """:func:`validate_model` for a head: its tensors (all float64 but ``classes``, ``counts``), options, row counts."""
     from foal_pipe.heads import HEADS, make_head
-    from foal_pipe.heads.state import HEAD_FILES, file_options
+    from foal_pipe.heads.state import file_heads, file_options, head_file
 
     name = metadata.get("head")
     if metadata["format_version"] != HEAD_FORMAT_VERSION or name is None:
         problem = "names no 'head'" if name is None else f"cannot hold a head (version {HEAD_FORMAT_VERSION} does)"
         raise _refuse(where, f"a version-{metadata['format_version']} file {problem}")
-    if not isinstance(name, str) or name not in HEAD_FILES:
+    if not isinstance(name, str) or name not in file_heads():
         raise _refuse(where, f"metadata 'head' ({name!r:.60}) is not a head this foal-pipe stores; it stores "
-                             f"{', '.join(HEAD_FILES)} (and ridge, without 'head')")
+                             f"{', '.join(file_heads())} (and ridge, without 'head')")
     for key, value in metadata.items():
         if isinstance(value, NotJSON):
             raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
     moved = HEADS[name].space == "features" and "projection" in tensors  # on the activations (--head-rows)
-    named = {key: tuple("D" if moved and n == "d" else n for n in dims) for key, dims in HEAD_FILES[name].tensors.items()}
+    named = {key: tuple("D" if moved and n == "d" else n for n in dims) for key, dims in head_file(name).tensors.items()}
     schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f") for key, dims in named.items()}}
     projected = {"projection": (("d", "D"), "f"), "projection_bias": (("D",), "f")}  # the bias: cos's only
     schema |= projected if HEADS[name].space != "features" or moved else {}

@@ -204,10 +204,10 @@ def read_weight_norms(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
     than ridge: its linear weights (slda's and balanced's ``W``, dual's ``W_main``); None for ncm and fecam, which
     score distances.
     """
-    from foal_pipe.heads.state import HEAD_FILES
+    from foal_pipe.heads.state import file_heads, head_file
 
     head = stored_head(path)
-    key = "W" if head not in HEAD_FILES else HEAD_FILES[head].weights
+    key = "W" if head not in file_heads() else head_file(head).weights
     if key is None:
         read_model(path, names=("classes",))  # validated all the same
         return None
