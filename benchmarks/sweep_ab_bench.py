@@ -22,16 +22,11 @@ import tempfile
 from pathlib import Path
 
 from _runner import blas_env, finish, header, run_cli
+from sweep_cost_bench import COMMANDS
 from synthetic import make_store
 
 HERE = Path(__file__).resolve().parents[1]
 STORES = {"narrow": (20_000, 4_000, 256, 600), "wide": (50_000, 10_000, 768, 1000)}
-COMMANDS = {
-    "learn": ["learn", "--gamma", "1"],
-    "auto": ["learn", "--gamma", "auto"],
-    "sweep": ["sweep"],
-    "sweep_gcv": ["sweep", "--no-loo"],
-}
 
 
 def main() -> None:
