@@ -145,6 +145,12 @@ class DeployedModel:
         """
         return self.classifier.probabilities(self.scores(features))
 
+    def check_width(self, dim: int, where: str | Path) -> None:
+        """Refuse features of ``where`` (a store) whose width ``dim`` is not the one the model's projection takes."""
+        if dim != self.projection.n_features_in_:
+            raise FoalPipeError(f"the model expects {self.projection.n_features_in_}-dimensional features but "
+                                f"{where} has {dim}; use a store made with the model's encoder")
+
     def store_predictions(self, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
         """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
         the model's by name: ``true`` is -1 for a row of a class the model does not know (or an unlabelled row).
@@ -158,9 +164,7 @@ class DeployedModel:
         store = open_store(features, **read_time_fusion(self.encoder_spec))
         check_encoder(self.encoder_spec, store, features)
         data = store.split(split)
-        if data.dim != self.projection.n_features_in_:
-            raise FoalPipeError(f"the model expects {self.projection.n_features_in_}-dimensional features but "
-                                f"{features} has {data.dim}; use a store made with the model's encoder")
+        self.check_width(data.dim, features)
         known = dict(zip(self.class_names, self.classifier.classes_.tolist()))
         target = np.array([known.get(name, -1) for name in store.classes] + [-1], dtype=np.int64)
         labels = np.asarray(data.labels, dtype=np.int64)

@@ -58,11 +58,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     deployed = load_model(model, estimators=False)
     store = open_store(features, **read_time_fusion(deployed.encoder_spec))
     data = store.split(split)
-    if deployed.projection.n_features_in_ != data.dim:
-        raise FoalPipeError(
-            f"the model expects {deployed.projection.n_features_in_}-dimensional features but {features} has "
-            f"{data.dim}; use a store made with the model's encoder"
-        )
+    deployed.check_width(data.dim, features)
     classes = deployed.classifier.classes_
     named = deployed.metadata.get("class_names") is not None
     unlabelled = bool(np.all(np.asarray(data.labels) == UNLABELLED))

@@ -234,9 +234,7 @@ def run_continue(
     store = open_store(features)
     check_encoder(deployed.encoder_spec, store, features)
     check_new_rows(deployed, store, features, init_model)
-    if store.dim != deployed.projection.n_features_in_:
-        raise FoalPipeError(f"the model expects {deployed.projection.n_features_in_}-dimensional features but "
-                            f"{features} has {store.dim}; use a store made with the model's encoder")
+    deployed.check_width(store.dim, features)
     merged = label_map(deployed, list(store.classes))
     run = prepare(features, stream, settings, evaluation, execution, **part.prepare(deployed, merged, settings))
     run.projection = deployed.projection
