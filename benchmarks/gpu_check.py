@@ -31,6 +31,9 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
     stream of its own against the synchronous copy (``FOAL_PIPE_SYNC_COPY=1``) and the host alone: median fill
     seconds, interleaved, and the device rows of both copies against the host's bit for bit.
 
+(i) ``cold`` (not run by default: ``--parts cold`` is a device call of its own): where first calls and start-up
+    go (benchmarks/gpu_cold.py): bare processes' floors, CuPy's kernel compilation under its compile settings,
+    torch's warm learn, and the 2,000-image extract's timeline, each command under a stack sampler.
 (h) ``scale`` (not run by default: ``--parts scale,cifar`` is one device call): issue 33's probe, a 300,000 x 768
     float16 store, 1,000 classes, D = 2000, 10 tasks: ``learn``, ``sweep``, ``learn --gamma auto`` and ``learn
     --head slda`` on NumPy, CuPy and torch, first call and warm, wall and in-process (benchmarks/gpu_scale.py).
@@ -78,6 +81,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/synthetic.py, gpu_scale.py
 
+import gpu_cold  # noqa: E402
 import gpu_scale  # noqa: E402 (found through the path above)
 
 EXACT = 1e-9
@@ -88,6 +92,8 @@ ENGINES = ("gram", "rls")
 COMMIT_VARIABLE = "FOAL_PIPE_COMMIT"
 TARGETS = {"end_to_end_images_per_s": ">= 5,000 on an H100", "peak_gpu_gib": "< 2 GB at batch 256"}
 CLI = "from foal_pipe.cli import main; main()"
+COLD_SECONDS = 330
+"""Part ``cold``'s deadline: 4 CuPy settings x (learn, sweep cold, learn warm), torch twice, 2 extracts."""
 
 
 @dataclass(frozen=True)
@@ -704,6 +710,21 @@ def part_startup(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     out["slowest_imports_ms"] = {name: us / 1000 for us, name in cumulative[:12]}
 
 
+def part_cold(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """Where first calls and start-up go (benchmarks/gpu_cold.py): the 50,000-row store of part ``learn``, the
+    2,000-image extract of part ``cifar``."""
+    from synthetic import make_store
+
+    store = make_store(work / "cold.zarr", sz.b_rows, sz.b_test)
+    device = "cuda" if _cuda() else "cpu"
+    few = ["extract", "--dataset", "hdf5", "--data-dir", str(_random_h5(work / "cold-few.h5", 1_000, 1_000)),
+           "--model", sz.model, "--checkpoint", str(_checkpoint(sz, work / "vit-cold.safetensors")),
+           *(["--model-kwargs", ",".join(f"{k}={v}" for k, v in sz.model_kwargs)] if sz.model_kwargs else []),
+           "--image-size", str(sz.image_size), "--out", "OUT", "--batch-size", str(sz.c_batch), "--device", device,
+           "--chunk-rows", str(sz.chunk_rows)]
+    gpu_cold.part_cold(store, few, work, out, lambda b: backend_problem(b) is None, sz.b_dim, sz.cifar_seconds)
+
+
 def part_scale(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     """Issue 33's probe at 300,000 rows (benchmarks/gpu_scale.py)."""
     gpu_scale.part_scale(gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL, work, out, backend_problem)
@@ -711,7 +732,8 @@ def part_scale(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
     "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup,
-    "heads": part_heads, "online": part_online, "copies": part_copies, "scale": part_scale}
+    "heads": part_heads, "online": part_online, "copies": part_copies, "scale": part_scale,
+    "cold": part_cold}
 DEFAULT_PARTS = ("learner", "learn", "extract", "cifar", "startup", "heads", "online", "copies")
 """What runs without ``--parts``; ``scale`` takes a device call of its own with ``cifar`` (``--parts scale,cifar``)."""
 
@@ -720,6 +742,8 @@ def part_deadline(sz: Sizes, name: str) -> int:
     """Seconds part ``name`` may take: ``scale`` stops its own runs at its deadline (a margin after it here)."""
     if name == "scale":
         return (gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL).seconds + 15
+    if name == "cold":
+        return COLD_SECONDS
     return sz.cifar_seconds if name == "cifar" else sz.part_seconds
 
 

@@ -10,11 +10,13 @@ warm). Each run records its wall seconds (start-up included) and the in-process 
 with A_avg (learn) or the chosen gamma (sweep) against NumPy's. The commands run command by command, the GPU
 backends first, ``sweep`` last (it did not finish in 100 s at this scale on CuPy when issue 33 was filed): each
 has its own time limit (:data:`LIMITS`), and what the part's deadline cuts off is recorded as ``not run``.
+``FOAL_SCALE_RUNS`` (comma-separated keys such as ``learn/cupy first``) runs those alone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -144,10 +146,13 @@ def part_scale(sz: ScaleSizes, work: Path, out: dict[str, Any], problem: Callabl
     out.update(store=f"{sz.train:,} x {sz.dim} {sz.dtype} (+{sz.test:,} test), {sz.classes:,} classes",
                projection_dim=sz.projection_dim, tasks=sz.tasks, store_s=time.perf_counter() - started, runs={})
     problems = {b: problem(b) for b in ("numpy", "cupy", "torch")}
+    asked = os.environ.get("FOAL_SCALE_RUNS")
     for name in COMMANDS:
         for run_name in PASSES[name]:
             backend = run_name.split()[0]
             key = f"{name}/{run_name}"
+            if asked and key not in asked.split(","):
+                continue
             if problems[backend]:
                 out["runs"][key] = {"skipped": problems[backend]}
                 continue

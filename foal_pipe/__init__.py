@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from foal_pipe.cupyenv import cupy_environment
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.lazy import lazy_names
 from foal_pipe.version import __version__
+
+cupy_environment()
 
 if TYPE_CHECKING:
     from foal_pipe.model.classifier import AnalyticClassifier

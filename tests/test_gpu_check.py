@@ -132,3 +132,23 @@ def test_gpu_check_scale_and_cifar_dry_run_plans_one_device_call(tmp_path):
                 assert abs(torch_run["A_avg_minus_numpy"]) < 1e-9 and 0 < host["A_avg"] <= 1
     cifar = report["parts"]["cifar"]
     assert set(cifar["seconds"]) == {"extract", "learn", "sweep"} and cifar["total_s"] > 0
+
+
+def test_gpu_cold_traces_a_command_and_summarises_its_samples(tmp_path):
+    """Part ``cold``'s wrapper runs a real command and reports its marks; the summary adds the sampled seconds."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_cold
+
+    run = gpu_cold.traced(["--version"], tmp_path, "version", {"PYTHONPATH": str(REPO)}, 120)
+    assert "error" not in run, run
+    assert 0 < run["to_cli_imported_s"] <= run["to_atexit_s"] <= run["wall_s"]
+    trace = {"marks": {"wrapper_start": 100.0, "atexit": 103.0}, "period": 0.5, "samples": [
+        [0.2, "main", "core/linalg.py:149(solve_spd)", "x", True, False],
+        [0.7, "main", "core/linalg.py:149(solve_spd)", "x", True, False],
+        [1.2, "main", None, "['a', 'b.py']:f", False, True],
+        [1.3, "reader", "protocol/rowcache.py:1(f)", "x", False, False]]}
+    summary = gpu_cold.summarise(trace, 99.5, 104.0)
+    assert summary["to_wrapper_s"] == 0.5 and summary["to_atexit_s"] == 3.5 and summary["after_atexit_s"] == 1.0
+    assert summary["compiling_by_line"] == {"core/linalg.py:149(solve_spd)": 1.0} and summary["compiling_s"] == 1.0
+    assert summary["importing_s"] == 0.5 and summary["thread_seconds"] == {"main": 1.5, "reader": 0.5}
+    assert summary["main_timeline"] == {0: {"compile": 1.0}, 1: {"import": 0.5}}
