@@ -194,13 +194,13 @@ def _parse_state_dict(path: Path, data: bytes) -> dict[str, Any]:
     return state
 
 
-def head_keys(arch: Architecture) -> set[str]:
-    """State-dict keys of the classifier head: those a model with a head has and the headless one lacks
-    (built on the ``meta`` device: no memory, no init)."""
+def head_keys(arch: Architecture, headless: Any) -> set[str]:
+    """State-dict keys of the classifier head: those a model with a head has (built on the ``meta`` device: no
+    memory, no init) and the ``headless`` model lacks."""
     import torch
 
     with torch.device("meta"):
-        headed, headless = arch.create(num_classes=1), arch.create()
+        headed = arch.create(num_classes=1)
     return set(headed.state_dict()) - set(headless.state_dict())
 
 
@@ -317,7 +317,7 @@ def _checkpoint_model(arch: Architecture, weights: dict[str, Any], label: str) -
         state = {**state, "pos_embed": resample_pos_embed(state["pos_embed"], weights["pos_embed_resampled"])}
     with torch.device("meta"):
         model = arch.create()
-    state = fit_state_dict(state, model, head_keys(arch), path, arch)
+    state = fit_state_dict(state, model, head_keys(arch, model), path, arch)
     if not _filled_by(model, set(state)):
         model = arch.create()
         model.load_state_dict(state, strict=True)
