@@ -35,6 +35,8 @@ SPARE_S = 60
 CIFAR_EXPECTED_S = 65
 """Part ``cifar``: issue 33's 37.6 s for its three commands, 17 s for the profiled 2,000-image extract, and
 writing its 60,000 images and checkpoint."""
+COLD_EXPECTED_S = 145
+"""Part ``cold`` (benchmarks/gpu_cold.py) with every compile setting and both extracts: 142 s on an H200."""
 COMMANDS: dict[str, tuple[str, list[str]]] = {
     "learn": ("learn", []),
     "auto": ("learn", ["--gamma", "auto"]),
@@ -109,6 +111,8 @@ def plan(scale: ScaleSizes, cifar_s: int, other_s: dict[str, int], parts: list[s
         elif part == "cifar":
             planned[part] = {"commands": ["extract", "learn", "sweep", "extract (2,000 images, profiled)"],
                              "expected_s": CIFAR_EXPECTED_S, "deadline_s": cifar_s}
+        elif part == "cold":
+            planned[part] = {"expected_s": COLD_EXPECTED_S, "deadline_s": other_s[part]}
         else:
             planned[part] = {"deadline_s": other_s[part]}
     worst = sum(p["deadline_s"] for p in planned.values()) + SETUP_S
