@@ -15,7 +15,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.lazy import lazy_names
 from foal_pipe.version import __version__
 
-cupy_environment()
+cupy_environment()  # before anything imports CuPy, as zarr does (foal_pipe/cupyenv.py)
 
 if TYPE_CHECKING:
     from foal_pipe.model.classifier import AnalyticClassifier
