@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from argparse import ArgumentParser
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -71,6 +72,20 @@ def medians(runs: Mapping[str, list[tuple[float, dict]]], base: str) -> dict[str
         summary[name] = {"median_s": median, "all_s": times, "ratio_to_learn": median / reference,
                          "timings_of_median_run": sorted(rs, key=lambda r: r[0])[len(rs) // 2][1]}
     return summary
+
+
+def add_trees_option(parser: ArgumentParser) -> None:
+    """``--trees``: the source trees to compare, each put first on the children's ``PYTHONPATH``."""
+    parser.add_argument("--trees", default=str(Path(__file__).resolve().parents[1]),
+                        help="comma-separated source trees (PYTHONPATH) to compare, e.g. a checkout of the baseline")
+
+
+def tree_rounds(trees: Sequence[str], repeats: int) -> Iterator[tuple[str, bool]]:
+    """``(tree, timed)``: one round that warms the file cache (not timed), then ``repeats`` rounds, the trees
+    interleaved in each (load from other processes hits them alike)."""
+    for repeat in range(repeats + 1):
+        for tree in trees:
+            yield tree, repeat > 0
 
 
 def header(**extra: Any) -> dict[str, Any]:

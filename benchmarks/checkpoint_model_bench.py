@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _runner import add_trees_option, save, tree_rounds
+
 MODEL = "vit_base_patch16_224"
 CHILD = """
 import hashlib, json, sys, time
@@ -53,8 +55,7 @@ def _checkpoint(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--trees", default=str(Path(__file__).resolve().parents[1]),
-                        help="comma-separated source trees (PYTHONPATH) to compare, e.g. a checkout of the baseline")
+    add_trees_option(parser)
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     load_start = os.getloadavg()[0]
@@ -64,24 +65,21 @@ def main() -> None:
         _checkpoint(path)
         trees = opts.trees.split(",")
         runs: dict[str, list[dict]] = {tree: [] for tree in trees}
-        for repeat in range(opts.repeats + 1):
-            for tree in trees:
-                env = {**os.environ, "PYTHONPATH": tree, "FOAL_PIPE_CACHE_DIR": str(tmp / "cache"),
-                       "HF_HUB_OFFLINE": "1"}
-                done = subprocess.run([sys.executable, "-c", CHILD, MODEL, str(path)], env=env, check=True, cwd=tmp,
-                                      capture_output=True, text=True)
-                run = json.loads(done.stdout.splitlines()[-1])
-                if repeat:  # the first round warms the file cache
-                    runs[tree].append(run)
-                    print(f"{tree}: {run['seconds']:.3f} s (foal_pipe from {run['tree']})", flush=True)
+        for tree, timed in tree_rounds(trees, opts.repeats):
+            env = {**os.environ, "PYTHONPATH": tree, "FOAL_PIPE_CACHE_DIR": str(tmp / "cache"), "HF_HUB_OFFLINE": "1"}
+            done = subprocess.run([sys.executable, "-c", CHILD, MODEL, str(path)], env=env, check=True, cwd=tmp,
+                                  capture_output=True, text=True)
+            run = json.loads(done.stdout.splitlines()[-1])
+            if timed:
+                runs[tree].append(run)
+                print(f"{tree}: {run['seconds']:.3f} s (foal_pipe from {run['tree']})", flush=True)
         result = {"model": MODEL, "checkpoint_bytes": path.stat().st_size, "repeats": opts.repeats,
                   "seconds": {tree: [r["seconds"] for r in rs] for tree, rs in runs.items()},
                   "median_seconds": {tree: statistics.median(r["seconds"] for r in rs) for tree, rs in runs.items()},
                   "tensor_sha256": {tree: sorted({r["sha256"] for r in rs}) for tree, rs in runs.items()},
                   "load_average": [load_start, os.getloadavg()[0]]}
         print(json.dumps({k: v for k, v in result.items() if k != "seconds"}, indent=1))
-        if opts.json:
-            opts.json.write_text(json.dumps(result, indent=1) + "\n")
+        save(result, opts.json)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

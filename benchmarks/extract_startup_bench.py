@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _runner import finish, run_cli
+from _runner import add_trees_option, finish, run_cli, tree_rounds
 
 
 def _inputs(tmp: Path, images: int) -> tuple[Path, Path]:
@@ -52,8 +52,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2, help="loader workers (--workers of the command)")
     parser.add_argument("--images", type=int, default=2_000, help="images in all (half train, half test)")
-    parser.add_argument("--trees", default=str(Path(__file__).resolve().parents[1]),
-                        help="comma-separated source trees (PYTHONPATH) to compare, e.g. a checkout of the baseline")
+    add_trees_option(parser)
     parser.add_argument("--json", type=Path, help="also write the results here")
     opts = parser.parse_args()
     load_start = os.getloadavg()[0]
@@ -66,16 +65,14 @@ def main() -> None:
                 "--device", "cpu", "--batch-size", "100", "--workers", str(opts.workers), "--out", str(store)]
         trees = opts.trees.split(",")
         runs: dict[str, list[tuple[float, float, float]]] = {tree: [] for tree in trees}
-        for repeat in range(opts.repeats + 1):
-            for tree in trees:
-                shutil.rmtree(store, ignore_errors=True)
-                store.with_name(store.name + ".log.json").unlink(missing_ok=True)
-                env = {**os.environ, "PYTHONPATH": tree, "FOAL_PIPE_CACHE_DIR": str(tmp / "cache")}
-                run = run_cli(args, env=env)
-                if repeat:  # the first round warms the file cache
-                    log = json.loads(store.with_name(store.name + ".log.json").read_text())
-                    runs[tree].append((run.seconds, run.cpu_seconds, log["runs"][-1]["seconds"]))
-                    print(f"{tree}: {run.seconds:.2f} s wall, {run.cpu_seconds:.2f} s CPU", flush=True)
+        for tree, timed in tree_rounds(trees, opts.repeats):
+            shutil.rmtree(store, ignore_errors=True)
+            store.with_name(store.name + ".log.json").unlink(missing_ok=True)
+            run = run_cli(args, env={**os.environ, "PYTHONPATH": tree, "FOAL_PIPE_CACHE_DIR": str(tmp / "cache")})
+            if timed:
+                log = json.loads(store.with_name(store.name + ".log.json").read_text())
+                runs[tree].append((run.seconds, run.cpu_seconds, log["runs"][-1]["seconds"]))
+                print(f"{tree}: {run.seconds:.2f} s wall, {run.cpu_seconds:.2f} s CPU", flush=True)
         result = {"command": "foal-pipe " + " ".join(args), "images": opts.images,
                   "checkpoint_bytes": checkpoint.stat().st_size, "repeats": opts.repeats,
                   "trees": {tree: {"wall_s": statistics.median(r[0] for r in rs),

@@ -312,8 +312,7 @@ def _learn_args(store: Path, out: Path, backend: str, extra: list[str], timeout:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "wall_s": wall}
+        return {"error": gpu_scale.failure(proc), "wall_s": wall}
     metrics = json.loads((out / "metrics.json").read_text())
     run = {"wall_s": wall, "in_process_s": json.loads((out / "timings.json").read_text())["total"],
            "A_avg": metrics["A_avg"], "A_last": metrics["A_last"],
@@ -636,9 +635,18 @@ def _cli(args: list[str], timeout: int) -> float:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        raise RuntimeError(lines[-1] if lines else f"exit status {proc.returncode}")
+        raise RuntimeError(gpu_scale.failure(proc))
     return time.perf_counter() - start
+
+
+def _extract_args(sz: Sizes, data: Path, checkpoint: Path, store: Path) -> list[str]:
+    """``foal-pipe extract`` of the HDF5 images ``data`` with ViT-B/16 from ``checkpoint`` into ``store``, as
+    parts ``cifar`` and ``cold`` run it (on CUDA when there is a GPU)."""
+    model_kwargs = ",".join(f"{k}={v}" for k, v in sz.model_kwargs)
+    return ["extract", "--dataset", "hdf5", "--data-dir", str(data), "--model", sz.model, "--checkpoint",
+            str(checkpoint), *(["--model-kwargs", model_kwargs] if model_kwargs else []), "--image-size",
+            str(sz.image_size), "--out", str(store), "--batch-size", str(sz.c_batch), "--device",
+            "cuda" if _cuda() else "cpu", "--chunk-rows", str(sz.chunk_rows)]
 
 
 def part_cifar(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
@@ -652,12 +660,8 @@ def part_cifar(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     store = work / "cifar-sized.zarr"
     out.update(images=sz.d_train + sz.d_test, model=sz.model, weights="random (seed 0)", device=device,
                backend=backend, goal_s=20, paper_s=261)
-    model_kwargs = ",".join(f"{k}={v}" for k, v in sz.model_kwargs)
     steps = {
-        "extract": ["extract", "--dataset", "hdf5", "--data-dir", str(data), "--model", sz.model, "--checkpoint",
-                    str(checkpoint), *(["--model-kwargs", model_kwargs] if model_kwargs else []), "--image-size",
-                    str(sz.image_size), "--out", str(store), "--batch-size", str(sz.c_batch), "--device", device,
-                    "--chunk-rows", str(sz.chunk_rows)],
+        "extract": _extract_args(sz, data, checkpoint, store),
         "learn": ["learn", "--features", str(store), "--out", str(work / "cifar-run"), "--tasks", "10",
                   "--projection-dim", str(sz.b_dim), "--backend", backend],
         "sweep": ["sweep", "--features", str(store), "--out", str(work / "cifar-sweep"), "--tasks", "10",
@@ -716,12 +720,8 @@ def part_cold(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     from synthetic import make_store
 
     store = make_store(work / "cold.zarr", sz.b_rows, sz.b_test)
-    device = "cuda" if _cuda() else "cpu"
-    few = ["extract", "--dataset", "hdf5", "--data-dir", str(_random_h5(work / "cold-few.h5", 1_000, 1_000)),
-           "--model", sz.model, "--checkpoint", str(_checkpoint(sz, work / "vit-cold.safetensors")),
-           *(["--model-kwargs", ",".join(f"{k}={v}" for k, v in sz.model_kwargs)] if sz.model_kwargs else []),
-           "--image-size", str(sz.image_size), "--out", "OUT", "--batch-size", str(sz.c_batch), "--device", device,
-           "--chunk-rows", str(sz.chunk_rows)]
+    few = _extract_args(sz, _random_h5(work / "cold-few.h5", 1_000, 1_000),
+                        _checkpoint(sz, work / "vit-cold.safetensors"), work / "cold-extract.zarr")
     gpu_cold.part_cold(store, few, work, out, lambda b: backend_problem(b) is None, sz.b_dim, sz.cifar_seconds)
 
 

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_scale import failure
+
 TRACE = r'''
 import atexit, json, os, sys, threading, time
 T0 = time.time()
@@ -130,8 +132,7 @@ def traced(args: list[str], work: Path, name: str, env: dict[str, str], timeout:
     end_epoch, wall = time.time(), time.perf_counter() - start
     run: dict[str, Any] = {"wall_s": round(wall, 3)}
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        run["error"] = lines[-1] if lines else f"exit status {proc.returncode}"
+        run["error"] = failure(proc)
     if trace.exists():
         run.update(summarise(json.loads(trace.read_text()), start_epoch, end_epoch))
     return run

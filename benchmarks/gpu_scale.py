@@ -121,6 +121,12 @@ def plan(scale: ScaleSizes, cifar_s: int, other_s: dict[str, int], parts: list[s
             "worst_s": worst, "device_call_s": DEVICE_CALL_S, "fits": worst <= DEVICE_CALL_S - SPARE_S}
 
 
+def failure(proc: subprocess.CompletedProcess[str]) -> str:
+    """Why a command failed, in one line: the last line it printed (stderr first), or its exit status."""
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
 def _run(args: list[str], out: Path, limit: int) -> dict[str, Any]:
     """One command: wall and in-process seconds, the steps of timings.json, or why it stopped."""
     start = time.perf_counter()
@@ -130,8 +136,7 @@ def _run(args: list[str], out: Path, limit: int) -> dict[str, Any]:
         return {"error": f"timed out after {limit} s", "wall_s": time.perf_counter() - start}
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "wall_s": wall}
+        return {"error": failure(proc), "wall_s": wall}
     timings = json.loads((out / "timings.json").read_text())
     run: dict[str, Any] = {"wall_s": wall, "in_process_s": timings["total"], "timings": timings}
     if (out / "metrics.json").is_file():
