@@ -566,6 +566,7 @@ def part_extract(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     from foal_pipe.datasets import to_rgb_array
     from foal_pipe.encoders import EncoderConfig, build_encoder, resize_on_device
     from foal_pipe.extract import ExtractSpec, run_extract
+    from foal_pipe.extract import run as run_module
     from foal_pipe.store import open_store
 
     device = "cuda" if _cuda() else "cpu"
@@ -608,20 +609,26 @@ def part_extract(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
     # warm-up (first imports, file caches, CUDA kernels), not timed: two batches of each split
     run_extract(spec("workers", _random_h5(work / "warm.h5", 2 * sz.c_batch, 2 * sz.c_batch), "warm-up"))
-    stores = {}
-    for where in ("device", "workers"):
+    stores, default = {}, run_module.BATCHES_AHEAD
+    for name, where, ahead in (("device", "device", default), ("workers", "workers", default),
+                               ("device_one_batch_at_a_time", "device", 0)):
         _peak_reset()
         timeline = _Timeline()
         start = time.perf_counter()
-        report = run_extract(spec(where, data, f"extract-{where}"), progress=timeline)
+        run_module.BATCHES_AHEAD = ahead  # 0: wait for each batch's features before queuing the next
+        try:
+            report = run_extract(spec(where, data, f"extract-{name}"), progress=timeline)
+        finally:
+            run_module.BATCHES_AHEAD = default
         wall = time.perf_counter() - start
         n = sz.c_train + sz.c_test
-        out[f"end_to_end_resize_on_{where}"] = {
+        out[f"end_to_end_resize_on_{name}"] = {
             "wall_s": wall, "images_per_s": n / wall, "images_per_s_steady": timeline.steady(2 * sz.chunk_rows),
-            "peak_gpu_gib": _peak_gib(), "seconds_in_run_extract": report.seconds}
-        stores[where] = open_store(report.path)
-    a, b = (np.asarray(stores[w].train.features[:]) for w in ("device", "workers"))
+            "peak_gpu_gib": _peak_gib(), "seconds_in_run_extract": report.seconds, "batches_ahead": ahead}
+        stores[name] = open_store(report.path)
+    a, b, c = (np.asarray(stores[w].train.features[:]) for w in ("device", "workers", "device_one_batch_at_a_time"))
     out["features_device_vs_workers_max_abs"] = float(np.abs(a - b).max())
+    out["features_queued_ahead_equal_one_at_a_time"] = bool(np.array_equal(a, c))
     best = out["end_to_end_resize_on_device"]
     out["meets_targets"] = "not applicable: no GPU" if device != "cuda" else {
         "end_to_end_images_per_s": (best["images_per_s_steady"] or 0) >= 5000, "peak_gpu_gib": best["peak_gpu_gib"] < 2}
@@ -799,6 +806,8 @@ def _fmt(value: Any) -> str:
 EXTRACT_ROWS = {
     "end_to_end_resize_on_device": TARGETS["end_to_end_images_per_s"] + "; " + TARGETS["peak_gpu_gib"],
     "end_to_end_resize_on_workers": "",
+    "end_to_end_resize_on_device_one_batch_at_a_time": "",
+    "features_queued_ahead_equal_one_at_a_time": "True (bit for bit)",
     "model_alone_images_per_s": "",
     "model_with_device_resize_images_per_s": "",
     "device_resize_alone_images_per_s": "",

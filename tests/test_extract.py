@@ -235,6 +235,37 @@ def test_unreadable_image_stops_with_a_resumable_store(tmp_path, image_tree):
     assert_identical_stores(spec.out_path, tmp_path / "g.zarr")
 
 
+def test_extraction_queues_batches_before_it_waits_for_them(tmp_path, monkeypatch):
+    """Batch k's features are asked for only after batch k + BATCHES_AHEAD is queued (a GPU computes them while the
+    host writes), in order, each once; the store is byte-identical to a batch-at-a-time run's."""
+    from foal_pipe.encoders.pixels import PixelsEncoder
+    from foal_pipe.extract.run import BATCHES_AHEAD
+
+    run_extract(_pixels(tmp_path / "plain.zarr"))
+    events: list[tuple[str, int]] = []
+    queue_now = PixelsEncoder.submit
+
+    def queued(self, images):
+        k = sum(event == "queued" for event, _ in events)
+        events.append(("queued", k))
+        later = queue_now(self, images)
+
+        def wait():
+            events.append(("waited", k))
+            return later()
+
+        return wait
+
+    monkeypatch.setattr(PixelsEncoder, "submit", queued)
+    run_extract(_pixels(tmp_path / "ahead.zarr"))
+    assert_identical_stores(tmp_path / "plain.zarr", tmp_path / "ahead.zarr")
+    ahead = [("queued", k) for k in range(BATCHES_AHEAD + 1)]
+    assert BATCHES_AHEAD >= 1 and events[: BATCHES_AHEAD + 3] == [*ahead, ("waited", 0), ("queued", BATCHES_AHEAD + 1)]
+    waited = [k for event, k in events if event == "waited"]
+    assert waited == list(range(len(waited))) == sorted({k for _, k in events})
+    assert all(events.index(("queued", k)) < events.index(("waited", k)) for k in waited)
+
+
 def test_float16_store(tmp_path, vit_reference, tiny_vit_checkpoint):
     spec = _vit(tmp_path / "h.zarr", tiny_vit_checkpoint, dtype="float16")
     run_extract(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,13 @@ class Encoder:
     def encode(self, images: Any) -> np.ndarray:
         """uint8 images ``(B, 3, h, w)`` (a NumPy array or a CPU torch tensor) -> float32 NumPy ``(B, dim)``."""
         raise NotImplementedError
+
+    def submit(self, images: Any) -> Callable[[], np.ndarray]:
+        """Start encoding ``images``; calling the result gives :meth:`encode`'s features. An encoder on an
+        asynchronous device returns before its work is done, so extraction queues the next batch before it waits
+        for this one and the device does not idle while the host checks and writes; here the work is done now."""
+        features = self.encode(images)
+        return lambda: features
 
     def _input_provenance(self) -> dict[str, Any]:
         """What every encoder records about its input: size, normalisation, resizing and output dim."""

@@ -4,6 +4,7 @@ described from a ``meta``-device skeleton, weights from :mod:`~foal_pipe.encoder
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,26 +176,62 @@ class TimmEncoder(Encoder):
             return self.features(self.preprocess(images))
 
     def encode(self, images: Any) -> np.ndarray:
+        return self.submit(images)()
+
+    def submit(self, images: Any) -> Callable[[], np.ndarray]:
         import torch
 
-        if isinstance(images, np.ndarray):
-            images = torch.from_numpy(np.ascontiguousarray(images))
-        return self(images).cpu().numpy()
+        with torch.inference_mode():
+            later = self._to_host(self.features(self.preprocess(_as_tensor(images))))
+        return lambda: later()[0]
 
     def encode_blocks(self, images: Any, blocks_dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
         """uint8 images -> ``(features (B, dim) float32, block tokens (B, n_blocks, dim) in blocks_dtype)``,
-        NumPy, from one forward pass (``extract --keep-blocks``). The tokens are cast on the device (rounded
-        to nearest, as NumPy would), so a float16 copy moves half the bytes to the host."""
+        NumPy, from one forward pass (``extract --keep-blocks``)."""
+        return self.submit_blocks(images, blocks_dtype)()
+
+    def submit_blocks(self, images: Any, blocks_dtype: str = "float32") -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+        """:meth:`encode_blocks` started as :meth:`submit` is. The tokens are cast on the device (rounded to nearest,
+        as NumPy would), so a float16 copy moves half the bytes to the host."""
         import torch
 
-        if isinstance(images, np.ndarray):
-            images = torch.from_numpy(np.ascontiguousarray(images))
         with torch.inference_mode():
-            fused, blocks = self.features_and_blocks(self.preprocess(images))
-            return fused.cpu().numpy(), blocks.to(getattr(torch, blocks_dtype)).cpu().numpy()
+            fused, blocks = self.features_and_blocks(self.preprocess(_as_tensor(images)))
+            later = self._to_host(fused, blocks.to(getattr(torch, blocks_dtype)))
+
+        def features_and_tokens() -> tuple[np.ndarray, np.ndarray]:
+            host_fused, host_blocks = later()
+            return host_fused, host_blocks
+
+        return features_and_tokens
+
+    def _to_host(self, *tensors: Any) -> Callable[[], tuple[np.ndarray, ...]]:
+        """Copy ``tensors`` to the host; on CUDA into pinned memory behind the queued work, the returned function
+        waiting for the copy (the values are those a synchronous ``.cpu()`` gives, bit for bit)."""
+        import torch
+
+        if self.device != "cuda":
+            arrays = tuple(t.cpu().numpy() for t in tensors)
+            return lambda: arrays
+        host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors)
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def arrays() -> tuple[np.ndarray, ...]:
+            copied.synchronize()
+            return tuple(h.numpy() for h in host)
+
+        return arrays
 
     def norm_parameters(self) -> dict[str, Any]:
         """The final norm's kind, eps and float32 parameters (:func:`~foal_pipe.encoders.fusion.norm_parameters`)."""
         if self.model is None:
             raise RuntimeError("call load() before reading the norm")
         return norm_parameters(final_norm(self.model))
+
+
+def _as_tensor(images: Any) -> Any:
+    """A NumPy batch as a CPU torch tensor (sharing its memory); a tensor as it is."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(images)) if isinstance(images, np.ndarray) else images

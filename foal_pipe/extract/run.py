@@ -184,35 +184,66 @@ def extract_rows(
     if loaded is None:
         images = PreparedImages(inputs.data.split(split), inputs.loaded_size, encoder.interpolation)
         loaded = _load_batches(images, batches, inputs)
-    buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
-    kept = np.empty((step, encoder.n_blocks, encoder.dim), dtype=spec.blocks_dtype) if spec.keep_blocks else None
-    chunk_lo, filled = lo, 0
+    filler = _ChunkFiller(spec, split, writer, lo, hi, inputs.precision, encoder, on_batch, on_chunk)
+    pending: deque[Callable[[], Any]] = deque()
     for pixels, _labels, errors in itertools.islice(loaded, len(batches)):
         bad = [e for e in errors if e]
         if bad:
+            while pending:  # the rows before it are written, as a resumed run expects
+                filler.add(pending.popleft()())
             raise FoalPipeError(f"cannot read image {bad[0]}; remove or replace the file, then re-run the same "
                                 "command to resume")
-        if kept is None:
-            feats = encoder.encode(pixels).astype(spec.dtype)
+        pending.append(encoder.submit(pixels) if not spec.keep_blocks
+                       else encoder.submit_blocks(pixels, spec.blocks_dtype))
+        if len(pending) > BATCHES_AHEAD:
+            filler.add(pending.popleft()())
+    while pending:
+        filler.add(pending.popleft()())
+
+
+BATCHES_AHEAD = 2
+"""Batches an extraction queues on the device before it waits for the oldest one's features: the device computes
+them while the host checks, buffers and writes the last ones (on the CPU encoding is done when queued)."""
+
+
+class _ChunkFiller:
+    """Batches' features (and block tokens), in order, into whole chunks of one split: each chunk is written once
+    full, ``on_batch(n)`` called after each batch and ``on_chunk(hi)`` after each chunk."""
+
+    def __init__(self, spec: ExtractSpec, split: str, writer: FeatureWriter, lo: int, hi: int, precision: str,
+                 encoder: Any, on_batch: Callable[[int], None] | None, on_chunk: Callable[[int], None] | None):
+        self.spec, self.split, self.writer, self.hi, self.precision = spec, split, writer, hi, precision
+        self.on_batch, self.on_chunk = on_batch, on_chunk
+        step = writer.chunk_rows
+        self.buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
+        self.kept = (np.empty((step, encoder.n_blocks, encoder.dim), dtype=spec.blocks_dtype)
+                     if spec.keep_blocks else None)
+        self.chunk_lo, self.filled = lo, 0
+
+    def add(self, encoded: Any) -> None:
+        """One batch: its features, or ``(features, tokens)`` in a store that keeps block tokens."""
+        spec, split, first = self.spec, self.split, self.chunk_lo + self.filled
+        if self.kept is None:
+            feats = encoded.astype(spec.dtype)
         else:
-            feats, tokens = encoder.encode_blocks(pixels, spec.blocks_dtype)
-            feats = feats.astype(spec.dtype)
-            _check_finite(tokens, f"block tokens at {split}", chunk_lo + filled, f"precision {inputs.precision}, "
+            feats, tokens = encoded[0].astype(spec.dtype), encoded[1]
+            _check_finite(tokens, f"block tokens at {split}", first, f"precision {self.precision}, "
                           f"{param('blocks_dtype', spec.blocks_dtype)}",
                           f"use {param('precision', 'fp32')} or {param('blocks_dtype', 'float32')}")
-            kept[filled : filled + len(tokens)] = tokens
-        _check_finite(feats, f"features at {split}", chunk_lo + filled, f"precision {inputs.precision}, dtype "
-                      f"{spec.dtype}", f"use {param('precision', 'fp32')} or {param('dtype', 'float32')}")
-        buffer[filled : filled + len(feats)] = feats
-        filled += len(feats)
-        if on_batch:
-            on_batch(len(feats))
-        chunk_hi = min(chunk_lo + step, hi)
-        if chunk_lo + filled == chunk_hi:
-            writer.write(chunk_lo, buffer[:filled], *(() if kept is None else (kept[:filled],)))
-            if on_chunk:
-                on_chunk(chunk_hi)
-            chunk_lo, filled = chunk_hi, 0
+            self.kept[self.filled : self.filled + len(tokens)] = tokens
+        _check_finite(feats, f"features at {split}", first, f"precision {self.precision}, dtype {spec.dtype}",
+                      f"use {param('precision', 'fp32')} or {param('dtype', 'float32')}")
+        self.buffer[self.filled : self.filled + len(feats)] = feats
+        self.filled += len(feats)
+        if self.on_batch:
+            self.on_batch(len(feats))
+        chunk_hi = min(self.chunk_lo + self.writer.chunk_rows, self.hi)
+        if self.chunk_lo + self.filled == chunk_hi:
+            kept = () if self.kept is None else (self.kept[: self.filled],)
+            self.writer.write(self.chunk_lo, self.buffer[: self.filled], *kept)
+            if self.on_chunk:
+                self.on_chunk(chunk_hi)
+            self.chunk_lo, self.filled = chunk_hi, 0
 
 
 def _check_finite(values: np.ndarray, what: str, first_row: int, how: str, fix: str) -> None:
