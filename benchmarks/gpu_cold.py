@@ -112,7 +112,7 @@ COLD_ENV: dict[str, dict[str, str]] = {
     "pch": {"CUPY_ACCELERATORS": "cub", "CUPY_NVRTC_USE_PCH": "1"},
 }
 """CuPy's compile settings compared on an empty kernel cache: ``foal-pipe`` sets none (the command starts CuPy
-with :data:`foal_pipe.core.backend.CUPY_COMPILE_DEFAULTS`, no CUB reductions and NVRTC's precompiled headers);
+with :data:`foal_pipe.cupyenv.CUPY_COMPILE_DEFAULTS`, no CUB reductions and NVRTC's precompiled headers);
 the others set both variables. ``FOAL_COLD_VARIANTS`` (comma-separated names) runs a subset, as
 ``FOAL_COLD_EXTRACTS`` (``workers``, ``no workers``) does for the extracts."""
 
