@@ -329,15 +329,16 @@ def rows(result: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         if "skipped" in run:
             yield name, "skipped: " + run["skipped"], target
             continue
+        against = "plain eager (timm's forward_features)" if "hooks_not_compiled" in run else "eager"
         cells = [f"{run['images_per_s']:,.0f} images/s" if "images_per_s" in run else "",
-                 f"{run['x_eager']:.2f}x eager" if "x_eager" in run else ""]
+                 f"{run['x_eager']:.2f}x {against}" if "x_eager" in run else ""]
         if "bit_identical" in run:
             cells.append("bit-identical" if run["bit_identical"] else f"max diff {run['max_abs_diff']:.3g}")
         if "compile_s" in run:
             cells.append(f"compile {run['compile_s']:.1f} s, two calls "
                          f"{'bit-identical' if run['two_calls_bit_identical'] else 'differ'}")
         if "hooks_not_compiled" in run:
-            cells.append("hooks not compiled: timm's forward_features instead")
+            cells.append("the hooked forward did not compile: " + run["hooks_not_compiled"])
         if run.get("peak_gpu_gib") is not None:
             cells.append(f"peak {run['peak_gpu_gib']:.2f} GiB")
         if "error" in run:
