@@ -96,7 +96,8 @@ def time_cap(seconds: int) -> Iterator[None]:
         yield
     finally:
         signal.alarm(0)
-        signal.signal(signal.SIGALRM, outer)
+        if outer is not None:  # None: a handler not installed from Python (none is, in the GPU check)
+            signal.signal(signal.SIGALRM, outer)
         if outer_left:
             signal.alarm(max(1, outer_left - int(time.monotonic() - start)))
 
@@ -193,9 +194,9 @@ def _compile(enc: Any, x: Any, reference: Any, eager_rate: float, sz: VitSizes, 
                 _timed_compile(torch.compile(enc.features, mode="default", fullgraph=True), x, reference,
                                eager_rate, sz, kit, run)
                 return run
-            except TimeoutError:
-                raise
-            except Exception as exc:
+            except (TimeoutError, getattr(torch._dynamo.exc, "BackendCompilerFailed", TimeoutError)):
+                raise  # out of time, or inductor failed: without the hooks it would fail alike
+            except Exception as exc:  # dynamo refused the hooked forward (a graph break under fullgraph)
                 run["hooks_not_compiled"] = kit.one_line(exc)
             torch._dynamo.reset()
             plain_reference = enc.plain_features(x).clone()  # before `detached` below: it re-attaches the hooks

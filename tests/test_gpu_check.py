@@ -236,6 +236,15 @@ def test_gpu_vit_compile_variant_fused_then_without_hooks(tmp_path, monkeypatch)
     assert "error" not in plain and plain["hooks_not_compiled"] == "RuntimeError: graph break in a hook", plain
     assert plain["compiled"].startswith("model.forward_features") and plain["plain_eager_images_per_s"] > 0
     assert plain["bit_identical"] is True and plain["two_calls_bit_identical"] is True
+
+    def inductor_fails(fn, **kw):
+        def first_call(*args):
+            raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, RuntimeError("no C compiler"), None)
+        return first_call
+
+    monkeypatch.setattr(torch, "compile", inductor_fails)  # not the hooks: no second compile, the reason kept
+    failed = _vit_run(tmp_path, 150)["compile"]
+    assert "no C compiler" in failed["error"] and "hooks_not_compiled" not in failed and "images_per_s" not in failed
     late = _vit_run(tmp_path, 20)
     assert late["compile"]["skipped"].startswith("not run: no time") and late["eager"]["bit_identical"] is True
 
