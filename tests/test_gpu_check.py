@@ -156,7 +156,7 @@ def test_gpu_cold_traces_a_command_and_summarises_its_samples(tmp_path):
     assert summary["main_timeline"] == {0: {"compile": 1.0}, 1: {"import": 0.5}}
 
 
-VIT_VARIANTS = ("eager", "no_sdpa", "channels_last", "eager_with_resize", "cuda_graph", "compile")
+VIT_VARIANTS = ("eager", "no_sdpa", "channels_last", "eager_with_resize", "cuda_graph", "eager_again", "compile")
 
 
 def test_gpu_check_vit_dry_run_measures_every_variant(tmp_path):
@@ -177,14 +177,15 @@ def test_gpu_check_vit_dry_run_measures_every_variant(tmp_path):
     table = [line for line in proc.stdout.splitlines() if line.startswith("│ vit")]
     for name in VIT_VARIANTS:
         assert [line for line in table if f"│ {name} " in line], (name, proc.stdout)
-    for name in ("eager", "no_sdpa", "channels_last", "eager_with_resize"):
+    for name in ("eager", "no_sdpa", "channels_last", "eager_with_resize", "eager_again"):
         run = variants[name]
         assert "error" not in run and "skipped" not in run, (name, run)
         assert run["images_per_s"] > 0 and run["x_eager"] == run["images_per_s"] / variants["eager"]["images_per_s"]
-    for name in ("eager", "no_sdpa", "channels_last"):
+    for name in ("eager", "no_sdpa", "channels_last", "eager_again"):
         run = variants[name]
         assert run["bit_identical"] == (run["max_abs_diff"] == 0) and run["max_abs_diff"] < 1e-4, (name, run)
     assert variants["eager"]["bit_identical"] is True and variants["eager"]["x_eager"] == 1.0  # fp32 CPU, one thread
+    assert variants["eager_again"]["bit_identical"] is True  # after every variant: the model is as it was
     assert variants["no_sdpa"]["eager_after_restore_bit_identical"] is True
     assert variants["channels_last"]["eager_after_restore_bit_identical"] is True
     assert variants["channels_last"]["conv_weight_channels_last"] is True
