@@ -267,3 +267,31 @@ def test_gpu_vit_time_cap_stops_its_block_and_rearms_the_part_deadline():
         assert signal.getsignal(signal.SIGALRM) is handler
         left = signal.alarm(0)  # reading the alarm cancels it: the deadline's finally disarms it anyway
         assert 25 <= left <= 30
+
+
+def test_gpu_vit_rows_say_each_variant_in_one_line():
+    """The table's rows from a device-like result: rates, ratios, bits, a skip, a fallback and a compile cut short."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_vit
+
+    result = {"timm_use_fused_attn": True, "attention_modules": 12, "fused_attn": [True],
+              "sdpa_backends_enabled": ["flash", "math"], "variants": {
+                  "eager": {"images_per_s": 9050.4, "x_eager": 1.0, "max_abs_diff": 0.0, "bit_identical": True,
+                            "peak_gpu_gib": 1.834},
+                  "no_sdpa": {"images_per_s": 6000.0, "x_eager": 0.663, "max_abs_diff": 0.0078125,
+                              "bit_identical": False},
+                  "cuda_graph": {"skipped": "needs CUDA"},
+                  "compile": {"hooks_not_compiled": "Unsupported: hook", "compile_s": 41.26, "images_per_s": 9500.0,
+                              "x_eager": 1.05, "max_abs_diff": 0.0, "bit_identical": True,
+                              "two_calls_bit_identical": True}}}
+    rows = {what: text for what, text, _target in gpu_vit.rows(result)}
+    assert rows["attention"] == ("timm use_fused_attn True, 12 modules with fused_attn [True]; SDPA backends: flash, "
+                                 "math")
+    assert rows["eager"] == "9,050 images/s, 1.00x eager, bit-identical, peak 1.83 GiB"
+    assert rows["no_sdpa"] == "6,000 images/s, 0.66x eager, max diff 0.00781"
+    assert rows["cuda_graph"] == "skipped: needs CUDA"
+    assert rows["compile"] == ("9,500 images/s, 1.05x plain eager (timm's forward_features), bit-identical, compile "
+                               "41.3 s, two calls bit-identical, the hooked forward did not compile: Unsupported: hook")
+    cut = {"variants": {"compile": {"compile_s": 90.0, "error": "TimeoutError: stopped at its cap of 90 s"}}}
+    assert list(gpu_vit.rows(cut)) == [("compile", "compile 90.0 s, error: TimeoutError: stopped at its cap of 90 s",
+                                        "faster than eager, bit-identical to it")]
