@@ -37,6 +37,11 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
 (h) ``scale`` (not run by default: ``--parts scale,cifar`` is one device call): issue 33's probe, a 300,000 x 768
     float16 store, 1,000 classes, D = 2000, 10 tasks: ``learn``, ``sweep``, ``learn --gamma auto`` and ``learn
     --head slda`` on NumPy, CuPy and torch, first call and warm, wall and in-process (benchmarks/gpu_scale.py).
+(j) ``vit`` (not run by default: ``--parts vit``, 150 s): issue 33's extraction at the model's speed
+    (benchmarks/gpu_vit.py): the fused ViT-B/16 encoder as extraction builds it (bf16, batch 256, inputs
+    preprocessed on the device) eager, without SDPA, channels-last, in a CUDA graph and under ``torch.compile``
+    (last, capped at 90 s), and eager from 32 px with the device resize: images/s, the speed against eager, the
+    largest difference from eager's features and whether they are bit-identical, and the peak GPU memory.
 
 The JSON's ``plan`` gives, at the device's sizes (also in a dry run), each part's expected seconds and deadline
 and whether the call fits one device call with a minute to spare.
@@ -83,6 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/synthetic
 
 import gpu_cold  # noqa: E402
 import gpu_scale  # noqa: E402 (found through the path above)
+import gpu_vit  # noqa: E402
 
 EXACT = 1e-9
 BACKENDS = ("numpy", "cupy", "torch")
@@ -737,10 +743,21 @@ def part_scale(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     gpu_scale.part_scale(gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL, work, out, backend_problem)
 
 
+def part_vit(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """Issue 33's extraction at the model's speed: SDPA, channels-last, CUDA graphs and ``torch.compile`` on the
+    fused encoder, against eager and bit for bit (benchmarks/gpu_vit.py)."""
+    ends_at = time.perf_counter() + part_deadline(sz, "vit")
+    checkpoint = _checkpoint(sz, work / "vit-speed.safetensors")
+    gpu_vit.part_vit(gpu_vit.VitSizes(model=sz.model, model_kwargs=sz.model_kwargs, checkpoint=checkpoint,
+                                      batch=sz.c_batch, repeats=sz.repeats, ends_at=ends_at,
+                                      compile=_cuda() and sz != DRY),
+                     out, gpu_vit.Kit(rate=_rate, peak_reset=_peak_reset, peak_gib=_peak_gib, one_line=_one_line))
+
+
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
     "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup,
     "heads": part_heads, "online": part_online, "copies": part_copies, "scale": part_scale,
-    "cold": part_cold}
+    "cold": part_cold, "vit": part_vit}
 DEFAULT_PARTS = ("learner", "learn", "extract", "cifar", "startup", "heads", "online", "copies")
 """What runs without ``--parts``; ``scale`` takes a device call of its own with ``cifar`` (``--parts scale,cifar``)."""
 
@@ -751,6 +768,8 @@ def part_deadline(sz: Sizes, name: str) -> int:
         return (gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL).seconds + 15
     if name == "cold":
         return COLD_SECONDS
+    if name == "vit":
+        return gpu_vit.SECONDS
     return sz.cifar_seconds if name == "cifar" else sz.part_seconds
 
 
@@ -839,6 +858,9 @@ def _rows(report: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
             yield part, "seconds (extract, learn, sweep)", _fmt(result["seconds"]), ""
             if "total_s" in result:
                 yield part, "total_s", _fmt(result["total_s"]), "<= 20 s (paper: 261 s on an RTX 4070 Ti)"
+        if part == "vit":
+            for what, text, target in gpu_vit.rows(result):
+                yield part, what, text, target
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -861,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (CI)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temporary folder, removed after)")
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                        help=f"comma-separated subset of {', '.join(PARTS)} (default: all but scale)")
+                        help=f"comma-separated subset of {', '.join(PARTS)} (default: all but scale, cold and vit)")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
     unknown = [name for name in parts if name not in PARTS]
