@@ -295,3 +295,11 @@ def test_gpu_vit_rows_say_each_variant_in_one_line():
     cut = {"variants": {"compile": {"compile_s": 90.0, "error": "TimeoutError: stopped at its cap of 90 s"}}}
     assert list(gpu_vit.rows(cut)) == [("compile", "compile 90.0 s, error: TimeoutError: stopped at its cap of 90 s",
                                         "faster than eager, bit-identical to it")]
+
+
+def test_part_vit_runs_after_every_other_part_asked_for(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from gpu_check import run_order
+
+    assert run_order(["extract", "vit", "cifar", "copies"]) == ["extract", "cifar", "copies", "vit"]
+    assert run_order(["scale", "cifar"]) == ["scale", "cifar"]
