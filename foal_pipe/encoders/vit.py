@@ -179,10 +179,7 @@ class TimmEncoder(Encoder):
         return self.submit(images)()
 
     def submit(self, images: Any) -> Callable[[], np.ndarray]:
-        import torch
-
-        with torch.inference_mode():
-            later = self._to_host(self.features(self.preprocess(_as_tensor(images))))
+        later = self._to_host(self(_as_tensor(images)))
         return lambda: later()[0]
 
     def encode_blocks(self, images: Any, blocks_dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
