@@ -7,10 +7,11 @@ separate run's.
 
 ``--baseline DIR`` runs the one-pass command and the one `learn` on that source tree too (its ``PYTHONPATH``),
 interleaved, for before/after side by side; ``--no-separate`` skips the separate runs (the ratio to one `learn`
-only); ``--dim``, ``--projection-dim`` and ``--seeds`` give other cases (issue 31's: 20,000 x 256, D = 600, 3 orders).
+only); ``--dim``, ``--projection-dim`` and ``--seeds`` give other cases (issue 31's: 20,000 x 256, D = 600, 3 orders);
+``--gamma auto`` runs every command with gamma chosen at every boundary (the default leave-one-out on a sample).
 
 Usage: python benchmarks/orders_bench.py [--rows 50000] [--dim 768] [--projection-dim 1000] [--seeds 0,1,2,3,4]
-       [--repeats 3] [--threads 2] [--baseline DIR] [--no-separate] [--json out.json]
+       [--repeats 3] [--threads 2] [--gamma 1] [--baseline DIR] [--no-separate] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=768, help="feature width of the synthetic store")
     parser.add_argument("--projection-dim", type=int, default=1000)
     parser.add_argument("--seeds", default="0,1,2,3,4", help="the class orders of the one-pass run")
+    parser.add_argument("--gamma", default="1", help="every command's --gamma (a number, or auto)")
     parser.add_argument("--baseline", type=Path, default=None, help="a foal-pipe source tree run beside this one")
     parser.add_argument("--no-separate", action="store_true", help="skip the separate --order-seed runs")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("results") / "orders_bench.json")
@@ -49,7 +51,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         store = make_store(tmp / "s.zarr", a.rows, a.rows // 5, dim=a.dim)
-        common = ["--features", str(store), "--tasks", str(TASKS), "--projection-dim", str(D), "--gamma", "1",
+        common = ["--features", str(store), "--tasks", str(TASKS), "--projection-dim", str(D), "--gamma", a.gamma,
                   "--backend", "numpy"]
         many, one, separate, learn = [], [], [], []
         before: dict[str, list] = {"many": [], "learn": [], "timings": []}
@@ -85,8 +87,8 @@ def main() -> None:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or platform.machine(),
-        "nproc": os.cpu_count(), "threads": a.threads, "rows": a.rows, "dim": a.dim, "classes": N_CLASSES, "D": D,
-        "tasks": TASKS, "orders": len(seeds), "repeats": a.repeats, "load_before_each_round": loads,
+        "nproc": os.cpu_count(), "threads": a.threads, "gamma": a.gamma, "rows": a.rows, "dim": a.dim,
+        "classes": N_CLASSES, "D": D, "tasks": TASKS, "orders": len(seeds), "repeats": a.repeats, "load_before_each_round": loads,
         "median_learn_s": round(med([r.seconds for r in learn]), 2),
         "ratio_one_pass_to_learn": round(med([r.seconds for r in many]) / med([r.seconds for r in learn]), 2),
         **({} if baseline is None else {

@@ -102,14 +102,28 @@ def _learn(store, out, *extra):
 
 
 def test_the_sample_is_the_least_ranks_among_the_rows_seen():
-    sizes = [40, 25, 35]
-    sample = RowSample.draw(sizes, 30, 5)
-    ranks = np.random.default_rng([5, 23]).permutation(100)
-    for k, end in enumerate(np.cumsum(sizes)):
-        np.testing.assert_array_equal(sample.boundaries[k], np.sort(np.argsort(ranks[:end])[:30]))
-    assert RowSample.draw(sizes, 30, 5).kept.tolist() == sample.kept.tolist()  # deterministic
-    assert RowSample.draw(sizes, 30, 6).boundaries[0].tolist() != sample.boundaries[0].tolist()
-    assert RowSample.draw(sizes, 60, 5).boundaries[0].tolist() == list(range(40))  # M >= rows seen: every row
+    rng = np.random.default_rng(0)
+    order = rng.permutation(120)  # a stream over 100 of a split's 120 rows, in tasks of 40, 25 and 35
+    tasks = [order[:40], order[40:65], order[65:100]]
+    sample = RowSample.draw(tasks, 120, 30, 5)
+    ranks = np.random.default_rng([5, 23]).permutation(120)  # a rank for every row of the split
+    for k in range(3):
+        seen = np.concatenate(tasks[: k + 1])
+        np.testing.assert_array_equal(sample.boundaries[k], np.sort(seen[np.argsort(ranks[seen])[:30]]))
+    assert RowSample.draw(tasks, 120, 30, 5).kept.tolist() == sample.kept.tolist()  # deterministic
+    assert RowSample.draw(tasks, 120, 30, 6).boundaries[0].tolist() != sample.boundaries[0].tolist()
+    assert RowSample.draw(tasks, 120, 60, 5).boundaries[0].tolist() == np.sort(tasks[0]).tolist()  # M >= seen: all
+
+
+def test_the_sample_depends_only_on_the_rows_seen():
+    """Not on their order nor on the task cuts before: two streams that have seen the same rows sample the same ones
+    (what lets ``table`` share a 5-task boundary with the 10-task boundary after the same classes)."""
+    order = np.random.default_rng(1).permutation(200)
+    coarse = RowSample.draw([order[:100], order[100:]], 200, 25, 2)
+    fine = RowSample.draw([order[:50], np.sort(order[50:100]), order[100:150], order[150:][::-1]], 200, 25, 2)
+    np.testing.assert_array_equal(coarse.boundaries[0], fine.boundaries[1])
+    np.testing.assert_array_equal(coarse.boundaries[1], fine.boundaries[3])
+    assert not np.array_equal(fine.boundaries[0], fine.boundaries[1])
 
 
 def test_a_sample_of_every_row_gives_the_exact_curve_and_choice(tmp_path, store):
@@ -133,12 +147,12 @@ def test_a_sample_gives_leave_one_out_of_the_sampled_rows_by_hand_and_the_bound(
     Xtr, ytr, _, _ = read(store)
     stream = build_stream(ytr, N_CLASSES, 4, 10, 3)
     walk = np.concatenate([np.sort(r) for r in stream.rows])  # each task's rows in dataset order
-    ranks = np.random.default_rng([3, 23]).permutation(walk.size)
+    ranks = np.random.default_rng([3, 23]).permutation(ytr.size)  # a rank for every train row of the store
     P = model["projection"]
     for k in range(4):
         end = sum(r.size for r in stream.rows[: k + 1])
         rows = walk[:end]
-        chosen = np.sort(np.argsort(ranks[:end])[:m])  # walk positions sampled
+        chosen = np.sort(np.argsort(ranks[rows])[:m])  # the rows seen with the m least ranks
         H = 1 / (1 + np.exp(-(Xtr[rows].astype(np.float64) @ P)))
         seen = np.unique(ytr[rows])
         Y = (ytr[rows][:, None] == seen[None, :]).astype(float)
@@ -203,12 +217,14 @@ def test_the_memory_estimate_counts_only_the_rows_ever_sampled(store, monkeypatc
     monkeypatch.setattr("foal_pipe.protocol.run.check_memory", lambda command, p, fix: parts.update(p) or 0)
     prepare(store, StreamConfig(tasks=3), ModelConfig(projection_dim=400, gamma="auto", loo_sample=100),
             EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=True)
-    sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 3, 10, 0).rows]
-    ranks = np.random.default_rng([0, 23]).permutation(sum(sizes))
-    ever = set()
-    for end in np.cumsum(sizes):
-        ever |= set(np.argsort(ranks[:end])[:100].tolist())
-    assert 100 < len(ever) < sum(sizes)
+    ytr = read(store)[1]
+    tasks = build_stream(ytr, N_CLASSES, 3, 10, 0).rows
+    ranks = np.random.default_rng([0, 23]).permutation(ytr.size)  # a rank for every train row of the store
+    ever: set[int] = set()
+    for k in range(len(tasks)):
+        seen = np.concatenate(tasks[: k + 1])
+        ever |= set(seen[np.argsort(ranks[seen])[:100]].tolist())
+    assert 100 < len(ever) < sum(t.size for t in tasks)
     assert parts[KEPT_PART] == len(ever) * 400 * 8
 
 

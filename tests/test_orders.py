@@ -15,7 +15,7 @@ from foal_pipe.cli import app
 from foal_pipe.core.metrics import summarize
 from foal_pipe.memory import parse_memory
 from foal_pipe.protocol import run as run_module
-from foal_pipe.protocol.orders import class_statistics_bytes
+from foal_pipe.protocol.classsums import class_statistics_bytes
 
 runner = CliRunner()
 SEEDS = (0, 3, 7)
@@ -120,20 +120,29 @@ def test_memory_refusal_falls_back_to_one_pass_per_order(store: Path, tmp_path: 
 
 
 def test_sampled_leave_one_out_orders_choose_as_separate_runs(store: Path, tmp_path: Path) -> None:
-    """``--gamma auto`` with leave-one-out on a sample smaller than the rows seen: each order's walk over the rows
-    cached by class visits a task's rows in the order a separate run does, so the sample (walk positions) names the
-    same rows and every boundary chooses the same gamma (before: the class-grouped cache reordered each task's rows,
-    so another sample was scored and other gammas chosen)."""
+    """``--gamma auto`` with leave-one-out on a sample smaller than the rows seen, every order from the per-class sums
+    in one pass: the sample is drawn over the store's rows, so each boundary scores the rows its separate run's walk
+    scores, and every boundary chooses the same gamma."""
     extra = ["--gamma", "auto", "--loo-sample", "16"]
     seeds = ",".join(map(str, SEEDS))
-    _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--order-seeds", seeds, *extra])
+    result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "many"), *COMMON, "--order-seeds", seeds,
+                      *extra])
+    assert "one walk per class order" not in result.output
     many = json.loads((tmp_path / "many" / "metrics.json").read_text())
+    assert many["one_pass"] is True
     separate = _separate(store, tmp_path, extra)
     for entry in many["orders"]:
         one = separate[entry["order_seed"]]
         assert 16 in one["gamma_search"]["sample_rows"] and max(one["gamma_search"]["sample_eps"]) > 0  # a true sample
         assert entry["gammas_selected"] == one["gammas_selected"]
         np.testing.assert_array_equal(_matrix(entry["accuracy_matrix"]), _matrix(one["accuracy_matrix"]))
+
+
+def test_leave_one_out_over_every_row_falls_back(store: Path, tmp_path: Path) -> None:
+    result = _invoke(["learn", "--features", str(store), "--out", str(tmp_path / "every"), *COMMON, "--gamma", "auto",
+                      "--loo-sample", "0", "--order-seeds", "0,3"])
+    assert "the leave-one-out pass needs every row at every boundary (use --loo-sample M" in result.output
+    assert json.loads((tmp_path / "every" / "metrics.json").read_text())["one_pass"] is False
 
 
 def test_loo_and_rls_fall_back(store: Path, tmp_path: Path) -> None:

@@ -74,10 +74,10 @@ def test_sweep_sampled_figures_equal_refits_without_each_sampled_row(tmp_path, s
     report = _sweep(store, tmp_path / "sw", "--loo-sample", m)
     Xtr, ytr, _, _ = read(store)
     walk, ends = _walk(store)
-    ranks = np.random.default_rng([3, 23]).permutation(walk.size)  # the sample's stream: seed 3, stream 23
+    ranks = np.random.default_rng([3, 23]).permutation(ytr.size)  # seed 3, stream 23: a rank per train row
     for k, end in enumerate(ends):
         rows = walk[:end]
-        chosen = np.sort(np.argsort(ranks[:end])[:m])  # the walk positions sampled
+        chosen = np.sort(np.argsort(ranks[rows])[:m])  # the rows seen with the m least ranks
         H = 1 / (1 + np.exp(-(Xtr[rows].astype(np.float64) @ projection)))
         for result in report["results"]:
             accuracy, mse = _refits(H, ytr[rows], chosen, result["gamma"])

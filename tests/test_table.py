@@ -197,3 +197,31 @@ def test_ridge_from_per_class_sums_equals_its_separate_learn(stores, tmp_path, g
         assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])
         if run["head"] == "ridge" and gamma[1] == "auto":
             assert run["options"]["gammas_selected"] == separate["gammas_selected"]
+
+
+def test_sampled_leave_one_out_shares_nested_boundaries_and_equals_separate_learns(stores, tmp_path, monkeypatch):
+    """``--gamma auto`` on a true sample (16 of the rows seen): ridge's boundaries come from the per-class sums; a
+    2-task boundary is the 4-task boundary after the same classes, solved once (4 gamma paths per order, not 6); every
+    run still equals its separate ``learn``."""
+    from foal_pipe.protocol.solvers import ManyGammas
+
+    starts = []
+    original = ManyGammas.start
+    monkeypatch.setattr(ManyGammas, "start", lambda self, st, k: starts.append(k) or original(self, st, k))
+    out = tmp_path / "t"
+    extra = ("--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--loo-sample", "16")
+    result = invoke("table", "--features", stores[0], "--heads", "ridge", "--order-seeds", "0,1", "--tasks", "2,4",
+                    "--out", out, *extra)
+    assert result.exit_code == 0, result.output
+    assert len(starts) == 2 * 4
+    monkeypatch.setattr(ManyGammas, "start", original)
+    doc = json.loads((out / "table.json").read_text())
+    for run in doc["runs"]:
+        sep = tmp_path / f"{run['tasks']}-{run['order_seed']}"
+        result = invoke("learn", "--features", stores[0], "--order-seed", run["order_seed"], "--tasks", run["tasks"],
+                        "--out", sep, "--gamma", "auto", *extra)
+        assert result.exit_code == 0, result.output
+        separate = json.loads((sep / "metrics.json").read_text())
+        assert max(separate["gamma_search"]["sample_eps"]) > 0  # a true sample
+        assert run["options"]["gammas_selected"] == separate["gammas_selected"]
+        assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])

@@ -57,6 +57,7 @@ def table(
     tasks: TableTasks = "10",
     gamma: TableGamma = "auto",
     select: o.LearnSelect = None,
+    loo_sample: o.LooSample = o.MODEL.loo_sample,
     projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
     activation: o.Activation = o.MODEL.activation,
     seed: TableSeed = o.STREAM.seed,
@@ -90,7 +91,7 @@ def table(
         model = o.settings(params, ModelConfig)
         settings = Settings(o.settings(params, StreamConfig), model, o.settings(params, EvaluationConfig),
                             o.settings(params, ExecutionConfig))
-        _check_applies(ctx, {k: LEARN_ONLY_WITH[k] for k in ("disjoint_ratio", "blurry_ratio", "select")})
+        _check_applies(ctx, {k: LEARN_ONLY_WITH[k] for k in ("disjoint_ratio", "blurry_ratio", "select", "loo_sample")})
         config = TableConfig(o.heads_value(heads), _ints(order_seeds, "--order-seeds"), _ints(tasks, "--tasks"))
         explicit = [name for name in MODEL_OPTIONS if _typed(ctx, name)]
         done = run_table(features, out, config, settings, explicit,

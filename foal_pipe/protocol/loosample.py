@@ -1,10 +1,12 @@
 """Which rows leave-one-out scores at each task boundary when it scores a sample (``learn --loo-sample M``).
 
-Every walk position gets a fixed random rank, drawn from the seed; at the boundary that ends at walk row ``e``
-the sample is the ``M`` rows of ``[0, e)`` with the least ranks: uniform without replacement among the rows
-seen (not stratified by class, so :func:`~foal_pipe.core.leaveoneout.sample_bound` applies as it is). A row
-once out of the sample never re-enters it, so the rows to keep are the union of the boundaries' samples,
-about ``M (1 + 1/2 + ... + 1/T)`` for T equal tasks, not every row.
+Every train row of the store gets a fixed random rank, drawn from the seed; at a task boundary the sample is the
+``M`` rows seen with the least ranks: uniform without replacement among the rows seen (not stratified by class, so
+:func:`~foal_pipe.core.leaveoneout.sample_bound` applies as it is). The sample depends only on which rows have
+been seen, not on the order they came in, so boundaries that have seen the same rows (the last boundary of every
+class order; a 5-task boundary and the 10-task boundary after the same classes) score the same rows, and
+``learn --order-seeds`` and ``table`` can share them. A row once out of the sample never re-enters it, so the rows
+to keep are the union of the boundaries' samples, about ``M (1 + 1/2 + ... + 1/T)`` for T equal tasks.
 """
 
 from __future__ import annotations
@@ -24,28 +26,29 @@ SAMPLE_STREAM = 23
 
 @dataclass(frozen=True)
 class RowSample:
-    """The sampled walk positions (sorted) at every task boundary; ``size`` is the requested ``M``."""
+    """The sampled store rows (sorted) at every task boundary; ``size`` is the requested ``M``."""
 
     size: int
     boundaries: tuple[np.ndarray, ...]
 
     @classmethod
-    def draw(cls, task_sizes: Sequence[int], size: int, seed: int) -> RowSample:
-        ends = np.cumsum(np.asarray(task_sizes, dtype=np.int64))
-        n = int(ends[-1]) if ends.size else 0
-        ranks = np.random.default_rng([seed, SAMPLE_STREAM]).permutation(n)
+    def draw(cls, task_rows: Sequence[np.ndarray], n_rows: int, size: int, seed: int) -> RowSample:
+        """The sample of a stream whose task ``k`` adds the store rows ``task_rows[k]``, of a split of ``n_rows``."""
+        ranks = np.random.default_rng([seed, SAMPLE_STREAM]).permutation(n_rows)
+        seen = np.zeros(0, dtype=np.int64)
         out = []
-        for end in ends.tolist():
-            if size >= end:
-                out.append(np.arange(end, dtype=np.int64))
+        for rows in task_rows:
+            seen = np.concatenate([seen, np.asarray(rows, dtype=np.int64)])
+            if size >= seen.size:
+                out.append(np.sort(seen))
             else:
-                seen = ranks[:end]
-                out.append(np.flatnonzero(seen <= np.partition(seen, size - 1)[size - 1]).astype(np.int64))
+                r = ranks[seen]
+                out.append(np.sort(seen[r <= np.partition(r, size - 1)[size - 1]]))
         return cls(size, tuple(out))
 
     @property
     def kept(self) -> np.ndarray:
-        """Every walk position sampled at some boundary: the rows whose activations the walk keeps."""
+        """Every store row sampled at some boundary: the rows whose activations the walk keeps."""
         return np.unique(np.concatenate(self.boundaries)) if self.boundaries else np.zeros(0, dtype=np.int64)
 
     def bound(self, k: int, seen: int, n_gammas: int) -> float:

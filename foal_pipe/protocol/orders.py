@@ -1,12 +1,13 @@
 """Many class orders (``--order-seeds``) from one pass over the train split.
 
 The ridge solution after task k depends only on the sums ``G``, ``Q`` over the rows of tasks 1..k, not on
-the order of those rows. One pass therefore accumulates one :class:`~foal_pipe.core.statistics.RidgeStatistics`
-per class (C x D^2 values), and every order's boundary k is the sum of its first k tasks' class statistics:
-the same rows summed, so each order's accuracy matrix equals a separate ``learn --order-seed s``.
+the order of those rows. One pass therefore accumulates each class's statistics (C x D^2 values;
+:mod:`~foal_pipe.protocol.classsums`), and every order's boundary k is the sum of its first k tasks' class
+statistics: the same rows summed, so each order's accuracy matrix equals a separate ``learn --order-seed s``. A
+sampled leave-one-out (``--gamma auto``'s default) scores the rows the separate run scores, projected again.
 
-The one pass needs the order-free sums; where a run needs the rows in stream order (``--engine rls``), the
-rows again at every boundary (``--gamma auto --select loo``, ``sweep`` with its leave-one-out pass),
+The one pass needs the order-free sums; where a run needs the rows in stream order (``--engine rls``), every
+row again at every boundary (``--loo-sample 0``, ``sweep`` with its leave-one-out pass),
 order-dependent rows (``--drop-last``), a cluster (``--scheduler dask``), or where the per-class statistics
 exceed ``--max-memory``, it runs one walk per order instead and says so. Either way the store is read once: the
 rows of every order's classes are decoded once and grouped by class (:func:`~foal_pipe.protocol.walk.shared_rows`),
@@ -23,20 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_numpy_namespace
 
-from foal_pipe.core.backend import default_device
 from foal_pipe.core.engines import check_gamma
-from foal_pipe.core.linalg import one_hot
-from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
-from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.capabilities import Settings, check_capabilities
+from foal_pipe.protocol.classsums import class_statistics, class_statistics_bytes, order_boundaries
 from foal_pipe.protocol.commands import flag_grid_edge, run_learn, run_sweep, warn_dropped
 from foal_pipe.protocol.config import (
     EvaluationConfig,
@@ -61,7 +58,7 @@ from foal_pipe.protocol.records import (
     sweep_report,
     sweep_results,
 )
-from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.run import Run, prepare, row_sample
 from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
@@ -71,7 +68,7 @@ from foal_pipe.protocol.schema import (
     OrderSweep,
     SweepReport,
 )
-from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 #: The metrics summarised over orders (mean and std).
@@ -94,11 +91,6 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def class_statistics_bytes(n_classes: int, dim: int, dtype: str) -> int:
-    """What the per-class statistics take: ``C (D^2 + D)`` values."""
-    return n_classes * (dim * dim + dim) * np.dtype(dtype).itemsize
-
-
 def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: ExecutionConfig, loo: bool,
                     n_classes: int, anytime: bool = False) -> str | None:
     """Why the orders cannot come from one pass (None: they can)."""
@@ -106,7 +98,8 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
         "--stream si-blurry spreads a class's rows over several tasks": stream.stream != "disjoint",
         "--eval-every solves inside the tasks": anytime,
         "--engine rls replays the rows in stream order": model.engine == "rls",
-        "the leave-one-out pass needs the rows at every boundary (use --select gcv, or sweep --no-loo)": loo,
+        "the leave-one-out pass needs every row at every boundary (use --loo-sample M, --select gcv, or sweep --no-loo)":
+            loo,
         "--drop-last drops rows that depend on each order's shuffle": stream.drop_last,
         "--scheduler dask sums per task on the cluster": execution.scheduler == "dask",
     }
@@ -127,7 +120,7 @@ def _check_class_memory(command: str, run: Run) -> None:
     from foal_pipe.protocol.run import memory_parts
 
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
-    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, False), "per-class statistics": need},
+    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, run.model.loo), "per-class statistics": need},
                  f"set {param('max_memory')} below {human(need)} for one walk per order, lower {param('projection_dim')}, "
                  f"use {param('dtype', 'float32')}, or free memory")
 
@@ -136,79 +129,6 @@ def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
     if stream.class_order is not None and len(seeds) > 1:
         raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('seeds')} has nothing to vary; pass one "
                             "of them")
-
-
-@dataclass
-class ClassSums:
-    """Every class's ``G_c = H_c^T H_c`` (stacked, C x D x D), ``Q``'s column ``q_c = H_c^T 1`` (C x D x 1) and
-    row count: one preallocated array per sum, each class's Gram one product over all its rows (blocks of
-    ``block_rows`` beyond that), so the per-class sums cost about one Gram of the same rows."""
-
-    G: Any
-    Q: Any
-    counts: np.ndarray
-
-
-def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
-    """The statistics of each class's rows (every row some order trains on), from the rows read once and grouped
-    by class: the cache projected in full-size blocks of consecutive rows (as ``learn`` projects a task, not in
-    one thin block per class), and each class's part of a block summed as
-    :meth:`~foal_pipe.core.statistics.RidgeStatistics.from_batch` forms ``H^T H`` and ``H^T Y``, written into the
-    stacked arrays without a D x D temporary per class on NumPy."""
-    train, xp = rows.train, run.xp
-    n_classes = len(run.store.classes)
-    dtype = getattr(xp, run.model.dtype)
-    sums = ClassSums(xp.zeros((n_classes, run.dim, run.dim), dtype=dtype, device=default_device(xp)),
-                     xp.zeros((n_classes, run.dim, 1), dtype=dtype, device=default_device(xp)),
-                     np.diff(train.offsets).astype(np.int64)[:n_classes])
-    host = is_numpy_namespace(xp)
-    started = np.zeros(n_classes, dtype=bool)
-    with progress_bar("train (per-class gram)", train.n_rows) as advance:
-        for lo in range(0, train.n_rows, run.block_rows):
-            hi = min(lo + run.block_rows, train.n_rows)
-            with run.timed("project"):
-                H = run.projection.transform(train.block(None, lo, hi, xp), xp)
-            with run.timed("gram"):
-                labels = train.labels[lo:hi]
-                cuts = np.flatnonzero(np.diff(labels)) + 1
-                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), hi - lo]):
-                    c, part = int(labels[a]), H[a:b, ...]
-                    Ht, Y = part.T, one_hot(labels[a:b], np.array([c]), part)
-                    if started[c]:
-                        sums.G[c, ...] += Ht @ part
-                        sums.Q[c, ...] += Ht @ Y
-                    elif host:
-                        np.matmul(Ht, part, out=sums.G[c])
-                        np.matmul(Ht, Y, out=sums.Q[c])
-                    else:
-                        sums.G[c, ...] = Ht @ part
-                        sums.Q[c, ...] = Ht @ Y
-                    started[c] = True
-            advance(hi - lo)
-    return sums
-
-
-def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas) -> tuple[list[Boundary], RidgeStatistics]:
-    """Every boundary of ``run``'s order from the per-class sums (``solver`` must not need the rows): ``G`` summed
-    class by class in task order, in place; ``Q`` the seen classes' columns (sorted, as the statistics keep them)."""
-    xp = run.xp
-    G = xp.zeros((run.dim, run.dim), dtype=sums.G.dtype, device=default_device(xp))
-    columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.G.dtype, device=default_device(xp))
-    seen = np.zeros(sums.counts.size, dtype=bool)
-    boundaries, running = [], RidgeStatistics.empty(run.dim, xp, sums.G.dtype)
-    for k, task in enumerate(run.stream.tasks):
-        with run.timed("sum"):
-            for c in task:
-                if sums.counts[c]:
-                    G += sums.G[c, ...]
-                    columns[:, c : c + 1] += sums.Q[c, ...]
-                    seen[c] = True
-            classes = np.flatnonzero(seen)
-            Q = xp.take(columns, xp.asarray(classes, device=default_device(xp)), axis=1)
-            running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes])
-        with run.timed("solve"):
-            boundaries.append(solver.solve(running, k))
-    return boundaries, running
 
 
 def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, Any]]:
@@ -279,7 +199,7 @@ def run_learn_orders(
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
-    loo = model.loo
+    loo = model.loo and not model.loo_sample  # a sample's rows are projected again per boundary; every row's are not
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None)
     if reason is not None:
         with shared_rows(runs, kind.read) as shared:
@@ -292,8 +212,8 @@ def run_learn_orders(
         entries, finals = [], []
         for s, run in zip(seeds, runs):
             if model.gamma == "auto":
-                path = ManyGammas(model.gamma_grid, False, model.select, model.per_decade)
-                boundaries, running = order_boundaries(run, per_class, path)
+                path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run))
+                boundaries, running = order_boundaries(run, per_class, path, shared)
                 finals.append(RidgeModel.solved(running, float(boundaries[-1].gammas[0])))
             else:
                 fixed = FixedGamma(float(model.gamma))

@@ -244,7 +244,7 @@ def row_sample(run: Run) -> RowSample | None:
     """The rows a sampled leave-one-out scores (``--loo-sample``), None when it scores every row."""
     if not run.model.loo_sample:
         return None
-    return RowSample.draw([r.size for r in run.stream.rows], int(run.model.loo_sample), run.seed)
+    return RowSample.draw(run.stream.rows, int(run.row_task.size), int(run.model.loo_sample), run.seed)
 
 
 def kept_bytes(run: Run) -> int:

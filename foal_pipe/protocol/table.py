@@ -183,8 +183,9 @@ def _jsonable(value: Any) -> Any:
 def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept,
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
+    from foal_pipe.protocol.classsums import class_statistics
     from foal_pipe.protocol.commands import run_learn
-    from foal_pipe.protocol.orders import class_statistics, fallback_reason
+    from foal_pipe.protocol.orders import fallback_reason
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings
@@ -195,9 +196,13 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     keys = {(h, t, seed): fingerprint(store, h, t, seed, settings) for h in config.heads for (t, seed) in streams}
     done = {k: rec for k, key in keys.items() if (rec := kept.get(key)) is not None}
     n_resumed = len(done)
-    # ridge without the leave-one-out pass: every order's and task count's boundaries from per-class sums
-    one_pass = fallback_reason(s.stream, ridge_model, s.execution, ridge_model.loo, len(store.classes)) is None
+    # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
+    every_row = ridge_model.loo and not ridge_model.loo_sample
+    one_pass = fallback_reason(s.stream, ridge_model, s.execution, every_row, len(store.classes)) is None
     per_class = None
+    finest = max(config.tasks)  # each order's classes summed over its finest split: nested splits share boundaries
+    splits = {seed: runs[(finest, seed)].stream.tasks for seed in config.order_seeds}
+    memos: dict[int, dict[tuple[int, ...], Any]] = {seed: {} for seed in config.order_seeds}
     if len(done) < len(keys):
         with np.errstate(all="ignore"), shared_rows(list(runs.values())) as shared:
             for (t, seed), stream in streams.items():
@@ -207,7 +212,8 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                     if rec is None:
                         if one_pass:
                             per_class = per_class or class_statistics(runs[(t, seed)], shared)
-                            m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared)
+                            m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared, splits[seed],
+                                                    memos[seed])
                         else:
                             with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=f"{kept.path.name}-") as tmp:
                                 m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
@@ -226,18 +232,25 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     return [done[(h, t, seed)] for h in config.heads for t in config.tasks for seed in config.order_seeds], n_resumed
 
 
-def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any) -> Any:
-    """ridge's metrics on one order from the per-class sums (:func:`~foal_pipe.protocol.orders.order_boundaries`):
-    the same rows summed as its separate ``learn``, so the same accuracy matrix (``learn --order-seeds``' one pass)."""
+def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any, split: Sequence[Sequence[int]],
+                        memo: dict[tuple[int, ...], Any]) -> Any:
+    """ridge's metrics on one order from the per-class sums (:func:`~foal_pipe.protocol.classsums.order_boundaries`):
+    the same rows summed, and a sampled leave-one-out's same rows scored, as its separate ``learn``, so the same
+    accuracy matrix (``learn --order-seeds``' one pass). With ``--gamma auto`` the classes are summed over
+    ``split`` (the order's finest split) and a boundary another task count of the order reached with the same sums
+    is taken from ``memo``, not solved again."""
+    from foal_pipe.protocol.classsums import order_boundaries
     from foal_pipe.protocol.evaluation import accuracy_matrices
-    from foal_pipe.protocol.orders import order_boundaries
     from foal_pipe.protocol.records import accuracy_report, learn_metrics
+    from foal_pipe.protocol.run import row_sample
     from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 
     model = run.model
-    solver = (ManyGammas(model.gamma_grid, False, model.select, model.per_decade) if model.gamma == "auto"
-              else FixedGamma(float(model.gamma)))
-    boundaries, _ = order_boundaries(run, per_class, solver)
+    if model.gamma == "auto":
+        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run))
+        boundaries, _ = order_boundaries(run, per_class, path, shared, split, memo)
+    else:
+        boundaries, _ = order_boundaries(run, per_class, FixedGamma(float(model.gamma)))
     acc = accuracy_matrices(run, boundaries, shared.test)[0]
     return learn_metrics(run, stream, accuracy_report(acc), boundaries)
 

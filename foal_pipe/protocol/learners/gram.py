@@ -68,7 +68,7 @@ class KeptActivations:
     (``--gamma auto``, ``sweep``): the leave-one-out pass at boundary k multiplies walk rows ``[0, ends[k])``
     instead of projecting the rows again. They are the arrays the Gram pass summed, in the blocks a projection
     again would use (:class:`~foal_pipe.rowcache.TaskBlocks`), so the same bits either way. With ``keep`` (the
-    walk positions a sampled leave-one-out scores, :attr:`RowSample.kept`) only those rows are stored."""
+    walk positions of the rows a sampled leave-one-out scores, :attr:`RowSample.kept`) only those rows are stored."""
 
     def __init__(self, run: Run, n_rows: int, keep: np.ndarray | None = None) -> None:
         self.slot: np.ndarray | None = None
@@ -135,6 +135,7 @@ class GramLearner(Learner):
         self.kept: dict[str | None, KeptActivations] | None = None
         self._blocks: TaskBlocks | None = None
         self._positions: np.ndarray | None = None
+        self._walk_of = np.zeros(0, dtype=np.int64)  # the walk position of each store row a sample names
         self.per_task: list[RidgeStatistics] | None = None
         self.label = "gram" + (", dask" if self.dask else "")
         self.label += (" + leave-one-out" + ("" if run.keep_activations and not self.dask else ", rows projected again")
@@ -183,11 +184,13 @@ class GramLearner(Learner):
         run = self.run
         points = self.anytime.points if self.anytime is not None else ()
         self._blocks = None if rows is None else TaskBlocks(rows, run.stream.rows, run.block_rows, points)
-        if self.needs_loo and run.keep_activations and not self.dask:  # else the cluster projected the Gram's rows
-            keep = None if self.sample is None else self.sample.kept
-            self.kept = {key: KeptActivations(run, n_stream(run), keep) for key in self.lanes}
         if self.sample is not None and self.needs_loo:
             self._positions = walk_positions(self.blocks, run.stream.n_tasks)
+            self._walk_of = np.full(self.cache.position.size, -1, dtype=np.int64)
+            self._walk_of[self.cache.rows[self._positions]] = np.arange(self._positions.size)
+        if self.needs_loo and run.keep_activations and not self.dask:  # else the cluster projected the Gram's rows
+            keep = None if self.sample is None else self._walk_of[self.sample.kept]
+            self.kept = {key: KeptActivations(run, n_stream(run), keep) for key in self.lanes}
 
     def add_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
         if self.per_task is not None:
@@ -237,7 +240,7 @@ class GramLearner(Learner):
         a sample (:class:`~foal_pipe.protocol.loosample.RowSample`), the boundary's sampled rows only."""
         run, kept = self.run, self.kept
         if self.sample is not None:
-            chosen_all = self.sample.boundaries[k]
+            chosen_all = np.sort(self._walk_of[self.sample.boundaries[k]])  # in walk order
             for lo in range(0, chosen_all.size, run.block_rows):
                 chosen = chosen_all[lo : lo + run.block_rows]
                 labels = rows.labels[self.positions[chosen]]

@@ -1,0 +1,166 @@
+"""ridge's statistics per class, and every boundary of a class order summed from them (``learn --order-seeds``' one
+pass, ``table``).
+
+The ridge solution after task k depends only on the sums ``G``, ``Q`` over the rows of tasks 1..k, not on the
+order of those rows: one pass over the rows grouped by class forms each class's sums (:func:`class_statistics`),
+and each order's boundary adds its seen classes' sums (:func:`order_boundaries`); a sampled leave-one-out
+projects its boundary's rows again from the rows read once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from array_api_compat import is_numpy_namespace
+
+from foal_pipe.core.backend import default_device
+from foal_pipe.core.linalg import one_hot
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.internal import internal_error, known
+from foal_pipe.protocol.run import Run
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.walk import SharedRows
+
+
+def class_statistics_bytes(n_classes: int, dim: int, dtype: str) -> int:
+    """What the per-class statistics take: ``C (D^2 + D)`` values."""
+    return n_classes * (dim * dim + dim) * np.dtype(dtype).itemsize
+
+
+@dataclass
+class ClassSums:
+    """Every class's ``G_c = H_c^T H_c`` (stacked, C x D x D), ``Q``'s column ``q_c = H_c^T 1`` (C x D x 1) and
+    row count: one preallocated array per sum, each class's Gram one product over all its rows (blocks of
+    ``block_rows`` beyond that), so the per-class sums cost about one Gram of the same rows."""
+
+    G: Any
+    Q: Any
+    counts: np.ndarray
+
+
+def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
+    """The statistics of each class's rows (every row some order trains on), from the rows read once and grouped
+    by class: the cache projected in full-size blocks of consecutive rows (as ``learn`` projects a task, not in
+    one thin block per class), and each class's part of a block summed as
+    :meth:`~foal_pipe.core.statistics.RidgeStatistics.from_batch` forms ``H^T H`` and ``H^T Y``, written into the
+    stacked arrays without a D x D temporary per class on NumPy."""
+    train, xp = rows.train, run.xp
+    n_classes = len(run.store.classes)
+    dtype = getattr(xp, run.model.dtype)
+    sums = ClassSums(xp.zeros((n_classes, run.dim, run.dim), dtype=dtype, device=default_device(xp)),
+                     xp.zeros((n_classes, run.dim, 1), dtype=dtype, device=default_device(xp)),
+                     np.diff(train.offsets).astype(np.int64)[:n_classes])
+    host = is_numpy_namespace(xp)
+    started = np.zeros(n_classes, dtype=bool)
+    with progress_bar("train (per-class gram)", train.n_rows) as advance:
+        for lo in range(0, train.n_rows, run.block_rows):
+            hi = min(lo + run.block_rows, train.n_rows)
+            with run.timed("project"):
+                H = run.projection.transform(train.block(None, lo, hi, xp), xp)
+            with run.timed("gram"):
+                labels = train.labels[lo:hi]
+                cuts = np.flatnonzero(np.diff(labels)) + 1
+                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), hi - lo]):
+                    c, part = int(labels[a]), H[a:b, ...]
+                    Ht, Y = part.T, one_hot(labels[a:b], np.array([c]), part)
+                    if started[c]:
+                        sums.G[c, ...] += Ht @ part
+                        sums.Q[c, ...] += Ht @ Y
+                    elif host:
+                        np.matmul(Ht, part, out=sums.G[c])
+                        np.matmul(Ht, Y, out=sums.Q[c])
+                    else:
+                        sums.G[c, ...] = Ht @ part
+                        sums.Q[c, ...] = Ht @ Y
+                    started[c] = True
+            advance(hi - lo)
+    return sums
+
+
+def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas, rows: SharedRows | None = None,
+                     split: Sequence[Sequence[int]] | None = None,
+                     memo: dict[tuple[int, ...], Boundary] | None = None) -> tuple[list[Boundary], RidgeStatistics]:
+    """Every boundary of ``run``'s order from the per-class sums: ``G`` summed class by class, in place, in the order
+    of ``split``'s tasks (default: ``run``'s tasks; each ascending); ``Q`` the seen classes' columns (sorted, as the
+    statistics keep them). A solver that needs the rows (a sampled leave-one-out) scores each boundary's sample
+    (:class:`~foal_pipe.protocol.loosample.RowSample`: the rows ``run``'s walk scores) from ``rows``, projected, in
+    the order a walk over ``split`` adds them.
+
+    Boundaries that summed the same classes in the same order hold the same bits, the leave-one-out pass included;
+    with ``memo`` (a :class:`ManyGammas` solver, shared by runs of one store, order and settings), each is solved
+    once: ``table``'s 5-task boundary and the 10-task boundary after the same classes, both over the 10-task split."""
+    xp = run.xp
+    if memo is not None and not isinstance(solver, ManyGammas):
+        raise internal_error("boundaries shared between runs without a gamma path")
+    G = xp.zeros((run.dim, run.dim), dtype=sums.G.dtype, device=default_device(xp))
+    columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.G.dtype, device=default_device(xp))
+    seen = np.zeros(sums.counts.size, dtype=bool)
+    n_groups = len(split if split is not None else run.stream.tasks)
+    group = n_groups + np.arange(sums.counts.size)  # a class outside the split after every task of it
+    for i, task in enumerate(split if split is not None else run.stream.tasks):
+        group[list(task)] = i
+    summed: list[int] = []
+    boundaries, running = [], RidgeStatistics.empty(run.dim, xp, sums.G.dtype)
+    sample = solver.sample if solver.needs_rows else None
+    bar = (progress_bar("leave-one-out (sampled rows)", sum(b.size for b in sample.boundaries)) if sample is not None
+           else nullcontext(lambda n: None))
+    with bar as advance:
+        for k, task in enumerate(run.stream.tasks):
+            with run.timed("sum"):
+                for c in sorted(task, key=lambda c: (group[c], c)):
+                    if sums.counts[c]:
+                        G += sums.G[c, ...]
+                        columns[:, c : c + 1] += sums.Q[c, ...]
+                        seen[c] = True
+                        summed.append(int(c))
+                classes = np.flatnonzero(seen)
+                Q = xp.take(columns, xp.asarray(classes, device=default_device(xp)), axis=1)
+                running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes])
+            key = tuple(summed)
+            if memo is not None and key in memo:
+                boundaries.append(memo[key])
+                continue
+            if sample is None:
+                with run.timed("solve"):
+                    boundary = solver.solve(running, k)
+            else:
+                boundary = _sampled_boundary(run, solver, running, k, known(rows, "the rows a sample scores"), group,
+                                             advance)
+            boundaries.append(boundary)
+            if memo is not None:
+                memo[key] = boundary
+    return boundaries, running
+
+
+def _sampled_boundary(run: Run, solver: FixedGamma | ManyGammas, running: RidgeStatistics, k: int, rows: SharedRows,
+                      group: np.ndarray, advance: Callable[[int], None]) -> Boundary:
+    """Boundary ``k`` with its leave-one-out pass over the boundary's sampled rows, projected again in full-size
+    blocks in a walk's order (by the ``group`` of their class, each group's rows in storage order)."""
+    if not isinstance(solver, ManyGammas) or solver.sample is None:
+        raise internal_error("a sampled leave-one-out pass without a gamma path and its sample")
+    train, xp = rows.train, run.xp
+    with run.timed("solve"):
+        pending = solver.start(running, k)
+    loo = pending.loo
+    if loo is None:
+        raise internal_error("a pending boundary without its leave-one-out pass")
+    sampled = train.position[solver.sample.boundaries[k]]  # in storage order
+    positions = sampled[np.argsort(group[train.labels[sampled]], kind="stable")]
+    for lo in range(0, positions.size, run.block_rows):
+        block = positions[lo : lo + run.block_rows]
+        with run.timed("read"):
+            X = train.take(None, block, xp)
+        with run.timed("project"):
+            H = run.projection.transform(X, xp)
+        with run.timed("loo"):
+            loo.add(H, train.labels[block])
+        advance(block.size)
+    with run.timed("loo"):
+        solver.zoom(pending)
+    with run.timed("solve"):
+        return solver.finish(pending)
