@@ -203,6 +203,27 @@ def test_sweep_sampled_leave_one_out_matches_numpy(tmp_path, store, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_orders_sampled_leave_one_out_in_one_pass_matches_numpy(tmp_path, store, backend):
+    """`learn --order-seeds --gamma auto`: the per-class sums and each boundary's sampled rows, projected again, on the
+    backend, choose and score as NumPy does on the host."""
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.orders import run_learn_orders
+
+    docs = {}
+    for name in ("numpy", backend):
+        run_learn_orders(store, tmp_path / name, (0, 2), StreamConfig(tasks=3, seed=1),
+                         ModelConfig(projection_dim=24, gamma="auto", loo_sample=25), EvaluationConfig(),
+                         ExecutionConfig(backend=name), log=lambda _: None)
+        docs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    ref, got = docs["numpy"], docs[backend]
+    assert got["one_pass"] is True and ref["one_pass"] is True
+    assert max(ref["gamma_search"]["sample_eps"]) > 0  # a true sample
+    for o_got, o_ref in zip(got["orders"], ref["orders"], strict=True):
+        assert o_got["gammas_selected"] == o_ref["gammas_selected"]
+        assert o_got["accuracy_matrix"] == o_ref["accuracy_matrix"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_state_stays_in_the_backend(backend):
     from foal_pipe.core.backend import backend_of
 

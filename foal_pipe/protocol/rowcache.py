@@ -247,7 +247,7 @@ class GroupedRows:
             runs = zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [positions.size]]))
             X = np.concatenate([store.read(int(positions[a]), int(positions[b - 1]) + 1) for a, b in runs])
         elif xp is not None and (lane, xp.__name__) in self._device:
-            return self._device[(lane, xp.__name__)][xp.asarray(positions, device=default_device(xp)), ...]
+            return xp.take(self._device[(lane, xp.__name__)], xp.asarray(positions, device=default_device(xp)), axis=0)
         else:
             X = store[positions]
         return X if xp is None or is_numpy_namespace(xp) else xp.asarray(X, device=default_device(xp))
