@@ -168,6 +168,36 @@ def test_sweep_order_seeds(store: Path, tmp_path: Path) -> None:
         assert report["results"][i]["std"]["A_avg"] == pytest.approx(np.std(values), abs=1e-12)
 
 
+def test_sweep_sampled_leave_one_out_orders_in_one_pass_equal_separate_sweeps(store: Path, tmp_path: Path) -> None:
+    """``sweep --order-seeds`` with leave-one-out on a sample (the default pass) from the per-class sums: each
+    order's per-gamma LOO accuracy, refined selections and rows scored equal its separate sweep's."""
+    extra = ["--gammas", "0.1,1,10", "--loo-sample", "16"]
+    _invoke(["sweep", "--features", str(store), "--out", str(tmp_path / "sw"), *COMMON, *extra, "--order-seeds", "0,3"])
+    report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert report["one_pass"] is True
+    assert report["leave_one_out"]["exact"] is False and report["selections"]
+    for entry in report["orders"]:
+        out = tmp_path / f"one-{entry['order_seed']}"
+        _invoke(["sweep", "--features", str(store), "--out", str(out), *COMMON, *extra, "--order-seed",
+                 str(entry["order_seed"])])
+        alone = json.loads((out / "sweep.json").read_text())
+        assert entry["best_gamma"] == alone["best_gamma"]
+        for got, ref in zip(entry["results"], alone["results"], strict=True):
+            assert got["loo_accuracy"] == ref["loo_accuracy"] and got["accuracy_matrix"] == ref["accuracy_matrix"]
+            np.testing.assert_allclose(got["loo_mse"], ref["loo_mse"], rtol=1e-9)
+        if entry["order_seed"] == 0:  # the top-level report is the first order's, with the means
+            assert report["leave_one_out"] == alone["leave_one_out"]
+            assert [s["gammas_selected"] for s in report["selections"]] == [s["gammas_selected"]
+                                                                            for s in alone["selections"]]
+
+
+def test_sweep_orders_refuse_a_leave_one_out_select_without_the_pass(store: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["sweep", "--features", str(store), "--out", str(tmp_path / "o"), *COMMON, "--gammas",
+                                 "0.1,1", "--no-loo", "--select", "loo", "--order-seeds", "0,3"])
+    assert result.exit_code == 1 and "needs the leave-one-out pass" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--order-seeds", "0,x"], "not a comma-separated list"),
     (["--order-seeds", "0,0"], "repeats a seed"),

@@ -119,12 +119,8 @@ def run_sweep(
     if not sweep.gammas:
         raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
+    check_sweep_select(sweep)
     select = sweep.resolved_select
-    if select not in CRITERIA:
-        raise FoalPipeError(f"unknown {param('select')} {select!r}; choose one of {', '.join(CRITERIA)}")
-    if CRITERIA[select].rows and not sweep.loo:
-        raise FoalPipeError(f"{param('select', select)} needs the leave-one-out pass; drop {param('loo', False)} or use "
-                            f"{param('select', 'gcv')}")
     fusions = [f.text for f in parse_fusions(list(sweep.fusions), param("fusions"))] if sweep.fusions else []
     if fusions and stream.stream != "disjoint":
         raise FoalPipeError(f"{param('fusions')} scores disjoint tasks; with {param('stream', stream.stream)} compare "
@@ -180,6 +176,16 @@ def run_sweep(
         warn_gcv(lane.boundaries[-1:], gammas, log if key is None else prefixed(log, f"{key}: "))
     report = flag_grid_edge(report, log)
     return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
+
+
+def check_sweep_select(sweep: SweepConfig) -> None:
+    """Refuse a ``--select`` that is unknown, or that needs the leave-one-out pass ``--no-loo`` turns off."""
+    select = sweep.resolved_select
+    if select not in CRITERIA:
+        raise FoalPipeError(f"unknown {param('select')} {select!r}; choose one of {', '.join(CRITERIA)}")
+    if CRITERIA[select].rows and not sweep.loo:
+        raise FoalPipeError(f"{param('select', select)} needs the leave-one-out pass; drop {param('loo', False)} or use "
+                            f"{param('select', 'gcv')}")
 
 
 def prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:

@@ -34,7 +34,14 @@ from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.classsums import class_statistics, class_statistics_bytes, order_boundaries
-from foal_pipe.protocol.commands import flag_grid_edge, run_learn, run_sweep, warn_dropped
+from foal_pipe.protocol.commands import (
+    check_sweep_select,
+    flag_grid_edge,
+    run_learn,
+    run_sweep,
+    warn_dropped,
+    warn_search_edges,
+)
 from foal_pipe.protocol.config import (
     EvaluationConfig,
     ExecutionConfig,
@@ -54,9 +61,11 @@ from foal_pipe.protocol.records import (
     accuracy_report,
     choose,
     learn_metrics,
+    leave_one_out_rows,
     run_info,
     sweep_report,
     sweep_results,
+    sweep_selections,
 )
 from foal_pipe.protocol.run import Run, prepare, row_sample
 from foal_pipe.protocol.schema import (
@@ -114,13 +123,13 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
     return None
 
 
-def _check_class_memory(command: str, run: Run) -> None:
-    """The per-class statistics, on top of one order's run (its cached rows included), against the available
-    memory."""
+def _check_class_memory(command: str, run: Run, loo: bool) -> None:
+    """The per-class statistics, on top of one order's run (its cached rows included; ``loo``: and a sampled
+    leave-one-out's coordinates), against the available memory."""
     from foal_pipe.protocol.run import memory_parts
 
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
-    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, run.model.loo), "per-class statistics": need},
+    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, loo), "per-class statistics": need},
                  f"set {param('max_memory')} below {human(need)} for one walk per order, lower {param('projection_dim')}, "
                  f"use {param('dtype', 'float32')}, or free memory")
 
@@ -204,7 +213,7 @@ def run_learn_orders(
     if reason is not None:
         with shared_rows(runs, kind.read) as shared:
             return _learn_per_order(features, out, seeds, settings, reason, start, log, shared)
-    _check_class_memory("learn", runs[0])
+    _check_class_memory("learn", runs[0], model.loo)
     for run in runs:
         warn_dropped(run, stream, log)
     with np.errstate(all="ignore"), shared_rows(runs, kind.read) as shared:
@@ -272,11 +281,12 @@ def run_sweep_orders(
     check_orders(stream, seeds)
     out = Path(out)
     with atomic_dir(out) as tmp:
-        # run_sweep validates the settings; one-pass sums apply without the leave-one-out pass
+        # run_sweep validates the settings; one-pass sums apply unless leave-one-out scores every row
         others = check_sweep_heads(sweep, model)
         check_capabilities(others, Settings(stream, model, evaluation, execution))
+        check_sweep_select(sweep)
         reason = ("--heads walks every head per class order" if others else
-                  fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo, 0))
+                  fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample, 0))
         runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)
         with shared_rows(runs) as shared:
             reports = []
@@ -312,23 +322,33 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
                     execution: ExecutionConfig, log: Callable[[str], None], shared: SharedRows) -> list[SweepReport]:
-    """Each order's sweep report from the per-class sums ([] when they exceed ``execution.max_memory``)."""
+    """Each order's sweep report from the per-class sums, as ``run_sweep`` writes it: every gamma's results, each
+    criterion's refined selection and, with a sampled leave-one-out, the rows it scored ([] when the sums exceed
+    ``execution.max_memory``)."""
     gammas = [float(g) for g in sweep.gammas]
     m = runs[0].model
     if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > execution.max_memory:
         log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes)) or "")
         return []
-    _check_class_memory("sweep", runs[0])
+    _check_class_memory("sweep", runs[0], sweep.loo)
     for run in runs:
         warn_dropped(run, stream, log)
     reports = []
     with np.errstate(all="ignore"):
         per_class = class_statistics(runs[0], shared)
         for s, run in zip(seeds, runs):
-            boundaries, _ = order_boundaries(run, per_class, ManyGammas(gammas, False, None, sweep.per_decade))
+            solver = ManyGammas(gammas, sweep.loo, None, sweep.per_decade, row_sample(run) if sweep.loo else None)
+            boundaries, _ = order_boundaries(run, per_class, solver, shared)
             reports_m = [accuracy_report(a) for a in accuracy_matrices(run, boundaries, shared.test)]
-            reports.append(sweep_report(gammas, sweep_results(gammas, boundaries, reports_m, False), sweep.resolved_select,
-                                        run_info(run, replace(stream, order_seed=s))))
+            selections = sweep_selections(boundaries, reports_m[len(gammas):], solver.criteria, sweep.per_decade,
+                                          m.loo_sample)
+            report = sweep_report(gammas, sweep_results(gammas, boundaries, reports_m, sweep.loo), sweep.resolved_select,
+                                  run_info(run, replace(stream, order_seed=s)), selections)
+            if sweep.loo:
+                seen = np.cumsum([r.size for r in run.stream.rows]).tolist()
+                report = replace(report, leave_one_out=leave_one_out_rows(boundaries, m.loo_sample, seen))
+            warn_search_edges(selections, log)
+            reports.append(report)
     runs[0].store.check_unchanged()
     return reports
 
