@@ -124,6 +124,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
             key = tuple(summed)
             if memo is not None and key in memo:
                 boundaries.append(memo[key])
+                advance(0 if sample is None else sample.boundaries[k].size)  # scored once, for the run that solved it
                 continue
             if sample is None:
                 with run.timed("solve"):

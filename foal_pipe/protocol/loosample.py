@@ -34,16 +34,12 @@ class RowSample:
     @classmethod
     def draw(cls, task_rows: Sequence[np.ndarray], n_rows: int, size: int, seed: int) -> RowSample:
         """The sample of a stream whose task ``k`` adds the store rows ``task_rows[k]``, of a split of ``n_rows``."""
-        ranks = np.random.default_rng([seed, SAMPLE_STREAM]).permutation(n_rows)
-        seen = np.zeros(0, dtype=np.int64)
+        walk = np.concatenate([np.asarray(r, dtype=np.int64) for r in task_rows]) if task_rows else np.zeros(0, np.int64)
+        ranks = np.random.default_rng([seed, SAMPLE_STREAM]).permutation(n_rows)[walk]
         out = []
-        for rows in task_rows:
-            seen = np.concatenate([seen, np.asarray(rows, dtype=np.int64)])
-            if size >= seen.size:
-                out.append(np.sort(seen))
-            else:
-                r = ranks[seen]
-                out.append(np.sort(seen[r <= np.partition(r, size - 1)[size - 1]]))
+        for end in np.cumsum([len(r) for r in task_rows]).tolist():  # the rows seen: walk[:end]
+            seen, r = walk[:end], ranks[:end]
+            out.append(np.sort(seen if size >= end else seen[r <= np.partition(r, size - 1)[size - 1]]))
         return cls(size, tuple(out))
 
     @property
