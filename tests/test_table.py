@@ -143,6 +143,8 @@ def _settings():
     (("--order-seeds", "a"), "--order-seeds 'a' is not a comma-separated list"),
     (("--heads", "ncm,slda", "--activation", "relu"), "drop --activation"),
     (("--gamma", "1", "--select", "gcv"), "--select acts only with --gamma auto"),
+    (("--gamma", "1", "--loo-sample", "100"), "--loo-sample acts only with --gamma auto"),
+    (("--heads", "ncm,slda", "--loo-sample", "100"), "--loo-sample sets ridge's solver, which ncm, slda do not use"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(stores, tmp_path, extra, message):
     out = tmp_path / "bad"

@@ -34,7 +34,7 @@ TableGamma = Annotated[
 ]
 #: The model options a user typed, as headruns.check_head_options takes them (defaults are not "asked for"; the head
 #: options given are asked for by being given).
-MODEL_OPTIONS = ("projection_dim", "activation", "gamma", "select")
+MODEL_OPTIONS = ("projection_dim", "activation", "gamma", "select", "loo_sample")
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:

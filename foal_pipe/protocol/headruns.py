@@ -16,7 +16,7 @@ from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelCo
 #: ModelConfig fields of the projection and the ridge solver: a head on the store's features takes none of them.
 PROJECTION_FIELDS = ("projection_dim", "projection_init", "activation", "gamma", "select", "gamma_grid", "engine")
 #: ModelConfig fields of ridge's own solver: no other head takes them.
-RIDGE_FIELDS = ("select", "gamma_grid", "engine")
+RIDGE_FIELDS = ("select", "gamma_grid", "engine", "loo_sample")
 
 
 def _numpy() -> Any:
