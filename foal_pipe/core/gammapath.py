@@ -173,10 +173,14 @@ class Scratch:
         self._buffers: dict[str, np.ndarray] = {}
 
     def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        return self.of(name, shape, np.float64)
+
+    def of(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """As calling it, in ``dtype``."""
         size = int(np.prod(shape))
         buffer = self._buffers.get(name)
-        if buffer is None or buffer.size < size:
-            buffer = self._buffers[name] = np.empty(size, dtype=np.float64)
+        if buffer is None or buffer.size < size or buffer.dtype != dtype:
+            buffer = self._buffers[name] = np.empty(size, dtype=dtype)
         return buffer[:size].reshape(shape)
 
 
@@ -260,12 +264,15 @@ class RidgeTridiagonal(GammaPath):
         product with ``S`` (``4 m D^2``) instead of forming ``U S`` (``2 D^3``); cheaper for few rows."""
         return fitted_from(self.coordinates(H), *self.scaling(gammas))
 
+    def shrinkage(self, gammas: Any) -> np.ndarray:
+        """As :meth:`RidgeEigen.shrinkage`, over ``T``'s eigenvalues (those of ``G``)."""
+        return 1.0 / (self.spectrum()[0][:, None] + self._gammas(gammas)[None, :])
+
     def scaling(self, gammas: Any) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`RidgeEigen.scaling`, in ``T``'s eigenbasis (``B = S^T b``)."""
-        values, S = self.spectrum()
-        g = self._gammas(gammas)
+        _, S = self.spectrum()
         D, _ = self.projected.shape
-        inv = 1.0 / (values[:, None] + g[None, :])
+        inv = self.shrinkage(gammas)
         return inv, ((S.T @ self.projected)[:, None, :] * inv[:, :, None]).reshape(D, -1)
 
     def coordinates(self, H: Any) -> np.ndarray:

@@ -55,12 +55,17 @@ def search_grid(grid: Any, per_decade: int = PER_DECADE) -> np.ndarray:
     return np.union1d(g, fine[~near])
 
 
+def tied(values: np.ndarray, larger: bool) -> np.ndarray:
+    """The indices of the best of ``values`` (NaN never best): :func:`best_point`'s candidates before its tie-break."""
+    v = np.asarray(values, dtype=np.float64)
+    v = np.where(np.isnan(v), -np.inf if larger else np.inf, v)
+    return np.flatnonzero(v == (v.max() if larger else v.min()))
+
+
 def best_point(values: np.ndarray, larger: bool, tie: np.ndarray | None = None) -> int:
     """The index of the best of ``values`` (NaN never best). Among equals (LOO accuracy is piecewise constant
     in gamma: it has plateaus) the least ``tie`` wins (LOO MSE), then the first (the smallest gamma)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = np.where(np.isnan(v), -np.inf if larger else np.inf, v)
-    candidates = np.flatnonzero(v == (v.max() if larger else v.min()))
+    candidates = tied(values, larger)
     if tie is not None and candidates.size > 1:
         t = np.where(np.isnan(tie[candidates]), np.inf, tie[candidates])
         candidates = candidates[t == t.min()]
@@ -71,10 +76,10 @@ def best_point(values: np.ndarray, larger: bool, tie: np.ndarray | None = None) 
 Rule = tuple[bool, str | None]
 
 
-def zoom(size: int, start: Any, evaluate: Callable[[np.ndarray], Mapping[str, np.ndarray]],
+def zoom(size: int, start: Any, evaluate: Callable[[np.ndarray, tuple[str, ...]], Mapping[str, np.ndarray]],
          rules: Mapping[str, Rule]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Each criterion's zoom over a refined grid of ``size`` gammas: the indices of its points (ascending), and
-    every curve ``evaluate(indices)`` returns over the grid (NaN where no zoom asked).
+    every curve ``evaluate`` returns over the grid (NaN where no zoom asked).
 
     ``start`` (the coarse grid's indices, the ends among them) is evaluated first; then each criterion of ``rules``
     takes its best so far (:func:`best_point` over its own points) and its nearest neighbours among them ``lo <
@@ -84,22 +89,38 @@ def zoom(size: int, start: Any, evaluate: Callable[[np.ndarray], Mapping[str, np
     depend on which other criteria ran (``sweep`` chooses as ``learn --gamma auto`` does). The rule assumes no
     better isolated spike away from the best coarse point's neighbourhood: about 6 points instead of every one of
     the two coarse intervals beside it (docs/gamma.md, "The refined search").
+
+    ``evaluate(indices, names)`` gives at least the curves ``names`` (all it gives is kept). A tie-breaking curve
+    that is not itself a rule's criterion is asked for only where it decides: at the points tied for a criterion's
+    best (NaN elsewhere), so a pass that can give a criterion alone more cheaply does.
     """
     first = np.unique(np.asarray(start, dtype=np.int64))
     done = np.zeros(size, dtype=bool)
     own = {name: np.zeros(size, dtype=bool) for name in rules}
-    curves: dict[str, np.ndarray] = {}
+    names = tuple(rules)
+    curves = {name: np.full(size, np.nan) for name in {*names, *(tie for _, tie in rules.values() if tie)}}
+    known = {name: np.zeros(size, dtype=bool) for name in curves}
+
+    def fill(indices: np.ndarray, wanted: tuple[str, ...]) -> None:
+        for name, got in evaluate(indices, wanted).items():  # what it gives beyond ``wanted`` is kept too
+            curves.setdefault(name, np.full(size, np.nan))[indices] = got
+            known.setdefault(name, np.zeros(size, dtype=bool))[indices] = True
+
     asked = {name: first for name in rules}
     while any(a.size for a in asked.values()):
         todo = np.unique(np.concatenate(list(asked.values())))
         todo = todo[~done[todo]]
         if todo.size:
-            for name, got in evaluate(todo).items():
-                curves.setdefault(name, np.full(size, np.nan))[todo] = got
+            fill(todo, names)
             done[todo] = True
         for name, (larger, tie) in rules.items():
             own[name][asked[name]] = True
             at = np.flatnonzero(own[name])
+            if tie is not None:
+                candidates = at[tied(curves[name][at], larger)]
+                missing = candidates[~known[tie][candidates]] if candidates.size > 1 else candidates[:0]
+                if missing.size:
+                    fill(missing, (tie,))
             i = best_point(curves[name][at], larger, None if tie is None else curves[tie][at])
             best, lo, hi = at[i], at[max(i - 1, 0)], at[min(i + 1, at.size - 1)]
             wanted = [c for c in {(lo + best) // 2, (best + hi) // 2} if not own[name][c]]

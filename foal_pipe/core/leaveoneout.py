@@ -1,5 +1,6 @@
 """Exact leave-one-out for many gammas from one pass over the rows (:class:`LeaveOneOut`, on :class:`RidgeEigen`),
-or over a sample of the rows with Hoeffding's bound (:class:`SampledLeaveOneOut`, :func:`sample_bound`).
+or over a sample of the rows with Hoeffding's bound (:class:`SampledLeaveOneOut`, :func:`sample_bound`); a sample's
+accuracy alone is counted from float32 products screened as the test scores are (:func:`screened_correct`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,16 @@ from array_api_compat import array_namespace, is_numpy_array
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
 from foal_pipe.core.linalg import class_positions, float64, one_hot
+from foal_pipe.core.scoring import U64, UNDERFLOW, relative_bound
 from foal_pipe.errors import FoalPipeError
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
 LOO_BLOCK_VALUES = 2**22
+#: The curves a leave-one-out pass gives, by :data:`~foal_pipe.protocol.schema.CRITERIA` name.
+LOO_CURVES = ("loo_accuracy", "loo")
+#: A leverage above this leaves a row to the float64 pipeline: its left-out residual's scale ``1 / (1 - h)``
+#: is then large enough that the screen's allowance, stated for ``h`` well below 1, is not claimed.
+SCREEN_MAX_LEVERAGE = 1.0 - 2.0**-20
 
 
 class _LeftOutTotals(ABC):
@@ -37,11 +44,21 @@ class _LeftOutTotals(ABC):
     def _totals(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows predicted right and the summed squared left-out residuals at ``gammas[indices]``."""
 
-    def evaluate(self, indices: Any = None) -> dict[str, np.ndarray]:
+    def _correct(self, indices: np.ndarray) -> np.ndarray | None:
+        """The rows predicted right at ``gammas[indices]`` by a cheaper route than :meth:`_totals`, or None."""
+        return None
+
+    def evaluate(self, indices: Any = None, names: Any = LOO_CURVES) -> dict[str, np.ndarray]:
         """LOO accuracy (``"loo_accuracy"``) and LOO MSE (``"loo"``) at ``gammas[indices]`` (None: every gamma):
-        the curves a :func:`~foal_pipe.core.gammasearch.zoom` asks for, by :data:`CRITERIA` name."""
+        the curves a :func:`~foal_pipe.core.gammasearch.zoom` asks for, by :data:`CRITERIA` name. Asked for the
+        accuracy alone (``names``), a pass that can count it without the squared residuals does
+        (:meth:`SampledLeaveOneOut._correct`); the counts are the same."""
         self._check_complete()
         at = np.arange(self.gammas.size) if indices is None else np.asarray(indices, dtype=np.int64)
+        if "loo" not in names:
+            right = self._correct(at)
+            if right is not None:
+                return {"loo_accuracy": right / max(self.rows, 1)}
         correct, squared = self._totals(at)
         mse = squared / max(self.rows * self.n_classes, 1)
         return {"loo_accuracy": correct / max(self.rows, 1), "loo": np.where(np.isnan(mse), np.inf, mse)}
@@ -78,6 +95,47 @@ def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray) 
         work += Y
     predicted = to_numpy(xp.argmax(work, axis=2))
     return np.sum(predicted == positions[:, None], axis=0), squared
+
+
+def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage: np.ndarray, scaled: np.ndarray,
+                     scaled_low: np.ndarray, column_norm: np.ndarray, labels: np.ndarray, classes: np.ndarray,
+                     scratch: Scratch) -> np.ndarray:
+    """Per gamma, the rows of ``Z`` (float64 eigen-coordinates; ``low`` their float32 copy, ``norms`` their
+    lengths, ``leverage`` theirs at each gamma) whose left-out prediction is their label: what :func:`left_out`
+    counts, row for row, from a float32 product with ``scaled`` (:meth:`RidgeEigen.scaling`; ``scaled_low`` its
+    float32 copy, ``column_norm`` each gamma's longest column).
+
+    The left-out prediction ``y - e / (1 - h)`` is the label exactly when ``m = s_label - h - max_(c != label)
+    s_c > 0`` (``1 - h > 0``). Each float32 score lies within ``b = kappa |z| |B_c|`` of the exact one (the
+    test scores' bound, :func:`~foal_pipe.core.scoring.relative_bound`, which also covers float64's rounding),
+    so where ``|m|`` computed from them exceeds ``2 b`` plus the rounding of float64's subtraction and division,
+    the float64 pipeline of :func:`left_out` decides the row the same way. The other rows (a few in a thousand)
+    go through that pipeline in float64, each row's scores a product of its own: where float64's rounding
+    decides (a tie to the last bits), its decision is that product's.
+    """
+    m, D = Z.shape
+    k = leverage.shape[1]
+    C = scaled.shape[1] // max(k, 1)
+    positions = class_positions(classes, labels)
+    rows = np.arange(m)
+    scores = np.matmul(low, scaled_low, out=scratch.of("screen", (m, k * C), np.float32)).reshape(m, k, C)
+    own = scores[rows, :, positions].astype(np.float64)  # (m, k)
+    scores[rows, :, positions] = -np.inf
+    rival = scores.max(axis=2).astype(np.float64)
+    bound = (2.0 * relative_bound(D) * norms[:, None] * column_norm[None, :]
+             + 2.0 * UNDERFLOW * (np.sqrt(D) * (norms[:, None] + column_norm[None, :]) + D))
+    with np.errstate(invalid="ignore", over="ignore"):
+        margin = own - leverage - rival
+        # float64's own steps: the subtractions, the division by 1 - h (both predictions share it) and h's sum
+        allowance = 1.001 * (bound + 16.0 * U64 * (np.abs(own) + np.abs(rival) + 2.0) + 2.0 * D * U64 * leverage)
+        right = margin > allowance
+        undecided = ~(right | (margin < -allowance)) | ~(leverage < SCREEN_MAX_LEVERAGE)
+    correct = np.sum(right & ~undecided, axis=0)
+    for g in np.flatnonzero(undecided.any(axis=0)):
+        again = np.flatnonzero(undecided[:, g])
+        exact = Z[again] @ scaled[:, g * C : (g + 1) * C]
+        correct[g] += left_out(exact[:, None, :], leverage[again, g][:, None], labels[again], classes)[0][0]
+    return correct
 
 
 class LeaveOneOut(_LeftOutTotals):
@@ -153,6 +211,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
         self._coordinates: list[Any] = []  # the sampled rows' H V blocks, float64 on the rows' device
         self._labels: list[np.ndarray] = []
         self._scratch = Scratch()  # the blocks' scores and squares, reused by every block of every evaluation
+        self._screen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # :meth:`_screened_rows`
 
     def add(self, H: Any, labels: Any) -> None:
         """Keep sampled rows ``H`` (m x D)' eigen-coordinates and labels: any gammas are then scored by products
@@ -174,6 +233,46 @@ class SampledLeaveOneOut(_LeftOutTotals):
                 correct += right
                 squared += sums
         return correct, squared
+
+    def _correct(self, indices: np.ndarray) -> np.ndarray | None:
+        """The rows predicted right, by :func:`screened_correct` (NumPy float64 coordinates of two classes or
+        more, finite in float32; None otherwise)."""
+        if self._screen is None:
+            self._screen = self._screened_rows()
+        if not self._screen:
+            return None
+        inv, scaled = self.path.scaling(self.gammas[indices])
+        with np.errstate(over="ignore"):
+            scaled_low = scaled.astype(np.float32)
+        if not np.isfinite(scaled_low).all():
+            return None
+        column_norm = np.sqrt(np.einsum("dk,dk->k", scaled, scaled)).reshape(indices.size, -1).max(axis=1)
+        correct = np.zeros(indices.size, dtype=np.int64)
+        step = max(1, LOO_BLOCK_VALUES // max(1, 2 * indices.size * self.n_classes))  # bounds the temporaries
+        for Z, (low, norms, leverage), labels in zip(self._coordinates, self._screen, self._labels):
+            for lo in range(0, Z.shape[0], step):
+                hi = min(lo + step, Z.shape[0])
+                correct += screened_correct(Z[lo:hi], low[lo:hi], norms[lo:hi], leverage[lo:hi, indices], scaled,
+                                            scaled_low, column_norm, labels[lo:hi], self.path.classes, self._scratch)
+        return correct
+
+    def _screened_rows(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per block of coordinates: their float32 copy, their lengths and their leverages at every gamma (one
+        product for the whole grid, ``m D M``: less than ``Z * Z`` again at each evaluation). Empty where the
+        screen does not serve: other namespaces (cuBLAS may multiply float32 in TF32, which the bound does not
+        cover), fewer than two classes, coordinates beyond float32's range."""
+        if self.n_classes < 2 or not all(is_numpy_array(Z) and Z.dtype == np.float64 for Z in self._coordinates):
+            return []
+        inv = self.path.shrinkage(self.gammas)
+        rows = []
+        for Z in self._coordinates:
+            with np.errstate(over="ignore"):
+                low = Z.astype(np.float32)
+            if not np.isfinite(low).all():
+                return []
+            squares = np.multiply(Z, Z, out=self._scratch("squares", Z.shape))
+            rows.append((low, np.sqrt(squares.sum(axis=1)), squares @ inv))
+        return rows
 
     @property
     def n_classes(self) -> int:

@@ -162,7 +162,7 @@ class ManyGammas:
         accuracy = mse = None
         if pending.loo:
             rules, points, curves = self.zoom(pending)
-            accuracy, mse = curves["loo_accuracy"][self._at_grid], curves["loo"][self._at_grid]
+            accuracy, mse = (curves[name][self._at_grid] if name in curves else None for name in ("loo_accuracy", "loo"))
             for name, (larger, tie) in rules.items():
                 if name in self.criteria:
                     at = points[name]
