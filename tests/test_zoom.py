@@ -116,14 +116,19 @@ def test_the_default_sample_of_every_row_and_loo_sample_zero_choose_alike(tmp_pa
 
 
 def test_the_memory_estimate_counts_the_samples_coordinates(store):
-    """The zoom keeps the sampled rows' eigen-coordinates (float64): the largest boundary sample x D x 8 bytes."""
+    """The zoom keeps the sampled rows' eigen-coordinates (float64): the largest boundary sample x D x 8 bytes, and
+    for LOO accuracy their float32 copy and their leverages at every gamma of the refined grid."""
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.run import memory_parts, prepare
 
     settings = (StreamConfig(tasks=4), ModelConfig(projection_dim=48, gamma="auto", loo_sample=100), EvaluationConfig(),
                 ExecutionConfig(backend="numpy"))
     parts = memory_parts(prepare(store, *settings, loo=True), 1, True)
-    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8  # every boundary past 100 rows holds 100
+    # every boundary past 100 rows holds 100; LOO accuracy's screen adds a float32 copy and the 97 gammas' leverages
+    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8 + 100 * 48 * 4 + 100 * 97 * 8
+    by_mse = (settings[0], ModelConfig(projection_dim=48, gamma="auto", loo_sample=100, select="loo"), *settings[2:])
+    parts = memory_parts(prepare(store, *by_mse, loo=True), 1, True)
+    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8
     exact = (settings[0], ModelConfig(projection_dim=48, gamma="auto", loo_sample=0), *settings[2:])
     assert not any("eigen-coordinates" in name for name in memory_parts(prepare(store, *exact, loo=True), 1, True))
 

@@ -13,7 +13,7 @@ from array_api_compat import array_namespace, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
-from foal_pipe.core.linalg import class_positions, float64, one_hot
+from foal_pipe.core.linalg import class_positions, factor_threads, float64, one_hot
 from foal_pipe.core.scoring import U64, UNDERFLOW, relative_bound
 from foal_pipe.errors import FoalPipeError
 
@@ -131,10 +131,11 @@ def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage
         right = margin > allowance
         undecided = ~(right | (margin < -allowance)) | ~(leverage < SCREEN_MAX_LEVERAGE)
     correct = np.sum(right & ~undecided, axis=0)
-    for g in np.flatnonzero(undecided.any(axis=0)):
-        again = np.flatnonzero(undecided[:, g])
-        exact = Z[again] @ scaled[:, g * C : (g + 1) * C]
-        correct[g] += left_out(exact[:, None, :], leverage[again, g][:, None], labels[again], classes)[0][0]
+    with factor_threads(1):  # a few rows a gamma: too small a product to wake a second thread (see scoring)
+        for g in np.flatnonzero(undecided.any(axis=0)):
+            again = np.flatnonzero(undecided[:, g])
+            exact = Z[again] @ scaled[:, g * C : (g + 1) * C]
+            correct[g] += left_out(exact[:, None, :], leverage[again, g][:, None], labels[again], classes)[0][0]
     return correct
 
 

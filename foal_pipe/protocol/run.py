@@ -17,6 +17,7 @@ from foal_pipe.core.activations import check_activation
 from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype, synchronize
 from foal_pipe.core.engines import ENGINES, check_gamma
 from foal_pipe.core.expansion import Expansion
+from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import check_memory, fits, human
 from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
@@ -270,7 +271,8 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary
     file that costs no process memory), the boundaries' weights kept for the test pass; the state and the
     weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its pending boundary); with a
-    sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom."""
+    sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom, and for LOO accuracy alone
+    their float32 copy and leverages at every gamma (:meth:`SampledLeaveOneOut._correct`)."""
     D, item = run.dim, np.dtype(run.model.dtype).itemsize
     square = D * D
     eigen = run.model.gamma == "auto" or n_models > 1
@@ -295,8 +297,11 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     }
     sample = row_sample(run) if loo else None
     if sample is not None and sample.boundaries:  # SampledLeaveOneOut keeps the sample's H V for the zoom
+        per_row = D * 8
+        if run.model.gamma == "auto" and run.model.select == "loo_accuracy":  # the float32 screen's copy, leverages
+            per_row += D * 4 + search_grid(run.model.gamma_grid, run.model.per_decade).size * 8
         parts[f"leave-one-out sample's eigen-coordinates{per_lane}"] = (
-            max(p.size for p in sample.boundaries) * D * 8 * lanes)
+            max(p.size for p in sample.boundaries) * per_row * lanes)
     if run.evaluation.eval_every is not None:  # every point's weights wait for the one test read
         n_stream = int(np.count_nonzero(run.row_task >= 0))
         parts[f"weights of every --eval-every point ({n_stream // run.evaluation.eval_every})"] = (
