@@ -281,3 +281,14 @@ def test_the_exact_pass_with_reused_buffers_equals_refits_in_blocks(data, monkey
     right, squared = left_out(fitted, leverage, labels, path.classes)
     np.testing.assert_array_equal(whole.correct, right)
     np.testing.assert_allclose(whole.squared, squared, rtol=1e-12, atol=0)
+
+
+def test_gcv_draws_no_sample(tmp_path, store, monkeypatch):
+    """`--select gcv` scores no row, so no sample is drawn (drawing ranks every train row of the store)."""
+    drawn = []
+    original = RowSample.draw
+    monkeypatch.setattr(RowSample, "draw", lambda *a, **k: drawn.append(1) or original(*a, **k))
+    learn(store, tmp_path / "gcv", "--gamma", "auto", "--select", "gcv", "--loo-sample", 50)
+    assert not drawn
+    learn(store, tmp_path / "loo", "--gamma", "auto", "--loo-sample", 50)
+    assert drawn

@@ -82,7 +82,8 @@ def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: Shar
         rls = walk(run, [RLSLearner(run, anytime)], rows)[0]
         boundaries, final = rls.boundaries, rls.final
     elif auto:
-        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run))
+        sample = row_sample(run) if model.loo else None  # drawn only where it is scored
+        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, sample)
         gram = walk(run, [GramLearner(run, {None: path}, anytime=anytime)], rows)[0]
         boundaries = gram.boundaries
         final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]))

@@ -247,7 +247,8 @@ def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: 
 
     model = run.model
     if model.gamma == "auto":
-        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run))
+        sample = row_sample(run) if model.loo else None  # drawn only where it is scored
+        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, sample)
         boundaries, _ = order_boundaries(run, per_class, path, shared, split, memo)
     else:
         boundaries, _ = order_boundaries(run, per_class, FixedGamma(float(model.gamma)))
