@@ -136,7 +136,8 @@ def store(tmp_path_factory):
     return build_store(tmp_path_factory.mktemp("screen") / "blobs.zarr", n_train=500, noise=2.5)
 
 
-@pytest.mark.parametrize("extra", [(), ("--loo-sample", "200")])
+@pytest.mark.parametrize("extra", [(), ("--loo-sample", "200"), ("--order-seeds", "0,1"),
+                                   ("--dtype", "float32", "--activation", "relu", "--gamma-grid", "0.1,10,1000,1e5")])
 def test_learn_gamma_auto_writes_the_same_bytes_without_the_screen(tmp_path, store, monkeypatch, extra):
     screened = count_calls(monkeypatch, "screened_correct")
     learn(store, tmp_path / "fast", "--gamma", "auto", *extra)
