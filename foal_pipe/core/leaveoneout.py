@@ -271,8 +271,14 @@ class SampledLeaveOneOut(_LeftOutTotals):
                 low = Z.astype(np.float32)
             if not np.isfinite(low).all():
                 return []
-            squares = np.multiply(Z, Z, out=self._scratch("squares", Z.shape))
-            rows.append((low, np.sqrt(squares.sum(axis=1)), squares @ inv))
+            norms, leverage = np.empty(Z.shape[0]), np.empty((Z.shape[0], inv.shape[1]))
+            step = max(1, LOO_BLOCK_VALUES // max(1, Z.shape[1]))  # ``Z * Z`` a block at a time: bounded scratch
+            for lo in range(0, Z.shape[0], step):
+                block = Z[lo : lo + step]
+                squares = np.multiply(block, block, out=self._scratch("squares", block.shape))
+                norms[lo : lo + step] = np.sqrt(squares.sum(axis=1))
+                leverage[lo : lo + step] = squares @ inv
+            rows.append((low, norms, leverage))
         return rows
 
     @property
