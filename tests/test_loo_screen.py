@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import build_store, learn
 
-from foal_pipe.core import leaveoneout
+from foal_pipe.core import leaveoneout, scoring
 from foal_pipe.core.gammapath import Scratch
 from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.core.leaveoneout import SampledLeaveOneOut
@@ -65,7 +65,7 @@ def test_rows_the_screen_cannot_decide_go_through_float64(monkeypatch):
     decided_by_screen = 1 - sum(a[0].shape[0] for a in again) / (loo.rows * GAMMAS.size)
     assert decided_by_screen > 0.9
     again.clear()
-    monkeypatch.setattr(leaveoneout, "relative_bound", lambda depth: np.inf)
+    monkeypatch.setattr(scoring, "relative_bound", lambda depth: np.inf)
     np.testing.assert_array_equal(loo.evaluate(None, ("loo_accuracy",))["loo_accuracy"], exact)
     assert sum(a[0].shape[0] for a in again) == loo.rows * GAMMAS.size
 

@@ -95,7 +95,6 @@ def zoom(size: int, start: Any, evaluate: Callable[[np.ndarray, tuple[str, ...]]
     best (NaN elsewhere), so a pass that can give a criterion alone more cheaply does.
     """
     first = np.unique(np.asarray(start, dtype=np.int64))
-    done = np.zeros(size, dtype=bool)
     own = {name: np.zeros(size, dtype=bool) for name in rules}
     names = tuple(rules)
     curves = {name: np.full(size, np.nan) for name in {*names, *(tie for _, tie in rules.values() if tie)}}
@@ -109,10 +108,9 @@ def zoom(size: int, start: Any, evaluate: Callable[[np.ndarray, tuple[str, ...]]
     asked = {name: first for name in rules}
     while any(a.size for a in asked.values()):
         todo = np.unique(np.concatenate(list(asked.values())))
-        todo = todo[~done[todo]]
+        todo = todo[~np.logical_and.reduce([known[name][todo] for name in names])]  # each criterion's points once
         if todo.size:
             fill(todo, names)
-            done[todo] = True
         for name, (larger, tie) in rules.items():
             own[name][asked[name]] = True
             at = np.flatnonzero(own[name])

@@ -14,7 +14,7 @@ from array_api_compat import array_namespace, is_numpy_array
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
 from foal_pipe.core.linalg import class_positions, factor_threads, float64, one_hot
-from foal_pipe.core.scoring import U64, UNDERFLOW, relative_bound
+from foal_pipe.core.scoring import U64, longest_column, score_bound
 from foal_pipe.errors import FoalPipeError
 
 #: Rows handled at once in a leave-one-out block: bounds its temporaries to about this many values.
@@ -107,7 +107,7 @@ def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage
 
     The left-out prediction ``y - e / (1 - h)`` is the label exactly when ``m = s_label - h - max_(c != label)
     s_c > 0`` (``1 - h > 0``). Each float32 score lies within ``b = kappa |z| |B_c|`` of the exact one (the
-    test scores' bound, :func:`~foal_pipe.core.scoring.relative_bound`, which also covers float64's rounding),
+    test scores' bound, :func:`~foal_pipe.core.scoring.score_bound`, which also covers float64's rounding),
     so where ``|m|`` computed from them exceeds ``2 b`` plus the rounding of float64's subtraction and division,
     the float64 pipeline of :func:`left_out` decides the row the same way. The other rows (a few in a thousand)
     go through that pipeline in float64, each row's scores a product of its own: where float64's rounding
@@ -122,8 +122,7 @@ def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage
     own = scores[rows, :, positions].astype(np.float64)  # (m, k)
     scores[rows, :, positions] = -np.inf
     rival = scores.max(axis=2).astype(np.float64)
-    bound = (2.0 * relative_bound(D) * norms[:, None] * column_norm[None, :]
-             + 2.0 * UNDERFLOW * (np.sqrt(D) * (norms[:, None] + column_norm[None, :]) + D))
+    bound = 2.0 * score_bound(norms, column_norm, D)  # the label's score and its rival's
     with np.errstate(invalid="ignore", over="ignore"):
         margin = own - leverage - rival
         # float64's own steps: the subtractions, the division by 1 - h (both predictions share it) and h's sum
@@ -242,12 +241,12 @@ class SampledLeaveOneOut(_LeftOutTotals):
             self._screen = self._screened_rows()
         if not self._screen:
             return None
-        inv, scaled = self.path.scaling(self.gammas[indices])
+        _, scaled = self.path.scaling(self.gammas[indices])
         with np.errstate(over="ignore"):
             scaled_low = scaled.astype(np.float32)
         if not np.isfinite(scaled_low).all():
             return None
-        column_norm = np.sqrt(np.einsum("dk,dk->k", scaled, scaled)).reshape(indices.size, -1).max(axis=1)
+        column_norm = longest_column(scaled, indices.size)
         correct = np.zeros(indices.size, dtype=np.int64)
         step = max(1, LOO_BLOCK_VALUES // max(1, 2 * indices.size * self.n_classes))  # bounds the temporaries
         for Z, (low, norms, leverage), labels in zip(self._coordinates, self._screen, self._labels):

@@ -46,6 +46,19 @@ def relative_bound(depth: int) -> float:
     return 1.001 * (_gamma(depth, U32) * (1.0 + U32) ** 2 + 2.0 * U32 + U32**2 + _gamma(depth, U64))
 
 
+def longest_column(W: np.ndarray, models: int) -> np.ndarray:
+    """``(models,)``: the largest ``|w|`` among each model's columns of ``W`` (D x models*C, model by model)."""
+    return np.sqrt(np.einsum("dk,dk->k", W, W)).reshape(models, -1).max(axis=1)
+
+
+def score_bound(norms: np.ndarray, column_norm: np.ndarray, depth: int) -> np.ndarray:
+    """``(rows, models)``: how far each row's float32 score with each model's columns may lie from the exact one,
+    ``kappa |h| |w|`` (:func:`relative_bound`) plus the allowance for values that underflow in float32, from the
+    rows' lengths ``norms``, each model's longest column ``column_norm`` and the product's ``depth``."""
+    return (relative_bound(depth) * norms[:, None] * column_norm[None, :]
+            + UNDERFLOW * (np.sqrt(depth) * (norms[:, None] + column_norm[None, :]) + depth))
+
+
 @dataclass(frozen=True)
 class Rows:
     """Rows to score: as given (for float64 products), and on the float32 route their float32 copy and norms,
@@ -144,9 +157,7 @@ class ModelScores:
             with np.errstate(over="ignore"):
                 low = W.astype(np.float32)
             if np.isfinite(low).all():
-                column = np.sqrt(np.einsum("dk,dk->k", W, W))
-                self.column_norm = column.reshape(models, -1).max(axis=1)  # (models,): the largest |w| of each
-                self.kappa = relative_bound(W.shape[0])
+                self.column_norm = longest_column(W, models)
                 self.leader, self.distance = followers(W, models, self.column_norm)
                 self.leaders = np.flatnonzero(self.leader == np.arange(models))
                 self.low = low if self.leaders.size == models else np.ascontiguousarray(
@@ -171,8 +182,7 @@ class ModelScores:
         first = np.take_along_axis(scores, top[:, :, None], axis=2)[:, :, 0]
         np.put_along_axis(scores, top[:, :, None], -np.inf, axis=2)
         second = scores.max(axis=2)  # each leader's strongest rival among its classes (NaN if any score is)
-        bound = (self.kappa * rows.norms[:, None] * self.column_norm[None, :]
-                 + UNDERFLOW * (np.sqrt(D) * (rows.norms[:, None] + self.column_norm[None, :]) + D))
+        bound = score_bound(rows.norms, self.column_norm, D)
         slot = np.searchsorted(self.leaders, self.leader)  # each model's leader among the computed scores
         follows = self.leader != np.arange(self.models)
         allowance = bound[:, self.leader] + np.where(follows, bound + rows.norms[:, None] * self.distance, 0.0)

@@ -34,7 +34,7 @@ from foal_pipe.protocol.learners.rls import RLSLearner
 from foal_pipe.protocol.outputs import save_head_model, save_model
 from foal_pipe.protocol.records import grid_edge, learn_metrics, run_info
 from foal_pipe.protocol.rowcache import GroupedRows
-from foal_pipe.protocol.run import Run, reread_note, row_sample
+from foal_pipe.protocol.run import Run, reread_note
 from foal_pipe.protocol.schema import AnytimeCurve, LearnMetrics
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import SharedRows, head_train_rows, train_rows, walk
@@ -82,8 +82,7 @@ def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: Shar
         rls = walk(run, [RLSLearner(run, anytime)], rows)[0]
         boundaries, final = rls.boundaries, rls.final
     elif auto:
-        sample = row_sample(run) if model.loo else None  # drawn only where it is scored
-        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, sample)
+        path = ManyGammas.auto(run)
         gram = walk(run, [GramLearner(run, {None: path}, anytime=anytime)], rows)[0]
         boundaries = gram.boundaries
         final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]))

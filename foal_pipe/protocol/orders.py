@@ -221,8 +221,7 @@ def run_learn_orders(
         entries, finals = [], []
         for s, run in zip(seeds, runs):
             if model.gamma == "auto":
-                sample = row_sample(run) if model.loo else None  # drawn only where it is scored
-                path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, sample)
+                path = ManyGammas.auto(run)
                 boundaries, running = order_boundaries(run, per_class, path, shared)
                 finals.append(RidgeModel.solved(running, float(boundaries[-1].gammas[0])))
             else:

@@ -18,6 +18,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.loosample import RowSample
+from foal_pipe.protocol.run import Run, row_sample
 from foal_pipe.protocol.schema import CRITERIA
 
 #: The leave-one-out criteria's zoom rules (:func:`~foal_pipe.core.gammasearch.zoom`): LOO accuracy's ties go
@@ -127,6 +128,13 @@ class ManyGammas:
         self.criteria = (choose,) if choose else tuple(available)
         self._at_grid = np.searchsorted(self.fine, self.grid)  # the grid's points are among the fine ones
 
+    @classmethod
+    def auto(cls, run: Run) -> ManyGammas:
+        """``learn --gamma auto``'s path for ``run``: its model's grid, criterion and refined search, with the
+        leave-one-out sample drawn only when the criterion scores rows (drawing ranks every train row)."""
+        model = run.model
+        return cls(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run) if model.loo else None)
+
     def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
         path = statistics.gamma_path(vectors=self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim)))
@@ -162,7 +170,7 @@ class ManyGammas:
         accuracy = mse = None
         if pending.loo:
             rules, points, curves = self.zoom(pending)
-            accuracy, mse = (curves[name][self._at_grid] if name in curves else None for name in ("loo_accuracy", "loo"))
+            accuracy, mse = curves["loo_accuracy"][self._at_grid], curves["loo"][self._at_grid]
             for name, (larger, tie) in rules.items():
                 if name in self.criteria:
                     at = points[name]

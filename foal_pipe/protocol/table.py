@@ -242,13 +242,11 @@ def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: 
     from foal_pipe.protocol.classsums import order_boundaries
     from foal_pipe.protocol.evaluation import accuracy_matrices
     from foal_pipe.protocol.records import accuracy_report, learn_metrics
-    from foal_pipe.protocol.run import row_sample
     from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 
     model = run.model
     if model.gamma == "auto":
-        sample = row_sample(run) if model.loo else None  # drawn only where it is scored
-        path = ManyGammas(model.gamma_grid, model.loo, model.select, model.per_decade, sample)
+        path = ManyGammas.auto(run)
         boundaries, _ = order_boundaries(run, per_class, path, shared, split, memo)
     else:
         boundaries, _ = order_boundaries(run, per_class, FixedGamma(float(model.gamma)))
