@@ -243,31 +243,54 @@ class RidgeStatistics:
         with factor_threads(self.dim):
             return solve_spd(shifted(self.G, float(gamma)), float64(self.Q))
 
-    def eigen(self) -> RidgeEigen:
-        """``G = V diag(lambda) V^T`` (float64), with ``B = V^T Q`` cached: many gammas for one factorisation."""
+    def factor(self, vectors: bool) -> Factored:
+        """The LAPACK work of :meth:`gamma_path` (on one BLAS thread up to ``SINGLE_THREAD_FACTOR_DIM``), apart from
+        the products that assemble the path, so that a walk can run it on another thread while the next task's rows
+        are summed (:class:`~foal_pipe.protocol.learners.gram.GramLearner`): the same bits on either thread."""
+        return self._reduce() if self.factor_is_reduction(vectors) else self._decompose()
+
+    def factor_is_reduction(self, vectors: bool) -> bool:
+        """Whether :meth:`factor` stops at the tridiagonal form (the eigenvectors not asked for, NumPy, D >= 2)."""
+        return not vectors and is_numpy_namespace(array_namespace(self.G)) and self.dim >= 2 and self.classes.size > 0
+
+    def gamma_path(self, vectors: bool, factored: Factored | None = None) -> RidgeEigen | RidgeTridiagonal:
+        """The cheapest form that serves many gammas: :meth:`eigen` when ``vectors`` (leave-one-out needs them)
+        or off NumPy, else :meth:`tridiagonal`, the same weights and GCV for about a third of the work.
+        ``factored``: :meth:`factor` ``(vectors)`` of these statistics, computed already."""
+        factored = factored or self.factor(vectors)
+        return self.tridiagonal(factored) if factored.tridiagonal else self.eigen(factored)
+
+    def eigen(self, factored: Factored | None = None) -> RidgeEigen:
+        """``G = V diag(lambda) V^T`` (float64), with ``B = V^T Q`` cached: many gammas for one factorisation.
+        ``factored``: :meth:`factor`'s eigendecomposition of these statistics, computed already."""
+        factored = factored or self._decompose()
+        values, vectors = factored.arrays
+        return RidgeEigen(values=values, classes=self.classes, n=self.n, y_norm2=self.target_norm2,
+                          floor=factored.floor, dtype=dtype_name(self.G.dtype), vectors=vectors,
+                          projected=vectors.T @ float64(self.Q))
+
+    def _decompose(self) -> Factored:
         xp = array_namespace(self.G)
         floor = finite_resolution(self.G)
         with factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(float64(self.G))
-        return RidgeEigen(values=values, classes=self.classes, n=self.n, y_norm2=self.target_norm2,
-                          floor=eigen_floor(floor, values), dtype=dtype_name(self.G.dtype), vectors=vectors,
-                          projected=vectors.T @ float64(self.Q))
+        return Factored(False, eigen_floor(floor, values), (values, vectors))
 
-    def gamma_path(self, vectors: bool) -> RidgeEigen | RidgeTridiagonal:
-        """The cheapest form that serves many gammas: :meth:`eigen` when ``vectors`` (leave-one-out needs them)
-        or off NumPy, else :meth:`tridiagonal`, the same weights and GCV for about a third of the work."""
-        if vectors or not is_numpy_namespace(array_namespace(self.G)) or self.dim < 2 or self.classes.size == 0:
-            return self.eigen()
-        return self.tridiagonal()
-
-    def tridiagonal(self) -> RidgeTridiagonal:
+    def tridiagonal(self, factored: Factored | None = None) -> RidgeTridiagonal:
         """``G = U T U^T`` by Householder reflections (LAPACK ``dsytrd``; NumPy arrays of dimension >= 2 only).
 
         An eigendecomposition is this reduction plus the eigenvectors of ``T`` and their back-transform, which
         GCV and the weights do not need: ``T + g I`` is factored and solved directly (``O(D C)`` per gamma), and
         its factors give ``df``; only the lowest eigenvalue is computed (bisection), for the refusal floor. A
-        1000 x 1000 ``G`` on one thread: 0.05 s against 0.14 s.
+        1000 x 1000 ``G`` on one thread: 0.05 s against 0.14 s. ``factored``: :meth:`factor`'s reduction.
         """
+        factored = factored or self._reduce()
+        diagonal, offdiagonal, reflectors, tau, projected = factored.arrays
+        return RidgeTridiagonal(classes=self.classes, n=self.n, y_norm2=self.target_norm2, floor=factored.floor,
+                                dtype=dtype_name(self.G.dtype), diagonal=diagonal, offdiagonal=offdiagonal,
+                                reflectors=reflectors, tau=tau, projected=projected)
+
+    def _reduce(self) -> Factored:
         from scipy.linalg import eigvalsh_tridiagonal, lapack
 
         floor = finite_resolution(self.G)
@@ -278,10 +301,17 @@ class RidgeStatistics:
             lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, select="i", select_range=(0, 0), check_finite=False)
             reflectors = np.asfortranarray(reduced[1:, :-1])
             projected = np.asfortranarray(apply_reflectors(reflectors, tau, float64(self.Q), "T"))
-        return RidgeTridiagonal(classes=self.classes, n=self.n, y_norm2=self.target_norm2,
-                                floor=eigen_floor(floor, lowest), dtype=dtype_name(self.G.dtype), diagonal=diagonal,
-                                offdiagonal=offdiagonal,
-                                reflectors=reflectors, tau=tau, projected=projected)
+        return Factored(True, eigen_floor(floor, lowest), (diagonal, offdiagonal, reflectors, tau, projected))
+
+
+@dataclass(frozen=True)
+class Factored:
+    """:meth:`RidgeStatistics.factor`'s result: the refusal floor for gammas, and ``eigh``'s eigenvalues and
+    eigenvectors or (``tridiagonal``) ``dsytrd``'s diagonal, off-diagonal, reflectors, their scales and ``U^T Q``."""
+
+    tridiagonal: bool
+    floor: float
+    arrays: tuple[Any, ...]
 
 
 def _add_counts(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:

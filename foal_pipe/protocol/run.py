@@ -278,8 +278,8 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     eigen = run.model.gamma == "auto" or n_models > 1
     if run.model.engine == "rls":
         state = 2 * square * item  # R and one update's D x D product
-    elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram
-        state = square * item + 4 * square * 8
+    elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram;
+        state = 2 * square * item + 4 * square * 8  # G's copy at a boundary factored ahead (learners.gram.FactorAhead)
     else:  # G and one batch's Gram while summing; G and G + gamma I at a solve
         state = square * item + square * max(item, 8)
     n_classes = len(run.store.classes)

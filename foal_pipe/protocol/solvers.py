@@ -13,7 +13,7 @@ import numpy as np
 from foal_pipe.core.gammapath import GammaPath, RidgeEigen
 from foal_pipe.core.gammasearch import PER_DECADE, Rule, Search, best_point, search_grid, zoom
 from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
-from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.core.statistics import Factored, RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.internal import internal_error
@@ -135,9 +135,21 @@ class ManyGammas:
         model = run.model
         return cls(model.gamma_grid, model.loo, model.select, model.per_decade, row_sample(run) if model.loo else None)
 
-    def start(self, statistics: RidgeStatistics, max_task: int) -> Pending:
+    @property
+    def weights_per_class(self) -> int:
+        """How many gammas' weights each boundary keeps: the grid's and every criterion's choice, or the one chosen."""
+        return 1 if self.choose else self.grid.size + len(self.criteria)
+
+    def vectors(self, statistics: RidgeStatistics, max_task: int) -> bool:
+        """Whether boundary ``max_task``'s path needs the eigenvectors (:meth:`RidgeStatistics.gamma_path`)."""
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
-        path = statistics.gamma_path(vectors=self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim)))
+        return self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim))
+
+    def start(self, statistics: RidgeStatistics, max_task: int, factored: Factored | None = None) -> Pending:
+        """The boundary's path (from ``factored``, :meth:`RidgeStatistics.factor` of :meth:`vectors`, when computed
+        already), waiting for its leave-one-out pass when it has one."""
+        rows = None if self.sample is None else self.sample.boundaries[max_task].size
+        path = statistics.gamma_path(self.vectors(statistics, max_task), factored)
         loo: LeaveOneOut | SampledLeaveOneOut | None
         if not self.needs_rows:
             loo = None

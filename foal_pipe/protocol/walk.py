@@ -7,7 +7,7 @@ and the test passes share (:func:`train_rows`, :func:`head_train_rows`, :func:`t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -71,6 +71,9 @@ class Learner:
     def finish(self, rows: GroupedRows | None, advance: Advance) -> None:
         """After the last task, while the rows are still at hand."""
 
+    def close(self) -> None:
+        """After the walk, whether it ended or failed: what the learner holds beyond its results is let go."""
+
 
 L = TypeVar("L", bound=Learner)
 
@@ -83,8 +86,9 @@ def walk(run: Run, learners: Sequence[L], rows: GroupedRows | None = None) -> Se
     read = rows is None and any(learner.needs_rows for learner in learners)
     total = (n_stream(run) if read else 0) + sum(learner.progress_total() for learner in learners)
     label = "train (" + ("one read, " if read else "") + ", ".join(learner.label for learner in learners) + ")"
-    with progress_bar(label, total) as advance:
+    with progress_bar(label, total) as advance, ExitStack() as closing:
         for learner in learners:
+            closing.callback(learner.close)
             learner.begin(advance)
         reader = next((learner for learner in learners if learner.needs_rows), None)
         with (reader.read(advance) if read and reader is not None else nullcontext(rows)) as cached:

@@ -6,21 +6,25 @@ tasks 1..k (their :class:`KeptActivations`, when kept), every task's sums from D
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import numpy as np
-from array_api_compat import array_namespace, device
+from array_api_compat import array_namespace, device, is_numpy_namespace
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.core.linalg import SINGLE_THREAD_FACTOR_DIM, factor_threads
+from foal_pipe.core.statistics import Factored, RidgeStatistics
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
-from foal_pipe.protocol.solvers import Boundary, FixedGamma, Pending, Solver
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending, Solver
 from foal_pipe.protocol.walk import Advance, Learner, n_stream
 
 #: A lane's boundary solver: one gamma, or one that may wait for the rows (the gamma path; a continued model's).
@@ -46,21 +50,104 @@ class Lane:
                 self.boundaries.append(solver.finish(pending))
             self.pending = None
 
-    def start(self, run: Run, k: int) -> None:
-        solver = self.solver
+    def start(self, run: Run, k: int, statistics: RidgeStatistics | None = None, factored: Factored | None = None) -> None:
+        """Boundary ``k`` of the running sums, or of ``statistics`` (their copy at the boundary) with ``factored``
+        (their factorisation, computed ahead: :class:`FactorAhead`)."""
+        solver, statistics = self.solver, self.running if statistics is None else statistics
         with run.timed("solve"):
             if isinstance(solver, FixedGamma):
-                self.boundaries.append(solver.solve(self.running, k))
-            elif solver.needs_rows:
-                self.pending = solver.start(self.running, k)
+                self.boundaries.append(solver.solve(statistics, k))
+                return
+            pending = solver.start(statistics, k, factored) if isinstance(solver, ManyGammas) else solver.start(statistics, k)
+            if solver.needs_rows:
+                self.pending = pending
             else:
-                self.boundaries.append(solver.finish(solver.start(self.running, k)))
+                self.boundaries.append(solver.finish(pending))
+
+    def ahead(self, k: int) -> tuple[Callable[[], Boundary | tuple[RidgeStatistics, Factored]], float]:
+        """Boundary ``k``'s work that can run off the walk's thread (:class:`FactorAhead`), on a copy of the running
+        sums, and its cost in flops: without leave-one-out the whole boundary (each of its steps is on one BLAS
+        thread), else the factorisation (:meth:`start` takes it up)."""
+        solver, statistics = self.solver, self.running.copy()
+        if not isinstance(solver, ManyGammas):
+            raise internal_error(f"a boundary of {type(solver).__name__} run ahead")
+        D = statistics.dim
+        vectors = solver.vectors(statistics, k)
+        if not solver.needs_rows and statistics.factor_is_reduction(vectors):
+            columns = solver.weights_per_class * statistics.classes.size
+            return partial(solver.solve, statistics, k), REDUCTION_COST * D**3 + 2.0 * D**2 * columns
+        return partial(_factored, statistics, vectors), (EIGH_COST if vectors else REDUCTION_COST) * D**3
+
+    def take_ahead(self, run: Run, k: int, result: Boundary | tuple[RidgeStatistics, Factored]) -> None:
+        """Boundary ``k`` from what :meth:`ahead` computed."""
+        if isinstance(result, Boundary):
+            self.boundaries.append(result)
+        else:
+            self.start(run, k, *result)
 
     def add_loo(self, H: Any, labels: np.ndarray) -> None:
         """Rows into the pending boundary's leave-one-out pass (:meth:`start` left it, its solver needing the rows)."""
         if self.pending is None or self.pending.loo is None:
             raise internal_error("a leave-one-out pass with no pending boundary")
         self.pending.loo.add(H, labels)
+
+
+#: A boundary's work on one BLAS thread costs about as long as this many ``D^3`` flops of the walk's products
+#: (projection and Gram) on one thread: ``eigh`` (leave-one-out needs the eigenvectors) and ``dsytrd`` with ``U^T Q``,
+#: measured at D = 1000 on the 2-core machine (2026-11-28); GCV's whole boundary adds its weights' back-transform,
+#: ``2 D^2`` a column. They set :func:`ahead_blocks`.
+EIGH_COST, REDUCTION_COST = 13.0, 9.0
+
+
+def ahead_blocks(run: Run, flops: float) -> int:
+    """How many of the next task's blocks are summed beside a boundary's work of ``flops`` (:class:`FactorAhead`):
+    the fewest that cover it. A function of the shapes alone, so that which products run on one BLAS thread, and
+    with them every bit, is the same from run to run."""
+    D = run.dim
+    block = 2.0 * run.block_rows * D * (run.store.dim + D + len(run.store.classes))
+    return max(1, math.ceil(flops / block))
+
+
+class FactorAhead:
+    """A boundary whose work runs on the walk's other thread while the next task's first :attr:`blocks` blocks are
+    summed on this one: each lane's factorisation (:meth:`RidgeStatistics.factor` of a copy of its sums), or, without
+    leave-one-out, its whole boundary (:meth:`Lane.ahead`).
+
+    That work runs on one BLAS thread wherever it runs (up to ``SINGLE_THREAD_FACTOR_DIM``), so the second core idled
+    through it; now it sums rows meanwhile. Every BLAS pool stays at one thread until :meth:`join`: two
+    single-threaded jobs share busy cores fairly, while a second pool thread beside other work lost up to 4.5x
+    (issue 31's measurements). Which blocks run on one thread is fixed by the shapes (:func:`ahead_blocks`), so a
+    run's bytes are the same twice; here the projection's and the Gram's products also gave the same bits on one
+    thread as on two (``benchmarks/identity_check.py``: no output changed)."""
+
+    def __init__(self, executor: ThreadPoolExecutor, k: int, jobs: dict[str | None, Callable[[], Any]],
+                 blocks: int) -> None:
+        self.k, self.blocks = k, blocks
+        self._limit: Any = factor_threads(1)  # in force from here: every BLAS pool at one thread
+        self._futures: dict[str | None, Future[Any]] = {}
+        try:
+            for key, job in jobs.items():
+                self._futures[key] = executor.submit(job)
+        except BaseException:
+            self.release()
+            raise
+
+    def join(self) -> dict[str | None, Any]:
+        """Each lane's result, once all have ended (the first error raised), with the pools' threads back."""
+        self.release()
+        return {key: future.result() for key, future in self._futures.items()}
+
+    def release(self) -> None:
+        """Wait for the jobs to end, then give the BLAS pools their threads back (once). Not before they end: a
+        factorisation's own one-thread limit, on leaving, restores the count it found."""
+        wait(self._futures.values())
+        if self._limit is not None:
+            self._limit.restore_original_limits()
+            self._limit = None
+
+
+def _factored(statistics: RidgeStatistics, vectors: bool) -> tuple[RidgeStatistics, Factored]:
+    return statistics, statistics.factor(vectors)
 
 
 class KeptActivations:
@@ -141,6 +228,13 @@ class GramLearner(Learner):
         self.label += (" + leave-one-out" + ("" if run.keep_activations and not self.dask else ", rows projected again")
                        if self.needs_loo else "")
         self.label += f", {len(self.lanes)} fusions" if len(self.lanes) > 1 else ""
+        #: Whether the boundaries' work runs ahead (:class:`FactorAhead`): gamma paths on NumPy whose factorisations
+        #: run on one BLAS thread, with nothing that reads a boundary inside the next task.
+        self.ahead = (all(isinstance(solver, ManyGammas) for solver in solvers.values()) and not self.dask
+                      and is_numpy_namespace(xp) and 2 <= run.dim <= SINGLE_THREAD_FACTOR_DIM
+                      and anytime is None and on_task is None)
+        self._ahead: FactorAhead | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def boundaries(self) -> list[Boundary]:
@@ -203,8 +297,37 @@ class GramLearner(Learner):
             self.on_task(k, self.lanes)
 
     def end_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
-        for lane in self.lanes.values():
-            lane.start(self.run, k)
+        if self.ahead and k + 1 < self.run.stream.n_tasks and self.sizes[k + 1] > 0:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="foal-pipe-factor")
+            jobs = {key: lane.ahead(k) for key, lane in self.lanes.items()}
+            self._ahead = FactorAhead(self._executor, k, {key: job for key, (job, _) in jobs.items()},
+                                      ahead_blocks(self.run, sum(flops for _, flops in jobs.values())))
+            return
+        self._close(k, advance)
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.release()
+            self._ahead = None
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def _catch_up(self, ahead: FactorAhead, advance: Advance) -> None:
+        """The boundary whose work ran ahead, closed (until its jobs end, :meth:`close` waits for them on a failure)."""
+        with self.run.timed("solve"):
+            results = ahead.join()
+        self._ahead = None
+        self._close(ahead.k, advance, results)
+
+    def _close(self, k: int, advance: Advance, ahead: dict[str | None, Any] | None = None) -> None:
+        """Boundary ``k`` solved, its leave-one-out pass and zoom done (from what ran ahead, when it did)."""
+        for key, lane in self.lanes.items():
+            if ahead is None:
+                lane.start(self.run, k)
+            else:
+                lane.take_ahead(self.run, k, ahead[key])
         if self.needs_loo:
             self._loo_pass(k, self.cache, advance)
             for lane in self.lanes.values():
@@ -223,7 +346,7 @@ class GramLearner(Learner):
         """Task ``k``'s rows into each lane's running sums, in full-size blocks (kept, when kept); at each block that
         ends at an evaluation point inside the task, the anytime point."""
         end = int(self.blocks.ends[k])
-        for start, stop, positions in self.blocks.blocks(k):
+        for i, (start, stop, positions) in enumerate(self.blocks.blocks(k)):
             labels = rows.labels[positions]
             for key, lane in self.lanes.items():
                 H = self._activations(rows, key, positions)
@@ -234,6 +357,10 @@ class GramLearner(Learner):
             advance(stop - start)
             if self.anytime is not None and stop < end and stop in self.blocks.points:
                 self.anytime.gram(stop, self.running, self.boundaries, False)
+            if self._ahead is not None and i + 1 >= self._ahead.blocks:  # the boundary before, after the blocks
+                self._catch_up(self._ahead, advance)  # summed beside its factorisations
+        if self._ahead is not None:
+            self._catch_up(self._ahead, advance)
 
     def _loo_pass(self, k: int, rows: GroupedRows, advance: Advance) -> None:
         """Every row of tasks 1..k into each lane's pending leave-one-out accumulator, in the Gram pass's blocks; with

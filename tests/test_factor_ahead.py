@@ -1,0 +1,185 @@
+"""Boundaries whose factorisations run ahead (:class:`~foal_pipe.protocol.learners.gram.FactorAhead`): each
+boundary's ``eigh`` or ``dsytrd`` on the walk's other thread while the next task's first blocks are summed. The
+boundaries must equal, bit for bit, those of the walk that factors each boundary where it ends, and the BLAS pools
+must get their threads back however the walk ends."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from helpers import build_store
+
+import foal_pipe.protocol.learners.gram as gram
+from foal_pipe.core.linalg import _threadpools
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.learners.gram import EIGH_COST, REDUCTION_COST, GramLearner, ahead_blocks
+from foal_pipe.protocol.run import prepare, row_sample
+from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
+from foal_pipe.protocol.walk import walk
+
+GRID = [1e-2, 1.0, 100.0]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("ahead") / "s.zarr", n_train=900, n_test=120)
+
+
+def _run(store, monkeypatch, loo, sample=0, rows_per_block=16, dtype="float64"):
+    monkeypatch.setattr("foal_pipe.protocol.run.block_rows", lambda dim: rows_per_block)  # many blocks a task
+    return prepare(store, StreamConfig(tasks=4, seed=2), ModelConfig(projection_dim=48, loo_sample=sample, dtype=dtype),
+                   EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=loo)
+
+
+def _solver(run, loo, sample):
+    return ManyGammas(GRID, loo, None, 4, row_sample(run) if loo and sample else None)
+
+
+def _blas_threads() -> list[int]:
+    return [pool["num_threads"] for pool in _threadpools().info() if pool["user_api"] == "blas"]
+
+
+def _walk(run, solver, ahead):
+    """The walk's learner, its factorisations ahead or in place."""
+    learner = GramLearner(run, {None: solver})
+    assert learner.ahead  # a gamma path on NumPy runs ahead unless told not to
+    learner.ahead = ahead
+    return walk(run, [learner])[0]
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 100])
+@pytest.mark.parametrize(("loo", "sample", "dtype"), [(False, 0, "float64"), (True, 0, "float64"),
+                                                      (True, 60, "float64"), (True, 60, "float32")])
+def test_boundaries_factored_ahead_equal_those_factored_in_place(store, monkeypatch, loo, sample, dtype, blocks):
+    run = _run(store, monkeypatch, loo, sample, dtype=dtype)
+    threads, sums = [], []
+    factor, from_batch = RidgeStatistics.factor, RidgeStatistics.from_batch
+
+    def recording_factor(self, vectors):
+        threads.append(threading.current_thread().name)
+        return factor(self, vectors)
+
+    def recording_sums(H, labels, classes=None):
+        sums.append(min(_blas_threads()))
+        return from_batch(H, labels, classes)
+
+    monkeypatch.setattr(RidgeStatistics, "factor", recording_factor)
+    monkeypatch.setattr(RidgeStatistics, "from_batch", staticmethod(recording_sums))
+    monkeypatch.setattr(gram, "ahead_blocks", lambda run, vectors: blocks)
+    before = _blas_threads()
+    in_place = _walk(run, _solver(run, loo, sample), False).boundaries
+    assert threads == ["MainThread"] * 4 and min(sums) == min(before)
+    threads.clear(), sums.clear()
+    learner = _walk(run, _solver(run, loo, sample), True)
+    ahead = learner.boundaries
+    assert threads[:3] == ["foal-pipe-factor_0"] * 3 and threads[3] == "MainThread"  # the last has no next task
+    assert _blas_threads() == before
+    per_task = [len(list(learner.blocks.blocks(k))) for k in range(4)]
+    assert min(per_task) > 3
+    one_thread = [i < blocks for n in per_task[1:] for i in range(n)]  # each task after the first: its first blocks
+    assert [t == 1 for t in sums] == [False] * per_task[0] + one_thread or min(before) == 1
+    assert len(ahead) == len(in_place) == 4
+    for a, b in zip(ahead, in_place, strict=True):
+        np.testing.assert_array_equal(a.W, b.W)
+        np.testing.assert_array_equal(a.gammas, b.gammas)
+        np.testing.assert_array_equal(a.gcv, b.gcv)
+        for name in ("loo_accuracy", "loo_mse"):
+            if loo:
+                np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+            else:
+                assert getattr(a, name) is None and getattr(b, name) is None
+
+
+def test_each_boundary_is_factored_from_its_own_sums(store, monkeypatch):
+    """The walk keeps summing while a boundary factors: the factorisation must see the sums at its boundary, not
+    the next task's rows too (a shared array would make both walks' boundaries differ from the closed form)."""
+    run = _run(store, monkeypatch, loo=False)
+    boundaries = _walk(run, ManyGammas([1.0], False, None, 4), True).boundaries
+    for k, b in enumerate(boundaries):
+        rows = np.concatenate(run.stream.rows[: k + 1])
+        X = np.asarray(run.store.train.features[:])[np.sort(rows)]
+        H = run.projection.transform(X.astype(np.float64))
+        classes = np.unique(run.store.train.labels[rows])
+        np.testing.assert_array_equal(b.classes, classes)
+        Y = (run.store.train.labels[np.sort(rows)][:, None] == classes[None, :]).astype(np.float64)
+        W = np.linalg.solve(H.T @ H + np.eye(H.shape[1]), H.T @ Y)
+        np.testing.assert_allclose(b.W[:, 0, :], W, rtol=1e-8, atol=1e-10)
+
+
+def test_a_failed_factorisation_ahead_stops_the_walk_and_gives_the_threads_back(store, monkeypatch):
+    run = _run(store, monkeypatch, loo=True)
+    factor = RidgeStatistics.factor
+
+    def failing(self, vectors):
+        if threading.current_thread().name.startswith("foal-pipe-factor") and self.n > 300:
+            raise FoalPipeError("LAPACK failed")
+        return factor(self, vectors)
+
+    monkeypatch.setattr(RidgeStatistics, "factor", failing)
+    before = _blas_threads()
+    with pytest.raises(FoalPipeError, match="LAPACK failed"):
+        _walk(run, _solver(run, True, 0), True)
+    assert _blas_threads() == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("foal-pipe-factor")]
+
+
+def test_a_walk_failing_while_a_boundary_factors_gives_the_threads_back(store, monkeypatch):
+    run = _run(store, monkeypatch, loo=False)
+    from_batch = RidgeStatistics.from_batch
+    seen = []
+    stop = -(-run.stream.rows[0].size // 16) + 2  # the second block of the second task
+
+    def failing(H, labels, classes=None):
+        seen.append(min(_blas_threads()))
+        if len(seen) == stop:  # beside the first boundary's factorisation
+            raise KeyboardInterrupt
+        return from_batch(H, labels, classes)
+
+    monkeypatch.setattr(gram, "ahead_blocks", lambda run, vectors: 100)
+    monkeypatch.setattr(RidgeStatistics, "from_batch", staticmethod(failing))
+    before = _blas_threads()
+    with pytest.raises(KeyboardInterrupt):
+        _walk(run, _solver(run, False, 0), True)
+    assert seen[-1] == 1 or min(before) == 1  # it failed while the pools were at one thread
+    assert _blas_threads() == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("foal-pipe-factor")]
+
+
+def test_one_gamma_and_other_backends_factor_in_place(store, monkeypatch):
+    run = _run(store, monkeypatch, loo=False)
+    assert not GramLearner(run, {None: FixedGamma(1.0)}).ahead
+    torch = pytest.importorskip("torch")
+    assert torch is not None
+    on_torch = prepare(store, StreamConfig(tasks=4, seed=2), ModelConfig(projection_dim=48), EvaluationConfig(),
+                       ExecutionConfig(backend="torch"))
+    assert not GramLearner(on_torch, {None: ManyGammas(GRID, False, None, 4)}).ahead
+
+
+@pytest.mark.parametrize(("D", "d", "rows"), [(1000, 768, 4096), (600, 256, 4096), (2000, 768, 2048), (48, 32, 16)])
+def test_ahead_blocks_are_the_fewest_that_cover_the_work_by_the_flop_count(D, d, rows):
+    run = SimpleNamespace(dim=D, block_rows=rows, store=SimpleNamespace(dim=d, classes=range(100)))
+    block = 2.0 * rows * D * (d + D + 100)  # the projection's and the Gram's products of one block
+    for cost in (EIGH_COST, REDUCTION_COST):
+        n = ahead_blocks(run, cost * D**3)
+        assert n >= 1 and n * block >= cost * D**3 and (n == 1 or (n - 1) * block < cost * D**3)
+    assert ahead_blocks(run, EIGH_COST * D**3) >= ahead_blocks(run, REDUCTION_COST * D**3)
+
+
+def test_a_boundary_without_leave_one_out_runs_ahead_whole_and_costs_its_weights(store, monkeypatch):
+    run = _run(store, monkeypatch, loo=False)
+    sweep, auto = ManyGammas(GRID, False, None, 4), ManyGammas(GRID, False, "gcv", 4)
+    for solver, columns in ((sweep, len(GRID) + 1), (auto, 1)):  # the grid and GCV's choice, or the choice
+        learner = GramLearner(run, {None: solver})
+        walk(run, [learner])
+        lane = learner.lanes[None]
+        job, flops = lane.ahead(2)
+        boundary = job()
+        assert isinstance(boundary, Boundary) and boundary.W.shape[1] == columns
+        C = lane.running.classes.size
+        assert flops == REDUCTION_COST * 48**3 + 2.0 * 48**2 * columns * C
+        np.testing.assert_array_equal(boundary.W, solver.solve(lane.running, 2).W)
