@@ -2,11 +2,13 @@
 rest and beside busy processes: `learn --gamma auto` (ten eigendecompositions) on one synthetic store (issue 31:
 "BLAS threads chosen by measurement at rest and under load").
 
-The policy is ``foal_pipe.core.linalg.SINGLE_THREAD_FACTOR_DIM``; the `default` variant sets it to 0 in the child
-(every factorisation then runs on the default threads) through ``python -c``. Each condition runs the two variants
-interleaved ``--repeats`` times; ``--busy N`` starts N processes spinning in pure Python for the loaded condition
-(the load a shared machine sees), stopped afterwards. A run longer than ``--timeout`` seconds is stopped and
-recorded as that (a factorisation on two threads beside busy processes can take minutes).
+The policy is ``foal_pipe.core.linalg.SINGLE_THREAD_FACTOR_DIM``, with each boundary's factorisation run ahead beside
+the next task's first blocks (``learners.gram.FactorAhead``); `one thread, in place` turns the running ahead off (each
+boundary factored where it ends, as before 2026-11-28 09:00 UTC), and `default threads` sets the policy to 0 in the
+child (every factorisation then on the default threads, nothing ahead), both through ``python -c``. Each condition
+runs the variants interleaved ``--repeats`` times; ``--busy N`` starts N processes spinning in pure Python for the
+loaded condition (the load a shared machine sees), stopped afterwards. A run longer than ``--timeout`` seconds is
+stopped and recorded as that (a factorisation on two threads beside busy processes can take minutes).
 
 Usage: python benchmarks/factor_threads_bench.py [--rows 50000] [--features 768] [--projection-dim 1000]
            [--repeats 3] [--busy 2] [--timeout 150] [--json benchmarks/results/factor_threads_bench.json]
@@ -28,6 +30,7 @@ from synthetic import make_store
 
 VARIANTS = {
     "one thread (policy)": "",
+    "one thread, in place": "import foal_pipe.protocol.learners.gram as G; G.SINGLE_THREAD_FACTOR_DIM = 0; ",
     "default threads": "import foal_pipe.core.linalg as L; L.SINGLE_THREAD_FACTOR_DIM = 0; ",
 }
 
