@@ -30,7 +30,7 @@ from synthetic import make_store
 
 VARIANTS = {
     "one thread (policy)": "",
-    "one thread, in place": "import foal_pipe.protocol.learners.gram as G; G.SINGLE_THREAD_FACTOR_DIM = 0; ",
+    "one thread, in place": "import foal_pipe.protocol.ahead as A; A.SINGLE_THREAD_FACTOR_DIM = 0; ",
     "default threads": "import foal_pipe.core.linalg as L; L.SINGLE_THREAD_FACTOR_DIM = 0; ",
 }
 

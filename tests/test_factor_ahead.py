@@ -12,15 +12,18 @@ import numpy as np
 import pytest
 from helpers import build_store
 
+import foal_pipe.protocol.classsums as classsums
 import foal_pipe.protocol.learners.gram as gram
 from foal_pipe.core.linalg import _threadpools
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.protocol.ahead import EIGH_COST, REDUCTION_COST, ahead_blocks
+from foal_pipe.protocol.classsums import class_statistics, order_boundaries
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-from foal_pipe.protocol.learners.gram import EIGH_COST, REDUCTION_COST, GramLearner, ahead_blocks
+from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.run import prepare, row_sample
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
-from foal_pipe.protocol.walk import walk
+from foal_pipe.protocol.walk import shared_rows, walk
 
 GRID = [1e-2, 1.0, 100.0]
 
@@ -183,3 +186,31 @@ def test_a_boundary_without_leave_one_out_runs_ahead_whole_and_costs_its_weights
         C = lane.running.classes.size
         assert flops == REDUCTION_COST * 48**3 + 2.0 * 48**2 * columns * C
         np.testing.assert_array_equal(boundary.W, solver.solve(lane.running, 2).W)
+
+
+def test_boundaries_from_class_sums_factored_beside_their_sample_equal_those_in_place(store, monkeypatch):
+    """One-pass orders and ``table`` (:func:`order_boundaries`): each boundary's sums are factored on the second thread
+    while its sample's first block is projected; the boundaries equal those factored in place, bit for bit."""
+    run = prepare(store, StreamConfig(tasks=4, seed=2), ModelConfig(projection_dim=48, gamma="auto", loo_sample=60),
+                  EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=True)
+    threads = []
+    factor = RidgeStatistics.factor
+
+    def recording_factor(self, vectors):
+        threads.append(threading.current_thread().name)
+        return factor(self, vectors)
+
+    monkeypatch.setattr(RidgeStatistics, "factor", recording_factor)
+    before = _blas_threads()
+    with shared_rows([run]) as shared:
+        sums = class_statistics(run, shared)
+        ahead, _ = order_boundaries(run, sums, ManyGammas.auto(run), shared)
+        assert threads == ["foal-pipe-factor_0"] * 4 and _blas_threads() == before
+        threads.clear()
+        monkeypatch.setattr(classsums, "can_run_ahead", lambda run: False)
+        in_place, _ = order_boundaries(run, sums, ManyGammas.auto(run), shared)
+        assert threads == ["MainThread"] * 4
+    for a, b in zip(ahead, in_place, strict=True):
+        assert a.loo_rows is not None and a.loo_rows < 60 * 4  # a true sample at the last boundaries
+        for name in ("W", "gammas", "gcv", "loo_accuracy"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))

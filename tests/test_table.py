@@ -209,7 +209,7 @@ def test_sampled_leave_one_out_shares_nested_boundaries_and_equals_separate_lear
 
     starts = []
     original = ManyGammas.start
-    monkeypatch.setattr(ManyGammas, "start", lambda self, st, k: starts.append(k) or original(self, st, k))
+    monkeypatch.setattr(ManyGammas, "start", lambda self, st, k, *factored: starts.append(k) or original(self, st, k, *factored))
     out = tmp_path / "t"
     extra = ("--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--loo-sample", "16")
     result = invoke("table", "--features", stores[0], "--heads", "ridge", "--order-seeds", "0,1", "--tasks", "2,4",

@@ -10,8 +10,10 @@ projects its boundary's rows again from the rows read once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ from foal_pipe.core.backend import default_device
 from foal_pipe.core.linalg import one_hot
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.progress import progress_bar
+from foal_pipe.protocol.ahead import FactorAhead, can_run_ahead, second_thread
 from foal_pipe.protocol.internal import internal_error, known
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
@@ -109,7 +112,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
     sample = solver.sample if solver.needs_rows else None
     bar = (progress_bar("leave-one-out (sampled rows)", sum(b.size for b in sample.boundaries)) if sample is not None
            else nullcontext(lambda n: None))
-    with bar as advance:
+    with bar as advance, (second_thread() if sample is not None and can_run_ahead(run) else nullcontext()) as thread:
         for k, task in enumerate(run.stream.tasks):
             with run.timed("sum"):
                 for c in sorted(task, key=lambda c: (group[c], c)):
@@ -131,7 +134,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
                     boundary = solver.solve(running, k)
             else:
                 boundary = _sampled_boundary(run, solver, running, k, known(rows, "the rows a sample scores"), group,
-                                             advance)
+                                             advance, thread)
             boundaries.append(boundary)
             if memo is not None:
                 memo[key] = boundary
@@ -139,25 +142,37 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
 
 
 def _sampled_boundary(run: Run, solver: FixedGamma | ManyGammas, running: RidgeStatistics, k: int, rows: SharedRows,
-                      group: np.ndarray, advance: Callable[[int], None]) -> Boundary:
+                      group: np.ndarray, advance: Callable[[int], None], thread: ThreadPoolExecutor | None) -> Boundary:
     """Boundary ``k`` with its leave-one-out pass over the boundary's sampled rows, projected again in full-size
-    blocks in a walk's order (by the ``group`` of their class, each group's rows in storage order)."""
+    blocks in a walk's order (by the ``group`` of their class, each group's rows in storage order). With ``thread``
+    (:func:`~foal_pipe.protocol.ahead.second_thread`), the sums are factored there while the first block is
+    projected (:class:`~foal_pipe.protocol.ahead.FactorAhead`)."""
     if not isinstance(solver, ManyGammas) or solver.sample is None:
         raise internal_error("a sampled leave-one-out pass without a gamma path and its sample")
     train, xp = rows.train, run.xp
-    with run.timed("solve"):
-        pending = solver.start(running, k)
-    loo = pending.loo
-    if loo is None:
-        raise internal_error("a pending boundary without its leave-one-out pass")
     sampled = train.position[solver.sample.boundaries[k]]  # in storage order
     positions = sampled[np.argsort(group[train.labels[sampled]], kind="stable")]
-    for lo in range(0, positions.size, run.block_rows):
-        block = positions[lo : lo + run.block_rows]
+    blocks = [positions[lo : lo + run.block_rows] for lo in range(0, positions.size, run.block_rows)]
+
+    def projected(block: np.ndarray) -> Any:
         with run.timed("read"):
             X = train.take(None, block, xp)
         with run.timed("project"):
-            H = run.projection.transform(X, xp)
+            return run.projection.transform(X, xp)
+
+    factored, first = None, []
+    if thread is not None:  # one block beside it: what the pass holds at once stays one block's activations
+        with FactorAhead(thread, k, {None: partial(running.factor, solver.vectors(running, k))}, 1) as ahead:
+            first = [projected(block) for block in blocks[:1]]
+            with run.timed("solve"):
+                factored = ahead.join()[None]
+    with run.timed("solve"):
+        pending = solver.start(running, k, factored)
+    loo = pending.loo
+    if loo is None:
+        raise internal_error("a pending boundary without its leave-one-out pass")
+    for i, block in enumerate(blocks):
+        H = first[i] if i < len(first) else projected(block)
         with run.timed("loo"):
             loo.add(H, train.labels[block])
         advance(block.size)

@@ -6,20 +6,27 @@ tasks 1..k (their :class:`KeptActivations`, when kept), every task's sums from D
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import numpy as np
-from array_api_compat import array_namespace, device, is_numpy_namespace
+from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.core.linalg import SINGLE_THREAD_FACTOR_DIM, factor_threads
 from foal_pipe.core.statistics import Factored, RidgeStatistics
+from foal_pipe.protocol.ahead import (
+    EIGH_COST,
+    REDUCTION_COST,
+    FactorAhead,
+    ahead_blocks,
+    can_run_ahead,
+    factored_copy,
+    second_thread,
+)
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
@@ -76,7 +83,7 @@ class Lane:
         if not solver.needs_rows and statistics.factor_is_reduction(vectors):
             columns = solver.weights_per_class * statistics.classes.size
             return partial(solver.solve, statistics, k), REDUCTION_COST * D**3 + 2.0 * D**2 * columns
-        return partial(_factored, statistics, vectors), (EIGH_COST if vectors else REDUCTION_COST) * D**3
+        return partial(factored_copy, statistics, vectors), (EIGH_COST if vectors else REDUCTION_COST) * D**3
 
     def take_ahead(self, run: Run, k: int, result: Boundary | tuple[RidgeStatistics, Factored]) -> None:
         """Boundary ``k`` from what :meth:`ahead` computed."""
@@ -90,64 +97,6 @@ class Lane:
         if self.pending is None or self.pending.loo is None:
             raise internal_error("a leave-one-out pass with no pending boundary")
         self.pending.loo.add(H, labels)
-
-
-#: A boundary's work on one BLAS thread costs about as long as this many ``D^3`` flops of the walk's products
-#: (projection and Gram) on one thread: ``eigh`` (leave-one-out needs the eigenvectors) and ``dsytrd`` with ``U^T Q``,
-#: measured at D = 1000 on the 2-core machine (2026-11-28); GCV's whole boundary adds its weights' back-transform,
-#: ``2 D^2`` a column. They set :func:`ahead_blocks`.
-EIGH_COST, REDUCTION_COST = 13.0, 9.0
-
-
-def ahead_blocks(run: Run, flops: float) -> int:
-    """How many of the next task's blocks are summed beside a boundary's work of ``flops`` (:class:`FactorAhead`):
-    the fewest that cover it. A function of the shapes alone, so that which products run on one BLAS thread, and
-    with them every bit, is the same from run to run."""
-    D = run.dim
-    block = 2.0 * run.block_rows * D * (run.store.dim + D + len(run.store.classes))
-    return max(1, math.ceil(flops / block))
-
-
-class FactorAhead:
-    """A boundary whose work runs on the walk's other thread while the next task's first :attr:`blocks` blocks are
-    summed on this one: each lane's factorisation (:meth:`RidgeStatistics.factor` of a copy of its sums), or, without
-    leave-one-out, its whole boundary (:meth:`Lane.ahead`).
-
-    That work runs on one BLAS thread wherever it runs (up to ``SINGLE_THREAD_FACTOR_DIM``), so the second core idled
-    through it; now it sums rows meanwhile. Every BLAS pool stays at one thread until :meth:`join`: two
-    single-threaded jobs share busy cores fairly, while a second pool thread beside other work lost up to 4.5x
-    (issue 31's measurements). Which blocks run on one thread is fixed by the shapes (:func:`ahead_blocks`), so a
-    run's bytes are the same twice; here the projection's and the Gram's products also gave the same bits on one
-    thread as on two (``benchmarks/identity_check.py``: no output changed)."""
-
-    def __init__(self, executor: ThreadPoolExecutor, k: int, jobs: dict[str | None, Callable[[], Any]],
-                 blocks: int) -> None:
-        self.k, self.blocks = k, blocks
-        self._limit: Any = factor_threads(1)  # in force from here: every BLAS pool at one thread
-        self._futures: dict[str | None, Future[Any]] = {}
-        try:
-            for key, job in jobs.items():
-                self._futures[key] = executor.submit(job)
-        except BaseException:
-            self.release()
-            raise
-
-    def join(self) -> dict[str | None, Any]:
-        """Each lane's result, once all have ended (the first error raised), with the pools' threads back."""
-        self.release()
-        return {key: future.result() for key, future in self._futures.items()}
-
-    def release(self) -> None:
-        """Wait for the jobs to end, then give the BLAS pools their threads back (once). Not before they end: a
-        factorisation's own one-thread limit, on leaving, restores the count it found."""
-        wait(self._futures.values())
-        if self._limit is not None:
-            self._limit.restore_original_limits()
-            self._limit = None
-
-
-def _factored(statistics: RidgeStatistics, vectors: bool) -> tuple[RidgeStatistics, Factored]:
-    return statistics, statistics.factor(vectors)
 
 
 class KeptActivations:
@@ -231,8 +180,7 @@ class GramLearner(Learner):
         #: Whether the boundaries' work runs ahead (:class:`FactorAhead`): gamma paths on NumPy whose factorisations
         #: run on one BLAS thread, with nothing that reads a boundary inside the next task.
         self.ahead = (all(isinstance(solver, ManyGammas) for solver in solvers.values()) and not self.dask
-                      and is_numpy_namespace(xp) and 2 <= run.dim <= SINGLE_THREAD_FACTOR_DIM
-                      and anytime is None and on_task is None)
+                      and can_run_ahead(run) and anytime is None and on_task is None)
         self._ahead: FactorAhead | None = None
         self._executor: ThreadPoolExecutor | None = None
 
@@ -299,7 +247,7 @@ class GramLearner(Learner):
     def end_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
         if self.ahead and k + 1 < self.run.stream.n_tasks and self.sizes[k + 1] > 0:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="foal-pipe-factor")
+                self._executor = second_thread()
             jobs = {key: lane.ahead(k) for key, lane in self.lanes.items()}
             self._ahead = FactorAhead(self._executor, k, {key: job for key, (job, _) in jobs.items()},
                                       ahead_blocks(self.run, sum(flops for _, flops in jobs.values())))

@@ -1,0 +1,91 @@
+"""Work on a second thread beside the walk's: a task boundary's factorisation (or its whole GCV boundary) while the
+next rows are summed or projected (:class:`FactorAhead`), every BLAS pool at one thread until it joins."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from array_api_compat import is_numpy_namespace
+
+from foal_pipe.core.linalg import SINGLE_THREAD_FACTOR_DIM, factor_threads
+from foal_pipe.core.statistics import Factored, RidgeStatistics
+from foal_pipe.protocol.run import Run
+
+#: A boundary's work on one BLAS thread costs about as long as this many ``D^3`` flops of the walk's products
+#: (projection and Gram) on one thread: ``eigh`` (leave-one-out needs the eigenvectors) and ``dsytrd`` with ``U^T Q``,
+#: measured at D = 1000 on the 2-core machine (2026-11-28); GCV's whole boundary adds its weights' back-transform,
+#: ``2 D^2`` a column. They set :func:`ahead_blocks`.
+EIGH_COST, REDUCTION_COST = 13.0, 9.0
+
+
+def can_run_ahead(run: Run) -> bool:
+    """Whether ``run``'s factorisations can run beside other work: on NumPy, each on one BLAS thread (D <= 2048)."""
+    return is_numpy_namespace(run.xp) and 2 <= run.dim <= SINGLE_THREAD_FACTOR_DIM
+
+
+def second_thread() -> ThreadPoolExecutor:
+    """The one worker thread that work ahead runs on."""
+    return ThreadPoolExecutor(1, thread_name_prefix="foal-pipe-factor")
+
+
+def ahead_blocks(run: Run, flops: float) -> int:
+    """How many of the next task's blocks are summed beside a boundary's work of ``flops`` (:class:`FactorAhead`):
+    the fewest that cover it. A function of the shapes alone, so that which products run on one BLAS thread, and
+    with them every bit, is the same from run to run."""
+    D = run.dim
+    block = 2.0 * run.block_rows * D * (run.store.dim + D + len(run.store.classes))
+    return max(1, math.ceil(flops / block))
+
+
+class FactorAhead:
+    """A boundary whose work runs on the walk's other thread while the next task's first :attr:`blocks` blocks are
+    summed on this one: each lane's factorisation (:meth:`RidgeStatistics.factor` of a copy of its sums), or, without
+    leave-one-out, its whole boundary (:meth:`~foal_pipe.protocol.learners.gram.Lane.ahead`); or, from the per-class
+    sums (:func:`~foal_pipe.protocol.classsums.order_boundaries`), the factorisation while the boundary's sampled rows
+    are projected.
+
+    That work runs on one BLAS thread wherever it runs (up to ``SINGLE_THREAD_FACTOR_DIM``), so the second core idled
+    through it; now it sums rows meanwhile. Every BLAS pool stays at one thread until :meth:`join`: two
+    single-threaded jobs share busy cores fairly, while a second pool thread beside other work lost up to 4.5x
+    (issue 31's measurements). Which blocks run on one thread is fixed by the shapes (:func:`ahead_blocks`), so a
+    run's bytes are the same twice; here the projection's and the Gram's products also gave the same bits on one
+    thread as on two (``benchmarks/identity_check.py``: no output changed)."""
+
+    def __init__(self, executor: ThreadPoolExecutor, k: int, jobs: dict[str | None, Callable[[], Any]],
+                 blocks: int) -> None:
+        self.k, self.blocks = k, blocks
+        self._limit: Any = factor_threads(1)  # in force from here: every BLAS pool at one thread
+        self._futures: dict[str | None, Future[Any]] = {}
+        try:
+            for key, job in jobs.items():
+                self._futures[key] = executor.submit(job)
+        except BaseException:
+            self.release()
+            raise
+
+    def __enter__(self) -> FactorAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def join(self) -> dict[str | None, Any]:
+        """Each lane's result, once all have ended (the first error raised), with the pools' threads back."""
+        self.release()
+        return {key: future.result() for key, future in self._futures.items()}
+
+    def release(self) -> None:
+        """Wait for the jobs to end, then give the BLAS pools their threads back (once). Not before they end: a
+        factorisation's own one-thread limit, on leaving, restores the count it found."""
+        wait(self._futures.values())
+        if self._limit is not None:
+            self._limit.restore_original_limits()
+            self._limit = None
+
+
+def factored_copy(statistics: RidgeStatistics, vectors: bool) -> tuple[RidgeStatistics, Factored]:
+    """``statistics`` (a copy the walk no longer changes) with their :meth:`~RidgeStatistics.factor`."""
+    return statistics, statistics.factor(vectors)
