@@ -156,8 +156,7 @@ def test_a_walk_failing_while_a_boundary_factors_gives_the_threads_back(store, m
 def test_one_gamma_and_other_backends_factor_in_place(store, monkeypatch):
     run = _run(store, monkeypatch, loo=False)
     assert not GramLearner(run, {None: FixedGamma(1.0)}).ahead
-    torch = pytest.importorskip("torch")
-    assert torch is not None
+    pytest.importorskip("torch")
     on_torch = prepare(store, StreamConfig(tasks=4, seed=2), ModelConfig(projection_dim=48), EvaluationConfig(),
                        ExecutionConfig(backend="torch"))
     assert not GramLearner(on_torch, {None: ManyGammas(GRID, False, None, 4)}).ahead

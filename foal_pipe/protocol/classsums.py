@@ -160,10 +160,10 @@ def _sampled_boundary(run: Run, solver: FixedGamma | ManyGammas, running: RidgeS
         with run.timed("project"):
             return run.projection.transform(X, xp)
 
-    factored, first = None, []
-    if thread is not None:  # one block beside it: what the pass holds at once stays one block's activations
+    factored, first = None, None
+    if thread is not None and blocks:  # one block beside it: what the pass holds at once stays one block's activations
         with FactorAhead(thread, k, {None: partial(running.factor, solver.vectors(running, k))}, 1) as ahead:
-            first = [projected(block) for block in blocks[:1]]
+            first = projected(blocks[0])
             with run.timed("solve"):
                 factored = ahead.join()[None]
     with run.timed("solve"):
@@ -172,7 +172,7 @@ def _sampled_boundary(run: Run, solver: FixedGamma | ManyGammas, running: RidgeS
     if loo is None:
         raise internal_error("a pending boundary without its leave-one-out pass")
     for i, block in enumerate(blocks):
-        H = first[i] if i < len(first) else projected(block)
+        H = first if i == 0 and first is not None else projected(block)
         with run.timed("loo"):
             loo.add(H, train.labels[block])
         advance(block.size)

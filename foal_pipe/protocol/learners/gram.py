@@ -75,9 +75,10 @@ class Lane:
         """Boundary ``k``'s work that can run off the walk's thread (:class:`FactorAhead`), on a copy of the running
         sums, and its cost in flops: without leave-one-out the whole boundary (each of its steps is on one BLAS
         thread), else the factorisation (:meth:`start` takes it up)."""
-        solver, statistics = self.solver, self.running.copy()
+        solver = self.solver
         if not isinstance(solver, ManyGammas):
             raise internal_error(f"a boundary of {type(solver).__name__} run ahead")
+        statistics = self.running.copy()
         D = statistics.dim
         vectors = solver.vectors(statistics, k)
         if not solver.needs_rows and statistics.factor_is_reduction(vectors):
