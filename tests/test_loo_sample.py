@@ -34,9 +34,18 @@ def _sampled(path, H, labels, rows):
     return loo
 
 
-def test_scores_and_leverages_equal_the_closed_form(data):
+FORMS = ("eigen", "tridiagonal")
+
+
+def _path(H, labels, form):
+    """The statistics' path in ``form``: ``G``'s eigenvectors, or the tridiagonal form with its recurrences."""
+    return getattr(RidgeStatistics.from_batch(H, labels), form)()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_scores_and_leverages_equal_the_closed_form(data, form):
     H, labels = data
-    s_tri, l_tri = RidgeStatistics.from_batch(H, labels).eigen().fitted(H, GAMMAS)
+    s_tri, l_tri = _path(H, labels, form).fitted(H, GAMMAS)
     Y = (labels[:, None] == np.array([2, 5, 9])[None, :]).astype(float)
     for m, g in enumerate(GAMMAS):
         inv = np.linalg.inv(H.T @ H + g * np.eye(H.shape[1]))
@@ -54,12 +63,13 @@ def test_all_rows_sampled_equal_the_exact_leave_one_out(data):
     np.testing.assert_allclose(sampled.mse(), exact.mse(), rtol=1e-9, atol=0)
 
 
-def test_a_sample_equals_refits_without_each_sampled_row(data):
+@pytest.mark.parametrize("form", FORMS)
+def test_a_sample_equals_refits_without_each_sampled_row(data, form):
     H, labels = data
     classes = np.array([2, 5, 9])
     Y = (labels[:, None] == classes[None, :]).astype(float)
     rows = np.array([0, 3, 4, 17, 40, 41, 66, 89])
-    sampled = _sampled(RidgeStatistics.from_batch(H, labels).eigen(), H, labels, rows)
+    sampled = _sampled(_path(H, labels, form), H, labels, rows)
     correct, squared = np.zeros(GAMMAS.size), np.zeros(GAMMAS.size)
     for m, g in enumerate(GAMMAS):
         for i in rows:
@@ -70,6 +80,22 @@ def test_a_sample_equals_refits_without_each_sampled_row(data):
             squared[m] += np.sum((Y[i] - score) ** 2)
     np.testing.assert_array_equal(sampled.accuracy(), correct / rows.size)
     np.testing.assert_allclose(sampled.mse(), squared / (rows.size * classes.size), rtol=1e-8, atol=0)
+
+
+def test_tridiagonal_leverages_depend_on_their_own_row_and_gamma_only(data):
+    """A leverage's bits are the same whichever rows and gammas are computed with it: the screen's counts and the
+    float64 pipeline's then read the same leverages, and a zoom's stages do not change earlier values."""
+    H, labels = data
+    path = _path(H, labels, "tridiagonal")
+    Z = path.coordinates(H)
+    together = path.leverages(Z, path.scaling(GAMMAS)[0])
+    for m in range(GAMMAS.size):
+        for rows in (slice(0, 1), slice(5, 40), slice(None)):
+            alone = path.leverages(Z[rows], path.scaling(GAMMAS[m : m + 1])[0])
+            assert alone.tobytes() == np.ascontiguousarray(together[rows, m : m + 1]).tobytes()
+    kept = np.array([np.einsum("d,de,e->", h, np.linalg.inv(H.T @ H + g * np.eye(H.shape[1])), h) for h in H[:5]
+                     for g in GAMMAS]).reshape(5, GAMMAS.size)
+    np.testing.assert_allclose(together[:5], kept, rtol=1e-10, atol=0)
 
 
 def test_an_incomplete_sample_is_refused(data):

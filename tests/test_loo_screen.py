@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import build_store, learn
+from helpers import build_store, invoke, learn
 
 from foal_pipe.core import leaveoneout, scoring
 from foal_pipe.core.gammapath import Scratch
@@ -17,12 +17,13 @@ from foal_pipe.core.statistics import RidgeStatistics
 GAMMAS = search_grid([1e-4, 1e-2, 1.0, 1e2, 1e4, 1e6], 4)
 
 
-def sampled(seed: int, n=400, D=60, classes=7, rows=150, spread=0.4):
-    """A sampled leave-one-out over overlapping Gaussian classes (margins of every size across the gammas)."""
+def sampled(seed: int, n=400, D=60, classes=7, rows=150, spread=0.4, form="eigen"):
+    """A sampled leave-one-out over overlapping Gaussian classes (margins of every size across the gammas), on
+    ``G``'s eigenvectors or (``form="tridiagonal"``) the tridiagonal form."""
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, classes, n)
     H = rng.normal(size=(n, D)) + spread * rng.normal(size=(classes, D))[labels]
-    path = RidgeStatistics.from_batch(H, labels).eigen()
+    path = getattr(RidgeStatistics.from_batch(H, labels), form)()
     loo = SampledLeaveOneOut(path, GAMMAS, rows)
     pick = rng.choice(n, rows, replace=False)
     loo.add(H[pick[: rows // 2]], labels[pick[: rows // 2]])  # two blocks of coordinates
@@ -42,9 +43,10 @@ def count_calls(monkeypatch, name):
     return calls
 
 
+@pytest.mark.parametrize("form", ["eigen", "tridiagonal"])
 @pytest.mark.parametrize("seed", range(6))
-def test_screened_accuracy_equals_the_float64_pipeline(seed, monkeypatch):
-    loo = sampled(seed)
+def test_screened_accuracy_equals_the_float64_pipeline(seed, form, monkeypatch):
+    loo = sampled(seed, form=form)
     screened = count_calls(monkeypatch, "screened_correct")
     for indices in (np.arange(GAMMAS.size), np.array([0, 5, 17]), np.array([GAMMAS.size - 1])):
         fast = loo.evaluate(indices, ("loo_accuracy",))
@@ -146,3 +148,52 @@ def test_learn_gamma_auto_writes_the_same_bytes_without_the_screen(tmp_path, sto
     learn(store, tmp_path / "plain", "--gamma", "auto", *extra)
     for name in ("metrics.json", "model.safetensors"):
         assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
+@pytest.mark.parametrize("command", ["learn", "sweep"])
+def test_the_tridiagonal_route_chooses_as_the_eigenvectors_do(tmp_path, store, monkeypatch, command):
+    """A sampled leave-one-out through the walk on the tridiagonal form (its reflectors and recurrences; the route
+    of few rows at large D) against ``G``'s eigenvectors: the same choices and accuracy curves, the same LOO MSE up to
+    float64 rounding, and weights equal to rounding (both solve the same ridge problems)."""
+    import json
+
+    from foal_pipe.core.gammapath import RidgeTridiagonal
+    from foal_pipe.protocol import solvers
+
+    recurrences = []
+    original = RidgeTridiagonal.leverages
+    monkeypatch.setattr(RidgeTridiagonal, "leverages", lambda self, *a: recurrences.append(1) or original(self, *a))
+    written = {}
+    for route, vectors in (("tridiagonal", False), ("eigenvectors", True)):
+        monkeypatch.setattr(solvers, "sample_needs_vectors", lambda rows, dim, vectors=vectors: vectors)
+        out = tmp_path / route
+        if command == "learn":
+            learn(store, out, "--gamma", "auto", "--loo-sample", "200")
+            written[route] = json.loads((out / "metrics.json").read_text())["gamma_search"]
+        else:
+            result = invoke("sweep", "--features", store, "--out", out, "--tasks", 4, "--projection-dim", 48,
+                            "--seed", 3, "--backend", "numpy", "--loo-sample", "200")
+            assert result.exit_code == 0, result.output
+            written[route] = json.loads((out / "sweep.json").read_text())
+        if route == "tridiagonal":
+            assert recurrences
+            recurrences.clear()
+    assert not recurrences  # the eigenvectors' route never runs a recurrence
+    tri, eig = written["tridiagonal"], written["eigenvectors"]
+    assert (tri["criterion"] == "loo_accuracy") if command == "learn" else tri["leave_one_out"]
+
+    def compare(a, b, path=""):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), path
+            for key in a:
+                compare(a[key], b[key], f"{path}/{key}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                compare(x, y, f"{path}/{i}")
+        elif isinstance(a, float) and isinstance(b, float):
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-9), path
+        else:
+            assert a == b, path
+
+    compare(tri, eig)

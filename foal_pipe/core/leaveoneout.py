@@ -195,11 +195,11 @@ class SampledLeaveOneOut(_LeftOutTotals):
     Each sampled row is left out of *all* the rows summed (exactly, by Sherman-Morrison: its left-out score is
     ``(s - lev y) / (1 - lev)``), so the sampled accuracy is an unbiased estimate of the exact leave-one-out
     accuracy, within :func:`sample_bound` of it at every gamma with the stated probability. Each row's
-    coordinates in an eigenbasis serve every gamma by matrix products: from ``G``'s eigenvectors
-    (:meth:`RidgeEigen.fitted`) or, for few rows, from the tridiagonal form (:meth:`RidgeTridiagonal.fitted`;
-    :func:`sample_needs_vectors` chooses). (A tridiagonal solve per gamma instead is a latency-bound recurrence:
-    0.24 s for 4,096 rows at D = 3,000, times 97 gammas; benchmarks/RESULTS.md.) The coordinates are kept, so the
-    gammas are scored after the pass, only those a zoom asks for (:meth:`evaluate`; ``m D`` float64 values).
+    coordinates serve every gamma: in ``G``'s eigenbasis (:meth:`RidgeEigen.fitted`: matrix products) or, for
+    few rows, in the tridiagonal form's (:meth:`RidgeTridiagonal.fitted`: products for the scores, a recurrence
+    per gamma for the leverages); :func:`sample_needs_vectors` chooses. The coordinates are
+    kept, so the gammas are scored after the pass, only those a zoom asks for (:meth:`evaluate`; ``m D`` float64
+    values).
     ``rows``: how many rows will be added (the sample's size).
     """
 
@@ -211,7 +211,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
         self._coordinates: list[Any] = []  # the sampled rows' H V blocks, float64 on the rows' device
         self._labels: list[np.ndarray] = []
         self._scratch = Scratch()  # the blocks' scores and squares, reused by every block of every evaluation
-        self._screen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # :meth:`_screened_rows`
+        self._screen: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] | None = None  # :meth:`_screened_rows`
 
     def add(self, H: Any, labels: Any) -> None:
         """Keep sampled rows ``H`` (m x D)' eigen-coordinates and labels: any gammas are then scored by products
@@ -221,14 +221,14 @@ class SampledLeaveOneOut(_LeftOutTotals):
         self.rows += int(H.shape[0])
 
     def _totals(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        inv, scaled = self.path.scaling(self.gammas[indices])  # (D, k) and (D, k*C)
+        scaling = self.path.scaling(self.gammas[indices])
         correct = np.zeros(indices.size, dtype=np.int64)
         squared = np.zeros(indices.size, dtype=np.float64)
         step = max(1, LOO_BLOCK_VALUES // max(1, 3 * indices.size * self.n_classes))  # bounds the temporaries
         for Z, labels in zip(self._coordinates, self._labels):
             for lo in range(0, Z.shape[0], step):
                 block = Z[lo : min(lo + step, Z.shape[0]), :]
-                right, sums = left_out(*fitted_from(block, inv, scaled, self._scratch), labels[lo : lo + step],
+                right, sums = left_out(*self.path.fitted_at(block, scaling, self._scratch), labels[lo : lo + step],
                                        self.path.classes)
                 correct += right
                 squared += sums
@@ -241,7 +241,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
             self._screen = self._screened_rows()
         if not self._screen:
             return None
-        _, scaled = self.path.scaling(self.gammas[indices])
+        first, scaled = self.path.scaling(self.gammas[indices])
         with np.errstate(over="ignore"):
             scaled_low = scaled.astype(np.float32)
         if not np.isfinite(scaled_low).all():
@@ -252,31 +252,35 @@ class SampledLeaveOneOut(_LeftOutTotals):
         for Z, (low, norms, leverage), labels in zip(self._coordinates, self._screen, self._labels):
             for lo in range(0, Z.shape[0], step):
                 hi = min(lo + step, Z.shape[0])
-                correct += screened_correct(Z[lo:hi], low[lo:hi], norms[lo:hi], leverage[lo:hi, indices], scaled,
-                                            scaled_low, column_norm, labels[lo:hi], self.path.classes, self._scratch)
+                at = self.path.leverages(Z[lo:hi], first) if leverage is None else leverage[lo:hi, indices]
+                correct += screened_correct(Z[lo:hi], low[lo:hi], norms[lo:hi], at, scaled, scaled_low, column_norm,
+                                            labels[lo:hi], self.path.classes, self._scratch)
         return correct
 
-    def _screened_rows(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per block of coordinates: their float32 copy, their lengths and their leverages at every gamma (one
-        product for the whole grid, ``m D M``: less than ``Z * Z`` again at each evaluation). Empty where the
-        screen does not serve: other namespaces (cuBLAS may multiply float32 in TF32, which the bound does not
-        cover), fewer than two classes, coordinates beyond float32's range."""
+    def _screened_rows(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Per block of coordinates: their float32 copy, their lengths and, where one product gives them
+        (:attr:`RidgeEigen.leverage_by_product`), their leverages at every gamma (``m D M``: less than ``Z * Z``
+        again at each evaluation; None: each evaluation computes its gammas'). Empty where the screen does not
+        serve: other namespaces (cuBLAS may multiply float32 in TF32, which the bound does not cover), fewer than
+        two classes, coordinates beyond float32's range."""
         if self.n_classes < 2 or not all(is_numpy_array(Z) and Z.dtype == np.float64 for Z in self._coordinates):
             return []
-        inv = self.path.shrinkage(self.gammas)
-        rows = []
+        grid = self.path.scaling(self.gammas)[0] if self.path.leverage_by_product else None
+        rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
         for Z in self._coordinates:
             with np.errstate(over="ignore"):
                 low = Z.astype(np.float32)
             if not np.isfinite(low).all():
                 return []
-            norms, leverage = np.empty(Z.shape[0]), np.empty((Z.shape[0], inv.shape[1]))
+            norms = np.empty(Z.shape[0])
+            leverage = None if grid is None else np.empty((Z.shape[0], self.gammas.size))
             step = max(1, LOO_BLOCK_VALUES // max(1, Z.shape[1]))  # ``Z * Z`` a block at a time: bounded scratch
             for lo in range(0, Z.shape[0], step):
                 block = Z[lo : lo + step]
                 squares = np.multiply(block, block, out=self._scratch("squares", block.shape))
                 norms[lo : lo + step] = np.sqrt(squares.sum(axis=1))
-                leverage[lo : lo + step] = squares @ inv
+                if leverage is not None:
+                    leverage[lo : lo + step] = self.path.leverages(block, grid)
             rows.append((low, norms, leverage))
         return rows
 
@@ -291,11 +295,14 @@ class SampledLeaveOneOut(_LeftOutTotals):
 
 
 def sample_needs_vectors(rows: int, dim: int) -> bool:
-    """Whether leave-one-out on ``rows`` sampled rows is cheaper with ``G``'s eigenvectors (their back-transform,
-    ``2 D^3``, then ``2 m D^2`` at GEMM speed) than with the tridiagonal form (:meth:`RidgeTridiagonal.fitted`:
-    ``T``'s eigenvectors, then reflectors and a product, ``4 m D^2``). Measured on one thread at D = 3,000, m =
-    4,096: eigenvectors 2.05 s more than the reduction, ``H V`` 1.34 s; ``dstemr`` 0.77 s, reflectors 2.74 s:
-    the tridiagonal form is cheaper while ``m < 1.03 D - 1,160``, taken as ``m < D - 1,100``."""
+    """Whether leave-one-out on ``rows`` sampled rows is cheaper with ``G``'s eigenvectors (``eigh``: the
+    reduction, ``T``'s eigenvectors and their back-transform; then ``H V`` at GEMM speed) than with the tridiagonal
+    form (:meth:`RidgeTridiagonal.fitted`: the reduction alone, then the reflectors, ``2 m D^2``, and a recurrence
+    per gamma for the leverages): ``m >= D - 1,100``. On one thread the tridiagonal form wins for more rows
+    (``benchmarks/loo_route_bench.py``, a boundary at m = 4,096: 7.6 s against 9.0 s at D = 3,000, 28.1 s against
+    38.8 s at D = 5,000), but on the default two threads the reflectors gain nothing from the second core:
+    `learn --gamma auto` at D = 3,000 (20,000 x 256, ten boundaries of 4,096 rows) took 66.4 s by the tridiagonal
+    form (reflectors about 36 s) against 62.5 s by the eigenvectors (``H V`` about 12 s), medians of three."""
     return rows >= dim - 1100
 
 
