@@ -144,9 +144,10 @@ class RidgeEigen(GammaPath):
         """:meth:`fitted` of rows given by their :meth:`coordinates` ``Z``, at the gammas of ``scaling``."""
         return fitted_from(Z, *scaling, scratch)
 
-    def leverages(self, Z: Any, first: Any) -> Any:
-        """The leverages (m, M) of rows with coordinates ``Z``; ``first``: :meth:`scaling`'s first part."""
-        return (Z * Z) @ first
+    def leverages(self, Z: Any, first: Any, squares: Any = None) -> Any:
+        """The leverages (m, M) of rows with coordinates ``Z``; ``first``: :meth:`scaling`'s first part;
+        ``squares``: ``Z * Z`` where the caller has it already."""
+        return (Z * Z if squares is None else squares) @ first
 
     def scaling(self, gammas: Any) -> tuple[Any, Any]:
         """What turns eigen-coordinates into :meth:`fitted`'s numbers at every gamma, computed once for many
@@ -183,8 +184,6 @@ def tridiagonal_leverages(Z: np.ndarray, inverse: np.ndarray, below: np.ndarray)
     m, D = Z.shape
     M = inverse.shape[1]
     leverage = np.zeros((M, m))
-    if D == 0 or m == 0:
-        return leverage.T
     rows = Z.T  # (D, m): a coordinate of every row, side by side when Z is in Fortran order
     y = np.empty((M, m))
     term = np.empty((M, m))
@@ -304,8 +303,9 @@ class RidgeTridiagonal(GammaPath):
         fitted = Z @ scaled if scratch is None else np.matmul(Z, scaled, out=scratch("fitted", (m, width)))
         return fitted.reshape(m, M, width // max(M, 1)), self.leverages(Z, factors)
 
-    def leverages(self, Z: Any, first: Any) -> Any:
-        """The leverages (m, M) of rows with coordinates ``Z``; ``first``: :meth:`scaling`'s first part."""
+    def leverages(self, Z: Any, first: Any, squares: Any = None) -> Any:
+        """The leverages (m, M) of rows with coordinates ``Z``; ``first``: :meth:`scaling`'s first part. (The
+        recurrence reads ``Z`` itself: ``squares`` is not used.)"""
         return tridiagonal_leverages(Z, *first)
 
     def scaling(self, gammas: Any) -> tuple[Any, Any]:
@@ -314,7 +314,7 @@ class RidgeTridiagonal(GammaPath):
         and ``z(g) = (T + g I)^-1 b`` side by side (D, M*C): a row's scores are ``u^T z(g)``."""
         solved = [self._at(float(gamma)) for gamma in self._gammas(gammas)]
         inverse = np.stack([1.0 / d for d, _, _ in solved], axis=1)
-        below = np.stack([-e for _, e, _ in solved], axis=1).reshape(self.diagonal.shape[0] - 1, len(solved))
+        below = np.stack([-e for _, e, _ in solved], axis=1)
         return (inverse, below), np.concatenate([z for _, _, z in solved], axis=1)
 
     def coordinates(self, H: Any) -> np.ndarray:

@@ -280,7 +280,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
                 squares = np.multiply(block, block, out=self._scratch("squares", block.shape))
                 norms[lo : lo + step] = np.sqrt(squares.sum(axis=1))
                 if leverage is not None:
-                    leverage[lo : lo + step] = self.path.leverages(block, grid)
+                    leverage[lo : lo + step] = self.path.leverages(block, grid, squares)
             rows.append((low, norms, leverage))
         return rows
 
