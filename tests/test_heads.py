@@ -16,11 +16,13 @@ from foal_pipe.heads.fecam import (
     MahalanobisScorer,
     cholesky_factor,
     eigenvalue_floor,
+    low_quadratic_forms,
+    quadratic_bound,
     quadratic_forms,
     shrunk_normalised,
 )
 from foal_pipe.heads.moments import certified_definite, symmetric_pinv
-from foal_pipe.protocol.headscores import boundary_scores
+from foal_pipe.protocol.headscores import boundary_argmax
 
 REFERENCES = {
     ("ncm", ()): ref_ncm,
@@ -244,12 +246,78 @@ def test_fecam_memoised_distances_equal_recomputation_at_every_boundary(stream, 
         assert not set(keys[0]) & set(keys[1]) and not set(keys[1]) & set(keys[2])
     a1, a2 = dict(options).get("shrinkage", 1.0), dict(options).get("shrinkage_offdiag", 0.0)
     ends = [20, 35, 50]  # each boundary scores a longer prefix of the test rows, as the walk's task-sorted blocks
-    memoised = list(boundary_scores(scorers, xnp.asarray(T), ends))
+    memoised = list(boundary_argmax(scorers, xnp.asarray(T), ends))
     for scorer, stop, n, got in zip(scorers, seen, ends, memoised, strict=True):
         classes, expected = ref_fecam(X[:stop], y[:stop], T[:n], a1, a2)
         np.testing.assert_array_equal(scorer.classes, classes)
-        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
-        np.testing.assert_allclose(got, scorer.scores(T[:n]), rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+        np.testing.assert_allclose(scorer.scores(T[:n]), expected, rtol=1e-7, atol=1e-7 * np.abs(expected).max())
+        np.testing.assert_array_equal(got, np.argmax(scorer.scores(T[:n]), axis=1))
+        top = np.sort(expected, axis=1)
+        clear = top[:, -1] - top[:, -2] > 1e-6 * np.abs(expected).max()
+        np.testing.assert_array_equal(got[clear], np.argmax(expected, axis=1)[clear])
+
+
+@pytest.mark.parametrize(("d", "scale", "options"), [(2, 1.0, ()), (6, 1.0, ()), (40, 1e3, ()),
+                                                     (40, 1.0, (("shrinkage", 0.01),)),
+                                                     (40, 1.0, (("shrinkage", 0.5), ("shrinkage_offdiag", 0.2)))])
+def test_fecam_float32_distances_lie_within_their_bound(d, scale, options):
+    rng = np.random.default_rng(d)
+    X = (rng.normal(size=(600, d)) @ rng.normal(size=(d, d)) + 5.0) * scale
+    y = rng.integers(0, 4, size=600)
+    T = (rng.normal(size=(300, d)) @ rng.normal(size=(d, d)) + 5.0) * scale
+    head = FeCAMHead(xp=xnp, dim=d, **dict(options))
+    head.add(X, y)
+    scorer = head.boundary()
+    prepared = scorer.prepare(T)
+    low = scorer.prepare_low(prepared)
+    for k in range(scorer.classes.size):
+        values, bound = scorer.bounded_column(k, low)
+        exact = scorer.column(k, prepared)
+        error = np.abs(values - exact)
+        assert np.all(error <= bound), (k, float((error / bound).max()))
+        assert np.median(bound) < 1e-3 * np.median(np.abs(exact))  # a bound that decides rows, not a vacuous one
+        assert error.max() > 0  # the float32 product differs: the bound is what makes it exact
+
+
+def test_quadratic_bound_covers_rows_of_lengths_over_six_decades():
+    rng = np.random.default_rng(3)
+    d = 200
+    C = np.linalg.cholesky(np.cov(rng.normal(size=(400, d)), rowvar=False) + np.eye(d))
+    R = rng.normal(size=(500, d)) * 10.0 ** rng.uniform(-4, 2, size=(500, 1))  # lengths over six decades
+    exact = quadratic_forms(R, None, C)
+    low = low_quadratic_forms(R.astype(np.float32), C.astype(np.float32))
+    columns = np.sqrt((C * C).sum(axis=0))
+    bound = quadratic_bound(low, np.sqrt((R * R).sum(axis=1)) * (1 + 1e-12), float(np.sqrt((columns**2).sum())) * (1 + 1e-12),
+                            float(columns.max()), d)
+    assert np.all(np.abs(low - exact) <= bound)
+    assert np.all(bound < 1e-3 * exact)
+
+
+def test_fecam_screened_argmax_sends_ties_to_float64_and_equals_its_argmax(monkeypatch):
+    rng = np.random.default_rng(5)
+    d = 12
+    base = rng.normal(size=(80, d)) + 3.0
+    # class 1 is class 0's rows exactly (every distance tied); class 2 the same rows moved by 1e-10 (near ties that
+    # float32 cannot order); class 3 apart
+    X = np.concatenate([base, base, base * (1 + 1e-10), rng.normal(size=(80, d)) - 3.0])
+    y = np.repeat(np.arange(4), 80)
+    T = np.concatenate([base[:40] + 0.05 * rng.normal(size=(40, d)), rng.normal(size=(40, d)) - 3.0])
+    head = FeCAMHead(xp=xnp, dim=d)
+    head.add(X, y)
+    scorer = head.boundary()
+    rescored = []
+    column = MahalanobisScorer.column
+
+    def counted(self, k, prepared):
+        rescored.append(prepared.shape[0])
+        return column(self, k, prepared)
+
+    monkeypatch.setattr(MahalanobisScorer, "column", counted)
+    (got,) = list(boundary_argmax([scorer], xnp.asarray(T), [T.shape[0]]))
+    monkeypatch.setattr(MahalanobisScorer, "column", column)
+    np.testing.assert_array_equal(got, np.argmax(scorer.scores(T), axis=1))
+    assert rescored == [40] * 4  # the 40 rows nearest the tied classes, every class in float64; the rest decided
+    assert set(got[:40]) <= {0, 2} and set(got[40:]) == {3}
 
 
 @pytest.mark.parametrize("d", [1, 5, 13])

@@ -37,13 +37,14 @@ UNDERFLOW = 2.0**-120
 FOLLOW = 1e-4
 
 
-def _gamma(n: int, u: float) -> float:
+def gamma_n(n: int, u: float) -> float:
+    """Higham's ``gamma_n = n u / (1 - n u)``: the relative error of a sum or product of ``n`` terms in unit ``u``."""
     return n * u / (1.0 - n * u)
 
 
 def relative_bound(depth: int) -> float:
     """``kappa``: float32 rounding (inputs and sums of ``depth`` terms) plus float64's, per unit of ``|h| |w|``."""
-    return 1.001 * (_gamma(depth, U32) * (1.0 + U32) ** 2 + 2.0 * U32 + U32**2 + _gamma(depth, U64))
+    return 1.001 * (gamma_n(depth, U32) * (1.0 + U32) ** 2 + 2.0 * U32 + U32**2 + gamma_n(depth, U64))
 
 
 def longest_column(W: np.ndarray, models: int) -> np.ndarray:

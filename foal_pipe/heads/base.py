@@ -49,6 +49,16 @@ class ClassColumns(Protocol):
         """Scores of ``classes[k]`` for prepared rows: column ``k`` of :meth:`Scorer.scores`."""
         ...
 
+    def prepare_low(self, prepared: Any) -> Any:
+        """What :meth:`bounded_column` takes of the prepared rows, or None where no cheaper column is offered."""
+        ...
+
+    def bounded_column(self, k: int, low: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """Column ``k`` computed more cheaply (host NumPy float64) and, per row, a bound on its distance from
+        :meth:`column`'s values, or None (then :meth:`column` scores the class): a walk's argmax takes the exact
+        columns only for the rows whose order the bounds leave open."""
+        ...
+
 
 class Head(Protocol):
     """A head's running state over one stream: rows arrive in stream order, any block size."""

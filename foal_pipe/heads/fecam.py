@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from array_api_compat import array_namespace, device
+from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import LINALG_ERRORS, to_numpy
 from foal_pipe.core.linalg import factor_threads
+from foal_pipe.core.scoring import U32, U64, UNDERFLOW, gamma_n, relative_bound
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64
@@ -65,6 +66,43 @@ def quadratic_forms(R: Any, precision: Any, factor: Any = None) -> Any:
     return total
 
 
+def low_quadratic_forms(R: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """:func:`quadratic_forms` of float32 rows ``R`` with a float32 lower factor, by the same column blocks: each
+    block's sum of squares in float32, the blocks' sums in float64 (:func:`quadratic_bound` bounds the error)."""
+    d = factor.shape[0]
+    edges = [d * j // TRIANGLE_BLOCKS for j in range(TRIANGLE_BLOCKS + 1)]
+    total = np.zeros(R.shape[0])
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        Q = R[:, lo:] @ factor[lo:, lo:hi]
+        total += np.einsum("ij,ij->i", Q, Q)
+    return total
+
+
+def quadratic_bound(low: np.ndarray, row_norm: np.ndarray, frobenius: float, longest: float, d: int,
+                    moved: Any = 0.0) -> np.ndarray:
+    """How far :func:`low_quadratic_forms`' values ``low`` may lie from the float64 :func:`quadratic_forms` of rows
+    ``r``: ``row_norm`` bounds the length of the rows the float32 product took (before their rounding to float32),
+    ``moved`` how far those lie from ``r`` (the float32 subtraction that made them); the factor ``C`` has Frobenius
+    norm ``frobenius`` and longest column ``longest``.
+
+    Each float32 entry ``Q~_j`` lies within ``e_j = (kappa |r~| + moved) |C_j|`` of the exact ``(r C)_j`` (the test
+    scores' bound, :func:`~foal_pipe.core.scoring.relative_bound`, with room for the rounding of the lengths; plus
+    float32's underflow allowance), so ``|Q~ - Q| <= E = (kappa |r~| + moved) |C|_F`` over the row, and the sums of
+    squares differ by at most ``2 E |Q~| + E^2``; the float32 sums add ``gamma_(d+2) |Q~|^2``; the float64
+    product's own rounding adds the same terms in ``u = 2^-53``. Every term is an upper bound, so the float64 value
+    lies within the result of ``low``."""
+    kappa = relative_bound(d) + 4.0 * U32
+    row_norm = row_norm * (1.0 + 4.0 * U32)
+    E = ((kappa * row_norm + moved) * frobenius
+         + d * UNDERFLOW * (np.sqrt(d) * (row_norm + moved + longest) + d))
+    g32 = gamma_n(d + 2, U32)
+    squares = np.maximum(low, 0.0) / (1.0 - g32)  # |Q~|^2, the float32 entries' exact squares
+    exact = squares + 2.0 * E * np.sqrt(squares) + E * E  # an upper bound on the exact form
+    E64 = 2.0 * gamma_n(d + 2, U64) * (row_norm + moved) * frobenius
+    own = 2.0 * E64 * np.sqrt(exact) + E64 * E64 + gamma_n(d + 4, U64) * (exact + 2.0 * E64 * np.sqrt(exact) + E64 * E64)
+    return 1.01 * (g32 * squares + 2.0 * E * np.sqrt(squares) + E * E + own) + 8.0 * U64 * np.abs(low) + d * UNDERFLOW
+
+
 def cholesky_factor(precision: Any) -> Any:
     """``C`` lower triangular with ``C C^T = precision`` when it is positive definite, else None (the dense form)."""
     xp = array_namespace(precision)
@@ -107,6 +145,43 @@ class MahalanobisScorer:
 
     def column(self, k: int, prepared: Any) -> Any:
         return -quadratic_forms(prepared - self.means[k][None, :], self.precisions[k], self.factors[k])
+
+    def prepare_low(self, prepared: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """The prepared rows' float32 copy and float64 lengths, for :meth:`bounded_column` (NumPy float64 rows
+        only: cuBLAS and torch may multiply float32 in TF32, which the bound does not cover)."""
+        if not (is_numpy_array(prepared) and prepared.dtype == np.float64 and prepared.shape[1] > 0):
+            return None
+        return prepared.astype(np.float32), np.sqrt(np.einsum("ij,ij->i", prepared, prepared))
+
+    def bounded_column(self, k: int, low: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Column ``k`` from a float32 product (:func:`low_quadratic_forms`) and how far each value may lie from
+        :meth:`column`'s float64 one (:func:`quadratic_bound`); None where the class has no Cholesky factor or its
+        mean or factor leaves float32's range (then :meth:`column` scores it)."""
+        held = self._low_class(k)  # d^2 values cast: little beside the product, and no copy kept per boundary
+        if held is None:
+            return None
+        mean, factor, mean_norm, frobenius, longest = held
+        rows, norms = low
+        R = rows - mean[None, :]
+        d = factor.shape[0]
+        # the float32 rows' lengths (their squares summed within gamma_(d+1) of theirs), and how far the roundings
+        # of x_hat, mu and their difference moved them from r: at most 2.0001 u (|x_hat| + |mu|)
+        length = np.sqrt(np.einsum("ij,ij->i", R, R).astype(np.float64) / (1.0 - gamma_n(d + 1, U32)))
+        values = low_quadratic_forms(R, factor)
+        bound = quadratic_bound(values, length, frobenius, longest, d, 2.0001 * U32 * (norms + mean_norm))
+        return -values, bound
+
+    def _low_class(self, k: int) -> tuple[np.ndarray, np.ndarray, float, float, float] | None:
+        mean, factor = self.means[k], self.factors[k]
+        if factor is None or not (is_numpy_array(factor) and factor.dtype == np.float64 and is_numpy_array(mean)):
+            return None
+        with np.errstate(over="ignore"):
+            low_mean, low_factor = mean.astype(np.float32), factor.astype(np.float32)
+        if not (np.isfinite(low_mean).all() and np.isfinite(low_factor).all()):
+            return None
+        columns = np.sqrt(np.einsum("ij,ij->j", factor, factor)) * (1.0 + 1e-12)
+        return (low_mean, low_factor, float(np.sqrt(mean @ mean)) * (1.0 + 1e-12),
+                float(np.sqrt(np.sum(columns * columns))) * (1.0 + 1e-12), float(columns.max(initial=0.0)))
 
     def scores(self, X: Any) -> Any:
         Xh = self.prepare(X)

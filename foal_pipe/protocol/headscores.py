@@ -11,6 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.core.linalg import factor_threads
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
 from foal_pipe.heads.base import ClassColumns
 from foal_pipe.protocol.anytime import curve_accuracy
@@ -94,10 +95,10 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
         scored = np.flatnonzero(ends > 0)
         for name, scorers in boundaries.items():
             chosen = [scorers[int(k)] for k in scored]
-            for k, scorer, scores in zip(scored, chosen, boundary_scores(chosen, blocks[spaces[name]], ends[scored]),
-                                         strict=True):
+            for k, scorer, best in zip(scored, chosen, boundary_argmax(chosen, blocks[spaces[name]], ends[scored]),
+                                       strict=True):
                 n = ends[k]
-                hit = scorer.classes[_argmax(scores)] == y[:n]
+                hit = scorer.classes[best] == y[:n]
                 correct[name][k] += np.bincount(tasks[:n], weights=hit, minlength=T).astype(np.int64)
     accuracies = {}
     upper = np.triu_indices(T, 1)
@@ -108,31 +109,63 @@ def head_accuracies(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     return accuracies
 
 
-def boundary_scores(scorers: Sequence[Scorer], X: Any, ends: Sequence[int] | np.ndarray) -> Iterator[Any]:
-    """Each scorer's scores of the first ``ends[k]`` rows of ``X`` (the scorers of one head, boundary by boundary).
+def boundary_argmax(scorers: Sequence[Scorer], X: Any, ends: Sequence[int] | np.ndarray) -> Iterator[np.ndarray]:
+    """Each scorer's argmax column (host NumPy) over the first ``ends[k]`` rows of ``X`` (the scorers of one head,
+    boundary by boundary), exactly that of its float64 scores.
+
     Scorers with class keys (:class:`~foal_pipe.heads.base.ClassColumns`) share a memo: the rows are prepared once
     and a class's column is computed for the rows it lacks only, so each (row, class) score is computed once per
-    change of the class's statistics, not once per boundary."""
-    memo: dict[Any, Any] = {}
-    prepared = None
+    change of the class's statistics, not once per boundary. Where a scorer offers them, the memo holds cheaper
+    columns with bounds (fecam: float32 products, :meth:`~foal_pipe.heads.fecam.MahalanobisScorer.bounded_column`):
+    a row whose best column leads every other by more than their bounds has that argmax in float64 too; the other
+    rows (a few in a thousand) are scored again in float64, every class, and take that argmax, as before."""
+    memo: dict[Any, Any] = {}  # key -> the class's column over the rows computed so far
+    bounds: dict[Any, np.ndarray] = {}  # key -> how far each of those values may lie from float64's (screened only)
+    prepared = low = None
     for scorer, n in zip(scorers, ends, strict=True):
         keys = getattr(scorer, "keys", None)
         if keys is None:
-            yield scorer.scores(X[:n, :])
+            yield _argmax(scorer.scores(X[:n, :]))
             continue
         by_class = cast(ClassColumns, scorer)  # a structural protocol: a scorer with class keys is one
         if prepared is None:
             prepared = by_class.prepare(X)
+            low = by_class.prepare_low(prepared)
             xp = array_namespace(prepared)
-        columns = []
         for k, key in enumerate(keys):
-            done = memo.get(key)
-            m = 0 if done is None else done.shape[0]
-            if m < n:
-                new = by_class.column(k, prepared[m:n, :])
-                memo[key] = new if done is None else xp.concat((done, new))
-            columns.append(memo[key][:n])
-        yield xp.stack(columns, axis=1)
+            m = memo[key].shape[0] if key in memo else 0
+            if m >= n:
+                continue
+            cheap = None if low is None else by_class.bounded_column(k, tuple(part[m:n] for part in low))
+            values, bound = cheap if cheap is not None else (by_class.column(k, prepared[m:n, :]), np.zeros(n - m))
+            memo[key] = xp.concat((memo[key], values)) if m else values
+            if low is not None:  # bound 0: a value computed in float64
+                bounds[key] = np.concatenate((bounds[key], bound)) if m else bound
+        if low is None:
+            yield _argmax(xp.stack([memo[key][:n] for key in keys], axis=1))
+        else:
+            yield _screened_argmax(by_class, prepared[:n, :], np.stack([memo[key][:n] for key in keys], axis=1),
+                                   np.stack([bounds[key][:n] for key in keys], axis=1))
+
+
+def _screened_argmax(scorer: ClassColumns, prepared: Any, values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The argmax of ``scorer``'s exact columns, from ``values`` (n, C) that lie within ``bounds`` of them: the rows
+    whose best value leads every other by more than both bounds, then the others from the exact columns."""
+    n = values.shape[0]
+    best = np.argmax(values, axis=1)
+    rows = np.arange(n)
+    with np.errstate(invalid="ignore", over="ignore"):
+        floor = values[rows, best] - bounds[rows, best]
+        ceiling = values + bounds
+        ceiling[rows, best] = -np.inf
+        finite = np.isfinite(values).all(axis=1) & np.isfinite(bounds).all(axis=1)  # NaN: float64 decides, as before
+        decided = finite & (floor > ceiling.max(axis=1, initial=-np.inf))
+    again = np.flatnonzero(~decided)
+    if again.size:
+        with factor_threads(1):  # a few rows: too small a product to wake a second BLAS thread (as ridge's scores)
+            exact = np.stack([to_numpy(scorer.column(k, prepared[again, :])) for k in range(values.shape[1])], axis=1)
+        best[again] = np.argmax(exact, axis=1)
+    return best
 
 
 def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: Mapping[str, str],
@@ -140,7 +173,7 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
     """``(hits, totals)`` as :func:`~foal_pipe.protocol.evaluation.class_hits` gives ridge's: ``hits[name][p, c]``,
     boundary p of head ``name``'s correct predictions (among its classes) on class c's test rows, for its classes
     only (0 elsewhere); ``totals[c]``, class c's test rows. One read of the test split (or ``rows``); every boundary
-    scores every row, a class's column computed once per change of its rows (:func:`boundary_scores`)."""
+    scores every row, a class's column computed once per change of its rows (:func:`boundary_argmax`)."""
     n_classes = len(run.store.classes)
     hits = {name: np.zeros((len(scorers), n_classes), dtype=np.int64) for name, scorers in boundaries.items()}
     masks = {name: [np.isin(np.arange(n_classes), s.classes) for s in scorers] for name, scorers in boundaries.items()}
@@ -151,8 +184,8 @@ def head_class_hits(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces
         blocks = space_rows(run, block.features(lane), set(spaces.values()))
         for name, scorers in boundaries.items():
             X = blocks[spaces[name]]
-            for p, scores in enumerate(boundary_scores(scorers, X, [X.shape[0]] * len(scorers))):
-                hit = (scorers[p].classes[_argmax(scores)] == y) & masks[name][p][y]
+            for p, best in enumerate(boundary_argmax(scorers, X, [X.shape[0]] * len(scorers))):
+                hit = (scorers[p].classes[best] == y) & masks[name][p][y]
                 hits[name][p] += np.bincount(y, weights=hit, minlength=n_classes).astype(np.int64)[:n_classes]
     return hits, totals
 
