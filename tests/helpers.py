@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from safetensors.numpy import load_file
 from sklearn.covariance import OAS
@@ -163,6 +164,23 @@ def learn(store: Path, out: Path, *extra: str, tasks=4, D=48, gamma=1.0, batch=1
 def assert_same_matrix(got: list[list[float]], expected: list[list[float]]) -> None:
     assert [len(row) for row in got] == [len(row) for row in expected]
     np.testing.assert_allclose(np.concatenate(got), np.concatenate(expected), rtol=0, atol=1e-12)
+
+
+def assert_json_close(a, b, rel: float, abs_: float = 0.0, path: str = "") -> None:
+    """Two JSON documents of equal structure and equal non-float values, their floats within ``rel`` / ``abs_``;
+    the failing path in the message."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_json_close(a[key], b[key], rel, abs_, f"{path}/{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_json_close(x, y, rel, abs_, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=rel, abs=abs_), path
+    else:
+        assert a == b, path
 
 
 def assert_clean_error(result, message: str, out: Path) -> None:

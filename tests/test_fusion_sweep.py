@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import CHUNK, extract_one_thread, vit4_spec
+from helpers import CHUNK, assert_json_close, extract_one_thread, vit4_spec
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
@@ -173,27 +173,10 @@ def test_each_fusion_keeps_its_activations_with_the_same_results_as_projecting_a
     result = _sweep(blocks_store, tmp_path / "again", "--fusions", ",".join(FUSIONS), "--max-memory", "1KiB", ok=False)
     assert result.exit_code == 0 and "projects the rows seen so far again" in result.output, result.output
     kept, again = (json.loads((tmp_path / name / "sweep.json").read_text()) for name in ("kept", "again"))
-    _assert_same_results(kept, again)
-
-
-def _assert_same_results(a, b, path="sweep.json"):
-    """Equal structure, choices and every non-float value; floats within 1e-12 relative (an accuracy, a count of
-    rows over the split's, would differ by far more): the rows projected again come in other blocks, and a
-    multi-threaded BLAS may round a product differently with the block (leave-one-out's squared residuals then differ
-    in their last bits; the accuracies do not)."""
-    assert type(a) is type(b), path
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            _assert_same_results(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_same_results(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, rel=1e-12, abs=1e-300), path
-    else:
-        assert a == b, path
+    # floats within 1e-12 relative (an accuracy, a count of rows over the split's, would differ by far more): the rows
+    # projected again come in other blocks, and a multi-threaded BLAS may round a product differently with the
+    # block (leave-one-out's squared residuals then differ in their last bits; the accuracies and choices do not)
+    assert_json_close(kept, again, rel=1e-12, abs_=1e-300)
 
 
 def test_heads_on_every_fusion_equal_a_learn_of_each_head_on_that_fusion(blocks_store, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import build_store, invoke, learn
+from helpers import assert_json_close, build_store, invoke, learn
 
 from foal_pipe.core import leaveoneout, scoring
 from foal_pipe.core.gammapath import Scratch
@@ -182,18 +182,4 @@ def test_the_tridiagonal_route_chooses_as_the_eigenvectors_do(tmp_path, store, m
     tri, eig = written["tridiagonal"], written["eigenvectors"]
     assert (tri["criterion"] == "loo_accuracy") if command == "learn" else tri["leave_one_out"]
 
-    def compare(a, b, path=""):
-        if isinstance(a, dict):
-            assert a.keys() == b.keys(), path
-            for key in a:
-                compare(a[key], b[key], f"{path}/{key}")
-        elif isinstance(a, list):
-            assert len(a) == len(b), path
-            for i, (x, y) in enumerate(zip(a, b)):
-                compare(x, y, f"{path}/{i}")
-        elif isinstance(a, float) and isinstance(b, float):
-            assert a == pytest.approx(b, rel=1e-6, abs=1e-9), path
-        else:
-            assert a == b, path
-
-    compare(tri, eig)
+    assert_json_close(tri, eig, rel=1e-6, abs_=1e-9)
