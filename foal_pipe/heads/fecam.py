@@ -57,22 +57,24 @@ def quadratic_forms(R: Any, precision: Any, factor: Any = None) -> Any:
     xp = array_namespace(R)
     if factor is None:
         return xp.sum((R @ precision) * R, axis=1)
-    d = factor.shape[0]
-    edges = [d * j // TRIANGLE_BLOCKS for j in range(TRIANGLE_BLOCKS + 1)]
     total = 0
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in triangle_blocks(factor.shape[0]):
         Q = R[:, lo:] @ factor[lo:, lo:hi]
         total = total + xp.sum(Q * Q, axis=1)
     return total
 
 
+def triangle_blocks(d: int) -> list[tuple[int, int]]:
+    """The column blocks ``[lo, hi)`` of the triangular product: the rows below each diagonal block suffice."""
+    edges = [d * j // TRIANGLE_BLOCKS for j in range(TRIANGLE_BLOCKS + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
 def low_quadratic_forms(R: np.ndarray, factor: np.ndarray) -> np.ndarray:
     """:func:`quadratic_forms` of float32 rows ``R`` with a float32 lower factor, by the same column blocks: each
     block's sum of squares in float32, the blocks' sums in float64 (:func:`quadratic_bound` bounds the error)."""
-    d = factor.shape[0]
-    edges = [d * j // TRIANGLE_BLOCKS for j in range(TRIANGLE_BLOCKS + 1)]
     total = np.zeros(R.shape[0])
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in triangle_blocks(factor.shape[0]):
         Q = R[:, lo:] @ factor[lo:, lo:hi]
         total += np.einsum("ij,ij->i", Q, Q)
     return total
