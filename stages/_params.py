@@ -18,9 +18,38 @@ import os
 
 # One BLAS/OpenMP thread in every stage, whatever the machine or the caller's environment (Dask, for one, sets
 # these): sums computed with other thread counts differ in the last bits, and the pipeline's outputs must hash
-# the same everywhere so that dvc.lock matches. Set before NumPy and PyTorch are imported.
+# the same everywhere so that dvc.lock matches. Set, as the kernels below, before NumPy and PyTorch are imported.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
+
+#: The same kernels on every x86-64 CPU with AVX2 and FMA (Intel from 2013, AMD from 2015, AVX-512 ones included):
+#: OpenBLAS, NumPy's loops, MKL, oneDNN and PyTorch pick kernels by CPU, and kernels sum in different orders, so one
+#: thread alone still differs in the last bits between machines (measured: OpenBLAS's SkylakeX or Sandybridge
+#: kernels, or NumPy's without AVX-512, change learn's and sweep's outputs; PyTorch's AVX-512 ones a ViT's
+#: features). Other CPUs keep their own kernels.
+PINNED_KERNELS = {"OPENBLAS_CORETYPE": "Haswell", "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+                  "ONEDNN_MAX_CPU_ISA": "AVX2"}
+#: NumPy's dispatched loops above AVX2, by the names of its release (2.4 groups them as x86-64-v4).
+NUMPY_AVX512 = {(2, 4): "X86_V4 AVX512_ICL AVX512_SPR",
+                (1, 0): "AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"}
+
+
+def kernel_pins() -> dict[str, str]:
+    """The variables that pin this CPU's kernels (set before NumPy and PyTorch load): none unless AVX2 and FMA."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+    except OSError:
+        return {}
+    if not {"avx2", "fma"} <= set(flags):
+        return {}
+    from importlib.metadata import version
+
+    numpy = tuple(int(part) for part in version("numpy").split(".")[:2])
+    return {**PINNED_KERNELS, "NPY_DISABLE_CPU_FEATURES": next(v for k, v in NUMPY_AVX512.items() if numpy >= k)}
+
+
+os.environ.update(kernel_pins())
 
 import shlex  # noqa: E402
 import sys  # noqa: E402

@@ -536,13 +536,49 @@ def _commit(repo: Path, message: str) -> None:
     _run(["git", "-c", "commit.gpgsign=false", "commit", "--allow-empty", "-qm", message], repo, env)
 
 
+def _kernel_pins() -> dict[str, str]:
+    """What stages/_params.py pins on this CPU (in a child: importing it here would set one thread for the tests)."""
+    code = "import json, _params; print(json.dumps(_params.kernel_pins()))"
+    return json.loads(_run([sys.executable, "-c", code], STAGES, _env(ROOT)).stdout)
+
+
+#: A caller's kernels unlike those the stages pin (each runs on any CPU with AVX2): `dvc repro` must not let them
+#: reach the outputs, or dvc.lock would hold one machine's last bits.
+FOREIGN_KERNELS = {"OPENBLAS_CORETYPE": "Sandybridge", "NPY_DISABLE_CPU_FEATURES": "", "ATEN_CPU_CAPABILITY": "default",
+                   "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "ALL"}
+
+
 @pytest.fixture(scope="module")
 def repro(tmp_path_factory):
-    """A fresh clone, the committed dvc.lock kept, after `dvc repro` (what `make demo` runs)."""
+    """A fresh clone, the committed dvc.lock kept, after `dvc repro` (what `make demo` runs), with other kernels
+    asked for by the caller's environment where the stages pin their own."""
     if MISSING:
         pytest.skip(f"foal-pipe has no {', '.join(MISSING)} yet (issue 10's learn/sweep options)")
     repo = _fresh_clone(tmp_path_factory.mktemp("repro") / "clone")
-    return repo, _run([_dvc(), "repro"], repo, _env(repo))
+    env = _env(repo)
+    if _kernel_pins():
+        env.update(FOREIGN_KERNELS)
+    return repo, _run([_dvc(), "repro"], repo, env)
+
+
+def test_stages_pin_the_kernels_numpy_and_blas_run():
+    """On an x86-64 CPU with AVX2 and FMA the stages run the same kernels whatever the CPU's newer ones: NumPy
+    dispatches no loop above AVX2 (and accepts the names it is given), OpenBLAS runs its Haswell kernels."""
+    pins = _kernel_pins()
+    if not pins:
+        pytest.skip("this CPU lacks AVX2 or FMA: the stages keep its own kernels")
+    code = (
+        "import json, _params, numpy\n"
+        "from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__\n"
+        "from threadpoolctl import threadpool_info\n"
+        "print(json.dumps({'dispatched': [f for f in __cpu_dispatch__ if __cpu_features__.get(f)],\n"
+        "                  'blas': [i.get('architecture') for i in threadpool_info() if i['internal_api'] == 'openblas']}))"
+    )
+    env = {**_env(ROOT), **FOREIGN_KERNELS}
+    ran = json.loads(_run([sys.executable, "-W", "error::ImportWarning", "-c", code], STAGES, env).stdout)
+    above = set(pins["NPY_DISABLE_CPU_FEATURES"].split())
+    assert ran["dispatched"] and not above & set(ran["dispatched"]), ran
+    assert ran["blas"] == ["Haswell"], ran
 
 
 @pytest.mark.slow
@@ -595,8 +631,12 @@ def test_dvc_repro_twice_reruns_nothing(repro):
 
 @pytest.mark.slow
 def test_dvc_repro_on_a_fresh_clone_leaves_git_status_clean(repro):
-    """The committed dvc.lock records the outputs' hashes: byte-stable outputs leave it (and git) unchanged."""
+    """The committed dvc.lock records the outputs' hashes: byte-stable outputs, on the kernels the stages pin,
+    leave it (and git) unchanged whatever the kernels the caller's environment asks for."""
     repo, _ = repro
+    if not _kernel_pins():
+        pytest.skip("dvc.lock holds the outputs of the kernels the stages pin on x86-64 CPUs with AVX2 and FMA; "
+                    "this CPU runs its own, whose sums differ in the last bits")
     unstable = []
     if "seconds" in json.loads((repo / "runs/digits/metrics.json").read_text()):
         unstable.append("metrics.json holds wall times")
