@@ -9,6 +9,7 @@ import pytest
 from helpers import DIM, N_CLASSES, build_store, invoke, learn, read
 
 from foal_pipe import SmoothProjection
+from foal_pipe.core.activations import sigmoid
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.run import prepare
@@ -36,6 +37,26 @@ def test_each_activation_matches_a_hand_computation(activation):
     np.testing.assert_allclose(proj.transform(X), HAND[activation](X @ proj.components_), rtol=1e-12, atol=1e-15)
     rebuilt = SmoothProjection.from_matrix(proj.components_, activation=activation)
     np.testing.assert_array_equal(rebuilt.transform(X), proj.transform(X))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_sigmoid_writes_into_its_argument_with_the_bits_of_the_formula(dtype):
+    """NumPy's tanh goes into the projection's block (no fresh block of pages); the values are those of
+    ``0.5 (1 + tanh(z / 2))`` to the bit, the infinities and zero included, on a strided view as on a whole array."""
+    z = (np.random.default_rng(2).normal(size=(64, 33)) * 40).astype(dtype)
+    z[0, :3] = [np.inf, -np.inf, 0.0]
+    expected = 0.5 * (1.0 + np.tanh(z / 2))
+    out = sigmoid(z)
+    assert out is z and out.dtype == dtype
+    np.testing.assert_array_equal(out, expected)
+    w = (np.random.default_rng(3).normal(size=(40, 50)) * 40).astype(dtype)
+    before = w.copy()
+    expected = 0.5 * (1.0 + np.tanh(w[::3, 1::2] / 2))
+    np.testing.assert_array_equal(sigmoid(w[::3, 1::2]), expected)
+    np.testing.assert_array_equal(w[::3, 1::2], expected)
+    untouched = np.ones(w.shape, dtype=bool)
+    untouched[::3, 1::2] = False
+    np.testing.assert_array_equal(w[untouched], before[untouched])
 
 
 def test_projection_dim_zero_is_the_raw_features():

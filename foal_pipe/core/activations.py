@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from array_api_compat import array_namespace
+import numpy as np
+from array_api_compat import array_namespace, is_numpy_array
 
 from foal_pipe.errors import FoalPipeError
 
@@ -14,10 +15,11 @@ INITS = ("uniform", "normal")
 
 
 def sigmoid(z: Any) -> Any:
-    """Overflow-free logistic function, in place: 0.5 * (1 + tanh(z / 2))."""
+    """Overflow-free logistic function, in place: 0.5 * (1 + tanh(z / 2)). On NumPy ``tanh`` writes into ``z``: a
+    fresh array for it, a block's worth of new pages, cost as much as the arithmetic (the same bits either way)."""
     xp = array_namespace(z)
     z *= 0.5
-    out = xp.tanh(z)
+    out = np.tanh(z, out=z) if is_numpy_array(z) else xp.tanh(z)
     out += 1.0
     out *= 0.5
     return out
