@@ -288,9 +288,10 @@ def test_altered_head_model_fails_its_checksum_and_write_refuses_bad_tensors(run
 
 def test_ridge_model_file_is_unchanged_and_an_old_file_predicts_as_before(tmp_path):
     """tests/data/ridge_v2_blobs.safetensors was written by foal-pipe before heads had model files (`learn` on
-    helpers.build_store, 4 tasks, --projection-dim 8, --seed 2): today's learn writes the same file (the same header
-    and the same bytes of every tensor but W, which is the solve's and so the BLAS build's and CPU's: within
-    rounding of the old one), and the old file predicts what its tensors, read by the safetensors library, give."""
+    helpers.build_store, 4 tasks, --projection-dim 8, --seed 2): today's learn writes the same file (the same header,
+    the same bytes of the projection, classes and counts, and the sums G and Q and the solve W within rounding of the
+    old ones: BLAS products, whose last bits are the kernels' and so the CPU's, as OpenBLAS's Sandybridge kernels show
+    on G), and the old file predicts what its tensors, read by the safetensors library, give."""
     store = build_store(tmp_path / "blobs.zarr")
     result = invoke("learn", "--features", store, "--out", tmp_path / "ridge", "--tasks", 4, "--projection-dim", 8,
                     "--seed", 2, "--backend", "numpy")
@@ -302,11 +303,11 @@ def test_ridge_model_file_is_unchanged_and_an_old_file_predicts_as_before(tmp_pa
               for path in (tmp_path / "ridge" / "model.safetensors", old)]
     assert header[0] == header[1]
     for name in tensors:
-        if name == "W":
+        assert new[name].dtype == tensors[name].dtype
+        if name in ("G", "Q", "W"):
             np.testing.assert_allclose(new[name], tensors[name], rtol=1e-12, atol=1e-14)
         else:
             np.testing.assert_array_equal(new[name], tensors[name])
-            assert new[name].dtype == tensors[name].dtype
     xt = read(store)[2].astype(np.float64)
     scores = (1 / (1 + np.exp(-(xt @ tensors["projection"])))) @ tensors["W"]
     deployed = load_model(old)
