@@ -9,7 +9,7 @@ import pytest
 from helpers import DIM, N_CLASSES, build_store, invoke, learn, read
 
 from foal_pipe import SmoothProjection
-from foal_pipe.core.activations import sigmoid
+from foal_pipe.core.activations import relu, sigmoid
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.run import prepare
@@ -57,6 +57,25 @@ def test_sigmoid_writes_into_its_argument_with_the_bits_of_the_formula(dtype):
     untouched = np.ones(w.shape, dtype=bool)
     untouched[::3, 1::2] = False
     np.testing.assert_array_equal(w[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("zeros", [False, True])
+def test_relu_in_place_keeps_the_masks_bits(dtype, zeros):
+    """relu's fast route (``maximum``, no zero entry) and its mask route give the bits of ``z[z < 0] = 0``: negative
+    entries +0, NaN payloads and (with zeros) -0 kept, in place."""
+    z = (np.random.default_rng(4).normal(size=(97, 61)) * 5).astype(dtype)
+    bits = z.view(np.uint64 if dtype == np.float64 else np.uint32)
+    bits[3, :4] = [0x7FF8000000000123, 0xFFF8000000000456, 0x7FF0000000000000, 0xFFF0000000000000] if dtype == \
+        np.float64 else [0x7FC00123, 0xFFC00456, 0x7F800000, 0xFF800000]
+    if zeros:
+        z[5, :3] = [-0.0, 0.0, -0.0]
+    expected = z.copy()
+    expected[expected < 0] = 0
+    out = relu(z)
+    assert out is z
+    assert out.tobytes() == expected.tobytes()
+    assert np.signbit(out[5, 0]) == zeros
 
 
 def test_projection_dim_zero_is_the_raw_features():
