@@ -85,7 +85,8 @@ def test_outputs_and_provenance(tmp_path, store):
         assert key in metrics, key
     assert "seconds" not in metrics  # wall-clock times live in timings.json, not in a pipeline output
     timings = json.loads((tmp_path / "run" / "timings.json").read_text())
-    assert timings["total"] >= timings["solve"] > 0 and timings["test"] > 0
+    # rounded to milliseconds: a tiny store's solve or test step may read 0.0
+    assert timings["total"] > 0 and all(timings["total"] >= timings[step] >= 0 for step in ("solve", "test", "gram"))
     assert metrics["encoder"]["name"] == "synthetic" and metrics["backend"] == "numpy" and metrics["dtype"] == "float64"
     assert model["W"].dtype == np.float64 and model["W"].shape == (48, N_CLASSES)
     assert model["projection"].shape == (DIM, 48) and model["classes"].dtype == np.int64
