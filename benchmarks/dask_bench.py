@@ -166,8 +166,9 @@ def write_section(results: dict) -> None:
              "Medians of the runs listed; workers are processes with one thread each.", ""]
     if "gram" in results:
         g = results["gram"]
+        tasks = f"{g['tasks']} tasks, " if "tasks" in g else ""  # since one read per walk: every row in one group
         lines += [f"### Gram statistics, {g['rows']:,} x {g['dim']} float32 store, {g['classes']} classes, "
-                  f"{g['tasks']} tasks, D = {g['D']}", "",
+                  f"{tasks}D = {g['D']}", "",
                   "| run | seconds (median) | runs | cluster start-up s | max abs diff vs local |",
                   "|---|---:|---|---:|---:|",
                   f"| single process (`--scheduler local`, BLAS on all cores) | {g['local']['median_s']:.1f} | "

@@ -38,7 +38,7 @@ def main() -> None:
             "sweep": lambda out: run_sweep(store, out, SweepConfig(), *common, log=print),
         }
         for i, (name, fn) in enumerate(runs.items()):
-            timings = fn(Path(tmp) / f"out{i}")["timings"]
+            timings = fn(Path(tmp) / f"out{i}").timings
             steps = "  ".join(f"{k} {v:.2f}" for k, v in timings.items() if k != "total")
             print(f"{name:<20} {timings['total']:7.2f} s   {steps}", flush=True)
 

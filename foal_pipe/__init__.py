@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from foal_pipe.blasenv import blas_environment
 from foal_pipe.cupyenv import cupy_environment
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.lazy import lazy_names
 from foal_pipe.version import __version__
 
 cupy_environment()  # before anything imports CuPy, as zarr does (foal_pipe/cupyenv.py)
+blas_environment()  # before anything loads OpenBLAS (foal_pipe/blasenv.py)
 
 if TYPE_CHECKING:
     from foal_pipe.model.classifier import AnalyticClassifier

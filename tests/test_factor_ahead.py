@@ -17,7 +17,7 @@ import foal_pipe.protocol.learners.gram as gram
 from foal_pipe.core.linalg import _threadpools
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.protocol.ahead import EIGH_COST, REDUCTION_COST, ahead_blocks
+from foal_pipe.protocol.ahead import EIGH_COST, ELEMENT_COST, REDUCTION_COST, ahead_blocks
 from foal_pipe.protocol.classsums import class_statistics, order_boundaries
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.learners.gram import GramLearner
@@ -60,8 +60,8 @@ def _walk(run, solver, ahead):
                                                       (True, 60, "float64"), (True, 60, "float32")])
 def test_boundaries_factored_ahead_equal_those_factored_in_place(store, monkeypatch, loo, sample, dtype, blocks):
     run = _run(store, monkeypatch, loo, sample, dtype=dtype)
-    threads, sums = [], []
-    factor, from_batch = RidgeStatistics.factor, RidgeStatistics.from_batch
+    threads, sums, projections = [], [], []
+    factor, from_batch, project = RidgeStatistics.factor, RidgeStatistics.from_batch, gram._project
 
     def recording_factor(self, vectors):
         threads.append(threading.current_thread().name)
@@ -71,21 +71,32 @@ def test_boundaries_factored_ahead_equal_those_factored_in_place(store, monkeypa
         sums.append(min(_blas_threads()))
         return from_batch(H, labels, classes)
 
+    def recording_projection(run, X):
+        projections.append(min(_blas_threads()))
+        return project(run, X)
+
     monkeypatch.setattr(RidgeStatistics, "factor", recording_factor)
     monkeypatch.setattr(RidgeStatistics, "from_batch", staticmethod(recording_sums))
+    monkeypatch.setattr(gram, "_project", recording_projection)
     monkeypatch.setattr(gram, "ahead_blocks", lambda run, vectors: blocks)
     before = _blas_threads()
     in_place = _walk(run, _solver(run, loo, sample), False).boundaries
     assert threads == ["MainThread"] * 4 and min(sums) == min(before)
-    threads.clear(), sums.clear()
+    threads.clear(), sums.clear(), projections.clear()
     learner = _walk(run, _solver(run, loo, sample), True)
     ahead = learner.boundaries
     assert threads[:3] == ["foal-pipe-factor_0"] * 3 and threads[3] == "MainThread"  # the last has no next task
     assert _blas_threads() == before
     per_task = [len(list(learner.blocks.blocks(k))) for k in range(4)]
     assert min(per_task) > 3
-    one_thread = [i < blocks for n in per_task[1:] for i in range(n)]  # each task after the first: its first blocks
-    assert [t == 1 for t in sums] == [False] * per_task[0] + one_thread or min(before) == 1
+    # each task after the first: its first blocks projected beside the boundary before, all but the last also summed
+    # (a task with fewer blocks joins at its end: every block summed)
+    summed = [i < (blocks - 1 if blocks <= n else n) for n in per_task[1:] for i in range(n)]
+    projected = [i < blocks for n in per_task[1:] for i in range(n)]
+    if min(before) > 1:
+        assert [t == 1 for t in sums] == [False] * per_task[0] + summed
+        walk_projections = [t == 1 for t in projections][: sum(per_task)]  # then the pass's, when rows are projected
+        assert walk_projections == [False] * per_task[0] + projected
     assert len(ahead) == len(in_place) == 4
     for a, b in zip(ahead, in_place, strict=True):
         np.testing.assert_array_equal(a.W, b.W)
@@ -163,12 +174,22 @@ def test_one_gamma_and_other_backends_factor_in_place(store, monkeypatch):
 
 
 @pytest.mark.parametrize(("D", "d", "rows"), [(1000, 768, 4096), (600, 256, 4096), (2000, 768, 2048), (48, 32, 16)])
-def test_ahead_blocks_are_the_fewest_that_cover_the_work_by_the_flop_count(D, d, rows):
+def test_ahead_blocks_cost_nearest_the_work(D, d, rows):
+    """The blocks beside a boundary's work: their projections and the Gram products of all but the last of them, as
+    near the work as the blocks allow (neither thread waits at the join for more than half a block)."""
     run = SimpleNamespace(dim=D, block_rows=rows, store=SimpleNamespace(dim=d, classes=range(100)))
-    block = 2.0 * rows * D * (d + D + 100)  # the projection's and the Gram's products of one block
-    for cost in (EIGH_COST, REDUCTION_COST):
-        n = ahead_blocks(run, cost * D**3)
-        assert n >= 1 and n * block >= cost * D**3 and (n == 1 or (n - 1) * block < cost * D**3)
+    projection = 2.0 * rows * D * d + ELEMENT_COST * rows * D  # the product, the cast and the activation
+    block = projection + 2.0 * rows * D * (D + 100)  # and the Gram's products
+
+    def covered(n):
+        return (n - 1) * block + projection
+
+    for flops in (EIGH_COST * D**3, REDUCTION_COST * D**3, 0.5 * projection, projection, covered(3),
+                  covered(3) + 0.4 * block, covered(3) + 0.6 * block, covered(3) - 0.4 * block):
+        n = ahead_blocks(run, flops)
+        assert n >= 1 and all(abs(covered(n) - flops) <= abs(covered(m) - flops) for m in (n - 1, n + 1) if m >= 1)
+        assert n == 1 or abs(covered(n) - flops) <= block / 2
+    assert ahead_blocks(run, covered(3) + 0.4 * block) == 3 and ahead_blocks(run, covered(3) + 0.6 * block) == 4
     assert ahead_blocks(run, EIGH_COST * D**3) >= ahead_blocks(run, REDUCTION_COST * D**3)
 
 

@@ -283,10 +283,11 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     else:  # G and one batch's Gram while summing; G and G + gamma I at a solve
         state = square * item + square * max(item, 8)
     n_classes = len(run.store.classes)
-    block = run.block_rows * (D * 8 * 3 + run.store.dim * 8)
+    lanes = len(run.lanes)
+    # with several fusions, the block that joins a boundary factored ahead holds every lane's activations at once
+    block = run.block_rows * (D * 8 * (2 + lanes) + run.store.dim * 8)
     if loo:
         block += run.block_rows * (D + 3 * n_models * n_classes) * 8
-    lanes = len(run.lanes)
     chunk = (run.fused["train"].chunk_bytes if run.fused is not None
              else run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize)
     per_lane = f" x {lanes} fusions" if lanes > 1 else ""
