@@ -297,19 +297,19 @@ class GramLearner(Learner):
         end = int(self.blocks.ends[k])
         for i, (start, stop, positions) in enumerate(self.blocks.blocks(k)):
             labels = rows.labels[positions]
-            projected: dict[str | None, Any] = {}
-            if self._ahead is not None and i + 1 >= self._ahead.blocks:  # the boundary before, after the blocks
-                # projected (and all but the last summed) beside its work: this block's activations of every lane
-                # first, so that each lane's products run on the same threads whatever the other lanes
+            # the boundary before joins after the blocks projected (and all but the last summed) beside its work;
+            # every lane's activations of the joining block come first, so that each lane's products run on the same
+            # threads whatever the other lanes
+            joining = self._ahead if self._ahead is not None and i + 1 >= self._ahead.blocks else None
+            if joining is not None:
                 projected = {key: self._activations(rows, key, positions) for key in self.lanes}
-                self._catch_up(self._ahead, advance)
+                self._catch_up(joining, advance)
             for key, lane in self.lanes.items():
-                H = projected[key] if key in projected else self._activations(rows, key, positions)
+                H = projected.pop(key) if joining is not None else self._activations(rows, key, positions)
                 with self.run.timed("gram"):
                     if self.kept is not None:
                         self.kept[key].put(start, stop, H)
                     lane.running += RidgeStatistics.from_batch(H, labels)
-                projected.pop(key, None)  # each lane's activations let go once summed
             advance(stop - start)
             if self.anytime is not None and stop < end and stop in self.blocks.points:
                 self.anytime.gram(stop, self.running, self.boundaries, False)
