@@ -82,7 +82,7 @@ def main() -> None:
                             f"{k} {v:.2f}" for k, v in got["steps"].items()) + f"  chosen {got['chosen']}", flush=True)
         summary = {key: {"median_s": {step: statistics.median(r["steps"][step] for r in rs) for step in rs[0]["steps"]},
                          "chosen": rs[0]["chosen"], "evaluated": rs[0]["evaluated"]} for key, rs in runs.items()}
-        cases.append({"dim": D, "sample": m, "policy_uses_vectors": sample_needs_vectors(m, D), "runs": summary})
+        cases.append({"dim": D, "sample": m, "policy_uses_vectors": sample_needs_vectors(m, D, 1), "runs": summary})
     results["cases"] = cases
     finish(results, args.json)
 

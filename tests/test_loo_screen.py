@@ -183,3 +183,31 @@ def test_the_tridiagonal_route_chooses_as_the_eigenvectors_do(tmp_path, store, m
     assert (tri["criterion"] == "loo_accuracy") if command == "learn" else tri["leave_one_out"]
 
     assert_json_close(tri, eig, rel=1e-6, abs_=1e-9)
+
+
+def test_the_route_follows_the_blas_threads_in_force(tmp_path, store, monkeypatch):
+    """On one BLAS thread a sample of fewer than ``2 D`` rows takes the tridiagonal form (its reflectors gain
+    nothing from a second core, the eigenvectors' products do); on two, the eigenvectors down to ``D - 1,100``
+    rows. Both routes choose the same gammas."""
+    import json
+
+    from threadpoolctl import threadpool_limits
+
+    from foal_pipe.core.gammapath import RidgeTridiagonal
+    from foal_pipe.core.leaveoneout import sample_needs_vectors
+
+    assert sample_needs_vectors(96, 48, 1) and not sample_needs_vectors(95, 48, 1)
+    assert sample_needs_vectors(1900, 3000, 2) and not sample_needs_vectors(1899, 3000, 2)
+    assert sample_needs_vectors(60, 48, 2)
+    recurrences = []
+    original = RidgeTridiagonal.leverages
+    monkeypatch.setattr(RidgeTridiagonal, "leverages", lambda self, *a: recurrences.append(1) or original(self, *a))
+    chosen, routes = {}, {}
+    for threads in (1, 2):
+        with threadpool_limits(threads, user_api="blas"):
+            assert sample_needs_vectors(60, 48) == (threads == 2)
+            learn(store, tmp_path / str(threads), "--gamma", "auto", "--loo-sample", "60")
+        chosen[threads] = json.loads((tmp_path / str(threads) / "metrics.json").read_text())["gammas_selected"]
+        routes[threads], recurrences[:] = bool(recurrences), []
+    assert routes == {1: True, 2: False}
+    assert chosen[1] == chosen[2]

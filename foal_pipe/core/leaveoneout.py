@@ -13,7 +13,7 @@ from array_api_compat import array_namespace, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
-from foal_pipe.core.linalg import class_positions, factor_threads, float64, one_hot
+from foal_pipe.core.linalg import blas_threads, class_positions, factor_threads, float64, one_hot
 from foal_pipe.core.scoring import U64, longest_column, score_bound
 from foal_pipe.errors import FoalPipeError
 
@@ -294,16 +294,22 @@ class SampledLeaveOneOut(_LeftOutTotals):
 
 
 
-def sample_needs_vectors(rows: int, dim: int) -> bool:
+def sample_needs_vectors(rows: int, dim: int, threads: int | None = None) -> bool:
     """Whether leave-one-out on ``rows`` sampled rows is cheaper with ``G``'s eigenvectors (``eigh``: the
     reduction, ``T``'s eigenvectors and their back-transform; then ``H V`` at GEMM speed) than with the tridiagonal
     form (:meth:`RidgeTridiagonal.fitted`: the reduction alone, then the reflectors, ``2 m D^2``, and a recurrence
-    per gamma for the leverages): ``m >= D - 1,100``. On one thread the tridiagonal form wins for more rows
-    (``benchmarks/loo_route_bench.py``, a boundary at m = 4,096: 7.6 s against 9.0 s at D = 3,000, 28.1 s against
-    38.8 s at D = 5,000), but on the default two threads the reflectors gain nothing from the second core:
-    `learn --gamma auto` at D = 3,000 (20,000 x 256, ten boundaries of 4,096 rows) took 66.4 s by the tridiagonal
-    form (reflectors about 36 s) against 62.5 s by the eigenvectors (``H V`` about 12 s), medians of three."""
-    return rows >= dim - 1100
+    per gamma for the leverages), on ``threads`` BLAS threads (default: those in force, :func:`blas_threads`).
+
+    On two or more, ``m >= D - 1,100``: the reflectors gain nothing from a second core, the eigenvectors' products
+    do; `learn --gamma auto` at D = 3,000 (20,000 x 256, ten boundaries of 4,096 rows) took 66.4 s by the
+    tridiagonal form (reflectors about 36 s) against 62.5 s by the eigenvectors (``H V`` about 12 s), medians of
+    three. On one, ``m >= 2 D``: one boundary (``benchmarks/loo_route_bench.py``, AVX-512 EPYC, 2026-11-29) took
+    1.72 / 2.10 s by the tridiagonal form / the eigenvectors at D = 2,000 and m = 4,096, 3.0 / 3.5 s at D = 2,500,
+    2.9 / 4.9 s at D = 3,000 and m = 2,048, 0.68 / 1.23 s at D = 2,000 and m = 1,024, and the same within 5% at
+    D = 1,500 and m = 4,096; at D = 5,000 and m = 4,096, 28.1 against 38.8 s (2026-11-28)."""
+    if threads is None:
+        threads = blas_threads()
+    return rows >= (2 * dim if threads <= 1 else dim - 1100)
 
 
 #: The failure probability of :func:`sample_bound` recorded with a sampled search.

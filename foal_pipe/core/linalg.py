@@ -114,6 +114,12 @@ def _threadpools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+def blas_threads() -> int:
+    """The BLAS threads in force now (the most of any BLAS pool: OpenBLAS's environment variables and
+    ``threadpool_limits`` set every pool alike), which decides the cheaper route where the routes scale apart."""
+    return max((pool.num_threads for pool in _threadpools().lib_controllers if pool.user_api == "blas"), default=1)
+
+
 def factor_threads(dim: int) -> AbstractContextManager:
     """A BLAS thread limit for one factorisation of dimension ``dim`` (see ``SINGLE_THREAD_FACTOR_DIM``)."""
     return _threadpools().limit(limits=1 if dim <= SINGLE_THREAD_FACTOR_DIM else None, user_api="blas")
