@@ -57,8 +57,10 @@ class FactorAhead:
     through it; now it projects and sums rows meanwhile. Every BLAS pool stays at one thread until :meth:`join`: two
     single-threaded jobs share busy cores fairly, while a second pool thread beside other work lost up to 4.5x
     (issue 31's measurements). Which products run on one thread is fixed by the shapes (:func:`ahead_blocks`), so a
-    run's bytes are the same twice; here the projection's and the Gram's products also gave the same bits on one
-    thread as on two (``benchmarks/identity_check.py`` and the wide store's outputs: no output changed)."""
+    run's bytes are the same twice. On the stores measured the projection's and the Gram's products also gave the same bits
+    on one thread as on two (``benchmarks/identity_check.py`` and the wide store's outputs: no output changed), but
+    OpenBLAS does not promise it at every row count (a 789-row block of a 768 x 1,000 projection differs in its last
+    bits): there the walk's weights differ from `learn --gamma G`'s in their last bits."""
 
     def __init__(self, executor: ThreadPoolExecutor, k: int, jobs: dict[str | None, Callable[[], Any]],
                  blocks: int) -> None:
