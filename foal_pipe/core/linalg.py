@@ -116,7 +116,8 @@ def _threadpools() -> ThreadpoolController:
 
 def blas_threads() -> int:
     """The BLAS threads in force now (the most of any BLAS pool: OpenBLAS's environment variables and
-    ``threadpool_limits`` set every pool alike), which decides the cheaper route where the routes scale apart."""
+    ``threadpool_limits`` set every pool alike; 1 where threadpoolctl finds none), which decides the cheaper route
+    where the routes scale apart."""
     return max((pool.num_threads for pool in _threadpools().lib_controllers if pool.user_api == "blas"), default=1)
 
 
