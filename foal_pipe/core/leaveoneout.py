@@ -304,9 +304,10 @@ def sample_needs_vectors(rows: int, dim: int, threads: int | None = None) -> boo
     do; `learn --gamma auto` at D = 3,000 (20,000 x 256, ten boundaries of 4,096 rows) took 66.4 s by the
     tridiagonal form (reflectors about 36 s) against 62.5 s by the eigenvectors (``H V`` about 12 s), medians of
     three. On one, ``m >= 2 D``: one boundary (``benchmarks/loo_route_bench.py``, AVX-512 EPYC, 2026-11-29) took
-    1.72 / 2.10 s by the tridiagonal form / the eigenvectors at D = 2,000 and m = 4,096, 3.0 / 3.5 s at D = 2,500,
-    2.9 / 4.9 s at D = 3,000 and m = 2,048, 0.68 / 1.23 s at D = 2,000 and m = 1,024, and the same within 5% at
-    D = 1,500 and m = 4,096; at D = 5,000 and m = 4,096, 28.1 against 38.8 s (2026-11-28)."""
+    3.0 / 3.5 s by the tridiagonal form / the eigenvectors at D = 2,500 and m = 4,096 (`learn --gamma auto`'s zoom),
+    2.9 / 4.9 s at D = 3,000 and m = 2,048, 0.68 / 1.23 s at D = 2,000 and m = 1,024, and within 10% either way near
+    ``m = 2 D`` (D = 2,000 and m = 4,096: 1.72 / 2.10 s, `sweep`'s zoom 2.10 / 1.96 s); at D = 5,000 and m = 4,096,
+    28.1 against 38.8 s (2026-11-28)."""
     if threads is None:
         threads = blas_threads()
     return rows >= (2 * dim if threads <= 1 else dim - 1100)
