@@ -14,7 +14,9 @@ from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import (
+    DRIFT,
     check_positive,
+    drift_floor,
     factor_threads,
     float64,
     float64_way_out,
@@ -23,10 +25,13 @@ from foal_pipe.core.linalg import (
 from foal_pipe.errors import FoalPipeError, param
 
 
-def eigen_floor(floor: float, values: Any) -> float:
-    """The refusal floor for gammas: the sums' resolution, or ``-min(lambda)`` when rounding left a negative eigenvalue."""
+def eigen_floor(floor: float, values: Any, top: float | None = None) -> float:
+    """The refusal floor for gammas: the sums' resolution, ``-min(lambda)`` when rounding left a negative eigenvalue,
+    and for float32 sums (``top``: their largest entry; ``values`` then every eigenvalue) the least gamma at which
+    their rounding moves the weights by at most :data:`~foal_pipe.core.linalg.DRIFT` (:func:`drift_floor`)."""
     xp = array_namespace(values)
-    return max(floor, -float(xp.min(values)) if values.shape[0] else 0.0)
+    floor = max(floor, -float(xp.min(values)) if values.shape[0] else 0.0)
+    return floor if top is None else max(floor, drift_floor(to_numpy(values), top))
 
 
 def lapack_ok(routine: str, info: int) -> None:
@@ -71,7 +76,9 @@ class GammaPath(ABC):
         if self.floor and g.min() <= self.floor:
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
-                f"diagonal entry, or the most negative eigenvalue rounding left), so its solution would be noise; "
+                f"diagonal entry, the most negative eigenvalue rounding left, or for float32 sums the least gamma at "
+                f"which their rounding moves the weights by at most {DRIFT:.0%}), so its solution would be noise (in "
+                f"float32, off by more than {DRIFT:.0%}); "
                 f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}){float64_way_out(self.dtype)}"
             )
         return g

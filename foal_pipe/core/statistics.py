@@ -26,8 +26,8 @@ This module, with :mod:`foal_pipe.core.linalg` and :mod:`foal_pipe.core.gammapat
 the one-hot matrix and the Gram update are written. It is written once against the array API
 (``array-api-compat``), so NumPy, CuPy and torch arrays run the same code; labels and classes stay host-side
 NumPy arrays (they index, they do not compute). Solves and eigendecompositions run in float64 whatever the
-state's dtype: float32 sums halve the memory, and a gamma below their resolution is refused rather than solved
-into noise.
+state's dtype: float32 sums halve the memory, and a gamma below their resolution, or at which their rounding
+would move the weights by more than 1%, is refused rather than solved into noise.
 """
 
 from __future__ import annotations
@@ -41,17 +41,22 @@ from array_api_compat import array_namespace, device, is_numpy_namespace
 from foal_pipe.core.backend import default_device, dtype_name
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, apply_reflectors, eigen_floor, lapack_ok
 from foal_pipe.core.linalg import (
+    DRIFT,
     check_gammas,
     class_positions,
+    drift,
     factor_threads,
     finite_resolution,
     float64,
+    largest_entry,
     one_hot,
     shifted,
     solve_spd,
 )
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
+#: Random columns solved beside ``Q`` for float32 sums, to estimate how far their rounding moves the weights.
+PROBES = 32
 #: The default grid of ``--gamma auto``: 13 decades from 1e-4 to 1e8.
 DEFAULT_GAMMA_GRID: tuple[float, ...] = tuple(float(10.0**k) for k in range(-4, 9))
 
@@ -238,10 +243,28 @@ class RidgeStatistics:
         return {"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
 
     def solve(self, gamma: float) -> Any:
-        """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64."""
+        """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64. For float32 sums the same factorisation also
+        solves :data:`PROBES` random columns, whose mean squared length estimates ``|(G + gamma I)^-1|_F^2``
+        (Hutchinson): a gamma at which their rounding would move ``W`` by more than
+        :data:`~foal_pipe.core.linalg.DRIFT` is refused (:func:`~foal_pipe.core.linalg.drift`)."""
         check_gammas(self.G, gamma)
+        top = self._rounding_scale()
+        xp = array_namespace(self.G)
+        Q = float64(self.Q)
+        if top is not None:
+            probes = np.random.default_rng(0).standard_normal((self.dim, PROBES))
+            Q = xp.concat([Q, xp.asarray(probes, device=device(self.G))], axis=1)
         with factor_threads(self.dim):
-            return solve_spd(shifted(self.G, float(gamma)), float64(self.Q))
+            W = solve_spd(shifted(self.G, float(gamma)), Q)
+        if top is None:
+            return W
+        C = self.Q.shape[1]
+        moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top)
+        if moved > DRIFT:
+            raise FoalPipeError(f"at gamma {gamma:g} the rounding of the float32 Gram sums may move the weights by about "
+                                f"{moved:.0%} (more than {DRIFT:.0%}: G + gamma I is too ill-conditioned for them); use a "
+                                f"larger gamma or {param('dtype', 'float64')}")
+        return W[:, :C]
 
     def factor(self, vectors: bool) -> Factored:
         """The LAPACK work of :meth:`gamma_path` (on one BLAS thread up to ``SINGLE_THREAD_FACTOR_DIM``), apart from
@@ -274,7 +297,13 @@ class RidgeStatistics:
         floor = finite_resolution(self.G)
         with factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(float64(self.G))
-        return Factored(False, eigen_floor(floor, values), (values, vectors))
+        return Factored(False, eigen_floor(floor, values, self._rounding_scale()), (values, vectors))
+
+    def _rounding_scale(self) -> float | None:
+        """``max|G|`` for float32 sums, whose rounding moves the weights (:func:`~foal_pipe.core.linalg.drift`);
+        None for float64 sums, whose rounding is below the resolution floor's concern."""
+        xp = array_namespace(self.G)
+        return largest_entry(self.G) if self.G.dtype == xp.float32 else None
 
     def tridiagonal(self, factored: Factored | None = None) -> RidgeTridiagonal:
         """``G = U T U^T`` by Householder reflections (LAPACK ``dsytrd``; NumPy arrays of dimension >= 2 only).
@@ -298,10 +327,12 @@ class RidgeStatistics:
             lwork = int(lapack.dsytrd_lwork(self.dim, lower=1)[0])
             reduced, diagonal, offdiagonal, tau, info = lapack.dsytrd(float64(self.G), lower=1, lwork=lwork)
             lapack_ok("dsytrd", info)
-            lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, select="i", select_range=(0, 0), check_finite=False)
+            top = self._rounding_scale()  # float32 sums: every eigenvalue, for the rounding's floor
+            lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, check_finite=False, **(
+                {} if top is not None else {"select": "i", "select_range": (0, 0)}))
             reflectors = np.asfortranarray(reduced[1:, :-1])
             projected = np.asfortranarray(apply_reflectors(reflectors, tau, float64(self.Q), "T"))
-        return Factored(True, eigen_floor(floor, lowest), (diagonal, offdiagonal, reflectors, tau, projected))
+        return Factored(True, eigen_floor(floor, lowest, top), (diagonal, offdiagonal, reflectors, tau, projected))
 
 
 @dataclass(frozen=True)
