@@ -153,19 +153,44 @@ def test_loo_and_rls_fall_back(store: Path, tmp_path: Path) -> None:
     assert len(m["orders"]) == 2
 
 
-def test_sweep_order_seeds(store: Path, tmp_path: Path) -> None:
-    _invoke(["sweep", "--features", str(store), "--out", str(tmp_path / "sw"), *COMMON, "--gammas", "0.1,1,10",
+def test_sweep_order_seeds_record_the_means_of_separate_runs(store: Path, tmp_path: Path) -> None:
+    """Each gamma's top-level result holds, as ``learn --order-seeds`` does, the means over the orders of separate
+    ``learn --order-seed S --gamma G`` runs: A_avg, A_last, F (std beside them) and, position-wise, the accuracy
+    matrix and A_steps (so A_avg is the mean of A_steps); each order's own results are its run's. ``evaluate`` reads
+    the sweep beside a ``learn --order-seeds`` run and shows the means."""
+    from foal_pipe.report import evaluate
+
+    sweep_dir = tmp_path / "run-sweep"
+    _invoke(["sweep", "--features", str(store), "--out", str(sweep_dir), *COMMON, "--gammas", "0.1,1,10",
              "--no-loo", "--order-seeds", "0,3"])
-    report = json.loads((tmp_path / "sw" / "sweep.json").read_text())
-    assert report["one_pass"] is True
+    report = json.loads((sweep_dir / "sweep.json").read_text())
+    assert report["one_pass"] is True and "order_seed" not in report  # the top level is no one order's
     for i, g in enumerate((0.1, 1.0, 10.0)):
-        values = []
+        separate = []
         for s in (0, 3):
             _invoke(["learn", "--features", str(store), "--out", str(tmp_path / f"l{s}-{g}"), *COMMON, "--gamma", str(g),
                      "--order-seed", str(s)])
-            values.append(json.loads((tmp_path / f"l{s}-{g}" / "metrics.json").read_text())["A_avg"])
-        assert report["results"][i]["A_avg"] == pytest.approx(np.mean(values), abs=1e-12)
-        assert report["results"][i]["std"]["A_avg"] == pytest.approx(np.std(values), abs=1e-12)
+            separate.append(json.loads((tmp_path / f"l{s}-{g}" / "metrics.json").read_text()))
+        got = report["results"][i]
+        for key in ("A_avg", "A_last", "F", "F_published_code"):
+            values = [m[key] for m in separate]
+            assert got[key] == pytest.approx(np.mean(values), abs=1e-12)
+            if key != "F_published_code":
+                assert got["std"][key] == pytest.approx(np.std(values), abs=1e-12)
+        np.testing.assert_allclose(_matrix(got["accuracy_matrix"]),
+                                   np.mean([_matrix(m["accuracy_matrix"]) for m in separate], axis=0), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got["A_steps"], np.mean([m["A_steps"] for m in separate], axis=0), rtol=0, atol=1e-12)
+        assert got["A_avg"] == pytest.approx(np.mean(got["A_steps"]), abs=1e-12)
+        for entry, alone in zip(report["orders"], separate, strict=True):
+            np.testing.assert_allclose(_matrix(entry["results"][i]["accuracy_matrix"]), _matrix(alone["accuracy_matrix"]),
+                                       rtol=0, atol=1e-12)
+            assert "std" not in entry["results"][i]
+    run = tmp_path / "run"
+    _invoke(["learn", "--features", str(store), "--out", str(run), *COMMON, "--gamma", "1", "--order-seeds", "0,3"])
+    evaluate(run)
+    text = (run / "eval" / "summary.md").read_text()
+    for r in report["results"]:
+        assert f"| {r['gamma']:g} | {100 * r['A_avg']:.2f} | {100 * r['A_last']:.2f} | {100 * r['F']:.2f} |" in text
 
 
 def test_sweep_sampled_leave_one_out_orders_in_one_pass_equal_separate_sweeps(store: Path, tmp_path: Path) -> None:
@@ -196,6 +221,32 @@ def test_sweep_orders_refuse_a_leave_one_out_select_without_the_pass(store: Path
                                  "0.1,1", "--no-loo", "--select", "loo", "--order-seeds", "0,3"])
     assert result.exit_code == 1 and "needs the leave-one-out pass" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()
+
+
+#: On the module's store, Si-Blurry order 0 streams all 6 tasks and order 1 only 5 (one task receives no row).
+BLURRY = ["--projection-dim", "24", "--batch-size", "7", "--seed", "5", "--backend", "numpy", "--stream", "si-blurry",
+          "--tasks", "6"]
+
+
+@pytest.mark.parametrize("command", [["learn"], ["learn", "--head", "ncm"], ["sweep", "--gammas", "0.1,1"]],
+                         ids=["learn", "head", "sweep"])
+def test_orders_of_different_task_counts_are_refused(store: Path, tmp_path: Path, command: list[str]) -> None:
+    """Si-Blurry leaves out a task that receives no row, so orders may stream different numbers of tasks: their
+    matrices have no position-wise mean, and ``--order-seeds`` refuses them in one line naming each order's count
+    (the counts of separate ``learn --order-seed S`` runs) instead of failing inside NumPy or keeping one order's."""
+    counts = {}
+    for s in (0, 1):
+        _invoke(["learn", "--features", str(store), "--out", str(tmp_path / f"one-{s}"), *BLURRY, "--order-seed", str(s)])
+        counts[s] = json.loads((tmp_path / f"one-{s}" / "metrics.json").read_text())["n_tasks"]
+    assert counts[0] != counts[1]
+    result = runner.invoke(app, [*command, "--features", str(store), "--out", str(tmp_path / "o"), *BLURRY,
+                                 "--order-seeds", "0,1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output and not (tmp_path / "o").exists()
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert error == [f"Error: --order-seeds 0,1 stream different numbers of tasks (0: {counts[0]}, 1: {counts[1]}; "
+                     "--stream si-blurry leaves out a task that receives no row), so their accuracy matrices have no "
+                     "position-wise mean; pass order seeds that stream as many tasks each, or run each seed alone with "
+                     "--order-seed"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -321,3 +372,18 @@ def test_class_order_pilot_refusals(store, tmp_path, monkeypatch):
     result = runner.invoke(app, [*base, "--out", "run", "--class-order", "pilot"])
     assert result.exit_code == 1 and "names both the class order pilot and the file pilot" in result.output, result.output
     assert not Path("run").exists()
+
+
+def test_a_table_of_orders_of_different_task_counts_is_refused(store: Path, tmp_path: Path) -> None:
+    """``table``'s cell averages its orders under one task count: orders that stream different numbers of tasks
+    (Si-Blurry) are refused before any run, naming each order's count (the cell recorded the first order's)."""
+    counts = {}
+    for s in (0, 1):
+        _invoke(["learn", "--features", str(store), "--out", str(tmp_path / f"one-{s}"), *BLURRY, "--order-seed", str(s)])
+        counts[s] = json.loads((tmp_path / f"one-{s}" / "metrics.json").read_text())["n_tasks"]
+    assert counts[0] != counts[1]
+    result = runner.invoke(app, ["table", "--features", str(store), "--out", str(tmp_path / "t"), *BLURRY,
+                                 "--gamma", "1", "--order-seeds", "0,1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output and not (tmp_path / "t").exists()
+    assert (f"at --tasks 6 the class orders stream different numbers of tasks (0: {counts[0]}, 1: {counts[1]}; "
+            "--stream si-blurry" in " ".join(result.output.split())), result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -145,6 +146,21 @@ def _settings():
     (("--gamma", "1", "--select", "gcv"), "--select acts only with --gamma auto"),
     (("--gamma", "1", "--loo-sample", "100"), "--loo-sample acts only with --gamma auto"),
     (("--heads", "ncm,slda", "--loo-sample", "100"), "--loo-sample sets ridge's solver, which ncm, slda do not use"),
+    (("--order-seeds", "-1"), "--order-seeds must be a non-negative integer, got -1; pass e.g. --order-seeds 0"),
+    (("--heads", "ncm", "--projection-dim", "20"), "ncm works on the store's features, without a projection or gamma, "
+                                                   "so --projection-dim would be ignored"),
+    (("--heads", "cosine", "--projection-dim", "20"), "so --projection-dim would be ignored"),
+    (("--heads", "slda", "--activation", "relu"), "so --activation would be ignored; drop --activation"),
+    (("--tasks", ""), "--tasks is empty; write e.g. 5,10"),
+    (("--tasks", "x"), "--tasks 'x' is not a comma-separated list of integers; write e.g. 5,10"),
+    (("--tasks", "2.5"), "write e.g. 5,10"),
+    (("--heads", "ridge,ncm", "--projection-dim", "20", "--activation", "cos"),
+     "--activation cos draws a projection bias that ridge's model file does not hold"),
+    (("--heads", "ncm", "--seed", "5"), "--seed draws only the projection and ridge's leave-one-out sample"),
+    (("--heads", "ridge", "--gamma", "1", "--projection-dim", "0", "--seed", "5"), "drop --seed"),
+    (("--gamma", "1", "--gamma-grid", "1,10"), "--gamma-grid acts only with --gamma auto"),
+    (("--heads", "ncm", "--gamma-grid", "1,10"), "--gamma-grid sets ridge's solver, which ncm does not use"),
+    (("--heads", "ncm", "--select", "gcv"), "--select sets ridge's solver, which ncm does not use"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(stores, tmp_path, extra, message):
     out = tmp_path / "bad"
@@ -157,6 +173,16 @@ def test_bad_input_is_one_line_and_writes_nothing(stores, tmp_path, extra, messa
     result = invoke("table", "--features", stores[0], "--heads", heads, "--order-seeds", "0", "--tasks", "3",
                     "--out", out, *args)
     assert_clean_error(result, message, out)
+    assert set(re.findall(r"(--[a-z][a-z-]*)", result.output)) <= _table_flags(), result.output  # table's own options
+
+
+def _table_flags() -> set[str]:
+    import typer.main
+
+    from foal_pipe.cli import app
+
+    command = typer.main.get_command(app).commands["table"]  # type: ignore[attr-defined]
+    return {flag for p in command.params for flag in p.opts}
 
 
 def test_a_store_named_twice_is_refused(stores, tmp_path):
@@ -227,3 +253,123 @@ def test_sampled_leave_one_out_shares_nested_boundaries_and_equals_separate_lear
         assert max(separate["gamma_search"]["sample_eps"]) > 0  # a true sample
         assert run["options"]["gammas_selected"] == separate["gammas_selected"]
         assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])
+
+
+def _classes_store(path, n_classes, per_class=12, single=None):
+    """A store of ``n_classes`` separable classes of ``per_class`` training rows (class ``single``: one row)."""
+    from foal_pipe.store import write_store
+
+    def rows(counts, seed):
+        rng = np.random.default_rng(seed)
+        y = np.repeat(np.arange(n_classes), counts)
+        return (rng.normal(size=(y.size, 6)) + 3 * y[:, None]).astype(np.float32), y
+
+    train = [1 if c == single else per_class for c in range(n_classes)]
+    return write_store(path, rows(train, 0), rows([6] * n_classes, 1), [f"k{c}" for c in range(n_classes)])
+
+
+def _counting_puts(monkeypatch):
+    calls = []
+    put = engine._Kept.put
+    monkeypatch.setattr(engine._Kept, "put", lambda self, key, record: (calls.append(key), put(self, key, record)))
+    return calls
+
+
+def test_a_store_whose_task_count_is_refused_stops_the_table_before_any_run(stores, tmp_path, monkeypatch):
+    """``--tasks 6`` fits the first store (12 classes), not the second (5): refused naming the second, before the
+    first store's runs (nothing computed, no resume folder)."""
+    small = _classes_store(tmp_path / "small.zarr", 5)
+    out = tmp_path / "t"
+    calls = _counting_puts(monkeypatch)
+    result = invoke("table", "--features", stores[0], "--features", small, "--tasks", "6", "--order-seeds", "0",
+                    "--projection-dim", "16", "--out", out)
+    assert_clean_error(result, f"{small}: --tasks 6 is larger than the number of classes (5)", out)
+    assert calls == []
+    assert not (tmp_path / ".t.table-runs").exists()
+
+
+def test_fecam_one_row_class_is_refused_before_any_run(stores, tmp_path, monkeypatch):
+    """fecam's covariance needs two training rows per class by its task's end: a store with a class of one row is
+    refused up front, named, not after the stores before it have run."""
+    thin = _classes_store(tmp_path / "thin.zarr", 4, single=2)
+    out = tmp_path / "t"
+    calls = _counting_puts(monkeypatch)
+    result = invoke("table", "--features", stores[0], "--features", thin, "--heads", "ridge,fecam", "--tasks", "2",
+                    "--order-seeds", "0", "--projection-dim", "16", "--out", out)
+    assert_clean_error(result, f"{thin}: fecam needs at least 2 training rows per class for a covariance; class 'k2'", out)
+    assert "drop fecam from --heads" in result.output
+    assert calls == []
+
+
+def test_default_tasks_fall_back_as_learns_and_are_recorded(tmp_path):
+    """Without ``--tasks`` a 5-class store runs 5 tasks, as ``learn`` without ``--tasks`` does (a typed count too
+    large stays refused: the test above)."""
+    small = _classes_store(tmp_path / "small.zarr", 5)
+    out = tmp_path / "t"
+    result = invoke("table", "--features", small, "--heads", "ridge", "--order-seeds", "0", "--projection-dim", "16",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "table.json").read_text())
+    assert doc["tasks"] == [5] and [r["tasks"] for r in doc["runs"]] == [5]
+    result = invoke("learn", "--features", small, "--order-seed", "0", "--projection-dim", "16", "--gamma", "auto",
+                    "--out", tmp_path / "learn")
+    assert result.exit_code == 0, result.output
+    separate = json.loads((tmp_path / "learn" / "metrics.json").read_text())
+    assert separate["n_tasks"] == doc["runs"][0]["n_tasks"] == 5
+    assert_same_matrix(doc["runs"][0]["accuracy_matrix"], separate["accuracy_matrix"])
+
+
+def test_stores_of_the_same_folder_name_get_distinct_columns(tmp_path):
+    x = build_store(tmp_path / "x" / "s.zarr", seed=0)
+    y = build_store(tmp_path / "y" / "s.zarr", seed=1)
+    out = tmp_path / "t"
+    result = invoke("table", "--features", x, "--features", y, "--heads", "ncm", "--order-seeds", "0", "--tasks", "3",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "| head | x/s A_last | x/s A_avg | y/s A_last | y/s A_avg |" in (out / "table.md").read_text()
+    assert r"\multicolumn{2}{c}{x/s} & \multicolumn{2}{c}{y/s}" in (out / "table.tex").read_text()
+    assert "x/s" in result.output and "y/s" in result.output
+
+
+def test_store_labels_are_folder_names_unless_two_share_one():
+    from foal_pipe.report.resultstable import store_labels
+
+    assert store_labels(["data/a.zarr", "data/b.zarr", "c"]) == {"data/a.zarr": "a", "data/b.zarr": "b", "c": "c"}
+    assert store_labels(["s.zarr", "x/s.zarr", "q/y/s.zarr", "r/y/s.zarr"]) == {
+        "s.zarr": "s", "x/s.zarr": "x/s", "q/y/s.zarr": "q/y/s", "r/y/s.zarr": "r/y/s"}
+
+
+def test_help_lists_every_registered_head_and_speaks_of_the_table():
+    from foal_pipe.heads import HEADS
+
+    result = invoke("table", "--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+    heads = text[text.index("--heads"):text.index("--order-seeds")]
+    assert all(name in heads for name in HEADS), heads
+    assert "ncm, slda, fecam, cosine on the store's features" in heads
+    for option, stop in (("--loo-sample", "--projection-dim"), ("--activation", "--seed")):
+        help_text = text[text.index(option + " <"):text.index(stop + " <")]
+        assert "sweep" not in help_text and "--head-rows" not in help_text, help_text
+    assert "Default: 4096" in text
+
+
+def test_gamma_grid_is_learns_recorded_and_its_edge_warning_names_table_options(stores, tmp_path):
+    """``--gamma-grid`` as ``learn``'s: recorded, every run's chosen gammas and matrix those of ``learn --gamma-grid``;
+    a choice on the grid's edge is warned about, naming only the table's options."""
+    out = tmp_path / "t"
+    extra = ("--projection-dim", "48", "--seed", "3", "--backend", "numpy", "--gamma-grid", "1e3,1e4")
+    result = invoke("table", "--features", stores[0], "--heads", "ridge", "--order-seeds", "0", "--tasks", "3",
+                    "--out", out, *extra)
+    assert result.exit_code == 0, result.output
+    assert "extend --gamma-grid" in result.output
+    assert set(re.findall(r"(--[a-z][a-z-]*)", result.output)) <= _table_flags(), result.output
+    doc = json.loads((out / "table.json").read_text())
+    assert doc["settings"]["model"]["gamma_grid"] == [1e3, 1e4]
+    (run,) = doc["runs"]
+    result = invoke("learn", "--features", stores[0], "--order-seed", "0", "--tasks", "3", "--gamma", "auto",
+                    "--out", tmp_path / "learn", *extra)
+    assert result.exit_code == 0, result.output
+    separate = json.loads((tmp_path / "learn" / "metrics.json").read_text())
+    assert run["options"]["gammas_selected"] == separate["gammas_selected"]
+    assert_same_matrix(run["accuracy_matrix"], separate["accuracy_matrix"])

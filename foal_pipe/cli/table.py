@@ -9,41 +9,69 @@ import typer
 from rich.table import Table
 
 from foal_pipe.cli import options as o
-from foal_pipe.cli._app import app, console, err_console, print_table, user_errors
+from foal_pipe.cli._app import app, choice, console, err_console, print_table, user_errors
+from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS
+from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+from foal_pipe.protocol.stream import DEFAULT_TASKS
+
+#: How the help names the rows each space of :data:`foal_pipe.heads.SPACES` gives a head.
+SPACE_WORDS = {"activations": "on the projection's activations", "projected": "on the projected rows",
+               "features": "on the store's features"}
+#: The heads by the space they run on, in the registry's order.
+BY_SPACE = {space: [n for n, e in HEADS.items() if e.space == space] for space in dict.fromkeys(e.space for e in HEADS.values())}
+PROJECTED = ", ".join(n for n, e in HEADS.items() if e.space != "features")
+LOO_SELECTS = ", ".join(name for name in TRAINING_CRITERIA if CRITERIA[name].rows)
 
 TableFeatures = Annotated[
     list[Path], typer.Option("--features", help="A feature store (a .zarr written by `foal-pipe extract`); repeat "
                              "for several (--features A.zarr --features B.zarr): each is read once for all its runs.",
                              metavar="PATH")
 ]
-TableSeed = Annotated[int, typer.Option(help="Seed of the projection (ridge, balanced, dual) and of the leave-one-out "
-                                        "sample; the class orders come from --order-seeds.")]
+TableSeed = Annotated[int, typer.Option(help=f"Seed of the projection ({PROJECTED}) and of ridge's leave-one-out "
+                                        "sample; refused when no run uses either. The class orders come from "
+                                        f"--order-seeds. Default: {o.STREAM.seed}.", show_default=False)]
 TableHeads = Annotated[
-    str, typer.Option(help="Comma-separated heads of `foal-pipe learn --head` (any registered head): ridge, balanced "
-                      "and dual on the projection; ncm, slda, fecam on the store's features.")
+    str, typer.Option(help="Comma-separated heads of `foal-pipe learn --head`: " + "; ".join(
+        f"{', '.join(names)} {SPACE_WORDS.get(space, space)}" for space, names in BY_SPACE.items()) + ".")
 ]
 TableOrderSeeds = Annotated[
     str, typer.Option(help="Comma-separated class-order seeds; each cell is the mean and std over these orders.")
 ]
-TableTasks = Annotated[str, typer.Option(help="Comma-separated task counts, e.g. 10,20: a table per count.")]
+TableTasks = Annotated[
+    str | None, typer.Option(help=f"Comma-separated task counts, e.g. 5,10: a table per count. Default: {DEFAULT_TASKS}, "
+                             "or the fewest classes of any store when one has fewer (as learn).", show_default=False)
+]
 TableGamma = Annotated[
     str, typer.Option(help="ridge's gamma: auto (chosen at every task boundary on the training rows seen so far, "
                       "by --select) or a number > 0. balanced and dual run at ridge's last-boundary choice on the same "
                       "class order with auto (ridge must be among --heads), or at this number.")
 ]
-#: The model options a user typed, as headruns.check_head_options takes them (defaults are not "asked for"; the head
-#: options given are asked for by being given).
-MODEL_OPTIONS = ("projection_dim", "activation", "gamma", "select", "loo_sample")
+TableLooSample = Annotated[
+    int, typer.Option(help=f"With --gamma auto and a leave-one-out --select ({LOO_SELECTS}): ridge scores "
+                      "leave-one-out on this many rows drawn from --seed among those seen at each task boundary, as "
+                      "`learn --loo-sample`, instead of on every row; 0: every row (ridge then walks each task count "
+                      f"and order apart). Default: {o.MODEL.loo_sample}.", show_default=False)
+]
+TableActivation = Annotated[
+    choice(*ACTIVATIONS) | None,
+    typer.Option(help=f"Activation after the projection of {PROJECTED}: sigmoid (the paper), relu, identity, or cos "
+                 "(random Fourier features, whose bias ridge's model file does not hold: not with ridge). Default: "
+                 "sigmoid, or identity with --projection-dim 0."),
+]
+#: The options a user typed that the checks take (defaults are not "asked for"; the head options given are asked for
+#: by being given): the model's, as headruns.check_head_options takes them, and --seed.
+TYPED_OPTIONS = ("projection_dim", "activation", "gamma", "select", "gamma_grid", "loo_sample", "seed")
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
+def _ints(text: str, option: str, example: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of integers; write e.g. 0,1,2") from None
+        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of integers; write e.g. {example}") from None
     if not values:
-        raise FoalPipeError(f"{option} is empty; write e.g. 0,1,2")
+        raise FoalPipeError(f"{option} is empty; write e.g. {example}")
     return values
 
 
@@ -54,12 +82,13 @@ def table(
     out: o.Out,
     heads: TableHeads = "ridge",
     order_seeds: TableOrderSeeds = "0,1,2",
-    tasks: TableTasks = "10",
+    tasks: TableTasks = None,
     gamma: TableGamma = "auto",
     select: o.LearnSelect = None,
-    loo_sample: o.LooSample = o.MODEL.loo_sample,
+    gamma_grid: o.GammaGrid = None,
+    loo_sample: TableLooSample = o.MODEL.loo_sample,
     projection_dim: o.ProjectionDim = o.MODEL.projection_dim,
-    activation: o.Activation = o.MODEL.activation,
+    activation: TableActivation = o.MODEL.activation,
     seed: TableSeed = o.STREAM.seed,
     batch_size: o.BatchSize = o.STREAM.batch_size,
     drop_remainder: o.DropRemainder = o.STREAM.drop_remainder,
@@ -84,25 +113,28 @@ def table(
     from foal_pipe.protocol.capabilities import Settings
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.table import TableConfig, run_table
-    from foal_pipe.report.resultstable import store_label, write_files
+    from foal_pipe.report.resultstable import store_labels, write_files
 
     with user_errors():
         params = {k: v for k, v in ctx.params.items() if k not in ("heads", "tasks", "order_seeds")}
         model = o.settings(params, ModelConfig)
         settings = Settings(o.settings(params, StreamConfig), model, o.settings(params, EvaluationConfig),
                             o.settings(params, ExecutionConfig))
-        _check_applies(ctx, {k: LEARN_ONLY_WITH[k] for k in ("disjoint_ratio", "blurry_ratio", "select", "loo_sample")})
-        config = TableConfig(o.heads_value(heads), _ints(order_seeds, "--order-seeds"), _ints(tasks, "--tasks"))
-        explicit = [name for name in MODEL_OPTIONS if _typed(ctx, name)]
+        _check_applies(ctx, {k: LEARN_ONLY_WITH[k] for k in ("disjoint_ratio", "blurry_ratio", "select", "gamma_grid",
+                                                           "loo_sample")})
+        config = TableConfig(o.heads_value(heads), _ints(order_seeds, "--order-seeds", "0,1,2"),
+                             None if tasks is None else _ints(tasks, "--tasks", "5,10"))
+        explicit = [name for name in TYPED_OPTIONS if _typed(ctx, name)]
         done = run_table(features, out, config, settings, explicit,
                          log=lambda m: err_console.print(f"[yellow]{m}[/]", highlight=False, soft_wrap=True),
                          write=write_files)
-        for t in config.tasks:
-            view = Table(title=f"{t} tasks: A_last / A_avg %, mean +- std over {len(config.order_seeds)} orders")
+        labels = store_labels(done["features"])
+        for t in done["tasks"]:
+            view = Table(title=f"{t} tasks: A_last / A_avg %, mean +- std over {len(done['order_seeds'])} orders")
             view.add_column("head")
             for store in done["features"]:
-                view.add_column(store_label(store), justify="right")
-            for head in config.heads:
+                view.add_column(labels[store], justify="right")
+            for head in done["heads"]:
                 row = [head]
                 for store in done["features"]:
                     c = next(c for c in done["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, t))

@@ -140,6 +140,18 @@ def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
                             "of them")
 
 
+def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
+    """Refuse orders that stream different numbers of tasks (Si-Blurry leaves out a task that receives no row): the
+    record of many orders averages their matrices position-wise, which has no meaning across lengths."""
+    counts = [run.stream.n_tasks for run in runs]
+    if len(set(counts)) > 1:
+        each = ", ".join(f"{s}: {n}" for s, n in zip(seeds, counts))
+        raise FoalPipeError(f"{param('seeds')} {','.join(map(str, seeds))} stream different numbers of tasks ({each}; "
+                            f"{param('stream', 'si-blurry')} leaves out a task that receives no row), so their accuracy "
+                            f"matrices have no position-wise mean; pass order seeds that stream as many tasks each, or run "
+                            f"each seed alone with {param('order_seed')}")
+
+
 def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, Any]]:
     """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders, and of A_auc where every
     order has one (``--eval-every``). Floats, typed Any: they fill the records' fields of those names."""
@@ -155,21 +167,28 @@ def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
                         A_auc=metrics.A_auc, anytime=metrics.anytime)
 
 
+def order_means(entries: Sequence[Accuracy]) -> dict[str, Any]:
+    """The accuracy fields of a record of many orders: the means of A_avg, A_last, F (and A_auc, :func:`summary`)
+    with their ``std``, the position-wise means of ``accuracy_matrix`` and ``A_steps`` (after i tasks, on the j-th
+    task of each order; :func:`check_task_counts` gives every order the same positions) and ``F_published_code``'s
+    mean where every order has one. Typed Any: they fill the records' fields of those names."""
+    stats = summary(entries)
+    rows = [len(row) for row in known(entries[0].accuracy_matrix, "an order's accuracy matrix")]
+    flat = np.mean([np.concatenate(known(e.accuracy_matrix, "an order's accuracy matrix")) for e in entries], axis=0)
+    published = [v for e in entries if (v := e.F_published_code) is not None]
+    return {**stats["mean"], "std": stats["std"],
+            "accuracy_matrix": [[float(v) for v in row] for row in np.split(flat, np.cumsum(rows)[:-1])],
+            "A_steps": [float(v) for v in np.mean([known(e.A_steps, "an order's A_steps") for e in entries], axis=0)],
+            "F_published_code": float(np.mean(published)) if len(published) == len(entries) else None}
+
+
 def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool) -> LearnMetrics:
     """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved; no
-    ``order_seed``), the position-wise mean ``accuracy_matrix`` and ``A_steps``, the mean A_avg, A_last, F;
-    ``orders``, ``mean`` and ``std``."""
-    stats = summary(entries)
-    matrices = [np.array([row + [np.nan] * (len(e.accuracy_matrix) - len(row)) for row in e.accuracy_matrix])
-                for e in entries]
-    mean = np.mean(matrices, axis=0)
-    return replace(first, **stats["mean"], order_seed=None,
-                   accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(mean.shape[0])],
-                   A_steps=[float(v) for v in np.mean([known(e.A_steps, "an order's A_steps") for e in entries], axis=0)],
-                   F_published_code=(None if any(e.F_published_code is None for e in entries)
-                                     else float(np.mean([e.F_published_code for e in entries]))),
+    ``order_seed``), the means over the orders (:func:`order_means`); ``orders``, ``mean`` and ``std``."""
+    means = order_means(entries)
+    return replace(first, **means, mean={k: means[k] for k in means["std"]}, order_seed=None,
                    order_seeds=[known(e.order_seed, "an order's seed") for e in entries], orders=list(entries),
-                   mean=stats["mean"], std=stats["std"], one_pass=one_pass)
+                   one_pass=one_pass)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,6 +224,7 @@ def run_learn_orders(
     settings = _Settings(stream, model, evaluation, execution)
     runs = [prepare(features, replace(stream, order_seed=s), run_model, evaluation, execution, **kind.prepare(model))
             for s in seeds]
+    check_task_counts(seeds, runs)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
@@ -288,6 +308,7 @@ def run_sweep_orders(
         reason = ("--heads walks every head per class order" if others else
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample, 0))
         runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)
+        check_task_counts(seeds, runs)
         with shared_rows(runs) as shared:
             reports = []
             if reason is None:
@@ -354,37 +375,27 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
 
 
 def _combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select: str) -> SweepReport:
-    """The first order's report with each gamma's A_avg, A_last and F the mean over the orders (``std`` beside
-    them), the test oracle's gamma (and a choice by ``test``) from those means, and every order's results."""
-    results = []
-    for i, r in enumerate(reports[0].results):
-        stats = summary([rep.results[i] for rep in reports])
-        results.append(replace(r, **stats["mean"], std=stats["std"]))
+    """The first order's report (its settings, ``tasks``, criteria, choices and selections; no ``order_seed``) with
+    each gamma's accuracy the means over the orders (:func:`order_means`), as ``learn --order-seeds`` records them,
+    the test oracle's gamma (and a choice by ``test``) from those means, and every order's results."""
+    results = [replace(r, **order_means([rep.results[i] for rep in reports])) for i, r in enumerate(reports[0].results)]
     orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results,
                          heads=rep.heads) for s, rep in zip(seeds, reports)]
     oracle = choose(results, "test")
-    combined = replace(reports[0], results=results, orders=orders, order_seeds=list(seeds), best_gamma_test=oracle,
-                       best_gamma=oracle if select == "test" else reports[0].best_gamma)
+    combined = replace(reports[0], results=results, orders=orders, order_seed=None, order_seeds=list(seeds),
+                       best_gamma_test=oracle, best_gamma=oracle if select == "test" else reports[0].best_gamma)
     return _combine_heads(combined, reports) if reports[0].heads else combined
 
 
 def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> SweepReport:
-    """``--heads`` over orders: each head's entry with its accuracy matrix, A_avg, A_last, F (std beside them) and
-    leave-one-out accuracy the means over the orders (ridge's options: each order's gamma); the best head by
-    mean leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
+    """``--heads`` over orders: each head's entry with its accuracy the means over the orders (:func:`order_means`)
+    and its leave-one-out accuracy their mean (ridge's options: each order's gamma); the best head by mean
+    leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
     heads = {}
     for name, first in known(report.heads, "the heads' entries").items():
         entries = [known(rep.heads, "an order's heads")[name] for rep in reports]
-        stats = summary(entries)
-        T = len(first.accuracy_matrix)
-        mean = np.mean([[row + [np.nan] * (T - len(row)) for row in e.accuracy_matrix] for e in entries], axis=0)
         loo = [v for e in entries if (v := e.loo_accuracy) is not None]
-        heads[name] = replace(first, **stats["mean"], std=stats["std"],
-                              accuracy_matrix=[[float(v) for v in mean[i, : i + 1]] for i in range(T)],
-                              A_steps=[float(v) for v in np.mean([known(e.A_steps, "a head's A_steps") for e in entries],
-                                                                 axis=0)],
-                              F_published_code=None if any(e.F_published_code is None for e in entries)
-                              else float(np.mean([e.F_published_code for e in entries])),
+        heads[name] = replace(first, **order_means(entries),
                               loo_accuracy=None if len(loo) < len(entries) else float(np.mean(loo)))
         if name == "ridge":  # each order at its own gamma, chosen by the sweep's criterion on its training rows
             heads[name] = replace(heads[name], options={"gammas": [e.options["gamma"] for e in entries],

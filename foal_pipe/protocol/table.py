@@ -1,6 +1,7 @@
 """``foal-pipe table``: every store x head x task count x class order, each run the separate ``learn --head H
 --order-seed S --tasks T`` would give, from one read of each store.
 
+Every run of every store is prepared (checked) before the first starts, so a store's refusal comes before any work.
 Per store, the train and test rows of every run are read once and grouped by class
 (:func:`~foal_pipe.protocol.walk.shared_rows`); each (task count, order) then takes ridge's walk
 (:func:`~foal_pipe.protocol.commands.run_learn` on the shared rows) and one walk of the other heads
@@ -23,13 +24,21 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.protocol.capabilities import Settings
-from foal_pipe.protocol.config import ModelConfig, StreamConfig, config_record
-from foal_pipe.protocol.headruns import check_head_options, check_learn_head, resolved_options
-from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.config import ModelConfig, StreamConfig, check_seed, config_record
+from foal_pipe.protocol.headruns import (
+    PROJECTION_FIELDS,
+    RIDGE_FIELDS,
+    check_head_options,
+    check_learn_head,
+    resolved_options,
+)
+from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.stream import DEFAULT_TASKS
 
 #: The format of ``table.json``; a reader refuses another.
 TABLE_FORMAT = "foal-pipe/table"
@@ -44,19 +53,19 @@ GAMMA_HEADS = ("balanced", "dual")
 
 @dataclass(frozen=True)
 class TableConfig:
-    """What the table crosses: the heads (keys of :data:`foal_pipe.heads.HEADS`), class orders and task counts."""
+    """What the table crosses: the heads (keys of :data:`foal_pipe.heads.HEADS`), class orders and task counts
+    (None: ``learn``'s default, :data:`~foal_pipe.protocol.stream.DEFAULT_TASKS` or the fewest classes of a store)."""
 
     heads: tuple[str, ...] = ("ridge",)
     order_seeds: tuple[int, ...] = (0,)
-    tasks: tuple[int, ...] = (10,)
-
-
+    tasks: tuple[int, ...] | None = None
 
 
 def check_table(config: TableConfig, features: Sequence[Path], settings: Settings,
                 explicit: Sequence[str] | None = None) -> None:
-    """Refuse, before any work, a table some run of which ``learn`` would refuse (``explicit``: the model options the
-    user gave, as :func:`~foal_pipe.protocol.headruns.check_head_options` takes them)."""
+    """Refuse, before any work, a table some run of which ``learn`` would refuse, or an option no run would use
+    (``explicit``: the options the user gave, ``seed`` and the model's, as
+    :func:`~foal_pipe.protocol.headruns.check_head_options` takes them; None: those that differ from the defaults)."""
     if not features:
         raise FoalPipeError(f"no feature store given; pass {param('features', 'A.zarr')} (repeatable)")
     resolved = [Path(f).resolve() for f in features]
@@ -64,19 +73,27 @@ def check_table(config: TableConfig, features: Sequence[Path], settings: Setting
         raise FoalPipeError(f"{param('features')} names a store twice; name each once")
     for name in config.heads:
         head_entry(name, "heads")
-    for option, values in (("heads", config.heads), ("order_seeds", config.order_seeds), ("tasks", config.tasks)):
+    lists = {"heads": config.heads, "order_seeds": config.order_seeds}
+    for option, values in {**lists, **({} if config.tasks is None else {"tasks": config.tasks})}.items():
         if not values:
             raise FoalPipeError(f"{param(option)} is empty; give at least one")
         if len(set(values)) < len(values):
             raise FoalPipeError(f"{param(option)} lists a value twice; list each once")
-    for t in config.tasks:
+    for seed in config.order_seeds:
+        check_seed(seed, "order_seeds")
+    for t in config.tasks or ():
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise FoalPipeError(f"{param('tasks')} takes task counts of at least 1, got {t!r}; write e.g. 10,20")
     if settings.stream.class_order is not None and len(config.order_seeds) > 1:
         raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('order_seeds')} has nothing to vary; "
                             "pass one seed")
     model = settings.model
+    _check_projection_used(config.heads, model, explicit)
     check_head_options(list(config.heads), model, explicit)
+    if "ridge" in config.heads and model.resolved_activation in BIASED:  # learn --head ridge's refusal
+        raise FoalPipeError(f"{param('activation', model.resolved_activation)} draws a projection bias that ridge's "
+                            f"model file does not hold, so ridge's separate `learn` refuses it; drop ridge from "
+                            f"{param('heads')} or pass {param('activation', 'relu')}")
     others = [h for h in config.heads if h != "ridge"]
     if others:
         for name in others:
@@ -85,6 +102,28 @@ def check_table(config: TableConfig, features: Sequence[Path], settings: Setting
     if model.gamma == "auto" and auto_heads and "ridge" not in config.heads:
         raise FoalPipeError(f"with {param('gamma', 'auto')}, {', '.join(auto_heads)} run at the gamma ridge chooses on the "
                             f"training rows; add ridge to {param('heads')} or pass a number, e.g. {param('gamma', 1)}")
+
+
+def _check_projection_used(heads: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None) -> None:
+    """A projection option, or ``seed``, that no head of the table would use refused: the heads on the store's
+    features run there (as ``learn --head``), and the seed draws only the projection and ridge's leave-one-out
+    sample."""
+    if explicit is None:
+        explicit = [f for f in PROJECTION_FIELDS if getattr(model, f) != getattr(ModelConfig(), f)]
+    on_features = [h for h in heads if HEADS[h].space == "features"]
+    names = ", ".join(heads)
+    if len(on_features) == len(heads):  # ridge's own solver options: check_head_options names them
+        for option in (f for f in PROJECTION_FIELDS if f not in RIDGE_FIELDS):
+            if option in explicit:
+                projected = ", ".join(h for h, e in HEADS.items() if e.space != "features")
+                raise FoalPipeError(f"{names} work{'s' if len(heads) == 1 else ''} on the store's features, without a "
+                                    f"projection or gamma, so {param(option)} would be ignored; drop {param(option)} "
+                                    f"or add a head on the projection ({projected}) to {param('heads')}")
+    sampled = "ridge" in heads and model.loo and model.loo_sample > 0
+    if "seed" in explicit and not (sampled or (len(on_features) < len(heads) and model.projection_dim > 0)):
+        raise FoalPipeError(f"{param('seed')} draws only the projection and ridge's leave-one-out sample, and no run of "
+                            f"{names} here has either; drop {param('seed')} (the class orders come from "
+                            f"{param('order_seeds')})")
 
 
 def head_model(name: str, model: ModelConfig, gamma: float) -> ModelConfig:
@@ -152,6 +191,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
     out = Path(out)
     check_table(config, features, settings, explicit)
     check_output_dir(out)
+    config = check_stores(config, [Path(p) for p in features], settings)
     kept = _Kept(out)
     runs, resumed = [], 0
     for path in features:
@@ -163,7 +203,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
     table = {
         "format": TABLE_FORMAT, "format_version": TABLE_VERSION,
         "features": [str(p) for p in features], "heads": list(config.heads),
-        "order_seeds": list(config.order_seeds), "tasks": list(config.tasks),
+        "order_seeds": list(config.order_seeds), "tasks": list(config.tasks or ()),
         "settings": {k: _jsonable(config_record(v)) for k, v in asdict_shallow(settings).items()},
         "std_ddof": DDOF, "runs": runs, "cells": cells(runs),
     }
@@ -180,17 +220,97 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def check_stores(config: TableConfig, features: Sequence[Path], settings: Settings) -> TableConfig:
+    """Every run of every store prepared (its stream, projection and memory checked) before the first run starts,
+    so that a store's refusal, named, comes before any work; ``config`` with the task counts it runs:
+    ``learn``'s default when None (:data:`~foal_pipe.protocol.stream.DEFAULT_TASKS`, or the fewest classes of a
+    store, one count for the whole table)."""
+    from foal_pipe.store import open_store
+
+    if config.tasks is None:
+        fewest = min(len(open_store(path).classes) for path in features)
+        config = replace(config, tasks=(min(DEFAULT_TASKS, fewest),))
+    for path in features:
+        try:
+            streamed: dict[int, dict[int, int]] = {}
+            for (t, seed), stream in _streams(config, settings.stream).items():
+                run = prepare(path, stream, _ridge_model(settings.model), settings.evaluation, settings.execution)
+                streamed.setdefault(t, {})[seed] = run.stream.n_tasks
+                for group in _groups(config.heads):
+                    run = _head_run(path, stream, group, settings, 1.0)[0]
+                    if "fecam" in group:
+                        _check_fecam_rows(run, t, seed)
+            for t, counts in streamed.items():
+                _check_same_task_counts(t, counts)
+        except FoalPipeError as exc:
+            if str(path) in exc.template:
+                raise
+            raise FoalPipeError(f"{path}: {exc.template}") from None
+    return config
+
+
+def _check_same_task_counts(tasks: int, counts: dict[int, int]) -> None:
+    """Refuse class orders of one cell that stream different numbers of tasks (Si-Blurry leaves out a task that
+    receives no row): the cell would stand for runs of different lengths under one task count."""
+    if len(set(counts.values())) > 1:
+        each = ", ".join(f"{seed}: {n}" for seed, n in counts.items())
+        raise FoalPipeError(f"at {param('tasks', tasks)} the class orders stream different numbers of tasks ({each}; "
+                            f"{param('stream', 'si-blurry')} leaves out a task that receives no row), so a cell would "
+                            f"average runs of different lengths; pass {param('order_seeds')} that stream as many tasks "
+                            "each, or another task count")
+
+
+def _check_fecam_rows(run: Run, tasks: int, seed: int) -> None:
+    """fecam's refusal of a class with one training row at a task's end (its covariance), made from the stream."""
+    labels = np.asarray(run.store.train.labels)
+    counts = np.zeros(len(run.store.classes), dtype=np.int64)
+    for rows in run.stream.rows:
+        counts += np.bincount(labels[rows], minlength=counts.size)
+        single = np.flatnonzero(counts == 1)
+        if single.size:
+            raise FoalPipeError(f"fecam needs at least 2 training rows per class for a covariance; class "
+                                f"{run.store.classes[single[0]]!r} has 1 by its task's end ({param('tasks', tasks)}, "
+                                f"order {seed}): drop fecam from {param('heads')} or use more rows per class")
+
+
+def _streams(config: TableConfig, stream: StreamConfig) -> dict[tuple[int, int], StreamConfig]:
+    """The stream of every (task count, order)."""
+    return {(t, seed): replace(stream, tasks=t, order_seed=seed) for t in config.tasks or () for seed in config.order_seeds}
+
+
+def _ridge_model(model: ModelConfig) -> ModelConfig:
+    """ridge's settings: the heads' options go to the heads that take them."""
+    return replace(model, head="ridge", head_options={})
+
+
+def _groups(names: Sequence[str]) -> list[list[str]]:
+    """The heads other than ridge by the space they walk (the store's features; the projection), one walk each."""
+    others = [n for n in names if n != "ridge"]
+    groups = [[n for n in others if (HEADS[n].space == "features") == on_features] for on_features in (True, False)]
+    return [group for group in groups if group]
+
+
+def _head_run(path: Path, stream: StreamConfig, group: Sequence[str], settings: Settings,
+              gamma: float) -> tuple[Run, ModelConfig]:
+    """The prepared walk of ``group`` (one space) and the settings of its first head, as ``learn --head`` runs it."""
+    model = head_model(group[0], settings.model, gamma)
+    run_model = check_learn_head(model, settings.evaluation, settings.execution)
+    run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False)
+    return run, model
+
+
 def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept,
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
     from foal_pipe.protocol.classsums import class_statistics
     from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.learnkinds import warn_auto_edges
     from foal_pipe.protocol.orders import fallback_reason
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings
-    ridge_model = replace(s.model, head="ridge", head_options={})  # the heads' options go to the heads that take them
-    streams = {(t, seed): replace(s.stream, tasks=t, order_seed=seed) for t in config.tasks for seed in config.order_seeds}
+    ridge_model = _ridge_model(s.model)
+    streams = _streams(config, s.stream)
     runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution) for key, stream in streams.items()}
     store = next(iter(runs.values())).store
     keys = {(h, t, seed): fingerprint(store, h, t, seed, settings) for h in config.heads for (t, seed) in streams}
@@ -200,7 +320,8 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     every_row = ridge_model.loo and not ridge_model.loo_sample
     one_pass = fallback_reason(s.stream, ridge_model, s.execution, every_row, len(store.classes)) is None
     per_class = None
-    finest = max(config.tasks)  # each order's classes summed over its finest split: nested splits share boundaries
+    tasks = config.tasks or ()
+    finest = max(tasks)  # each order's classes summed over its finest split: nested splits share boundaries
     splits = {seed: runs[(finest, seed)].stream.tasks for seed in config.order_seeds}
     memos: dict[int, dict[tuple[int, ...], Any]] = {seed: {} for seed in config.order_seeds}
     if len(done) < len(keys):
@@ -214,6 +335,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                             per_class = per_class or class_statistics(runs[(t, seed)], shared)
                             m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared, splits[seed],
                                                     memos[seed])
+                            warn_auto_edges(m, log)  # as run_learn warns
                         else:
                             with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=f"{kept.path.name}-") as tmp:
                                 m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
@@ -229,7 +351,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                 for rec_key, rec in _head_runs(path, store, todo, t, seed, stream, settings, gamma, shared).items():
                     kept.put(keys[rec_key], rec)
                     done[rec_key] = rec
-    return [done[(h, t, seed)] for h in config.heads for t in config.tasks for seed in config.order_seeds], n_resumed
+    return [done[(h, t, seed)] for h in config.heads for t in tasks for seed in config.order_seeds], n_resumed
 
 
 def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any, split: Sequence[Sequence[int]],
@@ -264,13 +386,8 @@ def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: i
 
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
     g = 1.0 if gamma is None else gamma
-    for space in ("features", "projected"):
-        group = [n for n in names if (HEADS[n].space == "features") == (space == "features")]
-        if not group:
-            continue
-        model = head_model(group[0], settings.model, g)
-        run_model = check_learn_head(model, settings.evaluation, settings.execution)
-        run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False)
+    for group in _groups(names):
+        run, model = _head_run(path, stream, group, settings, g)
         options = model.head_arguments()
         reports, _ = learn_heads(run, group, options, shared.train, shared.test)
         for name in group:

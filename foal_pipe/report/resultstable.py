@@ -21,10 +21,20 @@ SHOWN = (("A_last", "A_last", "$A_{last}$"), ("A_avg", "A_avg", "$A_{avg}$"))
 CSV_FIELDS = ("store", "dataset", "encoder", "head", "tasks", "n_tasks", "orders", "metric", "mean", "std", "values")
 
 
-def store_label(store: str) -> str:
-    """A store's column name: its folder name without ``.zarr``."""
-    name = Path(store).name
-    return name.removesuffix(".zarr") or name
+def store_labels(stores: Sequence[str]) -> dict[str, str]:
+    """Each store's column name: its folder name without ``.zarr``, or, where another store's folder has the same
+    name, the fewest trailing parts of its path that tell it apart (``x/s``, ``y/s``), so no two columns share one."""
+    def label(store: str, k: int) -> str:
+        path = Path(*Path(store).parts[-k:]).as_posix()
+        return path.removesuffix(".zarr") or path
+
+    labels = {}
+    for store in stores:
+        k = 1
+        while k < len(Path(store).parts) and any(label(o, k) == label(store, k) for o in stores if o != store):
+            k += 1
+        labels[store] = label(store, k)
+    return labels
 
 
 def _cell(table: dict[str, Any], store: str, head: str, tasks: int) -> dict[str, Any] | None:
@@ -91,7 +101,8 @@ def markdown(table: dict[str, Any]) -> str:
              "Rows in italics with a note number [n] are published references (their mean only, from the source the "
              "note names), shown where their benchmark, backbone and task count match what the store records; "
              "*(replay)* marks methods that keep exemplars.", ""]
-    header = ["head", *[f"{store_label(s)} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
+    labels = store_labels(table["features"])
+    header = ["head", *[f"{labels[s]} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
     for tasks in table["tasks"]:
         lines += [f"## {tasks} tasks", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
@@ -117,13 +128,13 @@ def _tex_escape(text: str) -> str:
 def latex(table: dict[str, Any]) -> str:
     """``table.tex``: a booktabs tabular per task count, ``mean $\\pm$ std``, the best mean per column in bold."""
     matched, _ = references(table["cells"])
-    stores = table["features"]
+    stores, labels = table["features"], store_labels(table["features"])
     out = [f"% foal-pipe table: A_last and A_avg, {_orders_note(table).replace('±', '+-')}; needs \\usepackage{{booktabs}}"]
     for tasks in table["tasks"]:
         spec = "l" + " cc" * len(stores)
         out += [r"\begin{table}[t]", r"\centering", f"\\caption{{{tasks} tasks}}", f"\\begin{{tabular}}{{{spec}}}",
                 r"\toprule",
-                " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(store_label(s))}}}" for s in stores) + r" \\",
+                " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(labels[s])}}}" for s in stores) + r" \\",
                 " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(stores))),
                 "Head & " + " & ".join(tex for _ in stores for _, _, tex in SHOWN) + r" \\", r"\midrule"]
         for row in _ours(table, tasks, lambda t: f"$\\mathbf{{{t}}}$", r"\pm"):
@@ -163,6 +174,7 @@ def plot(table: dict[str, Any], path: Path) -> Path:
     from foal_pipe.report.plots import draw
 
     stores, heads, tasks = table["features"], table["heads"], table["tasks"]
+    labels = store_labels(stores)
 
     def paint(fig: Any) -> None:
         axes = fig.subplots(1, len(tasks), squeeze=False)[0]
@@ -173,7 +185,7 @@ def plot(table: dict[str, Any], path: Path) -> Path:
                 cells = [_cell(table, s, head, t) for s in stores]
                 ax.bar(x + (i - (len(heads) - 1) / 2) * width, [100 * c["A_last"]["mean"] for c in cells], width,
                        yerr=[100 * c["A_last"]["std"] for c in cells], capsize=3, label=head)
-            ax.set_xticks(x, [store_label(s) for s in stores])
+            ax.set_xticks(x, [labels[s] for s in stores])
             ax.set_title(f"{t} tasks")
             ax.set_ylabel("A_last %")
         handles, names = axes[0].get_legend_handles_labels()
