@@ -34,10 +34,19 @@ SWEEP_FILE = "sweep.json"
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 
 
-def _io_error(path: Path, exc: OSError, fix: str) -> FoalPipeError:
+class WriteError(FoalPipeError):
+    """A write that failed, with its ``path`` and ``error``: :func:`atomic_dir` names the output a file of its
+    temporary directory stands for, not the temporary path."""
+
+    def __init__(self, message: str, path: Path, error: OSError) -> None:
+        super().__init__(message)
+        self.path, self.error = path, error
+
+
+def _io_error(path: Path, exc: OSError, fix: str) -> WriteError:
     reason = exc.strerror or type(exc).__name__
     code = errno.errorcode.get(exc.errno or 0)
-    return FoalPipeError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}")
+    return WriteError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}", path, exc)
 
 
 def follow_link(path: str | Path) -> Path:
@@ -247,6 +256,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
                 os.rename(tmp, path)
         else:
             os.rename(tmp, path)
+    except WriteError as exc:  # a file of the run's: named as it would have been written
+        if not exc.path.is_relative_to(tmp):
+            raise
+        raise _io_error(path / exc.path.relative_to(tmp), exc.error, f"free some space or choose another {param('out')}; "
+                        "previous outputs are unchanged") from None
     except OSError as exc:
         raise _io_error(path, exc, f"free some space or choose another {param('out')}; previous outputs are unchanged") from None
     finally:

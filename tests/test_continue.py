@@ -215,3 +215,49 @@ def test_the_runs_own_store_is_not_counted_twice(two_stores):
     assert [p["task"] for p in continuation["all_classes"]["tasks"]] == ["T1", "T2", "eval"]
     assert continuation["all_classes"]["n_test"] == 12 + 8
     assert len(continuation["eval_features"]) == 3
+
+
+def test_an_eval_store_given_twice_is_counted_once(two_stores):
+    """``--eval-features`` naming one store twice (or it and a copy) adds its rows to ``all_classes`` once."""
+    import shutil
+
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    shutil.copytree(a, tmp_path / "a_copy.zarr")
+    out = tmp_path / "run_b"
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out", out,
+                   "--tasks", 2, "--eval-features", a, "--eval-features", a, "--eval-features", tmp_path / "a_copy.zarr")
+    assert result.exit_code == 0, result.output
+    continuation = json.loads((out / "metrics.json").read_text())["continuation"]
+    assert [p["task"] for p in continuation["all_classes"]["tasks"]] == ["T1", "T2", "eval"]
+    assert continuation["all_classes"]["n_test"] == 12 + 8
+    assert len(continuation["eval_features"]) == 3
+
+
+def test_gamma_search_options_a_continuation_would_ignore_are_refused(two_stores):
+    """The model's gamma is fixed (0.5), and a head has no gamma search: --select, --gamma-grid, --per-decade and
+    --loo-sample would be ignored, so each is refused; untyped, the continuation runs."""
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    assert learn("--features", a, "--out", tmp_path / "head_a", "--tasks", 2, "--head", "slda").exit_code == 0
+    for init in (tmp_path / "run_a" / "model.safetensors", tmp_path / "head_a" / "model.safetensors"):
+        for option, value in (("--select", "gcv"), ("--gamma-grid", "1,10"), ("--per-decade", 3), ("--loo-sample", 10)):
+            result = learn("--init-model", init, "--features", b, "--out", tmp_path / "run_b", option, value)
+            assert_one_line_error(result, f"{option} acts with", f"drop {option}")
+        assert not (tmp_path / "run_b").exists()
+
+
+def test_an_auto_models_grid_and_sample_are_checked(two_stores):
+    """A model of ``AnalyticClassifier(gamma="auto")`` continues by GCV over its own grid: another --gamma-grid and
+    any --loo-sample are refused; its own grid and --select gcv run."""
+    from foal_pipe.model.deploy import DeployedModel
+
+    tmp_path, (a, xa, ya), (b, _, _) = two_stores
+    ridge = foal_pipe.load_model(tmp_path / "run_a" / "model.safetensors")
+    auto = foal_pipe.AnalyticClassifier(gamma="auto", gamma_grid=[1e-2, 1e2]).partial_fit(ridge.projection.transform(xa), ya)
+    init = tmp_path / "auto.safetensors"
+    DeployedModel(auto, ridge.projection, ridge.class_names, ridge.encoder_spec, ridge.metadata).save(init)
+    base = ("--init-model", init, "--features", b, "--out", tmp_path / "run_b", "--tasks", 1, "--select", "gcv")
+    assert_one_line_error(learn(*base, "--loo-sample", 10), "chooses gamma by GCV", "drop it")
+    assert_one_line_error(learn(*base, "--gamma-grid", "1,10"), "--gamma-grid 1,10 conflicts with the model's grid")
+    assert not (tmp_path / "run_b").exists()
+    result = learn(*base, "--gamma-grid", "0.01,100")
+    assert result.exit_code == 0, result.output

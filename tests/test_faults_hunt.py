@@ -253,6 +253,46 @@ def test_evaluate_refuses_a_sweep_of_another_store(store, model, tmp_path):
     assert (tmp_path / "ev" / "gamma.csv").is_file()
 
 
+@pytest.mark.parametrize("other, what", [(("--projection-dim", 24), "its projection_dim is 24"),
+                                         (("--tasks", 3), "its tasks is"), (("--seed", 5), "its seed is 5"),
+                                         (("--stream", "si-blurry"), "its stream is 'si-blurry'")])
+def test_a_sweep_of_other_settings_is_not_the_runs(store, model, tmp_path, other, what):
+    """A sweep of the run's store at another projection, order, seed or stream has another gamma curve: given, it
+    is refused; found beside the run (RUN-sweep), it is left out with a note instead of plotted as the run's."""
+    base = ("sweep", "--features", store, "--tasks", 2, "--projection-dim", 16)
+    assert _invoke(*base, "--out", tmp_path / "other", *other).exit_code == 0
+    result = _invoke("evaluate", "--run", model.parent, "--sweep", tmp_path / "other", "--out", tmp_path / "ev",
+                     "--no-plots")
+    assert_one_line_error(result, "swept other settings than run", what, "pass a sweep of the run's store and settings")
+    assert not (tmp_path / "ev").exists()
+    assert _invoke(*base, "--out", tmp_path / "run-sweep", *other).exit_code == 0
+    result = _invoke("evaluate", "--run", model.parent, "--out", tmp_path / "ev", "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "ev" / "gamma.csv").exists()
+    assert "No gamma plot:" in (tmp_path / "ev" / "summary.md").read_text()
+    assert _invoke(*base, "--out", tmp_path / "run-sweep").exit_code == 0  # the run's own settings: plotted
+    assert _invoke("evaluate", "--run", model.parent, "--out", tmp_path / "ev2", "--no-plots").exit_code == 0
+    assert (tmp_path / "ev2" / "gamma.csv").is_file()
+
+
+def test_evaluate_of_a_sweep_folder_points_to_sweep_not_to_learn(store, tmp_path):
+    """The advice was `foal-pipe learn --out SWEEP_DIR`, which overwrote the sweep's timings.json."""
+    assert _invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2, "--projection-dim", 16).exit_code == 0
+    result = _invoke("evaluate", "--run", tmp_path / "sw")
+    assert_one_line_error(result, "holds a sweep (sweep.json), not a learn run", "this one as --sweep")
+    assert "learn --out" not in result.output
+
+
+def test_an_encoder_that_differs_is_named_by_its_setting(store, model, tmp_path):
+    """Another encoder is named by the setting that differs, not by two dicts cut off mid-word."""
+    assert _invoke("sweep", "--features", store, "--out", tmp_path / "sw", "--tasks", 2, "--projection-dim", 16).exit_code == 0
+    data = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    data["encoder"] = {**data["encoder"], "fusion": "cls"}
+    (tmp_path / "sw" / "sweep.json").write_text(json.dumps(data))
+    result = _invoke("evaluate", "--run", model.parent, "--sweep", tmp_path / "sw", "--out", tmp_path / "ev")
+    assert_one_line_error(result, "swept other features than run", "its encoder's fusion is 'cls' but the run's")
+
+
 # -- gammas the Python API misread -------------------------------------------------------------------------------
 @pytest.mark.parametrize("grid", [5, "1,10", b"1"])
 def test_a_gamma_grid_that_is_not_a_sequence_is_refused(grid):
@@ -350,7 +390,9 @@ def test_evaluate_of_a_store_does_not_advise_writing_a_run_into_it(store, tmp_pa
     ("learn", ("--gamma-grid", "1,10"), "--gamma auto", ("--gamma", "auto")),
     ("learn", ("--select", "gcv"), "--gamma auto", ("--gamma", "auto")),
     ("learn", ("--per-decade", 4), "--gamma auto", ("--gamma", "auto")),
-    ("learn", ("--loo-sample", 40), "--gamma auto", ("--gamma", "auto")),
+    ("learn", ("--loo-sample", 40), "--gamma auto and a leave-one-out --select (loo, loo_accuracy)", ("--gamma", "auto")),
+    ("learn", ("--loo-sample", 40, "--gamma", "auto", "--select", "gcv"),
+     "--gamma auto and a leave-one-out --select (loo, loo_accuracy)", ("--select", "loo")),
     ("learn", ("--disjoint-ratio", 30), "--stream si-blurry", ("--stream", "si-blurry")),
     ("sweep", ("--blurry-ratio", 20), "--stream si-blurry", ("--stream", "si-blurry")),
     ("learn", ("--workers", 1), "--scheduler dask and --dask-address local", None),

@@ -305,6 +305,7 @@ def test_bad_stores(tmp_path, kind, message):
         (["--gamma", "abc"], "neither a number nor 'auto'"),
         (["--gamma", "auto", "--engine", "rls"], "--gamma auto needs --engine gram"),
         (["--gamma-grid", "1,x"], "--gamma-grid '1,x' is not a comma-separated list"),
+        (["--gamma", "auto", "--gamma-grid", "0,1"], "--gamma-grid lists 0; a gamma is a positive number"),
     ],
 )
 def test_bad_settings(tmp_path, store, args, message):

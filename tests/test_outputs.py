@@ -244,7 +244,9 @@ def test_full_disk_leaves_previous_outputs(tmp_path, store, monkeypatch, command
     (out / "eval/summary.md").write_text("an earlier evaluation")
     before = snapshot(out)
     FAULTS[fault](monkeypatch)
-    one_line_error(invoke(args(0.25)), "No space left on device", str(tmp_path))
+    result = invoke(args(0.25))
+    one_line_error(result, "No space left on device", f"cannot write {out}")
+    assert ".tmp-" not in result.output  # the output is named, not the temporary folder it is written in
     monkeypatch.undo()
     assert snapshot(out) == before
     no_temporaries(tmp_path, "run")

@@ -218,3 +218,22 @@ def test_failed_write_keeps_the_previous_csv(tmp_path, trained, monkeypatch):
                    "No space left on device")
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]
+
+
+@pytest.mark.parametrize("typed", [("--top-k", "3"), ("--skip-bad",), ("--batch-size", "8"), ("--device", "cuda"),
+                                   ("--checkpoint", "vit.safetensors")])
+def test_an_image_option_with_features_is_refused(tmp_path, trained, typed):
+    """With --features these options would be ignored (the CSV unchanged): each is refused by name."""
+    store, model = trained
+    result = runner.invoke(app, ["predict", "--model", str(model), "--features", str(store), *typed,
+                                 "--out", str(tmp_path / "p.csv")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{typed[0]} acts only with --images and would be ignored here; drop {typed[0]}" in " ".join(result.output.split())
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_split_with_images_is_refused(tmp_path, trained):
+    _, model = trained
+    result = runner.invoke(app, ["predict", "--model", str(model), "--images", str(tmp_path / "a.png"), "--split", "train"])
+    assert result.exit_code == 1
+    assert "--split acts only with --features and would be ignored here; drop --split" in " ".join(result.output.split())

@@ -41,6 +41,21 @@ def test_group_head_tasks_gives_mean_and_population_std_of_the_runs(runs):
     assert "ddof 0" in result.output
 
 
+def test_a_run_of_many_orders_counts_as_its_orders(runs, tmp_path):
+    """``learn --order-seeds 0,1,2`` in a cell gives what its three ``--order-seed`` runs give: n 3, their std."""
+    root, store = runs
+    result = invoke("learn", "--features", store, "--order-seeds", "0,1,2", "--tasks", 3, "--out", tmp_path / "multi",
+                    *COMMON)
+    assert result.exit_code == 0, result.output
+    alone = invoke("summary", root / "runs", "--group", "head,tasks")
+    together = invoke("summary", tmp_path / "multi", "--group", "head,tasks")
+    assert together.exit_code == 0, together.output
+    line = next(row for row in together.output.splitlines() if row.split()[:2] == ["ridge", "3"])
+    expected = next(row for row in alone.output.splitlines() if row.split()[:2] == ["ridge", "3"])
+    assert line.split()[2] == "3" and "+- 0.00" not in line
+    assert line.split()[2:] == expected.split()[2:]
+
+
 def test_group_refuses_an_unknown_key(runs):
     root, _ = runs
     assert_one_line_error(invoke("summary", root / "runs", "--group", "head,colour"),

@@ -13,6 +13,7 @@ from rich.table import Table
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import counted
 
 
@@ -46,11 +47,15 @@ ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "workers": ("--scheduler dask and --dask-address local",  # another cluster has its own workers
                 lambda p: p["scheduler"] == "dask" and p["dask_address"] == "local"),
 }
+#: ``--select`` values that read the training rows (leave-one-out), so take ``--loo-sample``.
+LOO_SELECTS = tuple(name for name in TRAINING_CRITERIA if CRITERIA[name].rows)
 SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
                                                    lambda p: bool(p["fusion"] or p["fusions"])),
                    "loo_sample": ("the leave-one-out pass (no --no-loo)", lambda p: not p["no_loo"])}
 LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
-                   **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade", "loo_sample")}}
+                   **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade")},
+                   "loo_sample": ("--gamma auto and a leave-one-out --select (" + ", ".join(LOO_SELECTS) + ")",
+                                  lambda p: p["gamma"] == "auto" and (p["select"] or o.MODEL.select) in LOO_SELECTS)}
 
 
 def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]]) -> None:
@@ -96,7 +101,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
     (seconds per phase) as one unit: a failed or killed run leaves the previous outputs as they were.
     """
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.continuation import FIXED_BY_MODEL
+    from foal_pipe.protocol.continuation import FIXED_BY_MODEL, SEARCH_SETTINGS
     from foal_pipe.protocol.entry import LearnSettings
     from foal_pipe.protocol.entry import learn as learn_entry
 
@@ -112,7 +117,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,
             tuple(params["eval_features"] or ()),
-            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head") if _typed(ctx, name)))
+            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", *SEARCH_SETTINGS) if _typed(ctx, name)))
         if init_model is None:  # a continued model's settings are checked against the model's
             _check_head(ctx, head)
             _check_applies(ctx, LEARN_ONLY_WITH)
@@ -243,16 +248,24 @@ def _heads_table(report) -> Table:
     return table
 
 
+#: ``predict``'s options that act on one kind of input only (named): typed with the other, they are refused.
+PREDICT_ONLY_WITH = {**dict.fromkeys(("checkpoint", "top_k", "skip_bad", "batch_size", "device"), "--images"),
+                     "split": "--features"}
+
+
 @app.command()
 def predict(
+    ctx: typer.Context,
     model: Annotated[Path, typer.Option(help="model.safetensors written by `foal-pipe learn`.")],
     features: Annotated[
-        Path | None, typer.Option(help="Predict a feature store's split (a .zarr written by `foal-pipe extract`).")
+        Path | None, typer.Option(help="Predict a feature store's split (a .zarr written by `foal-pipe extract`). "
+                                  "Default: none (pass this or --images).", show_default=False)
     ] = None,
     images: Annotated[
         list[str] | None, typer.Option(help="Predict unlabelled image files, folders (recursive) or glob patterns, "
                                        "encoded as the model's store was; takes several paths (--images a.png b.png, "
-                                       "or a shell's --images dir/*.png) and repeats (--images a.png --images b.png).")
+                                       "or a shell's --images dir/*.png) and repeats (--images a.png --images b.png). Default: none (pass this "
+                                       "or --features).", show_default=False)
     ] = None,
     more_images: Annotated[
         list[str] | None, typer.Argument(help="More image paths for --images (the shell expands --images dir/*.png "
@@ -262,7 +275,7 @@ def predict(
     split: Annotated[choice("train", "test"), typer.Option(help="With --features: which split to predict, train or test.")] = "test",
     checkpoint: Annotated[
         Path | None, typer.Option(help="With --images: the checkpoint of a model whose encoder came from --checkpoint "
-                                  "(its sha256 must equal the recorded one).")
+                                  "(its sha256 must equal the recorded one). Default: none (the encoder as the model records it).", show_default=False)
     ] = None,
     top_k: Annotated[int, typer.Option(help="With --images: add the 2nd to K-th best class names and scores as "
                                        "top2_name, top2_score, ... (K > 1; the best is predicted_name, score).")] = 1,
@@ -288,6 +301,10 @@ def predict(
     with user_errors():
         if (features is None) == (not images):
             raise FoalPipeError("pass exactly one of --features STORE or --images PATH...")
+        for name, needs in PREDICT_ONLY_WITH.items():
+            if _typed(ctx, name) and (needs == "--images") != bool(images):
+                flag_name = "--" + name.replace("_", "-")
+                raise FoalPipeError(f"{flag_name} acts only with {needs} and would be ignored here; drop {flag_name}")
         if out is not None:
             check_output_file(out)
             inputs = [model, checkpoint]

@@ -359,11 +359,15 @@ def options(*names: str, **own: tuple[Any, Any]) -> Callable[[Callable[..., None
 
 
 def floats(text: str, option: str) -> tuple[float, ...]:
-    """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``; a value listed twice is refused (a sweep would evaluate it twice)."""
+    """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``: gammas, so each a positive finite number; a value listed twice is
+    refused (a sweep would evaluate it twice)."""
     try:
         values = tuple(float(g) for g in text.split(",") if g.strip())
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
+    bad = next((v for v in values if not (math.isfinite(v) and v > 0)), None)
+    if bad is not None:
+        raise FoalPipeError(f"{option} lists {bad:g}; a gamma is a positive number: write e.g. 1e-3,1e-1,1,10")
     twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
     if twice is not None:
         raise FoalPipeError(f"{option} lists {twice:g} twice; list each gamma once")

@@ -140,6 +140,29 @@ class Continued:
 
 #: ModelConfig fields a saved model fixes (its sums were computed with them).
 FIXED_BY_MODEL = ("gamma", "projection_dim", "activation", "dtype")
+#: ModelConfig fields of the gamma search: a continued model with a fixed gamma, or a head, would ignore them.
+SEARCH_SETTINGS = ("select", "gamma_grid", "per_decade", "loo_sample")
+
+
+def check_search(explicit: Collection[str], gamma: float | str, grid: tuple[float, ...], given: ModelConfig,
+                 head: str | None = None) -> None:
+    """Refuse an ``explicit`` (typed) gamma-search setting that continuing the model would ignore: every one for a
+    head or a fixed ``gamma``; with ``gamma="auto"`` (chosen by GCV, :func:`model_settings`) the leave-one-out
+    sample, and a ``gamma_grid`` other than the model's ``grid``."""
+    for key in (k for k in SEARCH_SETTINGS if k in explicit):
+        if head is not None:
+            raise FoalPipeError(f"{param(key)} acts with ridge's {param('gamma', 'auto')}; the model's {head} head has no "
+                                f"gamma search: drop {param(key)}")
+        if gamma != "auto":
+            raise FoalPipeError(f"{param(key)} acts with {param('gamma', 'auto')}; the model's gamma is fixed at {gamma:g} "
+                                f"(its last choice, if it was chosen): drop {param(key)}")
+        if key == "loo_sample":
+            raise FoalPipeError(f"a continued model chooses gamma by GCV (leave-one-out would need the old rows), so "
+                                f"{param('loo_sample')} would be ignored: drop it")
+        if key == "gamma_grid" and tuple(given.gamma_grid) != grid:
+            raise FoalPipeError(f"{param('gamma_grid', ','.join(f'{g:g}' for g in given.gamma_grid))} conflicts with the "
+                                f"model's grid {','.join(f'{g:g}' for g in grid)}; the model fixes it: drop "
+                                f"{param('gamma_grid')}")
 
 
 def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
@@ -164,6 +187,7 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
         raise FoalPipeError("the model chooses gamma automatically; a continued model chooses it by GCV (leave-one-out "
                             f"would need the old rows): pass {param('select', 'gcv')}")
     grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
+    check_search(explicit, gamma, grid, given)
     return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
                    dtype=fixed["dtype"], gamma_grid=grid)
 
@@ -193,15 +217,17 @@ def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
                 scored: Sequence[tuple[str | Path, np.ndarray, np.ndarray]]) -> AllClasses:
     """The final model on every class it has seen: the run's store's test rows task by task (rows of classes
     outside this run's tasks left out, as its accuracy matrix does) and each eval store's rows of the classes the
-    model knows (``scored``: its path and the model's ``(true, predicted)``; a store that is the run's own is
-    left out, its rows are counted once)."""
+    model knows (``scored``: its path and the model's ``(true, predicted)``; a store that is the run's own, or one
+    scored before it, a copy included, is left out: every store's rows are counted once)."""
     true, predicted = result.store_predictions(run.store.path)
     parts: list[tuple[str, str | Path, np.ndarray]] = [
         (f"T{t + 1}", run.store.path, (predicted == true)[np.isin(true, merged[task])])
         for t, task in enumerate(run.stream.tasks)]
+    counted_stores: list[str | Path] = [run.store.path]
     for path, true, predicted in scored:
-        if not same_store(path, run.store.path):
+        if not any(same_store(path, other) for other in counted_stores):
             parts.append(("eval", path, (predicted == true)[true >= 0]))
+            counted_stores.append(path)
     n = sum(hits.size for _, _, hits in parts)
     return AllClasses(A_last=sum(int(hits.sum()) for _, _, hits in parts) / max(n, 1), n_test=n, tasks=[
         TaskScore(task=task, features=str(path), n_test=int(hits.size), accuracy=int(hits.sum()) / max(hits.size, 1))
@@ -353,7 +379,8 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
                              "dtype": classifier.dtype,
                              "activation": deployed.projection.activation if space == "activations" else None,
                              "head_rows": "activations" if space != HEADS[name].space else None}
-    asked_for = {**{key: getattr(given, key) for key in explicit}, **given.head_options}
+    check_search(explicit, ModelConfig().gamma, given.gamma_grid, given, name)
+    asked_for = {**{key: getattr(given, key) for key in explicit if key not in SEARCH_SETTINGS}, **given.head_options}
     for key, asked in asked_for.items():
         known = fixed.get(key)
         if asked != known:

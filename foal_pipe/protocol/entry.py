@@ -59,7 +59,7 @@ LEARN_RULES: tuple[Rule, ...] = (
     Rule(lambda s: bool(s.eval_features) and s.init_model is None,
          f"{param('eval_features')} scores a continued model; use it with {param('init_model')}"),
     Rule(lambda s: s.init_model is not None and s.order_seeds is not None,
-         f"{param('init_model')} continues one stream; leave out {param('order_seed')}/{param('order_seeds')}"),
+         f"{param('init_model')} continues one stream (one class order); leave out {param('order_seeds')}"),
     Rule(lambda s: s.init_model is not None and "seed" in s.given,
          f"{param('seed')} draws the projection, which comes from {param('init_model')}; drop {param('seed')}"),
     Rule(lambda s: s.init_model is not None and "projection_init" in s.given,
@@ -89,9 +89,9 @@ def learn(features: str | Path, out: str | Path, settings: LearnSettings | None 
     s = settings or LearnSettings()
     check_rules(LEARN_RULES, s)
     if s.init_model is not None:
-        from foal_pipe.protocol.continuation import FIXED_BY_MODEL, run_continue
+        from foal_pipe.protocol.continuation import FIXED_BY_MODEL, SEARCH_SETTINGS, run_continue
 
-        fixed = [name for name in (*FIXED_BY_MODEL, "head") if name in s.given]  # and every head option given
+        fixed = [name for name in (*FIXED_BY_MODEL, "head", *SEARCH_SETTINGS) if name in s.given]  # and every head option given
         return run_continue(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution,
                             list(s.eval_features), log, fixed)
     if s.order_seeds is not None:

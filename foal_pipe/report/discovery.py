@@ -23,6 +23,13 @@ from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, r
 TIMINGS_FILE = "timings.json"
 
 
+#: What a sweep shares with a run for its gamma curve to be the run's, besides the features (each where both files
+#: record it): the seed (of the projection, and of the class order unless one is given), the projection and
+#: activation, the stream and the scoring, then the tasks (the class order) themselves.
+SWEPT_SETTINGS = ("seed", "projection_dim", "projection_init", "activation", "stream", "disjoint_ratio", "blurry_ratio",
+                  "mask_unseen", "drop_last", "drop_remainder", "dtype", "tasks")
+
+
 def sweep_candidates(run_dir: Path) -> tuple[Path, ...]:
     """Where a run's sweep may be, in the order they are tried: ``RUN/sweep.json``, ``RUN-sweep/sweep.json``."""
     name = run_dir.name or run_dir.resolve().name
@@ -49,6 +56,9 @@ def load_run(
     if is_feature_store(run_dir):  # the advice below would be to write a run into the store
         raise FoalPipeError(f"{run_dir} is a feature store, not a run directory; pass the directory that "
                             f"`foal-pipe learn --features {run_dir} --out DIR` wrote")
+    if not (run_dir / METRICS_FILE).exists() and (run_dir / SWEEP_FILE).exists():
+        raise FoalPipeError(f"{run_dir} holds a sweep ({SWEEP_FILE}), not a learn run; pass the run's directory as "
+                            f"{param('run_dir')} and this one as {param('sweep')}")
     if not (run_dir / METRICS_FILE).exists():
         raise FoalPipeError(
             f"{run_dir} has no {METRICS_FILE}; run `foal-pipe learn --out {run_dir}` first (or check the path)"
@@ -63,12 +73,17 @@ def load_run(
         run.sweep_searched = () if run.sweep_path else candidates
     if run.sweep_path is not None:
         run.sweep = read_sweep(run.sweep_path)
-        found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics) if sweep is not None else []
+        found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics, _fusions(run.sweep))
+        kind = "features" if found else "settings"
+        pairs = [(key, _setting(run.sweep, key), _setting(run.metrics, key)) for key in SWEPT_SETTINGS]
+        found += [(key, theirs, ours) for key, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
         if found:
             what, theirs, ours = found[0]
-            raise FoalPipeError(f"{param('sweep')} {run.sweep_path} swept other features than run {run_dir}: its "
-                                f"{what} is {theirs!r:.80} but the run's metrics.json has {ours!r:.80}; pass a sweep "
-                                "of the run's store")
+            problem = (f"{run.sweep_path} swept other {kind} than run {run_dir}: its {what} is {_short(theirs)} but "
+                       f"the run's metrics.json has {_short(ours)}")
+            if sweep is not None:
+                raise FoalPipeError(f"{param('sweep')} {problem}; pass a sweep of the run's store and settings")
+            run.sweep, run.sweep_path, run.sweep_mismatch = None, None, problem
     model_path = Path(model) if model is not None else run_dir / MODEL_FILE
     if model is not None:
         check_run_model(run, model_path)
@@ -135,15 +150,50 @@ def check_run_model(run: Run, path: Path) -> None:
             found.append(("projection dimension D", rows, m.projection_dim))
     if found:
         what, theirs, ours = found[0]
-        raise FoalPipeError(f"{param('model')} {path} is not the model of run {run.path}: its {what} is {theirs!r:.80} "
-                            f"but the run's metrics.json has {ours!r:.80}; pass the run's own model (or leave out "
+        raise FoalPipeError(f"{param('model')} {path} is not the model of run {run.path}: its {what} is {_short(theirs)} "
+                            f"but the run's metrics.json has {_short(ours)}; pass the run's own model (or leave out "
                             f"{param('model')})")
 
 
-def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics) -> list[tuple[str, Any, Any]]:
-    """``(what, theirs, the run's)`` where a file's dataset or encoder differ from the run's (both recorded)."""
-    pairs = (("dataset", dataset, metrics.dataset), ("encoder", encoder, metrics.encoder))
-    return [(what, theirs, ours) for what, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
+#: The encoder settings a fusion chosen when reading sets (:func:`foal_pipe.store.blockfusion.fused_encoder`).
+FUSION_KEYS = ("fusion", "blocks_dtype", "final_norm")
+
+
+def _fusions(sweep: SweepReport) -> list[str] | None:
+    """The fusions a ``sweep --fusions`` compared (its encoder records the store's own), else None."""
+    return None if sweep.fusions is None else [entry.fusion for entry in sweep.fusions]
+
+
+def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics,
+                fusions: list[str] | None = None) -> list[tuple[str, Any, Any]]:
+    """``(what, theirs, the run's)`` where a file's dataset or encoder differ from the run's (both recorded): the
+    dataset, then each encoder setting that differs, by name. ``fusions``: the file compared these (a
+    ``sweep --fusions``), so the run's fusion must be one of them instead of its encoder's."""
+    found = []
+    if None not in (dataset, metrics.dataset) and dataset != metrics.dataset:
+        found.append(("dataset", dataset, metrics.dataset))
+    if isinstance(encoder, dict) and isinstance(metrics.encoder, dict):
+        skip = FUSION_KEYS if fusions is not None else ()
+        found += [(f"encoder's {key}", encoder.get(key), metrics.encoder.get(key))
+                  for key in sorted(set(encoder) | set(metrics.encoder))
+                  if key not in skip and encoder.get(key) != metrics.encoder.get(key)]
+        if fusions is not None and metrics.encoder.get("fusion") not in fusions:
+            found.append(("fusions", fusions, metrics.encoder.get("fusion")))
+    elif None not in (encoder, metrics.encoder) and encoder != metrics.encoder:
+        found.append(("encoder", encoder, metrics.encoder))
+    return found
+
+
+def _setting(record: Any, key: str) -> Any:
+    """A recorded setting of a run or sweep; the stream is recorded only when it is not the default disjoint one."""
+    value = getattr(record, key)
+    return "disjoint" if key == "stream" and value is None else value
+
+
+def _short(value: Any) -> str:
+    """A recorded value for a one-line message: its repr, cut at 60 characters with an ellipsis."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass

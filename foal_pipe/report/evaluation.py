@@ -82,7 +82,9 @@ def evaluate(
     run = load_run(run_dir, sweep=sweep, model=model)
     out = Path(out) if out is not None else run.path / DEFAULT_OUT
     ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
-    if run.sweep_searched:
+    if run.sweep_mismatch is not None:
+        ev.notes.append(f"No gamma plot: {run.sweep_mismatch}; pass `--sweep` of a sweep with the run's settings.")
+    elif run.sweep_searched:
         looked = " or ".join(str(p) for p in run.sweep_searched)
         ev.notes.append(f"No gamma sweep found (looked for {looked}), so no gamma plot: run "
                         f"`foal-pipe sweep --out {run.sweep_searched[-1].parent}` or pass `--sweep`.")

@@ -40,10 +40,11 @@ def parse_group(text: str) -> tuple[str, ...]:
 
 def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[str, Any]]:
     """One cell per distinct value of ``keys`` (in order of first appearance): ``key values``, ``n`` runs and each
-    metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``."""
-    groups: dict[tuple, list[LearnMetrics]] = {}
+    metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``. A ``learn --order-seeds`` run counts as its
+    class orders, each a run (as the separate ``--order-seed`` runs would), not as their mean."""
+    groups: dict[tuple, list[Any]] = {}
     for m in runs:
-        groups.setdefault(tuple(GROUP_KEYS[k](m) for k in keys), []).append(m)
+        groups.setdefault(tuple(GROUP_KEYS[k](m) for k in keys), []).extend(m.orders or [m])
     cells = []
     for values, members in groups.items():
         cell: dict[str, Any] = {"key": dict(zip(keys, values, strict=True)), "n": len(members)}

@@ -47,6 +47,8 @@ class Run:
     model_path: Path | None = None
     #: Where a sweep was looked for, when none was given and none was found.
     sweep_searched: tuple[Path, ...] = ()
+    #: Why the sweep found beside the run was not used (it swept other features or settings).
+    sweep_mismatch: str | None = None
 
     @property
     def matrix(self) -> list[list[float]]:
