@@ -314,7 +314,7 @@ def test_gcv_draws_no_sample(tmp_path, store, monkeypatch):
     drawn = []
     original = RowSample.draw
     monkeypatch.setattr(RowSample, "draw", lambda *a, **k: drawn.append(1) or original(*a, **k))
-    learn(store, tmp_path / "gcv", "--gamma", "auto", "--select", "gcv", "--loo-sample", 50)
+    learn(store, tmp_path / "gcv", "--gamma", "auto", "--select", "gcv")
     assert not drawn
     learn(store, tmp_path / "loo", "--gamma", "auto", "--loo-sample", 50)
     assert drawn
