@@ -201,31 +201,21 @@ def test_metrics_without_all_classes_still_read(two_stores):
     assert metrics.to_dict() == data
 
 
-def test_the_runs_own_store_is_not_counted_twice(two_stores):
-    """``--eval-features`` naming the new store itself (or a copy of it) adds no rows to ``all_classes``."""
+@pytest.mark.parametrize("copied, given", [("b", ("a", "b", "b_copy")), ("a", ("a", "a", "a_copy"))],
+                         ids=["the-runs-own-store", "an-eval-store-twice"])
+def test_every_store_is_counted_once(two_stores, copied, given):
+    """``--eval-features`` naming the new store itself, or one eval store twice (each also as a copy), adds those
+    rows to ``all_classes`` once; every store given is still scored in ``eval_features``."""
     import shutil
 
     tmp_path, (a, _, _), (b, _, _) = two_stores
-    shutil.copytree(b, tmp_path / "b_copy.zarr")
+    stores = {"a": a, "b": b}
+    stores[f"{copied}_copy"] = tmp_path / f"{copied}_copy.zarr"
+    shutil.copytree(stores[copied], stores[f"{copied}_copy"])
     out = tmp_path / "run_b"
+    evals = [arg for name in given for arg in ("--eval-features", stores[name])]
     result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out", out,
-                   "--tasks", 2, "--eval-features", a, "--eval-features", b, "--eval-features", tmp_path / "b_copy.zarr")
-    assert result.exit_code == 0, result.output
-    continuation = json.loads((out / "metrics.json").read_text())["continuation"]
-    assert [p["task"] for p in continuation["all_classes"]["tasks"]] == ["T1", "T2", "eval"]
-    assert continuation["all_classes"]["n_test"] == 12 + 8
-    assert len(continuation["eval_features"]) == 3
-
-
-def test_an_eval_store_given_twice_is_counted_once(two_stores):
-    """``--eval-features`` naming one store twice (or it and a copy) adds its rows to ``all_classes`` once."""
-    import shutil
-
-    tmp_path, (a, _, _), (b, _, _) = two_stores
-    shutil.copytree(a, tmp_path / "a_copy.zarr")
-    out = tmp_path / "run_b"
-    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out", out,
-                   "--tasks", 2, "--eval-features", a, "--eval-features", a, "--eval-features", tmp_path / "a_copy.zarr")
+                   "--tasks", 2, *evals)
     assert result.exit_code == 0, result.output
     continuation = json.loads((out / "metrics.json").read_text())["continuation"]
     assert [p["task"] for p in continuation["all_classes"]["tasks"]] == ["T1", "T2", "eval"]
