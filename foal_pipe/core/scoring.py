@@ -219,6 +219,8 @@ class ModelScores:
     def _exact(self, H: Any, model: int | None = None) -> np.ndarray:
         """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone."""
         xp = array_namespace(H)
+        if H.dtype != self.W.dtype:  # float32 rows, float64 weights: torch multiplies only equal dtypes
+            H = xp.astype(H, self.W.dtype)
         if model is None:
             scores = xp.reshape(H @ self.W, (H.shape[0], self.models, -1))
         else:
