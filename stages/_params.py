@@ -54,6 +54,7 @@ os.environ.update(kernel_pins())
 import shlex  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -81,6 +82,124 @@ class ParamsError(ValueError):
     """params.yaml does not describe the run asked for; the message names the fix."""
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What one key of params.yaml takes: ``accepts(value)``, and how the error names it (``expected``)."""
+
+    expected: str
+    accepts: Callable[[Any], bool]
+
+
+def _passes(check: Callable[[Any], object]) -> Callable[[Any], bool]:
+    """``check`` (one of foal_pipe's validators, raising FoalPipeError) as a predicate."""
+    from foal_pipe.errors import FoalPipeError
+
+    def accepts(value: Any) -> bool:
+        try:
+            check(value)
+        except (FoalPipeError, TypeError, ValueError):
+            return False
+        return True
+
+    return accepts
+
+
+def _int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _optional(kind: Kind) -> Kind:
+    return Kind(f"{kind.expected}, or null", lambda v: v is None or kind.accepts(v))
+
+
+def _list_of(kind: Kind, items: str, empty: bool) -> Kind:
+    what = f"a YAML list of {items}" + (" ([] for none)" if empty else ", not empty")
+    return Kind(what, lambda v: isinstance(v, list) and (empty or bool(v)) and all(kind.accepts(x) for x in v))
+
+
+BOOL = Kind("a YAML boolean, true or false (unquoted)", lambda v: isinstance(v, bool))
+TEXT = Kind("a string", lambda v: isinstance(v, str) and bool(v.strip()))
+POSITIVE = Kind("a positive integer", lambda v: _int(v, 1))
+NON_NEGATIVE = Kind("a non-negative integer", lambda v: _int(v, 0))
+
+
+def _choice(values: Any) -> Kind:
+    values = tuple(values)
+    return Kind(f"one of {', '.join(values)}", lambda v: isinstance(v, str) and v in values)
+
+
+def _extract_choice(name: str) -> Kind:
+    """The values `foal-pipe extract --NAME` takes (its ``choice(...)`` annotation)."""
+    from typing import get_args, get_type_hints
+
+    from foal_pipe.cli.extract import extract
+
+    return _choice(get_args(get_args(get_type_hints(extract, include_extras=True)[name])[0]))
+
+
+def kinds() -> dict[str, dict[str, Kind]]:
+    """Each key of each shared section (:data:`KEYS`) -> what it takes, from foal_pipe's own registries and checks
+    (imported here, not at import time: the stage scripts pin the kernels first)."""
+    from foal_pipe.core.activations import ACTIVATIONS, INITS
+    from foal_pipe.core.backend import BACKENDS, DTYPES
+    from foal_pipe.core.engines import ENGINES, check_gamma
+    from foal_pipe.heads import HEADS
+    from foal_pipe.protocol.config import check_seed, parse_gamma
+    from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+    from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion
+
+    fusion = Kind(f"a fusion spec string: {FUSION_FORMS}", lambda v: isinstance(v, str) and _passes(parse_fusion)(v))
+    gamma = Kind("a positive number (e.g. 1.0 or 1e-3)", lambda v: not isinstance(v, str) and _passes(check_gamma)(v))
+    seed = Kind("a non-negative integer", _passes(check_seed))
+    scalars = (str, int, float, bool, type(None))
+    return {
+        "extract": {
+            "model": TEXT, "checkpoint": _optional(TEXT),
+            "model_kwargs": Kind("a YAML mapping of names to numbers, strings or booleans, e.g. {img_size: 32}",
+                                 lambda v: isinstance(v, dict) and all(isinstance(x, scalars) for x in v.values())),
+            "fusion": fusion, "token": _extract_choice("token"), "image_size": _optional(POSITIVE), "normalize": BOOL,
+            "dtype": _extract_choice("dtype"), "keep_blocks": BOOL, "chunk_rows": POSITIVE, "data_dir": _optional(TEXT),
+            "test_split": _optional(Kind("a fraction between 0 and 1", lambda v: isinstance(v, (int, float))
+                                         and not isinstance(v, bool) and 0 < v < 1)),
+            "split_seed": seed, "download": BOOL, "device": _extract_choice("device"),
+            "precision": _extract_choice("precision"), "batch_size": _optional(POSITIVE), "workers": _optional(NON_NEGATIVE),
+        },
+        "learn": {
+            "tasks": _optional(POSITIVE), "batch_size": POSITIVE, "projection_dim": NON_NEGATIVE,
+            "activation": _choice(ACTIVATIONS),
+            "gamma": Kind("a positive number or auto",
+                          lambda v: v == "auto" or (not isinstance(v, str) and _passes(parse_gamma)(v))),
+            "select": _choice(TRAINING_CRITERIA), "seed": seed,
+            "order_seeds": _list_of(seed, "non-negative integers", empty=True),
+            "engine": _choice(ENGINES), "dtype": _choice(DTYPES), "backend": _choice(BACKENDS),
+            "projection_init": _choice(INITS), "drop_last": BOOL, "drop_remainder": BOOL, "mask_unseen": BOOL,
+        },
+        "sweep": {"gammas": _optional(_list_of(gamma, "positive numbers", empty=False)), "select": _choice(CRITERIA),
+                  "fusions": _list_of(fusion, f"fusion specs ({FUSION_FORMS})", empty=True)},
+        "table": {"heads": _list_of(_choice(HEADS), f"heads ({', '.join(HEADS)})", empty=False),
+                  "order_seeds": _list_of(seed, "non-negative integers", empty=False),
+                  "tasks": _list_of(POSITIVE, "positive integers", empty=False)},
+    }
+
+
+def check(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
+    """Refuse, in one line naming the key and what it takes, a value of the wrong type or outside its choices: a
+    quoted ``"false"`` would otherwise be true, and a bad value fail only in a later stage, after the settings files
+    and dvc.lock were updated."""
+    from foal_pipe.datasets import DATASETS
+
+    if not isinstance(settings["dataset"], str) or settings["dataset"] not in DATASETS:
+        where = f"datasets.{name}.dataset" if "dataset" in entry else f"the run name `{name}` (no `dataset` key)"
+        raise ParamsError(f"{where} in {PARAMS} names no registered dataset ({settings['dataset']!r}); set "
+                          f"datasets.{name}.dataset to one of: {', '.join(DATASETS)}")
+    for section, section_kinds in kinds().items():
+        for key, kind in section_kinds.items():
+            value = settings[section][key]
+            if not kind.accepts(value):
+                where = f"datasets.{name}.{section}.{key}" if key in (entry.get(section) or {}) else f"{section}.{key}"
+                raise ParamsError(f"{where} in {PARAMS} must be {kind.expected}, got {value!r}")
+
+
 def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     """One run's settings: ``{"dataset": ..., "extract": {...}, "learn": {...}, "sweep": {...}}``.
 
@@ -88,8 +207,14 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     sections; an unknown key, there or in a shared section (:data:`KEYS`), is refused (a typo would otherwise be
     ignored silently).
     """
+    if not isinstance(params, dict):
+        raise ParamsError(f"{PARAMS} must map `datasets` and the sections {', '.join(SECTIONS)} to their settings")
+    unknown = sorted(set(params) - {"datasets", *SECTIONS})
+    if unknown:
+        raise ParamsError(f"{PARAMS} has unknown top-level sections {unknown}; its sections are: datasets, "
+                          + ", ".join(SECTIONS))
     entries = params.get("datasets")
-    if not isinstance(entries, dict):
+    if not isinstance(entries, dict) or not entries:
         raise ParamsError(f"`datasets` in {PARAMS} must map run names to overrides, e.g. `digits: {{}}`")
     if name not in entries:
         raise ParamsError(f"no run {name!r} under `datasets` in {PARAMS}; the runs are: {', '.join(entries)}")
@@ -102,6 +227,8 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
             raise ParamsError(f"`{section}` in {PARAMS} has unknown keys {unknown}; its keys are: "
                               f"{', '.join(KEYS[section])}")
     entry = entries[name] or {}
+    if not isinstance(entry, dict):
+        raise ParamsError(f"datasets.{name} in {PARAMS} must be a mapping of overrides (or {{}}), got {entry!r}")
     unknown = sorted(set(entry) - {"dataset", *SECTIONS})
     if unknown:
         raise ParamsError(f"datasets.{name} in {PARAMS} has unknown keys {unknown}; it may set: dataset, "
@@ -109,11 +236,19 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     settings: dict[str, Any] = {"dataset": entry.get("dataset", name)}
     for section in SECTIONS:
         overrides = entry.get(section) or {}
+        if not isinstance(overrides, dict):
+            raise ParamsError(f"datasets.{name}.{section} in {PARAMS} must map keys of `{section}` to values, got {overrides!r}")
         unknown = sorted(set(overrides) - set(params[section]))
         if unknown:
             raise ParamsError(f"datasets.{name}.{section} in {PARAMS} has unknown keys {unknown}; the keys of "
                               f"`{section}` are: {', '.join(params[section])}")
         settings[section] = {**params[section], **overrides}
+    missing = {section: sorted(set(KEYS[section]) - set(settings[section])) for section in SECTIONS}
+    for section, keys in missing.items():
+        if keys:
+            raise ParamsError(f"`{section}` in {PARAMS} lacks the keys {keys}; set each (the repository's params.yaml "
+                              "has every key with its default)")
+    check(settings, name, entry)
     return settings
 
 

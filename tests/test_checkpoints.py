@@ -256,3 +256,22 @@ def test_extract_records_the_resampling_and_resumes(tmp_path, tiny_vit_checkpoin
     assert again.exit_code == 0 and "already complete with these settings" in again.output, again.output
     info = CliRunner().invoke(app, ["info", str(out)])
     assert "position embeddings resampled 4x4 -> 2x2 (bicubic): saved at another image size" in info.output
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.to(torch.int32), "holds blocks.0.attn.qkv.weight as torch.int32, but the model's blocks.0.attn.qkv.weight is "
+                                  "torch.float32: loading would cast it"),
+    (lambda t: torch.where(torch.arange(t.numel()).reshape(t.shape) == 3, torch.nan, t),
+     "holds non-finite values (NaN or inf) in blocks.0.attn.qkv.weight; the weights are damaged"),
+])
+def test_a_tensor_of_another_kind_or_not_finite_is_refused(tmp_path, state, change, message):
+    """An integer tensor for a float parameter was cast (the features all 0, learn at chance, exit 0); a NaN weight
+    surfaced only as non-finite features, with advice about --precision. Both are refused when loading."""
+    path = tmp_path / "kind.safetensors"
+    save_file({**state, "blocks.0.attn.qkv.weight": change(state["blocks.0.attn.qkv.weight"])}, str(path))
+    with pytest.raises(FoalPipeError) as info:
+        _load(path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    float16 = tmp_path / "half.safetensors"  # a float16 file for a float32 model stays accepted (cast, documented)
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, str(float16))
+    _load(float16)

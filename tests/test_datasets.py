@@ -50,12 +50,16 @@ def test_digits_fixed_stratified_split():
 
 
 def test_imagefolder_classes_labels_and_order(image_tree):
-    (image_tree / "test" / "fox").mkdir()  # a class seen only in test still gets a label
+    (image_tree / "test" / "fox").mkdir()  # a class seen only in test is refused (it would always be wrong) ...
     Image.new("RGB", (9, 9)).save(image_tree / "test" / "fox" / "a.png")
+    with pytest.raises(FoalPipeError, match="class 'fox' has images in .*test/fox but none in .*train/fox"):
+        open_dataset("imagefolder", image_tree)
+    (image_tree / "train" / "fox").mkdir()  # ... and labelled once it has training images too
+    Image.new("RGB", (9, 9)).save(image_tree / "train" / "fox" / "b.png")
     data = open_dataset("imagefolder", image_tree)
     assert data.classes == ["cat", "dog", "emu", "fox"]
-    assert len(data.train) == 15 and len(data.test) == 7
-    np.testing.assert_array_equal(data.train.labels, np.repeat([0, 1, 2], 5))
+    assert len(data.train) == 16 and len(data.test) == 7
+    np.testing.assert_array_equal(data.train.labels, np.repeat([0, 1, 2, 3], [5, 5, 5, 1]))
     assert data.train.describe(0).endswith("train/cat/img000.png")
     assert data.test.describe(6).endswith("test/fox/a.png")
 

@@ -81,6 +81,9 @@ def test_sweep_heads_equal_learn_and_keep_the_gamma_sweep(store, tmp_path):
     assert {k: v for k, v in report.items() if k not in added} == plain
     heads = report["heads"]
     assert sorted(heads) == ["fecam", "ncm", "ridge", "slda"]  # written with sorted keys
+    # the rows each ran on: the store's features for the features heads, though --projection-dim is typed (ridge's)
+    assert {n: h["rows"] for n, h in heads.items()} == {"ridge": "activations", "ncm": "features", "slda": "features",
+                                                         "fecam": "features"}
     chosen = next(r for r in plain["results"] if r["gamma"] == plain["best_gamma"])
     assert heads["ridge"]["accuracy_matrix"] == chosen["accuracy_matrix"]
     assert heads["ridge"]["loo_accuracy"] == chosen["loo_accuracy"][-1]

@@ -282,10 +282,26 @@ def test_classifier_round_trip_keeps_names_and_state(tmp_path):
     assert not (tmp_path / "bad.safetensors").exists()
 
 
-def test_negative_class_counts_are_refused(tmp_path):
-    """The gram state's rows per class cannot be negative (GCV divides by their sum)."""
+@pytest.mark.parametrize("counts, seen, message", [
+    ([4, -1], 3, "row count of a class is negative"),
+    ([4, 2], 999, "the class row counts sum to 6 but 'n_samples_seen' is 999"),
+])
+def test_class_counts_that_cannot_be_are_refused(tmp_path, counts, seen, message):
+    """The gram state's rows per class: none negative (GCV divides by their sum; 0 is a class declared by
+    ``partial_fit(classes=...)`` before its rows), summing to the rows seen, as a head's model file is checked."""
     tensors = {"W": np.zeros((3, 2)), "classes": np.array([0, 1]), "G": np.eye(3), "Q": np.zeros((3, 2)),
-               "counts": np.array([4, -1])}
-    meta = {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 3}
-    with pytest.raises(FoalPipeError, match="row count of a class is negative"):
+               "counts": np.array(counts)}
+    meta = {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": seen}
+    with pytest.raises(FoalPipeError, match=message):
         write_model(tmp_path / "m.safetensors", tensors, meta)
+
+
+def test_a_class_declared_before_its_rows_saves_and_loads(tmp_path):
+    """``partial_fit(classes=...)`` stores a class with 0 rows; its model file is valid (the counts check refuses
+    only negative counts and a sum other than ``n_samples_seen``)."""
+    X = np.random.default_rng(0).random((10, 3))
+    clf = AnalyticClassifier().partial_fit(X, np.array([0, 1] * 5), classes=[0, 1, 2])
+    clf.save(tmp_path / "m.safetensors")
+    tensors, meta = read_model(tmp_path / "m.safetensors")
+    assert tensors["counts"].tolist() == [5, 5, 0] and meta["n_samples_seen"] == 10
+    np.testing.assert_array_equal(AnalyticClassifier.load(tmp_path / "m.safetensors").weights_, clf.weights_)

@@ -314,7 +314,7 @@ def test_sweep_command_line():
     params["sweep"]["fusions"] = ["mean-cls", "last", "mean:7-12"]
     assert "--gammas" not in _command("sweep")  # null: the CLI's default grid
     assert _pairs(_command("sweep", params=params))["--fusions"] == "mean-cls,last,mean:7-12"
-    assert _command("evaluate", "shapes", {**params, "datasets": {"shapes": {}}}) == [
+    assert _command("evaluate", "shapes", {**params, "datasets": {"shapes": {"dataset": "imagefolder"}}}) == [
         "evaluate", "--run", "runs/shapes", "--out", "runs/shapes/eval"]
 
 
@@ -381,7 +381,7 @@ def test_stage_script_params_errors_exit_nonzero(workdir):
 @needs_learn_options
 def test_stage_script_missing_store_is_one_line_error(workdir):
     params = yaml.safe_load((workdir / "params.yaml").read_text())
-    params["datasets"]["other"] = {}
+    params["datasets"]["other"] = {"dataset": "digits"}  # a second run of a registered dataset
     (workdir / "params.yaml").write_text(yaml.safe_dump(params))
     missing = _stage("learn", workdir, "other", check=False)
     lines = missing.stderr.strip().splitlines()

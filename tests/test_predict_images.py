@@ -173,3 +173,11 @@ def test_unlabelled_images_store(deployed, tmp_path):
     empty.mkdir()
     with pytest.raises(foal_pipe.FoalPipeError, match="no images"):
         run_extract(ExtractSpec(dataset="images", data_dir=str(empty), model="pixels", out=str(tmp_path / "e.zarr")))
+
+
+def test_a_top_k_beyond_the_models_classes_is_refused(deployed):
+    """The model knows 3 classes: --top-k 5 gave three columns without a word; it is refused, naming the most."""
+    root, tree, store, model = deployed
+    result = runner.invoke(app, ["predict", "--model", str(model), "--images", str(tree / "test"), "--top-k", "5"])
+    assert_one_line_error(result, "--top-k 5 asks for more classes than the model's 3; pass --top-k 3 or fewer")
+    assert runner.invoke(app, ["predict", "--model", str(model), "--images", str(tree / "test"), "--top-k", "3"]).exit_code == 0

@@ -16,14 +16,20 @@ import numpy as np
 
 from foal_pipe.datasets.sources import (
     H5_PIXELS,
+    H5_SHAPES,
     IMAGE_EXTENSIONS,
     ArraySource,
     DatasetSplits,
     FileSource,
     H5Source,
     TorchvisionSource,
+    clash_text,
+    h5_layout,
+    h5_side,
     images_in,
+    name_clash,
     natural_key,
+    same_names,
 )
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import UNLABELLED
@@ -187,6 +193,21 @@ def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits
     return load
 
 
+def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
+    """The class names of ``root/<split>/<class>/`` folders: the sorted union of the folder names of ``splits``.
+    Two folders whose names are one class name are refused: equal after Unicode NFC normalisation (``é`` as one code
+    point in one split and as ``e`` and an accent in the other: they print alike but would be two classes), or equal
+    but for case (``Dog`` and ``dog``: one folder on the case-insensitive file systems images are shared on)."""
+    folders = {split: {d.name for d in (root / split).iterdir() if d.is_dir()} for split in splits}
+    names = sorted(set().union(*folders.values()))
+    clash = name_clash(names, fold_case=True)
+    if clash is not None:
+        where = [" and ".join(f"{root / split / name}" for split in splits if name in folders[split]) for name in clash]
+        raise FoalPipeError(f"the class folders {where[0]} and {where[1]} are one class name: {clash_text(*clash, lead='')}; "
+                            "rename them to one spelling (a class has one folder name in every split)")
+    return names
+
+
 def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
     paths, labels = [], []
     lookup = {c: k for k, c in enumerate(classes)}
@@ -212,7 +233,7 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
             raise FoalPipeError(f"imagefolder dataset not found: {root / split} is not a folder; put the images "
                                 f"in {root}/train/<class>/ and {root}/test/<class>/, or pass {param('test_split', 'FRACTION')} "
                                 f"to split {root}/<class>/ folders")
-    names = sorted({d.name for s in ("train", "test") for d in (root / s).iterdir() if d.is_dir()})
+    names = class_folders(root, ("train", "test"))
     if not names:
         raise FoalPipeError(f"{root}/train has no class folders; put the images in {root}/train/<class>/")
     sources = {}
@@ -222,6 +243,16 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
             raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root / split}/<class>/; "
                                 f"add some or check {param('data_dir')}")
         sources[split] = FileSource(paths, labels, root / split)
+    seen = {split: set(sources[split].labels.tolist()) for split in ("train", "test")}
+    for split, other in (("test", "train"), ("train", "test")):
+        alone = sorted(seen[split] - seen[other])
+        if alone:
+            name = names[alone[0]]
+            more = f" ({len(alone)} such classes)" if len(alone) > 1 else ""
+            raise FoalPipeError(f"class {name!r} has images in {root / split / name} but none in {root / other / name}"
+                                f"{more}; every class needs images in both train/ and test/ (a class never trained on "
+                                f"is always predicted wrong, one never tested is not measured): add them, or remove "
+                                f"{root / split / name}")
     return DatasetSplits("imagefolder", names, sources["train"], sources["test"], str(root))
 
 
@@ -235,7 +266,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
     if (root / "train").is_dir() or (root / "test").is_dir():
         raise FoalPipeError(f"{root} is already split into train/ and test/ folders; drop {param('test_split')} (or "
                             f"{param('data_dir')} a folder of class folders)")
-    names = sorted(d.name for d in root.iterdir() if d.is_dir())
+    names = class_folders(root)
     if not names:
         raise FoalPipeError(f"{root} has no class folders; put the images in {root}/<class>/")
     paths: dict[str, list[Path]] = {"train": [], "test": []}
@@ -262,7 +293,7 @@ def load_class_folders(data_dir: Path) -> DatasetSplits:
     """Every image of ``DIR/<class>/*`` as the train split (the test split empty): the images a split manifest
     takes its splits from when they lie in one folder per class."""
     root = data_dir.expanduser()
-    names = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    names = class_folders(root) if root.is_dir() else []
     if not names:
         raise FoalPipeError(f"imagefolder dataset not found: {root} has no class folders; pass {param('data_dir', 'DIR')} "
                             "with DIR/<class>/ or DIR/train/<class>/ folders of images")
@@ -378,24 +409,35 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
                                     f"must be {H5_PIXELS}")
             labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
             shapes[split] = f[f"{split}/images"].shape
-            if shapes[split][0] != len(labels[split]) or len(shapes[split]) not in (3, 4):
+            if shapes[split][0] != len(labels[split]) or h5_layout(shapes[split]) is None:
                 raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "
-                                    f"{len(labels[split])} rows; expected (N, H, W[, C]) images and N labels")
+                                    f"{len(labels[split])} rows; expected N labels and N images of shape {H5_SHAPES}")
         names = f.attrs.get("classes")
         if names is None and "classes" in f:
             names = f["classes"][:]
-    n_classes = int(max(labels["train"].max(initial=-1), labels["test"].max(initial=-1))) + 1
+    every = np.concatenate([labels["train"], labels["test"]])
+    if every.size and every.min() < 0:
+        raise FoalPipeError(f"{path} has negative labels (the smallest {int(every.min())}); labels must be 0..K-1")
+    top = int(every.max(initial=-1))
     if names is not None:
-        classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-        if len(classes) < n_classes:
-            raise FoalPipeError(f"{path} lists {len(classes)} classes but its labels go up to {n_classes - 1}; "
-                                "fix its 'classes' attribute")
+        classes = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names).reshape(-1).tolist()]
+        beyond = int((every >= len(classes)).sum())
+        if beyond:
+            lie = "labels lie" if beyond != 1 else "label lies"
+            raise FoalPipeError(f"{path}: {beyond:,} {lie} outside 0..{len(classes) - 1}, the "
+                                f"{len(classes)} classes its 'classes' lists (the largest label is {top:,}); fix those "
+                                "labels or list every class in 'classes'")
+        clash = same_names(classes)
+        if clash is not None:
+            raise FoalPipeError(f"{path}: its 'classes' {clash}, two label ids for one class; list each class name "
+                                "once (merge the labels of the two, or rename one)")
     else:
-        classes = [str(k) for k in range(n_classes)]
-    if min(labels["train"].min(initial=0), labels["test"].min(initial=0)) < 0:
-        raise FoalPipeError(f"{path} has negative labels; labels must be 0..K-1")
-    shape = shapes["train"]
-    hw = shape[1:3] if len(shape) == 3 or shape[-1] in (1, 3) else shape[2:4]
-    native = int(hw[0]) if hw[0] == hw[1] else None
-    return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"]),
-                         H5Source(path, "test", labels["test"]), str(path), native)
+        unused = top + 1 - len(np.unique(every))
+        if unused:
+            raise FoalPipeError(f"{path}: its labels go up to {top:,}, so {top + 1:,} classes, but {unused:,} of the "
+                                f"labels 0..{top:,} have no image in either split; fix the stray labels, or list the "
+                                "class names in a 'classes' attribute if classes without images are meant")
+        classes = [str(k) for k in range(top + 1)]
+    return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"], h5_layout(shapes["train"])),
+                         H5Source(path, "test", labels["test"], h5_layout(shapes["test"])), str(path),
+                         h5_side(shapes["train"]))

@@ -32,7 +32,7 @@ from foal_pipe.datasets.loaders import (
     torchvision_loader,
 )
 from foal_pipe.datasets.manifest import SplitManifest, apply_manifest
-from foal_pipe.datasets.sources import DatasetSplits
+from foal_pipe.datasets.sources import DatasetSplits, same_names
 from foal_pipe.errors import FoalPipeError, param
 
 
@@ -140,6 +140,10 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     else:
         raise FoalPipeError(f"{param('dataset', name)} comes with its own train and test splits; drop {param('test_split')} "
                             f"(it splits a folder of class folders: {param('dataset', 'imagefolder')})")
+    clash = same_names(splits.classes)
+    if clash is not None:  # a store's readers refuse such classes: refused here, before any store is written
+        raise FoalPipeError(f"dataset {name} at {splits.location}: its classes {clash}, two label ids for one class; "
+                            "give each class one name")
     for split in ("train", "test") if name != "images" else ("test",):  # unlabelled images: no train split
         if len(splits.split(split)) == 0:
             raise FoalPipeError(f"dataset {name} has no {split} images at {splits.location}; check {param('data_dir')}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,9 @@ class FileSource(ImageSource):
     def load(self, i: int) -> Any:
         from PIL import Image
 
+        broken = broken_link(self.paths[i])
+        if broken is not None:
+            raise ValueError(broken)
         with Image.open(self.paths[i]) as img:
             img.load()
             short = png_shortfall(self.paths[i]) if img.format == "PNG" else None
@@ -126,9 +130,10 @@ class TorchvisionSource(ImageSource):
 class H5Source(ImageSource):
     """``<split>/images`` of an HDF5 file, read lazily; the file is reopened in each worker process."""
 
-    def __init__(self, path: Path, split: str, labels: np.ndarray):
+    def __init__(self, path: Path, split: str, labels: np.ndarray, layout: str | None = None):
         self.path = str(path)
         self.split = split
+        self.layout = layout  # "HW", "HWC" or "CHW" (see h5_layout); None: judged from the dataset's shape
         self.labels = np.asarray(labels, dtype=np.int64)
         self.index = np.arange(len(self.labels), dtype=np.int64)
         self._handle: Any = None
@@ -142,8 +147,11 @@ class H5Source(ImageSource):
             import h5py
 
             self._handle, self._pid = h5py.File(self.path, "r"), os.getpid()
-        img = np.asarray(self._handle[f"{self.split}/images"][i])
-        if img.ndim == 3 and img.shape[0] in (1, 3) and img.shape[-1] not in (1, 3):
+        images = self._handle[f"{self.split}/images"]
+        if self.layout is None:
+            self.layout = h5_layout(images.shape)
+        img = np.asarray(images[i])
+        if self.layout == "CHW":
             img = img.transpose(1, 2, 0)  # CHW -> HWC
         if img.ndim == 3 and img.shape[-1] == 1:
             img = img[..., 0]
@@ -161,15 +169,24 @@ def hash_files(paths: Sequence[str]) -> list[str]:
         return list(pool.map(sha256_file, paths))
 
 
+def broken_link(path: str) -> str | None:
+    """Why ``path`` cannot be read when it is a symbolic link to nothing (None otherwise)."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return f"a broken symbolic link to {os.readlink(path)}"
+    return None
+
+
 def sha256_file(path: str) -> str:
-    """The SHA-256 of a file's bytes; an unreadable file is a FoalPipeError naming it."""
+    """The SHA-256 of a file's bytes; an unreadable file (a broken symbolic link included) is a FoalPipeError naming
+    it."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     except OSError as exc:
-        raise FoalPipeError(f"cannot read image {path} ({exc.strerror or exc}); remove or replace the file") from None
+        why = broken_link(path) or exc.strerror or str(exc)
+        raise FoalPipeError(f"cannot read image {path} ({why}); remove or replace the file") from None
     return digest.hexdigest()
 
 
@@ -181,6 +198,36 @@ def _sha256_array(image: np.ndarray) -> str:
 #: What pixel values an HDF5 image may hold, by dtype kind: uint8 as is, other integers in 0..255, floats in
 #: [0, 1] (scaled by 255). Anything else is refused rather than cast.
 H5_PIXELS = "uint8, integers in 0..255, or floats in [0, 1]"
+
+
+#: The shapes an HDF5 ``<split>/images`` dataset may have (C: 1 grey, 3 RGB, 4 RGBA, whose alpha is dropped as
+#: PIL's ``convert("RGB")`` drops an RGBA PNG's).
+H5_SHAPES = "(N, H, W), (N, H, W, C) or (N, C, H, W) with C = 1 (grey), 3 (RGB) or 4 (RGBA)"
+
+
+def h5_layout(shape: Sequence[int]) -> str | None:
+    """How the images of an HDF5 dataset of ``shape`` lie: ``"HW"`` (grey), ``"HWC"`` or ``"CHW"``, C being 1, 3
+    or 4 (RGBA); a last axis of 1 or 3 is channels before a second axis of 1 or 3 (the rule before RGBA was read),
+    then a last axis of 4 before a second axis of 4. None: not images (:data:`H5_SHAPES`)."""
+    if len(shape) == 3:
+        return "HW"
+    if len(shape) != 4:
+        return None
+    for channels in ((1, 3), (4,)):
+        if shape[-1] in channels:
+            return "HWC"
+        if shape[1] in channels:
+            return "CHW"
+    return None
+
+
+def h5_side(shape: Sequence[int]) -> int | None:
+    """The side of the square images of an HDF5 dataset of ``shape`` (None: not square, or not images)."""
+    layout = h5_layout(shape)
+    if layout is None:
+        return None
+    h, w = shape[2:4] if layout == "CHW" else shape[1:3]
+    return int(h) if h == w else None
 
 
 def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
@@ -202,6 +249,39 @@ def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
                              f"uint8); images must be {H5_PIXELS}")
         return np.rint(img.astype(np.float64) * 255.0).astype(np.uint8)
     raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")
+
+
+def _nfc(name: str) -> str:
+    return unicodedata.normalize("NFC", name)
+
+
+def name_clash(names: Sequence[str], fold_case: bool = False) -> tuple[str, str] | None:
+    """The first two of ``names`` that are one name: equal, or equal after Unicode NFC normalisation (``é`` as one
+    code point or as ``e`` and an accent: they print alike), or with ``fold_case`` also equal but for case (two
+    folders a case-insensitive file system would merge). None when every name is its own."""
+    seen: dict[str, str] = {}
+    for name in names:
+        key = _nfc(_nfc(name).casefold()) if fold_case else _nfc(name)
+        if key in seen:
+            return seen[key], name
+        seen[key] = name
+    return None
+
+
+def clash_text(first: str, second: str, lead: str = "names ") -> str:
+    """How two clashing names (:func:`name_clash`) are one name, after ``lead``."""
+    if first == second:
+        return f"{lead}{first!r} twice"
+    if _nfc(first) == _nfc(second):
+        return (f"{lead}{ascii(first)} and {ascii(second)}, one name ({_nfc(first)!r}) in two Unicode normalisations, "
+                "which print alike")
+    return f"{lead}{first!r} and {second!r}, which differ only in case"
+
+
+def same_names(names: Sequence[str]) -> str | None:
+    """``names`` holding one name twice (:func:`name_clash`, case kept apart), as :func:`clash_text` says it."""
+    clash = name_clash(names)
+    return None if clash is None else clash_text(*clash)
 
 
 @dataclass
@@ -299,12 +379,21 @@ class PreparedImages:
 # ---------------------------------------------------------------------------------------------------------
 # Image files of a folder, in natural order (the loaders and `predict --images` list them)
 # ---------------------------------------------------------------------------------------------------------
-def natural_key(text: str) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+def natural_key(text: str) -> tuple[list[Any], str]:
+    """Sort key of a name in natural order (``img2`` before ``img10``), ties broken by the name itself: ``x1``,
+    ``x01`` and ``x001`` have equal numbers, and without the name their order would be the order the file system
+    lists them in (which differs between two copies of one tree). Digit runs are the odd pieces of the split."""
+    return [int(t) if k % 2 else t for k, t in enumerate(re.split(r"(\d+)", text))], text
+
+
+def _is_image_entry(p: Path) -> bool:
+    """An image file by its name: a file, or a link to nothing (a broken symbolic link, listed so that reading
+    it names it, as an unreadable file is named, rather than leaving it out in silence)."""
+    return p.suffix.lower() in IMAGE_EXTENSIONS and (p.is_file() or (p.is_symlink() and not p.exists()))
 
 
 def images_in(folder: Path) -> list[Path]:
-    return sorted(
-        (p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()),
-        key=lambda p: natural_key(p.relative_to(folder).as_posix()),
-    )
+    """The image files under ``folder`` (recursively), in natural order of their paths relative to it: a pure
+    function of the names, whatever order the file system lists them in."""
+    return sorted((p for p in folder.rglob("*") if _is_image_entry(p)),
+                  key=lambda p: natural_key(p.relative_to(folder).as_posix()))

@@ -223,20 +223,38 @@ def _mismatch(missing: list[str], unexpected: list[str], shapes: list[str]) -> s
 
 
 def fit_state_dict(state: dict[str, Any], model: Any, head: set[str], path: Path, arch: Architecture) -> dict[str, Any]:
-    """``state`` without the head's keys, refused unless its keys and shapes are exactly the model's."""
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """``state`` without the head's keys, refused unless its keys and shapes are exactly the model's, each tensor of
+    the model's kind (a floating-point parameter from integers would be cast, silently, to whole numbers) and every
+    floating-point tensor finite (NaN weights would surface only as non-finite features)."""
+    model_state = model.state_dict()
+    want = {k: tuple(v.shape) for k, v in model_state.items()}
     state = {k: v for k, v in state.items() if k in want or k not in head}
     missing = [k for k in want if k not in state]
     unexpected = sorted(k for k in state if k not in want)
     shapes = [f"{k} {_shape(state[k].shape)} in the file vs {_shape(want[k])} in the model" for k in want
               if k in state and tuple(state[k].shape) != want[k]]
     if not (missing or unexpected or shapes):
+        _check_values(state, model_state, path)
         return state
     in_file, in_model = _n_blocks(list(state)), _n_blocks(list(want))
     hint = f"; the file has {in_file} blocks, the model {in_model}" if in_file != in_model else ""
     raise FoalPipeError(f"{param('checkpoint')} {path} does not fit {arch.describe()}: "
                         f"{_mismatch(missing, unexpected, shapes)}{hint}; pass the {param('model')}, {param('model_kwargs')} "
                         f"and {param('image_size')} it was saved with")
+
+
+def _check_values(state: dict[str, Any], model_state: dict[str, Any], path: Path) -> None:
+    """Refuse a tensor whose kind (floating point or not) differs from the model's, or a non-finite float."""
+    import torch
+
+    for key, value in state.items():
+        kind = model_state[key].dtype
+        if value.dtype.is_floating_point != kind.is_floating_point or value.dtype.is_complex != kind.is_complex:
+            raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, but the model's {key} is "
+                                f"{kind}: loading would cast it; save the model's own tensors (its state_dict) unconverted")
+        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            raise FoalPipeError(f"{param('checkpoint')} {path} holds non-finite values (NaN or inf) in {key}; the "
+                                "weights are damaged: save them again from a working model")
 
 
 def _unwrapped(state: Any) -> Any:

@@ -136,6 +136,9 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
     if batch_size < 1:
         raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
     deployed = load_model(model, estimators=False)
+    if top_k > len(deployed.class_names):
+        raise FoalPipeError(f"{param('top_k', top_k)} asks for more classes than the model's {len(deployed.class_names)}; "
+                            f"pass {param('top_k', len(deployed.class_names))} or fewer")
     paths = find_images(images)
     encoder = deployed.encoder(checkpoint, device)
     with progress_bar("predict", len(paths), unit="images") as advance:

@@ -12,6 +12,7 @@ import numpy as np
 from foal_pipe.core.gammasearch import best_point
 from foal_pipe.core.leaveoneout import SAMPLE_DELTA
 from foal_pipe.core.metrics import summarize
+from foal_pipe.heads import HEADS
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
 from foal_pipe.protocol.internal import known
@@ -177,9 +178,10 @@ def heads_report(report: SweepReport, names: Sequence[str], fields: dict[str, di
             entries[name] = HeadSweep(**{k: getattr(ridge, k) for k in ("accuracy_matrix", "A_steps", "A_avg", "A_last",
                                                                         "F", "F_published_code")},
                                       options={"gamma": ridge.gamma, "selected_by": report.selected_by},
-                                      loo_accuracy=ridge_loo)
+                                      loo_accuracy=ridge_loo, rows=HEADS[name].space)
         else:
-            entries[name] = HeadSweep(**fields[name], options=options[name], loo_accuracy=loo.get(name))
+            entries[name] = HeadSweep(**fields[name], options=options[name], loo_accuracy=loo.get(name),
+                                      rows=HEADS[name].space)
     ranked = {name: score for name in names if (score := entries[name].loo_accuracy) is not None}
     best = max(ranked, key=ranked.__getitem__) if ranked else None
     oracle = max(names, key=lambda name: entries[name].A_avg)

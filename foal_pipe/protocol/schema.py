@@ -327,6 +327,9 @@ class HeadSweep(Accuracy):
     loo_accuracy: float | None = key(FRACTION)
     #: With ``--order-seeds``: the std over the orders of A_avg, A_last and F (the fields above are means).
     std: dict[str, float] | None = key(NUMBER_BY_NAME)
+    #: The rows the head ran on (its registry ``space``: ``features``, the store's, whatever ``--projection-dim``
+    #: says, since the projection is ridge's here; ``activations``; ``projected``). Absent in older files.
+    rows: str | None = key(TEXT)
 
 
 def _heads_by_name(values: dict, where: str, key: str) -> dict[str, HeadSweep]:
