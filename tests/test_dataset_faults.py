@@ -187,8 +187,20 @@ def test_a_class_with_test_images_only_is_refused_naming_it_and_the_split(tmp_pa
     with pytest.raises(FoalPipeError, match=r"class 'c' has images in .*test/c but none in .*train/c"):
         open_dataset("imagefolder", root)
     (root / "test" / "c" / "1.png").unlink()
+    (root / "test" / "c").rmdir()
+    (root / "train" / "c").rmdir()
     _png(root / "train" / "d" / "1.png")  # and a class never tested
     with pytest.raises(FoalPipeError, match=r"class 'd' has images in .*train/d but none in .*test/d"):
+        open_dataset("imagefolder", root)
+
+
+def test_a_class_with_no_images_in_either_split_is_refused(tmp_path):
+    """Empty folders in both splits made a class of no rows: `learn` then refused "task 0 (classes [2]) has no
+    training rows", a label id the user never saw."""
+    root = make_image_tree(tmp_path / "t", {"a": 2, "b": 2})
+    (root / "train" / "c").mkdir()
+    (root / "test" / "c").mkdir()
+    with pytest.raises(FoalPipeError, match=r"class 'c' has no images in .*train/c nor in .*test/c"):
         open_dataset("imagefolder", root)
 
 

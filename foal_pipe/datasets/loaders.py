@@ -244,6 +244,11 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
                                 f"add some or check {param('data_dir')}")
         sources[split] = FileSource(paths, labels, root / split)
     seen = {split: set(sources[split].labels.tolist()) for split in ("train", "test")}
+    empty = [name for label, name in enumerate(names) if label not in seen["train"] | seen["test"]]
+    if empty:
+        more = f" ({len(empty)} such classes)" if len(empty) > 1 else ""
+        raise FoalPipeError(f"class {empty[0]!r} has no images in {root / 'train' / empty[0]} nor in "
+                            f"{root / 'test' / empty[0]}{more}; add images to both, or remove the folders")
     for split, other in (("test", "train"), ("train", "test")):
         alone = sorted(seen[split] - seen[other])
         if alone:
