@@ -200,6 +200,13 @@ def check(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
                 raise ParamsError(f"{where} in {PARAMS} must be {kind.expected}, got {value!r}")
 
 
+def _known(found: Any, allowed: Any, where: str, kind: str, lead: str) -> None:
+    """Refuse keys of ``found`` outside ``allowed``: a typo would otherwise be ignored silently."""
+    unknown = sorted(set(found) - set(allowed))
+    if unknown:
+        raise ParamsError(f"{where} has unknown {kind} {unknown}; {lead}: {', '.join(allowed)}")
+
+
 def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     """One run's settings: ``{"dataset": ..., "extract": {...}, "learn": {...}, "sweep": {...}}``.
 
@@ -209,10 +216,7 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     """
     if not isinstance(params, dict):
         raise ParamsError(f"{PARAMS} must map `datasets` and the sections {', '.join(SECTIONS)} to their settings")
-    unknown = sorted(set(params) - {"datasets", *SECTIONS})
-    if unknown:
-        raise ParamsError(f"{PARAMS} has unknown top-level sections {unknown}; its sections are: datasets, "
-                          + ", ".join(SECTIONS))
+    _known(params, ("datasets", *SECTIONS), f"{PARAMS}", "top-level sections", "its sections are")
     entries = params.get("datasets")
     if not isinstance(entries, dict) or not entries:
         raise ParamsError(f"`datasets` in {PARAMS} must map run names to overrides, e.g. `digits: {{}}`")
@@ -222,26 +226,18 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
         shared = params.get(section)
         if not isinstance(shared, dict):
             raise ParamsError(f"`{section}` in {PARAMS} must map its settings to values, e.g. the repository's")
-        unknown = sorted(set(shared) - set(KEYS[section]))
-        if unknown:
-            raise ParamsError(f"`{section}` in {PARAMS} has unknown keys {unknown}; its keys are: "
-                              f"{', '.join(KEYS[section])}")
+        _known(shared, KEYS[section], f"`{section}` in {PARAMS}", "keys", "its keys are")
     entry = entries[name] or {}
     if not isinstance(entry, dict):
         raise ParamsError(f"datasets.{name} in {PARAMS} must be a mapping of overrides (or {{}}), got {entry!r}")
-    unknown = sorted(set(entry) - {"dataset", *SECTIONS})
-    if unknown:
-        raise ParamsError(f"datasets.{name} in {PARAMS} has unknown keys {unknown}; it may set: dataset, "
-                          + ", ".join(SECTIONS))
+    _known(entry, ("dataset", *SECTIONS), f"datasets.{name} in {PARAMS}", "keys", "it may set")
     settings: dict[str, Any] = {"dataset": entry.get("dataset", name)}
     for section in SECTIONS:
         overrides = entry.get(section) or {}
         if not isinstance(overrides, dict):
             raise ParamsError(f"datasets.{name}.{section} in {PARAMS} must map keys of `{section}` to values, got {overrides!r}")
-        unknown = sorted(set(overrides) - set(params[section]))
-        if unknown:
-            raise ParamsError(f"datasets.{name}.{section} in {PARAMS} has unknown keys {unknown}; the keys of "
-                              f"`{section}` are: {', '.join(params[section])}")
+        _known(overrides, params[section], f"datasets.{name}.{section} in {PARAMS}", "keys",
+               f"the keys of `{section}` are")
         settings[section] = {**params[section], **overrides}
     missing = {section: sorted(set(KEYS[section]) - set(settings[section])) for section in SECTIONS}
     for section, keys in missing.items():
