@@ -104,6 +104,17 @@ def _passes(check: Callable[[Any], object]) -> Callable[[Any], bool]:
     return accepts
 
 
+def _number(value: Any) -> Any:
+    """``value``, or the float a string spells: YAML 1.1 (PyYAML) reads ``1e-3`` without a dot as a string, which
+    the stages pass on as the number it spells (``--gamma 1e-3``)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
@@ -149,7 +160,8 @@ def kinds() -> dict[str, dict[str, Kind]]:
     from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion
 
     fusion = Kind(f"a fusion spec string: {FUSION_FORMS}", lambda v: isinstance(v, str) and _passes(parse_fusion)(v))
-    gamma = Kind("a positive number (e.g. 1.0 or 1e-3)", lambda v: not isinstance(v, str) and _passes(check_gamma)(v))
+    gamma = Kind("a positive number (e.g. 1.0 or 1e-3)",
+                 lambda v: not isinstance(_number(v), str) and _passes(check_gamma)(_number(v)))
     seed = Kind("a non-negative integer", _passes(check_seed))
     scalars = (str, int, float, bool, type(None))
     return {
@@ -168,7 +180,7 @@ def kinds() -> dict[str, dict[str, Kind]]:
             "tasks": _optional(POSITIVE), "batch_size": POSITIVE, "projection_dim": NON_NEGATIVE,
             "activation": _choice(ACTIVATIONS),
             "gamma": Kind("a positive number or auto",
-                          lambda v: v == "auto" or (not isinstance(v, str) and _passes(parse_gamma)(v))),
+                          lambda v: v == "auto" or (not isinstance(_number(v), str) and _passes(parse_gamma)(_number(v)))),
             "select": _choice(TRAINING_CRITERIA), "seed": seed,
             "order_seeds": _list_of(seed, "non-negative integers", empty=True),
             "engine": _choice(ENGINES), "dtype": _choice(DTYPES), "backend": _choice(BACKENDS),

@@ -284,11 +284,12 @@ def test_classifier_round_trip_keeps_names_and_state(tmp_path):
 
 @pytest.mark.parametrize("counts, seen, message", [
     ([4, -1], 3, "row count of a class is negative"),
-    ([4, 2], 999, "the class row counts sum to 6 but 'n_samples_seen' is 999"),
+    ([4, 2], 5, r"the class row counts sum to 6, more than 'n_samples_seen' \(5\)"),
 ])
 def test_class_counts_that_cannot_be_are_refused(tmp_path, counts, seen, message):
     """The gram state's rows per class: none negative (GCV divides by their sum; 0 is a class declared by
-    ``partial_fit(classes=...)`` before its rows), summing to the rows seen, as a head's model file is checked."""
+    ``partial_fit(classes=...)`` before its rows), together at most the rows seen (fewer where classes were
+    restricted away, ``RidgeStatistics.restrict``)."""
     tensors = {"W": np.zeros((3, 2)), "classes": np.array([0, 1]), "G": np.eye(3), "Q": np.zeros((3, 2)),
                "counts": np.array(counts)}
     meta = {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": seen}
@@ -305,3 +306,15 @@ def test_a_class_declared_before_its_rows_saves_and_loads(tmp_path):
     tensors, meta = read_model(tmp_path / "m.safetensors")
     assert tensors["counts"].tolist() == [5, 5, 0] and meta["n_samples_seen"] == 10
     np.testing.assert_array_equal(AnalyticClassifier.load(tmp_path / "m.safetensors").weights_, clf.weights_)
+
+
+def test_a_model_of_restricted_statistics_saves_and_loads(tmp_path):
+    """``restrict`` keeps ``n`` and drops the other classes' counts: its model's counts sum to less than
+    ``n_samples_seen``, which is valid."""
+    X = np.random.default_rng(1).random((30, 4))
+    full = AnalyticClassifier().fit(X, np.arange(30) % 3)
+    kept = AnalyticClassifier.from_statistics(full.statistics_.restrict([0, 1]))
+    kept.save(tmp_path / "m.safetensors")
+    tensors, meta = read_model(tmp_path / "m.safetensors")
+    assert tensors["counts"].tolist() == [10, 10] and meta["n_samples_seen"] == 30
+    np.testing.assert_array_equal(AnalyticClassifier.load(tmp_path / "m.safetensors").weights_, kept.weights_)

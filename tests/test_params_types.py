@@ -53,7 +53,8 @@ def test_quoted_booleans_are_refused(resolve, section, key, value):
         ("learn", "activation", "bogus", "one of sigmoid, relu, identity, cos"),
         ("learn", "batch_size", [10], "a positive integer"),
         ("learn", "projection_dim", -1, "a non-negative integer"),
-        ("learn", "gamma", "0.1", "a positive number or auto"),
+        ("learn", "gamma", "small", "a positive number or auto"),
+        ("learn", "gamma", "-1e-3", "a positive number or auto"),
         ("learn", "gamma", 0, "a positive number or auto"),
         ("learn", "engine", "fast", "one of gram, rls"),
         ("learn", "seed", True, "a non-negative integer"),
@@ -72,6 +73,15 @@ def test_wrong_types_and_values_are_refused(resolve, section, key, value, expect
     resolve, error = resolve
     with pytest.raises(error, match=re.escape(f"{section}.{key} in params.yaml must be {expected}")):
         resolve(_params(**{section: {key: value}}), "digits")
+
+
+def test_gammas_in_exponent_form_are_numbers(resolve):
+    """PyYAML reads `1e-3` (no dot) as a string; the stages pass it on as the number it spells, so it is accepted."""
+    resolve, _ = resolve
+    text = yaml.safe_load("learn: {gamma: 1e-3}\nsweep: {gammas: [1e-3, 1]}")
+    assert text["learn"]["gamma"] == "1e-3"  # what the check sees
+    settings = resolve(_params(learn=text["learn"], sweep=text["sweep"]), "digits")
+    assert settings["learn"]["gamma"] == "1e-3" and settings["sweep"]["gammas"] == ["1e-3", 1]
 
 
 def test_an_entry_override_is_named_by_its_own_key(resolve):

@@ -207,9 +207,9 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
             raise _refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
     _check_values(tensors, where)
     counts = tensors.get("counts")
-    if isinstance(counts, np.ndarray) and int(counts.sum()) != metadata["n_samples_seen"]:
-        raise _refuse(where, f"the class row counts sum to {int(counts.sum())} but 'n_samples_seen' is "
-                             f"{metadata['n_samples_seen']}")
+    if isinstance(counts, np.ndarray) and int(counts.sum()) > metadata["n_samples_seen"]:  # fewer: classes restricted away
+        raise _refuse(where, f"the class row counts sum to {int(counts.sum())}, more than 'n_samples_seen' "
+                             f"({metadata['n_samples_seen']})")
     if all(isinstance(tensors.get(name), np.ndarray) for name in ("W", "G", "Q")):
         check_solution(tensors["W"], tensors["G"], tensors["Q"], metadata["gamma"], where)
 
