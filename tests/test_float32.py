@@ -109,3 +109,20 @@ def test_sweep_refuses_float32_gammas_below_resolution(tmp_path, digits):
 def test_rls_float32_gamma_that_overflows_r0_is_refused(tmp_path, digits):
     assert_clean_error(run(digits, tmp_path / "o", "--engine", "rls", "--dtype", "float32", "--gamma", "1e-40"),
                        "underflows in float32", tmp_path / "o")
+
+
+def test_a_gamma_chosen_on_the_exact_spectrum_is_not_checked_again_by_the_probes(monkeypatch):
+    """``AnalyticClassifier(gamma="auto")`` chooses on the gamma path, whose floor checked every gamma of the search
+    against the exact spectrum; its weights are solved without the Hutchinson estimate, which near the floor could
+    disagree with it (here made to refuse everything)."""
+    import foal_pipe.core.statistics as statistics
+    from foal_pipe import AnalyticClassifier
+    from foal_pipe.errors import FoalPipeError
+
+    rng = np.random.default_rng(0)
+    X, y = rng.random((200, 12)), rng.integers(0, 3, 200)
+    monkeypatch.setattr(statistics, "drift", lambda *args: 1.0)
+    clf = AnalyticClassifier(gamma="auto", dtype="float32", gamma_grid=[1e-1, 1e3]).fit(X, y)
+    assert clf.gamma_ >= 1e-1
+    with pytest.raises(FoalPipeError, match="may move the weights by about 100%"):
+        clf.statistics_.solve(1.0)

@@ -48,7 +48,7 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[floa
             f"GCV chose gamma {gamma:g} where the effective degrees of freedom are {100 * ratio:.0f}% of the "
             f"{statistics.n} rows; GCV is unreliable as D nears n: prefer leave-one-out selection"
         )
-    return gamma, statistics.solve(gamma), warning
+    return gamma, statistics.solve(gamma, drift_checked=True), warning  # the path's floor checked every gamma
 
 
 def check_gamma(gamma: Any) -> float:

@@ -242,13 +242,15 @@ class RidgeStatistics:
         """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum): what a model keeps."""
         return {"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
 
-    def solve(self, gamma: float) -> Any:
+    def solve(self, gamma: float, drift_checked: bool = False) -> Any:
         """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64. For float32 sums the same factorisation also
         solves :data:`PROBES` random columns, whose mean squared length estimates ``|(G + gamma I)^-1|_F^2``
         (Hutchinson): a gamma at which their rounding would move ``W`` by more than
-        :data:`~foal_pipe.core.linalg.DRIFT` is refused (:func:`~foal_pipe.core.linalg.drift`)."""
+        :data:`~foal_pipe.core.linalg.DRIFT` is refused (:func:`~foal_pipe.core.linalg.drift`). ``drift_checked``:
+        the gamma passed the exact form of that check already (a :meth:`gamma_path`'s floor), so no estimate is
+        made that could disagree with it."""
         check_gammas(self.G, gamma)
-        top = self._rounding_scale()
+        top = None if drift_checked else self._rounding_scale()
         xp = array_namespace(self.G)
         Q = float64(self.Q)
         if top is not None:
