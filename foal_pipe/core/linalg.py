@@ -100,7 +100,7 @@ def drift_floor(values: np.ndarray, top: float) -> float:
     def moved(gamma: float) -> float:
         return drift(float(np.sum((values + gamma) ** -2.0)), top)
 
-    high = low + np.sqrt(2.0 * values.size) * ROUNDING_SPREAD * 2.0**-24 * top / DRIFT  # drift(high) <= DRIFT
+    high = low + drift(float(values.size), top) / DRIFT  # sum (lambda + high)^-2 <= D / (high - low)^2: drift <= DRIFT
     start = max(high * 1e-30, np.nextafter(low, np.inf)) if low else high * 1e-30
     a, b = np.log(start), np.log(high)
     if moved(start) <= DRIFT:

@@ -139,6 +139,12 @@ class HeadBase:
         """The exact model over all rows added so far (:class:`Head`)."""
         raise NotImplementedError
 
+    @classmethod
+    def check_counts(cls, classes: Sequence[Any], counts: Sequence[int]) -> None:
+        """Refuse a boundary whose rows per class (``counts``, of ``classes``: ids or names) the head cannot fit, in
+        one line; every count of at least one fits by default. :meth:`boundary` calls it, and ``foal-pipe table``
+        before any run, from the stream alone."""
+
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:
         """Bytes the running state holds at its largest, for ``n_classes`` classes of rows of width ``dim``."""

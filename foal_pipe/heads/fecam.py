@@ -248,12 +248,17 @@ class FeCAMHead(HeadBase):
     def add(self, X: Any, labels: np.ndarray) -> None:
         self.moments.add(unit_rows(X), labels)
 
+    @classmethod
+    def check_counts(cls, classes: Sequence[Any], counts: Sequence[int]) -> None:
+        """A class's covariance needs two rows: a class of one is refused."""
+        single = [c for c, n in zip(classes, counts, strict=True) if n == 1]
+        if single:
+            raise FoalPipeError(f"fecam needs at least 2 training rows per class for a covariance; class {single[0]!r} "
+                                "has 1 by its task's end: use another head or more rows per class")
+
     def boundary(self) -> MahalanobisScorer:
         xp, m = self.xp, self.moments
-        single = [int(c) for c, n in zip(m.classes, m.counts, strict=True) if n < 2]
-        if single:
-            raise FoalPipeError(f"fecam needs at least 2 training rows per class for a covariance; class {single[0]} "
-                                "has 1 by its task's end: use another head or more rows per class")
+        self.check_counts([int(c) for c in m.classes], m.counts)
         for k, c in enumerate(m.classes.tolist()):
             if c in self._solved and self._solved[c][0] == m.counts[k]:
                 continue  # no row of this class since its last solve: the same inputs, the same bits

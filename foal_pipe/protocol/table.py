@@ -237,9 +237,7 @@ def check_stores(config: TableConfig, features: Sequence[Path], settings: Settin
                 run = prepare(path, stream, _ridge_model(settings.model), settings.evaluation, settings.execution)
                 streamed.setdefault(t, {})[seed] = run.stream.n_tasks
                 for group in _groups(config.heads):
-                    run = _head_run(path, stream, group, settings, 1.0)[0]
-                    if "fecam" in group:
-                        _check_fecam_rows(run, t, seed)
+                    _check_class_rows(_head_run(path, stream, group, settings, 1.0)[0], group, t, seed)
             for t, counts in streamed.items():
                 _check_same_task_counts(t, counts)
         except FoalPipeError as exc:
@@ -260,17 +258,20 @@ def _check_same_task_counts(tasks: int, counts: dict[int, int]) -> None:
                             "each, or another task count")
 
 
-def _check_fecam_rows(run: Run, tasks: int, seed: int) -> None:
-    """fecam's refusal of a class with one training row at a task's end (its covariance), made from the stream."""
+def _check_class_rows(run: Run, heads: Sequence[str], tasks: int, seed: int) -> None:
+    """Each head's refusal of its rows per class at a task's end (:meth:`~foal_pipe.heads.base.HeadBase.
+    check_counts`: fecam's class of one row), made from the stream before any row is read; the message names the
+    task count, the order and the head to drop."""
     labels = np.asarray(run.store.train.labels)
     counts = np.zeros(len(run.store.classes), dtype=np.int64)
     for rows in run.stream.rows:
         counts += np.bincount(labels[rows], minlength=counts.size)
-        single = np.flatnonzero(counts == 1)
-        if single.size:
-            raise FoalPipeError(f"fecam needs at least 2 training rows per class for a covariance; class "
-                                f"{run.store.classes[single[0]]!r} has 1 by its task's end ({param('tasks', tasks)}, "
-                                f"order {seed}): drop fecam from {param('heads')} or use more rows per class")
+        for name in heads:
+            try:
+                HEADS[name].head.check_counts(run.store.classes, counts.tolist())
+            except FoalPipeError as exc:
+                raise FoalPipeError(f"{exc.template} ({param('tasks', tasks)}, order {seed}); or drop {name} from "
+                                    f"{param('heads')}") from None
 
 
 def _streams(config: TableConfig, stream: StreamConfig) -> dict[tuple[int, int], StreamConfig]:
