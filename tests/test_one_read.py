@@ -89,6 +89,16 @@ def test_learn_head_decodes_each_chunk_once(store, decoded, tmp_path, head):
     assert sum(1 for split, _ in decoded if split == "test") == -(-200 // CHUNK)
 
 
+def test_a_table_decodes_each_chunk_once(store, decoded, tmp_path):
+    """``table``: every head, task count and order of a store from one read (its checks before the runs read labels
+    alone)."""
+    _invoke("table", "--features", store, "--out", tmp_path / "t", "--heads", "ridge,ncm,balanced", "--tasks", "5,10",
+            "--order-seeds", "0,1", "--gamma", 1, "--projection-dim", 24, "--backend", "numpy")
+    assert max(decoded.values()) == 1, decoded
+    assert sum(1 for split, _ in decoded if split == "train") == -(-600 // CHUNK)
+    assert sum(1 for split, _ in decoded if split == "test") == -(-200 // CHUNK)
+
+
 def test_results_equal_the_closed_form_with_100_tasks(store, tmp_path):
     """100 one-class tasks in a random class order: W after the last task is ridge over every row."""
     from safetensors.numpy import load_file
