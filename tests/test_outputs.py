@@ -404,6 +404,48 @@ def test_kill_at_each_step_of_the_swap(tmp_path, point):
     no_temporaries(tmp_path, "run")
 
 
+#: A sitecustomize that sends the process SIGTERM at one point of writing its outputs: inside the temporary
+#: directory (``writing``: before metrics.json) or just before the swap (``swap``).
+TERM_SITE = """
+import os, signal
+import foal_pipe.io as io
+
+point, real_write, real_exchange = os.environ["FOAL_PIPE_TEST_TERM"], io.write_json, io.exchange
+
+def write_json(path, data):
+    if point == "writing" and str(path).endswith("metrics.json"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_write(path, data)
+
+def exchange(a, b):
+    if point == "swap":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_exchange(a, b)
+
+io.write_json, io.exchange = write_json, exchange
+"""
+
+
+@pytest.mark.parametrize("point", ["writing", "swap"])
+def test_sigterm_leaves_the_previous_outputs_and_no_temporaries(tmp_path, store, point):
+    """SIGTERM (a scheduler's or a container's stop) unwinds as Ctrl-C does: exit 143, the temporary directory
+    removed, the previous outputs as they were; before, it ended the process where it stood."""
+    out = tmp_path / "work" / "run"
+    assert invoke(learn_args(store, out)).exit_code == 0
+    before = snapshot(out)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(TERM_SITE)
+    script = "import sys; from foal_pipe.cli import main; sys.argv[0] = 'foal-pipe'; main()"
+    environ = os.environ | {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "FOAL_PIPE_TEST_TERM": point}
+    proc = subprocess.run([sys.executable, "-c", script, *learn_args(store, out, gamma=0.05)], env=environ, cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert snapshot(out) == before
+    no_temporaries(out.parent, "run")
+
+
 #: A sitecustomize for the killed runs: with FOAL_PIPE_TEST_SLOW_RENAMES set, every rename and swap first sleeps,
 #: so that random kills often land while the outputs are being written and moved.
 SLOW = "FOAL_PIPE_TEST_SLOW_RENAMES"
