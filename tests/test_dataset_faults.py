@@ -6,7 +6,8 @@ later, before the fix.
 - HDF5 ``classes`` naming one class twice made a store every reader refuses; a stray label (10^6) made a million
   classes; RGBA arrays ``(N, H, W, 4)`` were not seen as H x W images (``pixels`` upscaled them to 32 px).
 - Image folders whose splits disagree on classes (a test-only class, ``Dog``/``dog``, ``é`` NFC/NFD) were accepted.
-- A broken symbolic link ``*.png`` was left out in silence (a zero-byte one stops the run).
+- A broken symbolic link ``*.png`` was left out in silence; a zero-byte one (and, without a split manifest, a broken
+  link) stopped extraction partway instead of before the store was created.
 """
 
 from __future__ import annotations
@@ -223,3 +224,22 @@ def test_a_broken_symlink_image_is_refused_by_name_like_an_unreadable_file(tmp_p
     data = open_dataset("images", root)  # no manifest hashing: the reader names it
     with pytest.raises(ValueError, match="a broken symbolic link"):
         data.test.load([str(p) for p in data.test.paths].index(str(link)))
+
+
+@pytest.mark.parametrize("fault", ["broken link", "empty file"])
+def test_unreadable_files_are_refused_before_a_store_is_written(tmp_path, fault):
+    """Without a split manifest nothing hashes the files first: a broken link or an empty file late in the list
+    stopped `--dataset images` partway, a store half-filled; both are now found by a stat before any row."""
+    root = make_image_tree(tmp_path / "t", {"a": 3, "b": 3}, split=False)
+    bad = root / "b" / "zz-last.png"
+    if fault == "broken link":
+        bad.symlink_to(tmp_path / "nowhere.png")
+        why = f"a broken symbolic link to {tmp_path / 'nowhere.png'}"
+    else:
+        bad.write_bytes(b"")
+        why = "an empty file"
+    (root / "b" / "zz-later.png").write_bytes(b"")
+    out = tmp_path / "s.zarr"
+    result = _extract(root, out, dataset="images")
+    assert_clean_error(result, f"cannot read image {bad} ({why}) and 1 more; remove or replace the files", out)
+    assert not list(tmp_path.glob("s.zarr*")), "nothing of the store left behind"

@@ -48,6 +48,11 @@ class ImageSource:
         of its bytes. None for a source that cannot name its images cheaply (torchvision, HDF5)."""
         return None
 
+    def unreadable(self) -> list[str]:
+        """Rows that cannot be read, seen without decoding (for files: missing, a broken link, empty), each as
+        :meth:`describe` plus why: checked before a store is written, so that extraction does not stop partway."""
+        return []
+
 
 class ArraySource(ImageSource):
     """Images held in memory as a uint8 array ``(N, H, W)`` or ``(N, H, W, 3)``."""
@@ -99,6 +104,18 @@ class FileSource(ImageSource):
 
     def describe(self, i: int) -> str:
         return self.paths[i]
+
+    def unreadable(self) -> list[str]:
+        found = []
+        for path in self.paths:
+            try:
+                empty = os.stat(path).st_size == 0
+            except OSError as exc:
+                found.append(f"{path} ({broken_link(path) or exc.strerror or exc})")
+                continue
+            if empty:
+                found.append(f"{path} (an empty file)")
+        return found
 
     def fingerprints(self) -> list[tuple[str, str]] | None:
         """Each file named relative to ``root``, hashed over its bytes (by a few threads: hashing releases the GIL)."""

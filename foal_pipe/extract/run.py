@@ -280,6 +280,16 @@ class ExtractReport:
     generation: str | None = None
 
 
+def check_readable(inputs: Inputs) -> None:
+    """Refuse, before anything is written, image files that cannot be read whatever their contents (missing, a
+    broken link, empty); a file that fails to decode still stops the run at its row, resumable."""
+    bad = [row for split in SPLITS for row in inputs.data.split(split).unreadable()]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise FoalPipeError(f"cannot read image {bad[0]}{more}; remove or replace the file{'s' * (len(bad) > 1)}, "
+                            "then re-run the same command")
+
+
 def prepare_store(spec: ExtractSpec, overwrite: bool = False,
                   before_load: Callable[[Inputs, dict[str, int]], None] | None = None) -> tuple[Inputs, StoreState]:
     """The inputs and the store to fill: an existing store checked against ``spec``, or a new one.
@@ -291,6 +301,7 @@ def prepare_store(spec: ExtractSpec, overwrite: bool = False,
     inputs = open_inputs(spec)
     state = check_store(spec, inputs, overwrite=overwrite)
     if state is None or state.status != "complete":
+        check_readable(inputs)
         if before_load is not None:
             before_load(inputs, dict(state.progress) if state is not None else dict.fromkeys(SPLITS, 0))
         load_inputs(inputs)
