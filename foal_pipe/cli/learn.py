@@ -58,12 +58,15 @@ LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p[
                                   lambda p: p["gamma"] == "auto" and (p["select"] or o.MODEL.select) in LOO_SELECTS)}
 
 
-def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]]) -> None:
-    """Refuse a typed option that this command line would ignore (:data:`ONLY_WITH`)."""
+def _check_applies(ctx: typer.Context, only_with: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]],
+                   can_add: bool = True) -> None:
+    """Refuse a typed option that this command line would ignore (:data:`ONLY_WITH`); ``can_add``: the fix may be
+    to add the setting it needs (not where that setting excludes the one given, as predict's two inputs do)."""
     for name, (needs, applies) in only_with.items():
         if _typed(ctx, name) and not applies(ctx.params):
             flag = "--" + name.replace("_", "-")
-            raise FoalPipeError(f"{flag} acts only with {needs} and would be ignored here; drop {flag} or add {needs}")
+            fix = f"drop {flag}" + (f" or add {needs}" if can_add else "")
+            raise FoalPipeError(f"{flag} acts only with {needs} and would be ignored here; {fix}")
 
 
 #: The options that ask for projected rows: typed with a head on the store's features (ncm, slda, fecam, cosine)
@@ -249,8 +252,9 @@ def _heads_table(report) -> Table:
 
 
 #: ``predict``'s options that act on one kind of input only (named): typed with the other, they are refused.
-PREDICT_ONLY_WITH = {**dict.fromkeys(("checkpoint", "top_k", "skip_bad", "batch_size", "device"), "--images"),
-                     "split": "--features"}
+PREDICT_ONLY_WITH = {**dict.fromkeys(("checkpoint", "top_k", "skip_bad", "batch_size", "device"),
+                                     ("--images", lambda p: bool(p["images"] or p["more_images"]))),
+                     "split": ("--features", lambda p: p["features"] is not None)}
 
 
 @app.command()
@@ -301,10 +305,7 @@ def predict(
     with user_errors():
         if (features is None) == (not images):
             raise FoalPipeError("pass exactly one of --features STORE or --images PATH...")
-        for name, needs in PREDICT_ONLY_WITH.items():
-            if _typed(ctx, name) and (needs == "--images") != bool(images):
-                flag_name = "--" + name.replace("_", "-")
-                raise FoalPipeError(f"{flag_name} acts only with {needs} and would be ignored here; drop {flag_name}")
+        _check_applies(ctx, PREDICT_ONLY_WITH, can_add=False)
         if out is not None:
             check_output_file(out)
             inputs = [model, checkpoint]
