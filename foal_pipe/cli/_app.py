@@ -105,7 +105,7 @@ def package_version() -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        console.print(f"foal-pipe {package_version()}", highlight=False)
+        console.print(f"foal-pipe {package_version()}", highlight=False, markup=False)
         raise typer.Exit()
 
 

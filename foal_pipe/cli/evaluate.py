@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
@@ -57,7 +58,7 @@ def evaluate(
 
         ev = run_evaluation(run, out=out, sweep=sweep, model=model, plots=plots)
         for warning in ev.warnings:
-            err_console.print(f"[bold yellow]Warning:[/] {warning}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold yellow]Warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
         for note in ev.notes:
             err_console.print(f"Note: {note}", highlight=False, soft_wrap=True, markup=False)
         m = ev.run.metrics
@@ -67,9 +68,9 @@ def evaluate(
             line += f"; paper ({r.title}): A_avg {r.A_avg}  A_last {r.A_last}  F {r.F}"
         elif ev.paper is not None:
             line += f"; not comparable with the paper's {ev.paper.row.title}: " + "; ".join(ev.paper.differences)
-        console.print(line, highlight=False, soft_wrap=True)
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
         console.print(f"Wrote {len(ev.files)} files to {ev.out}: " + ", ".join(f.name for f in ev.files),
-                      highlight=False, soft_wrap=True)
+                      highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command()
@@ -107,14 +108,14 @@ def grouped_table(paths: list[Path], group: str) -> Table:
 
     keys = parse_group(group)
     found = find_runs(paths, on_error=lambda message: err_console.print(
-        f"[bold yellow]Warning:[/] skipped: {message}", highlight=False, soft_wrap=True))
+        f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True))
     cells = group_cells([e.metrics for e in found if e.metrics is not None], keys)
     table = Table(title=f"F-OAL runs by {', '.join(keys)} (mean +- std over the runs of a cell, ddof 0; in %)",
                   title_justify="left", box=box.SIMPLE_HEAD)
     for k in (*keys, "runs", *METRICS):
         table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
     for c in cells:
-        table.add_row(*(str(v) for v in c["key"].values()), str(c["n"]),
+        table.add_row(*(escape(str(v)) for v in c["key"].values()), str(c["n"]),
                       *(f"{100 * c[m]['mean']:.2f} +- {100 * c[m]['std']:.2f}" for m in METRICS))
     return table
 
@@ -129,7 +130,7 @@ def summary_table(paths: list[Path]) -> Table:
     from foal_pipe.report.paper import match_paper
 
     found = find_runs(paths, on_error=lambda message: err_console.print(
-        f"[bold yellow]Warning:[/] skipped: {message}", highlight=False, soft_wrap=True))
+        f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True))
     matches = {e.path: match_paper(e.metrics) for e in found if e.metrics is not None}
     with_paper = any(m is not None for m in matches.values())
     table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left", box=box.SIMPLE_HEAD,
@@ -147,7 +148,8 @@ def summary_table(paths: list[Path]) -> Table:
     def label(path: Path, run) -> str:
         dataset = "?" if run.dataset is None else run.dataset
         head = f" · head {run.head}" if getattr(run, "head", None) else ""
-        return f"{path}\n[dim]{dataset} · {(run.encoder or {}).get('name', '?')}{head}[/]"
+        encoder = (run.encoder or {}).get("name", "?")
+        return escape(str(path)) + "\n[dim]" + escape(f"{dataset} · {encoder}{head}") + "[/]"
 
     def gamma_cell(m) -> str:
         """ridge's gamma; a head's own gamma (balanced, dual), or - for a head without one."""
@@ -170,7 +172,8 @@ def summary_table(paths: list[Path]) -> Table:
                 )
             table.add_row(*row, number(entry.seconds, ".1f"))
             for problem in consistency_warnings(m):  # as evaluate does: the row shows the stored numbers
-                err_console.print(f"[bold yellow]Warning:[/] {entry.path}: {problem}", highlight=False, soft_wrap=True)
+                err_console.print("[bold yellow]Warning:[/] " + escape(f"{entry.path}: {problem}"), highlight=False,
+                                  soft_wrap=True)
         if entry.sweep is not None:
             s = entry.sweep
             choice = select(s)
@@ -183,7 +186,8 @@ def summary_table(paths: list[Path]) -> Table:
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
             for name, head in (s.heads or {}).items():  # sweep --heads: every head, ridge at the sweep's choice
                 gamma = head.options.get("gamma")
-                table.add_row(f"{entry.path}\n[dim]· head {name}[/]", str(tasks), stream, number(s.projection_dim, "d"),
+                table.add_row(escape(str(entry.path)) + f"\n[dim]· head {escape(name)}[/]", str(tasks), stream,
+                              number(s.projection_dim, "d"),
                               "-" if gamma is None else format(gamma, "g"), pct(head.A_avg), pct(head.A_last),
                               pct(head.F), "-", *([""] if with_paper else []), "")
     if sweeps:

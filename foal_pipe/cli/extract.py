@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -182,7 +183,7 @@ def extract(
         except KeyboardInterrupt:
             what = (f"{spec.out_path} is unchanged and its replacement incomplete" if overwrite
                     else f"{spec.out_path} is incomplete")
-            err_console.print(f"[yellow]Interrupted:[/] {what}; re-run the same command to resume after the last "
+            err_console.print(f"[yellow]Interrupted:[/] {escape(what)}; re-run the same command to resume after the last "
                               "written chunk.", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
         shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
@@ -190,7 +191,7 @@ def extract(
             shape += f", with every block's token ({blocks_dtype})"
         if report.status == "complete":
             console.print(f"{report.path} is already complete with these settings ({shape}); nothing to do "
-                          "(pass --overwrite to extract it again).", highlight=False, soft_wrap=True)
+                          "(pass --overwrite to extract it again).", highlight=False, soft_wrap=True, markup=False)
             return
         if report.holes:
             holes = ", ".join(f"{s} from row {row:,}" for s, row in report.holes.items())
@@ -202,7 +203,7 @@ def extract(
         rate = sum(report.rows[s] - report.resumed_from.get(s, 0) for s in report.rows) / max(report.seconds, 1e-9)
         console.print(
             f"wrote {report.path}{resumed}: {shape} {dtype}, encoder {report.encoder}, {report.seconds:.1f} s "
-            f"({rate:,.0f} images/s on {report.device}, {report.precision})", highlight=False, soft_wrap=True,
+            f"({rate:,.0f} images/s on {report.device}, {report.precision})", highlight=False, soft_wrap=True, markup=False
         )
 
 
@@ -266,7 +267,7 @@ def _grid(size: Any) -> str:
 
 
 def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
-    table.add_row("encoder", str(enc.get("name")))
+    table.add_row("encoder", escape(str(enc.get("name"))))
     details = [f"{key} {enc[key]}" for key in ("fusion", "token") if key in enc]
     if "image_size" in enc:
         details.append(f"{enc['image_size']} px")
@@ -275,12 +276,12 @@ def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
     if enc.get("precision"):
         details.append(str(enc["precision"]))
     if details:
-        table.add_row("", ", ".join(details))
+        table.add_row("", escape(", ".join(details)))
     weights = enc.get("weights")
     if isinstance(weights, dict) and weights:
         where = weights.get("id") or weights.get("path") or weights.get("url") or ""
-        table.add_row("weights", f"{weights.get('source')} {where}".strip()
-                      + (f" (sha256 {str(weights['sha256'])[:12]}...)" if weights.get("sha256") else ""))
+        table.add_row("weights", escape(f"{weights.get('source')} {where}".strip()
+                      + (f" (sha256 {str(weights['sha256'])[:12]}...)" if weights.get("sha256") else "")))
         plan = weights.get("pos_embed_resampled")
         if isinstance(plan, dict):
             table.add_row("", f"position embeddings resampled {_grid(plan.get('from'))} -> {_grid(plan.get('to'))} "
@@ -346,8 +347,8 @@ def _print_table(summary: dict[str, Any]) -> None:
         done = ", ".join(f"{s} {prog.get(s, 0):,}/{v['rows']:,}" for s, v in summary["splits"].items())
         status = f"[yellow]no[/] ({done} rows written; re-run the same `foal-pipe extract` to resume)"
     classes = summary["classes"]
-    preview = ", ".join(classes[:6]) + (", ..." if len(classes) > 6 else "")
-    table.add_row("store", str(summary["path"]))
+    preview = escape(", ".join(classes[:6]) + (", ..." if len(classes) > 6 else ""))
+    table.add_row("store", escape(str(summary["path"])))
     table.add_row("complete", status)
     if summary["format_version"] == 1:
         table.add_row("format", "1 (no chunk checksums: damage shows only as a decoding error; re-extract with "
@@ -362,7 +363,7 @@ def _print_table(summary: dict[str, Any]) -> None:
         table.add_row("format", f"{summary['format_version']}, {checks}")
     if summary["generation"]:
         table.add_row("generation", summary["generation"])
-    table.add_row("dataset", f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else ""))
+    table.add_row("dataset", escape(f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else "")))
     table.add_row("classes", f"{len(classes)}: {preview}")
     for split, v in summary["splits"].items():
         table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
@@ -383,10 +384,10 @@ def _print_table(summary: dict[str, Any]) -> None:
     if summary.get("finished"):
         runs = f", {summary['runs']} runs" if summary.get("runs", 1) > 1 else ""
         seconds = f" in {summary['seconds']:.1f} s" if summary.get("seconds") is not None else ""
-        table.add_row("extracted", f"{summary['finished']}{seconds}{runs} (log: {summary['log']})")
+        table.add_row("extracted", escape(f"{summary['finished']}{seconds}{runs} (log: {summary['log']})"))
     runtime = summary.get("runtime") or {}
     if runtime:
-        table.add_row("runtime", ", ".join(f"{k} {v}" for k, v in runtime.items() if v is not None))
+        table.add_row("runtime", escape(", ".join(f"{k} {v}" for k, v in runtime.items() if v is not None)))
     table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
     found = summary["problems"]
     if "chunks_read" in summary:
@@ -395,5 +396,5 @@ def _print_table(summary: dict[str, Any]) -> None:
     elif found:
         table.add_row("damaged", f"[red]{len(found)} problems[/] (chunk files listed; --verify reads them all)")
     for problem in found:
-        table.add_row("", f"[red]{problem}[/]")
+        table.add_row("", f"[red]{escape(problem)}[/]")
     print_table(table)

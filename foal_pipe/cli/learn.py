@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli import options as o
@@ -18,7 +19,7 @@ from foal_pipe.protocol.stream import counted
 
 
 def _log(message: str) -> None:
-    err_console.print(f"[yellow]{message}[/]", highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
 def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, ...] | None:
@@ -129,7 +130,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             std = done.metrics.std
             console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
-                          highlight=False)
+                          highlight=False, markup=False)
         m, chosen = done.metrics, ""
         if m.head is not None:
             chosen = f"  head {m.head}" + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}"
@@ -141,13 +142,13 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         console.print(
             f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {100 * m.F:.2f}{chosen}  "
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
-            highlight=False,
+            highlight=False, markup=False
         )
         everything = m.continuation.all_classes if m.continuation is not None else None
         if everything is not None:
             parts = ", ".join(f"{p.task} {100 * p.accuracy:.2f}" for p in everything.tasks)
             console.print(f"every class seen: A_last {100 * everything.A_last:.2f} over "
-                          f"{counted(everything.n_test, 'test row')} ({parts})", highlight=False)
+                          f"{counted(everything.n_test, 'test row')} ({parts})", highlight=False, markup=False)
 
 
 def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
@@ -182,40 +183,40 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         _check_applies(ctx, SWEEP_ONLY_WITH)
         done = sweep_entry(features, out, settings, log=_log)
         report = done.report
-        title = f"gamma sweep: {report.dataset} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
+        title = f"gamma sweep: {escape(str(report.dataset))} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
         for fusion, entry in [(e.fusion, e) for e in report.fusions] if report.fusions else [(None, report)]:
             print_table(_sweep_table(entry.results, entry.best_gamma_test, report.selected_by, params["no_loo"],
                                      title + (f", fusion {fusion}" if fusion else "")))
             if fusion:
                 console.print(f"fusion {fusion}: best gamma {entry.best_gamma:g} by {report.selected_by} (test oracle "
-                              f"{entry.best_gamma_test:g})", highlight=False)
+                              f"{entry.best_gamma_test:g})", highlight=False, markup=False)
         if report.best is not None:
             best, oracle = report.best, report.best_test
             console.print(
                 f"best: fusion {best.fusion}, gamma {best.gamma:g} by {report.selected_by} (GCV, LOO: training "
                 f"rows only; the test oracle's fusion {oracle.fusion}, gamma {oracle.gamma:g} peeks at the test "
-                "split)", highlight=False,
+                "split)", highlight=False, markup=False
             )
         else:
             console.print(
                 f"best gamma {report.best_gamma:g} by {report.selected_by} (GCV, LOO: training rows only; "
-                f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False,
+                f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False, markup=False
             )
         if report.selections:
             from foal_pipe.protocol.schema import CRITERIA
 
             console.print("refined search (last boundary's gamma, test A_last of the chosen models): " + ", ".join(
                 f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
-                for s in report.selections), highlight=False)
+                for s in report.selections), highlight=False, markup=False)
         if report.heads:
             print_table(_heads_table(report))
             chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; ranked: the "
                       "heads with an exact leave-one-out)" if report.best_head else "no head has a training criterion")
-            console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False)
+            console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False, markup=False)
         runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
-                      highlight=False)
+                      highlight=False, markup=False)
 
 
 def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, title: str) -> Table:
@@ -241,7 +242,7 @@ def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, t
 
 def _heads_table(report) -> Table:
     """``sweep --heads``: every head's accuracy, options and leave-one-out accuracy."""
-    table = Table(title=f"heads: {report.dataset} ({counted(report.n_tasks, 'task')})")
+    table = Table(title=f"heads: {escape(str(report.dataset))} ({counted(report.n_tasks, 'task')})")
     for name in ("head", "A_avg %", "A_last %", "F %", "LOO acc %", "options"):
         table.add_column(name, justify="right")
     for name, entry in report.heads.items():
@@ -325,8 +326,8 @@ def predict(
                 result.write_csv(fh)
         if images:
             for skipped in result.skipped:
-                err_console.print(f"[yellow]skipped {skipped}[/]", highlight=False, soft_wrap=True)
-            err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False)
+                err_console.print(f"[yellow]skipped {escape(skipped)}[/]", highlight=False, soft_wrap=True)
+            err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False, markup=False)
         else:
             accuracy = "unlabelled" if result.accuracy != result.accuracy else f"accuracy {100 * result.accuracy:.2f}%"
-            err_console.print(f"{result.predicted.size} rows, {accuracy} on {split}", highlight=False)
+            err_console.print(f"{result.predicted.size} rows, {accuracy} on {split}", highlight=False, markup=False)

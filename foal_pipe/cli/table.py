@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli import options as o
@@ -126,14 +127,14 @@ def table(
                              None if tasks is None else _ints(tasks, "--tasks", "5,10"))
         explicit = [name for name in TYPED_OPTIONS if _typed(ctx, name)]
         done = run_table(features, out, config, settings, explicit,
-                         log=lambda m: err_console.print(f"[yellow]{m}[/]", highlight=False, soft_wrap=True),
+                         log=lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False, soft_wrap=True),
                          write=write_files)
         labels = store_labels(done["features"])
         for t in done["tasks"]:
             view = Table(title=f"{t} tasks: A_last / A_avg %, mean +- std over {len(done['order_seeds'])} orders")
             view.add_column("head")
             for store in done["features"]:
-                view.add_column(labels[store], justify="right")
+                view.add_column(escape(labels[store]), justify="right")
             for head in done["heads"]:
                 row = [head]
                 for store in done["features"]:
@@ -142,4 +143,4 @@ def table(
                                f"{100 * c['A_avg']['mean']:.2f}+-{100 * c['A_avg']['std']:.2f}")
                 view.add_row(*row)
             print_table(view)
-        console.print(f"{len(done['runs'])} runs -> {Path(out) / 'table.md'}", highlight=False)
+        console.print(f"{len(done['runs'])} runs -> {Path(out) / 'table.md'}", highlight=False, markup=False)

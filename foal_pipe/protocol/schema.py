@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from foal_pipe.core.metrics import SUMMARIES
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import METRICS_FILE, SWEEP_FILE
 from foal_pipe.protocol.typedjson import (
@@ -58,6 +59,8 @@ SWEEP_FORMAT = "foal-pipe/sweep"
 #: Per-result lists of a sweep, one value per task boundary (``null`` where that criterion was skipped).
 CRITERION_KEYS = ("gcv", "loo_accuracy", "loo_mse")
 _SWEEP_FIX = "re-run `foal-pipe sweep --out DIR` to write it"
+#: A stream the metrics know how to summarise (:data:`foal_pipe.core.metrics.SUMMARIES`).
+STREAM = _Kind(" or ".join(f'"{name}"' for name in SUMMARIES), lambda v: v in SUMMARIES)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class RunSettings(_Record):
     seconds: float | None = key(NUMBER)
     #: ``--stream si-blurry`` (docs/streams.md): its ratios (%), the classes seen in one task only, and the rows
     #: of the other classes dealt over the tasks. Not recorded for the default disjoint stream.
-    stream: str | None = key(TEXT)
+    stream: str | None = key(STREAM)
     disjoint_ratio: int | None = key(COUNT)
     blurry_ratio: int | None = key(COUNT)
     disjoint_classes: list[int] | None = key(INTEGERS)

@@ -19,7 +19,7 @@ from foal_pipe.report.readers import Run
 
 
 def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
-    """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based)."""
+    """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based), where it first appears."""
     m = run.metrics
     source: list[list[int | None]] = m.tasks or []
     task_names = m.continuation.task_names if m.continuation else None
@@ -28,7 +28,11 @@ def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
         by_name = dict(zip(names, labels.tolist()))
         source = [[by_name.get(name) for name in t] for t in task_names]
     stream = [(t, c) for t, classes in enumerate(source) for c in classes]
-    return {c: (t, k) for k, (t, c) in enumerate(stream) if c is not None}
+    positions: dict[int, tuple[int, int]] = {}
+    for k, (t, c) in enumerate(stream):
+        if c is not None:
+            positions.setdefault(c, (t, k))  # a class a Si-Blurry stream brings again: its first task
+    return positions
 
 
 def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int], earlier_first: bool = False) -> list[int]:
@@ -95,7 +99,7 @@ def class_results(run: Run) -> ClassResults | str | None:
     column[[ids[k] for k in order]] = np.arange(len(order))
     streamed = np.isin(true, list(positions))
     n_test = run.metrics.n_test
-    if n_test is not None and int(streamed.sum()) != n_test:
+    if n_test is not None and int(streamed.sum()) + _untrained_rows(run, model.class_names) != n_test:
         return (f"{features} now holds {int(streamed.sum()):,} test rows of the run's classes but the run was tested "
                 f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
     known = true >= 0
@@ -109,6 +113,19 @@ def class_results(run: Run) -> ClassResults | str | None:
     tasks = [positions[ids[k]][0] + 1 if ids[k] in positions else None for k in order]
     return ClassResults(features, [ids[k] for k in order], [model.class_names[k] for k in order], tasks, confusion,
                         int((~known).sum()), tuple(earlier))
+
+
+def _untrained_rows(run: Run, known: list[str]) -> int:
+    """Test rows of the stream's classes that the model has no class for (a class with test rows but no training
+    row): the run scored them (always wrong), and the model's predictions count them as of unknown classes."""
+    from foal_pipe.store import open_store
+
+    m = run.metrics
+    store = open_store(m.features)
+    stream = ({name for t in m.continuation.task_names for name in t} if m.continuation and m.continuation.task_names
+              else {store.classes[c] for t in m.tasks or [] for c in t if c < len(store.classes)})
+    missing = [k for k, name in enumerate(store.classes) if name in stream - set(known)]
+    return int(np.isin(np.asarray(store.test.labels), missing).sum()) if missing else 0
 
 
 def _earlier_rows(run: Run, model: Any, positions: dict[int, tuple[int, int]]

@@ -24,10 +24,11 @@ TIMINGS_FILE = "timings.json"
 
 
 #: What a sweep shares with a run for its gamma curve to be the run's, besides the features (each where both files
-#: record it): the seed (of the projection, and of the class order unless one is given), the projection and
-#: activation, the stream and the scoring, then the tasks (the class order) themselves.
-SWEPT_SETTINGS = ("seed", "projection_dim", "projection_init", "activation", "stream", "disjoint_ratio", "blurry_ratio",
-                  "mask_unseen", "drop_last", "drop_remainder", "dtype", "tasks")
+#: record it): the store's rows and width (two stores of one dataset and encoder differ there), the seed (of the
+#: projection, and of the class order unless one is given), the projection and activation, the stream and the
+#: scoring, then the tasks (the class order) themselves.
+SWEPT_SETTINGS = ("n_train_seen", "n_test", "feature_dim", "seed", "projection_dim", "projection_init", "activation",
+                  "stream", "disjoint_ratio", "blurry_ratio", "mask_unseen", "drop_last", "drop_remainder", "dtype", "tasks")
 
 
 def sweep_candidates(run_dir: Path) -> tuple[Path, ...]:

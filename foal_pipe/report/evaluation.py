@@ -30,7 +30,7 @@ DEFAULT_OUT = "eval"
 #: plots) are removed, so a stale plot never sits beside a new summary.
 OUTPUTS = frozenset(
     {SUMMARY_FILE, SCORES_FILE}
-    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix")
+    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix", "anytime")
        for ext in ("png", "csv")}
     | {"fusions.png", "heads.png", "class_accuracy.csv"}
 )

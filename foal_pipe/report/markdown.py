@@ -117,7 +117,9 @@ def _matrix(run: Run) -> list[str]:
     a, m = run.matrix, run.metrics
     T = len(a)
     steps = summary_of(a, run.metrics.stream)["A_steps"]
-    lines = ["## Accuracy matrix (%)", "", "Row i: after training through task i; column j: test set of task j.", ""]
+    columns = ("column j: the test rows of the classes seen by the end of task j (Si-Blurry: classes recur, so a task "
+               "has no test set of its own); A_i is the diagonal" if m.stream == "si-blurry" else "column j: test set of task j")
+    lines = ["## Accuracy matrix (%)", "", f"Row i: after training through task i; {columns}.", ""]
     lines.append("| after task | " + " | ".join(f"T{j + 1}" for j in range(T)) + " | A_i |")
     lines.append("|---:|" + "---:|" * (T + 1))
     for i, row in enumerate(a):

@@ -33,6 +33,7 @@ PAPER_SETTINGS: dict[str, Any] = {
     "image_size": 224,
     "feature_dim": 768,
     "projection_dim": 1000,
+    "activation": "sigmoid",
     "gamma": 1.0,
     "batch_size": 10,
 }
@@ -139,6 +140,7 @@ def run_settings(run: RunLike) -> dict[str, Any]:
         "image_size": encoder.get("image_size"),
         "feature_dim": encoder.get("dim") if settings.feature_dim is None else settings.feature_dim,
         "projection_dim": settings.projection_dim,
+        "activation": settings.activation or "sigmoid",  # files from before --activation: the sigmoid
         "gamma": gamma,
         "batch_size": settings.batch_size,
         "n_tasks": n_tasks,
@@ -154,6 +156,7 @@ _LABELS = {
     "image_size": "image size",
     "feature_dim": "feature dimension",
     "projection_dim": "projection dim D",
+    "activation": "activation",
     "gamma": "gamma",
     "batch_size": "batch size",
     "n_tasks": "tasks",

@@ -120,14 +120,18 @@ def plot_steps(run: Run, path: Path) -> Path:
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
         band = order_band(run)
+        blurry = run.metrics.stream == "si-blurry"  # A_i is a[i][i], every class seen (docs/streams.md)
         if band is None:
-            ax.plot(x, [r["A_i"] for r in rows], "o-", label="A_i (mean over tasks seen)", lw=2)
+            ax.plot(x, [r["A_i"] for r in rows], "o-", lw=2,
+                    label="A_i = a[i][i] (every class seen so far)" if blurry else "A_i (mean over tasks seen)")
         else:
             mean, std = band
             ax.plot(x, mean, "o-", label=f"A_i, mean over {len(run.metrics.orders)} class orders", lw=2)
             ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="+- std over orders")
-        ax.plot(x, [r["newest_task"] for r in rows], "s--", label="newest task a[i][i]")
-        ax.plot(x, [r["first_task"] for r in rows], "^:", label="first task a[i][1]")
+        if not blurry:
+            ax.plot(x, [r["newest_task"] for r in rows], "s--", label="newest task a[i][i]")
+        ax.plot(x, [r["first_task"] for r in rows], "^:",
+                label="classes seen in task 1, a[i][1]" if blurry else "first task a[i][1]")
         ax.set_xlabel("task (step i)")
         ax.set_ylabel("accuracy (%)")
         ax.set_xticks(x if len(x) <= 20 else x[:: max(1, len(x) // 10)])
@@ -149,17 +153,23 @@ def plot_anytime(run: Run, path: Path) -> Path:
     rows = anytime_rows(run)
     m = run.metrics
 
+    seeds = list(dict.fromkeys(r["order_seed"] for r in rows)) if rows and "order_seed" in rows[0] else [None]
+
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        ax.plot([r["samples_seen"] for r in rows], [r["accuracy"] for r in rows], "-", lw=1.5,
-                label=f"every {m.anytime.eval_every} rows")
+        for seed in seeds:
+            mine = [r for r in rows if r.get("order_seed") == seed]
+            label = f"every {m.anytime.eval_every} rows" + ("" if seed is None else f", order seed {seed}")
+            ax.plot([r["samples_seen"] for r in mine], [r["accuracy"] for r in mine], "-", lw=1.5 if seed is None else 1,
+                    label=label)
         ax.set_xlabel("training rows seen")
         ax.set_ylabel("accuracy on the classes seen so far (%)")
         ax.set_ylim(max(0.0, min(r["accuracy"] for r in rows) - 5), 100.5)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
         stream = m.stream or "disjoint"
-        ax.set_title(f"A_auc {100 * m.A_auc:.1f}%, A_last {100 * m.A_last:.1f}% ({stream} stream)\n{_title(run)}",
+        over = "" if seeds == [None] else f", means over {len(seeds)} class orders"
+        ax.set_title(f"A_auc {100 * m.A_auc:.1f}%, A_last {100 * m.A_last:.1f}% ({stream} stream{over})\n{_title(run)}",
                      fontsize=9)
 
     return draw(path, (6.4, 4.0), paint)

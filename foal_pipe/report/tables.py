@@ -46,10 +46,13 @@ def step_rows(run: Run) -> list[dict[str, Any]]:
 
 def anytime_rows(run: Run) -> list[dict[str, Any]]:
     """``learn --eval-every``: the accuracy (percent) on the classes seen so far after each number of training
-    rows; none without a curve."""
-    curve = run.metrics.anytime
+    rows (with ``--order-seeds``, each order's, with its seed); none without a curve."""
+    curve, orders = run.metrics.anytime, run.metrics.orders
     if curve is None:
         return []
+    if orders and all(o.anytime is not None for o in orders):  # --order-seeds: every order's curve, by its seed
+        return [{"order_seed": o.order_seed, "samples_seen": n, "accuracy": 100 * a}
+                for o in orders for n, a in zip(o.anytime.samples_seen, o.anytime.accuracy)]  # type: ignore[union-attr]
     return [{"samples_seen": n, "accuracy": 100 * a} for n, a in zip(curve.samples_seen, curve.accuracy)]
 
 
