@@ -251,3 +251,35 @@ def test_an_auto_models_grid_and_sample_are_checked(two_stores):
     assert not (tmp_path / "run_b").exists()
     result = learn(*base, "--gamma-grid", "0.01,100")
     assert result.exit_code == 0, result.output
+
+
+def test_a_learn_gamma_auto_model_keeps_choosing(tmp_path):
+    """`learn --gamma auto` wrote only its last gamma, so a continued model kept it fixed (and refused --select gcv),
+    against the docs; its file now holds the grid: the continuation chooses by GCV at every boundary, and with one
+    task per store its last choice (on the sums of every row, whatever their order) and weights equal one GCV run's
+    over both stores."""
+    rng = np.random.default_rng(1)
+    names = ["cat", "dog", "emu", "fox"]
+    y = np.repeat(np.arange(4), 15)
+    x = rng.normal(size=(y.size, 8)) + 2.0 * np.eye(4, 8)[y]
+    first, second = y < 2, y >= 2
+    a = write_store(tmp_path / "a.zarr", (x[first], y[first]), (x[first][::3], y[first][::3]), names[:2], chunk_rows=7,
+                    dtype="float64")
+    b = write_store(tmp_path / "b.zarr", (x[second], y[second] - 2), (x[second][::3], y[second][::3] - 2), names[2:],
+                    chunk_rows=7, dtype="float64")
+    both = write_store(tmp_path / "ab.zarr", (x, y), (x[::3], y[::3]), names, chunk_rows=7, dtype="float64")
+    auto = ("--gamma", "auto", "--select", "gcv", "--projection-dim", 30)
+    assert learn("--features", a, "--out", tmp_path / "ra", "--tasks", 1, *auto).exit_code == 0
+    assert learn("--features", both, "--out", tmp_path / "rab", "--tasks", 2, *auto).exit_code == 0
+    result = learn("--init-model", tmp_path / "ra" / "model.safetensors", "--features", b, "--out", tmp_path / "rb",
+                   "--tasks", 1, "--select", "gcv")
+    assert result.exit_code == 0, result.output
+    continued = json.loads((tmp_path / "rb" / "metrics.json").read_text())
+    whole = json.loads((tmp_path / "rab" / "metrics.json").read_text())
+    assert continued["gamma"] == "auto"
+    assert continued["gammas_selected"][-1] == whole["gammas_selected"][-1]
+    model = foal_pipe.load_model(tmp_path / "rb" / "model.safetensors")
+    H = model.projection.transform(x)
+    gamma = whole["gammas_selected"][-1]
+    W = np.linalg.solve(H.T @ H + gamma * np.eye(H.shape[1]), H.T @ np.eye(4)[y])
+    np.testing.assert_allclose(model.classifier.weights_, W, atol=1e-9)

@@ -40,11 +40,12 @@ class RidgeModel:
     gamma_grid: Sequence[float] | None = None
 
     @classmethod
-    def solved(cls, statistics: RidgeStatistics, gamma: float) -> RidgeModel:
-        """The gram model of ``statistics`` at ``gamma``: its weights solved, refused when not finite."""
+    def solved(cls, statistics: RidgeStatistics, gamma: float, gamma_grid: Sequence[float] | None = None) -> RidgeModel:
+        """The gram model of ``statistics`` at ``gamma``: its weights solved, refused when not finite; ``gamma_grid``:
+        chosen over that grid (``--gamma auto``), so that a continued model keeps choosing."""
         W = to_numpy(checked_weights(statistics.solve(gamma)))
         return cls(statistics.state(), W, statistics.classes, float(gamma), "gram", dtype_name(statistics.dtype),
-                   int(statistics.n))
+                   int(statistics.n), None if gamma_grid is None else tuple(gamma_grid))
 
     @classmethod
     def load(cls, path: str | Path) -> RidgeModel:

@@ -85,7 +85,7 @@ def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: Shar
         path = ManyGammas.auto(run)
         gram = walk(run, [GramLearner(run, {None: path}, anytime=anytime)], rows)[0]
         boundaries = gram.boundaries
-        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]))
+        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]), model.gamma_grid)
     else:
         fixed = FixedGamma(float(model.gamma))
         boundaries = walk(run, [GramLearner(run, {None: fixed}, anytime=anytime)], rows)[0].boundaries
