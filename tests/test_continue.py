@@ -283,3 +283,20 @@ def test_a_learn_gamma_auto_model_keeps_choosing(tmp_path):
     gamma = whole["gammas_selected"][-1]
     W = np.linalg.solve(H.T @ H + gamma * np.eye(H.shape[1]), H.T @ np.eye(4)[y])
     np.testing.assert_allclose(model.classifier.weights_, W, atol=1e-9)
+
+
+def test_head_rows_other_than_the_models_are_refused(two_stores):
+    """A continued head's rows are the model's: `--head-rows features` on an activations model (or the reverse)
+    was ignored in silence; the same rows as the model's still run."""
+    tmp_path, (a, _, _), (b, _, _) = two_stores
+    for rows, other in (("activations", "features"), ("features", "activations")):
+        model = tmp_path / f"slda-{rows}"
+        projection = ("--projection-dim", 20) if rows == "activations" else ()
+        first = learn("--features", a, "--out", model, "--tasks", 2, "--head", "slda", "--head-rows", rows, *projection)
+        assert first.exit_code == 0, first.output
+        base = ("--init-model", model / "model.safetensors", "--features", b, "--tasks", 1)
+        assert_one_line_error(learn(*base, "--out", tmp_path / "no", "--head-rows", other),
+                              f"--head-rows {other} conflicts with the model's slda head (its {rows})")
+        assert not (tmp_path / "no").exists()
+        same = learn(*base, "--out", tmp_path / f"next-{rows}", "--head-rows", rows)
+        assert same.exit_code == 0, same.output

@@ -380,7 +380,13 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
                              "activation": deployed.projection.activation if space == "activations" else None,
                              "head_rows": "activations" if space != HEADS[name].space else None}
     check_search(explicit, ModelConfig().gamma, given.gamma_grid, given, name)
-    asked_for = {**{key: getattr(given, key) for key in explicit if key not in SEARCH_SETTINGS}, **given.head_options}
+    if "head_rows" in explicit and given.head_rows is not None:
+        asked_space = "activations" if HEADS[name].space == "features" and given.head_rows == "activations" else HEADS[name].space
+        if asked_space != space:
+            raise FoalPipeError(f"{param('head_rows', given.head_rows)} conflicts with the model's {name} head (its "
+                                f"{space}); the model fixes it: drop {param('head_rows')}")
+    asked_for = {**{key: getattr(given, key) for key in explicit if key not in (*SEARCH_SETTINGS, "head_rows")},
+                 **given.head_options}
     for key, asked in asked_for.items():
         known = fixed.get(key)
         if asked != known:
