@@ -300,3 +300,15 @@ def test_head_rows_other_than_the_models_are_refused(two_stores):
         assert not (tmp_path / "no").exists()
         same = learn(*base, "--out", tmp_path / f"next-{rows}", "--head-rows", rows)
         assert same.exit_code == 0, same.output
+
+
+@pytest.mark.parametrize("option, value, needs", [("--workers", 3, "--scheduler dask"),
+                                                  ("--dask-address", "tcp://127.0.0.1:1", "--scheduler dask"),
+                                                  ("--disjoint-ratio", 30, "--stream si-blurry")])
+def test_options_a_continuation_would_ignore_are_refused(two_stores, option, value, needs):
+    """These ran the continuation without a word (locally, on the disjoint stream) before."""
+    tmp_path, _, (b, _, _) = two_stores
+    result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", b, "--out",
+                   tmp_path / "run_b", "--tasks", 1, option, value)
+    assert_one_line_error(result, f"{option} acts only with {needs}")
+    assert not (tmp_path / "run_b").exists()

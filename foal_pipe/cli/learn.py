@@ -123,9 +123,11 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             tuple(params["eval_features"] or ()),
             tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", "head_rows", *SEARCH_SETTINGS)
                   if _typed(ctx, name)))
-        if init_model is None:  # a continued model's settings are checked against the model's
+        if init_model is None:
             _check_head(ctx, head)
             _check_applies(ctx, LEARN_ONLY_WITH)
+        else:  # a continued model's head and gamma search are checked against the model's
+            _check_applies(ctx, ONLY_WITH)
         done = learn_entry(features, out, settings, log=_log)
         if seeds is not None:
             std = done.metrics.std
