@@ -19,7 +19,8 @@ from foal_pipe.report.readers import Run
 
 
 def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
-    """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based), where it first appears."""
+    """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based), where it
+    first appears."""
     m = run.metrics
     source: list[list[int | None]] = m.tasks or []
     task_names = m.continuation.task_names if m.continuation else None
