@@ -271,8 +271,10 @@ def test_a_learn_gamma_auto_model_keeps_choosing(tmp_path):
     auto = ("--gamma", "auto", "--select", "gcv", "--projection-dim", 30)
     assert learn("--features", a, "--out", tmp_path / "ra", "--tasks", 1, *auto).exit_code == 0
     assert learn("--features", both, "--out", tmp_path / "rab", "--tasks", 2, *auto).exit_code == 0
-    result = learn("--init-model", tmp_path / "ra" / "model.safetensors", "--features", b, "--out", tmp_path / "rb",
-                   "--tasks", 1, "--select", "gcv")
+    base = ("--init-model", tmp_path / "ra" / "model.safetensors", "--features", b, "--tasks", 1)
+    assert_one_line_error(learn(*base, "--out", tmp_path / "no", "--select", "loo_accuracy"),
+                          "--select loo_accuracy: a continued model chooses gamma by GCV")
+    result = learn(*base, "--out", tmp_path / "rb")  # GCV without a word: the one criterion the sums give
     assert result.exit_code == 0, result.output
     continued = json.loads((tmp_path / "rb" / "metrics.json").read_text())
     whole = json.loads((tmp_path / "rab" / "metrics.json").read_text())

@@ -183,9 +183,11 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
     if meta["engine"] != "gram" or given.engine != "gram":
         raise FoalPipeError(f"{param('init_model')} continues the gram engine's sums; use a model learned with "
                             f"{param('engine', 'gram')}")
-    if gamma == "auto" and given.select != "gcv":
-        raise FoalPipeError("the model chooses gamma automatically; a continued model chooses it by GCV (leave-one-out "
-                            f"would need the old rows): pass {param('select', 'gcv')}")
+    if gamma == "auto":  # it keeps choosing, by the one criterion the sums alone give
+        if "select" in explicit and given.select != "gcv":
+            raise FoalPipeError(f"{param('select', given.select)}: a continued model chooses gamma by GCV (leave-one-out "
+                                f"would need the old rows); drop {param('select')}")
+        given = replace(given, select="gcv")
     grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
     check_search(explicit, gamma, grid, given)
     return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
