@@ -6,6 +6,7 @@ the command line's walks use one directly, so ``learn`` and ``sweep`` start with
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,33 @@ from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy
 
 from foal_pipe.core.activations import ACTIVATIONS, BIASED, INITS, check_activation
 from foal_pipe.core.backend import default_device
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
+
+
+def check_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy float dtype: the activations are real numbers, so an integer dtype is refused."""
+    try:
+        checked = np.dtype(dtype)
+    except TypeError:
+        checked = None
+    if checked is None or checked.kind != "f":
+        raise FoalPipeError(f"projection dtype {dtype!r} is not a float dtype; pass {param('dtype', 'float64')} or "
+                            f"{param('dtype', 'float32')}")
+    return checked
+
+
+def _check_components(n_components: Any) -> int:
+    """``n_components`` as an int >= 0, a boolean or a fraction refused rather than truncated."""
+    try:
+        if isinstance(n_components, (bool, np.bool_)):
+            raise TypeError
+        number = operator.index(n_components)
+    except TypeError:
+        raise FoalPipeError(f"projection dimension must be a whole number, got {n_components!r}; pass e.g. "
+                            f"{param('n_components', 1000)} (0: none)") from None
+    if number < 0:
+        raise FoalPipeError(f"projection dimension must be at least 0, got {n_components}; pass e.g. 1000 (0: none)")
+    return number
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,23 +58,23 @@ class Expansion:
 
     @classmethod
     def draw(cls, n_features: int, n_components: int, init: str, activation: str,
-             random_state: int | np.random.Generator | None, dtype: str) -> Expansion:
+             random_state: int | np.random.Generator | None, dtype: str | np.dtype) -> Expansion:
         """A random ``n_features`` x ``n_components`` matrix (0 components: the identity) drawn from ``random_state``:
         ``uniform`` is U(-1/sqrt(d), 1/sqrt(d)), PyTorch's ``nn.Linear`` default; ``normal`` N(0, 1/(3d)), the same
         variance."""
-        if int(n_components) < 0:
-            raise FoalPipeError(f"projection dimension must be at least 0, got {n_components}; pass e.g. 1000 (0: none)")
+        n_components = _check_components(n_components)
+        dtype = check_dtype(dtype)
         if init not in INITS:
             raise FoalPipeError(f"unknown projection init {init!r}; choose one of {', '.join(INITS)}")
         check_activation(activation)
-        if int(n_components) == 0:
+        if n_components == 0:
             if activation in BIASED:
                 raise FoalPipeError(f"activation {activation!r} is random Fourier features of a projection; pass a "
                                     "projection dimension above 0 (e.g. 5000)")
             return cls(np.asarray(np.eye(n_features), dtype=dtype), activation, is_identity=True)
         rng = np.random.default_rng(random_state)
         bound = 1.0 / np.sqrt(n_features)
-        shape = (n_features, int(n_components))
+        shape = (n_features, n_components)
         if init == "uniform":
             matrix = rng.uniform(-bound, bound, size=shape)
         else:
@@ -56,11 +83,12 @@ class Expansion:
         return cls(np.asarray(matrix, dtype=dtype), activation, bias_=None if bias is None else bias.astype(dtype))
 
     @classmethod
-    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str = "float64",
+    def from_matrix(cls, matrix: np.ndarray, activation: str = "sigmoid", dtype: str | np.dtype = "float64",
                     bias: np.ndarray | None = None) -> Expansion:
         """A given d x D matrix (a saved model's), and its bias where the activation takes one: always multiplied,
         even when it is the identity."""
         check_activation(activation)
+        dtype = check_dtype(dtype)
         if (activation in BIASED) != (bias is not None):
             problem = "needs the projection's bias" if bias is None else "takes no projection bias"
             raise FoalPipeError(f"activation {activation!r} {problem}; pass the projection and bias the model was "

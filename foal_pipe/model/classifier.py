@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_api_compat import device, is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.exceptions import NotFittedError
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
@@ -18,20 +18,65 @@ from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_ga
 from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError, as_user_error
-from foal_pipe.model.projection import SmoothProjection
+from foal_pipe.errors import FoalPipeError, InputTypeError, as_user_error, param
+from foal_pipe.model.projection import NotFitted, SmoothProjection
 from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, ridge_projection
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
 SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
 
-class NotFitted(FoalPipeError, NotFittedError):
-    """Raised by a method that needs a fitted classifier: a FoalPipeError and scikit-learn's NotFittedError."""
-
-
 #: Fitted state that :meth:`AnalyticClassifier.fit` clears before learning again.
-_FITTED = ("_engine", "_dtype", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_")
+_FITTED = ("_engine", "_dtype", "_fitted_with", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_")
+#: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
+_STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid")
+#: Label kinds by NumPy dtype kind; ``number`` kinds sort together, so they mix.
+_DTYPE_KINDS = {"b": "bool", "i": "int", "u": "int", "f": "float", "U": "str", "S": "bytes"}
+_NUMBER_KINDS = ("bool", "int", "float", "number")
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, (str, bytes)):
+        return type(value).__name__
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    return "int" if isinstance(value, numbers.Integral) else "float" if isinstance(value, numbers.Real) else type(value).__name__
+
+
+def label_kind(labels: np.ndarray) -> str:
+    """The kind of ``labels``: ``int``, ``float``, ``bool``, ``str``, ``bytes`` or, for an object array of values of
+    several kinds, ``number`` (all numbers) or them all (``int/str``)."""
+    if labels.dtype.kind != "O":
+        return _DTYPE_KINDS.get(labels.dtype.kind, labels.dtype.name)
+    kinds = sorted({_value_kind(v) for v in set(labels.ravel().tolist())})
+    if len(kinds) > 1 and all(k in _NUMBER_KINDS for k in kinds):
+        return "number"
+    return "/".join(kinds)
+
+
+def check_label_kinds(before: np.ndarray, labels: np.ndarray, problem: str = (
+        "labels of kind {new} after labels of kind {old}; use one kind of label (integer ids or names) in every call, "
+        "or call fit to start afresh")) -> None:
+    """Refuse ``labels`` of another kind than the labels ``before`` (numbers mix; strings, bytes and numbers do not):
+    NumPy cannot sort them together, and ``3`` and ``"3"`` would be two classes. ``problem``: the message, naming
+    the ``{new}`` and ``{old}`` kinds."""
+    if before.size == 0 or labels.size == 0:
+        return
+    old, new = label_kind(before), label_kind(labels)
+    if old != new and not (old in _NUMBER_KINDS and new in _NUMBER_KINDS):
+        raise FoalPipeError(problem.format(new=new, old=old))
+
+
+#: :func:`check_label_kinds`'s message for ``partial_fit``'s ``classes`` of another kind than ``y``.
+CLASSES_KIND_PROBLEM = ("classes= holds labels of kind {new} but y labels of kind {old}; use one kind of label (integer ids "
+                        "or names)")
+
+
+def _same(value: Any, fitted: Any) -> bool:
+    """Whether a parameter still has the value the state was fitted with (a number, a string, None or a sequence)."""
+    if value is None or fitted is None or isinstance(value, str) or isinstance(fitted, str):
+        return value is fitted or (isinstance(value, str) and isinstance(fitted, str) and value == fitted)
+    return bool(np.array_equal(value, fitted))
 
 
 def _gammas(grid: Any) -> list[Any]:
@@ -121,6 +166,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         return hasattr(self, "_engine")
 
     def _start(self, n_features: int, label_dtype: np.dtype) -> None:
+        """A fresh engine for ``n_features`` features, the parameters it is built with recorded: ``gamma_``, ``save``
+        and later ``partial_fit`` calls use those, whatever ``set_params`` sets later."""
         if self.engine not in ENGINES:
             raise FoalPipeError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         if self.gamma != "auto":
@@ -139,6 +186,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype, where)
         self.classes_ = np.empty(0, dtype=label_dtype)
         self.n_samples_seen_ = 0
+        self._fitted_with = {name: getattr(self, name) for name in _STATE_PARAMS}
 
     def _validate(self, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
         """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
@@ -151,6 +199,11 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
                 raise as_user_error(exc) from None
         if X.ndim != 2:
             raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {tuple(X.shape)}")
+        if array_namespace(X).isdtype(X.dtype, "complex floating"):  # as scikit-learn refuses NumPy's
+            raise FoalPipeError(f"X has complex dtype {X.dtype}, which is not supported; pass real-valued features")
+        if 0 in X.shape:  # as scikit-learn refuses an empty NumPy array
+            raise FoalPipeError(f"X has shape {tuple(X.shape)}, but {type(self).__name__} needs at least one row and "
+                                "one feature; pass a non-empty batch")
         if reset:
             self.n_features_in_ = int(X.shape[1])
         elif X.shape[1] != self.n_features_in_:
@@ -166,7 +219,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
 
     def _state_array(self, X: Any, dtype: Any = None) -> Any:
         """``X`` in the state's namespace and device, in the state's dtype (or ``dtype``), refused if not finite."""
-        xp = get_namespace(self.backend)
+        xp = get_namespace(self._fitted_with["backend"])
         like = self._engine.template
         X = xp.asarray(X, dtype=like.dtype if dtype is None else dtype, device=device(like))
         if not bool(xp.all(xp.isfinite(X))):
@@ -182,23 +235,43 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> AnalyticClassifier:
         """Absorb one batch of activations ``X`` (n, D) with labels ``y`` (n,). Returns ``self``.
 
-        ``classes`` is accepted for scikit-learn compatibility; labels may also appear later.
+        ``classes``: labels to add now (zero columns until their rows come); labels may also appear later. The
+        state keeps the ``gamma``, ``engine``, ``dtype``, ``backend`` and ``gamma_grid`` it was fitted with: a call
+        after ``set_params`` changed one is refused (:meth:`fit` starts afresh with the new value).
         """
         first = not self.__sklearn_is_fitted__()
+        if not first:
+            self._check_params()
         X, y = self._validate(X, y, reset=first)
         try:
             check_classification_targets(y)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
-        if np.asarray(y).dtype.kind == "c":
+        y = np.asarray(y)
+        if y.dtype.kind == "c":
             raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
+        if not first:
+            check_label_kinds(self.classes_, y)
+        labels = y
+        if classes is not None:
+            labels = np.asarray(classes).ravel()
+            check_label_kinds(y, labels, CLASSES_KIND_PROBLEM)
+            labels = np.concatenate([y, labels])
         if first:
-            self._start(int(X.shape[1]), np.asarray(y).dtype)
+            self._start(int(X.shape[1]), y.dtype)
         X = self._state_array(X)
-        self._add_classes(np.concatenate([y, np.asarray(classes).ravel()]) if classes is not None else y)
+        self._add_classes(labels)
         self._engine.update(X, y, self.classes_)
         self.n_samples_seen_ += int(X.shape[0])
         return self
+
+    def _check_params(self) -> None:
+        """Refuse to keep learning after ``set_params`` changed a parameter the fitted state is built with."""
+        for name, fitted in self._fitted_with.items():
+            if not _same(getattr(self, name), fitted):
+                raise FoalPipeError(
+                    f"{param(name)} is {getattr(self, name)!r} but this {type(self).__name__} was fitted with {fitted!r}; "
+                    f"call fit to learn afresh with it, or set {name} back to {fitted!r} to keep learning")
 
     def _add_classes(self, labels: np.ndarray) -> None:
         self.classes_ = grow_classes(self._engine, self.classes_, labels)
@@ -213,21 +286,33 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
 
     @property
     def gamma_(self) -> float:
+        """The gamma of the fitted state (GCV's choice for ``gamma="auto"``), whatever ``set_params`` set since."""
         self._check_fitted()
-        return self._engine.solution()[0] if self.gamma == "auto" else float(self.gamma)
+        gamma = self._fitted_with["gamma"]
+        return self._engine.solution()[0] if gamma == "auto" else float(gamma)
 
     def merge(self, other: AnalyticClassifier) -> AnalyticClassifier:
         """A new ``gram`` classifier holding the samples of both: the statistics simply add.
 
         This is how per-task or per-worker statistics are combined; the result is exactly the classifier
-        that saw both streams. Only the ``gram`` engine keeps additive state.
+        that saw both streams, with this one's fitted gamma, dtype and grid. Only the ``gram`` engine keeps
+        additive state.
         """
-        if self.engine != "gram" or other.engine != "gram":
+        if not isinstance(other, AnalyticClassifier):
+            raise InputTypeError(f"merge takes an AnalyticClassifier, got {type(other).__name__}")
+        self._check_fitted()
+        if not other.__sklearn_is_fitted__():
+            raise NotFitted(f"cannot merge an unfitted {type(other).__name__}; fit or partial_fit it first")
+        mine = self._fitted_with
+        if mine["engine"] != "gram" or other._fitted_with["engine"] != "gram":
             raise FoalPipeError("only gram classifiers can be merged; use engine='gram'")
         if other.n_features_in_ != self.n_features_in_:
             raise FoalPipeError("cannot merge classifiers fitted on different feature dimensions")
+        check_label_kinds(self.classes_, other.classes_, (
+            "cannot merge a classifier of labels of kind {new} into one of labels of kind {old}; use one kind of label "
+            "(integer ids or names)"))
         return AnalyticClassifier.from_statistics(
-            self.statistics_ + other.statistics_, gamma=self.gamma, dtype=self.dtype, gamma_grid=self.gamma_grid
+            self.statistics_ + other.statistics_, gamma=mine["gamma"], dtype=mine["dtype"], gamma_grid=mine["gamma_grid"]
         )
 
     @classmethod
@@ -242,8 +327,12 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """A ``gram`` classifier holding sums computed elsewhere (Dask workers, the learn walk, a merge).
 
         The result equals a classifier that saw those samples; dtype defaults to the statistics' own,
-        the backend is that of their arrays.
+        the backend is that of their arrays. Statistics of no class (no labelled row) are refused: such a
+        classifier could predict nothing.
         """
+        if np.asarray(statistics.classes).size == 0:
+            raise FoalPipeError("the statistics hold no class (no labelled row), so a classifier of them could predict "
+                                "nothing; add labelled rows first")
         dtype = dtype or dtype_name(statistics.dtype)
         clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend_of(statistics.G), gamma_grid=gamma_grid)
         state = {"G": statistics.G, "Q": statistics.Q}
@@ -285,7 +374,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         self._check_fitted()
         X, _ = self._validate(X)
         W = self._weights()
-        xp = get_namespace(self.backend)
+        xp = get_namespace(self._fitted_with["backend"])
         X = self._state_array(X, xp.float64)
         return to_numpy(X @ xp.asarray(W, dtype=xp.float64))
 
@@ -312,9 +401,13 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         interrupted.
         """
         self._check_fitted()
-        grid = self._engine.grid if self.gamma == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
-        model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, self.engine, self._dtype.name,
-                           self.n_samples_seen_, grid)
+        if self.classes_.dtype.kind == "u" and self.classes_.size and int(self.classes_[-1]) > np.iinfo(np.int64).max:
+            raise FoalPipeError(f"class label {int(self.classes_[-1])} is above 2**63 - 1, the largest id a model file "
+                                "holds (int64); map the labels to smaller ids first")
+        fitted = self._fitted_with
+        grid = self._engine.grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
+        model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, fitted["engine"],
+                           self._dtype.name, self.n_samples_seen_, grid)
         return model.save(path, ridge_projection(projection), **metadata)
 
     @classmethod

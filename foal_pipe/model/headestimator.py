@@ -25,7 +25,8 @@ from foal_pipe.core.backend import to_numpy
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
-from foal_pipe.model.classifier import NotFitted
+from foal_pipe.model.classifier import CLASSES_KIND_PROBLEM, check_label_kinds
+from foal_pipe.model.projection import NotFitted
 
 
 def _has_probabilities(estimator: HeadEstimator) -> bool:
@@ -38,6 +39,12 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
     classification targets; ``classes_`` is sorted and grows as new labels arrive."""
 
     head: ClassVar[str]
+    # fitted state, set by partial_fit
+    _head: Head
+    _ids: dict[Any, int]  # label -> the head's class id, in order of first appearance
+    _scorer: Scorer
+    classes_: np.ndarray
+    n_samples_seen_: int
 
     def _options(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(HEADS[self.head].head.Options)}
@@ -49,24 +56,46 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         return self.partial_fit(X, y)
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> HeadEstimator:
-        """Add the rows ``X`` labelled ``y`` as one task (``classes`` accepted for scikit-learn, not needed)."""
+        """Add the rows ``X`` labelled ``y`` as one task. ``classes`` (scikit-learn's every label of the stream) may
+        name only labels with rows, in ``y`` or before: a head's model of a class comes from its rows, so a class
+        without rows is refused rather than scored from nothing (``classes_`` grows as labels arrive)."""
         first = not hasattr(self, "_head")
         try:
             X, y = validate_data(self, X, y, reset=first, dtype=np.float64)
             check_classification_targets(y)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
-        if first:
-            self._head: Head = make_head(self.head, self._options(), xp_numpy, int(X.shape[1]))
-            self._ids: dict[Any, int] = {}  # label -> the head's class id, in order of first appearance
-            self.n_samples_seen_ = 0
+        seen = np.empty(0, dtype=y.dtype) if first else self.classes_
+        check_label_kinds(seen, y)
+        merged = np.union1d(seen, y)  # sorted, in a dtype that holds every label so far (as AnalyticClassifier's)
+        if classes is not None:
+            self._check_classes(np.asarray(classes).ravel(), y, merged)
+        head = self._new_head(int(X.shape[1])) if first else self._head
+        ids = {} if first else dict(self._ids)
         for label in np.unique(y).tolist():
-            self._ids.setdefault(label, len(self._ids))
-        self.classes_ = np.asarray(sorted(self._ids), dtype=np.asarray(y).dtype)
-        self._head.add(np.asarray(X, dtype=np.float64), np.asarray([self._ids[v] for v in y.tolist()], dtype=np.int64))
-        self._scorer: Scorer = self._head.boundary()
-        self.n_samples_seen_ += int(X.shape[0])
+            ids.setdefault(label, len(ids))
+        head.add(np.asarray(X, dtype=np.float64), np.asarray([ids[v] for v in y.tolist()], dtype=np.int64))
+        scorer = head.boundary()
+        self.n_samples_seen_ = int(X.shape[0]) + (0 if first else self.n_samples_seen_)
+        self._head, self._ids, self._scorer, self.classes_ = head, ids, scorer, merged
         return self
+
+    def _new_head(self, dim: int) -> Head:
+        """A fresh head of the options, a boolean refused (no head option is a flag, though ``float(True)`` is 1)."""
+        options = self._options()
+        for f in fields(HEADS[self.head].head.Options):
+            if isinstance(options[f.name], (bool, np.bool_)):
+                raise FoalPipeError(f"{param(f.name)} must be a number, got {options[f.name]!r}; try "
+                                    f"{param(f.name, f.default)}")
+        return make_head(self.head, options, xp_numpy, dim)
+
+    def _check_classes(self, classes: np.ndarray, y: np.ndarray, seen: np.ndarray) -> None:
+        """Refuse ``partial_fit``'s ``classes`` where it names a label without rows (or of another kind)."""
+        check_label_kinds(y, classes, CLASSES_KIND_PROBLEM)
+        without = np.setdiff1d(classes, seen)
+        if without.size:
+            raise FoalPipeError(f"classes= names {without.tolist()[0]!r}, which has no rows yet: the {self.head} head models a "
+                                "class from its rows; drop classes= (classes_ grows as labels arrive)")
 
     def class_scores(self, X: Any) -> np.ndarray:
         """The head's scores of ``X``, one column per class of :attr:`classes_` (higher: more likely)."""

@@ -184,6 +184,7 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     if missing or unknown:
         raise _refuse(where, f"tensor {missing[0]!r} is missing" if missing else f"unexpected tensor {unknown[0]!r}")
     _check_shapes(tensors, where)
+    _check_classes_present(tensors, where)
     for key, value in metadata.items():
         if isinstance(value, NotJSON):
             raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
@@ -240,6 +241,7 @@ def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
         raise _refuse(where, f"the {name} head's tensor {missing[0]!r} is missing" if missing
                       else f"tensor {unknown[0]!r} does not belong to the {name} head")
     _check_shapes(tensors, where, schema)
+    _check_classes_present(tensors, where)
     for key, value in tensors.items():
         wanted = np.dtype("int64" if schema[key][1] == "iu" else "float64")
         if key not in projected and np.dtype(value.dtype) != wanted:  # the projection: in the run's dtype
@@ -307,6 +309,12 @@ def _check_shapes(tensors: Mapping[str, Any], where: str,
                 raise _refuse(
                     where, f"tensor {name!r} has shape {shape} but {first!r} has {dim} = {known}: the shapes disagree"
                 )
+
+
+def _check_classes_present(tensors: Mapping[str, Any], where: str) -> None:
+    """Refuse a model of no class: it could predict nothing (an argmax over no column)."""
+    if int(tensors["classes"].shape[0]) == 0:
+        raise _refuse(where, "it holds no class ('classes' is empty); a model needs at least one class with rows")
 
 
 def _check_values(tensors: Mapping[str, Any], where: str) -> None:

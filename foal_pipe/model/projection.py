@@ -11,12 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError, as_user_error
+
+
+class NotFitted(FoalPipeError, NotFittedError):
+    """Raised by a method that needs a fitted estimator (this projection, the classifiers): a FoalPipeError and
+    scikit-learn's NotFittedError."""
 
 
 class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -94,10 +100,16 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
         return cls(n_components=int(matrix.shape[1]), activation=activation, dtype=dtype)._set(
             Expansion.from_matrix(matrix, activation, dtype, bias))
 
+    def _check_fitted(self) -> None:
+        """Refuse a projection not fitted yet with :class:`NotFitted`, as the classifiers do."""
+        if not hasattr(self, "_expansion"):
+            raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit first (it reads only the feature "
+                            "count)")
+
     @property
     def expansion(self) -> Expansion:
         """The fitted matrix and activation without scikit-learn (what the command line's walks use)."""
-        check_is_fitted(self)
+        self._check_fitted()
         return self._expansion
 
     @property
@@ -107,17 +119,21 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
 
     def transform(self, X: Any, xp: Any = None) -> Any:
         """``activation(X @ P)`` in ``dtype``; ``xp`` (an array namespace) computes on its device (the matrix is
-        cached there), default: that of ``X``."""
-        check_is_fitted(self)
+        cached there), default: that of ``X``. NaN and inf are refused, in device arrays too."""
+        self._check_fitted()
         host = is_numpy_array(X) or not is_array_api_obj(X)
         if host:
             try:
                 X = validate_data(self, X, reset=False)
             except (ValueError, TypeError) as exc:
                 raise as_user_error(exc) from None
-        elif X.shape[-1] != self.n_features_in_:
-            raise FoalPipeError(
-                f"features have {X.shape[-1]} dimensions but the projection expects {self.n_features_in_}; "
-                "use features from the same encoder as the model"
-            )
+        else:
+            if X.shape[-1] != self.n_features_in_:
+                raise FoalPipeError(
+                    f"features have {X.shape[-1]} dimensions but the projection expects {self.n_features_in_}; "
+                    "use features from the same encoder as the model"
+                )
+            own = array_namespace(X)
+            if not bool(own.all(own.isfinite(X))):  # as scikit-learn's check refuses host arrays
+                raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         return self._expansion.apply(X, xp)
