@@ -224,3 +224,12 @@ def test_head_partial_fit_classes_without_rows_refused() -> None:
     assert not hasattr(est, "classes_")
     est.partial_fit(X, y, classes=[0, 1])  # every class with rows: accepted
     np.testing.assert_array_equal(est.class_scores(X), head_classifier("ncm").fit(X, y).class_scores(X))
+
+
+def test_head_checks_refuse_a_boolean_where_a_number_is_meant():
+    """``float(True)`` is 1: a head built directly (not through an estimator) took ``gamma=True`` as 1."""
+    from foal_pipe.heads.checks import positive
+
+    with pytest.raises(FoalPipeError, match="gamma must be a number, got True"):
+        positive("gamma", True)
+    assert positive("gamma", np.float32(2.5)) == 2.5
