@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 .PHONY: install install-dev demo lint test test-fast bench docs clean
 
 # install: what `make demo` runs (extraction with PyTorch, the DVC pipeline); install-dev adds Dask and pytest.
-# `pip install foal-pipe` alone is the light install: learn, sweep, predict, evaluate, summary, info.
+# `pip install -e .` alone (in a clone) is the light install: learn, sweep, predict, evaluate, summary, info.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

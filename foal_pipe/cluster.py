@@ -1,4 +1,4 @@
-"""The Dask client both distributed stages use (``--scheduler dask``; ``pip install 'foal-pipe[dist]'``)."""
+"""The Dask client both distributed stages use (``--scheduler dask``; ``pip install -e '.[dist]'`` in the clone)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 #: Seconds to wait for a remote cluster to have at least one worker.
 WORKER_TIMEOUT = 60
+#: The level of distributed's loggers while foal-pipe holds a client: its task failures and lost workers are
+#: reported as one ``Error:`` line by foal-pipe, so the cluster's own tracebacks would only repeat them on stderr.
+QUIET = logging.CRITICAL
 
 
 def require_distributed() -> ModuleType:
@@ -25,50 +28,104 @@ def require_distributed() -> ModuleType:
     except ImportError:
         raise FoalPipeError(
             f"{param('scheduler', 'dask')} needs dask.distributed, which is not installed; "
-            f"install it with `pip install 'foal-pipe[dist]'` or use {param('scheduler', 'local')}"
+            f"install it in the foal-pipe clone with `pip install -e '.[dist]'` or use {param('scheduler', 'local')}"
         ) from None
     return distributed
+
+
+def cluster_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions by which distributed reports a cluster lost under a run (workers or scheduler killed, the
+    connection closed), as opposed to a task's own error."""
+    import asyncio
+    import concurrent.futures
+
+    from distributed.client import ClosedClientError
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return (concurrent.futures.CancelledError, asyncio.CancelledError, KilledWorker, CommClosedError, ClosedClientError)
+
+
+def cluster_failure(exc: BaseException) -> FoalPipeError:
+    """The one-line error for a cluster lost under a run (one of :func:`cluster_errors`)."""
+    return FoalPipeError(f"the Dask cluster failed during the run ({type(exc).__name__}); previous outputs are "
+                         "unchanged: check the workers and re-run")
+
+
+def check_workers(workers: object) -> int:
+    """``--workers`` for a LocalCluster: an integer of at least 1 (not a boolean), else a one-line error."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise FoalPipeError(f"{param('workers')} must be at least 1, got {workers!r}; pass e.g. {param('workers', 2)}")
+    return workers
+
+
+def is_local(address: str | None) -> bool:
+    """Whether ``address`` asks for a LocalCluster that foal-pipe starts (``local``, or none)."""
+    return address in (None, "", "local")
+
+
+@contextmanager
+def quiet_logs() -> Iterator[None]:
+    """distributed's loggers in this process at :data:`QUIET` for the duration (restored after)."""
+    names = ["distributed", *(n for n in list(logging.Logger.manager.loggerDict) if n.startswith("distributed."))]
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(QUIET)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 @contextmanager
 def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Client]:
     """A connected client: ``local`` starts a LocalCluster of ``workers`` processes (closed on exit),
-    anything else is a scheduler address such as ``tcp://host:8786`` (left running on exit)."""
+    anything else is a scheduler address such as ``tcp://host:8786`` (left running on exit). distributed's own
+    logs are quiet meanwhile (:data:`QUIET`): foal-pipe reports failures itself, in one line."""
     distributed = require_distributed()
-    if address in (None, "", "local"):
-        if workers < 1:
-            raise FoalPipeError(f"{param('workers')} must be at least 1, got {workers}")
-        cluster = distributed.LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-            silence_logs=logging.ERROR,
-        )
-        client = distributed.Client(cluster)
-    else:
-        cluster = None
+    if not is_local(address) and not isinstance(address, str):
+        raise FoalPipeError(f"{param('dask_address')} must be 'local' or a scheduler address such as tcp://host:8786, "
+                            f"got {address!r}")
+    with quiet_logs():
+        if is_local(address):
+            check_workers(workers)
+            cluster = distributed.LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=":0",
+                silence_logs=QUIET,
+            )
+            client = distributed.Client(cluster)
+        else:
+            cluster = None
+            try:
+                client = distributed.Client(address, timeout="20s")
+            except (OSError, TimeoutError, ValueError, TypeError) as exc:
+                raise FoalPipeError(
+                    f"cannot connect to the Dask scheduler at {address!r} ({type(exc).__name__}); start one with "
+                    f"`dask scheduler` and pass its tcp://host:port, or use {param('dask_address', 'local')}"
+                ) from None
+            try:
+                client.wait_for_workers(1, timeout=WORKER_TIMEOUT)
+            except (TimeoutError, OSError):
+                client.close()
+                raise FoalPipeError(
+                    f"the Dask scheduler at {address} has no workers after {WORKER_TIMEOUT} s; start some with "
+                    f"`dask worker {address}`"
+                ) from None
         try:
-            client = distributed.Client(address, timeout="20s")
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise FoalPipeError(
-                f"cannot connect to the Dask scheduler at {address!r} ({type(exc).__name__}); start one with "
-                f"`dask scheduler` and pass its tcp://host:port, or use {param('dask_address', 'local')}"
-            ) from None
-        try:
-            client.wait_for_workers(1, timeout=WORKER_TIMEOUT)
-        except (TimeoutError, OSError):
-            client.close()
-            raise FoalPipeError(
-                f"the Dask scheduler at {address} has no workers after {WORKER_TIMEOUT} s; start some with "
-                f"`dask worker {address}`"
-            ) from None
-    try:
-        yield client
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+            yield client
+        finally:
+            lost: tuple[type[BaseException], ...] = (*cluster_errors(), OSError, TimeoutError)
+            try:
+                client.close()
+                if cluster is not None:
+                    cluster.close()
+            except lost:  # a cluster already lost: nothing left to close
+                pass
 
 
 def n_workers(client: Client) -> int:

@@ -257,7 +257,7 @@ def test_torch_backend_without_torch_is_one_clear_error(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as in the light install
-    with pytest.raises(FoalPipeError, match=r"pip install 'foal-pipe\[extract\]'"):
+    with pytest.raises(FoalPipeError, match=r"pip install -e '\.\[extract\]'"):
         get_namespace("torch")
 
 

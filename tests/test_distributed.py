@@ -128,7 +128,7 @@ def test_missing_distributed_gives_clear_error(store, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` now raises ImportError
     result = invoke("learn", "--features", store, "--out", tmp_path, "--scheduler", "dask")
     assert result.exit_code == 1, result.output
-    assert "foal-pipe[dist]" in result.output
+    assert "pip install -e '.[dist]'" in result.output
     assert not (tmp_path / "metrics.json").exists()
 
 
@@ -311,7 +311,7 @@ def test_cli_extract_scheduler_errors(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "Invalid value for '--scheduler'" in result.output
     monkeypatch.setitem(sys.modules, "distributed", None)
     result = invoke(*args, "--scheduler", "dask")
-    assert result.exit_code == 1 and "foal-pipe[dist]" in result.output
+    assert result.exit_code == 1 and "pip install -e '.[dist]'" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "x.zarr").exists()
 
 

@@ -174,9 +174,12 @@ def test_class_order_file(tmp_path, store):
     order = [[11, 0, 5], [3, 4], [1, 2, 6, 7, 8, 9, 10]]
     path = tmp_path / "order.json"
     path.write_text(json.dumps(order))
-    metrics, model = learn(store, tmp_path / "run", "--class-order", str(path))
+    metrics, model = learn(store, tmp_path / "run", "--class-order", str(path), tasks=3)
     assert metrics["tasks"] == order and len(metrics["accuracy_matrix"]) == 3
     assert sorted(model["classes"].tolist()) == list(range(N_CLASSES))
+    # another --tasks was ignored in silence: the file's split is the run's
+    refused = invoke("learn", "--features", store, "--out", tmp_path / "no", "--class-order", path, "--tasks", 4)
+    assert_one_line_error(refused, f"--tasks 4 conflicts with --class-order {path}, which lists 3 tasks; drop --tasks")
 
 
 def test_sweep_equals_learn_for_every_gamma(tmp_path, store):
@@ -373,7 +376,7 @@ def test_backend_cupy_without_cupy_is_refused(tmp_path, store, monkeypatch):
     monkeypatch.setattr(backend, "_cupy", lambda: None)  # as on a machine without CuPy or without a GPU
     out = tmp_path / "out"
     result = invoke("learn", "--features", store, "--out", out, "--backend", "cupy", "--projection-dim", 8, "--tasks", 2)
-    assert_clean_error(result, "pip install foal-pipe[gpu]", out)
+    assert_clean_error(result, "pip install -e '.[gpu]'", out)
     auto = invoke("learn", "--features", store, "--out", out, "--backend", "auto", "--projection-dim", 8, "--tasks", 2)
     assert auto.exit_code == 0, auto.output
     assert json.loads((out / "metrics.json").read_text())["backend"] == "numpy"

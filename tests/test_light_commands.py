@@ -1,4 +1,4 @@
-"""The light install (`pip install foal-pipe`, no extras): learn, sweep, predict, evaluate, summary, info, every
+"""The light install (`pip install -e .`, no extras): learn, sweep, predict, evaluate, summary, info, every
 `--help` and the Python learner work without PyTorch, timm, torchvision, h5py or Dask; `extract` says what to
 install. Checked in a child process where importing those modules fails."""
 
@@ -93,7 +93,7 @@ def test_light_commands_run_without_torch_timm_or_dask(tmp_path):
              for line in lines if line.startswith("EXIT ")}
     assert len(exits) == len(commands)
     assert {cmd: code for cmd, code in exits.items() if code != 0} == {"extract --model": 1}, proc.stderr
-    assert "pip install 'foal-pipe[extract]'" in proc.stderr and not (tmp_path / "vit.zarr").exists()
+    assert "pip install -e '.[extract]' in the foal-pipe clone" in proc.stderr and not (tmp_path / "vit.zarr").exists()
     assert (tmp_path / "x.zarr" / "zarr.json").is_file()
     assert (tmp_path / "runs/toy/eval/gamma.png").is_file() and (tmp_path / "pred.csv").is_file()
     assert "LEARNER 60" in lines and "LOADED []" in lines

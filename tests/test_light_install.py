@@ -1,4 +1,4 @@
-"""Without torch, torchvision or timm (``pip install foal-pipe`` without the ``extract`` extra): a timm model is
+"""Without torch, torchvision or timm (``pip install -e .`` without the ``extract`` extra): a timm model is
 one line naming the install command, and ``--model pixels`` extracts digits in NumPy alone."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _without(modules: str, *args: str) -> subprocess.CompletedProcess:
 
 def _message(missing: str) -> str:
     return (f"Error: --model vit_tiny_patch16_224 needs torch, torchvision and timm (not installed: {missing}); "
-            "run pip install 'foal-pipe[extract]', or use --model pixels (which needs none of them)")
+            "run pip install -e '.[extract]' in the foal-pipe clone, or use --model pixels (which needs none of them)")
 
 
 @pytest.mark.parametrize("hidden", ["timm", "torchvision,timm"])
@@ -87,7 +87,7 @@ def test_cuda_without_torch_names_the_install(tmp_path):
     proc = _without("torch,torchvision,timm", "extract", "--model", "pixels", "--device", "cuda", "--out",
                     str(tmp_path / "c.zarr"))
     assert proc.returncode == 1
-    assert "Error: --device cuda needs torch, which is not installed; run pip install 'foal-pipe[extract]'" \
+    assert "Error: --device cuda needs torch, which is not installed; run pip install -e '.[extract]' in the foal-pipe clone" \
         in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
 
@@ -101,7 +101,8 @@ def test_resizing_without_torch_stays_in_the_workers(tmp_path):
     device = _without("torch,torchvision,timm", "extract", "--model", "pixels", "--image-size", "12", "--resize-on",
                       "device", "--out", str(tmp_path / "device.zarr"))
     assert device.returncode == 1 and "Traceback" not in device.stderr
-    assert ("Error: --resize-on device needs torch, which is not installed: pip install 'foal-pipe[extract]'; use "
+    assert ("Error: --resize-on device needs torch, which is not installed: pip install -e '.[extract]' in the foal-pipe "
+            "clone; use "
             "--resize-on workers (or auto)") in " ".join(device.stderr.split())
 
 

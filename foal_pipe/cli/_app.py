@@ -21,7 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
 
-#: Modules of the optional extras -> the extra that installs them; the light install (`pip install foal-pipe`)
+#: Modules of the optional extras -> the extra that installs them; the light install (`pip install -e .` in a clone)
 #: has none of them, so a command that needs one says what to install.
 EXTRAS = {
     "torch": "extract", "torchvision": "extract", "timm": "extract", "h5py": "extract",
@@ -75,7 +75,7 @@ class _App(typer.Typer):
             if module not in EXTRAS or os.environ.get("FOAL_PIPE_DEBUG"):
                 raise
             err_console.print(f"[bold red]Error:[/] this command needs {module}, which the light install leaves out; "
-                              f"install it with: pip install 'foal-pipe\\[{EXTRAS[module]}]'", highlight=False)
+                              f"install it in the foal-pipe clone with: pip install -e '.\\[{EXTRAS[module]}]'", highlight=False)
             raise SystemExit(1) from None
 
 

@@ -19,7 +19,7 @@ def evaluate(
         Path,
         typer.Option(
             "--run",
-            help="Run directory written by `foal-pipe learn --out` (must hold metrics.json). Required.",
+            help="Run directory written by `foal-pipe learn --out` (must hold metrics.json).",
             show_default=False,
         ),
     ],

@@ -6,6 +6,7 @@ Torch, timm and torchvision are imported by the library only when a command runs
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,8 +63,16 @@ class _RichProgress:
         self.bar.update(task, rate=f"{speed:,.0f} images/s" if speed else "")
 
 
+#: extract's options that act only with another setting (see cli/learn.py ``ONLY_WITH``): ``--dask-address`` with
+#: ``--scheduler dask``; ``--workers`` counts DataLoader workers (local) or the LocalCluster's (dask, local), and a
+#: cluster at another address has its own.
+EXTRACT_WORKERS: tuple[str, Callable[[dict[str, Any]], bool]] = ("--scheduler local or --dask-address local",
+                   lambda p: p["scheduler"] != "dask" or p["dask_address"] == "local")
+
+
 @app.command()
 def extract(
+    ctx: typer.Context,
     dataset: Annotated[choice(*DATASETS), typer.Option("--dataset", "-d", show_default=False, help=f"Dataset: {_DATASETS}. Default: digits "
                                          "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
     data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
@@ -156,11 +165,14 @@ def extract(
     Re-running an interrupted command resumes after the last written chunk.
     """
     with user_errors():
+        from foal_pipe.cli.learn import ONLY_WITH, _check_applies  # here: learn's commands register after extract's
         from foal_pipe.encoders import parse_model_kwargs
         from foal_pipe.extract import ExtractSpec, run_extract
 
         if scheduler not in ("local", "dask"):
             raise FoalPipeError(f"unknown --scheduler {scheduler!r}; choose local or dask")
+        _check_applies(ctx, {"dask_address": ONLY_WITH["dask_address"]})
+        _check_applies(ctx, {"workers": EXTRACT_WORKERS}, can_add=False)
         spec = ExtractSpec(
             dataset=dataset, out=str(out) if out else None, data_dir=str(data_dir) if data_dir else None,
             download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None,

@@ -67,17 +67,34 @@ Tasks = Annotated[
                  f"tasks: 2, 2, 2, 1, 1). Default: {DEFAULT_TASKS}, or one class per task with fewer classes.",
                  show_default=False),
 ]
-DropRemainder = Annotated[
-    bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
-               "with a warning (the published code: DTD 47 -> 40 classes); recorded in metrics.json. Default: off "
-               "(every class is streamed).")
-]
-StreamKind = Annotated[
-    choice(*STREAMS),
-    typer.Option("--stream", help="disjoint: each class in one task (--tasks, --class-order). si-blurry: the Si-Blurry "
-                 "stream (Moon et al. 2023; docs/streams.md): classes recur across tasks and the classes per task are "
-                 "drawn with the seed (--disjoint-ratio, --blurry-ratio); metrics.json records it."),
-]
+
+
+def _drop_remainder(scope: str, recorded: str) -> Any:
+    """``--drop-remainder``'s type: ``scope`` names the splits it refuses, ``recorded`` the file that keeps it."""
+    return Annotated[
+        bool, flag("--drop-remainder", help="Give every task (classes // tasks) classes and drop the classes left over, "
+                   f"with a warning (the published code: DTD 47 -> 40 classes); {scope}; recorded as drop_remainder in "
+                   f"{recorded}. Default: off (every class is streamed).")
+    ]
+
+
+def _stream_kind(disjoint: str, recorded: str) -> Any:
+    """``--stream``'s type: ``disjoint`` names the options that shape the disjoint split, ``recorded`` where it is kept."""
+    return Annotated[
+        choice(*STREAMS),
+        typer.Option("--stream", help=f"disjoint: each class in one task ({disjoint}). si-blurry: the Si-Blurry stream "
+                     "(Moon et al. 2023; docs/streams.md): classes recur across tasks and the classes per task are "
+                     f"drawn with the seed (--disjoint-ratio, --blurry-ratio); {recorded}."),
+    ]
+
+
+DropRemainder = _drop_remainder("not with --class-order or --stream si-blurry, which split the classes themselves",
+                                "metrics.json (learn) or sweep.json (sweep)")
+StreamKind = _stream_kind("--tasks, --class-order", "metrics.json (learn) or sweep.json (sweep) records it with its "
+                         "ratios")
+#: ``table``'s: it has no --class-order and writes table.json.
+TableDropRemainder = _drop_remainder("not with --stream si-blurry, which draws its own split", "table.json's settings")
+TableStreamKind = _stream_kind("--tasks", "table.json's settings record it")
 DisjointRatio = Annotated[
     int, typer.Option(help="With --stream si-blurry: % of the classes (rounded down) whose rows all fall in one task.")
 ]
@@ -93,9 +110,12 @@ OrderSeed = Annotated[int | None, typer.Option(help="Seed of the class order and
 OrderSeeds = Annotated[
     str | None,
     typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
-                 "reported per order with mean and std; every head (--head, sweep --heads). Default: one order (--order-seed).")
+                 "reported per order with mean and std; every head takes them (sweep --heads: every order of every "
+                 "head). Default: one order (--order-seed).")
 ]
-MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the activations kept for leave-one-out "
+MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the decoded rows of the walk (in memory up "
+                                        "to the smaller of 512 MiB and this limit, beyond it in a temporary file in "
+                                        "TMPDIR), the activations kept for leave-one-out "
                                         "(rows x D values; beyond it each boundary projects the rows again) and, with "
                                         "--order-seeds, the per-class statistics (C x D^2 values; beyond it one pass "
                                         "per order).")]
@@ -115,8 +135,9 @@ Activation = Annotated[
 ]
 ClassOrder = Annotated[
     Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides "
-                              "--tasks. Or pilot: LAMDA-PILOT's class order (numpy.random.seed(1993), then "
+                              "--tasks (then ignored). Or pilot: LAMDA-PILOT's class order (numpy.random.seed(1993), then "
                               "numpy.random.permutation of the label ids; pilot:SEED another seed) cut into --tasks. "
+                              "Not with --drop-remainder (a FILE lists its tasks itself; pilot streams every class). "
                               "Default: none (--tasks splits the classes in the order drawn by --order-seed).",
                               metavar="FILE|pilot")
 ]
@@ -129,9 +150,10 @@ NoMaskUnseen = Annotated[
 Scheduler = Annotated[
     choice(*SCHEDULERS),
     typer.Option(
-        help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster "
-        "(--engine gram only; the per-batch RLS path is sequential by nature and stays single-process); with "
-        "a head other than ridge, the cluster reads the train split and the head takes its rows here."
+        help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster (sweep always "
+        "uses them; learn only with --engine gram, as the per-batch RLS path is sequential by nature and stays "
+        "single-process); with a head other than ridge, the cluster reads the train split and the head takes its "
+        "rows here."
     ),
 ]
 DaskAddress = Annotated[
@@ -215,11 +237,20 @@ Engine = Annotated[
         "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
     ),
 ]
+#: The heads by the rows they take (``foal_pipe.heads`` registry order), for the help texts.
+ON_FEATURES = ", ".join(name for name, entry in HEADS.items() if entry.space == "features")
+ON_PROJECTION = ", ".join(name for name, entry in HEADS.items() if entry.space != "features" and name != "ridge")
+#: The heads with an exact leave-one-out (``loo_hits``), which ``sweep --heads`` ranks beside ridge.
+WITH_LOO = ", ".join(name for name, entry in HEADS.items() if hasattr(entry.head, "loo_hits"))
+WITHOUT_LOO = ", ".join(name for name, entry in HEADS.items()
+                        if name != "ridge" and not hasattr(entry.head, "loo_hits"))
+
 Head = Annotated[
     choice(*HEADS),
     typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
-                 "compared in docs/heads.md: ncm, slda and fecam work on the store's features (no projection "
-                 "options); balanced (AIR) and dual (DS-AL) on the projection, with --gamma."),
+                 f"compared in docs/heads.md: {ON_FEATURES} work on the store's features (a projection option typed "
+                 "moves them onto the projection's activations, as --head-rows activations does); "
+                 f"{ON_PROJECTION} on the projection, with --gamma."),
 ]
 HeadRows = Annotated[
     choice(*HEAD_ROWS) | None,
@@ -240,7 +271,7 @@ EvalEvery = Annotated[
     typer.Option(help="Also score the test rows of the classes seen so far after every N training rows (exact ridge "
                  "on the rows seen; gamma: the last task end's choice, or --gamma): metrics.json gains the curve "
                  "(anytime) and A_auc, its mean (Koh et al. 2022); with --head, that head's model on the rows seen (not "
-                 "dual). Default: none (task ends only).",
+                 "dual). Not with --scheduler dask (which sums whole tasks) or --init-model. Default: none (task ends only).",
                  show_default=False),
 ]
 EvalFeatures = Annotated[
@@ -267,8 +298,10 @@ NoLoo = Annotated[bool, flag("--no-loo", help="Skip the leave-one-out pass (then
 Heads = Annotated[
     str | None,
     typer.Option(help="Comma-separated heads (e.g. ridge,ncm,slda,fecam), all from one read of the store: "
-                 "sweep.json's heads holds each one's accuracy and hyperparameters, and the head of best exact "
-                 "leave-one-out accuracy (ridge's and ncm's; slda and fecam have none). With --fusions, every head on "
+                 "sweep.json's heads holds each one's accuracy and hyperparameters, and best_head the head of best "
+                 f"leave-one-out accuracy on the training rows ({WITH_LOO}: exact; ridge: on the --loo-sample rows, "
+                 f"exact up to that many rows seen; {WITHOUT_LOO} have none and are not ranked). Must name ridge. "
+                 "With --fusions, every head on "
                  "every fusion; with --order-seeds, every order of every head (means over the orders). "
                  "Default: none (the gamma sweep alone)."),
 ]

@@ -2,8 +2,8 @@
 
 Namespaces are array-api-compat's wrappers (``array_api_compat.numpy``, ``.cupy``, ``.torch``), so the code
 in :mod:`foal_pipe.core.statistics`, :mod:`foal_pipe.core.engines`, :mod:`foal_pipe.model.projection` and the evaluation
-of :mod:`foal_pipe.protocol` calls standard functions only. CuPy (``pip install foal-pipe[gpu]``) and torch
-(``pip install 'foal-pipe[extract]'``) are optional: nothing here imports them unless asked, and ``auto``
+of :mod:`foal_pipe.protocol` calls standard functions only. CuPy (``pip install -e '.[gpu]'``) and torch
+(``pip install -e '.[extract]'``) are optional: nothing here imports them unless asked, and ``auto``
 imports torch only where an NVIDIA driver is present. ``array_api_strict``, the standard's reference
 namespace, is accepted too (the CLI help does not list it): the tests run the whole learner on it.
 """
@@ -64,8 +64,8 @@ def _numpy_namespace() -> ModuleType:
 def _cupy_namespace() -> ModuleType:
     if _cupy() is None:
         raise FoalPipeError(
-            f"{param('backend', 'cupy')} needs CuPy and a CUDA GPU; install it with `pip install foal-pipe[gpu]` or use "
-            f"{param('backend', 'numpy')}"
+            f"{param('backend', 'cupy')} needs CuPy and a CUDA GPU; install it in the foal-pipe clone with "
+            f"`pip install -e '.[gpu]'` or use {param('backend', 'numpy')}"
         )
     import array_api_compat.cupy as xp
 
@@ -77,8 +77,8 @@ def _torch_namespace() -> ModuleType:
         import torch
     except ImportError:
         raise FoalPipeError(
-            f"{param('backend', 'torch')} needs PyTorch; install it with `pip install 'foal-pipe[extract]'` (or `pip install "
-            f"torch`) or use {param('backend', 'numpy')}"
+            f"{param('backend', 'torch')} needs PyTorch; install it in the foal-pipe clone with `pip install -e '.[extract]'` "
+            f"(or `pip install torch`) or use {param('backend', 'numpy')}"
         ) from None
     import array_api_compat.torch as xp
 

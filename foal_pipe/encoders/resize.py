@@ -112,7 +112,7 @@ def device_resize_problem(native_size: int | None, interpolation: str) -> str | 
     if interpolation not in FILTERS:
         return f"reproduces PIL's {' and '.join(FILTERS)} resampling only, not the model's {interpolation!r}"
     if torch_version() is None:
-        return "needs torch, which is not installed: pip install 'foal-pipe[extract]'"
+        return "needs torch, which is not installed: pip install -e '.[extract]' in the foal-pipe clone"
     return None
 
 

@@ -1,6 +1,6 @@
 """Where and how an encoder computes: the optional torch stack, the device and the autocast precision.
 
-Torch, torchvision and timm come with ``pip install 'foal-pipe[extract]'``; the learner and ``--model pixels``
+Torch, torchvision and timm come with ``pip install -e '.[extract]'``; the learner and ``--model pixels``
 run without them, so they are imported inside functions only and their absence is one clear error.
 """
 
@@ -15,7 +15,7 @@ from foal_pipe.errors import FoalPipeError, param
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 EXTRACT_STACK = ("torch", "torchvision", "timm")
-INSTALL_EXTRACT = "pip install 'foal-pipe[extract]'"
+INSTALL_EXTRACT = "pip install -e '.[extract]' in the foal-pipe clone"
 
 
 def require_extract_stack(what: str) -> None:

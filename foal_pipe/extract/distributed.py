@@ -1,6 +1,7 @@
 """``--scheduler dask`` for ``extract``: one store written by many Dask workers.
 
-The client holds the store's writer lock and creates the store (:func:`foal_pipe.extract.extraction`), then
+The client starts (or reaches) the cluster first, so a bad address or worker count leaves no store behind; then it
+holds the store's writer lock and creates the store (:func:`foal_pipe.extract.extraction`), then
 every chunk-aligned row range is a task (:func:`extract_range`) that encodes its rows and writes them
 straight into the store; the model is loaded once per worker process. A range that raises is resubmitted
 (``RETRIES`` times); one whose worker dies is rerun elsewhere by the scheduler. Each chunk is computed from
@@ -19,8 +20,9 @@ import math
 import os
 import time
 
-from foal_pipe.cluster import dask_client, n_workers, require_distributed
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.cluster import cluster_errors, dask_client, is_local, n_workers, require_distributed
+from foal_pipe.encoders.runtime import resolve_device
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.run import ExtractProgress, ExtractReport, extract_rows, extraction
 from foal_pipe.extract.spec import ExtractSpec
 from foal_pipe.store import SPLITS, mark_progress, update_run
@@ -66,17 +68,26 @@ def dask_extract(
 ) -> ExtractReport:
     """:func:`foal_pipe.extract.run_extract` on a Dask cluster: the same store, written by many workers.
 
-    ``workers`` (``address="local"`` only): worker processes of the LocalCluster; default one per CUDA
-    GPU when the device is CUDA, else one per CPU core. ``range_chunks``: store chunks per task (default:
-    about ``RANGES_PER_WORKER`` tasks per worker, at most ``MAX_RANGE_CHUNKS`` chunks each).
+    ``workers`` (``address="local"`` only; refused with another address, whose cluster has its own): worker
+    processes of the LocalCluster; default one per CUDA GPU when the device is CUDA, else one per CPU core.
+    ``range_chunks``: store chunks per task (default: about ``RANGES_PER_WORKER`` tasks per worker, at most
+    ``MAX_RANGE_CHUNKS`` chunks each). The cluster is started (or reached) before the store is touched, so a bad
+    ``workers`` or ``address`` leaves nothing behind.
     """
     require_distributed()
     import zarr
     from distributed import KilledWorker, as_completed
 
+    local = is_local(address)
+    if not local and workers is not None:
+        raise FoalPipeError(f"{param('workers')} acts only with {param('dask_address', 'local')}: the cluster at "
+                            f"{address} has its own workers; drop {param('workers')}")
+    if local and workers is None:
+        gpus = _cuda_count() if resolve_device(spec.device) == "cuda" else 0
+        workers = gpus or os.cpu_count() or 1
     progress = progress or ExtractProgress()
-    with extraction(spec, overwrite, runtime={"scheduler": "dask", "dask_address": address}) as (
-            inputs, state, report):
+    with dask_client(address, 1 if workers is None else workers) as client, extraction(
+            spec, overwrite, runtime={"scheduler": "dask", "dask_address": address}) as (inputs, state, report):
         if state.status == "complete":
             return report
         path = state.path.resolve()
@@ -84,11 +95,7 @@ def dask_extract(
         # provenance), images loaded in the worker process itself, nothing downloaded twice.
         task_spec = dataclasses.replace(spec, out=str(path), device=inputs.device, precision=inputs.precision,
                                         batch_size=inputs.batch_size, workers=0, download=False)
-        local = address in (None, "", "local")
-        if workers is None:
-            gpus = _cuda_count() if inputs.device == "cuda" else 0
-            workers = gpus or os.cpu_count() or 1
-        with dask_client(address, workers) as client:
+        try:
             n = n_workers(client)
             update_run(path, {"dask_workers": n})
             group = zarr.open_group(str(path), mode="r")
@@ -115,8 +122,8 @@ def dask_extract(
             del futures  # finished ranges are released at once, so a lost worker's results are not recomputed
             for future in queue:
                 s, lo, hi = pending.pop(future.key)
-                if future.status == "error":
-                    exc = future.exception()
+                if future.status != "finished":
+                    exc = future.exception() if future.status == "error" else None
                     if isinstance(exc, KilledWorker):
                         raise FoalPipeError(
                             f"Dask workers died {RETRIES} times while extracting {s} rows [{lo}, {hi}) (out of "
@@ -130,6 +137,9 @@ def dask_extract(
                 if prefix[s] != state.progress[s]:
                     mark_progress(path, s, prefix[s])
                     state.progress[s] = prefix[s]
+        except cluster_errors() as exc:  # workers or scheduler lost under the run
+            raise FoalPipeError(f"the Dask cluster failed during the extraction ({type(exc).__name__}); {state.out} "
+                                "is resumable: check the workers and re-run the same command") from None
     return report
 
 

@@ -209,6 +209,23 @@ class ExecutionConfig:
     workers: int = 2
     max_memory: int = DEFAULT_MAX_MEMORY
 
+    def __post_init__(self) -> None:
+        """Each field's type and range, refused in one line here rather than as a TypeError deep in a run."""
+        if not isinstance(self.backend, str):
+            raise FoalPipeError(f"{param('backend')} must be a backend name, got {self.backend!r}; pass e.g. "
+                                f"{param('backend', 'numpy')}")
+        if not isinstance(self.scheduler, str) or self.scheduler not in SCHEDULERS:
+            raise FoalPipeError(f"{param('scheduler')} must be {' or '.join(SCHEDULERS)}, got {self.scheduler!r}; pass "
+                                f"e.g. {param('scheduler', 'dask')}")
+        if self.dask_address is not None and not isinstance(self.dask_address, str):
+            raise FoalPipeError(f"{param('dask_address')} must be 'local' or a scheduler address such as tcp://host:8786, "
+                                f"got {self.dask_address!r}")
+        for name, least in (("workers", 1), ("max_memory", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+                raise FoalPipeError(f"{param(name)} must be at least {least} (an integer), got {value!r}; pass e.g. "
+                                    f"{param(name, 2 if name == 'workers' else DEFAULT_MAX_MEMORY)}")
+
 
 @dataclass(frozen=True)
 class SweepConfig:

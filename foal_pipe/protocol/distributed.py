@@ -1,30 +1,34 @@
 """``--scheduler dask`` for ``learn``/``sweep --engine gram``: the Gram statistics summed on a Dask cluster.
 
-Dask (``pip install 'foal-pipe[dist]'``) does the scheduling, data movement and fault tolerance; this module
+Dask (``pip install -e '.[dist]'``) does the scheduling, data movement and fault tolerance; this module
 only says what each task computes. :func:`dask_statistics` sums the
 :class:`~foal_pipe.core.statistics.RidgeStatistics` of the train rows of every task in one pass over the store
 (``learn`` then adds them in stream order). The features are read with :func:`dask.array.from_zarr` in blocks
-aligned to the store's chunks; each block task projects its rows and returns their statistics per task; partials are
-added pairwise on the workers as they finish (preferably two held by the same worker, so little
-moves), and only the total comes back. The sums are the same as the single-process pass (to rounding,
-~1e-13), so the weights and metrics are too. The per-batch RLS path is sequential and stays local.
+of whole store chunks, sized by the store alone (:func:`block_rows`); each block task projects its rows and
+returns their statistics per task; the blocks' totals are added on the workers in a fixed pairwise tree over the
+block index (all the adding tasks submitted up front), and only the total comes back. The order of every
+addition is thus a function of the store -- not of which task finishes first, nor of the number of workers --
+so the same command gives the same bytes; the sums equal the single-process pass to rounding (~1e-13 in
+float64), so the weights and metrics do too. The per-batch RLS path is sequential and stays local.
 This module takes a store path, arrays, a projection and statistics: it knows nothing of ``learn``.
 
 Workers read the store themselves, so its path must be visible to every worker (a shared
 filesystem, or an object store mounted on every node). They read it through the opened store's checked Zarr
 store (:class:`~foal_pipe.store.chunks.StrictLocalStore`, pickled with its chunk records), so a chunk that is
-missing, moved or not a regular file fails its task as it would fail a local read.
+missing, moved or not a regular file fails its task as it would fail a local read; a chunk that fails to decode
+(a checksum mismatch) is then found and named by reading the failed block here with the checked reader. A cluster
+that fails under the run (workers or scheduler lost) is one line (:func:`~foal_pipe.cluster.cluster_failure`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.cluster import n_workers, require_distributed
+from foal_pipe.cluster import cluster_errors, cluster_failure, require_distributed
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
@@ -33,72 +37,98 @@ from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_
 if TYPE_CHECKING:
     from distributed import Client
 
+T = TypeVar("T")
+Partial = list[RidgeStatistics | None]
+
 #: Upper bound on the feature bytes one Gram task reads at once (a block of whole store chunks).
 BLOCK_BYTES = 64 * 2**20
-#: Aim for at least this many blocks per worker, so a slow or lost worker costs little.
-BLOCKS_PER_WORKER = 4
+#: Aim for at least this many blocks, so the workers share the pass and a lost one costs little.
+MIN_BLOCKS = 8
 
 
-def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int, workers: int) -> int:
-    """Rows per Gram block: whole store chunks, at most ``BLOCK_BYTES`` of features, and at least
-    ``BLOCKS_PER_WORKER`` blocks per worker when the split is large enough."""
+def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int) -> int:
+    """Rows per Gram block: whole store chunks, at most ``BLOCK_BYTES`` of features (one chunk at least), and at
+    least ``MIN_BLOCKS`` blocks when the split has as many chunks. A function of the store alone, not of the
+    cluster, so the blocks' sums, added in the fixed tree of :func:`tree_sum`, give the same bytes on any number
+    of workers."""
     by_bytes = max(1, BLOCK_BYTES // max(1, chunk_rows * dim * itemsize))
-    by_balance = max(1, math.ceil(n_rows / (chunk_rows * workers * BLOCKS_PER_WORKER)))
-    return chunk_rows * min(by_bytes, by_balance)
+    by_count = max(1, math.ceil(n_rows / (chunk_rows * MIN_BLOCKS)))
+    return chunk_rows * min(by_bytes, by_count)
+
+
+def _either(a: T | None, b: T | None, add: Callable[[T, T], T]) -> T | None:
+    return a if b is None else b if a is None else add(a, b)
+
+
+def tree_sum(parts: Iterable[T | None], add: Callable[[T, T], T]) -> T | None:
+    """The sum of ``parts`` in a fixed pairwise tree over their index: the node at level ``l``, index ``k`` is
+    ``add(left, right)`` of its two halves of ``parts[k 2^l : (k+1) 2^l]``, whatever the count; a None part (or half)
+    adds nothing, exactly. So the order of the additions depends on the index alone. Holds O(log n) partial sums."""
+    stack: list[tuple[int, T | None]] = []  # (level, node): a binary counter of complete subtrees
+    for part in parts:
+        level, node = 0, part
+        while stack and stack[-1][0] == level:
+            node = _either(stack.pop()[1], node, add)
+            level += 1
+        stack.append((level, node))
+    total: T | None = None
+    while stack:  # the incomplete right edge, added right to left as the level-by-level tree adds it
+        total = _either(stack.pop()[1], total, add)
+    return total
 
 
 def block_statistics(
     X: np.ndarray, first_row: int, groups: np.ndarray, n_groups: int, labels: np.ndarray, projection: Expansion,
     step: int,
-) -> list[RidgeStatistics | None]:
-    """The statistics of one block's rows per group (``groups``: each row's group, -1 for none; None for a group
-    without rows), each group's rows projected ``step`` at a time."""
+) -> Partial:
+    """On a worker: the statistics of one block's rows per group (``groups``: each row's group, -1 for none; None
+    for a group without rows), each group's rows projected ``step`` at a time and added in order."""
     X = np.asarray(X)
     check_finite(X, "train", first_row)
-    totals: list[RidgeStatistics | None] = [None] * n_groups
+    totals: Partial = [None] * n_groups
     for g in np.unique(groups[groups >= 0]).tolist():
         mine = np.flatnonzero(groups == g)
         for lo in range(0, mine.size, step):
             keep = mine[lo : lo + step]
             part = RidgeStatistics.from_batch(projection.transform(X[keep]), labels[keep])
-            totals[g] = part if totals[g] is None else totals[g] + part
+            current = totals[g]
+            totals[g] = part if current is None else current + part
     return totals
 
 
-def add_statistics(a: list[RidgeStatistics | None], b: list[RidgeStatistics | None]) -> list[RidgeStatistics | None]:
+def add_statistics(a: Partial, b: Partial) -> Partial:
     """The group-wise sum of two partials, as new arrays (inputs held by Dask are never modified)."""
     return [y if x is None else x if y is None else x + y for x, y in zip(a, b)]
 
 
-def reduce_as_completed(
-    client: Client, futures: list[Any], combine: Callable[[Any, Any], Any], advance: Callable[[Any], None]
-) -> Any:
-    """Combine futures pairwise on the workers as they finish; ``advance(future)`` for each input.
-
-    A finished partial waits for another one held by the same worker, so the combining task needs no
-    transfer; only the last partial of each worker moves. Returns the future of the total. A task that
-    failed raises its error here at once.
-    """
+def reduce_tree(client: Client, futures: list[Any | None], combine: Callable[[Any, Any], Any],
+                advance: Callable[[Any], None], failed: list[Any] | None = None) -> Any:
+    """Add ``futures`` (None: nothing there) on the workers in the fixed tree of :func:`tree_sum` over their index,
+    every adding task submitted now (ahead of the inputs still queued); ``advance(future)`` for each input as it
+    finishes. Returns the total's future, finished. The first task that fails raises its error here at once (an
+    input's key appended to ``failed`` first). Only the total is held here: each partial is let go once finished, so
+    the workers free it when its sum is taken. ``futures`` is emptied (the caller passes a list of its own)."""
     from distributed import as_completed
 
-    inputs = {f.key for f in futures}
-    waiting: dict[Any, Any] = {}  # worker address -> a finished partial held there
-    queue = as_completed(futures)
+    adds: list[Any] = []
+
+    def add(a: Any, b: Any) -> Any:
+        adds.append(client.submit(combine, a, b, pure=False, priority=1))
+        return adds[-1]
+
+    total = tree_sum(futures, add)
+    keys = {f.key for f in futures if f is not None}
+    queue = as_completed([*(f for f in futures if f is not None), *adds])
+    futures.clear()
+    adds = []
     for future in queue:
-        if future.status == "error":
-            future.result()  # re-raises the task's exception
-        if future.key in inputs:
+        if future.status != "finished":
+            if failed is not None and future.key in keys:
+                failed.append(future.key)
+            future.result()  # re-raises the task's exception (or the cancellation of a lost cluster)
+        if future.key in keys:
             advance(future)
-        holders = client.who_has([future]).get(future.key) or [None]
-        other = waiting.pop(holders[0], None)
-        if other is None and queue.is_empty() and waiting:  # nothing left to pair with here: cross workers
-            other = waiting.pop(next(iter(waiting)))
-        if other is None:
-            waiting[holders[0]] = future
-        else:
-            queue.add(client.submit(combine, other, future, pure=False))
-    (last,) = waiting.values()
-    return last
+    return total
 
 
 def dask_statistics(
@@ -116,7 +146,7 @@ def dask_statistics(
 
     ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
     :class:`~foal_pipe.core.expansion.Expansion` (or its future, scattered once by the caller), ``step`` the rows projected at
-    once; ``advance(n)`` reports rows done.
+    once; ``advance(n)`` reports rows done. A damaged chunk is named, a lost cluster is one line.
     """
     require_distributed()
     import dask
@@ -124,27 +154,43 @@ def dask_statistics(
 
     from foal_pipe.store import open_store
 
-    features = open_store(path).train.features
+    train = open_store(path).train
+    features = train.features
     n_rows, dim = (int(n) for n in features.shape)
     chunk_rows = int(features.chunks[0])
-    rows = block_rows(n_rows, dim, features.dtype.itemsize, chunk_rows, n_workers(client))
-    X = da.from_zarr(features, chunks=(rows, dim))
-    stat = dask.delayed(block_statistics, pure=True)
-    blocks, sizes = [], []
-    for i, block in enumerate(X.to_delayed().ravel()):
-        lo, hi = i * rows, min((i + 1) * rows, n_rows)
-        count = int(np.count_nonzero(groups[lo:hi] >= 0))
-        if count:
-            blocks.append(stat(block, lo, groups[lo:hi], n_groups, labels[lo:hi], projection, step))
-            sizes.append(count)
-    if not blocks:
-        raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
-    futures = client.compute(blocks)
-    size_of = {f.key: n for f, n in zip(futures, sizes)}
+    span_of: dict[Any, tuple[int, int]] = {}
+    size_of: dict[Any, int] = {}
+    failed: list[Any] = []
     try:
-        totals = reduce_as_completed(client, futures, add_statistics, lambda f: advance(size_of[f.key])).result()
+        rows = block_rows(n_rows, dim, features.dtype.itemsize, chunk_rows)
+        X = da.from_zarr(features, chunks=(rows, dim))
+        stat = dask.delayed(block_statistics, pure=True)
+        blocks = []
+        for i, block in enumerate(X.to_delayed().ravel()):
+            lo, hi = i * rows, min((i + 1) * rows, n_rows)
+            count = int(np.count_nonzero(groups[lo:hi] >= 0))
+            blocks.append((stat(block, lo, groups[lo:hi], n_groups, labels[lo:hi], projection, step),
+                           lo, hi, count) if count else None)
+        if not any(blocks):
+            raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
+        computed = iter(client.compute([b[0] for b in blocks if b is not None]))
+        futures = [None if b is None else next(computed) for b in blocks]
+        for future, b in zip(futures, blocks):
+            if future is not None and b is not None:
+                span_of[future.key], size_of[future.key] = (b[1], b[2]), b[3]
+        del computed, blocks
+        totals = reduce_tree(client, futures, add_statistics, lambda f: advance(size_of.pop(f.key)), failed).result()
+    except FoalPipeError:
+        raise
     except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
         raise FoalPipeError(f"{path}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; {REEXTRACT}") from None
+    except cluster_errors() as exc:
+        raise cluster_failure(exc) from None
+    except Exception:  # a chunk that failed to decode on a worker (zarr raises many types): name it from here
+        suspects = failed or [key for key in span_of if key in size_of]  # the failed block, else every unfinished one
+        for key in suspects:
+            train.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
+        raise
     expected = np.bincount(groups[groups >= 0], minlength=n_groups)
     got = np.array([0 if t is None else t.n for t in totals])
     if not np.array_equal(got, expected) or any(t is None for t in totals):
@@ -186,16 +232,18 @@ class ClusterSplit:
 
     def read_raw(self, lo: int, hi: int) -> np.ndarray:
         b = self._block_of[lo]
-        with self._lock:
-            for k in range(b, min(b + 1 + self._ahead, len(self._blocks))):
-                if k not in self._futures and self._left[k]:
-                    self._futures[k] = self._client.submit(read_chunks, *self._where, self._blocks[k], pure=False)
-            future = self._futures[b]
         try:
+            with self._lock:
+                for k in range(b, min(b + 1 + self._ahead, len(self._blocks))):
+                    if k not in self._futures and self._left[k]:
+                        self._futures[k] = self._client.submit(read_chunks, *self._where, self._blocks[k], pure=False)
+                future = self._futures[b]
             raw = future.result()[lo]
         except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
             raise FoalPipeError(f"{self._where[0]}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; "
                                 f"{REEXTRACT}") from None
+        except cluster_errors() as exc:  # workers or scheduler lost under the run
+            raise cluster_failure(exc) from None
         with self._lock:
             self._left[b] -= 1
             if not self._left[b]:

@@ -160,7 +160,8 @@ def fusions_report(gammas: Sequence[float], entries: Sequence[FusionSweep], sele
 
 
 #: How ``sweep --heads`` names its ``best_head``: a training-data criterion that only heads with an exact
-#: leave-one-out accuracy have (ridge, by its gamma sweep's leave-one-out pass; ncm); the others are not ranked.
+#: leave-one-out accuracy have (ridge, by its gamma sweep's leave-one-out pass; ncm, balanced, cosine); the others are
+#: not ranked.
 HEAD_CRITERION = "loo_accuracy"
 
 

@@ -122,7 +122,11 @@ def resolve_class_order(value: str | Path, n_classes: int, n_tasks: int | None,
     is, or the task lists of a JSON file (:func:`read_class_order`)."""
     named = named_class_order(str(value))
     if named is None:
-        return read_class_order(value, n_classes)
+        tasks = read_class_order(value, n_classes)
+        if n_tasks is not None and n_tasks != len(tasks):  # the file's split is the run's: another count is ignored
+            raise FoalPipeError(f"{param('tasks', n_tasks)} conflicts with {param('class_order', str(value))}, which "
+                                f"lists {len(tasks)} tasks; drop {param('tasks')}")
+        return tasks
     if Path(value).exists():
         raise FoalPipeError(f"{param('class_order', str(value))} names both the class order {named[0]} and the file "
                             f"{value}; rename the file")
