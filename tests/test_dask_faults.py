@@ -224,6 +224,21 @@ def test_lost_cluster_errors_of_every_kind_are_one_line(store, cluster, monkeypa
             assert type(exc).__name__ in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_a_cluster_lost_as_the_projection_is_sent_is_one_line(store, cluster, tmp_path, monkeypatch):
+    """The projection's broadcast (before any block) was outside the handling: a traceback."""
+    from distributed.comm.core import CommClosedError
+
+    def lost(*args, **kwargs):
+        raise CommClosedError("in <TCP>")
+
+    monkeypatch.setattr(distributed.Client, "scatter", lost)
+    result = invoke("learn", "--features", store, "--out", tmp_path / "r", *COMMON, "--scheduler", "dask",
+                    "--dask-address", cluster.scheduler_address)
+    assert result.exit_code == 1
+    assert one_error_line(result.output).startswith("Error: the Dask cluster failed during the run (CommClosedError)")
+    assert not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # F4: no worker tracebacks on stderr when the command ends with a clean error
 # ---------------------------------------------------------------------------------------------------------
