@@ -125,6 +125,20 @@ def build_store(path: Path, n_train=600, n_test=240, seed=0, attrs=None, train_d
     return path
 
 
+def cluster_store(path: Path, n_classes: int, dim: int, n_test: int, chunk_rows: int, seed: int,
+                  n_train: int = 3000) -> Path:
+    """Gaussian class clusters (centres N(0, 1), noise 1.5) through :func:`~foal_pipe.store.write_store`, float64."""
+    from foal_pipe.store import write_store
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(n_classes, dim))
+    y_train, y_test = rng.integers(0, n_classes, n_train), rng.integers(0, n_classes, n_test)
+    x_train = centres[y_train] + 1.5 * rng.normal(size=(n_train, dim))
+    x_test = centres[y_test] + 1.5 * rng.normal(size=(n_test, dim))
+    return write_store(path, (x_train, y_train), (x_test, y_test), [f"c{k}" for k in range(n_classes)],
+                       chunk_rows=chunk_rows)
+
+
 def read(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     g = zarr.open_group(str(path), mode="r")
     return (np.asarray(g["train/features"][:]), np.asarray(g["train/labels"][:]),

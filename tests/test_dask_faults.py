@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 distributed = pytest.importorskip("distributed")
 
+from helpers import cluster_store  # noqa: E402
+
 from foal_pipe.cli import app  # noqa: E402
 from foal_pipe.errors import FoalPipeError  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
@@ -50,13 +52,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """60 chunks of 50 train rows: with one chunk per block, 60 block tasks finish in a varying order."""
-    rng = np.random.default_rng(7)
-    centres = rng.normal(size=(N_CLASSES, DIM))
-    y_train, y_test = rng.integers(0, N_CLASSES, 3000), rng.integers(0, N_CLASSES, 400)
-    x_train = centres[y_train] + 1.5 * rng.normal(size=(3000, DIM))
-    x_test = centres[y_test] + 1.5 * rng.normal(size=(400, DIM))
-    path = tmp_path_factory.mktemp("faults") / "s.zarr"
-    return write_store(path, (x_train, y_train), (x_test, y_test), [f"c{k}" for k in range(N_CLASSES)], chunk_rows=CHUNK)
+    return cluster_store(tmp_path_factory.mktemp("faults") / "s.zarr", N_CLASSES, DIM, 400, CHUNK, seed=7)
 
 
 def flipped(store: Path, tmp_path: Path, chunk: int = 5) -> Path:

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 distributed = pytest.importorskip("distributed")
 
+from helpers import cluster_store  # noqa: E402
+
 from foal_pipe.cli import app  # noqa: E402
 from foal_pipe.store import write_store  # noqa: E402
 
@@ -33,13 +35,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """Gaussian class clusters; odd chunk size so blocks and task rows do not line up."""
-    rng = np.random.default_rng(1)
-    centres = rng.normal(size=(N_CLASSES, DIM))
-    y_train, y_test = rng.integers(0, N_CLASSES, 3000), rng.integers(0, N_CLASSES, 600)
-    x_train = centres[y_train] + 1.5 * rng.normal(size=(3000, DIM))
-    x_test = centres[y_test] + 1.5 * rng.normal(size=(600, DIM))
-    path = tmp_path_factory.mktemp("dist") / "synthetic.zarr"
-    return write_store(path, (x_train, y_train), (x_test, y_test), [f"c{k}" for k in range(N_CLASSES)], chunk_rows=170)
+    return cluster_store(tmp_path_factory.mktemp("dist") / "synthetic.zarr", N_CLASSES, DIM, 600, 170, seed=1)
 
 
 def invoke(*args: str):

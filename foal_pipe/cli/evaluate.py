@@ -19,7 +19,7 @@ def evaluate(
         Path,
         typer.Option(
             "--run",
-            help="Run directory written by `foal-pipe learn --out` (must hold metrics.json).",
+            help="Run directory written by `foal-pipe learn --out` (must hold metrics.json). Required.",
             show_default=False,
         ),
     ],
