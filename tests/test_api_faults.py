@@ -233,3 +233,20 @@ def test_head_checks_refuse_a_boolean_where_a_number_is_meant():
     with pytest.raises(FoalPipeError, match="gamma must be a number, got True"):
         positive("gamma", True)
     assert positive("gamma", np.float32(2.5)) == 2.5
+
+
+def test_a_batch_the_head_refuses_leaves_its_sums_as_they_were():
+    """fecam refuses a class of one row at its boundary, after its sums took the batch: the next batch then learned on
+    top of the refused rows (scores other than a fit without them). The counts are now checked before the sums."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(60, 5)) + np.repeat(np.eye(3, 5) * 3, 20, axis=0)
+    y = np.repeat([0, 1, 2], 20)
+    first, later = np.r_[0:15, 20:35], np.r_[15:20, 35:40, 40:60]
+    estimator = head_classifier("fecam").fit(X[first], y[first])
+    lone = rng.normal(size=(1, 5))
+    with pytest.raises(FoalPipeError, match="fecam needs at least 2 training rows per class"):
+        estimator.partial_fit(np.vstack([X[later[:3]], lone]), np.r_[y[later[:3]], 7])
+    estimator.partial_fit(X[later], y[later])
+    fresh = head_classifier("fecam").fit(X[first], y[first]).partial_fit(X[later], y[later])
+    np.testing.assert_array_equal(estimator.class_scores(X), fresh.class_scores(X))
+    assert estimator.n_samples_seen_ == 60 and estimator.classes_.tolist() == [0, 1, 2]

@@ -42,6 +42,7 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
     # fitted state, set by partial_fit
     _head: Head
     _ids: dict[Any, int]  # label -> the head's class id, in order of first appearance
+    _rows: dict[Any, int]  # label -> its rows so far
     _scorer: Scorer
     classes_: np.ndarray
     n_samples_seen_: int
@@ -51,7 +52,8 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any) -> HeadEstimator:
         """Forget every row, then :meth:`partial_fit` on ``(X, y)``."""
-        for name in ("_head", "_scorer", "_ids", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_"):
+        for name in ("_head", "_scorer", "_ids", "_rows", "classes_", "n_features_in_", "feature_names_in_",
+                     "n_samples_seen_"):
             self.__dict__.pop(name, None)
         return self.partial_fit(X, y)
 
@@ -72,12 +74,18 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
             self._check_classes(np.asarray(classes).ravel(), y, merged)
         head = self._new_head(int(X.shape[1])) if first else self._head
         ids = {} if first else dict(self._ids)
-        for label in np.unique(y).tolist():
+        rows = {} if first else dict(getattr(self, "_rows", {}))
+        labels, counts = np.unique(y, return_counts=True)
+        for label, n in zip(labels.tolist(), counts.tolist()):
             ids.setdefault(label, len(ids))
+            rows[label] = rows.get(label, 0) + n
+        # the head's own refusal of these counts (fecam: a class of one row) before its sums take the rows: a refused
+        # batch must leave the estimator as it was, and the head's sums are the estimator's
+        HEADS[self.head].head.check_counts(list(rows), list(rows.values()))
         head.add(np.asarray(X, dtype=np.float64), np.asarray([ids[v] for v in y.tolist()], dtype=np.int64))
         scorer = head.boundary()
         self.n_samples_seen_ = int(X.shape[0]) + (0 if first else self.n_samples_seen_)
-        self._head, self._ids, self._scorer, self.classes_ = head, ids, scorer, merged
+        self._head, self._ids, self._rows, self._scorer, self.classes_ = head, ids, rows, scorer, merged
         return self
 
     def _new_head(self, dim: int) -> Head:
