@@ -103,7 +103,8 @@ def test_a_store_that_changed_since_learn_is_not_scored(run, tmp_path):
     shutil.rmtree(features)
     store(features, NAMES, 12, np.random.default_rng(1), test_every=4)  # same classes, other test rows
     ev = evaluate(path)
-    assert any("the store changed since `foal-pipe learn`" in note for note in ev.notes)
+    assert any("is not the store the run learned from" in note and "re-extracted or replaced" in note
+               for note in ev.notes)
     assert "class_accuracy.csv" not in {f.name for f in ev.files}
 
 

@@ -148,3 +148,22 @@ def test_the_paper_comparison_names_another_activation():
     assert not match_paper({**metrics, "activation": "sigmoid"}).differences
     differences = match_paper({**metrics, "activation": "relu"}).differences
     assert differences == ("activation relu (paper sigmoid)",)
+
+
+def test_per_class_results_of_a_replaced_store_are_not_shown_as_the_runs(tmp_path):
+    """A store re-written with the same row counts (here the test labels permuted) scored per class beside the run's
+    own A_last, exit 0; its generation id now differs from the model's ``learned_from``: a note, no per-class files."""
+    import shutil
+
+    names = [f"c{i}" for i in range(N_CLASSES)]
+    train, (x_test, y_test) = _rows(600, 0), _rows(180, 1)
+    path = write_store(tmp_path / "s.zarr", train, (x_test, y_test), names)
+    run = _learn(path, tmp_path / "r")
+    _evaluate(run)
+    assert (run / "eval" / "class_accuracy.csv").exists()
+    shutil.rmtree(path)
+    write_store(path, train, (x_test, np.random.default_rng(3).permutation(y_test)), names)
+    result = _evaluate(run)
+    text = " ".join(result.output.split())
+    assert "is not the store the run learned from" in text and "re-run learn on it" in text, result.output
+    assert not (run / "eval" / "class_accuracy.csv").exists()

@@ -90,9 +90,12 @@ def class_results(run: Run) -> ClassResults | str | None:
     skipped = "so no per-class accuracy or confusion matrix"
     model = load_model(run.model_path, estimators=False)
     try:
+        changed = _other_generation(model.metadata, features)
         true, predicted = model.store_predictions(features)
     except FoalPipeError as exc:
         return f"The run's feature store could not be read, {skipped} ({exc})."
+    if changed is not None:
+        return f"{changed}, {skipped}; re-run learn on it."
     positions = stream_positions(run)
     ids = model.classifier.classes_.tolist()
     order = stream_order(positions, ids)
@@ -114,6 +117,20 @@ def class_results(run: Run) -> ClassResults | str | None:
     tasks = [positions[ids[k]][0] + 1 if ids[k] in positions else None for k in order]
     return ClassResults(features, [ids[k] for k in order], [model.class_names[k] for k in order], tasks, confusion,
                         int((~known).sum()), tuple(earlier))
+
+
+def _other_generation(metadata: dict[str, Any], features: str) -> str | None:
+    """Why ``features`` is not the store the model learned last (its generation id, a digest of its metadata and
+    chunk records, differs from the model's ``learned_from``), or None: a store re-extracted with another test
+    split, or replaced, would score the model on rows the run never saw. Stores without a generation are not told."""
+    from foal_pipe.store import open_store
+
+    learned = metadata.get("learned_from") or []
+    generation = open_store(features).meta.generation
+    if not learned or generation is None or generation == learned[-1]:
+        return None
+    return (f"{features} is not the store the run learned from (generation {generation[:12]}, the model's "
+            f"{learned[-1][:12]}): it was re-extracted or replaced since `foal-pipe learn`")
 
 
 def _untrained_rows(run: Run, known: list[str]) -> int:
