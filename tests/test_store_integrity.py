@@ -274,3 +274,25 @@ def test_extract_does_not_resume_an_older_format(store):
         run_extract(_spec(store))
     assert run_extract(_spec(store), overwrite=True).status == "created"
     assert read_meta(store)[1].format_version == 5
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["format 5", "no generation id"])
+def test_verify_reads_the_split_arrays_even_when_the_split_is_unlisted(tmp_path, sealed):
+    """Without ``train/zarr.json`` the group lists no train array, while the readers open ``train/features`` by path:
+    ``info --verify`` read the test split only and said "all intact" for a store without a generation id (older
+    formats), and zarr's multi-line warning came before every one-line error."""
+    rng = np.random.default_rng(0)
+    rows = (rng.normal(size=(40, 4)).astype(np.float32), np.arange(40) % 2)
+    path = st.write_store(tmp_path / "s.zarr", rows, rows, ["a", "b"], chunk_rows=16)
+    if not sealed:  # as a store of format 1 records it: no generation to catch the change
+        group = zarr.open_group(str(path), mode="r+")
+        attrs = dict(group.attrs)
+        attrs.pop("generation", None)
+        group.attrs.clear()
+        group.attrs.update(attrs)
+    (path / "train" / "zarr.json").unlink()
+    problems = [str(p) for p in verify_store(path).problems]
+    assert any(p.startswith("train/features: not listed by the store's metadata") for p in problems), problems
+    result = CliRunner().invoke(app, ["info", "--verify", str(path)])
+    assert result.exit_code == 1 and "all intact" not in result.output, result.output
+    assert "ZarrUserWarning" not in result.output and "warnings.warn" not in result.output, result.output

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal
@@ -20,6 +21,9 @@ from typer.core import TyperCommand, TyperGroup
 
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
+
+# A store node without its zarr.json: zarr warns on stderr in several lines, and the readers refuse the store in one
+warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a component of a Zarr hierarchy")
 
 #: Modules of the optional extras -> the extra that installs them; the light install (`pip install -e .` in a clone)
 #: has none of them, so a command that needs one says what to install.

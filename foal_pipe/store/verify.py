@@ -21,7 +21,7 @@ from foal_pipe.store.chunks import (
     rows_text,
 )
 from foal_pipe.store.integrity import compute_generation, generation_problem, group_arrays, guard_chunks, record_problem, sealed
-from foal_pipe.store.meta import ROW_ARRAYS, read_meta
+from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, read_meta
 from foal_pipe.store.read import chunk_too_large
 
 
@@ -77,6 +77,10 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
     problems: list[ChunkProblem] = []
     n_read = 0
     arrays = group_arrays(group, path)
+    for name in (f"{split}/{leaf}" for split in SPLITS for leaf in ("features", "labels")):
+        if name not in arrays:  # the readers open it by path: unlisted, none of its chunks would be read here
+            problems.append(ChunkProblem(name, 0, 0, "not listed by the store's metadata (its zarr.json, or its "
+                                                     "split's, is missing or damaged)"))
     if sealed(meta):
         changed = generation_problem(path, group, meta)
         if changed is not None:
