@@ -274,3 +274,29 @@ def test_a_read_only_target(tmp_path, mounts):
     assert_one_line_error(result, f"cannot create the lock file {disk / 'digits.zarr.lock'}: Read-only file system",
                           "choose a writable location")
     assert list(disk.iterdir()) == []
+
+
+def test_a_format_1_store_missing_a_chunk_says_why_it_may_not_be_damage(tmp_path):
+    """Format 1's writer left out chunks of zeros (zarr's default then): such a store was called "damaged" with no
+    word of why a valid old store lacks a file. It is still refused (a deleted chunk looks the same), saying so."""
+    from helpers import build_store
+
+    path = build_store(tmp_path / "old.zarr")
+    (path / "test" / "labels" / "c" / "0").unlink()
+    result = CliRunner().invoke(app, ["learn", "--features", str(path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1
+    line = " ".join(result.output.split())
+    assert "test/labels has 1 of 1 chunk files missing" in line and "a store of format 1 leaves out chunks" in line, line
+
+
+def test_an_incomplete_store_of_an_older_format_is_not_advised_to_resume(tmp_path):
+    """`learn` and `info` said "re-run the same extract to resume" for an interrupted store of an older format, which
+    `extract` then refuses to resume (it asks for --overwrite): the advice went round in a loop."""
+    from helpers import build_store
+
+    path = build_store(tmp_path / "old.zarr", complete=False)  # format 1
+    runner = CliRunner()
+    for args in (["learn", "--features", str(path), "--out", str(tmp_path / "r")], ["info", str(path)]):
+        text = " ".join(runner.invoke(app, args).output.split())
+        assert "store format 1, which this foal-pipe does not resume" in text and "--overwrite" in text, text
+        assert "to resume it" not in text and "to resume)" not in text, text

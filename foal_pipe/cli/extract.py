@@ -349,6 +349,8 @@ def _export_manifest(store: Path, out: Path) -> None:
 
 
 def _print_table(summary: dict[str, Any]) -> None:
+    from foal_pipe.store.read import resume_advice
+
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -357,7 +359,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     else:
         prog = summary["progress"] or {}
         done = ", ".join(f"{s} {prog.get(s, 0):,}/{v['rows']:,}" for s, v in summary["splits"].items())
-        status = f"[yellow]no[/] ({done} rows written; re-run the same `foal-pipe extract` to resume)"
+        status = f"[yellow]no[/] ({escape(done)} rows written; {escape(resume_advice(summary['format_version']))})"
     classes = summary["classes"]
     preview = escape(", ".join(classes[:6]) + (", ..." if len(classes) > 6 else ""))
     table.add_row("store", escape(str(summary["path"])))

@@ -47,6 +47,7 @@ from foal_pipe.store.integrity import (
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
+    FORMAT_VERSION,
     MEMORY_SHARE,
     ROW_ARRAYS,
     SPLITS,
@@ -312,8 +313,23 @@ def _check_size(path: Path, what: str, nbytes: int, fix: str) -> None:
                             f"{available / 2**30:,.1f} GiB available; {fix}")
 
 
+#: Why a store of format 1 may lack chunk files without damage: its writer left out chunks of zeros (zarr's default
+#: then), which a listing cannot tell from deleted ones, so such a store is refused and rewritten.
+FORMAT_1_GAPS = ("a store of format 1 leaves out chunks that hold only zeros, which cannot be told from deleted ones: "
+                 "re-extract it with this foal-pipe (`foal-pipe extract ... --overwrite`), which writes every chunk")
+
+
+def resume_advice(format_version: int) -> str:
+    """How to finish an incomplete store: resume it, or -- written in an older format, which extract does not resume
+    -- extract it again."""
+    if format_version == FORMAT_VERSION:
+        return "re-run the same `foal-pipe extract` command to resume it"
+    return (f"it was written in store format {format_version}, which this foal-pipe does not resume: re-run the same "
+            "`foal-pipe extract` command with --overwrite")
+
+
 def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None,
-                 arrays: dict[str, zarr.Array] | None = None) -> None:
+                 arrays: dict[str, zarr.Array] | None = None, format_version: int | None = None) -> None:
     """Every chunk file of every array (of ``arrays``, default all) exists (a listing, nothing is read);
     features and blocks of split ``s`` only below ``progress[s]`` when given (an incomplete store)."""
     for name, array in sorted((arrays or group_arrays(group, path)).items()):
@@ -325,8 +341,9 @@ def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None 
             raise FoalPipeError(f"cannot list {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
         if count:
             where = rows_text(chunk_span(array, first[0][0]))
+            why = FORMAT_1_GAPS if format_version == 1 else f"the store is damaged: {REEXTRACT}"
             raise FoalPipeError(f"{path}: {name} has {count:,} of {chunk_count(array):,} chunk files missing "
-                                f"(first at {where}); the store is damaged: {REEXTRACT}")
+                                f"(first at {where}); {why}")
 
 
 def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm: bool = True) -> FeatureStore:
@@ -344,10 +361,8 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
         fingerprint = ()
     group, meta = read_meta(path)  # the precise error when the attributes cannot be read
     if not meta.complete:
-        raise FoalPipeError(
-            f"feature store {path} is not complete (extraction unfinished or interrupted); "
-            "re-run the same `foal-pipe extract` command to resume it"
-        )
+        raise FoalPipeError(f"feature store {path} is not complete (extraction unfinished or interrupted); "
+                            f"{resume_advice(meta.format_version)}")
     if not fingerprint:
         raise FoalPipeError(f"cannot read the attributes file of {path}; {REEXTRACT}")
     arrays = {name: _split_arrays(group, path, name) for name in SPLITS}
@@ -370,7 +385,7 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
                     chunk_bytes, "re-extract it with a smaller --chunk-rows")
     every = group_arrays(group, path)
     check_sealed(path, group, meta, every, fingerprint)
-    check_chunks(path, group, arrays=every)
+    check_chunks(path, group, arrays=every, format_version=meta.format_version)
     splits = {}
     for name, (features, labels) in arrays.items():
         y = read_rows(path, f"{name}/labels", labels, 0, int(labels.shape[0]))
