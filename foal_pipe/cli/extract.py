@@ -371,6 +371,9 @@ def _print_table(summary: dict[str, Any]) -> None:
         checks = "crc32c checksum on every chunk" if summary["checksums"] else "no chunk checksums"
         if summary["integrity"]:
             checks += ", each bound to its position; metadata sealed by the generation id"
+        elif summary["generation"]:
+            checks += (" (no per-chunk records: an edited attribute or a chunk moved to another position is refused "
+                       "as a changed store, the chunk not named; re-extract with this foal-pipe to get them)")
         else:
             checks += (" (no integrity data: a chunk moved to another position, or an edited attribute, is not "
                        "noticed by learn; re-extract with this foal-pipe to get it)")

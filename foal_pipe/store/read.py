@@ -451,7 +451,7 @@ def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[st
                             f"records of format {proven}: its version was edited down, which would skip their checks; "
                             f"restore format_version {proven} (its generation id is then checked) or re-extract it")
     if not sealed(meta) and meta.complete and meta.generation is not None:
-        check_chunks(path, group, arrays=arrays)  # a missing chunk is named as missing, not as a changed store
+        check_chunks(path, group, arrays=arrays, format_version=meta.format_version)  # named as missing, not as changed
     if meta.complete and meta.generation is not None or sealed(meta):
         problem = generation_problem(path, group, meta)
         if problem is not None:
