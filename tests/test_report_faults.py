@@ -167,3 +167,20 @@ def test_per_class_results_of_a_replaced_store_are_not_shown_as_the_runs(tmp_pat
     text = " ".join(result.output.split())
     assert "is not the store the run learned from" in text and "re-run learn on it" in text, result.output
     assert not (run / "eval" / "class_accuracy.csv").exists()
+
+
+def test_evaluate_from_another_directory_finds_a_store_recorded_relative(tmp_path, store, monkeypatch):
+    """`learn --features s.zarr` records the path as typed; `evaluate` run from elsewhere (a DVC stage, a script)
+    dropped the per-class files with exit 0. The store is now looked for above the run too; the files are the same."""
+    import shutil
+
+    project = tmp_path / "project"
+    shutil.copytree(store, project / "s.zarr")
+    monkeypatch.chdir(project)
+    run = _learn(Path("s.zarr"), project / "runs" / "r")
+    _evaluate(run, "--out", tmp_path / "here")
+    monkeypatch.chdir(tmp_path)
+    _evaluate(run, "--out", tmp_path / "elsewhere")
+    here = {p.name: p.read_bytes() for p in (tmp_path / "here").iterdir()}
+    assert "class_accuracy.csv" in here
+    assert {p.name: p.read_bytes() for p in (tmp_path / "elsewhere").iterdir()} == here

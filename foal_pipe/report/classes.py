@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,9 +90,10 @@ def class_results(run: Run) -> ClassResults | str | None:
         return None
     skipped = "so no per-class accuracy or confusion matrix"
     model = load_model(run.model_path, estimators=False)
+    where = located(run, features)
     try:
-        changed = _other_generation(model.metadata, features)
-        true, predicted = model.store_predictions(features)
+        changed = _other_generation(model.metadata, where, features)
+        true, predicted = model.store_predictions(where)
     except FoalPipeError as exc:
         return f"The run's feature store could not be read, {skipped} ({exc})."
     if changed is not None:
@@ -119,14 +121,28 @@ def class_results(run: Run) -> ClassResults | str | None:
                         int((~known).sum()), tuple(earlier))
 
 
-def _other_generation(metadata: dict[str, Any], features: str) -> str | None:
+def located(run: Run, recorded: str) -> str:
+    """Where to read a store that metrics.json names as ``learn`` was given it: as recorded when that path exists
+    from here (or is absolute), else below the nearest directory above the run that holds it (a relative path typed
+    in the project's root, say, read by `evaluate` run from elsewhere). Which store it is, is checked against the
+    model's ``learned_from``; reports keep naming it as recorded, so their bytes do not depend on where they run."""
+    path = Path(recorded)
+    if path.is_absolute() or path.exists():
+        return recorded
+    for base in run.path.resolve().parents:
+        if (base / path).exists():
+            return str(base / path)
+    return recorded
+
+
+def _other_generation(metadata: dict[str, Any], where: str, features: str) -> str | None:
     """Why ``features`` is not the store the model learned last (its generation id, a digest of its metadata and
     chunk records, differs from the model's ``learned_from``), or None: a store re-extracted with another test
     split, or replaced, would score the model on rows the run never saw. Stores without a generation are not told."""
     from foal_pipe.store import open_store
 
     learned = metadata.get("learned_from") or []
-    generation = open_store(features).meta.generation
+    generation = open_store(where).meta.generation
     if not learned or generation is None or generation == learned[-1]:
         return None
     return (f"{features} is not the store the run learned from (generation {generation[:12]}, the model's "
@@ -139,7 +155,7 @@ def _untrained_rows(run: Run, known: list[str]) -> int:
     from foal_pipe.store import open_store
 
     m = run.metrics
-    store = open_store(m.features)
+    store = open_store(located(run, m.features))
     stream = ({name for t in m.continuation.task_names for name in t} if m.continuation and m.continuation.task_names
               else {store.classes[c] for t in m.tasks or [] for c in t if c < len(store.classes)})
     missing = [k for k, name in enumerate(store.classes) if name in stream - set(known)]
@@ -158,9 +174,9 @@ def _earlier_rows(run: Run, model: Any, positions: dict[int, tuple[int, int]]
     rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
         for features in stores:
-            if same_store(features, run.metrics.features):
+            if same_store(located(run, features), located(run, run.metrics.features)):
                 continue
-            true, predicted = model.store_predictions(features)
+            true, predicted = model.store_predictions(located(run, features))
             before = (true >= 0) & ~np.isin(true, list(positions))
             rows[features] = (true[before], predicted[before])
     except FoalPipeError as exc:
