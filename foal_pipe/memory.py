@@ -61,9 +61,11 @@ def parse_memory(text: str) -> int:
     try:
         value = float(number)
     except ValueError:
-        value = -1.0
-    if unit not in _UNITS or value <= 0:
+        value = float("nan")
+    if unit not in _UNITS or value != value:
         raise FoalPipeError(f"{param('max_memory')} {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
+    if value <= 0:
+        raise FoalPipeError(f"{param('max_memory')} {text!r} leaves nothing to hold; write a size above 0, e.g. 8GiB")
     return int(value * _UNITS[unit])
 
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from foal_pipe.cli import app
 from foal_pipe.core.metrics import summarize
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import parse_memory
 from foal_pipe.protocol import run as run_module
 from foal_pipe.protocol.classsums import class_statistics_bytes
@@ -263,6 +264,9 @@ def test_bad_order_options(store: Path, tmp_path: Path, args: list[str], message
 
 def test_parse_memory() -> None:
     assert parse_memory("8GiB") == 8 * 2**30 and parse_memory("512M") == 512 * 2**20 and parse_memory("100") == 100
+    for zero in ("0", "0GiB", "-1MiB"):  # a size, but none: said so (it read "is not a size", which 0 is)
+        with pytest.raises(FoalPipeError, match="leaves nothing to hold; write a size above 0"):
+            parse_memory(zero)
 
 
 def test_stage_command_lines_pass_order_seeds() -> None:
