@@ -349,7 +349,7 @@ def _export_manifest(store: Path, out: Path) -> None:
 
 
 def _print_table(summary: dict[str, Any]) -> None:
-    from foal_pipe.store.read import resume_advice
+    from foal_pipe.store.meta import resume_advice
 
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")

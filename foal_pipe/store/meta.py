@@ -223,3 +223,12 @@ def writing(path: Path, what: str) -> Iterator[None]:
     except OSError as exc:
         raise FoalPipeError(f"cannot write {what} of {path}: {exc.strerror or exc}; free some space or make it "
                             "writable, then re-run the same command (a store resumes after its last chunk)") from None
+
+
+def resume_advice(format_version: int) -> str:
+    """How to finish an incomplete store: resume it, or -- written in an older format, which extract does not resume
+    -- extract it again."""
+    if format_version == FORMAT_VERSION:
+        return "re-run the same `foal-pipe extract` command to resume it"
+    return (f"it was written in store format {format_version}, which this foal-pipe does not resume: re-run the same "
+            "`foal-pipe extract` command with --overwrite")

@@ -47,7 +47,6 @@ from foal_pipe.store.integrity import (
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
-    FORMAT_VERSION,
     MEMORY_SHARE,
     ROW_ARRAYS,
     SPLITS,
@@ -56,6 +55,7 @@ from foal_pipe.store.meta import (
     StoreMeta,
     open_array,
     read_meta,
+    resume_advice,
     shown,
 )
 
@@ -317,15 +317,6 @@ def _check_size(path: Path, what: str, nbytes: int, fix: str) -> None:
 #: then), which a listing cannot tell from deleted ones, so such a store is refused and rewritten.
 FORMAT_1_GAPS = ("a store of format 1 leaves out chunks that hold only zeros, which cannot be told from deleted ones: "
                  "re-extract it with this foal-pipe (`foal-pipe extract ... --overwrite`), which writes every chunk")
-
-
-def resume_advice(format_version: int) -> str:
-    """How to finish an incomplete store: resume it, or -- written in an older format, which extract does not resume
-    -- extract it again."""
-    if format_version == FORMAT_VERSION:
-        return "re-run the same `foal-pipe extract` command to resume it"
-    return (f"it was written in store format {format_version}, which this foal-pipe does not resume: re-run the same "
-            "`foal-pipe extract` command with --overwrite")
 
 
 def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None,
