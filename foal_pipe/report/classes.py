@@ -103,10 +103,10 @@ def class_results(run: Run) -> ClassResults | str | None:
     order = stream_order(positions, ids)
     column = np.zeros(max(ids) + 1, dtype=np.int64)  # model label id -> row and column of the matrix
     column[[ids[k] for k in order]] = np.arange(len(order))
-    streamed = np.isin(true, list(positions))
+    streamed = int(np.isin(true, list(positions)).sum())
     n_test = run.metrics.n_test
-    if n_test is not None and int(streamed.sum()) + _untrained_rows(run, model.class_names) != n_test:
-        return (f"{features} now holds {int(streamed.sum()):,} test rows of the run's classes but the run was tested "
+    if n_test is not None and streamed != n_test and streamed + _untrained_rows(run, model.class_names) != n_test:
+        return (f"{features} now holds {streamed:,} test rows of the run's classes but the run was tested "
                 f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
     known = true >= 0
     confusion = np.zeros((len(order), len(order)), dtype=np.int64)
@@ -139,10 +139,10 @@ def _other_generation(metadata: dict[str, Any], where: str, features: str) -> st
     """Why ``features`` is not the store the model learned last (its generation id, a digest of its metadata and
     chunk records, differs from the model's ``learned_from``), or None: a store re-extracted with another test
     split, or replaced, would score the model on rows the run never saw. Stores without a generation are not told."""
-    from foal_pipe.store import open_store
+    from foal_pipe.store import read_meta
 
     learned = metadata.get("learned_from") or []
-    generation = open_store(where).meta.generation
+    generation = read_meta(where)[1].generation  # the attributes only: the store itself is opened, checked, once after
     if not learned or generation is None or generation == learned[-1]:
         return None
     return (f"{features} is not the store the run learned from (generation {generation[:12]}, the model's "
