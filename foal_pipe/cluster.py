@@ -46,6 +46,12 @@ def cluster_errors() -> tuple[type[BaseException], ...]:
     return (concurrent.futures.CancelledError, asyncio.CancelledError, KilledWorker, CommClosedError, ClosedClientError)
 
 
+def lost_or_unreachable() -> tuple[type[BaseException], ...]:
+    """:func:`cluster_errors` and the I/O errors of a connection to a cluster that is gone (closing a client, the
+    first message to its workers)."""
+    return (*cluster_errors(), OSError, TimeoutError)
+
+
 def cluster_failure(exc: BaseException) -> FoalPipeError:
     """The one-line error for a cluster lost under a run (one of :func:`cluster_errors`)."""
     return FoalPipeError(f"the Dask cluster failed during the run ({type(exc).__name__}); previous outputs are "
@@ -119,12 +125,11 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
         try:
             yield client
         finally:
-            lost: tuple[type[BaseException], ...] = (*cluster_errors(), OSError, TimeoutError)
             try:
                 client.close()
                 if cluster is not None:
                     cluster.close()
-            except lost:  # a cluster already lost: nothing left to close
+            except lost_or_unreachable():  # a cluster already lost: nothing left to close
                 pass
 
 

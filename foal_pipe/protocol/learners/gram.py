@@ -343,15 +343,14 @@ class GramLearner(Learner):
 
 def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
     """With ``--scheduler dask``: every task's statistics, computed on the cluster in one pass over the store."""
-    from foal_pipe.cluster import cluster_errors, cluster_failure, dask_client
+    from foal_pipe.cluster import cluster_failure, dask_client, lost_or_unreachable
     from foal_pipe.protocol.distributed import dask_statistics
 
     path = str(Path(run.store.path).resolve())
     with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("gram"):
-        lost: tuple[type[BaseException], ...] = (*cluster_errors(), OSError, TimeoutError)
         try:
             projection = client.scatter(run.projection, broadcast=True)
-        except lost as exc:  # the cluster lost as the run starts
+        except lost_or_unreachable() as exc:  # the cluster lost as the run starts
             raise cluster_failure(exc) from None
         return dask_statistics(client, path, run.row_task, run.stream.n_tasks, run.store.train.labels, projection,
                                run.block_rows, advance)
