@@ -401,9 +401,6 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         interrupted.
         """
         self._check_fitted()
-        if self.classes_.dtype.kind == "u" and self.classes_.size and int(self.classes_[-1]) > np.iinfo(np.int64).max:
-            raise FoalPipeError(f"class label {int(self.classes_[-1])} is above 2**63 - 1, the largest id a model file "
-                                "holds (int64); map the labels to smaller ids first")
         fitted = self._fitted_with
         grid = self._engine.grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
         model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, fitted["engine"],

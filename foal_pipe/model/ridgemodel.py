@@ -68,6 +68,9 @@ class RidgeModel:
         ``metadata`` (foal_pipe/model/modelfile.py lists the known keys) with the settings."""
         if not np.issubdtype(self.classes.dtype, np.integer):
             raise FoalPipeError("only integer class labels can be saved; map labels to integer ids first")
+        if self.classes.dtype.kind == "u" and self.classes.size and int(self.classes.max()) > np.iinfo(np.int64).max:
+            raise FoalPipeError(f"class label {int(self.classes.max())} is above 2**63 - 1, the largest id a model file "
+                                "holds (int64); map the labels to smaller ids first")
         tensors = {name: to_numpy(a) for name, a in self.state.items()}
         tensors["W"] = to_numpy(self.weights).astype(np.float64)
         tensors["classes"] = self.classes.astype(np.int64)
