@@ -64,3 +64,15 @@ def as_user_error(exc: ValueError | TypeError) -> FoalPipeError:
         return exc
     message = " ".join(str(exc).split()) or type(exc).__name__
     return InputTypeError(message) if isinstance(exc, TypeError) else FoalPipeError(message)
+
+
+def comma_items(text: str, option: str) -> list[str]:
+    """The items of a comma-separated option value, stripped; none for a value of no item (``""``, ``" , "``). An
+    empty item between commas (``1,,2``, a trailing comma) is refused: it is a typo as often as not, and skipping it
+    would hide one."""
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        return []  # nothing listed: the caller's own "is empty" refusal names what to list
+    if "" in items:
+        raise FoalPipeError(f"{option} {text!r} has an empty item between commas; remove the extra comma")
+    return items

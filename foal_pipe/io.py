@@ -12,10 +12,13 @@ import errno
 import json
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
@@ -32,6 +35,7 @@ UNLABELLED = -1
 METRICS_FILE = "metrics.json"
 SWEEP_FILE = "sweep.json"
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class WriteError(FoalPipeError):
@@ -76,7 +80,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except OSError as exc:
         raise _io_error(path, exc, "free some space or choose another output path") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with held_signals():
+            tmp.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, data: Any) -> Path:
@@ -102,8 +107,8 @@ def check_output_dir(path: str | Path) -> Path:
         _remove_stale(path)
         if path.exists() and not path.is_dir():
             raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with {param('out')}")
-        probe = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
-        probe.rmdir()
+        with held_signals():  # made and removed with no interrupt between
+            Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)).rmdir()
     except OSError as exc:
         raise _io_error(path, exc, f"choose a writable {param('out')} directory") from None
     return path
@@ -117,9 +122,10 @@ def check_output_file(path: str | Path) -> Path:
         _remove_stale(path)
         if path.is_dir():
             raise FoalPipeError(f"output {path} is a directory; pass a file path with {param('out')}")
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
-        os.close(fd)
-        os.unlink(probe)
+        with held_signals():  # made and removed with no interrupt between
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:
         raise _io_error(path, exc, f"choose a writable {param('out')} path") from None
     return path
@@ -193,30 +199,114 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+class _Held:
+    """The stand-in handler of a held signal: records it while the hold lasts, and passes one that arrives after
+    (while the real handlers are being put back) straight on."""
+
+    def __init__(self) -> None:
+        self.active = True
+        self.caught: list[int] = []
+        self.saved: dict[int, Callable[[int, FrameType | None], Any]] = {}
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.active:
+            self.caught.append(signum)
+        else:
+            self.saved[signum](signum, frame)
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM (their Python handlers) over the few steps that make or remove a temporary, and
+    deliver them after: an interrupt between making one and recording it, or half-way through a clean-up, would
+    leave it behind. Only the main thread runs signal handlers; elsewhere there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = _Held()
+    try:
+        for signum in _HELD_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):  # a default or ignored signal raises nothing: leave it
+                held.saved[signum] = handler
+                signal.signal(signum, held)
+        yield
+    finally:
+        held.active = False
+        try:
+            for restored, handler in held.saved.items():
+                signal.signal(restored, handler)
+        finally:
+            for caught in held.caught:
+                held.saved[caught](caught, None)
+
+
+def _fsync(path: str | Path, directory: bool = False) -> None:
+    """Flush a file or a folder's entries to the disk. A file or folder this process may not open for reading,
+    and a filesystem that cannot sync a folder, are let be: durability is not worth failing a finished run for;
+    a failed flush (EIO, ENOSPC) is an error, the data may not be on the disk."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    except PermissionError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if not directory or exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(top: Path) -> None:
+    """Flush a run's files and folders before they replace the previous outputs: after a power loss the swap,
+    if it persisted, never shows files whose data did not."""
+    for folder, _dirs, files in os.walk(top):
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                _fsync(os.path.join(folder, name))
+        _fsync(folder, directory=True)
+
+
+def _read_journal(journal: Path) -> tuple[int | None, set[str]]:
+    """The new directory's inode and the names the run owns (never carried over), as :func:`atomic_dir` wrote
+    them; no inode when there is no whole journal."""
+    try:
+        inode, *owned = journal.read_text().split("\n")
+        return int(inode), set(owned)
+    except (OSError, ValueError):
+        return None, set()
+
+
 def _settle(path: Path, tmp: Path) -> None:
     """Finish or undo a replacement of ``path`` by the directory ``tmp``, then remove the temporaries.
 
-    Before swapping, :func:`atomic_dir` records the new directory's inode in the journal ``tmp.swap``. If
-    ``path`` now has that inode the swap happened, and the previous outputs (left in ``tmp`` by an exchange,
-    in ``tmp-old`` by two renames) give ``path`` the entries it lacks; if ``path`` is missing (killed between
-    the two renames), the previous outputs are put back. Without a journal ``tmp`` is an unfinished run.
+    Before swapping, :func:`atomic_dir` records the new directory's inode, and the names the run owns, in the
+    journal ``tmp.swap``. If ``path`` now has that inode the swap happened, and the previous outputs (left in
+    ``tmp`` by an exchange, in ``tmp-old`` by two renames) give ``path`` the entries it lacks, except the owned
+    ones (a stale file of the previous run's); if ``path`` is missing (killed between the two renames), the
+    previous outputs are put back. Without a journal ``tmp`` is an unfinished run. Signals are held meanwhile,
+    so that an interrupt leaves no temporary of it.
     """
     journal, old = tmp.with_name(tmp.name + _JOURNAL), tmp.with_name(tmp.name + _OLD)
-    try:
-        new_inode = int(journal.read_text())
-    except (OSError, ValueError):
-        new_inode = None
-    if new_inode is not None:
-        if path.is_dir() and path.stat().st_ino == new_inode:
-            for previous in (tmp, old):
-                if previous.is_dir():
-                    for entry in previous.iterdir():
-                        if not os.path.lexists(path / entry.name):
-                            os.rename(entry, path / entry.name)
-        elif not os.path.lexists(path) and old.is_dir():
-            os.rename(old, path)
-    for leftover in (tmp, old, journal):
-        _remove(leftover)
+    with held_signals():
+        new_inode, owned = _read_journal(journal)
+        if new_inode is not None:
+            if path.is_dir() and path.stat().st_ino == new_inode:
+                carried = False
+                for previous in (tmp, old):
+                    if previous.is_dir():
+                        for entry in previous.iterdir():
+                            if entry.name not in owned and not os.path.lexists(path / entry.name):
+                                os.rename(entry, path / entry.name)
+                                carried = True
+                if carried:  # before the journal goes: after a power loss, the next run carries what is missing
+                    _fsync(path, directory=True)
+            elif not os.path.lexists(path) and old.is_dir():
+                os.rename(old, path)
+                _fsync(path.parent, directory=True)
+        for leftover in (tmp, old, journal):
+            _remove(leftover)
 
 
 def exchange(a: Path, b: Path) -> bool:
@@ -236,35 +326,45 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 @contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
+def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     """Yield a fresh temporary sibling directory; on success it becomes ``path`` in one rename.
 
     Entries of an existing ``path`` that this run does not write (say ``eval/`` beside a run's model) are
-    carried over. A symlinked ``path`` is replaced at its target, the link kept (:func:`follow_link`). On any
-    error the temporary directory is removed and ``path`` is left as it was; a run killed at
-    any point is settled by the next :func:`check_output_dir` on ``path``.
+    carried over, except those named in ``owned``: the command's own outputs, which a run that does not write
+    one (no sweep, no plots) must not show from an earlier run. A symlinked ``path`` is replaced at its target,
+    the link kept (:func:`follow_link`). On any error the temporary directory is removed and ``path`` is left as
+    it was; a run killed at any point (power loss included: the files and the swap are synced) is settled by
+    the next :func:`check_output_dir` on ``path``.
     """
     path = check_output_dir(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    tmp: Path | None = None
     try:
+        with held_signals():  # an interrupt now would leave it unrecorded: it comes after `tmp` is set
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
+        _sync_tree(tmp)
         if path.is_dir():
-            (tmp.with_name(tmp.name + _JOURNAL)).write_text(str(tmp.stat().st_ino))
+            journal = tmp.with_name(tmp.name + _JOURNAL)
+            journal.write_text("\n".join([str(tmp.stat().st_ino), *sorted(set(owned))]))
+            _fsync(journal)
+            _fsync(path.parent, directory=True)
             if not exchange(tmp, path):
                 os.rename(path, tmp.with_name(tmp.name + _OLD))
                 os.rename(tmp, path)
         else:
             os.rename(tmp, path)
+        _fsync(path.parent, directory=True)
     except WriteError as exc:  # a file of the run's: named as it would have been written
-        if not exc.path.is_relative_to(tmp):
+        if tmp is None or not exc.path.is_relative_to(tmp):
             raise
         raise _io_error(path / exc.path.relative_to(tmp), exc.error, f"free some space or choose another {param('out')}; "
                         "previous outputs are unchanged") from None
     except OSError as exc:
         raise _io_error(path, exc, f"free some space or choose another {param('out')}; previous outputs are unchanged") from None
     finally:
-        _settle(path, tmp)
+        if tmp is not None:
+            _settle(path, tmp)
 
 
 def _umask() -> int:

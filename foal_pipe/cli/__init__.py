@@ -1,18 +1,56 @@
 """``foal-pipe`` command line: one module per command, all registered on one typer app."""
 
-from foal_pipe.cli import extract as _extract  # noqa: F401, I001
-from foal_pipe.cli import datasets as _datasets  # noqa: F401, I001
-from foal_pipe.cli import learn as _learn  # noqa: F401  (registers commands)
-from foal_pipe.cli import evaluate as _evaluate  # noqa: F401, I001  (after learn: --help lists commands in import order)
-from foal_pipe.cli import table as _table  # noqa: F401, I001  (after evaluate)
 import atexit
+import logging
 import os
 import signal
 import sys
 import threading
 from types import FrameType
+from typing import NoReturn
 
-from foal_pipe.cli._app import app
+_TERMINATED = 128 + signal.SIGTERM
+_INTERRUPTED = 128 + signal.SIGINT
+_terminated = False
+
+
+def _quiet_exit() -> None:
+    """Drop asyncio's "Task was destroyed but it is pending!" at exit: Zarr's I/O loop, stopped by its ``atexit``
+    handler, still holds the reads or writes of an interrupted or failed command, and their repr would add lines
+    after the command's one."""
+    logging.getLogger("asyncio").addFilter(lambda record: not record.getMessage().startswith("Task was destroyed"))
+
+
+def _interrupted() -> NoReturn:
+    """End a command that Ctrl-C or SIGTERM stopped, wherever it stood (loading, parsing, exiting): one line,
+    exit 130 or 143. A second signal while saying so is ignored, not a traceback."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    _quiet_exit()
+    how = "SIGTERM" if _terminated else "Ctrl-C (SIGINT)"
+    sys.stderr.write(f"Interrupted: stopped by {how}; re-run the same command\n")
+    raise SystemExit(_TERMINATED if _terminated else _INTERRUPTED)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM unwinds as Ctrl-C does, so that a run's temporary outputs are removed and the previous ones kept."""
+    global _terminated
+    _terminated = True
+    raise KeyboardInterrupt
+
+
+if os.path.basename(sys.argv[0] if sys.argv else "") == "foal-pipe" and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _terminate)  # the console script: from before the commands load, not only in main()
+
+try:  # Ctrl-C while the commands load (a third of a second) ends as at any other moment
+    from foal_pipe.cli import extract as _extract  # noqa: F401, I001
+    from foal_pipe.cli import datasets as _datasets  # noqa: F401, I001
+    from foal_pipe.cli import learn as _learn  # noqa: F401  (registers commands)
+    from foal_pipe.cli import evaluate as _evaluate  # noqa: F401, I001  (after learn: --help lists commands in import order)
+    from foal_pipe.cli import table as _table  # noqa: F401, I001  (after evaluate)
+    from foal_pipe.cli._app import app
+except KeyboardInterrupt:
+    _interrupted()
 
 
 def _observed() -> bool:
@@ -23,15 +61,10 @@ def _observed() -> bool:
     return monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6))
 
 
-_TERMINATED = 128 + signal.SIGTERM
-_terminated = False
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds as Ctrl-C does, so that a run's temporary outputs are removed and the previous ones kept."""
-    global _terminated
-    _terminated = True
-    raise KeyboardInterrupt
+def _unannounced(exc: SystemExit) -> bool:
+    """Typer turned a Ctrl-C the command did not handle into this exit, and printed nothing (``extract`` says
+    how to resume and exits itself)."""
+    return exc.code == _INTERRUPTED and isinstance(getattr(exc.__context__, "__cause__", None), KeyboardInterrupt)
 
 
 def main() -> None:
@@ -40,21 +73,29 @@ def main() -> None:
     the output is flushed), then ``os._exit(0)``. Its files were complete and closed when it returned; the teardown
     (freeing every module, torch's and CUDA's state) cost 0.35 s after ``learn`` on CuPy and 1.5 s after
     ``extract`` on an H200. A command that fails exits the normal way, and so does one run under a profiler or a
-    tracer (cProfile, a debugger, coverage), which writes its results after the program returns."""
-    signal.signal(signal.SIGTERM, _terminate)
+    tracer (cProfile, a debugger, coverage), which writes its results after the program returns. Ctrl-C and
+    SIGTERM at any moment, typer's start-up included, end with one line and exit 130 or 143."""
     try:
-        app()
-    except SystemExit as exc:
-        if _terminated:
-            raise SystemExit(_TERMINATED) from None
-        if exc.code not in (None, 0):
-            raise
-    if _observed():
-        return
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        signal.signal(signal.SIGTERM, _terminate)
+        try:
+            app()
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                _quiet_exit()
+                if _unannounced(exc):
+                    _interrupted()
+                if _terminated:
+                    raise SystemExit(_TERMINATED) from None
+                raise
+        _quiet_exit()
+        if _observed():
+            return
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except KeyboardInterrupt:
+        _interrupted()
     os._exit(0)

@@ -192,7 +192,9 @@ def extract(
                     report = dask_extract(spec, dask_address, workers, overwrite=overwrite, progress=progress)
                 else:
                     report = run_extract(spec, overwrite=overwrite, progress=progress)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, RuntimeError) as exc:
+            if not _by_interrupt(exc):
+                raise
             what = (f"{spec.out_path} is unchanged and its replacement incomplete" if overwrite
                     else f"{spec.out_path} is incomplete")
             err_console.print(f"[yellow]Interrupted:[/] {escape(what)}; re-run the same command to resume after the last "
@@ -333,19 +335,33 @@ def info(
                                 "or restore it from a copy")
 
 
+def _by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C or SIGTERM, or what unwinding from one raised: a SIGTERM sent to the whole process
+    group stops the loader's workers too, and torch reports their deaths ("DataLoader worker ... is killed by
+    signal") while the interrupt unwinds."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False
+
+
 def _export_manifest(store: Path, out: Path) -> None:
-    """Write the store's split manifest to ``out`` (whole, via a temporary file: never half-written)."""
-    import os
-
+    """Write the store's split manifest to ``out`` (whole, via a temporary file: never half-written), refused inside
+    a feature store, whose own files (``zarr.json``) it could replace."""
     from foal_pipe.extract.manifest import read_manifest
+    from foal_pipe.io import atomic_path, enclosing_store
 
-    raw = read_manifest(store).to_bytes()
+    where = enclosing_store(out, itself=True)
+    if where is not None:
+        raise FoalPipeError(f"--export-manifest {out} lies in the feature store {where}, whose files it would overwrite; "
+                            "choose a path outside the store")
     if out.is_dir():
         raise FoalPipeError(f"--export-manifest {out} is a folder; pass a file name such as {out / 'manifest.json'}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    partial.write_bytes(raw)
-    os.replace(partial, out)
+    raw = read_manifest(store).to_bytes()
+    with atomic_path(out) as tmp:
+        tmp.write_bytes(raw)
 
 
 def _print_table(summary: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from foal_pipe.cli.headoptions import head_options
 from foal_pipe.core.activations import ACTIVATIONS, INITS
 from foal_pipe.core.backend import BACKENDS, DTYPES
 from foal_pipe.core.engines import ENGINES
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, comma_items
 from foal_pipe.heads import HEADS
 from foal_pipe.memory import memory_text, parse_memory
 from foal_pipe.protocol.config import (
@@ -394,8 +394,9 @@ def options(*names: str, **own: tuple[Any, Any]) -> Callable[[Callable[..., None
 def floats(text: str, option: str) -> tuple[float, ...]:
     """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``: gammas, so each a positive finite number; a value listed twice is
     refused (a sweep would evaluate it twice)."""
+    items = comma_items(text, option)
     try:
-        values = tuple(float(g) for g in text.split(",") if g.strip())
+        values = tuple(float(g) for g in items)
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
     bad = next((v for v in values if not (math.isfinite(v) and v > 0)), None)
@@ -430,7 +431,7 @@ def shrinkage_value(text: str) -> float | str:
 
 def heads_value(text: str) -> tuple[str, ...]:
     """``--heads``: the head names; given, it must name one (an empty list is not "no heads")."""
-    heads = tuple(h.strip() for h in text.split(",") if h.strip())
+    heads = tuple(comma_items(text, "--heads"))
     if not heads:
         raise FoalPipeError(f"--heads {text!r} names no head; write a comma-separated list of {', '.join(HEADS)}")
     return heads
@@ -441,7 +442,7 @@ PARSE: dict[str, Callable[[Any], Any]] = {
     "gamma": gamma_value,
     "gamma_grid": lambda text: floats(text, "--gamma-grid"),
     "gammas": lambda text: floats(text, "--gammas"),
-    "fusions": lambda text: tuple(text.split(",")),
+    "fusions": lambda text: tuple(comma_items(text, "--fusions")) or ("",),  # no item: "names no fusion", as before
     "heads": heads_value,
     "shrinkage": shrinkage_value,
     "max_memory": parse_memory,

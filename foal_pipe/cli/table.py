@@ -12,7 +12,7 @@ from rich.table import Table
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, choice, console, err_console, print_table, user_errors
 from foal_pipe.core.activations import ACTIVATIONS
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, comma_items
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS
@@ -67,8 +67,9 @@ TYPED_OPTIONS = ("projection_dim", "activation", "gamma", "select", "gamma_grid"
 
 
 def _ints(text: str, option: str, example: str) -> tuple[int, ...]:
+    items = comma_items(text, option)
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in items)
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of integers; write e.g. {example}") from None
     if not values:

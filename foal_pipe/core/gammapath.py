@@ -14,9 +14,10 @@ from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import (
-    DRIFT,
+    DRIFTS,
     check_positive,
     drift_floor,
+    drift_share,
     factor_threads,
     float64,
     float64_way_out,
@@ -24,14 +25,27 @@ from foal_pipe.core.linalg import (
 )
 from foal_pipe.errors import FoalPipeError, param
 
+#: :meth:`GammaPath.gcv` is reported where :meth:`GammaPath.rss_error` is at most this share of the RSS.
+RSS_RESOLUTION = 1e-3
+UNIT = 2.0**-53
 
-def eigen_floor(floor: float, values: Any, top: float | None = None) -> float:
+
+def gcv_undeterminable() -> FoalPipeError:
+    """The refusal of a choice by GCV where no gamma of the search has a GCV value (:meth:`GammaPath.gcv`)."""
+    return FoalPipeError(
+        "GCV cannot be computed at any gamma of the search: the fit all but interpolates the rows seen (fewer rows "
+        "than D), so its residual lies below float64's rounding; pass larger gammas or choose by leave-one-out "
+        f"({param('select', 'loo')})")
+
+
+def eigen_floor(floor: float, values: Any, top: float, dtype: str) -> float:
     """The refusal floor for gammas: the sums' resolution, ``-min(lambda)`` when rounding left a negative eigenvalue,
-    and for float32 sums (``top``: their largest entry; ``values`` then every eigenvalue) the least gamma at which
-    their rounding moves the weights by at most :data:`~foal_pipe.core.linalg.DRIFT` (:func:`drift_floor`)."""
+    and the least gamma at which the rounding of sums in ``dtype`` (``top``: their largest entry) moves the weights
+    by at most :data:`~foal_pipe.core.linalg.DRIFTS` (:func:`drift_floor`). ``values``: every eigenvalue, or only
+    the lowest where :func:`~foal_pipe.core.linalg.cheap_drift_floor` shows the rest cannot raise the floor."""
     xp = array_namespace(values)
     floor = max(floor, -float(xp.min(values)) if values.shape[0] else 0.0)
-    return floor if top is None else max(floor, drift_floor(to_numpy(values), top))
+    return max(floor, drift_floor(to_numpy(values), top, dtype))
 
 
 def lapack_ok(routine: str, info: int) -> None:
@@ -74,20 +88,42 @@ class GammaPath(ABC):
             raise FoalPipeError("no gammas given; pass at least one, e.g. 1e-2,1,100")
         check_positive(g)
         if self.floor and g.min() <= self.floor:
+            share = drift_share(DRIFTS[self.dtype], self.dtype)
             raise FoalPipeError(
                 f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
-                f"diagonal entry, the most negative eigenvalue rounding left, or for float32 sums the least gamma at "
-                f"which their rounding moves the weights by at most {DRIFT:.0%}), so its solution would be noise (in "
-                f"float32, off by more than {DRIFT:.0%}); "
+                f"diagonal entry, the most negative eigenvalue rounding left, or the least gamma at which the "
+                f"rounding of {self.dtype} sums moves the weights by at most {share}), so its solution would be noise "
+                f"(off by more than {share}); "
                 f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}){float64_way_out(self.dtype)}"
             )
         return g
 
     def gcv(self, gammas: Any) -> np.ndarray:
-        """Generalised cross-validation ``n RSS(g) / (n - df(g))^2`` (infinite where ``df >= n``)."""
+        """Generalised cross-validation ``n RSS(g) / (n - df(g))^2``; infinite (never chosen, null in the files)
+        where ``df >= n`` and where the RSS is below its rounding (:meth:`rss_error`): a fit that all but
+        interpolates the rows (fewer rows than D, a tiny gamma) leaves an RSS that the Gram form computes as the
+        difference of two numbers of the size of ``|Y|^2``, which float64 cannot resolve there."""
         rss, df = self.rss(gammas), self.dof(gammas)
+        resolved = self.rss_error(gammas) <= RSS_RESOLUTION * rss
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(df < self.n, self.n * np.maximum(rss, 0.0) / (self.n - df) ** 2, np.inf)
+            return np.where((df < self.n) & resolved, self.n * np.maximum(rss, 0.0) / (self.n - df) ** 2, np.inf)
+
+    def rss_error(self, gammas: Any) -> np.ndarray:
+        """How far the computed :meth:`rss` may lie from the exact one, per gamma: the rounding of ``|Y|^2 - fitted``,
+        and the eigenvalues' (``u lambda_max`` each) through ``|d fitted / d lambda_k| = |B_k|^2 (lambda_k + 3g) /
+        (lambda_k + g)^3 <= 3 |B_k|^2 / (lambda_k + g)^2``, whose sum is ``3 |W(g)|_F^2``: the term that dominates
+        near interpolation. With a margin of 8."""
+        g = self._gammas(gammas)
+        fitted = self.y_norm2 - self.rss(g)
+        return 8.0 * UNIT * (self.y_norm2 + np.abs(fitted) + 3.0 * self._top() * self._weights_norm2(g))
+
+    @abstractmethod
+    def _top(self) -> float:
+        """An upper bound on ``lambda_max``."""
+
+    @abstractmethod
+    def _weights_norm2(self, gammas: np.ndarray) -> np.ndarray:
+        """``|W(g)|_F^2`` per gamma."""
 
     @abstractmethod
     def dof(self, gammas: Any) -> np.ndarray:
@@ -136,6 +172,16 @@ class RidgeEigen(GammaPath):
         norms = xp.sum(self.projected * self.projected, axis=1)
         fitted = xp.sum(norms[:, None] * (self.values[:, None] + 2 * g[None, :]) * inv * inv, axis=0)
         return self.y_norm2 - to_numpy(fitted)
+
+    def _top(self) -> float:
+        xp = array_namespace(self.values)
+        return float(xp.max(xp.abs(self.values))) if self.values.shape[0] else 0.0
+
+    def _weights_norm2(self, gammas: np.ndarray) -> np.ndarray:
+        xp = array_namespace(self.values)
+        inv = self.shrinkage(gammas)
+        norms = xp.sum(self.projected * self.projected, axis=1)
+        return to_numpy(xp.sum(norms[:, None] * inv * inv, axis=0))
 
     #: One product gives every gamma's leverages, ``(Z * Z) @ (1 / (lambda + g))``: a pass may compute the
     #: whole grid's at once (:class:`~foal_pipe.core.leaveoneout.SampledLeaveOneOut`'s screen).
@@ -259,7 +305,7 @@ class RidgeTridiagonal(GammaPath):
         if gamma not in self._solved_at:
             d, e, info = lapack.dpttrf(self.diagonal + gamma, self.offdiagonal)
             if info != 0:
-                raise not_positive_definite(f"at gamma {gamma:g}")
+                raise not_positive_definite(f"at gamma {gamma:g}", self.dtype)
             z, info = lapack.dpttrs(d, e, self.projected)
             lapack_ok("dpttrs", info)
             self._solved_at[gamma] = (d, e, z)
@@ -340,4 +386,16 @@ class RidgeTridiagonal(GammaPath):
                     self._sums[gamma] = (float(np.dot(b, z)), float(np.dot(z, z)))
         fitted = np.array([self._sums[gamma][0] + gamma * self._sums[gamma][1] for gamma in map(float, g)])
         return self.y_norm2 - fitted
+
+    def _top(self) -> float:
+        """Gershgorin's bound on ``T``'s eigenvalues."""
+        if self.diagonal.shape[0] == 0:
+            return 0.0
+        e = np.abs(self.offdiagonal)
+        rows = np.abs(self.diagonal) + np.concatenate([[0.0], e]) + np.concatenate([e, [0.0]])
+        return float(rows.max())
+
+    def _weights_norm2(self, gammas: np.ndarray) -> np.ndarray:
+        self.rss(gammas)  # |z|^2 beside tr(b^T z), computed once per gamma
+        return np.array([self._sums[gamma][1] for gamma in map(float, gammas)])
 

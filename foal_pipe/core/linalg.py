@@ -60,55 +60,112 @@ def resolution(G: Any) -> float:
     return float(xp.finfo(G.dtype).eps) * max(top, 0.0)
 
 
-def finite_resolution(G: Any) -> float:
-    """:func:`resolution`, refused when the sums overflowed (a non-finite diagonal)."""
+def finite_resolution(G: Any, Q: Any = None) -> float:
+    """:func:`resolution`, refused when the sums overflowed (a non-finite diagonal) or, given the class sums ``Q``,
+    underflowed: a largest diagonal entry below ``tiny / eps`` of the dtype while ``Q`` is not zero means products
+    of the features fell to subnormal numbers or zero, so ``G`` lost them while ``Q`` kept the features."""
     floor = resolution(G)
+    name = dtype_name(G.dtype)
+    fix = "rescale the features" + ("" if name == "float64" else f" or use {param('dtype', 'float64')}")
     if not np.isfinite(floor):
         raise FoalPipeError(
-            f"the {dtype_name(G.dtype)} Gram sums overflowed (the features are too large for this dtype); "
-            f"use {param('dtype', 'float64')} or rescale the features"
+            f"the {name} Gram sums overflowed (the features are too large for this dtype); {fix}"
         )
+    if Q is not None and G.shape[0] and Q.shape[1]:
+        xp = array_namespace(G)
+        info = xp.finfo(G.dtype)
+        if floor < float(info.smallest_normal) and float(xp.max(xp.abs(Q))) > 0:
+            raise FoalPipeError(
+                f"the {name} Gram sums underflowed (products of the features fall below {float(info.smallest_normal):.0e}, the "
+                f"smallest normal {name}); {fix}"
+            )
     return floor
 
 
-#: float32 sums: the most the rounding of their entries may move the weights, relative (Frobenius), estimated by
-#: :func:`drift`; a gamma at which it would move them more is refused, as one below their resolution is.
-DRIFT = 1e-2
+#: How far the rounding of the Gram sums' entries may move the weights, relative (Frobenius), estimated by
+#: :func:`drift`, by the dtype of the sums: a gamma at which it would move them more is refused, as one below their
+#: resolution is. float32 sums are solved in float64, so a percent is their price; float64 sums promise exactness,
+#: so their bound is far below any accuracy's resolution (where ``G + gamma I`` is well conditioned the rounding
+#: leaves about 1e-13).
+DRIFTS = {"float32": 1e-2, "float64": 1e-4}
+DRIFT = DRIFTS["float32"]
+#: The unit of rounding of each dtype of the sums.
+UNITS = {"float32": 2.0**-24, "float64": 2.0**-53}
 #: An entry of float32 Gram sums lies within about this many units of rounding (2^-24) of its exact value, per unit
 #: of the largest entry, in standard deviations: one rounding's ``1 / sqrt(3)`` doubled for the block products' and
 #: the running sums' roundings. On digits and a 20,000-row store (sigmoid and ReLU, D = 200 to 2,000, gammas 1e-2 to
 #: 10) :func:`drift` at one rounding gave 0.90-1.16x the measured change of the weights (sigmoid), 0.1-0.23x (ReLU).
 ROUNDING_SPREAD = 2.0 / np.sqrt(3.0)
+#: Random columns solved beside (or after) ``Q`` to estimate ``|(G + gamma I)^-1|_F^2`` (Hutchinson).
+PROBES = 32
 
 
-def drift(inverse_frobenius2: float, top: float) -> float:
-    """The relative (Frobenius) change of ``W = (G + gamma I)^-1 Q`` that float32 rounding of ``G``'s entries may
-    cause: a symmetric perturbation ``E`` of independent entries of standard deviation ``s = ROUNDING_SPREAD u
+def drift(inverse_frobenius2: float, top: float, dtype: str = "float32") -> float:
+    """The relative (Frobenius) change of ``W = (G + gamma I)^-1 Q`` that rounding of ``G``'s entries in ``dtype``
+    may cause: a symmetric perturbation ``E`` of independent entries of standard deviation ``s = ROUNDING_SPREAD u
     max|G|`` moves ``W`` by ``(G + gamma I)^-1 E W``, about ``sqrt(2) s |(G + gamma I)^-1|_F |W|_F``.
     ``inverse_frobenius2``: ``|(G + gamma I)^-1|_F^2``, the sum of ``1 / (lambda + gamma)^2``; ``top``: ``max|G|``."""
-    return float(np.sqrt(2.0 * inverse_frobenius2) * ROUNDING_SPREAD * 2.0**-24 * top)
+    return float(np.sqrt(2.0 * inverse_frobenius2) * ROUNDING_SPREAD * UNITS[dtype] * top)
 
 
-def drift_floor(values: np.ndarray, top: float) -> float:
-    """The least gamma at which float32 sums with eigenvalues ``values`` and largest entry ``top`` move the weights
-    by at most :data:`DRIFT` (:func:`drift` falls as gamma grows), to a relative 1e-6 by bisection in log space."""
+def drift_share(moved: float, dtype: str) -> str:
+    """A drift as the refusals print it: a percent for float32, a relative number for float64."""
+    return f"{moved:.0%}" if DRIFTS[dtype] >= 1e-3 else f"{moved:.1g}"
+
+
+def cheap_drift_floor(lowest: float, dim: int, top: float, dtype: str) -> float:
+    """A gamma above which :func:`drift` stays within :data:`DRIFTS` whatever the spectrum: ``|(G + gamma I)^-1|_F^2
+    <= D / (lambda_min + gamma)^2``. Where it lies below the resolution floor no eigenvalue beyond the lowest is
+    needed."""
+    return max(0.0, drift(float(dim), top, dtype) / DRIFTS[dtype] - lowest)
+
+
+def drift_floor(values: np.ndarray, top: float, dtype: str = "float32") -> float:
+    """The least gamma at which sums in ``dtype`` with eigenvalues ``values`` and largest entry ``top`` move the
+    weights by at most :data:`DRIFTS` (:func:`drift` falls as gamma grows), to a relative 1e-6 by bisection in log
+    space."""
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0 or top == 0:
         return 0.0
+    limit = DRIFTS[dtype]
     low = max(0.0, -float(values.min()))
 
     def moved(gamma: float) -> float:
-        return drift(float(np.sum((values + gamma) ** -2.0)), top)
+        return drift(float(np.sum((values + gamma) ** -2.0)), top, dtype)
 
-    high = low + drift(float(values.size), top) / DRIFT  # sum (lambda + high)^-2 <= D / (high - low)^2: drift <= DRIFT
+    high = low + drift(float(values.size), top, dtype) / limit  # sum (lambda + high)^-2 <= D / (high - low)^2
     start = max(high * 1e-30, np.nextafter(low, np.inf)) if low else high * 1e-30
     a, b = np.log(start), np.log(high)
-    if moved(start) <= DRIFT:
+    if moved(start) <= limit:
         return 0.0
     while b - a > 1e-6:
         mid = 0.5 * (a + b)
-        a, b = (a, mid) if moved(float(np.exp(mid))) <= DRIFT else (mid, b)
+        a, b = (a, mid) if moved(float(np.exp(mid))) <= limit else (mid, b)
     return float(np.exp(b))
+
+
+def drift_refusal(gamma: float, moved: float, dtype: str) -> FoalPipeError:
+    return FoalPipeError(
+        f"at gamma {gamma:g} the rounding of the {dtype} Gram sums may move the weights by about "
+        f"{drift_share(moved, dtype)} (more than {drift_share(DRIFTS[dtype], dtype)}: G + gamma I is too "
+        f"ill-conditioned for them); use a larger gamma{float64_way_out(dtype)}")
+
+
+def check_drift(G: Any, gamma: float) -> None:
+    """Refuse a gamma at which the rounding of the sums ``G`` moves ``(G + gamma I)^-1 Q`` by more than
+    :data:`DRIFTS` (:func:`drift`), for solvers that factor ``G + gamma I`` once per gamma: free where the bound
+    ``D / gamma^2`` already passes (every well-conditioned case), else :data:`PROBES` random columns solved."""
+    dtype, dim = dtype_name(G.dtype), G.shape[0]
+    top = largest_entry(G)
+    if dim == 0 or drift(dim / float(gamma) ** 2, top, dtype) <= DRIFTS[dtype]:
+        return
+    xp = array_namespace(G)
+    probes = xp.asarray(np.random.default_rng(0).standard_normal((dim, PROBES)), device=device(G))
+    with factor_threads(dim):
+        solved = solve_spd(shifted(G, float(gamma)), probes, dtype)
+    moved = drift(float(xp.sum(solved**2)) / PROBES, top, dtype)
+    if moved > DRIFTS[dtype]:
+        raise drift_refusal(float(gamma), moved, dtype)
 
 
 def largest_entry(G: Any) -> float:
@@ -130,11 +187,11 @@ def float64_way_out(dtype: str) -> str:
     return "" if dtype == "float64" else f" or {param('dtype', 'float64')}"
 
 
-def not_positive_definite(where: str) -> FoalPipeError:
-    """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma)."""
+def not_positive_definite(where: str, dtype: str = "float32") -> FoalPipeError:
+    """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma; ``dtype``: the sums')."""
     return FoalPipeError(
         f"G + gamma I is not positive definite {where}: rounding in the Gram sums outweighs gamma, so the solve "
-        f"would be noise; use a larger gamma or {param('dtype', 'float64')}"
+        f"would be noise; use a larger gamma{float64_way_out(dtype)}"
     )
 
 
@@ -177,17 +234,17 @@ def float64(a: Any) -> Any:
     return a if a.dtype == xp.float64 else xp.astype(a, xp.float64)
 
 
-def solve_spd(A: Any, Q: Any) -> Any:
+def solve_spd(A: Any, Q: Any, dtype: str = "float32") -> Any:
     """``A^-1 Q`` for a symmetric ``A`` that may be overwritten, refused unless numerically positive definite.
 
     ``G + gamma I`` is positive definite in exact arithmetic; when rounding in the sums (float32) outweighs
     gamma in some direction it is not, and any solution would be noise: the Cholesky factorisation
     notices. NumPy arrays use LAPACK's Cholesky factorisation in place (half an LU's time, no copy of ``A``);
     other namespaces check with ``linalg.cholesky`` (CuPy returns NaN instead of raising), then
-    :func:`checked_solve`: the same error on every backend.
+    :func:`checked_solve`: the same error on every backend. ``dtype``: the sums', for the refusal's advice.
     """
     xp = array_namespace(A)
-    fail = not_positive_definite("at this gamma")
+    fail = not_positive_definite("at this gamma", dtype)
     if is_numpy_namespace(xp):
         from scipy.linalg import LinAlgError, cho_factor, cho_solve
 

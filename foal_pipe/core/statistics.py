@@ -41,10 +41,14 @@ from array_api_compat import array_namespace, device, is_numpy_namespace
 from foal_pipe.core.backend import default_device, dtype_name
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, apply_reflectors, eigen_floor, lapack_ok
 from foal_pipe.core.linalg import (
-    DRIFT,
+    DRIFTS,
+    PROBES,
+    cheap_drift_floor,
+    check_drift,
     check_gammas,
     class_positions,
     drift,
+    drift_refusal,
     factor_threads,
     finite_resolution,
     float64,
@@ -53,10 +57,8 @@ from foal_pipe.core.linalg import (
     shifted,
     solve_spd,
 )
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError
 
-#: Random columns solved beside ``Q`` for float32 sums, to estimate how far their rounding moves the weights.
-PROBES = 32
 #: The default grid of ``--gamma auto``: 13 decades from 1e-4 to 1e8.
 DEFAULT_GAMMA_GRID: tuple[float, ...] = tuple(float(10.0**k) for k in range(-4, 9))
 
@@ -243,29 +245,33 @@ class RidgeStatistics:
         return {"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
 
     def solve(self, gamma: float, drift_checked: bool = False) -> Any:
-        """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64. For float32 sums the same factorisation also
-        solves :data:`PROBES` random columns, whose mean squared length estimates ``|(G + gamma I)^-1|_F^2``
-        (Hutchinson): a gamma at which their rounding would move ``W`` by more than
-        :data:`~foal_pipe.core.linalg.DRIFT` is refused (:func:`~foal_pipe.core.linalg.drift`). ``drift_checked``:
+        """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64, refused at a gamma at which the rounding of the sums
+        would move ``W`` by more than :data:`~foal_pipe.core.linalg.DRIFTS` (:func:`~foal_pipe.core.linalg.drift`):
+        for float32 sums the same factorisation also solves :data:`~foal_pipe.core.linalg.PROBES` random columns,
+        whose mean squared length estimates ``|(G + gamma I)^-1|_F^2`` (Hutchinson); float64 sums are checked by
+        :func:`~foal_pipe.core.linalg.check_drift` (a bound, probes only where it does not pass). ``drift_checked``:
         the gamma passed the exact form of that check already (a :meth:`gamma_path`'s floor), so no estimate is
         made that could disagree with it."""
+        finite_resolution(self.G, self.Q)
         check_gammas(self.G, gamma)
-        top = None if drift_checked else self._rounding_scale()
         xp = array_namespace(self.G)
+        dtype = dtype_name(self.G.dtype)
+        probed = not drift_checked and dtype == "float32"
+        if not drift_checked and not probed:
+            check_drift(self.G, gamma)
         Q = float64(self.Q)
-        if top is not None:
+        if probed:
+            top = largest_entry(self.G)
             probes = np.random.default_rng(0).standard_normal((self.dim, PROBES))
             Q = xp.concat([Q, xp.asarray(probes, device=device(self.G))], axis=1)
         with factor_threads(self.dim):
-            W = solve_spd(shifted(self.G, float(gamma)), Q)
-        if top is None:
+            W = solve_spd(shifted(self.G, float(gamma)), Q, dtype)
+        if not probed:
             return W
         C = self.Q.shape[1]
-        moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top)
-        if moved > DRIFT:
-            raise FoalPipeError(f"at gamma {gamma:g} the rounding of the float32 Gram sums may move the weights by about "
-                                f"{moved:.0%} (more than {DRIFT:.0%}: G + gamma I is too ill-conditioned for them); use a "
-                                f"larger gamma or {param('dtype', 'float64')}")
+        moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top, dtype)
+        if moved > DRIFTS[dtype]:
+            raise drift_refusal(float(gamma), moved, dtype)
         return W[:, :C]
 
     def factor(self, vectors: bool) -> Factored:
@@ -296,16 +302,11 @@ class RidgeStatistics:
 
     def _decompose(self) -> Factored:
         xp = array_namespace(self.G)
-        floor = finite_resolution(self.G)
+        floor = finite_resolution(self.G, self.Q)
         with factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(float64(self.G))
-        return Factored(False, eigen_floor(floor, values, self._rounding_scale()), (values, vectors))
-
-    def _rounding_scale(self) -> float | None:
-        """``max|G|`` for float32 sums, whose rounding moves the weights (:func:`~foal_pipe.core.linalg.drift`);
-        None for float64 sums, whose rounding is below the resolution floor's concern."""
-        xp = array_namespace(self.G)
-        return largest_entry(self.G) if self.G.dtype == xp.float32 else None
+        return Factored(False, eigen_floor(floor, values, largest_entry(self.G), dtype_name(self.G.dtype)),
+                        (values, vectors))
 
     def tridiagonal(self, factored: Factored | None = None) -> RidgeTridiagonal:
         """``G = U T U^T`` by Householder reflections (LAPACK ``dsytrd``; NumPy arrays of dimension >= 2 only).
@@ -324,17 +325,19 @@ class RidgeStatistics:
     def _reduce(self) -> Factored:
         from scipy.linalg import eigvalsh_tridiagonal, lapack
 
-        floor = finite_resolution(self.G)
+        floor = finite_resolution(self.G, self.Q)
         with factor_threads(self.dim):
             lwork = int(lapack.dsytrd_lwork(self.dim, lower=1)[0])
             reduced, diagonal, offdiagonal, tau, info = lapack.dsytrd(float64(self.G), lower=1, lwork=lwork)
             lapack_ok("dsytrd", info)
-            top = self._rounding_scale()  # float32 sums: every eigenvalue, for the rounding's floor
-            lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, check_finite=False, **(
-                {} if top is not None else {"select": "i", "select_range": (0, 0)}))
+            top, dtype = largest_entry(self.G), dtype_name(self.G.dtype)
+            lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, check_finite=False, select="i", select_range=(0, 0))
+            if cheap_drift_floor(float(lowest[0]), self.dim, top, dtype) > max(floor, -float(lowest[0])):
+                # the bound from the lowest eigenvalue alone does not clear the floor: every eigenvalue decides
+                lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, check_finite=False)
             reflectors = np.asfortranarray(reduced[1:, :-1])
             projected = np.asfortranarray(apply_reflectors(reflectors, tau, float64(self.Q), "T"))
-        return Factored(True, eigen_floor(floor, lowest, top), (diagonal, offdiagonal, reflectors, tau, projected))
+        return Factored(True, eigen_floor(floor, lowest, top, dtype), (diagonal, offdiagonal, reflectors, tau, projected))
 
 
 @dataclass(frozen=True)

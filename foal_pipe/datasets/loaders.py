@@ -23,12 +23,14 @@ from foal_pipe.datasets.sources import (
     FileSource,
     H5Source,
     TorchvisionSource,
+    _is_image_entry,
     clash_text,
     h5_layout,
     h5_side,
     images_in,
     name_clash,
     natural_key,
+    nfc_key,
     same_names,
 )
 from foal_pipe.errors import FoalPipeError, param
@@ -194,12 +196,13 @@ def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits
 
 
 def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
-    """The class names of ``root/<split>/<class>/`` folders: the sorted union of the folder names of ``splits``.
+    """The class names of ``root/<split>/<class>/`` folders: the union of the folder names of ``splits``, sorted by
+    their NFC form (so a copy of the tree with NFD names, as macOS unpacks them, has the same class order).
     Two folders whose names are one class name are refused: equal after Unicode NFC normalisation (``é`` as one code
     point in one split and as ``e`` and an accent in the other: they print alike but would be two classes), or equal
     but for case (``Dog`` and ``dog``: one folder on the case-insensitive file systems images are shared on)."""
     folders = {split: {d.name for d in (root / split).iterdir() if d.is_dir()} for split in splits}
-    names = sorted(set().union(*folders.values()))
+    names = sorted(set().union(*folders.values()), key=nfc_key)
     clash = name_clash(names, fold_case=True)
     if clash is not None:
         where = [" and ".join(f"{root / split / name}" for split in splits if name in folders[split]) for name in clash]
@@ -208,10 +211,20 @@ def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
     return names
 
 
+def refuse_stray_images(folder: Path) -> None:
+    """Refuse image files lying directly in ``folder``, beside its class folders: they have no class, and leaving
+    them out in silence would extract a dataset other than the one the user sees."""
+    strays = sorted((p for p in folder.iterdir() if _is_image_entry(p)), key=lambda p: nfc_key(p.name))
+    if strays:
+        more = f" (and {len(strays) - 1} more)" if len(strays) > 1 else ""
+        raise FoalPipeError(f"image {strays[0]}{more} lies directly in {folder}, outside the class folders, so it has no "
+                            f"class; move it into {folder}/<class>/ or out of {folder}")
+
+
 def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
     paths, labels = [], []
     lookup = {c: k for k, c in enumerate(classes)}
-    for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name):
+    for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: nfc_key(d.name)):
         files = images_in(cls_dir)
         paths += files
         labels += [lookup[cls_dir.name]] * len(files)
@@ -234,6 +247,8 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
                                 f"in {root}/train/<class>/ and {root}/test/<class>/, or pass {param('test_split', 'FRACTION')} "
                                 f"to split {root}/<class>/ folders")
     names = class_folders(root, ("train", "test"))
+    for split in ("train", "test"):
+        refuse_stray_images(root / split)
     if not names:
         raise FoalPipeError(f"{root}/train has no class folders; put the images in {root}/train/<class>/")
     sources = {}
@@ -272,6 +287,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
         raise FoalPipeError(f"{root} is already split into train/ and test/ folders; drop {param('test_split')} (or "
                             f"{param('data_dir')} a folder of class folders)")
     names = class_folders(root)
+    refuse_stray_images(root)
     if not names:
         raise FoalPipeError(f"{root} has no class folders; put the images in {root}/<class>/")
     paths: dict[str, list[Path]] = {"train": [], "test": []}
@@ -282,7 +298,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
             raise FoalPipeError(f"{root / name} has {len(files)} image{'s' * (len(files) != 1)}; {param('test_split')} needs "
                                 "at least 2 per class (one to train on, one to test): add images or remove the folder")
         n_test = min(max(int(np.floor(fraction * len(files) + 0.5)), 1), len(files) - 1)
-        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        rng = np.random.default_rng([seed, zlib.crc32(nfc_key(name)[0].encode())])  # one split for NFC and NFD names
         test = np.zeros(len(files), dtype=bool)
         test[rng.choice(len(files), n_test, replace=False)] = True
         for path, is_test in zip(files, test.tolist()):

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files
+from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files, nfc_key
 from foal_pipe.errors import FoalPipeError, param
 
 FORMAT = "foal-pipe/split-manifest"
@@ -71,6 +71,11 @@ class SplitManifest:
         return cls(tuple(classes), splits)
 
 
+def nfc(name: str) -> str:
+    """``name`` in Unicode NFC form."""
+    return nfc_key(name)[0]
+
+
 def _class_name(classes: Any, label: int) -> str:
     """The class name of ``label``; ``""`` for an unlabelled image (-1)."""
     return classes[label] if 0 <= label < len(classes) else ""
@@ -100,8 +105,9 @@ def parse_manifest(raw: bytes, where: str) -> SplitManifest:
 def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> DatasetSplits:
     """The splits ``manifest`` lists, taken from the images of ``pool`` (both its splits): each entry is the file of
     that name (relative to its split's class folders, so an image may lie in either split) whose bytes have the
-    entry's SHA-256; rows in the manifest's order, with its labels and class names. A listed image that is missing,
-    or whose bytes differ, is refused; images of ``pool`` the manifest does not list are left out."""
+    entry's SHA-256; rows in the manifest's order, with its labels and class names. Names match in Unicode NFC form
+    (a copy unpacked on macOS has NFD names). A listed image that is missing, or whose bytes differ, is refused;
+    images of ``pool`` the manifest does not list are left out."""
     files: dict[str, list[tuple[str, str]]] = {}  # name -> (path, class name) of each file so named
     for split in SPLITS:
         source = pool.split(split)
@@ -109,26 +115,26 @@ def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> 
             raise FoalPipeError(f"{param('split_manifest')} splits image files; {pool.name} is not read from image files "
                                 f"named in a folder: leave out {param('split_manifest')}")
         for name, path, label in zip(source.names, source.paths, source.labels.tolist()):
-            files.setdefault(name, []).append((path, _class_name(pool.classes, label)))
+            files.setdefault(nfc(name), []).append((path, _class_name(pool.classes, label)))
     listed = [(split, entry) for split in SPLITS for entry in manifest.splits[split]]
-    missing = [(split, name) for split, (name, _, _) in listed if name not in files]
+    missing = [(split, name) for split, (name, _, _) in listed if nfc(name) not in files]
     if missing:
         s = "s" * (len(missing) != 1)
         raise FoalPipeError(f"{len(missing)} image{s} of the split manifest {where} ({missing[0][0]}: {missing[0][1]!r}"
                             f"{', ...' if len(missing) > 1 else ''}) {'are' if s else 'is'} not in {pool.location}; "
                             f"point {param('data_dir')} at the images the manifest lists")
-    candidates = sorted({path for _, (name, _, _) in listed for path, _ in files[name]})
+    candidates = sorted({path for _, (name, _, _) in listed for path, _ in files[nfc(name)]})
     digests = dict(zip(candidates, hash_files(candidates)))
     taken: set[str] = set()
     rows: dict[str, list[tuple[str, str, int, str]]] = {split: [] for split in SPLITS}
     for split, (name, digest, label) in listed:
-        same = [(path, cls) for path, cls in files[name] if digests[path] == digest and path not in taken]
+        same = [(path, cls) for path, cls in files[nfc(name)] if digests[path] == digest and path not in taken]
         if not same:
             raise FoalPipeError(f"image {name!r} of the split manifest {where} ({split}) has other bytes in "
-                                f"{pool.location} ({files[name][0][0]}) than the manifest records; restore the "
+                                f"{pool.location} ({files[nfc(name)][0][0]}) than the manifest records; restore the "
                                 "original file")
         path, cls = same[0]
-        if cls != _class_name(manifest.classes, label):
+        if nfc(cls) != nfc(_class_name(manifest.classes, label)):
             raise FoalPipeError(f"image {name!r} is class {cls!r} in {pool.location} but "
                                 f"{_class_name(manifest.classes, label)!r} in the split manifest {where}; it is not "
                                 "the same dataset")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,17 +91,10 @@ class FileSource(ImageSource):
         self.digests = None if digests is None else list(digests)
 
     def load(self, i: int) -> Any:
-        from PIL import Image
-
         broken = broken_link(self.paths[i])
         if broken is not None:
             raise ValueError(broken)
-        with Image.open(self.paths[i]) as img:
-            img.load()
-            short = png_shortfall(self.paths[i]) if img.format == "PNG" else None
-            if short is not None:
-                raise ValueError(short)
-            return img
+        return open_image(self.paths[i])
 
     def describe(self, i: int) -> str:
         return self.paths[i]
@@ -176,6 +170,39 @@ class H5Source(ImageSource):
 
     def describe(self, i: int) -> str:
         return f"{self.path}:{self.split}/images[{i}]"
+
+
+def open_image(path: str | Path) -> Any:
+    """The decoded image of the file at ``path``; a PNG with fewer rows than its header declares is a ValueError.
+
+    The warnings Pillow gives while it reads (a decompression bomb, corrupt EXIF data) would reach stderr as two
+    raw lines naming no file: for an image that decodes they become one ``note:`` line naming it; for one that
+    does not, its error says enough."""
+    import warnings
+
+    from PIL import Image
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Image.open(path) as img:
+            img.load()
+            short = png_shortfall(path) if img.format == "PNG" else None
+            if short is not None:
+                raise ValueError(short)
+    notes = [_image_note(w.message, w.category) for w in caught if not issubclass(w.category, ResourceWarning)]
+    for note in dict.fromkeys(notes):
+        sys.stderr.write(f"note: {path}: {note}\n")
+    return img
+
+
+def _image_note(message: Warning | str, category: type[Warning]) -> str:
+    """One line for a warning Pillow gave while reading an image that was decoded anyway."""
+    text = " ".join(str(message).split())
+    size = re.search(r"\((\d+) pixels\) exceeds limit of (\d+) pixels", text)
+    if category.__name__ == "DecompressionBombWarning" and size:
+        return (f"{int(size.group(1)):,} pixels, more than Pillow's decompression-bomb limit of {int(size.group(2)):,}; "
+                "decoded anyway (PIL.Image.MAX_IMAGE_PIXELS sets the limit)")
+    return f"{text.rstrip('.')}; decoded anyway"
 
 
 def hash_files(paths: Sequence[str]) -> list[str]:
@@ -272,6 +299,11 @@ def _nfc(name: str) -> str:
     return unicodedata.normalize("NFC", name)
 
 
+def nfc_key(name: str) -> tuple[str, str]:
+    """Sort key of a name by its NFC form, ties broken by the name itself (ASCII names sort as before)."""
+    return _nfc(name), name
+
+
 def name_clash(names: Sequence[str], fold_case: bool = False) -> tuple[str, str] | None:
     """The first two of ``names`` that are one name: equal, or equal after Unicode NFC normalisation (``é`` as one
     code point or as ``e`` and an accent: they print alike), or with ``fold_case`` also equal but for case (two
@@ -324,9 +356,13 @@ class DatasetSplits:
 _RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}
 
 
-#: How images with more than 8 bits per pixel become 8-bit (PIL's ``convert`` would clip them to 0..255).
-WIDE_PIXELS = ("16-bit images (0..65535) are divided by 257, float images must lie in [0, 1] and are multiplied by "
-               "255, both rounded to the nearest integer")
+#: How images with more than 8 bits per pixel become 8-bit (PIL's ``convert`` would clip them to 0..255). 16-bit
+#: colour images never get here: Pillow decodes them to 8 bits itself (docs/extract.md, "Preprocessing").
+WIDE_PIXELS = ("16-bit grey images (0..65535) are divided by 257, float images must lie in [0, 1] and are multiplied "
+               "by 255, both rounded to the nearest integer")
+#: Formats whose Pillow mode "I" is 16-bit grey (older Pillow's PNG; PGM with a maxval above 255, which Pillow
+#: scales to 0..65535); elsewhere mode "I" is 32-bit.
+SIXTEEN_BIT_I = ("PNG", "PPM")
 
 
 def eight_bit(img: Any) -> Any:
@@ -339,7 +375,7 @@ def eight_bit(img: Any) -> Any:
     mode = img.mode
     if not (mode.startswith("I;16") or mode in ("I", "F")):
         return img
-    if mode == "I" and img.format != "PNG":  # PNG's mode "I" is 16-bit grey (older Pillow); elsewhere 32-bit
+    if mode == "I" and img.format not in SIXTEEN_BIT_I:
         raise ValueError(f"32-bit integer pixels (mode I) have no rule to 0..255; save the image with 8 or 16 bits "
                          f"({WIDE_PIXELS})")
     pixels = np.asarray(img, dtype=np.float64)
@@ -410,7 +446,41 @@ def _is_image_entry(p: Path) -> bool:
 
 
 def images_in(folder: Path) -> list[Path]:
-    """The image files under ``folder`` (recursively), in natural order of their paths relative to it: a pure
-    function of the names, whatever order the file system lists them in."""
-    return sorted((p for p in folder.rglob("*") if _is_image_entry(p)),
-                  key=lambda p: natural_key(p.relative_to(folder).as_posix()))
+    """The image files under ``folder`` (recursively, through symbolic links to folders too), in natural order of
+    their paths relative to it, compared in Unicode NFC form: a pure function of the names, whatever order the
+    file system lists them in and whichever normalisation it keeps (macOS unpacks names NFD). A link to a folder
+    that holds it (a loop, which would never end) is refused by name."""
+    found: list[Path] = []
+    todo: list[tuple[Path, tuple[tuple[int, int], ...]]] = [(folder, ())]
+    while todo:
+        directory, above = todo.pop()
+        try:
+            st = directory.stat()
+            with os.scandir(directory) as entries:
+                names = sorted((entry.name for entry in entries), key=_name_key)
+        except (PermissionError, FileNotFoundError, NotADirectoryError):  # as Path.rglob skips them
+            continue
+        here = (st.st_dev, st.st_ino)
+        if here in above:
+            link = next(p for p in (directory, *directory.parents) if p.is_symlink())
+            raise FoalPipeError(f"{link} is a symbolic link to {os.readlink(link)}, which leads back to a folder that holds "
+                                f"it ({directory} is {os.path.realpath(directory)} again): searching it would never end; "
+                                "remove the link or point it elsewhere")
+        below = [directory / name for name in names if _is_dir(directory / name)]
+        found += [directory / name for name in names if _is_image_entry(directory / name)]
+        todo.extend((path, (*above, here)) for path in reversed(below))
+    return sorted(found, key=lambda p: _name_key(p.relative_to(folder).as_posix()))
+
+
+def _name_key(name: str) -> tuple[tuple[list[Any], str], str]:
+    """:func:`natural_key` of the NFC form, ties broken by the name itself (ASCII names: the order of
+    :func:`natural_key`)."""
+    return natural_key(_nfc(name)), name
+
+
+def _is_dir(path: Path) -> bool:
+    """A folder, or a symbolic link to one (a link to itself is no folder)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False

@@ -19,6 +19,7 @@ import io
 import math
 import pickle
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -63,10 +64,28 @@ def _read_safetensors(data: bytes) -> Any:
     return load(data)
 
 
-def _read_torch(data: bytes) -> Any:
+def _read_torch(data: bytes | Path, **kwargs: Any) -> Any:
+    """``torch.load`` with weights only; its warnings about a pickle protocol other than 2 and about checking sparse
+    tensors are dropped: the file loads, or is refused in one line (:func:`_parse_state_dict`)."""
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected pickle protocol|Validating sparse tensor invariants")
+        return torch.load(io.BytesIO(data) if isinstance(data, bytes) else data, weights_only=True, map_location="cpu",
+                          **kwargs)
+
+
+def _looks_like(data: bytes) -> str | None:
+    """What a checkpoint's bytes are by their first bytes: a safetensors file (an 8-byte header length, then a JSON
+    header), torch.save's zip archive, or a pickle (torch.save's legacy format); None for none of them."""
+    if data.startswith(b"PK\x03\x04"):
+        return "a zip archive (torch.save's format)"
+    if data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a pickle (torch.save's legacy format, or pickle.dump)"
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
+    if 0 < size <= len(data) - 8 and data[8:9] == b"{":
+        return "a safetensors file"
+    return None
 
 
 READERS: dict[str, Callable[[bytes], Any]] = {
@@ -173,7 +192,15 @@ def _parse_state_dict(path: Path, data: bytes) -> dict[str, Any]:
         raise FoalPipeError(f"{param('checkpoint')} {path} holds pickled Python objects{what}, not only tensors, and is not "
                             f"unpickled; {fix}") from None
     except Exception as exc:
-        raise FoalPipeError(f"cannot read {param('checkpoint')} {path} as a state dict ({_one_line(exc)}); {fix}") from None
+        looks = _looks_like(data)
+        safetensors = path.suffix.lower() == ".safetensors"
+        if looks is not None and (looks == "a safetensors file") != safetensors:
+            rename = path.with_suffix(".pth" if safetensors else ".safetensors").name
+            raise FoalPipeError(f"{param('checkpoint')} {path} is {looks}, not what its suffix {path.suffix!r} says; rename "
+                                f"it to {rename}") from None
+        what = f"its first bytes are those of {looks}" if looks else "it is neither safetensors nor torch.save's format"
+        raise FoalPipeError(f"cannot read {param('checkpoint')} {path} as a state dict ({_one_line(exc)}; {what}); "
+                            f"{fix}") from None
     if not isinstance(state, dict):
         raise FoalPipeError(f"{param('checkpoint')} {path} holds a {type(state).__name__}, not a state dict (parameter names "
                             f"to tensors); {fix}")
@@ -183,7 +210,11 @@ def _parse_state_dict(path: Path, data: bytes) -> dict[str, Any]:
                             f"ambiguous: {fix}")
     if wrapped:
         state = state[wrapped[0]]
-    bad = [(k, v) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    keys = [k for k in state if not isinstance(k, str)]
+    if keys:
+        raise FoalPipeError(f"{param('checkpoint')} {path}: key {keys[0]!r} ({type(keys[0]).__name__}) is not a "
+                            f"string ({len(keys)} such keys); a state dict maps parameter names to tensors: {fix}")
+    bad = [(k, v) for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if bad:
         key, value = bad[0]
         raise FoalPipeError(f"{param('checkpoint')} {path}: entry {key!r} is a {type(value).__name__}, not a tensor "
@@ -244,14 +275,24 @@ def fit_state_dict(state: dict[str, Any], model: Any, head: set[str], path: Path
 
 
 def _check_values(state: dict[str, Any], model_state: dict[str, Any], path: Path) -> None:
-    """Refuse a tensor whose kind (floating point or not) differs from the model's, or a non-finite float."""
+    """Refuse a tensor whose kind (floating point or not) differs from the model's, a sparse one, or a non-finite
+    float. fp8 tensors (torch has no ``isfinite`` for most) are checked as float32, which holds them exactly."""
     import torch
 
     for key, value in state.items():
         kind = model_state[key].dtype
+        if value.layout != torch.strided:
+            raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as a {str(value.layout).removeprefix('torch.')} "
+                                f"tensor, but the model's {key} is dense; save it dense (tensor.to_dense())")
         if value.dtype.is_floating_point != kind.is_floating_point or value.dtype.is_complex != kind.is_complex:
             raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, but the model's {key} is "
                                 f"{kind}: loading would cast it; save the model's own tensors (its state_dict) unconverted")
+        if value.dtype.is_floating_point and value.dtype.itemsize < 2:  # fp8 (fp4 cannot be cast: refused)
+            try:
+                value = value.to(torch.float32)
+            except (RuntimeError, NotImplementedError):
+                raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, which torch cannot cast "
+                                    f"to the model's {kind}; save the model's own tensors (its state_dict) unconverted") from None
         if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
             raise FoalPipeError(f"{param('checkpoint')} {path} holds non-finite values (NaN or inf) in {key}; the "
                                 "weights are damaged: save them again from a working model")
@@ -274,7 +315,7 @@ def checkpoint_shape(path: Path, key: str) -> tuple[int, ...] | None:
         import torch
 
         try:
-            state = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+            state = _read_torch(path, mmap=True)
         except RuntimeError:  # the legacy (not zip) format cannot be memory-mapped
             state = _read_torch(path.read_bytes())
         state = _unwrapped(state)

@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.png import png_shortfall
-from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, to_rgb_array
+from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, open_image, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
 
 #: Provenance keys that decide the features an encoder computes (not where it ran or which library built it).
@@ -48,6 +47,10 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     if not spec:
         raise FoalPipeError("the model records no encoder provenance, so it cannot encode images; extract a store "
                             f"with `foal-pipe extract` and pass {param('features')}")
+    if "weights" not in spec:  # every encoder `extract` runs records its weights; other writers' stores do not
+        raise FoalPipeError(f"the model's features come from encoder {spec.get('name')!r}, which foal-pipe did not "
+                            "extract (no weights recorded), so it cannot encode images; predict with "
+                            f"{param('features')} a store of those features")
     weights = spec.get("weights") or {}
     source = weights.get("source", "none")
     if source == "checkpoint" and checkpoint is None:
@@ -113,14 +116,7 @@ class Encoded:
 
 
 def _read(path: Path, size: int, interpolation: str) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(path) as img:
-        img.load()
-        short = png_shortfall(path) if img.format == "PNG" else None
-        if short is not None:
-            raise ValueError(short)
-        return to_rgb_array(img, size, interpolation)
+    return to_rgb_array(open_image(path), size, interpolation)
 
 
 def encode_files(encoder: Any, paths: Sequence[Path], batch_size: int = BATCH_SIZE, skip_bad: bool = False,

@@ -5,7 +5,9 @@ the run log (:func:`extraction`), every split in one process (:func:`run_extract
 from __future__ import annotations
 
 import itertools
+import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -117,10 +119,28 @@ _POOL_IMAGES: PreparedImages | None = None
 """The images a :func:`_numpy_batches` worker process reads (set once per worker: a source may be large)."""
 
 
-def _pool_worker(images: PreparedImages) -> None:
+def _pool_worker(images: PreparedImages, parent: int) -> None:
+    """A reader process: it dies with the extraction. Forked, it would otherwise outlive a parent killed by
+    SIGKILL (or the OOM killer) blocked on its pipe, holding the store's inherited lock so that no resume could
+    start, and ignoring SIGTERM through the parent's handler."""
     global _POOL_IMAGES
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to report, once
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with(parent)
     _POOL_IMAGES = images
+
+
+def _die_with(parent: int) -> None:
+    """Ask Linux to kill this process when its parent ends (``PR_SET_PDEATHSIG``), and end now if it already has."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 def _read_batch(rows: list[int], images: PreparedImages | None = None) -> tuple[np.ndarray, np.ndarray, list[Any]]:
@@ -140,7 +160,7 @@ def _numpy_batches(images: PreparedImages, batches: list[list[int]],
     from concurrent.futures import ProcessPoolExecutor
 
     todo = iter(batches)
-    pool = ProcessPoolExecutor(min(workers, len(batches)), initializer=_pool_worker, initargs=(images,))
+    pool = ProcessPoolExecutor(min(workers, len(batches)), initializer=_pool_worker, initargs=(images, os.getpid()))
     try:
         ahead = deque(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 4 * workers))
         while ahead:
@@ -191,14 +211,21 @@ def extract_rows(
         if bad:
             while pending:  # the rows before it are written, as a resumed run expects
                 filler.add(pending.popleft()())
-            raise FoalPipeError(f"cannot read image {bad[0]}; remove or replace the file, then re-run the same "
-                                "command to resume")
+            raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images()}")
         pending.append(encoder.submit(pixels) if not spec.keep_blocks
                        else encoder.submit_blocks(pixels, spec.blocks_dtype))
         if len(pending) > BATCHES_AHEAD:
             filler.add(pending.popleft()())
     while pending:
         filler.add(pending.popleft()())
+
+
+def fix_images(n: int = 1) -> str:
+    """How to go on from ``n`` images that cannot be read once the store exists: a replaced file keeps the rows,
+    a removed one changes them (the store must then be made again)."""
+    it, one = ("them", "readable images") if n > 1 else ("it", "a readable image")
+    return (f"replace {it} with {one} and re-run the same command to resume, or remove {it} and re-run with "
+            f"{param('overwrite', True)} (the split then has other rows)")
 
 
 BATCHES_AHEAD = 2
@@ -280,14 +307,16 @@ class ExtractReport:
     generation: str | None = None
 
 
-def check_readable(inputs: Inputs) -> None:
+def check_readable(inputs: Inputs, resuming: bool = False) -> None:
     """Refuse, before anything is written, image files that cannot be read whatever their contents (missing, a
-    broken link, empty); a file that fails to decode still stops the run at its row, resumable."""
+    broken link, empty); a file that fails to decode still stops the run at its row, resumable. ``resuming``: the
+    store exists, so removing a file changes its rows (:func:`fix_images`)."""
     bad = [row for split in SPLITS for row in inputs.data.split(split).unreadable()]
     if bad:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        raise FoalPipeError(f"cannot read image {bad[0]}{more}; remove or replace the file{'s' * (len(bad) > 1)}, "
-                            "then re-run the same command")
+        fix = (fix_images(len(bad)) if resuming
+               else f"remove or replace the file{'s' * (len(bad) > 1)}, then re-run the same command")
+        raise FoalPipeError(f"cannot read image {bad[0]}{more}; {fix}")
 
 
 def prepare_store(spec: ExtractSpec, overwrite: bool = False,
@@ -301,7 +330,7 @@ def prepare_store(spec: ExtractSpec, overwrite: bool = False,
     inputs = open_inputs(spec)
     state = check_store(spec, inputs, overwrite=overwrite)
     if state is None or state.status != "complete":
-        check_readable(inputs)
+        check_readable(inputs, resuming=state is not None)
         if before_load is not None:
             before_load(inputs, dict(state.progress) if state is not None else dict.fromkeys(SPLITS, 0))
         load_inputs(inputs)

@@ -36,7 +36,7 @@ import numpy as np
 from array_api_compat import device
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.linalg import check_gammas, class_positions, float64, shifted, solve_spd
+from foal_pipe.core.linalg import check_drift, check_gammas, class_positions, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
@@ -193,8 +193,9 @@ class BalancedHead(HeadBase):
         for cls, weight in zip(classes.tolist(), weights.tolist()):
             gram += weight * self._grams[cls]
         check_gammas(gram, self.gamma)
+        check_drift(gram, self.gamma)
         sums = xp.stack([weight * self._sums[cls] for cls, weight in zip(classes.tolist(), weights.tolist())], axis=1)
-        return LinearScorer(classes=classes, W=solve_spd(shifted(gram, self.gamma), sums))
+        return LinearScorer(classes=classes, W=solve_spd(shifted(gram, self.gamma), sums, "float64"))
 
     def _prepare_loo(self) -> dict[int, tuple[Any, Any, float] | None]:
         """Each class's ``M_c^-1`` and ``M_c^-1 B'_c`` (one float64 solve per class), each replacing that class's Gram."""
@@ -220,7 +221,8 @@ class BalancedHead(HeadBase):
             rhs = scale * (sums + delta * self._sums[cls][:, None] * own[None, :])
             M = scale * (base + delta * gram)
             check_gammas(M, self.gamma)
-            both = solve_spd(shifted(M, self.gamma), xp.concat([rhs, eye], axis=1))
+            check_drift(M, self.gamma)
+            both = solve_spd(shifted(M, self.gamma), xp.concat([rhs, eye], axis=1), "float64")
             loo[cls] = (xp.asarray(both[:, K:], copy=True), xp.asarray(both[:, :K], copy=True), scale / (n - 1))
         return loo
 

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import check_gammas, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.linalg import check_drift, check_gammas, float64, one_hot, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
@@ -251,7 +251,7 @@ class DualHead(HeadBase):
             hi = min(lo + b, rows)
             # RecursiveLinear.fit on rows lo:hi, seen through T and V; K = (I + T_JJ)^-1
             U = V[lo:hi, :] + T[lo:hi, lo:hi] @ Y[lo:hi, :]  # X R (Q_m + X^T Y_J)
-            KU = solve_spd(shifted(T[lo:hi, lo:hi], 1.0), xp.concat([U, T[lo:hi, hi:]], axis=1))
+            KU = solve_spd(shifted(T[lo:hi, lo:hi], 1.0), xp.concat([U, T[lo:hi, hi:]], axis=1), "float64")
             V[lo:, :] += T[lo:, lo:hi] @ (Y[lo:hi, :] - KU[:, :C])
             if hi < rows:
                 T[hi:, hi:] -= T[hi:, lo:hi] @ KU[:, C:]
@@ -260,7 +260,7 @@ class DualHead(HeadBase):
         keep = xp.asarray(np.isin(seen, self.earlier_, invert=True).astype(np.float64), device=device(h))
         state["Q_comp"] += xp.tanh(h).T @ ((Y - V) * keep[None, :])
         state["Q_main"] += Z.T @ Y
-        state["R"] -= P.T @ solve_spd(shifted(M, 1.0), P)
+        state["R"] -= P.T @ solve_spd(shifted(M, 1.0), P, "float64")
 
     def boundary(self) -> DualScorer:
         """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
@@ -271,11 +271,14 @@ class DualHead(HeadBase):
         xp, D = self.xp, self.dim
         check_gammas(state["G_main"], self.gamma)
         check_gammas(state["G_comp"], self.gamma_comp)
+        check_drift(state["G_main"], self.gamma)
+        check_drift(state["G_comp"], self.gamma_comp)
         C = self.classes_.size
         state["R"] = None  # refreshed below from the exact solve
         both = solve_spd(shifted(state["G_main"], self.gamma),
-                         xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1))
+                         xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1),
+                         "float64")
         W_main, state["R"] = xp.asarray(both[:, :C], copy=True), xp.asarray(both[:, C:], copy=True)
-        W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"])
+        W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"], "float64")
         self.earlier_ = self.classes_.copy()
         return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)

@@ -265,7 +265,11 @@ class FeCAMHead(HeadBase):
             C = m.covariance(k)
             S = shrunk_normalised(C, self.shrinkage, self.shrinkage_offdiag)
             if not bool(xp.all(xp.isfinite(S))):
-                raise FoalPipeError(f"fecam: class {c} has a dimension of zero variance, which "
+                if self.shrinkage > 0:  # shrinkage adds a share of the mean variance, which is zero here
+                    raise FoalPipeError(f"fecam: class {c!r} has no variance in any dimension (its training rows are all "
+                                        "the same), so no shrinkage gives it a covariance; use another head (e.g. "
+                                        f"{param('head', 'slda')}) or rows that vary")
+                raise FoalPipeError(f"fecam: class {c!r} has a dimension of zero variance, which "
                                     f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
             precision = symmetric_pinv(S, eigenvalue_floor(C, self.shrinkage, self.shrinkage_offdiag))
             self._solved[c] = (m.counts[k], m.mean(k), precision, cholesky_factor(precision))

@@ -14,7 +14,15 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
-from foal_pipe.core.engines import DEFAULT_ENGINE, ENGINES, GramEngine, check_gamma, checked_weights, grow_classes
+from foal_pipe.core.engines import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    GramEngine,
+    check_engine_dtype,
+    check_gamma,
+    checked_weights,
+    grow_classes,
+)
 from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
@@ -258,6 +266,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             check_label_kinds(y, labels, CLASSES_KIND_PROBLEM)
             labels = np.concatenate([y, labels])
         if first:
+            check_engine_dtype(self.engine, resolve_dtype(self.dtype).name)
             self._start(int(X.shape[1]), y.dtype)
         X = self._state_array(X)
         self._add_classes(labels)

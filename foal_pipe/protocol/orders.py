@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.engines import check_gamma
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, comma_items, param
 from foal_pipe.heads import head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
@@ -86,8 +86,9 @@ SUMMARY_KEYS = ("A_avg", "A_last", "F")
 
 def parse_order_seeds(text: str) -> tuple[int, ...]:
     """``"0,1,2"`` -> ``(0, 1, 2)``: distinct integers."""
+    items = comma_items(text, param("seeds"))
     try:
-        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+        seeds = tuple(int(s) for s in items)
     except ValueError:
         raise FoalPipeError(f"{param('seeds')} {text!r} is not a comma-separated list of integers; write e.g. "
                             "0,1,2,3,4") from None

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import best_point
 from foal_pipe.core.leaveoneout import SAMPLE_DELTA
 from foal_pipe.core.metrics import summarize
@@ -134,7 +135,7 @@ def leave_one_out_rows(boundaries: Sequence[Boundary], loo_sample: int, seen: Se
 def fusion_entry(fusion: str, results: list[SweepResult], select: str,
                  selections: list[SweepSelection] | None = None) -> FusionSweep:
     """One fusion's sweep (an entry of ``fusions``): its results and its own choices of gamma."""
-    return FusionSweep(fusion=fusion, best_gamma=choose(results, select), best_gamma_test=choose(results, "test"),
+    return FusionSweep(fusion=fusion, best_gamma=selected(results, select), best_gamma_test=choose(results, "test"),
                        results=results, selections=selections)
 
 
@@ -142,7 +143,7 @@ def sweep_report(gammas: Sequence[float], results: list[SweepResult], select: st
                  selections: list[SweepSelection] | None = None) -> SweepReport:
     """The ``sweep.json`` of one feature set: its results, the gamma ``select`` chooses and the test oracle's,
     the refined ``selections`` and the run's settings ``info``."""
-    return SweepReport(gammas=list(gammas), best_gamma=choose(results, select), best_gamma_test=choose(results, "test"),
+    return SweepReport(gammas=list(gammas), best_gamma=selected(results, select), best_gamma_test=choose(results, "test"),
                        selected_by=select, results=results, selections=selections, **info)
 
 
@@ -198,6 +199,14 @@ def _best_index(results: Sequence[SweepResult], criterion: str) -> int:
 
     return best_point(scores(criterion), CRITERIA[criterion].larger,
                       scores("loo") if criterion == "loo_accuracy" else None)
+
+
+def selected(results: Sequence[SweepResult], select: str) -> float:
+    """:func:`choose` for the run's ``--select``: refused where GCV chooses and no gamma has a GCV value (the table
+    may still mark each criterion's choice, null curves and all)."""
+    if select == "gcv" and all(r.criterion("gcv") is None for r in results):
+        raise gcv_undeterminable()
+    return choose(results, select)
 
 
 def choose(results: Sequence[SweepResult], criterion: str) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 
 from foal_pipe.core.activations import check_activation
 from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype, synchronize
-from foal_pipe.core.engines import ENGINES, check_gamma
+from foal_pipe.core.engines import ENGINES, check_engine_dtype, check_gamma
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.errors import FoalPipeError, param
@@ -83,6 +83,11 @@ class Run:
             self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - start
 
 
+#: The largest ``--projection-dim`` planned: its Gram matrix alone would be 8 EiB, and the plan's shapes (rows x D)
+#: overflow 64-bit sizes not far beyond; anything near it is refused by the memory check anyway.
+MAX_PROJECTION_DIM = 2**30
+
+
 def prepare(
     features: str | Path,
     stream_config: StreamConfig,
@@ -116,6 +121,9 @@ def prepare(
     if model.projection_dim < 0:
         raise FoalPipeError(f"{param('projection_dim')} must be at least 0 (0: no projection), got {model.projection_dim}; "
                             "the paper uses 1000")
+    if model.projection_dim > MAX_PROJECTION_DIM:  # beyond it even the plan's shapes overflow 64-bit sizes
+        raise FoalPipeError(f"{param('projection_dim')} {model.projection_dim} is too large: its D x D Gram matrix alone "
+                            "would need more than 8 EiB; the paper uses 1000")
     check_activation(model.resolved_activation)
     if model.engine not in ENGINES:
         raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
@@ -130,7 +138,7 @@ def prepare(
     if model.engine == "rls" and execution.scheduler == "dask":
         raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
                             f"with {param('scheduler', 'dask')}")
-    resolve_dtype(model.dtype)
+    check_engine_dtype(model.engine, resolve_dtype(model.dtype).name)
     started = time.perf_counter()  # the backend's start-up: `auto` may import CuPy or torch to look for a GPU
     backend = resolve_backend(execution.backend)
     starting = time.perf_counter() - started

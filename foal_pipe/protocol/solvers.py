@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from foal_pipe.core.gammapath import GammaPath, RidgeEigen
+from foal_pipe.core.gammapath import GammaPath, RidgeEigen, gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, Rule, Search, best_point, search_grid, zoom
 from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
 from foal_pipe.core.statistics import Factored, RidgeStatistics
@@ -178,6 +178,8 @@ class ManyGammas:
     def finish(self, pending: Pending) -> Boundary:
         path, gcv = pending.path, pending.gcv
         gcv_fine = path.gcv(self.fine)
+        if self.choose == "gcv" and not np.isfinite(gcv_fine).any():
+            raise gcv_undeterminable()
         searches = {"gcv": Search("gcv", self.fine, gcv_fine, best_point(gcv_fine, False))} if "gcv" in self.criteria else {}
         accuracy = mse = None
         if pending.loo:

@@ -187,9 +187,13 @@ def _tasks_range(first: int, last: int) -> str:
 def dropped_warning(stream: Stream, n_classes: int, class_order: bool) -> str | None:
     """The warning for classes the stream leaves out (``--drop-remainder``, or an explicit ``--class-order`` that
     does not list them), or the note on a seeded split into tasks of unequal sizes; None when neither applies
-    (a Si-Blurry stream draws unequal tasks by design)."""
+    (a Si-Blurry stream draws unequal tasks by design, and drops classes only with ``--drop-last``)."""
     if stream.kind != "disjoint":
-        return None
+        if not stream.dropped:
+            return None
+        return (f"warning: --drop-last drops the last partial batch of every task, and with it every training row of "
+                f"{counted(len(stream.dropped), 'class', 'classes')} (label ids {stream.dropped}): they are neither "
+                "trained on nor evaluated")
     if not stream.dropped:
         sizes = [len(t) for t in stream.tasks]
         if class_order or len(set(sizes)) < 2:
@@ -238,7 +242,9 @@ def build_stream(
         if drop_last:
             idx = idx[: idx.size - idx.size % batch_size]
         if idx.size == 0:
-            raise FoalPipeError(f"task {t} (classes {task}) has no training rows; check the store's labels or the task split")
+            listed = ", ".join(map(str, task[:8])) + (f", ... ({len(task)} classes)" if len(task) > 8 else "")
+            raise FoalPipeError(f"task {t} (classes {listed}) has no training rows; check the store's labels or the "
+                                "task split")
         rows.append(idx)
     return Stream(tasks=[list(t) for t in tasks], rows=rows, batch_size=batch_size, dropped=dropped)
 
@@ -277,6 +283,10 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
     n_tasks = min(DEFAULT_TASKS, n_classes) if n_tasks is None else n_tasks
     if n_tasks < 1:
         raise FoalPipeError(f"{param('tasks')} must be at least 1, got {n_tasks}")
+    if n_tasks > max(labels.size, 1):
+        raise FoalPipeError(f"{param('tasks')} {n_tasks} is more than the {labels.size:,} training rows, and a task holds "
+                            f"at least one; pass {param('tasks')} {min(DEFAULT_TASKS, max(labels.size, 1))} or another "
+                            "count up to the rows")
     rng = np.random.default_rng(seed)
     order = rng.permutation(n_classes)
     n_disjoint = n_classes * disjoint_ratio // 100
@@ -294,16 +304,25 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
     pool = rng.permutation(everyone[moved])
     quotas = _cut(pool, n_tasks, rng)
     stays = np.split(~moved, np.cumsum([r.size for r in spread])[:-1])
-    tasks, rows = [], []
+    tasks: list[list[int]] = []
+    rows: list[np.ndarray] = []
+    dealt: list[np.ndarray] = []
     for t in range(n_tasks):
         idx = np.concatenate([own[t], spread[t][stays[t]], quotas[t]])
         rng.shuffle(idx)
-        if drop_last:
+        dealt.append(idx)
+        if drop_last and idx.size:
+            if idx.size < batch_size:
+                raise FoalPipeError(f"{param('drop_last')} would drop all {idx.size} rows of task {len(tasks)} (fewer than "
+                                    f"{param('batch_size')} {batch_size}); use a smaller {param('batch_size')} or leave out "
+                                    f"{param('drop_last')}")
             idx = idx[: idx.size - idx.size % batch_size]
         if idx.size:
             tasks.append(sorted(int(c) for c in np.unique(labels[idx])))
             rows.append(idx)
-    return Stream(tasks=tasks, rows=rows, batch_size=batch_size, dropped=[], kind="si-blurry",
+    kept = {c for task in tasks for c in task}
+    lost = sorted(int(c) for c in np.unique(labels[np.concatenate(dealt)]) if int(c) not in kept)  # --drop-last's tails
+    return Stream(tasks=tasks, rows=rows, batch_size=batch_size, dropped=lost, kind="si-blurry",
                   disjoint_classes=sorted(int(c) for c in order[:n_disjoint]), blurred_rows=int(pool.size))
 
 

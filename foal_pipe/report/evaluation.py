@@ -27,7 +27,8 @@ SUMMARY_FILE = "summary.md"
 SCORES_FILE = "scores.json"
 DEFAULT_OUT = "eval"
 #: Every file an evaluation may write; those a later evaluation does not write (no sweep, no model, no
-#: plots) are removed, so a stale plot never sits beside a new summary.
+#: plots) are not carried into its directory (:func:`atomic_dir`'s ``owned``), so a stale plot never sits
+#: beside a new summary, even for a moment or after a kill.
 OUTPUTS = frozenset(
     {SUMMARY_FILE, SCORES_FILE}
     | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix", "anytime")
@@ -92,7 +93,7 @@ def evaluate(
     if isinstance(classes, str):
         ev.notes.append(classes)
         classes = None
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, owned=OUTPUTS) as tmp:
         written = [write_csv(tmp / name, rows) for name, rows in plot_data(run).items() if rows]
         written.append(write_json(tmp / SCORES_FILE, scores(run)))
         if classes is not None:
@@ -106,8 +107,5 @@ def evaluate(
                                 plots=[f.name for f in written if f.suffix == ".png"], classes=classes)
         (tmp / SUMMARY_FILE).write_text(text)
         written.append(tmp / SUMMARY_FILE)
-    names = [f.name for f in written]
-    for stale in OUTPUTS - set(names):  # carried over from an earlier evaluation with a sweep, model or plots
-        (out / stale).unlink(missing_ok=True)
-    ev.files = [out / name for name in names]
+    ev.files = [out / f.name for f in written]
     return ev

@@ -253,6 +253,14 @@ class FusedSplits:
         self.fusions = parse_fusions(list(fusions))
         n_blocks = int(split.blocks.shape[1])
         self.chosen = {f.text: f.blocks(n_blocks) for f in self.fusions}  # refuses blocks the store lacks
+        features: dict[tuple[Any, ...], str] = {}  # what each fusion computes here: its blocks, and set side by side
+        for f in self.fusions:
+            blocks = self.chosen[f.text]
+            key = (blocks.start, blocks.stop, f.concat and len(blocks) > 1)
+            if key in features:
+                raise FoalPipeError(f"{param('fusions')} lists {features[key]} and {f.text}, the same features of this "
+                                    f"store's {n_blocks} blocks; list each fusion once")
+            features[key] = f.text
         self.concat = {f.text for f in self.fusions if f.concat}
         widths = {f.text: f.width(n_blocks, int(split.blocks.shape[2])) for f in self.fusions}
         if len(set(widths.values())) > 1:

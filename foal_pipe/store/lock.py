@@ -89,6 +89,14 @@ def _acquire(lock: Path, what: str) -> int:
         os.close(fd)
 
 
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing parent of ``path`` if it is not a directory (a file), else None."""
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            return None if parent.is_dir() else parent
+    return None
+
+
 @contextmanager
 def exclusive_lock(path: str | Path, what: str | None = None) -> Iterator[Path]:
     """Hold the writer lock of ``path`` (``<path>.lock``) for the body; refused while another process holds it.
@@ -104,6 +112,10 @@ def exclusive_lock(path: str | Path, what: str | None = None) -> Iterator[Path]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_holder()).encode(), 0)
     except OSError as exc:
+        blocked = _file_above(lock)
+        if blocked is not None:  # mkdir would only say "File exists"
+            raise FoalPipeError(f"cannot write {path}: {blocked} is a file, not a directory; choose another "
+                                f"{param('out')}") from None
         raise FoalPipeError(f"cannot create the lock file {lock}: {exc.strerror or exc}; choose a writable "
                             f"location ({param('out')})") from None
     try:
