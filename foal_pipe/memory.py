@@ -6,6 +6,7 @@ the kernel's OOM killer, with no message. :func:`check_memory` refuses such a ru
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -53,8 +54,24 @@ def human(n_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def human_up(n_bytes: float) -> str:
+    """:func:`human`, rounded up to its last digit: a figure to raise a limit to that still holds ``n_bytes``
+    once :func:`parse_memory` reads it back (``human`` rounds to nearest, which may fall short)."""
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB")):
+        scale = 1024**power
+        if n_bytes < 1024 * scale or unit == "TiB":
+            if unit == "B":
+                return f"{math.ceil(n_bytes)} B"
+            tenths = math.ceil(n_bytes * 10 / scale)
+            while parse_memory(f"{tenths / 10:.1f}{unit}") < n_bytes:  # float rounding of the tenths
+                tenths += 1
+            return f"{tenths / 10:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def parse_memory(text: str) -> int:
-    """``"8GiB"``, ``"512M"`` or a byte count -> bytes."""
+    """``"8GiB"``, ``"512M"`` or a byte count -> bytes; refused in one line when it is not a size, rounds to no
+    byte at all, or is too large to be one (``1e400``: an overflow, not a traceback)."""
     s = text.strip().lower()
     number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(number):]
@@ -66,7 +83,13 @@ def parse_memory(text: str) -> int:
         raise FoalPipeError(f"{param('max_memory')} {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
     if value <= 0:
         raise FoalPipeError(f"{param('max_memory')} {text!r} leaves nothing to hold; write a size above 0, e.g. 8GiB")
-    return int(value * _UNITS[unit])
+    size = value * _UNITS[unit]
+    if not math.isfinite(size):  # 1e400, 1e300TiB: int() of it would raise OverflowError
+        raise FoalPipeError(f"{param('max_memory')} {text!r} is too large to be a size; write e.g. 8GiB or 512MiB")
+    if size < 1:  # 0.5 would be read as 0 bytes, which 0 itself is refused as
+        raise FoalPipeError(f"{param('max_memory')} {text!r} is less than one byte, so it leaves nothing to hold; "
+                            "write e.g. 8GiB or 512MiB")
+    return int(size)
 
 
 def memory_text(n_bytes: int) -> str:

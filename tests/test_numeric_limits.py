@@ -132,3 +132,13 @@ def test_a_choice_by_gcv_where_no_gamma_has_one_is_refused(tmp_path, command):
     if command == "sweep":
         assert invoke("sweep", "--features", store, "--out", out, "--tasks", 1, "--projection-dim", 300,
                       "--gammas", "1e-8,1e-7").exit_code == 0
+
+
+def test_the_sweep_table_marks_no_gcv_choice_where_gcv_has_no_value(tmp_path):
+    H, y, _ = _few_rows()
+    store = write_store(tmp_path / "s.zarr", (H[:, :12], y), (H[:, :12], y), [f"c{i}" for i in range(5)], chunk_rows=8)
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "o", "--tasks", 1, "--projection-dim", 300,
+                    "--gammas", "1e-8,1e-7")
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.lstrip("│ ").startswith("1e-0")]
+    assert len(rows) == 2 and not any("gcv" in row for row in rows)

@@ -229,7 +229,9 @@ def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, t
     table = Table(title=title)
     for name in ("gamma", "A_avg %", "A_last %", "F %", "GCV", "LOO acc %", "LOO MSE", ""):
         table.add_column(name, justify="right")
-    choices = {"gcv": choose(results, "gcv"), "test": oracle}
+    choices = {"test": oracle}
+    if any(r.gcv[-1] is not None for r in results):  # GCV null at every gamma (below its rounding): no choice to mark
+        choices["gcv"] = choose(results, "gcv")
     if not no_loo:
         choices["loo"] = choose(results, "loo")
     for r in results:

@@ -121,7 +121,7 @@ MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the 
                                         "per order).")]
 Backend = Annotated[choice(*BACKENDS), typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, "
                                                     "else NumPy), numpy, cupy or torch (CUDA when available, else the CPU).")]
-Dtype = Annotated[choice(*DTYPES), typer.Option(help="State dtype: float64 (exact to ~1e-12) or float32 (half the memory; "
+Dtype = Annotated[choice(*DTYPES), typer.Option(help="State dtype: float64 (exact to its rounding: a gamma at which that could move W by 1e-4 is refused) or float32 (half the memory; "
                                                 "solved in float64, a gamma below its resolution is refused; a head "
                                                 "other than ridge: float32 rows, float64 statistics).")]
 ProjectionInit = Annotated[choice(*INITS), typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or "

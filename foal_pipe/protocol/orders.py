@@ -29,7 +29,7 @@ from foal_pipe.core.engines import check_gamma
 from foal_pipe.errors import FoalPipeError, comma_items, param
 from foal_pipe.heads import head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
-from foal_pipe.memory import check_memory, human
+from foal_pipe.memory import check_memory, human, human_up
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.capabilities import Settings, check_capabilities
@@ -102,8 +102,9 @@ def parse_order_seeds(text: str) -> tuple[int, ...]:
 
 
 def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: ExecutionConfig, loo: bool,
-                    n_classes: int, anytime: bool = False) -> str | None:
-    """Why the orders cannot come from one pass (None: they can)."""
+                    n_classes: int, anytime: bool = False, dim: int | None = None) -> str | None:
+    """Why the orders cannot come from one pass (None: they can). ``dim``: the run's D (:attr:`Run.dim`; the
+    store's width with ``--projection-dim 0``, which ``model.projection_dim`` does not say)."""
     reasons = {
         "--stream si-blurry spreads a class's rows over several tasks": stream.stream != "disjoint",
         "--eval-every solves inside the tasks": anytime,
@@ -116,23 +117,30 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
     for reason, applies in reasons.items():
         if applies:
             return reason
-    need = class_statistics_bytes(n_classes, model.projection_dim, model.dtype)
-    if need > execution.max_memory:
-        return (f"the per-class statistics need {human(need)} ({n_classes} classes x D^2 at D={model.projection_dim}, "
-                f"{model.dtype}), above --max-memory {human(execution.max_memory)}; raise --max-memory to {human(need)}, "
-                "use --dtype float32 or a lower --projection-dim for one pass")
+    D = model.projection_dim if dim is None else dim
+    need = class_statistics_bytes(n_classes, D, model.dtype)
+    if need > execution.max_memory:  # the figure to raise it to rounded up: the one rounded down still falls back
+        return (f"the per-class statistics need {human(need)} ({n_classes} classes x D^2 at D={D}, "
+                f"{model.dtype}), above --max-memory {human(execution.max_memory)}; raise --max-memory to "
+                f"{human_up(need)}, use --dtype float32 or a lower --projection-dim for one pass")
     return None
 
 
-def _check_class_memory(command: str, run: Run, loo: bool) -> None:
-    """The per-class statistics, on top of one order's run (its cached rows included; ``loo``: and a sampled
-    leave-one-out's coordinates), against the available memory."""
-    from foal_pipe.protocol.run import memory_parts
+def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: int = 1, eigen: bool = False) -> None:
+    """The per-class statistics, on top of one order's run as its solver walks it (``n_models`` gammas' weights,
+    ``eigen``: factored at every boundary, as ``sweep``'s; its cached rows included; ``loo``: and a sampled
+    leave-one-out's coordinates) and the other orders' prepared runs, against the available memory."""
+    from foal_pipe.protocol.run import held_bytes, run_parts
 
+    run = runs[0]
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
-    check_memory(f"{command} --order-seeds", {**memory_parts(run, 1, loo), "per-class statistics": need},
+    parts = {**run_parts(run, n_models, loo, eigen=eigen), "per-class statistics": need}
+    if len(runs) > 1:
+        parts[f"the other {len(runs) - 1} orders' prepared runs"] = sum(held_bytes(r) for r in runs[1:])
+    gammas = f"fewer {param('gammas')}, " if command == "sweep" else ""
+    check_memory(f"{command} --order-seeds", parts,
                  f"set {param('max_memory')} below {human(need)} for one walk per order, lower {param('projection_dim')}, "
-                 f"use {param('dtype', 'float32')}, or free memory")
+                 f"use {param('dtype', 'float32')}, {gammas}or free memory")
 
 
 def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
@@ -230,11 +238,12 @@ def run_learn_orders(
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
     loo = model.loo and not model.loo_sample  # a sample's rows are projected again per boundary; every row's are not
-    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None)
+    reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None,
+                             dim=runs[0].dim)
     if reason is not None:
         with shared_rows(runs, kind.read) as shared:
             return _learn_per_order(features, out, seeds, settings, reason, start, log, shared)
-    _check_class_memory("learn", runs[0], model.loo)
+    _check_class_memory("learn", runs, model.loo)
     for run in runs:
         warn_dropped(run, stream, log)
     with np.errstate(all="ignore"), shared_rows(runs, kind.read) as shared:
@@ -306,10 +315,11 @@ def run_sweep_orders(
         others = check_sweep_heads(sweep, model)
         check_capabilities(others, Settings(stream, model, evaluation, execution))
         check_sweep_select(sweep)
-        reason = ("--heads walks every head per class order" if others else
-                  fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample, 0))
         runs = _sweep_runs(features, seeds, sweep, stream, model, evaluation, execution, others)
         check_task_counts(seeds, runs)
+        reason = ("--heads walks every head per class order" if others else
+                  fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample,
+                                  len(runs[0].store.classes), dim=runs[0].dim))
         with shared_rows(runs) as shared:
             reports = []
             if reason is None:
@@ -349,10 +359,10 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
     ``execution.max_memory``)."""
     gammas = [float(g) for g in sweep.gammas]
     m = runs[0].model
-    if class_statistics_bytes(len(runs[0].store.classes), m.projection_dim, m.dtype) > execution.max_memory:
-        log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes)) or "")
+    if class_statistics_bytes(len(runs[0].store.classes), runs[0].dim, m.dtype) > execution.max_memory:
+        log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes), dim=runs[0].dim) or "")
         return []
-    _check_class_memory("sweep", runs[0], sweep.loo)
+    _check_class_memory("sweep", runs, sweep.loo, len(gammas), eigen=True)
     for run in runs:
         warn_dropped(run, stream, log)
     reports = []

@@ -163,24 +163,59 @@ def prepare(
     run = Run(store, stream, _planned(width, model), backend, xp, model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused,
               timings={"backend": starting + time.perf_counter() - started})
-    parts = memory_parts(run, n_models, loo)
-    if not ridge:
-        parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
-    parts[f"the projection ({width:,} x {run.dim:,})"] = width * run.dim * (8 + np.dtype(model.dtype).itemsize)
-    parts.update(head_parts(run, heads, model_file=not ridge, start=start))
+    parts = run_parts(run, n_models, loo, heads, ridge, start, eigen=command == "sweep")
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
-    fewer_points = f"a larger {param('eval_every')}, " if evaluation.eval_every is not None else ""
-    fix = (f"lower {param('projection_dim')}, use {param('dtype', 'float32')}, fewer {param('gammas')}, {fewer_points}"
-           "or free memory" if ridge and not heads else "a head's per-class statistics grow as classes x d^2: leave "
-           f"that head out, use features of fewer dimensions (a lower {param('projection_dim')}), or free memory")
-    check_memory(command, parts, fix)
+    check_memory(command, parts, memory_fix(command, run, ridge, heads, fusions))
     run.projection = Expansion.draw(width, model.projection_dim, model.projection_init, model.resolved_activation,
                                     stream_config.seed, model.dtype)
     return run
+
+
+def run_parts(run: Run, n_models: int = 1, loo: bool = False, heads: Sequence[str] = (), ridge: bool = True,
+              start: HeadStart | None = None, eigen: bool = False) -> dict[str, int]:
+    """:func:`prepare`'s estimate of one run, the activations kept for leave-one-out aside (``prepare`` decides
+    those): ``table`` and ``--order-seeds`` add what their runs hold together to it."""
+    parts = memory_parts(run, n_models, loo, eigen)
+    if not ridge:
+        parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
+    width = run.features_dim
+    parts[f"the projection ({width:,} x {run.dim:,})"] = width * run.dim * (8 + np.dtype(run.model.dtype).itemsize)
+    parts.update(head_parts(run, heads, model_file=not ridge, start=start))
+    return parts
+
+
+def memory_fix(command: str, run: Run, ridge: bool = True, heads: Sequence[str] = (), fusions: Sequence[str] = ()) -> str:
+    """What lowers the estimate, in ``command``'s own options: ``table`` has no --dtype, --gammas or --eval-every,
+    ``learn`` no --gammas (its --gamma-grid, with --gamma auto)."""
+    if not ridge or heads:
+        leave = f"drop that head from {param('heads')}" if command == "table" else "leave that head out"
+        return (f"a head's per-class statistics grow as classes x d^2: {leave}, use features of fewer dimensions (a "
+                f"lower {param('projection_dim')}), or free memory")
+    ways = [f"lower {param('projection_dim')}"]
+    if command != "table":
+        ways.append(f"use {param('dtype', 'float32')}")
+    if command == "sweep":
+        ways.append(f"fewer {param('gammas')}")
+    if fusions:
+        ways.append(f"fewer {param('fusions')}")
+    if command == "learn" and run.model.gamma == "auto":
+        ways.append(f"a shorter {param('gamma_grid')}")
+    if run.evaluation.eval_every is not None and command != "table":
+        ways.append(f"a larger {param('eval_every')}")
+    return ", ".join(ways) + ", or free memory"
+
+
+def held_bytes(run: Run) -> int:
+    """What a prepared run holds while another runs (``table``, ``--order-seeds``): its drawn projection, its
+    stream's row indices and row tasks."""
+    bias = run.projection.bias_
+    projection = int(run.projection.components_.nbytes) + (0 if bias is None else int(bias.nbytes))
+    rows = sum(int(np.asarray(r).nbytes) for r in run.stream.rows)
+    return projection + rows + int(run.row_task.nbytes) + int(run.test_totals.nbytes)
 
 
 def _planned(width: int, model: ModelConfig) -> Expansion:
@@ -274,16 +309,22 @@ def reread_note(run: Run) -> str:
             f"keeping their activations needs {human(need)}, {limit}; raise --max-memory or free memory to keep them")
 
 
-def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
+def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dict[str, int]:
     """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
     decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary
     file that costs no process memory), the boundaries' weights kept for the test pass; the state and the
     weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its pending boundary); with a
     sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom, and for LOO accuracy alone
-    their float32 copy and leverages at every gamma (:meth:`SampledLeaveOneOut._correct`)."""
+    their float32 copy and leverages at every gamma (:meth:`SampledLeaveOneOut._correct`). ``eigen``: a solver
+    that factors every boundary whatever the gammas (``sweep``'s :class:`ManyGammas`, one gamma included).
+
+    A block holds at most the rows of the larger split, and the read at most the split's chunks (:func:`_read_bytes`):
+    a small store is not charged for rows and chunks it does not have. The test pass scores every model of a block
+    of test rows at once (float64 ``rows x models x classes`` at worst, :meth:`ModelScores.argmax`), with or without
+    leave-one-out."""
     D, item = run.dim, np.dtype(run.model.dtype).itemsize
     square = D * D
-    eigen = run.model.gamma == "auto" or n_models > 1
+    eigen = eigen or run.model.gamma == "auto" or n_models > 1
     if run.model.engine == "rls":
         state = 2 * square * item  # R and one update's D x D product
     elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram;
@@ -293,15 +334,18 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
     n_classes = len(run.store.classes)
     lanes = len(run.lanes)
     # with several fusions, the block that joins a boundary factored ahead holds every lane's activations at once
-    block = run.block_rows * (D * 8 * (2 + lanes) + run.store.dim * 8)
-    if loo:
-        block += run.block_rows * (D + 3 * n_models * n_classes) * 8
-    chunk = (run.fused["train"].chunk_bytes if run.fused is not None
-             else run.store.train.chunk_rows * run.store.dim * run.store.train.features.dtype.itemsize)
+    splits = [run.fused[s] if run.fused is not None else run.store.split(s) for s in ("train", "test")]
+    rows = max(1, min(run.block_rows, max(int(s.n_rows) for s in splits)))
+    block = rows * (D * 8 * (2 + lanes) + run.store.dim * 8)
+    if loo:  # the leave-one-out scores (3 per model and class) exceed the test pass's (1)
+        block += rows * (D + 3 * n_models * n_classes) * 8
+    else:
+        block += min(rows, int(splits[1].n_rows)) * n_models * n_classes * 8
+    read = max(_read_bytes(run, s) for s in splits)
     per_lane = f" x {lanes} fusions" if lanes > 1 else ""
     parts = {
         f"state at D={D}{per_lane}": state * lanes,
-        "a block of rows": block + chunk * (READ_AHEAD + READ_THREADS),
+        "a block of rows": block + read,
         f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
     }
     sample = row_sample(run) if loo else None
@@ -320,6 +364,17 @@ def memory_parts(run: Run, n_models: int, loo: bool) -> dict[str, int]:
         if in_memory(cached, run.execution.max_memory):
             parts[f"decoded {split} rows{per_lane}"] = cached
     return parts
+
+
+def _read_bytes(run: Run, split: Any) -> int:
+    """The chunks a split's read holds at once (:meth:`GroupedRows._fill`), no more than it has: stored chunks,
+    ``READ_AHEAD + READ_THREADS`` of them; with fusions, ``READ_THREADS`` fusing (:attr:`FusedSplits.chunk_bytes`,
+    their float64 temporaries included) and ``READ_AHEAD + 1`` waiting, each only its fused float32 rows."""
+    chunks = -(-int(split.n_rows) // max(1, int(split.chunk_rows)))
+    if run.fused is None:
+        return min(READ_AHEAD + READ_THREADS, chunks) * int(split.chunk_rows) * run.store.dim * split.features.dtype.itemsize
+    fused = int(split.chunk_rows) * int(split.dim) * 4 * len(run.lanes)
+    return min(READ_THREADS, chunks) * int(split.chunk_bytes) + min(READ_AHEAD + 1, chunks) * fused
 
 
 def rows_cache_bytes(run: Run, split: str = "train") -> int:

@@ -28,6 +28,7 @@ from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.memory import check_memory, human
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import ModelConfig, StreamConfig, check_seed, config_record
 from foal_pipe.protocol.headruns import (
@@ -37,7 +38,7 @@ from foal_pipe.protocol.headruns import (
     check_learn_head,
     resolved_options,
 )
-from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.run import Run, held_bytes, prepare, run_parts
 from foal_pipe.protocol.stream import DEFAULT_TASKS
 
 #: The format of ``table.json``; a reader refuses another.
@@ -233,18 +234,58 @@ def check_stores(config: TableConfig, features: Sequence[Path], settings: Settin
     for path in features:
         try:
             streamed: dict[int, dict[int, int]] = {}
+            first: Run | None = None
+            held, walks = [], []  # each run's held bytes and walk estimate, not the runs: one is held at a time here
             for (t, seed), stream in _streams(config, settings.stream).items():
-                run = prepare(path, stream, _ridge_model(settings.model), settings.evaluation, settings.execution)
+                run = prepare(path, stream, _ridge_model(settings.model), settings.evaluation, settings.execution,
+                              command="table")
                 streamed.setdefault(t, {})[seed] = run.stream.n_tasks
+                first = first or run
+                held.append(held_bytes(run))
+                if "ridge" in config.heads:
+                    walks.append(run_parts(run, 1, run.model.loo))
                 for group in _groups(config.heads):
-                    _check_class_rows(_head_run(path, stream, group, settings, 1.0)[0], group, t, seed)
+                    head_run = _head_run(path, stream, group, settings, 1.0)[0]
+                    _check_class_rows(head_run, group, t, seed)
+                    walks.append(run_parts(head_run, heads=group, ridge=False))
             for t, counts in streamed.items():
                 _check_same_task_counts(t, counts)
+            if first is not None:
+                _check_store_memory(config, settings, first, held, walks)
         except FoalPipeError as exc:
             if str(path) in exc.template:
                 raise
             raise FoalPipeError(f"{path}: {exc.template}") from None
     return config
+
+
+def _check_store_memory(config: TableConfig, settings: Settings, run: Run, held: Sequence[int],
+                        walks: Sequence[dict[str, int]]) -> None:
+    """What a store's runs hold together, refused before the first: the largest walk (ridge's or a head's, its own
+    estimate), every other (task count, order)'s prepared run, and with ridge's one pass its per-class statistics
+    (C x D^2, held through the heads' walks) and, with ``--gamma auto``, the boundaries each order's task counts
+    share; each walk alone was checked when prepared, this is what they add up to."""
+    from foal_pipe.protocol.classsums import class_statistics_bytes
+    from foal_pipe.protocol.orders import fallback_reason
+
+    parts: dict[str, int] = {}
+    for walk in walks:  # the largest walk: they run one after another
+        if sum(walk.values()) > sum(parts.values()):
+            parts = dict(walk)
+    if len(held) > 1:  # _store_runs holds every (task count, order)'s run through the store's walks
+        parts[f"the other {len(held) - 1} prepared runs"] = sum(held[1:])
+    ways = [f"lower {param('projection_dim')}", f"fewer {param('order_seeds')} or {param('tasks')}"]
+    model, n_classes = run.model, len(run.store.classes)
+    every_row = model.loo and not model.loo_sample
+    if "ridge" in config.heads and fallback_reason(settings.stream, model, settings.execution, every_row, n_classes,
+                                                   dim=run.dim) is None:
+        need = class_statistics_bytes(n_classes, run.dim, model.dtype)
+        parts[f"ridge's per-class statistics ({n_classes} classes, D={run.dim})"] = need
+        if model.gamma == "auto":  # memos of _ridge_from_classes: one boundary's weights per task of every count
+            parts["the boundaries the task counts share"] = (
+                len(config.order_seeds) * sum(config.tasks or ()) * run.dim * n_classes * 8)
+        ways.append(f"set {param('max_memory')} below {human(need)} for one ridge walk per run")
+    check_memory("table", parts, ", ".join(ways) + ", or free memory")
 
 
 def _check_same_task_counts(tasks: int, counts: dict[int, int]) -> None:
@@ -296,7 +337,8 @@ def _head_run(path: Path, stream: StreamConfig, group: Sequence[str], settings: 
     """The prepared walk of ``group`` (one space) and the settings of its first head, as ``learn --head`` runs it."""
     model = head_model(group[0], settings.model, gamma)
     run_model = check_learn_head(model, settings.evaluation, settings.execution)
-    run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False)
+    run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False,
+                  command="table")
     return run, model
 
 
@@ -312,14 +354,16 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     s = settings
     ridge_model = _ridge_model(s.model)
     streams = _streams(config, s.stream)
-    runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution) for key, stream in streams.items()}
+    runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution, command="table")
+            for key, stream in streams.items()}
     store = next(iter(runs.values())).store
     keys = {(h, t, seed): fingerprint(store, h, t, seed, settings) for h in config.heads for (t, seed) in streams}
     done = {k: rec for k, key in keys.items() if (rec := kept.get(key)) is not None}
     n_resumed = len(done)
     # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
     every_row = ridge_model.loo and not ridge_model.loo_sample
-    one_pass = fallback_reason(s.stream, ridge_model, s.execution, every_row, len(store.classes)) is None
+    first = next(iter(runs.values()))
+    one_pass = fallback_reason(s.stream, ridge_model, s.execution, every_row, len(store.classes), dim=first.dim) is None
     per_class = None
     tasks = config.tasks or ()
     finest = max(tasks)  # each order's classes summed over its finest split: nested splits share boundaries
