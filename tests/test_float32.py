@@ -42,10 +42,10 @@ def test_unresolvable_gamma_is_refused_in_float32(tmp_path, digits, gamma, messa
 
 @pytest.mark.parametrize("gamma", ["1", "10"])
 def test_accepted_float32_gamma_gives_the_float64_answer(tmp_path, digits, gamma):
-    """An accepted gamma's float32 weights lie within DRIFT (1%, Frobenius) of float64's, and so do the accuracies."""
+    """An accepted gamma's float32 weights lie within DRIFTS["float32"] (1%, Frobenius) of float64's, and so do the accuracies."""
     from safetensors.numpy import load_file
 
-    from foal_pipe.core.linalg import DRIFT
+    from foal_pipe.core.linalg import DRIFTS
 
     metrics, weights = {}, {}
     for dtype in ("float64", "float32"):
@@ -58,7 +58,7 @@ def test_accepted_float32_gamma_gives_the_float64_answer(tmp_path, digits, gamma
     np.testing.assert_allclose(flat["float32"], flat["float64"], rtol=0, atol=0.005)
     assert metrics["float32"]["A_avg"] > 0.95
     moved = np.linalg.norm(weights["float32"] - weights["float64"]) / np.linalg.norm(weights["float64"])
-    assert 0 < moved < DRIFT
+    assert 0 < moved < DRIFTS["float32"]
 
 
 @pytest.mark.parametrize("command", ["learn", "sweep"])

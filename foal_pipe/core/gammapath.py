@@ -15,6 +15,7 @@ from array_api_compat import array_namespace, device, is_numpy_array
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import (
     DRIFTS,
+    UNITS,
     check_positive,
     drift_floor,
     drift_share,
@@ -27,7 +28,6 @@ from foal_pipe.errors import FoalPipeError, param
 
 #: :meth:`GammaPath.gcv` is reported where :meth:`GammaPath.rss_error` is at most this share of the RSS.
 RSS_RESOLUTION = 1e-3
-UNIT = 2.0**-53
 
 
 def gcv_undeterminable() -> FoalPipeError:
@@ -104,18 +104,18 @@ class GammaPath(ABC):
         interpolates the rows (fewer rows than D, a tiny gamma) leaves an RSS that the Gram form computes as the
         difference of two numbers of the size of ``|Y|^2``, which float64 cannot resolve there."""
         rss, df = self.rss(gammas), self.dof(gammas)
-        resolved = self.rss_error(gammas) <= RSS_RESOLUTION * rss
+        resolved = self.rss_error(gammas, rss) <= RSS_RESOLUTION * rss
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where((df < self.n) & resolved, self.n * np.maximum(rss, 0.0) / (self.n - df) ** 2, np.inf)
 
-    def rss_error(self, gammas: Any) -> np.ndarray:
-        """How far the computed :meth:`rss` may lie from the exact one, per gamma: the rounding of ``|Y|^2 - fitted``,
+    def rss_error(self, gammas: Any, rss: np.ndarray) -> np.ndarray:
+        """How far ``rss`` (:meth:`rss` at ``gammas``) may lie from the exact RSS, per gamma: the rounding of ``|Y|^2 - fitted``,
         and the eigenvalues' (``u lambda_max`` each) through ``|d fitted / d lambda_k| = |B_k|^2 (lambda_k + 3g) /
         (lambda_k + g)^3 <= 3 |B_k|^2 / (lambda_k + g)^2``, whose sum is ``3 |W(g)|_F^2``: the term that dominates
         near interpolation. With a margin of 8."""
         g = self._gammas(gammas)
-        fitted = self.y_norm2 - self.rss(g)
-        return 8.0 * UNIT * (self.y_norm2 + np.abs(fitted) + 3.0 * self._top() * self._weights_norm2(g))
+        fitted = self.y_norm2 - rss
+        return 8.0 * UNITS["float64"] * (self.y_norm2 + np.abs(fitted) + 3.0 * self._top() * self._weights_norm2(g))
 
     @abstractmethod
     def _top(self) -> float:

@@ -88,7 +88,6 @@ def finite_resolution(G: Any, Q: Any = None) -> float:
 #: so their bound is far below any accuracy's resolution (where ``G + gamma I`` is well conditioned the rounding
 #: leaves about 1e-13).
 DRIFTS = {"float32": 1e-2, "float64": 1e-4}
-DRIFT = DRIFTS["float32"]
 #: The unit of rounding of each dtype of the sums.
 UNITS = {"float32": 2.0**-24, "float64": 2.0**-53}
 #: An entry of float32 Gram sums lies within about this many units of rounding (2^-24) of its exact value, per unit
@@ -158,10 +157,12 @@ def drift_refusal(gamma: float, moved: float, dtype: str) -> FoalPipeError:
         f"ill-conditioned for them); use a larger gamma{float64_way_out(dtype)}")
 
 
-def check_drift(G: Any, gamma: float) -> None:
-    """Refuse a gamma at which the rounding of the sums ``G`` moves ``(G + gamma I)^-1 Q`` by more than
-    :data:`DRIFTS` (:func:`drift`), for solvers that factor ``G + gamma I`` once per gamma: free where the bound
-    ``D / gamma^2`` already passes (every well-conditioned case), else :data:`PROBES` random columns solved."""
+def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
+    """Refuse what :func:`check_gammas` refuses, and a gamma at which the rounding of the sums ``G`` moves
+    ``(G + gamma I)^-1 Q`` by more than :data:`DRIFTS` (:func:`drift`): every check of a solver that factors
+    ``G + gamma I`` once per gamma. Free where the bound ``D / gamma^2`` already passes (every well-conditioned
+    case), else :data:`PROBES` random columns solved."""
+    check_gammas(G, gamma, Q)
     dtype, dim = dtype_name(G.dtype), G.shape[0]
     top = largest_entry(G)
     if dim == 0 or drift(dim / float(gamma) ** 2, top, dtype) <= DRIFTS[dtype]:
@@ -202,11 +203,12 @@ def not_positive_definite(where: str, dtype: str = "float32") -> FoalPipeError:
     )
 
 
-def check_gammas(G: Any, gammas: Any) -> None:
-    """Refuse gammas that are not positive or that underflow in the dtype of ``G`` (see :func:`resolution`)."""
+def check_gammas(G: Any, gammas: Any, Q: Any = None) -> None:
+    """Refuse gammas that are not positive or that underflow in the dtype of ``G`` (see :func:`resolution`), and
+    sums that overflowed or (given ``Q``) underflowed (:func:`finite_resolution`)."""
     low = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
     check_positive(low)
-    floor = finite_resolution(G)
+    floor = finite_resolution(G, Q)
     if floor and low.min() < floor:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "

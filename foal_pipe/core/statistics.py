@@ -252,13 +252,13 @@ class RidgeStatistics:
         :func:`~foal_pipe.core.linalg.check_drift` (a bound, probes only where it does not pass). ``drift_checked``:
         the gamma passed the exact form of that check already (a :meth:`gamma_path`'s floor), so no estimate is
         made that could disagree with it."""
-        finite_resolution(self.G, self.Q)
-        check_gammas(self.G, gamma)
         xp = array_namespace(self.G)
         dtype = dtype_name(self.G.dtype)
         probed = not drift_checked and dtype == "float32"
-        if not drift_checked and not probed:
-            check_drift(self.G, gamma)
+        if drift_checked or probed:
+            check_gammas(self.G, gamma, self.Q)
+        else:
+            check_drift(self.G, gamma, self.Q)
         Q = float64(self.Q)
         if probed:
             top = largest_entry(self.G)

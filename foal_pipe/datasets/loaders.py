@@ -30,6 +30,7 @@ from foal_pipe.datasets.sources import (
     images_in,
     name_clash,
     natural_key,
+    nfc,
     nfc_key,
     same_names,
 )
@@ -298,7 +299,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
             raise FoalPipeError(f"{root / name} has {len(files)} image{'s' * (len(files) != 1)}; {param('test_split')} needs "
                                 "at least 2 per class (one to train on, one to test): add images or remove the folder")
         n_test = min(max(int(np.floor(fraction * len(files) + 0.5)), 1), len(files) - 1)
-        rng = np.random.default_rng([seed, zlib.crc32(nfc_key(name)[0].encode())])  # one split for NFC and NFD names
+        rng = np.random.default_rng([seed, zlib.crc32(nfc(name).encode())])  # one split for NFC and NFD names
         test = np.zeros(len(files), dtype=bool)
         test[rng.choice(len(files), n_test, replace=False)] = True
         for path, is_test in zip(files, test.tolist()):

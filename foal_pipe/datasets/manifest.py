@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files, nfc_key
+from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files, nfc
 from foal_pipe.errors import FoalPipeError, param
 
 FORMAT = "foal-pipe/split-manifest"
@@ -69,11 +69,6 @@ class SplitManifest:
                 raise FoalPipeError(f"{where} lists the image {twice!r} twice in its {split} split; a split names each "
                                     "image once")
         return cls(tuple(classes), splits)
-
-
-def nfc(name: str) -> str:
-    """``name`` in Unicode NFC form."""
-    return nfc_key(name)[0]
 
 
 def _class_name(classes: Any, label: int) -> str:

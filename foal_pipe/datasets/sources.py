@@ -295,13 +295,14 @@ def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
     raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")
 
 
-def _nfc(name: str) -> str:
+def nfc(name: str) -> str:
+    """``name`` in Unicode NFC form (one code point for ``é``, as most file systems but macOS's keep names)."""
     return unicodedata.normalize("NFC", name)
 
 
 def nfc_key(name: str) -> tuple[str, str]:
     """Sort key of a name by its NFC form, ties broken by the name itself (ASCII names sort as before)."""
-    return _nfc(name), name
+    return nfc(name), name
 
 
 def name_clash(names: Sequence[str], fold_case: bool = False) -> tuple[str, str] | None:
@@ -310,7 +311,7 @@ def name_clash(names: Sequence[str], fold_case: bool = False) -> tuple[str, str]
     folders a case-insensitive file system would merge). None when every name is its own."""
     seen: dict[str, str] = {}
     for name in names:
-        key = _nfc(_nfc(name).casefold()) if fold_case else _nfc(name)
+        key = nfc(nfc(name).casefold()) if fold_case else nfc(name)
         if key in seen:
             return seen[key], name
         seen[key] = name
@@ -321,8 +322,8 @@ def clash_text(first: str, second: str, lead: str = "names ") -> str:
     """How two clashing names (:func:`name_clash`) are one name, after ``lead``."""
     if first == second:
         return f"{lead}{first!r} twice"
-    if _nfc(first) == _nfc(second):
-        return (f"{lead}{ascii(first)} and {ascii(second)}, one name ({_nfc(first)!r}) in two Unicode normalisations, "
+    if nfc(first) == nfc(second):
+        return (f"{lead}{ascii(first)} and {ascii(second)}, one name ({nfc(first)!r}) in two Unicode normalisations, "
                 "which print alike")
     return f"{lead}{first!r} and {second!r}, which differ only in case"
 
@@ -475,7 +476,7 @@ def images_in(folder: Path) -> list[Path]:
 def _name_key(name: str) -> tuple[tuple[list[Any], str], str]:
     """:func:`natural_key` of the NFC form, ties broken by the name itself (ASCII names: the order of
     :func:`natural_key`)."""
-    return natural_key(_nfc(name)), name
+    return natural_key(nfc(name)), name
 
 
 def _is_dir(path: Path) -> bool:

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import check_drift, check_gammas, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.linalg import check_drift, float64, one_hot, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
@@ -269,8 +269,6 @@ class DualHead(HeadBase):
         if state is None:
             raise FoalPipeError("the dual head has no rows yet; add rows before a task boundary")
         xp, D = self.xp, self.dim
-        check_gammas(state["G_main"], self.gamma)
-        check_gammas(state["G_comp"], self.gamma_comp)
         check_drift(state["G_main"], self.gamma)
         check_drift(state["G_comp"], self.gamma_comp)
         C = self.classes_.size
