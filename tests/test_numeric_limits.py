@@ -142,3 +142,91 @@ def test_the_sweep_table_marks_no_gcv_choice_where_gcv_has_no_value(tmp_path):
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.lstrip("│ ").startswith("1e-0")]
     assert len(rows) == 2 and not any("gcv" in row for row in rows)
+
+
+def test_a_sweep_records_no_gcv_choice_where_gcv_has_no_value(tmp_path):
+    """GCV null at every gamma: sweep.json recorded a GCV "selection" (the first gamma, its test accuracy) and the
+    df/n warning of that non-choice; now GCV's selection is left out with a warning, leave-one-out's kept."""
+    import json
+
+    H, y, _ = _few_rows()
+    store = write_store(tmp_path / "s.zarr", (H[:, :12], y), (H[:, :12], y), [f"c{i}" for i in range(5)], chunk_rows=8)
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "o", "--tasks", 1, "--projection-dim", 300,
+                    "--gammas", "1e-8,1e-7")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "o" / "sweep.json").read_text())
+    assert all(g is None for r in report["results"] for g in r["gcv"])
+    assert [s["criterion"] for s in report["selections"]] == ["loo", "loo_accuracy"]
+    assert "GCV has no value at any gamma" in result.output and "effective degrees of freedom" not in result.output
+    assert "GCV " not in next(line for line in result.output.splitlines() if line.startswith("refined search"))
+
+
+def _digits_activations(D=200, n=800):
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    P = np.random.default_rng(0).normal(size=(64, D)) / 8
+    return 1.0 / (1.0 + np.exp(-(X[:n] / 16.0) @ P)), y[:n]
+
+
+def _augmented_ridge(H, y, gamma):
+    """The ridge solution by least squares on ``[H; sqrt(gamma) I]``: no normal equations, so accurate where
+    ``G + gamma I`` is ill-conditioned."""
+    Y = (y[:, None] == np.unique(y)).astype(np.float64)
+    D = H.shape[1]
+    return np.linalg.lstsq(np.vstack([H, np.sqrt(gamma) * np.eye(D)]), np.vstack([Y, np.zeros((D, Y.shape[1]))]),
+                           rcond=None)[0]
+
+
+def _rls(H, y, gamma, batch=10):
+    clf = AnalyticClassifier(gamma=gamma, engine="rls")
+    with np.errstate(all="ignore"):
+        for i in range(0, len(H), batch):
+            clf.partial_fit(H[i : i + batch], y[i : i + batch])
+    return clf
+
+
+def test_the_rls_recursion_that_drifted_in_float64_is_refused():
+    """The audit: gamma 1e-9 left the float64 recursion's W 27% off the exact ridge on digits, exit 0, where the
+    sums' exact solve is within 1e-7. The weights are now checked against that solve: refused where the recursion
+    moved them by more than 1e-4, given (and within 1e-4 of the least-squares reference) where it did not."""
+    H, y = _digits_activations()
+    drifted = _rls(H, y, 1e-9)
+    reference = _augmented_ridge(H, y, 1e-9)
+    assert np.linalg.norm(drifted._engine.W - reference) / np.linalg.norm(reference) > 1e-3  # the fault is there
+    with pytest.raises(FoalPipeError, match=r"^the RLS recursion's rounding moved the weights by .* \(more than 0.0001\) "
+                                            r"from the exact solve of the same sums at gamma 1e-09; use a larger gamma "
+                                            r"or engine='gram'$"):
+        drifted.predict(H)
+    for gamma in (1e-8, 1e-4, 1.0):
+        W = _rls(H[:400], y[:400], gamma).weights_
+        reference = _augmented_ridge(H[:400], y[:400], gamma)
+        assert np.linalg.norm(W - reference) / np.linalg.norm(reference) < 1e-4
+
+
+def test_learn_with_the_rls_engine_refuses_a_drifted_recursion(tmp_path):
+    H, y = _digits_activations()
+    store = write_store(tmp_path / "s.zarr", (H, y), (H[:100], y[:100]), [f"c{i}" for i in range(10)], chunk_rows=64)
+    out = tmp_path / "o"
+    result = invoke("learn", "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 0, "--engine", "rls",
+                    "--batch-size", 10, "--gamma", "1e-9")
+    assert_clean_error(result, "the RLS recursion's rounding moved the weights", out)
+    assert "--gamma" in result.output and "--engine gram" in result.output
+    assert invoke("learn", "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 0, "--engine", "rls",
+                  "--batch-size", 10, "--gamma", "1e-3").exit_code == 0
+
+
+def test_a_loaded_rls_model_continues_checked_from_its_state(tmp_path):
+    """A saved recursion keeps R and W only: continuing it is checked against the sums they stand for (``R^-1 - gamma
+    I`` and ``R^-1 W``) plus the new rows', equal to the uninterrupted run's weights."""
+    H, y = _digits_activations(n=600)
+    whole = _rls(H, y, 0.5)
+    first = _rls(H[:300], y[:300], 0.5)
+    first.save(tmp_path / "m.safetensors")
+    loaded = AnalyticClassifier.load(tmp_path / "m.safetensors")
+    with np.errstate(all="ignore"):
+        for i in range(300, 600, 10):
+            loaded.partial_fit(H[i : i + 10], y[i : i + 10])
+    np.testing.assert_allclose(loaded.weights_, whole.weights_, rtol=0, atol=1e-10)
+    sums = loaded._engine._sums.aligned(loaded.classes_)
+    np.testing.assert_allclose(sums.solve(0.5), whole.weights_, rtol=0, atol=1e-8)

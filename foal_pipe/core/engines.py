@@ -24,10 +24,12 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.backend import dtype_name
 from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import best_point, search_grid
-from foal_pipe.core.linalg import checked_solve, one_hot
+from foal_pipe.core.linalg import DRIFTS, checked_solve, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
 
+#: The rls engine's rows gathered into one product for its checking sums (:class:`RLSEngine`).
+VERIFY_ROWS = 4096
 #: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
 GCV_DOF_WARNING = 0.9
 
@@ -102,7 +104,13 @@ def check_engine_dtype(engine: str, dtype: str) -> None:
 
 
 class RLSEngine:
-    """The paper's per-batch recursive least squares; ``R0 = I / gamma``, ``W0 = 0``."""
+    """The paper's per-batch recursive least squares; ``R0 = I / gamma``, ``W0 = 0``.
+
+    The recursion updates ``(G + gamma I)^-1`` itself, so its rounding is not the sums': at small gammas it moved W
+    by 27% (digits, gamma 1e-9) where the sums' exact solve was within 1e-7. The engine therefore keeps those sums
+    beside it (float64 ``G`` and ``Q``, rows gathered into :data:`VERIFY_ROWS`-row products) and, whenever the weights
+    are asked for after an update, checks them against that solve (:meth:`verify`): a recursion that drifted by more
+    than :data:`~foal_pipe.core.linalg.DRIFTS` is refused, as is a gamma the sums themselves cannot resolve."""
 
     name = "rls"
     state_names = ("R", "W")
@@ -118,15 +126,21 @@ class RLSEngine:
                 "use a larger gamma or float64"
             )
         self.W = xp.zeros((dim, 0), dtype=dtype, device=device)
+        self.classes = np.empty(0)
+        self._sums: RidgeStatistics | None = RidgeStatistics.empty(dim, xp, xp.float64, device)
+        self._pending: list[tuple[Any, np.ndarray]] = []
+        self._verified, self._loaded_rows = True, 0
 
     def insert_classes(self, old: np.ndarray, new: np.ndarray) -> None:
         """Zero columns of ``W`` wherever a class of ``new`` (a sorted superset of ``old``) is not in ``old``."""
         self.W = align_columns(self.W, old, new)
+        self.classes = new
 
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
         """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``."""
         check_engine_dtype(self.name, dtype_name(self.R.dtype))
         xp = array_namespace(self.R)
+        self._sums = self._formed_sums()
         Y = one_hot(labels, classes, H)
         RHt = self.R @ H.T
         M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
@@ -136,8 +150,52 @@ class RLSEngine:
         )).T
         self.W += RHtK @ (Y - H @ self.W)
         self.R -= RHtK @ RHt.T
+        self._pending.append((xp.asarray(H, copy=True), np.asarray(labels).ravel()))
+        if sum(h.shape[0] for h, _ in self._pending) >= VERIFY_ROWS:
+            self._gather()
+        self._verified = False
+
+    def _gather(self) -> None:
+        """Add the pending rows to the sums in one product."""
+        if not self._pending:
+            return
+        xp = array_namespace(self.R)
+        H = xp.concat([h for h, _ in self._pending], axis=0)
+        labels = np.concatenate([y for _, y in self._pending])
+        self._pending = []
+        self._sums = self._formed_sums() + RidgeStatistics.from_batch(xp.astype(H, xp.float64), labels, np.unique(labels))
+
+    def _formed_sums(self) -> RidgeStatistics:
+        """The checking sums; after :meth:`load_state`, those the loaded state stands for, ``G + gamma I = R^-1``
+        and ``Q = R^-1 W``: continuing a saved recursion is checked from the state it starts from."""
+        if self._sums is not None:
+            return self._sums
+        xp = array_namespace(self.R)
+        inverse = xp.linalg.inv(xp.astype(self.R, xp.float64))
+        inverse = (inverse + inverse.T) / 2
+        Q = inverse @ xp.astype(self.W, xp.float64)
+        return RidgeStatistics(shifted(inverse, -self.gamma), Q, self.classes, self._loaded_rows)
+
+    def verify(self) -> None:
+        """Refuse weights that the recursion's rounding moved from the exact solve of the same sums by more than
+        :data:`~foal_pipe.core.linalg.DRIFTS` (that solve refuses a gamma the sums cannot resolve)."""
+        if self._verified or self._sums is None:
+            return
+        self._gather()
+        xp = array_namespace(self.R)
+        exact = self._formed_sums().aligned(self.classes).solve(self.gamma)
+        scale = float(xp.linalg.vector_norm(exact))
+        moved = float(xp.linalg.vector_norm(xp.astype(self.W, xp.float64) - exact)) / scale if scale else 0.0
+        if not moved <= DRIFTS["float64"]:
+            raise FoalPipeError(
+                f"the RLS recursion's rounding moved the weights by {moved:.1g} (more than {DRIFTS['float64']:g}) from "
+                f"the exact solve of the same sums at gamma {self.gamma:g}; use a larger {param('gamma')} or "
+                f"{param('engine', 'gram')}")
+        self._verified = True
 
     def weights(self) -> Any:
+        """``W``, checked against the exact solve of the sums since the last update (:meth:`verify`)."""
+        self.verify()
         return self.W
 
     @property
@@ -155,6 +213,8 @@ class RLSEngine:
                 raise FoalPipeError(f"saved rls state lacks the tensor {name!r}; save the model again")
         self.R = xp.asarray(state["R"], dtype=self.R.dtype, device=device(self.R))
         self.W = xp.asarray(state["W"], dtype=self.R.dtype, device=device(self.R))
+        self.classes, self._loaded_rows = np.asarray(classes), int(n)
+        self._sums, self._pending, self._verified = None, [], True  # the sums from R when learning continues
 
 
 class GramEngine:

@@ -41,6 +41,7 @@ from foal_pipe.protocol.records import (
     sweep_report,
     sweep_results,
     sweep_selections,
+    undetermined,
 )
 from foal_pipe.protocol.run import Run, prepare, reread_note, row_sample
 from foal_pipe.protocol.schema import (
@@ -50,7 +51,7 @@ from foal_pipe.protocol.schema import (
     SweepReport,
     SweepSelection,
 )
-from foal_pipe.protocol.solvers import ManyGammas
+from foal_pipe.protocol.solvers import Boundary, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
 from foal_pipe.protocol.walk import SharedRows, head_train_rows, test_rows, walk
 from foal_pipe.store.blockfusion import parse_fusions
@@ -173,7 +174,9 @@ def run_sweep(
     if sweep.heads:
         report = with_heads(report, report.fusion if fusions else None)
     for key, lane in lanes.items():
-        warn_gcv(lane.boundaries[-1:], gammas, log if key is None else prefixed(log, f"{key}: "))
+        lane_log = log if key is None else prefixed(log, f"{key}: ")
+        warn_gcv(lane.boundaries[-1:], gammas, lane_log)
+        warn_undetermined(lane.boundaries, lane_log)
     report = flag_grid_edge(report, log)
     return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
 
@@ -209,6 +212,13 @@ def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str],
         if s.at_edge[-1]:
             log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {s.gammas_selected[-1]:g}, is an end of the "
                 f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
+
+
+def warn_undetermined(boundaries: Sequence[Boundary], log: Callable[[str], None]) -> None:
+    """``sweep``: say which criteria chose no gamma (no value at some boundary) and are left out of ``selections``."""
+    for name in undetermined(boundaries):
+        log(f"warning: {CRITERIA[name].short} has no value at any gamma of some task boundary (below its rounding: "
+            f"the gammas are too small for these sums), so no choice by it is recorded; use larger --gammas")
 
 
 def warn_dropped(run: Run, stream: StreamConfig, log: Callable[[str], None]) -> None:

@@ -41,6 +41,7 @@ from foal_pipe.protocol.commands import (
     run_sweep,
     warn_dropped,
     warn_search_edges,
+    warn_undetermined,
 )
 from foal_pipe.protocol.config import (
     EvaluationConfig,
@@ -380,6 +381,7 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
                 seen = np.cumsum([r.size for r in run.stream.rows]).tolist()
                 report = replace(report, leave_one_out=leave_one_out_rows(boundaries, m.loo_sample, seen))
             warn_search_edges(selections, log)
+            warn_undetermined(boundaries, log)
             reports.append(report)
     runs[0].store.check_unchanged()
     return reports

@@ -113,14 +113,26 @@ def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int
 def sweep_selections(boundaries: Sequence[Boundary], reports: Sequence[dict[str, Any]], criteria: Sequence[str],
                      per_decade: int, loo_sample: int = 0) -> list[SweepSelection]:
     """Each criterion's refined search and the test accuracy ``reports[i]`` (:class:`Accuracy` fields) of the
-    models it chose (``criteria[i]``); with ``loo_sample``, the leave-one-out criteria's sample and bound."""
+    models it chose (``criteria[i]``); with ``loo_sample``, the leave-one-out criteria's sample and bound. A
+    criterion with no value at some boundary (GCV below its rounding everywhere) chose nothing there: it is left out
+    (:func:`undetermined`)."""
     out = []
     for i, name in enumerate(criteria):
+        if name in undetermined(boundaries):
+            continue
         search = gamma_search(boundaries, name, per_decade, loo_sample)
         out.append(SweepSelection(**reports[i], **{k: getattr(search, k) for k in (
             "criterion", "per_decade", "gammas", "values", "evaluated", "gammas_selected", "at_edge", "loo_sample",
             "sample_rows", "sample_eps", "sample_delta")}))
     return out
+
+
+def undetermined(boundaries: Sequence[Boundary]) -> list[str]:
+    """The criteria whose refined search has no finite value at some boundary: they chose no gamma there (the
+    search's first point stands in its record), so no choice of theirs is reported."""
+    names = {name for b in boundaries for name, s in known(b.searches, "a gamma path's searches").items()
+             if not np.isfinite(s.values).any()}
+    return sorted(names)
 
 
 def leave_one_out_rows(boundaries: Sequence[Boundary], loo_sample: int, seen: Sequence[int]) -> LeaveOneOutRows:

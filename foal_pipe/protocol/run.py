@@ -15,7 +15,7 @@ import numpy as np
 
 from foal_pipe.core.activations import check_activation
 from foal_pipe.core.backend import get_namespace, resolve_backend, resolve_dtype, synchronize
-from foal_pipe.core.engines import ENGINES, check_engine_dtype, check_gamma
+from foal_pipe.core.engines import ENGINES, VERIFY_ROWS, check_engine_dtype, check_gamma
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.errors import FoalPipeError, param
@@ -326,7 +326,8 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
     square = D * D
     eigen = eigen or run.model.gamma == "auto" or n_models > 1
     if run.model.engine == "rls":
-        state = 2 * square * item  # R and one update's D x D product
+        # R and one update's D x D product; the checking sums' G and its solve's G + gamma I, and their rows gathered
+        state = 2 * square * item + 2 * square * 8 + 2 * VERIFY_ROWS * D * 8
     elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram;
         state = 2 * square * item + 4 * square * 8  # G's copy at a boundary factored ahead (learners.gram.FactorAhead)
     else:  # G and one batch's Gram while summing; G and G + gamma I at a solve

@@ -192,7 +192,7 @@ class ManyGammas:
                     searches[name] = Search(name, self.fine[at], curves[name][at], index,
                                             None if at.size == self.fine.size else self.fine)
         best_gcv = int(np.argmin(gcv))
-        ratio = float(path.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(path.n, 1)
+        ratio = float(path.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(path.n, 1) if np.isfinite(gcv).any() else None
         if self.choose is None:
             gammas = np.concatenate([self.grid, [searches[name].gamma for name in self.criteria]])
         else:
