@@ -91,8 +91,11 @@ def new_progress(*columns: str | ProgressColumn, console: Console | None = None,
 
 
 @contextmanager
-def progress_bar(description: str, total: int, unit: str = "rows") -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(n)``; the bar shows count, rate and ETA and disappears when done."""
+def progress_bar(description: str, total: int, unit: str = "rows", shown: int | None = None) -> Iterator[Callable[[int], None]]:
+    """Yield ``advance(n)``; the bar shows count, rate and ETA and disappears when done.
+
+    ``shown``: the count the bar displays for ``total`` units of work, where the work passes over the same rows
+    more than once (read, then learn, then leave-one-out): the bar counts the split's rows, not 2-3x as many."""
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -101,11 +104,18 @@ def progress_bar(description: str, total: int, unit: str = "rows") -> Iterator[C
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
+    scale = shown is not None and shown != total
     with new_progress(*columns, transient=True, unit=unit) as progress:
-        task = progress.add_task(description, total=total, rate="")
+        task = progress.add_task(description, total=shown if scale else total, rate="")
+        done = 0
 
         def advance(n: int) -> None:
-            progress.advance(task, n)
+            nonlocal done
+            if scale:
+                done += n
+                progress.advance(task, done * shown // max(total, 1) - progress.tasks[task].completed)
+            else:
+                progress.advance(task, n)
             speed = progress.tasks[task].speed
             progress.update(task, rate=f"{speed:,.0f} {unit}/s" if speed else "")
 

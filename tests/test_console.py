@@ -204,3 +204,40 @@ def test_choice_refuses_values_outside_its_set():
     assert CliRunner().invoke(demo, ["--mode", "rls"]).output.strip() == "'rls'"  # a plain string
     bad = CliRunner().invoke(demo, ["--mode", "fast"])
     assert bad.exit_code == 2 and "'fast' is not one of 'gram', 'rls'" in bad.output
+
+
+
+def test_the_train_and_test_bars_count_the_splits_rows_once(tmp_path, monkeypatch):
+    """The walk's bar counted each row once per pass (read, learn, leave-one-out): "60000/60000 rows" for a
+    30,000-row split, at twice the true rate. It shows the split's rows now, the passes scaled into them, and ends
+    exactly at its total."""
+    import foal_pipe.progress as progress
+
+    bars = []
+
+    def recorded(*columns, **kwargs):
+        bars.append(progress.new_progress.__wrapped__(*columns, **kwargs))
+        return bars[-1]
+
+    recorded.__wrapped__ = progress.new_progress  # type: ignore[attr-defined]
+    monkeypatch.setattr(progress, "new_progress", recorded)
+    rng = np.random.default_rng(0)
+    y = np.arange(300) % 3
+    store = write_store(tmp_path / "s.zarr", (rng.normal(size=(300, 8)), y), (rng.normal(size=(60, 8)), y[:60]),
+                        list("abc"), chunk_rows=64)
+    assert invoke_learn(store, tmp_path / "o").exit_code == 0
+    shown = {bar.tasks[0].description.split(" ")[0]: (bar.tasks[0].completed, bar.tasks[0].total) for bar in bars}
+    assert shown == {"train": (300, 300), "test": (60, 60)}
+    with progress_bar("x", 300, shown=100) as advance:  # uneven steps land on the shown count, never past it
+        for n, expected in ((7, 2), (93, 33), (150, 83), (50, 100)):
+            advance(n)
+            assert recorded_completed(bars) == expected
+
+
+def invoke_learn(store, out):
+    return CliRunner().invoke(app, ["learn", "--features", str(store), "--out", str(out), "--tasks", "3",
+                                    "--projection-dim", "16", "--gamma", "auto", "--loo-sample", "0"])
+
+
+def recorded_completed(bars):
+    return bars[-1].tasks[0].completed

@@ -54,7 +54,8 @@ def eval_blocks(run: Run, label: str, order: Callable[[np.ndarray], np.ndarray],
     row, -1 outside the stream), :attr:`Run.block_rows` at a time, from one read of the test split (or ``rows``,
     :func:`~foal_pipe.protocol.walk.test_rows` with ``classes``, a read several class orders share). The read and
     the scoring of every block count as the run's "test" time, under one progress bar ``label``."""
-    with progress_bar(label, int(run.test_totals.sum()) * (1 if rows else 2)) as advance, run.timed("test"), \
+    n_test = int(run.test_totals.sum())
+    with progress_bar(label, n_test * (1 if rows else 2), shown=n_test) as advance, run.timed("test"), \
             (nullcontext(rows) if rows else test_rows(run, on_chunk=advance)) as cached:
         task_of = run.stream.task_of_label(len(run.store.classes))[cached.labels]
         ordered = order(task_of)

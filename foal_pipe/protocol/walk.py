@@ -86,7 +86,7 @@ def walk(run: Run, learners: Sequence[L], rows: GroupedRows | None = None) -> Se
     read = rows is None and any(learner.needs_rows for learner in learners)
     total = (n_stream(run) if read else 0) + sum(learner.progress_total() for learner in learners)
     label = "train (" + ("one read, " if read else "") + ", ".join(learner.label for learner in learners) + ")"
-    with progress_bar(label, total) as advance, ExitStack() as closing:
+    with progress_bar(label, total, shown=n_stream(run)) as advance, ExitStack() as closing:
         for learner in learners:
             closing.callback(learner.close)
             learner.begin(advance)
