@@ -105,18 +105,18 @@ N_CLASSES, DIM = 12, 16
 
 
 def build_store(path: Path, n_train=600, n_test=240, seed=0, attrs=None, train_dim=DIM, test_dim=DIM, chunk=64,
-                noise=1.6, complete=True) -> Path:
+                noise=1.6, complete=True, n_classes=N_CLASSES) -> Path:
     """A store written directly with zarr, in dataset order; classes are Gaussian blobs that overlap."""
     rng = np.random.default_rng(seed)
-    means = rng.normal(size=(N_CLASSES, max(train_dim, test_dim)))
+    means = rng.normal(size=(n_classes, max(train_dim, test_dim)))
     group = zarr.open_group(str(path), mode="w")
     group.attrs.update(
-        {"format": "foal-pipe/features", "format_version": 1, "classes": [f"c{i}" for i in range(N_CLASSES)],
+        {"format": "foal-pipe/features", "format_version": 1, "classes": [f"c{i}" for i in range(n_classes)],
          "dataset": "blobs", "encoder": {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}}
         | (attrs or {})
     )
     for split, n, d in (("train", n_train, train_dim), ("test", n_test, test_dim)):
-        y = rng.integers(0, N_CLASSES, n)
+        y = rng.integers(0, n_classes, n)
         x = (means[y, :d] + noise * rng.normal(size=(n, d))).astype(np.float32)
         group.create_array(f"{split}/features", shape=x.shape, chunks=(chunk, d), dtype="float32")[:] = x
         group.create_array(f"{split}/labels", shape=(n,), chunks=(n,), dtype="int32")[:] = y
@@ -137,6 +137,17 @@ def cluster_store(path: Path, n_classes: int, dim: int, n_test: int, chunk_rows:
     x_test = centres[y_test] + 1.5 * rng.normal(size=(n_test, dim))
     return write_store(path, (x_train, y_train), (x_test, y_test), [f"c{k}" for k in range(n_classes)],
                        chunk_rows=chunk_rows)
+
+
+def written_copy(source: Path, path: Path, chunk: int = 64) -> Path:
+    """:func:`build_store`'s rows as a store of the current format (:func:`~foal_pipe.store.write_store`): a generation
+    id of its own, so a model may continue on it even with the same rows (continuing needs the rows shown new)."""
+    from foal_pipe.store import write_store
+
+    x, y, xt, yt = read(source)
+    return write_store(path, (x, y), (xt, yt), [f"c{i}" for i in range(N_CLASSES)], dataset="blobs",
+                       encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False},
+                       chunk_rows=chunk)
 
 
 def read(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import pytest
 from array_api_compat import array_namespace
-from helpers import assert_clean_error, build_store, invoke, read
+from helpers import assert_clean_error, build_store, invoke, read, written_copy
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, HeadBase, HeadEntry
@@ -166,6 +166,7 @@ def test_head_option_and_the_heads_own_flags_are_one_mapping(store, tmp_path):
 def test_a_python_callers_head_option_is_checked_against_a_continued_model(store, tmp_path):
     base = LearnSettings(stream=StreamConfig(tasks=3), execution=ExecutionConfig(backend="numpy"),
                          model=ModelConfig(head="slda", head_options={"shrinkage": 0.25}))
+    store = written_copy(store, tmp_path / "current.zarr")  # a store continuing can tell from new rows
     learn(store, tmp_path / "first", base, log=lambda _: None)
     model = tmp_path / "first" / "model.safetensors"
     again = LearnSettings(stream=StreamConfig(tasks=3), init_model=model,
@@ -173,7 +174,7 @@ def test_a_python_callers_head_option_is_checked_against_a_continued_model(store
     with pytest.raises(FoalPipeError, match=r"shrinkage=0.5 conflicts with the model's slda head \(its 0.25\)"):
         learn(store, tmp_path / "second", again, log=lambda _: None)
     same = LearnSettings(stream=StreamConfig(tasks=3), init_model=model, model=ModelConfig(head_options={"shrinkage": 0.25}))
-    new_rows = build_store(tmp_path / "new.zarr", seed=1)
+    new_rows = written_copy(build_store(tmp_path / "new0.zarr", seed=1), tmp_path / "new.zarr")
     assert learn(new_rows, tmp_path / "third", same, log=lambda _: None).metrics.head_options == {"shrinkage": 0.25}
 
 

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, build_store, invoke, read, ref_cosine, ref_slda
+from helpers import assert_one_line_error, build_store, invoke, read, ref_cosine, ref_slda, written_copy
 from safetensors.numpy import load_file
 
 from foal_pipe.model.deploy import load_model
@@ -20,7 +20,8 @@ ARGS = {"slda": ("--shrinkage", "0.25"), "cosine": ()}
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return build_store(tmp_path_factory.mktemp("rows") / "blobs.zarr")
+    root = tmp_path_factory.mktemp("rows")
+    return written_copy(build_store(root / "blobs.zarr"), root / "current.zarr")
 
 
 @pytest.mark.parametrize("name", ["slda", "cosine"])
@@ -51,9 +52,11 @@ def test_feature_head_on_relu_activations_equals_its_definition(store, tmp_path,
     assert last == metrics["accuracy_matrix"][-1]
     assert metrics["projection_dim"] == 24 and metrics["activation"] == "relu"
     # continuing it: the activations of the new rows through the model's own projection
-    again = invoke("learn", "--init-model", path, "--features", store, "--out", tmp_path / "more", "--tasks", 2)
+    new_rows = written_copy(build_store(tmp_path / "b.zarr", seed=1), tmp_path / "new.zarr")
+    again = invoke("learn", "--init-model", path, "--features", new_rows, "--out", tmp_path / "more", "--tasks", 2)
     assert again.exit_code == 0, again.output
-    classes, expected = REFERENCES[name](np.vstack([H, H]), np.concatenate([y, y]), Ht)
+    x2, y2, _, _ = read(new_rows)
+    classes, expected = REFERENCES[name](np.vstack([H, np.maximum(x2.astype(np.float64) @ P, 0)]), np.concatenate([y, y2]), Ht)
     assert (load_model(tmp_path / "more" / "model.safetensors").predict(xt) == classes[expected.argmax(axis=1)]).all()
 
 

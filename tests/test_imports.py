@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import build_store
+from helpers import build_store, written_copy
 
 PACKAGE = Path(__file__).resolve().parents[1] / "foal_pipe"
 #: foal_pipe's packages and top-level modules, bottom first. A module imports its own package and the layers
@@ -160,7 +160,8 @@ def saved_runs(tmp_path_factory):
     from foal_pipe.cli import app
 
     root = tmp_path_factory.mktemp("deploy")
-    store = build_store(root / "blobs.zarr")
+    store = written_copy(build_store(root / "blobs.zarr"), root / "current.zarr")
+    written_copy(build_store(root / "more.zarr", seed=1), root / "new.zarr")  # new rows to continue on
     for name, options in {"ridge": ["--gamma", "auto", "--select", "gcv", "--projection-dim", "32"],
                           "ncm": ["--head", "ncm"]}.items():
         app(["learn", "--features", str(store), "--out", str(root / name), "--tasks", "3", *options],
@@ -179,7 +180,7 @@ def test_predict_evaluate_and_continue_run_without_scikit_learn(saved_runs, tmp_
     out = tmp_path / "out"
     args = {"predict": ["predict", "--model", str(model), "--features", str(store), "--out", str(tmp_path / "p.csv")],
             "evaluate": ["evaluate", "--run", str(root / head), "--out", str(out)],
-            "learn --init-model": ["learn", "--init-model", str(model), "--features", str(store), "--out", str(out),
+            "learn --init-model": ["learn", "--init-model", str(model), "--features", str(root / "new.zarr"), "--out", str(out),
                                    "--tasks", "2"]}[command]
     code = ("import sys; from foal_pipe.cli import app; app(sys.argv[1:], standalone_mode=False); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")

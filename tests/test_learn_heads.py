@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import assert_clean_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_ncm_loo, ref_slda
+from helpers import assert_clean_error, build_store, invoke, read, ref_fecam, ref_ncm, ref_ncm_loo, ref_slda, written_copy
 
 from foal_pipe import memory
 from foal_pipe.errors import FoalPipeError
@@ -158,12 +158,13 @@ def test_the_memory_estimate_bounds_what_learn_head_allocates(tmp_path, monkeypa
     store = build_store(tmp_path / "wide.zarr", n_train=1200 if "si-blurry" in extra else 240, n_test=48,
                         train_dim=dim, test_dim=dim, chunk=60)
     command = ["--head", head, *extra]
-    if continued:
+    if continued:  # stores continuing can tell apart (a generation id each)
+        store = written_copy(store, tmp_path / "wide5.zarr", chunk=60)
         first = invoke("learn", "--features", store, "--out", tmp_path / "first", "--tasks", 3, "--backend", "numpy",
                        *command)
         assert first.exit_code == 0, first.output
-        store = build_store(tmp_path / "more.zarr", n_train=240, n_test=48, train_dim=dim, test_dim=dim, chunk=60,
-                            seed=1)
+        store = written_copy(build_store(tmp_path / "more.zarr", n_train=240, n_test=48, train_dim=dim, test_dim=dim,
+                                         chunk=60, seed=1), tmp_path / "more5.zarr", chunk=60)
         command = ["--init-model", tmp_path / "first" / "model.safetensors"]
     estimates = []
     check = run_module.check_memory

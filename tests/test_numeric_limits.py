@@ -230,3 +230,22 @@ def test_a_loaded_rls_model_continues_checked_from_its_state(tmp_path):
     np.testing.assert_allclose(loaded.weights_, whole.weights_, rtol=0, atol=1e-10)
     sums = loaded._engine._sums.aligned(loaded.classes_)
     np.testing.assert_allclose(sums.solve(0.5), whole.weights_, rtol=0, atol=1e-8)
+
+
+def test_the_sweep_table_marks_every_training_criterions_choice(tmp_path):
+    """The table marked test, GCV and LOO MSE but not leave-one-out accuracy, `--gamma auto`'s default criterion
+    (docs/tour.md: "the choice of each criterion"); its row is marked now, whichever --select."""
+    import json
+
+    H, y = _digits_activations(D=64, n=400)
+    store = write_store(tmp_path / "s.zarr", (H, y), (H[:100], y[:100]), [f"c{i}" for i in range(10)], chunk_rows=64)
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "o", "--tasks", 2, "--projection-dim", 100,
+                    "--gammas", "0.01,1,100,10000")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "o" / "sweep.json").read_text())
+    last = [r["loo_accuracy"][-1] for r in report["results"]]
+    best = report["gammas"][int(np.argmax(last))] if last.count(max(last)) == 1 else None
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 5
+            and line.split("│")[1].strip()[:1].isdigit()}
+    marked = [g for g, line in rows.items() if "loo_accuracy" in line]
+    assert len(marked) == 1 and (best is None or float(marked[0]) == best)

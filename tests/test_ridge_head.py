@@ -7,7 +7,7 @@ from __future__ import annotations
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
-from helpers import build_store, invoke, learn
+from helpers import build_store, invoke, learn, written_copy
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
@@ -96,7 +96,8 @@ def test_one_continuation_entry_takes_any_model_file(tmp_path, head):
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.continuation import run_continue
 
-    first, second = build_store(tmp_path / "a.zarr", seed=1), build_store(tmp_path / "b.zarr", seed=2)
+    first = written_copy(build_store(tmp_path / "a0.zarr", seed=1), tmp_path / "a.zarr")
+    second = written_copy(build_store(tmp_path / "b0.zarr", seed=2), tmp_path / "b.zarr")
     size = ("--projection-dim", 20) if head == "ridge" else ()
     assert invoke("learn", "--features", first, "--out", tmp_path / "a", "--head", head, "--tasks", 2, *size).exit_code == 0
     init = tmp_path / "a" / "model.safetensors"

@@ -1,4 +1,4 @@
-"""The typer application and the one place user errors become ``Error: ...`` and exit status 1.
+"""The typer application and the one place user errors become ``Error: ...`` and exit status 1 (usage errors: 2).
 
 Also what every command module shares for a readable ``--help`` and readable logs: :func:`choice` (an option
 with a fixed set of values, listed in ``--help``), :func:`flag` (an on/off option, no value placeholder),
@@ -18,6 +18,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
+
+try:  # typer 0.29 carries its own copy of click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # older typer: click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
@@ -56,12 +61,37 @@ class _HelpFlag:
         return option
 
 
-class _Command(_HelpFlag, TyperCommand):
+class _OneLineUsage:
+    """A usage error (a value outside an option's type or fixed set, a missing option, an unknown option or command)
+    is one unfolded line, ``Error: <click's reason>; see `foal-pipe learn --help```, not click's boxed usage text
+    folded at 80 columns; exit status 2, click's for usage errors (the command line itself is wrong)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        with _usage_line(ctx):
+            return super().parse_args(ctx, args)  # type: ignore[misc, no-any-return]
+
+
+@contextmanager
+def _usage_line(ctx: Any) -> Iterator[None]:
+    try:
+        yield
+    except NoArgsIsHelpError:  # the command alone: its --help
+        raise
+    except UsageError as exc:
+        message = exc.format_message().replace("Value error, ", "").rstrip(".")  # pydantic's prefix, in typer's text
+        see = f"{' S' if message.endswith('?') else '; s'}ee `{ctx.command_path} --help`"  # after "Did you mean 'x'?"
+        err_console.print(f"[bold red]Error:[/] {escape(message + see)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+class _Command(_HelpFlag, _OneLineUsage, TyperCommand):
     pass
 
 
-class _Group(_HelpFlag, TyperGroup):
-    pass
+class _Group(_HelpFlag, _OneLineUsage, TyperGroup):
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        with _usage_line(ctx):
+            return super().resolve_command(ctx, args)
 
 
 class _App(typer.Typer):

@@ -103,20 +103,27 @@ def summary(
 
 def grouped_table(paths: list[Path], group: str) -> Table:
     """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
+    from foal_pipe.errors import FoalPipeError, param
     from foal_pipe.report import find_runs
     from foal_pipe.report.grouping import METRICS, group_cells, parse_group
+    from foal_pipe.report.readers import as_recomputed
 
     keys = parse_group(group)
     found = find_runs(paths, on_error=lambda message: err_console.print(
         f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True))
-    cells = group_cells([e.metrics for e in found if e.metrics is not None], keys)
+    runs = [as_recomputed(e.metrics) for e in found if e.metrics is not None]
+    if not runs:
+        raise FoalPipeError(f"no learn run (metrics.json) under {', '.join(map(str, paths))}, only sweeps: {param('group')} "
+                            "groups learn runs; leave it out to list the sweeps")
+    cells = group_cells(runs, keys)
     table = Table(title=f"F-OAL runs by {', '.join(keys)} (mean +- std over the runs of a cell, ddof 0; in %)",
                   title_justify="left", box=box.SIMPLE_HEAD)
     for k in (*keys, "runs", *METRICS):
         table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
     for c in cells:
         table.add_row(*(escape(str(v)) for v in c["key"].values()), str(c["n"]),
-                      *(f"{100 * c[m]['mean']:.2f} +- {100 * c[m]['std']:.2f}" for m in METRICS))
+                      *(f"{100 * c[m]['mean']:.2f}" + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
+                        for m in METRICS))
     return table
 
 
@@ -128,6 +135,7 @@ def summary_table(paths: list[Path]) -> Table:
     """
     from foal_pipe.report import consistency_warnings, find_runs, gamma_text, pct, result_at, select
     from foal_pipe.report.paper import match_paper
+    from foal_pipe.report.readers import as_recomputed
 
     found = find_runs(paths, on_error=lambda message: err_console.print(
         f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True))
@@ -148,8 +156,14 @@ def summary_table(paths: list[Path]) -> Table:
     def label(path: Path, run) -> str:
         dataset = "?" if run.dataset is None else run.dataset
         head = f" · head {run.head}" if getattr(run, "head", None) else ""
+        head += f" · {len(run.orders)} class orders" if len(getattr(run, "orders", None) or ()) > 1 else ""
         encoder = (run.encoder or {}).get("name", "?")
         return escape(str(path)) + "\n[dim]" + escape(f"{dataset} · {encoder}{head}") + "[/]"
+
+    def spread(m, key: str) -> str:
+        """A learn --order-seeds run's mean over its orders, with their std (ddof 0)."""
+        std = (m.std or {}).get(key)
+        return pct(getattr(m, key)) + ("" if std is None or len(m.orders or ()) < 2 else f" ± {pct(std)}")
 
     def gamma_cell(m) -> str:
         """ridge's gamma; a head's own gamma (balanced, dual), or - for a head without one."""
@@ -160,10 +174,10 @@ def summary_table(paths: list[Path]) -> Table:
     sweeps = []
     for entry in found:
         if entry.metrics is not None:
-            m, match = entry.metrics, matches[entry.path]
+            m, match = as_recomputed(entry.metrics), matches[entry.path]
             row = [label(entry.path, m), str(len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks),
-                   m.stream or "disjoint", number(m.projection_dim, "d"), gamma_cell(m), pct(m.A_avg), pct(m.A_last),
-                   pct(m.F), "-" if m.A_auc is None else pct(m.A_auc)]
+                   m.stream or "disjoint", number(m.projection_dim, "d"), gamma_cell(m), spread(m, "A_avg"),
+                   spread(m, "A_last"), spread(m, "F"), "-" if m.A_auc is None else spread(m, "A_auc")]
             if with_paper:
                 row.append(
                     "-" if match is None
@@ -171,7 +185,7 @@ def summary_table(paths: list[Path]) -> Table:
                     else f"not comparable: {len(match.differences)} settings differ"
                 )
             table.add_row(*row, number(entry.seconds, ".1f"))
-            for problem in consistency_warnings(m):  # as evaluate does: the row shows the stored numbers
+            for problem in consistency_warnings(entry.metrics):  # as evaluate does: the row shows the matrix's numbers
                 err_console.print("[bold yellow]Warning:[/] " + escape(f"{entry.path}: {problem}"), highlight=False,
                                   soft_wrap=True)
         if entry.sweep is not None:
@@ -190,6 +204,9 @@ def summary_table(paths: list[Path]) -> Table:
                               number(s.projection_dim, "d"),
                               "-" if gamma is None else format(gamma, "g"), pct(head.A_avg), pct(head.A_last),
                               pct(head.F), "-", *([""] if with_paper else []), "")
-    if sweeps:
-        table.caption = f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"
+    notes = [f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"] if sweeps else []
+    if any(e.metrics is not None and e.sweep is not None and e.seconds is None for e in found):
+        notes.append("s ?: a folder holding a run and a sweep keeps one timings.json, the last command's")
+    if notes:
+        table.caption = "\n".join(notes)
     return table

@@ -318,7 +318,7 @@ def info(
 ) -> None:
     """Show a feature store: shape, dtype, classes, encoder, completeness, checksums and size on disk.
 
-    Exits with status 1 when chunk files are missing (or, with --verify, damaged).
+    Exits with status 1 when chunk files are missing (or, with --verify, damaged) or format_version was edited down.
     """
     with user_errors():
         if export_manifest is not None:

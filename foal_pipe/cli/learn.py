@@ -234,6 +234,7 @@ def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, t
         choices["gcv"] = choose(results, "gcv")
     if not no_loo:
         choices["loo"] = choose(results, "loo")
+        choices["loo_accuracy"] = choose(results, "loo_accuracy")
     for r in results:
         marks = [name for name, g in choices.items() if g == r.gamma]
         label = ", ".join(f"[bold green]{m}[/]" if m == selected_by else m for m in marks)

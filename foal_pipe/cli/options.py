@@ -134,8 +134,8 @@ Activation = Annotated[
                  "or identity with --projection-dim 0 (ridge on the raw features)."),
 ]
 ClassOrder = Annotated[
-    Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; overrides "
-                              "--tasks (then ignored). Or pilot: LAMDA-PILOT's class order (numpy.random.seed(1993), then "
+    Path | None, typer.Option(help="JSON file with an explicit task split: a list of task lists of label ids; its split is "
+                              "the run's (--tasks, if given, must equal its number of tasks). Or pilot: LAMDA-PILOT's class order (numpy.random.seed(1993), then "
                               "numpy.random.permutation of the label ids; pilot:SEED another seed) cut into --tasks. "
                               "Not with --drop-remainder (a FILE lists its tasks itself; pilot streams every class). "
                               "Default: none (--tasks splits the classes in the order drawn by --order-seed).",
@@ -262,7 +262,7 @@ HeadRows = Annotated[
 ]
 InitModel = Annotated[
     Path | None, typer.Option(help="Continue this model.safetensors on --features: classes matched by name (a new "
-                              "name gets a new label id), gamma, projection, activation and dtype from the model; "
+                              "name gets a new label id), gamma, projection, activation, dtype and fusion from the model; "
                               "a head's model (learn --head) continues that head with its options. "
                               "Default: none (a new model).")
 ]

@@ -114,8 +114,9 @@ def table(
     from foal_pipe.cli.learn import LEARN_ONLY_WITH, _check_applies, _typed
     from foal_pipe.protocol.capabilities import Settings
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.stream import counted
     from foal_pipe.protocol.table import TableConfig, run_table
-    from foal_pipe.report.resultstable import store_labels, write_files
+    from foal_pipe.report.resultstable import mean_text, store_labels, write_files
 
     with user_errors():
         params = {k: v for k, v in ctx.params.items() if k not in ("heads", "tasks", "order_seeds")}
@@ -132,7 +133,9 @@ def table(
                          write=write_files)
         labels = store_labels(done["features"])
         for t in done["tasks"]:
-            view = Table(title=f"{t} tasks: A_last / A_avg %, mean +- std over {len(done['order_seeds'])} orders")
+            n = len(done["order_seeds"])
+            spread = f"mean +- std over {n} orders" if n > 1 else f"one order (seed {done['order_seeds'][0]}), no std"
+            view = Table(title=f"{counted(t, 'task')}: A_last / A_avg %, {spread}")
             view.add_column("head")
             for store in done["features"]:
                 view.add_column(escape(labels[store]), justify="right")
@@ -140,8 +143,7 @@ def table(
                 row = [head]
                 for store in done["features"]:
                     c = next(c for c in done["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, t))
-                    row.append(f"{100 * c['A_last']['mean']:.2f}+-{100 * c['A_last']['std']:.2f} / "
-                               f"{100 * c['A_avg']['mean']:.2f}+-{100 * c['A_avg']['std']:.2f}")
+                    row.append(f"{mean_text(c, 'A_last', '+-', '')} / {mean_text(c, 'A_avg', '+-', '')}")
                 view.add_row(*row)
             print_table(view)
-        console.print(f"{len(done['runs'])} runs -> {Path(out) / 'table.md'}", highlight=False, markup=False)
+        console.print(f"{counted(len(done['runs']), 'run')} -> {Path(out) / 'table.md'}", highlight=False, markup=False)

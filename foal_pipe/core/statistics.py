@@ -59,7 +59,7 @@ from foal_pipe.core.linalg import (
 )
 from foal_pipe.errors import FoalPipeError
 
-#: The default grid of ``--gamma auto``: 13 decades from 1e-4 to 1e8.
+#: The default grid of ``--gamma auto``: 13 powers of ten from 1e-4 to 1e8 (12 decades).
 DEFAULT_GAMMA_GRID: tuple[float, ...] = tuple(float(10.0**k) for k in range(-4, 9))
 
 

@@ -233,9 +233,10 @@ def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]
 
 
 def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | None = None,
-                     split_seed: int = 0) -> DatasetSplits:
+                     split_seed: int = 0, pooled: bool = False) -> DatasetSplits:
     """``DIR/train/<class>/*`` and ``DIR/test/<class>/*``; classes are the sorted folder names of both. With
-    ``test_split``, ``DIR/<class>/*`` instead, split by :func:`split_folder`."""
+    ``test_split``, ``DIR/<class>/*`` instead, split by :func:`split_folder`. ``pooled``: the images a split manifest
+    takes its splits from, so a class (or a whole split folder) may hold its images in one split folder only."""
     if data_dir is None:
         raise FoalPipeError(f"{param('dataset', 'imagefolder')} needs {param('data_dir', 'DIR')}, where DIR/train/<class>/ "
                             f"and DIR/test/<class>/ hold the images (or DIR/<class>/ with {param('test_split')})")
@@ -255,7 +256,7 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
     sources = {}
     for split in ("train", "test"):
         paths, labels = _folder_split(root / split, names)
-        if not paths:
+        if not paths and not pooled:
             raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root / split}/<class>/; "
                                 f"add some or check {param('data_dir')}")
         sources[split] = FileSource(paths, labels, root / split)
@@ -265,7 +266,7 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
         more = f" ({len(empty)} such classes)" if len(empty) > 1 else ""
         raise FoalPipeError(f"class {empty[0]!r} has no images in {root / 'train' / empty[0]} nor in "
                             f"{root / 'test' / empty[0]}{more}; add images to both, or remove the folders")
-    for split, other in (("test", "train"), ("train", "test")):
+    for split, other in (("test", "train"), ("train", "test")) if not pooled else ():
         alone = sorted(seen[split] - seen[other])
         if alone:
             name = names[alone[0]]

@@ -130,8 +130,11 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     if split_manifest is not None:
         if test_split is not None:
             raise FoalPipeError(f"{param('split_manifest')} lists the split itself; drop {param('test_split')}")
-        pool = (load_class_folders(folder) if name == "imagefolder" and folder is not None
-                and not (folder.expanduser() / "train").is_dir() else entry.load(folder, download))
+        if name == "imagefolder" and folder is not None:  # the manifest splits: a class may lie in one split folder
+            pool = (load_imagefolder(folder, download, pooled=True) if (folder.expanduser() / "train").is_dir()
+                    else load_class_folders(folder))
+        else:
+            pool = entry.load(folder, download)
         splits = apply_manifest(pool, split_manifest, manifest_source)
     elif test_split is None:
         splits = entry.load(folder, download)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from foal_pipe.datasets.manifest import SplitManifest, parse_manifest
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError
 
 
 def read_manifest(path: str | Path) -> SplitManifest:
@@ -18,12 +18,26 @@ def read_manifest(path: str | Path) -> SplitManifest:
 
         raw = read_manifest_bytes(path)
         if raw is None:
-            raise FoalPipeError(f"{path} records no split manifest (a store of format 4 or older, or of a dataset read "
-                                "from torchvision or HDF5); re-extract it with this foal-pipe, or pass another "
-                                f"{param('split_manifest')}")
+            raise FoalPipeError(f"{path} records no split manifest: {_why_none(path)}")
     elif path.is_file():
         raw = path.read_bytes()
     else:
         raise FoalPipeError(f"split manifest {path} does not exist; pass a feature store or the JSON file "
                             "`foal-pipe info STORE --export-manifest FILE` writes")
     return parse_manifest(raw, str(path))
+
+
+def _why_none(path: Path) -> str:
+    """Why the complete store at ``path`` keeps no manifest, and what to do: only ``extract`` writes one (from format
+    5), and not for torchvision's or HDF5's archives, whose split is fixed already."""
+    from foal_pipe.store.meta import MANIFEST_FROM, read_meta
+
+    _, meta = read_meta(path)
+    if meta.format_version < MANIFEST_FROM:
+        return (f"it is a store of format {meta.format_version}, and manifests came with format {MANIFEST_FROM}; "
+                "re-extract it with this foal-pipe to get one")
+    if "extract" not in meta.extra:
+        return ("it was written by foal_pipe.store.write_store or another program, which keep no image manifest "
+                "(only `foal-pipe extract` records one); extract the images with `foal-pipe extract` to get one")
+    return (f"its dataset {meta.dataset!r} is read from torchvision or HDF5, whose archives fix the split: a store "
+            "extracted from the same archive has the same split")

@@ -17,6 +17,7 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import class_positions
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, NoOptions
 from foal_pipe.heads.checks import FLOAT64
 from foal_pipe.heads.moments import ClassSums, unit_rows
@@ -60,7 +61,11 @@ class CosineHead(HeadBase):
         self.sums.add(X, labels)
 
     def boundary(self) -> CosineScorer:
-        return CosineScorer(self.sums.classes.copy(), self.sums.means())
+        means = self.sums.means()
+        if not bool(self.sums.xp.all(self.sums.xp.isfinite(means))):
+            raise FoalPipeError("cosine: a class's sum of rows overflows float64 (features near 1e308); scale the "
+                                "features down (a positive scale moves no cosine)")
+        return CosineScorer(self.sums.classes.copy(), means)
 
     def state_dict(self, scorer: CosineScorer) -> dict[str, Any]:
         return {"prototypes": scorer.prototypes, **self.sums.state_dict()}

@@ -24,10 +24,21 @@ def on_device(xp: Any, a: Any) -> Any:
 
 
 def unit_rows(X: Any) -> Any:
-    """``x / ||x||`` per row; a row of zero norm stays zero (as ``torch.nn.functional.normalize``)."""
+    """``x / ||x||`` per row; a row of zero norm stays zero (as ``torch.nn.functional.normalize``). A row whose norm
+    overflows or whose squares underflow (``|x|`` near 1e154 or below 1e-146 in float64) is divided by its largest
+    entry first, so that it still becomes a unit row rather than zeros or NaN."""
     xp = array_namespace(X)
-    norms = xp.linalg.vector_norm(X, axis=1, keepdims=True)
-    return X / xp.where(norms > 0, norms, xp.ones_like(norms))
+    with np.errstate(over="ignore", under="ignore"):  # such rows take the scaled path below
+        norms = xp.linalg.vector_norm(X, axis=1, keepdims=True)
+    info = xp.finfo(X.dtype)
+    ordinary = (norms >= (info.smallest_normal / info.eps) ** 0.5) & (norms <= info.max)
+    if X.shape[1] == 0 or bool(xp.all(ordinary)):
+        return X / norms
+    top = xp.max(xp.abs(X), axis=1, keepdims=True)
+    scaled = X / xp.where(top > 0, top, xp.ones_like(top))
+    scaled_norms = xp.linalg.vector_norm(scaled, axis=1, keepdims=True)
+    return xp.where(ordinary, X / xp.where(ordinary, norms, xp.ones_like(norms)),
+                    scaled / xp.where(scaled_norms > 0, scaled_norms, xp.ones_like(scaled_norms)))
 
 
 class ClassSums:

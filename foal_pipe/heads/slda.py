@@ -112,6 +112,9 @@ class SLDAHead(HeadBase):
     def boundary(self) -> LinearScorer:
         xp, sums = self.xp, self.sums
         S = sums.scatter() / sums.n
+        if not bool(xp.all(xp.isfinite(S))):
+            raise FoalPipeError("slda: the features' squares overflow float64 (rows beyond about 1e154), so no "
+                                "covariance can be formed; scale the features down (e.g. divide by their largest value)")
         if self.shrinkage == "oas":
             S, floor = oas_covariance(S, sums.n)
         else:

@@ -73,6 +73,44 @@ def check_label_kinds(before: np.ndarray, labels: np.ndarray, problem: str = (
     old, new = label_kind(before), label_kind(labels)
     if old != new and not (old in _NUMBER_KINDS and new in _NUMBER_KINDS):
         raise FoalPipeError(problem.format(new=new, old=old))
+    _check_exact_union(before, labels)
+
+
+def _check_exact_union(before: np.ndarray, labels: np.ndarray) -> None:
+    """Refuse integer labels that the dtype NumPy sorts both arrays in (int64 with floats, or with uint64: float64)
+    cannot hold exactly: ``2**62`` and ``2**62 + 1`` would become one class."""
+    joint = np.result_type(before.dtype, labels.dtype)
+    if joint.kind != "f":
+        return
+    bits = np.finfo(joint).nmant + 1
+    for side, other in ((before, labels), (labels, before)):
+        if side.dtype.kind in "iu":
+            top = max(abs(int(side.min())), abs(int(side.max())))
+            if top > 2**bits:
+                raise FoalPipeError(
+                    f"labels of dtype {side.dtype} (up to {top}) and labels of dtype {other.dtype} sort together only "
+                    f"as {joint}, which holds integers exactly only up to 2**{bits}, so distinct ids would merge; pass "
+                    "the labels of every call in one integer dtype (e.g. np.int64)")
+
+
+def check_targets(y: Any) -> None:
+    """scikit-learn's check of classification targets, with a missing label (None) and labels that do not sort
+    together named with their fix rather than in NumPy's words."""
+    labels = np.asarray(y)
+    if y is not None and labels.dtype.kind == "O":
+        missing = [i for i, v in enumerate(labels.ravel().tolist()) if v is None]
+        if missing:
+            raise FoalPipeError(f"y has no label (None) at row {missing[0]}; give every row a label (integer id or "
+                                "name), or drop the unlabelled rows")
+    try:
+        check_classification_targets(y)
+    except TypeError as exc:
+        if "not supported between" not in str(exc):
+            raise as_user_error(exc) from None
+        raise FoalPipeError(f"y mixes labels of kinds {label_kind(labels)}, which do not sort together; use one kind "
+                            "of label (integer ids or names)") from None
+    except ValueError as exc:
+        raise as_user_error(exc) from None
 
 
 #: :func:`check_label_kinds`'s message for ``partial_fit``'s ``classes`` of another kind than ``y``.
@@ -80,22 +118,44 @@ CLASSES_KIND_PROBLEM = ("classes= holds labels of kind {new} but y labels of kin
                         "or names)")
 
 
-def _same(value: Any, fitted: Any) -> bool:
+#: :func:`check_label_kinds`'s message for ``predict``'s ``classes`` of another kind than ``classes_``.
+PREDICT_CLASSES_PROBLEM = ("classes= holds labels of kind {new} but the classifier's classes_ are of kind {old}; pass the "
+                           "task's labels as the classifier was fitted with them")
+
+
+def same_param(value: Any, fitted: Any) -> bool:
     """Whether a parameter still has the value the state was fitted with (a number, a string, None or a sequence)."""
     if value is None or fitted is None or isinstance(value, str) or isinstance(fitted, str):
         return value is fitted or (isinstance(value, str) and isinstance(fitted, str) and value == fitted)
     return bool(np.array_equal(value, fitted))
 
 
-def _gammas(grid: Any) -> list[Any]:
-    """The entries of ``gamma_grid``: a sequence of numbers, not one number or a string (iterated by character)."""
+def check_fitted_params(estimator: Any, fitted: dict[str, Any]) -> None:
+    """Refuse to keep learning after ``set_params`` changed a parameter the ``fitted`` state is built with."""
+    for name, value in fitted.items():
+        if not same_param(getattr(estimator, name), value):
+            raise FoalPipeError(
+                f"{param(name)} is {getattr(estimator, name)!r} but this {type(estimator).__name__} was fitted with "
+                f"{value!r}; call fit to learn afresh with it, or set {name} back to {value!r} to keep learning")
+
+
+def _gammas(grid: Any) -> tuple[float, ...]:
+    """The entries of ``gamma_grid``, checked: a sequence of positive numbers, not one number or a string (iterated
+    by character)."""
     try:
         if isinstance(grid, (str, bytes)):
             raise TypeError
-        return list(grid)
+        entries = list(grid)
     except TypeError:
         raise FoalPipeError(f"gamma_grid must be a sequence of gammas, got {grid!r:.60}; e.g. gamma_grid=[0.1, 1, 10]"
                             ) from None
+    gammas = []
+    for g in entries:
+        try:
+            gammas.append(check_gamma(g))
+        except FoalPipeError:
+            raise FoalPipeError(f"gamma_grid must hold positive numbers, got {g!r:.30}; e.g. gamma_grid=[0.1, 1, 10]") from None
+    return tuple(gammas)
 
 
 class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
@@ -186,7 +246,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         self._dtype = resolve_dtype(self.dtype)
         dtype, where = getattr(xp, self._dtype.name), default_device(xp)
         if self.engine == "gram":
-            grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else tuple(check_gamma(g) for g in _gammas(self.gamma_grid))
+            grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else _gammas(self.gamma_grid)
             if self.gamma == "auto":
                 check_grid(grid)
             self._engine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)
@@ -205,6 +265,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
                 return validate_data(self, X, y, reset=reset, dtype=[np.float64, np.float32])
             except (ValueError, TypeError) as exc:  # scikit-learn's words, as the FoalPipeError the docs promise
                 raise as_user_error(exc) from None
+        if getattr(X, "requires_grad", False):  # torch: no gradient flows through a closed-form solve
+            X = X.detach()
         if X.ndim != 2:
             raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {tuple(X.shape)}")
         if array_namespace(X).isdtype(X.dtype, "complex floating"):  # as scikit-learn refuses NumPy's
@@ -236,9 +298,12 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any) -> AnalyticClassifier:
         """Forget everything learned, then :meth:`partial_fit` on ``(X, y)``."""
+        self._forget()
+        return self.partial_fit(X, y)
+
+    def _forget(self) -> None:
         for name in _FITTED:
             self.__dict__.pop(name, None)
-        return self.partial_fit(X, y)
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> AnalyticClassifier:
         """Absorb one batch of activations ``X`` (n, D) with labels ``y`` (n,). Returns ``self``.
@@ -249,17 +314,12 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """
         first = not self.__sklearn_is_fitted__()
         if not first:
-            self._check_params()
+            check_fitted_params(self, self._fitted_with)
         X, y = self._validate(X, y, reset=first)
-        try:
-            check_classification_targets(y)
-        except (ValueError, TypeError) as exc:
-            raise as_user_error(exc) from None
+        check_targets(y)
         y = np.asarray(y)
         if y.dtype.kind == "c":
             raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
-        if not first:
-            check_label_kinds(self.classes_, y)
         labels = y
         if classes is not None:
             labels = np.asarray(classes).ravel()
@@ -268,19 +328,18 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         if first:
             check_engine_dtype(self.engine, resolve_dtype(self.dtype).name)
             self._start(int(X.shape[1]), y.dtype)
-        X = self._state_array(X)
-        self._add_classes(labels)
-        self._engine.update(X, y, self.classes_)
+        else:
+            check_label_kinds(self.classes_, labels)
+        try:
+            X = self._state_array(X)
+            self._add_classes(labels)
+            self._engine.update(X, y, self.classes_)
+        except BaseException:
+            if first:  # a refused first batch leaves the estimator unfitted, as it was
+                self._forget()
+            raise
         self.n_samples_seen_ += int(X.shape[0])
         return self
-
-    def _check_params(self) -> None:
-        """Refuse to keep learning after ``set_params`` changed a parameter the fitted state is built with."""
-        for name, fitted in self._fitted_with.items():
-            if not _same(getattr(self, name), fitted):
-                raise FoalPipeError(
-                    f"{param(name)} is {getattr(self, name)!r} but this {type(self).__name__} was fitted with {fitted!r}; "
-                    f"call fit to learn afresh with it, or set {name} back to {fitted!r} to keep learning")
 
     def _add_classes(self, labels: np.ndarray) -> None:
         self.classes_ = grow_classes(self._engine, self.classes_, labels)
@@ -400,21 +459,29 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         a label never seen scoring 0, so it wins a row where every seen class scores below 0.
         """
         scores = self.class_scores(X)
+        if classes is not None:
+            classes = np.asarray(classes).ravel()
+            if classes.dtype.kind == "O" and any(c is None for c in classes.tolist()):
+                raise FoalPipeError("classes= holds None; pass every label of the task (those of classes_ among them)")
+            check_label_kinds(self.classes_, classes, PREDICT_CLASSES_PROBLEM)
         return best_of(scores, self.classes_, among_classes(self.classes_, classes))[0]
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
 
-        Extra keyword arguments are stored as JSON metadata (foal_pipe/model/modelfile.py lists the known keys).
+        Extra keyword arguments are stored as JSON metadata (foal_pipe/model/modelfile.py lists the known keys); with
+        ``projection``, its ``activation`` is recorded (an ``activation=`` that contradicts it is refused), so that
+        :func:`~foal_pipe.model.deploy.load_model` rebuilds the same projection.
         :meth:`load` restores a classifier that keeps learning exactly as if the stream had never been
         interrupted.
         """
         self._check_fitted()
         fitted = self._fitted_with
         grid = self._engine.grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
+        matrix, metadata = ridge_projection(projection, metadata)
         model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, fitted["engine"],
                            self._dtype.name, self.n_samples_seen_, grid)
-        return model.save(path, ridge_projection(projection), **metadata)
+        return model.save(path, matrix, **metadata)
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:

@@ -246,7 +246,7 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     tensors, meta = read_model(path, names=("W", "classes", "projection"))
     if "projection" not in tensors:
         raise FoalPipeError(f"{path} has no 'projection' tensor; pass the model.safetensors that learn wrote")
-    activation = meta.get("activation", "sigmoid")
+    activation, dtype = meta.get("activation", "sigmoid"), tensors["projection"].dtype.name  # the run's: no rounding anew
     classifier: AnalyticClassifier | SavedRidge
     projection: SmoothProjection | Expansion
     if estimators:
@@ -254,9 +254,9 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
         from foal_pipe.model.projection import SmoothProjection
 
         classifier = AnalyticClassifier.load(path)
-        projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation)
+        projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     else:
         classifier = SavedRidge(RidgeModel.load(path))
-        projection = Expansion.from_matrix(tensors["projection"], activation=activation)
+        projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
     return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)

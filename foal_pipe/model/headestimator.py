@@ -10,6 +10,7 @@ head on the activations (balanced, or KLDA's slda on random features) in a pipel
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import MISSING, asdict, fields
 from typing import Any, ClassVar
@@ -18,14 +19,13 @@ import array_api_compat.numpy as xp_numpy
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
-from foal_pipe.model.classifier import CLASSES_KIND_PROBLEM, check_label_kinds
+from foal_pipe.model.classifier import CLASSES_KIND_PROBLEM, check_fitted_params, check_label_kinds, check_targets
 from foal_pipe.model.projection import NotFitted
 
 
@@ -44,6 +44,7 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
     _ids: dict[Any, int]  # label -> the head's class id, in order of first appearance
     _rows: dict[Any, int]  # label -> its rows so far
     _scorer: Scorer
+    _fitted_with: dict[str, Any]  # the options the head was built with, whatever set_params sets later
     classes_: np.ndarray
     n_samples_seen_: int
 
@@ -52,38 +53,43 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any) -> HeadEstimator:
         """Forget every row, then :meth:`partial_fit` on ``(X, y)``."""
-        for name in ("_head", "_scorer", "_ids", "_rows", "classes_", "n_features_in_", "feature_names_in_",
-                     "n_samples_seen_"):
+        for name in ("_head", "_scorer", "_ids", "_rows", "_fitted_with", "classes_", "n_features_in_",
+                     "feature_names_in_", "n_samples_seen_"):
             self.__dict__.pop(name, None)
         return self.partial_fit(X, y)
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> HeadEstimator:
         """Add the rows ``X`` labelled ``y`` as one task. ``classes`` (scikit-learn's every label of the stream) may
         name only labels with rows, in ``y`` or before: a head's model of a class comes from its rows, so a class
-        without rows is refused rather than scored from nothing (``classes_`` grows as labels arrive)."""
+        without rows is refused rather than scored from nothing (``classes_`` grows as labels arrive). The head keeps
+        the options it was built with: a call after ``set_params`` changed one is refused (:meth:`fit` starts afresh).
+        A refused batch leaves the estimator as it was."""
         first = not hasattr(self, "_head")
+        if not first:
+            check_fitted_params(self, self._fitted_with)
         try:
             X, y = validate_data(self, X, y, reset=first, dtype=np.float64)
-            check_classification_targets(y)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
+        check_targets(y)
         seen = np.empty(0, dtype=y.dtype) if first else self.classes_
         check_label_kinds(seen, y)
-        merged = np.union1d(seen, y)  # sorted, in a dtype that holds every label so far (as AnalyticClassifier's)
+        merged = np.union1d(seen, y)  # sorted, in a dtype that holds every label so far exactly (check_label_kinds)
         if classes is not None:
-            self._check_classes(np.asarray(classes).ravel(), y, merged)
-        head = self._new_head(int(X.shape[1])) if first else self._head
+            self._check_classes(np.asarray(classes).ravel(), merged)
         ids = {} if first else dict(self._ids)
         rows = {} if first else dict(getattr(self, "_rows", {}))
         labels, counts = np.unique(y, return_counts=True)
         for label, n in zip(labels.tolist(), counts.tolist()):
             ids.setdefault(label, len(ids))
             rows[label] = rows.get(label, 0) + n
-        # the head's own refusal of these counts (fecam: a class of one row) before its sums take the rows: a refused
-        # batch must leave the estimator as it was, and the head's sums are the estimator's
-        HEADS[self.head].head.check_counts(list(rows), list(rows.values()))
+        HEADS[self.head].head.check_counts(list(rows), list(rows.values()))  # e.g. fecam: a class of one row
+        # a later batch goes to a copy of the head, kept only if its boundary solves: its sums are the estimator's
+        head = self._new_head(int(X.shape[1])) if first else copy.deepcopy(self._head, {id(xp_numpy): xp_numpy})
         head.add(np.asarray(X, dtype=np.float64), np.asarray([ids[v] for v in y.tolist()], dtype=np.int64))
         scorer = head.boundary()
+        if first:
+            self._fitted_with = self._options()
         self.n_samples_seen_ = int(X.shape[0]) + (0 if first else self.n_samples_seen_)
         self._head, self._ids, self._rows, self._scorer, self.classes_ = head, ids, rows, scorer, merged
         return self
@@ -97,9 +103,9 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
                                     f"{param(f.name, f.default)}")
         return make_head(self.head, options, xp_numpy, dim)
 
-    def _check_classes(self, classes: np.ndarray, y: np.ndarray, seen: np.ndarray) -> None:
+    def _check_classes(self, classes: np.ndarray, seen: np.ndarray) -> None:
         """Refuse ``partial_fit``'s ``classes`` where it names a label without rows (or of another kind)."""
-        check_label_kinds(y, classes, CLASSES_KIND_PROBLEM)
+        check_label_kinds(seen, classes, CLASSES_KIND_PROBLEM)
         without = np.setdiff1d(classes, seen)
         if without.size:
             raise FoalPipeError(f"classes= names {without.tolist()[0]!r}, which has no rows yet: the {self.head} head models a "
@@ -142,9 +148,10 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         tensors = state.pop("_tensors", None)
         self.__dict__.update(state)
         if tensors is not None:
-            head = make_head(self.head, self._options(), xp_numpy, self.n_features_in_)
+            self.__dict__.setdefault("_fitted_with", self._options())  # pickled before the options were recorded
+            head = make_head(self.head, self._fitted_with, xp_numpy, self.n_features_in_)
             self._head = restore_head(head, self.head, tensors)
-            self._scorer = scorer_from(self.head, tensors, self._options(), xp_numpy)
+            self._scorer = scorer_from(self.head, tensors, self._fitted_with, xp_numpy)
 
 
 def _estimator(name: str, head: type[HeadBase]) -> type[HeadEstimator]:

@@ -25,7 +25,8 @@ Optional and checked when present: ``class_names`` (one unique string per column
 string), ``encoder`` (a mapping: the store's encoder provenance), ``activation`` (``"sigmoid"``),
 ``learned_from`` (the generation ids of the stores whose training rows the model has learned, in order: ``learn
 --init-model`` refuses to learn them twice) and ``learned_data`` (their data identities, which survive
-re-extraction: :meth:`~foal_pipe.store.FeatureStore.data_identity`). Any other key is kept as JSON, so later
+re-extraction: :meth:`~foal_pipe.store.FeatureStore.data_identity`) and ``gamma_grid`` (a ``gamma="auto"`` gram model's
+grid, which its ``gamma`` lies within: a continuation chooses again over it). Any other key is kept as JSON, so later
 versions can add provenance without a new format.
 
 Integrity: one flipped bit in ``W``, or an edited ``gamma``, ``activation`` or ``class_names``, would otherwise
@@ -51,7 +52,7 @@ from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.errors import FoalPipeError, InputTypeError, param
-from foal_pipe.io import METRICS_FILE, atomic_path, enclosing_store
+from foal_pipe.io import METRICS_FILE, atomic_path, enclosing_store, is_feature_store
 from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_checksum, is_checksum
 
 MODEL_FILE = "model.safetensors"
@@ -136,6 +137,8 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
                      else "must be a list of store generation ids (strings)"),
     "learned_data": (False, lambda v, _: None if isinstance(v, list) and all(isinstance(g, str) for g in v)
                      else "must be a list of data identities (strings)"),
+    "gamma_grid": (False, lambda v, _: None if isinstance(v, list) and v and all(_is_number(g) and g > 0 for g in v)
+                   else "must be a non-empty list of positive numbers (the grid of a gamma='auto' model)"),
 }
 
 
@@ -211,6 +214,11 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     if isinstance(counts, np.ndarray) and int(counts.sum()) > metadata["n_samples_seen"]:  # fewer: classes restricted away
         raise _refuse(where, f"the class row counts sum to {int(counts.sum())}, more than 'n_samples_seen' "
                              f"({metadata['n_samples_seen']})")
+    grid = metadata.get("gamma_grid")
+    if grid is not None and (metadata["engine"] != "gram" or not min(grid) * (1 - GAMMA_TOLERANCE) <= metadata["gamma"]
+                             <= max(grid) * (1 + GAMMA_TOLERANCE)):
+        raise _refuse(where, f"metadata 'gamma_grid' records a gamma='auto' model, which the gram engine chooses within "
+                             f"its grid, but the model is {metadata['engine']} with gamma {metadata['gamma']:g}")
     if all(isinstance(tensors.get(name), np.ndarray) for name in ("W", "G", "Q")):
         check_solution(tensors["W"], tensors["G"], tensors["Q"], metadata["gamma"], where)
 
@@ -435,7 +443,12 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
                                 "foal-pipe that wrote metrics.json only for heads; run that `foal-pipe learn` again")
         raise FoalPipeError(f"model file {path} does not exist; train one with `foal-pipe learn`")
     if not path.is_file():
-        raise FoalPipeError(f"model file {path} is not a file; pass the model.safetensors inside it")
+        if is_feature_store(path):
+            raise FoalPipeError(f"{path} is a feature store, not a model file; pass the {MODEL_FILE} that `foal-pipe "
+                                f"learn` wrote into its {param('out')} directory")
+        inside = path / MODEL_FILE
+        fix = f"pass {inside}" if inside.is_file() else f"pass a {MODEL_FILE} written by `foal-pipe learn`"
+        raise FoalPipeError(f"model file {path} is not a file; {fix}")
     try:
         with safe_open(str(path), framework="numpy") as f:
             raw = f.metadata() or {}

@@ -53,6 +53,9 @@ class RidgeModel:
         unpickled): the engine's state and the weights as saved (no solve: the same bits on any machine); a
         ``gamma="auto"`` model's grid is checked as the estimator checks it."""
         tensors, meta = read_model(path)
+        if "head" in meta:
+            raise FoalPipeError(f"{path} is the {meta['head']} head's model file, not a ridge model's; load it with "
+                                "foal_pipe.load_model(path)")
         engine, grid = meta["engine"], meta.get("gamma_grid")
         if grid is not None:
             if engine != "gram":
@@ -68,6 +71,9 @@ class RidgeModel:
         ``metadata`` (foal_pipe/model/modelfile.py lists the known keys) with the settings."""
         if not np.issubdtype(self.classes.dtype, np.integer):
             raise FoalPipeError("only integer class labels can be saved; map labels to integer ids first")
+        if self.classes.size and int(self.classes.min()) < 0:
+            raise FoalPipeError(f"class label {int(self.classes.min())} is negative, but a model file holds class ids "
+                                ">= 0; map the labels to ids 0, 1, ... first")
         if self.classes.dtype.kind == "u" and self.classes.size and int(self.classes.max()) > np.iinfo(np.int64).max:
             raise FoalPipeError(f"class label {int(self.classes.max())} is above 2**63 - 1, the largest id a model file "
                                 "holds (int64); map the labels to smaller ids first")
@@ -83,16 +89,28 @@ class RidgeModel:
         return write_model(path, tensors, {**metadata, **settings})
 
 
-def ridge_projection(projection: Any) -> Any:
-    """The matrix a ridge model file stores for ``projection`` (None: none); a ``cos`` projection, whose bias the
-    ridge file does not hold, refused rather than saved without it."""
+def ridge_projection(projection: Any, metadata: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The matrix a ridge model file stores for ``projection`` (None: none) and ``metadata`` with its ``activation``,
+    which :func:`~foal_pipe.model.deploy.load_model` rebuilds it with (an ``activation`` given that contradicts it is
+    refused); a ``cos`` projection, whose bias the ridge file does not hold, refused rather than saved without it."""
     if projection is None:
-        return None
+        return None, metadata
+    activation = getattr(projection, "activation", None)
+    if not isinstance(activation, str):
+        raise FoalPipeError(f"projection must be a fitted SmoothProjection, got {type(projection).__name__}; for a "
+                            "matrix P pass SmoothProjection.from_matrix(P, activation=...)")
+    if getattr(projection, "components_", None) is None:
+        raise FoalPipeError(f"the {type(projection).__name__} passed as projection is not fitted; fit it first (it reads "
+                            "only the feature count)")
     if getattr(projection, "bias_", None) is not None:
-        raise FoalPipeError(f"a ridge model file holds no projection bias, which activation {projection.activation!r} "
+        raise FoalPipeError(f"a ridge model file holds no projection bias, which activation {activation!r} "
                             "needs; save a head's model (`foal-pipe learn --head slda --head-rows activations`) or use "
                             "relu or sigmoid")
-    return projection.components_
+    given = metadata.get("activation", activation)
+    if given != activation:
+        raise FoalPipeError(f"activation={given!r} contradicts the projection's activation {activation!r}; drop "
+                            "activation= (the projection's is recorded)")
+    return projection.components_, {**metadata, "activation": activation}
 
 
 class RidgeFace:
@@ -163,5 +181,6 @@ class SavedRidge(RidgeFace):
                             "learning")
 
     def save(self, path: str | Path, projection: Any = None, **metadata: Any) -> Path:
-        """Write the model file, with ``projection``'s matrix when given (:meth:`RidgeModel.save`)."""
-        return self.model.save(path, ridge_projection(projection), **metadata)
+        """Write the model file, with ``projection``'s matrix and activation when given (:meth:`RidgeModel.save`)."""
+        matrix, metadata = ridge_projection(projection, metadata)
+        return self.model.save(path, matrix, **metadata)

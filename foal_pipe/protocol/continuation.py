@@ -1,19 +1,18 @@
 """``learn --init-model``: continue a saved model of any head on a new store, exactly, matching classes by name (a
 known class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the
 model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.learner`, :data:`PARTS`);
-both parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner.
+both parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner. The model fixes everything
+its sums depend on: the projection, the activation, the fusion, gamma (or its grid) and the dtype.
 
 Ridge: the saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
 walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at
-every task boundary: so the weights equal one run over the old stream followed by the new one. The model fixes
-everything the sums depend on: the projection, the activation, gamma and the state dtype.
+every task boundary: so the weights equal one run over the old stream followed by the new one.
 
 Another head: its model file holds what continuing needs (:mod:`foal_pipe.heads.state`): ncm's and slda's class
 sums, counts (and slda's Gram), fecam's per-class sums and Grams, balanced's per-class Grams, dual's two Grams,
 right-hand sides and main inverse right after its last boundary (the next task's residuals zero the old classes'
 columns, as the recursion does at a task change). The new store's rows are added in stream order, exactly as if the
-old stream and the new one had been one; the head, its options, the projection and dual's batch size come from the
-model.
+old stream and the new one had been one; the head, its options and dual's batch size come from the model.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
@@ -50,6 +50,7 @@ from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, St
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import walk
 from foal_pipe.store import FeatureStore, open_store
+from foal_pipe.store.blockfusion import parse_fusion, read_time_fusion
 
 if TYPE_CHECKING:  # scikit-learn: not loaded by learn --init-model
     from foal_pipe.model.classifier import AnalyticClassifier
@@ -64,11 +65,20 @@ def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
 
 
 def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Path, init_model: str | Path) -> None:
-    """Refuse a store whose training rows the model has already learned (its generation id is in the model's
-    ``learned_from``, or its data identity -- the same rows re-extracted with other chunks or dtype -- in
-    ``learned_data``): its sums would count every row twice, as if the rows had been given twice."""
-    for key, this, what in (("learned_from", store.meta.generation, "store generation"),
-                            ("learned_data", store.data_identity(), "the same rows extracted again: data identity")):
+    """Refuse a store whose training rows the model may have learned (they would count twice). Rows are shown new by
+    identity only: the store's generation id not in the model's ``learned_from``, its data identity (the same rows
+    re-extracted) not in ``learned_data``; so a store with neither, or a model that records neither, is refused."""
+    generation, identity = store.meta.generation, store.data_identity()
+    unknown = (f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
+               if not (generation or identity) else None if model.metadata.get("learned_from") or
+               model.metadata.get("learned_data") else f"{init_model} records no store it learned (a version-1 file, "
+               "or a model of stores without a generation id)")
+    if unknown:
+        raise FoalPipeError(f"{unknown}, so nothing shows that the model has not learned these rows (continuing would "
+                            "count each twice); learn and continue from stores `foal-pipe extract` wrote, which records "
+                            "both")
+    for key, this, what in (("learned_from", generation, "store generation"),
+                            ("learned_data", identity, "the same rows extracted again: data identity")):
         if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings
             raise FoalPipeError(f"{init_model} has already learned the training rows of {features} ({what} "
                                 f"{this[:16]}); continuing on them would count every row twice: pass "
@@ -92,6 +102,37 @@ def store_ids(classes: np.ndarray, merged: np.ndarray) -> np.ndarray:
         ids.append(back.get(m, extra))
         extra += m not in back
     return np.asarray(ids, dtype=np.int64)
+
+
+def model_fusion(deployed: DeployedModel, given: ModelConfig) -> dict[str, Any]:
+    """The model's read-time fusion (or none) as ``ModelConfig`` fields, which the new store's rows must have too: a
+    ``fusion`` or ``fusion_norm`` other than the model's is refused, not mixed into its sums."""
+    fused = read_time_fusion(deployed.encoder_spec)
+    fusion, norm = fused.get("fusion"), fused.get("fusion_norm", True)
+    asked = None if given.fusion is None else parse_fusion(given.fusion).text
+    if (asked is not None and (asked, given.fusion_norm) != (fusion, norm)) or (not given.fusion_norm and norm):
+        held = "none: the store's features as stored" if fusion is None else fusion + ("" if norm else ", no final norm")
+        typed = [("fusion", asked)] * (asked is not None) + [("fusion_norm", False)] * (not given.fusion_norm)
+        raise FoalPipeError(f"{' '.join(param(*t) for t in typed)} conflicts with the model's fusion ({held}); the model "
+                            f"fixes it (its sums were computed with it): drop {' and '.join(param(k) for k, _ in typed)}")
+    return {"fusion": fusion, "fusion_norm": norm}
+
+
+def check_eval_stores(deployed: DeployedModel, paths: Sequence[str | Path]) -> None:
+    """Refuse an ``eval_features`` store the model cannot score (missing, another encoder or width) before any work."""
+    for path in paths:
+        try:  # the advice of open_store's refusal names the option that gave the path
+            store = open_store(path, **read_time_fusion(deployed.encoder_spec))
+        except FoalPipeError as exc:
+            raise FoalPipeError(exc.template.replace(param("features"), param("eval_features"))) from None
+        check_encoder(deployed.encoder_spec, store, path)
+        deployed.check_width(store.dim, path)
+
+
+def in_dtype(projection: Expansion, dtype: str) -> Expansion:
+    """The model's projection (loaded as float64) in the run's ``dtype``, as ``learn`` draws and saves it."""
+    bias = None if projection.bias_ is None else projection.bias_.astype(dtype)
+    return replace(projection, components_=projection.components_.astype(dtype), bias_=bias, _device={})
 
 
 def check_continuable(stream: StreamConfig, evaluation: EvaluationConfig) -> None:
@@ -226,8 +267,8 @@ def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
         (f"T{t + 1}", run.store.path, (predicted == true)[np.isin(true, merged[task])])
         for t, task in enumerate(run.stream.tasks)]
     counted_stores: list[str | Path] = [run.store.path]
-    for path, true, predicted in scored:
-        if not any(same_store(path, other) for other in counted_stores):
+    for path, true, predicted in scored:  # a store of no class the model knows adds no rows, and no part
+        if (true >= 0).any() and not any(same_store(path, other) for other in counted_stores):
             parts.append(("eval", path, (predicted == true)[true >= 0]))
             counted_stores.append(path)
     n = sum(hits.size for _, _, hits in parts)
@@ -258,14 +299,16 @@ def run_continue(
     name = deployed.classifier.name
     part = PARTS[HEADS[name].learner]
     settings = part.settings(init_model, deployed, model, stream, execution, explicit)
+    settings = replace(settings, **model_fusion(deployed, model))
     check_continuable(stream, evaluation)
-    store = open_store(features)
+    store = open_store(features, settings.fusion, settings.fusion_norm)
     check_encoder(deployed.encoder_spec, store, features)
-    check_new_rows(deployed, store, features, init_model)
     deployed.check_width(store.dim, features)
+    check_new_rows(deployed, store, features, init_model)
+    check_eval_stores(deployed, eval_features)
     merged = label_map(deployed, list(store.classes))
     run = prepare(features, stream, settings, evaluation, execution, **part.prepare(deployed, merged, settings))
-    run.projection = deployed.projection
+    run.projection = in_dtype(deployed.projection, settings.dtype)
     warn_dropped(run, stream, log)
     with np.errstate(all="ignore"):
         final, metrics = part.learn(run, deployed, merged, stream)
@@ -290,7 +333,8 @@ def _continue_gram(run: Run, deployed: DeployedModel, merged: np.ndarray, stream
     solver = Continued(inner, ridge_of(deployed).statistics_, merged)
     gram = walk(run, [GramLearner(run, {None: solver})])[0]
     acc = accuracy_matrices(run, gram.boundaries)[0]
-    final = SavedRidge(RidgeModel.solved(solver.total(gram.running), float(gram.boundaries[-1].gammas[0])))
+    grid = model.gamma_grid if model.gamma == "auto" else None  # the continued model keeps choosing
+    final = SavedRidge(RidgeModel.solved(solver.total(gram.running), float(gram.boundaries[-1].gammas[0]), grid))
     return final, learn_metrics(run, stream, accuracy_report(acc), gram.boundaries)
 
 
@@ -304,9 +348,9 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     store = run.store
     names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     names.update(zip(merged.tolist(), store.classes))
-    result = DeployedModel(final, deployed.projection, [names[c] for c in final.classes_.tolist()],
-                           deployed.encoder_spec,
-                           {**deployed.metadata, **provenance(run, deployed.metadata)})
+    kept = ([names[c] for c in final.classes_.tolist()], deployed.encoder_spec,
+            {**deployed.metadata, **provenance(run, deployed.metadata)})
+    result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it
     scored = [(path, *result.store_predictions(path)) for path in eval_features]
     metrics = replace(metrics, continuation=Continuation(
         init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
@@ -314,7 +358,7 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
         task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
         eval_features=[store_score(*score) for score in scored],
         all_classes=all_classes(result, run, merged, scored) if scored else None))
-    return write_learned(out, [run], start, metrics, result.save)
+    return write_learned(out, [run], start, metrics, DeployedModel(final, run.projection, *kept).save, timed=True)
 
 
 class StoreIds:
@@ -388,7 +432,7 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
             raise FoalPipeError(f"{param('head_rows', given.head_rows)} conflicts with the model's {name} head (its "
                                 f"{space}); the model fixes it: drop {param('head_rows')}")
     asked_for = {**{key: getattr(given, key) for key in explicit if key not in (*SEARCH_SETTINGS, "head_rows")},
-                 **given.head_options}
+                 **given.head_options, **({"engine": given.engine} if given.engine != ModelConfig().engine else {})}
     for key, asked in asked_for.items():
         known = fixed.get(key)
         if asked != known:

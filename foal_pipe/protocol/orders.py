@@ -162,12 +162,27 @@ def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
                             f"each seed alone with {param('order_seed')}")
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and population std (ddof 0) of ``values``; identical values give that value and 0 exactly (NumPy's
+    sum then divide gives 0.6687499999999998 for three 0.66875, which prints 66.87 where each order prints 66.88)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size and bool(np.all(v == v[0])):
+        return float(v[0]), 0.0
+    return float(v.mean()), float(v.std())
+
+
+def position_means(stack: Any) -> np.ndarray:
+    """The mean over the first axis, each position where every entry is the same that value exactly (:func:`mean_std`)."""
+    a = np.asarray(stack, dtype=np.float64)
+    return np.where(np.all(a == a[0], axis=0), a[0], a.mean(axis=0))
+
+
 def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, Any]]:
-    """``mean`` and ``std`` (population, ddof 0) of A_avg, A_last and F over the orders, and of A_auc where every
-    order has one (``--eval-every``). Floats, typed Any: they fill the records' fields of those names."""
+    """``mean`` and ``std`` (population, ddof 0, :func:`mean_std`) of A_avg, A_last and F over the orders, and of A_auc
+    where every order has one (``--eval-every``). Floats, typed Any: they fill the records' fields of those names."""
     keys = [*SUMMARY_KEYS, *(["A_auc"] if all(getattr(e, "A_auc", None) is not None for e in entries) else [])]
-    values = {key: np.array([getattr(e, key) for e in entries], dtype=np.float64) for key in keys}
-    return {"mean": {k: float(v.mean()) for k, v in values.items()}, "std": {k: float(v.std()) for k, v in values.items()}}
+    stats = {key: mean_std([getattr(e, key) for e in entries]) for key in keys}
+    return {"mean": {k: m for k, (m, _) in stats.items()}, "std": {k: sd for k, (_, sd) in stats.items()}}
 
 
 def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
@@ -184,12 +199,12 @@ def order_means(entries: Sequence[Accuracy]) -> dict[str, Any]:
     mean where every order has one. Typed Any: they fill the records' fields of those names."""
     stats = summary(entries)
     rows = [len(row) for row in known(entries[0].accuracy_matrix, "an order's accuracy matrix")]
-    flat = np.mean([np.concatenate(known(e.accuracy_matrix, "an order's accuracy matrix")) for e in entries], axis=0)
+    flat = position_means([np.concatenate(known(e.accuracy_matrix, "an order's accuracy matrix")) for e in entries])
     published = [v for e in entries if (v := e.F_published_code) is not None]
     return {**stats["mean"], "std": stats["std"],
             "accuracy_matrix": [[float(v) for v in row] for row in np.split(flat, np.cumsum(rows)[:-1])],
-            "A_steps": [float(v) for v in np.mean([known(e.A_steps, "an order's A_steps") for e in entries], axis=0)],
-            "F_published_code": float(np.mean(published)) if len(published) == len(entries) else None}
+            "A_steps": [float(v) for v in position_means([known(e.A_steps, "an order's A_steps") for e in entries])],
+            "F_published_code": mean_std(published)[0] if len(published) == len(entries) else None}
 
 
 def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool) -> LearnMetrics:
@@ -409,7 +424,7 @@ def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> Sweep
         entries = [known(rep.heads, "an order's heads")[name] for rep in reports]
         loo = [v for e in entries if (v := e.loo_accuracy) is not None]
         heads[name] = replace(first, **order_means(entries),
-                              loo_accuracy=None if len(loo) < len(entries) else float(np.mean(loo)))
+                              loo_accuracy=None if len(loo) < len(entries) else mean_std(loo)[0])
         if name == "ridge":  # each order at its own gamma, chosen by the sweep's criterion on its training rows
             heads[name] = replace(heads[name], options={"gammas": [e.options["gamma"] for e in entries],
                                                         "selected_by": first.options["selected_by"]})

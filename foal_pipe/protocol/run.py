@@ -402,7 +402,7 @@ def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class
     empty = np.flatnonzero(totals == 0)
     if empty.size:
         raise FoalPipeError(
-            f"task {int(empty[0])} (classes {stream.tasks[empty[0]]}) has no test rows; every task needs test "
+            f"task {int(empty[0]) + 1} (classes {stream.tasks[empty[0]]}) has no test rows; every task needs test "
             "samples to be evaluated: check the store's test labels or the task split"
         )
     return totals

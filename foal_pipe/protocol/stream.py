@@ -212,6 +212,12 @@ def dropped_warning(stream: Stream, n_classes: int, class_order: bool) -> str | 
             f"--drop-remainder drops {ids}: their rows are neither trained on nor evaluated")
 
 
+def _drop_last_empties(n_rows: int, task: int, batch_size: int) -> str:
+    """The refusal when ``--drop-last`` would empty task ``task`` (1-based, as every message numbers tasks)."""
+    return (f"{param('drop_last')} would drop all {n_rows} rows of task {task} (fewer than {param('batch_size')} "
+            f"{batch_size}); use a smaller {param('batch_size')} or leave out {param('drop_last')}")
+
+
 def build_stream(
     labels: np.ndarray,
     n_classes: int,
@@ -239,12 +245,14 @@ def build_stream(
     for t, task in enumerate(tasks):
         idx = np.flatnonzero(np.isin(labels, task))
         rng.shuffle(idx)
-        if drop_last:
-            idx = idx[: idx.size - idx.size % batch_size]
         if idx.size == 0:
             listed = ", ".join(map(str, task[:8])) + (f", ... ({len(task)} classes)" if len(task) > 8 else "")
-            raise FoalPipeError(f"task {t} (classes {listed}) has no training rows; check the store's labels or the "
+            raise FoalPipeError(f"task {t + 1} (classes {listed}) has no training rows; check the store's labels or the "
                                 "task split")
+        if drop_last and idx.size < batch_size:
+            raise FoalPipeError(_drop_last_empties(idx.size, t + 1, batch_size))
+        if drop_last:
+            idx = idx[: idx.size - idx.size % batch_size]
         rows.append(idx)
     return Stream(tasks=[list(t) for t in tasks], rows=rows, batch_size=batch_size, dropped=dropped)
 
@@ -313,9 +321,7 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
         dealt.append(idx)
         if drop_last and idx.size:
             if idx.size < batch_size:
-                raise FoalPipeError(f"{param('drop_last')} would drop all {idx.size} rows of task {len(tasks)} (fewer than "
-                                    f"{param('batch_size')} {batch_size}); use a smaller {param('batch_size')} or leave out "
-                                    f"{param('drop_last')}")
+                raise FoalPipeError(_drop_last_empties(idx.size, len(tasks) + 1, batch_size))
             idx = idx[: idx.size - idx.size % batch_size]
         if idx.size:
             tasks.append(sorted(int(c) for c in np.unique(labels[idx])))

@@ -12,6 +12,7 @@ the table's files are written as one unit and the kept runs removed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -38,8 +39,9 @@ from foal_pipe.protocol.headruns import (
     check_learn_head,
     resolved_options,
 )
+from foal_pipe.protocol.orders import mean_std
 from foal_pipe.protocol.run import Run, held_bytes, prepare, run_parts
-from foal_pipe.protocol.stream import DEFAULT_TASKS
+from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
 
 #: The format of ``table.json``; a reader refuses another.
 TABLE_FORMAT = "foal-pipe/table"
@@ -133,17 +135,46 @@ def head_model(name: str, model: ModelConfig, gamma: float) -> ModelConfig:
     return replace(model, head=name, gamma=gamma)
 
 
-def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings) -> str:
-    """What a kept run was computed from: the store (its path, generation and row counts), the head, the task
-    count, the order and every setting; a resumed table reuses a run only under the same fingerprint."""
+def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings, content: str | None = None
+                ) -> str | None:
+    """What a kept run was computed from: the store (its path, generation -- for a store without one, its content,
+    :func:`store_content` -- and row counts), the code (:func:`code_digest`), the head, the task count, the order
+    and every setting; a resumed table reuses a run only under the same fingerprint. ``content``: the store's
+    :func:`store_content`, read once per store. None: a store without a generation id whose content cannot be told,
+    so no run of it is kept or resumed."""
     meta = store.meta
+    if meta.generation is None and content is None:
+        return None
     doc = {
         "store": str(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
         "encoder": meta.encoder, "rows": [int(store.train.labels.size), int(store.test.labels.size)],
-        "head": head, "tasks": tasks, "order_seed": seed,
+        "head": head, "tasks": tasks, "order_seed": seed, "code": code_digest(),
         "settings": {k: config_record(v) for k, v in asdict_shallow(settings).items()},
+        **({"content": content} if meta.generation is None else {}),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def store_content(path: Path) -> str | None:
+    """A store without a generation id (format 1) by its content: the id :func:`compute_generation` would give it,
+    over its attributes, arrays' metadata and every chunk file's key, size and last bytes (metadata and file tails
+    only, not the rows); None where that cannot be read. A store replaced at the same path has another."""
+    from foal_pipe.store.integrity import compute_generation
+
+    try:
+        return compute_generation(path)
+    except (OSError, ValueError, FoalPipeError):
+        return None
+
+
+@functools.cache
+def code_digest() -> str:
+    """A hash of foal-pipe's own source files: a kept run of other code (a fix since) is not resumed."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for file in sorted(root.rglob("*.py")):
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:20]
 
 
 def asdict_shallow(settings: Settings) -> dict[str, Any]:
@@ -157,7 +188,8 @@ def run_record(store_path: Path, store: Any, head: str, tasks: int, seed: int, m
     """One run of ``table.json``: where it came from, its options and its accuracy fields (fractions)."""
     return {
         "store": str(store_path), "dataset": store.meta.dataset, "encoder": (store.meta.encoder or {}).get("name"),
-        "head": head, "tasks": tasks, "n_tasks": metrics.n_tasks, "order_seed": seed, "options": options,
+        "head": head, "tasks": tasks, "n_tasks": metrics.n_tasks, "stream": metrics.stream or "disjoint",
+        "n_classes": len({c for task in metrics.tasks or () for c in task}), "order_seed": seed, "options": options,
         "accuracy_matrix": metrics.accuracy_matrix, "A_avg": metrics.A_avg, "A_last": metrics.A_last, "F": metrics.F,
         "A_auc": metrics.A_auc, "n_train_seen": metrics.n_train_seen, "n_test": metrics.n_test,
         "feature_dim": metrics.feature_dim,
@@ -176,8 +208,9 @@ class _Kept:
         except (OSError, ValueError):
             return None
 
-    def put(self, key: str, record: dict[str, Any]) -> None:
-        write_json(self.path / f"{key}.json", record)
+    def put(self, key: str | None, record: dict[str, Any]) -> None:
+        if key is not None:  # None: the store's content cannot be told, so the run is not kept
+            write_json(self.path / f"{key}.json", record)
 
     def clear(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -213,7 +246,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
         if write is not None:
             write(tmp, table)
     kept.clear()
-    log(f"{len(runs)} runs in {time.perf_counter() - start:.1f} s")
+    log(f"{counted(len(runs), 'run')} in {time.perf_counter() - start:.1f} s")
     return table
 
 
@@ -357,8 +390,10 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     runs = {key: prepare(path, stream, ridge_model, s.evaluation, s.execution, command="table")
             for key, stream in streams.items()}
     store = next(iter(runs.values())).store
-    keys = {(h, t, seed): fingerprint(store, h, t, seed, settings) for h in config.heads for (t, seed) in streams}
-    done = {k: rec for k, key in keys.items() if (rec := kept.get(key)) is not None}
+    content = None if store.meta.generation is not None else store_content(Path(store.path))
+    keys = {(h, t, seed): fingerprint(store, h, t, seed, settings, content) for h in config.heads
+            for (t, seed) in streams}
+    done = {k: rec for k, key in keys.items() if key is not None and (rec := kept.get(key)) is not None}
     n_resumed = len(done)
     # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
     every_row = ridge_model.loo and not ridge_model.loo_sample
@@ -444,18 +479,22 @@ def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: i
 
 def cells(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One cell per store x head x task count: ``A_avg``, ``A_last``, ``F`` (and ``A_auc`` where every run has one)
-    as ``{"mean", "std", "values"}`` over its runs' orders, std with ddof :data:`DDOF`."""
+    as ``{"mean", "std", "values"}`` over its runs' orders, std with ddof :data:`DDOF` (:func:`mean_std`: identical
+    values give that value and 0 exactly)."""
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["store"], r["head"], r["tasks"]), []).append(r)
     out = []
     for (store, head, tasks), members in groups.items():
         keys = [*CELL_KEYS, *(["A_auc"] if all(m["A_auc"] is not None for m in members) else [])]
-        cell = {"store": store, "dataset": members[0]["dataset"], "encoder": members[0]["encoder"], "head": head,
-                "tasks": tasks, "n_tasks": members[0]["n_tasks"], "order_seeds": [m["order_seed"] for m in members]}
+        first = members[0]
+        cell: dict[str, Any] = {
+            "store": store, "dataset": first["dataset"], "encoder": first["encoder"], "head": head, "tasks": tasks,
+            "n_tasks": first["n_tasks"], **{k: first[k] for k in ("stream", "n_classes") if k in first},  # run_record's
+            "order_seeds": [m["order_seed"] for m in members]}
         for key in keys:
-            values = np.array([m[key] for m in members], dtype=np.float64)
-            cell[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=DDOF)),
-                         "values": [float(v) for v in values]}
+            values = [float(m[key]) for m in members]
+            mean, std = mean_std(values)
+            cell[key] = {"mean": mean, "std": std, "values": values}
         out.append(cell)
     return out

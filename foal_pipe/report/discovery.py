@@ -26,9 +26,10 @@ TIMINGS_FILE = "timings.json"
 #: What a sweep shares with a run for its gamma curve to be the run's, besides the features (each where both files
 #: record it): the store's rows and width (two stores of one dataset and encoder differ there), the seed (of the
 #: projection, and of the class order unless one is given), the projection and activation, the stream and the
-#: scoring, then the tasks (the class order) themselves.
+#: scoring, then the class orders (``--order-seeds``: a run's numbers are means over them) and the tasks themselves.
 SWEPT_SETTINGS = ("n_train_seen", "n_test", "feature_dim", "seed", "projection_dim", "projection_init", "activation",
-                  "stream", "disjoint_ratio", "blurry_ratio", "mask_unseen", "drop_last", "drop_remainder", "dtype", "tasks")
+                  "stream", "disjoint_ratio", "blurry_ratio", "mask_unseen", "drop_last", "drop_remainder", "dtype",
+                  "order_seeds", "tasks")
 
 
 def sweep_candidates(run_dir: Path) -> tuple[Path, ...]:
@@ -75,9 +76,10 @@ def load_run(
     if run.sweep_path is not None:
         run.sweep = read_sweep(run.sweep_path)
         found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics, _fusions(run.sweep))
-        kind = "features" if found else "settings"
         pairs = [(key, _setting(run.sweep, key), _setting(run.metrics, key)) for key in SWEPT_SETTINGS]
-        found += [(key, theirs, ours) for key, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
+        differ = [(key, theirs, ours) for key, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
+        kind = "features" if found or not differ else "settings"
+        found += differ + _other_store(run.sweep, run.metrics)  # the path last: the data and settings say more
         if found:
             what, theirs, ours = found[0]
             problem = (f"{run.sweep_path} swept other {kind} than run {run_dir}: its {what} is {_short(theirs)} but "
@@ -185,8 +187,21 @@ def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics,
     return found
 
 
+def _other_store(sweep: SweepReport, metrics: LearnMetrics) -> list[tuple[str, Any, Any]]:
+    """The store path, where the two files name different stores (each path resolved from here): a sweep of another
+    store of the same dataset, encoder and sizes would otherwise pass as the run's."""
+    theirs, ours = sweep.features, metrics.features
+    if None in (theirs, ours) or theirs == ours or Path(str(theirs)).resolve() == Path(str(ours)).resolve():
+        return []
+    return [("features (store path)", theirs, ours)]
+
+
 def _setting(record: Any, key: str) -> Any:
-    """A recorded setting of a run or sweep; the stream is recorded only when it is not the default disjoint one."""
+    """A recorded setting of a run or sweep; the stream is recorded only when it is not the default disjoint one, and
+    the class orders (``order_seeds``) as a list, one seed for a single order."""
+    if key == "order_seeds":
+        seeds = record.order_seeds
+        return seeds if seeds is not None or record.order_seed is None else [record.order_seed]
     value = getattr(record, key)
     return "disjoint" if key == "stream" and value is None else value
 
@@ -208,10 +223,14 @@ class RunSummary:
     @property
     def seconds(self) -> float | None:
         """The run's wall time: ``total`` in ``timings.json``, or ``seconds`` in a metrics.json or sweep.json
-        from before wall times moved out of them; ``None`` when neither is there."""
+        from before wall times moved out of them; ``None`` when neither is there, or when the folder holds both a
+        learn run and a sweep: ``learn`` and ``sweep`` each write ``timings.json``, so it is the last one's and
+        cannot be told apart (a sweep into a run's folder replaces the run's)."""
         for record in (self.metrics, self.sweep):
             if record is not None and record.seconds is not None:
                 return float(record.seconds)
+        if self.metrics is not None and self.sweep is not None:
+            return None
         try:
             total = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
         except FoalPipeError:  # missing or unreadable: the time is simply not shown

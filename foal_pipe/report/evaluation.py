@@ -20,7 +20,7 @@ from foal_pipe.report.plots import (
     plot_steps,
     plot_weight_norms,
 )
-from foal_pipe.report.readers import Run, consistency_warnings
+from foal_pipe.report.readers import Run, as_recomputed, consistency_warnings
 from foal_pipe.report.tables import plot_data, scores, write_confusion, write_csv
 
 SUMMARY_FILE = "summary.md"
@@ -83,6 +83,7 @@ def evaluate(
     run = load_run(run_dir, sweep=sweep, model=model)
     out = Path(out) if out is not None else run.path / DEFAULT_OUT
     ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
+    run.metrics = as_recomputed(run.metrics)  # the warnings name what metrics.json records; the files show the matrix's
     if run.sweep_mismatch is not None:
         ev.notes.append(f"No gamma plot: {run.sweep_mismatch}; pass `--sweep` of a sweep with the run's settings.")
     elif run.sweep_searched:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.protocol.schema import LearnMetrics
 
@@ -42,6 +40,8 @@ def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[
     """One cell per distinct value of ``keys`` (in order of first appearance): ``key values``, ``n`` runs and each
     metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``. A ``learn --order-seeds`` run counts as its
     class orders, each a run (as the separate ``--order-seed`` runs would), not as their mean."""
+    from foal_pipe.protocol.orders import mean_std  # as table and learn --order-seeds average: the same digits
+
     groups: dict[tuple, list[Any]] = {}
     for m in runs:
         groups.setdefault(tuple(GROUP_KEYS[k](m) for k in keys), []).extend(m.orders or [m])
@@ -49,7 +49,8 @@ def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[
     for values, members in groups.items():
         cell: dict[str, Any] = {"key": dict(zip(keys, values, strict=True)), "n": len(members)}
         for metric in METRICS:
-            v = np.array([getattr(m, metric) for m in members], dtype=np.float64)
-            cell[metric] = {"mean": float(v.mean()), "std": float(v.std(ddof=DDOF)), "values": v.tolist()}
+            values = [float(getattr(m, metric)) for m in members]
+            mean, std = mean_std(values)
+            cell[metric] = {"mean": mean, "std": std, "values": values}
         cells.append(cell)
     return cells

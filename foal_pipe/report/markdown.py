@@ -34,25 +34,39 @@ def _or(value: Any, absent: str = "?") -> Any:
 
 
 def gamma_text(metrics: LearnMetrics) -> str:
-    """A run's gamma: the number, or ``auto`` (a gamma chosen at every task boundary)."""
+    """A run's gamma: the number, or ``auto`` (a gamma chosen at every task boundary); a head's own gamma (balanced,
+    dual), ``-`` for a head without one."""
+    if metrics.head is not None:
+        gamma = (metrics.head_options or {}).get("gamma")
+        return "-" if gamma is None else f"{gamma:g}" if isinstance(gamma, (int, float)) else str(gamma)
     gamma = _or(metrics.gamma)
     return f"{gamma:g}" if isinstance(gamma, (int, float)) else str(gamma)
 
 
+def head_text(metrics: LearnMetrics) -> str:
+    """``learn --head``: the head and its options but gamma (shown on its own), e.g. ``head slda (shrinkage 0.1)``."""
+    options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in (metrics.head_options or {}).items() if k != "gamma")
+    return f"head {metrics.head}" + (f" ({options})" if options else "")
+
+
 def describe(metrics: LearnMetrics) -> str:
-    """One line of the settings that produced a run."""
+    """One line of the settings that produced a run (a head's run: the head and its options; its gamma, or none)."""
     m = metrics
     enc = m.encoder or {}
     enc_bits = ", ".join(f"{k} {enc[k]}" for k in ("fusion", "image_size", "normalize") if k in enc)
     n_tasks = _or(m.n_tasks, len(m.tasks or []) or len(m.accuracy_matrix))
+    head = m.head is not None
     parts = [
         f"encoder `{enc.get('name', '?')}`" + (f" ({enc_bits})" if enc_bits else ""),
         counted(n_tasks, "task"),
-        f"D={_or(m.projection_dim)}",
-        f"gamma={gamma_text(m)}",
+        *([head_text(m)] if head else []),
+        "the store's features (no projection)" if head and m.projection_dim == 0 else f"D={_or(m.projection_dim)}",
+        *([] if gamma_text(m) == "-" else [f"gamma={gamma_text(m)}"]),
         f"batch {_or(m.batch_size)}",
         f"seed {_or(m.seed)}",
-        f"engine {_or(m.engine)} {_or(m.dtype, '')} {_or(m.backend, '')}".rstrip(),
+        (f"{_or(m.dtype, '')} {_or(m.backend, '')}".strip() if head and m.engine is None
+         else f"engine {_or(m.engine)} {_or(m.dtype, '')} {_or(m.backend, '')}".rstrip()),
     ]
     if m.activation is not None:
         parts.append(f"activation {m.activation}")
@@ -78,23 +92,24 @@ def _results(m: LearnMetrics, paper: PaperMatch | None) -> list[str]:
         if show_paper:
             ref = paper.row.metrics().get(key)
             ref_s = f"{100 * ref:.1f}" if ref is not None else "-"
-            delta = f"{100 * (ours - ref):+.1f}" if ref is not None else "-"
+            delta = f"{round(100 * (ours - ref), 1) or 0.0:+.1f}" if ref is not None else "-"  # no -0.0
             lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} | {ref_s} | {delta} |")
         else:
             lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} |")
     if m.orders is not None:
         seeds = ", ".join(str(o.order_seed) for o in m.orders)
-        lines += ["", f"Mean ± std (population) over {len(m.orders)} class orders (order seeds {seeds}); "
-                  "the accuracy matrix below is their position-wise mean.", "",
+        over = (f"Mean ± std (population) over {len(m.orders)} class orders (order seeds {seeds}); the accuracy matrix "
+                "below is their position-wise mean." if len(m.orders) > 1 else f"One class order (order seed {seeds}).")
+        lines += ["", over, "",
                   "| order seed | A_avg (%) | A_last (%) | F (%) |", "|---:|---:|---:|---:|"]
         lines += [f"| {o.order_seed} | {pct(o.A_avg)} | {pct(o.A_last)} | {pct(o.F)} |" for o in m.orders]
     return lines + [""]
 
 
 def _spread(m: LearnMetrics, key: str) -> str:
-    """`` ± std`` when the run has many class orders."""
+    """`` ± std`` when the run has many class orders (over one, a std says nothing)."""
     std = (m.std or {}).get(key)
-    return "" if std is None else f" ± {pct(std)}"
+    return "" if std is None or len(m.orders or ()) == 1 else f" ± {pct(std)}"
 
 
 def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
@@ -282,7 +297,8 @@ def summary_markdown(
     ``plots`` are the PNG file names, linked relative to summary.md; ``classes``: the per-class results.
     """
     m = run.metrics
-    lines = [f"# F-OAL run: {run.label}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
+    title = "F-OAL run" if m.head is None else f"{m.head} head run"
+    lines = [f"# {title}: {run.label}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
     lines += _results(m, paper)
     lines += _paper_lines(run, paper)
     departures = recipe_notes(m) if paper is not None else []

@@ -223,6 +223,10 @@ def match_paper(metrics: RunLike, *, ignore: tuple[str, ...] = ()) -> PaperMatch
     head = getattr(settings, "head", None)
     if head is not None:  # learn --head: the paper's numbers are F-OAL's ridge
         differences.insert(0, f"head {head} (paper: F-OAL's ridge)")
+    continued = _init_model(metrics)
+    if continued is not None:  # learn --init-model: the model had learned other rows first
+        differences.append(f"a continued model (learn --init-model {continued}; paper: trained from scratch on this "
+                           "stream)")
     if settings.stream not in (None, "disjoint"):
         differences.append(f"stream {settings.stream} (paper: disjoint tasks)")
     uneven = len({len(t) for t in settings.tasks or []}) > 1
@@ -234,6 +238,18 @@ def match_paper(metrics: RunLike, *, ignore: tuple[str, ...] = ()) -> PaperMatch
         elif not _same(key, ours[key], paper):
             differences.append(f"{_LABELS[key]} {_show(ours[key])} (paper {_show(paper)}{kept})")
     return PaperMatch(row, tuple(differences))
+
+
+def _init_model(run: RunLike) -> str | None:
+    """The model a ``learn --init-model`` run continued (``?`` where not recorded), None for a fresh run; a dict as
+    ``metrics.json`` holds it (version 1: ``init_model`` at the top level)."""
+    if isinstance(run, RunSettings):
+        continued = getattr(run, "continuation", None)
+        return None if continued is None else continued.init_model or "?"
+    record = run.get("continuation")
+    if isinstance(record, Mapping):
+        return str(record.get("init_model") or "?")
+    return None if run.get("init_model") is None else str(run["init_model"])
 
 
 def recipe_notes(metrics: RunLike) -> list[str]:

@@ -2,10 +2,10 @@
 and the rule that says when one may stand beside a table's cell.
 
 Rule: a published row is printed as a reference only where the benchmark (the store's dataset, by
-:func:`~foal_pipe.report.paper.dataset_key`), the backbone (the store's encoder, a full timm tag) and the task count
-(the cell's ``n_tasks``) all match; its ``setting`` (online or offline, base session, runs) is printed with it,
-because the rule does not check those. Where the benchmark matches but the backbone or task count does not, the
-table says which differs. Only numbers read in a
+:func:`~foal_pipe.report.paper.dataset_key`), the backbone (the store's encoder, a full timm tag), the task count
+(the cell's ``n_tasks``), the stream (every row here streams disjoint tasks) and the number of classes streamed all
+match; its ``setting`` (online or offline, base session, runs) is printed with it, because the rule does not check
+those. Where the benchmark matches but another of them does not, the table says which differs. Only numbers read in a
 source are listed (docs/results-table.md says which sources were searched and which methods are missing).
 """
 
@@ -31,9 +31,12 @@ class PublishedRow:
     source: str  # paper and table, or repository, path and commit
     replay: bool  # the method keeps exemplars of past classes
     setting: str  # the protocol the match rule does not check: online/offline, base session, class order, runs
+    classes: int | None = None  # the classes streamed (None: not checked)
 
 
 F_OAL_TABLE2 = "Zhuang et al., F-OAL, NeurIPS 2024, Table 2"
+#: The classes each Table 2 benchmark streams, from the paper's dataset descriptions (:data:`_TABLE2_SPLITS`).
+_TABLE2_CLASSES = {"cifar100": 100, "core50": 50, "fgvcaircraft": 100, "dtd": 40, "tinyimagenet": 200, "country211": 210}
 #: The task split of each Table 2 benchmark, from the paper's dataset descriptions.
 _TABLE2_SPLITS = {
     "cifar100": "10 tasks of 10 classes",
@@ -75,12 +78,13 @@ def _table2() -> list[PublishedRow]:
         rows.append(PublishedRow("F-OAL", paper.dataset, PAPER_BACKBONE, paper.n_tasks, paper.A_last, paper.A_avg,
                                  F_OAL_TABLE2, False, _TABLE2_SETTING.format(
                                      tasks=_TABLE2_SPLITS[paper.dataset],
-                                     how="exemplar-free, frozen backbone, gamma 1, D 1000")))
+                                     how="exemplar-free, frozen backbone, gamma 1, D 1000"),
+                                 _TABLE2_CLASSES[paper.dataset]))
         for method, (replay, avg, last) in TABLE2_BASELINES.items():
             rows.append(PublishedRow(method, paper.dataset, PAPER_BACKBONE, paper.n_tasks, last[i], avg[i],
                                      F_OAL_TABLE2, replay,
                                      _TABLE2_SETTING.format(tasks=_TABLE2_SPLITS[paper.dataset],
-                                                            how=_TABLE2_HOW[replay])))
+                                                            how=_TABLE2_HOW[replay]), _TABLE2_CLASSES[paper.dataset]))
     return rows
 
 
@@ -98,6 +102,8 @@ RANPAC_BACKBONES = {
 #: ``paper_tables/Table_data_main_{key}.csv``, and ours.
 RANPAC_METHODS = {"No Phase 1": "RanPAC (no Phase 1)", "No RPs or Phase 1": "RanPAC (no RP, no Phase 1)",
                   "NCM only": "cosine NCM (RanPAC's)"}
+#: The classes of each RanPAC benchmark (its ``utils/data.py``; VTAB: its 5 datasets of 10 classes).
+RANPAC_CLASSES = {"cifar100": 100, "imagenet-r": 200, "imagenet-a": 200, "cub200": 200, "omnibenchmark": 300, "vtab": 50}
 #: Per benchmark: RanPAC's dataset key, its task count (``args/{key}_publish.csv``: init_cls = increment),
 #: ``convnet_type``, whether the classes are shuffled (seed 1993), and the final accuracies of
 #: :data:`RANPAC_METHODS` in order, as the CSV prints them.
@@ -127,7 +133,8 @@ def _ranpac() -> list[PublishedRow]:
         source = f"RanPAC/RanPAC paper_tables/Table_data_main_{key}.csv, commit {RANPAC_COMMIT}"
         for (name, method), value in zip(RANPAC_METHODS.items(), values, strict=True):
             rows.append(PublishedRow(method, benchmark, RANPAC_BACKBONES[convnet], tasks, value, None, source, False,
-                                     _RANPAC_SETTING.format(tasks=tasks, order=order, how=_RANPAC_HOW[name])))
+                                     _RANPAC_SETTING.format(tasks=tasks, order=order, how=_RANPAC_HOW[name]),
+                                     RANPAC_CLASSES[benchmark]))
     return rows
 
 
@@ -144,7 +151,7 @@ PUBLISHED: tuple[PublishedRow, ...] = (
                  "offline: base training on 50 classes, then 25 phases of 2 (B50, 26 sessions); the repository's "
                  "implementation with TrivialAugmentWide, which its README says scores about 2-5% above the ACIL "
                  "paper; accuracy over all classes seen (A_last: after the last phase; A_avg: mean over phases); "
-                 "mean of a 95% interval"),
+                 "mean of a 95% interval", 100),
 )
 
 
@@ -158,17 +165,28 @@ class Reference:
 
 
 def _differences(row: PublishedRow, cell: dict[str, Any]) -> list[str]:
-    """What of the backbone and the task count differs between a published row and a cell (empty: they match)."""
+    """What of the backbone, the task count, the stream and the class count differs between a published row and a
+    cell (empty: they match). Every published row streams disjoint tasks; a cell records its stream and classes
+    (a hand-made cell without them is taken as disjoint, its class count unchecked)."""
+    classes = cell.get("n_classes")
     return [what for what, differs in (("backbone", cell.get("encoder") != row.backbone),
-                                       ("task count", cell["n_tasks"] != row.tasks)) if differs]
+                                       ("task count", cell["n_tasks"] != row.tasks),
+                                       ("stream", cell.get("stream", "disjoint") != "disjoint"),
+                                       ("class count", None not in (classes, row.classes) and classes != row.classes))
+            if differs]
+
+
+def _and(things: Sequence[str]) -> str:
+    """``a``, ``a and the b``, ``a, the b and the c``."""
+    return ", the ".join(things[:-1]) + (" and the " if len(things) > 1 else "") + things[-1]
 
 
 def references(cells: Sequence[dict[str, Any]], rows: Sequence[PublishedRow] = PUBLISHED
                ) -> tuple[list[Reference], list[str]]:
-    """The published rows that match a cell's benchmark, backbone and task count, and one line per near miss
-    (a published group on a store's benchmark whose backbone or task count differs) saying what differs."""
+    """The published rows that match a cell's benchmark, backbone, task count, stream and class count, and one line
+    per near miss (a published group on a store's benchmark where one of those differs) saying what differs."""
     matched: list[Reference] = []
-    missed: dict[tuple[str, str, str, int, str, int, str], tuple[list[str], list[str]]] = {}
+    missed: dict[tuple[str, str, str, str, str, str], tuple[list[str], list[str]]] = {}
     seen = set()
     for cell in cells:
         key = (cell["store"], cell["tasks"])
@@ -182,10 +200,14 @@ def references(cells: Sequence[dict[str, Any]], rows: Sequence[PublishedRow] = P
             if not diffs:
                 matched.append(Reference(row, cell["store"], cell["tasks"]))
                 continue
-            group = missed.setdefault((row.source, row.benchmark, row.backbone, row.tasks, cell["store"],
-                                       cell["n_tasks"], str(cell.get("encoder"))), ([], diffs))
+            theirs, ours = f"{row.tasks} tasks, {row.backbone}", f"{cell['n_tasks']} tasks, {cell.get('encoder')}"
+            if "stream" in diffs:
+                theirs, ours = f"{theirs}, disjoint tasks", f"{ours}, stream {cell.get('stream')}"
+            if "class count" in diffs:
+                theirs, ours = f"{theirs}, {row.classes} classes", f"{ours}, {cell.get('n_classes')} classes"
+            group = missed.setdefault((row.source, row.benchmark, theirs, cell["store"], ours, str(diffs)), ([], diffs))
             group[0].append(row.method)
-    why = [f"{', '.join(methods)} ({source}): {benchmark}, {tasks} tasks, {backbone}; {store}: {n_tasks} tasks, "
-           f"{encoder}; the {' and the '.join(diffs)} differ{'s' if len(diffs) == 1 else ''}, not comparable"
-           for (source, benchmark, backbone, tasks, store, n_tasks, encoder), (methods, diffs) in missed.items()]
+    why = [f"{', '.join(methods)} ({source}): {benchmark}, {theirs}; {store}: {ours}; the {_and(diffs)} "
+           f"differ{'s' if len(diffs) == 1 else ''}, not comparable"
+           for (source, benchmark, theirs, store, ours, _), (methods, diffs) in missed.items()]
     return matched, sorted(set(why))

@@ -9,7 +9,7 @@ the values. Metrics are fractions, as the learner writes them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -96,7 +96,7 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
         stored = getattr(metrics, key)
         if stored is not None and key in recomputed and abs(stored - recomputed[key]) > TOLERANCE:
             out.append(
-                f"{key} in metrics.json is {stored:.6f} but the accuracy matrix gives {recomputed[key]:.6f}"
+                f"{key} in metrics.json is {stored:.6f} but the accuracy matrix gives {recomputed[key]:.6f} (shown)"
             )
     stored_steps = metrics.A_steps
     if stored_steps is not None and (
@@ -112,15 +112,51 @@ def _orders_warnings(metrics: LearnMetrics) -> list[str]:
     for entry in metrics.orders:
         where = f"order {'?' if entry.order_seed is None else entry.order_seed}"
         recomputed = summary_of(entry.accuracy_matrix, metrics.stream)
-        out += [f"{key} of {where} in metrics.json is {stored:.6f} but its accuracy matrix gives {recomputed[key]:.6f}"
+        out += [f"{key} of {where} in metrics.json is {stored:.6f} but its accuracy matrix gives {recomputed[key]:.6f} "
+                "(shown)"
                 for key in HEADLINE if (stored := getattr(entry, key)) is not None and key in recomputed
                 and abs(stored - recomputed[key]) > TOLERANCE]
+    fixed = as_recomputed(metrics).orders or []  # each order's numbers as its matrix gives them
     for key in HEADLINE:
-        values = [getattr(e, key) for e in metrics.orders]
+        values = [getattr(e, key) for e in fixed]
         stored = getattr(metrics, key)
         if stored is not None and all(v is not None for v in values) and abs(stored - sum(values) / len(values)) > TOLERANCE:
-            out.append(f"{key} in metrics.json is {stored:.6f} but the mean over its orders is {sum(values) / len(values):.6f}")
+            out.append(f"{key} in metrics.json is {stored:.6f} but the mean over its orders is {sum(values) / len(values):.6f} "
+                       "(shown)")
     return out
+
+
+def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
+    """``metrics`` with each headline number that disagrees with its recomputation from the accuracy matrix
+    (:func:`consistency_warnings` names them) replaced by the recomputation, so no table shows a number its matrix
+    contradicts. With ``orders``: each order's from its own matrix, then the means and stds over the orders."""
+    if metrics.orders is None:
+        recomputed = summary_of(metrics.accuracy_matrix, metrics.stream)
+        return replace(metrics, **{key: recomputed[key] for key in HEADLINE if key in recomputed
+                                   and (stored := getattr(metrics, key)) is not None
+                                   and abs(stored - recomputed[key]) > TOLERANCE})
+    from foal_pipe.protocol.orders import mean_std
+
+    orders = [as_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
+                                                if f.name in HEADLINE or f.name == "accuracy_matrix"}, orders=None))
+              for entry in metrics.orders]
+    orders = [replace(entry, **{key: getattr(fixed, key) for key in HEADLINE})
+              for entry, fixed in zip(metrics.orders, orders, strict=True)]
+    changes: dict[str, Any] = {}
+    std = dict(metrics.std or {})
+    for key in HEADLINE:
+        values = [getattr(e, key) for e in orders]
+        stored = getattr(metrics, key)
+        if stored is None or any(v is None for v in values):
+            continue
+        mean, spread = mean_std(values)
+        if abs(stored - mean) > TOLERANCE or values != [getattr(e, key) for e in metrics.orders]:
+            changes[key] = mean
+            if key in std:
+                std[key] = spread
+    if not changes:
+        return metrics
+    return replace(metrics, **changes, orders=orders, std=std if metrics.std is not None else None)
 
 
 def _check_gamma(metrics: LearnMetrics, path: Path) -> None:

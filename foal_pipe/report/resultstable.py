@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from foal_pipe.protocol.stream import counted
 from foal_pipe.report.published import Reference, references
 
 #: The columns of the printed tables, per store.
@@ -50,13 +51,19 @@ def _columns(table: dict[str, Any]) -> list[tuple[str, str]]:
     return [(store, metric) for store in table["features"] for metric, _, _ in SHOWN]
 
 
+def mean_text(cell: dict[str, Any], metric: str, pm: str, space: str = " ") -> str:
+    """``mean pm std`` in percent; the mean alone for one class order, whose std says nothing."""
+    mean = f"{100 * cell[metric]['mean']:.2f}"
+    return mean if len(cell["order_seeds"]) == 1 else f"{mean}{space}{pm}{space}{100 * cell[metric]['std']:.2f}"
+
+
 def _ours(table: dict[str, Any], tasks: int, bold: Any, pm: str) -> list[list[str]]:
     rows = []
     for head in table["heads"]:
         row = [head]
         for store, metric in _columns(table):
             cell = _cell(table, store, head, tasks)
-            text = f"{100 * cell[metric]['mean']:.2f} {pm} {100 * cell[metric]['std']:.2f}"
+            text = mean_text(cell, metric, pm)
             row.append(bold(text) if cell[metric]["mean"] == _best(table, store, tasks, metric) else text)
         rows.append(row)
     return rows
@@ -89,7 +96,9 @@ def _published(table: dict[str, Any], tasks: int, matched: Sequence[Reference]) 
 
 def _orders_note(table: dict[str, Any]) -> str:
     n = len(table["order_seeds"])
-    return (f"mean ± std over {n} class order{'s' if n != 1 else ''} (seeds {', '.join(map(str, table['order_seeds']))}; "
+    if n == 1:
+        return f"one class order (seed {table['order_seeds'][0]}; no std), percent"
+    return (f"mean ± std over {n} class orders (seeds {', '.join(map(str, table['order_seeds']))}; "
             f"std with ddof {table['std_ddof']}), percent")
 
 
@@ -99,12 +108,12 @@ def markdown(table: dict[str, Any]) -> str:
     matched, why = references(table["cells"])
     lines = ["# Results table", "", f"A_last and A_avg, {_orders_note(table)}; the best mean of each column in bold. "
              "Rows in italics with a note number [n] are published references (their mean only, from the source the "
-             "note names), shown where their benchmark, backbone and task count match what the store records; "
-             "*(replay)* marks methods that keep exemplars.", ""]
+             "note names), shown where their benchmark, backbone, task count, stream and class count match what the "
+             "store records; *(replay)* marks methods that keep exemplars.", ""]
     labels = store_labels(table["features"])
     header = ["head", *[f"{labels[s]} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
     for tasks in table["tasks"]:
-        lines += [f"## {tasks} tasks", "", "| " + " | ".join(header) + " |",
+        lines += [f"## {counted(tasks, 'task')}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in _ours(table, tasks, lambda t: f"**{t}**", "±")]
         lines += ["| *" + r[0] + "* | " + " | ".join(r[1:]) + " |" for r in _published(table, tasks, matched)]
@@ -132,7 +141,7 @@ def latex(table: dict[str, Any]) -> str:
     out = [f"% foal-pipe table: A_last and A_avg, {_orders_note(table).replace('±', '+-')}; needs \\usepackage{{booktabs}}"]
     for tasks in table["tasks"]:
         spec = "l" + " cc" * len(stores)
-        out += [r"\begin{table}[t]", r"\centering", f"\\caption{{{tasks} tasks}}", f"\\begin{{tabular}}{{{spec}}}",
+        out += [r"\begin{table}[t]", r"\centering", f"\\caption{{{counted(tasks, 'task')}}}", f"\\begin{{tabular}}{{{spec}}}",
                 r"\toprule",
                 " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(labels[s])}}}" for s in stores) + r" \\",
                 " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(stores))),
@@ -186,7 +195,7 @@ def plot(table: dict[str, Any], path: Path) -> Path:
                 ax.bar(x + (i - (len(heads) - 1) / 2) * width, [100 * c["A_last"]["mean"] for c in cells], width,
                        yerr=[100 * c["A_last"]["std"] for c in cells], capsize=3, label=head)
             ax.set_xticks(x, [labels[s] for s in stores])
-            ax.set_title(f"{t} tasks")
+            ax.set_title(counted(t, "task"))
             ax.set_ylabel("A_last %")
         handles, names = axes[0].get_legend_handles_labels()
         fig.legend(handles, names, fontsize="small", loc="outside right upper")

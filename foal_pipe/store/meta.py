@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 FORMAT = STORE_FORMAT
 FORMAT_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
+#: The first format version with a split manifest (array and attribute ``manifest``).
+MANIFEST_FROM = 5
 SPLITS = ("train", "test")
 FEATURE_DTYPES = ("float16", "float32", "float64")
 BLOCK_DTYPES = ("float16", "float32")
@@ -223,6 +225,17 @@ def writing(path: Path, what: str) -> Iterator[None]:
     except OSError as exc:
         raise FoalPipeError(f"cannot write {what} of {path}: {exc.strerror or exc}; free some space or make it "
                             "writable, then re-run the same command (a store resumes after its last chunk)") from None
+
+
+def edited_version(meta: StoreMeta, arrays: dict[str, zarr.Array], records: int) -> tuple[int, str] | None:
+    """``(version, what)`` when a complete store declares a ``format_version`` older than its content proves (its
+    split manifest: format 5; chunk records, ``records`` = :func:`~foal_pipe.store.integrity.proven_version`: 4), so
+    the advice names the version that content needs; None when the declared version fits it."""
+    if not meta.complete:
+        return None
+    if meta.format_version < MANIFEST_FROM and "manifest" in arrays and isinstance(meta.extra.get("manifest"), dict):
+        return MANIFEST_FROM, "split manifest"
+    return (records, "chunk records") if meta.format_version < records else None
 
 
 def resume_advice(format_version: int) -> str:

@@ -53,6 +53,7 @@ from foal_pipe.store.meta import (
     UNLABELLED,
     BlockLayout,
     StoreMeta,
+    edited_version,
     open_array,
     read_meta,
     resume_advice,
@@ -435,12 +436,12 @@ def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[st
     """Refuse a format-4 store whose metadata changed since it was completed, then make every chunk read check
     the file against its record; older stores get the chunk size limits and, where they carry a generation id,
     its check (over every chunk's size and last bytes). Every record present is checked: a store declaring a
-    version older than its records prove (:func:`proven_version`) is refused."""
-    proven = proven_version(arrays)
-    if meta.complete and meta.format_version < proven:
-        raise FoalPipeError(f"feature store {path} declares format_version {meta.format_version} but carries the chunk "
-                            f"records of format {proven}: its version was edited down, which would skip their checks; "
-                            f"restore format_version {proven} (its generation id is then checked) or re-extract it")
+    version older than its content proves (:func:`~foal_pipe.store.meta.edited_version`) is refused."""
+    edited = edited_version(meta, arrays, proven_version(arrays))
+    if edited is not None:
+        raise FoalPipeError(f"feature store {path} declares format_version {meta.format_version} but carries the "
+                            f"{edited[1]} of format {edited[0]}: its version was edited down, which would skip their "
+                            f"checks; restore format_version {edited[0]} (its generation id is then checked) or re-extract it")
     if not sealed(meta) and meta.complete and meta.generation is not None:
         check_chunks(path, group, arrays=arrays, format_version=meta.format_version)  # named as missing, not as changed
     if meta.complete and meta.generation is not None or sealed(meta):

@@ -20,8 +20,16 @@ from foal_pipe.store.chunks import (
     missing_chunks,
     rows_text,
 )
-from foal_pipe.store.integrity import compute_generation, generation_problem, group_arrays, guard_chunks, record_problem, sealed
-from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, read_meta
+from foal_pipe.store.integrity import (
+    compute_generation,
+    generation_problem,
+    group_arrays,
+    guard_chunks,
+    proven_version,
+    record_problem,
+    sealed,
+)
+from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, edited_version, read_meta
 from foal_pipe.store.read import chunk_too_large
 
 
@@ -65,7 +73,8 @@ def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
 def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -> Verification:
     """Report the missing chunk files of every array (features and blocks of an incomplete store only below
     its ``progress``) by array and rows, from a listing, and -- for a complete store of format 4 -- metadata
-    changed since completion (its generation id, recomputed from the metadata); with ``read``, also read every
+    changed since completion (its generation id, recomputed from the metadata) or a ``format_version`` edited below
+    what its content proves (:func:`~foal_pipe.store.meta.edited_version`); with ``read``, also read every
     chunk (its record of format 4, checksum, decoding, NaN/inf in features) and recompute an older complete
     store's generation id. An array with more than ``max_listed`` missing chunks is reported as one problem."""
     path = Path(path)
@@ -81,7 +90,12 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
         if name not in arrays:  # the readers open it by path: unlisted, none of its chunks would be read here
             problems.append(ChunkProblem(name, 0, 0, "not listed by the store's metadata (its zarr.json, or its "
                                                      "split's, is missing or damaged)"))
-    if sealed(meta):
+    edited = edited_version(meta, arrays, proven_version(arrays))
+    if edited is not None:  # the generation id then differs too: the edit is the cause to name
+        problems.append(ChunkProblem("(whole store)", 0, 0, f"it declares format_version {meta.format_version} but "
+                                     f"carries the {edited[1]} of format {edited[0]} (its version was edited down: "
+                                     f"restore format_version {edited[0]})"))
+    elif sealed(meta):
         changed = generation_problem(path, group, meta)
         if changed is not None:
             problems.append(ChunkProblem("(whole store)", 0, 0, changed))
