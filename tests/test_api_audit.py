@@ -144,3 +144,22 @@ def test_docs_claim_no_weights_for_the_ridge_head_estimator():
     text = " ".join((Path(__file__).parents[1] / "docs" / "python-api.md").read_text().split())
     assert not hasattr(head_classifier("ridge").fit(F, Y), "weights_")
     assert "predictions and weights as" not in text
+
+
+@pytest.mark.parametrize("engine", ["gram", "rls"])
+def test_a_refused_later_batch_adds_no_class(engine):
+    """A later batch refused (rows at 1e200: the RLS update singular, the Gram sums overflowing) still added its new
+    class: a zero column that then won the rows whose every score is negative (4 of 100 predicted as the unseen 7),
+    and the gram engine took the rows, every later predict refused. Both now leave the classifier as it was."""
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((100, 6)), rng.integers(0, 3, 100)
+    clf = AnalyticClassifier(engine=engine, gamma=1.0).fit(X, y)
+    before = clf.predict(X)
+    with np.errstate(all="ignore"), pytest.raises(FoalPipeError, match="scale the features"):
+        clf.partial_fit(np.full((2, 6), 1e200), [7, 7])
+    assert clf.classes_.tolist() == [0, 1, 2] and clf.n_samples_seen_ == 100
+    np.testing.assert_array_equal(clf.predict(X), before)
+    np.testing.assert_allclose(clf.partial_fit(X[:10], y[:10]).weights_,  # and it learns on as if never offered
+                               AnalyticClassifier(engine=engine, gamma=1.0).fit(np.vstack([X, X[:10]]),
+                                                                              np.concatenate([y, y[:10]])).weights_,
+                               rtol=0, atol=1e-12)

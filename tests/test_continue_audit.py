@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import assert_clean_error, build_store, invoke
+from helpers import assert_clean_error, build_store, invoke, make_image_tree
 from safetensors.numpy import load_file
 
 from foal_pipe.errors import FoalPipeError
@@ -166,3 +166,24 @@ def test_an_eval_store_of_no_known_class_adds_no_part_and_the_write_is_timed(sto
                                                                       ("eval", "A.zarr")]
     assert "eval 0.00" not in result.output
     assert "write" in json.loads((tmp_path / "ab" / "timings.json").read_text())
+
+
+@pytest.mark.parametrize("again", ["absolute path", "copied folder"])
+def test_the_same_images_extracted_from_another_path_are_refused(tmp_path, monkeypatch, again):
+    """The data identity hashed the source path as typed: the same folder extracted as ``img`` and as its absolute
+    path (or a copy of it) gave two identities, and continuing counted every row twice, exit 0. The train images'
+    SHA-256 in the store's split manifest identify them now."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    make_image_tree(tmp_path / "img", {"ant": 6, "bee": 6, "cat": 6, "dog": 6}, test_per_class=3)
+    if again == "copied folder":
+        shutil.copytree(tmp_path / "img", tmp_path / "copy")
+    source = {"absolute path": str(tmp_path / "img"), "copied folder": "copy"}[again]
+    for out, data in (("a.zarr", "img"), ("b.zarr", source)):
+        result = invoke("extract", "--dataset", "imagefolder", "--data-dir", data, "--model", "pixels", "--image-size", 8,
+                        "--out", out, "--workers", 0)
+        assert result.exit_code == 0, result.output
+    assert invoke("learn", "--features", "a.zarr", "--out", "A", "--tasks", 2, "--projection-dim", 20).exit_code == 0
+    result = invoke("learn", "--features", "b.zarr", "--init-model", "A/model.safetensors", "--out", "AB", "--tasks", 2)
+    assert_clean_error(result, "has already learned the training rows of b.zarr (the same rows extracted again", tmp_path / "AB")

@@ -64,7 +64,10 @@ def test_a_sweep_of_other_class_orders_is_refused_or_set_aside(tmp_path):
     assert load_run(run).sweep is not None
 
 
-def test_a_sweep_of_another_store_in_the_run_folder_is_set_aside(tmp_path):
+def test_a_sweep_of_another_store_in_the_run_folder_is_set_aside(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("A.zarr", "B.zarr", "sub"):
+        (tmp_path / name).mkdir()
     run = make_run(tmp_path / "run", make_metrics(features="B.zarr"), model=False,
                    sweep=sweep_record(features="A.zarr"))
     ev = evaluate(run)
@@ -72,6 +75,10 @@ def test_a_sweep_of_another_store_in_the_run_folder_is_set_aside(tmp_path):
     assert any("features (store path) is 'A.zarr'" in n and "'B.zarr'" in n for n in ev.notes)
     (run / "sweep.json").write_text(json.dumps(sweep_record(features=str(Path("B.zarr").resolve()))))
     assert load_run(run).sweep is not None  # the same store, named relative and absolute
+    # `sweep --features ../B.zarr` typed in sub/: not a store from here, so not taken for another one (the audit's
+    # false refusal); the data and settings decide
+    (run / "sweep.json").write_text(json.dumps(sweep_record(features="../B.zarr")))
+    assert load_run(run).sweep is not None
 
 
 def test_summary_shows_no_wall_time_that_a_sweep_may_have_written(tmp_path):

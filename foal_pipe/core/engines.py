@@ -136,6 +136,11 @@ class RLSEngine:
         self.W = align_columns(self.W, old, new)
         self.classes = new
 
+    def restore_classes(self, old: np.ndarray, grown: np.ndarray) -> None:
+        """Undo :meth:`insert_classes` of a refused batch (an update that raised changes nothing else)."""
+        self.W = kept_columns(self.W, old, grown)
+        self.classes = old
+
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
         """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``."""
         check_engine_dtype(self.name, dtype_name(self.R.dtype))
@@ -145,8 +150,8 @@ class RLSEngine:
         RHt = self.R @ H.T
         M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
         RHtK = checked_solve(M, RHt.T, FoalPipeError(  # M is symmetric, so (M^-1 RHt^T)^T = RHt M^-1
-            f"the RLS update is singular (ill-conditioned system); use a larger {param('gamma')} or "
-            f"{param('dtype', 'float64')}"
+            f"the RLS update is singular (an ill-conditioned system, or features too large for it); use a larger "
+            f"{param('gamma')} or scale the features"
         )).T
         self.W += RHtK @ (Y - H @ self.W)
         self.R -= RHtK @ RHt.T
@@ -236,7 +241,21 @@ class GramEngine:
         self.statistics = self.statistics.aligned(new)
         self._solution = None
 
+    def restore_classes(self, old: np.ndarray, grown: np.ndarray) -> None:
+        """Undo :meth:`insert_classes` of a refused batch (the sums take a batch only once it is formed)."""
+        s = self.statistics
+        counts = None if s.counts is None else s.counts[np.searchsorted(grown, old)]
+        self.statistics = RidgeStatistics(s.G, kept_columns(s.Q, old, grown), old, s.n, counts)
+        self._solution = None
+
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
+        """Add the batch's sums; a batch whose products overflow the sums' dtype is refused before it is added (the
+        sums would be inf for good, every later solve refused)."""
+        xp = array_namespace(H)
+        top = float(xp.max(xp.abs(H))) if H.shape[0] * H.shape[1] else 0.0
+        if top * top * H.shape[0] > float(np.finfo(dtype_name(self.statistics.G.dtype)).max):
+            raise FoalPipeError(f"features of magnitude {top:.3g} overflow the {dtype_name(self.statistics.G.dtype)} Gram "
+                                "sums (|x|^2 beyond the largest number); scale the features")
         self.statistics += RidgeStatistics.from_batch(H, labels, classes)
         self._solution = None
 
@@ -281,6 +300,12 @@ class GramEngine:
         counts = state.get("counts")
         self.statistics = RidgeStatistics(cast["G"], cast["Q"], classes, int(n), None if counts is None else np.asarray(counts))
         self._solution = None
+
+
+def kept_columns(matrix: Any, old: np.ndarray, grown: np.ndarray) -> Any:
+    """The columns of ``matrix`` (one per class of ``grown``) of the classes of ``old``, a sorted subset."""
+    xp = array_namespace(matrix)
+    return xp.take(matrix, xp.asarray(np.searchsorted(grown, old), device=device(matrix)), axis=1)
 
 
 ENGINES: dict[str, type[GramEngine] | type[RLSEngine]] = {"gram": GramEngine, "rls": RLSEngine}

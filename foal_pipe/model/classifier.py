@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
@@ -27,6 +25,12 @@ from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
 from foal_pipe.errors import FoalPipeError, InputTypeError, as_user_error, param
+from foal_pipe.model.labels import (
+    CLASSES_KIND_PROBLEM,
+    PREDICT_CLASSES_PROBLEM,
+    check_label_kinds,
+    check_targets,
+)
 from foal_pipe.model.projection import NotFitted, SmoothProjection
 from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, ridge_projection
 
@@ -38,91 +42,6 @@ SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
 _FITTED = ("_engine", "_dtype", "_fitted_with", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_")
 #: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
 _STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid")
-#: Label kinds by NumPy dtype kind; ``number`` kinds sort together, so they mix.
-_DTYPE_KINDS = {"b": "bool", "i": "int", "u": "int", "f": "float", "U": "str", "S": "bytes"}
-_NUMBER_KINDS = ("bool", "int", "float", "number")
-
-
-def _value_kind(value: Any) -> str:
-    if isinstance(value, (str, bytes)):
-        return type(value).__name__
-    if isinstance(value, (bool, np.bool_)):
-        return "bool"
-    return "int" if isinstance(value, numbers.Integral) else "float" if isinstance(value, numbers.Real) else type(value).__name__
-
-
-def label_kind(labels: np.ndarray) -> str:
-    """The kind of ``labels``: ``int``, ``float``, ``bool``, ``str``, ``bytes`` or, for an object array of values of
-    several kinds, ``number`` (all numbers) or them all (``int/str``)."""
-    if labels.dtype.kind != "O":
-        return _DTYPE_KINDS.get(labels.dtype.kind, labels.dtype.name)
-    kinds = sorted({_value_kind(v) for v in set(labels.ravel().tolist())})
-    if len(kinds) > 1 and all(k in _NUMBER_KINDS for k in kinds):
-        return "number"
-    return "/".join(kinds)
-
-
-def check_label_kinds(before: np.ndarray, labels: np.ndarray, problem: str = (
-        "labels of kind {new} after labels of kind {old}; use one kind of label (integer ids or names) in every call, "
-        "or call fit to start afresh")) -> None:
-    """Refuse ``labels`` of another kind than the labels ``before`` (numbers mix; strings, bytes and numbers do not):
-    NumPy cannot sort them together, and ``3`` and ``"3"`` would be two classes. ``problem``: the message, naming
-    the ``{new}`` and ``{old}`` kinds."""
-    if before.size == 0 or labels.size == 0:
-        return
-    old, new = label_kind(before), label_kind(labels)
-    if old != new and not (old in _NUMBER_KINDS and new in _NUMBER_KINDS):
-        raise FoalPipeError(problem.format(new=new, old=old))
-    _check_exact_union(before, labels)
-
-
-def _check_exact_union(before: np.ndarray, labels: np.ndarray) -> None:
-    """Refuse integer labels that the dtype NumPy sorts both arrays in (int64 with floats, or with uint64: float64)
-    cannot hold exactly: ``2**62`` and ``2**62 + 1`` would become one class."""
-    joint = np.result_type(before.dtype, labels.dtype)
-    if joint.kind != "f":
-        return
-    bits = np.finfo(joint).nmant + 1
-    for side, other in ((before, labels), (labels, before)):
-        if side.dtype.kind in "iu":
-            top = max(abs(int(side.min())), abs(int(side.max())))
-            if top > 2**bits:
-                raise FoalPipeError(
-                    f"labels of dtype {side.dtype} (up to {top}) and labels of dtype {other.dtype} sort together only "
-                    f"as {joint}, which holds integers exactly only up to 2**{bits}, so distinct ids would merge; pass "
-                    "the labels of every call in one integer dtype (e.g. np.int64)")
-
-
-def check_targets(y: Any) -> None:
-    """scikit-learn's check of classification targets, with a missing label (None) and labels that do not sort
-    together named with their fix rather than in NumPy's words."""
-    labels = np.asarray(y)
-    if y is not None and labels.dtype.kind == "O":
-        missing = [i for i, v in enumerate(labels.ravel().tolist()) if v is None]
-        if missing:
-            raise FoalPipeError(f"y has no label (None) at row {missing[0]}; give every row a label (integer id or "
-                                "name), or drop the unlabelled rows")
-    try:
-        check_classification_targets(y)
-    except TypeError as exc:
-        if "not supported between" not in str(exc):
-            raise as_user_error(exc) from None
-        raise FoalPipeError(f"y mixes labels of kinds {label_kind(labels)}, which do not sort together; use one kind "
-                            "of label (integer ids or names)") from None
-    except ValueError as exc:
-        raise as_user_error(exc) from None
-
-
-#: :func:`check_label_kinds`'s message for ``partial_fit``'s ``classes`` of another kind than ``y``.
-CLASSES_KIND_PROBLEM = ("classes= holds labels of kind {new} but y labels of kind {old}; use one kind of label (integer ids "
-                        "or names)")
-
-
-#: :func:`check_label_kinds`'s message for ``predict``'s ``classes`` of another kind than ``classes_``.
-PREDICT_CLASSES_PROBLEM = ("classes= holds labels of kind {new} but the classifier's classes_ are of kind {old}; pass the "
-                           "task's labels as the classifier was fitted with them")
-
-
 def same_param(value: Any, fitted: Any) -> bool:
     """Whether a parameter still has the value the state was fitted with (a number, a string, None or a sequence)."""
     if value is None or fitted is None or isinstance(value, str) or isinstance(fitted, str):
@@ -177,7 +96,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         the statistics alone, with no past sample (a warning flags a choice where GCV is unreliable).
         ``foal-pipe learn --gamma auto`` can also use exact leave-one-out, because it re-reads the rows.
     engine : {"gram", "rls"}, default="gram"
-        ``"rls"``: the paper's per-batch Woodbury recursion. ``"gram"``: accumulate ``H^T H`` and
+        ``"rls"``: the paper's per-batch Woodbury recursion (float64; its weights checked when used against the exact
+        solve of sums kept beside it, :class:`~foal_pipe.core.engines.RLSEngine`). ``"gram"``: accumulate ``H^T H`` and
         ``H^T Y`` (a :class:`~foal_pipe.core.statistics.RidgeStatistics`) and solve when the weights are needed
         (the same solution, much faster on CPU).
     dtype : {"float64", "float32"}, default="float64"
@@ -330,6 +250,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             self._start(int(X.shape[1]), y.dtype)
         else:
             check_label_kinds(self.classes_, labels)
+        before = self.classes_
         try:
             X = self._state_array(X)
             self._add_classes(labels)
@@ -337,6 +258,9 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         except BaseException:
             if first:  # a refused first batch leaves the estimator unfitted, as it was
                 self._forget()
+            elif self.classes_ is not before:  # nor does a later one add its classes (zero columns that would score)
+                self._engine.restore_classes(before, self.classes_)
+                self.classes_ = before
             raise
         self.n_samples_seen_ += int(X.shape[0])
         return self

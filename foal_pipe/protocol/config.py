@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ class StreamConfig:
     tasks: int | None = None  # None: stream.DEFAULT_TASKS, at most one task per class
     batch_size: int = 10
     seed: int = 0
-    class_order: Path | None = None
+    class_order: Path | str | None = None  # a JSON file of task lists, or a named order (pilot, pilot:SEED)
     drop_last: bool = False
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
     drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
@@ -57,6 +58,23 @@ class StreamConfig:
                 check_seed(value, name)
         for name in ("disjoint_ratio", "blurry_ratio"):
             check_ratio(getattr(self, name), name)
+        for name, value in (("tasks", self.tasks), ("batch_size", self.batch_size)):  # a float or True is no count
+            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
+                raise FoalPipeError(f"{param(name)} must be an integer (not a float or a boolean), got {value!r}; pass e.g. "
+                                    f"{param(name, 10)}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))  # a NumPy integer is recorded as JSON's
+        for name in ("drop_last", "drop_remainder"):  # "no" is truthy
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise FoalPipeError(f"{param(name)} is a flag, True or False, got {getattr(self, name)!r}; pass "
+                                    f"{param(name, True)} or {param(name, False)}")
+        if self.class_order is not None and not isinstance(self.class_order, (str, PathLike)):
+            raise FoalPipeError(f"{param('class_order')} names a class order or a JSON file of task lists, got "
+                                f"{self.class_order!r}; write the lists to a file and pass its path, or e.g. "
+                                f"{param('class_order', 'pilot')}")
+        if not isinstance(self.stream, str):
+            raise FoalPipeError(f"{param('stream')} is a stream's name, got {self.stream!r}; pass e.g. "
+                                f"{param('stream', 'disjoint')}")
 
     @property
     def resolved_order_seed(self) -> int:

@@ -45,12 +45,13 @@ from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.outputs import provenance, write_learned
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics, run_info
-from foal_pipe.protocol.run import HeadStart, Run, prepare
+from foal_pipe.protocol.run import HeadStart, Run, prepare, projection_dim
 from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, StoreScore, TaskScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import walk
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import parse_fusion, read_time_fusion
+from foal_pipe.store.manifest import data_identities
 
 if TYPE_CHECKING:  # scikit-learn: not loaded by learn --init-model
     from foal_pipe.model.classifier import AnalyticClassifier
@@ -67,10 +68,11 @@ def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
 def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Path, init_model: str | Path) -> None:
     """Refuse a store whose training rows the model may have learned (they would count twice). Rows are shown new by
     identity only: the store's generation id not in the model's ``learned_from``, its data identity (the same rows
-    re-extracted) not in ``learned_data``; so a store with neither, or a model that records neither, is refused."""
-    generation, identity = store.meta.generation, store.data_identity()
+    re-extracted, or the same images: :func:`data_identities`) not in ``learned_data``; so a store with neither, or a
+    model that records neither, is refused."""
+    generation, identities = store.meta.generation, data_identities(store)
     unknown = (f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
-               if not (generation or identity) else None if model.metadata.get("learned_from") or
+               if not (generation or identities) else None if model.metadata.get("learned_from") or
                model.metadata.get("learned_data") else f"{init_model} records no store it learned (a version-1 file, "
                "or a model of stores without a generation id)")
     if unknown:
@@ -78,7 +80,7 @@ def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Pa
                             "count each twice); learn and continue from stores `foal-pipe extract` wrote, which records "
                             "both")
     for key, this, what in (("learned_from", generation, "store generation"),
-                            ("learned_data", identity, "the same rows extracted again: data identity")):
+                            *(("learned_data", i, "the same rows extracted again: data identity") for i in identities)):
         if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings
             raise FoalPipeError(f"{init_model} has already learned the training rows of {features} ({what} "
                                 f"{this[:16]}); continuing on them would count every row twice: pass "
@@ -211,8 +213,7 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
     (None: every field that differs from ``ModelConfig()``) is refused, not applied to half the stream."""
     meta = model.metadata
     gamma = "auto" if "gamma_grid" in meta else float(meta["gamma"])
-    D = int(model.projection.components_.shape[1])
-    fixed = {"gamma": gamma, "projection_dim": 0 if model.projection.is_identity else D,
+    fixed = {"gamma": gamma, "projection_dim": projection_dim(model.projection),
              "activation": model.projection.activation, "dtype": meta["dtype"]}
     if explicit is None:
         explicit = [key for key in FIXED_BY_MODEL if getattr(given, key) != getattr(ModelConfig(), key)]
@@ -419,9 +420,8 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
         explicit = [key for key in ("head", *FIXED_BY_MODEL) if getattr(given, key) != getattr(ModelConfig(), key)]
     classifier = head_of(deployed)
     name, options, space = classifier.name, classifier.options, classifier.space
-    D = int(deployed.projection.components_.shape[1])
     fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
-                             "projection_dim": D if space != "features" else 0,
+                             "projection_dim": projection_dim(deployed.projection) if space != "features" else 0,
                              "dtype": classifier.dtype,
                              "activation": deployed.projection.activation if space == "activations" else None,
                              "head_rows": "activations" if space != HEADS[name].space else None}

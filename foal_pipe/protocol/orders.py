@@ -185,6 +185,17 @@ def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, Any]]:
     return {"mean": {k: m for k, (m, _) in stats.items()}, "std": {k: sd for k, (_, sd) in stats.items()}}
 
 
+#: The settings of a run that may differ from order to order (``--drop-last``'s tails, Si-Blurry's draws): each
+#: order's entry records them where they do (:func:`order_streams`); the top level holds the first order's.
+ORDER_STREAM_KEYS = ("n_train_seen", "n_test", "dropped_classes", "disjoint_classes", "blurred_rows")
+
+
+def order_streams(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per order, its values of the :data:`ORDER_STREAM_KEYS` that differ between the orders' ``records``."""
+    differ = [k for k in ORDER_STREAM_KEYS if len({repr(getattr(r, k)) for r in records}) > 1]
+    return [{k: getattr(r, k) for k in differ} for r in records]
+
+
 def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
     return OrderMetrics(order_seed=seed, tasks=metrics.tasks, accuracy_matrix=metrics.accuracy_matrix,
                         A_steps=metrics.A_steps, A_avg=metrics.A_avg, A_last=metrics.A_last, F=metrics.F,
@@ -207,9 +218,12 @@ def order_means(entries: Sequence[Accuracy]) -> dict[str, Any]:
             "F_published_code": mean_std(published)[0] if len(published) == len(entries) else None}
 
 
-def combine(entries: Sequence[OrderMetrics], first: LearnMetrics, one_pass: bool) -> LearnMetrics:
+def combine(seeds: Sequence[int], orders: Sequence[LearnMetrics], one_pass: bool) -> LearnMetrics:
     """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved; no
-    ``order_seed``), the means over the orders (:func:`order_means`); ``orders``, ``mean`` and ``std``."""
+    ``order_seed``), the means over the orders (:func:`order_means`); ``orders`` (with :func:`order_streams`),
+    ``mean`` and ``std``."""
+    entries = [replace(_order_entry(s, m), **own) for s, m, own in zip(seeds, orders, order_streams(orders))]
+    first = orders[0]
     means = order_means(entries)
     return replace(first, **means, mean={k: means[k] for k in means["std"]}, order_seed=None,
                    order_seeds=[known(e.order_seed, "an order's seed") for e in entries], orders=list(entries),
@@ -276,8 +290,8 @@ def run_learn_orders(
                 finals.append(fixed.model)
             acc = accuracy_matrices(run, boundaries, shared.test)[0]
             metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
-            entries.append((metrics, _order_entry(s, metrics)))
-    metrics = combine([e for _, e in entries], entries[0][0], one_pass=True)
+            entries.append(metrics)
+    metrics = combine(seeds, entries, one_pass=True)
     warn_auto_edges(metrics, log)
     return write_learned(out, runs, start, metrics, lambda path: save_model(finals[0], runs[0], path))
 
@@ -297,8 +311,7 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
         shutil.move(str(tmp / f"order-{seeds[0]}" / MODEL_FILE), str(tmp / MODEL_FILE))
         for s in seeds:
             shutil.rmtree(tmp / f"order-{s}")
-        metrics = combine([_order_entry(s, r.metrics) for s, r in zip(seeds, results)], results[0].metrics,
-                          one_pass=False)
+        metrics = combine(seeds, [r.metrics for r in results], one_pass=False)
         write_json(tmp / METRICS_FILE, metrics.to_dict())
         timings = summed_timings([r.timings for r in results], start)
         write_json(tmp / "timings.json", timings)
@@ -408,7 +421,7 @@ def _combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select:
     the test oracle's gamma (and a choice by ``test``) from those means, and every order's results."""
     results = [replace(r, **order_means([rep.results[i] for rep in reports])) for i, r in enumerate(reports[0].results)]
     orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results,
-                         heads=rep.heads) for s, rep in zip(seeds, reports)]
+                         heads=rep.heads, **own) for s, rep, own in zip(seeds, reports, order_streams(reports))]
     oracle = choose(results, "test")
     combined = replace(reports[0], results=results, orders=orders, order_seed=None, order_seeds=list(seeds),
                        best_gamma_test=oracle, best_gamma=oracle if select == "test" else reports[0].best_gamma)

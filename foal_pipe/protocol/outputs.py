@@ -21,6 +21,7 @@ from foal_pipe.protocol.headruns import head_space, resolved_options
 from foal_pipe.protocol.records import Learned
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics
+from foal_pipe.store.manifest import data_identities
 
 
 def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: LearnMetrics,
@@ -63,11 +64,12 @@ def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str,
 def provenance(run: Run, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A model file's record of the data it learned: the store's dataset and encoder, ``learned_from`` (the
     generation ids of the stores whose training rows it holds, this one last) and ``learned_data`` (their data
-    identities, which survive re-extraction with other chunks or dtype) where the store has them; ``previous``:
+    identities, which survive re-extraction with other chunks or dtype, and the same images from
+    another path: :func:`~foal_pipe.store.manifest.data_identities`) where the store has them; ``previous``:
     the continued model's metadata, whose lists are extended."""
     record = {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder}
-    for key, this in (("learned_from", run.store.meta.generation), ("learned_data", run.store.data_identity())):
-        values = [*(previous or {}).get(key, []), *([this] if this else [])]
+    for key, these in (("learned_from", [run.store.meta.generation]), ("learned_data", data_identities(run.store))):
+        values = [*(previous or {}).get(key, []), *(this for this in these if this)]
         if values:
             record[key] = values
     return record

@@ -151,12 +151,13 @@ def prepare(
     stream = make_stream(
         stream_config.stream, store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size,
         stream_config.resolved_order_seed, order, stream_config.drop_last, stream_config.drop_remainder,
-        stream_config.disjoint_ratio, stream_config.blurry_ratio,
+        stream_config.disjoint_ratio, stream_config.blurry_ratio, store.test.labels,
     )
     if evaluation.eval_every is not None and execution.scheduler == "dask":
         raise FoalPipeError(f"{param('eval_every')} solves inside the tasks, which {param('scheduler', 'dask')} sums whole; "
                             f"use {param('scheduler', 'local')} with {param('eval_every')}")
-    test_totals = count_test_rows(stream, store.test.labels, n_classes, evaluation.eval_every is not None)
+    test_totals = count_test_rows(stream, store.test.labels, n_classes, evaluation.eval_every is not None,
+                                  store.train.labels)
     width = fused["train"].dim if fused else store.dim
     started = time.perf_counter()  # importing the backend's library (torch: seconds) and starting its device
     xp = get_namespace(backend)
@@ -223,6 +224,14 @@ def _planned(width: int, model: ModelConfig) -> Expansion:
     needs its width before the matrix is drawn, so a huge ``projection_dim`` is refused, not allocated."""
     dim = int(model.projection_dim) or width
     return Expansion(np.broadcast_to(np.zeros((), dtype=model.dtype), (width, dim)), model.resolved_activation)
+
+
+def projection_dim(projection: Any) -> int:
+    """A saved model's ``projection_dim``: 0 where its matrix is the identity (learned without a projection, which a
+    model file still stores as a matrix), else its width D."""
+    P = np.asarray(projection.components_)
+    plain = projection.bias_ is None and P.shape[0] == P.shape[1] and np.array_equal(P, np.eye(P.shape[0]))
+    return 0 if plain else int(P.shape[1])
 
 
 @dataclass(frozen=True)
@@ -386,14 +395,17 @@ def rows_cache_bytes(run: Run, split: str = "train") -> int:
     return cache_bytes(rows, run.store.dim, item, len(run.lanes))
 
 
-def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class: bool = False) -> np.ndarray:
+def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class: bool = False,
+                    train_labels: np.ndarray | None = None) -> np.ndarray:
     """Test rows per task (of the classes first seen there); refused up front when a task has none (it could not
     be evaluated). A Si-Blurry stream, or anytime evaluation (``by_class``), scores the classes seen so far and
-    needs test rows for every class of the stream instead."""
+    needs test rows for every class the stream trains on (those of its rows, ``train_labels``; a class a task
+    lists without rows is never seen) instead."""
     row_task = stream.task_of_label(n_classes)[labels]
     totals = np.bincount(row_task[row_task >= 0], minlength=stream.n_tasks)
     if by_class or stream.kind != "disjoint":
-        streamed = np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in stream.tasks]))
+        streamed = (np.unique(np.asarray(train_labels)[np.concatenate(stream.rows)]) if train_labels is not None else
+                    np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in stream.tasks])))
         missing = np.setdiff1d(streamed, labels)
         if missing.size:
             raise FoalPipeError(f"class {int(missing[0])} is trained on but has no test rows; scoring the classes seen "

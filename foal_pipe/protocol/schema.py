@@ -173,6 +173,13 @@ class OrderMetrics(Accuracy):
     gammas_selected: list[float] | None = key(NUMBERS)
     A_auc: float | None = key(FRACTION)
     anytime: AnytimeCurve | None = key(_record(AnytimeCurve, "anytime curve object"))
+    #: Where the orders' streams differ (``--drop-last``, Si-Blurry's draws), this order's; the top level holds
+    #: the first order's.
+    n_train_seen: int | None = key(INTEGER)
+    n_test: int | None = key(INTEGER)
+    dropped_classes: list[int] | None = key(INTEGERS)
+    disjoint_classes: list[int] | None = key(INTEGERS)
+    blurred_rows: int | None = key(COUNT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -419,6 +426,12 @@ class OrderSweep(_Record):
     results: list[SweepResult] = key(_records(SweepResult, "list of results"), required=True)
     #: ``--heads``: this order's entry of every head.
     heads: dict[str, HeadSweep] | None = key(HEAD_SWEEPS)
+    #: As :class:`OrderMetrics`': this order's, where the orders' streams differ.
+    n_train_seen: int | None = key(INTEGER)
+    n_test: int | None = key(INTEGER)
+    dropped_classes: list[int] | None = key(INTEGERS)
+    disjoint_classes: list[int] | None = key(INTEGERS)
+    blurred_rows: int | None = key(COUNT)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,10 @@ class Stream:
     tasks : list of lists of label ids, in stream order.
     rows : one array per task: train row indices in the order the learner sees them.
     batch_size : rows per ``partial_fit`` call.
-    dropped : label ids left out: by ``drop_remainder``, or not listed by an explicit class order.
+    dropped : label ids left out: by ``drop_remainder``, not listed by an explicit class order, or among
+        ``emptied`` or ``untrained``.
+    emptied : label ids whose every training row ``drop_last`` dropped.
+    untrained : label ids with test rows but no training row (scored, they could only be wrong).
     """
 
     tasks: list[list[int]]
@@ -48,6 +51,8 @@ class Stream:
     kind: str = "disjoint"
     disjoint_classes: list[int] | None = None  # si-blurry: the classes seen in one task only
     blurred_rows: int | None = None  # si-blurry: rows of the other classes dealt over the tasks
+    emptied: list[int] = field(default_factory=list)
+    untrained: list[int] = field(default_factory=list)
 
     @property
     def n_tasks(self) -> int:
@@ -113,6 +118,10 @@ def named_class_order(text: str) -> tuple[str, int] | None:
     if colon and not (seed.isdigit() and seed.isascii()):
         raise FoalPipeError(f"{param('class_order', text)} is not {name} with a seed (the seed after the colon must be a "
                             f"non-negative integer); pass e.g. {param('class_order', f'{name}:{CLASS_ORDERS[name][0]}')}")
+    if colon and int(seed) >= 2**32:  # NumPy's legacy generator (the published code's) takes 32-bit seeds
+        raise FoalPipeError(f"{param('class_order', text)}: the seed after the colon must be below 2**32 "
+                            f"({2**32:,}), the range of NumPy's legacy generator the {name} order draws from; pass e.g. "
+                            f"{param('class_order', f'{name}:{CLASS_ORDERS[name][0]}')}")
     return name, int(seed) if colon else CLASS_ORDERS[name][0]
 
 
@@ -185,28 +194,42 @@ def _tasks_range(first: int, last: int) -> str:
 
 
 def dropped_warning(stream: Stream, n_classes: int, class_order: bool) -> str | None:
-    """The warning for classes the stream leaves out (``--drop-remainder``, or an explicit ``--class-order`` that
-    does not list them), or the note on a seeded split into tasks of unequal sizes; None when neither applies
-    (a Si-Blurry stream draws unequal tasks by design, and drops classes only with ``--drop-last``)."""
-    if stream.kind != "disjoint":
-        if not stream.dropped:
+    """The warnings (one a line) for classes the stream leaves out: by ``--drop-remainder``, an explicit
+    ``--class-order`` that does not list them, ``--drop-last`` (:attr:`Stream.emptied`) or for want of training
+    rows (:attr:`Stream.untrained`); or the note on a seeded split into tasks of unequal sizes; None when none
+    applies (a Si-Blurry stream draws unequal tasks by design)."""
+    lines = [_split_warning(stream, n_classes, class_order) if stream.kind == "disjoint" else None]
+    if stream.emptied:
+        lines.append(f"warning: --drop-last drops the last partial batch of every task, and with it every training row of "
+                     f"{counted(len(stream.emptied), 'class', 'classes')} (label ids {stream.emptied}): they are neither "
+                     "trained on nor evaluated")
+    if stream.untrained:
+        lines.append(f"warning: {counted(len(stream.untrained), 'class', 'classes')} (label ids {stream.untrained}) "
+                     f"{'has' if len(stream.untrained) == 1 else 'have'} test rows but no training row: left out of the "
+                     "stream, neither trained on nor evaluated")
+    return "\n".join(line for line in lines if line) or None
+
+
+def _split_warning(stream: Stream, n_classes: int, class_order: bool) -> str | None:
+    """:func:`dropped_warning`'s line on the disjoint split: the classes it leaves out, or its unequal sizes."""
+    lost = set(stream.emptied) | set(stream.untrained)
+    left = [c for c in stream.dropped if c not in lost]
+    if not left:
+        if class_order:
             return None
-        return (f"warning: --drop-last drops the last partial batch of every task, and with it every training row of "
-                f"{counted(len(stream.dropped), 'class', 'classes')} (label ids {stream.dropped}): they are neither "
-                "trained on nor evaluated")
-    if not stream.dropped:
-        sizes = [len(t) for t in stream.tasks]
-        if class_order or len(set(sizes)) < 2:
+        per, extra = divmod(n_classes, stream.n_tasks)  # the split's sizes, before any class was emptied or untrained
+        sizes = [per + (t < extra) for t in range(stream.n_tasks)]
+        if len(set(sizes)) < 2:
             return None
-        larger, n = sizes.count(sizes[0]), stream.n_tasks
+        larger, n = extra, stream.n_tasks
         return (f"note: {n_classes} classes do not split evenly into {n} tasks: {_tasks_range(1, larger)} "
                 f"{'has' if larger == 1 else 'have'} {counted(sizes[0], 'class', 'classes')}, "
                 f"{_tasks_range(larger + 1, n)} {'has' if n - larger == 1 else 'have'} "
                 f"{counted(sizes[-1], 'class', 'classes')} (--drop-remainder drops the "
                 f"{counted(larger, 'class', 'classes')} left over instead, as the published code)")
-    ids = f"{counted(len(stream.dropped), 'class', 'classes')} (label ids {stream.dropped})"
+    ids = f"{counted(len(left), 'class', 'classes')} (label ids {left})"
     if class_order:
-        return (f"warning: --class-order lists {n_classes - len(stream.dropped)} of the store's {n_classes} "
+        return (f"warning: --class-order lists {n_classes - len(left)} of the store's {n_classes} "
                 f"classes; dropping the other {ids}: their rows are neither trained on nor evaluated")
     return (f"warning: {n_classes} classes do not split evenly into {counted(stream.n_tasks, 'task')}; "
             f"--drop-remainder drops {ids}: their rows are neither trained on nor evaluated")
@@ -227,9 +250,12 @@ def build_stream(
     class_order: list[list[int]] | None = None,
     drop_last: bool = False,
     drop_remainder: bool = False,
+    test_labels: np.ndarray | None = None,
 ) -> Stream:
     """The stream over ``labels`` (a split's label array): tasks (``n_tasks`` None: the default number), then
-    shuffled rows per task."""
+    shuffled rows per task. A class left with no training row in its task (``test_labels``: one with test rows
+    and none to train on, or one ``drop_last`` empties) leaves the task and joins ``dropped``, as in :func:`si_blurry`:
+    scored, it could only be wrong."""
     if batch_size < 1:
         raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
     rng = np.random.default_rng(seed)
@@ -241,7 +267,9 @@ def build_stream(
     else:
         tasks = class_order
         dropped = sorted(set(range(n_classes)) - {c for t in tasks for c in t})
-    rows = []
+    in_tasks = {c for task in tasks for c in task}
+    untrained = [] if test_labels is None else [c for c in _untrained(labels, test_labels) if c in in_tasks]
+    rows, emptied, kept = [], [], []
     for t, task in enumerate(tasks):
         idx = np.flatnonzero(np.isin(labels, task))
         rng.shuffle(idx)
@@ -252,9 +280,18 @@ def build_stream(
         if drop_last and idx.size < batch_size:
             raise FoalPipeError(_drop_last_empties(idx.size, t + 1, batch_size))
         if drop_last:
+            present = np.unique(labels[idx])
             idx = idx[: idx.size - idx.size % batch_size]
+            emptied += [int(c) for c in np.setdiff1d(present, labels[idx])]
         rows.append(idx)
-    return Stream(tasks=[list(t) for t in tasks], rows=rows, batch_size=batch_size, dropped=dropped)
+        kept.append([c for c in task if c not in emptied and c not in untrained])
+    return Stream(tasks=kept, rows=rows, batch_size=batch_size, dropped=sorted(dropped + emptied + untrained),
+                  emptied=sorted(emptied), untrained=untrained)
+
+
+def _untrained(train_labels: np.ndarray, test_labels: np.ndarray) -> list[int]:
+    """The label ids with test rows and no training row."""
+    return [int(c) for c in np.setdiff1d(test_labels, train_labels)]
 
 
 def check_ratio(value: object, name: str) -> int:
@@ -274,7 +311,8 @@ def _cut(items: np.ndarray, n_tasks: int, rng: np.random.Generator) -> list[np.n
 
 
 def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
-              disjoint_ratio: int = 50, blurry_ratio: int = 10, drop_last: bool = False) -> Stream:
+              disjoint_ratio: int = 50, blurry_ratio: int = 10, drop_last: bool = False,
+              test_labels: np.ndarray | None = None) -> Stream:
     """The Si-Blurry stream (Moon et al., ICCV 2023, and its public code; docs/streams.md).
 
     From one ``numpy.random.default_rng(seed)``: a class permutation; its first ``C * disjoint_ratio // 100``
@@ -283,7 +321,8 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
     Then ``blurry_ratio`` % of the blurry classes' rows (rounded down), drawn uniformly, leave their task: pooled,
     shuffled and dealt over the tasks in random quotas (cut points again; a row may land in its own task, as in
     the published code). Each task's rows are shuffled once more. Unlike the published code no class is left
-    over (it rounds both counts down to multiples of the tasks); tasks that receive no row are left out.
+    over (it rounds both counts down to multiples of the tasks); tasks that receive no row are left out. Classes
+    with test rows and no training row (``test_labels``) are recorded in ``dropped``, as those ``drop_last`` empties.
     """
     if batch_size < 1:
         raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
@@ -328,24 +367,26 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
             rows.append(idx)
     kept = {c for task in tasks for c in task}
     lost = sorted(int(c) for c in np.unique(labels[np.concatenate(dealt)]) if int(c) not in kept)  # --drop-last's tails
-    return Stream(tasks=tasks, rows=rows, batch_size=batch_size, dropped=lost, kind="si-blurry",
+    untrained = [] if test_labels is None else _untrained(labels, test_labels)
+    return Stream(tasks=tasks, rows=rows, batch_size=batch_size, dropped=sorted(lost + untrained), kind="si-blurry",
+                  emptied=lost, untrained=untrained,
                   disjoint_classes=sorted(int(c) for c in order[:n_disjoint]), blurred_rows=int(pool.size))
 
 
 def _disjoint(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
               class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
-              blurry_ratio: int) -> Stream:
-    return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder)
+              blurry_ratio: int, test_labels: np.ndarray | None) -> Stream:
+    return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder, test_labels)
 
 
 def _si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
                class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
-               blurry_ratio: int) -> Stream:
+               blurry_ratio: int, test_labels: np.ndarray | None) -> Stream:
     for name, value in (("class_order", class_order), ("drop_remainder", drop_remainder)):
         if value:
             raise FoalPipeError(f"{param(name)} splits disjoint tasks; {param('stream', 'si-blurry')} draws its own "
                                 f"split: leave out {param(name)} or use {param('stream', 'disjoint')}")
-    return si_blurry(labels, n_classes, n_tasks, batch_size, seed, disjoint_ratio, blurry_ratio, drop_last)
+    return si_blurry(labels, n_classes, n_tasks, batch_size, seed, disjoint_ratio, blurry_ratio, drop_last, test_labels)
 
 
 #: ``--stream``: each kind of stream by name, with the same arguments (:func:`make_stream`'s).
@@ -354,9 +395,10 @@ STREAMS = {"disjoint": _disjoint, "si-blurry": _si_blurry}
 
 def make_stream(kind: str, labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
                 class_order: list[list[int]] | None = None, drop_last: bool = False, drop_remainder: bool = False,
-                disjoint_ratio: int = 50, blurry_ratio: int = 10) -> Stream:
-    """The stream ``kind`` (:data:`STREAMS`) over a split's labels; its options refused where they do not apply."""
+                disjoint_ratio: int = 50, blurry_ratio: int = 10, test_labels: np.ndarray | None = None) -> Stream:
+    """The stream ``kind`` (:data:`STREAMS`) over a split's labels (``test_labels``: the test split's, which name
+    the classes with test rows and no training row); its options refused where they do not apply."""
     if kind not in STREAMS:
         raise FoalPipeError(f"unknown {param('stream')} {kind!r}; choose {' or '.join(STREAMS)}")
     return STREAMS[kind](labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder,
-                         disjoint_ratio, blurry_ratio)
+                         disjoint_ratio, blurry_ratio, test_labels)

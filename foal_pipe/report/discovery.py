@@ -188,12 +188,15 @@ def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics,
 
 
 def _other_store(sweep: SweepReport, metrics: LearnMetrics) -> list[tuple[str, Any, Any]]:
-    """The store path, where the two files name different stores (each path resolved from here): a sweep of another
-    store of the same dataset, encoder and sizes would otherwise pass as the run's."""
-    theirs, ours = sweep.features, metrics.features
-    if None in (theirs, ours) or theirs == ours or Path(str(theirs)).resolve() == Path(str(ours)).resolve():
+    """The store path, where the two files name different stores: a sweep of another store of the same dataset,
+    encoder and sizes would otherwise pass as the run's. The paths were recorded as typed, each from the directory
+    its command ran in, so they are compared where both name a store from here (the same directory, or not); where
+    one does not, the dataset, sizes and settings compared before decide (``s.zarr`` and ``../s.zarr`` typed from
+    two directories are one store)."""
+    theirs, ours = Path(str(sweep.features)), Path(str(metrics.features))
+    if None in (sweep.features, metrics.features) or theirs == ours or not (theirs.exists() and ours.exists()):
         return []
-    return [("features (store path)", theirs, ours)]
+    return [] if theirs.resolve() == ours.resolve() else [("features (store path)", sweep.features, metrics.features)]
 
 
 def _setting(record: Any, key: str) -> Any:

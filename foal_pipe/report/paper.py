@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 from foal_pipe.protocol.schema import LearnMetrics, RunSettings
@@ -66,6 +67,8 @@ class PaperRow:
     #: where it gives only averages (then no run is claimed to match).
     n_train: int | None = None
     n_test: int | None = None
+    #: Classes per task where the paper's split is not ``n_tasks`` equal tasks (CORe50: 10, then 8 x 5).
+    task_sizes: tuple[int, ...] | None = None
 
     def metrics(self) -> dict[str, float]:
         """Table 2's numbers as fractions, keyed like ``metrics.json``."""
@@ -79,7 +82,7 @@ class PaperRow:
 #: not exact, so they are ``None``.
 TABLE2: tuple[PaperRow, ...] = (
     PaperRow("cifar100", "CIFAR-100", 10, 91.1, 86.5, 5.5, (91.1, 91.1, 91.1, 90.8, 90.3, 87.2), 50_000, 10_000),
-    PaperRow("core50", "CORe50", 9, 96.3, 92.5, 3.9, (95.3, 95.3, 95.3, 95.2, 93.6, 89.9)),
+    PaperRow("core50", "CORe50", 9, 96.3, 92.5, 3.9, (95.3, 95.3, 95.3, 95.2, 93.6, 89.9), task_sizes=(10, *[5] * 8)),
     PaperRow("fgvcaircraft", "FGVCAircraft", 10, 62.2, 54.0, 10.0, (55.1, 59.5, 61.1, 47.1, 34.9, 22.4)),
     PaperRow("dtd", "DTD", 10, 82.8, 75.9, 10.1, (70.3, 75.2, 81.6, 81.5, 79.1, 70.8), 1_600, 1_600),
     PaperRow("tinyimagenet", "Tiny-ImageNet", 10, 91.2, 87.3, 5.0, (91.2, 91.2, 91.2, 90.9, 90.3, 89.8), 100_000,
@@ -229,15 +232,28 @@ def match_paper(metrics: RunLike, *, ignore: tuple[str, ...] = ()) -> PaperMatch
                            "stream)")
     if settings.stream not in (None, "disjoint"):
         differences.append(f"stream {settings.stream} (paper: disjoint tasks)")
-    uneven = len({len(t) for t in settings.tasks or []}) > 1
+    sizes = [len(t) for t in settings.tasks or []]
+    uneven = len(set(sizes)) > 1
     kept = "; the published code drops the classes left over by an even split: --drop-remainder" if uneven else ""
+    hinted = False  # the row counts' differences already name the uneven split
     for key in ("n_train", "n_test"):
         paper = getattr(row, key)
         if paper is None:
             differences.append(f"{_LABELS[key]} {_show(ours[key])} (the paper gives no exact count for {row.title})")
         elif not _same(key, ours[key], paper):
             differences.append(f"{_LABELS[key]} {_show(ours[key])} (paper {_show(paper)}{kept})")
+            hinted = bool(kept)
+    if settings.stream in (None, "disjoint") and len(sizes) == row.n_tasks and not hinted and (
+            sizes != list(row.task_sizes) if row.task_sizes else uneven):  # the task count alone does not fix the split
+        paper_sizes = _sizes(list(row.task_sizes)) if row.task_sizes else f"{row.n_tasks} equal tasks"
+        differences.append(f"classes per task {_sizes(sizes)} (paper {paper_sizes})")
     return PaperMatch(row, tuple(differences))
+
+
+def _sizes(sizes: list[int]) -> str:
+    """Classes per task, runs of equal tasks shortened: ``55, 9 x 5``."""
+    runs = [(size, len(list(group))) for size, group in groupby(sizes)]
+    return ", ".join(str(size) if n == 1 else f"{n} x {size}" for size, n in runs)
 
 
 def _init_model(run: RunLike) -> str | None:

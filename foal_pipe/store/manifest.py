@@ -7,7 +7,9 @@ attribute ``manifest``. The array travels through the store's codecs, chunk reco
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,3 +46,20 @@ def stored_manifest(path: str | Path) -> bytes | None:
     if hashlib.sha256(raw).hexdigest() != attr["sha256"]:
         raise FoalPipeError(f"{path}: the manifest array differs from its recorded SHA-256 (damaged); {REEXTRACT}")
     return raw
+
+
+def data_identities(store: Any) -> list[str]:
+    """The identities of ``store``'s training rows that survive re-extraction: its ``data_identity`` (dataset, source
+    as typed, row indices, labels) and, for a store with a split manifest, the hash of its train images' SHA-256 and
+    class names in row order, which neither the folder's path as typed nor a copy of the folder changes."""
+    identities = [identity] if (identity := store.data_identity()) else []
+    raw = stored_manifest(store.path)
+    if raw is not None:
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+            rows = [[sha, doc["classes"][label]] for _, sha, label in doc["train"]]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise FoalPipeError(f"{store.path}: its split manifest is not readable; {REEXTRACT}") from None
+        digest = hashlib.sha256(json.dumps([store.meta.dataset, rows], ensure_ascii=False).encode())
+        identities.append("images:" + digest.hexdigest())
+    return identities

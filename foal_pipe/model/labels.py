@@ -1,0 +1,96 @@
+"""Class labels as the estimators take them: which kinds mix (numbers sort together, names with names), labels whose
+union would lose ids, and the targets scikit-learn's check refuses, each named with its fix."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+from sklearn.utils.multiclass import check_classification_targets
+
+from foal_pipe.errors import FoalPipeError, as_user_error
+
+#: Label kinds by NumPy dtype kind; ``number`` kinds sort together, so they mix.
+_DTYPE_KINDS = {"b": "bool", "i": "int", "u": "int", "f": "float", "U": "str", "S": "bytes"}
+_NUMBER_KINDS = ("bool", "int", "float", "number")
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, (str, bytes)):
+        return type(value).__name__
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    return "int" if isinstance(value, numbers.Integral) else "float" if isinstance(value, numbers.Real) else type(value).__name__
+
+
+def label_kind(labels: np.ndarray) -> str:
+    """The kind of ``labels``: ``int``, ``float``, ``bool``, ``str``, ``bytes`` or, for an object array of values of
+    several kinds, ``number`` (all numbers) or them all (``int/str``)."""
+    if labels.dtype.kind != "O":
+        return _DTYPE_KINDS.get(labels.dtype.kind, labels.dtype.name)
+    kinds = sorted({_value_kind(v) for v in set(labels.ravel().tolist())})
+    if len(kinds) > 1 and all(k in _NUMBER_KINDS for k in kinds):
+        return "number"
+    return "/".join(kinds)
+
+
+def check_label_kinds(before: np.ndarray, labels: np.ndarray, problem: str = (
+        "labels of kind {new} after labels of kind {old}; use one kind of label (integer ids or names) in every call, "
+        "or call fit to start afresh")) -> None:
+    """Refuse ``labels`` of another kind than the labels ``before`` (numbers mix; strings, bytes and numbers do not):
+    NumPy cannot sort them together, and ``3`` and ``"3"`` would be two classes. ``problem``: the message, naming
+    the ``{new}`` and ``{old}`` kinds."""
+    if before.size == 0 or labels.size == 0:
+        return
+    old, new = label_kind(before), label_kind(labels)
+    if old != new and not (old in _NUMBER_KINDS and new in _NUMBER_KINDS):
+        raise FoalPipeError(problem.format(new=new, old=old))
+    _check_exact_union(before, labels)
+
+
+def _check_exact_union(before: np.ndarray, labels: np.ndarray) -> None:
+    """Refuse integer labels that the dtype NumPy sorts both arrays in (int64 with floats, or with uint64: float64)
+    cannot hold exactly: ``2**62`` and ``2**62 + 1`` would become one class."""
+    joint = np.result_type(before.dtype, labels.dtype)
+    if joint.kind != "f":
+        return
+    bits = np.finfo(joint).nmant + 1
+    for side, other in ((before, labels), (labels, before)):
+        if side.dtype.kind in "iu":
+            top = max(abs(int(side.min())), abs(int(side.max())))
+            if top > 2**bits:
+                raise FoalPipeError(
+                    f"labels of dtype {side.dtype} (up to {top}) and labels of dtype {other.dtype} sort together only "
+                    f"as {joint}, which holds integers exactly only up to 2**{bits}, so distinct ids would merge; pass "
+                    "the labels of every call in one integer dtype (e.g. np.int64)")
+
+
+def check_targets(y: Any) -> None:
+    """scikit-learn's check of classification targets, with a missing label (None) and labels that do not sort
+    together named with their fix rather than in NumPy's words."""
+    labels = np.asarray(y)
+    if y is not None and labels.dtype.kind == "O":
+        missing = [i for i, v in enumerate(labels.ravel().tolist()) if v is None]
+        if missing:
+            raise FoalPipeError(f"y has no label (None) at row {missing[0]}; give every row a label (integer id or "
+                                "name), or drop the unlabelled rows")
+    try:
+        check_classification_targets(y)
+    except TypeError as exc:
+        if "not supported between" not in str(exc):
+            raise as_user_error(exc) from None
+        raise FoalPipeError(f"y mixes labels of kinds {label_kind(labels)}, which do not sort together; use one kind "
+                            "of label (integer ids or names)") from None
+    except ValueError as exc:
+        raise as_user_error(exc) from None
+
+
+#: :func:`check_label_kinds`'s message for ``partial_fit``'s ``classes`` of another kind than ``y``.
+CLASSES_KIND_PROBLEM = ("classes= holds labels of kind {new} but y labels of kind {old}; use one kind of label (integer ids "
+                        "or names)")
+
+
+#: :func:`check_label_kinds`'s message for ``predict``'s ``classes`` of another kind than ``classes_``.
+PREDICT_CLASSES_PROBLEM = ("classes= holds labels of kind {new} but the classifier's classes_ are of kind {old}; pass the "
+                           "task's labels as the classifier was fitted with them")
