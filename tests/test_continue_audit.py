@@ -91,7 +91,10 @@ def test_rows_that_cannot_be_shown_new_are_refused(tmp_path, stores, head):
     old = build_store(tmp_path / "v1.zarr", n_train=48, n_test=24, chunk=16)  # format 1: no generation id
     model = _learn(old, tmp_path / "first", *RUN, "--head", head)
     out = tmp_path / "out"
-    assert_clean_error(_continue(model, old, out), "v1.zarr has no generation id or data identity", out)
+    # named by its content: the same store refused, another format-1 store of new rows continued
+    assert_clean_error(_continue(model, old, out), "has already learned the training rows of", out)
+    other = build_store(tmp_path / "w1.zarr", n_train=48, n_test=24, chunk=16, seed=5)
+    assert _continue(model, other, tmp_path / "new").exit_code == 0
     tensors, meta = read_model(_learn(stores["A"], tmp_path / "a", *RUN, "--head", head))
     write_model(tmp_path / "unrecorded.safetensors", tensors, {k: v for k, v in meta.items() if k != "learned_from"})
     assert_clean_error(_continue(tmp_path / "unrecorded.safetensors", stores["B"], out), "records no store it learned",

@@ -15,6 +15,7 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store.chunks import REEXTRACT, read_rows
+from foal_pipe.store.integrity import compute_generation
 from foal_pipe.store.meta import open_array, read_meta
 
 MANIFEST = "manifest"
@@ -51,8 +52,12 @@ def stored_manifest(path: str | Path) -> bytes | None:
 def data_identities(store: Any) -> list[str]:
     """The identities of ``store``'s training rows that survive re-extraction: its ``data_identity`` (dataset, source
     as typed, row indices, labels) and, for a store with a split manifest, the hash of its train images' SHA-256 and
-    class names in row order, which neither the folder's path as typed nor a copy of the folder changes."""
+    class names in row order, which neither the folder's path as typed nor a copy of the folder changes. A store
+    without a generation id (formats 1-2) is named by its content instead (the id :func:`compute_generation` would
+    give it: attributes, arrays' metadata, every chunk's size and last bytes), so a model of it can be continued."""
     identities = [identity] if (identity := store.data_identity()) else []
+    if store.meta.generation is None:
+        identities.append("content:" + compute_generation(store.path))
     raw = stored_manifest(store.path)
     if raw is not None:
         try:
