@@ -7,6 +7,8 @@ output directory in one rename, so a kill or a full disk leaves the previous out
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import ctypes
 import errno
 import json
@@ -80,8 +82,33 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except OSError as exc:
         raise _io_error(path, exc, "free some space or choose another output path") from None
     finally:
-        with held_signals():
+        with held_signals(), contextlib.suppress(OSError):  # a failed unlink must not hide why the write failed
             tmp.unlink(missing_ok=True)
+
+
+class CsvRows:
+    """``csv.writer`` rows ending in ``\n`` that a reader splits as written: the csv module quotes a field holding its
+    line terminator's characters only, so a carriage return in a class name or a path split its row; such a row is
+    written with every field quoted."""
+
+    def __init__(self, fh: Any) -> None:
+        self._plain = csv.writer(fh, lineterminator="\n")
+        self._quoted = csv.writer(fh, lineterminator="\n", quoting=csv.QUOTE_ALL)
+
+    def writerow(self, row: Iterable[Any]) -> None:
+        row = list(row)
+        (self._quoted if any(isinstance(v, str) and "\r" in v for v in row) else self._plain).writerow(row)
+
+    def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
+        for row in rows:
+            self.writerow(row)
+
+
+def csv_dict_writer(fh: Any, fieldnames: list[str]) -> csv.DictWriter:
+    """``csv.DictWriter`` whose rows go through :class:`CsvRows`."""
+    writer = csv.DictWriter(fh, fieldnames=fieldnames, lineterminator="\n")
+    writer.writer = CsvRows(fh)  # type: ignore[assignment]
+    return writer
 
 
 def write_json(path: str | Path, data: Any) -> Path:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -184,6 +186,9 @@ def user_errors() -> Iterator[None]:
     """
     try:
         yield
+    except BrokenPipeError:  # the reader closed the pipe (`foal-pipe predict ... | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
+        raise typer.Exit(128 + signal.SIGPIPE) from None
     except (FoalPipeError, OSError) as exc:
         if os.environ.get("FOAL_PIPE_DEBUG"):
             raise

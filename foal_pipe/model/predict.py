@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io import CsvRows
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
 from foal_pipe.store.blockfusion import read_time_fusion
@@ -40,7 +40,7 @@ class Predictions:
 
     def write_csv(self, fh: TextIO) -> None:
         """Write :data:`COLUMNS`, one line per row."""
-        writer = csv.writer(fh, lineterminator="\n")
+        writer = CsvRows(fh)
         writer.writerow(COLUMNS)
         names = self.names
         for i, (p, s, t) in enumerate(zip(self.predicted.tolist(), self.score.tolist(), self.true.tolist())):
@@ -114,7 +114,7 @@ class ImagePredictions:
 
     def write_csv(self, fh: TextIO) -> None:
         """Write :data:`IMAGE_COLUMNS` (and the top-k columns), one line per image."""
-        writer = csv.writer(fh, lineterminator="\n")
+        writer = CsvRows(fh)
         k = min(self.top_k, len(self.names)) if self.top_k > 1 else 0
         writer.writerow([*IMAGE_COLUMNS, *(f"top{i}_{what}" for i in range(2, k + 1) for what in ("name", "score"))])
         order = np.argsort(-self.scores, axis=1, kind="stable")

@@ -9,11 +9,11 @@ The CSV holds every cell and metric as fractions, as ``table.json``.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from foal_pipe.io import csv_dict_writer
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.published import Reference, references
 
@@ -209,7 +209,7 @@ def write_files(tmp: Path, table: dict[str, Any]) -> None:
     (tmp / "table.md").write_text(markdown(table))
     (tmp / "table.tex").write_text(latex(table))
     with open(tmp / "table.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, lineterminator="\n")
+        writer = csv_dict_writer(fh, CSV_FIELDS)
         writer.writeheader()
         writer.writerows(csv_rows(table))
     plot(table, tmp / "table.png")

@@ -5,11 +5,11 @@ Accuracies are percent in the rows (what the plots show) and fractions in the sc
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summary_of
+from foal_pipe.io import CsvRows, csv_dict_writer
 from foal_pipe.report.classes import ClassResults, stream_order, stream_positions
 from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
@@ -95,7 +95,7 @@ def plot_data(run: Run) -> dict[str, list[dict[str, Any]]]:
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
     """Rows as CSV, floats to 6 significant digits (stable text), ``None`` as an empty cell."""
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer = csv_dict_writer(fh, list(rows[0]))
         writer.writeheader()
         for row in rows:
             writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else "" if v is None else v for k, v in row.items()})
@@ -105,7 +105,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
 def write_confusion(path: Path, classes: ClassResults) -> Path:
     """The confusion counts as CSV: a header of the predicted class names, then one row per true class."""
     with path.open("w", newline="") as fh:
-        writer = csv.writer(fh, lineterminator="\n")
+        writer = CsvRows(fh)
         writer.writerow(["true_class", *classes.names])
         for name, counts in zip(classes.names, classes.confusion.tolist()):
             writer.writerow([name, *counts])
