@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from foal_pipe.errors import FoalPipeError, param
 
@@ -56,6 +57,23 @@ def cluster_failure(exc: BaseException) -> FoalPipeError:
     """The one-line error for a cluster lost under a run (one of :func:`cluster_errors`)."""
     return FoalPipeError(f"the Dask cluster failed during the run ({type(exc).__name__}); previous outputs are "
                          "unchanged: check the workers and re-run")
+
+
+def cluster_result(client: Any, future: Any, poll: float = 2.0) -> Any:
+    """``future.result()``, refused once the cluster has had no worker for :data:`WORKER_TIMEOUT` s: a task left
+    without workers (all killed under the run) waits for new ones and never fails by itself."""
+    alone_since = None
+    while True:
+        try:
+            return future.result(timeout=poll)
+        except TimeoutError:
+            if client.scheduler_info().get("workers"):
+                alone_since = None
+            elif alone_since is None:
+                alone_since = time.monotonic()
+            elif time.monotonic() - alone_since > WORKER_TIMEOUT:
+                raise FoalPipeError(f"the Dask cluster has had no worker for {WORKER_TIMEOUT} s during the run; previous "
+                                    "outputs are unchanged: check the workers and re-run") from None
 
 
 def check_workers(workers: object) -> int:
@@ -109,7 +127,8 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
             cluster = None
             try:
                 client = distributed.Client(address, timeout="20s")
-            except (OSError, TimeoutError, ValueError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001  also what a server that is no Dask scheduler answers with
+                # (an HTTP server's reply read as a message length: a MemoryError of exbibytes)
                 raise FoalPipeError(
                     f"cannot connect to the Dask scheduler at {address!r} ({type(exc).__name__}); start one with "
                     f"`dask scheduler` and pass its tcp://host:port, or use {param('dask_address', 'local')}"

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.cluster import cluster_errors, cluster_failure, require_distributed
+from foal_pipe.cluster import cluster_errors, cluster_failure, cluster_result, require_distributed
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
@@ -238,7 +238,7 @@ class ClusterSplit:
                     if k not in self._futures and self._left[k]:
                         self._futures[k] = self._client.submit(read_chunks, *self._where, self._blocks[k], pure=False)
                 future = self._futures[b]
-            raw = future.result()[lo]
+            raw = cluster_result(self._client, future)[lo]
         except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
             raise FoalPipeError(f"{self._where[0]}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; "
                                 f"{REEXTRACT}") from None
