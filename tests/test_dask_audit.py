@@ -62,8 +62,8 @@ def test_an_address_that_is_no_dask_scheduler_is_one_line():
 
     threading.Thread(target=answer, daemon=True).start()
     try:
-        with pytest.raises(FoalPipeError, match=r"cannot connect to the Dask scheduler at 'tcp://127.0.0.1:\d+'"):
-            with cluster.dask_client(f"tcp://127.0.0.1:{port}"):
-                pass
+        with pytest.raises(FoalPipeError, match=r"cannot connect to the Dask scheduler at 'tcp://127.0.0.1:\d+'"), \
+                cluster.dask_client(f"tcp://127.0.0.1:{port}"):
+            pass
     finally:
         server.close()
