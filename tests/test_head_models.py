@@ -22,6 +22,7 @@ from foal_pipe.model.predict import predict_split
 from foal_pipe.model.projection import SmoothProjection
 from foal_pipe.protocol.stream import build_stream
 from foal_pipe.store import write_store
+from foal_pipe.store.integrity import compute_generation
 
 DATA = Path(__file__).parent / "data"
 #: Each head's ``learn`` options beyond the store (balanced and dual take the projection).
@@ -301,6 +302,8 @@ def test_ridge_model_file_is_unchanged_and_an_old_file_predicts_as_before(tmp_pa
     assert new.keys() == tensors.keys()
     header = [{k: v for k, v in read_model(path)[1].items() if k != "checksum"}
               for path in (tmp_path / "ridge" / "model.safetensors", old)]
+    # since then, a store without a generation id (format 1) is recorded by its content, so the model can continue
+    assert header[0].pop("learned_data") == ["content:" + compute_generation(store)] and "learned_data" not in header[1]
     assert header[0] == header[1]
     for name in tensors:
         assert new[name].dtype == tensors[name].dtype
