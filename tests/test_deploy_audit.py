@@ -55,8 +55,9 @@ def test_a_write_under_a_file_names_its_own_failure(run, tmp_path):
         tmp.write_text("{}")
 
 
-def test_a_reader_that_closes_the_pipe_ends_predict_quietly(run):
-    store, out = run
+def test_a_reader_that_closes_the_pipe_ends_predict_quietly(run, tmp_path):
+    _, out = run
+    store = _store(tmp_path / "big.zarr", n=6000)  # about 400 KB of CSV: more than a pipe holds, so the write fails
     code = "import sys; from foal_pipe.cli import main; sys.argv[0] = 'foal-pipe'; main()"
     predict = subprocess.Popen([sys.executable, "-c", code, "predict", "--model", str(out / "model.safetensors"),
                                 "--features", str(store), "--split", "train"], stdout=subprocess.PIPE,
