@@ -138,7 +138,7 @@ class RLSEngine:
 
     def restore_classes(self, old: np.ndarray, grown: np.ndarray) -> None:
         """Undo :meth:`insert_classes` of a refused batch (an update that raised changes nothing else)."""
-        self.W = kept_columns(self.W, old, grown)
+        self.W = kept_columns(self.W, np.searchsorted(grown, old))
         self.classes = old
 
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
@@ -184,7 +184,7 @@ class RLSEngine:
     def verify(self) -> None:
         """Refuse weights that the recursion's rounding moved from the exact solve of the same sums by more than
         :data:`~foal_pipe.core.linalg.DRIFTS` (that solve refuses a gamma the sums cannot resolve)."""
-        if self._verified or self._sums is None:
+        if self._verified:  # a loaded state is verified until it is updated
             return
         self._gather()
         xp = array_namespace(self.R)
@@ -243,9 +243,9 @@ class GramEngine:
 
     def restore_classes(self, old: np.ndarray, grown: np.ndarray) -> None:
         """Undo :meth:`insert_classes` of a refused batch (the sums take a batch only once it is formed)."""
-        s = self.statistics
-        counts = None if s.counts is None else s.counts[np.searchsorted(grown, old)]
-        self.statistics = RidgeStatistics(s.G, kept_columns(s.Q, old, grown), old, s.n, counts)
+        s, kept = self.statistics, np.searchsorted(grown, old)
+        counts = None if s.counts is None else s.counts[kept]
+        self.statistics = RidgeStatistics(s.G, kept_columns(s.Q, kept), old, s.n, counts)
         self._solution = None
 
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
@@ -302,10 +302,10 @@ class GramEngine:
         self._solution = None
 
 
-def kept_columns(matrix: Any, old: np.ndarray, grown: np.ndarray) -> Any:
-    """The columns of ``matrix`` (one per class of ``grown``) of the classes of ``old``, a sorted subset."""
+def kept_columns(matrix: Any, kept: np.ndarray) -> Any:
+    """The columns ``kept`` of ``matrix``: a class set grown by a refused batch back to the one before it."""
     xp = array_namespace(matrix)
-    return xp.take(matrix, xp.asarray(np.searchsorted(grown, old), device=device(matrix)), axis=1)
+    return xp.take(matrix, xp.asarray(kept, device=device(matrix)), axis=1)
 
 
 ENGINES: dict[str, type[GramEngine] | type[RLSEngine]] = {"gram": GramEngine, "rls": RLSEngine}

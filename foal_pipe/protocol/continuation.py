@@ -43,48 +43,18 @@ from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.loosample import RowSample
+from foal_pipe.protocol.newrows import check_new_rows, label_map
 from foal_pipe.protocol.outputs import provenance, write_learned
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics, run_info
 from foal_pipe.protocol.run import HeadStart, Run, prepare, projection_dim
 from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, StoreScore, TaskScore
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import walk
-from foal_pipe.store import FeatureStore, open_store
+from foal_pipe.store import open_store
 from foal_pipe.store.blockfusion import parse_fusion, read_time_fusion
-from foal_pipe.store.manifest import data_identities
 
 if TYPE_CHECKING:  # scikit-learn: not loaded by learn --init-model
     from foal_pipe.model.classifier import AnalyticClassifier
-
-
-def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
-    """``merged[k]``: the model label id of store class ``k`` (by name; new names get ids beyond the model's)."""
-    if len(set(store_classes)) != len(store_classes):
-        dup = next(c for i, c in enumerate(store_classes) if c in store_classes[:i])
-        raise FoalPipeError(f"the store names class {dup!r} under two label ids; class names must be unique")
-    return model.label_ids(list(store_classes))
-
-
-def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Path, init_model: str | Path) -> None:
-    """Refuse a store whose training rows the model may have learned (they would count twice). Rows are shown new by
-    identity only: the store's generation id not in the model's ``learned_from``, its data identity (the same rows
-    re-extracted, or the same images: :func:`data_identities`) not in ``learned_data``; so a store with neither, or a
-    model that records neither, is refused."""
-    generation, identities = store.meta.generation, data_identities(store)
-    unknown = (f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
-               if not (generation or identities) else None if model.metadata.get("learned_from") or
-               model.metadata.get("learned_data") else f"{init_model} records no store it learned (a version-1 file, "
-               "or a model of stores without a generation id)")
-    if unknown:
-        raise FoalPipeError(f"{unknown}, so nothing shows that the model has not learned these rows (continuing would "
-                            "count each twice); learn and continue from stores `foal-pipe extract` wrote, which records "
-                            "both")
-    for key, this, what in (("learned_from", generation, "store generation"),
-                            *(("learned_data", i, "the same rows extracted again: data identity") for i in identities)):
-        if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings
-            raise FoalPipeError(f"{init_model} has already learned the training rows of {features} ({what} "
-                                f"{this[:16]}); continuing on them would count every row twice: pass "
-                                f"{param('features')} a store of new rows")
 
 
 def relabel(statistics: RidgeStatistics, merged: np.ndarray) -> RidgeStatistics:
@@ -305,15 +275,17 @@ def run_continue(
     store = open_store(features, settings.fusion, settings.fusion_norm)
     check_encoder(deployed.encoder_spec, store, features)
     deployed.check_width(store.dim, features)
-    check_new_rows(deployed, store, features, init_model)
+    identities = check_new_rows(deployed, store, features, init_model)
     check_eval_stores(deployed, eval_features)
     merged = label_map(deployed, list(store.classes))
     run = prepare(features, stream, settings, evaluation, execution, **part.prepare(deployed, merged, settings))
+    if run.store.fingerprint != store.fingerprint:  # the rows checked new are the rows learned
+        raise FoalPipeError(f"{features} was replaced while it was being opened; run the command again")
     run.projection = in_dtype(deployed.projection, settings.dtype)
     warn_dropped(run, stream, log)
     with np.errstate(all="ignore"):
         final, metrics = part.learn(run, deployed, merged, stream)
-    return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start)
+    return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start, identities)
 
 
 def _gram_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,
@@ -340,8 +312,8 @@ def _continue_gram(run: Run, deployed: DeployedModel, merged: np.ndarray, stream
 
 
 def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: Any, merged: np.ndarray, run: Run,
-                      metrics: LearnMetrics, eval_features: Sequence[str | Path], out: str | Path,
-                      start: float) -> Learned:
+                      metrics: LearnMetrics, eval_features: Sequence[str | Path], out: str | Path, start: float,
+                      identities: list[str]) -> Learned:
     """Write a continuation's outputs (ridge or a head): the ``final`` classifier deployed with the model's
     projection and encoder and every class's name (the model's, then the new store's at their ``merged`` ids), and
     ``metrics`` with what continuing adds: the model continued, the rows seen in all, the new store's label ids,
@@ -350,7 +322,7 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     names.update(zip(merged.tolist(), store.classes))
     kept = ([names[c] for c in final.classes_.tolist()], deployed.encoder_spec,
-            {**deployed.metadata, **provenance(run, deployed.metadata)})
+            {**deployed.metadata, **provenance(run, deployed.metadata, identities)})
     result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it
     scored = [(path, *result.store_predictions(path)) for path in eval_features]
     metrics = replace(metrics, continuation=Continuation(

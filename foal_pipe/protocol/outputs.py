@@ -61,14 +61,15 @@ def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str,
     timings["total"] = time.perf_counter() - start
     return {step: round(seconds, 3) for step, seconds in sorted(timings.items())}
 
-def provenance(run: Run, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def provenance(run: Run, previous: Mapping[str, Any] | None = None, identities: list[str] | None = None) -> dict[str, Any]:
     """A model file's record of the data it learned: the store's dataset and encoder, ``learned_from`` (the
     generation ids of the stores whose training rows it holds, this one last) and ``learned_data`` (their data
     identities, which survive re-extraction with other chunks or dtype, and the same images from
     another path: :func:`~foal_pipe.store.manifest.data_identities`) where the store has them; ``previous``:
-    the continued model's metadata, whose lists are extended."""
+    the continued model's metadata, whose lists are extended; ``identities``: the store's, where already read."""
     record = {"dataset": run.store.meta.dataset, "encoder": run.store.meta.encoder}
-    for key, these in (("learned_from", [run.store.meta.generation]), ("learned_data", data_identities(run.store))):
+    identities = data_identities(run.store) if identities is None else identities
+    for key, these in (("learned_from", [run.store.meta.generation]), ("learned_data", identities)):
         values = [*(previous or {}).get(key, []), *(this for this in these if this)]
         if values:
             record[key] = values

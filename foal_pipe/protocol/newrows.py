@@ -1,0 +1,45 @@
+"""What shows a continuation's store new to its model: its class names mapped to the model's label ids, and its
+training rows' identities (generation id, data identities) absent from what the model records it learned."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.model.deploy import DeployedModel
+from foal_pipe.store import FeatureStore
+from foal_pipe.store.manifest import data_identities
+
+
+def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
+    """``merged[k]``: the model label id of store class ``k`` (by name; new names get ids beyond the model's)."""
+    if len(set(store_classes)) != len(store_classes):
+        dup = next(c for i, c in enumerate(store_classes) if c in store_classes[:i])
+        raise FoalPipeError(f"the store names class {dup!r} under two label ids; class names must be unique")
+    return model.label_ids(list(store_classes))
+
+
+def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Path, init_model: str | Path) -> list[str]:
+    """Refuse a store whose training rows the model may have learned (they would count twice). Rows are shown new by
+    identity only: the store's generation id not in the model's ``learned_from``, its data identity (the same rows
+    re-extracted, or the same images: :func:`data_identities`) not in ``learned_data``; so a store with neither, or a
+    model that records neither, is refused. Returns those identities, for the continued model's record."""
+    generation, identities = store.meta.generation, data_identities(store)
+    unknown = (f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
+               if not (generation or identities) else None if model.metadata.get("learned_from") or
+               model.metadata.get("learned_data") else f"{init_model} records no store it learned (a version-1 file, "
+               "or a model of stores without a generation id)")
+    if unknown:
+        raise FoalPipeError(f"{unknown}, so nothing shows that the model has not learned these rows (continuing would "
+                            "count each twice); learn and continue from stores `foal-pipe extract` wrote, which records "
+                            "both")
+    for key, this, what in (("learned_from", generation, "store generation"),
+                            *(("learned_data", i, "the same rows extracted again: data identity") for i in identities)):
+        if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings
+            raise FoalPipeError(f"{init_model} has already learned the training rows of {features} ({what} "
+                                f"{this[:16]}); continuing on them would count every row twice: pass "
+                                f"{param('features')} a store of new rows")
+    return identities
