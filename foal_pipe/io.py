@@ -118,24 +118,25 @@ def write_json(path: str | Path, data: Any) -> Path:
     return Path(path)
 
 
-def check_output_dir(path: str | Path) -> Path:
+def check_output_dir(path: str | Path, create: bool = False) -> Path:
     """Refuse, before any work, an output directory that cannot be written; settles earlier interrupted runs.
 
-    Creates the parent directories and a probe directory beside ``path`` (removed again), so a read-only
-    place, a path under a file or ``path`` being a file are named now rather than after training. A symlinked
-    ``path`` is checked (and later written) at its target: :func:`follow_link`.
+    Makes a probe directory (removed again) in ``path``'s parent or, where that does not exist yet, its nearest
+    existing ancestor (:func:`_probe_parent`), so a read-only place, a path under a file or ``path`` being a file
+    are named now rather than after training. ``create``: make the parents (at write time). A symlinked ``path`` is
+    checked (and later written) at its target: :func:`follow_link`.
     """
     path = _check_parents(follow_link(path))
     if path.name in ("", ".", ".."):  # rename() refuses them: the run would fail after all its work
         raise FoalPipeError(f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename; "
                             f"pass it by name, e.g. {param('out')} {Path(os.path.abspath(path))}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        where = _probe_parent(path, create)
         _remove_stale(path)
         if path.exists() and not path.is_dir():
             raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with {param('out')}")
         with held_signals():  # made and removed with no interrupt between
-            Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)).rmdir()
+            Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=where)).rmdir()
     except OSError as exc:
         raise _io_error(path, exc, f"choose a writable {param('out')} directory") from None
     return path
@@ -145,12 +146,12 @@ def check_output_file(path: str | Path) -> Path:
     """Refuse, before any work, an output file that cannot be written (a directory, under a file, read-only)."""
     path = _check_parents(follow_link(path))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        where = _probe_parent(path, create=False)
         _remove_stale(path)
         if path.is_dir():
             raise FoalPipeError(f"output {path} is a directory; pass a file path with {param('out')}")
         with held_signals():  # made and removed with no interrupt between
-            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=where)
             os.close(fd)
             os.unlink(probe)
     except OSError as exc:
@@ -175,6 +176,15 @@ def is_feature_store(path: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and doc["attributes"].get("format") == STORE_FORMAT
+
+
+def _probe_parent(path: Path, create: bool) -> Path:
+    """``path``'s parent, made when ``create``; else its nearest existing ancestor, where a probe shows that the
+    parents can be made: a run refused after the check leaves no empty folders behind."""
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.parent
+    return next(parent for parent in path.absolute().parents if parent.is_dir())
 
 
 def _check_parents(path: Path) -> Path:
@@ -363,7 +373,7 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     it was; a run killed at any point (power loss included: the files and the swap are synced) is settled by
     the next :func:`check_output_dir` on ``path``.
     """
-    path = check_output_dir(path)
+    path = check_output_dir(path, create=True)
     tmp: Path | None = None
     try:
         with held_signals():  # an interrupt now would leave it unrecorded: it comes after `tmp` is set
