@@ -164,6 +164,7 @@ def prepare(
     run = Run(store, stream, _planned(width, model), backend, xp, model, evaluation, execution, test_totals,
               stream.row_tasks(store.train.n_rows), stream_config.seed, fused=fused,
               timings={"backend": starting + time.perf_counter() - started})
+    check_class_rows(run, heads, start)
     parts = run_parts(run, n_models, loo, heads, ridge, start, eigen=command == "sweep")
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
@@ -174,6 +175,33 @@ def prepare(
     run.projection = Expansion.draw(width, model.projection_dim, model.projection_init, model.resolved_activation,
                                     stream_config.seed, model.dtype)
     return run
+
+
+class ClassRowsError(FoalPipeError):
+    """A head's refusal of a class's rows at a task's end, the class named as the store names it; ``head``: that head."""
+
+    def __init__(self, message: str, head: str) -> None:
+        super().__init__(message)
+        self.head = head
+
+
+def check_class_rows(run: Run, heads: Sequence[str], start: HeadStart | None = None) -> None:
+    """Each head's refusal of its rows per class at a task's end (:meth:`~foal_pipe.heads.base.HeadBase.check_counts`:
+    fecam's class of one row), made from the stream before any row is read (:class:`ClassRowsError`). A continued
+    model's classes (``start``) are left out: their rows only grow from counts the model was built with."""
+    from foal_pipe.heads import HEADS
+
+    labels = np.asarray(run.store.train.labels)
+    counts = np.zeros(len(run.store.classes), dtype=np.int64)
+    new = np.ones(counts.size, dtype=bool) if start is None else ~np.isin(start.merged, start.classes)
+    names = [name for name, is_new in zip(run.store.classes, new, strict=True) if is_new]
+    for rows in run.stream.rows if heads else ():
+        counts += np.bincount(labels[rows], minlength=counts.size)
+        for name in heads:
+            try:
+                HEADS[name].head.check_counts(names, counts[new].tolist())
+            except FoalPipeError as exc:
+                raise ClassRowsError(exc.template, name) from None
 
 
 def run_parts(run: Run, n_models: int = 1, loo: bool = False, heads: Sequence[str] = (), ridge: bool = True,

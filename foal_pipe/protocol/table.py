@@ -40,7 +40,7 @@ from foal_pipe.protocol.headruns import (
     resolved_options,
 )
 from foal_pipe.protocol.orders import mean_std
-from foal_pipe.protocol.run import Run, held_bytes, prepare, run_parts
+from foal_pipe.protocol.run import ClassRowsError, Run, held_bytes, prepare, run_parts
 from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
 
 #: The format of ``table.json``; a reader refuses another.
@@ -278,8 +278,11 @@ def check_stores(config: TableConfig, features: Sequence[Path], settings: Settin
                 if "ridge" in config.heads:
                     walks.append(run_parts(run, 1, run.model.loo))
                 for group in _groups(config.heads):
-                    head_run = _head_run(path, stream, group, settings, 1.0)[0]
-                    _check_class_rows(head_run, group, t, seed)
+                    try:
+                        head_run = _head_run(path, stream, group, settings, 1.0)[0]
+                    except ClassRowsError as exc:
+                        raise FoalPipeError(f"{exc.template} ({param('tasks', t)}, order {seed}); or drop {exc.head} "
+                                            f"from {param('heads')}") from None
                     walks.append(run_parts(head_run, heads=group, ridge=False))
             for t, counts in streamed.items():
                 _check_same_task_counts(t, counts)
@@ -330,22 +333,6 @@ def _check_same_task_counts(tasks: int, counts: dict[int, int]) -> None:
                             f"{param('stream', 'si-blurry')} leaves out a task that receives no row), so a cell would "
                             f"average runs of different lengths; pass {param('order_seeds')} that stream as many tasks "
                             "each, or another task count")
-
-
-def _check_class_rows(run: Run, heads: Sequence[str], tasks: int, seed: int) -> None:
-    """Each head's refusal of its rows per class at a task's end (:meth:`~foal_pipe.heads.base.HeadBase.
-    check_counts`: fecam's class of one row), made from the stream before any row is read; the message names the
-    task count, the order and the head to drop."""
-    labels = np.asarray(run.store.train.labels)
-    counts = np.zeros(len(run.store.classes), dtype=np.int64)
-    for rows in run.stream.rows:
-        counts += np.bincount(labels[rows], minlength=counts.size)
-        for name in heads:
-            try:
-                HEADS[name].head.check_counts(run.store.classes, counts.tolist())
-            except FoalPipeError as exc:
-                raise FoalPipeError(f"{exc.template} ({param('tasks', tasks)}, order {seed}); or drop {name} from "
-                                    f"{param('heads')}") from None
 
 
 def _streams(config: TableConfig, stream: StreamConfig) -> dict[tuple[int, int], StreamConfig]:
