@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,9 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             check_gamma(self.gamma)
         elif self.engine != "gram":
             raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
+        if self.gamma_grid is not None and self.gamma != "auto":  # as scikit-learn warns of l1_ratio without elasticnet
+            warnings.warn(f"gamma_grid is used only with gamma='auto'; it is ignored at gamma={self.gamma!r}",
+                          UserWarning, stacklevel=3)
         xp = get_namespace(self.backend)
         self._dtype = resolve_dtype(self.dtype)
         dtype, where = getattr(xp, self._dtype.name), default_device(xp)
