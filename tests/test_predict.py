@@ -126,7 +126,7 @@ def test_store_of_other_classes_or_encoder_is_refused(tmp_path, trained):
     one_line_error(invoke("--model", model, "--features", other),
                    f"label {label} is {first!r} in the model but {swapped[label]!r} in")
     other = make_store(tmp_path / "encoder.zarr", encoder=ENCODER | {"image_size": 224})
-    one_line_error(invoke("--model", model, "--features", other), "encoder 'image_size' is 0 in the model but 224 in")
+    one_line_error(invoke("--model", model, "--features", other), "'image_size' is 224 in the store but 0 in the model")
 
 
 def test_a_store_of_fewer_classes_is_predicted_among_the_models(tmp_path, trained):

@@ -27,8 +27,12 @@ if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, e
     from foal_pipe.store.read import FeatureStore
 
 
-def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path) -> None:
-    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key."""
+def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path,
+                  unrecorded_ok: bool = False) -> None:
+    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key;
+    ``unrecorded_ok`` (predicting): a model that records no encoder (saved from Python) takes any store of its width."""
+    if model_encoder is None and unrecorded_ok:
+        return
     theirs = store.meta.encoder or {}
     ours = model_encoder or {}
     key = first_difference(ours, theirs)
@@ -162,7 +166,7 @@ class DeployedModel:
         if split not in SPLITS:
             raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
         store = open_store(features, **read_time_fusion(self.encoder_spec))
-        check_encoder(self.encoder_spec, store, features)
+        check_encoder(self.encoder_spec, store, features, unrecorded_ok=True)
         data = store.split(split)
         self.check_width(data.dim, features)
         known = dict(zip(self.class_names, self.classifier.classes_.tolist()))

@@ -80,15 +80,11 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
 def _check_matches(model: DeployedModel, by_name: bool, store: FeatureStore, features: str | Path) -> None:
     """Refuse a store whose encoder differs from the model's, or (``by_name``) whose label ids name other classes
     than the model's (a class the store and the model share must have one label id in both)."""
+    from foal_pipe.model.deploy import check_encoder
+
     if by_name:
         _check_classes(model, store, features)
-    encoder, theirs = model.encoder_spec, store.meta.encoder
-    if encoder is not None and encoder != theirs:
-        key = next(k for k in sorted(set(encoder) | set(theirs)) if encoder.get(k) != theirs.get(k))
-        raise FoalPipeError(
-            f"the model was trained on other features: encoder {key!r} is {encoder.get(key)!r} in the model but "
-            f"{theirs.get(key)!r} in {features}; use a store extracted with the model's encoder"
-        )
+    check_encoder(model.encoder_spec, store, features, unrecorded_ok=True)
 
 
 #: The image CSV's first columns: the file, the predicted label id and its name, the winning score; then, with
