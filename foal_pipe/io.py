@@ -37,7 +37,7 @@ UNLABELLED = -1
 METRICS_FILE = "metrics.json"
 SWEEP_FILE = "sweep.json"
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
-_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class WriteError(FoalPipeError):
@@ -254,7 +254,7 @@ class _Held:
 
 @contextmanager
 def held_signals() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM (their Python handlers) over the few steps that make or remove a temporary, and
+    """Hold Ctrl-C, SIGTERM and SIGHUP (their Python handlers) over the few steps that make or remove a temporary, and
     deliver them after: an interrupt between making one and recording it, or half-way through a clean-up, would
     leave it behind. Only the main thread runs signal handlers; elsewhere there is nothing to hold."""
     if threading.current_thread() is not threading.main_thread():

@@ -188,7 +188,7 @@ def test_held_signals_deliver_once_after_and_pass_on_later_ones(handlers):
 def cli_main(monkeypatch, handlers):
     from foal_pipe import cli
 
-    monkeypatch.setattr(cli, "_terminated", False)
+    monkeypatch.setattr(cli, "_stopped_by", None)
     asyncio_logger = logging.getLogger("asyncio")
     monkeypatch.setattr(asyncio_logger, "filters", list(asyncio_logger.filters))
     return cli

@@ -9,9 +9,10 @@ import threading
 from types import FrameType
 from typing import NoReturn
 
-_TERMINATED = 128 + signal.SIGTERM
 _INTERRUPTED = 128 + signal.SIGINT
-_terminated = False
+#: The stops that unwind as Ctrl-C does: a scheduler's or container's SIGTERM, a closed terminal's SIGHUP.
+_STOPS: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+_stopped_by: int | None = None
 
 
 def _quiet_exit() -> None:
@@ -22,25 +23,33 @@ def _quiet_exit() -> None:
 
 
 def _interrupted() -> NoReturn:
-    """End a command that Ctrl-C or SIGTERM stopped, wherever it stood (loading, parsing, exiting): one line,
-    exit 130 or 143. A second signal while saying so is ignored, not a traceback."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    """End a command that Ctrl-C, SIGTERM or SIGHUP stopped, wherever it stood (loading, parsing, exiting): one
+    line, exit 130, 143 or 129. A second signal while saying so is ignored, not a traceback."""
+    for signum in (signal.SIGINT, *_STOPS):
         signal.signal(signum, signal.SIG_IGN)
     _quiet_exit()
-    how = "SIGTERM" if _terminated else "Ctrl-C (SIGINT)"
+    how = _STOPS[_stopped_by] if _stopped_by else "Ctrl-C (SIGINT)"
     sys.stderr.write(f"Interrupted: stopped by {how}; re-run the same command\n")
-    raise SystemExit(_TERMINATED if _terminated else _INTERRUPTED)
+    raise SystemExit(128 + _stopped_by if _stopped_by else _INTERRUPTED)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds as Ctrl-C does, so that a run's temporary outputs are removed and the previous ones kept."""
-    global _terminated
-    _terminated = True
+    """SIGTERM and SIGHUP unwind as Ctrl-C does, so that a run's temporary outputs are removed and the previous ones
+    kept."""
+    global _stopped_by
+    _stopped_by = signum
     raise KeyboardInterrupt
 
 
+def _catch_stops() -> None:
+    """Install :func:`_terminate` for each of :data:`_STOPS` that is not ignored (``nohup`` ignores SIGHUP: kept)."""
+    for signum in _STOPS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _terminate)
+
+
 if os.path.basename(sys.argv[0] if sys.argv else "") == "foal-pipe" and threading.current_thread() is threading.main_thread():
-    signal.signal(signal.SIGTERM, _terminate)  # the console script: from before the commands load, not only in main()
+    _catch_stops()  # the console script: from before the commands load, not only in main()
 
 try:  # Ctrl-C while the commands load (a third of a second) ends as at any other moment
     from foal_pipe.cli import extract as _extract  # noqa: F401, I001
@@ -74,9 +83,9 @@ def main() -> None:
     (freeing every module, torch's and CUDA's state) cost 0.35 s after ``learn`` on CuPy and 1.5 s after
     ``extract`` on an H200. A command that fails exits the normal way, and so does one run under a profiler or a
     tracer (cProfile, a debugger, coverage), which writes its results after the program returns. Ctrl-C and
-    SIGTERM at any moment, typer's start-up included, end with one line and exit 130 or 143."""
+    SIGTERM (or SIGHUP) at any moment, typer's start-up included, end with one line and exit 130 or 143 (129)."""
     try:
-        signal.signal(signal.SIGTERM, _terminate)
+        _catch_stops()
         try:
             app()
         except SystemExit as exc:
@@ -84,8 +93,8 @@ def main() -> None:
                 _quiet_exit()
                 if _unannounced(exc):
                     _interrupted()
-                if _terminated:
-                    raise SystemExit(_TERMINATED) from None
+                if _stopped_by:
+                    raise SystemExit(128 + _stopped_by) from None
                 raise
         _quiet_exit()
         if _observed():

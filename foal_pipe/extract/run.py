@@ -125,7 +125,9 @@ def _pool_worker(images: PreparedImages, parent: int) -> None:
     start, and ignoring SIGTERM through the parent's handler."""
     global _POOL_IMAGES
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to report, once
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, signal.SIG_DFL)
     _die_with(parent)
     _POOL_IMAGES = images
 
