@@ -75,25 +75,29 @@ class _LeftOutTotals(ABC):
 
 def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per gamma, the rows whose left-out prediction is their label and their summed squared left-out residuals,
-    from the rows' fitted scores ``work`` (m, M, C; overwritten, to spare memory traffic) and leverages (m, M)."""
+    from the rows' fitted scores ``work`` (m, M, C; overwritten, to spare memory traffic) and leverages (m, M).
+
+    The left-out prediction is compared as ``(s - h y) / (1 - h)``, not ``y - (y - s) / (1 - h)``: where the scores
+    and leverages are far below 1 (a gamma far above G's eigenvalues, features of small scale) the latter's label
+    entry is a difference of numbers near 1, whose rounding outweighed the scores it is compared with (every row
+    counted wrong at gamma 1e20). The residual ``(y - s) / (1 - h)`` is formed from ``s - y`` as before."""
     xp = array_namespace(work)
     positions = class_positions(classes, labels)
-    # NumPy: the label entries alone; adding Y's zeros leaves the others as they are (up to a zero's sign, which no
-    # comparison sees). The standard has no integer-array assignment, so other namespaces add Y itself
-    Y = None if is_numpy_array(work) else one_hot(labels, classes, work)[:, None, :]
-    rows = np.arange(work.shape[0])
-    if Y is None:
-        work[rows, :, positions] -= 1.0  # minus the residual, -e_i
-    else:
-        work -= Y
     with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
-        work /= (1.0 - leverage)[:, :, None]  # minus the left-out residual, -e_i / (1 - h_i)
+        if is_numpy_array(work):  # the label entries alone: the standard has no integer-array assignment
+            rows = np.arange(work.shape[0])
+            own = work[rows, :, positions]
+            work /= (1.0 - leverage)[:, :, None]  # the other classes' left-out scores
+            work[rows, :, positions] = (own - leverage) / (1.0 - leverage)
+            predicted = np.argmax(work, axis=2)
+            work[rows, :, positions] = (own - 1.0) / (1.0 - leverage)  # minus the left-out residual, -e_i / (1 - h_i)
+        else:
+            Y = one_hot(labels, classes, work)[:, None, :]
+            scale = (1.0 - leverage)[:, :, None]
+            predicted = to_numpy(xp.argmax((work - Y * leverage[:, :, None]) / scale, axis=2))
+            work -= Y
+            work /= scale
     squared = to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
-    if Y is None:
-        work[rows, :, positions] += 1.0  # the left-out prediction, y_i - e_i / (1 - h_i)
-    else:
-        work += Y
-    predicted = to_numpy(xp.argmax(work, axis=2))
     return np.sum(predicted == positions[:, None], axis=0), squared
 
 

@@ -165,7 +165,7 @@ def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
     check_gammas(G, gamma, Q)
     dtype, dim = dtype_name(G.dtype), G.shape[0]
     top = largest_entry(G)
-    if dim == 0 or drift(dim / float(gamma) ** 2, top, dtype) <= DRIFTS[dtype]:
+    if dim == 0 or drift(dim / float(gamma) / float(gamma), top, dtype) <= DRIFTS[dtype]:  # gamma^2 overflows past 1e154
         return
     xp = array_namespace(G)
     probes = xp.asarray(np.random.default_rng(0).standard_normal((dim, PROBES)), device=device(G))

@@ -175,7 +175,7 @@ def run_sweep(
         report = with_heads(report, report.fusion if fusions else None)
     for key, lane in lanes.items():
         lane_log = log if key is None else prefixed(log, f"{key}: ")
-        warn_gcv(lane.boundaries[-1:], gammas, lane_log)
+        warn_gcv(lane.boundaries, gammas, lane_log)
         warn_undetermined(lane.boundaries, lane_log)
     report = flag_grid_edge(report, log)
     return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))

@@ -191,14 +191,14 @@ class ManyGammas:
                     index = best_point(curves[name][at], larger, None if tie is None else curves[tie][at])
                     searches[name] = Search(name, self.fine[at], curves[name][at], index,
                                             None if at.size == self.fine.size else self.fine)
-        best_gcv = int(np.argmin(gcv))
-        ratio = float(path.dof(self.grid[best_gcv : best_gcv + 1])[0]) / max(path.n, 1) if np.isfinite(gcv).any() else None
+        # df/n at GCV's choice: its refined search's where it ran (sweep, --select gcv), else the grid's least GCV
+        chosen, finite = ((searches["gcv"].gamma, np.isfinite(gcv_fine).any()) if "gcv" in searches
+                          else (self.grid[int(np.argmin(gcv))], np.isfinite(gcv).any()))
+        ratio = float(path.dof(np.asarray([chosen]))[0]) / max(path.n, 1) if finite else None
         if self.choose is None:
             gammas = np.concatenate([self.grid, [searches[name].gamma for name in self.criteria]])
         else:
             gammas = np.array([searches[self.choose].gamma])
-            if self.choose == "gcv":
-                ratio = float(path.dof(gammas)[0]) / max(path.n, 1)
         boundary = Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
         if self.sample is not None:
             boundary.loo_rows = self.sample.boundaries[pending.max_task].size
