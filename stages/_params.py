@@ -51,6 +51,7 @@ def kernel_pins() -> dict[str, str]:
 
 os.environ.update(kernel_pins())
 
+import json  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -208,8 +209,12 @@ def check(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
         for key, kind in section_kinds.items():
             value = settings[section][key]
             if not kind.accepts(value):
-                where = f"datasets.{name}.{section}.{key}" if key in (entry.get(section) or {}) else f"{section}.{key}"
-                raise ParamsError(f"{where} in {PARAMS} must be {kind.expected}, got {value!r}")
+                raise ParamsError(f"{where(name, entry, section, key)} in {PARAMS} must be {kind.expected}, got {value!r}")
+
+
+def where(name: str, entry: dict[str, Any], section: str, key: str) -> str:
+    """How an error names ``section.key`` of run ``name``: as its entry's own key where the entry sets it."""
+    return f"datasets.{name}.{section}.{key}" if key in (entry.get(section) or {}) else f"{section}.{key}"
 
 
 def _known(found: Any, allowed: Any, where: str, kind: str, lead: str) -> None:
@@ -257,6 +262,7 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
             raise ParamsError(f"`{section}` in {PARAMS} lacks the keys {keys}; set each (the repository's params.yaml "
                               "has every key with its default)")
     check(settings, name, entry)
+    check_stages(settings, name, entry)
     return settings
 
 
@@ -264,8 +270,10 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
 LEARN_ONLY = ("gamma", "select", "engine")
 
 
-#: The settings of ``learn`` that the table's runs share (its gamma is ``auto``, chosen by ``select``).
-TABLE_FROM_LEARN = ("batch_size", "projection_dim", "activation", "seed", "backend", "select")
+#: The settings of ``learn`` that the table's runs share (its gamma is ``auto``, chosen by ``select``): every one
+#: `foal-pipe table` takes. It has no option for the others (tasks, gamma and order_seeds are table's own): its runs
+#: use engine gram, dtype float64, projection_init uniform, drop_last false and mask_unseen true, whatever learn's.
+TABLE_FROM_LEARN = ("batch_size", "projection_dim", "activation", "seed", "backend", "select", "drop_remainder")
 
 
 def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -277,6 +285,143 @@ def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "sweep": {"sweep": settings["sweep"], "learn": {k: v for k, v in learn.items() if k not in LEARN_ONLY}},
         "table": {"table": settings["table"], "learn": {k: learn[k] for k in TABLE_FROM_LEARN}},
     }
+
+
+def kwargs_text(values: dict[str, Any]) -> str:
+    """``{img_size: 32, pretrained_strict: false}`` -> ``img_size=32,pretrained_strict=false`` (JSON scalars)."""
+    return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items())
+
+
+def extract_spec(settings: dict[str, Any], out: str) -> Any:
+    """The :class:`~foal_pipe.extract.ExtractSpec` of the extract stage's command (its checks run on making it)."""
+    from foal_pipe.encoders import parse_model_kwargs
+    from foal_pipe.extract import ExtractSpec
+
+    p = settings["extract"]
+    return ExtractSpec(
+        dataset=settings["dataset"], out=out, data_dir=p["data_dir"], download=p["download"], model=p["model"],
+        checkpoint=p["checkpoint"], model_kwargs=parse_model_kwargs(kwargs_text(p["model_kwargs"])), fusion=p["fusion"], token=p["token"],
+        image_size=p["image_size"], normalize=p["normalize"], dtype=p["dtype"], chunk_rows=p["chunk_rows"],
+        keep_blocks=p["keep_blocks"], batch_size=p["batch_size"], workers=p["workers"], device=p["device"],
+        precision=p["precision"], test_split=p["test_split"], split_seed=p["split_seed"],
+    )
+
+
+def _table_check(settings: dict[str, Any], options: dict[str, Any], typed: list[str]) -> None:
+    """`foal-pipe table`'s own check of the table stage's command with ``options`` (learn's, by option name), those
+    in ``typed`` as typed: its heads, orders and task counts, and an option no head would use."""
+    from foal_pipe.cli import options as o
+    from foal_pipe.protocol.capabilities import Settings
+    from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.table import TableConfig, check_table
+
+    t = settings["table"]
+    config = TableConfig(tuple(t["heads"]), tuple(t["order_seeds"]), tuple(t["tasks"]))
+    kinds = (StreamConfig, ModelConfig, EvaluationConfig, ExecutionConfig)
+    check_table(config, [Path("data/features/NAME.zarr")], Settings(*(o.settings(options, k) for k in kinds)), typed)
+
+
+def table_options(settings: dict[str, Any]) -> dict[str, Any]:
+    """The options of the table stage's command, by name: ridge's gamma ``auto`` and learn's :data:`TABLE_FROM_LEARN`,
+    less those `foal-pipe table` refuses as unused by ``table.heads`` (``--projection-dim`` for heads on the store's
+    features alone, ``--select`` without ridge), asked of its own check one at a time."""
+    from foal_pipe.cli.table import TYPED_OPTIONS
+    from foal_pipe.errors import FoalPipeError
+
+    options = {"gamma": "auto", **{k: settings["learn"][k] for k in TABLE_FROM_LEARN}}
+
+    def used(name: str) -> bool:
+        try:
+            _table_check(settings, options, [name])
+        except FoalPipeError:
+            return False
+        return True
+
+    return {k: v for k, v in options.items() if k not in TYPED_OPTIONS or used(k)}
+
+
+#: The settings of ``learn`` that make its ModelConfig.
+LEARN_MODEL = ("projection_dim", "projection_init", "activation", "gamma", "select", "engine", "dtype")
+
+
+def _yaml(value: Any) -> str:
+    """A value as params.yaml writes it."""
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
+    """Refuse what a later stage's command would refuse (a value listed twice, a combination), by foal_pipe's own
+    checks and in one line naming the keys: settings@NAME must fail before it writes anything, as DVC deletes a
+    stage's outputs before running it. What needs the store (the classes of a task count) is left to the stage."""
+    import array_api_compat.numpy as xp
+
+    from foal_pipe.cli import options as o
+    from foal_pipe.cli.flags import cli_form
+    from foal_pipe.cli.table import TYPED_OPTIONS
+    from foal_pipe.core.engines import ENGINES, check_engine_dtype
+    from foal_pipe.encoders import ENCODERS, build_encoder
+    from foal_pipe.errors import NO_VALUE, FoalPipeError
+    from foal_pipe.extract.spec import _check_keeps_blocks
+    from foal_pipe.protocol.config import ModelConfig, SweepConfig
+    from foal_pipe.protocol.entry import SWEEP_RULES, SweepSettings, check_rules
+    from foal_pipe.protocol.headruns import check_ridge_model_file
+    from foal_pipe.protocol.orders import parse_order_seeds
+    from foal_pipe.store.blockfusion import parse_fusions
+
+    def key(section: str, k: str) -> str:
+        return where(name, entry, section, k)
+
+    def refuse(keys: tuple[str, ...], names: dict[str, str], check: Callable[[], object]) -> None:
+        """``check``'s refusal with the parameters it names (``names``: foal_pipe's name -> the key) as keys."""
+        try:
+            check()
+        except FoalPipeError as exc:
+            def form(n: str, value: Any = NO_VALUE) -> str:
+                if n not in names:
+                    return cli_form(n, value)
+                return names[n] if value is NO_VALUE else f"{names[n]}: {_yaml(value)}"
+
+            message = exc.render(form)
+            unnamed = [k for k in keys if k not in message]
+            raise ParamsError(f"in {PARAMS}, " + (f"{', '.join(unnamed)}: " if unnamed else "") + message) from None
+
+    learn, sweep = settings["learn"], settings["sweep"]
+    learn_names = {k: key("learn", k) for k in KEYS["learn"]} | {"seeds": key("learn", "order_seeds")}
+    seeds = [int(s) for s in learn["order_seeds"]]
+    if len(seeds) > 1:
+        refuse((key("learn", "order_seeds"),), learn_names, lambda: parse_order_seeds(",".join(map(str, seeds))))
+    model = o.settings({k: str(learn[k]) if k == "gamma" else learn[k] for k in LEARN_MODEL}, ModelConfig)
+    refuse((key("learn", "engine"), key("learn", "dtype")), learn_names, lambda: check_engine_dtype(model.engine, model.dtype))
+    refuse((key("learn", "engine"), key("learn", "gamma")), learn_names,  # rls's own refusal of gamma auto, as learn's
+           lambda: ENGINES[model.engine](1, model.gamma, xp, getattr(xp, model.dtype)))
+    refuse((key("learn", "activation"),), learn_names, lambda: check_ridge_model_file(model))  # learn@NAME's head: ridge
+
+    if sweep["gammas"] is not None:
+        gammas = ",".join(f"{float(g):g}" for g in sweep["gammas"])
+        refuse((key("sweep", "gammas"),), {}, lambda: o.floats(gammas, key("sweep", "gammas")))
+    if sweep["fusions"]:
+        fusions = [str(f) for f in sweep["fusions"]]
+        refuse((key("sweep", "fusions"),), {}, lambda: parse_fusions(fusions, key("sweep", "fusions")))
+        if not settings["extract"]["keep_blocks"]:
+            raise ParamsError(f"{key('sweep', 'fusions')} in {PARAMS} fuses the store's per-block tokens, which it keeps "
+                              f"only with {key('extract', 'keep_blocks')}: true; set that, or {key('sweep', 'fusions')}: []")
+        refuse((key("sweep", "fusions"), key("learn", "order_seeds")),
+               {"fusions": key("sweep", "fusions"), "order_seeds": key("learn", "order_seeds")},
+               lambda: check_rules(SWEEP_RULES, SweepSettings(SweepConfig(fusions=tuple(fusions)),
+                                                              order_seeds=tuple(seeds) if len(seeds) > 1 else None)))
+
+    def encoder() -> None:
+        spec = extract_spec(settings, "data/features/NAME.zarr")
+        config = spec.encoder_config()
+        if spec.model in ENCODERS and spec.keep_blocks:  # a timm model is built by the extract stage alone (timm)
+            _check_keeps_blocks(build_encoder(config))
+
+    refuse((key("extract", "model"),), {k: key("extract", k) for k in KEYS["extract"]}, encoder)
+
+    options = table_options(settings)
+    table_names = {k: key("table", k) for k in KEYS["table"]} | {k: key("learn", k) for k in TABLE_FROM_LEARN}
+    refuse((key("table", "heads"),), table_names,
+           lambda: _table_check(settings, options, [k for k in options if k in TYPED_OPTIONS]))
 
 
 def stream_args(p: dict[str, Any]) -> list[Any]:

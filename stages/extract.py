@@ -10,36 +10,22 @@ store. Replace one by hand with `foal-pipe extract ... --overwrite`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from _params import main
+from _params import extract_spec, kwargs_text, main
 
 
-def _kwargs(values: dict[str, Any]) -> str:
-    """``{img_size: 32, pretrained_strict: false}`` -> ``img_size=32,pretrained_strict=false`` (JSON scalars)."""
-    return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items())
-
-
-def other_settings(out: str, dataset: str, p: dict[str, Any]) -> bool:
-    """Whether the store at ``out`` holds settings other than those ``p`` asks for (then it is replaced); False
-    when there is none, or it holds these settings (complete: nothing to do; interrupted: resumed)."""
+def other_settings(out: str, settings: dict[str, Any]) -> bool:
+    """Whether the store at ``out`` holds settings other than those asked for (then it is replaced); False when
+    there is none, or it holds these settings (complete: nothing to do; interrupted: resumed)."""
     if not Path(out).exists():
         return False
-    from foal_pipe.encoders import parse_model_kwargs
     from foal_pipe.errors import FoalPipeError
-    from foal_pipe.extract import ExtractSpec, check_store, open_inputs
+    from foal_pipe.extract import check_store, open_inputs
 
     try:
-        spec = ExtractSpec(
-            dataset=dataset, out=out, data_dir=p["data_dir"], download=p["download"], model=p["model"],
-            checkpoint=p["checkpoint"], model_kwargs=parse_model_kwargs(_kwargs(p["model_kwargs"])),
-            fusion=p["fusion"], token=p["token"], image_size=p["image_size"], normalize=p["normalize"],
-            dtype=p["dtype"], chunk_rows=p["chunk_rows"], keep_blocks=p["keep_blocks"], batch_size=p["batch_size"],
-            workers=p["workers"], device=p["device"], precision=p["precision"], test_split=p["test_split"],
-            split_seed=p["split_seed"],
-        )
+        spec = extract_spec(settings, out)
         check_store(spec, open_inputs(spec))
     except FoalPipeError:  # other settings, or a store not to resume; `foal-pipe extract` says which, if not these
         return True
@@ -62,12 +48,12 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
     if p["test_split"] is not None:
         args += ["--test-split", p["test_split"], "--split-seed", p["split_seed"]]
     if p["model_kwargs"]:
-        args += ["--model-kwargs", _kwargs(p["model_kwargs"])]
+        args += ["--model-kwargs", kwargs_text(p["model_kwargs"])]
     if p["download"]:
         args.append("--download")
     if p["keep_blocks"]:
         args.append("--keep-blocks")
-    if other_settings(out, settings["dataset"], p):
+    if other_settings(out, settings):
         args.append("--overwrite")
     return args
 

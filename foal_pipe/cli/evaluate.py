@@ -160,10 +160,10 @@ def summary_table(paths: list[Path]) -> Table:
         encoder = (run.encoder or {}).get("name", "?")
         return escape(str(path)) + "\n[dim]" + escape(f"{dataset} · {encoder}{head}") + "[/]"
 
-    def spread(m, key: str) -> str:
-        """A learn --order-seeds run's mean over its orders, with their std (ddof 0)."""
+    def spread(m, key: str, orders: list | None) -> str:
+        """A learn or sweep --order-seeds record's mean over its ``orders``, with their std (ddof 0)."""
         std = (m.std or {}).get(key)
-        return pct(getattr(m, key)) + ("" if std is None or len(m.orders or ()) < 2 else f" ± {pct(std)}")
+        return pct(getattr(m, key)) + ("" if std is None or len(orders or ()) < 2 else f" ± {pct(std)}")
 
     def gamma_cell(m) -> str:
         """ridge's gamma; a head's own gamma (balanced, dual), or - for a head without one."""
@@ -176,8 +176,9 @@ def summary_table(paths: list[Path]) -> Table:
         if entry.metrics is not None:
             m, match = as_recomputed(entry.metrics), matches[entry.path]
             row = [label(entry.path, m), str(len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks),
-                   m.stream or "disjoint", number(m.projection_dim, "d"), gamma_cell(m), spread(m, "A_avg"),
-                   spread(m, "A_last"), spread(m, "F"), "-" if m.A_auc is None else spread(m, "A_auc")]
+                   m.stream or "disjoint", number(m.projection_dim, "d"), gamma_cell(m), spread(m, "A_avg", m.orders),
+                   spread(m, "A_last", m.orders), spread(m, "F", m.orders),
+                   "-" if m.A_auc is None else spread(m, "A_auc", m.orders)]
             if with_paper:
                 row.append(
                     "-" if match is None
@@ -191,19 +192,21 @@ def summary_table(paths: list[Path]) -> Table:
         if entry.sweep is not None:
             s = entry.sweep
             choice = select(s)
-            sweeps.append(f"{len(s.results)} by {choice.short}")
+            rows = "" if choice.sampled_rows is None else f" of {choice.sampled_rows:,} rows"
+            sweeps.append(f"{len(s.results)} by {choice.short}{rows}")
             best = result_at(s, choice.gamma)
             tasks = s.n_tasks if s.n_tasks is not None else "?" if s.tasks is None else len(s.tasks)
             stream = s.stream or "disjoint"
             row = [label(entry.path, s), str(tasks), stream, number(s.projection_dim, "d"), f"{best.gamma:g}*",
-                   pct(best.A_avg), pct(best.A_last), pct(best.F), "-"]
+                   *(spread(best, key, s.orders) for key in ("A_avg", "A_last", "F")), "-"]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
             for name, head in (s.heads or {}).items():  # sweep --heads: every head, ridge at the sweep's choice
                 gamma = head.options.get("gamma")
                 table.add_row(escape(str(entry.path)) + f"\n[dim]· head {escape(name)}[/]", str(tasks), stream,
                               number(s.projection_dim, "d"),
-                              "-" if gamma is None else format(gamma, "g"), pct(head.A_avg), pct(head.A_last),
-                              pct(head.F), "-", *([""] if with_paper else []), "")
+                              "-" if gamma is None else format(gamma, "g"),
+                              *(spread(head, key, s.orders) for key in ("A_avg", "A_last", "F")), "-",
+                              *([""] if with_paper else []), "")
     notes = [f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"] if sweeps else []
     if any(e.metrics is not None and e.sweep is not None and e.seconds is None for e in found):
         notes.append("s ?: a folder holding a run and a sweep keeps one timings.json, the last command's")

@@ -399,13 +399,19 @@ def floats(text: str, option: str) -> tuple[float, ...]:
         values = tuple(float(g) for g in items)
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
-    bad = next((v for v in values if not (math.isfinite(v) and v > 0)), None)
+    bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)), None)
     if bad is not None:
-        raise FoalPipeError(f"{option} lists {bad:g}; a gamma is a positive number: write e.g. 1e-3,1e-1,1,10")
+        raise FoalPipeError(f"{option} lists {_as_read(items[bad], values[bad])}; a gamma is a positive number: write "
+                            "e.g. 1e-3,1e-1,1,10")
     twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
     if twice is not None:
         raise FoalPipeError(f"{option} lists {twice:g} twice; list each gamma once")
     return values
+
+
+def _as_read(item: str, value: float) -> str:
+    """A listed number as typed, and as read where that differs (``1e-3000`` underflows to 0, ``1e999`` is inf)."""
+    return item if f"{value:g}" == item else f"{item} (read as {value:g})"
 
 
 def gamma_value(text: str) -> float | str:

@@ -220,3 +220,24 @@ def resolve_dtype(dtype: str | type | np.dtype) -> np.dtype:
     if name not in DTYPES:
         raise FoalPipeError(f"unsupported dtype {name!r}; use float64 (exact, default) or float32")
     return np.dtype(DTYPES[name])
+
+
+#: float32's largest value, and the least row maximum whose entries that matter (above float32's precision times
+#: the maximum) stay normal in float32: below it a row's entries round coarsely or flush to zero.
+FLOAT32_MAX, FLOAT32_ROW_FLOOR = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny / np.finfo(np.float32).eps)
+
+
+def as_dtype(X: Any, xp: ModuleType, dtype: Any, where: Any) -> Any:
+    """``X`` (rows) in ``xp``'s ``dtype`` on ``where``; float64 rows narrowed to float32 are refused where they leave
+    its range (a row of magnitude 1e-150 became zeros, one of 1e140 inf: chance-level scores or a wrong refusal)."""
+    if dtype_name(getattr(X, "dtype", None)) == "float64" and dtype_name(dtype) == "float32" and X.shape[0] * X.shape[1]:
+        source = array_namespace(X)
+        top = source.max(source.abs(X), axis=1)
+        positive = top[top > 0]
+        largest = float(source.max(top))
+        smallest = float(source.min(positive)) if positive.shape[0] else FLOAT32_ROW_FLOOR
+        if largest > FLOAT32_MAX or smallest < FLOAT32_ROW_FLOOR:
+            beyond = f"{largest:.3g}, beyond" if largest > FLOAT32_MAX else f"{smallest:.3g}, below"
+            raise FoalPipeError(f"the rows hold values of magnitude {beyond} float32's range, which {param('dtype', 'float32')} "
+                                f"would turn into inf or zeros; use {param('dtype', 'float64')} or scale the features")
+    return xp.asarray(X, dtype=dtype, device=where)

@@ -14,7 +14,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 
 from foal_pipe.core.activations import ACTIVATIONS, BIASED, INITS, check_activation
-from foal_pipe.core.backend import default_device
+from foal_pipe.core.backend import as_dtype, default_device
 from foal_pipe.errors import FoalPipeError, param
 
 
@@ -118,7 +118,7 @@ class Expansion:
         host = is_numpy_array(X) or not is_array_api_obj(X)
         xp = xp or array_namespace(X)
         where = default_device(xp) if host else device(X)
-        X = xp.asarray(X, dtype=getattr(xp, self.components_.dtype.name), device=where)
+        X = as_dtype(X, xp, getattr(xp, self.components_.dtype.name), where)
         if self.is_identity:
             Z = xp.asarray(X, copy=True)
         else:

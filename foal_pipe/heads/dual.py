@@ -49,9 +49,10 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import check_drift, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.linalg import DRIFTS, check_drift, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.scoring import U64
 from foal_pipe.core.statistics import align_columns
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
 from foal_pipe.heads.moments import on_device
@@ -262,6 +263,22 @@ class DualHead(HeadBase):
         state["Q_main"] += Z.T @ Y
         state["R"] -= P.T @ solve_spd(shifted(M, 1.0), P, "float64")
 
+    def _check_recursion(self, G: Any) -> None:
+        """Refuse a recursion whose rounding no boundary solve shows: within a task the residuals come from ``R``'s
+        Woodbury steps, at condition numbers up to ``lambda_max(G_m) / gamma`` while ``G_m`` is still rank-deficient,
+        each step's relative error about ``u`` times it; the exact solves at the boundary see only the task's end
+        (well conditioned: at gamma 1e-12 the recursion's residuals were off by half their size, unseen). Bounded
+        by ``trace(G_m) / gamma``, refused beyond :data:`~foal_pipe.core.linalg.DRIFTS`' float64 share."""
+        xp = self.xp
+        bound = U64 * float(xp.sum(xp.linalg.diagonal(G))) / self.gamma
+        if bound > DRIFTS["float64"]:
+            floor = self.gamma * bound / DRIFTS["float64"]
+            raise FoalPipeError(
+                f"dual's per-batch recursion runs (G_main + gamma I)^-1 at condition numbers up to "
+                f"{bound / U64:.2g} (trace(G_main)/gamma), where float64's rounding may move its residuals by more "
+                f"than {DRIFTS['float64']:g}; use {param('gamma')} of at least {floor:.3g} (more as rows accumulate: the "
+                f"bound grows with trace(G_main)), or scale the features down")
+
     def boundary(self) -> DualScorer:
         """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
         self._flush()
@@ -269,6 +286,7 @@ class DualHead(HeadBase):
         if state is None:
             raise FoalPipeError("the dual head has no rows yet; add rows before a task boundary")
         xp, D = self.xp, self.dim
+        self._check_recursion(state["G_main"])
         check_drift(state["G_main"], self.gamma)
         check_drift(state["G_comp"], self.gamma_comp)
         C = self.classes_.size

@@ -10,7 +10,7 @@ from typing import Any, cast
 import numpy as np
 from array_api_compat import array_namespace
 
-from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.core.backend import as_dtype, default_device, to_numpy
 from foal_pipe.core.linalg import factor_threads
 from foal_pipe.heads import HEADS, Head, Scorer, make_head
 from foal_pipe.heads.base import ClassColumns
@@ -31,13 +31,13 @@ def _float64(run: Run, X: Any) -> Any:
 
 def _features(run: Run, X: Any) -> Any:
     xp = run.xp
-    return _float64(run, xp.asarray(X, dtype=getattr(xp, run.model.dtype), device=default_device(xp)))
+    return _float64(run, as_dtype(X, xp, getattr(xp, run.model.dtype), default_device(xp)))
 
 
 def _projected(run: Run, X: Any) -> Any:
     xp = run.xp
     dtype = getattr(xp, run.model.dtype)
-    X = xp.asarray(X, dtype=dtype, device=default_device(xp))
+    X = as_dtype(X, xp, dtype, default_device(xp))
     if run.projection.is_identity:
         return _float64(run, X)
     return _float64(run, X @ xp.asarray(run.projection.components_, dtype=dtype, device=default_device(xp)))

@@ -39,7 +39,6 @@ from foal_pipe.protocol.commands import (
     flag_grid_edge,
     run_learn,
     run_sweep,
-    warn_dropped,
     warn_search_edges,
     warn_undetermined,
 )
@@ -79,6 +78,7 @@ from foal_pipe.protocol.schema import (
     SweepReport,
 )
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
+from foal_pipe.protocol.stream import dropped_warning
 from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 #: The metrics summarised over orders (mean and std).
@@ -160,6 +160,28 @@ def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
                             f"{param('stream', 'si-blurry')} leaves out a task that receives no row), so their accuracy "
                             f"matrices have no position-wise mean; pass order seeds that stream as many tasks each, or run "
                             f"each seed alone with {param('order_seed')}")
+
+
+def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamConfig,
+                      log: Callable[[str], None]) -> Callable[[str], None]:
+    """Each order's note on its split (:func:`~foal_pipe.protocol.stream.dropped_warning`) said once: in the same words
+    for every order (an uneven split's sizes) once, else each order's prefixed with its seed (the classes
+    ``--drop-remainder`` drops depend on the order). ``log`` without those notes, for the orders' own walks."""
+    notes = [dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None) for run in runs]
+    if len(set(notes)) == 1:
+        if notes[0]:
+            log(notes[0])
+    else:
+        for seed, note in zip(seeds, notes):
+            if note:
+                log("\n".join(f"order seed {seed}: {line}" for line in note.splitlines()))
+    said = {note for note in notes if note}
+
+    def rest(text: str) -> None:
+        if text not in said:
+            log(text)
+
+    return rest
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -266,16 +288,15 @@ def run_learn_orders(
     check_task_counts(seeds, runs)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
-            return _learn_per_order(features, out, seeds, settings, None, start, log, shared)
+            return _learn_per_order(features, out, seeds, settings, None, start, log, shared, runs)
     loo = model.loo and not model.loo_sample  # a sample's rows are projected again per boundary; every row's are not
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None,
                              dim=runs[0].dim)
     if reason is not None:
         with shared_rows(runs, kind.read) as shared:
-            return _learn_per_order(features, out, seeds, settings, reason, start, log, shared)
+            return _learn_per_order(features, out, seeds, settings, reason, start, log, shared, runs)
     _check_class_memory("learn", runs, model.loo)
-    for run in runs:
-        warn_dropped(run, stream, log)
+    warn_dropped_once(seeds, runs, stream, log)
     with np.errstate(all="ignore"), shared_rows(runs, kind.read) as shared:
         per_class = class_statistics(runs[0], shared)
         entries, finals = [], []
@@ -297,11 +318,13 @@ def run_learn_orders(
 
 
 def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str | None,
-                     start: float, log: Callable[[str], None], shared: SharedRows) -> Learned:
+                     start: float, log: Callable[[str], None], shared: SharedRows, runs: Sequence[Run]) -> Learned:
     """One walk per order over the rows read once (``reason``: why ridge cannot sum per class; None for a head
-    other than ridge, whose state follows its rows' stream order and is walked per order by definition)."""
+    other than ridge, whose state follows its rows' stream order and is walked per order by definition; ``runs``:
+    the orders' prepared runs, whose notes are said once)."""
     if reason is not None:
         log(f"running one walk per class order ({len(seeds)} walks over rows read once): {reason}")
+    log = warn_dropped_once(seeds, runs, settings.stream, log)
     with atomic_dir(out) as tmp:
         results = []
         for s in seeds:
@@ -313,7 +336,7 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
             shutil.rmtree(tmp / f"order-{s}")
         metrics = combine(seeds, [r.metrics for r in results], one_pass=False)
         write_json(tmp / METRICS_FILE, metrics.to_dict())
-        timings = summed_timings([r.timings for r in results], start)
+        timings = summed_timings([*(run.timings for run in runs), *(r.timings for r in results)], start)
         write_json(tmp / "timings.json", timings)
     return Learned(metrics, timings)
 
@@ -350,19 +373,21 @@ def run_sweep_orders(
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample,
                                   len(runs[0].store.classes), dim=runs[0].dim))
         with shared_rows(runs) as shared:
-            reports = []
+            reports, walks = [], []
             if reason is None:
                 reports = _sweep_one_pass(runs, seeds, sweep, stream, execution, log, shared)
             one_pass = bool(reports)
             if not one_pass:
                 log(f"running one walk per class order ({len(seeds)} walks over rows read once): "
                     f"{reason or 'the per-class statistics exceed --max-memory'}")
+                rest = warn_dropped_once(seeds, runs, stream, log)
                 for s in seeds:
-                    reports.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
-                                             evaluation, execution, log=log, shared=shared).report)
+                    walks.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
+                                           evaluation, execution, log=rest, shared=shared))
                     shutil.rmtree(tmp / f"order-{s}")
+                reports = [w.report for w in walks]
         report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), log)
-        timings = {"total": round(time.perf_counter() - start, 3)}
+        timings = summed_timings([*(run.timings for run in runs), *(w.timings for w in walks)], start)
         write_json(tmp / SWEEP_FILE, report.to_dict())
         write_json(tmp / "timings.json", timings)
     return Swept(report, timings)
@@ -392,8 +417,7 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
         log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes), dim=runs[0].dim) or "")
         return []
     _check_class_memory("sweep", runs, sweep.loo, len(gammas), eigen=True)
-    for run in runs:
-        warn_dropped(run, stream, log)
+    warn_dropped_once(seeds, runs, stream, log)
     reports = []
     with np.errstate(all="ignore"):
         per_class = class_statistics(runs[0], shared)

@@ -15,7 +15,7 @@ from foal_pipe.protocol.stream import counted
 from foal_pipe.report.classes import ClassResults, task_classes
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 from foal_pipe.report.readers import Run
-from foal_pipe.report.selection import has_criteria, last, result_at, select
+from foal_pipe.report.selection import criterion_text, has_criteria, last, result_at, sampled_rows, select
 
 _LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)",
            "A_auc": "A_auc (%)"}
@@ -187,8 +187,11 @@ def _other_stores(m: LearnMetrics) -> list[str]:
     return lines + [""]
 
 
-def _criterion(selected_by: str | None, what: str) -> str:
-    return CRITERIA[selected_by].description if selected_by in CRITERIA else f"a criterion the {what} does not record"
+def _criterion(selected_by: str | None, what: str, sampled: int | None = None) -> str:
+    """``selected_by`` in words (``sampled``: the rows a sampled leave-one-out scored, :func:`sampled_rows`)."""
+    if selected_by not in CRITERIA:
+        return f"a criterion the {what} does not record"
+    return criterion_text(selected_by, sampled)
 
 
 def _auto_gamma(m: LearnMetrics) -> list[str]:
@@ -229,6 +232,9 @@ def _sweep(run: Run) -> list[str]:
         lines.append(row + f" {', '.join(marks)} |")
     selected = result_at(s, choice.gamma)
     lines += ["", f"Selected gamma: {choice.gamma:g}, by {choice.criterion} (test A_avg {pct(selected.A_avg)}%)."]
+    if choice.sampled_rows is not None:
+        lines.append(f"Its leave-one-out was sampled: {choice.sampled_rows:,} training rows scored at the last task "
+                     f"boundary (`--loo-sample {s.leave_one_out.loo_sample}`), not every row seen.")
     if choice.selected_by in TRAINING_CRITERIA:
         oracle = result_at(s, choice.oracle_gamma)
         lines.append(f"The test-set oracle would pick {choice.oracle_gamma:g} (test A_avg {pct(oracle.A_avg)}%); "
@@ -246,7 +252,7 @@ def _fusions(run: Run) -> list[str]:
     """``sweep --fusions``: each fusion's selected gamma and its test numbers, and the choice over all of them."""
     s = run.sweep
     best, oracle = s.best, s.best_test
-    criterion = _criterion(s.selected_by, "sweep")
+    criterion = _criterion(s.selected_by, "sweep", sampled_rows(s))  # its sample is said under the gamma sweep
     lines = ["## Fusion ablation", "", f"From `{run.sweep_path}`: every fusion x gamma from one read of the stored "
              f"blocks; each fusion's gamma selected by {criterion}.", "",
              "| fusion | selected gamma | A_avg (%) | A_last (%) | F (%) | test-oracle gamma | its A_avg (%) | |",

@@ -26,16 +26,20 @@ class Selection:
     oracle_gamma: float
     #: The gammas tried, ascending.
     grid: tuple[float, ...]
+    #: The rows a sampled leave-one-out scored at the last boundary, where the choice rests on it (:func:`sampled_rows`).
+    sampled_rows: int | None = None
 
     @property
     def criterion(self) -> str:
         """The criterion in words, for summary.md."""
-        return CRITERIA[self.selected_by].description if self.selected_by else OLD_SWEEP
+        return criterion_text(self.selected_by, self.sampled_rows) if self.selected_by else OLD_SWEEP
 
     @property
     def short(self) -> str:
         """The criterion in a few characters, for plot legends and tables."""
-        return CRITERIA[self.selected_by].short if self.selected_by else OLD_SWEEP
+        if not self.selected_by:
+            return OLD_SWEEP
+        return ("sampled " if self.sampled_rows is not None else "") + CRITERIA[self.selected_by].short
 
     @property
     def at_edge(self) -> str | None:
@@ -55,6 +59,20 @@ def result_at(sweep: SweepReport | FusionSweep, gamma: float) -> SweepResult:
     return next(r for r in sweep.results if same_gamma(r.gamma, gamma))
 
 
+def sampled_rows(sweep: SweepReport) -> int | None:
+    """The rows scored at the last boundary (the one the criteria judge) where the sweep's choice rests on a sampled
+    leave-one-out (``leave_one_out.exact`` false: ``--loo-sample`` below the rows seen), else None: "on the training
+    rows seen" alone would pass a sample off as every row."""
+    loo = sweep.leave_one_out
+    rows = sweep.selected_by in CRITERIA and CRITERIA[sweep.selected_by].rows
+    return loo.sample_rows[-1] if rows and loo is not None and not loo.exact and loo.sample_rows else None
+
+
+def criterion_text(selected_by: str, sampled: int | None) -> str:
+    """A criterion in words, marked ``sampled`` where its leave-one-out scored a sample of the rows seen."""
+    return ("sampled " if sampled is not None else "") + CRITERIA[selected_by].description
+
+
 def select(sweep: SweepReport) -> Selection:
     """The :class:`Selection` of a sweep read by :func:`foal_pipe.report.readers.read_sweep`."""
     results = sweep.results
@@ -62,7 +80,7 @@ def select(sweep: SweepReport) -> Selection:
     oracle = float(best_test if sweep.best_gamma_test is None else sweep.best_gamma_test)
     selected_by = sweep.selected_by
     gamma = float(oracle if sweep.best_gamma is None else sweep.best_gamma) if selected_by else oracle
-    return Selection(gamma, selected_by, oracle, tuple(float(r.gamma) for r in results))
+    return Selection(gamma, selected_by, oracle, tuple(float(r.gamma) for r in results), sampled_rows(sweep))
 
 
 def has_criteria(sweep: SweepReport) -> bool:
