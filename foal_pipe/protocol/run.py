@@ -108,37 +108,7 @@ def prepare(
     ``heads`` (other than ridge) add their state to the memory estimate; ``ridge=False`` (``learn --head``) leaves
     out ridge's state and weights; ``start`` (a continued head) adds the model's classes and tensors.
     """
-    if model.gamma != "auto":
-        check_gamma(model.gamma)
-    elif model.engine != "gram":
-        raise FoalPipeError(f"{param('gamma', 'auto')} needs {param('engine', 'gram')} (the RLS recursion fixes gamma in "
-                            "R0 = I/gamma)")
-    if model.select not in TRAINING_CRITERIA:
-        raise FoalPipeError(f"unknown {param('select')} {model.select!r}; choose {' or '.join(TRAINING_CRITERIA)}")
-    for g in model.gamma_grid:
-        check_gamma(g)
-    check_loo_sample(model.loo_sample)
-    if model.projection_dim < 0:
-        raise FoalPipeError(f"{param('projection_dim')} must be at least 0 (0: no projection), got {model.projection_dim}; "
-                            "the paper uses 1000")
-    if model.projection_dim > MAX_PROJECTION_DIM:  # beyond it even the plan's shapes overflow 64-bit sizes
-        raise FoalPipeError(f"{param('projection_dim')} {model.projection_dim} is too large: its D x D Gram matrix alone "
-                            "would need more than 8 EiB; the paper uses 1000")
-    check_activation(model.resolved_activation)
-    if model.engine not in ENGINES:
-        raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
-    if execution.scheduler not in SCHEDULERS:
-        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose {' or '.join(SCHEDULERS)}")
-    if fusions and model.fusion is not None:
-        raise FoalPipeError(f"pass {param('fusion')} (one fusion) or {param('fusions')} (several, one walk), not both")
-    option = param("fusions" if fusions else "fusion")
-    if (fusions or model.fusion is not None) and execution.scheduler == "dask":
-        raise FoalPipeError(f"{option} reads the stored blocks in this process; Dask workers read the stored features, "
-                            f"so use {param('scheduler', 'local')} with {option}")
-    if model.engine == "rls" and execution.scheduler == "dask":
-        raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
-                            f"with {param('scheduler', 'dask')}")
-    check_engine_dtype(model.engine, resolve_dtype(model.dtype).name)
+    check_settings(model, stream_config, execution, fusions)
     started = time.perf_counter()  # the backend's start-up: `auto` may import CuPy or torch to look for a GPU
     backend = resolve_backend(execution.backend)
     starting = time.perf_counter() - started
@@ -175,6 +145,45 @@ def prepare(
     run.projection = Expansion.draw(width, model.projection_dim, model.projection_init, model.resolved_activation,
                                     stream_config.seed, model.dtype)
     return run
+
+
+def check_settings(model: ModelConfig, stream_config: StreamConfig, execution: ExecutionConfig,
+                   fusions: Sequence[str] = ()) -> None:
+    """:func:`prepare`'s checks of the settings alone, before any store is opened (``table`` runs them once, so a
+    refusal of a setting does not name a store)."""
+    if stream_config.batch_size < 1:
+        raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {stream_config.batch_size}")
+    if model.gamma != "auto":
+        check_gamma(model.gamma)
+    elif model.engine != "gram":
+        raise FoalPipeError(f"{param('gamma', 'auto')} needs {param('engine', 'gram')} (the RLS recursion fixes gamma in "
+                            "R0 = I/gamma)")
+    if model.select not in TRAINING_CRITERIA:
+        raise FoalPipeError(f"unknown {param('select')} {model.select!r}; choose {' or '.join(TRAINING_CRITERIA)}")
+    for g in model.gamma_grid:
+        check_gamma(g)
+    check_loo_sample(model.loo_sample)
+    if model.projection_dim < 0:
+        raise FoalPipeError(f"{param('projection_dim')} must be at least 0 (0: no projection), got {model.projection_dim}; "
+                            "the paper uses 1000")
+    if model.projection_dim > MAX_PROJECTION_DIM:  # beyond it even the plan's shapes overflow 64-bit sizes
+        raise FoalPipeError(f"{param('projection_dim')} {model.projection_dim} is too large: its D x D Gram matrix alone "
+                            "would need more than 8 EiB; the paper uses 1000")
+    check_activation(model.resolved_activation)
+    if model.engine not in ENGINES:
+        raise FoalPipeError(f"unknown engine {model.engine!r}; choose one of {', '.join(ENGINES)}")
+    if execution.scheduler not in SCHEDULERS:
+        raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose {' or '.join(SCHEDULERS)}")
+    if fusions and model.fusion is not None:
+        raise FoalPipeError(f"pass {param('fusion')} (one fusion) or {param('fusions')} (several, one walk), not both")
+    option = param("fusions" if fusions else "fusion")
+    if (fusions or model.fusion is not None) and execution.scheduler == "dask":
+        raise FoalPipeError(f"{option} reads the stored blocks in this process; Dask workers read the stored features, "
+                            f"so use {param('scheduler', 'local')} with {option}")
+    if model.engine == "rls" and execution.scheduler == "dask":
+        raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
+                            f"with {param('scheduler', 'dask')}")
+    check_engine_dtype(model.engine, resolve_dtype(model.dtype).name)
 
 
 class ClassRowsError(FoalPipeError):

@@ -13,8 +13,10 @@ the table's files are written as one unit and the kept runs removed.
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -28,7 +30,7 @@ import numpy as np
 from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
-from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.io import atomic_dir, check_output_dir, pid_alive, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import ModelConfig, StreamConfig, check_seed, config_record
@@ -40,7 +42,7 @@ from foal_pipe.protocol.headruns import (
     resolved_options,
 )
 from foal_pipe.protocol.orders import mean_std
-from foal_pipe.protocol.run import ClassRowsError, Run, held_bytes, prepare, run_parts
+from foal_pipe.protocol.run import ClassRowsError, Run, check_settings, held_bytes, prepare, run_parts
 from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
 
 #: The format of ``table.json``; a reader refuses another.
@@ -91,6 +93,7 @@ def check_table(config: TableConfig, features: Sequence[Path], settings: Setting
         raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('order_seeds')} has nothing to vary; "
                             "pass one seed")
     model = settings.model
+    check_settings(_ridge_model(model), settings.stream, settings.execution)
     _check_projection_used(config.heads, model, explicit)
     check_head_options(list(config.heads), model, explicit)
     if "ridge" in config.heads and model.resolved_activation in BIASED:  # learn --head ridge's refusal
@@ -201,6 +204,13 @@ class _Kept:
 
     def __init__(self, out: Path) -> None:
         self.path = out.parent / f".{out.name}.table-runs"
+        #: a run walked apart writes its files under a directory of this prefix (the process id in it), removed
+        #: after; those of a table killed outright (SIGKILL) are removed by the next table on ``out``
+        self.scratch_prefix = f"{self.path.name}-{os.getpid()}-"
+        for left in out.parent.glob(f"{glob.escape(self.path.name)}-*-*"):
+            pid = left.name[len(self.path.name) + 1:].split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(left, ignore_errors=True)
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
@@ -366,7 +376,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
     from foal_pipe.protocol.classsums import class_statistics
-    from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.commands import prefixed, run_learn
     from foal_pipe.protocol.learnkinds import warn_auto_edges
     from foal_pipe.protocol.orders import fallback_reason
     from foal_pipe.protocol.walk import shared_rows
@@ -380,7 +390,8 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     content = None if store.meta.generation is not None else store_content(Path(store.path))
     keys = {(h, t, seed): fingerprint(store, h, t, seed, settings, content) for h in config.heads
             for (t, seed) in streams}
-    done = {k: rec for k, key in keys.items() if key is not None and (rec := kept.get(key)) is not None}
+    # a kept run resumed under the store as now spelled (its key is the resolved path): cells group by the spelling
+    done = {k: {**rec, "store": str(path)} for k, key in keys.items() if key is not None and (rec := kept.get(key)) is not None}
     n_resumed = len(done)
     # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
     every_row = ridge_model.loo and not ridge_model.loo_sample
@@ -395,6 +406,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
         with np.errstate(all="ignore"), shared_rows(list(runs.values())) as shared:
             for (t, seed), stream in streams.items():
                 gamma = None if s.model.gamma == "auto" else float(s.model.gamma)
+                run_log = prefixed(log, f"{path} (--tasks {t}, order {seed}): ")
                 if "ridge" in config.heads:
                     rec = done.get(("ridge", t, seed))
                     if rec is None:
@@ -402,11 +414,11 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                             per_class = per_class or class_statistics(runs[(t, seed)], shared)
                             m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared, splits[seed],
                                                     memos[seed])
-                            warn_auto_edges(m, log)  # as run_learn warns
+                            warn_auto_edges(m, run_log)  # as run_learn warns
                         else:
-                            with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=f"{kept.path.name}-") as tmp:
+                            with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=kept.scratch_prefix) as tmp:
                                 m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
-                                              s.execution, log=log, shared=shared).metrics
+                                              s.execution, log=run_log, shared=shared).metrics
                         options = {"gamma": m.gamma, "selected_by": m.selected_by,
                                    "gammas_selected": m.gammas_selected}
                         rec = run_record(path, store, "ridge", t, seed, m, options)
