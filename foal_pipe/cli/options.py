@@ -422,6 +422,10 @@ def gamma_value(text: str) -> float | str:
         value = float(text)
     except ValueError:
         raise FoalPipeError(f"--gamma {text!r} is neither a number nor 'auto'; write e.g. --gamma 1 or --gamma auto") from None
+    if (value == 0 and any(c in text.lower().split("e")[0] for c in "123456789")) or \
+            (abs(value) == float("inf") and "inf" not in text.lower()):  # named as typed, not as the 0 or inf it reads as
+        raise FoalPipeError(f"--gamma {text} reads as {value:g}, beyond float64's range; gamma must be a positive number, "
+                            "e.g. --gamma 1")
     return parse_gamma(value)
 
 

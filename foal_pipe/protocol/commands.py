@@ -25,7 +25,7 @@ from foal_pipe.protocol.headruns import (
 from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import learn_heads
-from foal_pipe.protocol.learnkinds import LEARN_KINDS, warn_gcv
+from foal_pipe.protocol.learnkinds import LEARN_KINDS, shown, warn_gcv
 from foal_pipe.protocol.outputs import write_learned, write_outputs
 from foal_pipe.protocol.records import (
     Learned,
@@ -201,8 +201,9 @@ def flag_grid_edge(report: SweepReport, log: Callable[[str], None]) -> SweepRepo
     gamma, grid = known(report.best_gamma, "a sweep's best gamma"), known(report.gammas, "a sweep's gammas")
     edge = grid_edge(gamma, grid)
     if edge is not None:
-        log(f"warning: the best gamma by {report.selected_by}, {gamma:g}, is the {edge} of --gammas "
-            f"({min(grid):g} .. {max(grid):g}); a better gamma may lie beyond the grid: extend --gammas")
+        best, low, high = shown(gamma, min(grid), max(grid))
+        log(f"warning: the best gamma by {report.selected_by}, {best}, is the {edge} of --gammas ({low} .. {high}); a "
+            "better gamma may lie beyond the grid: extend --gammas")
     return replace(report, best_gamma_at_grid_edge=edge is not None)
 
 
@@ -210,8 +211,9 @@ def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str],
     """``sweep``: warn when a criterion's refined choice at the last boundary is an end of the searched range."""
     for s in selections:
         if s.at_edge[-1]:
-            log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {s.gammas_selected[-1]:g}, is an end of the "
-                f"searched range ({s.gammas[0]:g} .. {s.gammas[-1]:g}); a better gamma may lie beyond: extend --gammas")
+            chosen, low, high = shown(s.gammas_selected[-1], s.gammas[0], s.gammas[-1])
+            log(f"warning: {CRITERIA[s.criterion].short}'s refined choice, {chosen}, is an end of the searched range "
+                f"({low} .. {high}); a better gamma may lie beyond: extend --gammas")
 
 
 def warn_undetermined(boundaries: Sequence[Boundary], log: Callable[[str], None]) -> None:

@@ -138,15 +138,21 @@ def warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callabl
         )
 
 
+def shown(*gammas: float) -> list[str]:
+    """Gammas as ``%g``, or as Python writes them where ``%g`` shows two different ones alike (a range "1 .. 1")."""
+    short = [f"{g:g}" for g in gammas]
+    return short if len(set(short)) == len(set(map(float, gammas))) else [repr(float(g)) for g in gammas]
+
+
 def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
     """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
     edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
     grid, selected = metrics.gamma_grid, metrics.gammas_selected
     if edges and grid is not None and selected is not None:  # edges come with --gamma auto's grid and choices
         last = selected[edges[-1]]
-        log(f"warning: --gamma auto chose {last:g}, the {grid_edge(last, grid)} of --gamma-grid ({min(grid):g} .. "
-            f"{max(grid):g}), at {len(edges)} of {len(selected)} task boundaries; a better gamma "
-            "may lie beyond the grid: extend --gamma-grid")
+        chosen, low, high = shown(last, min(grid), max(grid))
+        log(f"warning: --gamma auto chose {chosen}, the {grid_edge(last, grid)} of --gamma-grid ({low} .. {high}), at "
+            f"{len(edges)} of {len(selected)} task boundaries; a better gamma may lie beyond the grid: extend --gamma-grid")
 
 
 #: Each learner of the walk's ``learn``, by :attr:`~foal_pipe.heads.HeadEntry.learner`.

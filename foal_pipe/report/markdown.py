@@ -197,7 +197,9 @@ def _criterion(selected_by: str | None, what: str, sampled: int | None = None) -
 def _auto_gamma(m: LearnMetrics) -> list[str]:
     """How ``learn --gamma auto`` chose gamma at each task boundary."""
     chosen = ", ".join(f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected))
-    criterion = _criterion(m.selected_by, "run")
+    search = m.gamma_search
+    sampled = search.sample_rows[-1] if search is not None and search.sample_rows and any(search.sample_eps or ()) else None
+    criterion = _criterion(m.selected_by, "run", sampled)
     return ["## Gamma", "", f"Chosen at every task boundary from the data seen so far, by {criterion}: {chosen}.", ""]
 
 
