@@ -269,6 +269,11 @@ def find_runs(
                 entry.sweep = data
     if not found:
         names = ", ".join(map(str, paths))
+        tables = [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
+                  if t.name == "table.json"]
+        if tables:  # `foal-pipe table` writes its runs into table.json, not as run directories
+            raise FoalPipeError(f"{tables[0].parent} holds a results table (table.json), which `summary` does not read: "
+                                f"open {tables[0].parent / 'table.md'}, or give `summary` run directories of `foal-pipe learn`")
         raise FoalPipeError(
             f"no {METRICS_FILE} or {SWEEP_FILE} under {names}; run `dvc repro` or `foal-pipe learn` first"
         )
