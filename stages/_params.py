@@ -54,7 +54,7 @@ os.environ.update(kernel_pins())
 import json  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -202,8 +202,8 @@ def check(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
     from foal_pipe.datasets import DATASETS
 
     if not isinstance(settings["dataset"], str) or settings["dataset"] not in DATASETS:
-        where = f"datasets.{name}.dataset" if "dataset" in entry else f"the run name `{name}` (no `dataset` key)"
-        raise ParamsError(f"{where} in {PARAMS} names no registered dataset ({settings['dataset']!r}); set "
+        named = f"datasets.{name}.dataset" if "dataset" in entry else f"the run name `{name}` (no `dataset` key)"
+        raise ParamsError(f"{named} in {PARAMS} names no registered dataset ({settings['dataset']!r}); set "
                           f"datasets.{name}.dataset to one of: {', '.join(DATASETS)}")
     for section, section_kinds in kinds().items():
         for key, kind in section_kinds.items():
@@ -262,7 +262,6 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
             raise ParamsError(f"`{section}` in {PARAMS} lacks the keys {keys}; set each (the repository's params.yaml "
                               "has every key with its default)")
     check(settings, name, entry)
-    check_stages(settings, name, entry)
     return settings
 
 
@@ -300,128 +299,79 @@ def extract_spec(settings: dict[str, Any], out: str) -> Any:
     p = settings["extract"]
     return ExtractSpec(
         dataset=settings["dataset"], out=out, data_dir=p["data_dir"], download=p["download"], model=p["model"],
-        checkpoint=p["checkpoint"], model_kwargs=parse_model_kwargs(kwargs_text(p["model_kwargs"])), fusion=p["fusion"], token=p["token"],
-        image_size=p["image_size"], normalize=p["normalize"], dtype=p["dtype"], chunk_rows=p["chunk_rows"],
+        checkpoint=p["checkpoint"], model_kwargs=parse_model_kwargs(kwargs_text(p["model_kwargs"])), fusion=p["fusion"],
+        token=p["token"], image_size=p["image_size"], normalize=p["normalize"], dtype=p["dtype"], chunk_rows=p["chunk_rows"],
         keep_blocks=p["keep_blocks"], batch_size=p["batch_size"], workers=p["workers"], device=p["device"],
         precision=p["precision"], test_split=p["test_split"], split_seed=p["split_seed"],
     )
 
 
-def _table_check(settings: dict[str, Any], options: dict[str, Any], typed: list[str]) -> None:
-    """`foal-pipe table`'s own check of the table stage's command with ``options`` (learn's, by option name), those
-    in ``typed`` as typed: its heads, orders and task counts, and an option no head would use."""
+#: The options of `foal-pipe table` that learn's settings give (and ridge's gamma, auto), in the command's order.
+TABLE_OPTIONS = ("gamma", "select", "batch_size", "projection_dim", "activation", "seed", "backend", "drop_remainder")
+
+
+def _table_args(name: str, settings: dict[str, Any], options: Sequence[str]) -> list[Any]:
+    """The table stage's command with those of :data:`TABLE_OPTIONS` in ``options``."""
+    t, values = settings["table"], {**settings["learn"], "gamma": "auto"}
+    args = [
+        "table", "--features", f"data/features/{name}.zarr", "--out", f"runs/{name}-table",
+        "--heads", ",".join(t["heads"]), "--order-seeds", ",".join(map(str, t["order_seeds"])),
+        "--tasks", ",".join(map(str, t["tasks"])),
+    ]
+    for option in (o for o in TABLE_OPTIONS if o in options and o != "drop_remainder"):
+        args += ["--" + option.replace("_", "-"), values[option]]
+    return [*args, *(["--drop-remainder"] if "drop_remainder" in options and values["drop_remainder"] else [])]
+
+
+def table_check(args: list[Any]) -> Callable[..., None]:
+    """What `foal-pipe ARGS` (a table) checks before it reads a store, as its command does (its heads, orders and task
+    counts, and a typed option no head would use), as ``check(explicit=None)``: ``explicit`` the options taken as typed
+    (None: those ARGS types)."""
+    import typer
+
+    from foal_pipe.cli import app
     from foal_pipe.cli import options as o
+    from foal_pipe.cli.learn import _typed
+    from foal_pipe.cli.table import TYPED_OPTIONS, _ints
     from foal_pipe.protocol.capabilities import Settings
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.table import TableConfig, check_table
 
-    t = settings["table"]
-    config = TableConfig(tuple(t["heads"]), tuple(t["order_seeds"]), tuple(t["tasks"]))
-    kinds = (StreamConfig, ModelConfig, EvaluationConfig, ExecutionConfig)
-    check_table(config, [Path("data/features/NAME.zarr")], Settings(*(o.settings(options, k) for k in kinds)), typed)
+    ctx = typer.main.get_command(app).commands["table"].make_context("table", [str(a) for a in args[1:]])
+    params = {k: v for k, v in ctx.params.items() if k not in ("heads", "tasks", "order_seeds")}
+    typed = [name for name in TYPED_OPTIONS if _typed(ctx, name)]
+
+    def check(explicit: Sequence[str] | None = None) -> None:
+        kinds = (StreamConfig, ModelConfig, EvaluationConfig, ExecutionConfig)
+        config = TableConfig(o.heads_value(ctx.params["heads"]), _ints(ctx.params["order_seeds"], "--order-seeds", "0,1,2"),
+                             _ints(ctx.params["tasks"], "--tasks", "5,10"))
+        check_table(config, ctx.params["features"], Settings(*(o.settings(params, kind) for kind in kinds)),
+                    typed if explicit is None else explicit)
+
+    return check
 
 
-def table_options(settings: dict[str, Any]) -> dict[str, Any]:
-    """The options of the table stage's command, by name: ridge's gamma ``auto`` and learn's :data:`TABLE_FROM_LEARN`,
-    less those `foal-pipe table` refuses as unused by ``table.heads`` (``--projection-dim`` for heads on the store's
-    features alone, ``--select`` without ridge), asked of its own check one at a time."""
+def table_command(name: str, settings: dict[str, Any]) -> list[Any]:
+    """The table stage's command: learn's :data:`TABLE_FROM_LEARN` and ridge's gamma auto, each of those `foal-pipe
+    table` judges by being typed (``--projection-dim``, ``--select``, ...) only where `table.heads` uses it: where its
+    own check refuses the option typed and takes it untyped, at the same values (``--projection-dim`` for heads on the
+    store's features alone). A table refused either way keeps every option, for `foal-pipe table` to say why."""
     from foal_pipe.cli.table import TYPED_OPTIONS
     from foal_pipe.errors import FoalPipeError
 
-    options = {"gamma": "auto", **{k: settings["learn"][k] for k in TABLE_FROM_LEARN}}
+    every = _table_args(name, settings, TABLE_OPTIONS)
+    check = table_check(every)
 
-    def used(name: str) -> bool:
+    def takes(explicit: list[str]) -> bool:
         try:
-            _table_check(settings, options, [name])
+            check(explicit)
         except FoalPipeError:
             return False
         return True
 
-    return {k: v for k, v in options.items() if k not in TYPED_OPTIONS or used(k)}
-
-
-#: The settings of ``learn`` that make its ModelConfig.
-LEARN_MODEL = ("projection_dim", "projection_init", "activation", "gamma", "select", "engine", "dtype")
-
-
-def _yaml(value: Any) -> str:
-    """A value as params.yaml writes it."""
-    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
-
-
-def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
-    """Refuse what a later stage's command would refuse (a value listed twice, a combination), by foal_pipe's own
-    checks and in one line naming the keys: settings@NAME must fail before it writes anything, as DVC deletes a
-    stage's outputs before running it. What needs the store (the classes of a task count) is left to the stage."""
-    import array_api_compat.numpy as xp
-
-    from foal_pipe.cli import options as o
-    from foal_pipe.cli.flags import cli_form
-    from foal_pipe.cli.table import TYPED_OPTIONS
-    from foal_pipe.core.engines import ENGINES, check_engine_dtype
-    from foal_pipe.encoders import ENCODERS, build_encoder
-    from foal_pipe.errors import NO_VALUE, FoalPipeError
-    from foal_pipe.extract.spec import _check_keeps_blocks
-    from foal_pipe.protocol.config import ModelConfig, SweepConfig
-    from foal_pipe.protocol.entry import SWEEP_RULES, SweepSettings, check_rules
-    from foal_pipe.protocol.headruns import check_ridge_model_file
-    from foal_pipe.protocol.orders import parse_order_seeds
-    from foal_pipe.store.blockfusion import parse_fusions
-
-    def key(section: str, k: str) -> str:
-        return where(name, entry, section, k)
-
-    def refuse(keys: tuple[str, ...], names: dict[str, str], check: Callable[[], object]) -> None:
-        """``check``'s refusal with the parameters it names (``names``: foal_pipe's name -> the key) as keys."""
-        try:
-            check()
-        except FoalPipeError as exc:
-            def form(n: str, value: Any = NO_VALUE) -> str:
-                if n not in names:
-                    return cli_form(n, value)
-                return names[n] if value is NO_VALUE else f"{names[n]}: {_yaml(value)}"
-
-            message = exc.render(form)
-            unnamed = [k for k in keys if k not in message]
-            raise ParamsError(f"in {PARAMS}, " + (f"{', '.join(unnamed)}: " if unnamed else "") + message) from None
-
-    learn, sweep = settings["learn"], settings["sweep"]
-    learn_names = {k: key("learn", k) for k in KEYS["learn"]} | {"seeds": key("learn", "order_seeds")}
-    seeds = [int(s) for s in learn["order_seeds"]]
-    if len(seeds) > 1:
-        refuse((key("learn", "order_seeds"),), learn_names, lambda: parse_order_seeds(",".join(map(str, seeds))))
-    model = o.settings({k: str(learn[k]) if k == "gamma" else learn[k] for k in LEARN_MODEL}, ModelConfig)
-    refuse((key("learn", "engine"), key("learn", "dtype")), learn_names, lambda: check_engine_dtype(model.engine, model.dtype))
-    refuse((key("learn", "engine"), key("learn", "gamma")), learn_names,  # rls's own refusal of gamma auto, as learn's
-           lambda: ENGINES[model.engine](1, model.gamma, xp, getattr(xp, model.dtype)))
-    refuse((key("learn", "activation"),), learn_names, lambda: check_ridge_model_file(model))  # learn@NAME's head: ridge
-
-    if sweep["gammas"] is not None:
-        gammas = ",".join(f"{float(g):g}" for g in sweep["gammas"])
-        refuse((key("sweep", "gammas"),), {}, lambda: o.floats(gammas, key("sweep", "gammas")))
-    if sweep["fusions"]:
-        fusions = [str(f) for f in sweep["fusions"]]
-        refuse((key("sweep", "fusions"),), {}, lambda: parse_fusions(fusions, key("sweep", "fusions")))
-        if not settings["extract"]["keep_blocks"]:
-            raise ParamsError(f"{key('sweep', 'fusions')} in {PARAMS} fuses the store's per-block tokens, which it keeps "
-                              f"only with {key('extract', 'keep_blocks')}: true; set that, or {key('sweep', 'fusions')}: []")
-        refuse((key("sweep", "fusions"), key("learn", "order_seeds")),
-               {"fusions": key("sweep", "fusions"), "order_seeds": key("learn", "order_seeds")},
-               lambda: check_rules(SWEEP_RULES, SweepSettings(SweepConfig(fusions=tuple(fusions)),
-                                                              order_seeds=tuple(seeds) if len(seeds) > 1 else None)))
-
-    def encoder() -> None:
-        spec = extract_spec(settings, "data/features/NAME.zarr")
-        config = spec.encoder_config()
-        if spec.model in ENCODERS and spec.keep_blocks:  # a timm model is built by the extract stage alone (timm)
-            _check_keeps_blocks(build_encoder(config))
-
-    refuse((key("extract", "model"),), {k: key("extract", k) for k in KEYS["extract"]}, encoder)
-
-    options = table_options(settings)
-    table_names = {k: key("table", k) for k in KEYS["table"]} | {k: key("learn", k) for k in TABLE_FROM_LEARN}
-    refuse((key("table", "heads"),), table_names,
-           lambda: _table_check(settings, options, [k for k in options if k in TYPED_OPTIONS]))
+    if not takes([]):
+        return every
+    return _table_args(name, settings, [o for o in TABLE_OPTIONS if o not in TYPED_OPTIONS or takes([o])])
 
 
 def stream_args(p: dict[str, Any]) -> list[Any]:

@@ -2,18 +2,121 @@
 
 The other stages depend on these files, not on params.yaml: DVC reruns a stage when the bytes of its settings
 change, so a change reruns only the stages it concerns. Written in one canonical form (sorted keys), so that
-settings equal in value give the same bytes however params.yaml writes them.
+settings equal in value give the same bytes however params.yaml writes them. Before writing, it refuses what a
+later stage would (:func:`check_stages`): DVC deletes a stage's outputs before running it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from _params import PARAMS, ParamsError, resolve, stage_settings
+from _params import (
+    KEYS,
+    PARAMS,
+    TABLE_FROM_LEARN,
+    ParamsError,
+    extract_spec,
+    resolve,
+    stage_settings,
+    table_check,
+    table_command,
+    where,
+)
+
+
+def _yaml(value: Any) -> str:
+    """A value as params.yaml writes it."""
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
+    """Refuse what a later stage's command would refuse (a value listed twice, a combination), by foal_pipe's own
+    checks and in one line naming the keys: settings@NAME must fail before it writes anything, as DVC deletes a
+    stage's outputs before running it. What needs the store (the classes of a task count) is left to the stage."""
+    from foal_pipe.cli import options as o
+    from foal_pipe.cli.flags import cli_form
+    from foal_pipe.encoders import ENCODERS, build_encoder
+    from foal_pipe.errors import NO_VALUE, FoalPipeError
+    from foal_pipe.extract.spec import _check_keeps_blocks
+    from foal_pipe.protocol.config import ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+    from foal_pipe.protocol.entry import SWEEP_RULES, SweepSettings, check_rules
+    from foal_pipe.protocol.headruns import check_ridge_model_file
+    from foal_pipe.protocol.orders import parse_order_seeds
+    from foal_pipe.protocol.run import check_settings
+    from foal_pipe.store.blockfusion import parse_fusions
+
+    def key(section: str, k: str) -> str:
+        return where(name, entry, section, k)
+
+    def refuse(keys: tuple[str, ...], names: dict[str, str], check: Callable[[], object]) -> None:
+        """``check``'s refusal with the parameters it names (``names``: foal_pipe's name -> the key) as keys."""
+        try:
+            check()
+        except FoalPipeError as exc:
+            def form(n: str, value: Any = NO_VALUE) -> str:
+                if n not in names:
+                    return cli_form(n, value)
+                return names[n] if value is NO_VALUE else f"{names[n]}: {_yaml(value)}"
+
+            message = exc.render(form)
+            named = any(k in message for k in (*keys, *names.values()))
+            raise ParamsError(f"in {PARAMS}, " + ("" if named else f"{', '.join(keys)}: ") + message) from None
+
+    learn, sweep = settings["learn"], settings["sweep"]
+    learn_names = {k: key("learn", k) for k in KEYS["learn"]} | {"seeds": key("learn", "order_seeds")}
+    seeds = [int(s) for s in learn["order_seeds"]]
+    if len(seeds) > 1:
+        refuse((key("learn", "order_seeds"),), learn_names, lambda: parse_order_seeds(",".join(map(str, seeds))))
+
+    def model() -> None:
+        options = {**learn, "gamma": str(learn["gamma"])}
+        config = o.settings(options, ModelConfig)
+        check_settings(config, o.settings(options, StreamConfig), o.settings(options, ExecutionConfig))
+        check_ridge_model_file(config)  # learn@NAME's head: ridge
+
+    refuse((key("learn", "engine"), key("learn", "gamma")), learn_names, model)
+
+    if sweep["gammas"] is not None:
+        gammas = ",".join(f"{float(g):g}" for g in sweep["gammas"])
+        refuse((key("sweep", "gammas"),), {}, lambda: o.floats(gammas, key("sweep", "gammas")))
+    if sweep["fusions"]:
+        fusions = [str(f) for f in sweep["fusions"]]
+        refuse((key("sweep", "fusions"),), {}, lambda: parse_fusions(fusions, key("sweep", "fusions")))
+        if not settings["extract"]["keep_blocks"]:
+            raise ParamsError(f"in {PARAMS}, {key('sweep', 'fusions')} fuses the store's per-block tokens, which it keeps "
+                              f"only with {key('extract', 'keep_blocks')}: true; set that, or {key('sweep', 'fusions')}: []")
+        refuse((key("sweep", "fusions"), key("learn", "order_seeds")),
+               {"fusions": key("sweep", "fusions"), "order_seeds": key("learn", "order_seeds")},
+               lambda: check_rules(SWEEP_RULES, SweepSettings(SweepConfig(fusions=tuple(fusions)),
+                                                              order_seeds=tuple(seeds) if len(seeds) > 1 else None)))
+
+    def encoder() -> None:
+        spec = extract_spec(settings, "data/features/NAME.zarr")
+        config = spec.encoder_config()
+        if spec.model in ENCODERS and spec.keep_blocks:  # a timm model is built by the extract stage alone (timm)
+            _check_keeps_blocks(build_encoder(config))
+
+    refuse((key("extract", "model"),), {k: key("extract", k) for k in KEYS["extract"]}, encoder)
+
+    def table() -> None:
+        check = table_check(table_command(name, settings))
+        check([])  # what it refuses whatever is typed first: why `table.heads` cannot run (balanced without ridge)
+        check()
+
+    names = {k: key("table", k) for k in KEYS["table"]} | {k: key("learn", k) for k in TABLE_FROM_LEARN}
+    refuse(tuple(key("table", k) for k in KEYS["table"]), names, table)
+
+
+def checked(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """Run ``name``'s settings (:func:`_params.resolve`), refused where a later stage would refuse them."""
+    settings = resolve(params, name)
+    check_stages(settings, name, params["datasets"][name] or {})
+    return settings
 
 
 def write(name: str, settings: dict[str, Any]) -> None:
@@ -27,7 +130,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})")
     try:
-        write(sys.argv[1], resolve(yaml.safe_load(PARAMS.read_text()), sys.argv[1]))
+        write(sys.argv[1], checked(yaml.safe_load(PARAMS.read_text()), sys.argv[1]))
     except ParamsError as exc:
         sys.exit(f"Error: {exc}")
 
