@@ -42,3 +42,12 @@ def test_learn_auto_says_when_its_leave_one_out_was_sampled(store, tmp_path, sam
     assert result.exit_code == 0, result.output
     assert invoke("evaluate", "--run", run).exit_code == 0
     assert f"from the data seen so far, {word}" in (run / "eval" / "summary.md").read_text()
+
+
+def test_a_walk_per_order_names_the_order_of_each_warning(store, tmp_path):
+    """--heads walks every order apart: each order's warnings name its seed, as the one-pass notes do."""
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "s", "--order-seeds", "0,1", "--gammas", "1e3,1e4",
+                    "--heads", "ridge,ncm", "--tasks", 2, "--projection-dim", 16, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.output.splitlines() if "refined choice" in line]
+    assert {line.split(":")[0] for line in warned} == {"order seed 0", "order seed 1"}, result.output

@@ -37,6 +37,7 @@ from foal_pipe.protocol.classsums import class_statistics, class_statistics_byte
 from foal_pipe.protocol.commands import (
     check_sweep_select,
     flag_grid_edge,
+    prefixed,
     run_learn,
     run_sweep,
     warn_search_edges,
@@ -330,7 +331,8 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
         for s in seeds:
             sub = tmp / f"order-{s}"
             results.append(run_learn(features, sub, replace(settings.stream, order_seed=s), settings.model,
-                                     settings.evaluation, settings.execution, log=log, shared=shared))
+                                     settings.evaluation, settings.execution, log=prefixed(log, f"order seed {s}: "),
+                                     shared=shared))
         shutil.move(str(tmp / f"order-{seeds[0]}" / MODEL_FILE), str(tmp / MODEL_FILE))
         for s in seeds:
             shutil.rmtree(tmp / f"order-{s}")
@@ -383,7 +385,7 @@ def run_sweep_orders(
                 rest = warn_dropped_once(seeds, runs, stream, log)
                 for s in seeds:
                     walks.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
-                                           evaluation, execution, log=rest, shared=shared))
+                                           evaluation, execution, log=prefixed(rest, f"order seed {s}: "), shared=shared))
                     shutil.rmtree(tmp / f"order-{s}")
                 reports = [w.report for w in walks]
         report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), log)
