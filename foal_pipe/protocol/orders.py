@@ -16,6 +16,7 @@ and each walk takes its tasks from them.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,6 @@ from foal_pipe.protocol.classsums import class_statistics, class_statistics_byte
 from foal_pipe.protocol.commands import (
     check_sweep_select,
     flag_grid_edge,
-    prefixed,
     run_learn,
     run_sweep,
     warn_search_edges,
@@ -164,10 +164,11 @@ def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
 
 
 def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamConfig,
-                      log: Callable[[str], None]) -> Callable[[str], None]:
+                      log: Callable[[str], None]) -> Callable[..., None]:
     """Each order's note on its split (:func:`~foal_pipe.protocol.stream.dropped_warning`) said once: in the same words
     for every order (an uneven split's sizes) once, else each order's prefixed with its seed (the classes
-    ``--drop-remainder`` drops depend on the order). ``log`` without those notes, for the orders' own walks."""
+    ``--drop-remainder`` drops depend on the order). ``log`` without those notes, for the orders' own walks (with
+    ``seed``, an order's own lines prefixed with it)."""
     notes = [dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None) for run in runs]
     if len(set(notes)) == 1:
         if notes[0]:
@@ -178,9 +179,9 @@ def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamC
                 log("\n".join(f"order seed {seed}: {line}" for line in note.splitlines()))
     said = {note for note in notes if note}
 
-    def rest(text: str) -> None:
+    def rest(text: str, seed: int | None = None) -> None:
         if text not in said:
-            log(text)
+            log(text if seed is None else f"order seed {seed}: {text}")
 
     return rest
 
@@ -331,7 +332,7 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
         for s in seeds:
             sub = tmp / f"order-{s}"
             results.append(run_learn(features, sub, replace(settings.stream, order_seed=s), settings.model,
-                                     settings.evaluation, settings.execution, log=prefixed(log, f"order seed {s}: "),
+                                     settings.evaluation, settings.execution, log=functools.partial(log, seed=s),
                                      shared=shared))
         shutil.move(str(tmp / f"order-{seeds[0]}" / MODEL_FILE), str(tmp / MODEL_FILE))
         for s in seeds:
@@ -385,7 +386,7 @@ def run_sweep_orders(
                 rest = warn_dropped_once(seeds, runs, stream, log)
                 for s in seeds:
                     walks.append(run_sweep(features, tmp / f"order-{s}", sweep, replace(stream, order_seed=s), model,
-                                           evaluation, execution, log=prefixed(rest, f"order seed {s}: "), shared=shared))
+                                           evaluation, execution, log=functools.partial(rest, seed=s), shared=shared))
                     shutil.rmtree(tmp / f"order-{s}")
                 reports = [w.report for w in walks]
         report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), log)
