@@ -173,6 +173,7 @@ def extract(
             raise FoalPipeError(f"unknown --scheduler {scheduler!r}; choose local or dask")
         _check_applies(ctx, {"dask_address": ONLY_WITH["dask_address"]})
         _check_applies(ctx, {"workers": EXTRACT_WORKERS}, can_add=False)
+        _check_applies(ctx, {"blocks_dtype": ("--keep-blocks", lambda p: p["keep_blocks"])})
         spec = ExtractSpec(
             dataset=dataset, out=str(out) if out else None, data_dir=str(data_dir) if data_dir else None,
             download=download, model=model, checkpoint=str(checkpoint) if checkpoint else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -442,8 +443,16 @@ def natural_key(text: str) -> tuple[list[Any], str]:
 
 def _is_image_entry(p: Path) -> bool:
     """An image file by its name: a file, or a link to nothing (a broken symbolic link, listed so that reading
-    it names it, as an unreadable file is named, rather than leaving it out in silence)."""
-    return p.suffix.lower() in IMAGE_EXTENSIONS and (p.is_file() or (p.is_symlink() and not p.exists()))
+    it names it, as an unreadable file is named, rather than leaving it out in silence). A named pipe, device or
+    socket so named (or a link to one) is refused here: reading it would block, or never end. A folder is a folder."""
+    if p.suffix.lower() not in IMAGE_EXTENSIONS or p.is_dir():
+        return False
+    if p.is_file() or not p.exists():
+        return p.is_file() or p.is_symlink()
+    mode = p.stat().st_mode
+    kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    link = f"a symbolic link to {os.readlink(p)}, " if p.is_symlink() else ""
+    raise FoalPipeError(f"{p} is named like an image but is {link}{kind}, not a file; remove it, or replace it with the image")
 
 
 def images_in(folder: Path) -> list[Path]:

@@ -24,6 +24,11 @@ class PixelsEncoder(Encoder):
             if value:
                 raise FoalPipeError(f"{param('model', 'pixels')} has no weights or architecture, so {option} does not "
                                     f"apply; drop {option} or choose a timm {param('model')}")
+        for name in ("fusion", "token"):  # their defaults pass: a pipeline may name them whatever the model
+            if getattr(config, name) != getattr(EncoderConfig, name):
+                raise FoalPipeError(f"{param('model', 'pixels')} has no transformer blocks or tokens, so "
+                                    f"{param(name, getattr(config, name))} does not apply; drop {param(name)} or choose a "
+                                    f"timm ViT {param('model')}")
         self.config = config
         self.name = "pixels"
         self.image_size = config.image_size or native_size or 32

@@ -51,6 +51,28 @@ def _skeleton(arch: Architecture) -> Any:
                             f"{param('model_kwargs')} and {param('image_size')} (it must suit the patch size)") from None
 
 
+def _check_patch_grid(skeleton: Any, size: int, config: EncoderConfig) -> None:
+    """Refuse an input side that is no multiple of the patch size: the patch embedding's strided convolution would
+    leave the last pixels of each row and column out, unseen (a model that pads its input, ``dynamic_img_pad``, sees
+    them)."""
+    import math
+
+    from timm.layers import PatchEmbed
+
+    embed = getattr(skeleton, "patch_embed", None)
+    if not isinstance(embed, PatchEmbed) or embed.dynamic_img_pad:
+        return
+    step = math.lcm(*map(int, embed.patch_size))
+    if size % step == 0:
+        return
+    lower, upper = size - size % step, size - size % step + step
+    typed = config.image_size is not None or "img_size" not in dict(config.model_kwargs)
+    option = (lambda v: param("image_size", v)) if typed else (lambda v: param("model_kwargs", f"img_size={v}"))
+    sizes = " or ".join(option(v) for v in (lower, upper) if v)
+    raise FoalPipeError(f"{option(size)} is not a multiple of the patch size {step} of {config.name}: the last {size % step} "
+                        f"pixels of each row and column would never reach the model; use {sizes}")
+
+
 class TimmEncoder(Encoder):
     """A timm ViT with feature fusion over its ``blocks``.
 
@@ -95,6 +117,7 @@ class TimmEncoder(Encoder):
         built = getattr(getattr(skeleton, "patch_embed", None), "img_size", None)  # what the model was built for
         built = built[-1] if isinstance(built, tuple | list) else built
         self.image_size = int(config.image_size or built or data_cfg["input_size"][-1])
+        _check_patch_grid(skeleton, self.image_size, config)
         self.mean, self.std = tuple(map(float, data_cfg["mean"])), tuple(map(float, data_cfg["std"]))
         self.interpolation = str(data_cfg.get("interpolation") or "bicubic")
         self.dim = int(skeleton.num_features)

@@ -122,8 +122,7 @@ class Architecture:
 # Provenance: where the weights come from, decided (and a checkpoint hashed) before anything is loaded
 # ---------------------------------------------------------------------------------------------------------
 def describe_weights(config: EncoderConfig, pretrained_cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """The store's ``encoder.weights``: ``checkpoint`` (path, bytes, sha256), ``random`` (seed), ``hf-hub`` (id)
-    or ``url``."""
+    """The store's ``encoder.weights``: ``checkpoint`` (path, bytes, sha256), ``random`` (seed), ``hf-hub`` (id), ``url``."""
     if config.checkpoint:
         path = Path(config.checkpoint).expanduser()
         if path.is_dir():
@@ -275,8 +274,8 @@ def fit_state_dict(state: dict[str, Any], model: Any, head: set[str], path: Path
 
 
 def _check_values(state: dict[str, Any], model_state: dict[str, Any], path: Path) -> None:
-    """Refuse a tensor whose kind (floating point or not) differs from the model's, a sparse one, or a non-finite
-    float. fp8 tensors (torch has no ``isfinite`` for most) are checked as float32, which holds them exactly."""
+    """Refuse a tensor whose kind (floating point or not) differs from the model's, a sparse one, or a float not finite
+    once cast to the model's dtype as loading casts it (float64's 1e39 is float32's inf; fp8 has no ``isfinite``)."""
     import torch
 
     for key, value in state.items():
@@ -287,15 +286,18 @@ def _check_values(state: dict[str, Any], model_state: dict[str, Any], path: Path
         if value.dtype.is_floating_point != kind.is_floating_point or value.dtype.is_complex != kind.is_complex:
             raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, but the model's {key} is "
                                 f"{kind}: loading would cast it; save the model's own tensors (its state_dict) unconverted")
-        if value.dtype.is_floating_point and value.dtype.itemsize < 2:  # fp8 (fp4 cannot be cast: refused)
-            try:
-                value = value.to(torch.float32)
-            except (RuntimeError, NotImplementedError):
-                raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, which torch cannot cast "
-                                    f"to the model's {kind}; save the model's own tensors (its state_dict) unconverted") from None
-        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-            raise FoalPipeError(f"{param('checkpoint')} {path} holds non-finite values (NaN or inf) in {key}; the "
-                                "weights are damaged: save them again from a working model")
+        if not value.dtype.is_floating_point:
+            continue
+        try:
+            cast = value.to(kind)
+        except (RuntimeError, NotImplementedError):  # fp4
+            raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, which torch cannot cast "
+                                f"to the model's {kind}; save the model's own tensors (its state_dict) unconverted") from None
+        if not bool(torch.isfinite(cast).all()):
+            wide = cast.dtype != value.dtype and value.dtype.itemsize > 1 and bool(torch.isfinite(value).all())
+            raise FoalPipeError(f"{param('checkpoint')} {path} holds " + (f"values beyond the range of the model's {kind} "
+                                "(inf once cast)" if wide else "non-finite values (NaN or inf)") + f" in {key}; the weights "
+                                "are damaged: save them again from a working model")
 
 
 def _unwrapped(state: Any) -> Any:

@@ -25,6 +25,7 @@ from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inpu
 from foal_pipe.extract.state import StoreState, check_store, create_store, finish_store, is_zarr_dir, staging_path
 from foal_pipe.io import enclosing_store
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
+from foal_pipe.store.log import close_inherited_locks
 
 
 def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
@@ -44,8 +45,14 @@ def _load_batches(images: Any, batches: list[list[Any]], inputs: Inputs) -> Iter
 
     return iter(torch.utils.data.DataLoader(
         images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
-        prefetch_factor=4 if inputs.workers else None, persistent_workers=False,
+        prefetch_factor=4 if inputs.workers else None, persistent_workers=False, worker_init_fn=_loader_worker,
     ))
+
+
+def _loader_worker(worker_id: int) -> None:
+    """A DataLoader worker, forked under the store's writer lock: its copy of the lock is closed, so a writer killed
+    by SIGKILL leaves the lock free at once, not once torch's watchdog has ended its workers (seconds later)."""
+    close_inherited_locks()
 
 
 def batch_rows(n_rows: int, chunk_rows: int, lo: int, hi: int, batch_size: int) -> list[list[int]]:
@@ -124,6 +131,7 @@ def _pool_worker(images: PreparedImages, parent: int) -> None:
     SIGKILL (or the OOM killer) blocked on its pipe, holding the store's inherited lock so that no resume could
     start, and ignoring SIGTERM through the parent's handler."""
     global _POOL_IMAGES
+    close_inherited_locks()  # as a DataLoader's worker does (_loader_worker)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to report, once
     for stop in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(stop) is not signal.SIG_IGN:
@@ -252,16 +260,15 @@ class _ChunkFiller:
     def add(self, encoded: Any) -> None:
         """One batch: its features, or ``(features, tokens)`` in a store that keeps block tokens."""
         spec, split, first = self.spec, self.split, self.chunk_lo + self.filled
-        if self.kept is None:
-            feats = encoded.astype(spec.dtype)
-        else:
-            feats, tokens = encoded[0].astype(spec.dtype), encoded[1]
+        with np.errstate(over="ignore"):  # float16's overflow to inf: refused below, by its row
+            feats = (encoded if self.kept is None else encoded[0]).astype(spec.dtype)
+        if self.kept is not None:
+            tokens = encoded[1]
             _check_finite(tokens, f"block tokens at {split}", first, f"precision {self.precision}, "
-                          f"{param('blocks_dtype', spec.blocks_dtype)}",
-                          f"use {param('precision', 'fp32')} or {param('blocks_dtype', 'float32')}")
+                          f"{param('blocks_dtype', spec.blocks_dtype)}", self._fix("blocks_dtype", spec.blocks_dtype))
             self.kept[self.filled : self.filled + len(tokens)] = tokens
         _check_finite(feats, f"features at {split}", first, f"precision {self.precision}, dtype {spec.dtype}",
-                      f"use {param('precision', 'fp32')} or {param('dtype', 'float32')}")
+                      self._fix("dtype", spec.dtype))
         self.buffer[self.filled : self.filled + len(feats)] = feats
         self.filled += len(feats)
         if self.on_batch:
@@ -273,6 +280,16 @@ class _ChunkFiller:
             if self.on_chunk:
                 self.on_chunk(chunk_hi)
             self.chunk_lo, self.filled = chunk_hi, 0
+
+    def _fix(self, option: str, dtype: str) -> str:
+        """The wider settings not yet in effect, and ``--overwrite``: the store now holds this run's settings, which
+        a run with others is refused to mix with."""
+        wider = [param(name, value) for name, value, now in (("precision", "fp32", self.precision),
+                                                             (option, "float32", dtype)) if now != value]
+        if not wider:
+            return (f"the model gives them at full precision: check its weights ({param('checkpoint')}) and "
+                    f"{param('model_kwargs')}, then re-run with {param('overwrite', True)}")
+        return f"re-run with {' or '.join(wider)} and {param('overwrite', True)} (the incomplete store has this run's settings)"
 
 
 def _check_finite(values: np.ndarray, what: str, first_row: int, how: str, fix: str) -> None:

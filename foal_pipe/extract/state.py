@@ -119,15 +119,19 @@ def create_store(spec: ExtractSpec, inputs: Inputs | None = None, overwrite: boo
 
 def _check_chunk_memory(spec: ExtractSpec, inputs: Inputs, rows: int) -> None:
     """Refuse, before a store is created, features too wide for one chunk and one batch in memory (a pixels
-    encoder at a huge --image-size): extraction would otherwise end in a MemoryError traceback."""
+    encoder at a huge --image-size): extraction would otherwise end in a MemoryError traceback. A batch never
+    straddles a chunk, so it holds at most a chunk's rows whatever --batch-size says."""
     import numpy as np
 
     from foal_pipe.memory import check_memory
 
-    dim = inputs.encoder.dim
-    check_memory("extract", {"one chunk of features": max(1, min(spec.chunk_rows, rows)) * dim * np.dtype(spec.dtype).itemsize,
-                             "one batch of features": inputs.batch_size * dim * 4},
-                 f"choose a smaller {param('image_size')} (features of {dim:,} values a row) or {param('chunk_rows')}")
+    dim, chunk = inputs.encoder.dim, max(1, min(spec.chunk_rows, rows))
+    batch = min(inputs.batch_size, chunk)
+    smaller = [f"{param('image_size')} (features of {dim:,} values a row)", param("chunk_rows")]
+    smaller += [param("batch_size")] if batch == chunk else []  # the batch is as large as the chunk
+    check_memory("extract", {"one chunk of features": chunk * dim * np.dtype(spec.dtype).itemsize,
+                             "one batch of features": batch * dim * 4},
+                 f"choose a smaller {', '.join(smaller[:-1])} or {smaller[-1]}")
 
 
 def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> StoreState | None:

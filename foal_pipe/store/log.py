@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +13,37 @@ from foal_pipe.io import write_json
 from foal_pipe.store.lock import exclusive_lock
 from foal_pipe.store.meta import LOG_SUFFIX, writing
 
+_HELD: dict[Path, tuple[int, int]] = {}
+"""The lock files this process holds as a writer, by path: their device and inode (see :func:`close_inherited_locks`)."""
 
-def writer_lock(path: str | Path) -> Any:
+
+@contextmanager
+def writer_lock(path: str | Path) -> Iterator[Path]:
     """The exclusive lock every writer of the store at ``path`` holds (``<path>.lock``; see foal_pipe.store.lock)."""
-    return exclusive_lock(path, f"feature store {path}")
+    with exclusive_lock(path, f"feature store {path}") as lock:
+        st = os.stat(lock)
+        _HELD[lock] = (st.st_dev, st.st_ino)
+        try:
+            yield lock
+        finally:
+            _HELD.pop(lock, None)
+
+
+def close_inherited_locks() -> None:
+    """In a process forked by a writer (a loader's worker): close its copies of the writer's lock descriptors. The
+    kernel drops a ``flock`` once every copy is closed, so a worker that outlived a killed writer would hold the
+    lock until it noticed; closing (not unlocking, which would free the writer's too) leaves the writer's held."""
+    held = set(_HELD.values())
+    if not held:
+        return
+    fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    for name in os.listdir(fds):
+        try:
+            st = os.fstat(int(name))
+        except (OSError, ValueError):  # the listing's own descriptor, closed by now
+            continue
+        if (st.st_dev, st.st_ino) in held:
+            os.close(int(name))
 
 
 def log_path(path: str | Path) -> Path:
