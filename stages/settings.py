@@ -98,8 +98,10 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
     def encoder() -> None:
         spec = extract_spec(settings, "data/features/NAME.zarr")
         config = spec.encoder_config()
-        if spec.model in ENCODERS and spec.keep_blocks:  # a timm model is built by the extract stage alone (timm)
-            _check_keeps_blocks(build_encoder(config))
+        if spec.model in ENCODERS:  # its own checks (pixels: no fusion or token); a timm model is built by extract alone
+            built = build_encoder(config)
+            if spec.keep_blocks:
+                _check_keeps_blocks(built)
 
     refuse((key("extract", "model"),), {k: key("extract", k) for k in KEYS["extract"]}, encoder)
 

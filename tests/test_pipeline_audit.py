@@ -70,6 +70,8 @@ def _settings_stage(tmp_path: Path, monkeypatch, params: dict) -> str | None:
         ({"learn": {"engine": "rls", "dtype": "float32"}}, ["learn.engine: rls with learn.dtype: float32 is refused"]),
         ({"extract": {"keep_blocks": True}}, ["pixels has no transformer blocks, so extract.keep_blocks does not apply"]),
         ({"extract": {"split_seed": 3}}, ["extract.split_seed draws the split of extract.test_split"]),
+        ({"extract": {"fusion": "last"}}, ["pixels has no transformer blocks or tokens, so extract.fusion: last does not"]),
+        ({"extract": {"token": "mean"}}, ["pixels has no transformer blocks or tokens, so extract.token: mean does not"]),
         ({"sweep": {"fusions": ["last"]}}, ["sweep.fusions fuses the store's per-block tokens",
                                             "only with extract.keep_blocks: true"]),
         ({"table": {"heads": ["slda", "balanced"]}}, ["balanced run at the gamma ridge chooses", "add ridge to table.heads"]),
