@@ -59,7 +59,7 @@ def _fit(tasks, gamma):
 
 
 def test_dual_at_a_gamma_its_recursion_cannot_resolve_is_refused():
-    with pytest.raises(FoalPipeError, match=r"dual's per-batch recursion .* use gamma of at least"):
+    with pytest.raises(FoalPipeError, match=r"dual's per-batch recursion's rounding moved .* use a larger gamma for dual"):
         _fit(_tasks(), 1e-12)
     with pytest.raises(FoalPipeError, match="dual's per-batch recursion"):
         _fit(_tasks(1e6), 1.0)  # the default gamma, features of large scale
@@ -71,6 +71,25 @@ def test_dual_where_it_runs_equals_exact_per_batch_solves(scale, gamma):
     W_comp = np.asarray(_fit(tasks, gamma).W_comp)
     reference = _stable_dual(tasks, gamma, 1.0, 10)
     np.testing.assert_allclose(W_comp, reference, rtol=0, atol=1e-6 * np.abs(reference).max())
+
+
+def test_a_dual_model_continues_where_its_recursion_starts_well_conditioned(tmp_path):
+    """After the first task the recursion starts from the boundary's exact inverse of a full-rank G_main: a continued
+    model at a gamma far below trace(G_main) runs (an up-front bound of trace(G_main)/gamma refused it)."""
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(4, 8))
+    paths = []
+    for name in ("a", "b"):
+        y = rng.integers(0, 4, 600)
+        X = (centres[y] + 0.8 * rng.normal(size=(600, 8))) * 100
+        paths.append(write_store(tmp_path / f"{name}.zarr", (X, y), (X[:80], y[:80]), ["k0", "k1", "k2", "k3"],
+                                 dtype="float64"))
+    args = ("--tasks", 2, "--projection-dim", 0, "--gamma-comp", 1)
+    first = invoke("learn", "--features", paths[0], "--out", tmp_path / "m", "--head", "dual", "--gamma", "1e-4", *args)
+    assert first.exit_code == 0, first.output
+    result = invoke("learn", "--features", paths[1], "--init-model", tmp_path / "m" / "model.safetensors", "--out",
+                    tmp_path / "c", "--tasks", 2)
+    assert result.exit_code == 0, result.output
 
 
 @pytest.fixture

@@ -45,7 +45,8 @@ def _learn(tmp_path: Path, store: Path, out: Path, ignored: bool) -> subprocess.
     script = "import sys; from foal_pipe.cli import main; sys.argv[0] = 'foal-pipe'; main()"
     args = ["learn", "--features", str(store), "--out", str(out), "--tasks", "3", "--projection-dim", "8",
             "--backend", "numpy"]
-    hold = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignored else None
+    how = signal.SIG_IGN if ignored else signal.SIG_DFL  # not inherited: a suite run under nohup ignores SIGHUP
+    hold = lambda: signal.signal(signal.SIGHUP, how)  # noqa: E731
     return subprocess.run([sys.executable, "-c", script, *args], env=os.environ | {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"},
                           cwd=ROOT, capture_output=True, text=True, preexec_fn=hold)
 

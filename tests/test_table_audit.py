@@ -80,11 +80,13 @@ def test_the_grid_edge_warning_names_its_run(store, tmp_path):
 
 def test_a_killed_tables_scratch_is_removed_by_the_next(store, tmp_path):
     out = tmp_path / "out"
-    dead = tmp_path / f".out.table-runs-{2**22 + 7}-abc123"  # a process id no process has
+    dead = tmp_path / f".out.table-runs-{2**22 + 7}-abc12_45"  # a process id no process has
     dead.mkdir()
     (dead / "run").mkdir()
-    alive = tmp_path / f".out.table-runs-{os.getpid()}-def456"  # a table under way here
+    alive = tmp_path / f".out.table-runs-{os.getpid()}-def45678"  # a table under way here
     alive.mkdir()
+    other = tmp_path / f".out.table-runs-{2**22 + 7}-keep.table-runs"  # the kept runs of a table named so
+    other.mkdir()
     result = invoke("table", "--features", store, "--heads", "ridge", "--tasks", "2", "--order-seeds", "0", "--out", out)
     assert result.exit_code == 0, result.output
-    assert not dead.exists() and alive.exists()
+    assert not dead.exists() and alive.exists() and other.exists()

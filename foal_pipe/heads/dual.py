@@ -49,10 +49,9 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import DRIFTS, check_drift, float64, one_hot, shifted, solve_spd
-from foal_pipe.core.scoring import U64
+from foal_pipe.core.linalg import DRIFTS, PROBES, check_drift, float64, one_hot, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
 from foal_pipe.heads.moments import on_device
@@ -263,21 +262,22 @@ class DualHead(HeadBase):
         state["Q_main"] += Z.T @ Y
         state["R"] -= P.T @ solve_spd(shifted(M, 1.0), P, "float64")
 
-    def _check_recursion(self, G: Any) -> None:
-        """Refuse a recursion whose rounding no boundary solve shows: within a task the residuals come from ``R``'s
-        Woodbury steps, at condition numbers up to ``lambda_max(G_m) / gamma`` while ``G_m`` is still rank-deficient,
-        each step's relative error about ``u`` times it; the exact solves at the boundary see only the task's end
-        (well conditioned: at gamma 1e-12 the recursion's residuals were off by half their size, unseen). Bounded
-        by ``trace(G_m) / gamma``, refused beyond :data:`~foal_pipe.core.linalg.DRIFTS`' float64 share."""
+    def _check_recursion(self, before: Any, exact: Any) -> None:
+        """Refuse a task whose Woodbury steps the boundary's exact solve contradicts: within a task the residuals
+        come from ``R``'s steps, run while ``G_m`` may be near singular (the first task: ``R0 = I / gamma``), so their
+        rounding is as large as ``R``'s own at the task's end, ``before`` (``R`` times :data:`PROBES` fixed random
+        columns) against ``exact`` (the exact inverse times them). At gamma 1e-12 that moved ``R`` by 5% and the
+        residuals by as much, unseen by the exact solves; a task started from a refreshed, well-conditioned ``R``
+        moves it by ~1e-15."""
         xp = self.xp
-        bound = U64 * float(xp.sum(xp.linalg.diagonal(G))) / self.gamma
-        if bound > DRIFTS["float64"]:
-            floor = self.gamma * bound / DRIFTS["float64"]
+        scale = float(xp.linalg.vector_norm(exact))
+        moved = float(xp.linalg.vector_norm(before - exact)) / scale if scale else 0.0
+        if not moved <= DRIFTS["float64"]:
             raise FoalPipeError(
-                f"dual's per-batch recursion runs (G_main + gamma I)^-1 at condition numbers up to "
-                f"{bound / U64:.2g} (trace(G_main)/gamma), where float64's rounding may move its residuals by more "
-                f"than {DRIFTS['float64']:g}; use {param('gamma')} of at least {floor:.3g} (more as rows accumulate: the "
-                f"bound grows with trace(G_main)), or scale the features down")
+                f"dual's per-batch recursion's rounding moved (G_main + gamma I)^-1 by {moved:.1g} (more than "
+                f"{DRIFTS['float64']:g}) from its exact solve at this task's end (G_main near singular within the task "
+                f"at gamma {self.gamma:g}), and the residuals it gave the compensation stream by as much; use a larger "
+                "gamma for dual, or scale the features down")
 
     def boundary(self) -> DualScorer:
         """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
@@ -286,15 +286,17 @@ class DualHead(HeadBase):
         if state is None:
             raise FoalPipeError("the dual head has no rows yet; add rows before a task boundary")
         xp, D = self.xp, self.dim
-        self._check_recursion(state["G_main"])
         check_drift(state["G_main"], self.gamma)
         check_drift(state["G_comp"], self.gamma_comp)
         C = self.classes_.size
+        probes = xp.asarray(np.random.default_rng(0).standard_normal((D, PROBES)), device=device(state["G_main"]))
+        before = state["R"] @ probes
         state["R"] = None  # refreshed below from the exact solve
         both = solve_spd(shifted(state["G_main"], self.gamma),
                          xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1),
                          "float64")
         W_main, state["R"] = xp.asarray(both[:, :C], copy=True), xp.asarray(both[:, C:], copy=True)
+        self._check_recursion(before, state["R"] @ probes)
         W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"], "float64")
         self.earlier_ = self.classes_.copy()
         return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)

@@ -12,7 +12,7 @@ from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import validate_data
 
-from foal_pipe.core.backend import backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
+from foal_pipe.core.backend import as_dtype, backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -215,10 +215,10 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """``X`` in the state's namespace and device, in the state's dtype (or ``dtype``), refused if not finite."""
         xp = get_namespace(self._fitted_with["backend"])
         like = self._engine.template
-        X = xp.asarray(X, dtype=like.dtype if dtype is None else dtype, device=device(like))
+        X = xp.asarray(X, device=device(like))
         if not bool(xp.all(xp.isfinite(X))):
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
-        return X
+        return as_dtype(X, xp, like.dtype if dtype is None else dtype, device(like))
 
     def fit(self, X: Any, y: Any) -> AnalyticClassifier:
         """Forget everything learned, then :meth:`partial_fit` on ``(X, y)``."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from foal_pipe.core.backend import as_dtype, get_namespace
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
@@ -79,12 +80,11 @@ class DeployedModel:
         if X.ndim != 2 or X.shape[1] != d or X.shape[0] == 0:
             raise FoalPipeError(f"features have shape {X.shape} but the model expects (n, {d}) with n >= 1; pass one "
                                 "row per sample (X.reshape(1, -1) for one sample)")
-        X = X.astype(self.projection.components_.dtype, copy=False)
         finite = np.isfinite(X).all(axis=1)
         if not finite.all():
             raise FoalPipeError(f"features hold NaN or inf (first at row {int(np.flatnonzero(~finite)[0])}); "
                                 "check the features (re-extract the store)")
-        return X
+        return np.asarray(as_dtype(X, get_namespace("numpy"), self.projection.components_.dtype, "cpu"))
 
     def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
         """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or
@@ -157,7 +157,8 @@ class DeployedModel:
 
     def store_predictions(self, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
         """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
-        the model's by name: ``true`` is -1 for a row of a class the model does not know (or an unlabelled row).
+        the model's by name (by label id where the model records no names): ``true`` is -1 for a row of a class the
+        model does not know (or an unlabelled row).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
         from foal_pipe.store.blockfusion import read_time_fusion
         from foal_pipe.store.meta import SPLITS, UNLABELLED
@@ -169,8 +170,12 @@ class DeployedModel:
         check_encoder(self.encoder_spec, store, features, unrecorded_ok=True)
         data = store.split(split)
         self.check_width(data.dim, features)
-        known = dict(zip(self.class_names, self.classifier.classes_.tolist()))
-        target = np.array([known.get(name, -1) for name in store.classes] + [-1], dtype=np.int64)
+        ids = self.classifier.classes_.tolist()
+        if self.metadata.get("class_names") is not None:
+            known = dict(zip(self.class_names, ids))
+            target = np.array([known.get(name, -1) for name in store.classes] + [-1], dtype=np.int64)
+        else:  # a model that records no names (saved from Python) knows its classes by label id, as `predict` reads it
+            target = np.array([k if k in ids else -1 for k in range(len(store.classes))] + [-1], dtype=np.int64)
         labels = np.asarray(data.labels, dtype=np.int64)
         true = target[np.where(labels == UNLABELLED, len(store.classes), labels)]
         predicted = np.empty(data.n_rows, dtype=np.int64)

@@ -68,7 +68,7 @@ from foal_pipe.protocol.records import (
     sweep_results,
     sweep_selections,
 )
-from foal_pipe.protocol.run import Run, prepare, row_sample
+from foal_pipe.protocol.run import ClassRowsError, Run, prepare, row_sample
 from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
@@ -285,8 +285,8 @@ def run_learn_orders(
     run_model = kind.settings(stream, model, evaluation, execution)
     out = Path(out)
     settings = _Settings(stream, model, evaluation, execution)
-    runs = [prepare(features, replace(stream, order_seed=s), run_model, evaluation, execution, **kind.prepare(model))
-            for s in seeds]
+    runs = each_order(seeds, lambda s: prepare(features, replace(stream, order_seed=s), run_model, evaluation, execution,
+                                               **kind.prepare(model)))
     check_task_counts(seeds, runs)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
@@ -405,8 +405,21 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
         raise FoalPipeError(f"{param('gammas')} is empty; pass a comma-separated list such as 1e-3,1e-2,1e-1,1,10")
     gammas = [check_gamma(g) for g in sweep.gammas]
     m = replace(model, gamma=1.0, engine="gram")
-    return [prepare(features, replace(stream, order_seed=s), m, evaluation, execution, n_models=len(gammas),
-                    loo=sweep.loo, command="sweep", heads=heads) for s in seeds]
+    return each_order(seeds, lambda s: prepare(features, replace(stream, order_seed=s), m, evaluation, execution,
+                                                n_models=len(gammas), loo=sweep.loo, command="sweep", heads=heads))
+
+
+def each_order(seeds: Sequence[int], prepared: Callable[[int], Run]) -> list[Run]:
+    """Every order's prepared run; a head's refusal of one order's class rows names that order (the others may
+    pass: which classes a task ends with depends on the order)."""
+    runs = []
+    for seed in seeds:
+        try:
+            runs.append(prepared(seed))
+        except ClassRowsError as exc:
+            raise FoalPipeError(f"{exc.template} (class order seed {seed}; {param('order_seed', seed)} alone is refused "
+                                "too)") from None
+    return runs
 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,

@@ -17,6 +17,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -207,9 +208,9 @@ class _Kept:
         #: a run walked apart writes its files under a directory of this prefix (the process id in it), removed
         #: after; those of a table killed outright (SIGKILL) are removed by the next table on ``out``
         self.scratch_prefix = f"{self.path.name}-{os.getpid()}-"
-        for left in out.parent.glob(f"{glob.escape(self.path.name)}-*-*"):
-            pid = left.name[len(self.path.name) + 1:].split("-", 1)[0]
-            if pid.isdigit() and not pid_alive(int(pid)):
+        for left in out.parent.glob(f"{glob.escape(self.path.name)}-*-*"):  # tempfile adds 8 of [a-z0-9_]
+            named = re.fullmatch(re.escape(self.path.name) + r"-(\d+)-[a-z0-9_]{8}", left.name)
+            if named and not pid_alive(int(named.group(1))):
                 shutil.rmtree(left, ignore_errors=True)
 
     def get(self, key: str) -> dict[str, Any] | None:
