@@ -19,6 +19,16 @@ from foal_pipe.report.paper import PAPER_BACKBONE
 from foal_pipe.store import open_store
 
 STAGES = Path(__file__).resolve().parent.parent / "stages"
+
+
+def params_with(**sections: dict) -> dict:
+    """The repository's params.yaml with ``sections``' keys updated."""
+    import yaml
+
+    params = yaml.safe_load((STAGES.parent / "params.yaml").read_text())
+    for section, values in sections.items():
+        params[section].update(values)
+    return params
 runner = CliRunner()
 
 # --- timm ViTs and image trees ---------------------------------------------------------------------------------

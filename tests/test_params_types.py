@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import STAGES
+from helpers import STAGES, params_with
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _params(**sections: dict) -> dict:
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for section, values in sections.items():
-        params[section].update(values)
-    return params
 
 
 @pytest.fixture()
@@ -40,7 +33,7 @@ def test_quoted_booleans_are_refused(resolve, section, key, value):
     resolve, error = resolve
     with pytest.raises(error, match=re.escape(f"{section}.{key} in params.yaml must be a YAML boolean, true or false "
                                               f"(unquoted), got {value!r}")):
-        resolve(_params(**{section: {key: value}}), "digits")
+        resolve(params_with(**{section: {key: value}}), "digits")
 
 
 @pytest.mark.parametrize(
@@ -72,7 +65,7 @@ def test_quoted_booleans_are_refused(resolve, section, key, value):
 def test_wrong_types_and_values_are_refused(resolve, section, key, value, expected):
     resolve, error = resolve
     with pytest.raises(error, match=re.escape(f"{section}.{key} in params.yaml must be {expected}")):
-        resolve(_params(**{section: {key: value}}), "digits")
+        resolve(params_with(**{section: {key: value}}), "digits")
 
 
 def test_gammas_in_exponent_form_are_numbers(resolve):
@@ -80,13 +73,13 @@ def test_gammas_in_exponent_form_are_numbers(resolve):
     resolve, _ = resolve
     text = yaml.safe_load("learn: {gamma: 1e-3}\nsweep: {gammas: [1e-3, 1]}")
     assert text["learn"]["gamma"] == "1e-3"  # what the check sees
-    settings = resolve(_params(learn=text["learn"], sweep=text["sweep"]), "digits")
+    settings = resolve(params_with(learn=text["learn"], sweep=text["sweep"]), "digits")
     assert settings["learn"]["gamma"] == "1e-3" and settings["sweep"]["gammas"] == ["1e-3", 1]
 
 
 def test_an_entry_override_is_named_by_its_own_key(resolve):
     resolve, error = resolve
-    params = _params()
+    params = params_with()
     params["datasets"] = {"digits": {}, "small": {"dataset": "digits", "learn": {"tasks": "five"}}}
     resolve(params, "digits")
     with pytest.raises(error, match=re.escape("datasets.small.learn.tasks in params.yaml must be a positive integer")):
@@ -100,7 +93,7 @@ def test_an_entry_override_is_named_by_its_own_key(resolve):
 ])
 def test_an_unregistered_dataset_is_refused(resolve, entries, message):
     resolve, error = resolve
-    params = _params()
+    params = params_with()
     params["datasets"] = entries
     with pytest.raises(error, match=re.escape(message)):
         resolve(params, next(iter(entries)))
@@ -108,7 +101,7 @@ def test_an_unregistered_dataset_is_refused(resolve, entries, message):
 
 def test_an_unknown_top_level_section_is_refused(resolve):
     resolve, error = resolve
-    params = {**_params(), "learnn": {"gamma": 2}}
+    params = {**params_with(), "learnn": {"gamma": 2}}
     with pytest.raises(error, match=re.escape("params.yaml has unknown top-level sections ['learnn']; its sections "
                                               "are: datasets, extract, learn, sweep, table")):
         resolve(params, "digits")
@@ -118,12 +111,12 @@ def test_an_unknown_top_level_section_is_refused(resolve):
 def test_an_empty_datasets_mapping_is_refused(resolve, entries):
     resolve, error = resolve
     with pytest.raises(error, match=re.escape("`datasets` in params.yaml must map run names to overrides")):
-        resolve({**_params(), "datasets": entries}, "digits")
+        resolve({**params_with(), "datasets": entries}, "digits")
 
 
 def test_an_entry_that_is_not_a_mapping_is_refused(resolve):
     resolve, error = resolve
-    params = _params()
+    params = params_with()
     params["datasets"] = {"digits": {"learn": 5}}
     with pytest.raises(error, match=re.escape("datasets.digits.learn in params.yaml must map keys of `learn` to values")):
         resolve(params, "digits")
@@ -131,7 +124,7 @@ def test_an_entry_that_is_not_a_mapping_is_refused(resolve):
 
 def test_the_repository_params_pass(resolve):
     resolve, _ = resolve
-    assert resolve(_params(), "digits")["learn"]["mask_unseen"] is True
+    assert resolve(params_with(), "digits")["learn"]["mask_unseen"] is True
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -139,7 +132,7 @@ def test_the_repository_params_pass(resolve):
     ({"learn": {"order_seeds": 3}}, "Error: learn.order_seeds in params.yaml must be a YAML list"),
 ])
 def test_the_settings_stage_refuses_in_one_line_before_writing(tmp_path, edit, message):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_params(**edit)))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(**edit)))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(STAGES / "settings.py"), "digits"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)

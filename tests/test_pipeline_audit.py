@@ -12,16 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import STAGES, invoke
+from helpers import STAGES, invoke, params_with
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _params(**sections: dict) -> dict:
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for section, values in sections.items():
-        params[section].update(values)
-    return params
 
 
 def _module(name: str):
@@ -80,14 +73,14 @@ def _settings_stage(tmp_path: Path, monkeypatch, params: dict) -> str | None:
 def test_settings_refuses_what_a_later_stage_refuses(tmp_path, monkeypatch, sections, fragments):
     """Each was accepted by settings@NAME and refused only by a later stage, after dvc.lock and the settings files
     were updated and DVC had deleted that stage's outputs."""
-    error = _settings_stage(tmp_path, monkeypatch, _params(**sections))
+    error = _settings_stage(tmp_path, monkeypatch, params_with(**sections))
     assert error is not None and "\n" not in error and error.startswith("Error: in params.yaml, ")
     for fragment in fragments:
         assert fragment in error, error
 
 
 def test_an_entrys_own_key_is_named_as_the_entrys(tmp_path, monkeypatch):
-    params = _params()
+    params = params_with()
     params["datasets"] = {"digits": {"table": {"order_seeds": [2, 2]}}}
     assert _settings_stage(tmp_path, monkeypatch, params) == ("Error: in params.yaml, datasets.digits.table.order_seeds "
                                                               "lists a value twice; list each once")
@@ -95,7 +88,7 @@ def test_an_entrys_own_key_is_named_as_the_entrys(tmp_path, monkeypatch):
 
 def test_fusions_with_several_orders_are_refused_as_sweep_refuses_them(tmp_path, monkeypatch):
     """sweep --fusions compares fusions on one class order: learn.order_seeds of two orders reach the sweep stage."""
-    params = _params(extract={"model": "vit_tiny_patch16_224", "keep_blocks": True},
+    params = params_with(extract={"model": "vit_tiny_patch16_224", "keep_blocks": True},
                      sweep={"fusions": ["last"]}, learn={"order_seeds": [0, 1]})
     assert "sweep.fusions compares fusions on one class order; leave out learn.order_seeds" in (
         _settings_stage(tmp_path, monkeypatch, params) or "")
@@ -105,7 +98,7 @@ def test_fusions_with_several_orders_are_refused_as_sweep_refuses_them(tmp_path,
 
 def test_the_settings_stage_writes_nothing_when_it_refuses(tmp_path):
     """`python stages/settings.py NAME`: one line, exit 1, no settings file written."""
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_params(table={"tasks": [5, 5]})))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(table={"tasks": [5, 5]})))
     done = subprocess.run([sys.executable, str(STAGES / "settings.py"), "digits"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 1 and done.stderr == "Error: in params.yaml, table.tasks lists a value twice; list each once\n"
@@ -131,7 +124,7 @@ def test_a_table_of_heads_on_the_features_runs(tmp_path, monkeypatch):
     """table.heads [ncm, slda] (no projection, no ridge) was always refused: the stage passed --projection-dim,
     --seed, --gamma and --select. Its runs now equal the separate `learn --head` runs."""
     p, table = _module("_params"), _module("table")
-    params = _params(table={"heads": ["ncm", "slda"], "order_seeds": [0, 1], "tasks": [2]},
+    params = params_with(table={"heads": ["ncm", "slda"], "order_seeds": [0, 1], "tasks": [2]},
                      learn={"projection_dim": 300, "seed": 5})
     assert _settings_stage(tmp_path, monkeypatch, params) is None
     settings = p.resolve(params, "digits")
@@ -157,7 +150,7 @@ def test_a_table_of_heads_on_the_features_runs(tmp_path, monkeypatch):
 def test_a_table_with_ridge_keeps_its_command():
     """With ridge among the heads every option applies: the default command is unchanged (outputs byte-identical)."""
     p, table = _module("_params"), _module("table")
-    assert [str(a) for a in table.command("digits", p.resolve(_params(), "digits"))] == [
+    assert [str(a) for a in table.command("digits", p.resolve(params_with(), "digits"))] == [
         "table", "--features", "data/features/digits.zarr", "--out", "runs/digits-table", "--heads", "ridge,ncm,slda",
         "--order-seeds", "0,1,2", "--tasks", "5", "--gamma", "auto", "--select", "loo_accuracy", "--batch-size", "10",
         "--projection-dim", "1000", "--activation", "sigmoid", "--seed", "0", "--backend", "auto",
@@ -179,7 +172,7 @@ def test_every_learn_setting_the_table_takes_is_passed():
     own = {"tasks", "order_seeds", "gamma"}  # the table's own, or auto
     carried = {k for k in p.KEYS["learn"] if k in takes and k not in own}
     assert carried == set(p.TABLE_FROM_LEARN)
-    settings = p.resolve(_params(learn={"drop_remainder": True}), "digits")
+    settings = p.resolve(params_with(learn={"drop_remainder": True}), "digits")
     assert p.stage_settings(settings)["table"]["learn"]["drop_remainder"] is True  # the table stage's dependency
     assert table.command("digits", settings)[-1] == "--drop-remainder"
     docs = " ".join((ROOT / "docs" / "pipeline.md").read_text().split())
