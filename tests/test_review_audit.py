@@ -93,3 +93,17 @@ def test_a_class_row_refusal_under_many_orders_names_the_order(tmp_path, command
     out = tmp_path / "all"
     result = invoke(*command, *args, "--out", out, "--order-seeds", "0,1,2")
     assert_clean_error(result, f"(class order seed {refused[0]}; --order-seed {refused[0]} alone is refused too)", out)
+
+
+def test_continuing_a_model_that_records_no_encoder_says_so(tmp_path):
+    from foal_pipe import SmoothProjection
+
+    rng = np.random.default_rng(5)
+    y = np.repeat(np.arange(3), 10)
+    X = rng.normal(size=(y.size, 4)) + y[:, None]
+    store = write_store(tmp_path / "a.zarr", (X, y), (X, y), ["k0", "k1", "k2"])
+    projection = SmoothProjection(n_components=8, random_state=0).fit(X)
+    AnalyticClassifier().fit(projection.transform(X), y).save(tmp_path / "m.safetensors", projection=projection)
+    out = tmp_path / "next"
+    result = invoke("learn", "--init-model", tmp_path / "m.safetensors", "--features", store, "--out", out)
+    assert_clean_error(result, "the model records no encoder (a model saved from Python), so nothing shows that", out)

@@ -35,6 +35,10 @@ def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, whe
     if model_encoder is None and unrecorded_ok:
         return
     theirs = store.meta.encoder or {}
+    if model_encoder is None and theirs:
+        raise FoalPipeError(f"the model records no encoder (a model saved from Python), so nothing shows that {where}'s "
+                            f"features (encoder {theirs.get('name')!r}) are those it learned; continue a model that "
+                            "`foal-pipe learn` wrote from a store of the same encoder")
     ours = model_encoder or {}
     key = first_difference(ours, theirs)
     if key is not None:
