@@ -15,12 +15,3 @@ def test_summary_of_a_table_names_its_table_md(tmp_path):
                                                       f"not read: open {out / 'table.md'}, or give `summary` run "
                                                       "directories of `foal-pipe learn`")
 
-
-def test_summary_of_runs_beside_a_table_says_it_skipped_the_table(tmp_path):
-    store = build_store(tmp_path / "a.zarr", n_train=60)
-    assert invoke("table", "--features", store, "--heads", "ridge", "--tasks", 2, "--order-seeds", 0,
-                  "--out", tmp_path / "runs" / "t").exit_code == 0
-    assert invoke("learn", "--features", store, "--out", tmp_path / "runs" / "r", "--tasks", 2).exit_code == 0
-    result = invoke("summary", tmp_path / "runs")
-    assert result.exit_code == 0, result.output
-    assert f"{tmp_path / 'runs' / 't'} holds a results table (table.json), not runs" in " ".join(result.output.split())

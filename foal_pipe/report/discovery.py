@@ -267,13 +267,10 @@ def find_runs(
                 entry.metrics = data
             else:
                 entry.sweep = data
-    tables = [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
-              if t.name == "table.json"]
-    if found and on_error is not None:  # said, not left out without a word
-        for t in tables:
-            on_error(f"{t.parent} holds a results table (table.json), not runs: open {t.parent / 'table.md'}")
     if not found:
         names = ", ".join(map(str, paths))
+        tables = [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
+                  if t.name == "table.json"]
         if tables:  # `foal-pipe table` writes its runs into table.json, not as run directories
             raise FoalPipeError(f"{tables[0].parent} holds a results table (table.json), which `summary` does not read: "
                                 f"open {tables[0].parent / 'table.md'}, or give `summary` run directories of `foal-pipe learn`")
