@@ -76,7 +76,8 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
     def model() -> None:
         options = {**learn, "gamma": str(learn["gamma"])}
         config = o.settings(options, ModelConfig)
-        check_settings(config, o.settings(options, StreamConfig), o.settings(options, ExecutionConfig))
+        o.settings(options, StreamConfig)  # checks its own fields
+        check_settings(config, o.settings(options, ExecutionConfig))
         check_ridge_model_file(config)  # learn@NAME's head: ridge
 
     refuse((key("learn", "engine"), key("learn", "gamma")), learn_names, model)

@@ -21,6 +21,21 @@ from foal_pipe.store import open_store
 STAGES = Path(__file__).resolve().parent.parent / "stages"
 
 
+def die_after_kept_runs(monkeypatch, n: int) -> None:
+    """Make a table die (KeyboardInterrupt, as Ctrl-C does) once it has kept ``n`` finished runs."""
+    from foal_pipe.protocol import table
+
+    put, calls = table._Kept.put, []
+
+    def dying(self, key, record):
+        put(self, key, record)
+        calls.append(key)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(table._Kept, "put", dying)
+
+
 def params_with(**sections: dict) -> dict:
     """The repository's params.yaml with ``sections``' keys updated."""
     import yaml

@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import assert_clean_error, assert_same_matrix, build_store, invoke
+from helpers import assert_clean_error, assert_same_matrix, build_store, die_after_kept_runs, invoke
 
 from foal_pipe.protocol import table as engine
 
@@ -104,15 +104,8 @@ def test_same_command_twice_gives_the_same_bytes(stores, table24, tmp_path):
 
 def test_a_killed_table_resumes_its_finished_runs(stores, table24, tmp_path, monkeypatch):
     out = tmp_path / "killed"
-    put, calls = engine._Kept.put, []
-
-    def dying(self, key, record):
-        put(self, key, record)
-        calls.append(key)
-        if len(calls) == 7:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(engine._Kept, "put", dying)
+    put = engine._Kept.put
+    die_after_kept_runs(monkeypatch, 7)
     with pytest.raises(KeyboardInterrupt):
         engine.run_table(list(stores), out, engine.TableConfig(("ridge", "ncm", "slda"), (0, 1), (3, 4)), _settings())
     assert not out.exists()

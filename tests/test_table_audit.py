@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import assert_clean_error, build_store, invoke
+from helpers import assert_clean_error, build_store, die_after_kept_runs, invoke
 
 from foal_pipe.protocol import table as engine
 
@@ -40,15 +40,7 @@ def test_a_resumed_table_with_the_store_spelled_otherwise_holds_every_order(stor
     put = engine._Kept.put
     for spelled in (str(store), f"../{tmp_path.name}/a.zarr"):
         whole = engine.run_table([Path(spelled)], tmp_path / f"whole{len(spelled)}", CONFIG, _settings(), log=lambda _: None)
-        calls: list[str] = []
-
-        def dying(self, key, record, calls=calls):
-            put(self, key, record)
-            calls.append(key)
-            if len(calls) == 2:
-                raise KeyboardInterrupt
-
-        monkeypatch.setattr(engine._Kept, "put", dying)
+        die_after_kept_runs(monkeypatch, 2)
         with pytest.raises(KeyboardInterrupt):
             engine.run_table([Path("a.zarr")], tmp_path / "out", CONFIG, _settings(), log=lambda _: None)
         monkeypatch.setattr(engine._Kept, "put", put)

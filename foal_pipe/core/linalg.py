@@ -105,6 +105,12 @@ DRIFT_MARGINS = {"float32": 1.0, "float64": 8.0}
 PROBES = 32
 
 
+def probe_columns(like: Any) -> Any:
+    """:data:`PROBES` fixed standard-normal columns of ``like``'s row count, in its namespace and on its device."""
+    xp = array_namespace(like)
+    return xp.asarray(np.random.default_rng(0).standard_normal((like.shape[0], PROBES)), device=device(like))
+
+
 def drift(inverse_frobenius2: float, top: float, dtype: str = "float32") -> float:
     """The relative (Frobenius) change of ``W = (G + gamma I)^-1 Q`` that rounding of ``G``'s entries in ``dtype``
     may cause: a symmetric perturbation ``E`` of independent entries of standard deviation ``s = ROUNDING_SPREAD u
@@ -168,7 +174,7 @@ def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
     if dim == 0 or drift(dim / float(gamma) / float(gamma), top, dtype) <= DRIFTS[dtype]:  # gamma^2 overflows past 1e154
         return
     xp = array_namespace(G)
-    probes = xp.asarray(np.random.default_rng(0).standard_normal((dim, PROBES)), device=device(G))
+    probes = probe_columns(G)
     with factor_threads(dim):
         solved = solve_spd(shifted(G, float(gamma)), probes, dtype)
     moved = drift(float(xp.sum(solved**2)) / PROBES, top, dtype)

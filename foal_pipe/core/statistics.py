@@ -54,6 +54,7 @@ from foal_pipe.core.linalg import (
     float64,
     largest_entry,
     one_hot,
+    probe_columns,
     shifted,
     solve_spd,
 )
@@ -262,8 +263,7 @@ class RidgeStatistics:
         Q = float64(self.Q)
         if probed:
             top = largest_entry(self.G)
-            probes = np.random.default_rng(0).standard_normal((self.dim, PROBES))
-            Q = xp.concat([Q, xp.asarray(probes, device=device(self.G))], axis=1)
+            Q = xp.concat([Q, probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
             W = solve_spd(shifted(self.G, float(gamma)), Q, dtype)
         if not probed:

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import DRIFTS, PROBES, check_drift, float64, one_hot, shifted, solve_spd
+from foal_pipe.core.linalg import DRIFTS, check_drift, float64, one_hot, probe_columns, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
@@ -289,7 +289,7 @@ class DualHead(HeadBase):
         check_drift(state["G_main"], self.gamma)
         check_drift(state["G_comp"], self.gamma_comp)
         C = self.classes_.size
-        probes = xp.asarray(np.random.default_rng(0).standard_normal((D, PROBES)), device=device(state["G_main"]))
+        probes = probe_columns(state["G_main"])
         before = state["R"] @ probes
         state["R"] = None  # refreshed below from the exact solve
         both = solve_spd(shifted(state["G_main"], self.gamma),

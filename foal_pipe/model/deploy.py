@@ -88,7 +88,7 @@ class DeployedModel:
         if not finite.all():
             raise FoalPipeError(f"features hold NaN or inf (first at row {int(np.flatnonzero(~finite)[0])}); "
                                 "check the features (re-extract the store)")
-        return np.asarray(as_dtype(X, get_namespace("numpy"), self.projection.components_.dtype, "cpu"))
+        return as_dtype(X, get_namespace("numpy"), self.projection.components_.dtype, "cpu")
 
     def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
         """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or

@@ -64,6 +64,8 @@ class StreamConfig:
                                     f"{param(name, 10)}")
             if value is not None:
                 object.__setattr__(self, name, int(value))  # a NumPy integer is recorded as JSON's
+        if self.batch_size is not None and self.batch_size < 1:
+            raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {self.batch_size}")
         for name in ("drop_last", "drop_remainder"):  # "no" is truthy
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise FoalPipeError(f"{param(name)} is a flag, True or False, got {getattr(self, name)!r}; pass "

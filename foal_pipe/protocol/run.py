@@ -108,7 +108,7 @@ def prepare(
     ``heads`` (other than ridge) add their state to the memory estimate; ``ridge=False`` (``learn --head``) leaves
     out ridge's state and weights; ``start`` (a continued head) adds the model's classes and tensors.
     """
-    check_settings(model, stream_config, execution, fusions)
+    check_settings(model, execution, fusions)
     started = time.perf_counter()  # the backend's start-up: `auto` may import CuPy or torch to look for a GPU
     backend = resolve_backend(execution.backend)
     starting = time.perf_counter() - started
@@ -147,12 +147,9 @@ def prepare(
     return run
 
 
-def check_settings(model: ModelConfig, stream_config: StreamConfig, execution: ExecutionConfig,
-                   fusions: Sequence[str] = ()) -> None:
-    """:func:`prepare`'s checks of the settings alone, before any store is opened (``table`` runs them once, so a
-    refusal of a setting does not name a store)."""
-    if stream_config.batch_size < 1:
-        raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {stream_config.batch_size}")
+def check_settings(model: ModelConfig, execution: ExecutionConfig, fusions: Sequence[str] = ()) -> None:
+    """:func:`prepare`'s checks of the model's settings alone, before any store is opened (``table`` runs them once,
+    so a refusal of a setting does not name a store; :class:`StreamConfig` checks its own fields)."""
     if model.gamma != "auto":
         check_gamma(model.gamma)
     elif model.engine != "gram":

@@ -94,7 +94,7 @@ def check_table(config: TableConfig, features: Sequence[Path], settings: Setting
         raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('order_seeds')} has nothing to vary; "
                             "pass one seed")
     model = settings.model
-    check_settings(_ridge_model(model), settings.stream, settings.execution)
+    check_settings(_ridge_model(model), settings.execution)
     _check_projection_used(config.heads, model, explicit)
     check_head_options(list(config.heads), model, explicit)
     if "ridge" in config.heads and model.resolved_activation in BIASED:  # learn --head ridge's refusal
