@@ -371,14 +371,21 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     one (no sweep, no plots) must not show from an earlier run. A symlinked ``path`` is replaced at its target,
     the link kept (:func:`follow_link`). On any error the temporary directory is removed and ``path`` is left as
     it was; a run killed at any point (power loss included: the files and the swap are synced) is settled by
-    the next :func:`check_output_dir` on ``path``.
+    the next :func:`check_output_dir` on ``path``. An I/O error is reported as a failed write of ``path``, except
+    the caller's about a path outside the temporary directory (an input it reads), which propagates as it is.
     """
     path = check_output_dir(path, create=True)
     tmp: Path | None = None
+    foreign: OSError | None = None
     try:
         with held_signals():  # an interrupt now would leave it unrecorded: it comes after `tmp` is set
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:  # the caller's: a write of its files (no path, or one in `tmp`), or about another path
+            if exc.filename is not None and not Path(os.fsdecode(exc.filename)).is_relative_to(tmp):
+                foreign = exc  # say, an input read while the outputs are written: its own error, not --out's
+            raise
         os.chmod(tmp, 0o777 & ~_umask())
         _sync_tree(tmp)
         if path.is_dir():
@@ -398,6 +405,8 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
         raise _io_error(path / exc.path.relative_to(tmp), exc.error, f"free some space or choose another {param('out')}; "
                         "previous outputs are unchanged") from None
     except OSError as exc:
+        if exc is foreign:
+            raise
         raise _io_error(path, exc, f"free some space or choose another {param('out')}; previous outputs are unchanged") from None
     finally:
         if tmp is not None:

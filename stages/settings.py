@@ -48,6 +48,7 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
     from foal_pipe.protocol.headruns import check_ridge_model_file
     from foal_pipe.protocol.orders import parse_order_seeds
     from foal_pipe.protocol.run import check_settings
+    from foal_pipe.protocol.table import GAMMA_HEADS
     from foal_pipe.store.blockfusion import parse_fusions
 
     def key(section: str, k: str) -> str:
@@ -105,6 +106,13 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
                 _check_keeps_blocks(built)
 
     refuse((key("extract", "model"),), {k: key("extract", k) for k in KEYS["extract"]}, encoder)
+
+    heads = [str(h) for h in settings["table"]["heads"]]
+    gamma_heads = [h for h in heads if h in GAMMA_HEADS]
+    if gamma_heads and "ridge" not in heads:  # the stage's gamma is auto, which no key changes
+        raise ParamsError(f"in {PARAMS}, {key('table', 'heads')}: {', '.join(gamma_heads)} run{'s' * (len(gamma_heads) == 1)} "
+                          f"at the gamma ridge chooses on the training rows (the table stage's gamma is auto); add ridge "
+                          f"to {key('table', 'heads')}")
 
     def table() -> None:
         check = table_check(table_command(name, settings))

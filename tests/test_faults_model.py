@@ -127,8 +127,8 @@ def test_a_removed_checksum_is_refused(tmp_path, trained):
 
 
 def _version_1(data: bytes, edit=None) -> bytes:
-    """The file as foal-pipe wrote it before checksums: format_version 1, no checksum."""
-    data = _edit_meta(checksum=None, format_version=lambda _: 1)(data)
+    """The file as foal-pipe wrote it before checksums: format_version 1, no checksum (nor learned_from, which came later)."""
+    data = _edit_meta(checksum=None, learned_from=None, format_version=lambda _: 1)(data)
     return edit(data) if edit else data
 
 

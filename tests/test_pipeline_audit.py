@@ -67,7 +67,7 @@ def _settings_stage(tmp_path: Path, monkeypatch, params: dict) -> str | None:
         ({"extract": {"token": "mean"}}, ["pixels has no transformer blocks or tokens, so extract.token: mean does not"]),
         ({"sweep": {"fusions": ["last"]}}, ["sweep.fusions fuses the store's per-block tokens",
                                             "only with extract.keep_blocks: true"]),
-        ({"table": {"heads": ["slda", "balanced"]}}, ["balanced run at the gamma ridge chooses", "add ridge to table.heads"]),
+        ({"table": {"heads": ["slda", "balanced"]}}, ["balanced runs at the gamma ridge chooses", "add ridge to table.heads"]),
     ],
 )
 def test_settings_refuses_what_a_later_stage_refuses(tmp_path, monkeypatch, sections, fragments):

@@ -124,7 +124,16 @@ def grouped_table(paths: list[Path], group: str) -> Table:
         table.add_row(*(escape(str(v)) for v in c["key"].values()), str(c["n"]),
                       *(f"{100 * c[m]['mean']:.2f}" + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
                         for m in METRICS))
+    table.caption, table.caption_justify = "\n".join(tables_note(paths)) or None, "left"
     return table
+
+
+def tables_note(paths: list[Path]) -> list[str]:
+    """A line per results table of ``foal-pipe table`` under ``paths``: it holds its runs itself, so the summary's
+    rows leave them out, and says so rather than passing over them."""
+    from foal_pipe.report.discovery import find_tables
+
+    return [escape(f"{t.parent}: a results table, not rows here; open {t.parent / 'table.md'}") for t in find_tables(paths)]
 
 
 def summary_table(paths: list[Path]) -> Table:
@@ -210,6 +219,7 @@ def summary_table(paths: list[Path]) -> Table:
     notes = [f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"] if sweeps else []
     if any(e.metrics is not None and e.sweep is not None and e.seconds is None for e in found):
         notes.append("s ?: a folder holding a run and a sweep keeps one timings.json, the last command's")
+    notes += tables_note(paths)
     if notes:
         table.caption = "\n".join(notes)
     return table

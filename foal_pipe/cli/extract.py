@@ -255,7 +255,7 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
         "complete": meta.complete,
         "format_version": meta.format_version,
         "checksums": bool(checksums) and all(checksums),
-        "integrity": meta.format_version >= SEALED_FROM,
+        "integrity": meta.complete and meta.format_version >= SEALED_FROM,
         "generation": meta.generation,
         "dataset": meta.dataset,
         "classes": list(meta.classes),
@@ -311,16 +311,20 @@ def info(
     as_json: Annotated[bool, flag("--json", help="Print everything as JSON instead of a table. "
                        "Default: off.")] = False,
     verify: Annotated[bool, flag("--verify", help="Read every chunk: report damaged chunks (checksum "
-                      "mismatch, undecodable, NaN/inf) by split and rows and recompute the generation id. Default: "
-                      "off (metadata and a listing of the chunk files only).")] = False,
+                      "mismatch, undecodable, NaN/inf) by split and rows, recompute the generation id and run every "
+                      "check the readers run (labels, shapes, dtypes, norm parameters). Default: off (metadata and a "
+                      "listing of the chunk files only).")] = False,
     export_manifest: Annotated[Path | None, typer.Option(help="Write the store's split manifest (the images of each "
                                "split with their SHA-256) to this JSON file, for `extract --split-manifest`. Default: "
                                "none.", show_default=False)] = None,
 ) -> None:
     """Show a feature store: shape, dtype, classes, encoder, completeness, checksums and size on disk.
 
-    Exits with status 1 when chunk files are missing (or, with --verify, damaged) or format_version was edited down.
+    Exits with status 1 when chunk files are missing (or, with --verify, damaged, or the store is one the readers
+    refuse) or format_version was edited down.
     """
+    from foal_pipe.store.verify import REFUSED, WHOLE_STORE
+
     with user_errors():
         if export_manifest is not None:
             _export_manifest(store, export_manifest)
@@ -330,6 +334,9 @@ def info(
             console.print_json(json.dumps(summary))
         else:
             _print_table(summary)
+        refused = f"{WHOLE_STORE}: {REFUSED}"
+        if len(problems) == 1 and problems[0].startswith(refused):  # open_store's own message, which names the fix
+            raise FoalPipeError(f"{store} fails --verify: {problems[0][len(refused):]}")
         if problems:
             listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
             raise FoalPipeError(f"{store} is damaged: {listed}; re-extract it (`foal-pipe extract ... --overwrite`) "
@@ -365,6 +372,13 @@ def _export_manifest(store: Path, out: Path) -> None:
         tmp.write_bytes(raw)
 
 
+def _class_name(name: str) -> str:
+    """A class name as ``info`` lists it: quoted with escapes (JSON) when it is empty, or holds a comma, a quote,
+    a control character or outer spaces, so each name reads as one."""
+    plain = name and name == name.strip() and name.isprintable() and not set(name) & {",", '"'}
+    return name if plain else json.dumps(name, ensure_ascii=False)
+
+
 def _print_table(summary: dict[str, Any]) -> None:
     from foal_pipe.store.meta import resume_advice
 
@@ -378,16 +392,18 @@ def _print_table(summary: dict[str, Any]) -> None:
         done = ", ".join(f"{s} {prog.get(s, 0):,}/{v['rows']:,}" for s, v in summary["splits"].items())
         status = f"[yellow]no[/] ({escape(done)} rows written; {escape(resume_advice(summary['format_version']))})"
     classes = summary["classes"]
-    preview = escape(", ".join(classes[:6]) + (", ..." if len(classes) > 6 else ""))
+    preview = escape(", ".join(map(_class_name, classes[:6])) + (", ..." if len(classes) > 6 else ""))
     table.add_row("store", escape(str(summary["path"])))
     table.add_row("complete", status)
     if summary["format_version"] == 1:
-        table.add_row("format", "1 (no chunk checksums: damage shows only as a decoding error; re-extract with "
-                      "this foal-pipe to get them)")
+        table.add_row("format", "1 (no chunk checksums: a damaged chunk may decode to other values unnoticed; "
+                      "re-extract with this foal-pipe to get them)")
     else:
         checks = "crc32c checksum on every chunk" if summary["checksums"] else "no chunk checksums"
         if summary["integrity"]:
             checks += ", each bound to its position; metadata sealed by the generation id"
+        elif not summary["complete"] and summary["format_version"] >= 4:
+            checks += "; the chunk records and generation id are written when it is completed"
         elif summary["generation"]:
             checks += (" (no per-chunk records: an edited attribute or a chunk moved to another position is refused "
                        "as a changed store, the chunk not named; re-extract with this foal-pipe to get them)")
@@ -425,8 +441,9 @@ def _print_table(summary: dict[str, Any]) -> None:
     table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
     found = summary["problems"]
     if "chunks_read" in summary:
+        fine = "all intact" if summary["checksums"] else "all decoded (no checksums: damage may go unnoticed)"
         table.add_row("verified", f"{summary['chunks_read']:,} chunks read, "
-                      + (f"[red]{len(found)} problems[/]" if found else "all intact"))
+                      + (f"[red]{len(found)} problems[/]" if found else fine))
     elif found:
         table.add_row("damaged", f"[red]{len(found)} problems[/] (chunk files listed; --verify reads them all)")
     for problem in found:

@@ -21,7 +21,9 @@ from array_api_compat import (
     is_array_api_obj,
     is_array_api_strict_namespace,
     is_cupy_namespace,
+    is_numpy_array,
     is_numpy_namespace,
+    is_torch_array,
     is_torch_namespace,
 )
 
@@ -118,7 +120,7 @@ LINALG_ERRORS: tuple[type[Exception], ...] = (np.linalg.LinAlgError, RuntimeErro
 
 def resolve_backend(backend: str = "auto") -> str:
     """A key of :data:`NAMESPACES`; ``auto``: CuPy if it sees a GPU, else torch on CUDA if available, else NumPy."""
-    if backend not in BACKENDS and backend not in NAMESPACES:
+    if not isinstance(backend, str) or (backend not in BACKENDS and backend not in NAMESPACES):
         raise FoalPipeError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend
@@ -209,6 +211,38 @@ def to_numpy(array: Any) -> np.ndarray:
     return TO_HOST[backend_of(array)](array)
 
 
+def plain_values(array: Any, what: str = "X") -> Any:
+    """A torch tensor as values that every namespace reads alike (anything else as given): detached (no gradient
+    flows through a closed-form solve), bfloat16 widened to float32 (exact; NumPy has no bfloat16); refused in a
+    sparse layout, as scikit-learn refuses SciPy's sparse matrices, or on the ``meta`` device, which holds no values."""
+    if not is_torch_array(array):
+        return array
+    import torch
+
+    if array.layout != torch.strided:
+        raise FoalPipeError(f"{what} is a sparse torch tensor ({array.layout}), but dense data is required; pass "
+                            f"{what}.to_dense()")
+    if array.is_meta:
+        raise FoalPipeError(f"{what} is a torch tensor on the 'meta' device, which holds no values; pass a tensor with "
+                            "its data (on the CPU or a GPU)")
+    array = array.detach()
+    return array.float() if array.dtype == torch.bfloat16 else array
+
+
+def host_values(array: Any, what: str = "X") -> Any:
+    """An array of any namespace as a NumPy array (:func:`plain_values` first); anything else (a list) as given."""
+    return to_numpy(plain_values(array, what)) if is_array_api_obj(array) else array
+
+
+def readable_by(X: Any, xp: ModuleType) -> Any:
+    """``X`` as namespace ``xp`` can take it: torch refuses a NumPy view with a negative stride (reversed) or in
+    non-native byte order, so such a view is copied for a namespace other than NumPy (NumPy's own path copies
+    nothing)."""
+    if is_numpy_array(X) and not is_numpy_namespace(xp) and (not X.dtype.isnative or min(X.strides, default=0) < 0):
+        return np.ascontiguousarray(X, dtype=X.dtype.newbyteorder("="))
+    return X
+
+
 def dtype_name(dtype: Any) -> str:
     """``float32`` for NumPy's and torch's float32 dtype objects alike."""
     return getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype).split(".")[-1]
@@ -240,4 +274,4 @@ def as_dtype(X: Any, xp: ModuleType, dtype: Any, where: Any) -> Any:
             beyond = f"{largest:.3g}, beyond" if largest > FLOAT32_MAX else f"{smallest:.3g}, below"
             raise FoalPipeError(f"the rows hold values of magnitude {beyond} float32's range, which {param('dtype', 'float32')} "
                                 f"would turn into inf or zeros; use {param('dtype', 'float64')} or scale the features")
-    return xp.asarray(X, dtype=dtype, device=where)
+    return xp.asarray(readable_by(X, xp), dtype=dtype, device=where)

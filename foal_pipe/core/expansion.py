@@ -99,6 +99,11 @@ class Expansion:
         return cls(np.asarray(matrix, dtype=dtype), activation,
                    bias_=None if bias is None else np.asarray(bias, dtype=dtype))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The matrix and activation without the per-device cache: a pickle needs no GPU library to load, and its
+        bytes do not depend on where the expansion has computed."""
+        return {**self.__dict__, "_device": {}}
+
     @property
     def n_features_in_(self) -> int:
         return int(self.components_.shape[0])

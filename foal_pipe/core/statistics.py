@@ -32,7 +32,7 @@ would move the weights by more than 1%, is refused rather than solved into noise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
 
 import numpy as np
@@ -87,7 +87,9 @@ class RidgeStatistics:
 
     Statistics of disjoint rows add (``a + b``, or ``a += b`` in place), aligned by class: a class that
     only one side has gets a zero column on the other, which is exact because the rows of that side
-    have a zero target for it. Create them from rows with :meth:`from_batch`, or :meth:`empty`.
+    have a zero target for it. Create them from rows with :meth:`from_batch`, or :meth:`empty`. ``G`` and ``Q`` given
+    directly must be real float arrays of one namespace, and ``G`` symmetric to ``sqrt(eps) max|G|`` (the keyword
+    ``symmetric=True`` skips that O(D^2) check for a ``G`` built as ``H^T H`` or sums of such).
 
     Attributes
     ----------
@@ -119,8 +121,18 @@ class RidgeStatistics:
     classes: np.ndarray
     n: int
     counts: np.ndarray | None = None
+    _: KW_ONLY
+    symmetric: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, symmetric: bool) -> None:
+        try:
+            xp = array_namespace(self.G, self.Q)
+        except TypeError:
+            raise FoalPipeError(f"G ({type(self.G).__name__}) and Q ({type(self.Q).__name__}) must be arrays of one "
+                                "namespace; pass both as NumPy arrays or both as tensors of one library") from None
+        if not (xp.isdtype(self.G.dtype, "real floating") and xp.isdtype(self.Q.dtype, "real floating")):
+            raise FoalPipeError(f"G ({self.G.dtype}) and Q ({self.Q.dtype}) must hold real floats; pass them as float64 "
+                                "(or float32) arrays")
         self.classes = np.asarray(self.classes).ravel()
         self.n = int(self.n)
         if self.counts is not None:
@@ -135,6 +147,22 @@ class RidgeStatistics:
             raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
         if self.counts is not None and self.counts.shape != self.classes.shape:
             raise FoalPipeError(f"counts has {self.counts.size} entries for {self.classes.size} classes; pass one per class")
+        if not symmetric:
+            self._check_symmetric()
+
+    def _check_symmetric(self) -> None:
+        """Refuse a ``G`` that is not symmetric, so not a Gram matrix: NumPy, CuPy and torch factor its lower
+        triangle, array_api_strict the whole, so the weights would depend on the backend. A product ``H^T H`` off
+        NumPy is not always exactly symmetric (torch's float64 one on a CPU: about 3 units of rounding of
+        ``max|G|``), so ``G`` may stand ``sqrt(eps) max|G|`` from its transpose: far above the rounding of the
+        product, far below any matrix that is not one."""
+        xp = array_namespace(self.G)
+        if self.dim < 2 or bool(xp.all(self.G == self.G.T)):
+            return
+        apart, top = float(xp.max(xp.abs(self.G - self.G.T))), largest_entry(self.G)
+        if np.isfinite(apart) and apart > float(xp.finfo(self.G.dtype).eps) ** 0.5 * top:  # NaN, inf: solve refuses
+            raise FoalPipeError(f"G is not symmetric (it differs from its transpose by up to {apart:.3g}, its largest "
+                                f"entry being {top:.3g}), so it is not a Gram matrix H^T H; pass G = H.T @ H")
 
     @classmethod
     def empty(cls, dim: int, xp: Any = None, dtype: Any = None, device: Any = None) -> RidgeStatistics:
@@ -149,6 +177,7 @@ class RidgeStatistics:
             np.empty(0, dtype=np.int64),
             0,
             np.empty(0, dtype=np.int64),
+            symmetric=True,
         )
 
     @classmethod
@@ -164,7 +193,7 @@ class RidgeStatistics:
         pos = class_positions(classes, labels)
         Y = one_hot(labels, classes, H)
         Ht = H.T
-        return cls(Ht @ H, Ht @ Y, classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size))
+        return cls(Ht @ H, Ht @ Y, classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size), symmetric=True)
 
     @property
     def dim(self) -> int:
@@ -188,7 +217,7 @@ class RidgeStatistics:
         if self.counts is not None:
             counts = np.zeros(classes.size, dtype=np.int64)
             counts[np.isin(classes, self.classes)] = self.counts
-        return RidgeStatistics(self.G, align_columns(self.Q, self.classes, classes), classes, self.n, counts)
+        return RidgeStatistics(self.G, align_columns(self.Q, self.classes, classes), classes, self.n, counts, symmetric=True)
 
     def restrict(self, classes: Any) -> RidgeStatistics:
         """Only the columns of ``classes`` (a subset): rows of other classes stay in ``G`` with zero targets."""
@@ -196,14 +225,15 @@ class RidgeStatistics:
         keep = class_positions(self.classes, classes)
         xp = array_namespace(self.Q)
         Q = xp.take(self.Q, xp.asarray(keep, device=device(self.Q)), axis=1)
-        return RidgeStatistics(self.G, Q, classes, self.n, None if self.counts is None else self.counts[keep])
+        return RidgeStatistics(self.G, Q, classes, self.n, None if self.counts is None else self.counts[keep], symmetric=True)
 
     def __add__(self, other: RidgeStatistics) -> RidgeStatistics:
         self._check_compatible(other)
         other = other._like(self.G)
         classes = np.union1d(self.classes, other.classes)
         a, b = self.aligned(classes), other.aligned(classes)
-        return RidgeStatistics(self.G + other.G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts))
+        return RidgeStatistics(self.G + other.G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts),
+                               symmetric=True)
 
     def __iadd__(self, other: RidgeStatistics) -> RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
@@ -234,12 +264,13 @@ class RidgeStatistics:
             return self
         where = device(array)
         return RidgeStatistics(xp.asarray(self.G, device=where), xp.asarray(self.Q, device=where), self.classes, self.n,
-                               self.counts)
+                               self.counts, symmetric=True)
 
     def copy(self) -> RidgeStatistics:
         xp = array_namespace(self.G)
         counts = None if self.counts is None else self.counts.copy()
-        return RidgeStatistics(xp.asarray(self.G, copy=True), xp.asarray(self.Q, copy=True), self.classes.copy(), self.n, counts)
+        return RidgeStatistics(xp.asarray(self.G, copy=True), xp.asarray(self.Q, copy=True), self.classes.copy(), self.n, counts,
+                               symmetric=True)
 
     def state(self) -> dict[str, Any]:
         """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum): what a model keeps."""
@@ -316,6 +347,10 @@ class RidgeStatistics:
         its factors give ``df``; only the lowest eigenvalue is computed (bisection), for the refusal floor. A
         1000 x 1000 ``G`` on one thread: 0.05 s against 0.14 s. ``factored``: :meth:`factor`'s reduction.
         """
+        if factored is None and (self.dim < 2 or not is_numpy_namespace(array_namespace(self.G))):
+            raise FoalPipeError(f"tridiagonal() needs NumPy statistics of dimension >= 2 (LAPACK's dsytrd), not "
+                                f"{array_namespace(self.G).__name__} arrays of dimension {self.dim}; use eigen(), which "
+                                "serves every namespace")
         factored = factored or self._reduce()
         diagonal, offdiagonal, reflectors, tau, projected = factored.arrays
         return RidgeTridiagonal(classes=self.classes, n=self.n, y_norm2=self.target_norm2, floor=factored.floor,

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.heads import DEFAULT_HEAD, HEADS
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import DEFAULT_HEAD, HEADS, make_head
 from foal_pipe.heads.base import HeadBase, Scorer
 from foal_pipe.heads.moments import on_device
 
@@ -75,6 +76,33 @@ def takes_batch_size(name: str) -> bool:
 def file_options(name: str) -> tuple[str, ...]:
     """The options a model file of head ``name`` records: the registry's, and ``batch_size`` where it matters."""
     return (*HEADS[name].options, *(("batch_size",) if takes_batch_size(name) else ()))
+
+
+def file_schema(name: str, moved: bool) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Head ``name``'s model-file tensors: named dimensions and kind (``iu`` int64, ``f`` float); ``moved``: a head on
+    the store's features given the activations (``--head-rows``), whose tensors are D wide where they say d, beside the
+    projection (and ``cos``'s bias), which a head on projected rows or activations holds too."""
+    named = {key: tuple("D" if moved and n == "d" else n for n in dims) for key, dims in head_file(name).tensors.items()}
+    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f") for key, dims in named.items()}}
+    projected = {"projection": (("d", "D"), "f"), "projection_bias": (("D",), "f")}
+    return schema | (projected if HEADS[name].space != "features" or moved else {})
+
+
+def options_problem(name: str, options: Mapping[str, Any]) -> str | None:
+    """Why head ``name``'s options in a model file are not as the head holds them (a value it refuses, or one it
+    converts: ``true`` or ``"0.5"`` for a float, ``10.0`` for an integer, which a continuation would write back), or
+    None. ``options`` maps exactly :func:`file_options`."""
+    try:
+        head = make_head(name, options, np, 1)
+    except FoalPipeError as exc:
+        return f"holds a value the {name} head refuses ({exc})"
+    for key, value in options.items():  # None: the head's default
+        held = getattr(head, key)
+        if value is not None and (type(value) is not type(held) or value != held):
+            text = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            return (f"holds {key}={text} ({type(value).__name__}), but the {name} head takes it as {held!r} "
+                    f"({type(held).__name__})")
+    return None
 
 
 def export_head(name: str, head: Any, scorer: Scorer) -> dict[str, np.ndarray]:

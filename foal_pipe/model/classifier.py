@@ -12,7 +12,18 @@ from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import validate_data
 
-from foal_pipe.core.backend import as_dtype, backend_of, default_device, dtype_name, get_namespace, resolve_dtype, to_numpy
+from foal_pipe.core.backend import (
+    as_dtype,
+    backend_of,
+    default_device,
+    dtype_name,
+    get_namespace,
+    host_values,
+    plain_values,
+    readable_by,
+    resolve_dtype,
+    to_numpy,
+)
 from foal_pipe.core.engines import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -182,6 +193,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
 
     def _validate(self, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
         """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
+        X, y = plain_values(X), None if y is None else host_values(y, "y")
         if is_numpy_array(X) or not is_array_api_obj(X):
             try:
                 if y is None:
@@ -189,8 +201,6 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
                 return validate_data(self, X, y, reset=reset, dtype=[np.float64, np.float32])
             except (ValueError, TypeError) as exc:  # scikit-learn's words, as the FoalPipeError the docs promise
                 raise as_user_error(exc) from None
-        if getattr(X, "requires_grad", False):  # torch: no gradient flows through a closed-form solve
-            X = X.detach()
         if X.ndim != 2:
             raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {tuple(X.shape)}")
         if array_namespace(X).isdtype(X.dtype, "complex floating"):  # as scikit-learn refuses NumPy's
@@ -206,7 +216,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
                 "as input; use activations from the same projection"
             )
         if y is not None:
-            y = to_numpy(y).ravel()
+            y = np.asarray(y).ravel()
             if y.shape[0] != X.shape[0]:
                 raise FoalPipeError(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels; pass one label per row")
         return X, y
@@ -215,7 +225,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """``X`` in the state's namespace and device, in the state's dtype (or ``dtype``), refused if not finite."""
         xp = get_namespace(self._fitted_with["backend"])
         like = self._engine.template
-        X = xp.asarray(X, device=device(like))
+        X = xp.asarray(readable_by(X, xp), device=device(like))
         if not bool(xp.all(xp.isfinite(X))):
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         return as_dtype(X, xp, like.dtype if dtype is None else dtype, device(like))

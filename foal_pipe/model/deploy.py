@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from foal_pipe.core.backend import as_dtype, get_namespace
+from foal_pipe.core.backend import as_dtype, get_namespace, host_values
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.headmodel import HeadClassifier, load_head
-from foal_pipe.model.modelfile import read_model, stored_head
+from foal_pipe.model.modelfile import CHECKSUM_FROM, read_model, refuse, stored_head
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
@@ -72,10 +72,14 @@ class DeployedModel:
         """``features`` as the projection's dtype, refused unless a finite real 2-D array (n >= 1, d columns):
         NumPy would drop imaginary parts and truncate nothing visibly, scikit-learn would raise its own errors."""
         d = int(self.projection.n_features_in_)
+        features = host_values(features, "features")  # a tensor detached, bfloat16 widened; sparse or meta refused
         try:
             X = np.asarray(features)
-        except (ValueError, TypeError):
+        except ValueError:  # NumPy refuses ragged nesting
             X = None
+        except TypeError:
+            raise FoalPipeError(f"features must be a 2-D array of real numbers (n, {d}), but NumPy cannot read a "
+                                f"{type(features).__name__} as numbers; pass a NumPy array or a tensor") from None
         if X is None or X.dtype.kind not in "iuf":
             what = "rows of unequal length" if X is None else {"c": "complex numbers", "b": "booleans"}.get(
                 X.dtype.kind, f"{X.dtype} values")
@@ -92,7 +96,9 @@ class DeployedModel:
 
     def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
         """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or
-        one integer label id per row, never floats (truncated), booleans, complex numbers or a mapping."""
+        one integer label id per row, never floats (truncated), booleans, complex numbers or a mapping; a tensor of
+        ids is read as a NumPy array, as :class:`AnalyticClassifier` reads it."""
+        labels = host_values(labels, "labels")
         try:
             shape = None if isinstance(labels, (str, bytes, dict, set)) or labels is None else np.shape(labels)
         except ValueError:  # NumPy refuses ragged nesting
@@ -259,6 +265,9 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     tensors, meta = read_model(path, names=("W", "classes", "projection"))
     if "projection" not in tensors:
         raise FoalPipeError(f"{path} has no 'projection' tensor; pass the model.safetensors that learn wrote")
+    if "activation" not in meta and meta["format_version"] >= CHECKSUM_FROM:  # a version-1 file: the sigmoid, as then
+        raise refuse(str(path), "metadata 'activation' is missing, which a ridge model file with a projection records "
+                                f"from version {CHECKSUM_FROM} on")
     activation, dtype = meta.get("activation", "sigmoid"), tensors["projection"].dtype.name  # the run's: no rounding anew
     classifier: AnalyticClassifier | SavedRidge
     projection: SmoothProjection | Expansion

@@ -21,7 +21,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import validate_data
 
-from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.backend import host_values, to_numpy
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
@@ -69,7 +69,7 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         if not first:
             check_fitted_params(self, self._fitted_with)
         try:
-            X, y = validate_data(self, X, y, reset=first, dtype=np.float64)
+            X, y = validate_data(self, host_values(X), host_values(y, "y"), reset=first, dtype=np.float64)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
         check_targets(y)
@@ -117,7 +117,7 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         if not hasattr(self, "_scorer"):
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
         try:
-            X = validate_data(self, X, reset=False, dtype=np.float64)
+            X = validate_data(self, host_values(X), reset=False, dtype=np.float64)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
         scores = np.asarray(to_numpy(self._scorer.scores(np.asarray(X, dtype=np.float64))), dtype=np.float64)

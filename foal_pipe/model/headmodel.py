@@ -20,7 +20,7 @@ from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
-from foal_pipe.model.modelfile import read_model, write_model
+from foal_pipe.model.modelfile import read_model, refuse, write_model
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.model.projection import SmoothProjection
@@ -114,9 +114,23 @@ class HeadClassifier:
                 tensors["projection_bias"] = projection.bias_
         kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen", "dtype")
                 and (space == "activations" or k != "activation")}
+        if projection is not None and space == "activations":  # what its rows are: load_head rebuilds them with it
+            kept.setdefault("activation", projection.activation)
         rounded = {"dtype": self.dtype} if self.dtype != "float64" else {}  # float64: the files written before
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
                                            "n_samples_seen": self.n_samples_seen_, **rounded})
+
+
+def _check_activation(activation: Any, bias: bool, name: str, where: str) -> None:
+    """Refuse a head file on the activations whose ``activation`` is not recorded (no default could be right for
+    every file) or whose bias contradicts it: ``cos`` adds one, no other activation does."""
+    if activation is None:
+        raise refuse(where, f"metadata 'activation' is missing, which the {name} head's file records: its rows are "
+                            "the projection's activations")
+    if bias != (activation == "cos"):
+        problem = "needs the projection's bias" if activation == "cos" else "takes no projection bias"
+        raise refuse(where, f"activation {activation!r} {problem}, but the file holds {'no' if not bias else 'a'} "
+                            "tensor 'projection_bias'")
 
 
 def _identity(d: int, estimators: bool) -> SmoothProjection | Expansion:
@@ -139,8 +153,13 @@ def load_head(path: str | Path, *, estimators: bool = True
     space = "activations" if own == "features" and "projection" in tensors else own
     classifier = HeadClassifier(name, meta["head_options"], tensors, meta["n_samples_seen"], space,
                                 meta.get("dtype", "float64"))
+    if space == "activations":
+        _check_activation(meta.get("activation"), "projection_bias" in tensors, name, str(path))
+    elif "projection_bias" in tensors:
+        raise refuse(str(path), f"tensor 'projection_bias' does not belong to the {name} head on its {space} rows (only "
+                                "activation 'cos' adds a bias)")
     if "projection" in tensors:
-        activation = meta.get("activation", "identity")
+        activation = meta.get("activation", "identity")  # a head on projected rows (dual): the projection alone
         if estimators:
             from foal_pipe.model.projection import SmoothProjection
 

@@ -9,31 +9,16 @@ process (the safetensors library keeps its metadata in a hash map with a per-pro
 * the tensors' little-endian, C-order bytes, largest element size first, then by name, with no holes (so
   every tensor starts aligned to its element size, as the safetensors library does).
 
-Tensors (D: activations, C: classes, d: features):
-
-* ``W`` (D, C), float: the ridge weights; column k scores ``classes[k]``;
-* ``classes`` (C,), int: the label ids, sorted, unique, non-negative;
-* ``projection`` (d, D), float, optional: the smooth projection (activations ``sigmoid(X @ projection)``);
-* the engine's state in ``dtype``: ``G`` (D, D), ``Q`` (D, C) and ``counts`` (C,), int: rows per class, for
-  ``gram``; ``R`` (D, D) for ``rls``.
-
-Metadata: safetensors keeps string values only, so every value is stored as JSON text. Required:
-``format`` (``"foal-pipe/model"``), ``format_version`` (2; version-1 files are read too), ``gamma`` (a positive
-number), ``engine`` (``"gram"`` or ``"rls"``), ``dtype`` (the state's, ``"float64"`` or ``"float32"``),
-``n_samples_seen`` (a non-negative int) and, from version 2, ``checksum`` (:func:`content_checksum`).
-Optional and checked when present: ``class_names`` (one unique string per column of ``W``), ``dataset`` (a
-string), ``encoder`` (a mapping: the store's encoder provenance), ``activation`` (``"sigmoid"``),
-``learned_from`` (the generation ids of the stores whose training rows the model has learned, in order: ``learn
---init-model`` refuses to learn them twice) and ``learned_data`` (their data identities, which survive
-re-extraction: :meth:`~foal_pipe.store.FeatureStore.data_identity`) and ``gamma_grid`` (a ``gamma="auto"`` gram model's
-grid, which its ``gamma`` lies within: a continuation chooses again over it). Any other key is kept as JSON, so later
-versions can add provenance without a new format.
+Tensors (D: activations, C: classes, d: features) by their named dimensions: :data:`TENSORS`; metadata, stored as
+JSON text each (safetensors keeps strings only): the format's keys and :data:`METADATA`, any other key kept, so later
+versions can add provenance without a new format. docs/model-file.md describes every one.
 
 Integrity: one flipped bit in ``W``, or an edited ``gamma``, ``activation`` or ``class_names``, would otherwise
 predict wrongly with exit status 0. The ``checksum`` covers every tensor and every other metadata value and is
 verified on every read (whatever version the file declares: one declaring version 1 with a checksum is
 refused, its version was edited down); and wherever ``G`` and ``Q`` are stored, ``W`` must solve ``(G + gamma I) W = Q``
-(:func:`check_solution`, a product of D x D by D x C: version-1 files, which have no checksum, get it too).
+(:func:`check_solution`, a product of D x D by D x C: version-1 files, which have no checksum, get it too; one
+holding :data:`LATER_KEYS`, or of the rls engine, which has nothing to check, is refused).
 """
 
 from __future__ import annotations
@@ -80,15 +65,15 @@ DTYPE_OF_CODE = {code: dtype for dtype, code in CODES.items()}
 
 #: Each tensor's shape in named dimensions and its kind of dtype; every name must agree across tensors.
 TENSORS: dict[str, tuple[tuple[str, ...], str]] = {
-    "W": (("D", "C"), "f"),
-    "classes": (("C",), "iu"),
-    "projection": (("d", "D"), "f"),
-    "G": (("D", "D"), "f"),
-    "Q": (("D", "C"), "f"),
-    "R": (("D", "D"), "f"),
-    "counts": (("C",), "iu"),
-}
+    "W": (("D", "C"), "f"), "classes": (("C",), "iu"), "projection": (("d", "D"), "f"), "G": (("D", "D"), "f"),
+    "Q": (("D", "C"), "f"), "R": (("D", "D"), "f"), "counts": (("C",), "iu")}
 REQUIRED_TENSORS = ("W", "classes")
+#: Metadata written from version 2 on only: a version-1 file holding one had its version edited down and its checksum
+#: removed (``gamma_grid`` and the rest were written before; the Python API's ``save(**metadata)`` may add any key).
+LATER_KEYS = ("learned_from", "learned_data", "head_options")
+
+#: The dimensions of rows a model takes, none of which may be empty (C = 0: :func:`_check_classes_present`).
+WIDTHS = {"d": "features", "D": "activations"}
 
 _FIX = "pass a model.safetensors written by `foal-pipe learn` (or AnalyticClassifier.save), or train it again"
 
@@ -109,6 +94,12 @@ def _is_number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     except OverflowError:  # an integer beyond float range
         return False
+
+
+def shown(value: Any) -> str:
+    """A value's repr for a one-line message, cut at 60 characters with an ellipsis (not mid-quote, unmarked)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _names(values: Any, n_columns: int) -> str | None:
@@ -147,15 +138,21 @@ def model_path(path: Any, writing: bool = False) -> Path:
     :class:`FoalPipeError` -- for a wrong type an ``InputTypeError``, also a ``TypeError`` -- not a bare
     ``TypeError`` from deep inside): a ``str`` or ``os.PathLike``, naming a file when ``writing``."""
     if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
-        raise InputTypeError(f"a model path must be a str or a pathlib.Path, got {type(path).__name__} {path!r:.60}")
-    path = Path(path)
+        raise InputTypeError(f"a model path must be a str or a pathlib.Path, got {type(path).__name__} {shown(path)}")
+    text = os.fspath(path)
+    if not text and not writing:  # Path('') is '.': "model file . is not a file" would point elsewhere
+        raise FoalPipeError(f"the model path is empty; pass a {MODEL_FILE} file (written by `foal-pipe learn`)")
+    path = Path(text)
+    if text.endswith(("/", os.sep)) and not path.is_dir():  # Path drops the slash: 'model.safetensors/' would open
+        raise FoalPipeError(f"model path {text!r} ends with '/', which names a directory, but {path} is none; pass "
+                            f"{path} without the '/'")
     if writing and (path.name in ("", ".", "..") or path.is_dir()):
         raise FoalPipeError(f"cannot save a model as {path}: it names a directory; pass a file path, e.g. "
                             f"{path / MODEL_FILE}")
     return path
 
 
-def _refuse(where: str, problem: str) -> FoalPipeError:
+def refuse(where: str, problem: str) -> FoalPipeError:
     return FoalPipeError(f"{where}: {problem}; {_FIX}")
 
 
@@ -167,117 +164,118 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     ``metadata`` holds the decoded JSON values.
     """
     if metadata.get("format") != FORMAT:
-        found = f"metadata 'format' is {str(metadata['format'])!r:.60}" if "format" in metadata else "no 'format'"
-        raise FoalPipeError(
-            f"{where} holds no foal-pipe metadata ({found}: a safetensors file from another tool or an older "
-            f"foal-pipe); {_FIX}"
-        )
+        found = f"metadata 'format' is {shown(str(metadata['format']))}" if "format" in metadata else "no 'format'"
+        raise FoalPipeError(f"{where} holds no foal-pipe metadata ({found}: a safetensors file from another tool or an "
+                            f"older foal-pipe); {_FIX}")
     version = metadata.get("format_version")
+    if isinstance(version, str):
+        raise refuse(where, f"metadata 'format_version' ({shown(version)}) is a string, but foal-pipe writes it as a "
+                            "number: the file was edited")
     if not _is_int(version) or version not in READABLE_VERSIONS:
-        raise FoalPipeError(
-            f"{where} has model format_version {version!r:.20} but this foal-pipe reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}; upgrade foal-pipe or train "
-            "the model again"
-        )
+        raise FoalPipeError(f"{where} has model format_version {shown(version)} but this foal-pipe reads versions "
+                            f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}; upgrade "
+                            "foal-pipe or train the model again")
+    for key, value in metadata.items():
+        if isinstance(value, NotJSON):
+            raise refuse(where, f"metadata {key!r} ({shown(str(value))}) is not JSON")
     if version == HEAD_FORMAT_VERSION or "head" in metadata:
         _validate_head(tensors, metadata, where)
         return
     missing = [name for name in REQUIRED_TENSORS if name not in tensors]
     unknown = sorted(set(tensors) - set(TENSORS))
     if missing or unknown:
-        raise _refuse(where, f"tensor {missing[0]!r} is missing" if missing else f"unexpected tensor {unknown[0]!r}")
+        raise refuse(where, f"tensor {missing[0]!r} is missing" if missing else f"unexpected tensor {unknown[0]!r}")
     _check_shapes(tensors, where)
     _check_classes_present(tensors, where)
-    for key, value in metadata.items():
-        if isinstance(value, NotJSON):
-            raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
+    unverified = version < CHECKSUM_FROM and "checksum" not in metadata  # with one: read_model verifies it, named
+    later = [key for key in LATER_KEYS if key in metadata] if unverified else []
+    if later:
+        raise refuse(where, f"it declares format_version {version} but holds metadata {later[0]!r}, which files have "
+                            f"from version {CHECKSUM_FROM} (with a checksum): its version was edited down")
+    if metadata.get("activation") == "cos":
+        raise refuse(where, "metadata 'activation' is 'cos', whose projection bias a ridge model file does not hold")
     for key, (required, check) in METADATA.items():
         if key not in metadata:
             if required:
-                raise _refuse(where, f"metadata {key!r} is missing")
+                raise refuse(where, f"metadata {key!r} is missing")
             continue
         problem = check(metadata[key], int(tensors["W"].shape[1]))
         if problem:
-            raise _refuse(where, f"metadata {key!r} ({metadata[key]!r:.60}) {problem}")
+            raise refuse(where, f"metadata {key!r} ({shown(metadata[key])}) {problem}")
     state = ENGINES[metadata["engine"]].state_names
     absent = [name for name in state if name not in tensors]
     if absent:
-        raise _refuse(where, f"the {metadata['engine']} engine's state tensor {absent[0]!r} is missing")
+        raise refuse(where, f"the {metadata['engine']} engine's state tensor {absent[0]!r} is missing")
     stray = sorted(name for name in set(tensors) & {"G", "Q", "R"} if name not in state)
     if stray:
-        raise _refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
+        raise refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
     for name in state:
         if name != "W" and tensors[name].dtype != np.dtype(metadata["dtype"]):
-            raise _refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
+            raise refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
+    if unverified and metadata["engine"] == "rls":
+        raise refuse(where, "a version-1 rls model carries no checksum, and its R and W hold no relation to check it "
+                            "by (a gram model's W solves its G and Q), so an altered file could not be told apart")
     _check_values(tensors, where)
     counts = tensors.get("counts")
     if isinstance(counts, np.ndarray) and int(counts.sum()) > metadata["n_samples_seen"]:  # fewer: classes restricted away
-        raise _refuse(where, f"the class row counts sum to {int(counts.sum())}, more than 'n_samples_seen' "
-                             f"({metadata['n_samples_seen']})")
+        raise refuse(where, f"the class row counts sum to {int(counts.sum())}, more than 'n_samples_seen' "
+                            f"({metadata['n_samples_seen']})")
     grid = metadata.get("gamma_grid")
     if grid is not None and (metadata["engine"] != "gram" or not min(grid) * (1 - GAMMA_TOLERANCE) <= metadata["gamma"]
                              <= max(grid) * (1 + GAMMA_TOLERANCE)):
-        raise _refuse(where, f"metadata 'gamma_grid' records a gamma='auto' model, which the gram engine chooses within "
-                             f"its grid, but the model is {metadata['engine']} with gamma {metadata['gamma']:g}")
+        raise refuse(where, f"metadata 'gamma_grid' records a gamma='auto' model, which the gram engine chooses within "
+                            f"its grid, but the model is {metadata['engine']} with gamma {metadata['gamma']:g}")
     if all(isinstance(tensors.get(name), np.ndarray) for name in ("W", "G", "Q")):
         check_solution(tensors["W"], tensors["G"], tensors["Q"], metadata["gamma"], where)
 
 
 def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], where: str) -> None:
     """:func:`validate_model` for a head: its tensors (all float64 but ``classes``, ``counts``), options, row counts."""
-    from foal_pipe.heads import HEADS, make_head
-    from foal_pipe.heads.state import file_heads, file_options, head_file
+    from foal_pipe.heads import HEADS
+    from foal_pipe.heads.state import file_heads, file_options, file_schema, options_problem
 
     name = metadata.get("head")
     if metadata["format_version"] != HEAD_FORMAT_VERSION or name is None:
         problem = "names no 'head'" if name is None else f"cannot hold a head (version {HEAD_FORMAT_VERSION} does)"
-        raise _refuse(where, f"a version-{metadata['format_version']} file {problem}")
+        raise refuse(where, f"a version-{metadata['format_version']} file {problem}")
     if not isinstance(name, str) or name not in file_heads():
-        raise _refuse(where, f"metadata 'head' ({name!r:.60}) is not a head this foal-pipe stores; it stores "
-                             f"{', '.join(file_heads())} (and ridge, without 'head')")
-    for key, value in metadata.items():
-        if isinstance(value, NotJSON):
-            raise _refuse(where, f"metadata {key!r} ({str(value)!r:.60}) is not JSON")
-    moved = HEADS[name].space == "features" and "projection" in tensors  # on the activations (--head-rows)
-    named = {key: tuple("D" if moved and n == "d" else n for n in dims) for key, dims in head_file(name).tensors.items()}
-    schema = {"classes": (("C",), "iu"), **{key: (dims, "iu" if key == "counts" else "f") for key, dims in named.items()}}
-    projected = {"projection": (("d", "D"), "f"), "projection_bias": (("D",), "f")}  # the bias: cos's only
-    schema |= projected if HEADS[name].space != "features" or moved else {}
+        raise refuse(where, f"metadata 'head' ({shown(name)}) is not a head this foal-pipe stores; it stores "
+                            f"{', '.join(file_heads())} (and ridge, without 'head')")
+    schema = file_schema(name, HEADS[name].space == "features" and "projection" in tensors)  # moved: --head-rows
     missing = [key for key in schema if key not in tensors and key != "projection_bias"]
     unknown = sorted(set(tensors) - set(schema))
     if missing or unknown:
-        raise _refuse(where, f"the {name} head's tensor {missing[0]!r} is missing" if missing
+        raise refuse(where, f"the {name} head's tensor {missing[0]!r} is missing" if missing
                       else f"tensor {unknown[0]!r} does not belong to the {name} head")
     _check_shapes(tensors, where, schema)
     _check_classes_present(tensors, where)
     for key, value in tensors.items():
         wanted = np.dtype("int64" if schema[key][1] == "iu" else "float64")
-        if key not in projected and np.dtype(value.dtype) != wanted:  # the projection: in the run's dtype
-            raise _refuse(where, f"tensor {key!r} is {np.dtype(value.dtype)} but the {name} head keeps {wanted}")
+        if not key.startswith("projection") and np.dtype(value.dtype) != wanted:  # the projection: in the run's dtype
+            raise refuse(where, f"tensor {key!r} is {np.dtype(value.dtype)} but the {name} head keeps {wanted}")
     n_classes = int(tensors["classes"].shape[0])
     for key in ("class_names", "dataset", "encoder", "activation", "checksum", "n_samples_seen", "dtype"):
         if key in metadata:
             problem = METADATA[key][1](metadata[key], n_classes)
             if problem:
-                raise _refuse(where, f"metadata {key!r} ({metadata[key]!r:.60}) {problem}")
+                raise refuse(where, f"metadata {key!r} ({shown(metadata[key])}) {problem}")
     if "n_samples_seen" not in metadata:
-        raise _refuse(where, "metadata 'n_samples_seen' is missing")
+        raise refuse(where, "metadata 'n_samples_seen' is missing")
     options = metadata.get("head_options")
     if not isinstance(options, dict) or set(options) != set(file_options(name)):
-        raise _refuse(where, f"metadata 'head_options' ({options!r:.60}) must map the {name} head's options "
-                             f"({', '.join(file_options(name)) or 'none'}) to their values")
-    try:
-        make_head(name, options, np, 1)
-    except FoalPipeError as exc:
-        raise _refuse(where, f"metadata 'head_options' holds a value the {name} head refuses ({exc})") from None
+        raise refuse(where, f"metadata 'head_options' ({shown(options)}) must map the {name} head's options "
+                            f"({', '.join(file_options(name)) or 'none'}) to their values")
+    problem = options_problem(name, options)
+    if problem:
+        raise refuse(where, f"metadata 'head_options' {problem}")
     _check_values(tensors, where)
     counts = tensors.get("counts")
     if isinstance(counts, np.ndarray):
         if counts.size and counts.min() < 1:
-            raise _refuse(where, f"a class has {int(counts.min())} rows; every class stored has at least one")
+            raise refuse(where, f"a class has {int(counts.min())} rows; every class stored has at least one")
         if int(counts.sum()) != metadata["n_samples_seen"]:
-            raise _refuse(where, f"the class row counts sum to {int(counts.sum())} but 'n_samples_seen' is "
-                                 f"{metadata['n_samples_seen']}")
+            raise refuse(where, f"the class row counts sum to {int(counts.sum())} but 'n_samples_seen' is "
+                                f"{metadata['n_samples_seen']}")
 
 
 def check_solution(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float, where: str = "model") -> None:
@@ -295,8 +293,8 @@ def check_solution(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float, wh
     scale = (norm_g + gamma) * norm_w + norm_q
     implied = float(np.vdot(Q - GW, W)) / norm_w**2 if norm_w else gamma
     if abs(implied - gamma) > GAMMA_TOLERANCE * (norm_g + gamma) or residual > RESIDUAL_TOLERANCE * scale:
-        raise _refuse(where, f"W does not solve (G + gamma I) W = Q for the stored gamma {gamma:g} (relative residual "
-                             f"{residual / scale:.1e}; W implies gamma {implied:.6g}): the file was altered")
+        raise refuse(where, f"W does not solve (G + gamma I) W = Q for the stored gamma {gamma:g} (relative residual "
+                            f"{residual / scale:.1e}; W implies gamma {implied:.6g}): the file was altered")
 
 
 def _check_shapes(tensors: Mapping[str, Any], where: str,
@@ -306,23 +304,25 @@ def _check_shapes(tensors: Mapping[str, Any], where: str,
         if name not in tensors:
             continue
         shape, dtype = tuple(int(n) for n in tensors[name].shape), np.dtype(tensors[name].dtype)
-        if dtype.kind not in kinds or dtype not in CODES:
-            kind = "a float (float32 or float64)" if kinds == "f" else "an integer"
-            raise _refuse(where, f"tensor {name!r} has dtype {dtype} but must be {kind}")
+        if dtype.kind not in kinds or dtype not in CODES or (kinds == "iu" and dtype != np.int64):
+            kind = "a float (float32 or float64)" if kinds == "f" else "an integer of dtype int64"
+            raise refuse(where, f"tensor {name!r} has dtype {dtype} but must be {kind}")
         if len(shape) != len(dims):
-            raise _refuse(where, f"tensor {name!r} has shape {shape} but must have {len(dims)} dimensions {dims}")
+            raise refuse(where, f"tensor {name!r} has shape {shape} but must have {len(dims)} dimensions {dims}")
         for dim, size in zip(dims, shape, strict=True):
+            if dim in WIDTHS and size == 0:
+                raise refuse(where, f"tensor {name!r} has shape {shape}: {dim} = 0 {WIDTHS[dim]}, but a model needs at "
+                                    "least one")
             first, known = sizes.setdefault(dim, (name, size))
             if known != size:
-                raise _refuse(
-                    where, f"tensor {name!r} has shape {shape} but {first!r} has {dim} = {known}: the shapes disagree"
-                )
+                raise refuse(where, f"tensor {name!r} has shape {shape} but {first!r} has {dim} = {known}: the shapes "
+                                    "disagree")
 
 
 def _check_classes_present(tensors: Mapping[str, Any], where: str) -> None:
     """Refuse a model of no class: it could predict nothing (an argmax over no column)."""
     if int(tensors["classes"].shape[0]) == 0:
-        raise _refuse(where, "it holds no class ('classes' is empty); a model needs at least one class with rows")
+        raise refuse(where, "it holds no class ('classes' is empty); a model needs at least one class with rows")
 
 
 def _check_values(tensors: Mapping[str, Any], where: str) -> None:
@@ -330,23 +330,23 @@ def _check_values(tensors: Mapping[str, Any], where: str) -> None:
         if not isinstance(value, np.ndarray):
             continue
         if value.dtype.kind == "f" and not np.isfinite(value).all():
-            raise _refuse(where, f"tensor {name!r} holds NaN or inf values")
+            raise refuse(where, f"tensor {name!r} holds NaN or inf values")
     classes = tensors["classes"]
     if isinstance(classes, np.ndarray) and classes.size:
         if classes.min() < 0:
-            raise _refuse(where, f"class id {int(classes.min())} is negative")
+            raise refuse(where, f"class id {int(classes.min())} is negative")
         if np.any(classes[1:] <= classes[:-1]):
-            raise _refuse(where, "class ids are not sorted and unique")
+            raise refuse(where, "class ids are not sorted and unique")
     counts = tensors.get("counts")
     if isinstance(counts, np.ndarray) and counts.size and counts.min() < 0:
-        raise _refuse(where, f"the row count of a class is negative ({int(counts.min())})")
+        raise refuse(where, f"the row count of a class is negative ({int(counts.min())})")
 
 
 def _json(value: Any, key: str) -> str:
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
-        raise FoalPipeError(f"metadata {key!r} ({value!r:.60}) cannot be stored as JSON; pass strings, numbers, "
+        raise FoalPipeError(f"metadata {key!r} ({shown(value)}) cannot be stored as JSON; pass strings, numbers, "
                             "lists or mappings") from None
 
 
@@ -388,8 +388,6 @@ def write_model(path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[
 
 def _run_head(run: Path) -> str | None:
     """The head other than ridge that the run in ``run`` learned (its metrics.json's ``head``), if any."""
-    import json
-
     try:
         head = json.loads((run / METRICS_FILE).read_text()).get("head")
     except (OSError, ValueError, AttributeError):
@@ -402,8 +400,11 @@ def stored_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int
     compare before :func:`read_model` validates everything, without reading a tensor."""
     from safetensors import SafetensorError, safe_open
 
+    path = model_path(path)
+    if not path.is_file():  # a FIFO would block safe_open for good; read_model names the problem
+        return {}, {}
     try:
-        with safe_open(str(model_path(path)), framework="numpy") as f:
+        with safe_open(str(path), framework="numpy") as f:
             return ({key: _decode(value) for key, value in (f.metadata() or {}).items()},
                     {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError):
@@ -457,7 +458,7 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
                 part = f.get_slice(key)
                 code = part.get_dtype()
                 if code not in DTYPE_OF_CODE:
-                    raise _refuse(str(path), f"tensor {key!r} has dtype {code}, which a model file does not hold")
+                    raise refuse(str(path), f"tensor {key!r} has dtype {code}, which a model file does not hold")
                 header[key] = TensorInfo(tuple(part.get_shape()), DTYPE_OF_CODE[code])
             metadata = {key: _decode(value) for key, value in raw.items()}
             validate_model(header, metadata, str(path))
@@ -470,22 +471,21 @@ def read_model(path: str | Path, names: Collection[str] | None = None) -> tuple[
             _verify_checksum(path, raw, metadata)
     except (SafetensorError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise FoalPipeError(
-            f"{path} is not a safetensors model file (damaged, truncated or another format: {reason}); {_FIX}"
-        ) from None
+        raise FoalPipeError(f"{path} is not a safetensors model file (damaged, truncated or another format: {reason}); "
+                            f"{_FIX}") from None
     return {key: value for key, value in tensors.items() if names is None or key in names}, metadata
 
 
 def _verify_checksum(path: Path, raw: Mapping[str, str], metadata: Mapping[str, Any]) -> None:
     if "checksum" not in metadata:
-        raise _refuse(str(path), f"it is a version-{metadata['format_version']} file without the metadata 'checksum' "
-                                 "that covers its content (removed?)")
+        raise refuse(str(path), f"it is a version-{metadata['format_version']} file without the metadata 'checksum' "
+                                "that covers its content (removed?)")
     if file_checksum(path, raw) != metadata["checksum"]:
-        raise _refuse(str(path), "its content does not match its checksum: a tensor or a metadata value was altered "
-                                 "after it was written (a flipped bit, an edited gamma, activation or class name)")
+        raise refuse(str(path), "its content does not match its checksum: a tensor or a metadata value was altered "
+                                "after it was written (a flipped bit, an edited gamma, activation or class name)")
     if metadata["format_version"] < CHECKSUM_FROM:
-        raise _refuse(str(path), f"it declares format_version {metadata['format_version']} but carries a checksum, "
-                                 f"which files have from version {CHECKSUM_FROM}: its version was edited down")
+        raise refuse(str(path), f"it declares format_version {metadata['format_version']} but carries a checksum, "
+                                f"which files have from version {CHECKSUM_FROM}: its version was edited down")
 
 
 class NotJSON(str):

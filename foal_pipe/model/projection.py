@@ -16,6 +16,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import validate_data
 
+from foal_pipe.core.backend import host_values, plain_values
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.errors import FoalPipeError, as_user_error
 
@@ -79,7 +80,7 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
     def fit(self, X: Any, y: Any = None) -> SmoothProjection:
         """Draw the matrix for ``X``'s number of features (the values of ``X`` are not used)."""
         try:
-            X = validate_data(self, X, reset=True)
+            X = validate_data(self, host_values(X), reset=True)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
         return self._set(Expansion.draw(int(X.shape[1]), self.n_components, self.init, self.activation,
@@ -127,13 +128,14 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
                 X = validate_data(self, X, reset=False)
             except (ValueError, TypeError) as exc:
                 raise as_user_error(exc) from None
-        else:
-            if X.shape[-1] != self.n_features_in_:
-                raise FoalPipeError(
-                    f"features have {X.shape[-1]} dimensions but the projection expects {self.n_features_in_}; "
-                    "use features from the same encoder as the model"
-                )
-            own = array_namespace(X)
-            if not bool(own.all(own.isfinite(X))):  # as scikit-learn's check refuses host arrays
+        else:  # the checks scikit-learn makes of host arrays
+            X = plain_values(X)
+            d, own = self.n_features_in_, array_namespace(X)
+            if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] != d:
+                raise FoalPipeError(f"features of shape {tuple(X.shape)} do not fit the projection, which expects (n, {d}) "
+                                    "with n >= 1; pass one row per sample (X.reshape(1, -1) for one sample)")
+            if own.isdtype(X.dtype, "complex floating"):
+                raise FoalPipeError(f"X has complex dtype {X.dtype}, which is not supported; pass real-valued features")
+            if not bool(own.all(own.isfinite(X))):
                 raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         return self._expansion.apply(X, xp)

@@ -412,6 +412,8 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
             raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {name} head ({held}); the model fixes "
                                 f"it: drop {param(key)}")
     fixed.setdefault("gamma", ModelConfig().gamma)
+    if space == "projected":  # the head applies its own activations: the projection none (as a fresh run records)
+        fixed["activation"] = "identity"
     own = {k: v for k, v in options.items() if k not in OWN_SETTINGS}
     return replace(given, **{k: v for k, v in fixed.items() if k in ModelConfig.__dataclass_fields__}, head_options=own)
 

@@ -108,11 +108,14 @@ def check_learn_head(model: ModelConfig, evaluation: EvaluationConfig, execution
                      stream: StreamConfig | None = None) -> ModelConfig:
     """``learn --head`` other than ridge: its settings checked against the capability table
     (:data:`~foal_pipe.protocol.capabilities.CAPABILITIES`); the model settings it runs with (a head on the store's
-    features: no projection)."""
+    features: no projection; a head on the projected rows: no activation, as its model file records)."""
     head_entry(model.head)
     check_capabilities([model.head], Settings(stream or StreamConfig(), model, evaluation, execution))
-    if head_space(model.head, model) == "features":
+    space = head_space(model.head, model)
+    if space == "features":
         return replace(model, projection_dim=0, activation=None)
+    if space == "projected":
+        return replace(model, activation="identity")
     return model
 
 

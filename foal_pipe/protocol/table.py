@@ -102,13 +102,13 @@ def check_table(config: TableConfig, features: Sequence[Path], settings: Setting
                             f"model file does not hold, so ridge's separate `learn` refuses it; drop ridge from "
                             f"{param('heads')} or pass {param('activation', 'relu')}")
     others = [h for h in config.heads if h != "ridge"]
-    if others:
-        for name in others:
-            check_learn_head(head_model(name, model, 1.0), settings.evaluation, settings.execution)
+    for name in others:
+        check_learn_head(head_model(name, model, 1.0), settings.evaluation, settings.execution)
     auto_heads = [h for h in others if h in GAMMA_HEADS and "gamma" in HEADS[h].options]
     if model.gamma == "auto" and auto_heads and "ridge" not in config.heads:
-        raise FoalPipeError(f"with {param('gamma', 'auto')}, {', '.join(auto_heads)} run at the gamma ridge chooses on the "
-                            f"training rows; add ridge to {param('heads')} or pass a number, e.g. {param('gamma', 1)}")
+        raise FoalPipeError(f"with {param('gamma', 'auto')}, {', '.join(auto_heads)} run{'s' * (len(auto_heads) == 1)} at "
+                            f"the gamma ridge chooses on the training rows; add ridge to {param('heads')} or pass a "
+                            f"number, e.g. {param('gamma', 1)}")
 
 
 def _check_projection_used(heads: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None) -> None:

@@ -101,18 +101,20 @@ def load_run(
 def check_model_checksum(run: Run, path: Path, given: bool) -> None:
     """Refuse a model file other than the one the run wrote, where its ``metrics.json`` records that file's checksum
     (``model_checksum``): the weight norms, per-class accuracy and confusion matrix would be another model's."""
-    from foal_pipe.model.modelfile import stored_checksum
+    from foal_pipe.model.modelfile import stored_header
 
     recorded = run.metrics.model_checksum if run.metrics is not None else None
-    found = stored_checksum(path)
+    meta = stored_header(path)[0]
     if recorded is None and run.metrics is not None:
         check_recorded_settings(run, path)  # an older run records no checksum: its settings must fit the file
-    if recorded is None or found is None or found == recorded:
+    if recorded is None or not meta or meta.get("checksum") == recorded:
         return  # an unreadable file is refused by its reader, with the reason
+    found = meta.get("checksum")  # none (a version-1 file) cannot be the run's either: it wrote this checksum
+    theirs = f"its checksum {found[:23]}... differs from" if isinstance(found, str) else "it carries no checksum, unlike"
     fix = ("pass the run's own model (or leave out --model)" if given
            else f"the file was replaced after the run: run `foal-pipe learn --out {run.path}` again")
-    raise FoalPipeError(f"{path} is not the model run {run.path} wrote: its checksum {found[:23]}... differs from "
-                        f"the {recorded[:23]}... its metrics.json records; {fix}")
+    raise FoalPipeError(f"{path} is not the model run {run.path} wrote: {theirs} the {recorded[:23]}... its "
+                        f"metrics.json records; {fix}")
 
 
 def check_recorded_settings(run: Run, path: Path) -> None:
@@ -241,6 +243,13 @@ class RunSummary:
         return float(total) if is_number(total) else None
 
 
+def find_tables(paths: Iterable[str | Path]) -> list[Path]:
+    """The ``table.json`` files of ``foal-pipe table`` under each path (a file, or a directory searched recursively):
+    a table holds its runs itself, not as run directories."""
+    return [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
+            if t.name == "table.json"]
+
+
 def find_runs(
     paths: Iterable[str | Path], on_error: Callable[[str], None] | None = None
 ) -> list[RunSummary]:
@@ -269,8 +278,7 @@ def find_runs(
                 entry.sweep = data
     if not found:
         names = ", ".join(map(str, paths))
-        tables = [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
-                  if t.name == "table.json"]
+        tables = find_tables(paths)
         if tables:  # `foal-pipe table` writes its runs into table.json, not as run directories
             raise FoalPipeError(f"{tables[0].parent} holds a results table (table.json), which `summary` does not read: "
                                 f"open {tables[0].parent / 'table.md'}, or give `summary` run directories of `foal-pipe learn`")

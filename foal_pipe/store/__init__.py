@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING
 from foal_pipe.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from foal_pipe.store.integrity import compute_generation
+    from foal_pipe.store.integrity import check_chunks, compute_generation
     from foal_pipe.store.log import log_path, log_run, read_log, update_run, writer_lock
-    from foal_pipe.store.manifest import read_manifest_bytes
     from foal_pipe.store.meta import (
         BLOCK_DTYPES,
         FEATURE_DTYPES,
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
         open_array,
         read_meta,
     )
-    from foal_pipe.store.read import FeatureStore, Split, check_chunks, check_same, open_store, read_split
+    from foal_pipe.store.read import FeatureStore, Split, check_same, open_store, read_manifest_bytes, read_split
     from foal_pipe.store.verify import ChunkProblem, Verification, has_checksums, verify_store
     from foal_pipe.store.write import (
         FeatureWriter,
@@ -72,13 +71,12 @@ __all__ = [
 ]
 
 __getattr__ = lazy_names(__name__, {
-    "foal_pipe.store.integrity": ["compute_generation"],
+    "foal_pipe.store.integrity": ["check_chunks", "compute_generation"],
     "foal_pipe.store.log": ["log_path", "log_run", "read_log", "update_run", "writer_lock"],
-    "foal_pipe.store.manifest": ["read_manifest_bytes"],
     "foal_pipe.store.meta": ["BLOCK_DTYPES", "FEATURE_DTYPES", "FORMAT", "FORMAT_VERSION", "LABEL_CHUNK_ROWS",
                                "LOG_SUFFIX", "MEMORY_SHARE", "READABLE_VERSIONS", "ROW_ARRAYS", "SPLITS",
                                "UNLABELLED", "BlockLayout", "StoreMeta", "open_array", "read_meta"],
-    "foal_pipe.store.read": ["FeatureStore", "Split", "check_chunks", "check_same", "open_store", "read_split"],
+    "foal_pipe.store.read": ["FeatureStore", "Split", "check_same", "open_store", "read_manifest_bytes", "read_split"],
     "foal_pipe.store.verify": ["ChunkProblem", "Verification", "has_checksums", "verify_store"],
     "foal_pipe.store.write": ["FeatureWriter", "complete_store", "create_array",
                                 "create_skeleton", "mark_progress", "remove_partial_files", "reopen_at",

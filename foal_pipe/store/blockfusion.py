@@ -304,14 +304,23 @@ class FusedSplits:
         return {text: self._fuse(text, blocks, rows) for text in self.chosen}
 
     def _fuse(self, text: str, blocks: np.ndarray, rows: np.ndarray | int) -> np.ndarray:
-        from foal_pipe.store.chunks import check_finite  # zarr: not imported with the encoders' configuration
-
-        if text in self.concat:
-            fused = concat_blocks(blocks, self.chosen[text], self.norm)
-        else:
-            mean = average_blocks(blocks, self.chosen[text])
-            fused = mean if self.norm is None else self.norm(mean)
-        return check_finite(fused, self.name, rows, f"blocks (fused by {text})")
+        with np.errstate(all="ignore"):  # a non-finite row is refused below, by name, not warned about
+            if text in self.concat:
+                fused = concat_blocks(blocks, self.chosen[text], self.norm)
+            else:
+                mean = average_blocks(blocks, self.chosen[text])
+                fused = mean if self.norm is None else self.norm(mean)
+        finite = np.isfinite(fused).all(axis=1)
+        if not finite.all():  # the blocks read are finite (checked): the sum or the norm is not
+            bad = int(np.flatnonzero(~finite)[0])
+            row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
+            why, fix = "their float32 sum overflows", "choose another fusion"
+            if self.norm is not None:
+                why += f", or the final norm ({self.norm.kind}, eps {self.norm.eps:g}) divides by zero (a constant token)"
+                fix += f", or fuse without the norm ({param('fusion_norm', False)})"
+            raise FoalPipeError(f"fusion {text} of {self.name} row {row} is NaN or inf although its blocks are finite "
+                                f"({why}); {fix}")
+        return fused
 
     def read_raw(self, lo: int, hi: int) -> np.ndarray:
         """The stored blocks of rows ``[lo, hi)``, for :meth:`rows_of` (a pass that needs a few of a chunk's rows

@@ -34,6 +34,8 @@ _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zme
 DTYPE_OPTIONS = {"blocks": "blocks_dtype"}
 """The extract parameter that sets an array's dtype, where it is not ``dtype``."""
 REEXTRACT = "re-extract it (`foal-pipe extract ... --overwrite`) or restore it from a copy"
+#: Arrays whose first axis counts bytes, not rows (the split manifest): their chunks are named by bytes.
+BYTE_ARRAYS = frozenset({"manifest"})
 
 
 class MissingChunk(FileNotFoundError):
@@ -89,7 +91,7 @@ class ChunkFiles:
         if not same.size:
             return "checksum mismatch"
         first = int(same[0]) // math.prod(self.grid[1:]) * self.chunk_rows
-        where = rows_text((first, min(first + self.chunk_rows, self.n_rows)))
+        where = rows_text((first, min(first + self.chunk_rows, self.n_rows)), self.path)
         return f"it holds the chunk of {where}, moved or copied here"
 
 
@@ -228,9 +230,21 @@ def chunk_span(array: zarr.Array, first: int) -> tuple[int, int]:
     return first * step, min((first + 1) * step, int(array.shape[0]))
 
 
-def rows_text(span: tuple[int, int]) -> str:
-    """``rows 256-383`` (inclusive, as a user counts them) or ``row 7``."""
-    return f"rows {span[0]:,}-{span[1] - 1:,}" if span[1] - span[0] > 1 else f"row {span[0]:,}"
+def rows_text(span: tuple[int, int], name: str = "") -> str:
+    """``rows 256-383`` (inclusive, as a user counts them) or ``row 7``; ``bytes ...`` for array ``name`` of
+    :data:`BYTE_ARRAYS`."""
+    unit = "byte" if name in BYTE_ARRAYS else "row"
+    return f"{unit}s {span[0]:,}-{span[1] - 1:,}" if span[1] - span[0] > 1 else f"{unit} {span[0]:,}"
+
+
+def sharding_problem(array: zarr.Array) -> str | None:
+    """Why ``array`` cannot be read chunk file by chunk file (None when it can): Zarr's sharding puts many chunks
+    in one file, which the chunk listing and records of the store format do not describe."""
+    shards = getattr(array, "shards", None)
+    if shards is None:
+        return None
+    return (f"it is sharded (shards of {tuple(map(int, shards))}, chunks of {tuple(map(int, array.chunks))}), which "
+            "foal-pipe does not read; write it without shards (foal_pipe.store.create_array does)")
 
 
 def _list_files(top: Path) -> list[str]:
@@ -320,7 +334,7 @@ def damage_reason(exc: BaseException) -> str:
 
 def chunk_error(root: Path, name: str, array: zarr.Array, first: int, exc: BaseException) -> FoalPipeError:
     """The error for the chunk at row-chunk ``first`` of array ``name`` that could not be read."""
-    where = rows_text(chunk_span(array, first))
+    where = rows_text(chunk_span(array, first), name)
     return FoalPipeError(f"{root}: {name} chunk at {where} is {damage_reason(exc)}; {REEXTRACT}")
 
 

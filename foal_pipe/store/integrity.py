@@ -24,8 +24,18 @@ import numpy as np
 import zarr
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore, chunk_count, chunk_grid, grid_coords
-from foal_pipe.store.meta import StoreMeta, shown
+from foal_pipe.store.chunks import (
+    REEXTRACT,
+    StrictLocalStore,
+    chunk_count,
+    chunk_grid,
+    chunk_span,
+    grid_coords,
+    missing_chunks,
+    rows_text,
+    sharding_problem,
+)
+from foal_pipe.store.meta import ROW_ARRAYS, StoreMeta, shown
 
 #: The first format version with integrity data.
 SEALED_FROM = 4
@@ -37,14 +47,19 @@ UNSEALED_FIX = ("complete it with foal_pipe.store.complete_store (which writes t
 
 
 def group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
-    """Every array in the store, by path."""
+    """Every array in the store, by path; a sharded one is refused (its chunks are not files)."""
     try:
-        return {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
+        arrays = {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
     except OSError as exc:
         raise FoalPipeError(f"cannot list feature store {path}: {exc.strerror or exc}; {REEXTRACT}") from None
     except Exception as exc:
         detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
         raise FoalPipeError(f"feature store {path} has corrupt array metadata ({detail}); {REEXTRACT}") from None
+    for name, array in sorted(arrays.items()):
+        sharded = sharding_problem(array)
+        if sharded is not None:
+            raise FoalPipeError(f"{path / name}: {sharded}")
+    return arrays
 
 
 def chunk_keys(array: zarr.Array) -> Iterator[str]:
@@ -126,7 +141,8 @@ def generation_problem(path: Path, group: zarr.Group, meta: StoreMeta) -> str | 
     except OSError as exc:
         return f"its metadata cannot be read ({exc.strerror or exc})"
     if now != meta.generation:
-        return (f"its attributes or array metadata differ from those it was completed with (generation id "
+        chunks = "" if sealed(meta) else ", or its chunk files do (a chunk replaced, moved or damaged)"
+        return (f"its attributes or array metadata differ from those it was completed with{chunks} (generation id "
                 f"{meta.generation[:12]} recorded, {now[:12]} now)")
     return None
 
@@ -146,3 +162,27 @@ def guard_chunks(path: Path, group: zarr.Group, arrays: dict[str, zarr.Array], r
             raise FoalPipeError(f"{path / name}: {problem}; {REEXTRACT}")
         files: Any = array.attrs[CHUNK_FILES]  # record_problem checked it: {"bytes": [...], "crc32c": [...]}
         store.expect(name, array, np.asarray(files["bytes"], dtype=np.uint64), np.asarray(files["crc32c"], np.uint32))
+
+
+#: Why a store of format 1 may lack chunk files without damage: its writer left out chunks of zeros (zarr's default
+#: then), which a listing cannot tell from deleted ones, so such a store is refused and rewritten.
+FORMAT_1_GAPS = ("a store of format 1 leaves out chunks that hold only zeros, which cannot be told from deleted ones: "
+                 "re-extract it with this foal-pipe (`foal-pipe extract ... --overwrite`), which writes every chunk")
+
+
+def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None,
+                 arrays: dict[str, zarr.Array] | None = None, format_version: int | None = None) -> None:
+    """Every chunk file of every array (of ``arrays``, default all) exists (a listing, nothing is read);
+    features and blocks of split ``s`` only below ``progress[s]`` when given (an incomplete store)."""
+    for name, array in sorted((arrays or group_arrays(group, path)).items()):
+        split, _, leaf = name.partition("/")
+        below = progress.get(split) if progress is not None and leaf in ROW_ARRAYS else None
+        try:
+            count, first = missing_chunks(path, array, below, limit=1)
+        except OSError as exc:
+            raise FoalPipeError(f"cannot list {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
+        if count:
+            where = rows_text(chunk_span(array, first[0][0]), name)
+            why = FORMAT_1_GAPS if format_version == 1 else f"the store is damaged: {REEXTRACT}"
+            raise FoalPipeError(f"{path}: {name} has {count:,} of {chunk_count(array):,} chunk files missing "
+                                f"(first at {where}); {why}")

@@ -12,29 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zarr
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.store.chunks import REEXTRACT, read_rows
 from foal_pipe.store.integrity import compute_generation
-from foal_pipe.store.meta import open_array, read_meta
+from foal_pipe.store.meta import StoreMeta, open_array, read_meta
 
 MANIFEST = "manifest"
 
 
-def read_manifest_bytes(path: str | Path) -> bytes | None:
-    """The manifest bytes of the complete store at ``path`` (checked as :func:`~foal_pipe.store.open_store` checks
-    any store, then against their recorded SHA-256); None when the store keeps none."""
-    from foal_pipe.store.read import open_store
-
-    open_store(path)
-    return stored_manifest(path)
-
-
-def stored_manifest(path: str | Path) -> bytes | None:
-    """The manifest bytes of the store at ``path``, complete or not, checked against their recorded SHA-256; None
-    when it keeps none."""
+def stored_manifest(path: str | Path, opened: tuple[zarr.Group, StoreMeta] | None = None) -> bytes | None:
+    """The manifest bytes of the store at ``path`` (``opened``: its group and attributes, where read), complete or
+    not, checked against their recorded SHA-256; None when it keeps none."""
     path = Path(path)
-    group, meta = read_meta(path)
+    group, meta = opened or read_meta(path)
     attr = meta.extra.get(MANIFEST)
     if attr is None:
         return None
@@ -47,6 +39,22 @@ def stored_manifest(path: str | Path) -> bytes | None:
     if hashlib.sha256(raw).hexdigest() != attr["sha256"]:
         raise FoalPipeError(f"{path}: the manifest array differs from its recorded SHA-256 (damaged); {REEXTRACT}")
     return raw
+
+
+def read_row_sources(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array],
+                     n_train: int) -> np.ndarray | None:
+    """``train/index`` (None without one), read and checked when a store is opened, and the split manifest checked
+    against its SHA-256 there too: a damaged one found only when the model is saved would void the whole run. The
+    manifest is parsed only where a model records its identity (:func:`data_identities`): at ImageNet's 1.28M rows
+    that takes seconds, which ``info`` or ``predict`` need not pay."""
+    array, index = arrays.get("train/index"), None
+    if array is not None:
+        if array.shape != (n_train,) or not np.issubdtype(array.dtype, np.integer):
+            raise FoalPipeError(f"train/index in {path} is {array.dtype} {array.shape}, expected integers of shape "
+                                f"({n_train},) (one per train row); {REEXTRACT}")
+        index = read_rows(path, "train/index", array, 0, n_train)
+    stored_manifest(path, (group, meta))
+    return index
 
 
 def data_identities(store: Any) -> list[str]:

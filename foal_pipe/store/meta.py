@@ -15,7 +15,7 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import STORE_FORMAT
 from foal_pipe.io import UNLABELLED as UNLABELLED
 from foal_pipe.store.blockfusion import FinalNorm
-from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore
+from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore, sharding_problem
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
@@ -164,7 +164,11 @@ class BlockLayout:
 
 def _open_group(path: Path) -> zarr.Group:
     meta_file = path / "zarr.json"
-    if not meta_file.is_file() and not (path / ".zgroup").is_file():
+    if not meta_file.is_file() and (path / ".zgroup").is_file():
+        raise FoalPipeError(f"{path} is a Zarr format-2 group (.zgroup), but a feature store is a Zarr v3 group "
+                            "(docs/feature-store.md); re-extract it (`foal-pipe extract ... --overwrite`), or write it "
+                            "with zarr's default zarr_format=3 (as foal_pipe.store.write_store does)")
+    if not meta_file.is_file():
         raise FoalPipeError(
             f"{path} is not a Zarr feature store; point {param('features')} at a directory made by `foal-pipe extract`"
         )
@@ -214,6 +218,9 @@ def open_array(group: zarr.Group, path: Path, name: str) -> zarr.Array:
         raise FoalPipeError(f"{path / name}/zarr.json is corrupt ({detail}); {REEXTRACT}") from None
     if not isinstance(node, zarr.Array):
         raise FoalPipeError(f"{path / name} is a group, not an array; {REEXTRACT}")
+    sharded = sharding_problem(node)
+    if sharded is not None:
+        raise FoalPipeError(f"{path / name}: {sharded}")
     return node
 
 

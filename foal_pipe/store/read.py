@@ -28,27 +28,25 @@ from foal_pipe.store.blockfusion import (
 from foal_pipe.store.chunks import (
     REEXTRACT,
     check_finite,
-    chunk_count,
     chunk_error,
-    chunk_span,
     chunk_spans,
-    missing_chunks,
     read_rows,
-    rows_text,
 )
 from foal_pipe.store.integrity import (
     UNSEALED_FIX,
+    check_chunks,
+    compute_generation,
     generation_problem,
     group_arrays,
     guard_chunks,
     proven_version,
     sealed,
 )
+from foal_pipe.store.manifest import read_row_sources, stored_manifest
 from foal_pipe.store.meta import (
     BLOCK_DTYPES,
     FEATURE_DTYPES,
     MEMORY_SHARE,
-    ROW_ARRAYS,
     SPLITS,
     UNLABELLED,
     BlockLayout,
@@ -158,15 +156,9 @@ def _fingerprint(path: Path) -> tuple[Any, ...]:
     """What identifies the store now at ``path``: its folder, its generation id (for stores without one, the
     hash of its attributes file) and whether it is complete."""
     st = os.stat(path)
-    for name in ("zarr.json", ".zattrs"):
-        meta_file = path / name
-        if meta_file.is_file():
-            raw = meta_file.read_bytes()
-            doc = json.loads(raw)
-            attrs = (doc.get("attributes", {}) if name == "zarr.json" else doc) if isinstance(doc, dict) else {}
-            break
-    else:
-        raise FileNotFoundError(path / "zarr.json")
+    raw = (path / "zarr.json").read_bytes()
+    doc = json.loads(raw)
+    attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
     generation = attrs.get("generation") if isinstance(attrs, dict) else None
     complete = isinstance(attrs, dict) and attrs.get("complete") is True
     return st.st_dev, st.st_ino, generation or hashlib.sha256(raw).hexdigest()[:32], complete
@@ -182,6 +174,9 @@ class FeatureStore:
     test: Split | FusedSplit
     fingerprint: tuple[Any, ...] = ()
     blocks: BlockLayout | None = None
+    #: ``train/index`` (each train row's dataset index), read and checked by :func:`open_store` (small), so that a
+    #: damaged one is refused before any work.
+    train_index: np.ndarray | None = None
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -191,6 +186,9 @@ class FeatureStore:
         """Refuse a store whose train split is empty, or whose ``splits`` hold unlabelled rows (label -1, from
         ``extract --dataset images``): a learner needs a label for every train row, an accuracy for every test row
         (a -1 test row would be left out, or counted against the last class)."""
+        if "train" in splits and self.train.labels.size == 0 and (self.test.labels != UNLABELLED).any():
+            raise FoalPipeError(f"{self.path} has an empty train split (0 rows, test {self.test.labels.size:,}), so "
+                                "there is nothing to learn; extract it again with train rows")
         if "train" in splits and self.train.labels.size == 0:
             raise FoalPipeError(
                 f"{self.path} has no train rows: it was extracted from unlabelled images, so there is nothing to learn; "
@@ -217,15 +215,10 @@ class FeatureStore:
         both): a hash of the dataset, its source and the train rows' source indices and labels, all recorded by
         ``extract``; None for a store without row indices or a source (one written by ``write_store``)."""
         source = self.meta.extra.get("source")
-        try:
-            array = zarr.open_group(str(self.path), mode="r")["train/index"]
-        except KeyError:
+        if source is None or self.train_index is None:
             return None
-        if source is None or not isinstance(array, zarr.Array):
-            return None
-        index = read_rows(self.path, "train/index", array, 0, int(array.shape[0]))
         digest = hashlib.sha256(json.dumps([self.meta.dataset, source], sort_keys=True).encode())
-        for ids in (index, self.train.labels):
+        for ids in (self.train_index, self.train.labels):
             digest.update(np.ascontiguousarray(ids, dtype="<i8").tobytes())
         return digest.hexdigest()
 
@@ -247,7 +240,7 @@ class FeatureStore:
         meta = StoreMeta(self.meta.classes, self.meta.dataset,
                          fused_encoder(self.meta.encoder, fusion, norm, layout.dtype), self.meta.complete,
                          self.meta.format_version, self.meta.generation, self.meta.extra)
-        return FeatureStore(self.path, meta, train, test, self.fingerprint, layout)
+        return FeatureStore(self.path, meta, train, test, self.fingerprint, layout, self.train_index)
 
     def fusions(self, fusions: str | Sequence[str | Fusion], norm: bool = True) -> dict[str, FusedSplits]:
         """Several fusions at once (``sweep --fusions``): ``{"train": FusedSplits, "test": FusedSplits}``, whose
@@ -259,8 +252,20 @@ class FeatureStore:
     def check_unchanged(self) -> None:
         """Raise :class:`FoalPipeError` if the store on disk is no longer the complete store that was opened
         (replaced by ``extract --overwrite``, re-extracted, removed): call it after reading, before writing
-        results, so results computed from a store that changed underneath are never reported."""
+        results, so results computed from a store that changed underneath are never reported. A store with a
+        generation id but no chunk records (formats 2-3) has it recomputed over every chunk's size and last bytes: a
+        chunk replaced while it was read changes nothing else."""
         check_same(self.path, self.fingerprint)
+        if self.meta.generation is None or sealed(self.meta) or not self.fingerprint:
+            return
+        try:
+            now = compute_generation(self.path)
+        except OSError as exc:
+            now = f"unreadable ({exc.strerror or exc})"
+        if now != self.meta.generation:
+            raise FoalPipeError(f"feature store {self.path} changed while it was being read (its chunk files differ "
+                                f"from generation {self.meta.generation[:12]}: {now[:12]} now); these results are void: "
+                                "re-run the command, or check the store with `foal-pipe info --verify`")
 
 
 def check_same(path: Path, fingerprint: tuple[Any, ...]) -> None:
@@ -314,37 +319,14 @@ def _check_size(path: Path, what: str, nbytes: int, fix: str) -> None:
                             f"{available / 2**30:,.1f} GiB available; {fix}")
 
 
-#: Why a store of format 1 may lack chunk files without damage: its writer left out chunks of zeros (zarr's default
-#: then), which a listing cannot tell from deleted ones, so such a store is refused and rewritten.
-FORMAT_1_GAPS = ("a store of format 1 leaves out chunks that hold only zeros, which cannot be told from deleted ones: "
-                 "re-extract it with this foal-pipe (`foal-pipe extract ... --overwrite`), which writes every chunk")
-
-
-def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None = None,
-                 arrays: dict[str, zarr.Array] | None = None, format_version: int | None = None) -> None:
-    """Every chunk file of every array (of ``arrays``, default all) exists (a listing, nothing is read);
-    features and blocks of split ``s`` only below ``progress[s]`` when given (an incomplete store)."""
-    for name, array in sorted((arrays or group_arrays(group, path)).items()):
-        split, _, leaf = name.partition("/")
-        below = progress.get(split) if progress is not None and leaf in ROW_ARRAYS else None
-        try:
-            count, first = missing_chunks(path, array, below, limit=1)
-        except OSError as exc:
-            raise FoalPipeError(f"cannot list {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
-        if count:
-            where = rows_text(chunk_span(array, first[0][0]))
-            why = FORMAT_1_GAPS if format_version == 1 else f"the store is damaged: {REEXTRACT}"
-            raise FoalPipeError(f"{path}: {name} has {count:,} of {chunk_count(array):,} chunk files missing "
-                                f"(first at {where}); {why}")
-
-
 def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm: bool = True) -> FeatureStore:
     """Open a store for reading and validate everything a learner relies on; with ``fusion``, its features
     are fused from the stored blocks at read time (:meth:`FeatureStore.fused`).
 
     The order matters: every attribute and array's metadata is checked first (each problem named precisely),
     then sizes, then -- format 4 -- the generation id over the metadata (anything edited since completion is
-    refused) and the chunk records every later read checks, then the chunk listing; only then is anything read.
+    refused) and the chunk records every later read checks, then the chunk listing; only then is anything read:
+    the labels, the norm parameters, ``train/index`` and the split manifest (all small, all checked now).
     """
     path = Path(path)
     try:  # first: a store swapped from here on is noticed by check_unchanged
@@ -390,10 +372,10 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
         splits[name] = Split(name, features, y.astype(np.int64), path, fingerprint, blocks.get(name))
     layout = None
     if "blocks" in meta.extra:
-        parameters = {name: check_finite(read_rows(path, f"norm/{name}", array, 0, dims["train"])[None], "norm", 0,
-                                         name)[0] for name, array in norm_arrays.items()}
-        layout = BlockLayout(count, dtype, FinalNorm(kind, eps, **parameters))
-    store = FeatureStore(path, meta, splits["train"], splits["test"], fingerprint, layout)
+        layout = BlockLayout(count, dtype, FinalNorm(kind, eps, **{name: _norm_values(path, name, array)
+                                                                   for name, array in norm_arrays.items()}))
+    index = read_row_sources(path, group, meta, every, splits["train"].n_rows)
+    store = FeatureStore(path, meta, splits["train"], splits["test"], fingerprint, layout, index)
     return store if fusion is None else store.fused(fusion, fusion_norm)
 
 
@@ -412,6 +394,13 @@ def read_split(path: str | Path, split: str = "train", fusion: str | Fusion | No
     X = data.read(0, data.n_rows)
     store.check_unchanged()
     return X, data.labels.copy(), list(store.classes)
+
+
+def read_manifest_bytes(path: str | Path) -> bytes | None:
+    """The manifest bytes of the complete store at ``path`` (checked as :func:`open_store` checks any store, then
+    against their recorded SHA-256); None when the store keeps none."""
+    open_store(path)
+    return stored_manifest(path)
 
 
 def _split_arrays(group: zarr.Group, path: Path, name: str) -> tuple[zarr.Array, zarr.Array]:
@@ -476,6 +465,16 @@ def _norm_array(group: zarr.Group, path: Path, name: str, dim: int) -> zarr.Arra
         raise FoalPipeError(f"norm/{name} in {path} is {array.dtype} {array.shape}, expected floats of shape "
                             f"({dim},) (the feature dimension); {REEXTRACT}")
     return array
+
+
+def _norm_values(path: Path, name: str, array: zarr.Array) -> np.ndarray:
+    """The values of ``norm/<name>``, a final-norm parameter: all finite."""
+    values = read_rows(path, f"norm/{name}", array, 0, int(array.shape[0]))
+    if not np.isfinite(values).all():
+        bad = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise FoalPipeError(f"norm/{name} in {path}, a parameter of the final norm, holds {values[bad]} at feature "
+                            f"{bad}; {REEXTRACT}")
+    return values
 
 
 def _blocks_array(group: zarr.Group, path: Path, split: str, features: zarr.Array, count: int,

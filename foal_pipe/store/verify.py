@@ -30,7 +30,10 @@ from foal_pipe.store.integrity import (
     sealed,
 )
 from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, edited_version, read_meta
-from foal_pipe.store.read import chunk_too_large
+from foal_pipe.store.read import chunk_too_large, open_store
+
+#: The ``array`` of a problem of the whole store, and the start of one every reader refuses (its message says the fix).
+WHOLE_STORE, REFUSED = "(whole store)", "readers refuse it: "
 
 
 def has_checksums(array: zarr.Array) -> bool:
@@ -48,7 +51,7 @@ class ChunkProblem:
     problem: str
 
     def __str__(self) -> str:
-        where = f" {rows_text((self.lo, self.hi))}" if self.hi > self.lo else ""
+        where = f" {rows_text((self.lo, self.hi), self.array)}" if self.hi > self.lo else ""
         return f"{self.array}{where}: {self.problem}"
 
 
@@ -76,7 +79,10 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
     changed since completion (its generation id, recomputed from the metadata) or a ``format_version`` edited below
     what its content proves (:func:`~foal_pipe.store.meta.edited_version`); with ``read``, also read every
     chunk (its record of format 4, checksum, decoding, NaN/inf in features) and recompute an older complete
-    store's generation id. An array with more than ``max_listed`` missing chunks is reported as one problem."""
+    store's generation id, then -- when no chunk is at fault -- run every check of
+    :func:`~foal_pipe.store.read.open_store` (labels in range, shapes, dtypes, finite norm parameters, row indices
+    and manifest), so a store every reader refuses is never reported intact. An array with more than
+    ``max_listed`` missing chunks is reported as one problem."""
     path = Path(path)
     group, meta = read_meta(path)
     progress = None
@@ -92,13 +98,13 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
                                                      "split's, is missing or damaged)"))
     edited = edited_version(meta, arrays, proven_version(arrays))
     if edited is not None:  # the generation id then differs too: the edit is the cause to name
-        problems.append(ChunkProblem("(whole store)", 0, 0, f"it declares format_version {meta.format_version} but "
+        problems.append(ChunkProblem(WHOLE_STORE, 0, 0, f"it declares format_version {meta.format_version} but "
                                      f"carries the {edited[1]} of format {edited[0]} (its version was edited down: "
                                      f"restore format_version {edited[0]})"))
     elif sealed(meta):
         changed = generation_problem(path, group, meta)
         if changed is not None:
-            problems.append(ChunkProblem("(whole store)", 0, 0, changed))
+            problems.append(ChunkProblem(WHOLE_STORE, 0, 0, changed))
     for name, array in sorted(arrays.items()):
         split, _, leaf = name.partition("/")
         bad_record = record_problem(array) if sealed(meta) else None
@@ -141,6 +147,11 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
                                 f"{lo + int(np.flatnonzero(~finite)[0]):,})"))
     if (read and meta.complete and not sealed(meta) and meta.generation is not None and not problems
             and compute_generation(path, group) != meta.generation):
-        problems.append(ChunkProblem("(whole store)", 0, 0, "its files changed after it was completed "
+        problems.append(ChunkProblem(WHOLE_STORE, 0, 0, "its files changed after it was completed "
                                      "(generation id mismatch)"))
+    if read and meta.complete and not problems:
+        try:
+            open_store(path)
+        except FoalPipeError as exc:
+            problems.append(ChunkProblem(WHOLE_STORE, 0, 0, f"{REFUSED}{exc}"))
     return Verification(n_read, _merge(problems))

@@ -18,7 +18,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import enclosing_store, exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
-from foal_pipe.store.integrity import compute_generation, record_chunks
+from foal_pipe.store.integrity import check_chunks, compute_generation, record_chunks
 from foal_pipe.store.log import log_path
 from foal_pipe.store.manifest import MANIFEST
 from foal_pipe.store.meta import (
@@ -34,7 +34,6 @@ from foal_pipe.store.meta import (
     write_attrs,
     writing,
 )
-from foal_pipe.store.read import check_chunks
 
 #: Bytes per chunk of the ``manifest`` array (the split manifest, :mod:`foal_pipe.store.manifest`).
 MANIFEST_CHUNK = 1 << 22
@@ -277,7 +276,7 @@ def write_store(
     ``norm`` (default: none, ``identity``)."""
     encoder = encoder or {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}
     path = Path(path)
-    dim = int(train[0].shape[1])
+    dim = _check_rows(train, test, len(classes))
     layout = None
     if blocks is not None:
         layout = BlockLayout(int(blocks[0].shape[1]), np.asarray(blocks[0]).dtype.name, norm or FinalNorm("identity"))
@@ -291,6 +290,26 @@ def write_store(
         mark_progress(path, name, writer.n_rows)
     complete_store(path)
     return path
+
+
+def _check_rows(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], n_classes: int) -> int:
+    """The feature width of ``write_store``'s rows, refused before anything is written unless each split is (N, d)
+    features, d >= 1 and alike in both, with one label per row in ``[0, n_classes)`` or -1 (unlabelled)."""
+    widths = []
+    for name, (x, y) in zip(SPLITS, (train, test)):
+        x_shape, y = np.shape(x), np.asarray(y)
+        if len(x_shape) != 2 or x_shape[1] < 1 or y.shape != x_shape[:1]:
+            raise FoalPipeError(f"write_store: {name} features {x_shape} and labels {y.shape} do not match; pass (N, d) "
+                                "features, d >= 1, and (N,) labels")
+        bad = np.flatnonzero((y < -1) | (y >= n_classes))
+        if bad.size:
+            raise FoalPipeError(f"write_store: {name} label {y[bad[0]]} at row {int(bad[0])} is outside [0, {n_classes}) "
+                                "(the number of classes) and not -1 (unlabelled); fix the labels or the classes")
+        widths.append(int(x_shape[1]))
+    if widths[0] != widths[1]:
+        raise FoalPipeError(f"write_store: train features have {widths[0]} dimensions but test features {widths[1]}; "
+                            "pass both splits from the same encoder")
+    return widths[0]
 
 
 def replace_store(new: str | Path, out: str | Path) -> None:
