@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,21 +60,37 @@ def cluster_failure(exc: BaseException) -> FoalPipeError:
                          "unchanged: check the workers and re-run")
 
 
-def cluster_result(client: Any, future: Any, poll: float = 2.0) -> Any:
-    """``future.result()``, refused once the cluster has had no worker for :data:`WORKER_TIMEOUT` s: a task left
-    without workers (all killed under the run) waits for new ones and never fails by itself."""
-    alone_since = None
+class WorkerWatch:
+    """Since when a cluster has had no worker, as seen by every thread that waits on it: one clock, so a run stops
+    :data:`WORKER_TIMEOUT` s after its last worker left, not that long after the last of its queued reads began."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._alone_since: float | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Refuse the run once the cluster has had no worker for :data:`WORKER_TIMEOUT` s."""
+        with self._lock:
+            if self.client.scheduler_info().get("workers"):
+                self._alone_since = None
+            elif self._alone_since is None:
+                self._alone_since = time.monotonic()
+            elif time.monotonic() - self._alone_since > WORKER_TIMEOUT:
+                raise FoalPipeError(f"the Dask cluster has had no worker for {WORKER_TIMEOUT} s during the run; previous "
+                                    "outputs are unchanged: check the workers and re-run")
+
+
+def cluster_result(client: Any, future: Any, poll: float = 2.0, watch: WorkerWatch | None = None) -> Any:
+    """``future.result()``, refused once the cluster has had no worker for :data:`WORKER_TIMEOUT` s (``watch``: the
+    clock shared by the run's threads, else one of its own): a task left without workers (all killed under the run)
+    waits for new ones and never fails by itself."""
+    watch = watch or WorkerWatch(client)
     while True:
         try:
             return future.result(timeout=poll)
         except TimeoutError:
-            if client.scheduler_info().get("workers"):
-                alone_since = None
-            elif alone_since is None:
-                alone_since = time.monotonic()
-            elif time.monotonic() - alone_since > WORKER_TIMEOUT:
-                raise FoalPipeError(f"the Dask cluster has had no worker for {WORKER_TIMEOUT} s during the run; previous "
-                                    "outputs are unchanged: check the workers and re-run") from None
+            watch.check()
 
 
 def check_workers(workers: object) -> int:

@@ -11,10 +11,14 @@ import contextlib
 import csv
 import ctypes
 import errno
+import fcntl
+import glob
 import json
 import os
+import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +41,11 @@ UNLABELLED = -1
 METRICS_FILE = "metrics.json"
 SWEEP_FILE = "sweep.json"
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
+#: The names of the temporaries beside an output NAME (``.NAME.tmp-PID[-RANDOM][-old|.swap]``, a table's
+#: ``.NAME.table-runs[-PID-RANDOM]``): what ``summary`` skips.
+TEMPORARY = re.compile(r"\..+\.(tmp-\d+(-[a-z0-9_]{8})?(-old|\.swap)?|table-runs(-\d+-[a-z0-9_]{8})?)")
+#: The longest name atomic_dir makes beside NAME, less NAME: ``.NAME.tmp-PID-RANDOM.swap`` with a 7-digit PID.
+_TEMP_EXTRA = len(".") + len(".tmp-") + 7 + len("-") + 8 + len(_JOURNAL)
 _HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -73,11 +82,13 @@ def follow_link(path: str | Path) -> Path:
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path; on success it replaces ``path`` (a symlink's target, the link kept), on error it
     is removed."""
+    _check_kind(path, "file")
     path = follow_link(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
+        _keep_permissions(path, tmp)
         os.replace(tmp, path)
     except OSError as exc:
         raise _io_error(path, exc, "free some space or choose another output path") from None
@@ -118,32 +129,60 @@ def write_json(path: str | Path, data: Any) -> Path:
     return Path(path)
 
 
-def check_output_dir(path: str | Path, create: bool = False) -> Path:
+def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[str | Path | None] = ()) -> Path:
     """Refuse, before any work, an output directory that cannot be written; settles earlier interrupted runs.
 
     Makes a probe directory (removed again) in ``path``'s parent or, where that does not exist yet, its nearest
     existing ancestor (:func:`_probe_parent`), so a read-only place, a path under a file or ``path`` being a file
-    are named now rather than after training. ``create``: make the parents (at write time). A symlinked ``path`` is
-    checked (and later written) at its target: :func:`follow_link`.
+    are named now rather than after training; so are an existing ``path`` that cannot be replaced, a name too long
+    for the run's temporaries and a ``path`` holding one of the command's ``inputs``. ``create``: make the parents
+    (at write time). A symlinked ``path`` is checked (and later written) at its target: :func:`follow_link`.
     """
+    _check_kind(path, "directory")
     path = _check_parents(follow_link(path))
     if path.name in ("", ".", ".."):  # rename() refuses them: the run would fail after all its work
         raise FoalPipeError(f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename; "
                             f"pass it by name, e.g. {param('out')} {Path(os.path.abspath(path))}")
     try:
         where = _probe_parent(path, create)
+        limit = os.pathconf(where, "PC_NAME_MAX")  # a longer name would fail on the run's temporaries, after the work
+        if len(os.fsencode(path.name)) + _TEMP_EXTRA > limit:
+            raise FoalPipeError(f"output name {path.name[:40]}... is too long: the run's temporary names add {_TEMP_EXTRA} "
+                                f"bytes to it, past this filesystem's {limit}; choose a name of at most "
+                                f"{limit - _TEMP_EXTRA} bytes")
         _remove_stale(path)
         if path.exists() and not path.is_dir():
             raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with {param('out')}")
-        with held_signals():  # made and removed with no interrupt between
-            Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=where)).rmdir()
+        if os.path.ismount(path):  # rename() says EBUSY
+            raise FoalPipeError(f"output {path} is a mount point, which cannot be replaced in one rename; choose a folder "
+                                f"inside it, e.g. {param('out')} {path / 'run'}")
+        with held_signals():  # made and removed with no interrupt between; in an existing `path` too: its entries
+            for folder in (where, path) if path.is_dir() else (where,):  # are carried or removed at the swap
+                Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=folder)).rmdir()
     except OSError as exc:
         raise _io_error(path, exc, f"choose a writable {param('out')} directory") from None
+    check_not_an_input(path, inputs)
     return path
 
 
+def _check_kind(path: str | Path, kind: str) -> None:
+    """Refuse an existing output (or a symlink's target) that is neither a regular file nor a folder, such as a
+    FIFO, a device or ``/dev/stdout``: it would be replaced by a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        what = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device or socket"
+        fix = "leave out --out to write to standard output, or " if kind == "file" else ""
+        raise FoalPipeError(f"output {path} is {what}, not a {kind}, and would be replaced; {fix}choose another "
+                            f"{param('out')}")
+
+
 def check_output_file(path: str | Path) -> Path:
-    """Refuse, before any work, an output file that cannot be written (a directory, under a file, read-only)."""
+    """Refuse, before any work, an output file that cannot be written (a directory, a FIFO or device, under a file,
+    read-only)."""
+    _check_kind(path, "file")
     path = _check_parents(follow_link(path))
     try:
         where = _probe_parent(path, create=False)
@@ -160,13 +199,16 @@ def check_output_file(path: str | Path) -> Path:
 
 
 def check_not_an_input(path: str | Path, inputs: Iterable[str | Path | None]) -> None:
-    """Refuse an output that is one of the command's input files: written over, the input would be lost."""
+    """Refuse an output that is one of the command's inputs, or a folder holding one: written over, or swapped away
+    with the folder (and left in its temporary by a kill), the input would be lost."""
     if not os.path.lexists(path):
         return
     for given in inputs:
-        if given is not None and os.path.exists(given) and os.path.samefile(path, given):
-            raise FoalPipeError(f"output {path} is an input of this command ({given}) and would be overwritten; "
-                                f"choose another {param('out')}")
+        if given is not None and os.path.exists(given):
+            held = Path(path).resolve() in Path(given).resolve().parents
+            if held or os.path.samefile(path, given):
+                raise FoalPipeError(f"output {path} {'holds' if held else 'is'} an input of this command ({given}) and "
+                                    f"would be {'replaced with it' if held else 'overwritten'}; choose another {param('out')}")
 
 
 def is_feature_store(path: Path) -> bool:
@@ -210,7 +252,7 @@ def enclosing_store(path: str | Path, itself: bool = False) -> Path | None:
 def _remove_stale(path: Path) -> None:
     """Settle the temporaries of earlier runs on ``path`` whose process is gone (killed mid-write)."""
     bases = set()
-    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             bases.add(tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD)))
@@ -231,9 +273,17 @@ def pid_alive(pid: int) -> bool:
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, onerror=_writable_retry)
     else:
         path.unlink(missing_ok=True)
+
+
+def _writable_retry(func: Callable[..., Any], name: str, _exc: Any) -> None:
+    """rmtree's error handler: a read-only folder of replaced outputs is made writable, so it is not left behind."""
+    with contextlib.suppress(OSError):
+        parent = os.path.dirname(name)
+        os.chmod(parent, stat.S_IMODE(os.stat(parent).st_mode) | stat.S_IRWXU)
+        func(name)
 
 
 class _Held:
@@ -376,6 +426,7 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     """
     path = check_output_dir(path, create=True)
     tmp: Path | None = None
+    lock: int | None = None
     foreign: OSError | None = None
     try:
         with held_signals():  # an interrupt now would leave it unrecorded: it comes after `tmp` is set
@@ -388,6 +439,8 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
             raise
         os.chmod(tmp, 0o777 & ~_umask())
         _sync_tree(tmp)
+        lock = _lock(path.parent)  # released after _settle: a second run swaps against this one's settled result
+        _keep_permissions(path, tmp)
         if path.is_dir():
             journal = tmp.with_name(tmp.name + _JOURNAL)
             journal.write_text("\n".join([str(tmp.stat().st_ino), *sorted(set(owned))]))
@@ -409,8 +462,35 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
             raise
         raise _io_error(path, exc, f"free some space or choose another {param('out')}; previous outputs are unchanged") from None
     finally:
-        if tmp is not None:
-            _settle(path, tmp)
+        try:
+            if tmp is not None:
+                _settle(path, tmp)
+        finally:
+            if lock is not None:
+                os.close(lock)  # releases the flock
+
+
+def _lock(folder: Path) -> int | None:
+    """An exclusive ``flock`` on ``folder`` (its descriptor, to close), so that runs finishing at once swap one after
+    the other; None where the folder cannot be opened (no read permission)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except PermissionError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _keep_permissions(path: Path, new: Path) -> None:
+    """Give the replacement of an existing ``path`` its permission bits and group (where this process may set
+    it): a private (0700, 0600) or group-shared (setgid) output stays so."""
+    try:
+        old = path.stat()
+    except FileNotFoundError:
+        return
+    with contextlib.suppress(PermissionError):
+        os.chown(new, -1, old.st_gid)  # before chmod: chown clears the setgid bit
+    os.chmod(new, stat.S_IMODE(old.st_mode))
 
 
 def _umask() -> int:

@@ -61,3 +61,16 @@ def test_summary_names_a_results_table_among_runs(tmp_path, group):
     assert f"{tmp_path / 'runs' / 'tab'}: a results table, not rows here; open {tmp_path / 'runs' / 'tab' / 'table.md'}" in text
     assert "Warning" not in result.output
     assert (str(tmp_path / "runs" / "ncm") if group is None else "ncm 1") in text
+
+
+def test_summary_does_not_name_a_killed_tables_temporary(tmp_path):
+    """A results table left in a killed command's temporary (``.NAME.tmp-PID-RANDOM``) is not a table to open."""
+    rng = np.random.default_rng(2)
+    store = _store(tmp_path / "s.zarr", ["cat", "dog", "emu"], 8, rng)
+    assert invoke("learn", "--features", store, "--out", tmp_path / "runs" / "ncm", "--head", "ncm",
+                  "--tasks", 1).exit_code == 0
+    assert invoke("table", "--features", store, "--out", tmp_path / "tab", "--heads", "ncm", "--tasks", 1).exit_code == 0
+    (tmp_path / "tab").rename(tmp_path / "runs" / ".tab.tmp-4242-abcd1234")
+    result = invoke("summary", tmp_path / "runs")
+    assert result.exit_code == 0, result.output
+    assert "results table" not in result.output and ".tmp-" not in result.output

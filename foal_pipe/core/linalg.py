@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager
 from functools import cache
 from typing import Any
@@ -219,8 +220,18 @@ def check_gammas(G: Any, gammas: Any, Q: Any = None) -> None:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
             f"({floor:.3g} = eps x largest diagonal entry), so the solve would be noise; use a gamma of at least "
-            f"{floor:.3g}{float64_way_out(dtype_name(G.dtype))}"
+            f"{rounded_up(floor)} (a later task's sums, over more rows, may need more)"
+            f"{float64_way_out(dtype_name(G.dtype))}"
         )
+
+
+def rounded_up(value: float) -> str:
+    """``value`` to 3 significant digits, rounded up: a gamma that still passes where ``value`` is the least one."""
+    step = 10.0 ** (math.floor(math.log10(value)) - 2)
+    digits = math.ceil(value / step)
+    while float(f"{digits * step:.3g}") < value:  # float rounding of the product or of its text
+        digits += 1
+    return f"{digits * step:.3g}"
 
 
 @cache

@@ -75,7 +75,7 @@ def run_learn(
     kind = LEARN_KINDS[head_entry(model.head).learner]
     settings = kind.settings(stream, model, evaluation, execution)
     start = time.perf_counter()
-    check_output_dir(out)
+    check_output_dir(out, inputs=[features])
     run = prepare(features, stream, settings, evaluation, execution, **kind.prepare(model))
     anytime = anytime_points(run)
     warn_dropped(run, stream, log)
@@ -128,7 +128,7 @@ def run_sweep(
                             f"fusions one at a time ({param('fusion', 'X')})")
     others = check_sweep_heads(sweep, model)
     check_capabilities(others, Settings(stream, model, evaluation, execution))  # what ridge alone would take
-    check_output_dir(out)
+    check_output_dir(out, inputs=[features])
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
                   n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
     warn_dropped(run, stream, log)

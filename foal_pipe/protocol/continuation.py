@@ -265,7 +265,7 @@ def run_continue(
     writes. ``explicit``: the settings the caller gave (a different value of one the model fixes is refused; None:
     those that differ from the defaults)."""
     start = time.perf_counter()
-    check_output_dir(out)
+    check_output_dir(out, inputs=[features, init_model, *eval_features])
     deployed = load_model(init_model, estimators=False)
     name = deployed.classifier.name
     part = PARTS[HEADS[name].learner]

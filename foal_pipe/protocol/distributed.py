@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.cluster import cluster_errors, cluster_failure, cluster_result, require_distributed
+from foal_pipe.cluster import WorkerWatch, cluster_errors, cluster_failure, cluster_result, require_distributed
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_finite, damage_reason
+from foal_pipe.memory import BASELINE_BYTES
+from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_finite, chunk_error, damage_reason
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -54,6 +55,22 @@ def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int) -> int:
     by_bytes = max(1, BLOCK_BYTES // max(1, chunk_rows * dim * itemsize))
     by_count = max(1, math.ceil(n_rows / (chunk_rows * MIN_BLOCKS)))
     return chunk_rows * min(by_bytes, by_count)
+
+
+def gram_pass_bytes(n_rows: int, dim: int, itemsize: int, chunk_rows: int, partial: int, workers: int, step: int,
+                    row_bytes: int) -> tuple[int, int]:
+    """What :func:`dask_statistics` holds beyond a local run's state, in bytes: ``(client, cluster)``, ``partial``
+    being the statistics of every group (what a block task returns and each addition of the tree makes). The client
+    receives the total of every group at once (as frames, then arrays: twice ``partial``). The cluster holds the
+    tree's unpaired partials (one per level), and per worker the partial it builds or adds and the one it takes in,
+    plus one in transfer; and per worker an interpreter, a block of features and ``step`` rows' activations
+    (``row_bytes`` each). On 1 and 2 workers this is 15-30% above the measured peaks."""
+    rows = block_rows(n_rows, dim, itemsize, chunk_rows)
+    blocks = -(-n_rows // rows)
+    busy = min(workers, blocks)
+    held = int(math.log2(max(1, blocks))) + 2 * busy + 1
+    worker = BASELINE_BYTES + rows * dim * itemsize + min(step, rows) * row_bytes
+    return 2 * partial, held * partial + busy * worker
 
 
 def _either(a: T | None, b: T | None, add: Callable[[T, T], T]) -> T | None:
@@ -182,20 +199,30 @@ def dask_statistics(
         totals = reduce_tree(client, futures, add_statistics, lambda f: advance(size_of.pop(f.key)), failed).result()
     except FoalPipeError:
         raise
-    except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
-        raise FoalPipeError(f"{path}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; {REEXTRACT}") from None
     except cluster_errors() as exc:
         raise cluster_failure(exc) from None
-    except Exception:  # a chunk that failed to decode on a worker (zarr raises many types): name it from here
+    except Exception as exc:  # a chunk a worker could not read or decode (zarr raises many types): name it from here
         suspects = failed or [key for key in span_of if key in size_of]  # the failed block, else every unfinished one
         for key in suspects:
             train.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
+        if isinstance(exc, (MissingChunk, BadChunkFile)):  # a chunk that reads here: name it from the worker's error
+            raise chunk_file_error(train, exc) from None
         raise
     expected = np.bincount(groups[groups >= 0], minlength=n_groups)
     got = np.array([0 if t is None else t.n for t in totals])
     if not np.array_equal(got, expected) or any(t is None for t in totals):
         raise FoalPipeError(f"dask returned statistics for {int(got.sum())} of {int(expected.sum())} rows; re-run the command")
     return totals
+
+
+def chunk_file_error(split: Any, exc: MissingChunk | BadChunkFile) -> FoalPipeError:
+    """A chunk file a worker could not read (its key, ``train/features/c/2/0``), named by split and rows as a local
+    read names it (:func:`~foal_pipe.store.chunks.chunk_error`): for a chunk that reads here after all."""
+    name, _, coords = str(exc.args[0]).split(":")[0].partition("/c/")
+    array = getattr(split, name.rpartition("/")[2], None)
+    if not coords or array is None:
+        return FoalPipeError(f"{split.root}: chunk {name} is {damage_reason(exc)}; {REEXTRACT}")
+    return chunk_error(split.root, name, array, int(coords.split("/")[0]), exc)
 
 
 def read_chunks(path: str, fusion: str | None, fusion_norm: bool, split: str, starts: list[int]) -> dict[int, Any]:
@@ -226,6 +253,7 @@ class ClusterSplit:
         self._futures: dict[int, Any] = {}
         self._ahead = ahead
         self._lock = threading.Lock()
+        self._watch = WorkerWatch(client)  # one clock for every reader thread
 
     def __getattr__(self, name: str) -> Any:  # labels, dim, features, chunk_rows, n_rows, rows_of: the local split's
         return getattr(self._split, name)
@@ -238,10 +266,10 @@ class ClusterSplit:
                     if k not in self._futures and self._left[k]:
                         self._futures[k] = self._client.submit(read_chunks, *self._where, self._blocks[k], pure=False)
                 future = self._futures[b]
-            raw = cluster_result(self._client, future)[lo]
+            raw = cluster_result(self._client, future, watch=self._watch)[lo]
         except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
-            raise FoalPipeError(f"{self._where[0]}: chunk file {exc.args[0].split(':')[0]} is {damage_reason(exc)}; "
-                                f"{REEXTRACT}") from None
+            self._split.read_raw(lo, hi)  # the local checked read names it as a local run does
+            raise chunk_file_error(self._split, exc) from None
         except cluster_errors() as exc:  # workers or scheduler lost under the run
             raise cluster_failure(exc) from None
         with self._lock:

@@ -279,7 +279,7 @@ def run_learn_orders(
     """``learn`` for every class order of ``seeds``: ``metrics.json`` with ``orders``, ``mean`` and ``std``;
     ``model.safetensors`` is the first order's final model; ``timings.json``."""
     start = time.perf_counter()
-    check_output_dir(out)
+    check_output_dir(out, inputs=[features])
     check_orders(stream, seeds)
     kind = LEARN_KINDS[head_entry(model.head).learner]  # as run_learn picks it
     run_model = kind.settings(stream, model, evaluation, execution)
@@ -319,13 +319,20 @@ def run_learn_orders(
     return write_learned(out, runs, start, metrics, lambda path: save_model(finals[0], runs[0], path))
 
 
+def walks_text(n: int, execution: ExecutionConfig) -> str:
+    """What the walks per order read: the rows once, shared; with ``--scheduler dask`` the cluster also reads the
+    store's train rows again for every order's Gram sums."""
+    again = "; each order's Gram sums read the train rows again on the Dask cluster" if execution.scheduler == "dask" else ""
+    return f"{n} walks over rows read once{again}"
+
+
 def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], settings: _Settings, reason: str | None,
                      start: float, log: Callable[[str], None], shared: SharedRows, runs: Sequence[Run]) -> Learned:
     """One walk per order over the rows read once (``reason``: why ridge cannot sum per class; None for a head
     other than ridge, whose state follows its rows' stream order and is walked per order by definition; ``runs``:
     the orders' prepared runs, whose notes are said once)."""
     if reason is not None:
-        log(f"running one walk per class order ({len(seeds)} walks over rows read once): {reason}")
+        log(f"running one walk per class order ({walks_text(len(seeds), settings.execution)}): {reason}")
     log = warn_dropped_once(seeds, runs, settings.stream, log)
     with atomic_dir(out) as tmp:
         results = []
@@ -362,7 +369,7 @@ def run_sweep_orders(
     if sweep.fusions:
         raise FoalPipeError(f"{param('fusions')} compares fusions on one class order; leave out {param('seeds')}, or pass "
                             f"{param('fusion', 'X')} with {param('seeds')}")
-    check_output_dir(out)
+    check_output_dir(out, inputs=[features])
     check_orders(stream, seeds)
     out = Path(out)
     with atomic_dir(out) as tmp:
@@ -381,7 +388,7 @@ def run_sweep_orders(
                 reports = _sweep_one_pass(runs, seeds, sweep, stream, execution, log, shared)
             one_pass = bool(reports)
             if not one_pass:
-                log(f"running one walk per class order ({len(seeds)} walks over rows read once): "
+                log(f"running one walk per class order ({walks_text(len(seeds), execution)}): "
                     f"{reason or 'the per-class statistics exceed --max-memory'}")
                 rest = warn_dropped_once(seeds, runs, stream, log)
                 for s in seeds:

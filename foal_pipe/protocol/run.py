@@ -173,10 +173,13 @@ def check_settings(model: ModelConfig, execution: ExecutionConfig, fusions: Sequ
         raise FoalPipeError(f"unknown scheduler {execution.scheduler!r}; choose {' or '.join(SCHEDULERS)}")
     if fusions and model.fusion is not None:
         raise FoalPipeError(f"pass {param('fusion')} (one fusion) or {param('fusions')} (several, one walk), not both")
-    option = param("fusions" if fusions else "fusion")
-    if (fusions or model.fusion is not None) and execution.scheduler == "dask":
-        raise FoalPipeError(f"{option} reads the stored blocks in this process; Dask workers read the stored features, "
-                            f"so use {param('scheduler', 'local')} with {option}")
+    if fusions and execution.scheduler == "dask":
+        raise FoalPipeError(f"{param('fusions')} reads the stored blocks in this process; Dask workers read the stored "
+                            f"features, so use {param('scheduler', 'local')} with {param('fusions')}")
+    if model.fusion is not None and execution.scheduler == "dask":  # typed, or the fusion of an --init-model
+        raise FoalPipeError(f"read-time fusion {model.fusion!r} ({param('fusion')}, or the {param('init_model')}'s) reads "
+                            "the stored blocks in this process; Dask workers read the stored features, so use "
+                            f"{param('scheduler', 'local')} with {param('fusion')} or with a model learned with one")
     if model.engine == "rls" and execution.scheduler == "dask":
         raise FoalPipeError(f"{param('engine', 'rls')} is sequential and runs in one process; use {param('engine', 'gram')} "
                             f"with {param('scheduler', 'dask')}")
@@ -241,6 +244,8 @@ def memory_fix(command: str, run: Run, ridge: bool = True, heads: Sequence[str] 
         ways.append(f"a shorter {param('gamma_grid')}")
     if run.evaluation.eval_every is not None and command != "table":
         ways.append(f"a larger {param('eval_every')}")
+    if run.execution.scheduler == "dask":  # every task's D x D sums come back at once (dask_parts)
+        ways.append(f"fewer {param('tasks')}, {param('scheduler', 'local')}")
     return ", ".join(ways) + ", or free memory"
 
 
@@ -407,6 +412,28 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
         cached = rows_cache_bytes(run, split)
         if in_memory(cached, run.execution.max_memory):
             parts[f"decoded {split} rows{per_lane}"] = cached
+    if run.execution.scheduler == "dask":
+        parts.update(dask_parts(run))
+    return parts
+
+
+def dask_parts(run: Run) -> dict[str, int]:
+    """What ``--scheduler dask``'s Gram pass adds (:func:`~foal_pipe.protocol.distributed.gram_pass_bytes`): every
+    task's statistics received here at once and, on a LocalCluster (this machine's memory), the workers' partial sums
+    (each up to every task's statistics), interpreters and blocks; an external cluster's workers have their own."""
+    from foal_pipe.cluster import is_local
+    from foal_pipe.protocol.distributed import gram_pass_bytes
+
+    D, item, n_classes, tasks = run.dim, np.dtype(run.model.dtype).itemsize, len(run.store.classes), run.stream.n_tasks
+    features = run.store.train.features
+    partial = tasks * (D * D * item + D * n_classes * item + 2 * n_classes * 8)
+    local = is_local(run.execution.dask_address)
+    workers = run.execution.workers if local else 1
+    client, cluster = gram_pass_bytes(int(features.shape[0]), int(features.shape[1]), features.dtype.itemsize,
+                                      int(features.chunks[0]), partial, workers, run.block_rows, D * 16)
+    parts = {f"the {tasks} tasks' statistics received from Dask": client}
+    if local:
+        parts[f"the Dask workers' partial sums ({workers} worker{'s' * (workers > 1)})"] = cluster
     return parts
 
 

@@ -235,7 +235,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
     start = time.perf_counter()
     out = Path(out)
     check_table(config, features, settings, explicit)
-    check_output_dir(out)
+    check_output_dir(out, inputs=features)
     config = check_stores(config, [Path(p) for p in features], settings)
     kept = _Kept(out)
     runs, resumed = [], 0

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import is_feature_store
+from foal_pipe.io import TEMPORARY, is_feature_store
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
 from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
@@ -244,23 +244,25 @@ class RunSummary:
 
 
 def find_tables(paths: Iterable[str | Path]) -> list[Path]:
-    """The ``table.json`` files of ``foal-pipe table`` under each path (a file, or a directory searched recursively):
-    a table holds its runs itself, not as run directories."""
+    """The ``table.json`` files of ``foal-pipe table`` under each path (a file, or a directory searched recursively,
+    temporaries left out as :func:`find_runs` leaves them): a table holds its runs itself, not as run directories."""
     return [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
-            if t.name == "table.json"]
+            if t.name == "table.json" and not any(TEMPORARY.fullmatch(part) for part in t.relative_to(p).parts)]
 
 
 def find_runs(
     paths: Iterable[str | Path], on_error: Callable[[str], None] | None = None
 ) -> list[RunSummary]:
     """Runs and sweeps under each path: a ``metrics.json``/``sweep.json`` file, or a directory searched
-    recursively. Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with
-    ``on_error``, is reported to it and skipped."""
+    recursively, where the temporaries of runs under way or killed (:data:`~foal_pipe.io.TEMPORARY`) are not runs.
+    Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with ``on_error``, is reported to it
+    and skipped."""
     found: dict[Path, RunSummary] = {}
     for p in map(Path, paths):
         if not p.exists():
             raise FoalPipeError(f"{p} does not exist; give run directories or metrics.json/sweep.json files")
-        files = [p] if p.is_file() else sorted([*p.rglob(METRICS_FILE), *p.rglob(SWEEP_FILE)])
+        files = [p] if p.is_file() else sorted(f for f in [*p.rglob(METRICS_FILE), *p.rglob(SWEEP_FILE)]
+                                               if not any(TEMPORARY.fullmatch(part) for part in f.relative_to(p).parts))
         for f in files:
             if f.name not in (METRICS_FILE, SWEEP_FILE):
                 raise FoalPipeError(f"{f} is neither a {METRICS_FILE} nor a {SWEEP_FILE}")
