@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import build_store, invoke
+from helpers import build_store, invoke, unseal_to_format_3
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import WriteError, atomic_dir
 from foal_pipe.store import (
     StoreMeta,
     complete_store,
-    compute_generation,
     create_array,
     open_store,
     verify_store,
@@ -131,14 +130,7 @@ def test_info_does_not_call_a_store_without_checksums_intact(tmp_path):
 
 # -- F5: a format-3 store with a generation id ----------------------------------------------------------------------
 def _format_3(path: Path) -> Path:
-    store = write_store(path, _rows(64, 0), _rows(32, 1), CLASSES, chunk_rows=16)
-    group = zarr.open_group(str(store), mode="r+")
-    for name in ("train/features", "train/labels", "test/features", "test/labels"):
-        group[name].update_attributes({"chunk_files": None})
-    attrs = {k: v for k, v in dict(group.attrs).items() if k != "generation"} | {"format_version": 3}
-    group.attrs.put(attrs)
-    group.attrs.put(attrs | {"generation": compute_generation(store)})
-    return store
+    return unseal_to_format_3(write_store(path, _rows(64, 0), _rows(32, 1), CLASSES, chunk_rows=16))
 
 
 def test_a_chunk_replaced_after_opening_a_format_3_store_is_noticed(tmp_path):
