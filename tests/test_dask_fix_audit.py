@@ -95,6 +95,16 @@ def test_a_damaged_chunk_is_named_by_split_and_rows_on_dask(store, tmp_path, thr
     assert "chunk file" not in dask.output
 
 
+def test_a_damaged_chunk_on_dask_is_named_under_the_store_path_as_given(store, tmp_path, threads_cluster, monkeypatch):
+    """The workers read the store by its resolved path; the message names it as the user typed it, as locally."""
+    _damaged(store, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ("--features", "damaged.zarr", "--tasks", 3, "--projection-dim", 32, "--backend", "numpy", "--out", "out")
+    dask = invoke("learn", *args, "--scheduler", "dask", "--dask-address", threads_cluster.scheduler_address)
+    assert_clean_error(dask, "damaged.zarr: train/features chunk at rows 200-299 is damaged", tmp_path / "out")
+    assert str(tmp_path) not in dask.output
+
+
 def test_a_chunk_file_a_worker_could_not_read_is_named_by_rows():
     """Where the chunk reads here after all (replaced in between), the worker's key is turned into rows."""
     from foal_pipe.protocol.distributed import chunk_file_error

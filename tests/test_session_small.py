@@ -5,6 +5,7 @@ pipeline's settings stage advised ``--gamma 1`` for a table of dual without ridg
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -74,3 +75,31 @@ def test_summary_does_not_name_a_killed_tables_temporary(tmp_path):
     result = invoke("summary", tmp_path / "runs")
     assert result.exit_code == 0, result.output
     assert "results table" not in result.output and ".tmp-" not in result.output
+
+
+def test_evaluate_refuses_an_out_that_holds_the_run(tmp_path):
+    """evaluate --out at the run's folder (or above it) was accepted, and the run's folder was swapped with its
+    metrics.json inside (a kill at the swap leaves it in the temporary); RUN/eval, the default, is fine."""
+    rng = np.random.default_rng(3)
+    store = _store(tmp_path / "s.zarr", ["cat", "dog", "emu"], 8, rng)
+    run = tmp_path / "runs" / "r"
+    assert invoke("learn", "--features", store, "--out", run, "--head", "ncm", "--tasks", 1).exit_code == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for out in (run, tmp_path / "runs"):
+        result = invoke("evaluate", "--run", run, "--out", out, "--no-plots")
+        assert result.exit_code == 1 and "holds an input of this command" in result.output, result.output
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert invoke("evaluate", "--run", run, "--no-plots").exit_code == 0 and (run / "eval" / "summary.md").exists()
+
+
+def test_extract_refuses_a_store_name_its_sibling_names_would_take_too_long(tmp_path):
+    """A 245-byte store name (legal) wrote a store skeleton, then failed on its log's temporary name, and every resume
+    failed the same way; refused now before anything is made, and the longest name allowed still extracts."""
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    too_long = tmp_path / "a" / ("s" * (limit - 15) + ".zarr")
+    result = invoke("extract", "--dataset", "digits", "--model", "pixels", "--out", too_long)
+    assert result.exit_code == 1 and "is too long" in result.output and "\n" not in result.output.strip(), result.output
+    assert not (tmp_path / "a").exists()
+    longest = tmp_path / "b" / ("s" * (limit - 22 - 5) + ".zarr")
+    result = invoke("extract", "--dataset", "digits", "--model", "pixels", "--out", longest)
+    assert result.exit_code == 0, result.output

@@ -357,6 +357,22 @@ def prepare_store(spec: ExtractSpec, overwrite: bool = False,
     return inputs, state
 
 
+#: The most bytes that extract's names beside a store add to its name: its log's temporary ``.NAME.log.json.tmp-PID``
+#: (a 7-digit PID); ``.NAME.replacing``, ``.NAME.creating``, ``.NAME.old-PID`` and ``NAME.lock`` add fewer.
+SIBLING_EXTRA = len("..log.json.tmp-") + 7
+
+
+def check_name_length(out: Path) -> None:
+    """Refuse, before any work, a store name that its sibling names would take past the filesystem's limit: the
+    store would be left half-made, and a resumed run fail the same way."""
+    where = next(parent for parent in out.absolute().parents if parent.is_dir())
+    limit = os.pathconf(where, "PC_NAME_MAX")
+    if len(os.fsencode(out.name)) + SIBLING_EXTRA > limit:
+        raise FoalPipeError(f"store name {out.name[:40]}... is too long: the names extract keeps beside it add up to "
+                            f"{SIBLING_EXTRA} bytes to it, past this filesystem's {limit}; choose a name of at most "
+                            f"{limit - SIBLING_EXTRA} bytes")
+
+
 @contextmanager
 def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, Any] | None = None,
                before_load: Callable[[Inputs, dict[str, int]], None] | None = None,
@@ -372,6 +388,7 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
     if outer is not None:
         raise FoalPipeError(f"{param('out')} {spec.out_path} lies in the feature store {outer}, which a store inside "
                             f"would damage (its metadata would no longer match); choose an {param('out')} outside it")
+    check_name_length(spec.out_path)
     with writer_lock(spec.out_path):
         for folder in (spec.out_path, staging_path(spec.out_path)):
             if folder.is_dir() and is_zarr_dir(folder):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -157,13 +158,15 @@ def dask_statistics(
     projection: Any,
     step: int,
     advance: Callable[[int], None] = lambda n: None,
+    shown: str | Path | None = None,
 ) -> list[RidgeStatistics]:
     """The :class:`RidgeStatistics` of each group of train rows (``groups``: every row's group, -1 for none),
     computed on the cluster in one pass over the store.
 
     ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
     :class:`~foal_pipe.core.expansion.Expansion` (or its future, scattered once by the caller), ``step`` the rows projected at
-    once; ``advance(n)`` reports rows done. A damaged chunk is named, a lost cluster is one line.
+    once; ``advance(n)`` reports rows done. A damaged chunk is named (under ``shown``, the store as the user named
+    it: ``path`` is resolved for the workers), a lost cluster is one line.
     """
     require_distributed()
     import dask
@@ -203,10 +206,11 @@ def dask_statistics(
         raise cluster_failure(exc) from None
     except Exception as exc:  # a chunk a worker could not read or decode (zarr raises many types): name it from here
         suspects = failed or [key for key in span_of if key in size_of]  # the failed block, else every unfinished one
+        named = train if shown is None else open_store(shown).train
         for key in suspects:
-            train.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
+            named.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
         if isinstance(exc, (MissingChunk, BadChunkFile)):  # a chunk that reads here: name it from the worker's error
-            raise chunk_file_error(train, exc) from None
+            raise chunk_file_error(named, exc) from None
         raise
     expected = np.bincount(groups[groups >= 0], minlength=n_groups)
     got = np.array([0 if t is None else t.n for t in totals])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foal_pipe.io import atomic_dir, write_json
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.protocol.schema import METRICS_FILE
 from foal_pipe.report.classes import class_results
 from foal_pipe.report.discovery import load_run
 from foal_pipe.report.markdown import summary_markdown
@@ -82,6 +83,7 @@ def evaluate(
     """
     run = load_run(run_dir, sweep=sweep, model=model)
     out = Path(out) if out is not None else run.path / DEFAULT_OUT
+    check_output_dir(out, inputs=[run.path / METRICS_FILE, run.sweep_path, run.model_path])
     ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
     run.metrics = as_recomputed(run.metrics)  # the warnings name what metrics.json records; the files show the matrix's
     if run.sweep_mismatch is not None:

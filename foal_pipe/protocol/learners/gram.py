@@ -353,4 +353,4 @@ def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
         except lost_or_unreachable() as exc:  # the cluster lost as the run starts
             raise cluster_failure(exc) from None
         return dask_statistics(client, path, run.row_task, run.stream.n_tasks, run.store.train.labels, projection,
-                               run.block_rows, advance)
+                               run.block_rows, advance, shown=run.store.path)
