@@ -26,6 +26,11 @@ def param(name: str, value: Any = NO_VALUE) -> str:
     return f"{_START}{name}{_VALUE}{json.dumps(value)}{_END}"
 
 
+def clipped(text: str, limit: int = 60) -> str:
+    """``text`` for a one-line message: at most ``limit`` characters, the last three an ellipsis where it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def python_form(name: str, value: Any = NO_VALUE) -> str:
     """How a Python caller passes ``name``: ``gamma``, ``gamma=1``, ``dtype='float64'``."""
     return name if value is NO_VALUE else f"{name}={value!r}"

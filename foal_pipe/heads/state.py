@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, clipped
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, make_head
 from foal_pipe.heads.base import HeadBase, Scorer
 from foal_pipe.heads.moments import on_device
@@ -99,8 +99,7 @@ def options_problem(name: str, options: Mapping[str, Any]) -> str | None:
     for key, value in options.items():  # None: the head's default
         held = getattr(head, key)
         if value is not None and (type(value) is not type(held) or value != held):
-            text = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            return (f"holds {key}={text} ({type(value).__name__}), but the {name} head takes it as {held!r} "
+            return (f"holds {key}={clipped(repr(value), 40)} ({type(value).__name__}), but the {name} head takes it as {held!r} "
                     f"({type(held).__name__})")
     return None
 

@@ -36,7 +36,7 @@ import numpy as np
 from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
-from foal_pipe.errors import FoalPipeError, InputTypeError, param
+from foal_pipe.errors import FoalPipeError, InputTypeError, clipped, param
 from foal_pipe.io import METRICS_FILE, atomic_path, enclosing_store, is_feature_store
 from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_checksum, is_checksum
 
@@ -98,8 +98,7 @@ def _is_number(v: Any) -> bool:
 
 def shown(value: Any) -> str:
     """A value's repr for a one-line message, cut at 60 characters with an ellipsis (not mid-quote, unmarked)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clipped(repr(value))
 
 
 def _names(values: Any, n_columns: int) -> str | None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, clipped
 
 LEARN_FIX = "re-run `foal-pipe learn --out DIR` (or `dvc repro`) to write it"
 
@@ -19,8 +19,7 @@ class _Invalid(Exception):
 
 def shown(value: Any) -> str:
     """A value as JSON, cut to 40 characters."""
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clipped(json.dumps(value, default=str), 40)
 
 
 def is_number(value: Any) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import TEMPORARY, is_feature_store
-from foal_pipe.model.modelfile import MODEL_FILE
+from foal_pipe.model.modelfile import MODEL_FILE, shown
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
 from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
 
@@ -82,8 +82,8 @@ def load_run(
         found += differ + _other_store(run.sweep, run.metrics)  # the path last: the data and settings say more
         if found:
             what, theirs, ours = found[0]
-            problem = (f"{run.sweep_path} swept other {kind} than run {run_dir}: its {what} is {_short(theirs)} but "
-                       f"the run's metrics.json has {_short(ours)}")
+            problem = (f"{run.sweep_path} swept other {kind} than run {run_dir}: its {what} is {shown(theirs)} but "
+                       f"the run's metrics.json has {shown(ours)}")
             if sweep is not None:
                 raise FoalPipeError(f"{param('sweep')} {problem}; pass a sweep of the run's store and settings")
             run.sweep, run.sweep_path, run.sweep_mismatch = None, None, problem
@@ -155,8 +155,8 @@ def check_run_model(run: Run, path: Path) -> None:
             found.append(("projection dimension D", rows, m.projection_dim))
     if found:
         what, theirs, ours = found[0]
-        raise FoalPipeError(f"{param('model')} {path} is not the model of run {run.path}: its {what} is {_short(theirs)} "
-                            f"but the run's metrics.json has {_short(ours)}; pass the run's own model (or leave out "
+        raise FoalPipeError(f"{param('model')} {path} is not the model of run {run.path}: its {what} is {shown(theirs)} "
+                            f"but the run's metrics.json has {shown(ours)}; pass the run's own model (or leave out "
                             f"{param('model')})")
 
 
@@ -209,12 +209,6 @@ def _setting(record: Any, key: str) -> Any:
         return seeds if seeds is not None or record.order_seed is None else [record.order_seed]
     value = getattr(record, key)
     return "disjoint" if key == "stream" and value is None else value
-
-
-def _short(value: Any) -> str:
-    """A recorded value for a one-line message: its repr, cut at 60 characters with an ellipsis."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass

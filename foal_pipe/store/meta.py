@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import zarr
 
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, clipped, param
 from foal_pipe.io import STORE_FORMAT
 from foal_pipe.io import UNLABELLED as UNLABELLED
 from foal_pipe.store.blockfusion import FinalNorm
@@ -52,8 +52,7 @@ def _versions() -> str:
 
 
 def shown(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clipped(json.dumps(value, default=str), 40)
 
 
 @dataclass(frozen=True)
