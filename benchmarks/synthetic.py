@@ -16,7 +16,7 @@ def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: i
                n_classes: int = N_CLASSES, dim: int = DIM, dtype: str = "float32") -> Path:
     """Gaussian class clusters (unit-variance means, ``noise`` std) in a complete feature store, rows in a random
     class order (every chunk holds rows of every class), completed by :func:`~foal_pipe.store.complete_store`
-    (which writes the chunk records and the generation id of format 4)."""
+    (which writes the chunk records and the generation id): a store of the current format, ``FORMAT_VERSION``."""
     rng = np.random.default_rng(seed)
     means = rng.normal(0, 1, size=(n_classes, dim)).astype(np.float32)
     group = zarr.open_group(str(path), mode="w")

@@ -64,10 +64,19 @@ class InputTypeError(FoalPipeError, TypeError):
 
 def as_user_error(exc: ValueError | TypeError) -> FoalPipeError:
     """``exc`` (a library's error about an input, e.g. scikit-learn's validation) as a one-line
-    :class:`FoalPipeError` -- an :class:`InputTypeError` for a ``TypeError`` -- with the same words."""
+    :class:`FoalPipeError` -- an :class:`InputTypeError` for a ``TypeError`` -- with the same meaning: a quoted input
+    (the whole of a 1-D X) or scikit-learn's paragraph of advice shortened to the fix, the line clipped to 300."""
     if isinstance(exc, FoalPipeError):
         return exc
     message = " ".join(str(exc).split()) or type(exc).__name__
+    for pattern, replacement in (
+        (r"array=.*?\. (Reshape your data)", r"\1"),  # a 1-D or scalar X, printed whole
+        (r"^(Complex data not supported).*", r"\1 (X holds complex numbers); pass real-valued features"),
+        (r"^(Input .*contains NaN)\. (\S+) does not accept missing values encoded as NaN natively\..*",
+         r"\1, which \2 does not accept; drop the rows with missing values or impute them first"),
+    ):
+        message = re.sub(pattern, replacement, message)
+    message = clipped(message, 300)
     return InputTypeError(message) if isinstance(exc, TypeError) else FoalPipeError(message)
 
 

@@ -129,7 +129,8 @@ def test_projection_matches_numpy(backend, activation, dim):
 @pytest.mark.parametrize("backend", ["numpy", *BACKENDS])
 def test_not_positive_definite_is_the_same_error_everywhere(backend):
     xp = get_namespace(backend)
-    G = -2.0 * xp.eye(3, dtype=xp.float64, device=default_device(xp))  # G + I = -I: no ridge solution exists
+    # eigenvalues 4, 1 and -2 (a positive diagonal, as the statistics' checks ask): G + I is indefinite, no ridge solution
+    G = xp.asarray([[1.0, 3.0, 0.0], [3.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=xp.float64, device=default_device(xp))
     stats = RidgeStatistics(G, xp.zeros((3, 1), dtype=xp.float64, device=default_device(xp)), np.array([0]), 3)
     with pytest.raises(FoalPipeError, match="not positive definite at this gamma"):
         stats.solve(1.0)

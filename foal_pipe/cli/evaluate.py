@@ -87,8 +87,10 @@ def summary(
     group: Annotated[
         str | None,
         typer.Option(help="Group the learn runs into table cells by these keys (comma-separated: head, tasks, dataset, "
-                     "encoder, stream, D, gamma), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; "
-                     "e.g. head,tasks over runs of several class orders. Default: one row per run.",
+                     "encoder, stream, D, gamma, fusion, activation, init, seed, select, options, ratios, mask, dtype, "
+                     "store), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
+                     "runs of several class orders; a cell whose runs differ in a setting not grouped by is named in "
+                     "a warning. Default: one row per run.",
                      show_default=False),
     ] = None,
 ) -> None:
@@ -105,7 +107,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
     from foal_pipe.errors import FoalPipeError, param
     from foal_pipe.report import find_runs
-    from foal_pipe.report.grouping import METRICS, group_cells, parse_group
+    from foal_pipe.report.grouping import METRICS, group_cells, mixed_warning, parse_group
     from foal_pipe.report.readers import as_recomputed
 
     keys = parse_group(group)
@@ -116,6 +118,8 @@ def grouped_table(paths: list[Path], group: str) -> Table:
         raise FoalPipeError(f"no learn run (metrics.json) under {', '.join(map(str, paths))}, only sweeps: {param('group')} "
                             "groups learn runs; leave it out to list the sweeps")
     cells = group_cells(runs, keys)
+    for warning in filter(None, (mixed_warning(c, keys) for c in cells)):
+        err_console.print(f"[bold yellow]Warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     table = Table(title=f"F-OAL runs by {', '.join(keys)} (mean +- std over the runs of a cell, ddof 0; in %)",
                   title_justify="left", box=box.SIMPLE_HEAD)
     for k in (*keys, "runs", *METRICS):
@@ -142,7 +146,9 @@ def summary_table(paths: list[Path]) -> Table:
     The paper column appears when a run's dataset is in the paper's Table 2; runs that are not
     comparable say how many settings differ (``foal-pipe evaluate`` writes which ones to summary.md).
     """
+    from foal_pipe.heads import HEADS
     from foal_pipe.report import consistency_warnings, find_runs, gamma_text, pct, result_at, select
+    from foal_pipe.report.grouping import fusion_of, sweep_fusion
     from foal_pipe.report.paper import match_paper
     from foal_pipe.report.readers import as_recomputed
 
@@ -162,12 +168,23 @@ def summary_table(paths: list[Path]) -> Table:
     def number(value, fmt: str) -> str:
         return "?" if value is None else format(value, fmt)
 
-    def label(path: Path, run) -> str:
+    def label(path: Path, run, fusion: str | None) -> str:
         dataset = "?" if run.dataset is None else run.dataset
         head = f" · head {run.head}" if getattr(run, "head", None) else ""
         head += f" · {len(run.orders)} class orders" if len(getattr(run, "orders", None) or ()) > 1 else ""
-        encoder = (run.encoder or {}).get("name", "?")
+        encoder = (run.encoder or {}).get("name", "?") + ("" if fusion is None else f" · {fusion}")
         return escape(str(path)) + "\n[dim]" + escape(f"{dataset} · {encoder}{head}") + "[/]"
+
+    def head_width(name: str, head, s) -> str:
+        """D of a sweep's head: 0 on the store's features (as `learn --head ncm` records), else the projection's."""
+        rows = head.rows or (HEADS[name].space if name in HEADS else None)  # older files: the registry's space
+        return "0" if rows == "features" else number(s.projection_dim, "d")
+
+    def head_gamma(options: dict) -> str:
+        """A sweep head's gamma; with ``--order-seeds`` ridge's options hold one per order (``gammas``): that one
+        where they agree."""
+        gammas = options.get("gammas") or ([] if options.get("gamma") is None else [options["gamma"]])
+        return "-" if not gammas else format(gammas[0], "g") if len(set(gammas)) == 1 else "per order"
 
     def spread(m, key: str, orders: list | None) -> str:
         """A learn or sweep --order-seeds record's mean over its ``orders``, with their std (ddof 0)."""
@@ -184,8 +201,9 @@ def summary_table(paths: list[Path]) -> Table:
     for entry in found:
         if entry.metrics is not None:
             m, match = as_recomputed(entry.metrics), matches[entry.path]
-            row = [label(entry.path, m), str(len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks),
-                   m.stream or "disjoint", number(m.projection_dim, "d"), gamma_cell(m), spread(m, "A_avg", m.orders),
+            tasks = len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks
+            row = [label(entry.path, m, fusion_of(m.encoder)), str(tasks), m.stream or "disjoint",
+                   number(m.projection_dim, "d"), gamma_cell(m), spread(m, "A_avg", m.orders),
                    spread(m, "A_last", m.orders), spread(m, "F", m.orders),
                    "-" if m.A_auc is None else spread(m, "A_auc", m.orders)]
             if with_paper:
@@ -206,14 +224,15 @@ def summary_table(paths: list[Path]) -> Table:
             best = result_at(s, choice.gamma)
             tasks = s.n_tasks if s.n_tasks is not None else "?" if s.tasks is None else len(s.tasks)
             stream = s.stream or "disjoint"
-            row = [label(entry.path, s), str(tasks), stream, number(s.projection_dim, "d"), f"{best.gamma:g}*",
+            fusion = sweep_fusion(s)
+            chosen = fusion if fusion is None or not s.fusions else f"{fusion} (chosen of {len(s.fusions)} fusions)"
+            row = [label(entry.path, s, chosen), str(tasks), stream, number(s.projection_dim, "d"), f"{best.gamma:g}*",
                    *(spread(best, key, s.orders) for key in ("A_avg", "A_last", "F")), "-"]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
             for name, head in (s.heads or {}).items():  # sweep --heads: every head, ridge at the sweep's choice
-                gamma = head.options.get("gamma")
-                table.add_row(escape(str(entry.path)) + f"\n[dim]· head {escape(name)}[/]", str(tasks), stream,
-                              number(s.projection_dim, "d"),
-                              "-" if gamma is None else format(gamma, "g"),
+                on = "" if fusion is None else f" · {fusion}"  # --fusions: the chosen fusion's heads
+                table.add_row(escape(str(entry.path)) + f"\n[dim]· head {escape(name + on)}[/]", str(tasks), stream,
+                              head_width(name, head, s), head_gamma(head.options),
                               *(spread(head, key, s.orders) for key in ("A_avg", "A_last", "F")), "-",
                               *([""] if with_paper else []), "")
     notes = [f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"] if sweeps else []

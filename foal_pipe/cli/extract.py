@@ -282,7 +282,11 @@ def _grid(size: Any) -> str:
 
 
 def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
-    table.add_row("encoder", escape(str(enc.get("name"))))
+    from foal_pipe.encoders import format_model_kwargs
+
+    kwargs = enc.get("model_kwargs")  # timm.create_model's arguments: another network than the name says
+    shaped = f" with --model-kwargs {format_model_kwargs(tuple(kwargs.items()))}" if isinstance(kwargs, dict) and kwargs else ""
+    table.add_row("encoder", escape(f"{enc.get('name')}{shaped}"))
     details = [f"{key} {enc[key]}" for key in ("fusion", "token") if key in enc]
     if "image_size" in enc:
         details.append(f"{enc['image_size']} px")
@@ -307,7 +311,7 @@ def _encoder_rows(table: Table, enc: dict[str, Any]) -> None:
 
 @app.command()
 def info(
-    store: Annotated[Path, typer.Argument(help="A feature store (.zarr directory).", show_default=False)],
+    store: Annotated[Path, typer.Argument(help="A feature store (.zarr directory).", show_default=False, metavar="STORE")],
     as_json: Annotated[bool, flag("--json", help="Print everything as JSON instead of a table. "
                        "Default: off.")] = False,
     verify: Annotated[bool, flag("--verify", help="Read every chunk: report damaged chunks (checksum "
@@ -328,6 +332,8 @@ def info(
     with user_errors():
         if export_manifest is not None:
             _export_manifest(store, export_manifest)
+            err_console.print(f"wrote {export_manifest}: the split manifest of {store}", highlight=False, markup=False,
+                              soft_wrap=True)  # stderr: stdout is the table or the JSON
         summary = store_summary(store, verify)
         problems = summary["problems"]
         if as_json:
@@ -440,12 +446,13 @@ def _print_table(summary: dict[str, Any]) -> None:
         table.add_row("runtime", escape(", ".join(f"{k} {v}" for k, v in runtime.items() if v is not None)))
     table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
     found = summary["problems"]
+    problems = f"[red]{len(found)} problem{'s' * (len(found) != 1)}[/]"
     if "chunks_read" in summary:
         fine = "all intact" if summary["checksums"] else "all decoded (no checksums: damage may go unnoticed)"
         table.add_row("verified", f"{summary['chunks_read']:,} chunks read, "
-                      + (f"[red]{len(found)} problems[/]" if found else fine))
+                      + (problems if found else fine))
     elif found:
-        table.add_row("damaged", f"[red]{len(found)} problems[/] (chunk files listed; --verify reads them all)")
+        table.add_row("damaged", f"{problems} (chunk files listed; --verify reads them all)")
     for problem in found:
         table.add_row("", f"[red]{escape(problem)}[/]")
     print_table(table)

@@ -303,7 +303,9 @@ def predict(
 
     --features: columns row, predicted_class (label id), predicted_name, score (the winning class's score),
     true_class (the label id the store holds), true_name; accuracy goes to stderr. --images: columns path,
-    predicted_class, predicted_name, score (and top{i}_name, top{i}_score for i = 2..K with --top-k K).
+    predicted_class, predicted_name, score (and top{i}_name, top{i}_score for i = 2..K with --top-k K). The score
+    is the model's head's: act(x P) W[:, k] for ridge, minus the squared distance for ncm and fecam, the LDA
+    discriminant for slda, the cosine for cosine (docs/cli.md lists each).
     """
     from foal_pipe.io import atomic_path, check_not_an_input, check_output_file
     from foal_pipe.model.predict import predict_image_files, predict_split

@@ -57,9 +57,11 @@ TableLooSample = Annotated[
 ]
 TableActivation = Annotated[
     choice(*ACTIVATIONS) | None,
-    typer.Option(help=f"Activation after the projection of {PROJECTED}: sigmoid (the paper), relu, identity, or cos "
-                 "(random Fourier features, whose bias ridge's model file does not hold: not with ridge). Default: "
-                 "sigmoid, or identity with --projection-dim 0."),
+    typer.Option(help=f"Activation after the projection, for the heads on its activations ({', '.join(BY_SPACE['activations'])}"
+                 f"; {', '.join(BY_SPACE['projected'])} on the projected rows ignore{'s' * (len(BY_SPACE['projected']) == 1)} "
+                 "it): sigmoid (the paper), relu, identity, or cos (random Fourier features, whose bias "
+                 "ridge's model file does not hold: not with ridge). Default: sigmoid, or identity with "
+                 "--projection-dim 0."),
 ]
 #: The options a user typed that the checks take (defaults are not "asked for"; the head options given are asked for
 #: by being given): the model's, as headruns.check_head_options takes them, and --seed.
@@ -108,8 +110,9 @@ def table(
     """Run every store x head x task count x class order and write the table as one unit: OUT/table.json (each run
     and each cell's mean, std and values over the orders), table.md, table.csv, table.tex (booktabs) and table.png.
 
-    Each run equals the separate `learn --head H --order-seed S --tasks T` with the same options; each store is read
-    once for all its runs. A killed table keeps its finished runs beside OUT and the same command resumes them.
+    Each run equals the separate `learn --head H --order-seed S --tasks T` with the same options, except that ncm,
+    slda, fecam and cosine stay on the store's features whatever --projection-dim (as `sweep --heads`); each store
+    is read once for all its runs. A killed table keeps its finished runs beside OUT and the same command resumes them.
     """
     from foal_pipe.cli.learn import LEARN_ONLY_WITH, _check_applies, _typed
     from foal_pipe.protocol.capabilities import Settings

@@ -44,6 +44,17 @@ def _check_components(n_components: Any) -> int:
     return number
 
 
+def _generator(random_state: Any) -> np.random.Generator:
+    """NumPy's generator of ``random_state`` (an int >= 0, a Generator or None), refused in one line otherwise."""
+    try:
+        if isinstance(random_state, (bool, np.bool_, float, np.floating)):
+            raise TypeError
+        return np.random.default_rng(random_state)
+    except (TypeError, ValueError):
+        raise FoalPipeError(f"random_state must be a whole number >= 0, a numpy Generator or None, got "
+                            f"{random_state!r:.40}; pass e.g. {param('random_state', 0)}") from None
+
+
 @dataclass(frozen=True, eq=False)
 class Expansion:
     """A fixed d x D matrix ``components_`` and an activation; ``transform`` gives ``activation(X @ P)`` in the
@@ -72,7 +83,7 @@ class Expansion:
                 raise FoalPipeError(f"activation {activation!r} is random Fourier features of a projection; pass a "
                                     "projection dimension above 0 (e.g. 5000)")
             return cls(np.asarray(np.eye(n_features), dtype=dtype), activation, is_identity=True)
-        rng = np.random.default_rng(random_state)
+        rng = _generator(random_state)
         bound = 1.0 / np.sqrt(n_features)
         shape = (n_features, n_components)
         if init == "uniform":

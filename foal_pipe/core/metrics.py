@@ -4,16 +4,47 @@ from __future__ import annotations
 
 import numpy as np
 
+from foal_pipe.errors import FoalPipeError
+
+
+def _triangle(acc: np.ndarray | list[list[float]]) -> list[list[float]]:
+    """The lower triangle of ``acc``, checked, so a malformed matrix is refused rather than summarised wrongly:
+    at least one row; row i holds i+1 entries (ragged) or every row T (square; entries above the diagonal are
+    ignored); each a finite fraction in [0, 1]."""
+    sequence = (list, tuple, np.ndarray)
+    if not isinstance(acc, sequence) or len(acc) == 0 or not all(isinstance(row, sequence) for row in acc):
+        raise FoalPipeError("the accuracy matrix is not a non-empty list of rows: pass a[i][j] (task j after training "
+                            "task i), row i a list of i+1 fractions")
+    T = len(acc)
+    square = all(len(row) == T for row in acc)
+    rows = []
+    for i, row in enumerate(acc):
+        if not square and len(row) != i + 1:
+            raise FoalPipeError(f"row {i} of the accuracy matrix has {len(row)} entries, not {i + 1}: pass a lower-triangular "
+                                f"matrix (row i holds a[i][j] for tasks j <= i) or a {T} x {T} one")
+        try:
+            values = np.asarray(row[: i + 1], dtype=np.float64)
+        except (TypeError, ValueError):
+            values = np.empty((0, 0))
+        if values.ndim != 1:
+            raise FoalPipeError(f"row {i} of the accuracy matrix is not all numbers: pass accuracies as fractions in [0, 1]")
+        bad = values[~((values >= 0) & (values <= 1))]
+        if bad.size:
+            raise FoalPipeError(f"row {i} of the accuracy matrix holds {bad[0]:g}, not a fraction in [0, 1]: pass accuracies "
+                                "as fractions (not percent), each finite")
+        rows.append(values.tolist())
+    return rows
+
 
 def summarize(acc: np.ndarray | list[list[float]]) -> dict[str, float | list[float]]:
     """A_i per step, A_avg, A_last and forgetting from ``a[i][j]`` (task j after training task i).
 
-    ``acc`` is a T x T lower-triangular matrix (ragged lists are accepted; entries above the diagonal
-    are ignored). F follows the paper: mean over j < T of ``max_{l<T} a[l][j] - a[T][j]``, with l
-    ranging over the steps where task j had been seen. ``F_published_code`` is what the authors'
-    code computes: the max over every row including the last, averaged over all T tasks.
+    ``acc`` is a T x T lower-triangular matrix of fractions (ragged lists are accepted; entries above the diagonal
+    are ignored; anything else is refused with a :class:`~foal_pipe.errors.FoalPipeError`). F follows the paper:
+    mean over j < T of ``max_{l<T} a[l][j] - a[T][j]``, with l ranging over the steps where task j had been seen.
+    ``F_published_code`` is what the authors' code computes: the max over every row including the last, averaged over all T tasks.
     """
-    rows = [list(map(float, row[: i + 1])) for i, row in enumerate(acc)]
+    rows = _triangle(acc)
     T = len(rows)
     steps = [float(np.mean(row)) for row in rows]
     last = rows[-1]
@@ -33,7 +64,7 @@ def summarize_seen(acc: np.ndarray | list[list[float]]) -> dict[str, float | lis
     matrix ``a[i][j]``: accuracy after task i on the test rows of the classes seen by the end of task j. A_t is
     ``a[t][t]``, the accuracy on every class seen so far (Moon et al., ICCV 2023); F needs per-class accuracies
     and is not derived here."""
-    steps = [float(row[i]) for i, row in enumerate(acc)]
+    steps = [row[i] for i, row in enumerate(_triangle(acc))]
     return {"A_steps": steps, "A_avg": float(np.mean(steps)), "A_last": steps[-1]}
 
 

@@ -32,6 +32,7 @@ would move the weights by more than 1%, is refused rather than solved into noise
 
 from __future__ import annotations
 
+import operator
 from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ from foal_pipe.core.linalg import (
     shifted,
     solve_spd,
 )
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, clipped
 
 #: The default grid of ``--gamma auto``: 13 powers of ten from 1e-4 to 1e8 (12 decades).
 DEFAULT_GAMMA_GRID: tuple[float, ...] = tuple(float(10.0**k) for k in range(-4, 9))
@@ -134,9 +135,9 @@ class RidgeStatistics:
             raise FoalPipeError(f"G ({self.G.dtype}) and Q ({self.Q.dtype}) must hold real floats; pass them as float64 "
                                 "(or float32) arrays")
         self.classes = np.asarray(self.classes).ravel()
-        self.n = int(self.n)
+        self.n = _row_count(self.n)
         if self.counts is not None:
-            self.counts = np.asarray(self.counts, dtype=np.int64).ravel()
+            self.counts = _class_counts(self.counts, self.n)
         D = self.G.shape[0] if self.G.ndim == 2 else -1
         if self.G.ndim != 2 or self.G.shape[1] != D or tuple(self.Q.shape) != (D, self.classes.size):
             raise FoalPipeError(
@@ -148,7 +149,22 @@ class RidgeStatistics:
         if self.counts is not None and self.counts.shape != self.classes.shape:
             raise FoalPipeError(f"counts has {self.counts.size} entries for {self.classes.size} classes; pass one per class")
         if not symmetric:
+            self._check_gram()
             self._check_symmetric()
+
+    def _check_gram(self) -> None:
+        """Refuse given sums that no rows make: ``G`` or ``Q`` not finite, a negative diagonal entry of ``G`` (a sum of
+        squares), which the solve would otherwise report as sums that overflowed or underflowed, or a ``G`` of no row."""
+        xp = array_namespace(self.G)
+        if not (bool(xp.all(xp.isfinite(self.G))) and bool(xp.all(xp.isfinite(self.Q)))):
+            raise FoalPipeError("G or Q holds NaN or inf, so they are not sums of finite rows; pass G = H.T @ H and "
+                                "Q = H.T @ Y of finite rows H")
+        lowest = float(xp.min(xp.linalg.diagonal(self.G))) if self.dim else 0.0
+        if lowest < 0:
+            raise FoalPipeError(f"G has a negative diagonal entry ({lowest:.3g}), but the diagonal of a Gram matrix H^T H "
+                                "holds sums of squares; pass G = H.T @ H")
+        if self.n == 0 and bool(xp.any(self.G != 0)):
+            raise FoalPipeError("G is not zero but n=0 rows were summed into it; pass n = H.shape[0]")
 
     def _check_symmetric(self) -> None:
         """Refuse a ``G`` that is not symmetric, so not a Gram matrix: NumPy, CuPy and torch factor its lower
@@ -239,12 +255,11 @@ class RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
         self._check_compatible(other)
         other = other._like(self.G)
-        self.G += other.G
+        self.G = _added(self.G, other.G)
         classes = np.union1d(self.classes, other.classes)
         mine = self.aligned(classes)
         theirs = other.aligned(classes)
-        Q = mine.Q if mine is not self else self.Q
-        Q += theirs.Q
+        Q = _added(mine.Q if mine is not self else self.Q, theirs.Q)
         self.Q, self.classes, self.counts = Q, classes, _add_counts(mine.counts, theirs.counts)
         self.n += other.n
         return self
@@ -383,6 +398,45 @@ class Factored:
     tridiagonal: bool
     floor: float
     arrays: tuple[Any, ...]
+
+
+def _row_count(n: Any) -> int:
+    """``n`` as the number of rows: a whole number >= 0 (a boolean or a fraction refused rather than truncated)."""
+    if isinstance(n, (float, np.floating)) and float(n).is_integer():
+        n = int(n)
+    try:
+        if isinstance(n, (bool, np.bool_)):
+            raise TypeError
+        count = operator.index(n)
+    except TypeError:
+        raise FoalPipeError(f"n (the rows summed) must be a whole number, got {n!r:.40}; pass H.shape[0]") from None
+    if count < 0:
+        raise FoalPipeError(f"n (the rows summed) is {count}, below 0; pass H.shape[0]")
+    return count
+
+
+def _class_counts(counts: Any, n: int) -> np.ndarray:
+    """``counts`` as int64 rows per class: whole numbers >= 0 that sum to at most ``n`` (fewer: classes restricted
+    away), as the model file holds them."""
+    given = np.asarray(counts).ravel()
+    if given.dtype.kind not in "iuf" or (given.dtype.kind == "f" and not np.all(np.mod(given, 1) == 0)):
+        raise FoalPipeError(f"counts must hold whole numbers of rows per class, got {clipped(str(given.tolist()))}; "
+                            "pass np.bincount of the rows' class positions")
+    checked = given.astype(np.int64)
+    if checked.size and int(checked.min()) < 0:
+        raise FoalPipeError(f"counts holds {int(checked.min())}, but a class has at least 0 rows; pass the rows per class")
+    if int(checked.sum()) > n:
+        raise FoalPipeError(f"counts sum to {int(checked.sum())} rows, more than n={n}, the rows summed; pass "
+                            "n = H.shape[0] and the rows per class")
+    return checked
+
+
+def _added(a: Any, b: Any) -> Any:
+    """``a + b``, into ``a`` unless it is read-only (an estimator's ``statistics_``, whose state it views)."""
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        return a + b
+    a += b
+    return a
 
 
 def _add_counts(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:

@@ -5,9 +5,11 @@ imported only inside the loaders that need them.
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,22 @@ from foal_pipe.io import UNLABELLED
 
 DEFAULT_ROOT = Path("~/datasets")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@contextmanager
+def removing_new_folders(path: Path) -> Iterator[None]:
+    """Remove, when the body fails, the folders on the way to ``path`` (itself included) that did not exist before
+    and are left empty: a refused run leaves nothing behind, and a folder that existed before is never touched."""
+    new = [p for p in (path, *path.parents) if not os.path.lexists(p)]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for folder in new:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (a partial store to resume, a download's file), or gone: the rest hold it
+                break
+        raise
 
 
 def _candidates(data_dir: Path | None, default: Path, subdir: str) -> list[Path]:
@@ -137,11 +155,13 @@ class _TV:
     size_note: str
     native_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()  # what torchvision requires in ``folder``
 
 
 _TORCHVISION = {
-    "cifar100": _TV("CIFAR100", ({"train": True},), ({"train": False},), "cifar-100-python", "~170 MB", 32),
-    "dtd": _TV("DTD", ({"split": "train"}, {"split": "val"}), ({"split": "test"},), "dtd", "~600 MB"),
+    "cifar100": _TV("CIFAR100", ({"train": True},), ({"train": False},), "cifar-100-python", "~170 MB", 32,
+                    needs=("train", "test", "meta")),
+    "dtd": _TV("DTD", ({"split": "train"}, {"split": "val"}), ({"split": "test"},), "dtd", "~600 MB", needs=("dtd",)),
     "fgvc-aircraft": _TV("FGVCAircraft", ({"split": "trainval"},), ({"split": "test"},), "fgvc-aircraft-2013b",
                          "~2.6 GB", extra={"annotation_level": "variant"}),
     "country211": _TV("Country211", ({"split": "train"},), ({"split": "test"},), "country211", "~11 GB"),
@@ -168,19 +188,15 @@ def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits
             parts = []
             for args in arg_sets:
                 try:
-                    parts.append(cls(root=str(root), download=download, **args, **tv.extra))
+                    with removing_new_folders(root):  # torchvision makes the root before it downloads
+                        parts.append(cls(root=str(root), download=download, **args, **tv.extra))
                 except RuntimeError as exc:
                     if download:
                         raise FoalPipeError(
                             f"downloading {name} into {root} failed ({str(exc).splitlines()[0]}); check the "
                             f"network, or download it elsewhere and copy {tv.folder}/ into {root}"
                         ) from None
-                    raise FoalPipeError(
-                        f"{name} not found: looked for {root / tv.folder} (torchvision's layout); pass "
-                        f"{param('download', True)} to fetch it into {root} ({tv.size_note}), or "
-                        f"{param('data_dir', 'DIR')} where "
-                        f"DIR/{tv.folder} exists"
-                    ) from None
+                    raise _torchvision_missing(name, tv, root, exc) from None
                 except OSError as exc:  # network errors during download
                     raise FoalPipeError(
                         f"downloading {name} into {root} failed ({exc}); check the network, or copy "
@@ -194,6 +210,24 @@ def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits
 
     load.__doc__ = f"torchvision's {tv.cls} in --data-dir (default {DEFAULT_ROOT})."
     return load
+
+
+def torchvision_lacks(name: str, root: Path) -> list[str] | None:
+    """What torchvision needs of ``name`` in ``root`` that is not there (None: not even its folder)."""
+    folder = root / _TORCHVISION[name].folder
+    return [need for need in _TORCHVISION[name].needs if not (folder / need).exists()] if folder.is_dir() else None
+
+
+def _torchvision_missing(name: str, tv: _TV, root: Path, exc: RuntimeError) -> FoalPipeError:
+    """Why torchvision refused ``name`` without ``--download``: no folder, a folder lacking files, or damaged files."""
+    folder, lacks = root / tv.folder, torchvision_lacks(name, root)
+    fetch = f"pass {param('download', True)} to fetch it into {root} ({tv.size_note})"
+    if lacks is None:
+        return FoalPipeError(f"{name} not found: looked for {folder} (torchvision's layout); {fetch}, or "
+                             f"{param('data_dir', 'DIR')} where DIR/{tv.folder} exists")
+    found = f"it lacks {', '.join(lacks)}" if lacks else f"torchvision refused it ({str(exc).split('.')[0]})"
+    return FoalPipeError(f"{name} at {folder} is {'incomplete' if lacks else 'damaged'}: {found}; {fetch}, or copy the "
+                         f"whole {tv.folder}/ there")
 
 
 def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:

@@ -29,6 +29,7 @@ from foal_pipe.datasets.loaders import (
     load_imagefolder,
     load_images,
     load_tiny_imagenet,
+    torchvision_lacks,
     torchvision_loader,
 )
 from foal_pipe.datasets.manifest import SplitManifest, apply_manifest
@@ -63,14 +64,19 @@ def _where(ok: Callable[[Path], bool], default: Path, subdir: str) -> Callable[[
 
 
 def _torchvision_where(name: str) -> Callable[[Path | None], str | None]:
-    """A ``locate`` for a torchvision dataset: its folder under the root (``DIR``, default ``~/datasets``)."""
-    folder = _TORCHVISION[name].folder
-
+    """A ``locate`` for a torchvision dataset: its folder under the root (``DIR``, default ``~/datasets``), holding
+    the files torchvision needs (an incomplete one is not found)."""
     def locate(data_dir: Path | None) -> str | None:
-        found = (data_dir or DEFAULT_ROOT).expanduser() / folder
-        return str(found) if found.is_dir() else None
+        root = (data_dir or DEFAULT_ROOT).expanduser()
+        return str(root / _TORCHVISION[name].folder) if torchvision_lacks(name, root) == [] else None
 
     return locate
+
+
+def _torchvision_entry(name: str, classes: int) -> DatasetEntry:
+    folder = _TORCHVISION[name].folder
+    return DatasetEntry(torchvision_loader(name), "torchvision", f"~/datasets/{folder}; DIR/{folder}", "--download",
+                        classes=classes, locate=_torchvision_where(name))
 
 
 _FASHION_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
@@ -84,19 +90,15 @@ DATASETS: dict[str, DatasetEntry] = {
                                   "apt-get install dataset-fashion-mnist", classes=10,
                                   locate=_where(lambda d: all(_idx_file(d, s) for s in _FASHION_STEMS),
                                                 FASHION_MNIST_DIR, "fashion-mnist")),
-    "cifar100": DatasetEntry(torchvision_loader("cifar100"), "torchvision", "DIR/cifar-100-python",
-                             "--download", classes=100, locate=_torchvision_where("cifar100")),
-    "dtd": DatasetEntry(torchvision_loader("dtd"), "torchvision", "DIR/dtd", "--download", classes=47,
-                        locate=_torchvision_where("dtd")),
-    "fgvc-aircraft": DatasetEntry(torchvision_loader("fgvc-aircraft"), "torchvision", "DIR/fgvc-aircraft-2013b",
-                                  "--download", classes=100, locate=_torchvision_where("fgvc-aircraft")),
-    "country211": DatasetEntry(torchvision_loader("country211"), "torchvision", "DIR/country211", "--download",
-                               classes=211, locate=_torchvision_where("country211")),
-    "core50": DatasetEntry(load_core50, "local folder", "DIR/core50_128x128 or DIR", "core50_128x128.zip", classes=50,
+    **{name: _torchvision_entry(name, classes)
+       for name, classes in (("cifar100", 100), ("dtd", 47), ("fgvc-aircraft", 100), ("country211", 211))},
+    "core50": DatasetEntry(load_core50, "local folder", "~/datasets/core50_128x128; DIR/core50_128x128 or DIR",
+                           "core50_128x128.zip", classes=50,
                            locate=_where(lambda d: (d / "s1").is_dir(), DEFAULT_ROOT / "core50_128x128",
                                          "core50_128x128")),
-    "tiny-imagenet": DatasetEntry(load_tiny_imagenet, "local folder", "DIR/tiny-imagenet-200 or DIR",
-                                  "tiny-imagenet-200.zip", classes=200,
+    "tiny-imagenet": DatasetEntry(load_tiny_imagenet, "local folder",
+                                  "~/datasets/tiny-imagenet-200; DIR/tiny-imagenet-200 or DIR", "tiny-imagenet-200.zip",
+                                  classes=200,
                                   locate=_where(lambda d: (d / "train").is_dir()
                                                 and (d / "val" / "val_annotations.txt").is_file(),
                                                 DEFAULT_ROOT / "tiny-imagenet-200", "tiny-imagenet-200")),

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.loaders import removing_new_folders
 from foal_pipe.datasets.sources import PreparedImages
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inputs, now, open_inputs, runtime_info
@@ -389,7 +390,7 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
         raise FoalPipeError(f"{param('out')} {spec.out_path} lies in the feature store {outer}, which a store inside "
                             f"would damage (its metadata would no longer match); choose an {param('out')} outside it")
     check_name_length(spec.out_path)
-    with writer_lock(spec.out_path):
+    with removing_new_folders(spec.out_path.parent), writer_lock(spec.out_path):  # a refused run leaves no folder
         for folder in (spec.out_path, staging_path(spec.out_path)):
             if folder.is_dir() and is_zarr_dir(folder):
                 remove_partial_files(folder)  # halves of writes a killed writer left: nobody else writes now

@@ -44,14 +44,15 @@ from foal_pipe.model.labels import (
     check_targets,
 )
 from foal_pipe.model.projection import NotFitted, SmoothProjection
-from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, ridge_projection
+from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, finite_scores, ridge_projection
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
 SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
 
 #: Fitted state that :meth:`AnalyticClassifier.fit` clears before learning again.
-_FITTED = ("_engine", "_dtype", "_fitted_with", "classes_", "n_features_in_", "feature_names_in_", "n_samples_seen_")
+_FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "classes_", "n_features_in_", "feature_names_in_",
+           "n_samples_seen_")
 #: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
 _STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid")
 def same_param(value: Any, fitted: Any) -> bool:
@@ -87,6 +88,15 @@ def _gammas(grid: Any) -> tuple[float, ...]:
         except FoalPipeError:
             raise FoalPipeError(f"gamma_grid must hold positive numbers, got {g!r:.30}; e.g. gamma_grid=[0.1, 1, 10]") from None
     return tuple(gammas)
+
+
+def _read_only(array: Any) -> Any:
+    """A read-only view of a NumPy array of the state (no copy), a copy of another namespace's (which has no flag)."""
+    if not isinstance(array, np.ndarray):
+        return array_namespace(array).asarray(array, copy=True)
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
@@ -127,13 +137,13 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
     classes_ : ndarray of shape (n_classes,)
         Sorted labels seen so far; column ``k`` of ``weights_`` scores ``classes_[k]``.
     weights_ : ndarray of shape (n_features_in_, n_classes)
-        The paper's ``W`` (D x C), as a NumPy array.
+        The paper's ``W`` (D x C), as a read-only NumPy array (it may be the state itself: copy it to change it).
     coef_ : ndarray of shape (n_classes, n_features_in_)
         ``weights_.T``, scikit-learn's orientation.
     gamma_ : float
         The gamma of ``weights_`` (the chosen one when ``gamma="auto"``).
     statistics_ : RidgeStatistics
-        The gram engine's sums ``G``, ``Q``, classes and row counts.
+        The gram engine's sums ``G``, ``Q`` (read-only), classes and row counts.
     n_features_in_ : int
     n_samples_seen_ : int
 
@@ -188,6 +198,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         else:
             self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype, where)
         self.classes_ = np.empty(0, dtype=label_dtype)
+        self._rowless = self.classes_  # labels of classes_ declared by partial_fit's classes= that have no rows yet
         self.n_samples_seen_ = 0
         self._fitted_with = {name: getattr(self, name) for name in _STATE_PARAMS}
 
@@ -249,35 +260,41 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         first = not self.__sklearn_is_fitted__()
         if not first:
             check_fitted_params(self, self._fitted_with)
-        X, y = self._validate(X, y, reset=first)
-        check_targets(y)
-        y = np.asarray(y)
-        if y.dtype.kind == "c":
-            raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
-        labels = y
-        if classes is not None:
-            labels = np.asarray(classes).ravel()
-            check_label_kinds(y, labels, CLASSES_KIND_PROBLEM)
-            labels = np.concatenate([y, labels])
-        if first:
-            check_engine_dtype(self.engine, resolve_dtype(self.dtype).name)
-            self._start(int(X.shape[1]), y.dtype)
-        else:
-            check_label_kinds(self.classes_, labels)
-        before = self.classes_
+        before = getattr(self, "classes_", None)
         try:
+            X, y = self._validate(X, y, reset=first)
+            check_targets(y)
+            y = np.asarray(y)
+            if y.dtype.kind == "c":
+                raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
+            labels = y
+            if classes is not None:
+                labels = np.asarray(classes).ravel()
+                check_label_kinds(y, labels, CLASSES_KIND_PROBLEM)
+                labels = np.concatenate([y, labels])
+            if first:
+                check_engine_dtype(self.engine, resolve_dtype(self.dtype).name)
+                self._start(int(X.shape[1]), y.dtype)
+                before = self.classes_
+            else:
+                check_label_kinds(self.classes_, labels)
             X = self._state_array(X)
             self._add_classes(labels)
             self._engine.update(X, y, self.classes_)
         except BaseException:
-            if first:  # a refused first batch leaves the estimator unfitted, as it was
+            if first:  # a refused first batch leaves the estimator unfitted, as it was (n_features_in_ included)
                 self._forget()
             elif self.classes_ is not before:  # nor does a later one add its classes (zero columns that would score)
                 self._engine.restore_classes(before, self.classes_)
                 self.classes_ = before
             raise
+        self._rowless = np.setdiff1d(np.union1d(self._without_rows(), np.setdiff1d(self.classes_, before)), y)
         self.n_samples_seen_ += int(X.shape[0])
         return self
+
+    def _without_rows(self) -> np.ndarray:
+        """The labels of ``classes_`` that have no rows (declared by ``partial_fit``'s ``classes``): never predicted."""
+        return getattr(self, "_rowless", self.classes_[:0])  # a pickle of a version that did not track them: none
 
     def _add_classes(self, labels: np.ndarray) -> None:
         self.classes_ = grow_classes(self._engine, self.classes_, labels)
@@ -288,7 +305,9 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         self._check_fitted()
         if not isinstance(self._engine, GramEngine):
             raise FoalPipeError("only the gram engine keeps sufficient statistics; use engine='gram'")
-        return self._engine.statistics
+        s = self._engine.statistics  # handed out read-only: a write into G or Q would move the weights unseen
+        return RidgeStatistics(_read_only(s.G), _read_only(s.Q), s.classes.copy(), s.n,
+                               None if s.counts is None else s.counts.copy(), symmetric=True)
 
     @property
     def gamma_(self) -> float:
@@ -317,9 +336,13 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         check_label_kinds(self.classes_, other.classes_, (
             "cannot merge a classifier of labels of kind {new} into one of labels of kind {old}; use one kind of label "
             "(integer ids or names)"))
-        return AnalyticClassifier.from_statistics(
+        merged = AnalyticClassifier.from_statistics(
             self.statistics_ + other.statistics_, gamma=mine["gamma"], dtype=mine["dtype"], gamma_grid=mine["gamma_grid"]
         )
+        with_rows = np.union1d(np.setdiff1d(self.classes_, self._without_rows()),
+                               np.setdiff1d(other.classes_, other._without_rows()))
+        merged._rowless = np.setdiff1d(merged.classes_, with_rows)  # known even where the counts are not
+        return merged
 
     @classmethod
     def from_statistics(
@@ -352,6 +375,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         self._start(dim, classes.dtype)
         self.n_features_in_ = dim
         self.classes_ = classes
+        counts = state.get("counts")
+        self._rowless = classes[:0] if counts is None else classes[np.asarray(counts) == 0]
         self._engine.load_state(state, classes, n_samples)
         self.n_samples_seen_ = int(n_samples)
         return self
@@ -367,7 +392,9 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
 
     @property
     def weights_(self) -> np.ndarray:
-        return to_numpy(self._weights())
+        """``W`` read-only: on NumPy it is the state itself (the recursion's ``W``, the gram engine's solution), which a
+        write through it would corrupt."""
+        return _read_only(to_numpy(self._weights()))
 
     @property
     def coef_(self) -> np.ndarray:
@@ -375,14 +402,16 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
 
     def class_scores(self, X: Any) -> np.ndarray:
         """Scores ``X @ W``, shape (n_samples, n_classes), columns in ``classes_`` order: float64 products of
-        ``X`` and the weights (solved in float64), whatever the state dtype. What :meth:`predict` ranks, and,
-        unlike :meth:`decision_function`, one column per class with two classes too."""
+        ``X`` and the weights (solved in float64), whatever the state dtype; refused where they overflow. What
+        :meth:`predict` ranks (over the classes with rows), and, unlike :meth:`decision_function`, one column per
+        class with two classes too."""
         self._check_fitted()
         X, _ = self._validate(X)
         W = self._weights()
         xp = get_namespace(self._fitted_with["backend"])
         X = self._state_array(X, xp.float64)
-        return to_numpy(X @ xp.asarray(W, dtype=xp.float64))
+        with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
+            return finite_scores(to_numpy(X @ xp.asarray(W, dtype=xp.float64)))
 
     def decision_function(self, X: Any) -> np.ndarray:
         """:meth:`class_scores`; with two classes, scikit-learn's (n_samples,) margin ``score[:, 1] - score[:, 0]``
@@ -391,7 +420,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def predict(self, X: Any, classes: Any = None) -> np.ndarray:
-        """The class with the highest score among ``classes_``, the classes seen so far (F-OAL's rule).
+        """The class with the highest score among the classes seen so far (F-OAL's rule): those of ``classes_``
+        with rows, not one that ``partial_fit``'s ``classes`` declared and no row has reached yet.
 
         ``classes``: every label of the task (the published code's rule): the argmax then runs over those labels,
         a label never seen scoring 0, so it wins a row where every seen class scores below 0.
@@ -402,7 +432,12 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             if classes.dtype.kind == "O" and any(c is None for c in classes.tolist()):
                 raise FoalPipeError("classes= holds None; pass every label of the task (those of classes_ among them)")
             check_label_kinds(self.classes_, classes, PREDICT_CLASSES_PROBLEM)
-        return best_of(scores, self.classes_, among_classes(self.classes_, classes))[0]
+        among = among_classes(self.classes_, classes)
+        seen = ~np.isin(self.classes_, self._without_rows())
+        if not seen.any():
+            raise FoalPipeError("no class of classes_ has rows yet (partial_fit's classes= only declared them), so "
+                                "there is no class seen to predict; partial_fit labelled rows first")
+        return best_of(scores[:, seen], self.classes_[seen], among)[0]
 
     def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
@@ -415,9 +450,15 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """
         self._check_fitted()
         fitted = self._fitted_with
+        state = self._engine.state()
+        rowless = self._without_rows()
+        if rowless.size and "counts" not in state:
+            raise FoalPipeError(f"class {rowless.tolist()[0]!r} was declared (partial_fit's classes=) but has no rows, which "
+                                f"a model file of this {fitted['engine']} state cannot record; give it rows first, or "
+                                f"learn with {param('engine', 'gram')} (its row counts record it)")
         grid = self._engine.grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
         matrix, metadata = ridge_projection(projection, metadata)
-        model = RidgeModel(self._engine.state(), self.weights_, self.classes_, self.gamma_, fitted["engine"],
+        model = RidgeModel(state, self.weights_, self.classes_, self.gamma_, fitted["engine"],
                            self._dtype.name, self.n_samples_seen_, grid)
         return model.save(path, matrix, **metadata)
 

@@ -153,9 +153,10 @@ class DeployedModel:
         """Class shares, shape (n, n_classes), columns in ``classifier.classes_`` order, rows summing to 1.
 
         Ridge regression onto one-hot targets estimates each class's probability by least squares, so its scores
-        are clipped at 0 and normalised (a row with no positive score is uniform). The argmax is :meth:`predict`'s;
-        the values are not calibrated probabilities. A head other than ridge: slda's softmax (the Gaussian posterior
-        under equal priors), balanced's and dual's as ridge's; ncm and fecam score distances and refuse.
+        are clipped at 0 and normalised (a row with no positive score is uniform, so its argmax is the first class,
+        not :meth:`predict`'s; elsewhere it is :meth:`predict`'s); the values are not calibrated probabilities. A
+        head other than ridge: slda's softmax (the Gaussian posterior under equal priors), balanced's and dual's as
+        ridge's; ncm and fecam score distances and refuse.
         """
         return self.classifier.probabilities(self.scores(features))
 

@@ -28,6 +28,7 @@ from foal_pipe.heads.base import PROBABILITY_RULES
 from foal_pipe.model.classifier import check_fitted_params
 from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, check_label_kinds, check_targets
 from foal_pipe.model.projection import NotFitted
+from foal_pipe.model.ridgemodel import finite_scores
 
 
 def _has_probabilities(estimator: HeadEstimator) -> bool:
@@ -68,6 +69,16 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         first = not hasattr(self, "_head")
         if not first:
             check_fitted_params(self, self._fitted_with)
+        try:
+            return self._add(X, y, classes, first)
+        except BaseException:
+            if first:  # validate_data set n_features_in_ before the refusal: a refused first call leaves none
+                for name in ("n_features_in_", "feature_names_in_"):
+                    self.__dict__.pop(name, None)
+            raise
+
+    def _add(self, X: Any, y: Any, classes: Any, first: bool) -> HeadEstimator:
+        """:meth:`partial_fit`'s work; nothing of the fitted state changes until the head's boundary solves."""
         try:
             X, y = validate_data(self, host_values(X), host_values(y, "y"), reset=first, dtype=np.float64)
         except (ValueError, TypeError) as exc:
@@ -113,14 +124,16 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
                                 "class from its rows; drop classes= (classes_ grows as labels arrive)")
 
     def class_scores(self, X: Any) -> np.ndarray:
-        """The head's scores of ``X``, one column per class of :attr:`classes_` (higher: more likely)."""
+        """The head's scores of ``X``, one column per class of :attr:`classes_` (higher: more likely); refused where
+        they overflow float64 (rows far larger than the head's)."""
         if not hasattr(self, "_scorer"):
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
         try:
             X = validate_data(self, host_values(X), reset=False, dtype=np.float64)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
-        scores = np.asarray(to_numpy(self._scorer.scores(np.asarray(X, dtype=np.float64))), dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
+            scores = finite_scores(np.asarray(to_numpy(self._scorer.scores(np.asarray(X, dtype=np.float64))), dtype=np.float64))
         return scores[:, [self._ids[c] for c in self.classes_.tolist()]]  # the scorer's columns are sorted ids
 
     def predict(self, X: Any) -> np.ndarray:

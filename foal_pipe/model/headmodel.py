@@ -21,6 +21,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, refuse, write_model
+from foal_pipe.model.ridgemodel import finite_scores
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.model.projection import SmoothProjection
@@ -68,7 +69,7 @@ class HeadClassifier:
 
     def class_scores(self, rows: Any) -> np.ndarray:
         """The scorer's scores of the rows of the head's space, (n, n_classes), columns in ``classes_`` order."""
-        return np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64)
+        return finite_scores(np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64))
 
     def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
         """The class of the highest score among the classes seen (a head scores no others)."""

@@ -19,8 +19,9 @@ from foal_pipe.store.blockfusion import read_time_fusion
 if TYPE_CHECKING:
     from foal_pipe.model.deploy import DeployedModel
 
-#: The CSV's columns: the store row, the predicted label id and its name, the winning score
-#: (``sigmoid(x P) @ W`` for that class), and the label id and name the store holds for the row.
+#: The CSV's columns: the store row, the predicted label id and its name, the winning score (the head's:
+#: ``sigmoid(x P) @ W`` for ridge, minus a squared distance for ncm; docs/cli.md lists them), and the label id and
+#: name the store holds for the row.
 COLUMNS = ("row", "predicted_class", "predicted_name", "score", "true_class", "true_name")
 
 
@@ -143,16 +144,19 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
                             deployed.class_names, top_k, encoded.skipped)
 
 
+#: The way out when a store's label ids disagree with the model's (a model continued on another store: its ids follow
+#: the model's classes, the store's its own folders), where the CSV's ids would mean two things.
+_BY_NAME = ("the CSV's ids would mean two things: predict the store's image files with `predict --images`, or match "
+            "classes by name with `evaluate --run` (on a run's own store) or DeployedModel.store_predictions (Python)")
+
+
 def _check_classes(model: DeployedModel, store: FeatureStore, features: str | Path) -> None:
     ours = dict(zip(model.classifier.classes_.tolist(), model.class_names))
     for label, name in ours.items():
         if label < len(store.classes) and store.classes[label] != name:
             raise FoalPipeError(
-                f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; "
-                "use a store with the model's class order"
-            )
+                f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; {_BY_NAME}")
     label_of = {name: label for label, name in ours.items()}
     for label, name in enumerate(store.classes):
         if label_of.get(name, label) != label:
-            raise FoalPipeError(f"class {name!r} is label {label_of[name]} in the model but {label} in {features}; "
-                                "use a store with the model's class order")
+            raise FoalPipeError(f"class {name!r} is label {label_of[name]} in the model but {label} in {features}; {_BY_NAME}")

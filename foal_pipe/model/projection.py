@@ -18,7 +18,8 @@ from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import host_values, plain_values
 from foal_pipe.core.expansion import Expansion
-from foal_pipe.errors import FoalPipeError, as_user_error
+from foal_pipe.errors import FoalPipeError, as_user_error, param
+from foal_pipe.memory import check_memory
 
 
 class NotFitted(FoalPipeError, NotFittedError):
@@ -83,6 +84,14 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
             X = validate_data(self, host_values(X), reset=True)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
+        width = self.n_components
+        if isinstance(width, (int, np.integer)) and not isinstance(width, (bool, np.bool_)) and width > 0:
+            try:  # drawn in float64, then cast: refused with the figure rather than a MemoryError (or the OOM killer)
+                cast = 0 if np.dtype(self.dtype) == np.float64 else np.dtype(self.dtype).itemsize
+            except TypeError:
+                cast = 0  # the draw refuses the dtype
+            check_memory("SmoothProjection.fit", {"the projection matrix": int(X.shape[1]) * int(width) * (8 + cast)},
+                         f"pass a smaller {param('n_components')}")
         return self._set(Expansion.draw(int(X.shape[1]), self.n_components, self.init, self.activation,
                                         self.random_state, self.dtype))
 

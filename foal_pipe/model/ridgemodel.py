@@ -89,6 +89,15 @@ class RidgeModel:
         return write_model(path, tensors, {**metadata, **settings})
 
 
+def finite_scores(scores: np.ndarray) -> np.ndarray:
+    """``scores``, refused where a product overflowed float64 (finite rows too large for the weights): an argmax
+    of infinities, or of NaN, would answer from ties rather than from the scores."""
+    if not np.isfinite(scores).all():
+        raise FoalPipeError("the scores of X overflow float64 (inf or NaN): its rows are too large for the model's "
+                            "weights; rescale the features to the range the model was trained on")
+    return scores
+
+
 def ridge_projection(projection: Any, metadata: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The matrix a ridge model file stores for ``projection`` (None: none) and ``metadata`` with its ``activation``,
     which :func:`~foal_pipe.model.deploy.load_model` rebuilds it with (an ``activation`` given that contradicts it is
@@ -169,12 +178,20 @@ class SavedRidge(RidgeFace):
         X = np.asarray(rows, dtype=np.float64)
         if not np.isfinite(X).all():
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
-        return X @ W
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below, without a warning first
+            return finite_scores(X @ W)
 
     def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
-        """The class of the highest score among ``classes_`` (or among ``classes``, every label of the task)."""
+        """The class of the highest score among ``classes_`` with rows (a class of row count 0, declared to the
+        estimator that saved it, is never predicted), or among ``classes``, every label of the task."""
         scores = self.class_scores(rows)
-        return best_of(scores, self.classes_, among_classes(self.classes_, classes))[0]
+        among = among_classes(self.classes_, classes)
+        counts = self.model.state.get("counts")
+        seen = np.ones(self.classes_.size, dtype=bool) if counts is None else np.asarray(counts) > 0
+        if not seen.any():
+            raise FoalPipeError("no class of the model has rows (its row counts are all 0), so there is no class seen "
+                                "to predict; train it on labelled rows")
+        return best_of(scores[:, seen], self.classes_[seen], among)[0]
 
     def partial_fit(self, rows: Any, labels: Any) -> SavedRidge:
         raise FoalPipeError("a model loaded with estimators=False only predicts; load it with load_model(path) to keep "

@@ -94,20 +94,23 @@ def _short_point(labels: np.ndarray, every: int, least: int) -> tuple[int, int] 
     return None
 
 
-def check_points(head: str, labels: np.ndarray, every: int) -> None:
+def check_points(head: str, labels: Sequence[np.ndarray], every: int, seeds: Sequence[int] | None = None) -> None:
     """``--eval-every`` with a head that needs :data:`MIN_CLASS_ROWS`: refuse, before any work, points where a seen
-    class has fewer rows, naming the nearest ``--eval-every`` above that has none."""
+    class has fewer rows in one of the streams ``labels`` (``seeds``: their class orders' seeds, named), naming the
+    nearest ``--eval-every`` above that has none in any of them."""
     least = MIN_CLASS_ROWS.get(head)
     if least is None:
         return
-    found = _short_point(labels, every, least)
+    found = next(((k, hit) for k, order in enumerate(labels) if (hit := _short_point(order, every, least))), None)
     if found is None:
         return
-    n, c = found
-    fix = next((e for e in range(every + 1, labels.size + 1) if _short_point(labels, e, least) is None), None)
+    k, (n, c) = found
+    fix = next((e for e in range(every + 1, min(order.size for order in labels) + 1)
+                if all(_short_point(order, e, least) is None for order in labels)), None)
     way = f"pass {param('eval_every', fix)}" if fix is not None else f"drop {param('eval_every')}"
-    raise FoalPipeError(f"{param('head', head)} needs {least} training rows of every class seen, but at the point after "
-                        f"{n} rows class {c} has fewer: {way}")
+    where = "" if seeds is None else f" in class order seed {seeds[k]}"
+    raise FoalPipeError(f"{param('head', head)} needs {least} training rows of every class seen, but{where} at the point "
+                        f"after {n} rows class {c} has fewer: {way}")
 
 
 def check_capabilities(heads: Sequence[str], settings: Settings) -> None:

@@ -177,7 +177,7 @@ def run_sweep(
         lane_log = log if key is None else prefixed(log, f"{key}: ")
         warn_gcv(lane.boundaries, gammas, lane_log)
         warn_undetermined(lane.boundaries, lane_log)
-    report = flag_grid_edge(report, log)
+    report = flag_grid_edge(report, None if shared else log)  # one of several orders: run_sweep_orders warns once
     return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
 
 
@@ -196,15 +196,24 @@ def prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
     return lambda text: log(prefix + text)
 
 
-def flag_grid_edge(report: SweepReport, log: Callable[[str], None]) -> SweepReport:
-    """The report, recording whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is."""
+def grid_edge_warning(report: SweepReport) -> str | None:
+    """The warning when ``report``'s ``best_gamma`` is on an edge of its ``gammas`` (None: it is not)."""
     gamma, grid = known(report.best_gamma, "a sweep's best gamma"), known(report.gammas, "a sweep's gammas")
     edge = grid_edge(gamma, grid)
-    if edge is not None:
-        best, low, high = shown(gamma, min(grid), max(grid))
-        log(f"warning: the best gamma by {report.selected_by}, {best}, is the {edge} of --gammas ({low} .. {high}); a "
+    if edge is None:
+        return None
+    best, low, high = shown(gamma, min(grid), max(grid))
+    return (f"warning: the best gamma by {report.selected_by}, {best}, is the {edge} of --gammas ({low} .. {high}); a "
             "better gamma may lie beyond the grid: extend --gammas")
-    return replace(report, best_gamma_at_grid_edge=edge is not None)
+
+
+def flag_grid_edge(report: SweepReport, log: Callable[[str], None] | None) -> SweepReport:
+    """The report, recording whether its ``best_gamma`` is on an edge of its ``gammas``; warn when it is (``log``;
+    None: the caller warns, as ``--order-seeds`` does once for every order, :func:`say_once`)."""
+    warning = grid_edge_warning(report)
+    if warning and log:
+        log(warning)
+    return replace(report, best_gamma_at_grid_edge=warning is not None)
 
 
 def warn_search_edges(selections: Sequence[SweepSelection], log: Callable[[str], None]) -> None:
@@ -227,3 +236,15 @@ def warn_dropped(run: Run, stream: StreamConfig, log: Callable[[str], None]) -> 
     message = dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None)
     if message:
         log(message)
+
+
+def say_once(seeds: Sequence[int], notes: Sequence[str | None], log: Callable[[str], None]) -> None:
+    """The class orders' ``notes`` (None: none) said once: in the same words for every order once, else each order's
+    lines prefixed with its seed."""
+    if len(set(notes)) == 1:
+        if notes[0]:
+            log(notes[0])
+        return
+    for seed, note in zip(seeds, notes):
+        if note:
+            log("\n".join(f"order seed {seed}: {line}" for line in note.splitlines()))

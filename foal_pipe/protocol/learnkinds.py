@@ -112,7 +112,7 @@ def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: Share
     options = resolved_options(model.head, model)
     points: dict[str, list[Scorer]] | None = None if anytime is None else {model.head: []}
     if anytime is not None:
-        check_points(model.head, run.store.train.labels[np.concatenate(run.stream.rows)], anytime.every)
+        check_points(model.head, [run.store.train.labels[np.concatenate(run.stream.rows)]], anytime.every)
     spaces = {model.head: head_space(model.head, model)}
     heads = build_heads(run, [model.head], options, spaces)
     learner = walk(run, [HeadsLearner(run, heads, points=points, spaces=spaces)], shared.train if shared else None)[0]
@@ -144,15 +144,23 @@ def shown(*gammas: float) -> list[str]:
     return short if len(set(short)) == len(set(map(float, gammas))) else [repr(float(g)) for g in gammas]
 
 
-def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
-    """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
+def auto_edges_warning(metrics: LearnMetrics) -> str | None:
+    """``learn --gamma auto``'s warning when a boundary chose a gamma on an edge of the grid (None: none did)."""
     edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
     grid, selected = metrics.gamma_grid, metrics.gammas_selected
-    if edges and grid is not None and selected is not None:  # edges come with --gamma auto's grid and choices
-        last = selected[edges[-1]]
-        chosen, low, high = shown(last, min(grid), max(grid))
-        log(f"warning: --gamma auto chose {chosen}, the {grid_edge(last, grid)} of --gamma-grid ({low} .. {high}), at "
+    if not edges or grid is None or selected is None:  # edges come with --gamma auto's grid and choices
+        return None
+    last = selected[edges[-1]]
+    chosen, low, high = shown(last, min(grid), max(grid))
+    return (f"warning: --gamma auto chose {chosen}, the {grid_edge(last, grid)} of --gamma-grid ({low} .. {high}), at "
             f"{len(edges)} of {len(selected)} task boundaries; a better gamma may lie beyond the grid: extend --gamma-grid")
+
+
+def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
+    """``learn --gamma auto``: warn when a boundary chose a gamma on an edge of the grid."""
+    warning = auto_edges_warning(metrics)
+    if warning:
+        log(warning)
 
 
 #: Each learner of the walk's ``learn``, by :attr:`~foal_pipe.heads.HeadEntry.learner`.

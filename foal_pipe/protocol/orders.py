@@ -33,13 +33,15 @@ from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human, human_up
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
-from foal_pipe.protocol.capabilities import Settings, check_capabilities
+from foal_pipe.protocol.capabilities import Settings, check_capabilities, check_points
 from foal_pipe.protocol.classsums import class_statistics, class_statistics_bytes, order_boundaries
 from foal_pipe.protocol.commands import (
     check_sweep_select,
     flag_grid_edge,
+    grid_edge_warning,
     run_learn,
     run_sweep,
+    say_once,
     warn_search_edges,
     warn_undetermined,
 )
@@ -54,7 +56,7 @@ from foal_pipe.protocol.config import (
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
 from foal_pipe.protocol.internal import known
-from foal_pipe.protocol.learnkinds import LEARN_KINDS, warn_auto_edges
+from foal_pipe.protocol.learnkinds import LEARN_KINDS, auto_edges_warning
 from foal_pipe.protocol.outputs import save_model, summed_timings, write_learned
 from foal_pipe.protocol.records import (
     Learned,
@@ -79,7 +81,7 @@ from foal_pipe.protocol.schema import (
     SweepReport,
 )
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
-from foal_pipe.protocol.stream import dropped_warning
+from foal_pipe.protocol.stream import OrderError, dropped_warning
 from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 #: The metrics summarised over orders (mean and std).
@@ -170,13 +172,7 @@ def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamC
     ``--drop-remainder`` drops depend on the order). ``log`` without those notes, for the orders' own walks (with
     ``seed``, an order's own lines prefixed with it)."""
     notes = [dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None) for run in runs]
-    if len(set(notes)) == 1:
-        if notes[0]:
-            log(notes[0])
-    else:
-        for seed, note in zip(seeds, notes):
-            if note:
-                log("\n".join(f"order seed {seed}: {line}" for line in note.splitlines()))
+    say_once(seeds, notes, log)
     said = {note for note in notes if note}
 
     def rest(text: str, seed: int | None = None) -> None:
@@ -288,6 +284,9 @@ def run_learn_orders(
     runs = each_order(seeds, lambda s: prepare(features, replace(stream, order_seed=s), run_model, evaluation, execution,
                                                **kind.prepare(model)))
     check_task_counts(seeds, runs)
+    if evaluation.eval_every is not None:  # every order's points at once: a fix that suits them all
+        labels = [r.store.train.labels[np.concatenate(r.stream.rows)] for r in runs]
+        check_points(model.head, labels, evaluation.eval_every, seeds)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared, runs)
@@ -315,8 +314,8 @@ def run_learn_orders(
             metrics = learn_metrics(run, replace(stream, order_seed=s), accuracy_report(acc), boundaries)
             entries.append(metrics)
     metrics = combine(seeds, entries, one_pass=True)
-    warn_auto_edges(metrics, log)
-    return write_learned(out, runs, start, metrics, lambda path: save_model(finals[0], runs[0], path))
+    say_once(seeds, [auto_edges_warning(m) for m in entries], log)  # each order's, as its own walk says it
+    return write_learned(out, runs, start, metrics, lambda path: save_model(finals[0], runs[0], path), timed=True)
 
 
 def walks_text(n: int, execution: ExecutionConfig) -> str:
@@ -396,7 +395,8 @@ def run_sweep_orders(
                                            evaluation, execution, log=functools.partial(rest, seed=s), shared=shared))
                     shutil.rmtree(tmp / f"order-{s}")
                 reports = [w.report for w in walks]
-        report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), log)
+        report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), None)
+        say_once(seeds, [grid_edge_warning(r) for r in reports], log)  # each order's best gamma, as its own sweep says it
         timings = summed_timings([*(run.timings for run in runs), *(w.timings for w in walks)], start)
         write_json(tmp / SWEEP_FILE, report.to_dict())
         write_json(tmp / "timings.json", timings)
@@ -417,13 +417,13 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
 
 
 def each_order(seeds: Sequence[int], prepared: Callable[[int], Run]) -> list[Run]:
-    """Every order's prepared run; a head's refusal of one order's class rows names that order (the others may
-    pass: which classes a task ends with depends on the order)."""
+    """Every order's prepared run; a refusal of one order's stream or of a head's class rows names that order (the
+    others may pass: which classes a task holds, and its rows, depend on the order)."""
     runs = []
     for seed in seeds:
         try:
             runs.append(prepared(seed))
-        except ClassRowsError as exc:
+        except (ClassRowsError, OrderError) as exc:
             raise FoalPipeError(f"{exc.template} (class order seed {seed}; {param('order_seed', seed)} alone is refused "
                                 "too)") from None
     return runs
@@ -441,7 +441,7 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
         return []
     _check_class_memory("sweep", runs, sweep.loo, len(gammas), eigen=True)
     warn_dropped_once(seeds, runs, stream, log)
-    reports = []
+    reports, notes = [], []
     with np.errstate(all="ignore"):
         per_class = class_statistics(runs[0], shared)
         for s, run in zip(seeds, runs):
@@ -455,9 +455,12 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
             if sweep.loo:
                 seen = np.cumsum([r.size for r in run.stream.rows]).tolist()
                 report = replace(report, leave_one_out=leave_one_out_rows(boundaries, m.loo_sample, seen))
-            warn_search_edges(selections, log)
-            warn_undetermined(boundaries, log)
+            said: list[str] = []
+            warn_search_edges(selections, said.append)
+            warn_undetermined(boundaries, said.append)
+            notes.append("\n".join(said) or None)
             reports.append(report)
+    say_once(seeds, notes, log)  # as the walks per order say them
     runs[0].store.check_unchanged()
     return reports
 

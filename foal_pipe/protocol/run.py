@@ -24,7 +24,7 @@ from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, E
 from foal_pipe.protocol.loosample import LOO_SAMPLE, RowSample
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
 from foal_pipe.protocol.schema import TRAINING_CRITERIA
-from foal_pipe.protocol.stream import Stream, make_stream, resolve_class_order
+from foal_pipe.protocol.stream import OrderError, Stream, listed_classes, make_stream, resolve_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
 
@@ -469,13 +469,11 @@ def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class
                     np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in stream.tasks])))
         missing = np.setdiff1d(streamed, labels)
         if missing.size:
-            raise FoalPipeError(f"class {int(missing[0])} is trained on but has no test rows; scoring the classes seen "
-                                "so far needs test rows for every class: check the store's test labels")
+            raise OrderError(f"class {int(missing[0])} is trained on but has no test rows; scoring the classes seen "
+                             "so far needs test rows for every class: check the store's test labels")
         return totals
     empty = np.flatnonzero(totals == 0)
     if empty.size:
-        raise FoalPipeError(
-            f"task {int(empty[0]) + 1} (classes {stream.tasks[empty[0]]}) has no test rows; every task needs test "
-            "samples to be evaluated: check the store's test labels or the task split"
-        )
+        raise OrderError(f"task {int(empty[0]) + 1} (classes {listed_classes(stream.tasks[empty[0]])}) has no test rows; "
+                         "every task needs test samples to be evaluated: check the store's test labels or the task split")
     return totals

@@ -27,6 +27,17 @@ from foal_pipe.errors import FoalPipeError, param
 
 #: Tasks when none are asked for (at most one per class).
 DEFAULT_TASKS = 10
+#: Si-Blurry's percentages when none are asked for (the published code's).
+DEFAULT_RATIOS = {"disjoint_ratio": 50, "blurry_ratio": 10}
+
+
+class OrderError(FoalPipeError):
+    """A refusal of one class order's stream (its split or shuffles): ``--order-seeds`` names the order."""
+
+
+def listed_classes(task: list[int]) -> str:
+    """A task's label ids in a message: ``1, 4, 7``, the first 8 of a longer task and its count."""
+    return ", ".join(map(str, task[:8])) + (f", ... ({len(task)} classes)" if len(task) > 8 else "")
 
 
 @dataclass(frozen=True)
@@ -274,11 +285,10 @@ def build_stream(
         idx = np.flatnonzero(np.isin(labels, task))
         rng.shuffle(idx)
         if idx.size == 0:
-            listed = ", ".join(map(str, task[:8])) + (f", ... ({len(task)} classes)" if len(task) > 8 else "")
-            raise FoalPipeError(f"task {t + 1} (classes {listed}) has no training rows; check the store's labels or the "
-                                "task split")
+            raise OrderError(f"task {t + 1} (classes {listed_classes(task)}) has no training rows; check the store's labels "
+                             "or the task split")
         if drop_last and idx.size < batch_size:
-            raise FoalPipeError(_drop_last_empties(idx.size, t + 1, batch_size))
+            raise OrderError(_drop_last_empties(idx.size, t + 1, batch_size))
         if drop_last:
             present = np.unique(labels[idx])
             idx = idx[: idx.size - idx.size % batch_size]
@@ -298,7 +308,7 @@ def check_ratio(value: object, name: str) -> int:
     """A percentage of ``--disjoint-ratio`` / ``--blurry-ratio``: an integer in [0, 100]."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= value <= 100:
         raise FoalPipeError(f"{param(name)} is a percentage, an integer from 0 to 100, got {value!r}; "
-                            f"pass e.g. {param(name, 50)}")
+                            f"pass e.g. {param(name, DEFAULT_RATIOS[name])} (the default)")
     return int(value)
 
 
@@ -360,7 +370,7 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
         dealt.append(idx)
         if drop_last and idx.size:
             if idx.size < batch_size:
-                raise FoalPipeError(_drop_last_empties(idx.size, len(tasks) + 1, batch_size))
+                raise OrderError(_drop_last_empties(idx.size, len(tasks) + 1, batch_size))
             idx = idx[: idx.size - idx.size % batch_size]
         if idx.size:
             tasks.append(sorted(int(c) for c in np.unique(labels[idx])))

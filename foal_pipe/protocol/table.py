@@ -1,24 +1,19 @@
 """``foal-pipe table``: every store x head x task count x class order, each run the separate ``learn --head H
---order-seed S --tasks T`` would give, from one read of each store.
+--order-seed S --tasks T`` would give (ncm, slda, fecam and cosine on the store's features whatever
+``--projection-dim``, as ``sweep --heads``), from one read of each store.
 
 Every run of every store is prepared (checked) before the first starts, so a store's refusal comes before any work.
 Per store, the train and test rows of every run are read once and grouped by class
 (:func:`~foal_pipe.protocol.walk.shared_rows`); each (task count, order) then takes ridge's walk
 (:func:`~foal_pipe.protocol.commands.run_learn` on the shared rows) and one walk of the other heads
 (:func:`~foal_pipe.protocol.learners.heads.learn_heads`) from them. Each finished run is kept beside the output
-(``.OUT.table-runs/``) under a fingerprint of its store and settings, so a killed table resumes its finished runs;
-the table's files are written as one unit and the kept runs removed.
+(``.OUT.table-runs/``, :mod:`~foal_pipe.protocol.tablekept`) under a fingerprint of its store and settings, so a
+killed table resumes its finished runs; the table's files are written as one unit and the kept runs removed.
 """
 
 from __future__ import annotations
 
-import functools
-import glob
-import hashlib
 import json
-import os
-import re
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +26,7 @@ import numpy as np
 from foal_pipe.core.activations import BIASED
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
-from foal_pipe.io import atomic_dir, check_output_dir, pid_alive, write_json
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
 from foal_pipe.memory import check_memory, human
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import ModelConfig, StreamConfig, check_seed, config_record
@@ -45,6 +40,8 @@ from foal_pipe.protocol.headruns import (
 from foal_pipe.protocol.orders import mean_std
 from foal_pipe.protocol.run import ClassRowsError, Run, check_settings, held_bytes, prepare, run_parts
 from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
+from foal_pipe.protocol.tablekept import KeptRuns as _Kept
+from foal_pipe.protocol.tablekept import asdict_shallow, fingerprint, run_record, store_content
 
 #: The format of ``table.json``; a reader refuses another.
 TABLE_FORMAT = "foal-pipe/table"
@@ -139,94 +136,6 @@ def head_model(name: str, model: ModelConfig, gamma: float) -> ModelConfig:
     return replace(model, head=name, gamma=gamma)
 
 
-def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings, content: str | None = None
-                ) -> str | None:
-    """What a kept run was computed from: the store (its path, generation -- for a store without one, its content,
-    :func:`store_content` -- and row counts), the code (:func:`code_digest`), the head, the task count, the order
-    and every setting; a resumed table reuses a run only under the same fingerprint. ``content``: the store's
-    :func:`store_content`, read once per store. None: a store without a generation id whose content cannot be told,
-    so no run of it is kept or resumed."""
-    meta = store.meta
-    if meta.generation is None and content is None:
-        return None
-    doc = {
-        "store": str(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
-        "encoder": meta.encoder, "rows": [int(store.train.labels.size), int(store.test.labels.size)],
-        "head": head, "tasks": tasks, "order_seed": seed, "code": code_digest(),
-        "settings": {k: config_record(v) for k, v in asdict_shallow(settings).items()},
-        **({"content": content} if meta.generation is None else {}),
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-def store_content(path: Path) -> str | None:
-    """A store without a generation id (format 1) by its content: the id :func:`compute_generation` would give it,
-    over its attributes, arrays' metadata and every chunk file's key, size and last bytes (metadata and file tails
-    only, not the rows); None where that cannot be read. A store replaced at the same path has another."""
-    from foal_pipe.store.integrity import compute_generation
-
-    try:
-        return compute_generation(path)
-    except (OSError, ValueError, FoalPipeError):
-        return None
-
-
-@functools.cache
-def code_digest() -> str:
-    """A hash of foal-pipe's own source files: a kept run of other code (a fix since) is not resumed."""
-    root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for file in sorted(root.rglob("*.py")):
-        digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes())
-    return digest.hexdigest()[:20]
-
-
-def asdict_shallow(settings: Settings) -> dict[str, Any]:
-    """The four settings records by name, as ``table.json``'s ``settings`` holds them."""
-    return {"stream": settings.stream, "model": settings.model, "evaluation": settings.evaluation,
-            "execution": settings.execution}
-
-
-def run_record(store_path: Path, store: Any, head: str, tasks: int, seed: int, metrics: Any,
-               options: dict[str, Any]) -> dict[str, Any]:
-    """One run of ``table.json``: where it came from, its options and its accuracy fields (fractions)."""
-    return {
-        "store": str(store_path), "dataset": store.meta.dataset, "encoder": (store.meta.encoder or {}).get("name"),
-        "head": head, "tasks": tasks, "n_tasks": metrics.n_tasks, "stream": metrics.stream or "disjoint",
-        "n_classes": len({c for task in metrics.tasks or () for c in task}), "order_seed": seed, "options": options,
-        "accuracy_matrix": metrics.accuracy_matrix, "A_avg": metrics.A_avg, "A_last": metrics.A_last, "F": metrics.F,
-        "A_auc": metrics.A_auc, "n_train_seen": metrics.n_train_seen, "n_test": metrics.n_test,
-        "feature_dim": metrics.feature_dim,
-    }
-
-
-class _Kept:
-    """The finished runs of a table under way, one JSON file each beside the output, found again by fingerprint."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out.parent / f".{out.name}.table-runs"
-        #: a run walked apart writes its files under a directory of this prefix (the process id in it), removed
-        #: after; those of a table killed outright (SIGKILL) are removed by the next table on ``out``
-        self.scratch_prefix = f"{self.path.name}-{os.getpid()}-"
-        for left in out.parent.glob(f"{glob.escape(self.path.name)}-*-*"):  # tempfile adds 8 of [a-z0-9_]
-            named = re.fullmatch(re.escape(self.path.name) + r"-(\d+)-[a-z0-9_]{8}", left.name)
-            if named and not pid_alive(int(named.group(1))):
-                shutil.rmtree(left, ignore_errors=True)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.path / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def put(self, key: str | None, record: dict[str, Any]) -> None:
-        if key is not None:  # None: the store's content cannot be told, so the run is not kept
-            write_json(self.path / f"{key}.json", record)
-
-    def clear(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
 def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings: Settings,
               explicit: Sequence[str] | None = None, log: Callable[[str], None] = print,
               write: Callable[[Path, dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -243,6 +152,9 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
         store_runs, n = _store_runs(Path(path), config, settings, kept, log)
         runs += store_runs
         resumed += n
+    if kept.damaged:
+        log(f"ignored {counted(kept.damaged, 'kept run')} in {kept.path} that {'is' if kept.damaged == 1 else 'are'} "
+            "not a whole run record (edited or cut): run again")
     if resumed:
         log(f"resumed {resumed} finished run{'s' if resumed != 1 else ''} of an interrupted table")
     table = {
@@ -365,8 +277,11 @@ def _groups(names: Sequence[str]) -> list[list[str]]:
 
 def _head_run(path: Path, stream: StreamConfig, group: Sequence[str], settings: Settings,
               gamma: float) -> tuple[Run, ModelConfig]:
-    """The prepared walk of ``group`` (one space) and the settings of its first head, as ``learn --head`` runs it."""
-    model = head_model(group[0], settings.model, gamma)
+    """The prepared walk of ``group`` (one space) and the settings it runs with: those of a head on the activations
+    where the group has one (dual's own drop the activation, which its projected rows never see, and the projection
+    is drawn alike), so each head's rows are those of its separate ``learn --head``."""
+    lead = next((name for name in group if HEADS[name].space == "activations"), group[0])
+    model = head_model(lead, settings.model, gamma)
     run_model = check_learn_head(model, settings.evaluation, settings.execution)
     run = prepare(path, stream, run_model, settings.evaluation, settings.execution, heads=group, ridge=False,
                   command="table")
@@ -392,7 +307,9 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     keys = {(h, t, seed): fingerprint(store, h, t, seed, settings, content) for h in config.heads
             for (t, seed) in streams}
     # a kept run resumed under the store as now spelled (its key is the resolved path): cells group by the spelling
-    done = {k: {**rec, "store": str(path)} for k, key in keys.items() if key is not None and (rec := kept.get(key)) is not None}
+    auto = s.model.gamma == "auto"
+    done = {k: {**rec, "store": str(path)} for k, key in keys.items()
+            if key is not None and (rec := kept.get(key, *k, auto)) is not None}
     n_resumed = len(done)
     # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
     every_row = ridge_model.loo and not ridge_model.loo_sample
@@ -406,7 +323,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     if len(done) < len(keys):
         with np.errstate(all="ignore"), shared_rows(list(runs.values())) as shared:
             for (t, seed), stream in streams.items():
-                gamma = None if s.model.gamma == "auto" else float(s.model.gamma)
+                gamma = None if auto else float(s.model.gamma)
                 run_log = prefixed(log, f"{path} (--tasks {t}, order {seed}): ")
                 if "ridge" in config.heads:
                     rec = done.get(("ridge", t, seed))

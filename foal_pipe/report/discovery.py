@@ -16,7 +16,7 @@ import numpy as np
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import TEMPORARY, is_feature_store
 from foal_pipe.model.modelfile import MODEL_FILE, shown
-from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number
+from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number, same_gamma
 from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
 
 #: Wall times of a run, beside its metrics.json (not a DVC output: they change every run).
@@ -118,26 +118,62 @@ def check_model_checksum(run: Run, path: Path, given: bool) -> None:
 
 
 def check_recorded_settings(run: Run, path: Path) -> None:
-    """For a run whose metrics.json predates ``model_checksum``: refuse a model file whose projection -- drawn
-    again from the run's seed, init and shape, bit for bit -- is not the run's (another seed's model would
-    otherwise be reported as the run's). A continued model (``init_model``) started from another
-    file's projection and rows, so only a fresh run is compared."""
+    """For a run whose metrics.json predates ``model_checksum``: refuse a model file whose own record contradicts the
+    run's (:func:`_other_model`: head, gamma, rows learned, classes) or whose projection -- drawn again from the run's
+    seed, init and shape, bit for bit -- is not the run's: another seed's or gamma's model would otherwise be reported
+    as the run's. A continued model (``init_model``) started from another file's projection, so its projection is
+    not compared; nor is a file whose projection is not the run's D wide."""
     from foal_pipe.core.expansion import Expansion
     from foal_pipe.model.modelfile import read_model, stored_header
 
     m = run.metrics
     meta, shapes = stored_header(path)
-    if m.continuation is not None or not meta:
-        return
+    width = shapes["projection"][-1] if "projection" in shapes else None
+    if not meta or None not in (width, m.projection_dim) and width != m.projection_dim:
+        return  # another D: what it records is not compared here (a --model of it is refused: check_run_model)
+    why = f"(the run predates model_checksum, so its settings were compared); pass the run's own model, or run " \
+          f"`foal-pipe learn --out {run.path}` again"
+    found = _other_model(m, meta, path)
+    if found:
+        what, theirs, ours = found
+        raise FoalPipeError(f"{path} is not the model run {run.path} wrote: {what} {theirs} in the file, {ours} in the "
+                            f"run's metrics.json {why}")
     D, d = m.projection_dim, m.feature_dim
-    if not (D and d and m.seed is not None and shapes.get("projection") == (d, D)):
+    if m.continuation is not None or not (D and d and m.seed is not None and shapes.get("projection") == (d, D)):
         return
     stored = read_model(path, names=("projection",))[0]["projection"]
     drawn = Expansion.draw(d, D, m.projection_init or "uniform", "identity", m.seed, "float64").components_
     if not np.array_equal(stored, drawn.astype(m.dtype or "float64").astype(stored.dtype)):  # as the run kept it
         raise FoalPipeError(f"{path} is not the model run {run.path} wrote: its projection is not the one the run's "
-                            f"seed {m.seed} draws (the run predates model_checksum, so its settings were compared); "
-                            f"pass the run's own model, or run `foal-pipe learn --out {run.path}` again")
+                            f"seed {m.seed} draws {why}")
+
+
+def _other_model(m: LearnMetrics, meta: dict[str, Any], path: Path) -> tuple[str, str, str] | None:
+    """``(what, the file's, the run's)``, as text, for the first of the head, its options, ridge's final gamma (with
+    ``--gamma auto`` the last one chosen), the rows learned (a continued model's total) and the classes learned where
+    the model file's record contradicts the run's metrics.json (each where both record it); else None."""
+    from foal_pipe.model.modelfile import read_model
+
+    if meta.get("head") != m.head:
+        return "head", meta.get("head") or "ridge", m.head or "ridge"
+    if m.head is not None and None not in (meta.get("head_options"), m.head_options) \
+            and meta["head_options"] != m.head_options:
+        return "head options", shown(meta["head_options"]), shown(m.head_options)
+    gamma = m.gammas_selected[-1] if m.gamma == "auto" and m.gammas_selected else m.gamma
+    if m.head is None and is_number(meta.get("gamma")) and is_number(gamma) and not same_gamma(meta["gamma"], gamma):
+        return "gamma", f"{meta['gamma']:g}", f"{gamma:g}" + (" (the last one --gamma auto chose)" if m.gamma == "auto" else "")
+    rows = m.continuation.n_samples_seen_total if m.continuation is not None else m.n_train_seen
+    if None not in (rows, meta.get("n_samples_seen")) and meta["n_samples_seen"] != rows:
+        return "rows learned", f"{meta['n_samples_seen']:,}", f"{rows:,}"
+    if m.continuation is not None:
+        names = meta.get("class_names") or []
+        learned = [n for t in m.continuation.task_names or [] for n in t]
+        return None if set(learned) <= set(names) else ("classes", shown(names), shown(learned))
+    known = read_model(path, names=("classes",))[0].get("classes")
+    learned = sorted({c for t in m.tasks or [] for c in t} - set(m.dropped_classes or ()))
+    if known is None or set(learned) <= set(known.tolist()):
+        return None
+    return "class label ids", shown(known.tolist()), shown(learned)
 
 
 def check_run_model(run: Run, path: Path) -> None:

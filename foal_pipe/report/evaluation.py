@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io import atomic_dir, check_not_an_input, check_output_dir, write_json
 from foal_pipe.protocol.schema import METRICS_FILE
 from foal_pipe.report.classes import class_results
 from foal_pipe.report.discovery import load_run
@@ -68,6 +70,21 @@ def _plots(run: Run, out: Path) -> list[Path]:
     return files
 
 
+def _check_named(out: Path, inputs: list[Path | None]) -> None:
+    """Refuse an ``out`` named by '.' or '..' whose directory holds the run's inputs (``--out RUN/eval/..``) with a
+    folder inside it as the example: :func:`check_output_dir` would suggest that directory by name, which is refused
+    in turn."""
+    if out.name not in ("", ".", ".."):
+        return
+    named = Path(os.path.abspath(out))
+    try:
+        check_not_an_input(named, inputs)
+    except FoalPipeError:
+        raise FoalPipeError(f"output {out} names a directory by '.' or '..', which cannot be replaced in one rename, and "
+                            f"{named} holds this command's inputs; pass a folder by name, e.g. {param('out')} "
+                            f"{named / DEFAULT_OUT}") from None
+
+
 def evaluate(
     run_dir: str | Path,
     out: str | Path | None = None,
@@ -83,7 +100,9 @@ def evaluate(
     """
     run = load_run(run_dir, sweep=sweep, model=model)
     out = Path(out) if out is not None else run.path / DEFAULT_OUT
-    check_output_dir(out, inputs=[run.path / METRICS_FILE, run.sweep_path, run.model_path])
+    inputs = [run.path / METRICS_FILE, run.sweep_path, run.model_path]
+    _check_named(out, inputs)
+    check_output_dir(out, inputs=inputs)
     ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
     run.metrics = as_recomputed(run.metrics)  # the warnings name what metrics.json records; the files show the matrix's
     if run.sweep_mismatch is not None:

@@ -1,5 +1,8 @@
 """``summary --group``: learn runs grouped into table cells (say one per head and task count), each cell the mean and
-std of its runs' A_avg, A_last and F, as ``foal-pipe table`` reports them (std with ddof 0, over the runs)."""
+std of its runs' A_avg, A_last and F, as ``foal-pipe table`` reports them (std with ddof 0, over the runs).
+
+A cell's std is meant as a spread over class orders: :func:`mixed_settings` names any other recorded setting in which
+a cell's runs differ, so the table never passes a spread over, say, two fusions as one over orders."""
 
 from __future__ import annotations
 
@@ -7,9 +10,33 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.protocol.schema import LearnMetrics
+from foal_pipe.protocol.schema import LearnMetrics, SweepReport
 
-#: What runs can be grouped by: each a run's value of it.
+
+def fusion_of(encoder: dict[str, Any] | None) -> str | None:
+    """The fusion chosen when reading a blocks store (``--fusion``; its encoder records ``blocks_dtype``), with
+    ", no norm" under ``--no-fusion-norm``; None for features read as stored (extract's fusion, the store's own)."""
+    if not encoder or "blocks_dtype" not in encoder:
+        return None
+    return f"{encoder.get('fusion')}{'' if str(encoder.get('final_norm', '')).startswith('applied') else ', no norm'}"
+
+
+def sweep_fusion(sweep: SweepReport) -> str | None:
+    """A sweep's fusion: ``--fusions``' chosen one (its top-level numbers and heads are that fusion's; its encoder
+    records the store's own), else as :func:`fusion_of`."""
+    if not sweep.fusions:
+        return fusion_of(sweep.encoder)
+    return f"{sweep.fusion}{'' if sweep.fusion_norm is not False else ', no norm'}"
+
+
+def _options(m: LearnMetrics) -> str | None:
+    """A head's options other than gamma (its own key), as ``name=value``; None for ridge or a head without any."""
+    options = {k: v for k, v in (m.head_options or {}).items() if k != "gamma"}
+    return ", ".join(f"{k}={v}" for k, v in sorted(options.items())) or None
+
+
+#: What runs can be grouped by: each a run's value of it. Every recorded setting but the class order (``tasks``'
+#: classes) and its seed: a cell whose runs differ in one left out of ``--group`` is named (:func:`mixed_settings`).
 GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "head": lambda m: m.head or "ridge",
     "tasks": lambda m: len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks,
@@ -18,6 +45,16 @@ GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "stream": lambda m: m.stream or "disjoint",
     "D": lambda m: m.projection_dim,
     "gamma": lambda m: m.gamma if m.head is None else (m.head_options or {}).get("gamma"),
+    "fusion": lambda m: fusion_of(m.encoder) or (m.encoder or {}).get("fusion"),
+    "activation": lambda m: m.activation,
+    "init": lambda m: m.projection_init,
+    "seed": lambda m: m.seed,
+    "select": lambda m: m.selected_by,
+    "options": _options,
+    "ratios": lambda m: None if m.disjoint_ratio is None else f"{m.disjoint_ratio}/{m.blurry_ratio}",
+    "mask": lambda m: m.mask_unseen,
+    "dtype": lambda m: m.dtype,
+    "store": lambda m: m.features,
 }
 METRICS = ("A_avg", "A_last", "F")
 DDOF = 0
@@ -37,20 +74,42 @@ def parse_group(text: str) -> tuple[str, ...]:
 
 
 def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """One cell per distinct value of ``keys`` (in order of first appearance): ``key values``, ``n`` runs and each
-    metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``. A ``learn --order-seeds`` run counts as its
-    class orders, each a run (as the separate ``--order-seed`` runs would), not as their mean."""
+    """One cell per distinct value of ``keys`` (in order of first appearance): ``key values``, ``n`` runs, each
+    metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``, and ``mixed``: :func:`mixed_settings` of its
+    runs. A ``learn --order-seeds`` run counts as its class orders, each a run (as the separate ``--order-seed``
+    runs would), not as their mean."""
     from foal_pipe.protocol.orders import mean_std  # as table and learn --order-seeds average: the same digits
 
-    groups: dict[tuple, list[Any]] = {}
+    groups: dict[tuple, list[LearnMetrics]] = {}
     for m in runs:
-        groups.setdefault(tuple(GROUP_KEYS[k](m) for k in keys), []).extend(m.orders or [m])
+        groups.setdefault(tuple(GROUP_KEYS[k](m) for k in keys), []).append(m)
     cells = []
-    for values, members in groups.items():
-        cell: dict[str, Any] = {"key": dict(zip(keys, values, strict=True)), "n": len(members)}
+    for values, grouped in groups.items():
+        members: list[Any] = [order for m in grouped for order in (m.orders if m.orders else (m,))]
+        cell: dict[str, Any] = {"key": dict(zip(keys, values, strict=True)), "n": len(members),
+                                "mixed": mixed_settings(grouped, keys)}
         for metric in METRICS:
-            values = [float(getattr(m, metric)) for m in members]
-            mean, std = mean_std(values)
-            cell[metric] = {"mean": mean, "std": std, "values": values}
+            numbers = [float(getattr(m, metric)) for m in members]
+            mean, std = mean_std(numbers)
+            cell[metric] = {"mean": mean, "std": std, "values": numbers}
         cells.append(cell)
     return cells
+
+
+def mixed_settings(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> dict[str, list[str]]:
+    """The keys outside ``keys`` whose recorded values differ between ``runs`` (runs not recording one are not
+    counted), each with its values, sorted: a cell pooling them spreads over that setting, not class orders alone."""
+    found = {name: sorted({str(v) for m in runs if (v := value(m)) is not None})
+             for name, value in GROUP_KEYS.items() if name not in keys}
+    return {name: values for name, values in found.items() if len(values) > 1}
+
+
+def mixed_warning(cell: dict[str, Any], keys: Sequence[str]) -> str | None:
+    """One line naming a cell whose runs differ in settings outside ``keys``, the settings and values, and the fix."""
+    mixed = cell["mixed"]
+    if not mixed:
+        return None
+    where = ", ".join(f"{k} {v}" for k, v in cell["key"].items())
+    what = " and ".join(f"{k} ({', '.join(v)})" for k, v in mixed.items())
+    return (f"the cell {where} pools runs that differ in {what}: its +- is a spread over {' and '.join(mixed)} too, "
+            f"not over class orders alone; split it: --group {','.join((*keys, *mixed))}")

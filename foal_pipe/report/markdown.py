@@ -6,6 +6,7 @@ the same text.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,21 @@ def pct(x: float | None, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{100 * x:.{digits}f}"
+
+
+#: What Markdown reads as markup in a name: a cell's ``|``, emphasis, code, links, HTML, and an underscore that is
+#: not between letters or digits (intraword ones, as in ``aquarium_fish``, are text to GFM and are left as they are).
+_MARKUP = re.compile(r"[\\`*~|\[\]<>]|_(?![^\W_])|(?<![^\W_])_")
+
+
+def md(text: Any) -> str:
+    """``text`` (a class or run name) as Markdown text, table cells included: its markup characters escaped."""
+    return _MARKUP.sub(lambda match: "\\" + match.group(), str(text))
+
+
+def _code_cell(text: Any) -> str:
+    """``text`` (a path) as inline code in a table cell: GFM splits a row at a ``|`` even inside code, unless escaped."""
+    return "`" + str(text).replace("|", "\\|") + "`"
 
 
 def _or(value: Any, absent: str = "?") -> Any:
@@ -107,9 +123,21 @@ def _results(m: LearnMetrics, paper: PaperMatch | None) -> list[str]:
 
 
 def _spread(m: LearnMetrics, key: str) -> str:
-    """`` ± std`` when the run has many class orders (over one, a std says nothing)."""
+    """`` ± std`` when the run has many class orders (over one, a std says nothing); for a number ``std`` does not
+    hold (the published code's F), the std of the orders' own values, where every order has one."""
     std = (m.std or {}).get(key)
+    values = [getattr(o, key, None) for o in m.orders or ()]
+    if std is None and m.std is not None and len(values) > 1 and None not in values:
+        from foal_pipe.protocol.orders import mean_std
+
+        std = mean_std(values)[1]
     return "" if std is None or len(m.orders or ()) == 1 else f" ± {pct(std)}"
+
+
+def _first_order(m: LearnMetrics) -> int | None:
+    """The first class order's seed where the run has many (``learn --order-seeds``): its model is the one saved and
+    its tasks are the ones named, while the matrix is the orders' position-wise mean."""
+    return m.orders[0].order_seed if m.orders is not None and len(m.orders) > 1 else None
 
 
 def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
@@ -141,9 +169,12 @@ def _matrix(run: Run) -> list[str]:
         cells = [pct(v, 1) for v in row] + [""] * (T - i - 1)
         lines.append(f"| {i + 1} | " + " | ".join(cells) + f" | {pct(steps[i])} |")
     tasks = task_classes(run)
+    first = _first_order(m)
+    order = "" if first is None else (f", of the first class order (order seed {first}; the matrix above averages each "
+                                      "task position over the orders, whose tasks hold other classes)")
     if tasks:
-        lines += ["", "Classes per task (stream order): "
-                  + "; ".join(f"T{t + 1}: {', '.join(names)}" for t, names in enumerate(tasks[:20]))
+        lines += ["", f"Classes per task (stream order){order}: "
+                  + "; ".join(f"T{t + 1}: {', '.join(map(md, names))}" for t, names in enumerate(tasks[:20]))
                   + ("; ..." if len(tasks) > 20 else "")]
     if m.continuation is not None:
         lines += ["", f"The model continued `{m.continuation.init_model}` (`learn --init-model`): the matrix covers this run's "
@@ -151,8 +182,9 @@ def _matrix(run: Run) -> list[str]:
     return lines + [""]
 
 
-def _classes(classes: ClassResults, continued: bool) -> list[str]:
-    """The final model's accuracy on each class's test rows (``class_accuracy.csv``)."""
+def _classes(classes: ClassResults, continued: bool, first: int | None) -> list[str]:
+    """The final model's accuracy on each class's test rows (``class_accuracy.csv``); ``first``: the first class
+    order's seed, whose model it is, where the run has many (:func:`_first_order`)."""
     n = int(classes.confusion.sum())
     where = f"the test split of `{classes.features}`"
     if classes.earlier_from:
@@ -165,10 +197,14 @@ def _classes(classes: ClassResults, continued: bool) -> list[str]:
         lines[-1] += f" {classes.unknown_rows:,} rows of classes the model does not know are left out."
     if continued:
         lines[-1] += " Task -: a class the model learned before this run."
+    if first is not None:
+        lines[-1] += (f" The model is the first class order's (order seed {first}): the task column is that order's, "
+                      "and summed over a task's classes the counts give that order's own last matrix row, not the "
+                      "orders' mean above.")
     lines += ["", "| class | task | test rows | accuracy (%) |", "|---|---:|---:|---:|"]
     for row in classes.rows():
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.1f}"
-        lines.append(f"| {row['name']} | {row['task'] or '-'} | {row['test_rows']:,} | {accuracy} |")
+        lines.append(f"| {md(row['name'])} | {row['task'] or '-'} | {row['test_rows']:,} | {accuracy} |")
     return lines + [""]
 
 
@@ -178,7 +214,7 @@ def _other_stores(m: LearnMetrics) -> list[str]:
              "matched by name (rows of classes the model does not know count as wrong).", "",
              "| store | test rows | accuracy (%) | rows of unknown classes |", "|---|---:|---:|---:|"]
     for e in (m.continuation.eval_features if m.continuation else None) or []:
-        lines.append(f"| `{e.features}` | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
+        lines.append(f"| {_code_cell(e.features)} | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
     everything = m.continuation.all_classes if m.continuation else None
     if everything is not None:
         parts = "; ".join(f"{p.task} ({p.n_test:,} rows of `{p.features}`) {pct(p.accuracy)}" for p in everything.tasks)
@@ -306,7 +342,7 @@ def summary_markdown(
     """
     m = run.metrics
     title = "F-OAL run" if m.head is None else f"{m.head} head run"
-    lines = [f"# {title}: {run.label}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
+    lines = [f"# {title}: {md(run.label)}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
     lines += _results(m, paper)
     lines += _paper_lines(run, paper)
     departures = recipe_notes(m) if paper is not None else []
@@ -319,7 +355,7 @@ def summary_markdown(
     if m.continuation is not None and m.continuation.eval_features:
         lines += _other_stores(m)
     if classes is not None:
-        lines += _classes(classes, m.continuation is not None)
+        lines += _classes(classes, m.continuation is not None, _first_order(m))
     if m.gamma == "auto":
         lines += _auto_gamma(m)
     if run.sweep is not None and run.sweep.fusions is not None:

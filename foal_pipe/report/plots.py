@@ -77,7 +77,9 @@ def plot_accuracy_matrix(run: Run, path: Path) -> Path:
         grid[i, : i + 1] = 100 * np.asarray(row)
 
     low, high = colour_scale(grid)
-    title = f"accuracy a[i][j]\n{_title(run)}"
+    orders = len(run.metrics.orders or ())
+    over = f", position-wise mean over {orders} class orders" if orders > 1 else ""
+    title = f"accuracy a[i][j]{over}\n{_title(run)}"
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()

@@ -15,6 +15,7 @@ from typing import Any
 
 from foal_pipe.io import csv_dict_writer
 from foal_pipe.protocol.stream import counted
+from foal_pipe.report.markdown import md
 from foal_pipe.report.published import Reference, references
 
 #: The columns of the printed tables, per store.
@@ -110,7 +111,7 @@ def markdown(table: dict[str, Any]) -> str:
              "Rows in italics with a note number [n] are published references (their mean only, from the source the "
              "note names), shown where their benchmark, backbone, task count, stream and class count match what the "
              "store records; *(replay)* marks methods that keep exemplars.", ""]
-    labels = store_labels(table["features"])
+    labels = {store: md(label) for store, label in store_labels(table["features"]).items()}  # a | would split a cell
     header = ["head", *[f"{labels[s]} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
     for tasks in table["tasks"]:
         lines += [f"## {counted(tasks, 'task')}", "", "| " + " | ".join(header) + " |",

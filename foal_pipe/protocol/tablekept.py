@@ -1,0 +1,146 @@
+"""``foal-pipe table``'s kept runs: each finished run as one JSON file beside the output (``.OUT.table-runs/``),
+under a fingerprint of its store, code and settings, so a killed table resumes them; a kept file that is not a whole
+run record (:func:`is_run_record`) is run again, not trusted."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.io import pid_alive, write_json
+from foal_pipe.protocol.capabilities import Settings
+from foal_pipe.protocol.config import config_record
+from foal_pipe.protocol.typedjson import COUNT, INTEGER, MAPPING, NUMBERS, TEXT, is_number
+
+
+def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings, content: str | None = None
+                ) -> str | None:
+    """What a kept run was computed from: the store (its path, generation -- for a store without one, its content,
+    :func:`store_content` -- and row counts), the code (:func:`code_digest`), the head, the task count, the order
+    and every setting; a resumed table reuses a run only under the same fingerprint. ``content``: the store's
+    :func:`store_content`, read once per store. None: a store without a generation id whose content cannot be told,
+    so no run of it is kept or resumed."""
+    meta = store.meta
+    if meta.generation is None and content is None:
+        return None
+    doc = {
+        "store": str(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
+        "encoder": meta.encoder, "rows": [int(store.train.labels.size), int(store.test.labels.size)],
+        "head": head, "tasks": tasks, "order_seed": seed, "code": code_digest(),
+        "settings": {k: config_record(v) for k, v in asdict_shallow(settings).items()},
+        **({"content": content} if meta.generation is None else {}),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def store_content(path: Path) -> str | None:
+    """A store without a generation id (format 1) by its content: the id :func:`compute_generation` would give it,
+    over its attributes, arrays' metadata and every chunk file's key, size and last bytes (metadata and file tails
+    only, not the rows); None where that cannot be read. A store replaced at the same path has another."""
+    from foal_pipe.store.integrity import compute_generation
+
+    try:
+        return compute_generation(path)
+    except (OSError, ValueError, FoalPipeError):
+        return None
+
+
+@functools.cache
+def code_digest() -> str:
+    """A hash of foal-pipe's own source files: a kept run of other code (a fix since) is not resumed."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for file in sorted(root.rglob("*.py")):
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def asdict_shallow(settings: Settings) -> dict[str, Any]:
+    """The four settings records by name, as ``table.json``'s ``settings`` holds them."""
+    return {"stream": settings.stream, "model": settings.model, "evaluation": settings.evaluation,
+            "execution": settings.execution}
+
+
+def run_record(store_path: Path, store: Any, head: str, tasks: int, seed: int, metrics: Any,
+               options: dict[str, Any]) -> dict[str, Any]:
+    """One run of ``table.json``: where it came from, its options and its accuracy fields (fractions)."""
+    return {
+        "store": str(store_path), "dataset": store.meta.dataset, "encoder": (store.meta.encoder or {}).get("name"),
+        "head": head, "tasks": tasks, "n_tasks": metrics.n_tasks, "stream": metrics.stream or "disjoint",
+        "n_classes": len({c for task in metrics.tasks or () for c in task}), "order_seed": seed, "options": options,
+        "accuracy_matrix": metrics.accuracy_matrix, "A_avg": metrics.A_avg, "A_last": metrics.A_last, "F": metrics.F,
+        "A_auc": metrics.A_auc, "n_train_seen": metrics.n_train_seen, "n_test": metrics.n_test,
+        "feature_dim": metrics.feature_dim,
+    }
+
+
+#: What each field of :func:`run_record` holds; a kept record of other fields or kinds is not reused.
+RUN_FIELDS: dict[str, Any] = {
+    "store": TEXT.accepts, "dataset": TEXT.accepts, "encoder": lambda v: v is None or TEXT.accepts(v),
+    "head": TEXT.accepts, "tasks": INTEGER.accepts, "n_tasks": COUNT.accepts, "stream": TEXT.accepts,
+    "n_classes": COUNT.accepts, "order_seed": INTEGER.accepts, "options": MAPPING.accepts,
+    "accuracy_matrix": lambda v: isinstance(v, list) and bool(v) and all(
+        isinstance(row, list) and len(row) == i + 1 and all(map(is_number, row)) for i, row in enumerate(v)),
+    "A_avg": is_number, "A_last": is_number, "F": is_number, "A_auc": lambda v: v is None or is_number(v),
+    "n_train_seen": COUNT.accepts, "n_test": COUNT.accepts, "feature_dim": COUNT.accepts,
+}
+
+
+def is_run_record(record: Any, head: str, tasks: int, seed: int, auto: bool) -> bool:
+    """Whether ``record`` is a whole :func:`run_record` of ``head`` at ``tasks`` and order ``seed`` (ridge's with
+    ``auto``, ``--gamma auto``: the gamma of each boundary, which the other heads take): a kept file edited, cut or
+    of another shape is run again rather than read into the table."""
+    if not isinstance(record, dict) or record.keys() != RUN_FIELDS.keys():
+        return False
+    if not all(accepts(record[field]) for field, accepts in RUN_FIELDS.items()):
+        return False
+    if (record["head"], record["tasks"], record["order_seed"]) != (head, tasks, seed):
+        return False
+    gammas = record["options"].get("gammas_selected")
+    return head != "ridge" or not auto or (NUMBERS.accepts(gammas) and len(gammas) == record["n_tasks"] > 0)
+
+
+class KeptRuns:
+    """The finished runs of a table under way, one JSON file each beside the output, found again by fingerprint."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out.parent / f".{out.name}.table-runs"
+        #: a run walked apart writes its files under a directory of this prefix (the process id in it), removed
+        #: after; those of a table killed outright (SIGKILL) are removed by the next table on ``out``
+        self.scratch_prefix = f"{self.path.name}-{os.getpid()}-"
+        #: the kept files found that were not whole run records (:meth:`get`): their runs are done again
+        self.damaged = 0
+        for left in out.parent.glob(f"{glob.escape(self.path.name)}-*-*"):  # tempfile adds 8 of [a-z0-9_]
+            named = re.fullmatch(re.escape(self.path.name) + r"-(\d+)-[a-z0-9_]{8}", left.name)
+            if named and not pid_alive(int(named.group(1))):
+                shutil.rmtree(left, ignore_errors=True)
+
+    def get(self, key: str, head: str, tasks: int, seed: int, auto: bool) -> dict[str, Any] | None:
+        """The kept run under ``key`` (None: none); a file that cannot be read or is not a whole record of this run
+        (:func:`is_run_record`) is counted in :attr:`damaged` and its run done again."""
+        file = self.path / f"{key}.json"
+        try:
+            record = json.loads(file.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            record = None
+        if is_run_record(record, head, tasks, seed, auto):
+            return record
+        self.damaged += 1
+        return None
+
+    def put(self, key: str | None, record: dict[str, Any]) -> None:
+        if key is not None:  # None: the store's content cannot be told, so the run is not kept
+            write_json(self.path / f"{key}.json", record)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
