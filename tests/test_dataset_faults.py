@@ -90,13 +90,14 @@ def test_names_with_superscript_digits_are_ordered_not_a_traceback(tmp_path):
 
 # --- 2. and 4. HDF5 classes and labels ------------------------------------------------------------------------------
 
-def _h5(path: Path, train_labels, classes=None, images=None, test_labels=(0, 1)) -> Path:
+def _h5(path: Path, train_labels, classes=None, images=None, test_labels=(0, 1), test_images=None) -> Path:
     rng = np.random.default_rng(0)
     n = len(train_labels)
     with h5py.File(path, "w") as f:
         f["train/images"] = images if images is not None else rng.integers(0, 256, (n, 6, 6), dtype=np.uint8)
         f["train/labels"] = np.asarray(train_labels)
-        f["test/images"] = rng.integers(0, 256, (len(test_labels), 6, 6), dtype=np.uint8)
+        f["test/images"] = (test_images if test_images is not None
+                            else rng.integers(0, 256, (len(test_labels), 6, 6), dtype=np.uint8))
         f["test/labels"] = np.asarray(test_labels)
         if classes is not None:
             f.attrs["classes"] = classes
@@ -132,8 +133,8 @@ def test_hdf5_stray_labels_are_refused_naming_the_count_and_the_largest(tmp_path
 
 def test_hdf5_rgba_images_are_read_at_their_size_with_alpha_dropped_like_a_png(tmp_path):
     rng = np.random.default_rng(2)
-    rgba = rng.integers(0, 256, (4, 8, 8, 4), dtype=np.uint8)
-    path = _h5(tmp_path / "d.h5", [0, 1, 1, 0], images=rgba)
+    rgba, test = rng.integers(0, 256, (4, 8, 8, 4), dtype=np.uint8), rng.integers(0, 256, (2, 8, 8, 4), dtype=np.uint8)
+    path = _h5(tmp_path / "d.h5", [0, 1, 1, 0], images=rgba, test_images=test)  # one native size: both splits 8 x 8
     data = open_dataset("hdf5", path)
     assert data.native_size == 8
     Image.fromarray(rgba[1], "RGBA").save(tmp_path / "x.png")
@@ -141,7 +142,8 @@ def test_hdf5_rgba_images_are_read_at_their_size_with_alpha_dropped_like_a_png(t
         as_png = to_rgb_array(png, 8)
     np.testing.assert_array_equal(to_rgb_array(data.train.load(1), 8), as_png)
     np.testing.assert_array_equal(as_png, rgba[1][..., :3].transpose(2, 0, 1))
-    chw = _h5(tmp_path / "chw.h5", [0, 1, 1, 0], images=np.ascontiguousarray(rgba.transpose(0, 3, 1, 2)))
+    chw = _h5(tmp_path / "chw.h5", [0, 1, 1, 0], images=np.ascontiguousarray(rgba.transpose(0, 3, 1, 2)),
+              test_images=np.ascontiguousarray(test.transpose(0, 3, 1, 2)))
     assert open_dataset("hdf5", chw).native_size == 8
     np.testing.assert_array_equal(to_rgb_array(open_dataset("hdf5", chw).train.load(1), 8), as_png)
     assert _extract(path, tmp_path / "s.zarr", dataset="hdf5").exit_code == 0

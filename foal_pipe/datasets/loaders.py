@@ -1,4 +1,5 @@
-"""One loader per dataset: ``(data_dir or None, download) -> DatasetSplits``. Torch and torchvision are
+"""One loader per dataset: ``(data_dir or None, download) -> DatasetSplits`` (hdf5's in
+:mod:`foal_pipe.datasets.hdf5`). Torch and torchvision are
 imported only inside the loaders that need them.
 """
 
@@ -16,25 +17,20 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.hdf5 import load_hdf5 as load_hdf5
 from foal_pipe.datasets.sources import (
-    H5_PIXELS,
-    H5_SHAPES,
     IMAGE_EXTENSIONS,
     ArraySource,
     DatasetSplits,
     FileSource,
-    H5Source,
     TorchvisionSource,
     _is_image_entry,
     clash_text,
-    h5_layout,
-    h5_side,
     images_in,
     name_clash,
     natural_key,
     nfc,
     nfc_key,
-    same_names,
 )
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import UNLABELLED
@@ -140,6 +136,9 @@ def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetSplits:
         if images.shape[0] != labels.shape[0]:
             raise FoalPipeError(f"{folder}: {img_stem} has {images.shape[0]} images but {lab_stem} has "
                                 f"{labels.shape[0]} labels; download the files again")
+        if labels.size and labels.max() >= len(FASHION_CLASSES):
+            raise FoalPipeError(f"{folder}: {lab_stem} holds label {int(labels.max())}, outside 0..{len(FASHION_CLASSES) - 1} "
+                                "(Fashion-MNIST's 10 classes); download the files again")
         splits[split] = ArraySource(images, labels.astype(np.int64), what=f"fashion-mnist {split}")
     return DatasetSplits("fashion-mnist", FASHION_CLASSES, splits["train"], splits["test"], str(folder), 28)
 
@@ -369,7 +368,7 @@ def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
     paths = images_in(root)
     if not paths:
         raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check {param('data_dir')}")
-    return DatasetSplits("images", ["unlabelled"], FileSource([], []), FileSource(paths, [UNLABELLED] * len(paths), root),
+    return DatasetSplits("images", ["unlabelled"], FileSource([], [], root), FileSource(paths, [UNLABELLED] * len(paths), root),
                          str(root))
 
 
@@ -421,11 +420,15 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
         paths += files
         labels += [lookup[c]] * len(files)
     train = FileSource(paths, labels, root)
-    val_paths, val_labels = [], []
-    for line in (root / "val" / "val_annotations.txt").read_text().splitlines():
+    val_paths, val_labels, seen = [], [], {}
+    for number, line in enumerate((root / "val" / "val_annotations.txt").read_text().splitlines(), 1):
         parts = line.split("\t")
         if len(parts) < 2:
             continue
+        if parts[0] in seen:
+            raise FoalPipeError(f"{root}/val/val_annotations.txt line {number} names {parts[0]!r} again (first on line "
+                                f"{seen[parts[0]]}); an image has one class: unzip the full archive again")
+        seen[parts[0]] = number
         if parts[1] not in lookup:
             raise FoalPipeError(f"{root}/val/val_annotations.txt names class {parts[1]!r} that has no "
                                 f"{root}/train/{parts[1]} folder; unzip the full archive again")
@@ -434,67 +437,3 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
     order = sorted(range(len(val_paths)), key=lambda i: natural_key(val_paths[i].name))
     test = FileSource([val_paths[i] for i in order], [val_labels[i] for i in order], root)
     return DatasetSplits("tiny-imagenet", classes, train, test, str(root), 64)
-
-
-def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
-    """One ``.h5`` file with ``train/images``, ``train/labels``, ``test/images``, ``test/labels``."""
-    import h5py
-
-    if data_dir is None:
-        raise FoalPipeError(f"{param('dataset', 'hdf5')} needs {param('data_dir', 'FILE.h5')} (with train/images, "
-                            "train/labels, test/images, test/labels)")
-    path = data_dir.expanduser()
-    if not path.is_file():
-        raise FoalPipeError(f"HDF5 dataset not found: {path} is not a file; pass {param('data_dir', 'FILE.h5')}")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise FoalPipeError(f"cannot open {path} as HDF5 ({exc}); pass a .h5 file made with h5py") from None
-    with f:
-        labels, shapes = {}, {}
-        for split in ("train", "test"):
-            for key in ("images", "labels"):
-                if f"{split}/{key}" not in f:
-                    raise FoalPipeError(f"{path} has no dataset {split}/{key}; it needs train/images, "
-                                        "train/labels, test/images and test/labels")
-            raw = f[f"{split}/labels"]
-            if raw.dtype.kind not in "iu":  # floats (NaN included) and booleans are not label ids
-                raise FoalPipeError(f"{path}: dataset {split}/labels has dtype {raw.dtype}; labels must be integers "
-                                    "0..K-1: store them with an integer dtype (e.g. labels.astype('int64'))")
-            if f[f"{split}/images"].dtype.kind not in "iuf":
-                raise FoalPipeError(f"{path}: dataset {split}/images has dtype {f[f'{split}/images'].dtype}; images "
-                                    f"must be {H5_PIXELS}")
-            labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
-            shapes[split] = f[f"{split}/images"].shape
-            if shapes[split][0] != len(labels[split]) or h5_layout(shapes[split]) is None:
-                raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "
-                                    f"{len(labels[split])} rows; expected N labels and N images of shape {H5_SHAPES}")
-        names = f.attrs.get("classes")
-        if names is None and "classes" in f:
-            names = f["classes"][:]
-    every = np.concatenate([labels["train"], labels["test"]])
-    if every.size and every.min() < 0:
-        raise FoalPipeError(f"{path} has negative labels (the smallest {int(every.min())}); labels must be 0..K-1")
-    top = int(every.max(initial=-1))
-    if names is not None:
-        classes = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names).reshape(-1).tolist()]
-        beyond = int((every >= len(classes)).sum())
-        if beyond:
-            lie = "labels lie" if beyond != 1 else "label lies"
-            raise FoalPipeError(f"{path}: {beyond:,} {lie} outside 0..{len(classes) - 1}, the "
-                                f"{len(classes)} classes its 'classes' lists (the largest label is {top:,}); fix those "
-                                "labels or list every class in 'classes'")
-        clash = same_names(classes)
-        if clash is not None:
-            raise FoalPipeError(f"{path}: its 'classes' {clash}, two label ids for one class; list each class name "
-                                "once (merge the labels of the two, or rename one)")
-    else:
-        unused = top + 1 - len(np.unique(every))
-        if unused:
-            raise FoalPipeError(f"{path}: its labels go up to {top:,}, so {top + 1:,} classes, but {unused:,} of the "
-                                f"labels 0..{top:,} have no image in either split; fix the stray labels, or list the "
-                                "class names in a 'classes' attribute if classes without images are meant")
-        classes = [str(k) for k in range(top + 1)]
-    return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"], h5_layout(shapes["train"])),
-                         H5Source(path, "test", labels["test"], h5_layout(shapes["test"])), str(path),
-                         h5_side(shapes["train"]))

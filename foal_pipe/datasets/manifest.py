@@ -124,6 +124,9 @@ def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> 
     rows: dict[str, list[tuple[str, str, int, str]]] = {split: [] for split in SPLITS}
     for split, (name, digest, label) in listed:
         same = [(path, cls) for path, cls in files[nfc(name)] if digests[path] == digest and path not in taken]
+        if not same and any(digests[path] == digest for path, _ in files[nfc(name)]):
+            raise FoalPipeError(f"the split manifest {where} lists image {name!r} in both splits, and {pool.location} "
+                                "holds one such file; a manifest names each image in one split: remove one of its entries")
         if not same:
             raise FoalPipeError(f"image {name!r} of the split manifest {where} ({split}) has other bytes in "
                                 f"{pool.location} ({files[nfc(name)][0][0]}) than the manifest records; restore the "

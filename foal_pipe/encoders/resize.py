@@ -108,7 +108,7 @@ def device_resize_problem(native_size: int | None, interpolation: str) -> str | 
     """Why the device cannot resize this dataset for this encoder, or ``None`` when it can."""
     if native_size is None:
         return ("needs a dataset whose images share one size (digits, fashion-mnist, cifar100, core50, "
-                "tiny-imagenet, an hdf5 file of squares), and this one has none")
+                "tiny-imagenet, an hdf5 file whose splits share one square size), and this one has none")
     if interpolation not in FILTERS:
         return f"reproduces PIL's {' and '.join(FILTERS)} resampling only, not the model's {interpolation!r}"
     if torch_version() is None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zarr
 
 from foal_pipe.datasets.manifest import SplitManifest
@@ -29,6 +30,7 @@ from foal_pipe.store import (
     verify_store,
 )
 from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.chunks import read_rows
 from foal_pipe.store.manifest import stored_manifest
 from foal_pipe.store.write import foreign_file, replace_manifest
 
@@ -121,8 +123,6 @@ def _check_chunk_memory(spec: ExtractSpec, inputs: Inputs, rows: int) -> None:
     """Refuse, before a store is created, features too wide for one chunk and one batch in memory (a pixels
     encoder at a huge --image-size): extraction would otherwise end in a MemoryError traceback. A batch never
     straddles a chunk, so it holds at most a chunk's rows whatever --batch-size says."""
-    import numpy as np
-
     from foal_pipe.memory import check_memory
 
     dim, chunk = inputs.encoder.dim, max(1, min(spec.chunk_rows, rows))
@@ -148,7 +148,7 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
         return None
     settings = store_settings(spec, inputs)
     if not overwrite:
-        return _check_manifest(_existing_state(out, out, settings), inputs)
+        return _check_rows(_check_manifest(_existing_state(out, out, settings), inputs), inputs)
     foreign = foreign_file(out) if is_feature_store(out) else None
     if foreign is not None:  # --overwrite deletes the old store whole: refuse before a user's file goes with it
         raise FoalPipeError(f"{out} also holds {foreign!r}, which a store does not write; {param('overwrite', True)} "
@@ -156,7 +156,7 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
     staged = staging_path(out)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:
-            return _check_manifest(_existing_state(staged, out, settings), inputs)
+            return _check_rows(_check_manifest(_existing_state(staged, out, settings), inputs), inputs)
         except FoalPipeError:
             return None
     return None
@@ -180,6 +180,27 @@ def _check_manifest(state: StoreState, inputs: Inputs) -> StoreState:
                 raise FoalPipeError(f"{out} from other images: {split} row {row} holds the features of {was[0]!r} "
                                     f"(SHA-256 {was[1][:12]}...), now {now[0]!r} (SHA-256 {now[1][:12]}...); restore "
                                     f"the original images, or pass {param('overwrite', True)} to extract it again")
+    return state
+
+
+def _check_rows(state: StoreState, inputs: Inputs) -> StoreState:
+    """Refuse to resume (or to call complete) a store whose labels or row indices, written once with its skeleton,
+    are no longer the dataset's for every row (an image not written yet moved to another class folder): the rows
+    still to come would carry the old labels."""
+    group = zarr.open_group(str(state.path), mode="r")
+    for split in SPLITS:
+        source = inputs.data.split(split)
+        for leaf, now in (("labels", source.labels), ("index", source.index)):
+            if f"{split}/{leaf}" not in group:
+                continue
+            array = group[f"{split}/{leaf}"]
+            was, now = read_rows(state.path, f"{split}/{leaf}", array, 0, int(array.shape[0])), np.asarray(now)
+            differ = np.flatnonzero(was != now)  # as long: the row counts are among the settings compared
+            if len(differ):
+                row = int(differ[0])
+                raise FoalPipeError(f"{state.out} was extracted with other {leaf}: {split} row {row} has {leaf.rstrip('s')} "
+                                    f"{int(was[row])} in the store but {int(now[row])} in the dataset now (its rows not "
+                                    f"written yet come from other images); pass {param('overwrite', True)} to extract it again")
     return state
 
 

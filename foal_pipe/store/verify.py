@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from foal_pipe.store.integrity import (
     record_problem,
     sealed,
 )
-from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, edited_version, read_meta
+from foal_pipe.store.manifest import MANIFEST, stored_manifest
+from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, StoreMeta, edited_version, read_meta
 from foal_pipe.store.read import chunk_too_large, open_store
 
 #: The ``array`` of a problem of the whole store, and the start of one every reader refuses (its message says the fix).
@@ -71,6 +73,34 @@ def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
         else:
             out.append(p)
     return out
+
+
+def _manifest_labels(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array]) -> list[ChunkProblem]:
+    """The first row of each split whose label in the split manifest differs from its ``labels`` array: both are
+    written by ``extract``, so a difference means one of them is not the dataset's (a resume over moved images)."""
+    try:
+        raw = stored_manifest(path, (group, meta))
+    except FoalPipeError:  # a damaged manifest: its chunks are reported above, and open_store names it
+        return []
+    if raw is None:
+        return []
+    found = []
+    for split in SPLITS:
+        try:
+            listed = np.asarray([entry[2] for entry in json.loads(raw.decode("utf-8"))[split]], np.int64)
+        except (ValueError, KeyError, IndexError, TypeError):
+            return [ChunkProblem(MANIFEST, 0, 0, f"not a readable split manifest; {REEXTRACT}")]
+        labels = np.asarray(arrays[f"{split}/labels"][:])
+        differ = np.flatnonzero(listed != labels) if listed.shape == labels.shape else [min(len(listed), len(labels))]
+        if len(differ):
+            row = int(differ[0])
+            found.append(ChunkProblem(f"{split}/labels", 0, 0, f"row {row:,} differs from the split manifest's label "
+                                      f"for that row (manifest {_at(listed, row)}, labels {_at(labels, row)}); {REEXTRACT}"))
+    return found
+
+
+def _at(values: np.ndarray, row: int) -> str:
+    return str(int(values[row])) if row < len(values) else "no row"
 
 
 def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -> Verification:
@@ -149,6 +179,8 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
             and compute_generation(path, group) != meta.generation):
         problems.append(ChunkProblem(WHOLE_STORE, 0, 0, "its files changed after it was completed "
                                      "(generation id mismatch)"))
+    if read and not problems:
+        problems += _manifest_labels(path, group, meta, arrays)
     if read and meta.complete and not problems:
         try:
             open_store(path)
