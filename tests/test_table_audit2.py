@@ -137,3 +137,16 @@ def test_a_store_name_with_a_bar_keeps_table_md_s_columns(tmp_path):
         return len(line.replace("\\|", "").strip("|").split("|"))
 
     assert {cells(line) for line in rows} == {cells(rows[1])}
+
+
+@pytest.mark.parametrize("extra", [("--stream", "si-blurry"), ("--max-memory", "1KiB")])
+def test_a_missing_parent_of_out_is_made_on_the_runs_walked_apart_too(tmp_path, extra):
+    """Ridge runs walked one by one (si-blurry, or too little memory for one pass) made their scratch folder beside
+    ``--out`` before its parent existed; the one-pass path made it. Both now give the table."""
+    store = build_store(tmp_path / "a.zarr", n_train=200, n_test=80, seed=3)
+    out = tmp_path / "new" / "deeper" / "t"
+    result = invoke("table", "--features", store, "--out", out, "--tasks", 2, "--projection-dim", 16, "--order-seeds",
+                    "0", "--backend", "numpy", *extra)
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "table.json").read_text())
+    assert rows and sorted(p.name for p in out.parent.iterdir()) == ["t"]

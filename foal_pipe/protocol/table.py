@@ -14,7 +14,6 @@ killed table resumes its finished runs; the table's files are written as one uni
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -334,7 +333,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                                                     memos[seed])
                             warn_auto_edges(m, run_log)  # as run_learn warns
                         else:
-                            with tempfile.TemporaryDirectory(dir=kept.path.parent, prefix=kept.scratch_prefix) as tmp:
+                            with kept.scratch() as tmp:
                                 m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
                                               s.execution, log=run_log, shared=shared).metrics
                         options = {"gamma": m.gamma, "selected_by": m.selected_by,

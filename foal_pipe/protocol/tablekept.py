@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,12 @@ class KeptRuns:
             return record
         self.damaged += 1
         return None
+
+    def scratch(self) -> tempfile.TemporaryDirectory[str]:
+        """A directory for a run walked apart, beside the kept runs: ``--out``'s parent is made first, as :meth:`put`'s
+        first file makes it (a missing parent refused only the runs walked apart)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(dir=self.path.parent, prefix=self.scratch_prefix)
 
     def put(self, key: str | None, record: dict[str, Any]) -> None:
         if key is not None:  # None: the store's content cannot be told, so the run is not kept
