@@ -79,17 +79,23 @@ def whole(tmp_path_factory) -> tuple[Path, dict]:
     return store, engine.run_table([store], root / "t", CONFIG, _settings(), log=lambda _: None)
 
 
+def _killed_after(monkeypatch, store: Path, out: Path, runs: int) -> list[Path]:
+    """Kill a table on ``out`` once ``runs`` runs are kept; the kept runs' files, sorted."""
+    put = engine._Kept.put
+    die_after_kept_runs(monkeypatch, runs)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_table([store], out, CONFIG, _settings(), log=lambda _: None)
+    monkeypatch.setattr(engine._Kept, "put", put)
+    files = sorted((out.parent / f".{out.name}.table-runs").glob("*.json"))
+    assert len(files) == runs
+    return files
+
+
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_a_kept_run_that_is_not_a_whole_record_is_run_again(whole, tmp_path, monkeypatch, damage):
     store, table = whole
     out = tmp_path / "t"
-    put = engine._Kept.put
-    die_after_kept_runs(monkeypatch, 3)
-    with pytest.raises(KeyboardInterrupt):
-        engine.run_table([store], out, CONFIG, _settings(), log=lambda _: None)
-    monkeypatch.setattr(engine._Kept, "put", put)
-    files = sorted((tmp_path / ".t.table-runs").glob("*.json"))
-    assert len(files) == 3
+    files = _killed_after(monkeypatch, store, out, 3)
     ridge = next(f for f in files if json.loads(f.read_text())["head"] == "ridge")
     ridge.write_text(json.dumps(DAMAGES[damage](json.loads(ridge.read_text()))))
     said: list[str] = []
@@ -102,12 +108,7 @@ def test_a_kept_run_that_is_not_a_whole_record_is_run_again(whole, tmp_path, mon
 def test_a_kept_file_that_is_not_json_is_run_again_through_the_cli(whole, tmp_path, monkeypatch):
     store, table = whole
     out = tmp_path / "t"
-    put = engine._Kept.put
-    die_after_kept_runs(monkeypatch, 1)
-    with pytest.raises(KeyboardInterrupt):
-        engine.run_table([store], out, CONFIG, _settings(), log=lambda _: None)
-    monkeypatch.setattr(engine._Kept, "put", put)
-    (kept,) = (tmp_path / ".t.table-runs").glob("*.json")
+    (kept,) = _killed_after(monkeypatch, store, out, 1)
     kept.write_text('{"head": ')
     result = invoke("table", "--features", store, "--heads", "ridge,ncm", "--order-seeds", "0,1", "--tasks", 2,
                     "--projection-dim", 24, "--seed", 3, "--batch-size", 10, "--backend", "numpy", "--out", out)
