@@ -16,7 +16,7 @@ from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
 from foal_pipe.protocol.schema import CRITERIA
-from foal_pipe.protocol.stream import check_ratio
+from foal_pipe.protocol.stream import DEFAULT_RATIOS, check_ratio
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
@@ -49,8 +49,8 @@ class StreamConfig:
     order_seed: int | None = None  # the class order's and shuffles' seed; None: ``seed`` (which fixes the projection)
     drop_remainder: bool = False  # split evenly and drop the classes left over (the published code)
     stream: str = "disjoint"  # stream.STREAMS: disjoint tasks, or si-blurry (classes recur, task sizes drawn)
-    disjoint_ratio: int = 50  # si-blurry: % of the classes seen in one task only
-    blurry_ratio: int = 10  # si-blurry: % of the other classes' rows dealt over the tasks
+    disjoint_ratio: int = DEFAULT_RATIOS["disjoint_ratio"]  # si-blurry: % of the classes seen in one task only
+    blurry_ratio: int = DEFAULT_RATIOS["blurry_ratio"]  # si-blurry: % of the other classes' rows dealt over the tasks
 
     def __post_init__(self) -> None:
         for name, value in (("seed", self.seed), ("order_seed", self.order_seed)):

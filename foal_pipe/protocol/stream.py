@@ -321,8 +321,8 @@ def _cut(items: np.ndarray, n_tasks: int, rng: np.random.Generator) -> list[np.n
 
 
 def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
-              disjoint_ratio: int = 50, blurry_ratio: int = 10, drop_last: bool = False,
-              test_labels: np.ndarray | None = None) -> Stream:
+              disjoint_ratio: int = DEFAULT_RATIOS["disjoint_ratio"], blurry_ratio: int = DEFAULT_RATIOS["blurry_ratio"],
+              drop_last: bool = False, test_labels: np.ndarray | None = None) -> Stream:
     """The Si-Blurry stream (Moon et al., ICCV 2023, and its public code; docs/streams.md).
 
     From one ``numpy.random.default_rng(seed)``: a class permutation; its first ``C * disjoint_ratio // 100``
@@ -405,7 +405,8 @@ STREAMS = {"disjoint": _disjoint, "si-blurry": _si_blurry}
 
 def make_stream(kind: str, labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
                 class_order: list[list[int]] | None = None, drop_last: bool = False, drop_remainder: bool = False,
-                disjoint_ratio: int = 50, blurry_ratio: int = 10, test_labels: np.ndarray | None = None) -> Stream:
+                disjoint_ratio: int = DEFAULT_RATIOS["disjoint_ratio"], blurry_ratio: int = DEFAULT_RATIOS["blurry_ratio"],
+                test_labels: np.ndarray | None = None) -> Stream:
     """The stream ``kind`` (:data:`STREAMS`) over a split's labels (``test_labels``: the test split's, which name
     the classes with test rows and no training row); its options refused where they do not apply."""
     if kind not in STREAMS:
