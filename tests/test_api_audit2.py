@@ -233,7 +233,7 @@ def test_a_saved_heads_overflowing_scores_are_refused(tmp_path, head):
     model = load_model(tmp_path / "run" / "model.safetensors")
     np.testing.assert_array_equal(model.predict(x[:15]), y[:15])  # rows of the training range answer
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=RuntimeWarning)
+        warnings.filterwarnings("error", module=r"foal_pipe\.")  # refused without an overflow warning of ours first
         with pytest.raises(FoalPipeError, match="overflow float64") as exc:
             model.predict(np.full((3, 4), 1e308))  # x . mean of a class = 5e308 at least
     _one_line(exc)

@@ -69,7 +69,8 @@ class HeadClassifier:
 
     def class_scores(self, rows: Any) -> np.ndarray:
         """The scorer's scores of the rows of the head's space, (n, n_classes), columns in ``classes_`` order."""
-        return finite_scores(np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64))
+        with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
+            return finite_scores(np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64))
 
     def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
         """The class of the highest score among the classes seen (a head scores no others)."""
