@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,8 @@ from foal_pipe.errors import FoalPipeError, param
 if TYPE_CHECKING:
     from distributed import Client
 
+#: Seconds to reach a remote scheduler, handshake included, before "cannot connect to the Dask scheduler".
+CONNECT_TIMEOUT: float = 20
 #: Seconds to wait for a remote cluster to have at least one worker.
 WORKER_TIMEOUT = 60
 #: The level of distributed's loggers while foal-pipe holds a client: its task failures and lost workers are
@@ -120,6 +122,27 @@ def quiet_logs() -> Iterator[None]:
             logger.setLevel(level)
 
 
+def connect(address: str) -> Client:
+    """A client of the scheduler at ``address``, connected within :data:`CONNECT_TIMEOUT` s overall, else an error.
+
+    ``Client(timeout=...)`` bounds the TCP connect alone: the handshake after it waits forever on a server that
+    accepts and never answers as a scheduler (an HTTP server, a silent socket). ``callback_timeout`` bounds the
+    whole start on the client's own event loop, which cancels the handshake there; a client that failed to start
+    is closed at once (its socket and loop thread), not left to the interpreter's exit."""
+    from distributed import Client
+
+    class Bounded(Client):
+        def start(self, **kwargs: Any) -> None:
+            try:
+                super().start(callback_timeout=CONNECT_TIMEOUT, **kwargs)
+            except BaseException:
+                with suppress(Exception):  # the start's error is the one to report
+                    self.close(timeout=CONNECT_TIMEOUT)
+                raise
+
+    return Bounded(address, timeout=CONNECT_TIMEOUT)
+
+
 @contextmanager
 def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Client]:
     """A connected client: ``local`` starts a LocalCluster of ``workers`` processes (closed on exit),
@@ -143,9 +166,9 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
         else:
             cluster = None
             try:
-                client = distributed.Client(address, timeout="20s")
+                client = connect(str(address))  # a str: checked above
             except Exception as exc:  # noqa: BLE001  also what a server that is no Dask scheduler answers with
-                # (an HTTP server's reply read as a message length: a MemoryError of exbibytes)
+                # (an HTTP server's reply read as a message length: a MemoryError of exbibytes; a silent one: a timeout)
                 raise FoalPipeError(
                     f"cannot connect to the Dask scheduler at {address!r} ({type(exc).__name__}); start one with "
                     f"`dask scheduler` and pass its tcp://host:port, or use {param('dask_address', 'local')}"

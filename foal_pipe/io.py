@@ -11,22 +11,20 @@ import contextlib
 import csv
 import ctypes
 import errno
-import fcntl
 import glob
+import itertools
 import json
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
+from foal_pipe.durable import fsync_path, held_signals, keep_permissions, lock_folder, pid_alive, sync_tree, umask
 from foal_pipe.errors import FoalPipeError, param
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -46,7 +44,6 @@ _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 TEMPORARY = re.compile(r"\..+\.(tmp-\d+(-[a-z0-9_]{8})?(-old|\.swap)?|table-runs(-\d+-[a-z0-9_]{8})?)")
 #: The longest name atomic_dir makes beside NAME, less NAME: ``.NAME.tmp-PID-RANDOM.swap`` with a 7-digit PID.
 _TEMP_EXTRA = len(".") + len(".tmp-") + 7 + len("-") + 8 + len(_JOURNAL)
-_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class WriteError(FoalPipeError):
@@ -88,7 +85,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
-        _keep_permissions(path, tmp)
+        keep_permissions(path, tmp)
         os.replace(tmp, path)
     except OSError as exc:
         raise _io_error(path, exc, "free some space or choose another output path") from None
@@ -129,7 +126,8 @@ def write_json(path: str | Path, data: Any) -> Path:
     return Path(path)
 
 
-def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[str | Path | None] = ()) -> Path:
+def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[str | Path | None] = (),
+                     inside: str = "run") -> Path:
     """Refuse, before any work, an output directory that cannot be written; settles earlier interrupted runs.
 
     Makes a probe directory (removed again) in ``path``'s parent or, where that does not exist yet, its nearest
@@ -137,12 +135,14 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
     are named now rather than after training; so are an existing ``path`` that cannot be replaced, a name too long
     for the run's temporaries and a ``path`` holding one of the command's ``inputs``. ``create``: make the parents
     (at write time). A symlinked ``path`` is checked (and later written) at its target: :func:`follow_link`.
+    ``inside``: the name of the folder suggested inside a mount point, or a directory named by '.' or '..' that
+    holds an input.
     """
+    inputs = list(inputs)
     _check_kind(path, "directory")
     path = _check_parents(follow_link(path))
     if path.name in ("", ".", ".."):  # rename() refuses them: the run would fail after all its work
-        raise FoalPipeError(f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename; "
-                            f"pass it by name, e.g. {param('out')} {Path(os.path.abspath(path))}")
+        _refuse_dots(path, inputs, inside)
     try:
         where = _probe_parent(path, create)
         limit = os.pathconf(where, "PC_NAME_MAX")  # a longer name would fail on the run's temporaries, after the work
@@ -155,7 +155,7 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
             raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with {param('out')}")
         if os.path.ismount(path):  # rename() says EBUSY
             raise FoalPipeError(f"output {path} is a mount point, which cannot be replaced in one rename; choose a folder "
-                                f"inside it, e.g. {param('out')} {path / 'run'}")
+                                f"inside it, e.g. {param('out')} {path / inside}")
         with held_signals():  # made and removed with no interrupt between; in an existing `path` too: its entries
             for folder in (where, path) if path.is_dir() else (where,):  # are carried or removed at the swap
                 Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=folder)).rmdir()
@@ -163,6 +163,33 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
         raise _io_error(path, exc, f"choose a writable {param('out')} directory") from None
     check_not_an_input(path, inputs)
     return path
+
+
+def _refuse_dots(path: Path, inputs: list[str | Path | None], inside: str) -> NoReturn:
+    """Refuse ``path`` named by '.' or '..' with an ``--out`` to pass instead: the directory by name or, where it holds
+    an input (and would be refused in turn), a folder in it (``inside``, else ``inside-2``, ...) that the checks accept."""
+    named = Path(os.path.abspath(path))
+    why = f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename"
+    try:
+        check_not_an_input(named, inputs)
+    except FoalPipeError:
+        folder = next(named / name for name in itertools.chain([inside], (f"{inside}-{i}" for i in itertools.count(2)))
+                      if not os.path.lexists(named / name) or _takes(named / name, inputs))
+        raise FoalPipeError(f"{why}, and {named} holds this command's inputs; pass a folder by name, e.g. "
+                            f"{param('out')} {folder}") from None
+    raise FoalPipeError(f"{why}; pass it by name, e.g. {param('out')} {named}")
+
+
+def _takes(folder: Path, inputs: list[str | Path | None]) -> bool:
+    """Whether the existing ``folder`` can be an output: a folder, not a feature store, and not one of ``inputs`` nor
+    holding one."""
+    if not folder.is_dir() or is_feature_store(folder):
+        return False
+    try:
+        check_not_an_input(folder, inputs)
+    except FoalPipeError:
+        return False
+    return True
 
 
 def _check_kind(path: str | Path, kind: str) -> None:
@@ -260,17 +287,6 @@ def _remove_stale(path: Path) -> None:
         _settle(path, tmp)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this host (one we may not signal counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, onerror=_writable_retry)
@@ -286,75 +302,6 @@ def _writable_retry(func: Callable[..., Any], name: str, _exc: Any) -> None:
         func(name)
 
 
-class _Held:
-    """The stand-in handler of a held signal: records it while the hold lasts, and passes one that arrives after
-    (while the real handlers are being put back) straight on."""
-
-    def __init__(self) -> None:
-        self.active = True
-        self.caught: list[int] = []
-        self.saved: dict[int, Callable[[int, FrameType | None], Any]] = {}
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.active:
-            self.caught.append(signum)
-        else:
-            self.saved[signum](signum, frame)
-
-
-@contextmanager
-def held_signals() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP (their Python handlers) over the few steps that make or remove a temporary, and
-    deliver them after: an interrupt between making one and recording it, or half-way through a clean-up, would
-    leave it behind. Only the main thread runs signal handlers; elsewhere there is nothing to hold."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = _Held()
-    try:
-        for signum in _HELD_SIGNALS:
-            handler = signal.getsignal(signum)
-            if callable(handler):  # a default or ignored signal raises nothing: leave it
-                held.saved[signum] = handler
-                signal.signal(signum, held)
-        yield
-    finally:
-        held.active = False
-        try:
-            for restored, handler in held.saved.items():
-                signal.signal(restored, handler)
-        finally:
-            for caught in held.caught:
-                held.saved[caught](caught, None)
-
-
-def _fsync(path: str | Path, directory: bool = False) -> None:
-    """Flush a file or a folder's entries to the disk. A file or folder this process may not open for reading,
-    and a filesystem that cannot sync a folder, are let be: durability is not worth failing a finished run for;
-    a failed flush (EIO, ENOSPC) is an error, the data may not be on the disk."""
-    try:
-        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    except PermissionError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if not directory or exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _sync_tree(top: Path) -> None:
-    """Flush a run's files and folders before they replace the previous outputs: after a power loss the swap,
-    if it persisted, never shows files whose data did not."""
-    for folder, _dirs, files in os.walk(top):
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                _fsync(os.path.join(folder, name))
-        _fsync(folder, directory=True)
-
-
 def _read_journal(journal: Path) -> tuple[int | None, set[str]]:
     """The new directory's inode and the names the run owns (never carried over), as :func:`atomic_dir` wrote
     them; no inode when there is no whole journal."""
@@ -365,13 +312,32 @@ def _read_journal(journal: Path) -> tuple[int | None, set[str]]:
         return None, set()
 
 
+def _carry(previous: Path, path: Path, owned: set[str]) -> bool:
+    """Move the entries of the previous outputs that ``path`` lacks into it, except the ``owned`` ones; an owned
+    ``FOLDER/NAME`` is left out of a carried folder FOLDER (not a link), which stays behind too once it holds nothing
+    else. Whether any entry was moved."""
+    carried = False
+    for entry in previous.iterdir():
+        if entry.name in owned or os.path.lexists(path / entry.name):
+            continue
+        inner = {name.split("/", 1)[1] for name in owned if name.startswith(f"{entry.name}/")}
+        if inner and entry.is_dir() and not entry.is_symlink():
+            for stale in [e for e in entry.iterdir() if e.name in inner]:
+                _remove(stale)
+            if not any(entry.iterdir()):
+                continue
+        os.rename(entry, path / entry.name)
+        carried = True
+    return carried
+
+
 def _settle(path: Path, tmp: Path) -> None:
     """Finish or undo a replacement of ``path`` by the directory ``tmp``, then remove the temporaries.
 
     Before swapping, :func:`atomic_dir` records the new directory's inode, and the names the run owns, in the
     journal ``tmp.swap``. If ``path`` now has that inode the swap happened, and the previous outputs (left in
     ``tmp`` by an exchange, in ``tmp-old`` by two renames) give ``path`` the entries it lacks, except the owned
-    ones (a stale file of the previous run's); if ``path`` is missing (killed between the two renames), the
+    ones (a stale file of the previous run's: :func:`_carry`); if ``path`` is missing (killed between the two renames), the
     previous outputs are put back. Without a journal ``tmp`` is an unfinished run. Signals are held meanwhile,
     so that an interrupt leaves no temporary of it.
     """
@@ -380,18 +346,12 @@ def _settle(path: Path, tmp: Path) -> None:
         new_inode, owned = _read_journal(journal)
         if new_inode is not None:
             if path.is_dir() and path.stat().st_ino == new_inode:
-                carried = False
-                for previous in (tmp, old):
-                    if previous.is_dir():
-                        for entry in previous.iterdir():
-                            if entry.name not in owned and not os.path.lexists(path / entry.name):
-                                os.rename(entry, path / entry.name)
-                                carried = True
-                if carried:  # before the journal goes: after a power loss, the next run carries what is missing
-                    _fsync(path, directory=True)
+                carried = [_carry(previous, path, owned) for previous in (tmp, old) if previous.is_dir()]
+                if any(carried):  # before the journal goes: after a power loss, the next run carries what is missing
+                    fsync_path(path, directory=True)
             elif not os.path.lexists(path) and old.is_dir():
                 os.rename(old, path)
-                _fsync(path.parent, directory=True)
+                fsync_path(path.parent, directory=True)
         for leftover in (tmp, old, journal):
             _remove(leftover)
 
@@ -416,13 +376,15 @@ def exchange(a: Path, b: Path) -> bool:
 def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     """Yield a fresh temporary sibling directory; on success it becomes ``path`` in one rename.
 
-    Entries of an existing ``path`` that this run does not write (say ``eval/`` beside a run's model) are
+    Entries of an existing ``path`` that this run does not write (say a user's notes beside a run's model) are
     carried over, except those named in ``owned``: the command's own outputs, which a run that does not write
-    one (no sweep, no plots) must not show from an earlier run. A symlinked ``path`` is replaced at its target,
-    the link kept (:func:`follow_link`). On any error the temporary directory is removed and ``path`` is left as
-    it was; a run killed at any point (power loss included: the files and the swap are synced) is settled by
-    the next :func:`check_output_dir` on ``path``. An I/O error is reported as a failed write of ``path``, except
-    the caller's about a path outside the temporary directory (an input it reads), which propagates as it is.
+    one (no sweep, no plots) must not show from an earlier run; ``FOLDER/NAME`` names one inside a carried
+    ``FOLDER`` (say an evaluation of the replaced run in ``eval/``), left out of it. A symlinked ``path`` is
+    replaced at its target, the link kept (:func:`follow_link`). On any error the temporary directory is removed
+    and ``path`` is left as it was; a run killed at any point (power loss included: the files and the swap are
+    synced) is settled by the next :func:`check_output_dir` on ``path``. An I/O error is reported as a failed write
+    of ``path``, except the caller's about a path outside the temporary directory (an input it reads), which
+    propagates as it is.
     """
     path = check_output_dir(path, create=True)
     tmp: Path | None = None
@@ -437,21 +399,21 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
             if exc.filename is not None and not Path(os.fsdecode(exc.filename)).is_relative_to(tmp):
                 foreign = exc  # say, an input read while the outputs are written: its own error, not --out's
             raise
-        os.chmod(tmp, 0o777 & ~_umask())
-        _sync_tree(tmp)
-        lock = _lock(path.parent)  # released after _settle: a second run swaps against this one's settled result
-        _keep_permissions(path, tmp)
+        os.chmod(tmp, 0o777 & ~umask())
+        sync_tree(tmp)
+        lock = lock_folder(path.parent)  # released after _settle: a second run swaps against this one's settled result
+        keep_permissions(path, tmp)
         if path.is_dir():
             journal = tmp.with_name(tmp.name + _JOURNAL)
             journal.write_text("\n".join([str(tmp.stat().st_ino), *sorted(set(owned))]))
-            _fsync(journal)
-            _fsync(path.parent, directory=True)
+            fsync_path(journal)
+            fsync_path(path.parent, directory=True)
             if not exchange(tmp, path):
                 os.rename(path, tmp.with_name(tmp.name + _OLD))
                 os.rename(tmp, path)
         else:
             os.rename(tmp, path)
-        _fsync(path.parent, directory=True)
+        fsync_path(path.parent, directory=True)
     except WriteError as exc:  # a file of the run's: named as it would have been written
         if tmp is None or not exc.path.is_relative_to(tmp):
             raise
@@ -468,32 +430,3 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
         finally:
             if lock is not None:
                 os.close(lock)  # releases the flock
-
-
-def _lock(folder: Path) -> int | None:
-    """An exclusive ``flock`` on ``folder`` (its descriptor, to close), so that runs finishing at once swap one after
-    the other; None where the folder cannot be opened (no read permission)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except PermissionError:
-        return None
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-def _keep_permissions(path: Path, new: Path) -> None:
-    """Give the replacement of an existing ``path`` its permission bits and group (where this process may set
-    it): a private (0700, 0600) or group-shared (setgid) output stays so."""
-    try:
-        old = path.stat()
-    except FileNotFoundError:
-        return
-    with contextlib.suppress(PermissionError):
-        os.chown(new, -1, old.st_gid)  # before chmod: chown clears the setgid bit
-    os.chmod(new, stat.S_IMODE(old.st_mode))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -4,11 +4,18 @@ The other stages depend on these files, not on params.yaml: DVC reruns a stage w
 change, so a change reruns only the stages it concerns. Written in one canonical form (sorted keys), so that
 settings equal in value give the same bytes however params.yaml writes them. Before writing, it refuses what a
 later stage would (:func:`check_stages`): DVC deletes a stage's outputs before running it.
+
+DVC cannot name the files extract reads (``data_dir`` may be set in an entry, in the shared section, or left to the
+dataset's default place), so this stage runs on every `dvc repro` (``always_changed``) and records a fingerprint of
+them in extract.settings.json (:func:`extract_inputs`): a changed image or checkpoint changes its bytes and reruns
+extract@NAME; an unchanged tree gives the same bytes, and nothing follows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -130,10 +137,63 @@ def checked(params: dict[str, Any], name: str) -> dict[str, Any]:
     return settings
 
 
+def _entries(top: Path) -> list[str]:
+    """Each file under ``top`` (``top`` itself when a file) as "relative path, size, mtime_ns" from a stat walk that
+    reads no contents, sorted; folders (through links, as extract's search, each once) by their relative path."""
+    def line(rel: str, path: str) -> str | None:
+        for look in (os.stat, os.lstat):  # the file a link points to; a broken link itself
+            try:
+                st = look(path)
+            except OSError:
+                continue
+            return f"{rel}\0{st.st_size}\0{st.st_mtime_ns}"
+        return None  # gone while walking
+
+    if not top.is_dir():
+        return [entry for entry in [line(".", str(top))] if entry is not None]
+    found, seen = [], set()
+    for folder, dirs, files in os.walk(top, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:  # reached again through a link: a loop (extract refuses it), or walked once
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        rel = Path(folder).relative_to(top).as_posix()
+        found.append(f"{rel}/")
+        found += [entry for f in files if (entry := line(f"{rel}/{f}", os.path.join(folder, f))) is not None]
+    return sorted(found)
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    entries = _entries(path)
+    digest = hashlib.sha256("\n".join(entries).encode("utf-8", "surrogateescape")).hexdigest()
+    return {"path": str(path), "files": sum(not e.endswith("/") for e in entries), "sha256": digest}
+
+
+def extract_inputs(settings: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint of what extract@NAME reads from disk: the dataset's folder or file (``data_dir``, else the
+    registry's default place) and the checkpoint file, each where it exists (a missing one, extract refuses; digits,
+    bundled with scikit-learn, has none). Sizes and modification times, not contents: cheap on every `dvc repro`, and
+    a file rewritten with the same bytes reruns extract, which then finds the store current and leaves it."""
+    from foal_pipe.datasets import DATASETS
+
+    p = settings["extract"]
+    given = Path(p["data_dir"]).expanduser() if p["data_dir"] is not None else None
+    locate = DATASETS[settings["dataset"]].locate
+    where = locate(given) if locate is not None else given
+    found = {"data_dir": Path(where) if where is not None else None,
+             "checkpoint": Path(p["checkpoint"]).expanduser() if p["checkpoint"] is not None else None}
+    return {key: _fingerprint(path) for key, path in found.items() if path is not None and path.exists()}
+
+
 def write(name: str, settings: dict[str, Any]) -> None:
     out = Path("runs") / f"{name}-settings"
     out.mkdir(parents=True, exist_ok=True)
-    for stage, values in stage_settings(settings).items():
+    files = stage_settings(settings)
+    inputs = extract_inputs(settings)
+    if inputs:  # none (digits): the file holds the settings alone
+        files["extract"] = {**files["extract"], "inputs": inputs}
+    for stage, values in files.items():
         (out / f"{stage}.settings.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
 
 

@@ -272,21 +272,40 @@ def make_metrics(**overrides) -> dict:
 
 
 def make_run(path: Path, metrics: dict | None = None, model: bool = True, sweep: dict | None = None) -> Path:
+    """A run directory of ``metrics`` (default :func:`make_metrics`: written before files named their format, so
+    before ``model_checksum``), and a ridge model file that fits them (``model``): D and the projection its seed
+    draws (``feature_dim`` wide, else 2), gamma (``auto``: the last chosen), the rows learned, the tasks' classes, the
+    dataset and encoder, as ``evaluate`` compares them for such a run."""
+    from foal_pipe.core.expansion import Expansion
+
+    metrics = metrics or make_metrics()
     path.mkdir(parents=True, exist_ok=True)
-    (path / "metrics.json").write_text(json.dumps(metrics or make_metrics()))
+    (path / "metrics.json").write_text(json.dumps(metrics))
     if model:
-        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1; (G + I) W = Q
-        classes = np.array([0, 1, 3, 5, 7, 9], dtype=np.int64)
-        W = np.zeros((4, classes.size))
+        # column k of W belongs to classes[k]; the norm of the column of label c is c + 1; (G + gamma I) W = Q
+        classes = np.array(sorted({c for task in metrics["tasks"] for c in task}), dtype=np.int64)
+        D, d = metrics["projection_dim"], metrics.get("feature_dim", 2)
+        projection = Expansion.draw(d, D, metrics["projection_init"], "identity", metrics["seed"], "float64").components_
+        W = np.zeros((projection.shape[1], classes.size))
         W[0] = classes + 1.0
         names = [f"class{c}" for c in classes]
+        gamma = metrics["gammas_selected"][-1] if metrics["gamma"] == "auto" else metrics["gamma"]
         write_model(path / "model.safetensors",
-                    {"W": W, "classes": classes, "projection": np.ones((2, 4)), "G": np.eye(4), "Q": 2 * W},
-                    {"gamma": 1.0, "engine": "gram", "dtype": "float64", "n_samples_seen": 10, "dataset": "digits",
-                     "encoder": PIXELS, "class_names": names})
+                    {"W": W, "classes": classes, "projection": projection, "G": np.eye(W.shape[0]), "Q": (1 + gamma) * W},
+                    {"gamma": gamma, "engine": "gram", "dtype": "float64", "n_samples_seen": metrics["n_train_seen"],
+                     "dataset": metrics["dataset"], "encoder": metrics["encoder"], "class_names": names})
     if sweep is not None:
         (path / "sweep.json").write_text(json.dumps(sweep))
     return path
+
+
+def as_old_run(run: Path) -> dict:
+    """A learn run's metrics.json as written before ``model_checksum`` (format_version 2, the last one that may lack
+    it: a later one without it is refused as damaged); the metrics written."""
+    metrics = {k: v for k, v in json.loads((run / "metrics.json").read_text()).items() if k != "model_checksum"}
+    metrics["format_version"] = 2
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return metrics
 
 
 # --- the heads' definitions written plainly (float64, loops): what the heads are tested against ----------------

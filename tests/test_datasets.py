@@ -145,15 +145,16 @@ def test_hdf5_is_read_lazily_and_pickles(tmp_path):
 def test_core50_layout(tmp_path):
     root = tmp_path / "core50_128x128"
     for s in range(1, 12):
-        for o in (1, 2, 10):
+        for o in range(1, 51):
             folder = root / f"s{s}" / f"o{o}"
             folder.mkdir(parents=True)
-            for frame in (1, 2):
+            for frame in (1, 2) if o in (1, 2, 10) else (1,):
                 Image.new("RGB", (4, 4)).save(folder / f"C_{s:02d}_{o:02d}_{frame:03d}.png")
     data = open_dataset("core50", tmp_path)
     assert len(data.classes) == 50 and data.classes[9] == "o10"
-    assert len(data.train) == 8 * 3 * 2 and len(data.test) == 3 * 3 * 2
-    assert "/s3/" in data.test.describe(0) and set(data.test.labels) == {0, 1, 9}
+    assert len(data.train) == 8 * 53 and len(data.test) == 3 * 53
+    assert "/s3/" in data.test.describe(0) and set(data.test.labels) == set(range(50))
+    assert np.bincount(data.test.labels).tolist() == [6 if c in (0, 1, 9) else 3 for c in range(50)]
     with pytest.raises(FoalPipeError, match="CORe50 not found: looked for the session folders"):
         open_dataset("core50", tmp_path / "empty")
 

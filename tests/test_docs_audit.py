@@ -109,7 +109,7 @@ def test_cli_drop_last_refusal_on_a_store(tmp_path):
     (("learn", "--features", "S", "--out", "O", "--activation", "tanh"),
      "Error: Invalid value for '--activation': 'tanh' is not one of 'sigmoid', 'relu', 'identity', 'cos'; see "
      "`foal-pipe learn --help`"),
-    (("learn", "--features", "S", "--out", "O", "--tasks", "abc"), "Error: Invalid value for '--tasks'"),
+    (("learn", "--features", "S", "--out", "O", "--tasks", "abc"), "Error: --tasks 'abc' is not an integer"),
     (("learn", "--features", "S"), "Error: Missing option '--out'; see `foal-pipe learn --help`"),
     (("learn", "--features", "S", "--out", "O", "--bogus"), "Error: No such option: --bogus"),
     (("sweep", "--head-rows", "3"), "Error: No such option: --head-rows"),

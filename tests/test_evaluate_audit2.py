@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error
+from helpers import as_old_run, assert_one_line_error
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
@@ -37,9 +37,7 @@ def learn(*args) -> dict:
 
 def as_old(run: Path) -> None:
     """The run's metrics.json as written before ``model_checksum``."""
-    metrics = json.loads((run / "metrics.json").read_text())
-    del metrics["model_checksum"]
-    (run / "metrics.json").write_text(json.dumps(metrics))
+    as_old_run(run)
 
 
 def evaluate_cli(*args):

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "foal_pipe"
 #: rows without the store's Zarr, the heads solve without either). ``foal_pipe`` itself is the facade: it
 #: re-exports the public names and nothing imports it.
 LAYERS = (
-    ("errors", "progress", "lazy", "version", "cupyenv", "blasenv"),  # no foal_pipe imports but errors
+    ("errors", "progress", "lazy", "version", "cupyenv", "blasenv", "durable"),  # no foal_pipe imports but errors
     ("core", "io", "memory", "cluster"),  # the maths (array API, no scikit-learn), files, memory, the Dask client
     ("datasets", "store", "heads"),  # image sources, the feature store, the heads over statistics
     ("encoders",),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import sys
 import warnings
@@ -54,13 +55,18 @@ def _console(stderr: bool = False) -> Console:
 
 
 class _HelpFlag:
-    """``--help`` is a flag: no ``<bool>`` placeholder beside it."""
+    """``--help`` is a flag: no ``<bool>`` placeholder beside it; a required argument is its plain name in the usage
+    line (``foal-pipe info [OPTIONS] STORE``, click's style), not typer's ``{STORE}``, which reads as a set to pick from."""
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
         if option is not None:
             option.metavar = ""
         return option
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)  # type: ignore[misc]
+        return [re.sub(r"^\{(.*)\}(\.\.\.)?$", r"\1\2", piece) for piece in pieces]
 
 
 class _OneLineUsage:
@@ -80,10 +86,34 @@ def _usage_line(ctx: Any) -> Iterator[None]:
     except NoArgsIsHelpError:  # the command alone: its --help
         raise
     except UsageError as exc:
-        message = exc.format_message().replace("Value error, ", "").rstrip(".")  # pydantic's prefix, in typer's text
+        message = _not_a_number(exc) or exc.format_message().replace("Value error, ", "").rstrip(".")  # pydantic's prefix
         see = f"{' S' if message.endswith('?') else '; s'}ee `{ctx.command_path} --help`"  # after "Did you mean 'x'?"
         err_console.print(f"[bold red]Error:[/] {escape(message + see)}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
+
+
+#: pydantic's errors for a value that does not read as a number (typer from 0.29 converts values with pydantic) -> what
+#: the option takes.
+_NUMBER_ERRORS = {"int_parsing": "an integer", "int_from_float": "an integer", "int_type": "an integer",
+                  "float_parsing": "a number", "float_type": "a number"}
+
+
+def _not_a_number(exc: UsageError) -> str | None:
+    """``--tasks 'abc' is not an integer; write e.g. --tasks 10`` (the example: the option's default where it is a
+    number), for any command's number option, in place of pydantic's "Input should be a valid integer, unable to parse
+    string as an integer", which does not say what was given. None for any other error, and under an older typer, whose
+    click already says ``'abc' is not a valid integer``."""
+    param: Any = getattr(exc, "param", None)
+    errors: Any = getattr(exc.__cause__, "errors", None)
+    first = errors()[0] if param is not None and callable(errors) and errors() else {}
+    expected = _NUMBER_ERRORS.get(first.get("type", ""))
+    if expected is None:
+        return None
+    name = max(param.opts, key=len) if param.opts else param.human_readable_name
+    default = param.default
+    number = isinstance(default, int | float) and not isinstance(default, bool)
+    example = default if number else (10 if expected == "an integer" else 0.5)
+    return f"{name} {first.get('input')!r} is not {expected}; write e.g. {name} {example}"
 
 
 class _Command(_HelpFlag, _OneLineUsage, TyperCommand):

@@ -273,13 +273,18 @@ class RidgeStatistics:
 
     def _like(self, array: Any) -> RidgeStatistics:
         """These statistics in the namespace and on the device of ``array`` (host sums from Dask workers join
-        a device state)."""
+        a device state). A read-only NumPy array (as ``statistics_`` hands them out) is copied, not shared: torch
+        warns on sharing one, and the copy keeps the source read-only."""
         xp = array_namespace(array)
         if array_namespace(self.G) is xp:
             return self
         where = device(array)
-        return RidgeStatistics(xp.asarray(self.G, device=where), xp.asarray(self.Q, device=where), self.classes, self.n,
-                               self.counts, symmetric=True)
+
+        def moved(part: Any) -> Any:
+            read_only = isinstance(part, np.ndarray) and not part.flags.writeable
+            return xp.asarray(part, device=where, copy=True if read_only else None)
+
+        return RidgeStatistics(moved(self.G), moved(self.Q), self.classes, self.n, self.counts, symmetric=True)
 
     def copy(self) -> RidgeStatistics:
         xp = array_namespace(self.G)

@@ -230,9 +230,10 @@ def _torchvision_missing(name: str, tv: _TV, root: Path, exc: RuntimeError) -> F
 
 
 def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
-    """The class names of ``root/<split>/<class>/`` folders: the union of the folder names of ``splits``, sorted by
-    their NFC form (so a copy of the tree with NFD names, as macOS unpacks them, has the same class order).
-    Two folders whose names are one class name are refused: equal after Unicode NFC normalisation (``é`` as one code
+    """The class names of ``root/<split>/<class>/`` folders: the union of the folder names of ``splits`` in Unicode
+    NFC form, sorted (so a copy of the tree with NFD names, as macOS unpacks them, has the same class names, order and
+    store bytes; its files are still read by their names on disk). Two folders whose names are one class name are
+    refused: equal after Unicode NFC normalisation (``é`` as one code
     point in one split and as ``e`` and an accent in the other: they print alike but would be two classes), or equal
     but for case (``Dog`` and ``dog``: one folder on the case-insensitive file systems images are shared on)."""
     folders = {split: {d.name for d in (root / split).iterdir() if d.is_dir()} for split in splits}
@@ -242,7 +243,7 @@ def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
         where = [" and ".join(f"{root / split / name}" for split in splits if name in folders[split]) for name in clash]
         raise FoalPipeError(f"the class folders {where[0]} and {where[1]} are one class name: {clash_text(*clash, lead='')}; "
                             "rename them to one spelling (a class has one folder name in every split)")
-    return names
+    return [nfc(name) for name in names]
 
 
 def refuse_stray_images(folder: Path) -> None:
@@ -256,12 +257,13 @@ def refuse_stray_images(folder: Path) -> None:
 
 
 def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
+    """The images of ``root/<class>/`` folders and their labels, a folder matched to its class by its NFC name."""
     paths, labels = [], []
-    lookup = {c: k for k, c in enumerate(classes)}
+    lookup = {nfc(c): k for k, c in enumerate(classes)}
     for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: nfc_key(d.name)):
         files = images_in(cls_dir)
         paths += files
-        labels += [lookup[cls_dir.name]] * len(files)
+        labels += [lookup[nfc(cls_dir.name)]] * len(files)
     return paths, labels
 
 
@@ -327,10 +329,11 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
         raise FoalPipeError(f"{root} has no class folders; put the images in {root}/<class>/")
     paths: dict[str, list[Path]] = {"train": [], "test": []}
     labels: dict[str, list[int]] = {"train": [], "test": []}
+    on_disk = {nfc(d.name): d for d in root.iterdir() if d.is_dir()}
     for k, name in enumerate(names):
-        files = images_in(root / name)
+        files = images_in(on_disk[name])
         if len(files) < 2:
-            raise FoalPipeError(f"{root / name} has {len(files)} image{'s' * (len(files) != 1)}; {param('test_split')} needs "
+            raise FoalPipeError(f"{on_disk[name]} has {len(files)} image{'s' * (len(files) != 1)}; {param('test_split')} needs "
                                 "at least 2 per class (one to train on, one to test): add images or remove the folder")
         n_test = min(max(int(np.floor(fraction * len(files) + 0.5)), 1), len(files) - 1)
         rng = np.random.default_rng([seed, zlib.crc32(nfc(name).encode())])  # one split for NFC and NFD names
@@ -387,7 +390,7 @@ def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
             "--data-dir pointing at core50_128x128 or its parent",
         )
     classes = [f"o{k}" for k in range(1, 51)]
-    sources = {}
+    sources, lacking = {}, []
     for split, sessions in (("train", CORE50_TRAIN_SESSIONS), ("test", CORE50_TEST_SESSIONS)):
         paths, labels = [], []
         for s in sessions:
@@ -396,9 +399,15 @@ def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
                 raise FoalPipeError(f"CORe50 session folder {sdir} is missing; unzip the whole core50_128x128.zip")
             for k, obj in enumerate(classes):
                 files = images_in(sdir / obj) if (sdir / obj).is_dir() else []
+                lacking += [] if files else [f"s{s}/{obj}"]
                 paths += files
                 labels += [k] * len(files)
         sources[split] = FileSource(paths, labels, root)
+    if lacking:  # every session films every object: a partial unzip would be a store of 50 classes, some without rows
+        shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+        total = len(classes) * len(CORE50_TRAIN_SESSIONS + CORE50_TEST_SESSIONS)
+        raise FoalPipeError(f"CORe50 at {root}: {len(lacking)} of its {total} object folders (session/object) are "
+                            f"missing or hold no images ({shown}); unzip the whole core50_128x128.zip")
     return DatasetSplits("core50", classes, sources["train"], sources["test"], str(root), 128)
 
 

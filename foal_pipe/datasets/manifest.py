@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from foal_pipe.datasets.sources import DatasetSplits, FileSource, hash_files, nfc
+from foal_pipe.datasets.sources import DatasetSplits, FileSource, clash_text, hash_files, nfc
 from foal_pipe.errors import FoalPipeError, param
 
 FORMAT = "foal-pipe/split-manifest"
@@ -77,7 +77,16 @@ def _class_name(classes: Any, label: int) -> str:
 
 
 def build_manifest(data: DatasetSplits) -> SplitManifest | None:
-    """The manifest of an opened dataset (None when a split cannot name its images: torchvision, HDF5)."""
+    """The manifest of an opened dataset (None when a split cannot name its images: torchvision, HDF5). Two files of
+    a split whose names are one name in NFC form (the manifest's) are refused before any image is hashed."""
+    for split in SPLITS:
+        source = data.split(split)
+        names = source.names if isinstance(source, FileSource) else None
+        twice = _first_twice(names or [])
+        if twice is not None:
+            first, second = (source.describe(i) for i in twice)
+            raise FoalPipeError(f"{clash_text(first, second, lead='the image files ')}; one file name in a folder, as "
+                                "the split manifest names it: rename one of them")
     prints = {split: data.split(split).fingerprints() for split in SPLITS}
     if any(p is None for p in prints.values()):
         return None
@@ -85,6 +94,16 @@ def build_manifest(data: DatasetSplits) -> SplitManifest | None:
         split: tuple((name, digest, int(label)) for (name, digest), label in
                      zip(prints[split], data.split(split).labels.tolist()))  # type: ignore[arg-type]
         for split in SPLITS})
+
+
+def _first_twice(names: list[str]) -> tuple[int, int] | None:
+    """The rows of the first two equal ``names`` (None: each is its own)."""
+    seen: dict[str, int] = {}
+    for row, name in enumerate(names):
+        if name in seen:
+            return seen[name], row
+        seen[name] = row
+    return None
 
 
 def parse_manifest(raw: bytes, where: str) -> SplitManifest:
@@ -102,7 +121,15 @@ def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> 
     that name (relative to its split's class folders, so an image may lie in either split) whose bytes have the
     entry's SHA-256; rows in the manifest's order, with its labels and class names. Names match in Unicode NFC form
     (a copy unpacked on macOS has NFD names). A listed image that is missing, or whose bytes differ, is refused;
-    images of ``pool`` the manifest does not list are left out."""
+    images of ``pool`` the manifest does not list are left out. A class the manifest lists without any image is
+    refused: the store would hold a class with no rows, which ``learn`` would put in a task as if it had some."""
+    used = {label for split in SPLITS for _, _, label in manifest.splits[split]}
+    rowless = [name for label, name in enumerate(manifest.classes) if label not in used]
+    if rowless:
+        more = f" ({len(rowless)} such classes)" if len(rowless) > 1 else ""
+        raise FoalPipeError(f"the split manifest {where} lists class {rowless[0]!r} without any image in either split"
+                            f"{more}, which would be a class with no rows; list its images, or remove it from 'classes' "
+                            "and renumber the labels after it")
     files: dict[str, list[tuple[str, str]]] = {}  # name -> (path, class name) of each file so named
     for split in SPLITS:
         source = pool.split(split)

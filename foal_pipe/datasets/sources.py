@@ -78,8 +78,9 @@ class ArraySource(ImageSource):
 
 class FileSource(ImageSource):
     """Images in files, one path per row. ``root``: the folder the split manifest names the files from (their
-    paths relative to it, e.g. ``<class>/<file>`` under ``train/``, so a file keeps its name in either split), or
-    the ``names`` themselves with the files' known ``digests`` (a split built from a manifest)."""
+    paths relative to it in Unicode NFC form, e.g. ``<class>/<file>`` under ``train/``, so a file keeps its name in
+    either split and in a copy with NFD names), or the ``names`` themselves with the files' known ``digests`` (a split
+    built from a manifest)."""
 
     def __init__(self, paths: Sequence[Path | str], labels: Sequence[int], root: Path | None = None,
                  names: Sequence[str] | None = None, digests: Sequence[str] | None = None):
@@ -87,7 +88,7 @@ class FileSource(ImageSource):
         self.labels = np.asarray(labels, dtype=np.int64)
         self.index = np.arange(len(self.paths), dtype=np.int64)
         if names is None and root is not None:
-            names = [Path(p).relative_to(root).as_posix() for p in paths]
+            names = [nfc(Path(p).relative_to(root).as_posix()) for p in paths]
         self.names = None if names is None else list(names)
         self.digests = None if digests is None else list(digests)
 

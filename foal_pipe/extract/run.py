@@ -23,7 +23,15 @@ from foal_pipe.datasets.loaders import removing_new_folders
 from foal_pipe.datasets.sources import PreparedImages
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inputs, now, open_inputs, runtime_info
-from foal_pipe.extract.state import StoreState, check_store, create_store, finish_store, is_zarr_dir, staging_path
+from foal_pipe.extract.state import (
+    StoreState,
+    check_store,
+    create_store,
+    finish_store,
+    is_zarr_dir,
+    settle_staging,
+    staging_path,
+)
 from foal_pipe.io import enclosing_store
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
 from foal_pipe.store.log import close_inherited_locks
@@ -382,7 +390,8 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
 
     Yields ``(inputs, state, report)``; the body fills rows into ``state.path`` (nothing to do when
     ``state.status == "complete"``) and records ``progress``. The sidecar log ``<store>.log.json`` gets the
-    run's start, end or error, and ``runtime`` (what :func:`runtime_info` does not know, e.g. the scheduler).
+    run's start, end or error, and ``runtime`` (what :func:`runtime_info` does not know, e.g. the scheduler). The
+    staging folder of a killed ``--overwrite`` is settled under the lock (:func:`settle_staging`).
     ``before_load``: see :func:`prepare_store`.
     """
     outer = enclosing_store(spec.out_path)
@@ -395,6 +404,9 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
             if folder.is_dir() and is_zarr_dir(folder):
                 remove_partial_files(folder)  # halves of writes a killed writer left: nobody else writes now
         inputs, state = prepare_store(spec, overwrite, before_load)
+        settled = settle_staging(state)
+        if settled is not None:  # the run goes on without it: a later --overwrite starts afresh
+            sys.stderr.write(f"note: removed {settled}, left by an interrupted overwrite of {state.out}\n")
         report = ExtractReport(state.out, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
                                inputs.encoder.dim, inputs.device, inputs.precision, dict(state.holes))
         if state.status == "complete":

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from foal_pipe.datasets.identity import data_sha256
 from foal_pipe.datasets.manifest import SplitManifest, build_manifest
 from foal_pipe.datasets.registry import open_dataset
 from foal_pipe.datasets.sources import DatasetSplits
@@ -130,6 +131,12 @@ class Inputs:
     def manifest(self) -> SplitManifest | None:
         """The split manifest of the opened dataset (its images hashed once, when first asked for)."""
         return build_manifest(self.data)
+
+    @functools.cached_property
+    def data_sha256(self) -> dict[str, str] | None:
+        """Each split's SHA-256 over its images (:func:`~foal_pipe.datasets.identity.data_sha256`), for a dataset
+        without a split manifest (torchvision, HDF5): the manifest names the images of the others."""
+        return data_sha256(self.data) if self.manifest is None else None
 
     @property
     def loaded_size(self) -> int:

@@ -4,7 +4,7 @@ settings match, refused otherwise, and finished last.
 
 from __future__ import annotations
 
-import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import zarr
 
-from foal_pipe.datasets.manifest import SplitManifest
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
 from foal_pipe.io import is_feature_store
@@ -31,8 +30,12 @@ from foal_pipe.store import (
 )
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import read_rows
-from foal_pipe.store.manifest import stored_manifest
+from foal_pipe.store.log import log_path
+from foal_pipe.store.manifest import parse_stored_manifest, stored_manifest
 from foal_pipe.store.write import foreign_file, replace_manifest
+
+#: The group attribute of each split's SHA-256 over its images, in a store of a dataset without a split manifest.
+DATA_SHA256 = "data_sha256"
 
 
 def _shown(value: Any) -> str:
@@ -77,9 +80,28 @@ def staging_path(out: Path) -> Path:
     return out.parent / f".{out.name}.replacing"
 
 
+def settle_staging(state: StoreState) -> Path | None:
+    """Settle the staging folder a killed ``--overwrite`` of ``state.out`` left; its owner is gone: every writer of it
+    holds the store's writer lock, which the caller holds. One this run resumes is kept, and swapped in when it was
+    killed complete, before its swap. One this run does not build in is removed with its run log (returns its path;
+    None otherwise), unless it holds anything a store's writer does not make (not ours to delete)."""
+    staged = staging_path(state.out)
+    if state.path == staged and state.status == "complete":
+        replace_store(staged, state.out)
+        state.path = state.out
+        return None
+    if state.path == staged or staged.is_symlink() or not is_feature_store(staged) or foreign_file(staged) is not None:
+        return None
+    shutil.rmtree(staged)
+    log_path(staged).unlink(missing_ok=True)
+    return staged
+
+
 def _build_skeleton(where: Path, spec: ExtractSpec, inputs: Inputs, settings: dict[str, Any]) -> None:
-    meta = StoreMeta(classes=tuple(inputs.data.classes), dataset=spec.dataset, encoder=stored_encoder(inputs),
-                     extra={"extract": settings, "source": inputs.data.location})
+    extra = {"extract": settings, "source": inputs.data.location}
+    if inputs.data_sha256 is not None:
+        extra[DATA_SHA256] = inputs.data_sha256
+    meta = StoreMeta(classes=tuple(inputs.data.classes), dataset=spec.dataset, encoder=stored_encoder(inputs), extra=extra)
     labels = {split: inputs.data.split(split).labels for split in SPLITS}
     index = {split: inputs.data.split(split).index for split in SPLITS}
     manifest = inputs.manifest.to_bytes() if inputs.manifest is not None else None
@@ -148,7 +170,7 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
         return None
     settings = store_settings(spec, inputs)
     if not overwrite:
-        return _check_rows(_check_manifest(_existing_state(out, out, settings), inputs), inputs)
+        return _check_data(_check_rows(_check_manifest(_existing_state(out, out, settings), inputs), inputs), inputs)
     foreign = foreign_file(out) if is_feature_store(out) else None
     if foreign is not None:  # --overwrite deletes the old store whole: refuse before a user's file goes with it
         raise FoalPipeError(f"{out} also holds {foreign!r}, which a store does not write; {param('overwrite', True)} "
@@ -156,7 +178,7 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
     staged = staging_path(out)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:
-            return _check_rows(_check_manifest(_existing_state(staged, out, settings), inputs), inputs)
+            return _check_data(_check_rows(_check_manifest(_existing_state(staged, out, settings), inputs), inputs), inputs)
         except FoalPipeError:
             return None
     return None
@@ -173,9 +195,9 @@ def _check_manifest(state: StoreState, inputs: Inputs) -> StoreState:
     if recorded is None or current is None:
         has = "without a split manifest" if recorded is None else "with a split manifest"
         raise FoalPipeError(f"{out} {has}, unlike this dataset; pass {param('overwrite', True)} to extract it again")
-    old = SplitManifest.from_dict(json.loads(recorded.decode()), str(state.path))
+    _, old = parse_stored_manifest(recorded, state.out)
     for split in SPLITS:
-        for row, (was, now) in enumerate(zip(old.splits[split][: state.progress[split]], current.splits[split])):
+        for row, (was, now) in enumerate(zip(old[split][: state.progress[split]], current.splits[split])):
             if was != now:
                 raise FoalPipeError(f"{out} from other images: {split} row {row} holds the features of {was[0]!r} "
                                     f"(SHA-256 {was[1][:12]}...), now {now[0]!r} (SHA-256 {now[1][:12]}...); restore "
@@ -202,6 +224,22 @@ def _check_rows(state: StoreState, inputs: Inputs) -> StoreState:
                                     f"{int(was[row])} in the store but {int(now[row])} in the dataset now (its rows not "
                                     f"written yet come from other images); pass {param('overwrite', True)} to extract it again")
     return state
+
+
+def _check_data(state: StoreState, inputs: Inputs) -> StoreState:
+    """Refuse to resume (or to call complete) a store of a dataset without a split manifest whose images changed with
+    the same rows and classes (a corrected HDF5 file): its ``data_sha256`` must be the dataset's now. A store written
+    before the attribute came has none, and is taken as it was."""
+    recorded = zarr.open_group(str(state.path), mode="r").attrs.get(DATA_SHA256)
+    current = inputs.data_sha256
+    if recorded is None or recorded == current:
+        return state
+    was, now = recorded if isinstance(recorded, dict) else {}, current or {}
+    split = next((split for split in SPLITS if was.get(split) != now.get(split)), SPLITS[0])
+    old, new = (f"{d[:12]}..." if isinstance(d, str) else "unknown" for d in (was.get(split), now.get(split)))
+    raise FoalPipeError(f"{state.out} was extracted from other data: the {split} images of {inputs.data.location} are not "
+                        f"those it holds the features of (SHA-256 {old}, now {new}); restore the original data, or pass "
+                        f"{param('overwrite', True)} to extract it again")
 
 
 def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreState:

@@ -127,6 +127,10 @@ class HeadBase:
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     weight_tensor: ClassVar[str | None] = None  # the tensor whose column k scores class k linearly (weight norms)
     probabilities: ClassVar[str | None] = None
+    #: Whether :meth:`boundary` is a function of the rows added so far alone, whichever boundaries came before (a
+    #: cache inside, as fecam's per-class solves, gives the same bits): a caller may then solve only when it needs the
+    #: model, once for any number of ``add`` calls. False where a boundary ends a task that later rows depend on (dual).
+    solve_on_demand: ClassVar[bool] = True
 
     def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
         self.options: Any = self.Options(**options)  # refuses a bad value in one line

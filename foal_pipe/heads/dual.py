@@ -146,6 +146,7 @@ class DualHead(HeadBase):
         "R": ("D", "D"), "G_main": ("D", "D"), "Q_main": ("D", "C"), "G_comp": ("D", "D"), "Q_comp": ("D", "C")}
     weight_tensor: ClassVar[str | None] = "W_main"
     probabilities: ClassVar[str | None] = "shares"  # least-squares fits to one-hot targets, as ridge's
+    solve_on_demand: ClassVar[bool] = False  # a boundary flushes the batch, refreshes R and closes the task's classes
 
     def __init__(self, *, xp: ModuleType, dim: int, **options: Any) -> None:
         self.options = DualOptions(**options)

@@ -62,10 +62,19 @@ class DeployedModel:
                  encoder_spec: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> None:
         self.classifier = classifier
         self.projection = projection
-        self.class_names = list(class_names)
+        self.class_names = list(class_names)  # kept by label id: a head's refused solve takes its undone classes' names
         self.encoder_spec = encoder_spec
         self.metadata = dict(metadata or {})
         self._encoder: Any = None
+
+    @property
+    def class_names(self) -> list[str]:
+        """One name per class of ``classifier.classes_``, in its order."""
+        return [self._names[c] for c in self.classifier.classes_.tolist()]
+
+    @class_names.setter
+    def class_names(self, names: Sequence[str]) -> None:
+        self._names = dict(zip(self.classifier.classes_.tolist(), names, strict=True))
 
     # ------------------------------------------------------------------ inputs
     def _features(self, features: Any) -> np.ndarray:

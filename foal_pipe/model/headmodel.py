@@ -7,6 +7,7 @@ stands for ridge, so :class:`~foal_pipe.model.deploy.DeployedModel` and ``predic
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,36 +37,99 @@ def head_width(name: str, tensors: Mapping[str, Any]) -> int:
     raise AssertionError(f"the {name} head's scorer has no row width")
 
 
+def undone(exc: BaseException, owner: str, calls: int, back: str = "its last solved model") -> BaseException:
+    """``exc`` saying that ``owner`` (a class name) is back at ``back`` with its last ``calls`` partial_fit calls
+    undone: a refused solve of a head that solves when needed (:class:`HeadClassifier`, and
+    :class:`~foal_pipe.model.headestimator.HeadEstimator`)."""
+    last = "last partial_fit call" if calls == 1 else f"last {calls} partial_fit calls"
+    said = f"this {owner} is back at {back}: the rows of its {last} are undone"
+    if isinstance(exc, FoalPipeError):
+        return FoalPipeError(f"{exc.template}; {said}")
+    exc.add_note(said)
+    return exc
+
+
+#: The state partial_fit changes: what a refused solve restores.
+_STATE = ("_head", "_scorer", "_tensors", "_classes", "_new_rows", "n_samples_seen_")
+
+
 class HeadClassifier:
     """A head's model from its file: ``classes_``, :meth:`class_scores` and :meth:`predict` as the run's own scorer
-    gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task)."""
+    gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task).
+
+    As :class:`~foal_pipe.model.headestimator.HeadEstimator`'s, ``partial_fit`` only adds the rows where the head
+    :attr:`~foal_pipe.heads.base.HeadBase.solve_on_demand`: the model is solved (and its tensors exported) when a
+    prediction, :attr:`tensors` or :meth:`save` first needs it, with the bits a solve after every call gives; a
+    refused solve returns to the last solved model, saying how many calls it undid."""
 
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                  n_samples_seen: int, space: str | None = None, dtype: str = "float64") -> None:
         self.name, self.options = name, dict(options)
         self.dtype = dtype  # the rows' (``--dtype``): float32 rows are rounded, the statistics stay float64
         self.space = space or HEADS[name].space  # the rows it takes: its own, or the activations (``--head-rows``)
-        self.tensors = dict(tensors)
+        self._projection = {key: tensors[key] for key in ("projection", "projection_bias") if key in tensors}
+        self._tensors: dict[str, np.ndarray] | None = dict(tensors)  # None: not exported since the last solve
         self._scorer: Scorer | None = None
+        self._head: Head | None = None  # the running state (None: not restored from the tensors yet)
+        self._classes = np.asarray(tensors["classes"], dtype=np.int64)
+        self._new_rows: dict[int, int] = {}  # rows of the classes new since the last solve (check_counts)
+        self._undo: tuple[dict[str, Any], int] | None = None  # while pending: the state at the last solve, the calls since
         self.n_samples_seen_ = int(n_samples_seen)
-        self._head: Head | None = None
+
+    @property
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The model-file tensors (:mod:`foal_pipe.heads.state`) of every row so far, exported when first needed."""
+        if self._tensors is None:
+            model = self.scorer
+            self._tensors = {**export_head(self.name, self._head, model), **self._projection}
+        return self._tensors
 
     @property
     def scorer(self) -> Scorer:
-        """The scorer the tensors hold, built when first needed: a model only written (``learn --head``) never
-        holds fecam's C Cholesky factors beside its C precisions."""
+        """The model of every row so far: solved once after the last :meth:`partial_fit`, or built from the tensors
+        when first needed (a model only written, ``learn --head``, never holds fecam's C Cholesky factors beside its
+        C precisions). A refused solve (any error but an interruption, after which the next access solves again)
+        returns to the last solved model and says how many calls it undid."""
+        if self._undo is not None:
+            return self._solve()
         if self._scorer is None:
             self._scorer = scorer_from(self.name, self.tensors, self.options, xp_numpy)
         return self._scorer
 
+    def _solve(self) -> Scorer:
+        assert self._head is not None and self._undo is not None
+        try:
+            model = self._head.boundary()
+        except Exception as exc:
+            raise self._restore(exc) from None
+        self._scorer, self._new_rows, self._undo = model, {}, None
+        return model
+
+    def _restore(self, exc: BaseException) -> BaseException:
+        """Return to the state at the last solve and give ``exc`` saying how many calls were undone."""
+        assert self._undo is not None
+        undo, calls = self._undo
+        self.__dict__.update(undo)
+        self._undo = None
+        return undone(exc, type(self).__name__, calls)
+
     @property
     def classes_(self) -> np.ndarray:
-        return np.asarray(self.tensors["classes"], dtype=np.int64)
+        return self._classes
 
     def head(self, xp: Any = xp_numpy) -> Head:
         """A running state of the head holding the file's statistics, in namespace ``xp``."""
         return restore_head(make_head(self.name, self.options, xp, head_width(self.name, self.tensors)),
                             self.name, self.tensors)
+
+    def _own_head(self) -> Head:
+        """The solved running state, copied (or restored from copies of the tensors): the rows of a new task go to it,
+        leaving the solved one as it was (heads add in place)."""
+        if self._head is not None:
+            return copy.deepcopy(self._head, {id(xp_numpy): xp_numpy})
+        state = {key: np.array(self.tensors[key]) for key in (*head_file(self.name).state, "classes")}
+        return restore_head(make_head(self.name, self.options, xp_numpy, head_width(self.name, self.tensors)),
+                            self.name, state)
 
     def class_scores(self, rows: Any) -> np.ndarray:
         """The scorer's scores of the rows of the head's space, (n, n_classes), columns in ``classes_`` order."""
@@ -79,14 +143,38 @@ class HeadClassifier:
         return best_of(self.class_scores(rows), self.classes_)[0]
 
     def partial_fit(self, rows: Any, labels: np.ndarray) -> HeadClassifier:
-        """Add rows of the head's space as one more task: the model equals the head fitted on every row so far."""
-        if self._head is None:
-            self._head = self.head()
-        self._head.add(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64))
-        self._scorer = self._head.boundary()
-        self.tensors = {**export_head(self.name, self._head, self._scorer),
-                        **{key: self.tensors[key] for key in ("projection", "projection_bias") if key in self.tensors}}
-        self.n_samples_seen_ += int(np.asarray(labels).size)
+        """Add rows of the head's space as one more task: the model equals the head fitted on every row so far. A
+        class the head cannot fit at the task's end (fecam's of one row) is refused by this call, which then changes
+        nothing; a head whose boundary ends a task (dual) solves here, refused the same way."""
+        labels = np.asarray(labels, dtype=np.int64)
+        solved = self._classes if self._undo is None else self._undo[0]["_classes"]  # each fitted at its solve
+        new_rows = dict(self._new_rows)
+        fresh, counts = np.unique(labels[~np.isin(labels, solved)], return_counts=True)
+        for label, n in zip(fresh.tolist(), counts.tolist()):
+            new_rows[label] = new_rows.get(label, 0) + n
+        HEADS[self.name].head.check_counts(sorted(new_rows), [new_rows[c] for c in sorted(new_rows)])
+        pending = self._undo is not None
+        if self._undo is not None:  # calls since the last solve: the live head takes the rows, the solved state waits
+            undo, calls = self._undo
+            head = self._head
+        else:
+            undo, calls = {key: self.__dict__[key] for key in _STATE}, 0
+            head = self._own_head()
+        assert head is not None
+        try:
+            head.add(np.asarray(rows, dtype=np.float64), labels)
+            model = None if HEADS[self.name].head.solve_on_demand else head.boundary()
+        except BaseException as exc:
+            if pending:  # the live head is half-written: back to the last solved model
+                raise self._restore(exc) from None
+            raise
+        self._head, self._tensors, self._new_rows = head, None, new_rows
+        self._classes = np.union1d(self._classes, labels).astype(np.int64)
+        self.n_samples_seen_ += int(labels.size)
+        if model is None:
+            self._scorer, self._undo = None, (undo, calls + 1)
+        else:
+            self._scorer, self._new_rows = model, {}
         return self
 
     def rows(self, X: np.ndarray, projection: SmoothProjection | Expansion) -> np.ndarray:

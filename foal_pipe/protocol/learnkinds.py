@@ -108,10 +108,11 @@ def head_settings(stream: StreamConfig, model: ModelConfig, evaluation: Evaluati
 def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: SharedRows | None, anytime: Anytime | None,
                log: Log) -> Learnt:
     """A registry head through the walk, scored after every task (and at ``--eval-every``'s points); its metrics carry
-    ``head`` and ``head_options``, its model file the head after the last task."""
+    ``head`` and ``head_options``, its model file the head after the last task. Its points are checked here for one
+    order; rows ``shared`` by several orders come from ``run_learn_orders``, which checked every order's at once."""
     options = resolved_options(model.head, model)
     points: dict[str, list[Scorer]] | None = None if anytime is None else {model.head: []}
-    if anytime is not None:
+    if anytime is not None and shared is None:
         check_points(model.head, [run.store.train.labels[np.concatenate(run.stream.rows)]], anytime.every)
     spaces = {model.head: head_space(model.head, model)}
     heads = build_heads(run, [model.head], options, spaces)

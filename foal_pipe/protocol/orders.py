@@ -57,7 +57,7 @@ from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
 from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.learnkinds import LEARN_KINDS, auto_edges_warning
-from foal_pipe.protocol.outputs import save_model, summed_timings, write_learned
+from foal_pipe.protocol.outputs import replaced_evaluation, save_model, summed_timings, write_learned
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -284,7 +284,7 @@ def run_learn_orders(
     runs = each_order(seeds, lambda s: prepare(features, replace(stream, order_seed=s), run_model, evaluation, execution,
                                                **kind.prepare(model)))
     check_task_counts(seeds, runs)
-    if evaluation.eval_every is not None:  # every order's points at once: a fix that suits them all
+    if evaluation.eval_every is not None:  # every order's points, once: a fix that suits them all (learn_head: not again)
         labels = [r.store.train.labels[np.concatenate(r.stream.rows)] for r in runs]
         check_points(model.head, labels, evaluation.eval_every, seeds)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
@@ -333,7 +333,7 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
     if reason is not None:
         log(f"running one walk per class order ({walks_text(len(seeds), settings.execution)}): {reason}")
     log = warn_dropped_once(seeds, runs, settings.stream, log)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, owned=replaced_evaluation(out)) as tmp:
         results = []
         for s in seeds:
             sub = tmp / f"order-{s}"
@@ -371,7 +371,7 @@ def run_sweep_orders(
     check_output_dir(out, inputs=[features])
     check_orders(stream, seeds)
     out = Path(out)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, owned=replaced_evaluation(out)) as tmp:
         # run_sweep validates the settings; one-pass sums apply unless leave-one-out scores every row
         others = check_sweep_heads(sweep, model)
         check_capabilities(others, Settings(stream, model, evaluation, execution))

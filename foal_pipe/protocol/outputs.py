@@ -23,6 +23,19 @@ from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.schema import METRICS_FILE, LearnMetrics
 from foal_pipe.store.manifest import data_identities
 
+#: The folder ``evaluate`` writes into a run by default, and every file an evaluation may write
+#: (:mod:`foal_pipe.report.evaluation`, above this layer, takes them from here): derived from the run's files, an
+#: evaluation in ``eval/`` is not carried into the run that replaces them (:func:`write_outputs`).
+EVAL_DIR = "eval"
+SUMMARY_FILE = "summary.md"
+SCORES_FILE = "scores.json"
+EVAL_FILES = frozenset(
+    {SUMMARY_FILE, SCORES_FILE}
+    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix", "anytime")
+       for ext in ("png", "csv")}
+    | {"fusions.png", "heads.png", "class_accuracy.csv"}
+)
+
 
 def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: LearnMetrics,
                   save: Callable[[Path], object], timed: bool = False) -> Learned:
@@ -43,14 +56,24 @@ def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: L
 
 def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], object]) -> dict[str, float]:
     """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
-    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings."""
+    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings. An
+    evaluation of the outputs replaced (:func:`replaced_evaluation`) goes with them."""
     for run in runs:
         run.store.check_unchanged()
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, owned=replaced_evaluation(out)) as tmp:
         write(tmp)
         timings = summed_timings([run.timings for run in runs], start)
         write_json(tmp / "timings.json", timings)
     return timings
+
+def replaced_evaluation(out: str | Path) -> list[str]:
+    """The files ``evaluate`` writes, in ``out``'s ``eval/`` where an evaluation of ``out``'s outputs is (it always
+    writes ``scores.json``), as ``eval/NAME``: :func:`~foal_pipe.io.atomic_dir` leaves them out of the ``eval/`` it
+    carries (the folder goes too once nothing else is in it), so a summary of the replaced run never sits beside the
+    new one's files; the user's other files there are kept."""
+    if not (Path(out) / EVAL_DIR / SCORES_FILE).is_file():
+        return []
+    return [f"{EVAL_DIR}/{name}" for name in sorted(EVAL_FILES)]
 
 def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str, float]:
     """Each step's seconds summed over ``parts``, and the ``total`` since ``start``, rounded to milliseconds."""

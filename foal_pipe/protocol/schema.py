@@ -271,6 +271,10 @@ class Continuation(_Record):
     all_classes: AllClasses | None = key(_record(AllClasses, "all-classes object"))
 
 
+#: The first ``metrics.json`` version whose every run records ``model_checksum`` beside its model file (the key came
+#: during version 2): a file of this version or later with a model file but without it was damaged or edited.
+CHECKSUM_VERSION = 3
+
 #: The keys version 1 of ``metrics.json`` kept at the top level and version 2 keeps in ``continuation``.
 CONTINUATION_KEYS = tuple(f.name for f in fields(Continuation) if f.name != "extra")
 

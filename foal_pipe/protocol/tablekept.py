@@ -15,8 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from foal_pipe.durable import pid_alive
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.io import pid_alive, write_json
+from foal_pipe.io import write_json
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import config_record
 from foal_pipe.protocol.typedjson import COUNT, INTEGER, MAPPING, NUMBERS, TEXT, is_number

@@ -16,8 +16,16 @@ import numpy as np
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import TEMPORARY, is_feature_store
 from foal_pipe.model.modelfile import MODEL_FILE, shown
-from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, is_number, same_gamma
-from foal_pipe.report.readers import Run, read_json, read_metrics, read_sweep, read_weight_norms
+from foal_pipe.protocol.schema import (
+    CHECKSUM_VERSION,
+    METRICS_FILE,
+    SWEEP_FILE,
+    LearnMetrics,
+    SweepReport,
+    is_number,
+    same_gamma,
+)
+from foal_pipe.report.readers import Run, read_json, read_metrics, read_metrics_version, read_sweep, read_weight_norms
 
 #: Wall times of a run, beside its metrics.json (not a DVC output: they change every run).
 TIMINGS_FILE = "timings.json"
@@ -65,7 +73,8 @@ def load_run(
         raise FoalPipeError(
             f"{run_dir} has no {METRICS_FILE}; run `foal-pipe learn --out {run_dir}` first (or check the path)"
         )
-    run = Run(path=run_dir, metrics=read_metrics(run_dir / METRICS_FILE))
+    metrics, version = read_metrics_version(run_dir / METRICS_FILE)
+    run = Run(path=run_dir, metrics=metrics, metrics_version=version)
     if sweep is not None:
         sweep_path = Path(sweep)
         run.sweep_path = sweep_path / SWEEP_FILE if sweep_path.is_dir() else sweep_path
@@ -100,10 +109,16 @@ def load_run(
 
 def check_model_checksum(run: Run, path: Path, given: bool) -> None:
     """Refuse a model file other than the one the run wrote, where its ``metrics.json`` records that file's checksum
-    (``model_checksum``): the weight norms, per-class accuracy and confusion matrix would be another model's."""
+    (``model_checksum``): the weight norms, per-class accuracy and confusion matrix would be another model's. A
+    metrics.json of a version that always records it (:data:`CHECKSUM_VERSION`) but does not was damaged or edited:
+    it cannot say which model is the run's."""
     from foal_pipe.model.modelfile import stored_header
 
     recorded = run.metrics.model_checksum if run.metrics is not None else None
+    if recorded is None and run.metrics_version >= CHECKSUM_VERSION:
+        raise FoalPipeError(f"{run.path / METRICS_FILE} is damaged or edited: it is format_version {run.metrics_version}, "
+                            f"which records the checksum of the run's model file (model_checksum), but has none, so "
+                            f"{path} cannot be checked as the run's model; run `foal-pipe learn --out {run.path}` again")
     meta = stored_header(path)[0]
     if recorded is None and run.metrics is not None:
         check_recorded_settings(run, path)  # an older run records no checksum: its settings must fit the file
@@ -121,18 +136,24 @@ def check_recorded_settings(run: Run, path: Path) -> None:
     """For a run whose metrics.json predates ``model_checksum``: refuse a model file whose own record contradicts the
     run's (:func:`_other_model`: head, gamma, rows learned, classes) or whose projection -- drawn again from the run's
     seed, init and shape, bit for bit -- is not the run's: another seed's or gamma's model would otherwise be reported
-    as the run's. A continued model (``init_model``) started from another file's projection, so its projection is
-    not compared; nor is a file whose projection is not the run's D wide."""
+    as the run's; so is a file whose projection is not the run's D wide (``projection_dim`` 0: the identity, as wide
+    as the rows, ``feature_dim``). A continued model (``init_model``) started from another file's projection, so its
+    projection is not compared bit for bit."""
     from foal_pipe.core.expansion import Expansion
     from foal_pipe.model.modelfile import read_model, stored_header
 
     m = run.metrics
     meta, shapes = stored_header(path)
-    width = shapes["projection"][-1] if "projection" in shapes else None
-    if not meta or None not in (width, m.projection_dim) and width != m.projection_dim:
-        return  # another D: what it records is not compared here (a --model of it is refused: check_run_model)
     why = f"(the run predates model_checksum, so its settings were compared); pass the run's own model, or run " \
           f"`foal-pipe learn --out {run.path}` again"
+    width = shapes["projection"][-1] if "projection" in shapes else None
+    wide = m.projection_dim or m.feature_dim  # without a projection the file keeps the identity, the rows' width
+    if None not in (width, wide) and width != wide:
+        ours = f"{wide}" if m.projection_dim else f"{wide} (projection_dim 0: the identity on its {wide} features)"
+        raise FoalPipeError(f"{path} is not the model run {run.path} wrote: projection width D {width} in the file, "
+                            f"{ours} in the run's metrics.json {why}")
+    if not meta:
+        return  # an unreadable file is refused by its reader, with the reason
     found = _other_model(m, meta, path)
     if found:
         what, theirs, ours = found

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import atomic_dir, check_not_an_input, check_output_dir, write_json
+from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.protocol.outputs import EVAL_DIR, EVAL_FILES, SCORES_FILE, SUMMARY_FILE
 from foal_pipe.protocol.schema import METRICS_FILE
 from foal_pipe.report.classes import class_results
 from foal_pipe.report.discovery import load_run
@@ -26,18 +25,11 @@ from foal_pipe.report.plots import (
 from foal_pipe.report.readers import Run, as_recomputed, consistency_warnings
 from foal_pipe.report.tables import plot_data, scores, write_confusion, write_csv
 
-SUMMARY_FILE = "summary.md"
-SCORES_FILE = "scores.json"
-DEFAULT_OUT = "eval"
-#: Every file an evaluation may write; those a later evaluation does not write (no sweep, no model, no
-#: plots) are not carried into its directory (:func:`atomic_dir`'s ``owned``), so a stale plot never sits
-#: beside a new summary, even for a moment or after a kill.
-OUTPUTS = frozenset(
-    {SUMMARY_FILE, SCORES_FILE}
-    | {f"{stem}.{ext}" for stem in ("accuracy_matrix", "steps", "weight_norms", "gamma", "confusion_matrix", "anytime")
-       for ext in ("png", "csv")}
-    | {"fusions.png", "heads.png", "class_accuracy.csv"}
-)
+#: Every file an evaluation may write (:data:`~foal_pipe.protocol.outputs.EVAL_FILES`); those a later evaluation does
+#: not write (no sweep, no model, no plots) are not carried into its directory (:func:`atomic_dir`'s ``owned``), so a
+#: stale plot never sits beside a new summary, even for a moment or after a kill.
+OUTPUTS = EVAL_FILES
+DEFAULT_OUT = EVAL_DIR
 
 
 @dataclass
@@ -70,21 +62,6 @@ def _plots(run: Run, out: Path) -> list[Path]:
     return files
 
 
-def _check_named(out: Path, inputs: list[Path | None]) -> None:
-    """Refuse an ``out`` named by '.' or '..' whose directory holds the run's inputs (``--out RUN/eval/..``) with a
-    folder inside it as the example: :func:`check_output_dir` would suggest that directory by name, which is refused
-    in turn."""
-    if out.name not in ("", ".", ".."):
-        return
-    named = Path(os.path.abspath(out))
-    try:
-        check_not_an_input(named, inputs)
-    except FoalPipeError:
-        raise FoalPipeError(f"output {out} names a directory by '.' or '..', which cannot be replaced in one rename, and "
-                            f"{named} holds this command's inputs; pass a folder by name, e.g. {param('out')} "
-                            f"{named / DEFAULT_OUT}") from None
-
-
 def evaluate(
     run_dir: str | Path,
     out: str | Path | None = None,
@@ -101,8 +78,7 @@ def evaluate(
     run = load_run(run_dir, sweep=sweep, model=model)
     out = Path(out) if out is not None else run.path / DEFAULT_OUT
     inputs = [run.path / METRICS_FILE, run.sweep_path, run.model_path]
-    _check_named(out, inputs)
-    check_output_dir(out, inputs=inputs)
+    check_output_dir(out, inputs=inputs, inside=DEFAULT_OUT)
     ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
     run.metrics = as_recomputed(run.metrics)  # the warnings name what metrics.json records; the files show the matrix's
     if run.sweep_mismatch is not None:

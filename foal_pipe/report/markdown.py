@@ -310,14 +310,32 @@ def _fusions(run: Run) -> list[str]:
     return lines + [""]
 
 
+def _head_options(options: dict[str, Any], seeds: list[int] | None) -> str:
+    """A sweep head's options as run. With ``--order-seeds`` ridge ran each class order at the gamma chosen on its
+    own rows (``gammas``, one per order): one gamma where every order chose it, else each order's, by its seed."""
+    def value(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    shown = []
+    for k, v in options.items():
+        if k == "gammas" and isinstance(v, list) and v:
+            names = seeds if seeds is not None and len(seeds) == len(v) else range(1, len(v) + 1)
+            shown.append(f"gamma {value(v[0])}" if len(set(v)) == 1 else "gamma " + ", ".join(
+                f"{value(g)} (order {seed})" for seed, g in zip(names, v, strict=True)))
+        else:
+            shown.append(f"{k} {value(v)}")
+    return ", ".join(shown)
+
+
 def _heads(run: Run) -> list[str]:
     """``sweep --heads``: every head's test numbers, options and exact leave-one-out accuracy, and the choices."""
     s = run.sweep
-    lines = ["## Heads", "", f"From `{run.sweep_path}`: every head from one read of the store (ridge at the sweep's "
-             "selected gamma).", "", "| head | A_avg % | A_last % | F % | LOO acc % | options |",
-             "|---|---:|---:|---:|---:|---|"]
+    per_order = "ridge" in s.heads and "gammas" in s.heads["ridge"].options  # --order-seeds: each order's own
+    ridge = "each class order's gamma, selected on its rows" if per_order else "the sweep's selected gamma"
+    lines = ["## Heads", "", f"From `{run.sweep_path}`: every head from one read of the store (ridge at {ridge}).", "",
+             "| head | A_avg % | A_last % | F % | LOO acc % | options |", "|---|---:|---:|---:|---:|---|"]
     for name, h in s.heads.items():
-        options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in h.options.items())
+        options = _head_options(h.options, s.order_seeds)
         lines.append(f"| {name} | {pct(h.A_avg)} | {pct(h.A_last)} | {pct(h.F)} | {pct(h.loo_accuracy)} | "
                      f"{options or '-'} |")
     chosen = (f"Best head by {s.best_head_selected_by} (training rows only): **{s.best_head}**" if s.best_head

@@ -49,6 +49,9 @@ class Run:
     sweep_searched: tuple[Path, ...] = ()
     #: Why the sweep found beside the run was not used (it swept other features or settings).
     sweep_mismatch: str | None = None
+    #: The ``format_version`` of its ``metrics.json`` (1: written before files named it), which tells the keys a
+    #: run of that version always records (``model_checksum``: :data:`~foal_pipe.protocol.schema.CHECKSUM_VERSION`).
+    metrics_version: int = 1
 
     @property
     def matrix(self) -> list[list[float]]:
@@ -174,13 +177,20 @@ def read_metrics(path: str | Path) -> LearnMetrics:
 
     Wall times are not required (``seconds`` moved to ``timings.json``); ``gamma`` may be ``"auto"``.
     """
+    return read_metrics_version(path)[0]
+
+
+def read_metrics_version(path: str | Path) -> tuple[LearnMetrics, int]:
+    """:func:`read_metrics`, and the file's ``format_version`` (1 where it names none: written before files did),
+    which the record does not keep: the keys a file of that version must hold."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    metrics = LearnMetrics.from_dict(read_json(path, "a run's metrics", LearnMetrics.FIX), str(path))
+    data = read_json(path, "a run's metrics", LearnMetrics.FIX)
+    metrics = LearnMetrics.from_dict(data, str(path))  # has refused a version outside 1..VERSION
     _check_gamma(metrics, path)
     _check_classes(metrics, path)
-    return metrics
+    return metrics, int(data.get("format_version", 1))
 
 
 def _check_classes(metrics: LearnMetrics, path: Path) -> None:

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from foal_pipe.durable import pid_alive
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import pid_alive
 
 LOCK_SUFFIX = ".lock"
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)

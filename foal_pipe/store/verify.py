@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from foal_pipe.store.integrity import (
     record_problem,
     sealed,
 )
-from foal_pipe.store.manifest import MANIFEST, stored_manifest
+from foal_pipe.store.manifest import MANIFEST, parse_stored_manifest, stored_manifest
 from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, StoreMeta, edited_version, read_meta
 from foal_pipe.store.read import chunk_too_large, open_store
 
@@ -77,19 +76,22 @@ def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
 
 def _manifest_labels(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array]) -> list[ChunkProblem]:
     """The first row of each split whose label in the split manifest differs from its ``labels`` array: both are
-    written by ``extract``, so a difference means one of them is not the dataset's (a resume over moved images)."""
+    written by ``extract``, so a difference means one of them is not the dataset's (a resume over moved images). A
+    manifest that is not the document ``extract`` writes is the refusal a model's identity would meet
+    (:func:`~foal_pipe.store.manifest.parse_stored_manifest`)."""
     try:
         raw = stored_manifest(path, (group, meta))
     except FoalPipeError:  # a damaged manifest: its chunks are reported above, and open_store names it
         return []
     if raw is None:
         return []
+    try:
+        _, splits = parse_stored_manifest(raw, path)
+    except FoalPipeError as exc:
+        return [ChunkProblem(MANIFEST, 0, 0, str(exc))]
     found = []
     for split in SPLITS:
-        try:
-            listed = np.asarray([entry[2] for entry in json.loads(raw.decode("utf-8"))[split]], np.int64)
-        except (ValueError, KeyError, IndexError, TypeError):
-            return [ChunkProblem(MANIFEST, 0, 0, f"not a readable split manifest; {REEXTRACT}")]
+        listed = np.asarray([label for _, _, label in splits[split]], np.int64)
         labels = np.asarray(arrays[f"{split}/labels"][:])
         differ = np.flatnonzero(listed != labels) if listed.shape == labels.shape else [min(len(listed), len(labels))]
         if len(differ):

@@ -1,0 +1,171 @@
+"""The head estimators solve on demand: ``partial_fit`` adds a task's rows to the head's statistics and the model is
+solved when a prediction, ``class_scores`` or pickling needs it, once per run of calls. Its scores, attributes and
+pickled tensors are the bits of a solve after every call (the estimator before), dual still solves at every call (its
+boundaries end tasks), and a refused solve returns the estimator to its last solved model."""
+
+import pickle
+import warnings
+
+import array_api_compat.numpy as xnp
+import numpy as np
+import pytest
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS, make_head
+from foal_pipe.heads.state import export_head
+from foal_pipe.model.headestimator import ESTIMATORS, head_classifier
+
+RNG = np.random.default_rng(3)
+D = 12
+# calls of uneven sizes (dual's batch of 10 is cut across them), classes arriving out of order and recurring
+CALLS = [(RNG.normal(size=(n, D)) + 0.3 * RNG.normal(size=D), np.array(list(labels))[RNG.permutation(n) % len(labels)])
+         for n, labels in [(13, "dbc"), (7, "ae"), (25, "bf"), (9, "gca"), (6, "ed")]]
+T = RNG.normal(size=(30, D))
+NAMES = list(ESTIMATORS)
+
+
+def eager(name):
+    """What each call gave before: the head's rows added and its boundary solved at every call; per call, the scores
+    of ``T`` in ``classes_`` order, and the head and scorer after the last call."""
+    head, ids, seen, out = make_head(name, {}, xnp, D), {}, np.empty(0, dtype="<U1"), []
+    for X, y in CALLS:
+        for label in np.unique(y).tolist():  # the estimator's class ids: in sorted order within a call
+            ids.setdefault(label, len(ids))
+        head.add(X, np.array([ids[v] for v in y.tolist()], dtype=np.int64))  # no copy: a copy may align otherwise
+        scorer = head.boundary()
+        seen = np.union1d(seen, y)
+        out.append(np.asarray(scorer.scores(T), dtype=np.float64)[:, [ids[c] for c in seen.tolist()]])
+    return out, head, scorer
+
+
+def counting(monkeypatch, name):
+    """Count the head's solves (its class's ``boundary``)."""
+    calls = []
+    original = HEADS[name].head.boundary
+
+    def boundary(self):
+        calls.append(1)
+        return original(self)
+
+    monkeypatch.setattr(HEADS[name].head, "boundary", boundary)
+    return calls
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_prediction_after_every_call_gives_the_eager_bits(name):
+    expected, _, _ = eager(name)
+    est = head_classifier(name)
+    for (X, y), scores in zip(CALLS, expected):
+        est.partial_fit(X, y)
+        assert np.array_equal(est.class_scores(T), scores)
+        assert np.array_equal(est.predict(T), est.classes_[np.argmax(scores, axis=1)])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_calls_then_one_prediction_give_the_solve_of_every_row(name):
+    """Several calls, then one prediction: the bits of the solve after the last call (dual: of its per-call solves);
+    the fitted attributes and the pickled model-file tensors are those of the eager estimator."""
+    expected, head, scorer = eager(name)
+    est = head_classifier(name)
+    for X, y in CALLS[:3]:
+        est.partial_fit(X, y)
+    assert np.array_equal(est.class_scores(T), expected[2])
+    for X, y in CALLS[3:]:
+        est.partial_fit(X, y)
+    assert est.classes_.tolist() == list("abcdefg")
+    assert est.n_samples_seen_ == sum(len(y) for _, y in CALLS) and est.n_features_in_ == D
+    assert np.array_equal(est.class_scores(T), expected[-1])
+    tensors, reference = est.__getstate__()["_tensors"], export_head(name, head, scorer)
+    assert tensors.keys() == reference.keys() and all(np.array_equal(tensors[k], reference[k]) for k in tensors)
+    assert np.array_equal(pickle.loads(pickle.dumps(est)).class_scores(T), expected[-1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_k_calls_then_one_prediction_solve_once(monkeypatch, name):
+    """Five calls, then predict, class_scores, score and pickling: one solve (before: five); the fitted attributes
+    need none; dual solves at every call, as its boundaries end tasks."""
+    solves = counting(monkeypatch, name)
+    est = head_classifier(name)
+    for X, y in CALLS:
+        est.partial_fit(X, y)
+    assert (est.classes_.tolist(), est.n_samples_seen_) == (list("abcdefg"), 60)
+    lazy = name != "dual"
+    assert len(solves) == (0 if lazy else len(CALLS))
+    est.predict(T)
+    est.class_scores(T)
+    est.score(T, est.predict(T))
+    pickle.dumps(est)
+    assert len(solves) == (1 if lazy else len(CALLS))
+    est.partial_fit(*CALLS[0])
+    est.predict(T)
+    assert len(solves) == (2 if lazy else len(CALLS) + 1)
+    assert HEADS[name].head.solve_on_demand == lazy
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fit_solves_at_once(monkeypatch, name):
+    """fit is refused where its model cannot be solved, so it solves in the call; a prediction after it solves
+    nothing and changes no attribute."""
+    solves = counting(monkeypatch, name)
+    X = np.concatenate([x for x, _ in CALLS])
+    y = np.concatenate([y for _, y in CALLS])
+    est = head_classifier(name).fit(X, y)
+    assert len(solves) == 1
+    before = dict(est.__dict__)
+    est.predict(T)
+    assert len(solves) == 1 and est.__dict__ == before
+
+
+@pytest.mark.parametrize("name", ["ridge", "balanced"])
+def test_a_refused_solve_returns_to_the_last_solved_model(name):
+    """A batch whose sums gamma 1e-13 cannot resolve: the solve it needs is refused when the model is needed, naming
+    gamma and the calls undone; the estimator is back at its last solved model and keeps learning from it exactly."""
+    X, y = RNG.normal(size=(40, 4)), RNG.integers(0, 4, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = head_classifier(name, gamma=1e-13).fit(X, y)
+        before = est.__getstate__()["_tensors"]
+        est.partial_fit(X[:5] * 1e3, y[:5]).partial_fit(X[5:7], y[5:7])
+        with pytest.raises(FoalPipeError, match=r"gamma 1e-13 .* the rows of its last 2 partial_fit calls are undone"):
+            est.predict(X)
+        after = est.__getstate__()["_tensors"]
+        assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+        assert est.n_samples_seen_ == 40
+        est.partial_fit(X[5:10], y[5:10])
+        fresh = head_classifier(name, gamma=1e-13).fit(X, y).partial_fit(X[5:10], y[5:10])
+        assert np.array_equal(est.class_scores(X), fresh.class_scores(X))
+
+
+def test_a_refused_fecam_solve_undoes_the_new_class():
+    X, y = RNG.normal(size=(40, 4)), RNG.integers(0, 4, 40)
+    est = head_classifier("fecam").fit(X, y)
+    est.partial_fit(np.ones((3, 4)), np.array([9, 9, 9]))
+    assert est.classes_.tolist() == [0, 1, 2, 3, 9]
+    with pytest.raises(FoalPipeError, match="no variance .* the rows of its last partial_fit call are undone"):
+        est.class_scores(X)
+    assert est.classes_.tolist() == [0, 1, 2, 3] and est.n_samples_seen_ == 40
+    assert np.array_equal(est.class_scores(X), head_classifier("fecam").fit(X, y).class_scores(X))
+
+
+def test_a_refused_first_solve_leaves_it_unfitted():
+    est = head_classifier("fecam").partial_fit(np.ones((3, 4)), np.array([1, 1, 1]))
+    with pytest.raises(FoalPipeError, match="no variance .* is back at not fitted"):
+        est.predict(np.ones((1, 4)))
+    assert not hasattr(est, "classes_") and not hasattr(est, "n_features_in_")
+    with pytest.raises(FoalPipeError, match="no variance"):
+        head_classifier("fecam").fit(np.ones((3, 4)), np.array([1, 1, 1]))
+
+
+def test_an_interrupted_solve_keeps_the_rows(monkeypatch):
+    """An interruption is no refusal of the statistics: the next access solves them."""
+    est = head_classifier("slda").partial_fit(*CALLS[0])
+    original = HEADS["slda"].head.boundary
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(HEADS["slda"].head, "boundary", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        est.predict(T)
+    monkeypatch.setattr(HEADS["slda"].head, "boundary", original)
+    assert np.array_equal(est.class_scores(T), head_classifier("slda").fit(*CALLS[0]).class_scores(T))

@@ -1,0 +1,170 @@
+"""Output directories, third audit: an `--out` named by '.' or '..' whose directory holds the command's inputs is
+answered with an `--out` the command takes (learn, sweep, continuation, evaluate alike), and a run replacing a run's
+outputs leaves out the evaluation of the replaced run (`eval/`), keeping the user's files there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, invoke
+
+import foal_pipe.io as io
+from foal_pipe.io import atomic_dir, check_output_dir
+from foal_pipe.store import write_store
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _store(path: Path, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(4), 9)
+    x = rng.normal(size=(y.size, 8)) + y[:, None] * 0.5
+    return write_store(path, (x, y), (x[::3], y[::3]), list("abcd"), chunk_rows=7, dtype="float64")
+
+
+def _learn(features, out, *extra):
+    return invoke("learn", "--features", features, "--out", out, "--tasks", 2, "--projection-dim", 16,
+                  "--backend", "numpy", *extra)
+
+
+def _sweep(features, out, gammas="0.1,1"):
+    return invoke("sweep", "--features", features, "--out", out, "--tasks", 2, "--projection-dim", 16,
+                  "--gammas", gammas, "--backend", "numpy")
+
+
+def _suggested(result) -> str:
+    return " ".join(result.output.split()).split("--out ")[-1].rstrip(".")
+
+
+# --- 1. '.' or '..' naming a directory that holds an input: the suggestion is itself accepted ---------------------
+
+@pytest.mark.parametrize("command", ["learn", "sweep", "continue", "evaluate"])
+def test_out_named_by_dots_over_the_inputs_suggests_an_out_the_command_takes(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    new_rows = _store(tmp_path / "data" / "b.zarr", seed=1)
+    _store(tmp_path / "data" / "a.zarr")
+    assert _learn("data/a.zarr", "run").exit_code == 0
+    run = {"learn": lambda out: _learn("data/a.zarr", out), "sweep": lambda out: _sweep("data/a.zarr", out),
+           "continue": lambda out: _learn(new_rows, out, "--init-model", "run/model.safetensors"),
+           "evaluate": lambda out: invoke("evaluate", "--run", "run", "--out", out, "--no-plots")}[command]
+    dots = {"learn": "data/x/..", "sweep": "data/a.zarr/..", "continue": "run/eval/..", "evaluate": "run/eval/.."}[command]
+    holder = tmp_path / dots.split("/")[0]
+    result = run(dots)
+    assert_one_line_error(result, f"output {dots} names a directory by '.' or '..'", f"{holder} holds this command's inputs")
+    suggested = _suggested(result)
+    assert suggested == str(holder / ("eval" if command == "evaluate" else "run")), result.output
+    again = run(suggested)
+    assert again.exit_code == 0, again.output
+
+
+def test_the_suggested_folder_skips_one_that_holds_an_input(tmp_path):
+    features = _store(tmp_path / "run" / "a.zarr")  # tmp/run holds the store: tmp/run-2 is suggested
+    with pytest.raises(io.FoalPipeError) as refused:
+        check_output_dir(tmp_path / "run" / "..", inputs=[features])
+    assert str(refused.value).endswith(f"holds this command's inputs; pass a folder by name, e.g. out {tmp_path / 'run-2'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_dot_name_over_no_input_still_suggests_the_directory_itself(tmp_path):
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(io.FoalPipeError) as refused:
+        check_output_dir(tmp_path / "sub" / "..", inputs=[tmp_path.parent / "elsewhere"])
+    assert str(refused.value) == (f"output {tmp_path / 'sub' / '..'} names a directory by '.' or '..', which cannot be "
+                                  f"replaced in one rename; pass it by name, e.g. out {tmp_path}")
+
+
+# --- 2. a run replacing RUN leaves out RUN/eval's evaluation of the replaced run -----------------------------------
+
+def _evaluated_run(tmp_path: Path) -> tuple[Path, Path]:
+    features = _store(tmp_path / "a.zarr")
+    run = tmp_path / "run"
+    assert _learn(features, run, "--gamma", "1").exit_code == 0
+    assert invoke("evaluate", "--run", run, "--no-plots").exit_code == 0
+    assert {"summary.md", "scores.json", "class_accuracy.csv"} <= {p.name for p in (run / "eval").iterdir()}
+    return features, run
+
+
+@pytest.mark.parametrize("notes", [False, True], ids=["evaluation-only", "with-user-notes"])
+def test_learn_over_an_evaluated_run_leaves_out_its_evaluation(tmp_path, notes):
+    features, run = _evaluated_run(tmp_path)
+    if notes:
+        (run / "eval" / "notes.md").write_text("mine")
+    (run / "mine.txt").write_text("a user's file")
+    assert _learn(features, run, "--gamma", "100").exit_code == 0
+    assert json.loads((run / "metrics.json").read_text())["gamma"] == 100
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        ["metrics.json", "model.safetensors", "timings.json", "mine.txt"] + (["eval"] if notes else []))
+    if notes:
+        assert sorted(p.name for p in (run / "eval").iterdir()) == ["notes.md"]
+        assert (run / "eval" / "notes.md").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr", "run"]  # no temporaries
+
+
+def test_sweep_into_an_evaluated_run_leaves_out_its_evaluation(tmp_path):
+    features, run = _evaluated_run(tmp_path)
+    assert _sweep(features, run).exit_code == 0
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.json", "model.safetensors", "sweep.json", "timings.json"]
+
+
+def test_a_failed_run_keeps_the_evaluation(tmp_path):
+    features, run = _evaluated_run(tmp_path)
+    before = {p.name: p.read_bytes() for p in (run / "eval").iterdir()}
+    assert _learn(features, run, "--gamma", "-1").exit_code != 0
+    assert {p.name: p.read_bytes() for p in (run / "eval").iterdir()} == before
+
+
+def test_an_eval_folder_evaluate_did_not_write_is_carried(tmp_path):
+    """Without evaluate's scores.json, ``eval/`` is the user's own folder."""
+    features = _store(tmp_path / "a.zarr")
+    run = tmp_path / "run"
+    assert _learn(features, run).exit_code == 0
+    (run / "eval").mkdir()
+    (run / "eval" / "summary.md").write_text("my own notes")
+    assert _learn(features, run, "--gamma", "10").exit_code == 0
+    assert (run / "eval" / "summary.md").read_text() == "my own notes"
+
+
+class _Died(BaseException):
+    """A process killed right after the swap: no settling runs."""
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "two-renames"])
+def test_killed_after_the_swap_the_next_check_leaves_out_the_owned_nested_files(tmp_path, monkeypatch, fallback):
+    out = tmp_path / "run"
+    (out / "eval").mkdir(parents=True)
+    for name, text in (("model", "old"), ("eval/summary.md", "old"), ("eval/notes.md", "mine")):
+        (out / name).write_text(text)
+    real_exchange, real_rename, renames = io.exchange, io.os.rename, []
+
+    def exchange(a, b):
+        if fallback:
+            return False
+        assert real_exchange(a, b)
+        raise _Died
+
+    def rename(a, b):
+        real_rename(a, b)
+        renames.append(a)
+        if len(renames) == 2:
+            raise _Died
+
+    monkeypatch.setattr(io, "exchange", exchange)
+    monkeypatch.setattr(io.os, "rename", rename)
+    monkeypatch.setattr(io, "_settle", lambda path, tmp: None)
+    with pytest.raises(_Died), atomic_dir(out, owned=["eval/summary.md"]) as tmp:
+        (tmp / "model").write_text("new")
+    monkeypatch.undo()
+    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    check_output_dir(out)  # what the next run does first
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == {
+        "model": "new", "eval/notes.md": "mine"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_docs_say_a_run_leaves_out_the_evaluation_it_replaces():
+    text = " ".join((DOCS / "learn.md").read_text().split())
+    assert "Entries of `DIR` that the run does not write (`eval/`) are kept." not in text
+    assert "evaluation of the replaced outputs" in text
