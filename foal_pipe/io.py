@@ -140,6 +140,7 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
     """
     inputs = list(inputs)
     _check_kind(path, "directory")
+    settle_enclosing(follow_link(path))
     path = _check_parents(follow_link(path))
     if path.name in ("", ".", ".."):  # rename() refuses them: the run would fail after all its work
         _refuse_dots(path, inputs, inside)
@@ -276,15 +277,33 @@ def enclosing_store(path: str | Path, itself: bool = False) -> Path | None:
     return next((where for where in ((full,) if itself else ()) + tuple(full.parents) if is_feature_store(where)), None)
 
 
-def _remove_stale(path: Path) -> None:
-    """Settle the temporaries of earlier runs on ``path`` whose process is gone (killed mid-write)."""
+def _remove_stale(path: Path, swapped: bool = False) -> None:
+    """Settle the temporaries of earlier runs on ``path`` whose process is gone (killed mid-write); ``swapped``: only
+    those of a replacement whose journal was written (:func:`atomic_dir`'s, no one else's)."""
     bases = set()
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*{_JOURNAL if swapped else ''}"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             bases.add(tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD)))
     for tmp in sorted(bases):
-        _settle(path, tmp)
+        if not swapped or _read_journal(tmp.with_name(tmp.name + _JOURNAL))[0] is not None:
+            _settle(path, tmp)
+
+
+def settle_enclosing(path: str | Path) -> None:
+    """Settle the swaps of killed runs on the folders enclosing ``path``, outermost first, before anything is written in
+    it: an ``evaluate`` writing ``RUN/eval`` while a killed ``learn``'s replacement of ``RUN`` is pending would leave
+    ``RUN`` missing (killed between two renames) or settled later around what it wrote. Only journaled swaps of
+    :func:`atomic_dir` are settled there, whose journal says what happened; other temporaries wait for a run on
+    that folder itself. One that cannot be settled (a read-only folder) is a :class:`WriteError` naming it."""
+    parents = Path(os.path.realpath(Path(path).absolute().parent))
+    for folder in reversed([parents, *parents.parents]):
+        try:
+            if folder.name:
+                _remove_stale(folder, swapped=True)
+        except OSError as exc:
+            raise _io_error(folder, exc, "an interrupted run's replacement of it is pending; make it writable, then "
+                            "re-run") from None
 
 
 def _remove(path: Path) -> None:
@@ -312,23 +331,35 @@ def _read_journal(journal: Path) -> tuple[int | None, set[str]]:
         return None, set()
 
 
-def _carry(previous: Path, path: Path, owned: set[str]) -> bool:
+def _is_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _carry(previous: Path, path: Path, owned: set[str]) -> None:
     """Move the entries of the previous outputs that ``path`` lacks into it, except the ``owned`` ones; an owned
     ``FOLDER/NAME`` is left out of a carried folder FOLDER (not a link), which stays behind too once it holds nothing
-    else. Whether any entry was moved."""
-    carried = False
+    else. A folder that ``path`` has too (the run wrote it, or an ``evaluate`` did before this settlement) is merged:
+    what it lacks is carried into it the same way, not deleted with the previous outputs. A folder moved into is
+    flushed to the disk before the journal goes: after a power loss, the next run carries what is missing."""
+    moved = False
     for entry in previous.iterdir():
-        if entry.name in owned or os.path.lexists(path / entry.name):
+        target = path / entry.name
+        if entry.name in owned:
             continue
         inner = {name.split("/", 1)[1] for name in owned if name.startswith(f"{entry.name}/")}
-        if inner and entry.is_dir() and not entry.is_symlink():
+        if os.path.lexists(target):
+            if _is_folder(entry) and _is_folder(target):
+                _carry(entry, target, inner)
+            continue
+        if inner and _is_folder(entry):
             for stale in [e for e in entry.iterdir() if e.name in inner]:
                 _remove(stale)
             if not any(entry.iterdir()):
                 continue
-        os.rename(entry, path / entry.name)
-        carried = True
-    return carried
+        os.rename(entry, target)
+        moved = True
+    if moved:
+        fsync_path(path, directory=True)
 
 
 def _settle(path: Path, tmp: Path) -> None:
@@ -346,9 +377,9 @@ def _settle(path: Path, tmp: Path) -> None:
         new_inode, owned = _read_journal(journal)
         if new_inode is not None:
             if path.is_dir() and path.stat().st_ino == new_inode:
-                carried = [_carry(previous, path, owned) for previous in (tmp, old) if previous.is_dir()]
-                if any(carried):  # before the journal goes: after a power loss, the next run carries what is missing
-                    fsync_path(path, directory=True)
+                for previous in (tmp, old):
+                    if previous.is_dir():
+                        _carry(previous, path, owned)
             elif not os.path.lexists(path) and old.is_dir():
                 os.rename(old, path)
                 fsync_path(path.parent, directory=True)

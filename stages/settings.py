@@ -158,6 +158,7 @@ def _entries(top: Path) -> list[str]:
             dirs.clear()
             continue
         seen.add((st.st_dev, st.st_ino))
+        dirs.sort()  # a folder reached directly and through a link is recorded under the same path on every copy
         rel = Path(folder).relative_to(top).as_posix()
         found.append(f"{rel}/")
         found += [entry for f in files if (entry := line(f"{rel}/{f}", os.path.join(folder, f))) is not None]

@@ -249,3 +249,89 @@ def test_a_replacement_killed_before_its_swap_is_swapped_in_by_the_next_overwrit
     assert read_meta(staged)[1].complete and open_store(out).dim == 3 * 8 * 8
     run_extract(_spec(image_tree, out, 4), overwrite=True)
     assert open_store(out).dim == 3 * 4 * 4 and not staged.exists()
+
+
+# --- 6. what stands at the staging name; a complete replacement swapped in ---------------------------------------
+
+@pytest.mark.parametrize("kind", ["symlink", "store-with-a-user-file"])
+def test_a_staging_name_that_is_not_an_overwrites_own_is_refused_before_anything_changes(tmp_path, image_tree, kind):
+    out, other = tmp_path / "a.zarr", tmp_path / "other.zarr"
+    assert _extract("--dataset", "imagefolder", "--data-dir", image_tree, "--out", out).exit_code == 0
+    shutil.copytree(out, other)
+    staged = tmp_path / ".a.zarr.replacing"
+    if kind == "symlink":
+        staged.symlink_to(other)
+        what = "a symlink"
+    else:
+        shutil.copytree(out, staged)
+        (staged / "mine.txt").write_text("mine")
+        what = "a feature store that also holds 'mine.txt', which a store does not write"
+    before, before_other, log = store_files(out), store_files(other), (tmp_path / "a.zarr.log.json").read_bytes()
+    for _ in range(2):
+        assert_one_line_error(_extract("--dataset", "imagefolder", "--data-dir", image_tree, "--out", out, "--overwrite"),
+                              f"{staged} is {what}, not a replacement of {out} that --overwrite builds under that name; "
+                              "remove it (or move it away), then re-run")
+        assert not out.is_symlink() and store_files(out) == before and store_files(other) == before_other
+        assert (tmp_path / "a.zarr.log.json").read_bytes() == log
+    assert staged.is_symlink() if kind == "symlink" else (staged / "mine.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("own_log", [True, False], ids=["its-log", "no-log"])
+def test_a_complete_replacement_swapped_in_says_so_and_logs_it(tmp_path, image_tree, monkeypatch, own_log):
+    out = tmp_path / "a.zarr"
+    run_extract(_spec(image_tree, out, 8))
+    staged = _killed_overwrite(monkeypatch, image_tree, out, 4, "swap")
+    if not own_log:  # a replacement whose log is gone: the swap still leaves the store a log
+        (tmp_path / ".a.zarr.replacing.log.json").unlink()
+    result = _extract("--dataset", "imagefolder", "--data-dir", image_tree, "--image-size", "4", "--chunk-rows", "4",
+                      "--out", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "nothing to do" not in text and f"wrote {out} (resumed from train 15, test 6): train 15 x 48, test 6 x 48" in text
+    assert (f"note: swapped in the complete replacement of {out} that an interrupted overwrite left in {staged}"
+            in text)
+    assert not staged.exists() and open_store(out).dim == 3 * 4 * 4
+    runs = json.loads((tmp_path / "a.zarr.log.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == (["created", "swapped"] if own_log else ["swapped"])
+    assert runs[-1]["generation"] == read_meta(out)[1].generation and runs[-1]["seconds"] == 0.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr", "a.zarr.log.json", "images"]
+
+
+# --- 7. a split manifest naming one image twice in one split, in NFC and NFD ---------------------------------------
+
+def _manifest_of(tmp_path: Path, tree: Path) -> dict:
+    a = tmp_path / "a.zarr"
+    assert _extract("--dataset", "imagefolder", "--data-dir", tree, "--out", a).exit_code == 0
+    assert runner.invoke(app, ["info", str(a), "--export-manifest", str(tmp_path / "m.json")]).exit_code == 0
+    return json.loads((tmp_path / "m.json").read_text())
+
+
+def test_one_image_twice_in_a_split_in_nfc_and_nfd_is_named_so(tmp_path):
+    tree = make_image_tree(tmp_path / "data", {"café": 3, "bee": 3})
+    doc = _manifest_of(tmp_path, tree)
+    first = doc["train"][0]
+    assert first[0] == "bee/img000.png"
+    doc["train"] = [e for e in doc["train"] if e[0].startswith("bee/")] + [
+        e for e in doc["train"] if e[0].startswith("café/")][:1]
+    entry = doc["train"][-1]
+    doc["train"].append([unicodedata.normalize("NFD", entry[0]), entry[1], entry[2]])
+    (tmp_path / "m2.json").write_text(json.dumps(doc))
+    assert_one_line_error(_extract("--dataset", "imagefolder", "--data-dir", tree, "--split-manifest",
+                                   tmp_path / "m2.json", "--out", tmp_path / "b.zarr"),
+                          f"{tmp_path / 'm2.json'} lists the image {entry[0]!r} twice in its train split (in two Unicode "
+                          "normalisations, one name); a split names each image once: remove one of its entries")
+    assert not (tmp_path / "b.zarr").exists()
+
+
+def test_a_manifest_in_nfd_form_records_its_names_in_nfc(tmp_path):
+    tree = make_image_tree(tmp_path / "data", {"café": 3, "naïve": 3})
+    doc = _manifest_of(tmp_path, tree)
+    for split in ("train", "test"):
+        doc[split] = [[unicodedata.normalize("NFD", name), digest, label] for name, digest, label in doc[split]]
+    (tmp_path / "nfd.json").write_text(json.dumps(doc))
+    b = tmp_path / "b.zarr"
+    result = _extract("--dataset", "imagefolder", "--data-dir", tree, "--split-manifest", tmp_path / "nfd.json", "--out", b)
+    assert result.exit_code == 0, result.output
+    assert read_manifest(b).splits == read_manifest(tmp_path / "a.zarr").splits
+    assert all(unicodedata.is_normalized("NFC", name) for split in ("train", "test")
+               for name, _, _ in read_manifest(b).splits[split])

@@ -159,3 +159,87 @@ def test_the_tensors_it_is_given_stay_as_they_are(name):
     model.partial_fit(*calls[1]).predict(calls[0][0])
     assert all(np.array_equal(given[key], value) for key, value in kept.items())
     assert all(np.array_equal(export_head(name, head, head.boundary())[key], value) for key, value in kept.items())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_refused_batch_keeps_the_calls_before_it(name):
+    """Rows one column too wide after two calls not yet solved: refused by that call in one line, which keeps the two
+    (before, the head's refusal undid them, or ncm's and the others' rows broke the head half-way)."""
+    calls = _calls(name)
+    model = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
+    with pytest.raises(FoalPipeError, match=rf"^rows have shape \(4, {D + 1}\) but the head was built for dim={D}"):
+        model.partial_fit(np.ones((4, D + 1)), np.array([0, 1, 7, 7]))
+    fresh = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
+    assert model.n_samples_seen_ == fresh.n_samples_seen_ == 24
+    assert model.classes_.tolist() == fresh.classes_.tolist() == [0, 1, 2, 3, 4, 5]
+    model.partial_fit(*calls[3])
+    fresh.partial_fit(*calls[3])
+    assert np.array_equal(model.class_scores(calls[0][0]), fresh.class_scores(calls[0][0]))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if HEADS[n].head.solve_on_demand])
+def test_readers_in_threads_get_the_model_of_every_row(monkeypatch, name):
+    """Four threads score after calls not yet solved, all inside the solve at once: each gets the model of every row."""
+    import threading
+
+    calls = _calls(name)
+    model = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
+    want = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2]).class_scores(calls[0][0])
+    barrier, original = threading.Barrier(4, timeout=10), HEADS[name].head.boundary
+
+    def boundary(self):
+        barrier.wait()
+        return original(self)
+
+    monkeypatch.setattr(HEADS[name].head, "boundary", boundary)
+    out = [None] * 4
+
+    def read(k):
+        try:
+            out[k] = model.class_scores(calls[0][0])
+        except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
+            out[k] = exc
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out), out
+    assert model._undo is None
+
+
+def test_a_name_changed_in_class_names_is_saved(tmp_path):
+    """class_names is one list: a name changed in it is what predict_names gives and save writes (before, a list
+    computed at every access took the change nowhere)."""
+    deployed = _deployed("ncm", tmp_path / "m.safetensors", _calls("ncm"))
+    deployed.class_names[0] = "renamed"
+    assert deployed.class_names == ["renamed", "bee", "cow"]
+    row = _calls("ncm")[0][0][:1]
+    assert deployed.predict_names(row)[0] == ["renamed", "bee", "cow"][int(deployed.predict(row)[0])]
+    deployed.save(tmp_path / "renamed.safetensors")
+    assert load_model(tmp_path / "renamed.safetensors").class_names == ["renamed", "bee", "cow"]
+
+
+def test_class_names_of_another_length_are_refused(tmp_path):
+    from foal_pipe.model.deploy import DeployedModel
+
+    deployed = _deployed("ncm", tmp_path / "m.safetensors", _calls("ncm"))
+    problem = r"^class_names has {} names but the model has 3 classes; pass one name per class of classifier.classes_"
+    with pytest.raises(FoalPipeError, match=problem.format(2)):
+        deployed.class_names = ["a", "b"]
+    assert deployed.class_names == ["ant", "bee", "cow"]
+    with pytest.raises(FoalPipeError, match=problem.format(4)):
+        DeployedModel(deployed.classifier, deployed.projection, ["a", "b", "c", "d"])
+
+
+def test_a_refused_solve_takes_the_undone_names_out_of_the_same_list(tmp_path):
+    """The undone classes' names leave the list the caller holds, whose other names keep their edits."""
+    calls = _calls("fecam")
+    deployed = _deployed("fecam", tmp_path / "m.safetensors", calls)
+    deployed.partial_fit(np.ones((3, D)), ["emu"] * 3)
+    names = deployed.class_names
+    names[1] = "bumblebee"
+    with pytest.raises(FoalPipeError, match="no variance"):
+        deployed.predict(calls[0][0])
+    assert deployed.class_names is names and names == ["ant", "bumblebee", "cow"]

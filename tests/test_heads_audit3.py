@@ -169,3 +169,146 @@ def test_an_interrupted_solve_keeps_the_rows(monkeypatch):
         est.predict(T)
     monkeypatch.setattr(HEADS["slda"].head, "boundary", original)
     assert np.array_equal(est.class_scores(T), head_classifier("slda").fit(*CALLS[0]).class_scores(T))
+
+
+def _fresh(name, calls, **options):
+    est = head_classifier(name, **options)
+    for X, y in calls:
+        est.partial_fit(X, y)
+    return est
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_head_refuses_a_batch_before_it_writes(name):
+    """Head.add's contract: rows of another width (with a new class) are refused in one line and the state stays as it
+    was, so the next rows and solve give the bits of a head that never saw them."""
+    head, clean = make_head(name, {}, xnp, D), make_head(name, {}, xnp, D)
+    for X, y in CALLS[:2]:
+        labels = np.unique(y, return_inverse=True)[1].astype(np.int64)
+        head.add(X, labels)
+        clean.add(X, labels)
+    with pytest.raises(FoalPipeError, match=rf"^rows have shape \(3, {D + 1}\) but the head was built for dim={D}"):
+        head.add(RNG.normal(size=(3, D + 1)), np.array([0, 9, 9]))
+    X, y = CALLS[2]
+    labels = np.unique(y, return_inverse=True)[1].astype(np.int64)
+    head.add(X, labels)
+    clean.add(X, labels)
+    assert np.array_equal(np.asarray(head.boundary().scores(T)), np.asarray(clean.boundary().scores(T)))
+
+
+def test_a_refused_batch_keeps_the_calls_before_it():
+    """ridge's rows whose Gram overflows, after two calls not yet solved: refused by that call, whose refusal undoes
+    nothing (before, the two calls went with it); with a new class, its column goes again."""
+    r = np.random.default_rng(0)
+    calls = [(r.normal(size=(20, 5)), np.arange(20) % 2) for _ in range(2)]
+    est = _fresh("ridge", calls, gamma=1.0)
+    for labels in ([0, 1], [0, 7]):
+        with pytest.raises(FoalPipeError, match=r"^features of magnitude 1e\+160 overflow the float64 Gram sums "
+                                                r"\(\|x\|\^2 beyond the largest number\); scale the features$"):
+            est.partial_fit(np.full((2, 5), 1e160), labels)
+    assert est.n_samples_seen_ == 40 and est.classes_.tolist() == [0, 1]
+    X = r.normal(size=(6, 5))
+    assert np.array_equal(est.class_scores(X), _fresh("ridge", calls, gamma=1.0).class_scores(X))
+    est.partial_fit(X, [0, 7] * 3)
+    assert np.array_equal(est.class_scores(X), _fresh("ridge", [*calls, (X, [0, 7] * 3)], gamma=1.0).class_scores(X))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_batch_the_head_refuses_keeps_the_pending_calls(monkeypatch, name):
+    """Any head's add refusing a batch (a FoalPipeError, before it writes): the estimator keeps the calls since its
+    last solve; only an error that may leave the head half-written returns it to its last solved model."""
+    original = HEADS[name].head.add
+
+    def add(self, X, labels):
+        if X[0, 0] == 999.0:
+            raise FoalPipeError("refused")
+        if X[0, 0] == 555.0:
+            raise MemoryError
+        return original(self, X, labels)
+
+    est = _fresh(name, CALLS[:1])
+    est.predict(T)
+    est.partial_fit(*CALLS[1]).partial_fit(*CALLS[2])
+    monkeypatch.setattr(HEADS[name].head, "add", add)
+    bad = np.full((2, D), 999.0)
+    with pytest.raises(FoalPipeError, match="^refused$"):
+        est.partial_fit(bad, CALLS[0][1][:2])
+    assert est.n_samples_seen_ == sum(y.size for _, y in CALLS[:3])
+    assert np.array_equal(est.class_scores(T), _fresh(name, CALLS[:3]).class_scores(T))
+    est.partial_fit(*CALLS[3])
+    with pytest.raises(MemoryError):
+        est.partial_fit(bad - 444.0, CALLS[0][1][:2])
+    lazy = HEADS[name].head.solve_on_demand  # dual adds to a copy: the failed call alone goes
+    assert est.n_samples_seen_ == sum(y.size for _, y in CALLS[:3 if lazy else 4])
+    assert np.array_equal(est.class_scores(T), _fresh(name, CALLS[:3 if lazy else 4]).class_scores(T))
+
+
+@pytest.mark.parametrize(("name", "options", "first", "later"), [
+    ("ridge", {"gamma": 1e-12}, (RNG.normal(size=(3, 6)), np.array([0, 1, 0])),
+     (RNG.normal(size=(60, 6)), np.arange(60) % 2)),
+    ("fecam", {}, (np.vstack([np.ones((2, 6)), RNG.normal(size=(6, 6))]), np.array([0, 0, 1, 1, 1, 1, 1, 1])),
+     (RNG.normal(size=(10, 6)), np.zeros(10, dtype=int))),
+])
+def test_a_call_unsolvable_alone_is_kept_where_later_rows_solve_it(name, options, first, later):
+    """A call whose own solve is refused (ridge: gamma 1e-12 on 3 rows of 6 features; fecam: a class of 2 equal rows)
+    is refused by the next prediction if it comes first, but kept where a later call makes the model solvable (the
+    eager estimator refused it): the model is then the exact solve over every row, as fit on them all."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(FoalPipeError, match="is back at not fitted: the rows of its last partial_fit call are undone"):
+            head_classifier(name, **options).partial_fit(*first).predict(T[:, :6])
+        est = _fresh(name, [first, later], **options)
+        X, y = np.vstack([first[0], later[0]]), np.concatenate([first[1], later[1]])
+        whole = head_classifier(name, **options).fit(X, y)
+        assert est.n_samples_seen_ == y.size and est.classes_.tolist() == whole.classes_.tolist()
+        np.testing.assert_allclose(est.class_scores(T[:, :6]), whole.class_scores(T[:, :6]), rtol=1e-9, atol=1e-9)
+        if name == "ridge":  # the closed form: (H^T H + gamma I)^-1 H^T Y
+            W = np.linalg.solve(X.T @ X + 1e-12 * np.eye(6), X.T @ np.eye(2)[y])
+            np.testing.assert_allclose(est.class_scores(T[:, :6]), T[:, :6] @ W, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if HEADS[n].head.solve_on_demand])
+def test_readers_in_threads_solve_the_pending_calls_once_for_all(monkeypatch, name):
+    """Four threads ask for scores after calls not yet solved, all inside the solve at once: each gets the scores of
+    every row (before, all but the first failed on the state the first had cleared) and the model is kept."""
+    import threading
+
+    est = _fresh(name, CALLS[:3])
+    want = _fresh(name, CALLS[:3]).class_scores(T)
+    barrier, original = threading.Barrier(4, timeout=10), HEADS[name].head.boundary
+
+    def boundary(self):
+        barrier.wait()
+        return original(self)
+
+    monkeypatch.setattr(HEADS[name].head, "boundary", boundary)
+    out = [None] * 4
+
+    def read(k):
+        try:
+            out[k] = est.class_scores(T)
+        except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
+            out[k] = exc
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out), out
+    assert "_undo" not in est.__dict__ and np.array_equal(est.class_scores(T), want)
+
+
+def test_a_refused_solve_pickles_as_an_equal_model():
+    """Back at its last solved model after a refused solve, the estimator pickles to the bytes of an estimator given
+    only the calls kept (before, its attributes came back in another order)."""
+    r = np.random.default_rng(1)
+    X, y = r.normal(size=(40, 5)), np.arange(40) % 3
+    est = head_classifier("ridge", gamma=1e-3).partial_fit(X, y)
+    est.predict(X[:2])
+    est.partial_fit(r.normal(size=(4, 5)) * 1e6, [0, 1, 2, 0])
+    with pytest.raises(FoalPipeError, match="back at its last solved model"):
+        est.predict(X[:2])
+    equal = head_classifier("ridge", gamma=1e-3).partial_fit(X, y)
+    assert list(vars(est)) == [k for k in vars(equal) if k != "_undo"] + ["_model"]
+    assert pickle.dumps(est) == pickle.dumps(equal)

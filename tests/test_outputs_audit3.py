@@ -168,3 +168,123 @@ def test_docs_say_a_run_leaves_out_the_evaluation_it_replaces():
     text = " ".join((DOCS / "learn.md").read_text().split())
     assert "Entries of `DIR` that the run does not write (`eval/`) are kept." not in text
     assert "evaluation of the replaced outputs" in text
+
+
+# --- 4. an evaluate between a killed learn and its settlement; a folder both sides have is merged ---------------------
+
+def _kill_after_swap(monkeypatch, fallback: bool) -> None:
+    """The next atomic_dir dies right after its swap (exchange) or between its two renames (fallback): no settling."""
+    real_exchange, real_rename, renames = io.exchange, io.os.rename, []
+
+    def exchange(a, b):
+        if fallback:
+            return False
+        assert real_exchange(a, b)
+        raise _Died
+
+    def rename(a, b):
+        real_rename(a, b)
+        renames.append(a)
+        if len(renames) == 1:
+            raise _Died
+
+    monkeypatch.setattr(io, "exchange", exchange)
+    monkeypatch.setattr(io.os, "rename", rename)
+    monkeypatch.setattr(io, "_settle", lambda path, tmp: None)
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["exchange", "two-renames"])
+def test_evaluate_after_a_killed_learn_settles_the_run_first_and_the_users_eval_files_stay(tmp_path, monkeypatch,
+                                                                                           fallback):
+    features, run = _evaluated_run(tmp_path)
+    (run / "eval" / "notes.md").write_text("mine")
+    with monkeypatch.context() as patch:
+        _kill_after_swap(patch, fallback)
+        with pytest.raises(_Died):
+            _learn(features, run, "--gamma", "100")
+    assert any(p.name.endswith(".swap") for p in tmp_path.iterdir())  # a swap pending, its process gone
+    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    result = invoke("evaluate", "--run", run, "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr", "run"]  # settled before the run was read
+    gamma = json.loads((run / "metrics.json").read_text())["gamma"]
+    assert gamma == (1 if fallback else 100)  # killed before its second rename, the learn is undone
+    assert (run / "eval" / "notes.md").read_text() == "mine"
+    assert json.loads((run / "eval" / "scores.json").read_text()) != {}
+    assert _learn(features, run, "--gamma", "10").exit_code == 0
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["notes.md"]
+    assert (run / "eval" / "notes.md").read_text() == "mine"
+
+
+def test_a_folder_the_settled_outputs_have_too_is_merged_not_dropped(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (out / "eval" / "sub").mkdir(parents=True)
+    for name, text in (("model", "old"), ("eval/summary.md", "old"), ("eval/notes.md", "mine"),
+                       ("eval/sub/a.txt", "mine too")):
+        (out / name).write_text(text)
+    with monkeypatch.context() as patch:
+        _kill_after_swap(patch, fallback=False)
+        with pytest.raises(_Died), atomic_dir(out, owned=["eval/summary.md"]) as tmp:
+            (tmp / "model").write_text("new")
+    (out / "eval" / "sub").mkdir(parents=True)  # written into the new outputs before they were settled
+    (out / "eval" / "summary.md").write_text("new")
+    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    check_output_dir(out)
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == {
+        "model": "new", "eval/summary.md": "new", "eval/notes.md": "mine", "eval/sub/a.txt": "mine too"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_run_writing_a_folder_the_previous_outputs_have_keeps_the_users_files_in_it(tmp_path):
+    out = tmp_path / "run"
+    (out / "eval").mkdir(parents=True)
+    (out / "eval" / "summary.md").write_text("old")
+    (out / "eval" / "notes.md").write_text("mine")
+    with atomic_dir(out, owned=["eval/summary.md"]) as tmp:
+        (tmp / "eval").mkdir()
+        (tmp / "eval" / "new.md").write_text("new")
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == {
+        "eval/new.md": "new", "eval/notes.md": "mine"}
+
+
+def test_check_output_dir_settles_a_pending_swap_of_an_enclosing_folder_only(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    with monkeypatch.context() as patch:
+        _kill_after_swap(patch, fallback=True)  # killed between its renames: run is missing
+        with pytest.raises(_Died), atomic_dir(out) as tmp:
+            (tmp / "model").write_text("new")
+    assert not out.exists()
+    unfinished = tmp_path / ".run.tmp-99999999-abcdefgh"  # a temporary without a journal: left for a run on run
+    unfinished.mkdir()
+    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    check_output_dir(out / "eval")
+    assert (out / "notes.md").read_text() == "mine" and unfinished.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.tmp-99999999-abcdefgh", "run"]
+
+
+# --- 5. RUN/eval a symlink: kept, nothing deleted through it, a note ------------------------------------------------
+
+def test_a_symlinked_eval_is_kept_with_a_note_and_nothing_deleted_through_it(tmp_path):
+    features = _store(tmp_path / "a.zarr")
+    run, ev = tmp_path / "run", tmp_path / "ev"
+    assert _learn(features, run, "--gamma", "1").exit_code == 0
+    assert invoke("evaluate", "--run", run, "--out", ev, "--no-plots").exit_code == 0
+    (run / "eval").symlink_to(ev)
+    before = {p.name: p.read_bytes() for p in ev.iterdir()}
+    result = _learn(features, run, "--gamma", "100")
+    assert result.exit_code == 0, result.output
+    assert (run / "eval").is_symlink() and {p.name: p.read_bytes() for p in ev.iterdir()} == before
+    note = [line for line in result.output.splitlines() if line.startswith("note:")]
+    assert note == [f"note: {run / 'eval'} is a symlink, which this run keeps as it is: the folder it links to ({ev}) holds "
+                    "an evaluation of the run being replaced, left there (nothing is deleted through a link); run "
+                    "`evaluate` again"]
+    (ev / "scores.json").unlink()  # no evaluation there: no note
+    result = _learn(features, run, "--gamma", "10")
+    assert result.exit_code == 0 and "note:" not in result.output
+
+
+def test_docs_say_a_symlinked_eval_is_kept_with_a_note():
+    text = " ".join((DOCS / "learn.md").read_text().split())
+    assert "An `eval/` that is a symlink is kept as it is, and nothing is deleted through it" in text

@@ -63,11 +63,12 @@ class SplitManifest:
                     raise FoalPipeError(f"{where}: {split} entry {json.dumps(entry)[:80]} is not [name, sha256 (64 hex "
                                         f"digits), label in 0..{len(classes) - 1} or -1]; export it again")
             splits[split] = tuple((name, digest, label) for name, digest, label in entries)
-            names = sorted(entry[0] for entry in splits[split])
-            twice = next((n for a, n in zip(names, names[1:]) if a == n), None)
+            names = sorted((nfc(entry[0]), entry[0]) for entry in splits[split])  # one name in NFC and NFD: one image
+            twice = next(((a, b) for a, b in zip(names, names[1:]) if a[0] == b[0]), None)
             if twice is not None:
-                raise FoalPipeError(f"{where} lists the image {twice!r} twice in its {split} split; a split names each "
-                                    "image once")
+                forms = " (in two Unicode normalisations, one name)" if twice[0][1] != twice[1][1] else ""
+                raise FoalPipeError(f"{where} lists the image {twice[0][0]!r} twice in its {split} split{forms}; a split "
+                                    "names each image once: remove one of its entries")
         return cls(tuple(classes), splits)
 
 
@@ -164,7 +165,7 @@ def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> 
                                 f"{_class_name(manifest.classes, label)!r} in the split manifest {where}; it is not "
                                 "the same dataset")
         taken.add(path)
-        rows[split].append((path, name, label, digest))
+        rows[split].append((path, nfc(name), label, digest))  # the NFC form, as a store records names
     sources = {split: FileSource([r[0] for r in rows[split]], [r[2] for r in rows[split]],
                                  names=[r[1] for r in rows[split]], digests=[r[3] for r in rows[split]])
                for split in SPLITS}

@@ -35,6 +35,7 @@ from foal_pipe.extract.state import (
 from foal_pipe.io import enclosing_store
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
 from foal_pipe.store.log import close_inherited_locks
+from foal_pipe.store.meta import read_meta
 
 
 def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
@@ -323,7 +324,7 @@ class ExtractReport:
     """What an extraction did; ``seconds`` is 0 when the store was already complete."""
 
     path: Path
-    status: str  # "created", "resumed", or "complete" (nothing to do)
+    status: str  # "created", "resumed" (a complete replacement swapped in too), or "complete" (nothing to do)
     rows: dict[str, int]
     resumed_from: dict[str, int]
     seconds: float
@@ -401,14 +402,19 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
     check_name_length(spec.out_path)
     with removing_new_folders(spec.out_path.parent), writer_lock(spec.out_path):  # a refused run leaves no folder
         for folder in (spec.out_path, staging_path(spec.out_path)):
-            if folder.is_dir() and is_zarr_dir(folder):
+            if folder.is_dir() and not folder.is_symlink() and is_zarr_dir(folder):  # a link's target is not ours
                 remove_partial_files(folder)  # halves of writes a killed writer left: nobody else writes now
         inputs, state = prepare_store(spec, overwrite, before_load)
+        staged = state.path if state.status == "complete" and state.path != state.out else None
         settled = settle_staging(state)
         if settled is not None:  # the run goes on without it: a later --overwrite starts afresh
             sys.stderr.write(f"note: removed {settled}, left by an interrupted overwrite of {state.out}\n")
-        report = ExtractReport(state.out, state.status, state.rows, dict(state.progress), 0.0, inputs.encoder.name,
-                               inputs.encoder.dim, inputs.device, inputs.precision, dict(state.holes))
+        report = ExtractReport(state.out, "resumed" if staged else state.status, state.rows, dict(state.progress), 0.0,
+                               inputs.encoder.name, inputs.encoder.dim, inputs.device, inputs.precision, dict(state.holes))
+        if staged is not None:  # this run's --overwrite is done: the replacement it resumed was complete
+            sys.stderr.write(f"note: swapped in the complete replacement of {state.out} that an interrupted overwrite "
+                             f"left in {staged}\n")
+            _log_swap(spec, inputs, state, report, runtime)
         if state.status == "complete":
             yield inputs, state, report
             return
@@ -425,6 +431,17 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
             raise
         update_run(state.out, {"finished": now(), "seconds": round(report.seconds, 3),
                                "generation": report.generation})
+
+
+def _log_swap(spec: ExtractSpec, inputs: Inputs, state: StoreState, report: ExtractReport,
+              runtime: dict[str, Any] | None) -> None:
+    """Record in the run log (the replacement's, moved in with it; a new one where it had none) the run that swapped
+    in a complete replacement an interrupted ``--overwrite`` left, with the store's generation id."""
+    report.generation = read_meta(state.out)[1].generation
+    stamp = now()
+    log_run(state.out, {"started": stamp, "status": "swapped", "resumed_from": dict(state.progress),
+                        **runtime_info(spec, inputs), **(runtime or {}), "finished": stamp, "seconds": 0.0,
+                        "generation": report.generation})
 
 
 def _log_stop(path: Path, exc: BaseException) -> None:

@@ -176,12 +176,31 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
         raise FoalPipeError(f"{out} also holds {foreign!r}, which a store does not write; {param('overwrite', True)} "
                             f"would delete it with the store: move it out first, or choose another {param('out')}")
     staged = staging_path(out)
+    _check_staging(staged, out)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:
             return _check_data(_check_rows(_check_manifest(_existing_state(staged, out, settings), inputs), inputs), inputs)
         except FoalPipeError:
             return None
     return None
+
+
+def _check_staging(staged: Path, out: Path) -> None:
+    """Refuse, before anything changes, a staging path that is not a store an ``--overwrite`` of ``out`` left: a
+    symlink (resumed and swapped in, it would put the link at ``out`` and write into its target), a file, a folder
+    that is not a store or a store holding a user's file. Not ours to use or delete."""
+    if staged.is_symlink() or (staged.exists() and not staged.is_dir()):
+        what = "a symlink" if staged.is_symlink() else "a file"
+    elif not staged.is_dir():
+        return
+    elif any(staged.iterdir()) and not is_feature_store(staged):
+        what = "a folder that is not a feature store"
+    elif (foreign := foreign_file(staged)) is not None:
+        what = f"a feature store that also holds {foreign!r}, which a store does not write"
+    else:
+        return
+    raise FoalPipeError(f"{staged} is {what}, not a replacement of {out} that {param('overwrite', True)} builds under "
+                        "that name; remove it (or move it away), then re-run")
 
 
 def _check_manifest(state: StoreState, inputs: Inputs) -> StoreState:

@@ -67,7 +67,10 @@ class Head(Protocol):
     space: ClassVar[str]  # one of SPACES
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        """Rows ``X`` ((n, dim) float64 array in namespace ``xp``) labelled with global class ids ``labels``."""
+        """Rows ``X`` ((n, dim) float64 array in namespace ``xp``) labelled with global class ids ``labels``. A head that
+        :attr:`~HeadBase.solve_on_demand` refuses a batch with a ``FoalPipeError`` (rows of another width, sums that
+        would overflow) before it writes anything, so its state stays as it was and callers keep it; any other error,
+        and dual's recursion refusing mid-batch, may leave the state half-written."""
         ...
 
     def boundary(self) -> Scorer:

@@ -19,7 +19,7 @@ from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import class_positions
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, NoOptions
-from foal_pipe.heads.checks import FLOAT64
+from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import ClassSums, unit_rows
 
 
@@ -58,7 +58,7 @@ class CosineHead(HeadBase):
         return FLOAT64 * 2 * seen * dim
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        self.sums.add(X, labels)
+        self.sums.add(X, check_rows(X, labels, self.sums.dim))  # checked before anything is written
 
     def boundary(self) -> CosineScorer:
         means = self.sums.means()

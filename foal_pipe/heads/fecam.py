@@ -15,7 +15,7 @@ from foal_pipe.core.linalg import factor_threads
 from foal_pipe.core.scoring import U32, U64, UNDERFLOW, gamma_n, relative_bound
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
-from foal_pipe.heads.checks import FLOAT64
+from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import PerClassMoments, symmetric_pinv, unit_rows
 
 #: FeCAM's ``alpha1`` and ``alpha2`` as its ViT scripts set them when off-diagonal shrinkage is off.
@@ -246,6 +246,7 @@ class FeCAMHead(HeadBase):
         return MahalanobisScorer(classes, list(tensors["means"]), list(tensors["precisions"]))
 
     def add(self, X: Any, labels: np.ndarray) -> None:
+        labels = check_rows(X, labels, self.moments.dim)  # before anything is written: a refused add changes nothing
         self.moments.add(unit_rows(X), labels)
 
     @classmethod

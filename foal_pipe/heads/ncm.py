@@ -12,7 +12,7 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import class_positions
 from foal_pipe.heads.base import HeadBase, NoOptions
-from foal_pipe.heads.checks import FLOAT64
+from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import ClassSums, unit_rows
 
 
@@ -61,6 +61,7 @@ class NCMHead(HeadBase):
         return DistanceScorer(classes, tensors["means"])
 
     def add(self, X: Any, labels: np.ndarray) -> None:
+        labels = check_rows(X, labels, self.sums.dim)  # before anything is written: a refused add changes nothing
         self.sums.add(unit_rows(X), labels)
 
     def boundary(self) -> DistanceScorer:

@@ -18,8 +18,9 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.core.engines import GramEngine, check_gamma, checked_weights, grow_classes
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
-from foal_pipe.heads.checks import FLOAT64
+from foal_pipe.heads.checks import FLOAT64, check_rows
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class RidgeHead(HeadBase):
 
     def __init__(self, *, xp: Any, dim: int, **options: Any) -> None:
         self.options = RidgeOptions(**options)
+        self.dim = int(dim)
         self.engine = GramEngine(dim, self.options.gamma, xp, xp.float64, grid=DEFAULT_GAMMA_GRID)
         self.classes = np.empty(0, dtype=np.int64)
 
@@ -77,9 +79,16 @@ class RidgeHead(HeadBase):
         return FLOAT64 * dim * seen
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        labels = np.asarray(labels, dtype=np.int64)
-        self.classes = grow_classes(self.engine, self.classes, labels)
-        self.engine.update(X, labels, self.classes)
+        """Add the rows' sums; a refused batch (rows of another width, products that overflow) changes nothing."""
+        labels = np.asarray(check_rows(X, labels, self.dim), dtype=np.int64)
+        grown = grow_classes(self.engine, self.classes, labels)
+        try:
+            self.engine.update(X, labels, grown)
+        except FoalPipeError:  # refused before the sums took the batch: its new classes' columns go again
+            if grown is not self.classes:
+                self.engine.restore_classes(self.classes, grown)
+            raise
+        self.classes = grown
 
     def boundary(self) -> RidgeScorer:
         gamma, W = self.engine.solution()

@@ -12,7 +12,7 @@ from array_api_compat import array_namespace
 
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
-from foal_pipe.heads.checks import FLOAT64
+from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import ClassSums, shift_diagonal, symmetric_pinv
 
 #: ``--shrinkage`` of slda: Avalanche's default.
@@ -107,7 +107,7 @@ class SLDAHead(HeadBase):
         return LinearScorer(classes, tensors["W"], tensors["b"])
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        self.sums.add(X, labels)
+        self.sums.add(X, check_rows(X, labels, self.sums.dim))  # checked before anything is written
 
     def boundary(self) -> LinearScorer:
         xp, sums = self.xp, self.sums

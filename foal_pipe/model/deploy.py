@@ -57,24 +57,38 @@ class DeployedModel:
     ``class_names`` (one per column of ``W``, in ``classifier.classes_`` order) and ``encoder_spec`` (the
     provenance of the store it was trained on: what :meth:`predict_images` rebuilds)."""
 
+    _names: list[str]  # class_names: one list object
+    _named: np.ndarray  # the classes its names were given for
+
     def __init__(self, classifier: AnalyticClassifier | SavedRidge | HeadClassifier, projection: SmoothProjection | Expansion,
                  class_names: Sequence[str],
                  encoder_spec: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> None:
         self.classifier = classifier
         self.projection = projection
-        self.class_names = list(class_names)  # kept by label id: a head's refused solve takes its undone classes' names
+        self.class_names = class_names  # checked: one name per class
         self.encoder_spec = encoder_spec
         self.metadata = dict(metadata or {})
         self._encoder: Any = None
 
     @property
     def class_names(self) -> list[str]:
-        """One name per class of ``classifier.classes_``, in its order."""
-        return [self._names[c] for c in self.classifier.classes_.tolist()]
+        """One name per class of ``classifier.classes_``, in its order: one list, so a name changed in it is kept (and
+        saved). A head's refused solve, which undoes its last calls' classes, takes their names out of it."""
+        names, named = self._names, self._named
+        ids = self.classifier.classes_
+        if ids.size < len(names) == named.size and np.isin(ids, named).all():
+            kept = np.isin(named, ids)
+            names[:] = [name for name, keep in zip(names, kept.tolist()) if keep]
+            self._named = named[kept]
+        return names
 
     @class_names.setter
     def class_names(self, names: Sequence[str]) -> None:
-        self._names = dict(zip(self.classifier.classes_.tolist(), names, strict=True))
+        names, n = list(names), int(self.classifier.classes_.size)
+        if len(names) != n:
+            raise FoalPipeError(f"class_names has {len(names)} names but the model has {n} classes; pass one name per "
+                                "class of classifier.classes_, in its order")
+        self._names, self._named = names, np.array(self.classifier.classes_)
 
     # ------------------------------------------------------------------ inputs
     def _features(self, features: Any) -> np.ndarray:

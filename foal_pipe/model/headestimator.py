@@ -5,8 +5,11 @@ scores mean probabilities, ``predict_proba``.
 ``partial_fit`` adds a task's rows to the head's sufficient statistics; the model is solved when first needed and
 kept until the next call, so a stream of small calls pays one solve per prediction, not one per call (10-row calls at
 D = 768: slda 85 ms and fecam 400 ms a call before). The solve of a head whose model depends on its statistics alone
-(:attr:`~foal_pipe.heads.base.HeadBase.solve_on_demand`) gives the bits a solve after every call gives; dual's
-boundary ends a task (its batches, its ``R``, its earlier classes), so dual solves at every call.
+(:attr:`~foal_pipe.heads.base.HeadBase.solve_on_demand`) gives the bits a solve after every call gives wherever each
+call's own solve would have succeeded. A call whose own solve would have been refused (a gamma its rows so far cannot
+resolve, a fecam class whose rows do not vary yet) is refused only if the model is still unsolvable when next needed:
+kept where later rows make it solvable, the model is then the exact solve over every row. Dual's boundary ends a task
+(its batches, its ``R``, its earlier classes), so dual solves at every call.
 
 One class per head of the registry (:data:`foal_pipe.heads.HEADS`), made here from the head's ``Options`` dataclass,
 so its parameters are the head's options with their defaults and a new head gets its estimator without a line
@@ -80,8 +83,9 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         name only labels with rows, in ``y`` or before: a head's model of a class comes from its rows, so a class
         without rows is refused rather than scored from nothing (``classes_`` grows as labels arrive). The head keeps
         the options it was built with: a call after ``set_params`` changed one is refused (:meth:`fit` starts afresh).
-        A refused batch leaves the estimator as it was; a refused solve (when the model is next needed) returns it to
-        its last solved model, undoing the calls since."""
+        A refused batch leaves the estimator as it was, the calls since the last solve included; a refused solve (when
+        the model is next needed) returns it to its last solved model, undoing the calls since: a call is refused for
+        its model only if no later call made the model solvable (see the module docstring)."""
         first = not hasattr(self, "_head")
         if not first:
             check_fitted_params(self, self._fitted_with)
@@ -118,12 +122,14 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
             undo, calls = self._undo
             head = self._head
         else:  # the solved head stays as it is (the state to return to): the rows go to a copy
-            undo, calls = ({} if first else {k: self.__dict__[k] for k in _FITTED if k in self.__dict__}), 0
+            undo, calls = {k: v for k, v in self.__dict__.items() if k in _FITTED and not first}, 0  # in their order
             head = self._new_head(int(X.shape[1])) if first else copy.deepcopy(self._head, {id(xp_numpy): xp_numpy})
         try:
             head.add(np.asarray(X, dtype=np.float64), np.asarray([ids[v] for v in y.tolist()], dtype=np.int64))
+        except FoalPipeError:  # refused before the head wrote anything (Head.add): the pending calls stay
+            raise
         except BaseException as exc:
-            if pending:  # the live head is half-written: back to the last solved model
+            if pending:  # anything else may have left the live head half-written: back to the last solved model
                 raise self._restore(exc, undo, calls) from None
             raise
         model = head.boundary() if not HEADS[self.head].head.solve_on_demand else None
@@ -142,34 +148,38 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
     def _solve(self, within_fit: bool = False) -> Scorer:
         """The model of every row so far: solved once after the last :meth:`partial_fit`, then kept. A refused solve
         (a ``FoalPipeError`` of the head, or any other error but an interruption) returns the estimator to its last
-        solved model and says how many calls it undid (``within_fit``: none to say, as :meth:`fit` was refused)."""
+        solved model and says how many calls it undid (``within_fit``: none to say, as :meth:`fit` was refused).
+        Readers in several threads may solve at once (the same bits): the first to finish keeps its model."""
         model = self.__dict__.get("_model")
         if model is not None:
             return model
         if "_head" not in self.__dict__:
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
+        pending: tuple[dict[str, Any], int] | None = self.__dict__.get("_undo")
         try:
             model = self._head.boundary()
         except Exception as exc:  # the statistics stay valid under an interruption: the next access solves again
-            undo, calls = self._undo
+            restored = self.__dict__.get("_undo") is not pending  # by another thread's refused solve
+            if pending is None or restored:
+                return self._solve(within_fit)  # the model it went back to
+            undo, calls = pending
             if within_fit:
                 self._restore(exc, undo, 0)
                 raise
             raise self._restore(exc, undo, calls) from None
-        del self._undo
-        self._model = model
-        return model
+        self.__dict__.setdefault("_model", model)  # another thread's solve, if it finished first (the same bits)
+        self.__dict__.pop("_undo", None)
+        return self.__dict__["_model"]
 
     @property
     def _scorer(self) -> Scorer:
         return self._solve()
 
     def _restore(self, exc: BaseException, undo: dict[str, Any], calls: int) -> BaseException:
-        """Return to the fitted state ``undo`` (the last solved model; empty: not fitted) and give ``exc`` saying that
-        the last ``calls`` partial_fit calls were undone."""
-        for name in _FITTED:
-            self.__dict__.pop(name, None)
-        self.__dict__.update(undo)
+        """Return to the fitted state ``undo`` (the last solved model, its attributes in their order then, so that it
+        pickles to an equal model's bytes; empty: not fitted) and give ``exc`` saying that the last ``calls``
+        partial_fit calls were undone."""
+        self.__dict__ = {**{k: v for k, v in self.__dict__.items() if k not in _FITTED}, **undo}  # one swap for readers
         if not calls:
             return exc
         return undone(exc, type(self).__name__, calls, "its last solved model" if undo else "not fitted")

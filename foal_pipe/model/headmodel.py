@@ -59,8 +59,10 @@ class HeadClassifier:
 
     As :class:`~foal_pipe.model.headestimator.HeadEstimator`'s, ``partial_fit`` only adds the rows where the head
     :attr:`~foal_pipe.heads.base.HeadBase.solve_on_demand`: the model is solved (and its tensors exported) when a
-    prediction, :attr:`tensors` or :meth:`save` first needs it, with the bits a solve after every call gives; a
-    refused solve returns to the last solved model, saying how many calls it undid."""
+    prediction, :attr:`tensors` or :meth:`save` first needs it, with the bits a solve after every call gives wherever
+    each call's own solve would have succeeded (a call whose own solve would have been refused is kept where later rows
+    make the model solvable: the exact solve over every row); a refused solve returns to the last solved model,
+    saying how many calls it undid."""
 
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                  n_samples_seen: int, space: str | None = None, dtype: str = "float64") -> None:
@@ -97,13 +99,21 @@ class HeadClassifier:
         return self._scorer
 
     def _solve(self) -> Scorer:
-        assert self._head is not None and self._undo is not None
+        """Solve the pending calls. Readers in several threads may solve at once (the same bits): the first to
+        finish keeps its model, and one whose solve is refused after another's restored the state takes that state."""
+        head, pending = self._head, self._undo
+        if pending is None:  # solved (or restored) by another thread meanwhile
+            return self.scorer
+        assert head is not None
         try:
-            model = self._head.boundary()
+            model = head.boundary()
         except Exception as exc:
+            if self._undo is not pending:
+                return self.scorer
             raise self._restore(exc) from None
-        self._scorer, self._new_rows, self._undo = model, {}, None
-        return model
+        if self._undo is pending:
+            self._scorer, self._new_rows, self._undo = model, {}, None
+        return self.scorer
 
     def _restore(self, exc: BaseException) -> BaseException:
         """Return to the state at the last solve and give ``exc`` saying how many calls were undone."""
@@ -144,8 +154,9 @@ class HeadClassifier:
 
     def partial_fit(self, rows: Any, labels: np.ndarray) -> HeadClassifier:
         """Add rows of the head's space as one more task: the model equals the head fitted on every row so far. A
-        class the head cannot fit at the task's end (fecam's of one row) is refused by this call, which then changes
-        nothing; a head whose boundary ends a task (dual) solves here, refused the same way."""
+        class the head cannot fit at the task's end (fecam's of one row) or a batch the head refuses is refused by this
+        call, which then changes nothing (the calls since the last solve stay); a head whose boundary ends a task
+        (dual) solves here, refused the same way."""
         labels = np.asarray(labels, dtype=np.int64)
         solved = self._classes if self._undo is None else self._undo[0]["_classes"]  # each fitted at its solve
         new_rows = dict(self._new_rows)
@@ -164,8 +175,10 @@ class HeadClassifier:
         try:
             head.add(np.asarray(rows, dtype=np.float64), labels)
             model = None if HEADS[self.name].head.solve_on_demand else head.boundary()
+        except FoalPipeError:  # refused before the head wrote anything (Head.add; a pending head solves on demand)
+            raise
         except BaseException as exc:
-            if pending:  # the live head is half-written: back to the last solved model
+            if pending:  # anything else may have left the live head half-written: back to the last solved model
                 raise self._restore(exc) from None
             raise
         self._head, self._tensors, self._new_rows = head, None, new_rows

@@ -4,6 +4,8 @@ with the provenance of the rows it learned."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -70,9 +72,15 @@ def replaced_evaluation(out: str | Path) -> list[str]:
     """The files ``evaluate`` writes, in ``out``'s ``eval/`` where an evaluation of ``out``'s outputs is (it always
     writes ``scores.json``), as ``eval/NAME``: :func:`~foal_pipe.io.atomic_dir` leaves them out of the ``eval/`` it
     carries (the folder goes too once nothing else is in it), so a summary of the replaced run never sits beside the
-    new one's files; the user's other files there are kept."""
-    if not (Path(out) / EVAL_DIR / SCORES_FILE).is_file():
+    new one's files; the user's other files there are kept. An ``eval/`` that is a symlink is carried as it is (nothing
+    is deleted through a link): a note on stderr says that its folder holds an evaluation of the replaced run."""
+    folder = Path(out) / EVAL_DIR
+    if not (folder / SCORES_FILE).is_file():
         return []
+    if folder.is_symlink():
+        sys.stderr.write(f"note: {folder} is a symlink, which this run keeps as it is: the folder it links to "
+                         f"({os.path.realpath(folder)}) holds an evaluation of the run being replaced, left there (nothing "
+                         "is deleted through a link); run `evaluate` again\n")
     return [f"{EVAL_DIR}/{name}" for name in sorted(EVAL_FILES)]
 
 def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.io import atomic_dir, check_output_dir, settle_enclosing, write_json
 from foal_pipe.protocol.outputs import EVAL_DIR, EVAL_FILES, SCORES_FILE, SUMMARY_FILE
 from foal_pipe.protocol.schema import METRICS_FILE
 from foal_pipe.report.classes import class_results
@@ -75,6 +75,7 @@ def evaluate(
     The directory is replaced in one step (:func:`foal_pipe.io.atomic_dir`): a failure leaves the previous
     evaluation as it was. The same inputs give byte-identical files, PNGs included.
     """
+    settle_enclosing(Path(run_dir) / DEFAULT_OUT)  # a killed learn's pending swap of RUN, before RUN is read
     run = load_run(run_dir, sweep=sweep, model=model)
     out = Path(out) if out is not None else run.path / DEFAULT_OUT
     inputs = [run.path / METRICS_FILE, run.sweep_path, run.model_path]
