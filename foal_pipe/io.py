@@ -44,6 +44,9 @@ _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 TEMPORARY = re.compile(r"\..+\.(tmp-\d+(-[a-z0-9_]{8})?(-old|\.swap)?|table-runs(-\d+-[a-z0-9_]{8})?)")
 #: The longest name atomic_dir makes beside NAME, less NAME: ``.NAME.tmp-PID-RANDOM.swap`` with a 7-digit PID.
 _TEMP_EXTRA = len(".") + len(".tmp-") + 7 + len("-") + 8 + len(_JOURNAL)
+#: The temporaries (real paths) of this process's atomic_dir calls in progress: a journal of this process's that is not
+#: one of them was left by a call whose settlement failed, and is settled like a dead process's.
+_IN_PROGRESS: set[str] = set()
 
 
 class WriteError(FoalPipeError):
@@ -283,11 +286,17 @@ def _remove_stale(path: Path, swapped: bool = False) -> None:
     bases = set()
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*{_JOURNAL if swapped else ''}"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            bases.add(tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD)))
+        base = tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD))
+        if pid.isdigit() and (not pid_alive(int(pid)) or _left_by_this_process(int(pid), base)):
+            bases.add(base)
     for tmp in sorted(bases):
         if not swapped or _read_journal(tmp.with_name(tmp.name + _JOURNAL))[0] is not None:
             _settle(path, tmp)
+
+
+def _left_by_this_process(pid: int, base: Path) -> bool:
+    """Whether ``base`` is a journaled swap of this process's that no atomic_dir call of it is still making."""
+    return pid == os.getpid() and base.with_name(base.name + _JOURNAL).exists() and os.path.realpath(base) not in _IN_PROGRESS
 
 
 def settle_enclosing(path: str | Path) -> None:
@@ -369,8 +378,10 @@ def _settle(path: Path, tmp: Path) -> None:
     journal ``tmp.swap``. If ``path`` now has that inode the swap happened, and the previous outputs (left in
     ``tmp`` by an exchange, in ``tmp-old`` by two renames) give ``path`` the entries it lacks, except the owned
     ones (a stale file of the previous run's: :func:`_carry`); if ``path`` is missing (killed between the two renames), the
-    previous outputs are put back. Without a journal ``tmp`` is an unfinished run. Signals are held meanwhile,
-    so that an interrupt leaves no temporary of it.
+    previous outputs are put back; if another folder took ``path`` between the two renames (one written inside it,
+    say ``RUN/eval``), the previous outputs give it all the entries it lacks, owned ones too: the run never replaced
+    them. Without a journal ``tmp`` is an unfinished run. Signals are held meanwhile, so that an interrupt leaves no
+    temporary of it.
     """
     journal, old = tmp.with_name(tmp.name + _JOURNAL), tmp.with_name(tmp.name + _OLD)
     with held_signals():
@@ -383,6 +394,8 @@ def _settle(path: Path, tmp: Path) -> None:
             elif not os.path.lexists(path) and old.is_dir():
                 os.rename(old, path)
                 fsync_path(path.parent, directory=True)
+            elif _is_folder(path) and old.is_dir():
+                _carry(old, path, set())
         for leftover in (tmp, old, journal):
             _remove(leftover)
 
@@ -424,6 +437,7 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     try:
         with held_signals():  # an interrupt now would leave it unrecorded: it comes after `tmp` is set
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+            _IN_PROGRESS.add(os.path.realpath(tmp))
         try:
             yield tmp
         except OSError as exc:  # the caller's: a write of its files (no path, or one in `tmp`), or about another path
@@ -457,7 +471,13 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     finally:
         try:
             if tmp is not None:
-                _settle(path, tmp)
+                try:
+                    _settle(path, tmp)
+                except OSError as exc:  # its journal stays: the next run on `path`, in this process too, settles it
+                    raise _io_error(path, exc, f"the previous outputs' files it lacks wait beside it ({tmp.name}*); free some "
+                                    "space or make it writable, then re-run: the next run on it moves them in") from None
+                finally:
+                    _IN_PROGRESS.discard(os.path.realpath(tmp))
         finally:
             if lock is not None:
                 os.close(lock)  # releases the flock

@@ -312,3 +312,54 @@ def test_a_refused_solve_pickles_as_an_equal_model():
     equal = head_classifier("ridge", gamma=1e-3).partial_fit(X, y)
     assert list(vars(est)) == [k for k in vars(equal) if k != "_undo"] + ["_model"]
     assert pickle.dumps(est) == pickle.dumps(equal)
+
+
+@pytest.mark.parametrize("name", ["slda", "balanced"])
+def test_a_call_whose_gram_overflows_is_refused_and_the_calls_before_kept(name):
+    """A call whose rows' squares overflow float64 is refused in one line, with no NumPy warning, and the calls before
+    it stay: the model is that of the calls accepted (before, the call was taken, and its inf sums undid the last 3
+    calls at the next prediction)."""
+    r = np.random.default_rng(0)
+    X, y = r.standard_normal((40, 8)), np.repeat([0, 1], 20)
+    est = head_classifier(name).partial_fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FoalPipeError) as refused:
+            est.partial_fit(X * 1e160, y)
+        est.partial_fit(X + 1, y)
+        scores, predicted = est.class_scores(X), est.predict(X)
+    assert str(refused.value) == (f"{name}: features of magnitude 3.77e+160 overflow the float64 Gram sums (|x|^2 beyond "
+                                  "the largest number); scale the features down (e.g. divide by their largest value)")
+    accepted = head_classifier(name).partial_fit(X, y).partial_fit(X + 1, y)
+    assert np.array_equal(scores, accepted.class_scores(X)) and np.array_equal(predicted, accepted.predict(X))
+    assert est.n_samples_seen_ == 80
+
+
+def _held(head):
+    """The running state of an slda or balanced head, as host arrays."""
+    if head.name == "slda":
+        s = head.sums
+        return [s.classes, s.counts, s.sums, s.shift, s.gram, np.asarray(s.n)]
+    return [head.classes_, head.counts_, *(np.stack([head_part[c] for c in head.classes_.tolist()])
+                                           for head_part in (head._grams, head._sums))]
+
+
+@pytest.mark.parametrize("name", ["slda", "balanced"])
+def test_batches_whose_gram_sums_together_overflow_are_refused_before_writing(name):
+    """Rows of 4.5e153 (squares of max/9): two batches of 4 fit the Gram sums (7/9 of the largest float64), a third
+    would take them to 11/9, inf: it is refused, the state bit for bit that of the two batches (before: taken)."""
+    s = (np.finfo(np.float64).max / 9) ** 0.5
+    batch = np.column_stack([np.full(4, s), np.arange(4.0)])
+    first = batch.copy()
+    first[0, 0] = 0.0  # slda sums rows less the first row added: a first row of 0 keeps the shift small
+    labels = np.zeros(4, dtype=np.int64)
+    head, kept = make_head(name, {}, xnp, 2), make_head(name, {}, xnp, 2)
+    for h in (head, kept):
+        h.add(first, labels)
+        h.add(batch, labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FoalPipeError, match=rf"^{name}: features of magnitude 4.47e\+153 overflow the float64 Gram"):
+            head.add(batch, labels)
+    assert all(np.isfinite(a).all() for a in _held(head))
+    assert all(np.array_equal(a, b) for a, b in zip(_held(head), _held(kept), strict=True))

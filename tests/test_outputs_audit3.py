@@ -288,3 +288,115 @@ def test_a_symlinked_eval_is_kept_with_a_note_and_nothing_deleted_through_it(tmp
 def test_docs_say_a_symlinked_eval_is_kept_with_a_note():
     text = " ".join((DOCS / "learn.md").read_text().split())
     assert "An `eval/` that is a symlink is kept as it is, and nothing is deleted through it" in text
+
+
+# --- 6. a swap that did not happen, another folder at RUN meanwhile: the previous outputs are carried into it ---------
+
+def _files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_pending_swap_whose_run_was_taken_by_another_folder_carries_the_previous_outputs_into_it(tmp_path, monkeypatch):
+    """Two renames pending (a live or reused PID), an evaluate writing RUN/eval makes RUN through its parents."""
+    run, pid = tmp_path / "RUN", 99999999
+    new, old = tmp_path / f".RUN.tmp-{pid}-abcdefgh", tmp_path / f".RUN.tmp-{pid}-abcdefgh-old"
+    (new / "model.npz").parent.mkdir()
+    (new / "model.npz").write_text("new")
+    (old / "eval").mkdir(parents=True)
+    for name, text in (("model.npz", "old"), ("notes.txt", "user"), ("eval/notes.md", "mine")):
+        (old / name).write_text(text)
+    (tmp_path / f"{new.name}.swap").write_text(f"{new.stat().st_ino}\nmodel.npz")
+    monkeypatch.setattr(io, "pid_alive", lambda pid: True)
+    with atomic_dir(run / "eval") as tmp:
+        (tmp / "scores.json").write_text("{}")
+    monkeypatch.setattr(io, "pid_alive", lambda pid: False)  # its process gone
+    check_output_dir(run)
+    assert _files(run) == {"model.npz": "old", "notes.txt": "user", "eval/notes.md": "mine", "eval/scores.json": "{}"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUN"]
+
+
+def test_a_live_run_whose_second_rename_finds_another_folder_keeps_the_previous_outputs(tmp_path, monkeypatch):
+    run = tmp_path / "RUN"
+    run.mkdir()
+    (run / "model.npz").write_text("old")
+    (run / "notes.txt").write_text("user")
+    real_rename = io.os.rename
+
+    def rename(a, b):
+        real_rename(a, b)
+        if Path(a) == run:  # an evaluate writes RUN/eval between the two renames
+            (run / "eval").mkdir(parents=True)
+            (run / "eval" / "scores.json").write_text("{}")
+
+    monkeypatch.setattr(io, "exchange", lambda a, b: False)
+    monkeypatch.setattr(io.os, "rename", rename)
+    with pytest.raises(io.WriteError, match="Directory not empty"), atomic_dir(run, owned=["model.npz"]) as tmp:
+        (tmp / "model.npz").write_text("new")
+    assert _files(run) == {"model.npz": "old", "notes.txt": "user", "eval/scores.json": "{}"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUN"]
+
+
+# --- 7. a settlement failing in atomic_dir: a one-line error, and this process settles the swap it left ---------------
+
+def _failing_carry(monkeypatch, name: str) -> None:
+    real_rename = io.os.rename
+
+    def rename(a, b, *rest):
+        if Path(b).name == name:
+            raise OSError(5, "Input/output error", str(b))
+        return real_rename(a, b, *rest)
+
+    monkeypatch.setattr(io.os, "rename", rename)
+
+
+def _run_with_notes(tmp_path: Path) -> Path:
+    run = tmp_path / "RUN"
+    run.mkdir()
+    (run / "model.npz").write_text("old")
+    (run / "notes.txt").write_text("user")
+    return run
+
+
+def test_a_failed_carry_is_a_one_line_write_error_naming_the_output_and_the_fix(tmp_path, monkeypatch):
+    run = _run_with_notes(tmp_path)
+    with monkeypatch.context() as patch:
+        _failing_carry(patch, "notes.txt")
+        with pytest.raises(io.WriteError) as failed, atomic_dir(run, owned=["model.npz"]) as tmp:
+            (tmp / "model.npz").write_text("new")
+    left = next(p.name for p in tmp_path.iterdir() if p.name.endswith(".swap")).removesuffix(".swap")
+    assert str(failed.value) == (f"cannot write {run}: Input/output error (EIO); the previous outputs' files it lacks wait "
+                                 f"beside it ({left}*); free some space or make it writable, then re-run: the next run on "
+                                 "it moves them in")
+    assert failed.value.path == run and (tmp_path / left / "notes.txt").read_text() == "user"
+
+
+@pytest.mark.parametrize("again", ["atomic_dir", "check_output_dir"])
+def test_a_swap_this_process_left_pending_is_settled_by_its_next_run_on_the_path(tmp_path, monkeypatch, again):
+    run = _run_with_notes(tmp_path)
+    with monkeypatch.context() as patch:
+        _failing_carry(patch, "notes.txt")
+        with pytest.raises((OSError, io.FoalPipeError)), atomic_dir(run, owned=["model.npz"]) as tmp:
+            (tmp / "model.npz").write_text("new1")
+    if again == "atomic_dir":  # say, the next gamma of a loop calling the API
+        with atomic_dir(run, owned=["model.npz"]) as tmp:
+            (tmp / "model.npz").write_text("new2")
+    else:
+        check_output_dir(run)
+    assert _files(run) == {"model.npz": "new2" if again == "atomic_dir" else "new1", "notes.txt": "user"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUN"]
+
+
+def test_a_check_during_this_processs_own_swap_leaves_it_alone(tmp_path, monkeypatch):
+    run = _run_with_notes(tmp_path)
+    real_exchange = io.exchange
+
+    def exchange(a, b):
+        check_output_dir(run)  # another call of this process (a thread) while the swap is in progress
+        assert any(p.name.endswith(".swap") for p in tmp_path.iterdir())
+        return real_exchange(a, b)
+
+    monkeypatch.setattr(io, "exchange", exchange)
+    with atomic_dir(run, owned=["model.npz"]) as tmp:
+        (tmp / "model.npz").write_text("new")
+    assert _files(run) == {"model.npz": "new", "notes.txt": "user"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RUN"]

@@ -38,7 +38,7 @@ from array_api_compat import device
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import check_drift, class_positions, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads.base import HeadBase
+from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
 from foal_pipe.heads.moments import on_device
 
@@ -159,11 +159,16 @@ class BalancedHead(HeadBase):
                                 "build a new head to add rows or solve again")
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        """Add rows (any block size, any order of classes) to their classes' Grams and sums."""
+        """Add rows (any block size, any order of classes) to their classes' Grams and sums; a refused batch (rows of
+        another width, products that overflow) changes nothing."""
         self._check_open()
         xp = self.xp
         labels = check_rows(X, labels, self.dim)
         X = float64(X)
+        top = magnitude(X)
+        for cls, rows in zip(*np.unique(labels, return_counts=True)):  # every class checked before any is written
+            gram = self._grams.get(int(cls))
+            check_gram_room(self.name, top, int(rows), 0.0 if gram is None else largest_square(gram))
         for cls in np.unique(labels):
             rows = np.flatnonzero(labels == cls)
             Xc = X if rows.size == labels.size else xp.take(X, xp.asarray(rows, device=device(X)), axis=0)

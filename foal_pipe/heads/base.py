@@ -16,6 +16,9 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+from array_api_compat import array_namespace
+
+from foal_pipe.errors import FoalPipeError
 
 #: The rows a head is given. ``features``: the store's rows after ``--fusion``; ``activations``: the projected,
 #: activated rows ridge's Gram sums; ``projected``: the rows after the projection, before the activation.
@@ -105,6 +108,30 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 
 #: How a head's scores become class probabilities, by the name its class gives (``probabilities``).
 PROBABILITY_RULES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"softmax": softmax, "shares": shares}
+
+
+def magnitude(X: Any) -> float:
+    """``max|X|`` (0 for no entries), on the host."""
+    xp = array_namespace(X)
+    return float(xp.max(xp.abs(X))) if X.shape[0] * X.shape[1] else 0.0
+
+
+def largest_square(gram: Any) -> float:
+    """The largest diagonal entry of a Gram of rows (0 for none): no entry of it is larger in magnitude."""
+    xp = array_namespace(gram)
+    return float(xp.max(xp.linalg.diagonal(gram))) if gram.shape[0] else 0.0
+
+
+def check_gram_room(head: str, top: float, rows: int, held: float, shift: float = 0.0) -> None:
+    """Refuse, before a head writes anything (:meth:`Head.add`), ``rows`` rows of entries at most ``top`` in
+    magnitude, less a shift of entries at most ``shift``, whose products would take float64 Gram sums now at most
+    ``held`` (:func:`largest_square`) past the largest float64: the sums would be inf for good and every later boundary
+    refused. A cheap bound on the host, as ridge's (:meth:`~foal_pipe.core.engines.GramEngine.update`): no extra pass
+    over the products, so the sums of the batches it lets through keep their bits."""
+    bound = top + shift
+    if held + rows * bound * bound > float(np.finfo(np.float64).max):  # Python floats: inf past the largest, no warning
+        raise FoalPipeError(f"{head}: features of magnitude {top:.3g} overflow the float64 Gram sums (|x|^2 beyond the "
+                            "largest number); scale the features down (e.g. divide by their largest value)")
 
 
 @dataclass(frozen=True)

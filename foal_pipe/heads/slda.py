@@ -11,7 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.heads.base import HeadBase
+from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import ClassSums, shift_diagonal, symmetric_pinv
 
@@ -107,7 +107,12 @@ class SLDAHead(HeadBase):
         return LinearScorer(classes, tensors["W"], tensors["b"])
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        self.sums.add(X, check_rows(X, labels, self.sums.dim))  # checked before anything is written
+        """Add the rows' sums; a refused batch (rows of another width, products that overflow) changes nothing."""
+        labels = check_rows(X, labels, self.sums.dim)  # checked before anything is written
+        sums, top = self.sums, magnitude(X)
+        shift = magnitude(X[0:1, :] if sums.shift is None else sums.shift)  # summed less the first row added (ClassSums)
+        check_gram_room(self.name, top, labels.size, largest_square(sums.gram), shift)
+        sums.add(X, labels)
 
     def boundary(self) -> LinearScorer:
         xp, sums = self.xp, self.sums
