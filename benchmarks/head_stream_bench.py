@@ -64,13 +64,13 @@ def main() -> None:
     args = parser.parse_args()
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
     heads = args.heads.split(",")
+    results = header(settings={k: v for k, v in vars(args).items() if k != "out"}, heads={})
     raw: dict[str, dict[str, list[dict]]] = {h: {t: [] for t in trees} for h in heads}
     for tree, timed in tree_rounds(trees, args.repeats):
         for head in heads:
             result = run(Path(tree), head, args)
             if timed:
                 raw[head][tree].append(result)
-    results = header(settings={k: v for k, v in vars(args).items() if k != "out"}, heads={})
     for head in heads:
         row = {t: {k: statistics.median(r[k] for r in raw[head][t]) for k in ("predict_once", "predict_each")}
                for t in trees}
