@@ -383,3 +383,33 @@ def unseal_to_format_3(store: Path) -> Path:
     group.attrs.put(attrs)
     group.attrs.put(attrs | {"generation": compute_generation(store)})
     return store
+
+
+def scores_in_threads(monkeypatch, head: str, score, threads: int = 4) -> list:
+    """What ``score()`` gives (or raises) in ``threads`` threads that all enter the head's solve (``boundary``) at
+    once: a barrier holds each inside it until every thread is there."""
+    import threading
+
+    from foal_pipe.heads import HEADS
+
+    barrier, original = threading.Barrier(threads, timeout=10), HEADS[head].head.boundary
+
+    def boundary(self):
+        barrier.wait()
+        return original(self)
+
+    monkeypatch.setattr(HEADS[head].head, "boundary", boundary)
+    out: list = [None] * threads
+
+    def read(k):
+        try:
+            out[k] = score()
+        except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
+            out[k] = exc
+
+    started = [threading.Thread(target=read, args=(k,)) for k in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    return out

@@ -6,6 +6,7 @@ call; a refused solve returns to the last solved model, naming the calls undone,
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
+from helpers import scores_in_threads
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
@@ -180,31 +181,10 @@ def test_a_refused_batch_keeps_the_calls_before_it(name):
 @pytest.mark.parametrize("name", [n for n in NAMES if HEADS[n].head.solve_on_demand])
 def test_readers_in_threads_get_the_model_of_every_row(monkeypatch, name):
     """Four threads score after calls not yet solved, all inside the solve at once: each gets the model of every row."""
-    import threading
-
     calls = _calls(name)
     model = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
     want = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2]).class_scores(calls[0][0])
-    barrier, original = threading.Barrier(4, timeout=10), HEADS[name].head.boundary
-
-    def boundary(self):
-        barrier.wait()
-        return original(self)
-
-    monkeypatch.setattr(HEADS[name].head, "boundary", boundary)
-    out = [None] * 4
-
-    def read(k):
-        try:
-            out[k] = model.class_scores(calls[0][0])
-        except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
-            out[k] = exc
-
-    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    out = scores_in_threads(monkeypatch, name, lambda: model.class_scores(calls[0][0]))
     assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out), out
     assert model._undo is None
 

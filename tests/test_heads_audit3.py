@@ -9,6 +9,7 @@ import warnings
 import array_api_compat.numpy as xnp
 import numpy as np
 import pytest
+from helpers import scores_in_threads
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, make_head
@@ -271,30 +272,9 @@ def test_a_call_unsolvable_alone_is_kept_where_later_rows_solve_it(name, options
 def test_readers_in_threads_solve_the_pending_calls_once_for_all(monkeypatch, name):
     """Four threads ask for scores after calls not yet solved, all inside the solve at once: each gets the scores of
     every row (before, all but the first failed on the state the first had cleared) and the model is kept."""
-    import threading
-
     est = _fresh(name, CALLS[:3])
     want = _fresh(name, CALLS[:3]).class_scores(T)
-    barrier, original = threading.Barrier(4, timeout=10), HEADS[name].head.boundary
-
-    def boundary(self):
-        barrier.wait()
-        return original(self)
-
-    monkeypatch.setattr(HEADS[name].head, "boundary", boundary)
-    out = [None] * 4
-
-    def read(k):
-        try:
-            out[k] = est.class_scores(T)
-        except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
-            out[k] = exc
-
-    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    out = scores_in_threads(monkeypatch, name, lambda: est.class_scores(T))
     assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out), out
     assert "_undo" not in est.__dict__ and np.array_equal(est.class_scores(T), want)
 

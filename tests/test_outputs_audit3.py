@@ -137,23 +137,7 @@ def test_killed_after_the_swap_the_next_check_leaves_out_the_owned_nested_files(
     (out / "eval").mkdir(parents=True)
     for name, text in (("model", "old"), ("eval/summary.md", "old"), ("eval/notes.md", "mine")):
         (out / name).write_text(text)
-    real_exchange, real_rename, renames = io.exchange, io.os.rename, []
-
-    def exchange(a, b):
-        if fallback:
-            return False
-        assert real_exchange(a, b)
-        raise _Died
-
-    def rename(a, b):
-        real_rename(a, b)
-        renames.append(a)
-        if len(renames) == 2:
-            raise _Died
-
-    monkeypatch.setattr(io, "exchange", exchange)
-    monkeypatch.setattr(io.os, "rename", rename)
-    monkeypatch.setattr(io, "_settle", lambda path, tmp: None)
+    _kill_after_swap(monkeypatch, fallback, renames=2)
     with pytest.raises(_Died), atomic_dir(out, owned=["eval/summary.md"]) as tmp:
         (tmp / "model").write_text("new")
     monkeypatch.undo()
@@ -172,9 +156,11 @@ def test_docs_say_a_run_leaves_out_the_evaluation_it_replaces():
 
 # --- 4. an evaluate between a killed learn and its settlement; a folder both sides have is merged ---------------------
 
-def _kill_after_swap(monkeypatch, fallback: bool) -> None:
-    """The next atomic_dir dies right after its swap (exchange) or between its two renames (fallback): no settling."""
-    real_exchange, real_rename, renames = io.exchange, io.os.rename, []
+def _kill_after_swap(monkeypatch, fallback: bool, renames: int = 1) -> None:
+    """The next atomic_dir dies right after its swap (exchange) or, with ``fallback``, after ``renames`` renames
+    (1: between its two renames; 2: after both): no settling."""
+    done: list = []
+    real_exchange, real_rename = io.exchange, io.os.rename
 
     def exchange(a, b):
         if fallback:
@@ -184,8 +170,8 @@ def _kill_after_swap(monkeypatch, fallback: bool) -> None:
 
     def rename(a, b):
         real_rename(a, b)
-        renames.append(a)
-        if len(renames) == 1:
+        done.append(a)
+        if len(done) == renames:
             raise _Died
 
     monkeypatch.setattr(io, "exchange", exchange)
