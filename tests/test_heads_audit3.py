@@ -343,3 +343,35 @@ def test_batches_whose_gram_sums_together_overflow_are_refused_before_writing(na
             head.add(batch, labels)
     assert all(np.isfinite(a).all() for a in _held(head))
     assert all(np.array_equal(a, b) for a, b in zip(_held(head), _held(kept), strict=True))
+
+
+def test_dual_refuses_a_call_whose_relu_gram_overflows_before_writing():
+    """dual: rows of 1e160 are refused at add in one line, with no NumPy warning (before: overflow and invalid
+    RuntimeWarnings in the Woodbury products, then a refused solve asking for a larger gamma), and the estimator
+    predicts as one given only the calls before; G_main's largest square is counted, as slda's sums."""
+    r = np.random.default_rng(0)
+    X, y = r.standard_normal((40, 8)), np.repeat([0, 1], 20)
+    est = head_classifier("dual").partial_fit(X, y)
+    top = float(np.max(X)) * 1e160  # the relu rows' largest entry: only G_main takes squares of the features
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FoalPipeError) as refused:
+            est.partial_fit(X * 1e160, y)
+        scores, predicted = est.class_scores(T[:, :8]), est.predict(T[:, :8])
+    assert str(refused.value) == (f"dual: features of magnitude {top:.3g} overflow the float64 Gram sums (|x|^2 beyond "
+                                  "the largest number); scale the features down (e.g. divide by their largest value)")
+    fresh = head_classifier("dual").partial_fit(X, y)
+    assert np.array_equal(scores, fresh.class_scores(T[:, :8])) and np.array_equal(predicted, fresh.predict(T[:, :8]))
+    assert est.n_samples_seen_ == 40
+    s = (np.finfo(np.float64).max / 9) ** 0.5  # two batches of 4 rows of s fit G_main (8/9 of the largest), a third not
+    head, kept = make_head("dual", {"batch_size": 1}, xnp, 2), make_head("dual", {"batch_size": 1}, xnp, 2)
+    batch, labels = np.column_stack([np.full(4, s), -np.arange(4.0)]), np.zeros(4, dtype=np.int64)
+    for h in (head, kept):
+        h.add(batch, labels)
+        h.add(batch, labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FoalPipeError, match=r"^dual: features of magnitude 4.47e\+153 overflow the float64 Gram"):
+            head.add(batch, labels)
+    assert all(np.array_equal(head._state[k], kept._state[k]) for k in head.state_tensors)
+    assert [b.tolist() for b, _ in head._pending] == [b.tolist() for b, _ in kept._pending]

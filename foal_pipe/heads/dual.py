@@ -52,7 +52,7 @@ from array_api_compat import array_namespace, device
 from foal_pipe.core.linalg import DRIFTS, check_drift, float64, one_hot, probe_columns, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.heads.base import HeadBase
+from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
 from foal_pipe.heads.moments import on_device
 
@@ -193,14 +193,18 @@ class DualHead(HeadBase):
                 "G_comp": xp.zeros((D, D), dtype=xp.float64, device=where), "Q_comp": empty}
 
     def add(self, X: Any, labels: np.ndarray) -> None:
-        """Take rows in stream order: full batches run the recursion, the remainder waits for the next block."""
+        """Take rows in stream order: full batches run the recursion, the remainder waits for the next block; a refused
+        batch (rows of another width, relu products that overflow G_main) changes nothing."""
         labels = check_rows(X, labels, self.dim)
         if labels.size == 0:
             return
         X = float64(X)
+        main = relu(X)  # tanh's squares are at most 1: only G_main can overflow
+        held = 0.0 if self._state is None else largest_square(self._state["G_main"])
+        check_gram_room(self.name, magnitude(main), labels.size, held)
         if self._state is None:
             self._state = self._start(X)
-        main, comp = relu(X), self.xp.tanh(X)  # the Grams are sums, whatever the batches: one product per block
+        comp = self.xp.tanh(X)  # the Grams are sums, whatever the batches: one product per block
         self._state["G_main"] += main.T @ main
         self._state["G_comp"] += comp.T @ comp
         pending = sum(int(block.shape[0]) for block, _ in self._pending)
