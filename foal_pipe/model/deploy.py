@@ -260,7 +260,10 @@ class DeployedModel:
                 raise FoalPipeError(f"label id {label} is new to the model and has no name; pass class names "
                                     "(strings) as labels for new classes")
             old[label] = known[label]
-        self.classifier.partial_fit(self.rows(X), ids)
+        if isinstance(self.classifier, HeadClassifier):
+            self.classifier.partial_fit(self.rows(X), ids, names=old)  # its refusals name the class
+        else:
+            self.classifier.partial_fit(self.rows(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
         return self
 

@@ -35,8 +35,8 @@ from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
 from foal_pipe.model.classifier import check_fitted_params
-from foal_pipe.model.headmodel import undone
 from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, check_label_kinds, check_targets
+from foal_pipe.model.ondemand import SolvesOnDemand
 from foal_pipe.model.projection import NotFitted
 from foal_pipe.model.ridgemodel import finite_scores
 
@@ -49,7 +49,7 @@ def _has_probabilities(estimator: HeadEstimator) -> bool:
     return HEADS[estimator.head].head.probabilities is not None
 
 
-class HeadEstimator(ClassifierMixin, BaseEstimator):
+class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
     """The estimator of one head (``head``, set by each subclass): each :meth:`partial_fit` call adds one task's
     rows; the head's exact model over every row so far is solved when a prediction, ``class_scores`` or pickling
     first needs it (see the module docstring); :meth:`fit` starts afresh and solves at once. Labels may be any
@@ -57,11 +57,9 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
 
     head: ClassVar[str]
     # fitted state, set by partial_fit (_FITTED)
-    _head: Head
+    _STATE = _FITTED
     _ids: dict[Any, int]  # label -> the head's class id, in order of first appearance
     _rows: dict[Any, int]  # label -> its rows so far
-    _model: Scorer  # the model of _head's rows; absent while calls since the last solve are pending
-    _undo: tuple[dict[str, Any], int]  # while pending: the fitted state at the last solve, and the calls since
     _fitted_with: dict[str, Any]  # the options the head was built with, whatever set_params sets later
     classes_: np.ndarray
     n_samples_seen_: int
@@ -75,7 +73,7 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
         for name in _FITTED:
             self.__dict__.pop(name, None)
         self.partial_fit(X, y)
-        self._solve(within_fit=True)
+        self._solve(say_undone=False)
         return self
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> HeadEstimator:
@@ -117,72 +115,34 @@ class HeadEstimator(ClassifierMixin, BaseEstimator):
             ids.setdefault(label, len(ids))
             rows[label] = rows.get(label, 0) + n
         HEADS[self.head].head.check_counts(list(rows), list(rows.values()))  # e.g. fecam: a class of one row
-        pending = "_undo" in self.__dict__
-        if pending:  # calls since the last solve: the live head takes the rows, the solved state waits in _undo
-            undo, calls = self._undo
-            head = self._head
-        else:  # the solved head stays as it is (the state to return to): the rows go to a copy
-            undo, calls = {k: v for k, v in self.__dict__.items() if k in _FITTED and not first}, 0  # in their order
-            head = self._new_head(int(X.shape[1])) if first else copy.deepcopy(self._head, {id(xp_numpy): xp_numpy})
-        try:
-            head.add(np.asarray(X, dtype=np.float64), np.asarray([ids[v] for v in y.tolist()], dtype=np.int64))
-        except FoalPipeError:  # refused before the head wrote anything (Head.add): the pending calls stay
-            raise
-        except BaseException as exc:
-            if pending:  # anything else may have left the live head half-written: back to the last solved model
-                raise self._restore(exc, undo, calls) from None
-            raise
-        model = head.boundary() if not HEADS[self.head].head.solve_on_demand else None
+        head, model, undo = self._take(np.asarray(X, dtype=np.float64),
+                                       np.asarray([ids[v] for v in y.tolist()], dtype=np.int64),
+                                       lambda: self._solved_copy(int(X.shape[1])), not HEADS[self.head].head.solve_on_demand)
         if first:
             self._fitted_with = self._options()
         self.n_samples_seen_ = int(X.shape[0]) + (0 if first else self.n_samples_seen_)
         self._head, self._ids, self._rows = head, ids, rows
-        if model is None:
-            self.__dict__.pop("_model", None)
-            self._undo = (undo, calls + 1)
-        else:
-            self._model = model
+        self._keep(model, undo)
         self.classes_ = merged
         return self
 
-    def _solve(self, within_fit: bool = False) -> Scorer:
-        """The model of every row so far: solved once after the last :meth:`partial_fit`, then kept. A refused solve
-        (a ``FoalPipeError`` of the head, or any other error but an interruption) returns the estimator to its last
-        solved model and says how many calls it undid (``within_fit``: none to say, as :meth:`fit` was refused).
-        Readers in several threads may solve at once (the same bits): the first to finish keeps its model."""
+    def _solved_model(self) -> Scorer:
         model = self.__dict__.get("_model")
-        if model is not None:
-            return model
-        if "_head" not in self.__dict__:
+        if model is None:
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
-        pending: tuple[dict[str, Any], int] | None = self.__dict__.get("_undo")
-        try:
-            model = self._head.boundary()
-        except Exception as exc:  # the statistics stay valid under an interruption: the next access solves again
-            restored = self.__dict__.get("_undo") is not pending  # by another thread's refused solve
-            if pending is None or restored:
-                return self._solve(within_fit)  # the model it went back to
-            undo, calls = pending
-            if within_fit:
-                self._restore(exc, undo, 0)
-                raise
-            raise self._restore(exc, undo, calls) from None
-        self.__dict__.setdefault("_model", model)  # another thread's solve, if it finished first (the same bits)
-        self.__dict__.pop("_undo", None)
-        return self.__dict__["_model"]
+        return model
 
     @property
     def _scorer(self) -> Scorer:
         return self._solve()
 
-    def _restore(self, exc: BaseException, undo: dict[str, Any], calls: int) -> BaseException:
-        """Return to the fitted state ``undo`` (the last solved model, its attributes in their order then, so that it
-        pickles to an equal model's bytes; empty: not fitted) and give ``exc`` saying that the last ``calls``
-        partial_fit calls were undone."""
-        self.__dict__ = {**{k: v for k, v in self.__dict__.items() if k not in _FITTED}, **undo}  # one swap for readers
-        if not calls:
-            return exc
-        return undone(exc, type(self).__name__, calls, "its last solved model" if undo else "not fitted")
+    def _solved_copy(self, dim: int) -> Head:
+        """The head the rows of a call go to when none are pending: a copy of the solved head (heads add in place),
+        or a fresh one of width ``dim``."""
+        head = self.__dict__.get("_head")
+        if head is None:
+            return self._new_head(dim)
+        return copy.deepcopy(head, {id(xp_numpy): xp_numpy})
 
     def _new_head(self, dim: int) -> Head:
         """A fresh head of the options, a boolean refused (no head option is a flag, though ``float(True)`` is 1)."""

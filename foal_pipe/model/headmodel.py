@@ -22,6 +22,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, refuse, write_model
+from foal_pipe.model.ondemand import SolvesOnDemand
 from foal_pipe.model.ridgemodel import finite_scores
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
@@ -37,23 +38,7 @@ def head_width(name: str, tensors: Mapping[str, Any]) -> int:
     raise AssertionError(f"the {name} head's scorer has no row width")
 
 
-def undone(exc: BaseException, owner: str, calls: int, back: str = "its last solved model") -> BaseException:
-    """``exc`` saying that ``owner`` (a class name) is back at ``back`` with its last ``calls`` partial_fit calls
-    undone: a refused solve of a head that solves when needed (:class:`HeadClassifier`, and
-    :class:`~foal_pipe.model.headestimator.HeadEstimator`)."""
-    last = "last partial_fit call" if calls == 1 else f"last {calls} partial_fit calls"
-    said = f"this {owner} is back at {back}: the rows of its {last} are undone"
-    if isinstance(exc, FoalPipeError):
-        return FoalPipeError(f"{exc.template}; {said}")
-    exc.add_note(said)
-    return exc
-
-
-#: The state partial_fit changes: what a refused solve restores.
-_STATE = ("_head", "_scorer", "_tensors", "_classes", "_new_rows", "n_samples_seen_")
-
-
-class HeadClassifier:
+class HeadClassifier(SolvesOnDemand):
     """A head's model from its file: ``classes_``, :meth:`class_scores` and :meth:`predict` as the run's own scorer
     gives them, and :meth:`partial_fit`, which continues the head's statistics exactly (each call one task).
 
@@ -64,6 +49,8 @@ class HeadClassifier:
     make the model solvable: the exact solve over every row); a refused solve returns to the last solved model,
     saying how many calls it undid."""
 
+    _STATE = ("_head", "_model", "_tensors", "_classes", "_new_rows", "n_samples_seen_")
+
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                  n_samples_seen: int, space: str | None = None, dtype: str = "float64") -> None:
         self.name, self.options = name, dict(options)
@@ -71,11 +58,10 @@ class HeadClassifier:
         self.space = space or HEADS[name].space  # the rows it takes: its own, or the activations (``--head-rows``)
         self._projection = {key: tensors[key] for key in ("projection", "projection_bias") if key in tensors}
         self._tensors: dict[str, np.ndarray] | None = dict(tensors)  # None: not exported since the last solve
-        self._scorer: Scorer | None = None
-        self._head: Head | None = None  # the running state (None: not restored from the tensors yet)
+        self._model = None  # None: not built from the tensors yet, or calls pending
+        self._head = None  # the running state (None: not restored from the tensors yet)
         self._classes = np.asarray(tensors["classes"], dtype=np.int64)
-        self._new_rows: dict[int, int] = {}  # rows of the classes new since the last solve (check_counts)
-        self._undo: tuple[dict[str, Any], int] | None = None  # while pending: the state at the last solve, the calls since
+        self._new_rows: dict[int, int] = {}  # while pending: rows of the classes new since the last solve
         self.n_samples_seen_ = int(n_samples_seen)
 
     @property
@@ -90,38 +76,13 @@ class HeadClassifier:
     def scorer(self) -> Scorer:
         """The model of every row so far: solved once after the last :meth:`partial_fit`, or built from the tensors
         when first needed (a model only written, ``learn --head``, never holds fecam's C Cholesky factors beside its
-        C precisions). A refused solve (any error but an interruption, after which the next access solves again)
-        returns to the last solved model and says how many calls it undid."""
-        if self._undo is not None:
-            return self._solve()
-        if self._scorer is None:
-            self._scorer = scorer_from(self.name, self.tensors, self.options, xp_numpy)
-        return self._scorer
+        C precisions). A refused solve returns to the last solved model and says how many calls it undid."""
+        return self._solve()
 
-    def _solve(self) -> Scorer:
-        """Solve the pending calls. Readers in several threads may solve at once (the same bits): the first to
-        finish keeps its model, and one whose solve is refused after another's restored the state takes that state."""
-        head, pending = self._head, self._undo
-        if pending is None:  # solved (or restored) by another thread meanwhile
-            return self.scorer
-        assert head is not None
-        try:
-            model = head.boundary()
-        except Exception as exc:
-            if self._undo is not pending:
-                return self.scorer
-            raise self._restore(exc) from None
-        if self._undo is pending:
-            self._scorer, self._new_rows, self._undo = model, {}, None
-        return self.scorer
-
-    def _restore(self, exc: BaseException) -> BaseException:
-        """Return to the state at the last solve and give ``exc`` saying how many calls were undone."""
-        assert self._undo is not None
-        undo, calls = self._undo
-        self.__dict__.update(undo)
-        self._undo = None
-        return undone(exc, type(self).__name__, calls)
+    def _solved_model(self) -> Scorer:
+        if self._model is None:
+            self._model = scorer_from(self.name, self.tensors, self.options, xp_numpy)
+        return self._model
 
     @property
     def classes_(self) -> np.ndarray:
@@ -152,42 +113,26 @@ class HeadClassifier:
             raise FoalPipeError(f"the {self.name} head predicts among the classes it has seen; leave out classes")
         return best_of(self.class_scores(rows), self.classes_)[0]
 
-    def partial_fit(self, rows: Any, labels: np.ndarray) -> HeadClassifier:
+    def partial_fit(self, rows: Any, labels: np.ndarray, names: Mapping[int, str] | None = None) -> HeadClassifier:
         """Add rows of the head's space as one more task: the model equals the head fitted on every row so far. A
         class the head cannot fit at the task's end (fecam's of one row) or a batch the head refuses is refused by this
         call, which then changes nothing (the calls since the last solve stay); a head whose boundary ends a task
-        (dual) solves here, refused the same way."""
+        (dual) solves here, refused the same way. ``names`` (class id -> name) lets a refusal name the class."""
         labels = np.asarray(labels, dtype=np.int64)
-        solved = self._classes if self._undo is None else self._undo[0]["_classes"]  # each fitted at its solve
-        new_rows = dict(self._new_rows)
+        pending = self._undo
+        solved = self._classes if pending is None else pending[0]["_classes"]  # each fitted at its solve
+        new_rows = {} if pending is None else dict(self._new_rows)
         fresh, counts = np.unique(labels[~np.isin(labels, solved)], return_counts=True)
         for label, n in zip(fresh.tolist(), counts.tolist()):
             new_rows[label] = new_rows.get(label, 0) + n
-        HEADS[self.name].head.check_counts(sorted(new_rows), [new_rows[c] for c in sorted(new_rows)])
-        pending = self._undo is not None
-        if self._undo is not None:  # calls since the last solve: the live head takes the rows, the solved state waits
-            undo, calls = self._undo
-            head = self._head
-        else:
-            undo, calls = {key: self.__dict__[key] for key in _STATE}, 0
-            head = self._own_head()
-        assert head is not None
-        try:
-            head.add(np.asarray(rows, dtype=np.float64), labels)
-            model = None if HEADS[self.name].head.solve_on_demand else head.boundary()
-        except FoalPipeError:  # refused before the head wrote anything (Head.add; a pending head solves on demand)
-            raise
-        except BaseException as exc:
-            if pending:  # anything else may have left the live head half-written: back to the last solved model
-                raise self._restore(exc) from None
-            raise
+        named = names or {}
+        HEADS[self.name].head.check_counts([named.get(c, c) for c in sorted(new_rows)], [new_rows[c] for c in sorted(new_rows)])
+        head, model, undo = self._take(np.asarray(rows, dtype=np.float64), labels, self._own_head,
+                                       not HEADS[self.name].head.solve_on_demand)
         self._head, self._tensors, self._new_rows = head, None, new_rows
         self._classes = np.union1d(self._classes, labels).astype(np.int64)
         self.n_samples_seen_ += int(labels.size)
-        if model is None:
-            self._scorer, self._undo = None, (undo, calls + 1)
-        else:
-            self._scorer, self._new_rows = model, {}
+        self._keep(model, undo)
         return self
 
     def rows(self, X: np.ndarray, projection: SmoothProjection | Expansion) -> np.ndarray:

@@ -1,0 +1,110 @@
+"""A head's model solved when first needed: what :class:`~foal_pipe.model.headestimator.HeadEstimator` and
+:class:`~foal_pipe.model.headmodel.HeadClassifier` share.
+
+``partial_fit`` only adds rows to the head's sufficient statistics where the head
+:attr:`~foal_pipe.heads.base.HeadBase.solve_on_demand`; the first reader solves them, once for any number of calls.
+The state at the last solve waits beside the running head (``_undo``), so that a solve the head refuses returns the
+owner to its last solved model, saying how many calls it undid, instead of leaving a model no solve gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import Head, Scorer
+
+
+def undone(exc: BaseException, owner: str, calls: int, back: str = "its last solved model") -> BaseException:
+    """``exc`` saying that ``owner`` (a class name) is back at ``back`` with its last ``calls`` partial_fit calls
+    undone."""
+    last = "last partial_fit call" if calls == 1 else f"last {calls} partial_fit calls"
+    said = f"this {owner} is back at {back}: the rows of its {last} are undone"
+    if isinstance(exc, FoalPipeError):
+        return FoalPipeError(f"{exc.template}; {said}")
+    exc.add_note(said)
+    return exc
+
+
+class SolvesOnDemand:
+    """The running head ``_head``, its solved model ``_model`` and, while calls since the last solve are pending,
+    ``_undo``: the attributes of :attr:`_STATE` at that solve (empty: not fitted then) and the number of calls since.
+
+    A subclass lists in :attr:`_STATE` every attribute its ``partial_fit`` changes, adds rows with :meth:`_take`,
+    commits its own attributes, then calls :meth:`_keep`; it gives its solved model in :meth:`_solved_model`."""
+
+    #: The attributes partial_fit changes (``_head`` and ``_model`` among them): what a refused solve restores.
+    _STATE: ClassVar[tuple[str, ...]]
+    _head: Head | None  # None only before the first call of an owner restored from a file
+    _model: Scorer | None
+    _undo: tuple[dict[str, Any], int] | None = None
+
+    def _solved_model(self) -> Scorer:
+        """The model of the last solve (no calls pending)."""
+        raise NotImplementedError
+
+    def _take(self, X: np.ndarray, labels: np.ndarray, solved_copy: Callable[[], Head], solve_now: bool
+              ) -> tuple[Head, Scorer | None, tuple[dict[str, Any], int]]:
+        """Add a call's rows: to the running head while calls are pending, else to ``solved_copy()`` (the solved
+        head stays as it was, the state to return to). Gives the head, its model where ``solve_now`` (a head whose
+        boundary ends a task), and the ``_undo`` that :meth:`_keep` records. A ``FoalPipeError`` of the head is raised
+        before it wrote anything, so the pending calls stay; any other error may have left the running head
+        half-written, so the owner goes back to its last solved model."""
+        pending = self._undo
+        if pending is not None:
+            (undo, calls), head = pending, self._head
+            assert head is not None
+        else:
+            undo = {k: v for k, v in self.__dict__.items() if k in self._STATE} if "_head" in self.__dict__ else {}
+            calls, head = 0, solved_copy()
+        try:
+            head.add(X, labels)
+            model = head.boundary() if solve_now else None
+        except FoalPipeError:
+            raise
+        except BaseException as exc:
+            if pending is not None:
+                raise self._restore(exc) from None
+            raise
+        return head, model, (undo, calls + 1)
+
+    def _keep(self, model: Scorer | None, undo: tuple[dict[str, Any], int]) -> None:
+        """After the subclass committed a call's state: its model, or the call pending with ``undo``."""
+        self._model = model
+        if model is None:
+            self._undo = undo
+
+    def _solve(self, say_undone: bool = True) -> Scorer:
+        """The model of every row so far: solved once after the last call, then kept. A refused solve (any error but
+        an interruption, after which the next access solves again) returns the owner to its last solved model and
+        says how many calls it undid (not ``say_undone``: the error as it is). Readers in several threads may solve
+        at once (the same bits): the first to finish keeps its model, and one refused after another restored the
+        state takes that state."""
+        pending = self._undo
+        if pending is None:
+            return self._solved_model()
+        assert self._head is not None
+        try:
+            model = self._head.boundary()
+        except Exception as exc:
+            if self._undo is not pending:
+                return self._solve(say_undone)
+            raise self._restore(exc, say_undone) from None
+        if self._undo is pending:
+            self._model = model
+            self.__dict__.pop("_undo", None)
+        return self._solve(say_undone)
+
+    def _restore(self, exc: BaseException, say_undone: bool = True) -> BaseException:
+        """Return to the state at the last solve (its attributes in their order then, in one swap for readers) and
+        give ``exc``, saying how many calls were undone where ``say_undone``."""
+        assert self._undo is not None
+        undo, calls = self._undo
+        kept = {k: v for k, v in self.__dict__.items() if k not in self._STATE and k != "_undo"}
+        self.__dict__ = {**kept, **undo}
+        if not say_undone:
+            return exc
+        return undone(exc, type(self).__name__, calls, "its last solved model" if undo else "not fitted")
