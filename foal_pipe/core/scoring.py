@@ -179,6 +179,8 @@ class ModelScores:
             return self._exact(rows.H)
         n, D = rows.low.shape
         scores = (rows.low @ self.low).reshape(n, self.leaders.size, -1)
+        # a score whose float32 sums overflowed (to -inf too) is outside the bound: its row is scored in float64
+        finite = np.isfinite(scores).all(axis=2)
         top = np.argmax(scores, axis=2)
         first = np.take_along_axis(scores, top[:, :, None], axis=2)[:, :, 0]
         np.put_along_axis(scores, top[:, :, None], -np.inf, axis=2)
@@ -187,7 +189,7 @@ class ModelScores:
         slot = np.searchsorted(self.leaders, self.leader)  # each model's leader among the computed scores
         follows = self.leader != np.arange(self.models)
         allowance = bound[:, self.leader] + np.where(follows, bound + rows.norms[:, None] * self.distance, 0.0)
-        top, first, second = top[:, slot], first[:, slot], second[:, slot]
+        top, first, second, finite = top[:, slot], first[:, slot], second[:, slot], finite[:, slot]
         best = first.astype(np.float64)
         zeros = self.positions is not None and self.width > scores.shape[2]
         if zeros:
@@ -203,7 +205,7 @@ class ModelScores:
             top = self.positions[top]
             if zeros:
                 top[best == 0.0] = self._first_unseen
-        undecided = ~(decided & np.isfinite(best))
+        undecided = ~(decided & finite)
         # about 1% of the rows, a few dozen per model: products too small for a second BLAS thread, which costs
         # more to wake than it saves and, beside other jobs, made this loop 40x slower (0.05 s -> 2.3 s a sweep)
         with factor_threads(1):

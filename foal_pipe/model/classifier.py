@@ -466,7 +466,11 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:
         """Restore a classifier written by :meth:`save`, validated (safetensors only: nothing is unpickled); the file
         is read by :meth:`RidgeModel.load <foal_pipe.model.ridgemodel.RidgeModel.load>`."""
-        model = RidgeModel.load(path)
+        return cls.from_model(RidgeModel.load(path), backend)
+
+    @classmethod
+    def from_model(cls, model: RidgeModel, backend: str = "numpy") -> AnalyticClassifier:
+        """The classifier of a loaded :class:`~foal_pipe.model.ridgemodel.RidgeModel` (:meth:`load`'s)."""
         auto = model.gamma_grid is not None
         clf = cls(gamma="auto" if auto else model.gamma, engine=model.engine, dtype=model.dtype, backend=backend,
                   gamma_grid=model.gamma_grid)

@@ -289,7 +289,7 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     if stored_head(path) is not None:
         classifier, projection, names, meta = load_head(path, estimators=estimators)
         return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
-    tensors, meta = read_model(path, names=("W", "classes", "projection"))
+    tensors, meta = read_model(path)  # every tensor, once: the projection here, the rest for the classifier
     if "projection" not in tensors:
         raise FoalPipeError(f"{path} has no 'projection' tensor; pass the model.safetensors that learn wrote")
     if "activation" not in meta and meta["format_version"] >= CHECKSUM_FROM:  # a version-1 file: the sigmoid, as then
@@ -302,10 +302,10 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
         from foal_pipe.model.classifier import AnalyticClassifier
         from foal_pipe.model.projection import SmoothProjection
 
-        classifier = AnalyticClassifier.load(path)
+        classifier = AnalyticClassifier.from_model(RidgeModel.from_file(path, tensors, meta))
         projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     else:
-        classifier = SavedRidge(RidgeModel.load(path))
+        classifier = SavedRidge(RidgeModel.from_file(path, tensors, meta))
         projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
     return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)

@@ -67,22 +67,23 @@ class SolvesOnDemand:
             raise
         except BaseException as exc:
             if pending is not None:
-                raise self._restore(exc) from None
+                raise self._restore(exc, pending) from None
             raise
         return head, model, (undo, calls + 1)
 
     def _keep(self, model: Scorer | None, undo: tuple[dict[str, Any], int]) -> None:
-        """After the subclass committed a call's state: its model, or the call pending with ``undo``."""
-        self._model = model
+        """After the subclass committed a call's state: its model, or the call pending with ``undo`` (set first, so
+        that a reader never finds neither)."""
         if model is None:
             self._undo = undo
+        self._model = model
 
     def _solve(self, say_undone: bool = True) -> Scorer:
         """The model of every row so far: solved once after the last call, then kept. A refused solve (any error but
         an interruption, after which the next access solves again) returns the owner to its last solved model and
         says how many calls it undid (not ``say_undone``: the error as it is). Readers in several threads may solve
-        at once (the same bits): the first to finish keeps its model, and one refused after another restored the
-        state takes that state."""
+        at once (the same bits, whichever is kept); one refused after another restored the state takes that state,
+        and several refused at once each restore the same state and raise the same refusal."""
         pending = self._undo
         if pending is None:
             return self._solved_model()
@@ -92,17 +93,19 @@ class SolvesOnDemand:
         except Exception as exc:
             if self._undo is not pending:
                 return self._solve(say_undone)
-            raise self._restore(exc, say_undone) from None
+            if not say_undone:
+                self._restore(exc, pending, say_undone)
+                raise
+            raise self._restore(exc, pending) from None
         if self._undo is pending:
             self._model = model
             self.__dict__.pop("_undo", None)
         return self._solve(say_undone)
 
-    def _restore(self, exc: BaseException, say_undone: bool = True) -> BaseException:
-        """Return to the state at the last solve (its attributes in their order then, in one swap for readers) and
-        give ``exc``, saying how many calls were undone where ``say_undone``."""
-        assert self._undo is not None
-        undo, calls = self._undo
+    def _restore(self, exc: BaseException, pending: tuple[dict[str, Any], int], say_undone: bool = True) -> BaseException:
+        """Return to ``pending``'s state at the last solve (its attributes in their order then, in one swap for
+        readers) and give ``exc``, saying how many calls were undone where ``say_undone``."""
+        undo, calls = pending
         kept = {k: v for k, v in self.__dict__.items() if k not in self._STATE and k != "_undo"}
         self.__dict__ = {**kept, **undo}
         if not say_undone:

@@ -52,7 +52,12 @@ class RidgeModel:
         """A ridge model file, read and validated by :func:`~foal_pipe.model.modelfile.read_model` (nothing is
         unpickled): the engine's state and the weights as saved (no solve: the same bits on any machine); a
         ``gamma="auto"`` model's grid is checked as the estimator checks it."""
-        tensors, meta = read_model(path)
+        return cls.from_file(path, *read_model(path))
+
+    @classmethod
+    def from_file(cls, path: str | Path, tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> RidgeModel:
+        """:meth:`load` of the ``tensors`` and ``meta`` that :func:`~foal_pipe.model.modelfile.read_model` read from
+        ``path`` (every tensor), so that a caller who needs the file's other parts reads it once."""
         if "head" in meta:
             raise FoalPipeError(f"{path} is the {meta['head']} head's model file, not a ridge model's; load it with "
                                 "foal_pipe.load_model(path)")
