@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import build_store, invoke
 
 from foal_pipe.core.scoring import ModelScores, Rows
 from foal_pipe.errors import FoalPipeError
@@ -106,3 +109,35 @@ def test_readers_refused_at_once_each_get_the_refusal_head_file(monkeypatch):
     assert all(isinstance(o, FoalPipeError) and str(o).endswith("the rows of its last partial_fit call are undone")
                for o in out), out
     assert model._undo is None and np.array_equal(model.predict(X), want)
+
+
+def _separable(tmp_path) -> Path:
+    """Classes far apart: every gamma and every head scores every test row right, so every choice is a tie."""
+    return build_store(tmp_path / "sep.zarr", n_train=240, n_test=96, noise=0.01, n_classes=4)
+
+
+def _sweep(store: Path, out: Path, *extra: str) -> dict:
+    result = invoke("sweep", "--features", str(store), "--tasks", "2", "--projection-dim", "24", "--loo-sample", "0",
+                    "--out", str(out), *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "sweep.json").read_text())
+
+
+def test_sweep_choices_at_ties_do_not_follow_the_order_of_gammas(tmp_path):
+    """Every gamma scores 100%: the test oracle and a choice by test took the first gamma as listed (0.01 for
+    0.01,1,100 and 100 for 100,1,0.01); both now take the smallest, as the criteria's ties do."""
+    store = _separable(tmp_path)
+    runs = [_sweep(store, tmp_path / f"s{k}", "--select", "test", "--gammas", gammas)
+            for k, gammas in enumerate(("0.01,1,100", "100,1,0.01"))]
+    assert all({r["A_last"] for r in run["results"]} == {1.0} for run in runs)
+    assert [(run["best_gamma"], run["best_gamma_test"]) for run in runs] == [(0.01, 0.01)] * 2
+
+
+def test_sweep_best_head_at_ties_does_not_follow_the_order_of_heads(tmp_path):
+    """Every head scores 100% (and ridge and ncm their leave-one-out too): best_head and best_head_test took the
+    first of --heads (ridge / ridge, then ncm / slda for slda,ncm,ridge); both now take the registry's first."""
+    store = _separable(tmp_path)
+    runs = [_sweep(store, tmp_path / f"h{k}", "--gammas", "1", "--heads", heads)
+            for k, heads in enumerate(("ridge,ncm,slda", "slda,ncm,ridge"))]
+    assert all({h["A_avg"] for h in run["heads"].values()} == {1.0} for run in runs)
+    assert [(run["best_head"], run["best_head_test"]) for run in runs] == [("ridge", "ridge")] * 2

@@ -183,8 +183,10 @@ def heads_report(report: SweepReport, names: Sequence[str], fields: dict[str, di
     """``sweep --heads``: the report with every head's entry (ridge: its gamma chosen by ``selected_by``, and that
     gamma's leave-one-out accuracy at the last boundary; the others: ``loo``, their exact leave-one-out accuracy
     where they have one, and ``fields``, their accuracy fields), the head of best leave-one-out accuracy (None when
-    no head has one; first of equals in ``names``' order) and the test oracle's head (best test A_avg), labelled as such."""
+    no head has one; first of equals in the registry's order, :data:`~foal_pipe.heads.HEADS`, whatever order
+    ``--heads`` lists them in) and the test oracle's head (best test A_avg), labelled as such."""
     ridge = next(r for r in report.results if r.gamma == report.best_gamma)
+    names = [name for name in HEADS if name in names]
     entries = {}
     for name in names:
         if name == "ridge":
@@ -205,12 +207,15 @@ def heads_report(report: SweepReport, names: Sequence[str], fields: dict[str, di
 
 def _best_index(results: Sequence[SweepResult], criterion: str) -> int:
     """The result that ``criterion`` prefers at the last task boundary (among equals, LOO accuracy's least LOO
-    MSE, then the first in the given order)."""
-    def scores(name: str) -> np.ndarray:
-        return np.array([np.nan if (v := r.criterion(name)) is None else v for r in results], dtype=np.float64)
+    MSE, then the smallest gamma, then the first in the given order: the same choice whatever order ``--gammas``
+    lists them in)."""
+    order = sorted(range(len(results)), key=lambda i: results[i].gamma)  # stable: equal gammas keep their order
 
-    return best_point(scores(criterion), CRITERIA[criterion].larger,
-                      scores("loo") if criterion == "loo_accuracy" else None)
+    def scores(name: str) -> np.ndarray:
+        return np.array([np.nan if (v := results[i].criterion(name)) is None else v for i in order], dtype=np.float64)
+
+    return order[best_point(scores(criterion), CRITERIA[criterion].larger,
+                            scores("loo") if criterion == "loo_accuracy" else None)]
 
 
 def selected(results: Sequence[SweepResult], select: str) -> float:
@@ -222,14 +227,14 @@ def selected(results: Sequence[SweepResult], select: str) -> float:
 
 
 def choose(results: Sequence[SweepResult], criterion: str) -> float:
-    """The gamma that ``criterion`` prefers at the last task boundary (first of equals, in the given order)."""
+    """The gamma that ``criterion`` prefers at the last task boundary (of equals, the smallest)."""
     return float(results[_best_index(results, criterion)].gamma)
 
 
 def choose_fusion(entries: Sequence[FusionSweep], criterion: str) -> tuple[str, float]:
-    """The ``(fusion, gamma)`` that ``criterion`` prefers over every fusion's results (first of equals, fusions
-    in the given order). LOO MSE and GCV compare across fusions: the same rows, the same one-hot targets, the
-    same projection size."""
+    """The ``(fusion, gamma)`` that ``criterion`` prefers over every fusion's results (of equals, the smallest
+    gamma, then the first fusion in the given order). LOO MSE and GCV compare across fusions: the same rows, the
+    same one-hot targets, the same projection size."""
     flat = [(e.fusion, r) for e in entries for r in e.results]
     fusion, result = flat[_best_index([r for _, r in flat], criterion)]
     return fusion, float(result.gamma)

@@ -21,15 +21,19 @@ from foal_pipe.model.modelfile import read_model, stored_head
 from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
+    AnytimeCurve,
     FusionSweep,
     LearnMetrics,
     SweepReport,
     same_gamma,
 )
 
-#: Largest disagreement tolerated between a stored metric and its recomputation from the matrix.
+#: Largest disagreement tolerated between a stored metric and its recomputation from the matrix (or curve).
 TOLERANCE = 1e-6
-HEADLINE = ("A_avg", "A_last", "F", "F_published_code")
+#: The numbers checked against their recomputation (and written to ``scores.json``); A_auc from the anytime curve.
+HEADLINE = ("A_avg", "A_last", "F", "F_published_code", "A_auc")
+#: What each headline number is recomputed from, where not the accuracy matrix.
+_SOURCE = {"A_auc": "anytime curve"}
 E = TypeVar("E", SweepReport, FusionSweep)
 
 
@@ -85,22 +89,32 @@ def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
-def consistency_warnings(metrics: LearnMetrics) -> list[str]:
-    """Stored headline metrics that disagree with their recomputation from the accuracy matrix.
+def _recomputed(matrix: list[list[float]], stream: str | None, curve: AnytimeCurve | None) -> dict[str, Any]:
+    """The headline numbers as ``learn`` computes them: from the accuracy matrix, and A_auc (``--eval-every``) as
+    the mean of the anytime curve's accuracies, where it has points."""
+    out: dict[str, Any] = summary_of(matrix, stream)
+    if curve is not None and curve.accuracy:
+        out["A_auc"] = float(np.mean(curve.accuracy))
+    return out
 
-    With ``orders`` (``learn --order-seeds``) each order is checked against its own matrix, and the top-level
-    headline numbers against the mean over the orders (F is not linear in the matrix: the mean matrix's F differs).
+
+def consistency_warnings(metrics: LearnMetrics) -> list[str]:
+    """Stored headline metrics that disagree with their recomputation from the accuracy matrix (A_auc: from the
+    anytime curve).
+
+    With ``orders`` (``learn --order-seeds``) each order is checked against its own matrix and curve, and the
+    top-level headline numbers against the mean over the orders (F is not linear in the matrix: the mean matrix's F
+    differs).
     """
     if metrics.orders is not None:
         return _orders_warnings(metrics)
-    recomputed = summary_of(metrics.accuracy_matrix, metrics.stream)
+    recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
     out = []
     for key in HEADLINE:
         stored = getattr(metrics, key)
         if stored is not None and key in recomputed and abs(stored - recomputed[key]) > TOLERANCE:
-            out.append(
-                f"{key} in metrics.json is {stored:.6f} but the accuracy matrix gives {recomputed[key]:.6f} (shown)"
-            )
+            out.append(f"{key} in metrics.json is {stored:.6f} but the {_SOURCE.get(key, 'accuracy matrix')} gives "
+                       f"{recomputed[key]:.6f} (shown)")
     stored_steps = metrics.A_steps
     if stored_steps is not None and (
         len(stored_steps) != len(recomputed["A_steps"])
@@ -114,12 +128,12 @@ def _orders_warnings(metrics: LearnMetrics) -> list[str]:
     out = []
     for entry in metrics.orders:
         where = f"order {'?' if entry.order_seed is None else entry.order_seed}"
-        recomputed = summary_of(entry.accuracy_matrix, metrics.stream)
-        out += [f"{key} of {where} in metrics.json is {stored:.6f} but its accuracy matrix gives {recomputed[key]:.6f} "
-                "(shown)"
+        recomputed = _recomputed(entry.accuracy_matrix, metrics.stream, entry.anytime)
+        out += [f"{key} of {where} in metrics.json is {stored:.6f} but its {_SOURCE.get(key, 'accuracy matrix')} gives "
+                f"{recomputed[key]:.6f} (shown)"
                 for key in HEADLINE if (stored := getattr(entry, key)) is not None and key in recomputed
                 and abs(stored - recomputed[key]) > TOLERANCE]
-    fixed = as_recomputed(metrics).orders or []  # each order's numbers as its matrix gives them
+    fixed = as_recomputed(metrics).orders or []  # each order's numbers as its matrix (and curve) gives them
     for key in HEADLINE:
         values = [getattr(e, key) for e in fixed]
         stored = getattr(metrics, key)
@@ -130,18 +144,20 @@ def _orders_warnings(metrics: LearnMetrics) -> list[str]:
 
 
 def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
-    """``metrics`` with each headline number that disagrees with its recomputation from the accuracy matrix
-    (:func:`consistency_warnings` names them) replaced by the recomputation, so no table shows a number its matrix
-    contradicts. With ``orders``: each order's from its own matrix, then the means and stds over the orders."""
+    """``metrics`` with each headline number that disagrees with its recomputation from the accuracy matrix or the
+    anytime curve (:func:`consistency_warnings` names them) replaced by the recomputation, so no table shows a number
+    its matrix contradicts. With ``orders``: each order's from its own matrix and curve, then the means and stds over
+    the orders."""
     if metrics.orders is None:
-        recomputed = summary_of(metrics.accuracy_matrix, metrics.stream)
+        recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
         return replace(metrics, **{key: recomputed[key] for key in HEADLINE if key in recomputed
                                    and (stored := getattr(metrics, key)) is not None
                                    and abs(stored - recomputed[key]) > TOLERANCE})
     from foal_pipe.protocol.orders import mean_std
 
     orders = [as_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
-                                                if f.name in HEADLINE or f.name == "accuracy_matrix"}, orders=None))
+                                                if f.name in HEADLINE or f.name in ("accuracy_matrix", "anytime")},
+                                        orders=None))
               for entry in metrics.orders]
     orders = [replace(entry, **{key: getattr(fixed, key) for key in HEADLINE})
               for entry, fixed in zip(metrics.orders, orders, strict=True)]
