@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from helpers import build_store, invoke
 from foal_pipe.core.scoring import ModelScores, Rows
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.state import export_head
-from foal_pipe.model.headestimator import FeCAMClassifier
+from foal_pipe.model.headestimator import FeCAMClassifier, head_classifier
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ondemand import SolvesOnDemand
 
@@ -141,3 +142,13 @@ def test_sweep_best_head_at_ties_does_not_follow_the_order_of_heads(tmp_path):
             for k, heads in enumerate(("ridge,ncm,slda", "slda,ncm,ridge"))]
     assert all({h["A_avg"] for h in run["heads"].values()} == {1.0} for run in runs)
     assert [(run["best_head"], run["best_head_test"]) for run in runs] == [("ridge", "ridge")] * 2
+
+
+def test_dual_refuses_rows_its_recursion_overflows_in_one_line_without_numpy_warnings():
+    """Rows of magnitude 1e150 at gamma 1e-12: dual's Woodbury products overflow; the call is refused in one line,
+    as before, but NumPy's overflow and invalid-value warnings no longer come first."""
+    X, y = np.random.default_rng(0).normal(size=(40, 6)) * 1e150, np.arange(40) % 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FoalPipeError, match="gamma"):
+            head_classifier("dual", gamma=1e-12).partial_fit(X, y)

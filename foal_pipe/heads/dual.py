@@ -236,8 +236,15 @@ class DualHead(HeadBase):
         passes over the D x D ``R`` for b rows. Here the batches of a block share one pass: with ``R0`` the inverse
         at the block's start and ``Z`` the block's relu rows, the same recursion runs on ``T = Z R Z^T`` and
         ``V = Z R Q_m`` (B x B and B x C), and ``R`` is updated once at the end, ``R0 - (Z R0)^T (I + Z R0 Z^T)^-1
-        Z R0``. Equal to the per-batch recursion in exact arithmetic.
+        Z R0``. Equal to the per-batch recursion in exact arithmetic. Products that overflow (rows far larger than
+        gamma) leave non-finite values, which the boundary refuses in one line (:meth:`boundary`), without NumPy's
+        warnings first.
         """
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._steps(h, labels)
+
+    def _steps(self, h: Any, labels: np.ndarray) -> None:
+        """:meth:`_batches`' work."""
         xp, state, b = self.xp, self._state, self.batch_size
         assert state is not None
         seen = np.union1d(self.classes_, labels)
@@ -303,5 +310,9 @@ class DualHead(HeadBase):
         W_main, state["R"] = xp.asarray(both[:, :C], copy=True), xp.asarray(both[:, C:], copy=True)
         self._check_recursion(before, state["R"] @ probes)
         W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"], "float64")
+        if not (bool(xp.all(xp.isfinite(W_main))) and bool(xp.all(xp.isfinite(W_comp)))):
+            raise FoalPipeError(f"dual's weights overflow float64 at gamma {self.gamma:g}: its per-batch recursion's "
+                                "products grow as the rows' squares over gamma; use a larger gamma for dual, or scale the "
+                                "features down")
         self.earlier_ = self.classes_.copy()
         return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)
