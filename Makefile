@@ -27,7 +27,7 @@ demo: install
 	@echo "Plots and summary.md per run: runs/<name>/eval/ (or: dvc plots show; dvc metrics show)"
 	@PATH="$(abspath $(VENV))/bin:$$PATH" foal-pipe summary runs
 
-# mypy checks the paths [tool.mypy] lists in pyproject.toml (core/, store/, heads/, protocol/; extend the list there).
+# mypy checks the whole package (pyproject.toml [tool.mypy]).
 lint: install-dev
 	$(VENV)/bin/ruff check foal_pipe tests stages benchmarks
 	$(VENV)/bin/mypy

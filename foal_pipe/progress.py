@@ -104,16 +104,17 @@ def progress_bar(description: str, total: int, unit: str = "rows", shown: int | 
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    scale = shown is not None and shown != total
+    bar_total = total if shown is None else shown
+    scale = bar_total != total
     with new_progress(*columns, transient=True, unit=unit) as progress:
-        task = progress.add_task(description, total=shown if scale else total, rate="")
+        task = progress.add_task(description, total=bar_total, rate="")
         done = 0
 
         def advance(n: int) -> None:
             nonlocal done
             if scale:
                 done += n
-                progress.advance(task, done * shown // max(total, 1) - progress.tasks[task].completed)
+                progress.advance(task, done * bar_total // max(total, 1) - progress.tasks[task].completed)
             else:
                 progress.advance(task, n)
             speed = progress.tasks[task].speed

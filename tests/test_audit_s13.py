@@ -152,3 +152,20 @@ def test_dual_refuses_rows_its_recursion_overflows_in_one_line_without_numpy_war
         warnings.simplefilter("error")
         with pytest.raises(FoalPipeError, match="gamma"):
             head_classifier("dual", gamma=1e-12).partial_fit(X, y)
+
+
+@pytest.mark.parametrize("leaf", ["features", "labels"])
+def test_resuming_a_store_with_a_group_where_an_array_belongs_is_refused_in_one_line(tmp_path, leaf):
+    """An interrupted store whose train/features was replaced by a group: the resume stopped with an IndexError's
+    traceback; it is now refused as a damaged store, naming the path (train/labels was refused already, as not
+    listed by the store's metadata)."""
+    import zarr
+    from test_extract_audit2 import _begun, _cli, _refused, _spec, _tree
+
+    spec = _spec(_tree(tmp_path / "data"), tmp_path / "s.zarr")
+    path = _begun(spec, "train", 8)
+    group = zarr.open_group(str(path), mode="a")
+    del group[f"train/{leaf}"]
+    group.create_group(f"train/{leaf}")
+    problem = "train/features is a group, not an array" if leaf == "features" else "train/labels: not listed"
+    _refused(_cli(spec), "is damaged", problem, "--overwrite")

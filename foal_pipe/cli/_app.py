@@ -25,7 +25,7 @@ from typer.core import TyperCommand, TyperGroup
 try:  # typer 0.29 carries its own copy of click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # older typer: click itself
-    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
+    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment, no-redef]  # mypy types both; one runs
 
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
@@ -194,9 +194,11 @@ def print_table(table: Any) -> None:
 
 
 def choice(*values: str) -> Any:
-    """The type of an option with a fixed set of values: typer refuses others and ``--help`` shows ``<a|b|c>``.
+    """The type of an option whose values are a registry's names: typer refuses others and ``--help`` shows ``<a|b|c>``.
 
-    Use as ``Annotated[choice("gram", "rls"), typer.Option(...)]``; the command receives the plain string.
+    A Literal built at run time is no type to mypy, so name it ``X = choice(*REGISTRY)`` with ``X = str`` under
+    ``TYPE_CHECKING`` and write ``Annotated[X, typer.Option(...)]`` (values written in the source: ``Literal["a", "b"]``
+    itself); the command receives the plain string.
     """
     return Literal[values]
 

@@ -201,7 +201,7 @@ def summary_table(paths: list[Path]) -> Table:
     for entry in found:
         if entry.metrics is not None:
             m, match = as_recomputed(entry.metrics), matches[entry.path]
-            tasks = len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks
+            tasks: int | str = len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks
             row = [label(entry.path, m, fusion_of(m.encoder)), str(tasks), m.stream or "disjoint",
                    number(m.projection_dim, "d"), gamma_cell(m), spread(m, "A_avg", m.orders),
                    spread(m, "A_last", m.orders), spread(m, "F", m.orders),

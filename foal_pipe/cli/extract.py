@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import typer
 from rich.markup import escape
@@ -21,7 +21,14 @@ from foal_pipe.encoders import PAPER_MODEL
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.progress import new_progress
 
+if TYPE_CHECKING:
+    from foal_pipe.extract import ExtractProgress
+
 _DATASETS = ", ".join(DATASETS)
+if TYPE_CHECKING:  # mypy: the plain string extract receives; typer: a Literal of the names (built at run time)
+    DatasetName = str
+else:
+    DatasetName = choice(*DATASETS)
 
 
 def _size_on_disk(path: Path) -> int:
@@ -73,8 +80,8 @@ EXTRACT_WORKERS: tuple[str, Callable[[dict[str, Any]], bool]] = ("--scheduler lo
 @app.command()
 def extract(
     ctx: typer.Context,
-    dataset: Annotated[choice(*DATASETS), typer.Option("--dataset", "-d", show_default=False, help=f"Dataset: {_DATASETS}. Default: digits "
-                                         "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
+    dataset: Annotated[DatasetName, typer.Option("--dataset", "-d", show_default=False, help=f"Dataset: {_DATASETS}. Default: digits "
+                                   "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
     data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
                         "fgvc-aircraft, country211 (default ~/datasets); the folder or its parent for core50, "
                         "tiny-imagenet, fashion-mnist and the benchmarks cub200, imagenet-r, imagenet-a, objectnet, "
@@ -114,7 +121,7 @@ def extract(
     fusion: Annotated[str, typer.Option(show_default=False, help="Which blocks' tokens are averaged before the final norm: mean-cls "
                       "(every block: the paper), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K. "
                       "Default: mean-cls.")] = "mean-cls",
-    token: Annotated[choice("cls", "mean"), typer.Option(show_default=False, help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
+    token: Annotated[Literal["cls", "mean"], typer.Option(show_default=False, help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
     = "cls",
     image_size: Annotated[int | None, typer.Option(help="Input side in pixels (images are resized to a square). "
                           "Default: the model's own input size; for pixels the dataset's native size "
@@ -124,13 +131,13 @@ def extract(
                          "Default: --normalize.")] = True,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Feature store to write (a .zarr directory). "
                    "Default: data/features/<dataset>.zarr.", show_default=False)] = None,
-    dtype: Annotated[choice("float32", "float16"), typer.Option(show_default=False, help="Stored feature dtype: float32 or float16 (half the disk). "
+    dtype: Annotated[Literal["float32", "float16"], typer.Option(show_default=False, help="Stored feature dtype: float32 or float16 (half the disk). "
                      "Default: float32.")] = "float32",
     keep_blocks: Annotated[bool, flag("--keep-blocks", help="Also store every block's token (before any "
                            "norm) and the final norm, so learn/sweep can choose the fusion later without "
                            "re-extracting (L times the features on disk). Not for --model pixels. Default: off.")]
     = False,
-    blocks_dtype: Annotated[choice("float16", "float32"), typer.Option(show_default=False, help="Dtype of the stored block tokens with --keep-blocks: float16 "
+    blocks_dtype: Annotated[Literal["float16", "float32"], typer.Option(show_default=False, help="Dtype of the stored block tokens with --keep-blocks: float16 "
                             "(half the disk; fused features within ~1e-3 of extract's) or float32 (fused features "
                             "equal extract's to 1e-6). Default: float16.")] = "float16",
     chunk_rows: Annotated[int, typer.Option(show_default=False, help="Rows per stored chunk, the unit of writing and of resuming. "
@@ -141,10 +148,10 @@ def extract(
                        "Default: half the CPU cores, at most 8. With --scheduler dask --dask-address local: Dask "
                        "worker processes (default: one per CUDA GPU, else one per CPU core).", show_default=False)]
     = None,
-    device: Annotated[choice("auto", "cpu", "cuda"), typer.Option(show_default=False, help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
-    precision: Annotated[choice("auto", "fp32", "bf16", "fp16"), typer.Option(show_default=False, help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(show_default=False, help="auto (CUDA when available), cpu or cuda. Default: auto.")] = "auto",
+    precision: Annotated[Literal["auto", "fp32", "bf16", "fp16"], typer.Option(show_default=False, help="auto, fp32, bf16 or fp16 (autocast). Default: auto = bf16 on "
                          "CUDA, fp32 on CPU.")] = "auto",
-    resize_on: Annotated[choice("auto", "workers", "device"), typer.Option(show_default=False, help="Where images are resized to the model's size: workers (PIL, in the "
+    resize_on: Annotated[Literal["auto", "workers", "device"], typer.Option(show_default=False, help="Where images are resized to the model's size: workers (PIL, in the "
                          "DataLoader workers) or device (the workers ship native-size batches and the encoder's device "
                          "resizes them, exactly as PIL would; only for datasets whose images share one size). The "
                          "features are the same either way. Default: auto = device on CUDA when the dataset has one "
@@ -152,7 +159,7 @@ def extract(
     overwrite: Annotated[bool, flag("--overwrite", help="Replace an existing store made with other settings "
                          "(or a complete one). Default: off: a store with the same settings is resumed, one with "
                          "other settings refused.")] = False,
-    scheduler: Annotated[choice("local", "dask"), typer.Option(show_default=False, help="local: this process. dask: chunk-aligned row ranges are tasks on a "
+    scheduler: Annotated[Literal["local", "dask"], typer.Option(show_default=False, help="local: this process. dask: chunk-aligned row ranges are tasks on a "
                          "Dask cluster (needs the foal-pipe\\[dist] extra); each worker loads the model once and writes "
                          "its ranges into the store; failed ranges are retried, a lost worker's rerun elsewhere. "
                          "Default: local.")] = "local",
@@ -185,14 +192,15 @@ def extract(
             split_manifest=str(split_manifest) if split_manifest else None,
         )
         progress = _RichProgress()
+        callbacks = cast("ExtractProgress", progress)  # ExtractProgress's two callbacks, duck-typed
         try:
             with progress.bar:
                 if scheduler == "dask":
                     from foal_pipe.extract.distributed import dask_extract
 
-                    report = dask_extract(spec, dask_address, workers, overwrite=overwrite, progress=progress)
+                    report = dask_extract(spec, dask_address, workers, overwrite=overwrite, progress=callbacks)
                 else:
-                    report = run_extract(spec, overwrite=overwrite, progress=progress)
+                    report = run_extract(spec, overwrite=overwrite, progress=callbacks)
         except (KeyboardInterrupt, RuntimeError) as exc:
             if not _by_interrupt(exc):
                 raise
@@ -434,7 +442,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     _encoder_rows(table, summary["encoder"])
     blocks = summary.get("blocks")
     if isinstance(blocks, dict):
-        norm = blocks.get("norm") if isinstance(blocks.get("norm"), dict) else {}
+        norm = blocks["norm"] if isinstance(blocks.get("norm"), dict) else {}
         table.add_row("blocks", f"{blocks.get('count')} block tokens per row, {blocks.get('dtype')}, final norm "
                       f"{norm.get('kind')} (eps {norm.get('eps')}): learn/sweep can choose the fusion")
     if summary.get("finished"):

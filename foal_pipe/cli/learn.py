@@ -5,17 +5,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli import options as o
-from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import counted
+
+if TYPE_CHECKING:
+    from foal_pipe.model.predict import Predictions
 
 
 def _log(message: str) -> None:
@@ -131,14 +134,18 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         done = learn_entry(features, out, settings, log=_log)
         if seeds is not None:
             std = done.metrics.std
+            assert std is not None  # --order-seeds: the std over the orders
             console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
                           highlight=False, markup=False)
         m, chosen = done.metrics, ""
+        assert m.n_tasks is not None and m.n_train_seen is not None  # a run records its tasks and rows
         if m.head is not None:
+            assert m.head_options is not None  # a head's run records its options, defaults included
             chosen = f"  head {m.head}" + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}"
                                                   for k, v in m.head_options.items())
         if m.gamma == "auto":
+            assert m.gammas_selected is not None  # --gamma auto: a gamma chosen at every boundary
             chosen = f"  gamma by {m.selected_by}: {', '.join(f'{g:g}' for g in m.gammas_selected)}"
         if m.A_auc is not None:
             chosen = f"  A_auc {100 * m.A_auc:.2f}{chosen}"
@@ -186,6 +193,7 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         _check_applies(ctx, SWEEP_ONLY_WITH)
         done = sweep_entry(features, out, settings, log=_log)
         report = done.report
+        assert report.n_tasks is not None and report.gammas is not None  # a sweep records them
         title = f"gamma sweep: {escape(str(report.dataset))} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
         for fusion, entry in [(e.fusion, e) for e in report.fusions] if report.fusions else [(None, report)]:
             print_table(_sweep_table(entry.results, entry.best_gamma_test, report.selected_by, params["no_loo"],
@@ -195,6 +203,7 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
                               f"{entry.best_gamma_test:g})", highlight=False, markup=False)
         if report.best is not None:
             best, oracle = report.best, report.best_test
+            assert oracle is not None  # --fusions: the test oracle's (fusion, gamma) beside the chosen one
             console.print(
                 f"best: fusion {best.fusion}, gamma {best.gamma:g} by {report.selected_by} (GCV, LOO: training "
                 f"rows only; the test oracle's fusion {oracle.fusion}, gamma {oracle.gamma:g} peeks at the test "
@@ -222,7 +231,7 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
                       highlight=False, markup=False)
 
 
-def _sweep_table(results: list, oracle: float, selected_by: str, no_loo: bool, title: str) -> Table:
+def _sweep_table(results: list, oracle: float | None, selected_by: str | None, no_loo: bool, title: str) -> Table:
     """One feature set's gammas (of a sweep, or of one of its ``fusions``), its choices marked."""
     from foal_pipe.protocol.records import choose
 
@@ -283,7 +292,7 @@ def predict(
                                          "into --images dir/a.png dir/b.png ...).", show_default=False,
                                          metavar="IMAGES")
     ] = None,
-    split: Annotated[choice("train", "test"), typer.Option(help="With --features: which split to predict, train or test.")] = "test",
+    split: Annotated[Literal["train", "test"], typer.Option(help="With --features: which split to predict, train or test.")] = "test",
     checkpoint: Annotated[
         Path | None, typer.Option(help="With --images: the checkpoint of a model whose encoder came from --checkpoint "
                                   "(its sha256 must equal the recorded one). Default: none (the encoder as the model records it).", show_default=False)
@@ -308,7 +317,7 @@ def predict(
     discriminant for slda, the cosine for cosine (docs/cli.md lists each).
     """
     from foal_pipe.io import atomic_path, check_not_an_input, check_output_file
-    from foal_pipe.model.predict import predict_image_files, predict_split
+    from foal_pipe.model.predict import ImagePredictions, predict_image_files, predict_split
 
     images = [*(images or []), *(more_images or [])]
     with user_errors():
@@ -323,16 +332,18 @@ def predict(
 
                 inputs += find_images(images)
             check_not_an_input(out, inputs)
+        result: Predictions | ImagePredictions
         if images:
             result = predict_image_files(model, images, checkpoint, top_k, skip_bad, batch_size, device)
         else:
+            assert features is not None  # exactly one of --features and --images, checked above
             result = predict_split(model, features, split)
         if out is None:
             result.write_csv(sys.stdout)
         else:
             with atomic_path(out) as tmp, open(tmp, "w", newline="") as fh:
                 result.write_csv(fh)
-        if images:
+        if isinstance(result, ImagePredictions):  # --images
             for skipped in result.skipped:
                 err_console.print(f"[yellow]skipped {escape(skipped)}[/]", highlight=False, soft_wrap=True)
             err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False, markup=False)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,6 +42,24 @@ from foal_pipe.protocol.config import (
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS, STREAMS
 from foal_pipe.store.blockfusion import FUSION_FORMS
+
+if TYPE_CHECKING:  # mypy: the plain string a command receives (a Literal built at run time is no type to mypy)
+    StreamName = str
+    BackendName = str
+    DtypeName = str
+    InitName = str
+    ActivationName = str
+    SchedulerName = str
+    EngineName = str
+    HeadName = str
+    HeadRowsName = str
+    TrainingCriterion = str
+    Criterion = str
+else:  # typer: a Literal of the registry's names, which --help lists and typer refuses any other value of
+    StreamName, BackendName, DtypeName, InitName = choice(*STREAMS), choice(*BACKENDS), choice(*DTYPES), choice(*INITS)
+    ActivationName, SchedulerName, EngineName = choice(*ACTIVATIONS), choice(*SCHEDULERS), choice(*ENGINES)
+    HeadName, HeadRowsName = choice(*HEADS), choice(*HEAD_ROWS)
+    TrainingCriterion, Criterion = choice(*TRAINING_CRITERIA), choice(*CRITERIA)
 
 STREAM, MODEL, EVALUATION, EXECUTION, SWEEP = StreamConfig(), ModelConfig(), EvaluationConfig(), ExecutionConfig(), SweepConfig()
 
@@ -81,7 +99,7 @@ def _drop_remainder(scope: str, recorded: str) -> Any:
 def _stream_kind(disjoint: str, recorded: str) -> Any:
     """``--stream``'s type: ``disjoint`` names the options that shape the disjoint split, ``recorded`` where it is kept."""
     return Annotated[
-        choice(*STREAMS),
+        StreamName,
         typer.Option("--stream", help=f"disjoint: each class in one task ({disjoint}). si-blurry: the Si-Blurry stream "
                      "(Moon et al. 2023; docs/streams.md): classes recur across tasks and the classes per task are "
                      f"drawn with the seed (--disjoint-ratio, --blurry-ratio); {recorded}."),
@@ -119,15 +137,15 @@ MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the 
                                         "(rows x D values; beyond it each boundary projects the rows again) and, with "
                                         "--order-seeds, the per-class statistics (C x D^2 values; beyond it one pass "
                                         "per order).")]
-Backend = Annotated[choice(*BACKENDS), typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, "
-                                                    "else NumPy), numpy, cupy or torch (CUDA when available, else the CPU).")]
-Dtype = Annotated[choice(*DTYPES), typer.Option(help="State dtype: float64 (exact to its rounding: a gamma at which that could move W by 1e-4 is refused) or float32 (half the memory; "
-                                                "solved in float64, a gamma below its resolution is refused; a head "
-                                                "other than ridge: float32 rows, float64 statistics).")]
-ProjectionInit = Annotated[choice(*INITS), typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or "
-                                                        "normal (same variance).")]
+Backend = Annotated[BackendName, typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, "
+                                              "else NumPy), numpy, cupy or torch (CUDA when available, else the CPU).")]
+Dtype = Annotated[DtypeName, typer.Option(help="State dtype: float64 (exact to its rounding: a gamma at which that could move W by 1e-4 is refused) or float32 (half the memory; "
+                                          "solved in float64, a gamma below its resolution is refused; a head "
+                                          "other than ridge: float32 rows, float64 statistics).")]
+ProjectionInit = Annotated[InitName, typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or "
+                                                  "normal (same variance).")]
 Activation = Annotated[
-    choice(*ACTIVATIONS) | None,
+    ActivationName | None,
     typer.Option(help="Activation after the projection: sigmoid (the paper), relu, identity, or cos: random Fourier "
                  "features sqrt(2/D) cos(x P + b), b drawn uniform in [0, 2 pi) after P (KLDA's expansion; with a "
                  "--head on --head-rows activations or in sweep: ridge's model file holds no bias). Default: sigmoid, "
@@ -148,7 +166,7 @@ NoMaskUnseen = Annotated[
                "Default: off (only seen classes).")
 ]
 Scheduler = Annotated[
-    choice(*SCHEDULERS),
+    SchedulerName,
     typer.Option(
         help="local: one process. dask: Gram statistics computed in parallel on a Dask cluster (sweep always "
         "uses them; learn only with --engine gram, as the per-batch RLS path is sequential by nature and stays "
@@ -207,7 +225,7 @@ Gamma = Annotated[
                       "the training rows seen so far (see --select, --gamma-grid).")
 ]
 LearnSelect = Annotated[
-    choice(*TRAINING_CRITERIA) | None,
+    TrainingCriterion | None,
     typer.Option(help="With --gamma auto: how gamma is chosen on the training rows seen so far, loo (exact "
                  "leave-one-out MSE), gcv (generalised cross-validation, no extra pass) or loo_accuracy (exact "
                  "leave-one-out accuracy; among equals the least LOO MSE); never on the test split. "
@@ -231,7 +249,7 @@ LooSample = Annotated[
                       f"Default: {MODEL.loo_sample}.", show_default=False)
 ]
 Engine = Annotated[
-    choice(*ENGINES),
+    EngineName,
     typer.Option(
         help="gram: accumulate H^T H and H^T Y, solve at task ends (fastest, exact). "
         "rls: the paper's per-batch Woodbury recursion (exact, sequential, always single-process)."
@@ -246,14 +264,14 @@ WITHOUT_LOO = ", ".join(name for name, entry in HEADS.items()
                         if name != "ridge" and not hasattr(entry.head, "loo_hits"))
 
 Head = Annotated[
-    choice(*HEADS),
+    HeadName,
     typer.Option(help="The classifier: ridge (F-OAL's analytic ridge on the projection), or a head of the family "
                  f"compared in docs/heads.md: {ON_FEATURES} work on the store's features (a projection option typed "
                  "moves them onto the projection's activations, as --head-rows activations does); "
                  f"{ON_PROJECTION} on the projection, with --gamma."),
 ]
 HeadRows = Annotated[
-    choice(*HEAD_ROWS) | None,
+    HeadRowsName | None,
     typer.Option(help="The rows of a head on the store's features (ncm, slda, fecam, cosine): features, or "
                  "activations, the projection's (--projection-dim, --projection-init, --activation; e.g. KLDA: slda "
                  "on --activation cos random Fourier features). Default: the head's own rows (features for those "
@@ -288,7 +306,7 @@ Gammas = Annotated[
                              show_default=False)
 ]
 Select = Annotated[
-    choice(*CRITERIA) | None,
+    Criterion | None,
     typer.Option(help="How the best gamma is chosen: on the training rows seen so far, loo (exact leave-one-out MSE), "
                  "gcv (generalised cross-validation, no extra pass) or loo_accuracy (exact leave-one-out accuracy; "
                  "among equals the least LOO MSE); or test, an oracle that peeks at the test split. Default: loo, or "

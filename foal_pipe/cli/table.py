@@ -10,8 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli import options as o
-from foal_pipe.cli._app import app, choice, console, err_console, print_table, user_errors
-from foal_pipe.core.activations import ACTIVATIONS
+from foal_pipe.cli._app import app, console, err_console, print_table, user_errors
 from foal_pipe.errors import FoalPipeError, comma_items
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
@@ -56,7 +55,7 @@ TableLooSample = Annotated[
                       f"and order apart). Default: {o.MODEL.loo_sample}.", show_default=False)
 ]
 TableActivation = Annotated[
-    choice(*ACTIVATIONS) | None,
+    o.ActivationName | None,
     typer.Option(help=f"Activation after the projection, for the heads on its activations ({', '.join(BY_SPACE['activations'])}"
                  f"; {', '.join(BY_SPACE['projected'])} on the projected rows ignore{'s' * (len(BY_SPACE['projected']) == 1)} "
                  "it): sigmoid (the paper), relu, identity, or cos (random Fourier features, whose bias "

@@ -132,7 +132,9 @@ def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetSplits:
         )
     splits = {}
     for split, (img_stem, lab_stem) in _FASHION_FILES.items():
-        images, labels = _read_idx(_idx_file(folder, img_stem)), _read_idx(_idx_file(folder, lab_stem))
+        img_path, lab_path = _idx_file(folder, img_stem), _idx_file(folder, lab_stem)
+        assert img_path is not None and lab_path is not None  # folder was chosen because every file is there
+        images, labels = _read_idx(img_path), _read_idx(lab_path)
         if images.shape[0] != labels.shape[0]:
             raise FoalPipeError(f"{folder}: {img_stem} has {images.shape[0]} images but {lab_stem} has "
                                 f"{labels.shape[0]} labels; download the files again")
@@ -429,7 +431,8 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
         paths += files
         labels += [lookup[c]] * len(files)
     train = FileSource(paths, labels, root)
-    val_paths, val_labels, seen = [], [], {}
+    val_paths, val_labels = [], []
+    seen: dict[str, int] = {}  # image name -> line number
     for number, line in enumerate((root / "val" / "val_annotations.txt").read_text().splitlines(), 1):
         parts = line.split("\t")
         if len(parts) < 2:

@@ -289,9 +289,9 @@ def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
     if img.dtype.kind == "f":
         if not np.isfinite(img).all():
             raise ValueError(f"{key} has NaN or inf pixel values; images must be {H5_PIXELS}")
-        lo, hi = float(img.min(initial=0.0)), float(img.max(initial=0.0))
-        if lo < 0 or hi > 1:
-            raise ValueError(f"{key} has float values {lo:g}..{hi:g}, outside [0, 1] (0..255 data: store it as "
+        flo, fhi = float(img.min(initial=0.0)), float(img.max(initial=0.0))
+        if flo < 0 or fhi > 1:
+            raise ValueError(f"{key} has float values {flo:g}..{fhi:g}, outside [0, 1] (0..255 data: store it as "
                              f"uint8); images must be {H5_PIXELS}")
         return np.rint(img.astype(np.float64) * 255.0).astype(np.uint8)
     raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")

@@ -147,11 +147,12 @@ class BlockFusion:
     def _forward(self, x: Any, keep: bool) -> tuple[Any, Any]:
         import torch
 
-        self._sum, self._kept = None, [] if keep else None
+        kept: list[Any] | None = [] if keep else None  # the hooks append to this same list
+        self._sum, self._kept = None, kept
         try:
             self.model.forward_features(x)
             fused = self.norm(self._sum / len(self.chosen))
-            return fused, torch.stack(self._kept, dim=1) if keep else None
+            return fused, torch.stack(kept, dim=1) if kept is not None else None
         finally:
             self._sum, self._kept = None, None
 

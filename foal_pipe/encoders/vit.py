@@ -231,8 +231,8 @@ class TimmEncoder(Encoder):
         import torch
 
         if self.device != "cuda":
-            arrays = tuple(t.cpu().numpy() for t in tensors)
-            return lambda: arrays
+            on_host = tuple(t.cpu().numpy() for t in tensors)
+            return lambda: on_host
         host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors)
         copied = torch.cuda.Event()
         copied.record()

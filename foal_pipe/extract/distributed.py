@@ -19,6 +19,7 @@ import dataclasses
 import math
 import os
 import time
+from typing import TYPE_CHECKING
 
 from foal_pipe.cluster import cluster_errors, dask_client, is_local, n_workers, require_distributed
 from foal_pipe.encoders.runtime import resolve_device
@@ -26,6 +27,10 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.run import ExtractProgress, ExtractReport, extract_rows, extraction
 from foal_pipe.extract.spec import ExtractSpec
 from foal_pipe.store import SPLITS, mark_progress, update_run
+
+if TYPE_CHECKING:
+    from dask.typing import Key
+    from distributed import Future
 
 #: Times a range that raised is resubmitted before the error stops the extraction.
 RETRIES = 3
@@ -99,13 +104,17 @@ def dask_extract(
             n = n_workers(client)
             update_run(path, {"dask_workers": n})
             group = zarr.open_group(str(path), mode="r")
-            chunk_rows = {s: int(group[f"{s}/features"].chunks[0]) for s in SPLITS}
+            chunk_rows: dict[str, int] = {}
+            for s in SPLITS:
+                features = group[f"{s}/features"]
+                assert isinstance(features, zarr.Array)  # the skeleton's array
+                chunk_rows[s] = int(features.chunks[0])
             todo = {s: state.rows[s] - state.progress[s] for s in SPLITS}
             if range_chunks is None:
                 total_chunks = sum(math.ceil(todo[s] / chunk_rows[s]) for s in SPLITS)
                 range_chunks = min(MAX_RANGE_CHUNKS, max(1, math.ceil(total_chunks / (RANGES_PER_WORKER * n))))
-            pending: dict[str, tuple[str, int, int]] = {}
-            futures = []
+            pending: dict[Key, tuple[str, int, int]] = {}
+            futures: list[Future[int]] = []
             for s in SPLITS:
                 progress.start(s, state.progress[s], state.rows[s])
                 for lo, hi in extract_ranges(state.rows[s], chunk_rows[s], state.progress[s], range_chunks):

@@ -22,7 +22,7 @@ import numpy as np
 from foal_pipe.datasets.loaders import removing_new_folders
 from foal_pipe.datasets.sources import PreparedImages
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.extract.spec import ExtractSpec, Inputs, cached_inputs, load_inputs, now, open_inputs, runtime_info
+from foal_pipe.extract.spec import ExtractSpec, Inputs, block_encoder, cached_inputs, load_inputs, now, open_inputs, runtime_info
 from foal_pipe.extract.state import (
     StoreState,
     check_store,
@@ -233,7 +233,7 @@ def extract_rows(
                 filler.add(pending.popleft()())
             raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images()}")
         pending.append(encoder.submit(pixels) if not spec.keep_blocks
-                       else encoder.submit_blocks(pixels, spec.blocks_dtype))
+                       else block_encoder(encoder).submit_blocks(pixels, spec.blocks_dtype))
         if len(pending) > BATCHES_AHEAD:
             filler.add(pending.popleft()())
     while pending:
@@ -472,9 +472,15 @@ def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractPro
             for split in SPLITS:
                 done, n = state.progress[split], state.rows[split]
                 progress.start(split, done, n)
+
+                def on_batch(k: int, s: str = split) -> None:
+                    progress.advance(s, k)
+
+                def on_chunk(hi: int, s: str = split) -> None:
+                    mark_progress(state.path, s, hi)
+
                 extract_rows(spec, split, done, n, path=state.path, inputs=inputs, loaded=started[0].batches,
-                             on_batch=lambda k, s=split: progress.advance(s, k),
-                             on_chunk=lambda hi, s=split: mark_progress(state.path, s, hi))
+                             on_batch=on_batch, on_chunk=on_chunk)
     finally:
         for loading in started:
             loading.close()

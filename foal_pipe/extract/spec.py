@@ -23,6 +23,7 @@ from foal_pipe.encoders import (
     RESIZE_ON,
     Encoder,
     EncoderConfig,
+    TimmEncoder,
     build_encoder,
     resolve_device,
     resolve_precision,
@@ -141,7 +142,10 @@ class Inputs:
     @property
     def loaded_size(self) -> int:
         """Side of the images the loader ships: the native size when the device resizes them."""
-        return self.data.native_size if self.resize_on == "device" else self.encoder.image_size
+        if self.resize_on == "device":
+            assert self.data.native_size is not None  # resolve_resize_on picks the device only for images of one size
+            return self.data.native_size
+        return self.encoder.image_size
 
 
 def open_inputs(spec: ExtractSpec) -> Inputs:
@@ -171,6 +175,13 @@ def _check_keeps_blocks(encoder: Encoder) -> None:
         raise FoalPipeError(f"{param('keep_blocks')}: the final norm of {encoder.name} is not one foal-pipe can recompute "
                             f"({', '.join(NORMS)}); drop {param('keep_blocks', True)} and extract one store per "
                             f"{param('fusion')}")
+
+
+def block_encoder(encoder: Encoder) -> TimmEncoder:
+    """The encoder of a ``--keep-blocks`` run: a timm ViT, the one encoder with blocks (:func:`open_inputs` refused
+    the others)."""
+    assert isinstance(encoder, TimmEncoder)
+    return encoder
 
 
 def load_inputs(inputs: Inputs) -> Inputs:

@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.extract.spec import ExtractSpec, Inputs, load_inputs, open_inputs, store_settings, stored_encoder
+from foal_pipe.extract.spec import ExtractSpec, Inputs, block_encoder, load_inputs, open_inputs, store_settings, stored_encoder
 from foal_pipe.io import is_feature_store
 from foal_pipe.store import (
     FORMAT,
@@ -113,8 +113,8 @@ def block_layout(spec: ExtractSpec, inputs: Inputs) -> BlockLayout | None:
     """What the store keeps of the blocks with ``--keep-blocks`` (the final norm read from the loaded weights)."""
     if not spec.keep_blocks:
         return None
-    norm = load_inputs(inputs).encoder.norm_parameters()
-    return BlockLayout(inputs.encoder.n_blocks, spec.blocks_dtype,
+    norm = block_encoder(load_inputs(inputs).encoder).norm_parameters()
+    return BlockLayout(block_encoder(inputs.encoder).n_blocks, spec.blocks_dtype,
                        FinalNorm(norm.pop("kind"), norm.pop("eps"), **norm))
 
 
@@ -235,6 +235,7 @@ def _check_rows(state: StoreState, inputs: Inputs) -> StoreState:
             if f"{split}/{leaf}" not in group:
                 continue
             array = group[f"{split}/{leaf}"]
+            assert isinstance(array, zarr.Array)  # a group there is refused first, as not listed by the store's metadata
             was, now = read_rows(state.path, f"{split}/{leaf}", array, 0, int(array.shape[0])), np.asarray(now)
             differ = np.flatnonzero(was != now)  # as long: the row counts are among the settings compared
             if len(differ):
@@ -269,25 +270,29 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
         attrs = dict(group.attrs)
     except Exception:  # unreadable metadata: not ours to resume
         attrs, group = {}, None
-    if attrs.get("format") != FORMAT or not isinstance(attrs.get("extract"), dict):
+    extract = attrs.get("extract")
+    if attrs.get("format") != FORMAT or not isinstance(extract, dict):
         raise FoalPipeError(f"{out} is a Zarr store but not one written by `foal-pipe extract`; pass {param('overwrite', True)} "
                             f"to replace it or choose another {param('out')}")
     if attrs.get("format_version") != FORMAT_VERSION or type(attrs.get("format_version")) is not int:
         raise FoalPipeError(f"{out} was written in store format {attrs.get('format_version')!r}, this foal-pipe "
                             f"writes format {FORMAT_VERSION}; pass {param('overwrite', True)} to extract it again")
-    diffs = _differences(attrs["extract"], settings)
+    diffs = _differences(extract, settings)
     if diffs:
         raise FoalPipeError(f"{out} was extracted with different settings ({'; '.join(diffs[:4])}); re-run with "
                             f"the original options to resume it, or pass {param('overwrite', True)} to replace it")
     rows = dict(settings["rows"])
     recorded = attrs.get("progress")
     progress = {}
+    assert group is not None  # attrs were read from it
     damaged = f"{out} is damaged (%s); pass {param('overwrite', True)} to extract it again"
     for split in SPLITS:
         try:
             features = group[f"{split}/features"]
         except KeyError:
             raise FoalPipeError(damaged % f"no {split}/features array") from None
+        if not isinstance(features, zarr.Array):
+            raise FoalPipeError(damaged % f"{split}/features is a group, not an array")
         done = recorded.get(split) if isinstance(recorded, dict) else None
         step = int(features.chunks[0])
         if features.shape[0] != rows[split] or type(done) is not int or not 0 <= done <= rows[split] or (

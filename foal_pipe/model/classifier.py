@@ -28,11 +28,13 @@ from foal_pipe.core.engines import (
     DEFAULT_ENGINE,
     ENGINES,
     GramEngine,
+    RLSEngine,
     check_engine_dtype,
     check_gamma,
     checked_weights,
     grow_classes,
 )
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
@@ -194,7 +196,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else _gammas(self.gamma_grid)
             if self.gamma == "auto":
                 check_grid(grid)
-            self._engine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)
+            self._engine: GramEngine | RLSEngine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)
         else:
             self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype, where)
         self.classes_ = np.empty(0, dtype=label_dtype)
@@ -285,9 +287,11 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             if first:  # a refused first batch leaves the estimator unfitted, as it was (n_features_in_ included)
                 self._forget()
             elif self.classes_ is not before:  # nor does a later one add its classes (zero columns that would score)
+                assert before is not None  # a fitted estimator has classes_
                 self._engine.restore_classes(before, self.classes_)
                 self.classes_ = before
             raise
+        assert before is not None  # the classes_ before this batch: _start set them on the first
         self._rowless = np.setdiff1d(np.union1d(self._without_rows(), np.setdiff1d(self.classes_, before)), y)
         self.n_samples_seen_ += int(X.shape[0])
         return self
@@ -314,7 +318,12 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """The gamma of the fitted state (GCV's choice for ``gamma="auto"``), whatever ``set_params`` set since."""
         self._check_fitted()
         gamma = self._fitted_with["gamma"]
-        return self._engine.solution()[0] if gamma == "auto" else float(gamma)
+        return self._gram().solution()[0] if gamma == "auto" else float(gamma)
+
+    def _gram(self) -> GramEngine:
+        """The engine of a ``gamma="auto"`` state, which only the gram engine fits (``_start`` refuses the others)."""
+        assert isinstance(self._engine, GramEngine)
+        return self._engine
 
     def merge(self, other: AnalyticClassifier) -> AnalyticClassifier:
         """A new ``gram`` classifier holding the samples of both: the statistics simply add.
@@ -439,7 +448,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
                                 "there is no class seen to predict; partial_fit labelled rows first")
         return best_of(scores[:, seen], self.classes_[seen], among)[0]
 
-    def save(self, path: str | Path, projection: SmoothProjection | None = None, **metadata: Any) -> Path:
+    def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
 
         Extra keyword arguments are stored as JSON metadata (foal_pipe/model/modelfile.py lists the known keys); with
@@ -456,7 +465,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             raise FoalPipeError(f"class {rowless.tolist()[0]!r} was declared (partial_fit's classes=) but has no rows, which "
                                 f"a model file of this {fitted['engine']} state cannot record; give it rows first, or "
                                 f"learn with {param('engine', 'gram')} (its row counts record it)")
-        grid = self._engine.grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
+        grid = self._gram().grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
         matrix, metadata = ridge_projection(projection, metadata)
         model = RidgeModel(state, self.weights_, self.classes_, self.gamma_, fitted["engine"],
                            self._dtype.name, self.n_samples_seen_, grid)

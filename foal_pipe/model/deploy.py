@@ -260,8 +260,9 @@ class DeployedModel:
                 raise FoalPipeError(f"label id {label} is new to the model and has no name; pass class names "
                                     "(strings) as labels for new classes")
             old[label] = known[label]
-        if isinstance(self.classifier, HeadClassifier):
-            self.classifier.partial_fit(self.rows(X), ids, names=old)  # its refusals name the class
+        if isinstance(self.classifier, HeadClassifier):  # names=: its refusals name the class
+            # mypy keeps AnalyticClassifier in this narrowing, as its scikit-learn bases are Any (sklearn has no stubs)
+            self.classifier.partial_fit(self.rows(X), ids, names=old)  # type: ignore[call-arg]
         else:
             self.classifier.partial_fit(self.rows(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
@@ -287,8 +288,8 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     :class:`~foal_pipe.model.ridgemodel.SavedRidge` and an :class:`~foal_pipe.core.expansion.Expansion`, which
     predict the same bits and give their sums to continue from without importing scikit-learn (the command line's)."""
     if stored_head(path) is not None:
-        classifier, projection, names, meta = load_head(path, estimators=estimators)
-        return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
+        head, head_projection, names, meta = load_head(path, estimators=estimators)
+        return DeployedModel(head, head_projection, names, meta.get("encoder"), meta)
     tensors, meta = read_model(path)  # every tensor, once: the projection here, the rest for the classifier
     if "projection" not in tensors:
         raise FoalPipeError(f"{path} has no 'projection' tensor; pass the model.safetensors that learn wrote")

@@ -56,7 +56,7 @@ RESIDUAL_TOLERANCE = 1e-9
 GAMMA_TOLERANCE = 1e-9
 
 #: safetensors' dtype codes for the dtypes a model file may hold.
-CODES = {
+CODES: dict[np.dtype, str] = {
     np.dtype("float64"): "F64", np.dtype("float32"): "F32",
     np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("int16"): "I16", np.dtype("int8"): "I8",
     np.dtype("uint32"): "U32", np.dtype("uint16"): "U16", np.dtype("uint8"): "U8",
@@ -235,8 +235,8 @@ def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
 
     name = metadata.get("head")
     if metadata["format_version"] != HEAD_FORMAT_VERSION or name is None:
-        problem = "names no 'head'" if name is None else f"cannot hold a head (version {HEAD_FORMAT_VERSION} does)"
-        raise refuse(where, f"a version-{metadata['format_version']} file {problem}")
+        reason = "names no 'head'" if name is None else f"cannot hold a head (version {HEAD_FORMAT_VERSION} does)"
+        raise refuse(where, f"a version-{metadata['format_version']} file {reason}")
     if not isinstance(name, str) or name not in file_heads():
         raise refuse(where, f"metadata 'head' ({shown(name)}) is not a head this foal-pipe stores; it stores "
                             f"{', '.join(file_heads())} (and ridge, without 'head')")

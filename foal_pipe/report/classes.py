@@ -23,11 +23,10 @@ def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
     """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based), where it
     first appears."""
     m = run.metrics
-    source: list[list[int | None]] = m.tasks or []
+    source: Sequence[Sequence[int | None]] = m.tasks or []
     task_names = m.continuation.task_names if m.continuation else None
-    if task_names and run.weight_norms is not None and run.weight_norms[2]:
-        labels, _, names = run.weight_norms
-        by_name = dict(zip(names, labels.tolist()))
+    if task_names and run.weight_norms is not None and (names := run.weight_norms[2]):
+        by_name = dict(zip(names, run.weight_norms[0].tolist()))
         source = [[by_name.get(name) for name in t] for t in task_names]
     stream = [(t, c) for t, classes in enumerate(source) for c in classes]
     positions: dict[int, tuple[int, int]] = {}
@@ -105,13 +104,13 @@ def class_results(run: Run) -> ClassResults | str | None:
     column[[ids[k] for k in order]] = np.arange(len(order))
     streamed = int(np.isin(true, list(positions)).sum())
     n_test = run.metrics.n_test
-    if n_test is not None and streamed != n_test and streamed + _untrained_rows(run, model.class_names) != n_test:
+    if n_test is not None and streamed != n_test and streamed + _untrained_rows(run, features, model.class_names) != n_test:
         return (f"{features} now holds {streamed:,} test rows of the run's classes but the run was tested "
                 f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
     known = true >= 0
     confusion = np.zeros((len(order), len(order)), dtype=np.int64)
     np.add.at(confusion, (column[true[known]], column[predicted[known]]), 1)
-    earlier = _earlier_rows(run, model, positions)
+    earlier = _earlier_rows(run, features, model, positions)
     if isinstance(earlier, str):
         return f"{earlier}, {skipped}."
     for true, predicted in earlier.values():
@@ -149,24 +148,25 @@ def _other_generation(metadata: dict[str, Any], where: str, features: str) -> st
             f"{learned[-1][:12]}): it was re-extracted or replaced since `foal-pipe learn`")
 
 
-def _untrained_rows(run: Run, known: list[str]) -> int:
+def _untrained_rows(run: Run, features: str, known: list[str]) -> int:
     """Test rows of the stream's classes that the model has no class for (a class with test rows but no training
-    row): the run scored them (always wrong), and the model's predictions count them as of unknown classes."""
+    row): the run scored them (always wrong), and the model's predictions count them as of unknown classes.
+    ``features``: the run's store, as its metrics.json records it."""
     from foal_pipe.store import open_store
 
     m = run.metrics
-    store = open_store(located(run, m.features))
+    store = open_store(located(run, features))
     stream = ({name for t in m.continuation.task_names for name in t} if m.continuation and m.continuation.task_names
               else {store.classes[c] for t in m.tasks or [] for c in t if c < len(store.classes)})
     missing = [k for k, name in enumerate(store.classes) if name in stream - set(known)]
     return int(np.isin(np.asarray(store.test.labels), missing).sum()) if missing else 0
 
 
-def _earlier_rows(run: Run, model: Any, positions: dict[int, tuple[int, int]]
+def _earlier_rows(run: Run, own: str, model: Any, positions: dict[int, tuple[int, int]]
                   ) -> dict[str, tuple[np.ndarray, np.ndarray]] | str:
     """A continued run's ``--eval-features`` stores: each one's ``(true, predicted)`` on its test rows of the
-    classes learned before the run (the run's own store is left out: its rows are counted already); or why a
-    store cannot be read."""
+    classes learned before the run (the run's own store, ``own`` as recorded, is left out: its rows are counted
+    already); or why a store cannot be read."""
     from foal_pipe.protocol.continuation import same_store
 
     continuation = run.metrics.continuation
@@ -174,7 +174,7 @@ def _earlier_rows(run: Run, model: Any, positions: dict[int, tuple[int, int]]
     rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
         for features in stores:
-            if same_store(located(run, features), located(run, run.metrics.features)):
+            if same_store(located(run, features), located(run, own)):
                 continue
             true, predicted = model.store_predictions(located(run, features))
             before = (true >= 0) & ~np.isin(true, list(positions))

@@ -181,7 +181,8 @@ def _other_model(m: LearnMetrics, meta: dict[str, Any], path: Path) -> tuple[str
             and meta["head_options"] != m.head_options:
         return "head options", shown(meta["head_options"]), shown(m.head_options)
     gamma = m.gammas_selected[-1] if m.gamma == "auto" and m.gammas_selected else m.gamma
-    if m.head is None and is_number(meta.get("gamma")) and is_number(gamma) and not same_gamma(meta["gamma"], gamma):
+    if m.head is None and is_number(meta.get("gamma")) and isinstance(gamma, (int, float)) and is_number(gamma) \
+            and not same_gamma(meta["gamma"], gamma):
         return "gamma", f"{meta['gamma']:g}", f"{gamma:g}" + (" (the last one --gamma auto chose)" if m.gamma == "auto" else "")
     rows = m.continuation.n_samples_seen_total if m.continuation is not None else m.n_train_seen
     if None not in (rows, meta.get("n_samples_seen")) and meta["n_samples_seen"] != rows:
@@ -191,10 +192,10 @@ def _other_model(m: LearnMetrics, meta: dict[str, Any], path: Path) -> tuple[str
         learned = [n for t in m.continuation.task_names or [] for n in t]
         return None if set(learned) <= set(names) else ("classes", shown(names), shown(learned))
     known = read_model(path, names=("classes",))[0].get("classes")
-    learned = sorted({c for t in m.tasks or [] for c in t} - set(m.dropped_classes or ()))
-    if known is None or set(learned) <= set(known.tolist()):
+    label_ids = sorted({c for t in m.tasks or [] for c in t} - set(m.dropped_classes or ()))
+    if known is None or set(label_ids) <= set(known.tolist()):
         return None
-    return "class label ids", shown(known.tolist()), shown(learned)
+    return "class label ids", shown(known.tolist()), shown(label_ids)
 
 
 def check_run_model(run: Run, path: Path) -> None:
@@ -231,7 +232,7 @@ def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics,
     """``(what, theirs, the run's)`` where a file's dataset or encoder differ from the run's (both recorded): the
     dataset, then each encoder setting that differs, by name. ``fusions``: the file compared these (a
     ``sweep --fusions``), so the run's fusion must be one of them instead of its encoder's."""
-    found = []
+    found: list[tuple[str, Any, Any]] = []
     if None not in (dataset, metrics.dataset) and dataset != metrics.dataset:
         found.append(("dataset", dataset, metrics.dataset))
     if isinstance(encoder, dict) and isinstance(metrics.encoder, dict):
@@ -288,7 +289,7 @@ class RunSummary:
         if self.metrics is not None and self.sweep is not None:
             return None
         try:
-            total = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
+            total: Any = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
         except FoalPipeError:  # missing or unreadable: the time is simply not shown
             return None
         return float(total) if is_number(total) else None
@@ -325,7 +326,7 @@ def find_runs(
                 on_error(str(exc))
                 continue
             entry = found.setdefault(f.parent, RunSummary(f.parent))
-            if f.name == METRICS_FILE:
+            if isinstance(data, LearnMetrics):  # read_metrics read it: f is a metrics.json
                 entry.metrics = data
             else:
                 entry.sweep = data

@@ -44,7 +44,7 @@ def _code_cell(text: Any) -> str:
     return "`" + str(text).replace("|", "\\|") + "`"
 
 
-def _or(value: Any, absent: str = "?") -> Any:
+def _or(value: Any, absent: Any = "?") -> Any:
     """A recorded value, or what stands for one the run does not record."""
     return absent if value is None else value
 
@@ -96,17 +96,17 @@ def describe(metrics: LearnMetrics) -> str:
 
 
 def _results(m: LearnMetrics, paper: PaperMatch | None) -> list[str]:
-    show_paper = paper is not None and paper.comparable
-    if show_paper:
-        lines = [f"| metric | ours | paper ({paper.row.title}) | ours - paper |", "|---|---:|---:|---:|"]
+    compared = paper if paper is not None and paper.comparable else None
+    if compared is not None:
+        lines = [f"| metric | ours | paper ({compared.row.title}) | ours - paper |", "|---|---:|---:|---:|"]
     else:
         lines = ["| metric | ours |", "|---|---:|"]
     for key, label in _LABELS.items():
         ours = getattr(m, key)
         if ours is None:
             continue
-        if show_paper:
-            ref = paper.row.metrics().get(key)
+        if compared is not None:
+            ref = compared.row.metrics().get(key)
             ref_s = f"{100 * ref:.1f}" if ref is not None else "-"
             delta = f"{round(100 * (ours - ref), 1) or 0.0:+.1f}" if ref is not None else "-"  # no -0.0
             lines.append(f"| {label} | {pct(ours)}{_spread(m, key)} | {ref_s} | {delta} |")
@@ -127,10 +127,11 @@ def _spread(m: LearnMetrics, key: str) -> str:
     hold (the published code's F), the std of the orders' own values, where every order has one."""
     std = (m.std or {}).get(key)
     values = [getattr(o, key, None) for o in m.orders or ()]
-    if std is None and m.std is not None and len(values) > 1 and None not in values:
+    numbers = [v for v in values if v is not None]
+    if std is None and m.std is not None and len(values) > 1 and len(numbers) == len(values):
         from foal_pipe.protocol.orders import mean_std
 
-        std = mean_std(values)[1]
+        std = mean_std(numbers)[1]
     return "" if std is None or len(m.orders or ()) == 1 else f" ± {pct(std)}"
 
 
@@ -160,6 +161,7 @@ def _matrix(run: Run) -> list[str]:
     a, m = run.matrix, run.metrics
     T = len(a)
     steps = summary_of(a, run.metrics.stream)["A_steps"]
+    assert isinstance(steps, list)  # A_steps is the summary's one list
     columns = ("column j: the test rows of the classes seen by the end of task j (Si-Blurry: classes recur, so a task "
                "has no test set of its own); A_i is the diagonal" if m.stream == "si-blurry" else "column j: test set of task j")
     lines = ["## Accuracy matrix (%)", "", f"Row i: after training through task i; {columns}.", ""]
@@ -232,6 +234,7 @@ def _criterion(selected_by: str | None, what: str, sampled: int | None = None) -
 
 def _auto_gamma(m: LearnMetrics) -> list[str]:
     """How ``learn --gamma auto`` chose gamma at each task boundary."""
+    assert m.gammas_selected is not None  # read_metrics refuses "auto" without a gamma per boundary
     chosen = ", ".join(f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected))
     search = m.gamma_search
     sampled = search.sample_rows[-1] if search is not None and search.sample_rows and any(search.sample_eps or ()) else None
@@ -245,14 +248,15 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def _sweep(run: Run) -> list[str]:
     s = run.sweep
+    assert s is not None  # summary_markdown calls it only for a run with a sweep
     choice = select(s)
     sweep_paper = match_paper(s, ignore=("gamma",)) if s.dataset else None
-    with_paper = sweep_paper is not None and sweep_paper.comparable
+    compared = sweep_paper if sweep_paper is not None and sweep_paper.comparable else None
     criteria = has_criteria(s)
     head = "| gamma | A_avg (%) | A_last (%) | F (%) |"
     if criteria:
         head += " GCV | LOO accuracy (%) | LOO MSE |"
-    if with_paper:
+    if compared is not None:
         head += " paper A_avg (%) |"
     head += " |"
     source = f"From `{run.sweep_path}`" + ("; GCV and LOO at the last task boundary." if criteria else ".")
@@ -261,8 +265,8 @@ def _sweep(run: Run) -> list[str]:
         row = f"| {r.gamma:g} | {pct(r.A_avg)} | {pct(r.A_last)} | {pct(r.F)} |"
         if criteria:
             row += f" {_cell(last(r.gcv), '.4g')} | {pct(last(r.loo_accuracy))} | {_cell(last(r.loo_mse), '.4g')} |"
-        if with_paper:
-            ref = dict(zip(GAMMAS, sweep_paper.row.gamma_A_avg))
+        if compared is not None:
+            ref = dict(zip(GAMMAS, compared.row.gamma_A_avg))
             match = next((v for g, v in ref.items() if same_gamma(g, r.gamma)), None)
             row += f" {match if match is not None else '-'} |"
         marks = [label for label, g in (("selected", choice.gamma), ("test oracle", choice.oracle_gamma))
@@ -270,7 +274,7 @@ def _sweep(run: Run) -> list[str]:
         lines.append(row + f" {', '.join(marks)} |")
     selected = result_at(s, choice.gamma)
     lines += ["", f"Selected gamma: {choice.gamma:g}, by {choice.criterion} (test A_avg {pct(selected.A_avg)}%)."]
-    if choice.sampled_rows is not None:
+    if choice.sampled_rows is not None and s.leave_one_out is not None:  # sampled_rows comes from leave_one_out
         lines.append(f"Its leave-one-out was sampled: {choice.sampled_rows:,} training rows scored at the last task "
                      f"boundary (`--loo-sample {s.leave_one_out.loo_sample}`), not every row seen.")
     if choice.selected_by in TRAINING_CRITERIA:
@@ -289,13 +293,16 @@ def _sweep(run: Run) -> list[str]:
 def _fusions(run: Run) -> list[str]:
     """``sweep --fusions``: each fusion's selected gamma and its test numbers, and the choice over all of them."""
     s = run.sweep
+    assert s is not None and s.fusions is not None  # summary_markdown calls it only for a sweep --fusions
     best, oracle = s.best, s.best_test
+    assert best is not None and oracle is not None  # read_sweep refuses fusions without both choices
     criterion = _criterion(s.selected_by, "sweep", sampled_rows(s))  # its sample is said under the gamma sweep
     lines = ["## Fusion ablation", "", f"From `{run.sweep_path}`: every fusion x gamma from one read of the stored "
              f"blocks; each fusion's gamma selected by {criterion}.", "",
              "| fusion | selected gamma | A_avg (%) | A_last (%) | F (%) | test-oracle gamma | its A_avg (%) | |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for entry in s.fusions:
+        assert entry.best_gamma is not None and entry.best_gamma_test is not None  # sweep --fusions writes both
         at, top = result_at(entry, entry.best_gamma), result_at(entry, entry.best_gamma_test)
         mark = "selected" if entry.fusion == best.fusion else ""
         lines.append(f"| {entry.fusion} | {entry.best_gamma:g} | {pct(at.A_avg)} | {pct(at.A_last)} | "
@@ -330,6 +337,7 @@ def _head_options(options: dict[str, Any], seeds: list[int] | None) -> str:
 def _heads(run: Run) -> list[str]:
     """``sweep --heads``: every head's test numbers, options and exact leave-one-out accuracy, and the choices."""
     s = run.sweep
+    assert s is not None and s.heads is not None  # summary_markdown calls it only for a sweep --heads
     per_order = "ridge" in s.heads and "gammas" in s.heads["ridge"].options  # --order-seeds: each order's own
     ridge = "each class order's gamma, selected on its rows" if per_order else "the sweep's selected gamma"
     lines = ["## Heads", "", f"From `{run.sweep_path}`: every head from one read of the store (ridge at {ridge}).", "",

@@ -128,6 +128,7 @@ def plot_steps(run: Run, path: Path) -> Path:
                     label="A_i = a[i][i] (every class seen so far)" if blurry else "A_i (mean over tasks seen)")
         else:
             mean, std = band
+            assert run.metrics.orders is not None  # order_band drew the band from them
             ax.plot(x, mean, "o-", label=f"A_i, mean over {len(run.metrics.orders)} class orders", lw=2)
             ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="+- std over orders")
         if not blurry:
@@ -154,6 +155,8 @@ def plot_anytime(run: Run, path: Path) -> Path:
     """``learn --eval-every``: accuracy on the classes seen so far against the training rows seen."""
     rows = anytime_rows(run)
     m = run.metrics
+    curve = m.anytime
+    assert curve is not None  # evaluate plots it only for a run with a curve
 
     seeds = list(dict.fromkeys(r["order_seed"] for r in rows)) if rows and "order_seed" in rows[0] else [None]
 
@@ -161,7 +164,7 @@ def plot_anytime(run: Run, path: Path) -> Path:
         ax = fig.add_subplot()
         for seed in seeds:
             mine = [r for r in rows if r.get("order_seed") == seed]
-            label = f"every {m.anytime.eval_every} rows" + ("" if seed is None else f", order seed {seed}")
+            label = f"every {curve.eval_every} rows" + ("" if seed is None else f", order seed {seed}")
             ax.plot([r["samples_seen"] for r in mine], [r["accuracy"] for r in mine], "-", lw=1.5 if seed is None else 1,
                     label=label)
         ax.set_xlabel("training rows seen")
@@ -171,6 +174,7 @@ def plot_anytime(run: Run, path: Path) -> Path:
         ax.legend(fontsize=8, loc="lower right")
         stream = m.stream or "disjoint"
         over = "" if seeds == [None] else f", means over {len(seeds)} class orders"
+        assert m.A_auc is not None  # learn records A_auc with every curve that has points (min above needs them)
         ax.set_title(f"A_auc {100 * m.A_auc:.1f}%, A_last {100 * m.A_last:.1f}% ({stream} stream{over})\n{_title(run)}",
                      fontsize=9)
 
@@ -226,8 +230,10 @@ def _values(rows: list[dict[str, Any]], key: str) -> np.ndarray | None:
 def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
     """Test A_avg and A_last, LOO accuracy (same axis, %) and GCV (own axis) against gamma; the selected gamma
     and the test oracle's are marked; the paper's gamma table is overlaid when the sweep is comparable."""
+    s = run.sweep
+    assert s is not None  # evaluate plots it only for a run with a sweep
     rows = gamma_rows(run)
-    choice = select(run.sweep)
+    choice = select(s)
     g = np.array([r["gamma"] for r in rows], dtype=float)
     loo, gcv = _values(rows, "loo_accuracy"), _values(rows, "gcv")
 
@@ -259,7 +265,6 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
             more_handles, more_labels = right.get_legend_handles_labels()
             handles, labels = handles + more_handles, labels + more_labels
         fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=3)
-        s = run.sweep
         title = f"gamma sweep · {_label(run)} · {_encoder(s)} · D={_or(s.projection_dim)}"
         if choice.at_edge:
             title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
@@ -272,12 +277,15 @@ def plot_fusions(run: Run, path: Path) -> Path:
     """``sweep --fusions``: test A_avg against gamma, one line per fusion, each fusion's selected gamma marked
     (filled) and the (fusion, gamma) chosen over all of them starred."""
     s = run.sweep
-    best = s.best
+    assert s is not None and s.fusions is not None  # evaluate plots it only for a sweep --fusions
+    fusions, best = s.fusions, s.best
+    assert best is not None  # read_sweep refuses fusions without the choice over them
     short = CRITERIA[s.selected_by].short if s.selected_by in CRITERIA else "?"
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        for entry in s.fusions:
+        for entry in fusions:
+            assert entry.best_gamma is not None  # sweep --fusions writes each fusion's choice
             g = np.array([r.gamma for r in entry.results], dtype=float)
             a = np.array([100 * r.A_avg for r in entry.results])
             (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry.fusion} (selected γ {entry.best_gamma:g})")
@@ -301,11 +309,13 @@ def plot_heads(run: Run, path: Path) -> Path:
     """``sweep --heads``: A_i (the mean accuracy over the tasks seen after task i) against the task, one line per
     head; the head chosen on the training rows (leave-one-out) drawn bold, the test oracle's dashed."""
     s = run.sweep
+    assert s is not None and s.heads is not None  # evaluate plots it only for a sweep --heads
+    heads = s.heads
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        for name, entry in sorted(s.heads.items()):
-            steps = 100 * np.array(entry.A_steps or [np.mean(row) for row in entry.accuracy_matrix])
+        for name, entry in sorted(heads.items()):
+            steps = 100 * np.array(entry.A_steps or [float(np.mean(row)) for row in entry.accuracy_matrix])
             marks = [m for m, chosen in (("chosen by " + str(s.best_head_selected_by), s.best_head),
                                          ("test oracle", s.best_head_test)) if chosen == name]
             label = f"{name}: A_avg {100 * entry.A_avg:.2f}" + (f" ({', '.join(marks)})" if marks else "")

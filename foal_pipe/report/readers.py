@@ -24,6 +24,7 @@ from foal_pipe.protocol.schema import (
     AnytimeCurve,
     FusionSweep,
     LearnMetrics,
+    OrderMetrics,
     SweepReport,
     same_gamma,
 )
@@ -107,7 +108,7 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
     differs).
     """
     if metrics.orders is not None:
-        return _orders_warnings(metrics)
+        return _orders_warnings(metrics, metrics.orders)
     recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
     out = []
     for key in HEADLINE:
@@ -124,9 +125,9 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
     return out
 
 
-def _orders_warnings(metrics: LearnMetrics) -> list[str]:
+def _orders_warnings(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[str]:
     out = []
-    for entry in metrics.orders:
+    for entry in orders:
         where = f"order {'?' if entry.order_seed is None else entry.order_seed}"
         recomputed = _recomputed(entry.accuracy_matrix, metrics.stream, entry.anytime)
         out += [f"{key} of {where} in metrics.json is {stored:.6f} but its {_SOURCE.get(key, 'accuracy matrix')} gives "
@@ -155,12 +156,12 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
                                    and abs(stored - recomputed[key]) > TOLERANCE})
     from foal_pipe.protocol.orders import mean_std
 
-    orders = [as_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
-                                                if f.name in HEADLINE or f.name in ("accuracy_matrix", "anytime")},
-                                        orders=None))
-              for entry in metrics.orders]
+    as_runs = [as_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
+                                                 if f.name in HEADLINE or f.name in ("accuracy_matrix", "anytime")},
+                                         orders=None))
+               for entry in metrics.orders]
     orders = [replace(entry, **{key: getattr(fixed, key) for key in HEADLINE})
-              for entry, fixed in zip(metrics.orders, orders, strict=True)]
+              for entry, fixed in zip(metrics.orders, as_runs, strict=True)]
     changes: dict[str, Any] = {}
     std = dict(metrics.std or {})
     for key in HEADLINE:

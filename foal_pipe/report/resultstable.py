@@ -39,8 +39,9 @@ def store_labels(stores: Sequence[str]) -> dict[str, str]:
     return labels
 
 
-def _cell(table: dict[str, Any], store: str, head: str, tasks: int) -> dict[str, Any] | None:
-    return next((c for c in table["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, tasks)), None)
+def _cell(table: dict[str, Any], store: str, head: str, tasks: int) -> dict[str, Any]:
+    """The cell of ``(store, head, tasks)``: a table holds one for every store x head x task count it ran."""
+    return next(c for c in table["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, tasks))
 
 
 def _best(table: dict[str, Any], store: str, tasks: int, metric: str) -> float:
@@ -210,7 +211,7 @@ def write_files(tmp: Path, table: dict[str, Any]) -> None:
     (tmp / "table.md").write_text(markdown(table))
     (tmp / "table.tex").write_text(latex(table))
     with open(tmp / "table.csv", "w", newline="") as fh:
-        writer = csv_dict_writer(fh, CSV_FIELDS)
+        writer = csv_dict_writer(fh, list(CSV_FIELDS))
         writer.writeheader()
         writer.writerows(csv_rows(table))
     plot(table, tmp / "table.png")

@@ -38,6 +38,7 @@ def step_rows(run: Run) -> list[dict[str, Any]]:
     """After each task i: A_i, the newest task's accuracy a[i][i] and the first task's a[i][0] (percent)."""
     a = run.matrix
     steps = summary_of(a, run.metrics.stream)["A_steps"]
+    assert isinstance(steps, list)  # A_steps is the summary's one list
     return [
         {"step": i + 1, "A_i": 100 * steps[i], "newest_task": 100 * row[i], "first_task": 100 * row[0]}
         for i, row in enumerate(a)
@@ -50,9 +51,10 @@ def anytime_rows(run: Run) -> list[dict[str, Any]]:
     curve, orders = run.metrics.anytime, run.metrics.orders
     if curve is None:
         return []
-    if orders and all(o.anytime is not None for o in orders):  # --order-seeds: every order's curve, by its seed
-        return [{"order_seed": o.order_seed, "samples_seen": n, "accuracy": 100 * a}
-                for o in orders for n, a in zip(o.anytime.samples_seen, o.anytime.accuracy)]  # type: ignore[union-attr]
+    curves = [(o.order_seed, o.anytime) for o in orders or [] if o.anytime is not None]
+    if orders and len(curves) == len(orders):  # --order-seeds: every order's curve, by its seed
+        return [{"order_seed": seed, "samples_seen": n, "accuracy": 100 * a}
+                for seed, c in curves for n, a in zip(c.samples_seen, c.accuracy)]
     return [{"samples_seen": n, "accuracy": 100 * a} for n, a in zip(curve.samples_seen, curve.accuracy)]
 
 
