@@ -169,3 +169,40 @@ def test_resuming_a_store_with_a_group_where_an_array_belongs_is_refused_in_one_
     group.create_group(f"train/{leaf}")
     problem = "train/features is a group, not an array" if leaf == "features" else "train/labels: not listed"
     _refused(_cli(spec), "is damaged", problem, "--overwrite")
+
+
+def test_a_class_name_with_a_line_break_keeps_summary_tables_whole(tmp_path):
+    """A class named 'line\\none' split the per-class table's row (and the classes-per-task line) in two in
+    summary.md; a line break in a name is now shown as a space."""
+    store = build_store(tmp_path / "s.zarr", n_train=120, n_test=60, n_classes=4,
+                        attrs={"classes": ["line\none", "b", "c", "d"]})
+    run, out = tmp_path / "run", tmp_path / "ev"
+    assert invoke("learn", "--features", str(store), "--out", str(run), "--projection-dim", "20", "--tasks", "2").exit_code == 0
+    result = invoke("evaluate", "--run", str(run), "--out", str(out), "--model", str(run / "model.safetensors"), "--no-plots")
+    assert result.exit_code == 0, result.output
+    text = (out / "summary.md").read_text()
+    assert "line one" in text and not any(line.startswith("one") for line in text.splitlines())
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert rows and all(line.rstrip().endswith("|") for line in rows)
+
+
+def test_predict_says_how_many_rows_are_of_classes_the_model_has_not_learned(tmp_path):
+    """5 classes in 2 tasks with --drop-remainder: the dropped class's test rows can never be predicted right, and
+    predict's accuracy counted them as wrong without a word; the line now says how many and the accuracy on the
+    others, both recomputed here from the CSV."""
+    store = build_store(tmp_path / "s.zarr", n_train=200, n_test=100, n_classes=5)
+    run = tmp_path / "run"
+    assert invoke("learn", "--features", str(store), "--out", str(run), "--projection-dim", "20", "--tasks", "2",
+                  "--drop-remainder").exit_code == 0
+    dropped = json.loads((run / "metrics.json").read_text())["dropped_classes"]
+    assert len(dropped) == 1
+    result = invoke("predict", "--model", str(run / "model.safetensors"), "--features", str(store),
+                    "--out", str(tmp_path / "p.csv"))
+    assert result.exit_code == 0, result.output
+    rows = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1, usecols=(1, 4), dtype=np.int64)
+    predicted, true = rows[:, 0], rows[:, 1]
+    other = ~np.isin(true, dropped)
+    want = (f"{true.size} rows, accuracy {100 * np.mean(predicted == true):.2f}% on test ({int((~other).sum())} rows of "
+            f"classes the model has not learned count as wrong; {100 * np.mean((predicted == true)[other]):.2f}% on "
+            f"the other {int(other.sum())})")
+    assert want in " ".join(result.output.split())

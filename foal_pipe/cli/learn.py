@@ -348,5 +348,4 @@ def predict(
                 err_console.print(f"[yellow]skipped {escape(skipped)}[/]", highlight=False, soft_wrap=True)
             err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False, markup=False)
         else:
-            accuracy = "unlabelled" if result.accuracy != result.accuracy else f"accuracy {100 * result.accuracy:.2f}%"
-            err_console.print(f"{result.predicted.size} rows, {accuracy} on {split}", highlight=False, markup=False)
+            err_console.print(result.summary(split), highlight=False, markup=False)

@@ -33,11 +33,35 @@ class Predictions:
     score: np.ndarray
     true: np.ndarray
     names: tuple[str, ...]  # class names indexed by label id
+    learned: np.ndarray | None = None  # the model's label ids: a row of another class is never predicted right
 
     @property
     def accuracy(self) -> float:
+        """Over every labelled row, a row of a class the model has not learned counted as wrong."""
         labelled = self.true != UNLABELLED
         return float((self.predicted == self.true)[labelled].mean()) if labelled.any() else float("nan")
+
+    @property
+    def unlearned(self) -> int:
+        """Labelled rows of classes the model has not learned (a class the run dropped, or one new to the store)."""
+        if self.learned is None:
+            return 0
+        return int(((self.true != UNLABELLED) & ~np.isin(self.true, self.learned)).sum())
+
+    def summary(self, split: str) -> str:
+        """The line ``predict`` prints: rows, accuracy, and what the accuracy counts."""
+        if not self.predicted.size:
+            return f"0 rows on {split}"
+        if self.accuracy != self.accuracy:
+            return f"{self.predicted.size} rows, unlabelled, on {split}"
+        line = f"{self.predicted.size} rows, accuracy {100 * self.accuracy:.2f}% on {split}"
+        if self.unlearned:
+            assert self.learned is not None
+            known = (self.true != UNLABELLED) & np.isin(self.true, self.learned)
+            rest = f"{100 * float((self.predicted == self.true)[known].mean()):.2f}% on the other {int(known.sum()):,}" \
+                if known.any() else "no other labelled rows"
+            line += f" ({self.unlearned:,} rows of classes the model has not learned count as wrong; {rest})"
+        return line
 
     def write_csv(self, fh: TextIO) -> None:
         """Write :data:`COLUMNS`, one line per row."""
@@ -75,7 +99,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     by_id = dict(zip(classes.tolist(), deployed.class_names))
     top = int(classes.max()) + 1 if classes.size else 0
     names += [by_id.get(i, "") for i in range(len(names), top)]
-    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names))
+    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names), classes)
 
 
 def _check_matches(model: DeployedModel, by_name: bool, store: FeatureStore, features: str | Path) -> None:

@@ -35,13 +35,14 @@ _MARKUP = re.compile(r"[\\`*~|\[\]<>]|_(?![^\W_])|(?<![^\W_])_")
 
 
 def md(text: Any) -> str:
-    """``text`` (a class or run name) as Markdown text, table cells included: its markup characters escaped."""
-    return _MARKUP.sub(lambda match: "\\" + match.group(), str(text))
+    """``text`` (a class or run name) as Markdown text, table cells included: its markup characters escaped, a line
+    break as a space (it would end a table row)."""
+    return _MARKUP.sub(lambda match: "\\" + match.group(), " ".join(str(text).splitlines()))
 
 
 def _code_cell(text: Any) -> str:
     """``text`` (a path) as inline code in a table cell: GFM splits a row at a ``|`` even inside code, unless escaped."""
-    return "`" + str(text).replace("|", "\\|") + "`"
+    return "`" + " ".join(str(text).splitlines()).replace("|", "\\|") + "`"
 
 
 def _or(value: Any, absent: Any = "?") -> Any:
