@@ -206,3 +206,22 @@ def test_predict_says_how_many_rows_are_of_classes_the_model_has_not_learned(tmp
             f"classes the model has not learned count as wrong; {100 * np.mean((predicted == true)[other]):.2f}% on "
             f"the other {int(other.sum())})")
     assert want in " ".join(result.output.split())
+
+
+def test_table_tex_escapes_every_special_character_of_a_store_label():
+    """A store named 'open{brace^x' gave table.tex an unbalanced brace and a '^' outside math; a blank line in a
+    name ended the paragraph inside \\multicolumn. Every LaTeX special character is now text, a line break a space."""
+    from foal_pipe.report.resultstable import _tex_escape
+
+    got = _tex_escape("open{brace^x~y}\n\nlines\r\\par_&%#$<>|")
+    assert got == (r"open\{brace\textasciicircum{}x\textasciitilde{}y\}  lines \textbackslash{}par\_\&\%\#\$"
+                   r"\textless{}\textgreater{}\textbar{}")
+    unescaped = got.replace(r"\{", "").replace(r"\}", "").replace("{}", "")
+    assert "{" not in unescaped and "}" not in unescaped and "\n" not in got and "\r" not in got
+
+
+def test_markdown_names_escape_ampersand_and_dollar():
+    """'x&lt;' rendered as 'x<' and 'a$x$b' as maths in GitHub's Markdown: both are escaped now."""
+    from foal_pipe.report.markdown import md
+
+    assert md("x&lt;") == r"x\&lt;" and md("a$x$b") == r"a\$x\$b"

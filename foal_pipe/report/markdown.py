@@ -31,7 +31,7 @@ def pct(x: float | None, digits: int = 2) -> str:
 
 #: What Markdown reads as markup in a name: a cell's ``|``, emphasis, code, links, HTML, and an underscore that is
 #: not between letters or digits (intraword ones, as in ``aquarium_fish``, are text to GFM and are left as they are).
-_MARKUP = re.compile(r"[\\`*~|\[\]<>]|_(?![^\W_])|(?<![^\W_])_")
+_MARKUP = re.compile(r"[\\`*~|\[\]<>&$]|_(?![^\W_])|(?<![^\W_])_")
 
 
 def md(text: Any) -> str:

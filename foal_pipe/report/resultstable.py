@@ -126,14 +126,19 @@ def markdown(table: dict[str, Any]) -> str:
     lines += [f"{i}. {source}; {setting}" for i, (source, setting) in enumerate(_notes(matched), 1)]
     if matched and why:
         lines.append("")
-    lines += [f"- not shown: {w}" for w in why]
+    lines += [f"- not shown: {md(w)}" for w in why]
     return "\n".join(lines).rstrip() + "\n"
 
 
+#: LaTeX's special characters as text (in the default OT1 encoding ``<``, ``>`` and ``|`` print other glyphs).
+_TEX = {"\\": r"\textbackslash{}", "_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+        "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
+
+
 def _tex_escape(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("&", r"\&"), ("%", r"\%"), ("#", r"\#"), ("$", r"\$")):
-        text = text.replace(a, b)
-    return text
+    """``text`` (a store's label) as LaTeX text: its special characters escaped, a line break as a space (a blank
+    line would end the paragraph inside ``\\multicolumn``)."""
+    return "".join(_TEX.get(c, c) for c in " ".join(text.splitlines()))
 
 
 def latex(table: dict[str, Any]) -> str:
