@@ -225,3 +225,14 @@ def test_markdown_names_escape_ampersand_and_dollar():
     from foal_pipe.report.markdown import md
 
     assert md("x&lt;") == r"x\&lt;" and md("a$x$b") == r"a\$x\$b"
+
+
+def test_anytime_evaluation_refused_for_a_class_without_test_rows_names_dropping_it(tmp_path):
+    """One test row and one task: learn scores it, but --eval-every scores every class seen and is refused; the
+    refusal named only the store's test labels, though the run works without --eval-every."""
+    store = build_store(tmp_path / "s.zarr", n_train=120, n_test=1, n_classes=4)
+    common = ("learn", "--features", str(store), "--projection-dim", "10", "--tasks", "1")
+    assert invoke(*common, "--out", str(tmp_path / "plain")).exit_code == 0
+    result = invoke(*common, "--out", str(tmp_path / "any"), "--eval-every", "7")
+    assert result.exit_code == 1 and "has no test rows" in result.output
+    assert "or drop --eval-every" in " ".join(result.output.split())

@@ -97,8 +97,9 @@ def test_rows_that_cannot_be_shown_new_are_refused(tmp_path, stores, head):
     assert _continue(model, other, tmp_path / "new").exit_code == 0
     tensors, meta = read_model(_learn(stores["A"], tmp_path / "a", *RUN, "--head", head))
     write_model(tmp_path / "unrecorded.safetensors", tensors, {k: v for k, v in meta.items() if k != "learned_from"})
-    assert_clean_error(_continue(tmp_path / "unrecorded.safetensors", stores["B"], out), "records no store it learned",
-                       out)
+    result = _continue(tmp_path / "unrecorded.safetensors", stores["B"], out)
+    assert_clean_error(result, "records no store it learned", out)
+    assert "learn the model again with this foal-pipe" in " ".join(result.output.split())  # not "extract again"
 
 
 @pytest.mark.parametrize("grid", [None, "0.1,1", [], [-1, 0], [1.0, 10.0]], ids=["null", "text", "empty", "negative",

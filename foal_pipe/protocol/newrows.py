@@ -28,14 +28,17 @@ def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Pa
     re-extracted, or the same images: :func:`data_identities`) not in ``learned_data``; so a store with neither, or a
     model that records neither, is refused. Returns those identities, for the continued model's record."""
     generation, identities = store.meta.generation, data_identities(store)
-    unknown = (f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
-               if not (generation or identities) else None if model.metadata.get("learned_from") or
-               model.metadata.get("learned_data") else f"{init_model} records no store it learned (a version-1 file, "
-               "or a model of stores without a generation id)")
+    if not (generation or identities):
+        unknown = f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
+        fix = "extract it again with this foal-pipe, which records both"
+    elif not (model.metadata.get("learned_from") or model.metadata.get("learned_data")):
+        unknown = f"{init_model} records no store it learned (a version-1 file, or a model of stores without a generation id)"
+        fix = "learn the model again with this foal-pipe on stores `foal-pipe extract` wrote, whose model file records them"
+    else:
+        unknown = fix = ""
     if unknown:
         raise FoalPipeError(f"{unknown}, so nothing shows that the model has not learned these rows (continuing would "
-                            "count each twice); learn and continue from stores `foal-pipe extract` wrote, which records "
-                            "both")
+                            f"count each twice); {fix}")
     for key, this, what in (("learned_from", generation, "store generation"),
                             *(("learned_data", i, "the same rows extracted again: data identity") for i in identities)):
         if this and this in model.metadata.get(key, []):  # read_model checked both are lists of strings

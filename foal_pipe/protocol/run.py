@@ -469,8 +469,9 @@ def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class
                     np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in stream.tasks])))
         missing = np.setdiff1d(streamed, labels)
         if missing.size:
+            drop = f", or drop {param('eval_every')}" if by_class and stream.kind == "disjoint" else ""
             raise OrderError(f"class {int(missing[0])} is trained on but has no test rows; scoring the classes seen "
-                             "so far needs test rows for every class: check the store's test labels")
+                             f"so far needs test rows for every class: check the store's test labels{drop}")
         return totals
     empty = np.flatnonzero(totals == 0)
     if empty.size:
