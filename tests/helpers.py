@@ -388,17 +388,23 @@ def unseal_to_format_3(store: Path) -> Path:
 def scores_in_threads(monkeypatch, head: str, score, threads: int = 4) -> list:
     """What ``score()`` gives (or raises) in ``threads`` threads that all enter the head's solve (``boundary``) at
     once: a barrier holds each inside it until every thread is there."""
-    import threading
-
     from foal_pipe.heads import HEADS
 
-    barrier, original = threading.Barrier(threads, timeout=10), HEADS[head].head.boundary
+    return held_in_threads(monkeypatch, HEADS[head].head, "boundary", score, threads)
 
-    def boundary(self):
+
+def held_in_threads(monkeypatch, owner, name: str, score, threads: int = 4) -> list:
+    """What ``score()`` gives (or raises) in ``threads`` threads that all enter ``owner.name`` (a method) before any
+    runs it: a barrier at its entry holds each until every thread is there."""
+    import threading
+
+    barrier, original = threading.Barrier(threads, timeout=10), getattr(owner, name)
+
+    def held(self, *args, **kwargs):
         barrier.wait()
-        return original(self)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(HEADS[head].head, "boundary", boundary)
+    monkeypatch.setattr(owner, name, held)
     out: list = [None] * threads
 
     def read(k):

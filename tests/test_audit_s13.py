@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import build_store, invoke
+from helpers import build_store, held_in_threads, invoke
 
 from foal_pipe.core.scoring import ModelScores, Rows
 from foal_pipe.errors import FoalPipeError
@@ -54,30 +53,10 @@ def test_a_float32_score_that_overflows_is_scored_in_float64(unseen):
     assert got.tolist() == [[int(np.argmax(exact))]] == [[1]]
 
 
-def _refused_at_once(monkeypatch, owner: SolvesOnDemand, read, threads: int = 4) -> list:
+def _refused_at_once(monkeypatch, read, threads: int = 4) -> list:
     """What ``read()`` gives in ``threads`` threads whose solves are all refused and all reach the restore before
     any of them has restored (a barrier at its entry)."""
-    barrier, original = threading.Barrier(threads, timeout=10), SolvesOnDemand._restore
-
-    def restore(self, *args, **kwargs):
-        barrier.wait()
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(SolvesOnDemand, "_restore", restore)
-    out: list = [None] * threads
-
-    def run(k):
-        try:
-            out[k] = read()
-        except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
-            out[k] = exc
-
-    started = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for thread in started:
-        thread.start()
-    for thread in started:
-        thread.join()
-    return out
+    return held_in_threads(monkeypatch, SolvesOnDemand, "_restore", read, threads)
 
 
 def _bad_call(est):
@@ -92,7 +71,7 @@ def test_readers_refused_at_once_each_get_the_refusal_estimator(monkeypatch):
     est = FeCAMClassifier(shrinkage=0.0).fit(X, y)
     want = est.predict(X)
     _bad_call(est)
-    out = _refused_at_once(monkeypatch, est, lambda: est.predict(X))
+    out = _refused_at_once(monkeypatch, lambda: est.predict(X))
     assert all(isinstance(o, FoalPipeError) and str(o).endswith("the rows of its last partial_fit call are undone")
                for o in out), out
     assert "_undo" not in vars(est) and np.array_equal(est.predict(X), want)
@@ -106,7 +85,7 @@ def test_readers_refused_at_once_each_get_the_refusal_head_file(monkeypatch):
     model = HeadClassifier("fecam", {"shrinkage": 0.0}, export_head("fecam", est._head, est._solve()), 6)
     want = model.predict(X)
     model.partial_fit(np.ones((3, 3)), np.array([5, 5, 5]))
-    out = _refused_at_once(monkeypatch, model, lambda: model.predict(X))
+    out = _refused_at_once(monkeypatch, lambda: model.predict(X))
     assert all(isinstance(o, FoalPipeError) and str(o).endswith("the rows of its last partial_fit call are undone")
                for o in out), out
     assert model._undo is None and np.array_equal(model.predict(X), want)
