@@ -419,3 +419,20 @@ def held_in_threads(monkeypatch, owner, name: str, score, threads: int = 4) -> l
     for thread in started:
         thread.join()
     return out
+
+
+def blocks_store(path: Path) -> Path:
+    """A blocks store (3 blocks of 6 dims, 4 classes, 120 train and 40 test rows) whose stored features are its
+    mean-cls fusion."""
+    from foal_pipe.store import write_store
+    from foal_pipe.store.blockfusion import FinalNorm, fuse
+
+    rng = np.random.default_rng(4)
+    y = np.tile(np.arange(4), 40)
+    blocks = (rng.normal(size=(160, 3, 6)) + np.linspace(0.3, 1, 3)[None, :, None] * rng.normal(size=(4, 1, 6))[y]
+              * 0.9).astype(np.float16)
+    norm = FinalNorm("layernorm", 1e-6, np.linspace(0.5, 2, 6, dtype=np.float32), np.zeros(6, np.float32))
+    splits = [(fuse(b, "mean-cls", norm), t) for b, t in ((blocks[:120], y[:120]), (blocks[120:], y[120:]))]
+    return write_store(path, *splits, [f"c{i}" for i in range(4)],
+                       encoder={"name": "synthetic-vit-s", "fusion": "mean-cls", "image_size": 0, "normalize": False},
+                       chunk_rows=64, blocks=(blocks[:120], blocks[120:]), norm=norm)

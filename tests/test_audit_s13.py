@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import build_store, held_in_threads, invoke
+from helpers import blocks_store, build_store, held_in_threads, invoke
 
 from foal_pipe.core.scoring import ModelScores, Rows
 from foal_pipe.errors import FoalPipeError
@@ -215,3 +215,23 @@ def test_anytime_evaluation_refused_for_a_class_without_test_rows_names_dropping
     result = invoke(*common, "--out", str(tmp_path / "any"), "--eval-every", "7")
     assert result.exit_code == 1 and "has no test rows" in result.output
     assert "or drop --eval-every" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("key", ["best_gamma", "best_gamma_test"])
+def test_a_fusion_entry_without_its_own_choice_is_refused_in_one_line(tmp_path, key):
+    """A sweep.json of `sweep --fusions` whose fusions[0] lost its own choice was read, and evaluate then stopped on
+    an assertion (a traceback); the reader now refuses it in one line, naming the entry and the key."""
+    from foal_pipe.report.readers import read_sweep
+
+    blocks = blocks_store(tmp_path / "b.zarr")
+    result = invoke("sweep", "--features", blocks, "--out", tmp_path / "sw", "--fusions", "last,mean-cls", "--gammas",
+                    "0.1,1", "--tasks", "2", "--projection-dim", "16")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "sw" / "sweep.json"
+    assert read_sweep(path).fusions is not None  # as written: read
+    sweep = json.loads(path.read_text())
+    del sweep["fusions"][0][key]
+    path.write_text(json.dumps(sweep))
+    with pytest.raises(FoalPipeError, match=rf"fusions\[0\] should record '{key}', one of its gammas"):
+        read_sweep(path)
+

@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import invoke, make_metrics
+from helpers import blocks_store, invoke, make_metrics
 
 from foal_pipe.protocol.schema import LearnMetrics
 from foal_pipe.report.grouping import group_cells
-from foal_pipe.store import write_store
-from foal_pipe.store.blockfusion import FinalNorm, fuse
 
 COMMON = ("--tasks", 2, "--projection-dim", 16, "--gamma", 0.1, "--seed", 3, "--backend", "numpy")
 
@@ -22,15 +19,7 @@ COMMON = ("--tasks", 2, "--projection-dim", 16, "--gamma", 0.1, "--seed", 3, "--
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     """A blocks store (3 blocks of 6 dims, 4 classes) whose stored features are its mean-cls fusion."""
-    rng = np.random.default_rng(4)
-    y = np.tile(np.arange(4), 40)
-    blocks = (rng.normal(size=(160, 3, 6)) + np.linspace(0.3, 1, 3)[None, :, None] * rng.normal(size=(4, 1, 6))[y]
-              * 0.9).astype(np.float16)
-    norm = FinalNorm("layernorm", 1e-6, np.linspace(0.5, 2, 6, dtype=np.float32), np.zeros(6, np.float32))
-    splits = [(fuse(b, "mean-cls", norm), t) for b, t in ((blocks[:120], y[:120]), (blocks[120:], y[120:]))]
-    return write_store(tmp_path_factory.mktemp("sumfus") / "b.zarr", *splits, [f"c{i}" for i in range(4)],
-                       encoder={"name": "synthetic-vit-s", "fusion": "mean-cls", "image_size": 0, "normalize": False},
-                       chunk_rows=64, blocks=(blocks[:120], blocks[120:]), norm=norm)
+    return blocks_store(tmp_path_factory.mktemp("sumfus") / "b.zarr")
 
 
 def _learn(store: Path, out: Path, *extra, common=COMMON) -> dict:

@@ -252,6 +252,11 @@ def _check_fusions(sweep: SweepReport, path: Path) -> SweepReport:
     if not sweep.fusions:
         raise FoalPipeError(f"{path}: 'fusions' should be a list of entries, each with a 'fusion' spec; {SweepReport.FIX}")
     fusions = [_sorted(entry, f"{path}: fusions[{i}]") for i, entry in enumerate(sweep.fusions)]
+    for i, own in enumerate(fusions):  # sweep --fusions records each fusion's own choices
+        for key in ("best_gamma", "best_gamma_test"):
+            gamma = getattr(own, key)
+            if gamma is None or not any(same_gamma(gamma, r.gamma) for r in own.results):
+                raise FoalPipeError(f"{path}: fusions[{i}] should record {key!r}, one of its gammas; {SweepReport.FIX}")
     by_name = {e.fusion: e for e in fusions}
     for key in ("best", "best_test"):
         choice = getattr(sweep, key)
