@@ -324,6 +324,21 @@ def _held(head):
                                            for head_part in (head._grams, head._sums))]
 
 
+def _third_batch_refused(name, options, fitting, third, labels):
+    """Two heads given the batches ``fitting`` (whose Gram sums fit float64); the first is then given ``third``,
+    whose squares of 4.47e153 would take them past the largest float64: refused in one line, with no NumPy warning.
+    Gives both heads, to compare their states."""
+    head, kept = make_head(name, options, xnp, 2), make_head(name, options, xnp, 2)
+    for h in (head, kept):
+        for batch in fitting:
+            h.add(batch, labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(FoalPipeError, match=rf"^{name}: features of magnitude 4.47e\+153 overflow the float64 Gram"):
+            head.add(third, labels)
+    return head, kept
+
+
 @pytest.mark.parametrize("name", ["slda", "balanced"])
 def test_batches_whose_gram_sums_together_overflow_are_refused_before_writing(name):
     """Rows of 4.5e153 (squares of max/9): two batches of 4 fit the Gram sums (7/9 of the largest float64), a third
@@ -333,14 +348,7 @@ def test_batches_whose_gram_sums_together_overflow_are_refused_before_writing(na
     first = batch.copy()
     first[0, 0] = 0.0  # slda sums rows less the first row added: a first row of 0 keeps the shift small
     labels = np.zeros(4, dtype=np.int64)
-    head, kept = make_head(name, {}, xnp, 2), make_head(name, {}, xnp, 2)
-    for h in (head, kept):
-        h.add(first, labels)
-        h.add(batch, labels)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(FoalPipeError, match=rf"^{name}: features of magnitude 4.47e\+153 overflow the float64 Gram"):
-            head.add(batch, labels)
+    head, kept = _third_batch_refused(name, {}, (first, batch), batch, labels)
     assert all(np.isfinite(a).all() for a in _held(head))
     assert all(np.array_equal(a, b) for a, b in zip(_held(head), _held(kept), strict=True))
 
@@ -364,14 +372,7 @@ def test_dual_refuses_a_call_whose_relu_gram_overflows_before_writing():
     assert np.array_equal(scores, fresh.class_scores(T[:, :8])) and np.array_equal(predicted, fresh.predict(T[:, :8]))
     assert est.n_samples_seen_ == 40
     s = (np.finfo(np.float64).max / 9) ** 0.5  # two batches of 4 rows of s fit G_main (8/9 of the largest), a third not
-    head, kept = make_head("dual", {"batch_size": 1}, xnp, 2), make_head("dual", {"batch_size": 1}, xnp, 2)
     batch, labels = np.column_stack([np.full(4, s), -np.arange(4.0)]), np.zeros(4, dtype=np.int64)
-    for h in (head, kept):
-        h.add(batch, labels)
-        h.add(batch, labels)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(FoalPipeError, match=r"^dual: features of magnitude 4.47e\+153 overflow the float64 Gram"):
-            head.add(batch, labels)
+    head, kept = _third_batch_refused("dual", {"batch_size": 1}, (batch, batch), batch, labels)
     assert all(np.array_equal(head._state[k], kept._state[k]) for k in head.state_tensors)
     assert [b.tolist() for b, _ in head._pending] == [b.tolist() for b, _ in kept._pending]

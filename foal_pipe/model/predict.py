@@ -41,26 +41,21 @@ class Predictions:
         labelled = self.true != UNLABELLED
         return float((self.predicted == self.true)[labelled].mean()) if labelled.any() else float("nan")
 
-    @property
-    def unlearned(self) -> int:
-        """Labelled rows of classes the model has not learned (a class the run dropped, or one new to the store)."""
-        if self.learned is None:
-            return 0
-        return int(((self.true != UNLABELLED) & ~np.isin(self.true, self.learned)).sum())
-
     def summary(self, split: str) -> str:
-        """The line ``predict`` prints: rows, accuracy, and what the accuracy counts."""
+        """The line ``predict`` prints: rows, accuracy, and what the accuracy counts (rows of classes the model has
+        not learned, a class the run dropped or one new to the store, are counted as wrong and said)."""
         if not self.predicted.size:
             return f"0 rows on {split}"
         if self.accuracy != self.accuracy:
             return f"{self.predicted.size} rows, unlabelled, on {split}"
         line = f"{self.predicted.size} rows, accuracy {100 * self.accuracy:.2f}% on {split}"
-        if self.unlearned:
-            assert self.learned is not None
-            known = (self.true != UNLABELLED) & np.isin(self.true, self.learned)
+        labelled = self.true != UNLABELLED
+        known = labelled if self.learned is None else labelled & np.isin(self.true, self.learned)
+        unlearned = int(labelled.sum() - known.sum())
+        if unlearned:
             rest = f"{100 * float((self.predicted == self.true)[known].mean()):.2f}% on the other {int(known.sum()):,}" \
                 if known.any() else "no other labelled rows"
-            line += f" ({self.unlearned:,} rows of classes the model has not learned count as wrong; {rest})"
+            line += f" ({unlearned:,} rows of classes the model has not learned count as wrong; {rest})"
         return line
 
     def write_csv(self, fh: TextIO) -> None:
