@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Private-use characters mark a parameter inside a message: no path, name or value holds them.
@@ -55,6 +55,22 @@ class FoalPipeError(ValueError):
             return form(name) if value is None else form(name, json.loads(value))
 
         return _MARK.sub(one, self.template)
+
+
+class ClassRefused(FoalPipeError):
+    """A head's refusal of one class, made where only its label id is known (a head's own ids, which need not be the
+    caller's labels): ``say(name)`` words it; :meth:`named` words it again with the name the caller knows."""
+
+    def __init__(self, label: Any, say: Callable[[str], str]) -> None:
+        super().__init__(say(repr(label)))
+        self.label, self.say = label, say
+
+    def named(self, names: Mapping[Any, Any]) -> FoalPipeError:
+        """The refusal naming the class as ``names`` (label id -> the caller's label or name) does, where it holds it."""
+        return ClassRefused(names[self.label], self.say) if self.label in names else self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return FoalPipeError, (self.template,)  # ``say`` may be a closure: the message travels, as any refusal's
 
 
 class InputTypeError(FoalPipeError, TypeError):

@@ -19,7 +19,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -115,7 +115,7 @@ class CsvRows:
             self.writerow(row)
 
 
-def csv_dict_writer(fh: Any, fieldnames: list[str]) -> csv.DictWriter:
+def csv_dict_writer(fh: Any, fieldnames: Sequence[str]) -> csv.DictWriter:
     """``csv.DictWriter`` whose rows go through :class:`CsvRows`."""
     writer = csv.DictWriter(fh, fieldnames=fieldnames, lineterminator="\n")
     writer.writer = CsvRows(fh)  # type: ignore[assignment]

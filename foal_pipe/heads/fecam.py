@@ -13,7 +13,7 @@ from array_api_compat import array_namespace, device, is_numpy_array
 from foal_pipe.core.backend import LINALG_ERRORS, to_numpy
 from foal_pipe.core.linalg import factor_threads
 from foal_pipe.core.scoring import U32, U64, UNDERFLOW, gamma_n, relative_bound
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
 from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import PerClassMoments, symmetric_pinv, unit_rows
@@ -267,11 +267,11 @@ class FeCAMHead(HeadBase):
             S = shrunk_normalised(C, self.shrinkage, self.shrinkage_offdiag)
             if not bool(xp.all(xp.isfinite(S))):
                 if self.shrinkage > 0:  # shrinkage adds a share of the mean variance, which is zero here
-                    raise FoalPipeError(f"fecam: class {c!r} has no variance in any dimension (its training rows are all "
-                                        "the same), so no shrinkage gives it a covariance; use another head (e.g. "
-                                        f"{param('head', 'slda')}) or rows that vary")
-                raise FoalPipeError(f"fecam: class {c!r} has a dimension of zero variance, which "
-                                    f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
+                    raise ClassRefused(c, lambda name: f"fecam: class {name} has no variance in any dimension (its "
+                                       "training rows are all the same), so no shrinkage gives it a covariance; use "
+                                       f"another head (e.g. {param('head', 'slda')}) or rows that vary")
+                raise ClassRefused(c, lambda name: f"fecam: class {name} has a dimension of zero variance, which "
+                                   f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
             precision = symmetric_pinv(S, eigenvalue_floor(C, self.shrinkage, self.shrinkage_offdiag))
             self._solved[c] = (m.counts[k], m.mean(k), precision, cholesky_factor(precision))
         solved = [self._solved[c] for c in m.classes.tolist()]

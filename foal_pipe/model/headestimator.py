@@ -117,7 +117,8 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         HEADS[self.head].head.check_counts(list(rows), list(rows.values()))  # e.g. fecam: a class of one row
         head, model, undo = self._take(np.asarray(X, dtype=np.float64),
                                        np.asarray([ids[v] for v in y.tolist()], dtype=np.int64),
-                                       lambda: self._solved_copy(int(X.shape[1])), not HEADS[self.head].head.solve_on_demand)
+                                       lambda: self._solved_copy(int(X.shape[1])), not HEADS[self.head].head.solve_on_demand,
+                                       {i: label for label, i in ids.items()})
         if first:
             self._fitted_with = self._options()
         self.n_samples_seen_ = int(X.shape[0]) + (0 if first else self.n_samples_seen_)
@@ -131,6 +132,9 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         if model is None:
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
         return model
+
+    def _class_names(self) -> dict[int, Any]:
+        return {i: label for label, i in self.__dict__.get("_ids", {}).items()}
 
     @property
     def _scorer(self) -> Scorer:

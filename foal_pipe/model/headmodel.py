@@ -49,7 +49,8 @@ class HeadClassifier(SolvesOnDemand):
     make the model solvable: the exact solve over every row); a refused solve returns to the last solved model,
     saying how many calls it undid."""
 
-    _STATE = ("_head", "_model", "_tensors", "_classes", "_new_rows", "n_samples_seen_")
+    _STATE = ("_head", "_model", "_tensors", "_classes", "_new_rows", "_names", "n_samples_seen_")
+    _names: dict[int, str] = {}  # class id -> name, as partial_fit's callers gave them: a refused solve names the class
 
     def __init__(self, name: str, options: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                  n_samples_seen: int, space: str | None = None, dtype: str = "float64") -> None:
@@ -78,6 +79,9 @@ class HeadClassifier(SolvesOnDemand):
         when first needed (a model only written, ``learn --head``, never holds fecam's C Cholesky factors beside its
         C precisions). A refused solve returns to the last solved model and says how many calls it undid."""
         return self._solve()
+
+    def _class_names(self) -> dict[int, str]:
+        return self._names
 
     def _solved_model(self) -> Scorer:
         if self._model is None:
@@ -125,11 +129,11 @@ class HeadClassifier(SolvesOnDemand):
         fresh, counts = np.unique(labels[~np.isin(labels, solved)], return_counts=True)
         for label, n in zip(fresh.tolist(), counts.tolist()):
             new_rows[label] = new_rows.get(label, 0) + n
-        named = names or {}
+        named = {**self._names, **(names or {})}
         HEADS[self.name].head.check_counts([named.get(c, c) for c in sorted(new_rows)], [new_rows[c] for c in sorted(new_rows)])
         head, model, undo = self._take(np.asarray(rows, dtype=np.float64), labels, self._own_head,
-                                       not HEADS[self.name].head.solve_on_demand)
-        self._head, self._tensors, self._new_rows = head, None, new_rows
+                                       not HEADS[self.name].head.solve_on_demand, named)
+        self._head, self._tensors, self._new_rows, self._names = head, None, new_rows, named
         self._classes = np.union1d(self._classes, labels).astype(np.int64)
         self.n_samples_seen_ += int(labels.size)
         self._keep(model, undo)

@@ -9,12 +9,12 @@ owner to its last solved model, saying how many calls it undid, instead of leavi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import ClassRefused, FoalPipeError
 from foal_pipe.heads import Head, Scorer
 
 
@@ -46,13 +46,18 @@ class SolvesOnDemand:
         """The model of the last solve (no calls pending)."""
         raise NotImplementedError
 
-    def _take(self, X: np.ndarray, labels: np.ndarray, solved_copy: Callable[[], Head], solve_now: bool
-              ) -> tuple[Head, Scorer | None, tuple[dict[str, Any], int]]:
+    def _class_names(self) -> Mapping[Any, Any]:
+        """The head's class ids as the caller names them (:class:`~foal_pipe.errors.ClassRefused`); none: the ids."""
+        return {}
+
+    def _take(self, X: np.ndarray, labels: np.ndarray, solved_copy: Callable[[], Head], solve_now: bool,
+              names: Mapping[Any, Any] | None = None) -> tuple[Head, Scorer | None, tuple[dict[str, Any], int]]:
         """Add a call's rows: to the running head while calls are pending, else to ``solved_copy()`` (the solved
         head stays as it was, the state to return to). Gives the head, its model where ``solve_now`` (a head whose
         boundary ends a task), and the ``_undo`` that :meth:`_keep` records. A ``FoalPipeError`` of the head is raised
         before it wrote anything, so the pending calls stay; any other error may have left the running head
-        half-written, so the owner goes back to its last solved model."""
+        half-written, so the owner goes back to its last solved model. A class the head refuses is named by ``names``
+        (the head's ids as the caller names them, this call's new classes included)."""
         pending = self._undo
         if pending is not None:
             (undo, calls), head = pending, self._head
@@ -63,6 +68,8 @@ class SolvesOnDemand:
         try:
             head.add(X, labels)
             model = head.boundary() if solve_now else None
+        except ClassRefused as exc:
+            raise exc.named(names or {}) from None
         except FoalPipeError:
             raise
         except BaseException as exc:
@@ -93,10 +100,13 @@ class SolvesOnDemand:
         except Exception as exc:
             if self._undo is not pending:
                 return self._solve(say_undone)
+            said = exc.named(self._class_names()) if isinstance(exc, ClassRefused) else exc
             if not say_undone:
                 self._restore(exc, pending, say_undone)
-                raise
-            raise self._restore(exc, pending) from None
+                if said is exc:
+                    raise
+                raise said from None
+            raise self._restore(said, pending) from None
         if self._undo is pending:
             self._model = model
             self.__dict__.pop("_undo", None)

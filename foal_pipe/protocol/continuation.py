@@ -27,7 +27,7 @@ import numpy as np
 
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import check_output_dir
@@ -360,7 +360,10 @@ class Relabelled:
         self.head.add(X, self.merged[np.asarray(labels, dtype=np.int64)])
 
     def boundary(self) -> StoreIds:
-        self.last = self.head.boundary()
+        try:
+            self.last = self.head.boundary()
+        except ClassRefused as exc:  # a model id: the walk names store ids
+            raise exc.named(dict(zip(self.merged.tolist(), range(self.merged.size)))) from None
         return StoreIds(self.last, self.merged)
 
 

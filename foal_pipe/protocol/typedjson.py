@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from foal_pipe.errors import FoalPipeError, clipped
 
@@ -22,7 +22,7 @@ def shown(value: Any) -> str:
     return clipped(json.dumps(value, default=str), 40)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """A JSON number (not a boolean)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -216,7 +216,7 @@ def write_files(tmp: Path, table: dict[str, Any]) -> None:
     (tmp / "table.md").write_text(markdown(table))
     (tmp / "table.tex").write_text(latex(table))
     with open(tmp / "table.csv", "w", newline="") as fh:
-        writer = csv_dict_writer(fh, list(CSV_FIELDS))
+        writer = csv_dict_writer(fh, CSV_FIELDS)
         writer.writeheader()
         writer.writerows(csv_rows(table))
     plot(table, tmp / "table.png")

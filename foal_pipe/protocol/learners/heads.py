@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.errors import ClassRefused
 from foal_pipe.heads import HEADS, Head, Scorer
 from foal_pipe.protocol.headscores import build_heads, head_reports, space_rows
 from foal_pipe.protocol.rowcache import GroupedRows
@@ -52,6 +53,13 @@ class HeadsLearner(Learner):
     def read(self, advance: Advance) -> GroupedRows:
         return head_train_rows(self.run, advance)
 
+    def _boundary(self, head: Head) -> Scorer:
+        """The head's model of the rows so far; a class it refuses is named as the store names it."""
+        try:
+            return head.boundary()
+        except ClassRefused as exc:
+            raise exc.named(dict(enumerate(self.run.store.classes))) from None
+
     def _blocks(self, rows: GroupedRows, positions: np.ndarray, spaces: set[str]) -> dict[str, Any]:
         with self.run.timed("read"):
             X = rows.take(self.lane, positions, self.run.xp)
@@ -72,13 +80,13 @@ class HeadsLearner(Learner):
             if every and done < task.size and (self.seen + done) % every == 0:
                 for name, head in self.heads.items():
                     with run.timed(f"head {name}"):
-                        self.points[name].append(head.boundary())
+                        self.points[name].append(self._boundary(head))
         self.seen += task.size
 
     def end_task(self, k: int, rows: GroupedRows | None, advance: Advance) -> None:
         for name, head in self.heads.items():
             with self.run.timed(f"head {name}"):
-                self.boundaries[name].append(head.boundary())
+                self.boundaries[name].append(self._boundary(head))
                 if self.every and self.seen % self.every == 0:
                     self.points[name].append(self.boundaries[name][-1])
 
