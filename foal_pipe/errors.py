@@ -78,10 +78,16 @@ class InputTypeError(FoalPipeError, TypeError):
     conventions (and its estimator checks) expect a ``TypeError``."""
 
 
+class MissingAttribute(FoalPipeError, AttributeError):
+    """A :class:`FoalPipeError` that is also an ``AttributeError``: an attribute that an estimator in its form lacks
+    (the RLS engine's ``statistics_``), so that ``hasattr`` answers False, as for an unfitted estimator's."""
+
+
 def as_user_error(exc: ValueError | TypeError) -> FoalPipeError:
     """``exc`` (a library's error about an input, e.g. scikit-learn's validation) as a one-line
     :class:`FoalPipeError` -- an :class:`InputTypeError` for a ``TypeError`` -- with the same meaning: a quoted input
-    (the whole of a 1-D X) or scikit-learn's paragraph of advice shortened to the fix, the line clipped to 300."""
+    (the whole of a 1-D X) or scikit-learn's paragraph of advice shortened to the fix, the fix added to a message that
+    names none (a non-finite value, another width, an empty batch), the line clipped to 300."""
     if isinstance(exc, FoalPipeError):
         return exc
     message = " ".join(str(exc).split()) or type(exc).__name__
@@ -90,6 +96,17 @@ def as_user_error(exc: ValueError | TypeError) -> FoalPipeError:
         (r"^(Complex data not supported).*", r"\1 (X holds complex numbers); pass real-valued features"),
         (r"^(Input .*contains NaN)\. (\S+) does not accept missing values encoded as NaN natively\..*",
          r"\1, which \2 does not accept; drop the rows with missing values or impute them first"),
+        (r"^(Input y contains (?:NaN|infinity or a value too large for dtype\('\w+'\)))\.$",
+         r"\1, which is not a class label; give every row a label (integer id or name), or drop the unlabelled rows"),
+        (r"^(Input (?:\w+ )?contains NaN)\.$", r"\1; drop the rows with missing values or impute them first"),
+        (r"^(Input (?:\w+ )?contains infinity or a value too large for dtype\('\w+'\))\.$",
+         r"\1; check the features (re-extract the store), or drop the rows with such values"),
+        (r"^(X has \d+ features, but \S+ is expecting \d+ features as input)\.$",
+         r"\1; pass rows of the features it was fitted on (from the same encoder and projection)"),
+        (r"^(Found array with 0 sample\(s\) .* a minimum of 1 is required.*)\.$",
+         r"\1; pass a non-empty batch (one row or more)"),
+        (r"^(Found array with 0 feature\(s\) .* a minimum of 1 is required.*)\.$", r"\1; pass one feature (column) or more"),
+        (r"^(Found input variables with inconsistent numbers of samples: .*)$", r"\1; pass one label per row of X"),
     ):
         message = re.sub(pattern, replacement, message)
     message = clipped(message, 300)

@@ -121,9 +121,19 @@ def drift(inverse_frobenius2: float, top: float, dtype: str = "float32") -> floa
     return float(np.sqrt(2.0 * inverse_frobenius2) * ROUNDING_SPREAD * UNITS[dtype] * top * DRIFT_MARGINS[dtype])
 
 
-def drift_share(moved: float, dtype: str) -> str:
-    """A drift as the refusals print it: a percent for float32, a relative number for float64."""
-    return f"{moved:.0%}" if DRIFTS[dtype] >= 1e-3 else f"{moved:.1g}"
+def drift_share(moved: float, dtype: str, digits: int = 1) -> str:
+    """A drift as the refusals print it: a percent for float32, a relative number for float64, to ``digits``
+    significant digits."""
+    if DRIFTS[dtype] < 1e-3:
+        return f"{moved:.{digits}g}"
+    return np.format_float_positional(100 * moved, precision=digits, unique=True, fractional=False, trim="-") + "%"
+
+
+def drift_beyond(moved: float, dtype: str) -> str:
+    """A drift above :data:`DRIFTS` printed with the digits that show it above (1.004% is not "about 1%")."""
+    limit = drift_share(DRIFTS[dtype], dtype)
+    return next((shown for digits in range(1, 8) if (shown := drift_share(moved, dtype, digits)) != limit),
+                drift_share(moved, dtype, 8))
 
 
 def cheap_drift_floor(lowest: float, dim: int, top: float, dtype: str) -> float:
@@ -160,7 +170,7 @@ def drift_floor(values: np.ndarray, top: float, dtype: str = "float32") -> float
 def drift_refusal(gamma: float, moved: float, dtype: str) -> FoalPipeError:
     return FoalPipeError(
         f"at gamma {gamma:g} the rounding of the {dtype} Gram sums may move the weights by about "
-        f"{drift_share(moved, dtype)} (more than {drift_share(DRIFTS[dtype], dtype)}: G + gamma I is too "
+        f"{drift_beyond(moved, dtype)} (more than {drift_share(DRIFTS[dtype], dtype)}: G + gamma I is too "
         f"ill-conditioned for them); use a larger gamma{float64_way_out(dtype)}")
 
 

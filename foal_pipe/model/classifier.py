@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array, is_numpy_namespace, is_torch_array
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import validate_data
 
@@ -38,7 +38,7 @@ from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError, InputTypeError, as_user_error, param
+from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, as_user_error, param
 from foal_pipe.model.labels import (
     CLASSES_KIND_PROBLEM,
     PREDICT_CLASSES_PROBLEM,
@@ -99,6 +99,14 @@ def _read_only(array: Any) -> Any:
     view = array.view()
     view.flags.writeable = False
     return view
+
+
+def _row_major(W: Any) -> Any:
+    """``W`` in row-major order (the solver's is column-major), the layout of a loaded model's weights: ``X @ W`` then
+    takes the same BLAS path, with the same bits, in memory as reloaded (a copy only where the layout differs)."""
+    if isinstance(W, np.ndarray):
+        return np.ascontiguousarray(W)
+    return W.contiguous() if is_torch_array(W) else W
 
 
 class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
@@ -226,7 +234,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         elif X.shape[1] != self.n_features_in_:
             raise FoalPipeError(
                 f"X has {X.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features "
-                "as input; use activations from the same projection"
+                "as input; pass rows of the features it was fitted on (from the same encoder and projection)"
             )
         if y is not None:
             y = np.asarray(y).ravel()
@@ -238,6 +246,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """``X`` in the state's namespace and device, in the state's dtype (or ``dtype``), refused if not finite."""
         xp = get_namespace(self._fitted_with["backend"])
         like = self._engine.template
+        X = host_values(X) if is_numpy_namespace(xp) else X  # on any device, copied to the host as the heads copy it
         X = xp.asarray(readable_by(X, xp), device=device(like))
         if not bool(xp.all(xp.isfinite(X))):
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
@@ -308,7 +317,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """The sufficient statistics (gram engine only; the RLS recursion keeps ``R`` and ``W`` instead)."""
         self._check_fitted()
         if not isinstance(self._engine, GramEngine):
-            raise FoalPipeError("only the gram engine keeps sufficient statistics; use engine='gram'")
+            raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
         s = self._engine.statistics  # handed out read-only: a write into G or Q would move the weights unseen
         return RidgeStatistics(_read_only(s.G), _read_only(s.Q), s.classes.copy(), s.n,
                                None if s.counts is None else s.counts.copy(), symmetric=True)
@@ -395,13 +404,13 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
 
     def _weights(self) -> Any:
-        """Weights in the state's namespace, refused when not finite (an ill-conditioned float32 recursion)."""
+        """Weights in the state's namespace, row-major, refused when not finite (an ill-conditioned float32 recursion)."""
         self._check_fitted()
-        return checked_weights(self._engine.weights())
+        return _row_major(checked_weights(self._engine.weights()))
 
     @property
     def weights_(self) -> np.ndarray:
-        """``W`` read-only: on NumPy it is the state itself (the recursion's ``W``, the gram engine's solution), which a
+        """``W`` read-only: on NumPy it may be the state itself (the recursion's ``W``, a row-major solution), which a
         write through it would corrupt."""
         return _read_only(to_numpy(self._weights()))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_array_api_obj, is_numpy_array
+from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import validate_data
@@ -145,6 +145,19 @@ class SmoothProjection(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEs
                                     "with n >= 1; pass one row per sample (X.reshape(1, -1) for one sample)")
             if own.isdtype(X.dtype, "complex floating"):
                 raise FoalPipeError(f"X has complex dtype {X.dtype}, which is not supported; pass real-valued features")
-            if not bool(own.all(own.isfinite(X))):
+            self._check_device(xp or own, device(X))
+            if not own.isdtype(X.dtype, "bool") and not bool(own.all(own.isfinite(X))):  # bool: 0 or 1, as NumPy's
                 raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         return self._expansion.apply(X, xp)
+
+    def _check_device(self, xp: Any, where: Any) -> None:
+        """Refuse a device that cannot hold the projection's dtype (array_api_strict's ``no_float64``, as Apple's MPS)."""
+        name = self._expansion.components_.dtype.name
+        try:
+            held = xp.__array_namespace_info__().dtypes(device=where)
+        except (AttributeError, TypeError, ValueError):  # a namespace that cannot say: its own error, if any, stands
+            return
+        if name not in held:
+            other = f", or fit the projection with {param('dtype', 'float32')}" if name == "float64" and "float32" in held else ""
+            raise FoalPipeError(f"X is on device {where}, which does not hold {name}, the projection's dtype; move X to a "
+                                f"device that holds {name}{other}")

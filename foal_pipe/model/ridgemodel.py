@@ -19,7 +19,7 @@ from foal_pipe.core.backend import dtype_name, to_numpy
 from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, MissingAttribute
 from foal_pipe.heads import probabilities
 from foal_pipe.model.modelfile import read_model, write_model
 
@@ -164,7 +164,7 @@ class SavedRidge(RidgeFace):
     def statistics_(self) -> RidgeStatistics:
         """The gram engine's sums in the state dtype (the RLS recursion keeps ``R`` and ``W`` instead)."""
         if self.model.engine != "gram":
-            raise FoalPipeError("only the gram engine keeps sufficient statistics; use engine='gram'")
+            raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
         dtype, state = np.dtype(self.model.dtype), self.model.state
         counts = state.get("counts")
         return RidgeStatistics(np.asarray(state["G"], dtype=dtype), np.asarray(state["Q"], dtype=dtype),

@@ -60,7 +60,9 @@ class FactorAhead:
     run's bytes are the same twice. On the stores measured the projection's and the Gram's products also gave the same bits
     on one thread as on two (``benchmarks/identity_check.py`` and the wide store's outputs: no output changed), but
     OpenBLAS does not promise it at every row count (a 789-row block of a 768 x 1,000 projection differs in its last
-    bits): there the walk's weights differ from `learn --gamma G`'s in their last bits."""
+    bits): there the walk's weights differ from `learn --gamma G`'s in their last bits. Leave-one-out's route follows the
+    BLAS threads in force (:func:`~foal_pipe.core.leaveoneout.sample_needs_vectors`): it must be chosen outside this
+    window, or a run's bytes would follow where the choice ran."""
 
     def __init__(self, executor: ThreadPoolExecutor, k: int, jobs: dict[str | None, Callable[[], Any]],
                  blocks: int) -> None:
