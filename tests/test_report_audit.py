@@ -25,8 +25,10 @@ from foal_pipe.report.resultstable import markdown
 
 def paper_metrics(**overrides) -> dict:
     """A cifar100 run with Table 2's settings and data."""
+    x = 0.9  # every accuracy of its 10 tasks
     settings = {"dataset": "cifar100", "encoder": PAPER_ENCODER, "n_tasks": 10, "tasks": [[k] for k in range(10)],
-                "n_train_seen": 50_000, "n_test": 10_000}
+                "n_train_seen": 50_000, "n_test": 10_000, "accuracy_matrix": [[x] * (i + 1) for i in range(10)],
+                "A_steps": [x] * 10, "A_avg": x, "A_last": x, "F": 0.0, "F_published_code": 0.0}
     return make_metrics(**{**settings, **overrides})
 
 
@@ -197,7 +199,8 @@ def test_a_blurry_table_prints_no_disjoint_reference_rows(tmp_path):
 
 def test_paper_delta_prints_no_negative_zero(tmp_path):
     x = 0.9109  # 0.01 points under the paper's 91.1: rounds to 0.0, not -0.0
-    metrics = paper_metrics(accuracy_matrix=[[x]], A_steps=[x], A_avg=x, A_last=x, F=0.0, F_published_code=0.0)
+    metrics = paper_metrics(accuracy_matrix=[[x] * (i + 1) for i in range(10)], A_steps=[x] * 10, A_avg=x, A_last=x, F=0.0,
+                            F_published_code=0.0)
     run = make_run(tmp_path / "run", metrics, model=False)
     evaluate(run)
     text = (run / "eval" / "summary.md").read_text()

@@ -50,6 +50,7 @@ from foal_pipe.protocol.typedjson import (
     _record,
     _records,
     key,
+    shown,
 )
 from foal_pipe.protocol.typedjson import is_number as is_number  # the report's number test
 
@@ -88,8 +89,6 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in (
 )}
 #: The criteria of ``learn --gamma auto``, which never looks at the test split.
 TRAINING_CRITERIA = ("loo", "gcv", "loo_accuracy")
-
-
 
 SELECTOR = _Kind(f"criterion ({', '.join(CRITERIA)})", lambda v: v in CRITERIA)
 
@@ -161,6 +160,18 @@ class AnytimeCurve(_Record):
     samples_seen: list[int] = key(INTEGERS, required=True)
     accuracy: list[float] = key(FRACTIONS, required=True)
     gammas: list[float] | None = key(NUMBERS)
+
+    @classmethod
+    def parse_dict(cls, data: Any, where: str) -> AnytimeCurve:
+        """One accuracy (and gamma) per point, the points strictly increasing: the plot and ``anytime.csv`` pair them."""
+        record = super().parse_dict(data, where)
+        n, seen = len(record.samples_seen), record.samples_seen
+        for name in ("accuracy", "gammas"):
+            if (values := getattr(record, name)) is not None and len(values) != n:
+                raise _Invalid(f"{where} has {len(values)} entries under {name!r} but {n} points under 'samples_seen'")
+        if any(b <= a for a, b in zip(seen, seen[1:])):
+            raise _Invalid(f"{where} has 'samples_seen' not strictly increasing ({shown(seen)})")
+        return record
 
 
 @dataclass(frozen=True, kw_only=True)

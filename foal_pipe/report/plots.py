@@ -174,8 +174,8 @@ def plot_anytime(run: Run, path: Path) -> Path:
         ax.legend(fontsize=8, loc="lower right")
         stream = m.stream or "disjoint"
         over = "" if seeds == [None] else f", means over {len(seeds)} class orders"
-        assert m.A_auc is not None  # learn records A_auc with every curve that has points (min above needs them)
-        ax.set_title(f"A_auc {100 * m.A_auc:.1f}%, A_last {100 * m.A_last:.1f}% ({stream} stream{over})\n{_title(run)}",
+        auc = "" if m.A_auc is None else f"A_auc {100 * m.A_auc:.1f}%, "  # None: an order's curve without points
+        ax.set_title(f"{auc}A_last {100 * m.A_last:.1f}% ({stream} stream{over})\n{_title(run)}",
                      fontsize=9)
 
     return draw(path, (6.4, 4.0), paint)

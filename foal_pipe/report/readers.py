@@ -111,6 +111,8 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
         return _orders_warnings(metrics, metrics.orders)
     recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
     out = []
+    if _missing_auc(metrics, recomputed):
+        out.append(f"A_auc is missing from metrics.json; the anytime curve gives {recomputed['A_auc']:.6f} (shown)")
     for key in HEADLINE:
         stored = getattr(metrics, key)
         if stored is not None and key in recomputed and abs(stored - recomputed[key]) > TOLERANCE:
@@ -130,6 +132,9 @@ def _orders_warnings(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[
     for entry in orders:
         where = f"order {'?' if entry.order_seed is None else entry.order_seed}"
         recomputed = _recomputed(entry.accuracy_matrix, metrics.stream, entry.anytime)
+        if _missing_auc(entry, recomputed):
+            out.append(f"A_auc of {where} is missing from metrics.json; its anytime curve gives {recomputed['A_auc']:.6f} "
+                       "(shown)")
         out += [f"{key} of {where} in metrics.json is {stored:.6f} but its {_SOURCE.get(key, 'accuracy matrix')} gives "
                 f"{recomputed[key]:.6f} (shown)"
                 for key in HEADLINE if (stored := getattr(entry, key)) is not None and key in recomputed
@@ -138,10 +143,24 @@ def _orders_warnings(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[
     for key in HEADLINE:
         values = [getattr(e, key) for e in fixed]
         stored = getattr(metrics, key)
-        if stored is not None and all(v is not None for v in values) and abs(stored - sum(values) / len(values)) > TOLERANCE:
+        if key == "A_auc" and stored is None and fixed and all(v is not None for v in values):
+            out.append(f"A_auc is missing from metrics.json; the mean over its orders is {sum(values) / len(values):.6f} (shown)")
+        elif stored is not None and all(v is not None for v in values) and abs(stored - sum(values) / len(values)) > TOLERANCE:
             out.append(f"{key} in metrics.json is {stored:.6f} but the mean over its orders is {sum(values) / len(values):.6f} "
                        "(shown)")
     return out
+
+
+def _missing_auc(record: LearnMetrics | OrderMetrics, recomputed: dict[str, Any]) -> bool:
+    """A_auc left out beside an anytime curve with points (learn records it with every such curve): shown recomputed."""
+    return record.A_auc is None and "A_auc" in recomputed
+
+
+def _replaced(key: str, stored: float | None, recomputed: dict[str, Any]) -> bool:
+    """Whether the recomputation of ``key`` shows instead of ``stored``: they disagree, or A_auc is missing."""
+    if key not in recomputed:
+        return False
+    return key == "A_auc" if stored is None else abs(stored - recomputed[key]) > TOLERANCE
 
 
 def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
@@ -151,9 +170,7 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
     the orders."""
     if metrics.orders is None:
         recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
-        return replace(metrics, **{key: recomputed[key] for key in HEADLINE if key in recomputed
-                                   and (stored := getattr(metrics, key)) is not None
-                                   and abs(stored - recomputed[key]) > TOLERANCE})
+        return replace(metrics, **{key: recomputed[key] for key in HEADLINE if _replaced(key, getattr(metrics, key), recomputed)})
     from foal_pipe.protocol.orders import mean_std
 
     as_runs = [as_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
@@ -167,12 +184,12 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
     for key in HEADLINE:
         values = [getattr(e, key) for e in orders]
         stored = getattr(metrics, key)
-        if stored is None or any(v is None for v in values):
+        if not values or None in values or (stored is None and key != "A_auc"):  # A_auc missing: the orders' mean
             continue
         mean, spread = mean_std(values)
-        if abs(stored - mean) > TOLERANCE or values != [getattr(e, key) for e in metrics.orders]:
+        if stored is None or abs(stored - mean) > TOLERANCE or values != [getattr(e, key) for e in metrics.orders]:
             changes[key] = mean
-            if key in std:
+            if key in std or stored is None:
                 std[key] = spread
     if not changes:
         return metrics
@@ -206,8 +223,25 @@ def read_metrics_version(path: str | Path) -> tuple[LearnMetrics, int]:
     data = read_json(path, "a run's metrics", LearnMetrics.FIX)
     metrics = LearnMetrics.from_dict(data, str(path))  # has refused a version outside 1..VERSION
     _check_gamma(metrics, path)
+    _check_counts(metrics, path)
     _check_classes(metrics, path)
     return metrics, int(data.get("format_version", 1))
+
+
+def _check_counts(metrics: LearnMetrics, path: Path) -> None:
+    """One task per row of the accuracy matrix, where recorded: ``n_tasks``, the lists of ``tasks`` and of
+    ``gammas_selected`` (a gamma per task boundary), the top level's and each order's own (files of every version
+    record them so; older ones may lack ``n_tasks`` and ``tasks``)."""
+    records: list[tuple[str, LearnMetrics | OrderMetrics]] = [("", metrics)]
+    for where, record in records + [(f"orders[{i}]: ", o) for i, o in enumerate(metrics.orders or [])]:
+        rows = len(record.accuracy_matrix)
+        counts = {"n_tasks": getattr(record, "n_tasks", None), "tasks": None if record.tasks is None else len(record.tasks),
+                  "gammas_selected": None if record.gammas_selected is None else len(record.gammas_selected)}
+        for key, n in counts.items():
+            if n is not None and n != rows:
+                said = f"'n_tasks' is {n}" if key == "n_tasks" else f"{key!r} has {n} entries"
+                raise FoalPipeError(f"{path}: {where}{said} but 'accuracy_matrix' has {rows} rows (one per task); "
+                                    f"{LearnMetrics.FIX}")
 
 
 def _check_classes(metrics: LearnMetrics, path: Path) -> None:
