@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from helpers import build_store, invoke
 
 from foal_pipe.core.linalg import drift_refusal
@@ -24,3 +26,17 @@ def test_summary_group_shows_a_setting_not_recorded_as_a_dash(tmp_path):
     row = next(line.split() for line in result.output.splitlines() if "ridge" in line)
     assert row[:4] == ["-", "-", "ridge", "1"]
     assert "None" not in result.output
+
+
+def test_evaluate_of_an_anytime_curve_without_points_draws_no_curve(tmp_path):
+    """A hand-edited curve with no points (no A_auc) died in the plot's ``min()`` with a traceback."""
+    store = build_store(tmp_path / "s.zarr")
+    run = tmp_path / "run"
+    assert invoke("learn", "--features", store, "--out", run, "--tasks", 2, "--eval-every", 100).exit_code == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["anytime"].update(samples_seen=[], accuracy=[], gammas=[])
+    del metrics["A_auc"]
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    result = invoke("evaluate", "--run", run, "--out", tmp_path / "ev")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "ev" / "anytime.png").exists() and (tmp_path / "ev" / "steps.png").is_file()

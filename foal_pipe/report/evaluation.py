@@ -23,7 +23,7 @@ from foal_pipe.report.plots import (
     plot_weight_norms,
 )
 from foal_pipe.report.readers import Run, as_recomputed, consistency_warnings
-from foal_pipe.report.tables import plot_data, scores, write_confusion, write_csv
+from foal_pipe.report.tables import anytime_rows, plot_data, scores, write_confusion, write_csv
 
 #: Every file an evaluation may write (:data:`~foal_pipe.protocol.outputs.EVAL_FILES`); those a later evaluation does
 #: not write (no sweep, no model, no plots) are not carried into its directory (:func:`atomic_dir`'s ``owned``), so a
@@ -50,7 +50,7 @@ def _plots(run: Run, out: Path) -> list[Path]:
     files = [plot_accuracy_matrix(run, out / "accuracy_matrix.png"), plot_steps(run, out / "steps.png")]
     if run.weight_norms is not None:
         files.append(plot_weight_norms(run, out / "weight_norms.png"))
-    if run.metrics.anytime is not None:
+    if anytime_rows(run):  # a curve with points (a hand-edited one may have none: no plot, as no anytime.csv)
         files.append(plot_anytime(run, out / "anytime.png"))
     if run.sweep is not None:
         sweep_paper = match_paper(run.sweep, ignore=("gamma",)) if run.sweep.dataset else None
