@@ -138,15 +138,17 @@ def checked(params: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _entries(top: Path) -> list[str]:
-    """Each file under ``top`` (``top`` itself when a file) as "relative path, size, mtime_ns" from a stat walk that
-    reads no contents, sorted; folders (through links, as extract's search, each once) by their relative path."""
+    """Each file under ``top`` (``top`` itself when a file) as "relative path, size, mtime_ns, ctime_ns" from a stat
+    walk that reads no contents, sorted; folders (through links, as extract's search, each once) by their relative
+    path. The change time too: a file replaced with its old size and modification time (``cp -p``, ``rsync -t``, an
+    archive unpacked) still shows, since no user can set it."""
     def line(rel: str, path: str) -> str | None:
         for look in (os.stat, os.lstat):  # the file a link points to; a broken link itself
             try:
                 st = look(path)
             except OSError:
                 continue
-            return f"{rel}\0{st.st_size}\0{st.st_mtime_ns}"
+            return f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
         return None  # gone while walking
 
     if not top.is_dir():
@@ -174,8 +176,8 @@ def _fingerprint(path: Path) -> dict[str, Any]:
 def extract_inputs(settings: dict[str, Any]) -> dict[str, Any]:
     """A fingerprint of what extract@NAME reads from disk: the dataset's folder or file (``data_dir``, else the
     registry's default place) and the checkpoint file, each where it exists (a missing one, extract refuses; digits,
-    bundled with scikit-learn, has none). Sizes and modification times, not contents: cheap on every `dvc repro`, and
-    a file rewritten with the same bytes reruns extract, which then finds the store current and leaves it."""
+    bundled with scikit-learn, has none). Sizes, modification and change times, not contents: cheap on every `dvc
+    repro`, and a file rewritten with the same bytes reruns extract, which then finds the store current and leaves it."""
     from foal_pipe.datasets import DATASETS
 
     p = settings["extract"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -140,3 +142,21 @@ def test_changed_images_rerun_extract_and_an_unchanged_tree_does_not(tmp_path):
     _run([_dvc(), "repro", "settings@shapes"], repo, env)
     status = json.loads(_run([_dvc(), "status", "--json"], repo, env).stdout)
     assert status["extract@shapes"] == [{"changed deps": {"runs/shapes-settings/extract.settings.json": "modified"}}]
+
+
+def test_a_file_replaced_with_its_old_size_and_modification_time_changes_the_fingerprint(tmp_path):
+    """``cp -p`` or ``rsync -t`` of a same-sized file over an image leaves size and modification time as they were:
+    the change time, which no user sets, still tells (the extraction would otherwise keep the old features)."""
+    folder = tmp_path / "data/shapes/a"
+    folder.mkdir(parents=True)
+    image, other = folder / "0.png", tmp_path / "other.png"
+    image.write_bytes(b"a" * 100)
+    extract = {"data_dir": "data/shapes", "checkpoint": None}
+    first = _inputs(tmp_path, extract)
+    stat = image.stat()
+    other.write_bytes(b"b" * 100)
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    time.sleep(0.05)  # a change time the filesystem's clock tells from the first
+    shutil.copy2(other, image)  # as cp -p: the bytes, then the source's times
+    assert (image.stat().st_size, image.stat().st_mtime_ns, image.read_bytes()) == (100, stat.st_mtime_ns, b"b" * 100)
+    assert _inputs(tmp_path, extract) != first
