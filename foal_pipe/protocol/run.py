@@ -382,10 +382,12 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
         state = square * item + square * max(item, 8)
     n_classes = len(run.store.classes)
     lanes = len(run.lanes)
-    # with several fusions, the block that joins a boundary factored ahead holds every lane's activations at once
     splits = [run.fused[s] if run.fused is not None else run.store.split(s) for s in ("train", "test")]
     rows = max(1, min(run.block_rows, max(int(s.n_rows) for s in splits)))
-    block = rows * (D * 8 * (2 + lanes) + run.store.dim * 8)
+    block = rows * (D * 8 * 3 + run.features_dim * 8)
+    # with several fusions, the Gram pass's block that joins a boundary factored ahead holds the other lanes'
+    # activations too: a block of one task's rows
+    block += min(rows, max((int(r.size) for r in run.stream.rows), default=0)) * D * 8 * (lanes - 1)
     if loo:  # the leave-one-out scores (3 per model and class) exceed the test pass's (1)
         block += rows * (D + 3 * n_models * n_classes) * 8
     else:
@@ -439,8 +441,9 @@ def dask_parts(run: Run) -> dict[str, int]:
 
 def _read_bytes(run: Run, split: Any) -> int:
     """The chunks a split's read holds at once (:meth:`GroupedRows._fill`), no more than it has: stored chunks,
-    ``READ_AHEAD + READ_THREADS`` of them; with fusions, ``READ_THREADS`` fusing (:attr:`FusedSplits.chunk_bytes`,
-    their float64 temporaries included) and ``READ_AHEAD + 1`` waiting, each only its fused float32 rows."""
+    ``READ_AHEAD + READ_THREADS`` of them; with fusions, ``READ_AHEAD + 1`` chunks' fused float32 rows of every
+    fusion (the chunks being scattered, waiting or fusing) and each of the ``READ_THREADS`` fusing threads' blocks
+    and temporaries (:attr:`FusedSplits.chunk_bytes`)."""
     chunks = -(-int(split.n_rows) // max(1, int(split.chunk_rows)))
     if run.fused is None:
         return min(READ_AHEAD + READ_THREADS, chunks) * int(split.chunk_rows) * run.store.dim * split.features.dtype.itemsize
@@ -453,7 +456,7 @@ def rows_cache_bytes(run: Run, split: str = "train") -> int:
     source = run.store.split(split)
     item = 4 if run.fused is not None else source.features.dtype.itemsize
     rows = int(np.count_nonzero(run.row_task >= 0)) if split == "train" else int(run.test_totals.sum())
-    return cache_bytes(rows, run.store.dim, item, len(run.lanes))
+    return cache_bytes(rows, run.features_dim, item, len(run.lanes))
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class: bool = False,

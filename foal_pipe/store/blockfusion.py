@@ -291,12 +291,14 @@ class FusedSplits:
 
     @property
     def chunk_bytes(self) -> int:
-        """Memory to fuse one chunk: the blocks read (and their float32 copy when several fusions share
-        blocks), and per fusion a float32 mean (or concatenation) and the float64 temporaries of its norm."""
+        """Memory a reading thread takes for one chunk (:meth:`read_raw`, then :meth:`rows_of` fusion by fusion),
+        besides the fused float32 rows it returns: reading, the blocks, zarr's decoded copy and their compressed
+        bytes (3x the blocks); fusing, the blocks and the rows a fusion takes from them (2x), and one fusion at a
+        time its float32 mean (or concatenation), the four float64 arrays of its norm and their per-row statistics
+        (a fifth at most: 44 bytes a value)."""
         n, (L, d) = self.chunk_rows, self.source.blocks.shape[1:]
-        itemsize = self.source.blocks.dtype.itemsize
-        widened = 4 if sum(map(len, self.chosen.values())) > L and itemsize != 4 else 0
-        return n * L * d * (itemsize + widened) + len(self.chosen) * n * self.dim * (4 + 8 * 3)
+        blocks = n * L * d * self.source.blocks.dtype.itemsize
+        return max(3 * blocks, 2 * blocks + n * self.dim * (4 + 8 * 5))
 
     def _fused(self, blocks: np.ndarray, rows: np.ndarray | int) -> dict[str, np.ndarray]:
         if sum(map(len, self.chosen.values())) > blocks.shape[1]:  # blocks used twice: widen each once (exact)
