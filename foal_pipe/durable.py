@@ -18,6 +18,22 @@ from types import FrameType
 from typing import Any
 
 _HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Set when a stop's KeyboardInterrupt was swallowed: raised inside a ``__del__`` or a weakref callback, Python prints
+#: it and goes on (the command line's ``sys.unraisablehook`` records it).
+_swallowed = threading.Event()
+
+
+def swallowed_stop() -> None:
+    """Record a stop that a finaliser swallowed, for :func:`raise_swallowed_stop`."""
+    _swallowed.set()
+
+
+def raise_swallowed_stop() -> None:
+    """Raise, in the main thread, the KeyboardInterrupt of a stop that a finaliser swallowed, once: the run then
+    unwinds as from any stop, before an output replaces the previous one or the next chunk of a store is written."""
+    if _swallowed.is_set() and threading.current_thread() is threading.main_thread():
+        _swallowed.clear()
+        raise KeyboardInterrupt
 
 
 def pid_alive(pid: int) -> bool:
@@ -100,15 +116,27 @@ def sync_tree(top: Path) -> None:
         fsync_path(folder, directory=True)
 
 
-def lock_folder(folder: Path) -> int | None:
+def lock_folder(folder: Path, shared: bool = False) -> int | None:
     """An exclusive ``flock`` on ``folder`` (its descriptor, to close), so that runs finishing at once swap one after
-    the other; None where the folder cannot be opened (no read permission)."""
+    the other; ``shared``: one that many holders share and that keeps the exclusive one waiting (readers of a folder
+    in ``folder``, against its replacement). None where the folder cannot be opened (no read permission)."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except PermissionError:
         return None
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+    except BaseException:  # Ctrl-C while it waits: no descriptor left open
+        os.close(fd)
+        raise
     return fd
+
+
+def prepare_replacement(path: Path, new: Path) -> None:
+    """The last step before ``new`` replaces ``path`` (every replacement of :mod:`foal_pipe.io`): a stop a finaliser
+    swallowed is raised here, so the previous outputs stay; then :func:`keep_permissions`."""
+    raise_swallowed_stop()
+    keep_permissions(path, new)
 
 
 def keep_permissions(path: Path, new: Path) -> None:

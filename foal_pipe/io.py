@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from foal_pipe.durable import fsync_path, held_signals, keep_permissions, lock_folder, pid_alive, sync_tree, umask
+from foal_pipe.durable import fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
 from foal_pipe.errors import FoalPipeError, param
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -88,7 +88,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
-        keep_permissions(path, tmp)
+        prepare_replacement(path, tmp)
         os.replace(tmp, path)
     except OSError as exc:
         raise _io_error(path, exc, "free some space or choose another output path") from None
@@ -400,6 +400,20 @@ def _settle(path: Path, tmp: Path) -> None:
             _remove(leftover)
 
 
+@contextmanager
+def replacement_held_off(folder: str | Path) -> Iterator[None]:
+    """Keep an :func:`atomic_dir` replacement of the existing ``folder`` waiting while the block reads it and writes in
+    it (``evaluate`` reading RUN, then writing RUN/eval): a shared lock on its parent, which that swap locks exclusively,
+    and other readers share. Parent before child: a lock taken in the block is on a folder inside ``folder``."""
+    real = Path(os.path.realpath(folder))
+    lock = lock_folder(real.parent, shared=True) if real.is_dir() and real.parent != real else None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
 def exchange(a: Path, b: Path) -> bool:
     """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     try:
@@ -423,7 +437,8 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     Entries of an existing ``path`` that this run does not write (say a user's notes beside a run's model) are
     carried over, except those named in ``owned``: the command's own outputs, which a run that does not write
     one (no sweep, no plots) must not show from an earlier run; ``FOLDER/NAME`` names one inside a carried
-    ``FOLDER`` (say an evaluation of the replaced run in ``eval/``), left out of it. A symlinked ``path`` is
+    ``FOLDER`` (say an evaluation of the replaced run in ``eval/``), left out of it; they are looked up (iterated
+    once) under the lock on ``path``'s parent, just before the swap, so ``owned`` may find them then. A symlinked ``path`` is
     replaced at its target, the link kept (:func:`follow_link`). On any error the temporary directory is removed
     and ``path`` is left as it was; a run killed at any point (power loss included: the files and the swap are
     synced) is settled by the next :func:`check_output_dir` on ``path``. An I/O error is reported as a failed write
@@ -447,7 +462,7 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~umask())
         sync_tree(tmp)
         lock = lock_folder(path.parent)  # released after _settle: a second run swaps against this one's settled result
-        keep_permissions(path, tmp)
+        prepare_replacement(path, tmp)
         if path.is_dir():
             journal = tmp.with_name(tmp.name + _JOURNAL)
             journal.write_text("\n".join([str(tmp.stat().st_ino), *sorted(set(owned))]))

@@ -10,7 +10,21 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import A_AVG, A_LAST, A_STEPS, F_PUBLISHED, MATRIX, PAPER_ENCODER, PIXELS, TASKS, F, make_metrics, make_run
+from helpers import (
+    A_AVG,
+    A_LAST,
+    A_STEPS,
+    F_PUBLISHED,
+    HAND,
+    MATRIX,
+    PAPER_ENCODER,
+    PIXELS,
+    TASKS,
+    F,
+    make_metrics,
+    make_run,
+    shifted,
+)
 from typer.testing import CliRunner
 
 from foal_pipe.cli import app
@@ -22,27 +36,41 @@ from foal_pipe.report.paper import TABLE2, match_paper, paper_row
 runner = CliRunner()
 
 
-def make_sweep(dataset="digits", encoder=PIXELS, n_tasks=3, gammas=(1e-3, 1e-1, 1.0, 10.0, 100.0, 1e-2)) -> dict:
-    """A sweep as written before GCV and LOO: ``best_gamma`` by test A_avg (the last gamma listed here)."""
-    results = [
-        {"gamma": g, "A_avg": 0.8 + 0.01 * k, "A_last": 0.7 + 0.01 * k, "F": 0.05, "F_published_code": 0.04,
-         "accuracy_matrix": MATRIX}
-        for k, g in enumerate(gammas)
-    ]
+#: The hand-made cifar100 run's A_avg and A_last: every entry of its 10-task accuracy matrix (F 0); that matrix and its
+#: numbers.
+PAPER_ACC = 0.9
+PAPER = {"accuracy_matrix": [[PAPER_ACC] * (i + 1) for i in range(10)], "A_avg": PAPER_ACC, "A_last": PAPER_ACC, "F": 0.0,
+         "F_published_code": 0.0, "A_steps": [PAPER_ACC] * 10}
+
+
+def make_sweep(dataset="digits", encoder=PIXELS, base=HAND, gammas=(1e-3, 1e-1, 1.0, 10.0, 100.0, 1e-2)) -> dict:
+    """A sweep as written before GCV and LOO: gamma k (in the order listed) has ``base``'s matrix raised by 0.01 k
+    (:func:`shifted`), so ``best_gamma`` by test A_avg is the last gamma listed here."""
+    results = [{"gamma": g, **shifted(base, k)} for k, g in enumerate(gammas)]
+    n_tasks = len(base["accuracy_matrix"])
     return {"gammas": list(gammas), "best_gamma": gammas[-1], "results": results, "tasks": TASKS[:n_tasks],
             "n_tasks": n_tasks, "projection_dim": 1000, "batch_size": 10, "seed": 0, "dataset": dataset,
             "encoder": encoder, "seconds": 2.0}
 
 
+def pct(base: dict, k: int) -> list[str]:
+    """The summary's A_avg, A_last and F cells (%) of the result of :func:`shifted` ``(base, k)``."""
+    numbers = shifted(base, k)
+    return [f"{100 * numbers[key]:.2f}" for key in ("A_avg", "A_last", "F")]
+
+
 GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 
 
-def new_sweep(selected_by="loo", best=1.0, loo=True, **kwargs) -> dict:
-    """A sweep with GCV and LOO per task boundary (the stats helper's schema): test A_avg rises with gamma (the
-    oracle is 100); GCV and LOO MSE are lowest and LOO accuracy highest at gamma 1."""
+def new_sweep(selected_by="loo", best=1.0, loo=True, low=None, **kwargs) -> dict:
+    """A sweep with GCV and LOO per task boundary (the stats helper's schema): test A_avg rises with gamma (gamma k of
+    :data:`GRID` has :data:`MATRIX` raised by 0.01 k; the oracle is 100); GCV and LOO MSE are lowest and LOO accuracy
+    highest at gamma ``low`` (default: ``best``, so that its criterion chooses it; 1 where test A_avg chooses)."""
+    low = low if low is not None else 1.0 if selected_by == "test" else best
+    centre = GRID.index(low)
     sweep = make_sweep(gammas=GRID, **kwargs)
     for k, r in enumerate(sweep["results"]):
-        off = abs(k - 3)
+        off = abs(k - centre)
         r["gcv"] = [0.9, 0.8, 0.5 + 0.1 * off]
         r["loo_accuracy"] = [0.95, 0.9, 0.88 - 0.02 * off] if loo else None
         r["loo_mse"] = [0.05, 0.07, 0.1 + 0.01 * off] if loo else None
@@ -108,16 +136,11 @@ def test_table2_holds_the_papers_f_oal_row():
     assert paper_row("digits") is None
 
 
-#: The hand-made cifar100 run's A_avg and A_last: every entry of its 10-task accuracy matrix (F 0).
-PAPER_ACC = 0.9
-
-
 def paper_metrics(**overrides):
     """A cifar100 run with the paper's settings and data (50,000 / 10,000 rows of 768 features): 10 tasks, each
     accuracy :data:`PAPER_ACC`."""
     settings = {"dataset": "cifar100", "encoder": PAPER_ENCODER, "n_tasks": 10, "tasks": [[k] for k in range(10)],
-                "n_train_seen": 50_000, "n_test": 10_000, "accuracy_matrix": [[PAPER_ACC] * (i + 1) for i in range(10)],
-                "A_steps": [PAPER_ACC] * 10, "A_avg": PAPER_ACC, "A_last": PAPER_ACC, "F": 0.0, "F_published_code": 0.0}
+                "n_train_seen": 50_000, "n_test": 10_000, **PAPER}
     return make_metrics(**{**settings, **overrides})
 
 
@@ -179,11 +202,11 @@ def test_evaluate_writes_valid_plots_and_plot_data(tmp_path):
     names = {f.name for f in ev.files}
     assert names == {"accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png", "accuracy_matrix.csv",
                      "steps.csv", "weight_norms.csv", "gamma.csv", "summary.md", "scores.json"}
-    best = max(make_sweep()["results"], key=lambda r: r["A_avg"])  # an old sweep: chosen by test A_avg
+    # an old sweep: chosen by test A_avg, highest at gamma 0.01 (listed last: its matrix raised by 0.05)
     assert json.loads((out / "scores.json").read_text()) == pytest.approx(
         {"A_avg": A_AVG, "A_last": A_LAST, "F": F, "F_published_code": F_PUBLISHED,
-         "sweep_selected_gamma": best["gamma"], "sweep_selected_A_avg": best["A_avg"],
-         "sweep_oracle_gamma": best["gamma"], "sweep_oracle_A_avg": best["A_avg"]})
+         "sweep_selected_gamma": 0.01, "sweep_selected_A_avg": A_AVG + 0.05,
+         "sweep_oracle_gamma": 0.01, "sweep_oracle_A_avg": A_AVG + 0.05})
     for name in ("accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png"):
         width, height = png_size(out / name)
         assert width >= 300 and height >= 250, name
@@ -224,8 +247,7 @@ def test_summary_numbers_match_metrics_json(tmp_path):
         assert [float(c) for c in cells[: i + 1]] == pytest.approx([100 * v for v in row], abs=0.05)
         assert float(cells[-1]) == pytest.approx(100 * A_STEPS[i], abs=0.005)
     assert "no `digits` column" in text and text.startswith("# F-OAL run: run (digits)\n")
-    best = max(make_sweep()["results"], key=lambda r: r["A_avg"])
-    assert f"Selected gamma: {best['gamma']:g}, by test A_avg (old sweep) (test A_avg {100 * best['A_avg']:.2f}%)" in text
+    assert f"Selected gamma: 0.01, by test A_avg (old sweep) (test A_avg {100 * (A_AVG + 0.05):.2f}%)" in text
     assert "predates GCV and leave-one-out" in text and "The test-set oracle would pick" not in text
     assert f"From `{run / 'sweep.json'}`.\n" in text  # no GCV or LOO in an old sweep
     for name in ("accuracy_matrix.png", "steps.png", "weight_norms.png", "gamma.png"):
@@ -233,11 +255,11 @@ def test_summary_numbers_match_metrics_json(tmp_path):
 
 
 def test_summary_shows_the_papers_numbers_when_settings_match(tmp_path):
-    sweep = make_sweep(dataset="cifar100", encoder=PAPER_ENCODER, n_tasks=10)
+    sweep = make_sweep(dataset="cifar100", encoder=PAPER_ENCODER, base=PAPER)
     sweep.update(tasks=[[k] for k in range(10)], n_train_seen=50_000, n_test=10_000)
     run = make_run(tmp_path / "run", paper_metrics(), sweep=sweep)
     ev = evaluate(run)
-    assert ev.paper.comparable
+    assert ev.paper.comparable and not ev.warnings
     text = (run / "eval" / "summary.md").read_text()
     assert summary_value(text, "A_avg (%)") == [f"{100 * PAPER_ACC:.2f}", "91.1", f"{100 * PAPER_ACC - 91.1:+.1f}"]
     assert summary_value(text, "A_last (%)")[1] == "86.5"
@@ -245,6 +267,7 @@ def test_summary_shows_the_papers_numbers_when_settings_match(tmp_path):
     # the appendix's gamma table beside the sweep: gamma 1e-3 -> 87.2, gamma 100 -> 91.1
     assert summary_value(text, "0.001")[-2:] == ["87.2", ""]
     assert summary_value(text, "0.01")[-2:] == ["90.3", "selected, test oracle"]  # an old sweep: by test A_avg
+    assert summary_value(text, "0.01")[:3] == pct(PAPER, 5) == ["95.00", "95.00", "0.00"]
     assert summary_value(text, "100")[-2] == "91.1"
     assert "normalize True (published code: False)" in text  # departures from the published code are listed
 
@@ -359,7 +382,7 @@ def test_cli_summary_table(tmp_path):
     assert out.count(f"{100 * A_AVG:.2f}") == 1 and f"{100 * A_LAST:.2f}" in out and f"{100 * PAPER_ACC:.2f}" in out
     assert "91.1 / 86.5 / 5.5" in out  # the comparable cifar100 run
     # the old sweep's gamma, chosen by test A_avg (listed last), and its A_avg
-    assert re.search(r"0\.01\*\s+85\.00\s+75\.00\s+5\.00", out) and "of 6 by test A_avg (old sweep)" in out
+    assert re.search(r"0\.01\*\s+" + r"\s+".join(map(re.escape, pct(HAND, 5))), out) and "of 6 by test A_avg (old sweep)" in out
     # two sweeps chosen alike: the footnote states the grid and criterion once
     (tmp_path / "runs" / "cifar-sweep").mkdir()
     (tmp_path / "runs" / "cifar-sweep" / "sweep.json").write_text(json.dumps(make_sweep()))
@@ -528,17 +551,18 @@ def test_bad_gamma_in_metrics_is_refused(tmp_path, overrides, message):
 
 def test_selected_gamma_and_criteria_in_summary_scores_and_csv(tmp_path):
     run = make_run(tmp_path / "run", sweep=new_sweep())
-    evaluate(run)
+    assert not evaluate(run).warnings  # the sweep's numbers are its matrices'
     out = run / "eval"
     text = (out / "summary.md").read_text()
+    assert pct(HAND, 3) == ["89.39", "84.67", "15.00"]  # MATRIX's 86.39, 81.67 and 15.00, A_avg and A_last + 3 points
     by_gamma = {r["gamma"]: r for r in new_sweep()["results"]}
-    assert "Selected gamma: 1, by leave-one-out MSE on the training rows seen (test A_avg 83.00%)." in text
-    assert "The test-set oracle would pick 100 (test A_avg 85.00%)" in text
+    assert f"Selected gamma: 1, by leave-one-out MSE on the training rows seen (test A_avg {100 * (A_AVG + 0.03):.2f}%)." in text
+    assert f"The test-set oracle would pick 100 (test A_avg {100 * (A_AVG + 0.05):.2f}%)" in text
     assert "**Note:**" not in text  # gamma 1 is inside the grid
     # the table: GCV, LOO accuracy and LOO MSE at the last boundary; the choices marked
     table = text.split("## Gamma sweep")[1]
-    assert summary_value(table, "1") == ["83.00", "73.00", "5.00", "0.5", "88.00", "0.1", "selected"]
-    assert summary_value(table, "100") == ["85.00", "75.00", "5.00", "0.7", "84.00", "0.12", "test oracle"]
+    assert summary_value(table, "1") == [*pct(HAND, 3), "0.5", "88.00", "0.1", "selected"]
+    assert summary_value(table, "100") == [*pct(HAND, 5), "0.7", "84.00", "0.12", "test oracle"]
     assert summary_value(table, "0.001")[-1] == ""
     scores = json.loads((out / "scores.json").read_text())
     assert (scores["sweep_selected_gamma"], scores["sweep_oracle_gamma"]) == (1.0, 100.0)
@@ -586,7 +610,7 @@ def test_sweep_without_leave_one_out(tmp_path):
     ev = evaluate(run)
     assert "gamma.png" in {f.name for f in ev.files}
     text = (run / "eval" / "summary.md").read_text()
-    assert summary_value(text.split("## Gamma sweep")[1], "1") == ["83.00", "73.00", "5.00", "0.5", "-", "-", "selected"]
+    assert summary_value(text.split("## Gamma sweep")[1], "1") == [*pct(HAND, 3), "0.5", "-", "-", "selected"]
     rows = list(csv.DictReader((run / "eval" / "gamma.csv").open()))
     assert {r["loo_accuracy"] for r in rows} == {""} and all(r["gcv"] for r in rows)
 
@@ -655,7 +679,7 @@ def test_cli_summary_shows_the_selected_gamma_and_timings(tmp_path):
     (tmp_path / "runs" / "digits-sweep" / "sweep.json").write_text(json.dumps(new_sweep()))
     result = runner.invoke(app, ["summary", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
-    assert re.search(r"\s1\*\s+83\.00\s+73\.00\s+5\.00", result.output), result.output
+    assert re.search(r"\s1\*\s+" + r"\s+".join(map(re.escape, pct(HAND, 3))), result.output), result.output
     assert "of 6 by LOO MSE" in result.output
     assert re.search(rf"{100 * A_AVG:.2f}\s+{100 * A_LAST:.2f}\s+{100 * F:.2f}\s+-\s+2\.5", result.output), result.output
 

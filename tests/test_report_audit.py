@@ -11,7 +11,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import A_AVG, A_LAST, MATRIX, PAPER_ENCODER, build_store, invoke, make_metrics, make_run
+from helpers import (
+    A_AVG,
+    A_LAST,
+    HAND,
+    PAPER_ENCODER,
+    build_store,
+    invoke,
+    make_metrics,
+    make_run,
+    shifted,
+)
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.schema import LearnMetrics
@@ -33,9 +43,10 @@ def paper_metrics(**overrides) -> dict:
 
 
 def sweep_record(**overrides) -> dict:
-    """A sweep of the hand-made run's store and settings (make_metrics), at three gammas."""
+    """A sweep of the hand-made run's store and settings (make_metrics), at three gammas: :data:`MATRIX` raised by 0,
+    0.02 and 0.01, so test A_avg chooses gamma 1."""
     run = make_metrics()
-    results = [{"gamma": g, "A_avg": 0.8, "A_last": 0.7, "F": 0.05, "accuracy_matrix": MATRIX} for g in (0.1, 1.0, 10.0)]
+    results = [{"gamma": g, **shifted(HAND, k)} for g, k in ((0.1, 0), (1.0, 2), (10.0, 1))]
     keep = ("tasks", "n_tasks", "projection_dim", "batch_size", "seed", "dataset", "encoder", "n_train_seen", "n_test",
             "projection_init", "mask_unseen", "drop_last", "dtype")
     return {**{k: run[k] for k in keep}, "gammas": [0.1, 1.0, 10.0], "best_gamma": 1.0, "best_gamma_test": 1.0,
@@ -92,6 +103,7 @@ def test_summary_shows_no_wall_time_that_a_sweep_may_have_written(tmp_path):
     assert RunSummary(run, metrics=metrics, sweep=read_sweep(run)).seconds is None
     result = invoke("summary", run)
     assert result.exit_code == 0 and "12.5" not in result.output and "timings.json" in result.output
+    assert "Warning" not in result.output and f"{100 * (A_AVG + 0.02):.2f}" in result.output  # the sweep's row, gamma 1
 
 
 def test_a_resumed_table_takes_no_run_of_a_store_replaced_at_its_path(tmp_path):

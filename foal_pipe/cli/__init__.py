@@ -6,12 +6,15 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from types import FrameType
 from typing import NoReturn
 
+from foal_pipe.durable import swallowed_stop
+
 _INTERRUPTED = 128 + signal.SIGINT
-#: The stops that unwind as Ctrl-C does: a scheduler's or container's SIGTERM, a closed terminal's SIGHUP.
-_STOPS: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+#: The stops, each named as the one line says: Ctrl-C, a scheduler's or container's SIGTERM, a closed terminal's SIGHUP.
+_STOPS: dict[int, str] = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 _stopped_by: int | None = None
 
 
@@ -22,27 +25,57 @@ def _quiet_exit() -> None:
     logging.getLogger("asyncio").addFilter(lambda record: not record.getMessage().startswith("Task was destroyed"))
 
 
+_unraisable = sys.unraisablehook  # the one before a stop's
+
+
+def _after_stop(unraisable: "sys.UnraisableHookArgs") -> None:
+    """``sys.unraisablehook`` once a stop is received: what finalisers raise then (the stop's KeyboardInterrupt in a
+    ``__del__`` or a weakref callback, Zarr's event loop collected half-built, a closed loop's callbacks) is not
+    printed; a swallowed KeyboardInterrupt is recorded, to be raised again before the outputs are completed. With no
+    stop recorded (a caller in this process reset it) the previous hook reports as before."""
+    if _stopped_by is None:
+        _unraisable(unraisable)
+    elif unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        swallowed_stop()
+
+
+def _silence() -> None:
+    """After a stop nothing but its one line is printed: not what finalisers raise, not asyncio's log nor its
+    "coroutine ... was never awaited" warnings (Zarr's I/O loop, cut short)."""
+    global _unraisable
+    if sys.unraisablehook is not _after_stop:
+        _unraisable, sys.unraisablehook = sys.unraisablehook, _after_stop
+    warnings.simplefilter("ignore")
+    logging.getLogger("asyncio").addFilter(lambda record: False)
+
+
 def _interrupted() -> NoReturn:
     """End a command that Ctrl-C, SIGTERM or SIGHUP stopped, wherever it stood (loading, parsing, exiting): one
     line, exit 130, 143 or 129. A second signal while saying so is ignored, not a traceback."""
-    for signum in (signal.SIGINT, *_STOPS):
+    global _stopped_by
+    for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
+    _stopped_by = _stopped_by or signal.SIGINT  # a KeyboardInterrupt raised, not signalled: as Ctrl-C
     _quiet_exit()
-    how = _STOPS[_stopped_by] if _stopped_by else "Ctrl-C (SIGINT)"
-    sys.stderr.write(f"Interrupted: stopped by {how}; re-run the same command\n")
-    raise SystemExit(128 + _stopped_by if _stopped_by else _INTERRUPTED)
+    _silence()
+    sys.stderr.write(f"Interrupted: stopped by {_STOPS[_stopped_by]}; re-run the same command\n")
+    raise SystemExit(128 + _stopped_by)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM and SIGHUP unwind as Ctrl-C does, so that a run's temporary outputs are removed and the previous ones
-    kept."""
+    """Every stop unwinds as Ctrl-C does, so that a run's temporary outputs are removed and the previous ones kept,
+    and is recorded: one that a finaliser swallows (Python prints it and goes on) still ends the run with its
+    status."""
     global _stopped_by
+    if _stopped_by is None:
+        _silence()
     _stopped_by = signum
     raise KeyboardInterrupt
 
 
 def _catch_stops() -> None:
-    """Install :func:`_terminate` for each of :data:`_STOPS` that is not ignored (``nohup`` ignores SIGHUP: kept)."""
+    """Install :func:`_terminate` for each of :data:`_STOPS` that is not ignored (``nohup`` ignores SIGHUP, a
+    background job of a script SIGINT: kept)."""
     for signum in _STOPS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _terminate)
@@ -83,7 +116,8 @@ def main() -> None:
     (freeing every module, torch's and CUDA's state) cost 0.35 s after ``learn`` on CuPy and 1.5 s after
     ``extract`` on an H200. A command that fails exits the normal way, and so does one run under a profiler or a
     tracer (cProfile, a debugger, coverage), which writes its results after the program returns. Ctrl-C and
-    SIGTERM (or SIGHUP) at any moment, typer's start-up included, end with one line and exit 130 or 143 (129)."""
+    SIGTERM (or SIGHUP) at any moment, typer's start-up included, end with one line and exit 130 or 143 (129),
+    a stop that a finaliser swallowed too: the command then went on, and ends with its status all the same."""
     try:
         _catch_stops()
         try:
@@ -97,14 +131,18 @@ def main() -> None:
                     raise SystemExit(128 + _stopped_by) from None
                 raise
         _quiet_exit()
-        if _observed():
+        observed = _observed()
+        if not observed:
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and not thread.daemon:
+                    thread.join()
+            atexit._run_exitfuncs()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+        if _stopped_by is not None:
+            _interrupted()
+        if observed:
             return
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
     except KeyboardInterrupt:
         _interrupted()
     os._exit(0)

@@ -229,6 +229,8 @@ def summary_table(paths: list[Path]) -> Table:
             row = [label(entry.path, s, chosen), str(tasks), stream, number(s.projection_dim, "d"), f"{best.gamma:g}*",
                    *(spread(best, key, s.orders) for key in ("A_avg", "A_last", "F")), "-"]
             table.add_row(*row, *([""] if with_paper else []), number(entry.seconds, ".1f"))
+            for problem in entry.sweep_warnings:  # the row shows the numbers its matrices give
+                err_console.print("[bold yellow]Warning:[/] " + escape(problem), highlight=False, soft_wrap=True)
             for name, head in (s.heads or {}).items():  # sweep --heads: every head, ridge at the sweep's choice
                 on = "" if fusion is None else f" · {fusion}"  # --fusions: the chosen fusion's heads
                 table.add_row(escape(str(entry.path)) + f"\n[dim]· head {escape(name + on)}[/]", str(tasks), stream,

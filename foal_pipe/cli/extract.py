@@ -17,6 +17,7 @@ from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
 from foal_pipe.datasets.registry import DATASETS
+from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.encoders import PAPER_MODEL
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.progress import new_progress
@@ -64,6 +65,7 @@ class _RichProgress:
         self.tasks[split] = self.bar.add_task(split, total=total, completed=done, rate="")
 
     def advance(self, split: str, n: int) -> None:
+        raise_swallowed_stop()  # a stop a finaliser swallowed: the store stays incomplete, resumable
         task = self.tasks[split]
         self.bar.advance(task, n)
         speed = self.bar.tasks[task].speed
@@ -193,6 +195,7 @@ def extract(
         )
         progress = _RichProgress()
         callbacks = cast("ExtractProgress", progress)  # ExtractProgress's two callbacks, duck-typed
+        before = _metadata(spec.out_path)
         try:
             with progress.bar:
                 if scheduler == "dask":
@@ -204,10 +207,8 @@ def extract(
         except (KeyboardInterrupt, RuntimeError) as exc:
             if not _by_interrupt(exc):
                 raise
-            what = (f"{spec.out_path} is unchanged and its replacement incomplete" if overwrite
-                    else f"{spec.out_path} is incomplete")
-            err_console.print(f"[yellow]Interrupted:[/] {escape(what)}; re-run the same command to resume after the last "
-                              "written chunk.", highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]Interrupted:[/] {escape(_stopped_store(spec.out_path, overwrite, before))}",
+                              highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
         shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
         if keep_blocks:
@@ -228,6 +229,39 @@ def extract(
             f"wrote {report.path}{resumed}: {shape} {dtype}, encoder {report.encoder}, {report.seconds:.1f} s "
             f"({rate:,.0f} images/s on {report.device}, {report.precision})", highlight=False, soft_wrap=True, markup=False
         )
+
+
+def _metadata(out: Path) -> bytes | None:
+    """The group metadata (``zarr.json``) of the store at ``out``; None where there is none."""
+    try:
+        return (out / "zarr.json").read_bytes()
+    except OSError:
+        return None
+
+
+def _stopped_store(out: Path, overwrite: bool, before: bytes | None) -> str:
+    """What an interrupted ``extract`` left at ``out`` and what to do, from the store's metadata before the run
+    (``before``) and now: none written (stopped while the dataset or the weights were read), a complete store
+    re-checked and unchanged, one this run completed, or an incomplete store or replacement to resume."""
+    from foal_pipe.extract.state import staging_path
+
+    now = _metadata(out)
+    try:
+        complete = json.loads(now or b"{}")["attributes"]["complete"] is True
+    except (ValueError, TypeError, KeyError):
+        complete = False
+    resume = "re-run the same command to resume after the last written chunk."
+    if now is None and before is None:
+        return f"no store was written to {out}; re-run the same command to start the extraction."
+    if now == before and complete:
+        if not overwrite:
+            return f"{out} is complete and unchanged; nothing to resume."
+        if _metadata(staging_path(out)) is None:
+            return f"{out} is unchanged and no replacement was written; re-run the same command to start it."
+        return f"{out} is unchanged and its replacement incomplete; {resume}"
+    if complete:
+        return f"{out} is complete: its extraction ended before the stop."
+    return f"{out} is incomplete; {resume}"
 
 
 def _last_run(log: dict[str, Any] | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +15,7 @@ from typing import Any
 
 from foal_pipe.heads import Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
-from foal_pipe.io import atomic_dir, write_json
+from foal_pipe.io import TEMPORARY, atomic_dir, write_json
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel
@@ -59,7 +59,7 @@ def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: L
 def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], object]) -> dict[str, float]:
     """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
     summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings. An
-    evaluation of the outputs replaced (:func:`replaced_evaluation`) goes with them."""
+    evaluation of the outputs replaced (:func:`replaced_evaluation`, found at the swap) goes with them."""
     for run in runs:
         run.store.check_unchanged()
     with atomic_dir(out, owned=replaced_evaluation(out)) as tmp:
@@ -68,20 +68,39 @@ def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Cal
         write_json(tmp / "timings.json", timings)
     return timings
 
-def replaced_evaluation(out: str | Path) -> list[str]:
+def replaced_evaluation(out: str | Path) -> Iterable[str]:
     """The files ``evaluate`` writes, in ``out``'s ``eval/`` where an evaluation of ``out``'s outputs is (it always
-    writes ``scores.json``), as ``eval/NAME``: :func:`~foal_pipe.io.atomic_dir` leaves them out of the ``eval/`` it
-    carries (the folder goes too once nothing else is in it), so a summary of the replaced run never sits beside the
-    new one's files; the user's other files there are kept. An ``eval/`` that is a symlink is carried as it is (nothing
-    is deleted through a link): a note on stderr says that its folder holds an evaluation of the replaced run."""
-    folder = Path(out) / EVAL_DIR
+    writes ``scores.json``), as ``eval/NAME``, and its temporaries in ``out`` (``.eval.tmp-*``):
+    :func:`~foal_pipe.io.atomic_dir` leaves them out of what it carries (``eval/`` goes too once nothing else is in
+    it), so a summary of the replaced run never sits beside the new one's files; the user's other files there are
+    kept. Looked up when atomic_dir swaps, under the lock that ``evaluate --run OUT`` holds from reading the run to
+    writing ``eval/``: an evaluation written while this run ran is of the replaced run too. An ``eval/`` that is a
+    symlink is carried as it is (nothing is deleted through a link): a note on stderr says that its folder holds an
+    evaluation of the replaced run."""
+    return _AtSwap(Path(out))
+
+
+class _AtSwap:
+    """``out``'s evaluation, looked up when iterated: :func:`~foal_pipe.io.atomic_dir` iterates ``owned`` under its lock,
+    at the swap."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_evaluation_files(self.out))
+
+
+def _evaluation_files(out: Path) -> list[str]:
+    temporaries = sorted(p.name for p in out.glob(f".{EVAL_DIR}.tmp-*") if TEMPORARY.fullmatch(p.name))
+    folder = out / EVAL_DIR
     if not (folder / SCORES_FILE).is_file():
-        return []
+        return temporaries
     if folder.is_symlink():
         sys.stderr.write(f"note: {folder} is a symlink, which this run keeps as it is: the folder it links to "
                          f"({os.path.realpath(folder)}) holds an evaluation of the run being replaced, left there (nothing "
                          "is deleted through a link); run `evaluate` again\n")
-    return [f"{EVAL_DIR}/{name}" for name in sorted(EVAL_FILES)]
+    return temporaries + [f"{EVAL_DIR}/{name}" for name in sorted(EVAL_FILES)]
 
 def summed_timings(parts: Sequence[dict[str, float]], start: float) -> dict[str, float]:
     """Each step's seconds summed over ``parts``, and the ``total`` since ``start``, rounded to milliseconds."""

@@ -1,6 +1,7 @@
 """``foal-pipe table``'s kept runs: each finished run as one JSON file beside the output (``.OUT.table-runs/``),
 under a fingerprint of its store, code and settings, so a killed table resumes them; a kept file that is not a whole
-run record (:func:`is_run_record`) is run again, not trusted."""
+run record (:func:`is_run_record`), or no longer the record kept under its fingerprint (:func:`kept_checksum`), is
+run again, not trusted."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from foal_pipe.core.metrics import SUMMARIES, summary_of
 from foal_pipe.durable import pid_alive
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import write_json
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import config_record
 from foal_pipe.protocol.typedjson import COUNT, INTEGER, MAPPING, NUMBERS, TEXT, is_number
+
+#: The key of a kept file that holds :func:`kept_checksum` beside the run record's fields.
+CHECKSUM_KEY = "kept_checksum"
 
 
 def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings, content: str | None = None
@@ -65,6 +70,13 @@ def code_digest() -> str:
     return digest.hexdigest()[:20]
 
 
+def kept_checksum(key: str, record: dict[str, Any]) -> str:
+    """A SHA-256 of ``record`` (its canonical JSON) under its fingerprint ``key``: a kept file edited by hand (another
+    dataset, options, counts) no longer matches it, so its run is done again; a file moved under another key neither."""
+    text = json.dumps(record, sort_keys=True, allow_nan=False, separators=(",", ":"))
+    return hashlib.sha256(f"{key}\0{text}".encode()).hexdigest()
+
+
 def asdict_shallow(settings: Settings) -> dict[str, Any]:
     """The four settings records by name, as ``table.json``'s ``settings`` holds them."""
     return {"stream": settings.stream, "model": settings.model, "evaluation": settings.evaluation,
@@ -90,7 +102,8 @@ RUN_FIELDS: dict[str, Any] = {
     "head": TEXT.accepts, "tasks": INTEGER.accepts, "n_tasks": COUNT.accepts, "stream": TEXT.accepts,
     "n_classes": COUNT.accepts, "order_seed": INTEGER.accepts, "options": MAPPING.accepts,
     "accuracy_matrix": lambda v: isinstance(v, list) and bool(v) and all(
-        isinstance(row, list) and len(row) == i + 1 and all(map(is_number, row)) for i, row in enumerate(v)),
+        isinstance(row, list) and len(row) == i + 1 and all(is_number(x) and 0 <= x <= 1 for x in row)
+        for i, row in enumerate(v)),
     "A_avg": is_number, "A_last": is_number, "F": is_number, "A_auc": lambda v: v is None or is_number(v),
     "n_train_seen": COUNT.accepts, "n_test": COUNT.accepts, "feature_dim": COUNT.accepts,
 }
@@ -99,12 +112,18 @@ RUN_FIELDS: dict[str, Any] = {
 def is_run_record(record: Any, head: str, tasks: int, seed: int, auto: bool) -> bool:
     """Whether ``record`` is a whole :func:`run_record` of ``head`` at ``tasks`` and order ``seed`` (ridge's with
     ``auto``, ``--gamma auto``: the gamma of each boundary, which the other heads take): a kept file edited, cut or
-    of another shape is run again rather than read into the table."""
+    of another shape, or whose A_avg, A_last or F its accuracy matrix contradicts, is run again rather than read into
+    the table."""
     if not isinstance(record, dict) or record.keys() != RUN_FIELDS.keys():
         return False
     if not all(accepts(record[field]) for field, accepts in RUN_FIELDS.items()):
         return False
     if (record["head"], record["tasks"], record["order_seed"]) != (head, tasks, seed):
+        return False
+    if not len(record["accuracy_matrix"]) == record["n_tasks"] == tasks or record["stream"] not in SUMMARIES:
+        return False
+    numbers = summary_of(record["accuracy_matrix"], record["stream"])  # as the run's metrics computed them
+    if not all(abs(record[k] - numbers[k]) <= 1e-9 for k in ("A_avg", "A_last", "F")):
         return False
     gammas = record["options"].get("gammas_selected")
     return head != "ridge" or not auto or (NUMBERS.accepts(gammas) and len(gammas) == record["n_tasks"] > 0)
@@ -126,8 +145,9 @@ class KeptRuns:
                 shutil.rmtree(left, ignore_errors=True)
 
     def get(self, key: str, head: str, tasks: int, seed: int, auto: bool) -> dict[str, Any] | None:
-        """The kept run under ``key`` (None: none); a file that cannot be read or is not a whole record of this run
-        (:func:`is_run_record`) is counted in :attr:`damaged` and its run done again."""
+        """The kept run under ``key`` (None: none); a file that cannot be read, is not a whole record of this run
+        (:func:`is_run_record`) or does not match its :func:`kept_checksum` is counted in :attr:`damaged` and its run
+        done again."""
         file = self.path / f"{key}.json"
         try:
             record = json.loads(file.read_text())
@@ -135,7 +155,8 @@ class KeptRuns:
             return None
         except (OSError, ValueError):
             record = None
-        if is_run_record(record, head, tasks, seed, auto):
+        checksum = record.pop(CHECKSUM_KEY, None) if isinstance(record, dict) else None
+        if is_run_record(record, head, tasks, seed, auto) and checksum == _checksum_of(key, record):
             return record
         self.damaged += 1
         return None
@@ -148,7 +169,15 @@ class KeptRuns:
 
     def put(self, key: str | None, record: dict[str, Any]) -> None:
         if key is not None:  # None: the store's content cannot be told, so the run is not kept
-            write_json(self.path / f"{key}.json", record)
+            write_json(self.path / f"{key}.json", {**record, CHECKSUM_KEY: kept_checksum(key, record)})
 
     def clear(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _checksum_of(key: str, record: dict[str, Any]) -> str | None:
+    """:func:`kept_checksum`, None where ``record`` holds a number JSON cannot (NaN, infinity: edited)."""
+    try:
+        return kept_checksum(key, record)
+    except ValueError:
+        return None

@@ -7,7 +7,7 @@ A run's sweep is ``RUN/sweep.json`` or, where the pipeline writes it (``foal-pip
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ def load_run(
         run.sweep_path = next((c for c in candidates if c.is_file()), None)
         run.sweep_searched = () if run.sweep_path else candidates
     if run.sweep_path is not None:
-        run.sweep = read_sweep(run.sweep_path)
+        run.sweep = read_sweep(run.sweep_path, run.sweep_warnings.append)
         found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics, _fusions(run.sweep))
         pairs = [(key, _setting(run.sweep, key), _setting(run.metrics, key)) for key in SWEPT_SETTINGS]
         differ = [(key, theirs, ours) for key, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
@@ -276,23 +276,35 @@ class RunSummary:
     path: Path
     metrics: LearnMetrics | None = None
     sweep: SweepReport | None = None
+    #: The sweep's numbers that its accuracy matrices contradict, shown recomputed (:func:`read_sweep`).
+    sweep_warnings: list[str] = field(default_factory=list)
 
     @property
     def seconds(self) -> float | None:
         """The run's wall time: ``total`` in ``timings.json``, or ``seconds`` in a metrics.json or sweep.json
         from before wall times moved out of them; ``None`` when neither is there, or when the folder holds both a
         learn run and a sweep: ``learn`` and ``sweep`` each write ``timings.json``, so it is the last one's and
-        cannot be told apart (a sweep into a run's folder replaces the run's)."""
+        cannot be told apart (a sweep into a run's folder replaces the run's). A time no run takes (negative, NaN,
+        infinite, over :data:`MAX_SECONDS`: edited) is not shown either."""
         for record in (self.metrics, self.sweep):
             if record is not None and record.seconds is not None:
-                return float(record.seconds)
+                return _wall_time(record.seconds)
         if self.metrics is not None and self.sweep is not None:
             return None
         try:
             total: Any = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
         except FoalPipeError:  # missing or unreadable: the time is simply not shown
             return None
-        return float(total) if is_number(total) else None
+        return _wall_time(total)
+
+
+#: More wall seconds than a run takes (over 30 years): a time recorded so was edited, and is not shown.
+MAX_SECONDS = 1e9
+
+
+def _wall_time(value: Any) -> float | None:
+    """``value`` as a run's wall seconds, None where it is not a number of them (0 to :data:`MAX_SECONDS`)."""
+    return float(value) if is_number(value) and 0 <= value <= MAX_SECONDS else None
 
 
 def find_tables(paths: Iterable[str | Path]) -> list[Path]:
@@ -318,8 +330,9 @@ def find_runs(
         for f in files:
             if f.name not in (METRICS_FILE, SWEEP_FILE):
                 raise FoalPipeError(f"{f} is neither a {METRICS_FILE} nor a {SWEEP_FILE}")
+            warnings: list[str] = []
             try:
-                data = read_metrics(f) if f.name == METRICS_FILE else read_sweep(f)
+                data = read_metrics(f) if f.name == METRICS_FILE else read_sweep(f, warnings.append)
             except FoalPipeError as exc:
                 if on_error is None:
                     raise
@@ -329,7 +342,7 @@ def find_runs(
             if isinstance(data, LearnMetrics):  # read_metrics read it: f is a metrics.json
                 entry.metrics = data
             else:
-                entry.sweep = data
+                entry.sweep, entry.sweep_warnings = data, warnings
     if not found:
         names = ", ".join(map(str, paths))
         tables = find_tables(paths)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foal_pipe.io import atomic_dir, check_output_dir, settle_enclosing, write_json
+from foal_pipe.io import atomic_dir, check_output_dir, follow_link, replacement_held_off, settle_enclosing, write_json
 from foal_pipe.protocol.outputs import EVAL_DIR, EVAL_FILES, SCORES_FILE, SUMMARY_FILE
 from foal_pipe.protocol.schema import METRICS_FILE
 from foal_pipe.report.classes import class_results
@@ -62,6 +64,12 @@ def _plots(run: Run, out: Path) -> list[Path]:
     return files
 
 
+def _writes_inside(out: Path, run: Path) -> bool:
+    """Whether ``out``'s swap, which locks its parent, is in ``run``: then the lock on ``run``'s parent stays held over it
+    (parent before child); one elsewhere is left to it, so no two evaluations wait on each other's locks."""
+    return Path(os.path.realpath(follow_link(out))).parent.is_relative_to(os.path.realpath(run))
+
+
 def evaluate(
     run_dir: str | Path,
     out: str | Path | None = None,
@@ -76,35 +84,40 @@ def evaluate(
     evaluation as it was. The same inputs give byte-identical files, PNGs included.
     """
     settle_enclosing(Path(run_dir) / DEFAULT_OUT)  # a killed learn's pending swap of RUN, before RUN is read
-    run = load_run(run_dir, sweep=sweep, model=model)
-    out = Path(out) if out is not None else run.path / DEFAULT_OUT
-    inputs = [run.path / METRICS_FILE, run.sweep_path, run.model_path]
-    check_output_dir(out, inputs=inputs, inside=DEFAULT_OUT)
-    ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=consistency_warnings(run.metrics))
-    run.metrics = as_recomputed(run.metrics)  # the warnings name what metrics.json records; the files show the matrix's
-    if run.sweep_mismatch is not None:
-        ev.notes.append(f"No gamma plot: {run.sweep_mismatch}; pass `--sweep` of a sweep with the run's settings.")
-    elif run.sweep_searched:
-        looked = " or ".join(str(p) for p in run.sweep_searched)
-        ev.notes.append(f"No gamma sweep found (looked for {looked}), so no gamma plot: run "
-                        f"`foal-pipe sweep --out {run.sweep_searched[-1].parent}` or pass `--sweep`.")
-    classes = class_results(run)
-    if isinstance(classes, str):
-        ev.notes.append(classes)
-        classes = None
-    with atomic_dir(out, owned=OUTPUTS) as tmp:
-        written = [write_csv(tmp / name, rows) for name, rows in plot_data(run).items() if rows]
-        written.append(write_json(tmp / SCORES_FILE, scores(run)))
-        if classes is not None:
-            written += [write_csv(tmp / "class_accuracy.csv", classes.rows()),
-                        write_confusion(tmp / "confusion_matrix.csv", classes)]
-        if plots:
-            written += _plots(run, tmp)
+    with ExitStack() as held:  # from reading RUN to renaming RUN/eval in, a learn or sweep replacing RUN waits
+        held.enter_context(replacement_held_off(run_dir))
+        run = load_run(run_dir, sweep=sweep, model=model)
+        out = Path(out) if out is not None else run.path / DEFAULT_OUT
+        inputs = [run.path / METRICS_FILE, run.sweep_path, run.model_path]
+        check_output_dir(out, inputs=inputs, inside=DEFAULT_OUT)
+        warnings = consistency_warnings(run.metrics) + (run.sweep_warnings if run.sweep is not None else [])
+        ev = Evaluation(run=run, out=out, paper=match_paper(run.metrics), warnings=warnings)
+        run.metrics = as_recomputed(run.metrics)  # the warnings name what metrics.json records; the files show the matrix's
+        if run.sweep_mismatch is not None:
+            ev.notes.append(f"No gamma plot: {run.sweep_mismatch}; pass `--sweep` of a sweep with the run's settings.")
+        elif run.sweep_searched:
+            looked = " or ".join(str(p) for p in run.sweep_searched)
+            ev.notes.append(f"No gamma sweep found (looked for {looked}), so no gamma plot: run "
+                            f"`foal-pipe sweep --out {run.sweep_searched[-1].parent}` or pass `--sweep`.")
+        classes = class_results(run)
+        if isinstance(classes, str):
+            ev.notes.append(classes)
+            classes = None
+        if not _writes_inside(out, run.path):  # all read: a replacement of RUN now changes nothing of this one
+            held.close()
+        with atomic_dir(out, owned=OUTPUTS) as tmp:
+            written = [write_csv(tmp / name, rows) for name, rows in plot_data(run).items() if rows]
+            written.append(write_json(tmp / SCORES_FILE, scores(run)))
             if classes is not None:
-                written.append(plot_confusion(run, classes, tmp / "confusion_matrix.png"))
-        text = summary_markdown(run, paper=ev.paper, warnings=ev.warnings, notes=ev.notes,
-                                plots=[f.name for f in written if f.suffix == ".png"], classes=classes)
-        (tmp / SUMMARY_FILE).write_text(text)
-        written.append(tmp / SUMMARY_FILE)
+                written += [write_csv(tmp / "class_accuracy.csv", classes.rows()),
+                            write_confusion(tmp / "confusion_matrix.csv", classes)]
+            if plots:
+                written += _plots(run, tmp)
+                if classes is not None:
+                    written.append(plot_confusion(run, classes, tmp / "confusion_matrix.png"))
+            text = summary_markdown(run, paper=ev.paper, warnings=ev.warnings, notes=ev.notes,
+                                    plots=[f.name for f in written if f.suffix == ".png"], classes=classes)
+            (tmp / SUMMARY_FILE).write_text(text)
+            written.append(tmp / SUMMARY_FILE)
     ev.files = [out / f.name for f in written]
     return ev

@@ -9,28 +9,28 @@ the values. Metrics are fractions, as the learner writes them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.core.metrics import summary_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.modelfile import read_model, stored_head
 from foal_pipe.protocol.schema import (
     METRICS_FILE,
     SWEEP_FILE,
-    AnytimeCurve,
     FusionSweep,
     LearnMetrics,
     OrderMetrics,
     SweepReport,
     same_gamma,
 )
+from foal_pipe.report.metricscheck import TOLERANCE as TOLERANCE  # the report's tolerance, used beside it
+from foal_pipe.report.metricscheck import all_classes_recomputed, check_metrics, differs, headline_numbers, std_warnings
+from foal_pipe.report.sweepcheck import checked_sweep
 
-#: Largest disagreement tolerated between a stored metric and its recomputation from the matrix (or curve).
-TOLERANCE = 1e-6
 #: The numbers checked against their recomputation (and written to ``scores.json``); A_auc from the anytime curve.
 HEADLINE = ("A_avg", "A_last", "F", "F_published_code", "A_auc")
 #: What each headline number is recomputed from, where not the accuracy matrix.
@@ -54,6 +54,8 @@ class Run:
     sweep_searched: tuple[Path, ...] = ()
     #: Why the sweep found beside the run was not used (it swept other features or settings).
     sweep_mismatch: str | None = None
+    #: The sweep's numbers that its accuracy matrices contradict, shown recomputed (:func:`read_sweep`).
+    sweep_warnings: list[str] = field(default_factory=list)
     #: The ``format_version`` of its ``metrics.json`` (1: written before files named it), which tells the keys a
     #: run of that version always records (``model_checksum``: :data:`~foal_pipe.protocol.schema.CHECKSUM_VERSION`).
     metrics_version: int = 1
@@ -90,15 +92,6 @@ def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
-def _recomputed(matrix: list[list[float]], stream: str | None, curve: AnytimeCurve | None) -> dict[str, Any]:
-    """The headline numbers as ``learn`` computes them: from the accuracy matrix, and A_auc (``--eval-every``) as
-    the mean of the anytime curve's accuracies, where it has points."""
-    out: dict[str, Any] = summary_of(matrix, stream)
-    if curve is not None and curve.accuracy:
-        out["A_auc"] = float(np.mean(curve.accuracy))
-    return out
-
-
 def consistency_warnings(metrics: LearnMetrics) -> list[str]:
     """Stored headline metrics that disagree with their recomputation from the accuracy matrix (A_auc: from the
     anytime curve).
@@ -107,21 +100,21 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
     top-level headline numbers against the mean over the orders (F is not linear in the matrix: the mean matrix's F
     differs).
     """
+    out = all_classes_recomputed(metrics)[1]
     if metrics.orders is not None:
-        return _orders_warnings(metrics, metrics.orders)
-    recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
-    out = []
+        return _orders_warnings(metrics, metrics.orders) + out
+    recomputed = headline_numbers(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
     if _missing_auc(metrics, recomputed):
         out.append(f"A_auc is missing from metrics.json; the anytime curve gives {recomputed['A_auc']:.6f} (shown)")
     for key in HEADLINE:
         stored = getattr(metrics, key)
-        if stored is not None and key in recomputed and abs(stored - recomputed[key]) > TOLERANCE:
+        if stored is not None and key in recomputed and differs(stored, recomputed[key]):
             out.append(f"{key} in metrics.json is {stored:.6f} but the {_SOURCE.get(key, 'accuracy matrix')} gives "
                        f"{recomputed[key]:.6f} (shown)")
     stored_steps = metrics.A_steps
     if stored_steps is not None and (
         len(stored_steps) != len(recomputed["A_steps"])
-        or any(abs(float(s) - r) > TOLERANCE for s, r in zip(stored_steps, recomputed["A_steps"]))
+        or any(differs(float(s), r) for s, r in zip(stored_steps, recomputed["A_steps"]))
     ):
         out.append("A_steps in metrics.json disagrees with its recomputation from the accuracy matrix")
     return out
@@ -131,24 +124,24 @@ def _orders_warnings(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[
     out = []
     for entry in orders:
         where = f"order {'?' if entry.order_seed is None else entry.order_seed}"
-        recomputed = _recomputed(entry.accuracy_matrix, metrics.stream, entry.anytime)
+        recomputed = headline_numbers(entry.accuracy_matrix, metrics.stream, entry.anytime)
         if _missing_auc(entry, recomputed):
             out.append(f"A_auc of {where} is missing from metrics.json; its anytime curve gives {recomputed['A_auc']:.6f} "
                        "(shown)")
         out += [f"{key} of {where} in metrics.json is {stored:.6f} but its {_SOURCE.get(key, 'accuracy matrix')} gives "
                 f"{recomputed[key]:.6f} (shown)"
                 for key in HEADLINE if (stored := getattr(entry, key)) is not None and key in recomputed
-                and abs(stored - recomputed[key]) > TOLERANCE]
-    fixed = as_recomputed(metrics).orders or []  # each order's numbers as its matrix (and curve) gives them
+                and differs(stored, recomputed[key])]
+    fixed = _headline_recomputed(metrics).orders or []  # each order's numbers as its matrix (and curve) gives them
     for key in HEADLINE:
         values = [getattr(e, key) for e in fixed]
         stored = getattr(metrics, key)
         if key == "A_auc" and stored is None and fixed and all(v is not None for v in values):
             out.append(f"A_auc is missing from metrics.json; the mean over its orders is {sum(values) / len(values):.6f} (shown)")
-        elif stored is not None and all(v is not None for v in values) and abs(stored - sum(values) / len(values)) > TOLERANCE:
+        elif stored is not None and all(v is not None for v in values) and differs(stored, sum(values) / len(values)):
             out.append(f"{key} in metrics.json is {stored:.6f} but the mean over its orders is {sum(values) / len(values):.6f} "
                        "(shown)")
-    return out
+    return out + std_warnings(metrics, fixed, HEADLINE)
 
 
 def _missing_auc(record: LearnMetrics | OrderMetrics, recomputed: dict[str, Any]) -> bool:
@@ -160,20 +153,29 @@ def _replaced(key: str, stored: float | None, recomputed: dict[str, Any]) -> boo
     """Whether the recomputation of ``key`` shows instead of ``stored``: they disagree, or A_auc is missing."""
     if key not in recomputed:
         return False
-    return key == "A_auc" if stored is None else abs(stored - recomputed[key]) > TOLERANCE
+    return key == "A_auc" if stored is None else differs(stored, recomputed[key])
 
 
 def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
     """``metrics`` with each headline number that disagrees with its recomputation from the accuracy matrix or the
     anytime curve (:func:`consistency_warnings` names them) replaced by the recomputation, so no table shows a number
     its matrix contradicts. With ``orders``: each order's from its own matrix and curve, then the means and stds over
-    the orders."""
+    the orders. ``--eval-features``' ``all_classes``: as its sources give it (:func:`all_classes_recomputed`)."""
+    fixed = _headline_recomputed(metrics)
+    everything = all_classes_recomputed(metrics)[0]
+    if everything is None or fixed.continuation is None:
+        return fixed
+    return replace(fixed, continuation=replace(fixed.continuation, all_classes=everything))
+
+
+def _headline_recomputed(metrics: LearnMetrics) -> LearnMetrics:
+    """:func:`as_recomputed`'s headline numbers (and stds over the orders)."""
     if metrics.orders is None:
-        recomputed = _recomputed(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
+        recomputed = headline_numbers(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
         return replace(metrics, **{key: recomputed[key] for key in HEADLINE if _replaced(key, getattr(metrics, key), recomputed)})
     from foal_pipe.protocol.orders import mean_std
 
-    as_runs = [as_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
+    as_runs = [_headline_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
                                                  if f.name in HEADLINE or f.name in ("accuracy_matrix", "anytime")},
                                          orders=None))
                for entry in metrics.orders]
@@ -187,11 +189,13 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
         if not values or None in values or (stored is None and key != "A_auc"):  # A_auc missing: the orders' mean
             continue
         mean, spread = mean_std(values)
-        if stored is None or abs(stored - mean) > TOLERANCE or values != [getattr(e, key) for e in metrics.orders]:
+        if stored is None or differs(stored, mean) or values != [getattr(e, key) for e in metrics.orders]:
             changes[key] = mean
             if key in std or stored is None:
                 std[key] = spread
-    if not changes:
+        elif key in std and differs(std[key], spread):  # the mean as stored, its std not (a warning names it)
+            std[key] = spread
+    if not changes and std == (metrics.std or {}):
         return metrics
     return replace(metrics, **changes, orders=orders, std=std if metrics.std is not None else None)
 
@@ -223,25 +227,9 @@ def read_metrics_version(path: str | Path) -> tuple[LearnMetrics, int]:
     data = read_json(path, "a run's metrics", LearnMetrics.FIX)
     metrics = LearnMetrics.from_dict(data, str(path))  # has refused a version outside 1..VERSION
     _check_gamma(metrics, path)
-    _check_counts(metrics, path)
+    check_metrics(metrics, path)
     _check_classes(metrics, path)
     return metrics, int(data.get("format_version", 1))
-
-
-def _check_counts(metrics: LearnMetrics, path: Path) -> None:
-    """One task per row of the accuracy matrix, where recorded: ``n_tasks``, the lists of ``tasks`` and of
-    ``gammas_selected`` (a gamma per task boundary), the top level's and each order's own (files of every version
-    record them so; older ones may lack ``n_tasks`` and ``tasks``)."""
-    records: list[tuple[str, LearnMetrics | OrderMetrics]] = [("", metrics)]
-    for where, record in records + [(f"orders[{i}]: ", o) for i, o in enumerate(metrics.orders or [])]:
-        rows = len(record.accuracy_matrix)
-        counts = {"n_tasks": getattr(record, "n_tasks", None), "tasks": None if record.tasks is None else len(record.tasks),
-                  "gammas_selected": None if record.gammas_selected is None else len(record.gammas_selected)}
-        for key, n in counts.items():
-            if n is not None and n != rows:
-                said = f"'n_tasks' is {n}" if key == "n_tasks" else f"{key!r} has {n} entries"
-                raise FoalPipeError(f"{path}: {where}{said} but 'accuracy_matrix' has {rows} rows (one per task); "
-                                    f"{LearnMetrics.FIX}")
 
 
 def _check_classes(metrics: LearnMetrics, path: Path) -> None:
@@ -254,8 +242,10 @@ def _check_classes(metrics: LearnMetrics, path: Path) -> None:
                             f"{LearnMetrics.FIX}")
 
 
-def read_sweep(path: str | Path) -> SweepReport:
-    """Read and validate a ``sweep.json`` (a file, or the directory holding one); results sorted by gamma.
+def read_sweep(path: str | Path, warn: Callable[[str], None] | None = None) -> SweepReport:
+    """Read and validate a ``sweep.json`` (a file, or the directory holding one); results sorted by gamma. Fields
+    that contradict each other are refused; a headline number its accuracy matrix contradicts is given recomputed,
+    and ``warn`` is told of each such number (:func:`~foal_pipe.report.sweepcheck.checked_sweep`).
 
     Sweeps written before GCV and leave-one-out (no ``selected_by``, no per-result ``gcv``/``loo_*``)
     are read too: their ``best_gamma`` was picked by test A_avg.
@@ -266,6 +256,10 @@ def read_sweep(path: str | Path) -> SweepReport:
     sweep = _sorted(SweepReport.from_dict(read_json(path, "a gamma sweep", SweepReport.FIX), str(path)), str(path))
     if sweep.fusions is not None:
         sweep = _check_fusions(sweep, path)
+    sweep, warnings = checked_sweep(sweep, path)
+    if warn is not None:
+        for text in warnings:
+            warn(f"{path}: {text}")
     return sweep
 
 
