@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -450,3 +451,22 @@ def blocks_store(path: Path) -> Path:
     return write_store(path, *splits, [f"c{i}" for i in range(4)],
                        encoder={"name": "synthetic-vit-s", "fusion": "mean-cls", "image_size": 0, "normalize": False},
                        chunk_rows=64, blocks=(blocks[:120], blocks[120:]), norm=norm)
+
+
+def edited_run(source: Path, run: Path, edit) -> Path:
+    """A copy of run folder ``source`` at ``run`` with ``edit`` applied to its metrics.json (the model file as it was)."""
+    shutil.copytree(source, run)
+    metrics = json.loads((run / "metrics.json").read_text())
+    edit(metrics)
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def three_class_store(path: Path) -> Path:
+    """30 train and 30 test rows of 5 features, classes a, b, c: a run takes a fraction of a second."""
+    from foal_pipe.store import write_store
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 10)
+    return write_store(path, ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y),
+                       ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y), ["a", "b", "c"])

@@ -6,12 +6,11 @@ in an AssertionError."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, build_store, invoke, learn
+from helpers import assert_one_line_error, build_store, edited_run, invoke, learn
 
 FIX = "re-run `foal-pipe learn --out DIR` (or `dvc repro`) to write it"
 
@@ -27,13 +26,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def _edited(runs: dict[str, Path], name: str, tmp_path: Path, edit) -> Path:
-    """A copy of run ``name`` with ``edit`` applied to its metrics.json (the model file left as it was)."""
-    run = tmp_path / name
-    shutil.copytree(runs[name], run)
-    metrics = json.loads((run / "metrics.json").read_text())
-    edit(metrics)
-    (run / "metrics.json").write_text(json.dumps(metrics))
-    return run
+    return edited_run(runs[name], tmp_path / name, edit)
 
 
 def _skipped_by_summary(run: Path, message: str) -> None:

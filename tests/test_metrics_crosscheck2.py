@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, build_store, die_after_kept_runs, invoke, learn
+from helpers import assert_one_line_error, build_store, die_after_kept_runs, edited_run, invoke, learn
 
 from foal_pipe.protocol import table as engine
 from foal_pipe.protocol.orders import mean_std
@@ -49,12 +49,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def _edited(runs: dict[str, Path], name: str, tmp_path: Path, edit) -> Path:
-    run = tmp_path / name
-    shutil.copytree(runs[name], run)
-    metrics = json.loads((run / "metrics.json").read_text())
-    edit(metrics)
-    (run / "metrics.json").write_text(json.dumps(metrics))
-    return run
+    return edited_run(runs[name], tmp_path / name, edit)
 
 
 def _refused(run: Path, message: str) -> None:

@@ -9,10 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-from foal_pipe.store import write_store
+from helpers import three_class_store
 
 ROOT = Path(__file__).resolve().parents[1]
 HUP_SITE = """
@@ -32,10 +30,7 @@ io.write_json = write_json
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 10)
-    return write_store(tmp_path / "s.zarr", ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y),
-                       ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y), ["a", "b", "c"])
+    return three_class_store(tmp_path / "s.zarr")
 
 
 def _learn(tmp_path: Path, store: Path, out: Path, ignored: bool) -> subprocess.CompletedProcess[str]:

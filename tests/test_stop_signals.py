@@ -12,13 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import three_class_store
 from typer.testing import CliRunner
 
 import foal_pipe.extract.run as extract_run
 from foal_pipe.cli import app
-from foal_pipe.store import write_store
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = "import sys; from foal_pipe.cli import main; sys.argv[0] = 'foal-pipe'; main()"
@@ -83,10 +82,7 @@ io.write_json = write_json
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    y = np.repeat(np.arange(3), 10)
-    return write_store(tmp_path / "s.zarr", ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y),
-                       ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y), ["a", "b", "c"])
+    return three_class_store(tmp_path / "s.zarr")
 
 
 def _learn_args(store: Path, out: Path, gamma: float) -> list[str]:
