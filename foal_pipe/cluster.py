@@ -10,7 +10,7 @@ from contextlib import contextmanager, suppress
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, clipped, param
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -143,6 +143,32 @@ def connect(address: str) -> Client:
     return Bounded(address, timeout=CONNECT_TIMEOUT)
 
 
+def _local_client(distributed: ModuleType, workers: int) -> tuple[Client, Any]:
+    """A client of a new LocalCluster of ``workers`` processes, else a one-line error: a worker that dies as the
+    cluster starts (killed, out of memory) makes distributed raise ("Nanny failed to start.") with chained
+    tracebacks; whatever was started is closed."""
+    cluster = None
+    try:
+        cluster = distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=QUIET,
+        )
+        return distributed.Client(cluster), cluster
+    except Exception as exc:  # noqa: BLE001  any failure to start is reported the same way
+        if cluster is not None:
+            with suppress(Exception):  # the start's error is the one to report
+                cluster.close()
+        reason = clipped(next(iter(str(exc).splitlines()), ""))
+        raise FoalPipeError(
+            f"cannot start a local Dask cluster of {workers} worker process(es) ({type(exc).__name__}: {reason}); "
+            f"check that the workers are not killed (memory, process limits) and re-run, or use "
+            f"{param('scheduler', 'local')}"
+        ) from None
+
+
 @contextmanager
 def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Client]:
     """A connected client: ``local`` starts a LocalCluster of ``workers`` processes (closed on exit),
@@ -154,15 +180,7 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
                             f"got {address!r}")
     with quiet_logs():
         if is_local(address):
-            check_workers(workers)
-            cluster = distributed.LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=":0",
-                silence_logs=QUIET,
-            )
-            client = distributed.Client(cluster)
+            client, cluster = _local_client(distributed, check_workers(workers))
         else:
             cluster = None
             try:

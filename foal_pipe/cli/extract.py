@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
+from foal_pipe.cluster import is_local
 from foal_pipe.datasets.registry import DATASETS
 from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.encoders import PAPER_MODEL
@@ -72,11 +73,10 @@ class _RichProgress:
         self.bar.update(task, rate=f"{speed:,.0f} images/s" if speed else "")
 
 
-#: extract's options that act only with another setting (see cli/learn.py ``ONLY_WITH``): ``--dask-address`` with
-#: ``--scheduler dask``; ``--workers`` counts DataLoader workers (local) or the LocalCluster's (dask, local), and a
-#: cluster at another address has its own.
+#: extract's options that act only with another setting (cli/learn.py ``ONLY_WITH``): ``--workers`` counts DataLoader
+#: workers (local) or the LocalCluster's (dask, ``--dask-address local`` or ""); a cluster elsewhere has its own.
 EXTRACT_WORKERS: tuple[str, Callable[[dict[str, Any]], bool]] = ("--scheduler local or --dask-address local",
-                   lambda p: p["scheduler"] != "dask" or p["dask_address"] == "local")
+                   lambda p: p["scheduler"] != "dask" or is_local(p["dask_address"]))
 
 
 @app.command()

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cluster import is_local
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import counted
@@ -49,7 +50,7 @@ ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "blurry_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
     "dask_address": ("--scheduler dask", lambda p: p["scheduler"] == "dask"),
     "workers": ("--scheduler dask and --dask-address local",  # another cluster has its own workers
-                lambda p: p["scheduler"] == "dask" and p["dask_address"] == "local"),
+                lambda p: p["scheduler"] == "dask" and is_local(p["dask_address"])),
 }
 #: ``--select`` values that read the training rows (leave-one-out), so take ``--loo-sample``.
 LOO_SELECTS = tuple(name for name in TRAINING_CRITERIA if CRITERIA[name].rows)

@@ -428,7 +428,8 @@ def _head_settings(init_model: str | Path, deployed: DeployedModel, model: Model
     name, options = classifier.name, classifier.options
     settings = continued_head_settings(deployed, model, explicit)
     if execution.scheduler != "local":
-        raise FoalPipeError(f"the {name} head runs in this process; use {param('scheduler', 'local')}")
+        raise FoalPipeError(f"continuing a {name} model ({param('init_model')}) runs in this process (only ridge's sums "
+                            f"are added on a cluster); continue it with {param('scheduler', 'local')}")
     if takes_batch_size(name) and stream.batch_size != options["batch_size"]:
         raise FoalPipeError(f"the model's {name} recursion ran on mini-batches of {options['batch_size']} rows; pass "
                             f"{param('batch_size', options['batch_size'])} to continue it exactly")

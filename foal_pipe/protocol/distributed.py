@@ -172,7 +172,7 @@ def dask_statistics(
     import dask
     import dask.array as da
 
-    from foal_pipe.store import open_store
+    from foal_pipe.store import check_same, open_store
 
     train = open_store(path).train
     features = train.features
@@ -205,12 +205,18 @@ def dask_statistics(
     except cluster_errors() as exc:
         raise cluster_failure(exc) from None
     except Exception as exc:  # a chunk a worker could not read or decode (zarr raises many types): name it from here
+        where = train.root if shown is None else Path(shown)
+        check_same(where, train.fingerprint)  # a store replaced under the run is "changed", not damaged
         suspects = failed or [key for key in span_of if key in size_of]  # the failed block, else every unfinished one
-        named = train if shown is None else open_store(shown).train
-        for key in suspects:
-            named.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
-        if isinstance(exc, (MissingChunk, BadChunkFile)):  # a chunk that reads here: name it from the worker's error
-            raise chunk_file_error(named, exc) from None
+        try:
+            named = train if shown is None else open_store(shown).train
+            for key in suspects:
+                named.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
+            if isinstance(exc, (MissingChunk, BadChunkFile)):  # a chunk that reads here: name it from the worker's error
+                raise chunk_file_error(named, exc) from None
+        except FoalPipeError:
+            check_same(where, train.fingerprint)  # replaced while the bad chunk was looked for here
+            raise
         raise
     expected = np.bincount(groups[groups >= 0], minlength=n_groups)
     got = np.array([0 if t is None else t.n for t in totals])
@@ -272,7 +278,10 @@ class ClusterSplit:
                 future = self._futures[b]
             raw = cluster_result(self._client, future, watch=self._watch)[lo]
         except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
+            from foal_pipe.store import check_same
+
             self._split.read_raw(lo, hi)  # the local checked read names it as a local run does
+            check_same(self._split.root, self._split.fingerprint)  # a store replaced under the run is not "damaged"
             raise chunk_file_error(self._split, exc) from None
         except cluster_errors() as exc:  # workers or scheduler lost under the run
             raise cluster_failure(exc) from None
