@@ -180,11 +180,12 @@ def summary_table(paths: list[Path]) -> Table:
         rows = head.rows or (HEADS[name].space if name in HEADS else None)  # older files: the registry's space
         return "0" if rows == "features" else number(s.projection_dim, "d")
 
-    def head_gamma(options: dict) -> str:
-        """A sweep head's gamma; with ``--order-seeds`` ridge's options hold one per order (``gammas``): that one
-        where they agree."""
+    def head_gamma(options: dict, seeds: list[int] | None) -> str:
+        """A sweep head's gamma; with ``--order-seeds`` the options of ridge and of the heads at its gamma hold one per
+        order (``gammas``): that one where they agree. Files before balanced's and dual's held their first order's."""
         gammas = options.get("gammas") or ([] if options.get("gamma") is None else [options["gamma"]])
-        return "-" if not gammas else format(gammas[0], "g") if len(set(gammas)) == 1 else "per order"
+        first = f" (order {seeds[0]}'s)" if seeds and len(seeds) > 1 and "gammas" not in options and gammas else ""
+        return "-" if not gammas else format(gammas[0], "g") + first if len(set(gammas)) == 1 else "per order"
 
     def spread(m, key: str, orders: list | None) -> str:
         """A learn or sweep --order-seeds record's mean over its ``orders``, with their std (ddof 0)."""
@@ -234,7 +235,7 @@ def summary_table(paths: list[Path]) -> Table:
             for name, head in (s.heads or {}).items():  # sweep --heads: every head, ridge at the sweep's choice
                 on = "" if fusion is None else f" · {fusion}"  # --fusions: the chosen fusion's heads
                 table.add_row(escape(str(entry.path)) + f"\n[dim]· head {escape(name + on)}[/]", str(tasks), stream,
-                              head_width(name, head, s), head_gamma(head.options),
+                              head_width(name, head, s), head_gamma(head.options, s.order_seeds),
                               *(spread(head, key, s.orders) for key in ("A_avg", "A_last", "F")), "-",
                               *([""] if with_paper else []), "")
     notes = [f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"] if sweeps else []

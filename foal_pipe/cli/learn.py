@@ -256,13 +256,25 @@ def _sweep_table(results: list, oracle: float | None, selected_by: str | None, n
     return table
 
 
+def _option_cell(key: str, value: Any) -> str:
+    """A head's option as run; with ``--order-seeds`` one per order (``gammas``: each order's gamma, chosen on its own
+    rows): their common value, else each order's, "per order"."""
+    def shown(v: Any) -> str:
+        return format(v, "g") if isinstance(v, float) else str(v)
+
+    if isinstance(value, list) and value and key.endswith("s"):
+        values = [shown(v) for v in value]
+        return f"{key[:-1]} {values[0]}" if len(set(values)) == 1 else f"{key[:-1]} per order ({' '.join(values)})"
+    return f"{key} {shown(value)}"
+
+
 def _heads_table(report) -> Table:
     """``sweep --heads``: every head's accuracy, options and leave-one-out accuracy."""
     table = Table(title=f"heads: {escape(str(report.dataset))} ({counted(report.n_tasks, 'task')})")
     for name in ("head", "A_avg %", "A_last %", "F %", "LOO acc %", "options"):
         table.add_column(name, justify="right")
     for name, entry in report.heads.items():
-        options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.options.items())
+        options = ", ".join(_option_cell(k, v) for k, v in entry.options.items())
         table.add_row(name, f"{100 * entry.A_avg:.2f}", f"{100 * entry.A_last:.2f}", f"{100 * entry.F:.2f}",
                       _cell(entry.loo_accuracy, 100), options)
     return table

@@ -3,7 +3,7 @@ settings checked before any work and recorded with their options (defaults inclu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -66,6 +66,33 @@ def resolved_options(name: str, model: ModelConfig) -> dict[str, Any]:
     return {key: getattr(head, key) for key in entry.options}
 
 
+def _refusal(name: str, options: Mapping[str, Any]) -> FoalPipeError | None:
+    """Head ``name``'s refusal of ``options`` (None: it takes them)."""
+    try:
+        make_head(name, options, _numpy(), 1)
+    except FoalPipeError as exc:
+        return exc
+    return None
+
+
+def _check_own_options(name: str, names: Sequence[str], model: ModelConfig) -> None:
+    """Head ``name``'s own checks of its options. One option sets every head of ``names`` that takes it (slda's and
+    fecam's ``shrinkage``): a value ``name`` refuses and another takes is refused with the head's reason and the way
+    out, not the head's own fix, which would change the other's value too."""
+    if _refusal(name, model.head_options) is None:
+        return
+    for option, value in model.head_options.items():
+        takers = [n for n in names if n != name and option in HEADS[n].options and _refusal(n, {option: value}) is None]
+        own = _refusal(name, {option: value}) if option in HEADS[name].options and takers else None
+        if own is not None:
+            others = " and ".join(takers)
+            reason = own.template.split("; try ")[0]  # the head's fix would set the others' value too
+            raise FoalPipeError(f"{reason}, and {param('heads')} gives {others} the same {param(option)} (one sets every "
+                                f"head that takes it): run {name} and {others} in separate commands, each with its own "
+                                f"{param(option)}, or drop one of them from {param('heads')}")
+    make_head(name, model.head_options, _numpy(), 1)  # the head's own refusal
+
+
 def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Sequence[str] | None = None) -> None:
     """Refuse an option that none of ``names`` takes: one of ``model.head_options`` (each given), or, when every
     head works on the store's features, a projection option (``explicit``: the fields the user gave; None: those that
@@ -82,7 +109,7 @@ def check_head_options(names: Sequence[str], model: ModelConfig, explicit: Seque
                                 f"{', '.join(names)}: drop it")
     for name, entry in entries.items():  # the head's own checks of its options, before any work
         if not entry.gram_lanes:
-            make_head(name, model.head_options, _numpy(), 1)
+            _check_own_options(name, names, model)
     if "ridge" not in names:
         for option in RIDGE_FIELDS:
             if option in explicit:

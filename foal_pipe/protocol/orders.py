@@ -478,19 +478,22 @@ def _combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select:
     return _combine_heads(combined, reports) if reports[0].heads else combined
 
 
+#: The head options ``sweep --heads`` sets from each order's gamma (dual's gamma_comp: its gamma) -> their per-order key.
+PER_ORDER_OPTIONS = {"gamma": "gammas", "gamma_comp": "gamma_comps"}
+
+
 def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> SweepReport:
-    """``--heads`` over orders: each head's entry with its accuracy the means over the orders (:func:`order_means`)
-    and its leave-one-out accuracy their mean (ridge's options: each order's gamma); the best head by mean
-    leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
+    """``--heads`` over orders: each head's entry with its accuracy the means over the orders (:func:`order_means`),
+    its leave-one-out accuracy their mean and each order's :data:`PER_ORDER_OPTIONS` (not the first order's alone);
+    the best head by mean leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
     heads = {}
     for name, first in known(report.heads, "the heads' entries").items():
         entries = [known(rep.heads, "an order's heads")[name] for rep in reports]
         loo = [v for e in entries if (v := e.loo_accuracy) is not None]
-        heads[name] = replace(first, **order_means(entries),
+        options = {PER_ORDER_OPTIONS.get(k, k): [e.options[k] for e in entries] if k in PER_ORDER_OPTIONS else v
+                   for k, v in first.options.items()}
+        heads[name] = replace(first, **order_means(entries), options=options,
                               loo_accuracy=None if len(loo) < len(entries) else mean_std(loo)[0])
-        if name == "ridge":  # each order at its own gamma, chosen by the sweep's criterion on its training rows
-            heads[name] = replace(heads[name], options={"gammas": [e.options["gamma"] for e in entries],
-                                                        "selected_by": first.options["selected_by"]})
     ranked = {name: score for name, entry in heads.items() if (score := entry.loo_accuracy) is not None}
     best = max(ranked, key=ranked.__getitem__) if ranked else None
     return replace(report, heads=heads, best_head=best, best_head_selected_by=report.best_head_selected_by if best else None,

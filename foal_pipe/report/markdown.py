@@ -320,16 +320,20 @@ def _fusions(run: Run) -> list[str]:
 
 def _head_options(options: dict[str, Any], seeds: list[int] | None) -> str:
     """A sweep head's options as run. With ``--order-seeds`` ridge ran each class order at the gamma chosen on its
-    own rows (``gammas``, one per order): one gamma where every order chose it, else each order's, by its seed."""
+    own rows, and the heads that take ridge's gamma at that order's (``gammas``, ``gamma_comps``: one per order):
+    one value where every order agrees, else each order's, by its seed. Files before them hold balanced's and dual's
+    first order's gamma alone: named as that order's."""
     def value(v: Any) -> str:
         return f"{v:g}" if isinstance(v, float) else str(v)
 
     shown = []
     for k, v in options.items():
-        if k == "gammas" and isinstance(v, list) and v:
+        if isinstance(v, list) and v and k.endswith("s"):
             names = seeds if seeds is not None and len(seeds) == len(v) else range(1, len(v) + 1)
-            shown.append(f"gamma {value(v[0])}" if len(set(v)) == 1 else "gamma " + ", ".join(
+            shown.append(f"{k[:-1]} {value(v[0])}" if len(set(v)) == 1 else f"{k[:-1]} " + ", ".join(
                 f"{value(g)} (order {seed})" for seed, g in zip(names, v, strict=True)))
+        elif k in ("gamma", "gamma_comp") and seeds is not None and len(seeds) > 1:
+            shown.append(f"{k} {value(v)} (order {seeds[0]}'s)")
         else:
             shown.append(f"{k} {value(v)}")
     return ", ".join(shown)
