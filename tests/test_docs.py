@@ -82,16 +82,21 @@ def _prose_lines(path: Path) -> list[str]:
 
 
 def _anchors(path: Path) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, spaces to '-', repeats numbered."""
+    """The heading anchors that GitHub and the site (Python-Markdown's toc, which ``mkdocs build --strict`` checks)
+    both give. GitHub's: lower case, punctuation but '-' and '_' dropped, each space to '-', repeats numbered '-1';
+    the site's: the same but a run of spaces and '-' becomes one '-', repeats numbered '_1'. A heading whose two
+    anchors differ (``--flag`` in it, or a repeat) gives none: a link to it works on one of the two only."""
     seen: dict[str, int] = {}
     anchors = set()
     for line in _prose_lines(path):
         match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if match:
-            slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
-            count = seen.get(slug, 0)
-            seen[slug] = count + 1
-            anchors.add(slug if count == 0 else f"{slug}-{count}")
+            text = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower())
+            github, site = text.replace(" ", "-"), re.sub(r"[-\s]+", "-", text.strip())
+            count = seen.get(github, 0)
+            seen[github] = count + 1
+            if count == 0 and github == site:
+                anchors.add(github)
     return anchors
 
 
