@@ -62,6 +62,7 @@ from foal_pipe.protocol.records import (
     Learned,
     Swept,
     accuracy_report,
+    best_heads,
     choose,
     learn_metrics,
     leave_one_out_rows,
@@ -494,7 +495,6 @@ def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> Sweep
                    for k, v in first.options.items()}
         heads[name] = replace(first, **order_means(entries), options=options,
                               loo_accuracy=None if len(loo) < len(entries) else mean_std(loo)[0])
-    ranked = {name: score for name, entry in heads.items() if (score := entry.loo_accuracy) is not None}
-    best = max(ranked, key=ranked.__getitem__) if ranked else None
+    best, oracle = best_heads(heads)
     return replace(report, heads=heads, best_head=best, best_head_selected_by=report.best_head_selected_by if best else None,
-                   best_head_test=max(heads, key=lambda name: heads[name].A_avg))
+                   best_head_test=oracle)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -198,11 +198,17 @@ def heads_report(report: SweepReport, names: Sequence[str], fields: dict[str, di
         else:
             entries[name] = HeadSweep(**fields[name], options=options[name], loo_accuracy=loo.get(name),
                                       rows=HEADS[name].space)
-    ranked = {name: score for name in names if (score := entries[name].loo_accuracy) is not None}
-    best = max(ranked, key=ranked.__getitem__) if ranked else None
-    oracle = max(names, key=lambda name: entries[name].A_avg)
+    best, oracle = best_heads(entries)
     return replace(report, heads=entries, best_head=best, best_head_selected_by=HEAD_CRITERION if best else None,
                    best_head_test=oracle)
+
+
+def best_heads(heads: Mapping[str, HeadSweep]) -> tuple[str | None, str]:
+    """The head of best :data:`HEAD_CRITERION` (None where no head has one) and the test oracle's (best test
+    A_avg), each the first of equals in ``heads``' order (the registry's, as ``sweep --heads`` lists them)."""
+    ranked = {name: score for name, entry in heads.items() if (score := entry.loo_accuracy) is not None}
+    best = max(ranked, key=ranked.__getitem__) if ranked else None
+    return best, max(heads, key=lambda name: heads[name].A_avg)
 
 
 def _best_index(results: Sequence[SweepResult], criterion: str) -> int:

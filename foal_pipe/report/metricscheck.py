@@ -129,12 +129,11 @@ def _check_parts(metrics: LearnMetrics, path: Path) -> None:
             if name in seen:
                 raise _refuse(path, f"'task_names' names class {name!r} twice (each class is learned in one task)")
             seen.add(name)
-    stores: dict[str, StoreScore] = {}
     for i, score in enumerate(cont.eval_features or ()):
         if score.unknown_class_rows > score.n_test:
             raise _refuse(path, f"eval_features[{i}]: 'unknown_class_rows' is {score.unknown_class_rows} but the store "
                                 f"has {score.n_test} test rows")
-        stores.setdefault(score.features, score)
+    stores = _eval_stores(metrics)
     everything, n = cont.all_classes, len(metrics.accuracy_matrix)
     if everything is None:
         return
@@ -154,6 +153,14 @@ def _check_parts(metrics: LearnMetrics, path: Path) -> None:
                                 f"'eval_features' entry has {entry.n_test - entry.unknown_class_rows} of known classes")
 
 
+def _eval_stores(metrics: LearnMetrics) -> dict[str, StoreScore]:
+    """``--eval-features``' scores by store, the first of a store named twice."""
+    stores: dict[str, StoreScore] = {}
+    for score in (metrics.continuation.eval_features if metrics.continuation else None) or ():
+        stores.setdefault(score.features, score)
+    return stores
+
+
 def all_classes_recomputed(metrics: LearnMetrics) -> tuple[AllClasses | None, list[str]]:
     """``all_classes`` as its sources give it (None: as stored), and a warning per number replaced: a part ``Tk``'s
     accuracy is the last row of the accuracy matrix at task k, an ``eval`` part's its store's correct rows (of
@@ -164,9 +171,7 @@ def all_classes_recomputed(metrics: LearnMetrics) -> tuple[AllClasses | None, li
     if cont is None or everything is None:
         return None, []
     last, n, warnings = metrics.accuracy_matrix[-1], len(metrics.accuracy_matrix), []
-    stores: dict[str, StoreScore] = {}
-    for score in cont.eval_features or ():
-        stores.setdefault(score.features, score)
+    stores = _eval_stores(metrics)
     parts = []
     for k, part in enumerate(everything.tasks):
         if k < n:

@@ -356,9 +356,11 @@ def _selection_choices(check: _Check, selections: list[SweepSelection] | None, w
 
 
 def _head_choices(check: _Check, sweep: SweepReport) -> None:
-    """``best_head`` is ``best_head_selected_by``'s pick and ``best_head_test`` the best test A_avg, of equals the
-    first in the registry's order (:data:`~foal_pipe.heads.HEADS`), as ``sweep --heads`` picks them."""
+    """``best_head`` is :data:`~foal_pipe.protocol.records.HEAD_CRITERION`'s pick and ``best_head_test`` the best test
+    A_avg, of equals the first in the registry's order (:data:`~foal_pipe.heads.HEADS`), as ``sweep --heads`` picks
+    them (:func:`~foal_pipe.protocol.records.best_heads`); under another criterion, only that the head is one."""
     from foal_pipe.heads import HEADS
+    from foal_pipe.protocol.records import HEAD_CRITERION, best_heads
 
     heads = sweep.heads or {}
     names = [n for n in HEADS if n in heads] + [n for n in heads if n not in HEADS]
@@ -368,15 +370,12 @@ def _head_choices(check: _Check, sweep: SweepReport) -> None:
             raise check.refuse(f"{key!r} {name!r} is not one of 'heads' ({', '.join(names)})")
     if rule is not None and rule not in CRITERIA:
         raise check.refuse(f"'best_head_selected_by' {rule!r} is not a criterion ({', '.join(CRITERIA)})")
-    for key, name, by in (("best_head", sweep.best_head, rule), ("best_head_test", sweep.best_head_test, "test")):
-        if name is None or by is None or CRITERIA[by].key not in ("loo_accuracy", "A_avg"):
-            continue  # a criterion the heads do not record: membership only
-        attribute = CRITERIA[by].key
-        scored = {n: v for n in names if isinstance(v := getattr(heads[n], attribute), float | int)}
-        if not scored:
-            continue
-        pick = (max if CRITERIA[by].larger else min)(scored, key=scored.__getitem__)  # type: ignore[arg-type]
-        if name != pick:
+    if not heads:
+        return
+    best, oracle = best_heads({n: heads[n] for n in names})
+    for key, name, by, pick in (("best_head", sweep.best_head, rule, best),
+                                ("best_head_test", sweep.best_head_test, "test", oracle)):
+        if name is not None and pick is not None and by in (HEAD_CRITERION, "test") and name != pick:
             raise check.refuse(f"{key!r} is {name!r} but {CRITERIA[by].short} over the heads chooses {pick!r}")
 
 
