@@ -181,8 +181,7 @@ def _other_model(m: LearnMetrics, meta: dict[str, Any], path: Path) -> tuple[str
             and meta["head_options"] != m.head_options:
         return "head options", shown(meta["head_options"]), shown(m.head_options)
     gamma = m.gammas_selected[-1] if m.gamma == "auto" and m.gammas_selected else m.gamma
-    if m.head is None and is_number(meta.get("gamma")) and is_number(gamma) \
-            and not same_gamma(meta["gamma"], gamma):
+    if m.head is None and is_number(meta.get("gamma")) and is_number(gamma) and not same_gamma(meta["gamma"], gamma):
         return "gamma", f"{meta['gamma']:g}", f"{gamma:g}" + (" (the last one --gamma auto chose)" if m.gamma == "auto" else "")
     rows = m.continuation.n_samples_seen_total if m.continuation is not None else m.n_train_seen
     if None not in (rows, meta.get("n_samples_seen")) and meta["n_samples_seen"] != rows:
