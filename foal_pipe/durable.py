@@ -36,15 +36,46 @@ def raise_swallowed_stop() -> None:
         raise KeyboardInterrupt
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this host (one we may not signal counts as running)."""
+#: Seconds by which a process must have started after a temporary's change time to count as another process that
+#: the system gave a dead writer's id: a margin for /proc/stat's whole-second boot time and for the wall clock being
+#: stepped while a writer runs (its start, counted from boot, would seem later), beyond which a reused id is the
+#: usual case (a restarted container numbers its processes from 1 again).
+_START_SLACK = 60.0
+
+
+def pid_alive(pid: int, since: float | None = None) -> bool:
+    """Whether a process with this id runs on this host (one we may not signal counts as running). ``since``: the last
+    change time of what the process made (its temporary's ``st_ctime``); a process with this id that started later is
+    another one, given the id after the maker died, so the maker counts as gone (where the start is known)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if since is None:
         return True
-    return True
+    started = process_start(pid)
+    return started is None or started <= since + _START_SLACK
+
+
+def changed_at(path: Path) -> float | None:
+    """``path``'s last change time (``st_ctime``), the ``since`` of :func:`pid_alive`; None once it is gone."""
+    try:
+        return path.lstat().st_ctime
+    except OSError:
+        return None
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch (Linux's /proc; None where unknown)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks after boot
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 class _Held:

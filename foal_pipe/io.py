@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from foal_pipe.durable import fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
+from foal_pipe.durable import changed_at, fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
 from foal_pipe.errors import FoalPipeError, param
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -287,7 +287,7 @@ def _remove_stale(path: Path, swapped: bool = False) -> None:
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*{_JOURNAL if swapped else ''}"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
         base = tmp.with_name(tmp.name.removesuffix(_JOURNAL).removesuffix(_OLD))
-        if pid.isdigit() and (not pid_alive(int(pid)) or _left_by_this_process(int(pid), base)):
+        if pid.isdigit() and (not pid_alive(int(pid), changed_at(tmp)) or _left_by_this_process(int(pid), base)):
             bases.add(base)
     for tmp in sorted(bases):
         if not swapped or _read_journal(tmp.with_name(tmp.name + _JOURNAL))[0] is not None:

@@ -108,7 +108,7 @@ def test_evaluate_stopped_after_its_swap_leaves_one_evaluation(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt if how == "interrupt" else _Died):
         evaluate(run, out=out, plots=False)
     monkeypatch.undo()
-    monkeypatch.setattr(io, "pid_alive", lambda pid: False)  # the killed run's process is gone
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: False)  # the killed run's process is gone
     check_output_dir(out)  # what the next run does first
     assert snapshot(out) == {**reference, "mine.txt": b"a user's note"}
     assert entries(tmp_path) == ["ev", "ref", "run"]

@@ -141,7 +141,7 @@ def test_killed_after_the_swap_the_next_check_leaves_out_the_owned_nested_files(
     with pytest.raises(_Died), atomic_dir(out, owned=["eval/summary.md"]) as tmp:
         (tmp / "model").write_text("new")
     monkeypatch.undo()
-    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: False)
     check_output_dir(out)  # what the next run does first
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == {
         "model": "new", "eval/notes.md": "mine"}
@@ -189,7 +189,7 @@ def test_evaluate_after_a_killed_learn_settles_the_run_first_and_the_users_eval_
         with pytest.raises(_Died):
             _learn(features, run, "--gamma", "100")
     assert any(p.name.endswith(".swap") for p in tmp_path.iterdir())  # a swap pending, its process gone
-    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: False)
     result = invoke("evaluate", "--run", run, "--no-plots")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr", "run"]  # settled before the run was read
@@ -214,7 +214,7 @@ def test_a_folder_the_settled_outputs_have_too_is_merged_not_dropped(tmp_path, m
             (tmp / "model").write_text("new")
     (out / "eval" / "sub").mkdir(parents=True)  # written into the new outputs before they were settled
     (out / "eval" / "summary.md").write_text("new")
-    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: False)
     check_output_dir(out)
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == {
         "model": "new", "eval/summary.md": "new", "eval/notes.md": "mine", "eval/sub/a.txt": "mine too"}
@@ -244,7 +244,7 @@ def test_check_output_dir_settles_a_pending_swap_of_an_enclosing_folder_only(tmp
     assert not out.exists()
     unfinished = tmp_path / ".run.tmp-99999999-abcdefgh"  # a temporary without a journal: left for a run on run
     unfinished.mkdir()
-    monkeypatch.setattr(io, "pid_alive", lambda pid: False)
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: False)
     check_output_dir(out / "eval")
     assert (out / "notes.md").read_text() == "mine" and unfinished.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.tmp-99999999-abcdefgh", "run"]
@@ -292,10 +292,10 @@ def test_a_pending_swap_whose_run_was_taken_by_another_folder_carries_the_previo
     for name, text in (("model.npz", "old"), ("notes.txt", "user"), ("eval/notes.md", "mine")):
         (old / name).write_text(text)
     (tmp_path / f"{new.name}.swap").write_text(f"{new.stat().st_ino}\nmodel.npz")
-    monkeypatch.setattr(io, "pid_alive", lambda pid: True)
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: True)
     with atomic_dir(run / "eval") as tmp:
         (tmp / "scores.json").write_text("{}")
-    monkeypatch.setattr(io, "pid_alive", lambda pid: False)  # its process gone
+    monkeypatch.setattr(io, "pid_alive", lambda pid, since=None: False)  # its process gone
     check_output_dir(run)
     assert _files(run) == {"model.npz": "old", "notes.txt": "user", "eval/notes.md": "mine", "eval/scores.json": "{}"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["RUN"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import SUMMARIES, summary_of
-from foal_pipe.durable import pid_alive
+from foal_pipe.durable import changed_at, pid_alive
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.io import write_json
 from foal_pipe.protocol.capabilities import Settings
@@ -141,7 +141,7 @@ class KeptRuns:
         self.damaged = 0
         for left in out.parent.glob(f"{glob.escape(self.path.name)}-*-*"):  # tempfile adds 8 of [a-z0-9_]
             named = re.fullmatch(re.escape(self.path.name) + r"-(\d+)-[a-z0-9_]{8}", left.name)
-            if named and not pid_alive(int(named.group(1))):
+            if named and not pid_alive(int(named.group(1)), changed_at(left)):
                 shutil.rmtree(left, ignore_errors=True)
 
     def get(self, key: str, head: str, tasks: int, seed: int, auto: bool) -> dict[str, Any] | None:

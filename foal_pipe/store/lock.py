@@ -57,7 +57,11 @@ def _alive_here(holder: dict[str, object]) -> bool:
         return bool(holder)
     if type(pid) is not int or pid == os.getpid():
         return False
-    return pid_alive(pid)
+    try:
+        since = datetime.fromisoformat(str(holder.get("since"))).timestamp()
+    except ValueError:
+        since = None
+    return pid_alive(pid, since)
 
 
 def _acquire(lock: Path, what: str) -> int:
