@@ -42,10 +42,15 @@ class FoalPipeError(ValueError):
     A ``ValueError``, so ordinary ``except ValueError`` code (scikit-learn's included) catches it. Its text names
     parameters as a Python caller passes them; :meth:`render` names them otherwise (the CLI prints its flags as
     ``Error: <message>`` and exits with status 1, without a traceback).
+
+    ``fix``: the way out, kept apart from the problem (``reason``) and joined to it by "; " in the message, so that a
+    caller can name the same problem with another fix (one head's option, shared by another head) without parsing
+    the text.
     """
 
-    def __init__(self, message: object = "") -> None:
-        self.template = str(message)
+    def __init__(self, message: object = "", fix: str = "") -> None:
+        self.reason, self.fix = str(message), fix
+        self.template = f"{self.reason}; {fix}" if fix else self.reason
         super().__init__(self.render(python_form))
 
     def render(self, form: Callable[..., str]) -> str:

@@ -65,7 +65,8 @@ def _messages(path: Path) -> list[tuple[str, int, str]]:
     for function in [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)] or [tree]:
         for node in ast.walk(function):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "FoalPipeError" and node.args:
-                parts = [n.value for n in ast.walk(node.args[0]) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                texts = [*node.args, *(k.value for k in node.keywords)]  # the problem and its separate fix
+                parts = [n.value for t in texts for n in ast.walk(t) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
                 found.append((getattr(function, "name", ""), node.lineno, "".join(parts)))
     return found
 

@@ -88,10 +88,12 @@ def test_summary_prints_per_order_or_the_common_gamma(swept, tmp_path):
     shutil.copytree(swept[0], out)
     assert _gamma_cells(out) == {"ridge": "per order", "ncm": "-", "balanced": "per order", "dual": "per order"}
     report = _report(out)
-    for name in ("ridge", "balanced", "dual"):  # every order at one gamma: that gamma
+    for name in ("balanced", "dual"):  # every order at one gamma (each order's record too): that gamma
         report["heads"][name]["options"]["gammas"] = [1.2] * len(SEEDS)
+        for order in report["orders"]:
+            order["heads"][name]["options"]["gamma"] = 1.2
     (out / "sweep.json").write_text(json.dumps(report))
-    assert _gamma_cells(out) == {"ridge": "1.2", "ncm": "-", "balanced": "1.2", "dual": "1.2"}
+    assert _gamma_cells(out) == {"ridge": "per order", "ncm": "-", "balanced": "1.2", "dual": "1.2"}
 
 
 def test_a_sweep_written_before_reads_and_names_the_first_orders_gamma(swept, tmp_path):

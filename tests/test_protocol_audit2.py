@@ -181,9 +181,11 @@ def test_summary_shows_ridge_gamma_of_a_heads_sweep_over_orders(tmp_path, uneven
         return next(lines[i - 1] for i, line in enumerate(lines) if "· head ridge" in line)
 
     assert ridge_row().split()[4] == f"{gammas[0]:g}"
-    report["heads"]["ridge"]["options"]["gammas"] = [gammas[0], gammas[0] * 10]
+    report["heads"]["ridge"]["options"]["gammas"] = [gammas[0], gammas[0] * 10]  # not what order 4 chose
     (out / "sweep.json").write_text(json.dumps(report))
-    assert "per order" in ridge_row()
+    shown = invoke("summary", out)
+    assert shown.exit_code != 0 and "gammas" in shown.output and "sweep.json" in shown.output, shown.output
+    assert "that can be read: 1 skipped (above, each with its fix)" in shown.output  # not "run learn first"
 
 
 # --- 6: timings, warnings said once, the default ratio suggested -------------------------------------------------

@@ -21,6 +21,7 @@ import numpy as np
 
 from foal_pipe.datasets.loaders import removing_new_folders
 from foal_pipe.datasets.sources import PreparedImages
+from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, block_encoder, cached_inputs, load_inputs, now, open_inputs, runtime_info
 from foal_pipe.extract.state import (
@@ -429,8 +430,7 @@ def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, An
         except BaseException as exc:
             _log_stop(state.path, exc)
             raise
-        update_run(state.out, {"finished": now(), "seconds": round(report.seconds, 3),
-                               "generation": report.generation})
+        _log_finish(state.out, {"finished": now(), "seconds": round(report.seconds, 3), "generation": report.generation})
 
 
 def _log_swap(spec: ExtractSpec, inputs: Inputs, state: StoreState, report: ExtractReport,
@@ -442,6 +442,17 @@ def _log_swap(spec: ExtractSpec, inputs: Inputs, state: StoreState, report: Extr
     log_run(state.out, {"started": stamp, "status": "swapped", "resumed_from": dict(state.progress),
                         **runtime_info(spec, inputs), **(runtime or {}), "finished": stamp, "seconds": 0.0,
                         "generation": report.generation})
+
+
+def _log_finish(out: Path, fields: dict[str, Any]) -> None:
+    """Record the finished run in the store's log. The store is sealed: a stop that a finaliser swallowed while it was
+    sealed cannot undo that, and is raised once the finish is recorded (the command then says the store is complete)."""
+    try:
+        raise_swallowed_stop()
+    except KeyboardInterrupt:
+        update_run(out, fields)
+        raise
+    update_run(out, fields)
 
 
 def _log_stop(path: Path, exc: BaseException) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, block_encoder, load_inputs, open_inputs, store_settings, stored_encoder
 from foal_pipe.io import is_feature_store
@@ -314,7 +315,9 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
 
 def finish_store(state: StoreState) -> str:
     """Mark the store complete (last, once every split's progress reaches its row count and every chunk file
-    is there) and, for a replacement built aside, swap it in; returns the store's generation id."""
+    is there) and, for a replacement built aside, swap it in; returns the store's generation id. A stop that a
+    finaliser swallowed is raised first: the store stays incomplete (resumable), a replacement is not swapped in."""
+    raise_swallowed_stop()
     generation = complete_store(state.path)
     if state.path != state.out:
         replace_store(state.path, state.out)

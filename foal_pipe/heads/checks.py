@@ -19,9 +19,9 @@ def _number(name: str, value: Any, example: Any) -> float:
             raise TypeError
         number = float(value)
     except (TypeError, ValueError):
-        raise FoalPipeError(f"{param(name)} must be a number, got {value!r}; try {param(name, example)}") from None
+        raise FoalPipeError(f"{param(name)} must be a number, got {value!r}", f"try {param(name, example)}") from None
     if not math.isfinite(number):
-        raise FoalPipeError(f"{param(name)} must be a finite number, got {value!r}; try {param(name, example)}")
+        raise FoalPipeError(f"{param(name)} must be a finite number, got {value!r}", f"try {param(name, example)}")
     return number
 
 
@@ -29,7 +29,7 @@ def positive(name: str, value: Any) -> float:
     """``value`` as a positive finite float (a ridge gamma), else a one-line refusal naming ``name``."""
     number = _number(name, value, 1)
     if number <= 0:
-        raise FoalPipeError(f"{param(name)} must be a positive number, got {value!r}; try {param(name, 1)}")
+        raise FoalPipeError(f"{param(name)} must be a positive number, got {value!r}", f"try {param(name, 1)}")
     return number
 
 
@@ -42,7 +42,7 @@ def at_least_one(name: str, value: Any, example: int) -> int:
     """``value`` as an integer >= 1, else a one-line refusal naming ``name``."""
     number = _number(name, value, example)
     if isinstance(value, bool) or not number.is_integer() or number < 1:
-        raise FoalPipeError(f"{param(name)} must be a whole number of at least 1, got {value!r}; "
+        raise FoalPipeError(f"{param(name)} must be a whole number of at least 1, got {value!r}",
                             f"try {param(name, example)}")
     return int(number)
 

@@ -26,9 +26,10 @@ def check_alpha(value: Any, name: str, default: float) -> float:
     try:
         a = float(value)
     except (TypeError, ValueError):
-        raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {value!r}; try {param(name, default)}") from None
+        raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {value!r}",
+                            f"try {param(name, default)}") from None
     if not (np.isfinite(a) and a >= 0):
-        raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {a:g}; try {param(name, default)}")
+        raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {a:g}", f"try {param(name, default)}")
     return a
 
 

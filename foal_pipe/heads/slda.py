@@ -40,10 +40,10 @@ def check_shrinkage(value: float | str) -> float | str:
     try:
         eps = float(value)
     except (TypeError, ValueError):
-        raise FoalPipeError(f"slda's {param('shrinkage')} must be a number in [0, 1] or 'oas', got {value!r}; "
+        raise FoalPipeError(f"slda's {param('shrinkage')} must be a number in [0, 1] or 'oas', got {value!r}",
                             f"try {param('shrinkage', SLDA_SHRINKAGE)}") from None
     if not 0 <= eps <= 1:
-        raise FoalPipeError(f"slda's {param('shrinkage')} must lie in [0, 1], got {eps:g}; "
+        raise FoalPipeError(f"slda's {param('shrinkage')} must lie in [0, 1], got {eps:g}",
                             f"try {param('shrinkage', SLDA_SHRINKAGE)}")
     return eps
 

@@ -86,8 +86,7 @@ def _check_own_options(name: str, names: Sequence[str], model: ModelConfig) -> N
         own = _refusal(name, {option: value}) if option in HEADS[name].options and takers else None
         if own is not None:
             others = " and ".join(takers)
-            reason = own.template.split("; try ")[0]  # the head's fix would set the others' value too
-            raise FoalPipeError(f"{reason}, and {param('heads')} gives {others} the same {param(option)} (one sets every "
+            raise FoalPipeError(f"{own.reason}, and {param('heads')} gives {others} the same {param(option)} (one sets every "
                                 f"head that takes it): run {name} and {others} in separate commands, each with its own "
                                 f"{param(option)}, or drop one of them from {param('heads')}")
     make_head(name, model.head_options, _numpy(), 1)  # the head's own refusal

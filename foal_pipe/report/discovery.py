@@ -321,6 +321,7 @@ def find_runs(
     Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with ``on_error``, is reported to it
     and skipped."""
     found: dict[Path, RunSummary] = {}
+    skipped = 0
     for p in map(Path, paths):
         if not p.exists():
             raise FoalPipeError(f"{p} does not exist; give run directories or metrics.json/sweep.json files")
@@ -336,6 +337,7 @@ def find_runs(
                 if on_error is None:
                     raise
                 on_error(str(exc))
+                skipped += 1
                 continue
             entry = found.setdefault(f.parent, RunSummary(f.parent))
             if isinstance(data, LearnMetrics):  # read_metrics read it: f is a metrics.json
@@ -348,6 +350,9 @@ def find_runs(
         if tables:  # `foal-pipe table` writes its runs into table.json, not as run directories
             raise FoalPipeError(f"{tables[0].parent} holds a results table (table.json), which `summary` does not read: "
                                 f"open {tables[0].parent / 'table.md'}, or give `summary` run directories of `foal-pipe learn`")
+        if skipped:
+            raise FoalPipeError(f"no {METRICS_FILE} or {SWEEP_FILE} under {names} that can be read: {skipped} skipped "
+                                "(above, each with its fix)")
         raise FoalPipeError(
             f"no {METRICS_FILE} or {SWEEP_FILE} under {names}; run `dvc repro` or `foal-pipe learn` first"
         )

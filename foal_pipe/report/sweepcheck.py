@@ -2,7 +2,9 @@
 
 ``sweep`` writes every list per task boundary with one value per row of the accuracy matrix, every headline number
 as its matrix gives it (with ``--order-seeds``: as the mean over the orders), and every choice (``best_gamma``,
-``best_head``, ``best``, ...) as its criterion's rule picks it from the recorded values (:mod:`foal_pipe.protocol.records`).
+``best_head``, ``best``, ...) as its criterion's rule picks it from the recorded values (:mod:`foal_pipe.protocol.records`),
+each refined search over its grid, the leave-one-out rows and bounds as ``--loo-sample`` gives them and, with
+``--order-seeds``, a head's per-order options as each order records them.
 A hand-edited file that contradicts itself is refused in one line naming the field and the fix where the
 contradiction is structural or a choice; a headline number that disagrees with its matrix is shown recomputed, with
 a warning (as :func:`~foal_pipe.report.readers.as_recomputed` does for ``metrics.json``). Where the recorded values
@@ -11,6 +13,7 @@ cannot determine a choice (no criterion values, a tie its record cannot break), 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,13 +25,15 @@ from foal_pipe.protocol.schema import (
     Accuracy,
     FusionSweep,
     HeadSweep,
+    LeaveOneOutRows,
     OrderSweep,
     SweepReport,
     SweepResult,
     SweepSelection,
     same_gamma,
 )
-from foal_pipe.report.metricscheck import TOLERANCE, headline_numbers
+from foal_pipe.protocol.typedjson import is_number, shown
+from foal_pipe.report.metricscheck import differs, headline_numbers
 
 #: The headline numbers of one result, head or selection, checked against its accuracy matrix.
 NUMBERS = ("A_avg", "A_last", "F", "F_published_code")
@@ -67,12 +72,12 @@ class _Check:
         changes: dict[str, Any] = {}
         for key in NUMBERS:
             stored = getattr(record, key)
-            if stored is not None and key in fresh and abs(stored - fresh[key]) > TOLERANCE:
+            if stored is not None and key in fresh and differs(stored, fresh[key]):
                 self.warnings.append(f"{where}{key} is {stored:.6f} but its accuracy matrix gives {fresh[key]:.6f} (shown)")
                 changes[key] = fresh[key]
         steps = record.A_steps
         if steps is not None and (len(steps) != len(fresh["A_steps"])
-                                  or any(abs(s - r) > TOLERANCE for s, r in zip(steps, fresh["A_steps"]))):
+                                  or any(differs(s, r) for s, r in zip(steps, fresh["A_steps"]))):
             self.warnings.append(f"{where}A_steps disagrees with its accuracy matrix (the matrix's shown)")
             changes["A_steps"] = fresh["A_steps"]
         return replace(record, **changes) if changes else record
@@ -115,10 +120,9 @@ def _structure(check: _Check, sweep: SweepReport) -> None:
     if sweep.gammas is not None and sorted(sweep.gammas) != gammas and not (
             len(sweep.gammas) == len(gammas) and all(same_gamma(a, b) for a, b in zip(sorted(sweep.gammas), gammas))):
         raise check.refuse(f"'gammas' ({_listed(sweep.gammas)}) should list the gammas of 'results' ({_listed(gammas)})")
-    _selections(check, sweep.selections, "")
-    if sweep.leave_one_out is not None:
-        loo = sweep.leave_one_out
-        check.counts("leave_one_out: ", None, {"sample_rows": loo.sample_rows, "sample_eps": loo.sample_eps})
+    _selections(check, sweep, sweep.selections, "")
+    _leave_one_out(check, sweep)
+    _samples(check, sweep.leave_one_out, sweep.selections, "")
     _heads(check, sweep.heads, "")
     names = [f.fusion for f in sweep.fusions or ()]
     if len(set(names)) != len(names):
@@ -126,7 +130,8 @@ def _structure(check: _Check, sweep: SweepReport) -> None:
         raise check.refuse(f"'fusions' lists fusion {twice!r} twice; each fusion has one entry")
     for i, entry in enumerate(sweep.fusions or ()):
         _same_gammas(check, _results(check, entry.results, f"fusions[{i}]: "), gammas, f"fusions[{i}]")
-        _selections(check, entry.selections, f"fusions[{i}]: ")
+        _selections(check, sweep, entry.selections, f"fusions[{i}]: ")
+        _samples(check, sweep.leave_one_out, entry.selections, f"fusions[{i}]: ")
         _heads(check, entry.heads, f"fusions[{i}]: ")
     if sweep.orders is not None:
         _orders(check, sweep, gammas)
@@ -149,13 +154,78 @@ def _same_gammas(check: _Check, theirs: list[float], ours: list[float], where: s
         raise check.refuse(f"{where} has results for gammas {_listed(theirs)} but 'results' for {_listed(ours)}")
 
 
-def _selections(check: _Check, selections: list[SweepSelection] | None, where: str) -> None:
+def _selections(check: _Check, sweep: SweepReport, selections: list[SweepSelection] | None, where: str) -> None:
+    """Each criterion once, its lists one per boundary and its points the refined grid of the sweep's ``gammas``
+    (:func:`~foal_pipe.core.gammasearch.search_grid`, as :func:`~foal_pipe.protocol.records.gamma_search` records it)."""
+    from foal_pipe.core.gammasearch import search_grid
+
     criteria = [s.criterion for s in selections or ()]
     for i, s in enumerate(selections or ()):
         if criteria.count(s.criterion) > 1:
             raise check.refuse(f"{where}'selections' holds criterion {s.criterion!r} twice; each criterion has one entry")
         check.counts(f"{where}selections[{i}]: ", s.accuracy_matrix,
                      {k: getattr(s, k) for k in ("values", "gammas_selected", "at_edge", "sample_rows", "sample_eps")})
+        at = f"{where}selections[{s.criterion!r}]: "
+        if sweep.gammas:
+            try:
+                grid = search_grid(sweep.gammas, s.per_decade).tolist()
+            except FoalPipeError:
+                raise check.refuse(f"{at}'per_decade' {s.per_decade} gives no refined search of 'gammas'") from None
+            if len(grid) != len(s.gammas) or not all(same_gamma(a, b) for a, b in zip(grid, s.gammas)):
+                raise check.refuse(f"{at}'gammas' ({len(s.gammas)} points) should be the {len(grid)} points of 'per_decade' "
+                                   f"{s.per_decade} over 'gammas' ({min(sweep.gammas):g} .. {max(sweep.gammas):g})")
+
+
+def _samples(check: _Check, loo: LeaveOneOutRows | None, selections: list[SweepSelection] | None, where: str) -> None:
+    """A leave-one-out criterion's sample is ``leave_one_out``'s (none where it scored every row); other criteria
+    have none."""
+    if loo is None:
+        return
+    for s in selections or ():
+        sampled = CRITERIA[s.criterion].rows and loo.loo_sample > 0
+        for key in ("loo_sample", "sample_rows", "sample_eps", "sample_delta"):
+            own, rows = getattr(s, key), getattr(loo, key) if sampled else None
+            if (own is None) != (rows is None) or (rows is not None and not _same(own, rows)):
+                said = "none" if rows is None else f"{shown(rows)}, as 'leave_one_out' has"
+                raise check.refuse(f"{where}selections[{s.criterion!r}]: {key!r} is {shown(own)} but should be {said} (the "
+                                   "rows its leave-one-out scored)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two recorded numbers, or lists of them, equal (NaN never is)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return is_number(a) and is_number(b) and not differs(a, b)
+
+
+def _leave_one_out(check: _Check, sweep: SweepReport) -> None:
+    """``leave_one_out`` as :func:`~foal_pipe.protocol.records.leave_one_out_rows` writes it: per boundary the rows
+    seen (``loo_sample`` 0) or at most ``loo_sample`` of them, a bound of 0 where every row seen was scored (the last
+    boundary's are ``n_train_seen``) else Hoeffding's over the refined search's points, and ``exact`` where no bound."""
+    from foal_pipe.core.leaveoneout import sample_bound
+
+    loo = sweep.leave_one_out
+    if loo is None:
+        return
+    check.counts("leave_one_out: ", None, {"sample_rows": loo.sample_rows, "sample_eps": loo.sample_eps})
+    if loo.exact != all(e == 0 for e in loo.sample_eps):
+        raise check.refuse(f"leave_one_out: 'exact' is {str(loo.exact).lower()} but 'sample_eps' ({_listed(loo.sample_eps)}) "
+                           f"{'holds' if loo.exact else 'holds no'} a bound above 0 (exact: every row seen scored)")
+    m, seen, points = loo.loo_sample, sweep.n_train_seen, len(sweep.selections[0].gammas) if sweep.selections else None
+    last = len(loo.sample_rows) - 1
+    for k, (rows, eps) in enumerate(zip(loo.sample_rows, loo.sample_eps)):
+        want = None if k < last or seen is None else min(m, seen) if m else seen
+        if m and rows > m or want is not None and rows != want:
+            scores = f"at most {m}" if want is None else f"{want} of the {seen} rows seen ('n_train_seen')"
+            raise check.refuse(f"leave_one_out: 'sample_rows' at boundary {k + 1} is {rows} but 'loo_sample' {m} (0: every "
+                               f"row seen) scores {scores}")
+        every = [True] if not m or rows < m else [rows == seen] if want is not None else [True, False]
+        bounds = [0.0 if all_rows else None if points is None else
+                  sample_bound(rows, points, loo.sample_delta) if loo.sample_delta > 0 else math.inf for all_rows in every]
+        if not any(b is None or not differs(eps, b) for b in bounds):
+            raise check.refuse(f"leave_one_out: 'sample_eps' at boundary {k + 1} is {eps:g} but {rows} rows of "
+                               f"{'a sample' if m else 'every row seen'} give {' or '.join(f'{b:g}' for b in bounds)} "
+                               f"(Hoeffding's bound at 'sample_delta' over {points} points, 0 where every row was scored)")
 
 
 def _heads(check: _Check, heads: dict[str, HeadSweep] | None, where: str) -> None:
@@ -179,6 +249,29 @@ def _orders(check: _Check, sweep: SweepReport, gammas: list[float]) -> None:
             raise check.refuse(f"{where}'tasks' has {len(order.tasks)} entries but the sweep has {check.rows} tasks")
         _same_gammas(check, _results(check, order.results, where), gammas, f"orders[{i}]")
         _heads(check, order.heads, where)
+    _order_options(check, sweep)
+
+
+def _order_options(check: _Check, sweep: SweepReport) -> None:
+    """A head's options set from each order's gamma (:data:`~foal_pipe.protocol.orders.PER_ORDER_OPTIONS`) list one
+    value per order, each the one ``orders[i]`` records for that head, as ``sweep --order-seeds`` combines them."""
+    from foal_pipe.protocol.orders import PER_ORDER_OPTIONS
+
+    orders = sweep.orders or []
+    for name, head in (sweep.heads or {}).items():
+        for own, key in PER_ORDER_OPTIONS.items():
+            if key not in head.options:
+                continue
+            values = head.options[key]
+            if not isinstance(values, list) or len(values) != len(orders):
+                raise check.refuse(f"heads[{name!r}]: option {key!r} is {shown(values)} but should list one {own} per class "
+                                   f"order ({len(orders)}, those of 'orders')")
+            for i, (value, order) in enumerate(zip(values, orders)):
+                theirs = (order.heads or {}).get(name)
+                recorded = None if theirs is None else theirs.options.get(own)
+                if not (is_number(value) and is_number(recorded) and same_gamma(value, recorded)):
+                    raise check.refuse(f"heads[{name!r}]: option {key!r}[{i}] is {shown(value)} but orders[{i}].heads[{name!r}] "
+                                       f"has {own} {shown(recorded)} (one entry per order, in order)")
 
 
 def _listed(values: list[Any]) -> str:
@@ -236,23 +329,23 @@ def _means(check: _Check, record: A, entries: list[A], where: str) -> A:
     changes: dict[str, Any] = {}
     for key in NUMBERS:
         stored = getattr(record, key)
-        if stored is not None and means.get(key) is not None and abs(stored - means[key]) > TOLERANCE:
+        if stored is not None and means.get(key) is not None and differs(stored, means[key]):
             check.warnings.append(f"{where}{key} is {stored:.6f} but the mean over its orders is {means[key]:.6f} (shown)")
             changes[key] = means[key]
     std = dict(getattr(record, "std", None) or {})
     for key, value in std.items():
-        if key in means["std"] and abs(value - means["std"][key]) > TOLERANCE:
+        if key in means["std"] and differs(value, means["std"][key]):
             check.warnings.append(f"{where}std of {key} is {value:.6f} but over its orders it is {means['std'][key]:.6f} "
                                   "(shown)")
             changes["std"] = {**std, **changes.get("std", {}), key: means["std"][key]}
     matrix = means["accuracy_matrix"]
     if record.accuracy_matrix is not None and (len(record.accuracy_matrix) != len(matrix) or any(
-            len(a) != len(b) or any(abs(x - y) > TOLERANCE for x, y in zip(a, b))
+            len(a) != len(b) or any(differs(x, y) for x, y in zip(a, b))
             for a, b in zip(record.accuracy_matrix, matrix))):
         check.warnings.append(f"{where}accuracy_matrix disagrees with the mean over its orders (the mean shown)")
         changes["accuracy_matrix"] = matrix
     if record.A_steps is not None and (len(record.A_steps) != len(means["A_steps"]) or any(
-            abs(s - m) > TOLERANCE for s, m in zip(record.A_steps, means["A_steps"]))):
+            differs(s, m) for s, m in zip(record.A_steps, means["A_steps"]))):
         check.warnings.append(f"{where}A_steps disagrees with the mean over its orders (the mean shown)")
         changes["A_steps"] = means["A_steps"]
     return replace(record, **changes) if changes else record
@@ -295,6 +388,7 @@ def _choices(check: _Check, sweep: SweepReport) -> None:
     _gamma_choice(check, sweep.results, "test", sweep.best_gamma_test, "best_gamma_test")
     for i, order in enumerate(sweep.orders or ()):
         _gamma_choice(check, order.results, select, order.best_gamma, f"orders[{i}].best_gamma")
+        _ridge_head(check, order.heads, order.results, order.best_gamma, f"orders[{i}].")
     _selection_choices(check, sweep.selections, "")
     if sweep.best_gamma_at_grid_edge is not None and sweep.best_gamma is not None and sweep.gammas:
         edge = grid_edge(sweep.best_gamma, sweep.gammas) is not None
@@ -329,7 +423,8 @@ def _gamma_choice(check: _Check, results: list[SweepResult], rule: str | None, c
 
 def _selection_choices(check: _Check, selections: list[SweepSelection] | None, where: str) -> None:
     """Each refined choice is the best of its boundary's recorded values (LOO accuracy: one of its best, its ties
-    broken by the LOO MSE the record does not hold), and ``at_edge`` says whether it is an end of the points."""
+    broken by the LOO MSE the record does not hold; where no value decides, one of its points), and ``at_edge`` says
+    whether it is an end of the points."""
     import numpy as np
 
     from foal_pipe.core.gammasearch import best_point, tied
@@ -342,7 +437,10 @@ def _selection_choices(check: _Check, selections: list[SweepSelection] | None, w
                 raise check.refuse(f"{where}selections[{s.criterion!r}] has {len(values)} values but {len(points)} gammas "
                                    f"at boundary {k + 1}")
             v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
-            if not np.isfinite(v).any():
+            if not np.isfinite(v).any():  # no value decides: the search's first point stands, one of its points
+                if not any(same_gamma(chosen, g) for g in points):
+                    raise check.refuse(f"{where}selections[{s.criterion!r}] chose gamma {chosen:g} at boundary {k + 1}, not "
+                                       "one of its points ('gammas', where evaluated)")
                 continue
             best = [points[i] for i in (tied(v, larger) if s.criterion == "loo_accuracy" else [best_point(v, larger)])]
             if not any(same_gamma(chosen, g) for g in best):
