@@ -40,7 +40,7 @@ from foal_pipe.protocol.orders import mean_std
 from foal_pipe.protocol.run import ClassRowsError, Run, check_settings, held_bytes, prepare, run_parts
 from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
 from foal_pipe.protocol.tablekept import KeptRuns as _Kept
-from foal_pipe.protocol.tablekept import asdict_shallow, fingerprint, run_record, store_content
+from foal_pipe.protocol.tablekept import asdict_shallow, fingerprint, recorded_settings, run_record, store_content
 
 #: The format of ``table.json``; a reader refuses another.
 TABLE_FORMAT = "foal-pipe/table"
@@ -143,6 +143,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
     start = time.perf_counter()
     out = Path(out)
     check_table(config, features, settings, explicit)
+    settings = recorded_settings(settings, config.heads)  # a default typed or not: the same record and kept runs
     check_output_dir(out, inputs=features)
     config = check_stores(config, [Path(p) for p in features], settings)
     kept = _Kept(out)

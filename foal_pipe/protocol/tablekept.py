@@ -13,12 +13,15 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import SUMMARIES, summary_of
 from foal_pipe.durable import changed_at, pid_alive
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.heads import HEADS
 from foal_pipe.io import write_json
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import config_record
@@ -81,6 +84,31 @@ def asdict_shallow(settings: Settings) -> dict[str, Any]:
     """The four settings records by name, as ``table.json``'s ``settings`` holds them."""
     return {"stream": settings.stream, "model": settings.model, "evaluation": settings.evaluation,
             "execution": settings.execution}
+
+
+def recorded_settings(settings: Settings, heads: Sequence[str]) -> Settings:
+    """``settings`` with an option given at its default recorded as left out, so ``table.json``'s ``settings`` and
+    the kept runs' :func:`fingerprint` are the same whether a default is typed or not (the runs are alike either way):
+    an activation equal to the one None stands for (sigmoid, or identity without a projection) becomes None, and a
+    head option equal to the default of every head of ``heads`` that takes it is dropped (each head's default)."""
+    model = settings.model
+    activation = None if model.activation == replace(model, activation=None).resolved_activation else model.activation
+    options = {}
+    for option, value in model.head_options.items():
+        takers = [head for head in heads if option in HEADS[head].options]
+        if not takers or not all(_is_default(value, _option_default(head, option)) for head in takers):
+            options[option] = value
+    return replace(settings, model=replace(model, activation=activation, head_options=options))
+
+
+def _option_default(head: str, option: str) -> Any:
+    """Head ``head``'s default of ``option`` (its ``Options`` dataclass's)."""
+    return next(f.default for f in fields(HEADS[head].head.Options) if f.name == option)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """``value`` equals ``default`` (a bool only a bool: ``True == 1`` is no default)."""
+    return default is not MISSING and isinstance(value, bool) == isinstance(default, bool) and value == default
 
 
 def run_record(store_path: Path, store: Any, head: str, tasks: int, seed: int, metrics: Any,
