@@ -87,3 +87,16 @@ def test_a_value_other_than_the_default_is_still_recorded():
     assert dict(model.head_options) == {"compensation": 2.0}
     relu = replace(settings, model=replace(settings.model, activation="relu", projection_dim=24, head_options={}))
     assert recorded_settings(relu, ("ridge",)).model.activation == "relu"
+
+
+def test_learn_head_rows_typed_at_the_heads_own_rows_records_the_same(store, tmp_path):
+    """``--head-rows features`` on a head on the store's features is its default: the same metrics.json bytes."""
+    outs = []
+    for name, extra in (("plain", []), ("typed", ["--head-rows", "features"])):
+        out = tmp_path / name
+        result = invoke("learn", "--features", store, "--out", out, "--head", "slda", "--tasks", "2", *extra)
+        assert result.exit_code == 0, result.output
+        outs.append(out)
+    assert "head_rows" not in json.loads((outs[0] / "metrics.json").read_text())  # None: not written
+    assert (outs[0] / "metrics.json").read_bytes() == (outs[1] / "metrics.json").read_bytes()
+    assert (outs[0] / "model.safetensors").read_bytes() == (outs[1] / "model.safetensors").read_bytes()

@@ -119,7 +119,8 @@ def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: Share
     learner = walk(run, [HeadsLearner(run, heads, points=points, spaces=spaces)], shared.train if shared else None)[0]
     report = head_reports(run, learner.boundaries, spaces, shared.test if shared else None, points)[model.head]
     curve = report.pop("curve", None)
-    metrics = LearnMetrics(**report, head=model.head, head_options=options, head_rows=model.head_rows,
+    rows = None if model.head_rows == "features" else model.head_rows  # the head's own rows, typed or not: one record
+    metrics = LearnMetrics(**report, head=model.head, head_options=options, head_rows=rows,
                            **run_info(run, stream))
     if anytime is not None:
         metrics = replace(metrics, A_auc=float(np.mean(curve)), anytime=AnytimeCurve(
