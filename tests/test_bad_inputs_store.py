@@ -108,7 +108,7 @@ def _store_with(tmp_path: Path, features_dtype: str = "float32", labels_dtype: s
             rng.normal(size=(n, 3)).astype(features_dtype))
         st.create_array(group, f"{split}/labels", (n,), (n,), labels_dtype)[:] = np.arange(n) % 2
     group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": ["x", "y"], "dataset": "d",
-                     "encoder": {"name": "e"}, "complete": True})
+                     "encoder": {"name": "e", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
     return tmp_path / "d.zarr"
 
 
@@ -141,7 +141,7 @@ def _absurd(tmp_path: Path, rows: int, chunk: int, fake_files: bool) -> Path:
     st.create_array(group, "test/features", (2, 4), (2, 4), "float32")[:] = 0
     st.create_array(group, "test/labels", (2,), (2,), "int64")[:] = 0
     group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": ["x"], "dataset": "big",
-                     "encoder": {"name": "e"}, "complete": True})
+                     "encoder": {"name": "e", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
     if fake_files:
         for key in ("train/features/c/0/0", "train/labels/c/0"):
             (tmp_path / "big.zarr" / key).parent.mkdir(parents=True, exist_ok=True)

@@ -415,7 +415,7 @@ def test_a_version_2_store_still_reads(tmp_path):
         create_array(group, f"{split}/features", x[rows].shape, (16, 6), "float32")[:] = x[rows]
         create_array(group, f"{split}/labels", y[rows].shape, (40,), "int64")[:] = y[rows]
     attrs = {"format": "foal-pipe/features", "format_version": 2, "classes": list("abcde"), "dataset": "v2",
-             "encoder": {"name": "synthetic"}, "complete": True}
+             "encoder": {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True}
     group.attrs.put(attrs)
     group.attrs.put({**attrs, "generation": compute_generation(path)})  # checked on open: it must be the store's
     store = open_store(path)

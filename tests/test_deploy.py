@@ -115,7 +115,7 @@ def test_store_predictions_match_classes_by_name(tmp_path):
         model.store_predictions(other, "val")
     with pytest.raises(FoalPipeError, match="another encoder than the model's"):
         model.store_predictions(write_store(tmp_path / "pix.zarr", (x[:6], y[:6]), (x[:3], y[:3]), ["a", "b", "c"],
-                                            encoder={"name": "pixels"}))
+                                            encoder={"name": "pixels", "fusion": "none", "image_size": 0, "normalize": False}))
 
 
 def test_an_encoder_mismatch_names_both_encoders(tmp_path):
@@ -125,7 +125,8 @@ def test_an_encoder_mismatch_names_both_encoders(tmp_path):
 
     x, y = np.random.default_rng(0).normal(size=(6, 4)), np.array([0, 1, 2, 0, 1, 2])
     store = open_store(write_store(tmp_path / "b.zarr", (x, y), (x, y), ["a", "b", "c"],
-                                             encoder={"name": "vit_small_patch16_224", "blocks": 4}))
+                                             encoder={"name": "vit_small_patch16_224", "blocks": 4,
+                                                      "fusion": "none", "image_size": 0, "normalize": False}))
     with pytest.raises(FoalPipeError) as info:
         check_encoder({"name": "pixels"}, store, "b.zarr")
     assert "the store's encoder is 'vit_small_patch16_224', the model's 'pixels'" in str(info.value)

@@ -252,7 +252,8 @@ def test_a_hand_made_format_4_store_needs_complete_store(tmp_path):
     from foal_pipe.store import StoreMeta, complete_store
 
     group = zarr.open_group(str(tmp_path / "h.zarr"), mode="w")
-    group.attrs.update(StoreMeta(("a", "b"), "hand", {"name": "x"}).to_dict())
+    group.attrs.update(StoreMeta(("a", "b"), "hand", {"name": "x",
+                                                      "fusion": "none", "image_size": 0, "normalize": False}).to_dict())
     for split in ("train", "test"):
         group.create_array(f"{split}/features", shape=(6, 2), chunks=(4, 2), dtype="float32")[:] = np.arange(12.0).reshape(6, 2)
         group.create_array(f"{split}/labels", shape=(6,), chunks=(6,), dtype="int64")[:] = np.arange(6) % 2

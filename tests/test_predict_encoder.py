@@ -24,7 +24,8 @@ def data():
 
 
 def _store(path: Path, x, y, encoder) -> Path:
-    return write_store(path, (x, y), (x[:15], y[:15]), ["ant", "bee", "cow"], encoder=encoder)
+    return write_store(path, (x, y), (x[:15], y[:15]), ["ant", "bee", "cow"],
+                       encoder={"fusion": "none", "image_size": 0, "normalize": False} | encoder)
 
 
 def test_a_model_without_an_encoder_record_predicts_any_store_of_its_width(tmp_path, data):

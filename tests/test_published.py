@@ -125,9 +125,11 @@ def _table(stores, out, tasks):
 def test_table_prints_the_row_whose_protocol_the_store_records(tmp_path):
     row = next(r for r in PUBLISHED if r.method == "SLCA" and r.benchmark == "dtd")
     match = build_store(tmp_path / "dtd.zarr", n_train=1200, n_classes=row.classes,
-                        attrs={"dataset": "DTD", "encoder": {"name": row.backbone}})
+                        attrs={"dataset": "DTD", "encoder": {"name": row.backbone,
+                                                             "fusion": "none", "image_size": 0, "normalize": False}})
     other = build_store(tmp_path / "tiny.zarr", seed=1, n_train=1200, n_classes=row.classes,
-                        attrs={"dataset": "dtd", "encoder": {"name": "vit_tiny_patch16_224"}})
+                        attrs={"dataset": "dtd", "encoder": {"name": "vit_tiny_patch16_224",
+                                                             "fusion": "none", "image_size": 0, "normalize": False}})
     result = _table((match, other), tmp_path / "out", f"{row.tasks},3")
     assert result.exit_code == 0, result.output
     md = (tmp_path / "out" / "table.md").read_text()

@@ -199,7 +199,8 @@ def test_published_rows_match_only_a_disjoint_stream_of_their_class_count():
 
 
 def test_a_blurry_table_prints_no_disjoint_reference_rows(tmp_path):
-    store = build_store(tmp_path / "cifar100.zarr", attrs={"dataset": "cifar100", "encoder": {"name": PAPER_BACKBONE}})
+    encoder = {"name": PAPER_BACKBONE, "fusion": "none", "image_size": 0, "normalize": False}
+    store = build_store(tmp_path / "cifar100.zarr", attrs={"dataset": "cifar100", "encoder": encoder})
     result = invoke("table", "--features", store, "--heads", "ncm", "--order-seeds", "2", "--tasks", "2",
                     "--stream", "si-blurry", "--out", tmp_path / "t")
     assert result.exit_code == 0, result.output

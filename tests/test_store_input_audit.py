@@ -45,7 +45,9 @@ def _completed(path: Path, train: tuple[np.ndarray, np.ndarray], test: tuple[np.
         create_array(group, f"{split}/features", x.shape, (16, x.shape[1]), str(x.dtype))[:] = x
         create_array(group, f"{split}/labels", y.shape, (max(len(y), 1),), "int64")[:] = y
     group.attrs.put({"format": "foal-pipe/features", "format_version": 5, "classes": CLASSES, "dataset": "synthetic",
-                     "encoder": {"name": "synthetic"}, "progress": {"train": len(train[0]), "test": len(test[0])}})
+                     "encoder": {"name": "synthetic",
+                                 "fusion": "none", "image_size": 0, "normalize": False},
+                     "progress": {"train": len(train[0]), "test": len(test[0])}})
     complete_store(path)
     return path
 
@@ -102,7 +104,7 @@ def test_a_zarr_format_2_store_is_refused_up_front(tmp_path):
         group.create_array(f"{split}/features", shape=x.shape, chunks=(16, 8), dtype="float32")[:] = x
         group.create_array(f"{split}/labels", shape=y.shape, chunks=y.shape, dtype="int64")[:] = y
     group.attrs.put({"format": "foal-pipe/features", "format_version": 1, "classes": CLASSES, "dataset": "d",
-                     "encoder": {"name": "synthetic"}, "complete": True})
+                     "encoder": {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
     with pytest.raises(FoalPipeError, match="is a Zarr format-2 group"):
         open_store(tmp_path / "v2.zarr")
     result = invoke("info", tmp_path / "v2.zarr")
@@ -180,7 +182,8 @@ def test_a_non_finite_norm_parameter_is_named_as_one(tmp_path):
 def test_info_does_not_call_an_incomplete_store_sealed(tmp_path):
     path = tmp_path / "part.zarr"
     y = np.arange(64) % 4
-    create_skeleton(path, StoreMeta(tuple(CLASSES), "synthetic", {"name": "synthetic"}), 8, "float32", 16,
+    encoder = {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}
+    create_skeleton(path, StoreMeta(tuple(CLASSES), "synthetic", encoder), 8, "float32", 16,
                     {"train": y, "test": y[:32]})
     FeatureWriter(path, "train").write(0, np.ones((16, 8), np.float32))
     mark_progress(path, "train", 16)

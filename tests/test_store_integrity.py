@@ -235,7 +235,9 @@ def _version_1_store(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
         labels = group.create_array(f"{split}/labels", shape=y[rows].shape, chunks=(100,), dtype="int64")
         labels[:] = y[rows]
     group.attrs.update({"format": "foal-pipe/features", "format_version": 1, "classes": ["a", "b", "c", "d"],
-                        "dataset": "old", "encoder": {"name": "synthetic"}, "created": "2026-11-01T00:00:00+00:00",
+                        "dataset": "old", "encoder": {"name": "synthetic",
+                                                      "fusion": "none", "image_size": 0, "normalize": False},
+                        "created": "2026-11-01T00:00:00+00:00",
                         "complete": True})
     return path
 

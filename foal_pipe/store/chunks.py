@@ -53,7 +53,7 @@ class BadChunkFile(OSError):
 
 @dataclass(frozen=True)
 class ChunkFiles:
-    """What the chunk files of one array (``path`` in the store) may be: at most ``limit`` bytes each and, where
+    """What the chunk files of one array (``path`` in the store) may be: at most ``limit`` bytes each or, where
     the store records them (format 4), exactly ``sizes[i]`` bytes ending in the 4 bytes ``crcs[i]`` (the
     CRC-32C the ``crc32c`` codec appends), ``i`` the chunk's index in C order over the chunk grid."""
 
@@ -81,23 +81,48 @@ class ChunkFiles:
             flat = flat * size + int(part)
         return flat
 
+    def oversized(self, index: int | None, size: int, f: io.BufferedReader) -> str | None:
+        """Why the open file ``f`` of ``size`` bytes at chunk ``index`` is larger than it can be (None when it is
+        not): larger than its recorded size where the store records one -- unless its size and last 4 bytes are those
+        of another chunk, moved or copied here -- else than :func:`chunk_limit`. Refused before it is read, so an
+        appended-to or endless file is never read whole."""
+        if self.sizes is None or index is None:
+            limit = None if size <= self.limit else f"{self.limit:,}"
+        else:
+            recorded = int(self.sizes[index])
+            if size <= recorded:
+                return None
+            f.seek(max(0, size - 4))
+            tail = int.from_bytes(f.read(4), "little") if size >= 4 else -1
+            moved = self._moved(size, tail)
+            if moved is not None:
+                return moved
+            limit = f"{recorded:,}, its recorded size"
+        return None if limit is None else f"{size:,} bytes, more than a chunk of its array can hold ({limit})"
+
+    def _moved(self, size: int, tail: int) -> str | None:
+        """``it holds the chunk of rows ...`` when a file of ``size`` bytes ending in ``tail`` is another chunk's."""
+        if self.sizes is None or self.crcs is None:
+            return None
+        same = np.flatnonzero((self.sizes == size) & (self.crcs == tail))
+        if not same.size:
+            return None
+        first = int(same[0]) // math.prod(self.grid[1:]) * self.chunk_rows
+        where = rows_text((first, min(first + self.chunk_rows, self.n_rows)), self.path)
+        return f"it holds the chunk of {where}, moved or copied here"
+
     def mismatch(self, index: int, data: bytes) -> str | None:
         """Why ``data`` is not the file recorded for chunk ``index`` (None when it is): another chunk's file,
         moved or copied here, or a checksum mismatch."""
         tail = int.from_bytes(data[-4:], "little") if len(data) >= 4 else -1
         if self.sizes is None or self.crcs is None or (len(data) == self.sizes[index] and tail == self.crcs[index]):
             return None
-        same = np.flatnonzero((self.sizes == len(data)) & (self.crcs == tail))
-        if not same.size:
-            return "checksum mismatch"
-        first = int(same[0]) // math.prod(self.grid[1:]) * self.chunk_rows
-        where = rows_text((first, min(first + self.chunk_rows, self.n_rows)), self.path)
-        return f"it holds the chunk of {where}, moved or copied here"
+        return self._moved(len(data), tail) or "checksum mismatch"
 
 
 def chunk_limit(array: zarr.Array) -> int:
-    """The most bytes a chunk file of ``array`` can hold: its raw size plus 1/16 and 4 KiB (the worst case of
-    every standard compressor -- zstd, blosc, gzip, lz4 -- and a checksum fits well inside)."""
+    """The most bytes a chunk file of ``array`` without a record can hold: its raw size plus 1/16 and 4 KiB (the worst
+    case of every standard compressor -- zstd, blosc, gzip, lz4 -- and a checksum fits well inside)."""
     raw = math.prod(int(c) for c in (getattr(array, "shards", None) or array.chunks)) * array.dtype.itemsize
     return raw + raw // 16 + 4096
 
@@ -111,8 +136,8 @@ def _kind(mode: int) -> str:
 class StrictLocalStore(LocalStore):
     """A local Zarr store for reading a feature store: a missing chunk raises :class:`MissingChunk` instead of
     reading as zeros (so a chunk deleted, or a store swapped away, while a reader reads it is an error), and
-    every file read is a regular file, read to at most its array's :func:`chunk_limit` and checked against the
-    store's record of its chunk (:meth:`expect`); anything else raises :class:`BadChunkFile`."""
+    every file read is a regular file, read to at most its recorded size (else :func:`chunk_limit`) and checked against
+    the store's record of its chunk (:meth:`expect`); anything else raises :class:`BadChunkFile`."""
 
     def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         super().__init__(root, read_only=read_only)
@@ -155,8 +180,9 @@ class StrictLocalStore(LocalStore):
                 raise BadChunkFile(key, f"{_kind(mode)}, not a regular file")
             files, index = self._files_of(key)
             size = f.seek(0, io.SEEK_END)
-            if files is not None and size > files.limit:
-                raise BadChunkFile(key, f"{size:,} bytes, more than a chunk of its array can hold ({files.limit:,})")
+            too_large = files.oversized(index, size, f) if files is not None else None
+            if too_large is not None:
+                raise BadChunkFile(key, too_large)
             f.seek(0)
             if byte_range is not None:
                 return prototype.buffer.from_bytes(_read_range(f, size, byte_range))

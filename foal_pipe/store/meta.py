@@ -126,6 +126,9 @@ class StoreMeta:
                     f"{where}: attribute {key!r} must be {want}, but it is {_json_type(attrs[key])} "
                     f"({shown(attrs[key])}); fix it or re-extract the store"
                 )
+        problem = encoder_problem(attrs["encoder"])
+        if problem is not None:
+            raise FoalPipeError(f"{where}: attribute 'encoder' {problem}; fix it or re-extract the store")
         return cls(
             classes=tuple(classes),
             dataset=attrs["dataset"],
@@ -135,6 +138,23 @@ class StoreMeta:
             generation=attrs.get("generation"),
             extra={k: v for k, v in attrs.items() if k not in _KNOWN_KEYS},
         )
+
+
+#: What every writer records of its encoder (extract has, for every model and every format version), with its type.
+ENCODER_FIELDS: dict[str, tuple[type, str]] = {"name": (str, "a string"), "fusion": (str, "a string"),
+                                               "image_size": (int, "an integer"), "normalize": (bool, "a boolean")}
+
+
+def encoder_problem(encoder: dict[str, Any]) -> str | None:
+    """Why the ``encoder`` attribute lacks a field a reader shows and a model compares, or holds one of another type
+    (None when it does not); ``bool`` is no ``image_size``, as JSON ``true`` is no number."""
+    for key, (kind, want) in ENCODER_FIELDS.items():
+        if key not in encoder:
+            return (f"lacks {key!r} (it must hold at least {', '.join(ENCODER_FIELDS)}; it holds "
+                    f"{shown(sorted(encoder))})")
+        if type(encoder[key]) is not kind:
+            return f"field {key!r} must be {want}, but it is {_json_type(encoder[key])} ({shown(encoder[key])})"
+    return None
 
 
 def _canonical(value: Any) -> Any:
@@ -221,6 +241,15 @@ def open_array(group: zarr.Group, path: Path, name: str) -> zarr.Array:
     if sharded is not None:
         raise FoalPipeError(f"{path / name}: {sharded}")
     return node
+
+
+def check_rows_layout(path: Path, name: str, array: zarr.Array, want: tuple[int, ...], dtype: str) -> None:
+    """Refuse array ``name`` unless it is ``dtype`` of shape ``want``, chunked along rows only: a chunk holds whole
+    rows, as the chunk listing, the row spans of every error and the per-chunk reads assume."""
+    if array.shape != want or array.dtype.name != dtype or tuple(array.chunks[1:]) != want[1:]:
+        rest = ", ".join(map(str, want[1:]))
+        raise FoalPipeError(f"{name} in {path} is {array.dtype} {array.shape} in chunks of {array.chunks}, expected "
+                            f"{dtype} {want} chunked along rows only (rows, {rest}); {REEXTRACT}")
 
 
 @contextmanager

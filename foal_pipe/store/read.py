@@ -51,6 +51,7 @@ from foal_pipe.store.meta import (
     UNLABELLED,
     BlockLayout,
     StoreMeta,
+    check_rows_layout,
     edited_version,
     open_array,
     read_meta,
@@ -346,6 +347,10 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
             f"train features have {dims['train']} dimensions but test features have "
             f"{dims['test']} in {path}; extract both splits with the same encoder"
         )
+    dtypes = {name: features.dtype.name for name, (features, _) in arrays.items()}
+    if dtypes["train"] != dtypes["test"]:
+        raise FoalPipeError(f"train features are {dtypes['train']} but test features are {dtypes['test']} in {path}; "
+                            f"re-extract it: extract writes both splits in one {param('dtype')}")
     norm_arrays, blocks = {}, {}
     if "blocks" in meta.extra:
         count, dtype, kind, eps = _layout_attribute(path, meta.extra["blocks"])
@@ -417,6 +422,7 @@ def _split_arrays(group: zarr.Group, path: Path, name: str) -> tuple[zarr.Array,
                             f"({', '.join(FEATURE_DTYPES)}); re-extract it with {param('dtype', 'float32')}")
     if not np.issubdtype(labels.dtype, np.integer):
         raise FoalPipeError(f"{name}/labels in {path} has dtype {labels.dtype}, expected integers; re-extract it")
+    check_rows_layout(path, f"{name}/features", features, tuple(int(n) for n in features.shape), features.dtype.name)
     return features, labels
 
 
@@ -483,10 +489,7 @@ def _blocks_array(group: zarr.Group, path: Path, split: str, features: zarr.Arra
     name = f"{split}/blocks"
     array = open_array(group, path, name)
     n_rows, dim = (int(n) for n in features.shape)
-    want = (n_rows, count, dim)
-    if array.shape != want or array.dtype.name != dtype or tuple(array.chunks[1:]) != want[1:]:
-        raise FoalPipeError(f"{name} in {path} is {array.dtype} {array.shape} in chunks of {array.chunks}, expected "
-                            f"{dtype} {want} chunked along rows only (rows, {count}, {dim}); {REEXTRACT}")
+    check_rows_layout(path, name, array, (n_rows, count, dim), dtype)
     chunk_bytes = int(array.chunks[0]) * count * dim * array.dtype.itemsize
     _check_size(path, f"one {name} chunk ({array.chunks[0]:,} x {count} x {dim:,})", chunk_bytes,
                 "re-extract it with a smaller --chunk-rows")

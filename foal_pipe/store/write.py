@@ -15,7 +15,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import enclosing_store, exchange, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import check_chunks, compute_generation, record_chunks
@@ -30,6 +30,7 @@ from foal_pipe.store.meta import (
     WRITE_CONFIG,
     BlockLayout,
     StoreMeta,
+    encoder_problem,
     open_array,
     write_attrs,
     writing,
@@ -275,6 +276,10 @@ def write_store(
     ``blocks``: per-block tokens ``(N, L, d)`` of train and test (their dtype is stored), with the final
     ``norm`` (default: none, ``identity``)."""
     encoder = encoder or {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}
+    problem = encoder_problem(encoder) if isinstance(encoder, dict) else "is not a dict"
+    if problem is not None:  # every reader would refuse the store
+        example = {"name": "mine", "fusion": "none", "image_size": 0, "normalize": False}
+        raise FoalPipeError(f"{param('encoder')} {problem}; pass e.g. {param('encoder', example)}")
     path = Path(path)
     dim = _check_rows(train, test, len(classes))
     layout = None
