@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from helpers import N_CLASSES, assert_clean_error, build_store, invoke
@@ -158,3 +159,17 @@ def test_a_small_store_is_not_charged_a_full_block_and_every_chunk_in_flight(sto
     full_block = run.block_rows * (48 * 8 * 3 + run.store.dim * 8)
     assert run.block_rows > run.store.train.n_rows
     assert memory_parts(run, 1, False)["a block of rows"] < full_block
+
+
+def test_a_heads_sweep_refusal_keeps_ridges_ways_and_names_the_heads():
+    """Beside ridge, a head's statistics may be a small part: the refusal names ridge's ways too (it offered only
+    'leave that head out' before)."""
+    from foal_pipe.protocol.run import memory_fix
+
+    run = SimpleNamespace(model=SimpleNamespace(gamma=1.0), evaluation=SimpleNamespace(eval_every=None),
+                          execution=SimpleNamespace(scheduler="local"))
+    both = str(FoalPipeError(memory_fix("sweep", run, ridge=True, heads=("fecam",))))
+    for way in ("lower projection_dim", "dtype='float32'", "fewer gammas", "drop from heads a head"):
+        assert way in both, both
+    alone = str(FoalPipeError(memory_fix("learn", run, ridge=False, heads=("fecam",))))
+    assert "leave that head out" in alone and "dtype" not in alone

@@ -131,7 +131,8 @@ OrderSeeds = Annotated[
                  "reported per order with mean and std; every head takes them (sweep --heads: every order of every "
                  "head). Default: one order (--order-seed).")
 ]
-MaxMemory = Annotated[str, typer.Option(help="The most a speed-up may hold: the decoded rows of the walk (in memory up "
+MaxMemory = Annotated[str, typer.Option(help="The most each speed-up may hold (each on its own: together they may hold a "
+                                        "few times it): the decoded rows of the walk (in memory up "
                                         "to the smaller of 512 MiB and this limit, beyond it in a temporary file in "
                                         "TMPDIR), the activations kept for leave-one-out "
                                         "(rows x D values; beyond it each boundary projects the rows again) and, with "

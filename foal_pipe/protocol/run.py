@@ -229,11 +229,13 @@ def run_parts(run: Run, n_models: int = 1, loo: bool = False, heads: Sequence[st
 def memory_fix(command: str, run: Run, ridge: bool = True, heads: Sequence[str] = (), fusions: Sequence[str] = ()) -> str:
     """What lowers the estimate, in ``command``'s own options: ``table`` has no --dtype, --gammas or --eval-every,
     ``learn`` no --gammas (its --gamma-grid, with --gamma auto)."""
-    if not ridge or heads:
+    if not ridge:
         leave = f"drop that head from {param('heads')}" if command == "table" else "leave that head out"
         return (f"a head's per-class statistics grow as classes x d^2: {leave}, use features of fewer dimensions (a "
                 f"lower {param('projection_dim')}), or free memory")
     ways = [f"lower {param('projection_dim')}"]
+    if heads:  # ridge's own ways stay: its sums may be the most of it
+        ways.append(f"drop from {param('heads')} a head whose per-class statistics (classes x d^2) take much of it")
     if command != "table":
         ways.append(f"use {param('dtype', 'float32')}")
     if command == "sweep":
