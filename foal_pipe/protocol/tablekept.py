@@ -20,7 +20,6 @@ from typing import Any
 
 from foal_pipe.core.metrics import SUMMARIES, summary_of
 from foal_pipe.durable import changed_at, pid_alive
-from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS
 from foal_pipe.io import write_json
 from foal_pipe.protocol.capabilities import Settings
@@ -52,14 +51,18 @@ def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings
 
 
 def store_content(path: Path) -> str | None:
-    """A store without a generation id (format 1) by its content: the id :func:`compute_generation` would give it,
-    over its attributes, arrays' metadata and every chunk file's key, size and last bytes (metadata and file tails
-    only, not the rows); None where that cannot be read. A store replaced at the same path has another."""
-    from foal_pipe.store.integrity import compute_generation
-
+    """A store without a generation id (format 1) by its content: a SHA-256 over every file in it, its path in the
+    store and its bytes, read whole (such a store records no checksums of its chunks, and one rewritten with each
+    chunk's size and last bytes kept holds other rows); None where that cannot be read."""
+    digest = hashlib.sha256()
     try:
-        return compute_generation(path)
-    except (OSError, ValueError, FoalPipeError):
+        for file in sorted(f for f in path.rglob("*") if f.is_file()):
+            digest.update(f"\n{file.relative_to(path).as_posix()}\n".encode())
+            with file.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        return digest.hexdigest()[:32]
+    except OSError:
         return None
 
 
