@@ -44,9 +44,15 @@ def _cell(table: dict[str, Any], store: str, head: str, tasks: int) -> dict[str,
     return next(c for c in table["cells"] if (c["store"], c["head"], c["tasks"]) == (store, head, tasks))
 
 
-def _best(table: dict[str, Any], store: str, tasks: int, metric: str) -> float:
+def _best(table: dict[str, Any], store: str, tasks: int, metric: str) -> str:
+    """The best mean of a column as shown (percent, 2 decimals): every head that shows it is bold, not only the one
+    ahead in digits the table does not show."""
     means = [c[metric]["mean"] for c in table["cells"] if c["store"] == store and c["tasks"] == tasks]
-    return max(means)
+    return _percent(max(means))
+
+
+def _percent(mean: float) -> str:
+    return f"{100 * mean:.2f}"
 
 
 def _columns(table: dict[str, Any]) -> list[tuple[str, str]]:
@@ -55,7 +61,7 @@ def _columns(table: dict[str, Any]) -> list[tuple[str, str]]:
 
 def mean_text(cell: dict[str, Any], metric: str, pm: str, space: str = " ") -> str:
     """``mean pm std`` in percent; the mean alone for one class order, whose std says nothing."""
-    mean = f"{100 * cell[metric]['mean']:.2f}"
+    mean = _percent(cell[metric]["mean"])
     return mean if len(cell["order_seeds"]) == 1 else f"{mean}{space}{pm}{space}{100 * cell[metric]['std']:.2f}"
 
 
@@ -66,7 +72,7 @@ def _ours(table: dict[str, Any], tasks: int, bold: Any, pm: str) -> list[list[st
         for store, metric in _columns(table):
             cell = _cell(table, store, head, tasks)
             text = mean_text(cell, metric, pm)
-            row.append(bold(text) if cell[metric]["mean"] == _best(table, store, tasks, metric) else text)
+            row.append(bold(text) if _percent(cell[metric]["mean"]) == _best(table, store, tasks, metric) else text)
         rows.append(row)
     return rows
 
