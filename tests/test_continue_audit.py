@@ -191,3 +191,19 @@ def test_the_same_images_extracted_from_another_path_are_refused(tmp_path, monke
     assert invoke("learn", "--features", "a.zarr", "--out", "A", "--tasks", 2, "--projection-dim", 20).exit_code == 0
     result = invoke("learn", "--features", "b.zarr", "--init-model", "A/model.safetensors", "--out", "AB", "--tasks", 2)
     assert_clean_error(result, "has already learned the training rows of b.zarr (the same rows extracted again", tmp_path / "AB")
+
+
+@pytest.mark.parametrize("engine", ["gram", "rls"])
+def test_a_heads_model_refuses_engine_typed_at_any_value(stores, tmp_path, engine):
+    """ridge's solver: a head's model refuses it as ``learn --head`` does, the default typed too (was accepted)."""
+    model = _learn(stores["A"], tmp_path / "a", *RUN, "--head", "slda")
+    result = _continue(model, stores["B"], tmp_path / "b", "--engine", engine)
+    assert_clean_error(result, f"--engine {engine} conflicts with the model's slda head (which does not take it)",
+                       tmp_path / "b")
+
+
+def test_a_gram_model_continued_with_engine_rls_says_drop_it(stores, tmp_path):
+    model = _learn(stores["A"], tmp_path / "a", *FIRST)
+    result = _continue(model, stores["B"], tmp_path / "b", "--engine", "rls")
+    assert_clean_error(result, "--engine rls: --init-model adds to the model's gram sums; drop --engine", tmp_path / "b")
+    assert "use a model learned with" not in result.output

@@ -125,7 +125,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,
             tuple(params["eval_features"] or ()),
-            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", "head_rows", *SEARCH_SETTINGS)
+            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", "head_rows", "engine", *SEARCH_SETTINGS)
                   if _typed(ctx, name)))
         if init_model is None:
             _check_head(ctx, head)

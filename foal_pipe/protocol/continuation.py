@@ -192,9 +192,12 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
         if key in explicit and asked != fixed[key]:
             raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {fixed[key]}; the model fixes it (its "
                                 f"sums were computed with it): drop {param(key)}")
-    if meta["engine"] != "gram" or given.engine != "gram":
+    if meta["engine"] != "gram":
         raise FoalPipeError(f"{param('init_model')} continues the gram engine's sums; use a model learned with "
                             f"{param('engine', 'gram')}")
+    if given.engine != "gram":
+        raise FoalPipeError(f"{param('engine', given.engine)}: {param('init_model')} adds to the model's gram sums; drop "
+                            f"{param('engine')}")
     if gamma == "auto":  # it keeps choosing, by the one criterion the sums alone give
         if "select" in explicit and given.select != "gcv":
             raise FoalPipeError(f"{param('select', given.select)}: a continued model chooses gamma by GCV (leave-one-out "
@@ -393,6 +396,8 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
     with the model's). ``explicit`` None: the fields that differ from ``ModelConfig()``."""
     if explicit is None:
         explicit = [key for key in ("head", *FIXED_BY_MODEL) if getattr(given, key) != getattr(ModelConfig(), key)]
+    if given.engine != ModelConfig().engine:  # ridge's solver, typed or not: no head takes it
+        explicit = [*explicit, "engine"]
     classifier = head_of(deployed)
     name, options, space = classifier.name, classifier.options, classifier.space
     fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
@@ -407,7 +412,7 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
             raise FoalPipeError(f"{param('head_rows', given.head_rows)} conflicts with the model's {name} head (its "
                                 f"{space}); the model fixes it: drop {param('head_rows')}")
     asked_for = {**{key: getattr(given, key) for key in explicit if key not in (*SEARCH_SETTINGS, "head_rows")},
-                 **given.head_options, **({"engine": given.engine} if given.engine != ModelConfig().engine else {})}
+                 **given.head_options}
     for key, asked in asked_for.items():
         known = fixed.get(key)
         if asked != known:

@@ -91,7 +91,7 @@ def learn(features: str | Path, out: str | Path, settings: LearnSettings | None 
     if s.init_model is not None:
         from foal_pipe.protocol.continuation import FIXED_BY_MODEL, SEARCH_SETTINGS, run_continue
 
-        fixed = [name for name in (*FIXED_BY_MODEL, "head", "head_rows", *SEARCH_SETTINGS)
+        fixed = [name for name in (*FIXED_BY_MODEL, "head", "head_rows", "engine", *SEARCH_SETTINGS)
                  if name in s.given]  # and every head option given
         return run_continue(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution,
                             list(s.eval_features), log, fixed)
