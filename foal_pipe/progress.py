@@ -1,9 +1,10 @@
 """Progress on stderr, so stdout stays clean for results.
 
-On a terminal, rich bars. Elsewhere (a log file, a pipe, a CI capture) a live display would print blank lines
-(transient bars) or stray bar glyphs, so the bars are off and plain lines take their place: one per task at
-every further 10% of its total, or after 30 s without one, once the task has run for 2 s (a quick command
-prints none). For example ``train: 6,144/50,000 images (12%), 512 images/s, 0:00:12 elapsed, 0:01:25 left``.
+On a terminal, rich bars. Elsewhere (a log file, a pipe, a CI capture, a terminal with ``TERM=dumb``, where rich
+never redraws) a live display would print blank lines (transient bars) or stray bar glyphs, so the bars are off and
+plain lines take their place: one per task at every further 10% of its total, or after 30 s without one, once the
+task has run for 2 s (a quick command prints none). For example
+``train: 6,144/50,000 images (12%), 512 images/s, 0:00:12 elapsed, 0:01:25 left``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
+from rich.text import Text
 
 _console = Console(stderr=True)
 
@@ -79,15 +83,29 @@ class _Progress(Progress):
                            f"{_clock(task.elapsed)} elapsed{left}", highlight=False, markup=False, soft_wrap=True)
 
 
+class _Description(TextColumn):
+    """The task's description on one line, cut short with "…" where the line is too narrow: it gives way first, so
+    that the counts and times beside it (``no_wrap``) are never cut (``38392…``, ``0:00:…`` at 80 columns)."""
+
+    def __init__(self, text_format: str) -> None:
+        super().__init__(text_format, table_column=Column())  # rich's own is no_wrap: it would not give way
+
+    def render(self, task: Task) -> Text:
+        text = super().render(task)
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
+
+
 def new_progress(*columns: str | ProgressColumn, console: Console | None = None, transient: bool = False,
                  unit: str = "rows") -> Progress:
-    """A :class:`rich.progress.Progress` on ``console`` (default stderr) that draws only when it is a terminal,
-    and prints plain lines of ``unit`` counts elsewhere (see the module).
+    """A :class:`rich.progress.Progress` on ``console`` (default stderr) that draws only on an interactive terminal
+    (not ``TERM=dumb``, on which rich never redraws the bar), and prints plain lines of ``unit`` counts elsewhere (see
+    the module).
 
     Tasks, counts and speeds are tracked either way, so callers need no second code path.
     """
     console = console or _console
-    return _Progress(*columns, unit=unit, console=console, transient=transient, disable=not console.is_terminal)
+    return _Progress(*columns, unit=unit, console=console, transient=transient, disable=not console.is_interactive)
 
 
 @contextmanager
@@ -97,12 +115,12 @@ def progress_bar(description: str, total: int, unit: str = "rows", shown: int | 
     ``shown``: the count the bar displays for ``total`` units of work, where the work passes over the same rows
     more than once (read, then learn, then leave-one-out): the bar counts the split's rows, not 2-3x as many."""
     columns = (
-        TextColumn("[bold]{task.description}"),
+        _Description("[bold]{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        MofNCompleteColumn(table_column=Column(no_wrap=True)),
+        TextColumn("{task.fields[rate]}", table_column=Column(no_wrap=True)),
+        TimeElapsedColumn(table_column=Column(no_wrap=True)),
+        TimeRemainingColumn(table_column=Column(no_wrap=True)),
     )
     bar_total = total if shown is None else shown
     scale = bar_total != total

@@ -115,7 +115,8 @@ def plain_store(tmp_path) -> Path:
 ])
 def test_refusals_are_one_line_and_write_nothing(blocks_store, tmp_path, extra, message):
     result = _sweep(blocks_store, tmp_path / "x", *extra, ok=False)
-    assert result.exit_code == 1, result.output
+    usage = "starts at block" in message or "names no fusion" in message  # a usage error (tests/test_usage_exit_codes.py)
+    assert result.exit_code == (2 if usage else 1), result.output
     assert message in result.output and "Traceback" not in result.output
     assert result.output.startswith("Error: ") and result.output.strip().count("\n") == 0
     assert not (tmp_path / "x").exists()

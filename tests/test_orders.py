@@ -258,7 +258,8 @@ def test_orders_of_different_task_counts_are_refused(store: Path, tmp_path: Path
 ])
 def test_bad_order_options(store: Path, tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["learn", "--features", str(store), "--out", str(tmp_path / "o"), *COMMON, *args])
-    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    usage = message in ("not a comma-separated list", "is not a size")  # a usage error (tests/test_usage_exit_codes.py)
+    assert result.exit_code == (2 if usage else 1) and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()
 
 
@@ -371,7 +372,8 @@ def test_class_order_pilot_refusals(store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for extra, message in cases:
         result = runner.invoke(app, [*base, "--out", "run", *extra])
-        assert result.exit_code == 1 and message in " ".join(result.output.split()), result.output
+        usage = extra == ["--class-order", "pilot:x"]  # a usage error (tests/test_usage_exit_codes.py)
+        assert result.exit_code == (2 if usage else 1) and message in " ".join(result.output.split()), result.output
     Path("pilot").write_text("[[0]]")
     result = runner.invoke(app, [*base, "--out", "run", "--class-order", "pilot"])
     assert result.exit_code == 1 and "names both the class order pilot and the file pilot" in result.output, result.output

@@ -165,8 +165,11 @@ def test_bad_input_is_one_line_and_writes_nothing(stores, tmp_path, extra, messa
         del args[i : i + 2]
     result = invoke("table", "--features", stores[0], "--heads", heads, "--order-seeds", "0", "--tasks", "3",
                     "--out", out, *args)
-    assert_clean_error(result, message, out)
-    assert set(re.findall(r"(--[a-z][a-z-]*)", result.output)) <= _table_flags(), result.output  # table's own options
+    if message.startswith(("unknown --heads", "--order-seeds 'a'", "--tasks is empty", "--tasks 'x'", "write e.g.")):  # usage
+        assert result.exit_code == 2 and message in result.output and not out.exists(), result.output
+    else:
+        assert_clean_error(result, message, out)
+    assert set(re.findall(r"(--[a-z][a-z-]*)", result.output)) <= _table_flags() | {"--help"}, result.output  # table's own
 
 
 def _table_flags() -> set[str]:

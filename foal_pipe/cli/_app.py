@@ -8,6 +8,7 @@ and consoles that do not fold long paths when the output is a file or a pipe.
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import re
 import signal
@@ -20,6 +21,8 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segments
+from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 try:  # typer 0.29 carries its own copy of click
@@ -56,7 +59,26 @@ def _console(stderr: bool = False) -> Console:
 
 class _HelpFlag:
     """``--help`` is a flag: no ``<bool>`` placeholder beside it; a required argument is its plain name in the usage
-    line (``foal-pipe info [OPTIONS] STORE``, click's style), not typer's ``{STORE}``, which reads as a set to pick from."""
+    line (``foal-pipe info [OPTIONS] STORE``, click's style), not typer's ``{STORE}``, which reads as a set to pick from.
+    A docstring's paragraphs are rewrapped to the terminal (its line breaks are the source's, not the reader's), a
+    long list of values (``<digits|fashion-mnist|...>``) breaks between values, not inside one, and a required
+    option's help that ends "Required." (as every option's help states its default) loses it beside typer's own
+    "[required]"."""
+
+    help: str | None  # click's Command's
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = _paragraphs(self.help)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.get_params(ctx):  # type: ignore[attr-defined]
+            if param.required and isinstance(param.help, str):  # typer adds "[required]" itself
+                param.help = re.sub(r"\s*\bRequired\.$", "", param.help)
+            shown = param.metavar is None and getattr(param, "display_type_rich", None) and param.display_type_rich(ctx)
+            if shown and re.fullmatch(r"<[^<>|]+(\|[^<>|]+)+>", shown) and len(shown) > LONG_VALUES:
+                param.metavar = shown.replace("|", "| ")
+        super().format_help(ctx, formatter)  # type: ignore[misc]
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
@@ -67,6 +89,18 @@ class _HelpFlag:
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = super().collect_usage_pieces(ctx)  # type: ignore[misc]
         return [re.sub(r"^\{(.*)\}(\.\.\.)?$", r"\1\2", piece) for piece in pieces]
+
+
+#: A list of an option's values longer than this (characters) has a space after each ``|`` in ``--help``: the help's
+#: table wraps its lines there (at 80 columns ``<digits|fashion-mnist|...>`` broke inside ``fashion-mnist``).
+LONG_VALUES = 24
+
+
+def _paragraphs(text: str | None) -> str | None:
+    """``text`` (a docstring) with each paragraph on one line: the help renderer keeps single line breaks."""
+    if not text:
+        return text
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
 class _OneLineUsage:
@@ -183,14 +217,82 @@ def _main(
     """The options of ``foal-pipe`` itself (before a command): ``--version``."""
 
 
-def print_table(table: Any) -> None:
-    """Print a rich table on stdout; where that is not a terminal, without the padding that ends its lines."""
-    if console.is_terminal:
-        console.print(table)
-        return
+def print_table(table: Table) -> None:
+    """Print a rich table on stdout; where that is not a terminal, without the padding that ends its lines.
+
+    No number or word is cut to fit the width (see :func:`_fit`), and a stdout that cannot encode "·" or "±"
+    (``PYTHONIOENCODING=ascii``) gets "-" and "+-", any other such character "?", rather than a traceback."""
+    if not all(_encodes(char) for char in ASCII):
+        _to_ascii(table)
+    width = _fit(table, console.width)
     with console.capture() as captured:
-        console.print(table)
-    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        if width > console.width:  # the narrowest layout is wider than the terminal: it wraps the lines, not rich
+            console.print(Segments(console.render(table, console.options.update_width(width))), crop=False)
+        else:
+            console.print(table)
+    text = captured.get()
+    if not console.is_terminal:
+        text = "".join(line.rstrip() + "\n" for line in text.splitlines())
+    console.file.write(text.encode(console.encoding, errors="replace").decode(console.encoding))
+
+
+#: The characters of the tables that a non-UTF-8 stdout may not encode -> what it shows instead.
+ASCII = {"·": "-", "±": "+-"}
+
+#: The narrowest a column that folds (``overflow="fold"``, e.g. a run's path) is made without a ``min_width`` of its own.
+FOLD_WIDTH = 16
+
+
+def _encodes(char: str) -> bool:
+    try:
+        char.encode(console.encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _to_ascii(table: Table) -> None:
+    """:data:`ASCII`'s replacements in the title, caption, headers and text cells of ``table``, before it is laid out."""
+    def plain(cell: Any) -> Any:
+        if not isinstance(cell, str):
+            return cell
+        for char, replacement in ASCII.items():
+            cell = cell.replace(char, replacement)
+        return cell
+
+    table.title, table.caption = plain(table.title), plain(table.caption)
+    for column in table.columns:
+        column.header = plain(column.header)
+        column._cells[:] = [plain(cell) for cell in column._cells]
+
+
+def _fit(table: Table, width: int) -> int:
+    """Set the widths of ``table``'s columns for ``width`` characters where its rows are wider, so that nothing is cut:
+    rich would shrink a column below its longest word, or crop a ``no_wrap`` one (``98.2…``, ``loo_acc…``), or drop
+    the last columns. The widest column with room to spare gives a character at a time: a ``no_wrap`` column keeps its
+    width, any other its longest word, a folding one :data:`FOLD_WIDTH` (or its ``min_width``). Returns the width to
+    print at: ``width``, or more where even that layout is wider (the terminal then wraps its lines)."""
+    if not all(hasattr(table, name) for name in ("_measure_column", "_extra_width", "_get_padding_width")):
+        return width  # rich's private layout helpers (rich 13-15) gone: its own layout, as before
+    options = console.options.update_width(1 << 16)
+    ranges = [table._measure_column(console, options, column) for column in table.columns]
+    widths = [span.maximum for span in ranges]
+    room = width - table._extra_width
+    if sum(widths) <= room:
+        return width
+    padding = [table._get_padding_width(column._index) for column in table.columns]
+    floors = [span.maximum if column.no_wrap
+              else min(span.maximum, pad + (column.min_width or FOLD_WIDTH)) if column.overflow == "fold"
+              else span.minimum
+              for column, span, pad in zip(table.columns, ranges, padding, strict=True)]
+    while sum(widths) > room:
+        spare = [i for i, (w, f) in enumerate(zip(widths, floors, strict=True)) if w > f]
+        if not spare:
+            break
+        widths[max(spare, key=lambda i: widths[i])] -= 1
+    for column, w, pad in zip(table.columns, widths, padding, strict=True):
+        column.width = w - pad
+    return max(width, sum(widths) + table._extra_width)
 
 
 def choice(*values: str) -> Any:

@@ -302,7 +302,8 @@ def predict(
     ] = None,
     more_images: Annotated[
         list[str] | None, typer.Argument(help="More image paths for --images (the shell expands --images dir/*.png "
-                                         "into --images dir/a.png dir/b.png ...).", show_default=False,
+                                         "into --images dir/a.png dir/b.png ...); alone, the images to predict. "
+                                         "Default: none.", show_default=False,
                                          metavar="IMAGES")
     ] = None,
     split: Annotated[Literal["train", "test"], typer.Option(help="With --features: which split to predict, train or test.")] = "test",
@@ -316,7 +317,8 @@ def predict(
         bool, flag("--skip-bad", help="With --images: skip unreadable files (listed on stderr). Default: off.")
     ] = False,
     batch_size: Annotated[int, typer.Option(help="With --images: images encoded at once.")] = 64,
-    device: Annotated[str, typer.Option(help="With --images: where the encoder runs: auto (CUDA when available), cpu or cuda.")] = "cpu",
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="With --images: where the encoder runs: auto (CUDA when "
+                                                                   "available), cpu or cuda.")] = "cpu",
     out: Annotated[
         Path | None, typer.Option(help="Write the CSV here (atomically, checked before predicting). Default: stdout.")
     ] = None,

@@ -21,7 +21,20 @@ import typer
 
 from foal_pipe.cli._app import choice, flag
 from foal_pipe.cli.flags import NEGATED
-from foal_pipe.cli.headoptions import head_options
+from foal_pipe.cli.headoptions import (
+    class_order_text,
+    fusions_text,
+    gamma_text,
+    head_names,
+    head_options,
+    heads_value,
+    integers,
+    numbers,
+    parse_head_option,
+    read_by,
+    shrinkage_value,
+    size_text,
+)
 from foal_pipe.core.activations import ACTIVATIONS, INITS
 from foal_pipe.core.backend import BACKENDS, DTYPES
 from foal_pipe.core.engines import ENGINES
@@ -41,7 +54,7 @@ from foal_pipe.protocol.config import (
 )
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS, STREAMS
-from foal_pipe.store.blockfusion import FUSION_FORMS
+from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion
 
 if TYPE_CHECKING:  # mypy: the plain string a command receives (a Literal built at run time is no type to mypy)
     StreamName = str
@@ -129,7 +142,8 @@ OrderSeeds = Annotated[
     str | None,
     typer.Option(help="Comma-separated class-order seeds (e.g. 0,1,2,3,4): every order from one pass over the store, "
                  "reported per order with mean and std; every head takes them (sweep --heads: every order of every "
-                 "head). Default: one order (--order-seed).")
+                 "head). Default: one order (--order-seed).",
+                 callback=read_by(lambda text: integers(text, "--order-seeds", "0,1,2,3,4")))
 ]
 MaxMemory = Annotated[str, typer.Option(help="The most each speed-up may hold (each on its own: together they may hold a "
                                         "few times it): the decoded rows of the walk (in memory up "
@@ -137,7 +151,7 @@ MaxMemory = Annotated[str, typer.Option(help="The most each speed-up may hold (e
                                         "TMPDIR), the activations kept for leave-one-out "
                                         "(rows x D values; beyond it each boundary projects the rows again) and, with "
                                         "--order-seeds, the per-class statistics (C x D^2 values; beyond it one pass "
-                                        "per order).")]
+                                        "per order).", callback=read_by(size_text))]
 Backend = Annotated[BackendName, typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, "
                                               "else NumPy), numpy, cupy or torch (CUDA when available, else the CPU).")]
 Dtype = Annotated[DtypeName, typer.Option(help="State dtype: float64 (exact to its rounding: a gamma at which that could move W by 1e-4 is refused) or float32 (half the memory; "
@@ -158,7 +172,7 @@ ClassOrder = Annotated[
                               "numpy.random.permutation of the label ids; pilot:SEED another seed) cut into --tasks. "
                               "Not with --drop-remainder (a FILE lists its tasks itself; pilot streams every class). "
                               "Default: none (--tasks splits the classes in the order drawn by --order-seed).",
-                              metavar="FILE|pilot")
+                              metavar="FILE|pilot", callback=read_by(class_order_text))
 ]
 DropLast = Annotated[bool, flag("--drop-last", help="Drop each task's last incomplete batch (the published code). "
                                 "Default: off (the batch is kept).")]
@@ -182,7 +196,8 @@ Workers = Annotated[int, typer.Option(help="With --scheduler dask and --dask-add
 Fusion = Annotated[
     str | None,
     typer.Option(help="Fuse the store's per-block tokens at read time (stores made with `extract --keep-blocks`): "
-                 f"{FUSION_FORMS}; then the stored final norm (concat: on each block's token). Default: the store's own features."),
+                 f"{FUSION_FORMS}; then the stored final norm (concat: on each block's token). Default: the store's own features.",
+                 callback=read_by(lambda text: parse_fusion(text, "--fusion"))),
 ]
 NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
 
@@ -193,7 +208,7 @@ Shrinkage = Annotated[
     str | None,
     typer.Option(help="slda: eps of Lambda = pinv((1 - eps) S + eps I), a number in [0, 1] (default 1e-4), or oas (the "
                  "OAS estimate); fecam: a1, the diagonal shrinkage (default 1). Not for the other heads.",
-                 show_default=False),
+                 show_default=False, callback=read_by(shrinkage_value)),
 ]
 ShrinkageOffdiag = Annotated[
     float | None, typer.Option(help="fecam: a2, the off-diagonal shrinkage (default 0). Not for the other heads.",
@@ -215,7 +230,7 @@ HeadOption = Annotated[
                  "--head-option shrinkage_offdiag=0.3); the heads' options: " + "; ".join(
                      f"{name} ({', '.join(heads)})" for name, heads in head_option_names().items())
                  + ". The flags above set the same options (one given both ways must agree). Default: none (each "
-                 "head's defaults).", show_default=False),
+                 "head's defaults).", show_default=False, callback=read_by(lambda texts: [parse_head_option(t) for t in texts])),
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,7 +238,7 @@ HeadOption = Annotated[
 
 Gamma = Annotated[
     str, typer.Option(help="Ridge regularisation gamma (R0 = I/gamma), > 0; or auto: chosen at every task boundary on "
-                      "the training rows seen so far (see --select, --gamma-grid).")
+                      "the training rows seen so far (see --select, --gamma-grid).", callback=read_by(gamma_text))
 ]
 LearnSelect = Annotated[
     TrainingCriterion | None,
@@ -234,7 +249,8 @@ LearnSelect = Annotated[
 ]
 GammaGrid = Annotated[
     str | None, typer.Option(help="Candidates of --gamma auto (comma-separated); a choice on an edge is warned about. "
-                             f"Default: {grid_text(MODEL.gamma_grid)}.", show_default=False)
+                             f"Default: {grid_text(MODEL.gamma_grid)}.", show_default=False,
+                             callback=read_by(lambda text: numbers(text, "--gamma-grid")))
 ]
 PerDecade = Annotated[
     int, typer.Option(help="Points per decade of the refined search of gamma: the criterion is evaluated at this many "
@@ -304,7 +320,7 @@ EvalFeatures = Annotated[
 Gammas = Annotated[
     str | None, typer.Option(help="Comma-separated gammas, all evaluated from one pass over the data; a best gamma on an "
                              f"edge is warned about. Default: --gamma auto's grid, {grid_text(SWEEP.gammas)}.",
-                             show_default=False)
+                             show_default=False, callback=read_by(lambda text: numbers(text, "--gammas")))
 ]
 Select = Annotated[
     Criterion | None,
@@ -322,13 +338,14 @@ Heads = Annotated[
                  f"exact up to that many rows seen; {WITHOUT_LOO} have none and are not ranked). Must name ridge. "
                  "With --fusions, every head on "
                  "every fusion; with --order-seeds, every order of every head (means over the orders). "
-                 "Default: none (the gamma sweep alone)."),
+                 "Default: none (the gamma sweep alone).", callback=read_by(head_names)),
 ]
 Fusions = Annotated[
     str | None,
     typer.Option(help="Comma-separated fusions of a blocks store (e.g. mean-cls,last,mean:7-12), every fusion x gamma "
                  "from one read of the blocks: a table and sweep.json entries per fusion, and the best (fusion, "
-                 "gamma) by --select. All of one width (concat:A-B fusions of as many blocks). Not with --fusion. Default: none (the store's features, or --fusion)."),
+                 "gamma) by --select. All of one width (concat:A-B fusions of as many blocks). Not with --fusion. Default: none (the store's features, or --fusion).",
+                 callback=read_by(fusions_text)),
 ]
 
 #: Defaults of the options whose text the command line parses.
@@ -413,11 +430,7 @@ def options(*names: str, **own: tuple[Any, Any]) -> Callable[[Callable[..., None
 def floats(text: str, option: str) -> tuple[float, ...]:
     """``"1e-3,1,10"`` -> ``(0.001, 1.0, 10.0)``: gammas, so each a positive finite number; a value listed twice is
     refused (a sweep would evaluate it twice)."""
-    items = comma_items(text, option)
-    try:
-        values = tuple(float(g) for g in items)
-    except ValueError:
-        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
+    items, values = comma_items(text, option), numbers(text, option)
     bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)), None)
     if bad is not None:
         raise FoalPipeError(f"{option} lists {_as_read(items[bad], values[bad])}; a gamma is a positive number: write "
@@ -435,35 +448,14 @@ def _as_read(item: str, value: float) -> str:
 
 def gamma_value(text: str) -> float | str:
     """``--gamma``: a number > 0, or ``auto``."""
-    if text == "auto":
-        return "auto"
-    try:
-        value = float(text)
-    except ValueError:
-        raise FoalPipeError(f"--gamma {text!r} is neither a number nor 'auto'; write e.g. --gamma 1 or --gamma auto") from None
+    value = gamma_text(text)
+    if isinstance(value, str):
+        return value
     if (value == 0 and any(c in text.lower().split("e")[0] for c in "123456789")) or \
             (abs(value) == float("inf") and "inf" not in text.lower()):  # named as typed, not as the 0 or inf it reads as
         raise FoalPipeError(f"--gamma {text} reads as {value:g}, beyond float64's range; gamma must be a positive number, "
                             "e.g. --gamma 1")
     return parse_gamma(value)
-
-
-def shrinkage_value(text: str) -> float | str:
-    """``--shrinkage``: a number, or ``oas``."""
-    if text == "oas":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise FoalPipeError(f"--shrinkage {text!r} is neither a number nor 'oas'; write e.g. --shrinkage 1e-4") from None
-
-
-def heads_value(text: str) -> tuple[str, ...]:
-    """``--heads``: the head names; given, it must name one (an empty list is not "no heads")."""
-    heads = tuple(comma_items(text, "--heads"))
-    if not heads:
-        raise FoalPipeError(f"--heads {text!r} names no head; write a comma-separated list of {', '.join(HEADS)}")
-    return heads
 
 
 #: Options whose text becomes the field's value.

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, print_table, user_errors
-from foal_pipe.errors import FoalPipeError, comma_items
+from foal_pipe.cli.headoptions import gamma_text, head_names, integers, read_by
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS
@@ -34,19 +34,23 @@ TableSeed = Annotated[int, typer.Option(help=f"Seed of the projection ({PROJECTE
                                         f"--order-seeds. Default: {o.STREAM.seed}.", show_default=False)]
 TableHeads = Annotated[
     str, typer.Option(help="Comma-separated heads of `foal-pipe learn --head`: " + "; ".join(
-        f"{', '.join(names)} {SPACE_WORDS.get(space, space)}" for space, names in BY_SPACE.items()) + ".")
+        f"{', '.join(names)} {SPACE_WORDS.get(space, space)}" for space, names in BY_SPACE.items()) + ".",
+        callback=read_by(head_names))
 ]
 TableOrderSeeds = Annotated[
-    str, typer.Option(help="Comma-separated class-order seeds; each cell is the mean and std over these orders.")
+    str, typer.Option(help="Comma-separated class-order seeds; each cell is the mean and std over these orders.",
+                      callback=read_by(lambda text: integers(text, "--order-seeds", "0,1,2")))
 ]
 TableTasks = Annotated[
     str | None, typer.Option(help=f"Comma-separated task counts, e.g. 5,10: a table per count. Default: {DEFAULT_TASKS}, "
-                             "or the fewest classes of any store when one has fewer (as learn).", show_default=False)
+                             "or the fewest classes of any store when one has fewer (as learn).", show_default=False,
+                             callback=read_by(lambda text: integers(text, "--tasks", "5,10")))
 ]
 TableGamma = Annotated[
     str, typer.Option(help="ridge's gamma: auto (chosen at every task boundary on the training rows seen so far, "
                       "by --select) or a number > 0. balanced and dual run at ridge's last-boundary choice on the same "
-                      "class order with auto (ridge must be among --heads), or at this number.")
+                      "class order with auto (ridge must be among --heads), or at this number.",
+                      callback=read_by(gamma_text))
 ]
 TableLooSample = Annotated[
     int, typer.Option(help=f"With --gamma auto and a leave-one-out --select ({LOO_SELECTS}): ridge scores "
@@ -65,17 +69,6 @@ TableActivation = Annotated[
 #: The options a user typed that the checks take (defaults are not "asked for"; the head options given are asked for
 #: by being given): the model's, as headruns.check_head_options takes them, and --seed.
 TYPED_OPTIONS = ("projection_dim", "activation", "gamma", "select", "gamma_grid", "loo_sample", "seed")
-
-
-def _ints(text: str, option: str, example: str) -> tuple[int, ...]:
-    items = comma_items(text, option)
-    try:
-        values = tuple(int(v) for v in items)
-    except ValueError:
-        raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of integers; write e.g. {example}") from None
-    if not values:
-        raise FoalPipeError(f"{option} is empty; write e.g. {example}")
-    return values
 
 
 @app.command()
@@ -127,8 +120,8 @@ def table(
                             o.settings(params, ExecutionConfig))
         _check_applies(ctx, {k: LEARN_ONLY_WITH[k] for k in ("disjoint_ratio", "blurry_ratio", "select", "gamma_grid",
                                                            "loo_sample")})
-        config = TableConfig(o.heads_value(heads), _ints(order_seeds, "--order-seeds", "0,1,2"),
-                             None if tasks is None else _ints(tasks, "--tasks", "5,10"))
+        config = TableConfig(o.heads_value(heads), integers(order_seeds, "--order-seeds", "0,1,2"),
+                             None if tasks is None else integers(tasks, "--tasks", "5,10"))
         explicit = [name for name in TYPED_OPTIONS if _typed(ctx, name)]
         done = run_table(features, out, config, settings, explicit,
                          log=lambda m: err_console.print(f"[yellow]{escape(m)}[/]", highlight=False, soft_wrap=True),
