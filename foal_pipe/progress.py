@@ -29,7 +29,7 @@ from rich.progress import (
 from rich.table import Column
 from rich.text import Text
 
-_console = Console(stderr=True)
+_console = Console(stderr=True, emoji=False)
 
 #: Plain progress lines (output not a terminal): a line at every further LINE_STEP of the total, or after
 #: LINE_SECONDS without one, once a task has run QUIET_SECONDS.

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, build_store, invoke
+from helpers import build_store, invoke
 
 COMMON = ("--projection-dim", "32", "--seed", "3", "--backend", "numpy")
 
@@ -58,8 +58,10 @@ def test_a_run_of_many_orders_counts_as_its_orders(runs, tmp_path):
 
 def test_group_refuses_an_unknown_key(runs):
     root, _ = runs
-    assert_one_line_error(invoke("summary", root / "runs", "--group", "head,colour"),
-                          "unknown --group key 'colour'; choose from head, tasks")
+    result = invoke("summary", root / "runs", "--group", "head,colour")
+    assert result.exit_code == 2, result.output  # a usage error (docs/cli.md), as typer's own types
+    assert result.output.startswith("Error: unknown --group key 'colour'; choose from head, tasks"), result.output
+    assert result.output.endswith("; see `foal-pipe summary --help`\n") and result.output.count("\n") == 1
 
 
 def test_summary_shows_stream_a_auc_and_every_head_of_a_sweep(runs, tmp_path):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import A_AVG, A_LAST, F, build_store, make_metrics, make_run
+from helpers import A_AVG, A_LAST, F, build_store, invoke, make_metrics, make_run
 from rich.console import Console
 from rich.table import Table
 from typer.testing import CliRunner
@@ -218,3 +218,10 @@ def test_a_long_value_list_breaks_between_values(columns):
 def test_cli_reference_documents_predicts_bare_image_paths():
     section = (ROOT / "docs" / "cli.md").read_text().split("## `foal-pipe predict`")[1].split("\n## ")[0]
     assert "| `IMAGES...` |" in section and "`foal-pipe predict --model M dir/*.png`" in section
+
+
+def test_a_value_written_like_an_emoji_code_is_shown_as_typed(tmp_path):
+    """rich turns ``:x:`` into an emoji by default: an error line must quote the user's text as typed."""
+    result = invoke("table", "--features", tmp_path / "s.zarr", "--out", tmp_path / "o", "--tasks", ":x:")
+    assert result.exit_code == 2 and "--tasks ':x:' is not" in result.output, result.output
+    assert "\u274c" not in result.output

@@ -16,10 +16,12 @@ import pytest
 from helpers import fault_store, invoke
 
 from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier
+from foal_pipe.encoders import parse_model_kwargs
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.memory import parse_memory
 from foal_pipe.protocol.orders import parse_order_seeds
 from foal_pipe.protocol.stream import named_class_order
+from foal_pipe.report.grouping import GROUP_KEYS, parse_group
 from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion, parse_fusions
 
 NOT_NUMBERS = "is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10"
@@ -55,6 +57,9 @@ CASES = [
      "shrinkage=oas"),
     ("learn", ["--head", "fecam", "--head-option", "shrinkage_offdiag=x"], "--head-option 'shrinkage_offdiag=x': "
      "shrinkage_offdiag of fecam takes a number; write e.g. --head-option shrinkage_offdiag=0.0"),
+    # slda's shrinkage is typed float | str, but reads as --shrinkage does: a number or oas (was exit 1, slda's check)
+    ("learn", ["--head", "slda", "--head-option", "shrinkage=abc"], "--head-option 'shrinkage=abc': shrinkage of slda, "
+     "fecam takes oas or a number; write e.g. --head-option shrinkage=0.0001"),
     ("learn", ["--head-option", "gamma=2"], "gamma is a setting of its own, not a head option: pass --gamma and drop it "
      "from --head-option"),
     # sweep
@@ -107,6 +112,61 @@ def test_predict_device_outside_its_set_is_a_usage_error(tmp_path):
                                                     "'cpu', 'cuda'; see `foal-pipe predict --help`\n")
 
 
+#: Commands without --features: (command and its arguments, the whole message before "; see ..."); each exited 1.
+OWN_CASES = [
+    (["summary", "--group", "BOGUS"], f"unknown --group key 'BOGUS'; choose from {', '.join(GROUP_KEYS)}"),
+    (["summary", "--group", "head,colour"], f"unknown --group key 'colour'; choose from {', '.join(GROUP_KEYS)}"),
+    (["summary", "--group", " , "], f"--group names no key; write e.g. head,tasks (keys: {', '.join(GROUP_KEYS)})"),
+    (["extract", "--model-kwargs", "depth"], "--model-kwargs item 'depth' is not NAME=VALUE; write e.g. --model-kwargs "
+     "depth=2,patch_size=4,img_size=32"),
+    (["extract", "--model-kwargs", "depth=2,,img_size=32"], "--model-kwargs item '' is not NAME=VALUE; write e.g. "
+     "--model-kwargs depth=2,patch_size=4,img_size=32"),
+    (["extract", "--model-kwargs", "depth=2,"], "--model-kwargs item '' is not NAME=VALUE; write e.g. --model-kwargs "
+     "depth=2,patch_size=4,img_size=32"),
+    (["extract", "--model-kwargs", "depth="], "--model-kwargs item 'depth=' is not NAME=VALUE; write e.g. "
+     "--model-kwargs depth=2,patch_size=4,img_size=32"),
+    (["extract", "--model-kwargs", "depth=2,depth=3,=4"], "--model-kwargs item '=4' is not NAME=VALUE; write e.g. "
+     "--model-kwargs depth=2,patch_size=4,img_size=32"),
+    (["extract", "--model-kwargs", "2depth=2"], "--model-kwargs name '2depth' is not an argument name; write "
+     "NAME=VALUE, e.g. depth=2"),
+    (["extract", "--fusion", "max"], f"unknown --fusion 'max'; write {FUSION_FORMS}"),
+    (["extract", "--fusion", "mean:5-2"], "--fusion mean:5-2 starts at block 5, after its last block 2; write mean:A-B "
+     f"with A <= B (e.g. mean:2-5), or one of {FUSION_FORMS}"),
+    (["extract", "--fusion", "mean:1-x"], f"--fusion mean:1-x: 'x' is not a block number; write {FUSION_FORMS}"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), OWN_CASES, ids=[" ".join(c[0]) for c in OWN_CASES])
+def test_summary_and_extract_option_text_is_a_usage_error(tmp_path, args, message):
+    """summary reads no run and extract no image, nor writes a store, before the usage error."""
+    out = tmp_path / "x.zarr"
+    where = ["--model", "pixels", "--out", out] if args[0] == "extract" else [tmp_path / "missing"]
+    result = invoke(*args, *where)
+    assert (result.exit_code, result.output) == (2, f"Error: {message}; see `foal-pipe {args[0]} --help`\n")
+    assert not out.exists()
+
+
+#: Values of summary and extract that read but are refused: the command's error, exit 1, as before.
+OWN_REFUSED = [
+    (["summary", "--group", "head,head"], "--group names a key twice; name each once"),
+    (["extract", "--model-kwargs", "depth=2,depth=3"], "--model-kwargs gives depth twice; give each argument once"),
+    (["extract", "--model-kwargs", "num_classes=3"], "--model-kwargs num_classes is set by foal-pipe itself"),
+    (["extract", "--fusion", "concat:1-2"], "--fusion concat:1-2 sets blocks side by side, which is fused when reading a "
+     "blocks store, not when extracting"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), OWN_REFUSED, ids=[" ".join(c[0]) for c in OWN_REFUSED])
+def test_summary_and_extract_values_that_read_but_are_refused_exit_1(tmp_path, args, message):
+    out = tmp_path / "x.zarr"
+    where = ["--model", "pixels", "--out", out] if args[0] == "extract" else [tmp_path / "missing"]
+    result = invoke(*args, *where)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
+    assert message in result.output and "--help" not in result.output, result.output
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     return fault_store(tmp_path_factory.mktemp("usage") / "s.zarr")
@@ -120,6 +180,8 @@ def store(tmp_path_factory) -> Path:
     ("learn", ["--class-order", "pilot:4294967296"], "--class-order pilot:4294967296: the seed after the colon must be "
      "below 2**32"),
     ("learn", ["--head", "slda", "--shrinkage", "2"], "slda's --shrinkage must lie in [0, 1], got 2"),
+    ("learn", ["--head", "slda", "--head-option", "shrinkage=2"], "slda's --shrinkage must lie in [0, 1], got 2"),
+    ("learn", ["--head", "fecam", "--head-option", "shrinkage=oas"], "fecam's --shrinkage must be a number >= 0, got 'oas'"),
     ("sweep", ["--gammas", "1,1"], "--gammas lists 1 twice; list each gamma once"),
     ("sweep", ["--gammas", "1,-1"], "--gammas lists -1; a gamma is a positive number"),
     ("sweep", ["--heads", "ncm"], "--heads compares heads beside ridge's gamma sweep; add ridge"),
@@ -146,6 +208,9 @@ def test_a_value_that_reads_but_is_refused_stays_the_commands_error(store, tmp_p
     (lambda: head_entry("foo", "heads"), "unknown heads 'foo'"),
     (lambda: head_classifier("foo"), "unknown head 'foo'"),
     (lambda: head_classifier("fecam", shrinkage="abc").fit(*_rows()), "fecam's shrinkage must be a number"),
+    (lambda: head_classifier("slda", shrinkage="abc").fit(*_rows()), "slda's shrinkage must be a number in [0, 1] or 'oas'"),
+    (lambda: parse_group("BOGUS"), "unknown group key 'BOGUS'"),
+    (lambda: parse_model_kwargs("depth"), "model_kwargs item 'depth' is not NAME=VALUE"),
     (lambda: AnalyticClassifier(gamma="abc").fit(*_rows()), "gamma must be a positive number or 'auto', got 'abc'"),
     (lambda: AnalyticClassifier(gamma="auto", gamma_grid=[1, "x"]).fit(*_rows()), "gamma_grid must hold positive numbers"),
 ])

@@ -49,7 +49,7 @@ LOG_WIDTH = 512
 
 
 def _console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr)
+    console = Console(stderr=stderr, emoji=False)  # a value written ":x:" is shown as typed, not as an emoji
     if not console.is_terminal:
         console.soft_wrap = True
         if "COLUMNS" not in os.environ:

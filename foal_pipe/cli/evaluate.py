@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli.headoptions import group_text, read_by
 
 
 @app.command()
@@ -91,7 +92,7 @@ def summary(
                      "store), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
                      "runs of several class orders; a cell whose runs differ in a setting not grouped by is named in "
                      "a warning. Default: one row per run.",
-                     show_default=False),
+                     show_default=False, callback=read_by(group_text)),
     ] = None,
 ) -> None:
     """Print a table of runs (A_avg, A_last, F, A_auc; the paper's numbers when comparable) and of sweeps, a

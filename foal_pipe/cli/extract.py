@@ -16,10 +16,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli.headoptions import fusion_text, model_kwargs_text, read_by
 from foal_pipe.cluster import is_local
 from foal_pipe.datasets.registry import DATASETS
 from foal_pipe.durable import raise_swallowed_stop
-from foal_pipe.encoders import PAPER_MODEL
+from foal_pipe.encoders import PAPER_MODEL, parse_model_kwargs
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.progress import new_progress
 
@@ -119,10 +120,10 @@ def extract(
     model_kwargs: Annotated[str, typer.Option(help="Arguments for timm.create_model as NAME=VALUE,... (ints, floats, "
                             "true/false, strings), e.g. depth=2,patch_size=8,img_size=32,embed_dim=32,num_heads=2 for a "
                             "custom architecture; recorded in the store and compared on resume. Default: none.",
-                            show_default=False)] = "",
+                            show_default=False, callback=read_by(model_kwargs_text))] = "",
     fusion: Annotated[str, typer.Option(show_default=False, help="Which blocks' tokens are averaged before the final norm: mean-cls "
                       "(every block: the paper), last, mean:A-B (blocks A to B, 1-based, inclusive) or block:K. "
-                      "Default: mean-cls.")] = "mean-cls",
+                      "Default: mean-cls.", callback=read_by(fusion_text))] = "mean-cls",
     token: Annotated[Literal["cls", "mean"], typer.Option(show_default=False, help="cls: the CLS token; mean: the mean of the patch tokens. Default: cls.")]
     = "cls",
     image_size: Annotated[int | None, typer.Option(help="Input side in pixels (images are resized to a square). "
@@ -175,7 +176,6 @@ def extract(
     """
     with user_errors():
         from foal_pipe.cli.learn import ONLY_WITH, _check_applies  # here: learn's commands register after extract's
-        from foal_pipe.encoders import parse_model_kwargs
         from foal_pipe.extract import ExtractSpec, run_extract
 
         if scheduler not in ("local", "dask"):

@@ -16,8 +16,9 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.cli._app import UsageError
+from foal_pipe.cli._app import UsageError, choice
 from foal_pipe.cli.flags import HEAD_OPTION_FLAGS, cli_form
+from foal_pipe.encoders.config import _check_model_kwargs, parse_model_kwargs
 from foal_pipe.errors import FoalPipeError, comma_items
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.memory import parse_memory
@@ -34,15 +35,23 @@ def _kinds(annotation: Any) -> list[Any]:
     return [] if annotation is type(None) else [annotation]
 
 
+#: The words a head's ``str`` option takes: its type admits any text, its head's check refuses all but these (slda's
+#: shrinkage is a number or oas, as ``--shrinkage`` reads it).
+WORDS: dict[tuple[str, str], tuple[str, ...]] = {("slda", "shrinkage"): ("oas",)}
+
+
 def _option_types(name: str, heads: Sequence[str]) -> tuple[list[Any], Any]:
-    """The types option ``name`` takes in any of ``heads`` (their ``Options`` fields), and an example value: its first
-    default that is a value (dual's ``gamma_comp`` defaults to None: its gamma), else one of its first type."""
+    """The types option ``name`` takes in any of ``heads`` (their ``Options`` fields, a ``str`` of :data:`WORDS` as
+    its words), and an example value: its first default that is a value (dual's ``gamma_comp`` defaults to None: its
+    gamma), else one of its first type."""
     kinds: list[Any] = []
     example: Any = None
     for head in heads:
         options = HEADS[head].head.Options
         field = next(f for f in fields(options) if f.name == name)
-        kinds += [k for k in _kinds(typing.get_type_hints(options)[name]) if k not in kinds]
+        words = WORDS.get((head, name))
+        typed = [choice(*words) if words and k is str else k for k in _kinds(typing.get_type_hints(options)[name])]
+        kinds += [k for k in typed if k not in kinds]
         if example is None and field.default not in (MISSING, None):
             example = field.default
     if example is None and kinds:
@@ -80,7 +89,8 @@ def parse_value(text: str, kinds: Sequence[Any]) -> Any:
 
 
 def _described(kinds: Sequence[Any]) -> str:
-    words = [f"one of {', '.join(map(str, typing.get_args(k)))}" for k in kinds if typing.get_origin(k) is typing.Literal]
+    literals = [typing.get_args(k) for k in kinds if typing.get_origin(k) is typing.Literal]
+    words = [f"one of {', '.join(map(str, v))}" if len(v) > 1 else str(v[0]) for v in literals]
     return " or ".join(words + [word for kind, word, _ in PARSERS if kind in kinds])
 
 
@@ -220,3 +230,28 @@ def fusions_text(text: str) -> None:
         parse_fusions(items, "--fusions")  # refuses it: names no fusion
     for item in items:
         parse_fusion(item, "--fusions")
+
+
+def fusion_text(text: str) -> None:
+    """``extract --fusion``: a fusion spec; one extract cannot apply (concat, a block the model lacks) is refused when it
+    runs."""
+    parse_fusion(text, "--fusion")
+
+
+def model_kwargs_text(text: str) -> None:
+    """``extract --model-kwargs``: NAME=VALUE items, each NAME an argument name (the library's refusal of an item that
+    is not is the message); a name given twice, or one foal-pipe sets itself, is refused when it runs."""
+    for item in text.split(",") if text.strip() else ():
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not (sep and name and value):
+            parse_model_kwargs(f"{item},")  # refuses it: its first item is not NAME=VALUE (a blank one too)
+        elif not name.isidentifier():
+            _check_model_kwargs(((name, value),))  # refuses it: not an argument name
+
+
+def group_text(text: str) -> None:
+    """``summary --group``: at least one key, each of its set (parse_group's refusal is the message); a key named
+    twice is refused when it runs."""
+    from foal_pipe.report.grouping import parse_group  # here: foal_pipe.report loads zarr, which --help does without
+
+    parse_group(",".join(dict.fromkeys(key.strip() for key in text.split(","))))

@@ -23,6 +23,7 @@ from foal_pipe.cli._app import choice, flag
 from foal_pipe.cli.flags import NEGATED
 from foal_pipe.cli.headoptions import (
     class_order_text,
+    fusion_text,
     fusions_text,
     gamma_text,
     head_names,
@@ -54,7 +55,7 @@ from foal_pipe.protocol.config import (
 )
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS, STREAMS
-from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion
+from foal_pipe.store.blockfusion import FUSION_FORMS
 
 if TYPE_CHECKING:  # mypy: the plain string a command receives (a Literal built at run time is no type to mypy)
     StreamName = str
@@ -197,7 +198,7 @@ Fusion = Annotated[
     str | None,
     typer.Option(help="Fuse the store's per-block tokens at read time (stores made with `extract --keep-blocks`): "
                  f"{FUSION_FORMS}; then the stored final norm (concat: on each block's token). Default: the store's own features.",
-                 callback=read_by(lambda text: parse_fusion(text, "--fusion"))),
+                 callback=read_by(fusion_text)),
 ]
 NoFusionNorm = Annotated[bool, flag("--no-fusion-norm", help="With --fusion(s): skip the stored final norm. Default: off.")]
 
