@@ -173,4 +173,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from foal_pipe.errors import FoalPipeError
+
+    try:
+        main()
+    except FoalPipeError as exc:  # Fashion-MNIST not installed: the one line that names the fix
+        raise SystemExit(f"Error: {exc}") from None
