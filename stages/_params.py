@@ -331,8 +331,9 @@ def table_check(args: list[Any]) -> Callable[..., None]:
 
     from foal_pipe.cli import app
     from foal_pipe.cli import options as o
+    from foal_pipe.cli.headoptions import integers
     from foal_pipe.cli.learn import _typed
-    from foal_pipe.cli.table import TYPED_OPTIONS, _ints
+    from foal_pipe.cli.table import TYPED_OPTIONS
     from foal_pipe.protocol.capabilities import Settings
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.table import TableConfig, check_table
@@ -343,8 +344,8 @@ def table_check(args: list[Any]) -> Callable[..., None]:
 
     def check(explicit: Sequence[str] | None = None) -> None:
         kinds = (StreamConfig, ModelConfig, EvaluationConfig, ExecutionConfig)
-        config = TableConfig(o.heads_value(ctx.params["heads"]), _ints(ctx.params["order_seeds"], "--order-seeds", "0,1,2"),
-                             _ints(ctx.params["tasks"], "--tasks", "5,10"))
+        config = TableConfig(o.heads_value(ctx.params["heads"]), integers(ctx.params["order_seeds"], "--order-seeds", "0,1,2"),
+                             integers(ctx.params["tasks"], "--tasks", "5,10"))
         check_table(config, ctx.params["features"], Settings(*(o.settings(params, kind) for kind in kinds)),
                     typed if explicit is None else explicit)
 
