@@ -24,8 +24,9 @@ def make_store(path: Path, n_train: int, n_test: int, chunk: int = 4096, seed: i
                      encoder={"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False})
     group.attrs.update(meta.to_dict())
     for split, n in (("train", n_train), ("test", n_test)):
-        feats = group.create_array(f"{split}/features", shape=(n, dim), chunks=(chunk, dim), dtype=dtype)
-        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64")
+        every = {"write_empty_chunks": True}  # a chunk of zeros (all labels 0) is a file too, as the store's writer makes
+        feats = group.create_array(f"{split}/features", shape=(n, dim), chunks=(chunk, dim), dtype=dtype, config=every)
+        labels = group.create_array(f"{split}/labels", shape=(n,), chunks=(max(n, 1),), dtype="int64", config=every)
         y = rng.integers(0, n_classes, size=n)
         labels[:] = y
         for lo in range(0, n, chunk):

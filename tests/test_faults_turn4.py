@@ -422,4 +422,4 @@ def test_a_png_whose_pixel_data_stops_early_is_refused(model_dir, tmp_path):
     assert_one_line_error(result, f"cannot read image {short} (its pixel data ends after 13 of 39 bytes: the file is "
                           "truncated)")
     result = _invoke("predict", "--model", model, "--images", short, whole, "--skip-bad")
-    assert result.exit_code == 0 and "skipped" in result.output and "1 images predicted" in result.output, result.output
+    assert result.exit_code == 0 and "skipped" in result.output and "1 image predicted" in result.output, result.output

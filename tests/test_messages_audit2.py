@@ -208,6 +208,19 @@ def test_synthetic_make_store_docstring_names_no_old_format():
     assert "format 4" not in module.make_store.__doc__
 
 
+def test_synthetic_make_store_writes_a_split_whose_labels_are_all_zero(tmp_path):
+    """zarr skips a chunk equal to its fill value: a one-row test split of label 0 was a missing chunk file."""
+    import importlib.util
+
+    from foal_pipe.store import open_store
+
+    spec = importlib.util.spec_from_file_location("synthetic", DOCS.parent / "benchmarks" / "synthetic.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    store = module.make_store(tmp_path / "one.zarr", 200, 1, chunk=64, n_classes=4, dim=16)  # its test label is 0
+    assert open_store(store).test.labels.tolist() == [0]
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -464,7 +464,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     table.add_row("dataset", escape(f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else "")))
     table.add_row("classes", f"{len(classes)}: {preview}")
     for split, v in summary["splits"].items():
-        table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} rows)")
+        table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} row{'s' * (v['chunk_rows'] != 1)})")
     drawn = summary["test_split"]
     if isinstance(drawn, dict):
         table.add_row("", f"test split drawn by extract --test-split {drawn.get('test_fraction')} --split-seed "

@@ -361,6 +361,7 @@ def predict(
         if isinstance(result, ImagePredictions):  # --images
             for skipped in result.skipped:
                 err_console.print(f"[yellow]skipped {escape(skipped)}[/]", highlight=False, soft_wrap=True)
-            err_console.print(f"{len(result.paths)} images predicted, {len(result.skipped)} skipped", highlight=False, markup=False)
+            err_console.print(f"{counted(len(result.paths), 'image')} predicted, {len(result.skipped)} skipped", highlight=False,
+                              markup=False)
         else:
             err_console.print(result.summary(split), highlight=False, markup=False)
