@@ -17,6 +17,7 @@ from foal_pipe.encoders.resize import resize_on_device
 from foal_pipe.encoders.runtime import autocast, require_extract_stack
 from foal_pipe.encoders.weights import Architecture, describe_weights, load_model, pos_embed_resampling
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.store.blockfusion import parse_fusion
 
 
 def _unknown_model_message(name: str) -> str:
@@ -136,7 +137,7 @@ class TimmEncoder(Encoder):
             "token": self.config.token,
             **self._input_provenance(),
             "blocks": self.n_blocks,
-            "final_norm": "applied once to the block average",
+            "final_norm": parse_fusion(self.config.fusion).norm_note,
             "weights": self.weights,
             "model_kwargs": dict(self.config.model_kwargs),
             "timm_version": timm.__version__,

@@ -61,6 +61,13 @@ class Fusion:
     def __str__(self) -> str:
         return self.text
 
+    @property
+    def norm_note(self) -> str:
+        """Where the final norm went, as the ``encoder``'s ``final_norm`` records it."""
+        if self.concat:
+            return "applied to each block's token"
+        return "applied once to the block's token" if self.first == self.last else "applied once to the block average"
+
 
 def _bare(name: str, first: int, last: int) -> Callable[[str | None, str], Fusion]:
     def parse(argument: str | None, option: str) -> Fusion:
@@ -404,7 +411,7 @@ def fused_encoder(encoder: dict[str, Any], fusion: Fusion, norm: bool, blocks_dt
     """The ``encoder`` provenance of features fused at read time: the fusion, whether the norm was applied, and
     the dtype of the blocks they came from (a model trained on them is refused on other features)."""
     return {**encoder, "fusion": fusion.text, "blocks_dtype": blocks_dtype,
-            "final_norm": "applied once to the block average" if norm else "not applied (--no-fusion-norm)"}
+            "final_norm": fusion.norm_note if norm else "not applied (--no-fusion-norm)"}
 
 
 def read_time_fusion(encoder: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,0 +1,23 @@
+"""The ``final_norm`` a store's or a model's ``encoder`` records says where the norm went: on the block average
+only for fusions that average (it said so for ``last``, ``block:K`` and ``concat`` too)."""
+
+from __future__ import annotations
+
+import pytest
+
+from foal_pipe.store.blockfusion import fused_encoder, parse_fusion
+
+
+@pytest.mark.parametrize(("spec", "note"), [
+    ("mean-cls", "applied once to the block average"),
+    ("mean:2-4", "applied once to the block average"),
+    ("last", "applied once to the block's token"),
+    ("block:3", "applied once to the block's token"),
+    ("mean:3-3", "applied once to the block's token"),
+    ("concat:1-2", "applied to each block's token"),
+])
+def test_the_recorded_final_norm_follows_the_fusion(spec, note):
+    fusion = parse_fusion(spec)
+    assert fusion.norm_note == note
+    assert fused_encoder({"name": "m"}, fusion, True, "float16")["final_norm"] == note
+    assert fused_encoder({"name": "m"}, fusion, False, "float16")["final_norm"] == "not applied (--no-fusion-norm)"
