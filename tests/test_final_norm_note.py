@@ -1,5 +1,6 @@
-"""The ``final_norm`` a store's or a model's ``encoder`` records says where the norm went: on the block average
-only for fusions that average (it said so for ``last``, ``block:K`` and ``concat`` too)."""
+"""What extract and the fused encoder say about the features. The ``final_norm`` a store's or a model's ``encoder``
+records says where the norm went: on the block average only for fusions that average (it said so for ``last``,
+``block:K`` and ``concat`` too)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,13 @@ def test_the_recorded_final_norm_follows_the_fusion(spec, note):
     assert fusion.norm_note == note
     assert fused_encoder({"name": "m"}, fusion, True, "float16")["final_norm"] == note
     assert fused_encoder({"name": "m"}, fusion, False, "float16")["final_norm"] == "not applied (--no-fusion-norm)"
+
+
+def test_extract_says_the_features_dtype_beside_each_split_not_after_the_blocks(tmp_path):
+    """'train 1,442 x 32, test 355 x 32, with every block's token (float16) float32' put the features' dtype last."""
+    from helpers import invoke
+
+    out = tmp_path / "d.zarr"
+    result = invoke("extract", "--dataset", "digits", "--model", "pixels", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "train 1,442 x 192 float32, test 355 x 192 float32, encoder" in " ".join(result.output.split()), result.output

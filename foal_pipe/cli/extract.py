@@ -210,7 +210,7 @@ def extract(
             err_console.print(f"[yellow]Interrupted:[/] {escape(_stopped_store(spec.out_path, overwrite, before))}",
                               highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
-        shape = ", ".join(f"{split} {n:,} x {report.dim}" for split, n in report.rows.items())
+        shape = ", ".join(f"{split} {n:,} x {report.dim} {dtype}" for split, n in report.rows.items())
         if keep_blocks:
             shape += f", with every block's token ({blocks_dtype})"
         if report.status == "complete":
@@ -226,7 +226,7 @@ def extract(
             resumed = " (resumed from " + ", ".join(f"{s} {n:,}" for s, n in report.resumed_from.items()) + ")"
         rate = sum(report.rows[s] - report.resumed_from.get(s, 0) for s in report.rows) / max(report.seconds, 1e-9)
         console.print(
-            f"wrote {report.path}{resumed}: {shape} {dtype}, encoder {report.encoder}, {report.seconds:.1f} s "
+            f"wrote {report.path}{resumed}: {shape}, encoder {report.encoder}, {report.seconds:.1f} s "
             f"({rate:,.0f} images/s on {report.device}, {report.precision})", highlight=False, soft_wrap=True, markup=False
         )
 
