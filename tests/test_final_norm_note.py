@@ -1,4 +1,4 @@
-"""What extract and the fused encoder say about the features. The ``final_norm`` a store's or a model's ``encoder``
+"""What extract, datasets and the fused encoder say. The ``final_norm`` a store's or a model's ``encoder``
 records says where the norm went: on the block average only for fusions that average (it said so for ``last``,
 ``block:K`` and ``concat`` too)."""
 
@@ -32,3 +32,11 @@ def test_extract_says_the_features_dtype_beside_each_split_not_after_the_blocks(
     result = invoke("extract", "--dataset", "digits", "--model", "pixels", "--out", out)
     assert result.exit_code == 0, result.output
     assert "train 1,442 x 192 float32, test 355 x 192 float32, encoder" in " ".join(result.output.split()), result.output
+
+
+def test_datasets_says_when_data_dir_is_no_folder(tmp_path):
+    """Every dataset "no" in a folder that is not there read as a search that found nothing."""
+    from helpers import invoke
+
+    result = invoke("datasets", "--data-dir", tmp_path / "missing")
+    assert result.exit_code == 0 and f"note: {tmp_path / 'missing'} is not a folder" in result.output, result.output

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, flag, print_table, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 from foal_pipe.datasets.registry import DATASETS
 
 
@@ -39,6 +39,9 @@ def datasets(
     The class count of a benchmark is checked when it is read: a folder with another count is refused.
     """
     with user_errors():
+        if data_dir is not None and not data_dir.is_dir():  # every dataset "no" below: say why
+            err_console.print(f"note: {data_dir} is not a folder, so no dataset is found there", highlight=False,
+                              markup=False, soft_wrap=True)
         rows = dataset_rows(data_dir)
         if as_json:
             console.print_json(json.dumps(rows))
