@@ -287,7 +287,8 @@ def test_a_complete_replacement_swapped_in_says_so_and_logs_it(tmp_path, image_t
                       "--out", out, "--overwrite")
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "nothing to do" not in text and f"wrote {out} (resumed from train 15, test 6): train 15 x 48 float32, test 6 x 48 float32" in text
+    assert "nothing to do" not in text
+    assert f"wrote {out} (resumed from train 15, test 6): train 15 x 48 float32, test 6 x 48 float32" in text
     assert (f"note: swapped in the complete replacement of {out} that an interrupted overwrite left in {staged}"
             in text)
     assert not staged.exists() and open_store(out).dim == 3 * 4 * 4
