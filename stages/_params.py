@@ -331,8 +331,8 @@ def table_check(args: list[Any]) -> Callable[..., None]:
 
     from foal_pipe.cli import app
     from foal_pipe.cli import options as o
-    from foal_pipe.cli.headoptions import integers
     from foal_pipe.cli.learn import _typed
+    from foal_pipe.cli.optiontext import integers
     from foal_pipe.cli.table import TYPED_OPTIONS
     from foal_pipe.protocol.capabilities import Settings
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
-from foal_pipe.cli.headoptions import group_text, read_by
+from foal_pipe.cli.optiontext import group_text, read_by
 
 
 @app.command()

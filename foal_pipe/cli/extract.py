@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from foal_pipe.cli._app import app, choice, console, err_console, flag, print_table, user_errors
-from foal_pipe.cli.headoptions import fusion_text, model_kwargs_text, read_by
+from foal_pipe.cli.optiontext import fusion_text, model_kwargs_text, read_by
 from foal_pipe.cluster import is_local
 from foal_pipe.datasets.registry import DATASETS
 from foal_pipe.durable import raise_swallowed_stop

@@ -21,17 +21,16 @@ import typer
 
 from foal_pipe.cli._app import choice, flag
 from foal_pipe.cli.flags import NEGATED
-from foal_pipe.cli.headoptions import (
+from foal_pipe.cli.headoptions import head_options, parse_head_option
+from foal_pipe.cli.optiontext import (
     class_order_text,
     fusion_text,
     fusions_text,
     gamma_text,
     head_names,
-    head_options,
     heads_value,
     integers,
     numbers,
-    parse_head_option,
     read_by,
     shrinkage_value,
     size_text,

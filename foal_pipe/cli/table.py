@@ -11,7 +11,7 @@ from rich.table import Table
 
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, print_table, user_errors
-from foal_pipe.cli.headoptions import gamma_text, head_names, integers, read_by
+from foal_pipe.cli.optiontext import gamma_text, head_names, integers, read_by
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS
