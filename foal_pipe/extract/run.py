@@ -449,10 +449,8 @@ def _log_finish(out: Path, fields: dict[str, Any]) -> None:
     sealed cannot undo that, and is raised once the finish is recorded (the command then says the store is complete)."""
     try:
         raise_swallowed_stop()
-    except KeyboardInterrupt:
+    finally:
         update_run(out, fields)
-        raise
-    update_run(out, fields)
 
 
 def _log_stop(path: Path, exc: BaseException) -> None:
