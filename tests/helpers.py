@@ -29,8 +29,8 @@ def die_after_kept_runs(monkeypatch, n: int) -> None:
 
     put, calls = table._Kept.put, []
 
-    def dying(self, key, record):
-        put(self, key, record)
+    def dying(self, key, record, *said):
+        put(self, key, record, *said)
         calls.append(key)
         if len(calls) == n:
             raise KeyboardInterrupt

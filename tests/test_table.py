@@ -113,7 +113,8 @@ def test_a_killed_table_resumes_its_finished_runs(stores, table24, tmp_path, mon
     assert len(list(kept.glob("*.json"))) == 7
     monkeypatch.setattr(engine._Kept, "put", put)
     computed = []
-    monkeypatch.setattr(engine._Kept, "put", lambda self, key, record: (computed.append(key), put(self, key, record)))
+    monkeypatch.setattr(engine._Kept, "put",
+                        lambda self, key, record, *said: (computed.append(key), put(self, key, record, *said)))
     result = _table(stores, out)
     assert result.exit_code == 0, result.output
     assert "resumed 7 finished runs" in result.output
@@ -267,7 +268,8 @@ def _classes_store(path, n_classes, per_class=12, single=None):
 def _counting_puts(monkeypatch):
     calls = []
     put = engine._Kept.put
-    monkeypatch.setattr(engine._Kept, "put", lambda self, key, record: (calls.append(key), put(self, key, record)))
+    monkeypatch.setattr(engine._Kept, "put",
+                        lambda self, key, record, *said: (calls.append(key), put(self, key, record, *said)))
     return calls
 
 

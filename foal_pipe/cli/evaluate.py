@@ -26,7 +26,8 @@ def evaluate(
     ],
     out: Annotated[
         Path | None,
-        typer.Option(help="Directory for the plots, CSV plot data and summary.md. Default: RUN/eval."),
+        typer.Option(help="Directory for the plots, CSV plot data and summary.md (missing parent folders are made). "
+                          "Default: RUN/eval."),
     ] = None,
     sweep: Annotated[
         Path | None,

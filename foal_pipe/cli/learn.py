@@ -320,7 +320,8 @@ def predict(
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="With --images: where the encoder runs: auto (CUDA when "
                                                                    "available), cpu or cuda.")] = "cpu",
     out: Annotated[
-        Path | None, typer.Option(help="Write the CSV here (atomically, checked before predicting). Default: stdout.")
+        Path | None, typer.Option(help="Write the CSV here (missing parent folders are made; atomically, checked before "
+                                       "predicting). Default: stdout.")
     ] = None,
 ) -> None:
     """Predict with a saved model; writes CSV.

@@ -90,7 +90,8 @@ def grid_text(grid: tuple[float, ...]) -> str:
 # Both commands: the store, the stream, the expansion, where the work runs
 
 Features = Annotated[Path, typer.Option("--features", help="Feature store (a .zarr directory written by `foal-pipe extract`).")]
-Out = Annotated[Path, typer.Option("--out", help="Output directory, checked before any work and replaced as one unit at the end.")]
+Out = Annotated[Path, typer.Option("--out", help="Output directory (missing parent folders are made), checked before any work "
+                                                 "and replaced as one unit at the end.")]
 Tasks = Annotated[
     int | None,
     typer.Option(help="Number of tasks, at most the number of classes: the classes, shuffled with --seed, are cut into "

@@ -197,7 +197,7 @@ def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
 
 def counted(n: int, noun: str, nouns: str | None = None) -> str:
     """``1 class``, ``2 classes``: ``n`` and the noun in the matching number (``nouns``: default ``noun + "s"``)."""
-    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def _tasks_range(first: int, last: int) -> str:

@@ -292,8 +292,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
     from foal_pipe.protocol.classsums import class_statistics
-    from foal_pipe.protocol.commands import prefixed, run_learn
-    from foal_pipe.protocol.learnkinds import warn_auto_edges
+    from foal_pipe.protocol.commands import run_learn
     from foal_pipe.protocol.orders import fallback_reason
     from foal_pipe.protocol.walk import shared_rows
 
@@ -308,8 +307,11 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
             for (t, seed) in streams}
     # a kept run resumed under the store as now spelled (its key is the resolved path): cells group by the spelling
     auto = s.model.gamma == "auto"
-    done = {k: {**rec, "store": str(path)} for k, key in keys.items()
-            if key is not None and (rec := kept.get(key, *k, auto)) is not None}
+    resumed = {k: got for k, key in keys.items() if key is not None and (got := kept.get(key, *k, auto)) is not None}
+    done = {k: {**rec, "store": str(path)} for k, (rec, _) in resumed.items()}
+    for (_, t, seed), (_, lines) in resumed.items():
+        for line in lines:  # a resumed run's warnings, as it said them when it ran
+            log(_run_prefix(path, t, seed) + line)
     n_resumed = len(done)
     # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
     every_row = ridge_model.loo and not ridge_model.loo_sample
@@ -324,15 +326,15 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
         with np.errstate(all="ignore"), shared_rows(list(runs.values())) as shared:
             for (t, seed), stream in streams.items():
                 gamma = None if auto else float(s.model.gamma)
-                run_log = prefixed(log, f"{path} (--tasks {t}, order {seed}): ")
+                said: list[str] = []
+                run_log = _saying(log, _run_prefix(path, t, seed), said)
                 if "ridge" in config.heads:
                     rec = done.get(("ridge", t, seed))
                     if rec is None:
                         if one_pass:
                             per_class = per_class or class_statistics(runs[(t, seed)], shared)
                             m = _ridge_from_classes(runs[(t, seed)], stream, per_class, shared, splits[seed],
-                                                    memos[seed])
-                            warn_auto_edges(m, run_log)  # as run_learn warns
+                                                    memos[seed], run_log)
                         else:
                             with kept.scratch() as tmp:
                                 m = run_learn(path, Path(tmp) / "run", stream, ridge_model, s.evaluation,
@@ -340,7 +342,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                         options = {"gamma": m.gamma, "selected_by": m.selected_by,
                                    "gammas_selected": m.gammas_selected}
                         rec = run_record(path, store, "ridge", t, seed, m, options)
-                        kept.put(keys[("ridge", t, seed)], rec)
+                        kept.put(keys[("ridge", t, seed)], rec, said)
                         done[("ridge", t, seed)] = rec
                     if gamma is None:
                         gamma = float(rec["options"]["gammas_selected"][-1])
@@ -351,15 +353,31 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     return [done[(h, t, seed)] for h in config.heads for t in tasks for seed in config.order_seeds], n_resumed
 
 
+def _run_prefix(path: Path, tasks: int, seed: int) -> str:
+    """What a run's lines start with in the table's log: which store, task count and order they are of."""
+    return f"{path} (--tasks {tasks}, order {seed}): "
+
+
+def _saying(log: Callable[[str], None], prefix: str, said: list[str]) -> Callable[[str], None]:
+    """``log`` with ``prefix`` before every line, each line also kept in ``said``: what the run says again when a
+    killed table resumes it."""
+    def say(line: str) -> None:
+        said.append(line)
+        log(prefix + line)
+
+    return say
+
+
 def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any, split: Sequence[Sequence[int]],
-                        memo: dict[tuple[int, ...], Any]) -> Any:
+                        memo: dict[tuple[int, ...], Any], log: Callable[[str], None]) -> Any:
     """ridge's metrics on one order from the per-class sums (:func:`~foal_pipe.protocol.classsums.order_boundaries`):
     the same rows summed, and a sampled leave-one-out's same rows scored, as its separate ``learn``, so the same
-    accuracy matrix (``learn --order-seeds``' one pass). With ``--gamma auto`` the classes are summed over
-    ``split`` (the order's finest split) and a boundary another task count of the order reached with the same sums
-    is taken from ``memo``, not solved again."""
+    accuracy matrix (``learn --order-seeds``' one pass), and its warnings ``log``ged as that ``learn`` says them. With
+    ``--gamma auto`` the classes are summed over ``split`` (the order's finest split) and a boundary another task
+    count of the order reached with the same sums is taken from ``memo``, not solved again."""
     from foal_pipe.protocol.classsums import order_boundaries
     from foal_pipe.protocol.evaluation import accuracy_matrices
+    from foal_pipe.protocol.learnkinds import warn_auto_edges, warn_gcv
     from foal_pipe.protocol.records import accuracy_report, learn_metrics
     from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 
@@ -370,7 +388,11 @@ def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: 
     else:
         boundaries, _ = order_boundaries(run, per_class, FixedGamma(float(model.gamma)))
     acc = accuracy_matrices(run, boundaries, shared.test)[0]
-    return learn_metrics(run, stream, accuracy_report(acc), boundaries)
+    metrics = learn_metrics(run, stream, accuracy_report(acc), boundaries)
+    if model.gamma == "auto" and model.select == "gcv":
+        warn_gcv(boundaries, model.gamma_grid, log)
+    warn_auto_edges(metrics, log)
+    return metrics
 
 
 def _head_runs(path: Path, store: Any, names: Sequence[str], tasks: int, seed: int, stream: StreamConfig,

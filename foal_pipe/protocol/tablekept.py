@@ -28,6 +28,8 @@ from foal_pipe.protocol.typedjson import COUNT, INTEGER, MAPPING, NUMBERS, TEXT,
 
 #: The key of a kept file that holds :func:`kept_checksum` beside the run record's fields.
 CHECKSUM_KEY = "kept_checksum"
+#: The key of a kept file that holds the lines its run said (its warnings), said again when the run is resumed.
+SAID_KEY = "said"
 
 
 def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings, content: str | None = None
@@ -175,10 +177,10 @@ class KeptRuns:
             if named and not pid_alive(int(named.group(1)), changed_at(left)):
                 shutil.rmtree(left, ignore_errors=True)
 
-    def get(self, key: str, head: str, tasks: int, seed: int, auto: bool) -> dict[str, Any] | None:
-        """The kept run under ``key`` (None: none); a file that cannot be read, is not a whole record of this run
-        (:func:`is_run_record`) or does not match its :func:`kept_checksum` is counted in :attr:`damaged` and its run
-        done again."""
+    def get(self, key: str, head: str, tasks: int, seed: int, auto: bool) -> tuple[dict[str, Any], list[str]] | None:
+        """The kept run under ``key`` and the lines it said (None: none); a file that cannot be read, is not a whole
+        record of this run (:func:`is_run_record`) or does not match its :func:`kept_checksum` is counted in
+        :attr:`damaged` and its run done again."""
         file = self.path / f"{key}.json"
         try:
             record = json.loads(file.read_text())
@@ -187,8 +189,11 @@ class KeptRuns:
         except (OSError, ValueError):
             record = None
         checksum = record.pop(CHECKSUM_KEY, None) if isinstance(record, dict) else None
-        if is_run_record(record, head, tasks, seed, auto) and checksum == _checksum_of(key, record):
-            return record
+        if isinstance(record, dict) and checksum == _checksum_of(key, record):
+            said = record.pop(SAID_KEY, [])
+            if is_run_record(record, head, tasks, seed, auto) and isinstance(said, list) and all(
+                    isinstance(line, str) for line in said):
+                return record, said
         self.damaged += 1
         return None
 
@@ -198,9 +203,11 @@ class KeptRuns:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return tempfile.TemporaryDirectory(dir=self.path.parent, prefix=self.scratch_prefix)
 
-    def put(self, key: str | None, record: dict[str, Any]) -> None:
+    def put(self, key: str | None, record: dict[str, Any], said: Sequence[str] = ()) -> None:
+        """Keep ``record`` and the lines its run ``said`` (its warnings, said again when it is resumed)."""
         if key is not None:  # None: the store's content cannot be told, so the run is not kept
-            write_json(self.path / f"{key}.json", {**record, CHECKSUM_KEY: kept_checksum(key, record)})
+            kept = {**record, SAID_KEY: list(said)} if said else record
+            write_json(self.path / f"{key}.json", {**kept, CHECKSUM_KEY: kept_checksum(key, kept)})
 
     def clear(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
