@@ -28,6 +28,11 @@ PAPER = "F-OAL (NeurIPS 2024), Table 2"
 PAPER_BACKBONE = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
 
 #: Settings every Table 2 run used (the number of tasks is per dataset: :attr:`PaperRow.n_tasks`).
+#: Where the paper's fusion puts the final norm, as an ``encoder``'s ``final_norm`` records it.
+PAPER_NORM = "applied once to the block average"
+#: The ``encoder.weights.source`` of the published weights of :data:`PAPER_BACKBONE` (a checkpoint or random
+#: weights under that architecture are other weights).
+PAPER_WEIGHTS = ("hf-hub", "url")
 PAPER_SETTINGS: dict[str, Any] = {
     "encoder": PAPER_BACKBONE,
     "fusion": "mean",
@@ -223,6 +228,13 @@ def match_paper(metrics: RunLike, *, ignore: tuple[str, ...] = ()) -> PaperMatch
         for key, value in wanted.items()
         if key not in ignore and not _same(key, ours[key], value)
     ]
+    encoder = settings.encoder or {}
+    norm = encoder.get("final_norm")
+    if "fusion" not in ignore and norm is not None and norm != PAPER_NORM:  # older records: the norm always applied
+        differences.append(f"final norm {norm} (paper: {PAPER_NORM})")
+    source = (encoder.get("weights") or {}).get("source")
+    if "encoder" not in ignore and source is not None and source not in PAPER_WEIGHTS:
+        differences.append(f"weights from {source} (paper: {PAPER_BACKBONE}'s published weights)")
     head = getattr(settings, "head", None)
     if head is not None:  # learn --head: the paper's numbers are F-OAL's ridge
         differences.insert(0, f"head {head} (paper: F-OAL's ridge)")
