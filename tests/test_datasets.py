@@ -17,7 +17,8 @@ from foal_pipe.datasets.registry import DATASETS, open_dataset
 from foal_pipe.datasets.sources import PreparedImages, to_rgb_array
 from foal_pipe.errors import FoalPipeError
 
-REQUIRED = ["digits", "fashion-mnist", "cifar100", "dtd", "fgvc-aircraft", "country211", "core50", "tiny-imagenet",
+REQUIRED = ["digits", "fashion-mnist", "cifar100", "dtd", "dtd-trainval", "fgvc-aircraft", "fgvc-aircraft-trainval",
+            "country211", "core50", "tiny-imagenet",
             "cub200", "imagenet-r", "imagenet-a", "objectnet", "omnibenchmark", "vtab",
             "imagefolder", "images", "hdf5"]
 

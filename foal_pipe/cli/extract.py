@@ -85,8 +85,8 @@ def extract(
     ctx: typer.Context,
     dataset: Annotated[DatasetName, typer.Option("--dataset", "-d", show_default=False, help=f"Dataset: {_DATASETS}. Default: digits "
                                    "(scikit-learn's bundled 8x8 digits, offline).")] = "digits",
-    data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd, "
-                        "fgvc-aircraft, country211 (default ~/datasets); the folder or its parent for core50, "
+    data_dir: Annotated[Path | None, typer.Option(help="Where the dataset is: the torchvision root for cifar100, dtd(-trainval), "
+                        "fgvc-aircraft(-trainval), country211 (default ~/datasets); the folder or its parent for core50, "
                         "tiny-imagenet, fashion-mnist and the benchmarks cub200, imagenet-r, imagenet-a, objectnet, "
                         "omnibenchmark, vtab (defaults ~/datasets/core50_128x128, ~/datasets/tiny-imagenet-200, "
                         "/usr/share/datasets/fashion-mnist, ~/datasets/CUB_200_2011, ~/datasets/imagenet-r, ...; "
@@ -106,8 +106,8 @@ def extract(
                               "either split's folder) with the same bytes (SHA-256), or the extraction is refused; rows "
                               "follow the manifest. Not with --test-split. Default: none (the dataset's own split).",
                               show_default=False)] = None,
-    download: Annotated[bool, flag("--download", help="Let torchvision download cifar100, dtd, fgvc-aircraft "
-                        "or country211 into --data-dir. Default: off (use files already there).")] = False,
+    download: Annotated[bool, flag("--download", help="Let torchvision download cifar100, dtd(-trainval), "
+                        "fgvc-aircraft(-trainval) or country211 into --data-dir. Default: off (use files already there).")] = False,
     model: Annotated[str, typer.Option("--model", "-m", show_default=False, help="Full timm tag of a ViT-family model (weights via timm's "
                      "Hugging Face cache), or 'pixels' (flattened pixels, no network). Default: the paper's "
                      f"{PAPER_MODEL}.")] = PAPER_MODEL,

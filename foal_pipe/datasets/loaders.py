@@ -11,7 +11,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +159,19 @@ class _TV:
     needs: tuple[str, ...] = ()  # what torchvision requires in ``folder``
 
 
+#: DTD (partition 1) and FGVCAircraft train on the paper's split, torchvision's ``train`` (DTD 40 images a class,
+#: FGVCAircraft 3,334); their ``-trainval`` names keep twice that (DTD train + val, FGVCAircraft trainval) from the
+#: same folder, so one download serves both names.
+_DTD = _TV("DTD", ({"split": "train"},), ({"split": "test"},), "dtd", "~600 MB", needs=("dtd",))
+_FGVC = _TV("FGVCAircraft", ({"split": "train"},), ({"split": "test"},), "fgvc-aircraft-2013b", "~2.6 GB",
+            extra={"annotation_level": "variant"})
 _TORCHVISION = {
     "cifar100": _TV("CIFAR100", ({"train": True},), ({"train": False},), "cifar-100-python", "~170 MB", 32,
                     needs=("train", "test", "meta")),
-    "dtd": _TV("DTD", ({"split": "train"}, {"split": "val"}), ({"split": "test"},), "dtd", "~600 MB", needs=("dtd",)),
-    "fgvc-aircraft": _TV("FGVCAircraft", ({"split": "trainval"},), ({"split": "test"},), "fgvc-aircraft-2013b",
-                         "~2.6 GB", extra={"annotation_level": "variant"}),
+    "dtd": _DTD,
+    "dtd-trainval": replace(_DTD, train=({"split": "train"}, {"split": "val"})),
+    "fgvc-aircraft": _FGVC,
+    "fgvc-aircraft-trainval": replace(_FGVC, train=({"split": "trainval"},)),
     "country211": _TV("Country211", ({"split": "train"},), ({"split": "test"},), "country211", "~11 GB"),
 }
 

@@ -91,7 +91,8 @@ DATASETS: dict[str, DatasetEntry] = {
                                   locate=_where(lambda d: all(_idx_file(d, s) for s in _FASHION_STEMS),
                                                 FASHION_MNIST_DIR, "fashion-mnist")),
     **{name: _torchvision_entry(name, classes)
-       for name, classes in (("cifar100", 100), ("dtd", 47), ("fgvc-aircraft", 100), ("country211", 211))},
+       for name, classes in (("cifar100", 100), ("dtd", 47), ("dtd-trainval", 47), ("fgvc-aircraft", 100),
+                             ("fgvc-aircraft-trainval", 100), ("country211", 211))},
     "core50": DatasetEntry(load_core50, "local folder", "~/datasets/core50_128x128; DIR/core50_128x128 or DIR",
                            "core50_128x128.zip", classes=50,
                            locate=_where(lambda d: (d / "s1").is_dir(), DEFAULT_ROOT / "core50_128x128",
