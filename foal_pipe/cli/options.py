@@ -94,9 +94,10 @@ Out = Annotated[Path, typer.Option("--out", help="Output directory (missing pare
                                                  "and replaced as one unit at the end.")]
 Tasks = Annotated[
     int | None,
-    typer.Option(help="Number of tasks, at most the number of classes: the classes, shuffled with --seed, are cut into "
-                 "tasks of consecutive classes, the first (classes mod tasks) tasks one class larger (8 classes in 5 "
-                 f"tasks: 2, 2, 2, 1, 1). Default: {DEFAULT_TASKS}, or one class per task with fewer classes.",
+    typer.Option(help="Number of tasks, at most the number of classes: the classes, shuffled with --seed (--order-seed "
+                 "when given), are cut into tasks of consecutive classes, the first (classes mod tasks) tasks one class "
+                 "larger (8 classes in 5 tasks: 2, 2, 2, 1, 1); with --stream si-blurry, at most the training rows "
+                 f"(docs/streams.md). Default: {DEFAULT_TASKS}, or one class per task with fewer classes.",
                  show_default=False),
 ]
 

@@ -89,12 +89,19 @@ def anytime_points(run: Run) -> Anytime | None:
     every = run.evaluation.eval_every
     if every is None:
         return None
-    anytime = Anytime(run, every)
-    if not anytime.points:
-        n = int(sum(r.size for r in run.stream.rows))
-        raise FoalPipeError(f"{param('eval_every', every)} is more than the stream's {n} training rows, so nothing would "
-                            f"be evaluated; pass at most {param('eval_every', n)}")
-    return anytime
+    check_eval_every([run], every)
+    return Anytime(run, every)
+
+
+def check_eval_every(runs: Sequence[Run], every: int, seeds: Sequence[int] | None = None) -> None:
+    """``--eval-every`` at most every stream's training rows (``seeds``: the streams' class orders, the shortest
+    named), else that stream would have no point to evaluate."""
+    counts = [int(sum(r.size for r in run.stream.rows)) for run in runs]
+    k = int(np.argmin(counts))
+    if every > counts[k]:
+        where = "the stream's" if seeds is None else f"class order seed {seeds[k]}'s"
+        raise FoalPipeError(f"{param('eval_every', every)} is more than {where} {counts[k]:,} training rows, so nothing "
+                            f"would be evaluated; pass at most {param('eval_every', counts[k])}")
 
 
 def run_sweep(

@@ -36,6 +36,7 @@ from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.capabilities import Settings, check_capabilities, check_points
 from foal_pipe.protocol.classsums import class_statistics, class_statistics_bytes, order_boundaries
 from foal_pipe.protocol.commands import (
+    check_eval_every,
     check_sweep_select,
     flag_grid_edge,
     grid_edge_warning,
@@ -45,14 +46,7 @@ from foal_pipe.protocol.commands import (
     warn_search_edges,
     warn_undetermined,
 )
-from foal_pipe.protocol.config import (
-    EvaluationConfig,
-    ExecutionConfig,
-    ModelConfig,
-    StreamConfig,
-    SweepConfig,
-    check_seed,
-)
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, check_seed
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
 from foal_pipe.protocol.internal import known
@@ -286,6 +280,7 @@ def run_learn_orders(
                                                **kind.prepare(model)))
     check_task_counts(seeds, runs)
     if evaluation.eval_every is not None:  # every order's points, once: a fix that suits them all (learn_head: not again)
+        check_eval_every(runs, evaluation.eval_every, seeds)
         labels = [r.store.train.labels[np.concatenate(r.stream.rows)] for r in runs]
         check_points(model.head, labels, evaluation.eval_every, seeds)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
