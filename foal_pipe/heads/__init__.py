@@ -25,7 +25,7 @@ from foal_pipe.heads.ridge import RidgeHead
 from foal_pipe.heads.slda import SLDAHead
 
 __all__ = ["DEFAULT_HEAD", "HEADS", "SPACES", "Head", "HeadBase", "HeadEntry", "Scorer", "head_entry", "make_head",
-           "probabilities"]
+           "probabilities", "taken_options"]
 
 #: The head of ``learn`` without ``--head``: F-OAL's ridge learner.
 DEFAULT_HEAD = "ridge"
@@ -92,13 +92,19 @@ def head_entry(name: str, option: str = "head") -> HeadEntry:
     return entry
 
 
-def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int) -> Head:
+def taken_options(head: type[HeadBase], options: Mapping[str, Any], none_is_default: bool = True) -> dict[str, Any]:
+    """The entries of ``options`` that ``head`` takes. ``none_is_default``: a None stands for an option not given (the
+    CLI's and a model file's word for the head's default), so it is left out; else every value is given as it is,
+    None included (an estimator's parameters: the head takes None where it documents it, and refuses it elsewhere)."""
+    taken = head.option_names()
+    return {key: value for key, value in options.items() if key in taken and not (none_is_default and value is None)}
+
+
+def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int, *, none_is_default: bool = True) -> Head:
     """A fresh running state of head ``name`` on rows of width ``dim``; ``options`` maps its option names to values
-    (None: the head's default)."""
+    (None: the head's default, unless ``none_is_default`` is False: see :func:`taken_options`)."""
     entry = head_entry(name)
-    taken = entry.head.option_names()
-    given = {key: value for key, value in options.items() if key in taken and value is not None}
-    return entry.factory(xp=xp, dim=dim, **given)
+    return entry.factory(xp=xp, dim=dim, **taken_options(entry.head, options, none_is_default))
 
 
 def probabilities(name: str, scores: Any) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.errors import FoalPipeError, clipped
-from foal_pipe.heads import DEFAULT_HEAD, HEADS, make_head
+from foal_pipe.heads import DEFAULT_HEAD, HEADS, make_head, taken_options
 from foal_pipe.heads.base import HeadBase, Scorer
 from foal_pipe.heads.moments import on_device
 
@@ -113,9 +113,13 @@ def export_head(name: str, head: Any, scorer: Scorer) -> dict[str, np.ndarray]:
     return tensors
 
 
-def scorer_from(name: str, tensors: Mapping[str, np.ndarray], options: Mapping[str, Any], xp: Any) -> Scorer:
-    """The scorer the tensors hold, its arrays in namespace ``xp``."""
+def scorer_from(name: str, tensors: Mapping[str, np.ndarray], options: Any, xp: Any) -> Scorer:
+    """The scorer the tensors hold, its arrays in namespace ``xp``. ``options``: the head's ``Options`` (a built head's
+    ``options``), or a mapping of its option names to values, None the head's default as :func:`make_head` reads it;
+    the head's ``scorer_from`` is given the ``Options``, so it never reads a None for a default it would refuse."""
     head = HEADS[name].head
+    if isinstance(options, Mapping):
+        options = head.Options(**taken_options(head, options))
     return head.scorer_from(np.asarray(tensors["classes"], dtype=np.int64),
                             {key: on_device(xp, tensors[key]) for key in head.scorer_tensors}, options)
 

@@ -39,12 +39,7 @@ from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
 from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, as_user_error, param
-from foal_pipe.model.labels import (
-    CLASSES_KIND_PROBLEM,
-    PREDICT_CLASSES_PROBLEM,
-    check_label_kinds,
-    check_targets,
-)
+from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, PREDICT_CLASSES_PROBLEM, check_label_kinds, check_targets
 from foal_pipe.model.projection import NotFitted, SmoothProjection
 from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, finite_scores, ridge_projection
 
@@ -432,9 +427,10 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             return finite_scores(to_numpy(X @ xp.asarray(W, dtype=xp.float64)))
 
     def decision_function(self, X: Any) -> np.ndarray:
-        """:meth:`class_scores`; with two classes, scikit-learn's (n_samples,) margin ``score[:, 1] - score[:, 0]``
-        (positive means ``classes_[1]``)."""
+        """:meth:`class_scores`, -inf for a class without rows, which :meth:`predict` never picks (it is ``classes_[argmax]``);
+        with two classes, scikit-learn's (n_samples,) margin ``score[:, 1] - score[:, 0]`` (> 0: ``classes_[1]``)."""
         scores = self.class_scores(X)
+        scores[:, ~self._seen()] = -np.inf
         return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def predict(self, X: Any, classes: Any = None) -> np.ndarray:
@@ -450,12 +446,15 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             if classes.dtype.kind == "O" and any(c is None for c in classes.tolist()):
                 raise FoalPipeError("classes= holds None; pass every label of the task (those of classes_ among them)")
             check_label_kinds(self.classes_, classes, PREDICT_CLASSES_PROBLEM)
-        among = among_classes(self.classes_, classes)
-        seen = ~np.isin(self.classes_, self._without_rows())
-        if not seen.any():
-            raise FoalPipeError("no class of classes_ has rows yet (partial_fit's classes= only declared them), so "
-                                "there is no class seen to predict; partial_fit labelled rows first")
+        among, seen = among_classes(self.classes_, classes), self._seen()
         return best_of(scores[:, seen], self.classes_[seen], among)[0]
+
+    def _seen(self) -> np.ndarray:
+        """Which classes of ``classes_`` have rows, those predicted; refused where none has."""
+        if (seen := ~np.isin(self.classes_, self._without_rows())).any():
+            return seen
+        raise FoalPipeError("no class of classes_ has rows yet (partial_fit's classes= only declared them), so there is no "
+                            "class seen to predict; partial_fit labelled rows first")
 
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 from dataclasses import MISSING, asdict, fields
 from typing import Any, ClassVar
 
@@ -149,13 +150,16 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         return copy.deepcopy(head, {id(xp_numpy): xp_numpy})
 
     def _new_head(self, dim: int) -> Head:
-        """A fresh head of the options, a boolean refused (no head option is a flag, though ``float(True)`` is 1)."""
+        """A fresh head of the options, every one given as it is: a boolean refused (no head option is a flag, though
+        ``float(True)`` is 1), and so is a None the head does not take (:func:`_check_none`)."""
         options = self._options()
         for f in fields(HEADS[self.head].head.Options):
             if isinstance(options[f.name], (bool, np.bool_)):
                 raise FoalPipeError(f"{param(f.name)} must be a number, got {options[f.name]!r}; try "
                                     f"{param(f.name, f.default)}")
-        return make_head(self.head, options, xp_numpy, dim)
+            if options[f.name] is None:
+                _check_none(self.head, f.name, f.default)
+        return make_head(self.head, options, xp_numpy, dim, none_is_default=False)
 
     def _check_classes(self, classes: np.ndarray, seen: np.ndarray) -> None:
         """Refuse ``partial_fit``'s ``classes`` where it names a label without rows (or of another kind)."""
@@ -206,9 +210,22 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         self.__dict__.update(state)
         if tensors is not None:
             self.__dict__.setdefault("_fitted_with", self._options())  # pickled before the options were recorded
-            head = make_head(self.head, self._fitted_with, xp_numpy, self.n_features_in_)
+            head = make_head(self.head, self._fitted_with, xp_numpy, self.n_features_in_, none_is_default=False)
             self._head = restore_head(head, self.head, tensors)
-            self._model = scorer_from(self.head, tensors, self._fitted_with, xp_numpy)
+            self._model = scorer_from(self.head, tensors, head.options, xp_numpy)  # type: ignore[attr-defined]
+
+
+def _check_none(head: str, name: str, default: Any) -> None:
+    """Refuse option ``name`` given as None where the head does not take None (its ``Options`` refuse it): the CLI's
+    None means "not given", but a scikit-learn caller means a value by it (``LinearDiscriminantAnalysis``'s
+    ``shrinkage=None``: none), which no default stands for. A None the head documents (dual's ``gamma_comp``: the
+    same as ``gamma``) keeps its meaning."""
+    try:
+        HEADS[head].head.Options(**{name: None})
+    except FoalPipeError as exc:
+        takes = re.search(r" must (?:be )?(.+?), got None\b", exc.reason)  # the head's words for what it takes
+        raise FoalPipeError(f"{param(name, None)} is not a value of {head}'s {param(name)}",
+                            f"leave it out for the default {default!r}" + (f" or pass {takes[1]}" if takes else "")) from None
 
 
 def _estimator(name: str, head: type[HeadBase]) -> type[HeadEstimator]:
