@@ -133,12 +133,12 @@ def plot_steps(run: Run, path: Path) -> Path:
             ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="+- std over orders")
         if not blurry:
             ax.plot(x, [r["newest_task"] for r in rows], "s--", label="newest task a[i][i]")
-        ax.plot(x, [r["first_task"] for r in rows], "^:",
+        ax.plot(x, [r["task_1_classes" if blurry else "first_task"] for r in rows], "^:",
                 label="classes seen in task 1, a[i][1]" if blurry else "first task a[i][1]")
         ax.set_xlabel("task (step i)")
         ax.set_ylabel("accuracy (%)")
         ax.set_xticks(x if len(x) <= 20 else x[:: max(1, len(x) // 10)])
-        low = min(min(r["A_i"], r["newest_task"], r["first_task"]) for r in rows)
+        low = min(min(v for k, v in r.items() if k != "step") for r in rows)
         if band is not None:
             low = min(low, float(np.min(band[0] - band[1])))
         ax.set_ylim(max(0.0, low - 5), 100.5)

@@ -35,10 +35,14 @@ def weight_norm_rows(run: Run) -> list[dict[str, Any]]:
 
 
 def step_rows(run: Run) -> list[dict[str, Any]]:
-    """After each task i: A_i, the newest task's accuracy a[i][i] and the first task's a[i][0] (percent)."""
+    """After each task i: A_i, the newest task's accuracy a[i][i] and the first task's a[i][0] (percent). A
+    Si-Blurry stream's a[i][i] is A_i itself (every class seen) and its a[i][0] the accuracy on the classes seen in
+    task 1 (docs/streams.md): A_i and ``task_1_classes``."""
     a = run.matrix
     steps = summary_of(a, run.metrics.stream)["A_steps"]
     assert isinstance(steps, list)  # A_steps is the summary's one list
+    if run.metrics.stream == "si-blurry":
+        return [{"step": i + 1, "A_i": 100 * steps[i], "task_1_classes": 100 * row[0]} for i, row in enumerate(a)]
     return [
         {"step": i + 1, "A_i": 100 * steps[i], "newest_task": 100 * row[i], "first_task": 100 * row[0]}
         for i, row in enumerate(a)
