@@ -40,9 +40,18 @@ def md(text: Any) -> str:
     return _MARKUP.sub(lambda match: "\\" + match.group(), " ".join(str(text).splitlines()))
 
 
+def code(text: Any) -> str:
+    """``text`` (a path or name) as inline code, whatever backticks it holds: fenced by one more backtick than its
+    longest run of them (CommonMark), with a space inside where it starts or ends with one; a line break as a space."""
+    text = " ".join(str(text).splitlines())
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _code_cell(text: Any) -> str:
     """``text`` (a path) as inline code in a table cell: GFM splits a row at a ``|`` even inside code, unless escaped."""
-    return "`" + " ".join(str(text).splitlines()).replace("|", "\\|") + "`"
+    return code(text).replace("|", "\\|")
 
 
 def _or(value: Any, absent: Any = "?") -> Any:
@@ -75,7 +84,7 @@ def describe(metrics: LearnMetrics) -> str:
     n_tasks = _or(m.n_tasks, len(m.tasks or []) or len(m.accuracy_matrix))
     head = m.head is not None
     parts = [
-        f"encoder `{enc.get('name', '?')}`" + (f" ({enc_bits})" if enc_bits else ""),
+        f"encoder {code(enc.get('name', '?'))}" + (f" ({enc_bits})" if enc_bits else ""),
         counted(n_tasks, "task"),
         *([head_text(m)] if head else []),
         "the store's features (no projection)" if head and m.projection_dim == 0 else f"D={_or(m.projection_dim)}",
@@ -144,7 +153,7 @@ def _first_order(m: LearnMetrics) -> int | None:
 
 def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
     if paper is None:
-        return [f"The paper's Table 2 has no `{run.dataset}` column, so there is nothing to compare with."]
+        return [f"The paper's Table 2 has no {code(run.dataset)} column, so there is nothing to compare with."]
     r = paper.row
     if paper.comparable:
         return [
@@ -180,8 +189,8 @@ def _matrix(run: Run) -> list[str]:
                   + "; ".join(f"T{t + 1}: {', '.join(map(md, names))}" for t, names in enumerate(tasks[:20]))
                   + ("; ..." if len(tasks) > 20 else "")]
     if m.continuation is not None:
-        lines += ["", f"The model continued `{m.continuation.init_model}` (`learn --init-model`): the matrix covers this run's "
-                  "tasks only."]
+        lines += ["", f"The model continued {code(m.continuation.init_model)} (`learn --init-model`): the matrix covers "
+                  "this run's tasks only."]
     return lines + [""]
 
 
@@ -189,10 +198,10 @@ def _classes(classes: ClassResults, continued: bool, first: int | None) -> list[
     """The final model's accuracy on each class's test rows (``class_accuracy.csv``); ``first``: the first class
     order's seed, whose model it is, where the run has many (:func:`_first_order`)."""
     n = int(classes.confusion.sum())
-    where = f"the test split of `{classes.features}`"
+    where = f"the test split of {code(classes.features)}"
     if classes.earlier_from:
-        where = (f"the test splits of `{classes.features}` and, for the classes learned before this run, of "
-                 + ", ".join(f"`{f}`" for f in classes.earlier_from) + " (`--eval-features`)")
+        where = (f"the test splits of {code(classes.features)} and, for the classes learned before this run, of "
+                 + ", ".join(code(f) for f in classes.earlier_from) + " (`--eval-features`)")
     lines = ["## Per-class accuracy", "", f"The final model on {where} ({n:,} rows); "
              "`class_accuracy.csv` holds the same, `confusion_matrix.csv` the confusion counts (rows: true class, "
              "columns: predicted)."]
@@ -220,7 +229,7 @@ def _other_stores(m: LearnMetrics) -> list[str]:
         lines.append(f"| {_code_cell(e.features)} | {e.n_test:,} | {pct(e.accuracy)} | {e.unknown_class_rows:,} |")
     everything = m.continuation.all_classes if m.continuation else None
     if everything is not None:
-        parts = "; ".join(f"{p.task} ({p.n_test:,} rows of `{p.features}`) {pct(p.accuracy)}" for p in everything.tasks)
+        parts = "; ".join(f"{p.task} ({p.n_test:,} rows of {code(p.features)}) {pct(p.accuracy)}" for p in everything.tasks)
         lines += ["", f"Every class seen (A_last over all the model's classes, as the literature reads it): "
                   f"{pct(everything.A_last)} on {everything.n_test:,} test rows; {parts}."]
     return lines + [""]
@@ -260,7 +269,7 @@ def _sweep(run: Run) -> list[str]:
     if compared is not None:
         head += " paper A_avg (%) |"
     head += " |"
-    source = f"From `{run.sweep_path}`" + ("; GCV and LOO at the last task boundary." if criteria else ".")
+    source = f"From {code(run.sweep_path)}" + ("; GCV and LOO at the last task boundary." if criteria else ".")
     lines = ["## Gamma sweep", "", source, "", head, "|" + "---:|" * (head.count("|") - 1)]
     for r in s.results:
         row = f"| {r.gamma:g} | {pct(r.A_avg)} | {pct(r.A_last)} | {pct(r.F)} |"
@@ -298,7 +307,7 @@ def _fusions(run: Run) -> list[str]:
     best, oracle = s.best, s.best_test
     assert best is not None and oracle is not None  # read_sweep refuses fusions without both choices
     criterion = _criterion(s.selected_by, "sweep", sampled_rows(s))  # its sample is said under the gamma sweep
-    lines = ["## Fusion ablation", "", f"From `{run.sweep_path}`: every fusion x gamma from one read of the stored "
+    lines = ["## Fusion ablation", "", f"From {code(run.sweep_path)}: every fusion x gamma from one read of the stored "
              f"blocks; each fusion's gamma selected by {criterion}.", "",
              "| fusion | selected gamma | A_avg (%) | A_last (%) | F (%) | test-oracle gamma | its A_avg (%) | |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -345,7 +354,7 @@ def _heads(run: Run) -> list[str]:
     assert s is not None and s.heads is not None  # summary_markdown calls it only for a sweep --heads
     per_order = "ridge" in s.heads and "gammas" in s.heads["ridge"].options  # --order-seeds: each order's own
     ridge = "each class order's gamma, selected on its rows" if per_order else "the sweep's selected gamma"
-    lines = ["## Heads", "", f"From `{run.sweep_path}`: every head from one read of the store (ridge at {ridge}).", "",
+    lines = ["## Heads", "", f"From {code(run.sweep_path)}: every head from one read of the store (ridge at {ridge}).", "",
              "| head | A_avg % | A_last % | F % | LOO acc % | options |", "|---|---:|---:|---:|---:|---|"]
     for name, h in s.heads.items():
         options = _head_options(h.options, s.order_seeds)
@@ -373,7 +382,7 @@ def summary_markdown(
     """
     m = run.metrics
     title = "F-OAL run" if m.head is None else f"{m.head} head run"
-    lines = [f"# {title}: {md(run.label)}", "", f"Run `{run.path}`: {describe(m)}.", "", "## Results", ""]
+    lines = [f"# {title}: {md(run.label)}", "", f"Run {code(run.path)}: {describe(m)}.", "", "## Results", ""]
     lines += _results(m, paper)
     lines += _paper_lines(run, paper)
     departures = recipe_notes(m) if paper is not None else []
