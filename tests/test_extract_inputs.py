@@ -154,17 +154,22 @@ def test_symbolic_links_to_folders_are_followed_alike(tmp_path):
     tree = make_image_tree(tmp_path / "tree", {"a": 1, "b": 1}, test_per_class=1)
     elsewhere = tmp_path / "elsewhere"
     _png(elsewhere / "more.png", _rgb(1))
-    _png(elsewhere / "c" / "deep.png", _rgb(2))
+    _png(elsewhere / "d" / "deep.png", _rgb(2))
     (tree / "train" / "a" / "linked").symlink_to(elsewhere)
     for split in ("train", "test"):
-        (tree / split / "c").symlink_to(elsewhere / "c")
+        _png(tmp_path / f"c-{split}" / "c.png", _rgb(3))
+        (tree / split / "c").symlink_to(tmp_path / f"c-{split}")
     assert [p.relative_to(tree / "train" / "a").as_posix() for p in images_in(tree / "train" / "a")] == \
-        ["img000.png", "linked/c/deep.png", "linked/more.png"]
+        ["img000.png", "linked/d/deep.png", "linked/more.png"]
     folder = load_imagefolder(tree, False)
     assert folder.classes == ["a", "b", "c"] and len(folder.train) == 5 and len(folder.test) == 3
     names = sorted(load_images(tree, False).test.names)
     assert names == sorted(f"{s}/{n}" for s in ("train", "test") for n in folder.split(s).names)
     assert sorted(find_images([tree])) == sorted(tree / name for name in names)
+    (tree / "test" / "c").unlink()
+    (tree / "test" / "c").symlink_to(elsewhere / "d")  # one folder reached twice in the tree: its images listed twice
+    with pytest.raises(FoalPipeError, match=r"one folder .*reached twice"):
+        load_images(tree, False)
 
 
 def test_a_link_loop_is_refused_by_name(tmp_path):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from foal_pipe.datasets.sources import H5_PIXELS, H5_SHAPES, DatasetSplits, H5Source, h5_layout, h5_side, same_names
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.memory import available_memory, human
 
 
 def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
@@ -28,24 +30,31 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
         labels, shapes = {}, {}
         for split in ("train", "test"):
             for key in ("images", "labels"):
+                _check_inside(f, path, f"{split}/{key}")  # before `in`, which would follow an external link
                 if f"{split}/{key}" not in f:
                     raise FoalPipeError(f"{path} has no dataset {split}/{key}; it needs train/images, "
                                         "train/labels, test/images and test/labels")
-            raw = f[f"{split}/labels"]
+            raw, images = f[f"{split}/labels"], f[f"{split}/images"]
             if raw.dtype.kind not in "iu":  # floats (NaN included) and booleans are not label ids
                 raise FoalPipeError(f"{path}: dataset {split}/labels has dtype {raw.dtype}; labels must be integers "
                                     "0..K-1: store them with an integer dtype (e.g. labels.astype('int64'))")
-            if f[f"{split}/images"].dtype.kind not in "iuf":
-                raise FoalPipeError(f"{path}: dataset {split}/images has dtype {f[f'{split}/images'].dtype}; images "
+            if images.dtype.kind not in "iuf":
+                raise FoalPipeError(f"{path}: dataset {split}/images has dtype {images.dtype}; images "
                                     f"must be {H5_PIXELS}")
-            labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
-            shapes[split] = f[f"{split}/images"].shape
-            if shapes[split][0] != len(labels[split]) or h5_layout(shapes[split]) is None:
+            shapes[split], count = images.shape, int(raw.size or 0)  # both declared: nothing read yet
+            if h5_layout(shapes[split]) is None or shapes[split][0] != count:
                 raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "
-                                    f"{len(labels[split])} rows; expected N labels and N images of shape {H5_SHAPES}")
+                                    f"{count} rows; expected N labels and N images of shape {H5_SHAPES}")
+            _check_image_size(path, split, shapes[split])
+            need, available = count * (raw.dtype.itemsize + 8), available_memory()  # as read, then as int64
+            if available is not None and need > available:
+                raise FoalPipeError(f"{path}: {split}/labels declares {count:,} rows, {human(need)} in memory, more than the "
+                                    f"{human(available)} available; check the file (its {split}/images declare as many)")
+            labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
         names = f.attrs.get("classes")
-        if names is None and "classes" in f:
-            names = f["classes"][:]
+        if names is None:
+            _check_inside(f, path, "classes")
+            names = f["classes"][:] if "classes" in f else None
     every = np.concatenate([labels["train"], labels["test"]])
     if every.size and every.min() < 0:
         raise FoalPipeError(f"{path} has negative labels (the smallest {int(every.min())}); labels must be 0..K-1")
@@ -73,3 +82,46 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
     return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"], h5_layout(shapes["train"])),
                          H5Source(path, "test", labels["test"], h5_layout(shapes["test"])), str(path),
                          sides.pop() if len(sides) == 1 else None)  # one native size only when every image has it
+
+
+def _check_inside(f: Any, path: Path, name: str) -> None:
+    """Refuse a dataset the loader reads whose bytes lie outside ``path``: an external link (on the way to it too),
+    a soft link that leads into another file, external raw storage, or a virtual dataset. h5py would read another
+    file the user can read (a key, a password) into the store. A missing ``name`` is left to the caller."""
+    import h5py
+
+    parts, why = name.split("/"), ""
+    for k in range(1, len(parts) + 1):
+        link = f.get("/".join(parts[:k]), getlink=True)
+        if link is None:
+            return
+        if isinstance(link, h5py.ExternalLink):
+            why = f"an external link to {link.filename}:{link.path}"
+            break
+    else:
+        dataset = f.get(name)
+        if not isinstance(dataset, h5py.Dataset):
+            return
+        if dataset.file.filename != f.filename:
+            why = f"a soft link into another file ({dataset.file.filename})"
+        elif dataset.is_virtual:
+            why = f"a virtual dataset mapping {', '.join(sorted({m.file_name for m in dataset.virtual_sources()}))}"
+        elif dataset.external is not None:
+            why = f"stored outside the file (external raw storage in {', '.join(str(e[0]) for e in dataset.external)})"
+    if why:
+        raise FoalPipeError(f"{path}: dataset {name} is {why}, not data stored in the file, and foal-pipe reads only the "
+                            f"file it is given; store the data inside the file (write the array itself: f[{name!r}] = array)")
+
+
+def _check_image_size(path: Path, split: str, shape: tuple[int, ...]) -> None:
+    """Refuse images larger than an image file may be (twice Pillow's decompression-bomb limit, past which Pillow
+    refuses to decode one): a tiny file may declare ``(2, 10**6, 10**6)``, and hashing or reading one image would
+    end in a MemoryError. None as the limit (Pillow's check turned off) lets any size through, as for files."""
+    from PIL import Image
+
+    h, w = shape[2:4] if h5_layout(shape) == "CHW" else shape[1:3]
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and h * w > 2 * limit:
+        raise FoalPipeError(f"{path}: each {split}/images image is {h:,} x {w:,} = {h * w:,} pixels, more than the "
+                            f"{2 * int(limit):,} an image file may have (twice Pillow's decompression-bomb limit, "
+                            "PIL.Image.MAX_IMAGE_PIXELS); store the images at a smaller size")

@@ -459,27 +459,30 @@ def _is_image_entry(p: Path) -> bool:
 def images_in(folder: Path) -> list[Path]:
     """The image files under ``folder`` (recursively, through symbolic links to folders too), in natural order of
     their paths relative to it, compared in Unicode NFC form: a pure function of the names, whatever order the
-    file system lists them in and whichever normalisation it keeps (macOS unpacks names NFD). A link to a folder
-    that holds it (a loop, which would never end) is refused by name."""
+    file system lists them in and whichever normalisation it keeps (macOS unpacks names NFD). A folder reached twice
+    is refused by name: a link to a folder that holds it would never end, two links would read its images twice."""
     found: list[Path] = []
-    todo: list[tuple[Path, tuple[tuple[int, int], ...]]] = [(folder, ())]
+    seen: dict[tuple[int, int], Path] = {}  # (st_dev, st_ino) of each folder searched: where it was first reached
+    todo = [folder]
     while todo:
-        directory, above = todo.pop()
+        directory = todo.pop()
         try:
             st = directory.stat()
             with os.scandir(directory) as entries:
                 names = sorted((entry.name for entry in entries), key=_name_key)
         except (PermissionError, FileNotFoundError, NotADirectoryError):  # as Path.rglob skips them
             continue
-        here = (st.st_dev, st.st_ino)
-        if here in above:
-            link = next(p for p in (directory, *directory.parents) if p.is_symlink())
-            raise FoalPipeError(f"{link} is a symbolic link to {os.readlink(link)}, which leads back to a folder that holds "
-                                f"it ({directory} is {os.path.realpath(directory)} again): searching it would never end; "
-                                "remove the link or point it elsewhere")
+        first = seen.setdefault((st.st_dev, st.st_ino), directory)
+        if first != directory:
+            link = next((p for p in (directory, *directory.parents) if p.is_symlink()), directory)
+            raise FoalPipeError(
+                f"{link} is a symbolic link to {os.readlink(link)}, which leads back to a folder that holds it ({directory} "
+                f"is {os.path.realpath(directory)} again): searching it would never end; remove the link or point it elsewhere"
+                if first in directory.parents else f"{directory} and {first} are one folder ({os.path.realpath(directory)}), "
+                f"reached twice through symbolic links: its images would be read twice; remove the duplicate link {link}")
         below = [directory / name for name in names if _is_dir(directory / name)]
         found += [directory / name for name in names if _is_image_entry(directory / name)]
-        todo.extend((path, (*above, here)) for path in reversed(below))
+        todo.extend(reversed(below))
     return sorted(found, key=lambda p: _name_key(p.relative_to(folder).as_posix()))
 
 

@@ -33,6 +33,7 @@ from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import read_rows
 from foal_pipe.store.log import log_path
 from foal_pipe.store.manifest import parse_stored_manifest, stored_manifest
+from foal_pipe.store.read import chunk_too_large
 from foal_pipe.store.write import foreign_file, replace_manifest
 
 #: The group attribute of each split's SHA-256 over its images, in a store of a dataset without a split manifest.
@@ -237,6 +238,11 @@ def _check_rows(state: StoreState, inputs: Inputs) -> StoreState:
                 continue
             array = group[f"{split}/{leaf}"]
             assert isinstance(array, zarr.Array)  # a group there is refused first, as not listed by the store's metadata
+            damage = (f"shape {tuple(array.shape)}, unlike the {state.rows[split]:,} rows of {split}/features"
+                      if tuple(array.shape) != (state.rows[split],) else chunk_too_large(array))
+            if damage is not None:  # edited metadata: reading it would end in a MemoryError
+                raise FoalPipeError(f"{state.out} is damaged ({split}/{leaf}: {damage}); pass {param('overwrite', True)} "
+                                    "to extract it again")
             was, now = read_rows(state.path, f"{split}/{leaf}", array, 0, int(array.shape[0])), np.asarray(now)
             differ = np.flatnonzero(was != now)  # as long: the row counts are among the settings compared
             if len(differ):
