@@ -1,4 +1,4 @@
-"""Shared by the stage scripts: read params.yaml, resolve one run's settings, run one foal-pipe command.
+"""Shared by the stage scripts: resolve one run's settings, read a stage's settings file, run one foal-pipe command.
 
 The stage scripts hold no logic of their own: each turns one run's settings into the command line that a user
 would type (``command(name, settings)``), prints it, and runs it in this process (the same code path as the
@@ -7,9 +7,9 @@ params.yaml with its ``datasets`` entry's overrides on top.
 
 What each stage reads of them (:func:`stage_settings`) is written by the ``settings@NAME`` stage to
 runs/NAME-settings/STAGE.settings.json (not named like a run's metrics.json or sweep.json), the file that
-stage depends on instead of params.yaml: a change reruns only the stages whose settings it changes (a learn
-gamma: learn and evaluate, never the extraction), whether the key is set in the shared section or in the
-entry, or left out of it.
+stage depends on instead of params.yaml, and the only one it reads (:func:`main`): a change reruns only the stages
+whose settings it changes (a learn gamma: learn and evaluate, never the extraction), whether the key is set in the
+shared section or in the entry, or left out of it, and a stage never runs settings that DVC did not record.
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import yaml  # noqa: E402
-
 #: Relative to the working directory, as DVC runs stages from the directory of dvc.yaml.
 PARAMS = Path("params.yaml")
 SECTIONS = ("extract", "learn", "sweep", "table")
@@ -81,6 +79,19 @@ KEYS = {
 
 class ParamsError(ValueError):
     """params.yaml does not describe the run asked for; the message names the fix."""
+
+
+class Quoted(str):
+    """A string params.yaml quotes (``gamma: "1.0"``): never read as the number it spells."""
+
+
+def check_name(name: str) -> None:
+    """Refuse a run name that is not one plain folder name: it names data/features/NAME.zarr and runs/NAME, so
+    ``../esc`` would write outside runs/ and ``..`` into the repository root."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("-"):
+        raise ParamsError(f"the run name {name!r} under `datasets` in {PARAMS} is not a plain folder name (it names "
+                          f"data/features/NAME.zarr and runs/NAME/); rename it: no '/' or '\\', not '.' or '..', "
+                          f"not empty, no leading '-'")
 
 
 @dataclass(frozen=True)
@@ -106,9 +117,9 @@ def _passes(check: Callable[[Any], object]) -> Callable[[Any], bool]:
 
 
 def _number(value: Any) -> Any:
-    """``value``, or the float a string spells: YAML 1.1 (PyYAML) reads ``1e-3`` without a dot as a string, which
-    the stages pass on as the number it spells (``--gamma 1e-3``)."""
-    if isinstance(value, str):
+    """``value``, or the float an unquoted string spells: YAML 1.1 (PyYAML) reads ``1e-3`` without a dot as a string,
+    which the stages pass on as the number it spells (``--gamma 1e-3``); a quoted ``"1.0"`` stays a string."""
+    if isinstance(value, str) and not isinstance(value, Quoted):
         try:
             return float(value)
         except ValueError:
@@ -180,7 +191,7 @@ def kinds() -> dict[str, dict[str, Kind]]:
         "learn": {
             "tasks": _optional(POSITIVE), "batch_size": POSITIVE, "projection_dim": NON_NEGATIVE,
             "activation": _choice(ACTIVATIONS),
-            "gamma": Kind("a positive number or auto",
+            "gamma": Kind("a positive number or auto (a number unquoted)",
                           lambda v: v == "auto" or (not isinstance(_number(v), str) and _passes(parse_gamma)(_number(v)))),
             "select": _choice(TRAINING_CRITERIA), "seed": seed,
             "order_seeds": _list_of(seed, "non-negative integers", empty=True),
@@ -244,13 +255,14 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
         if not isinstance(shared, dict):
             raise ParamsError(f"`{section}` in {PARAMS} must map its settings to values, e.g. the repository's")
         _known(shared, KEYS[section], f"`{section}` in {PARAMS}", "keys", "its keys are")
-    entry = entries[name] or {}
+    check_name(name)
+    entry = {} if entries[name] is None else entries[name]
     if not isinstance(entry, dict):
         raise ParamsError(f"datasets.{name} in {PARAMS} must be a mapping of overrides (or {{}}), got {entry!r}")
     _known(entry, ("dataset", *SECTIONS), f"datasets.{name} in {PARAMS}", "keys", "it may set")
     settings: dict[str, Any] = {"dataset": entry.get("dataset", name)}
     for section in SECTIONS:
-        overrides = entry.get(section) or {}
+        overrides = {} if entry.get(section) is None else entry[section]
         if not isinstance(overrides, dict):
             raise ParamsError(f"datasets.{name}.{section} in {PARAMS} must map keys of `{section}` to values, got {overrides!r}")
         _known(overrides, params[section], f"datasets.{name}.{section} in {PARAMS}", "keys",
@@ -289,6 +301,13 @@ def stage_settings(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def kwargs_text(values: dict[str, Any]) -> str:
     """``{img_size: 32, pretrained_strict: false}`` -> ``img_size=32,pretrained_strict=false`` (JSON scalars)."""
     return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items())
+
+
+def number_text(value: Any) -> str:
+    """A number as a command line spells it exactly: ``:g`` where that is the same float (``0.1``, ``1e+08``), else
+    ``repr`` (``0.12345678``, which ``:g`` would round to ``0.123457``)."""
+    short = f"{float(value):g}"
+    return short if float(short) == float(value) else repr(float(value))
 
 
 def extract_spec(settings: dict[str, Any], out: str) -> Any:
@@ -397,6 +416,35 @@ def stream_args(p: dict[str, Any]) -> list[Any]:
     return args
 
 
+def read_settings(name: str, stage: str) -> dict[str, Any]:
+    """``stage``'s settings of run ``name``, from the file settings@NAME wrote (never params.yaml, which DVC may have
+    changed since), refused in one line when missing or not what settings@NAME writes (its sections and keys, each
+    value of a type the key takes; extract's may add the fingerprint of its inputs)."""
+    path = Path("runs") / f"{name}-settings" / f"{stage}.settings.json"
+    rerun = f"run `dvc repro settings@{name}` (or `python stages/settings.py {name}`) to write it"
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path} is missing: {stage}@{name} reads its settings from it, not from {PARAMS}; {rerun}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParamsError(f"{path} is not what settings@{name} writes ({exc}); {rerun} again") from None
+    layout = stage_settings({"dataset": "", **{section: dict.fromkeys(KEYS[section]) for section in SECTIONS}})[stage]
+    ok = isinstance(found, dict) and set(layout) <= set(found) <= {*layout, *(["inputs"] if stage == "extract" else [])}
+    problem = None if ok else f"it holds {sorted(found) if isinstance(found, dict) else repr(found)}, not {sorted(layout)}"
+    for section, keys in layout.items() if ok else ():
+        value = found[section]
+        if section == "dataset" or not isinstance(value, dict) or set(value) != set(keys):
+            problem = None if section == "dataset" and isinstance(value, str) else f"its `{section}` is {value!r}"
+        else:
+            problem = next((f"its {section}.{k} is {value[k]!r}" for k, kind in kinds()[section].items()
+                            if k in keys and not kind.accepts(value[k])), None)
+        if problem:
+            break
+    if problem:
+        raise ParamsError(f"{path} is not what settings@{name} writes: {problem}; {rerun} again")
+    return found
+
+
 def run(args: list[Any]) -> None:
     """Print ``foal-pipe ARGS`` and run it here; exits with the command's status."""
     args = [str(a) for a in args]
@@ -406,13 +454,15 @@ def run(args: list[Any]) -> None:
     app(args, prog_name="foal-pipe")
 
 
-def main(command: Callable[[str, dict[str, Any]], list[Any]]) -> None:
-    """Run ``command(NAME, settings)`` for the script's only argument (dvc.yaml's ``${key}``)."""
+def main(command: Callable[[str, dict[str, Any]], list[Any]], stage: str | None) -> None:
+    """Run ``command(NAME, settings)`` for the script's only argument (dvc.yaml's ``${key}``), ``settings`` read from
+    ``stage``'s settings file alone (:func:`read_settings`; ``None``: a stage that reads no settings gets ``{}``)."""
     if len(sys.argv) != 2:
         sys.exit(f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})")
     name = sys.argv[1]
     try:
-        settings = resolve(yaml.safe_load(PARAMS.read_text()), name)
+        check_name(name)
+        settings = {} if stage is None else read_settings(name, stage)
     except ParamsError as exc:
         sys.exit(f"Error: {exc}")
     run(command(name, settings))

@@ -1,6 +1,8 @@
 """DVC stage `evaluate@NAME`: plots, plot data and summary.md for runs/NAME -> runs/NAME/eval/.
 
-`foal-pipe evaluate` finds the run's sweep in runs/NAME-sweep/ by itself.
+It reads no settings. The sweep is named explicitly, runs/NAME-sweep/sweep.json (sweep@NAME's output, which this
+stage depends on), so that a sweep.json left in runs/NAME/ by hand, which `foal-pipe evaluate` would try first, is
+never used instead.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from _params import main
 
 
 def command(name: str, settings: dict[str, Any]) -> list[Any]:
-    return ["evaluate", "--run", f"runs/{name}", "--out", f"runs/{name}/eval"]
+    return ["evaluate", "--run", f"runs/{name}", "--out", f"runs/{name}/eval", "--sweep", f"runs/{name}-sweep/sweep.json"]
 
 
 if __name__ == "__main__":
-    main(command)
+    main(command, None)

@@ -59,4 +59,4 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
 
 
 if __name__ == "__main__":
-    main(command)
+    main(command, "extract")

@@ -27,13 +27,60 @@ from _params import (
     PARAMS,
     TABLE_FROM_LEARN,
     ParamsError,
+    Quoted,
     extract_spec,
+    number_text,
     resolve,
     stage_settings,
     table_check,
     table_command,
     where,
 )
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key set twice in one mapping (DVC refuses them too; PyYAML keeps the last)
+    and marking quoted strings (:class:`Quoted`)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (list, dict)):  # unhashable: PyYAML's own error follows
+                continue
+            if key in seen:
+                raise ParamsError(f"{PARAMS} sets the key `{key}` twice in one mapping (lines {seen[key]} and {line}); "
+                                  "keep one (DVC refuses it too)")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_str(self, node: yaml.ScalarNode) -> str:
+        value = super().construct_scalar(node)
+        return Quoted(value) if node.style in ("'", '"') else value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_yaml_str)
+
+
+def load_params() -> Any:
+    """params.yaml as settings@NAME reads it: a missing file, a YAML syntax error and a key set twice are refused in
+    one line (the stage scripts run outside DVC too)."""
+    try:
+        text = PARAMS.read_text()
+    except FileNotFoundError:
+        raise ParamsError(f"no {PARAMS} in {Path.cwd()}; run the stage from the repository root, where dvc.yaml "
+                          "is") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ParamsError(f"{PARAMS} is not valid YAML: {exc.problem or exc.context}{at}; fix its syntax") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{PARAMS} is not valid YAML ({' '.join(str(exc).split())}); fix its syntax") from None
 
 
 def _yaml(value: Any) -> str:
@@ -91,7 +138,7 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
     refuse((key("learn", "engine"), key("learn", "gamma")), learn_names, model)
 
     if sweep["gammas"] is not None:
-        gammas = ",".join(f"{float(g):g}" for g in sweep["gammas"])
+        gammas = ",".join(number_text(g) for g in sweep["gammas"])
         refuse((key("sweep", "gammas"),), {}, lambda: o.floats(gammas, key("sweep", "gammas")))
     if sweep["fusions"]:
         fusions = [str(f) for f in sweep["fusions"]]
@@ -204,7 +251,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})")
     try:
-        write(sys.argv[1], checked(yaml.safe_load(PARAMS.read_text()), sys.argv[1]))
+        write(sys.argv[1], checked(load_params(), sys.argv[1]))
     except ParamsError as exc:
         sys.exit(f"Error: {exc}")
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from _params import main, stream_args
+from _params import main, number_text, stream_args
 
 
 def command(name: str, settings: dict[str, Any]) -> list[Any]:
     s = settings["sweep"]
     fusions = ["--fusions", ",".join(map(str, s["fusions"]))] if s["fusions"] else []
-    gammas = [] if s["gammas"] is None else ["--gammas", ",".join(f"{float(g):g}" for g in s["gammas"])]
+    gammas = [] if s["gammas"] is None else ["--gammas", ",".join(number_text(g) for g in s["gammas"])]
     return [
         "sweep", "--features", f"data/features/{name}.zarr", "--out", f"runs/{name}-sweep", *gammas,
         "--select", s["select"], *fusions, *stream_args(settings["learn"]),
@@ -20,4 +20,4 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
 
 
 if __name__ == "__main__":
-    main(command)
+    main(command, "sweep")

@@ -315,7 +315,7 @@ def test_sweep_command_line():
     assert "--gammas" not in _command("sweep")  # null: the CLI's default grid
     assert _pairs(_command("sweep", params=params))["--fusions"] == "mean-cls,last,mean:7-12"
     assert _command("evaluate", "shapes", {**params, "datasets": {"shapes": {"dataset": "imagefolder"}}}) == [
-        "evaluate", "--run", "runs/shapes", "--out", "runs/shapes/eval"]
+        "evaluate", "--run", "runs/shapes", "--out", "runs/shapes/eval", "--sweep", "runs/shapes-sweep/sweep.json"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -344,6 +344,7 @@ def _stage(name: str, cwd: Path, *args: str, check: bool = True) -> subprocess.C
 
 @needs_learn_options
 def test_learn_sweep_evaluate_stage_scripts(workdir):
+    _stage("settings", workdir, "digits")  # each stage reads the settings file it writes, never params.yaml
     learn = _stage("learn", workdir, "digits")
     assert "$ foal-pipe learn --features data/features/digits.zarr --out runs/digits --tasks 5" in learn.stdout
     assert "--drop-last --no-mask-unseen --gamma 0.5 --engine gram" in learn.stdout
@@ -358,12 +359,13 @@ def test_learn_sweep_evaluate_stage_scripts(workdir):
     assert report["gammas"] == [0.1, 1.0] and report["projection_dim"] == 64
 
     evaluate = _stage("evaluate", workdir, "digits")
-    assert "$ foal-pipe evaluate --run runs/digits --out runs/digits/eval" in evaluate.stdout
+    assert ("$ foal-pipe evaluate --run runs/digits --out runs/digits/eval --sweep runs/digits-sweep/sweep.json"
+            in evaluate.stdout)
     out = workdir / "runs/digits/eval"
     assert {p.name for p in out.iterdir()} >= {"summary.md", "scores.json", "gamma.png", "weight_norms.png"}
     assert _summary_cell((out / "summary.md").read_text(), "A_avg (%)") == pytest.approx(
         100 * metrics["A_avg"], abs=0.005)
-    assert "From `runs/digits-sweep/sweep.json`" in (out / "summary.md").read_text()  # found by evaluate itself
+    assert "From `runs/digits-sweep/sweep.json`" in (out / "summary.md").read_text()  # the stage's dependency
     stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["evaluate"]["do"]
     declared = [next(iter(e)) if isinstance(e, dict) else e for key in ("outs", "metrics", "plots") for e in stage[key]]
     assert sorted(p.name for p in out.iterdir()) == sorted(Path(d).name for d in declared)  # DVC knows every file
@@ -373,9 +375,12 @@ def test_learn_sweep_evaluate_stage_scripts(workdir):
 def test_stage_script_params_errors_exit_nonzero(workdir):
     usage = _stage("learn", workdir, check=False)
     assert usage.returncode != 0 and "usage:" in usage.stderr
-    unknown = _stage("learn", workdir, "nosuchdataset", check=False)
+    unknown = _stage("settings", workdir, "nosuchdataset", check=False)
     assert unknown.returncode == 1 and unknown.stderr.strip() == (
         "Error: no run 'nosuchdataset' under `datasets` in params.yaml; the runs are: digits")
+    unwritten = _stage("learn", workdir, "nosuchdataset", check=False)  # no settings file: settings@NAME did not run
+    assert unwritten.returncode == 1 and unwritten.stderr.strip().startswith(
+        "Error: runs/nosuchdataset-settings/learn.settings.json is missing: ")
 
 
 @needs_learn_options
@@ -383,6 +388,7 @@ def test_stage_script_missing_store_is_one_line_error(workdir):
     params = yaml.safe_load((workdir / "params.yaml").read_text())
     params["datasets"]["other"] = {"dataset": "digits"}  # a second run of a registered dataset
     (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    _stage("settings", workdir, "other")
     missing = _stage("learn", workdir, "other", check=False)
     lines = missing.stderr.strip().splitlines()
     assert missing.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error:") and "other.zarr" in lines[0]
@@ -393,6 +399,7 @@ def test_extract_stage_script_resumes_keeps_or_replaces(tmp_path):
     """The store's recorded settings decide: the same settings leave a complete store as it is (not one file
     rewritten) and resume an interrupted one; other settings replace it."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(_params()))
+    _stage("settings", tmp_path, "digits")
     first = _stage("extract", tmp_path, "digits")
     assert ("$ foal-pipe extract --dataset digits --model pixels --fusion mean-cls --token cls --normalize "
             "--dtype float32 --chunk-rows 1024 --device auto --precision auto --out data/features/digits.zarr"
@@ -420,6 +427,7 @@ def test_extract_stage_script_resumes_keeps_or_replaces(tmp_path):
     params = _params()
     params["extract"]["dtype"] = "float16"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    _stage("settings", tmp_path, "digits")
     replaced = _stage("extract", tmp_path, "digits")
     assert replaced.stdout.splitlines()[0].endswith("--overwrite")
     assert json.loads((store / "train/features/zarr.json").read_text())["data_type"] == "float16"

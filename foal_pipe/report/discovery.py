@@ -41,9 +41,12 @@ SWEPT_SETTINGS = ("n_train_seen", "n_test", "feature_dim", "seed", "projection_d
 
 
 def sweep_candidates(run_dir: Path) -> tuple[Path, ...]:
-    """Where a run's sweep may be, in the order they are tried: ``RUN/sweep.json``, ``RUN-sweep/sweep.json``."""
-    name = run_dir.name or run_dir.resolve().name
-    return run_dir / SWEEP_FILE, run_dir.parent / f"{name}-sweep" / SWEEP_FILE
+    """Where a run's sweep may be, in the order they are tried: ``RUN/sweep.json``, ``RUN-sweep/sweep.json``. A run
+    given as ``.`` or ``..`` (``a/..``) is named by the folder it resolves to, beside which its sweep is: ``../r-sweep``
+    for ``.`` in ``w/r`` (``Path('.').parent`` is ``.`` itself, inside the run)."""
+    if run_dir.name in ("", ".."):
+        return run_dir / SWEEP_FILE, run_dir / ".." / f"{run_dir.resolve().name}-sweep" / SWEEP_FILE
+    return run_dir / SWEEP_FILE, run_dir.parent / f"{run_dir.name}-sweep" / SWEEP_FILE
 
 
 def load_run(
