@@ -569,6 +569,20 @@ def _peak_gib() -> float | None:
 
 
 def part_extract(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """:func:`_extract_part` with TF32 matrix products on for its CUDA runs, restored after it: the parts that follow
+    in this process (and an fp32 extraction's exactness) must not inherit it."""
+    import torch
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        if _cuda():
+            torch.backends.cuda.matmul.allow_tf32 = True
+        _extract_part(sz, work, out)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _extract_part(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
     import torch
 
     from foal_pipe.datasets import to_rgb_array
@@ -579,8 +593,6 @@ def part_extract(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
     device = "cuda" if _cuda() else "cpu"
     precision = "bf16" if device == "cuda" else "fp32"
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
     data = _random_h5(work / "random32.h5", sz.c_train, sz.c_test)
     checkpoint = _checkpoint(sz, work / "vit.safetensors")
     out.update(model=sz.model, model_kwargs=dict(sz.model_kwargs), weights="random (seed 0)",

@@ -4,8 +4,9 @@ and how long it is expected to take, so a session knows before it spends device 
 ``scale`` is issue 33's probe: a 300,000 x 768 float16 store (1,000 classes, 30,000 test rows), D = 2000, 10
 tasks, and four commands, ``learn``, ``sweep`` (defaults), ``learn --gamma auto`` and ``learn --head slda``, each a
 subprocess as a user types it, on NumPy, CuPy and torch. A GPU backend runs each command twice, ``first`` (a bare
-machine: CuPy compiles its kernels, torch initialises CUDA) and ``warm`` (CuPy's kernel cache filled, files in
-the page cache); NumPy compiles nothing, so it runs once (after the store was just written: its pages are
+machine: CuPy compiles its kernels into an empty ``CUPY_CACHE_DIR`` of the command's own, as gpu_cold.py's runs do,
+so no command reuses kernels another compiled; torch initialises CUDA) and ``warm`` (that kernel cache filled, files
+in the page cache); NumPy compiles nothing, so it runs once (after the store was just written: its pages are
 warm). Each run records its wall seconds (start-up included) and the in-process seconds by step (timings.json),
 with A_avg (learn) or the chosen gamma (sweep) against NumPy's. The commands run command by command, the GPU
 backends first, ``sweep`` last (it did not finish in 100 s at this scale on CuPy when issue 33 was filed): each
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -127,11 +129,12 @@ def failure(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
-def _run(args: list[str], out: Path, limit: int) -> dict[str, Any]:
-    """One command: wall and in-process seconds, the steps of timings.json, or why it stopped."""
+def _run(args: list[str], out: Path, limit: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One command (in ``env``, default this process's environment): wall and in-process seconds, the steps of
+    timings.json, or why it stopped."""
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, timeout=limit)
+        proc = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {limit} s", "wall_s": time.perf_counter() - start}
     wall = time.perf_counter() - start
@@ -144,6 +147,17 @@ def _run(args: list[str], out: Path, limit: int) -> dict[str, Any]:
     else:
         run["best_gamma"] = json.loads((out / "sweep.json").read_text())["best_gamma"]
     return run
+
+
+def kernel_cache(work: Path, name: str, run_name: str) -> dict[str, str] | None:
+    """The environment of a CuPy run: the command's own ``CUPY_CACHE_DIR``, emptied before its ``first`` run (which
+    compiles every kernel it needs) and kept for its ``warm`` run; None (this environment) for other backends."""
+    if not run_name.startswith("cupy"):
+        return None
+    cache = work / f"cupy-cache-{name}"
+    if run_name.endswith("first"):
+        shutil.rmtree(cache, ignore_errors=True)
+    return {**os.environ, "CUPY_CACHE_DIR": str(cache)}
 
 
 def part_scale(sz: ScaleSizes, work: Path, out: dict[str, Any], problem: Callable[[str], str | None]) -> None:
@@ -170,7 +184,8 @@ def part_scale(sz: ScaleSizes, work: Path, out: dict[str, Any], problem: Callabl
                 out["runs"][key] = {"skipped": f"not run: the part's {sz.seconds} s were spent"}
                 continue
             target = work / f"scale-{name}-{run_name.replace(' ', '-')}"
-            out["runs"][key] = _run(command(name, store, target, backend, sz), target, int(min(LIMITS[name], left)))
+            args = command(name, store, target, backend, sz)
+            out["runs"][key] = _run(args, target, int(min(LIMITS[name], left)), kernel_cache(work, name, run_name))
     for key, run in out["runs"].items():
         name = key.split("/")[0]
         host, warm = out["runs"].get(f"{name}/numpy", {}), out["runs"].get(key.replace("first", "warm"), {})

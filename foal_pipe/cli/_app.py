@@ -27,8 +27,10 @@ from typer.core import TyperCommand, TyperGroup
 
 try:  # typer 0.29 carries its own copy of click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    from typer._click.globals import get_current_context
 except ImportError:  # older typer: click itself
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment, no-redef]  # mypy types both; one runs
+    from click.globals import get_current_context  # type: ignore[assignment, no-redef]
 
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
@@ -313,8 +315,9 @@ def flag(*names: str, help: str) -> Any:  # noqa: A002 (typer's own parameter na
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a :class:`FoalPipeError` (the parameters it names rendered as flags), and any I/O error the library
-    did not name itself, into one line on stderr and exit status 1.
+    """Turn a :class:`FoalPipeError` (the parameters it names rendered as flags), any I/O error the library did not
+    name itself, and running out of host or GPU memory (:func:`out_of_memory_message`) into one line on stderr and
+    exit status 1; other RuntimeErrors (a CUDA fault, a bug) keep their traceback.
 
     Set ``FOAL_PIPE_DEBUG=1`` to see the traceback instead.
     """
@@ -323,12 +326,37 @@ def user_errors() -> Iterator[None]:
     except BrokenPipeError:  # the reader closed the pipe (`foal-pipe predict ... | head`): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
         raise typer.Exit(128 + signal.SIGPIPE) from None
-    except (FoalPipeError, OSError) as exc:
-        if os.environ.get("FOAL_PIPE_DEBUG"):
+    except (FoalPipeError, OSError, MemoryError, RuntimeError) as exc:
+        if os.environ.get("FOAL_PIPE_DEBUG") or (isinstance(exc, RuntimeError) and not isinstance(exc, torch_out_of_memory())):
             raise
-        message = exc.render(cli_form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
+        message = (exc.render(cli_form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
+                   if isinstance(exc, OSError) else out_of_memory_message(exc))
         err_console.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def torch_out_of_memory() -> tuple[type[Exception], ...]:
+    """torch's out-of-memory error (a RuntimeError) once torch is imported: no torch computation runs before."""
+    torch = sys.modules.get("torch")
+    error = getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    return (error,) if isinstance(error, type) else ()
+
+
+def out_of_memory_message(exc: BaseException) -> str:
+    """One line for an allocation that failed: whose memory ran out (the host's: NumPy's MemoryError; the GPU's:
+    CuPy's OutOfMemoryError, a MemoryError, or torch's) and the running command's options that need less of it."""
+    gpu = not isinstance(exc, MemoryError) or type(exc).__module__.split(".")[0] == "cupy"
+    sentences = re.split(r"(?<=\.)\s+", " ".join((str(exc).splitlines() or [""])[0].split()))
+    detail = " ".join(sentences[:2]) or type(exc).__name__
+    context = get_current_context(silent=True)
+    options = {p.name for p in context.command.params} if context is not None else set()
+    fixes = [flag for name, flag in (("max_memory", "a lower --max-memory"), ("batch_size", "a smaller --batch-size"),
+                                      ("chunk_rows", "a smaller --chunk-rows")) if name in options]
+    if gpu:
+        fixes += [flag for name, flag in (("backend", "--backend numpy"), ("device", "--device cpu")) if name in options]
+    fixes.append("freeing the GPU memory other processes hold" if gpu else "closing other programs")
+    tried = f"{', '.join(fixes[:-1])} or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+    return f"out of {'GPU' if gpu else 'host'} memory ({detail}); try {tried}"
 
 
 def os_error_message(exc: OSError) -> str:

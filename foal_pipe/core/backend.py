@@ -10,6 +10,7 @@ namespace, is accepted too (the CLI help does not list it): the tests run the wh
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -113,9 +114,16 @@ IS_NAMESPACE: dict[str, Callable[[ModuleType], bool]] = {
     "torch": is_torch_namespace,
     "array_api_strict": is_array_api_strict_namespace,
 }
-#: What a backend's ``linalg`` raises on a singular matrix: NumPy's LinAlgError, torch's (a RuntimeError).
-#: CuPy raises nothing and returns NaN, so callers also check that the result is finite.
-LINALG_ERRORS: tuple[type[Exception], ...] = (np.linalg.LinAlgError, RuntimeError)
+
+
+def linalg_errors() -> tuple[type[Exception], ...]:
+    """What a backend's ``linalg`` raises on a singular or indefinite matrix: NumPy's LinAlgError (CuPy's too, under
+    ``cupyx.errstate(linalg="raise")``), torch's ``torch.linalg.LinAlgError`` once torch is imported (no torch
+    array exists before). Not RuntimeError at large: torch's out-of-memory and CUDA errors are RuntimeErrors, and
+    they say nothing about the matrix."""
+    torch = sys.modules.get("torch")
+    linalg = getattr(torch, "linalg", None)
+    return (np.linalg.LinAlgError,) if linalg is None else (np.linalg.LinAlgError, linalg.LinAlgError)
 
 
 def resolve_backend(backend: str = "auto") -> str:

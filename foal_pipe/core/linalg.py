@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from functools import cache
 from typing import Any
 
@@ -11,7 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from threadpoolctl import ThreadpoolController
 
-from foal_pipe.core.backend import LINALG_ERRORS, dtype_name
+from foal_pipe.core.backend import dtype_name, linalg_errors
 from foal_pipe.errors import FoalPipeError, param
 
 #: Factorisations up to this dimension run on one BLAS thread: measured on a shared 2-core machine, a
@@ -276,8 +276,8 @@ def solve_spd(A: Any, Q: Any, dtype: str = "float32") -> Any:
     ``G + gamma I`` is positive definite in exact arithmetic; when rounding in the sums (float32) outweighs
     gamma in some direction it is not, and any solution would be noise: the Cholesky factorisation
     notices. NumPy arrays use LAPACK's Cholesky factorisation in place (half an LU's time, no copy of ``A``);
-    other namespaces check with ``linalg.cholesky`` (CuPy returns NaN instead of raising), then
-    :func:`checked_solve`: the same error on every backend. ``dtype``: the sums', for the refusal's advice.
+    other namespaces check with :func:`cholesky_or_none`, then solve with the factor (or :func:`checked_solve`):
+    the same error on every backend. ``dtype``: the sums', for the refusal's advice.
     """
     xp = array_namespace(A)
     fail = not_positive_definite("at this gamma", dtype)
@@ -290,15 +290,40 @@ def solve_spd(A: Any, Q: Any, dtype: str = "float32") -> Any:
             return cho_solve(cho_factor(A.T, overwrite_a=True, check_finite=False), Q, check_finite=False)
         except LinAlgError:
             raise fail from None
-    try:
-        L = xp.linalg.cholesky(A)
-        factor_ok = bool(xp.all(xp.isfinite(L)))
-    except LINALG_ERRORS:
-        raise fail from None
-    if not factor_ok:
+    L = cholesky_or_none(xp, A)
+    if L is None:
         raise fail
     solved = _cholesky_solve(xp, L, Q)
     return checked_solve(A, Q, fail) if solved is None else solved
+
+
+def linalg_raises(xp: Any) -> AbstractContextManager:
+    """On CuPy, ``cupyx.errstate(linalg="raise")``: without it CuPy's factorisations and solves report no failure
+    (cuSOLVER's ``info`` is dropped, and a failed Cholesky returns the finite partial factor LAPACK's potrf left);
+    elsewhere nothing (NumPy and torch raise on their own)."""
+    if not is_cupy_namespace(xp):
+        return nullcontext()
+    import cupyx
+
+    return cupyx.errstate(linalg="raise")
+
+
+def cholesky_or_none(xp: Any, A: Any) -> Any | None:
+    """The lower Cholesky factor of a symmetric ``A`` of namespace ``xp``, or None where it is not numerically
+    positive definite: the factorisation raised (:func:`~foal_pipe.core.backend.linalg_errors`), left a non-finite
+    entry, or, outside NumPy (whose LAPACK call always reports a failure), a diagonal entry that is not positive,
+    which a backend that returns a failed factorisation's partial factor leaves (LAPACK's potrf stops at the first
+    non-positive pivot with every entry finite). Any other error (out of memory, a CUDA fault) propagates."""
+    try:
+        with linalg_raises(xp):
+            L = xp.linalg.cholesky(A)
+            ok = xp.all(xp.isfinite(L))
+            if not is_numpy_namespace(xp):
+                ok = ok & xp.all(xp.linalg.diagonal(L) > 0)
+            factor_ok = bool(ok)
+    except linalg_errors():
+        return None
+    return L if factor_ok else None
 
 
 def _cholesky_solve(xp: Any, L: Any, Q: Any) -> Any | None:
@@ -317,11 +342,13 @@ def _cholesky_solve(xp: Any, L: Any, Q: Any) -> Any | None:
 
 def checked_solve(A: Any, B: Any, fail: FoalPipeError) -> Any:
     """``linalg.solve(A, B)``, with ``fail`` raised alike on every backend when ``A`` is singular: NumPy and
-    torch raise their own errors, CuPy returns NaN (so the solution's finiteness is checked)."""
+    torch raise their own errors, CuPy raises under :func:`linalg_raises`; a solution that is not finite is
+    refused too. Any other error (out of memory, a CUDA fault) propagates."""
     xp = array_namespace(A)
     try:
-        X = xp.linalg.solve(A, B)
-    except LINALG_ERRORS:
+        with linalg_raises(xp):
+            X = xp.linalg.solve(A, B)
+    except linalg_errors():
         raise fail from None
     if not bool(xp.all(xp.isfinite(X))):
         raise fail

@@ -79,3 +79,15 @@ def autocast(device: str, precision: str) -> Any:
     if precision == "fp32":
         return nullcontext()
     return torch.autocast(device_type=device, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
+
+
+def exact_fp32(device: str, precision: str) -> None:
+    """fp32 on CUDA computes in fp32: torch lets cuDNN's convolutions (a ViT's patch embedding) run in TF32 by
+    default, and a process may have turned TF32 on for matrix products, both rounding inputs to 10 bits. Turned off
+    for the process (bf16 and fp16 autocast do not use TF32); nothing on the CPU."""
+    if device != "cuda" or precision != "fp32":
+        return
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False

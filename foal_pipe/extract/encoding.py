@@ -2,7 +2,8 @@
 
 ``predict --images`` and :meth:`~foal_pipe.model.deploy.DeployedModel.predict_images` use it. Images are prepared
 exactly as ``extract`` prepares a folder's files (:func:`~foal_pipe.datasets.to_rgb_array` with the encoder's
-size and interpolation), so the features equal those of a store extracted from the same files.
+size and interpolation) and encoded in the store's recorded precision, so the features equal those of a store
+extracted from the same files (on the same kind of device).
 """
 
 from __future__ import annotations
@@ -77,7 +78,27 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     if key is not None:
         raise FoalPipeError(f"the rebuilt encoder differs from the model's: {key!r} is {ours.get(key)!r} but the model "
                             f"records {spec.get(key)!r}; use the foal-pipe/timm versions the model was trained with")
-    return encoder.load("cpu" if device == "auto" and not encoder.needs_torch else resolve_device(device))
+    where = "cpu" if device == "auto" and not encoder.needs_torch else resolve_device(device)
+    return encoder.load(where, recorded_precision(spec, where))
+
+
+def recorded_precision(spec: dict[str, Any], device: str) -> str:
+    """The autocast precision the store was extracted in (``extract`` defaults to bf16 on CUDA), so that the
+    features are the store's; fp32 for a record without one (older stores, ``pixels``). A precision the device
+    cannot run is refused."""
+    from foal_pipe.encoders import PRECISIONS
+
+    precision = spec.get("precision", "fp32")
+    if precision not in PRECISIONS or precision == "auto":
+        raise FoalPipeError(f"the model's encoder records precision {precision!r}, none of "
+                            f"{', '.join(p for p in PRECISIONS if p != 'auto')}; rebuild the store with `foal-pipe extract`")
+    if precision == "bf16" and device == "cuda":
+        import torch
+
+        if not torch.cuda.is_bf16_supported():
+            raise FoalPipeError(f"the model's store was extracted in bf16, which this GPU cannot compute, so its features "
+                                f"cannot be reproduced here; use {param('device', 'cpu')} or a GPU with bf16")
+    return str(precision)
 
 
 def find_images(patterns: Sequence[str | Path]) -> list[Path]:

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_array
 
-from foal_pipe.core.backend import LINALG_ERRORS, to_numpy
-from foal_pipe.core.linalg import factor_threads
+from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.linalg import cholesky_or_none, factor_threads
 from foal_pipe.core.scoring import U32, U64, UNDERFLOW, gamma_n, relative_bound
 from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
@@ -108,13 +108,8 @@ def quadratic_bound(low: np.ndarray, row_norm: np.ndarray, frobenius: float, lon
 
 def cholesky_factor(precision: Any) -> Any:
     """``C`` lower triangular with ``C C^T = precision`` when it is positive definite, else None (the dense form)."""
-    xp = array_namespace(precision)
-    try:
-        with factor_threads(precision.shape[0]):  # as symmetric_pinv: one BLAS thread
-            C = xp.linalg.cholesky(precision)
-    except LINALG_ERRORS:
-        return None
-    return C if bool(xp.all(xp.isfinite(C))) else None
+    with factor_threads(precision.shape[0]):  # as symmetric_pinv: one BLAS thread
+        return cholesky_or_none(array_namespace(precision), precision)
 
 
 def eigenvalue_floor(C: Any, a1: float, a2: float) -> float:
