@@ -243,6 +243,9 @@ def summary_table(paths: list[Path]) -> Table:
     notes = [f"*: a sweep's selected gamma (of {', '.join(dict.fromkeys(sweeps))}) and its test numbers"] if sweeps else []
     if any(e.metrics is not None and e.sweep is not None and e.seconds is None for e in found):
         notes.append("s ?: a folder holding a run and a sweep keeps one timings.json, the last command's")
+    if any(e.timings_of_another for e in found):
+        notes.append("s ?: timings.json is of another record than the one beside it (a dvc checkout or a copy restored "
+                     "the record, not its times)")
     notes += tables_note(paths)
     if notes:
         table.caption = "\n".join(notes)

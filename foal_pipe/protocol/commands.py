@@ -185,7 +185,8 @@ def run_sweep(
         warn_gcv(lane.boundaries, gammas, lane_log)
         warn_undetermined(lane.boundaries, lane_log)
     report = flag_grid_edge(report, None if shared else log)  # one of several orders: run_sweep_orders warns once
-    return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict())))
+    return Swept(report, write_outputs(out, [run], start, lambda tmp: write_json(tmp / SWEEP_FILE, report.to_dict()),
+                                       SWEEP_FILE))
 
 
 def check_sweep_select(sweep: SweepConfig) -> None:

@@ -51,7 +51,7 @@ from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
 from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.learnkinds import LEARN_KINDS, auto_edges_warning
-from foal_pipe.protocol.outputs import replaced_evaluation, save_model, summed_timings, write_learned
+from foal_pipe.protocol.outputs import replaced_evaluation, save_model, summed_timings, write_learned, write_timings
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
@@ -342,7 +342,7 @@ def _learn_per_order(features: str | Path, out: Path, seeds: Sequence[int], sett
         metrics = combine(seeds, [r.metrics for r in results], one_pass=False)
         write_json(tmp / METRICS_FILE, metrics.to_dict())
         timings = summed_timings([*(run.timings for run in runs), *(r.timings for r in results)], start)
-        write_json(tmp / "timings.json", timings)
+        write_timings(tmp, timings, METRICS_FILE)
     return Learned(metrics, timings)
 
 
@@ -395,7 +395,7 @@ def run_sweep_orders(
         say_once(seeds, [grid_edge_warning(r) for r in reports], log)  # each order's best gamma, as its own sweep says it
         timings = summed_timings([*(run.timings for run in runs), *(w.timings for w in walks)], start)
         write_json(tmp / SWEEP_FILE, report.to_dict())
-        write_json(tmp / "timings.json", timings)
+        write_timings(tmp, timings, SWEEP_FILE)
     return Swept(report, timings)
 
 

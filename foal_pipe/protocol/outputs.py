@@ -4,6 +4,7 @@ with the provenance of the rows it learned."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -53,20 +54,34 @@ def write_learned(out: str | Path, runs: Sequence[Run], start: float, metrics: L
             written = replace(metrics, model_checksum=stored_checksum(tmp / MODEL_FILE))
             write_json(tmp / METRICS_FILE, written.to_dict())
 
-    timings = write_outputs(out, runs, start, write)
+    timings = write_outputs(out, runs, start, write, METRICS_FILE)
     return Learned(written, timings)
 
-def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], object]) -> dict[str, float]:
-    """Write a run's files (``write`` fills the directory it is given) and ``timings.json`` (each step's seconds
-    summed over ``runs``) as one unit, after checking that no store changed while it was read; the timings. An
-    evaluation of the outputs replaced (:func:`replaced_evaluation`, found at the swap) goes with them."""
+def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Callable[[Path], object],
+                  record: str) -> dict[str, float]:
+    """Write a run's files (``write`` fills the directory it is given, ``record`` the name of the record among them)
+    and ``timings.json`` (each step's seconds summed over ``runs``) as one unit, after checking that no store changed
+    while it was read; the timings. An evaluation of the outputs replaced (:func:`replaced_evaluation`, found at the
+    swap) goes with them."""
     for run in runs:
         run.store.check_unchanged()
     with atomic_dir(out, owned=replaced_evaluation(out)) as tmp:
         write(tmp)
         timings = summed_timings([run.timings for run in runs], start)
-        write_json(tmp / "timings.json", timings)
+        write_timings(tmp, timings, record)
     return timings
+
+
+#: ``timings.json``'s key naming the record its times are of: ``{"file": NAME, "sha256": HEX}``.
+TIMINGS_OF = "of"
+
+
+def write_timings(folder: Path, timings: Mapping[str, float], record: str) -> None:
+    """``timings.json`` in ``folder``, naming the record written with it (``metrics.json`` or ``sweep.json``) by its
+    SHA-256: a ``timings.json`` left beside another record (a ``dvc checkout`` restores the record, not the times; a
+    copy) is then known not to be that run's (:attr:`~foal_pipe.report.discovery.Found.seconds`)."""
+    digest = hashlib.sha256((folder / record).read_bytes()).hexdigest()
+    write_json(folder / "timings.json", {**timings, TIMINGS_OF: {"file": record, "sha256": digest}})
 
 def replaced_evaluation(out: str | Path) -> Iterable[str]:
     """The files ``evaluate`` writes, in ``out``'s ``eval/`` where an evaluation of ``out``'s outputs is (it always

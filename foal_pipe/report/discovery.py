@@ -6,6 +6,7 @@ A run's sweep is ``RUN/sweep.json`` or, where the pipeline writes it (``foal-pip
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,13 +292,30 @@ class RunSummary:
         for record in (self.metrics, self.sweep):
             if record is not None and record.seconds is not None:
                 return _wall_time(record.seconds)
-        if self.metrics is not None and self.sweep is not None:
+        if self.metrics is not None and self.sweep is not None or self.timings_of_another:
             return None
+        return _wall_time(self._timings().get("total"))
+
+    def _timings(self) -> dict[str, Any]:
+        """``timings.json``'s record ({} where it is missing or unreadable: the time is simply not shown)."""
         try:
-            total: Any = read_json(self.path / TIMINGS_FILE, "wall times", "").get("total")
-        except FoalPipeError:  # missing or unreadable: the time is simply not shown
-            return None
-        return _wall_time(total)
+            timings = read_json(self.path / TIMINGS_FILE, "wall times", "")
+        except FoalPipeError:
+            return {}
+        return timings if isinstance(timings, dict) else {}
+
+    @property
+    def timings_of_another(self) -> bool:
+        """Whether ``timings.json`` names, by its SHA-256, another ``metrics.json`` or ``sweep.json`` than the one
+        beside it: a ``dvc checkout`` or a copy restored the record and not its times, which are then another run's.
+        One that names none (written before the name was recorded) is read as before."""
+        of = self._timings().get("of")
+        if not isinstance(of, dict) or of.get("file") not in (METRICS_FILE, SWEEP_FILE):
+            return False
+        try:
+            return hashlib.sha256((self.path / of["file"]).read_bytes()).hexdigest() != of.get("sha256")
+        except OSError:
+            return True
 
 
 #: More wall seconds than a run takes (over 30 years): a time recorded so was edited, and is not shown.
