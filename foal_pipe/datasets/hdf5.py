@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.sources import H5_PIXELS, H5_SHAPES, DatasetSplits, H5Source, h5_layout, h5_side, same_names
+from foal_pipe.datasets.h5pixels import H5_PIXELS, H5_SHAPES, h5_layout, h5_side
+from foal_pipe.datasets.sources import DatasetSplits, H5Source, same_names
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import available_memory, human
 
@@ -35,6 +36,11 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
                     raise FoalPipeError(f"{path} has no dataset {split}/{key}; it needs train/images, "
                                         "train/labels, test/images and test/labels")
             raw, images = f[f"{split}/labels"], f[f"{split}/images"]
+            _check_array(path, f"{split}/labels", raw, LABELS)
+            _check_array(path, f"{split}/images", images, f"N images of shape {H5_SHAPES}")
+            if raw.ndim == 0:
+                raise FoalPipeError(f"{path}: dataset {split}/labels is a scalar (one value, {_short(raw[()])}), not an array; "
+                                    f"it should be {LABELS}")
             if raw.dtype.kind not in "iu":  # floats (NaN included) and booleans are not label ids
                 raise FoalPipeError(f"{path}: dataset {split}/labels has dtype {raw.dtype}; labels must be integers "
                                     "0..K-1: store them with an integer dtype (e.g. labels.astype('int64'))")
@@ -42,6 +48,10 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
                 raise FoalPipeError(f"{path}: dataset {split}/images has dtype {images.dtype}; images "
                                     f"must be {H5_PIXELS}")
             shapes[split], count = images.shape, int(raw.size or 0)  # both declared: nothing read yet
+            if len(shapes[split]) in (3, 4) and 0 in shapes[split][1:]:
+                raise FoalPipeError(f"{path}: dataset {split}/images has shape {shapes[split]}, images without pixels "
+                                    f"(a height, width or channel count of 0); it should be N images of shape "
+                                    f"{H5_SHAPES}, H and W at least 1")
             if h5_layout(shapes[split]) is None or shapes[split][0] != count:
                 raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "
                                     f"{count} rows; expected N labels and N images of shape {H5_SHAPES}")
@@ -54,7 +64,13 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
         names = f.attrs.get("classes")
         if names is None:
             _check_inside(f, path, "classes")
-            names = f["classes"][:] if "classes" in f else None
+            if "classes" in f:
+                _check_array(path, "classes", f["classes"], CLASSES)
+                names = f["classes"][()]
+        if names is not None and np.ndim(names) == 0:
+            where = "attribute" if "classes" in f.attrs else "dataset"
+            raise FoalPipeError(f"{path}: its 'classes' {where} is one value ({_short(names)}), not a list; it should be "
+                                f"{CLASSES}, e.g. ['cat', 'dog']")
     every = np.concatenate([labels["train"], labels["test"]])
     if every.size and every.min() < 0:
         raise FoalPipeError(f"{path} has negative labels (the smallest {int(every.min())}); labels must be 0..K-1")
@@ -82,6 +98,31 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
     return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"], h5_layout(shapes["train"])),
                          H5Source(path, "test", labels["test"], h5_layout(shapes["test"])), str(path),
                          sides.pop() if len(sides) == 1 else None)  # one native size only when every image has it
+
+
+#: What ``<split>/labels`` and ``classes`` should be (docs/datasets.md, "Expected layouts").
+LABELS = "N integer labels 0..K-1, shape (N,)"
+CLASSES = "K class names, one per label, as a list of strings (attribute or dataset 'classes')"
+
+
+def _check_array(path: Path, name: str, node: Any, should: str) -> None:
+    """Refuse ``name`` when it is not a dataset of values: a group, a named datatype, or an empty dataspace
+    (``h5py.Empty``, which has no shape), naming what it is and what it ``should`` be."""
+    import h5py
+
+    if isinstance(node, h5py.Dataset) and node.shape is not None:
+        return
+    what = ("a group" if isinstance(node, h5py.Group) else "a named datatype" if isinstance(node, h5py.Datatype)
+            else "a dataset with an empty dataspace (h5py.Empty, no values)" if isinstance(node, h5py.Dataset)
+            else f"a {type(node).__name__}")
+    raise FoalPipeError(f"{path}: {name} is {what}, not a dataset of values; it should be {should}")
+
+
+def _short(value: Any) -> str:
+    """``value`` (a NumPy scalar as its Python value, bytes as a str) as a short repr, for an error line."""
+    value = value.item() if isinstance(value, np.generic) else value
+    text = repr(value.decode(errors="replace") if isinstance(value, bytes) else value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _check_inside(f: Any, path: Path, name: str) -> None:

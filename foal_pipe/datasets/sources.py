@@ -10,6 +10,7 @@ import re
 import stat
 import sys
 import unicodedata
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.h5pixels import h5_layout, h5_pixels, h5_unreadable
 from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.errors import FoalPipeError
 
@@ -51,8 +53,9 @@ class ImageSource:
         return None
 
     def unreadable(self) -> list[str]:
-        """Rows that cannot be read, seen without decoding (for files: missing, a broken link, empty), each as
-        :meth:`describe` plus why: checked before a store is written, so that extraction does not stop partway."""
+        """Rows that cannot be read, seen without decoding (for files: missing, a broken link, empty; for HDF5: values
+        that are not pixels), each as :meth:`describe`, the first at least with why: checked before a store is
+        written, so that extraction does not stop partway."""
         return []
 
 
@@ -173,6 +176,10 @@ class H5Source(ImageSource):
     def describe(self, i: int) -> str:
         return f"{self.path}:{self.split}/images[{i}]"
 
+    def unreadable(self) -> list[str]:
+        """Rows whose values are not pixels (:func:`~foal_pipe.datasets.h5pixels.h5_unreadable`)."""
+        return h5_unreadable(self.path, self.split)
+
 
 def open_image(path: str | Path) -> Any:
     """The decoded image of the file at ``path``; a PNG with fewer rows than its header declares is a ValueError.
@@ -180,8 +187,6 @@ def open_image(path: str | Path) -> Any:
     The warnings Pillow gives while it reads (a decompression bomb, corrupt EXIF data) would reach stderr as two
     raw lines naming no file: for an image that decodes they become one ``note:`` line naming it; for one that
     does not, its error says enough."""
-    import warnings
-
     from PIL import Image
 
     with warnings.catch_warnings(record=True) as caught:
@@ -191,20 +196,25 @@ def open_image(path: str | Path) -> Any:
             short = png_shortfall(path) if img.format == "PNG" else None
             if short is not None:
                 raise ValueError(short)
-    notes = [_image_note(w.message, w.category) for w in caught if not issubclass(w.category, ResourceWarning)]
-    for note in dict.fromkeys(notes):
-        sys.stderr.write(f"note: {path}: {note}\n")
+    _write_notes(path, caught, "decoded")
     return img
 
 
-def _image_note(message: Warning | str, category: type[Warning]) -> str:
-    """One line for a warning Pillow gave while reading an image that was decoded anyway."""
+def _write_notes(path: str | Path, caught: Sequence[warnings.WarningMessage], done: str) -> None:
+    """Each warning Pillow gave on the image of ``path``, once, as a ``note: FILE: ...`` line on stderr."""
+    notes = [_image_note(w.message, w.category, done) for w in caught if not issubclass(w.category, ResourceWarning)]
+    for note in dict.fromkeys(notes):
+        sys.stderr.write(f"note: {path}: {note}\n" if path else f"note: {note}\n")
+
+
+def _image_note(message: Warning | str, category: type[Warning], done: str) -> str:
+    """One line for a warning Pillow gave on an image that was ``done`` (decoded, converted) anyway."""
     text = " ".join(str(message).split())
     size = re.search(r"\((\d+) pixels\) exceeds limit of (\d+) pixels", text)
     if category.__name__ == "DecompressionBombWarning" and size:
         return (f"{int(size.group(1)):,} pixels, more than Pillow's decompression-bomb limit of {int(size.group(2)):,}; "
-                "decoded anyway (PIL.Image.MAX_IMAGE_PIXELS sets the limit)")
-    return f"{text.rstrip('.')}; decoded anyway"
+                f"{done} anyway (PIL.Image.MAX_IMAGE_PIXELS sets the limit)")
+    return f"{text.rstrip('.')}; {done} anyway"
 
 
 def hash_files(paths: Sequence[str]) -> list[str]:
@@ -239,62 +249,6 @@ def sha256_file(path: str) -> str:
 def _sha256_array(image: np.ndarray) -> str:
     image = np.ascontiguousarray(image)
     return hashlib.sha256(f"{image.dtype.str}{image.shape}".encode() + image.tobytes()).hexdigest()
-
-
-#: What pixel values an HDF5 image may hold, by dtype kind: uint8 as is, other integers in 0..255, floats in
-#: [0, 1] (scaled by 255). Anything else is refused rather than cast.
-H5_PIXELS = "uint8, integers in 0..255, or floats in [0, 1]"
-
-
-#: The shapes an HDF5 ``<split>/images`` dataset may have (C: 1 grey, 3 RGB, 4 RGBA, whose alpha is dropped as
-#: PIL's ``convert("RGB")`` drops an RGBA PNG's).
-H5_SHAPES = "(N, H, W), (N, H, W, C) or (N, C, H, W) with C = 1 (grey), 3 (RGB) or 4 (RGBA)"
-
-
-def h5_layout(shape: Sequence[int]) -> str | None:
-    """How the images of an HDF5 dataset of ``shape`` lie: ``"HW"`` (grey), ``"HWC"`` or ``"CHW"``, C being 1, 3
-    or 4 (RGBA); a last axis of 1 or 3 is channels before a second axis of 1 or 3 (the rule before RGBA was read),
-    then a last axis of 4 before a second axis of 4. None: not images (:data:`H5_SHAPES`)."""
-    if len(shape) == 3:
-        return "HW"
-    if len(shape) != 4:
-        return None
-    for channels in ((1, 3), (4,)):
-        if shape[-1] in channels:
-            return "HWC"
-        if shape[1] in channels:
-            return "CHW"
-    return None
-
-
-def h5_side(shape: Sequence[int]) -> int | None:
-    """The side of the square images of an HDF5 dataset of ``shape`` (None: not square, or not images)."""
-    layout = h5_layout(shape)
-    if layout is None:
-        return None
-    h, w = shape[2:4] if layout == "CHW" else shape[1:3]
-    return int(h) if h == w else None
-
-
-def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
-    """An HDF5 image as uint8, or a ValueError naming ``key`` when its values are not pixels (NaN, out of
-    range, or a dtype that is not numbers): a silent clip or cast would change the features."""
-    if img.dtype == np.uint8:
-        return img
-    if img.dtype.kind in "iu":
-        lo, hi = int(img.min(initial=0)), int(img.max(initial=0))
-        if lo < 0 or hi > 255:
-            raise ValueError(f"{key} has values {lo}..{hi}, outside 0..255; images must be {H5_PIXELS}")
-        return img.astype(np.uint8)
-    if img.dtype.kind == "f":
-        if not np.isfinite(img).all():
-            raise ValueError(f"{key} has NaN or inf pixel values; images must be {H5_PIXELS}")
-        flo, fhi = float(img.min(initial=0.0)), float(img.max(initial=0.0))
-        if flo < 0 or fhi > 1:
-            raise ValueError(f"{key} has float values {flo:g}..{fhi:g}, outside [0, 1] (0..255 data: store it as "
-                             f"uint8); images must be {H5_PIXELS}")
-        return np.rint(img.astype(np.float64) * 255.0).astype(np.uint8)
-    raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")
 
 
 def nfc(name: str) -> str:
@@ -352,6 +306,12 @@ class DatasetSplits:
     def split(self, name: str) -> ImageSource:
         return {"train": self.train, "test": self.test}[name]
 
+    @property
+    def hashed(self) -> bool:
+        """Whether a store records the images by each split's SHA-256 (datasets/identity.py: HDF5 and torchvision,
+        whose images no split manifest names one by one), which a fixed image changes: it does not resume."""
+        return any(isinstance(source, (H5Source, TorchvisionSource)) for source in (self.train, self.test))
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Preprocessing: any image -> uint8 RGB (3, s, s); runs in DataLoader workers
@@ -403,9 +363,13 @@ def to_rgb_array(img: Any, size: int, interpolation: str = "bicubic") -> np.ndar
 
     if isinstance(img, np.ndarray):
         img = Image.fromarray(img)
+    path = getattr(img, "filename", "")  # an image Pillow opened from a file (open_image): the note names it
     img = eight_bit(img)
     if img.mode != "RGB":
-        img = img.convert("RGB")
+        with warnings.catch_warnings(record=True) as caught:  # a palette with transparency in bytes: a note, as in open_image
+            warnings.simplefilter("always")
+            img = img.convert("RGB")
+        _write_notes(path, caught, "converted to RGB")
     if img.size != (size, size):
         img = img.resize((size, size), resample=_RESAMPLE[interpolation])
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))

@@ -232,7 +232,7 @@ def extract_rows(
         if bad:
             while pending:  # the rows before it are written, as a resumed run expects
                 filler.add(pending.popleft()())
-            raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images()}")
+            raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images(hashed=inputs.data.hashed)}")
         pending.append(encoder.submit(pixels) if not spec.keep_blocks
                        else block_encoder(encoder).submit_blocks(pixels, spec.blocks_dtype))
         if len(pending) > BATCHES_AHEAD:
@@ -241,10 +241,13 @@ def extract_rows(
         filler.add(pending.popleft()())
 
 
-def fix_images(n: int = 1) -> str:
+def fix_images(n: int = 1, hashed: bool = False) -> str:
     """How to go on from ``n`` images that cannot be read once the store exists: a replaced file keeps the rows,
-    a removed one changes them (the store must then be made again)."""
+    a removed one changes them (the store must then be made again). ``hashed``: the store records each split's
+    SHA-256 over its images (``DatasetSplits.hashed``), which any fix changes, so that a resume would be refused."""
     it, one = ("them", "readable images") if n > 1 else ("it", "a readable image")
+    if hashed:
+        return f"fix {it} and re-run with {param('overwrite', True)} (the store records the images' SHA-256, which a fix changes)"
     return (f"replace {it} with {one} and re-run the same command to resume, or remove {it} and re-run with "
             f"{param('overwrite', True)} (the split then has other rows)")
 
@@ -339,13 +342,13 @@ class ExtractReport:
 
 def check_readable(inputs: Inputs, resuming: bool = False) -> None:
     """Refuse, before anything is written, image files that cannot be read whatever their contents (missing, a
-    broken link, empty); a file that fails to decode still stops the run at its row, resumable. ``resuming``: the
-    store exists, so removing a file changes its rows (:func:`fix_images`)."""
+    broken link, empty), and HDF5 images whose values are not pixels; a file that fails to decode still stops the run
+    at its row, resumable. ``resuming``: the store exists, so removing a file changes its rows (:func:`fix_images`)."""
     bad = [row for split in SPLITS for row in inputs.data.split(split).unreadable()]
     if bad:
-        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        fix = (fix_images(len(bad)) if resuming
-               else f"remove or replace the file{'s' * (len(bad) > 1)}, then re-run the same command")
+        more, many = (f" and {len(bad) - 1} more", "s") if len(bad) > 1 else ("", "")
+        fix = (fix_images(len(bad), inputs.data.hashed) if resuming else f"fix the image{many}, then re-run the same command"
+               if inputs.data.hashed else f"remove or replace the file{many}, then re-run the same command")
         raise FoalPipeError(f"cannot read image {bad[0]}{more}; {fix}")
 
 
