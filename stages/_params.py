@@ -190,7 +190,7 @@ def kinds() -> dict[str, dict[str, Kind]]:
         },
         "learn": {
             "tasks": _optional(POSITIVE), "batch_size": POSITIVE, "projection_dim": NON_NEGATIVE,
-            "activation": _choice(ACTIVATIONS),
+            "activation": _optional(_choice(ACTIVATIONS)),  # null: sigmoid, or identity with projection_dim 0
             "gamma": Kind("a positive number or auto (a number unquoted)",
                           lambda v: v == "auto" or (not isinstance(_number(v), str) and _passes(parse_gamma)(_number(v)))),
             "select": _choice(TRAINING_CRITERIA), "seed": seed,
@@ -272,7 +272,7 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     for section, keys in missing.items():
         if keys:
             raise ParamsError(f"`{section}` in {PARAMS} lacks the keys {keys}; set each (the repository's params.yaml "
-                              "has every key with its default)")
+                              "has every key)")
     check(settings, name, entry)
     return settings
 
@@ -337,7 +337,7 @@ def _table_args(name: str, settings: dict[str, Any], options: Sequence[str]) -> 
         "--heads", ",".join(t["heads"]), "--order-seeds", ",".join(map(str, t["order_seeds"])),
         "--tasks", ",".join(map(str, t["tasks"])),
     ]
-    for option in (o for o in TABLE_OPTIONS if o in options and o != "drop_remainder"):
+    for option in (o for o in TABLE_OPTIONS if o in options and o != "drop_remainder" and values[o] is not None):
         args += ["--" + option.replace("_", "-"), values[option]]
     return [*args, *(["--drop-remainder"] if "drop_remainder" in options and values["drop_remainder"] else [])]
 
@@ -397,11 +397,9 @@ def table_command(name: str, settings: dict[str, Any]) -> list[Any]:
 def stream_args(p: dict[str, Any]) -> list[Any]:
     """The options `learn` and `sweep` share: how the stream is built and the state is kept."""
     args = [] if p["tasks"] is None else ["--tasks", p["tasks"]]
-    args += [
-        "--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"],
-        "--activation", p["activation"], "--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"],
-        "--projection-init", p["projection_init"],
-    ]
+    args += ["--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"]]
+    args += [] if p["activation"] is None else ["--activation", p["activation"]]  # null: the command's own default
+    args += ["--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"], "--projection-init", p["projection_init"]]
     seeds = [int(s) for s in p.get("order_seeds") or []]
     if len(seeds) == 1:
         args += ["--order-seed", seeds[0]]

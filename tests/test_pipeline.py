@@ -100,7 +100,7 @@ def test_params_and_dvc_yaml_agree():
     assert params["datasets"] == {"digits": {}} and params["extract"]["model"] == "pixels"
     # the pipeline runs the commands' defaults
     assert (params["learn"]["activation"], params["learn"]["select"], params["sweep"]["select"]) == (
-        "sigmoid", ModelConfig().select, SweepConfig().resolved_select)
+        ModelConfig().activation, ModelConfig().select, SweepConfig().resolved_select)
     assert params["sweep"]["gammas"] is None  # the one default grid (foal_pipe.core.statistics.DEFAULT_GAMMA_GRID)
     assert "gamma_grid" not in params["learn"]
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
@@ -279,7 +279,7 @@ def test_table_command_line():
     assert _command("table") == [
         "table", "--features", "data/features/digits.zarr", "--out", "runs/digits-table", "--heads", "ridge,ncm,slda",
         "--order-seeds", "0,1,2", "--tasks", "5", "--gamma", "auto", "--select", "loo_accuracy", "--batch-size", "10",
-        "--projection-dim", "1000", "--activation", "sigmoid", "--seed", "0", "--backend", "auto",
+        "--projection-dim", "1000", "--seed", "0", "--backend", "auto",
     ]
     params = _params(projection_dim=200)
     params["datasets"] = {"digits": {"table": {"tasks": [2, 5], "heads": ["ridge", "balanced"]}}}
@@ -291,7 +291,7 @@ def test_learn_command_line():
     argv = _command("learn")
     assert argv == [
         "learn", "--features", "data/features/digits.zarr", "--out", "runs/digits", "--tasks", "5", "--batch-size",
-        "10", "--projection-dim", "1000", "--activation", "sigmoid", "--seed", "0", "--dtype", "float64",
+        "10", "--projection-dim", "1000", "--seed", "0", "--dtype", "float64",
         "--backend", "auto", "--projection-init", "uniform", "--gamma", "1.0", "--engine", "gram",
     ]
     params = _params(gamma="auto", select="gcv", activation="relu", drop_last=True, mask_unseen=False)
@@ -781,3 +781,15 @@ def test_docs_cli_reference_documents_every_command_and_option():
                 if flag not in sections[name]:
                     missing.append(f"{name} {flag}")
     assert not missing, "docs/cli.md does not document: " + ", ".join(missing)
+
+
+def test_a_null_activation_leaves_it_to_the_commands_default():
+    """learn.activation null (the repository's): no --activation, so an entry with projection_dim 0 learns on the
+    raw features (identity), as `learn --projection-dim 0` does; a named activation is passed as it is."""
+    params = _params_defaults()
+    params["datasets"] = {"raw": {"dataset": "digits", "learn": {"projection_dim": 0}}}
+    for stage in ("learn", "sweep"):
+        argv = _command(stage, "raw", params)
+        assert "--activation" not in argv and _pairs(argv)["--projection-dim"] == "0"
+    params["datasets"]["raw"]["learn"]["activation"] = "relu"
+    assert _pairs(_command("learn", "raw", params))["--activation"] == "relu"

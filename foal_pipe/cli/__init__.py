@@ -116,8 +116,10 @@ def main() -> None:
     (freeing every module, torch's and CUDA's state) cost 0.35 s after ``learn`` on CuPy and 1.5 s after
     ``extract`` on an H200. A command that fails exits the normal way, and so does one run under a profiler or a
     tracer (cProfile, a debugger, coverage), which writes its results after the program returns. Ctrl-C and
-    SIGTERM (or SIGHUP) at any moment, typer's start-up included, end with one line and exit 130 or 143 (129),
-    a stop that a finaliser swallowed too: the command then went on, and ends with its status all the same."""
+    SIGTERM (or SIGHUP) from here on, typer's start-up included (the interpreter's and ``foal_pipe``'s imports come
+    before: a stop there ends the process as Python does, nothing written yet), end with one line and exit 130
+    or 143 (129), a stop that a finaliser swallowed too: the command then went on, and ends with its status all
+    the same."""
     try:
         _catch_stops()
         try:

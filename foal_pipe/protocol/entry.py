@@ -67,11 +67,28 @@ LEARN_RULES: tuple[Rule, ...] = (
          f"{param('projection_init')}"),
 )
 
-#: The option combinations ``sweep`` refuses before any work.
+#: ``ModelConfig``'s defaults: its settings that are ``learn``'s alone (a sweep's are its ``SweepConfig``'s).
+_LEARN_MODEL = ModelConfig()
+
+#: The option combinations ``sweep`` refuses before any work; the command line cannot reach those on ``learn``'s
+#: settings (``sweep`` has no such option), the library can.
 SWEEP_RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.order_seeds is not None and bool(s.sweep.fusions),
          f"{param('fusions')} compares fusions on one class order; leave out {param('order_seeds')}, or pass "
          f"{param('fusion', 'X')} with {param('order_seeds')}"),
+    Rule(lambda s: s.model.gamma != _LEARN_MODEL.gamma or tuple(s.model.gamma_grid) != tuple(_LEARN_MODEL.gamma_grid),
+         "sweep evaluates SweepConfig.gammas; ModelConfig.gamma and gamma_grid are learn's: leave them at their "
+         "defaults and pass the gammas as SweepConfig(gammas=...)"),
+    Rule(lambda s: s.model.select != _LEARN_MODEL.select,
+         "sweep chooses by SweepConfig.select; ModelConfig.select is learn --gamma auto's: leave it at its default "
+         "and pass SweepConfig(select=...)"),
+    Rule(lambda s: s.model.per_decade != s.sweep.per_decade,
+         "sweep's refined search takes SweepConfig.per_decade; ModelConfig.per_decade differs from it: give both "
+         "the same value (as --per-decade does)"),
+    Rule(lambda s: s.model.engine != _LEARN_MODEL.engine,
+         "sweep sums Gram matrices; ModelConfig.engine is learn's: leave it at its default"),
+    Rule(lambda s: s.evaluation.eval_every is not None,
+         "sweep scores at the task ends; EvaluationConfig.eval_every is learn's: leave it None"),
 )
 
 
