@@ -91,7 +91,7 @@ def extract(
                         "omnibenchmark, vtab (defaults ~/datasets/core50_128x128, ~/datasets/tiny-imagenet-200, "
                         "/usr/share/datasets/fashion-mnist, ~/datasets/CUB_200_2011, ~/datasets/imagenet-r, ...; "
                         "`foal-pipe datasets` lists them); the tree for "
-                        "imagefolder and the .h5 file for hdf5 (required for both). Unused for digits.",
+                        "imagefolder and images and the .h5 file for hdf5 (required for these). Unused for digits.",
                         show_default=False)] = None,
     test_split: Annotated[float | None, typer.Option(help="For --dataset imagefolder without train/ and test/ "
                           "folders: --data-dir holds one folder per class, and this fraction of each class's images "
