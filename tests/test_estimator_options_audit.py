@@ -26,20 +26,11 @@ def _data(seed: int = 5, n: int = 60, d: int = 8, classes: int = 3) -> tuple[np.
 
 #: Every head option a caller may give as None, with the refusal it gets (the head's default, what it takes).
 NONE_REFUSED = {
-    ("ridge", "gamma"): "gamma=None is not a value of ridge's gamma; leave it out for the default 1.0 or pass a positive "
-                        "number or 'auto'",
-    ("slda", "shrinkage"): "shrinkage=None is not a value of slda's shrinkage; leave it out for the default 0.0001 or pass "
-                           "a number in [0, 1] or 'oas'",
-    ("fecam", "shrinkage"): "shrinkage=None is not a value of fecam's shrinkage; leave it out for the default 1.0 or pass "
-                            "a number >= 0",
-    ("fecam", "shrinkage_offdiag"): "shrinkage_offdiag=None is not a value of fecam's shrinkage_offdiag; leave it out for "
-                                    "the default 0.0 or pass a number >= 0",
-    ("balanced", "gamma"): "gamma=None is not a value of balanced's gamma; leave it out for the default 1.0 or pass a number",
-    ("dual", "gamma"): "gamma=None is not a value of dual's gamma; leave it out for the default 1.0 or pass a number",
-    ("dual", "compensation"): "compensation=None is not a value of dual's compensation; leave it out for the default 1.0 "
-                              "or pass a number",
-    ("dual", "batch_size"): "batch_size=None is not a value of dual's batch_size; leave it out for the default 10 or pass "
-                            "a number",
+    (head, option): f"{option}=None is not a value of {head}'s {option}; leave it out for the default {default!r}, or "
+                    "pass a value docs/heads.md lists"
+    for head, option, default in (("ridge", "gamma", 1.0), ("slda", "shrinkage", 0.0001), ("fecam", "shrinkage", 1.0),
+                                  ("fecam", "shrinkage_offdiag", 0.0), ("balanced", "gamma", 1.0), ("dual", "gamma", 1.0),
+                                  ("dual", "compensation", 1.0), ("dual", "batch_size", 10))
 }
 
 
@@ -190,3 +181,15 @@ def test_head_estimators_with_classes_declared_ahead(name):
     positive = scores.max(axis=1) > 0 if HEADS[name].head.probabilities == "shares" else np.ones(len(T), dtype=bool)
     assert np.array_equal(est.classes_[proba.argmax(axis=1)][positive], est.predict(T * 3)[positive])
     assert (proba[~positive] == 1 / proba.shape[1]).all()
+
+
+def test_a_pickle_from_before_none_was_refused_loads_with_the_default():
+    """An estimator fitted with ``shrinkage=None`` before None was refused (it then meant the default) was pickled with
+    that None recorded; it loads, and scores as the default it was fitted with."""
+    X, y, T = _data()
+    est = head_classifier("slda").fit(X, y)
+    scores = est.class_scores(T)
+    est.set_params(shrinkage=None)
+    est._fitted_with = {**est._fitted_with, "shrinkage": None}  # as such a fit recorded it
+    back = pickle.loads(pickle.dumps(est))
+    assert np.array_equal(back.class_scores(T), scores)

@@ -192,7 +192,7 @@ def test_a_folder_reached_twice_through_links_is_refused_naming_both(tmp_path):
     with pytest.raises(FoalPipeError) as info:
         images_in(a)  # before: 2^3 = 8 paths of one image
     assert str(info.value) == (
-        f"{a}/sub/l1/l1/l2 and {a}/sub/l1/l1/l1 are one folder ({tree}/chain/d3), reached twice through symbolic links: "
+        f"{a}/sub/l1/l1/l2 and {a}/sub/l1/l1/l1 are one folder ({tree}/chain/d3), reached twice: "
         f"its images would be read twice; remove the duplicate link {a}/sub/l1/l1/l2")
     result = _extract(tree, tmp_path / "s.zarr", "imagefolder")
     assert_one_line_error(result, f"{a}/sub/l1/l1/l2 and {a}/sub/l1/l1/l1 are one folder", "remove the duplicate link")
@@ -210,3 +210,28 @@ def test_a_link_back_to_a_folder_above_is_still_named_a_loop(tmp_path):
     with pytest.raises(FoalPipeError, match=r"x/y/up is a symbolic link to .*a/x, which leads back to a folder that "
                                             r"holds it \(.*x/y/up is .*a/x again\): searching it would never end"):
         images_in(tree / "train" / "a")
+
+
+def test_a_link_that_sorts_before_its_folder_is_the_one_named(tmp_path):
+    """``p/a -> z`` beside the folder ``p/z``: the link is searched first, so the real folder is the one reached
+    again; the refusal still names the link to remove, never the folder that holds the images."""
+    from PIL import Image
+
+    p = tmp_path / "p"
+    (p / "z").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(p / "z" / "0.png")
+    (p / "a").symlink_to("z")
+    with pytest.raises(FoalPipeError) as info:
+        images_in(p)
+    assert str(info.value).endswith(f"; remove the duplicate link {p / 'a'}")
+
+
+def test_a_soft_link_to_itself_is_refused_in_one_line(tmp_path):
+    """``f["train/images"] = SoftLink("/train/images")``: h5py's "too many links" was a traceback."""
+    path = _h5(tmp_path / "loop.h5", train__images=h5py.SoftLink("/train/images"))
+    with pytest.raises(FoalPipeError, match=r"train/images cannot be followed \(.*\): a soft link that leads back to "
+                                            r"itself or nowhere"):
+        load_hdf5(path, False)
+    result = _extract(path, tmp_path / "s.zarr")
+    assert_one_line_error(result, "train/images cannot be followed", "a soft link that leads back to itself")
+    assert not (tmp_path / "s.zarr").exists()

@@ -132,15 +132,19 @@ def _check_inside(f: Any, path: Path, name: str) -> None:
     import h5py
 
     parts, why = name.split("/"), ""
-    for k in range(1, len(parts) + 1):
-        link = f.get("/".join(parts[:k]), getlink=True)
-        if link is None:
-            return
-        if isinstance(link, h5py.ExternalLink):
-            why = f"an external link to {link.filename}:{link.path}"
-            break
-    else:
-        dataset = f.get(name)
+    try:
+        for k in range(1, len(parts) + 1):
+            link = f.get("/".join(parts[:k]), getlink=True)
+            if link is None:
+                return
+            if isinstance(link, h5py.ExternalLink):
+                why = f"an external link to {link.filename}:{link.path}"
+                break
+        dataset = None if why else f.get(name)
+    except (RuntimeError, KeyError) as exc:  # a soft link to itself: "too many links"
+        raise FoalPipeError(f"{path}: {name} cannot be followed ({str(exc).splitlines()[0]}): a soft link that leads back "
+                            f"to itself or nowhere; store the dataset itself there (f[{name!r}] = array)") from None
+    if not why:
         if not isinstance(dataset, h5py.Dataset):
             return
         if dataset.file.filename != f.filename:

@@ -438,16 +438,29 @@ def images_in(folder: Path) -> list[Path]:
             continue
         first = seen.setdefault((st.st_dev, st.st_ino), directory)
         if first != directory:
-            link = next((p for p in (directory, *directory.parents) if p.is_symlink()), directory)
-            raise FoalPipeError(
-                f"{link} is a symbolic link to {os.readlink(link)}, which leads back to a folder that holds it ({directory} "
-                f"is {os.path.realpath(directory)} again): searching it would never end; remove the link or point it elsewhere"
-                if first in directory.parents else f"{directory} and {first} are one folder ({os.path.realpath(directory)}), "
-                f"reached twice through symbolic links: its images would be read twice; remove the duplicate link {link}")
+            raise _reached_twice(folder, first, directory)
         below = [directory / name for name in names if _is_dir(directory / name)]
         found += [directory / name for name in names if _is_image_entry(directory / name)]
         todo.extend(reversed(below))
     return sorted(found, key=lambda p: _name_key(p.relative_to(folder).as_posix()))
+
+
+def _reached_twice(root: Path, first: Path, again: Path) -> FoalPipeError:
+    """The refusal of a folder reached at ``first`` and again at ``again`` below ``root``: a loop (``first`` holds
+    ``again``), or two ways to one folder; it names the symbolic link to remove, the nearest one on the way to
+    ``again`` (else to ``first``: the link may sort before the folder it points to)."""
+    def link_to(path: Path) -> Path | None:
+        return next((p for p in (path, *path.parents) if p.is_symlink() and p.is_relative_to(root)), None)
+
+    real = os.path.realpath(again)
+    link = link_to(again) or link_to(first)
+    if link is not None and first in again.parents:
+        return FoalPipeError(f"{link} is a symbolic link to {os.readlink(link)}, which leads back to a folder that holds "
+                             f"it ({again} is {real} again): searching it would never end; remove the link or point it "
+                             "elsewhere")
+    fix = f"remove the duplicate link {link}" if link is not None else "reach it one way only (a bind mount or a hard link)"
+    return FoalPipeError(f"{again} and {first} are one folder ({real}), reached twice: its images would be read twice; "
+                         f"{fix}")
 
 
 def _name_key(name: str) -> tuple[tuple[list[Any], str], str]:

@@ -347,8 +347,8 @@ def check_readable(inputs: Inputs, resuming: bool = False) -> None:
     bad = [row for split in SPLITS for row in inputs.data.split(split).unreadable()]
     if bad:
         more, many = (f" and {len(bad) - 1} more", "s") if len(bad) > 1 else ("", "")
-        fix = (fix_images(len(bad), inputs.data.hashed) if resuming else f"fix the image{many}, then re-run the same command"
-               if inputs.data.hashed else f"remove or replace the file{many}, then re-run the same command")
+        what = "fix the image" if inputs.data.hashed else "remove or replace the file"
+        fix = fix_images(len(bad), inputs.data.hashed) if resuming else f"{what}{many}, then re-run the same command"
         raise FoalPipeError(f"cannot read image {bad[0]}{more}; {fix}")
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import re
 from dataclasses import MISSING, asdict, fields
 from typing import Any, ClassVar
 
@@ -210,7 +209,8 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         self.__dict__.update(state)
         if tensors is not None:
             self.__dict__.setdefault("_fitted_with", self._options())  # pickled before the options were recorded
-            head = make_head(self.head, self._fitted_with, xp_numpy, self.n_features_in_, none_is_default=False)
+            # a None recorded by a fit from before None was refused stood for the default, as it does here
+            head = make_head(self.head, self._fitted_with, xp_numpy, self.n_features_in_)
             self._head = restore_head(head, self.head, tensors)
             self._model = scorer_from(self.head, tensors, head.options, xp_numpy)  # type: ignore[attr-defined]
 
@@ -222,10 +222,9 @@ def _check_none(head: str, name: str, default: Any) -> None:
     same as ``gamma``) keeps its meaning."""
     try:
         HEADS[head].head.Options(**{name: None})
-    except FoalPipeError as exc:
-        takes = re.search(r" must (?:be )?(.+?), got None\b", exc.reason)  # the head's words for what it takes
+    except FoalPipeError:
         raise FoalPipeError(f"{param(name, None)} is not a value of {head}'s {param(name)}",
-                            f"leave it out for the default {default!r}" + (f" or pass {takes[1]}" if takes else "")) from None
+                            f"leave it out for the default {default!r}, or pass a value docs/heads.md lists") from None
 
 
 def _estimator(name: str, head: type[HeadBase]) -> type[HeadEstimator]:

@@ -27,12 +27,12 @@ from foal_pipe.protocol.schema import LearnMetrics, RunSettings
 PAPER = "F-OAL (NeurIPS 2024), Table 2"
 PAPER_BACKBONE = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
 
-#: Settings every Table 2 run used (the number of tasks is per dataset: :attr:`PaperRow.n_tasks`).
 #: Where the paper's fusion puts the final norm, as an ``encoder``'s ``final_norm`` records it.
 PAPER_NORM = "applied once to the block average"
 #: The ``encoder.weights.source`` of the published weights of :data:`PAPER_BACKBONE` (a checkpoint or random
 #: weights under that architecture are other weights).
 PAPER_WEIGHTS = ("hf-hub", "url")
+#: Settings every Table 2 run used (the number of tasks is per dataset: :attr:`PaperRow.n_tasks`).
 PAPER_SETTINGS: dict[str, Any] = {
     "encoder": PAPER_BACKBONE,
     "fusion": "mean",
