@@ -7,7 +7,8 @@ run without them, so they are imported inside functions only and their absence i
 from __future__ import annotations
 
 import importlib
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from foal_pipe.errors import FoalPipeError, param
@@ -73,21 +74,25 @@ def resolve_precision(precision: str, device: str) -> str:
 
 
 def autocast(device: str, precision: str) -> Any:
-    """torch autocast to ``precision`` on ``device``; a no-op context for fp32."""
+    """torch autocast to ``precision`` on ``device``; for fp32, a context that computes in fp32 (:func:`without_tf32`
+    on CUDA, nothing on the CPU)."""
     import torch
 
     if precision == "fp32":
-        return nullcontext()
+        return without_tf32() if device == "cuda" else nullcontext()
     return torch.autocast(device_type=device, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
 
 
-def exact_fp32(device: str, precision: str) -> None:
-    """fp32 on CUDA computes in fp32: torch lets cuDNN's convolutions (a ViT's patch embedding) run in TF32 by
-    default, and a process may have turned TF32 on for matrix products, both rounding inputs to 10 bits. Turned off
-    for the process (bf16 and fp16 autocast do not use TF32); nothing on the CPU."""
-    if device != "cuda" or precision != "fp32":
-        return
+@contextmanager
+def without_tf32() -> Iterator[None]:
+    """fp32 on CUDA computed in fp32 while the model runs: torch lets cuDNN's convolutions (a ViT's patch embedding) run
+    in TF32 by default, and a caller may have turned TF32 on for matrix products, both rounding inputs to 10 bits.
+    Both are off inside, and as the caller had them after (bf16 and fp16 autocast use no TF32)."""
     import torch
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -14,7 +14,7 @@ from foal_pipe.encoders.base import Encoder
 from foal_pipe.encoders.config import PAPER_MODEL, EncoderConfig
 from foal_pipe.encoders.fusion import BlockFusion, final_norm, fusion_blocks, norm_kind, norm_parameters
 from foal_pipe.encoders.resize import resize_on_device
-from foal_pipe.encoders.runtime import autocast, exact_fp32, require_extract_stack
+from foal_pipe.encoders.runtime import autocast, require_extract_stack
 from foal_pipe.encoders.weights import Architecture, describe_weights, load_model, pos_embed_resampling
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import parse_fusion
@@ -146,7 +146,6 @@ class TimmEncoder(Encoder):
 
     def load(self, device: str = "cpu", precision: str = "fp32") -> Encoder:
         super().load(device, precision)
-        exact_fp32(device, precision)
         model = load_model(self.arch, self.weights, self.name).eval().requires_grad_(False).to(device)
         self.model = model
         self.fusion = BlockFusion(model, self.config.fusion, self.config.token, self.num_prefix, self.name)
