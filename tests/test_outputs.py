@@ -91,7 +91,8 @@ def test_outputs_hold_no_wall_times_and_timings_sit_beside_them(tmp_path, store)
     metrics = json.loads((tmp_path / "run/metrics.json").read_text())
     timings = json.loads((tmp_path / "run/timings.json").read_text())
     assert "seconds" not in metrics
-    phases = {step: v for step, v in timings.items() if step != "total"}
+    phases = {step: v for step, v in timings.items() if step not in ("total", "of")}  # of: the record they are of
+    assert timings["of"]["file"] == "metrics.json"
     assert {"read", "gram", "solve", "test", "write"} <= set(phases)
     assert all(v >= 0 for v in phases.values()) and timings["total"] >= sum(phases.values()) - 0.01
     tensors, meta = read_model(tmp_path / "run/model.safetensors")  # validates

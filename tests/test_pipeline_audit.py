@@ -153,8 +153,8 @@ def test_a_table_with_ridge_keeps_its_command():
     assert [str(a) for a in table.command("digits", p.resolve(params_with(), "digits"))] == [
         "table", "--features", "data/features/digits.zarr", "--out", "runs/digits-table", "--heads", "ridge,ncm,slda",
         "--order-seeds", "0,1,2", "--tasks", "5", "--gamma", "auto", "--select", "loo_accuracy", "--batch-size", "10",
-        "--projection-dim", "1000", "--activation", "sigmoid", "--seed", "0", "--backend", "auto",
-    ]
+        "--projection-dim", "1000", "--seed", "0", "--backend", "auto",
+    ]  # learn.activation null: no --activation, the command's sigmoid (the same table.json as typed: test_pipeline)
 
 
 # --------------------------------------------------------------------------------------------------
