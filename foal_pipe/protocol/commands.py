@@ -199,9 +199,15 @@ def check_sweep_select(sweep: SweepConfig) -> None:
                             f"{param('select', 'gcv')}")
 
 
-def prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
-    """``log`` with ``prefix`` before every line (a fusion's warnings name it)."""
-    return lambda text: log(prefix + text)
+def prefixed(log: Callable[[str], None], prefix: str, said: list[str] | None = None) -> Callable[[str], None]:
+    """``log`` with ``prefix`` before every line (a fusion's warnings name it); each line also kept in ``said``
+    where given, unprefixed (a table's kept run says them again when resumed)."""
+    def say(text: str) -> None:
+        if said is not None:
+            said.append(text)
+        log(prefix + text)
+
+    return say
 
 
 def grid_edge_warning(report: SweepReport) -> str | None:

@@ -92,9 +92,7 @@ def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: Shar
         final = fixed.model
     reports, curve = model_reports(run, boundaries, shared.test if shared else None, anytime)
     metrics = learn_metrics(run, stream, reports[0], boundaries, anytime, curve)
-    if auto and model.select == "gcv":
-        warn_gcv(boundaries, model.gamma_grid, log)
-    warn_auto_edges(metrics, log)
+    warn_ridge(model, boundaries, metrics, log)
     return metrics, lambda path: save_model(final, run, path)
 
 
@@ -163,6 +161,13 @@ def warn_auto_edges(metrics: LearnMetrics, log: Callable[[str], None]) -> None:
     warning = auto_edges_warning(metrics)
     if warning:
         log(warning)
+
+
+def warn_ridge(model: ModelConfig, boundaries: Sequence[Boundary], metrics: LearnMetrics, log: Callable[[str], None]) -> None:
+    """What ``learn`` says of ridge's choices: GCV near the rows' count (``--select gcv``), a gamma on the grid's edge."""
+    if model.gamma == "auto" and model.select == "gcv":
+        warn_gcv(boundaries, model.gamma_grid, log)
+    warn_auto_edges(metrics, log)
 
 
 #: Each learner of the walk's ``learn``, by :attr:`~foal_pipe.heads.HeadEntry.learner`.

@@ -292,7 +292,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
     from foal_pipe.protocol.classsums import class_statistics
-    from foal_pipe.protocol.commands import run_learn
+    from foal_pipe.protocol.commands import prefixed, run_learn
     from foal_pipe.protocol.orders import fallback_reason
     from foal_pipe.protocol.walk import shared_rows
 
@@ -327,7 +327,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
             for (t, seed), stream in streams.items():
                 gamma = None if auto else float(s.model.gamma)
                 said: list[str] = []
-                run_log = _saying(log, _run_prefix(path, t, seed), said)
+                run_log = prefixed(log, _run_prefix(path, t, seed), said)
                 if "ridge" in config.heads:
                     rec = done.get(("ridge", t, seed))
                     if rec is None:
@@ -358,16 +358,6 @@ def _run_prefix(path: Path, tasks: int, seed: int) -> str:
     return f"{path} (--tasks {tasks}, order {seed}): "
 
 
-def _saying(log: Callable[[str], None], prefix: str, said: list[str]) -> Callable[[str], None]:
-    """``log`` with ``prefix`` before every line, each line also kept in ``said``: what the run says again when a
-    killed table resumes it."""
-    def say(line: str) -> None:
-        said.append(line)
-        log(prefix + line)
-
-    return say
-
-
 def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: Any, split: Sequence[Sequence[int]],
                         memo: dict[tuple[int, ...], Any], log: Callable[[str], None]) -> Any:
     """ridge's metrics on one order from the per-class sums (:func:`~foal_pipe.protocol.classsums.order_boundaries`):
@@ -377,7 +367,7 @@ def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: 
     count of the order reached with the same sums is taken from ``memo``, not solved again."""
     from foal_pipe.protocol.classsums import order_boundaries
     from foal_pipe.protocol.evaluation import accuracy_matrices
-    from foal_pipe.protocol.learnkinds import warn_auto_edges, warn_gcv
+    from foal_pipe.protocol.learnkinds import warn_ridge
     from foal_pipe.protocol.records import accuracy_report, learn_metrics
     from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 
@@ -389,9 +379,7 @@ def _ridge_from_classes(run: Any, stream: StreamConfig, per_class: Any, shared: 
         boundaries, _ = order_boundaries(run, per_class, FixedGamma(float(model.gamma)))
     acc = accuracy_matrices(run, boundaries, shared.test)[0]
     metrics = learn_metrics(run, stream, accuracy_report(acc), boundaries)
-    if model.gamma == "auto" and model.select == "gcv":
-        warn_gcv(boundaries, model.gamma_grid, log)
-    warn_auto_edges(metrics, log)
+    warn_ridge(model, boundaries, metrics, log)
     return metrics
 
 

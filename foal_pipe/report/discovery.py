@@ -6,6 +6,7 @@ A run's sweep is ``RUN/sweep.json`` or, where the pipeline writes it (``foal-pip
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -294,8 +295,9 @@ class RunSummary:
                 return _wall_time(record.seconds)
         if self.metrics is not None and self.sweep is not None or self.timings_of_another:
             return None
-        return _wall_time(self._timings().get("total"))
+        return _wall_time(self._timings.get("total"))
 
+    @functools.cached_property
     def _timings(self) -> dict[str, Any]:
         """``timings.json``'s record ({} where it is missing or unreadable: the time is simply not shown)."""
         try:
@@ -304,12 +306,12 @@ class RunSummary:
             return {}
         return timings if isinstance(timings, dict) else {}
 
-    @property
+    @functools.cached_property
     def timings_of_another(self) -> bool:
         """Whether ``timings.json`` names, by its SHA-256, another ``metrics.json`` or ``sweep.json`` than the one
         beside it: a ``dvc checkout`` or a copy restored the record and not its times, which are then another run's.
         One that names none (written before the name was recorded) is read as before."""
-        of = self._timings().get("of")
+        of = self._timings.get("of")
         if not isinstance(of, dict) or of.get("file") not in (METRICS_FILE, SWEEP_FILE):
             return False
         try:
