@@ -165,3 +165,16 @@ def test_a_hub_that_answers_without_the_file_names_the_failed_download(hub, monk
         server.server_close()
     _assert_fixes(str(info.value))
     assert "loading them failed (" in str(info.value)
+
+
+def test_cached_weights_with_a_nan_are_refused(hub, monkeypatch, tiny_vit_checkpoint):
+    """A damaged cached file (a NaN in one tensor) was loaded and extracted with finite, wrong features; a
+    --checkpoint with the same NaN is refused, and so are they now."""
+    state = load_file(str(tiny_vit_checkpoint))
+    state["blocks.0.attn.qkv.weight"][0, 0] = float("nan")
+    _cache(hub.HF_HUB_CACHE, state)
+    _no_network(monkeypatch)
+    with pytest.raises(FoalPipeError, match=rf"^the pretrained weights of {TAG} hold non-finite values \(NaN or inf\) "
+                                            r"in blocks\.0\.attn\.qkv\.weight: the file is damaged; delete it from the "
+                                            r"Hugging Face cache"):
+        build_encoder(EncoderConfig(TAG, model_kwargs=TINY_VIT_KWARGS)).load("cpu")

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from foal_pipe.encoders.config import EncoderConfig, ModelKwargs, format_model_kwargs
+from foal_pipe.encoders.weightvalues import check_finite, check_values
 from foal_pipe.errors import FoalPipeError, param
 
 SEED = 0
@@ -264,40 +265,13 @@ def fit_state_dict(state: dict[str, Any], model: Any, head: set[str], path: Path
     shapes = [f"{k} {_shape(state[k].shape)} in the file vs {_shape(want[k])} in the model" for k in want
               if k in state and tuple(state[k].shape) != want[k]]
     if not (missing or unexpected or shapes):
-        _check_values(state, model_state, path)
+        check_values(state, model_state, path)
         return state
     in_file, in_model = _n_blocks(list(state)), _n_blocks(list(want))
     hint = f"; the file has {in_file} blocks, the model {in_model}" if in_file != in_model else ""
     raise FoalPipeError(f"{param('checkpoint')} {path} does not fit {arch.describe()}: "
                         f"{_mismatch(missing, unexpected, shapes)}{hint}; pass the {param('model')}, {param('model_kwargs')} "
                         f"and {param('image_size')} it was saved with")
-
-
-def _check_values(state: dict[str, Any], model_state: dict[str, Any], path: Path) -> None:
-    """Refuse a tensor whose kind (floating point or not) differs from the model's, a sparse one, or a float not finite
-    once cast to the model's dtype as loading casts it (float64's 1e39 is float32's inf; fp8 has no ``isfinite``)."""
-    import torch
-
-    for key, value in state.items():
-        kind = model_state[key].dtype
-        if value.layout != torch.strided:
-            raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as a {str(value.layout).removeprefix('torch.')} "
-                                f"tensor, but the model's {key} is dense; save it dense (tensor.to_dense())")
-        if value.dtype.is_floating_point != kind.is_floating_point or value.dtype.is_complex != kind.is_complex:
-            raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, but the model's {key} is "
-                                f"{kind}: loading would cast it; save the model's own tensors (its state_dict) unconverted")
-        if not value.dtype.is_floating_point:
-            continue
-        try:
-            cast = value.to(kind)
-        except (RuntimeError, NotImplementedError):  # fp4
-            raise FoalPipeError(f"{param('checkpoint')} {path} holds {key} as {value.dtype}, which torch cannot cast "
-                                f"to the model's {kind}; save the model's own tensors (its state_dict) unconverted") from None
-        if not bool(torch.isfinite(cast).all()):
-            wide = cast.dtype != value.dtype and value.dtype.itemsize > 1 and bool(torch.isfinite(value).all())
-            raise FoalPipeError(f"{param('checkpoint')} {path} holds " + (f"values beyond the range of the model's {kind} "
-                                "(inf once cast)" if wide else "non-finite values (NaN or inf)") + f" in {key}; the weights "
-                                "are damaged: save them again from a working model")
 
 
 def _unwrapped(state: Any) -> Any:
@@ -414,6 +388,7 @@ def _pretrained_model(arch: Architecture, label: str) -> Any:
                             f"drop the {param('model_kwargs')} that change the architecture (depth, embed_dim, num_heads, "
                             f"...) or pass a {param('checkpoint')} saved from it") from None
     model.reset_classifier(0)
+    check_finite(model, label)
     return model
 
 
