@@ -29,7 +29,7 @@ def h5_layout(shape: Sequence[int]) -> str | None:
     then a last axis of 4 before a second axis of 4. None: not images (:data:`H5_SHAPES`), images of no pixels (a
     height or width of 0) included: each would be one grey image, all rows alike."""
     layout = _channels_at(shape)
-    return None if layout is None or min(_sides(shape, layout)) < 1 else layout
+    return None if layout is None or min(h5_sides(shape, layout)) < 1 else layout
 
 
 def _channels_at(shape: Sequence[int]) -> str | None:
@@ -51,12 +51,12 @@ def h5_side(shape: Sequence[int]) -> int | None:
     layout = h5_layout(shape)
     if layout is None:
         return None
-    h, w = _sides(shape, layout)
-    return int(h) if h == w else None
+    h, w = h5_sides(shape, layout)
+    return h if h == w else None
 
 
-def _sides(shape: Sequence[int], layout: str) -> tuple[int, int]:
-    """Height and width of the images of a dataset of ``shape`` lying as ``layout``."""
+def h5_sides(shape: Sequence[int], layout: str) -> tuple[int, int]:
+    """Height and width of the images of a dataset of ``shape`` lying as ``layout`` (:func:`h5_layout`)."""
     h, w = shape[2:4] if layout == "CHW" else shape[1:3]
     return int(h), int(w)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.h5pixels import H5_PIXELS, H5_SHAPES, h5_layout, h5_side
+from foal_pipe.datasets.h5pixels import H5_PIXELS, H5_SHAPES, h5_layout, h5_side, h5_sides
 from foal_pipe.datasets.sources import DatasetSplits, H5Source, same_names
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import available_memory, human
@@ -52,10 +52,11 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
                 raise FoalPipeError(f"{path}: dataset {split}/images has shape {shapes[split]}, images without pixels "
                                     f"(a height, width or channel count of 0); it should be N images of shape "
                                     f"{H5_SHAPES}, H and W at least 1")
-            if h5_layout(shapes[split]) is None or shapes[split][0] != count:
+            layout = h5_layout(shapes[split])
+            if layout is None or shapes[split][0] != count:
                 raise FoalPipeError(f"{path}: {split}/images has shape {shapes[split]} and {split}/labels "
                                     f"{count} rows; expected N labels and N images of shape {H5_SHAPES}")
-            _check_image_size(path, split, shapes[split])
+            _check_image_size(path, split, shapes[split], layout)
             need, available = count * (raw.dtype.itemsize + 8), available_memory()  # as read, then as int64
             if available is not None and need > available:
                 raise FoalPipeError(f"{path}: {split}/labels declares {count:,} rows, {human(need)} in memory, more than the "
@@ -158,13 +159,13 @@ def _check_inside(f: Any, path: Path, name: str) -> None:
                             f"file it is given; store the data inside the file (write the array itself: f[{name!r}] = array)")
 
 
-def _check_image_size(path: Path, split: str, shape: tuple[int, ...]) -> None:
+def _check_image_size(path: Path, split: str, shape: tuple[int, ...], layout: str) -> None:
     """Refuse images larger than an image file may be (twice Pillow's decompression-bomb limit, past which Pillow
     refuses to decode one): a tiny file may declare ``(2, 10**6, 10**6)``, and hashing or reading one image would
     end in a MemoryError. None as the limit (Pillow's check turned off) lets any size through, as for files."""
     from PIL import Image
 
-    h, w = shape[2:4] if h5_layout(shape) == "CHW" else shape[1:3]
+    h, w = h5_sides(shape, layout)
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and h * w > 2 * limit:
         raise FoalPipeError(f"{path}: each {split}/images image is {h:,} x {w:,} = {h * w:,} pixels, more than the "
