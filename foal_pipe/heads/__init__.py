@@ -92,19 +92,18 @@ def head_entry(name: str, option: str = "head") -> HeadEntry:
     return entry
 
 
-def taken_options(head: type[HeadBase], options: Mapping[str, Any], none_is_default: bool = True) -> dict[str, Any]:
-    """The entries of ``options`` that ``head`` takes. ``none_is_default``: a None stands for an option not given (the
-    CLI's and a model file's word for the head's default), so it is left out; else every value is given as it is,
-    None included (an estimator's parameters: the head takes None where it documents it, and refuses it elsewhere)."""
+def taken_options(head: type[HeadBase], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``options`` that ``head`` takes, a None left out: it stands for an option not given (the CLI's
+    and a model file's word for the head's default; an estimator refuses every other None first)."""
     taken = head.option_names()
-    return {key: value for key, value in options.items() if key in taken and not (none_is_default and value is None)}
+    return {key: value for key, value in options.items() if key in taken and value is not None}
 
 
-def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int, *, none_is_default: bool = True) -> Head:
+def make_head(name: str, options: Mapping[str, Any], xp: Any, dim: int) -> Head:
     """A fresh running state of head ``name`` on rows of width ``dim``; ``options`` maps its option names to values
-    (None: the head's default, unless ``none_is_default`` is False: see :func:`taken_options`)."""
+    (None: the head's default)."""
     entry = head_entry(name)
-    return entry.factory(xp=xp, dim=dim, **taken_options(entry.head, options, none_is_default))
+    return entry.factory(xp=xp, dim=dim, **taken_options(entry.head, options))
 
 
 def probabilities(name: str, scores: Any) -> Any:

@@ -183,8 +183,7 @@ class DualHead(HeadBase):
 
     @classmethod
     def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> DualScorer:
-        held = options if isinstance(options, DualOptions) else DualOptions(**options)  # a mapping: checked as given
-        return DualScorer(classes, tensors["W_main"], tensors["W_comp"], held.compensation)
+        return DualScorer(classes, tensors["W_main"], tensors["W_comp"], options.compensation)
 
     def _start(self, like: Any) -> dict[str, Any]:
         xp, where, D = self.xp, device(like), self.dim

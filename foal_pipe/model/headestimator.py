@@ -149,8 +149,9 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         return copy.deepcopy(head, {id(xp_numpy): xp_numpy})
 
     def _new_head(self, dim: int) -> Head:
-        """A fresh head of the options, every one given as it is: a boolean refused (no head option is a flag, though
-        ``float(True)`` is 1), and so is a None the head does not take (:func:`_check_none`)."""
+        """A fresh head of the options: a boolean refused (no head option is a flag, though ``float(True)`` is 1), and
+        so is a None the head does not take (:func:`_check_none`); a None it takes is its default (dual's
+        ``gamma_comp``)."""
         options = self._options()
         for f in fields(HEADS[self.head].head.Options):
             if isinstance(options[f.name], (bool, np.bool_)):
@@ -158,7 +159,7 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
                                     f"{param(f.name, f.default)}")
             if options[f.name] is None:
                 _check_none(self.head, f.name, f.default)
-        return make_head(self.head, options, xp_numpy, dim, none_is_default=False)
+        return make_head(self.head, options, xp_numpy, dim)
 
     def _check_classes(self, classes: np.ndarray, seen: np.ndarray) -> None:
         """Refuse ``partial_fit``'s ``classes`` where it names a label without rows (or of another kind)."""
