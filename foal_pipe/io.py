@@ -38,6 +38,8 @@ UNLABELLED = -1
 #: protocol, finds a run's ``metrics.json`` by name.
 METRICS_FILE = "metrics.json"
 SWEEP_FILE = "sweep.json"
+#: A run's wall seconds by step, and its key naming the record they are of (``{"file": NAME, "sha256": HEX}``).
+TIMINGS_FILE, TIMINGS_OF = "timings.json", "of"
 _JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
 #: The names of the temporaries beside an output NAME (``.NAME.tmp-PID[-RANDOM][-old|.swap]``, a table's
 #: ``.NAME.table-runs[-PID-RANDOM]``): what ``summary`` skips.

@@ -16,7 +16,7 @@ from typing import Any
 
 from foal_pipe.heads import Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
-from foal_pipe.io import TEMPORARY, atomic_dir, write_json
+from foal_pipe.io import TEMPORARY, TIMINGS_FILE, TIMINGS_OF, atomic_dir, write_json
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel
@@ -72,16 +72,12 @@ def write_outputs(out: str | Path, runs: Sequence[Run], start: float, write: Cal
     return timings
 
 
-#: ``timings.json``'s key naming the record its times are of: ``{"file": NAME, "sha256": HEX}``.
-TIMINGS_OF = "of"
-
-
 def write_timings(folder: Path, timings: Mapping[str, float], record: str) -> None:
     """``timings.json`` in ``folder``, naming the record written with it (``metrics.json`` or ``sweep.json``) by its
     SHA-256: a ``timings.json`` left beside another record (a ``dvc checkout`` restores the record, not the times; a
-    copy) is then known not to be that run's (:attr:`~foal_pipe.report.discovery.Found.seconds`)."""
+    copy) is then known not to be that run's (:attr:`~foal_pipe.report.discovery.RunSummary.seconds`)."""
     digest = hashlib.sha256((folder / record).read_bytes()).hexdigest()
-    write_json(folder / "timings.json", {**timings, TIMINGS_OF: {"file": record, "sha256": digest}})
+    write_json(folder / TIMINGS_FILE, {**timings, TIMINGS_OF: {"file": record, "sha256": digest}})
 
 def replaced_evaluation(out: str | Path) -> Iterable[str]:
     """The files ``evaluate`` writes, in ``out``'s ``eval/`` where an evaluation of ``out``'s outputs is (it always

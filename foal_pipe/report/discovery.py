@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import TEMPORARY, is_feature_store
+from foal_pipe.io import TEMPORARY, TIMINGS_FILE, TIMINGS_OF, is_feature_store
 from foal_pipe.model.modelfile import MODEL_FILE, shown
 from foal_pipe.protocol.schema import (
     CHECKSUM_VERSION,
@@ -28,10 +28,6 @@ from foal_pipe.protocol.schema import (
     same_gamma,
 )
 from foal_pipe.report.readers import Run, read_json, read_metrics, read_metrics_version, read_sweep, read_weight_norms
-
-#: Wall times of a run, beside its metrics.json (not a DVC output: they change every run).
-TIMINGS_FILE = "timings.json"
-
 
 #: What a sweep shares with a run for its gamma curve to be the run's, besides the features (each where both files
 #: record it): the store's rows and width (two stores of one dataset and encoder differ there), the seed (of the
@@ -311,7 +307,7 @@ class RunSummary:
         """Whether ``timings.json`` names, by its SHA-256, another ``metrics.json`` or ``sweep.json`` than the one
         beside it: a ``dvc checkout`` or a copy restored the record and not its times, which are then another run's.
         One that names none (written before the name was recorded) is read as before."""
-        of = self._timings.get("of")
+        of = self._timings.get(TIMINGS_OF)
         if not isinstance(of, dict) or of.get("file") not in (METRICS_FILE, SWEEP_FILE):
             return False
         try:
