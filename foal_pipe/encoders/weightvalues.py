@@ -38,7 +38,7 @@ def check_values(state: dict[str, Any], model_state: dict[str, Any], path: Path)
 
 
 def check_finite(model: Any, label: str) -> None:
-    """Refuse pretrained weights holding NaN or inf (a damaged file in the cache), as a checkpoint's are refused."""
+    """Refuse pretrained weights holding NaN or inf (a damaged downloaded file), as a checkpoint's are refused."""
     import torch
     from huggingface_hub import constants
 
@@ -46,5 +46,6 @@ def check_finite(model: Any, label: str) -> None:
                     if value.is_floating_point() and not bool(torch.isfinite(value).all())), None)
     if damaged is not None:
         raise FoalPipeError(f"the pretrained weights of {label} hold non-finite values (NaN or inf) in {damaged}: the "
-                            f"file is damaged; delete it from the Hugging Face cache ({constants.HF_HUB_CACHE}) to "
-                            f"download it again, or pass a {param('checkpoint')} saved from a working model")
+                            f"file is damaged; delete it from the Hugging Face cache ({constants.HF_HUB_CACHE}; for "
+                            f"weights from a URL, torch's hub cache, {torch.hub.get_dir()}) to download it again, or "
+                            f"pass a {param('checkpoint')} saved from a working model")
