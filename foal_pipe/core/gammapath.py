@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from foal_pipe.core.linalg import (
     DRIFTS,
     UNITS,
     check_positive,
+    check_solved,
     drift_floor,
     drift_share,
     factor_threads,
@@ -117,6 +119,18 @@ class GammaPath(ABC):
         fitted = self.y_norm2 - rss
         return 8.0 * UNITS["float64"] * (self.y_norm2 + np.abs(fitted) + 3.0 * self._top() * self._weights_norm2(g))
 
+    def check_weights(self, G: Any, Q: Any, gammas: np.ndarray, W: Any) -> None:
+        """Refuse :meth:`weights` ``W`` (D, M, C) of the statistics ``G``, ``Q`` this path factors where the solve's
+        own rounding moved one gamma's by more than :data:`~foal_pipe.core.linalg.DRIFTS`
+        (:func:`~foal_pipe.core.linalg.check_solved`, measured only at gammas where it may)."""
+        for m, gamma in enumerate(map(float, gammas)):
+            check_solved(G, gamma, W[:, m, :], Q, partial(self.inverse, gamma), self._top(),
+                         f"use gammas above {gamma:g} ({param('gammas')}, {param('gamma_grid')})")
+
+    @abstractmethod
+    def inverse(self, gamma: float, R: Any) -> Any:
+        """``(G + gamma I)^-1 R`` from the factorisation (:meth:`check_weights`' refinement step)."""
+
     @abstractmethod
     def _top(self) -> float:
         """An upper bound on ``lambda_max``."""
@@ -163,6 +177,9 @@ class RidgeEigen(GammaPath):
         D, C = self.projected.shape
         scaled = self.projected[:, None, :] * inv[:, :, None]
         return xp.reshape(self.vectors @ xp.reshape(scaled, (D, -1)), (D, inv.shape[1], C))
+
+    def inverse(self, gamma: float, R: Any) -> Any:
+        return self.vectors @ ((self.vectors.T @ R) / (self.values[:, None] + gamma))
 
     def rss(self, gammas: Any) -> np.ndarray:
         """``|Y|^2 - sum_k |B_k|^2 (lambda_k + 2g) / (lambda_k + g)^2``."""
@@ -336,6 +353,15 @@ class RidgeTridiagonal(GammaPath):
         # two threads gained 40% on an idle machine but lost 20-30% (and doubled the worst case) beside one other job
         with factor_threads(D):
             return apply_reflectors(self.reflectors, self.tau, z.reshape(D, -1), "N").reshape(D, g.size, C)
+
+    def inverse(self, gamma: float, R: Any) -> np.ndarray:
+        from scipy.linalg import lapack
+
+        d, e, _ = self._at(gamma)
+        with factor_threads(d.shape[0]):
+            z, info = lapack.dpttrs(d, e, apply_reflectors(self.reflectors, self.tau, np.asarray(R), "T"))
+            lapack_ok("dpttrs", info)
+            return apply_reflectors(self.reflectors, self.tau, z, "N")
 
     #: Each gamma's leverages are a recurrence over ``D`` (:func:`tridiagonal_leverages`): computed for the
     #: gammas a pass asks for, not the whole grid.

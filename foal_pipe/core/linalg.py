@@ -193,6 +193,50 @@ def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
         raise drift_refusal(float(gamma), moved, dtype)
 
 
+#: The float64 solve's own rounding moves ``W`` by at most about ``u sqrt(D) lambda_max / gamma`` (relative,
+#: Frobenius), which :func:`drift` (the sums' rounding, scaled by ``max|G|``) does not see: it is reached where ``G``
+#: has rank one (every row alike), whose ``W`` lies in the one direction ``G`` scales by ``lambda_max`` while the
+#: rounding's share falls in those ``(G + gamma I)^-1`` scales by ``1 / gamma``. On such Grams (D = 100 to 1,000) the
+#: eigenvector and tridiagonal forms erred 1.0-1.41x that, Cholesky up to 0.3x; sigmoid features' sums stayed within
+#: 2e-11 down to gamma 1e-9. Within ``SOLVE_SPREAD`` times it of :data:`DRIFTS`, :func:`check_solved` measures.
+SOLVE_SPREAD = 2.0
+#: One step of iterative refinement measured 0.81-1.17x the true change in those cases: the margin on its figure.
+REFINEMENT_MARGIN = 1.5
+
+
+def solve_may_move(top: float, dim: int, gamma: float, dtype: str) -> bool:
+    """Whether the solve's own rounding could move ``W`` by more than :data:`DRIFTS` at ``gamma`` (``top``: an upper
+    bound on ``lambda_max``, such as ``tr(G)``)."""
+    return SOLVE_SPREAD * UNITS["float64"] * math.sqrt(dim) * top > DRIFTS[dtype] * gamma
+
+
+def check_solved(G: Any, gamma: float, W: Any, Q: Any, inverse: Any = None, top: float | None = None,
+                 advice: str = "use a larger gamma") -> None:
+    """Refuse ``W``, a solve of ``(G + gamma I) W = Q``, where the solve's own rounding may have moved it by more
+    than :data:`DRIFTS` (:data:`SOLVE_SPREAD`): one step of iterative refinement, ``|inverse(Q - (G + gamma I) W)|_F
+    / |W|_F``, measures how far, only where :func:`solve_may_move` (``top``: a bound on ``lambda_max``, by default
+    ``tr(G)``). ``inverse``: how the solve applies ``(G + gamma I)^-1`` (by default a new Cholesky solve)."""
+    xp = array_namespace(G)
+    dtype, dim = dtype_name(G.dtype), G.shape[0]
+    if top is None:
+        top = float(xp.sum(xp.linalg.diagonal(G))) if dim else 0.0
+    if not solve_may_move(top, dim, gamma, dtype):
+        return
+    norm2 = float(xp.sum(W * W))
+    if norm2 == 0.0:  # Q = 0: W = 0 exactly
+        return
+    solve = inverse or (lambda R: solve_spd(shifted(G, gamma), R, dtype))
+    A = float64(G)
+    correction = solve(float64(Q) - (A @ W + gamma * W))
+    moved = REFINEMENT_MARGIN * math.sqrt(float(xp.sum(correction * correction)) / norm2)
+    if moved > DRIFTS[dtype]:
+        raise FoalPipeError(
+            f"at gamma {gamma:g} the float64 solve's own rounding may move the weights by up to "
+            f"{drift_beyond(moved, dtype)} ({REFINEMENT_MARGIN:g}x what a step of iterative refinement measured; more "
+            f"than {drift_share(DRIFTS[dtype], dtype)}: G + gamma I is too ill-conditioned, as the Gram of nearly "
+            f"identical rows is); {advice}")
+
+
 def largest_entry(G: Any) -> float:
     """``max|G|``, the scale of the rounding of its entries (:func:`drift`)."""
     xp = array_namespace(G)

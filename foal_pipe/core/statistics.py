@@ -47,6 +47,7 @@ from foal_pipe.core.linalg import (
     cheap_drift_floor,
     check_drift,
     check_gammas,
+    check_solved,
     class_positions,
     drift,
     drift_refusal,
@@ -303,7 +304,8 @@ class RidgeStatistics:
         whose mean squared length estimates ``|(G + gamma I)^-1|_F^2`` (Hutchinson); float64 sums are checked by
         :func:`~foal_pipe.core.linalg.check_drift` (a bound, probes only where it does not pass). ``drift_checked``:
         the gamma passed the exact form of that check already (a :meth:`gamma_path`'s floor), so no estimate is
-        made that could disagree with it."""
+        made that could disagree with it. Either way the solve's own rounding is measured where it may matter
+        (:func:`~foal_pipe.core.linalg.check_solved`)."""
         xp = array_namespace(self.G)
         dtype = dtype_name(self.G.dtype)
         probed = not drift_checked and dtype == "float32"
@@ -317,13 +319,14 @@ class RidgeStatistics:
             Q = xp.concat([Q, probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
             W = solve_spd(shifted(self.G, float(gamma)), Q, dtype)
-        if not probed:
-            return W
-        C = self.Q.shape[1]
-        moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top, dtype)
-        if moved > DRIFTS[dtype]:
-            raise drift_refusal(float(gamma), moved, dtype)
-        return W[:, :C]
+            C = self.Q.shape[1]
+            if probed:
+                moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top, dtype)
+                if moved > DRIFTS[dtype]:
+                    raise drift_refusal(float(gamma), moved, dtype)
+                W = W[:, :C]
+            check_solved(self.G, float(gamma), W, self.Q)
+        return W
 
     def factor(self, vectors: bool) -> Factored:
         """The LAPACK work of :meth:`gamma_path` (on one BLAS thread up to ``SINGLE_THREAD_FACTOR_DIM``), apart from

@@ -36,7 +36,7 @@ import numpy as np
 from array_api_compat import device
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.linalg import check_drift, class_positions, float64, shifted, solve_spd
+from foal_pipe.core.linalg import check_drift, check_solved, class_positions, float64, shifted, solve_spd
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
@@ -199,7 +199,9 @@ class BalancedHead(HeadBase):
             gram += weight * self._grams[cls]
         check_drift(gram, self.gamma)
         sums = xp.stack([weight * self._sums[cls] for cls, weight in zip(classes.tolist(), weights.tolist())], axis=1)
-        return LinearScorer(classes=classes, W=solve_spd(shifted(gram, self.gamma), sums, "float64"))
+        W = solve_spd(shifted(gram, self.gamma), sums, "float64")
+        check_solved(gram, self.gamma, W, sums)
+        return LinearScorer(classes=classes, W=W)
 
     def _prepare_loo(self) -> dict[int, tuple[Any, Any, float] | None]:
         """Each class's ``M_c^-1`` and ``M_c^-1 B'_c`` (one float64 solve per class), each replacing that class's Gram."""

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import DRIFTS, check_drift, float64, one_hot, probe_columns, shifted, solve_spd
+from foal_pipe.core.linalg import DRIFTS, check_drift, check_solved, float64, one_hot, probe_columns, shifted, solve_spd
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
@@ -310,6 +310,8 @@ class DualHead(HeadBase):
         W_main, state["R"] = xp.asarray(both[:, :C], copy=True), xp.asarray(both[:, C:], copy=True)
         self._check_recursion(before, state["R"] @ probes)
         W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"], "float64")
+        check_solved(state["G_main"], self.gamma, W_main, state["Q_main"])
+        check_solved(state["G_comp"], self.gamma_comp, W_comp, state["Q_comp"])
         if not (bool(xp.all(xp.isfinite(W_main))) and bool(xp.all(xp.isfinite(W_comp)))):
             raise FoalPipeError(f"dual's weights overflow float64 at gamma {self.gamma:g}: its per-batch recursion's "
                                 "products grow as the rows' squares over gamma; use a larger gamma for dual, or scale the "

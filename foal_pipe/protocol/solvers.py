@@ -78,7 +78,7 @@ class FixedGamma:
 class Pending:
     """A boundary waiting for its leave-one-out pass."""
 
-    statistics_classes: np.ndarray
+    statistics: RidgeStatistics  # the path's: not added to until the boundary is finished
     path: GammaPath
     gcv: np.ndarray
     loo: LeaveOneOut | SampledLeaveOneOut | None
@@ -159,7 +159,7 @@ class ManyGammas:
             loo = LeaveOneOut(path, self.fine)
         else:
             loo = SampledLeaveOneOut(path, self.fine, rows)
-        return Pending(statistics.classes, path, path.gcv(self.grid), loo, max_task)
+        return Pending(statistics, path, path.gcv(self.grid), loo, max_task)
 
     def zoom(self, pending: Pending) -> tuple[dict[str, Rule], dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The leave-one-out criteria's zoom (:func:`~foal_pipe.core.gammasearch.zoom`) once every row is added: their
@@ -199,7 +199,9 @@ class ManyGammas:
             gammas = np.concatenate([self.grid, [searches[name].gamma for name in self.criteria]])
         else:
             gammas = np.array([searches[self.choose].gamma])
-        boundary = Boundary(pending.statistics_classes, path.weights(gammas), gammas, gcv, accuracy, mse, ratio, searches)
+        W = path.weights(gammas)
+        path.check_weights(pending.statistics.G, pending.statistics.Q, gammas, W)
+        boundary = Boundary(pending.statistics.classes, W, gammas, gcv, accuracy, mse, ratio, searches)
         if self.sample is not None:
             boundary.loo_rows = self.sample.boundaries[pending.max_task].size
             boundary.loo_bound = self.sample.bound(pending.max_task, path.n, self.fine.size)
