@@ -168,7 +168,7 @@ def kinds() -> dict[str, dict[str, Kind]]:
     from foal_pipe.core.engines import ENGINES, check_gamma
     from foal_pipe.heads import HEADS
     from foal_pipe.protocol.config import check_seed, parse_gamma
-    from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+    from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
     from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion
 
     fusion = Kind(f"a fusion spec string: {FUSION_FORMS}", lambda v: isinstance(v, str) and _passes(parse_fusion)(v))

@@ -100,7 +100,7 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
     from foal_pipe.protocol.config import ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
     from foal_pipe.protocol.entry import SWEEP_RULES, SweepSettings, check_rules
     from foal_pipe.protocol.headruns import check_ridge_model_file
-    from foal_pipe.protocol.orders import parse_order_seeds
+    from foal_pipe.protocol.orderchecks import parse_order_seeds
     from foal_pipe.protocol.run import check_settings
     from foal_pipe.protocol.table import GAMMA_HEADS
     from foal_pipe.store.blockfusion import parse_fusions

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import invoke
 
-from foal_pipe.protocol.orders import mean_std
+from foal_pipe.protocol.ordermeans import mean_std
 from foal_pipe.store import write_store
 
 N_CLASSES = 6

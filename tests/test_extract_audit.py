@@ -89,7 +89,7 @@ def test_float16_overflow_is_refused_without_warnings_and_names_overwrite(tmp_pa
 
 
 def test_non_finite_advice_names_only_settings_not_in_effect():
-    from foal_pipe.extract.run import _ChunkFiller
+    from foal_pipe.extract.chunkfiller import _ChunkFiller
 
     filler = _ChunkFiller.__new__(_ChunkFiller)
     filler.precision = "bf16"
@@ -140,7 +140,7 @@ def test_loader_workers_forked_under_the_writer_lock_do_not_hold_it(tmp_path, ne
     """DataLoader workers (and the pixels encoder's reader processes) are forked after the lock is taken: each
     held a copy, so a writer killed by SIGKILL left its lock held until torch's watchdog ended them (~5 s)."""
     from foal_pipe.datasets.sources import ArraySource, PreparedImages
-    from foal_pipe.extract.run import _load_batches
+    from foal_pipe.extract.loading import _load_batches
 
     pixels = np.arange(8 * 4 * 4 * 3, dtype=np.uint8).reshape(8, 4, 4, 3)
     images = PreparedImages(ArraySource(pixels, np.arange(8)), 4, "bilinear")

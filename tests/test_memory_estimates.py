@@ -116,7 +116,7 @@ def test_max_memory_overflow_and_fractions_are_refused_in_one_line(text):
 def test_raise_max_memory_to_the_suggested_figure_takes_one_pass():
     """The fallback's "raise --max-memory to X": X read back holds the statistics (rounded up, not to nearest)."""
     from foal_pipe.protocol.classsums import class_statistics_bytes
-    from foal_pipe.protocol.orders import fallback_reason
+    from foal_pipe.protocol.orderchecks import fallback_reason
 
     dim = next(d for d in range(500, 800) if memory.parse_memory(memory.human(class_statistics_bytes(50, d, "float64")))
                < class_statistics_bytes(50, d, "float64"))

@@ -16,7 +16,7 @@ import pytest
 from helpers import assert_one_line_error, build_store, die_after_kept_runs, edited_run, invoke, learn
 
 from foal_pipe.protocol import table as engine
-from foal_pipe.protocol.orders import mean_std
+from foal_pipe.protocol.ordermeans import mean_std
 from foal_pipe.store import write_store
 
 FIX = "re-run `foal-pipe learn --out DIR` (or `dvc repro`) to write it"

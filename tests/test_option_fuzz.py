@@ -120,7 +120,7 @@ def test_reader_processes_of_extract_end_with_it(tmp_path):
     script.write_text(
         "import os, sys, time\n"
         "import numpy as np\n"
-        "from foal_pipe.extract.run import _numpy_batches\n"
+        "from foal_pipe.extract.loading import _numpy_batches\n"
         "class Slow:\n"
         "    def __getitem__(self, i):\n"
         "        time.sleep(0.05)\n"

@@ -1,7 +1,7 @@
 """Run outputs as one unit: checked before training, byte-stable, whole or untouched after a failure or a kill.
 
 `learn` writes model.safetensors, metrics.json and timings.json, `sweep` sweep.json and timings.json, into a
-temporary sibling directory that replaces `--out` in one rename (foal_pipe/io.py). Faults are injected three
+temporary sibling directory that replaces `--out` in one rename (foal_pipe/io/). Faults are injected three
 ways: monkeypatched system calls (ENOSPC, EROFS), real small or read-only file systems where this machine
 lets the tests mount them, and SIGKILL of the real CLI at random moments and at each step of the swap.
 """

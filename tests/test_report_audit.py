@@ -131,7 +131,7 @@ def test_a_resumed_table_takes_no_run_of_a_store_replaced_at_its_path(tmp_path):
 
 
 def test_the_mean_of_identical_orders_is_their_value():
-    from foal_pipe.protocol.orders import summary
+    from foal_pipe.protocol.ordermeans import summary
     from foal_pipe.protocol.table import cells
     from foal_pipe.report.grouping import group_cells
 

@@ -19,7 +19,7 @@ from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier
 from foal_pipe.encoders import parse_model_kwargs
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.memory import parse_memory
-from foal_pipe.protocol.orders import parse_order_seeds
+from foal_pipe.protocol.orderchecks import parse_order_seeds
 from foal_pipe.protocol.stream import named_class_order
 from foal_pipe.report.grouping import GROUP_KEYS, parse_group
 from foal_pipe.store.blockfusion import FUSION_FORMS, parse_fusion, parse_fusions

@@ -86,6 +86,7 @@ if os.path.basename(sys.argv[0] if sys.argv else "") == "foal-pipe" and threadin
 
 try:  # Ctrl-C while the commands load (a third of a second) ends as at any other moment
     from foal_pipe.cli import extract as _extract  # noqa: F401, I001
+    from foal_pipe.cli import info as _info  # noqa: F401, I001  (after extract: --help lists commands in import order)
     from foal_pipe.cli import datasets as _datasets  # noqa: F401, I001
     from foal_pipe.cli import learn as _learn  # noqa: F401  (registers commands)
     from foal_pipe.cli import evaluate as _evaluate  # noqa: F401, I001  (after learn: --help lists commands in import order)

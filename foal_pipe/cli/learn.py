@@ -15,7 +15,7 @@ from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 from foal_pipe.cluster import is_local
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import counted
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def _order_seeds(order_seed: int | None, order_seeds: str | None) -> tuple[int, 
         return None
     if order_seed is not None:
         raise FoalPipeError("pass --order-seed (one order) or --order-seeds (many), not both")
-    from foal_pipe.protocol.orders import parse_order_seeds
+    from foal_pipe.protocol.orderchecks import parse_order_seeds
 
     return parse_order_seeds(order_seeds)
 
@@ -216,7 +216,7 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
                 f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False, markup=False
             )
         if report.selections:
-            from foal_pipe.protocol.schema import CRITERIA
+            from foal_pipe.protocol.criteria import CRITERIA
 
             console.print("refined search (last boundary's gamma, test A_last of the chosen models): " + ", ".join(
                 f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
@@ -332,7 +332,8 @@ def predict(
     is the model's head's: act(x P) W[:, k] for ridge, minus the squared distance for ncm and fecam, the LDA
     discriminant for slda, the cosine for cosine (docs/cli.md lists each).
     """
-    from foal_pipe.io import atomic_path, check_not_an_input, check_output_file
+    from foal_pipe.io import atomic_path, check_output_file
+    from foal_pipe.io.outpaths import check_not_an_input
     from foal_pipe.model.predict import ImagePredictions, predict_image_files, predict_split
 
     images = [*(images or []), *(more_images or [])]

@@ -52,7 +52,7 @@ from foal_pipe.protocol.config import (
     head_option_names,
     parse_gamma,
 )
-from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS, STREAMS
 from foal_pipe.store.blockfusion import FUSION_FORMS
 

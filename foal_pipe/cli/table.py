@@ -13,7 +13,7 @@ from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, print_table, user_errors
 from foal_pipe.cli.optiontext import gamma_text, head_names, integers, read_by
 from foal_pipe.heads import HEADS
-from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA
+from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_TASKS
 
 #: How the help names the rows each space of :data:`foal_pipe.heads.SPACES` gives a head.

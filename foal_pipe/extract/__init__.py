@@ -21,10 +21,10 @@ fills every split in one process, recording ``progress`` (rows written, a multip
 every chunk; a re-run continues after the last chunk recorded. Torch is imported inside functions only.
 """
 
+from foal_pipe.extract.loading import chunk_ranges
 from foal_pipe.extract.run import (
     ExtractProgress,
     ExtractReport,
-    chunk_ranges,
     extract_rows,
     extraction,
     prepare_store,

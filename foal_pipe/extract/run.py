@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -17,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from foal_pipe.datasets.loaders import removing_new_folders
 from foal_pipe.datasets.sources import PreparedImages
 from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.extract.chunkfiller import _ChunkFiller
+from foal_pipe.extract.loading import Loading, SplitImages, _load_batches, batch_rows, start_device
 from foal_pipe.extract.spec import ExtractSpec, Inputs, block_encoder, cached_inputs, load_inputs, now, open_inputs, runtime_info
 from foal_pipe.extract.state import (
     StoreState,
@@ -33,73 +31,9 @@ from foal_pipe.extract.state import (
     settle_staging,
     staging_path,
 )
-from foal_pipe.io import enclosing_store
+from foal_pipe.io.outpaths import enclosing_store
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
-from foal_pipe.store.log import close_inherited_locks
 from foal_pipe.store.meta import read_meta
-
-
-def chunk_ranges(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
-    """The chunk-aligned ``(lo, hi)`` row ranges covering ``[start, stop)``; ``start`` must be aligned."""
-    stop = n_rows if stop is None else stop
-    for lo in range(start, stop, chunk_rows):
-        yield lo, min(lo + chunk_rows, stop)
-
-
-def _load_batches(images: Any, batches: list[list[Any]], inputs: Inputs) -> Iterator[tuple[Any, Any, Any]]:
-    """``(pixels, labels, errors)`` per batch: a torch DataLoader (worker processes, pinned memory) for an encoder
-    that computes with torch, its workers started by this call, not at the first batch; for a NumPy one
-    (``--model pixels``), the same batches read without torch."""
-    if not inputs.encoder.needs_torch:
-        return _numpy_batches(images, batches, inputs.workers)
-    import torch
-
-    return iter(torch.utils.data.DataLoader(
-        images, batch_sampler=batches, num_workers=inputs.workers, pin_memory=inputs.device == "cuda",
-        prefetch_factor=4 if inputs.workers else None, persistent_workers=False, worker_init_fn=_loader_worker,
-    ))
-
-
-def _loader_worker(worker_id: int) -> None:
-    """A DataLoader worker, forked under the store's writer lock: its copy of the lock is closed, so a writer killed
-    by SIGKILL leaves the lock free at once, not once torch's watchdog has ended its workers (seconds later)."""
-    close_inherited_locks()
-
-
-def batch_rows(n_rows: int, chunk_rows: int, lo: int, hi: int, batch_size: int) -> list[list[int]]:
-    """The rows of each batch encoding ``[lo, hi)``: batches never cross a chunk, so each chunk is written whole."""
-    return [list(range(b, min(b + batch_size, c_hi)))
-            for c_lo, c_hi in chunk_ranges(n_rows, chunk_rows, lo, hi) for b in range(c_lo, c_hi, batch_size)]
-
-
-class SplitImages:
-    """Every split's images as one map-style dataset, row ``(split, i)``: one loader (its workers started once)
-    reads every split of an extraction in order."""
-
-    def __init__(self, images: dict[str, PreparedImages]):
-        self.images = images
-
-    def __len__(self) -> int:
-        return sum(len(images) for images in self.images.values())
-
-    def __getitem__(self, key: tuple[str, int]) -> tuple[np.ndarray, int, str]:
-        split, i = key
-        return self.images[split][i]
-
-
-@dataclass
-class Loading:
-    """The batches of a whole extraction (every split from ``done`` to its end), their loader already started
-    (:func:`start_loading`): its workers read the first batches while the weights load."""
-
-    done: dict[str, int]
-    batches: Iterator[tuple[Any, Any, Any]]
-
-    def close(self) -> None:
-        """Stop the loader's workers (a run that failed before reading every batch)."""
-        close = getattr(self.batches, "close", None) or getattr(self.batches, "_shutdown_workers", None)
-        if close is not None:
-            close()
 
 
 def start_loading(spec: ExtractSpec, inputs: Inputs, done: dict[str, int]) -> Loading:
@@ -112,84 +46,6 @@ def start_loading(spec: ExtractSpec, inputs: Inputs, done: dict[str, int]) -> Lo
     loading = Loading(dict(done), _load_batches(images, batches, inputs))
     start_device(inputs.device)
     return loading
-
-
-def start_device(device: str) -> threading.Thread | None:
-    """On CUDA, create the device's context on a thread (it takes seconds on a bare machine) while the main thread
-    reads the weights; called after the loader's workers were forked, so no process is forked while it runs.
-    torch's lazy initialisation holds a lock: moving the weights to the device waits for it, or does it."""
-    if device != "cuda":
-        return None
-    import torch
-
-    def init() -> None:
-        try:
-            torch.cuda.init()
-        except Exception:  # (the main thread's first use of the device raises it again, as one line)
-            pass
-
-    thread = threading.Thread(target=init, name="foal-pipe-cuda-init", daemon=True)
-    thread.start()
-    return thread
-
-
-_POOL_IMAGES: PreparedImages | None = None
-"""The images a :func:`_numpy_batches` worker process reads (set once per worker: a source may be large)."""
-
-
-def _pool_worker(images: PreparedImages, parent: int) -> None:
-    """A reader process: it dies with the extraction. Forked, it would otherwise outlive a parent killed by
-    SIGKILL (or the OOM killer) blocked on its pipe, holding the store's inherited lock so that no resume could
-    start, and ignoring SIGTERM through the parent's handler."""
-    global _POOL_IMAGES
-    close_inherited_locks()  # as a DataLoader's worker does (_loader_worker)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to report, once
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(stop) is not signal.SIG_IGN:
-            signal.signal(stop, signal.SIG_DFL)
-    _die_with(parent)
-    _POOL_IMAGES = images
-
-
-def _die_with(parent: int) -> None:
-    """Ask Linux to kill this process when its parent ends (``PR_SET_PDEATHSIG``), and end now if it already has."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-def _read_batch(rows: list[int], images: PreparedImages | None = None) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-    source = images if images is not None else _POOL_IMAGES
-    items = [source[i] for i in rows]  # type: ignore[index]
-    return np.stack([it[0] for it in items]), np.array([it[1] for it in items]), [it[2] for it in items]
-
-
-def _numpy_batches(images: PreparedImages, batches: list[list[int]],
-                   workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[Any]]]:
-    """The batches in order, read by ``workers`` processes (at most 4 batches ahead each), or in this process
-    with ``workers=0``."""
-    if workers == 0 or len(batches) < 2:
-        for rows in batches:
-            yield _read_batch(rows, images)
-        return
-    from concurrent.futures import ProcessPoolExecutor
-
-    todo = iter(batches)
-    pool = ProcessPoolExecutor(min(workers, len(batches)), initializer=_pool_worker, initargs=(images, os.getpid()))
-    try:
-        ahead = deque(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 4 * workers))
-        while ahead:
-            batch = ahead.popleft().result()
-            ahead.extend(pool.submit(_read_batch, rows) for rows in itertools.islice(todo, 1))
-            yield batch
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def extract_rows(
@@ -255,62 +111,6 @@ def fix_images(n: int = 1, hashed: bool = False) -> str:
 BATCHES_AHEAD = 2
 """Batches an extraction queues on the device before it waits for the oldest one's features: the device computes
 them while the host checks, buffers and writes the last ones (on the CPU encoding is done when queued)."""
-
-
-class _ChunkFiller:
-    """Batches' features (and block tokens), in order, into whole chunks of one split: each chunk is written once
-    full, ``on_batch(n)`` called after each batch and ``on_chunk(hi)`` after each chunk."""
-
-    def __init__(self, spec: ExtractSpec, split: str, writer: FeatureWriter, lo: int, hi: int, precision: str,
-                 encoder: Any, on_batch: Callable[[int], None] | None, on_chunk: Callable[[int], None] | None):
-        self.spec, self.split, self.writer, self.hi, self.precision = spec, split, writer, hi, precision
-        self.on_batch, self.on_chunk = on_batch, on_chunk
-        step = writer.chunk_rows
-        self.buffer = np.empty((step, encoder.dim), dtype=spec.dtype)
-        self.kept = (np.empty((step, encoder.n_blocks, encoder.dim), dtype=spec.blocks_dtype)
-                     if spec.keep_blocks else None)
-        self.chunk_lo, self.filled = lo, 0
-
-    def add(self, encoded: Any) -> None:
-        """One batch: its features, or ``(features, tokens)`` in a store that keeps block tokens."""
-        spec, split, first = self.spec, self.split, self.chunk_lo + self.filled
-        with np.errstate(over="ignore"):  # float16's overflow to inf: refused below, by its row
-            feats = (encoded if self.kept is None else encoded[0]).astype(spec.dtype)
-        if self.kept is not None:
-            tokens = encoded[1]
-            _check_finite(tokens, f"block tokens at {split}", first, f"precision {self.precision}, "
-                          f"{param('blocks_dtype', spec.blocks_dtype)}", self._fix("blocks_dtype", spec.blocks_dtype))
-            self.kept[self.filled : self.filled + len(tokens)] = tokens
-        _check_finite(feats, f"features at {split}", first, f"precision {self.precision}, dtype {spec.dtype}",
-                      self._fix("dtype", spec.dtype))
-        self.buffer[self.filled : self.filled + len(feats)] = feats
-        self.filled += len(feats)
-        if self.on_batch:
-            self.on_batch(len(feats))
-        chunk_hi = min(self.chunk_lo + self.writer.chunk_rows, self.hi)
-        if self.chunk_lo + self.filled == chunk_hi:
-            kept = () if self.kept is None else (self.kept[: self.filled],)
-            self.writer.write(self.chunk_lo, self.buffer[: self.filled], *kept)
-            if self.on_chunk:
-                self.on_chunk(chunk_hi)
-            self.chunk_lo, self.filled = chunk_hi, 0
-
-    def _fix(self, option: str, dtype: str) -> str:
-        """The wider settings not yet in effect, and ``--overwrite``: the store now holds this run's settings, which
-        a run with others is refused to mix with."""
-        wider = [param(name, value) for name, value, now in (("precision", "fp32", self.precision),
-                                                             (option, "float32", dtype)) if now != value]
-        if not wider:
-            return (f"the model gives them at full precision: check its weights ({param('checkpoint')}) and "
-                    f"{param('model_kwargs')}, then re-run with {param('overwrite', True)}")
-        return f"re-run with {' or '.join(wider)} and {param('overwrite', True)} (the incomplete store has this run's settings)"
-
-
-def _check_finite(values: np.ndarray, what: str, first_row: int, how: str, fix: str) -> None:
-    """Refuse a batch with a NaN or inf (reduced precision or float16 overflow), naming its first row."""
-    finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
-    if not finite.all():
-        raise FoalPipeError(f"non-finite {what} row {first_row + int(np.flatnonzero(~finite)[0])} ({how}); {fix}")
 
 
 class ExtractProgress:

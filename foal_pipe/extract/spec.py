@@ -32,7 +32,7 @@ from foal_pipe.encoders import (
 )
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.manifest import read_manifest
-from foal_pipe.io import follow_link
+from foal_pipe.io.outpaths import follow_link
 from foal_pipe.store import BLOCK_DTYPES, SPLITS
 from foal_pipe.store.blockfusion import NORMS
 from foal_pipe.version import __version__

@@ -15,7 +15,7 @@ import zarr
 from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.spec import ExtractSpec, Inputs, block_encoder, load_inputs, open_inputs, store_settings, stored_encoder
-from foal_pipe.io import is_feature_store
+from foal_pipe.io.outpaths import is_feature_store
 from foal_pipe.store import (
     FORMAT,
     FORMAT_VERSION,

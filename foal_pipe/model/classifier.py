@@ -2,46 +2,25 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array, is_numpy_namespace, is_torch_array
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import validate_data
 
-from foal_pipe.core.backend import (
-    as_dtype,
-    backend_of,
-    default_device,
-    dtype_name,
-    get_namespace,
-    host_values,
-    plain_values,
-    readable_by,
-    resolve_dtype,
-    to_numpy,
-)
-from foal_pipe.core.engines import (
-    DEFAULT_ENGINE,
-    ENGINES,
-    GramEngine,
-    RLSEngine,
-    check_engine_dtype,
-    check_gamma,
-    checked_weights,
-    grow_classes,
-)
+from foal_pipe.core.backend import backend_of, dtype_name, get_namespace, resolve_dtype, to_numpy
+from foal_pipe.core.engines import DEFAULT_ENGINE, GramEngine, check_engine_dtype, checked_weights, grow_classes
 from foal_pipe.core.expansion import Expansion
-from foal_pipe.core.gammasearch import check_grid
 from foal_pipe.core.scoring import among_classes, best_of
-from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics
-from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, as_user_error, param
-from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, PREDICT_CLASSES_PROBLEM, check_label_kinds, check_targets
+from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, param
+from foal_pipe.model.fittedparams import check_fitted_params, new_engine
+from foal_pipe.model.labels import check_label_kinds
 from foal_pipe.model.projection import NotFitted, SmoothProjection
+from foal_pipe.model.ridgeinput import batch_labels, state_array, task_classes, validated
 from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, finite_scores, ridge_projection
+from foal_pipe.model.stateviews import read_only, read_only_statistics, row_major
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
@@ -52,56 +31,6 @@ _FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "classes_", "n_featu
            "n_samples_seen_")
 #: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
 _STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid")
-def same_param(value: Any, fitted: Any) -> bool:
-    """Whether a parameter still has the value the state was fitted with (a number, a string, None or a sequence)."""
-    if value is None or fitted is None or isinstance(value, str) or isinstance(fitted, str):
-        return value is fitted or (isinstance(value, str) and isinstance(fitted, str) and value == fitted)
-    return bool(np.array_equal(value, fitted))
-
-
-def check_fitted_params(estimator: Any, fitted: dict[str, Any]) -> None:
-    """Refuse to keep learning after ``set_params`` changed a parameter the ``fitted`` state is built with."""
-    for name, value in fitted.items():
-        if not same_param(getattr(estimator, name), value):
-            raise FoalPipeError(
-                f"{param(name)} is {getattr(estimator, name)!r} but this {type(estimator).__name__} was fitted with "
-                f"{value!r}; call fit to learn afresh with it, or set {name} back to {value!r} to keep learning")
-
-
-def _gammas(grid: Any) -> tuple[float, ...]:
-    """The entries of ``gamma_grid``, checked: a sequence of positive numbers, not one number or a string (iterated
-    by character)."""
-    try:
-        if isinstance(grid, (str, bytes)):
-            raise TypeError
-        entries = list(grid)
-    except TypeError:
-        raise FoalPipeError(f"gamma_grid must be a sequence of gammas, got {grid!r:.60}; e.g. gamma_grid=[0.1, 1, 10]"
-                            ) from None
-    gammas = []
-    for g in entries:
-        try:
-            gammas.append(check_gamma(g))
-        except FoalPipeError:
-            raise FoalPipeError(f"gamma_grid must hold positive numbers, got {g!r:.30}; e.g. gamma_grid=[0.1, 1, 10]") from None
-    return tuple(gammas)
-
-
-def _read_only(array: Any) -> Any:
-    """A read-only view of a NumPy array of the state (no copy), a copy of another namespace's (which has no flag)."""
-    if not isinstance(array, np.ndarray):
-        return array_namespace(array).asarray(array, copy=True)
-    view = array.view()
-    view.flags.writeable = False
-    return view
-
-
-def _row_major(W: Any) -> Any:
-    """``W`` in row-major order (the solver's is column-major), the layout of a loaded model's weights: ``X @ W`` then
-    takes the same BLAS path, with the same bits, in memory as reloaded (a copy only where the layout differs)."""
-    if isinstance(W, np.ndarray):
-        return np.ascontiguousarray(W)
-    return W.contiguous() if is_torch_array(W) else W
 
 
 class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
@@ -183,69 +112,16 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
     def _start(self, n_features: int, label_dtype: np.dtype) -> None:
         """A fresh engine for ``n_features`` features, the parameters it is built with recorded: ``gamma_``, ``save``
         and later ``partial_fit`` calls use those, whatever ``set_params`` sets later."""
-        if self.engine not in ENGINES:
-            raise FoalPipeError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
-        if self.gamma != "auto":
-            check_gamma(self.gamma)
-        elif self.engine != "gram":
-            raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
-        if self.gamma_grid is not None and self.gamma != "auto":  # as scikit-learn warns of l1_ratio without elasticnet
-            warnings.warn(f"gamma_grid is used only with gamma='auto'; it is ignored at gamma={self.gamma!r}",
-                          UserWarning, stacklevel=3)
-        xp = get_namespace(self.backend)
-        self._dtype = resolve_dtype(self.dtype)
-        dtype, where = getattr(xp, self._dtype.name), default_device(xp)
-        if self.engine == "gram":
-            grid = DEFAULT_GAMMA_GRID if self.gamma_grid is None else _gammas(self.gamma_grid)
-            if self.gamma == "auto":
-                check_grid(grid)
-            self._engine: GramEngine | RLSEngine = GramEngine(n_features, self.gamma, xp, dtype, where, grid=grid)
-        else:
-            self._engine = ENGINES[self.engine](n_features, self.gamma, xp, dtype, where)
+        fitted = {name: getattr(self, name) for name in _STATE_PARAMS}
+        self._engine, self._dtype = new_engine(n_features, **fitted)
         self.classes_ = np.empty(0, dtype=label_dtype)
         self._rowless = self.classes_  # labels of classes_ declared by partial_fit's classes= that have no rows yet
         self.n_samples_seen_ = 0
-        self._fitted_with = {name: getattr(self, name) for name in _STATE_PARAMS}
-
-    def _validate(self, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
-        """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
-        X, y = plain_values(X), None if y is None else host_values(y, "y")
-        if is_numpy_array(X) or not is_array_api_obj(X):
-            try:
-                if y is None:
-                    return validate_data(self, X, reset=reset, dtype=[np.float64, np.float32]), None
-                return validate_data(self, X, y, reset=reset, dtype=[np.float64, np.float32])
-            except (ValueError, TypeError) as exc:  # scikit-learn's words, as the FoalPipeError the docs promise
-                raise as_user_error(exc) from None
-        if X.ndim != 2:
-            raise FoalPipeError(f"X must be 2-D (n_samples, n_features), got shape {tuple(X.shape)}")
-        if array_namespace(X).isdtype(X.dtype, "complex floating"):  # as scikit-learn refuses NumPy's
-            raise FoalPipeError(f"X has complex dtype {X.dtype}, which is not supported; pass real-valued features")
-        if 0 in X.shape:  # as scikit-learn refuses an empty NumPy array
-            raise FoalPipeError(f"X has shape {tuple(X.shape)}, but {type(self).__name__} needs at least one row and "
-                                "one feature; pass a non-empty batch")
-        if reset:
-            self.n_features_in_ = int(X.shape[1])
-        elif X.shape[1] != self.n_features_in_:
-            raise FoalPipeError(
-                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting {self.n_features_in_} features "
-                "as input; pass rows of the features it was fitted on (from the same encoder and projection)"
-            )
-        if y is not None:
-            y = np.asarray(y).ravel()
-            if y.shape[0] != X.shape[0]:
-                raise FoalPipeError(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels; pass one label per row")
-        return X, y
+        self._fitted_with = fitted
 
     def _state_array(self, X: Any, dtype: Any = None) -> Any:
         """``X`` in the state's namespace and device, in the state's dtype (or ``dtype``), refused if not finite."""
-        xp = get_namespace(self._fitted_with["backend"])
-        like = self._engine.template
-        X = host_values(X) if is_numpy_namespace(xp) else X  # on any device, copied to the host as the heads copy it
-        X = xp.asarray(readable_by(X, xp), device=device(like))
-        if not bool(xp.all(xp.isfinite(X))):
-            raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
-        return as_dtype(X, xp, like.dtype if dtype is None else dtype, device(like))
+        return state_array(X, self._fitted_with["backend"], self._engine.template, dtype)
 
     def fit(self, X: Any, y: Any) -> AnalyticClassifier:
         """Forget everything learned, then :meth:`partial_fit` on ``(X, y)``."""
@@ -268,16 +144,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
             check_fitted_params(self, self._fitted_with)
         before = getattr(self, "classes_", None)
         try:
-            X, y = self._validate(X, y, reset=first)
-            check_targets(y)
-            y = np.asarray(y)
-            if y.dtype.kind == "c":
-                raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
-            labels = y
-            if classes is not None:
-                labels = np.asarray(classes).ravel()
-                check_label_kinds(y, labels, CLASSES_KIND_PROBLEM)
-                labels = np.concatenate([y, labels])
+            X, y = validated(self, X, y, reset=first)
+            y, labels = batch_labels(y, classes)
             if first:
                 check_engine_dtype(self.engine, resolve_dtype(self.dtype).name)
                 self._start(int(X.shape[1]), y.dtype)
@@ -313,9 +181,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         self._check_fitted()
         if not isinstance(self._engine, GramEngine):
             raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
-        s = self._engine.statistics  # handed out read-only: a write into G or Q would move the weights unseen
-        return RidgeStatistics(_read_only(s.G), _read_only(s.Q), s.classes.copy(), s.n,
-                               None if s.counts is None else s.counts.copy(), symmetric=True)
+        # handed out read-only: a write into G or Q would move the weights unseen
+        return read_only_statistics(self._engine.statistics)
 
     @property
     def gamma_(self) -> float:
@@ -401,13 +268,13 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
     def _weights(self) -> Any:
         """Weights in the state's namespace, row-major, refused when not finite (an ill-conditioned float32 recursion)."""
         self._check_fitted()
-        return _row_major(checked_weights(self._engine.weights()))
+        return row_major(checked_weights(self._engine.weights()))
 
     @property
     def weights_(self) -> np.ndarray:
         """``W`` read-only: on NumPy it may be the state itself (the recursion's ``W``, a row-major solution), which a
         write through it would corrupt."""
-        return _read_only(to_numpy(self._weights()))
+        return read_only(to_numpy(self._weights()))
 
     @property
     def coef_(self) -> np.ndarray:
@@ -419,7 +286,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         :meth:`predict` ranks (over the classes with rows), and, unlike :meth:`decision_function`, one column per
         class with two classes too."""
         self._check_fitted()
-        X, _ = self._validate(X)
+        X, _ = validated(self, X)
         W = self._weights()
         xp = get_namespace(self._fitted_with["backend"])
         X = self._state_array(X, xp.float64)
@@ -441,11 +308,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         a label never seen scoring 0, so it wins a row where every seen class scores below 0.
         """
         scores = self.class_scores(X)
-        if classes is not None:
-            classes = np.asarray(classes).ravel()
-            if classes.dtype.kind == "O" and any(c is None for c in classes.tolist()):
-                raise FoalPipeError("classes= holds None; pass every label of the task (those of classes_ among them)")
-            check_label_kinds(self.classes_, classes, PREDICT_CLASSES_PROBLEM)
+        classes = task_classes(classes, self.classes_)
         among, seen = among_classes(self.classes_, classes), self._seen()
         return best_of(scores[:, seen], self.classes_[seen], among)[0]
 

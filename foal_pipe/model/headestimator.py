@@ -34,7 +34,7 @@ from foal_pipe.core.backend import host_values, to_numpy
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
-from foal_pipe.model.classifier import check_fitted_params
+from foal_pipe.model.fittedparams import check_fitted_params
 from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, check_label_kinds, check_targets
 from foal_pipe.model.ondemand import SolvesOnDemand
 from foal_pipe.model.projection import NotFitted

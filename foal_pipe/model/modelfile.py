@@ -37,7 +37,8 @@ from foal_pipe.core.activations import ACTIVATIONS
 from foal_pipe.core.backend import DTYPES
 from foal_pipe.core.engines import ENGINES
 from foal_pipe.errors import FoalPipeError, InputTypeError, clipped, param
-from foal_pipe.io import METRICS_FILE, atomic_path, enclosing_store, is_feature_store
+from foal_pipe.io import METRICS_FILE, atomic_path
+from foal_pipe.io.outpaths import enclosing_store, is_feature_store
 from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_checksum, is_checksum
 
 MODEL_FILE = "model.safetensors"

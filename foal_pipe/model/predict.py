@@ -11,7 +11,7 @@ import numpy as np
 
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import CsvRows
+from foal_pipe.io.csvrows import CsvRows
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
 from foal_pipe.store.blockfusion import read_time_fusion

@@ -17,6 +17,7 @@ from foal_pipe.io import check_output_dir, write_json
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.capabilities import Settings, check_capabilities
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.evaluation import lane_accuracies, model_reports
 from foal_pipe.protocol.headruns import (
     check_sweep_heads,
@@ -44,15 +45,10 @@ from foal_pipe.protocol.records import (
     undetermined,
 )
 from foal_pipe.protocol.run import Run, prepare, reread_note, row_sample
-from foal_pipe.protocol.schema import (
-    CRITERIA,
-    SWEEP_FILE,
-    TRAINING_CRITERIA,
-    SweepReport,
-    SweepSelection,
-)
+from foal_pipe.protocol.schema import SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import Boundary, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning
+from foal_pipe.protocol.sweepparts import SweepSelection
 from foal_pipe.protocol.walk import SharedRows, head_train_rows, test_rows, walk
 from foal_pipe.store.blockfusion import parse_fusions
 

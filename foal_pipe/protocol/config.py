@@ -15,7 +15,7 @@ from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
-from foal_pipe.protocol.schema import CRITERIA
+from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.stream import DEFAULT_RATIOS, check_ratio
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).

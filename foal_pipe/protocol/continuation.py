@@ -43,11 +43,12 @@ from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.loosample import RowSample
+from foal_pipe.protocol.metricsparts import AllClasses, Continuation, StoreScore, TaskScore
 from foal_pipe.protocol.newrows import check_new_rows, label_map
 from foal_pipe.protocol.outputs import provenance, write_learned
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics, run_info
 from foal_pipe.protocol.run import HeadStart, Run, prepare, projection_dim
-from foal_pipe.protocol.schema import AllClasses, Continuation, LearnMetrics, StoreScore, TaskScore
+from foal_pipe.protocol.schema import LearnMetrics
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import walk
 from foal_pipe.store import open_store

@@ -22,15 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from foal_pipe.core.engines import check_gamma
-from foal_pipe.errors import FoalPipeError, comma_items, param
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
-from foal_pipe.memory import check_memory, human, human_up
+from foal_pipe.memory import check_memory, human
 from foal_pipe.model.modelfile import MODEL_FILE
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.capabilities import Settings, check_capabilities, check_points
@@ -46,18 +45,17 @@ from foal_pipe.protocol.commands import (
     warn_search_edges,
     warn_undetermined,
 )
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig, check_seed
+from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
-from foal_pipe.protocol.internal import known
 from foal_pipe.protocol.learnkinds import LEARN_KINDS, auto_edges_warning
+from foal_pipe.protocol.orderchecks import check_orders, check_task_counts, each_order, fallback_reason
+from foal_pipe.protocol.ordermeans import combine, combine_sweep
 from foal_pipe.protocol.outputs import replaced_evaluation, save_model, summed_timings, write_learned, write_timings
 from foal_pipe.protocol.records import (
     Learned,
     Swept,
     accuracy_report,
-    best_heads,
-    choose,
     learn_metrics,
     leave_one_out_rows,
     run_info,
@@ -65,64 +63,11 @@ from foal_pipe.protocol.records import (
     sweep_results,
     sweep_selections,
 )
-from foal_pipe.protocol.run import ClassRowsError, Run, prepare, row_sample
-from foal_pipe.protocol.schema import (
-    METRICS_FILE,
-    SWEEP_FILE,
-    Accuracy,
-    LearnMetrics,
-    OrderMetrics,
-    OrderSweep,
-    SweepReport,
-)
+from foal_pipe.protocol.run import Run, prepare, row_sample
+from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
-from foal_pipe.protocol.stream import OrderError, dropped_warning
+from foal_pipe.protocol.stream import dropped_warning
 from foal_pipe.protocol.walk import SharedRows, shared_rows
-
-#: The metrics summarised over orders (mean and std).
-SUMMARY_KEYS = ("A_avg", "A_last", "F")
-
-
-def parse_order_seeds(text: str) -> tuple[int, ...]:
-    """``"0,1,2"`` -> ``(0, 1, 2)``: distinct integers."""
-    items = comma_items(text, param("seeds"))
-    try:
-        seeds = tuple(int(s) for s in items)
-    except ValueError:
-        raise FoalPipeError(f"{param('seeds')} {text!r} is not a comma-separated list of integers; write e.g. "
-                            "0,1,2,3,4") from None
-    if not seeds:
-        raise FoalPipeError(f"{param('seeds')} is empty; write e.g. 0,1,2,3,4")
-    if len(set(seeds)) != len(seeds):
-        raise FoalPipeError(f"{param('seeds')} {text!r} repeats a seed; list each class order once")
-    for seed in seeds:
-        check_seed(seed, "seeds")
-    return seeds
-
-
-def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: ExecutionConfig, loo: bool,
-                    n_classes: int, anytime: bool = False, dim: int | None = None) -> str | None:
-    """Why the orders cannot come from one pass (None: they can). ``dim``: the run's D (:attr:`Run.dim`; the
-    store's width with ``--projection-dim 0``, which ``model.projection_dim`` does not say)."""
-    reasons = {
-        "--stream si-blurry spreads a class's rows over several tasks": stream.stream != "disjoint",
-        "--eval-every solves inside the tasks": anytime,
-        "--engine rls replays the rows in stream order": model.engine == "rls",
-        "the leave-one-out pass needs every row at every boundary (use --loo-sample M, --select gcv, or sweep --no-loo)":
-            loo,
-        "--drop-last drops rows that depend on each order's shuffle": stream.drop_last,
-        "--scheduler dask sums per task on the cluster": execution.scheduler == "dask",
-    }
-    for reason, applies in reasons.items():
-        if applies:
-            return reason
-    D = model.projection_dim if dim is None else dim
-    need = class_statistics_bytes(n_classes, D, model.dtype)
-    if need > execution.max_memory:  # the figure to raise it to rounded up: the one rounded down still falls back
-        return (f"the per-class statistics need {human(need)} ({n_classes} classes x D^2 at D={D}, "
-                f"{model.dtype}), above --max-memory {human(execution.max_memory)}; raise --max-memory to "
-                f"{human_up(need)}, use --dtype float32 or a lower --projection-dim for one pass")
-    return None
 
 
 def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: int = 1, eigen: bool = False) -> None:
@@ -142,24 +87,6 @@ def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: 
                  f"use {param('dtype', 'float32')}, {gammas}or free memory")
 
 
-def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
-    if stream.class_order is not None and len(seeds) > 1:
-        raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('seeds')} has nothing to vary; pass one "
-                            "of them")
-
-
-def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
-    """Refuse orders that stream different numbers of tasks (Si-Blurry leaves out a task that receives no row): the
-    record of many orders averages their matrices position-wise, which has no meaning across lengths."""
-    counts = [run.stream.n_tasks for run in runs]
-    if len(set(counts)) > 1:
-        each = ", ".join(f"{s}: {n}" for s, n in zip(seeds, counts))
-        raise FoalPipeError(f"{param('seeds')} {','.join(map(str, seeds))} stream different numbers of tasks ({each}; "
-                            f"{param('stream', 'si-blurry')} leaves out a task that receives no row), so their accuracy "
-                            f"matrices have no position-wise mean; pass order seeds that stream as many tasks each, or run "
-                            f"each seed alone with {param('order_seed')}")
-
-
 def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamConfig,
                       log: Callable[[str], None]) -> Callable[..., None]:
     """Each order's note on its split (:func:`~foal_pipe.protocol.stream.dropped_warning`) said once: in the same words
@@ -175,74 +102,6 @@ def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamC
             log(text if seed is None else f"order seed {seed}: {text}")
 
     return rest
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and population std (ddof 0) of ``values``; identical values give that value and 0 exactly (NumPy's
-    sum then divide gives 0.6687499999999998 for three 0.66875, which prints 66.87 where each order prints 66.88)."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size and bool(np.all(v == v[0])):
-        return float(v[0]), 0.0
-    return float(v.mean()), float(v.std())
-
-
-def position_means(stack: Any) -> np.ndarray:
-    """The mean over the first axis, each position where every entry is the same that value exactly (:func:`mean_std`)."""
-    a = np.asarray(stack, dtype=np.float64)
-    return np.where(np.all(a == a[0], axis=0), a[0], a.mean(axis=0))
-
-
-def summary(entries: Sequence[Accuracy]) -> dict[str, dict[str, Any]]:
-    """``mean`` and ``std`` (population, ddof 0, :func:`mean_std`) of A_avg, A_last and F over the orders, and of A_auc
-    where every order has one (``--eval-every``). Floats, typed Any: they fill the records' fields of those names."""
-    keys = [*SUMMARY_KEYS, *(["A_auc"] if all(getattr(e, "A_auc", None) is not None for e in entries) else [])]
-    stats = {key: mean_std([getattr(e, key) for e in entries]) for key in keys}
-    return {"mean": {k: m for k, (m, _) in stats.items()}, "std": {k: sd for k, (_, sd) in stats.items()}}
-
-
-#: The settings of a run that may differ from order to order (``--drop-last``'s tails, Si-Blurry's draws): each
-#: order's entry records them where they do (:func:`order_streams`); the top level holds the first order's.
-ORDER_STREAM_KEYS = ("n_train_seen", "n_test", "dropped_classes", "disjoint_classes", "blurred_rows")
-
-
-def order_streams(records: Sequence[Any]) -> list[dict[str, Any]]:
-    """Per order, its values of the :data:`ORDER_STREAM_KEYS` that differ between the orders' ``records``."""
-    differ = [k for k in ORDER_STREAM_KEYS if len({repr(getattr(r, k)) for r in records}) > 1]
-    return [{k: getattr(r, k) for k in differ} for r in records]
-
-
-def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
-    return OrderMetrics(order_seed=seed, tasks=metrics.tasks, accuracy_matrix=metrics.accuracy_matrix,
-                        A_steps=metrics.A_steps, A_avg=metrics.A_avg, A_last=metrics.A_last, F=metrics.F,
-                        F_published_code=metrics.F_published_code, gammas_selected=metrics.gammas_selected,
-                        A_auc=metrics.A_auc, anytime=metrics.anytime)
-
-
-def order_means(entries: Sequence[Accuracy]) -> dict[str, Any]:
-    """The accuracy fields of a record of many orders: the means of A_avg, A_last, F (and A_auc, :func:`summary`)
-    with their ``std``, the position-wise means of ``accuracy_matrix`` and ``A_steps`` (after i tasks, on the j-th
-    task of each order; :func:`check_task_counts` gives every order the same positions) and ``F_published_code``'s
-    mean where every order has one. Typed Any: they fill the records' fields of those names."""
-    stats = summary(entries)
-    rows = [len(row) for row in known(entries[0].accuracy_matrix, "an order's accuracy matrix")]
-    flat = position_means([np.concatenate(known(e.accuracy_matrix, "an order's accuracy matrix")) for e in entries])
-    published = [v for e in entries if (v := e.F_published_code) is not None]
-    return {**stats["mean"], "std": stats["std"],
-            "accuracy_matrix": [[float(v) for v in row] for row in np.split(flat, np.cumsum(rows)[:-1])],
-            "A_steps": [float(v) for v in position_means([known(e.A_steps, "an order's A_steps") for e in entries])],
-            "F_published_code": mean_std(published)[0] if len(published) == len(entries) else None}
-
-
-def combine(seeds: Sequence[int], orders: Sequence[LearnMetrics], one_pass: bool) -> LearnMetrics:
-    """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved; no
-    ``order_seed``), the means over the orders (:func:`order_means`); ``orders`` (with :func:`order_streams`),
-    ``mean`` and ``std``."""
-    entries = [replace(_order_entry(s, m), **own) for s, m, own in zip(seeds, orders, order_streams(orders))]
-    first = orders[0]
-    means = order_means(entries)
-    return replace(first, **means, mean={k: means[k] for k in means["std"]}, order_seed=None,
-                   order_seeds=[known(e.order_seed, "an order's seed") for e in entries], orders=list(entries),
-                   one_pass=one_pass)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,7 +250,7 @@ def run_sweep_orders(
                                            evaluation, execution, log=functools.partial(rest, seed=s), shared=shared))
                     shutil.rmtree(tmp / f"order-{s}")
                 reports = [w.report for w in walks]
-        report = flag_grid_edge(replace(_combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), None)
+        report = flag_grid_edge(replace(combine_sweep(seeds, reports, sweep.resolved_select), one_pass=one_pass), None)
         say_once(seeds, [grid_edge_warning(r) for r in reports], log)  # each order's best gamma, as its own sweep says it
         timings = summed_timings([*(run.timings for run in runs), *(w.timings for w in walks)], start)
         write_json(tmp / SWEEP_FILE, report.to_dict())
@@ -410,19 +269,6 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
     m = replace(model, gamma=1.0, engine="gram")
     return each_order(seeds, lambda s: prepare(features, replace(stream, order_seed=s), m, evaluation, execution,
                                                 n_models=len(gammas), loo=sweep.loo, command="sweep", heads=heads))
-
-
-def each_order(seeds: Sequence[int], prepared: Callable[[int], Run]) -> list[Run]:
-    """Every order's prepared run; a refusal of one order's stream or of a head's class rows names that order (the
-    others may pass: which classes a task holds, and its rows, depend on the order)."""
-    runs = []
-    for seed in seeds:
-        try:
-            runs.append(prepared(seed))
-        except (ClassRowsError, OrderError) as exc:
-            raise FoalPipeError(f"{exc.template} (class order seed {seed}; {param('order_seed', seed)} alone is refused "
-                                "too)") from None
-    return runs
 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
@@ -459,37 +305,3 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
     say_once(seeds, notes, log)  # as the walks per order say them
     runs[0].store.check_unchanged()
     return reports
-
-
-def _combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select: str) -> SweepReport:
-    """The first order's report (its settings, ``tasks``, criteria, choices and selections; no ``order_seed``) with
-    each gamma's accuracy the means over the orders (:func:`order_means`), as ``learn --order-seeds`` records them,
-    the test oracle's gamma (and a choice by ``test``) from those means, and every order's results."""
-    results = [replace(r, **order_means([rep.results[i] for rep in reports])) for i, r in enumerate(reports[0].results)]
-    orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results,
-                         heads=rep.heads, **own) for s, rep, own in zip(seeds, reports, order_streams(reports))]
-    oracle = choose(results, "test")
-    combined = replace(reports[0], results=results, orders=orders, order_seed=None, order_seeds=list(seeds),
-                       best_gamma_test=oracle, best_gamma=oracle if select == "test" else reports[0].best_gamma)
-    return _combine_heads(combined, reports) if reports[0].heads else combined
-
-
-#: The head options ``sweep --heads`` sets from each order's gamma (dual's gamma_comp: its gamma) -> their per-order key.
-PER_ORDER_OPTIONS = {"gamma": "gammas", "gamma_comp": "gamma_comps"}
-
-
-def _combine_heads(report: SweepReport, reports: Sequence[SweepReport]) -> SweepReport:
-    """``--heads`` over orders: each head's entry with its accuracy the means over the orders (:func:`order_means`),
-    its leave-one-out accuracy their mean and each order's :data:`PER_ORDER_OPTIONS` (not the first order's alone);
-    the best head by mean leave-one-out accuracy and the test oracle's by mean A_avg, as one order's are chosen."""
-    heads = {}
-    for name, first in known(report.heads, "the heads' entries").items():
-        entries = [known(rep.heads, "an order's heads")[name] for rep in reports]
-        loo = [v for e in entries if (v := e.loo_accuracy) is not None]
-        options = {PER_ORDER_OPTIONS.get(k, k): [e.options[k] for e in entries] if k in PER_ORDER_OPTIONS else v
-                   for k, v in first.options.items()}
-        heads[name] = replace(first, **order_means(entries), options=options,
-                              loo_accuracy=None if len(loo) < len(entries) else mean_std(loo)[0])
-    best, oracle = best_heads(heads)
-    return replace(report, heads=heads, best_head=best, best_head_selected_by=report.best_head_selected_by if best else None,
-                   best_head_test=oracle)

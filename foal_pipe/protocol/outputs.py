@@ -16,7 +16,8 @@ from typing import Any
 
 from foal_pipe.heads import Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
-from foal_pipe.io import TEMPORARY, TIMINGS_FILE, TIMINGS_OF, atomic_dir, write_json
+from foal_pipe.io import TIMINGS_FILE, TIMINGS_OF, atomic_dir, write_json
+from foal_pipe.io.temporaries import TEMPORARY
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.modelfile import MODEL_FILE, stored_checksum
 from foal_pipe.model.ridgemodel import RidgeModel

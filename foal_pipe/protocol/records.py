@@ -16,22 +16,13 @@ from foal_pipe.core.metrics import summarize
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
+from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.internal import known
+from foal_pipe.protocol.metricsparts import AnytimeCurve, GammaSearch
 from foal_pipe.protocol.run import Run
-from foal_pipe.protocol.schema import (
-    CRITERIA,
-    AnytimeCurve,
-    FusionChoice,
-    FusionSweep,
-    GammaSearch,
-    HeadSweep,
-    LearnMetrics,
-    LeaveOneOutRows,
-    SweepReport,
-    SweepResult,
-    SweepSelection,
-)
+from foal_pipe.protocol.schema import LearnMetrics, SweepReport
 from foal_pipe.protocol.solvers import Boundary
+from foal_pipe.protocol.sweepparts import FusionChoice, FusionSweep, HeadSweep, LeaveOneOutRows, SweepResult, SweepSelection
 
 
 def ragged(acc: np.ndarray) -> list[list[float]]:

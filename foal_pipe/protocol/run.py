@@ -21,9 +21,9 @@ from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import check_memory, fits, human
 from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.criteria import TRAINING_CRITERIA
 from foal_pipe.protocol.loosample import LOO_SAMPLE, RowSample
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
-from foal_pipe.protocol.schema import TRAINING_CRITERIA
 from foal_pipe.protocol.stream import OrderError, Stream, listed_classes, make_stream, resolve_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions

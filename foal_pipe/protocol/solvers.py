@@ -16,10 +16,10 @@ from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_n
 from foal_pipe.core.statistics import Factored, RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.ridgemodel import RidgeModel
+from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.run import Run, row_sample
-from foal_pipe.protocol.schema import CRITERIA
 
 #: The leave-one-out criteria's zoom rules (:func:`~foal_pipe.core.gammasearch.zoom`): LOO accuracy's ties go
 #: to the least LOO MSE.

@@ -36,7 +36,7 @@ from foal_pipe.protocol.headruns import (
     check_learn_head,
     resolved_options,
 )
-from foal_pipe.protocol.orders import mean_std
+from foal_pipe.protocol.ordermeans import mean_std
 from foal_pipe.protocol.run import ClassRowsError, Run, check_settings, held_bytes, prepare, run_parts
 from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
 from foal_pipe.protocol.tablekept import KeptRuns as _Kept
@@ -225,7 +225,7 @@ def _check_store_memory(config: TableConfig, settings: Settings, run: Run, held:
     (C x D^2, held through the heads' walks) and, with ``--gamma auto``, the boundaries each order's task counts
     share; each walk alone was checked when prepared, this is what they add up to."""
     from foal_pipe.protocol.classsums import class_statistics_bytes
-    from foal_pipe.protocol.orders import fallback_reason
+    from foal_pipe.protocol.orderchecks import fallback_reason
 
     parts: dict[str, int] = {}
     for walk in walks:  # the largest walk: they run one after another
@@ -293,7 +293,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     """The runs of one store, in the order heads x tasks x orders; the store read once for all that are not kept."""
     from foal_pipe.protocol.classsums import class_statistics
     from foal_pipe.protocol.commands import prefixed, run_learn
-    from foal_pipe.protocol.orders import fallback_reason
+    from foal_pipe.protocol.orderchecks import fallback_reason
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings

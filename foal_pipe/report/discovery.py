@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import TEMPORARY, TIMINGS_FILE, TIMINGS_OF, is_feature_store
+from foal_pipe.io import TIMINGS_FILE, TIMINGS_OF
+from foal_pipe.io.outpaths import is_feature_store
+from foal_pipe.io.temporaries import TEMPORARY
 from foal_pipe.model.modelfile import MODEL_FILE, shown
 from foal_pipe.protocol.schema import (
     CHECKSUM_VERSION,
@@ -336,7 +338,7 @@ def find_runs(
     paths: Iterable[str | Path], on_error: Callable[[str], None] | None = None
 ) -> list[RunSummary]:
     """Runs and sweeps under each path: a ``metrics.json``/``sweep.json`` file, or a directory searched
-    recursively, where the temporaries of runs under way or killed (:data:`~foal_pipe.io.TEMPORARY`) are not runs.
+    recursively, where the temporaries of runs under way or killed (:data:`~foal_pipe.io.temporaries.TEMPORARY`) are not runs.
     Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with ``on_error``, is reported to it
     and skipped."""
     found: dict[Path, RunSummary] = {}

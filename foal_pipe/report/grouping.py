@@ -78,7 +78,7 @@ def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[
     metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``, and ``mixed``: :func:`mixed_settings` of its
     runs. A ``learn --order-seeds`` run counts as its class orders, each a run (as the separate ``--order-seed``
     runs would), not as their mean."""
-    from foal_pipe.protocol.orders import mean_std  # as table and learn --order-seeds average: the same digits
+    from foal_pipe.protocol.ordermeans import mean_std  # as table and learn --order-seeds average: the same digits
 
     groups: dict[tuple, list[LearnMetrics]] = {}
     for m in runs:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summary_of
-from foal_pipe.protocol.schema import CRITERIA, TRAINING_CRITERIA, LearnMetrics, same_gamma
+from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
+from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.classes import ClassResults, task_classes
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
@@ -139,7 +140,7 @@ def _spread(m: LearnMetrics, key: str) -> str:
     values = [getattr(o, key, None) for o in m.orders or ()]
     numbers = [v for v in values if v is not None]
     if std is None and m.std is not None and len(values) > 1 and len(numbers) == len(values):
-        from foal_pipe.protocol.orders import mean_std
+        from foal_pipe.protocol.ordermeans import mean_std
 
         std = mean_std(numbers)[1]
     return "" if std is None or len(m.orders or ()) == 1 else f" ± {pct(std)}"

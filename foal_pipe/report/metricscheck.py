@@ -18,7 +18,8 @@ import numpy as np
 
 from foal_pipe.core.metrics import summary_of
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.protocol.schema import AllClasses, AnytimeCurve, LearnMetrics, OrderMetrics, StoreScore, same_gamma
+from foal_pipe.protocol.metricsparts import AllClasses, AnytimeCurve, OrderMetrics, StoreScore
+from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 
 #: Largest disagreement tolerated between a stored metric and its recomputation from the matrix (or curve).
 TOLERANCE = 1e-6
@@ -199,7 +200,7 @@ def all_classes_recomputed(metrics: LearnMetrics) -> tuple[AllClasses | None, li
 def std_warnings(metrics: LearnMetrics, orders: list[OrderMetrics], keys: tuple[str, ...]) -> list[str]:
     """``--order-seeds``: each of ``keys`` whose stored ``std`` is not the population std (ddof 0) of ``orders``'
     values (the orders as their matrices give them)."""
-    from foal_pipe.protocol.orders import mean_std
+    from foal_pipe.protocol.ordermeans import mean_std
 
     out = []
     for key in keys:

@@ -15,7 +15,8 @@ import numpy as np
 
 from foal_pipe.core.metrics import summary_of
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.protocol.schema import CRITERIA, RunSettings
+from foal_pipe.protocol.criteria import CRITERIA
+from foal_pipe.protocol.schema import RunSettings
 from foal_pipe.report.classes import ClassResults
 from foal_pipe.report.paper import GAMMAS, PaperMatch
 from foal_pipe.report.readers import Run

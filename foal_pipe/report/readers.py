@@ -18,15 +18,9 @@ import numpy as np
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.modelfile import read_model, stored_head
-from foal_pipe.protocol.schema import (
-    METRICS_FILE,
-    SWEEP_FILE,
-    FusionSweep,
-    LearnMetrics,
-    OrderMetrics,
-    SweepReport,
-    same_gamma,
-)
+from foal_pipe.protocol.metricsparts import OrderMetrics
+from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, same_gamma
+from foal_pipe.protocol.sweepparts import FusionSweep
 from foal_pipe.report.metricscheck import TOLERANCE as TOLERANCE  # the report's tolerance, used beside it
 from foal_pipe.report.metricscheck import all_classes_recomputed, check_metrics, differs, headline_numbers, std_warnings
 from foal_pipe.report.sweepcheck import checked_sweep
@@ -173,7 +167,7 @@ def _headline_recomputed(metrics: LearnMetrics) -> LearnMetrics:
     if metrics.orders is None:
         recomputed = headline_numbers(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
         return replace(metrics, **{key: recomputed[key] for key in HEADLINE if _replaced(key, getattr(metrics, key), recomputed)})
-    from foal_pipe.protocol.orders import mean_std
+    from foal_pipe.protocol.ordermeans import mean_std
 
     as_runs = [_headline_recomputed(replace(metrics, **{f.name: getattr(entry, f.name) for f in fields(entry)
                                                  if f.name in HEADLINE or f.name in ("accuracy_matrix", "anytime")},

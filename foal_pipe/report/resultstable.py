@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.io import csv_dict_writer
+from foal_pipe.io.csvrows import csv_dict_writer
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.markdown import md
 from foal_pipe.report.published import Reference, references

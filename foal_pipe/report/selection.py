@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foal_pipe.protocol.schema import CRITERIA, CRITERION_KEYS, FusionSweep, SweepReport, SweepResult, same_gamma
+from foal_pipe.protocol.criteria import CRITERIA
+from foal_pipe.protocol.schema import SweepReport, same_gamma
+from foal_pipe.protocol.sweepparts import CRITERION_KEYS, FusionSweep, SweepResult
 
 OLD_SWEEP = "test A_avg (old sweep)"
 

@@ -19,18 +19,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.protocol.schema import (
-    CRITERIA,
+from foal_pipe.protocol.criteria import CRITERIA
+from foal_pipe.protocol.metricsparts import Accuracy
+from foal_pipe.protocol.schema import SweepReport, same_gamma
+from foal_pipe.protocol.sweepparts import (
     CRITERION_KEYS,
-    Accuracy,
     FusionSweep,
     HeadSweep,
     LeaveOneOutRows,
     OrderSweep,
-    SweepReport,
     SweepResult,
     SweepSelection,
-    same_gamma,
 )
 from foal_pipe.protocol.typedjson import is_number, shown
 from foal_pipe.report.metricscheck import differs, headline_numbers
@@ -253,9 +252,9 @@ def _orders(check: _Check, sweep: SweepReport, gammas: list[float]) -> None:
 
 
 def _order_options(check: _Check, sweep: SweepReport) -> None:
-    """A head's options set from each order's gamma (:data:`~foal_pipe.protocol.orders.PER_ORDER_OPTIONS`) list one
+    """A head's options set from each order's gamma (:data:`~foal_pipe.protocol.ordermeans.PER_ORDER_OPTIONS`) list one
     value per order, each the one ``orders[i]`` records for that head, as ``sweep --order-seeds`` combines them."""
-    from foal_pipe.protocol.orders import PER_ORDER_OPTIONS
+    from foal_pipe.protocol.ordermeans import PER_ORDER_OPTIONS
 
     orders = sweep.orders or []
     for name, head in (sweep.heads or {}).items():
@@ -321,7 +320,7 @@ def _order_numbers(check: _Check, order: OrderSweep, where: str) -> OrderSweep:
 def _means(check: _Check, record: A, entries: list[A], where: str) -> A:
     """``record`` (a mean over the orders) with each number, ``std`` and ``A_steps`` that disagrees with the mean
     over ``entries`` (the orders' own, recomputed) replaced by it, as ``sweep --order-seeds`` computes them."""
-    from foal_pipe.protocol.orders import order_means
+    from foal_pipe.protocol.ordermeans import order_means
 
     if any(e.A_steps is None or e.accuracy_matrix is None for e in entries):
         return record

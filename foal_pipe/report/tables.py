@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summary_of
-from foal_pipe.io import CsvRows, csv_dict_writer
+from foal_pipe.io.csvrows import CsvRows, csv_dict_writer
 from foal_pipe.report.classes import ClassResults, stream_order, stream_positions
 from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import zarr
 
 from foal_pipe.errors import FoalPipeError, clipped, param
-from foal_pipe.io import STORE_FORMAT
 from foal_pipe.io import UNLABELLED as UNLABELLED
+from foal_pipe.io.outpaths import STORE_FORMAT
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore, sharding_problem
 

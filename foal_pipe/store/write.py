@@ -16,7 +16,8 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.io import enclosing_store, exchange, is_feature_store
+from foal_pipe.io import exchange
+from foal_pipe.io.outpaths import enclosing_store, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.integrity import check_chunks, compute_generation, record_chunks
 from foal_pipe.store.log import log_path

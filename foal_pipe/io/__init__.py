@@ -3,34 +3,32 @@
 A single file is written to a temporary name beside it, then renamed into place. A run's outputs (the model
 and its metrics, a sweep, an evaluation) are written into a temporary sibling directory that replaces the
 output directory in one rename, so a kill or a full disk leaves the previous outputs untouched.
+
+The checks of an output path that need no settling are in :mod:`foal_pipe.io.outpaths`, the names of the
+temporaries and their removal in :mod:`foal_pipe.io.temporaries`, and CSV rows that read back as written in
+:mod:`foal_pipe.io.csvrows`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import ctypes
 import errno
 import glob
-import itertools
 import json
 import os
-import re
-import shutil
-import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from foal_pipe.durable import changed_at, fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io.outpaths import _check_kind, _check_parents, _probe_parent, _refuse_dots, check_not_an_input, follow_link
+from foal_pipe.io.temporaries import _JOURNAL, _OLD, _TEMP_EXTRA, _is_folder, _read_journal, _remove
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
-STORE_FORMAT = "foal-pipe/features"
-"""The ``format`` attribute of a feature store (:data:`foal_pipe.store.meta.FORMAT`): here, so that the output
-checks recognise a store without importing Zarr."""
 #: The label of a row with no class (``extract --dataset images``): a store keeps it, ``learn`` refuses it. Here,
 #: below both, so that the datasets make such rows and the store checks them without importing each other.
 UNLABELLED = -1
@@ -39,13 +37,8 @@ UNLABELLED = -1
 METRICS_FILE = "metrics.json"
 SWEEP_FILE = "sweep.json"
 #: A run's wall seconds by step, and its key naming the record they are of (``{"file": NAME, "sha256": HEX}``).
-TIMINGS_FILE, TIMINGS_OF = "timings.json", "of"
-_JOURNAL, _OLD = ".swap", "-old"  # suffixes of atomic_dir's temporaries
-#: The names of the temporaries beside an output NAME (``.NAME.tmp-PID[-RANDOM][-old|.swap]``, a table's
-#: ``.NAME.table-runs[-PID-RANDOM]``): what ``summary`` skips.
-TEMPORARY = re.compile(r"\..+\.(tmp-\d+(-[a-z0-9_]{8})?(-old|\.swap)?|table-runs(-\d+-[a-z0-9_]{8})?)")
-#: The longest name atomic_dir makes beside NAME, less NAME: ``.NAME.tmp-PID-RANDOM.swap`` with a 7-digit PID.
-_TEMP_EXTRA = len(".") + len(".tmp-") + 7 + len("-") + 8 + len(_JOURNAL)
+TIMINGS_FILE = "timings.json"
+TIMINGS_OF = "of"
 #: The temporaries (real paths) of this process's atomic_dir calls in progress: a journal of this process's that is not
 #: one of them was left by a call whose settlement failed, and is settled like a dead process's.
 _IN_PROGRESS: set[str] = set()
@@ -66,20 +59,6 @@ def _io_error(path: Path, exc: OSError, fix: str) -> WriteError:
     return WriteError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}", path, exc)
 
 
-def follow_link(path: str | Path) -> Path:
-    """The path an output given as a symlink is written at: its target, so the link stays and nothing of the
-    target's moves (replacing the link itself would leave the user's link a real folder, take the target's
-    files into it and, across filesystems, fail half-way). A symlink loop is refused."""
-    path = Path(path)
-    if not os.path.islink(path):
-        return path
-    target = Path(os.path.realpath(path))
-    if os.path.islink(target):
-        raise FoalPipeError(f"output {path} is a symlink that never reaches a file or folder (a loop); "
-                            f"remove it or choose another {param('out')}")
-    return target
-
-
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path; on success it replaces ``path`` (a symlink's target, the link kept), on error it
@@ -97,31 +76,6 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         with held_signals(), contextlib.suppress(OSError):  # a failed unlink must not hide why the write failed
             tmp.unlink(missing_ok=True)
-
-
-class CsvRows:
-    """``csv.writer`` rows ending in ``\n`` that a reader splits as written: the csv module quotes a field holding its
-    line terminator's characters only, so a carriage return in a class name or a path split its row; such a row is
-    written with every field quoted."""
-
-    def __init__(self, fh: Any) -> None:
-        self._plain = csv.writer(fh, lineterminator="\n")
-        self._quoted = csv.writer(fh, lineterminator="\n", quoting=csv.QUOTE_ALL)
-
-    def writerow(self, row: Iterable[Any]) -> None:
-        row = list(row)
-        (self._quoted if any(isinstance(v, str) and "\r" in v for v in row) else self._plain).writerow(row)
-
-    def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
-        for row in rows:
-            self.writerow(row)
-
-
-def csv_dict_writer(fh: Any, fieldnames: Sequence[str]) -> csv.DictWriter:
-    """``csv.DictWriter`` whose rows go through :class:`CsvRows`."""
-    writer = csv.DictWriter(fh, fieldnames=fieldnames, lineterminator="\n")
-    writer.writer = CsvRows(fh)  # type: ignore[assignment]
-    return writer
 
 
 def write_json(path: str | Path, data: Any) -> Path:
@@ -171,47 +125,6 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
     return path
 
 
-def _refuse_dots(path: Path, inputs: list[str | Path | None], inside: str) -> NoReturn:
-    """Refuse ``path`` named by '.' or '..' with an ``--out`` to pass instead: the directory by name or, where it holds
-    an input (and would be refused in turn), a folder in it (``inside``, else ``inside-2``, ...) that the checks accept."""
-    named = Path(os.path.abspath(path))
-    why = f"output {path} names a directory by '.' or '..', which cannot be replaced in one rename"
-    try:
-        check_not_an_input(named, inputs)
-    except FoalPipeError:
-        folder = next(named / name for name in itertools.chain([inside], (f"{inside}-{i}" for i in itertools.count(2)))
-                      if not os.path.lexists(named / name) or _takes(named / name, inputs))
-        raise FoalPipeError(f"{why}, and {named} holds this command's inputs; pass a folder by name, e.g. "
-                            f"{param('out')} {folder}") from None
-    raise FoalPipeError(f"{why}; pass it by name, e.g. {param('out')} {named}")
-
-
-def _takes(folder: Path, inputs: list[str | Path | None]) -> bool:
-    """Whether the existing ``folder`` can be an output: a folder, not a feature store, and not one of ``inputs`` nor
-    holding one."""
-    if not folder.is_dir() or is_feature_store(folder):
-        return False
-    try:
-        check_not_an_input(folder, inputs)
-    except FoalPipeError:
-        return False
-    return True
-
-
-def _check_kind(path: str | Path, kind: str) -> None:
-    """Refuse an existing output (or a symlink's target) that is neither a regular file nor a folder, such as a
-    FIFO, a device or ``/dev/stdout``: it would be replaced by a regular file."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        what = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device or socket"
-        fix = "leave out --out to write to standard output, or " if kind == "file" else ""
-        raise FoalPipeError(f"output {path} is {what}, not a {kind}, and would be replaced; {fix}choose another "
-                            f"{param('out')}")
-
-
 def check_output_file(path: str | Path) -> Path:
     """Refuse, before any work, an output file that cannot be written (a directory, a FIFO or device, under a file,
     read-only)."""
@@ -229,57 +142,6 @@ def check_output_file(path: str | Path) -> Path:
     except OSError as exc:
         raise _io_error(path, exc, f"choose a writable {param('out')} path") from None
     return path
-
-
-def check_not_an_input(path: str | Path, inputs: Iterable[str | Path | None]) -> None:
-    """Refuse an output that is one of the command's inputs, or a folder holding one: written over, or swapped away
-    with the folder (and left in its temporary by a kill), the input would be lost."""
-    if not os.path.lexists(path):
-        return
-    for given in inputs:
-        if given is not None and os.path.exists(given):
-            held = Path(path).resolve() in Path(given).resolve().parents
-            if held or os.path.samefile(path, given):
-                raise FoalPipeError(f"output {path} {'holds' if held else 'is'} an input of this command ({given}) and "
-                                    f"would be {'replaced with it' if held else 'overwritten'}; choose another {param('out')}")
-
-
-def is_feature_store(path: Path) -> bool:
-    """Whether ``path`` holds a foal-pipe feature store (its group attributes say so), complete or not."""
-    try:
-        doc = json.loads((path / "zarr.json").read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and doc["attributes"].get("format") == STORE_FORMAT
-
-
-def _probe_parent(path: Path, create: bool) -> Path:
-    """``path``'s parent, made when ``create``; else its nearest existing ancestor, where a probe shows that the
-    parents can be made: a run refused after the check leaves no empty folders behind."""
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path.parent
-    return next(parent for parent in path.absolute().parents if parent.is_dir())
-
-
-def _check_parents(path: Path) -> Path:
-    """Refuse a path below a file (mkdir would only say "File exists") and a path in a feature store (a run's files
-    there would sit among its arrays, or overwrite them)."""
-    for parent in path.parents:
-        if os.path.lexists(parent):
-            if not parent.is_dir():
-                raise FoalPipeError(f"cannot write {path}: {parent} is a file, not a directory; choose another {param('out')}")
-            break
-    where = enclosing_store(path, itself=True)
-    if where is not None:
-        raise FoalPipeError(f"output {path} lies in the feature store {where}; choose an {param('out')} outside it")
-    return path
-
-
-def enclosing_store(path: str | Path, itself: bool = False) -> Path | None:
-    """The feature store that ``path`` lies in (``itself``: or is), if any."""
-    full = Path(path).resolve()
-    return next((where for where in ((full,) if itself else ()) + tuple(full.parents) if is_feature_store(where)), None)
 
 
 def _remove_stale(path: Path, swapped: bool = False) -> None:
@@ -315,35 +177,6 @@ def settle_enclosing(path: str | Path) -> None:
         except OSError as exc:
             raise _io_error(folder, exc, "an interrupted run's replacement of it is pending; make it writable, then "
                             "re-run") from None
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, onerror=_writable_retry)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _writable_retry(func: Callable[..., Any], name: str, _exc: Any) -> None:
-    """rmtree's error handler: a read-only folder of replaced outputs is made writable, so it is not left behind."""
-    with contextlib.suppress(OSError):
-        parent = os.path.dirname(name)
-        os.chmod(parent, stat.S_IMODE(os.stat(parent).st_mode) | stat.S_IRWXU)
-        func(name)
-
-
-def _read_journal(journal: Path) -> tuple[int | None, set[str]]:
-    """The new directory's inode and the names the run owns (never carried over), as :func:`atomic_dir` wrote
-    them; no inode when there is no whole journal."""
-    try:
-        inode, *owned = journal.read_text().split("\n")
-        return int(inode), set(owned)
-    except (OSError, ValueError):
-        return None, set()
-
-
-def _is_folder(path: Path) -> bool:
-    return path.is_dir() and not path.is_symlink()
 
 
 def _carry(previous: Path, path: Path, owned: set[str]) -> None:
