@@ -31,11 +31,12 @@ from foal_pipe.protocol.headscores import build_heads, head_reports
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.learners.rls import RLSLearner
+from foal_pipe.protocol.metricsparts import AnytimeCurve
 from foal_pipe.protocol.outputs import save_head_model, save_model
 from foal_pipe.protocol.records import grid_edge, learn_metrics, run_info
 from foal_pipe.protocol.rowcache import GroupedRows
 from foal_pipe.protocol.run import Run, reread_note
-from foal_pipe.protocol.schema import AnytimeCurve, LearnMetrics
+from foal_pipe.protocol.schema import LearnMetrics
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import SharedRows, head_train_rows, train_rows, walk
 
@@ -128,11 +129,21 @@ def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: Share
 
 
 def warn_gcv(boundaries: Sequence[Boundary], grid: Sequence[float], log: Callable[[str], None]) -> None:
-    """Warn when GCV's choice has effective degrees of freedom near the rows' count, where GCV is unreliable."""
+    """Warn when GCV's choice has effective degrees of freedom near the rows' count, where GCV is unreliable, and
+    when it is the least gamma at which GCV has a value: below it the residual lies below its rounding (no value),
+    so its minimum may lie there, though the choice is not on the grid's edge."""
+    bounded = [k + 1 for k, b in enumerate(boundaries) if (s := (b.searches or {}).get("gcv")) is not None
+               and 0 < s.index == int(np.argmax(np.isfinite(s.values)))]
+    if bounded:
+        at = ", ".join(map(str, bounded))
+        log(f"warning: GCV chose the least gamma at which it has a value at task boundar{'y' if len(bounded) == 1 else 'ies'} "
+            f"{at}: below it the fit all but interpolates the rows and its residual is below float64's rounding, so its "
+            "minimum may lie lower; prefer --select loo")
     flagged = [ratio for b in boundaries if (ratio := b.gcv_dof_ratio) is not None and ratio > GCV_DOF_WARNING]
     if flagged:
+        share = f"{100 * max(flagged):.0f}%" if len(flagged) == 1 else f"up to {100 * max(flagged):.0f}%"
         log(
-            f"warning: GCV's choice has effective degrees of freedom {100 * flagged[-1]:.0f}% of the rows "
+            f"warning: GCV's choice has effective degrees of freedom {share} of the rows "
             f"(above {100 * GCV_DOF_WARNING:.0f}%) at {len(flagged)} task boundar{'y' if len(flagged) == 1 else 'ies'}; "
             "GCV is unreliable as D nears n: prefer --select loo"
         )
