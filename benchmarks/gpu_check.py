@@ -31,6 +31,9 @@ keeps what came before; a backend that is not there is recorded as ``{"skipped":
     stream of its own against the synchronous copy (``FOAL_PIPE_SYNC_COPY=1``) and the host alone: median fill
     seconds, interleaved, and the device rows of both copies against the host's bit for bit.
 
+(k) ``refusals``: what must be refused on every backend as on NumPy (an indefinite matrix's Cholesky factorisation,
+    which CuPy reports only inside ``cupyx.errstate``; a rank-one Gram's tiny gamma, which the solve's refinement
+    step refuses), in milliseconds: ``--parts refusals,scale,cifar`` is issue 33's device call.
 (i) ``cold`` (not run by default: ``--parts cold`` is a device call of its own): where first calls and start-up
     go (benchmarks/gpu_cold.py): bare processes' floors, CuPy's kernel compilation under its compile settings,
     torch's warm learn, and the 2,000-image extract's timeline, each command under a stack sampler.
@@ -99,6 +102,8 @@ COMMIT_VARIABLE = "FOAL_PIPE_COMMIT"
 TARGETS = {"end_to_end_images_per_s": ">= 5,000 on an H100", "peak_gpu_gib": "< 2 GB at batch 256"}
 CLI = "from foal_pipe.cli import main; main()"
 COLD_SECONDS = 330
+#: Part ``refusals``' deadline: milliseconds of linear algebra, after each backend's start.
+REFUSALS_SECONDS = 10
 """Part ``cold``'s deadline: 4 CuPy settings x (learn, sweep cold, learn warm), torch twice, 2 extracts."""
 
 
@@ -250,6 +255,47 @@ def part_learner(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
                 out["runs"][key] = run
             except Exception as exc:
                 out["runs"][key] = {"error": _one_line(exc)}
+
+
+def part_refusals(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
+    """What must be refused on every backend as on NumPy, checked on the device in milliseconds: an indefinite
+    matrix's Cholesky factorisation (CuPy reports no failure outside ``cupyx.errstate``: ``linalg.cholesky_or_none``
+    must give None and ``solve_spd`` refuse), and a rank-one Gram's tiny gamma, whose solve the refinement step of
+    ``linalg.check_solved`` refuses (W was up to 8e-3 off)."""
+    from foal_pipe.core.backend import default_device, get_namespace, to_numpy
+    from foal_pipe.core.linalg import cholesky_or_none, solve_spd
+    from foal_pipe.core.statistics import RidgeStatistics
+    from foal_pipe.errors import FoalPipeError
+
+    def outcome(call: Callable[[], Any], words: str, exact: np.ndarray | None = None) -> str | float:
+        """``"refused"`` (the refusal with ``words``), the relative error against ``exact``, or what went wrong."""
+        try:
+            result = call()
+        except FoalPipeError as exc:
+            return "refused" if words in str(exc) else _one_line(exc)
+        except Exception as exc:
+            return _one_line(exc)
+        return "accepted" if exact is None else _rel(to_numpy(result), exact)
+
+    indefinite = np.array([[1.0, 2.0], [2.0, 1.0]])
+    D, a = 1000, 5000.0
+    for backend in BACKENDS:
+        problem = backend_problem(backend)
+        if problem:
+            out[backend] = {"skipped": problem}
+            continue
+        xp = get_namespace(backend)
+
+        where = default_device(xp)
+        statistics = RidgeStatistics(xp.asarray(np.full((D, D), a), device=where), xp.asarray(np.full((D, 2), a), device=where),
+                                     np.arange(2), 400, None, symmetric=True)
+        square, column = xp.asarray(indefinite, device=where), xp.asarray(np.ones((2, 1)), device=where)
+        out[backend] = {  # refused, or within 1e-4 of the closed form 1 q^T / (a D + gamma)
+            "cholesky_or_none_gives_none": cholesky_or_none(xp, square) is None,
+            "solve_spd": outcome(lambda A=square, b=column: solve_spd(A, b, "float64"), "not positive definite"),
+            **{f"rank_one_gamma_{gamma:g}": outcome(lambda s=statistics, g=gamma: s.solve(g), "may move the weights",
+                                                    np.full((D, 2), a / (a * D + gamma))) for gamma in (1e-6, 1e-5, 1.0)},
+        }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -769,11 +815,11 @@ def part_vit(sz: Sizes, work: Path, out: dict[str, Any]) -> None:
 
 
 PARTS: dict[str, Callable[[Sizes, Path, dict[str, Any]], None]] = {
-    "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar, "startup": part_startup,
-    "heads": part_heads, "online": part_online, "copies": part_copies, "scale": part_scale,
+    "refusals": part_refusals, "learner": part_learner, "learn": part_learn, "extract": part_extract, "cifar": part_cifar,
+    "startup": part_startup, "heads": part_heads, "online": part_online, "copies": part_copies, "scale": part_scale,
     "cold": part_cold, "vit": part_vit}
-DEFAULT_PARTS = ("learner", "learn", "extract", "cifar", "startup", "heads", "online", "copies")
-"""What runs without ``--parts``; ``scale`` takes a device call of its own with ``cifar`` (``--parts scale,cifar``)."""
+DEFAULT_PARTS = ("refusals", "learner", "learn", "extract", "cifar", "startup", "heads", "online", "copies")
+"""What runs without ``--parts``; ``scale`` takes a device call of its own with ``cifar`` (``--parts refusals,scale,cifar``)."""
 
 
 def run_order(parts: list[str]) -> list[str]:
@@ -789,6 +835,8 @@ def part_deadline(sz: Sizes, name: str) -> int:
         return (gpu_scale.SCALE_DRY if sz == DRY else gpu_scale.SCALE_FULL).seconds + 15
     if name == "cold":
         return COLD_SECONDS
+    if name == "refusals":
+        return REFUSALS_SECONDS
     if name == "vit":
         return gpu_vit.SECONDS
     return sz.cifar_seconds if name == "cifar" else sz.part_seconds

@@ -32,11 +32,20 @@ def test_gpu_check_dry_run_writes_every_part(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "GPU check on" in proc.stdout and "(dry run)" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["dry_run"] is True and set(report["parts"]) == {"learner", "learn", "extract", "cifar", "startup",
-                                                                      "heads", "online", "copies"}
+    assert report["dry_run"] is True and set(report["parts"]) == {"refusals", "learner", "learn", "extract", "cifar",
+                                                                      "startup", "heads", "online", "copies"}
     assert report["machine"]["commit"] == "0123abcd"  # the tree's commit as the caller names it
     assert not [name for name, part in report["parts"].items() if "error" in part]
     assert [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]  # scratch files went elsewhere
+
+    refusals = report["parts"]["refusals"]
+    for backend in BACKENDS:
+        def refused(r: dict) -> None:  # refused, or within 1e-4 of the closed form
+            assert r["cholesky_or_none_gives_none"] is True and r["solve_spd"] == "refused"
+            assert r["rank_one_gamma_1e-06"] == "refused" and r["rank_one_gamma_1"] <= 1e-6
+            assert r["rank_one_gamma_1e-05"] == "refused" or r["rank_one_gamma_1e-05"] <= 1e-4
+        _skipped_or(refusals[backend], refused)
+    assert "skipped" not in refusals["numpy"]
 
     learner = report["parts"]["learner"]["runs"]
     assert set(learner) == {f"{b}/{e}" for b in BACKENDS for e in ENGINES}
