@@ -9,6 +9,7 @@ only in the cosine (its ``CosineLinear``, whose learnable scale ``sigma`` does n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -21,6 +22,21 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, NoOptions
 from foal_pipe.heads.checks import FLOAT64, check_rows
 from foal_pipe.heads.moments import ClassSums, unit_rows
+from foal_pipe.heads.ncm import RESOLUTION, score_rounding, unresolved_separation
+
+
+def check_separated(prototypes: Any) -> None:
+    """Refuse prototypes whose directions lie so close that the rounding of the cosines (of unit vectors) is not far
+    below ``1 - cos`` between two of them (half their unit rows' squared separation): features far from the origin
+    that vary little, whose cosines all round to 1. Directions that coincide to float64's precision (parallel
+    prototypes, zero ones) are a tie and pass."""
+    rounding = score_rounding(prototypes.shape[1], 1.0)
+    gap = unresolved_separation(unit_rows(prototypes), 2 * rounding / RESOLUTION) / 2
+    if gap < math.inf:
+        raise FoalPipeError(f"cosine: two class prototypes have 1 - cos = {gap:.3g}, too close for float64 cosines "
+                            f"(their rounding, about {rounding:.2g}, must stay below {RESOLUTION:g} of it): the "
+                            "features sit far from the origin and vary little, or two classes are alike",
+                            "centre the features (subtract their mean) or use another head")
 
 
 class CosineScorer:
@@ -65,6 +81,7 @@ class CosineHead(HeadBase):
         if not bool(self.sums.xp.all(self.sums.xp.isfinite(means))):
             raise FoalPipeError("cosine: a class's sum of rows overflows float64 (features near 1e308); scale the "
                                 "features down (a positive scale moves no cosine)")
+        check_separated(means)  # loo_hits, after the last boundary, scores the same cosines (one prototype moved)
         return CosineScorer(self.sums.classes.copy(), means)
 
     def state_dict(self, scorer: CosineScorer) -> dict[str, Any]:
@@ -75,6 +92,7 @@ class CosineHead(HeadBase):
 
     @classmethod
     def scorer_from(cls, classes: np.ndarray, tensors: Mapping[str, Any], options: Any) -> CosineScorer:
+        check_separated(tensors["prototypes"])
         return CosineScorer(classes, tensors["prototypes"])
 
     def loo_hits(self, X: Any, labels: np.ndarray) -> int:
