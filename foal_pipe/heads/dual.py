@@ -34,13 +34,15 @@ published code also scores never-seen ids below ``M``, with zero weights).
 Numerics: the main stream keeps ``R = (G_m + gamma I)^-1`` by the Woodbury update of the published code (a batch
 costs O(b D^2), not a D x D solve), run for several consecutive batches in one pass over ``R``
 (:meth:`DualHead._batches`), and refreshes it from ``G_m`` by an exact float64 solve at every boundary, where
-``W_m`` and ``W_c`` are exact solves too. Measured on one core at D = 1000, batch 10: 860 rows/s batch by batch
-with the Grams per batch, 1,500-1,900 with the Grams per block, 2,200-2,800 with 25-batch blocks (load 2-6 on 2
-shared cores).
+``W_m`` and ``W_c`` are exact solves too; the residuals the compensation stream took are a cancellation whose
+rounding a boundary estimates, refused where it may move ``W_c`` by more than 1e-4
+(:meth:`DualHead._check_residuals`). Measured on one core at D = 1000, batch 10: 860 rows/s batch by batch with the
+Grams per batch, 1,500-1,900 with the Grams per block, 2,200-2,800 with 25-batch blocks (load 2-6 on 2 shared cores).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -49,7 +51,18 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.linalg import DRIFTS, check_drift, check_solved, float64, one_hot, probe_columns, shifted, solve_spd
+from foal_pipe.core.linalg import (
+    DRIFTS,
+    PROBES,
+    UNITS,
+    check_drift,
+    check_solved,
+    float64,
+    one_hot,
+    probe_columns,
+    shifted,
+    solve_spd,
+)
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
@@ -159,6 +172,10 @@ class DualHead(HeadBase):
         self.earlier_ = np.zeros(0, dtype=np.int64)
         self._pending: list[tuple[Any, np.ndarray]] = []  # the partial batch: blocks of rows and their labels
         self._state: dict[str, Any] | None = None  # built at the first row, on its device
+        # the residuals' rounding (:meth:`_residual_rounding`): this task's sum of |M_JJ|_F^2 and the squared
+        # estimate over the tasks closed so far
+        self._solves: Any = 0.0  # a device scalar once a block is added
+        self._rounded = 0.0
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:
@@ -272,15 +289,18 @@ class DualHead(HeadBase):
         keep = xp.asarray(np.isin(seen, self.earlier_, invert=True).astype(np.float64), device=device(h))
         state["Q_comp"] += xp.tanh(h).T @ ((Y - V) * keep[None, :])
         state["Q_main"] += Z.T @ Y
+        batch = xp.asarray(np.arange(rows) // b, device=device(h))
+        # kept on the device until the boundary: a float() here would wait for the device at every block
+        self._solves = self._solves + xp.sum(xp.where(batch[:, None] == batch[None, :], M * M, xp.zeros_like(M)))
         state["R"] -= P.T @ solve_spd(shifted(M, 1.0), P, "float64")
 
     def _check_recursion(self, before: Any, exact: Any) -> None:
         """Refuse a task whose Woodbury steps the boundary's exact solve contradicts: within a task the residuals
         come from ``R``'s steps, run while ``G_m`` may be near singular (the first task: ``R0 = I / gamma``), so their
-        rounding is as large as ``R``'s own at the task's end, ``before`` (``R`` times :data:`PROBES` fixed random
-        columns) against ``exact`` (the exact inverse times them). At gamma 1e-12 that moved ``R`` by 5% and the
-        residuals by as much, unseen by the exact solves; a task started from a refreshed, well-conditioned ``R``
-        moves it by ~1e-15."""
+        rounding is at least as large as ``R``'s own at the task's end (:meth:`_check_residuals` bounds it),
+        ``before`` (``R`` times :data:`PROBES` fixed random columns) against ``exact`` (the exact inverse times them).
+        At gamma 1e-12 that moved ``R`` by 5% and the residuals by as much, unseen by the exact solves; a task started
+        from a refreshed, well-conditioned ``R`` moves it by ~1e-15."""
         xp = self.xp
         scale = float(xp.linalg.vector_norm(exact))
         moved = float(xp.linalg.vector_norm(before - exact)) / scale if scale else 0.0
@@ -289,6 +309,49 @@ class DualHead(HeadBase):
                 f"dual's per-batch recursion's rounding moved (G_main + gamma I)^-1 by {moved:.1g} (more than "
                 f"{DRIFTS['float64']:g}) from its exact solve at this task's end (G_main near singular within the task "
                 f"at gamma {self.gamma:g}), and the residuals it gave the compensation stream by as much; use a larger "
+                "gamma for dual, or scale the features down")
+
+    def _residual_rounding(self, R: Any) -> None:
+        """Add the closed task's share to the estimate of ``|dE|_F``, how far rounding moved the residuals ``E = Y -
+        relu(h) W_m`` (all batches stacked) the compensation stream took. They are a cancellation (``relu(h) W_m`` is
+        close to ``Y`` where the main stream fits the batch), so R's relative drift (:meth:`_check_recursion`) does not
+        bound them. Two sources: a batch's step solves ``I + T_JJ`` (``T_JJ = Z_J R Z_J^T``), off by about ``u
+        |T_JJ|_F |Y_J|_F``, bounded with ``M_JJ``, the block's ``Z_J R0 Z_J^T``; and ``R``'s antisymmetric error (the
+        Woodbury step ``R - (Z R)^T K Z R`` keeps it while ``R``'s entries shrink as rows come: its share of the
+        residuals grew with the rows, 30x from 200 to 8,000), which moves a batch's residual by ``Z_J N Q_m``: summed
+        over the task, ``tr((N Q_m)^T G_m N Q_m)`` with ``N`` the antisymmetric part of ``R``, ``Q_m`` and ``G_m`` at
+        the task's end (``Q_m``'s entries only grow: relu rows, one-hot targets)."""
+        state = self._state
+        assert state is not None
+        skew = 0.5 * (R - R.T) @ state["Q_main"]
+        kept = float(self.xp.sum(skew * (state["G_main"] @ skew)))
+        self._rounded += UNITS["float64"] ** 2 * self.batch_size * float(self._solves) + kept
+        self._solves = 0.0
+
+    def _check_residuals(self, G_comp: Any, W_comp: Any) -> None:
+        """Refuse compensation weights the residuals' rounding (:meth:`_residual_rounding`) may move by more than
+        :data:`~foal_pipe.core.linalg.DRIFTS`: ``W_c`` moves by ``(G_c + gamma_c I)^-1 T^T dE`` (``T`` the tanh rows
+        stacked, ``T^T T = G_c``), at most ``|dE|_F max sqrt(l) / (l + gamma_c)`` over ``G_c``'s eigenvalues ``l``:
+        ``1 / (2 sqrt(gamma_c))``, or, where that does not pass, ``|(G_c + gamma_c I)^-1|_F^(1/2)`` estimated by
+        :data:`~foal_pipe.core.linalg.PROBES` random columns solved. Calibrated against the recursion's residuals and
+        weights computed exactly per batch (mpmath, or 64-bit-mantissa solves; D 8 to 60, 40 to 8,000 rows, scales 1
+        to 1e3, gamma 1e-6 to 1, identical rows as in the audit and Gaussian classes, blocks of 1 and 6 batches): the
+        figure was 2.3x to 5,300x the weights' true change (9x to 19x on Gaussian classes with more rows than D),
+        every case off by more than 1e-4 refused."""
+        xp = self.xp
+        size = float(xp.linalg.vector_norm(W_comp))
+        if not self._rounded or not size:  # W_c = 0 exactly: every residual column zeroed, nothing rounded
+            return
+        spread = math.sqrt(self._rounded) / size
+        moved = spread * 0.5 / math.sqrt(self.gamma_comp)
+        if moved > DRIFTS["float64"]:
+            solved = solve_spd(shifted(G_comp, self.gamma_comp), probe_columns(G_comp), "float64")
+            moved = min(moved, spread * math.sqrt(float(xp.linalg.vector_norm(solved)) / math.sqrt(PROBES)))
+        if not moved <= DRIFTS["float64"]:
+            raise FoalPipeError(
+                f"dual's compensation weights may be off by {moved:.1g} (more than {DRIFTS['float64']:g}): the per-batch "
+                f"recursion's rounding at gamma {self.gamma:g} moves the residuals Y - relu(h) W_main it fits them to, which "
+                "nearly cancel where the main stream fits the rows (rows large against gamma, or alike); use a larger "
                 "gamma for dual, or scale the features down")
 
     def boundary(self) -> DualScorer:
@@ -303,6 +366,7 @@ class DualHead(HeadBase):
         C = self.classes_.size
         probes = probe_columns(state["G_main"])
         before = state["R"] @ probes
+        self._residual_rounding(state["R"])
         state["R"] = None  # refreshed below from the exact solve
         both = solve_spd(shifted(state["G_main"], self.gamma),
                          xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1),
@@ -316,5 +380,6 @@ class DualHead(HeadBase):
             raise FoalPipeError(f"dual's weights overflow float64 at gamma {self.gamma:g}: its per-batch recursion's "
                                 "products grow as the rows' squares over gamma; use a larger gamma for dual, or scale the "
                                 "features down")
+        self._check_residuals(state["G_comp"], W_comp)
         self.earlier_ = self.classes_.copy()
         return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)
