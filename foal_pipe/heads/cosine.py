@@ -65,8 +65,9 @@ class CosineHead(HeadBase):
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:
-        """The class sums, a boundary's prototypes and their unit copies: ``3 C d`` floats."""
-        return FLOAT64 * 3 * n_classes * dim
+        """The class sums, a boundary's prototypes and their unit copies, and the separation check's unit rows,
+        centred copy and block of gaps (:func:`~foal_pipe.heads.ncm.unresolved_separation`): ``6 C d`` floats."""
+        return FLOAT64 * 6 * n_classes * dim
 
     @staticmethod
     def kept(changed: int, seen: int, dim: int) -> int:

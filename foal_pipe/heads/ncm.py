@@ -108,8 +108,9 @@ class NCMHead(HeadBase):
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:
-        """The class sums and a boundary's means: ``2 C d`` floats."""
-        return FLOAT64 * 2 * n_classes * dim
+        """The class sums and a boundary's means, and its separation check's centred copy and block of gaps
+        (:func:`unresolved_separation`): ``4 C d`` floats."""
+        return FLOAT64 * 4 * n_classes * dim
 
     @staticmethod
     def kept(changed: int, seen: int, dim: int) -> int:
