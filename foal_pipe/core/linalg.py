@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache
 from typing import Any
@@ -304,9 +305,48 @@ def blas_threads() -> int:
     return max((pool.num_threads for pool in _threadpools().lib_controllers if pool.user_api == "blas"), default=1)
 
 
+class OneThread:
+    """A holder of the process's one-thread BLAS limit, as a context or until :meth:`restore_original_limits`.
+
+    The pools' thread counts are global to the process, and threadpoolctl's limiter restores, on leaving, the counts
+    it found on entering: two threads whose limits overlapped (A enters, B enters and finds 1, A leaves, B leaves)
+    left every BLAS pool at one thread for the rest of the process, and with it every later product's bits (an
+    estimator's readers in threads did, in the test suite). The holders are counted instead: the first sets one
+    thread, the last gives back the counts the first found."""
+
+    _lock = threading.Lock()
+    _holders = 0
+    _limiter: Any = None
+
+    def __init__(self) -> None:
+        with OneThread._lock:
+            if OneThread._holders == 0:
+                OneThread._limiter = _threadpools().limit(limits=1, user_api="blas")
+            OneThread._holders += 1
+        self._held = True
+
+    def restore_original_limits(self) -> None:
+        """Give the limit back (once): the pools' counts return when no holder is left."""
+        with OneThread._lock:
+            if not self._held:
+                return
+            self._held = False
+            OneThread._holders -= 1
+            if OneThread._holders == 0:
+                OneThread._limiter.restore_original_limits()
+                OneThread._limiter = None
+
+    def __enter__(self) -> OneThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore_original_limits()
+
+
 def factor_threads(dim: int) -> AbstractContextManager:
-    """A BLAS thread limit for one factorisation of dimension ``dim`` (see ``SINGLE_THREAD_FACTOR_DIM``)."""
-    return _threadpools().limit(limits=1 if dim <= SINGLE_THREAD_FACTOR_DIM else None, user_api="blas")
+    """A BLAS thread limit for one factorisation of dimension ``dim`` (see ``SINGLE_THREAD_FACTOR_DIM``): one thread
+    (:class:`OneThread`) up to it, the threads in force above."""
+    return OneThread() if dim <= SINGLE_THREAD_FACTOR_DIM else nullcontext()
 
 
 def float64(a: Any) -> Any:
