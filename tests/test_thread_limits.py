@@ -4,7 +4,10 @@ than taken must neither drop the limit while one is held nor leave the pools at 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from threadpoolctl import threadpool_limits
 
 from foal_pipe.core.linalg import _threadpools, factor_threads
 
@@ -39,3 +42,61 @@ def test_a_held_limit_given_back_twice_counts_once():
     assert _counts() == before
     with factor_threads(5000):  # above SINGLE_THREAD_FACTOR_DIM: the threads in force
         assert _counts() == before
+
+
+def _threads_seen(before: list[int]) -> None:
+    if max(before, default=1) < 2:
+        pytest.skip("one BLAS thread here: no limit to see")
+
+
+def test_a_limit_given_back_by_another_thread_is_given_back():
+    """threadpoolctl 3.8 lets one Python thread at a time set OpenBLAS's process-wide count and ignores the others:
+    A takes, B takes, A gives back, B gives back while A is alive left every pool at one thread."""
+    before = _counts()
+    _threads_seen(before)
+    a_took, b_took, a_gave, done = (threading.Event() for _ in range(4))
+    held: list[list[int]] = []
+
+    def first() -> None:
+        holder = factor_threads(10)
+        a_took.set()
+        b_took.wait()
+        holder.restore_original_limits()
+        a_gave.set()
+        done.wait()
+
+    def second() -> None:
+        a_took.wait()
+        holder = factor_threads(10)
+        b_took.set()
+        a_gave.wait()
+        held.append(_counts())
+        holder.restore_original_limits()
+
+    a, b = threading.Thread(target=first), threading.Thread(target=second)
+    a.start(), b.start()
+    b.join()
+    try:
+        assert set(held[0]) == {1} and _counts() == before  # A is still alive here
+    finally:
+        done.set()
+        a.join()
+
+
+def test_a_limit_taken_in_a_thread_applies_beside_threadpool_limits_held_in_another():
+    """A user's ``threadpool_limits`` in the main thread made threadpoolctl 3.8 ignore a worker's one-thread limit: the
+    factorisation ran on every thread, with other bits."""
+    before = _counts()
+    _threads_seen(before)
+    seen: list[list[int]] = []
+
+    def worker() -> None:
+        with factor_threads(10):
+            seen.append(_counts())
+
+    with threadpool_limits(max(before), user_api="blas"):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert set(seen[0]) == {1} and set(_counts()) == {max(before)}
+    assert _counts() == before

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import threading
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace, device, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import OpenBLASController, ThreadpoolController
 
 from foal_pipe.core.backend import dtype_name, linalg_errors
 from foal_pipe.errors import FoalPipeError, param
@@ -321,7 +322,8 @@ class OneThread:
     def __init__(self) -> None:
         with OneThread._lock:
             if OneThread._holders == 0:
-                OneThread._limiter = _threadpools().limit(limits=1, user_api="blas")
+                with _any_thread_sets():
+                    OneThread._limiter = _threadpools().limit(limits=1, user_api="blas")
             OneThread._holders += 1
         self._held = True
 
@@ -333,7 +335,8 @@ class OneThread:
             self._held = False
             OneThread._holders -= 1
             if OneThread._holders == 0:
-                OneThread._limiter.restore_original_limits()
+                with _any_thread_sets():
+                    OneThread._limiter.restore_original_limits()
                 OneThread._limiter = None
 
     def __enter__(self) -> OneThread:
@@ -341,6 +344,22 @@ class OneThread:
 
     def __exit__(self, *exc: object) -> None:
         self.restore_original_limits()
+
+
+@contextmanager
+def _any_thread_sets() -> Iterator[None]:
+    """Let this thread set OpenBLAS's thread count, and no thread keep that right after. threadpoolctl 3.8 lets one
+    Python thread at a time set a pthreads OpenBLAS's count (process-wide) and silently ignores the others' calls: a
+    limit given back by a thread other than the one that took it was ignored, leaving every pool at one thread, and
+    one taken beside a user's ``threadpool_limits`` in another thread was ignored too."""
+    clear = getattr(OpenBLASController, "clear_controlling_thread", None)  # threadpoolctl < 3.8 has no such rule
+    if clear is not None:
+        clear(force=True)
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear(force=True)
 
 
 def factor_threads(dim: int) -> AbstractContextManager:
