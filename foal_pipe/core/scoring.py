@@ -9,6 +9,8 @@ scores have that same unique argmax. A model whose weights lie within ``delta`` 
 neighbouring gamma) is not multiplied at all: its exact scores lie within ``|h| delta`` of that model's, so the
 same test with the bound widened by it decides most rows. A row a model cannot decide is scored again by that
 model in float64. The argmax is therefore that of the float64 product, row for row: nothing is approximated.
+Where even the float64 scores' own rounding, ``gamma_D |h| (|w_1| + |w_2|)``, covers the top score's lead, rounding
+would pick the class, and the run is refused (features that vary only in their last digits around a large value).
 
 Only NumPy float64 products take the float32 route (cuBLAS and torch may multiply float32 in TF32, which the
 bound does not cover); everything else is scored in its own namespace, as before.
@@ -16,11 +18,12 @@ bound does not cover); everything else is scored in its own namespace, as before
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import factor_threads
@@ -85,6 +88,110 @@ class Rows:
         return Rows(self.H[:n, :], None if self.low is None else self.low[:n], None if self.norms is None else self.norms[:n])
 
 
+def float64_rounding(norms: np.ndarray, lengths: np.ndarray, depth: int) -> np.ndarray:
+    """How far float64 scores ``h @ w`` may lie from the exact ones, ``gamma_D |h| |w|``, from the rows' lengths
+    ``norms`` (n,) and the columns' ``lengths`` (broadcast against ``norms[:, None]``), plus an allowance for
+    products below float64's normals (none where ``h`` or ``w`` is 0: those score exactly 0)."""
+    size = norms[:, None] * lengths
+    return 1.001 * gamma_n(depth, U64) * size + (size > 0) * (2.0 * depth * 2.0**-1074)
+
+
+def column_lengths(W: Any) -> np.ndarray:
+    """``|w|`` of each column of ``W`` (any namespace), scaled by the column's largest entry first so that weights
+    near float64's range do not overflow the squares."""
+    xp = array_namespace(W)
+    scale = xp.max(xp.abs(W), axis=0)
+    safe = xp.where(scale > 0, scale, xp.ones_like(scale))
+    return to_numpy(safe * xp.sqrt(xp.sum((W / safe) ** 2, axis=0))).astype(np.float64)
+
+
+def top_two(xp: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The argmax over the last axis of ``scores`` (namespace ``xp``, at least two columns), the next column and
+    the top score's lead over it, as NumPy arrays."""
+    best = xp.argmax(scores, axis=-1)
+    columns = xp.arange(scores.shape[-1], device=device(scores))
+    rival = xp.where(columns == best[..., None], xp.full_like(scores, -xp.inf), scores)
+    second = xp.argmax(rival, axis=-1)
+    return to_numpy(best), to_numpy(second), to_numpy(xp.max(scores, axis=-1) - xp.max(rival, axis=-1))
+
+
+#: Two columns of a model lying within this fraction of the longer one are taken for one class twice (classes with
+#: the same training rows, whose exact weights are equal and whose solved ones differ by the solve's rounding): where
+#: their scores tie within rounding, float64's pick between them stands, as it always did. Columns of distinct
+#: classes differ by far more (the 1e8 + 1e-7 z store's by 4e-5 of their length).
+TWIN = 1e-6
+
+
+@dataclass(frozen=True)
+class Ties:
+    """What says whether float64 scores ``H @ W`` rank a row: ``W`` (D x models*C, model by model, float64, any
+    namespace), its columns' ``lengths`` (models, C), the scored models (``model_ids``, into ``W``'s) and, for each
+    scored column, the column of ``W``'s model it is (``index``; -1: a column scoring exactly 0)."""
+
+    W: Any
+    lengths: np.ndarray
+    model_ids: np.ndarray
+    index: np.ndarray
+
+    @classmethod
+    def of(cls, W: Any, models: int = 1) -> Ties:
+        lengths = column_lengths(W).reshape(models, -1)
+        return cls(W, lengths, np.arange(models), np.arange(lengths.shape[1]))
+
+    def columns(self, keep: Any) -> Ties:
+        """Those of the scored columns ``keep`` (an index)."""
+        return replace(self, index=self.index[keep])
+
+    def model(self, model: int) -> Ties:
+        """Those of ``model`` alone."""
+        return replace(self, model_ids=self.model_ids[model : model + 1])
+
+    def spread(self, positions: np.ndarray, width: int) -> Ties:
+        """At ``positions`` of ``width`` columns, as :func:`spread` places scores; the others score exactly 0."""
+        index = np.full(width, -1)
+        index[positions] = self.index
+        return replace(self, index=index)
+
+    def check(self, scores: Any, norms: np.ndarray, what: str = "rows") -> np.ndarray:
+        """``(n, models)``: the argmax of float64 ``scores`` (n, models, C; any namespace) whose rows have lengths
+        ``norms``, refused where the top score's lead over the next is within the two scores' rounding
+        (:func:`float64_rounding`) and their columns are not one class twice (:data:`TWIN`): rounding, not the
+        scores, would pick the class there (features that vary only in their last digits around a large value)."""
+        if scores.shape[2] < 2 or scores.shape[0] == 0:
+            return to_numpy(array_namespace(scores).argmax(scores, axis=2))
+        best, second, gap = top_two(array_namespace(scores), scores)
+        lengths = np.where(self.index >= 0, self.lengths[:, np.maximum(self.index, 0)], 0.0)[self.model_ids]
+        scored = np.arange(self.model_ids.size)
+        rounding = float64_rounding(norms, lengths[scored, best] + lengths[scored, second], int(self.W.shape[0]))
+        rows, models = np.nonzero((gap <= rounding) & (rounding > 0))
+        if rows.size and (count := int(np.count_nonzero(~self._twins(
+                self.model_ids[models], self.index[best[rows, models]], self.index[second[rows, models]])))):
+            raise FoalPipeError(
+                f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
+                "gamma_D |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in their "
+                "last digits around a large common value; subtract it (center the features) or rescale them"
+            )
+        return best
+
+    def _twins(self, models: np.ndarray, first: np.ndarray, other: np.ndarray) -> np.ndarray:
+        """Whether columns ``first`` and ``other`` of each of ``models`` lie within :data:`TWIN` of each other."""
+        pairs, where = np.unique(np.stack([models, first, other], axis=1), axis=0, return_inverse=True)
+        m, a, b = pairs.T
+        twins = (a >= 0) & (b >= 0)
+        if twins.any():
+            xp, width = array_namespace(self.W), self.lengths.shape[1]
+            at = lambda k: xp.asarray(m[twins] * width + k[twins], device=device(self.W))  # noqa: E731
+            apart = column_lengths(xp.take(self.W, at(a), axis=1) - xp.take(self.W, at(b), axis=1))
+            twins[twins] = apart <= TWIN * np.maximum(self.lengths[m[twins], a[twins]], self.lengths[m[twins], b[twins]])
+        return twins[where.ravel()]
+
+
+def row_norms(X: Any) -> np.ndarray:
+    """``|x|`` of each row of ``X`` (any namespace), as NumPy float64."""
+    xp = array_namespace(X)
+    return to_numpy(xp.sqrt(xp.sum(X * X, axis=1))).astype(np.float64) if X.shape[0] else np.zeros(0)
+
+
 def spread(scores: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
     """The published code's rule for the classes a model has not seen: ``scores`` (last axis: the model's
     classes) placed at ``positions`` of ``width`` columns, every other column scoring 0, so an unseen class wins
@@ -106,18 +213,28 @@ def among_classes(seen: np.ndarray, classes: Any) -> np.ndarray | None:
     return classes
 
 
-def best_of(scores: np.ndarray, classes: np.ndarray, among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def best_of(scores: np.ndarray, classes: np.ndarray, among: np.ndarray | None = None,
+            ties: tuple[Ties, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each row's predicted label and its score, from float64 ``scores`` (n, C) whose columns are ``classes``.
 
     ``among=None``: the argmax over ``classes``, the classes seen (F-OAL's rule). ``among`` (every label of the
     task, a superset of ``classes``): the argmax over those labels, a class never seen scoring 0 (:func:`spread`,
-    the published code's rule). Ties go to the first column, as in :class:`ModelScores`.
+    the published code's rule). Ties go to the first column, as in :class:`ModelScores`. ``ties``: the columns'
+    :class:`Ties` and the rows' lengths, which refuse rows whose scores tie within their rounding
+    (:meth:`Ties.check`).
     """
     if among is not None:
         among = np.asarray(among)
         order = np.argsort(among, kind="stable")
-        scores, classes = spread(scores, order[np.searchsorted(among, classes, sorter=order)], among.size), among
-    best = np.argmax(scores, axis=1)
+        positions = order[np.searchsorted(among, classes, sorter=order)]
+        scores, classes = spread(scores, positions, among.size), among
+    if ties is None:
+        best = np.argmax(scores, axis=1)
+    else:
+        columns, norms = ties
+        if among is not None:
+            columns = columns.spread(positions, among.size)
+        best = columns.check(scores[:, None, :], norms)[:, 0]
     return classes[best], scores[np.arange(best.size), best]
 
 
@@ -211,23 +328,35 @@ class ModelScores:
         with factor_threads(1):
             for m in np.flatnonzero(undecided.any(axis=0)):
                 again = np.flatnonzero(undecided[:, m])
-                top[again, m] = self._exact(rows.H[again], int(m))[:, 0]
+                top[again, m] = self._exact(rows.H[again], int(m), rows.norms[again])[:, 0]
         return top
 
     def _spread(self, scores: Any) -> Any:
         """Scores at their ``positions`` of ``width`` columns (0 elsewhere: :func:`spread`), or as they are."""
         return scores if self.positions is None else spread(scores, self.positions, self.width)
 
-    def _exact(self, H: Any, model: int | None = None) -> np.ndarray:
-        """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone."""
+    @cached_property
+    def ties(self) -> Ties | None:
+        """Float64 weights' :class:`Ties`, which refuse rows their scores' rounding would rank (made at the first
+        row scored in float64)."""
+        return Ties.of(self.W, self.models) if self.W.size and self.W.dtype == array_namespace(self.W).float64 else None
+
+    def _exact(self, H: Any, model: int | None = None, norms: np.ndarray | None = None) -> np.ndarray:
+        """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone; refused where rounding,
+        not the scores, would pick it (:meth:`Ties.check`; the rows' lengths ``norms``, or computed)."""
         xp = array_namespace(H)
         if H.dtype != self.W.dtype:  # float32 rows, float64 weights: torch multiplies only equal dtypes
             H = xp.astype(H, self.W.dtype)
+        ties = self.ties
         if model is None:
             scores = xp.reshape(H @ self.W, (H.shape[0], self.models, -1))
         else:
             width = self.W.shape[1] // self.models
             scores = (H @ self.W[:, model * width : (model + 1) * width])[:, None, :]
-        if self.positions is None:
-            return to_numpy(xp.argmax(scores, axis=2))
-        return np.argmax(self._spread(to_numpy(scores)), axis=2)
+            ties = None if ties is None else ties.model(model)
+        if self.positions is not None:
+            scores = self._spread(to_numpy(scores))
+            ties = None if ties is None else ties.spread(self.positions, self.width)
+        if ties is None:
+            return to_numpy(array_namespace(scores).argmax(scores, axis=2))
+        return ties.check(scores, row_norms(H) if norms is None else norms, "test rows")

@@ -16,6 +16,7 @@ import numpy as np
 
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values
 from foal_pipe.core.expansion import Expansion
+from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.headmodel import HeadClassifier, load_head
@@ -160,6 +161,13 @@ class DeployedModel:
         """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order
         (:meth:`AnalyticClassifier.class_scores <foal_pipe.model.classifier.AnalyticClassifier.class_scores>`)."""
         return self.classifier.class_scores(self.activations(features))
+
+    def best(self, features: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's label id of the highest score among ``classifier.classes_`` and that score; a ridge model
+        refuses rows whose top two scores tie within their float64 rounding
+        (:func:`~foal_pipe.core.scoring.best_of`)."""
+        scores, ties = self.classifier.scores_with_ties(self.activations(features))
+        return best_of(scores, self.classifier.classes_, ties=ties)
 
     def predict(self, features: Any, classes: Any = None) -> np.ndarray:
         """The label id with the highest score for each row of ``features`` (n, d), among the classes the model

@@ -31,6 +31,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import host_values, to_numpy
+from foal_pipe.core.scoring import Ties
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
@@ -172,20 +173,32 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
     def class_scores(self, X: Any) -> np.ndarray:
         """The head's scores of ``X``, one column per class of :attr:`classes_` (higher: more likely); refused where
         they overflow float64 (rows far larger than the head's)."""
+        return self._scores_with_ties(X)[0]
+
+    def _scores_with_ties(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None]:
+        """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the rows' lengths."""
         if "_head" not in self.__dict__:
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
         try:
-            X = validate_data(self, host_values(X), reset=False, dtype=np.float64)
+            X = np.asarray(validate_data(self, host_values(X), reset=False, dtype=np.float64), dtype=np.float64)
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
-            scores = finite_scores(np.asarray(to_numpy(self._scorer.scores(np.asarray(X, dtype=np.float64))), dtype=np.float64))
-        return scores[:, [self._ids[c] for c in self.classes_.tolist()]]  # the scorer's columns are sorted ids
+            scores = finite_scores(np.asarray(to_numpy(self._scorer.scores(X)), dtype=np.float64))
+        order = [self._ids[c] for c in self.classes_.tolist()]  # the scorer's columns are sorted ids
+        ties = getattr(self._scorer, "ties", None)
+        if ties is None:
+            return scores[:, order], None
+        columns, norms = ties(X)
+        return scores[:, order], (columns.columns(order), norms)
 
     def predict(self, X: Any) -> np.ndarray:
-        """The class of the highest score (the first of a tie)."""
-        scores = self.class_scores(X)
-        return self.classes_[np.argmax(scores, axis=1)]
+        """The class of the highest score (the first of a tie); a linear head's refused where the scores' float64
+        rounding would pick it (:meth:`~foal_pipe.core.scoring.Ties.check`)."""
+        scores, ties = self._scores_with_ties(X)
+        if ties is None:
+            return self.classes_[np.argmax(scores, axis=1)]
+        return self.classes_[ties[0].check(scores[:, None, :], ties[1])[:, 0]]
 
     @available_if(_has_probabilities)
     def predict_proba(self, X: Any) -> np.ndarray:

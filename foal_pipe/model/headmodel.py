@@ -17,7 +17,7 @@ import numpy as np
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.expansion import Expansion
-from foal_pipe.core.scoring import best_of
+from foal_pipe.core.scoring import Ties, best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
@@ -111,11 +111,18 @@ class HeadClassifier(SolvesOnDemand):
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
             return finite_scores(np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64))
 
+    def scores_with_ties(self, rows: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None]:
+        """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the rows' lengths
+        (balanced's, ridge's); the other heads check their scores' resolution as they solve."""
+        ties = getattr(self.scorer, "ties", None)
+        return self.class_scores(rows), None if ties is None else ties(rows)
+
     def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
         """The class of the highest score among the classes seen (a head scores no others)."""
         if classes is not None:
             raise FoalPipeError(f"the {self.name} head predicts among the classes it has seen; leave out classes")
-        return best_of(self.class_scores(rows), self.classes_)[0]
+        scores, ties = self.scores_with_ties(rows)
+        return best_of(scores, self.classes_, ties=ties)[0]
 
     def partial_fit(self, rows: Any, labels: np.ndarray, names: Mapping[int, str] | None = None) -> HeadClassifier:
         """Add rows of the head's space as one more task: the model equals the head fitted on every row so far. A

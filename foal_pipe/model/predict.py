@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io.csvrows import CsvRows
 from foal_pipe.progress import progress_bar
@@ -86,7 +85,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     predicted = np.empty(data.n_rows, dtype=np.int64)
     score = np.empty(data.n_rows, dtype=np.float64)
     for lo, X in data.iter_chunks():
-        predicted[lo : lo + X.shape[0]], score[lo : lo + X.shape[0]] = best_of(deployed.scores(X), classes)
+        predicted[lo : lo + X.shape[0]], score[lo : lo + X.shape[0]] = deployed.best(X)
     store.check_unchanged()
     # names by label id: the store's, then the model's for the ids beyond them (an unlabelled store's one
     # placeholder class says nothing: all from the model)

@@ -125,7 +125,7 @@ def boundary_argmax(scorers: Sequence[Scorer], X: Any, ends: Sequence[int] | np.
     for scorer, n in zip(scorers, ends, strict=True):
         keys = getattr(scorer, "keys", None)
         if keys is None:
-            yield _argmax(scorer.scores(X[:n, :]))
+            yield _checked_argmax(scorer, X[:n, :])
             continue
         by_class = cast(ClassColumns, scorer)  # a structural protocol: a scorer with class keys is one
         if prepared is None:
@@ -213,6 +213,17 @@ def head_reports(run: Run, boundaries: Mapping[str, Sequence[Scorer]], spaces: M
         if points is not None:
             reports[name]["curve"] = curve_accuracy(h[T:], totals, points[name])
     return reports
+
+
+def _checked_argmax(scorer: Scorer, X: Any) -> np.ndarray:
+    """The argmax of ``scorer``'s scores of ``X``; a linear scorer's (one offering ``ties``) refused where their
+    float64 rounding would pick it (:meth:`~foal_pipe.core.scoring.Ties.check`)."""
+    scores = scorer.scores(X)
+    ties = getattr(scorer, "ties", None)
+    if ties is None:
+        return _argmax(scores)
+    columns, norms = ties(X)
+    return columns.check(scores[:, None, :], norms, "test rows")[:, 0]
 
 
 def _argmax(scores: Any) -> np.ndarray:

@@ -1,0 +1,226 @@
+"""Rows whose float64 scores tie within their own rounding are refused, not ranked by rounding: on features that vary
+only in their last digits around a large value (1e8 + 1e-7 z), learn, sweep and predict gave classes that float64's
+rounding picked (learn 16.7%, sweep and the exact argmax 25%) with exit 0. Exact argmaxes here are of rational
+arithmetic on the same float64 values (``fractions``)."""
+
+import importlib.util
+from fractions import Fraction
+
+import array_api_strict
+import numpy as np
+import pytest
+from helpers import invoke
+
+from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier, load_model
+from foal_pipe.core.backend import get_namespace
+from foal_pipe.core.scoring import ModelScores, Rows, Ties, best_of, row_norms
+from foal_pipe.store import write_store
+
+TIED = "tie within their own rounding"
+BACKENDS = [
+    "array_api_strict",
+    pytest.param("torch", marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")),
+]
+
+
+def offset_rows(spread: float, n: int = 40, D: int = 10, seed: int = 0) -> np.ndarray:
+    """Rows ``1e8 + spread z``: at ``spread`` 1e-7 they differ from each other in their last digit or two."""
+    return 1e8 + spread * np.random.default_rng(seed).normal(size=(n, D))
+
+
+def level_weights(D: int = 10, C: int = 4, seed: int = 1) -> np.ndarray:
+    """Columns ``w0 + 1e-3 v_c`` with the ``v_c`` centred: every class takes about the same share of the offset, so
+    the classes differ by the rows' small part only (``w0 > 0``: scores about 1e8, far above an unseen class's 0)."""
+    rng = np.random.default_rng(seed)
+    V = rng.normal(size=(D, C))
+    return np.abs(rng.normal(size=(D, 1))) + 1e-3 * (V - V.mean(axis=0))
+
+
+def exact_argmax(H: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """The argmax of ``H @ W`` in rational arithmetic (first of equal scores)."""
+    Wf = [[Fraction(float(v)) for v in col] for col in W.T]
+    best = []
+    for h in H:
+        hf = [Fraction(float(v)) for v in h]
+        scores = [sum((a * b for a, b in zip(hf, col)), Fraction(0)) for col in Wf]
+        best.append(max(range(len(scores)), key=lambda k: (scores[k], -k)))
+    return np.array(best)
+
+
+def test_scores_tied_within_rounding_are_refused_where_float64_ranks_them_wrongly():
+    H, W = offset_rows(1e-7), level_weights()
+    assert np.any(np.argmax(H @ W, axis=1) != exact_argmax(H, W))  # what the refusal guards: float64's own picks
+    with pytest.raises(FoalPipeError, match=TIED) as caught:
+        ModelScores(W, 1).argmax(Rows.of(H))
+    assert "center the features" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_leads_beyond_rounding_rank_as_the_exact_scores_do():
+    H, W = offset_rows(1e2), level_weights()
+    expected = exact_argmax(H, W)
+    assert len(set(expected.tolist())) > 1
+    np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(H))[:, 0], expected)
+    np.testing.assert_array_equal(ModelScores(np.tile(W, 3), 3).argmax(Rows.of(H)), np.stack([expected] * 3, axis=1))
+
+
+def test_ties_of_exact_zeros_go_to_the_first_column():
+    """A row of zeros scores exactly 0 everywhere, and a column of zeros scores exactly 0: ties, not rounding."""
+    H, W = offset_rows(1e2), level_weights()
+    H[:5] = 0.0
+    W[:, 2] = 0.0
+    expected = exact_argmax(H, W)
+    np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(H))[:, 0], expected)
+    assert np.all(expected[:5] == 0)
+
+
+def test_unseen_classes_zeros_count_as_rivals_without_rounding():
+    H, W = offset_rows(1e-7), level_weights()
+    with pytest.raises(FoalPipeError, match=TIED):
+        ModelScores(W, 1, np.array([0, 2, 3, 5]), 7).argmax(Rows.of(H))
+    H = offset_rows(1e2)
+    full = np.zeros((H.shape[0], 7))
+    full[:, [0, 2, 3, 5]] = H @ W
+    np.testing.assert_array_equal(ModelScores(W, 1, np.array([0, 2, 3, 5]), 7).argmax(Rows.of(H))[:, 0],
+                                  np.argmax(full, axis=1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_other_namespaces_refuse_the_same_rows(backend):
+    xp = get_namespace(backend)
+    if backend == "array_api_strict":
+        assert xp is array_api_strict or xp.__name__.endswith("array_api_strict")
+    H, W = offset_rows(1e-7), level_weights()
+    with pytest.raises(FoalPipeError, match=TIED):
+        ModelScores(xp.asarray(W), 1).argmax(Rows.of(xp.asarray(H)))
+    H = offset_rows(1e2)
+    np.testing.assert_array_equal(ModelScores(xp.asarray(W), 1).argmax(Rows.of(xp.asarray(H)))[:, 0], exact_argmax(H, W))
+
+
+def test_identical_columns_tie_exactly_and_the_first_wins():
+    """Two classes with the same weights score alike on every row: an exact tie, not rounding's pick."""
+    H, W = offset_rows(1e2), level_weights()
+    W[:, 1] += 1.0  # class 1 leads every row by far
+    W[:, 3] = W[:, 1]
+    expected = exact_argmax(H, W)
+    assert np.all(expected == 1)
+    np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(H))[:, 0], expected)
+    labels, _ = best_of(H @ W, np.arange(4), ties=(Ties.of(W), row_norms(H)))
+    np.testing.assert_array_equal(labels, expected)
+
+
+def test_classes_with_the_same_training_rows_keep_float64s_pick():
+    """A class whose rows are another's: the exact weights are equal, the solved ones differ by the solve's rounding
+    (summed in other orders), so their scores tie within rounding; float64's pick stands, as documented."""
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 12)), rng.integers(0, 3, 60)
+    X, y = np.concatenate([X, X[y == 1]]), np.concatenate([y, np.full(int((y == 1).sum()), 3)])
+    T = rng.normal(size=(200, 12))
+    for engine in ("gram", "rls"):
+        clf = AnalyticClassifier(gamma=1.0, engine=engine)
+        for batch in np.array_split(rng.permutation(y.size), 5):
+            clf.partial_fit(X[batch], y[batch], classes=[0, 1, 2, 3])
+        W = clf.weights_
+        assert not np.array_equal(W[:, 1], W[:, 3]) and np.abs(W[:, 1] - W[:, 3]).max() < 1e-14
+        scores = clf.class_scores(T)
+        twins_lead = np.isin(np.argmax(scores, axis=1), [1, 3])
+        assert twins_lead.sum() > 20
+        np.testing.assert_array_equal(clf.predict(T), clf.classes_[np.argmax(scores, axis=1)])
+        np.testing.assert_array_equal(ModelScores(np.ascontiguousarray(W), 1).argmax(Rows.of(T))[:, 0],
+                                      np.argmax(scores, axis=1))
+
+
+def test_best_of_checks_each_score_with_its_own_rounding():
+    H, W = offset_rows(1e-7), level_weights()
+    classes = np.array([3, 5, 8, 9])
+    with pytest.raises(FoalPipeError, match=TIED):
+        best_of(H @ W, classes, ties=(Ties.of(W), row_norms(H)))
+    with pytest.raises(FoalPipeError, match=TIED):
+        best_of(H @ W, classes, np.arange(12), (Ties.of(W), row_norms(H)))
+    H = offset_rows(1e2)
+    labels, _ = best_of(H @ W, classes, ties=(Ties.of(W), row_norms(H)))
+    np.testing.assert_array_equal(labels, classes[exact_argmax(H, W)])
+
+
+def degenerate_split(n_per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Four classes of 10-d blobs, shrunk to 1e-7 around 1e8 (the audit's store)."""
+    rng = np.random.default_rng(7)
+    means = rng.normal(size=(4, 10))
+    y = np.repeat(np.arange(4), n_per_class)
+    noise = np.random.default_rng(seed).normal(size=(y.size, 10))
+    return 1e8 + 1e-7 * (means[y] + 0.3 * noise), y
+
+
+def widened(X: np.ndarray, factor: float) -> np.ndarray:
+    """The same blobs, ``factor`` times wider around 1e8."""
+    return 1e8 + factor * (X - 1e8)
+
+
+@pytest.fixture
+def model_file(tmp_path) -> tuple[object, object]:
+    """A model learnt on the audit's training rows, whose test rows (the same blobs 1e6 times wider) it ranks; and
+    the audit's store, whose test rows it cannot."""
+    train, test = degenerate_split(10, 1), degenerate_split(15, 2)
+    wide = write_store(tmp_path / "wide.zarr", train, (widened(test[0], 1e6), test[1]), ["a", "b", "c", "e"],
+                       dtype="float64", chunk_rows=64)
+    result = invoke("learn", "--features", wide, "--out", tmp_path / "run", "--tasks", 1, "--projection-dim", 0,
+                    "--gamma", "1e8", "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    store = write_store(tmp_path / "s.zarr", train, test, ["a", "b", "c", "e"], dtype="float64", chunk_rows=64)
+    return tmp_path / "run" / "model.safetensors", store
+
+
+def test_estimators_and_model_files_refuse_rows_they_cannot_rank(model_file):
+    X, y = degenerate_split(10, 1)
+    T, _ = degenerate_split(15, 2)
+    clf = AnalyticClassifier(gamma=1e8).fit(X, y)
+    with pytest.raises(FoalPipeError, match=TIED):
+        clf.predict(T)
+    path, _ = model_file
+    for estimators in (True, False):
+        model = load_model(path, estimators=estimators)
+        with pytest.raises(FoalPipeError, match=TIED):
+            model.predict(T)
+        with pytest.raises(FoalPipeError, match=TIED):
+            model.best(T)
+        wide = widened(T, 1e6)  # ranked as before the check
+        np.testing.assert_array_equal(model.predict(wide), model.classifier.classes_[np.argmax(model.scores(wide), axis=1)])
+
+
+def test_learn_sweep_and_predict_refuse_with_one_line_and_write_nothing(tmp_path, model_file):
+    path, store = model_file
+    for command in ("learn", "sweep"):
+        result = invoke(command, "--features", store, "--out", tmp_path / command, "--tasks", 1, "--projection-dim", 0,
+                        "--gamma" if command == "learn" else "--gammas", "1e8", "--backend", "numpy")
+        assert result.exit_code == 1, result.output
+        assert TIED in result.output and "Traceback" not in result.output
+        assert not (tmp_path / command).exists()
+    result = invoke("predict", "--model", path, "--features", store, "--out", tmp_path / "p.csv")
+    assert result.exit_code == 1 and TIED in result.output, result.output
+    assert not (tmp_path / "p.csv").exists()
+
+
+@pytest.mark.parametrize("head", ["balanced", "ridge"])
+def test_linear_heads_refuse_what_they_cannot_rank(tmp_path, head):
+    """balanced's and the ridge head's scores are ``h @ W`` too: their learn gave 25% with exit 0."""
+    train, test = degenerate_split(10, 1), degenerate_split(15, 2)
+    store = write_store(tmp_path / "s.zarr", train, test, ["a", "b", "c", "e"], dtype="float64", chunk_rows=64)
+    args = ("--tasks", 1, "--projection-dim", 0, "--backend", "numpy")
+    result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--head", head, "--gamma", "1e8", *args)
+    assert result.exit_code == 1 and TIED in result.output, result.output
+    assert not (tmp_path / "run").exists()
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "sweep", "--heads", "ridge,ncm" if head == "ridge" else f"ridge,{head}", "--gammas", "1e8", *args)
+    assert result.exit_code == 1 and TIED in result.output, result.output
+    estimator = head_classifier(head, gamma=1e8).fit(*train)
+    with pytest.raises(FoalPipeError, match=TIED):
+        estimator.predict(test[0])
+    wide = widened(test[0], 1e8)
+    np.testing.assert_array_equal(estimator.predict(wide), estimator.classes_[np.argmax(estimator.class_scores(wide), axis=1)])
+    wide_store = write_store(tmp_path / "w.zarr", train, (wide, test[1]), ["a", "b", "c", "e"], dtype="float64")
+    result = invoke("learn", "--features", wide_store, "--out", tmp_path / "ok", "--head", head, "--gamma", "1e8", *args)
+    assert result.exit_code == 0, result.output
+    model = load_model(tmp_path / "ok" / "model.safetensors", estimators=False)
+    with pytest.raises(FoalPipeError, match=TIED):
+        model.predict(test[0])
+    with pytest.raises(FoalPipeError, match=TIED):
+        model.best(test[0])
+    np.testing.assert_array_equal(model.predict(wide), model.classifier.classes_[np.argmax(model.scores(wide), axis=1)])
