@@ -208,7 +208,8 @@ def test_linear_heads_refuse_what_they_cannot_rank(tmp_path, head):
     result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--head", head, "--gamma", "1e8", *args)
     assert result.exit_code == 1 and TIED in result.output, result.output
     assert not (tmp_path / "run").exists()
-    result = invoke("sweep", "--features", store, "--out", tmp_path / "sweep", "--heads", "ridge,ncm" if head == "ridge" else f"ridge,{head}", "--gammas", "1e8", *args)
+    heads = "ridge,ncm" if head == "ridge" else f"ridge,{head}"
+    result = invoke("sweep", "--features", store, "--out", tmp_path / "sweep", "--heads", heads, "--gammas", "1e8", *args)
     assert result.exit_code == 1 and TIED in result.output, result.output
     estimator = head_classifier(head, gamma=1e8).fit(*train)
     with pytest.raises(FoalPipeError, match=TIED):
