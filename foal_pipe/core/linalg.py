@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from typing import Any
@@ -217,7 +217,8 @@ def check_solved(G: Any, gamma: float, W: Any, Q: Any, inverse: Any = None, top:
     """Refuse ``W``, a solve of ``(G + gamma I) W = Q``, where the solve's own rounding may have moved it by more
     than :data:`DRIFTS` (:data:`SOLVE_SPREAD`): one step of iterative refinement, ``|inverse(Q - (G + gamma I) W)|_F
     / |W|_F``, measures how far, only where :func:`solve_may_move` (``top``: a bound on ``lambda_max``, by default
-    ``tr(G)``). ``inverse``: how the solve applies ``(G + gamma I)^-1`` (by default a new Cholesky solve)."""
+    ``tr(G)``). ``inverse``: how the solve applies ``(G + gamma I)^-1`` (its :func:`spd_solver`; by default a new
+    Cholesky factorisation)."""
     xp = array_namespace(G)
     dtype, dim = dtype_name(G.dtype), G.shape[0]
     if top is None:
@@ -374,7 +375,14 @@ def float64(a: Any) -> Any:
 
 
 def solve_spd(A: Any, Q: Any, dtype: str = "float32") -> Any:
-    """``A^-1 Q`` for a symmetric ``A`` that may be overwritten, refused unless numerically positive definite.
+    """``A^-1 Q`` for a symmetric ``A`` that may be overwritten, refused unless numerically positive definite
+    (:func:`spd_solver`, used once)."""
+    return spd_solver(A, dtype)(Q)
+
+
+def spd_solver(A: Any, dtype: str = "float32") -> Callable[[Any], Any]:
+    """``Q -> A^-1 Q`` for a symmetric ``A`` that may be overwritten, factored once: a later right-hand side (the
+    residual :func:`check_solved` refines with) reuses the factor instead of factoring ``A`` again.
 
     ``G + gamma I`` is positive definite in exact arithmetic; when rounding in the sums (float32) outweighs
     gamma in some direction it is not, and any solution would be noise: the Cholesky factorisation
@@ -390,14 +398,19 @@ def solve_spd(A: Any, Q: Any, dtype: str = "float32") -> Any:
         try:  # LAPACK's potrf + potrs, what solve(assume_a="pos") runs, without its condition estimate (a quarter
             # of the time at D = 500; the gamma floor is checked instead): the same bits. A is symmetric, so A.T
             # is the same matrix in the Fortran order LAPACK overwrites in place
-            return cho_solve(cho_factor(A.T, overwrite_a=True, check_finite=False), Q, check_finite=False)
+            factor = cho_factor(A.T, overwrite_a=True, check_finite=False)
         except LinAlgError:
             raise fail from None
+        return lambda Q: cho_solve(factor, Q, check_finite=False)
     L = cholesky_or_none(xp, A)
     if L is None:
         raise fail
-    solved = _cholesky_solve(xp, L, Q)
-    return checked_solve(A, Q, fail) if solved is None else solved
+
+    def solve(Q: Any) -> Any:
+        solved = _cholesky_solve(xp, L, Q)
+        return checked_solve(A, Q, fail) if solved is None else solved
+
+    return solve
 
 
 def linalg_raises(xp: Any) -> AbstractContextManager:

@@ -58,7 +58,7 @@ from foal_pipe.core.linalg import (
     one_hot,
     probe_columns,
     shifted,
-    solve_spd,
+    spd_solver,
 )
 from foal_pipe.errors import FoalPipeError, clipped
 
@@ -318,14 +318,15 @@ class RidgeStatistics:
             top = largest_entry(self.G)
             Q = xp.concat([Q, probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
-            W = solve_spd(shifted(self.G, float(gamma)), Q, dtype)
+            solver = spd_solver(shifted(self.G, float(gamma)), dtype)
+            W = solver(Q)
             C = self.Q.shape[1]
             if probed:
                 moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top, dtype)
                 if moved > DRIFTS[dtype]:
                     raise drift_refusal(float(gamma), moved, dtype)
                 W = W[:, :C]
-            check_solved(self.G, float(gamma), W, self.Q)
+            check_solved(self.G, float(gamma), W, self.Q, solver)
         return W
 
     def factor(self, vectors: bool) -> Factored:

@@ -36,7 +36,7 @@ import numpy as np
 from array_api_compat import device
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.linalg import check_drift, check_solved, class_positions, float64, shifted, solve_spd
+from foal_pipe.core.linalg import check_drift, check_solved, class_positions, float64, shifted, solve_spd, spd_solver
 from foal_pipe.core.scoring import Ties, row_norms
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
@@ -204,8 +204,9 @@ class BalancedHead(HeadBase):
             gram += weight * self._grams[cls]
         check_drift(gram, self.gamma)
         sums = xp.stack([weight * self._sums[cls] for cls, weight in zip(classes.tolist(), weights.tolist())], axis=1)
-        W = solve_spd(shifted(gram, self.gamma), sums, "float64")
-        check_solved(gram, self.gamma, W, sums)
+        solver = spd_solver(shifted(gram, self.gamma), "float64")
+        W = solver(sums)
+        check_solved(gram, self.gamma, W, sums, solver)
         return LinearScorer(classes=classes, W=W)
 
     def _prepare_loo(self) -> dict[int, tuple[Any, Any, float] | None]:

@@ -62,6 +62,7 @@ from foal_pipe.core.linalg import (
     probe_columns,
     shifted,
     solve_spd,
+    spd_solver,
 )
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
@@ -368,14 +369,14 @@ class DualHead(HeadBase):
         before = state["R"] @ probes
         self._residual_rounding(state["R"])
         state["R"] = None  # refreshed below from the exact solve
-        both = solve_spd(shifted(state["G_main"], self.gamma),
-                         xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1),
-                         "float64")
+        main = spd_solver(shifted(state["G_main"], self.gamma), "float64")
+        both = main(xp.concat([state["Q_main"], xp.eye(D, dtype=xp.float64, device=device(state["G_main"]))], axis=1))
         W_main, state["R"] = xp.asarray(both[:, :C], copy=True), xp.asarray(both[:, C:], copy=True)
         self._check_recursion(before, state["R"] @ probes)
-        W_comp = solve_spd(shifted(state["G_comp"], self.gamma_comp), state["Q_comp"], "float64")
-        check_solved(state["G_main"], self.gamma, W_main, state["Q_main"])
-        check_solved(state["G_comp"], self.gamma_comp, W_comp, state["Q_comp"])
+        comp = spd_solver(shifted(state["G_comp"], self.gamma_comp), "float64")
+        W_comp = comp(state["Q_comp"])
+        check_solved(state["G_main"], self.gamma, W_main, state["Q_main"], main)
+        check_solved(state["G_comp"], self.gamma_comp, W_comp, state["Q_comp"], comp)
         if not (bool(xp.all(xp.isfinite(W_main))) and bool(xp.all(xp.isfinite(W_comp)))):
             raise FoalPipeError(f"dual's weights overflow float64 at gamma {self.gamma:g}: its per-batch recursion's "
                                 "products grow as the rows' squares over gamma; use a larger gamma for dual, or scale the "
