@@ -123,8 +123,9 @@ class GammaPath(ABC):
         """Refuse :meth:`weights` ``W`` (D, M, C) of the statistics ``G``, ``Q`` this path factors where the solve's
         own rounding moved one gamma's by more than :data:`~foal_pipe.core.linalg.DRIFTS`
         (:func:`~foal_pipe.core.linalg.check_solved`, measured only at gammas where it may)."""
+        top = self._top()
         for m, gamma in enumerate(map(float, gammas)):
-            check_solved(G, gamma, W[:, m, :], Q, partial(self.inverse, gamma), self._top(),
+            check_solved(G, gamma, W[:, m, :], Q, partial(self.inverse, gamma), top,
                          f"use gammas above {gamma:g} ({param('gammas')}, {param('gamma_grid')})")
 
     @abstractmethod

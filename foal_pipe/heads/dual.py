@@ -43,7 +43,7 @@ Grams per batch, 1,500-1,900 with the Grams per block, 2,200-2,800 with 25-batch
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
@@ -329,16 +329,16 @@ class DualHead(HeadBase):
         self._rounded += UNITS["float64"] ** 2 * self.batch_size * float(self._solves) + kept
         self._solves = 0.0
 
-    def _check_residuals(self, G_comp: Any, W_comp: Any) -> None:
+    def _check_residuals(self, G_comp: Any, W_comp: Any, inverse: Callable[[Any], Any]) -> None:
         """Refuse compensation weights the residuals' rounding (:meth:`_residual_rounding`) may move by more than
         :data:`~foal_pipe.core.linalg.DRIFTS`: ``W_c`` moves by ``(G_c + gamma_c I)^-1 T^T dE`` (``T`` the tanh rows
         stacked, ``T^T T = G_c``), at most ``|dE|_F max sqrt(l) / (l + gamma_c)`` over ``G_c``'s eigenvalues ``l``:
         ``1 / (2 sqrt(gamma_c))``, or, where that does not pass, ``|(G_c + gamma_c I)^-1|_F^(1/2)`` estimated by
-        :data:`~foal_pipe.core.linalg.PROBES` random columns solved. Calibrated against the recursion's residuals and
-        weights computed exactly per batch (mpmath, or 64-bit-mantissa solves; D 8 to 60, 40 to 8,000 rows, scales 1
-        to 1e3, gamma 1e-6 to 1, identical rows as in the audit and Gaussian classes, blocks of 1 and 6 batches): the
-        figure was 2.3x to 5,300x the weights' true change (9x to 19x on Gaussian classes with more rows than D),
-        every case off by more than 1e-4 refused."""
+        :data:`~foal_pipe.core.linalg.PROBES` random columns solved by ``inverse`` (the solve's factor). Calibrated
+        against the recursion's residuals and weights computed exactly per batch (mpmath, or 64-bit-mantissa solves;
+        D 8 to 60, 40 to 8,000 rows, scales 1 to 1e3, gamma 1e-6 to 1, identical rows as in the audit and Gaussian
+        classes, blocks of 1 and 6 batches): the figure was 2.3x to 5,300x the weights' true change (9x to 19x on
+        Gaussian classes with more rows than D), every case off by more than 1e-4 refused."""
         xp = self.xp
         size = float(xp.linalg.vector_norm(W_comp))
         if not self._rounded or not size:  # W_c = 0 exactly: every residual column zeroed, nothing rounded
@@ -346,7 +346,7 @@ class DualHead(HeadBase):
         spread = math.sqrt(self._rounded) / size
         moved = spread * 0.5 / math.sqrt(self.gamma_comp)
         if moved > DRIFTS["float64"]:
-            solved = solve_spd(shifted(G_comp, self.gamma_comp), probe_columns(G_comp), "float64")
+            solved = inverse(probe_columns(G_comp))
             moved = min(moved, spread * math.sqrt(float(xp.linalg.vector_norm(solved)) / math.sqrt(PROBES)))
         if not moved <= DRIFTS["float64"]:
             raise FoalPipeError(
@@ -381,6 +381,6 @@ class DualHead(HeadBase):
             raise FoalPipeError(f"dual's weights overflow float64 at gamma {self.gamma:g}: its per-batch recursion's "
                                 "products grow as the rows' squares over gamma; use a larger gamma for dual, or scale the "
                                 "features down")
-        self._check_residuals(state["G_comp"], W_comp)
+        self._check_residuals(state["G_comp"], W_comp, comp)
         self.earlier_ = self.classes_.copy()
         return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)
