@@ -13,7 +13,7 @@ from helpers import invoke
 
 from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier, load_model
 from foal_pipe.core.backend import get_namespace
-from foal_pipe.core.scoring import ModelScores, Rows, Ties, best_of, row_norms
+from foal_pipe.core.scoring import ModelScores, Rows, Ties, best_of
 from foal_pipe.store import write_store
 
 TIED = "tie within their own rounding"
@@ -104,7 +104,7 @@ def test_identical_columns_tie_exactly_and_the_first_wins():
     expected = exact_argmax(H, W)
     assert np.all(expected == 1)
     np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(H))[:, 0], expected)
-    labels, _ = best_of(H @ W, np.arange(4), ties=(Ties.of(W), row_norms(H)))
+    labels, _ = best_of(H @ W, np.arange(4), ties=(Ties.of(W), H))
     np.testing.assert_array_equal(labels, expected)
 
 
@@ -133,11 +133,11 @@ def test_best_of_checks_each_score_with_its_own_rounding():
     H, W = offset_rows(1e-7), level_weights()
     classes = np.array([3, 5, 8, 9])
     with pytest.raises(FoalPipeError, match=TIED):
-        best_of(H @ W, classes, ties=(Ties.of(W), row_norms(H)))
+        best_of(H @ W, classes, ties=(Ties.of(W), H))
     with pytest.raises(FoalPipeError, match=TIED):
-        best_of(H @ W, classes, np.arange(12), (Ties.of(W), row_norms(H)))
+        best_of(H @ W, classes, np.arange(12), (Ties.of(W), H))
     H = offset_rows(1e2)
-    labels, _ = best_of(H @ W, classes, ties=(Ties.of(W), row_norms(H)))
+    labels, _ = best_of(H @ W, classes, ties=(Ties.of(W), H))
     np.testing.assert_array_equal(labels, classes[exact_argmax(H, W)])
 
 
@@ -225,3 +225,34 @@ def test_linear_heads_refuse_what_they_cannot_rank(tmp_path, head):
     with pytest.raises(FoalPipeError, match=TIED):
         model.best(test[0])
     np.testing.assert_array_equal(model.predict(wide), model.classifier.classes_[np.argmax(model.scores(wide), axis=1)])
+
+
+def test_scores_whose_every_product_is_zero_tie_exactly():
+    """A test row set only where no training row was (a pixel always dark in training) meets a row of zeros in W:
+    every score is exactly 0, a tie the first class wins, not rounding's pick. The norm bound |h| |w| is not 0 there;
+    the sum of |h_j w_j| is."""
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
+    X[:, 0] = 0.0
+    T = rng.normal(size=(30, 8))
+    T[:5] = 0.0
+    T[:5, 0] = 1.0
+    clf = AnalyticClassifier(gamma=1.0).fit(X, y)
+    assert np.all(clf.weights_[0] == 0.0) and np.all(clf.class_scores(T[:5]) == 0.0)
+    expected = exact_argmax(T, clf.weights_)
+    np.testing.assert_array_equal(clf.predict(T), clf.classes_[expected])
+    np.testing.assert_array_equal(ModelScores(np.ascontiguousarray(clf.weights_), 1).argmax(Rows.of(T))[:, 0], expected)
+    assert np.all(expected[:5] == 0)
+
+
+def test_mirrored_classes_tie_exactly_on_the_mirror_line(tmp_path):
+    """Two classes mirrored in x1: W = [[a, -a], [0, 0]] exactly, so a row (0, t) scores 0 and 0."""
+    X = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, -1.0], [-1.0, 0.0], [-1.0, 1.0], [-1.0, -1.0]])
+    y = np.array([0, 0, 0, 1, 1, 1])
+    T = np.array([[0.0, 1.0], [0.5, 2.0], [-0.5, 1.0]])
+    clf = AnalyticClassifier(gamma=1.0).fit(X, y)
+    np.testing.assert_array_equal(clf.predict(T), [0, 0, 1])
+    store = write_store(tmp_path / "m.zarr", (X, y), (T, np.array([0, 0, 1])), ["a", "b"], dtype="float64")
+    result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--tasks", 1, "--projection-dim", 0,
+                    "--backend", "numpy")
+    assert result.exit_code == 0, result.output

@@ -88,11 +88,10 @@ class Rows:
         return Rows(self.H[:n, :], None if self.low is None else self.low[:n], None if self.norms is None else self.norms[:n])
 
 
-def float64_rounding(norms: np.ndarray, lengths: np.ndarray, depth: int) -> np.ndarray:
-    """How far float64 scores ``h @ w`` may lie from the exact ones, ``gamma_D |h| |w|``, from the rows' lengths
-    ``norms`` (n,) and the columns' ``lengths`` (broadcast against ``norms[:, None]``), plus an allowance for
-    products below float64's normals (none where ``h`` or ``w`` is 0: those score exactly 0)."""
-    size = norms[:, None] * lengths
+def float64_rounding(size: np.ndarray, depth: int) -> np.ndarray:
+    """How far a float64 score ``h @ w`` of ``depth`` terms may lie from the exact one, ``gamma_D size``, from
+    ``size`` = ``sum_j |h_j w_j|`` or a bound on it (``|h| |w|``), plus an allowance for products below float64's
+    normals (none where ``size`` is 0: every product is 0, and so is the score, exactly)."""
     return 1.001 * gamma_n(depth, U64) * size + (size > 0) * (2.0 * depth * 2.0**-1074)
 
 
@@ -152,26 +151,44 @@ class Ties:
         index[positions] = self.index
         return replace(self, index=index)
 
-    def check(self, scores: Any, norms: np.ndarray, what: str = "rows") -> np.ndarray:
-        """``(n, models)``: the argmax of float64 ``scores`` (n, models, C; any namespace) whose rows have lengths
-        ``norms``, refused where the top score's lead over the next is within the two scores' rounding
-        (:func:`float64_rounding`) and their columns are not one class twice (:data:`TWIN`): rounding, not the
-        scores, would pick the class there (features that vary only in their last digits around a large value)."""
+    def check(self, scores: Any, H: Any, norms: np.ndarray | None = None, what: str = "rows") -> np.ndarray:
+        """``(n, models)``: the argmax of float64 ``scores`` (n, models, C; any namespace) of the float64 rows ``H``
+        (their lengths ``norms``, or computed), refused where the top score's lead over the next is within the two
+        scores' rounding and their columns are not one class twice (:data:`TWIN`): rounding, not the scores, would
+        pick the class there (features that vary only in their last digits around a large value). The rounding is
+        ``gamma_D sum_j |h_j| (|w_1j| + |w_2j|)``, taken for the rows that ``gamma_D |h| (|w_1| + |w_2|)``
+        (:func:`float64_rounding`) does not clear: 0 where every product is 0, so scores that tie exactly (a row
+        whose features no training row had, classes mirrored) are a tie the first column wins, not a refusal."""
         if scores.shape[2] < 2 or scores.shape[0] == 0:
             return to_numpy(array_namespace(scores).argmax(scores, axis=2))
+        norms = row_norms(H) if norms is None else norms
         best, second, gap = top_two(array_namespace(scores), scores)
         lengths = np.where(self.index >= 0, self.lengths[:, np.maximum(self.index, 0)], 0.0)[self.model_ids]
         scored = np.arange(self.model_ids.size)
-        rounding = float64_rounding(norms, lengths[scored, best] + lengths[scored, second], int(self.W.shape[0]))
+        depth = int(self.W.shape[0])
+        rounding = float64_rounding(norms[:, None] * (lengths[scored, best] + lengths[scored, second]), depth)
         rows, models = np.nonzero((gap <= rounding) & (rounding > 0))
-        if rows.size and (count := int(np.count_nonzero(~self._twins(
-                self.model_ids[models], self.index[best[rows, models]], self.index[second[rows, models]])))):
+        if rows.size == 0:
+            return best
+        m, first, other = self.model_ids[models], self.index[best[rows, models]], self.index[second[rows, models]]
+        sums = self._products(H, rows, m, first) + self._products(H, rows, m, other)
+        tied = (gap[rows, models] <= float64_rounding(sums, depth)) & (sums > 0)
+        if count := int(np.count_nonzero(tied & ~self._twins(m, first, other))):
             raise FoalPipeError(
                 f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
-                "gamma_D |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in their "
+                "gamma_D sum |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in their "
                 "last digits around a large common value; subtract it (center the features) or rescale them"
             )
         return best
+
+    def _products(self, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """``sum_j |h_j w_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model (0 for a column
+        scoring exactly 0, index -1)."""
+        xp = array_namespace(self.W)
+        place = lambda k: xp.asarray(k, device=device(self.W))  # noqa: E731
+        W = xp.take(self.W, place(models * self.lengths.shape[1] + np.maximum(columns, 0)), axis=1)
+        sums = to_numpy(xp.sum(xp.abs(xp.take(H, place(rows), axis=0)) * xp.abs(W.T), axis=1))
+        return np.where(columns >= 0, sums, 0.0)
 
     def _twins(self, models: np.ndarray, first: np.ndarray, other: np.ndarray) -> np.ndarray:
         """Whether columns ``first`` and ``other`` of each of ``models`` lie within :data:`TWIN` of each other."""
@@ -220,7 +237,7 @@ def best_of(scores: np.ndarray, classes: np.ndarray, among: np.ndarray | None = 
     ``among=None``: the argmax over ``classes``, the classes seen (F-OAL's rule). ``among`` (every label of the
     task, a superset of ``classes``): the argmax over those labels, a class never seen scoring 0 (:func:`spread`,
     the published code's rule). Ties go to the first column, as in :class:`ModelScores`. ``ties``: the columns'
-    :class:`Ties` and the rows' lengths, which refuse rows whose scores tie within their rounding
+    :class:`Ties` and the float64 rows scored, which refuse rows whose scores tie within their rounding
     (:meth:`Ties.check`).
     """
     if among is not None:
@@ -231,10 +248,10 @@ def best_of(scores: np.ndarray, classes: np.ndarray, among: np.ndarray | None = 
     if ties is None:
         best = np.argmax(scores, axis=1)
     else:
-        columns, norms = ties
+        columns, rows = ties
         if among is not None:
             columns = columns.spread(positions, among.size)
-        best = columns.check(scores[:, None, :], norms)[:, 0]
+        best = columns.check(scores[:, None, :], rows)[:, 0]
     return classes[best], scores[np.arange(best.size), best]
 
 
@@ -359,4 +376,4 @@ class ModelScores:
             ties = None if ties is None else ties.spread(self.positions, self.width)
         if ties is None:
             return to_numpy(array_namespace(scores).argmax(scores, axis=2))
-        return ties.check(scores, row_norms(H) if norms is None else norms, "test rows")
+        return ties.check(scores, H, norms, "test rows")

@@ -37,7 +37,7 @@ from array_api_compat import device
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import check_drift, check_solved, class_positions, float64, shifted, solve_spd, spd_solver
-from foal_pipe.core.scoring import Ties, row_norms
+from foal_pipe.core.scoring import Ties
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
@@ -56,7 +56,7 @@ class LinearScorer:
 
     def ties(self, X: Any) -> tuple[Ties, np.ndarray]:
         """What refuses rows whose :meth:`scores` tie within their float64 rounding (:meth:`Ties.check`)."""
-        return Ties.of(self.W), row_norms(float64(X))
+        return Ties.of(self.W), float64(X)
 
 
 @dataclass(frozen=True)

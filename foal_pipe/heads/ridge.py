@@ -17,7 +17,7 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.engines import GramEngine, check_gamma, checked_weights, grow_classes
-from foal_pipe.core.scoring import Ties, row_norms
+from foal_pipe.core.scoring import Ties
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase
@@ -49,7 +49,7 @@ class RidgeScorer:
     def ties(self, X: Any) -> tuple[Ties, np.ndarray]:
         """What refuses rows whose :meth:`scores` tie within their float64 rounding (:meth:`Ties.check`)."""
         xp = array_namespace(X)
-        return Ties.of(self.W), row_norms(xp.astype(X, xp.float64, copy=False))
+        return Ties.of(self.W), xp.astype(X, xp.float64, copy=False)
 
 
 class RidgeHead(HeadBase):

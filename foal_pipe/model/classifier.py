@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from foal_pipe.core.backend import backend_of, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import DEFAULT_ENGINE, GramEngine, check_engine_dtype, checked_weights, grow_classes
 from foal_pipe.core.expansion import Expansion
-from foal_pipe.core.scoring import Ties, among_classes, best_of, row_norms
+from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, param
 from foal_pipe.model.fittedparams import check_fitted_params, new_engine
@@ -288,7 +288,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         return self.scores_with_ties(X)[0]
 
     def scores_with_ties(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray]]:
-        """:meth:`class_scores`, and the weights' :class:`~foal_pipe.core.scoring.Ties` with the rows' lengths, with
+        """:meth:`class_scores`, and the weights' :class:`~foal_pipe.core.scoring.Ties` with the float64 rows, with
         which :meth:`predict` refuses rows whose top two scores lie within their float64 rounding."""
         self._check_fitted()
         X, _ = validated(self, X)
@@ -297,7 +297,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         X, W = self._state_array(X, xp.float64), xp.asarray(W, dtype=xp.float64)
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
             scores = finite_scores(to_numpy(X @ W))
-        return scores, (Ties.of(W), row_norms(X))
+        return scores, (Ties.of(W), X)
 
     def decision_function(self, X: Any) -> np.ndarray:
         """:meth:`class_scores`, -inf for a class without rows, which :meth:`predict` never picks (it is ``classes_[argmax]``);
@@ -313,10 +313,10 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         ``classes``: every label of the task (the published code's rule): the argmax then runs over those labels,
         a label never seen scoring 0, so it wins a row where every seen class scores below 0.
         """
-        scores, (ties, norms) = self.scores_with_ties(X)
+        scores, (ties, rows) = self.scores_with_ties(X)
         classes = task_classes(classes, self.classes_)
         among, seen = among_classes(self.classes_, classes), self._seen()
-        return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), norms))[0]
+        return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), rows))[0]
 
     def _seen(self) -> np.ndarray:
         """Which classes of ``classes_`` have rows, those predicted; refused where none has."""

@@ -176,7 +176,7 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         return self._scores_with_ties(X)[0]
 
     def _scores_with_ties(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None]:
-        """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the rows' lengths."""
+        """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the float64 rows."""
         if "_head" not in self.__dict__:
             raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
         try:
@@ -189,8 +189,8 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         ties = getattr(self._scorer, "ties", None)
         if ties is None:
             return scores[:, order], None
-        columns, norms = ties(X)
-        return scores[:, order], (columns.columns(order), norms)
+        columns, rows = ties(X)
+        return scores[:, order], (columns.columns(order), rows)
 
     def predict(self, X: Any) -> np.ndarray:
         """The class of the highest score (the first of a tie); a linear head's refused where the scores' float64

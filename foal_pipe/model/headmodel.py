@@ -112,7 +112,7 @@ class HeadClassifier(SolvesOnDemand):
             return finite_scores(np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64))
 
     def scores_with_ties(self, rows: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None]:
-        """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the rows' lengths
+        """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the float64 rows
         (balanced's, ridge's); the other heads check their scores' resolution as they solve."""
         ties = getattr(self.scorer, "ties", None)
         return self.class_scores(rows), None if ties is None else ties(rows)

@@ -17,7 +17,7 @@ import numpy as np
 
 from foal_pipe.core.backend import dtype_name, to_numpy
 from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
-from foal_pipe.core.scoring import Ties, among_classes, best_of, row_norms
+from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, MissingAttribute
 from foal_pipe.heads import probabilities
@@ -182,7 +182,7 @@ class SavedRidge(RidgeFace):
         return self.scores_with_ties(rows)[0]
 
     def scores_with_ties(self, rows: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray]]:
-        """:meth:`class_scores`, and the weights' :class:`~foal_pipe.core.scoring.Ties` with the rows' lengths, which
+        """:meth:`class_scores`, and the weights' :class:`~foal_pipe.core.scoring.Ties` with the float64 rows, which
         :meth:`predict` checks the ranking with."""
         W = self.weights()
         X = np.asarray(rows, dtype=np.float64)
@@ -190,19 +190,19 @@ class SavedRidge(RidgeFace):
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         with np.errstate(over="ignore", invalid="ignore"):  # refused below, without a warning first
             scores = finite_scores(X @ W)
-        return scores, (Ties.of(W), row_norms(X))
+        return scores, (Ties.of(W), X)
 
     def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
         """The class of the highest score among ``classes_`` with rows (a class of row count 0, declared to the
         estimator that saved it, is never predicted), or among ``classes``, every label of the task."""
-        scores, (ties, norms) = self.scores_with_ties(rows)
+        scores, (ties, kept) = self.scores_with_ties(rows)
         among = among_classes(self.classes_, classes)
         counts = self.model.state.get("counts")
         seen = np.ones(self.classes_.size, dtype=bool) if counts is None else np.asarray(counts) > 0
         if not seen.any():
             raise FoalPipeError("no class of the model has rows (its row counts are all 0), so there is no class seen "
                                 "to predict; train it on labelled rows")
-        return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), norms))[0]
+        return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), kept))[0]
 
     def partial_fit(self, rows: Any, labels: Any) -> SavedRidge:
         raise FoalPipeError("a model loaded with estimators=False only predicts; load it with load_model(path) to keep "

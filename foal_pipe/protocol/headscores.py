@@ -222,8 +222,8 @@ def _checked_argmax(scorer: Scorer, X: Any) -> np.ndarray:
     ties = getattr(scorer, "ties", None)
     if ties is None:
         return _argmax(scores)
-    columns, norms = ties(X)
-    return columns.check(scores[:, None, :], norms, "test rows")[:, 0]
+    columns, rows = ties(X)
+    return columns.check(scores[:, None, :], rows, what="test rows")[:, 0]
 
 
 def _argmax(scores: Any) -> np.ndarray:
