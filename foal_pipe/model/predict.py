@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
+from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io.csvrows import CsvRows
 from foal_pipe.progress import progress_bar
@@ -158,8 +159,10 @@ def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpo
     encoder = deployed.encoder(checkpoint, device)
     with progress_bar("predict", len(paths), unit="images") as advance:
         encoded = encode_files(encoder, paths, batch_size, skip_bad, advance)
-    return ImagePredictions(encoded.paths, deployed.scores(encoded.features), deployed.classifier.classes_,
-                            deployed.class_names, top_k, encoded.skipped)
+    scores, ties = deployed.classifier.scores_with_ties(deployed.activations(encoded.features))
+    best_of(scores, deployed.classifier.classes_, ties=ties)  # refuses images whose scores tie within rounding
+    return ImagePredictions(encoded.paths, scores, deployed.classifier.classes_, deployed.class_names, top_k,
+                            encoded.skipped)
 
 
 #: The way out when a store's label ids disagree with the model's (a model continued on another store: its ids follow

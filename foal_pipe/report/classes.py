@@ -94,7 +94,7 @@ def class_results(run: Run) -> ClassResults | str | None:
         changed = _other_generation(model.metadata, where, features)
         true, predicted = model.store_predictions(where)
     except FoalPipeError as exc:
-        return f"The run's feature store could not be read, {skipped} ({exc})."
+        return f"The run's feature store could not be read or scored, {skipped} ({exc})."
     if changed is not None:
         return f"{changed}, {skipped}; re-run learn on it."
     positions = stream_positions(run)
@@ -180,5 +180,5 @@ def _earlier_rows(run: Run, own: str, model: Any, positions: dict[int, tuple[int
             before = (true >= 0) & ~np.isin(true, list(positions))
             rows[features] = (true[before], predicted[before])
     except FoalPipeError as exc:
-        return f"The run's --eval-features store could not be read ({exc})"
+        return f"The run's --eval-features store could not be read or scored ({exc})"
     return rows
