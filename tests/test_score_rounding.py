@@ -256,3 +256,20 @@ def test_mirrored_classes_tie_exactly_on_the_mirror_line(tmp_path):
     result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--tasks", 1, "--projection-dim", 0,
                     "--backend", "numpy")
     assert result.exit_code == 0, result.output
+
+
+def test_products_summed_in_parts_give_the_same_verdicts(monkeypatch):
+    from foal_pipe.core import scoring
+
+    monkeypatch.setattr(scoring, "PRODUCT_ROWS", 7)
+    H, W = offset_rows(1e-7), level_weights()
+    with pytest.raises(FoalPipeError, match="of 40 test rows tie"):
+        ModelScores(W, 1).argmax(Rows.of(H))
+    rng = np.random.default_rng(4)
+    X, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
+    X[:, 0] = 0.0
+    T = rng.normal(size=(30, 8))
+    T[:20] = 0.0
+    T[:20, 0] = rng.normal(size=20)  # 20 rows scoring exactly 0 everywhere, in three parts
+    W = np.ascontiguousarray(AnalyticClassifier(gamma=1.0).fit(X, y).weights_)
+    np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(T))[:, 0], exact_argmax(T, W))

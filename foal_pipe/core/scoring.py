@@ -119,9 +119,11 @@ def top_two(xp: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 #: their scores tie within rounding, float64's pick between them stands, as it always did. Columns of distinct
 #: classes differ by far more (the 1e8 + 1e-7 z store's by 4e-5 of their length).
 TWIN = 1e-6
+#: (row, column) pairs whose products :meth:`Ties._products` sums at a time.
+PRODUCT_ROWS = 4096
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Ties:
     """What says whether float64 scores ``H @ W`` rank a row: ``W`` (D x models*C, model by model, float64, any
     namespace), its columns' ``lengths`` (models, C), the scored models (``model_ids``, into ``W``'s) and, for each
@@ -183,11 +185,16 @@ class Ties:
 
     def _products(self, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """``sum_j |h_j w_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model (0 for a column
-        scoring exactly 0, index -1)."""
+        scoring exactly 0, index -1), :data:`PRODUCT_ROWS` pairs at a time (a store whose every row ties would
+        otherwise hold rows x models x D products)."""
         xp = array_namespace(self.W)
         place = lambda k: xp.asarray(k, device=device(self.W))  # noqa: E731
-        W = xp.take(self.W, place(models * self.lengths.shape[1] + np.maximum(columns, 0)), axis=1)
-        sums = to_numpy(xp.sum(xp.abs(xp.take(H, place(rows), axis=0)) * xp.abs(W.T), axis=1))
+        picked = models * self.lengths.shape[1] + np.maximum(columns, 0)
+        sums = np.zeros(rows.size)
+        for lo in range(0, rows.size, PRODUCT_ROWS):
+            part = slice(lo, lo + PRODUCT_ROWS)
+            W = xp.take(self.W, place(picked[part]), axis=1)
+            sums[part] = to_numpy(xp.sum(xp.abs(xp.take(H, place(rows[part]), axis=0)) * xp.abs(W.T), axis=1))
         return np.where(columns >= 0, sums, 0.0)
 
     def _twins(self, models: np.ndarray, first: np.ndarray, other: np.ndarray) -> np.ndarray:

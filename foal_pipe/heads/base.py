@@ -26,7 +26,9 @@ SPACES = ("features", "activations", "projected")
 
 
 class Scorer(Protocol):
-    """An exact model at one task boundary: scores over the classes seen so far."""
+    """An exact model at one task boundary: scores over the classes seen so far. A linear scorer (``X @ W``) also
+    offers ``ties(X)``, the :class:`~foal_pipe.core.scoring.Ties` of its weights with the float64 rows, with which
+    its argmax is refused where rounding would pick it."""
 
     classes: np.ndarray  # sorted global class ids seen so far (host NumPy)
 
