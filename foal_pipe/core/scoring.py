@@ -9,8 +9,9 @@ scores have that same unique argmax. A model whose weights lie within ``delta`` 
 neighbouring gamma) is not multiplied at all: its exact scores lie within ``|h| delta`` of that model's, so the
 same test with the bound widened by it decides most rows. A row a model cannot decide is scored again by that
 model in float64. The argmax is therefore that of the float64 product, row for row: nothing is approximated.
-Where even the float64 scores' own rounding, ``gamma_D |h| (|w_1| + |w_2|)``, covers the top score's lead, rounding
-would pick the class, and the run is refused (features that vary only in their last digits around a large value).
+Where even the float64 scores' own rounding, ``gamma_D sum_j |h_j| (|w_1j| + |w_2j|)`` (:class:`Ties`), covers the
+top score's lead, rounding would pick the class, and the run is refused (features that vary only in their last
+digits around a large value).
 
 Only NumPy float64 products take the float32 route (cuBLAS and torch may multiply float32 in TF32, which the
 bound does not cover); everything else is scored in its own namespace, as before.
