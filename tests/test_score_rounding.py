@@ -6,7 +6,6 @@ arithmetic on the same float64 values (``fractions``)."""
 import importlib.util
 from fractions import Fraction
 
-import array_api_strict
 import numpy as np
 import pytest
 from helpers import invoke
@@ -87,8 +86,6 @@ def test_unseen_classes_zeros_count_as_rivals_without_rounding():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_other_namespaces_refuse_the_same_rows(backend):
     xp = get_namespace(backend)
-    if backend == "array_api_strict":
-        assert xp is array_api_strict or xp.__name__.endswith("array_api_strict")
     H, W = offset_rows(1e-7), level_weights()
     with pytest.raises(FoalPipeError, match=TIED):
         ModelScores(xp.asarray(W), 1).argmax(Rows.of(xp.asarray(H)))
