@@ -51,9 +51,14 @@ def relative_bound(depth: int) -> float:
     return 1.001 * (gamma_n(depth, U32) * (1.0 + U32) ** 2 + 2.0 * U32 + U32**2 + gamma_n(depth, U64))
 
 
+def column_norms(W: np.ndarray) -> np.ndarray:
+    """``|w|`` of each column of a NumPy ``W`` whose squares do not overflow (its float32 copy is finite)."""
+    return np.sqrt(np.einsum("dk,dk->k", W, W))
+
+
 def longest_column(W: np.ndarray, models: int) -> np.ndarray:
     """``(models,)``: the largest ``|w|`` among each model's columns of ``W`` (D x models*C, model by model)."""
-    return np.sqrt(np.einsum("dk,dk->k", W, W)).reshape(models, -1).max(axis=1)
+    return column_norms(W).reshape(models, -1).max(axis=1)
 
 
 def score_bound(norms: np.ndarray, column_norm: np.ndarray, depth: int) -> np.ndarray:
@@ -136,8 +141,9 @@ class Ties:
     index: np.ndarray
 
     @classmethod
-    def of(cls, W: Any, models: int = 1) -> Ties:
-        lengths = column_lengths(W).reshape(models, -1)
+    def of(cls, W: Any, models: int = 1, lengths: np.ndarray | None = None) -> Ties:
+        """Of ``W``, its columns' ``lengths`` (``models * C``) computed already or, by default, here."""
+        lengths = (column_lengths(W) if lengths is None else lengths).reshape(models, -1)
         return cls(W, lengths, np.arange(models), np.arange(lengths.shape[1]))
 
     def columns(self, keep: Any) -> Ties:
@@ -296,11 +302,13 @@ class ModelScores:
                   else np.flatnonzero(~np.isin(np.arange(self.width), self.positions)))
         self._first_unseen = int(unseen[0]) if len(unseen) else -1
         self.low: np.ndarray | None = None
+        self._lengths: np.ndarray | None = None  # every column's |w|, for the float32 bound and for :attr:`ties`
         if is_numpy_array(W) and W.dtype == np.float64 and W.size:
             with np.errstate(over="ignore"):
                 low = W.astype(np.float32)
             if np.isfinite(low).all():
-                self.column_norm = longest_column(W, models)
+                self._lengths = column_norms(W)
+                self.column_norm = self._lengths.reshape(models, -1).max(axis=1)
                 self.leader, self.distance = followers(W, models, self.column_norm)
                 self.leaders = np.flatnonzero(self.leader == np.arange(models))
                 self.low = low if self.leaders.size == models else np.ascontiguousarray(
@@ -364,7 +372,9 @@ class ModelScores:
     def ties(self) -> Ties | None:
         """Float64 weights' :class:`Ties`, which refuse rows their scores' rounding would rank (made at the first
         row scored in float64)."""
-        return Ties.of(self.W, self.models) if self.W.size and self.W.dtype == array_namespace(self.W).float64 else None
+        if not self.W.size or self.W.dtype != array_namespace(self.W).float64:
+            return None
+        return Ties.of(self.W, self.models, self._lengths)
 
     def _exact(self, H: Any, model: int | None = None, norms: np.ndarray | None = None) -> np.ndarray:
         """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone; refused where rounding,

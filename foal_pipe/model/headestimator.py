@@ -31,7 +31,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import host_values, to_numpy
-from foal_pipe.core.scoring import Ties
+from foal_pipe.core.scoring import Ties, best_of
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
@@ -196,9 +196,7 @@ class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
         """The class of the highest score (the first of a tie); a linear head's refused where the scores' float64
         rounding would pick it (:meth:`~foal_pipe.core.scoring.Ties.check`)."""
         scores, ties = self._scores_with_ties(X)
-        if ties is None:
-            return self.classes_[np.argmax(scores, axis=1)]
-        return self.classes_[ties[0].check(scores[:, None, :], ties[1])[:, 0]]
+        return best_of(scores, self.classes_, ties=ties)[0]
 
     @available_if(_has_probabilities)
     def predict_proba(self, X: Any) -> np.ndarray:
