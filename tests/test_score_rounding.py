@@ -270,3 +270,73 @@ def test_products_summed_in_parts_give_the_same_verdicts(monkeypatch):
     T[:20, 0] = rng.normal(size=20)  # 20 rows scoring exactly 0 everywhere, in three parts
     W = np.ascontiguousarray(AnalyticClassifier(gamma=1.0).fit(X, y).weights_)
     np.testing.assert_array_equal(ModelScores(W, 1).argmax(Rows.of(T))[:, 0], exact_argmax(T, W))
+
+
+DRIFTED = "lie closer than the RLS recursion's rounding moved them"
+
+
+def test_rls_weights_whose_drift_would_pick_the_class_are_refused(tmp_path):
+    """The RLS recursion's weights lie 8e-7 from the exact solve of its sums on the audit's rows: inside the 1e-4
+    drift check, but far beyond the classes' 1e-17 differences. Its learn gave 25% with exit 0 where gram gives
+    100% on test rows 1e6 times wider; the recursion's measured drift now joins the ties check."""
+    train, test = degenerate_split(10, 1), degenerate_split(15, 2)
+    wide = widened(test[0], 1e6)
+    store = write_store(tmp_path / "w.zarr", train, (wide, test[1]), ["a", "b", "c", "e"], dtype="float64")
+    args = ("--features", store, "--tasks", 1, "--projection-dim", 0, "--gamma", "1e8", "--backend", "numpy")
+    result = invoke("learn", *args, "--out", tmp_path / "gram")
+    assert result.exit_code == 0 and "A_last 100.00" in result.output, result.output
+    result = invoke("learn", *args, "--out", tmp_path / "rls", "--engine", "rls")
+    assert result.exit_code == 1 and DRIFTED in result.output and "--engine gram" in result.output, result.output
+    assert not (tmp_path / "rls").exists()
+    rls = AnalyticClassifier(gamma=1e8, engine="rls").fit(*train)
+    exact = AnalyticClassifier(gamma=1e8).fit(*train)
+    W = rls.weights_  # checked against the exact solve, which measures the drift
+    drift = rls._engine.drift
+    np.testing.assert_allclose(drift, W - exact.weights_, rtol=0, atol=1e-12 * np.abs(exact.weights_).max())
+    assert np.abs(drift).max() > 1e-9 * np.abs(exact.weights_).max()  # what the check stands on: a real drift
+    np.testing.assert_array_equal(exact.predict(wide), test[1])
+    with pytest.raises(FoalPipeError, match=DRIFTED):
+        rls.predict(wide)
+
+
+def test_a_drift_widens_the_float32_screen_and_the_float64_check():
+    """Leads beyond the scores' rounding but within ``|h| |d|``: refused with the drift, ranked without it; a drift
+    far below the leads changes nothing."""
+    H, W = offset_rows(1e2), level_weights()
+    expected = exact_argmax(H, W)
+    scores = H @ W
+    lead = np.sort(scores, axis=1)[:, -1] - np.sort(scores, axis=1)[:, -2]
+    relative = lead / (np.linalg.norm(H, axis=1) * 2 * np.linalg.norm(W, axis=0).max())
+    assert relative.min() > 1e-13 and relative.max() < 1e-8  # the 1e8 offset's share: leads of 1e-11 ... 1e-9
+    for drift, refused in ((1e-8 * W, True), (1e-15 * W, False)):
+        if refused:
+            with pytest.raises(FoalPipeError, match=DRIFTED):
+                ModelScores(W, 1, drift=drift).argmax(Rows.of(H))
+            with pytest.raises(FoalPipeError, match=DRIFTED):
+                best_of(scores, np.arange(4), ties=(Ties.of(W, drift=drift), H))
+        else:
+            np.testing.assert_array_equal(ModelScores(W, 1, drift=drift).argmax(Rows.of(H))[:, 0], expected)
+            np.testing.assert_array_equal(best_of(scores, np.arange(4), ties=(Ties.of(W, drift=drift), H))[0], expected)
+    rng = np.random.default_rng(5)  # leads far beyond float32's rounding: only a screen that counts the drift sends
+    H, W = rng.normal(size=(40, 10)), rng.normal(size=(10, 4))  # them to the check
+    with pytest.raises(FoalPipeError, match=DRIFTED):
+        ModelScores(W, 1, drift=0.5 * W).argmax(Rows.of(H))
+    np.testing.assert_array_equal(ModelScores(W, 1, drift=1e-12 * W).argmax(Rows.of(H))[:, 0], exact_argmax(H, W))
+
+
+def test_rls_rows_that_score_exactly_zero_still_tie_exactly():
+    """A row set only at a pixel no training row had scores exactly 0 with the recursion's weights and with the exact
+    ones (that pixel's row of W and of the drift is 0): a tie the first class wins, not the drift's refusal."""
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
+    X[:, 0] = 0.0
+    T = rng.normal(size=(30, 8))
+    T[:5] = 0.0
+    T[:5, 0] = 1.0
+    clf = AnalyticClassifier(gamma=1.0, engine="rls")
+    for batch in np.array_split(np.arange(60), 6):
+        clf.partial_fit(X[batch], y[batch], classes=[0, 1, 2])
+    W = clf.weights_  # checked against the exact solve, which measures the drift
+    drift = clf._engine.drift
+    assert np.all(drift[0] == 0.0) and np.abs(drift).max() > 0
+    np.testing.assert_array_equal(clf.predict(T), clf.classes_[exact_argmax(T, W)])

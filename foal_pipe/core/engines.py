@@ -126,6 +126,8 @@ class RLSEngine:
                 "use a larger gamma or float64"
             )
         self.W = xp.zeros((dim, 0), dtype=dtype, device=device)
+        #: ``W`` minus the exact solve of the sums, float64, as :meth:`verify` last measured it (columns as ``W``'s).
+        self.drift = xp.zeros((dim, 0), dtype=xp.float64, device=device)
         self.classes = np.empty(0)
         self._sums: RidgeStatistics | None = RidgeStatistics.empty(dim, xp, xp.float64, device)
         self._pending: list[tuple[Any, np.ndarray]] = []
@@ -133,12 +135,13 @@ class RLSEngine:
 
     def insert_classes(self, old: np.ndarray, new: np.ndarray) -> None:
         """Zero columns of ``W`` wherever a class of ``new`` (a sorted superset of ``old``) is not in ``old``."""
-        self.W = align_columns(self.W, old, new)
+        self.W, self.drift = align_columns(self.W, old, new), align_columns(self.drift, old, new)
         self.classes = new
 
     def restore_classes(self, old: np.ndarray, grown: np.ndarray) -> None:
         """Undo :meth:`insert_classes` of a refused batch (an update that raised changes nothing else)."""
-        self.W = kept_columns(self.W, np.searchsorted(grown, old))
+        kept = np.searchsorted(grown, old)
+        self.W, self.drift = kept_columns(self.W, kept), kept_columns(self.drift, kept)
         self.classes = old
 
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
@@ -190,13 +193,14 @@ class RLSEngine:
         xp = array_namespace(self.R)
         exact = self._formed_sums().aligned(self.classes).solve(self.gamma)
         scale = float(xp.linalg.vector_norm(exact))
-        moved = float(xp.linalg.vector_norm(xp.astype(self.W, xp.float64) - exact)) / scale if scale else 0.0
+        drift = xp.astype(self.W, xp.float64) - exact
+        moved = float(xp.linalg.vector_norm(drift)) / scale if scale else 0.0
         if not moved <= DRIFTS["float64"]:
             raise FoalPipeError(
                 f"the RLS recursion's rounding moved the weights by {moved:.1g} (more than {DRIFTS['float64']:g}) from "
                 f"the exact solve of the same sums at gamma {self.gamma:g}; use a larger {param('gamma')} or "
                 f"{param('engine', 'gram')}")
-        self._verified = True
+        self.drift, self._verified = drift, True
 
     def weights(self) -> Any:
         """``W``, checked against the exact solve of the sums since the last update (:meth:`verify`)."""
@@ -219,6 +223,7 @@ class RLSEngine:
         self.R = xp.asarray(state["R"], dtype=self.R.dtype, device=device(self.R))
         self.W = xp.asarray(state["W"], dtype=self.R.dtype, device=device(self.R))
         self.classes, self._loaded_rows = np.asarray(classes), int(n)
+        self.drift = xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R))  # W is its sums' exact solve
         self._sums, self._pending, self._verified = None, [], True  # the sums from R when learning continues
 
 
@@ -230,6 +235,8 @@ class GramEngine:
 
     name = "gram"
     state_names = ("G", "Q")
+    #: The weights are the exact solve of the sums: no drift from it (:attr:`RLSEngine.drift`).
+    drift = None
 
     def __init__(self, dim: int, gamma: float | str, xp: Any, dtype: Any, device: Any = None,
                  grid: Sequence[float] = DEFAULT_GAMMA_GRID) -> None:

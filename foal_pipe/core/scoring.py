@@ -28,7 +28,7 @@ from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.linalg import factor_threads
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 
 U32, U64 = 2.0**-24, 2.0**-53
 #: An absolute allowance per multiply-add for float32 values and products that underflow (2^-126 is float32's
@@ -127,24 +127,33 @@ def top_two(xp: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 TWIN = 1e-6
 #: (row, column) pairs whose products :meth:`Ties._products` sums at a time.
 PRODUCT_ROWS = 4096
+#: A drift's reach on the scores, ``sum_j |h_j| |d_j|``, is widened by this factor for its own float64 rounding
+#: (``gamma_D``, below 1e-3 up to 1e12 terms).
+MOVED = 1.001
 
 
 @dataclass(frozen=True, eq=False)
 class Ties:
     """What says whether float64 scores ``H @ W`` rank a row: ``W`` (D x models*C, model by model, float64, any
     namespace), its columns' ``lengths`` (models, C), the scored models (``model_ids``, into ``W``'s) and, for each
-    scored column, the column of ``W``'s model it is (``index``; -1: a column scoring exactly 0)."""
+    scored column, the column of ``W``'s model it is (``index``; -1: a column scoring exactly 0). ``drift`` (as
+    ``W``, or None: none): how far the weights lie from the exact ones, as measured (the RLS recursion's departure
+    from the exact solve of its sums), and its columns' lengths ``drift_lengths``."""
 
     W: Any
     lengths: np.ndarray
     model_ids: np.ndarray
     index: np.ndarray
+    drift: Any = None
+    drift_lengths: np.ndarray | None = None
 
     @classmethod
-    def of(cls, W: Any, models: int = 1, lengths: np.ndarray | None = None) -> Ties:
-        """Of ``W``, its columns' ``lengths`` (``models * C``) computed already or, by default, here."""
+    def of(cls, W: Any, models: int = 1, lengths: np.ndarray | None = None, drift: Any = None) -> Ties:
+        """Of ``W``, its columns' ``lengths`` (``models * C``) computed already or, by default, here, and its
+        measured ``drift`` (or None)."""
         lengths = (column_lengths(W) if lengths is None else lengths).reshape(models, -1)
-        return cls(W, lengths, np.arange(models), np.arange(lengths.shape[1]))
+        moved = None if drift is None else column_lengths(drift).reshape(models, -1)
+        return cls(W, lengths, np.arange(models), np.arange(lengths.shape[1]), drift, moved)
 
     def columns(self, keep: Any) -> Ties:
         """Those of the scored columns ``keep`` (an index)."""
@@ -167,40 +176,56 @@ class Ties:
         pick the class there (features that vary only in their last digits around a large value). The rounding is
         ``gamma_D sum_j |h_j| (|w_1j| + |w_2j|)``, taken for the rows that ``gamma_D |h| (|w_1| + |w_2|)``
         (:func:`float64_rounding`) does not clear: 0 where every product is 0, so scores that tie exactly (a row
-        whose features no training row had, classes mirrored) are a tie the first column wins, not a refusal."""
+        whose features no training row had, classes mirrored) are a tie the first column wins, not a refusal. With
+        a ``drift`` ``d``, ``sum_j |h_j| (|d_1j| + |d_2j|)`` (screened by ``|h| (|d_1| + |d_2|)``) joins it: the exact
+        weights' scores may lie that much apart from these."""
         if scores.shape[2] < 2 or scores.shape[0] == 0:
             return to_numpy(array_namespace(scores).argmax(scores, axis=2))
         norms = row_norms(H) if norms is None else norms
         best, second, gap = top_two(array_namespace(scores), scores)
-        lengths = np.where(self.index >= 0, self.lengths[:, np.maximum(self.index, 0)], 0.0)[self.model_ids]
         scored = np.arange(self.model_ids.size)
         depth = int(self.W.shape[0])
-        rounding = float64_rounding(norms[:, None] * (lengths[scored, best] + lengths[scored, second]), depth)
+
+        def pair(lengths: np.ndarray) -> np.ndarray:
+            at = np.where(self.index >= 0, lengths[:, np.maximum(self.index, 0)], 0.0)[self.model_ids]
+            return norms[:, None] * (at[scored, best] + at[scored, second])
+
+        moved = 0.0 if self.drift_lengths is None else MOVED * pair(self.drift_lengths)
+        rounding = float64_rounding(pair(self.lengths), depth) + moved
         rows, models = np.nonzero((gap <= rounding) & (rounding > 0))
         if rows.size == 0:
             return best
         m, first, other = self.model_ids[models], self.index[best[rows, models]], self.index[second[rows, models]]
-        sums = self._products(H, rows, m, first) + self._products(H, rows, m, other)
-        tied = (gap[rows, models] <= float64_rounding(sums, depth)) & (sums > 0)
-        if count := int(np.count_nonzero(tied & ~self._twins(m, first, other))):
+        gap = gap[rows, models]
+        own = float64_rounding(self._products(self.W, H, rows, m, first) + self._products(self.W, H, rows, m, other), depth)
+        reach = own if self.drift is None else (
+            own + MOVED * (self._products(self.drift, H, rows, m, first) + self._products(self.drift, H, rows, m, other)))
+        tied = (gap <= reach) & (reach > 0) & ~self._twins(m, first, other)
+        if count := int(np.count_nonzero(tied)):
+            if np.any(tied & (gap <= own) & (own > 0)):
+                raise FoalPipeError(
+                    f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
+                    "gamma_D sum |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in "
+                    "their last digits around a large common value; subtract it (center the features) or rescale them"
+                )
             raise FoalPipeError(
-                f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
-                "gamma_D sum |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in their "
-                "last digits around a large common value; subtract it (center the features) or rescale them"
+                f"the top two scores of {count} {what} lie closer than the RLS recursion's rounding moved them (its "
+                "weights' measured departure from the exact solve of the same sums), so that rounding would pick their "
+                f"class; use {param('engine', 'gram')}, which scores the exact solve, or center or rescale the features"
             )
         return best
 
-    def _products(self, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """``sum_j |h_j w_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model (0 for a column
-        scoring exactly 0, index -1), :data:`PRODUCT_ROWS` pairs at a time (a store whose every row ties would
-        otherwise hold rows x models x D products)."""
-        xp = array_namespace(self.W)
-        place = lambda k: xp.asarray(k, device=device(self.W))  # noqa: E731
+    def _products(self, matrix: Any, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """``sum_j |h_j m_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model in ``matrix``
+        (``W`` or ``drift``; 0 for a column scoring exactly 0, index -1), :data:`PRODUCT_ROWS` pairs at a time (a
+        store whose every row ties would otherwise hold rows x models x D products)."""
+        xp = array_namespace(matrix)
+        place = lambda k: xp.asarray(k, device=device(matrix))  # noqa: E731
         picked = models * self.lengths.shape[1] + np.maximum(columns, 0)
         sums = np.zeros(rows.size)
         for lo in range(0, rows.size, PRODUCT_ROWS):
             part = slice(lo, lo + PRODUCT_ROWS)
-            W = xp.take(self.W, place(picked[part]), axis=1)
+            W = xp.take(matrix, place(picked[part]), axis=1)
             sums[part] = to_numpy(xp.sum(xp.abs(xp.take(H, place(rows[part]), axis=0)) * xp.abs(W.T), axis=1))
         return np.where(columns >= 0, sums, 0.0)
 
@@ -291,11 +316,14 @@ class ModelScores:
     """The models of one boundary, ``W`` (D x models*C, its columns model by model), and their argmax.
 
     With ``positions`` and ``width`` the C scores sit at those columns of ``width`` and every other column
-    scores 0 (the published code's unseen classes, which can win); the argmax is then into ``width``.
+    scores 0 (the published code's unseen classes, which can win); the argmax is then into ``width``. ``drift`` (as
+    ``W``): the weights' measured departure from the exact ones (the RLS recursion's), which widens every test by
+    ``|h| |d|`` (:class:`Ties`).
     """
 
-    def __init__(self, W: Any, models: int, positions: np.ndarray | None = None, width: int | None = None) -> None:
-        self.W, self.models = W, models
+    def __init__(self, W: Any, models: int, positions: np.ndarray | None = None, width: int | None = None,
+                 drift: Any = None) -> None:
+        self.W, self.models, self.drift = W, models, drift
         self.positions = None if positions is None else np.asarray(positions)
         self.width = width if width is not None else 0  # used with positions only, which come with their width
         unseen = (np.empty(0, dtype=np.intp) if self.positions is None
@@ -310,6 +338,8 @@ class ModelScores:
                 self._lengths = column_norms(W)
                 self.column_norm = self._lengths.reshape(models, -1).max(axis=1)
                 self.leader, self.distance = followers(W, models, self.column_norm)
+                # the exact weights' scores lie within |h| |d| of these: one more allowance
+                self.moved = np.zeros(models) if drift is None else MOVED * longest_column(to_numpy(drift), models)
                 self.leaders = np.flatnonzero(self.leader == np.arange(models))
                 self.low = low if self.leaders.size == models else np.ascontiguousarray(
                     low.reshape(W.shape[0], models, -1)[:, self.leaders].reshape(W.shape[0], -1))
@@ -338,7 +368,8 @@ class ModelScores:
         bound = score_bound(rows.norms, self.column_norm, D)
         slot = np.searchsorted(self.leaders, self.leader)  # each model's leader among the computed scores
         follows = self.leader != np.arange(self.models)
-        allowance = bound[:, self.leader] + np.where(follows, bound + rows.norms[:, None] * self.distance, 0.0)
+        allowance = (bound[:, self.leader] + np.where(follows, bound + rows.norms[:, None] * self.distance, 0.0)
+                     + rows.norms[:, None] * self.moved)
         top, first, second, finite = top[:, slot], first[:, slot], second[:, slot], finite[:, slot]
         best = first.astype(np.float64)
         zeros = self.positions is not None and self.width > scores.shape[2]
@@ -374,7 +405,7 @@ class ModelScores:
         row scored in float64)."""
         if not self.W.size or self.W.dtype != array_namespace(self.W).float64:
             return None
-        return Ties.of(self.W, self.models, self._lengths)
+        return Ties.of(self.W, self.models, self._lengths, self.drift)
 
     def _exact(self, H: Any, model: int | None = None, norms: np.ndarray | None = None) -> np.ndarray:
         """The argmax of float64 scores: of every model, or (``(n, 1)``) of ``model`` alone; refused where rounding,

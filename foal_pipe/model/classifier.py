@@ -297,7 +297,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         X, W = self._state_array(X, xp.float64), xp.asarray(W, dtype=xp.float64)
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
             scores = finite_scores(to_numpy(X @ W))
-        return scores, (Ties.of(W), X)
+        return scores, (Ties.of(W, drift=self._engine.drift), X)
 
     def decision_function(self, X: Any) -> np.ndarray:
         """:meth:`class_scores`, -inf for a class without rows, which :meth:`predict` never picks (it is ``classes_[argmax]``);

@@ -49,10 +49,12 @@ def lane_accuracies(run: Run, boundaries: dict[str | None, Sequence[Boundary]],
 
 
 def _models(run: Run, b: Boundary) -> ModelScores:
-    W = run.xp.reshape(run.xp.asarray(b.W, device=default_device(run.xp)), (b.W.shape[0], -1))
+    flat = lambda A: run.xp.reshape(run.xp.asarray(A, device=default_device(run.xp)), (A.shape[0], -1))  # noqa: E731
+    W, drift = flat(b.W), None if b.drift is None else flat(b.drift)
     if run.evaluation.mask_unseen:
-        return ModelScores(W, b.W.shape[1])
-    return ModelScores(W, b.W.shape[1], b.classes, len(run.store.classes))  # the published code: unseen classes score 0
+        return ModelScores(W, b.W.shape[1], drift=drift)
+    # the published code: unseen classes score 0
+    return ModelScores(W, b.W.shape[1], b.classes, len(run.store.classes), drift)
 
 
 def _score(run: Run, H: Rows, y: np.ndarray, tasks: np.ndarray, boundaries: Sequence[Boundary],

@@ -43,6 +43,9 @@ class Boundary:
     #: With a sampled leave-one-out: the rows it scored and Hoeffding's bound on its accuracy at every gamma.
     loo_rows: int | None = None
     loo_bound: float | None = None
+    #: The RLS recursion's weights: their departure from the exact solve of its sums (as ``W``), which the scores'
+    #: ties check counts (:class:`~foal_pipe.core.scoring.Ties`).
+    drift: Any = None
 
 
 class FixedGamma:

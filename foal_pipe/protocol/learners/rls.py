@@ -67,6 +67,9 @@ class RLSLearner(Learner):
                           float(self.run.model.gamma), "rls", self.run.model.dtype, self.seen)
 
     def _snapshot(self) -> Boundary:
-        """The recursion's weights now: a copy, since the recursion updates W in place until a new class arrives."""
+        """The recursion's weights now, and their drift from the exact solve: copies, since the recursion updates W
+        in place until a new class arrives."""
         W = to_numpy(checked_weights(self.engine.weights())).copy()
-        return Boundary(self.classes.copy(), W[:, None, :], np.array([float(self.run.model.gamma)]))
+        drift = to_numpy(self.engine.drift).copy()
+        return Boundary(self.classes.copy(), W[:, None, :], np.array([float(self.run.model.gamma)]),
+                        drift=drift[:, None, :])
