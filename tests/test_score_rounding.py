@@ -340,3 +340,19 @@ def test_rls_rows_that_score_exactly_zero_still_tie_exactly():
     drift = clf._engine.drift
     assert np.all(drift[0] == 0.0) and np.abs(drift).max() > 0
     np.testing.assert_array_equal(clf.predict(T), clf.classes_[exact_argmax(T, W)])
+
+
+def test_dual_scores_tied_within_their_rounding_are_refused():
+    """dual's scores are ``relu(h) W_main + C tanh(h) W_comp``: their rounding is checked as that of one sum over
+    ``[relu(h), tanh(h)]``. The compensation stream's columns are equal here, so it moves every class alike."""
+    from foal_pipe.heads.dual import DualScorer
+
+    W = level_weights()
+    comp = np.tile(np.random.default_rng(2).normal(size=(10, 1)), (1, 4))
+    scorer = DualScorer(np.array([3, 5, 8, 9]), W, comp, 0.5)
+    H = offset_rows(1e-7)
+    with pytest.raises(FoalPipeError, match=TIED):
+        best_of(scorer.scores(H), scorer.classes, ties=scorer.ties(H))
+    H = offset_rows(1e2)
+    labels, _ = best_of(scorer.scores(H), scorer.classes, ties=scorer.ties(H))
+    np.testing.assert_array_equal(labels, scorer.classes[exact_argmax(H, W)])

@@ -138,7 +138,8 @@ class Ties:
     namespace), its columns' ``lengths`` (models, C), the scored models (``model_ids``, into ``W``'s) and, for each
     scored column, the column of ``W``'s model it is (``index``; -1: a column scoring exactly 0). ``drift`` (as
     ``W``, or None: none): how far the weights lie from the exact ones, as measured (the RLS recursion's departure
-    from the exact solve of its sums), and its columns' lengths ``drift_lengths``."""
+    from the exact solve of its sums), and its columns' lengths ``drift_lengths``. ``depth``: the terms each score's
+    rounding counts (0: ``W``'s rows, one product)."""
 
     W: Any
     lengths: np.ndarray
@@ -146,14 +147,15 @@ class Ties:
     index: np.ndarray
     drift: Any = None
     drift_lengths: np.ndarray | None = None
+    depth: int = 0
 
     @classmethod
-    def of(cls, W: Any, models: int = 1, lengths: np.ndarray | None = None, drift: Any = None) -> Ties:
-        """Of ``W``, its columns' ``lengths`` (``models * C``) computed already or, by default, here, and its
-        measured ``drift`` (or None)."""
+    def of(cls, W: Any, models: int = 1, lengths: np.ndarray | None = None, drift: Any = None, depth: int = 0) -> Ties:
+        """Of ``W``, its columns' ``lengths`` (``models * C``) computed already or, by default, here, its measured
+        ``drift`` (or None) and the ``depth`` of its scores' sums (0: ``W``'s rows)."""
         lengths = (column_lengths(W) if lengths is None else lengths).reshape(models, -1)
         moved = None if drift is None else column_lengths(drift).reshape(models, -1)
-        return cls(W, lengths, np.arange(models), np.arange(lengths.shape[1]), drift, moved)
+        return cls(W, lengths, np.arange(models), np.arange(lengths.shape[1]), drift, moved, depth)
 
     def columns(self, keep: Any) -> Ties:
         """Those of the scored columns ``keep`` (an index)."""
@@ -184,7 +186,7 @@ class Ties:
         norms = row_norms(H) if norms is None else norms
         best, second, gap = top_two(array_namespace(scores), scores)
         scored = np.arange(self.model_ids.size)
-        depth = int(self.W.shape[0])
+        depth = self.depth or int(self.W.shape[0])
 
         def pair(lengths: np.ndarray) -> np.ndarray:
             at = np.where(self.index >= 0, lengths[:, np.maximum(self.index, 0)], 0.0)[self.model_ids]

@@ -64,6 +64,7 @@ from foal_pipe.core.linalg import (
     solve_spd,
     spd_solver,
 )
+from foal_pipe.core.scoring import Ties
 from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
@@ -98,6 +99,16 @@ class DualScorer:
         xp = array_namespace(X)
         h = float64(X)
         return relu(h) @ self.W_main + self.compensation * (xp.tanh(h) @ self.W_comp)
+
+    def ties(self, X: Any) -> tuple[Ties, Any]:
+        """What refuses rows whose :meth:`scores` tie within their float64 rounding (:meth:`Ties.check`): the scores
+        are ``[relu(h), tanh(h)] @ [W_main; compensation W_comp]``, two products of D terms, whose rounding with
+        tanh's own (a few units), the product by ``compensation`` and the sum of the two that of a 2D + 6 term sum
+        bounds."""
+        xp = array_namespace(X)
+        h = float64(X)
+        W = xp.concat([self.W_main, self.compensation * self.W_comp], axis=0)
+        return Ties.of(W, depth=int(W.shape[0]) + 6), xp.concat([relu(h), xp.tanh(h)], axis=1)
 
 
 @dataclass(frozen=True)
