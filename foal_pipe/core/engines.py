@@ -133,6 +133,14 @@ class RLSEngine:
         self._pending: list[tuple[Any, np.ndarray]] = []
         self._verified, self._loaded_rows = True, 0
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """An engine pickled before the drift was kept: its weights are checked again, which measures it."""
+        self.__dict__.update(state)
+        if "drift" not in state:
+            xp = array_namespace(self.R)
+            self.drift = xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R))
+            self._verified = False
+
     def insert_classes(self, old: np.ndarray, new: np.ndarray) -> None:
         """Zero columns of ``W`` wherever a class of ``new`` (a sorted superset of ``old``) is not in ``old``."""
         self.W, self.drift = align_columns(self.W, old, new), align_columns(self.drift, old, new)

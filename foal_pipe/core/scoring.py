@@ -180,7 +180,8 @@ class Ties:
         (:func:`float64_rounding`) does not clear: 0 where every product is 0, so scores that tie exactly (a row
         whose features no training row had, classes mirrored) are a tie the first column wins, not a refusal. With
         a ``drift`` ``d``, ``sum_j |h_j| (|d_1j| + |d_2j|)`` (screened by ``|h| (|d_1| + |d_2|)``) joins it: the exact
-        weights' scores may lie that much apart from these."""
+        weights' scores may lie that much apart from these, so the rows within its reach are ranked by the exact
+        weights too (:meth:`_check_exact`)."""
         if scores.shape[2] < 2 or scores.shape[0] == 0:
             return to_numpy(array_namespace(scores).argmax(scores, axis=2))
         norms = row_norms(H) if norms is None else norms
@@ -203,19 +204,44 @@ class Ties:
         reach = own if self.drift is None else (
             own + MOVED * (self._products(self.drift, H, rows, m, first) + self._products(self.drift, H, rows, m, other)))
         tied = (gap <= reach) & (reach > 0) & ~self._twins(m, first, other)
-        if count := int(np.count_nonzero(tied)):
-            if np.any(tied & (gap <= own) & (own > 0)):
-                raise FoalPipeError(
-                    f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
-                    "gamma_D sum |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in "
-                    "their last digits around a large common value; subtract it (center the features) or rescale them"
-                )
+        if count := int(np.count_nonzero(tied & (gap <= own) & (own > 0))):
             raise FoalPipeError(
-                f"the top two scores of {count} {what} lie closer than the RLS recursion's rounding moved them (its "
-                "weights' measured departure from the exact solve of the same sums), so that rounding would pick their "
-                f"class; use {param('engine', 'gram')}, which scores the exact solve, or center or rescale the features"
+                f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
+                "gamma_D sum |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in their "
+                "last digits around a large common value; subtract it (center the features) or rescale them"
             )
+        if tied.any():
+            self._check_exact(H, rows[tied], models[tied], best, what)
         return best
+
+    def _check_exact(self, H: Any, rows: np.ndarray, models: np.ndarray, best: np.ndarray, what: str) -> None:
+        """Refuse where the rows ``rows`` (of scored models ``models``), whose leads lie within the drift's reach,
+        do not have the class ``best`` of the exact weights ``W - drift`` (ranked with their own ties check): there
+        the drift picked the class."""
+        xp, width = array_namespace(self.W), self.lengths.shape[1]
+        W = self.W - self.drift
+        exact = replace(self, W=W, lengths=column_lengths(W).reshape(self.lengths.shape), drift=None, drift_lengths=None)
+        changed, tied = 0, None
+        for k in np.unique(models):
+            at = rows[models == k]
+            model = int(self.model_ids[k])
+            picked = xp.take(H, xp.asarray(at, device=device(H)), axis=0)
+            scores = to_numpy(picked @ W[:, model * width : (model + 1) * width])
+            placed = np.where(self.index >= 0, scores[:, np.maximum(self.index, 0)], 0.0)
+            try:
+                found = exact.model(int(k)).check(placed[:, None, :], picked, None, what)[:, 0]
+            except FoalPipeError as error:  # the exact scores tie within their rounding: refused, after a changed class
+                tied, found = error, np.argmax(placed, axis=1)
+            changed += int(np.count_nonzero(found != best[at, k]))
+        if tied is not None and not changed:
+            raise tied
+        if changed:
+            fix = ("center or rescale the features: the exact solve's scores of some of them tie within their rounding "
+                   "too" if tied is not None else
+                   f"use {param('engine', 'gram')}, which scores the exact solve, or center or rescale the features")
+            raise FoalPipeError(
+                f"the RLS recursion's rounding changed the class of {changed} {what}: their argmax differs from that of "
+                f"the exact solve of the same sums, from which the recursion's weights drifted (within the 1e-4 check); {fix}")
 
     def _products(self, matrix: Any, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray) -> np.ndarray:
         """``sum_j |h_j m_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model in ``matrix``
@@ -232,14 +258,18 @@ class Ties:
         return np.where(columns >= 0, sums, 0.0)
 
     def _twins(self, models: np.ndarray, first: np.ndarray, other: np.ndarray) -> np.ndarray:
-        """Whether columns ``first`` and ``other`` of each of ``models`` lie within :data:`TWIN` of each other."""
+        """Whether columns ``first`` and ``other`` of each of ``models`` lie within :data:`TWIN` of each other: those
+        of the exact weights, ``W - drift`` with a drift (the recursion's rounding parts a class's twin columns)."""
         pairs, where = np.unique(np.stack([models, first, other], axis=1), axis=0, return_inverse=True)
         m, a, b = pairs.T
         twins = (a >= 0) & (b >= 0)
         if twins.any():
             xp, width = array_namespace(self.W), self.lengths.shape[1]
             at = lambda k: xp.asarray(m[twins] * width + k[twins], device=device(self.W))  # noqa: E731
-            apart = column_lengths(xp.take(self.W, at(a), axis=1) - xp.take(self.W, at(b), axis=1))
+            apart = xp.take(self.W, at(a), axis=1) - xp.take(self.W, at(b), axis=1)
+            if self.drift is not None:
+                apart = apart - (xp.take(self.drift, at(a), axis=1) - xp.take(self.drift, at(b), axis=1))
+            apart = column_lengths(apart)
             twins[twins] = apart <= TWIN * np.maximum(self.lengths[m[twins], a[twins]], self.lengths[m[twins], b[twins]])
         return twins[where.ravel()]
 

@@ -396,10 +396,11 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
         block += min(rows, int(splits[1].n_rows)) * n_models * n_classes * 8
     read = max(_read_bytes(run, s) for s in splits)
     per_lane = f" x {lanes} fusions" if lanes > 1 else ""
+    snapshot = D * n_classes * 8 * (2 if run.model.engine == "rls" else 1)  # rls's weights carry their drift
     parts = {
         f"state at D={D}{per_lane}": state * lanes,
         "a block of rows": block + read,
-        f"weights of every boundary{per_lane}": run.stream.n_tasks * D * n_models * n_classes * 8 * lanes,
+        f"weights of every boundary{per_lane}": run.stream.n_tasks * snapshot * n_models * lanes,
     }
     sample = row_sample(run) if loo else None
     if sample is not None and sample.boundaries:  # SampledLeaveOneOut keeps the sample's H V for the zoom
@@ -411,7 +412,7 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
     if run.evaluation.eval_every is not None:  # every point's weights wait for the one test read
         n_stream = int(np.count_nonzero(run.row_task >= 0))
         parts[f"weights of every --eval-every point ({n_stream // run.evaluation.eval_every})"] = (
-            n_stream // run.evaluation.eval_every * D * n_classes * 8)
+            n_stream // run.evaluation.eval_every * snapshot)
     for split in ("train", "test"):
         cached = rows_cache_bytes(run, split)
         if in_memory(cached, run.execution.max_memory):
