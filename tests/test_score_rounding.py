@@ -405,3 +405,38 @@ def test_an_rls_classifier_pickled_before_the_drift_was_kept_measures_it_again()
                                rtol=0, atol=1e-12)
     old.partial_fit(X[:5], np.array([3, 3, 0, 1, 2]))
     assert old.predict(X).shape == (50,) and old._engine.drift.shape == (5, 4)
+
+
+def test_an_rls_model_file_keeps_its_drift_for_predict(tmp_path):
+    """A model learnt with rls whose test rows pass (rows of zeros: an exact tie) is written with its drift, so
+    ``predict`` on rows the drift would rank refuses as learn does; without the drift (a file from before it was
+    kept) the rows are scored as saved; a gram file holding a drift is refused."""
+    from foal_pipe.model.modelfile import read_model, write_model
+
+    train, test = degenerate_split(10, 1), degenerate_split(15, 2)
+    quiet = write_store(tmp_path / "z.zarr", train, (np.zeros((4, 10)), np.arange(4)), ["a", "b", "c", "e"],
+                        dtype="float64")
+    wide = write_store(tmp_path / "w.zarr", train, (widened(test[0], 1e8), test[1]), ["a", "b", "c", "e"],
+                       dtype="float64")
+    args = ("--tasks", 1, "--projection-dim", 0, "--gamma", "1e8", "--backend", "numpy")
+    result = invoke("learn", "--features", quiet, "--out", tmp_path / "rls", "--engine", "rls", *args)
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "rls" / "model.safetensors"
+    tensors, meta = read_model(path)
+    assert tensors["drift"].shape == tensors["W"].shape and np.abs(tensors["drift"]).max() > 0
+    result = invoke("predict", "--model", path, "--features", wide, "--out", tmp_path / "p.csv")
+    assert result.exit_code == 1 and CHANGED in result.output, result.output
+    assert not (tmp_path / "p.csv").exists()
+    rows = widened(test[0], 1e8)
+    with pytest.raises(FoalPipeError, match=CHANGED):
+        AnalyticClassifier.load(path).predict(rows)
+    with pytest.raises(FoalPipeError, match=CHANGED):
+        load_model(path).predict(rows)
+    older = {name: a for name, a in tensors.items() if name != "drift"}
+    write_model(tmp_path / "older.safetensors", older, meta)
+    scored = AnalyticClassifier.load(tmp_path / "older.safetensors")
+    np.testing.assert_array_equal(scored.predict(rows), scored.classes_[np.argmax(scored.class_scores(rows), axis=1)])
+    result = invoke("learn", "--features", quiet, "--out", tmp_path / "gram", *args)
+    tensors, meta = read_model(tmp_path / "gram" / "model.safetensors")
+    with pytest.raises(FoalPipeError, match="'drift' does not belong to the gram engine"):
+        write_model(tmp_path / "stray.safetensors", {**tensors, "drift": np.zeros_like(tensors["W"])}, meta)

@@ -221,7 +221,10 @@ class RLSEngine:
         return self.R
 
     def state(self) -> dict[str, Any]:
-        return {"R": self.R, "W": self.W}
+        """``R`` and ``W``, and ``W``'s drift from the exact solve (:meth:`verify`'s, measured first if due), which a
+        model file keeps so that its scores are checked with it (:class:`~foal_pipe.core.scoring.Ties`)."""
+        self.verify()
+        return {"R": self.R, "W": self.W, "drift": self.drift}
 
     def load_state(self, state: dict[str, Any], classes: np.ndarray, n: int) -> None:
         xp = array_namespace(self.R)
@@ -231,7 +234,10 @@ class RLSEngine:
         self.R = xp.asarray(state["R"], dtype=self.R.dtype, device=device(self.R))
         self.W = xp.asarray(state["W"], dtype=self.R.dtype, device=device(self.R))
         self.classes, self._loaded_rows = np.asarray(classes), int(n)
-        self.drift = xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R))  # W is its sums' exact solve
+        # the drift the saved state recorded; none in a file from before drifts were kept, which is scored as saved.
+        # Learning on measures the drift again, from the sums the loaded state stands for.
+        self.drift = (xp.asarray(state["drift"], dtype=xp.float64, device=device(self.R)) if "drift" in state
+                      else xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R)))
         self._sums, self._pending, self._verified = None, [], True  # the sums from R when learning continues
 
 

@@ -67,7 +67,7 @@ DTYPE_OF_CODE = {code: dtype for dtype, code in CODES.items()}
 #: Each tensor's shape in named dimensions and its kind of dtype; every name must agree across tensors.
 TENSORS: dict[str, tuple[tuple[str, ...], str]] = {
     "W": (("D", "C"), "f"), "classes": (("C",), "iu"), "projection": (("d", "D"), "f"), "G": (("D", "D"), "f"),
-    "Q": (("D", "C"), "f"), "R": (("D", "D"), "f"), "counts": (("C",), "iu")}
+    "Q": (("D", "C"), "f"), "R": (("D", "D"), "f"), "counts": (("C",), "iu"), "drift": (("D", "C"), "f")}
 REQUIRED_TENSORS = ("W", "classes")
 #: Metadata written from version 2 on only: a version-1 file holding one had its version edited down and its checksum
 #: removed (``gamma_grid`` and the rest were written before; the Python API's ``save(**metadata)`` may add any key).
@@ -206,7 +206,8 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     absent = [name for name in state if name not in tensors]
     if absent:
         raise refuse(where, f"the {metadata['engine']} engine's state tensor {absent[0]!r} is missing")
-    stray = sorted(name for name in set(tensors) & {"G", "Q", "R"} if name not in state)
+    kept = (*state, "drift") if metadata["engine"] == "rls" else state  # the recursion's drift: rls only
+    stray = sorted(name for name in set(tensors) & {"G", "Q", "R", "drift"} if name not in kept)
     if stray:
         raise refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
     for name in state:

@@ -67,7 +67,7 @@ class RidgeModel:
                 raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
             for g in grid:
                 check_gamma(g)
-        state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts")}
+        state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts", "drift")}
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
                    meta["n_samples_seen"], grid)
 
@@ -190,7 +190,8 @@ class SavedRidge(RidgeFace):
             raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
         with np.errstate(over="ignore", invalid="ignore"):  # refused below, without a warning first
             scores = finite_scores(X @ W)
-        return scores, (Ties.of(W), X)
+        drift = self.model.state.get("drift")  # an rls model's, as it was saved
+        return scores, (Ties.of(W, drift=None if drift is None else np.asarray(drift, dtype=np.float64)), X)
 
     def predict(self, rows: Any, classes: Any = None) -> np.ndarray:
         """The class of the highest score among ``classes_`` with rows (a class of row count 0, declared to the
