@@ -96,3 +96,29 @@ def test_evaluate_summary_has_the_heads_table(runs, tmp_path):
     for name, head in sweep["heads"].items():
         assert f"| {name} | {100 * head['A_avg']:.2f} | {100 * head['A_last']:.2f} | {100 * head['F']:.2f} |" in text
     assert f"the test oracle's: {sweep['best_head_test']}" in text
+
+
+def test_a_class_order_found_twice_counts_once(runs, tmp_path):
+    """A copied run folder, or an ``--order-seeds`` run beside one of its orders' own runs, holds an order the cell
+    has already: counted twice it moved the mean and std (3 runs of 2 orders) with nothing said."""
+    import shutil
+
+    root, store = runs
+    for name, source in (("a", "ridge-1"), ("b", "ridge-1"), ("c", "ridge-0")):
+        shutil.copytree(root / "runs" / source, tmp_path / "copies" / name)
+    result = invoke("summary", tmp_path / "copies", "--group", "head,tasks")
+    assert result.exit_code == 0, result.output
+    line = next(row for row in result.output.splitlines() if row.split()[:2] == ["ridge", "3"])
+    values = [json.loads((root / "runs" / f"ridge-{s}" / "metrics.json").read_text())["A_avg"] for s in (0, 1)]
+    mean, std = sum(values) / 2, abs(values[0] - values[1]) / 2
+    assert line.split()[2] == "2" and f"{100 * mean:.2f} +- {100 * std:.2f}" in line, line
+    assert "1 run(s) of a class order it already holds" in " ".join(result.output.split())
+    result = invoke("learn", "--features", store, "--order-seeds", "0,1,2", "--tasks", 3, "--out", tmp_path / "mix" / "multi",
+                    *COMMON)
+    assert result.exit_code == 0, result.output
+    shutil.copytree(root / "runs" / "ridge-1", tmp_path / "mix" / "one")
+    mixed = invoke("summary", tmp_path / "mix", "--group", "head,tasks")
+    alone = invoke("summary", root / "runs", "--group", "head,tasks")
+    line = next(row for row in mixed.output.splitlines() if row.split()[:2] == ["ridge", "3"])
+    expected = next(row for row in alone.output.splitlines() if row.split()[:2] == ["ridge", "3"])
+    assert line.split()[2:] == expected.split()[2:]

@@ -109,7 +109,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
     from foal_pipe.errors import FoalPipeError, param
     from foal_pipe.report import find_runs
-    from foal_pipe.report.grouping import METRICS, group_cells, mixed_warning, parse_group
+    from foal_pipe.report.grouping import METRICS, group_cells, mixed_warning, parse_group, repeated_warning
     from foal_pipe.report.readers import as_recomputed
 
     keys = parse_group(group)
@@ -120,7 +120,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
         raise FoalPipeError(f"no learn run (metrics.json) under {', '.join(map(str, paths))}, only sweeps: {param('group')} "
                             "groups learn runs; leave it out to list the sweeps")
     cells = group_cells(runs, keys)
-    for warning in filter(None, (mixed_warning(c, keys) for c in cells)):
+    for warning in filter(None, (w for c in cells for w in (repeated_warning(c), mixed_warning(c, keys)))):
         err_console.print(f"[bold yellow]Warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     table = Table(title=f"F-OAL runs by {', '.join(keys)} (mean +- std over the runs of a cell, ddof 0; in %)",
                   title_justify="left", box=box.SIMPLE_HEAD)

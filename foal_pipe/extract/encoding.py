@@ -58,7 +58,8 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
         raise FoalPipeError(f"the model's encoder {spec.get('name')} was loaded from a checkpoint (sha256 "
                             f"{str(weights.get('sha256'))[:12]}...); pass {param('checkpoint', 'FILE')} with those weights")
     if source != "checkpoint" and checkpoint is not None:
-        raise FoalPipeError(f"the model's encoder {spec.get('name')} has {source} weights, not a checkpoint; "
+        held = "no weights" if source == "none" else f"{source} weights"  # pixels: none to load
+        raise FoalPipeError(f"the model's encoder {spec.get('name')} has {held}, not a checkpoint's; "
                             f"drop {param('checkpoint')}")
     config = dict(name=spec.get("requested") or spec["name"], fusion=spec.get("fusion", "mean-cls"),
                   token=spec.get("token", "cls"), normalize=bool(spec.get("normalize", True)),

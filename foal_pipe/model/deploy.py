@@ -20,7 +20,7 @@ from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.headmodel import HeadClassifier, load_head
-from foal_pipe.model.modelfile import CHECKSUM_FROM, read_model, refuse, stored_head
+from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
@@ -89,6 +89,8 @@ class DeployedModel:
         if len(names) != n:
             raise FoalPipeError(f"class_names has {len(names)} names but the model has {n} classes; pass one name per "
                                 "class of classifier.classes_, in its order")
+        if problem := names_problem(names, n):  # at once: a name twice would send a labelled row to another class
+            raise FoalPipeError(f"class_names {problem}; pass one distinct string per class of classifier.classes_")
         self._names, self._named = names, np.array(self.classifier.classes_)
 
     # ------------------------------------------------------------------ inputs

@@ -102,7 +102,8 @@ def shown(value: Any) -> str:
     return clipped(repr(value))
 
 
-def _names(values: Any, n_columns: int) -> str | None:
+def names_problem(values: Any, n_columns: int) -> str | None:
+    """What is wrong with ``class_names`` for ``n_columns`` classes (strings, one per class, none twice), or None."""
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         return "must be a list of strings"
     if len(values) != n_columns:
@@ -119,7 +120,7 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "engine": (True, lambda v, _: None if v in ENGINES else f"must be one of {', '.join(map(repr, ENGINES))}"),
     "dtype": (True, lambda v, _: None if v in DTYPES else f"must be one of {', '.join(map(repr, DTYPES))}"),
     "n_samples_seen": (True, lambda v, _: None if _is_int(v) and v >= 0 else "must be a non-negative integer"),
-    "class_names": (False, _names),
+    "class_names": (False, names_problem),
     "dataset": (False, lambda v, _: None if isinstance(v, str) else "must be a string"),
     "encoder": (False, lambda v, _: None if isinstance(v, dict) else "must be a mapping"),
     "activation": (False, lambda v, _: None if v in ACTIVATIONS else f"must be one of {', '.join(map(repr, ACTIVATIONS))}"),

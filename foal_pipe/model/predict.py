@@ -34,6 +34,7 @@ class Predictions:
     true: np.ndarray
     names: tuple[str, ...]  # class names indexed by label id
     learned: np.ndarray | None = None  # the model's label ids: a row of another class is never predicted right
+    unnamed: bool = False  # the model records no class names: its label ids were read as the store's
 
     @property
     def accuracy(self) -> float:
@@ -56,6 +57,9 @@ class Predictions:
             rest = f"{100 * float((self.predicted == self.true)[known].mean()):.2f}% on the other {int(known.sum()):,}" \
                 if known.any() else "no other labelled rows"
             line += f" ({unlearned:,} rows of classes the model has not learned count as wrong; {rest})"
+        if self.unnamed:
+            line += ("; the model records no class names (saved from Python without them), so its label ids were "
+                     "read as the store's: save it with foal_pipe.load_model(...).save to keep them")
         return line
 
     def write_csv(self, fh: TextIO) -> None:
@@ -94,7 +98,8 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     by_id = dict(zip(classes.tolist(), deployed.class_names))
     top = int(classes.max()) + 1 if classes.size else 0
     names += [by_id.get(i, "") for i in range(len(names), top)]
-    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names), classes)
+    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names), classes,
+                       not named and not unlabelled)
 
 
 def _check_matches(model: DeployedModel, by_name: bool, store: FeatureStore, features: str | Path) -> None:

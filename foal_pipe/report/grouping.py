@@ -77,7 +77,8 @@ def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[
     """One cell per distinct value of ``keys`` (in order of first appearance): ``key values``, ``n`` runs, each
     metric's ``mean``, ``std`` (ddof :data:`DDOF`) and ``values``, and ``mixed``: :func:`mixed_settings` of its
     runs. A ``learn --order-seeds`` run counts as its class orders, each a run (as the separate ``--order-seed``
-    runs would), not as their mean."""
+    runs would), not as their mean; a class order found twice with the same settings counts once (``repeated``:
+    how many were left out, :func:`repeated_warning`)."""
     from foal_pipe.protocol.ordermeans import mean_std  # as table and learn --order-seeds average: the same digits
 
     groups: dict[tuple, list[LearnMetrics]] = {}
@@ -85,15 +86,43 @@ def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[
         groups.setdefault(tuple(GROUP_KEYS[k](m) for k in keys), []).append(m)
     cells = []
     for values, grouped in groups.items():
-        members: list[Any] = [order for m in grouped for order in (m.orders if m.orders else (m,))]
+        members, repeated = _distinct_orders(grouped)
         cell: dict[str, Any] = {"key": dict(zip(keys, values, strict=True)), "n": len(members),
-                                "mixed": mixed_settings(grouped, keys)}
+                                "mixed": mixed_settings(grouped, keys), "repeated": repeated}
         for metric in METRICS:
             numbers = [float(getattr(m, metric)) for m in members]
             mean, std = mean_std(numbers)
             cell[metric] = {"mean": mean, "std": std, "values": numbers}
         cells.append(cell)
     return cells
+
+
+def _distinct_orders(runs: Sequence[LearnMetrics]) -> tuple[list[Any], int]:
+    """The class orders of ``runs`` (a ``learn --order-seeds`` run's each), each counted once, and how many were left
+    out: an order recorded again with every setting the same (a copied run folder, or an ``--order-seeds`` run beside
+    its orders' own runs) is the same run, which would count twice in the cell's mean and std. Runs that record no
+    class order are all kept."""
+    members, seen, repeated = [], set(), 0
+    for m in runs:
+        settings = tuple(str(value(m)) for value in GROUP_KEYS.values())
+        for order in m.orders if m.orders else (m,):
+            identity = None if order.tasks is None else (settings, order.order_seed, str(order.tasks))
+            if identity is not None and identity in seen:
+                repeated += 1
+                continue
+            seen.add(identity)
+            members.append(order)
+    return members, repeated
+
+
+def repeated_warning(cell: dict[str, Any]) -> str | None:
+    """One line naming a cell in which a class order was recorded more than once (counted once)."""
+    if not cell["repeated"]:
+        return None
+    where = ", ".join(f"{k} {v}" for k, v in cell["key"].items())
+    return (f"the cell {where} found {cell['repeated']} run(s) of a class order it already holds, with the same "
+            "settings (a copied run folder, or an --order-seeds run beside its orders' own runs): each order is "
+            "counted once; remove the copies to silence this")
 
 
 def mixed_settings(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> dict[str, list[str]]:

@@ -1,0 +1,57 @@
+"""Faults found by the nineteenth stop's audits: a deployed model's class names checked when set, predict's note for a
+model without class names, and its message for a checkpoint given to an encoder without weights."""
+
+import numpy as np
+import pytest
+from helpers import PIXELS
+
+from foal_pipe import AnalyticClassifier, FoalPipeError
+from foal_pipe.extract.encoding import build_recorded_encoder
+from foal_pipe.model.deploy import DeployedModel
+
+
+@pytest.fixture
+def deployed():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 6)), rng.integers(0, 3, 60)
+    return DeployedModel(AnalyticClassifier(gamma=1.0).fit(X, y), None, ["a", "b", "c"], {})
+
+
+@pytest.mark.parametrize("names, problem", [(["a", "a", "b"], "names 'a' twice"),
+                                            ([1, 2, 3], "must be a list of strings")])
+def test_class_names_are_checked_when_set(deployed, names, problem):
+    """A name twice sent a labelled row of the first to the second's class (partial_fit), and ints were accepted:
+    both were refused only at save, blaming a file not yet written."""
+    with pytest.raises(FoalPipeError, match=problem) as caught:
+        deployed.class_names = names
+    assert "pass one distinct string per class" in str(caught.value)
+    assert deployed.class_names == ["a", "b", "c"]
+
+
+def test_a_checkpoint_for_an_encoder_without_weights_is_named_plainly():
+    with pytest.raises(FoalPipeError, match="encoder pixels has no weights, not a checkpoint's; drop"):
+        build_recorded_encoder({**PIXELS, "weights": {}}, checkpoint="y.safetensors")
+
+
+def test_predict_says_when_a_model_without_class_names_takes_the_stores(tmp_path):
+    """A model saved by AnalyticClassifier.save records no class names: predict reads its label ids as the store's,
+    which named a class the model never learned with exit 0 and nothing said."""
+    from helpers import invoke
+
+    from foal_pipe import load_model
+    from foal_pipe.store import write_store
+
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(90, 6)), np.repeat(np.arange(3), 30)
+    X += 3.0 * y[:, None]
+    store = write_store(tmp_path / "s.zarr", (X, y), (X[:30], y[:30]), ["x", "y", "z"])
+    result = invoke("learn", "--features", store, "--out", tmp_path / "run", "--tasks", 1, "--projection-dim", 16)
+    assert result.exit_code == 0, result.output
+    learnt = tmp_path / "run" / "model.safetensors"
+    AnalyticClassifier.load(learnt).save(tmp_path / "m.safetensors", projection=load_model(learnt).projection)
+    said = []
+    for model in (tmp_path / "m.safetensors", learnt):
+        result = invoke("predict", "--model", model, "--features", store, "--out", tmp_path / f"{len(said)}.csv")
+        assert result.exit_code == 0, result.output
+        said.append("records no class names" in " ".join(result.output.split()))
+    assert said == [True, False]
