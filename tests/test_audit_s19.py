@@ -55,3 +55,26 @@ def test_predict_says_when_a_model_without_class_names_takes_the_stores(tmp_path
         assert result.exit_code == 0, result.output
         said.append("records no class names" in " ".join(result.output.split()))
     assert said == [True, False]
+
+
+def test_a_gamma_the_sums_cannot_take_is_refused_naming_one_they_take(tmp_path):
+    """Following "use a gamma of at least" (the sums' resolution) was refused again as not positive definite or too
+    ill-conditioned, with only "use a larger gamma": those refusals now name a gamma, and it passes."""
+    import re
+
+    from helpers import invoke
+    from sklearn.datasets import load_digits
+
+    from foal_pipe.store import write_store
+
+    X, y = load_digits(return_X_y=True)
+    store = write_store(tmp_path / "d.zarr", (X[:1400], y[:1400]), (X[1400:], y[1400:]), [str(i) for i in range(10)])
+    args = ("--features", store, "--tasks", 10, "--projection-dim", 150, "--seed", 3)
+    named = set()
+    for gamma, refusal in (("3.1e-14", "not positive definite"), ("1e-10", "too ill-conditioned")):
+        result = invoke("learn", *args, "--gamma", gamma, "--out", tmp_path / "r")
+        assert result.exit_code == 1 and refusal in result.output, result.output
+        named.add(re.search(r"use a gamma of at least (\S+)", result.output).group(1))
+    assert len(named) == 1
+    result = invoke("learn", *args, "--gamma", named.pop(), "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.output

@@ -59,7 +59,7 @@ SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
                    "loo_sample": ("the leave-one-out pass (no --no-loo)", lambda p: not p["no_loo"])}
 LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
                    **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade")},
-                   "loo_sample": ("--gamma auto and a leave-one-out --select (" + ", ".join(LOO_SELECTS) + ")",
+                   "loo_sample": ("a leave-one-out --select (" + ", ".join(LOO_SELECTS) + ") with --gamma auto",
                                   lambda p: p["gamma"] == "auto" and (p["select"] or o.MODEL.select) in LOO_SELECTS)}
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_cupy_namespace, is_numpy_namespace, is_torch_namespace
 from threadpoolctl import OpenBLASController, ThreadpoolController
 
-from foal_pipe.core.backend import dtype_name, linalg_errors
+from foal_pipe.core.backend import dtype_name, linalg_errors, to_numpy
 from foal_pipe.errors import FoalPipeError, param
 
 #: Factorisations up to this dimension run on one BLAS thread: measured on a shared 2-core machine, a
@@ -169,11 +169,24 @@ def drift_floor(values: np.ndarray, top: float, dtype: str = "float32") -> float
     return float(np.exp(b))
 
 
-def drift_refusal(gamma: float, moved: float, dtype: str) -> FoalPipeError:
+def drift_refusal(gamma: float, moved: float, dtype: str, G: Any = None, Q: Any = None) -> FoalPipeError:
+    """The refusal of a gamma the sums' rounding moves the weights at; given the sums, it names one they take."""
     return FoalPipeError(
         f"at gamma {gamma:g} the rounding of the {dtype} Gram sums may move the weights by about "
         f"{drift_beyond(moved, dtype)} (more than {drift_share(DRIFTS[dtype], dtype)}: G + gamma I is too "
-        f"ill-conditioned for them); use a larger gamma{float64_way_out(dtype)}")
+        f"ill-conditioned for them); {larger_gamma(G, Q)}{float64_way_out(dtype)}")
+
+
+def larger_gamma(G: Any = None, Q: Any = None) -> str:
+    """A refusal's advice: with the sums ``G`` (D up to :data:`SINGLE_THREAD_FACTOR_DIM`), a gamma they take, twice
+    the least that passes every check (resolution, ``-min(lambda)``, :func:`drift_floor`; their eigenvalues computed
+    for the message alone); else only to use a larger one."""
+    if G is None or not 0 < G.shape[0] <= SINGLE_THREAD_FACTOR_DIM:
+        return "use a larger gamma"
+    xp = array_namespace(G)
+    values = to_numpy(xp.linalg.eigvalsh(float64(G))).astype(np.float64)
+    least = max(finite_resolution(G, Q), -float(values.min()), drift_floor(values, largest_entry(G), dtype_name(G.dtype)))
+    return f"use a gamma of at least {rounded_up(2.0 * least)} (a later task's sums may need more)"
 
 
 def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
@@ -189,10 +202,13 @@ def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
     xp = array_namespace(G)
     probes = probe_columns(G)
     with factor_threads(dim):
-        solved = solve_spd(shifted(G, float(gamma)), probes, dtype)
+        try:
+            solved = solve_spd(shifted(G, float(gamma)), probes, dtype)
+        except FoalPipeError:
+            raise not_positive_definite(f"at gamma {gamma:g}", dtype, G, Q) from None
     moved = drift(float(xp.sum(solved**2)) / PROBES, top, dtype)
     if moved > DRIFTS[dtype]:
-        raise drift_refusal(float(gamma), moved, dtype)
+        raise drift_refusal(float(gamma), moved, dtype, G, Q)
 
 
 #: The float64 solve's own rounding moves ``W`` by at most about ``u sqrt(D) lambda_max / gamma`` (relative,
@@ -259,11 +275,12 @@ def float64_way_out(dtype: str) -> str:
     return "" if dtype == "float64" else f" or {param('dtype', 'float64')}"
 
 
-def not_positive_definite(where: str, dtype: str = "float32") -> FoalPipeError:
-    """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma; ``dtype``: the sums')."""
+def not_positive_definite(where: str, dtype: str = "float32", G: Any = None, Q: Any = None) -> FoalPipeError:
+    """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma; ``dtype``: the sums';
+    given the sums ``G``, a gamma they take is named: :func:`larger_gamma`)."""
     return FoalPipeError(
         f"G + gamma I is not positive definite {where}: rounding in the Gram sums outweighs gamma, so the solve "
-        f"would be noise; use a larger gamma{float64_way_out(dtype)}"
+        f"would be noise; {larger_gamma(G, Q)}{float64_way_out(dtype)}"
     )
 
 

@@ -55,6 +55,7 @@ from foal_pipe.core.linalg import (
     finite_resolution,
     float64,
     largest_entry,
+    not_positive_definite,
     one_hot,
     probe_columns,
     shifted,
@@ -318,13 +319,16 @@ class RidgeStatistics:
             top = largest_entry(self.G)
             Q = xp.concat([Q, probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
-            solver = spd_solver(shifted(self.G, float(gamma)), dtype)
+            try:
+                solver = spd_solver(shifted(self.G, float(gamma)), dtype)
+            except FoalPipeError:
+                raise not_positive_definite(f"at gamma {gamma:g}", dtype, self.G, self.Q) from None
             W = solver(Q)
             C = self.Q.shape[1]
             if probed:
                 moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top, dtype)
                 if moved > DRIFTS[dtype]:
-                    raise drift_refusal(float(gamma), moved, dtype)
+                    raise drift_refusal(float(gamma), moved, dtype, self.G, self.Q)
                 W = W[:, :C]
             check_solved(self.G, float(gamma), W, self.Q, solver)
         return W
