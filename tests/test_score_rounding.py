@@ -224,16 +224,22 @@ def test_linear_heads_refuse_what_they_cannot_rank(tmp_path, head):
     np.testing.assert_array_equal(model.predict(wide), model.classifier.classes_[np.argmax(model.scores(wide), axis=1)])
 
 
-def test_scores_whose_every_product_is_zero_tie_exactly():
-    """A test row set only where no training row was (a pixel always dark in training) meets a row of zeros in W:
-    every score is exactly 0, a tie the first class wins, not rounding's pick. The norm bound |h| |w| is not 0 there;
-    the sum of |h_j w_j| is."""
+def dark_pixel_rows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training rows whose first feature is always 0, and test rows of which the first five are set there alone."""
     rng = np.random.default_rng(3)
     X, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
     X[:, 0] = 0.0
     T = rng.normal(size=(30, 8))
     T[:5] = 0.0
     T[:5, 0] = 1.0
+    return X, y, T
+
+
+def test_scores_whose_every_product_is_zero_tie_exactly():
+    """A test row set only where no training row was (a pixel always dark in training) meets a row of zeros in W:
+    every score is exactly 0, a tie the first class wins, not rounding's pick. The norm bound |h| |w| is not 0 there;
+    the sum of |h_j w_j| is."""
+    X, y, T = dark_pixel_rows()
     clf = AnalyticClassifier(gamma=1.0).fit(X, y)
     assert np.all(clf.weights_[0] == 0.0) and np.all(clf.class_scores(T[:5]) == 0.0)
     expected = exact_argmax(T, clf.weights_)
@@ -337,12 +343,7 @@ def test_a_drift_sends_rows_within_its_reach_to_the_exact_weights():
 def test_rls_rows_that_score_exactly_zero_still_tie_exactly():
     """A row set only at a pixel no training row had scores exactly 0 with the recursion's weights and with the exact
     ones (that pixel's row of W and of the drift is 0): a tie the first class wins, not the drift's refusal."""
-    rng = np.random.default_rng(3)
-    X, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
-    X[:, 0] = 0.0
-    T = rng.normal(size=(30, 8))
-    T[:5] = 0.0
-    T[:5, 0] = 1.0
+    X, y, T = dark_pixel_rows()
     clf = AnalyticClassifier(gamma=1.0, engine="rls")
     for batch in np.array_split(np.arange(60), 6):
         clf.partial_fit(X[batch], y[batch], classes=[0, 1, 2])
