@@ -12,7 +12,7 @@ from helpers import invoke
 
 from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier, load_model
 from foal_pipe.core.backend import get_namespace
-from foal_pipe.core.scoring import ModelScores, Rows, Ties, best_of
+from foal_pipe.core.scoring import ModelScores, Rows, Ties, best_of, spread
 from foal_pipe.store import write_store
 
 TIED = "tie within their own rounding"
@@ -441,3 +441,15 @@ def test_an_rls_model_file_keeps_its_drift_for_predict(tmp_path):
     tensors, meta = read_model(tmp_path / "gram" / "model.safetensors")
     with pytest.raises(FoalPipeError, match="'drift' does not belong to the gram engine"):
         write_model(tmp_path / "stray.safetensors", {**tensors, "drift": np.zeros_like(tensors["W"])}, meta)
+
+
+def test_the_unseen_classes_zeros_are_one_rival_however_many():
+    """With two classes unseen, their zeros were the top two (a gap of 0 that rounds nothing), so a seen class just
+    below 0 was never checked: the drift's refusal (and rounding's, the same test) passed it by with exit 0."""
+    W, H = np.array([[1.0], [-1.0]]), np.array([[1.0, 1.00001]])  # scores -1e-5; the exact W - d scores +9.9e-4
+    drift = np.array([[-1e-3], [0.0]])
+    for width in (2, 3, 5):
+        with pytest.raises(FoalPipeError, match=CHANGED):
+            Ties.of(W, drift=drift).spread(np.array([0]), width).check(spread(H @ W, np.array([0]), width)[:, None, :], H)
+        with pytest.raises(FoalPipeError, match=CHANGED):
+            ModelScores(W, 1, np.array([0]), width, drift).argmax(Rows.of(H))

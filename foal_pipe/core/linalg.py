@@ -145,14 +145,14 @@ def cheap_drift_floor(lowest: float, dim: int, top: float, dtype: str) -> float:
     return max(0.0, drift(float(dim), top, dtype) / DRIFTS[dtype] - lowest)
 
 
-def drift_floor(values: np.ndarray, top: float, dtype: str = "float32") -> float:
+def drift_floor(values: np.ndarray, top: float, dtype: str = "float32", limit: float | None = None) -> float:
     """The least gamma at which sums in ``dtype`` with eigenvalues ``values`` and largest entry ``top`` move the
-    weights by at most :data:`DRIFTS` (:func:`drift` falls as gamma grows), to a relative 1e-6 by bisection in log
-    space."""
+    weights by at most ``limit`` (default :data:`DRIFTS`; :func:`drift` falls as gamma grows), to a relative 1e-6 by
+    bisection in log space."""
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0 or top == 0:
         return 0.0
-    limit = DRIFTS[dtype]
+    limit = DRIFTS[dtype] if limit is None else limit
     low = max(0.0, -float(values.min()))
 
     def moved(gamma: float) -> float:
@@ -177,16 +177,23 @@ def drift_refusal(gamma: float, moved: float, dtype: str, G: Any = None, Q: Any 
         f"ill-conditioned for them); {larger_gamma(G, Q)}{float64_way_out(dtype)}")
 
 
-def larger_gamma(G: Any = None, Q: Any = None) -> str:
-    """A refusal's advice: with the sums ``G`` (D up to :data:`SINGLE_THREAD_FACTOR_DIM`), a gamma they take, twice
-    the least that passes every check (resolution, ``-min(lambda)``, :func:`drift_floor`; their eigenvalues computed
-    for the message alone); else only to use a larger one."""
-    if G is None or not 0 < G.shape[0] <= SINGLE_THREAD_FACTOR_DIM:
+#: The share of :data:`DRIFTS` at the gamma a refusal names (:func:`larger_gamma`): ``learn``'s float32 check
+#: estimates the drift from 32 random columns (about 12% apart from the exact figure), so one named at the limit
+#: itself could be refused again.
+NAMED_SHARE = 0.25
+
+
+def larger_gamma(G: Any = None, Q: Any = None, floor: float | None = None) -> str:
+    """A refusal's advice: with the sums ``G`` (D up to :data:`SINGLE_THREAD_FACTOR_DIM`), a gamma they take, the
+    least above their resolution at which their rounding moves the weights by :data:`NAMED_SHARE` of the limit
+    (:func:`drift_floor`; their eigenvalues computed for the message alone); else ``floor`` or only a larger one."""
+    if G is not None and 0 < G.shape[0] <= SINGLE_THREAD_FACTOR_DIM:
+        values = to_numpy(array_namespace(G).linalg.eigvalsh(float64(G))).astype(np.float64)
+        dtype = dtype_name(G.dtype)
+        floor = max(finite_resolution(G, Q), drift_floor(values, largest_entry(G), dtype, NAMED_SHARE * DRIFTS[dtype]))
+    if floor is None:
         return "use a larger gamma"
-    xp = array_namespace(G)
-    values = to_numpy(xp.linalg.eigvalsh(float64(G))).astype(np.float64)
-    least = max(finite_resolution(G, Q), -float(values.min()), drift_floor(values, largest_entry(G), dtype_name(G.dtype)))
-    return f"use a gamma of at least {rounded_up(2.0 * least)} (a later task's sums may need more)"
+    return f"use a gamma of at least {rounded_up(floor)} (a later task's sums may need more)"
 
 
 def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
@@ -293,8 +300,7 @@ def check_gammas(G: Any, gammas: Any, Q: Any = None) -> None:
     if floor and low.min() < floor:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
-            f"({floor:.3g} = eps x largest diagonal entry), so the solve would be noise; use a gamma of at least "
-            f"{rounded_up(floor)} (a later task's sums, over more rows, may need more)"
+            f"({floor:.3g} = eps x largest diagonal entry), so the solve would be noise; {larger_gamma(G, Q, floor)}"
             f"{float64_way_out(dtype_name(G.dtype))}"
         )
 

@@ -185,7 +185,12 @@ class Ties:
         if scores.shape[2] < 2 or scores.shape[0] == 0:
             return to_numpy(array_namespace(scores).argmax(scores, axis=2))
         norms = row_norms(H) if norms is None else norms
-        best, second, gap = top_two(array_namespace(scores), scores)
+        xp = array_namespace(scores)
+        if (repeats := np.flatnonzero(self.index < 0)[1:]).size:  # columns scoring exactly 0 are one rival: the first
+            # stands for them (float64's argmax takes it), so the next is a scored class, whose lead is checked
+            mask = xp.asarray(np.isin(np.arange(self.index.size), repeats), device=device(scores))
+            scores = xp.where(mask, xp.full_like(scores, -xp.inf), scores)
+        best, second, gap = top_two(xp, scores)
         scored = np.arange(self.model_ids.size)
         depth = self.depth or int(self.W.shape[0])
 
