@@ -109,8 +109,7 @@ def names_problem(values: Any, n_columns: int) -> str | None:
     if len(values) != n_columns:
         return f"has {len(values)} names but W has {n_columns} columns"
     if len(set(values)) != len(values):
-        dup = next(v for i, v in enumerate(values) if v in values[:i])
-        return f"names {dup!r} twice"
+        return f"names {next(v for i, v in enumerate(values) if v in values[:i])!r} twice"
     return None
 
 
