@@ -32,7 +32,8 @@ def test_float64_sums_too_ill_conditioned_for_gamma_are_refused():
     H, y, Y = _few_rows()
     clf = AnalyticClassifier(gamma=1e-13).partial_fit(H, y)
     with pytest.raises(FoalPipeError, match=r"rounding of the float64 Gram sums may move the weights by about .*more "
-                                            r"than 0.0001.*use a gamma of at least \S+ \(a later task's sums may need more\)$"):
+                                            r"than 0.0001.*use a gamma of at least \S+ \(a later task's sums, over more "
+                                            r"rows, may need more\)$"):
         clf.predict(H)
     W = AnalyticClassifier(gamma=1e-2).partial_fit(H, y).weights_
     exact = _kernel_ridge(H, Y, 1e-2)

@@ -138,7 +138,7 @@ def _settings():
     (("--order-seeds", "a"), "--order-seeds 'a' is not a comma-separated list"),
     (("--heads", "ncm,slda", "--activation", "relu"), "drop --activation"),
     (("--gamma", "1", "--select", "gcv"), "--select acts only with --gamma auto"),
-    (("--gamma", "1", "--loo-sample", "100"), "--loo-sample acts only with --gamma auto"),
+    (("--gamma", "1", "--loo-sample", "100"), "--loo-sample acts only with a leave-one-out --select"),
     (("--heads", "ncm,slda", "--loo-sample", "100"), "--loo-sample sets ridge's solver, which ncm, slda do not use"),
     (("--order-seeds", "-1"), "--order-seeds must be a non-negative integer, got -1; pass e.g. --order-seeds 0"),
     (("--heads", "ncm", "--projection-dim", "20"), "ncm works on the store's features, without a projection or gamma, "

@@ -193,7 +193,7 @@ def larger_gamma(G: Any = None, Q: Any = None, floor: float | None = None) -> st
         floor = max(finite_resolution(G, Q), drift_floor(values, largest_entry(G), dtype, NAMED_SHARE * DRIFTS[dtype]))
     if floor is None:
         return "use a larger gamma"
-    return f"use a gamma of at least {rounded_up(floor)} (a later task's sums may need more)"
+    return f"use a gamma of at least {rounded_up(floor)} (a later task's sums, over more rows, may need more)"
 
 
 def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
