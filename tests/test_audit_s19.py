@@ -82,3 +82,19 @@ def test_a_gamma_the_sums_cannot_take_is_refused_naming_one_they_take(tmp_path):
         assert len(named) == 1, named
         result = invoke("learn", *args, "--gamma", named.pop(), "--out", tmp_path / dtype)
         assert result.exit_code == 0, result.output
+
+
+def test_the_named_gamma_falls_back_where_the_eigenvalues_fail(monkeypatch):
+    """Where LAPACK's eigenvalues do not converge the refusal still says one line: the resolution's figure, or only
+    to use a larger gamma, never a traceback."""
+    import array_api_compat.numpy as xp
+
+    from foal_pipe.core.linalg import larger_gamma
+
+    def fails(A):
+        raise np.linalg.LinAlgError("Eigenvalues did not converge")
+
+    monkeypatch.setattr(xp.linalg, "eigvalsh", fails)
+    G = np.diag([4.0, 1.0])
+    assert larger_gamma(G, None, 1e-3).startswith("use a gamma of at least 0.001 ")
+    assert larger_gamma(G) == "use a larger gamma"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from functools import cache
 from typing import Any
 
@@ -188,9 +188,10 @@ def larger_gamma(G: Any = None, Q: Any = None, floor: float | None = None) -> st
     least above their resolution at which their rounding moves the weights by :data:`NAMED_SHARE` of the limit
     (:func:`drift_floor`; their eigenvalues computed for the message alone); else ``floor`` or only a larger one."""
     if G is not None and 0 < G.shape[0] <= SINGLE_THREAD_FACTOR_DIM:
-        values = to_numpy(array_namespace(G).linalg.eigvalsh(float64(G))).astype(np.float64)
         dtype = dtype_name(G.dtype)
-        floor = max(finite_resolution(G, Q), drift_floor(values, largest_entry(G), dtype, NAMED_SHARE * DRIFTS[dtype]))
+        with suppress(*linalg_errors()):  # LAPACK did not converge: the advice without a figure from the eigenvalues
+            values = to_numpy(array_namespace(G).linalg.eigvalsh(float64(G))).astype(np.float64)
+            floor = max(finite_resolution(G, Q), drift_floor(values, largest_entry(G), dtype, NAMED_SHARE * DRIFTS[dtype]))
     if floor is None:
         return "use a larger gamma"
     return f"use a gamma of at least {rounded_up(floor)} (a later task's sums, over more rows, may need more)"
