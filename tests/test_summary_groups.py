@@ -122,3 +122,18 @@ def test_a_class_order_found_twice_counts_once(runs, tmp_path):
     line = next(row for row in mixed.output.splitlines() if row.split()[:2] == ["ridge", "3"])
     expected = next(row for row in alone.output.splitlines() if row.split()[:2] == ["ridge", "3"])
     assert line.split()[2:] == expected.split()[2:]
+
+
+def test_runs_of_one_order_with_other_numbers_both_count(runs, tmp_path):
+    """The same order with settings the grouping does not record (dual's batch size) gives other numbers: not a copy,
+    so both count."""
+    _, store = runs
+    for batch in (5, 7):
+        result = invoke("learn", "--features", store, "--head", "dual", "--order-seed", 1, "--tasks", 3, "--batch-size",
+                        batch, "--out", tmp_path / "dual" / f"b{batch}", *COMMON)
+        assert result.exit_code == 0, result.output
+    A = [json.loads((tmp_path / "dual" / f"b{b}" / "metrics.json").read_text())["accuracy_matrix"] for b in (5, 7)]
+    assert A[0] != A[1]
+    result = invoke("summary", tmp_path / "dual", "--group", "head,tasks")
+    line = next(row for row in result.output.splitlines() if row.split()[:2] == ["dual", "3"])
+    assert line.split()[2] == "2" and "already holds" not in result.output, result.output

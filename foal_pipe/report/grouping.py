@@ -99,14 +99,15 @@ def group_cells(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> list[dict[
 
 def _distinct_orders(runs: Sequence[LearnMetrics]) -> tuple[list[Any], int]:
     """The class orders of ``runs`` (a ``learn --order-seeds`` run's each), each counted once, and how many were left
-    out: an order recorded again with every setting the same (a copied run folder, or an ``--order-seeds`` run beside
-    its orders' own runs) is the same run, which would count twice in the cell's mean and std. Runs that record no
-    class order are all kept."""
+    out: an order recorded again with every setting and its accuracy matrix the same (a copied run folder, or an
+    ``--order-seeds`` run beside its orders' own runs) is the same run, which would count twice in the cell's mean and
+    std. Runs that record no class order are all kept."""
     members, seen, repeated = [], set(), 0
     for m in runs:
         settings = tuple(str(value(m)) for value in GROUP_KEYS.values())
         for order in m.orders if m.orders else (m,):
-            identity = None if order.tasks is None else (settings, order.order_seed, str(order.tasks))
+            identity = None if order.tasks is None else (settings, order.order_seed, str(order.tasks),
+                                                         str(order.accuracy_matrix))
             if identity is not None and identity in seen:
                 repeated += 1
                 continue
