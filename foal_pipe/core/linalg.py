@@ -210,10 +210,7 @@ def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
     xp = array_namespace(G)
     probes = probe_columns(G)
     with factor_threads(dim):
-        try:
-            solved = solve_spd(shifted(G, float(gamma)), probes, dtype)
-        except FoalPipeError:
-            raise not_positive_definite(f"at gamma {gamma:g}", dtype, G, Q) from None
+        solved = gamma_solver(G, gamma, Q)(probes)
     moved = drift(float(xp.sum(solved**2)) / PROBES, top, dtype)
     if moved > DRIFTS[dtype]:
         raise drift_refusal(float(gamma), moved, dtype, G, Q)
@@ -435,6 +432,14 @@ def spd_solver(A: Any, dtype: str = "float32") -> Callable[[Any], Any]:
         return checked_solve(A, Q, fail) if solved is None else solved
 
     return solve
+
+
+def gamma_solver(G: Any, gamma: float, Q: Any = None) -> Callable[[Any], Any]:
+    """:func:`spd_solver` of ``G + gamma I`` (``G`` kept), refused naming a gamma ``G``, ``Q`` take: :func:`larger_gamma`."""
+    try:
+        return spd_solver(shifted(G, float(gamma)), dtype_name(G.dtype))
+    except FoalPipeError:
+        raise not_positive_definite(f"at gamma {gamma:g}", dtype_name(G.dtype), G, Q) from None
 
 
 def linalg_raises(xp: Any) -> AbstractContextManager:

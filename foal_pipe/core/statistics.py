@@ -54,12 +54,10 @@ from foal_pipe.core.linalg import (
     factor_threads,
     finite_resolution,
     float64,
+    gamma_solver,
     largest_entry,
-    not_positive_definite,
     one_hot,
     probe_columns,
-    shifted,
-    spd_solver,
 )
 from foal_pipe.errors import FoalPipeError, clipped
 
@@ -319,10 +317,7 @@ class RidgeStatistics:
             top = largest_entry(self.G)
             Q = xp.concat([Q, probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
-            try:
-                solver = spd_solver(shifted(self.G, float(gamma)), dtype)
-            except FoalPipeError:
-                raise not_positive_definite(f"at gamma {gamma:g}", dtype, self.G, self.Q) from None
+            solver = gamma_solver(self.G, gamma, self.Q)
             W = solver(Q)
             C = self.Q.shape[1]
             if probed:
