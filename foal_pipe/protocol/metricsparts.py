@@ -22,6 +22,7 @@ from foal_pipe.protocol.typedjson import (
     MATRIX,
     NUMBER,
     NUMBERS,
+    PER_BOUNDARY,
     POSITIVE,
     POSITIVE_INTEGER,
     TASK_NAMES,
@@ -116,7 +117,11 @@ class GammaSearch(_Record):
 
     ``evaluated`` (leave-one-out's zoom, since ``metrics.json`` version 3 and ``sweep.json`` version 2): at each
     boundary the indices into ``gammas`` of the points evaluated, ascending, and ``values[k]`` holds the values at
-    those points only; absent, every point was evaluated."""
+    those points only; absent, every point was evaluated.
+
+    ``resolution_floor`` (``learn --gamma auto``, where the sums could not resolve the grid's least gammas, as in
+    float32): at each boundary the sums' resolution where the search left out the gammas at or below it, null
+    where it left out none; ``evaluated`` then starts above it."""
 
     criterion: str = key(SELECTOR, required=True)
     per_decade: int = key(INTEGER, required=True)
@@ -129,6 +134,7 @@ class GammaSearch(_Record):
     sample_rows: list[int] | None = key(_list_of(COUNT))
     sample_eps: list[float] | None = key(NUMBERS)
     sample_delta: float | None = key(FRACTION)
+    resolution_floor: list[float | None] | None = key(PER_BOUNDARY)
 
     @classmethod
     def parse_dict(cls, data: Any, where: str) -> GammaSearch:

@@ -95,6 +95,8 @@ def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int
     grid = searches[0].grid
     if any(s.refined is not None for s in searches):  # a zoom: each boundary's evaluated points
         sampled["evaluated"] = [np.searchsorted(grid, s.gammas).tolist() for s in searches]
+    if any(b.floor is not None for b in boundaries):
+        sampled["resolution_floor"] = [b.floor for b in boundaries]
     return GammaSearch(criterion=criterion, per_decade=per_decade, gammas=[float(g) for g in grid],
                        values=[_finite_or_none(s.values) for s in searches],
                        gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches],

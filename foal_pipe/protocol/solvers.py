@@ -46,6 +46,8 @@ class Boundary:
     #: The RLS recursion's weights: their departure from the exact solve of its sums (as ``W``), which the scores'
     #: ties check counts (:class:`~foal_pipe.core.scoring.Ties`).
     drift: Any = None
+    #: ``learn --gamma auto``: the sums' resolution where the search left out the gammas at or below it (None: none).
+    floor: float | None = None
 
 
 class FixedGamma:
@@ -87,6 +89,7 @@ class Pending:
     loo: LeaveOneOut | SampledLeaveOneOut | None
     max_task: int
     zoomed: tuple[dict[str, Rule], dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # :meth:`ManyGammas.zoom`
+    cut: int = 0  # the refined grid's points at or below the sums' resolution, left out (:meth:`ManyGammas.usable`)
 
 
 class Solver(Protocol):
@@ -148,21 +151,35 @@ class ManyGammas:
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
         return self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim))
 
+    def usable(self, path: GammaPath) -> int:
+        """How many of the refined grid's first points lie at or below the sums' resolution (``path.floor``), where
+        no gamma can be solved: ``learn --gamma auto`` chooses among the rest, and says so; ``sweep``, whose grid is
+        the user's list, refuses them (0 here). All of them: refused, naming the least gamma the sums take."""
+        cut = int(np.searchsorted(self.fine, path.floor, side="right")) if self.choose and path.floor else 0
+        if cut == self.fine.size:
+            path.gcv(self.grid)  # refuses, naming a gamma
+        return cut
+
     def start(self, statistics: RidgeStatistics, max_task: int, factored: Factored | None = None) -> Pending:
         """The boundary's path (from ``factored``, :meth:`RidgeStatistics.factor` of :meth:`vectors`, when computed
         already), waiting for its leave-one-out pass when it has one."""
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
         path = statistics.gamma_path(self.vectors(statistics, max_task), factored)
+        cut = self.usable(path)
+        fine = self.fine[cut:]
         loo: LeaveOneOut | SampledLeaveOneOut | None
         if not self.needs_rows:
             loo = None
         elif rows is None:
             if not isinstance(path, RidgeEigen):  # gamma_path gives the eigenvectors when asked
                 raise internal_error("leave-one-out over every row without the eigenvectors")
-            loo = LeaveOneOut(path, self.fine)
+            loo = LeaveOneOut(path, fine)
         else:
-            loo = SampledLeaveOneOut(path, self.fine, rows)
-        return Pending(statistics, path, path.gcv(self.grid), loo, max_task)
+            loo = SampledLeaveOneOut(path, fine, rows)
+        gcv = np.full(self.grid.size, np.inf)  # never chosen where left out
+        solvable = self.grid > (path.floor if cut else 0.0)
+        gcv[solvable] = path.gcv(self.grid[solvable])
+        return Pending(statistics, path, gcv, loo, max_task, cut=cut)
 
     def zoom(self, pending: Pending) -> tuple[dict[str, Rule], dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The leave-one-out criteria's zoom (:func:`~foal_pipe.core.gammasearch.zoom`) once every row is added: their
@@ -171,7 +188,15 @@ class ManyGammas:
             if pending.loo is None:
                 raise FoalPipeError("this boundary has no leave-one-out pass to zoom over; pass loo=True")
             rules = {name: LOO_RULES[name] for name in self.criteria if name in LOO_RULES} or {"loo": LOO_RULES["loo"]}
-            pending.zoomed = (rules, *zoom(self.fine.size, self._at_grid, pending.loo.evaluate, rules))
+            loo, cut = pending.loo, pending.cut
+            if not cut:
+                pending.zoomed = (rules, *zoom(self.fine.size, self._at_grid, loo.evaluate, rules))
+                return pending.zoomed
+            # from the grid's points above the resolution and the least refined point there, the end of the range
+            start = np.union1d(self._at_grid[self._at_grid >= cut], [cut]) - cut
+            points, curves = zoom(self.fine.size - cut, start, loo.evaluate, rules)
+            pending.zoomed = (rules, {name: at + cut for name, at in points.items()},
+                              {name: np.concatenate([np.full(cut, np.nan), c]) for name, c in curves.items()})
         return pending.zoomed
 
     def solve(self, statistics: RidgeStatistics, max_task: int) -> Boundary:
@@ -179,11 +204,12 @@ class ManyGammas:
         return self.finish(self.start(statistics, max_task))
 
     def finish(self, pending: Pending) -> Boundary:
-        path, gcv = pending.path, pending.gcv
-        gcv_fine = path.gcv(self.fine)
+        path, gcv, cut = pending.path, pending.gcv, pending.cut
+        gcv_fine = path.gcv(self.fine[cut:])
         if self.choose == "gcv" and not np.isfinite(gcv_fine).any():
             raise gcv_undeterminable()
-        searches = {"gcv": Search("gcv", self.fine, gcv_fine, best_point(gcv_fine, False))} if "gcv" in self.criteria else {}
+        searches = {"gcv": Search("gcv", self.fine[cut:], gcv_fine, best_point(gcv_fine, False), self.fine if cut else None)
+                    } if "gcv" in self.criteria else {}
         accuracy = mse = None
         if pending.loo:
             rules, points, curves = self.zoom(pending)
@@ -204,7 +230,8 @@ class ManyGammas:
             gammas = np.array([searches[self.choose].gamma])
         W = path.weights(gammas)
         path.check_weights(pending.statistics.G, pending.statistics.Q, gammas, W)
-        boundary = Boundary(pending.statistics.classes, W, gammas, gcv, accuracy, mse, ratio, searches)
+        boundary = Boundary(pending.statistics.classes, W, gammas, gcv, accuracy, mse, ratio, searches,
+                            floor=float(path.floor) if cut else None)
         if self.sample is not None:
             boundary.loo_rows = self.sample.boundaries[pending.max_task].size
             boundary.loo_bound = self.sample.bound(pending.max_task, path.n, self.fine.size)

@@ -24,7 +24,7 @@ from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 #: Largest disagreement tolerated between a stored metric and its recomputation from the matrix (or curve).
 TOLERANCE = 1e-6
 #: ``gamma_search``'s lists of one entry per task boundary (``evaluated``, ``sample_*``: where recorded).
-_SEARCH_LISTS = ("values", "evaluated", "at_edge", "gammas_selected", "sample_rows", "sample_eps")
+_SEARCH_LISTS = ("values", "evaluated", "at_edge", "gammas_selected", "sample_rows", "sample_eps", "resolution_floor")
 
 
 def headline_numbers(matrix: list[list[float]], stream: str | None, curve: AnytimeCurve | None) -> dict[str, Any]:

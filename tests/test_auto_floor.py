@@ -1,0 +1,97 @@
+"""`learn --gamma auto` where the sums cannot resolve the grid's least gammas (float32 sums on digits): it chooses among
+the gammas above their resolution, records where it cut the search, and says so; a grid entirely below it is refused.
+
+Before, the default grid's 1e-4 refused every `learn --gamma auto --dtype float32` on digits and on the benchmarks'
+20,000 x 256 store, naming `--gamma-grid`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_clean_error, invoke
+
+from foal_pipe.core.gammasearch import search_grid
+from foal_pipe.protocol.config import ModelConfig
+from foal_pipe.store import write_store
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """scikit-learn's digits as the `pixels` encoder stores them ([-1, 1]), every 5th image a test image."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    test = np.arange(len(y)) % 5 == 4
+    path = tmp_path_factory.mktemp("digits") / "digits.zarr"
+    return write_store(path, (X[~test] / 8 - 1, y[~test]), (X[test] / 8 - 1, y[test]), [str(i) for i in range(10)],
+                       chunk_rows=256)
+
+
+def auto(store, out, *args):
+    result = invoke("learn", "--features", store, "--out", out, "--tasks", 5, "--backend", "numpy", "--projection-dim",
+                    200, "--gamma", "auto", *args)
+    return result, (json.loads((out / "metrics.json").read_text()) if result.exit_code == 0 else None)
+
+
+def test_gcv_chooses_above_the_float32_floor_as_float64_ranks_those_gammas(tmp_path, digits):
+    """GCV evaluates every refined point, so the float32 run's choice at each boundary must be the float64 run's best
+    among the points above that boundary's floor (the two sums' GCV agree to float32's rounding, far below the
+    curve's changes between neighbouring points)."""
+    result32, m32 = auto(digits, tmp_path / "f32", "--select", "gcv", "--dtype", "float32")
+    assert result32.exit_code == 0, result32.output
+    result64, m64 = auto(digits, tmp_path / "f64", "--select", "gcv")
+    assert result64.exit_code == 0, result64.output
+    s32, s64 = m32["gamma_search"], m64["gamma_search"]
+    assert "resolution_floor" not in s64 and "evaluated" not in s64  # float64 resolves the whole grid: as before
+    floors = s32["resolution_floor"]
+    assert len(floors) == 5 and all(f is not None and f > 1e-4 for f in floors)
+    fine = np.asarray(s64["gammas"])
+    np.testing.assert_array_equal(fine, search_grid(ModelConfig().gamma_grid))
+    for k, floor in enumerate(floors):
+        above = np.flatnonzero(fine > floor)
+        assert s32["evaluated"][k] == above.tolist()  # every point above the floor, none at or below it
+        chosen = s32["gammas_selected"][k]
+        assert chosen > floor and chosen in fine[above]
+        curve = np.asarray(s64["values"][k], dtype=float)[above]
+        assert curve[np.flatnonzero(fine[above] == chosen)[0]] <= curve.min() * (1 + 1e-6)
+    # the continued choices are the float64 run's wherever its own lie above the floor
+    for k, floor in enumerate(floors):
+        if s64["gammas_selected"][k] > floor:
+            assert s32["gammas_selected"][k] == s64["gammas_selected"][k]
+
+
+def test_a_choice_at_the_floor_is_said_and_flagged(tmp_path, digits):
+    """A grid whose least usable point wins: the choice is flagged at the edge and the warning names the floor and
+    float64, not `--gamma-grid`'s edge (which was left out)."""
+    result, m = auto(digits, tmp_path / "edge", "--dtype", "float32", "--gamma-grid", "1e-4,1e-3,1e-2,0.1,0.2")
+    assert result.exit_code == 0, result.output
+    search = m["gamma_search"]
+    floors, chosen = search["resolution_floor"], search["gammas_selected"]
+    least = [min(g for g in search["gammas"] if g > f) for f in floors]
+    at_floor = [k for k in range(5) if chosen[k] == least[k]]
+    assert all(search["at_edge"][k] for k in at_floor)
+    assert m["gammas_at_grid_edge"] == search["at_edge"]
+    assert at_floor  # digits at D = 200 gain from the least gammas: every boundary takes the least it can
+    assert "the least gamma its float32 Gram sums resolve" in result.output
+    assert f"at {len(at_floor)} of 5 task boundaries" in result.output
+    assert "--dtype float64 resolves them" in result.output and "extend --gamma-grid" not in result.output
+    assert all(c > f for c, f in zip(chosen, floors, strict=True))
+    # the record reads back: evaluate takes the run
+    evaluated = invoke("evaluate", "--run", tmp_path / "edge", "--out", tmp_path / "report", "--no-plots")
+    assert evaluated.exit_code == 0, evaluated.output
+
+
+def test_a_grid_wholly_below_the_floor_is_refused(tmp_path, digits):
+    result, _ = auto(digits, tmp_path / "low", "--dtype", "float32", "--gamma-grid", "1e-6,1e-5")
+    assert_clean_error(result, "below the resolution of the Gram sums", tmp_path / "low")
+    assert "use gammas above" in result.output and "--dtype float64" in result.output
+
+
+def test_sweep_still_refuses_a_listed_gamma_below_the_floor(tmp_path, digits):
+    """sweep reports every listed gamma's accuracy, so it cannot leave one out: it refuses, naming one that runs."""
+    result = invoke("sweep", "--features", digits, "--out", tmp_path / "sw", "--tasks", 5, "--projection-dim", 200,
+                    "--dtype", "float32", "--gammas", "1e-4,1,10", "--no-loo")
+    assert_clean_error(result, "below the resolution of the Gram sums", tmp_path / "sw")
