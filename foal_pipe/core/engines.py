@@ -58,9 +58,10 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[floa
 
 
 def check_gamma(gamma: Any) -> float:
-    """A positive, finite gamma as a float; anything else refused (a boolean too, though float(True) is 1)."""
+    """A positive, finite gamma as a float; anything else refused (a boolean too, though float(True) is 1, and a
+    string: a number typed as text is the command line's to parse, :func:`~foal_pipe.protocol.config.parse_gamma`)."""
     try:
-        if isinstance(gamma, (bool, np.bool_)):
+        if isinstance(gamma, (bool, np.bool_, str, bytes)):
             raise TypeError
         value = float(gamma)
     except (TypeError, ValueError):

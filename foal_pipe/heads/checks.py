@@ -15,8 +15,8 @@ FLOAT64 = 8
 
 def _number(name: str, value: Any, example: Any) -> float:
     try:
-        if isinstance(value, (bool, np.bool_)):  # float(True) is 1: a flag is no option's value
-            raise TypeError
+        if isinstance(value, (bool, np.bool_, str, bytes)):  # float(True) is 1: a flag is no option's value; text is
+            raise TypeError  # the command line's to parse (--head-option), not an estimator's parameter
         number = float(value)
     except (TypeError, ValueError):
         raise FoalPipeError(f"{param(name)} must be a number, got {value!r}", f"try {param(name, example)}") from None

@@ -24,6 +24,8 @@ FECAM_SHRINKAGE, FECAM_OFFDIAG = 1.0, 0.0
 
 def check_alpha(value: Any, name: str, default: float) -> float:
     try:
+        if isinstance(value, (bool, np.bool_, str, bytes)):  # a flag, or text the command line parses
+            raise TypeError
         a = float(value)
     except (TypeError, ValueError):
         raise FoalPipeError(f"fecam's {param(name)} must be a number >= 0, got {value!r}",

@@ -50,6 +50,8 @@ def check_shrinkage(value: float | str) -> float | str:
     if value == "oas":
         return value
     try:
+        if isinstance(value, (bool, np.bool_, str, bytes)):  # a flag, or text the command line parses (--shrinkage)
+            raise TypeError
         eps = float(value)
     except (TypeError, ValueError):
         raise FoalPipeError(f"slda's {param('shrinkage')} must be a number in [0, 1] or 'oas', got {value!r}",

@@ -18,8 +18,8 @@ from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, pa
 from foal_pipe.model.fittedparams import check_fitted_params, new_engine
 from foal_pipe.model.labels import check_label_kinds
 from foal_pipe.model.projection import NotFitted, SmoothProjection
-from foal_pipe.model.ridgeinput import batch_labels, state_array, task_classes, validated
-from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, finite_scores, ridge_projection
+from foal_pipe.model.ridgeinput import UserErrors, batch_labels, state_array, task_classes, validated
+from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, check_metadata, finite_scores, ridge_projection
 from foal_pipe.model.stateviews import read_only, read_only_statistics, row_major
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -33,7 +33,7 @@ _FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "classes_", "n_featu
 _STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid")
 
 
-class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
+class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     """Linear classifier on activations, fitted to one-hot labels by exact online ridge regression.
 
     After every ``partial_fit`` call the weights equal the closed-form ridge solution
@@ -315,7 +315,8 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         """
         scores, (ties, rows) = self.scores_with_ties(X)
         classes = task_classes(classes, self.classes_)
-        among, seen = among_classes(self.classes_, classes), self._seen()
+        seen = self._seen()  # a class declared without rows is never predicted, so a task's labels may leave it out
+        among = among_classes(self.classes_[seen], classes)
         return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), rows))[0]
 
     def _seen(self) -> np.ndarray:
@@ -335,6 +336,7 @@ class AnalyticClassifier(RidgeFace, ClassifierMixin, BaseEstimator):
         interrupted.
         """
         self._check_fitted()
+        check_metadata(metadata)
         fitted = self._fitted_with
         state = self._engine.state()
         rowless = self._without_rows()

@@ -21,7 +21,7 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
-from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
+from foal_pipe.model.ridgemodel import SET_BY_MODEL, RidgeModel, SavedRidge
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
     from foal_pipe.model.classifier import AnalyticClassifier
@@ -279,10 +279,14 @@ class DeployedModel:
         return self
 
     def save(self, path: str | Path) -> Path:
-        """Write the model file (state, projection, class names, encoder provenance); :func:`load_model` reads it."""
-        extra = {k: v for k, v in self.metadata.items()
-                 if k not in ("format", "format_version", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid")}
-        extra.update(class_names=self.class_names, activation=self.projection.activation)
+        """Write the model file (state, projection, class names, encoder provenance); :func:`load_model` reads it.
+        A model whose file named no classes, and that was given no names since, is saved without them: the ids
+        :func:`load_model` shows as names would otherwise become names, and a store's classes, matched by name, would
+        all be unknown to it."""
+        extra = {k: v for k, v in self.metadata.items() if k not in SET_BY_MODEL}
+        extra["activation"] = self.projection.activation
+        if self.metadata.get("class_names") is not None or self.class_names != id_names(self.classifier.classes_):
+            extra["class_names"] = self.class_names
         if self.encoder_spec is not None:
             extra["encoder"] = self.encoder_spec
         return self.classifier.save(path, projection=self.projection, **extra)
@@ -318,5 +322,10 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     else:
         classifier = SavedRidge(RidgeModel.from_file(path, tensors, meta))
         projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
-    names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
-    return DeployedModel(classifier, projection, names, meta.get("encoder"), meta)
+    return DeployedModel(classifier, projection, meta.get("class_names") or id_names(classifier.classes_),
+                         meta.get("encoder"), meta)
+
+
+def id_names(classes: np.ndarray) -> list[str]:
+    """The names of a model that records none: its label ids as text."""
+    return [str(c) for c in classes.tolist()]

@@ -39,6 +39,7 @@ from foal_pipe.model.fittedparams import check_fitted_params
 from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, check_label_kinds, check_targets
 from foal_pipe.model.ondemand import SolvesOnDemand
 from foal_pipe.model.projection import NotFitted
+from foal_pipe.model.ridgeinput import UserErrors
 from foal_pipe.model.ridgemodel import finite_scores
 
 #: The fitted state, set by partial_fit: what fit forgets and a refused solve restores.
@@ -50,7 +51,7 @@ def _has_probabilities(estimator: HeadEstimator) -> bool:
     return HEADS[estimator.head].head.probabilities is not None
 
 
-class HeadEstimator(SolvesOnDemand, ClassifierMixin, BaseEstimator):
+class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
     """The estimator of one head (``head``, set by each subclass): each :meth:`partial_fit` call adds one task's
     rows; the head's exact model over every row so far is solved when a prediction, ``class_scores`` or pickling
     first needs it (see the module docstring); :meth:`fit` starts afresh and solves at once. Labels may be any

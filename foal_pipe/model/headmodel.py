@@ -23,7 +23,7 @@ from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, refuse, write_model
 from foal_pipe.model.ondemand import SolvesOnDemand
-from foal_pipe.model.ridgemodel import finite_scores
+from foal_pipe.model.ridgemodel import check_metadata, finite_scores
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.model.projection import SmoothProjection
@@ -165,14 +165,14 @@ class HeadClassifier(SolvesOnDemand):
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
         its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
         keeps them)."""
+        check_metadata(metadata)
         tensors = {key: value for key, value in self.tensors.items() if key not in ("projection", "projection_bias")}
         space = self.space
         if projection is not None and space != "features":
             tensors["projection"] = projection.components_
             if space == "activations" and projection.bias_ is not None:  # cos: random Fourier features
                 tensors["projection_bias"] = projection.bias_
-        kept = {k: v for k, v in metadata.items() if k not in ("head", "head_options", "n_samples_seen", "dtype")
-                and (space == "activations" or k != "activation")}
+        kept = {k: v for k, v in metadata.items() if space == "activations" or k != "activation"}
         if projection is not None and space == "activations":  # what its rows are: load_head rebuilds them with it
             kept.setdefault("activation", projection.activation)
         rounded = {"dtype": self.dtype} if self.dtype != "float64" else {}  # float64: the files written before

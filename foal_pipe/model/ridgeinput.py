@@ -52,6 +52,17 @@ def validated(estimator: Any, X: Any, y: Any = None, reset: bool = False) -> tup
     return X, y
 
 
+class UserErrors:
+    """``score`` as scikit-learn's ``ClassifierMixin`` gives it (mean accuracy), its input errors the one-line
+    :class:`FoalPipeError` that ``fit``'s and ``predict``'s are (a ``y`` of another length, NaN labels)."""
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        try:
+            return float(super().score(X, y, sample_weight))  # type: ignore[misc]
+        except (ValueError, TypeError) as exc:
+            raise as_user_error(exc) from None
+
+
 def state_array(X: Any, backend: str, like: Any, dtype: Any = None) -> Any:
     """``X`` in the namespace of ``backend`` and the device of the state array ``like``, in its dtype (or ``dtype``),
     refused if not finite."""

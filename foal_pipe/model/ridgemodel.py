@@ -94,6 +94,21 @@ class RidgeModel:
         return write_model(path, tensors, {**metadata, **settings})
 
 
+#: Metadata a model file's writer takes from the model itself (its settings, its format and checksum; a head's name,
+#: options and rows seen): a ``save(**metadata)`` naming one is refused rather than overwritten (a fixed-gamma
+#: model saved with ``gamma_grid=`` read back as ``gamma="auto"``).
+SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid",
+                "head", "head_options")
+
+
+def check_metadata(metadata: Mapping[str, Any]) -> None:
+    """Refuse ``save`` metadata that the model sets itself (:data:`SET_BY_MODEL`)."""
+    if taken := [key for key in SET_BY_MODEL if key in metadata]:
+        raise FoalPipeError(f"save() sets {', '.join(map(repr, taken))} from the model itself; drop "
+                            f"{'it' if len(taken) == 1 else 'them'} from the metadata (set the estimator's parameters "
+                            "before fitting instead)")
+
+
 def finite_scores(scores: np.ndarray) -> np.ndarray:
     """``scores``, refused where a product overflowed float64 (finite rows too large for the weights): an argmax
     of infinities, or of NaN, would answer from ties rather than from the scores."""
@@ -197,12 +212,12 @@ class SavedRidge(RidgeFace):
         """The class of the highest score among ``classes_`` with rows (a class of row count 0, declared to the
         estimator that saved it, is never predicted), or among ``classes``, every label of the task."""
         scores, (ties, kept) = self.scores_with_ties(rows)
-        among = among_classes(self.classes_, classes)
         counts = self.model.state.get("counts")
         seen = np.ones(self.classes_.size, dtype=bool) if counts is None else np.asarray(counts) > 0
         if not seen.any():
             raise FoalPipeError("no class of the model has rows (its row counts are all 0), so there is no class seen "
                                 "to predict; train it on labelled rows")
+        among = among_classes(self.classes_[seen], classes)  # a class without rows is never predicted
         return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), kept))[0]
 
     def partial_fit(self, rows: Any, labels: Any) -> SavedRidge:
@@ -211,5 +226,6 @@ class SavedRidge(RidgeFace):
 
     def save(self, path: str | Path, projection: Any = None, **metadata: Any) -> Path:
         """Write the model file, with ``projection``'s matrix and activation when given (:meth:`RidgeModel.save`)."""
+        check_metadata(metadata)
         matrix, metadata = ridge_projection(projection, metadata)
         return self.model.save(path, matrix, **metadata)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from os import PathLike
 from pathlib import Path
@@ -274,5 +275,11 @@ def config_record(config: Any) -> dict[str, Any]:
 
 
 def parse_gamma(value: float | str) -> float | str:
-    """A positive number, or ``"auto"``."""
-    return "auto" if value == "auto" else check_gamma(value)
+    """A positive number (or its text, as the command line gives it), or ``"auto"``."""
+    if value == "auto":
+        return "auto"
+    number: float | str = value
+    if isinstance(value, str):
+        with suppress(ValueError):  # else refused below, as it was typed
+            number = float(value)
+    return check_gamma(number)
