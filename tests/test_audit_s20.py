@@ -132,3 +132,76 @@ def test_a_class_without_rows_need_not_be_among_a_tasks_labels(tmp_path, digits)
         clf.predict(H[:50], classes=[0, 1, 2])
     saved = load_model(clf.save(tmp_path / "m.safetensors", projection=projection), estimators=False)
     np.testing.assert_array_equal(saved.classifier.predict(H[:50], classes=task), predicted)
+
+
+# --- a continued --gamma auto model keeps its search's points per decade (an audit of continuation) -----------------
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    """Ten Gaussian classes; A holds classes 0-5, B classes 6-9, F all ten (the audit's stores)."""
+    rng = np.random.default_rng(7)
+    means = rng.normal(0, 1, size=(10, 20))
+
+    def rows(n):
+        y = np.repeat(np.arange(10), n)
+        rng.shuffle(y)
+        return means[y] + rng.normal(0, 1.2, size=(y.size, 20)), y
+
+    (xtr, ytr), (xte, yte) = rows(40), rows(15)
+    root = tmp_path_factory.mktemp("blobs")
+
+    def sub(name, classes):
+        keep_tr, keep_te = np.isin(ytr, classes), np.isin(yte, classes)
+        ids = {c: k for k, c in enumerate(classes)}
+        return write_store(root / name, (xtr[keep_tr], np.array([ids[v] for v in ytr[keep_tr]])),
+                           (xte[keep_te], np.array([ids[v] for v in yte[keep_te]])), [f"c{c}" for c in classes],
+                           chunk_rows=37, dtype="float64")
+
+    return sub("A.zarr", list(range(6))), sub("B.zarr", list(range(6, 10))), sub("F.zarr", list(range(10)))
+
+
+def test_a_continued_auto_model_keeps_its_points_per_decade(tmp_path, blobs):
+    import json
+
+    from helpers import invoke
+    from safetensors import safe_open
+
+    A, B, F = blobs
+    common = ("--projection-dim", 40, "--backend", "numpy")
+    first = invoke("learn", "--features", A, "--out", tmp_path / "a", "--tasks", 3, "--gamma", "auto", "--select", "gcv",
+                   "--per-decade", 0, *common)
+    assert first.exit_code == 0, first.output
+    model = tmp_path / "a" / "model.safetensors"
+    with safe_open(str(model), "np") as f:
+        assert json.loads(f.metadata()["per_decade"]) == 0
+    refused = invoke("learn", "--init-model", model, "--features", B, "--out", tmp_path / "x", "--tasks", 2,
+                     "--per-decade", 8, "--backend", "numpy")
+    assert refused.exit_code == 1 and "--per-decade 8 conflicts with the model's search, 0 points per decade" in refused.output
+    continued = invoke("learn", "--init-model", model, "--features", B, "--out", tmp_path / "ab", "--tasks", 2,
+                       "--backend", "numpy")
+    assert continued.exit_code == 0, continued.output
+    fresh = invoke("learn", "--features", F, "--out", tmp_path / "f", "--tasks", 5, "--gamma", "auto", "--select", "gcv",
+                   "--per-decade", 0, *common)
+    assert fresh.exit_code == 0, fresh.output
+    ab, f = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ab", "f"))
+    grid = ab["gamma_grid"]
+    assert ab["gamma_search"]["per_decade"] == 0 and all(g in grid for g in ab["gammas_selected"])
+    assert ab["gammas_selected"][-1] == f["gammas_selected"][-1]  # every row's sums, the same search: the same choice
+    # the Python API continues the file with the same search
+    loaded = load_model(tmp_path / "ab" / "model.safetensors")
+    assert loaded.classifier.get_params()["per_decade"] == 0
+    assert loaded.classifier.gamma_ in grid
+
+
+def test_the_default_search_is_not_recorded(tmp_path, digits):
+    """Files of the default search keep their bytes: no per_decade key (read as 8)."""
+    from safetensors import safe_open
+
+    X, y, projection = digits
+    path = AnalyticClassifier(gamma="auto").fit(projection.transform(X[:300]), y[:300]).save(tmp_path / "m.safetensors",
+                                                                                            projection=projection)
+    with safe_open(str(path), "np") as f:
+        assert "per_decade" not in f.metadata()
+    assert AnalyticClassifier.load(path).get_params()["per_decade"] == 8
+    other = AnalyticClassifier(gamma="auto", per_decade=2).fit(projection.transform(X[:300]), y[:300])
+    assert AnalyticClassifier.load(other.save(tmp_path / "p.safetensors")).get_params()["per_decade"] == 2

@@ -23,7 +23,7 @@ from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import dtype_name
 from foal_pipe.core.gammapath import gcv_undeterminable
-from foal_pipe.core.gammasearch import best_point, search_grid
+from foal_pipe.core.gammasearch import PER_DECADE, best_point, search_grid
 from foal_pipe.core.linalg import DRIFTS, checked_solve, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
@@ -34,15 +34,16 @@ VERIFY_ROWS = 4096
 GCV_DOF_WARNING = 0.9
 
 
-def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float]) -> tuple[float, Any, str | None]:
-    """``(gamma, W, warning)``: the gamma of least GCV over the refined search of ``grid``'s range
-    (:func:`~foal_pipe.core.gammasearch.search_grid`), its weights, and a warning when ``df/n > 0.9``.
+def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float],
+               per_decade: int = PER_DECADE) -> tuple[float, Any, str | None]:
+    """``(gamma, W, warning)``: the gamma of least GCV over the refined search of ``grid``'s range, ``per_decade``
+    points a decade (:func:`~foal_pipe.core.gammasearch.search_grid`), its weights, and a warning when ``df/n > 0.9``.
 
     GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
     weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.
     """
     path = statistics.gamma_path(vectors=False)
-    points = search_grid(grid)
+    points = search_grid(grid, per_decade)
     values = path.gcv(points)
     if not np.isfinite(values).any():
         raise gcv_undeterminable()
@@ -245,7 +246,8 @@ class RLSEngine:
 class GramEngine:
     """Accumulate ``G = H^T H`` and ``Q = H^T Y``; solve ``(G + gamma I) W = Q`` on demand (float64).
 
-    ``gamma="auto"`` picks the gamma of least GCV over ``grid``'s range at every solve (:func:`gcv_choice`).
+    ``gamma="auto"`` picks the gamma of least GCV over ``grid``'s range (``per_decade`` points a decade) at every
+    solve (:func:`gcv_choice`).
     """
 
     name = "gram"
@@ -254,8 +256,8 @@ class GramEngine:
     drift = None
 
     def __init__(self, dim: int, gamma: float | str, xp: Any, dtype: Any, device: Any = None,
-                 grid: Sequence[float] = DEFAULT_GAMMA_GRID) -> None:
-        self.gamma, self.grid = gamma, tuple(grid)
+                 grid: Sequence[float] = DEFAULT_GAMMA_GRID, per_decade: int = PER_DECADE) -> None:
+        self.gamma, self.grid, self.per_decade = gamma, tuple(grid), per_decade
         self.statistics = RidgeStatistics.empty(dim, xp, dtype, device)
         self._solution: tuple[float, Any] | None = None
 
@@ -285,7 +287,7 @@ class GramEngine:
         """``(gamma, W)``: the gamma used (chosen by GCV when ``auto``) and the weights, cached until the next update."""
         if self._solution is None:
             if self.gamma == "auto":
-                gamma, W, warning = gcv_choice(self.statistics, self.grid)
+                gamma, W, warning = gcv_choice(self.statistics, self.grid, self.per_decade)
                 if warning:
                     warnings.warn(warning, stacklevel=3)
             else:

@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from foal_pipe.core.backend import backend_of, dtype_name, get_namespace, resolve_dtype, to_numpy
 from foal_pipe.core.engines import DEFAULT_ENGINE, GramEngine, check_engine_dtype, checked_weights, grow_classes
 from foal_pipe.core.expansion import Expansion
+from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, param
@@ -30,7 +31,7 @@ SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
 _FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "classes_", "n_features_in_", "feature_names_in_",
            "n_samples_seen_")
 #: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
-_STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid")
+_STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid", "per_decade")
 
 
 class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
@@ -47,8 +48,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     ----------
     gamma : float or "auto", default=1.0
         Ridge regularisation (``R0 = I / gamma``); must be > 0. ``"auto"`` (gram engine) picks, at every
-        solve, the gamma with the least generalised cross-validation score among 8 log-spaced points per
-        decade of ``gamma_grid``'s range (:func:`~foal_pipe.core.gammasearch.search_grid`): computed from
+        solve, the gamma with the least generalised cross-validation score among ``per_decade`` log-spaced points
+        per decade of ``gamma_grid``'s range (:func:`~foal_pipe.core.gammasearch.search_grid`): computed from
         the statistics alone, with no past sample (a warning flags a choice where GCV is unreliable).
         ``foal-pipe learn --gamma auto`` can also use exact leave-one-out, because it re-reads the rows.
     engine : {"gram", "rls"}, default="gram"
@@ -65,6 +66,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         labels, classes and counts stay host NumPy arrays.
     gamma_grid : sequence of float or None, default=None
         The range of ``gamma="auto"``'s search (its least and greatest values); None: 1e-4 ... 1e8.
+    per_decade : int, default=8
+        ``gamma="auto"``'s log-spaced points per decade of that range, besides the grid's own (0: the grid's only), as
+        ``foal-pipe learn --per-decade`` sets them; a model file records a value other than 8.
 
     Attributes
     ----------
@@ -99,12 +103,14 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         dtype: str = "float64",
         backend: str = "numpy",
         gamma_grid: Sequence[float] | None = None,
+        per_decade: int = PER_DECADE,
     ) -> None:
         self.gamma = gamma
         self.engine = engine
         self.dtype = dtype
         self.backend = backend
         self.gamma_grid = gamma_grid
+        self.per_decade = per_decade
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "_engine")
@@ -217,8 +223,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
             "cannot merge a classifier of labels of kind {new} into one of labels of kind {old}; use one kind of label "
             "(integer ids or names)"))
         merged = AnalyticClassifier.from_statistics(
-            self.statistics_ + other.statistics_, gamma=mine["gamma"], dtype=mine["dtype"], gamma_grid=mine["gamma_grid"]
-        )
+            self.statistics_ + other.statistics_, gamma=mine["gamma"], dtype=mine["dtype"], gamma_grid=mine["gamma_grid"],
+            per_decade=mine["per_decade"])
         with_rows = np.union1d(np.setdiff1d(self.classes_, self._without_rows()),
                                np.setdiff1d(other.classes_, other._without_rows()))
         merged._rowless = np.setdiff1d(merged.classes_, with_rows)  # known even where the counts are not
@@ -232,6 +238,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         gamma: float | str = 1.0,
         dtype: str | None = None,
         gamma_grid: Sequence[float] | None = None,
+        per_decade: int = PER_DECADE,
     ) -> AnalyticClassifier:
         """A ``gram`` classifier holding sums computed elsewhere (Dask workers, the learn walk, a merge).
 
@@ -243,7 +250,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
             raise FoalPipeError("the statistics hold no class (no labelled row), so a classifier of them could predict "
                                 "nothing; add labelled rows first")
         dtype = dtype or dtype_name(statistics.dtype)
-        clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend_of(statistics.G), gamma_grid=gamma_grid)
+        clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend_of(statistics.G), gamma_grid=gamma_grid,
+                  per_decade=per_decade)
         state = {"G": statistics.G, "Q": statistics.Q}
         if statistics.counts is not None:
             state["counts"] = statistics.counts
@@ -347,7 +355,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         grid = self._gram().grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
         matrix, metadata = ridge_projection(projection, metadata)
         model = RidgeModel(state, self.weights_, self.classes_, self.gamma_, fitted["engine"],
-                           self._dtype.name, self.n_samples_seen_, grid)
+                           self._dtype.name, self.n_samples_seen_, grid, fitted["per_decade"])
         return model.save(path, matrix, **metadata)
 
     @classmethod
@@ -361,7 +369,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         """The classifier of a loaded :class:`~foal_pipe.model.ridgemodel.RidgeModel` (:meth:`load`'s)."""
         auto = model.gamma_grid is not None
         clf = cls(gamma="auto" if auto else model.gamma, engine=model.engine, dtype=model.dtype, backend=backend,
-                  gamma_grid=model.gamma_grid)
+                  gamma_grid=model.gamma_grid, per_decade=model.per_decade)
         clf._restore(dict(model.state), model.classes, model.n_samples, int(model.weights.shape[0]))
         if isinstance(clf._engine, GramEngine):  # the weights as saved: no solve, the same bits on any machine
             clf._engine.keep_solution(model.gamma, model.weights)

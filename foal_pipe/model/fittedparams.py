@@ -17,7 +17,7 @@ import numpy as np
 
 from foal_pipe.core.backend import default_device, get_namespace, resolve_dtype
 from foal_pipe.core.engines import ENGINES, GramEngine, RLSEngine, check_gamma
-from foal_pipe.core.gammasearch import check_grid
+from foal_pipe.core.gammasearch import PER_DECADE, search_grid
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 
@@ -58,7 +58,7 @@ def grid_gammas(grid: Any) -> tuple[float, ...]:
 
 
 def new_engine(n_features: int, *, gamma: float | str, engine: str, dtype: str, backend: str,
-               gamma_grid: Sequence[float] | None) -> tuple[GramEngine | RLSEngine, np.dtype]:
+               gamma_grid: Sequence[float] | None, per_decade: int = PER_DECADE) -> tuple[GramEngine | RLSEngine, np.dtype]:
     """A fresh engine for ``n_features`` features built with the estimator's parameters, and its state dtype; the
     parameters are checked first (an unknown engine, a gamma that is not positive, ``"auto"`` without the gram engine)."""
     if engine not in ENGINES:
@@ -76,6 +76,6 @@ def new_engine(n_features: int, *, gamma: float | str, engine: str, dtype: str, 
     if engine == "gram":
         grid = DEFAULT_GAMMA_GRID if gamma_grid is None else grid_gammas(gamma_grid)
         if gamma == "auto":
-            check_grid(grid)
-        return GramEngine(n_features, gamma, xp, xp_dtype, where, grid=grid), state_dtype
+            search_grid(grid, per_decade)  # refuses an empty grid or a per_decade that is not an integer >= 0
+        return GramEngine(n_features, gamma, xp, xp_dtype, where, grid=grid, per_decade=per_decade), state_dtype
     return ENGINES[engine](n_features, gamma, xp, xp_dtype, where), state_dtype

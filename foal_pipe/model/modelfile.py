@@ -9,9 +9,8 @@ process (the safetensors library keeps its metadata in a hash map with a per-pro
 * the tensors' little-endian, C-order bytes, largest element size first, then by name, with no holes (so
   every tensor starts aligned to its element size, as the safetensors library does).
 
-Tensors (D: activations, C: classes, d: features) by their named dimensions: :data:`TENSORS`; metadata, stored as
-JSON text each (safetensors keeps strings only): the format's keys and :data:`METADATA`, any other key kept, so later
-versions can add provenance without a new format. docs/model-file.md describes every one.
+Tensors (D activations, C classes, d features): :data:`TENSORS`; metadata, JSON text each (safetensors keeps strings):
+the format's keys, :data:`METADATA` and any other key (later versions add provenance so); docs/model-file.md has all.
 
 Integrity: one flipped bit in ``W``, or an edited ``gamma``, ``activation`` or ``class_names``, would otherwise
 predict wrongly with exit status 0. The ``checksum`` covers every tensor and every other metadata value and is
@@ -130,6 +129,7 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
                      else "must be a list of data identities (strings)"),
     "gamma_grid": (False, lambda v, _: None if isinstance(v, list) and v and all(_is_number(g) and g > 0 for g in v)
                    else "must be a non-empty list of positive numbers (the grid of a gamma='auto' model)"),
+    "per_decade": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (a gamma='auto' search's)"),
 }
 
 

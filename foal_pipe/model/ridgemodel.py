@@ -17,6 +17,7 @@ import numpy as np
 
 from foal_pipe.core.backend import dtype_name, to_numpy
 from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
+from foal_pipe.core.gammasearch import PER_DECADE, search_grid
 from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, MissingAttribute
@@ -28,7 +29,8 @@ from foal_pipe.model.modelfile import read_model, write_model
 class RidgeModel:
     """An engine's ``state`` (the gram engine's ``G``, ``Q`` and ``counts``, or the recursion's ``R`` and ``W``),
     the ``weights`` solved at ``gamma``, the sorted ``classes``, the state's ``dtype`` and the rows seen;
-    ``gamma_grid`` for a model that keeps choosing its gamma (``gamma="auto"``)."""
+    ``gamma_grid`` for a model that keeps choosing its gamma (``gamma="auto"``), over ``per_decade`` points a
+    decade of its range (a file records a value other than the default)."""
 
     state: Mapping[str, Any]
     weights: Any
@@ -38,14 +40,16 @@ class RidgeModel:
     dtype: str
     n_samples: int
     gamma_grid: Sequence[float] | None = None
+    per_decade: int = PER_DECADE
 
     @classmethod
-    def solved(cls, statistics: RidgeStatistics, gamma: float, gamma_grid: Sequence[float] | None = None) -> RidgeModel:
+    def solved(cls, statistics: RidgeStatistics, gamma: float, gamma_grid: Sequence[float] | None = None,
+               per_decade: int = PER_DECADE) -> RidgeModel:
         """The gram model of ``statistics`` at ``gamma``: its weights solved, refused when not finite; ``gamma_grid``:
         chosen over that grid (``--gamma auto``), so that a continued model keeps choosing."""
         W = to_numpy(checked_weights(statistics.solve(gamma)))
         return cls(statistics.state(), W, statistics.classes, float(gamma), "gram", dtype_name(statistics.dtype),
-                   int(statistics.n), None if gamma_grid is None else tuple(gamma_grid))
+                   int(statistics.n), None if gamma_grid is None else tuple(gamma_grid), per_decade)
 
     @classmethod
     def load(cls, path: str | Path) -> RidgeModel:
@@ -67,9 +71,10 @@ class RidgeModel:
                 raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
             for g in grid:
                 check_gamma(g)
+            search_grid(grid, meta.get("per_decade", PER_DECADE))
         state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts", "drift")}
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
-                   meta["n_samples_seen"], grid)
+                   meta["n_samples_seen"], grid, meta.get("per_decade", PER_DECADE))
 
     def save(self, path: str | Path, projection: np.ndarray | None = None, **metadata: Any) -> Path:
         """Write the model file: the state, ``W`` (float64), ``classes``, the ``projection`` matrix when given, and
@@ -91,6 +96,8 @@ class RidgeModel:
                     "n_samples_seen": self.n_samples}
         if self.gamma_grid is not None:
             settings["gamma_grid"] = [float(g) for g in self.gamma_grid]
+            if self.per_decade != PER_DECADE:  # the default's files as they always were
+                settings["per_decade"] = int(self.per_decade)
         return write_model(path, tensors, {**metadata, **settings})
 
 
@@ -98,7 +105,7 @@ class RidgeModel:
 #: options and rows seen): a ``save(**metadata)`` naming one is refused rather than overwritten (a fixed-gamma
 #: model saved with ``gamma_grid=`` read back as ``gamma="auto"``).
 SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid",
-                "head", "head_options")
+                "per_decade", "head", "head_options")
 
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from foal_pipe.core.expansion import Expansion
+from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
@@ -159,10 +160,10 @@ SEARCH_SETTINGS = ("select", "gamma_grid", "per_decade", "loo_sample")
 
 
 def check_search(explicit: Collection[str], gamma: float | str, grid: tuple[float, ...], given: ModelConfig,
-                 head: str | None = None) -> None:
+                 head: str | None = None, per_decade: int = PER_DECADE) -> None:
     """Refuse an ``explicit`` (typed) gamma-search setting that continuing the model would ignore: every one for a
     head or a fixed ``gamma``; with ``gamma="auto"`` (chosen by GCV, :func:`model_settings`) the leave-one-out
-    sample, and a ``gamma_grid`` other than the model's ``grid``."""
+    sample, and a ``gamma_grid`` or ``per_decade`` other than the model's ``grid`` and ``per_decade``."""
     for key in (k for k in SEARCH_SETTINGS if k in explicit):
         if head is not None:
             raise FoalPipeError(f"{param(key)} acts with ridge's {param('gamma', 'auto')}; the model's {head} head has no "
@@ -177,6 +178,9 @@ def check_search(explicit: Collection[str], gamma: float | str, grid: tuple[floa
             raise FoalPipeError(f"{param('gamma_grid', ','.join(f'{g:g}' for g in given.gamma_grid))} conflicts with the "
                                 f"model's grid {','.join(f'{g:g}' for g in grid)}; the model fixes it: drop "
                                 f"{param('gamma_grid')}")
+        if key == "per_decade" and given.per_decade != per_decade:
+            raise FoalPipeError(f"{param('per_decade', given.per_decade)} conflicts with the model's search, {per_decade} "
+                                f"points per decade; the model fixes it: drop {param('per_decade')}")
 
 
 def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
@@ -205,9 +209,10 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
                                 f"would need the old rows); drop {param('select')}")
         given = replace(given, select="gcv")
     grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
-    check_search(explicit, gamma, grid, given)
+    per_decade = int(meta.get("per_decade", PER_DECADE))  # recorded where it is not the default
+    check_search(explicit, gamma, grid, given, per_decade=per_decade)
     return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
-                   dtype=fixed["dtype"], gamma_grid=grid)
+                   dtype=fixed["dtype"], gamma_grid=grid, per_decade=per_decade if gamma == "auto" else given.per_decade)
 
 
 def evaluate_store(model: DeployedModel, features: str | Path) -> StoreScore:
@@ -311,7 +316,8 @@ def _continue_gram(run: Run, deployed: DeployedModel, merged: np.ndarray, stream
     gram = walk(run, [GramLearner(run, {None: solver})])[0]
     acc = accuracy_matrices(run, gram.boundaries)[0]
     grid = model.gamma_grid if model.gamma == "auto" else None  # the continued model keeps choosing
-    final = SavedRidge(RidgeModel.solved(solver.total(gram.running), float(gram.boundaries[-1].gammas[0]), grid))
+    final = SavedRidge(RidgeModel.solved(solver.total(gram.running), float(gram.boundaries[-1].gammas[0]), grid,
+                                         model.per_decade))
     return final, learn_metrics(run, stream, accuracy_report(acc), gram.boundaries)
 
 

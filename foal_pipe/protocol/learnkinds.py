@@ -86,7 +86,7 @@ def learn_ridge(run: Run, model: ModelConfig, stream: StreamConfig, shared: Shar
         path = ManyGammas.auto(run)
         gram = walk(run, [GramLearner(run, {None: path}, anytime=anytime)], rows)[0]
         boundaries = gram.boundaries
-        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]), model.gamma_grid)
+        final = RidgeModel.solved(gram.running, float(boundaries[-1].gammas[0]), model.gamma_grid, model.per_decade)
     else:
         fixed = FixedGamma(float(model.gamma))
         boundaries = walk(run, [GramLearner(run, {None: fixed}, anytime=anytime)], rows)[0].boundaries

@@ -160,7 +160,8 @@ def run_learn_orders(
             if model.gamma == "auto":
                 path = ManyGammas.auto(run)
                 boundaries, running = order_boundaries(run, per_class, path, shared)
-                finals.append(RidgeModel.solved(running, float(boundaries[-1].gammas[0]), model.gamma_grid))
+                finals.append(RidgeModel.solved(running, float(boundaries[-1].gammas[0]), model.gamma_grid,
+                                                model.per_decade))
             else:
                 fixed = FixedGamma(float(model.gamma))
                 boundaries, _ = order_boundaries(run, per_class, fixed)

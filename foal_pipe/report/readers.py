@@ -91,8 +91,8 @@ def consistency_warnings(metrics: LearnMetrics) -> list[str]:
     anytime curve).
 
     With ``orders`` (``learn --order-seeds``) each order is checked against its own matrix and curve, and the
-    top-level headline numbers against the mean over the orders (F is not linear in the matrix: the mean matrix's F
-    differs).
+    top-level headline numbers and accuracy matrix against the mean over the orders (F is not linear in the matrix:
+    the mean matrix's F differs).
     """
     out = all_classes_recomputed(metrics)[1]
     if metrics.orders is not None:
@@ -135,7 +135,35 @@ def _orders_warnings(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[
         elif stored is not None and all(v is not None for v in values) and differs(stored, sum(values) / len(values)):
             out.append(f"{key} in metrics.json is {stored:.6f} but the mean over its orders is {sum(values) / len(values):.6f} "
                        "(shown)")
-    return out + std_warnings(metrics, fixed, HEADLINE)
+    return out + std_warnings(metrics, fixed, HEADLINE) + _matrix_warning(metrics, orders)
+
+
+def _mean_matrix(orders: list[OrderMetrics]) -> list[list[float]]:
+    """The orders' position-wise mean accuracy matrix, as ``learn --order-seeds`` records it (``order_means``; every
+    order has the top level's rows: :func:`check_metrics` has refused any other)."""
+    from foal_pipe.protocol.ordermeans import position_means
+
+    rows = [len(row) for row in orders[0].accuracy_matrix]
+    flat = position_means([np.concatenate(o.accuracy_matrix) for o in orders])
+    return [[float(v) for v in row] for row in np.split(flat, np.cumsum(rows)[:-1])]
+
+
+def _matrix_off(metrics: LearnMetrics, mean: list[list[float]]) -> list[tuple[int, int, float, float]]:
+    """``(row, column, stored, mean)`` of each entry of the top-level accuracy matrix that the orders' mean contradicts."""
+    return [(i, j, stored, mean[i][j]) for i, row in enumerate(metrics.accuracy_matrix)
+            for j, stored in enumerate(row) if differs(stored, mean[i][j])]
+
+
+def _matrix_warning(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[str]:
+    """The top-level accuracy matrix where the mean over the orders contradicts it: its first such entry, and how many
+    there are (the heatmap, accuracy_matrix.csv and steps.csv show the mean, :func:`as_recomputed`)."""
+    off = _matrix_off(metrics, _mean_matrix(orders))
+    if not off:
+        return []
+    i, j, stored, mean = off[0]
+    more = "" if len(off) == 1 else f"; {len(off)} entries differ"
+    return [f"accuracy_matrix[{i}][{j}] in metrics.json is {stored:.6f} but the mean over its orders is {mean:.6f} "
+            f"(the mean matrix shown{more})"]
 
 
 def _missing_auc(record: LearnMetrics | OrderMetrics, recomputed: dict[str, Any]) -> bool:
@@ -154,7 +182,7 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
     """``metrics`` with each headline number that disagrees with its recomputation from the accuracy matrix or the
     anytime curve (:func:`consistency_warnings` names them) replaced by the recomputation, so no table shows a number
     its matrix contradicts. With ``orders``: each order's from its own matrix and curve, then the means and stds over
-    the orders. ``--eval-features``' ``all_classes``: as its sources give it (:func:`all_classes_recomputed`)."""
+    the orders, and the accuracy matrix their position-wise mean where the stored one differs. ``--eval-features``' ``all_classes``: as its sources give it (:func:`all_classes_recomputed`)."""
     fixed = _headline_recomputed(metrics)
     everything = all_classes_recomputed(metrics)[0]
     if everything is None or fixed.continuation is None:
@@ -163,7 +191,7 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
 
 
 def _headline_recomputed(metrics: LearnMetrics) -> LearnMetrics:
-    """:func:`as_recomputed`'s headline numbers (and stds over the orders)."""
+    """:func:`as_recomputed`'s headline numbers (and stds and mean matrix over the orders)."""
     if metrics.orders is None:
         recomputed = headline_numbers(metrics.accuracy_matrix, metrics.stream, metrics.anytime)
         return replace(metrics, **{key: recomputed[key] for key in HEADLINE if _replaced(key, getattr(metrics, key), recomputed)})
@@ -175,7 +203,8 @@ def _headline_recomputed(metrics: LearnMetrics) -> LearnMetrics:
                for entry in metrics.orders]
     orders = [replace(entry, **{key: getattr(fixed, key) for key in HEADLINE})
               for entry, fixed in zip(metrics.orders, as_runs, strict=True)]
-    changes: dict[str, Any] = {}
+    mean = _mean_matrix(metrics.orders)  # the heatmap's, as the docs promise: not a stored one they contradict
+    changes: dict[str, Any] = {"accuracy_matrix": mean} if _matrix_off(metrics, mean) else {}
     std = dict(metrics.std or {})
     for key in HEADLINE:
         values = [getattr(e, key) for e in orders]

@@ -386,15 +386,17 @@ def chunk_spans(n_rows: int, chunk_rows: int, start: int = 0, stop: int | None =
     return [(max(lo, start), min(lo + chunk_rows, stop)) for lo in range(start - start % chunk_rows, stop, chunk_rows)]
 
 
-def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int, what: str = "features") -> np.ndarray:
-    """``block`` (rows first) if every value is finite, else an error naming ``split/what`` and the first bad
-    row. ``rows`` is the store row of ``block[0]`` (contiguous rows) or the store row of every block row."""
+def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int, what: str = "features",
+                 root: Path | None = None) -> np.ndarray:
+    """``block`` (rows first, as stored) if every value is finite, else an error naming the store at ``root``,
+    ``split/what`` and the first bad row. ``rows`` is the store row of ``block[0]`` (contiguous rows) or the store
+    row of every block row. A wider dtype is suggested only for float16, the one a value can overflow in."""
     finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
     if not finite.all():
         bad = int(np.flatnonzero(~finite)[0])
         row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])
-        raise FoalPipeError(
-            f"{split}/{what} has NaN or inf values (first bad row: {row}); "
-            f"re-extract the store (try {param(DTYPE_OPTIONS.get(what.split()[0], 'dtype'), 'float32')} if it was float16)"
-        )
+        where = "" if root is None else f"{root}: "
+        wider = (f" (try {param(DTYPE_OPTIONS.get(what.split()[0], 'dtype'), 'float32')} instead of float16)"
+                 if block.dtype == np.float16 else "")
+        raise FoalPipeError(f"{where}{split}/{what} has NaN or inf values (first bad row: {row}); re-extract the store{wider}")
     return block

@@ -103,7 +103,7 @@ class Split:
         except FoalPipeError:
             check_same(self.root, self.fingerprint)  # a store swapped underneath is not "damaged"
             raise
-        return check_finite(block, self.name, lo, leaf)
+        return check_finite(block, self.name, lo, leaf, self.root)
 
     def _take(self, leaf: str, rows: np.ndarray) -> np.ndarray:
         array = self._array(leaf)
@@ -121,7 +121,7 @@ class Split:
             raise chunk_error(self.root, f"{self.name}/{leaf}", array, int(rows.min()) // step, exc) from None
         out = np.empty_like(block)
         out[order] = block
-        return check_finite(out, self.name, rows, leaf)
+        return check_finite(out, self.name, rows, leaf, self.root)
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``[lo, hi)``, checked (a missing or damaged chunk is named)."""
