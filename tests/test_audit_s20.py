@@ -205,3 +205,22 @@ def test_the_default_search_is_not_recorded(tmp_path, digits):
     assert AnalyticClassifier.load(path).get_params()["per_decade"] == 8
     other = AnalyticClassifier(gamma="auto", per_decade=2).fit(projection.transform(X[:300]), y[:300])
     assert AnalyticClassifier.load(other.save(tmp_path / "p.safetensors")).get_params()["per_decade"] == 2
+
+
+def test_huge_rows_give_no_numpy_warnings(digits):
+    """Rows of 1e300 are predicted (their norms scaled, not overflowed) and rows of 1e200 refused by the rls
+    recursion, in both cases without a NumPy RuntimeWarning printed first (the audit saw "overflow encountered")."""
+    import warnings
+
+    from foal_pipe.core.scoring import row_norms
+
+    X, y, projection = digits
+    H = projection.transform(X[:300]).astype(np.float64)
+    clf = AnalyticClassifier(gamma=1.0).fit(H, y[:300])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(row_norms(np.array([[3e300, 4e300], [3.0, 4.0]])), [5e300, 5.0], rtol=1e-15)
+        np.testing.assert_array_equal(clf.predict(H[:20] * 1e300), clf.predict(H[:20]))
+        rls = AnalyticClassifier(gamma=1.0, engine="rls").fit(H[:100], y[:100])
+        with pytest.raises(FoalPipeError):
+            rls.partial_fit(H[100:110] * 1e200, y[100:110])

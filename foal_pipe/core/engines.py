@@ -160,8 +160,9 @@ class RLSEngine:
         xp = array_namespace(self.R)
         self._sums = self._formed_sums()
         Y = one_hot(labels, classes, H)
-        RHt = self.R @ H.T
-        M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
+        with np.errstate(over="ignore", invalid="ignore"):  # rows too large overflow here: refused just below, silently
+            RHt = self.R @ H.T
+            M = H @ RHt + xp.eye(H.shape[0], dtype=H.dtype, device=device(H))
         RHtK = checked_solve(M, RHt.T, FoalPipeError(  # M is symmetric, so (M^-1 RHt^T)^T = RHt M^-1
             f"the RLS update is singular (an ill-conditioned system, or features too large for it); use a larger "
             f"{param('gamma')} or scale the features"

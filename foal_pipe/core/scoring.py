@@ -280,9 +280,17 @@ class Ties:
 
 
 def row_norms(X: Any) -> np.ndarray:
-    """``|x|`` of each row of ``X`` (any namespace), as NumPy float64."""
+    """``|x|`` of each row of ``X`` (any namespace), as NumPy float64; rows whose squares overflow (entries near
+    1e154 and beyond) scaled first, as :func:`column_lengths` scales columns."""
     xp = array_namespace(X)
-    return to_numpy(xp.sqrt(xp.sum(X * X, axis=1))).astype(np.float64) if X.shape[0] else np.zeros(0)
+    if not X.shape[0]:
+        return np.zeros(0)
+    with np.errstate(over="ignore"):
+        norms = to_numpy(xp.sqrt(xp.sum(X * X, axis=1))).astype(np.float64)
+    if (big := np.flatnonzero(np.isinf(norms))).size:
+        rows = xp.take(X, xp.asarray(big, device=device(X)), axis=0)
+        norms[big] = column_lengths(xp.permute_dims(rows, (1, 0)))
+    return norms
 
 
 def spread(scores: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
