@@ -136,7 +136,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         if seeds is not None:
             std = done.metrics.std
             assert std is not None  # --order-seeds: the std over the orders
-            console.print(f"{len(seeds)} class orders: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
+            console.print(f"{len(seeds)} class order{'s' if len(seeds) != 1 else ''}: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
                           highlight=False, markup=False)
         m, chosen = done.metrics, ""
