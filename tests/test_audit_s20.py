@@ -224,3 +224,30 @@ def test_huge_rows_give_no_numpy_warnings(digits):
         rls = AnalyticClassifier(gamma=1.0, engine="rls").fit(H[:100], y[:100])
         with pytest.raises(FoalPipeError):
             rls.partial_fit(H[100:110] * 1e200, y[100:110])
+
+
+def test_rows_learned_outside_stores_are_counted_and_continuation_warns(tmp_path, blobs):
+    """DeployedModel.partial_fit's rows have no store identity: the file counts them, and continuing it on a store
+    says that nothing shows the store free of them (before, nothing was said and they could count twice)."""
+    from helpers import invoke
+
+    from foal_pipe.store import read_split
+
+    A, B, _ = blobs
+    assert invoke("learn", "--features", A, "--out", tmp_path / "a", "--tasks", 3, "--projection-dim", 40,
+                  "--backend", "numpy").exit_code == 0
+    model = load_model(tmp_path / "a" / "model.safetensors")
+    assert "rows_outside_stores" not in model.metadata
+    X, y = read_split(B, "train")[:2]
+    names = [f"c{c}" for c in range(6, 10)]
+    model.partial_fit(X[:30], [names[v] for v in y[:30]]).partial_fit(X[30:50], [names[v] for v in y[30:50]])
+    saved = model.save(tmp_path / "more.safetensors")
+    assert load_model(saved).metadata["rows_outside_stores"] == 50
+    result = invoke("learn", "--init-model", saved, "--features", B, "--out", tmp_path / "ab", "--tasks", 2,
+                    "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    assert f"learned 50 rows through DeployedModel.partial_fit, which no store identity records: nothing shows that {B}" \
+        in " ".join(result.output.split())
+    plain = invoke("learn", "--init-model", tmp_path / "a" / "model.safetensors", "--features", B, "--out",
+                   tmp_path / "ab2", "--tasks", 2, "--backend", "numpy")
+    assert plain.exit_code == 0 and "DeployedModel.partial_fit" not in plain.output

@@ -261,7 +261,9 @@ class DeployedModel:
 
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
         """Absorb labelled rows: ``labels`` are class names (strings) or label ids. Exact: the result equals the
-        model trained on its old rows and these together. Returns ``self``."""
+        model trained on its old rows and these together. Their count adds to ``metadata["rows_outside_stores"]``
+        (:meth:`save` keeps it): no store identity records them, so ``learn --init-model`` warns that it cannot show
+        a store free of them. Returns ``self``."""
         X = self._features(features)
         ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
@@ -276,6 +278,9 @@ class DeployedModel:
         else:
             self.classifier.partial_fit(self.rows(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
+        before = self.metadata.get("rows_outside_stores", 0)
+        before = before if isinstance(before, int) and not isinstance(before, bool) and before > 0 else 0
+        self.metadata = {**self.metadata, "rows_outside_stores": before + int(X.shape[0])}
         return self
 
     def save(self, path: str | Path) -> Path:
