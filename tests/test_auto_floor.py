@@ -95,3 +95,57 @@ def test_sweep_still_refuses_a_listed_gamma_below_the_floor(tmp_path, digits):
     result = invoke("sweep", "--features", digits, "--out", tmp_path / "sw", "--tasks", 5, "--projection-dim", 200,
                     "--dtype", "float32", "--gammas", "1e-4,1,10", "--no-loo")
     assert_clean_error(result, "below the resolution of the Gram sums", tmp_path / "sw")
+
+
+@pytest.mark.parametrize("args", [("--gamma-grid", "1e-2,0.1"), ("--select", "gcv", "--gamma-grid", "1e-3,0.1",
+                                                                  "--per-decade", 0)])
+def test_one_point_left_above_the_floor_is_an_edge_too(tmp_path, digits, args):
+    """Where the floor leaves a single point, it is chosen, flagged at the edge and warned of at every boundary where
+    it happens (an audit: `Search.edge` takes no single point for an edge, so none was flagged, nor warned of)."""
+    result, m = auto(digits, tmp_path / "one", "--dtype", "float32", *args)
+    assert result.exit_code == 0, result.output
+    search = m["gamma_search"]
+    single = [k for k, e in enumerate(search["evaluated"]) if len(e) == 1] if "evaluated" in search else []
+    floors = search["resolution_floor"]
+    at_least = [k for k in range(5) if floors[k] is not None
+                and search["gammas_selected"][k] == min(g for g in search["gammas"] if g > floors[k])]
+    assert at_least and (single or "evaluated" not in search)
+    assert all(search["at_edge"][k] for k in at_least)
+    assert f"at {len(at_least)} of 5 task boundaries" in " ".join(result.output.split())
+    assert "the least gamma its float32 Gram sums resolve" in result.output
+
+
+def test_each_edge_is_said_apart(tmp_path, digits):
+    """Boundaries at the grid's two ends are counted and named apart (one line named only the last end)."""
+    from foal_pipe.protocol.learnkinds import auto_edges_warning
+    from foal_pipe.protocol.schema import LearnMetrics
+
+    _, m = auto(digits, tmp_path / "r", "--gamma-grid", "1e-4,1e8")
+    m = {**m, "gammas_selected": [1e-4, 1e8, 1e-4, 1e-4, 1e8], "gammas_at_grid_edge": [True] * 5}
+    m["gamma_search"] = {**m["gamma_search"], "gammas_selected": m["gammas_selected"]}
+    lines = auto_edges_warning(LearnMetrics.parse_dict(m, "metrics.json")).splitlines()
+    assert lines == ["warning: --gamma auto chose 0.0001, the smallest of --gamma-grid (0.0001 .. 1e+08), at 3 of 5 task "
+                     "boundaries; a better gamma may lie beyond the grid: extend --gamma-grid",
+                     "warning: --gamma auto chose 1e+08, the largest of --gamma-grid (0.0001 .. 1e+08), at 2 of 5 task "
+                     "boundaries; a better gamma may lie beyond the grid: extend --gamma-grid"]
+
+
+def test_a_continued_float32_model_warns_at_the_floor(tmp_path, digits):
+    """`learn --init-model` keeps choosing: its choices at the floor (or a grid edge) are warned of as learn's are."""
+    from foal_pipe.store import read_split
+
+    X, y, names = read_split(digits, "train")
+    Xt, yt, _ = read_split(digits, "test")
+    parts = {}
+    for name, keep in (("A", lambda v: v < 5), ("B", lambda v: v >= 5)):
+        parts[name] = write_store(tmp_path / f"{name}.zarr", (X[keep(y)], y[keep(y)]), (Xt[keep(yt)], yt[keep(yt)]), names,
+                                  chunk_rows=256)
+    first, _ = auto(parts["A"], tmp_path / "a", "--dtype", "float32", "--select", "gcv")
+    assert first.exit_code == 0, first.output
+    result = invoke("learn", "--init-model", tmp_path / "a" / "model.safetensors", "--features", parts["B"], "--out",
+                    tmp_path / "ab", "--tasks", 5, "--backend", "numpy")
+    assert result.exit_code == 0, result.output
+    m = json.loads((tmp_path / "ab" / "metrics.json").read_text())
+    flagged = sum(m["gammas_at_grid_edge"])
+    assert flagged and m["gamma_search"]["resolution_floor"]
+    assert f"at {flagged} of 5 task boundaries" in " ".join(result.output.split())

@@ -157,7 +157,8 @@ MaxMemory = Annotated[str, typer.Option(help="The most each speed-up may hold (e
 Backend = Annotated[BackendName, typer.Option(help="auto (CuPy if it sees a GPU, else torch on CUDA if available, "
                                               "else NumPy), numpy, cupy or torch (CUDA when available, else the CPU).")]
 Dtype = Annotated[DtypeName, typer.Option(help="State dtype: float64 (exact to its rounding: a gamma at which that could move W by 1e-4 is refused) or float32 (half the memory; "
-                                          "solved in float64, a gamma below its resolution is refused; a head "
+                                          "solved in float64, a gamma below its resolution is refused, and left out of --gamma auto's "
+                                          "search; a head "
                                           "other than ridge: float32 rows, float64 statistics).")]
 ProjectionInit = Annotated[InitName, typer.Option(help="uniform U(-1/sqrt(d), 1/sqrt(d)) as the authors' code, or "
                                                   "normal (same variance).")]

@@ -43,6 +43,7 @@ from foal_pipe.protocol.headscores import head_accuracies
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.learners.heads import HeadsLearner
+from foal_pipe.protocol.learnkinds import warn_auto_edges
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.metricsparts import AllClasses, Continuation, StoreScore, TaskScore
 from foal_pipe.protocol.newrows import check_new_rows, label_map
@@ -297,6 +298,7 @@ def run_continue(
     warn_dropped(run, stream, log)
     with np.errstate(all="ignore"):
         final, metrics = part.learn(run, deployed, merged, stream)
+    warn_auto_edges(metrics, log)  # a model that keeps choosing: at an edge of its grid, or at the sums' resolution
     return continued_outputs(init_model, deployed, final, merged, run, metrics, eval_features, out, start, identities)
 
 

@@ -157,27 +157,35 @@ def shown(*gammas: float) -> list[str]:
 
 def auto_edges_warning(metrics: LearnMetrics) -> str | None:
     """``learn --gamma auto``'s warning when a boundary chose a gamma on an edge of the grid, or the least gamma
-    above the sums' resolution where that left out the grid's least (None: none did)."""
+    above the sums' resolution where that left out the grid's least (None: none did): a line per edge chosen."""
     edges = [k for k, flagged in enumerate(metrics.gammas_at_grid_edge or []) if flagged]
-    grid, selected = metrics.gamma_grid, metrics.gammas_selected
+    grid, selected, search = metrics.gamma_grid, metrics.gammas_selected, metrics.gamma_search
     if not edges or grid is None or selected is None:  # edges come with --gamma auto's grid and choices
         return None
-    floors = (metrics.gamma_search.resolution_floor if metrics.gamma_search else None) or [None] * len(selected)
-    at_floor = [k for k in edges if floors[k] is not None and selected[k] < max(grid)]
+    floors = (search.resolution_floor if search else None) or [None] * len(selected)
+
+    def edge(k: int) -> str | None:
+        floor = floors[k]
+        if floor is not None and search is not None and selected[k] == min(g for g in search.gammas if g > floor):
+            return "floor"
+        return grid_edge(selected[k], grid)
+
+    kinds: dict[str | None, list[int]] = {}
+    for k in edges:
+        kinds.setdefault(edge(k), []).append(k)
     lines = []
-    if at_floor:
-        chosen, floor = shown(selected[at_floor[-1]], float(floors[at_floor[-1]] or 0.0))
-        dtype = metrics.dtype or "float64"
-        lines.append(f"warning: --gamma auto chose {chosen}, the least gamma its {dtype} Gram sums resolve (above "
-                     f"{floor}), at {len(at_floor)} of {len(selected)} task boundaries; the smaller gammas of --gamma-grid "
-                     "were left out, their solutions being noise" + ("; --dtype float64 resolves them" if dtype == "float32"
-                                                                     else ""))
-    if edges := [k for k in edges if k not in at_floor]:
-        last = selected[edges[-1]]
-        chosen, low, high = shown(last, min(grid), max(grid))
-        lines.append(f"warning: --gamma auto chose {chosen}, the {grid_edge(last, grid)} of --gamma-grid ({low} .. {high}), "
-                     f"at {len(edges)} of {len(selected)} task boundaries; a better gamma may lie beyond the grid: extend "
-                     "--gamma-grid")
+    for kind, at in kinds.items():
+        last, count = selected[at[-1]], f"at {len(at)} of {len(selected)} task boundaries"
+        if kind == "floor":
+            dtype = metrics.dtype or "float64"
+            chosen, floor = shown(last, float(floors[at[-1]] or 0.0))
+            lines.append(f"warning: --gamma auto chose {chosen}, the least gamma its {dtype} Gram sums resolve (above "
+                         f"{floor}), {count}; the smaller gammas of --gamma-grid were left out, their solutions being "
+                         "noise" + ("; --dtype float64 resolves them" if dtype == "float32" else ""))
+        else:
+            chosen, low, high = shown(last, min(grid), max(grid))
+            lines.append(f"warning: --gamma auto chose {chosen}, the {kind} of --gamma-grid ({low} .. {high}), {count}; a "
+                         "better gamma may lie beyond the grid: extend --gamma-grid")
     return "\n".join(lines)
 
 

@@ -99,7 +99,10 @@ def gamma_search(boundaries: Sequence[Boundary], criterion: str, per_decade: int
         sampled["resolution_floor"] = [b.floor for b in boundaries]
     return GammaSearch(criterion=criterion, per_decade=per_decade, gammas=[float(g) for g in grid],
                        values=[_finite_or_none(s.values) for s in searches],
-                       gammas_selected=[s.gamma for s in searches], at_edge=[s.edge is not None for s in searches],
+                       gammas_selected=[s.gamma for s in searches],
+                       # the least point above the sums' resolution is an edge too, even where it was the only one
+                       at_edge=[s.edge is not None or (b.floor is not None and s.index == 0)
+                                for s, b in zip(searches, boundaries, strict=True)],
                        **sampled)
 
 
