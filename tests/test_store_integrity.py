@@ -209,7 +209,7 @@ def test_extract_repairs_a_complete_store_with_a_missing_chunk(store, reference)
     result = runner.invoke(app, ["extract", "--dataset", "digits", "--model", "pixels", "--out", str(store),
                                  "--chunk-rows", str(CHUNK), "--batch-size", "50", "--workers", "0"])
     assert result.exit_code == 0, result.output
-    assert "were missing below the recorded progress" in result.output and "test from row 128" in result.output
+    assert "were missing or damaged below the recorded progress" in result.output and "test from row 128" in result.output
     assert _files(store) == _files(reference)
 
 

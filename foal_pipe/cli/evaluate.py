@@ -90,7 +90,7 @@ def summary(
         str | None,
         typer.Option(help="Group the learn runs into table cells by these keys (comma-separated: head, tasks, dataset, "
                      "encoder, stream, D, gamma, fusion, activation, init, seed, select, options, ratios, mask, dtype, "
-                     "store), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
+                     "store, dim, classes, rows, drop, encoder_settings), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
                      "runs of several class orders; a cell whose runs differ in a setting not grouped by is named in "
                      "a warning. Default: one row per run.",
                      show_default=False, callback=read_by(group_text)),
@@ -108,13 +108,21 @@ def summary(
 def grouped_table(paths: list[Path], group: str) -> Table:
     """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
     from foal_pipe.errors import FoalPipeError, param
+    from foal_pipe.protocol.schema import METRICS_FILE
     from foal_pipe.report import find_runs
     from foal_pipe.report.grouping import METRICS, group_cells, mixed_warning, parse_group, repeated_warning
     from foal_pipe.report.readers import as_recomputed
 
     keys = parse_group(group)
-    found = find_runs(paths, on_error=lambda message: err_console.print(
-        f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True))
+
+    def unreadable(path: Path, message: str) -> None:
+        """A metrics.json left out would drop a run from its cell's mean unseen: refused; a sweep (not grouped) skipped."""
+        if path.name == METRICS_FILE:
+            raise FoalPipeError(f"{message} (or move its folder out of {', '.join(map(str, paths))}: {param('group')} "
+                                "leaves no run out of a cell's mean)")
+        skipped(path, message)
+
+    found = find_runs(paths, on_error=unreadable)
     runs = [as_recomputed(e.metrics) for e in found if e.metrics is not None]
     if not runs:
         raise FoalPipeError(f"no learn run (metrics.json) under {', '.join(map(str, paths))}, only sweeps: {param('group')} "
@@ -132,6 +140,12 @@ def grouped_table(paths: list[Path], group: str) -> Table:
                         for m in METRICS))
     table.caption, table.caption_justify = "\n".join(tables_note(paths)) or None, "left"
     return table
+
+
+def skipped(path: Path, message: str) -> None:
+    """``summary``'s warning for a file it cannot read, listed without it (one row per run: the warning names the row
+    missing, unlike a ``--group`` cell's mean)."""
+    err_console.print(f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def tables_note(paths: list[Path]) -> list[str]:
@@ -154,8 +168,7 @@ def summary_table(paths: list[Path]) -> Table:
     from foal_pipe.report.paper import match_paper
     from foal_pipe.report.readers import as_recomputed
 
-    found = find_runs(paths, on_error=lambda message: err_console.print(
-        f"[bold yellow]Warning:[/] skipped: {escape(message)}", highlight=False, soft_wrap=True))
+    found = find_runs(paths, on_error=skipped)
     matches = {e.path: match_paper(e.metrics) for e in found if e.metrics is not None}
     with_paper = any(m is not None for m in matches.values())
     table = Table(title="F-OAL runs (accuracy and forgetting in %)", title_justify="left", box=box.SIMPLE_HEAD,

@@ -206,7 +206,7 @@ def extract(
             return
         if report.holes:
             holes = ", ".join(f"{s} from row {row:,}" for s, row in report.holes.items())
-            err_console.print(f"[yellow]warning:[/] chunk files were missing below the recorded progress; "
+            err_console.print(f"[yellow]warning:[/] chunk files were missing or damaged below the recorded progress; "
                               f"extracted them again ({holes})", highlight=False, soft_wrap=True)
         resumed = ""
         if report.status == "resumed":

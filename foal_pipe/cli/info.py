@@ -42,8 +42,9 @@ def _last_run(log: dict[str, Any] | None) -> dict[str, Any]:
                         if k in runs[-1]}}
 
 
-def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
-    """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output); ``verify`` reads every chunk."""
+def store_summary(path: Path, verify: bool = False, found: list[Any] | None = None) -> dict[str, Any]:
+    """What ``foal-pipe info`` shows, as a dict (also its ``--json`` output); ``verify`` reads every chunk. The
+    problems found are added to ``found`` too, as :class:`~foal_pipe.store.ChunkProblem` (a reader's refusal kept)."""
     from foal_pipe.store import SPLITS, has_checksums, log_path, open_array, read_log, read_meta, verify_store
     from foal_pipe.store.integrity import SEALED_FROM
 
@@ -79,6 +80,8 @@ def store_summary(path: Path, verify: bool = False) -> dict[str, Any]:
     }
     result = verify_store(path, read=verify)
     summary["problems"] = [str(p) for p in result.problems]
+    if found is not None:
+        found += result.problems
     if verify:
         summary["chunks_read"] = result.chunks_read
     return summary
@@ -134,22 +137,21 @@ def info(
     Exits with status 1 when chunk files are missing (or, with --verify, damaged, or the store is one the readers
     refuse) or format_version was edited down.
     """
-    from foal_pipe.store.verify import REFUSED, WHOLE_STORE
-
     with user_errors():
         if export_manifest is not None:
             _export_manifest(store, export_manifest)
             err_console.print(f"wrote {export_manifest}: the split manifest of {store}", highlight=False, markup=False,
                               soft_wrap=True)  # stderr: stdout is the table or the JSON
-        summary = store_summary(store, verify)
+        found: list[Any] = []
+        summary = store_summary(store, verify, found)
         problems = summary["problems"]
         if as_json:
             console.print_json(json.dumps(summary))
         else:
             _print_table(summary)
-        refused = f"{WHOLE_STORE}: {REFUSED}"
-        if len(problems) == 1 and problems[0].startswith(refused):  # open_store's own message, which names the fix
-            raise FoalPipeError(f"{store} fails --verify: {problems[0][len(refused):]}")
+        refusal = found[0].refusal if len(found) == 1 else None
+        if refusal is not None:  # open_store's own message, which names the fix (its flags, as learn's does)
+            raise FoalPipeError(f"{store} fails --verify: {refusal.template}")
         if problems:
             listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
             raise FoalPipeError(f"{store} is damaged: {listed}; re-extract it (`foal-pipe extract ... --overwrite`) "

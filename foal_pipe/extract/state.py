@@ -34,6 +34,7 @@ from foal_pipe.store.chunks import read_rows
 from foal_pipe.store.log import log_path
 from foal_pipe.store.manifest import parse_stored_manifest, stored_manifest
 from foal_pipe.store.read import chunk_too_large
+from foal_pipe.store.verify import changed_chunks
 from foal_pipe.store.write import foreign_file, replace_manifest
 
 #: The group attribute of each split's SHA-256 over its images, in a store of a dataset without a split manifest.
@@ -62,7 +63,8 @@ class StoreState:
     ``path`` is where rows are written: ``out`` itself, or -- when ``--overwrite`` replaces an existing store --
     a staging sibling ``.<name>.replacing`` that is swapped in when complete, so readers of the old store are
     never served a half-written one. ``holes``: the first row of each split where a missing chunk file was
-    found below the recorded progress (those rows are extracted again).
+    found below the recorded progress, or -- in a complete store -- one that is not the file it was completed with
+    (those rows are extracted again).
     """
 
     path: Path
@@ -307,6 +309,8 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
             raise FoalPipeError(damaged % f"{split}/features {features.shape} with progress {done!r}")
         progress[split] = done
     lost = verify_store(path, read=False).problems  # chunk files missing (features, blocks: below the progress)
+    if attrs.get("complete") is True:  # and, cheaply, chunk files that are not those it was completed with
+        lost += changed_chunks(path)
     skeleton = [problem for problem in lost if problem.array.partition("/")[2] not in ROW_ARRAYS]
     if skeleton:  # labels or row indices: only a new skeleton can bring them back
         raise FoalPipeError(damaged % f"{skeleton[0]}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,21 +335,36 @@ def find_tables(paths: Iterable[str | Path]) -> list[Path]:
             if t.name == "table.json" and not any(TEMPORARY.fullmatch(part) for part in t.relative_to(p).parts)]
 
 
+def _run_files(root: Path) -> list[Path]:
+    """The ``metrics.json`` and ``sweep.json`` files under ``root``, sorted, linked folders followed (a run kept
+    elsewhere and linked in is a run here too); a folder reached again (a link to one above it, or to one already
+    searched) is searched once, and temporaries (:data:`~foal_pipe.io.temporaries.TEMPORARY`) not at all."""
+    seen: set[str] = set()
+    files = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not TEMPORARY.fullmatch(d))
+        files += [Path(folder) / n for n in names if n in (METRICS_FILE, SWEEP_FILE)]
+    return sorted(files)
+
+
 def find_runs(
-    paths: Iterable[str | Path], on_error: Callable[[str], None] | None = None
+    paths: Iterable[str | Path], on_error: Callable[[Path, str], None] | None = None
 ) -> list[RunSummary]:
     """Runs and sweeps under each path: a ``metrics.json``/``sweep.json`` file, or a directory searched
-    recursively, where the temporaries of runs under way or killed (:data:`~foal_pipe.io.temporaries.TEMPORARY`) are not runs.
-    Sorted by path. A file that cannot be read raises :class:`FoalPipeError`, or, with ``on_error``, is reported to it
-    and skipped."""
-    found: dict[Path, RunSummary] = {}
+    recursively (:func:`_run_files`), a run found twice (through a link, or under two paths) listed once. Sorted by
+    path. A file that cannot be read raises :class:`FoalPipeError`, or, with ``on_error``, is passed to it with the
+    reason (which may raise) and skipped."""
+    found: dict[str, RunSummary] = {}
     skipped = 0
     for p in map(Path, paths):
         if not p.exists():
             raise FoalPipeError(f"{p} does not exist; give run directories or metrics.json/sweep.json files")
-        files = [p] if p.is_file() else sorted(f for f in [*p.rglob(METRICS_FILE), *p.rglob(SWEEP_FILE)]
-                                               if not any(TEMPORARY.fullmatch(part) for part in f.relative_to(p).parts))
-        for f in files:
+        for f in [p] if p.is_file() else _run_files(p):
             if f.name not in (METRICS_FILE, SWEEP_FILE):
                 raise FoalPipeError(f"{f} is neither a {METRICS_FILE} nor a {SWEEP_FILE}")
             warnings: list[str] = []
@@ -357,10 +373,10 @@ def find_runs(
             except FoalPipeError as exc:
                 if on_error is None:
                     raise
-                on_error(str(exc))
+                on_error(f, str(exc))
                 skipped += 1
                 continue
-            entry = found.setdefault(f.parent, RunSummary(f.parent))
+            entry = found.setdefault(os.path.realpath(f.parent), RunSummary(f.parent))
             if isinstance(data, LearnMetrics):  # read_metrics read it: f is a metrics.json
                 entry.metrics = data
             else:
@@ -377,4 +393,4 @@ def find_runs(
         raise FoalPipeError(
             f"no {METRICS_FILE} or {SWEEP_FILE} under {names}; run `dvc repro` or `foal-pipe learn` first"
         )
-    return [found[k] for k in sorted(found)]
+    return sorted(found.values(), key=lambda entry: entry.path)

@@ -6,6 +6,7 @@ a cell's runs differ, so the table never passes a spread over, say, two fusions 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,38 @@ def _options(m: LearnMetrics) -> str | None:
     return ", ".join(f"{k}={v}" for k, v in sorted(options.items())) or None
 
 
+def _classes(m: LearnMetrics) -> int | None:
+    """How many classes the store holds, streamed or dropped (``tasks`` and ``dropped_classes``): the same for every
+    class order of one store, where the classes each task gets are not."""
+    return None if m.tasks is None else len({c for t in m.tasks for c in t} | set(m.dropped_classes or ()))
+
+
+def _rows(m: LearnMetrics) -> str | None:
+    """``train/test`` rows the run counted; None under ``--drop-last`` or ``--drop-remainder``, whose rows differ from
+    class order to class order (a batch's tail, the classes left over), so runs of several orders are not set apart."""
+    if m.drop_last or m.drop_remainder or None in (m.n_train_seen, m.n_test):
+        return None
+    return f"{m.n_train_seen}/{m.n_test}"
+
+
+def _drop(m: LearnMetrics) -> str | None:
+    """``--drop-last`` and ``--drop-remainder`` as ``last``, ``remainder``, ``last+remainder`` or ``none``."""
+    if m.drop_last is None and m.drop_remainder is None:
+        return None
+    return "+".join(name for name, on in (("last", m.drop_last), ("remainder", m.drop_remainder)) if on) or "none"
+
+
+def _encoder_settings(m: LearnMetrics) -> dict[str, str]:
+    """The encoder's record but its name and fusion (keys of their own), each entry as JSON: two runs of one encoder
+    name at another image size, normalisation or weights read other features."""
+    encoder = m.encoder or {}
+    fused = ("fusion", "blocks_dtype", "final_norm") if "blocks_dtype" in encoder else ("fusion",)
+    return {k: json.dumps(v, sort_keys=True) for k, v in sorted(encoder.items()) if k not in ("name", *fused)}
+
+
+#: Settings recorded as a mapping: a cell mixing them names only the entries that differ (:func:`mixed_settings`).
+RECORDS: dict[str, Callable[[LearnMetrics], dict[str, str]]] = {"encoder_settings": _encoder_settings}
+
 #: What runs can be grouped by: each a run's value of it. Every recorded setting but the class order (``tasks``'
 #: classes) and its seed: a cell whose runs differ in one left out of ``--group`` is named (:func:`mixed_settings`).
 GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
@@ -55,6 +88,11 @@ GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "mask": lambda m: m.mask_unseen,
     "dtype": lambda m: m.dtype,
     "store": lambda m: m.features,
+    "dim": lambda m: m.feature_dim,
+    "classes": _classes,
+    "rows": _rows,
+    "drop": _drop,
+    "encoder_settings": lambda m: ", ".join(f"{k}={v}" for k, v in _encoder_settings(m).items()) if m.encoder else None,
 }
 METRICS = ("A_avg", "A_last", "F")
 DDOF = 0
@@ -131,6 +169,11 @@ def mixed_settings(runs: Sequence[LearnMetrics], keys: Sequence[str]) -> dict[st
     counted), each with its values, sorted: a cell pooling them spreads over that setting, not class orders alone."""
     found = {name: sorted({str(v) for m in runs if (v := value(m)) is not None})
              for name, value in GROUP_KEYS.items() if name not in keys}
+    for name, record in RECORDS.items():  # the entries that differ, not whole records
+        if len(found.get(name, ())) > 1:
+            shown = [record(m) for m in runs if m.encoder]
+            differ = sorted({k for r in shown for k in r if len({r.get(k) for r in shown}) > 1})
+            found[name] = sorted({", ".join(f"{k}={r.get(k, '-')}" for k in differ) for r in shown})
     return {name: values for name, values in found.items() if len(values) > 1}
 
 

@@ -138,19 +138,21 @@ def _orders_warnings(metrics: LearnMetrics, orders: list[OrderMetrics]) -> list[
     return out + std_warnings(metrics, fixed, HEADLINE) + _matrix_warning(metrics, orders)
 
 
-def _mean_matrix(orders: list[OrderMetrics]) -> list[list[float]]:
+def _mean_matrix(orders: list[OrderMetrics]) -> list[list[float]] | None:
     """The orders' position-wise mean accuracy matrix, as ``learn --order-seeds`` records it (``order_means``; every
-    order has the top level's rows: :func:`check_metrics` has refused any other)."""
+    order has the top level's rows: :func:`check_metrics` has refused any other); None without orders."""
     from foal_pipe.protocol.ordermeans import position_means
 
+    if not orders:
+        return None
     rows = [len(row) for row in orders[0].accuracy_matrix]
     flat = position_means([np.concatenate(o.accuracy_matrix) for o in orders])
     return [[float(v) for v in row] for row in np.split(flat, np.cumsum(rows)[:-1])]
 
 
-def _matrix_off(metrics: LearnMetrics, mean: list[list[float]]) -> list[tuple[int, int, float, float]]:
+def _matrix_off(metrics: LearnMetrics, mean: list[list[float]] | None) -> list[tuple[int, int, float, float]]:
     """``(row, column, stored, mean)`` of each entry of the top-level accuracy matrix that the orders' mean contradicts."""
-    return [(i, j, stored, mean[i][j]) for i, row in enumerate(metrics.accuracy_matrix)
+    return [] if mean is None else [(i, j, stored, mean[i][j]) for i, row in enumerate(metrics.accuracy_matrix)
             for j, stored in enumerate(row) if differs(stored, mean[i][j])]
 
 
@@ -182,7 +184,8 @@ def as_recomputed(metrics: LearnMetrics) -> LearnMetrics:
     """``metrics`` with each headline number that disagrees with its recomputation from the accuracy matrix or the
     anytime curve (:func:`consistency_warnings` names them) replaced by the recomputation, so no table shows a number
     its matrix contradicts. With ``orders``: each order's from its own matrix and curve, then the means and stds over
-    the orders, and the accuracy matrix their position-wise mean where the stored one differs. ``--eval-features``' ``all_classes``: as its sources give it (:func:`all_classes_recomputed`)."""
+    the orders, and the accuracy matrix their position-wise mean where the stored one differs. ``--eval-features``'
+    ``all_classes``: as its sources give it (:func:`all_classes_recomputed`)."""
     fixed = _headline_recomputed(metrics)
     everything = all_classes_recomputed(metrics)[0]
     if everything is None or fixed.continuation is None:
@@ -203,8 +206,8 @@ def _headline_recomputed(metrics: LearnMetrics) -> LearnMetrics:
                for entry in metrics.orders]
     orders = [replace(entry, **{key: getattr(fixed, key) for key in HEADLINE})
               for entry, fixed in zip(metrics.orders, as_runs, strict=True)]
-    mean = _mean_matrix(metrics.orders)  # the heatmap's, as the docs promise: not a stored one they contradict
-    changes: dict[str, Any] = {"accuracy_matrix": mean} if _matrix_off(metrics, mean) else {}
+    matrix = _mean_matrix(metrics.orders)  # the heatmap's, as the docs promise: not a stored one they contradict
+    changes: dict[str, Any] = {"accuracy_matrix": matrix} if _matrix_off(metrics, matrix) else {}
     std = dict(metrics.std or {})
     for key in HEADLINE:
         values = [getattr(e, key) for e in orders]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ from foal_pipe.store.chunks import (
     rows_text,
 )
 from foal_pipe.store.integrity import (
+    CHUNK_FILES,
     compute_generation,
     generation_problem,
     group_arrays,
@@ -44,12 +47,15 @@ def has_checksums(array: zarr.Array) -> bool:
 
 @dataclass(frozen=True)
 class ChunkProblem:
-    """Rows ``[lo, hi)`` of ``array`` (e.g. ``train/features``) are ``missing`` or ``damaged`` (with why)."""
+    """Rows ``[lo, hi)`` of ``array`` (e.g. ``train/features``) are ``missing`` or ``damaged`` (with why).
+    ``refusal``: a reader's refusal of the whole store, whose parameters a caller names its own way
+    (:meth:`~foal_pipe.errors.FoalPipeError.render`: the command line's flags); ``problem`` words them for Python."""
 
     array: str
     lo: int
     hi: int
     problem: str
+    refusal: FoalPipeError | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         where = f" {rows_text((self.lo, self.hi), self.array)}" if self.hi > self.lo else ""
@@ -187,5 +193,60 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
         try:
             open_store(path)
         except FoalPipeError as exc:
-            problems.append(ChunkProblem(WHOLE_STORE, 0, 0, f"{REFUSED}{exc}"))
+            problems.append(ChunkProblem(WHOLE_STORE, 0, 0, f"{REFUSED}{exc}", exc))
     return Verification(n_read, _merge(problems))
+
+
+
+def _file_change(file: Path, size: int, crc: int) -> tuple[str | None, int | None]:
+    """Why the chunk file ``file`` is not the one recorded (``size`` bytes ending in the 4 bytes ``crc``), from its
+    size and last 4 bytes alone (None when it may be), and its modification time (None for a missing file: the
+    listing names it)."""
+    try:
+        info = os.stat(file)
+        if not stat.S_ISREG(info.st_mode):
+            return "damaged (not a regular file)", info.st_mtime_ns
+        if info.st_size != size:
+            return f"damaged ({info.st_size:,} bytes, {size:,} recorded)", info.st_mtime_ns
+        with open(file, "rb") as f:
+            f.seek(max(0, size - 4))
+            tail = int.from_bytes(f.read(), "little")
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return f"damaged ({exc.strerror or exc})", None
+    return (None if tail == crc else "damaged (checksum mismatch)"), info.st_mtime_ns
+
+
+def changed_chunks(path: str | Path) -> list[ChunkProblem]:
+    """The chunk files of a complete store of format 4 or later that are not those it was completed with, found
+    without reading them whole: a size or last 4 bytes (the CRC-32C the codec appends) other than its array's record
+    -- a stat and 4 bytes a file, as completion's records took -- or, for a file modified since those records were
+    written, a chunk that fails to decode (its CRC-32C recomputed). A file damaged with its modification time unchanged
+    (decay on the disk) is left to :func:`verify_store`, which reads every chunk. Missing files, records that are not
+    one per chunk and metadata changed since completion are :func:`verify_store`'s (``read=False``) to report."""
+    path = Path(path)
+    group, meta = read_meta(path)
+    if not sealed(meta):
+        return []
+    problems = []
+    for name, array in sorted(group_arrays(group, path).items()):
+        if record_problem(array) is not None:
+            continue
+        files = array.attrs[CHUNK_FILES]
+        assert isinstance(files, dict)  # record_problem checked it: {"bytes": [...], "crc32c": [...]}
+        folder = path / name
+        recorded_at = (folder / "zarr.json").stat().st_mtime_ns  # written at completion, with the records
+        for index, coords in enumerate(grid_coords(chunk_grid(array))):
+            key = array.metadata.encode_chunk_key(coords)
+            why, modified = _file_change(folder / key, files["bytes"][index], files["crc32c"][index])
+            if why is None and modified is not None and modified >= recorded_at:
+                try:
+                    np.asarray(array.blocks[coords])
+                except (MemoryError, FoalPipeError):
+                    raise
+                except Exception as exc:
+                    why = damage_reason(exc)
+            if why is not None:
+                problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), why))
+    return problems
