@@ -251,3 +251,17 @@ def test_rows_learned_outside_stores_are_counted_and_continuation_warns(tmp_path
     plain = invoke("learn", "--init-model", tmp_path / "a" / "model.safetensors", "--features", B, "--out",
                    tmp_path / "ab2", "--tasks", 2, "--backend", "numpy")
     assert plain.exit_code == 0 and "DeployedModel.partial_fit" not in plain.output
+
+
+def test_summary_group_shows_gammas_as_gammas_show(tmp_path, blobs):
+    """`summary --group gamma` wrote a float key as Python's repr (1.0) where every other table writes 1."""
+    from helpers import invoke
+
+    A = blobs[0]
+    for gamma in ("1", "0.001"):
+        assert invoke("learn", "--features", A, "--out", tmp_path / "runs" / gamma, "--tasks", 3, "--projection-dim", 40,
+                      "--gamma", gamma, "--backend", "numpy").exit_code == 0
+    result = invoke("summary", tmp_path / "runs", "--group", "gamma")
+    assert result.exit_code == 0, result.output
+    cells = [line.split()[0] for line in result.output.splitlines() if line.strip()[:1].isdigit()]
+    assert cells == ["0.001", "1"]

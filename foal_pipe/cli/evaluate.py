@@ -135,7 +135,8 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     for k in (*keys, "runs", *METRICS):
         table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
     for c in cells:
-        table.add_row(*("-" if v is None else escape(str(v)) for v in c["key"].values()), str(c["n"]),  # not recorded
+        table.add_row(*("-" if v is None else escape(f"{v:g}" if isinstance(v, float) else str(v))  # as gammas show
+                        for v in c["key"].values()), str(c["n"]),  # "-": not recorded
                       *(f"{100 * c[m]['mean']:.2f}" + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
                         for m in METRICS))
     table.caption, table.caption_justify = "\n".join(tables_note(paths)) or None, "left"
