@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -193,37 +195,81 @@ def test_a_continued_auto_model_keeps_its_points_per_decade(tmp_path, blobs):
     assert loaded.classifier.gamma_ in grid
 
 
-def test_the_default_search_is_not_recorded(tmp_path, digits):
-    """Files of the default search keep their bytes: no per_decade key (read as 8)."""
+def test_every_auto_file_records_its_search(tmp_path, digits):
+    """A gamma='auto' file records per_decade, the default's too: a file without it (written before) is read as 8."""
     from safetensors import safe_open
 
     X, y, projection = digits
     path = AnalyticClassifier(gamma="auto").fit(projection.transform(X[:300]), y[:300]).save(tmp_path / "m.safetensors",
                                                                                             projection=projection)
     with safe_open(str(path), "np") as f:
-        assert "per_decade" not in f.metadata()
+        assert json.loads(f.metadata()["per_decade"]) == 8
     assert AnalyticClassifier.load(path).get_params()["per_decade"] == 8
     other = AnalyticClassifier(gamma="auto", per_decade=2).fit(projection.transform(X[:300]), y[:300])
     assert AnalyticClassifier.load(other.save(tmp_path / "p.safetensors")).get_params()["per_decade"] == 2
+    fixed = AnalyticClassifier(gamma=1.0).fit(projection.transform(X[:300]), y[:300]).save(tmp_path / "f.safetensors")
+    with safe_open(str(fixed), "np") as f:
+        assert "per_decade" not in f.metadata()
+    with pytest.warns(UserWarning, match="per_decade is used only with gamma='auto'"):
+        AnalyticClassifier(gamma=1.0, per_decade=3).fit(projection.transform(X[:300]), y[:300])
 
 
-def test_huge_rows_give_no_numpy_warnings(digits):
-    """Rows of 1e300 are predicted (their norms scaled, not overflowed) and rows of 1e200 refused by the rls
-    recursion, in both cases without a NumPy RuntimeWarning printed first (the audit saw "overflow encountered")."""
-    import warnings
+def test_a_file_from_before_per_decade_continues_with_the_search_given(tmp_path, blobs):
+    """A file written before per_decade was recorded does not say how it searched: an explicit --per-decade is taken
+    (it was refused as conflicting with 8, an audit found), and without one the search is 8, as before."""
+    from helpers import invoke
 
-    from foal_pipe.core.scoring import row_norms
+    from foal_pipe.model.modelfile import read_model, write_model
 
+    A, B, _ = blobs
+    assert invoke("learn", "--features", A, "--out", tmp_path / "a", "--tasks", 3, "--gamma", "auto", "--select", "gcv",
+                  "--per-decade", 3, "--projection-dim", 40, "--backend", "numpy").exit_code == 0
+    tensors, meta = read_model(tmp_path / "a" / "model.safetensors")
+    assert meta["per_decade"] == 3
+    old = write_model(tmp_path / "old.safetensors", tensors,
+                      {k: v for k, v in meta.items() if k not in ("per_decade", "checksum", "format", "format_version")})
+    for given, searched in (((), 8), (("--per-decade", 3), 3)):
+        out = tmp_path / f"c{searched}"
+        result = invoke("learn", "--init-model", old, "--features", B, "--out", out, "--tasks", 2, "--backend", "numpy",
+                        *given)
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "metrics.json").read_text())["gamma_search"]["per_decade"] == searched
+        assert read_model(out / "model.safetensors")[1]["per_decade"] == searched
+
+
+@pytest.mark.parametrize("value", ["x", -3, True, 2.5])
+def test_rows_outside_stores_must_be_a_count(tmp_path, digits, value):
     X, y, projection = digits
-    H = projection.transform(X[:300]).astype(np.float64)
-    clf = AnalyticClassifier(gamma=1.0).fit(H, y[:300])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        np.testing.assert_allclose(row_norms(np.array([[3e300, 4e300], [3.0, 4.0]])), [5e300, 5.0], rtol=1e-15)
-        np.testing.assert_array_equal(clf.predict(H[:20] * 1e300), clf.predict(H[:20]))
-        rls = AnalyticClassifier(gamma=1.0, engine="rls").fit(H[:100], y[:100])
-        with pytest.raises(FoalPipeError):
-            rls.partial_fit(H[100:110] * 1e200, y[100:110])
+    clf = AnalyticClassifier(gamma=1.0).fit(projection.transform(X[:200]), y[:200])
+    with pytest.raises(FoalPipeError, match="metadata 'rows_outside_stores' .* must be an integer >= 0"):
+        clf.save(tmp_path / "m.safetensors", projection=projection, rows_outside_stores=value)
+
+
+def test_a_float32_head_file_saves_again_as_it_was(tmp_path, blobs):
+    """A head learnt with --dtype float32 kept its float32 projection only until saved again (then float64)."""
+    from helpers import invoke
+
+    for head in ("ncm", "balanced"):
+        out = tmp_path / head
+        assert invoke("learn", "--features", blobs[0], "--out", out, "--tasks", 3, "--projection-dim", 32, "--head", head,
+                      "--dtype", "float32", "--backend", "numpy").exit_code == 0
+        for estimators in (True, False):
+            again = load_model(out / "model.safetensors", estimators=estimators).save(tmp_path / f"{head}{estimators}.st")
+            assert again.read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_the_estimators_auto_chooses_above_the_float32_floor(digits):
+    """AnalyticClassifier(gamma='auto', dtype='float32') was refused at the default grid's 1e-4, as learn was."""
+    X, y, projection = digits
+    H = SmoothProjection(n_components=200, random_state=0).fit(X).transform(X[:1000])
+    clf = AnalyticClassifier(gamma="auto", dtype="float32").fit(H, y[:1000])
+    with pytest.warns(UserWarning, match="the least gamma its float32 sums resolve"):
+        clf.gamma_  # noqa: B018 (the solve, when first needed)
+    statistics = clf.statistics_
+    floor = statistics.gamma_path(vectors=False).floor
+    assert clf.gamma_ > floor > 1e-4
+    f64 = AnalyticClassifier(gamma=clf.gamma_).fit(H.astype(np.float64), y[:1000])
+    assert np.mean(clf.predict(H) == f64.predict(H)) > 0.99
 
 
 def test_rows_learned_outside_stores_are_counted_and_continuation_warns(tmp_path, blobs):

@@ -40,21 +40,27 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float],
     points a decade (:func:`~foal_pipe.core.gammasearch.search_grid`), its weights, and a warning when ``df/n > 0.9``.
 
     GCV needs no row (exemplar-free) but degenerates when the effective degrees of freedom near ``n``. The
-    weights are solved at the chosen gamma, so they equal those of a classifier given that gamma.
+    weights are solved at the chosen gamma, so they equal those of a classifier given that gamma. Points at or below
+    the sums' resolution (float32 sums) are left out, as ``learn --gamma auto`` leaves them (all of them: refused).
     """
     path = statistics.gamma_path(vectors=False)
     points = search_grid(grid, per_decade)
+    usable = points > path.floor if path.floor else np.ones(points.size, dtype=bool)
+    points = points[usable] if usable.any() else points
     values = path.gcv(points)
     if not np.isfinite(values).any():
         raise gcv_undeterminable()
-    gamma = float(points[best_point(values, larger=False)])
+    index = best_point(values, larger=False)
+    gamma = float(points[index])
     ratio = float(path.dof([gamma])[0]) / max(statistics.n, 1)
-    warning = None
+    warnings_ = []
     if ratio > GCV_DOF_WARNING:
-        warning = (
-            f"GCV chose gamma {gamma:g} where the effective degrees of freedom are {100 * ratio:.0f}% of the "
-            f"{statistics.n} rows; GCV is unreliable as D nears n: prefer leave-one-out selection"
-        )
+        warnings_.append(f"GCV chose gamma {gamma:g} where the effective degrees of freedom are {100 * ratio:.0f}% of "
+                         f"the {statistics.n} rows; GCV is unreliable as D nears n: prefer leave-one-out selection")
+    if index == 0 and not usable.all():
+        warnings_.append(f"gamma='auto' chose {gamma:g}, the least gamma its {dtype_name(statistics.dtype)} sums resolve "
+                         f"(above {path.floor:.3g}); the grid's smaller gammas were left out, their solutions being noise")
+    warning = "; ".join(warnings_) or None
     return gamma, statistics.solve(gamma, drift_checked=True), warning  # the path's floor checked every gamma
 
 

@@ -67,9 +67,10 @@ def new_engine(n_features: int, *, gamma: float | str, engine: str, dtype: str, 
         check_gamma(gamma)
     elif engine != "gram":
         raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
-    if gamma_grid is not None and gamma != "auto":  # as scikit-learn warns of l1_ratio without elasticnet
-        warnings.warn(f"gamma_grid is used only with gamma='auto'; it is ignored at gamma={gamma!r}",
-                      UserWarning, stacklevel=4)
+    for name, given in (("gamma_grid", gamma_grid is not None), ("per_decade", per_decade != PER_DECADE)):
+        if given and gamma != "auto":  # as scikit-learn warns of l1_ratio without elasticnet
+            warnings.warn(f"{name} is used only with gamma='auto'; it is ignored at gamma={gamma!r}", UserWarning,
+                          stacklevel=4)
     xp = get_namespace(backend)
     state_dtype = resolve_dtype(dtype)
     xp_dtype, where = getattr(xp, state_dtype.name), default_device(xp)

@@ -219,13 +219,14 @@ def load_head(path: str | Path, *, estimators: bool = True
                                 "activation 'cos' adds a bias)")
     if "projection" in tensors:
         activation = meta.get("activation", "identity")  # a head on projected rows (dual): the projection alone
+        dtype = tensors["projection"].dtype.name  # the run's (float32 with --dtype float32): saved again as it was
         if estimators:
             from foal_pipe.model.projection import SmoothProjection
 
             projection: SmoothProjection | Expansion = SmoothProjection.from_matrix(
-                tensors["projection"], activation=activation, bias=tensors.get("projection_bias"))
+                tensors["projection"], activation=activation, dtype=dtype, bias=tensors.get("projection_bias"))
         else:
-            projection = Expansion.from_matrix(tensors["projection"], activation=activation,
+            projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype,
                                                bias=tensors.get("projection_bias"))
     else:
         projection = _identity(head_width(name, tensors), estimators)

@@ -69,7 +69,7 @@ TENSORS: dict[str, tuple[tuple[str, ...], str]] = {
     "Q": (("D", "C"), "f"), "R": (("D", "D"), "f"), "counts": (("C",), "iu"), "drift": (("D", "C"), "f")}
 REQUIRED_TENSORS = ("W", "classes")
 #: Metadata written from version 2 on only: a version-1 file holding one had its version edited down and its checksum
-#: removed (``gamma_grid`` and the rest were written before; the Python API's ``save(**metadata)`` may add any key).
+#: removed (``gamma_grid`` and the rest were written before; ``save(**metadata)`` may add any key).
 LATER_KEYS = ("learned_from", "learned_data", "head_options")
 
 #: The dimensions of rows a model takes, none of which may be empty (C = 0: :func:`_check_classes_present`).
@@ -130,6 +130,7 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "gamma_grid": (False, lambda v, _: None if isinstance(v, list) and v and all(_is_number(g) and g > 0 for g in v)
                    else "must be a non-empty list of positive numbers (the grid of a gamma='auto' model)"),
     "per_decade": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (a gamma='auto' search's)"),
+    "rows_outside_stores": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (rows counted)"),
 }
 
 
@@ -160,8 +161,7 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     """Refuse anything but a consistent foal-pipe model, with one :class:`FoalPipeError` naming the problem.
 
     ``tensors`` maps names to arrays, or to :class:`TensorInfo` (read from the header) to check shapes and
-    dtypes before any value is read; values (finite floats, class ids) are checked for arrays only.
-    ``metadata`` holds the decoded JSON values.
+    dtypes before any value is read; values (finite floats, class ids) are checked for arrays only; ``metadata``: JSON's.
     """
     if metadata.get("format") != FORMAT:
         found = f"metadata 'format' is {shown(str(metadata['format']))}" if "format" in metadata else "no 'format'"

@@ -30,7 +30,7 @@ class RidgeModel:
     """An engine's ``state`` (the gram engine's ``G``, ``Q`` and ``counts``, or the recursion's ``R`` and ``W``),
     the ``weights`` solved at ``gamma``, the sorted ``classes``, the state's ``dtype`` and the rows seen;
     ``gamma_grid`` for a model that keeps choosing its gamma (``gamma="auto"``), over ``per_decade`` points a
-    decade of its range (a file records a value other than the default)."""
+    decade of its range (recorded beside the grid; files written before lack it, read as the default)."""
 
     state: Mapping[str, Any]
     weights: Any
@@ -96,8 +96,7 @@ class RidgeModel:
                     "n_samples_seen": self.n_samples}
         if self.gamma_grid is not None:
             settings["gamma_grid"] = [float(g) for g in self.gamma_grid]
-            if self.per_decade != PER_DECADE:  # the default's files as they always were
-                settings["per_decade"] = int(self.per_decade)
+            settings["per_decade"] = int(self.per_decade)
         return write_model(path, tensors, {**metadata, **settings})
 
 

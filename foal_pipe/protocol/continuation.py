@@ -210,7 +210,8 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
                                 f"would need the old rows); drop {param('select')}")
         given = replace(given, select="gcv")
     grid = tuple(meta["gamma_grid"]) if gamma == "auto" else given.gamma_grid
-    per_decade = int(meta.get("per_decade", PER_DECADE))  # recorded where it is not the default
+    # recorded beside the grid; a file written before it was records none, and takes the one given (default 8)
+    per_decade = int(meta.get("per_decade", given.per_decade))
     check_search(explicit, gamma, grid, given, per_decade=per_decade)
     return replace(given, gamma=gamma, projection_dim=fixed["projection_dim"], activation=fixed["activation"],
                    dtype=fixed["dtype"], gamma_grid=grid, per_decade=per_decade if gamma == "auto" else given.per_decade)
