@@ -114,6 +114,12 @@ def test_score_input_errors_are_foal_pipe_errors(digits):
     assert clf.score(H, y[:300]) == pytest.approx(np.mean(clf.predict(H) == y[:300]))
     with pytest.raises(FoalPipeError, match="inconsistent numbers of samples"):
         clf.score(H, y[:10])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's cast warning came before the refusal
+        with pytest.raises(FoalPipeError, match="contains NaN"):
+            clf.score(H, np.where(np.arange(300) == 3, np.nan, y[:300]))
     from foal_pipe import head_classifier
 
     ncm = head_classifier("ncm")

@@ -58,7 +58,8 @@ class UserErrors:
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         try:
-            return float(super().score(X, y, sample_weight))  # type: ignore[misc]
+            with np.errstate(invalid="ignore"):  # NaN labels' cast warns before scikit-learn refuses them
+                return float(super().score(X, y, sample_weight))  # type: ignore[misc]
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
 
