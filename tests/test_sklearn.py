@@ -76,7 +76,7 @@ def test_fit_forgets_and_equals_partial_fit_in_pieces(digits):
 def test_params_clone_and_keyword_only():
     clf = AnalyticClassifier(gamma=3.0, engine="rls", dtype="float32")
     assert clf.get_params() == {"gamma": 3.0, "engine": "rls", "dtype": "float32", "backend": "numpy",
-                                "gamma_grid": None}
+                                "gamma_grid": None, "per_decade": 8}
     copy = clone(clf).set_params(gamma=0.1)
     assert copy.gamma == 0.1 and clf.gamma == 3.0
     assert SmoothProjection(activation="relu").get_params()["activation"] == "relu"

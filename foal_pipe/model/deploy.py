@@ -70,6 +70,18 @@ class DeployedModel:
         self.encoder_spec = encoder_spec
         self.metadata = dict(metadata or {})
         self._encoder: Any = None
+        self._rows_given = self._rows_seen()  # partial_fit's rows: those seen beyond these (:attr:`rows_outside_stores`)
+
+    def _rows_seen(self) -> int:
+        return int(getattr(self.classifier, "n_samples_seen_", 0) or 0)
+
+    @property
+    def rows_outside_stores(self) -> int:
+        """The rows :meth:`partial_fit` added, the file's count included: no store identity records them, so
+        ``learn --init-model`` warns that nothing shows a store free of them. Rows a refused solve undid are not
+        counted (the model's rows seen went back)."""
+        recorded = self.metadata.get("rows_outside_stores", 0)
+        return (recorded if isinstance(recorded, int) else 0) + self._rows_seen() - self._rows_given
 
     @property
     def class_names(self) -> list[str]:
@@ -261,9 +273,8 @@ class DeployedModel:
 
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
         """Absorb labelled rows: ``labels`` are class names (strings) or label ids. Exact: the result equals the
-        model trained on its old rows and these together. Their count adds to ``metadata["rows_outside_stores"]``
-        (:meth:`save` keeps it): no store identity records them, so ``learn --init-model`` warns that it cannot show
-        a store free of them. Returns ``self``."""
+        model trained on its old rows and these together. Their count adds to :attr:`rows_outside_stores`, which
+        :meth:`save` records. Returns ``self``."""
         X = self._features(features)
         ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
@@ -278,9 +289,6 @@ class DeployedModel:
         else:
             self.classifier.partial_fit(self.rows(X), ids)
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
-        before = self.metadata.get("rows_outside_stores", 0)
-        before = before if isinstance(before, int) and not isinstance(before, bool) and before > 0 else 0
-        self.metadata = {**self.metadata, "rows_outside_stores": before + int(X.shape[0])}
         return self
 
     def save(self, path: str | Path) -> Path:
@@ -290,6 +298,8 @@ class DeployedModel:
         all be unknown to it."""
         extra = {k: v for k, v in self.metadata.items() if k not in SET_BY_MODEL}
         extra["activation"] = self.projection.activation
+        if self.rows_outside_stores:
+            extra["rows_outside_stores"] = self.rows_outside_stores
         if self.metadata.get("class_names") is not None or self.class_names != id_names(self.classifier.classes_):
             extra["class_names"] = self.class_names
         if self.encoder_spec is not None:
