@@ -159,3 +159,19 @@ def test_linked_run_folders_are_found_once(three, tmp_path):
     assert sorted(r.path.name for r in both) == ["again", "o1", "o2"]
     result = invoke("summary", root, "--group", "head,tasks")
     assert result.exit_code == 0 and re.search(r"ridge\s+3\s+1\s", result.output), result.output
+
+
+def test_a_linked_table_folder_is_noted(tmp_path):
+    """``find_tables`` searched by ``Path.rglob`` too: a results table in a linked folder went unnoted."""
+    from foal_pipe.report.discovery import find_tables
+
+    kept = tmp_path / "kept" / "tbl"
+    kept.mkdir(parents=True)
+    (kept / "table.json").write_text("{}")
+    root = tmp_path / "root"
+    (root / ".tbl.tmp-1").mkdir(parents=True)  # a temporary: not a table
+    (root / ".tbl.tmp-1" / "table.json").write_text("{}")
+    (root / "linked").symlink_to(kept)
+    (root / "loop").symlink_to(root)
+    assert find_tables([root]) == [root / "linked" / "table.json"]
+    assert find_tables([kept / "table.json"]) == [kept / "table.json"]

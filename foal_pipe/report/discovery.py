@@ -331,14 +331,15 @@ def _wall_time(value: Any) -> float | None:
 def find_tables(paths: Iterable[str | Path]) -> list[Path]:
     """The ``table.json`` files of ``foal-pipe table`` under each path (a file, or a directory searched recursively,
     temporaries left out as :func:`find_runs` leaves them): a table holds its runs itself, not as run directories."""
-    return [t for p in map(Path, paths) for t in ([p] if p.is_file() else sorted(p.rglob("table.json")))
-            if t.name == "table.json" and not any(TEMPORARY.fullmatch(part) for part in t.relative_to(p).parts)]
+    return [t for p in map(Path, paths) for t in ([p] if p.is_file() else _run_files(p, ("table.json",)))
+            if t.name == "table.json"]
 
 
-def _run_files(root: Path) -> list[Path]:
-    """The ``metrics.json`` and ``sweep.json`` files under ``root``, sorted, linked folders followed (a run kept
-    elsewhere and linked in is a run here too); a folder reached again (a link to one above it, or to one already
-    searched) is searched once, and temporaries (:data:`~foal_pipe.io.temporaries.TEMPORARY`) not at all."""
+def _run_files(root: Path, wanted: tuple[str, ...] = (METRICS_FILE, SWEEP_FILE)) -> list[Path]:
+    """The files named ``wanted`` (a run's ``metrics.json`` and ``sweep.json``) under ``root``, sorted, linked folders
+    followed (a run kept elsewhere and linked in is a run here too); a folder reached again (a link to one above it, or
+    to one already searched) is searched once, and temporaries (:data:`~foal_pipe.io.temporaries.TEMPORARY`) not at
+    all."""
     seen: set[str] = set()
     files = []
     for folder, dirs, names in os.walk(root, followlinks=True):
@@ -348,7 +349,7 @@ def _run_files(root: Path) -> list[Path]:
             continue
         seen.add(real)
         dirs[:] = sorted(d for d in dirs if not TEMPORARY.fullmatch(d))
-        files += [Path(folder) / n for n in names if n in (METRICS_FILE, SWEEP_FILE)]
+        files += [Path(folder) / n for n in names if n in wanted]
     return sorted(files)
 
 
