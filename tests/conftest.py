@@ -106,3 +106,19 @@ def vit4_checkpoint(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ckpt4") / "vit4.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-learn's digits as the `pixels` encoder stores them ([-1, 1]), every 5th image a test image (a test
+    module's own ``digits`` fixture overrides it)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from foal_pipe.store import write_store
+
+    X, y = load_digits(return_X_y=True)
+    test = np.arange(len(y)) % 5 == 4
+    path = tmp_path_factory.mktemp("digits") / "digits.zarr"
+    return write_store(path, (X[~test] / 8 - 1, y[~test]), (X[test] / 8 - 1, y[test]), [str(i) for i in range(10)],
+                       chunk_rows=256)

@@ -18,18 +18,6 @@ from foal_pipe.protocol.config import ModelConfig
 from foal_pipe.store import write_store
 
 
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    """scikit-learn's digits as the `pixels` encoder stores them ([-1, 1]), every 5th image a test image."""
-    from sklearn.datasets import load_digits
-
-    X, y = load_digits(return_X_y=True)
-    test = np.arange(len(y)) % 5 == 4
-    path = tmp_path_factory.mktemp("digits") / "digits.zarr"
-    return write_store(path, (X[~test] / 8 - 1, y[~test]), (X[test] / 8 - 1, y[test]), [str(i) for i in range(10)],
-                       chunk_rows=256)
-
-
 def auto(store, out, *args):
     result = invoke("learn", "--features", store, "--out", out, "--tasks", 5, "--backend", "numpy", "--projection-dim",
                     200, "--gamma", "auto", *args)
