@@ -23,6 +23,13 @@ from foal_pipe.store.integrity import compute_generation
 STAGES = Path(__file__).resolve().parent.parent / "stages"
 
 
+def digits_pixels_spec(out: Path, chunk_rows: int = 128) -> ExtractSpec:
+    """`extract --dataset digits --model pixels` into ``out`` on the CPU, in the main process (digits: train 1,442
+    rows, test 355)."""
+    return ExtractSpec(dataset="digits", model="pixels", out=str(out), chunk_rows=chunk_rows, batch_size=50, workers=0,
+                       device="cpu")
+
+
 def die_after_kept_runs(monkeypatch, n: int) -> None:
     """Make a table die (KeyboardInterrupt, as Ctrl-C does) once it has kept ``n`` finished runs."""
     from foal_pipe.protocol import table

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import assert_identical_stores, invoke
+from helpers import assert_identical_stores, digits_pixels_spec, invoke
 
 import foal_pipe.store as st
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.extract import ExtractSpec, run_extract
+from foal_pipe.extract import run_extract
 from foal_pipe.store import open_store, verify_store, write_store
 from foal_pipe.store.verify import REFUSED, WHOLE_STORE, changed_chunks
 
@@ -86,15 +86,10 @@ def test_learn_on_a_float32_store_with_nan_names_it_without_the_float16_hint(tmp
 
 
 # -- 3: extract over a complete store with a changed chunk file repairs it ------------------------------------------
-def _pixels(out: Path) -> ExtractSpec:
-    return ExtractSpec(dataset="digits", model="pixels", out=str(out), chunk_rows=128, batch_size=50, workers=0,
-                       device="cpu")
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "digits.zarr"
-    run_extract(_pixels(out))
+    run_extract(digits_pixels_spec(out))
     return out
 
 
@@ -122,7 +117,7 @@ def test_extract_repairs_a_chunk_file_changed_since_completion(tmp_path, referen
     [problem] = changed_chunks(path)
     assert (problem.array, problem.lo, problem.hi) == ("train/features", 512, 640)
     assert rows is None or str(problem) == f"train/features {rows}"
-    report = run_extract(_pixels(path))
+    report = run_extract(digits_pixels_spec(path))
     assert report.status == "resumed" and report.holes == {"train": 512} and report.resumed_from == {"train": 512,
                                                                                                      "test": 355}
     assert_identical_stores(reference, path)
@@ -146,4 +141,4 @@ def test_a_changed_labels_chunk_is_refused_naming_overwrite(tmp_path, reference)
     _as_of_old(path / "train" / "labels" / "c" / "0", lambda f: f.write_bytes(f.read_bytes()[:-2]))
     with pytest.raises(FoalPipeError, match=r"is damaged \(train/labels rows 0-1,441: damaged \(.* recorded\)\); "
                                             r"pass overwrite=True to extract it again"):
-        run_extract(_pixels(path))
+        run_extract(digits_pixels_spec(path))

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from helpers import digits_pixels_spec
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
 from foal_pipe.cli import app
 from foal_pipe.errors import FoalPipeError
-from foal_pipe.extract import ExtractSpec, run_extract
+from foal_pipe.extract import run_extract
 from foal_pipe.protocol.commands import run_learn
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.store import compute_generation, open_store, read_meta, verify_store
@@ -30,15 +31,10 @@ runner = CliRunner()
 CHUNK = 128  # digits: train 1,442 rows = 12 chunks (the last of 34 rows), test 355 rows = 3 chunks
 
 
-def _spec(out: Path) -> ExtractSpec:
-    return ExtractSpec(dataset="digits", model="pixels", out=str(out), chunk_rows=CHUNK, batch_size=50, workers=0,
-                       device="cpu")
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "digits.zarr"
-    run_extract(_spec(out))
+    run_extract(digits_pixels_spec(out))
     return out
 
 
@@ -192,7 +188,7 @@ def _interrupt_after(monkeypatch, chunks: int):
 
 
 def test_resume_re_extracts_a_hole_below_progress(tmp_path, monkeypatch, reference):
-    spec = _spec(tmp_path / "digits.zarr")
+    spec = digits_pixels_spec(tmp_path / "digits.zarr")
     real = _interrupt_after(monkeypatch, 6)
     with pytest.raises(KeyboardInterrupt):
         run_extract(spec)
@@ -214,7 +210,7 @@ def test_extract_repairs_a_complete_store_with_a_missing_chunk(store, reference)
 
 
 def test_resume_refuses_a_store_whose_labels_lost_a_chunk(tmp_path, monkeypatch):
-    spec = _spec(tmp_path / "digits.zarr")
+    spec = digits_pixels_spec(tmp_path / "digits.zarr")
     real = _interrupt_after(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         run_extract(spec)
@@ -266,7 +262,7 @@ def test_version_1_stores_still_read(tmp_path):
 
 def run_extract_over(path: Path) -> str:
     with pytest.raises(FoalPipeError) as info:
-        run_extract(_spec(path))
+        run_extract(digits_pixels_spec(path))
     return str(info.value)
 
 
@@ -274,8 +270,8 @@ def test_extract_does_not_resume_an_older_format(store):
     group = zarr.open_group(str(store), mode="r+")
     group.attrs.put({**dict(group.attrs), "format_version": 1})
     with pytest.raises(FoalPipeError, match=r"written in store format 1, this foal-pipe writes format 5; pass overwrite=True"):
-        run_extract(_spec(store))
-    assert run_extract(_spec(store), overwrite=True).status == "created"
+        run_extract(digits_pixels_spec(store))
+    assert run_extract(digits_pixels_spec(store), overwrite=True).status == "created"
     assert read_meta(store)[1].format_version == 5
 
 
