@@ -114,6 +114,9 @@ def test_score_input_errors_are_foal_pipe_errors(digits):
     assert clf.score(H, y[:300]) == pytest.approx(np.mean(clf.predict(H) == y[:300]))
     with pytest.raises(FoalPipeError, match="inconsistent numbers of samples"):
         clf.score(H, y[:10])
+    with pytest.raises(FoalPipeError, match="sample_weight has 2 values but y has 300 labels; pass one weight per row"):
+        clf.score(H, y[:300], sample_weight=[1, 2])  # it said "pass one label per row of X"
+    assert clf.score(H, y[:300], sample_weight=np.ones(300)) == clf.score(H, y[:300])
     import warnings
 
     with warnings.catch_warnings():

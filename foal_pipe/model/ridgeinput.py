@@ -57,6 +57,9 @@ class UserErrors:
     :class:`FoalPipeError` that ``fit``'s and ``predict``'s are (a ``y`` of another length, NaN labels)."""
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        if sample_weight is not None and (n := np.size(sample_weight)) != np.size(y):
+            raise FoalPipeError(f"sample_weight has {n} value{'s' * (n != 1)} but y has {np.size(y)} labels; pass one "
+                                "weight per row")
         try:
             with np.errstate(invalid="ignore"):  # NaN labels' cast warns before scikit-learn refuses them
                 return float(super().score(X, y, sample_weight))  # type: ignore[misc]
