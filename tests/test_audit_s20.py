@@ -250,8 +250,10 @@ def test_a_file_from_before_per_decade_continues_with_the_search_given(tmp_path,
 def test_rows_outside_stores_must_be_a_count(tmp_path, digits, value):
     X, y, projection = digits
     clf = AnalyticClassifier(gamma=1.0).fit(projection.transform(X[:200]), y[:200])
-    with pytest.raises(FoalPipeError, match="metadata 'rows_outside_stores' .* must be an integer >= 0"):
+    with pytest.raises(FoalPipeError, match=r"save\(\)'s rows_outside_stores=.* must be an integer >= 0 \(rows counted\); "
+                                            "correct it or leave it out"):  # the saver's fix, not a reader's
         clf.save(tmp_path / "m.safetensors", projection=projection, rows_outside_stores=value)
+    assert not (tmp_path / "m.safetensors").exists()
 
 
 def test_a_float32_head_file_saves_again_as_it_was(tmp_path, blobs):
@@ -320,3 +322,22 @@ def test_summary_group_shows_gammas_as_gammas_show(tmp_path, blobs):
     assert result.exit_code == 0, result.output
     cells = [line.split()[0] for line in result.output.splitlines() if line.strip()[:1].isdigit()]
     assert cells == ["0.001", "1"]
+
+
+def test_summary_group_names_runs_of_another_search(tmp_path, blobs):
+    """Two `--gamma auto` runs of other searches pooled in one cell without a word (an audit of the docs, which say
+    every recorded setting left out of --group is named)."""
+    from helpers import invoke
+
+    A = blobs[0]
+    for name, extra in (("pd8", ()), ("pd0", ("--per-decade", 0)), ("grid", ("--gamma-grid", "0.01,100"))):
+        result = invoke("learn", "--features", A, "--out", tmp_path / "runs" / name, "--tasks", 3, "--projection-dim", 40,
+                        "--gamma", "auto", "--backend", "numpy", *extra)
+        assert result.exit_code == 0, result.output
+    result = invoke("summary", tmp_path / "runs", "--group", "head")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "per_decade (0, 8)" in said and "grid (0.0001,0.001,0.01,0.1,1,10,100,1000,10000,100000,1e+06,1e+07,1e+08, " \
+        "0.01,100)" in said, said
+    split = invoke("summary", tmp_path / "runs", "--group", "head,grid,per_decade")
+    assert split.exit_code == 0 and "Warning" not in split.output, split.output

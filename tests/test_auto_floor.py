@@ -73,9 +73,15 @@ def test_a_choice_at_the_floor_is_said_and_flagged(tmp_path, digits):
 
 
 def test_a_grid_wholly_below_the_floor_is_refused(tmp_path, digits):
+    """Refused naming the task, its resolution and that later tasks may need more (following the first version's
+    "use gammas above 0.019" was refused again at the next boundary, above 0.0375: an audit)."""
     result, _ = auto(digits, tmp_path / "low", "--dtype", "float32", "--gamma-grid", "1e-6,1e-5")
-    assert_clean_error(result, "below the resolution of the Gram sums", tmp_path / "low")
-    assert "use gammas above" in result.output and "--dtype float64" in result.output
+    assert_clean_error(result, "every gamma of --gamma-grid (up to 1e-05) lies at or below the resolution of the float32 "
+                               "Gram sums at task 1", tmp_path / "low")
+    assert "extend --gamma-grid above it (a later task's sums, over more rows, may need larger gammas) or --dtype " \
+           "float64" in " ".join(result.output.split())
+    later, _ = auto(digits, tmp_path / "later", "--dtype", "float32", "--gamma-grid", "0.02,0.025", "--per-decade", 0)
+    assert_clean_error(later, "lies at or below the resolution of the float32 Gram sums at task 2", tmp_path / "later")
 
 
 def test_sweep_still_refuses_a_listed_gamma_below_the_floor(tmp_path, digits):

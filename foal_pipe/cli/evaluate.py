@@ -90,7 +90,7 @@ def summary(
         str | None,
         typer.Option(help="Group the learn runs into table cells by these keys (comma-separated: head, tasks, dataset, "
                      "encoder, stream, D, gamma, fusion, activation, init, seed, select, options, ratios, mask, dtype, "
-                     "store, dim, classes, rows, drop, encoder_settings), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
+                     "store, dim, classes, rows, drop, encoder_settings, grid, per_decade, loo_sample), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
                      "runs of several class orders; a cell whose runs differ in a setting not grouped by is named in "
                      "a warning. Default: one row per run.",
                      show_default=False, callback=read_by(group_text)),

@@ -344,7 +344,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         interrupted.
         """
         self._check_fitted()
-        check_metadata(metadata)
+        check_metadata(metadata, self.classes_.size)
         fitted = self._fitted_with
         state = self._engine.state()
         rowless = self._without_rows()

@@ -165,7 +165,7 @@ class HeadClassifier(SolvesOnDemand):
         """Write the model file: the head's tensors and options; the projection where the head takes projected rows,
         its ``activation`` where it takes the activations (other keys as :func:`~foal_pipe.model.modelfile.write_model`
         keeps them)."""
-        check_metadata(metadata)
+        check_metadata(metadata, self.classes_.size)
         tensors = {key: value for key, value in self.tensors.items() if key not in ("projection", "projection_bias")}
         space = self.space
         if projection is not None and space != "features":

@@ -20,9 +20,9 @@ from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
 from foal_pipe.core.gammasearch import PER_DECADE, search_grid
 from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError, MissingAttribute
+from foal_pipe.errors import FoalPipeError, MissingAttribute, clipped
 from foal_pipe.heads import probabilities
-from foal_pipe.model.modelfile import read_model, write_model
+from foal_pipe.model.modelfile import METADATA, read_model, write_model
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,16 @@ SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtyp
                 "per_decade", "head", "head_options")
 
 
-def check_metadata(metadata: Mapping[str, Any]) -> None:
-    """Refuse ``save`` metadata that the model sets itself (:data:`SET_BY_MODEL`)."""
+def check_metadata(metadata: Mapping[str, Any], n_classes: int) -> None:
+    """Refuse ``save`` metadata that the model sets itself (:data:`SET_BY_MODEL`), or that a model file's reader would
+    refuse (:data:`~foal_pipe.model.modelfile.METADATA`), naming the keyword to correct rather than the file."""
     if taken := [key for key in SET_BY_MODEL if key in metadata]:
         raise FoalPipeError(f"save() sets {', '.join(map(repr, taken))} from the model itself; drop "
                             f"{'it' if len(taken) == 1 else 'them'} from the metadata (set the estimator's parameters "
                             "before fitting instead)")
+    for key, value in metadata.items():
+        if key in METADATA and (problem := METADATA[key][1](value, n_classes)):
+            raise FoalPipeError(f"save()'s {key}={clipped(repr(value))} {problem}; correct it or leave it out")
 
 
 def finite_scores(scores: np.ndarray) -> np.ndarray:
@@ -232,6 +236,6 @@ class SavedRidge(RidgeFace):
 
     def save(self, path: str | Path, projection: Any = None, **metadata: Any) -> Path:
         """Write the model file, with ``projection``'s matrix and activation when given (:meth:`RidgeModel.save`)."""
-        check_metadata(metadata)
+        check_metadata(metadata, self.classes_.size)
         matrix, metadata = ridge_projection(projection, metadata)
         return self.model.save(path, matrix, **metadata)

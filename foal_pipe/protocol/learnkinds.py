@@ -176,12 +176,12 @@ def auto_edges_warning(metrics: LearnMetrics) -> str | None:
     lines = []
     for kind, at in kinds.items():
         last, count = selected[at[-1]], f"at {len(at)} of {len(selected)} task boundaries"
-        if kind == "floor":
+        if kind == "floor":  # each boundary its own floor: the last named
             dtype = metrics.dtype or "float64"
             chosen, floor = shown(last, float(floors[at[-1]] or 0.0))
-            lines.append(f"warning: --gamma auto chose {chosen}, the least gamma its {dtype} Gram sums resolve (above "
-                         f"{floor}), {count}; the smaller gammas of --gamma-grid were left out, their solutions being "
-                         "noise" + ("; --dtype float64 resolves them" if dtype == "float32" else ""))
+            lines.append(f"warning: --gamma auto chose the least gamma its {dtype} Gram sums resolve {count} (the last "
+                         f"{chosen}, above {floor}); the smaller gammas of --gamma-grid were left out, their solutions "
+                         "being noise" + ("; --dtype float64 resolves them" if dtype == "float32" else ""))
         else:
             chosen, low, high = shown(last, min(grid), max(grid))
             lines.append(f"warning: --gamma auto chose {chosen}, the {kind} of --gamma-grid ({low} .. {high}), {count}; a "

@@ -13,8 +13,9 @@ import numpy as np
 from foal_pipe.core.gammapath import GammaPath, RidgeEigen, gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, Rule, Search, best_point, search_grid, zoom
 from foal_pipe.core.leaveoneout import LeaveOneOut, SampledLeaveOneOut, sample_needs_vectors
+from foal_pipe.core.linalg import float64_way_out
 from foal_pipe.core.statistics import Factored, RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.internal import internal_error
@@ -151,13 +152,17 @@ class ManyGammas:
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
         return self.needs_rows and (rows is None or sample_needs_vectors(rows, statistics.dim))
 
-    def usable(self, path: GammaPath) -> int:
+    def usable(self, path: GammaPath, max_task: int) -> int:
         """How many of the refined grid's first points lie at or below the sums' resolution (``path.floor``), where
         no gamma can be solved: ``learn --gamma auto`` chooses among the rest, and says so; ``sweep``, whose grid is
-        the user's list, refuses them (0 here). All of them: refused, naming the least gamma the sums take."""
+        the user's list, refuses them (0 here). All of them: refused, naming the resolution the grid must reach."""
         cut = int(np.searchsorted(self.fine, path.floor, side="right")) if self.choose and path.floor else 0
         if cut == self.fine.size:
-            path.gcv(self.grid)  # refuses, naming a gamma
+            raise FoalPipeError(
+                f"every gamma of {param('gamma_grid')} (up to {self.grid[-1]:g}) lies at or below the resolution of the "
+                f"{path.dtype} Gram sums at task {max_task + 1} ({path.floor:.3g}), where their solutions would be noise; "
+                f"extend {param('gamma_grid')} above it (a later task's sums, over more rows, may need larger "
+                f"gammas){float64_way_out(path.dtype)}")
         return cut
 
     def start(self, statistics: RidgeStatistics, max_task: int, factored: Factored | None = None) -> Pending:
@@ -165,7 +170,7 @@ class ManyGammas:
         already), waiting for its leave-one-out pass when it has one."""
         rows = None if self.sample is None else self.sample.boundaries[max_task].size
         path = statistics.gamma_path(self.vectors(statistics, max_task), factored)
-        cut = self.usable(path)
+        cut = self.usable(path, max_task)
         fine = self.fine[cut:]
         loo: LeaveOneOut | SampledLeaveOneOut | None
         if not self.needs_rows:

@@ -93,6 +93,10 @@ GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "rows": _rows,
     "drop": _drop,
     "encoder_settings": lambda m: ", ".join(f"{k}={v}" for k, v in _encoder_settings(m).items()) if m.encoder else None,
+    # --gamma auto's search beyond its criterion: runs of another grid or density choose other gammas
+    "grid": lambda m: None if m.gamma_grid is None else ",".join(f"{g:g}" for g in m.gamma_grid),
+    "per_decade": lambda m: None if m.gamma_search is None else m.gamma_search.per_decade,
+    "loo_sample": lambda m: None if m.gamma_search is None else m.gamma_search.loo_sample,
 }
 METRICS = ("A_avg", "A_last", "F")
 DDOF = 0
