@@ -136,7 +136,8 @@ def test_nan_features_reported_from_a_worker(tmp_path, cluster):
     result = invoke("learn", "--features", path, "--out", tmp_path / "out", "--tasks", "2",
                     "--scheduler", "dask", "--dask-address", cluster.scheduler_address)
     assert result.exit_code == 1, result.output
-    assert "NaN or inf" in result.output and "row: 257" in result.output
+    assert f"{path}: train/features has NaN or inf values (first bad row: 257); re-extract the store" in \
+        " ".join(result.output.split())  # the store named (it was not, from a worker), no float16 hint for float64
 
 
 def test_unknown_scheduler_and_bad_workers(store, tmp_path):

@@ -97,12 +97,13 @@ def tree_sum(parts: Iterable[T | None], add: Callable[[T, T], T]) -> T | None:
 
 def block_statistics(
     X: np.ndarray, first_row: int, groups: np.ndarray, n_groups: int, labels: np.ndarray, projection: Expansion,
-    step: int,
+    step: int, store: str | None = None,
 ) -> Partial:
     """On a worker: the statistics of one block's rows per group (``groups``: each row's group, -1 for none; None
-    for a group without rows), each group's rows projected ``step`` at a time and added in order."""
+    for a group without rows), each group's rows projected ``step`` at a time and added in order; rows that are not
+    finite refused naming ``store`` (as the user named it)."""
     X = np.asarray(X)
-    check_finite(X, "train", first_row)
+    check_finite(X, "train", first_row, root=None if store is None else Path(store))
     totals: Partial = [None] * n_groups
     for g in np.unique(groups[groups >= 0]).tolist():
         mine = np.flatnonzero(groups == g)
@@ -189,7 +190,7 @@ def dask_statistics(
         for i, block in enumerate(X.to_delayed().ravel()):
             lo, hi = i * rows, min((i + 1) * rows, n_rows)
             count = int(np.count_nonzero(groups[lo:hi] >= 0))
-            blocks.append((stat(block, lo, groups[lo:hi], n_groups, labels[lo:hi], projection, step),
+            blocks.append((stat(block, lo, groups[lo:hi], n_groups, labels[lo:hi], projection, step, str(shown or path)),
                            lo, hi, count) if count else None)
         if not any(blocks):
             raise FoalPipeError("no train rows were selected for the Dask statistics; check the task split")
