@@ -54,6 +54,8 @@ def test_predict_says_when_a_model_without_class_names_takes_the_stores(tmp_path
         result = invoke("predict", "--model", model, "--features", store, "--out", tmp_path / f"{len(said)}.csv")
         assert result.exit_code == 0, result.output
         said.append("records no class names" in " ".join(result.output.split()))
+        if said[-1]:  # the advice names what records them (re-saving as loaded records none)
+            assert "set foal_pipe.load_model(...).class_names and save it" in " ".join(result.output.split())
     assert said == [True, False]
 
 

@@ -59,7 +59,7 @@ class Predictions:
             line += f" ({unlearned:,} rows of classes the model has not learned count as wrong; {rest})"
         if self.unnamed:
             line += ("; the model records no class names (saved from Python without them), so its label ids were "
-                     "read as the store's: save it with foal_pipe.load_model(...).save to keep them")
+                     "read as the store's: set foal_pipe.load_model(...).class_names and save it to match them by name")
         return line
 
     def write_csv(self, fh: TextIO) -> None:
