@@ -64,11 +64,15 @@ def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float],
     return gamma, statistics.solve(gamma, drift_checked=True), warning  # the path's floor checked every gamma
 
 
+#: Values ``float()`` takes that are no numeric parameter: a flag (``float(True)`` is 1), or text, which is the command
+#: line's to parse (:func:`~foal_pipe.protocol.config.parse_gamma`, ``--head-option``), not an estimator's.
+NOT_NUMBERS = (bool, np.bool_, str, bytes)
+
+
 def check_gamma(gamma: Any) -> float:
-    """A positive, finite gamma as a float; anything else refused (a boolean too, though float(True) is 1, and a
-    string: a number typed as text is the command line's to parse, :func:`~foal_pipe.protocol.config.parse_gamma`)."""
+    """A positive, finite gamma as a float; anything else refused (:data:`NOT_NUMBERS` too)."""
     try:
-        if isinstance(gamma, (bool, np.bool_, str, bytes)):
+        if isinstance(gamma, NOT_NUMBERS):
             raise TypeError
         value = float(gamma)
     except (TypeError, ValueError):

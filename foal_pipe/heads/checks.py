@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.core.engines import NOT_NUMBERS
 from foal_pipe.errors import FoalPipeError, param
 
 #: Bytes of one float64 (the heads' state is float64 whatever the store's dtype).
@@ -15,8 +16,8 @@ FLOAT64 = 8
 
 def _number(name: str, value: Any, example: Any) -> float:
     try:
-        if isinstance(value, (bool, np.bool_, str, bytes)):  # float(True) is 1: a flag is no option's value; text is
-            raise TypeError  # the command line's to parse (--head-option), not an estimator's parameter
+        if isinstance(value, NOT_NUMBERS):
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
         raise FoalPipeError(f"{param(name)} must be a number, got {value!r}", f"try {param(name, example)}") from None

@@ -11,6 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.engines import NOT_NUMBERS
 from foal_pipe.core.linalg import cholesky_or_none, factor_threads
 from foal_pipe.core.scoring import U32, U64, UNDERFLOW, gamma_n, relative_bound
 from foal_pipe.errors import ClassRefused, FoalPipeError, param
@@ -24,7 +25,7 @@ FECAM_SHRINKAGE, FECAM_OFFDIAG = 1.0, 0.0
 
 def check_alpha(value: Any, name: str, default: float) -> float:
     try:
-        if isinstance(value, (bool, np.bool_, str, bytes)):  # a flag, or text the command line parses
+        if isinstance(value, NOT_NUMBERS):
             raise TypeError
         a = float(value)
     except (TypeError, ValueError):

@@ -11,6 +11,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.core.engines import NOT_NUMBERS
 from foal_pipe.core.linalg import DRIFTS, UNITS
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
@@ -50,7 +51,7 @@ def check_shrinkage(value: float | str) -> float | str:
     if value == "oas":
         return value
     try:
-        if isinstance(value, (bool, np.bool_, str, bytes)):  # a flag, or text the command line parses (--shrinkage)
+        if isinstance(value, NOT_NUMBERS):
             raise TypeError
         eps = float(value)
     except (TypeError, ValueError):

@@ -68,7 +68,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         The range of ``gamma="auto"``'s search (its least and greatest values); None: 1e-4 ... 1e8.
     per_decade : int, default=8
         ``gamma="auto"``'s log-spaced points per decade of that range, besides the grid's own (0: the grid's only), as
-        ``foal-pipe learn --per-decade`` sets them; a model file records a value other than 8.
+        ``foal-pipe learn --per-decade`` sets them; a model file records it beside the grid.
 
     Attributes
     ----------
