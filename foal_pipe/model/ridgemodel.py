@@ -65,16 +65,16 @@ class RidgeModel:
         if "head" in meta:
             raise FoalPipeError(f"{path} is the {meta['head']} head's model file, not a ridge model's; load it with "
                                 "foal_pipe.load_model(path)")
-        engine, grid = meta["engine"], meta.get("gamma_grid")
+        engine, grid, per_decade = meta["engine"], meta.get("gamma_grid"), meta.get("per_decade", PER_DECADE)
         if grid is not None:
             if engine != "gram":
                 raise FoalPipeError("gamma='auto' needs engine='gram' (the RLS recursion fixes gamma in R0 = I/gamma)")
             for g in grid:
                 check_gamma(g)
-            search_grid(grid, meta.get("per_decade", PER_DECADE))
+            search_grid(grid, per_decade)
         state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts", "drift")}
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
-                   meta["n_samples_seen"], grid, meta.get("per_decade", PER_DECADE))
+                   meta["n_samples_seen"], grid, per_decade)
 
     def save(self, path: str | Path, projection: np.ndarray | None = None, **metadata: Any) -> Path:
         """Write the model file: the state, ``W`` (float64), ``classes``, the ``projection`` matrix when given, and

@@ -287,7 +287,7 @@ def run_continue(
     check_encoder(deployed.encoder_spec, store, features)
     deployed.check_width(store.dim, features)
     identities = check_new_rows(deployed, store, features, init_model)
-    if outside := deployed.metadata.get("rows_outside_stores"):
+    if outside := deployed.rows_outside_stores:
         log(f"warning: {init_model} learned {outside} rows through DeployedModel.partial_fit, which no store identity "
             f"records: nothing shows that {features} does not hold them (each would count twice)")
     check_eval_stores(deployed, eval_features)
