@@ -170,12 +170,9 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
         for coords in grid_coords((leading_chunks(array, below), *chunk_grid(array)[1:])):
             if coords in gone:
                 continue
-            try:
-                block = np.asarray(array.blocks[coords])
-            except (MemoryError, FoalPipeError):
-                raise
-            except Exception as exc:
-                problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), damage_reason(exc)))
+            block, why = _decoded(array, coords)
+            if block is None:
+                problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), str(why)))
                 continue
             n_read += 1
             if leaf in ROW_ARRAYS and block.dtype.kind == "f" and not np.isfinite(block).all():
@@ -196,6 +193,15 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
             problems.append(ChunkProblem(WHOLE_STORE, 0, 0, f"{REFUSED}{exc}", exc))
     return Verification(n_read, _merge(problems))
 
+
+def _decoded(array: zarr.Array, coords: tuple[int, ...]) -> tuple[np.ndarray | None, str | None]:
+    """The chunk at ``coords`` decoded (its CRC-32C checked by the codec), or None and why it cannot be."""
+    try:
+        return np.asarray(array.blocks[coords]), None
+    except (MemoryError, FoalPipeError):
+        raise
+    except Exception as exc:
+        return None, damage_reason(exc)
 
 
 def _file_change(file: Path, size: int, crc: int) -> tuple[str | None, int | None]:
@@ -241,12 +247,7 @@ def changed_chunks(path: str | Path) -> list[ChunkProblem]:
             key = array.metadata.encode_chunk_key(coords)
             why, modified = _file_change(folder / key, files["bytes"][index], files["crc32c"][index])
             if why is None and modified is not None and modified >= recorded_at:
-                try:
-                    np.asarray(array.blocks[coords])
-                except (MemoryError, FoalPipeError):
-                    raise
-                except Exception as exc:
-                    why = damage_reason(exc)
+                why = _decoded(array, coords)[1]
             if why is not None:
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), why))
     return problems
