@@ -110,21 +110,24 @@ def test_a_store_of_identical_rows_at_a_tiny_gamma_is_refused_cleanly(tmp_path, 
 
 
 def test_the_balanced_heads_weights_are_within_their_promise_or_refused():
-    """The balanced head's re-weighted ridge of identical rows: ``(s c^2 1 1^T + gamma I)^-1 1 (c w n)^T``."""
+    """The balanced head's re-weighted ridge of identical rows: ``(s c^2 1 1^T + gamma I)^-1 1 (c w n)^T``. Which
+    check refuses the least gammas depends on the CPU's rounding (the sums' resolution alone on an AVX-512 EPYC, the
+    solve's iterative refinement too elsewhere): every weight given is within the promise, and the least are refused."""
     H, labels, _ = _rank_one(1000, 100.0)
     weights = (1.0 / COUNTS) * (COUNTS.size / np.sum(1.0 / COUNTS))
     c = H[0, 0]
-    given, refused_by_solve = [], 0
+    given, refused = [], []
     for gamma in map(float, GAMMAS):
         head = BalancedHead(gamma=gamma, xp=get_namespace("numpy"), dim=H.shape[1])
         head.add(H, labels)
         try:
             W = np.asarray(head.boundary().W)
         except FoalPipeError as error:
-            refused_by_solve += "iterative refinement" in str(error)
+            assert "iterative refinement" in str(error) or "rounding of the float64 Gram sums" in str(error), error
+            refused.append(gamma)
             continue
         scale = np.sum(weights * COUNTS) * c * c * H.shape[1] + gamma
         exact = np.ones((H.shape[1], 1)) * (c * weights * COUNTS)[None, :] / scale
         given.append(_relative(W, exact))
     assert given and max(given) <= 1e-4, max(given)
-    assert refused_by_solve
+    assert refused and refused == [float(g) for g in GAMMAS[:len(refused)]], refused  # the least, and only they

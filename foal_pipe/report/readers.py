@@ -311,7 +311,11 @@ def _check_fusions(sweep: SweepReport, path: Path) -> SweepReport:
             gamma = getattr(own, key)
             if gamma is None or not any(same_gamma(gamma, r.gamma) for r in own.results):
                 raise FoalPipeError(f"{path}: fusions[{i}] should record {key!r}, one of its gammas; {SweepReport.FIX}")
-    by_name = {e.fusion: e for e in fusions}
+    names = [e.fusion for e in fusions]
+    if len(set(names)) != len(names):  # before the choices are looked up by name: one of two entries would be lost
+        twice = next(n for n in names if names.count(n) > 1)
+        raise FoalPipeError(f"{path}: 'fusions' lists fusion {twice!r} twice; each fusion has one entry; {SweepReport.FIX}")
+    by_name = dict(zip(names, fusions))
     for key in ("best", "best_test"):
         choice = getattr(sweep, key)
         entry = by_name.get(choice.fusion) if choice is not None else None

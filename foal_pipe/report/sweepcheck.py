@@ -123,10 +123,6 @@ def _structure(check: _Check, sweep: SweepReport) -> None:
     _leave_one_out(check, sweep)
     _samples(check, sweep.leave_one_out, sweep.selections, "")
     _heads(check, sweep.heads, "")
-    names = [f.fusion for f in sweep.fusions or ()]
-    if len(set(names)) != len(names):
-        twice = next(n for n in names if names.count(n) > 1)
-        raise check.refuse(f"'fusions' lists fusion {twice!r} twice; each fusion has one entry")
     for i, entry in enumerate(sweep.fusions or ()):
         _same_gammas(check, _results(check, entry.results, f"fusions[{i}]: "), gammas, f"fusions[{i}]")
         _selections(check, sweep, entry.selections, f"fusions[{i}]: ")
