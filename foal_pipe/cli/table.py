@@ -111,7 +111,7 @@ def table(
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.stream import counted
     from foal_pipe.protocol.table import TableConfig, run_table
-    from foal_pipe.report.resultstable import mean_text, store_labels, write_files
+    from foal_pipe.report.resultstable import mean_text, store_labels, tasks_title, write_files
 
     with user_errors():
         params = {k: v for k, v in ctx.params.items() if k not in ("heads", "tasks", "order_seeds")}
@@ -130,7 +130,7 @@ def table(
         for t in done["tasks"]:
             n = len(done["order_seeds"])
             spread = f"mean +- std over {n} orders" if n > 1 else f"one order (seed {done['order_seeds'][0]}), no std"
-            view = Table(title=f"{counted(t, 'task')}: A_last / A_avg %, {spread}")
+            view = Table(title=f"{tasks_title(done, t)}: A_last / A_avg %, {spread}")
             view.add_column("head")
             for store in done["features"]:
                 view.add_column(escape(labels[store]), justify="right")

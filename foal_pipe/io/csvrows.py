@@ -9,6 +9,11 @@ import csv
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+#: How foal-pipe's CSV text is encoded, whatever the locale: UTF-8, so that a command gives the same bytes on every
+#: machine and a class name in any script is written, and a file name's bytes that are not UTF-8 (which Python reads
+#: as surrogates) written back as they were.
+ENCODING, ERRORS = "utf-8", "surrogateescape"
+
 
 class CsvRows:
     """``csv.writer`` rows ending in ``\n`` that a reader splits as written: the csv module quotes a field holding its

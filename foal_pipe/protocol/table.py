@@ -14,6 +14,7 @@ killed table resumes its finished runs; the table's files are written as one uni
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -212,10 +213,16 @@ def check_stores(config: TableConfig, features: Sequence[Path], settings: Settin
             if first is not None:
                 _check_store_memory(config, settings, first, held, walks)
         except FoalPipeError as exc:
-            if str(path) in exc.template:
+            if _names(exc.template, path):
                 raise
             raise FoalPipeError(f"{path}: {exc.template}") from None
     return config
+
+
+def _names(message: str, path: Path) -> bool:
+    """Whether ``message`` names the store ``path`` as a whole word, not only holds its text: a store named ``s``
+    is in every message's letters (``classes``), and a refusal that does not name it must say which store it is of."""
+    return re.search(rf"(?<![\w./-]){re.escape(str(path))}(?![\w/-])", message) is not None
 
 
 def _check_store_memory(config: TableConfig, settings: Settings, run: Run, held: Sequence[int],

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from foal_pipe.io import atomic_dir, check_output_dir, replacement_held_off, settle_enclosing, write_json
+from foal_pipe.io.csvrows import ENCODING, ERRORS
 from foal_pipe.io.outpaths import follow_link
 from foal_pipe.protocol.outputs import EVAL_DIR, EVAL_FILES, SCORES_FILE, SUMMARY_FILE
 from foal_pipe.protocol.schema import METRICS_FILE
@@ -118,7 +119,7 @@ def evaluate(
                     written.append(plot_confusion(run, classes, tmp / "confusion_matrix.png"))
             text = summary_markdown(run, paper=ev.paper, warnings=ev.warnings, notes=ev.notes,
                                     plots=[f.name for f in written if f.suffix == ".png"], classes=classes)
-            (tmp / SUMMARY_FILE).write_text(text)
+            (tmp / SUMMARY_FILE).write_text(text, encoding=ENCODING, errors=ERRORS)  # class names in any script
             written.append(tmp / SUMMARY_FILE)
     ev.files = [out / f.name for f in written]
     return ev

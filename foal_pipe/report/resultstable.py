@@ -4,7 +4,8 @@
 The printed tables are the field's: per task count, a row per head and, per store, A_last and A_avg in percent as
 mean +- std over the class orders (std with the ddof ``table.json`` records), the best mean of each column in bold;
 published rows whose protocol matches a store's (:mod:`foal_pipe.report.published`) follow as marked reference rows.
-The CSV holds every cell and metric as fractions, as ``table.json``.
+The CSV holds every cell and metric as fractions, as ``table.json``; a name that starts like a spreadsheet
+formula is written with a single quote in front (:func:`csv_text`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.io.csvrows import csv_dict_writer
+from foal_pipe.io.csvrows import ENCODING, ERRORS, csv_dict_writer
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.markdown import md
 from foal_pipe.report.published import Reference, references
@@ -25,17 +26,24 @@ CSV_FIELDS = ("store", "dataset", "encoder", "head", "tasks", "n_tasks", "orders
 
 def store_labels(stores: Sequence[str]) -> dict[str, str]:
     """Each store's column name: its folder name without ``.zarr``, or, where another store's folder has the same
-    name, the fewest trailing parts of its path that tell it apart (``x/s``, ``y/s``), so no two columns share one."""
-    def label(store: str, k: int) -> str:
+    name, the fewest trailing parts of its path that tell it apart (``x/s``, ``y/s``), with ``.zarr`` kept where only
+    it does (``a.zarr`` beside ``a``), so no two columns share one."""
+    def label(store: str, k: int, strip: bool) -> str:
         path = Path(*Path(store).parts[-k:]).as_posix()
-        return path.removesuffix(".zarr") or path
+        return (path.removesuffix(".zarr") or path) if strip else path
 
     labels = {}
     for store in stores:
-        k = 1
-        while k < len(Path(store).parts) and any(label(o, k) == label(store, k) for o in stores if o != store):
-            k += 1
-        labels[store] = label(store, k)
+        others = [o for o in stores if o != store]
+        for strip in (True, False):
+            k = 1
+            while k < len(Path(store).parts) and any(label(o, k, strip) == label(store, k, strip) for o in others):
+                k += 1
+            clash = any(label(o, k, strip) == label(store, k, strip) for o in others)
+            if strip or not clash:
+                labels[store] = label(store, k, strip)
+            if not clash:
+                break
     return labels
 
 
@@ -49,6 +57,14 @@ def _best(table: dict[str, Any], store: str, tasks: int, metric: str) -> str:
     ahead in digits the table does not show."""
     means = [c[metric]["mean"] for c in table["cells"] if c["store"] == store and c["tasks"] == tasks]
     return _percent(max(means))
+
+
+def tasks_title(table: dict[str, Any], tasks: int) -> str:
+    """The heading of task count ``tasks``, with the counts its runs streamed where they differ (Si-Blurry leaves out a
+    task that receives no row): ``6 tasks (5 streamed)``, so the table does not claim runs it did not make."""
+    streamed = sorted({c["n_tasks"] for c in table["cells"] if c["tasks"] == tasks})
+    title = counted(tasks, "task")
+    return title if streamed == [tasks] else f"{title} ({' or '.join(map(str, streamed))} streamed)"
 
 
 def _percent(mean: float) -> str:
@@ -121,7 +137,7 @@ def markdown(table: dict[str, Any]) -> str:
     labels = {store: md(label) for store, label in store_labels(table["features"]).items()}  # a | would split a cell
     header = ["head", *[f"{labels[s]} {label}" for s, m in _columns(table) for mm, label, _ in SHOWN if mm == m]]
     for tasks in table["tasks"]:
-        lines += [f"## {counted(tasks, 'task')}", "", "| " + " | ".join(header) + " |",
+        lines += [f"## {tasks_title(table, tasks)}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in _ours(table, tasks, lambda t: f"**{t}**", "±")]
         lines += ["| *" + r[0] + "* | " + " | ".join(r[1:]) + " |" for r in _published(table, tasks, matched)]
@@ -154,7 +170,7 @@ def latex(table: dict[str, Any]) -> str:
     out = [f"% foal-pipe table: A_last and A_avg, {_orders_note(table).replace('±', '+-')}; needs \\usepackage{{booktabs}}"]
     for tasks in table["tasks"]:
         spec = "l" + " cc" * len(stores)
-        out += [r"\begin{table}[t]", r"\centering", f"\\caption{{{counted(tasks, 'task')}}}", f"\\begin{{tabular}}{{{spec}}}",
+        out += [r"\begin{table}[t]", r"\centering", f"\\caption{{{tasks_title(table, tasks)}}}", f"\\begin{{tabular}}{{{spec}}}",
                 r"\toprule",
                 " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(labels[s])}}}" for s in stores) + r" \\",
                 " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(stores))),
@@ -176,17 +192,37 @@ def latex(table: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+#: How a cell a spreadsheet reads as a formula starts (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(name: str | None) -> str | None:
+    """A name the user chose (a store's path, the dataset and encoder its metadata records) as a ``table.csv`` cell a
+    spreadsheet shows as text: one that starts like a formula (``=HYPERLINK(...)``, ``-2+3``) gets a single quote in
+    front, OWASP's advice against CSV injection; ``,``, ``"`` and line breaks are quoted by the writer (RFC 4180).
+    ``table.json`` keeps the name as it is."""
+    return f"'{name}" if name is not None and name.startswith(FORMULA_STARTS) else name
+
+
 def csv_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every cell's metrics, one row each: mean, std and the values over the orders (fractions)."""
+    """Every cell's metrics, one row each: mean, std and the values over the orders (fractions); the names as
+    :func:`csv_text` writes them."""
     rows = []
     for c in table["cells"]:
         for metric in ("A_avg", "A_last", "F", "A_auc"):
             if metric in c:
-                rows.append({"store": c["store"], "dataset": c["dataset"], "encoder": c["encoder"], "head": c["head"],
+                rows.append({"store": csv_text(c["store"]), "dataset": csv_text(c["dataset"]),
+                             "encoder": csv_text(c["encoder"]), "head": c["head"],
                              "tasks": c["tasks"], "n_tasks": c["n_tasks"], "orders": len(c["order_seeds"]),
                              "metric": metric, "mean": repr(c[metric]["mean"]), "std": repr(c[metric]["std"]),
                              "values": " ".join(repr(v) for v in c[metric]["values"])})
     return rows
+
+
+def _drawable(label: str) -> str:
+    """A store's label as text a font draws: a path's bytes that are not UTF-8 (surrogates, which the font refuses) as
+    UTF-8 where they are (a path read in a C locale), else each as U+FFFD."""
+    return label.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def plot(table: dict[str, Any], path: Path) -> Path:
@@ -207,8 +243,8 @@ def plot(table: dict[str, Any], path: Path) -> Path:
                 cells = [_cell(table, s, head, t) for s in stores]
                 ax.bar(x + (i - (len(heads) - 1) / 2) * width, [100 * c["A_last"]["mean"] for c in cells], width,
                        yerr=[100 * c["A_last"]["std"] for c in cells], capsize=3, label=head)
-            ax.set_xticks(x, [labels[s] for s in stores])
-            ax.set_title(counted(t, "task"))
+            ax.set_xticks(x, [_drawable(labels[s]) for s in stores], parse_math=False)  # a $ in a name is no formula
+            ax.set_title(tasks_title(table, t))
             ax.set_ylabel("A_last %")
         handles, names = axes[0].get_legend_handles_labels()
         fig.legend(handles, names, fontsize="small", loc="outside right upper")
@@ -219,9 +255,9 @@ def plot(table: dict[str, Any], path: Path) -> Path:
 
 def write_files(tmp: Path, table: dict[str, Any]) -> None:
     """The table's files beside ``table.json`` in the directory ``tmp``."""
-    (tmp / "table.md").write_text(markdown(table))
-    (tmp / "table.tex").write_text(latex(table))
-    with open(tmp / "table.csv", "w", newline="") as fh:
+    (tmp / "table.md").write_text(markdown(table), encoding=ENCODING, errors=ERRORS)
+    (tmp / "table.tex").write_text(latex(table), encoding=ENCODING, errors=ERRORS)
+    with open(tmp / "table.csv", "w", newline="", encoding=ENCODING, errors=ERRORS) as fh:
         writer = csv_dict_writer(fh, CSV_FIELDS)
         writer.writeheader()
         writer.writerows(csv_rows(table))

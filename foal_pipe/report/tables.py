@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import summary_of
-from foal_pipe.io.csvrows import CsvRows, csv_dict_writer
+from foal_pipe.io.csvrows import ENCODING, ERRORS, CsvRows, csv_dict_writer
 from foal_pipe.report.classes import ClassResults, stream_order, stream_positions
 from foal_pipe.report.readers import HEADLINE, Run
 from foal_pipe.report.selection import has_criteria, last, result_at, select
@@ -100,7 +100,7 @@ def plot_data(run: Run) -> dict[str, list[dict[str, Any]]]:
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
     """Rows as CSV, floats to 6 significant digits (stable text), ``None`` as an empty cell."""
-    with path.open("w", newline="") as fh:
+    with path.open("w", newline="", encoding=ENCODING, errors=ERRORS) as fh:
         writer = csv_dict_writer(fh, list(rows[0]))
         writer.writeheader()
         for row in rows:
@@ -110,7 +110,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def write_confusion(path: Path, classes: ClassResults) -> Path:
     """The confusion counts as CSV: a header of the predicted class names, then one row per true class."""
-    with path.open("w", newline="") as fh:
+    with path.open("w", newline="", encoding=ENCODING, errors=ERRORS) as fh:
         writer = CsvRows(fh)
         writer.writerow(["true_class", *classes.names])
         for name, counts in zip(classes.names, classes.confusion.tolist()):
