@@ -88,6 +88,11 @@ class MissingAttribute(FoalPipeError, AttributeError):
     (the RLS engine's ``statistics_``), so that ``hasattr`` answers False, as for an unfitted estimator's."""
 
 
+class NoBlocks(FoalPipeError):
+    """A store without per-block tokens asked for a read-time fusion: its ``fix`` (extract with ``--keep-blocks``, or
+    read without the fusion) is the user's where the fusion was their choice; a model that fixes it gives its own."""
+
+
 def as_user_error(exc: ValueError | TypeError) -> FoalPipeError:
     """``exc`` (a library's error about an input, e.g. scikit-learn's validation) as a one-line
     :class:`FoalPipeError` -- an :class:`InputTypeError` for a ``TypeError`` -- with the same meaning: a quoted input

@@ -80,7 +80,7 @@ def test_store_from_another_encoder_refused(two_stores):
                         encoder={"name": "pixels", "fusion": "none", "image_size": 0, "normalize": False})
     result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", other, "--out",
                    tmp_path / "run_c", "--tasks", 1)
-    assert_one_line_error(result, "'name' is 'pixels' in the store but 'synthetic' in the model")
+    assert_one_line_error(result, "the store's encoder is 'pixels', the model's 'synthetic'")
     assert not (tmp_path / "run_c").exists()
 
 

@@ -102,9 +102,9 @@ def test_model_is_validated_before_the_store_is_read(tmp_path, trained, monkeypa
         model.write_bytes(bytes(data))
     elif content is not None:
         model.write_bytes(content)
-    import foal_pipe.model.predict
+    import foal_pipe.model.deploy
 
-    monkeypatch.setattr(foal_pipe.model.predict, "open_store", _no_store_read)
+    monkeypatch.setattr(foal_pipe.model.deploy, "open_model_store", _no_store_read)
     one_line_error(invoke("--model", model, "--features", store, "--out", tmp_path / "p.csv"), message)
     assert not (tmp_path / "p.csv").exists()
 

@@ -332,7 +332,10 @@ def predict(
     is the model's head's: act(x P) W[:, k] for ridge, minus the squared distance for ncm and fecam, the LDA
     discriminant for slda, the cosine for cosine (docs/cli.md lists each).
     """
+    import io
+
     from foal_pipe.io import atomic_path, check_output_file
+    from foal_pipe.io.csvrows import ENCODING, ERRORS
     from foal_pipe.io.outpaths import check_not_an_input
     from foal_pipe.model.predict import ImagePredictions, predict_image_files, predict_split
 
@@ -356,9 +359,11 @@ def predict(
             assert features is not None  # exactly one of --features and --images, checked above
             result = predict_split(model, features, split)
         if out is None:
+            if isinstance(sys.stdout, io.TextIOWrapper):  # the file's bytes, whatever the locale
+                sys.stdout.reconfigure(encoding=ENCODING, errors=ERRORS)
             result.write_csv(sys.stdout)
         else:
-            with atomic_path(out) as tmp, open(tmp, "w", newline="") as fh:
+            with atomic_path(out) as tmp, open(tmp, "w", newline="", encoding=ENCODING, errors=ERRORS) as fh:
                 result.write_csv(fh)
         if isinstance(result, ImagePredictions):  # --images
             for skipped in result.skipped:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Real
+
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
@@ -22,17 +24,14 @@ def _triangle(acc: np.ndarray | list[list[float]]) -> list[list[float]]:
         if not square and len(row) != i + 1:
             raise FoalPipeError(f"row {i} of the accuracy matrix has {len(row)} entries, not {i + 1}: pass a lower-triangular "
                                 f"matrix (row i holds a[i][j] for tasks j <= i) or a {T} x {T} one")
-        try:
-            values = np.asarray(row[: i + 1], dtype=np.float64)
-        except (TypeError, ValueError):
-            values = np.empty((0, 0))
-        if values.ndim != 1:
+        items = list(row[: i + 1])
+        if not all(isinstance(v, Real) and not isinstance(v, bool) for v in items):  # NumPy casts "0.5", True, 1j
             raise FoalPipeError(f"row {i} of the accuracy matrix is not all numbers: pass accuracies as fractions in [0, 1]")
-        bad = values[~((values >= 0) & (values <= 1))]
-        if bad.size:
-            raise FoalPipeError(f"row {i} of the accuracy matrix holds {bad[0]:g}, not a fraction in [0, 1]: pass accuracies "
+        bad = [v for v in items if not 0 <= v <= 1]  # NaN too; compared as given, so an int beyond float range is named
+        if bad:
+            raise FoalPipeError(f"row {i} of the accuracy matrix holds {bad[0]}, not a fraction in [0, 1]: pass accuracies "
                                 "as fractions (not percent), each finite")
-        rows.append(values.tolist())
+        rows.append([float(v) for v in items])
     return rows
 
 

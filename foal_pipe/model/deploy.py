@@ -17,7 +17,7 @@ import numpy as np
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, NoBlocks
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
@@ -29,9 +29,24 @@ if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, e
     from foal_pipe.store.read import FeatureStore
 
 
+def open_model_store(path: str | Path, model_encoder: dict[str, Any] | None) -> FeatureStore:
+    """The store at ``path`` opened as a model reads it, with the read-time fusion the model was learned on; a store
+    without per-block tokens is refused with the fix that holds here (reading it unfused, which the store's own
+    refusal offers, is not: the model fixes the fusion)."""
+    from foal_pipe.store.blockfusion import read_time_fusion
+    from foal_pipe.store.read import open_store
+
+    try:
+        return open_store(path, **read_time_fusion(model_encoder))
+    except NoBlocks as exc:
+        raise FoalPipeError(exc.reason, "the model was learned on that fusion: extract the store again with `foal-pipe "
+                            "extract ... --keep-blocks` (the model's encoder and settings)") from None
+
+
 def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, where: str | Path,
                   unrecorded_ok: bool = False) -> None:
-    """Refuse a store whose encoder provenance differs from the model's, naming the first differing key;
+    """Refuse a store whose encoder provenance differs from the model's, naming the encoders if they differ, else
+    every setting that differs (the encoder's name alone would say nothing);
     ``unrecorded_ok`` (predicting): a model that records no encoder (saved from Python) takes any store of its width."""
     if model_encoder is None and unrecorded_ok:
         return
@@ -41,15 +56,17 @@ def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, whe
                             f"features (encoder {theirs.get('name')!r}) are those it learned; continue a model that "
                             "`foal-pipe learn` wrote from a store of the same encoder")
     ours = model_encoder or {}
-    key = first_difference(ours, theirs)
-    if key is not None:
-        named = ("" if key == "name" else
-                 f" (the store's encoder is {theirs.get('name')!r}, the model's {ours.get('name')!r})")
-        raise FoalPipeError(
-            f"{where} was extracted with another encoder than the model's{named}: {key!r} is {theirs.get(key)!r} "
-            f"in the store but {ours.get(key)!r} in the model; extract the new images with the model's encoder "
-            "settings"
-        )
+    if first_difference(ours, theirs) is None:
+        return
+    name = ours.get("name")
+    if theirs.get("name") != name:
+        raise FoalPipeError(f"{where} was extracted with another encoder than the model's: the store's encoder is "
+                            f"{theirs.get('name')!r}, the model's {name!r}; extract the new images with the model's encoder")
+    keys = [key for key in sorted(set(ours) | set(theirs)) if ours.get(key) != theirs.get(key)]
+    differ = ", ".join(f"{key!r} is {theirs.get(key)!r} in the store but {ours.get(key)!r} in the model" for key in keys)
+    wanted = ", ".join(f"{key} {ours.get(key)!r}" for key in keys)
+    raise FoalPipeError(f"{where} was extracted with the model's encoder {name!r} but other settings: {differ}; extract the "
+                        f"new images with the model's settings ({wanted})")
 
 
 class DeployedModel:
@@ -216,13 +233,11 @@ class DeployedModel:
         the model's by name (by label id where the model records no names): ``true`` is -1 for a row of a class the
         model does not know (or an unlabelled row).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
-        from foal_pipe.store.blockfusion import read_time_fusion
         from foal_pipe.store.meta import SPLITS, UNLABELLED
-        from foal_pipe.store.read import open_store
 
         if split not in SPLITS:
             raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
-        store = open_store(features, **read_time_fusion(self.encoder_spec))
+        store = open_model_store(features, self.encoder_spec)
         check_encoder(self.encoder_spec, store, features, unrecorded_ok=True)
         data = store.split(split)
         self.check_width(data.dim, features)

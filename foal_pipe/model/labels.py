@@ -66,22 +66,43 @@ def _check_exact_union(before: np.ndarray, labels: np.ndarray) -> None:
                     "the labels of every call in one integer dtype (e.g. np.int64)")
 
 
+def _mixed_kinds(labels: np.ndarray) -> FoalPipeError:
+    return FoalPipeError(f"y mixes labels of kinds {label_kind(labels)}, which do not sort together; use one kind of label "
+                         "(integer ids or names)")
+
+
+def _check_object_labels(labels: np.ndarray) -> None:
+    """Name what scikit-learn calls an "unknown" (continuous-sounding) target in an object array: a missing label,
+    labels of several kinds, numbers held as objects, or values that are no labels at all (the last two keep
+    scikit-learn's "Unknown label type", which its estimator checks look for)."""
+    values = labels.ravel().tolist()
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        raise FoalPipeError(f"y has no label (None) at row {missing[0]}; give every row a label (integer id or "
+                            "name), or drop the unlabelled rows")
+    kind = label_kind(labels)
+    if "/" in kind:
+        raise _mixed_kinds(labels)
+    if kind in _NUMBER_KINDS:
+        raise FoalPipeError(f"Unknown label type: y holds {kind} labels in an object array, which scikit-learn does not take "
+                            "as class labels; pass them in a numeric dtype (e.g. np.asarray(y, dtype=np.int64))")
+    if values and kind not in ("str", "bytes"):
+        raise FoalPipeError(f"Unknown label type: y holds values of type {kind}, which are not class labels; pass integer "
+                            "ids or names")
+
+
 def check_targets(y: Any) -> None:
-    """scikit-learn's check of classification targets, with a missing label (None) and labels that do not sort
-    together named with their fix rather than in NumPy's words."""
+    """scikit-learn's check of classification targets, with a missing label (None), labels that do not sort
+    together and object arrays it calls "unknown" named with their fix rather than in NumPy's or its words."""
     labels = np.asarray(y)
     if y is not None and labels.dtype.kind == "O":
-        missing = [i for i, v in enumerate(labels.ravel().tolist()) if v is None]
-        if missing:
-            raise FoalPipeError(f"y has no label (None) at row {missing[0]}; give every row a label (integer id or "
-                                "name), or drop the unlabelled rows")
+        _check_object_labels(labels)
     try:
         check_classification_targets(y)
     except TypeError as exc:
         if "not supported between" not in str(exc):
             raise as_user_error(exc) from None
-        raise FoalPipeError(f"y mixes labels of kinds {label_kind(labels)}, which do not sort together; use one kind "
-                            "of label (integer ids or names)") from None
+        raise _mixed_kinds(labels) from None
     except ValueError as exc:
         raise as_user_error(exc) from None
 

@@ -13,8 +13,7 @@ from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io.csvrows import CsvRows
 from foal_pipe.progress import progress_bar
-from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore, open_store
-from foal_pipe.store.blockfusion import read_time_fusion
+from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore
 
 if TYPE_CHECKING:
     from foal_pipe.model.deploy import DeployedModel
@@ -32,7 +31,7 @@ class Predictions:
     predicted: np.ndarray
     score: np.ndarray
     true: np.ndarray
-    names: tuple[str, ...]  # class names indexed by label id
+    names: dict[int, str]  # class names by label id: a model's ids may run far beyond its count of classes
     learned: np.ndarray | None = None  # the model's label ids: a row of another class is never predicted right
     unnamed: bool = False  # the model records no class names: its label ids were read as the store's
 
@@ -49,8 +48,9 @@ class Predictions:
             return f"0 rows on {split}"
         if self.accuracy != self.accuracy:
             return f"{self.predicted.size} rows, unlabelled, on {split}"
-        line = f"{self.predicted.size} rows, accuracy {100 * self.accuracy:.2f}% on {split}"
         labelled = self.true != UNLABELLED
+        over = "" if labelled.all() else f" over its {int(labelled.sum()):,} labelled rows"
+        line = f"{self.predicted.size} rows, accuracy {100 * self.accuracy:.2f}%{over} on {split}"
         known = labelled if self.learned is None else labelled & np.isin(self.true, self.learned)
         unlearned = int(labelled.sum() - known.sum())
         if unlearned:
@@ -68,19 +68,19 @@ class Predictions:
         writer.writerow(COLUMNS)
         names = self.names
         for i, (p, s, t) in enumerate(zip(self.predicted.tolist(), self.score.tolist(), self.true.tolist())):
-            writer.writerow([i, p, names[p], repr(s), t, names[t] if 0 <= t < len(names) else ""])
+            writer.writerow([i, p, names[p], repr(s), t, names.get(t, "")])
 
 
 def predict_split(model: str | Path, features: str | Path, split: str = "test") -> Predictions:
     """Predict every row of ``split`` among the model's classes; the model is read and validated before the store
     is opened. The store's classes are matched to the model's by name: the model may know classes the store lacks
     (a model continued on more classes) and the store classes the model never saw (never predicted)."""
-    from foal_pipe.model.deploy import load_model
+    from foal_pipe.model.deploy import load_model, open_model_store
 
     if split not in SPLITS:
         raise FoalPipeError(f"unknown split {split!r}; choose {' or '.join(SPLITS)}")
     deployed = load_model(model, estimators=False)
-    store = open_store(features, **read_time_fusion(deployed.encoder_spec))
+    store = open_model_store(features, deployed.encoder_spec)
     data = store.split(split)
     deployed.check_width(data.dim, features)
     classes = deployed.classifier.classes_
@@ -94,11 +94,9 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     store.check_unchanged()
     # names by label id: the store's, then the model's for the ids beyond them (an unlabelled store's one
     # placeholder class says nothing: all from the model)
-    names = [] if unlabelled else list(store.classes)
-    by_id = dict(zip(classes.tolist(), deployed.class_names))
-    top = int(classes.max()) + 1 if classes.size else 0
-    names += [by_id.get(i, "") for i in range(len(names), top)]
-    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), tuple(names), classes,
+    names = {} if unlabelled else dict(enumerate(store.classes))
+    names |= {c: name for c, name in zip(classes.tolist(), deployed.class_names) if c not in names}
+    return Predictions(predicted, score, np.asarray(data.labels, dtype=np.int64), names, classes,
                        not named and not unlabelled)
 
 

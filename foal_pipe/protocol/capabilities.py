@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError, param, python_form
+from foal_pipe.errors import ClassRefused, FoalPipeError, param, python_form
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 
@@ -94,10 +94,13 @@ def _short_point(labels: np.ndarray, every: int, least: int) -> tuple[int, int] 
     return None
 
 
-def check_points(head: str, labels: Sequence[np.ndarray], every: int, seeds: Sequence[int] | None = None) -> None:
+def check_points(head: str, labels: Sequence[np.ndarray], every: int, seeds: Sequence[int] | None = None,
+                 names: Sequence[str] | None = None) -> None:
     """``--eval-every`` with a head that needs :data:`MIN_CLASS_ROWS`: refuse, before any work, points where a seen
     class has fewer rows in one of the streams ``labels`` (``seeds``: their class orders' seeds, named), naming the
-    nearest ``--eval-every`` above that has none in any of them."""
+    nearest ``--eval-every`` above that has none in any of them. The class is named as ``names`` (the store's class
+    names, by label id) names it, as the heads' own refusals are; without them the refusal is a
+    :class:`~foal_pipe.errors.ClassRefused` a caller can name."""
     least = MIN_CLASS_ROWS.get(head)
     if least is None:
         return
@@ -109,8 +112,9 @@ def check_points(head: str, labels: Sequence[np.ndarray], every: int, seeds: Seq
                 if all(_short_point(order, e, least) is None for order in labels)), None)
     way = f"pass {param('eval_every', fix)}" if fix is not None else f"drop {param('eval_every')}"
     where = "" if seeds is None else f" in class order seed {seeds[k]}"
-    raise FoalPipeError(f"{param('head', head)} needs {least} training rows of every class seen, but{where} at the point "
-                        f"after {n} rows class {c} has fewer: {way}")
+    refused = ClassRefused(c, lambda name: f"{param('head', head)} needs {least} training rows of every class seen, but"
+                                          f"{where} at the point after {n} rows class {name} has fewer: {way}")
+    raise refused if names is None else refused.named(dict(enumerate(names)))
 
 
 def check_capabilities(heads: Sequence[str], settings: Settings) -> None:

@@ -47,7 +47,7 @@ from foal_pipe.protocol.records import (
 from foal_pipe.protocol.run import Run, prepare, reread_note, row_sample
 from foal_pipe.protocol.schema import SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import Boundary, ManyGammas
-from foal_pipe.protocol.stream import dropped_warning
+from foal_pipe.protocol.stream import dropped_warning, listed_order
 from foal_pipe.protocol.sweepparts import SweepSelection
 from foal_pipe.protocol.walk import SharedRows, head_train_rows, test_rows, walk
 from foal_pipe.store.blockfusion import parse_fusions
@@ -243,7 +243,7 @@ def warn_undetermined(boundaries: Sequence[Boundary], log: Callable[[str], None]
 
 
 def warn_dropped(run: Run, stream: StreamConfig, log: Callable[[str], None]) -> None:
-    message = dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None)
+    message = dropped_warning(run.stream, len(run.store.classes), listed_order(stream.class_order))
     if message:
         log(message)
 

@@ -112,7 +112,8 @@ def learn_head(run: Run, model: ModelConfig, stream: StreamConfig, shared: Share
     options = resolved_options(model.head, model)
     points: dict[str, list[Scorer]] | None = None if anytime is None else {model.head: []}
     if anytime is not None and shared is None:
-        check_points(model.head, [run.store.train.labels[np.concatenate(run.stream.rows)]], anytime.every)
+        check_points(model.head, [run.store.train.labels[np.concatenate(run.stream.rows)]], anytime.every,
+                     names=run.store.classes)
     spaces = {model.head: head_space(model.head, model)}
     heads = build_heads(run, [model.head], options, spaces)
     learner = walk(run, [HeadsLearner(run, heads, points=points, spaces=spaces)], shared.train if shared else None)[0]

@@ -66,7 +66,7 @@ from foal_pipe.protocol.records import (
 from foal_pipe.protocol.run import Run, prepare, row_sample
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
-from foal_pipe.protocol.stream import dropped_warning
+from foal_pipe.protocol.stream import dropped_warning, listed_order
 from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 
@@ -93,7 +93,7 @@ def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamC
     for every order (an uneven split's sizes) once, else each order's prefixed with its seed (the classes
     ``--drop-remainder`` drops depend on the order). ``log`` without those notes, for the orders' own walks (with
     ``seed``, an order's own lines prefixed with it)."""
-    notes = [dropped_warning(run.stream, len(run.store.classes), stream.class_order is not None) for run in runs]
+    notes = [dropped_warning(run.stream, len(run.store.classes), listed_order(stream.class_order)) for run in runs]
     say_once(seeds, notes, log)
     said = {note for note in notes if note}
 
@@ -141,7 +141,7 @@ def run_learn_orders(
     if evaluation.eval_every is not None:  # every order's points, once: a fix that suits them all (learn_head: not again)
         check_eval_every(runs, evaluation.eval_every, seeds)
         labels = [r.store.train.labels[np.concatenate(r.stream.rows)] for r in runs]
-        check_points(model.head, labels, evaluation.eval_every, seeds)
+        check_points(model.head, labels, evaluation.eval_every, seeds, names=runs[0].store.classes)
     if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
         with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, None, start, log, shared, runs)

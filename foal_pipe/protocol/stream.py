@@ -136,6 +136,12 @@ def named_class_order(text: str) -> tuple[str, int] | None:
     return name, int(seed) if colon else CLASS_ORDERS[name][0]
 
 
+def listed_order(value: str | Path | None) -> bool:
+    """Whether ``--class-order`` lists the tasks itself (a file), which may leave classes out; a named order is drawn
+    over every class and split as a seeded one is (its uneven split noted as that one's)."""
+    return value is not None and named_class_order(str(value)) is None
+
+
 def resolve_class_order(value: str | Path, n_classes: int, n_tasks: int | None,
                         drop_remainder: bool = False) -> list[list[int]]:
     """The tasks of ``--class-order``: a named order (:data:`CLASS_ORDERS`) cut into ``n_tasks`` as the seeded split

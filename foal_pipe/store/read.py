@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, NoBlocks, param
 from foal_pipe.store.blockfusion import (
     NORMS,
     FinalNorm,
@@ -225,9 +225,9 @@ class FeatureStore:
 
     def _layout(self, fusions: str) -> BlockLayout:
         if self.blocks is None or isinstance(self.train, FusedSplit):
-            raise FoalPipeError(f"feature store {self.path} keeps no per-block tokens, so fusion {fusions} cannot be "
-                                "computed from it; extract a store that does with `foal-pipe extract ... "
-                                "--keep-blocks`, or use its features as they are (no fusion)")
+            raise NoBlocks(f"feature store {self.path} keeps no per-block tokens, so fusion {fusions} cannot be "
+                           "computed from it", "extract a store that does with `foal-pipe extract ... --keep-blocks`, or "
+                           "use its features as they are (no fusion)")
         return self.blocks
 
     def fused(self, fusion: str | Fusion, norm: bool = True) -> FeatureStore:
