@@ -62,6 +62,10 @@ def cluster_failure(exc: BaseException) -> FoalPipeError:
                          "unchanged: check the workers and re-run")
 
 
+class NoWorkers(FoalPipeError):
+    """The cluster has had no worker for :data:`WORKER_TIMEOUT` s: said here, not by a task."""
+
+
 class WorkerWatch:
     """Since when a cluster has had no worker, as seen by every thread that waits on it: one clock, so a run stops
     :data:`WORKER_TIMEOUT` s after its last worker left, not that long after the last of its queued reads began."""
@@ -79,8 +83,8 @@ class WorkerWatch:
             elif self._alone_since is None:
                 self._alone_since = time.monotonic()
             elif time.monotonic() - self._alone_since > WORKER_TIMEOUT:
-                raise FoalPipeError(f"the Dask cluster has had no worker for {WORKER_TIMEOUT} s during the run; previous "
-                                    "outputs are unchanged: check the workers and re-run")
+                raise NoWorkers(f"the Dask cluster has had no worker for {WORKER_TIMEOUT} s during the run; previous "
+                                "outputs are unchanged: check the workers and re-run")
 
 
 def cluster_result(client: Any, future: Any, poll: float = 2.0, watch: WorkerWatch | None = None) -> Any:

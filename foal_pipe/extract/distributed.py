@@ -10,7 +10,7 @@ attributes: ``progress`` (the contiguous prefix of finished ranges, the same boo
 single-process resume) and, last, ``complete`` (through :mod:`foal_pipe.store`).
 
 Workers read the store themselves, so its path must be visible to every worker (a shared filesystem, or an
-object store mounted on every node).
+object store mounted on every node); a range that fails where they do not see it is said so in one line.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.run import ExtractProgress, ExtractReport, extract_rows, extraction
 from foal_pipe.extract.spec import ExtractSpec
 from foal_pipe.store import SPLITS, mark_progress, update_run
+from foal_pipe.store.seen import check_workers_see
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -97,9 +98,14 @@ def dask_extract(
             return report
         path = state.path.resolve()
         # What every worker runs: the client's resolved device and precision (they are part of the store's
-        # provenance), images loaded in the worker process itself, nothing downloaded twice.
+        # provenance), images loaded in the worker process itself, nothing downloaded twice; on an external cluster,
+        # whose workers have working directories of their own, the client's paths made absolute.
         task_spec = dataclasses.replace(spec, out=str(path), device=inputs.device, precision=inputs.precision,
                                         batch_size=inputs.batch_size, workers=0, download=False)
+        if not local:
+            task_spec = dataclasses.replace(task_spec, data_dir=_absolute(spec.data_dir),
+                                            checkpoint=_absolute(spec.checkpoint),
+                                            split_manifest=_absolute(spec.split_manifest))
         try:
             n = n_workers(client)
             update_run(path, {"dask_workers": n})
@@ -138,6 +144,8 @@ def dask_extract(
                             f"Dask workers died {RETRIES} times while extracting {s} rows [{lo}, {hi}) (out of "
                             f"memory?); {state.out} is resumable: re-run the same command"
                         ) from None
+                    check_workers_see(client, path, state.out, f"mount it there and re-run the same command ({state.out} "
+                                      f"is resumable), or use {param('scheduler', 'local')}")
                     future.result()  # re-raises the task's own error (a FoalPipeError stays one line)
                 progress.advance(s, hi - lo)
                 done[s][lo] = hi
@@ -150,6 +158,11 @@ def dask_extract(
             raise FoalPipeError(f"the Dask cluster failed during the extraction ({type(exc).__name__}); {state.out} "
                                 "is resumable: check the workers and re-run the same command") from None
     return report
+
+
+def _absolute(path: str | None) -> str | None:
+    """``path`` as the client sees it, so every worker reads the file the client checked."""
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
 
 
 def _cuda_count() -> int:

@@ -18,6 +18,9 @@ store (:class:`~foal_pipe.store.chunks.StrictLocalStore`, pickled with its chunk
 missing, moved or not a regular file fails its task as it would fail a local read; a chunk that fails to decode
 (a checksum mismatch) is then found and named by reading the failed block here with the checked reader. A cluster
 that fails under the run (workers or scheduler lost) is one line (:func:`~foal_pipe.cluster.cluster_failure`).
+A worker error that does not happen here is checked against what the workers see at the store's path
+(:func:`~foal_pipe.store.seen.check_workers_see`): a store they cannot read, or another store there, is said so, not
+called damaged.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.cluster import WorkerWatch, cluster_errors, cluster_failure, cluster_result, require_distributed
+from foal_pipe.cluster import NoWorkers, WorkerWatch, cluster_errors, cluster_failure, cluster_result, require_distributed
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import BASELINE_BYTES
 from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_finite, chunk_error, damage_reason
+from foal_pipe.store.seen import check_workers_see, store_identity
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -46,6 +50,8 @@ Partial = list[RidgeStatistics | None]
 BLOCK_BYTES = 64 * 2**20
 #: Aim for at least this many blocks, so the workers share the pass and a lost one costs little.
 MIN_BLOCKS = 8
+#: What to do about workers that do not see the store as this process does.
+SEE_FIX = f"mount it there, or use {param('scheduler', 'local')}"
 
 
 def block_rows(n_rows: int, dim: int, itemsize: int, chunk_rows: int) -> int:
@@ -213,6 +219,7 @@ def dask_statistics(
             named = train if shown is None else open_store(shown).train
             for key in suspects:
                 named.read(*span_of[key])  # the checked reader raises the error naming the first bad chunk
+            check_workers_see(client, path, where, SEE_FIX)  # it reads here: do the workers see this store?
             if isinstance(exc, (MissingChunk, BadChunkFile)):  # a chunk that reads here: name it from the worker's error
                 raise chunk_file_error(named, exc) from None
         except FoalPipeError:
@@ -236,11 +243,16 @@ def chunk_file_error(split: Any, exc: MissingChunk | BadChunkFile) -> FoalPipeEr
     return chunk_error(split.root, name, array, int(coords.split("/")[0]), exc)
 
 
-def read_chunks(path: str, fusion: str | None, fusion_norm: bool, split: str, starts: list[int]) -> dict[int, Any]:
+def read_chunks(path: str, fusion: str | None, fusion_norm: bool, split: str, identity: str,
+                starts: list[int]) -> dict[int, Any]:
     """On a worker: the stored chunks of a split that start at ``starts`` (:meth:`~foal_pipe.store.Split.read_raw`,
-    checked as a local read is), the store opened once for them, with the run's ``fusion``."""
+    checked as a local read is), the store opened once for them, with the run's ``fusion``; refused where the store
+    there is not the one the client opened (``identity``: its :func:`~foal_pipe.store.seen.store_identity`), whose rows
+    would pass every check of a store of their own."""
     from foal_pipe.store import open_store
 
+    if store_identity(path) != identity:
+        raise FoalPipeError(f"a Dask worker does not see the feature store at {path} as the client does")
     source = open_store(path, fusion, fusion_norm).split(split)
     step, n = int(source.chunk_rows), int(source.n_rows)
     return {lo: source.read_raw(lo, min(lo + step, n)) for lo in starts}
@@ -257,7 +269,7 @@ class ClusterSplit:
         import threading
 
         self._split, self._client = split, client
-        self._where = (path, fusion, fusion_norm, name)
+        self._where = (path, fusion, fusion_norm, name, store_identity(path))
         self._blocks = [starts[i : i + block] for i in range(0, len(starts), block)]
         self._block_of = {lo: b for b, chunk in enumerate(self._blocks) for lo in chunk}
         self._left = [len(chunk) for chunk in self._blocks]
@@ -278,11 +290,19 @@ class ClusterSplit:
                         self._futures[k] = self._client.submit(read_chunks, *self._where, self._blocks[k], pure=False)
                 future = self._futures[b]
             raw = cluster_result(self._client, future, watch=self._watch)[lo]
-        except (MissingChunk, BadChunkFile) as exc:  # raised on a worker by the checked read of one chunk file
+        except NoWorkers:
+            raise
+        except (MissingChunk, BadChunkFile, FoalPipeError) as exc:  # raised on a worker by the checked read (a chunk
+            # file, a damaged chunk or rows not finite, named there under the store's resolved path)
             from foal_pipe.store import check_same
 
-            self._split.read_raw(lo, hi)  # the local checked read names it as a local run does
+            step, n = int(self._split.chunk_rows), int(self._split.n_rows)
+            for start in self._blocks[b]:  # the worker read the whole block: the local checked read names its bad
+                self._split.read_raw(start, min(start + step, n))  # chunk as a local run does
             check_same(self._split.root, self._split.fingerprint)  # a store replaced under the run is not "damaged"
+            check_workers_see(self._client, self._where[0], self._split.root, SEE_FIX)  # it reads here: and there?
+            if isinstance(exc, FoalPipeError):
+                raise
             raise chunk_file_error(self._split, exc) from None
         except cluster_errors() as exc:  # workers or scheduler lost under the run
             raise cluster_failure(exc) from None
