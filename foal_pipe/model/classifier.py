@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -18,9 +18,10 @@ from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, param
 from foal_pipe.model.fittedparams import check_fitted_params, new_engine
 from foal_pipe.model.labels import check_label_kinds
+from foal_pipe.model.modelfile import read_model
 from foal_pipe.model.projection import NotFitted, SmoothProjection
 from foal_pipe.model.ridgeinput import UserErrors, batch_labels, state_array, task_classes, validated
-from foal_pipe.model.ridgemodel import RidgeFace, RidgeModel, check_metadata, finite_scores, ridge_projection
+from foal_pipe.model.ridgemodel import SET_BY_MODEL, RidgeFace, RidgeModel, check_metadata, finite_scores, ridge_projection
 from foal_pipe.model.stateviews import read_only, read_only_statistics, row_major
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -28,10 +29,40 @@ from foal_pipe.model.stateviews import read_only, read_only_statistics, row_majo
 SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
 
 #: Fitted state that :meth:`AnalyticClassifier.fit` clears before learning again.
-_FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "classes_", "n_features_in_", "feature_names_in_",
-           "n_samples_seen_")
+_FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "_recorded", "classes_", "n_features_in_",
+           "feature_names_in_", "n_samples_seen_")
 #: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
 _STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid", "per_decade")
+
+
+class _FileRecord(NamedTuple):
+    """What a loaded model file records beside the state (class names, encoder provenance, the projection's matrix and
+    activation, ...) and the rows seen when it was loaded: :meth:`AnalyticClassifier.save` writes it again."""
+
+    metadata: dict[str, Any]
+    projection: np.ndarray | None
+    n_samples: int
+
+    def kept(self, given: dict[str, Any], projection: Any, n_classes: int, n_samples: int) -> dict[str, Any]:
+        """The recorded metadata under ``given`` (``save``'s keywords win; a ``projection`` given records its own
+        activation, an ``activation`` that contradicts the recorded projection's is refused), the rows learned since
+        the load added to ``rows_outside_stores`` (no store identity records them); class names that no longer fit
+        the classes (``partial_fit`` added some) refused rather than dropped."""
+        kept = dict(self.metadata)
+        if projection is not None:
+            kept.pop("activation", None)
+        elif self.projection is not None:
+            activation = kept.setdefault("activation", "sigmoid")  # a version-1 file's, as load_model reads it
+            if given.get("activation", activation) != activation:
+                raise FoalPipeError(f"activation={given['activation']!r} contradicts the loaded projection's activation "
+                                    f"{activation!r}; drop activation= (the projection's is recorded)")
+        if outside := int(kept.get("rows_outside_stores", 0)) + n_samples - self.n_samples:
+            kept["rows_outside_stores"] = outside
+        names = kept.get("class_names")
+        if "class_names" not in given and isinstance(names, list) and len(names) != n_classes:
+            raise FoalPipeError(f"the loaded model file named {len(names)} classes, but the model has {n_classes} now "
+                                "(partial_fit added classes); pass class_names= with one name per class of classes_")
+        return {**kept, **given}
 
 
 class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
@@ -341,10 +372,14 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         ``projection``, its ``activation`` is recorded (an ``activation=`` that contradicts it is refused), so that
         :func:`~foal_pipe.model.deploy.load_model` rebuilds the same projection.
         :meth:`load` restores a classifier that keeps learning exactly as if the stream had never been
-        interrupted.
+        interrupted; what its file records beside the state (class names, encoder provenance, the projection, ...) is
+        written again, the keywords given replacing it (:meth:`fit` forgets it with the rows).
         """
         self._check_fitted()
         check_metadata(metadata, self.classes_.size)
+        recorded: _FileRecord | None = getattr(self, "_recorded", None)
+        if recorded is not None:
+            metadata = recorded.kept(metadata, projection, int(self.classes_.size), self.n_samples_seen_)
         fitted = self._fitted_with
         state = self._engine.state()
         rowless = self._without_rows()
@@ -354,6 +389,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
                                 f"learn with {param('engine', 'gram')} (its row counts record it)")
         grid = self._gram().grid if fitted["gamma"] == "auto" else None  # with the chosen gamma: a loaded one keeps choosing
         matrix, metadata = ridge_projection(projection, metadata)
+        if matrix is None and recorded is not None:
+            matrix = recorded.projection
         model = RidgeModel(state, self.weights_, self.classes_, self.gamma_, fitted["engine"],
                            self._dtype.name, self.n_samples_seen_, grid, fitted["per_decade"])
         return model.save(path, matrix, **metadata)
@@ -361,8 +398,13 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> AnalyticClassifier:
         """Restore a classifier written by :meth:`save`, validated (safetensors only: nothing is unpickled); the file
-        is read by :meth:`RidgeModel.load <foal_pipe.model.ridgemodel.RidgeModel.load>`."""
-        return cls.from_model(RidgeModel.load(path), backend)
+        is read by :meth:`RidgeModel.from_file <foal_pipe.model.ridgemodel.RidgeModel.from_file>`. What it records
+        beside the state is kept for :meth:`save`, so a model loaded, continued and saved loses none of it."""
+        tensors, meta = read_model(path)
+        clf = cls.from_model(RidgeModel.from_file(path, tensors, meta), backend)
+        clf._recorded = _FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
+                                    clf.n_samples_seen_)
+        return clf
 
     @classmethod
     def from_model(cls, model: RidgeModel, backend: str = "numpy") -> AnalyticClassifier:

@@ -57,14 +57,27 @@ class UserErrors:
     :class:`FoalPipeError` that ``fit``'s and ``predict``'s are (a ``y`` of another length, NaN labels)."""
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        if sample_weight is not None and (n := np.size(sample_weight)) != np.size(y):
-            raise FoalPipeError(f"sample_weight has {n} value{'s' * (n != 1)} but y has {np.size(y)} labels; pass one "
-                                "weight per row")
+        if sample_weight is not None:
+            check_sample_weight(sample_weight, np.size(y))
         try:
             with np.errstate(invalid="ignore"):  # NaN labels' cast warns before scikit-learn refuses them
                 return float(super().score(X, y, sample_weight))  # type: ignore[misc]
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
+
+
+def check_sample_weight(sample_weight: Any, n_labels: int) -> None:
+    """Refuse ``score``'s ``sample_weight`` unless one finite real weight >= 0 per label: a negative weight makes the
+    weighted accuracy leave [0, 1] (3.2, or 26001 where the weights nearly cancel) with no error from scikit-learn."""
+    if (n := np.size(sample_weight)) != n_labels:
+        raise FoalPipeError(f"sample_weight has {n} value{'s' * (n != 1)} but y has {n_labels} labels; pass one "
+                            "weight per row")
+    weights = np.asarray(host_values(sample_weight, "sample_weight"))
+    if weights.dtype.kind not in "biuf":
+        raise FoalPipeError(f"sample_weight holds {weights.dtype} values, not numbers; pass one real weight >= 0 per row")
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise FoalPipeError("sample_weight holds a negative weight, NaN or inf, which give no weighted accuracy (a "
+                            "negative weight can push it outside [0, 1]); pass finite weights >= 0")
 
 
 def state_array(X: Any, backend: str, like: Any, dtype: Any = None) -> Any:

@@ -88,6 +88,8 @@ class RidgeModel:
             raise FoalPipeError(f"class label {int(self.classes.max())} is above 2**63 - 1, the largest id a model file "
                                 "holds (int64); map the labels to smaller ids first")
         tensors = {name: to_numpy(a) for name, a in self.state.items()}
+        if "G" in tensors:
+            tensors["G"] = lower_mirrored(tensors["G"])
         tensors["W"] = to_numpy(self.weights).astype(np.float64)
         tensors["classes"] = self.classes.astype(np.int64)
         if projection is not None:
@@ -98,6 +100,16 @@ class RidgeModel:
             settings["gamma_grid"] = [float(g) for g in self.gamma_grid]
             settings["per_decade"] = int(self.per_decade)
         return write_model(path, tensors, {**metadata, **settings})
+
+
+def lower_mirrored(G: np.ndarray) -> np.ndarray:
+    """``G`` with its upper triangle copied from its lower, the triangle the solve factors (NumPy's, CuPy's and torch's
+    Cholesky read it): a product ``H^T H`` off NumPy (torch's float32 one at D = 6) stands a rounding from symmetric,
+    which the file's check of ``W`` against the whole ``G`` took for an altered file and refused to write. An exactly
+    symmetric ``G`` (NumPy's) is written as it is."""
+    if G.ndim != 2 or bool((G == G.T).all()):
+        return G
+    return np.tril(G) + np.tril(G, -1).T
 
 
 #: Metadata a model file's writer takes from the model itself (its settings, its format and checksum; a head's name,

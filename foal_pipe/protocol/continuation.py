@@ -32,11 +32,12 @@ from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import check_output_dir
-from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model
+from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model, open_model_store
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import OWN_SETTINGS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.continuechecks import FIXED_BY_MODEL, SEARCH_SETTINGS, given_settings
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.headscores import head_accuracies
@@ -97,7 +98,7 @@ def check_eval_stores(deployed: DeployedModel, paths: Sequence[str | Path]) -> N
     """Refuse an ``eval_features`` store the model cannot score (missing, another encoder or width) before any work."""
     for path in paths:
         try:  # the advice of open_store's refusal names the option that gave the path
-            store = open_store(path, **read_time_fusion(deployed.encoder_spec))
+            store = open_model_store(path, deployed.encoder_spec)
         except FoalPipeError as exc:
             raise FoalPipeError(exc.template.replace(param("features"), param("eval_features"))) from None
         check_encoder(deployed.encoder_spec, store, path)
@@ -154,12 +155,6 @@ class Continued:
         return boundary
 
 
-#: ModelConfig fields a saved model fixes (its sums were computed with them).
-FIXED_BY_MODEL = ("gamma", "projection_dim", "activation", "dtype")
-#: ModelConfig fields of the gamma search: a continued model with a fixed gamma, or a head, would ignore them.
-SEARCH_SETTINGS = ("select", "gamma_grid", "per_decade", "loo_sample")
-
-
 def check_search(explicit: Collection[str], gamma: float | str, grid: tuple[float, ...], given: ModelConfig,
                  head: str | None = None, per_decade: int = PER_DECADE) -> None:
     """Refuse an ``explicit`` (typed) gamma-search setting that continuing the model would ignore: every one for a
@@ -184,15 +179,13 @@ def check_search(explicit: Collection[str], gamma: float | str, grid: tuple[floa
                                 f"points per decade; the model fixes it: drop {param('per_decade')}")
 
 
-def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
+def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collection[str]) -> ModelConfig:
     """The model's gamma, projection size, activation and dtype; a different value in an ``explicit`` field
-    (None: every field that differs from ``ModelConfig()``) is refused, not applied to half the stream."""
+    (:func:`~foal_pipe.protocol.continuechecks.given_settings`) is refused, not applied to half the stream."""
     meta = model.metadata
     gamma = "auto" if "gamma_grid" in meta else float(meta["gamma"])
     fixed = {"gamma": gamma, "projection_dim": projection_dim(model.projection),
              "activation": model.projection.activation, "dtype": meta["dtype"]}
-    if explicit is None:
-        explicit = [key for key in FIXED_BY_MODEL if getattr(given, key) != getattr(ModelConfig(), key)]
     for key in FIXED_BY_MODEL:
         asked = getattr(given, key)
         if key in explicit and asked != fixed[key]:
@@ -269,21 +262,21 @@ def run_continue(
     execution: ExecutionConfig,
     eval_features: Sequence[str | Path] = (),
     log: Callable[[str], None] = print,
-    explicit: Collection[str] | None = None,
+    explicit: Collection[str] = (),
 ) -> Learned:
     """``learn --init-model``: the model's statistics plus the new store's rows, evaluated after each task on the new
     store's test split (and at the end on each ``eval_features`` store); writes what ``learn`` (or ``learn --head``)
-    writes. ``explicit``: the settings the caller gave (a different value of one the model fixes is refused; None:
-    those that differ from the defaults)."""
+    writes. ``explicit``: the settings the caller typed; they and every one set to other than its default are given
+    (:func:`~foal_pipe.protocol.continuechecks.given_settings`): a different value of one the model fixes is refused."""
     start = time.perf_counter()
     check_output_dir(out, inputs=[features, init_model, *eval_features])
     deployed = load_model(init_model, estimators=False)
     name = deployed.classifier.name
     part = PARTS[HEADS[name].learner]
-    settings = part.settings(init_model, deployed, model, stream, execution, explicit)
+    settings = part.settings(init_model, deployed, model, stream, execution, given_settings(model, explicit))
     settings = replace(settings, **model_fusion(deployed, model))
     check_continuable(stream, evaluation)
-    store = open_store(features, settings.fusion, settings.fusion_norm)
+    store = open_model_store(features, deployed.encoder_spec)  # settings' fusion is the model's (model_fusion)
     check_encoder(deployed.encoder_spec, store, features)
     deployed.check_width(store.dim, features)
     identities = check_new_rows(deployed, store, features, init_model)
@@ -304,7 +297,7 @@ def run_continue(
 
 
 def _gram_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,
-                   execution: ExecutionConfig, explicit: Collection[str] | None) -> ModelConfig:
+                   execution: ExecutionConfig, explicit: Collection[str]) -> ModelConfig:
     """Ridge's settings: the model's gamma, projection, activation and dtype (:func:`model_settings`)."""
     if model.head != DEFAULT_HEAD:
         raise FoalPipeError(f"{init_model} is a ridge model; {param('head', model.head)} cannot continue it: drop "
@@ -333,7 +326,8 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     """Write a continuation's outputs (ridge or a head): the ``final`` classifier deployed with the model's
     projection and encoder and every class's name (the model's, then the new store's at their ``merged`` ids), and
     ``metrics`` with what continuing adds: the model continued, the rows seen in all, the new store's label ids,
-    the tasks by name and the scores on each ``eval_features`` store."""
+    the tasks by name and the scores on each ``eval_features`` store; no ``seed`` or ``projection_init``: the
+    projection is the model's, whose file does not record how it was drawn."""
     store = run.store
     names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     names.update(zip(merged.tolist(), store.classes))
@@ -341,7 +335,7 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
             {**deployed.metadata, **provenance(run, deployed.metadata, identities)})
     result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it
     scored = [(path, *result.store_predictions(path)) for path in eval_features]
-    metrics = replace(metrics, continuation=Continuation(
+    metrics = replace(metrics, seed=None, projection_init=None, continuation=Continuation(
         init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
         label_ids=dict(zip(store.classes, merged.tolist())),
         task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
@@ -403,14 +397,11 @@ def ridge_of(deployed: DeployedModel) -> AnalyticClassifier | SavedRidge:
     return deployed.classifier
 
 
-def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collection[str] | None = None) -> ModelConfig:
-    """The settings of the model's head; an ``explicit`` (typed) ``--head``, gamma, projection size, activation or
-    dtype, or any of ``given.head_options``, that differs from the model's is refused (the statistics were computed
-    with the model's). ``explicit`` None: the fields that differ from ``ModelConfig()``."""
-    if explicit is None:
-        explicit = [key for key in ("head", *FIXED_BY_MODEL) if getattr(given, key) != getattr(ModelConfig(), key)]
-    if given.engine != ModelConfig().engine:  # ridge's solver, typed or not: no head takes it
-        explicit = [*explicit, "engine"]
+def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explicit: Collection[str]) -> ModelConfig:
+    """The settings of the model's head; an ``explicit`` (given: :func:`~foal_pipe.protocol.continuechecks.given_settings`)
+    ``--head``, gamma, projection size, activation, dtype or ``--engine`` (ridge's solver, which no head takes), or
+    any of ``given.head_options``, that differs from the model's is refused (the statistics were computed with the
+    model's)."""
     classifier = head_of(deployed)
     name, options, space = classifier.name, classifier.options, classifier.space
     fixed: dict[str, Any] = {"head": name, **{k: v for k, v in options.items() if k != "batch_size"},
@@ -440,7 +431,7 @@ def continued_head_settings(deployed: DeployedModel, given: ModelConfig, explici
 
 
 def _head_settings(init_model: str | Path, deployed: DeployedModel, model: ModelConfig, stream: StreamConfig,
-                   execution: ExecutionConfig, explicit: Collection[str] | None) -> ModelConfig:
+                   execution: ExecutionConfig, explicit: Collection[str]) -> ModelConfig:
     """Another head's settings: its own (:func:`continued_head_settings`), in this process, on its batch size."""
     classifier = head_of(deployed)
     name, options = classifier.name, classifier.options
@@ -474,7 +465,8 @@ def _continue_head(run: Run, deployed: DeployedModel, merged: np.ndarray, stream
     final = HeadClassifier(name, options, export_head(name, walker.head, last), classifier.n_samples_seen_ + new_rows,
                            space, classifier.dtype)
     shown = {k: v for k, v in options.items() if k != "batch_size"}
-    return final, LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, **run_info(run, stream))
+    return final, LearnMetrics(**accuracy_report(acc), head=name, head_options=shown, head_rows=run.model.head_rows,
+                               **run_info(run, stream))
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ class LearnSettings:
     """Everything ``learn`` takes besides its store and output folder. ``order_seeds``: many class orders (None:
     one, ``stream.order_seed``); ``init_model``: a model file to continue, ``eval_features`` the stores it is also
     scored on; ``given``: the setting names the caller set explicitly (a continued model fixes some of them and
-    checks those against its own; the command line passes what was typed; every option in ``model.head_options``
-    is given by being there)."""
+    checks those against its own; the command line passes what was typed, a default value included); a setting of
+    another value than its default, and every option in ``model.head_options``, is given by being there."""
 
     stream: StreamConfig = field(default_factory=StreamConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -60,9 +60,10 @@ LEARN_RULES: tuple[Rule, ...] = (
          f"{param('eval_features')} scores a continued model; use it with {param('init_model')}"),
     Rule(lambda s: s.init_model is not None and s.order_seeds is not None,
          f"{param('init_model')} continues one stream (one class order); leave out {param('order_seeds')}"),
-    Rule(lambda s: s.init_model is not None and "seed" in s.given,
+    Rule(lambda s: s.init_model is not None and ("seed" in s.given or s.stream.seed != StreamConfig.seed),
          f"{param('seed')} draws the projection, which comes from {param('init_model')}; drop {param('seed')}"),
-    Rule(lambda s: s.init_model is not None and "projection_init" in s.given,
+    Rule(lambda s: s.init_model is not None and ("projection_init" in s.given
+                                                 or s.model.projection_init != ModelConfig.projection_init),
          f"{param('projection_init')} draws the projection, which comes from {param('init_model')}; drop "
          f"{param('projection_init')}"),
 )
@@ -106,12 +107,10 @@ def learn(features: str | Path, out: str | Path, settings: LearnSettings | None 
     s = settings or LearnSettings()
     check_rules(LEARN_RULES, s)
     if s.init_model is not None:
-        from foal_pipe.protocol.continuation import FIXED_BY_MODEL, SEARCH_SETTINGS, run_continue
+        from foal_pipe.protocol.continuation import run_continue
 
-        fixed = [name for name in (*FIXED_BY_MODEL, "head", "head_rows", "engine", *SEARCH_SETTINGS)
-                 if name in s.given]  # and every head option given
         return run_continue(s.init_model, features, out, s.stream, s.model, s.evaluation, s.execution,
-                            list(s.eval_features), log, fixed)
+                            list(s.eval_features), log, s.given)
     if s.order_seeds is not None:
         from foal_pipe.protocol.orders import run_learn_orders
 
