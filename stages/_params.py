@@ -109,7 +109,7 @@ def _passes(check: Callable[[Any], object]) -> Callable[[Any], bool]:
     def accepts(value: Any) -> bool:
         try:
             check(value)
-        except (FoalPipeError, TypeError, ValueError):
+        except (FoalPipeError, TypeError, ValueError, OverflowError):  # OverflowError: an integer past float's range
             return False
         return True
 

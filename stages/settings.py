@@ -28,6 +28,7 @@ from _params import (
     TABLE_FROM_LEARN,
     ParamsError,
     Quoted,
+    _number,
     extract_spec,
     number_text,
     resolve,
@@ -177,10 +178,49 @@ def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> 
     refuse(tuple(key("table", k) for k in KEYS["table"]), names, table)
 
 
+#: The folders a run writes beside runs/NAME/, by suffix: a run named NAME-sweep would share runs/NAME-sweep/.
+FOLDERS = ("sweep", "table", "settings")
+
+
+def check_names(names: Any, name: str) -> None:
+    """Refuse runs whose folders coincide (``digits`` and ``digits-sweep``: runs/digits-sweep/ would hold both
+    sweep@digits's sweep.json and learn@digits-sweep's run, each writing the same timings.json there)."""
+    for other in names:
+        for a, b in ((name, other), (other, name)):
+            suffix = next((s for s in FOLDERS if b == f"{a}-{s}"), None)
+            if suffix is not None:
+                raise ParamsError(f"the runs `{a}` and `{b}` under `datasets` in {PARAMS} share the folder runs/{b}/ "
+                                  f"(the {suffix} folder of `{a}`); rename `{b}`")
+
+
+def check_dataset(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
+    """Refuse, before any stage runs, what extract, learn, sweep and table refuse of the dataset whatever its files: a
+    test_split for a dataset with its own splits, no data_dir for one with no default place (your own files), and
+    `images`, whose unlabelled store has no train split to learn."""
+    from foal_pipe.datasets import DATASETS
+
+    dataset, p = settings["dataset"], settings["extract"]
+    named = f"datasets.{name}.dataset: {dataset}" if "dataset" in entry else f"the run `{name}` (dataset {dataset})"
+    if dataset == "images":
+        raise ParamsError(f"in {PARAMS}, {named} extracts unlabelled images, a test split alone that learn, sweep and table "
+                          "cannot learn from; use dataset imagefolder (a folder per class), or `foal-pipe extract --dataset "
+                          "images` and `foal-pipe predict` outside the pipeline")
+    if p["data_dir"] is None and DATASETS[dataset].locate is None:
+        raise ParamsError(f"in {PARAMS}, {named} reads your own files, from {where(name, entry, 'extract', 'data_dir')}, "
+                          "which is null; set it to their folder (hdf5: the .h5 file)")
+    if p["test_split"] is not None and not DATASETS[dataset].splittable:
+        key = where(name, entry, "extract", "test_split")
+        raise ParamsError(f"in {PARAMS}, {named} comes with its own train and test splits, so {key} does not apply; set "
+                          f"{key}: null (it splits a folder of class folders: dataset imagefolder)")
+
+
 def checked(params: dict[str, Any], name: str) -> dict[str, Any]:
     """Run ``name``'s settings (:func:`_params.resolve`), refused where a later stage would refuse them."""
     settings = resolve(params, name)
-    check_stages(settings, name, params["datasets"][name] or {})
+    entry = params["datasets"][name] or {}
+    check_names(params["datasets"], name)
+    check_dataset(settings, name, entry)
+    check_stages(settings, name, entry)
     return settings
 
 
@@ -236,10 +276,19 @@ def extract_inputs(settings: dict[str, Any]) -> dict[str, Any]:
     return {key: _fingerprint(path) for key, path in found.items() if path is not None and path.exists()}
 
 
+def canonical(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with each gamma a float: ``gamma: 1``, ``1.0`` and ``1e0`` (a string to PyYAML) are one setting,
+    so they must give the same bytes (else `dvc exp run -S learn.gamma=1` reruns learn for a gamma it already ran)."""
+    learn, sweep = settings["learn"], settings["sweep"]
+    gamma = learn["gamma"] if learn["gamma"] == "auto" else float(_number(learn["gamma"]))
+    gammas = None if sweep["gammas"] is None else [float(_number(g)) for g in sweep["gammas"]]
+    return {**settings, "learn": {**learn, "gamma": gamma}, "sweep": {**sweep, "gammas": gammas}}
+
+
 def write(name: str, settings: dict[str, Any]) -> None:
     out = Path("runs") / f"{name}-settings"
     out.mkdir(parents=True, exist_ok=True)
-    files = stage_settings(settings)
+    files = stage_settings(canonical(settings))
     inputs = extract_inputs(settings)
     if inputs:  # none (digits): the file holds the settings alone
         files["extract"] = {**files["extract"], "inputs": inputs}

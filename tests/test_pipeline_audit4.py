@@ -327,7 +327,8 @@ def test_unquoted_gammas_in_exponent_form_still_pass(tmp_path):
         "  gammas: null ", "  gammas: [1e-3, 1] ", 1)
     (tmp_path / "params.yaml").write_text(text)
     _ok("settings", tmp_path, "digits")
-    assert json.loads((tmp_path / "runs/digits-settings/learn.settings.json").read_text())["learn"]["gamma"] == "1e-3"
+    recorded = json.loads((tmp_path / "runs/digits-settings/learn.settings.json").read_text())["learn"]["gamma"]
+    assert recorded == 0.001  # as a float: 1e-3 and 0.001 give the same bytes
     (tmp_path / "params.yaml").write_text(text.replace("  gamma: 1e-3 ", '  gamma: "auto" ', 1))
     _ok("settings", tmp_path, "digits")
     assert json.loads((tmp_path / "runs/digits-settings/learn.settings.json").read_text())["learn"]["gamma"] == "auto"
