@@ -91,7 +91,8 @@ def describe(metrics: LearnMetrics) -> str:
         "the store's features (no projection)" if head and m.projection_dim == 0 else f"D={_or(m.projection_dim)}",
         *([] if gamma_text(m) == "-" else [f"gamma={gamma_text(m)}"]),
         f"batch {_or(m.batch_size)}",
-        f"seed {_or(m.seed)}",
+        # a continued run draws no projection: it keeps its model's, so it records no seed of its own
+        "the continued model's projection" if m.seed is None and m.continuation is not None else f"seed {_or(m.seed)}",
         (f"{_or(m.dtype, '')} {_or(m.backend, '')}".strip() if head and m.engine is None
          else f"engine {_or(m.engine)} {_or(m.dtype, '')} {_or(m.backend, '')}".rstrip()),
     ]

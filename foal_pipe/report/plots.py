@@ -7,6 +7,8 @@ without the ``Software`` text chunk (which names the matplotlib version).
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,21 +33,51 @@ def _title(run: Run) -> str:
     return f"{_label(run)} · {_encoder(m)} · γ={_or(m.gamma)} · D={_or(m.projection_dim)}"
 
 
+#: Surrogates that stand for no byte (``surrogateescape`` reads byte b as U+DC00 + b, b >= 128): JSON's ``"\ud800"``.
+_NO_BYTE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
+def drawable(text: Any) -> str:
+    """``text`` (a class, folder or encoder name) as the plots' font draws it, on one line: a line break or tab as a space;
+    bytes that are not UTF-8 (read as surrogates, which the font refuses: a traceback) as UTF-8 where they are; a
+    character that matplotlib's own DejaVu Sans lacks as U+FFFD (drawn as a box with a warning, or from another font
+    where one is installed, which would make the PNG's bytes depend on the machine)."""
+    text = _NO_BYTE.sub("\ufffd", " ".join(str(text).split()))
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    glyphs = _glyphs()
+    return "".join(c if ord(c) in glyphs else "\ufffd" for c in text)
+
+
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """The characters of the font the default style draws text in, DejaVu Sans (matplotlib ships it)."""
+    from matplotlib import font_manager
+
+    return frozenset(font_manager.get_font(font_manager.findfont("DejaVu Sans", fallback_to_default=False)).get_charmap())
+
+
+def class_ticks(names: list[str], labels: list[int], width: int = 12) -> list[str]:
+    """Class names as tick labels of at most ``width`` characters, a long one's middle left out (``class_n…_001``);
+    where two still read alike, each is prefixed by its label id (class_accuracy.csv's ``class``)."""
+    short = [n if len(n) <= width else f"{n[: width - 5]}…{n[-4:]}" for n in map(drawable, names)]
+    return short if len(set(short)) == len(short) else [f"{label}: {s}" for label, s in zip(labels, short, strict=True)]
+
+
 def _label(run: Run) -> str:
     """The run's label; an image folder (``--dataset imagefolder``) named by its folder, which the store records
     as its ``source`` (what ``info`` shows), while the store can be read."""
     from foal_pipe.store import read_meta
 
     if run.dataset != "imagefolder" or run.metrics.features is None:
-        return run.label
+        return drawable(run.label)
     try:
         source = read_meta(run.metrics.features)[1].extra.get("source")
     except FoalPipeError:
-        return run.label
+        return drawable(run.label)
     if not isinstance(source, str) or not Path(source).name:
-        return run.label
+        return drawable(run.label)
     name, folder = run.path.resolve().name, Path(source).name
-    return name if name == folder else f"{name} ({folder})"
+    return drawable(name if name == folder else f"{name} ({folder})")
 
 
 def _or(value: Any) -> Any:
@@ -53,7 +85,7 @@ def _or(value: Any) -> Any:
 
 
 def _encoder(settings: RunSettings) -> str:
-    return (settings.encoder or {}).get("name", "?")
+    return drawable((settings.encoder or {}).get("name", "?"))
 
 
 def draw(path: Path, size: tuple[float, float], paint: Callable[[Any], None]) -> Path:
@@ -96,9 +128,12 @@ def plot_accuracy_matrix(run: Run, path: Path) -> Path:
         ax.set_yticks(list(ticks), [str(t + 1) for t in ticks])
         ax.set_xlabel("evaluated on task j")
         ax.set_ylabel("after training through task i")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9, parse_math=False)
 
-    return draw(path, (max(1.6 + 0.55 * max(T, 4), title_width(title)), 1.2 + 0.5 * max(T, 4)), paint)
+    # cells wide enough for their numbers up to 20 tasks; past them the cells shrink (a figure grown with every task
+    # took 2 GB to draw 120 tasks, and could not draw 1,000)
+    n = min(max(T, 4), 20)
+    return draw(path, (max(1.6 + 0.55 * n, title_width(title)), 1.2 + 0.5 * n), paint)
 
 
 def colour_scale(grid: np.ndarray) -> tuple[float, float]:
@@ -147,7 +182,7 @@ def plot_steps(run: Run, path: Path) -> Path:
         ax.legend(fontsize=8, loc="lower left")
         m = run.metrics
         ax.set_title(f"A_avg {100 * m.A_avg:.1f}%, A_last {100 * m.A_last:.1f}%, F {100 * m.F:.1f}%\n"
-                     f"{_title(run)}", fontsize=9)
+                     f"{_title(run)}", fontsize=9, parse_math=False)
 
     return draw(path, (6.4, 4.0), paint)
 
@@ -177,7 +212,7 @@ def plot_anytime(run: Run, path: Path) -> Path:
         over = "" if seeds == [None] else f", means over {len(seeds)} class orders"
         auc = "" if m.A_auc is None else f"A_auc {100 * m.A_auc:.1f}%, "  # None: an order's curve without points
         ax.set_title(f"{auc}A_last {100 * m.A_last:.1f}% ({stream} stream{over})\n{_title(run)}",
-                     fontsize=9)
+                     fontsize=9, parse_math=False)
 
     return draw(path, (6.4, 4.0), paint)
 
@@ -209,11 +244,14 @@ def plot_weight_norms(run: Run, path: Path) -> Path:
                        color=color.get(t, "lightgray"), label=f"task {t}" if t != "" else outside)
         ax.axhline(float(np.mean([r["norm"] for r in rows])), color="black", lw=0.8, ls="--", label="mean")
         if len(rows) <= 40:
-            ticks = [str(r["name"] or r["label"])[:12] for r in rows]
-            ax.set_xticks([r["position"] for r in rows], ticks, fontsize=7, rotation=90 if len(rows) > 12 else 0)
+            ticks = class_ticks([r["name"] or str(r["label"]) for r in rows], [r["label"] for r in rows])
+            upright = len(rows) <= 12 and max(map(len, ticks)) <= 8  # wider names overlap their neighbours
+            ax.set_xticks([r["position"] for r in rows], ticks, fontsize=7, rotation=0 if upright else 90,
+                          parse_math=False)
         ax.set_xlabel("class, in stream order")
         ax.set_ylabel("‖W[:, c]‖₂")
-        ax.set_title(f"per-class weight norms (recency bias shows as taller late tasks)\n{_title(run)}", fontsize=9)
+        ax.set_title(f"per-class weight norms (recency bias shows as taller late tasks)\n{_title(run)}", fontsize=9,
+                     parse_math=False)
         if len(tasks) <= 12:
             # a figure legend "outside": the constrained layout makes room for it below the x label and tick
             # labels (an axes legend placed below the axes overlapped them and pushed text off the canvas)
@@ -269,7 +307,7 @@ def plot_gamma(run: Run, path: Path, paper: PaperMatch | None) -> Path:
         title = f"gamma sweep · {_label(run)} · {_encoder(s)} · D={_or(s.projection_dim)}"
         if choice.at_edge:
             title += f"\nselected γ is the {choice.at_edge} tried: the best may lie beyond the grid"
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9, parse_math=False)
 
     return draw(path, (7.2, 5.0), paint)
 
@@ -301,7 +339,7 @@ def plot_fusions(run: Run, path: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         fig.legend(fontsize=7, loc="outside lower center", ncol=2)
         ax.set_title(f"fusion ablation · {_label(run)} · {_encoder(s)} · D={_or(s.projection_dim)}\n"
-                     "filled: each fusion's selected γ (training rows only)", fontsize=9)
+                     "filled: each fusion's selected γ (training rows only)", fontsize=9, parse_math=False)
 
     return draw(path, (7.2, 5.0), paint)
 
@@ -327,7 +365,7 @@ def plot_heads(run: Run, path: Path) -> Path:
         ax.set_ylabel("A_i: mean test accuracy over the tasks seen (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        ax.set_title(f"heads · {_label(run)} · {_encoder(s)}", fontsize=9)
+        ax.set_title(f"heads · {_label(run)} · {_encoder(s)}", fontsize=9, parse_math=False)
 
     return draw(path, (7.2, 5.0), paint)
 
@@ -342,7 +380,9 @@ def plot_confusion(run: Run, classes: ClassResults, path: Path) -> Path:
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        image = ax.imshow(share, vmin=0, vmax=100, cmap="Blues", interpolation="nearest")
+        # each cell its own pixels while there are at least two per cell; more classes are averaged into pixels
+        # (matplotlib's anti-aliasing), where "nearest" would show some rows and columns and drop the rest unsaid
+        image = ax.imshow(share, vmin=0, vmax=100, cmap="Blues", interpolation="nearest" if C <= 500 else "auto")
         fig.colorbar(image, ax=ax, label="share of the true class's test rows (%)", shrink=0.85)
         if C <= 15:
             for i in range(C):
@@ -351,12 +391,20 @@ def plot_confusion(run: Run, classes: ClassResults, path: Path) -> Path:
                         ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=7,
                                 color="white" if share[i, j] > 60 else "black")
         if C <= 40:
-            names = [name[:12] for name in classes.names]
-            ax.set_xticks(range(C), names, fontsize=7, rotation=90)
-            ax.set_yticks(range(C), names, fontsize=7)
-        ax.set_xlabel("predicted class")
-        ax.set_ylabel("true class")
-        ax.set_title(f"confusion on the test split, final model\n{_title(run)}", fontsize=9)
+            names = class_ticks(classes.names, classes.labels)
+            ax.set_xticks(range(C), names, fontsize=7, rotation=90, parse_math=False)
+            ax.set_yticks(range(C), names, fontsize=7, parse_math=False)
+            where = ""
+        else:  # too many to name: positions in stream order, as class_accuracy.csv's rows
+            ticks = range(0, C, max(1, C // 10))
+            ax.set_xticks(list(ticks), [str(k + 1) for k in ticks])
+            ax.set_yticks(list(ticks), [str(k + 1) for k in ticks])
+            where = " (row of class_accuracy.csv)"
+        ax.set_xlabel(f"predicted class{where}")
+        ax.set_ylabel(f"true class{where}")
+        left = f"\n{C} classes: names left out, each is its row in class_accuracy.csv" if C > 40 else ""
+        left += ", cells averaged into pixels" if C > 500 else ""
+        ax.set_title(f"confusion on the test split, final model\n{_title(run)}{left}", fontsize=9, parse_math=False)
 
     side = 3.0 + 0.22 * min(max(C, 8), 40)
     return draw(path, (side + 1.2, side), paint)

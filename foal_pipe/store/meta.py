@@ -39,6 +39,16 @@ _KNOWN_KEYS = ("format", "format_version", "classes", "dataset", "encoder", "com
 WRITE_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
 
+def writable_name(name: str) -> bool:
+    """Whether UTF-8 holds ``name``: a path's undecodable bytes (surrogates U+DC80-U+DCFF) are written back as bytes,
+    any other surrogate (JSON's ``"\\ud800"``) cannot be written."""
+    try:
+        name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _json_type(value: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
              dict: "a mapping", type(None): "null"}
@@ -114,6 +124,10 @@ class StoreMeta:
                 found = f"holds {_json_type(bad)} ({shown(bad)})"
             raise FoalPipeError(f"{where}: attribute 'classes' must be a non-empty list of class names (strings), "
                                 f"but it {found}; fix it or re-extract the store")
+        if unwritable := next((c for c in classes if not writable_name(c)), None):
+            raise FoalPipeError(f"{where}: attribute 'classes' holds {unwritable!r}, a name with a lone surrogate that no "
+                                "text file can hold (the reports and predictions write every name); fix it or re-extract "
+                                "the store")
         if len(set(classes)) != len(classes):
             twice = next(c for i, c in enumerate(classes) if c in classes[:i])
             raise FoalPipeError(f"{where}: attribute 'classes' names {twice!r} twice: two label ids for one name, which a "

@@ -33,6 +33,7 @@ from foal_pipe.store.meta import (
     StoreMeta,
     encoder_problem,
     open_array,
+    writable_name,
     write_attrs,
     writing,
 )
@@ -64,6 +65,9 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
     """
     if dtype not in FEATURE_DTYPES:
         raise FoalPipeError(f"feature dtype {dtype!r} is outside the spec; choose one of {', '.join(FEATURE_DTYPES)}")
+    if unwritable := next((c for c in meta.classes if isinstance(c, str) and not writable_name(c)), None):
+        raise FoalPipeError(f"class name {unwritable!r} holds a lone surrogate, which no text file can hold (the reports "
+                            "and predictions write every name); name the classes with text")
     if blocks is not None and blocks.dtype not in BLOCK_DTYPES:
         raise FoalPipeError(f"blocks dtype {blocks.dtype!r} is outside the spec; choose one of "
                             f"{', '.join(BLOCK_DTYPES)}")
