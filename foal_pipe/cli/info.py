@@ -6,8 +6,9 @@ only reads stores, which :mod:`foal_pipe.cli.extract` writes.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,9 +17,14 @@ from rich.table import Table
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
 
+if TYPE_CHECKING:
+    from foal_pipe.store import ChunkProblem
+
 
 def _size_on_disk(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """The bytes of the regular files in the store: a symlink counts as itself, not as the file it points to."""
+    sizes = (p.lstat() for p in path.rglob("*"))
+    return sum(s.st_size for s in sizes if stat.S_ISREG(s.st_mode))
 
 
 def _human(n: float) -> str:
@@ -47,6 +53,7 @@ def store_summary(path: Path, verify: bool = False, found: list[Any] | None = No
     problems found are added to ``found`` too, as :class:`~foal_pipe.store.ChunkProblem` (a reader's refusal kept)."""
     from foal_pipe.store import SPLITS, has_checksums, log_path, open_array, read_log, read_meta, verify_store
     from foal_pipe.store.integrity import SEALED_FROM
+    from foal_pipe.store.write import foreign_file
 
     group, meta = read_meta(path)
     splits, checksums = {}, []
@@ -77,14 +84,24 @@ def store_summary(path: Path, verify: bool = False, found: list[Any] | None = No
         **_last_run(log),
         "blocks": meta.extra.get("blocks"),
         "bytes_on_disk": _size_on_disk(Path(path)),
+        "foreign_file": foreign_file(Path(path)),
     }
     result = verify_store(path, read=verify)
-    summary["problems"] = [str(p) for p in result.problems]
+    summary["problems"] = [_worded(p) for p in result.problems]
     if found is not None:
         found += result.problems
     if verify:
         summary["chunks_read"] = result.chunks_read
     return summary
+
+
+def _worded(problem: ChunkProblem) -> str:
+    """A problem as the command line words it: a reader's refusal names its parameters as flags."""
+    from foal_pipe.cli.flags import cli_form
+    from foal_pipe.store.verify import REFUSED
+
+    refusal = problem.refusal
+    return str(problem) if refusal is None else f"{problem.array}: {REFUSED}{refusal.render(cli_form)}"
 
 
 def _grid(size: Any) -> str:
@@ -134,9 +151,12 @@ def info(
 ) -> None:
     """Show a feature store: shape, dtype, classes, encoder, completeness, checksums and size on disk.
 
-    Exits with status 1 when chunk files are missing (or, with --verify, damaged, or the store is one the readers
-    refuse) or format_version was edited down.
+    Exits with status 0 when nothing is wrong, 1 when anything is, every problem listed: chunk files missing,
+    metadata changed since completion, format_version edited down, an incomplete store's progress that extract cannot
+    resume from; with --verify also damaged chunks, NaN/inf features and anything the readers refuse.
     """
+    from foal_pipe.store.chunks import REEXTRACT
+
     with user_errors():
         if export_manifest is not None:
             _export_manifest(store, export_manifest)
@@ -152,10 +172,10 @@ def info(
         refusal = found[0].refusal if len(found) == 1 else None
         if refusal is not None:  # open_store's own message, which names the fix (its flags, as learn's does)
             raise FoalPipeError(f"{store} fails --verify: {refusal.template}")
-        if problems:
-            listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise FoalPipeError(f"{store} is damaged: {listed}; re-extract it (`foal-pipe extract ... --overwrite`) "
-                                "or restore it from a copy")
+        if problems:  # each problem once, without the fix the line ends with
+            texts = [p.removesuffix(f"; {REEXTRACT}") for p in problems]
+            listed = "; ".join(texts[:5]) + (f"; and {len(texts) - 5} more" if len(texts) > 5 else "")
+            raise FoalPipeError(f"{store} is damaged: {listed}; {REEXTRACT}")
 
 
 def _export_manifest(store: Path, out: Path) -> None:
@@ -243,6 +263,10 @@ def _print_table(summary: dict[str, Any]) -> None:
     if runtime:
         table.add_row("runtime", escape(", ".join(f"{k} {v}" for k, v in runtime.items() if v is not None)))
     table.add_row("size", f"{_human(summary['bytes_on_disk'])} on disk")
+    if summary["foreign_file"] is not None:  # --overwrite, the fix every problem names, refuses such a store
+        table.add_row("note", escape(f"it holds {summary['foreign_file']!r}, which a store's writer does not make: "
+                                     "readers ignore it, but `extract --overwrite` refuses to replace the store until "
+                                     "it is removed"))
     found = summary["problems"]
     problems = f"[red]{len(found)} problem{'s' * (len(found) != 1)}[/]"
     if "chunks_read" in summary:

@@ -33,7 +33,7 @@ from foal_pipe.store.integrity import (
     sealed,
 )
 from foal_pipe.store.manifest import MANIFEST, parse_stored_manifest, stored_manifest
-from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, StoreMeta, edited_version, read_meta
+from foal_pipe.store.meta import ROW_ARRAYS, SPLITS, StoreMeta, edited_version, read_meta, shown
 from foal_pipe.store.read import chunk_too_large, open_store
 
 #: The ``array`` of a problem of the whole store, and the start of one every reader refuses (its message says the fix).
@@ -80,11 +80,15 @@ def _merge(problems: list[ChunkProblem]) -> list[ChunkProblem]:
     return out
 
 
-def _manifest_labels(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array]) -> list[ChunkProblem]:
+def _manifest_labels(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[str, zarr.Array],
+                     faulty: set[str]) -> list[ChunkProblem]:
     """The first row of each split whose label in the split manifest differs from its ``labels`` array: both are
     written by ``extract``, so a difference means one of them is not the dataset's (a resume over moved images). A
     manifest that is not the document ``extract`` writes is the refusal a model's identity would meet
-    (:func:`~foal_pipe.store.manifest.parse_stored_manifest`)."""
+    (:func:`~foal_pipe.store.manifest.parse_stored_manifest`). Arrays in ``faulty`` (and all, when it holds the
+    manifest or the whole store) have a problem found already, its cause: they are not compared."""
+    if faulty & {WHOLE_STORE, MANIFEST}:
+        return []
     try:
         raw = stored_manifest(path, (group, meta))
     except FoalPipeError:  # a damaged manifest: its chunks are reported above, and open_store names it
@@ -96,14 +100,35 @@ def _manifest_labels(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dic
     except FoalPipeError as exc:
         return [ChunkProblem(MANIFEST, 0, 0, str(exc))]
     found = []
-    for split in SPLITS:
+    for split in (split for split in SPLITS if f"{split}/labels" not in faulty):
         listed = np.asarray([label for _, _, label in splits[split]], np.int64)
         labels = np.asarray(arrays[f"{split}/labels"][:])
         differ = np.flatnonzero(listed != labels) if listed.shape == labels.shape else [min(len(listed), len(labels))]
         if len(differ):
             row = int(differ[0])
             found.append(ChunkProblem(f"{split}/labels", 0, 0, f"row {row:,} differs from the split manifest's label "
-                                      f"for that row (manifest {_at(listed, row)}, labels {_at(labels, row)}); {REEXTRACT}"))
+                                      f"for that row (manifest {_at(listed, row)}, labels {_at(labels, row)})"))
+    return found
+
+
+def _progress_problems(recorded: object, arrays: dict[str, zarr.Array]) -> list[ChunkProblem]:
+    """Why an incomplete store's ``progress`` is not what ``extract`` resumes from (each split's rows written: a whole
+    number of chunks, or all rows), none when it is or is absent: ``info`` would advise a resume ``extract`` refuses."""
+    if recorded is None:
+        return []
+    if not isinstance(recorded, dict):
+        return [ChunkProblem(WHOLE_STORE, 0, 0, f"its attribute 'progress' is {shown(recorded)}, expected the rows "
+                             "written of each split (extract refuses to resume it)")]
+    found = []
+    for split in SPLITS:
+        features, done = arrays.get(f"{split}/features"), recorded.get(split)
+        if features is None:
+            continue
+        rows, step = int(features.shape[0]), int(features.chunks[0])
+        if not (type(done) is int and 0 <= done <= rows and (done % step == 0 or done == rows)):
+            found.append(ChunkProblem(f"{split}/features", 0, 0, f"attribute 'progress' records {shown(done)} rows "
+                                      f"written, expected a multiple of {step:,} from 0 to {rows:,} (extract refuses "
+                                      "to resume it)"))
     return found
 
 
@@ -128,12 +153,14 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
         recorded = meta.extra.get("progress")
         progress = recorded if isinstance(recorded, dict) else {}
     problems: list[ChunkProblem] = []
-    n_read = 0
+    n_read = row_damage = 0  # row_damage: damaged or non-finite features/blocks chunks, which opening a store never reads
     arrays = group_arrays(group, path)
     for name in (f"{split}/{leaf}" for split in SPLITS for leaf in ("features", "labels")):
         if name not in arrays:  # the readers open it by path: unlisted, none of its chunks would be read here
             problems.append(ChunkProblem(name, 0, 0, "not listed by the store's metadata (its zarr.json, or its "
                                                      "split's, is missing or damaged)"))
+    if progress is not None:
+        problems += _progress_problems(meta.extra.get("progress"), arrays)
     edited = edited_version(meta, arrays, proven_version(arrays))
     if edited is not None:  # the generation id then differs too: the edit is the cause to name
         problems.append(ChunkProblem(WHOLE_STORE, 0, 0, f"it declares format_version {meta.format_version} but "
@@ -173,6 +200,7 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
             block, why = _decoded(array, coords)
             if block is None:
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), str(why)))
+                row_damage += leaf in ROW_ARRAYS
                 continue
             n_read += 1
             if leaf in ROW_ARRAYS and block.dtype.kind == "f" and not np.isfinite(block).all():
@@ -180,13 +208,16 @@ def verify_store(path: str | Path, read: bool = True, max_listed: int = 10**4) -
                 finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
                 problems.append(ChunkProblem(name, *chunk_span(array, coords[0]), "NaN or inf values (first at row "
                                 f"{lo + int(np.flatnonzero(~finite)[0]):,})"))
+                row_damage += 1
     if (read and meta.complete and not sealed(meta) and meta.generation is not None and not problems
             and compute_generation(path, group) != meta.generation):
         problems.append(ChunkProblem(WHOLE_STORE, 0, 0, "its files changed after it was completed "
                                      "(generation id mismatch)"))
-    if read and not problems:
-        problems += _manifest_labels(path, group, meta, arrays)
-    if read and meta.complete and not problems:
+    # the checks below read the labels, the manifest and what opening the store reads: a fault found above in those
+    # is its cause, reported once, while damaged rows of features or blocks leave them to run (a full report)
+    if read:
+        problems += _manifest_labels(path, group, meta, arrays, {p.array for p in problems})
+    if read and meta.complete and len(problems) == row_damage:
         try:
             open_store(path)
         except FoalPipeError as exc:
