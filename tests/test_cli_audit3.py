@@ -114,9 +114,9 @@ def checked(monkeypatch) -> list[int]:
     calls: list[int] = []
     original = capabilities.check_points
 
-    def counting(head, labels, every, seeds=None):
+    def counting(head, labels, every, seeds=None, names=None):
         calls.append(len(labels))
-        return original(head, labels, every, seeds)
+        return original(head, labels, every, seeds, names)
 
     for module in (capabilities, learnkinds, orders):
         monkeypatch.setattr(module, "check_points", counting)

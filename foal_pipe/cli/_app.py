@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import typer
 from rich.console import Console
@@ -63,9 +63,9 @@ class _HelpFlag:
     """``--help`` is a flag: no ``<bool>`` placeholder beside it; a required argument is its plain name in the usage
     line (``foal-pipe info [OPTIONS] STORE``, click's style), not typer's ``{STORE}``, which reads as a set to pick from.
     A docstring's paragraphs are rewrapped to the terminal (its line breaks are the source's, not the reader's), a
-    long list of values (``<digits|fashion-mnist|...>``) breaks between values, not inside one, and a required
-    option's help that ends "Required." (as every option's help states its default) loses it beside typer's own
-    "[required]"."""
+    long list of values (``<digits|fashion-mnist|...>``) breaks between values, not inside one, a repeatable option's
+    value is ``<path>``, not typer's ``<list[Path]>``, and a required option's help that ends "Required." (as every
+    option's help states its default) loses it beside typer's own "[required]"."""
 
     help: str | None  # click's Command's
 
@@ -80,6 +80,8 @@ class _HelpFlag:
             shown = param.metavar is None and getattr(param, "display_type_rich", None) and param.display_type_rich(ctx)
             if shown and re.fullmatch(r"<[^<>|]+(\|[^<>|]+)+>", shown) and len(shown) > LONG_VALUES:
                 param.metavar = shown.replace("|", "| ")
+            elif shown and (listed := re.fullmatch(r"<list\[(\w+)\]>", shown)):  # typer's Python type, not a value
+                param.metavar = f"<{listed[1].lower()}>"
         super().format_help(ctx, formatter)  # type: ignore[misc]
 
     def get_help_option(self, ctx: Any) -> Any:
@@ -112,7 +114,30 @@ class _OneLineUsage:
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         with _usage_line(ctx):
+            _refuse_empty_paths(self, ctx, args)
             return super().parse_args(ctx, args)  # type: ignore[misc, no-any-return]
+
+
+def _takes_paths(param: Any) -> bool:
+    """Whether ``param`` takes paths: typer's annotation (from 0.29), else click's ``Path`` type."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    kinds = (annotation, *get_args(annotation)) if annotation is not None else (type(getattr(param, "type", None)),)
+    return any(getattr(kind, "__name__", None) == "Path" for kind in kinds)
+
+
+def _refuse_empty_paths(command: Any, ctx: Any, args: list[str]) -> None:
+    """A path given as empty text (``--out ""``, an unset shell variable) is a usage error: typer reads it as ``.``, so
+    the command went on with the current folder (``summary ""`` summarised it, ``extract --data-dir ""`` read it)
+    and refusals named a ``.`` that was never typed."""
+    params = [p for p in command.get_params(ctx) if _takes_paths(p)]
+    if not params or ctx.resilient_parsing or set(args) & set(ctx.help_option_names):  # --help shows the help, as before
+        return
+    given, _, _ = command.make_parser(ctx).parse_args(args=list(args))  # the texts as typed, before typer reads them
+    for param in params:
+        texts = given.get(param.name)
+        if "" in (texts if isinstance(texts, list | tuple) else [texts]):
+            name = max(param.opts, key=len) if param.param_type_name == "option" else param.metavar or param.name.upper()
+            raise UsageError(f"{name} is empty, which would read as the current folder; pass a path", ctx)
 
 
 @contextmanager

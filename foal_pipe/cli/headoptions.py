@@ -15,6 +15,7 @@ from typing import Any
 
 from foal_pipe.cli._app import choice
 from foal_pipe.cli.flags import HEAD_OPTION_FLAGS
+from foal_pipe.cli.optiontext import ascii_number
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.config import OWN_SETTINGS, check_head_option_names, head_option_names
@@ -75,7 +76,7 @@ def parse_value(text: str, kinds: Sequence[Any]) -> Any:
     for kind, _, parse in PARSERS:
         if kind in kinds:
             try:
-                return parse(text)
+                return parse(text) if kind in (bool, str) else ascii_number(text, parse)
             except (KeyError, ValueError):
                 continue
     return None

@@ -259,7 +259,7 @@ PerDecade = Annotated[
     int, typer.Option(help="Points per decade of the refined search of gamma: the criterion is evaluated at this many "
                       "log-spaced gammas per decade across the grid's range and the best is chosen (learn --gamma auto; "
                       "sweep's selections), besides the grid's own; 0: the grid's gammas only. A model file records it and "
-                      "--init-model keeps it. Default: 8.", show_default=False)
+                      f"--init-model keeps it. Default: {MODEL.per_decade}.", show_default=False)
 ]
 LooSample = Annotated[
     int, typer.Option(help="With learn --gamma auto and a leave-one-out criterion, and in sweep's leave-one-out pass: "

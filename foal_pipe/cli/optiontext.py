@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from foal_pipe.cli._app import UsageError
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.encoders.config import _check_model_kwargs, parse_model_kwargs
-from foal_pipe.errors import FoalPipeError, comma_items
+from foal_pipe.errors import FoalPipeError, comma_items, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.memory import parse_memory
 from foal_pipe.protocol.stream import CLASS_ORDERS, named_class_order
@@ -32,11 +32,22 @@ def read_by(read: Callable[[Any], object]) -> Callable[[Any], Any]:
     return check
 
 
+Number = TypeVar("Number", int, float)
+
+
+def ascii_number(text: str, kind: Callable[[str], Number]) -> Number:
+    """``kind(text)`` of ASCII text only: Python reads other scripts' digits (``'٣'``, ``'３'``) as numbers, which
+    typer's own number options (``--tasks``, ``--seed``) refuse; so do the options read here, alike."""
+    if not text.isascii():
+        raise ValueError(f"not an ASCII number: {text!r}")
+    return kind(text)
+
+
 def integers(text: str, option: str, example: str) -> tuple[int, ...]:
     """``"5,10"`` -> ``(5, 10)``: a comma-separated list of at least one integer."""
     items = comma_items(text, option)
     try:
-        values = tuple(int(v) for v in items)
+        values = tuple(ascii_number(v, int) for v in items)
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of integers; write e.g. {example}") from None
     if not values:
@@ -50,7 +61,7 @@ def numbers(text: str, option: str) -> tuple[float, ...]:
     if not items:
         raise FoalPipeError(f"{option} is empty; write e.g. 1e-3,1e-1,1,10")
     try:
-        return tuple(float(g) for g in items)
+        return tuple(ascii_number(g, float) for g in items)
     except ValueError:
         raise FoalPipeError(f"{option} {text!r} is not a comma-separated list of numbers; write e.g. 1e-3,1e-1,1,10") from None
 
@@ -60,7 +71,7 @@ def gamma_text(text: str) -> float | str:
     if text == "auto":
         return "auto"
     try:
-        return float(text)
+        return ascii_number(text, float)
     except ValueError:
         raise FoalPipeError(f"--gamma {text!r} is neither a number nor 'auto'; write e.g. --gamma 1 or --gamma auto") from None
 
@@ -70,7 +81,7 @@ def shrinkage_value(text: str) -> float | str:
     if text == "oas":
         return text
     try:
-        return float(text)
+        return ascii_number(text, float)
     except ValueError:
         raise FoalPipeError(f"--shrinkage {text!r} is neither a number nor 'oas'; write e.g. --shrinkage 1e-4") from None
 
@@ -94,6 +105,8 @@ def size_text(text: str) -> None:
     the size itself (above 0, within range) is checked when the command runs."""
     s = text.strip().lower()
     number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    if not number.isascii():  # parse_memory reads other scripts' digits
+        raise FoalPipeError(f"{param('max_memory')} {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
     try:
         float(number)
         parse_memory("1" + s[len(number):])
