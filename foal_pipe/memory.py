@@ -89,6 +89,9 @@ def parse_memory(text: str) -> int:
     if size < 1:  # 0.5 would be read as 0 bytes, which 0 itself is refused as
         raise FoalPipeError(f"{param('max_memory')} {text!r} is less than one byte, so it leaves nothing to hold; "
                             "write e.g. 8GiB or 512MiB")
+    if unit in ("", "b") and size != int(size):  # 1.5 read as 1 byte: a unit left out, more likely than a part of a byte
+        raise FoalPipeError(f"{param('max_memory')} {text!r} is a byte count with a fraction; add the unit meant, e.g. "
+                            f"{number}GiB, or write whole bytes")
     return int(size)
 
 

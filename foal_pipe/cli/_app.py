@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal, get_args
 
@@ -33,7 +33,7 @@ except ImportError:  # older typer: click itself
     from click.globals import get_current_context  # type: ignore[assignment, no-redef]
 
 from foal_pipe.cli.flags import cli_form
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import NO_VALUE, FoalPipeError
 
 # A store node without its zarr.json: zarr warns on stderr in several lines, and the readers refuse the store in one
 warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a component of a Zarr hierarchy")
@@ -339,8 +339,9 @@ def flag(*names: str, help: str) -> Any:  # noqa: A002 (typer's own parameter na
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn a :class:`FoalPipeError` (the parameters it names rendered as flags), any I/O error the library did not
+def user_errors(arguments: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Turn a :class:`FoalPipeError` (the parameters it names rendered as flags, or as the command's ``arguments``:
+    ``info``'s ``STORE`` for ``features``), any I/O error the library did not
     name itself, and running out of host or GPU memory (:func:`out_of_memory_message`) into one line on stderr and
     exit status 1; other RuntimeErrors (a CUDA fault, a bug) keep their traceback.
 
@@ -354,7 +355,10 @@ def user_errors() -> Iterator[None]:
     except (FoalPipeError, OSError, MemoryError, RuntimeError) as exc:
         if os.environ.get("FOAL_PIPE_DEBUG") or (isinstance(exc, RuntimeError) and not isinstance(exc, torch_out_of_memory())):
             raise
-        message = (exc.render(cli_form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
+        def form(name: str, value: Any = NO_VALUE) -> str:
+            return arguments[name] if arguments and name in arguments and value is NO_VALUE else cli_form(name, value)
+
+        message = (exc.render(form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
                    if isinstance(exc, OSError) else out_of_memory_message(exc))
         err_console.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None

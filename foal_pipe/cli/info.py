@@ -157,7 +157,7 @@ def info(
     """
     from foal_pipe.store.chunks import REEXTRACT
 
-    with user_errors():
+    with user_errors({"features": "STORE"}):
         if export_manifest is not None:
             _export_manifest(store, export_manifest)
             err_console.print(f"wrote {export_manifest}: the split manifest of {store}", highlight=False, markup=False,
