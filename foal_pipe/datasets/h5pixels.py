@@ -92,7 +92,7 @@ def h5_unreadable(path: str, split: str) -> list[str]:
     key = f"{split}/images"
     try:
         with h5py.File(path, "r") as f:
-            images = f[key]
+            images = reread_images(f, path, split)
             n = int(images.shape[0])
             if images.dtype == np.uint8 or not n:
                 return []
@@ -106,9 +106,43 @@ def h5_unreadable(path: str, split: str) -> list[str]:
             if not bad:
                 return []
             why = _why(images[bad[0]], f"{key}[{bad[0]}]")
-    except OSError as exc:
-        raise FoalPipeError(f"cannot read {path} ({exc}); restore the file") from None
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise FoalPipeError(f"cannot read {path} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                            "restore the file") from None
     return [f"{path}:{key}[{bad[0]}] ({why})"] + [f"{path}:{key}[{i}]" for i in bad[1:]]
+
+
+#: The end of an error for a file that changed after ``load_hdf5`` read it (a file being written, or replaced).
+CHANGED = "changed since foal-pipe first read it"
+AGAIN = "re-run the command once nothing writes the file"
+
+
+def reread_images(f: Any, path: str, split: str, labels: np.ndarray | None = None, layout: str | None = None) -> Any:
+    """``<split>/images`` of the open file ``f`` at ``path``, read again after ``load_hdf5`` checked the file: refused in
+    one line when the file changed in between so that it is gone or not a dataset, or, given the ``labels`` and
+    ``layout`` (None: not known) read then, when its row count, layout or labels differ. A store would otherwise pair
+    the labels read first with other images, or record the SHA-256 of images it does not hold the features of."""
+    import h5py
+
+    key = f"{split}/images"
+    images, now = f.get(key), f.get(f"{split}/labels")
+    if not isinstance(images, h5py.Dataset) or images.shape is None:
+        raise FoalPipeError(f"{path} {CHANGED}: {key} is gone or no longer a dataset; {AGAIN}")
+    if labels is None:
+        return images
+    if images.shape[0] != len(labels) or layout not in (None, h5_layout(images.shape)):
+        lying = f" lying as {layout}" if layout else ""
+        raise FoalPipeError(f"{path} {CHANGED}: its {key} have shape {images.shape} now, where {len(labels):,} images"
+                            f"{lying} were read then; {AGAIN}")
+    read = np.asarray(now[:]).astype(np.int64).reshape(-1) if isinstance(now, h5py.Dataset) and now.shape else None
+    if read is None or read.shape != labels.shape:
+        raise FoalPipeError(f"{path} {CHANGED}: its {split}/labels are not the {len(labels):,} labels read then; {AGAIN}")
+    differ = np.flatnonzero(read != labels)
+    if differ.size:
+        row = int(differ[0])
+        raise FoalPipeError(f"{path} {CHANGED}: its {split}/labels differ from those read then ({differ.size:,} rows, "
+                            f"the first row {row}: {int(labels[row])} then, {int(read[row])} now); {AGAIN}")
+    return images
 
 
 def _why(img: Any, key: str) -> str:

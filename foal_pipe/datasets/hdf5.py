@@ -9,7 +9,7 @@ import numpy as np
 
 from foal_pipe.datasets.h5pixels import H5_PIXELS, H5_SHAPES, h5_layout, h5_side, h5_sides
 from foal_pipe.datasets.sources import DatasetSplits, H5Source, same_names
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, clipped, param
 from foal_pipe.memory import available_memory, human
 
 
@@ -61,7 +61,10 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
             if available is not None and need > available:
                 raise FoalPipeError(f"{path}: {split}/labels declares {count:,} rows, {human(need)} in memory, more than the "
                                     f"{human(available)} available; check the file (its {split}/images declare as many)")
-            labels[split] = np.asarray(raw[:]).astype(np.int64).reshape(-1)
+            read = np.asarray(raw[:]).reshape(-1)
+            if read.dtype.kind == "u" and int(read.max(initial=0)) > np.iinfo(np.int64).max:  # int64 would wrap it negative
+                raise FoalPipeError(f"{path}: {split}/labels holds the label {int(read.max()):,}; labels must be 0..K-1")
+            labels[split] = read.astype(np.int64)
         names = f.attrs.get("classes")
         if names is None:
             _check_inside(f, path, "classes")
@@ -77,7 +80,7 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
         raise FoalPipeError(f"{path} has negative labels (the smallest {int(every.min())}); labels must be 0..K-1")
     top = int(every.max(initial=-1))
     if names is not None:
-        classes = [n.decode() if isinstance(n, bytes) else str(n) for n in np.asarray(names).reshape(-1).tolist()]
+        classes = [_class_name(path, k, n) for k, n in enumerate(np.asarray(names).reshape(-1).tolist())]
         beyond = int((every >= len(classes)).sum())
         if beyond:
             lie = "labels lie" if beyond != 1 else "label lies"
@@ -124,6 +127,18 @@ def _short(value: Any) -> str:
     value = value.item() if isinstance(value, np.generic) else value
     text = repr(value.decode(errors="replace") if isinstance(value, bytes) else value)
     return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _class_name(path: Path, k: int, name: Any) -> str:
+    """Class ``k``'s name as text; bytes that are not UTF-8 (h5py gives an attribute's as lone surrogates) are refused:
+    the name would crash, or be stored as other text than the file's, wherever it is written."""
+    try:
+        text = name.decode() if isinstance(name, bytes) else str(name)
+        text.encode()
+    except UnicodeError:
+        raise FoalPipeError(f"{path}: its 'classes' name {k} ({clipped(repr(name))}) is not UTF-8 text; store the class names "
+                            "as UTF-8 strings") from None
+    return text
 
 
 def _check_inside(f: Any, path: Path, name: str) -> None:

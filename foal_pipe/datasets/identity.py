@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.h5pixels import reread_images
 from foal_pipe.datasets.sources import (
     ArraySource,
     DatasetSplits,
@@ -49,9 +50,10 @@ def split_sha256(source: ImageSource) -> str | None:
 
         try:
             with h5py.File(source.path, "r") as f:
-                _hash_array(digest, f[f"{source.split}/images"])
-        except OSError as exc:
-            raise FoalPipeError(f"cannot read {source.path} ({exc}); restore the file") from None
+                _hash_array(digest, reread_images(f, source.path, source.split, source.labels, source.layout))
+        except (OSError, RuntimeError, KeyError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise FoalPipeError(f"cannot read {source.path} ({reason}); restore the file") from None
     elif isinstance(source, TorchvisionSource):
         if not all(_hash_part(digest, part) for part in source.parts):
             return None

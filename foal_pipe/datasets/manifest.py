@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,8 @@ from foal_pipe.errors import FoalPipeError, param
 FORMAT = "foal-pipe/split-manifest"
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
+#: A SHA-256 as a manifest writes it; another spelling of a digest would be reported as an image with other bytes.
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,10 @@ class SplitManifest:
                 raise FoalPipeError(f"{where}: {split!r} must be a list of [name, sha256, label]; export it again")
             for entry in entries:
                 if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
-                        and isinstance(entry[1], str) and len(entry[1]) == 64 and type(entry[2]) is int
+                        and isinstance(entry[1], str) and SHA256.fullmatch(entry[1]) and type(entry[2]) is int
                         and -1 <= entry[2] < len(classes)):
-                    raise FoalPipeError(f"{where}: {split} entry {json.dumps(entry)[:80]} is not [name, sha256 (64 hex "
-                                        f"digits), label in 0..{len(classes) - 1} or -1]; export it again")
+                    raise FoalPipeError(f"{where}: {split} entry {json.dumps(entry)[:80]} is not [name, sha256 (64 "
+                                        f"lowercase hex digits), label in 0..{len(classes) - 1} or -1]; export it again")
             splits[split] = tuple((name, digest, label) for name, digest, label in entries)
             names = sorted((nfc(entry[0]), entry[0]) for entry in splits[split])  # one name in NFC and NFD: one image
             twice = next(((a, b) for a, b in zip(names, names[1:]) if a[0] == b[0]), None)
@@ -77,12 +81,21 @@ def _class_name(classes: Any, label: int) -> str:
     return classes[label] if 0 <= label < len(classes) else ""
 
 
+def _said(class_name: str) -> str:
+    """A class as an error names it: ``class 'ant'``, or ``unlabelled`` (:func:`_class_name`'s ``""``)."""
+    return f"class {class_name!r}" if class_name else "unlabelled"
+
+
 def build_manifest(data: DatasetSplits) -> SplitManifest | None:
     """The manifest of an opened dataset (None when a split cannot name its images: torchvision, HDF5). Two files of
     a split whose names are one name in NFC form (the manifest's) are refused before any image is hashed."""
     for split in SPLITS:
         source = data.split(split)
         names = source.names if isinstance(source, FileSource) else None
+        odd = next((row for row, name in enumerate(names or []) if not _utf8(name)), None)
+        if odd is not None:  # a file name of bytes that are not UTF-8 (Python holds them as lone surrogates)
+            raise FoalPipeError(f"the image file {os.fsencode(source.describe(odd))!r} has a name that is not UTF-8 text, "
+                                "and the split manifest records names as UTF-8; rename it (or its folder) in UTF-8")
         twice = _first_twice(names or [])
         if twice is not None:
             first, second = (source.describe(i) for i in twice)
@@ -95,6 +108,15 @@ def build_manifest(data: DatasetSplits) -> SplitManifest | None:
         split: tuple((name, digest, int(label)) for (name, digest), label in
                      zip(prints[split], data.split(split).labels.tolist()))  # type: ignore[arg-type]
         for split in SPLITS})
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text (no lone surrogate, which stands for a byte of a name that is not UTF-8)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _first_twice(names: list[str]) -> tuple[int, int] | None:
@@ -126,6 +148,12 @@ def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> 
     refused: the store would hold a class with no rows, which ``learn`` would put in a task as if it had some."""
     used = {label for split in SPLITS for _, _, label in manifest.splits[split]}
     rowless = [name for label, name in enumerate(manifest.classes) if label not in used]
+    if used == {-1}:  # unlabelled images (`--dataset images`): its one placeholder class has no rows by design
+        rowless = []
+    empty = next((split for split in SPLITS if not manifest.splits[split]), None)
+    if used - {-1} and empty is not None:
+        raise FoalPipeError(f"the split manifest {where} lists no {empty} images, and a store of labelled images needs "
+                            "both splits; pass the manifest as it was exported")
     if rowless:
         more = f" ({len(rowless)} such classes)" if len(rowless) > 1 else ""
         raise FoalPipeError(f"the split manifest {where} lists class {rowless[0]!r} without any image in either split"
@@ -160,10 +188,10 @@ def apply_manifest(pool: DatasetSplits, manifest: SplitManifest, where: str) -> 
                                 f"{pool.location} ({files[nfc(name)][0][0]}) than the manifest records; restore the "
                                 "original file")
         path, cls = same[0]
-        if nfc(cls) != nfc(_class_name(manifest.classes, label)):
-            raise FoalPipeError(f"image {name!r} is class {cls!r} in {pool.location} but "
-                                f"{_class_name(manifest.classes, label)!r} in the split manifest {where}; it is not "
-                                "the same dataset")
+        listed_as = _class_name(manifest.classes, label)
+        if nfc(cls) != nfc(listed_as):
+            raise FoalPipeError(f"image {name!r} is {_said(cls)} in {pool.location} but {_said(listed_as)} in the split "
+                                f"manifest {where}; it is not the same dataset")
         taken.add(path)
         rows[split].append((path, nfc(name), label, digest))  # the NFC form, as a store records names
     sources = {split: FileSource([r[0] for r in rows[split]], [r[2] for r in rows[split]],

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.h5pixels import h5_layout, h5_pixels, h5_unreadable
+from foal_pipe.datasets.h5pixels import h5_layout, h5_pixels, h5_unreadable, reread_images
 from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.errors import FoalPipeError
 
@@ -162,7 +162,9 @@ class H5Source(ImageSource):
         if self._handle is None or self._pid != os.getpid():
             import h5py
 
-            self._handle, self._pid = h5py.File(self.path, "r"), os.getpid()
+            handle = h5py.File(self.path, "r")
+            reread_images(handle, self.path, self.split, self.labels, self.layout)  # the file the labels came from
+            self._handle, self._pid = handle, os.getpid()
         images = self._handle[f"{self.split}/images"]
         if self.layout is None:
             self.layout = h5_layout(images.shape)

@@ -21,8 +21,9 @@ def read_manifest(path: str | Path) -> SplitManifest:
             raise FoalPipeError(f"{path} records no split manifest: {_why_none(path)}")
     elif path.is_file():
         raw = path.read_bytes()
-    else:
-        raise FoalPipeError(f"split manifest {path} does not exist; pass a feature store or the JSON file "
+    else:  # missing, or a named pipe or device, which reading would block on or never end
+        what = "is not a file or a folder" if path.exists() else "does not exist"
+        raise FoalPipeError(f"split manifest {path} {what}; pass a feature store or the JSON file "
                             "`foal-pipe info STORE --export-manifest FILE` writes")
     return parse_manifest(raw, str(path))
 
