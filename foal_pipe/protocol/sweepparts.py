@@ -50,7 +50,8 @@ class SweepSelection(Accuracy, GammaSearch):
 @dataclass(frozen=True, kw_only=True)
 class HeadSweep(Accuracy):
     """``sweep --heads``: one head's accuracy, its hyperparameters (ridge: the gamma chosen by the sweep's
-    criterion) and its exact leave-one-out accuracy on the training rows at the last boundary, where it has one."""
+    criterion) and its leave-one-out accuracy on the training rows at the last boundary, where it has one (exact;
+    ridge's on the ``--loo-sample`` rows, as ``leave_one_out`` records)."""
 
     FIX: ClassVar[str] = "re-run `foal-pipe sweep --heads ... --out DIR` to write it"
     accuracy_matrix: list[list[float]] = key(MATRIX, required=True)
