@@ -122,3 +122,30 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("digits") / "digits.zarr"
     return write_store(path, (X[~test] / 8 - 1, y[~test]), (X[test] / 8 - 1, y[test]), [str(i) for i in range(10)],
                        chunk_rows=256)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions draw, after they are saved (their layout done)."""
+    from foal_pipe.report import plots
+
+    drawn = []
+    draw = plots.draw
+
+    def keep(path, size, paint):
+        def painted(fig):
+            paint(fig)
+            drawn.append(fig)
+        return draw(path, size, painted)
+
+    monkeypatch.setattr(plots, "draw", keep)
+    return drawn
+
+
+@pytest.fixture(scope="module")
+def threads_cluster():
+    """A cluster of one thread worker in this process (no worker processes to start)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
+                                  silence_logs=50) as c:
+        yield c

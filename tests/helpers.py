@@ -477,3 +477,19 @@ def three_class_store(path: Path) -> Path:
     y = np.repeat(np.arange(3), 10)
     return write_store(path, ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y),
                        ((rng.normal(size=(30, 5)) + y[:, None]).astype(np.float32), y), ["a", "b", "c"])
+
+
+def int32_store(path: Path) -> Path:
+    """A format-2 store of int32 features (outside the spec: every reader refuses it, naming --dtype), 40 train and 12
+    test rows of 3 features in chunks of 16 rows, 2 classes."""
+    import zarr
+
+    import foal_pipe.store as st
+
+    group = zarr.open_group(str(path), mode="w")
+    for split, n in (("train", 40), ("test", 12)):
+        st.create_array(group, f"{split}/features", (n, 3), (16, 3), "int32")[:] = np.arange(n * 3).reshape(n, 3)
+        st.create_array(group, f"{split}/labels", (n,), (n,), "int64")[:] = np.arange(n) % 2
+    group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": ["x", "y"], "dataset": "d",
+                     "encoder": {"name": "e", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
+    return path

@@ -26,13 +26,6 @@ from foal_pipe.store.chunks import MissingChunk
 WORKER = "tcp://worker:1"
 
 
-@pytest.fixture(scope="module")
-def threads_cluster():
-    """A cluster of one thread worker in this process (no worker processes to start)."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
-                                  silence_logs=50) as c:
-        yield c
 
 
 def _rows(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -26,13 +26,6 @@ def store(tmp_path_factory):
     return build_store(tmp_path_factory.mktemp("daskfix") / "blobs.zarr", chunk=100)
 
 
-@pytest.fixture(scope="module")
-def threads_cluster():
-    """A cluster of one thread worker in this process (no worker processes to start)."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
-                                  silence_logs=50) as c:
-        yield c
 
 
 def _parts(store, **execution):

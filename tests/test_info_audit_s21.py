@@ -12,10 +12,9 @@ import shutil
 import stat
 from pathlib import Path
 
-import numpy as np
 import pytest
 import zarr
-from helpers import digits_pixels_spec, fault_store, invoke
+from helpers import digits_pixels_spec, fault_store, int32_store, invoke
 
 import foal_pipe.store as st
 from foal_pipe.errors import FoalPipeError
@@ -132,12 +131,7 @@ def test_missing_damaged_and_edited_all_reported_with_the_chunks_read(tmp_path):
 
 
 def test_a_readers_refusal_among_other_problems_names_its_flag(tmp_path):
-    group = zarr.open_group(str(tmp_path / "d.zarr"), mode="w")
-    for split, n in (("train", 40), ("test", 12)):
-        st.create_array(group, f"{split}/features", (n, 3), (16, 3), "int32")[:] = np.arange(n * 3).reshape(n, 3)
-        st.create_array(group, f"{split}/labels", (n,), (n,), "int64")[:] = np.arange(n) % 2
-    group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": ["x", "y"], "dataset": "d",
-                     "encoder": {"name": "e", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
+    int32_store(tmp_path / "d.zarr")
     _flip(tmp_path / "d.zarr/train/features/c/1/0")
     result = invoke("info", tmp_path / "d.zarr", "--verify", "--json")
     problems = json.loads(result.stdout)["problems"]

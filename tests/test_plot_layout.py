@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
-import pytest
 from helpers import make_image_tree
 from typer.testing import CliRunner
 
@@ -22,20 +21,6 @@ def learn(*args):
     assert result.exit_code == 0, result.output
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures the plot functions draw, after they are saved (their layout done)."""
-    drawn = []
-    draw = plots.draw
-
-    def keep(path, size, paint):
-        def painted(fig):
-            paint(fig)
-            drawn.append(fig)
-        return draw(path, size, painted)
-
-    monkeypatch.setattr(plots, "draw", keep)
-    return drawn
 
 
 def _inside(box, canvas) -> bool:

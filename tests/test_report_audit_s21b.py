@@ -37,20 +37,6 @@ def _learn(store: Path, out: Path, *extra) -> None:
     assert result.exit_code == 0, result.output
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures the plot functions draw, once saved."""
-    drawn = []
-    draw = plots.draw
-
-    def keep(path, size, paint):
-        def painted(fig):
-            paint(fig)
-            drawn.append(fig)
-        return draw(path, size, painted)
-
-    monkeypatch.setattr(plots, "draw", keep)
-    return drawn
 
 
 @pytest.fixture(scope="module")

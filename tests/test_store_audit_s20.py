@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
-from helpers import assert_identical_stores, digits_pixels_spec, invoke
+from helpers import assert_identical_stores, digits_pixels_spec, int32_store, invoke
 
-import foal_pipe.store as st
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import run_extract
@@ -25,12 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # -- 1: the verify path keeps the refusal, whose parameters the CLI names as flags ------------------------------------
 def test_verify_keeps_a_readers_refusal_for_the_cli_to_name_its_flag(tmp_path):
-    group = zarr.open_group(str(tmp_path / "d.zarr"), mode="w")
-    for split, n in (("train", 40), ("test", 12)):
-        st.create_array(group, f"{split}/features", (n, 3), (16, 3), "int32")[:] = np.arange(n * 3).reshape(n, 3)
-        st.create_array(group, f"{split}/labels", (n,), (n,), "int64")[:] = np.arange(n) % 2
-    group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": ["x", "y"], "dataset": "d",
-                     "encoder": {"name": "e", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
+    int32_store(tmp_path / "d.zarr")
     [problem] = verify_store(tmp_path / "d.zarr").problems
     reason = (f"train/features in {tmp_path / 'd.zarr'} has dtype int32, outside the spec (float16, float32, float64); "
               "re-extract it with ")
