@@ -8,6 +8,7 @@ without retraining: the ridge statistics simply grow, so the result stays exact.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ import numpy as np
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
-from foal_pipe.errors import FoalPipeError, NoBlocks
+from foal_pipe.errors import FoalPipeError, NoBlocks, clipped
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
@@ -140,6 +141,9 @@ class DeployedModel:
                 X.dtype.kind, f"{X.dtype} values")
             raise FoalPipeError(f"features must be a 2-D array of real numbers (n, {d}), but they hold {what}; "
                                 "pass the features the model's encoder gives")
+        if X.ndim == 2 and X.shape[0] and X.shape[1] != d:
+            raise FoalPipeError(f"features have shape {X.shape} but the model expects {d}-dimensional features (n, {d}); "
+                                "pass the features of the model's encoder (that of the store it learned)")
         if X.ndim != 2 or X.shape[1] != d or X.shape[0] == 0:
             raise FoalPipeError(f"features have shape {X.shape} but the model expects (n, {d}) with n >= 1; pass one "
                                 "row per sample (X.reshape(1, -1) for one sample)")
@@ -166,17 +170,30 @@ class DeployedModel:
             raise FoalPipeError(f"{shape[0]} labels for {n_rows} rows of features; pass one label per row")
         kind = labels.dtype.kind if isinstance(labels, np.ndarray) else "O"
         if kind in "iu":
-            return labels.astype(np.int64), {}
+            return self._int64_ids(labels), {}
         items = labels.tolist() if isinstance(labels, np.ndarray) else list(labels)
         if kind == "U" or all(isinstance(v, str) for v in items):
             ids = self.label_ids(items)
-            return ids, dict(zip(ids.tolist(), items))
+            return ids, dict(zip(ids.tolist()[::-1], items[::-1]))  # a new class's name as first given
         bad = next((v for v in items if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None)
         if bad is not None:
             what = "a mix of names and ids" if any(isinstance(v, str) for v in items) else f"{bad!r} ({type(bad).__name__})"
             raise FoalPipeError(f"labels must be all class names (strings) or all integer label ids, but they hold "
                                 f"{what}; convert them first (ids: labels.astype(int) if they are whole numbers)")
-        return np.asarray(items, dtype=np.int64), {}
+        return self._int64_ids(items), {}
+
+    @staticmethod
+    def _int64_ids(ids: Any) -> np.ndarray:
+        """Integer label ids as int64, refused beyond its range rather than wrapped (a uint64 id above 2**63 - 1 would
+        read as a negative one) or left to NumPy's OverflowError."""
+        if isinstance(ids, np.ndarray):  # only a uint64 array holds ids beyond int64
+            values = ids.max(initial=0).tolist() if ids.dtype.kind == "u" else 0
+        else:
+            values = next((int(v) for v in ids if not -(2**63) <= int(v) < 2**63), 0)
+        if not -(2**63) <= values < 2**63:
+            raise FoalPipeError(f"label id {values} lies outside the int64 range of a model's ids; map the labels to ids "
+                                "0, 1, ..., or pass class names")
+        return np.asarray(ids).astype(np.int64)
 
     # ------------------------------------------------------------------ predicting
     def rows(self, X: np.ndarray) -> np.ndarray:
@@ -243,8 +260,8 @@ class DeployedModel:
         self.check_width(data.dim, features)
         ids = self.classifier.classes_.tolist()
         if self.metadata.get("class_names") is not None:
-            known = dict(zip(self.class_names, ids))
-            target = np.array([known.get(name, -1) for name in store.classes] + [-1], dtype=np.int64)
+            known = self._ids_by_name()
+            target = np.array([known.get(name, known.get(nfc(name), -1)) for name in store.classes] + [-1], dtype=np.int64)
         else:  # a model that records no names (saved from Python) knows its classes by label id, as `predict` reads it
             target = np.array([k if k in ids else -1 for k in range(len(store.classes))] + [-1], dtype=np.int64)
         labels = np.asarray(data.labels, dtype=np.int64)
@@ -274,16 +291,39 @@ class DeployedModel:
         return self.predict_names(self.encode_images(images, checkpoint))
 
     # ------------------------------------------------------------------ learning
+    def _ids_by_name(self) -> dict[str, int]:
+        """The model's label id of each class name, by the name and by its Unicode NFC form (a name typed on macOS,
+        whose file names are NFD, is the class of the name it prints as, as a dataset's folders are); an NFC form that
+        two of the model's names share is left out, so only their exact names find them."""
+        exact = dict(zip(self.class_names, self.classifier.classes_.tolist(), strict=True))
+        folded: dict[str, int | None] = {}
+        for name, label in exact.items():
+            key = nfc(name)
+            folded[key] = label if folded.get(key, label) == label else None
+        return {**{key: label for key, label in folded.items() if label is not None}, **exact}
+
     def label_ids(self, names: Sequence[str]) -> np.ndarray:
-        """Label ids for class names: a known name keeps its id, a new one gets the next id beyond the model's
-        (in order of first appearance); :meth:`partial_fit` records the new names."""
-        ids = {name: int(c) for name, c in zip(self.class_names, self.classifier.classes_.tolist(), strict=True)}
+        """Label ids for class names: a known name keeps its id (a name in another Unicode normalisation too), a new
+        one gets the next id beyond the model's (in order of first appearance); :meth:`partial_fit` records the new
+        names. Names that differ only in their normalisation are refused together: one name, or two classes (a
+        store's) that would merge."""
+        if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+            raise FoalPipeError(f"label_ids takes a sequence of class names (strings), not {clipped(repr(names))}; pass "
+                                "e.g. ['cat', 'dog']")
+        ids = self._ids_by_name()
         nxt = int(self.classifier.classes_.max()) + 1 if self.classifier.classes_.size else 0
         out = np.empty(len(names), dtype=np.int64)
+        spelled: dict[str, str] = {}
         for i, name in enumerate(names):
-            if name not in ids:
-                ids[name], nxt = nxt, nxt + 1
-            out[i] = ids[name]
+            if (first := spelled.setdefault(nfc(name), name)) != name:
+                raise FoalPipeError(f"the class names hold {ascii(first)} and {ascii(name)}, one name ({nfc(name)!r}) in two "
+                                    "Unicode normalisations, which print alike; spell it one way (unicodedata.normalize"
+                                    "('NFC', name))")
+            label = ids.get(name, ids.get(nfc(name)))
+            if label is None:
+                label = ids[name] = ids[nfc(name)] = nxt
+                nxt += 1
+            out[i] = label
         return out
 
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
@@ -354,6 +394,11 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
         projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     return DeployedModel(classifier, projection, meta.get("class_names") or id_names(classifier.classes_),
                          meta.get("encoder"), meta)
+
+
+def nfc(name: str) -> str:
+    """``name`` in Unicode NFC form (``foal_pipe.datasets.sources.nfc``, without importing the datasets)."""
+    return unicodedata.normalize("NFC", name)
 
 
 def id_names(classes: np.ndarray) -> list[str]:
