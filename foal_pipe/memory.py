@@ -21,21 +21,29 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g"
           "t": 2**40, "tib": 2**40}
 
 
+#: Where the machine's and the process's memory limits are read (tests point them at a tree of their own).
+MEMINFO = Path("/proc/meminfo")
+PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_STATUS = Path("/proc/self/status")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: cgroup v1 writes "no limit" as a huge number (2**63 rounded down to a page).
+_NO_LIMIT = 2**62
+#: Per version: the mount of the memory controller under CGROUP_ROOT, its limit, usage, and the reclaimable page cache
+#: in ``memory.stat`` (left out of the usage, as ``docker stats`` does: the kernel drops it before it kills).
+_CGROUP_FILES = {"v2": ("", "memory.max", "memory.current", "inactive_file"),
+                 "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+
+
 def available_memory() -> int | None:
-    """Bytes the process can still allocate: ``MemAvailable``, capped by a cgroup (container) limit; None if unknown."""
-    sizes = []
+    """Bytes the process can still allocate: ``MemAvailable``, capped by what every memory cgroup holding the process
+    (cgroup v2 or v1, a container's or a batch job's) and its address-space limits (``ulimit -v``, a scheduler's
+    ``h_vmem``) leave; None if unknown."""
+    sizes = cgroup_room() + rlimit_room()
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in MEMINFO.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 sizes.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            sizes.append(int(limit) - used)
-    except (OSError, ValueError):
         pass
     if not sizes:
         try:
@@ -43,6 +51,67 @@ def available_memory() -> int | None:
         except (OSError, ValueError, AttributeError):
             return None
     return max(0, min(sizes))
+
+
+def cgroup_room() -> list[int]:
+    """What each limited memory cgroup from the process's own (``/proc/self/cgroup``) up to the mount's root leaves:
+    a job's limit sits in a folder below the root (Slurm), a container's at the root of its own view."""
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        lines = []
+    rooms = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+        if version is None:
+            continue
+        mount, limit_file, usage_file, cache_key = _CGROUP_FILES[version]
+        root = CGROUP_ROOT / mount
+        folder = root / path.strip("/")
+        folder = folder if folder.is_dir() else root  # a container's view: its own cgroup is the root
+        while True:
+            room = _room(folder, limit_file, usage_file, cache_key)
+            if room is not None:
+                rooms.append(room)
+            if folder == root or root not in folder.parents:
+                break
+            folder = folder.parent
+    return rooms
+
+
+def rlimit_room() -> list[int]:
+    """What the process's soft limits on its address space and its data leave beyond what it maps already (an
+    allocation past them fails with MemoryError, however much the machine has)."""
+    try:
+        status = dict(line.split(":", 1) for line in PROC_STATUS.read_text().splitlines() if ":" in line)
+    except OSError:  # no /proc: not Linux
+        return []
+    import resource  # Unix only: here, on Linux
+
+    rooms = []
+    for limit, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and field in status:
+            rooms.append(soft - int(status[field].split()[0]) * 1024)
+    return rooms
+
+
+def _room(folder: Path, limit_file: str, usage_file: str, cache_key: str) -> int | None:
+    """One cgroup's limit less its usage (less its reclaimable page cache); None where it sets no limit."""
+    try:
+        limit = (folder / limit_file).read_text().strip()
+        if limit == "max" or int(limit) >= _NO_LIMIT:
+            return None
+        used = int((folder / usage_file).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
+        used -= min(used, int(stat.get(cache_key, 0)))
+    except (OSError, ValueError):
+        pass
+    return int(limit) - used
 
 
 def human(n_bytes: float) -> str:

@@ -14,6 +14,7 @@ block: the operating system's page cache holds it, not the process, so memory st
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections import deque
@@ -26,7 +27,7 @@ from array_api_compat import is_cupy_namespace, is_numpy_namespace, is_torch_nam
 
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.memory import human
+from foal_pipe.memory import human, human_up
 from foal_pipe.protocol.devicecopy import SYNC_VARIABLE, StagedCopier, SyncCopier, device_copier
 from foal_pipe.protocol.internal import internal_error
 
@@ -76,28 +77,41 @@ def ordered(group_of_row: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.nda
 
 
 class _Spill:
-    """One lane's rows in an unlinked temporary file, at ``position * row_bytes``."""
+    """One lane's rows in an unlinked temporary file, at ``position * row_bytes``, in ``TMPDIR`` when it is set (an
+    unusable one is refused, not swapped silently for another folder, as :mod:`tempfile` would); ``need``: what the
+    whole cache spills, the figure a refusal names."""
 
-    def __init__(self, n_rows: int, dim: int, dtype: np.dtype):
-        self.dim, self.dtype = dim, dtype
+    def __init__(self, n_rows: int, dim: int, dtype: np.dtype, need: int):
+        self.dim, self.dtype, self.need = dim, dtype, need
         self.row_bytes = dim * dtype.itemsize
-        self.file = tempfile.TemporaryFile(prefix="foal-pipe-rows-")  # noqa: SIM115 (closed by close())
+        self.folder = os.environ.get("TMPDIR") or tempfile.gettempdir()
+        try:
+            self.file = tempfile.TemporaryFile(prefix="foal-pipe-rows-", dir=self.folder)  # noqa: SIM115 (close())
+        except OSError as exc:
+            raise _spill_error(self.folder, need, exc) from None
         try:
             os.ftruncate(self.file.fileno(), n_rows * self.row_bytes)
         except OSError as exc:
             self.file.close()
-            raise _spill_error(n_rows * self.row_bytes, exc) from None
+            raise _spill_error(self.folder, need, exc) from None
 
     def put(self, positions: np.ndarray, X: np.ndarray) -> None:
+        """Write the rows at their positions, every byte: a short write (a disk filling up) is continued until it
+        fails, never left as a hole that reads back as zeros."""
         order = np.argsort(positions, kind="stable")
         pos = positions[order]
         breaks = np.flatnonzero(np.diff(pos) != 1) + 1
         for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [pos.size]])):
             data = np.ascontiguousarray(X[order[a:b]], dtype=self.dtype)
-            try:
-                os.pwrite(self.file.fileno(), data.data.cast("B"), int(pos[a]) * self.row_bytes)
-            except OSError as exc:
-                raise _spill_error(data.nbytes, exc) from None
+            view, offset = data.data.cast("B"), int(pos[a]) * self.row_bytes
+            while view.nbytes:
+                try:
+                    n = os.pwrite(self.file.fileno(), view, offset)
+                except OSError as exc:
+                    raise _spill_error(self.folder, self.need, exc) from None
+                if n <= 0:
+                    raise _spill_error(self.folder, self.need, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+                view, offset = view[n:], offset + n
 
     def read(self, start: int, stop: int) -> np.ndarray:
         out = np.empty((stop - start, self.dim), dtype=self.dtype)
@@ -105,7 +119,7 @@ class _Spill:
         while view.nbytes:
             n = os.preadv(self.file.fileno(), [view], offset)
             if n <= 0:
-                raise FoalPipeError(f"the temporary file of decoded rows ended early ({self.file.name}); re-run the command")
+                raise FoalPipeError(f"the temporary file of decoded rows in {self.folder} ended early; re-run the command")
             view, offset = view[n:], offset + n
         return out
 
@@ -113,9 +127,12 @@ class _Spill:
         self.file.close()
 
 
-def _spill_error(nbytes: int, exc: OSError) -> FoalPipeError:
-    return FoalPipeError(f"cannot write {human(nbytes)} of decoded rows to a temporary file in {tempfile.gettempdir()} "
-                         f"({exc.strerror or exc}); set TMPDIR to a folder with room, or raise {param('max_memory')}")
+def _spill_error(folder: str, need: int, exc: OSError) -> FoalPipeError:
+    """The spill refused in one line: the whole cache's size (what the folder must hold), and raising the limit only
+    where the cache would then be held in memory (at most :data:`RAM_BYTES`)."""
+    keep = f", or raise {param('max_memory')} to {human_up(need)} to keep them in memory" if need <= RAM_BYTES else ""
+    return FoalPipeError(f"cannot write the {human(need)} of decoded rows to a temporary file in {folder} "
+                         f"({exc.strerror or exc}); set TMPDIR to a folder with room{keep}")
 
 
 class GroupedRows:
@@ -149,7 +166,7 @@ class GroupedRows:
         try:
             for lane in self.lanes:
                 self._store[lane] = (np.empty((self.rows.size, self.dim), dtype=self.dtype) if self.in_memory
-                                     else _Spill(self.rows.size, self.dim, self.dtype))
+                                     else _Spill(self.rows.size, self.dim, self.dtype, self.nbytes))
             if xp is not None and self.in_memory and on_device(xp):
                 self._copier = device_copier(xp, self.lanes, self.n_rows, self.dim, self.dtype,
                                              min(int(source.chunk_rows), self.n_rows))
