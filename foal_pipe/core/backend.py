@@ -245,7 +245,10 @@ def host_values(array: Any, what: str = "X") -> Any:
 def readable_by(X: Any, xp: ModuleType) -> Any:
     """``X`` as namespace ``xp`` can take it: torch refuses a NumPy view with a negative stride (reversed) or in
     non-native byte order, so such a view is copied for a namespace other than NumPy (NumPy's own path copies
-    nothing)."""
+    nothing); array_api_strict has no float16, so a float16 array (a torch tensor's) is widened to float32 (exact)."""
+    if is_array_api_strict_namespace(xp) and dtype_name(getattr(X, "dtype", None)) == "float16":
+        source = array_namespace(X)
+        return source.astype(X, source.float32)
     if is_numpy_array(X) and not is_numpy_namespace(xp) and (not X.dtype.isnative or min(X.strides, default=0) < 0):
         return np.ascontiguousarray(X, dtype=X.dtype.newbyteorder("="))
     return X

@@ -177,7 +177,7 @@ class RLSEngine:
             f"the RLS update is singular (an ill-conditioned system, or features too large for it); use a larger "
             f"{param('gamma')} or scale the features"
         )).T
-        self.W += RHtK @ (Y - H @ self.W)
+        self.W = self.W + RHtK @ (Y - H @ self.W)  # a new array: a weights_ read before keeps the values it had
         self.R -= RHtK @ RHt.T
         self._pending.append((xp.asarray(H, copy=True), np.asarray(labels).ravel()))
         if sum(h.shape[0] for h, _ in self._pending) >= VERIFY_ROWS:

@@ -209,7 +209,7 @@ class Ties:
         reach = own if self.drift is None else (
             own + MOVED * (self._products(self.drift, H, rows, m, first) + self._products(self.drift, H, rows, m, other)))
         tied = (gap <= reach) & (reach > 0) & ~self._twins(m, first, other)
-        if count := int(np.count_nonzero(tied & (gap <= own) & (own > 0))):
+        if count := np.unique(rows[tied & (gap <= own) & (own > 0)]).size:  # each row once, however many models tie
             raise FoalPipeError(
                 f"the float64 scores of {count} {what} tie within their own rounding (the top two lie closer than "
                 "gamma_D sum |h| (|w_1| + |w_2|)), so rounding would pick their class: the features vary only in their "
