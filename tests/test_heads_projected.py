@@ -195,7 +195,7 @@ def test_balanced_weights_are_inverse_counts_with_mean_one():
     np.testing.assert_allclose(head.weights(), [0.4, 1.6])
     assert BalancedHead.bytes_per_class(100) == 8 * (100 * 100 + 100 + 1)
     assert BalancedHead.memory(3, 100) == 8 * (3 * (100 * 100 + 100 + 1) + 9 * 100 + 5 * 100 * 100 + 2 * 100 * 3)
-    assert DualHead.memory(3, 100) == 8 * (5 * 100 * 100 + 4 * 100 * 3)
+    assert DualHead.memory(3, 100) == 8 * (6 * 100 * 100 + 4 * 100 * 3)
 
 
 def test_balanced_is_ridge_when_every_class_has_as_many_rows():

@@ -191,9 +191,10 @@ class DualHead(HeadBase):
 
     @staticmethod
     def memory(n_classes: int, dim: int) -> int:
-        """Bytes at the largest (a boundary's main solve, ``R`` dropped): the two Grams, ``Q_m`` and ``Q_c``, the
-        shifted Gram, the right-hand side ``[Q_m | I]`` and its solution ``[W_m | R]``: ``8 (5 D^2 + 4 D C)``."""
-        return FLOAT64 * (5 * dim * dim + 4 * dim * n_classes)
+        """Bytes at the largest (a boundary's main solve): the two Grams, ``Q_m`` and ``Q_c``, the recursion's ``R``
+        (kept for the estimate of its error, :meth:`_residual_rounding`), the shifted Gram, the right-hand side
+        ``[Q_m | I]`` and its solution ``[W_m | R]``: ``8 (6 D^2 + 4 D C)``."""
+        return FLOAT64 * (6 * dim * dim + 4 * dim * n_classes)
 
     @staticmethod
     def kept(changed: int, seen: int, dim: int) -> int:
@@ -341,8 +342,8 @@ class DualHead(HeadBase):
         estimate 3x the true change or more in 90% of the runs it passed, and never under 0.9x."""
         state = self._state
         assert state is not None
-        skew = (walked - state["R"]) @ state["Q_main"]
-        kept = float(self.xp.sum(skew * (state["G_main"] @ skew)))
+        moved = (walked - state["R"]) @ state["Q_main"]
+        kept = float(self.xp.sum(moved * (state["G_main"] @ moved)))
         self._rounded += UNITS["float64"] ** 2 * self.batch_size * float(self._solves) + kept
         self._solves = 0.0
 
