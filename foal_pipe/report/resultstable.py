@@ -219,17 +219,11 @@ def csv_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _drawable(label: str) -> str:
-    """A store's label as text a font draws: a path's bytes that are not UTF-8 (surrogates, which the font refuses) as
-    UTF-8 where they are (a path read in a C locale), else each as U+FFFD."""
-    return label.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
 def plot(table: dict[str, Any], path: Path) -> Path:
     """``table.png``: per task count, A_last (mean, std as error bars) of every head on every store."""
     import numpy as np
 
-    from foal_pipe.report.plots import draw
+    from foal_pipe.report.plots import draw, drawable
 
     stores, heads, tasks = table["features"], table["heads"], table["tasks"]
     labels = store_labels(stores)
@@ -243,7 +237,7 @@ def plot(table: dict[str, Any], path: Path) -> Path:
                 cells = [_cell(table, s, head, t) for s in stores]
                 ax.bar(x + (i - (len(heads) - 1) / 2) * width, [100 * c["A_last"]["mean"] for c in cells], width,
                        yerr=[100 * c["A_last"]["std"] for c in cells], capsize=3, label=head)
-            ax.set_xticks(x, [_drawable(labels[s]) for s in stores], parse_math=False)  # a $ in a name is no formula
+            ax.set_xticks(x, [drawable(labels[s]) for s in stores], parse_math=False)  # a $ in a name is no formula
             ax.set_title(tasks_title(table, t))
             ax.set_ylabel("A_last %")
         handles, names = axes[0].get_legend_handles_labels()
