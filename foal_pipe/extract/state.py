@@ -34,7 +34,7 @@ from foal_pipe.store.chunks import read_rows
 from foal_pipe.store.log import log_path
 from foal_pipe.store.manifest import parse_stored_manifest, stored_manifest
 from foal_pipe.store.read import chunk_too_large
-from foal_pipe.store.verify import changed_chunks
+from foal_pipe.store.verify import changed_chunks, resumable
 from foal_pipe.store.write import foreign_file, replace_manifest
 
 #: The group attribute of each split's SHA-256 over its images, in a store of a dataset without a split manifest.
@@ -304,8 +304,7 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
             raise FoalPipeError(damaged % f"{split}/features is a group, not an array")
         done = recorded.get(split) if isinstance(recorded, dict) else None
         step = int(features.chunks[0])
-        if features.shape[0] != rows[split] or type(done) is not int or not 0 <= done <= rows[split] or (
-                done % step and done != rows[split]):
+        if features.shape[0] != rows[split] or not resumable(done, rows[split], step):
             raise FoalPipeError(damaged % f"{split}/features {features.shape} with progress {done!r}")
         progress[split] = done
     lost = verify_store(path, read=False).problems  # chunk files missing (features, blocks: below the progress)

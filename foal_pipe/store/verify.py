@@ -6,6 +6,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 import zarr
@@ -111,6 +112,12 @@ def _manifest_labels(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dic
     return found
 
 
+def resumable(done: object, rows: int, step: int) -> TypeGuard[int]:
+    """Whether ``done``, a split's recorded progress, is one ``extract`` resumes from: a whole number of ``step``-row
+    chunks of its ``rows``, or all of them."""
+    return type(done) is int and 0 <= done <= rows and (done % step == 0 or done == rows)
+
+
 def _progress_problems(recorded: object, arrays: dict[str, zarr.Array]) -> list[ChunkProblem]:
     """Why an incomplete store's ``progress`` is not what ``extract`` resumes from (each split's rows written: a whole
     number of chunks, or all rows), none when it is or is absent: ``info`` would advise a resume ``extract`` refuses."""
@@ -125,7 +132,7 @@ def _progress_problems(recorded: object, arrays: dict[str, zarr.Array]) -> list[
         if features is None:
             continue
         rows, step = int(features.shape[0]), int(features.chunks[0])
-        if not (type(done) is int and 0 <= done <= rows and (done % step == 0 or done == rows)):
+        if not resumable(done, rows, step):
             found.append(ChunkProblem(f"{split}/features", 0, 0, f"attribute 'progress' records {shown(done)} rows "
                                       f"written, expected a multiple of {step:,} from 0 to {rows:,} (extract refuses "
                                       "to resume it)"))
