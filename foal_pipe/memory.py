@@ -145,7 +145,7 @@ def parse_memory(text: str) -> int:
     number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = s[len(number):]
     try:
-        value = float(number)
+        value = float(number) if number.isascii() else float("nan")  # float() reads other scripts' digits ('٣')
     except ValueError:
         value = float("nan")
     if unit not in _UNITS or value != value:

@@ -27,3 +27,9 @@ def test_info_names_its_argument_not_an_option_it_lacks(tmp_path):
     assert "--features" not in result.output
     learn = invoke("learn", "--features", tmp_path, "--out", tmp_path / "r")
     assert_one_line_error(learn, "point --features at a directory")
+
+
+def test_other_scripts_digits_are_no_size_from_python_either():
+    """The command line refused `--max-memory ٣GiB`; parse_memory itself (the Python API's path) read it as 3 GiB."""
+    with pytest.raises(FoalPipeError, match="is not a size"):
+        parse_memory("٣GiB")

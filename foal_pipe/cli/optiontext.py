@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from foal_pipe.cli._app import UsageError
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.encoders.config import _check_model_kwargs, parse_model_kwargs
-from foal_pipe.errors import FoalPipeError, comma_items, param
+from foal_pipe.errors import FoalPipeError, comma_items
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.memory import parse_memory
 from foal_pipe.protocol.stream import CLASS_ORDERS, named_class_order
@@ -105,10 +105,8 @@ def size_text(text: str) -> None:
     the size itself (above 0, within range) is checked when the command runs."""
     s = text.strip().lower()
     number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    if not number.isascii():  # parse_memory reads other scripts' digits
-        raise FoalPipeError(f"{param('max_memory')} {text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
     try:
-        float(number)
+        ascii_number(number, float)
         parse_memory("1" + s[len(number):])
     except (ValueError, FoalPipeError):
         parse_memory(text)  # refuses it: not a size
