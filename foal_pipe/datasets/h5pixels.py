@@ -82,6 +82,16 @@ def h5_pixels(img: np.ndarray, key: str) -> np.ndarray:
     raise ValueError(f"{key} has dtype {img.dtype}; images must be {H5_PIXELS}")
 
 
+#: What h5py raises reading a file that is damaged or changed under it (a dataset gone: KeyError).
+H5_READ_ERRORS = (OSError, RuntimeError, KeyError)
+
+
+def h5_read_error(path: str, exc: BaseException) -> FoalPipeError:
+    """The one-line refusal of a file h5py could not read: the first line of its reason."""
+    return FoalPipeError(f"cannot read {path} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                         "restore the file")
+
+
 def h5_unreadable(path: str, split: str) -> list[str]:
     """The rows of ``<split>/images`` whose values :func:`h5_pixels` refuses, each as ``FILE:<split>/images[i]``,
     the first with why. The store records the images' SHA-256, so a file corrected after the store was begun could
@@ -106,9 +116,8 @@ def h5_unreadable(path: str, split: str) -> list[str]:
             if not bad:
                 return []
             why = _why(images[bad[0]], f"{key}[{bad[0]}]")
-    except (OSError, RuntimeError, KeyError) as exc:
-        raise FoalPipeError(f"cannot read {path} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                            "restore the file") from None
+    except H5_READ_ERRORS as exc:
+        raise h5_read_error(path, exc) from None
     return [f"{path}:{key}[{bad[0]}] ({why})"] + [f"{path}:{key}[{i}]" for i in bad[1:]]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.h5pixels import reread_images
+from foal_pipe.datasets.h5pixels import H5_READ_ERRORS, h5_read_error, reread_images
 from foal_pipe.datasets.sources import (
     ArraySource,
     DatasetSplits,
@@ -22,7 +22,6 @@ from foal_pipe.datasets.sources import (
     TorchvisionSource,
     hash_files,
 )
-from foal_pipe.errors import FoalPipeError
 
 #: The most bytes of an array hashed at once: an HDF5 dataset larger than the memory is read a slice at a time.
 SLICE_BYTES = 64 << 20
@@ -51,9 +50,8 @@ def split_sha256(source: ImageSource) -> str | None:
         try:
             with h5py.File(source.path, "r") as f:
                 _hash_array(digest, reread_images(f, source.path, source.split, source.labels, source.layout))
-        except (OSError, RuntimeError, KeyError) as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise FoalPipeError(f"cannot read {source.path} ({reason}); restore the file") from None
+        except H5_READ_ERRORS as exc:
+            raise h5_read_error(source.path, exc) from None
     elif isinstance(source, TorchvisionSource):
         if not all(_hash_part(digest, part) for part in source.parts):
             return None
