@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import types
 from pathlib import Path
 
 import numpy as np
@@ -493,3 +494,18 @@ def int32_store(path: Path) -> Path:
     group.attrs.put({"format": "foal-pipe/features", "format_version": 2, "classes": ["x", "y"], "dataset": "d",
                      "encoder": {"name": "e", "fusion": "none", "image_size": 0, "normalize": False}, "complete": True})
     return path
+
+
+def stage_module(name: str) -> types.ModuleType:
+    """stages/NAME.py as a fresh module (its ``command``, its checks), with stages/ importable for its ``_params``, as
+    DVC runs it."""
+    import importlib.util
+    import sys
+
+    if str(STAGES) not in sys.path:
+        sys.path.insert(0, str(STAGES))
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", STAGES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import STAGES
+from helpers import STAGES, stage_module
 
 from foal_pipe.protocol.config import ModelConfig, SweepConfig
 from foal_pipe.store import write_store
@@ -81,16 +80,6 @@ needs_learn_options = pytest.mark.skipif(
     bool(MISSING), reason=f"foal-pipe has no {', '.join(MISSING)} yet (issue 10's learn/sweep options)")
 
 
-def _stage_module(name: str):
-    """stages/NAME.py as a module (its ``command``), with stages/ importable for its ``_params``."""
-    if str(STAGES) not in sys.path:
-        sys.path.insert(0, str(STAGES))
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", STAGES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # --------------------------------------------------------------------------------------------------
 # The repository's pipeline files
 
@@ -134,7 +123,7 @@ def test_params_and_dvc_yaml_agree():
 
 @pytest.fixture()
 def resolve():
-    _stage_module("learn")
+    stage_module("learn")
     import _params
 
     return _params.resolve, _params.ParamsError
@@ -231,7 +220,7 @@ def test_the_repository_params_use_known_keys_only(resolve):
 
 
 def _command(stage: str, name: str = "digits", params: dict | None = None) -> list[str]:
-    module = _stage_module(stage)
+    module = stage_module(stage)
     import _params
 
     return [str(a) for a in module.command(name, _params.resolve(params or _params_defaults(), name))]

@@ -3,7 +3,6 @@ the table stage passes only the options its heads take, and every learn setting 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import STAGES, invoke, params_with
+from helpers import STAGES, invoke, params_with, stage_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,10 +24,7 @@ def _module(name: str):
         import _params
 
         return _params
-    spec = importlib.util.spec_from_file_location(f"audit_stage_{name}", STAGES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return stage_module(name)
 
 
 def _settings_stage(tmp_path: Path, monkeypatch, params: dict) -> str | None:

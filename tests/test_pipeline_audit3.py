@@ -4,17 +4,15 @@ extract.settings.json on every `dvc repro` (docs/pipeline.md, "What reruns")."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 
 import numpy as np
 import pytest
 import yaml
-from helpers import STAGES, read
+from helpers import read, stage_module
 from test_pipeline import _dvc, _env, _fresh_clone, _ran, _run
 
 SHAPES = {"dataset": "imagefolder", "extract": {"data_dir": "data/shapes", "test_split": 0.25, "image_size": 8}}
@@ -27,13 +25,8 @@ def _png(path, seed: int) -> None:
 
 
 def _fingerprint_module():
-    """stages/settings.py as a module, with stages/ importable for its ``_params``."""
-    if str(STAGES) not in sys.path:
-        sys.path.insert(0, str(STAGES))
-    spec = importlib.util.spec_from_file_location("audit3_stage_settings", STAGES / "settings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """stages/settings.py as a module."""
+    return stage_module("settings")
 
 
 def _inputs(tmp_path, extract: dict, dataset: str = "imagefolder") -> dict:

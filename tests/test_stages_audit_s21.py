@@ -5,24 +5,13 @@ value give the same settings bytes, so DVC reruns nothing for a gamma spelled an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import STAGES, params_with
-
-
-def _module(name: str):
-    """stages/NAME.py, with stages/ importable (as DVC runs it)."""
-    if str(STAGES) not in sys.path:
-        sys.path.insert(0, str(STAGES))
-    spec = importlib.util.spec_from_file_location(f"audit_s21_stage_{name}", STAGES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import STAGES, params_with, stage_module
 
 
 def _settings(tmp_path: Path, monkeypatch, text: str, name: str = "digits") -> str | None:
@@ -32,7 +21,7 @@ def _settings(tmp_path: Path, monkeypatch, text: str, name: str = "digits") -> s
     (tmp_path / "params.yaml").write_text(text)
     monkeypatch.setattr(sys, "argv", ["settings.py", name])
     try:
-        _module("settings").main()
+        stage_module("settings").main()
     except SystemExit as exc:
         assert not (tmp_path / "runs").exists()
         return str(exc.code)
@@ -127,5 +116,5 @@ def test_the_learn_command_spells_the_recorded_gamma_exactly(tmp_path, monkeypat
     """The float written to learn.settings.json reaches `foal-pipe learn --gamma` as the same float."""
     files = _files(tmp_path, monkeypatch, "1.2345678901234567e-3", "null")
     settings = json.loads(files["learn"])
-    args = [str(a) for a in _module("learn").command("digits", settings)]
+    args = [str(a) for a in stage_module("learn").command("digits", settings)]
     assert float(args[args.index("--gamma") + 1]) == 1.2345678901234567e-3
