@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array
+from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
@@ -73,9 +73,33 @@ class _LeftOutTotals(ABC):
         return self.evaluate()["loo"]
 
 
-def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lonely_classes(counts: Any, classes: np.ndarray) -> np.ndarray | None:
+    """Which of ``classes`` hold one row of the statistics (``counts``: rows per class; None: unknown). Left out,
+    such a row leaves its class without rows: its left-out weight column, and so its own-class left-out score, is
+    exactly 0, where ``(s - h) / (1 - h)`` gives the rounding of ``s - h`` (equal in exact arithmetic), whose sign
+    decided ties. None where no class is lonely (the common case: nothing to mend)."""
+    if counts is None:
+        return None
+    lonely = np.asarray(counts).ravel() == 1
+    if lonely.shape != classes.shape:
+        raise FoalPipeError(f"counts has {lonely.size} entries for {classes.size} classes; pass one per class")
+    return lonely if lonely.any() else None
+
+
+def _alone(lonely: np.ndarray | None, positions: np.ndarray) -> np.ndarray | None:
+    """The rows (by their classes' ``positions``) that are their class's only row; None where there are none."""
+    if lonely is None:
+        return None
+    alone = lonely[positions]
+    return alone if alone.any() else None
+
+
+def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray,
+             lonely: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per gamma, the rows whose left-out prediction is their label and their summed squared left-out residuals,
     from the rows' fitted scores ``work`` (m, M, C; overwritten, to spare memory traffic) and leverages (m, M).
+    A row of a class that ``lonely`` (:func:`lonely_classes`) marks has own-class left-out score exactly 0 and
+    residual exactly 1.
 
     The left-out prediction is compared as ``(s - h y) / (1 - h)``, not ``y - (y - s) / (1 - h)``: where the scores
     and leverages are far below 1 (a gamma far above G's eigenvalues, features of small scale) the latter's label
@@ -83,27 +107,38 @@ def left_out(work: Any, leverage: Any, labels: np.ndarray, classes: np.ndarray) 
     counted wrong at gamma 1e20). The residual ``(y - s) / (1 - h)`` is formed from ``s - y`` as before."""
     xp = array_namespace(work)
     positions = class_positions(classes, labels)
+    alone = _alone(lonely, positions)
     with np.errstate(divide="ignore", invalid="ignore"):  # leverage 1 (a row that alone fixes a direction): inf
         if is_numpy_array(work):  # the label entries alone: the standard has no integer-array assignment
             rows = np.arange(work.shape[0])
             own = work[rows, :, positions]
             work /= (1.0 - leverage)[:, :, None]  # the other classes' left-out scores
-            work[rows, :, positions] = (own - leverage) / (1.0 - leverage)
+            label = (own - leverage) / (1.0 - leverage)
+            residual = (own - 1.0) / (1.0 - leverage)  # minus the left-out residual, -e_i / (1 - h_i)
+            if alone is not None:
+                label[alone], residual[alone] = 0.0, -1.0
+            work[rows, :, positions] = label
             predicted = np.argmax(work, axis=2)
-            work[rows, :, positions] = (own - 1.0) / (1.0 - leverage)  # minus the left-out residual, -e_i / (1 - h_i)
+            work[rows, :, positions] = residual
         else:
             Y = one_hot(labels, classes, work)[:, None, :]
             scale = (1.0 - leverage)[:, :, None]
-            predicted = to_numpy(xp.argmax((work - Y * leverage[:, :, None]) / scale, axis=2))
+            taken = leverage  # what the label entry loses: h, or a lonely row's own score s (leaving exactly 0)
+            if alone is not None:
+                lone = xp.asarray(alone, device=device(work))[:, None]
+                taken = xp.where(lone, xp.sum(work * Y, axis=2), leverage)
+            predicted = to_numpy(xp.argmax((work - Y * taken[:, :, None]) / scale, axis=2))
             work -= Y
             work /= scale
+            if alone is not None:
+                work = xp.where((Y > 0) & lone[:, :, None], xp.asarray(-1.0, dtype=work.dtype, device=device(work)), work)
     squared = to_numpy(xp.sum(xp.linalg.vecdot(work, work, axis=-1), axis=0))
     return np.sum(predicted == positions[:, None], axis=0), squared
 
 
 def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage: np.ndarray, scaled: np.ndarray,
                      scaled_low: np.ndarray, column_norm: np.ndarray, labels: np.ndarray, classes: np.ndarray,
-                     scratch: Scratch) -> np.ndarray:
+                     scratch: Scratch, lonely: np.ndarray | None = None) -> np.ndarray:
     """Per gamma, the rows of ``Z`` (float64 eigen-coordinates; ``low`` their float32 copy, ``norms`` their
     lengths, ``leverage`` theirs at each gamma) whose left-out prediction is their label: what :func:`left_out`
     counts, row for row, from a float32 product with ``scaled`` (:meth:`RidgeEigen.scaling`; ``scaled_low`` its
@@ -115,7 +150,8 @@ def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage
     so where ``|m|`` computed from them exceeds ``2 b`` plus the rounding of float64's subtraction and division,
     the float64 pipeline of :func:`left_out` decides the row the same way. The other rows (a few in a thousand)
     go through that pipeline in float64, each row's scores a product of its own: where float64's rounding
-    decides (a tie to the last bits), its decision is that product's.
+    decides (a tie to the last bits), its decision is that product's. A row of a class ``lonely`` marks has
+    ``s_label - h`` exactly 0 (:func:`lonely_classes`): its margin is ``-max_(c != label) s_c``.
     """
     m, D = Z.shape
     k = leverage.shape[1]
@@ -124,6 +160,9 @@ def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage
     rows = np.arange(m)
     scores = np.matmul(low, scaled_low, out=scratch.of("screen", (m, k * C), np.float32)).reshape(m, k, C)
     own = scores[rows, :, positions].astype(np.float64)  # (m, k)
+    alone = _alone(lonely, positions)
+    if alone is not None:
+        own[alone] = leverage[alone]  # s_label - h is exactly 0: the margin is the rival's alone
     scores[rows, :, positions] = -np.inf
     rival = scores.max(axis=2).astype(np.float64)
     bound = 2.0 * score_bound(norms, column_norm, D)  # the label's score and its rival's
@@ -138,7 +177,7 @@ def screened_correct(Z: np.ndarray, low: np.ndarray, norms: np.ndarray, leverage
         for g in np.flatnonzero(undecided.any(axis=0)):
             again = np.flatnonzero(undecided[:, g])
             exact = Z[again] @ scaled[:, g * C : (g + 1) * C]
-            correct[g] += left_out(exact[:, None, :], leverage[again, g][:, None], labels[again], classes)[0][0]
+            correct[g] += left_out(exact[:, None, :], leverage[again, g][:, None], labels[again], classes, lonely)[0][0]
     return correct
 
 
@@ -146,11 +185,13 @@ class LeaveOneOut(_LeftOutTotals):
     """Exact leave-one-out accuracy and squared error for several gammas, from one pass over the rows.
 
     Every row summed into the statistics must be added once (any order, any blocks); the model left
-    out is that of the statistics minus the row, so no refit happens.
+    out is that of the statistics minus the row, so no refit happens. ``counts``: the statistics' rows per class
+    (:attr:`RidgeStatistics.counts`), which make a lonely class's left-out score exact (:func:`lonely_classes`).
     """
 
-    def __init__(self, eigen: RidgeEigen, gammas: Any) -> None:
+    def __init__(self, eigen: RidgeEigen, gammas: Any, counts: Any = None) -> None:
         self.eigen = eigen
+        self._lonely = lonely_classes(counts, eigen.classes)
         self.gammas = eigen._gammas(gammas)
         self.inverse = eigen.shrinkage(self.gammas)  # (D, M)
         xp = array_namespace(eigen.vectors)
@@ -175,7 +216,7 @@ class LeaveOneOut(_LeftOutTotals):
         xp = array_namespace(self.eigen.vectors)
         Z = float64(xp.asarray(H)) @ self.eigen.vectors  # (m, D)
         correct, squared = left_out(*fitted_from(Z, self.inverse, self._scaled, self._scratch), labels,
-                                    self.eigen.classes)
+                                    self.eigen.classes, self._lonely)
         self.squared += squared
         self.correct += correct
         self.rows += H.shape[0]
@@ -204,11 +245,12 @@ class SampledLeaveOneOut(_LeftOutTotals):
     per gamma for the leverages); :func:`sample_needs_vectors` chooses. The coordinates are
     kept, so the gammas are scored after the pass, only those a zoom asks for (:meth:`evaluate`; ``m D`` float64
     values).
-    ``rows``: how many rows will be added (the sample's size).
+    ``rows``: how many rows will be added (the sample's size); ``counts``: as :class:`LeaveOneOut`'s.
     """
 
-    def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int) -> None:
+    def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int, counts: Any = None) -> None:
         self.path = path
+        self._lonely = lonely_classes(counts, path.classes)
         self.gammas = path._gammas(gammas)
         self.expected = int(rows)
         self.rows = 0
@@ -233,7 +275,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
             for lo in range(0, Z.shape[0], step):
                 block = Z[lo : min(lo + step, Z.shape[0]), :]
                 right, sums = left_out(*self.path.fitted_at(block, scaling, self._scratch), labels[lo : lo + step],
-                                       self.path.classes)
+                                       self.path.classes, self._lonely)
                 correct += right
                 squared += sums
         return correct, squared
@@ -258,7 +300,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
                 hi = min(lo + step, Z.shape[0])
                 at = self.path.leverages(Z[lo:hi], first) if leverage is None else leverage[lo:hi, indices]
                 correct += screened_correct(Z[lo:hi], low[lo:hi], norms[lo:hi], at, scaled, scaled_low, column_norm,
-                                            labels[lo:hi], self.path.classes, self._scratch)
+                                            labels[lo:hi], self.path.classes, self._scratch, self._lonely)
         return correct
 
     def _screened_rows(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:

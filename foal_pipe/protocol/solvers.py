@@ -178,9 +178,9 @@ class ManyGammas:
         elif rows is None:
             if not isinstance(path, RidgeEigen):  # gamma_path gives the eigenvectors when asked
                 raise internal_error("leave-one-out over every row without the eigenvectors")
-            loo = LeaveOneOut(path, fine)
+            loo = LeaveOneOut(path, fine, statistics.counts)
         else:
-            loo = SampledLeaveOneOut(path, fine, rows)
+            loo = SampledLeaveOneOut(path, fine, rows, statistics.counts)
         gcv = np.full(self.grid.size, np.inf)  # never chosen where left out
         solvable = self.grid > (path.floor if cut else 0.0)
         gcv[solvable] = path.gcv(self.grid[solvable])
