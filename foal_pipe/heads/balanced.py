@@ -41,7 +41,7 @@ from foal_pipe.core.scoring import Ties
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, check_rows, positive
-from foal_pipe.heads.moments import on_device
+from foal_pipe.heads.moments import on_device, row_major
 
 
 @dataclass(eq=False)
@@ -205,7 +205,7 @@ class BalancedHead(HeadBase):
         check_drift(gram, self.gamma)
         sums = xp.stack([weight * self._sums[cls] for cls, weight in zip(classes.tolist(), weights.tolist())], axis=1)
         solver = spd_solver(shifted(gram, self.gamma), "float64")
-        W = solver(sums)
+        W = row_major(solver(sums))  # as the model file's W loads: its ties' column lengths sum alike
         check_solved(gram, self.gamma, W, sums, solver)
         return LinearScorer(classes=classes, W=W)
 

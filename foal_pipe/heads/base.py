@@ -94,9 +94,16 @@ class LeaveOneOut(Protocol):
 
 def shares(scores: np.ndarray) -> np.ndarray:
     """Ridge's rule (:meth:`~foal_pipe.model.deploy.DeployedModel.predict_proba`): scores of a least-squares fit to
-    one-hot targets, clipped at 0 and normalised (a row with no positive score is uniform)."""
+    one-hot targets, clipped at 0 and normalised (a row with no positive score is uniform). A row whose finite scores
+    sum past float64's largest number is divided by its largest score first, so that its shares still sum to 1
+    rather than all rounding to 0."""
     scores = np.clip(scores, 0.0, None)
-    total = scores.sum(axis=1, keepdims=True)
+    with np.errstate(over="ignore"):  # such rows are scaled below
+        total = scores.sum(axis=1, keepdims=True)
+    over = np.isinf(total)
+    if over.any():
+        scores = np.where(over, scores / np.where(over, scores.max(axis=1, keepdims=True), 1.0), scores)
+        total = np.where(over, scores.sum(axis=1, keepdims=True), total)
     uniform = np.full_like(scores, 1.0 / max(scores.shape[1], 1))
     return np.divide(scores, total, out=uniform, where=total > 0)
 
@@ -104,7 +111,8 @@ def shares(scores: np.ndarray) -> np.ndarray:
 def softmax(scores: np.ndarray) -> np.ndarray:
     """LDA's scores are the Gaussian log-likelihoods up to a term shared by every class: their softmax is the
     posterior under equal class priors."""
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    with np.errstate(over="ignore"):  # a gap past float64's largest number is -inf, whose exp is the 0 it rounds to
+        shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 

@@ -99,7 +99,8 @@ class CosineHead(HeadBase):
     def loo_hits(self, X: Any, labels: np.ndarray) -> int:
         """Exact leave-one-out: without row i its class's prototype becomes ``(n p - x_i) / (n - 1)``, whose cosine to
         ``x_i`` is that of ``n p - x_i`` (a positive scale moves no cosine); the other prototypes are unchanged. A
-        class of one row has no prototype without it: that row counts as wrong."""
+        class of one row has no prototype without it: that row counts as wrong. Where ``n p - x_i`` overflows (rows
+        near float64's largest number), ``p / 2 - x_i / (2 n)``, the same direction, is taken instead."""
         xp = array_namespace(X)
         sums = self.sums
         own = class_positions(sums.classes, labels)
@@ -108,7 +109,13 @@ class CosineHead(HeadBase):
         where = device(scores)
         at = xp.asarray(own, device=where)
         n = xp.asarray(sums.counts[own].astype(np.float64), device=where)[:, None]
-        left_out = xp.sum(unit_rows(X) * unit_rows(n * xp.take(prototypes, at, axis=0) - X), axis=1)
+        mine = xp.take(prototypes, at, axis=0)
+        with np.errstate(over="ignore", invalid="ignore"):  # such rows take the halved form
+            rest = n * mine - X
+        finite = xp.all(xp.isfinite(rest), axis=1, keepdims=True)
+        if not bool(xp.all(finite)):
+            rest = xp.where(finite, rest, 0.5 * mine - X * (0.5 / n))
+        left_out = xp.sum(unit_rows(X) * unit_rows(rest), axis=1)
         left_out = xp.where(n[:, 0] > 1, left_out, -xp.inf)
         is_own = at[:, None] == xp.arange(sums.classes.size, device=where)[None, :]
         scores = xp.where(is_own, left_out[:, None], scores)

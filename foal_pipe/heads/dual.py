@@ -69,7 +69,7 @@ from foal_pipe.core.statistics import align_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
-from foal_pipe.heads.moments import on_device
+from foal_pipe.heads.moments import on_device, row_major
 
 #: Rows whose Woodbury steps share one pass over the D x D inverse (at most; a quarter of D for a small D).
 BLOCK_ROWS = 256
@@ -402,4 +402,5 @@ class DualHead(HeadBase):
                                 "features down")
         self._check_residuals(state["G_comp"], W_comp, comp)
         self.earlier_ = self.classes_.copy()
-        return DualScorer(classes=self.classes_.copy(), W_main=W_main, W_comp=W_comp, compensation=self.compensation)
+        return DualScorer(classes=self.classes_.copy(), W_main=row_major(W_main), W_comp=row_major(W_comp),
+                          compensation=self.compensation)  # a model file's layout: its checks' bits as loaded

@@ -41,6 +41,16 @@ def unit_rows(X: Any) -> Any:
                     scaled / xp.where(scaled_norms > 0, scaled_norms, xp.ones_like(scaled_norms)))
 
 
+def row_major(a: Any) -> Any:
+    """A row-major (C-ordered) copy of the 2-d ``a``, the layout a model file's tensors load in: NumPy sums along a
+    row in another order for a column-major array, so scores and checks of a model solved here would otherwise differ
+    in their last bits from those of the same model saved and loaded."""
+    xp = array_namespace(a)
+    out = xp.empty(a.shape, dtype=a.dtype, device=device(a))
+    out[...] = a
+    return out
+
+
 class ClassSums:
     """Counts and sums of shifted rows per class (columns in sorted ``classes``), and, with ``pooled``, the
     Gram of every shifted row: a running state that any block size adds to exactly."""
@@ -94,10 +104,11 @@ class ClassSums:
             self.gram = on_device(xp, t["gram"])
 
     def means(self) -> Any:
-        """``(C, d)``: the mean row of every class."""
+        """``(C, d)``: the mean row of every class, laid out by rows as a model file's means load
+        (:func:`row_major`)."""
         xp = self.xp
         counts = xp.asarray(self.counts.astype(np.float64), device=default_device(xp))
-        return (self.sums / counts[None, :]).T + self.shift
+        return row_major((self.sums / counts[None, :]).T + self.shift)
 
     def scatter(self) -> Any:
         """``sum_i (x_i - mu_{y_i})(x_i - mu_{y_i})^T`` over every row (``pooled`` only): the within-class scatter."""
