@@ -63,7 +63,7 @@ from foal_pipe.protocol.records import (
     sweep_results,
     sweep_selections,
 )
-from foal_pipe.protocol.run import Run, prepare, row_sample
+from foal_pipe.protocol.run import Run, held_bytes, prepare, row_sample
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning, listed_order
@@ -74,7 +74,7 @@ def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: 
     """The per-class statistics, on top of one order's run as its solver walks it (``n_models`` gammas' weights,
     ``eigen``: factored at every boundary, as ``sweep``'s; its cached rows included; ``loo``: and a sampled
     leave-one-out's coordinates) and the other orders' prepared runs, against the available memory."""
-    from foal_pipe.protocol.run import held_bytes, run_parts
+    from foal_pipe.protocol.run import run_parts
 
     run = runs[0]
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
@@ -85,6 +85,15 @@ def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: 
     check_memory(f"{command} --order-seeds", parts,
                  f"set {param('max_memory')} below {human(need)} for one walk per order, lower {param('projection_dim')}, "
                  f"use {param('dtype', 'float32')}, {gammas}or free memory")
+
+
+def check_walks_memory(command: str, runs: Sequence[Run]) -> None:
+    """One walk per order, each preparing its run again: the largest walk's estimate (:attr:`Run.parts`) on top of every
+    order's prepared run, all held until the last walk, against the available memory."""
+    walk = max((run.parts for run in runs), key=lambda parts: sum(parts.values()))
+    parts = {**walk, f"the {len(runs)} orders' prepared runs": sum(held_bytes(r) for r in runs)}
+    check_memory(f"{command} --order-seeds", parts,
+                 f"pass fewer {param('seeds')}, lower {param('projection_dim')}, or free memory")
 
 
 def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamConfig,
@@ -142,14 +151,13 @@ def run_learn_orders(
         check_eval_every(runs, evaluation.eval_every, seeds)
         labels = [r.store.train.labels[np.concatenate(r.stream.rows)] for r in runs]
         check_points(model.head, labels, evaluation.eval_every, seeds, names=runs[0].store.classes)
-    if not kind.class_sums:  # a head's state follows its rows' stream order: one walk per order by definition
-        with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
-            return _learn_per_order(features, out, seeds, settings, None, start, log, shared, runs)
     loo = model.loo and not model.loo_sample  # a sample's rows are projected again per boundary; every row's are not
+    # a head's state follows its rows' stream order: one walk per order by definition (no reason to give)
     reason = fallback_reason(stream, model, execution, loo, len(runs[0].store.classes), evaluation.eval_every is not None,
-                             dim=runs[0].dim)
-    if reason is not None:
-        with shared_rows(runs, kind.read) as shared:
+                             dim=runs[0].dim) if kind.class_sums else None
+    if reason is not None or not kind.class_sums:
+        check_walks_memory("learn", runs)
+        with shared_rows(runs, kind.read) as shared:  # read by the cluster with --scheduler dask
             return _learn_per_order(features, out, seeds, settings, reason, start, log, shared, runs)
     _check_class_memory("learn", runs, model.loo)
     warn_dropped_once(seeds, runs, stream, log)
@@ -237,6 +245,9 @@ def run_sweep_orders(
         reason = ("--heads walks every head per class order" if others else
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample,
                                   len(runs[0].store.classes), dim=runs[0].dim))
+        m = runs[0].model
+        if reason is not None or class_statistics_bytes(len(runs[0].store.classes), runs[0].dim, m.dtype) > execution.max_memory:
+            check_walks_memory("sweep", runs)  # one walk per order (_sweep_one_pass: the same test)
         with shared_rows(runs) as shared:
             reports, walks = [], []
             if reason is None:

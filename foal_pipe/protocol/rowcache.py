@@ -55,6 +55,14 @@ def cache_bytes(n_rows: int, dim: int, itemsize: int, lanes: int = 1) -> int:
     return n_rows * dim * itemsize * lanes
 
 
+def index_bytes(n_rows: int, n_source: int) -> int:
+    """What a :class:`GroupedRows` of ``n_rows`` rows from a split of ``n_source`` rows holds beside the rows, in memory
+    or spilled alike (int64 each): every cached row's store row and label and every split row's cache position; then a
+    walk's positions of the cached rows (:class:`TaskBlocks`) and, as it builds them, one task's rows sorted (at most
+    every row). The grouping's sort (:func:`ordered`: 3 per cached row at its peak) comes before and stays below that."""
+    return (4 * n_rows + n_source) * 8
+
+
 def in_memory(nbytes: int, max_memory: int) -> bool:
     """Whether a cache of ``nbytes`` is held in memory (else it spills to a temporary file)."""
     return nbytes <= min(RAM_BYTES, max_memory)

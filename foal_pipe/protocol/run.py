@@ -23,7 +23,7 @@ from foal_pipe.memory import check_memory, fits, human
 from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.criteria import TRAINING_CRITERIA
 from foal_pipe.protocol.loosample import LOO_SAMPLE, RowSample
-from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory
+from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, block_rows, cache_bytes, in_memory, index_bytes
 from foal_pipe.protocol.stream import OrderError, Stream, listed_classes, make_stream, resolve_class_order
 from foal_pipe.store import FeatureStore, open_store
 from foal_pipe.store.blockfusion import FusedSplits, parse_fusions
@@ -47,6 +47,7 @@ class Run:
     timings: dict[str, float] = field(default_factory=dict)
     keep_activations: bool = False  # leave-one-out multiplies kept activations instead of projecting rows again
     fused: dict[str, FusedSplits] | None = None  # sweep --fusions: {"train", "test"}, every fusion from one read
+    parts: dict[str, int] = field(default_factory=dict)  # prepare's memory estimate, kept activations included
 
     @property
     def features_dim(self) -> int:
@@ -141,6 +142,7 @@ def prepare(
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
         if run.keep_activations:
             parts.update(kept)
+    run.parts = parts
     check_memory(command, parts, memory_fix(command, run, ridge, heads, fusions))
     run.projection = Expansion.draw(width, model.projection_dim, model.projection_init, model.resolved_activation,
                                     stream_config.seed, model.dtype)
@@ -222,6 +224,7 @@ def run_parts(run: Run, n_models: int = 1, loo: bool = False, heads: Sequence[st
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
     width = run.features_dim
     parts[f"the projection ({width:,} x {run.dim:,})"] = width * run.dim * (8 + np.dtype(run.model.dtype).itemsize)
+    parts["the stream's row indices and the store's labels"] = row_arrays_bytes(run)
     parts.update(head_parts(run, heads, model_file=not ridge, start=start))
     return parts
 
@@ -252,12 +255,19 @@ def memory_fix(command: str, run: Run, ridge: bool = True, heads: Sequence[str] 
 
 
 def held_bytes(run: Run) -> int:
-    """What a prepared run holds while another runs (``table``, ``--order-seeds``): its drawn projection, its
-    stream's row indices and row tasks."""
+    """What a prepared run holds while another runs (``table``, ``--order-seeds``): its drawn projection and
+    :func:`row_arrays_bytes`."""
     bias = run.projection.bias_
     projection = int(run.projection.components_.nbytes) + (0 if bias is None else int(bias.nbytes))
+    return projection + row_arrays_bytes(run)
+
+
+def row_arrays_bytes(run: Run) -> int:
+    """A run's arrays of a few bytes per row, which grow with the store whatever D: its stream's row indices, every
+    train row's task, and the labels of the store it opened (each run opens its own)."""
     rows = sum(int(np.asarray(r).nbytes) for r in run.stream.rows)
-    return projection + rows + int(run.row_task.nbytes) + int(run.test_totals.nbytes)
+    labels = sum(int(np.asarray(run.store.split(s).labels).nbytes) for s in ("train", "test"))
+    return rows + int(run.row_task.nbytes) + int(run.test_totals.nbytes) + labels
 
 
 def _planned(width: int, model: ModelConfig) -> Expansion:
@@ -361,12 +371,12 @@ def reread_note(run: Run) -> str:
 
 def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dict[str, int]:
     """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
-    decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary
-    file that costs no process memory), the boundaries' weights kept for the test pass; the state and the
-    weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its pending boundary); with a
-    sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom, and for LOO accuracy alone
-    their float32 copy and leverages at every gamma (:meth:`SampledLeaveOneOut._correct`). ``eigen``: a solver
-    that factors every boundary whatever the gammas (``sweep``'s :class:`ManyGammas`, one gamma included).
+    decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary file
+    that costs no process memory) and their index (held either way), the boundaries' weights kept for the test
+    pass; the state and the weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its
+    pending boundary); with a sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom, and
+    for LOO accuracy alone their float32 copy and leverages at every gamma (:meth:`SampledLeaveOneOut._correct`).
+    ``eigen``: a solver that factors every boundary whatever the gammas (``sweep``'s :class:`ManyGammas`, one gamma included).
 
     A block holds at most the rows of the larger split, and the read at most the split's chunks (:func:`_read_bytes`):
     a small store is not charged for rows and chunks it does not have. The test pass scores every model of a block
@@ -417,6 +427,7 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
         cached = rows_cache_bytes(run, split)
         if in_memory(cached, run.execution.max_memory):
             parts[f"decoded {split} rows{per_lane}"] = cached
+        parts[f"decoded {split} rows' index"] = index_bytes(cached_rows(run, split), int(run.store.split(split).n_rows))
     if run.execution.scheduler == "dask":
         parts.update(dask_parts(run))
     return parts
@@ -456,10 +467,13 @@ def _read_bytes(run: Run, split: Any) -> int:
 
 def rows_cache_bytes(run: Run, split: str = "train") -> int:
     """What the walk's cache of a split's decoded rows takes (:class:`GroupedRows`, in the store's dtype)."""
-    source = run.store.split(split)
-    item = 4 if run.fused is not None else source.features.dtype.itemsize
-    rows = int(np.count_nonzero(run.row_task >= 0)) if split == "train" else int(run.test_totals.sum())
-    return cache_bytes(rows, run.features_dim, item, len(run.lanes))
+    item = 4 if run.fused is not None else run.store.split(split).features.dtype.itemsize
+    return cache_bytes(cached_rows(run, split), run.features_dim, item, len(run.lanes))
+
+
+def cached_rows(run: Run, split: str) -> int:
+    """The rows of a split the walk caches: the stream's train rows, the test rows of its tasks."""
+    return int(np.count_nonzero(run.row_task >= 0)) if split == "train" else int(run.test_totals.sum())
 
 
 def count_test_rows(stream: Stream, labels: np.ndarray, n_classes: int, by_class: bool = False,
