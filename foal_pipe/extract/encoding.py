@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, images_in, open_image, to_rgb_array
+from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, _is_image_entry, broken_link, images_in, open_image, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
 
 #: Provenance keys that decide the features an encoder computes (not where it ran or which library built it).
@@ -103,7 +103,9 @@ def recorded_precision(spec: dict[str, Any], device: str) -> str:
 
 
 def find_images(patterns: Sequence[str | Path]) -> list[Path]:
-    """Image files from files, folders (searched recursively) and glob patterns, in the order given."""
+    """Image files from files, folders (searched recursively) and glob patterns, in the order given. A broken
+    symbolic link, given or matched, is listed as a folder's is (:func:`~foal_pipe.datasets.sources.images_in`), so
+    that reading it names it (or ``skip_bad`` skips it, said), never left out in silence."""
     found: list[Path] = []
     for pattern in patterns:
         if not str(pattern).strip():  # Path("") is ".": every image under the working directory
@@ -115,11 +117,11 @@ def find_images(patterns: Sequence[str | Path]) -> list[Path]:
             if not files:
                 raise FoalPipeError(f"{path} holds no images ({', '.join(IMAGE_EXTENSIONS)}); check the folder")
             found += files
-        elif path.is_file():
+        elif path.is_file() or broken_link(str(path)):
             found.append(path)
         else:
             matches = sorted(Path(m) for m in glob.glob(str(path), recursive=True))
-            files = [m for m in matches if m.is_file() and m.suffix.lower() in IMAGE_EXTENSIONS]
+            files = [m for m in matches if _is_image_entry(m)]
             if not files:
                 raise FoalPipeError(f"{pattern} matches no image file; pass image files, folders or glob patterns")
             found += files
@@ -152,7 +154,7 @@ def encode_files(encoder: Any, paths: Sequence[Path], batch_size: int = BATCH_SI
             try:
                 batch.append(_read(path, encoder.image_size, encoder.interpolation))
             except Exception as exc:  # any decoder error: named, never a traceback
-                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                detail = broken_link(str(path)) or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 if not skip_bad:
                     raise FoalPipeError(f"cannot read image {path} ({detail}); fix or remove it, or pass "
                                         f"{param('skip_bad', True)} to skip unreadable files") from None

@@ -102,6 +102,10 @@ class OrderMetrics(Accuracy):
     dropped_classes: list[int] | None = key(INTEGERS)
     disjoint_classes: list[int] | None = key(INTEGERS)
     blurred_rows: int | None = key(COUNT)
+    #: With a sampled leave-one-out, where the orders' differ (a boundary that saw at most ``--loo-sample`` rows in
+    #: one order scored them all): this order's rows scored and Hoeffding's eps at each boundary (``gamma_search``'s).
+    sample_rows: list[int] | None = key(_list_of(COUNT))
+    sample_eps: list[float] | None = key(NUMBERS)
 
 
 @dataclass(frozen=True, kw_only=True)

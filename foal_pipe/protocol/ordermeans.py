@@ -58,6 +58,14 @@ def order_streams(records: Sequence[Any]) -> list[dict[str, Any]]:
     return [{k: getattr(r, k) for k in differ} for r in records]
 
 
+def order_samples(orders: Sequence[LearnMetrics]) -> list[dict[str, Any]]:
+    """Per order, its sampled leave-one-out's rows and eps at each boundary where the orders' differ (as
+    :func:`order_streams`; ``gamma_search`` is the first order's)."""
+    samples = [{"sample_rows": m.gamma_search.sample_rows, "sample_eps": m.gamma_search.sample_eps}
+               if m.gamma_search is not None and m.gamma_search.sample_rows is not None else {} for m in orders]
+    return samples if len({repr(s) for s in samples}) > 1 else [{} for _ in orders]
+
+
 def _order_entry(seed: int, metrics: LearnMetrics) -> OrderMetrics:
     return OrderMetrics(order_seed=seed, tasks=metrics.tasks, accuracy_matrix=metrics.accuracy_matrix,
                         A_steps=metrics.A_steps, A_avg=metrics.A_avg, A_last=metrics.A_last, F=metrics.F,
@@ -82,9 +90,11 @@ def order_means(entries: Sequence[Accuracy]) -> dict[str, Any]:
 
 def combine(seeds: Sequence[int], orders: Sequence[LearnMetrics], one_pass: bool) -> LearnMetrics:
     """The metrics of many orders: the first order's settings and ``tasks`` (its model is the one saved; no
-    ``order_seed``), the means over the orders (:func:`order_means`); ``orders`` (with :func:`order_streams`),
+    ``order_seed``), the means over the orders (:func:`order_means`); ``orders`` (with :func:`order_streams` and
+    :func:`order_samples`),
     ``mean`` and ``std``."""
-    entries = [replace(_order_entry(s, m), **own) for s, m, own in zip(seeds, orders, order_streams(orders))]
+    entries = [replace(_order_entry(s, m), **own, **sample)
+               for s, m, own, sample in zip(seeds, orders, order_streams(orders), order_samples(orders))]
     first = orders[0]
     means = order_means(entries)
     return replace(first, **means, mean={k: means[k] for k in means["std"]}, order_seed=None,
@@ -95,10 +105,13 @@ def combine(seeds: Sequence[int], orders: Sequence[LearnMetrics], one_pass: bool
 def combine_sweep(seeds: Sequence[int], reports: Sequence[SweepReport], select: str) -> SweepReport:
     """The first order's report (its settings, ``tasks``, criteria, choices and selections; no ``order_seed``) with
     each gamma's accuracy the means over the orders (:func:`order_means`), as ``learn --order-seeds`` records them,
-    the test oracle's gamma (and a choice by ``test``) from those means, and every order's results."""
+    the test oracle's gamma (and a choice by ``test``) from those means, and every order's results (and its
+    leave-one-out sample where the orders' differ)."""
     results = [replace(r, **order_means([rep.results[i] for rep in reports])) for i, r in enumerate(reports[0].results)]
+    differ = len({repr(rep.leave_one_out) for rep in reports}) > 1  # each order's sample, as order_streams' keys
     orders = [OrderSweep(order_seed=s, tasks=rep.tasks, best_gamma=rep.best_gamma, results=rep.results,
-                         heads=rep.heads, **own) for s, rep, own in zip(seeds, reports, order_streams(reports))]
+                         heads=rep.heads, leave_one_out=rep.leave_one_out if differ else None, **own)
+              for s, rep, own in zip(seeds, reports, order_streams(reports))]
     oracle = choose(results, "test")
     combined = replace(reports[0], results=results, orders=orders, order_seed=None, order_seeds=list(seeds),
                        best_gamma_test=oracle, best_gamma=oracle if select == "test" else reports[0].best_gamma)

@@ -30,6 +30,7 @@ from foal_pipe.protocol.typedjson import (
     _Kind,
     _list_of,
     _Record,
+    _record,
     _records,
     key,
 )
@@ -154,5 +155,9 @@ class OrderSweep(_Record):
     dropped_classes: list[int] | None = key(INTEGERS)
     disjoint_classes: list[int] | None = key(INTEGERS)
     blurred_rows: int | None = key(COUNT)
+    #: This order's leave-one-out rows and bound, where the orders' differ (a boundary that saw fewer rows than
+    #: ``--loo-sample`` in one order scored them all, exactly); the top level holds the first order's. Absent in
+    #: older files.
+    leave_one_out: LeaveOneOutRows | None = key(_record(LeaveOneOutRows, "leave-one-out rows object"))
 
 

@@ -301,6 +301,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     from foal_pipe.protocol.classsums import class_statistics
     from foal_pipe.protocol.commands import prefixed, run_learn
     from foal_pipe.protocol.orderchecks import fallback_reason
+    from foal_pipe.protocol.orders import walks_text
     from foal_pipe.protocol.walk import shared_rows
 
     s = settings
@@ -323,7 +324,11 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     # ridge's boundaries of every order and task count from per-class sums (a sampled leave-one-out projects its rows)
     every_row = ridge_model.loo and not ridge_model.loo_sample
     first = next(iter(runs.values()))
-    one_pass = fallback_reason(s.stream, ridge_model, s.execution, every_row, len(store.classes), dim=first.dim) is None
+    reason = fallback_reason(s.stream, ridge_model, s.execution, every_row, len(store.classes), dim=first.dim)
+    one_pass = reason is None
+    ridge_todo = sum(("ridge", t, seed) not in done for t, seed in streams) if "ridge" in config.heads else 0
+    if reason is not None and ridge_todo > 1:  # said as `learn --order-seeds` says it
+        log(f"{path}: running one ridge walk per run ({walks_text(ridge_todo, s.execution)}): {reason}")
     per_class = None
     tasks = config.tasks or ()
     finest = max(tasks)  # each order's classes summed over its finest split: nested splits share boundaries
