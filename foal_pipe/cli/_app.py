@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import unicodedata
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -115,7 +116,9 @@ class _OneLineUsage:
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         with _usage_line(ctx):
             _refuse_empty_paths(self, ctx, args)
-            return super().parse_args(ctx, args)  # type: ignore[misc, no-any-return]
+            rest: list[str] = super().parse_args(ctx, args)  # type: ignore[misc]
+        _expand_home(self, ctx)
+        return rest
 
 
 def _takes_paths(param: Any) -> bool:
@@ -140,6 +143,20 @@ def _refuse_empty_paths(command: Any, ctx: Any, args: list[str]) -> None:
             raise UsageError(f"{name} is empty, which would read as the current folder; pass a path", ctx)
 
 
+def _expand_home(command: Any, ctx: Any) -> None:
+    """A path that starts with ``~`` is under the home folder, as a shell would read it where it expands nothing
+    (``--out=~/run``, a quoted path): taken literally it made a folder named ``~`` in the working directory."""
+    for param in command.get_params(ctx):
+        value = ctx.params.get(param.name)
+        if value is not None and _takes_paths(param):
+            ctx.params[param.name] = type(value)(map(_home, value)) if isinstance(value, list | tuple) else _home(value)
+
+
+def _home(value: Any) -> Any:
+    kind: Any = type(value)  # str or a Path
+    return kind(os.path.expanduser(value)) if isinstance(value, str | os.PathLike) else value
+
+
 @contextmanager
 def _usage_line(ctx: Any) -> Iterator[None]:
     try:
@@ -149,7 +166,7 @@ def _usage_line(ctx: Any) -> Iterator[None]:
     except UsageError as exc:
         message = _not_a_number(exc) or exc.format_message().replace("Value error, ", "").rstrip(".")  # pydantic's prefix
         see = f"{' S' if message.endswith('?') else '; s'}ee `{ctx.command_path} --help`"  # after "Did you mean 'x'?"
-        err_console.print(f"[bold red]Error:[/] {escape(message + see)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]Error:[/] {escape(one_line(message + see))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -360,8 +377,14 @@ def user_errors(arguments: Mapping[str, str] | None = None) -> Iterator[None]:
 
         message = (exc.render(form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
                    if isinstance(exc, OSError) else out_of_memory_message(exc))
-        err_console.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]Error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def one_line(message: str) -> str:
+    """``message`` with its control characters escaped (``\\n``): a path holding a line break kept an error on two
+    lines."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in message)
 
 
 def torch_out_of_memory() -> tuple[type[Exception], ...]:

@@ -8,6 +8,7 @@ the model's columns are matched to tasks by class name. Otherwise the label ids 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,11 @@ def class_results(run: Run) -> ClassResults | str | None:
         return None
     skipped = "so no per-class accuracy or confusion matrix"
     model = load_model(run.model_path, estimators=False)
-    where = located(run, features)
+    learned = model.metadata.get("learned_from") or []
+    try:
+        where = located(run, features, learned[-1] if learned else None)
+    except FoalPipeError as exc:
+        return f"{exc}, {skipped}; run `foal-pipe evaluate` from the folder `foal-pipe learn` ran in."
     try:
         changed = _other_generation(model.metadata, where, features)
         true, predicted = model.store_predictions(where)
@@ -104,13 +109,13 @@ def class_results(run: Run) -> ClassResults | str | None:
     column[[ids[k] for k in order]] = np.arange(len(order))
     streamed = int(np.isin(true, list(positions)).sum())
     n_test = run.metrics.n_test
-    if n_test is not None and streamed != n_test and streamed + _untrained_rows(run, features, model.class_names) != n_test:
+    if n_test is not None and streamed != n_test and streamed + _untrained_rows(run, where, model.class_names) != n_test:
         return (f"{features} now holds {streamed:,} test rows of the run's classes but the run was tested "
                 f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
     known = true >= 0
     confusion = np.zeros((len(order), len(order)), dtype=np.int64)
     np.add.at(confusion, (column[true[known]], column[predicted[known]]), 1)
-    earlier = _earlier_rows(run, features, model, positions)
+    earlier = _earlier_rows(run, where, model, positions)
     if isinstance(earlier, str):
         return f"{earlier}, {skipped}."
     for true, predicted in earlier.values():
@@ -120,18 +125,47 @@ def class_results(run: Run) -> ClassResults | str | None:
                         int((~known).sum()), tuple(earlier))
 
 
-def located(run: Run, recorded: str) -> str:
-    """Where to read a store that metrics.json names as ``learn`` was given it: as recorded when that path exists
-    from here (or is absolute), else below the nearest directory above the run that holds it (a relative path typed
-    in the project's root, say, read by `evaluate` run from elsewhere). Which store it is, is checked against the
-    model's ``learned_from``; reports keep naming it as recorded, so their bytes do not depend on where they run."""
+def located(run: Run, recorded: str, generation: str | None = None) -> str:
+    """Where to read a store that metrics.json names as ``learn`` was given it: as recorded (an absolute path, or a
+    relative one that exists from here), or below a directory above the run (a relative path typed in the project's
+    root, say, read by `evaluate` run from elsewhere). Where several different stores answer to the name, the one of
+    ``generation`` (the model's last ``learned_from``) is taken, so the working directory cannot pick an unrelated
+    store; reports keep naming it as recorded, so their bytes do not depend on where they run. Raises
+    :class:`FoalPipeError` when several different stores answer and no generation id tells which one is the run's."""
+    found = _candidates(run, recorded)
+    if len(found) <= 1:
+        return found[0] if found else recorded
+    ours = [where for where in found if generation is not None and _generation(where) == generation]
+    if ours:
+        return ours[0]
+    named = [os.path.abspath(where) for where in found]
+    listing = f"{', '.join(named[:-1])} and {named[-1]}"
+    raise FoalPipeError(f"{recorded} names {len(found)} different stores, {listing}, and no generation id tells which "
+                        "one is the run's")
+
+
+def _candidates(run: Run, recorded: str) -> list[str]:
+    """Every existing store ``recorded`` may name, each once (a path that reaches one already listed, through a
+    symlink or as the same folder, is left out): as recorded from here, then below each directory above the run."""
     path = Path(recorded)
-    if path.is_absolute() or path.exists():
-        return recorded
+    if path.is_absolute():
+        return [recorded]
+    found: list[str] = [recorded] if path.exists() else []
     for base in run.path.resolve().parents:
-        if (base / path).exists():
-            return str(base / path)
-    return recorded
+        where = base / path
+        if where.exists() and not any(os.path.samefile(where, other) for other in found):
+            found.append(str(where))
+    return found
+
+
+def _generation(where: str) -> str | None:
+    """The generation id of the store at ``where``; None without one, or where it cannot be read as a store."""
+    from foal_pipe.store import read_meta
+
+    try:
+        return read_meta(where)[1].generation
+    except FoalPipeError:
+        return None
 
 
 def _other_generation(metadata: dict[str, Any], where: str, features: str) -> str | None:
@@ -148,14 +182,14 @@ def _other_generation(metadata: dict[str, Any], where: str, features: str) -> st
             f"{learned[-1][:12]}): it was re-extracted or replaced since `foal-pipe learn`")
 
 
-def _untrained_rows(run: Run, features: str, known: list[str]) -> int:
+def _untrained_rows(run: Run, where: str, known: list[str]) -> int:
     """Test rows of the stream's classes that the model has no class for (a class with test rows but no training
     row): the run scored them (always wrong), and the model's predictions count them as of unknown classes.
-    ``features``: the run's store, as its metrics.json records it."""
+    ``where``: the run's store, as :func:`located` found it."""
     from foal_pipe.store import open_store
 
     m = run.metrics
-    store = open_store(located(run, features))
+    store = open_store(where)
     stream = ({name for t in m.continuation.task_names for name in t} if m.continuation and m.continuation.task_names
               else {store.classes[c] for t in m.tasks or [] for c in t if c < len(store.classes)})
     missing = [k for k, name in enumerate(store.classes) if name in stream - set(known)]
@@ -165,8 +199,8 @@ def _untrained_rows(run: Run, features: str, known: list[str]) -> int:
 def _earlier_rows(run: Run, own: str, model: Any, positions: dict[int, tuple[int, int]]
                   ) -> dict[str, tuple[np.ndarray, np.ndarray]] | str:
     """A continued run's ``--eval-features`` stores: each one's ``(true, predicted)`` on its test rows of the
-    classes learned before the run (the run's own store, ``own`` as recorded, is left out: its rows are counted
-    already); or why a store cannot be read."""
+    classes learned before the run (the run's own store, ``own`` as :func:`located` found it, is left out: its rows
+    are counted already); or why a store cannot be read."""
     from foal_pipe.protocol.continuation import same_store
 
     continuation = run.metrics.continuation
@@ -174,7 +208,7 @@ def _earlier_rows(run: Run, own: str, model: Any, positions: dict[int, tuple[int
     rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
         for features in stores:
-            if same_store(located(run, features), located(run, own)):
+            if same_store(located(run, features), own):
                 continue
             true, predicted = model.store_predictions(located(run, features))
             before = (true >= 0) & ~np.isin(true, list(positions))

@@ -219,32 +219,87 @@ def csv_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+#: The fewest characters a long store label is cut to under its bars (:func:`tick_labels`).
+TICK_CHARS = 24
+
+
+def tick_labels(labels: Sequence[str], width: int = TICK_CHARS) -> list[str]:
+    """Store labels as ``table.png`` draws them under their bars: on one line, a long one's middle left out
+    (``vit_base_pa…far100_seed0``), at the fewest characters (``width`` at least) that keep them apart; where
+    drawing alone makes two alike (a tab beside a space), each is prefixed by its column number."""
+    from foal_pipe.report.plots import drawable
+
+    names = [drawable(label) for label in labels]
+    if len(set(names)) < len(names):
+        names = [f"{i}: {n}" for i, n in enumerate(names, 1)]
+
+    def cut(w: int) -> list[str]:
+        return [n if len(n) <= w else f"{n[: w - 1 - w // 2]}…{n[-(w // 2):]}" for n in names]
+
+    w = width
+    while len(set(cut(w))) < len(names):  # ends: uncut, the names differ
+        w += 1
+    return cut(w)
+
+
+def _inches(texts: Sequence[str], size: str) -> list[float]:
+    """How wide each text is drawn at ``size`` (a name of matplotlib's default style, where the figure is drawn), in
+    inches: the figure's size is set from them, so no label runs into the next or off the figure."""
+    import matplotlib.style
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    with matplotlib.style.context("default"):
+        font, path = FontProperties(size=size), TextToPath()
+        return [path.get_text_width_height_descent(t, font, ismath=False)[0] / 72 for t in texts]
+
+
+def _wrapped(text: str, width: float) -> str:
+    """``text`` (the figure's title, at the ``small`` size) broken at spaces into lines at most ``width`` inches wide
+    where its words allow."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and _inches([f"{lines[-1]} {word}"], "small")[0] <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
 def plot(table: dict[str, Any], path: Path) -> Path:
-    """``table.png``: per task count, A_last (mean, std as error bars) of every head on every store."""
+    """``table.png``: per task count, A_last (mean, std as error bars) of every head on every store; the figure as wide
+    as its store labels, task titles and legend need, the title wrapped to it."""
     import numpy as np
 
-    from foal_pipe.report.plots import draw, drawable
+    from foal_pipe.report.plots import draw
 
     stores, heads, tasks = table["features"], table["heads"], table["tasks"]
     labels = store_labels(stores)
+    ticks = tick_labels([labels[s] for s in stores])
+    titles = [tasks_title(table, t) for t in tasks]
+    group = max([0.3 * len(heads), *_inches(ticks, "medium")]) + 0.3  # a store's bars and label
+    panel = max([len(stores) * group, *_inches(titles, "large")]) + 0.8  # with the A_last ticks and label
+    title = f"A_last, {_orders_note(table).replace('±', '+-')}"
+    width = max(4.0, len(tasks) * panel + max(_inches(heads, "small")) + 0.8, max(_inches(title.split(" "), "small")) + 0.4)
 
     def paint(fig: Any) -> None:
         axes = fig.subplots(1, len(tasks), squeeze=False)[0]
-        width = 0.8 / len(heads)
-        for ax, t in zip(axes, tasks, strict=True):
+        bar = 0.8 / len(heads)
+        for ax, t, heading in zip(axes, tasks, titles, strict=True):
             x = np.arange(len(stores))
             for i, head in enumerate(heads):
                 cells = [_cell(table, s, head, t) for s in stores]
-                ax.bar(x + (i - (len(heads) - 1) / 2) * width, [100 * c["A_last"]["mean"] for c in cells], width,
+                ax.bar(x + (i - (len(heads) - 1) / 2) * bar, [100 * c["A_last"]["mean"] for c in cells], bar,
                        yerr=[100 * c["A_last"]["std"] for c in cells], capsize=3, label=head)
-            ax.set_xticks(x, [drawable(labels[s]) for s in stores], parse_math=False)  # a $ in a name is no formula
-            ax.set_title(tasks_title(table, t))
+            ax.set_xticks(x, ticks, parse_math=False)  # a $ in a name is no formula
+            ax.set_xlim(-0.5, len(stores) - 0.5)  # a store per unit: its label has its group's width
+            ax.set_title(heading)
             ax.set_ylabel("A_last %")
         handles, names = axes[0].get_legend_handles_labels()
-        fig.legend(handles, names, fontsize="small", loc="outside right upper")
-        fig.suptitle(f"A_last, {_orders_note(table).replace('±', '+-')}", fontsize="small")
+        fig.legend(handles, names, fontsize="small", loc="outside right center")  # clear of the title above
+        fig.suptitle(_wrapped(title, width - 0.4), fontsize="small")
 
-    return draw(path, (max(4.0, 1.2 * len(stores) * len(heads) * len(tasks) / 2 + 2.5), 3.6), paint)
+    return draw(path, (width, 3.6), paint)
 
 
 def write_files(tmp: Path, table: dict[str, Any]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -223,7 +225,7 @@ def read_meta(path: str | Path) -> tuple[zarr.Group, StoreMeta]:
     try:
         path.stat()
     except FileNotFoundError:
-        dangling = " (a symlink to nothing)" if path.is_symlink() else ""
+        dangling = " (a symlink to nothing)" if path.is_symlink() else _other_form(path)
         raise FoalPipeError(f"feature store {path} does not exist{dangling}; create it with `foal-pipe extract` or "
                             "check the path") from None
     except OSError as exc:
@@ -234,6 +236,20 @@ def read_meta(path: str | Path) -> tuple[zarr.Group, StoreMeta]:
                             f"{param('features')} at a directory made by `foal-pipe extract`")
     group = _open_group(path)
     return group, StoreMeta.from_dict(dict(group.attrs), where=str(path))
+
+
+def _other_form(path: Path) -> str:
+    """Where the folder holds ``path``'s name in the other Unicode normalisation (NFC / NFD print alike: a name made
+    on one system and typed on another), a note naming that form; else empty."""
+    forms = {unicodedata.normalize(form, path.name) for form in ("NFC", "NFD")} - {path.name}
+    try:
+        near = [entry for entry in os.listdir(path.parent) if entry in forms] if forms else []
+    except OSError:
+        return ""
+    if not near:
+        return ""
+    form = "NFD" if unicodedata.is_normalized("NFD", near[0]) else "NFC"
+    return f" (the folder holds a name that prints alike in the other Unicode form, {form}: use the folder's spelling)"
 
 
 def open_array(group: zarr.Group, path: Path, name: str) -> zarr.Array:
