@@ -53,6 +53,9 @@ def cos(z: Any) -> Any:
 ACTIVATIONS: dict[str, Callable[[Any], Any]] = {"sigmoid": sigmoid, "relu": relu, "identity": identity, "cos": cos}
 #: The activations whose projection adds a bias drawn uniformly from [0, 2 pi), one per column, after the matrix.
 BIASED = ("cos",)
+#: The activations that round every small enough input to their value at 0 (``relu`` and ``identity`` return it exactly):
+#: :meth:`~foal_pipe.core.expansion.Expansion.apply` refuses rows that differ but all land there.
+ROUNDED_AT_ZERO = ("sigmoid", "cos")
 
 
 def check_activation(name: str) -> str:

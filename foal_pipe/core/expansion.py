@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace, device, is_array_api_obj, is_numpy_array
 
-from foal_pipe.core.activations import ACTIVATIONS, BIASED, INITS, check_activation
+from foal_pipe.core.activations import ACTIVATIONS, BIASED, INITS, ROUNDED_AT_ZERO, check_activation
 from foal_pipe.core.backend import as_dtype, default_device
 from foal_pipe.errors import FoalPipeError, param
 
@@ -135,10 +135,10 @@ class Expansion:
         xp = xp or array_namespace(X)
         where = default_device(xp) if host else device(X)
         X = as_dtype(X, xp, getattr(xp, self.components_.dtype.name), where)
+        key = f"{xp.__name__} {where}"
         if self.is_identity:
             Z = xp.asarray(X, copy=True)
         else:
-            key = f"{xp.__name__} {where}"
             matrix = self._device.get(key)
             if matrix is None:
                 matrix = self._device[key] = xp.asarray(self.components_, device=where)
@@ -148,4 +148,29 @@ class Expansion:
                 if bias is None:
                     bias = self._device[key + " bias"] = xp.asarray(self.bias_, device=where)
                 Z += bias[None, :]
-        return ACTIVATIONS[self.activation](Z)
+        H = ACTIVATIONS[self.activation](Z)
+        if self.activation in ROUNDED_AT_ZERO and H.shape[0] > 1:
+            self._check_erased(X, H, xp, key, where)
+        return H
+
+    def _check_erased(self, X: Any, H: Any, xp: Any, key: str, where: Any) -> None:
+        """Refuse rows ``X`` that differ while every one of their activations ``H`` is the activation's value at 0
+        (``sigmoid``'s 0.5): each ``x P`` lies within the activation's rounding of 0 (below 2^-54 for the sigmoid), so
+        nothing of the rows' differences is left and rounding, not the data, would decide the result (a store of
+        features near 1e-30). Features that are merely small keep a few digits and pass; so do rows that are all
+        equal, or exactly 0. A real encoder's rows (or pixels) are never all that close to 0 while differing unless
+        the whole store is. On the usual path this costs one row's comparison (the first row is not at 0)."""
+        zero = self._device.get(key + " zero")
+        if zero is None:
+            origin = xp.zeros((1, H.shape[1]), dtype=H.dtype, device=where)
+            if self.bias_ is not None:
+                origin += self._device[key + " bias"]
+            zero = self._device[key + " zero"] = ACTIVATIONS[self.activation](origin)
+        if not bool(xp.all(H[:1, :] == zero)) or not bool(xp.all(zero == H)) or not bool(xp.any(X[:1, :] != X)):
+            return
+        scale = float(xp.max(xp.abs(X)))
+        raise FoalPipeError(
+            f"the {self.activation} activations of {H.shape[0]} rows that differ all equal its value at 0 exactly: "
+            f"features of scale {scale:.3g} project below the activation's rounding, so nothing of their differences "
+            f"is left; rescale the features to about unit scale (e.g. keep the fusion's final norm), or use "
+            f"{param('activation', 'relu')} or {param('n_components', 0)} (ridge on the raw features)")

@@ -19,6 +19,7 @@ bound does not cover); everything else is scored in its own namespace, as before
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -101,6 +102,18 @@ def float64_rounding(size: np.ndarray, depth: int) -> np.ndarray:
     return 1.001 * gamma_n(depth, U64) * size + (size > 0) * (2.0 * depth * 2.0**-1074)
 
 
+def safe_rounding(size: Callable[[float], np.ndarray], depth: int) -> np.ndarray:
+    """:func:`float64_rounding` of ``size(1.0)``, a sum of products; where that overflows (scores near 1e308, whose
+    rounding is still about 1e292), ``size(1.001 gamma_D)``, each product scaled first: at least 1e292 there, so products
+    the scaling takes below float64's normals lose under 1e-15 each, far inside the 1.001. Still inf: refused (Ties.check)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = size(1.0)
+        rounding = float64_rounding(plain, depth)
+        if (over := np.isinf(plain)).any():
+            rounding = np.where(over, size(1.001 * gamma_n(depth, U64)) + 2.0 * depth * 2.0**-1074, rounding)
+    return rounding
+
+
 def column_lengths(W: Any) -> np.ndarray:
     """``|w|`` of each column of ``W`` (any namespace), scaled by the column's largest entry first so that weights
     near float64's range do not overflow the squares."""
@@ -177,8 +190,9 @@ class Ties:
         scores' rounding and their columns are not one class twice (:data:`TWIN`): rounding, not the scores, would
         pick the class there (features that vary only in their last digits around a large value). The rounding is
         ``gamma_D sum_j |h_j| (|w_1j| + |w_2j|)``, taken for the rows that ``gamma_D |h| (|w_1| + |w_2|)``
-        (:func:`float64_rounding`) does not clear: 0 where every product is 0, so scores that tie exactly (a row
-        whose features no training row had, classes mirrored) are a tie the first column wins, not a refusal. With
+        (:func:`safe_rounding`) does not clear: 0 where every product is 0, so scores that tie exactly (a row whose
+        features no training row had, classes mirrored) are a tie the first column wins, not a refusal. Scores that
+        overflowed (inf, NaN), or whose rounding does, are refused as beyond float64's range. With
         a ``drift`` ``d``, ``sum_j |h_j| (|d_1j| + |d_2j|)`` (screened by ``|h| (|d_1| + |d_2|)``) joins it: the exact
         weights' scores may lie that much apart from these, so the rows within its reach are ranked by the exact
         weights too (:meth:`_check_exact`)."""
@@ -186,28 +200,38 @@ class Ties:
             return to_numpy(array_namespace(scores).argmax(scores, axis=2))
         norms = row_norms(H) if norms is None else norms
         xp = array_namespace(scores)
+        finite = to_numpy(xp.all(xp.isfinite(scores), axis=2))  # inf or NaN: a product overflowed float64
         if (repeats := np.flatnonzero(self.index < 0)[1:]).size:  # columns scoring exactly 0 are one rival: the first
             # stands for them (float64's argmax takes it), so the next is a scored class, whose lead is checked
             mask = xp.asarray(np.isin(np.arange(self.index.size), repeats), device=device(scores))
             scores = xp.where(mask, xp.full_like(scores, -xp.inf), scores)
-        best, second, gap = top_two(xp, scores)
-        scored = np.arange(self.model_ids.size)
-        depth = self.depth or int(self.W.shape[0])
+        with np.errstate(invalid="ignore"):  # inf - inf: refused below
+            best, second, gap = top_two(xp, scores)
+        scored, depth = np.arange(self.model_ids.size), self.depth or int(self.W.shape[0])
 
-        def pair(lengths: np.ndarray) -> np.ndarray:
+        def pair(lengths: np.ndarray, scale: float = 1.0) -> np.ndarray:
             at = np.where(self.index >= 0, lengths[:, np.maximum(self.index, 0)], 0.0)[self.model_ids]
-            return norms[:, None] * (at[scored, best] + at[scored, second])
+            return (scale * norms)[:, None] * (at[scored, best] + at[scored, second])
 
-        moved = 0.0 if self.drift_lengths is None else MOVED * pair(self.drift_lengths)
-        rounding = float64_rounding(pair(self.lengths), depth) + moved
-        rows, models = np.nonzero((gap <= rounding) & (rounding > 0))
+        with np.errstate(over="ignore", invalid="ignore"):
+            moved = 0.0 if self.drift_lengths is None else MOVED * pair(self.drift_lengths)
+            rounding = safe_rounding(lambda scale: pair(self.lengths, scale), depth) + moved
+        rows, models = np.nonzero(((gap <= rounding) & (rounding > 0)) | ~finite)
         if rows.size == 0:
             return best
         m, first, other = self.model_ids[models], self.index[best[rows, models]], self.index[second[rows, models]]
         gap = gap[rows, models]
-        own = float64_rounding(self._products(self.W, H, rows, m, first) + self._products(self.W, H, rows, m, other), depth)
-        reach = own if self.drift is None else (
-            own + MOVED * (self._products(self.drift, H, rows, m, first) + self._products(self.drift, H, rows, m, other)))
+        own = safe_rounding(lambda scale: self._products(self.W, H, rows, m, first, scale)
+                            + self._products(self.W, H, rows, m, other, scale), depth)
+        with np.errstate(over="ignore", invalid="ignore"):
+            reach = own if self.drift is None else (
+                own + MOVED * (self._products(self.drift, H, rows, m, first) + self._products(self.drift, H, rows, m, other)))
+        if count := np.unique(rows[~finite[rows, models] | np.isinf(reach)]).size:
+            raise FoalPipeError(
+                f"the float64 scores of {count} {what} reach beyond float64's range (about 1.8e308; rows of length up to "
+                f"{float(norms.max()):.3g}), so their rounding cannot be bounded and rounding, not the scores, would pick "
+                "their class; scale the features down (e.g. to the range the model was trained on)"
+            )
         tied = (gap <= reach) & (reach > 0) & ~self._twins(m, first, other)
         if count := np.unique(rows[tied & (gap <= own) & (own > 0)]).size:  # each row once, however many models tie
             raise FoalPipeError(
@@ -248,8 +272,9 @@ class Ties:
                 f"the RLS recursion's rounding changed the class of {changed} {what}: their argmax differs from that of "
                 f"the exact solve of the same sums, from which the recursion's weights drifted (within the 1e-4 check); {fix}")
 
-    def _products(self, matrix: Any, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """``sum_j |h_j m_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model in ``matrix``
+    def _products(self, matrix: Any, H: Any, rows: np.ndarray, models: np.ndarray, columns: np.ndarray,
+                  scale: float = 1.0) -> np.ndarray:
+        """``sum_j |h_j| scale |m_j|`` of each row ``rows`` of ``H`` with column ``columns`` of its model in ``matrix``
         (``W`` or ``drift``; 0 for a column scoring exactly 0, index -1), :data:`PRODUCT_ROWS` pairs at a time (a
         store whose every row ties would otherwise hold rows x models x D products)."""
         xp = array_namespace(matrix)
@@ -259,6 +284,8 @@ class Ties:
         for lo in range(0, rows.size, PRODUCT_ROWS):
             part = slice(lo, lo + PRODUCT_ROWS)
             W = xp.take(matrix, place(picked[part]), axis=1)
+            if scale != 1.0:
+                W = W * scale
             sums[part] = to_numpy(xp.sum(xp.abs(xp.take(H, place(rows[part]), axis=0)) * xp.abs(W.T), axis=1))
         return np.where(columns >= 0, sums, 0.0)
 
