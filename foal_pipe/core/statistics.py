@@ -255,10 +255,10 @@ class RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
         self._check_compatible(other)
         other = other._like(self.G)
-        self.G = _added(self.G, other.G)
         classes = np.union1d(self.classes, other.classes)
-        mine = self.aligned(classes)
+        mine = self.aligned(classes)  # before G changes: a refusal here leaves these statistics as they were
         theirs = other.aligned(classes)
+        self.G = _added(self.G, other.G)
         Q = _added(mine.Q if mine is not self else self.Q, theirs.Q)
         self.Q, self.classes, self.counts = Q, classes, _add_counts(mine.counts, theirs.counts)
         self.n += other.n

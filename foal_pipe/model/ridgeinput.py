@@ -98,9 +98,11 @@ def batch_labels(y: Any, classes: Any = None) -> tuple[np.ndarray, np.ndarray]:
     y = np.asarray(y)
     if y.dtype.kind == "c":
         raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
-    if classes is None:
+    labels = None if classes is None else np.asarray(classes).ravel()
+    if labels is None or labels.size == 0:  # none declared: an empty list's float64 would promote the labels
         return y, y
-    labels = np.asarray(classes).ravel()
+    with np.errstate(invalid="ignore"):  # scikit-learn's cast of NaN: the check below names it
+        check_targets(labels)  # checked as y is: NaN, inf, None and fractional labels are no classes
     check_label_kinds(y, labels, CLASSES_KIND_PROBLEM)
     return y, np.concatenate([y, labels])
 
