@@ -109,7 +109,7 @@ def dask_extract(
         try:
             n = n_workers(client)
             update_run(path, {"dask_workers": n})
-            group = zarr.open_group(str(path), mode="r")
+            group = zarr.open_group(str(path), mode="r", use_consolidated=False)
             chunk_rows: dict[str, int] = {}
             for s in SPLITS:
                 features = group[f"{s}/features"]

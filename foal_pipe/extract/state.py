@@ -232,7 +232,7 @@ def _check_rows(state: StoreState, inputs: Inputs) -> StoreState:
     """Refuse to resume (or to call complete) a store whose labels or row indices, written once with its skeleton,
     are no longer the dataset's for every row (an image not written yet moved to another class folder): the rows
     still to come would carry the old labels."""
-    group = zarr.open_group(str(state.path), mode="r")
+    group = zarr.open_group(str(state.path), mode="r", use_consolidated=False)
     for split in SPLITS:
         source = inputs.data.split(split)
         for leaf, now in (("labels", source.labels), ("index", source.index)):
@@ -259,7 +259,7 @@ def _check_data(state: StoreState, inputs: Inputs) -> StoreState:
     """Refuse to resume (or to call complete) a store of a dataset without a split manifest whose images changed with
     the same rows and classes (a corrected HDF5 file): its ``data_sha256`` must be the dataset's now. A store written
     before the attribute came has none, and is taken as it was."""
-    recorded = zarr.open_group(str(state.path), mode="r").attrs.get(DATA_SHA256)
+    recorded = zarr.open_group(str(state.path), mode="r", use_consolidated=False).attrs.get(DATA_SHA256)
     current = inputs.data_sha256
     if recorded is None or recorded == current:
         return state
@@ -275,7 +275,7 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
     """The state of the store at ``path`` (``out`` or its staging copy), which must have been made by
     ``extract`` in this format with the same settings; holes below its progress move the progress back."""
     try:
-        group = zarr.open_group(str(path), mode="r")
+        group = zarr.open_group(str(path), mode="r", use_consolidated=False)
         attrs = dict(group.attrs)
     except Exception:  # unreadable metadata: not ours to resume
         attrs, group = {}, None
@@ -300,6 +300,8 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
             features = group[f"{split}/features"]
         except KeyError:
             raise FoalPipeError(damaged % f"no {split}/features array") from None
+        except Exception as exc:  # zarr raises several types for unparsable metadata (as store.meta reads them)
+            raise FoalPipeError(damaged % f"the metadata of {split}/features is unreadable ({type(exc).__name__})") from None
         if not isinstance(features, zarr.Array):
             raise FoalPipeError(damaged % f"{split}/features is a group, not an array")
         done = recorded.get(split) if isinstance(recorded, dict) else None

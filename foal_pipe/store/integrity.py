@@ -94,7 +94,7 @@ def compute_generation(path: str | Path, group: zarr.Group | None = None) -> str
     before, every chunk's key, size and last 4 bytes follow its array's ``zarr.json``. The same data written
     with the same settings gives the same id; other data another."""
     path = Path(path)
-    group = group or zarr.open_group(str(path), mode="r")
+    group = group or zarr.open_group(str(path), mode="r", use_consolidated=False)
     digest = hashlib.sha256()
     attrs = {k: v for k, v in dict(group.attrs).items() if k not in ("complete", "generation")}
     version = attrs.get("format_version")

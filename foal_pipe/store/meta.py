@@ -198,6 +198,9 @@ class BlockLayout:
 
 
 def _open_group(path: Path) -> zarr.Group:
+    """The store's group, each array's metadata read from its own ``zarr.json`` (``use_consolidated=False``, as
+    everywhere a store is opened): a consolidated copy in the root's, which zarr would prefer, is covered by neither
+    the generation id nor the checksums, and one that disagreed changed the rows read, unrefused."""
     meta_file = path / "zarr.json"
     if not meta_file.is_file() and (path / ".zgroup").is_file():
         raise FoalPipeError(f"{path} is a Zarr format-2 group (.zgroup), but a feature store is a Zarr v3 group "
@@ -208,7 +211,7 @@ def _open_group(path: Path) -> zarr.Group:
             f"{path} is not a Zarr feature store; point {param('features')} at a directory made by `foal-pipe extract`"
         )
     try:
-        return zarr.open_group(store=StrictLocalStore(str(path), read_only=True), mode="r")
+        return zarr.open_group(store=StrictLocalStore(str(path), read_only=True), mode="r", use_consolidated=False)
     except OSError as exc:
         if exc.errno is not None:
             raise FoalPipeError(f"cannot read feature store {path}: {exc.strerror}; check the path") from None
