@@ -24,10 +24,10 @@ def _expected_bytes(width: int, height: int, bits: int, colour: int, interlaced:
     return sum(rows(-(-(width - x) // dx), -(-(height - y) // dy)) for x, y, dx, dy in _ADAM7)
 
 
-def png_shortfall(path: str | Path) -> str | None:
-    """Why the PNG file at ``path`` holds fewer pixel rows than its header declares (None when it holds them all,
-    or is not a PNG this check reads: Pillow's own decoder judges those)."""
-    data = Path(path).read_bytes()
+def png_shortfall(path: str | Path, data: bytes | None = None) -> str | None:
+    """Why the PNG file at ``path`` (``data``: its bytes, where already read) holds fewer pixel rows than its header
+    declares (None when it holds them all, or is not a PNG this check reads: Pillow's own decoder judges those)."""
+    data = Path(path).read_bytes() if data is None else data
     if not data.startswith(_SIGNATURE):
         return None
     at, header, compressed = len(_SIGNATURE), None, []

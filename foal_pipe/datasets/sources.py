@@ -5,6 +5,7 @@ that turns any image into the uint8 RGB array a DataLoader batches.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import stat
@@ -99,7 +100,12 @@ class FileSource(ImageSource):
         broken = broken_link(self.paths[i])
         if broken is not None:
             raise ValueError(broken)
-        return open_image(self.paths[i])
+        if self.digests is None:
+            return open_image(self.paths[i])
+        data = Path(self.paths[i]).read_bytes()  # decoded from the bytes hashed: a file replaced meanwhile is seen
+        if hashlib.sha256(data).hexdigest() != self.digests[i]:
+            raise ValueError("its bytes changed since the store recorded their SHA-256; put the original back")
+        return open_image(self.paths[i], data)
 
     def describe(self, i: int) -> str:
         return self.paths[i]
@@ -183,8 +189,9 @@ class H5Source(ImageSource):
         return h5_unreadable(self.path, self.split)
 
 
-def open_image(path: str | Path) -> Any:
-    """The decoded image of the file at ``path``; a PNG with fewer rows than its header declares is a ValueError.
+def open_image(path: str | Path, data: bytes | None = None) -> Any:
+    """The decoded image of the file at ``path`` (from ``data``, its bytes, where given); a PNG with fewer rows than
+    its header declares is a ValueError.
 
     The warnings Pillow gives while it reads (a decompression bomb, corrupt EXIF data) would reach stderr as two
     raw lines naming no file: for an image that decodes they become one ``note:`` line naming it; for one that
@@ -193,9 +200,10 @@ def open_image(path: str | Path) -> Any:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Image.open(path) as img:
+        with Image.open(path if data is None else io.BytesIO(data)) as img:
+            img.filename = str(path)  # what the notes of its conversion (to_rgb_array) name
             img.load()
-            short = png_shortfall(path) if img.format == "PNG" else None
+            short = png_shortfall(path, data) if img.format == "PNG" else None
             if short is not None:
                 raise ValueError(short)
     _write_notes(path, caught, "decoded")

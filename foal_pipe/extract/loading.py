@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,16 @@ def _load_batches(images: Any, batches: list[list[Any]], inputs: Inputs) -> Iter
 
 def _loader_worker(worker_id: int) -> None:
     """A DataLoader worker, forked under the store's writer lock: its copy of the lock is closed, so a writer killed
-    by SIGKILL leaves the lock free at once, not once torch's watchdog has ended its workers (seconds later)."""
+    by SIGKILL leaves the lock free at once, not once torch's watchdog has ended its workers (seconds later). A
+    batch handed over as the run stops finds the main process gone: multiprocessing's sharer thread would print that
+    connection's error as a traceback under the run's one ``Interrupted:`` line, so the worker keeps it quiet."""
     close_inherited_locks()
+    sys.excepthook = _quiet_disconnects
+
+
+def _quiet_disconnects(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
+    if not issubclass(kind, ConnectionError | EOFError):
+        sys.__excepthook__(kind, value, traceback)
 
 
 def batch_rows(n_rows: int, chunk_rows: int, lo: int, hi: int, batch_size: int) -> list[list[int]]:
