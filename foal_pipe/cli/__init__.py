@@ -148,4 +148,8 @@ def main() -> None:
             return
     except KeyboardInterrupt:
         _interrupted()
+    except Exception:
+        if _stopped_by is not None:  # the stop's KeyboardInterrupt wrapped (Python 3.11's ``__set_name__`` in an import)
+            _interrupted()
+        raise
     os._exit(0)
