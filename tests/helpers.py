@@ -509,3 +509,26 @@ def stage_module(name: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def blob_store(path: Path, rng: np.random.Generator, centres: np.ndarray, weights: np.ndarray, dtype: str,
+               train_rows: tuple[int, int], test_rows: tuple[int, int], chunk_rows: tuple[int, int],
+               blocks: bool = True, n_blocks: int = 3) -> Path:
+    """The random fuzz tests' store: Gaussian blobs about ``centres`` (classes drawn by ``weights``, every class at
+    least 3 train and 1 test rows), ``n_blocks`` per-block tokens and a layer norm where ``blocks`` (for
+    ``--fusion``); row counts and chunk rows drawn from the half-open ranges given."""
+    from foal_pipe.store import write_store
+    from foal_pipe.store.blockfusion import FinalNorm
+
+    n_classes, dim = centres.shape
+
+    def split(n: int, least: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.permutation(np.concatenate([np.repeat(np.arange(n_classes), least), rng.choice(n_classes, n, p=weights)]))
+        tokens = centres[y][:, None, :] + rng.normal(size=(y.size, n_blocks, dim)) * rng.uniform(0.8, 2.0, n_blocks)[:, None]
+        return tokens.astype(dtype), y
+
+    (train, y), (test, y_test) = split(int(rng.integers(*train_rows)), 3), split(int(rng.integers(*test_rows)), 1)
+    norm = FinalNorm("layernorm", 1e-6, rng.uniform(0.5, 1.5, dim).astype(np.float32), rng.normal(size=dim).astype(np.float32))
+    return write_store(path, (train.mean(axis=1), y), (test.mean(axis=1), y_test), [f"k{c}" for c in range(n_classes)],
+                       chunk_rows=int(rng.integers(*chunk_rows)), dtype=dtype,
+                       blocks=(train, test) if blocks else None, norm=norm if blocks else None)

@@ -19,14 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import invoke
+from helpers import blob_store, invoke
 from safetensors.numpy import load_file
 
 from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier, load_model
 from foal_pipe.core.gammapath import RSS_RESOLUTION
 from foal_pipe.core.linalg import DRIFTS
-from foal_pipe.store import write_store
-from foal_pipe.store.blockfusion import FinalNorm
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -44,22 +42,13 @@ DRIFT_LIMIT = ("rounding moved the weights by", "may move the weights by")
 
 
 def make_store(path: Path, rng: np.random.Generator) -> Path:
-    """Gaussian blobs, 3-10 classes of uneven sizes (each at least 3 train and 1 test rows), 6-24 features, float16 or
-    float32, with per-block tokens and a layer norm (for --fusion)."""
+    """Gaussian blobs (:func:`helpers.blob_store`), 3-10 classes of uneven sizes, 6-24 features, float16 or float32,
+    with per-block tokens and a layer norm (for --fusion)."""
     n_classes, dim = int(rng.integers(3, 11)), int(rng.integers(6, 25))
     centres = rng.normal(size=(n_classes, dim)) * rng.uniform(0.5, 2.0)
     weights = rng.dirichlet(np.full(n_classes, 0.7))
     dtype = str(rng.choice(["float16", "float32"]))
-
-    def split(n: int, least: int) -> tuple[np.ndarray, np.ndarray]:
-        y = rng.permutation(np.concatenate([np.repeat(np.arange(n_classes), least), rng.choice(n_classes, n, p=weights)]))
-        tokens = centres[y][:, None, :] + rng.normal(size=(y.size, BLOCKS, dim)) * rng.uniform(0.8, 2.0, BLOCKS)[:, None]
-        return tokens.astype(dtype), y
-
-    (train, y), (test, y_test) = split(int(rng.integers(120, 300)), 3), split(int(rng.integers(50, 120)), 1)
-    norm = FinalNorm("layernorm", 1e-6, rng.uniform(0.5, 1.5, dim).astype(np.float32), rng.normal(size=dim).astype(np.float32))
-    return write_store(path, (train.mean(axis=1), y), (test.mean(axis=1), y_test), [f"k{c}" for c in range(n_classes)],
-                       chunk_rows=int(rng.integers(16, 100)), dtype=dtype, blocks=(train, test), norm=norm)
+    return blob_store(path, rng, centres, weights, dtype, (120, 300), (50, 120), (16, 100), True, BLOCKS)
 
 
 def learn_args(rng: np.random.Generator) -> list[str]:

@@ -16,11 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import invoke
+from helpers import blob_store, invoke
 from safetensors.numpy import load_file
-
-from foal_pipe.store import write_store
-from foal_pipe.store.blockfusion import FinalNorm
 
 HEADS = ("ridge", "ncm", "slda", "fecam", "cosine", "balanced", "dual")
 PROJECTED = ("ridge", "balanced", "dual")
@@ -30,21 +27,10 @@ N_BLOCKS = 3
 
 # --- stores -----------------------------------------------------------------------------------------------------
 def make_store(path: Path, rng: np.random.Generator, n_classes: int, dim: int, dtype: str, blocks: bool) -> Path:
-    """Gaussian blobs with uneven class sizes (every class at least 3 train and 1 test rows), rows in random order;
-    ``blocks``: per-block tokens and a layer norm, so that ``--fusion`` has something to fuse."""
+    """Gaussian blobs with uneven class sizes (:func:`helpers.blob_store`), rows in random order."""
     weights = rng.dirichlet(np.full(n_classes, 0.7))
     centres = rng.normal(size=(n_classes, dim)) * rng.uniform(0.5, 2.0)
-
-    def split(n: int, least: int) -> tuple[np.ndarray, np.ndarray]:
-        y = rng.permutation(np.concatenate([np.repeat(np.arange(n_classes), least), rng.choice(n_classes, n, p=weights)]))
-        tokens = centres[y][:, None, :] + rng.normal(size=(y.size, N_BLOCKS, dim)) * rng.uniform(0.8, 2.0, N_BLOCKS)[:, None]
-        return tokens.astype(dtype), y
-
-    (train, y), (test, y_test) = split(int(rng.integers(150, 350)), 3), split(int(rng.integers(60, 150)), 1)
-    norm = FinalNorm("layernorm", 1e-6, rng.uniform(0.5, 1.5, dim).astype(np.float32), rng.normal(size=dim).astype(np.float32))
-    return write_store(path, (train.mean(axis=1), y), (test.mean(axis=1), y_test), [f"k{c}" for c in range(n_classes)],
-                       chunk_rows=int(rng.integers(16, 100)), dtype=dtype,
-                       blocks=(train, test) if blocks else None, norm=norm if blocks else None)
+    return blob_store(path, rng, centres, weights, dtype, (150, 350), (60, 150), (16, 100), blocks, N_BLOCKS)
 
 
 def fused(tokens: np.ndarray, spec: str, weight: np.ndarray, bias: np.ndarray, eps: float, norm: bool) -> np.ndarray:

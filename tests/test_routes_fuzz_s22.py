@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import invoke
+from helpers import blob_store, invoke
 from safetensors.numpy import load_file
 
-from foal_pipe.store import open_store, write_store
-from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store import open_store
 
 FEATURE_HEADS = ("ncm", "slda", "fecam", "cosine")
 ACCURACY = ("accuracy_matrix", "A_steps", "A_avg", "A_last", "F", "F_published_code")
@@ -30,23 +29,13 @@ N_BLOCKS = 3
 
 
 def random_store(path: Path, rng: np.random.Generator, blocks: bool = False) -> Path:
-    """Gaussian blobs, 3-7 classes of uneven sizes (each at least 3 train and 1 test rows), 6-20 features, float16 or
-    float32; ``blocks``: 3 per-block tokens and a layer norm for ``--fusion(s)``."""
+    """Gaussian blobs (:func:`helpers.blob_store`), 3-7 classes of uneven sizes, 6-20 features, float16 or float32;
+    ``blocks``: 3 per-block tokens and a layer norm for ``--fusion(s)``."""
     n_classes, dim = int(rng.integers(3, 8)), int(rng.integers(6, 21))
     dtype = str(rng.choice(["float16", "float32"]))
     weights = rng.dirichlet(np.full(n_classes, 0.8))
     centres = rng.normal(size=(n_classes, dim)) * rng.uniform(0.4, 1.5)
-
-    def split(n: int, least: int) -> tuple[np.ndarray, np.ndarray]:
-        y = rng.permutation(np.concatenate([np.repeat(np.arange(n_classes), least), rng.choice(n_classes, n, p=weights)]))
-        tokens = centres[y][:, None, :] + rng.normal(size=(y.size, N_BLOCKS, dim)) * rng.uniform(0.8, 2.0, N_BLOCKS)[:, None]
-        return tokens.astype(dtype), y
-
-    (train, y), (test, y_test) = split(int(rng.integers(80, 220)), 3), split(int(rng.integers(40, 100)), 1)
-    norm = FinalNorm("layernorm", 1e-6, rng.uniform(0.5, 1.5, dim).astype(np.float32), rng.normal(size=dim).astype(np.float32))
-    return write_store(path, (train.mean(axis=1), y), (test.mean(axis=1), y_test), [f"k{c}" for c in range(n_classes)],
-                       chunk_rows=int(rng.integers(16, 90)), dtype=dtype,
-                       blocks=(train, test) if blocks else None, norm=norm if blocks else None)
+    return blob_store(path, rng, centres, weights, dtype, (80, 220), (40, 100), (16, 90), blocks, N_BLOCKS)
 
 
 def n_classes_of(store: Path) -> int:
