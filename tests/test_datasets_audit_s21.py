@@ -202,7 +202,7 @@ def test_a_manifest_path_that_is_a_device_is_not_called_missing(tmp_path, export
 def test_a_file_replaced_before_a_worker_first_opens_it_is_refused(tmp_path):
     """The window between the check at hashing time and a loader's first open: the loader's own first open checks the
     file still holds the labels it was given (new images with the old labels, before)."""
-    from foal_pipe.datasets.sources import H5Source
+    from foal_pipe.datasets.h5source import H5Source
     from foal_pipe.errors import FoalPipeError
 
     path = _h5(tmp_path / "d.h5")

@@ -23,7 +23,8 @@ from helpers import assert_one_line_error, invoke, store_files
 
 from foal_pipe.datasets import open_dataset
 from foal_pipe.datasets.h5pixels import h5_layout, h5_side
-from foal_pipe.datasets.sources import H5Source, TorchvisionSource, open_image, to_rgb_array
+from foal_pipe.datasets.h5source import H5Source
+from foal_pipe.datasets.sources import TorchvisionSource, open_image, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.run import fix_images
 

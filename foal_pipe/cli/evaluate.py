@@ -109,7 +109,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
     from foal_pipe.errors import FoalPipeError, param
     from foal_pipe.protocol.schema import METRICS_FILE
-    from foal_pipe.report import find_runs
+    from foal_pipe.report import find_runs, pct
     from foal_pipe.report.grouping import METRICS, group_cells, mixed_warning, parse_group, repeated_warning
     from foal_pipe.report.readers import as_recomputed
 
@@ -137,7 +137,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     for c in cells:
         table.add_row(*("-" if v is None else escape(f"{v:g}" if isinstance(v, float) else str(v))  # as gammas show
                         for v in c["key"].values()), str(c["n"]),  # "-": not recorded
-                      *(f"{100 * c[m]['mean']:.2f}" + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
+                      *(pct(c[m]["mean"]) + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
                         for m in METRICS))
     table.caption, table.caption_justify = "\n".join(tables_note(paths)) or None, "left"
     return table

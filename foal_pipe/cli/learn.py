@@ -14,6 +14,7 @@ from rich.table import Table
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 from foal_pipe.cluster import is_local
+from foal_pipe.core.metrics import pct
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import counted
@@ -151,7 +152,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         if m.A_auc is not None:
             chosen = f"  A_auc {100 * m.A_auc:.2f}{chosen}"
         console.print(
-            f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {100 * m.F:.2f}{chosen}  "
+            f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {pct(m.F)}{chosen}  "
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
             highlight=False, markup=False
         )
@@ -249,7 +250,7 @@ def _sweep_table(results: list, oracle: float | None, selected_by: str | None, n
         marks = [name for name, g in choices.items() if g == r.gamma]
         label = ", ".join(f"[bold green]{m}[/]" if m == selected_by else m for m in marks)
         table.add_row(
-            f"{r.gamma:g}", f"{100 * r.A_avg:.2f}", f"{100 * r.A_last:.2f}", f"{100 * r.F:.2f}",
+            f"{r.gamma:g}", f"{100 * r.A_avg:.2f}", f"{100 * r.A_last:.2f}", f"{pct(r.F)}",
             _cell(r.gcv[-1], fmt=".4g"), _cell(r.loo_accuracy[-1] if r.loo_accuracy else None, 100),
             _cell(r.loo_mse[-1] if r.loo_mse else None, fmt=".4g"), label,
         )
@@ -275,7 +276,7 @@ def _heads_table(report) -> Table:
         table.add_column(name, justify="right")
     for name, entry in report.heads.items():
         options = ", ".join(_option_cell(k, v) for k, v in entry.options.items())
-        table.add_row(name, f"{100 * entry.A_avg:.2f}", f"{100 * entry.A_last:.2f}", f"{100 * entry.F:.2f}",
+        table.add_row(name, f"{100 * entry.A_avg:.2f}", f"{100 * entry.A_last:.2f}", f"{pct(entry.F)}",
                       _cell(entry.loo_accuracy, 100), options)
     return table
 

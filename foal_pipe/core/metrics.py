@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from numbers import Real
 
 import numpy as np
@@ -74,3 +75,12 @@ SUMMARIES = {"disjoint": summarize, "si-blurry": summarize_seen}
 def summary_of(acc: np.ndarray | list[list[float]], stream: str | None) -> dict[str, float | list[float]]:
     """The summary of ``stream``'s accuracy matrix (None: the disjoint stream, files that do not record one)."""
     return SUMMARIES[stream or "disjoint"](acc)
+
+
+def pct(x: float | None, digits: int = 2) -> str:
+    """A fraction as a percent string; ``-`` for missing or NaN, and no ``-0.00``: a forgetting of exactly 0 sums
+    differences whose rounding leaves -2.8e-17."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    text = f"{100 * x:.{digits}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.") else text

@@ -9,13 +9,13 @@ Rows keep dataset order. Register a new dataset by adding a :class:`DatasetEntry
 (README, "Adding a dataset").
 """
 
+from foal_pipe.datasets.h5source import H5Source
 from foal_pipe.datasets.registry import DATASETS, DatasetEntry, open_dataset
 from foal_pipe.datasets.sources import (
     IMAGE_EXTENSIONS,
     ArraySource,
     DatasetSplits,
     FileSource,
-    H5Source,
     ImageSource,
     PreparedImages,
     TorchvisionSource,

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -123,6 +125,14 @@ def h5_unreadable(path: str, split: str) -> list[str]:
 
 #: The end of an error for a file that changed after ``load_hdf5`` read it (a file being written, or replaced).
 CHANGED = "changed since foal-pipe first read it"
+
+
+def file_identity(path: str | Path) -> tuple[int, ...]:
+    """What tells the file at ``path`` from another one put there, or itself written to: its device, inode, size and
+    time of last change. Compared whenever the file is opened again and before each chunk is recorded
+    (:meth:`~foal_pipe.datasets.sources.H5Source.changed`): the store's ``data_sha256`` is the first read's."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 AGAIN = "re-run the command once nothing writes the file"
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.h5pixels import H5_PIXELS, H5_SHAPES, h5_layout, h5_side, h5_sides
-from foal_pipe.datasets.sources import DatasetSplits, H5Source, same_names
+from foal_pipe.datasets.h5pixels import H5_PIXELS, H5_SHAPES, file_identity, h5_layout, h5_side, h5_sides
+from foal_pipe.datasets.h5source import H5Source
+from foal_pipe.datasets.sources import DatasetSplits, same_names
 from foal_pipe.errors import FoalPipeError, clipped, param
 from foal_pipe.memory import available_memory, human
 
@@ -24,6 +25,7 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
     if not path.is_file():
         raise FoalPipeError(f"HDF5 dataset not found: {path} is not a file; pass {param('data_dir', 'FILE.h5')}")
     try:
+        identity = file_identity(path)  # before the first read: a file put there later differs from it
         f = h5py.File(path, "r")
     except OSError as exc:
         raise FoalPipeError(f"cannot open {path} as HDF5 ({exc}); pass a .h5 file made with h5py") from None
@@ -99,8 +101,8 @@ def load_hdf5(data_dir: Path | None, download: bool) -> DatasetSplits:
                                 "class names in a 'classes' attribute if classes without images are meant")
         classes = [str(k) for k in range(top + 1)]
     sides = {h5_side(shapes[split]) for split in ("train", "test") if shapes[split][0]}
-    return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"], h5_layout(shapes["train"])),
-                         H5Source(path, "test", labels["test"], h5_layout(shapes["test"])), str(path),
+    return DatasetSplits("hdf5", classes, H5Source(path, "train", labels["train"], h5_layout(shapes["train"]), identity),
+                         H5Source(path, "test", labels["test"], h5_layout(shapes["test"]), identity), str(path),
                          sides.pop() if len(sides) == 1 else None)  # one native size only when every image has it
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.datasets.h5pixels import H5_READ_ERRORS, h5_read_error, reread_images
+from foal_pipe.datasets.h5source import H5Source
 from foal_pipe.datasets.sources import (
     ArraySource,
     DatasetSplits,
     FileSource,
-    H5Source,
     ImageSource,
     TorchvisionSource,
     hash_files,

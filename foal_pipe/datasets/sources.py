@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.h5pixels import h5_layout, h5_pixels, h5_unreadable, reread_images
 from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.errors import FoalPipeError
 
@@ -37,6 +36,8 @@ class ImageSource:
 
     labels: np.ndarray
     index: np.ndarray
+    #: Whether a store records this source's images by the split's SHA-256 (no manifest names them one by one).
+    hashed = False
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -51,6 +52,11 @@ class ImageSource:
         """``(name, SHA-256)`` of every row's image, the split manifest's entries (docs/datasets.md, "Split
         manifests"): a name that does not depend on the machine or on the split the image lies in, and the hash
         of its bytes. None for a source that cannot name its images cheaply (torchvision, HDF5)."""
+        return None
+
+    def changed(self) -> str | None:
+        """Why the data read so far may not be the data hashed (None: nothing seen), checked before a chunk of
+        its rows is recorded."""
         return None
 
     def unreadable(self) -> list[str]:
@@ -134,6 +140,8 @@ class FileSource(ImageSource):
 class TorchvisionSource(ImageSource):
     """One or more torchvision datasets (concatenated) that return ``(PIL image, label)``."""
 
+    hashed = True
+
     def __init__(self, parts: Sequence[Any], labels: np.ndarray, what: str):
         self.parts = list(parts)
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
@@ -147,46 +155,6 @@ class TorchvisionSource(ImageSource):
 
     def describe(self, i: int) -> str:
         return f"{self.what} image {i}"
-
-
-class H5Source(ImageSource):
-    """``<split>/images`` of an HDF5 file, read lazily; the file is reopened in each worker process."""
-
-    def __init__(self, path: Path, split: str, labels: np.ndarray, layout: str | None = None):
-        self.path = str(path)
-        self.split = split
-        self.layout = layout  # "HW", "HWC" or "CHW" (see h5_layout); None: judged from the dataset's shape
-        self.labels = np.asarray(labels, dtype=np.int64)
-        self.index = np.arange(len(self.labels), dtype=np.int64)
-        self._handle: Any = None
-        self._pid = -1
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_handle": None, "_pid": -1}
-
-    def load(self, i: int) -> np.ndarray:
-        if self._handle is None or self._pid != os.getpid():
-            import h5py
-
-            handle = h5py.File(self.path, "r")
-            reread_images(handle, self.path, self.split, self.labels, self.layout)  # the file the labels came from
-            self._handle, self._pid = handle, os.getpid()
-        images = self._handle[f"{self.split}/images"]
-        if self.layout is None:
-            self.layout = h5_layout(images.shape)
-        img = np.asarray(images[i])
-        if self.layout == "CHW":
-            img = img.transpose(1, 2, 0)  # CHW -> HWC
-        if img.ndim == 3 and img.shape[-1] == 1:
-            img = img[..., 0]
-        return h5_pixels(img, f"{self.split}/images[{i}]")
-
-    def describe(self, i: int) -> str:
-        return f"{self.path}:{self.split}/images[{i}]"
-
-    def unreadable(self) -> list[str]:
-        """Rows whose values are not pixels (:func:`~foal_pipe.datasets.h5pixels.h5_unreadable`)."""
-        return h5_unreadable(self.path, self.split)
 
 
 def open_image(path: str | Path, data: bytes | None = None) -> Any:
@@ -320,7 +288,7 @@ class DatasetSplits:
     def hashed(self) -> bool:
         """Whether a store records the images by each split's SHA-256 (datasets/identity.py: HDF5 and torchvision,
         whose images no split manifest names one by one), which a fixed image changes: it does not resume."""
-        return any(isinstance(source, (H5Source, TorchvisionSource)) for source in (self.train, self.test))
+        return self.train.hashed or self.test.hashed
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -385,6 +353,10 @@ def to_rgb_array(img: Any, size: int, interpolation: str = "bicubic") -> np.ndar
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
 
 
+#: What starts a :class:`PreparedImages` row's error that is a whole message (a source's refusal), not an image's.
+WHOLE = "\0"
+
+
 class PreparedImages:
     """Map-style dataset for a DataLoader: row ``i`` -> ``(uint8 (3, s, s), label, error)``.
 
@@ -401,6 +373,8 @@ class PreparedImages:
     def __getitem__(self, i: int) -> tuple[np.ndarray, int, str]:
         try:
             return to_rgb_array(self.source.load(i), self.size, self.interpolation), int(self.source.labels[i]), ""
+        except FoalPipeError as exc:  # not the image but its source (a file changed under the run): said as it is
+            return np.zeros((3, self.size, self.size), np.uint8), -1, WHOLE + str(exc)
         except Exception as exc:  # any decoder error: reported by the main process
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return np.zeros((3, self.size, self.size), np.uint8), -1, f"{self.source.describe(i)} ({detail})"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from foal_pipe.cluster import cluster_errors, dask_client, is_local, n_workers, require_distributed
 from foal_pipe.encoders.runtime import resolve_device
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.extract.run import ExtractProgress, ExtractReport, extract_rows, extraction
+from foal_pipe.extract.run import ExtractProgress, ExtractReport, check_unchanged, extract_rows, extraction
 from foal_pipe.extract.spec import ExtractSpec
 from foal_pipe.store import SPLITS, mark_progress, update_run
 from foal_pipe.store.seen import check_workers_see
@@ -152,6 +152,7 @@ def dask_extract(
                 while prefix[s] in done[s]:
                     prefix[s] = done[s].pop(prefix[s])
                 if prefix[s] != state.progress[s]:
+                    check_unchanged(inputs)
                     mark_progress(path, s, prefix[s])
                     state.progress[s] = prefix[s]
         except cluster_errors() as exc:  # workers or scheduler lost under the run

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.datasets.loaders import removing_new_folders
-from foal_pipe.datasets.sources import PreparedImages
+from foal_pipe.datasets.sources import WHOLE, PreparedImages
 from foal_pipe.durable import raise_swallowed_stop
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.chunkfiller import _ChunkFiller
@@ -88,6 +88,8 @@ def extract_rows(
         if bad:
             while pending:  # the rows before it are written, as a resumed run expects
                 filler.add(pending.popleft()())
+            if bad[0].startswith(WHOLE):
+                raise FoalPipeError(bad[0][len(WHOLE):])
             raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images(hashed=inputs.data.hashed)}")
         pending.append(encoder.submit(pixels) if not spec.keep_blocks
                        else block_encoder(encoder).submit_blocks(pixels, spec.blocks_dtype))
@@ -138,6 +140,15 @@ class ExtractReport:
     precision: str
     holes: dict[str, int] = field(default_factory=dict)
     generation: str | None = None
+
+
+def check_unchanged(inputs: Inputs) -> None:
+    """Refuse to record rows read from data that changed under the run (:meth:`ImageSource.changed`): the store
+    holds the rows of the data it records the SHA-256 of, or none of another's."""
+    for split in SPLITS:
+        why = inputs.data.split(split).changed()
+        if why is not None:
+            raise FoalPipeError(why)
 
 
 def check_readable(inputs: Inputs, resuming: bool = False) -> None:
@@ -289,6 +300,7 @@ def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractPro
                     progress.advance(s, k)
 
                 def on_chunk(hi: int, s: str = split) -> None:
+                    check_unchanged(inputs)
                     mark_progress(state.path, s, hi)
 
                 extract_rows(spec, split, done, n, path=state.path, inputs=inputs, loaded=started[0].batches,

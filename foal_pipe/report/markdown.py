@@ -5,12 +5,11 @@ the same text.
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.core.metrics import summary_of
+from foal_pipe.core.metrics import pct, summary_of
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
@@ -21,13 +20,6 @@ from foal_pipe.report.selection import criterion_text, has_criteria, last, resul
 
 _LABELS = {"A_avg": "A_avg (%)", "A_last": "A_last (%)", "F": "F (%)", "F_published_code": "F, published code (%)",
            "A_auc": "A_auc (%)"}
-
-
-def pct(x: float | None, digits: int = 2) -> str:
-    """A fraction as a percent string; ``-`` for missing or NaN."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{100 * x:.{digits}f}"
 
 
 #: What Markdown reads as markup in a name: a cell's ``|``, emphasis, code, links, HTML, and an underscore that is

@@ -10,6 +10,7 @@ formula is written with a single quote in front (:func:`csv_text`).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -154,13 +155,15 @@ def markdown(table: dict[str, Any]) -> str:
 
 #: LaTeX's special characters as text (in the default OT1 encoding ``<``, ``>`` and ``|`` print other glyphs).
 _TEX = {"\\": r"\textbackslash{}", "_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
-        "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
+        "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+        "`": r"\textasciigrave{}", '"': r"\textquotedbl{}", "-": "-{}", "'": "{'}"}
 
 
 def _tex_escape(text: str) -> str:
-    """``text`` (a store's label) as LaTeX text: its special characters escaped, a line break as a space (a blank
-    line would end the paragraph inside ``\\multicolumn``)."""
-    return "".join(_TEX.get(c, c) for c in " ".join(text.splitlines()))
+    """``text`` (a store's label) as LaTeX text: its special characters escaped, the ligatures of ``--`` and of
+    quotes broken, and a line break or other control character as a space (a blank line would end the paragraph
+    inside ``\\multicolumn``; the others are not text to LaTeX)."""
+    return "".join(_TEX.get(c, " " if unicodedata.category(c) == "Cc" else c) for c in " ".join(text.splitlines()))
 
 
 def latex(table: dict[str, Any]) -> str:
