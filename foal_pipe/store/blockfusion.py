@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, clipped, param
 
 FUSION_FORMS = ("mean-cls (every block), last, mean:A-B (blocks A to B, 1-based, inclusive), block:K or concat:A-B "
                 "(blocks A to B side by side)")
@@ -80,8 +80,11 @@ def _bare(name: str, first: int, last: int) -> Callable[[str | None, str], Fusio
 
 
 def _number(text: str, spec: str, option: str) -> int:
-    if not re.fullmatch(r"\d+", text):
-        raise FoalPipeError(f"{option} {spec}: {text!r} is not a block number; write {FUSION_FORMS}")
+    if not re.fullmatch(r"[0-9]+", text):  # ASCII digits: `block:٣` reads as 3 to Python's int
+        raise FoalPipeError(f"{option} {clipped(spec)}: {clipped(text)!r} is not a block number; write {FUSION_FORMS}")
+    if len(text.lstrip("0")) > 6:  # past any model's blocks, and past int()'s 4,300 digits
+        raise FoalPipeError(f"{option} {clipped(spec)}: block {clipped(text)} is past any model's blocks; write "
+                            f"{FUSION_FORMS}")
     if int(text) < 1:
         raise FoalPipeError(f"{option} {spec}: blocks are numbered from 1 (block:1 is the first); write "
                             f"{FUSION_FORMS}")
