@@ -303,5 +303,11 @@ def test_predict_and_init_model_apply_the_models_fusion(stores, tmp_path, spec, 
     for wrong in [("--fusion", other, *flag), ("--no-fusion-norm",) if norm else ("--fusion", spec)]:
         result = runner.invoke(app, ["learn", "--features", str(path_b), "--out", str(tmp_path / "w"), "--tasks", "3",
                                      "--init-model", str(model_path), *wrong])
-        assert result.exit_code == 1 and "conflicts with the model's fusion" in result.output, result.output
+        assert result.exit_code == 1, result.output
+        if wrong == ("--fusion", spec):  # the model's own spec, without its --no-fusion-norm: the norm is named
+            assert "applies the final norm, which the model's fusion" in result.output, result.output
+            assert "or add --no-fusion-norm" in result.output, result.output
+        else:
+            assert "conflicts with the model's fusion" in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
         assert not (tmp_path / "w").exists()

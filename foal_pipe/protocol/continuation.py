@@ -88,6 +88,10 @@ def model_fusion(deployed: DeployedModel, given: ModelConfig) -> dict[str, Any]:
     asked = None if given.fusion is None else parse_fusion(given.fusion).text
     if (asked is not None and (asked, given.fusion_norm) != (fusion, norm)) or (not given.fusion_norm and norm):
         held = "none: the store's features as stored" if fusion is None else fusion + ("" if norm else ", no final norm")
+        if asked == fusion and not norm:  # the spec is the model's; only the final norm, applied by default, is not
+            raise FoalPipeError(f"{param('fusion', asked)} applies the final norm, which the model's fusion ({held}) does "
+                                f"not; the model fixes it (its sums were computed without it): drop {param('fusion')}, "
+                                f"or add {param('fusion_norm', False)}")
         typed = [("fusion", asked)] * (asked is not None) + [("fusion_norm", False)] * (not given.fusion_norm)
         raise FoalPipeError(f"{' '.join(param(*t) for t in typed)} conflicts with the model's fusion ({held}); the model "
                             f"fixes it (its sums were computed with it): drop {' and '.join(param(k) for k, _ in typed)}")
