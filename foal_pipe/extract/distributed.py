@@ -27,6 +27,7 @@ from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.extract.run import ExtractProgress, ExtractReport, check_unchanged, extract_rows, extraction
 from foal_pipe.extract.spec import ExtractSpec
 from foal_pipe.store import SPLITS, mark_progress, update_run
+from foal_pipe.store.meta import store_group
 from foal_pipe.store.seen import check_workers_see
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def dask_extract(
         try:
             n = n_workers(client)
             update_run(path, {"dask_workers": n})
-            group = zarr.open_group(str(path), mode="r", use_consolidated=False)
+            group = store_group(path)
             chunk_rows: dict[str, int] = {}
             for s in SPLITS:
                 features = group[f"{s}/features"]

@@ -33,6 +33,7 @@ from foal_pipe.store.blockfusion import FinalNorm
 from foal_pipe.store.chunks import read_rows
 from foal_pipe.store.log import log_path
 from foal_pipe.store.manifest import parse_stored_manifest, stored_manifest
+from foal_pipe.store.meta import store_group
 from foal_pipe.store.read import chunk_too_large
 from foal_pipe.store.verify import changed_chunks, resumable
 from foal_pipe.store.write import foreign_file, replace_manifest
@@ -232,7 +233,7 @@ def _check_rows(state: StoreState, inputs: Inputs) -> StoreState:
     """Refuse to resume (or to call complete) a store whose labels or row indices, written once with its skeleton,
     are no longer the dataset's for every row (an image not written yet moved to another class folder): the rows
     still to come would carry the old labels."""
-    group = zarr.open_group(str(state.path), mode="r", use_consolidated=False)
+    group = store_group(state.path)
     for split in SPLITS:
         source = inputs.data.split(split)
         for leaf, now in (("labels", source.labels), ("index", source.index)):
@@ -259,7 +260,7 @@ def _check_data(state: StoreState, inputs: Inputs) -> StoreState:
     """Refuse to resume (or to call complete) a store of a dataset without a split manifest whose images changed with
     the same rows and classes (a corrected HDF5 file): its ``data_sha256`` must be the dataset's now. A store written
     before the attribute came has none, and is taken as it was."""
-    recorded = zarr.open_group(str(state.path), mode="r", use_consolidated=False).attrs.get(DATA_SHA256)
+    recorded = store_group(state.path).attrs.get(DATA_SHA256)
     current = inputs.data_sha256
     if recorded is None or recorded == current:
         return state
@@ -275,7 +276,7 @@ def _existing_state(path: Path, out: Path, settings: dict[str, Any]) -> StoreSta
     """The state of the store at ``path`` (``out`` or its staging copy), which must have been made by
     ``extract`` in this format with the same settings; holes below its progress move the progress back."""
     try:
-        group = zarr.open_group(str(path), mode="r", use_consolidated=False)
+        group = store_group(path)
         attrs = dict(group.attrs)
     except Exception:  # unreadable metadata: not ours to resume
         attrs, group = {}, None

@@ -35,7 +35,7 @@ from foal_pipe.store.chunks import (
     rows_text,
     sharding_problem,
 )
-from foal_pipe.store.meta import ROW_ARRAYS, StoreMeta, shown
+from foal_pipe.store.meta import ROW_ARRAYS, StoreMeta, shown, store_group
 
 #: The first format version with integrity data.
 SEALED_FROM = 4
@@ -94,7 +94,7 @@ def compute_generation(path: str | Path, group: zarr.Group | None = None) -> str
     before, every chunk's key, size and last 4 bytes follow its array's ``zarr.json``. The same data written
     with the same settings gives the same id; other data another."""
     path = Path(path)
-    group = group or zarr.open_group(str(path), mode="r", use_consolidated=False)
+    group = group or store_group(path)
     digest = hashlib.sha256()
     attrs = {k: v for k, v in dict(group.attrs).items() if k not in ("complete", "generation")}
     version = attrs.get("format_version")

@@ -197,10 +197,15 @@ class BlockLayout:
         return {"count": self.count, "dtype": self.dtype, "norm": {"kind": self.norm.kind, "eps": self.norm.eps}}
 
 
+def store_group(path: str | Path, mode: str = "r") -> zarr.Group:
+    """The Zarr group at ``path``, each array's metadata read from its own ``zarr.json``: a consolidated copy in the
+    root's, which zarr would prefer, is covered by neither the generation id nor the checksums, and one that
+    disagreed changed the rows read, unrefused. Every opening of a store goes through here (or :func:`_open_group`)."""
+    return zarr.open_group(str(path), mode=mode, use_consolidated=False)  # type: ignore[arg-type]
+
+
 def _open_group(path: Path) -> zarr.Group:
-    """The store's group, each array's metadata read from its own ``zarr.json`` (``use_consolidated=False``, as
-    everywhere a store is opened): a consolidated copy in the root's, which zarr would prefer, is covered by neither
-    the generation id nor the checksums, and one that disagreed changed the rows read, unrefused."""
+    """The store's group for reading, strict about its files, as :func:`store_group` reads metadata."""
     meta_file = path / "zarr.json"
     if not meta_file.is_file() and (path / ".zgroup").is_file():
         raise FoalPipeError(f"{path} is a Zarr format-2 group (.zgroup), but a feature store is a Zarr v3 group "

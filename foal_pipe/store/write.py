@@ -33,6 +33,7 @@ from foal_pipe.store.meta import (
     StoreMeta,
     encoder_problem,
     open_array,
+    store_group,
     writable_name,
     write_attrs,
     writing,
@@ -120,10 +121,10 @@ def replace_manifest(path: str | Path, raw: bytes) -> None:
     changed in rows not written yet); completion then seals it with the rest."""
     path = Path(path)
     with writing(path, "the split manifest"):
-        group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
+        group = store_group(path, "r+")
         attrs = dict(group.attrs)
         shutil.rmtree(path / MANIFEST, ignore_errors=True)
-        group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
+        group = store_group(path, "r+")
         attrs[MANIFEST] = write_manifest(group, raw)
         write_attrs(group, attrs)
 
@@ -176,7 +177,7 @@ class FeatureWriter:
     def __init__(self, path: str | Path, split: str):
         self.path, self.split = Path(path), split
         with writing(self.path, f"{split}/features"):
-            group = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
+            group = store_group(self.path, "r+")
             self.array = open_array(group, self.path, f"{split}/features").with_config(WRITE_CONFIG)
             self.blocks = (open_array(group, self.path, f"{split}/blocks").with_config(WRITE_CONFIG)
                            if "blocks" in group.attrs else None)
@@ -208,7 +209,7 @@ class FeatureWriter:
 
 def _open_rw(path: Path) -> tuple[zarr.Group, dict[str, Any]]:
     with writing(path, "the attributes"):
-        group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
+        group = store_group(path, "r+")
         return group, dict(group.attrs)
 
 
