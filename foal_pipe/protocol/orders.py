@@ -246,14 +246,17 @@ def run_sweep_orders(
                   fallback_reason(stream, replace(model, engine="gram"), execution, sweep.loo and not model.loo_sample,
                                   len(runs[0].store.classes), dim=runs[0].dim))
         m = runs[0].model
-        if reason is not None or class_statistics_bytes(len(runs[0].store.classes), runs[0].dim, m.dtype) > execution.max_memory:
-            check_walks_memory("sweep", runs)  # one walk per order (_sweep_one_pass: the same test)
+        one_pass = reason is None
+        if one_pass and class_statistics_bytes(len(runs[0].store.classes), runs[0].dim, m.dtype) > execution.max_memory:
+            log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes), dim=runs[0].dim) or "")
+            one_pass = False
+        if not one_pass:
+            check_walks_memory("sweep", runs)
         with shared_rows(runs) as shared:
             reports, walks = [], []
-            if reason is None:
-                reports = _sweep_one_pass(runs, seeds, sweep, stream, execution, log, shared)
-            one_pass = bool(reports)
-            if not one_pass:
+            if one_pass:
+                reports = _sweep_one_pass(runs, seeds, sweep, stream, log, shared)
+            else:
                 log(f"running one walk per class order ({walks_text(len(seeds), execution)}): "
                     f"{reason or 'the per-class statistics exceed --max-memory'}")
                 rest = warn_dropped_once(seeds, runs, stream, log)
@@ -284,15 +287,12 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
-                    execution: ExecutionConfig, log: Callable[[str], None], shared: SharedRows) -> list[SweepReport]:
-    """Each order's sweep report from the per-class sums, as ``run_sweep`` writes it: every gamma's results, each
-    criterion's refined selection and, with a sampled leave-one-out, the rows it scored ([] when the sums exceed
-    ``execution.max_memory``)."""
+                    log: Callable[[str], None], shared: SharedRows) -> list[SweepReport]:
+    """Each order's sweep report from the per-class sums (within ``--max-memory``: the caller's test), as
+    ``run_sweep`` writes it: every gamma's results, each criterion's refined selection and, with a sampled
+    leave-one-out, the rows it scored."""
     gammas = [float(g) for g in sweep.gammas]
     m = runs[0].model
-    if class_statistics_bytes(len(runs[0].store.classes), runs[0].dim, m.dtype) > execution.max_memory:
-        log(fallback_reason(stream, m, execution, False, len(runs[0].store.classes), dim=runs[0].dim) or "")
-        return []
     _check_class_memory("sweep", runs, sweep.loo, len(gammas), eigen=True)
     warn_dropped_once(seeds, runs, stream, log)
     reports, notes = [], []
