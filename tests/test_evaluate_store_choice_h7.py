@@ -31,18 +31,22 @@ def _learned_in(proj: Path, monkeypatch) -> Path:
     return proj / "runs" / "r"
 
 
+def _assert_scored_alike_from(other: Path, run: Path, tmp_path: Path, monkeypatch) -> None:
+    """evaluate run from ``other`` writes the per-class files it writes from the folder learn ran in, byte for byte."""
+    _, right = _evaluate(run, tmp_path / "ev1")
+    monkeypatch.chdir(other)
+    _, got = _evaluate(run, tmp_path / "ev2")
+    assert "class_accuracy.csv" in right
+    assert got == right
+
+
 def test_a_same_named_store_without_generation_here_loses_to_the_runs_own(tmp_path, monkeypatch):
     """The run's store records a generation id, the working directory's does not: the model's ``learned_from``
     tells them apart (the working directory's used to be scored silently)."""
     proj, other = _folders(tmp_path)
     written_copy(build_store(tmp_path / "raw.zarr", seed=0), proj / "s.zarr")
     build_store(other / "s.zarr", seed=5)
-    run = _learned_in(proj, monkeypatch)
-    _, right = _evaluate(run, tmp_path / "ev1")
-    monkeypatch.chdir(other)
-    _, got = _evaluate(run, tmp_path / "ev2")
-    assert "class_accuracy.csv" in right
-    assert got == right
+    _assert_scored_alike_from(other, _learned_in(proj, monkeypatch), tmp_path, monkeypatch)
 
 
 def test_two_stores_nothing_tells_apart_are_named_in_one_note(tmp_path, monkeypatch):
@@ -65,9 +69,4 @@ def test_a_link_here_to_the_runs_own_store_is_that_store(tmp_path, monkeypatch):
     proj, other = _folders(tmp_path)
     build_store(proj / "s.zarr", seed=0)
     (other / "s.zarr").symlink_to(proj / "s.zarr")
-    run = _learned_in(proj, monkeypatch)
-    _, right = _evaluate(run, tmp_path / "ev1")
-    monkeypatch.chdir(other)
-    _, got = _evaluate(run, tmp_path / "ev2")
-    assert "class_accuracy.csv" in right
-    assert got == right
+    _assert_scored_alike_from(other, _learned_in(proj, monkeypatch), tmp_path, monkeypatch)
