@@ -532,3 +532,20 @@ def blob_store(path: Path, rng: np.random.Generator, centres: np.ndarray, weight
     return write_store(path, (train.mean(axis=1), y), (test.mean(axis=1), y_test), [f"k{c}" for c in range(n_classes)],
                        chunk_rows=int(rng.integers(*chunk_rows)), dtype=dtype,
                        blocks=(train, test) if blocks else None, norm=norm if blocks else None)
+
+
+def interrupt_after(monkeypatch, chunks: int):
+    """Make ``FeatureWriter.write`` stop the run by Ctrl-C once ``chunks`` chunks are written (an extraction stopped
+    partway, resumable); returns the real ``write``."""
+    import foal_pipe.store as st
+
+    real, calls = st.FeatureWriter.write, []
+
+    def write(writer, lo, block):
+        if len(calls) == chunks:
+            raise KeyboardInterrupt
+        calls.append(lo)
+        real(writer, lo, block)
+
+    monkeypatch.setattr(st.FeatureWriter, "write", write)
+    return real

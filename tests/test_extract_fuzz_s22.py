@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import TINY_VIT, TINY_VIT_KWARGS, make_image_tree, store_files
+from helpers import TINY_VIT, TINY_VIT_KWARGS, interrupt_after, make_image_tree, store_files
 from PIL import Image
 from typer.testing import CliRunner
 
 import foal_pipe.extract.run as extract_run
-import foal_pipe.store as st
 from foal_pipe.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,19 +64,9 @@ def _features(store: Path) -> dict[str, np.ndarray]:
 
 def _stopped_after_chunks(args: list[str], chunks: int) -> None:
     """Run ``args`` in-process, stopped by Ctrl-C once ``chunks`` chunks are written."""
-    real, written = st.FeatureWriter.write, []
-
-    def write(writer, lo, block):
-        if len(written) == chunks:
-            raise KeyboardInterrupt
-        written.append(lo)
-        real(writer, lo, block)
-
-    st.FeatureWriter.write = write  # type: ignore[method-assign]
-    try:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        interrupt_after(monkeypatch, chunks)
         result = runner.invoke(app, args)
-    finally:
-        st.FeatureWriter.write = real  # type: ignore[method-assign]
     assert result.exit_code == 130, result.output
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import digits_pixels_spec
+from helpers import digits_pixels_spec, interrupt_after
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
@@ -174,22 +174,9 @@ def test_verify_recomputes_an_older_stores_generation(store):
         "(whole store): its files changed after it was completed (generation id mismatch)"]
 
 
-def _interrupt_after(monkeypatch, chunks: int):
-    real, calls = st.FeatureWriter.write, []
-
-    def write(writer, lo, block):
-        if len(calls) == chunks:
-            raise KeyboardInterrupt
-        calls.append(lo)
-        real(writer, lo, block)
-
-    monkeypatch.setattr(st.FeatureWriter, "write", write)
-    return real
-
-
 def test_resume_re_extracts_a_hole_below_progress(tmp_path, monkeypatch, reference):
     spec = digits_pixels_spec(tmp_path / "digits.zarr")
-    real = _interrupt_after(monkeypatch, 6)
+    real = interrupt_after(monkeypatch, 6)
     with pytest.raises(KeyboardInterrupt):
         run_extract(spec)
     monkeypatch.setattr(st.FeatureWriter, "write", real)
@@ -211,7 +198,7 @@ def test_extract_repairs_a_complete_store_with_a_missing_chunk(store, reference)
 
 def test_resume_refuses_a_store_whose_labels_lost_a_chunk(tmp_path, monkeypatch):
     spec = digits_pixels_spec(tmp_path / "digits.zarr")
-    real = _interrupt_after(monkeypatch, 2)
+    real = interrupt_after(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         run_extract(spec)
     monkeypatch.setattr(st.FeatureWriter, "write", real)
