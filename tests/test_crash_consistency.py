@@ -189,6 +189,11 @@ def cli_main(monkeypatch, handlers):
     from foal_pipe import cli
 
     monkeypatch.setattr(cli, "_stopped_by", None)
+    monkeypatch.setattr(cli, "_announced", False)
+
+    def end(status):  # the process's own end (atexit handlers, os._exit) is the console script's, tested apart
+        raise SystemExit(status)
+    monkeypatch.setattr(cli, "_end", end)
     asyncio_logger = logging.getLogger("asyncio")
     monkeypatch.setattr(asyncio_logger, "filters", list(asyncio_logger.filters))
     return cli

@@ -16,6 +16,7 @@ _INTERRUPTED = 128 + signal.SIGINT
 #: The stops, each named as the one line says: Ctrl-C, a scheduler's or container's SIGTERM, a closed terminal's SIGHUP.
 _STOPS: dict[int, str] = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 _stopped_by: int | None = None
+_announced = False
 
 
 def _quiet_exit() -> None:
@@ -49,17 +50,24 @@ def _silence() -> None:
     logging.getLogger("asyncio").addFilter(lambda record: False)
 
 
-def _interrupted() -> NoReturn:
-    """End a command that Ctrl-C, SIGTERM or SIGHUP stopped, wherever it stood (loading, parsing, exiting): one
-    line, exit 130, 143 or 129. A second signal while saying so is ignored, not a traceback."""
-    global _stopped_by
+def _announce() -> int:
+    """Say once that Ctrl-C, SIGTERM or SIGHUP stopped the command, wherever it stood (loading, parsing, exiting):
+    one line; the exit status, 130, 143 or 129. Later stops are ignored, not a traceback."""
+    global _stopped_by, _announced
     for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
     _stopped_by = _stopped_by or signal.SIGINT  # a KeyboardInterrupt raised, not signalled: as Ctrl-C
-    _quiet_exit()
-    _silence()
-    sys.stderr.write(f"Interrupted: stopped by {_STOPS[_stopped_by]}; re-run the same command\n")
-    raise SystemExit(128 + _stopped_by)
+    if not _announced:
+        _announced = True
+        _quiet_exit()
+        _silence()
+        sys.stderr.write(f"Interrupted: stopped by {_STOPS[_stopped_by]}; re-run the same command\n")
+    return 128 + _stopped_by
+
+
+def _interrupted() -> NoReturn:
+    """End a stopped command: :func:`_announce`, then exit with its status."""
+    raise SystemExit(_announce())
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -110,46 +118,80 @@ def _unannounced(exc: SystemExit) -> bool:
     return exc.code == _INTERRUPTED and isinstance(getattr(exc.__context__, "__cause__", None), KeyboardInterrupt)
 
 
-def main() -> None:
-    """The ``foal-pipe`` console script. A command that succeeded ends its process without the interpreter's
-    teardown: what a normal exit does first still runs (the other threads are joined, the ``atexit`` handlers run,
-    the output is flushed), then ``os._exit(0)``. Its files were complete and closed when it returned; the teardown
-    (freeing every module, torch's and CUDA's state) cost 0.35 s after ``learn`` on CuPy and 1.5 s after
-    ``extract`` on an H200. A command that fails exits the normal way, and so does one run under a profiler or a
-    tracer (cProfile, a debugger, coverage), which writes its results after the program returns. Ctrl-C and
-    SIGTERM (or SIGHUP) from here on, typer's start-up included (the interpreter's and ``foal_pipe``'s imports come
-    before: a stop there ends the process as Python does, nothing written yet), end with one line and exit 130
-    or 143 (129), a stop that a finaliser swallowed too: the command then went on, and ends with its status all
-    the same."""
-    try:
-        _catch_stops()
+def _status(exc: SystemExit) -> int:
+    """The exit status Python gives ``exc``, printing a message code as it does."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    sys.stderr.write(f"{exc.code}\n")
+    return 1
+
+
+def _end(status: int) -> NoReturn:
+    """End the process as a normal exit does, without the interpreter's teardown: the other threads are joined,
+    the ``atexit`` handlers run (Zarr's I/O loop stopped, temporary folders removed) and the output is flushed,
+    then ``os._exit``. The teardown could abort a stopped command: Zarr's reads run on daemon threads (the
+    default executor of its daemon I/O loop), which a stop leaves mid-read, and Python 3.11 aborted once with
+    "Fatal Python error: PyThreadState_Get" while freeing the modules under them. A stop while ending is the
+    command's status, said in one line."""
+    while True:
         try:
-            app()
-        except SystemExit as exc:
-            if exc.code not in (None, 0):
-                _quiet_exit()
-                if _unannounced(exc):
-                    _interrupted()
-                if _stopped_by:
-                    raise SystemExit(128 + _stopped_by) from None
-                raise
-        _quiet_exit()
-        observed = _observed()
-        if not observed:
             for thread in threading.enumerate():
                 if thread is not threading.current_thread() and not thread.daemon:
                     thread.join()
             atexit._run_exitfuncs()
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-        if _stopped_by is not None:
-            _interrupted()
-        if observed:
-            return
+            for signum in _STOPS:
+                signal.signal(signum, signal.SIG_IGN)
+            break
+        except KeyboardInterrupt:
+            status = _announce()
+    if _stopped_by is not None and not status:  # a stop that a finaliser swallowed: the command went on
+        status = _announce()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
+
+
+def _command() -> None:
+    """Run the command; a stop ends in :func:`_interrupted`, a failure in its ``SystemExit``."""
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _quiet_exit()
+            if _unannounced(exc):
+                _interrupted()
+            if _stopped_by:
+                raise SystemExit(128 + _stopped_by) from None
+            raise
+    _quiet_exit()
+
+
+def main() -> None:
+    """The ``foal-pipe`` console script. A command ends its process without the interpreter's teardown
+    (:func:`_end`): its files were complete and closed, or removed, when it returned or failed; the teardown
+    (freeing every module, torch's and CUDA's state) cost 0.35 s after ``learn`` on CuPy and 1.5 s after
+    ``extract`` on an H200, and could abort a stopped one. A command that raised an unexpected exception exits
+    the normal way, with its traceback, and so does one run under a profiler or a tracer (cProfile, a debugger,
+    coverage), which writes its results after the program returns. Ctrl-C and SIGTERM (or SIGHUP) from here on,
+    typer's start-up included (the interpreter's and ``foal_pipe``'s imports come before: a stop there ends the
+    process as Python does, nothing written yet), end with one line and exit 130 or 143 (129), a stop that a
+    finaliser swallowed too: the command then went on, and ends with its status all the same."""
+    try:
+        _catch_stops()
+        _command()
+        status = 0
     except KeyboardInterrupt:
-        _interrupted()
+        status = _announce()
+    except SystemExit as exc:
+        status = _status(exc)
     except Exception:
-        if _stopped_by is not None:  # the stop's KeyboardInterrupt wrapped (Python 3.11's ``__set_name__`` in an import)
-            _interrupted()
-        raise
-    os._exit(0)
+        if _stopped_by is None:
+            raise
+        status = _announce()  # the stop's KeyboardInterrupt wrapped (Python 3.11's ``__set_name__`` in an import)
+    if _observed():
+        if _stopped_by is not None:
+            status = _announce()
+        if status:
+            raise SystemExit(status)
+        return
+    _end(status)
