@@ -52,10 +52,12 @@ def kernel_pins() -> dict[str, str]:
 os.environ.update(kernel_pins())
 
 import json  # noqa: E402
+import re  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from datetime import date, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -81,17 +83,32 @@ class ParamsError(ValueError):
     """params.yaml does not describe the run asked for; the message names the fix."""
 
 
+#: How an error names a run name YAML read as no string (``1:``, ``yes:``, ``null:``, ``2024-01-01:``).
+YAML_KINDS: dict[type, str] = {int: "an integer", float: "a number", bool: "a boolean", type(None): "null",
+                              date: "a date", datetime: "a date and time"}
+
+
+#: What a run name may hold: a folder name, and one word of the shell command DVC runs for each stage.
+NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+
+
 class Quoted(str):
     """A string params.yaml quotes (``gamma: "1.0"``): never read as the number it spells."""
 
 
 def check_name(name: str) -> None:
     """Refuse a run name that is not one plain folder name: it names data/features/NAME.zarr and runs/NAME, so
-    ``../esc`` would write outside runs/ and ``..`` into the repository root."""
+    ``../esc`` would write outside runs/ and ``..`` into the repository root; and one word of a shell command, which
+    dvc.yaml makes of it (``my run`` would reach a stage as two words, ``x;touch y`` run ``touch``)."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("-"):
         raise ParamsError(f"the run name {name!r} under `datasets` in {PARAMS} is not a plain folder name (it names "
                           f"data/features/NAME.zarr and runs/NAME/); rename it: no '/' or '\\', not '.' or '..', "
                           f"not empty, no leading '-'")
+    if not NAME_CHARS.fullmatch(name):
+        raise ParamsError(f"the run name {name!r} under `datasets` in {PARAMS} is not one word of a command line (dvc.yaml "
+                          "passes it to each stage's shell command); rename it with letters, digits, '.', '_' and '-' "
+                          "alone")
+
 
 
 @dataclass(frozen=True)
@@ -230,7 +247,7 @@ def where(name: str, entry: dict[str, Any], section: str, key: str) -> str:
 
 def _known(found: Any, allowed: Any, where: str, kind: str, lead: str) -> None:
     """Refuse keys of ``found`` outside ``allowed``: a typo would otherwise be ignored silently."""
-    unknown = sorted(set(found) - set(allowed))
+    unknown = sorted(set(found) - set(allowed), key=str)  # by text: keys YAML read as numbers sort too
     if unknown:
         raise ParamsError(f"{where} has unknown {kind} {unknown}; {lead}: {', '.join(allowed)}")
 
@@ -248,6 +265,11 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
     entries = params.get("datasets")
     if not isinstance(entries, dict) or not entries:
         raise ParamsError(f"`datasets` in {PARAMS} must map run names to overrides, e.g. `digits: {{}}`")
+    for key in entries:  # DVC makes no stage of one, and `settings.py 1` asks for the string '1'
+        if not isinstance(key, str):
+            text = json.dumps(key) if key is None or isinstance(key, bool) else str(key)  # as YAML wrote it
+            raise ParamsError(f"the run name `{text}` under `datasets` in {PARAMS} is {YAML_KINDS.get(type(key), 'no string')} "
+                              f"to YAML, not a name; quote it (`\"{text}\": {{...}}`)")
     if name not in entries:
         raise ParamsError(f"no run {name!r} under `datasets` in {PARAMS}; the runs are: {', '.join(entries)}")
     for section in SECTIONS:
@@ -255,6 +277,10 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
         if not isinstance(shared, dict):
             raise ParamsError(f"`{section}` in {PARAMS} must map its settings to values, e.g. the repository's")
         _known(shared, KEYS[section], f"`{section}` in {PARAMS}", "keys", "its keys are")
+        missing = sorted(set(KEYS[section]) - set(shared))
+        if missing:  # an entry overrides the shared section's keys, never adds one: every entry reads them all
+            raise ParamsError(f"`{section}` in {PARAMS} lacks the keys {missing}; set each there (an entry may override a "
+                              f"key of `{section}`, not add one; the repository's params.yaml has every key)")
     check_name(name)
     entry = {} if entries[name] is None else entries[name]
     if not isinstance(entry, dict):
@@ -268,11 +294,6 @@ def resolve(params: dict[str, Any], name: str) -> dict[str, Any]:
         _known(overrides, params[section], f"datasets.{name}.{section} in {PARAMS}", "keys",
                f"the keys of `{section}` are")
         settings[section] = {**params[section], **overrides}
-    missing = {section: sorted(set(KEYS[section]) - set(settings[section])) for section in SECTIONS}
-    for section, keys in missing.items():
-        if keys:
-            raise ParamsError(f"`{section}` in {PARAMS} lacks the keys {keys}; set each (the repository's params.yaml "
-                              "has every key)")
     check(settings, name, entry)
     return settings
 

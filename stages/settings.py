@@ -13,6 +13,7 @@ extract@NAME; an unchanged tree gives the same bytes, and nothing follows.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -67,21 +68,76 @@ _Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_yaml_str)
 
 
 def load_params() -> Any:
-    """params.yaml as settings@NAME reads it: a missing file, a YAML syntax error and a key set twice are refused in
-    one line (the stage scripts run outside DVC too)."""
+    """params.yaml as settings@NAME reads it: a missing file, a YAML syntax error, a key set twice and a value DVC
+    reads otherwise (:func:`check_as_dvc_reads`) are refused in one line (the stage scripts run outside DVC too)."""
     try:
         text = PARAMS.read_text()
     except FileNotFoundError:
         raise ParamsError(f"no {PARAMS} in {Path.cwd()}; run the stage from the repository root, where dvc.yaml "
                           "is") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParamsError(f"cannot read {PARAMS} ({exc}); make it a readable UTF-8 file") from None
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        params = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ParamsError(f"{PARAMS} is not valid YAML: {exc.problem or exc.context}{at}; fix its syntax") from None
     except yaml.YAMLError as exc:
         raise ParamsError(f"{PARAMS} is not valid YAML ({' '.join(str(exc).split())}); fix its syntax") from None
+    check_as_dvc_reads(text, params)
+    return params
+
+
+def _alike(ours: Any, theirs: Any) -> bool:
+    """Whether a scalar reads alike in YAML 1.1 (``ours``) and DVC's YAML 1.2 (``theirs``): an unquoted ``1e-3``,
+    a string to PyYAML, is the number the stages take it for (:func:`_params._number`) and DVC reads."""
+    if isinstance(ours, str) and not isinstance(ours, Quoted) and isinstance(theirs, float):
+        ours = _number(ours)
+    if isinstance(ours, str) and isinstance(theirs, str):  # a Quoted string is a string
+        return str(ours) == theirs
+    return type(ours) is type(theirs) and (ours == theirs or (ours != ours and theirs != theirs))  # NaN: itself
+
+
+def _key(key: Any) -> tuple[str, str]:
+    """A mapping key as both readings compare it: a string as itself (quoted or not), else by type and value."""
+    return ("str", key) if isinstance(key, str) else (type(key).__name__, repr(key))
+
+
+def _differs(ours: Any, theirs: Any, at: str) -> str | None:
+    """Where YAML 1.1 and DVC's YAML 1.2 read params.yaml otherwise, as the end of an error message (None: nowhere)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        mine, other = ({_key(k): k for k in keys} for keys in (ours, theirs))
+        if set(mine) != set(other):  # `on:` is True to YAML 1.1, the string 'on' to YAML 1.2
+            first, second = (next((k for i, k in a.items() if i not in b), None) for a, b in ((mine, other), (other, mine)))
+            under = f"`{at}`" if at else "the top level"
+            return (f"the key {second!r} under {under} is {first!r} to YAML 1.1 and {second!r} to DVC (YAML 1.2); quote "
+                    f"it (`\"{second if isinstance(second, str) else first}\":`)")
+        inner = [(ours[key], theirs[key], f"{at}.{key}" if at else str(key)) for key in ours]
+    elif isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        inner = [(a, b, f"{at}[{i}]") for i, (a, b) in enumerate(zip(ours, theirs))]
+    elif isinstance(ours, (dict, list)) or isinstance(theirs, (dict, list)) or not _alike(ours, theirs):
+        return (f"{at} is {ours!r} to YAML 1.1 and {theirs!r} to DVC (YAML 1.2, as dvc.lock records it); write it so both "
+                "read it alike (a number without a leading 0, true or false, a string in quotes)")
+    else:
+        return None
+    return next((found for found in (_differs(*pair) for pair in inner) if found is not None), None)
+
+
+def check_as_dvc_reads(text: str, params: Any) -> None:
+    """Refuse a value that PyYAML (YAML 1.1, read here) and DVC (YAML 1.2: dvc.lock, `dvc params diff`, `dvc exp
+    show`) read otherwise: ``seed: 010`` is 8 to one and 10 to the other, ``on`` true or a string; the stages would run
+    one value and DVC record another."""
+    from dvc.utils.serialize import YAMLError, parse_yaml
+
+    try:
+        theirs = parse_yaml(text, str(PARAMS))
+    except YAMLError as exc:
+        cause = " ".join(str(exc.__cause__ or exc).split())
+        raise ParamsError(f"DVC cannot read {PARAMS} ({cause}); fix its syntax") from None
+    found = None if params is None else _differs(params, theirs, "")  # an empty file: {} to DVC, refused by resolve
+    if found is not None:
+        raise ParamsError(f"in {PARAMS}, {found}")
 
 
 def _yaml(value: Any) -> str:
@@ -92,7 +148,8 @@ def _yaml(value: Any) -> str:
 def check_stages(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
     """Refuse what a later stage's command would refuse (a value listed twice, a combination), by foal_pipe's own
     checks and in one line naming the keys: settings@NAME must fail before it writes anything, as DVC deletes a
-    stage's outputs before running it. What needs the store (the classes of a task count) is left to the stage."""
+    stage's outputs before running it. What needs the store (the classes of a task count, where the dataset has
+    any number: :func:`check_dataset` checks a registered benchmark's) is left to the stage."""
     from foal_pipe.cli import options as o
     from foal_pipe.cli.flags import cli_form
     from foal_pipe.encoders import ENCODERS, build_encoder
@@ -195,8 +252,9 @@ def check_names(names: Any, name: str) -> None:
 
 def check_dataset(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
     """Refuse, before any stage runs, what extract, learn, sweep and table refuse of the dataset whatever its files: a
-    test_split for a dataset with its own splits, no data_dir for one with no default place (your own files), and
-    `images`, whose unlabelled store has no train split to learn."""
+    test_split for a dataset with its own splits, no data_dir for one with no default place (your own files), a
+    data_dir for one a library ships (digits), `images`, whose unlabelled store has no train split to learn, and more
+    tasks than a registered benchmark has classes (refused by learn or table only after DVC deleted their outputs)."""
     from foal_pipe.datasets import DATASETS
 
     dataset, p = settings["dataset"], settings["extract"]
@@ -208,6 +266,17 @@ def check_dataset(settings: dict[str, Any], name: str, entry: dict[str, Any]) ->
     if p["data_dir"] is None and DATASETS[dataset].locate is None:
         raise ParamsError(f"in {PARAMS}, {named} reads your own files, from {where(name, entry, 'extract', 'data_dir')}, "
                           "which is null; set it to their folder (hdf5: the .h5 file)")
+    if p["data_dir"] is not None and DATASETS[dataset].bundled_with is not None:
+        key = where(name, entry, "extract", "data_dir")
+        raise ParamsError(f"in {PARAMS}, {named} ships with {DATASETS[dataset].bundled_with} and reads no folder, so {key} "
+                          f"does not apply; set {key}: null" + ("" if key.startswith("datasets.") else
+                                                                   " (an entry that reads a folder sets its own)"))
+    classes = DATASETS[dataset].classes
+    for section, counts in (("learn", [settings["learn"]["tasks"]]), ("table", settings["table"]["tasks"])):
+        over = [t for t in counts if classes is not None and t is not None and t > classes]
+        if over:
+            raise ParamsError(f"in {PARAMS}, {where(name, entry, section, 'tasks')} asks for {over[0]} tasks, more than "
+                              f"{named} has classes ({classes}); ask for {classes} at most")
     if p["test_split"] is not None and not DATASETS[dataset].splittable:
         key = where(name, entry, "extract", "test_split")
         raise ParamsError(f"in {PARAMS}, {named} comes with its own train and test splits, so {key} does not apply; set "
@@ -286,14 +355,31 @@ def canonical(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(name: str, settings: dict[str, Any]) -> None:
+    """The four settings files together or not at all: each written beside its place (``.NAME.tmp``), then, once all
+    are, each renamed onto it; a place that cannot take one (a folder there, no permission) is refused in one line,
+    the files there left as they were."""
     out = Path("runs") / f"{name}-settings"
-    out.mkdir(parents=True, exist_ok=True)
     files = stage_settings(canonical(settings))
     inputs = extract_inputs(settings)
     if inputs:  # none (digits): the file holds the settings alone
         files["extract"] = {**files["extract"], "inputs": inputs}
-    for stage, values in files.items():
-        (out / f"{stage}.settings.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
+    texts = {out / f"{stage}.settings.json": json.dumps(values, indent=1, sort_keys=True) + "\n"
+             for stage, values in files.items()}
+    temps: dict[Path, Path] = {}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for path, text in texts.items():
+            if path.is_dir():  # the rename would fail after others were made
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            temps[path] = path.with_name(f".{path.name}.tmp")
+            temps[path].write_text(text)
+        for path, temp in temps.items():
+            os.replace(temp, path)
+    except OSError as exc:
+        for temp in temps.values():
+            temp.unlink(missing_ok=True)
+        raise ParamsError(f"cannot write {exc.filename or out} ({exc.strerror or exc}); remove what is there or make it "
+                          f"writable, then run settings@{name} again") from None
 
 
 def main() -> None:

@@ -97,13 +97,13 @@ def test_params_and_dvc_yaml_agree():
     for name, stage in dvc["stages"].items():
         assert stage["foreach"] == "${datasets}"
         do = stage["do"]
-        assert do["cmd"] == f"python stages/{name}.py ${{key}}"
+        assert do["cmd"] == f"python stages/{name}.py '${{key}}'"  # quoted: a name is one word (params check it)
         for dep in do["deps"]:
             if "${" not in dep:
                 assert (ROOT / dep).exists(), f"{name}: dependency {dep} does not exist"
         if name == "settings":  # the one stage that reads params.yaml: every section and its own entry only
             assert do["params"] == ["extract", "learn", "sweep", "table", "datasets.${key}"]
-            assert do["outs"] == [f"runs/${{key}}-settings/{s}.settings.json" for s in SETTINGS_READERS]
+            assert do["outs"] == [{f"runs/${{key}}-settings/{s}.settings.json": {"persist": True}} for s in SETTINGS_READERS]
             continue
         # the whole package, not a hand-kept list of its modules
         assert {f"stages/{name}.py", "stages/_params.py", "foal_pipe"} <= set(do["deps"])

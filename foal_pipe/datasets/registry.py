@@ -43,7 +43,8 @@ class DatasetEntry:
     show. A ``splittable`` loader also takes ``test_split`` and ``split_seed`` (``extract --test-split``) for data
     with no test split. ``classes``: the class count a benchmark must have (None: whatever the data holds).
     ``locate(data_dir)``: where the data is found, without reading it (None: not there); no ``locate`` for the
-    datasets that are the user's own files, found wherever ``--data-dir`` points."""
+    datasets that are the user's own files, found wherever ``--data-dir`` points. ``bundled_with``: the library that
+    ships the data (digits: scikit-learn), which reads no folder, so a ``--data-dir`` is refused, not ignored."""
 
     load: Callable[..., DatasetSplits]
     source: str
@@ -52,6 +53,7 @@ class DatasetEntry:
     splittable: bool = False
     classes: int | None = None
     locate: Callable[[Path | None], str | None] | None = None
+    bundled_with: str | None = None
 
 
 def _where(ok: Callable[[Path], bool], default: Path, subdir: str) -> Callable[[Path | None], str | None]:
@@ -85,7 +87,8 @@ _FASHION_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-im
 
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry(load_digits, "scikit-learn (bundled)", "nowhere: ships with scikit-learn",
-                           "nothing to do (offline)", classes=10, locate=lambda data_dir: "scikit-learn (bundled)"),
+                           "nothing to do (offline)", classes=10, locate=lambda data_dir: "scikit-learn (bundled)",
+                           bundled_with="scikit-learn"),
     "fashion-mnist": DatasetEntry(load_fashion_mnist, "IDX files", f"{FASHION_MNIST_DIR}, or DIR/fashion-mnist or DIR",
                                   "apt-get install dataset-fashion-mnist", classes=10,
                                   locate=_where(lambda d: all(_idx_file(d, s) for s in _FASHION_STEMS),
@@ -129,6 +132,9 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     entry = DATASETS.get(name)
     if entry is None:
         raise FoalPipeError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    if data_dir is not None and entry.bundled_with is not None:
+        raise FoalPipeError(f"{param('dataset', name)} ships with {entry.bundled_with} and reads no folder, so "
+                            f"{param('data_dir')} does not apply; drop {param('data_dir')}")
     folder = Path(data_dir) if data_dir is not None else None
     if split_manifest is not None:
         if test_split is not None:

@@ -104,6 +104,10 @@ class ExtractSpec:
                 raise FoalPipeError(f"{option} must be at least 1, got {value}")
         if self.workers is not None and self.workers < 0:
             raise FoalPipeError(f"{param('workers')} must be 0 (load in the main process) or more, got {self.workers}")
+        if self.model == "pixels" and self.precision in ("bf16", "fp16"):  # it computes in float32 on the host
+            raise FoalPipeError(f"{param('model', 'pixels')} computes in float32 on the host, so "
+                                f"{param('precision', self.precision)} does not apply; drop {param('precision')} or choose "
+                                f"a timm {param('model')}")
 
     @property
     def out_path(self) -> Path:
