@@ -6,6 +6,7 @@ the command line, which sets it with a flag, prints ``--gamma 0`` (:meth:`FoalPi
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -29,6 +30,31 @@ def param(name: str, value: Any = NO_VALUE) -> str:
 def clipped(text: str, limit: int = 60) -> str:
     """``text`` for a one-line message: at most ``limit`` characters, the last three an ellipsis where it was cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: errno -> the fix, for an OS error that is the process or the system at a limit rather than a fault of the files involved:
+#: a store read then is not damaged, nor a disk full.
+LIMIT_FIXES: dict[int, str] = {
+    errno.EMFILE: "the process is at its open-file limit: raise it (`ulimit -n 4096`)",
+    errno.ENFILE: "the system's open-file table is full: close other programs or raise it (sysctl fs.file-max)",
+    errno.ENOMEM: "the kernel is out of memory for this process: close other programs or raise its memory limit (`ulimit -v`)",
+    errno.EFBIG: "a file reached the file-size limit (`ulimit -f`) or the largest file its filesystem holds: raise the "
+                 "limit or choose another output path",
+}
+#: The one line for a thread that cannot start, with the fix (Python says only "can't start new thread").
+THREAD_FAILURE = ("a thread could not start (can't start new thread): the process is at its memory or process limit; raise "
+                  "it (`ulimit -v`, `ulimit -u`, a container's memory or pids limit) or close other programs, then re-run")
+
+
+def limit_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the process at one of its limits (:data:`LIMIT_FIXES`, a thread that cannot start), which no
+    fix of a file or of the data can help: readers let it through instead of calling the store damaged."""
+    return (isinstance(exc, OSError) and exc.errno in LIMIT_FIXES) or thread_failure(exc)
+
+
+def thread_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is :class:`RuntimeError` "can't start new thread" (threading's, asyncio's executors')."""
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
 
 
 def python_form(name: str, value: Any = NO_VALUE) -> str:

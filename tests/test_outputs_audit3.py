@@ -5,6 +5,7 @@ outputs leaves out the evaluation of the replaced run (`eval/`), keeping the use
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -376,13 +377,22 @@ def test_a_check_during_this_processs_own_swap_leaves_it_alone(tmp_path, monkeyp
     run = _run_with_notes(tmp_path)
     real_exchange = io.exchange
 
+    checks = []
+
     def exchange(a, b):
-        check_output_dir(run)  # another call of this process (a thread) while the swap is in progress
+        """Another call of this process (a thread) while the swap is in progress: what it does before it waits for the
+        swap (its probe waits on the folder's lock) must leave the swap alone."""
+        check = threading.Thread(target=check_output_dir, args=(run,))
+        checks.append(check)
+        check.start()
+        check.join(0.5)
         assert any(p.name.endswith(".swap") for p in tmp_path.iterdir())
         return real_exchange(a, b)
 
     monkeypatch.setattr(io, "exchange", exchange)
     with atomic_dir(run, owned=["model.npz"]) as tmp:
         (tmp / "model.npz").write_text("new")
+    checks[0].join(30)
+    assert not checks[0].is_alive()
     assert _files(run) == {"model.npz": "new", "notes.txt": "user"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["RUN"]

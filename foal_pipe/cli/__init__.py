@@ -26,6 +26,19 @@ def _quiet_exit() -> None:
     logging.getLogger("asyncio").addFilter(lambda record: not record.getMessage().startswith("Task was destroyed"))
 
 
+def _quiet_failure() -> None:
+    """After a command's one-line failure nothing else is printed: not :func:`_quiet_exit`'s asyncio log, nor a
+    "coroutine ... was never awaited" warning (a Zarr call whose I/O thread could not start), nor what an ``atexit``
+    handler or a finaliser raises at the exit (Zarr's, joining that thread: "cannot join thread before it is started")."""
+    _quiet_exit()
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+    sys.unraisablehook = _dropped
+
+
+def _dropped(unraisable: "sys.UnraisableHookArgs") -> None:
+    """``sys.unraisablehook`` once a command failed: its one line said why; nothing is added after it."""
+
+
 _unraisable = sys.unraisablehook  # the one before a stop's
 
 
@@ -157,7 +170,7 @@ def _command() -> None:
         app()
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            _quiet_exit()
+            _quiet_failure()
             if _unannounced(exc):
                 _interrupted()
             if _stopped_by:

@@ -34,7 +34,7 @@ except ImportError:  # older typer: click itself
     from click.globals import get_current_context  # type: ignore[assignment, no-redef]
 
 from foal_pipe.cli.flags import cli_form
-from foal_pipe.errors import NO_VALUE, FoalPipeError
+from foal_pipe.errors import LIMIT_FIXES, NO_VALUE, THREAD_FAILURE, FoalPipeError, thread_failure
 
 # A store node without its zarr.json: zarr warns on stderr in several lines, and the readers refuse the store in one
 warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a component of a Zarr hierarchy")
@@ -359,8 +359,8 @@ def flag(*names: str, help: str) -> Any:  # noqa: A002 (typer's own parameter na
 def user_errors(arguments: Mapping[str, str] | None = None) -> Iterator[None]:
     """Turn a :class:`FoalPipeError` (the parameters it names rendered as flags, or as the command's ``arguments``:
     ``info``'s ``STORE`` for ``features``), any I/O error the library did not
-    name itself, and running out of host or GPU memory (:func:`out_of_memory_message`) into one line on stderr and
-    exit status 1; other RuntimeErrors (a CUDA fault, a bug) keep their traceback.
+    name itself, running out of host or GPU memory (:func:`out_of_memory_message`) and a thread that cannot start into
+    one line on stderr and exit status 1; other RuntimeErrors (a CUDA fault, a bug) keep their traceback.
 
     Set ``FOAL_PIPE_DEBUG=1`` to see the traceback instead.
     """
@@ -370,13 +370,14 @@ def user_errors(arguments: Mapping[str, str] | None = None) -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
         raise typer.Exit(128 + signal.SIGPIPE) from None
     except (FoalPipeError, OSError, MemoryError, RuntimeError) as exc:
-        if os.environ.get("FOAL_PIPE_DEBUG") or (isinstance(exc, RuntimeError) and not isinstance(exc, torch_out_of_memory())):
+        if os.environ.get("FOAL_PIPE_DEBUG") or (isinstance(exc, RuntimeError) and not thread_failure(exc)
+                                                 and not isinstance(exc, torch_out_of_memory())):
             raise
         def form(name: str, value: Any = NO_VALUE) -> str:
             return arguments[name] if arguments and name in arguments and value is NO_VALUE else cli_form(name, value)
 
         message = (exc.render(form) if isinstance(exc, FoalPipeError) else os_error_message(exc)
-                   if isinstance(exc, OSError) else out_of_memory_message(exc))
+                   if isinstance(exc, OSError) else THREAD_FAILURE if thread_failure(exc) else out_of_memory_message(exc))
         err_console.print(f"[bold red]Error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
@@ -412,11 +413,23 @@ def out_of_memory_message(exc: BaseException) -> str:
 
 
 def os_error_message(exc: OSError) -> str:
-    """One line for an I/O error: the path(s), the system's reason and its errno name."""
-    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    """One line for an I/O error: the path(s), the system's reason and its errno name, and the fix: the limit the
+    process ran into (:data:`~foal_pipe.errors.LIMIT_FIXES`: open files, file size), else the path's."""
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None) or _stdout_of(exc)
     reason = " ".join((exc.strerror or str(exc) or type(exc).__name__).split())
     code = errno.errorcode.get(exc.errno or 0)
-    return (
-        f"{paths + ': ' if paths else ''}{reason}{f' ({code})' if code else ''}; "
-        "check the path, its permissions and the free space"
-    )
+    limit = LIMIT_FIXES.get(exc.errno or 0)
+    fix = "check the path, its permissions and the free space" if limit is None else f"{limit}, then re-run"
+    return f"{paths + ': ' if paths else ''}{reason}{f' ({code})' if code else ''}; {fix}"
+
+
+def _stdout_of(exc: OSError) -> str:
+    """``standard output`` where ``exc``, an error without a path, was raised writing it (a frame it passed through
+    held the stream: ``predict`` writing its rows there); else empty."""
+    streams = [s for s in (sys.stdout, getattr(sys.stdout, "buffer", None), sys.__stdout__) if s is not None]
+    tb = exc.__traceback__
+    while tb is not None:
+        if any(value is stream for value in tb.tb_frame.f_locals.values() for stream in streams):
+            return "standard output"
+        tb = tb.tb_next
+    return ""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.durable import changed_at, fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import LIMIT_FIXES, FoalPipeError, param
 from foal_pipe.io.outpaths import _check_kind, _check_parents, _probe_parent, _refuse_dots, check_not_an_input, follow_link
 from foal_pipe.io.temporaries import _JOURNAL, _OLD, _TEMP_EXTRA, _is_folder, _read_journal, _remove
 
@@ -53,10 +53,15 @@ class WriteError(FoalPipeError):
         self.path, self.error = path, error
 
 
-def _io_error(path: Path, exc: OSError, fix: str) -> WriteError:
+def _io_error(path: Path, exc: OSError, fix: str, note: str = "") -> WriteError:
+    """The failed write of ``path``: the system's reason, then ``fix`` -- or, where the process ran into one of its
+    limits (:data:`~foal_pipe.errors.LIMIT_FIXES`: open files, file size), that limit's, as the place is not at fault --
+    and ``note``."""
     reason = exc.strerror or type(exc).__name__
     code = errno.errorcode.get(exc.errno or 0)
-    return WriteError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}", path, exc)
+    limit = LIMIT_FIXES.get(exc.errno or 0)
+    fix = fix if limit is None else f"{limit}, then re-run"
+    return WriteError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}{note}", path, exc)
 
 
 @contextmanager
@@ -118,7 +123,8 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
                                 f"inside it, e.g. {param('out')} {path / inside}")
         with held_signals():  # made and removed with no interrupt between; in an existing `path` too: its entries
             for folder in (where, path) if path.is_dir() else (where,):  # are carried or removed at the swap
-                Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=folder)).rmdir()
+                with replacement_held_off(folder):  # not inside another run's swap of `path`, which carries entries
+                    Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=folder)).rmdir()
     except OSError as exc:
         raise _io_error(path, exc, f"choose a writable {param('out')} directory") from None
     check_not_an_input(path, inputs)
@@ -135,7 +141,8 @@ def check_output_file(path: str | Path) -> Path:
         _remove_stale(path)
         if path.is_dir():
             raise FoalPipeError(f"output {path} is a directory; pass a file path with {param('out')}")
-        with held_signals():  # made and removed with no interrupt between
+        # made and removed with no interrupt between, and not inside another run's swap of `where`
+        with held_signals(), replacement_held_off(where):
             fd, probe = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=where)
             os.close(fd)
             os.unlink(probe)
@@ -312,12 +319,13 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
     except WriteError as exc:  # a file of the run's: named as it would have been written
         if tmp is None or not exc.path.is_relative_to(tmp):
             raise
-        raise _io_error(path / exc.path.relative_to(tmp), exc.error, f"free some space or choose another {param('out')}; "
-                        "previous outputs are unchanged") from None
+        raise _io_error(path / exc.path.relative_to(tmp), exc.error, f"free some space or choose another {param('out')}",
+                        "; previous outputs are unchanged") from None
     except OSError as exc:
         if exc is foreign:
             raise
-        raise _io_error(path, exc, f"free some space or choose another {param('out')}; previous outputs are unchanged") from None
+        raise _io_error(path, exc, f"free some space or choose another {param('out')}",
+                        "; previous outputs are unchanged") from None
     finally:
         try:
             if tmp is not None:

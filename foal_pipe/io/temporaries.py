@@ -33,7 +33,10 @@ def _remove(path: Path) -> None:
 
 
 def _writable_retry(func: Callable[..., Any], name: str, _exc: Any) -> None:
-    """rmtree's error handler: a read-only folder of replaced outputs is made writable, so it is not left behind."""
+    """rmtree's error handler: a read-only folder of replaced outputs is made writable, so it is not left behind.
+    Only a removal is retried (rmtree also reports a failed ``os.open``, which takes more arguments)."""
+    if func not in (os.unlink, os.rmdir, os.remove):
+        return
     with contextlib.suppress(OSError):
         parent = os.path.dirname(name)
         os.chmod(parent, stat.S_IMODE(os.stat(parent).st_mode) | stat.S_IRWXU)

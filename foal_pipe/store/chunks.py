@@ -28,7 +28,7 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteReques
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, limit_failure, param
 
 _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 DTYPE_OPTIONS = {"blocks": "blocks_dtype"}
@@ -347,7 +347,10 @@ def missing_chunks(root: Path, array: zarr.Array, below_row: int | None = None,
 
 
 def damage_reason(exc: BaseException) -> str:
-    """Why a chunk could not be read, in a few words."""
+    """Why a chunk could not be read, in a few words. The process at one of its limits (too many open files, a thread
+    that cannot start: :func:`~foal_pipe.errors.limit_failure`) is no damage: ``exc`` is raised again."""
+    if limit_failure(exc):
+        raise exc
     if isinstance(exc, MissingChunk):
         return "missing (deleted, or the store was replaced while it was read)"
     if isinstance(exc, BadChunkFile):
@@ -371,6 +374,8 @@ def read_rows(root: Path, name: str, array: zarr.Array, lo: int, hi: int) -> np.
     except (FoalPipeError, MemoryError):
         raise
     except Exception as exc:  # zarr/numcodecs raise many types for a chunk they cannot decode
+        if limit_failure(exc):
+            raise
         step = int(array.chunks[0])
         for first in range(lo // step, (max(hi, lo + 1) - 1) // step + 1):  # name the first bad chunk
             try:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, limit_failure
 from foal_pipe.store.chunks import (
     REEXTRACT,
     StrictLocalStore,
@@ -35,7 +35,7 @@ from foal_pipe.store.chunks import (
     rows_text,
     sharding_problem,
 )
-from foal_pipe.store.meta import ROW_ARRAYS, StoreMeta, shown, store_group
+from foal_pipe.store.meta import METADATA_ERRORS, ROW_ARRAYS, StoreMeta, shown, store_group
 
 #: The first format version with integrity data.
 SEALED_FROM = 4
@@ -51,8 +51,10 @@ def group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
     try:
         arrays = {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
     except OSError as exc:
+        if limit_failure(exc):
+            raise
         raise FoalPipeError(f"cannot list feature store {path}: {exc.strerror or exc}; {REEXTRACT}") from None
-    except Exception as exc:
+    except METADATA_ERRORS as exc:
         detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
         raise FoalPipeError(f"feature store {path} has corrupt array metadata ({detail}); {REEXTRACT}") from None
     for name, array in sorted(arrays.items()):
@@ -139,6 +141,8 @@ def generation_problem(path: Path, group: zarr.Group, meta: StoreMeta) -> str | 
     try:
         now = compute_generation(path, group)
     except OSError as exc:
+        if limit_failure(exc):
+            raise
         return f"its metadata cannot be read ({exc.strerror or exc})"
     if now != meta.generation:
         chunks = "" if sealed(meta) else ", or its chunk files do (a chunk replaced, moved or damaged)"
@@ -180,6 +184,8 @@ def check_chunks(path: Path, group: zarr.Group, progress: dict[str, int] | None 
         try:
             count, first = missing_chunks(path, array, below, limit=1)
         except OSError as exc:
+            if limit_failure(exc):
+                raise
             raise FoalPipeError(f"cannot list {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
         if count:
             where = rows_text(chunk_span(array, first[0][0]), name)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from foal_pipe.durable import pid_alive
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.errors import LIMIT_FIXES, FoalPipeError, param
 
 LOCK_SUFFIX = ".lock"
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
@@ -64,10 +64,19 @@ def _alive_here(holder: dict[str, object]) -> bool:
     return pid_alive(pid, since)
 
 
-def _acquire(lock: Path, what: str) -> int:
-    """An open descriptor of ``lock`` holding the exclusive lock, or a refusal naming the holder."""
+def _open(lock: Path) -> tuple[int, bool]:
+    """A descriptor of ``lock``, created if need be, and whether this call created it."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644), False
+
+
+def _acquire(lock: Path, what: str) -> tuple[int, bool]:
+    """An open descriptor of ``lock`` holding the exclusive lock, and whether this call created the file; or a
+    refusal naming the holder."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd, created = _open(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -84,13 +93,21 @@ def _acquire(lock: Path, what: str) -> int:
                 os.close(fd)
                 raise FoalPipeError(f"{what} is being written by {_describe(holder)} (lock file {lock}); wait for "
                                     f"it to finish, or delete {lock} if that process is gone") from None
-            return fd
+            return fd, created
         try:  # a holder releasing the lock unlinks the file: make sure ours is still the one at `lock`
             if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                return fd
+                return fd, created
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _lock_error(verb: str, lock: Path, exc: OSError) -> FoalPipeError:
+    """Why the lock file could not be created or written, and the fix: the limit the process ran into
+    (:data:`~foal_pipe.errors.LIMIT_FIXES`), else a writable place."""
+    code = errno.errorcode.get(exc.errno or 0)
+    fix = LIMIT_FIXES.get(exc.errno or 0) or f"choose a writable location ({param('out')})"
+    return FoalPipeError(f"cannot {verb} the lock file {lock}: {exc.strerror or exc}{f' ({code})' if code else ''}; {fix}")
 
 
 def _file_above(path: Path) -> Path | None:
@@ -112,16 +129,23 @@ def exclusive_lock(path: str | Path, what: str | None = None) -> Iterator[Path]:
     lock = lock_path(path)
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = _acquire(lock, what or str(path))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        fd, created = _acquire(lock, what or str(path))
     except OSError as exc:
         blocked = _file_above(lock)
         if blocked is not None:  # mkdir would only say "File exists"
             raise FoalPipeError(f"cannot write {path}: {blocked} is a file, not a directory; choose another "
                                 f"{param('out')}") from None
-        raise FoalPipeError(f"cannot create the lock file {lock}: {exc.strerror or exc}; choose a writable "
-                            f"location ({param('out')})") from None
+        raise _lock_error("create", lock, exc) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+    except OSError as exc:
+        try:
+            if created:  # ours alone (we hold its flock): nothing of this run is left behind
+                lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        raise _lock_error("write", lock, exc) from None
     try:
         yield lock
     finally:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import zarr
 
-from foal_pipe.errors import FoalPipeError, clipped, param
+from foal_pipe.errors import LIMIT_FIXES, FoalPipeError, clipped, limit_failure, param
 from foal_pipe.io import UNLABELLED as UNLABELLED
 from foal_pipe.io.outpaths import STORE_FORMAT
-from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.blockfusion import NORMS, FinalNorm
 from foal_pipe.store.chunks import REEXTRACT, StrictLocalStore, sharding_problem
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ LABEL_CHUNK_ROWS = 1 << 20
 #: Whole-array reads (labels) and single chunks may use at most this share of the available memory.
 MEMORY_SHARE = 0.5
 _KNOWN_KEYS = ("format", "format_version", "classes", "dataset", "encoder", "complete", "generation")
+#: What zarr raises for metadata it cannot parse (invalid JSON, a field of the wrong type or shape, JSON nested too
+#: deep); anything else (a thread that cannot start, no memory) is not the store's fault and is not called corrupt.
+METADATA_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 #: A chunk equal to the fill value is written too: none is ever absent.
 WRITE_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
@@ -197,6 +200,21 @@ class BlockLayout:
         return {"count": self.count, "dtype": self.dtype, "norm": {"kind": self.norm.kind, "eps": self.norm.eps}}
 
 
+def layout_attribute(path: Path, attr: Any) -> tuple[int, str, str, float]:
+    """The ``blocks`` attribute, checked: block count, blocks dtype, the final norm's kind and eps."""
+    norm = attr.get("norm") if isinstance(attr, dict) else None
+    count, dtype = (attr.get("count"), attr.get("dtype")) if isinstance(attr, dict) else (None, None)
+    if (type(count) is not int or count < 1 or dtype not in BLOCK_DTYPES or not isinstance(norm, dict)
+            or not isinstance(norm.get("kind"), str) or type(norm.get("eps")) not in (int, float)
+            or not norm["eps"] >= 0):
+        raise FoalPipeError(f"{path}: attribute 'blocks' is {shown(attr)}, expected count (an integer >= 1), dtype "
+                            f"({' or '.join(BLOCK_DTYPES)}) and norm (kind and eps >= 0); {REEXTRACT}")
+    if norm["kind"] not in NORMS:
+        raise FoalPipeError(f"{path}: final norm kind {norm['kind']!r} is not one foal-pipe recomputes "
+                            f"({', '.join(NORMS)}); upgrade foal-pipe or re-extract the store")
+    return count, dtype, norm["kind"], float(norm["eps"])
+
+
 def store_group(path: str | Path, mode: str = "r") -> zarr.Group:
     """The Zarr group at ``path``, each array's metadata read from its own ``zarr.json``: a consolidated copy in the
     root's, which zarr would prefer, is covered by neither the generation id nor the checksums, and one that
@@ -218,10 +236,12 @@ def _open_group(path: Path) -> zarr.Group:
     try:
         return zarr.open_group(store=StrictLocalStore(str(path), read_only=True), mode="r", use_consolidated=False)
     except OSError as exc:
+        if limit_failure(exc):
+            raise
         if exc.errno is not None:
             raise FoalPipeError(f"cannot read feature store {path}: {exc.strerror}; check the path") from None
         detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
-    except Exception as exc:  # zarr raises several types for unparsable metadata
+    except METADATA_ERRORS as exc:  # zarr raises several types for unparsable metadata
         detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
     raise FoalPipeError(f"the group metadata of {path} is corrupt ({detail}); re-extract the store or restore it "
                         "from a copy")
@@ -269,8 +289,10 @@ def open_array(group: zarr.Group, path: Path, name: str) -> zarr.Array:
             raise FoalPipeError(f"{path / name}/zarr.json is corrupt (not valid array metadata); {REEXTRACT}") from None
         raise FoalPipeError(f"feature store {path} has no {name} array; {REEXTRACT}") from None
     except OSError as exc:
+        if limit_failure(exc):
+            raise
         raise FoalPipeError(f"cannot read {path / name}: {exc.strerror or exc}; {REEXTRACT}") from None
-    except Exception as exc:
+    except METADATA_ERRORS as exc:
         detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
         raise FoalPipeError(f"{path / name}/zarr.json is corrupt ({detail}); {REEXTRACT}") from None
     if not isinstance(node, zarr.Array):
@@ -292,12 +314,13 @@ def check_rows_layout(path: Path, name: str, array: zarr.Array, want: tuple[int,
 
 @contextmanager
 def writing(path: Path, what: str) -> Iterator[None]:
-    """Turn an OS error while writing (no space, read-only, no permission) into one line."""
+    """Turn an OS error while writing (no space, read-only, no permission, a limit of the process) into one line."""
     try:
         yield
     except OSError as exc:
-        raise FoalPipeError(f"cannot write {what} of {path}: {exc.strerror or exc}; free some space or make it "
-                            "writable, then re-run the same command (a store resumes after its last chunk)") from None
+        fix = LIMIT_FIXES.get(exc.errno or 0, "free some space or make it writable")
+        raise FoalPipeError(f"cannot write {what} of {path}: {exc.strerror or exc}; {fix}, then re-run the same command "
+                            "(a store resumes after its last chunk)") from None
 
 
 def edited_version(meta: StoreMeta, arrays: dict[str, zarr.Array], records: int) -> tuple[int, str] | None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from foal_pipe.errors import FoalPipeError, NoBlocks, param
+from foal_pipe.errors import FoalPipeError, NoBlocks, limit_failure, param
 from foal_pipe.store.blockfusion import (
     NORMS,
     FinalNorm,
@@ -44,7 +44,6 @@ from foal_pipe.store.integrity import (
 )
 from foal_pipe.store.manifest import read_row_sources, stored_manifest
 from foal_pipe.store.meta import (
-    BLOCK_DTYPES,
     FEATURE_DTYPES,
     MEMORY_SHARE,
     SPLITS,
@@ -53,10 +52,10 @@ from foal_pipe.store.meta import (
     StoreMeta,
     check_rows_layout,
     edited_version,
+    layout_attribute,
     open_array,
     read_meta,
     resume_advice,
-    shown,
 )
 
 
@@ -114,6 +113,8 @@ class Split:
         except (FoalPipeError, MemoryError):
             raise
         except Exception as exc:
+            if limit_failure(exc):
+                raise
             for first in np.unique(rows // step):  # name the first chunk that fails on its own
                 lo = int(first) * step
                 self._read(leaf, lo, min(lo + step, self.n_rows))
@@ -163,6 +164,17 @@ def _fingerprint(path: Path) -> tuple[Any, ...]:
     generation = attrs.get("generation") if isinstance(attrs, dict) else None
     complete = isinstance(attrs, dict) and attrs.get("complete") is True
     return st.st_dev, st.st_ino, generation or hashlib.sha256(raw).hexdigest()[:32], complete
+
+
+def _current(path: Path) -> tuple[Any, ...] | None:
+    """:func:`_fingerprint` now, None where it cannot be read (the store removed, its attributes unparsable); the
+    process at one of its limits (:func:`~foal_pipe.errors.limit_failure`) is raised: the store may well be the same."""
+    try:
+        return _fingerprint(path)
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+        if limit_failure(exc):
+            raise
+        return None
 
 
 @dataclass
@@ -262,6 +274,8 @@ class FeatureStore:
         try:
             now = compute_generation(self.path)
         except OSError as exc:
+            if limit_failure(exc):
+                raise
             now = f"unreadable ({exc.strerror or exc})"
         if now != self.meta.generation:
             raise FoalPipeError(f"feature store {self.path} changed while it was being read (its chunk files differ "
@@ -273,10 +287,7 @@ def check_same(path: Path, fingerprint: tuple[Any, ...]) -> None:
     """Raise if the store at ``path`` no longer has ``fingerprint`` (see :func:`_fingerprint`); no-op for ()."""
     if not fingerprint:
         return
-    try:
-        now = _fingerprint(path)
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
-        now = None
+    now = _current(path)
     if now == fingerprint:
         return
     if now is None:
@@ -330,10 +341,7 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
     the labels, the norm parameters, ``train/index`` and the split manifest (all small, all checked now).
     """
     path = Path(path)
-    try:  # first: a store swapped from here on is noticed by check_unchanged
-        fingerprint = _fingerprint(path)
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
-        fingerprint = ()
+    fingerprint = _current(path) or ()  # first: a store swapped from here on is noticed by check_unchanged
     group, meta = read_meta(path)  # the precise error when the attributes cannot be read
     if not meta.complete:
         raise FoalPipeError(f"feature store {path} is not complete (extraction unfinished or interrupted); "
@@ -353,7 +361,7 @@ def open_store(path: str | Path, fusion: str | Fusion | None = None, fusion_norm
                             f"re-extract it: extract writes both splits in one {param('dtype')}")
     norm_arrays, blocks = {}, {}
     if "blocks" in meta.extra:
-        count, dtype, kind, eps = _layout_attribute(path, meta.extra["blocks"])
+        count, dtype, kind, eps = layout_attribute(path, meta.extra["blocks"])
         norm_arrays = {name: _norm_array(group, path, name, dims["train"]) for name in NORMS[kind][1]}
         blocks = {name: _blocks_array(group, path, name, features, count, dtype) for name, (features, _) in arrays.items()}
     for name, (features, labels) in arrays.items():
@@ -447,21 +455,6 @@ def check_sealed(path: Path, group: zarr.Group, meta: StoreMeta, arrays: dict[st
                 raise FoalPipeError(f"feature store {path}: {problem}; {UNSEALED_FIX}")
             raise FoalPipeError(f"feature store {path} is damaged: {problem}; {REEXTRACT}")
     guard_chunks(path, group, arrays, records=sealed(meta))
-
-
-def _layout_attribute(path: Path, attr: Any) -> tuple[int, str, str, float]:
-    """The ``blocks`` attribute, checked: block count, blocks dtype, the final norm's kind and eps."""
-    norm = attr.get("norm") if isinstance(attr, dict) else None
-    count, dtype = (attr.get("count"), attr.get("dtype")) if isinstance(attr, dict) else (None, None)
-    if (type(count) is not int or count < 1 or dtype not in BLOCK_DTYPES or not isinstance(norm, dict)
-            or not isinstance(norm.get("kind"), str) or type(norm.get("eps")) not in (int, float)
-            or not norm["eps"] >= 0):
-        raise FoalPipeError(f"{path}: attribute 'blocks' is {shown(attr)}, expected count (an integer >= 1), dtype "
-                            f"({' or '.join(BLOCK_DTYPES)}) and norm (kind and eps >= 0); {REEXTRACT}")
-    if norm["kind"] not in NORMS:
-        raise FoalPipeError(f"{path}: final norm kind {norm['kind']!r} is not one foal-pipe recomputes "
-                            f"({', '.join(NORMS)}); upgrade foal-pipe or re-extract the store")
-    return count, dtype, norm["kind"], float(norm["eps"])
 
 
 def _norm_array(group: zarr.Group, path: Path, name: str, dim: int) -> zarr.Array:
