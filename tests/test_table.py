@@ -145,6 +145,9 @@ def _settings():
                                                    "so --projection-dim would be ignored"),
     (("--heads", "cosine", "--projection-dim", "20"), "so --projection-dim would be ignored"),
     (("--heads", "slda", "--activation", "relu"), "so --activation would be ignored; drop --activation"),
+    (("--heads", "ncm,dual", "--activation", "relu"),  # dual applies its own: it ran, --activation ignored
+     "ncm, dual work on the store's features or apply their own activations to the projected rows, so --activation "
+     "would be ignored; drop --activation or add a head that uses it (ridge, balanced) to --heads"),
     (("--tasks", ""), "--tasks is empty; write e.g. 5,10"),
     (("--tasks", "x"), "--tasks 'x' is not a comma-separated list of integers; write e.g. 5,10"),
     (("--tasks", "2.5"), "write e.g. 5,10"),

@@ -116,13 +116,17 @@ def _check_projection_used(heads: Sequence[str], model: ModelConfig, explicit: S
         explicit = [f for f in PROJECTION_FIELDS if getattr(model, f) != getattr(ModelConfig(), f)]
     on_features = [h for h in heads if HEADS[h].space == "features"]
     names = ", ".join(heads)
-    if len(on_features) == len(heads):  # ridge's own solver options: check_head_options names them
-        for option in (f for f in PROJECTION_FIELDS if f not in RIDGE_FIELDS):
-            if option in explicit:
-                projected = ", ".join(h for h, e in HEADS.items() if e.space != "features")
-                raise FoalPipeError(f"{names} work{'s' if len(heads) == 1 else ''} on the store's features, without a "
-                                    f"projection or gamma, so {param(option)} would be ignored; drop {param(option)} "
-                                    f"or add a head on the projection ({projected}) to {param('heads')}")
+    for option in (f for f in PROJECTION_FIELDS if f not in RIDGE_FIELDS):  # ridge's own: check_head_options names them
+        users = [h for h, e in HEADS.items() if e.space == "activations" or (e.space != "features" and option != "activation")]
+        if option in explicit and not set(heads) & set(users):
+            if len(on_features) == len(heads):
+                why = f"work{'s' * (len(heads) == 1)} on the store's features, without a projection or gamma"
+            elif on_features:  # and dual, which applies its own activations to the projected rows
+                why = "work on the store's features or apply their own activations to the projected rows"
+            else:
+                why = f"appl{'ies its' if len(heads) == 1 else 'y their'} own activations to the projected rows"
+            raise FoalPipeError(f"{names} {why}, so {param(option)} would be ignored; drop {param(option)} or add a head "
+                                f"that uses it ({', '.join(users)}) to {param('heads')}")
     sampled = "ridge" in heads and model.loo and model.loo_sample > 0
     if "seed" in explicit and not (sampled or (len(on_features) < len(heads) and model.projection_dim > 0)):
         raise FoalPipeError(f"{param('seed')} draws only the projection and ridge's leave-one-out sample, and no run of "
