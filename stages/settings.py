@@ -253,8 +253,9 @@ def check_names(names: Any, name: str) -> None:
 def check_dataset(settings: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
     """Refuse, before any stage runs, what extract, learn, sweep and table refuse of the dataset whatever its files: a
     test_split for a dataset with its own splits, no data_dir for one with no default place (your own files), a
-    data_dir for one a library ships (digits), `images`, whose unlabelled store has no train split to learn, and more
-    tasks than a registered benchmark has classes (refused by learn or table only after DVC deleted their outputs)."""
+    data_dir for one a library ships (digits), download for one torchvision does not fetch, `images`, whose
+    unlabelled store has no train split to learn, and more tasks than a registered benchmark has classes (refused by
+    learn or table only after DVC deleted their outputs)."""
     from foal_pipe.datasets import DATASETS
 
     dataset, p = settings["dataset"], settings["extract"]
@@ -271,6 +272,10 @@ def check_dataset(settings: dict[str, Any], name: str, entry: dict[str, Any]) ->
         raise ParamsError(f"in {PARAMS}, {named} ships with {DATASETS[dataset].bundled_with} and reads no folder, so {key} "
                           f"does not apply; set {key}: null" + ("" if key.startswith("datasets.") else
                                                                    " (an entry that reads a folder sets its own)"))
+    if p["download"] and DATASETS[dataset].source != "torchvision":  # torchvision's loaders are the ones that download
+        key = where(name, entry, "extract", "download")
+        raise ParamsError(f"in {PARAMS}, {named} is read from files already on this machine (only torchvision's datasets are "
+                          f"downloaded), so {key}: true would be ignored; set {key}: false")
     classes = DATASETS[dataset].classes
     for section, counts in (("learn", [settings["learn"]["tasks"]]), ("table", settings["table"]["tasks"])):
         over = [t for t in counts if classes is not None and t is not None and t > classes]

@@ -223,6 +223,15 @@ def test_a_data_dir_for_digits_is_refused_by_extract_too(tmp_path):
     assert len(open_dataset("digits").train) == 1442  # no data_dir: scikit-learn's, as before
 
 
+def test_download_for_a_dataset_torchvision_does_not_fetch_is_refused_not_ignored(tmp_path):
+    """`extract.download: true` for digits passed, and extract (which ignored --download for it) read scikit-learn's
+    bundled digits: the settings stage refuses it as extract now does."""
+    text = _repo_params("  download: false ", "  download: true ")
+    line = _refused(_settings(tmp_path, "digits", text), "extract.download")
+    assert "torchvision" in line and "set extract.download: false" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
 # --------------------------------------------------------------------------------------------------
 # 7. A precision pixels ignored: it computes in float32 whatever --precision says
 

@@ -48,7 +48,8 @@ def _typed(ctx: typer.Context, name: str) -> bool:
 #: ignored, so they are refused (``learn``'s gamma options act with ``--gamma auto`` only).
 ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "disjoint_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
-    "blurry_ratio": ("--stream si-blurry", lambda p: p["stream"] == "si-blurry"),
+    "blurry_ratio": ("--stream si-blurry and a --disjoint-ratio below 100 (at 100 no class is blurry)",
+                     lambda p: p["stream"] == "si-blurry" and p["disjoint_ratio"] < 100),
     "dask_address": ("--scheduler dask", lambda p: p["scheduler"] == "dask"),
     "workers": ("--scheduler dask and --dask-address local",  # another cluster has its own workers
                 lambda p: p["scheduler"] == "dask" and is_local(p["dask_address"])),

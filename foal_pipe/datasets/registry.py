@@ -135,6 +135,11 @@ def open_dataset(name: str, data_dir: str | Path | None = None, download: bool =
     if data_dir is not None and entry.bundled_with is not None:
         raise FoalPipeError(f"{param('dataset', name)} ships with {entry.bundled_with} and reads no folder, so "
                             f"{param('data_dir')} does not apply; drop {param('data_dir')}")
+    if download and entry.source != "torchvision":  # torchvision's loaders are the ones that download
+        fetched = ", ".join(k for k, e in DATASETS.items() if e.source == "torchvision")
+        raise FoalPipeError(f"{param('dataset', name)} is read from files already on this machine; only torchvision's "
+                            f"datasets ({fetched}) are downloaded, so {param('download', True)} would be ignored; drop "
+                            f"{param('download')}")
     folder = Path(data_dir) if data_dir is not None else None
     if split_manifest is not None:
         if test_split is not None:
