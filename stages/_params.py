@@ -420,7 +420,8 @@ def stream_args(p: dict[str, Any]) -> list[Any]:
     args = [] if p["tasks"] is None else ["--tasks", p["tasks"]]
     args += ["--batch-size", p["batch_size"], "--projection-dim", p["projection_dim"]]
     args += [] if p["activation"] is None else ["--activation", p["activation"]]  # null: the command's own default
-    args += ["--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"], "--projection-init", p["projection_init"]]
+    args += ["--seed", p["seed"], "--dtype", p["dtype"], "--backend", p["backend"]]
+    args += ["--projection-init", p["projection_init"]] if p["projection_dim"] != 0 else []  # no projection: none to draw
     seeds = [int(s) for s in p.get("order_seeds") or []]
     if len(seeds) == 1:
         args += ["--order-seed", seeds[0]]

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli.optiontext import numbers
 from foal_pipe.cluster import is_local
 from foal_pipe.core.metrics import pct
 from foal_pipe.errors import FoalPipeError
@@ -56,11 +57,24 @@ ONLY_WITH: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
 }
 #: ``--select`` values that read the training rows (leave-one-out), so take ``--loo-sample``.
 LOO_SELECTS = tuple(name for name in TRAINING_CRITERIA if CRITERIA[name].rows)
-SWEEP_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion or --fusions",
-                                                   lambda p: bool(p["fusion"] or p["fusions"])),
-                   "loo_sample": ("the leave-one-out pass (no --no-loo)", lambda p: not p["no_loo"])}
-LEARN_ONLY_WITH = {**ONLY_WITH, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
-                   **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid", "per_decade")},
+
+
+def _one_gamma(text: str | None) -> bool:
+    """A typed grid of one gamma, which leaves the refined search (``--per-decade``) no range to cover (a grid's
+    values are distinct: :func:`numbers` refuses one listed twice)."""
+    return text is not None and len(numbers(text, "")) == 1
+
+
+#: ``--projection-init`` draws the projection's weights: none at ``--projection-dim 0``.
+PROJECTED = {"projection_init": ("a projection (--projection-dim above 0)", lambda p: p["projection_dim"] != 0)}
+SWEEP_ONLY_WITH = {**ONLY_WITH, **PROJECTED, "no_fusion_norm": ("--fusion or --fusions",
+                                                                lambda p: bool(p["fusion"] or p["fusions"])),
+                   "loo_sample": ("the leave-one-out pass (no --no-loo)", lambda p: not p["no_loo"]),
+                   "per_decade": ("--gammas of two gammas or more", lambda p: not _one_gamma(p["gammas"]))}
+LEARN_ONLY_WITH = {**ONLY_WITH, **PROJECTED, "no_fusion_norm": ("--fusion", lambda p: bool(p["fusion"])),
+                   **{name: ("--gamma auto", lambda p: p["gamma"] == "auto") for name in ("select", "gamma_grid")},
+                   "per_decade": ("--gamma auto over two gammas or more (the default --gamma-grid)",
+                                  lambda p: p["gamma"] == "auto" and not _one_gamma(p["gamma_grid"])),
                    "loo_sample": ("a leave-one-out --select (" + ", ".join(LOO_SELECTS) + ") with --gamma auto",
                                   lambda p: p["gamma"] == "auto" and (p["select"] or o.MODEL.select) in LOO_SELECTS)}
 
