@@ -222,7 +222,11 @@ def to_numpy(array: Any) -> np.ndarray:
 def plain_values(array: Any, what: str = "X") -> Any:
     """A torch tensor as values that every namespace reads alike (anything else as given): detached (no gradient
     flows through a closed-form solve), bfloat16 widened to float32 (exact; NumPy has no bfloat16); refused in a
-    sparse layout, as scikit-learn refuses SciPy's sparse matrices, or on the ``meta`` device, which holds no values."""
+    sparse layout, as scikit-learn refuses SciPy's sparse matrices, or on the ``meta`` device, which holds no values.
+    A NumPy masked array with masked entries is refused: every reader would take the values behind the mask."""
+    if isinstance(array, np.ma.MaskedArray) and np.ma.is_masked(array):
+        raise FoalPipeError(f"{what} has masked (missing) entries, which would be read as the values behind the mask; "
+                            f"fill them ({what}.filled(value)) or drop their rows")
     if not is_torch_array(array):
         return array
     import torch

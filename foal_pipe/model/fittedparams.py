@@ -26,6 +26,10 @@ def same_param(value: Any, fitted: Any) -> bool:
     """Whether a parameter still has the value the state was fitted with (a number, a string, None or a sequence)."""
     if value is None or fitted is None or isinstance(value, str) or isinstance(fitted, str):
         return value is fitted or (isinstance(value, str) and isinstance(fitted, str) and value == fitted)
+    if isinstance(value, (bool, np.bool_)) != isinstance(fitted, (bool, np.bool_)):  # True == 1, but fit refuses one
+        return False
+    if isinstance(fitted, (int, np.integer)) and not isinstance(value, (int, np.integer)):  # 8.0 where fit took 8
+        return False
     return bool(np.array_equal(value, fitted))
 
 

@@ -59,6 +59,9 @@ class UserErrors:
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         if sample_weight is not None:
             check_sample_weight(sample_weight, np.size(host_values(y, "y")))  # a torch tensor's size is a method
+            weights = np.asarray(host_values(sample_weight, "sample_weight"), dtype=np.float64)
+            if not np.isfinite(weights.sum()):  # huge weights overflow the weighted mean: its value is scale-free
+                sample_weight = weights / weights.max()
         try:
             with np.errstate(invalid="ignore"):  # NaN labels' cast warns before scikit-learn refuses them
                 return float(super().score(X, y, sample_weight))  # type: ignore[misc]
@@ -69,6 +72,8 @@ class UserErrors:
 def check_sample_weight(sample_weight: Any, n_labels: int) -> None:
     """Refuse ``score``'s ``sample_weight`` unless one finite real weight >= 0 per label: a negative weight makes the
     weighted accuracy leave [0, 1] (3.2, or 26001 where the weights nearly cancel) with no error from scikit-learn."""
+    if np.ndim(shaped := host_values(sample_weight, "sample_weight")) != 1:
+        raise FoalPipeError(f"sample_weight has shape {np.shape(shaped)}; pass one weight per row, as a 1-D array")
     if (n := np.size(host_values(sample_weight, "sample_weight"))) != n_labels:
         raise FoalPipeError(f"sample_weight has {n} value{'s' * (n != 1)} but y has {n_labels} labels; pass one "
                             "weight per row")
