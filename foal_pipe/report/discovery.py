@@ -79,7 +79,11 @@ def load_run(
         )
     metrics, version = read_metrics_version(run_dir / METRICS_FILE)
     run = Run(path=run_dir, metrics=metrics, metrics_version=version)
-    if sweep is not None:
+    if metrics.head not in (None, "ridge"):  # a gamma sweep is ridge's curve; its heads ran at the sweep's settings
+        if sweep is not None:
+            raise FoalPipeError(f"run {run_dir} is head {metrics.head}'s, and a sweep is ridge's gamma curve (its heads "
+                                f"table, run at the sweep's own settings, is not this run's); drop {param('sweep')}")
+    elif sweep is not None:
         sweep_path = Path(sweep)
         run.sweep_path = sweep_path / SWEEP_FILE if sweep_path.is_dir() else sweep_path
     else:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import pct, summary_of
+from foal_pipe.heads import HEADS
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
@@ -88,7 +89,9 @@ def describe(metrics: LearnMetrics) -> str:
         (f"{_or(m.dtype, '')} {_or(m.backend, '')}".strip() if head and m.engine is None
          else f"engine {_or(m.engine)} {_or(m.dtype, '')} {_or(m.backend, '')}".rstrip()),
     ]
-    if m.activation is not None:
+    if m.head is not None and m.head in HEADS and HEADS[m.head].space == "projected":  # dual: relu and tanh of h
+        parts.append("the head's own activations")
+    elif m.activation is not None:
         parts.append(f"activation {m.activation}")
     if m.n_train_seen is not None:
         parts.append(f"{m.n_train_seen} training samples")

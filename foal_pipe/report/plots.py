@@ -29,8 +29,15 @@ DPI = 110
 
 
 def _title(run: Run) -> str:
+    """The run, its encoder, its head other than ridge with the head's own gamma (none for a head without one), and D."""
+    from foal_pipe.report.markdown import gamma_text
+
     m = run.metrics
-    return f"{_label(run)} · {_encoder(m)} · γ={_or(m.gamma)} · D={_or(m.projection_dim)}"
+    if m.head in (None, "ridge"):
+        return f"{_label(run)} · {_encoder(m)} · γ={_or(m.gamma)} · D={_or(m.projection_dim)}"
+    gamma = gamma_text(m)
+    return " · ".join([_label(run), _encoder(m), str(m.head), *([f"γ={gamma}"] if gamma != "-" else []),
+                       f"D={_or(m.projection_dim)}"])
 
 
 #: Surrogates that stand for no byte (``surrogateescape`` reads byte b as U+DC00 + b, b >= 128): JSON's ``"\ud800"``.
