@@ -90,7 +90,7 @@ def summary(
         str | None,
         typer.Option(help="Group the learn runs into table cells by these keys (comma-separated: head, tasks, dataset, "
                      "encoder, stream, D, gamma, fusion, activation, init, seed, select, options, ratios, mask, dtype, "
-                     "store, dim, classes, rows, drop, encoder_settings, grid, per_decade, loo_sample), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
+                     "store, init_model, dim, classes, rows, drop, encoder_settings, grid, per_decade, loo_sample), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
                      "runs of several class orders; a cell whose runs differ in a setting not grouped by is named in "
                      "a warning. Default: one row per run.",
                      show_default=False, callback=read_by(group_text)),
@@ -109,8 +109,8 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     """``summary --group``: a row per cell of :func:`~foal_pipe.report.grouping.group_cells`."""
     from foal_pipe.errors import FoalPipeError, param
     from foal_pipe.protocol.schema import METRICS_FILE
-    from foal_pipe.report import find_runs, pct
-    from foal_pipe.report.grouping import METRICS, group_cells, mixed_warning, parse_group, repeated_warning
+    from foal_pipe.report import consistency_warnings, find_runs, pct
+    from foal_pipe.report.grouping import METRICS, exact_text, group_cells, mixed_warning, parse_group, repeated_warning
     from foal_pipe.report.readers import as_recomputed
 
     keys = parse_group(group)
@@ -123,6 +123,10 @@ def grouped_table(paths: list[Path], group: str) -> Table:
         skipped(path, message)
 
     found = find_runs(paths, on_error=unreadable)
+    for entry in found:  # as the plain table: the cells use the matrix's numbers
+        for problem in consistency_warnings(entry.metrics) if entry.metrics is not None else ():
+            err_console.print("[bold yellow]Warning:[/] " + escape(f"{entry.path}: {problem}"), highlight=False,
+                              soft_wrap=True)
     runs = [as_recomputed(e.metrics) for e in found if e.metrics is not None]
     if not runs:
         raise FoalPipeError(f"no learn run (metrics.json) under {', '.join(map(str, paths))}, only sweeps: {param('group')} "
@@ -135,7 +139,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     for k in (*keys, "runs", *METRICS):
         table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
     for c in cells:
-        table.add_row(*("-" if v is None else escape(f"{v:g}" if isinstance(v, float) else str(v))  # as gammas show
+        table.add_row(*("-" if v is None else escape(exact_text(v) if isinstance(v, float) else str(v))  # two cells, two keys
                         for v in c["key"].values()), str(c["n"]),  # "-": not recorded
                       *(pct(c[m]["mean"]) + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
                         for m in METRICS))

@@ -70,6 +70,13 @@ RECORDS: dict[str, Callable[[LearnMetrics], dict[str, str]]] = {"encoder_setting
 
 #: What runs can be grouped by: each a run's value of it. Every recorded setting but the class order (``tasks``'
 #: classes) and its seed: a cell whose runs differ in one left out of ``--group`` is named (:func:`mixed_settings`).
+def exact_text(value: float) -> str:
+    """A float as its shortest exact text, without a trailing ``.0`` (``1``, ``1.0000001``): ``:g``'s six digits
+    showed two gammas of two cells as one key."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
 GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "head": lambda m: m.head or "ridge",
     "tasks": lambda m: len(m.accuracy_matrix) if m.n_tasks is None else m.n_tasks,
@@ -88,13 +95,15 @@ GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "mask": lambda m: m.mask_unseen,
     "dtype": lambda m: m.dtype,
     "store": lambda m: m.features,
+    # a continued run (learn --init-model) starts from its model's state: not another class order of a fresh run
+    "init_model": lambda m: (m.continuation.init_model if m.continuation is not None else None) or "none",
     "dim": lambda m: m.feature_dim,
     "classes": _classes,
     "rows": _rows,
     "drop": _drop,
     "encoder_settings": lambda m: ", ".join(f"{k}={v}" for k, v in _encoder_settings(m).items()) if m.encoder else None,
     # --gamma auto's search beyond its criterion: runs of another grid or density choose other gammas
-    "grid": lambda m: None if m.gamma_grid is None else ",".join(f"{g:g}" for g in m.gamma_grid),
+    "grid": lambda m: None if m.gamma_grid is None else ",".join(map(exact_text, m.gamma_grid)),
     "per_decade": lambda m: None if m.gamma_search is None else m.gamma_search.per_decade,
     "loo_sample": lambda m: None if m.gamma_search is None else m.gamma_search.loo_sample,
 }
