@@ -474,12 +474,24 @@ def run(args: list[Any]) -> None:
     app(args, prog_name="foal-pipe")
 
 
-def main(command: Callable[[str, dict[str, Any]], list[Any]], stage: str | None) -> None:
-    """Run ``command(NAME, settings)`` for the script's only argument (dvc.yaml's ``${key}``), ``settings`` read from
-    ``stage``'s settings file alone (:func:`read_settings`; ``None``: a stage that reads no settings gets ``{}``)."""
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})")
-    name = sys.argv[1]
+def run_name(stage: str) -> str:
+    """The run this script runs: its one argument (``python stages/learn.py NAME``, by hand) or, under ``dvc repro``
+    (no argument), DVC's ``DVC_STAGE`` (``learn@NAME``). dvc.yaml's commands hold no ``${key}``: DVC pastes it into
+    the shell's command line unescaped, so a run name could have run a command before any check of it."""
+    usage = f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})"
+    if len(sys.argv) == 2:
+        return sys.argv[1]
+    address = os.environ.get("DVC_STAGE", "").rsplit(":", 1)[-1]  # `dvc.yaml:learn@NAME` where another file is named
+    if len(sys.argv) != 1 or not address.startswith(f"{stage}@"):
+        sys.exit(usage)
+    return address.removeprefix(f"{stage}@")
+
+
+def main(command: Callable[[str, dict[str, Any]], list[Any]], stage: str | None, script: str | None = None) -> None:
+    """Run ``command(NAME, settings)`` for the run :func:`run_name` gives (``script``: the stage's name in dvc.yaml,
+    default ``stage``), ``settings`` read from ``stage``'s settings file alone (:func:`read_settings`; ``None``: a
+    stage that reads no settings gets ``{}``)."""
+    name = run_name(script or stage or "")
     try:
         check_name(name)
         settings = {} if stage is None else read_settings(name, stage)

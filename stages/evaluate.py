@@ -17,4 +17,4 @@ def command(name: str, settings: dict[str, Any]) -> list[Any]:
 
 
 if __name__ == "__main__":
-    main(command, None)
+    main(command, None, "evaluate")

@@ -33,6 +33,7 @@ from _params import (
     extract_spec,
     number_text,
     resolve,
+    run_name,
     stage_settings,
     table_check,
     table_command,
@@ -388,10 +389,9 @@ def write(name: str, settings: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python {sys.argv[0]} NAME  (a run under `datasets` in {PARAMS.name})")
+    name = run_name("settings")
     try:
-        write(sys.argv[1], checked(load_params(), sys.argv[1]))
+        write(name, checked(load_params(), name))
     except ParamsError as exc:
         sys.exit(f"Error: {exc}")
 

@@ -102,11 +102,13 @@ def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_dvc_repro_runs_no_command_hidden_in_a_run_name(tmp_path):
+@pytest.mark.parametrize("name", ["x;touch INJECTED;true", "x';touch INJECTED;'"])
+def test_dvc_repro_runs_no_command_hidden_in_a_run_name(tmp_path, name):
     """`dvc repro` with a run named `x;touch INJECTED;true` ran `touch INJECTED` in the repository (and settings.py got
-    the run `x`); the stage commands must pass the name as one argument, which settings.py then refuses."""
+    the run `x`); quoting `'${key}'` in dvc.yaml stopped that one, not a name holding `'` (DVC pastes the key
+    unescaped). The commands now hold no name: each script reads it from DVC_STAGE, then refuses it."""
     params = params_with()
-    params["datasets"] = {"x;touch INJECTED;true": {"dataset": "digits"}}
+    params["datasets"] = {name: {"dataset": "digits"}}
     repo = _dvc_repo(tmp_path / "repo", yaml.safe_dump(params))
     done = _dvc(repo, "repro")
     assert done.returncode != 0
