@@ -189,3 +189,12 @@ def test_extract_that_cannot_write_its_lock_leaves_no_lock_file(tmp_path):
                        "cpu", "--workers", "0"], tmp_path, fsize=0)
     assert_one_line_failure(proc)
     assert sorted(os.listdir(parent)) == [] and left == []
+
+
+def test_a_table_that_cannot_keep_its_first_run_leaves_no_empty_kept_folder(store, tmp_path):
+    """`table` under a file-size limit of 0: its first kept run cannot be written, and the folder of kept runs that
+    the write made was left beside --out, empty."""
+    proc, left = foal(["table", "--features", store, "--heads", "ridge,ncm", "--order-seeds", "0,1", "--tasks", "3",
+                       "--projection-dim", "20", "--gamma", "1", "--out", tmp_path / "t"], tmp_path, fsize=0)
+    assert_one_line_failure(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmpdir"] and left == []

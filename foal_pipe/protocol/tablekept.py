@@ -5,6 +5,7 @@ run again, not trusted."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -207,7 +208,12 @@ class KeptRuns:
         """Keep ``record`` and the lines its run ``said`` (its warnings, said again when it is resumed)."""
         if key is not None:  # None: the store's content cannot be told, so the run is not kept
             kept = {**record, SAID_KEY: list(said)} if said else record
-            write_json(self.path / f"{key}.json", {**kept, CHECKSUM_KEY: kept_checksum(key, kept)})
+            try:
+                write_json(self.path / f"{key}.json", {**kept, CHECKSUM_KEY: kept_checksum(key, kept)})
+            except BaseException:  # the folder the write made is not left behind holding no run (rmdir: if empty)
+                with contextlib.suppress(OSError):
+                    self.path.rmdir()
+                raise
 
     def clear(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
