@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
-import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -49,55 +49,34 @@ def _evaluate(runs: Path, head: str, name: str, *more: str):
     return runner.invoke(app, ["evaluate", "--run", str(runs / head), "--out", str(out), *more]), out
 
 
-def _refused(result) -> bool:
-    """A one-line refusal (exit 1, ``Error: ...``, no traceback)."""
-    return result.exit_code == 1 and result.output.startswith("Error: ") and "Traceback" not in result.output
+def _refused_naming_the_sweep(result, out: Path) -> None:
+    """One line (exit 1, ``Error: ...``, no traceback) that names --sweep, and nothing written at --out."""
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "--sweep" in result.output, result.output
+    assert not out.exists()
 
 
-@pytest.mark.parametrize("head", ["ncm", "cosine", "fecam", "slda"])
-def test_ridge_gamma_sweep_is_not_reported_for_a_head_without_gamma(runs: Path, head: str) -> None:
-    """`evaluate --run <ncm run> --sweep <ridge sweep>` writes a "Gamma sweep" section ("Selected gamma: 1") and
-    gamma.png/gamma.csv into the ncm run's summary: a gamma curve of a head the run did not use, for a head that has
-    no gamma. Expected: refused with one line, or no gamma section, plot or CSV."""
-    result, out = _evaluate(runs, head, f"{head}-sw", "--sweep", str(runs / "sw"))
-    if _refused(result):
-        return
+@pytest.mark.parametrize(("head", "sweep"), [("ncm", "sw"), ("cosine", "sw"), ("fecam", "sw"), ("slda", "sw"),
+                                             ("balanced", "sw"), ("ncm", "sw2")])
+def test_a_sweep_is_refused_for_a_heads_run(runs: Path, head: str, sweep: str) -> None:
+    """A gamma sweep is ridge's curve, and a `sweep --heads` table ran at the sweep's own settings. With a head's run
+    they were reported as the run's: ncm, cosine, fecam and slda got a "Selected gamma: 1" section and gamma.png for
+    a head without a gamma; balanced was shown ridge's A_avg 88.52 at its own gamma beside its own 88.53; a
+    `sweep --heads ridge,ncm` row showed ncm on the store's features, 89.99, beside the run's ncm on activations,
+    84.96. Now refused in one line."""
+    result, out = _evaluate(runs, head, f"{head}-{sweep}", "--sweep", str(runs / sweep))
+    _refused_naming_the_sweep(result, out)
+
+
+def test_a_sweep_beside_a_heads_run_is_left_out(runs: Path, tmp_path: Path) -> None:
+    """A ridge sweep where `evaluate` looks for the run's own (RUN-sweep) was taken as an ncm run's gamma curve."""
+    shutil.copytree(runs / "ncm", tmp_path / "ncm")
+    shutil.copytree(runs / "sw", tmp_path / "ncm-sweep")
+    result = runner.invoke(app, ["evaluate", "--run", str(tmp_path / "ncm"), "--out", str(tmp_path / "ev")])
     assert result.exit_code == 0, result.output
-    text = (out / "summary.md").read_text()
-    assert "Gamma sweep" not in text and "Selected gamma" not in text, [x for x in text.splitlines() if "gamma" in x]
-    assert not (out / "gamma.png").exists() and not (out / "gamma.csv").exists()
-
-
-def test_ridge_gamma_sweep_is_not_reported_as_a_balanced_runs_curve(runs: Path) -> None:
-    """A balanced run (AIR, its own gamma 1) evaluated with a ridge sweep: summary.md's gamma table marks gamma 1
-    "selected" with A_avg 88.52 (ridge's), while the run's own A_avg at gamma 1, above it, is another number: the
-    curve is ridge's, not the balanced head's. Expected: refused, or no gamma section claiming the run's gamma."""
-    result, out = _evaluate(runs, "balanced", "balanced-sw", "--sweep", str(runs / "sw"))
-    if _refused(result):
-        return
-    assert result.exit_code == 0, result.output
-    text = (out / "summary.md").read_text()
-    a_avg = json.loads((runs / "balanced" / "metrics.json").read_text())["A_avg"]
-    selected = re.search(r"Selected gamma: \S+ .*\(test A_avg ([\d.]+)%\)", text)
-    assert selected is None or abs(float(selected.group(1)) - 100 * a_avg) < 0.006, (selected.group(0), a_avg)
-
-
-def test_heads_sweep_row_of_the_runs_head_is_the_runs(runs: Path) -> None:
-    """`evaluate --run <ncm run on activations, D 64> --sweep <sweep --heads ridge,ncm>` is accepted and its "Heads"
-    table shows ncm at A_avg 89.99 beside the run's own ncm A_avg 84.96 in the same summary.md, with nothing saying
-    the sweep's ncm read the store's features (sweep.json heads.ncm.rows "features") and the run the activations.
-    Expected: refused, or the ncm row is the run's own numbers, or it says which rows it scored."""
-    result, out = _evaluate(runs, "ncm", "ncm-sw2", "--sweep", str(runs / "sw2"))
-    if _refused(result):
-        return
-    assert result.exit_code == 0, result.output
-    text = (out / "summary.md").read_text()
-    a_avg = json.loads((runs / "ncm" / "metrics.json").read_text())["A_avg"]
-    row = next((line for line in text.splitlines() if line.startswith("| ncm |")), None)
-    if row is None:
-        return
-    shown = float(row.split("|")[2])
-    assert abs(shown - 100 * a_avg) < 0.006 or "features" in row, (row, a_avg)
+    text = (tmp_path / "ev" / "summary.md").read_text()
+    assert "Gamma sweep" not in text and "Selected gamma" not in text and "foal-pipe sweep" not in text, text
+    assert not (tmp_path / "ev" / "gamma.png").exists()
 
 
 def test_no_sweep_note_does_not_ask_an_ncm_run_for_a_gamma_sweep(runs: Path) -> None:
