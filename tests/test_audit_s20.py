@@ -337,7 +337,7 @@ def test_summary_group_names_runs_of_another_search(tmp_path, blobs):
     result = invoke("summary", tmp_path / "runs", "--group", "head")
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert "per_decade (0, 8)" in said and "grid (0.0001,0.001,0.01,0.1,1,10,100,1000,10000,100000,1e+06,1e+07,1e+08, " \
+    assert "per_decade (0, 8)" in said and "grid (0.0001,0.001,0.01,0.1,1,10,100,1000,10000,100000,1000000,10000000,100000000, " \
         "0.01,100)" in said, said
     split = invoke("summary", tmp_path / "runs", "--group", "head,grid,per_decade")
     assert split.exit_code == 0 and "Warning" not in split.output, split.output

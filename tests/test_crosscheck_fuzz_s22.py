@@ -96,7 +96,7 @@ class Config:
                  "--engine": self.engine if self.engine != "gram" else None,
                  "--stream": self.stream if self.stream != "disjoint" else None,
                  "--disjoint-ratio": str(self.ratios[0]) if self.stream != "disjoint" else None,
-                 "--blurry-ratio": str(self.ratios[1]) if self.stream != "disjoint" else None,
+                 "--blurry-ratio": str(self.ratios[1]) if self.stream != "disjoint" and self.ratios[0] < 100 else None,
                  "--class-order": self.order_file or None, "--fusion": self.fusion,
                  "--eval-every": str(self.eval_every) if self.eval_every else None}
         out += [part for flag, value in flags.items() if value is not None for part in (flag, value)]

@@ -115,11 +115,15 @@ class SweepCase:
         out += ["--class-order", self.order_file] if self.class_order else []
         return out
 
+    def per_decade_args(self) -> list[str]:
+        """``--per-decade``, refused over one gamma (no range to refine)."""
+        return ["--per-decade", str(self.per_decade)] if len(self.gammas) > 1 else []
+
     def loo_args(self) -> list[str]:
         return {"none": [], "default": [], "sample": ["--loo-sample", "25"], "exact": ["--loo-sample", "0"]}[self.loo]
 
     def sweep_args(self) -> list[str]:
-        out = [*self.common(), "--gammas", ",".join(map(repr, self.gammas)), "--per-decade", str(self.per_decade),
+        out = [*self.common(), "--gammas", ",".join(map(repr, self.gammas)), *self.per_decade_args(),
                *self.loo_args(), "--backend", "numpy"]
         seeds = ",".join(map(str, self.orders))
         out += ["--order-seeds", seeds] if len(self.orders) > 1 else ["--order-seed", seeds]
@@ -266,7 +270,7 @@ def check_auto(store: Path, root: Path, case: SweepCase, report: dict, fusion: s
     for selection in report.get("selections") or []:
         name = selection["criterion"]
         args = [*case.common(), *case.fusion_args(fusion), "--gamma", "auto", "--select", name, "--gamma-grid", grid,
-                "--per-decade", str(case.per_decade), "--order-seed", str(case.orders[0])]
+                *case.per_decade_args(), "--order-seed", str(case.orders[0])]
         args += case.loo_args() if name != "gcv" else []
         metrics = learned(store, root / name, *args)
         search = metrics["gamma_search"]
