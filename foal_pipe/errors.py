@@ -46,6 +46,13 @@ THREAD_FAILURE = ("a thread could not start (can't start new thread): the proces
                   "it (`ulimit -v`, `ulimit -u`, a container's memory or pids limit) or close other programs, then re-run")
 
 
+def limit_fix(exc: OSError, otherwise: str, then: str = "") -> str:
+    """The fix for a failed I/O call: the limit the process ran into (:data:`LIMIT_FIXES`) followed by ``then``, else
+    ``otherwise`` (the place's own fix)."""
+    limit = LIMIT_FIXES.get(exc.errno or 0)
+    return otherwise if limit is None else limit + then
+
+
 def limit_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is the process at one of its limits (:data:`LIMIT_FIXES`, a thread that cannot start), which no
     fix of a file or of the data can help: readers let it through instead of calling the store damaged."""

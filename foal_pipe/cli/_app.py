@@ -34,7 +34,7 @@ except ImportError:  # older typer: click itself
     from click.globals import get_current_context  # type: ignore[assignment, no-redef]
 
 from foal_pipe.cli.flags import cli_form
-from foal_pipe.errors import LIMIT_FIXES, NO_VALUE, THREAD_FAILURE, FoalPipeError, thread_failure
+from foal_pipe.errors import NO_VALUE, THREAD_FAILURE, FoalPipeError, limit_fix, thread_failure
 
 # A store node without its zarr.json: zarr warns on stderr in several lines, and the readers refuse the store in one
 warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a component of a Zarr hierarchy")
@@ -418,8 +418,7 @@ def os_error_message(exc: OSError) -> str:
     paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None) or _stdout_of(exc)
     reason = " ".join((exc.strerror or str(exc) or type(exc).__name__).split())
     code = errno.errorcode.get(exc.errno or 0)
-    limit = LIMIT_FIXES.get(exc.errno or 0)
-    fix = "check the path, its permissions and the free space" if limit is None else f"{limit}, then re-run"
+    fix = limit_fix(exc, "check the path, its permissions and the free space", ", then re-run")
     return f"{paths + ': ' if paths else ''}{reason}{f' ({code})' if code else ''}; {fix}"
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.durable import changed_at, fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
-from foal_pipe.errors import LIMIT_FIXES, FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, limit_fix, param
 from foal_pipe.io.outpaths import _check_kind, _check_parents, _probe_parent, _refuse_dots, check_not_an_input, follow_link
 from foal_pipe.io.temporaries import _JOURNAL, _OLD, _TEMP_EXTRA, _is_folder, _read_journal, _remove
 
@@ -59,8 +59,7 @@ def _io_error(path: Path, exc: OSError, fix: str, note: str = "") -> WriteError:
     and ``note``."""
     reason = exc.strerror or type(exc).__name__
     code = errno.errorcode.get(exc.errno or 0)
-    limit = LIMIT_FIXES.get(exc.errno or 0)
-    fix = fix if limit is None else f"{limit}, then re-run"
+    fix = limit_fix(exc, fix, ", then re-run")
     return WriteError(f"cannot write {path}: {reason}{f' ({code})' if code else ''}; {fix}{note}", path, exc)
 
 

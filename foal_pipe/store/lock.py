@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from foal_pipe.durable import pid_alive
-from foal_pipe.errors import LIMIT_FIXES, FoalPipeError, param
+from foal_pipe.errors import FoalPipeError, limit_fix, param
 
 LOCK_SUFFIX = ".lock"
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
@@ -106,7 +106,7 @@ def _lock_error(verb: str, lock: Path, exc: OSError) -> FoalPipeError:
     """Why the lock file could not be created or written, and the fix: the limit the process ran into
     (:data:`~foal_pipe.errors.LIMIT_FIXES`), else a writable place."""
     code = errno.errorcode.get(exc.errno or 0)
-    fix = LIMIT_FIXES.get(exc.errno or 0) or f"choose a writable location ({param('out')})"
+    fix = limit_fix(exc, f"choose a writable location ({param('out')})")
     return FoalPipeError(f"cannot {verb} the lock file {lock}: {exc.strerror or exc}{f' ({code})' if code else ''}; {fix}")
 
 

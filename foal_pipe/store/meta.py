@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import zarr
 
-from foal_pipe.errors import LIMIT_FIXES, FoalPipeError, clipped, limit_failure, param
+from foal_pipe.errors import FoalPipeError, clipped, limit_failure, limit_fix, param
 from foal_pipe.io import UNLABELLED as UNLABELLED
 from foal_pipe.io.outpaths import STORE_FORMAT
 from foal_pipe.store.blockfusion import NORMS, FinalNorm
@@ -318,7 +318,7 @@ def writing(path: Path, what: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        fix = LIMIT_FIXES.get(exc.errno or 0, "free some space or make it writable")
+        fix = limit_fix(exc, "free some space or make it writable")
         raise FoalPipeError(f"cannot write {what} of {path}: {exc.strerror or exc}; {fix}, then re-run the same command "
                             "(a store resumes after its last chunk)") from None
 
