@@ -58,8 +58,7 @@ class UserErrors:
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         if sample_weight is not None:
-            check_sample_weight(sample_weight, np.size(host_values(y, "y")))  # a torch tensor's size is a method
-            weights = np.asarray(host_values(sample_weight, "sample_weight"), dtype=np.float64)
+            weights = check_sample_weight(sample_weight, np.size(host_values(y, "y"))).astype(np.float64)  # torch: size()
             if not np.isfinite(weights.sum()):  # huge weights overflow the weighted mean: its value is scale-free
                 sample_weight = weights / weights.max()
         try:
@@ -69,20 +68,23 @@ class UserErrors:
             raise as_user_error(exc) from None
 
 
-def check_sample_weight(sample_weight: Any, n_labels: int) -> None:
-    """Refuse ``score``'s ``sample_weight`` unless one finite real weight >= 0 per label: a negative weight makes the
-    weighted accuracy leave [0, 1] (3.2, or 26001 where the weights nearly cancel) with no error from scikit-learn."""
-    if np.ndim(shaped := host_values(sample_weight, "sample_weight")) != 1:
-        raise FoalPipeError(f"sample_weight has shape {np.shape(shaped)}; pass one weight per row, as a 1-D array")
-    if (n := np.size(host_values(sample_weight, "sample_weight"))) != n_labels:
+def check_sample_weight(sample_weight: Any, n_labels: int) -> np.ndarray:
+    """``score``'s ``sample_weight`` as a NumPy array, refused unless one finite real weight >= 0 per label: a
+    negative weight makes the weighted accuracy leave [0, 1] (3.2, or 26001 where the weights nearly cancel) with no
+    error from scikit-learn."""
+    given = host_values(sample_weight, "sample_weight")
+    if np.ndim(given) != 1:
+        raise FoalPipeError(f"sample_weight has shape {np.shape(given)}; pass one weight per row, as a 1-D array")
+    if (n := np.size(given)) != n_labels:
         raise FoalPipeError(f"sample_weight has {n} value{'s' * (n != 1)} but y has {n_labels} labels; pass one "
                             "weight per row")
-    weights = np.asarray(host_values(sample_weight, "sample_weight"))
+    weights = np.asarray(given)
     if weights.dtype.kind not in "biuf":
         raise FoalPipeError(f"sample_weight holds {weights.dtype} values, not numbers; pass one real weight >= 0 per row")
     if not np.isfinite(weights).all() or (weights < 0).any():
         raise FoalPipeError("sample_weight holds a negative weight, NaN or inf, which give no weighted accuracy (a "
                             "negative weight can push it outside [0, 1]); pass finite weights >= 0")
+    return weights
 
 
 def state_array(X: Any, backend: str, like: Any, dtype: Any = None) -> Any:
