@@ -88,7 +88,7 @@ YAML_KINDS: dict[type, str] = {int: "an integer", float: "a number", bool: "a bo
                               date: "a date", datetime: "a date and time"}
 
 
-#: What a run name may hold: a folder name, and one word of the shell command DVC runs for each stage.
+#: What a run name may hold: a folder name, a DVC stage's (``learn@NAME``) and one word of a command typed by hand.
 NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -98,16 +98,16 @@ class Quoted(str):
 
 def check_name(name: str) -> None:
     """Refuse a run name that is not one plain folder name: it names data/features/NAME.zarr and runs/NAME, so
-    ``../esc`` would write outside runs/ and ``..`` into the repository root; and one word of a shell command, which
-    dvc.yaml makes of it (``my run`` would reach a stage as two words, ``x;touch y`` run ``touch``)."""
+    ``../esc`` would write outside runs/ and ``..`` into the repository root; and one plain word, as it names DVC's
+    stages (``learn@NAME``) and is typed after ``python stages/learn.py`` by hand (``my run`` would be two words)."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("-"):
         raise ParamsError(f"the run name {name!r} under `datasets` in {PARAMS} is not a plain folder name (it names "
                           f"data/features/NAME.zarr and runs/NAME/); rename it: no '/' or '\\', not '.' or '..', "
                           f"not empty, no leading '-'")
     if not NAME_CHARS.fullmatch(name):
-        raise ParamsError(f"the run name {name!r} under `datasets` in {PARAMS} is not one word of a command line (dvc.yaml "
-                          "passes it to each stage's shell command); rename it with letters, digits, '.', '_' and '-' "
-                          "alone")
+        raise ParamsError(f"the run name {name!r} under `datasets` in {PARAMS} is not one plain word (it names folders, "
+                          "DVC's stages, learn@NAME, and a stage script's argument); rename it with letters, digits, '.', "
+                          "'_' and '-' alone")
 
 
 

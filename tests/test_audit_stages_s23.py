@@ -67,13 +67,14 @@ def test_a_run_name_yaml_reads_as_no_string_is_one_line(tmp_path, entry, name):
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. A run name the shell splits or runs: dvc.yaml's `python stages/settings.py ${key}` is a shell command line
+# 2. A run name the shell splits or runs: dvc.yaml's `python stages/settings.py ${key}` was a shell command line
 
 
 @pytest.mark.parametrize("name", ["my run", "x;touch INJECTED;true", "a$HOME", "tab\there", "new\nline", "b`id`"])
 def test_a_run_name_that_is_no_single_shell_word_is_refused(tmp_path, name):
-    """It names runs/NAME and data/features/NAME.zarr, and DVC pastes it unquoted into each stage's shell command:
-    `my run` reached settings.py as two arguments (a bare usage line), `x;touch INJECTED;true` ran `touch`."""
+    """It names runs/NAME and data/features/NAME.zarr, and DVC pasted it unquoted into each stage's shell command:
+    `my run` reached settings.py as two arguments (a bare usage line), `x;touch INJECTED;true` ran `touch`. The
+    commands hold no name now; the name is still one plain word, refused before anything is written."""
     params = params_with()
     params["datasets"] = {name: {"dataset": "digits"}}
     _refused(_settings(tmp_path, name, yaml.safe_dump(params)), "run name")
