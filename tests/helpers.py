@@ -534,16 +534,16 @@ def blob_store(path: Path, rng: np.random.Generator, centres: np.ndarray, weight
                        blocks=(train, test) if blocks else None, norm=norm if blocks else None)
 
 
-def interrupt_after(monkeypatch, chunks: int):
-    """Make ``FeatureWriter.write`` stop the run by Ctrl-C once ``chunks`` chunks are written (an extraction stopped
-    partway, resumable); returns the real ``write``."""
+def interrupt_after(monkeypatch, chunks: int, error: type[BaseException] = KeyboardInterrupt):
+    """Make ``FeatureWriter.write`` stop the run by ``error`` (Ctrl-C by default) once ``chunks`` chunks are written
+    (an extraction stopped partway, resumable); returns the real ``write``."""
     import foal_pipe.store as st
 
     real, calls = st.FeatureWriter.write, []
 
     def write(writer, lo, block):
         if len(calls) == chunks:
-            raise KeyboardInterrupt
+            raise error
         calls.append(lo)
         real(writer, lo, block)
 

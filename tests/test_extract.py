@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import TINY_VIT, TINY_VIT_KWARGS, assert_identical_stores, make_image_tree
+from helpers import TINY_VIT, TINY_VIT_KWARGS, assert_identical_stores, interrupt_after, make_image_tree
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -95,16 +95,7 @@ class Boom(Exception):
 def test_resume_after_an_exception_gives_an_identical_store(tmp_path, monkeypatch, vit_reference, tiny_vit_checkpoint,
                                                              fail_at):
     spec = _vit(tmp_path / "digits.zarr", tiny_vit_checkpoint)
-    calls = []
-    real_write = st.FeatureWriter.write
-
-    def failing_write(writer, lo, block):
-        if len(calls) == fail_at:
-            raise Boom
-        calls.append(lo)
-        real_write(writer, lo, block)
-
-    monkeypatch.setattr(st.FeatureWriter, "write", failing_write)
+    real_write = interrupt_after(monkeypatch, fail_at, Boom)
     with pytest.raises(Boom):
         run_extract(spec)
     monkeypatch.setattr(st.FeatureWriter, "write", real_write)
