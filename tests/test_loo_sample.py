@@ -217,7 +217,8 @@ def test_tridiagonal_scores_and_leverages_equal_the_eigen_ones(data):
 
 def test_sampled_rows_kept_or_projected_again_give_the_same_bytes(tmp_path, store, monkeypatch):
     """The sampled rows' activations kept in memory, or projected again from the cached rows at every boundary
-    (a --max-memory below their size): the same bytes; only the sampled rows are projected again."""
+    (a --max-memory below their size): the same bytes, since the blocks holding sampled rows are projected again
+    whole, as the Gram pass projected them (never more than the rows seen)."""
     import foal_pipe.protocol.learners.gram as gram
 
     projected = []
@@ -232,7 +233,7 @@ def test_sampled_rows_kept_or_projected_again_give_the_same_bytes(tmp_path, stor
     assert written["8GiB"] == written["1KiB"]
     sizes = [len(r) for r in build_stream(read(store)[1], N_CLASSES, 4, 10, 3).rows]
     assert counts["8GiB"] == sum(sizes)
-    assert counts["1KiB"] == sum(sizes) + sum(min(40, e) for e in np.cumsum(sizes))
+    assert sum(sizes) + sum(min(40, e) for e in np.cumsum(sizes)) < counts["1KiB"] <= sum(sizes) + sum(np.cumsum(sizes))
 
 
 def test_the_memory_estimate_counts_only_the_rows_ever_sampled(store, monkeypatch):

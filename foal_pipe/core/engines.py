@@ -177,8 +177,13 @@ class RLSEngine:
             f"the RLS update is singular (an ill-conditioned system, or features too large for it); use a larger "
             f"{param('gamma')} or scale the features"
         )).T
-        self.W = self.W + RHtK @ (Y - H @ self.W)  # a new array: a weights_ read before keeps the values it had
-        self.R -= RHtK @ RHt.T
+        # new arrays, both formed before either is set: a weights_ read before keeps the values it had, and a state
+        # that cannot be written (a read-only memory map of a saved learner) is never left half-stepped
+        W = self.W + RHtK @ (Y - H @ self.W)
+        R = RHtK @ RHt.T
+        R *= -1.0
+        R += self.R  # R - U, in U's memory: the same bits
+        self.W, self.R = W, R
         self._pending.append((xp.asarray(H, copy=True), np.asarray(labels).ravel()))
         if sum(h.shape[0] for h, _ in self._pending) >= VERIFY_ROWS:
             self._gather()

@@ -299,8 +299,10 @@ class FeCAMHead(HeadBase):
             if not bool(xp.all(xp.isfinite(S))):
                 if self.shrinkage > 0:  # shrinkage adds a share of the mean variance, which is zero here
                     raise ClassRefused(c, lambda name: f"fecam: class {name} has no variance in any dimension (its "
-                                       "training rows are all the same), so no shrinkage gives it a covariance; use "
-                                       f"another head (e.g. {param('head', 'slda')}) or rows that vary")
+                                       "training rows, L2-normalised as fecam takes them, are all the same: rows that "
+                                       "differ only in length, positive multiples of one row), so no shrinkage gives "
+                                       f"it a covariance; use another head (e.g. {param('head', 'slda')}) or rows "
+                                       "that vary in direction")
                 raise ClassRefused(c, lambda name: f"fecam: class {name} has a dimension of zero variance, which "
                                    f"normalising divides by; use {param('shrinkage', FECAM_SHRINKAGE)} (> 0)")
             precision = symmetric_pinv(S, eigenvalue_floor(C, self.shrinkage, self.shrinkage_offdiag))

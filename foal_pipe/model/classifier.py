@@ -253,12 +253,18 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         check_label_kinds(self.classes_, other.classes_, (
             "cannot merge a classifier of labels of kind {new} into one of labels of kind {old}; use one kind of label "
             "(integer ids or names)"))
+        names = [getattr(c, "feature_names_in_", None) for c in (self, other)]
+        if names[0] is not None and names[1] is not None and list(names[0]) != list(names[1]):
+            raise FoalPipeError("cannot merge classifiers fitted on other feature names or another column order (the sums "
+                                "of different columns would be added); fit both on the same columns in the same order")
         merged = AnalyticClassifier.from_statistics(
             self.statistics_ + other.statistics_, gamma=mine["gamma"], dtype=mine["dtype"], gamma_grid=mine["gamma_grid"],
             per_decade=mine["per_decade"])
         with_rows = np.union1d(np.setdiff1d(self.classes_, self._without_rows()),
                                np.setdiff1d(other.classes_, other._without_rows()))
         merged._rowless = np.setdiff1d(merged.classes_, with_rows)  # known even where the counts are not
+        if names[0] is not None and names[1] is not None:  # the columns both were checked against, checked on
+            merged.feature_names_in_ = names[0]
         return merged
 
     @classmethod

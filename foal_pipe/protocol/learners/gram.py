@@ -6,7 +6,7 @@ tasks 1..k (their :class:`KeptActivations`, when kept), every task's sums from D
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -135,6 +135,11 @@ class KeptActivations:
             raise internal_error("kept activations read by sample position, but every row was kept")
         xp = array_namespace(self.values)
         return xp.take(self.values, xp.asarray(self.slot[positions], device=device(self.values)), axis=0)
+
+
+def _joined(parts: list[Any]) -> Any:
+    """Blocks of rows, one after the other (one block: itself)."""
+    return parts[0] if len(parts) == 1 else array_namespace(parts[0]).concat(parts, axis=0)
 
 
 def _project(run: Run, X: Any) -> Any:
@@ -322,13 +327,11 @@ class GramLearner(Learner):
         run, kept = self.run, self.kept
         if self.sample is not None:
             chosen_all = np.sort(self._walk_of[self.sample.boundaries[k]])  # in walk order
-            for lo in range(0, chosen_all.size, run.block_rows):
-                chosen = chosen_all[lo : lo + run.block_rows]
+            for chosen, activations in self._sampled(k, rows, chosen_all):
                 labels = rows.labels[self.positions[chosen]]
                 for key, lane in self.lanes.items():
-                    H = kept[key].rows(chosen) if kept is not None else self._activations(rows, key, self.positions[chosen])
                     with run.timed("loo"):
-                        lane.add_loo(H, labels)
+                        lane.add_loo(activations[key], labels)
                 advance(chosen.size)
             return
         for t in range(k + 1):
@@ -339,6 +342,38 @@ class GramLearner(Learner):
                     with run.timed("loo"):
                         lane.add_loo(H, labels)
                 advance(stop - start)
+
+    def _sampled(self, k: int, rows: GroupedRows, chosen_all: np.ndarray) -> Iterator[tuple[np.ndarray, dict[str | None, Any]]]:
+        """The sampled walk positions ``chosen_all`` (sorted) of tasks 1..k in chunks of ``block_rows``, with each lane's
+        activations: the kept ones, or else projected again in the Gram pass's own blocks and taken from them. BLAS
+        rounds a row of a product by the shape of the block it is in, so projecting the sampled rows alone would move
+        the last bits of what leave-one-out records; the whole blocks give the kept rows' bits (the same bytes on both
+        routes). With Dask the Gram pass ran on the cluster, so its sampled rows are projected alone."""
+        size, kept = self.run.block_rows, self.kept
+        if kept is not None or self.dask:
+            for lo in range(0, chosen_all.size, size):
+                chosen = chosen_all[lo : lo + size]
+                yield chosen, {key: kept[key].rows(chosen) if kept is not None
+                               else self._activations(rows, key, self.positions[chosen]) for key in self.lanes}
+            return
+        parts: dict[str | None, list[Any]] = {key: [] for key in self.lanes}
+        held = done = 0
+        for t in range(k + 1):
+            for start, stop, positions in self.blocks.blocks(t):
+                a, b = (int(i) for i in np.searchsorted(chosen_all, (start, stop)))
+                if a == b:
+                    continue
+                for key in self.lanes:
+                    H = self._activations(rows, key, positions)
+                    xp = array_namespace(H)
+                    parts[key].append(xp.take(H, xp.asarray(chosen_all[a:b] - start, device=device(H)), axis=0))
+                held += b - a
+                while held >= size or (held and done + held == chosen_all.size):
+                    take = min(size, held)
+                    joined = {key: _joined(p) for key, p in parts.items()}
+                    yield chosen_all[done : done + take], {key: H[:take] for key, H in joined.items()}
+                    parts = {key: [H[take:]] if take < held else [] for key, H in joined.items()}
+                    held, done = held - take, done + take
 
 
 def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
