@@ -2,7 +2,8 @@
 known class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the
 model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.learner`, :data:`PARTS`);
 both parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner. The model fixes everything
-its sums depend on: the projection, the activation, the fusion, gamma (or its grid) and the dtype.
+its sums depend on (the projection, the activation, the fusion and the dtype) and gamma (or its grid), which the
+stream goes on with.
 
 Ridge: the saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
 walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at
@@ -47,7 +48,7 @@ from foal_pipe.protocol.learners.heads import HeadsLearner
 from foal_pipe.protocol.learnkinds import warn_auto_edges
 from foal_pipe.protocol.loosample import RowSample
 from foal_pipe.protocol.metricsparts import AllClasses, Continuation, StoreScore, TaskScore
-from foal_pipe.protocol.newrows import check_new_rows, label_map
+from foal_pipe.protocol.newrows import check_new_rows, label_map, unshown_images
 from foal_pipe.protocol.outputs import provenance, write_learned
 from foal_pipe.protocol.records import Learned, accuracy_report, learn_metrics, run_info
 from foal_pipe.protocol.run import HeadStart, Run, prepare, projection_dim
@@ -193,8 +194,12 @@ def model_settings(model: DeployedModel, given: ModelConfig, explicit: Collectio
     for key in FIXED_BY_MODEL:
         asked = getattr(given, key)
         if key in explicit and asked != fixed[key]:
-            raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {fixed[key]}; the model fixes it (its "
-                                f"sums were computed with it): drop {param(key)}")
+            why = "its sums were computed with it"
+            if key == "gamma":  # not in G and Q: the stream goes on with it
+                why = ("it keeps choosing by GCV over its grid" if gamma == "auto"
+                       else "the result equals one run over the old stream and the new one at its gamma")
+            raise FoalPipeError(f"{param(key, asked)} conflicts with the model's {fixed[key]}; the model fixes it ({why}): "
+                                f"drop {param(key)}")
     if meta["engine"] != "gram":
         raise FoalPipeError(f"{param('init_model')} continues the gram engine's sums; use a model learned with "
                             f"{param('engine', 'gram')}")
@@ -284,6 +289,8 @@ def run_continue(
     check_encoder(deployed.encoder_spec, store, features)
     deployed.check_width(store.dim, features)
     identities = check_new_rows(deployed, store, features, init_model)
+    if unshown := unshown_images(deployed, identities, features, init_model):
+        log(unshown)
     if outside := deployed.rows_outside_stores:
         log(f"warning: {init_model} learned {outside} rows through DeployedModel.partial_fit, which no store identity "
             f"records: nothing shows that {features} does not hold them (each would count twice)")

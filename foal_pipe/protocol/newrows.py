@@ -13,6 +13,9 @@ from foal_pipe.model.deploy import DeployedModel
 from foal_pipe.store import FeatureStore
 from foal_pipe.store.manifest import data_identities
 
+#: The prefix of the identity :func:`data_identities` gives a store's train images (its split manifest's SHA-256s).
+IMAGES = "images:"
+
 
 def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:
     """``merged[k]``: the model label id of store class ``k`` (by name; new names get ids beyond the model's)."""
@@ -32,7 +35,8 @@ def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Pa
         unknown = f"{features} has no generation id or data identity (a format-{store.meta.format_version} store)"
         fix = "extract it again with this foal-pipe, which records both"
     elif not (model.metadata.get("learned_from") or model.metadata.get("learned_data")):
-        unknown = f"{init_model} records no store it learned (a version-1 file, or a model of stores without a generation id)"
+        unknown = (f"{init_model} records no store it learned (a model file from a foal-pipe that did not yet record the "
+                   "stores it learned, or one saved from Python)")
         fix = "learn the model again with this foal-pipe on stores `foal-pipe extract` wrote, whose model file records them"
     else:
         unknown = fix = ""
@@ -46,3 +50,18 @@ def check_new_rows(model: DeployedModel, store: FeatureStore, features: str | Pa
                                 f"{this[:16]}); continuing on them would count every row twice: pass "
                                 f"{param('features')} a store of new rows")
     return identities
+
+
+def unshown_images(model: DeployedModel, identities: Sequence[str], features: str | Path, init_model: str | Path) -> str | None:
+    """Why nothing shows the images of a store new to the model, or None: the store names its train images
+    (``images:``, :func:`data_identities`) but the model records none it learned (a file of a foal-pipe before
+    2026-11-29, or a model of stores without a split manifest), so the same images from a copy of the folder, or from
+    a path typed another way, pass :func:`check_new_rows`. A warning, as for ``rows_outside_stores``: the model's
+    stores are checked by what it records, and only the rows it cannot name are left to the caller."""
+    if not any(i.startswith(IMAGES) for i in identities) or any(
+            i.startswith(IMAGES) for i in model.metadata.get("learned_data", [])):
+        return None
+    return (f"warning: {init_model} records no image it learned (a model file from a foal-pipe that did not yet record "
+            f"them, or of stores without a split manifest), so nothing shows that the images of {features} are new to it "
+            "(the same images from a copy of the folder, or a path typed another way, would count twice); if it may have "
+            "learned them, learn the model again with this foal-pipe on stores it extracted, whose model file records them")

@@ -3,7 +3,8 @@ per-class accuracy and confusion matrix on the test split of the run's store.
 
 ``metrics.json`` lists each task's classes by the store's label ids (``tasks``); a model continued with
 ``learn --init-model`` numbers its classes its own way, so such a run also names them (``task_names``) and
-the model's columns are matched to tasks by class name. Otherwise the label ids are the model's.
+the model's columns are matched to tasks by class name (a file written before ``task_names``: the names its store
+gives ``tasks``, :func:`continued_names`). Otherwise the label ids are the model's.
 """
 
 from __future__ import annotations
@@ -20,15 +21,48 @@ from foal_pipe.errors import FoalPipeError
 from foal_pipe.report.readers import Run
 
 
-def stream_positions(run: Run) -> dict[int, tuple[int, int]]:
+def continued_names(run: Run) -> list[list[str]] | None:
+    """A continued run's classes by name, task by task: its ``task_names``, or for a file written before them
+    (foal-pipe before 2026-11-26) its ``tasks``, label ids of the run's store, named by that store where its classes
+    are those ``label_ids`` names; None for a run not continued, or where the store is gone or names others."""
+    m = run.metrics
+    if m.continuation is None or m.continuation.task_names is not None:
+        return None if m.continuation is None else m.continuation.task_names
+    classes = _store_classes(run)
+    tasks = m.tasks or []
+    if classes is None or set(classes) != set(m.continuation.label_ids or {}) or \
+            any(c >= len(classes) for t in tasks for c in t):
+        return None
+    return [[classes[c] for c in t] for t in tasks]
+
+
+def _store_classes(run: Run) -> list[str] | None:
+    """The class names of the run's store, found as :func:`class_results` finds it; None where it cannot be read or
+    is not the store the model learned last (another generation id)."""
+    from foal_pipe.model.modelfile import read_model
+    from foal_pipe.store import read_meta
+
+    if run.metrics.features is None:
+        return None
+    try:
+        learned = (read_model(run.model_path, names=())[1].get("learned_from") if run.model_path else None) or [None]
+        meta = read_meta(located(run, run.metrics.features, learned[-1]))[1]
+    except FoalPipeError:
+        return None
+    return list(meta.classes) if None in (meta.generation, learned[-1]) or meta.generation == learned[-1] else None
+
+
+def stream_positions(run: Run, model: tuple[Sequence[int], Sequence[str]] | None = None) -> dict[int, tuple[int, int]]:
     """``{model label id: (task, position in the stream)}`` for each class of this run's stream (0-based), where it
-    first appears."""
+    first appears. A continued run's classes are matched by name to ``model``'s (label ids and class names; by
+    default the weight norms'); none where nothing names them."""
     m = run.metrics
     source: Sequence[Sequence[int | None]] = m.tasks or []
-    task_names = m.continuation.task_names if m.continuation else None
-    if task_names and run.weight_norms is not None and (names := run.weight_norms[2]):
-        by_name = dict(zip(names, run.weight_norms[0].tolist()))
-        source = [[by_name.get(name) for name in t] for t in task_names]
+    if m.continuation is not None:  # its label ids are the store's, not the model's
+        norms = run.weight_norms
+        ids, names = model or ((norms[0].tolist(), norms[2] or []) if norms is not None else ([], []))
+        by_name = dict(zip(names, ids))
+        source = [[by_name.get(name) for name in t] for t in continued_names(run) or []]
     stream = [(t, c) for t, classes in enumerate(source) for c in classes]
     positions: dict[int, tuple[int, int]] = {}
     for k, (t, c) in enumerate(stream):
@@ -45,10 +79,11 @@ def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int], e
 
 
 def task_classes(run: Run) -> list[list[str]]:
-    """Each task's classes, in stream order: by name when the run or its model names them, else label ids."""
+    """Each task's classes, in stream order: by name when the run or its model names them, else label ids (none for a
+    continued run whose classes nothing names: its label ids are not the model's)."""
     m = run.metrics
-    if m.continuation and m.continuation.task_names:
-        return m.continuation.task_names
+    if m.continuation is not None:
+        return continued_names(run) or []
     names = {}
     if run.weight_norms is not None and run.weight_norms[2]:
         names = dict(zip(run.weight_norms[0].tolist(), run.weight_norms[2]))
@@ -102,8 +137,8 @@ def class_results(run: Run) -> ClassResults | str | None:
         return f"The run's feature store could not be read or scored, {skipped} ({exc})."
     if changed is not None:
         return f"{changed}, {skipped}; re-run learn on it."
-    positions = stream_positions(run)
     ids = model.classifier.classes_.tolist()
+    positions = stream_positions(run, (ids, model.class_names))
     order = stream_order(positions, ids)
     column = np.zeros(max(ids) + 1, dtype=np.int64)  # model label id -> row and column of the matrix
     column[[ids[k] for k in order]] = np.arange(len(order))
