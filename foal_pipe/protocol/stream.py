@@ -291,8 +291,9 @@ def build_stream(
         idx = np.flatnonzero(np.isin(labels, task))
         rng.shuffle(idx)
         if idx.size == 0:
-            raise OrderError(f"task {t + 1} (classes {listed_classes(task)}) has no training rows; check the store's labels "
-                             "or the task split")
+            raise OrderError(f"task {t + 1} (classes {listed_classes(task)}) has no training rows: none of its classes has a "
+                             f"row in the training split; use fewer {param('tasks')} (each task then holds more classes), a "
+                             f"{param('class_order')} without them, or check the store's labels")
         if drop_last and idx.size < batch_size:
             raise OrderError(_drop_last_empties(idx.size, t + 1, batch_size))
         if drop_last:
