@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_one_line_error, invoke, make_image_tree
 
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.stream import build_stream, si_blurry
 from foal_pipe.store import write_store
-from tests.helpers import assert_one_line_error, invoke, make_image_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_statistics import data, one_hot, ridge
 
 from foal_pipe.core.statistics import RidgeStatistics
-from tests.test_statistics import data, one_hot, ridge
 
 COARSE = np.array([1e-2, 1.0, 100.0, 1e4])
 FINE = np.sort(np.concatenate([COARSE, [0.05, 0.3, 3.0, 30.0, 700.0]]))

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_one_line_error, invoke
 
 import foal_pipe
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.classifier import AnalyticClassifier
 from foal_pipe.model.modelfile import read_model, write_model
 from foal_pipe.store import open_store, write_store
-from tests.helpers import assert_one_line_error, invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["ant", "bee", "cow", "dog"]

@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import DIM, assert_clean_error, assert_one_line_error, build_store, invoke, learn
 
 from foal_pipe import load_model
 from foal_pipe.errors import FoalPipeError
-from tests.helpers import DIM, assert_clean_error, assert_one_line_error, build_store, invoke, learn
 
 NARROW = DIM - 4
 MESSAGE = f"the model expects {DIM}-dimensional features but"

@@ -8,11 +8,11 @@ import re
 import numpy as np
 import pytest
 from array_api_compat import numpy as xnp
+from helpers import assert_clean_error, invoke
 
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads import make_head
 from foal_pipe.store.write import write_store
-from tests.helpers import assert_clean_error, invoke
 
 COVARIANCE = re.escape("leave the pooled covariance's float64 rounding able to move the weights")
 SCORES = re.escape("cannot tell the classes apart; centre the features (subtract their mean)")
