@@ -50,3 +50,23 @@ def test_a_task_of_classes_without_training_rows_names_the_fix(tmp_path: Path) -
     assert "use fewer --tasks" in text and "--class-order" in text and not out.exists()
     fewer = runner.invoke(app, ["learn", "--features", str(store), "--out", str(out), "--tasks", "9"])
     assert fewer.exit_code == 0, fewer.output
+
+
+def test_summary_md_names_at_most_twenty_boundaries_gammas(tmp_path: Path) -> None:
+    """summary.md's Gamma section listed every boundary's choice on one line (10 KB at 1,000 tasks): past 20 it names
+    the first ten and the last five, as learn's result line does."""
+    store = cluster_store(tmp_path / "s.zarr", 25, 8, 500, 100, 0, n_train=1000)
+    texts = {}
+    for tasks in (20, 25):
+        out = tmp_path / f"r{tasks}"
+        assert runner.invoke(app, ["learn", "--features", str(store), "--out", str(out), "--tasks", str(tasks),
+                                   "--projection-dim", "16", "--gamma", "auto", "--select", "gcv"]).exit_code == 0
+        assert runner.invoke(app, ["evaluate", "--run", str(out), "--no-plots"]).exit_code == 0
+        named = [f"T{i + 1} {g:g}" for i, g in enumerate(json.loads((out / "metrics.json").read_text())["gammas_selected"])]
+        texts[tasks] = (next((out / "eval").glob("summary.md")).read_text(), named)
+    text, named = texts[20]
+    assert f": {', '.join(named)}." in text
+    text, named = texts[25]
+    rest = "(every boundary's in metrics.json's gammas_selected)."
+    assert f": {', '.join(named[:10])}, ..., {', '.join(named[-5:])} {rest}" in text
+    assert "T11 " not in text.split("## Gamma")[1].split("\n\n")[1]

@@ -90,25 +90,67 @@ def task_classes(run: Run) -> list[list[str]]:
     return [[names.get(c, str(c)) for c in t] for t in m.tasks or []]
 
 
+@dataclass(frozen=True)
+class Confusion:
+    """Confusion counts kept sparse: ``count[k]`` test rows of class ``true[k]`` predicted as class ``predicted[k]``
+    (row and column of the ``size`` x ``size`` matrix), each pair once, row by row. A test row adds one pair at most,
+    so they grow with the rows, where the matrix grows with the square of the classes (10,000 classes: 800 MB of
+    mostly zeros)."""
+
+    size: int
+    true: np.ndarray
+    predicted: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def of(cls, size: int, true: np.ndarray, predicted: np.ndarray) -> Confusion:
+        """The counts of the pairs ``(true[r], predicted[r])``, one per test row."""
+        pairs, count = np.unique(np.asarray(true, np.int64) * size + np.asarray(predicted, np.int64), return_counts=True)
+        return cls(size, pairs // size, pairs % size, count.astype(np.int64))
+
+    @classmethod
+    def dense(cls, matrix: np.ndarray) -> Confusion:
+        """The counts of a ``size`` x ``size`` matrix."""
+        true, predicted = np.nonzero(matrix)
+        return cls(len(matrix), true, predicted, np.asarray(matrix, np.int64)[true, predicted])
+
+    def totals(self) -> np.ndarray:
+        """Each true class's test rows."""
+        out = np.zeros(self.size, np.int64)
+        np.add.at(out, self.true, self.count)
+        return out
+
+    def diagonal(self) -> np.ndarray:
+        """Each true class's rows predicted as itself."""
+        out, hit = np.zeros(self.size, np.int64), self.true == self.predicted
+        out[self.true[hit]] = self.count[hit]
+        return out
+
+
 @dataclass
 class ClassResults:
     """The final model on the run's store's test split, one entry per class of the model (stream order, then
-    the model's other classes by label id): ``confusion[i, j]`` counts rows of class i predicted as class j."""
+    the model's other classes by label id): ``confusion`` counts the rows of each class predicted as each class."""
 
     features: str
     labels: list[int]
     names: list[str]
     #: Each class's task in this run's stream (1-based); ``None`` for a class the model learned before it.
     tasks: list[int | None]
-    confusion: np.ndarray
+    #: The counts; a dense matrix given here is kept as its :class:`Confusion`.
+    confusion: Confusion
     #: Test rows of classes the model does not know (not in the matrix).
     unknown_rows: int
     #: A continued run's ``--eval-features`` stores whose test rows fill the classes learned before it.
     earlier_from: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.confusion, np.ndarray):
+            self.confusion = Confusion.dense(self.confusion)
+
     def rows(self) -> list[dict[str, Any]]:
         """``class_accuracy.csv``: label id, name, task, test rows, correct, accuracy (%, empty without rows)."""
-        totals, hits = self.confusion.sum(axis=1), np.diag(self.confusion)
+        totals, hits = self.confusion.totals(), self.confusion.diagonal()
         return [{"class": label, "name": name, "task": "" if task is None else task, "test_rows": int(n),
                  "correct": int(k), "accuracy": 100 * float(k) / n if n else None}
                 for label, name, task, n, k in zip(self.labels, self.names, self.tasks, totals, hits)]
@@ -148,13 +190,12 @@ def class_results(run: Run) -> ClassResults | str | None:
         return (f"{features} now holds {streamed:,} test rows of the run's classes but the run was tested "
                 f"on {n_test:,}: the store changed since `foal-pipe learn`, {skipped}; re-run learn.")
     known = true >= 0
-    confusion = np.zeros((len(order), len(order)), dtype=np.int64)
-    np.add.at(confusion, (column[true[known]], column[predicted[known]]), 1)
     earlier = _earlier_rows(run, where, model, positions)
     if isinstance(earlier, str):
         return f"{earlier}, {skipped}."
-    for true, predicted in earlier.values():
-        np.add.at(confusion, (column[true], column[predicted]), 1)
+    pairs = [(true[known], predicted[known]), *earlier.values()]
+    confusion = Confusion.of(len(order), np.concatenate([column[t] for t, _ in pairs]),
+                             np.concatenate([column[p] for _, p in pairs]))
     tasks = [positions[ids[k]][0] + 1 if ids[k] in positions else None for k in order]
     return ClassResults(features, [ids[k] for k in order], [model.class_names[k] for k in order], tasks, confusion,
                         int((~known).sum()), tuple(earlier))

@@ -164,6 +164,12 @@ def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
     ]
 
 
+#: The most tasks summary.md writes out one by one (the matrix's columns, the tasks' classes) and the most classes
+#: it names for a task, as the heatmap numbers its cells up to 20 tasks: past them a line grows with every task or
+#: class (a 1,000-task run's table: 1,001 columns, 5.4 MB); the CSV files hold every entry.
+SHOWN = 20
+
+
 def _matrix(run: Run) -> list[str]:
     a, m = run.matrix, run.metrics
     T = len(a)
@@ -172,29 +178,41 @@ def _matrix(run: Run) -> list[str]:
     columns = ("column j: the test rows of the classes seen by the end of task j (Si-Blurry: classes recur, so a task "
                "has no test set of its own); A_i is the diagonal" if m.stream == "si-blurry" else "column j: test set of task j")
     lines = ["## Accuracy matrix (%)", "", f"Row i: after training through task i; {columns}.", ""]
-    lines.append("| after task | " + " | ".join(f"T{j + 1}" for j in range(T)) + " | A_i |")
-    lines.append("|---:|" + "---:|" * (T + 1))
-    for i, row in enumerate(a):
-        cells = [pct(v, 1) for v in row] + [""] * (T - i - 1)
-        lines.append(f"| {i + 1} | " + " | ".join(cells) + f" | {pct(steps[i])} |")
+    if T <= SHOWN:
+        lines.append("| after task | " + " | ".join(f"T{j + 1}" for j in range(T)) + " | A_i |")
+        lines.append("|---:|" + "---:|" * (T + 1))
+        for i, row in enumerate(a):
+            cells = [pct(v, 1) for v in row] + [""] * (T - i - 1)
+            lines.append(f"| {i + 1} | " + " | ".join(cells) + f" | {pct(steps[i])} |")
+    else:
+        lines[-2] += (f" {T} tasks, too many columns for a table: A_i after each task, then the last row; "
+                      "`accuracy_matrix.csv` holds every entry.")
+        lines += ["| after task | A_i |", "|---:|---:|", *(f"| {i + 1} | {pct(v)} |" for i, v in enumerate(steps)), "",
+                  f"Last row, after task {T}: " + ", ".join(f"T{j + 1} {pct(v, 1)}" for j, v in enumerate(a[-1])) + "."]
     tasks = task_classes(run)
     first = _first_order(m)
     order = "" if first is None else (f", of the first class order (order seed {first}; the matrix above averages each "
                                       "task position over the orders, whose tasks hold other classes)")
     if tasks:
         lines += ["", f"Classes per task (stream order){order}: "
-                  + "; ".join(f"T{t + 1}: {', '.join(map(md, names))}" for t, names in enumerate(tasks[:20]))
-                  + ("; ..." if len(tasks) > 20 else "")]
+                  + "; ".join(f"T{t + 1}: {_names(names)}" for t, names in enumerate(tasks[:SHOWN]))
+                  + ("; ..." if len(tasks) > SHOWN else "")]
     if m.continuation is not None:
         lines += ["", f"The model continued {code(m.continuation.init_model)} (`learn --init-model`): the matrix covers "
                   "this run's tasks only."]
     return lines + [""]
 
 
+def _names(names: list[str]) -> str:
+    """A task's classes, the first :data:`SHOWN` of them named (``class_accuracy.csv`` lists each with its task)."""
+    more = f", ... ({len(names):,} classes)" if len(names) > SHOWN else ""
+    return ", ".join(map(md, names[:SHOWN])) + more
+
+
 def _classes(classes: ClassResults, continued: bool, first: int | None) -> list[str]:
     """The final model's accuracy on each class's test rows (``class_accuracy.csv``); ``first``: the first class
     order's seed, whose model it is, where the run has many (:func:`_first_order`)."""
-    n = int(classes.confusion.sum())
+    n = int(classes.confusion.count.sum())
     where = f"the test split of {code(classes.features)}"
     if classes.earlier_from:
         where = (f"the test splits of {code(classes.features)} and, for the classes learned before this run, of "
@@ -242,7 +260,9 @@ def _criterion(selected_by: str | None, what: str, sampled: int | None = None) -
 def _auto_gamma(m: LearnMetrics) -> list[str]:
     """How ``learn --gamma auto`` chose gamma at each task boundary."""
     assert m.gammas_selected is not None  # read_metrics refuses "auto" without a gamma per boundary
-    chosen = ", ".join(f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected))
+    named = [f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected)]
+    chosen = ", ".join(named) if len(named) <= SHOWN else (
+        f"{', '.join(named[:SHOWN // 2])}, ..., {', '.join(named[-5:])} (every boundary's in metrics.json's gammas_selected)")
     search = m.gamma_search
     sampled = search.sample_rows[-1] if search is not None and search.sample_rows and any(search.sample_eps or ()) else None
     criterion = _criterion(m.selected_by, "run", sampled)

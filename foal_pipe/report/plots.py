@@ -19,10 +19,10 @@ from foal_pipe.core.metrics import summary_of
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.schema import RunSettings
-from foal_pipe.report.classes import ClassResults
+from foal_pipe.report.classes import ClassResults, Confusion
 from foal_pipe.report.paper import GAMMAS, PaperMatch
 from foal_pipe.report.readers import Run
-from foal_pipe.report.selection import select
+from foal_pipe.report.selection import result_at, select
 from foal_pipe.report.tables import anytime_rows, gamma_rows, step_rows, weight_norm_rows
 
 DPI = 110
@@ -123,7 +123,9 @@ def plot_accuracy_matrix(run: Run, path: Path) -> Path:
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        image = ax.imshow(grid, vmin=low, vmax=high, cmap="viridis", origin="upper")
+        # resampled as values, then coloured: cells of a few pixels blended as colours (the RGBA stage, matplotlib's
+        # choice there) come out in colours that are not on the colour bar (0% beside 100%: brown)
+        image = ax.imshow(grid, vmin=low, vmax=high, cmap="viridis", origin="upper", interpolation_stage="data")
         fig.colorbar(image, ax=ax, label="accuracy (%)", shrink=0.85)
         if T <= 20:
             for i in range(T):
@@ -202,14 +204,20 @@ def plot_anytime(run: Run, path: Path) -> Path:
     assert curve is not None  # evaluate plots it only for a run with a curve
 
     seeds = list(dict.fromkeys(r["order_seed"] for r in rows)) if rows and "order_seed" in rows[0] else [None]
+    many = len(seeds) > LABELLED_ORDERS
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        for seed in seeds:
+        for k, seed in enumerate(seeds):
             mine = [r for r in rows if r.get("order_seed") == seed]
             label = f"every {curve.eval_every} rows" + ("" if seed is None else f", order seed {seed}")
-            ax.plot([r["samples_seen"] for r in mine], [r["accuracy"] for r in mine], "-", lw=1.5 if seed is None else 1,
-                    label=label)
+            if many:
+                label = f"each of the {len(seeds)} class orders, every {curve.eval_every} rows" if k == 0 else "_"
+            ax.plot([r["samples_seen"] for r in mine], [r["accuracy"] for r in mine], "-", label=label,
+                    **({"lw": 0.6, "color": "tab:gray", "alpha": 0.5} if many else {"lw": 1.5 if seed is None else 1}))
+        if many:
+            x, mean = order_mean(rows)
+            ax.plot(x, mean, "-", lw=2, color="tab:blue", label="their mean")
         ax.set_xlabel("training rows seen")
         ax.set_ylabel("accuracy on the classes seen so far (%)")
         ax.set_ylim(max(0.0, min(r["accuracy"] for r in rows) - 5), 100.5)
@@ -222,6 +230,20 @@ def plot_anytime(run: Run, path: Path) -> Path:
                      fontsize=9, parse_math=False)
 
     return draw(path, (6.4, 4.0), paint)
+
+
+#: The most class orders whose anytime curves each get a colour and a legend entry; past them that legend ran off the
+#: figure (30 orders), so each order is a thin grey curve under their mean, two legend entries in all.
+LABELLED_ORDERS = 5
+
+
+def order_mean(rows: list[dict[str, Any]]) -> tuple[list[int], np.ndarray]:
+    """The orders' mean anytime accuracy (%) at each point every order reached (orders of fewer rows stop earlier)."""
+    curves: dict[int, dict[int, float]] = {}
+    for r in rows:
+        curves.setdefault(r["order_seed"], {})[r["samples_seen"]] = r["accuracy"]
+    x = sorted(set.intersection(*(set(c) for c in curves.values())))
+    return x, np.array([[c[n] for n in x] for c in curves.values()]).mean(axis=0)
 
 
 def order_band(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
@@ -327,6 +349,8 @@ def plot_fusions(run: Run, path: Path) -> Path:
     fusions, best = s.fusions, s.best
     assert best is not None  # read_sweep refuses fusions without the choice over them
     short = CRITERIA[s.selected_by].short if s.selected_by in CRITERIA else "?"
+    shown = labelled_fusions(s)
+    others = len(fusions) - len(shown)
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
@@ -334,12 +358,18 @@ def plot_fusions(run: Run, path: Path) -> Path:
             assert entry.best_gamma is not None  # sweep --fusions writes each fusion's choice
             g = np.array([r.gamma for r in entry.results], dtype=float)
             a = np.array([100 * r.A_avg for r in entry.results])
-            (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry.fusion} (selected γ {entry.best_gamma:g})")
             at = int(np.argmin(np.abs(np.log(g) - np.log(entry.best_gamma))))
+            if entry.fusion not in shown:  # behind the labelled ones
+                ax.plot(g, a, "-", lw=0.8, color="lightgray", zorder=1)
+                ax.plot(g[at], a[at], "o", color="darkgray", ms=4, zorder=1)
+                continue
+            (line,) = ax.plot(g, a, "o-", lw=1.5, mfc="none", label=f"{entry.fusion} (selected γ {entry.best_gamma:g})")
             ax.plot(g[at], a[at], "o", color=line.get_color(), ms=8)
             if entry.fusion == best.fusion:
                 ax.plot(g[at], a[at], "*", color="tab:red", ms=16, zorder=5,
                         label=f"chosen: {best.fusion}, γ = {best.gamma:g} ({short})")
+        if others:
+            ax.plot([], [], "-", lw=0.8, color="lightgray", label=f"{others} other fusions (summary.md lists each)")
         ax.set_xscale("log")
         ax.set_xlabel("γ (ridge regularisation, R0 = I/γ)")
         ax.set_ylabel("test A_avg (%)")
@@ -349,6 +379,22 @@ def plot_fusions(run: Run, path: Path) -> Path:
                      "filled: each fusion's selected γ (training rows only)", fontsize=9, parse_math=False)
 
     return draw(path, (7.2, 5.0), paint)
+
+
+#: The most fusions each drawn in a colour of its own with a legend entry (matplotlib's cycle has 10 colours); past
+#: them the legend outgrew the figure and covered the axes (60 fusions), so only :func:`labelled_fusions` are.
+LABELLED_FUSIONS = 10
+
+
+def labelled_fusions(sweep: Any) -> list[str]:
+    """The fusions the plot labels: every one up to :data:`LABELLED_FUSIONS`; past them the chosen one, the test
+    oracle's and the best by test A_avg at their selected gamma, five in all."""
+    fusions = sweep.fusions
+    if len(fusions) <= LABELLED_FUSIONS:
+        return [e.fusion for e in fusions]
+    at = {e.fusion: result_at(e, e.best_gamma).A_avg for e in fusions}
+    first = [sweep.best.fusion, *([sweep.best_test.fusion] if sweep.best_test is not None else [])]
+    return list(dict.fromkeys([*first, *sorted(at, key=lambda f: -at[f])]))[:5]
 
 
 def plot_heads(run: Run, path: Path) -> Path:
@@ -377,26 +423,48 @@ def plot_heads(run: Run, path: Path) -> Path:
     return draw(path, (7.2, 5.0), paint)
 
 
+#: The most cells a side the confusion plot hands matplotlib: fewer than its axes' pixels (about 1,150 a side), so
+#: more classes are averaged in blocks first, each block a pixel or more (all C x C shares: 8.5 s at 4,000 classes).
+CONFUSION_CELLS = 1000
+
+
+def block_shares(counts: Confusion, block: int) -> np.ndarray:
+    """The mean, over the cells of each ``block`` x ``block`` classes (the last ones narrower), of the share (%) of
+    the true class's test rows; NaN where those true classes have no test rows. ``block`` 1: each cell's share."""
+    totals = counts.totals()
+    n = -(-counts.size // block)
+    sums = np.zeros((n, n))
+    np.add.at(sums, (counts.true // block, counts.predicted // block), 100.0 * counts.count / totals[counts.true])
+    rows = np.bincount(np.flatnonzero(totals) // block, minlength=n)  # true classes with test rows, block by block
+    widths = np.minimum(block, counts.size - block * np.arange(n))
+    return np.divide(sums, rows[:, None] * widths[None, :], out=np.full((n, n), np.nan), where=rows[:, None] > 0)
+
+
 def plot_confusion(run: Run, classes: ClassResults, path: Path) -> Path:
     """The final model's confusion matrix on the store's test split: each true class's row as percent of its test
-    rows (counts written in when there are few classes), classes in stream order."""
+    rows (counts written in when there are few classes), classes in stream order; over :data:`CONFUSION_CELLS`
+    classes, blocks of classes, each the mean of its cells."""
     counts = classes.confusion
-    C = counts.shape[0]
-    totals = counts.sum(axis=1, keepdims=True)
-    share = np.divide(100.0 * counts, totals, out=np.full(counts.shape, np.nan), where=totals > 0)
+    C = counts.size
+    block = -(-C // CONFUSION_CELLS)
+    share = block_shares(counts, block)
+    edge = len(share) * block - 0.5  # the last block may reach past the last class: the axes end at it
 
     def paint(fig: Any) -> None:
         ax = fig.add_subplot()
-        # each cell its own pixels while there are at least two per cell; more classes are averaged into pixels
-        # (matplotlib's anti-aliasing), where "nearest" would show some rows and columns and drop the rest unsaid
-        image = ax.imshow(share, vmin=0, vmax=100, cmap="Blues", interpolation="nearest" if C <= 500 else "auto")
+        if block == 1:
+            # each cell its own pixels while there are at least two per cell; more classes are averaged into pixels
+            # (matplotlib's anti-aliasing), where "nearest" would show some rows and columns and drop the rest unsaid
+            image = ax.imshow(share, vmin=0, vmax=100, cmap="Blues", interpolation="nearest" if C <= 500 else "auto")
+        else:  # a pixel or more a block: "nearest" shows each block's mean as it is
+            image = ax.imshow(share, vmin=0, vmax=100, cmap="Blues", interpolation="nearest",
+                              extent=(-0.5, edge, edge, -0.5))
+            ax.set_xlim(-0.5, C - 0.5)
+            ax.set_ylim(C - 0.5, -0.5)
         fig.colorbar(image, ax=ax, label="share of the true class's test rows (%)", shrink=0.85)
         if C <= 15:
-            for i in range(C):
-                for j in range(C):
-                    if counts[i, j]:
-                        ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=7,
-                                color="white" if share[i, j] > 60 else "black")
+            for i, j, n in zip(counts.true, counts.predicted, counts.count):
+                ax.text(j, i, str(n), ha="center", va="center", fontsize=7, color="white" if share[i, j] > 60 else "black")
         if C <= 40:
             names = class_ticks(classes.names, classes.labels)
             ax.set_xticks(range(C), names, fontsize=7, rotation=90, parse_math=False)
@@ -410,7 +478,8 @@ def plot_confusion(run: Run, classes: ClassResults, path: Path) -> Path:
         ax.set_xlabel(f"predicted class{where}")
         ax.set_ylabel(f"true class{where}")
         left = f"\n{C} classes: names left out, each is its row in class_accuracy.csv" if C > 40 else ""
-        left += ", cells averaged into pixels" if C > 500 else ""
+        left += ", cells averaged into pixels" if 500 < C <= CONFUSION_CELLS else ""
+        left += f", cells averaged in blocks of {block} x {block}" if block > 1 else ""
         ax.set_title(f"confusion on the test split, final model\n{_title(run)}{left}", fontsize=9, parse_math=False)
 
     side = 3.0 + 0.22 * min(max(C, 8), 40)
