@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
-import tomllib
 
 from foal_pipe.store import write_store
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC
 
 import pytest
 
@@ -94,14 +95,14 @@ def test_a_tables_scratch_whose_pid_runs_again_is_removed(tmp_path, monkeypatch)
 
 
 def test_a_store_lock_whose_holder_id_runs_again_is_free():
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from foal_pipe.store.lock import _alive_here
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         def holder(ago: float) -> dict:
-            since = datetime.now(timezone.utc) - timedelta(seconds=ago)
+            since = datetime.now(UTC) - timedelta(seconds=ago)
             return {"pid": child.pid, "host": socket.gethostname(), "since": since.isoformat(timespec="seconds")}
 
         assert _alive_here(holder(0))  # written by the process that runs now

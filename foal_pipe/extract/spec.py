@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -242,4 +242,4 @@ def runtime_info(spec: ExtractSpec, inputs: Inputs) -> dict[str, Any]:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -15,7 +15,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from foal_pipe.durable import pid_alive
@@ -32,7 +32,7 @@ def lock_path(path: str | Path) -> Path:
 
 def _holder() -> dict[str, object]:
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "since": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
 def _read_holder(fd: int) -> dict[str, object]:
