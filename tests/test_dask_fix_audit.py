@@ -29,7 +29,8 @@ def store(tmp_path_factory):
 
 
 def _parts(store, **execution):
-    from foal_pipe.protocol.run import memory_parts, prepare
+    from foal_pipe.protocol.memoryparts import memory_parts
+    from foal_pipe.protocol.run import prepare
 
     run = prepare(store, StreamConfig(tasks=TASKS), ModelConfig(projection_dim=D), EvaluationConfig(),
                   ExecutionConfig(backend="numpy", **execution))

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+from foal_pipe.protocol.memoryparts import _read_bytes, memory_parts
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, GroupedRows, block_rows
-from foal_pipe.protocol.run import _read_bytes, memory_parts, prepare
+from foal_pipe.protocol.run import prepare
 from foal_pipe.store import write_store
 from foal_pipe.store.blockfusion import FinalNorm, fuse
 

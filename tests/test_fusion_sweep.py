@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 import foal_pipe.store as st
 from foal_pipe.cli import app
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-from foal_pipe.protocol.run import memory_parts, prepare
+from foal_pipe.protocol.memoryparts import memory_parts
+from foal_pipe.protocol.run import prepare
 from foal_pipe.store import write_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -111,7 +111,8 @@ def test_the_memory_estimate_counts_the_scorers_of_every_point(store):
     snapshot's ``kept`` bytes over the stream cut at task ends and points, computed here by hand."""
     from foal_pipe.heads import HEADS
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.run import head_parts, prepare
+    from foal_pipe.protocol.memoryparts import head_parts
+    from foal_pipe.protocol.run import prepare
 
     stream, model = StreamConfig(tasks=4, batch_size=10, seed=3), ModelConfig(head="fecam", projection_dim=0)
     parts = {}

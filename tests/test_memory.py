@@ -26,7 +26,8 @@ def test_too_large_projection_is_refused_before_any_work(tmp_path, store, monkey
 
 def test_estimate_grows_with_d_squared_not_with_tasks(store, monkeypatch):
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.run import memory_parts, prepare
+    from foal_pipe.protocol.memoryparts import memory_parts
+    from foal_pipe.protocol.run import prepare
 
     def state(dim, tasks, dtype="float64", **model):
         run = prepare(store, StreamConfig(tasks=tasks), ModelConfig(projection_dim=dim, dtype=dtype, **model),

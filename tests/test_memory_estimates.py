@@ -80,7 +80,7 @@ def test_sweep_order_seeds_counts_every_gamma_and_the_other_orders(store, tmp_pa
 
 
 def test_no_loo_counts_the_test_pass_scores_of_every_gamma(store):
-    from foal_pipe.protocol.run import memory_parts
+    from foal_pipe.protocol.memoryparts import memory_parts
 
     run = _prepare(store, projection_dim=D, gamma=1.0, n_models=1, command="sweep")
     one, many = memory_parts(run, 1, False), memory_parts(run, 250, False)
@@ -144,7 +144,7 @@ def test_refusals_name_the_commands_own_options(store, tmp_path, monkeypatch):
 
 
 def test_sweep_fusions_refusal_suggests_fewer_fusions(store):
-    from foal_pipe.protocol.run import memory_fix
+    from foal_pipe.protocol.memoryparts import memory_fix
 
     run = _prepare(store, projection_dim=48, gamma=1.0, command="sweep")
     assert "fewer fusions" in str(FoalPipeError(memory_fix("sweep", run, fusions=("last", "mean-cls"))))
@@ -154,7 +154,7 @@ def test_sweep_fusions_refusal_suggests_fewer_fusions(store):
 def test_a_small_store_is_not_charged_a_full_block_and_every_chunk_in_flight(store):
     """600 train rows in 64-row chunks: the block holds at most 600 rows, the read at most the split's 10 chunks."""
     run = _prepare(store, projection_dim=48, gamma=1.0)
-    from foal_pipe.protocol.run import memory_parts
+    from foal_pipe.protocol.memoryparts import memory_parts
 
     full_block = run.block_rows * (48 * 8 * 3 + run.store.dim * 8)
     assert run.block_rows > run.store.train.n_rows
@@ -164,7 +164,7 @@ def test_a_small_store_is_not_charged_a_full_block_and_every_chunk_in_flight(sto
 def test_a_heads_sweep_refusal_keeps_ridges_ways_and_names_the_heads():
     """Beside ridge, a head's statistics may be a small part: the refusal names ridge's ways too (it offered only
     'leave that head out' before)."""
-    from foal_pipe.protocol.run import memory_fix
+    from foal_pipe.protocol.memoryparts import memory_fix
 
     run = SimpleNamespace(model=SimpleNamespace(gamma=1.0), evaluation=SimpleNamespace(eval_every=None),
                           execution=SimpleNamespace(scheduler="local"))

@@ -89,8 +89,9 @@ def test_a_spilled_row_cache_counts_its_index(tmp_path):
     """Rows spilled to a file cost no memory; their store rows, labels and positions (and the walk's) do: 8 bytes each,
     about 40 per row, which at 10 million rows is 400 MB. Before: nothing counted for a spilled cache."""
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
+    from foal_pipe.protocol.memoryparts import memory_parts
     from foal_pipe.protocol.rowcache import TaskBlocks
-    from foal_pipe.protocol.run import memory_parts, prepare
+    from foal_pipe.protocol.run import prepare
     from foal_pipe.protocol.walk import train_rows
 
     n = 200_000

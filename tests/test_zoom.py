@@ -119,7 +119,8 @@ def test_the_memory_estimate_counts_the_samples_coordinates(store):
     """The zoom keeps the sampled rows' eigen-coordinates (float64): the largest boundary sample x D x 8 bytes, and
     for LOO accuracy their float32 copy and their leverages at every gamma of the refined grid."""
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-    from foal_pipe.protocol.run import memory_parts, prepare
+    from foal_pipe.protocol.memoryparts import memory_parts
+    from foal_pipe.protocol.run import prepare
 
     settings = (StreamConfig(tasks=4), ModelConfig(projection_dim=48, gamma="auto", loo_sample=100), EvaluationConfig(),
                 ExecutionConfig(backend="numpy"))

@@ -201,10 +201,6 @@ class RidgeEigen(GammaPath):
         norms = xp.sum(self.projected * self.projected, axis=1)
         return to_numpy(xp.sum(norms[:, None] * inv * inv, axis=0))
 
-    #: One product gives every gamma's leverages, ``(Z * Z) @ (1 / (lambda + g))``: a pass may compute the
-    #: whole grid's at once (:class:`~foal_pipe.core.leaveoneout.SampledLeaveOneOut`'s screen).
-    leverage_by_product = True
-
     def fitted(self, H: Any, gammas: Any) -> tuple[Any, Any]:
         """For rows ``H`` (m x D) of the statistics: the fitted scores ``h^T W(g)`` (m, M, C) and the leverages
         ``h^T (G + g I)^-1 h`` (m, M), the two numbers leave-one-out needs of each row; ``2 m D^2`` for the
@@ -363,10 +359,6 @@ class RidgeTridiagonal(GammaPath):
             z, info = lapack.dpttrs(d, e, apply_reflectors(self.reflectors, self.tau, np.asarray(R), "T"))
             lapack_ok("dpttrs", info)
             return apply_reflectors(self.reflectors, self.tau, z, "N")
-
-    #: Each gamma's leverages are a recurrence over ``D`` (:func:`tridiagonal_leverages`): computed for the
-    #: gammas a pass asks for, not the whole grid.
-    leverage_by_product = False
 
     def fitted(self, H: Any, gammas: Any) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`RidgeEigen.fitted`, in the tridiagonal form's basis: ``u = U^T h`` by the reflectors (``2 m

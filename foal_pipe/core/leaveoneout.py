@@ -304,14 +304,15 @@ class SampledLeaveOneOut(_LeftOutTotals):
         return correct
 
     def _screened_rows(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-        """Per block of coordinates: their float32 copy, their lengths and, where one product gives them
-        (:attr:`RidgeEigen.leverage_by_product`), their leverages at every gamma (``m D M``: less than ``Z * Z``
-        again at each evaluation; None: each evaluation computes its gammas'). Empty where the screen does not
+        """Per block of coordinates: their float32 copy, their lengths and, where one product gives them (the eigen
+        path: ``(Z * Z) @ (1 / (lambda + g))``, from the shrinkage alone), their leverages at every gamma (``m D M``:
+        less than ``Z * Z`` again at each evaluation; None, on the tridiagonal path, whose leverages are a recurrence
+        per gamma: each evaluation computes its gammas'). Empty where the screen does not
         serve: other namespaces (cuBLAS may multiply float32 in TF32, which the bound does not cover), fewer than
         two classes, coordinates beyond float32's range."""
         if self.n_classes < 2 or not all(is_numpy_array(Z) and Z.dtype == np.float64 for Z in self._coordinates):
             return []
-        grid = self.path.scaling(self.gammas)[0] if self.path.leverage_by_product else None
+        grid = self.path.shrinkage(self.gammas) if isinstance(self.path, RidgeEigen) else None
         rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
         for Z in self._coordinates:
             with np.errstate(over="ignore"):

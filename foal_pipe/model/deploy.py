@@ -245,10 +245,12 @@ class DeployedModel:
             raise FoalPipeError(f"the model expects {self.projection.n_features_in_}-dimensional features but "
                                 f"{where} has {dim}; use a store made with the model's encoder")
 
-    def store_predictions(self, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    def store_predictions(self, features: str | Path, split: str = "test",
+                          command: str = "store_predictions") -> tuple[np.ndarray, np.ndarray]:
         """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
         the model's by name (by label id where the model records no names): ``true`` is -1 for a row of a class the
-        model does not know (or an unlabelled row).
+        model does not know (or an unlabelled row); refused first where a chunk's scores do not fit the machine
+        (:meth:`check_scoring`, ``command`` naming the refused).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
         from foal_pipe.store.meta import SPLITS, UNLABELLED
 
@@ -258,6 +260,7 @@ class DeployedModel:
         check_encoder(self.encoder_spec, store, features, unrecorded_ok=True)
         data = store.split(split)
         self.check_width(data.dim, features)
+        self.check_scoring(command, data)
         ids = self.classifier.classes_.tolist()
         if self.metadata.get("class_names") is not None:
             known = self._ids_by_name()
@@ -271,6 +274,22 @@ class DeployedModel:
             predicted[lo : lo + X.shape[0]] = self.predict(X)
         store.check_unchanged()
         return true, predicted
+
+    def check_scoring(self, command: str, data: Any) -> int:
+        """Refuse, before any row is read, a split (``data``, a store's) whose chunk's scores do not fit the machine
+        (:func:`~foal_pipe.memory.check_memory`): a chunk is scored at once, rows x classes float64 with the ties'
+        top two (and a head's own temporaries), beside the chunk's rows and their activations."""
+        from foal_pipe.memory import SCORE_EXTRA_BYTES, TIES_BYTES, check_memory
+
+        rows, classes = min(int(data.n_rows), int(data.chunk_rows)), len(self.classifier.classes_)
+        head = self.classifier.name if isinstance(self.classifier, HeadClassifier) else "ridge"
+        width = int(np.shape(self.projection.components_)[1])
+        parts = {f"a chunk's scores ({rows:,} rows x {classes:,} classes)":
+                 rows * classes * (8 + TIES_BYTES + SCORE_EXTRA_BYTES.get(head, 0)),
+                 f"a chunk's rows and activations ({rows:,} x {width:,})":
+                 rows * (int(data.dim) * int(data.features.dtype.itemsize) + 2 * width * 8)}
+        return check_memory(command, parts, "the store's chunks are scored whole: free memory, or score a store written "
+                                            "in smaller chunks (extract's --chunk-rows)")
 
     def encoder(self, checkpoint: str | Path | None = None, device: str = "cpu") -> Any:
         """The encoder of the training store, rebuilt from ``encoder_spec`` and loaded (once, then cached)."""

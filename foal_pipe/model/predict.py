@@ -87,6 +87,7 @@ def predict_split(model: str | Path, features: str | Path, split: str = "test") 
     named = deployed.metadata.get("class_names") is not None
     unlabelled = bool(np.all(np.asarray(data.labels) == UNLABELLED))
     _check_matches(deployed, named and not unlabelled, store, features)
+    deployed.check_scoring("predict", data)
     predicted = np.empty(data.n_rows, dtype=np.int64)
     score = np.empty(data.n_rows, dtype=np.float64)
     for lo, X in data.iter_chunks():

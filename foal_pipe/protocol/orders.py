@@ -49,6 +49,7 @@ from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelCo
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_sweep_heads
 from foal_pipe.protocol.learnkinds import LEARN_KINDS, auto_edges_warning
+from foal_pipe.protocol.memoryparts import held_bytes
 from foal_pipe.protocol.orderchecks import check_orders, check_task_counts, each_order, fallback_reason
 from foal_pipe.protocol.ordermeans import combine, combine_sweep
 from foal_pipe.protocol.outputs import replaced_evaluation, save_model, summed_timings, write_learned, write_timings
@@ -63,7 +64,7 @@ from foal_pipe.protocol.records import (
     sweep_results,
     sweep_selections,
 )
-from foal_pipe.protocol.run import Run, held_bytes, prepare, row_sample
+from foal_pipe.protocol.run import Run, prepare, row_sample
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning, listed_order
@@ -74,7 +75,7 @@ def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: 
     """The per-class statistics, on top of one order's run as its solver walks it (``n_models`` gammas' weights,
     ``eigen``: factored at every boundary, as ``sweep``'s; its cached rows included; ``loo``: and a sampled
     leave-one-out's coordinates) and the other orders' prepared runs, against the available memory."""
-    from foal_pipe.protocol.run import run_parts
+    from foal_pipe.protocol.memoryparts import run_parts
 
     run = runs[0]
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)

@@ -37,8 +37,9 @@ from foal_pipe.protocol.headruns import (
     check_learn_head,
     resolved_options,
 )
+from foal_pipe.protocol.memoryparts import held_bytes, run_parts
 from foal_pipe.protocol.ordermeans import mean_std
-from foal_pipe.protocol.run import ClassRowsError, Run, check_settings, held_bytes, prepare, run_parts
+from foal_pipe.protocol.run import ClassRowsError, Run, check_settings, prepare
 from foal_pipe.protocol.stream import DEFAULT_TASKS, counted
 from foal_pipe.protocol.tablekept import KeptRuns as _Kept
 from foal_pipe.protocol.tablekept import asdict_shallow, fingerprint, recorded_settings, run_record, store_content

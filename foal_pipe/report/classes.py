@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.memory import MemoryRefusal
 from foal_pipe.report.readers import Run
 
 
@@ -174,7 +175,9 @@ def class_results(run: Run) -> ClassResults | str | None:
         return f"{exc}, {skipped}; run `foal-pipe evaluate` from the folder `foal-pipe learn` ran in."
     try:
         changed = _other_generation(model.metadata, where, features)
-        true, predicted = model.store_predictions(where)
+        true, predicted = model.store_predictions(where, command="evaluate")
+    except MemoryRefusal:  # the machine's limit, not the store's fault: evaluate is refused
+        raise
     except FoalPipeError as exc:
         return f"The run's feature store could not be read or scored, {skipped} ({exc})."
     if changed is not None:
@@ -286,9 +289,11 @@ def _earlier_rows(run: Run, own: str, model: Any, positions: dict[int, tuple[int
         for features in stores:
             if same_store(located(run, features), own):
                 continue
-            true, predicted = model.store_predictions(located(run, features))
+            true, predicted = model.store_predictions(located(run, features), command="evaluate")
             before = (true >= 0) & ~np.isin(true, list(positions))
             rows[features] = (true[before], predicted[before])
+    except MemoryRefusal:
+        raise
     except FoalPipeError as exc:
         return f"The run's --eval-features store could not be read or scored ({exc})"
     return rows
