@@ -60,7 +60,7 @@ def test_projection_init_refused_without_projection(store: Path, tmp_path: Path,
     ("sweep", ["--projection-dim", "0", "--no-loo", *SWEEP]),  # no leave-one-out sample to draw
 ], ids=["learn-d0", "learn-ncm", "learn-d0-orders", "sweep-d0-noloo"])
 def test_seed_refused_when_it_draws_nothing(store: Path, tmp_path: Path, command: str, args: list[str]) -> None:
-    """--seed draws the projection, the --loo-sample rows (protocol/run.py row_sample) and, without --order-seed(s),
+    """--seed draws the projection, the --loo-sample rows (protocol/runstate.py row_sample) and, without --order-seed(s),
     the class order (StreamConfig.resolved_order_seed). With no projection, no sampled leave-one-out and the order
     from --order-seed(s), `--seed 1` changed nothing but the recorded "seed" (--init-model refuses --seed for the
     same reason: "--seed draws the projection", protocol/entry.py)."""

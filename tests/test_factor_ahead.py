@@ -21,7 +21,8 @@ from foal_pipe.protocol.ahead import EIGH_COST, ELEMENT_COST, REDUCTION_COST, ah
 from foal_pipe.protocol.classsums import class_statistics, order_boundaries
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.learners.gram import GramLearner
-from foal_pipe.protocol.run import prepare, row_sample
+from foal_pipe.protocol.run import prepare
+from foal_pipe.protocol.runstate import row_sample
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
 from foal_pipe.protocol.walk import shared_rows, walk
 
@@ -34,7 +35,7 @@ def store(tmp_path_factory):
 
 
 def _run(store, monkeypatch, loo, sample=0, rows_per_block=16, dtype="float64"):
-    monkeypatch.setattr("foal_pipe.protocol.run.block_rows", lambda dim: rows_per_block)  # many blocks a task
+    monkeypatch.setattr("foal_pipe.protocol.runstate.block_rows", lambda dim: rows_per_block)  # many blocks a task
     return prepare(store, StreamConfig(tasks=4, seed=2), ModelConfig(projection_dim=48, loo_sample=sample, dtype=dtype),
                    EvaluationConfig(), ExecutionConfig(backend="numpy"), loo=loo)
 

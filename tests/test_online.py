@@ -19,7 +19,7 @@ from helpers import (
     read,
 )
 
-import foal_pipe.protocol.run as run_module
+import foal_pipe.protocol.runstate as run_module
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.learners.gram import GramLearner

@@ -15,7 +15,7 @@ from foal_pipe.cli import app
 from foal_pipe.core.metrics import summarize
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import parse_memory
-from foal_pipe.protocol import run as run_module
+from foal_pipe.protocol import runstate as run_module
 from foal_pipe.protocol.classsums import class_statistics_bytes
 
 runner = CliRunner()

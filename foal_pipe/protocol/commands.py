@@ -44,7 +44,8 @@ from foal_pipe.protocol.records import (
     sweep_selections,
     undetermined,
 )
-from foal_pipe.protocol.run import Run, prepare, reread_note, row_sample
+from foal_pipe.protocol.run import Run, prepare, reread_note
+from foal_pipe.protocol.runstate import row_sample
 from foal_pipe.protocol.schema import SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import Boundary, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning, listed_order

@@ -17,7 +17,7 @@ from foal_pipe.errors import param
 from foal_pipe.memory import SCORE_EXTRA_BYTES, human
 from foal_pipe.protocol.headruns import head_space
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, cache_bytes, in_memory, index_bytes
-from foal_pipe.protocol.run import HeadStart, Run, row_sample
+from foal_pipe.protocol.runstate import HeadStart, Run, row_sample
 
 
 def run_parts(run: Run, n_models: int = 1, loo: bool = False, heads: Sequence[str] = (), ridge: bool = True,

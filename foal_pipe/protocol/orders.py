@@ -64,7 +64,8 @@ from foal_pipe.protocol.records import (
     sweep_results,
     sweep_selections,
 )
-from foal_pipe.protocol.run import Run, prepare, row_sample
+from foal_pipe.protocol.run import Run, prepare
+from foal_pipe.protocol.runstate import row_sample
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, SweepReport
 from foal_pipe.protocol.solvers import FixedGamma, ManyGammas
 from foal_pipe.protocol.stream import dropped_warning, listed_order

@@ -20,7 +20,8 @@ from foal_pipe.model.ridgemodel import RidgeModel
 from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.loosample import RowSample
-from foal_pipe.protocol.run import Run, row_sample
+from foal_pipe.protocol.run import Run
+from foal_pipe.protocol.runstate import row_sample
 
 #: The leave-one-out criteria's zoom rules (:func:`~foal_pipe.core.gammasearch.zoom`): LOO accuracy's ties go
 #: to the least LOO MSE.
