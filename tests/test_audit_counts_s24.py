@@ -99,15 +99,14 @@ def test_confusion_plot_draws_no_more_cells_than_it_has_pixels(tmp_path, monkeyp
     block: the average the title promises, in data and not in colour space) cost C + pixels."""
     import matplotlib.axes
 
-    from foal_pipe.report.classes import ClassResults
+    from foal_pipe.report.classes import ClassResults, Confusion
     from foal_pipe.report.discovery import load_run
     from foal_pipe.report.plots import plot_confusion
 
     C = 2000
     run = load_run(synthetic_run(tmp_path / "run", 3))
     rng = np.random.default_rng(0)
-    confusion = np.zeros((C, C), dtype=np.int64)
-    np.add.at(confusion, (np.arange(C), rng.integers(0, C, C)), 1)
+    confusion = Confusion.of(C, np.arange(C), rng.integers(0, C, C))
     classes = ClassResults("s.zarr", list(range(C)), [f"c{k}" for k in range(C)], [k % 3 + 1 for k in range(C)],
                            confusion, 0)
     shapes: list[tuple[int, ...]] = []

@@ -15,7 +15,7 @@ from foal_pipe.cli import options as o
 from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
 from foal_pipe.cli.optiontext import numbers
 from foal_pipe.cluster import is_local
-from foal_pipe.core.metrics import pct
+from foal_pipe.core.metrics import capped, pct
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.stream import counted
@@ -163,7 +163,8 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
                                                   for k, v in m.head_options.items())
         if m.gamma == "auto":
             assert m.gammas_selected is not None  # --gamma auto: a gamma chosen at every boundary
-            chosen = f"  gamma by {m.selected_by}: {_gammas_line(m.gammas_selected)}"
+            where = f"{len(m.gammas_selected)} boundaries: metrics.json's gammas_selected"
+            chosen = f"  gamma by {m.selected_by}: {capped([f'{g:g}' for g in m.gammas_selected], where)}"
         if m.A_auc is not None:
             chosen = f"  A_auc {100 * m.A_auc:.2f}{chosen}"
         console.print(
@@ -246,19 +247,6 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
                       highlight=False, markup=False)
-
-
-#: The most boundaries' gammas the result line lists in full (metrics.json holds every one).
-GAMMAS_SHOWN = 20
-
-
-def _gammas_line(gammas: list[float]) -> str:
-    """Each boundary's chosen gamma; past :data:`GAMMAS_SHOWN`, the first and last few and where the rest are (a line
-    of 5,600 characters at 400 tasks)."""
-    text = [f"{g:g}" for g in gammas]
-    if len(text) <= GAMMAS_SHOWN:
-        return ", ".join(text)
-    return f"{', '.join(text[:10])}, ..., {', '.join(text[-5:])} ({len(text)} boundaries: metrics.json's gammas_selected)"
 
 
 def _sweep_table(results: list, oracle: float | None, selected_by: str | None, no_loo: bool, title: str) -> Table:

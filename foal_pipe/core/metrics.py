@@ -77,6 +77,15 @@ def summary_of(acc: np.ndarray | list[list[float]], stream: str | None) -> dict[
     return SUMMARIES[stream or "disjoint"](acc)
 
 
+def capped(texts: list[str], rest: str, shown: int = 20) -> str:
+    """``texts`` joined by commas; past ``shown`` of them, the first half of ``shown`` and the last five, then
+    ``rest`` (where the others are) in brackets: one entry per task boundary grew a line by each task (5,600
+    characters at 400 tasks)."""
+    if len(texts) <= shown:
+        return ", ".join(texts)
+    return f"{', '.join(texts[:shown // 2])}, ..., {', '.join(texts[-5:])} ({rest})"
+
+
 def pct(x: float | None, digits: int = 2) -> str:
     """A fraction as a percent string; ``-`` for missing or NaN, and no ``-0.00``: a forgetting of exactly 0 sums
     differences whose rounding leaves -2.8e-17."""

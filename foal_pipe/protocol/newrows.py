@@ -11,10 +11,7 @@ import numpy as np
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.model.deploy import DeployedModel
 from foal_pipe.store import FeatureStore
-from foal_pipe.store.manifest import data_identities
-
-#: The prefix of the identity :func:`data_identities` gives a store's train images (its split manifest's SHA-256s).
-IMAGES = "images:"
+from foal_pipe.store.manifest import IMAGES, data_identities
 
 
 def label_map(model: DeployedModel, store_classes: Sequence[str]) -> np.ndarray:

@@ -109,12 +109,6 @@ class Confusion:
         pairs, count = np.unique(np.asarray(true, np.int64) * size + np.asarray(predicted, np.int64), return_counts=True)
         return cls(size, pairs // size, pairs % size, count.astype(np.int64))
 
-    @classmethod
-    def dense(cls, matrix: np.ndarray) -> Confusion:
-        """The counts of a ``size`` x ``size`` matrix."""
-        true, predicted = np.nonzero(matrix)
-        return cls(len(matrix), true, predicted, np.asarray(matrix, np.int64)[true, predicted])
-
     def totals(self) -> np.ndarray:
         """Each true class's test rows."""
         out = np.zeros(self.size, np.int64)
@@ -138,16 +132,11 @@ class ClassResults:
     names: list[str]
     #: Each class's task in this run's stream (1-based); ``None`` for a class the model learned before it.
     tasks: list[int | None]
-    #: The counts; a dense matrix given here is kept as its :class:`Confusion`.
     confusion: Confusion
     #: Test rows of classes the model does not know (not in the matrix).
     unknown_rows: int
     #: A continued run's ``--eval-features`` stores whose test rows fill the classes learned before it.
     earlier_from: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if isinstance(self.confusion, np.ndarray):
-            self.confusion = Confusion.dense(self.confusion)
 
     def rows(self) -> list[dict[str, Any]]:
         """``class_accuracy.csv``: label id, name, task, test rows, correct, accuracy (%, empty without rows)."""

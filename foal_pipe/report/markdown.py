@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.core.metrics import pct, summary_of
+from foal_pipe.core.metrics import capped, pct, summary_of
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.schema import LearnMetrics, same_gamma
@@ -260,9 +260,8 @@ def _criterion(selected_by: str | None, what: str, sampled: int | None = None) -
 def _auto_gamma(m: LearnMetrics) -> list[str]:
     """How ``learn --gamma auto`` chose gamma at each task boundary."""
     assert m.gammas_selected is not None  # read_metrics refuses "auto" without a gamma per boundary
-    named = [f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected)]
-    chosen = ", ".join(named) if len(named) <= SHOWN else (
-        f"{', '.join(named[:SHOWN // 2])}, ..., {', '.join(named[-5:])} (every boundary's in metrics.json's gammas_selected)")
+    chosen = capped([f"T{i + 1} {g:g}" for i, g in enumerate(m.gammas_selected)],
+                    "every boundary's in metrics.json's gammas_selected", SHOWN)
     search = m.gamma_search
     sampled = search.sample_rows[-1] if search is not None and search.sample_rows and any(search.sample_eps or ()) else None
     criterion = _criterion(m.selected_by, "run", sampled)

@@ -22,6 +22,8 @@ from foal_pipe.store.integrity import compute_generation
 from foal_pipe.store.meta import SPLITS, StoreMeta, open_array, read_meta
 
 MANIFEST = "manifest"
+#: The prefix of the identity :func:`data_identities` gives a store's train images (the hash of their SHA-256s).
+IMAGES = "images:"
 #: The document a store's ``manifest`` array holds (as :mod:`foal_pipe.datasets.manifest` writes it).
 MANIFEST_FORMAT, MANIFEST_VERSION = "foal-pipe/split-manifest", 1
 #: One split's entries: ``(name, sha256, label)`` in row order.
@@ -113,5 +115,5 @@ def data_identities(store: Any) -> list[str]:
         classes, splits = parse_stored_manifest(raw, store.path)
         rows = [[sha, classes[label] if label >= 0 else ""] for _, sha, label in splits["train"]]
         digest = hashlib.sha256(json.dumps([store.meta.dataset, rows], ensure_ascii=False).encode())
-        identities.append("images:" + digest.hexdigest())
+        identities.append(IMAGES + digest.hexdigest())
     return identities
