@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.backend import get_namespace
-from foal_pipe.core.linalg import DRIFTS, PROBES, probe_columns
+from foal_pipe.core.drift import DRIFTS
+from foal_pipe.core.linalg import PROBES, probe_columns
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.heads.dual import DualHead
 

@@ -179,10 +179,6 @@ def fits(parts: dict[str, int]) -> bool:
     return available is None or BASELINE_BYTES + sum(parts.values()) <= available
 
 
-#: Bytes a head's scoring holds per row and class beyond its one float64 score, measured (tracemalloc, 1,000 classes):
-#: fecam's memo of columns and bounds, their stacked copies and the screen's ceiling; dual's two products and their
-#: ties; ncm's and slda's distance temporaries (a head not named: none).
-SCORE_EXTRA_BYTES = {"fecam": 34, "dual": 20, "ncm": 8, "slda": 8}
 #: Bytes the pick of each row's best class adds per row and class: the ties' top two scores
 #: (:func:`~foal_pipe.core.scoring.top_two`: a copy and a ``where`` of the scores).
 TIES_BYTES = 16

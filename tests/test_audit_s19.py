@@ -74,7 +74,7 @@ def test_a_gamma_the_sums_cannot_take_is_refused_naming_one_they_take(tmp_path):
 
     X, y = load_digits(return_X_y=True)
     store = write_store(tmp_path / "d.zarr", (X[:1400], y[:1400]), (X[1400:], y[1400:]), [str(i) for i in range(10)])
-    for dtype, cases in (("float64", (("1e-14", "below the resolution"), ("3.1e-14", "not positive definite"),
+    for dtype, cases in (("float64", (("1e-20", "below the resolution"), ("3.1e-14", "not positive definite"),
                                       ("1e-10", "too ill-conditioned"))),
                          ("float32", (("1.7e-05", "not positive definite"), ("1e-3", "too ill-conditioned")))):
         args = ("--features", store, "--tasks", 10, "--projection-dim", 200, "--seed", 3, "--dtype", dtype)

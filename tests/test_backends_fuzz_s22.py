@@ -23,8 +23,8 @@ from helpers import blob_store, invoke
 from safetensors.numpy import load_file
 
 from foal_pipe import AnalyticClassifier, FoalPipeError, head_classifier, load_model
+from foal_pipe.core.drift import DRIFTS
 from foal_pipe.core.gammapath import RSS_RESOLUTION
-from foal_pipe.core.linalg import DRIFTS
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 

@@ -31,7 +31,7 @@ def test_accepted_float32_gamma_gives_the_float64_answer(tmp_path, digits, gamma
     """An accepted gamma's float32 weights lie within DRIFTS["float32"] (1%, Frobenius) of float64's, and so do the accuracies."""
     from safetensors.numpy import load_file
 
-    from foal_pipe.core.linalg import DRIFTS
+    from foal_pipe.core.drift import DRIFTS
 
     metrics, weights = {}, {}
     for dtype in ("float64", "float32"):
@@ -66,7 +66,7 @@ def test_the_drift_estimate_follows_the_weights_float32_sums_give():
     from sklearn.datasets import load_digits
 
     from foal_pipe import SmoothProjection
-    from foal_pipe.core.linalg import drift
+    from foal_pipe.core.drift import drift
 
     X, y = load_digits(return_X_y=True)
     for D in (200, 500):

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from foal_pipe.heads import HEADS
-from foal_pipe.report.resultstable import _orders_note, plot, tick_labels
+from foal_pipe.report.resultstable import ROW_INCHES, _orders_note, plot, tick_labels
 
 LONG = [f"vit_base_patch16_224_augreg2_in21k_ft_in1k_cifar100_seed{k}.zarr" for k in range(2)]
 MIDDLE = [f"common_prefix_{c}_common_suffix_that_is_long_enough.zarr" for c in "AB"]
@@ -58,6 +58,7 @@ def _boxes(fig) -> tuple[list, list, Any, Any]:
     (LONG, 1, [3], [0]),
     (["s.zarr", *LONG, "M" * 60], len(HEADS), [5, 10, 20], list(range(30))),
     ([*MIDDLE, "a\tb", "a b"], 3, [3], [0, 1, 2]),
+    (["s.zarr", "t.zarr"], 2, list(range(2, 42)), [0, 1]),  # 40 task counts: rows of panels
 ])
 def test_the_figures_text_lies_inside_it_and_apart(tmp_path, figures, stores, heads, tasks, seeds):
     with warnings.catch_warnings():
@@ -91,3 +92,17 @@ def test_the_title_wraps_at_spaces_to_the_figures_width(tmp_path, figures):
     (fig,) = figures
     lines = fig._suptitle.get_text().splitlines()
     assert len(lines) > 1 and " ".join(lines) == "A_last, " + _orders_note(table).replace("±", "+-")
+
+
+def test_many_task_counts_wrap_into_rows_no_wider_than_row_inches(tmp_path, figures):
+    """40 task counts drew one row of 40 panels, 7,600 pixels wide; they now wrap into rows at most ROW_INCHES wide,
+    every panel drawn once, the figure growing in height instead."""
+    tasks = list(range(2, 42))
+    plot(_table(["s.zarr", "t.zarr"], ["ridge", "ncm"], tasks, [0, 1]), tmp_path / "table.png")
+    (fig,) = figures
+    width, height = fig.get_size_inches()
+    assert width <= ROW_INCHES and height > 2 * 3.6
+    titles = sorted(ax.get_title() for ax in fig.axes)
+    assert len(titles) == len(tasks) and len(set(titles)) == len(tasks)
+    rows = {round(ax.get_position().y0, 3) for ax in fig.axes}
+    assert 1 < len(rows) < len(tasks)

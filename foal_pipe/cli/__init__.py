@@ -164,6 +164,23 @@ def _end(status: int) -> NoReturn:
     os._exit(status)
 
 
+def _refuse_optimized() -> None:
+    """Under Python's optimisation mode (``-O``, ``PYTHONOPTIMIZE``), where zarr cannot read a store
+    (:func:`~foal_pipe.store.integrity.optimized_problem`), every command is refused in one line before it starts,
+    with a usage error's exit status (2): the interpreter's command line is wrong, not a store."""
+    if not sys.flags.optimize:
+        return
+    from rich.markup import escape
+
+    from foal_pipe.cli._app import err_console
+    from foal_pipe.store.integrity import optimized_problem
+
+    problem = optimized_problem()
+    if problem is not None:
+        err_console.print(f"[bold red]Error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+        raise SystemExit(2)
+
+
 def _command() -> None:
     """Run the command; a stop ends in :func:`_interrupted`, a failure in its ``SystemExit``."""
     try:
@@ -188,9 +205,11 @@ def main() -> None:
     coverage), which writes its results after the program returns. Ctrl-C and SIGTERM (or SIGHUP) from here on,
     typer's start-up included (the interpreter's and ``foal_pipe``'s imports come before: a stop there ends the
     process as Python does, nothing written yet), end with one line and exit 130 or 143 (129), a stop that a
-    finaliser swallowed too: the command then went on, and ends with its status all the same."""
+    finaliser swallowed too: the command then went on, and ends with its status all the same. Under ``python -O``
+    no command starts (:func:`_refuse_optimized`)."""
     try:
         _catch_stops()
+        _refuse_optimized()
         _command()
         status = 0
     except KeyboardInterrupt:

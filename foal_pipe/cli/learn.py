@@ -235,7 +235,9 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         if report.selections:
             from foal_pipe.protocol.criteria import CRITERIA
 
-            console.print("refined search (last boundary's gamma, test A_last of the chosen models): " + ", ".join(
+            seeds = report.order_seeds or []
+            first = f"order seed {seeds[0]}'s " if len(seeds) > 1 else ""  # sweep.json's selections: the first order's
+            console.print(f"refined search ({first}last boundary's gamma, test A_last of the chosen models): " + ", ".join(
                 f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
                 for s in report.selections), highlight=False, markup=False)
         if report.heads:

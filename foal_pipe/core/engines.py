@@ -22,9 +22,10 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import dtype_name
+from foal_pipe.core.drift import DRIFTS
 from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, best_point, search_grid
-from foal_pipe.core.linalg import DRIFTS, checked_solve, one_hot, shifted
+from foal_pipe.core.linalg import checked_solve, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
 
@@ -122,7 +123,7 @@ class RLSEngine:
     by 27% (digits, gamma 1e-9) where the sums' exact solve was within 1e-7. The engine therefore keeps those sums
     beside it (float64 ``G`` and ``Q``, rows gathered into :data:`VERIFY_ROWS`-row products) and, whenever the weights
     are asked for after an update, checks them against that solve (:meth:`verify`): a recursion that drifted by more
-    than :data:`~foal_pipe.core.linalg.DRIFTS` is refused, as is a gamma the sums themselves cannot resolve."""
+    than :data:`~foal_pipe.core.drift.DRIFTS` is refused, as is a gamma the sums themselves cannot resolve."""
 
     name = "rls"
     state_names = ("R", "W")
@@ -212,7 +213,7 @@ class RLSEngine:
 
     def verify(self) -> None:
         """Refuse weights that the recursion's rounding moved from the exact solve of the same sums by more than
-        :data:`~foal_pipe.core.linalg.DRIFTS` (that solve refuses a gamma the sums cannot resolve)."""
+        :data:`~foal_pipe.core.drift.DRIFTS` (that solve refuses a gamma the sums cannot resolve)."""
         if self._verified:  # a loaded state is verified until it is updated
             return
         self._gather()

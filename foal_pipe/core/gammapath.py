@@ -14,13 +14,10 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.drift import DRIFTS, SCALE_SPREAD, UNITS, drift_floor, drift_share
 from foal_pipe.core.linalg import (
-    DRIFTS,
-    UNITS,
     check_positive,
     check_solved,
-    drift_floor,
-    drift_share,
     factor_threads,
     float64,
     float64_way_out,
@@ -43,8 +40,13 @@ def gcv_undeterminable() -> FoalPipeError:
 def eigen_floor(floor: float, values: Any, top: float, dtype: str) -> float:
     """The refusal floor for gammas: the sums' resolution, ``-min(lambda)`` when rounding left a negative eigenvalue,
     and the least gamma at which the rounding of sums in ``dtype`` (``top``: their largest entry) moves the weights
-    by at most :data:`~foal_pipe.core.linalg.DRIFTS` (:func:`drift_floor`). ``values``: every eigenvalue, or only
-    the lowest where :func:`~foal_pipe.core.linalg.cheap_drift_floor` shows the rest cannot raise the floor."""
+    by at most :data:`~foal_pipe.core.drift.DRIFTS` (:func:`drift_floor`). ``values``: every eigenvalue, or only
+    the lowest where :func:`~foal_pipe.core.linalg.cheap_drift_floor` shows the rest cannot raise the floor.
+
+    The drift here keeps ``u max|G|`` for every entry, whatever the columns' scales (:func:`~foal_pipe.core.drift.column_scales`,
+    which a single solve's check uses): the path's weights come from eigenvalues that ``eigh`` and ``dsytrd`` give to
+    ``u lambda_max`` each, not to their own size, so at a gamma below it a column far smaller than the largest is
+    solved by the path from eigenvalues lost in that rounding, where a Cholesky factorisation would resolve it."""
     xp = array_namespace(values)
     floor = max(floor, -float(xp.min(values)) if values.shape[0] else 0.0)
     return max(floor, drift_floor(to_numpy(values), top, dtype))
@@ -92,8 +94,9 @@ class GammaPath(ABC):
         if self.floor and g.min() <= self.floor:
             share = drift_share(DRIFTS[self.dtype], self.dtype)
             raise FoalPipeError(
-                f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
-                f"diagonal entry, the most negative eigenvalue rounding left, or the least gamma at which the "
+                f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x the largest "
+                f"diagonal entry (or {SCALE_SPREAD**2:g}x the least where less), the most negative eigenvalue rounding "
+                f"left, or the least gamma at which the "
                 f"rounding of {self.dtype} sums moves the weights by at most {share}), so its solution would be noise "
                 f"(off by more than {share}); "
                 f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}){float64_way_out(self.dtype)}"
@@ -121,7 +124,7 @@ class GammaPath(ABC):
 
     def check_weights(self, G: Any, Q: Any, gammas: np.ndarray, W: Any) -> None:
         """Refuse :meth:`weights` ``W`` (D, M, C) of the statistics ``G``, ``Q`` this path factors where the solve's
-        own rounding moved one gamma's by more than :data:`~foal_pipe.core.linalg.DRIFTS`
+        own rounding moved one gamma's by more than :data:`~foal_pipe.core.drift.DRIFTS`
         (:func:`~foal_pipe.core.linalg.check_solved`, measured only at gammas where it may)."""
         top = self._top()
         for m, gamma in enumerate(map(float, gammas)):

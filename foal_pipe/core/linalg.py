@@ -14,6 +14,20 @@ from array_api_compat import array_namespace, device, is_cupy_namespace, is_nump
 from threadpoolctl import OpenBLASController, ThreadpoolController
 
 from foal_pipe.core.backend import dtype_name, linalg_errors, to_numpy
+from foal_pipe.core.drift import (
+    DRIFTS,
+    NAMED_SHARE,
+    SCALE_SPREAD,
+    UNITS,
+    column_scales,
+    drift,
+    drift_beyond,
+    drift_floor,
+    drift_share,
+    least_gamma,
+    resolution,
+    rounded_up,
+)
 from foal_pipe.errors import FoalPipeError, param
 
 #: Factorisations up to this dimension run on one BLAS thread: measured on a shared 2-core machine, a
@@ -50,61 +64,33 @@ def shifted(G: Any, gamma: float) -> Any:
     return xp.reshape(flat, G.shape)
 
 
-def resolution(G: Any) -> float:
-    """The smallest gamma the state can represent: ``eps(dtype) * max diag(G)``.
-
-    A smaller gamma underflows when added to the diagonal of ``G`` in the state's dtype: its effect is
-    below the rounding of the sums themselves, so the solution would be noise.
-    """
-    xp = array_namespace(G)
-    if G.shape[0] == 0:
-        return 0.0
-    top = float(xp.max(xp.reshape(G, (-1,))[:: G.shape[0] + 1]))
-    return float(xp.finfo(G.dtype).eps) * max(top, 0.0)
-
-
 def finite_resolution(G: Any, Q: Any = None) -> float:
-    """:func:`resolution`, refused when the sums overflowed (a non-finite diagonal) or, given the class sums ``Q``,
-    underflowed: a largest diagonal entry below ``tiny / eps`` of the dtype while ``Q`` is not zero means products
-    of the features fell to subnormal numbers or zero, so ``G`` lost them while ``Q`` kept the features."""
-    floor = resolution(G)
+    """``eps(dtype) * max diag(G)``, the resolution of a gamma path (whose eigenvalues are given to ``u lambda_max``
+    each, whatever the columns' scales; a single solve resolves less: :func:`~foal_pipe.core.drift.resolution`),
+    refused when the sums overflowed (a non-finite diagonal) or, given the class sums ``Q``, underflowed: a largest
+    diagonal entry below ``tiny / eps`` of the dtype while ``Q`` is not zero means products of the features fell to
+    subnormal numbers or zero, so ``G`` lost them while ``Q`` kept the features."""
+    xp = array_namespace(G)
     name = dtype_name(G.dtype)
     fix = "rescale the features" + ("" if name == "float64" else f" or use {param('dtype', 'float64')}")
-    if not np.isfinite(floor):
+    if G.shape[0] == 0:
+        return 0.0
+    info = xp.finfo(G.dtype)
+    largest = float(info.eps) * max(float(xp.max(xp.reshape(G, (-1,))[:: G.shape[0] + 1])), 0.0)
+    if not np.isfinite(largest):
         raise FoalPipeError(
             f"the {name} Gram sums overflowed (the features are too large for this dtype); {fix}"
         )
-    if Q is not None and G.shape[0] and Q.shape[1]:
-        xp = array_namespace(G)
-        info = xp.finfo(G.dtype)
-        if floor < float(info.smallest_normal) and float(xp.max(xp.abs(Q))) > 0:
-            raise FoalPipeError(
-                f"the {name} Gram sums underflowed (products of the features fall below {float(info.smallest_normal):.0e}, the "
-                f"smallest normal {name}); {fix}"
-            )
-    return floor
+    if Q is not None and Q.shape[1] and largest < float(info.smallest_normal) and float(xp.max(xp.abs(Q))) > 0:
+        raise FoalPipeError(
+            f"the {name} Gram sums underflowed (products of the features fall below {float(info.smallest_normal):.0e}, the "
+            f"smallest normal {name}); {fix}"
+        )
+    return largest
 
 
-#: How far the rounding of the Gram sums' entries may move the weights, relative (Frobenius), estimated by
-#: :func:`drift`, by the dtype of the sums: a gamma at which it would move them more is refused, as one below their
-#: resolution is. float32 sums are solved in float64, so a percent is their price; float64 sums promise exactness,
-#: so their bound is far below any accuracy's resolution (where ``G + gamma I`` is well conditioned the rounding
-#: leaves about 1e-13).
-DRIFTS = {"float32": 1e-2, "float64": 1e-4}
-#: The unit of rounding of each dtype of the sums.
-UNITS = {"float32": 2.0**-24, "float64": 2.0**-53}
-#: An entry of float32 Gram sums lies within about this many units of rounding (2^-24) of its exact value, per unit
-#: of the largest entry, in standard deviations: one rounding's ``1 / sqrt(3)`` doubled for the block products' and
-#: the running sums' roundings. On digits and a 20,000-row store (sigmoid and ReLU, D = 200 to 2,000, gammas 1e-2 to
-#: 10) :func:`drift` at one rounding gave 0.90-1.16x the measured change of the weights (sigmoid), 0.1-0.23x (ReLU).
-ROUNDING_SPREAD = 2.0 / np.sqrt(3.0)
-#: The estimate's margin per dtype. float32 sums' rounding dominates their solve's and was calibrated above (it
-#: overestimates). For float64 sums the sums' and the solve's own rounding are alike: against iteratively refined
-#: solutions (761 random cases, n 10-5,000, D 10-1,000) the bare estimate fell to 0.35x the true change (sigmoid
-#: features, whose entries all lie near ``max|G|``), and the tridiagonal path's weights err up to 2.5x a Cholesky
-#: solve's: a margin of 8 keeps the estimate above both.
-DRIFT_MARGINS = {"float32": 1.0, "float64": 8.0}
-#: Random columns solved beside (or after) ``Q`` to estimate ``|(G + gamma I)^-1|_F^2`` (Hutchinson).
+#: Random columns solved beside (or after) ``Q`` to estimate ``|R (G + gamma I)^-1 R|_F^2`` (Hutchinson; ``R``:
+#: :func:`~foal_pipe.core.drift.column_scales`).
 PROBES = 32
 
 
@@ -114,59 +100,11 @@ def probe_columns(like: Any) -> Any:
     return xp.asarray(np.random.default_rng(0).standard_normal((like.shape[0], PROBES)), device=device(like))
 
 
-def drift(inverse_frobenius2: float, top: float, dtype: str = "float32") -> float:
-    """The relative (Frobenius) change of ``W = (G + gamma I)^-1 Q`` that rounding of ``G``'s entries in ``dtype``
-    may cause: a symmetric perturbation ``E`` of independent entries of standard deviation ``s = ROUNDING_SPREAD u
-    max|G|`` moves ``W`` by ``(G + gamma I)^-1 E W``, about ``sqrt(2) s |(G + gamma I)^-1|_F |W|_F``.
-    ``inverse_frobenius2``: ``|(G + gamma I)^-1|_F^2``, the sum of ``1 / (lambda + gamma)^2``; ``top``: ``max|G|``.
-    Times :data:`DRIFT_MARGINS` for the dtype."""
-    return float(np.sqrt(2.0 * inverse_frobenius2) * ROUNDING_SPREAD * UNITS[dtype] * top * DRIFT_MARGINS[dtype])
-
-
-def drift_share(moved: float, dtype: str, digits: int = 1) -> str:
-    """A drift as the refusals print it: a percent for float32, a relative number for float64, to ``digits``
-    significant digits."""
-    if DRIFTS[dtype] < 1e-3:
-        return f"{moved:.{digits}g}"
-    return np.format_float_positional(100 * moved, precision=digits, unique=True, fractional=False, trim="-") + "%"
-
-
-def drift_beyond(moved: float, dtype: str) -> str:
-    """A drift above :data:`DRIFTS` printed with the digits that show it above (1.004% is not "about 1%")."""
-    limit = drift_share(DRIFTS[dtype], dtype)
-    return next((shown for digits in range(1, 8) if (shown := drift_share(moved, dtype, digits)) != limit),
-                drift_share(moved, dtype, 8))
-
-
 def cheap_drift_floor(lowest: float, dim: int, top: float, dtype: str) -> float:
     """A gamma above which :func:`drift` stays within :data:`DRIFTS` whatever the spectrum: ``|(G + gamma I)^-1|_F^2
     <= D / (lambda_min + gamma)^2``. Where it lies below the resolution floor no eigenvalue beyond the lowest is
     needed."""
     return max(0.0, drift(float(dim), top, dtype) / DRIFTS[dtype] - lowest)
-
-
-def drift_floor(values: np.ndarray, top: float, dtype: str = "float32", limit: float | None = None) -> float:
-    """The least gamma at which sums in ``dtype`` with eigenvalues ``values`` and largest entry ``top`` move the
-    weights by at most ``limit`` (default :data:`DRIFTS`; :func:`drift` falls as gamma grows), to a relative 1e-6 by
-    bisection in log space."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.size == 0 or top == 0:
-        return 0.0
-    limit = DRIFTS[dtype] if limit is None else limit
-    low = max(0.0, -float(values.min()))
-
-    def moved(gamma: float) -> float:
-        return drift(float(np.sum((values + gamma) ** -2.0)), top, dtype)
-
-    high = low + drift(float(values.size), top, dtype) / limit  # sum (lambda + high)^-2 <= D / (high - low)^2
-    start = max(high * 1e-30, np.nextafter(low, np.inf)) if low else high * 1e-30
-    a, b = np.log(start), np.log(high)
-    if moved(start) <= limit:
-        return 0.0
-    while b - a > 1e-6:
-        mid = 0.5 * (a + b)
-        a, b = (a, mid) if moved(float(np.exp(mid))) <= limit else (mid, b)
-    return float(np.exp(b))
 
 
 def drift_refusal(gamma: float, moved: float, dtype: str, G: Any = None, Q: Any = None) -> FoalPipeError:
@@ -177,41 +115,54 @@ def drift_refusal(gamma: float, moved: float, dtype: str, G: Any = None, Q: Any 
         f"ill-conditioned for them); {larger_gamma(G, Q)}{float64_way_out(dtype)}")
 
 
-#: The share of :data:`DRIFTS` at the gamma a refusal names (:func:`larger_gamma`): ``learn``'s float32 check
-#: estimates the drift from 32 random columns (about 12% apart from the exact figure), so one named at the limit
-#: itself could be refused again.
-NAMED_SHARE = 0.25
-
-
 def larger_gamma(G: Any = None, Q: Any = None, floor: float | None = None) -> str:
     """A refusal's advice: with the sums ``G`` (D up to :data:`SINGLE_THREAD_FACTOR_DIM`), a gamma they take, the
-    least above their resolution at which their rounding moves the weights by :data:`NAMED_SHARE` of the limit
-    (:func:`drift_floor`; their eigenvalues computed for the message alone); else ``floor`` or only a larger one."""
+    least above their resolution at which their rounding moves the weights by :data:`NAMED_SHARE` of the limit:
+    from their eigenvalues (:func:`drift_floor`; computed for the message alone), which bound the drift of columns of
+    every scale, then, where the columns' scales differ (:func:`column_scales`), as :func:`check_drift` measures it,
+    by bisection below that bound (a factorisation a step); else ``floor`` or only a larger one."""
     if G is not None and 0 < G.shape[0] <= SINGLE_THREAD_FACTOR_DIM:
-        dtype = dtype_name(G.dtype)
+        dtype, limit, scales = dtype_name(G.dtype), NAMED_SHARE * DRIFTS[dtype_name(G.dtype)], column_scales(G)
         with suppress(*linalg_errors()):  # LAPACK did not converge: the advice without a figure from the eigenvalues
             values = to_numpy(array_namespace(G).linalg.eigvalsh(float64(G))).astype(np.float64)
-            floor = max(finite_resolution(G, Q), drift_floor(values, largest_entry(G), dtype, NAMED_SHARE * DRIFTS[dtype]))
+            finite_resolution(G, Q)
+            least = resolution(G)
+            floor = max(least, drift_floor(values, largest_entry(G), dtype, limit))
+            if not bool(array_namespace(G).all(scales == 1)) and floor > least:
+                floor = max(least, least_gamma(lambda gamma: probed_drift(G, gamma, scales), limit, least, floor, 1e-4))
     if floor is None:
         return "use a larger gamma"
     return f"use a gamma of at least {rounded_up(floor)} (a later task's sums, over more rows, may need more)"
 
 
+def probed_drift(G: Any, gamma: float, scales: Any, Q: Any = None, named: bool = False) -> float:
+    """:func:`drift` at ``gamma`` from :data:`PROBES` random columns, each row times ``scales``
+    (:func:`column_scales`), solved: ``|R (G + gamma I)^-1 R|_F^2`` estimated (Hutchinson). Where ``G + gamma I`` is
+    not positive definite: refused naming a gamma (``named``; :func:`gamma_solver`), else infinite."""
+    xp, dim = array_namespace(G), G.shape[0]
+    r = scales[:, None]
+    with factor_threads(dim):
+        if named:
+            solver = gamma_solver(G, gamma, Q)
+        else:
+            try:
+                solver = spd_solver(shifted(G, float(gamma)), dtype_name(G.dtype))
+            except FoalPipeError:
+                return math.inf
+        solved = solver(r * probe_columns(G))
+    return drift(float(xp.sum((r * solved) ** 2)) / PROBES, largest_entry(G), dtype_name(G.dtype))
+
+
 def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
     """Refuse what :func:`check_gammas` refuses, and a gamma at which the rounding of the sums ``G`` moves
-    ``(G + gamma I)^-1 Q`` by more than :data:`DRIFTS` (:func:`drift`): every check of a solver that factors
-    ``G + gamma I`` once per gamma. Free where the bound ``D / gamma^2`` already passes (every well-conditioned
-    case), else :data:`PROBES` random columns solved."""
+    ``(G + gamma I)^-1 Q`` by more than :data:`DRIFTS` (:func:`drift`, each column at its own scale): every check of
+    a solver that factors ``G + gamma I`` once per gamma. Free where the bound ``D / gamma^2`` already passes (every
+    well-conditioned case), else :data:`PROBES` random columns solved (:func:`probed_drift`)."""
     check_gammas(G, gamma, Q)
     dtype, dim = dtype_name(G.dtype), G.shape[0]
-    top = largest_entry(G)
-    if dim == 0 or drift(dim / float(gamma) / float(gamma), top, dtype) <= DRIFTS[dtype]:  # gamma^2 overflows past 1e154
+    if dim == 0 or drift(dim / float(gamma) / float(gamma), largest_entry(G), dtype) <= DRIFTS[dtype]:  # gamma^2: inf past 1e154
         return
-    xp = array_namespace(G)
-    probes = probe_columns(G)
-    with factor_threads(dim):
-        solved = gamma_solver(G, gamma, Q)(probes)
-    moved = drift(float(xp.sum(solved**2)) / PROBES, top, dtype)
+    moved = probed_drift(G, gamma, column_scales(G), Q, named=True)
     if moved > DRIFTS[dtype]:
         raise drift_refusal(float(gamma), moved, dtype, G, Q)
 
@@ -290,26 +241,20 @@ def not_positive_definite(where: str, dtype: str = "float32", G: Any = None, Q: 
 
 
 def check_gammas(G: Any, gammas: Any, Q: Any = None) -> None:
-    """Refuse gammas that are not positive or that underflow in the dtype of ``G`` (see :func:`resolution`), and
+    """Refuse gammas that are not positive or that underflow in the dtype of ``G`` (see
+    :func:`~foal_pipe.core.drift.resolution`), and
     sums that overflowed or (given ``Q``) underflowed (:func:`finite_resolution`)."""
     low = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
     check_positive(low)
-    floor = finite_resolution(G, Q)
+    finite_resolution(G, Q)
+    floor = resolution(G)
     if floor and low.min() < floor:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
-            f"({floor:.3g} = eps x largest diagonal entry), so the solve would be noise; {larger_gamma(G, Q, floor)}"
+            f"({floor:.3g} = eps x the largest diagonal entry, or {SCALE_SPREAD**2:g}x the least where less), so the solve "
+            f"would be noise; {larger_gamma(G, Q, floor)}"
             f"{float64_way_out(dtype_name(G.dtype))}"
         )
-
-
-def rounded_up(value: float) -> str:
-    """``value`` to 3 significant digits, rounded up: a gamma that still passes where ``value`` is the least one."""
-    step = 10.0 ** (math.floor(math.log10(value)) - 2)
-    digits = math.ceil(value / step)
-    while float(f"{digits * step:.3g}") < value:  # float rounding of the product or of its text
-        digits += 1
-    return f"{digits * step:.3g}"
 
 
 @cache

@@ -77,7 +77,13 @@ def summary_of(acc: np.ndarray | list[list[float]], stream: str | None) -> dict[
     return SUMMARIES[stream or "disjoint"](acc)
 
 
-def capped(texts: list[str], rest: str, shown: int = 20) -> str:
+#: The most entries a report writes out one by one (tasks of summary.md's matrix and the heatmap's numbered cells,
+#: classes named per task, gammas of a result line): past them a line grows with every task or class (a 1,000-task
+#: run's table: 1,001 columns, 5.4 MB); the CSV files hold every entry.
+SHOWN = 20
+
+
+def capped(texts: list[str], rest: str, shown: int = SHOWN) -> str:
     """``texts`` joined by commas; past ``shown`` of them, the first half of ``shown`` and the last five, then
     ``rest`` (where the others are) in brackets: one entry per task boundary grew a line by each task (5,600
     characters at 400 tasks)."""

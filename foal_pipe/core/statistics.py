@@ -40,16 +40,15 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
 
 from foal_pipe.core.backend import default_device, dtype_name
+from foal_pipe.core.drift import DRIFTS, column_scales, drift
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, apply_reflectors, eigen_floor, lapack_ok
 from foal_pipe.core.linalg import (
-    DRIFTS,
     PROBES,
     cheap_drift_floor,
     check_drift,
     check_gammas,
     check_solved,
     class_positions,
-    drift,
     drift_refusal,
     factor_threads,
     finite_resolution,
@@ -298,7 +297,7 @@ class RidgeStatistics:
 
     def solve(self, gamma: float, drift_checked: bool = False) -> Any:
         """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64, refused at a gamma at which the rounding of the sums
-        would move ``W`` by more than :data:`~foal_pipe.core.linalg.DRIFTS` (:func:`~foal_pipe.core.linalg.drift`):
+        would move ``W`` by more than :data:`~foal_pipe.core.drift.DRIFTS` (:func:`~foal_pipe.core.drift.drift`):
         for float32 sums the same factorisation also solves :data:`~foal_pipe.core.linalg.PROBES` random columns,
         whose mean squared length estimates ``|(G + gamma I)^-1|_F^2`` (Hutchinson); float64 sums are checked by
         :func:`~foal_pipe.core.linalg.check_drift` (a bound, probes only where it does not pass). ``drift_checked``:
@@ -315,13 +314,14 @@ class RidgeStatistics:
         Q = float64(self.Q)
         if probed:
             top = largest_entry(self.G)
-            Q = xp.concat([Q, probe_columns(self.G)], axis=1)
+            scales = column_scales(self.G)[:, None]  # each column at its own scale (core/drift.py)
+            Q = xp.concat([Q, scales * probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
             solver = gamma_solver(self.G, gamma, self.Q)
             W = solver(Q)
             C = self.Q.shape[1]
             if probed:
-                moved = drift(float(xp.sum(W[:, C:] ** 2)) / PROBES, top, dtype)
+                moved = drift(float(xp.sum((scales * W[:, C:]) ** 2)) / PROBES, top, dtype)
                 if moved > DRIFTS[dtype]:
                     raise drift_refusal(float(gamma), moved, dtype, self.G, self.Q)
                 W = W[:, :C]

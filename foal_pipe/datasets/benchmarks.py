@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foal_pipe.datasets.loaders import DEFAULT_ROOT, _candidates, _first_match, _folder_split, _missing
+from foal_pipe.datasets.pathtext import os_path, path_text
 from foal_pipe.datasets.sources import DatasetSplits, FileSource
 from foal_pipe.errors import FoalPipeError, param
 
@@ -75,7 +76,8 @@ def folder_benchmark_loader(name: str) -> Callable[[Path | None, bool], DatasetS
             raise _missing(bench.title, looked, "train/<class>/ and test/<class>/ folders",
                            f"download {PTM_CIL_SOURCE}, unpack it and pass {param('data_dir')} pointing at "
                            f"{bench.folders[0]} or its parent")
-        folders = {split: sorted(d.name for d in (root / split).iterdir() if d.is_dir()) for split in ("train", "test")}
+        folders = {split: sorted(path_text(d.name) for d in (root / split).iterdir() if d.is_dir())
+                   for split in ("train", "test")}
         classes = folders["train"]
         if len(classes) != bench.classes:
             raise FoalPipeError(f"{bench.title} at {root} has {len(classes)} class folders in train/, but the benchmark "
@@ -94,7 +96,7 @@ def folder_benchmark_loader(name: str) -> Callable[[Path | None, bool], DatasetS
                                     f"({len(empty)} empty class folder{'s' * (len(empty) != 1)} in {split}/); unpack "
                                     "the whole archive again")
             sources[split] = FileSource(paths, labels, root / split)
-        return DatasetSplits(name, classes, sources["train"], sources["test"], str(root))
+        return DatasetSplits(name, classes, sources["train"], sources["test"], path_text(root))
 
     load.__doc__ = f"{bench.title}: the PTM-CIL split, {bench.classes} classes in train/<class>/ and test/<class>/."
     return load
@@ -149,7 +151,7 @@ def load_cub200(data_dir: Path | None, download: bool) -> DatasetSplits:
             raise FoalPipeError(f"CUB-200-2011 at {root}: image {image_id} has class {label!r} in image_class_labels.txt "
                                 f"and split {flag!r} in train_test_split.txt (expected 1-200 and 0 or 1); unpack the "
                                 "archive again")
-        path = root / "images" / images[image_id]
+        path = root / "images" / os_path(images[image_id])
         if not path.is_file():
             raise FoalPipeError(f"CUB-200-2011 at {root}: {path} is missing (images.txt lists it); unpack the whole "
                                 "archive again")
@@ -157,4 +159,4 @@ def load_cub200(data_dir: Path | None, download: bool) -> DatasetSplits:
         paths[split].append(path)
         rows[split].append(int(label) - 1)
     return DatasetSplits("cub200", classes, FileSource(paths["train"], rows["train"], root / "images"),
-                         FileSource(paths["test"], rows["test"], root / "images"), str(root))
+                         FileSource(paths["test"], rows["test"], root / "images"), path_text(root))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.datasets.hdf5 import load_hdf5 as load_hdf5
+from foal_pipe.datasets.pathtext import os_path, path_text
 from foal_pipe.datasets.sources import (
     IMAGE_EXTENSIONS,
     ArraySource,
@@ -142,7 +143,7 @@ def load_fashion_mnist(data_dir: Path | None, download: bool) -> DatasetSplits:
             raise FoalPipeError(f"{folder}: {lab_stem} holds label {int(labels.max())}, outside 0..{len(FASHION_CLASSES) - 1} "
                                 "(Fashion-MNIST's 10 classes); download the files again")
         splits[split] = ArraySource(images, labels.astype(np.int64), what=f"fashion-mnist {split}")
-    return DatasetSplits("fashion-mnist", FASHION_CLASSES, splits["train"], splits["test"], str(folder), 28)
+    return DatasetSplits("fashion-mnist", FASHION_CLASSES, splits["train"], splits["test"], path_text(folder), 28)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def torchvision_loader(name: str) -> Callable[[Path | None, bool], DatasetSplits
             labels = np.concatenate([_labels_of(p) for p in parts])
             opened[split] = TorchvisionSource(parts, labels, f"{name} {split}")
             classes = list(parts[0].classes)
-        return DatasetSplits(name, [str(c) for c in classes], opened["train"], opened["test"], str(root),
+        return DatasetSplits(name, [str(c) for c in classes], opened["train"], opened["test"], path_text(root),
                              tv.native_size)
 
     load.__doc__ = f"torchvision's {tv.cls} in --data-dir (default {DEFAULT_ROOT})."
@@ -239,13 +240,14 @@ def _torchvision_missing(name: str, tv: _TV, root: Path, exc: RuntimeError) -> F
 
 
 def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
-    """The class names of ``root/<split>/<class>/`` folders: the union of the folder names of ``splits`` in Unicode
-    NFC form, sorted (so a copy of the tree with NFD names, as macOS unpacks them, has the same class names, order and
-    store bytes; its files are still read by their names on disk). Two folders whose names are one class name are
-    refused: equal after Unicode NFC normalisation (``é`` as one code
-    point in one split and as ``e`` and an accent in the other: they print alike but would be two classes), or equal
-    but for case (``Dog`` and ``dog``: one folder on the case-insensitive file systems images are shared on)."""
-    folders = {split: {d.name for d in (root / split).iterdir() if d.is_dir()} for split in splits}
+    """The class names of ``root/<split>/<class>/`` folders: the union of the folder names of ``splits`` (as text from
+    their bytes, :func:`path_text`: the same names in every locale) in Unicode NFC form, sorted (so a copy of the
+    tree with NFD names, as macOS unpacks them, has the same class names, order and store bytes; its files are still
+    read by their names on disk). Two folders whose names are one class name are refused: equal after Unicode NFC
+    normalisation (``é`` as one code point in one split and as ``e`` and an accent in the other: they print alike but
+    would be two classes), or equal but for case (``Dog`` and ``dog``: one folder on the case-insensitive file
+    systems images are shared on)."""
+    folders = {split: {path_text(d.name) for d in (root / split).iterdir() if d.is_dir()} for split in splits}
     names = sorted(set().union(*folders.values()), key=nfc_key)
     clash = name_clash(names, fold_case=True)
     if clash is not None:
@@ -258,7 +260,7 @@ def class_folders(root: Path, splits: tuple[str, ...] = ("",)) -> list[str]:
 def refuse_stray_images(folder: Path) -> None:
     """Refuse image files lying directly in ``folder``, beside its class folders: they have no class, and leaving
     them out in silence would extract a dataset other than the one the user sees."""
-    strays = sorted((p for p in folder.iterdir() if _is_image_entry(p)), key=lambda p: nfc_key(p.name))
+    strays = sorted((p for p in folder.iterdir() if _is_image_entry(p)), key=lambda p: nfc_key(path_text(p.name)))
     if strays:
         more = f" (and {len(strays) - 1} more)" if len(strays) > 1 else ""
         raise FoalPipeError(f"image {strays[0]}{more} lies directly in {folder}, outside the class folders, so it has no "
@@ -269,10 +271,10 @@ def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]
     """The images of ``root/<class>/`` folders and their labels, a folder matched to its class by its NFC name."""
     paths, labels = [], []
     lookup = {nfc(c): k for k, c in enumerate(classes)}
-    for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: nfc_key(d.name)):
+    for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: nfc_key(path_text(d.name))):
         files = images_in(cls_dir)
         paths += files
-        labels += [lookup[nfc(cls_dir.name)]] * len(files)
+        labels += [lookup[nfc(path_text(cls_dir.name))]] * len(files)
     return paths, labels
 
 
@@ -319,7 +321,7 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
                                 f"{more}; every class needs images in both train/ and test/ (a class never trained on "
                                 f"is always predicted wrong, one never tested is not measured): add them, or remove "
                                 f"{root / split / name}")
-    return DatasetSplits("imagefolder", names, sources["train"], sources["test"], str(root))
+    return DatasetSplits("imagefolder", names, sources["train"], sources["test"], path_text(root))
 
 
 def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
@@ -338,7 +340,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
         raise FoalPipeError(f"{root} has no class folders; put the images in {root}/<class>/")
     paths: dict[str, list[Path]] = {"train": [], "test": []}
     labels: dict[str, list[int]] = {"train": [], "test": []}
-    on_disk = {nfc(d.name): d for d in root.iterdir() if d.is_dir()}
+    on_disk = {nfc(path_text(d.name)): d for d in root.iterdir() if d.is_dir()}
     for k, name in enumerate(names):
         files = images_in(on_disk[name])
         if len(files) < 2:
@@ -353,7 +355,7 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
             paths[split].append(path)
             labels[split].append(k)
     return DatasetSplits("imagefolder", names, FileSource(paths["train"], labels["train"], root),
-                         FileSource(paths["test"], labels["test"], root), str(root),
+                         FileSource(paths["test"], labels["test"], root), path_text(root),
                          test_split={"test_fraction": fraction, "seed": seed})
 
 
@@ -366,7 +368,7 @@ def load_class_folders(data_dir: Path) -> DatasetSplits:
         raise FoalPipeError(f"imagefolder dataset not found: {root} has no class folders; pass {param('data_dir', 'DIR')} "
                             "with DIR/<class>/ or DIR/train/<class>/ folders of images")
     paths, labels = _folder_split(root, names)
-    return DatasetSplits("imagefolder", names, FileSource(paths, labels, root), FileSource([], [], root), str(root))
+    return DatasetSplits("imagefolder", names, FileSource(paths, labels, root), FileSource([], [], root), path_text(root))
 
 
 def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
@@ -381,7 +383,7 @@ def load_images(data_dir: Path | None, download: bool) -> DatasetSplits:
     if not paths:
         raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}; add some or check {param('data_dir')}")
     return DatasetSplits("images", ["unlabelled"], FileSource([], [], root), FileSource(paths, [UNLABELLED] * len(paths), root),
-                         str(root))
+                         path_text(root))
 
 
 CORE50_TRAIN_SESSIONS = (1, 2, 4, 5, 6, 8, 9, 11)
@@ -417,7 +419,7 @@ def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
         total = len(classes) * len(CORE50_TRAIN_SESSIONS + CORE50_TEST_SESSIONS)
         raise FoalPipeError(f"CORe50 at {root}: {len(lacking)} of its {total} object folders (session/object) are "
                             f"missing or hold no images ({shown}); unzip the whole core50_128x128.zip")
-    return DatasetSplits("core50", classes, sources["train"], sources["test"], str(root), 128)
+    return DatasetSplits("core50", classes, sources["train"], sources["test"], path_text(root), 128)
 
 
 def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
@@ -430,17 +432,18 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
             "(cs231n.stanford.edu/tiny-imagenet-200.zip) and unzip it, then pass --data-dir pointing at "
             "tiny-imagenet-200 or its parent",
         )
-    classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())
+    folders = {path_text(d.name): d for d in (root / "train").iterdir() if d.is_dir()}
+    classes = sorted(folders)
     lookup = {c: k for k, c in enumerate(classes)}
     paths, labels = [], []
     for c in classes:
-        files = images_in(root / "train" / c)
+        files = images_in(folders[c])
         paths += files
         labels += [lookup[c]] * len(files)
     train = FileSource(paths, labels, root)
     val_paths, val_labels = [], []
     seen: dict[str, int] = {}  # image name -> line number
-    for number, line in enumerate((root / "val" / "val_annotations.txt").read_text().splitlines(), 1):
+    for number, line in enumerate((root / "val" / "val_annotations.txt").read_text(encoding="utf-8").splitlines(), 1):
         parts = line.split("\t")
         if len(parts) < 2:
             continue
@@ -451,8 +454,8 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
         if parts[1] not in lookup:
             raise FoalPipeError(f"{root}/val/val_annotations.txt names class {parts[1]!r} that has no "
                                 f"{root}/train/{parts[1]} folder; unzip the full archive again")
-        val_paths.append(root / "val" / "images" / parts[0])
+        val_paths.append(root / "val" / "images" / os_path(parts[0]))
         val_labels.append(lookup[parts[1]])
-    order = sorted(range(len(val_paths)), key=lambda i: natural_key(val_paths[i].name))
+    order = sorted(range(len(val_paths)), key=lambda i: natural_key(path_text(val_paths[i].name)))
     test = FileSource([val_paths[i] for i in order], [val_labels[i] for i in order], root)
-    return DatasetSplits("tiny-imagenet", classes, train, test, str(root), 64)
+    return DatasetSplits("tiny-imagenet", classes, train, test, path_text(root), 64)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.errors import FoalPipeError
 
@@ -88,9 +89,9 @@ class ArraySource(ImageSource):
 
 class FileSource(ImageSource):
     """Images in files, one path per row. ``root``: the folder the split manifest names the files from (their
-    paths relative to it in Unicode NFC form, e.g. ``<class>/<file>`` under ``train/``, so a file keeps its name in
-    either split and in a copy with NFD names), or the ``names`` themselves with the files' known ``digests`` (a split
-    built from a manifest)."""
+    paths relative to it as text from their bytes (:func:`path_text`, whatever the locale) in Unicode NFC form, e.g.
+    ``<class>/<file>`` under ``train/``, so a file keeps its name in either split and in a copy with NFD names), or
+    the ``names`` themselves with the files' known ``digests`` (a split built from a manifest)."""
 
     def __init__(self, paths: Sequence[Path | str], labels: Sequence[int], root: Path | None = None,
                  names: Sequence[str] | None = None, digests: Sequence[str] | None = None):
@@ -98,7 +99,7 @@ class FileSource(ImageSource):
         self.labels = np.asarray(labels, dtype=np.int64)
         self.index = np.arange(len(self.paths), dtype=np.int64)
         if names is None and root is not None:
-            names = [nfc(Path(p).relative_to(root).as_posix()) for p in paths]
+            names = [nfc(path_text(Path(p).relative_to(root).as_posix())) for p in paths]
         self.names = None if names is None else list(names)
         self.digests = None if digests is None else list(digests)
 
@@ -448,9 +449,10 @@ def _reached_twice(root: Path, first: Path, again: Path) -> FoalPipeError:
 
 
 def _name_key(name: str) -> tuple[tuple[list[Any], str], str]:
-    """:func:`natural_key` of the NFC form, ties broken by the name itself (ASCII names: the order of
-    :func:`natural_key`)."""
-    return natural_key(nfc(name)), name
+    """:func:`natural_key` of the NFC form of the name's text (:func:`path_text`: one order in every locale), ties
+    broken by that text itself (ASCII names: the order of :func:`natural_key`)."""
+    text = path_text(name)
+    return natural_key(nfc(text)), text
 
 
 def _is_dir(path: Path) -> bool:

@@ -7,7 +7,8 @@ and must match it (:func:`~foal_pipe.encoders.weights.read_state_dict`), and a m
 does for its index, a file modified within :data:`SETTLE_SECONDS` of being hashed is not recorded (a rewrite in
 the same clock tick could keep its times), and the change time cannot be set back by a user. The records live in
 ``$FOAL_PIPE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/foal-pipe``, else ``~/.cache/foal-pipe``), in one JSON file;
-a folder that cannot be written only means hashing again.
+a folder that cannot be written only means hashing again, and so does a process with no home directory to find it
+in (no ``HOME`` and no passwd entry, as ``docker run --user UID`` gives) and neither variable set.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ RECORDS = "checkpoint-sha256.json"
 SETTLE_SECONDS = 2.0
 
 
-def cache_dir() -> Path:
-    """Where foal-pipe keeps what it computed once (see the module's docstring)."""
-    if os.environ.get(CACHE_VARIABLE):
-        return Path(os.environ[CACHE_VARIABLE]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "foal-pipe"
+def cache_dir() -> Path | None:
+    """Where foal-pipe keeps what it computed once (see the module's docstring); None where that names a home
+    directory and the process has none (``Path.home()`` raises RuntimeError): the records are skipped."""
+    try:
+        if os.environ.get(CACHE_VARIABLE):
+            return Path(os.environ[CACHE_VARIABLE]).expanduser()
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base).expanduser() / "foal-pipe"
+    except RuntimeError:
+        return None
 
 
 def _key(path: Path) -> tuple[str, dict[str, int]]:
@@ -40,8 +45,11 @@ def _key(path: Path) -> tuple[str, dict[str, int]]:
 
 
 def _load() -> dict[str, Any]:
+    folder = cache_dir()
+    if folder is None:
+        return {}
     try:
-        records = json.loads((cache_dir() / RECORDS).read_text())
+        records = json.loads((folder / RECORDS).read_text())
     except (OSError, ValueError):
         return {}
     return records if isinstance(records, dict) else {}
@@ -49,6 +57,8 @@ def _load() -> dict[str, Any]:
 
 def _save(records: dict[str, Any]) -> None:
     folder = cache_dir()
+    if folder is None:
+        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".records-", delete=False) as f:

@@ -3,7 +3,10 @@
 ``predict --images`` and :meth:`~foal_pipe.model.deploy.DeployedModel.predict_images` use it. Images are prepared
 exactly as ``extract`` prepares a folder's files (:func:`~foal_pipe.datasets.to_rgb_array` with the encoder's
 size and interpolation) and encoded in the store's recorded precision, so the features equal those of a store
-extracted from the same files (on the same kind of device).
+extracted from the same files (on the same kind of device). A model learned from a fusion computed when reading a
+blocks store (``learn --fusion``, ``--no-fusion-norm`` included) encodes every block's float32 token and fuses them
+with that store's own NumPy code (:func:`~foal_pipe.store.blockfusion.fuse`), so its features are the fused rows of a
+float32 ``--keep-blocks`` store of the same files.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import glob
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, _is_image_entry, broken_link, images_in, open_image, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.store.blockfusion import FinalNorm, Fusion, fuse, fused_encoder, parse_fusion, read_time_fusion
+
+if TYPE_CHECKING:
+    from foal_pipe.encoders import Encoder, TimmEncoder
 
 #: Provenance keys that decide the features an encoder computes (not where it ran or which library built it).
 ENCODER_KEYS = ("name", "fusion", "token", "image_size", "normalize", "mean", "std", "interpolation", "resize", "dim",
@@ -39,7 +46,8 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     """The encoder that ``spec`` (a store's or a model's ``encoder`` provenance) describes, loaded on ``device``.
 
     A checkpoint-based encoder needs ``checkpoint``, and its sha256 must equal the recorded one; any
-    difference in what decides the features (``ENCODER_KEYS``) is refused, naming the first key.
+    difference in what decides the features (``ENCODER_KEYS``, and whether the final norm was applied) is refused,
+    naming the first key. A fusion computed when reading a blocks store is computed as it was (:class:`BlocksFused`).
     """
     from foal_pipe.encoders import DEVICES, EncoderConfig, build_encoder, resolve_device
 
@@ -61,7 +69,8 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
         held = "no weights" if source == "none" else f"{source} weights"  # pixels: none to load
         raise FoalPipeError(f"the model's encoder {spec.get('name')} has {held}, not a checkpoint's; "
                             f"drop {param('checkpoint')}")
-    config = dict(name=spec.get("requested") or spec["name"], fusion=spec.get("fusion", "mean-cls"),
+    read_time = read_time_fusion(spec)  # fused from stored blocks: the encoder gives every block's token
+    config = dict(name=spec.get("requested") or spec["name"], fusion="last" if read_time else spec.get("fusion", "mean-cls"),
                   token=spec.get("token", "cls"), normalize=bool(spec.get("normalize", True)),
                   checkpoint=str(checkpoint) if checkpoint is not None else None, pretrained=source != "random",
                   model_kwargs=tuple(sorted((spec.get("model_kwargs") or {}).items())))
@@ -71,16 +80,57 @@ def build_recorded_encoder(spec: dict[str, Any] | None, checkpoint: str | Path |
     if encoder.image_size != spec.get("image_size"):
         encoder = build_encoder(EncoderConfig(**config, image_size=spec.get("image_size")))
     ours = encoder.provenance()
+    fused = _with_blocks(encoder, read_time["fusion"]) if read_time else None
+    if fused is not None:
+        ours = fused_encoder(ours, fused[1], read_time["fusion_norm"], spec["blocks_dtype"])
     if source == "checkpoint" and ours["weights"].get("sha256") != weights.get("sha256"):
         raise FoalPipeError(f"{param('checkpoint')} {checkpoint} has sha256 {ours['weights'].get('sha256', '')[:12]}... but the "
                             f"model's encoder was trained with {str(weights.get('sha256'))[:12]}...; pass the "
                             "checkpoint the model's store was extracted with")
     key = first_difference(spec, ours, [k for k in ENCODER_KEYS if k in spec])
+    if key is None and "final_norm" in spec and _norm_applied(spec) != _norm_applied(ours):  # its wording varies by version
+        key = "final_norm"
     if key is not None:
         raise FoalPipeError(f"the rebuilt encoder differs from the model's: {key!r} is {ours.get(key)!r} but the model "
                             f"records {spec.get(key)!r}; use the foal-pipe/timm versions the model was trained with")
     where = "cpu" if device == "auto" and not encoder.needs_torch else resolve_device(device)
-    return encoder.load(where, recorded_precision(spec, where))
+    loaded = encoder.load(where, recorded_precision(spec, where))
+    return loaded if fused is None else BlocksFused(*fused, norm=read_time["fusion_norm"])
+
+
+def _with_blocks(encoder: Encoder, spec: str) -> tuple[TimmEncoder, Fusion]:
+    """The encoder (one with blocks) and the fusion a model learned from its stored block tokens."""
+    from foal_pipe.encoders import TimmEncoder
+
+    if not isinstance(encoder, TimmEncoder):  # pixels: no blocks, so no store of its blocks to have learned from
+        raise FoalPipeError(f"the model's features fuse block tokens (fusion {spec}) but encoder {encoder.name} has no "
+                            f"blocks; predict with {param('features')} the store it learned from")
+    fusion = parse_fusion(spec)
+    fusion.blocks(encoder.n_blocks)  # blocks the model lacks: refused by name
+    return encoder, fusion
+
+
+def _norm_applied(encoder: dict[str, Any]) -> bool:
+    """Whether features went through the final norm (``final_norm`` as :func:`read_time_fusion` reads it)."""
+    return str(encoder.get("final_norm", "")).startswith("applied")
+
+
+class BlocksFused:
+    """A loaded encoder whose features are ``fusion`` of its float32 block tokens, then its final norm if ``norm``,
+    fused by the code that fuses a blocks store when read, so image features equal a float32 store's fused rows."""
+
+    def __init__(self, encoder: TimmEncoder, fusion: Fusion, norm: bool):
+        params = dict(encoder.norm_parameters()) if norm else None
+        self.encoder, self.fusion = encoder, fusion
+        self.norm = FinalNorm(params.pop("kind"), params.pop("eps"), **params) if params is not None else None
+        self.image_size, self.interpolation = encoder.image_size, encoder.interpolation
+        self.dim = fusion.width(encoder.n_blocks, encoder.dim)
+
+    def encode(self, images: Any) -> np.ndarray:
+        """uint8 images ``(B, 3, h, w)`` -> float32 fused features ``(B, dim)``."""
+        _, blocks = self.encoder.encode_blocks(images, "float32")
+        with np.errstate(all="ignore"):  # a non-finite row is refused by name where the features are checked
+            return fuse(blocks, self.fusion, self.norm)
 
 
 def recorded_precision(spec: dict[str, Any], device: str) -> str:

@@ -33,6 +33,7 @@ from foal_pipe.extract.state import (
 )
 from foal_pipe.io.outpaths import enclosing_store
 from foal_pipe.store import SPLITS, FeatureWriter, log_run, mark_progress, remove_partial_files, update_run, writer_lock
+from foal_pipe.store.integrity import optimized_problem
 from foal_pipe.store.meta import read_meta
 
 
@@ -281,6 +282,9 @@ def run_extract(spec: ExtractSpec, overwrite: bool = False, progress: ExtractPro
 
     One loader reads every split, started before the weights load: its workers read the first batches while the
     checkpoint is read, hashed and moved to the device, and start once rather than once per split."""
+    optimized = optimized_problem()  # under -O zarr would fail only at the end, the store left incomplete
+    if optimized is not None:
+        raise FoalPipeError(optimized)
     progress = progress or ExtractProgress()
     started: list[Loading] = []
     try:

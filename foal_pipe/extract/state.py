@@ -4,6 +4,8 @@ settings match, refused otherwise, and finished last.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from foal_pipe.store.manifest import parse_stored_manifest, stored_manifest
 from foal_pipe.store.meta import store_group
 from foal_pipe.store.read import chunk_too_large
 from foal_pipe.store.verify import changed_chunks, resumable
-from foal_pipe.store.write import foreign_file, replace_manifest
+from foal_pipe.store.write import ReplacedStoreLeft, foreign_file, replace_manifest
 
 #: The group attribute of each split's SHA-256 over its images, in a store of a dataset without a split manifest.
 DATA_SHA256 = "data_sha256"
@@ -92,8 +94,7 @@ def settle_staging(state: StoreState) -> Path | None:
     None otherwise), unless it holds anything a store's writer does not make (not ours to delete)."""
     staged = staging_path(state.out)
     if state.path == staged and state.status == "complete":
-        replace_store(staged, state.out)
-        state.path = state.out
+        swap_in(state)
         return None
     if state.path == staged or staged.is_symlink() or not is_feature_store(staged) or foreign_file(staged) is not None:
         return None
@@ -174,20 +175,39 @@ def check_store(spec: ExtractSpec, inputs: Inputs, overwrite: bool = False) -> S
     if not any(out.iterdir()):
         return None
     settings = store_settings(spec, inputs)
+    staged = staging_path(out)
     if not overwrite:
-        return _check_data(_check_rows(_check_manifest(_existing_state(out, out, settings), inputs), inputs), inputs)
+        state = _check_data(_check_rows(_check_manifest(_existing_state(out, out, settings), inputs), inputs), inputs)
+        if state.status != "complete":
+            _check_writable(out, f"{out} cannot be resumed")
+        if staged.is_dir() and not staged.is_symlink() and is_feature_store(staged) and foreign_file(staged) is None:
+            _check_writable(staged, f"{staged}, left by an interrupted overwrite of {out}, cannot be removed")
+        return state
     foreign = foreign_file(out) if is_feature_store(out) else None
     if foreign is not None:  # --overwrite deletes the old store whole: refuse before a user's file goes with it
         raise FoalPipeError(f"{out} also holds {foreign!r}, which a store does not write; {param('overwrite', True)} "
                             f"would delete it with the store: move it out first, or choose another {param('out')}")
-    staged = staging_path(out)
     _check_staging(staged, out)
+    for folder in (out, staged) if staged.is_dir() else (out,):  # both are deleted, the staging one resumed or rebuilt
+        _check_writable(folder, f"{param('overwrite', True)} cannot replace {out}", parent=True)
     if staged.is_dir():  # an interrupted --overwrite: resume it when it has these settings
         try:
             return _check_data(_check_rows(_check_manifest(_existing_state(staged, out, settings), inputs), inputs), inputs)
         except FoalPipeError:
             return None
     return None
+
+
+def _check_writable(store: Path, why: str, parent: bool = False) -> None:
+    """Refuse, before any work, a store with a folder this process cannot write (``chmod -R a-w``, a read-only mount),
+    saying ``why`` it is needed: rows written into it, or it deleted (``parent``: its parent must be writable too).
+    Found only once the run writes, it would stop the run half-way, or, deleting a replaced store, after the new one
+    took its place."""
+    folders = ([store.parent] if parent else []) + sorted(Path(root) for root, _, _ in os.walk(store))
+    locked = next((folder for folder in folders if not os.access(folder, os.W_OK)), None)
+    if locked is not None:
+        fix = f"chmod u+w {shlex.quote(str(locked))}" if locked == store.parent else f"chmod -R u+w {shlex.quote(str(store))}"
+        raise FoalPipeError(f"{why}: {locked} is read-only (Permission denied); make it writable ({fix}), then re-run")
 
 
 def _check_staging(staged: Path, out: Path) -> None:
@@ -332,6 +352,16 @@ def finish_store(state: StoreState) -> str:
     raise_swallowed_stop()
     generation = complete_store(state.path)
     if state.path != state.out:
-        replace_store(state.path, state.out)
-        state.path = state.out
+        swap_in(state)
     return generation
+
+
+def swap_in(state: StoreState) -> None:
+    """Swap the complete replacement at ``state.path`` in for ``state.out``; from the swap on, the store (and its log)
+    is ``state.out``, even when deleting the old store then fails."""
+    try:
+        replace_store(state.path, state.out)
+    except ReplacedStoreLeft:
+        state.path = state.out
+        raise
+    state.path = state.out

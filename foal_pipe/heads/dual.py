@@ -51,10 +51,9 @@ from typing import Any, ClassVar
 import numpy as np
 from array_api_compat import array_namespace, device
 
+from foal_pipe.core.drift import DRIFTS, UNITS
 from foal_pipe.core.linalg import (
-    DRIFTS,
     PROBES,
-    UNITS,
     check_drift,
     check_solved,
     float64,
@@ -66,7 +65,7 @@ from foal_pipe.core.linalg import (
 )
 from foal_pipe.core.scoring import Ties
 from foal_pipe.core.statistics import align_columns
-from foal_pipe.errors import FoalPipeError
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, at_least_one, check_rows, finite, positive
 from foal_pipe.heads.moments import on_device, row_major
@@ -165,6 +164,7 @@ class DualHead(HeadBase):
 
     name: ClassVar[str] = "dual"
     space: ClassVar[str] = "projected"
+    score_bytes: ClassVar[int] = 20  # its two products and their ties
     Options: ClassVar[type] = DualOptions
     scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"W_main": ("D", "C"), "W_comp": ("D", "C")}
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {
@@ -349,7 +349,7 @@ class DualHead(HeadBase):
 
     def _check_residuals(self, G_comp: Any, W_comp: Any, inverse: Callable[[Any], Any]) -> None:
         """Refuse compensation weights the residuals' rounding (:meth:`_residual_rounding`) may move by more than
-        :data:`~foal_pipe.core.linalg.DRIFTS`: ``W_c`` moves by ``(G_c + gamma_c I)^-1 T^T dE`` (``T`` the tanh rows
+        :data:`~foal_pipe.core.drift.DRIFTS`: ``W_c`` moves by ``(G_c + gamma_c I)^-1 T^T dE`` (``T`` the tanh rows
         stacked, ``T^T T = G_c``), at most ``|dE|_F max sqrt(l) / (l + gamma_c)`` over ``G_c``'s eigenvalues ``l``:
         ``1 / (2 sqrt(gamma_c))``, or, where that does not pass, ``|(G_c + gamma_c I)^-1|_F^(1/2)`` estimated by
         :data:`~foal_pipe.core.linalg.PROBES` random columns solved by ``inverse`` (the solve's factor). Calibrated
@@ -373,6 +373,18 @@ class DualHead(HeadBase):
                 "nearly cancel where the main stream fits the rows (rows large against gamma, or alike); use a larger "
                 "gamma for dual, or scale the features down")
 
+    @staticmethod
+    def _check_sums(G: Any, option: str, gamma: float) -> None:
+        """:func:`~foal_pipe.core.linalg.check_drift` of one stream's sums, its refusal saying which option its gamma
+        is and that the gamma it names is the sums' alone: the recursion's and the compensation's checks, which run
+        after at the gamma the run was made with, may ask for a larger one (their rounding is the walk's, which
+        another gamma changes)."""
+        try:
+            check_drift(G, gamma)
+        except FoalPipeError as refusal:
+            raise FoalPipeError(f"{refusal} (for {param(option)}); dual's checks of its per-batch recursion, run after "
+                                "this one, may then ask for a larger gamma still") from None
+
     def boundary(self) -> DualScorer:
         """Flush the task's last (possibly short) batch; both streams solved exactly; the next task starts."""
         self._flush()
@@ -380,8 +392,8 @@ class DualHead(HeadBase):
         if state is None:
             raise FoalPipeError("the dual head has no rows yet; add rows before a task boundary")
         xp, D = self.xp, self.dim
-        check_drift(state["G_main"], self.gamma)
-        check_drift(state["G_comp"], self.gamma_comp)
+        self._check_sums(state["G_main"], "gamma", self.gamma)
+        self._check_sums(state["G_comp"], "gamma_comp", self.gamma_comp)
         C = self.classes_.size
         probes = probe_columns(state["G_main"])
         before = state["R"] @ probes

@@ -11,8 +11,9 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.drift import DRIFTS, UNITS
 from foal_pipe.core.engines import NOT_NUMBERS
-from foal_pipe.core.linalg import DRIFTS, UNITS, cholesky_or_none, factor_threads
+from foal_pipe.core.linalg import cholesky_or_none, factor_threads
 from foal_pipe.core.scoring import U32, U64, UNDERFLOW, gamma_n, relative_bound
 from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads.base import HeadBase
@@ -230,6 +231,7 @@ class FeCAMHead(HeadBase):
 
     name: ClassVar[str] = "fecam"
     space: ClassVar[str] = "features"
+    score_bytes: ClassVar[int] = 34  # the memo of columns and bounds, their stacked copies and the screen's ceiling
     Options: ClassVar[type] = FeCAMOptions
     scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"means": ("C", "d"), "precisions": ("C", "d", "d")}
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = PerClassMoments.TENSORS

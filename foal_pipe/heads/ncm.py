@@ -99,6 +99,7 @@ class NCMHead(HeadBase):
 
     name: ClassVar[str] = "ncm"
     space: ClassVar[str] = "features"
+    score_bytes: ClassVar[int] = 8  # the distances' temporary
     scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"means": ("C", "d")}
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = ClassSums.TENSORS
 

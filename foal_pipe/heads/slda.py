@@ -11,8 +11,8 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from foal_pipe.core.backend import default_device, to_numpy
+from foal_pipe.core.drift import DRIFTS, UNITS
 from foal_pipe.core.engines import NOT_NUMBERS
-from foal_pipe.core.linalg import DRIFTS, UNITS
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads.base import HeadBase, check_gram_room, largest_square, magnitude
 from foal_pipe.heads.checks import FLOAT64, check_rows
@@ -149,6 +149,7 @@ class SLDAHead(HeadBase):
 
     name: ClassVar[str] = "slda"
     space: ClassVar[str] = "features"
+    score_bytes: ClassVar[int] = 8  # the distances' temporary
     Options: ClassVar[type] = SLDAOptions
     scorer_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {"W": ("d", "C"), "b": ("C",)}
     state_tensors: ClassVar[Mapping[str, tuple[str, ...]]] = {**ClassSums.TENSORS, "gram": ("d", "d")}

@@ -25,7 +25,15 @@ from typing import Any
 
 from foal_pipe.durable import changed_at, fsync_path, held_signals, lock_folder, pid_alive, prepare_replacement, sync_tree, umask
 from foal_pipe.errors import FoalPipeError, limit_fix, param
-from foal_pipe.io.outpaths import _check_kind, _check_parents, _probe_parent, _refuse_dots, check_not_an_input, follow_link
+from foal_pipe.io.outpaths import (
+    _check_kind,
+    _check_parents,
+    _probe_parent,
+    _refuse_dots,
+    check_entries_movable,
+    check_not_an_input,
+    follow_link,
+)
 from foal_pipe.io.temporaries import _JOURNAL, _OLD, _TEMP_EXTRA, _is_folder, _read_journal, _remove
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -95,8 +103,9 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
 
     Makes a probe directory (removed again) in ``path``'s parent or, where that does not exist yet, its nearest
     existing ancestor (:func:`_probe_parent`), so a read-only place, a path under a file or ``path`` being a file
-    are named now rather than after training; so are an existing ``path`` that cannot be replaced, a name too long
-    for the run's temporaries and a ``path`` holding one of the command's ``inputs``. ``create``: make the parents
+    are named now rather than after training; so are an existing ``path`` that cannot be replaced or holds a folder
+    that cannot be carried into the new outputs (read-only: :func:`check_entries_movable`), a name too long for the
+    run's temporaries and a ``path`` holding one of the command's ``inputs``. ``create``: make the parents
     (at write time). A symlinked ``path`` is checked (and later written) at its target: :func:`follow_link`.
     ``inside``: the name of the folder suggested inside a mount point, or a directory named by '.' or '..' that
     holds an input.
@@ -117,6 +126,7 @@ def check_output_dir(path: str | Path, create: bool = False, inputs: Iterable[st
         _remove_stale(path)
         if path.exists() and not path.is_dir():
             raise FoalPipeError(f"output {path} is a file, not a directory; pass a directory with {param('out')}")
+        check_entries_movable(path)
         if os.path.ismount(path):  # rename() says EBUSY
             raise FoalPipeError(f"output {path} is a mount point, which cannot be replaced in one rename; choose a folder "
                                 f"inside it, e.g. {param('out')} {path / inside}")
@@ -161,7 +171,22 @@ def _remove_stale(path: Path, swapped: bool = False) -> None:
             bases.add(base)
     for tmp in sorted(bases):
         if not swapped or _read_journal(tmp.with_name(tmp.name + _JOURNAL))[0] is not None:
-            _settle(path, tmp)
+            try:
+                _settle(path, tmp)
+            except OSError as exc:
+                raise _unsettled(path, tmp, exc) from None
+
+
+def _unsettled(path: Path, tmp: Path, exc: OSError) -> WriteError:
+    """A settlement of ``path`` that failed; its journal stays for the next run. Where the system named an entry of
+    the previous outputs (a read-only folder, which cannot be moved into ``path``), that entry is named, not ``path``,
+    which may well be writable."""
+    where = Path(os.fsdecode(exc.filename)) if exc.filename is not None else path
+    if any(where.is_relative_to(previous) for previous in (tmp, tmp.with_name(tmp.name + _OLD))):
+        return _io_error(where, exc, f"the previous outputs' files that {path} lacks wait beside it ({tmp.name}*); make "
+                         f"{where} writable (or free some space), then re-run: the next run on {path} moves them in")
+    return _io_error(path, exc, f"the previous outputs' files it lacks wait beside it ({tmp.name}*); free some space or "
+                     "make it writable, then re-run: the next run on it moves them in")
 
 
 def _left_by_this_process(pid: int, base: Path) -> bool:
@@ -331,8 +356,7 @@ def atomic_dir(path: str | Path, owned: Iterable[str] = ()) -> Iterator[Path]:
                 try:
                     _settle(path, tmp)
                 except OSError as exc:  # its journal stays: the next run on `path`, in this process too, settles it
-                    raise _io_error(path, exc, f"the previous outputs' files it lacks wait beside it ({tmp.name}*); free some "
-                                    "space or make it writable, then re-run: the next run on it moves them in") from None
+                    raise _unsettled(path, tmp, exc) from None
                 finally:
                     _IN_PROGRESS.discard(os.path.realpath(tmp))
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -77,15 +78,31 @@ def _check_kind(path: str | Path, kind: str) -> None:
                             f"{param('out')}")
 
 
+def check_entries_movable(path: Path) -> None:
+    """Refuse an existing output directory holding a folder this process cannot write (a previous run's ``eval/``
+    made read-only): a run carries it into its new outputs after the swap, and renaming a folder into another
+    needs write permission on it, so the run would fail after replacing the outputs, leaving the folder in its
+    temporary. Links are carried as they are, and files need no permission of their own."""
+    if not os.path.isdir(path):
+        return
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False) and not os.access(entry.path, os.W_OK):
+            raise FoalPipeError(f"output {path} holds the read-only folder {entry.path}, which this run would move into "
+                                f"its new outputs (moving a folder needs write permission on it); make it writable "
+                                f"(chmod u+w {shlex.quote(entry.path)}) or move it out, then re-run")
+
+
 def check_not_an_input(path: str | Path, inputs: Iterable[str | Path | None]) -> None:
     """Refuse an output that is one of the command's inputs, or a folder holding one: written over, or swapped away
-    with the folder (and left in its temporary by a kill), the input would be lost."""
-    if not os.path.lexists(path):
+    with the folder (and left in its temporary by a kill), the input would be lost. A symlinked output is checked at
+    its target, where it is written (:func:`follow_link`): a dangling link writes a new file, overwriting nothing."""
+    target = follow_link(path)
+    if not os.path.lexists(target):
         return
     for given in inputs:
         if given is not None and os.path.exists(given):
-            held = Path(path).resolve() in Path(given).resolve().parents
-            if held or os.path.samefile(path, given):
+            held = target.resolve() in Path(given).resolve().parents
+            if held or os.path.samefile(target, given):
                 raise FoalPipeError(f"output {path} {'holds' if held else 'is'} an input of this command ({given}) and "
                                     f"would be {'replaced with it' if held else 'overwritten'}; choose another {param('out')}")
 

@@ -20,6 +20,7 @@ from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, NoBlocks, clipped
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
+from foal_pipe.heads import HEADS
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
 from foal_pipe.model.ridgemodel import SET_BY_MODEL, RidgeModel, SavedRidge
@@ -279,13 +280,13 @@ class DeployedModel:
         """Refuse, before any row is read, a split (``data``, a store's) whose chunk's scores do not fit the machine
         (:func:`~foal_pipe.memory.check_memory`): a chunk is scored at once, rows x classes float64 with the ties'
         top two (and a head's own temporaries), beside the chunk's rows and their activations."""
-        from foal_pipe.memory import SCORE_EXTRA_BYTES, TIES_BYTES, check_memory
+        from foal_pipe.memory import TIES_BYTES, check_memory
 
         rows, classes = min(int(data.n_rows), int(data.chunk_rows)), len(self.classifier.classes_)
         head = self.classifier.name if isinstance(self.classifier, HeadClassifier) else "ridge"
         width = int(np.shape(self.projection.components_)[1])
         parts = {f"a chunk's scores ({rows:,} rows x {classes:,} classes)":
-                 rows * classes * (8 + TIES_BYTES + SCORE_EXTRA_BYTES.get(head, 0)),
+                 rows * classes * (8 + TIES_BYTES + HEADS[head].head.score_bytes),
                  f"a chunk's rows and activations ({rows:,} x {width:,})":
                  rows * (int(data.dim) * int(data.features.dtype.itemsize) + 2 * width * 8)}
         return check_memory(command, parts, "the store's chunks are scored whole: free memory, or score a store written "

@@ -29,6 +29,7 @@ import numpy as np
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
@@ -227,7 +228,7 @@ def evaluate_store(model: DeployedModel, features: str | Path) -> StoreScore:
 
 def store_score(features: str | Path, true: np.ndarray, predicted: np.ndarray) -> StoreScore:
     """:func:`evaluate_store` from the model's ``(true, predicted)`` label ids on the store's test rows."""
-    return StoreScore(features=str(features), n_test=int(true.size),
+    return StoreScore(features=path_text(features), n_test=int(true.size),
                       accuracy=int((predicted == true).sum()) / max(true.size, 1),
                       unknown_class_rows=int((true < 0).sum()))
 
@@ -257,7 +258,7 @@ def all_classes(result: DeployedModel, run: Run, merged: np.ndarray,
             counted_stores.append(path)
     n = sum(hits.size for _, _, hits in parts)
     return AllClasses(A_last=sum(int(hits.sum()) for _, _, hits in parts) / max(n, 1), n_test=n, tasks=[
-        TaskScore(task=task, features=str(path), n_test=int(hits.size), accuracy=int(hits.sum()) / max(hits.size, 1))
+        TaskScore(task=task, features=path_text(path), n_test=int(hits.size), accuracy=int(hits.sum()) / max(hits.size, 1))
         for task, path, hits in parts])
 
 
@@ -347,7 +348,7 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it
     scored = [(path, *result.store_predictions(path)) for path in eval_features]
     metrics = replace(metrics, seed=None, projection_init=None, continuation=Continuation(
-        init_model=str(init_model), n_samples_seen_total=int(final.n_samples_seen_),
+        init_model=path_text(init_model), n_samples_seen_total=int(final.n_samples_seen_),
         label_ids=dict(zip(store.classes, merged.tolist())),
         task_names=[[store.classes[c] for c in task] for task in run.stream.tasks],
         eval_features=[store_score(*score) for score in scored],

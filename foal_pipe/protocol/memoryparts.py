@@ -14,7 +14,7 @@ from foal_pipe.core.engines import VERIFY_ROWS
 from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.core.leaveoneout import LOO_BLOCK_VALUES
 from foal_pipe.errors import param
-from foal_pipe.memory import SCORE_EXTRA_BYTES, human
+from foal_pipe.memory import human
 from foal_pipe.protocol.headruns import head_space
 from foal_pipe.protocol.rowcache import READ_AHEAD, READ_THREADS, cache_bytes, in_memory, index_bytes
 from foal_pipe.protocol.runstate import HeadStart, Run, row_sample
@@ -120,7 +120,7 @@ def head_parts(run: Run, heads: Sequence[str], model_file: bool = False,
         entry, width = HEADS[name], dims[head_space(name, run.model)]
         parts[f"{name} state ({classes.size} classes, d={width})"] = entry.memory(classes.size, width)
         parts[f"{name} scorers of every boundary"] = sum(entry.kept(c, s, width) for c, s in changes)
-        extra = SCORE_EXTRA_BYTES.get(name, 0)  # memory_parts' block charges the first float64 score
+        extra = entry.head.score_bytes  # memory_parts' block charges the first float64 score
         if extra:
             parts[f"{name}'s test scoring ({tested:,} rows x {classes.size:,} classes)"] = tested * classes.size * extra
     if model_file:

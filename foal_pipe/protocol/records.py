@@ -13,6 +13,7 @@ from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import best_point
 from foal_pipe.core.leaveoneout import SAMPLE_DELTA
 from foal_pipe.core.metrics import summarize
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
@@ -63,7 +64,7 @@ def run_info(run: Run, stream_config: StreamConfig) -> dict[str, Any]:
         "feature_dim": int(run.store.dim),
         "dataset": run.store.meta.dataset,
         "encoder": run.store.meta.encoder,
-        "features": str(run.store.path),
+        "features": path_text(run.store.path),
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.activations import BIASED
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
@@ -165,7 +166,7 @@ def run_table(features: Sequence[Path], out: Path, config: TableConfig, settings
         log(f"resumed {resumed} finished run{'s' if resumed != 1 else ''} of an interrupted table")
     table = {
         "format": TABLE_FORMAT, "format_version": TABLE_VERSION,
-        "features": [str(p) for p in features], "heads": list(config.heads),
+        "features": [path_text(p) for p in features], "heads": list(config.heads),
         "order_seeds": list(config.order_seeds), "tasks": list(config.tasks or ()),
         "settings": {k: _jsonable(config_record(v)) for k, v in asdict_shallow(settings).items()},
         "std_ddof": DDOF, "runs": runs, "cells": cells(runs),
@@ -321,7 +322,7 @@ def _store_runs(path: Path, config: TableConfig, settings: Settings, kept: _Kept
     # a kept run resumed under the store as now spelled (its key is the resolved path): cells group by the spelling
     auto = s.model.gamma == "auto"
     resumed = {k: got for k, key in keys.items() if key is not None and (got := kept.get(key, *k, auto)) is not None}
-    done = {k: {**rec, "store": str(path)} for k, (rec, _) in resumed.items()}
+    done = {k: {**rec, "store": path_text(path)} for k, (rec, _) in resumed.items()}
     for (_, t, seed), (_, lines) in resumed.items():
         for line in lines:  # a resumed run's warnings, as it said them when it ran
             log(_run_prefix(path, t, seed) + line)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import SUMMARIES, summary_of
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.durable import changed_at, pid_alive
 from foal_pipe.heads import HEADS
 from foal_pipe.io import write_json
@@ -44,7 +45,7 @@ def fingerprint(store: Any, head: str, tasks: int, seed: int, settings: Settings
     if meta.generation is None and content is None:
         return None
     doc = {
-        "store": str(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
+        "store": path_text(Path(store.path).resolve()), "generation": meta.generation, "dataset": meta.dataset,
         "encoder": meta.encoder, "rows": [int(store.train.labels.size), int(store.test.labels.size)],
         "head": head, "tasks": tasks, "order_seed": seed, "code": code_digest(),
         "settings": {k: config_record(v) for k, v in asdict_shallow(settings).items()},
@@ -121,7 +122,7 @@ def run_record(store_path: Path, store: Any, head: str, tasks: int, seed: int, m
                options: dict[str, Any]) -> dict[str, Any]:
     """One run of ``table.json``: where it came from, its options and its accuracy fields (fractions)."""
     return {
-        "store": str(store_path), "dataset": store.meta.dataset, "encoder": (store.meta.encoder or {}).get("name"),
+        "store": path_text(store_path), "dataset": store.meta.dataset, "encoder": (store.meta.encoder or {}).get("name"),
         "head": head, "tasks": tasks, "n_tasks": metrics.n_tasks, "stream": metrics.stream or "disjoint",
         "n_classes": len({c for task in metrics.tasks or () for c in task}), "order_seed": seed, "options": options,
         "accuracy_matrix": metrics.accuracy_matrix, "A_avg": metrics.A_avg, "A_last": metrics.A_last, "F": metrics.F,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.pathtext import os_path
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.memory import MemoryRefusal
 from foal_pipe.report.readers import Run
@@ -80,14 +81,17 @@ def stream_order(positions: dict[int, tuple[int, int]], labels: Sequence[int], e
 
 
 def task_classes(run: Run) -> list[list[str]]:
-    """Each task's classes, in stream order: by name when the run or its model names them, else label ids (none for a
-    continued run whose classes nothing names: its label ids are not the model's)."""
+    """Each task's classes, in stream order: by name when the run, its model or its store names them (a head without
+    weights, ncm say, has no weight norms to name them), else label ids (none for a continued run whose classes nothing
+    names: its label ids are not the model's)."""
     m = run.metrics
     if m.continuation is not None:
         return continued_names(run) or []
-    names = {}
+    names: dict[int, str] = {}
     if run.weight_norms is not None and run.weight_norms[2]:
         names = dict(zip(run.weight_norms[0].tolist(), run.weight_norms[2]))
+    elif m.tasks and (store := _store_classes(run)) is not None:
+        names = dict(enumerate(store))
     return [[names.get(c, str(c)) for c in t] for t in m.tasks or []]
 
 
@@ -200,9 +204,9 @@ def located(run: Run, recorded: str, generation: str | None = None) -> str:
     ``generation`` (the model's last ``learned_from``) is taken, so the working directory cannot pick an unrelated
     store; reports keep naming it as recorded, so their bytes do not depend on where they run. Raises
     :class:`FoalPipeError` when several different stores answer and no generation id tells which one is the run's."""
-    found = _candidates(run, recorded)
+    found = _candidates(run, os_path(recorded))
     if len(found) <= 1:
-        return found[0] if found else recorded
+        return found[0] if found else os_path(recorded)
     ours = [where for where in found if generation is not None and _generation(where) == generation]
     if ours:
         return ours[0]

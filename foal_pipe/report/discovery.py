@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from foal_pipe.datasets.pathtext import os_path
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import TIMINGS_FILE, TIMINGS_OF
 from foal_pipe.io.outpaths import is_feature_store
@@ -92,7 +93,7 @@ def load_run(
         run.sweep_searched = () if run.sweep_path else candidates
     if run.sweep_path is not None:
         run.sweep = read_sweep(run.sweep_path, run.sweep_warnings.append)
-        found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics, _fusions(run.sweep))
+        found = _other_data(run.sweep.dataset, run.sweep.encoder, run.metrics, _fusions(run.sweep), run.sweep.fusion_norm)
         pairs = [(key, _setting(run.sweep, key), _setting(run.metrics, key)) for key in SWEPT_SETTINGS]
         differ = [(key, theirs, ours) for key, theirs, ours in pairs if None not in (theirs, ours) and theirs != ours]
         kind = "features" if found or not differ else "settings"
@@ -234,11 +235,13 @@ def _fusions(sweep: SweepReport) -> list[str] | None:
     return None if sweep.fusions is None else [entry.fusion for entry in sweep.fusions]
 
 
-def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics,
-                fusions: list[str] | None = None) -> list[tuple[str, Any, Any]]:
+def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics, fusions: list[str] | None = None,
+                fusion_norm: bool | None = None) -> list[tuple[str, Any, Any]]:
     """``(what, theirs, the run's)`` where a file's dataset or encoder differ from the run's (both recorded): the
     dataset, then each encoder setting that differs, by name. ``fusions``: the file compared these (a
-    ``sweep --fusions``), so the run's fusion must be one of them instead of its encoder's."""
+    ``sweep --fusions``, ``fusion_norm``: whether it applied the final norm), so the run's fusion must be one of them
+    instead of its encoder's, fused with the norm as they were (a --no-fusion-norm run's features are not a normed
+    sweep's, though the fusions share a name)."""
     found: list[tuple[str, Any, Any]] = []
     if None not in (dataset, metrics.dataset) and dataset != metrics.dataset:
         found.append(("dataset", dataset, metrics.dataset))
@@ -249,6 +252,10 @@ def _other_data(dataset: Any, encoder: Any, metrics: LearnMetrics,
                   if key not in skip and encoder.get(key) != metrics.encoder.get(key)]
         if fusions is not None and metrics.encoder.get("fusion") not in fusions:
             found.append(("fusions", fusions, metrics.encoder.get("fusion")))
+        ours = metrics.encoder.get("final_norm")
+        if fusions is not None and fusion_norm is not None and "blocks_dtype" in metrics.encoder \
+                and str(ours).startswith("applied") != fusion_norm:
+            found.append(("fusions' final norm", "applied" if fusion_norm else "not applied (--no-fusion-norm)", ours))
     elif None not in (encoder, metrics.encoder) and encoder != metrics.encoder:
         found.append(("encoder", encoder, metrics.encoder))
     return found
@@ -260,7 +267,7 @@ def _other_store(sweep: SweepReport, metrics: LearnMetrics) -> list[tuple[str, A
     its command ran in, so they are compared where both name a store from here (the same directory, or not); where
     one does not, the dataset, sizes and settings compared before decide (``s.zarr`` and ``../s.zarr`` typed from
     two directories are one store)."""
-    theirs, ours = Path(str(sweep.features)), Path(str(metrics.features))
+    theirs, ours = Path(os_path(str(sweep.features))), Path(os_path(str(metrics.features)))
     if None in (sweep.features, metrics.features) or theirs == ours or not (theirs.exists() and ours.exists()):
         return []
     return [] if theirs.resolve() == ours.resolve() else [("features (store path)", sweep.features, metrics.features)]

@@ -7,6 +7,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.io import atomic_dir, check_output_dir, replacement_held_off, settle_enclosing, write_json
 from foal_pipe.io.csvrows import ENCODING, ERRORS
 from foal_pipe.io.outpaths import follow_link
@@ -98,9 +99,9 @@ def evaluate(
         if run.sweep_mismatch is not None:
             ev.notes.append(f"No gamma plot: {run.sweep_mismatch}; pass `--sweep` of a sweep with the run's settings.")
         elif run.sweep_searched:
-            looked = " or ".join(str(p) for p in run.sweep_searched)
+            looked = " or ".join(path_text(p) for p in run.sweep_searched)
             ev.notes.append(f"No gamma sweep found (looked for {looked}), so no gamma plot: run "
-                            f"`foal-pipe sweep --out {run.sweep_searched[-1].parent}` or pass `--sweep`.")
+                            f"`foal-pipe sweep --out {path_text(run.sweep_searched[-1].parent)}` or pass `--sweep`.")
         classes = class_results(run)
         if isinstance(classes, str):
             ev.notes.append(classes)

@@ -5,16 +5,19 @@ the same text.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from foal_pipe.core.metrics import capped, pct, summary_of
+from foal_pipe.core.metrics import SHOWN, capped, pct, summary_of
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.heads import HEADS
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted
 from foal_pipe.report.classes import ClassResults, task_classes
+from foal_pipe.report.grouping import fusion_of
 from foal_pipe.report.paper import GAMMAS, PAPER, PaperMatch, match_paper, recipe_notes
 from foal_pipe.report.readers import Run
 from foal_pipe.report.selection import criterion_text, has_criteria, last, result_at, sampled_rows, select
@@ -36,8 +39,9 @@ def md(text: Any) -> str:
 
 def code(text: Any) -> str:
     """``text`` (a path or name) as inline code, whatever backticks it holds: fenced by one more backtick than its
-    longest run of them (CommonMark), with a space inside where it starts or ends with one; a line break as a space."""
-    text = " ".join(str(text).splitlines())
+    longest run of them (CommonMark), with a space inside where it starts or ends with one; a line break as a space.
+    A path is its text from its bytes (:func:`path_text`), the same in every locale."""
+    text = " ".join((path_text(text) if isinstance(text, os.PathLike) else str(text)).splitlines())
     fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
     pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
     return f"{fence}{pad}{text}{pad}{fence}"
@@ -74,7 +78,9 @@ def describe(metrics: LearnMetrics) -> str:
     """One line of the settings that produced a run (a head's run: the head and its options; its gamma, or none)."""
     m = metrics
     enc = m.encoder or {}
-    enc_bits = ", ".join(f"{k} {enc[k]}" for k in ("fusion", "image_size", "normalize") if k in enc)
+    fused = fusion_of(enc)  # fused when read: with ", no norm" under --no-fusion-norm, as `summary` names it
+    enc_bits = ", ".join(f"{k} {fused if k == 'fusion' and fused else enc[k]}" for k in ("fusion", "image_size", "normalize")
+                         if k in enc)
     n_tasks = _or(m.n_tasks, len(m.tasks or []) or len(m.accuracy_matrix))
     head = m.head is not None
     parts = [
@@ -162,12 +168,6 @@ def _paper_lines(run: Run, paper: PaperMatch | None) -> list[str]:
         f"Not compared with the paper's {r.title} column (A_avg {r.A_avg}, A_last {r.A_last}, F {r.F}): "
         f"this run differs in {'; '.join(paper.differences)}."
     ]
-
-
-#: The most tasks summary.md writes out one by one (the matrix's columns, the tasks' classes) and the most classes
-#: it names for a task, as the heatmap numbers its cells up to 20 tasks: past them a line grows with every task or
-#: class (a 1,000-task run's table: 1,001 columns, 5.4 MB); the CSV files hold every entry.
-SHOWN = 20
 
 
 def _matrix(run: Run) -> list[str]:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.metrics import summary_of
+from foal_pipe.core.metrics import SHOWN, summary_of
+from foal_pipe.datasets.pathtext import os_path, path_text
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.schema import RunSettings
@@ -78,12 +79,12 @@ def _label(run: Run) -> str:
     if run.dataset != "imagefolder" or run.metrics.features is None:
         return drawable(run.label)
     try:
-        source = read_meta(run.metrics.features)[1].extra.get("source")
+        source = read_meta(os_path(run.metrics.features))[1].extra.get("source")
     except FoalPipeError:
         return drawable(run.label)
     if not isinstance(source, str) or not Path(source).name:
         return drawable(run.label)
-    name, folder = run.path.resolve().name, Path(source).name
+    name, folder = path_text(run.path.resolve().name), Path(source).name
     return drawable(name if name == folder else f"{name} ({folder})")
 
 
@@ -127,21 +128,21 @@ def plot_accuracy_matrix(run: Run, path: Path) -> Path:
         # choice there) come out in colours that are not on the colour bar (0% beside 100%: brown)
         image = ax.imshow(grid, vmin=low, vmax=high, cmap="viridis", origin="upper", interpolation_stage="data")
         fig.colorbar(image, ax=ax, label="accuracy (%)", shrink=0.85)
-        if T <= 20:
+        if T <= SHOWN:
             for i in range(T):
                 for j in range(i + 1):
                     ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=8,
                             color="white" if grid[i, j] < low + 0.6 * (high - low) else "black")
-        ticks = range(T) if T <= 20 else range(0, T, max(1, T // 10))
+        ticks = range(T) if T <= SHOWN else range(0, T, max(1, T // 10))
         ax.set_xticks(list(ticks), [str(t + 1) for t in ticks])
         ax.set_yticks(list(ticks), [str(t + 1) for t in ticks])
         ax.set_xlabel("evaluated on task j")
         ax.set_ylabel("after training through task i")
         ax.set_title(title, fontsize=9, parse_math=False)
 
-    # cells wide enough for their numbers up to 20 tasks; past them the cells shrink (a figure grown with every task
+    # cells wide enough for their numbers up to SHOWN tasks; past them the cells shrink (a figure grown with every task
     # took 2 GB to draw 120 tasks, and could not draw 1,000)
-    n = min(max(T, 4), 20)
+    n = min(max(T, 4), SHOWN)
     return draw(path, (max(1.6 + 0.55 * n, title_width(title)), 1.2 + 0.5 * n), paint)
 
 
@@ -182,7 +183,7 @@ def plot_steps(run: Run, path: Path) -> Path:
                 label="classes seen in task 1, a[i][1]" if blurry else "first task a[i][1]")
         ax.set_xlabel("task (step i)")
         ax.set_ylabel("accuracy (%)")
-        ax.set_xticks(x if len(x) <= 20 else x[:: max(1, len(x) // 10)])
+        ax.set_xticks(x if len(x) <= SHOWN else x[:: max(1, len(x) // 10)])
         low = min(min(v for k, v in r.items() if k != "step") for r in rows)
         if band is not None:
             low = min(low, float(np.min(band[0] - band[1])))

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.modelfile import read_model, stored_head
 from foal_pipe.protocol.metricsparts import OrderMetrics
@@ -65,7 +66,7 @@ class Run:
     @property
     def label(self) -> str:
         """The run's name (its directory, the pipeline's run name), with its dataset when that differs."""
-        name = self.path.resolve().name
+        name = path_text(self.path.resolve().name)
         return name if name == self.dataset else f"{name} ({self.dataset})"
 
 

@@ -269,9 +269,17 @@ def _wrapped(text: str, width: float) -> str:
     return "\n".join(lines)
 
 
+#: The widest row of task-count panels ``table.png`` draws, in inches: more panels go on further rows (40 task counts
+#: in one row drew a figure 7,600 pixels wide). A single panel wider than this still gets its own row.
+ROW_INCHES = 24.0
+
+
 def plot(table: dict[str, Any], path: Path) -> Path:
-    """``table.png``: per task count, A_last (mean, std as error bars) of every head on every store; the figure as wide
-    as its store labels, task titles and legend need, the title wrapped to it."""
+    """``table.png``: per task count, A_last (mean, std as error bars) of every head on every store; each panel as
+    wide as its store labels and task title need, the panels in rows at most :data:`ROW_INCHES` wide beside the
+    legend, the title wrapped to the figure."""
+    import math
+
     import numpy as np
 
     from foal_pipe.report.plots import draw
@@ -283,10 +291,16 @@ def plot(table: dict[str, Any], path: Path) -> Path:
     group = max([0.3 * len(heads), *_inches(ticks, "medium")]) + 0.3  # a store's bars and label
     panel = max([len(stores) * group, *_inches(titles, "large")]) + 0.8  # with the A_last ticks and label
     title = f"A_last, {_orders_note(table).replace('±', '+-')}"
-    width = max(4.0, len(tasks) * panel + max(_inches(heads, "small")) + 0.8, max(_inches(title.split(" "), "small")) + 0.4)
+    legend = max(_inches(heads, "small")) + 0.8
+    columns = max(1, min(len(tasks), int((ROW_INCHES - legend) // panel)))
+    rows = math.ceil(len(tasks) / columns)
+    width = max(4.0, columns * panel + legend, max(_inches(title.split(" "), "small")) + 0.4)
 
     def paint(fig: Any) -> None:
-        axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+        grid = fig.subplots(rows, columns, squeeze=False).ravel()
+        for unused in grid[len(tasks):]:
+            unused.remove()
+        axes = grid[: len(tasks)]
         bar = 0.8 / len(heads)
         for ax, t, heading in zip(axes, tasks, titles, strict=True):
             x = np.arange(len(stores))
@@ -302,7 +316,7 @@ def plot(table: dict[str, Any], path: Path) -> Path:
         fig.legend(handles, names, fontsize="small", loc="outside right center")  # clear of the title above
         fig.suptitle(_wrapped(title, width - 0.4), fontsize="small")
 
-    return draw(path, (width, 3.6), paint)
+    return draw(path, (width, 3.6 + 3.0 * (rows - 1)), paint)
 
 
 def write_files(tmp: Path, table: dict[str, Any]) -> None:

@@ -16,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.group import GroupMetadata
 
 from foal_pipe.errors import FoalPipeError, limit_failure
 from foal_pipe.store.chunks import (
@@ -46,8 +48,29 @@ UNSEALED_FIX = ("complete it with foal_pipe.store.complete_store (which writes t
                 "id once the attribute 'progress' names every row), or declare format_version 3")
 
 
+#: The refusal under Python's optimisation mode (``python -O``, ``PYTHONOPTIMIZE``) where zarr cannot read a store there.
+OPTIMIZED = "run without -O / PYTHONOPTIMIZE: zarr 3.1 reads store metadata inside assert statements, which -O strips"
+
+
+def optimized_problem() -> str | None:
+    """:data:`OPTIMIZED` where Python runs with ``-O`` and zarr then cannot read a group's metadata (zarr 3.1's
+    ``GroupMetadata.from_dict`` pops ``node_type`` inside an ``assert``: every nested group fails, which would read
+    as a corrupt store); None otherwise."""
+    if not sys.flags.optimize:
+        return None
+    try:
+        GroupMetadata.from_dict({"zarr_format": 3, "node_type": "group"})
+    except TypeError:
+        return OPTIMIZED
+    return None
+
+
 def group_arrays(group: zarr.Group, path: Path) -> dict[str, zarr.Array]:
-    """Every array in the store, by path; a sharded one is refused (its chunks are not files)."""
+    """Every array in the store, by path; a sharded one is refused (its chunks are not files). Refused under
+    Python's ``-O`` where zarr cannot read metadata there (:func:`optimized_problem`), not called corrupt."""
+    optimized = optimized_problem()
+    if optimized is not None:
+        raise FoalPipeError(optimized)
     try:
         arrays = {name: node for name, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
     except OSError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,7 @@ def replace_manifest(path: str | Path, raw: bytes) -> None:
     with writing(path, "the split manifest"):
         group = store_group(path, "r+")
         attrs = dict(group.attrs)
-        shutil.rmtree(path / MANIFEST, ignore_errors=True)
+        shutil.rmtree(path / MANIFEST)  # a failure is writing()'s line: Zarr would refuse to make it again over it
         group = store_group(path, "r+")
         attrs[MANIFEST] = write_manifest(group, raw)
         write_attrs(group, attrs)
@@ -323,21 +324,34 @@ def _check_rows(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np
     return widths[0]
 
 
+class ReplacedStoreLeft(FoalPipeError):
+    """The new store is in place, with its log, but the one it replaced could not be deleted (:func:`replace_store`)."""
+
+
 def replace_store(new: str | Path, out: str | Path) -> None:
-    """Put the store built at ``new`` in place of ``out`` (one atomic exchange where Linux allows) and delete
-    the old one; the sidecar log moves with it. A reader of the old store notices (see ``check_unchanged``)."""
+    """Put the store built at ``new`` in place of ``out`` (one atomic exchange where Linux allows) with its sidecar
+    log, then delete the old one. A reader of the old store notices (see ``check_unchanged``). The log moves before
+    the deletion, so a deletion that fails (a folder of the old store made read-only since the run's checks) leaves
+    the new store whole, with its own log: a :class:`ReplacedStoreLeft` names what is left."""
     new, out = Path(new), Path(out)
     with writing(out, "the replaced store"):
         if out.exists() and exchange(new, out):
-            shutil.rmtree(new)
+            old = new
         else:
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             if out.exists():
                 os.rename(out, old)
             os.rename(new, out)
-            shutil.rmtree(old, ignore_errors=True)
         new_log = log_path(new)
         if new_log.exists():
             os.replace(new_log, log_path(out))
         else:
             log_path(out).unlink(missing_ok=True)
+    try:
+        if old.exists():
+            shutil.rmtree(old)
+    except OSError as exc:
+        then = f"run the extract again without {param('overwrite', True)}, which removes it" if old == new else "remove it"
+        raise ReplacedStoreLeft(f"{out} now holds the new store, but the one it replaced, left at {old}, could not be "
+                                f"deleted: {exc.strerror or exc}; make it writable (chmod -R u+w {shlex.quote(str(old))}), "
+                                f"then {then}") from None
