@@ -210,7 +210,16 @@ def main() -> None:
     try:
         _catch_stops()
         _refuse_optimized()
-        _command()
+        try:
+            _command()
+        except OSError as exc:  # outside a command's own handling: --version or --help to a full stdout, say
+            from rich.markup import escape
+
+            from foal_pipe.cli._app import err_console, one_line, os_error_message
+
+            err_console.print(f"[bold red]Error:[/] {escape(one_line(os_error_message(exc)))}", highlight=False,
+                              soft_wrap=True)
+            raise SystemExit(1) from None
         status = 0
     except KeyboardInterrupt:
         status = _announce()

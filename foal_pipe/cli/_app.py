@@ -51,6 +51,19 @@ EXTRAS = {
 LOG_WIDTH = 512
 
 
+def _broken_pipe(self: Console) -> None:
+    """Rich's hook for a closed stdout (``foal-pipe info --json S | head -0``), set on every console, typer's help
+    console among them: exit 141 as a command killed by SIGPIPE does and as ``user_errors`` ends the others, not rich's
+    silent exit 1, which ``set -o pipefail`` reads as a failure with no reason. Stdout is pointed at ``/dev/null`` so
+    that the interpreter's final flush writes nothing more (Python's documented pattern)."""
+    self.quiet = True
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(128 + signal.SIGPIPE)
+
+
+Console.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
+
+
 def _console(stderr: bool = False) -> Console:
     console = Console(stderr=stderr, emoji=False)  # a value written ":x:" is shown as typed, not as an emoji
     if not console.is_terminal:
@@ -428,7 +441,8 @@ def _stdout_of(exc: OSError) -> str:
     streams = [s for s in (sys.stdout, getattr(sys.stdout, "buffer", None), sys.__stdout__) if s is not None]
     tb = exc.__traceback__
     while tb is not None:
-        if any(value is stream for value in tb.tb_frame.f_locals.values() for stream in streams):
+        if any(value is stream or (isinstance(value, Console) and value.file is stream)
+               for value in tb.tb_frame.f_locals.values() for stream in streams):
             return "standard output"
         tb = tb.tb_next
     return ""

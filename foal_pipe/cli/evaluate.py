@@ -10,7 +10,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, one_line, print_table, user_errors
 from foal_pipe.cli.optiontext import group_text, read_by
 
 
@@ -64,7 +64,7 @@ def evaluate(
         for note in ev.notes:
             err_console.print(f"Note: {note}", highlight=False, soft_wrap=True, markup=False)
         m = ev.run.metrics
-        line = f"{ev.run.dataset}: A_avg {pct(m.A_avg)}  A_last {pct(m.A_last)}  F {pct(m.F)} (%)"
+        line = f"{one_line(str(ev.run.dataset))}: A_avg {pct(m.A_avg)}  A_last {pct(m.A_last)}  F {pct(m.F)} (%)"
         if ev.paper is not None and ev.paper.comparable:
             r = ev.paper.row
             line += f"; paper ({r.title}): A_avg {r.A_avg}  A_last {r.A_last}  F {r.F}"
@@ -189,7 +189,7 @@ def summary_table(paths: list[Path]) -> Table:
         return "?" if value is None else format(value, fmt)
 
     def label(path: Path, run, fusion: str | None) -> str:
-        dataset = "?" if run.dataset is None else run.dataset
+        dataset = "?" if run.dataset is None else one_line(str(run.dataset))
         head = f" · head {run.head}" if getattr(run, "head", None) else ""
         head += f" · {len(run.orders)} class orders" if len(getattr(run, "orders", None) or ()) > 1 else ""
         encoder = (run.encoder or {}).get("name", "?") + ("" if fusion is None else f" · {fusion}")

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, one_line, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def _print_table(summary: dict[str, Any]) -> None:
         table.add_row("format", f"{summary['format_version']}, {checks}")
     if summary["generation"]:
         table.add_row("generation", summary["generation"])
-    table.add_row("dataset", escape(f"{summary['dataset']}" + (f" ({summary['source']})" if summary["source"] else "")))
+    table.add_row("dataset", escape(one_line(f"{summary['dataset']}") + (f" ({summary['source']})" if summary["source"] else "")))
     table.add_row("classes", f"{len(classes)}: {preview}")
     for split, v in summary["splits"].items():
         table.add_row(split, f"{v['rows']:,} x {v['dim']} {v['dtype']} (chunks of {v['chunk_rows']:,} row{'s' * (v['chunk_rows'] != 1)})")

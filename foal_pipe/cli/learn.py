@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from foal_pipe.cli import options as o
-from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli._app import app, console, err_console, flag, one_line, print_table, user_errors
 from foal_pipe.cli.optiontext import numbers
 from foal_pipe.cluster import is_local
 from foal_pipe.core.metrics import capped, pct
@@ -141,8 +141,8 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             o.settings(ctx.params, StreamConfig), o.settings(ctx.params, ModelConfig),
             o.settings(ctx.params, EvaluationConfig), o.settings(ctx.params, ExecutionConfig), seeds, init_model,
             tuple(params["eval_features"] or ()),
-            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", "head_rows", "engine", *SEARCH_SETTINGS)
-                  if _typed(ctx, name)))
+            tuple(name for name in ("seed", "projection_init", *FIXED_BY_MODEL, "head", "head_rows", "engine", *SEARCH_SETTINGS,
+                                    "batch_size") if _typed(ctx, name)))
         if init_model is None:
             _check_head(ctx, head)
             _check_applies(ctx, LEARN_ONLY_WITH)
@@ -154,7 +154,7 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             assert std is not None  # --order-seeds: the std over the orders
             console.print(f"{len(seeds)} class order{'s' if len(seeds) != 1 else ''}: A_avg +- {100 * std['A_avg']:.2f}  A_last +- "
                           f"{100 * std['A_last']:.2f}  F +- {100 * std['F']:.2f} (std over orders; means below)",
-                          highlight=False, markup=False)
+                          highlight=False, markup=False, soft_wrap=True)
         m, chosen = done.metrics, ""
         assert m.n_tasks is not None and m.n_train_seen is not None  # a run records its tasks and rows
         if m.head is not None:
@@ -170,13 +170,13 @@ def learn(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         console.print(
             f"A_avg {100 * m.A_avg:.2f}  A_last {100 * m.A_last:.2f}  F {pct(m.F)}{chosen}  "
             f"({counted(m.n_tasks, 'task')}, {counted(m.n_train_seen, 'row')}, {_timings(done.timings)}) -> {out}",
-            highlight=False, markup=False
+            highlight=False, markup=False, soft_wrap=True
         )
         everything = m.continuation.all_classes if m.continuation is not None else None
         if everything is not None:
             parts = ", ".join(f"{p.task} {100 * p.accuracy:.2f}" for p in everything.tasks)
             console.print(f"every class seen: A_last {100 * everything.A_last:.2f} over "
-                          f"{counted(everything.n_test, 'test row')} ({parts})", highlight=False, markup=False)
+                          f"{counted(everything.n_test, 'test row')} ({parts})", highlight=False, markup=False, soft_wrap=True)
 
 
 def _cell(value: float | None, scale: float = 1.0, fmt: str = ".2f") -> str:
@@ -212,25 +212,25 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
         done = sweep_entry(features, out, settings, log=_log)
         report = done.report
         assert report.n_tasks is not None and report.gammas is not None  # a sweep records them
-        title = f"gamma sweep: {escape(str(report.dataset))} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
+        title = f"gamma sweep: {escape(one_line(str(report.dataset)))} ({counted(report.n_tasks, 'task')}, D={report.projection_dim})"
         for fusion, entry in [(e.fusion, e) for e in report.fusions] if report.fusions else [(None, report)]:
             print_table(_sweep_table(entry.results, entry.best_gamma_test, report.selected_by, params["no_loo"],
                                      title + (f", fusion {fusion}" if fusion else "")))
             if fusion:
                 console.print(f"fusion {fusion}: best gamma {entry.best_gamma:g} by {report.selected_by} (test oracle "
-                              f"{entry.best_gamma_test:g})", highlight=False, markup=False)
+                              f"{entry.best_gamma_test:g})", highlight=False, markup=False, soft_wrap=True)
         if report.best is not None:
             best, oracle = report.best, report.best_test
             assert oracle is not None  # --fusions: the test oracle's (fusion, gamma) beside the chosen one
             console.print(
                 f"best: fusion {best.fusion}, gamma {best.gamma:g} by {report.selected_by} (GCV, LOO: training "
                 f"rows only; the test oracle's fusion {oracle.fusion}, gamma {oracle.gamma:g} peeks at the test "
-                "split)", highlight=False, markup=False
+                "split)", highlight=False, markup=False, soft_wrap=True
             )
         else:
             console.print(
                 f"best gamma {report.best_gamma:g} by {report.selected_by} (GCV, LOO: training rows only; "
-                f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False, markup=False
+                f"test {report.best_gamma_test:g} is an oracle that peeks at the test split)", highlight=False, markup=False, soft_wrap=True
             )
         if report.selections:
             from foal_pipe.protocol.criteria import CRITERIA
@@ -239,16 +239,16 @@ def sweep(ctx: typer.Context, features: Path, out: Path, **params: Any) -> None:
             first = f"order seed {seeds[0]}'s " if len(seeds) > 1 else ""  # sweep.json's selections: the first order's
             console.print(f"refined search ({first}last boundary's gamma, test A_last of the chosen models): " + ", ".join(
                 f"{CRITERIA[s.criterion].short} {s.gammas_selected[-1]:.3g} ({100 * s.A_last:.2f})"
-                for s in report.selections), highlight=False, markup=False)
+                for s in report.selections), highlight=False, markup=False, soft_wrap=True)
         if report.heads:
             print_table(_heads_table(report))
             chosen = (f"best head {report.best_head} by {report.best_head_selected_by} (training rows only; ranked: the "
                       "heads with an exact leave-one-out)" if report.best_head else "no head has a training criterion")
-            console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False, markup=False)
+            console.print(f"{chosen}; test oracle {report.best_head_test} (peeks at the test split)", highlight=False, markup=False, soft_wrap=True)
         runs = f"{len(report.fusions)} fusions x " if report.fusions else ""
         console.print(f"{runs}{counted(len(report.gammas), 'gamma')} in {_timings(done.timings)} -> "
                       f"{out / 'sweep.json'}",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _sweep_table(results: list, oracle: float | None, selected_by: str | None, no_loo: bool, title: str) -> Table:
@@ -390,4 +390,4 @@ def predict(
             err_console.print(f"{counted(len(result.paths), 'image')} predicted, {len(result.skipped)} skipped", highlight=False,
                               markup=False)
         else:
-            err_console.print(result.summary(split), highlight=False, markup=False)
+            err_console.print(result.summary(split), highlight=False, markup=False, soft_wrap=True)

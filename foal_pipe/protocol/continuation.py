@@ -2,8 +2,7 @@
 known class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the
 model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.learner`, :data:`PARTS`);
 both parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner. The model fixes everything
-its sums depend on (the projection, the activation, the fusion and the dtype) and gamma (or its grid), which the
-stream goes on with.
+its sums depend on (projection, activation, fusion, dtype, dual's batches) and gamma (or its grid), as it goes on.
 
 Ridge: the saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
 walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at
@@ -39,7 +38,7 @@ from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge
 from foal_pipe.protocol.commands import warn_dropped
 from foal_pipe.protocol.config import OWN_SETTINGS, EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
-from foal_pipe.protocol.continuechecks import FIXED_BY_MODEL, SEARCH_SETTINGS, given_settings
+from foal_pipe.protocol.continuechecks import FIXED_BY_MODEL, SEARCH_SETTINGS, given_settings, model_batches
 from foal_pipe.protocol.evaluation import accuracy_matrices
 from foal_pipe.protocol.headruns import check_head_options
 from foal_pipe.protocol.headscores import head_accuracies
@@ -283,6 +282,7 @@ def run_continue(
     deployed = load_model(init_model, estimators=False)
     name = deployed.classifier.name
     part = PARTS[HEADS[name].learner]
+    stream = model_batches(stream, getattr(deployed.classifier, "options", {}), explicit)
     settings = part.settings(init_model, deployed, model, stream, execution, given_settings(model, explicit))
     settings = replace(settings, **model_fusion(deployed, model))
     check_continuable(stream, evaluation)
