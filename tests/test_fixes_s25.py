@@ -93,3 +93,19 @@ def test_run_extract_under_python_optimize_refuses_before_writing(tmp_path: Path
     assert done.returncode == 0, done.stderr[-2000:]
     assert "-O" in done.stdout and "ran" not in done.stdout, done.stdout
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_ptm_cil_benchmark_refuses_a_test_folder_linked_to_a_train_one(tmp_path: Path) -> None:
+    """The PTM-CIL loaders searched train/ and test/ each with its own record of folders, so a link from a test class
+    folder to its train folder made the training images test rows too (exit 0, accuracy inflated): imagefolder
+    refuses it ("a folder reached twice", docs/datasets.md), and the benchmarks now share one record as it does."""
+    from test_benchmark_datasets import BENCHMARKS, make_ptm_cil
+
+    from foal_pipe.datasets import open_dataset
+    from foal_pipe.errors import FoalPipeError
+
+    classes = make_ptm_cil(tmp_path / "imagenet-r", BENCHMARKS["imagenet-r"])
+    open_dataset("imagenet-r", tmp_path)  # the tree as unpacked reads
+    (tmp_path / "imagenet-r" / "test" / classes[1] / "leak").symlink_to(tmp_path / "imagenet-r" / "train" / classes[1])
+    with pytest.raises(FoalPipeError, match="twice"):
+        open_dataset("imagenet-r", tmp_path)

@@ -88,8 +88,9 @@ def folder_benchmark_loader(name: str) -> Callable[[Path | None, bool], DatasetS
             raise FoalPipeError(f"{bench.title} at {root}: test/ and train/ hold different class folders ({odd[0]!r} "
                                 f"is in one only, {len(odd)} in all); unpack the whole archive again")
         sources = {}
+        searched: dict[tuple[int, int], Path] = {}  # one record for both splits: a test folder linked to a train one
         for split in ("train", "test"):
-            paths, labels = _folder_split(root / split, classes)
+            paths, labels = _folder_split(root / split, classes, searched)
             empty = sorted(set(range(len(classes))) - set(labels))
             if empty:
                 raise FoalPipeError(f"{bench.title} at {root}: {split}/{classes[empty[0]]} holds no images "

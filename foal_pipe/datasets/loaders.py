@@ -267,12 +267,16 @@ def refuse_stray_images(folder: Path) -> None:
                             f"class; move it into {folder}/<class>/ or out of {folder}")
 
 
-def _folder_split(root: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
-    """The images of ``root/<class>/`` folders and their labels, a folder matched to its class by its NFC name."""
+def _folder_split(root: Path, classes: list[str],
+                  seen: dict[tuple[int, int], Path] | None = None) -> tuple[list[Path], list[int]]:
+    """The images of ``root/<class>/`` folders and their labels, a folder matched to its class by its NFC name;
+    ``seen``: the folders searched so far for the dataset (:func:`images_in`: none is searched twice), shared by
+    the splits (by default, by this split's class folders only)."""
+    seen = {} if seen is None else seen
     paths, labels = [], []
     lookup = {nfc(c): k for k, c in enumerate(classes)}
     for cls_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: nfc_key(path_text(d.name))):
-        files = images_in(cls_dir)
+        files = images_in(cls_dir, seen)
         paths += files
         labels += [lookup[nfc(path_text(cls_dir.name))]] * len(files)
     return paths, labels
@@ -300,8 +304,9 @@ def load_imagefolder(data_dir: Path | None, download: bool, test_split: float | 
     if not names:
         raise FoalPipeError(f"{root}/train has no class folders; put the images in {root}/train/<class>/")
     sources = {}
+    searched: dict[tuple[int, int], Path] = {}  # one record of the folders searched for both splits: none is read twice
     for split in ("train", "test"):
-        paths, labels = _folder_split(root / split, names)
+        paths, labels = _folder_split(root / split, names, searched)
         if not paths and not pooled:
             raise FoalPipeError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root / split}/<class>/; "
                                 f"add some or check {param('data_dir')}")
@@ -341,8 +346,9 @@ def split_folder(root: Path, fraction: float, seed: int) -> DatasetSplits:
     paths: dict[str, list[Path]] = {"train": [], "test": []}
     labels: dict[str, list[int]] = {"train": [], "test": []}
     on_disk = {nfc(path_text(d.name)): d for d in root.iterdir() if d.is_dir()}
+    searched: dict[tuple[int, int], Path] = {}  # shared by the classes: a folder linked from two is refused
     for k, name in enumerate(names):
-        files = images_in(on_disk[name])
+        files = images_in(on_disk[name], searched)
         if len(files) < 2:
             raise FoalPipeError(f"{on_disk[name]} has {len(files)} image{'s' * (len(files) != 1)}; {param('test_split')} needs "
                                 "at least 2 per class (one to train on, one to test): add images or remove the folder")
@@ -402,6 +408,7 @@ def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
         )
     classes = [f"o{k}" for k in range(1, 51)]
     sources, lacking = {}, []
+    searched: dict[tuple[int, int], Path] = {}  # shared by every session and object: a folder linked from two is refused
     for split, sessions in (("train", CORE50_TRAIN_SESSIONS), ("test", CORE50_TEST_SESSIONS)):
         paths, labels = [], []
         for s in sessions:
@@ -409,7 +416,7 @@ def load_core50(data_dir: Path | None, download: bool) -> DatasetSplits:
             if not sdir.is_dir():
                 raise FoalPipeError(f"CORe50 session folder {sdir} is missing; unzip the whole core50_128x128.zip")
             for k, obj in enumerate(classes):
-                files = images_in(sdir / obj) if (sdir / obj).is_dir() else []
+                files = images_in(sdir / obj, searched) if (sdir / obj).is_dir() else []
                 lacking += [] if files else [f"s{s}/{obj}"]
                 paths += files
                 labels += [k] * len(files)
@@ -436,8 +443,9 @@ def load_tiny_imagenet(data_dir: Path | None, download: bool) -> DatasetSplits:
     classes = sorted(folders)
     lookup = {c: k for k, c in enumerate(classes)}
     paths, labels = [], []
+    searched: dict[tuple[int, int], Path] = {}  # shared by the classes: a folder linked from two is refused
     for c in classes:
-        files = images_in(folders[c])
+        files = images_in(folders[c], searched)
         paths += files
         labels += [lookup[c]] * len(files)
     train = FileSource(paths, labels, root)

@@ -160,16 +160,23 @@ class TorchvisionSource(ImageSource):
 
 def open_image(path: str | Path, data: bytes | None = None) -> Any:
     """The decoded image of the file at ``path`` (from ``data``, its bytes, where given); a PNG with fewer rows than
-    its header declares is a ValueError.
+    its header declares is a ValueError, and so are ``data`` in no format Pillow knows (Pillow's own error would
+    name the in-memory buffer and its address, which differs run to run; the caller names the file).
 
     The warnings Pillow gives while it reads (a decompression bomb, corrupt EXIF data) would reach stderr as two
     raw lines naming no file: for an image that decodes they become one ``note:`` line naming it; for one that
     does not, its error says enough."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with Image.open(path if data is None else io.BytesIO(data)) as img:
+        try:
+            opened = Image.open(path if data is None else io.BytesIO(data))
+        except UnidentifiedImageError:
+            if data is None:
+                raise
+            raise ValueError("not an image Pillow can read") from None
+        with opened as img:
             img.filename = str(path)  # what the notes of its conversion (to_rgb_array) name
             img.load()
             short = png_shortfall(path, data) if img.format == "PNG" else None
@@ -405,13 +412,17 @@ def _is_image_entry(p: Path) -> bool:
     raise FoalPipeError(f"{p} is named like an image but is {link}{kind}, not a file; remove it, or replace it with the image")
 
 
-def images_in(folder: Path) -> list[Path]:
+def images_in(folder: Path, seen: dict[tuple[int, int], Path] | None = None) -> list[Path]:
     """The image files under ``folder`` (recursively, through symbolic links to folders too), in natural order of
     their paths relative to it, compared in Unicode NFC form: a pure function of the names, whatever order the
     file system lists them in and whichever normalisation it keeps (macOS unpacks names NFD). A folder reached twice
-    is refused by name: a link to a folder that holds it would never end, two links would read its images twice."""
+    is refused by name: a link to a folder that holds it would never end, two links would read its images twice.
+    ``seen`` (``(st_dev, st_ino)`` of each folder searched: where it was first reached) is shared by the calls for
+    one dataset's class folders and splits, so that a folder reached from two of them (a link in test/ to a train/
+    folder: training images as test rows) is refused too. A folder that cannot be listed is refused by name (its
+    images left out would be another dataset); one that vanished meanwhile is skipped, as Path.rglob skips it."""
     found: list[Path] = []
-    seen: dict[tuple[int, int], Path] = {}  # (st_dev, st_ino) of each folder searched: where it was first reached
+    seen = {} if seen is None else seen
     todo = [folder]
     while todo:
         directory = todo.pop()
@@ -419,23 +430,29 @@ def images_in(folder: Path) -> list[Path]:
             st = directory.stat()
             with os.scandir(directory) as entries:
                 names = sorted((entry.name for entry in entries), key=_name_key)
-        except (PermissionError, FileNotFoundError, NotADirectoryError):  # as Path.rglob skips them
+        except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:
+            raise FoalPipeError(f"cannot list folder {directory} ({exc.strerror or exc}), so its images would be left "
+                                "out; make it readable (read and search permission: chmod u+rx) or move it away") from None
         first = seen.setdefault((st.st_dev, st.st_ino), directory)
         if first != directory:
-            raise _reached_twice(folder, first, directory)
+            raise _reached_twice(first, directory)
         below = [directory / name for name in names if _is_dir(directory / name)]
         found += [directory / name for name in names if _is_image_entry(directory / name)]
         todo.extend(reversed(below))
     return sorted(found, key=lambda p: _name_key(p.relative_to(folder).as_posix()))
 
 
-def _reached_twice(root: Path, first: Path, again: Path) -> FoalPipeError:
-    """The refusal of a folder reached at ``first`` and again at ``again`` below ``root``: a loop (``first`` holds
-    ``again``), or two ways to one folder; it names the symbolic link to remove, the nearest one on the way to
-    ``again`` (else to ``first``: the link may sort before the folder it points to)."""
+def _reached_twice(first: Path, again: Path) -> FoalPipeError:
+    """The refusal of a folder reached at ``first`` and again at ``again``: a loop (``first`` holds ``again``), or
+    two ways to one folder (in one class folder, two, or both splits); it names the symbolic link to remove, the
+    nearest one on the way to ``again`` (else to ``first``: the link may sort before the folder it points to) below
+    the folder that holds both paths."""
+    top = Path(os.path.commonpath([first, again]))
+
     def link_to(path: Path) -> Path | None:
-        return next((p for p in (path, *path.parents) if p.is_symlink() and p.is_relative_to(root)), None)
+        return next((p for p in (path, *path.parents) if p.is_symlink() and p.is_relative_to(top) and p != top), None)
 
     real = os.path.realpath(again)
     link = link_to(again) or link_to(first)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from os import PathLike
@@ -17,7 +17,7 @@ from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
 from foal_pipe.protocol.criteria import CRITERIA
-from foal_pipe.protocol.stream import DEFAULT_RATIOS, check_ratio
+from foal_pipe.protocol.stream import DEFAULT_RATIOS, check_disjoint_options, check_ratio
 
 #: Rows projected at once on the RLS path (bounds memory at window x (d + D) values).
 RLS_WINDOW = 8192
@@ -38,6 +38,28 @@ def check_seed(value: object, name: str = "seed") -> int:
     return int(value)
 
 
+def check_order_seeds(value: object) -> tuple[int, ...] | None:
+    """``order_seeds`` as Python ints (a NumPy integer recorded as JSON's), None left as it is: a non-empty sequence
+    of distinct seeds, as ``--order-seeds`` takes them (a repeated seed would count one order twice in the mean)."""
+    if value is None:
+        return None
+    example = "pass e.g. order_seeds=(0, 1, 2), or leave it None for one order"  # the command line parses its own
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise FoalPipeError(f"{param('order_seeds')} must be a sequence of seeds, got {value!r}; {example}")
+    wrong = [seed for seed in value if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0]
+    if wrong:
+        raise FoalPipeError(f"{param('order_seeds')} holds {wrong[0]!r}, which is not a seed (a non-negative integer); "
+                            f"{example}")
+    seeds = tuple(int(seed) for seed in value)
+    if not seeds:
+        raise FoalPipeError(f"{param('order_seeds')} is empty; {example}")
+    repeated = next((seed for k, seed in enumerate(seeds) if seed in seeds[:k]), None)
+    if repeated is not None:
+        raise FoalPipeError(f"{param('order_seeds')} ({', '.join(map(str, seeds))}) repeats seed {repeated}; list each "
+                            "class order once")
+    return seeds
+
+
 @dataclass(frozen=True)
 class StreamConfig:
     """How the stream is built (docs/protocol.md section 3; the task split: :mod:`foal_pipe.protocol.stream`)."""
@@ -56,7 +78,7 @@ class StreamConfig:
     def __post_init__(self) -> None:
         for name, value in (("seed", self.seed), ("order_seed", self.order_seed)):
             if value is not None:
-                check_seed(value, name)
+                object.__setattr__(self, name, check_seed(value, name))  # a NumPy integer is recorded as JSON's
         for name in ("disjoint_ratio", "blurry_ratio"):
             check_ratio(getattr(self, name), name)
         for name, value in (("tasks", self.tasks), ("batch_size", self.batch_size)):  # a float or True is no count
@@ -75,9 +97,13 @@ class StreamConfig:
             raise FoalPipeError(f"{param('class_order')} names a class order or a JSON file of task lists, got "
                                 f"{self.class_order!r}; write the lists to a file and pass its path, or e.g. "
                                 f"{param('class_order', 'pilot')}")
+        if self.class_order is not None and not str(self.class_order).strip():  # an unset variable, not the seeded order
+            raise FoalPipeError(f"{param('class_order')} is empty; pass a JSON file of task lists or a named order, e.g. "
+                                f"{param('class_order', 'pilot')}, or leave it None for the seeded order")
         if not isinstance(self.stream, str):
             raise FoalPipeError(f"{param('stream')} is a stream's name, got {self.stream!r}; pass e.g. "
                                 f"{param('stream', 'disjoint')}")
+        check_disjoint_options(self.stream, self.class_order is not None, bool(self.drop_remainder))
 
     @property
     def resolved_order_seed(self) -> int:
@@ -142,6 +168,28 @@ def check_head_option_names(options: object) -> HeadOptions:
     return HeadOptions({key: value for key, value in options.items() if value is not None})
 
 
+def gamma_list(values: Any, name: str) -> tuple[float, ...]:
+    """A grid of gammas as the command line reads one (``cli/options.floats``): any sequence of numbers (a NumPy array
+    too) as a tuple of floats, each listed once (a sweep would score a repeat twice and write results its readers
+    refuse); each gamma is checked positive where the run reads it."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise FoalPipeError(f"{param(name)} must be a sequence of gammas, got {values!r}; pass e.g. (0.1, 1.0, 10.0)")
+    try:
+        grid = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        shown = f"an array of shape {values.shape}" if isinstance(values, np.ndarray) else repr(values)
+        raise FoalPipeError(f"{param(name)} must hold numbers, got {shown}; pass e.g. (0.1, 1.0, 10.0)") from None
+    twice = next((g for i, g in enumerate(grid) if g in grid[:i]), None)
+    if twice is not None:
+        raise FoalPipeError(f"{param(name)} lists {twice:g} twice; list each gamma once")
+    return grid
+
+
+def whole(value: Any) -> Any:
+    """A NumPy integer as the Python int a JSON record holds (anything else as given, checked where it is read)."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The expansion and the ridge classifier on it.
@@ -176,6 +224,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "head_options", check_head_option_names(self.head_options))
+        object.__setattr__(self, "gamma_grid", gamma_list(self.gamma_grid, "gamma_grid"))
+        object.__setattr__(self, "per_decade", whole(self.per_decade))
+        object.__setattr__(self, "loo_sample", whole(self.loo_sample))
         if self.head_rows is not None and self.head_rows not in HEAD_ROWS:
             raise FoalPipeError(f"{param('head_rows')} must be one of {', '.join(HEAD_ROWS)}, got {self.head_rows!r}; "
                                 f"e.g. {param('head_rows', 'activations')}")
@@ -258,6 +309,10 @@ class SweepConfig:
     per_decade: int = PER_DECADE  # the refined search of every criterion (``selections`` in sweep.json)
     fusions: tuple[str, ...] = ()  # fusion specs of a blocks store, all from one walk; (): the store's features
     heads: tuple[str, ...] = ()  # heads of foal_pipe.heads.HEADS, all from one read; (): the gamma sweep alone
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gammas", gamma_list(self.gammas, "gammas"))
+        object.__setattr__(self, "per_decade", whole(self.per_decade))
 
     @property
     def resolved_select(self) -> str:

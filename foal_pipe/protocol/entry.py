@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from foal_pipe.errors import FoalPipeError, param
-from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig, SweepConfig
+from foal_pipe.protocol.config import (
+    EvaluationConfig,
+    ExecutionConfig,
+    ModelConfig,
+    StreamConfig,
+    SweepConfig,
+    check_order_seeds,
+)
 from foal_pipe.protocol.records import Learned, Swept
 
 
@@ -32,6 +39,9 @@ class LearnSettings:
     eval_features: tuple[Path, ...] = ()
     given: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order_seeds", check_order_seeds(self.order_seeds))
+
 
 @dataclass(frozen=True)
 class SweepSettings:
@@ -43,6 +53,9 @@ class SweepSettings:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     order_seeds: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order_seeds", check_order_seeds(self.order_seeds))
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,18 @@ from foal_pipe.protocol.stream import OrderError
 
 def parse_order_seeds(text: str) -> tuple[int, ...]:
     """``"0,1,2"`` -> ``(0, 1, 2)``: distinct integers."""
-    items = comma_items(text, param("seeds"))
+    items = comma_items(text, param("order_seeds"))
     try:
         seeds = tuple(int(s) for s in items)
     except ValueError:
-        raise FoalPipeError(f"{param('seeds')} {text!r} is not a comma-separated list of integers; write e.g. "
+        raise FoalPipeError(f"{param('order_seeds')} {text!r} is not a comma-separated list of integers; write e.g. "
                             "0,1,2,3,4") from None
     if not seeds:
-        raise FoalPipeError(f"{param('seeds')} is empty; write e.g. 0,1,2,3,4")
+        raise FoalPipeError(f"{param('order_seeds')} is empty; write e.g. 0,1,2,3,4")
     if len(set(seeds)) != len(seeds):
-        raise FoalPipeError(f"{param('seeds')} {text!r} repeats a seed; list each class order once")
+        raise FoalPipeError(f"{param('order_seeds')} {text!r} repeats a seed; list each class order once")
     for seed in seeds:
-        check_seed(seed, "seeds")
+        check_seed(seed, "order_seeds")
     return seeds
 
 
@@ -62,8 +62,8 @@ def fallback_reason(stream: StreamConfig, model: ModelConfig, execution: Executi
 
 def check_orders(stream: StreamConfig, seeds: Sequence[int]) -> None:
     if stream.class_order is not None and len(seeds) > 1:
-        raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('seeds')} has nothing to vary; pass one "
-                            "of them")
+        raise FoalPipeError(f"{param('class_order')} fixes the class order, so {param('order_seeds')} has nothing to "
+                            "vary; pass one of them")
 
 
 def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
@@ -72,7 +72,7 @@ def check_task_counts(seeds: Sequence[int], runs: Sequence[Run]) -> None:
     counts = [run.stream.n_tasks for run in runs]
     if len(set(counts)) > 1:
         each = ", ".join(f"{s}: {n}" for s, n in zip(seeds, counts))
-        raise FoalPipeError(f"{param('seeds')} {','.join(map(str, seeds))} stream different numbers of tasks ({each}; "
+        raise FoalPipeError(f"{param('order_seeds')} {','.join(map(str, seeds))} stream different numbers of tasks ({each}; "
                             f"{param('stream', 'si-blurry')} leaves out a task that receives no row), so their accuracy "
                             f"matrices have no position-wise mean; pass order seeds that stream as many tasks each, or run "
                             f"each seed alone with {param('order_seed')}")

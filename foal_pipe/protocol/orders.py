@@ -95,7 +95,7 @@ def check_walks_memory(command: str, runs: Sequence[Run]) -> None:
     walk = max((run.parts for run in runs), key=lambda parts: sum(parts.values()))
     parts = {**walk, f"the {len(runs)} orders' prepared runs": sum(held_bytes(r) for r in runs)}
     check_memory(f"{command} --order-seeds", parts,
-                 f"pass fewer {param('seeds')}, lower {param('projection_dim')}, or free memory")
+                 f"pass fewer {param('order_seeds')}, lower {param('projection_dim')}, or free memory")
 
 
 def warn_dropped_once(seeds: Sequence[int], runs: Sequence[Run], stream: StreamConfig,
@@ -232,8 +232,8 @@ def run_sweep_orders(
     ``order_seed``, ``tasks``, ``best_gamma`` and ``results``."""
     start = time.perf_counter()
     if sweep.fusions:
-        raise FoalPipeError(f"{param('fusions')} compares fusions on one class order; leave out {param('seeds')}, or pass "
-                            f"{param('fusion', 'X')} with {param('seeds')}")
+        raise FoalPipeError(f"{param('fusions')} compares fusions on one class order; leave out {param('order_seeds')}, or pass "
+                            f"{param('fusion', 'X')} with {param('order_seeds')}")
     check_output_dir(out, inputs=[features])
     check_orders(stream, seeds)
     out = Path(out)

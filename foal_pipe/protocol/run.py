@@ -21,7 +21,7 @@ from foal_pipe.protocol.config import KEPT_PART, SCHEDULERS, EvaluationConfig, E
 from foal_pipe.protocol.criteria import TRAINING_CRITERIA
 from foal_pipe.protocol.loosample import LOO_SAMPLE
 from foal_pipe.protocol.runstate import HeadStart, Run
-from foal_pipe.protocol.stream import OrderError, Stream, listed_classes, make_stream, resolve_class_order
+from foal_pipe.protocol.stream import OrderError, Stream, listed_classes, listed_order, make_stream, resolve_class_order
 from foal_pipe.store import open_store
 from foal_pipe.store.blockfusion import parse_fusions
 
@@ -58,12 +58,14 @@ def prepare(
     fused = store.fusions(parse_fusions(list(fusions), param("fusions")), model.fusion_norm) if fusions else None
     store.check_labelled()
     n_classes = len(store.classes)
-    order = (resolve_class_order(stream_config.class_order, n_classes, stream_config.tasks, stream_config.drop_remainder)
-             if stream_config.class_order else None)
+    given = stream_config.class_order
+    order = (resolve_class_order(given, n_classes, stream_config.tasks, stream_config.drop_remainder)
+             if given is not None else None)
     stream = make_stream(
         stream_config.stream, store.train.labels, n_classes, stream_config.tasks, stream_config.batch_size,
         stream_config.resolved_order_seed, order, stream_config.drop_last, stream_config.drop_remainder,
         stream_config.disjoint_ratio, stream_config.blurry_ratio, store.test.labels,
+        named=given is not None and not listed_order(given),
     )
     if evaluation.eval_every is not None and execution.scheduler == "dask":
         raise FoalPipeError(f"{param('eval_every')} solves inside the tasks, which {param('scheduler', 'dask')} sums whole; "

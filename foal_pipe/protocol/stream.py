@@ -53,6 +53,8 @@ class Stream:
         ``emptied`` or ``untrained``.
     emptied : label ids whose every training row ``drop_last`` dropped.
     untrained : label ids with test rows but no training row (scored, they could only be wrong).
+    named : its tasks are a named class order's (``pilot``) cut into ``--tasks``, which streams every class
+        (``--drop-remainder`` is refused with it).
     """
 
     tasks: list[list[int]]
@@ -64,6 +66,7 @@ class Stream:
     blurred_rows: int | None = None  # si-blurry: rows of the other classes dealt over the tasks
     emptied: list[int] = field(default_factory=list)
     untrained: list[int] = field(default_factory=list)
+    named: bool = False
 
     @property
     def n_tasks(self) -> int:
@@ -171,6 +174,12 @@ def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
     """
     path = Path(path)
     example = "write e.g. [[0,1],[2,3]]"
+    if path.is_dir():
+        raise FoalPipeError(f"class order file {path} is a directory; pass the path of a JSON file of task lists, e.g. "
+                            "one holding [[0,1],[2,3]]")
+    if path.exists() and not path.is_file():  # a pipe is read once, and every class order's run reads the file again
+        raise FoalPipeError(f"class order file {path} is not a regular file (a pipe or a device); write the task lists "
+                            "to a file and pass its path")
     if not path.is_file():
         raise FoalPipeError(f"class order file {path} does not exist; pass a JSON list of task lists, e.g. [[0,1],[2,3]]")
     try:
@@ -183,6 +192,9 @@ def read_class_order(path: str | Path, n_classes: int) -> list[list[int]]:
         tasks = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FoalPipeError(f"class order file {path} is not valid JSON ({exc.msg}); {example}") from None
+    except ValueError:  # Python's limit on the digits of an integer it converts (4,300 by default)
+        raise FoalPipeError(f"class order file {path} holds a number too long to be a label id (the store's are 0 to "
+                            f"{n_classes - 1}); {example}") from None
     except RecursionError:  # Python's parser recurses once per level of nesting
         raise FoalPipeError(f"class order file {path} nests its lists too deeply to read (a task split is a list of "
                             f"lists, two levels); {example}") from None
@@ -239,11 +251,12 @@ def _split_warning(stream: Stream, n_classes: int, class_order: bool) -> str | N
         if len(set(sizes)) < 2:
             return None
         larger, n = extra, stream.n_tasks
+        instead = "" if stream.named else (f" (--drop-remainder drops the {counted(larger, 'class', 'classes')} left "
+                                           "over instead, as the published code)")  # a named order streams every class
         return (f"note: {n_classes} classes do not split evenly into {n} tasks: {_tasks_range(1, larger)} "
                 f"{'has' if larger == 1 else 'have'} {counted(sizes[0], 'class', 'classes')}, "
                 f"{_tasks_range(larger + 1, n)} {'has' if n - larger == 1 else 'have'} "
-                f"{counted(sizes[-1], 'class', 'classes')} (--drop-remainder drops the "
-                f"{counted(larger, 'class', 'classes')} left over instead, as the published code)")
+                f"{counted(sizes[-1], 'class', 'classes')}{instead}")
     ids = f"{counted(len(left), 'class', 'classes')} (label ids {left})"
     if class_order:
         return (f"warning: --class-order lists {n_classes - len(left)} of the store's {n_classes} "
@@ -268,11 +281,13 @@ def build_stream(
     drop_last: bool = False,
     drop_remainder: bool = False,
     test_labels: np.ndarray | None = None,
+    named: bool = False,
 ) -> Stream:
     """The stream over ``labels`` (a split's label array): tasks (``n_tasks`` None: the default number), then
     shuffled rows per task. A class left with no training row in its task (``test_labels``: one with test rows
     and none to train on, or one ``drop_last`` empties) leaves the task and joins ``dropped``, as in :func:`si_blurry`:
-    scored, it could only be wrong."""
+    scored, it could only be wrong. ``named``: ``class_order`` is a named order's split (:attr:`Stream.named`), not
+    task lists of the user's (a file), whose split ``--tasks`` cannot change."""
     if batch_size < 1:
         raise FoalPipeError(f"{param('batch_size')} must be at least 1, got {batch_size}")
     rng = np.random.default_rng(seed)
@@ -291,9 +306,11 @@ def build_stream(
         idx = np.flatnonzero(np.isin(labels, task))
         rng.shuffle(idx)
         if idx.size == 0:
+            fix = (f"move them into a task with training rows or leave them out of {param('class_order')}"
+                   if class_order is not None and not named else
+                   f"use fewer {param('tasks')} (each task then holds more classes), a {param('class_order')} without them")
             raise OrderError(f"task {t + 1} (classes {listed_classes(task)}) has no training rows: none of its classes has a "
-                             f"row in the training split; use fewer {param('tasks')} (each task then holds more classes), a "
-                             f"{param('class_order')} without them, or check the store's labels")
+                             f"row in the training split; {fix}, or check the store's labels")
         if drop_last and idx.size < batch_size:
             raise OrderError(_drop_last_empties(idx.size, t + 1, batch_size))
         if drop_last:
@@ -303,7 +320,7 @@ def build_stream(
         rows.append(idx)
         kept.append([c for c in task if c not in emptied and c not in untrained])
     return Stream(tasks=kept, rows=rows, batch_size=batch_size, dropped=sorted(dropped + emptied + untrained),
-                  emptied=sorted(emptied), untrained=untrained)
+                  emptied=sorted(emptied), untrained=untrained, named=named)
 
 
 def _untrained(train_labels: np.ndarray, test_labels: np.ndarray) -> list[int]:
@@ -392,17 +409,15 @@ def si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_siz
 
 def _disjoint(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
               class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
-              blurry_ratio: int, test_labels: np.ndarray | None) -> Stream:
-    return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder, test_labels)
+              blurry_ratio: int, test_labels: np.ndarray | None, named: bool) -> Stream:
+    return build_stream(labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder, test_labels,
+                        named)
 
 
 def _si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
                class_order: list[list[int]] | None, drop_last: bool, drop_remainder: bool, disjoint_ratio: int,
-               blurry_ratio: int, test_labels: np.ndarray | None) -> Stream:
-    for name, value in (("class_order", class_order), ("drop_remainder", drop_remainder)):
-        if value:
-            raise FoalPipeError(f"{param(name)} splits disjoint tasks; {param('stream', 'si-blurry')} draws its own "
-                                f"split: leave out {param(name)} or use {param('stream', 'disjoint')}")
+               blurry_ratio: int, test_labels: np.ndarray | None, named: bool) -> Stream:
+    check_disjoint_options("si-blurry", class_order is not None, drop_remainder)
     return si_blurry(labels, n_classes, n_tasks, batch_size, seed, disjoint_ratio, blurry_ratio, drop_last, test_labels)
 
 
@@ -410,13 +425,23 @@ def _si_blurry(labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_si
 STREAMS = {"disjoint": _disjoint, "si-blurry": _si_blurry}
 
 
+def check_disjoint_options(kind: str, class_order: bool, drop_remainder: bool) -> None:
+    """Refuse a class order or ``drop_remainder`` (given: true) with the stream ``kind`` unless it is disjoint: they
+    split disjoint tasks, and si-blurry draws its own split."""
+    for name, given in (("class_order", class_order), ("drop_remainder", drop_remainder)):
+        if given and kind == "si-blurry":
+            raise FoalPipeError(f"{param(name)} splits disjoint tasks; {param('stream', 'si-blurry')} draws its own "
+                                f"split: leave out {param(name)} or use {param('stream', 'disjoint')}")
+
+
 def make_stream(kind: str, labels: np.ndarray, n_classes: int, n_tasks: int | None, batch_size: int, seed: int,
                 class_order: list[list[int]] | None = None, drop_last: bool = False, drop_remainder: bool = False,
                 disjoint_ratio: int = DEFAULT_RATIOS["disjoint_ratio"], blurry_ratio: int = DEFAULT_RATIOS["blurry_ratio"],
-                test_labels: np.ndarray | None = None) -> Stream:
+                test_labels: np.ndarray | None = None, named: bool = False) -> Stream:
     """The stream ``kind`` (:data:`STREAMS`) over a split's labels (``test_labels``: the test split's, which name
-    the classes with test rows and no training row); its options refused where they do not apply."""
+    the classes with test rows and no training row; ``named``: :func:`build_stream`'s); its options refused where
+    they do not apply."""
     if kind not in STREAMS:
         raise FoalPipeError(f"unknown {param('stream')} {kind!r}; choose {' or '.join(STREAMS)}")
     return STREAMS[kind](labels, n_classes, n_tasks, batch_size, seed, class_order, drop_last, drop_remainder,
-                         disjoint_ratio, blurry_ratio, test_labels)
+                         disjoint_ratio, blurry_ratio, test_labels, named)
