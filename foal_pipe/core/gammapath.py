@@ -14,7 +14,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.drift import DRIFTS, SCALE_SPREAD, UNITS, drift_floor, drift_share
+from foal_pipe.core.drift import DRIFTS, UNITS, drift_floor, drift_share
 from foal_pipe.core.linalg import (
     check_positive,
     check_solved,
@@ -94,9 +94,8 @@ class GammaPath(ABC):
         if self.floor and g.min() <= self.floor:
             share = drift_share(DRIFTS[self.dtype], self.dtype)
             raise FoalPipeError(
-                f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x the largest "
-                f"diagonal entry (or {SCALE_SPREAD**2:g}x the least where less), the most negative eigenvalue rounding "
-                f"left, or the least gamma at which the "
+                f"gamma {g.min():g} is below the resolution of the Gram sums ({self.floor:.3g}: eps x largest "
+                f"diagonal entry, the most negative eigenvalue rounding left, or the least gamma at which the "
                 f"rounding of {self.dtype} sums moves the weights by at most {share}), so its solution would be noise "
                 f"(off by more than {share}); "
                 f"use gammas above {self.floor:.3g} ({param('gammas')}, {param('gamma_grid')}){float64_way_out(self.dtype)}"
