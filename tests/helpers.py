@@ -549,3 +549,18 @@ def interrupt_after(monkeypatch, chunks: int, error: type[BaseException] = Keybo
 
     monkeypatch.setattr(st.FeatureWriter, "write", write)
     return real
+
+
+def documented_stream(y: np.ndarray, n_classes: int, n_tasks: int, seed: int) -> tuple[list[list[int]], list[np.ndarray]]:
+    """docs/learn.md, The stream: default_rng(seed) permutes the classes, the first C mod T tasks one class larger, then
+    each task's rows (in storage order) shuffled, task by task."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_classes)
+    cuts = np.cumsum([0, *[n_classes // n_tasks + (t < n_classes % n_tasks) for t in range(n_tasks)]])
+    tasks = [sorted(int(c) for c in order[cuts[t]:cuts[t + 1]]) for t in range(n_tasks)]
+    rows = []
+    for task in tasks:
+        idx = np.flatnonzero(np.isin(y, task))
+        rng.shuffle(idx)
+        rows.append(idx)
+    return tasks, rows

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import build_store, invoke, read
+from helpers import build_store, documented_stream, invoke, read
 from safetensors.numpy import load_file
 
 from foal_pipe.store import write_store
@@ -96,21 +96,6 @@ def store(tmp_path_factory) -> Path:
                        train_dim=10, test_dim=10, chunk=40)
 
 
-def _stream(y: np.ndarray, n_classes: int, n_tasks: int, seed: int) -> tuple[list[list[int]], list[np.ndarray]]:
-    """docs/learn.md, The stream: default_rng(seed) permutes the classes, the first C mod T tasks one class larger,
-    then each task's training rows (storage order) shuffled, task by task."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n_classes)
-    cuts = np.cumsum([0] + [n_classes // n_tasks + (t < n_classes % n_tasks) for t in range(n_tasks)])
-    tasks = [sorted(int(c) for c in order[cuts[t]:cuts[t + 1]]) for t in range(n_tasks)]
-    rows = []
-    for task in tasks:
-        idx = np.flatnonzero(np.isin(y, task))
-        rng.shuffle(idx)
-        rows.append(idx)
-    return tasks, rows
-
-
 @pytest.mark.parametrize("head", HEADS)
 def test_the_estimator_task_by_task_equals_learn_heads_model(store, tmp_path, head):
     """docs/python-api.md: `head_classifier(H).partial_fit` (one task a call) is exact over every row so far;
@@ -124,7 +109,7 @@ def test_the_estimator_task_by_task_equals_learn_heads_model(store, tmp_path, he
     projected = ["--projection-dim", 24] if head in ("balanced", "dual") else []
     _ok("learn", "--features", store, "--out", tmp_path, "--tasks", 3, "--batch-size", BATCH, "--seed", SEED,
         "--backend", "numpy", "--head", head, *projected)
-    tasks, rows = _stream(y, 6, 3, SEED)
+    tasks, rows = documented_stream(y, 6, 3, SEED)
     assert json.loads((tmp_path / "metrics.json").read_text())["tasks"] == tasks
     tensors = load_file(str(tmp_path / "model.safetensors"))
     P = tensors.get("projection")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from helpers import invoke
+from helpers import documented_stream, invoke
 
 import foal_pipe
 from foal_pipe.store import write_store
@@ -122,21 +122,6 @@ def write(path: Path, data: Data, classes: list[int], order: list[int], rng: np.
                        blocks=(X, T) if fusion else None, norm=norm if fusion else None)
 
 
-def stream(y: np.ndarray, n_classes: int, n_tasks: int, seed: int) -> tuple[list[list[int]], list[np.ndarray]]:
-    """docs/learn.md, The stream: default_rng(seed) permutes the classes, the first C mod T tasks one class larger, then
-    each task's rows (in storage order) shuffled, task by task."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n_classes)
-    cuts = np.cumsum([0, *[n_classes // n_tasks + (t < n_classes % n_tasks) for t in range(n_tasks)]])
-    tasks = [sorted(int(c) for c in order[cuts[t]:cuts[t + 1]]) for t in range(n_tasks)]
-    rows = []
-    for task in tasks:
-        idx = np.flatnonzero(np.isin(y, task))
-        rng.shuffle(idx)
-        rows.append(idx)
-    return tasks, rows
-
-
 def layout(rows: list[np.ndarray], seed: int, rng: np.random.Generator) -> np.ndarray:
     """The storage order of a store whose ``--class-order`` stream (task t: the classes of ``rows[t]``) with
     ``--order-seed seed`` visits ``rows`` in order: task t's positions, in storage order, are shuffled by
@@ -184,7 +169,7 @@ def continuation_check(tmp: Path, case: Case, *extra: str) -> list[str]:
     data, rng = make_data(case), np.random.default_rng([24, case.seed])
     C, k, T = case.n_classes, case.k, case.tasks
     S = write(tmp / "s.zarr", data, list(range(C)), list(range(data.y.size)), rng, case.fusion)
-    tasks, rows = stream(data.y, C, T, case.order_seed)
+    tasks, rows = documented_stream(data.y, C, T, case.order_seed)
     full = run("--features", S, "--out", tmp / "full", "--tasks", T, "--order-seed", case.order_seed,
                "--batch-size", case.batch, *case.flags)
     assert full["tasks"] == tasks, f"{case}: the stream drawn here is not the run's"

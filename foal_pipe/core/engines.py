@@ -14,7 +14,9 @@ module, so an engine pickles).
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +35,20 @@ from foal_pipe.errors import FoalPipeError, param
 VERIFY_ROWS = 4096
 #: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
 GCV_DOF_WARNING = 0.9
+
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def owner_lock(owner: Any) -> threading.RLock:
+    """The re-entrant lock of ``owner`` (an estimator, an engine, a deployed model), made when first asked for: its
+    learning calls and lazy solves hold it, and its readers take their snapshot of the model under it. Kept outside
+    the object, so that pickles, copies and ``vars()`` stay as they were (a lock neither pickles nor deep-copies)."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(owner)
+        if lock is None:
+            lock = _LOCKS[owner] = threading.RLock()
+        return lock
 
 
 def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float],
@@ -166,7 +182,12 @@ class RLSEngine:
         self.classes = old
 
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
-        """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``."""
+        """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``; under the
+        engine's lock (:func:`owner_lock`), so that a reader's :meth:`verify` never takes half of its pending rows."""
+        with owner_lock(self):
+            self._update(H, labels, classes)
+
+    def _update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
         check_engine_dtype(self.name, dtype_name(self.R.dtype))
         xp = array_namespace(self.R)
         self._sums = self._formed_sums()
@@ -213,9 +234,13 @@ class RLSEngine:
 
     def verify(self) -> None:
         """Refuse weights that the recursion's rounding moved from the exact solve of the same sums by more than
-        :data:`~foal_pipe.core.drift.DRIFTS` (that solve refuses a gamma the sums cannot resolve)."""
-        if self._verified:  # a loaded state is verified until it is updated
-            return
+        :data:`~foal_pipe.core.drift.DRIFTS` (that solve refuses a gamma the sums cannot resolve). Under the engine's
+        lock: readers in several threads verify once, from every pending row."""
+        with owner_lock(self):
+            if not self._verified:  # a loaded state is verified until it is updated
+                self._verify()
+
+    def _verify(self) -> None:
         self._gather()
         xp = array_namespace(self.R)
         exact = self._formed_sums().aligned(self.classes).solve(self.gamma)
@@ -231,8 +256,9 @@ class RLSEngine:
 
     def weights(self) -> Any:
         """``W``, checked against the exact solve of the sums since the last update (:meth:`verify`)."""
-        self.verify()
-        return self.W
+        with owner_lock(self):
+            self.verify()
+            return self.W
 
     @property
     def template(self) -> Any:
@@ -242,8 +268,9 @@ class RLSEngine:
     def state(self) -> dict[str, Any]:
         """``R`` and ``W``, and ``W``'s drift from the exact solve (:meth:`verify`'s, measured first if due), which a
         model file keeps so that its scores are checked with it (:class:`~foal_pipe.core.scoring.Ties`)."""
-        self.verify()
-        return {"R": self.R, "W": self.W, "drift": self.drift}
+        with owner_lock(self):
+            self.verify()
+            return {"R": self.R, "W": self.W, "drift": self.drift}
 
     def load_state(self, state: dict[str, Any], classes: np.ndarray, n: int) -> None:
         xp = array_namespace(self.R)

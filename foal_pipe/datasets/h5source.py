@@ -52,6 +52,11 @@ class H5Source(ImageSource):
             img = img[..., 0]
         return h5_pixels(img, f"{self.split}/images[{i}]")
 
+    def close(self) -> None:
+        if self._handle is not None and self._pid == os.getpid():
+            self._handle.close()
+        self._handle, self._pid = None, -1
+
     def describe(self, i: int) -> str:
         return f"{self.path}:{self.split}/images[{i}]"
 

@@ -60,6 +60,9 @@ class ImageSource:
         its rows is recorded."""
         return None
 
+    def close(self) -> None:
+        """Close what :meth:`load` opened in this process (an HDF5 file); a later :meth:`load` opens it again."""
+
     def unreadable(self) -> list[str]:
         """Rows that cannot be read, seen without decoding (for files: missing, a broken link, empty; for HDF5: values
         that are not pixels), each as :meth:`describe`, the first at least with why: checked before a store is

@@ -4,13 +4,14 @@ the run log (:func:`extraction`), every split in one process (:func:`run_extract
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 import os
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,20 +72,33 @@ def extract_rows(
     progress and ``complete`` are the caller's (see :func:`run_extract`, :func:`mark_progress`,
     :func:`finish_store`).
     """
-    inputs = load_inputs(inputs) if inputs is not None else cached_inputs(spec)
     writer = FeatureWriter(path or spec.out_path, split)
     writer.check_range(lo, hi)
     if lo == hi:
         return
+    inputs = load_inputs(inputs) if inputs is not None else cached_inputs(spec, split, writer.labels)
     n, step = writer.n_rows, writer.chunk_rows
     encoder = inputs.encoder
     batches = batch_rows(n, step, lo, hi, inputs.batch_size)
-    if loaded is None:
-        images = PreparedImages(inputs.data.split(split), inputs.loaded_size, encoder.interpolation)
-        loaded = _load_batches(images, batches, inputs)
+    if loaded is None:  # a copy of the source, whose open files this call closes (its inputs outlive it)
+        source = copy.copy(inputs.data.split(split))
+        with contextlib.closing(source):
+            _fill(spec, split, writer, (lo, hi), inputs,
+                  _load_batches(PreparedImages(source, inputs.loaded_size, encoder.interpolation), batches, inputs),
+                  len(batches), on_batch, on_chunk)
+        return
+    _fill(spec, split, writer, (lo, hi), inputs, loaded, len(batches), on_batch, on_chunk)
+
+
+def _fill(spec: ExtractSpec, split: str, writer: FeatureWriter, rows: tuple[int, int], inputs: Inputs,
+          loaded: Iterator[tuple[Any, Any, Any]], n_batches: int, on_batch: Callable[[int], None] | None,
+          on_chunk: Callable[[int], None] | None) -> None:
+    """:func:`extract_rows`' rows ``[lo, hi)`` encoded from the ``loaded`` batches and written chunk by chunk."""
+    lo, hi = rows
+    encoder = inputs.encoder
     filler = _ChunkFiller(spec, split, writer, lo, hi, inputs.precision, encoder, on_batch, on_chunk)
     pending: deque[Callable[[], Any]] = deque()
-    for pixels, _labels, errors in itertools.islice(loaded, len(batches)):
+    for pixels, _labels, errors in itertools.islice(loaded, n_batches):
         bad = [e for e in errors if e]
         if bad:
             while pending:  # the rows before it are written, as a resumed run expects
@@ -199,7 +213,7 @@ def check_name_length(out: Path) -> None:
                             f"{limit - SIBLING_EXTRA} bytes")
 
 
-@contextmanager
+@contextlib.contextmanager
 def extraction(spec: ExtractSpec, overwrite: bool = False, runtime: dict[str, Any] | None = None,
                before_load: Callable[[Inputs, dict[str, int]], None] | None = None,
                ) -> Iterator[tuple[Inputs, StoreState, ExtractReport]]:

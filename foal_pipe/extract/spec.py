@@ -9,10 +9,13 @@ import json
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from foal_pipe.datasets.identity import data_sha256
 from foal_pipe.datasets.manifest import SplitManifest, build_manifest
@@ -196,9 +199,31 @@ def load_inputs(inputs: Inputs) -> Inputs:
     return inputs
 
 
-@functools.lru_cache(maxsize=2)
-def cached_inputs(spec: ExtractSpec) -> Inputs:
-    return load_inputs(open_inputs(spec))
+#: Specs whose inputs a process keeps (:func:`cached_inputs`), the least recently used dropped first.
+KEPT_SPECS = 2
+_KEPT: dict[ExtractSpec, Inputs] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def cached_inputs(spec: ExtractSpec, split: str, labels: np.ndarray) -> Inputs:
+    """``spec``'s inputs, opened and their weights loaded once per process (a Dask worker extracts many ranges of
+    one store), kept while they still describe the data: opened again once a split's file was replaced or written to
+    (:meth:`~foal_pipe.datasets.sources.ImageSource.changed`) or ``split``'s labels are no longer the store's
+    ``labels`` (a folder that gained or lost images), so that a store never takes the rows of data as it was."""
+    with _KEPT_LOCK:  # a worker's threads share one copy of the weights
+        kept = _KEPT.pop(spec, None)
+        if kept is None or not _describes(kept, split, labels):
+            kept = load_inputs(open_inputs(spec))
+        _KEPT[spec] = kept
+        while len(_KEPT) > KEPT_SPECS:
+            del _KEPT[next(iter(_KEPT))]
+        return kept
+
+
+def _describes(inputs: Inputs, split: str, labels: np.ndarray) -> bool:
+    if any(inputs.data.split(name).changed() is not None for name in SPLITS):
+        return False
+    return np.array_equal(inputs.data.split(split).labels, labels)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from foal_pipe.core.backend import backend_of, dtype_name, get_namespace, resolve_dtype, to_numpy
-from foal_pipe.core.engines import DEFAULT_ENGINE, GramEngine, check_engine_dtype, checked_weights, grow_classes
+from foal_pipe.core.engines import DEFAULT_ENGINE, GramEngine, check_engine_dtype, checked_weights, grow_classes, owner_lock
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.scoring import Ties, among_classes, best_of
@@ -116,6 +116,10 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     n_features_in_ : int
     n_samples_seen_ : int
 
+    Threads: ``fit``, ``partial_fit``, the lazy solve and ``save`` hold the estimator's lock; a reader takes the
+    weights, ``classes_`` and the classes with rows together under it and scores outside it, so a read beside a
+    ``partial_fit`` in another thread gives the model before or after that call, never a mix.
+
     Examples
     --------
     >>> import numpy as np
@@ -162,8 +166,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any) -> AnalyticClassifier:
         """Forget everything learned, then :meth:`partial_fit` on ``(X, y)``."""
-        self._forget()
-        return self.partial_fit(X, y)
+        with owner_lock(self):
+            self._forget()
+            return self.partial_fit(X, y)
 
     def _forget(self) -> None:
         for name in _FITTED:
@@ -176,6 +181,10 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         state keeps the ``gamma``, ``engine``, ``dtype``, ``backend`` and ``gamma_grid`` it was fitted with: a call
         after ``set_params`` changed one is refused (:meth:`fit` starts afresh with the new value).
         """
+        with owner_lock(self):
+            return self._partial_fit(X, y, classes)
+
+    def _partial_fit(self, X: Any, y: Any, classes: Any) -> AnalyticClassifier:
         first = not self.__sklearn_is_fitted__()
         if not first:
             check_fitted_params(self, self._fitted_with)
@@ -224,9 +233,10 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     @property
     def gamma_(self) -> float:
         """The gamma of the fitted state (GCV's choice for ``gamma="auto"``), whatever ``set_params`` set since."""
-        self._check_fitted()
-        gamma = self._fitted_with["gamma"]
-        return self._gram().solution()[0] if gamma == "auto" else float(gamma)
+        with owner_lock(self):
+            self._check_fitted()
+            gamma = self._fitted_with["gamma"]
+            return self._gram().solution()[0] if gamma == "auto" else float(gamma)
 
     def _gram(self) -> GramEngine:
         """The engine of a ``gamma="auto"`` state, which only the gram engine fits (``_start`` refuses the others)."""
@@ -312,8 +322,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
 
     def _weights(self) -> Any:
         """Weights in the state's namespace, row-major, refused when not finite (an ill-conditioned float32 recursion)."""
-        self._check_fitted()
-        return row_major(checked_weights(self._engine.weights()))
+        with owner_lock(self):  # the lazy solve, kept for the state it solved
+            self._check_fitted()
+            return row_major(checked_weights(self._engine.weights()))
 
     @property
     def weights_(self) -> np.ndarray:
@@ -335,20 +346,27 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     def scores_with_ties(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray]]:
         """:meth:`class_scores`, and the weights' :class:`~foal_pipe.core.scoring.Ties` with the float64 rows, with
         which :meth:`predict` refuses rows whose top two scores lie within their float64 rounding."""
-        self._check_fitted()
-        X, _ = validated(self, X)
-        W = self._weights()
-        xp = get_namespace(self._fitted_with["backend"])
-        X, W = self._state_array(X, xp.float64), xp.asarray(W, dtype=xp.float64)
+        return self._scored(X)[:2]
+
+    def _scored(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray], np.ndarray, np.ndarray]:
+        """:meth:`scores_with_ties`, with the ``classes_`` and the classes without rows of the same model: taken
+        together under the lock (a ``partial_fit`` in another thread changes them one by one), scored outside it."""
+        with owner_lock(self):
+            self._check_fitted()
+            X, _ = validated(self, X)
+            W = self._weights()
+            xp = get_namespace(self._fitted_with["backend"])
+            X, W = self._state_array(X, xp.float64), xp.asarray(W, dtype=xp.float64)
+            drift, classes, rowless = self._engine.drift, self.classes_, self._without_rows()
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
             scores = finite_scores(to_numpy(X @ W))
-        return scores, (Ties.of(W, drift=self._engine.drift), X)
+        return scores, (Ties.of(W, drift=drift), X), classes, rowless
 
     def decision_function(self, X: Any) -> np.ndarray:
         """:meth:`class_scores`, -inf for a class without rows, which :meth:`predict` never picks (it is ``classes_[argmax]``);
         with two classes, scikit-learn's (n_samples,) margin ``score[:, 1] - score[:, 0]`` (> 0: ``classes_[1]``)."""
-        scores = self.class_scores(X)
-        scores[:, ~self._seen()] = -np.inf
+        scores, _, classes, rowless = self._scored(X)
+        scores[:, ~_seen(classes, rowless)] = -np.inf
         return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
 
     def predict(self, X: Any, classes: Any = None) -> np.ndarray:
@@ -358,18 +376,11 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         ``classes``: every label of the task (the published code's rule): the argmax then runs over those labels,
         a label never seen scoring 0, so it wins a row where every seen class scores below 0.
         """
-        scores, (ties, rows) = self.scores_with_ties(X)
-        classes = task_classes(classes, self.classes_)
-        seen = self._seen()  # a class declared without rows is never predicted, so a task's labels may leave it out
-        among = among_classes(self.classes_[seen], classes)
-        return best_of(scores[:, seen], self.classes_[seen], among, (ties.columns(seen), rows))[0]
-
-    def _seen(self) -> np.ndarray:
-        """Which classes of ``classes_`` have rows, those predicted; refused where none has."""
-        if (seen := ~np.isin(self.classes_, self._without_rows())).any():
-            return seen
-        raise FoalPipeError("no class of classes_ has rows yet (partial_fit's classes= only declared them), so there is no "
-                            "class seen to predict; partial_fit labelled rows first")
+        scores, (ties, rows), known, rowless = self._scored(X)
+        classes = task_classes(classes, known)
+        seen = _seen(known, rowless)  # a class declared without rows is never predicted, so a task's labels may leave it out
+        among = among_classes(known[seen], classes)
+        return best_of(scores[:, seen], known[seen], among, (ties.columns(seen), rows))[0]
 
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
@@ -381,6 +392,10 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         interrupted; what its file records beside the state (class names, encoder provenance, the projection, ...) is
         written again, the keywords given replacing it (:meth:`fit` forgets it with the rows).
         """
+        with owner_lock(self):  # the state, classes and rows of one model
+            return self._save(path, projection, metadata)
+
+    def _save(self, path: str | Path, projection: SmoothProjection | Expansion | None, metadata: dict[str, Any]) -> Path:
         self._check_fitted()
         check_metadata(metadata, self.classes_.size)
         recorded: _FileRecord | None = getattr(self, "_recorded", None)
@@ -422,3 +437,11 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         if isinstance(clf._engine, GramEngine):  # the weights as saved: no solve, the same bits on any machine
             clf._engine.keep_solution(model.gamma, model.weights)
         return clf
+
+
+def _seen(classes: np.ndarray, rowless: np.ndarray) -> np.ndarray:
+    """Which of ``classes`` have rows (are not ``rowless``), those predicted; refused where none has."""
+    if (seen := ~np.isin(classes, rowless)).any():
+        return seen
+    raise FoalPipeError("no class of classes_ has rows yet (partial_fit's classes= only declared them), so there is no "
+                        "class seen to predict; partial_fit labelled rows first")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values
+from foal_pipe.core.engines import owner_lock
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, NoBlocks, clipped
@@ -75,7 +76,11 @@ class DeployedModel:
     """A loaded model: ``classifier`` (an :class:`AnalyticClassifier` that keeps learning, or a head's
     :class:`~foal_pipe.model.headmodel.HeadClassifier`), ``projection``,
     ``class_names`` (one per column of ``W``, in ``classifier.classes_`` order) and ``encoder_spec`` (the
-    provenance of the store it was trained on: what :meth:`predict_images` rebuilds)."""
+    provenance of the store it was trained on: what :meth:`predict_images` rebuilds).
+
+    Threads: :meth:`partial_fit` and :meth:`save` hold the model's lock, and so do the readers that take names or
+    classes beside the scores (:meth:`best`, :meth:`predict_names`, :meth:`store_predictions`): none of them sees the
+    classifier of one call with the class names of another."""
 
     _names: list[str]  # class_names: one list object
     _named: np.ndarray  # the classes its names were given for
@@ -106,17 +111,22 @@ class DeployedModel:
     def class_names(self) -> list[str]:
         """One name per class of ``classifier.classes_``, in its order: one list, so a name changed in it is kept (and
         saved). A head's refused solve, which undoes its last calls' classes, takes their names out of it."""
-        names, named = self._names, self._named
-        ids = self.classifier.classes_
-        if ids.size < len(names) == named.size and np.isin(ids, named).all():
-            kept = np.isin(named, ids)
-            names[:] = [name for name, keep in zip(names, kept.tolist()) if keep]
-            self._named = named[kept]
-        return names
+        with owner_lock(self):
+            names, named = self._names, self._named
+            ids = self.classifier.classes_
+            if ids.size < len(names) == named.size and np.isin(ids, named).all():
+                kept = np.isin(named, ids)
+                names[:] = [name for name, keep in zip(names, kept.tolist()) if keep]
+                self._named = named[kept]
+            return names
 
     @class_names.setter
     def class_names(self, names: Sequence[str]) -> None:
-        names, n = list(names), int(self.classifier.classes_.size)
+        with owner_lock(self):
+            self._name_classes(list(names))
+
+    def _name_classes(self, names: list[str]) -> None:
+        n = int(self.classifier.classes_.size)
         if len(names) != n:
             raise FoalPipeError(f"class_names has {len(names)} names but the model has {n} classes; pass one name per "
                                 "class of classifier.classes_, in its order")
@@ -215,8 +225,10 @@ class DeployedModel:
         """Each row's label id of the highest score among ``classifier.classes_`` and that score; a ridge model
         refuses rows whose top two scores tie within their float64 rounding
         (:func:`~foal_pipe.core.scoring.best_of`)."""
-        scores, ties = self.classifier.scores_with_ties(self.activations(features))
-        return best_of(scores, self.classifier.classes_, ties=ties)
+        rows = self.activations(features)
+        with owner_lock(self):  # the scores and the classes of one model
+            scores, ties = self.classifier.scores_with_ties(rows)
+            return best_of(scores, self.classifier.classes_, ties=ties)
 
     def predict(self, features: Any, classes: Any = None) -> np.ndarray:
         """The label id with the highest score for each row of ``features`` (n, d), among the classes the model
@@ -226,8 +238,10 @@ class DeployedModel:
 
     def predict_names(self, features: Any) -> list[str]:
         """The class name with the highest score for each row."""
-        names = dict(zip(self.classifier.classes_.tolist(), self.class_names))
-        return [names[label] for label in self.predict(features).tolist()]
+        labels = self.predict(features).tolist()
+        with owner_lock(self):  # names after the prediction: a class predicted stays, its name set by then
+            names = dict(zip(self.classifier.classes_.tolist(), self.class_names))
+        return [names[label] for label in labels]
 
     def predict_proba(self, features: Any) -> np.ndarray:
         """Class shares, shape (n, n_classes), columns in ``classifier.classes_`` order, rows summing to 1.
@@ -253,6 +267,10 @@ class DeployedModel:
         model does not know (or an unlabelled row); refused first where a chunk's scores do not fit the machine
         (:meth:`check_scoring`, ``command`` naming the refused).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
+        with owner_lock(self):  # every chunk predicted by one model, matched to its classes
+            return self._store_predictions(features, split, command)
+
+    def _store_predictions(self, features: str | Path, split: str, command: str) -> tuple[np.ndarray, np.ndarray]:
         from foal_pipe.store.meta import SPLITS, UNLABELLED
 
         if split not in SPLITS:
@@ -330,8 +348,9 @@ class DeployedModel:
         if isinstance(names, str) or not all(isinstance(name, str) for name in names):
             raise FoalPipeError(f"label_ids takes a sequence of class names (strings), not {clipped(repr(names))}; pass "
                                 "e.g. ['cat', 'dog']")
-        ids = self._ids_by_name()
-        nxt = int(self.classifier.classes_.max()) + 1 if self.classifier.classes_.size else 0
+        with owner_lock(self):  # the names and classes of one model
+            ids, known = self._ids_by_name(), self.classifier.classes_
+        nxt = int(known.max()) + 1 if known.size else 0
         out = np.empty(len(names), dtype=np.int64)
         spelled: dict[str, str] = {}
         for i, name in enumerate(names):
@@ -351,6 +370,10 @@ class DeployedModel:
         model trained on its old rows and these together. Their count adds to :attr:`rows_outside_stores`, which
         :meth:`save` records. Returns ``self``."""
         X = self._features(features)
+        with owner_lock(self):  # the classifier and its class names change together
+            return self._learn(X, labels)
+
+    def _learn(self, X: np.ndarray, labels: Any) -> DeployedModel:
         ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
         for label in np.setdiff1d(ids, self.classifier.classes_).tolist():
@@ -371,6 +394,10 @@ class DeployedModel:
         A model whose file named no classes, and that was given no names since, is saved without them: the ids
         :func:`load_model` shows as names would otherwise become names, and a store's classes, matched by name, would
         all be unknown to it."""
+        with owner_lock(self):
+            return self._save(path)
+
+    def _save(self, path: str | Path) -> Path:
         extra = {k: v for k, v in self.metadata.items() if k not in SET_BY_MODEL}
         extra["activation"] = self.projection.activation
         if self.rows_outside_stores:

@@ -31,6 +31,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import host_values, to_numpy
+from foal_pipe.core.engines import owner_lock
 from foal_pipe.core.scoring import Ties, best_of
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
@@ -55,7 +56,9 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
     """The estimator of one head (``head``, set by each subclass): each :meth:`partial_fit` call adds one task's
     rows; the head's exact model over every row so far is solved when a prediction, ``class_scores`` or pickling
     first needs it (see the module docstring); :meth:`fit` starts afresh and solves at once. Labels may be any
-    classification targets; ``classes_`` is sorted and grows as new labels arrive."""
+    classification targets; ``classes_`` is sorted and grows as new labels arrive. ``fit``, ``partial_fit``, the solve
+    and pickling hold the estimator's lock; a reader takes the solved model, ``classes_`` and the class ids together
+    under it and scores outside it (a read beside a ``partial_fit`` gives the model before or after that call)."""
 
     head: ClassVar[str]
     # fitted state, set by partial_fit (_FITTED)
@@ -72,11 +75,12 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
     def fit(self, X: Any, y: Any) -> HeadEstimator:
         """Forget every row, then :meth:`partial_fit` on ``(X, y)`` and solve at once: a model that cannot be solved is
         refused by this call, and a prediction after it changes no attribute."""
-        for name in _FITTED:
-            self.__dict__.pop(name, None)
-        self.partial_fit(X, y)
-        self._solve(say_undone=False)
-        return self
+        with owner_lock(self):
+            for name in _FITTED:
+                self.__dict__.pop(name, None)
+            self.partial_fit(X, y)
+            self._solve(say_undone=False)
+            return self
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> HeadEstimator:
         """Add the rows ``X`` labelled ``y`` as one task. ``classes`` (scikit-learn's every label of the stream) may
@@ -86,6 +90,10 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
         A refused batch leaves the estimator as it was, the calls since the last solve included; a refused solve (when
         the model is next needed) returns it to its last solved model, undoing the calls since: a call is refused for
         its model only if no later call made the model solvable (see the module docstring)."""
+        with owner_lock(self):
+            return self._partial_fit(X, y, classes)
+
+    def _partial_fit(self, X: Any, y: Any, classes: Any) -> HeadEstimator:
         first = not hasattr(self, "_head")
         if not first:
             check_fitted_params(self, self._fitted_with)
@@ -178,26 +186,33 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
 
     def _scores_with_ties(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None]:
         """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the float64 rows."""
-        if "_head" not in self.__dict__:
-            raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
-        try:
-            X = np.asarray(validate_data(self, host_values(X), reset=False, dtype=np.float64), dtype=np.float64)
-        except (ValueError, TypeError) as exc:
-            raise as_user_error(exc) from None
+        return self._scored(X)[:2]
+
+    def _scored(self, X: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None, np.ndarray]:
+        """:meth:`_scores_with_ties` and the ``classes_`` of the same model: the model, ``classes_`` and the class ids
+        taken together under the lock (a ``partial_fit`` in another thread changes them one by one), scored outside."""
+        with owner_lock(self):
+            if "_head" not in self.__dict__:
+                raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
+            try:
+                X = np.asarray(validate_data(self, host_values(X), reset=False, dtype=np.float64), dtype=np.float64)
+            except (ValueError, TypeError) as exc:
+                raise as_user_error(exc) from None
+            scorer, ids, classes = self._scorer, self._ids, self.classes_
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
-            scores = finite_scores(np.asarray(to_numpy(self._scorer.scores(X)), dtype=np.float64))
-        order = [self._ids[c] for c in self.classes_.tolist()]  # the scorer's columns are sorted ids
-        ties = getattr(self._scorer, "ties", None)
+            scores = finite_scores(np.asarray(to_numpy(scorer.scores(X)), dtype=np.float64))
+        order = [ids[c] for c in classes.tolist()]  # the scorer's columns are sorted ids
+        ties = getattr(scorer, "ties", None)
         if ties is None:
-            return scores[:, order], None
+            return scores[:, order], None, classes
         columns, rows = ties(X)
-        return scores[:, order], (columns.columns(order), rows)
+        return scores[:, order], (columns.columns(order), rows), classes
 
     def predict(self, X: Any) -> np.ndarray:
         """The class of the highest score (the first of a tie); a linear head's refused where the scores' float64
         rounding would pick it (:meth:`~foal_pipe.core.scoring.Ties.check`)."""
-        scores, ties = self._scores_with_ties(X)
-        return best_of(scores, self.classes_, ties=ties)[0]
+        scores, ties, classes = self._scored(X)
+        return best_of(scores, classes, ties=ties)[0]
 
     @available_if(_has_probabilities)
     def predict_proba(self, X: Any) -> np.ndarray:
@@ -206,14 +221,15 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
 
     def __getstate__(self) -> dict[str, Any]:
         """The head's model-file tensors (:mod:`foal_pipe.heads.state`) stand for its running state: no array
-        namespace module is pickled."""
+        namespace module is pickled; taken under the lock, of one model."""
         from foal_pipe.heads.state import export_head
 
-        model = self._solve() if "_head" in self.__dict__ else None
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_head", "_model", "_undo")}
-        if model is not None:
-            state["_tensors"] = export_head(self.head, self._head, model)
-        return state
+        with owner_lock(self):
+            model = self._solve() if "_head" in self.__dict__ else None
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_head", "_model", "_undo")}
+            if model is not None:
+                state["_tensors"] = export_head(self.head, self._head, model)
+            return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         from foal_pipe.heads.state import restore_head, scorer_from

@@ -182,6 +182,7 @@ class FeatureWriter:
             self.array = open_array(group, self.path, f"{split}/features").with_config(WRITE_CONFIG)
             self.blocks = (open_array(group, self.path, f"{split}/blocks").with_config(WRITE_CONFIG)
                            if "blocks" in group.attrs else None)
+            self.labels = np.asarray(open_array(group, self.path, f"{split}/labels")[:])
         self.n_rows, self.chunk_rows = int(self.array.shape[0]), int(self.array.chunks[0])
 
     def check_range(self, lo: int, hi: int) -> None:
