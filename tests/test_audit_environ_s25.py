@@ -10,7 +10,7 @@ umask 077 (every file 0600, every folder 0700, the same bytes). Relative against
 directories differ only where a path is documented as recorded as typed (metrics.json and sweep.json `features`,
 table's store labels, summary.md's run, the store's `source` and hence its generation id).
 
-Below: names and paths are taken as the UTF-8 bytes they are (datasets/pathtext.py), not decoded by the locale's
+Below: names and paths are taken as the UTF-8 bytes they are (io/pathtext.py), not decoded by the locale's
 file-system encoding, so stores and records are the same bytes in every locale; extract with a checkpoint runs where
 no home directory can be found (the checkpoint-hash cache is skipped); Python's -O mode, under which zarr 3.1 cannot
 read a store, is refused in one line naming it, never reported as a corrupt store.

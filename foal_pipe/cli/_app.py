@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import json
 import os
 import re
 import signal
@@ -71,6 +72,23 @@ def _console(stderr: bool = False) -> Console:
         if "COLUMNS" not in os.environ:
             console.width = LOG_WIDTH
     return console
+
+
+def print_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout: coloured only on a terminal itself (a pipe reads plain JSON where
+    ``FORCE_COLOR`` colours the rest), its non-ASCII text escaped where stdout's encoding cannot hold it (``LC_ALL=C``
+    with ``PYTHONUTF8=0``: rich wrote it raw and died with a UnicodeEncodeError)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    try:
+        text.encode(getattr(console.file, "encoding", None) or "utf-8")
+        escaped = False
+    except UnicodeEncodeError:
+        text, escaped = json.dumps(value, indent=2), True
+    isatty = getattr(console.file, "isatty", None)
+    if isatty is not None and isatty():
+        console.print_json(text, ensure_ascii=escaped)
+    else:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 class _HelpFlag:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, flag, print_table, user_errors
+from foal_pipe.cli._app import app, err_console, flag, print_json, print_table, user_errors
 from foal_pipe.datasets.registry import DATASETS
 
 
@@ -44,7 +43,7 @@ def datasets(
                               markup=False, soft_wrap=True)
         rows = dataset_rows(data_dir)
         if as_json:
-            console.print_json(json.dumps(rows))
+            print_json(rows)
             return
         table = Table(box=None, pad_edge=False)
         for column in ("dataset", "classes", "source", "looked for in (DIR = --data-dir)", "how to obtain"):

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from foal_pipe.cli._app import app, console, err_console, flag, one_line, print_table, user_errors
+from foal_pipe.cli._app import app, err_console, flag, one_line, print_json, print_table, user_errors
 from foal_pipe.errors import FoalPipeError
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def info(
         summary = store_summary(store, verify, found)
         problems = summary["problems"]
         if as_json:
-            console.print_json(json.dumps(summary))
+            print_json(summary)
         else:
             _print_table(summary)
         refusal = found[0].refusal if len(found) == 1 else None

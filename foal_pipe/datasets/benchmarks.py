@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foal_pipe.datasets.loaders import DEFAULT_ROOT, _candidates, _first_match, _folder_split, _missing
-from foal_pipe.datasets.pathtext import os_path, path_text
 from foal_pipe.datasets.sources import DatasetSplits, FileSource
 from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.io.pathtext import os_path, path_text
 
 #: Where the PTM-CIL splits are published: LAMDA-PILOT's README (section "Datasets") links the archives.
 PTM_CIL_SOURCE = "the archive linked from LAMDA-PILOT's README (github.com/sun-hailong/LAMDA-PILOT, section Datasets)"

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.datasets.hdf5 import load_hdf5 as load_hdf5
-from foal_pipe.datasets.pathtext import os_path, path_text
 from foal_pipe.datasets.sources import (
     IMAGE_EXTENSIONS,
     ArraySource,
@@ -35,6 +34,7 @@ from foal_pipe.datasets.sources import (
 )
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import UNLABELLED
+from foal_pipe.io.pathtext import os_path, path_text
 
 DEFAULT_ROOT = Path("~/datasets")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")

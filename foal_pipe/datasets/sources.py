@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.datasets.png import png_shortfall
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.io.pathtext import path_text
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 

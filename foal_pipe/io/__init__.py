@@ -5,8 +5,8 @@ and its metrics, a sweep, an evaluation) are written into a temporary sibling di
 output directory in one rename, so a kill or a full disk leaves the previous outputs untouched.
 
 The checks of an output path that need no settling are in :mod:`foal_pipe.io.outpaths`, the names of the
-temporaries and their removal in :mod:`foal_pipe.io.temporaries`, and CSV rows that read back as written in
-:mod:`foal_pipe.io.csvrows`.
+temporaries and their removal in :mod:`foal_pipe.io.temporaries`, CSV rows that read back as written in
+:mod:`foal_pipe.io.csvrows`, and paths as UTF-8 text in every locale in :mod:`foal_pipe.io.pathtext`.
 """
 
 from __future__ import annotations

@@ -311,10 +311,12 @@ class DeployedModel:
                                             "in smaller chunks (extract's --chunk-rows)")
 
     def encoder(self, checkpoint: str | Path | None = None, device: str = "cpu") -> Any:
-        """The encoder of the training store, rebuilt from ``encoder_spec`` and loaded (once, then cached)."""
-        if self._encoder is None:
-            self._encoder = build_recorded_encoder(self.encoder_spec, checkpoint, device)
-        return self._encoder
+        """The encoder of the training store, rebuilt from ``encoder_spec`` and loaded (once, then cached: threads
+        asking at once wait for the one load, under the model's lock)."""
+        with owner_lock(self):
+            if self._encoder is None:
+                self._encoder = build_recorded_encoder(self.encoder_spec, checkpoint, device)
+            return self._encoder
 
     def encode_images(self, images: Any, checkpoint: str | Path | None = None, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """Features of images: paths (files) or uint8 arrays ``(n, 3, s, s)``, encoded ``batch_size`` at a time."""

@@ -12,6 +12,7 @@ import numpy as np
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io.csvrows import CsvRows
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.progress import progress_bar
 from foal_pipe.store import SPLITS, UNLABELLED, FeatureStore
 
@@ -133,7 +134,8 @@ class ImagePredictions:
         return self.classes[np.argmax(self.scores, axis=1)]
 
     def write_csv(self, fh: TextIO) -> None:
-        """Write :data:`IMAGE_COLUMNS` (and the top-k columns), one line per image."""
+        """Write :data:`IMAGE_COLUMNS` (and the top-k columns), one line per image; each path as its bytes are, in any
+        locale (:func:`~foal_pipe.io.pathtext.path_text`)."""
         writer = CsvRows(fh)
         k = min(self.top_k, len(self.names)) if self.top_k > 1 else 0
         writer.writerow([*IMAGE_COLUMNS, *(f"top{i}_{what}" for i in range(2, k + 1) for what in ("name", "score"))])
@@ -141,7 +143,7 @@ class ImagePredictions:
         for path, row, ranked in zip(self.paths, self.scores, order):
             best = int(ranked[0])
             top = [v for j in ranked[1:k] for v in (self.names[j], repr(float(row[j])))]
-            writer.writerow([str(path), int(self.classes[best]), self.names[best], repr(float(row[best])), *top])
+            writer.writerow([path_text(path), int(self.classes[best]), self.names[best], repr(float(row[best])), *top])
 
 
 def predict_image_files(model: str | Path, images: Sequence[str | Path], checkpoint: str | Path | None = None,

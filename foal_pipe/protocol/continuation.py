@@ -28,11 +28,11 @@ import numpy as np
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.errors import ClassRefused, FoalPipeError, param
 from foal_pipe.heads import DEFAULT_HEAD, HEADS, Head, Scorer
 from foal_pipe.heads.state import export_head, takes_batch_size
 from foal_pipe.io import check_output_dir
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.model.deploy import DeployedModel, check_encoder, load_model, open_model_store
 from foal_pipe.model.headmodel import HeadClassifier
 from foal_pipe.model.ridgemodel import RidgeModel, SavedRidge

@@ -13,8 +13,8 @@ from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import best_point
 from foal_pipe.core.leaveoneout import SAMPLE_DELTA
 from foal_pipe.core.metrics import summarize
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.heads import HEADS
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.protocol.anytime import Anytime
 from foal_pipe.protocol.config import ModelConfig, StreamConfig
 from foal_pipe.protocol.criteria import CRITERIA

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.activations import BIASED
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.heads import HEADS, head_entry
 from foal_pipe.io import atomic_dir, check_output_dir, write_json
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.memory import check_memory, human
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import ModelConfig, StreamConfig, check_seed, config_record

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import SUMMARIES, summary_of
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.durable import changed_at, pid_alive
 from foal_pipe.heads import HEADS
 from foal_pipe.io import write_json
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.protocol.capabilities import Settings
 from foal_pipe.protocol.config import config_record
 from foal_pipe.protocol.typedjson import COUNT, INTEGER, MAPPING, NUMBERS, TEXT, is_number

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.pathtext import os_path
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.io.pathtext import os_path
 from foal_pipe.memory import MemoryRefusal
 from foal_pipe.report.readers import Run
 

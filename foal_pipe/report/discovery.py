@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.datasets.pathtext import os_path
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import TIMINGS_FILE, TIMINGS_OF
 from foal_pipe.io.outpaths import is_feature_store
+from foal_pipe.io.pathtext import os_path
 from foal_pipe.io.temporaries import TEMPORARY
 from foal_pipe.model.modelfile import MODEL_FILE, shown
 from foal_pipe.protocol.schema import (

@@ -7,10 +7,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.io import atomic_dir, check_output_dir, replacement_held_off, settle_enclosing, write_json
 from foal_pipe.io.csvrows import ENCODING, ERRORS
 from foal_pipe.io.outpaths import follow_link
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.protocol.outputs import EVAL_DIR, EVAL_FILES, SCORES_FILE, SUMMARY_FILE
 from foal_pipe.protocol.schema import METRICS_FILE
 from foal_pipe.report.classes import class_results

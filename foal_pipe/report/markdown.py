@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.core.metrics import SHOWN, capped, pct, summary_of
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.heads import HEADS
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.protocol.criteria import CRITERIA, TRAINING_CRITERIA
 from foal_pipe.protocol.schema import LearnMetrics, same_gamma
 from foal_pipe.protocol.stream import counted

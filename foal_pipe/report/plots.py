@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.metrics import SHOWN, summary_of
-from foal_pipe.datasets.pathtext import os_path, path_text
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.io.pathtext import os_path, path_text
 from foal_pipe.protocol.criteria import CRITERIA
 from foal_pipe.protocol.schema import RunSettings
 from foal_pipe.report.classes import ClassResults, Confusion

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from foal_pipe.datasets.pathtext import path_text
 from foal_pipe.errors import FoalPipeError
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.model.modelfile import read_model, stored_head
 from foal_pipe.protocol.metricsparts import OrderMetrics
 from foal_pipe.protocol.schema import METRICS_FILE, SWEEP_FILE, LearnMetrics, SweepReport, same_gamma

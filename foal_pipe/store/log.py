@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from foal_pipe.io import write_json
+from foal_pipe.io.pathtext import path_text
 from foal_pipe.store.lock import exclusive_lock
 from foal_pipe.store.meta import LOG_SUFFIX, writing
 
@@ -63,7 +64,7 @@ def read_log(path: str | Path) -> dict[str, Any] | None:
 def log_run(path: str | Path, entry: dict[str, Any], fresh: bool = False) -> None:
     """Append a run to the store's log (a new log when ``fresh``: the store was just created)."""
     log = None if fresh else read_log(path)
-    log = log or {"store": Path(path).name, "runs": []}
+    log = log or {"store": path_text(Path(path).name), "runs": []}
     log["runs"].append(entry)
     with writing(Path(path), "the run log"):
         write_json(log_path(path), log)
@@ -71,7 +72,7 @@ def log_run(path: str | Path, entry: dict[str, Any], fresh: bool = False) -> Non
 
 def update_run(path: str | Path, fields: dict[str, Any]) -> None:
     """Add ``fields`` to the last run of the store's log."""
-    log = read_log(path) or {"store": Path(path).name, "runs": [{}]}
+    log = read_log(path) or {"store": path_text(Path(path).name), "runs": [{}]}
     log["runs"][-1] = {**log["runs"][-1], **fields}
     with writing(Path(path), "the run log"):
         write_json(log_path(path), log)
