@@ -408,30 +408,32 @@ def unseal_to_format_3(store: Path) -> Path:
     return store
 
 
-def scores_in_threads(monkeypatch, head: str, score, threads: int = 4) -> list:
-    """What ``score()`` gives (or raises) in ``threads`` threads that all enter the head's solve (``boundary``) at
-    once: a barrier holds each inside it until every thread is there."""
+def scores_in_threads(monkeypatch, head: str, score, threads: int = 4) -> tuple[list, int]:
+    """What ``score()`` gives (or raises) in ``threads`` threads that call it at once, and how many times the head's
+    solve (``boundary``) ran (:func:`held_in_threads`)."""
     from foal_pipe.heads import HEADS
 
     return held_in_threads(monkeypatch, HEADS[head].head, "boundary", score, threads)
 
 
-def held_in_threads(monkeypatch, owner, name: str, score, threads: int = 4) -> list:
-    """What ``score()`` gives (or raises) in ``threads`` threads that all enter ``owner.name`` (a method) before any
-    runs it: a barrier at its entry holds each until every thread is there."""
+def held_in_threads(monkeypatch, owner, name: str, score, threads: int = 4) -> tuple[list, int]:
+    """What ``score()`` gives (or raises) in ``threads`` threads released at once (a barrier before the call), and how
+    many times ``owner.name`` (a method) ran meanwhile: under the estimator's lock one thread runs it while the others
+    wait, so a solve shared by every reader runs once."""
     import threading
 
-    barrier, original = threading.Barrier(threads, timeout=10), getattr(owner, name)
+    barrier, original, entered = threading.Barrier(threads, timeout=10), getattr(owner, name), []
 
-    def held(self, *args, **kwargs):
-        barrier.wait()
+    def counted(self, *args, **kwargs):
+        entered.append(threading.get_ident())
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(owner, name, held)
+    monkeypatch.setattr(owner, name, counted)
     out: list = [None] * threads
 
     def read(k):
         try:
+            barrier.wait()
             out[k] = score()
         except BaseException as exc:  # noqa: BLE001 - what a thread raised is the result
             out[k] = exc
@@ -441,7 +443,7 @@ def held_in_threads(monkeypatch, owner, name: str, score, threads: int = 4) -> l
         thread.start()
     for thread in started:
         thread.join()
-    return out
+    return out, len(entered)
 
 
 def blocks_store(path: Path) -> Path:

@@ -53,10 +53,15 @@ def test_a_float32_score_that_overflows_is_scored_in_float64(unseen):
     assert got.tolist() == [[int(np.argmax(exact))]] == [[1]]
 
 
-def _refused_at_once(monkeypatch, read, threads: int = 4) -> list:
-    """What ``read()`` gives in ``threads`` threads whose solves are all refused and all reach the restore before
-    any of them has restored (a barrier at its entry)."""
-    return held_in_threads(monkeypatch, SolvesOnDemand, "_restore", read, threads)
+def _refused_at_once(monkeypatch, read, want, threads: int = 4) -> None:
+    """``read()`` in ``threads`` threads at once after a call whose solve is refused: one thread solves (under the
+    estimator's lock), is refused and restores; the others read the model it restored (before the lock, all solved at
+    once and all but one raised a bare AssertionError)."""
+    out, restores = held_in_threads(monkeypatch, SolvesOnDemand, "_restore", read, threads)
+    refused = [o for o in out if isinstance(o, FoalPipeError)]
+    assert len(refused) == restores == 1, out
+    assert str(refused[0]).endswith("the rows of its last partial_fit call are undone"), out
+    assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out if o is not refused[0]), out
 
 
 def _bad_call(est):
@@ -64,16 +69,14 @@ def _bad_call(est):
 
 
 def test_readers_refused_at_once_each_get_the_refusal_estimator(monkeypatch):
-    """Readers whose solves are refused together: before, the first restored and the others raised a bare
-    AssertionError; each now gets the one-line refusal, and the estimator is back at its last solved model."""
+    """Readers at once after a call whose solve is refused: before, the first restored and the others raised a bare
+    AssertionError; now one gets the one-line refusal, the others the last solved model it is back at."""
     r = np.random.default_rng(0)
     X, y = r.normal(size=(6, 3)), [0, 0, 1, 1, 2, 2]
     est = FeCAMClassifier(shrinkage=0.0).fit(X, y)
     want = est.predict(X)
     _bad_call(est)
-    out = _refused_at_once(monkeypatch, lambda: est.predict(X))
-    assert all(isinstance(o, FoalPipeError) and str(o).endswith("the rows of its last partial_fit call are undone")
-               for o in out), out
+    _refused_at_once(monkeypatch, lambda: est.predict(X), want)
     assert "_undo" not in vars(est) and np.array_equal(est.predict(X), want)
 
 
@@ -85,9 +88,7 @@ def test_readers_refused_at_once_each_get_the_refusal_head_file(monkeypatch):
     model = HeadClassifier("fecam", {"shrinkage": 0.0}, export_head("fecam", est._head, est._solve()), 6)
     want = model.predict(X)
     model.partial_fit(np.ones((3, 3)), np.array([5, 5, 5]))
-    out = _refused_at_once(monkeypatch, lambda: model.predict(X))
-    assert all(isinstance(o, FoalPipeError) and str(o).endswith("the rows of its last partial_fit call are undone")
-               for o in out), out
+    _refused_at_once(monkeypatch, lambda: model.predict(X), want)
     assert model._undo is None and np.array_equal(model.predict(X), want)
 
 

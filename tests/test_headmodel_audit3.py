@@ -180,12 +180,13 @@ def test_a_refused_batch_keeps_the_calls_before_it(name):
 
 @pytest.mark.parametrize("name", [n for n in NAMES if HEADS[n].head.solve_on_demand])
 def test_readers_in_threads_get_the_model_of_every_row(monkeypatch, name):
-    """Four threads score after calls not yet solved, all inside the solve at once: each gets the model of every row."""
+    """Four threads score at once after calls not yet solved: each gets the model of every row, solved once for all."""
     calls = _calls(name)
     model = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
     want = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2]).class_scores(calls[0][0])
-    out = scores_in_threads(monkeypatch, name, lambda: model.class_scores(calls[0][0]))
+    out, solves = scores_in_threads(monkeypatch, name, lambda: model.class_scores(calls[0][0]))
     assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out), out
+    assert solves == 1
     assert model._undo is None
 
 

@@ -270,12 +270,14 @@ def test_a_call_unsolvable_alone_is_kept_where_later_rows_solve_it(name, options
 
 @pytest.mark.parametrize("name", [n for n in NAMES if HEADS[n].head.solve_on_demand])
 def test_readers_in_threads_solve_the_pending_calls_once_for_all(monkeypatch, name):
-    """Four threads ask for scores after calls not yet solved, all inside the solve at once: each gets the scores of
-    every row (before, all but the first failed on the state the first had cleared) and the model is kept."""
+    """Four threads ask for scores at once after calls not yet solved: each gets the scores of every row (before, all
+    but the first failed on the state the first had cleared), the solve runs once for all (under the estimator's lock)
+    and the model is kept."""
     est = _fresh(name, CALLS[:3])
     want = _fresh(name, CALLS[:3]).class_scores(T)
-    out = scores_in_threads(monkeypatch, name, lambda: est.class_scores(T))
+    out, solves = scores_in_threads(monkeypatch, name, lambda: est.class_scores(T))
     assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in out), out
+    assert solves == 1
     assert "_undo" not in est.__dict__ and np.array_equal(est.class_scores(T), want)
 
 

@@ -412,8 +412,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         matrix, metadata = ridge_projection(projection, metadata)
         if matrix is None and recorded is not None:
             matrix = recorded.projection
-        model = RidgeModel(state, self.weights_, self.classes_, self.gamma_, fitted["engine"],
-                           self._dtype.name, self.n_samples_seen_, grid, fitted["per_decade"])
+        names = getattr(self, "feature_names_in_", None)  # a DataFrame's columns: a loaded model checks them as this one
+        model = RidgeModel(state, self.weights_, self.classes_, self.gamma_, fitted["engine"], self._dtype.name,
+                           self.n_samples_seen_, grid, fitted["per_decade"], None if names is None else tuple(names))
         return model.save(path, matrix, **metadata)
 
     @classmethod
@@ -422,7 +423,10 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         is read by :meth:`RidgeModel.from_file <foal_pipe.model.ridgemodel.RidgeModel.from_file>`. What it records
         beside the state is kept for :meth:`save`, so a model loaded, continued and saved loses none of it."""
         tensors, meta = read_model(path)
-        clf = cls.from_model(RidgeModel.from_file(path, tensors, meta), backend)
+        model = RidgeModel.from_file(path, tensors, meta)
+        clf = cls.from_model(model, backend)
+        if model.feature_names is not None:  # checked as the saved estimator checked them
+            clf.feature_names_in_ = np.asarray(model.feature_names, dtype=object)
         clf._recorded = _FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
                                     clf.n_samples_seen_)
         return clf

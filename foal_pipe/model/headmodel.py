@@ -16,6 +16,7 @@ import array_api_compat.numpy as xp_numpy
 import numpy as np
 
 from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.engines import owner_lock
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import Ties, best_of
 from foal_pipe.errors import FoalPipeError
@@ -64,6 +65,14 @@ class HeadClassifier(SolvesOnDemand):
         self._classes = np.asarray(tensors["classes"], dtype=np.int64)
         self._new_rows: dict[int, int] = {}  # while pending: rows of the classes new since the last solve
         self.n_samples_seen_ = int(n_samples_seen)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The model-file tensors of every row so far stand for the running head, rebuilt from them when next needed
+        (:meth:`_own_head`): no array namespace module is pickled. Solved first, under the lock: one model."""
+        with owner_lock(self):
+            tensors = self.tensors
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_head", "_model", "_undo")}
+            return {**state, "_tensors": tensors, "_head": None, "_model": None}
 
     @property
     def tensors(self) -> dict[str, np.ndarray]:

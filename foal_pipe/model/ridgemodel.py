@@ -41,6 +41,7 @@ class RidgeModel:
     n_samples: int
     gamma_grid: Sequence[float] | None = None
     per_decade: int = PER_DECADE
+    feature_names: Sequence[str] | None = None  # the columns of a DataFrame the estimator was fitted on
 
     @classmethod
     def solved(cls, statistics: RidgeStatistics, gamma: float, gamma_grid: Sequence[float] | None = None,
@@ -72,9 +73,13 @@ class RidgeModel:
             for g in grid:
                 check_gamma(g)
             search_grid(grid, per_decade)
+        names = meta.get("feature_names")
+        if names is not None and len(names) != tensors["W"].shape[0]:
+            raise FoalPipeError(f"{path}: metadata 'feature_names' has {len(names)} names but W has {tensors['W'].shape[0]} "
+                                "rows (one per feature); the file was edited: train and save the model again")
         state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts", "drift")}
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
-                   meta["n_samples_seen"], grid, per_decade)
+                   meta["n_samples_seen"], grid, per_decade, None if names is None else tuple(names))
 
     def save(self, path: str | Path, projection: np.ndarray | None = None, **metadata: Any) -> Path:
         """Write the model file: the state, ``W`` (float64), ``classes``, the ``projection`` matrix when given, and
@@ -99,6 +104,8 @@ class RidgeModel:
         if self.gamma_grid is not None:
             settings["gamma_grid"] = [float(g) for g in self.gamma_grid]
             settings["per_decade"] = int(self.per_decade)
+        if self.feature_names is not None:
+            settings["feature_names"] = [str(name) for name in self.feature_names]
         return write_model(path, tensors, {**metadata, **settings})
 
 
@@ -116,7 +123,7 @@ def lower_mirrored(G: np.ndarray) -> np.ndarray:
 #: options and rows seen): a ``save(**metadata)`` naming one is refused rather than overwritten (a fixed-gamma
 #: model saved with ``gamma_grid=`` read back as ``gamma="auto"``).
 SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid",
-                "per_decade", "head", "head_options")
+                "per_decade", "feature_names", "head", "head_options")
 
 
 def check_metadata(metadata: Mapping[str, Any], n_classes: int) -> None:
