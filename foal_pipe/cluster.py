@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -174,6 +175,21 @@ def _local_client(distributed: ModuleType, workers: int) -> tuple[Client, Any]:
 
 
 @contextmanager
+def _environ_kept() -> Iterator[None]:
+    """The process's environment as it was, on leaving: a LocalCluster's nannies write their workers' settings into it
+    (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` of 1, ``PYTHONHASHSEED``, ...), which
+    stayed for the rest of a notebook's or service's life: every subprocess it started after a Dask run ran its BLAS
+    on one thread, with other last bits than the same command started before."""
+    kept = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in [name for name in os.environ if name not in kept]:
+            del os.environ[name]
+        os.environ.update({name: value for name, value in kept.items() if os.environ.get(name) != value})
+
+
+@contextmanager
 def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Client]:
     """A connected client: ``local`` starts a LocalCluster of ``workers`` processes (closed on exit),
     anything else is a scheduler address such as ``tcp://host:8786`` (left running on exit). distributed's own
@@ -182,7 +198,7 @@ def dask_client(address: str | None = "local", workers: int = 2) -> Iterator[Cli
     if not is_local(address) and not isinstance(address, str):
         raise FoalPipeError(f"{param('dask_address')} must be 'local' or a scheduler address such as tcp://host:8786, "
                             f"got {address!r}")
-    with quiet_logs():
+    with quiet_logs(), _environ_kept():
         if is_local(address):
             client, cluster = _local_client(distributed, check_workers(workers))
         else:

@@ -4,7 +4,10 @@
 Each test fails before its fix: `info --json` died with a UnicodeEncodeError under LC_ALL=C (PYTHONUTF8=0) on a store
 of non-ASCII class names, and wrote ANSI colour codes into a pipe under FORCE_COLOR (jq refuses them); the log's
 "store" and the CSV's path column were the locale's decoding of the bytes ("sÃ¼.zarr" under ISO-8859-1); threads
-asking a DeployedModel for its encoder at once each built and loaded one.
+asking a DeployedModel for its encoder at once each built and loaded one; a local Dask run left its workers' settings
+(OPENBLAS_NUM_THREADS=1, PYTHONHASHSEED, ...) in the process's environment, so that every subprocess started after it
+ran its BLAS on one thread (in the suite, a later test's subprocess scored other last bits than the same command run
+in-process).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import invoke, make_image_tree
 from test_audit_environ_s25 import ASCII, _latin1
 from test_audit_images_s25 import _model
@@ -114,3 +118,19 @@ def test_threads_asking_for_the_encoder_load_it_once(tmp_path, monkeypatch):
         thread.join()
     assert len(built) == 1 and len(got) == 4 and all(encoder is built[0] for encoder in got)
     assert np.array_equal(model.predict(np.zeros((1, 192))), model.predict(np.zeros((1, 192))))
+
+
+@pytest.mark.slow
+def test_a_local_dask_cluster_leaves_the_environment_as_it_found_it(monkeypatch):
+    """`dask_client("local")` (what `--dask-address local` runs) starts its workers with their own settings and gives
+    the process its environment back on leaving: nothing added, nothing changed."""
+    pytest.importorskip("distributed")
+    from foal_pipe.cluster import dask_client
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # one the nannies set, set otherwise here
+    before = dict(os.environ)
+    with dask_client("local", 1) as client:
+        assert client.submit(lambda: os.environ.get("OMP_NUM_THREADS")).result() == "1"  # the workers' own setting
+    assert dict(os.environ) == before
