@@ -90,7 +90,7 @@ def summary(
         str | None,
         typer.Option(help="Group the learn runs into table cells by these keys (comma-separated: head, tasks, dataset, "
                      "encoder, stream, D, gamma, fusion, activation, init, seed, select, options, ratios, mask, dtype, "
-                     "store, init_model, dim, classes, rows, drop, encoder_settings, grid, per_decade, loo_sample), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
+                     "store, init_model, dim, classes, rows, drop, batch, encoder_settings, grid, per_decade, loo_sample), each cell the mean +- std (ddof 0) of its runs' A_avg, A_last and F; e.g. head,tasks over "
                      "runs of several class orders; a cell whose runs differ in a setting not grouped by is named in "
                      "a warning. Default: one row per run.",
                      show_default=False, callback=read_by(group_text)),
@@ -139,7 +139,7 @@ def grouped_table(paths: list[Path], group: str) -> Table:
     for k in (*keys, "runs", *METRICS):
         table.add_column(k, justify="left" if k in keys else "right", no_wrap=True)
     for c in cells:
-        table.add_row(*("-" if v is None else escape(exact_text(v) if isinstance(v, float) else str(v))  # two cells, two keys
+        table.add_row(*("-" if v is None else escape(one_line(exact_text(v) if isinstance(v, float) else str(v)))  # one row
                         for v in c["key"].values()), str(c["n"]),  # "-": not recorded
                       *(pct(c[m]["mean"]) + (f" +- {100 * c[m]['std']:.2f}" if c["n"] > 1 else "")
                         for m in METRICS))
@@ -192,8 +192,8 @@ def summary_table(paths: list[Path]) -> Table:
         dataset = "?" if run.dataset is None else one_line(str(run.dataset))
         head = f" · head {run.head}" if getattr(run, "head", None) else ""
         head += f" · {len(run.orders)} class orders" if len(getattr(run, "orders", None) or ()) > 1 else ""
-        encoder = (run.encoder or {}).get("name", "?") + ("" if fusion is None else f" · {fusion}")
-        return escape(str(path)) + "\n[dim]" + escape(f"{dataset} · {encoder}{head}") + "[/]"
+        encoder = one_line(str((run.encoder or {}).get("name", "?"))) + ("" if fusion is None else f" · {fusion}")
+        return escape(one_line(str(path))) + "\n[dim]" + escape(f"{dataset} · {encoder}{head}") + "[/]"
 
     def head_width(name: str, head, s) -> str:
         """D of a sweep's head: 0 on the store's features (as `learn --head ncm` records), else the projection's."""

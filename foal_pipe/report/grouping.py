@@ -50,6 +50,13 @@ def _rows(m: LearnMetrics) -> str | None:
     return f"{m.n_train_seen}/{m.n_test}"
 
 
+def _batch(m: LearnMetrics) -> int | None:
+    """``--batch-size`` where it changes the numbers: dual's (its recursion steps once a batch), ``--drop-last``'s (the
+    tail it drops) and an ``--eval-every`` curve's (scored at batch ends); None where every batch size gives the same
+    model (ridge's exact recursion, the other heads' per-task statistics), so such runs are not set apart."""
+    return m.batch_size if m.head == "dual" or m.drop_last or m.anytime is not None else None
+
+
 def _drop(m: LearnMetrics) -> str | None:
     """``--drop-last`` and ``--drop-remainder`` as ``last``, ``remainder``, ``last+remainder`` or ``none``."""
     if m.drop_last is None and m.drop_remainder is None:
@@ -101,6 +108,7 @@ GROUP_KEYS: dict[str, Callable[[LearnMetrics], Any]] = {
     "classes": _classes,
     "rows": _rows,
     "drop": _drop,
+    "batch": _batch,
     "encoder_settings": lambda m: ", ".join(f"{k}={v}" for k, v in _encoder_settings(m).items()) if m.encoder else None,
     # --gamma auto's search beyond its criterion: runs of another grid or density choose other gammas
     "grid": lambda m: None if m.gamma_grid is None else ",".join(map(exact_text, m.gamma_grid)),
