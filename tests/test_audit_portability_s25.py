@@ -103,3 +103,19 @@ def test_head_deployed_model_pickles_after_partial_fit(tmp_path: Path) -> None:
     copied = pickle.loads(pickle.dumps(model))  # before: TypeError: cannot pickle 'module' object
     assert np.array_equal(copied.scores(Z), expected)
     assert np.array_equal(copy.deepcopy(model).scores(Z), expected)
+
+
+@pytest.mark.parametrize("names", [["a", "b"], ["a", "a", "b", "c"], ["a", "b", "c", 4]])
+def test_a_file_whose_feature_names_do_not_fit_its_weights_is_refused(tmp_path: Path, names) -> None:
+    """`feature_names` written (with a valid checksum) as too few names, a name twice or a number: load refuses the file in
+    one line naming the key, where the 4 distinct names of W's 4 rows load as feature_names_in_."""
+    from test_modelfile import model
+
+    from foal_pipe.model.modelfile import write_model
+
+    tensors, meta = model()
+    write_model(tmp_path / "good.safetensors", tensors, {**meta, "feature_names": ["a", "b", "c", "d"]})
+    assert AnalyticClassifier.load(tmp_path / "good.safetensors").feature_names_in_.tolist() == ["a", "b", "c", "d"]
+    write_model(tmp_path / "bad.safetensors", tensors, {**meta, "feature_names": names})
+    with pytest.raises(FoalPipeError, match="'feature_names' is not 4 distinct strings"):
+        AnalyticClassifier.load(tmp_path / "bad.safetensors")

@@ -130,8 +130,6 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "gamma_grid": (False, lambda v, _: None if isinstance(v, list) and v and all(_is_number(g) and g > 0 for g in v)
                    else "must be a non-empty list of positive numbers (the grid of a gamma='auto' model)"),
     "per_decade": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (a gamma='auto' search's)"),
-    "feature_names": (False, lambda v, _: None if isinstance(v, list) and all(isinstance(n, str) for n in v) and len(set(v))
-                      == len(v) else "must be a list of distinct strings (the columns the estimator was fitted on)"),
     "rows_outside_stores": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (rows counted)"),
 }
 

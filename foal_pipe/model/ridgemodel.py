@@ -73,10 +73,11 @@ class RidgeModel:
             for g in grid:
                 check_gamma(g)
             search_grid(grid, per_decade)
-        names = meta.get("feature_names")
-        if names is not None and len(names) != tensors["W"].shape[0]:
-            raise FoalPipeError(f"{path}: metadata 'feature_names' has {len(names)} names but W has {tensors['W'].shape[0]} "
-                                "rows (one per feature); the file was edited: train and save the model again")
+        names, d = meta.get("feature_names"), tensors["W"].shape[0]
+        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)
+                                      and len(set(names)) == len(names) == d):
+            raise FoalPipeError(f"{path}: metadata 'feature_names' is not {d} distinct strings, one per row of W (the "
+                                "columns the estimator was fitted on); the file was edited: train and save the model again")
         state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts", "drift")}
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
                    meta["n_samples_seen"], grid, per_decade, None if names is None else tuple(names))

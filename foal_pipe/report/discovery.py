@@ -186,9 +186,12 @@ def _other_model(m: LearnMetrics, meta: dict[str, Any], path: Path) -> tuple[str
 
     if meta.get("head") != m.head:
         return "head", meta.get("head") or "ridge", m.head or "ridge"
-    if m.head is not None and None not in (meta.get("head_options"), m.head_options) \
-            and meta["head_options"] != m.head_options:
-        return "head options", shown(meta["head_options"]), shown(m.head_options)
+    if m.head is not None and m.head_options is not None and meta.get("head_options") is not None:
+        # dual's batch size is recorded beside the options in metrics.json: compared as one of them
+        ours = {**m.head_options, **({"batch_size": m.batch_size} if m.head == "dual" and m.batch_size else {})}
+        if {k: v for k, v in meta["head_options"].items() if k in ours} != {k: v for k, v in ours.items()
+                                                                             if k in meta["head_options"]}:
+            return "head options", shown(meta["head_options"]), shown(m.head_options)
     gamma = m.gammas_selected[-1] if m.gamma == "auto" and m.gammas_selected else m.gamma
     if m.head is None and is_number(meta.get("gamma")) and is_number(gamma) and not same_gamma(meta["gamma"], gamma):
         return "gamma", f"{meta['gamma']:g}", f"{gamma:g}" + (" (the last one --gamma auto chose)" if m.gamma == "auto" else "")
@@ -275,11 +278,14 @@ def _other_store(sweep: SweepReport, metrics: LearnMetrics) -> list[tuple[str, A
 
 def _setting(record: Any, key: str) -> Any:
     """A recorded setting of a run or sweep; the stream is recorded only when it is not the default disjoint one, and
-    the class orders (``order_seeds``) as a list, one seed for a single order."""
+    the class orders (``order_seeds``) as a list, one seed for a single order, and the activation of a file from
+    before ``--activation`` as it was read (:attr:`~foal_pipe.protocol.config.ModelConfig.resolved_activation`)."""
     if key == "order_seeds":
         seeds = record.order_seeds
         return seeds if seeds is not None or record.order_seed is None else [record.order_seed]
     value = getattr(record, key)
+    if key == "activation" and value is None:  # written before --activation: the sigmoid, the identity at D = 0
+        return "identity" if record.projection_dim == 0 else "sigmoid"
     return "disjoint" if key == "stream" and value is None else value
 
 
