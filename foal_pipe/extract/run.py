@@ -80,38 +80,26 @@ def extract_rows(
     n, step = writer.n_rows, writer.chunk_rows
     encoder = inputs.encoder
     batches = batch_rows(n, step, lo, hi, inputs.batch_size)
-    if loaded is None:  # a copy of the source, whose open files this call closes (its inputs outlive it)
-        source = copy.copy(inputs.data.split(split))
-        with contextlib.closing(source):
-            _fill(spec, split, writer, (lo, hi), inputs,
-                  _load_batches(PreparedImages(source, inputs.loaded_size, encoder.interpolation), batches, inputs),
-                  len(batches), on_batch, on_chunk)
-        return
-    _fill(spec, split, writer, (lo, hi), inputs, loaded, len(batches), on_batch, on_chunk)
-
-
-def _fill(spec: ExtractSpec, split: str, writer: FeatureWriter, rows: tuple[int, int], inputs: Inputs,
-          loaded: Iterator[tuple[Any, Any, Any]], n_batches: int, on_batch: Callable[[int], None] | None,
-          on_chunk: Callable[[int], None] | None) -> None:
-    """:func:`extract_rows`' rows ``[lo, hi)`` encoded from the ``loaded`` batches and written chunk by chunk."""
-    lo, hi = rows
-    encoder = inputs.encoder
-    filler = _ChunkFiller(spec, split, writer, lo, hi, inputs.precision, encoder, on_batch, on_chunk)
-    pending: deque[Callable[[], Any]] = deque()
-    for pixels, _labels, errors in itertools.islice(loaded, n_batches):
-        bad = [e for e in errors if e]
-        if bad:
-            while pending:  # the rows before it are written, as a resumed run expects
+    with contextlib.ExitStack() as opened:
+        if loaded is None:  # from a copy of the source, whose open files this call closes (its inputs outlive it)
+            source = opened.enter_context(contextlib.closing(copy.copy(inputs.data.split(split))))
+            loaded = _load_batches(PreparedImages(source, inputs.loaded_size, encoder.interpolation), batches, inputs)
+        filler = _ChunkFiller(spec, split, writer, lo, hi, inputs.precision, encoder, on_batch, on_chunk)
+        pending: deque[Callable[[], Any]] = deque()
+        for pixels, _labels, errors in itertools.islice(loaded, len(batches)):
+            bad = [e for e in errors if e]
+            if bad:
+                while pending:  # the rows before it are written, as a resumed run expects
+                    filler.add(pending.popleft()())
+                if bad[0].startswith(WHOLE):
+                    raise FoalPipeError(bad[0][len(WHOLE):])
+                raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images(hashed=inputs.data.hashed)}")
+            pending.append(encoder.submit(pixels) if not spec.keep_blocks
+                           else block_encoder(encoder).submit_blocks(pixels, spec.blocks_dtype))
+            if len(pending) > BATCHES_AHEAD:
                 filler.add(pending.popleft()())
-            if bad[0].startswith(WHOLE):
-                raise FoalPipeError(bad[0][len(WHOLE):])
-            raise FoalPipeError(f"cannot read image {bad[0]}; {fix_images(hashed=inputs.data.hashed)}")
-        pending.append(encoder.submit(pixels) if not spec.keep_blocks
-                       else block_encoder(encoder).submit_blocks(pixels, spec.blocks_dtype))
-        if len(pending) > BATCHES_AHEAD:
+        while pending:
             filler.add(pending.popleft()())
-    while pending:
-        filler.add(pending.popleft()())
 
 
 def fix_images(n: int = 1, hashed: bool = False) -> str:

@@ -4,6 +4,7 @@ replaced store.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -182,8 +183,13 @@ class FeatureWriter:
             self.array = open_array(group, self.path, f"{split}/features").with_config(WRITE_CONFIG)
             self.blocks = (open_array(group, self.path, f"{split}/blocks").with_config(WRITE_CONFIG)
                            if "blocks" in group.attrs else None)
-            self.labels = np.asarray(open_array(group, self.path, f"{split}/labels")[:])
         self.n_rows, self.chunk_rows = int(self.array.shape[0]), int(self.array.chunks[0])
+
+    @functools.cached_property
+    def labels(self) -> np.ndarray:
+        """The split's labels as the store holds them, read when first asked for (the rows written are their images)."""
+        with writing(self.path, f"{self.split}/labels"):
+            return np.asarray(open_array(store_group(self.path, "r"), self.path, f"{self.split}/labels")[:])
 
     def check_range(self, lo: int, hi: int) -> None:
         n, step = self.n_rows, self.chunk_rows
