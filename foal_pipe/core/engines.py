@@ -14,11 +14,12 @@ module, so an engine pickles).
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 from array_api_compat import array_namespace, device
@@ -49,6 +50,20 @@ def owner_lock(owner: Any) -> threading.RLock:
         if lock is None:
             lock = _LOCKS[owner] = threading.RLock()
         return lock
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def locked(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """``method`` run under its owner's lock (:func:`owner_lock`)."""
+    @functools.wraps(method)
+    def held(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        with owner_lock(self):
+            return method(self, *args, **kwargs)
+
+    return held
 
 
 def gcv_choice(statistics: RidgeStatistics, grid: Sequence[float],
@@ -181,13 +196,10 @@ class RLSEngine:
         self.W, self.drift = kept_columns(self.W, kept), kept_columns(self.drift, kept)
         self.classes = old
 
+    @locked
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
         """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``; under the
         engine's lock (:func:`owner_lock`), so that a reader's :meth:`verify` never takes half of its pending rows."""
-        with owner_lock(self):
-            self._update(H, labels, classes)
-
-    def _update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
         check_engine_dtype(self.name, dtype_name(self.R.dtype))
         xp = array_namespace(self.R)
         self._sums = self._formed_sums()
@@ -232,15 +244,13 @@ class RLSEngine:
         Q = inverse @ xp.astype(self.W, xp.float64)
         return RidgeStatistics(shifted(inverse, -self.gamma), Q, self.classes, self._loaded_rows)
 
+    @locked
     def verify(self) -> None:
         """Refuse weights that the recursion's rounding moved from the exact solve of the same sums by more than
         :data:`~foal_pipe.core.drift.DRIFTS` (that solve refuses a gamma the sums cannot resolve). Under the engine's
         lock: readers in several threads verify once, from every pending row."""
-        with owner_lock(self):
-            if not self._verified:  # a loaded state is verified until it is updated
-                self._verify()
-
-    def _verify(self) -> None:
+        if self._verified:  # a loaded state is verified until it is updated
+            return
         self._gather()
         xp = array_namespace(self.R)
         exact = self._formed_sums().aligned(self.classes).solve(self.gamma)

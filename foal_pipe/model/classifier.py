@@ -10,7 +10,15 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from foal_pipe.core.backend import backend_of, dtype_name, get_namespace, resolve_dtype, to_numpy
-from foal_pipe.core.engines import DEFAULT_ENGINE, GramEngine, check_engine_dtype, checked_weights, grow_classes, owner_lock
+from foal_pipe.core.engines import (
+    DEFAULT_ENGINE,
+    GramEngine,
+    check_engine_dtype,
+    checked_weights,
+    grow_classes,
+    locked,
+    owner_lock,
+)
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.scoring import Ties, among_classes, best_of
@@ -174,6 +182,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         for name in _FITTED:
             self.__dict__.pop(name, None)
 
+    @locked
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> AnalyticClassifier:
         """Absorb one batch of activations ``X`` (n, D) with labels ``y`` (n,). Returns ``self``.
 
@@ -181,10 +190,6 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         state keeps the ``gamma``, ``engine``, ``dtype``, ``backend`` and ``gamma_grid`` it was fitted with: a call
         after ``set_params`` changed one is refused (:meth:`fit` starts afresh with the new value).
         """
-        with owner_lock(self):
-            return self._partial_fit(X, y, classes)
-
-    def _partial_fit(self, X: Any, y: Any, classes: Any) -> AnalyticClassifier:
         first = not self.__sklearn_is_fitted__()
         if not first:
             check_fitted_params(self, self._fitted_with)
@@ -382,6 +387,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         among = among_classes(known[seen], classes)
         return best_of(scores[:, seen], known[seen], among, (ties.columns(seen), rows))[0]
 
+    @locked  # the state, classes and rows of one model
     def save(self, path: str | Path, projection: SmoothProjection | Expansion | None = None, **metadata: Any) -> Path:
         """Write the full state (engine state, ``W``, ``classes``, optional projection) as a model file.
 
@@ -392,10 +398,6 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         interrupted; what its file records beside the state (class names, encoder provenance, the projection, ...) is
         written again, the keywords given replacing it (:meth:`fit` forgets it with the rows).
         """
-        with owner_lock(self):  # the state, classes and rows of one model
-            return self._save(path, projection, metadata)
-
-    def _save(self, path: str | Path, projection: SmoothProjection | Expansion | None, metadata: dict[str, Any]) -> Path:
         self._check_fitted()
         check_metadata(metadata, self.classes_.size)
         recorded: _FileRecord | None = getattr(self, "_recorded", None)

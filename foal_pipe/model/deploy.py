@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values
-from foal_pipe.core.engines import owner_lock
+from foal_pipe.core.engines import locked, owner_lock
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, NoBlocks, clipped
@@ -121,12 +121,9 @@ class DeployedModel:
             return names
 
     @class_names.setter
+    @locked
     def class_names(self, names: Sequence[str]) -> None:
-        with owner_lock(self):
-            self._name_classes(list(names))
-
-    def _name_classes(self, names: list[str]) -> None:
-        n = int(self.classifier.classes_.size)
+        names, n = list(names), int(self.classifier.classes_.size)
         if len(names) != n:
             raise FoalPipeError(f"class_names has {len(names)} names but the model has {n} classes; pass one name per "
                                 "class of classifier.classes_, in its order")
@@ -260,6 +257,7 @@ class DeployedModel:
             raise FoalPipeError(f"the model expects {self.projection.n_features_in_}-dimensional features but "
                                 f"{where} has {dim}; use a store made with the model's encoder")
 
+    @locked  # every chunk predicted by one model, matched to its classes
     def store_predictions(self, features: str | Path, split: str = "test",
                           command: str = "store_predictions") -> tuple[np.ndarray, np.ndarray]:
         """``(true, predicted)`` label ids of the model for every row of a store's split, its classes matched to
@@ -267,10 +265,6 @@ class DeployedModel:
         model does not know (or an unlabelled row); refused first where a chunk's scores do not fit the machine
         (:meth:`check_scoring`, ``command`` naming the refused).
         The store must come from the model's encoder (a ``learn --fusion`` model's store is fused as it was)."""
-        with owner_lock(self):  # every chunk predicted by one model, matched to its classes
-            return self._store_predictions(features, split, command)
-
-    def _store_predictions(self, features: str | Path, split: str, command: str) -> tuple[np.ndarray, np.ndarray]:
         from foal_pipe.store.meta import SPLITS, UNLABELLED
 
         if split not in SPLITS:
@@ -367,15 +361,12 @@ class DeployedModel:
             out[i] = label
         return out
 
+    @locked  # the classifier and its class names change together
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
         """Absorb labelled rows: ``labels`` are class names (strings) or label ids. Exact: the result equals the
         model trained on its old rows and these together. Their count adds to :attr:`rows_outside_stores`, which
         :meth:`save` records. Returns ``self``."""
         X = self._features(features)
-        with owner_lock(self):  # the classifier and its class names change together
-            return self._learn(X, labels)
-
-    def _learn(self, X: np.ndarray, labels: Any) -> DeployedModel:
         ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
         for label in np.setdiff1d(ids, self.classifier.classes_).tolist():
@@ -391,15 +382,12 @@ class DeployedModel:
         self.class_names = [old[c] for c in self.classifier.classes_.tolist()]
         return self
 
+    @locked
     def save(self, path: str | Path) -> Path:
         """Write the model file (state, projection, class names, encoder provenance); :func:`load_model` reads it.
         A model whose file named no classes, and that was given no names since, is saved without them: the ids
         :func:`load_model` shows as names would otherwise become names, and a store's classes, matched by name, would
         all be unknown to it."""
-        with owner_lock(self):
-            return self._save(path)
-
-    def _save(self, path: str | Path) -> Path:
         extra = {k: v for k, v in self.metadata.items() if k not in SET_BY_MODEL}
         extra["activation"] = self.projection.activation
         if self.rows_outside_stores:

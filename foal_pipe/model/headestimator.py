@@ -31,7 +31,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import host_values, to_numpy
-from foal_pipe.core.engines import owner_lock
+from foal_pipe.core.engines import locked, owner_lock
 from foal_pipe.core.scoring import Ties, best_of
 from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
@@ -82,6 +82,7 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
             self._solve(say_undone=False)
             return self
 
+    @locked
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> HeadEstimator:
         """Add the rows ``X`` labelled ``y`` as one task. ``classes`` (scikit-learn's every label of the stream) may
         name only labels with rows, in ``y`` or before: a head's model of a class comes from its rows, so a class
@@ -90,10 +91,6 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
         A refused batch leaves the estimator as it was, the calls since the last solve included; a refused solve (when
         the model is next needed) returns it to its last solved model, undoing the calls since: a call is refused for
         its model only if no later call made the model solvable (see the module docstring)."""
-        with owner_lock(self):
-            return self._partial_fit(X, y, classes)
-
-    def _partial_fit(self, X: Any, y: Any, classes: Any) -> HeadEstimator:
         first = not hasattr(self, "_head")
         if not first:
             check_fitted_params(self, self._fitted_with)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from foal_pipe.core.engines import owner_lock
+from foal_pipe.core.engines import locked
 from foal_pipe.errors import ClassRefused, FoalPipeError
 from foal_pipe.heads import Head, Scorer
 
@@ -53,6 +53,7 @@ class SolvesOnDemand:
         """The head's class ids as the caller names them (:class:`~foal_pipe.errors.ClassRefused`); none: the ids."""
         return {}
 
+    @locked
     def _take(self, X: np.ndarray, labels: np.ndarray, solved_copy: Callable[[], Head], solve_now: bool,
               names: Mapping[Any, Any] | None = None) -> tuple[Head, Scorer | None, tuple[dict[str, Any], int]]:
         """Add a call's rows: to the running head while calls are pending, else to ``solved_copy()`` (the solved
@@ -61,11 +62,6 @@ class SolvesOnDemand:
         before it wrote anything, so the pending calls stay; any other error may have left the running head
         half-written, so the owner goes back to its last solved model. A class the head refuses is named by ``names``
         (the head's ids as the caller names them, this call's new classes included)."""
-        with owner_lock(self):
-            return self._take_rows(X, labels, solved_copy, solve_now, names)
-
-    def _take_rows(self, X: np.ndarray, labels: np.ndarray, solved_copy: Callable[[], Head], solve_now: bool,
-                   names: Mapping[Any, Any] | None) -> tuple[Head, Scorer | None, tuple[dict[str, Any], int]]:
         pending = self._undo
         if pending is not None:
             (undo, calls), head = pending, self._head
@@ -93,16 +89,13 @@ class SolvesOnDemand:
             self._undo = undo
         self._model = model
 
+    @locked
     def _solve(self, say_undone: bool = True) -> Scorer:
         """The model of every row so far: solved once after the last call, then kept. A refused solve (any error but
         an interruption, after which the next access solves again) returns the owner to its last solved model and
         says how many calls it undid (not ``say_undone``: the error as it is). Under the owner's lock: readers in
         several threads solve once, never beside a call adding rows; one that finds the state changed while it
         solved (an owner whose calls commit outside the lock) solves again."""
-        with owner_lock(self):
-            return self._solved(say_undone)
-
-    def _solved(self, say_undone: bool) -> Scorer:
         pending = self._undo
         if pending is None:
             return self._solved_model()
@@ -111,7 +104,7 @@ class SolvesOnDemand:
             model = self._head.boundary()
         except Exception as exc:
             if self._undo is not pending:
-                return self._solved(say_undone)
+                return self._solve(say_undone)
             said = exc.named(self._class_names()) if isinstance(exc, ClassRefused) else exc
             if not say_undone:
                 self._restore(exc, pending, say_undone)
@@ -122,7 +115,7 @@ class SolvesOnDemand:
         if self._undo is pending:
             self._model = model
             self.__dict__.pop("_undo", None)
-        return self._solved(say_undone)
+        return self._solve(say_undone)
 
     def _restore(self, exc: BaseException, pending: tuple[dict[str, Any], int], say_undone: bool = True) -> BaseException:
         """Return to ``pending``'s state at the last solve (its attributes in their order then, in one swap for
