@@ -66,6 +66,7 @@ class Expansion:
     is_identity: bool = False
     _device: dict[str, Any] = field(default_factory=dict, repr=False)  # the matrix on each namespace and device
     bias_: np.ndarray | None = None
+    feature_names_in_: np.ndarray | None = field(default=None, repr=False)  # a saved model's (DeployedModel checks them)
 
     @classmethod
     def draw(cls, n_features: int, n_components: int, init: str, activation: str,

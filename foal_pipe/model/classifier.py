@@ -29,7 +29,15 @@ from foal_pipe.model.labels import check_label_kinds
 from foal_pipe.model.modelfile import read_model
 from foal_pipe.model.projection import NotFitted, SmoothProjection
 from foal_pipe.model.ridgeinput import UserErrors, batch_labels, state_array, task_classes, validated
-from foal_pipe.model.ridgemodel import SET_BY_MODEL, RidgeFace, RidgeModel, check_metadata, finite_scores, ridge_projection
+from foal_pipe.model.ridgemodel import (
+    INPUT_NAMES,
+    SET_BY_MODEL,
+    RidgeFace,
+    RidgeModel,
+    check_metadata,
+    finite_scores,
+    ridge_projection,
+)
 from foal_pipe.model.stateviews import read_only, read_only_statistics, row_major
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
@@ -57,8 +65,9 @@ class _FileRecord(NamedTuple):
         the load added to ``rows_outside_stores`` (no store identity records them); class names that no longer fit
         the classes (``partial_fit`` added some) refused rather than dropped."""
         kept = dict(self.metadata)
-        if projection is not None:
+        if projection is not None:  # it records its own
             kept.pop("activation", None)
+            kept.pop(INPUT_NAMES, None)
         elif self.projection is not None:
             activation = kept.setdefault("activation", "sigmoid")  # a version-1 file's, as load_model reads it
             if given.get("activation", activation) != activation:

@@ -24,7 +24,7 @@ from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encod
 from foal_pipe.heads import HEADS
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
-from foal_pipe.model.ridgemodel import SET_BY_MODEL, RidgeModel, SavedRidge
+from foal_pipe.model.ridgemodel import INPUT_NAMES, SET_BY_MODEL, RidgeModel, SavedRidge, restore_input_names
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
     from foal_pipe.model.classifier import AnalyticClassifier
@@ -136,6 +136,7 @@ class DeployedModel:
         """``features`` as the projection's dtype, refused unless a finite real 2-D array (n >= 1, d columns):
         NumPy would drop imaginary parts and truncate nothing visibly, scikit-learn would raise its own errors."""
         d = int(self.projection.n_features_in_)
+        self._check_columns(features)
         features = host_values(features, "features")  # a tensor detached, bfloat16 widened; sparse or meta refused
         try:
             X = np.asarray(features)
@@ -160,6 +161,23 @@ class DeployedModel:
             raise FoalPipeError(f"features hold NaN or inf (first at row {int(np.flatnonzero(~finite)[0])}); "
                                 "check the features (re-extract the store)")
         return as_dtype(X, get_namespace("numpy"), self.projection.components_.dtype, "cpu")
+
+    def _check_columns(self, features: Any) -> None:
+        """Refuse a DataFrame whose column names (all strings: scikit-learn's rule) are not, in order, those the model
+        was fitted on: its projection's (recorded in the model file), or its classifier's behind the identity. Its
+        values would be read by position, each column standing in for another."""
+        names = getattr(self.projection, "feature_names_in_", None)
+        if names is None and getattr(self.projection, "is_identity", False):
+            names = getattr(self.classifier, "feature_names_in_", None)
+        columns = getattr(features, "columns", None)
+        if names is None or columns is None or not all(isinstance(c, str) for c in columns):
+            return
+        given, names = list(columns), list(names)
+        if given != names:
+            at = next((i for i, (a, b) in enumerate(zip(given, names)) if a != b), min(len(given), len(names)))
+            raise FoalPipeError(f"the features' columns differ from those the model was fitted on at position {at} "
+                                f"({clipped(repr(given[at:at + 3]), 40)} against {clipped(repr(names[at:at + 3]), 40)}); "
+                                f"select them in the model's order, features[{clipped(repr(names))}]")
 
     def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
         """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or
@@ -205,8 +223,9 @@ class DeployedModel:
 
     # ------------------------------------------------------------------ predicting
     def rows(self, X: np.ndarray) -> np.ndarray:
-        """What the classifier takes of checked features: ``activation(X @ P)`` (a head: the rows of its space)."""
-        return self.classifier.rows(X, self.projection)
+        """What the classifier takes of checked features: ``activation(X @ P)`` (a head: the rows of its space), from
+        the projection's matrix (its checks, a DataFrame's columns among them, made by :meth:`_features`)."""
+        return self.classifier.rows(X, getattr(self.projection, "expansion", self.projection))
 
     def activations(self, features: Any) -> np.ndarray:
         """``activation(features @ P)``: what the classifier scores (``features`` checked: a finite real 2-D
@@ -388,7 +407,7 @@ class DeployedModel:
         A model whose file named no classes, and that was given no names since, is saved without them: the ids
         :func:`load_model` shows as names would otherwise become names, and a store's classes, matched by name, would
         all be unknown to it."""
-        extra = {k: v for k, v in self.metadata.items() if k not in SET_BY_MODEL}
+        extra = {k: v for k, v in self.metadata.items() if k not in (*SET_BY_MODEL, INPUT_NAMES)}  # the projection's own
         extra["activation"] = self.projection.activation
         if self.rows_outside_stores:
             extra["rows_outside_stores"] = self.rows_outside_stores
@@ -429,6 +448,7 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
     else:
         classifier = SavedRidge(RidgeModel.from_file(path, tensors, meta))
         projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
+    projection = restore_input_names(projection, meta, path)
     return DeployedModel(classifier, projection, meta.get("class_names") or id_names(classifier.classes_),
                          meta.get("encoder"), meta)
 

@@ -24,7 +24,7 @@ from foal_pipe.heads import HEADS, Head, Scorer, make_head, probabilities
 from foal_pipe.heads.state import export_head, head_file, restore_head, scorer_from
 from foal_pipe.model.modelfile import read_model, refuse, write_model
 from foal_pipe.model.ondemand import SolvesOnDemand
-from foal_pipe.model.ridgemodel import check_metadata, finite_scores
+from foal_pipe.model.ridgemodel import check_metadata, finite_scores, restore_input_names, with_input_names
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by learn, predict, evaluate or learn --init-model
     from foal_pipe.model.projection import SmoothProjection
@@ -184,6 +184,8 @@ class HeadClassifier(SolvesOnDemand):
         kept = {k: v for k, v in metadata.items() if space == "activations" or k != "activation"}
         if projection is not None and space == "activations":  # what its rows are: load_head rebuilds them with it
             kept.setdefault("activation", projection.activation)
+        if projection is not None and space != "features":
+            kept = with_input_names(projection, kept)
         rounded = {"dtype": self.dtype} if self.dtype != "float64" else {}  # float64: the files written before
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
                                            "n_samples_seen": self.n_samples_seen_, **rounded})
@@ -237,6 +239,7 @@ def load_head(path: str | Path, *, estimators: bool = True
         else:
             projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype,
                                                bias=tensors.get("projection_bias"))
+        projection = restore_input_names(projection, meta, path)
     else:
         projection = _identity(head_width(name, tensors), estimators)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]

@@ -9,7 +9,7 @@ and read in one (:meth:`RidgeModel.load`, which :meth:`AnalyticClassifier.load
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from foal_pipe.core.backend import dtype_name, to_numpy
 from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE, search_grid
 from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
@@ -169,7 +170,41 @@ def ridge_projection(projection: Any, metadata: dict[str, Any]) -> tuple[Any, di
     if given != activation:
         raise FoalPipeError(f"activation={given!r} contradicts the projection's activation {activation!r}; drop "
                             "activation= (the projection's is recorded)")
-    return projection.components_, {**metadata, "activation": activation}
+    return projection.components_, {**with_input_names(projection, metadata), "activation": activation}
+
+
+#: Model-file metadata: the DataFrame columns the projection was fitted on (its ``feature_names_in_``).
+INPUT_NAMES = "projection_feature_names"
+
+
+def with_input_names(projection: Any, metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` with the columns ``projection`` was fitted on (:data:`INPUT_NAMES`; none: left out), so that a
+    loaded model refuses a DataFrame of other columns as the projection did; names given that contradict them are
+    refused."""
+    names = getattr(projection, "feature_names_in_", None)
+    names = None if names is None else [str(name) for name in names]
+    if INPUT_NAMES in metadata and metadata[INPUT_NAMES] != names:
+        raise FoalPipeError(f"{INPUT_NAMES}={clipped(repr(metadata[INPUT_NAMES]))} contradicts the projection's "
+                            f"feature_names_in_ ({clipped(repr(names))}); drop {INPUT_NAMES}= (the projection's are "
+                            "recorded)")
+    kept = {k: v for k, v in metadata.items() if k != INPUT_NAMES}
+    return kept if names is None else {**kept, INPUT_NAMES: names}
+
+
+def restore_input_names(projection: Any, meta: Mapping[str, Any], where: str | Path) -> Any:
+    """``projection`` (rebuilt from a model file) with the ``feature_names_in_`` its file records, refused unless
+    one distinct string per row of its matrix."""
+    names, d = meta.get(INPUT_NAMES), int(projection.components_.shape[0])
+    if names is None:
+        return projection
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names) == d):
+        raise FoalPipeError(f"{where}: metadata {INPUT_NAMES!r} is not {d} distinct strings, one per row of the "
+                            "projection (the columns it was fitted on); the file was edited: train and save the model again")
+    kept = np.asarray(names, dtype=object)
+    if isinstance(projection, Expansion):  # frozen
+        return replace(projection, feature_names_in_=kept)
+    projection.feature_names_in_ = kept
+    return projection
 
 
 class RidgeFace:
