@@ -36,6 +36,7 @@ from foal_pipe.model.ridgemodel import (
     RidgeModel,
     check_metadata,
     finite_scores,
+    identity_names,
     ridge_projection,
 )
 from foal_pipe.model.stateviews import read_only, read_only_statistics, row_major
@@ -287,8 +288,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         with_rows = np.union1d(np.setdiff1d(self.classes_, self._without_rows()),
                                np.setdiff1d(other.classes_, other._without_rows()))
         merged._rowless = np.setdiff1d(merged.classes_, with_rows)  # known even where the counts are not
-        if names[0] is not None and names[1] is not None:  # the columns both were checked against, checked on
-            merged.feature_names_in_ = names[0]
+        known = names[0] if names[0] is not None else names[1]
+        if known is not None:  # as the learner that saw both streams keeps the named one's columns
+            merged.feature_names_in_ = known
         return merged
 
     @classmethod
@@ -436,8 +438,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         tensors, meta = read_model(path)
         model = RidgeModel.from_file(path, tensors, meta)
         clf = cls.from_model(model, backend)
-        if model.feature_names is not None:  # checked as the saved estimator checked them
-            clf.feature_names_in_ = np.asarray(model.feature_names, dtype=object)
+        names = model.feature_names or identity_names(tensors.get("projection"), meta)
+        if names is not None:  # checked as the saved estimator checked them
+            clf.feature_names_in_ = np.asarray(names, dtype=object)
         clf._recorded = _FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
                                     clf.n_samples_seen_)
         return clf

@@ -145,6 +145,8 @@ class DeployedModel:
         except TypeError:
             raise FoalPipeError(f"features must be a 2-D array of real numbers (n, {d}), but NumPy cannot read a "
                                 f"{type(features).__name__} as numbers; pass a NumPy array or a tensor") from None
+        if X is not None and X.dtype == object and _numeric_columns(features):  # pandas' nullable Int64, Float64
+            X = features.to_numpy(dtype=np.float64, na_value=np.nan)  # a missing value: NaN, refused below
         if X is None or X.dtype.kind not in "iuf":
             what = "rows of unequal length" if X is None else {"c": "complex numbers", "b": "booleans"}.get(
                 X.dtype.kind, f"{X.dtype} values")
@@ -170,9 +172,13 @@ class DeployedModel:
         if names is None and getattr(self.projection, "is_identity", False):
             names = getattr(self.classifier, "feature_names_in_", None)
         columns = getattr(features, "columns", None)
-        if names is None or columns is None or not all(isinstance(c, str) for c in columns):
+        if names is None or columns is None:
             return
         given, names = list(columns), list(names)
+        if not all(isinstance(c, str) for c in given):  # scikit-learn: a TypeError for mixed names, a warning for others
+            raise FoalPipeError(f"the features' columns are named {clipped(repr(given), 40)}, not by the strings the "
+                                f"model was fitted on; select them by name, features[{clipped(repr(names))}], or pass "
+                                "the values in that order as an array")
         if given != names:
             at = next((i for i, (a, b) in enumerate(zip(given, names)) if a != b), min(len(given), len(names)))
             raise FoalPipeError(f"the features' columns differ from those the model was fitted on at position {at} "
@@ -416,6 +422,14 @@ class DeployedModel:
         if self.encoder_spec is not None:
             extra["encoder"] = self.encoder_spec
         return self.classifier.save(path, projection=self.projection, **extra)
+
+
+def _numeric_columns(frame: Any) -> bool:
+    """Whether ``frame`` is a DataFrame whose every column holds numbers (NumPy's or pandas' nullable integer and
+    float dtypes, which ``np.asarray`` turns into Python objects)."""
+    dtypes = getattr(frame, "dtypes", None)
+    return hasattr(frame, "to_numpy") and dtypes is not None and len(dtypes) > 0 and all(
+        getattr(dtype, "kind", "O") in "iuf" for dtype in dtypes)
 
 
 def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:

@@ -184,7 +184,7 @@ class HeadClassifier(SolvesOnDemand):
         kept = {k: v for k, v in metadata.items() if space == "activations" or k != "activation"}
         if projection is not None and space == "activations":  # what its rows are: load_head rebuilds them with it
             kept.setdefault("activation", projection.activation)
-        if projection is not None and space != "features":
+        if projection is not None:  # a head on the features: the columns set on its identity, what load_head gives it
             kept = with_input_names(projection, kept)
         rounded = {"dtype": self.dtype} if self.dtype != "float64" else {}  # float64: the files written before
         return write_model(path, tensors, {**kept, "head": self.name, "head_options": self.options,
@@ -239,8 +239,8 @@ def load_head(path: str | Path, *, estimators: bool = True
         else:
             projection = Expansion.from_matrix(tensors["projection"], activation=activation, dtype=dtype,
                                                bias=tensors.get("projection_bias"))
-        projection = restore_input_names(projection, meta, path)
     else:
         projection = _identity(head_width(name, tensors), estimators)
+    projection = restore_input_names(projection, meta, path)
     names = meta.get("class_names") or [str(c) for c in classifier.classes_.tolist()]
     return classifier, projection, names, meta

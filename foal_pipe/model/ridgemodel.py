@@ -191,10 +191,27 @@ def with_input_names(projection: Any, metadata: dict[str, Any]) -> dict[str, Any
     return kept if names is None else {**kept, INPUT_NAMES: names}
 
 
+def is_identity_matrix(matrix: Any) -> bool:
+    """Whether a projection matrix is the identity: behind it, the classifier's columns are the model's inputs."""
+    P = np.asarray(matrix)
+    return P.ndim == 2 and P.shape[0] == P.shape[1] and bool((np.eye(P.shape[0], dtype=P.dtype) == P).all())
+
+
+def identity_names(matrix: Any, meta: Mapping[str, Any]) -> list[str] | None:
+    """The columns a model file records for the features behind an identity ``matrix`` (the identity activation):
+    its projection's, or (written by a learner fitted on a DataFrame) its classifier's; None elsewhere."""
+    if matrix is None or meta.get("activation", "sigmoid") != "identity" or not is_identity_matrix(matrix):
+        return None
+    return meta.get(INPUT_NAMES) or meta.get("feature_names")
+
+
 def restore_input_names(projection: Any, meta: Mapping[str, Any], where: str | Path) -> Any:
     """``projection`` (rebuilt from a model file) with the ``feature_names_in_`` its file records, refused unless
-    one distinct string per row of its matrix."""
+    one distinct string per row of its matrix; behind an identity projection, the classifier's (``feature_names``)
+    where the projection records none, so that a DataFrame is checked against the columns the learner saw."""
     names, d = meta.get(INPUT_NAMES), int(projection.components_.shape[0])
+    if names is None and projection.activation == "identity" and getattr(projection, "bias_", None) is None:
+        names = identity_names(projection.components_, {**meta, "activation": "identity"})
     if names is None:
         return projection
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names) == d):
