@@ -59,8 +59,8 @@ def test_refused_head_batch_leaves_the_estimator_as_it_was():
         warnings.simplefilter("ignore")
         e = head_classifier("ridge", gamma=1e-13).fit(X, y)
         before = e.__getstate__()["_tensors"]
-        e.partial_fit(X[:5] * 1e3, y[:5])  # rows are added; the model is solved when it is needed
-        with pytest.raises(FoalPipeError, match="gamma"):
+        with pytest.raises(FoalPipeError, match="gamma"):  # refused as the batch comes (its sums' resolution), or at
+            e.partial_fit(X[:5] * 1e3, y[:5])  # the solve, when the model is needed
             e.class_scores(X)
         after = e.__getstate__()["_tensors"]
         assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)

@@ -77,9 +77,14 @@ def resolution(G: Any) -> float:
     xp = array_namespace(G)
     if G.shape[0] == 0:
         return 0.0
-    diagonal = xp.reshape(G, (-1,))[:: G.shape[0] + 1]
+    return diagonal_resolution(xp.reshape(G, (-1,))[:: G.shape[0] + 1])
+
+
+def diagonal_resolution(diagonal: Any) -> float:
+    """:func:`resolution` of sums whose diagonal is ``diagonal`` (non-empty), in its dtype."""
+    xp = array_namespace(diagonal)
     top, least = float(xp.max(diagonal)), float(xp.min(diagonal))
-    return float(xp.finfo(G.dtype).eps) * max(min(top, SCALE_SPREAD**2 * least), 0.0)
+    return float(xp.finfo(diagonal.dtype).eps) * max(min(top, SCALE_SPREAD**2 * least), 0.0)
 
 
 def drift(inverse_frobenius2: float, top: float, dtype: str = "float32") -> float:

@@ -25,10 +25,10 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import dtype_name
-from foal_pipe.core.drift import DRIFTS
+from foal_pipe.core.drift import DRIFTS, SCALE_SPREAD, diagonal_resolution
 from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, best_point, search_grid
-from foal_pipe.core.linalg import checked_solve, one_hot, shifted
+from foal_pipe.core.linalg import checked_solve, float64_way_out, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
 
@@ -334,8 +334,28 @@ class GramEngine:
         if top * top * H.shape[0] > float(np.finfo(dtype_name(self.statistics.G.dtype)).max):
             raise FoalPipeError(f"features of magnitude {top:.3g} overflow the {dtype_name(self.statistics.G.dtype)} Gram "
                                 "sums (|x|^2 beyond the largest number); scale the features")
-        self.statistics += RidgeStatistics.from_batch(H, labels, classes)
+        batch = RidgeStatistics.from_batch(H, labels, classes)
+        if self.gamma != "auto":
+            self._check_resolved(batch)
+        self.statistics += batch
         self._solution = None
+
+    def _check_resolved(self, batch: RidgeStatistics) -> None:
+        """Refuse, before it is added, a batch after which the sums could not resolve the fixed gamma (the solve
+        would refuse them, and every later one: a deployed model would be stuck with them). The diagonal is added as
+        the sums' in-place addition adds it, so the figure is the one the solve would check."""
+        G = self.statistics.G
+        if G.shape[0] == 0:
+            return
+        xp = array_namespace(G)
+        diagonal = xp.linalg.diagonal(G) + xp.astype(xp.asarray(xp.linalg.diagonal(batch.G), device=device(G)), G.dtype)
+        floor = diagonal_resolution(diagonal)
+        if floor and float(self.gamma) < floor:
+            name = dtype_name(G.dtype)
+            raise FoalPipeError(f"gamma {float(self.gamma):g} is below the resolution the {name} Gram sums would have "
+                                f"with this batch ({floor:.3g} = eps x the largest diagonal entry, or {SCALE_SPREAD**2:g}x "
+                                "the least where less), so every solve would be noise; the batch is refused and the model "
+                                f"left as it was: learn with a gamma of at least {floor:.3g}{float64_way_out(name)}")
 
     def solution(self) -> tuple[float, Any]:
         """``(gamma, W)``: the gamma used (chosen by GCV when ``auto``) and the weights, cached until the next update."""
