@@ -25,10 +25,10 @@ import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import dtype_name
-from foal_pipe.core.drift import DRIFTS, SCALE_SPREAD, diagonal_resolution
+from foal_pipe.core.drift import DRIFTS, diagonal_resolution
 from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, best_point, search_grid
-from foal_pipe.core.linalg import checked_solve, float64_way_out, one_hot, shifted
+from foal_pipe.core.linalg import check_gammas, checked_solve, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
 
@@ -350,12 +350,12 @@ class GramEngine:
         xp = array_namespace(G)
         diagonal = xp.linalg.diagonal(G) + xp.astype(xp.asarray(xp.linalg.diagonal(batch.G), device=device(G)), G.dtype)
         floor = diagonal_resolution(diagonal)
-        if floor and float(self.gamma) < floor:
-            name = dtype_name(G.dtype)
-            raise FoalPipeError(f"gamma {float(self.gamma):g} is below the resolution the {name} Gram sums would have "
-                                f"with this batch ({floor:.3g} = eps x the largest diagonal entry, or {SCALE_SPREAD**2:g}x "
-                                "the least where less), so every solve would be noise; the batch is refused and the model "
-                                f"left as it was: learn with a gamma of at least {floor:.3g}{float64_way_out(name)}")
+        if floor and float(self.gamma) < floor:  # the sums with the batch (a copy: these stay) name a gamma they take
+            prospective = self.statistics + batch
+            try:
+                check_gammas(prospective.G, float(self.gamma), prospective.Q)
+            except FoalPipeError as exc:
+                raise FoalPipeError(f"{exc.template}; this batch is refused and the model left as it was") from None
 
     def solution(self) -> tuple[float, Any]:
         """``(gamma, W)``: the gamma used (chosen by GCV when ``auto``) and the weights, cached until the next update."""

@@ -168,6 +168,15 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "_engine")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """scikit-learn's state, with the lazy solve done (gram) or the recursion verified (rls) first, under the lock:
+        a prediction does not change the pickle, and an rls pickle holds sums, not the rows of its pending batches.
+        A model whose solve is refused is refused by pickling, with the same line."""
+        with owner_lock(self):
+            if self.__sklearn_is_fitted__():
+                self._engine.weights()
+            return super().__getstate__()
+
     def _start(self, n_features: int, label_dtype: np.dtype) -> None:
         """A fresh engine for ``n_features`` features, the parameters it is built with recorded: ``gamma_``, ``save``
         and later ``partial_fit`` calls use those, whatever ``set_params`` sets later."""
