@@ -12,6 +12,7 @@ float32 ``--keep-blocks`` store of the same files.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from foal_pipe.core.backend import host_values
 from foal_pipe.datasets.sources import IMAGE_EXTENSIONS, _is_image_entry, broken_link, images_in, open_image, to_rgb_array
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.store.blockfusion import FinalNorm, Fusion, fuse, fused_encoder, parse_fusion, read_time_fusion
@@ -221,7 +223,8 @@ def encode_files(encoder: Any, paths: Sequence[Path], batch_size: int = BATCH_SI
 
 
 def encode_images(encoder: Any, images: Any, batch_size: int = BATCH_SIZE) -> np.ndarray:
-    """Features of image files (paths) or of uint8 arrays ``(n, 3, h, w)``."""
+    """Features of image files (paths) or of uint8 arrays ``(n, 3, h, w)`` (a tensor's values, as NumPy's)."""
+    images = host_values(images, "images")
     if isinstance(images, np.ndarray):
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1] != 3:
             raise FoalPipeError(f"images must be uint8 (n, 3, h, w), got {images.dtype} {images.shape}; "
@@ -232,4 +235,8 @@ def encode_images(encoder: Any, images: Any, batch_size: int = BATCH_SIZE) -> np
         return np.concatenate([encoder.encode(images[lo : lo + batch_size])
                                for lo in range(0, len(images), batch_size)])
     paths = [images] if isinstance(images, str | Path) else list(images)
+    stray = next((p for p in paths if not isinstance(p, str | os.PathLike)), None)
+    if stray is not None:
+        raise FoalPipeError(f"images must be image file paths or one uint8 array (n, 3, h, w), but they hold a "
+                            f"{type(stray).__name__}; pass paths, or stack the pixels into one array")
     return encode_files(encoder, find_images(paths), batch_size).features

@@ -8,6 +8,7 @@ without retraining: the ridge statistics simply grow, so the result stays exact.
 
 from __future__ import annotations
 
+import numbers
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -137,6 +138,9 @@ class DeployedModel:
         NumPy would drop imaginary parts and truncate nothing visibly, scikit-learn would raise its own errors."""
         d = int(self.projection.n_features_in_)
         self._check_columns(features)
+        if type(features).__module__.startswith("scipy.sparse"):
+            raise FoalPipeError(f"features are a SciPy sparse {type(features).__name__}; pass dense rows, "
+                                "features.toarray()")
         features = host_values(features, "features")  # a tensor detached, bfloat16 widened; sparse or meta refused
         try:
             X = np.asarray(features)
@@ -147,6 +151,8 @@ class DeployedModel:
                                 f"{type(features).__name__} as numbers; pass a NumPy array or a tensor") from None
         if X is not None and X.dtype == object and _numeric_columns(features):  # pandas' nullable Int64, Float64
             X = features.to_numpy(dtype=np.float64, na_value=np.nan)  # a missing value: NaN, refused below
+        elif X is not None and X.dtype == object and all(isinstance(v, numbers.Real) for v in X.ravel().tolist()):
+            X = X.astype(np.float64)  # an object array of numbers, as the estimators read it
         if X is None or X.dtype.kind not in "iuf":
             what = "rows of unequal length" if X is None else {"c": "complex numbers", "b": "booleans"}.get(
                 X.dtype.kind, f"{X.dtype} values")

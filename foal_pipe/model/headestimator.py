@@ -37,7 +37,7 @@ from foal_pipe.errors import FoalPipeError, as_user_error, param
 from foal_pipe.heads import HEADS, Head, HeadBase, Scorer, head_entry, make_head
 from foal_pipe.heads.base import PROBABILITY_RULES
 from foal_pipe.model.fittedparams import check_fitted_params
-from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, check_label_kinds, check_targets
+from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, check_label_kinds, check_targets, label_array
 from foal_pipe.model.ondemand import SolvesOnDemand
 from foal_pipe.model.projection import NotFitted
 from foal_pipe.model.ridgeinput import UserErrors
@@ -106,7 +106,7 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
         """:meth:`partial_fit`'s work; nothing of the fitted state changes until the head has taken the rows (and,
         for a head that solves at every call, its boundary has solved)."""
         try:
-            X, y = validate_data(self, host_values(X), host_values(y, "y"), reset=first, dtype=np.float64)
+            X, y = validate_data(self, host_values(X), label_array(y), reset=first, dtype=np.float64, order="C")
         except (ValueError, TypeError) as exc:
             raise as_user_error(exc) from None
         check_targets(y)
@@ -114,7 +114,7 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
         check_label_kinds(seen, y)
         merged = np.union1d(seen, y)  # sorted, in a dtype that holds every label so far exactly (check_label_kinds)
         if classes is not None:
-            self._check_classes(np.asarray(classes).ravel(), merged)
+            self._check_classes(np.asarray(label_array(classes, "classes=")).ravel(), merged)
         ids = {} if first else dict(self._ids)
         rows = {} if first else dict(getattr(self, "_rows", {}))
         labels, counts = np.unique(y, return_counts=True)
@@ -192,7 +192,7 @@ class HeadEstimator(UserErrors, SolvesOnDemand, ClassifierMixin, BaseEstimator):
             if "_head" not in self.__dict__:
                 raise NotFitted(f"this {type(self).__name__} is not fitted yet; call fit or partial_fit first")
             try:
-                X = np.asarray(validate_data(self, host_values(X), reset=False, dtype=np.float64), dtype=np.float64)
+                X = np.asarray(validate_data(self, host_values(X), reset=False, dtype=np.float64, order="C"), dtype=np.float64)
             except (ValueError, TypeError) as exc:
                 raise as_user_error(exc) from None
             scorer, ids, classes = self._scorer, self._ids, self.classes_

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 
+from foal_pipe.core.backend import host_values
 from foal_pipe.errors import FoalPipeError, as_user_error
 
 #: Label kinds by NumPy dtype kind; ``number`` kinds sort together, so they mix.
@@ -89,6 +90,21 @@ def _check_object_labels(labels: np.ndarray) -> None:
     if values and kind not in ("str", "bytes"):
         raise FoalPipeError(f"Unknown label type: y holds values of type {kind}, which are not class labels; pass integer "
                             "ids or names")
+
+
+def label_array(values: Any, name: str = "y") -> Any:
+    """Labels as the estimators read them: a tensor's values (detached), a memoryview's, and pandas' nullable
+    integers or floats without a missing value in their NumPy dtype (scikit-learn would read Int64 ids as float64,
+    merging those above 2**53); a set, whose order is arbitrary, refused. Other values as given."""
+    if isinstance(values, (set, frozenset)):
+        raise FoalPipeError(f"{name} is a set, whose order is arbitrary; pass a list or an array of labels")
+    values = host_values(values, name)
+    if isinstance(values, memoryview):
+        return np.asarray(values)
+    kind = getattr(getattr(values, "dtype", None), "numpy_dtype", None)  # pandas' Int64, UInt64, Float64, boolean
+    if kind is not None and hasattr(values, "to_numpy") and not bool(np.asarray(values.isna()).any()):
+        return values.to_numpy(dtype=kind)
+    return values
 
 
 def check_targets(y: Any) -> None:

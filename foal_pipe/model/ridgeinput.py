@@ -18,17 +18,17 @@ from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values, plain_values, readable_by
 from foal_pipe.errors import FoalPipeError, as_user_error
-from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, PREDICT_CLASSES_PROBLEM, check_label_kinds, check_targets
+from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, PREDICT_CLASSES_PROBLEM, check_label_kinds, check_targets, label_array
 
 
 def validated(estimator: Any, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
     """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
-    X, y = plain_values(X), None if y is None else host_values(y, "y")
+    X, y = plain_values(X), None if y is None else label_array(y)
     if is_numpy_array(X) or not is_array_api_obj(X):
-        try:
+        try:  # rows in C order: a product's bits would otherwise depend on the layout the rows came in
             if y is None:
-                return validate_data(estimator, X, reset=reset, dtype=[np.float64, np.float32]), None
-            return validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32])
+                return validate_data(estimator, X, reset=reset, dtype=[np.float64, np.float32], order="C"), None
+            return validate_data(estimator, X, y, reset=reset, dtype=[np.float64, np.float32], order="C")
         except (ValueError, TypeError) as exc:  # scikit-learn's words, as the FoalPipeError the docs promise
             raise as_user_error(exc) from None
     if X.ndim != 2:
@@ -57,10 +57,11 @@ class UserErrors:
     :class:`FoalPipeError` that ``fit``'s and ``predict``'s are (a ``y`` of another length, NaN labels)."""
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        y = label_array(y)  # read as fit reads it (a tensor that needs a gradient, a memoryview)
         if sample_weight is not None:
-            weights = check_sample_weight(sample_weight, np.size(host_values(y, "y"))).astype(np.float64)  # torch: size()
-            if not np.isfinite(weights.sum()):  # huge weights overflow the weighted mean: its value is scale-free
-                sample_weight = weights / weights.max()
+            sample_weight = check_sample_weight(sample_weight, np.size(y)).astype(np.float64)
+            if not np.isfinite(sample_weight.sum()):  # huge weights overflow the weighted mean: its value is scale-free
+                sample_weight = sample_weight / sample_weight.max()
         try:
             with np.errstate(invalid="ignore"):  # NaN labels' cast warns before scikit-learn refuses them
                 return float(super().score(X, y, sample_weight))  # type: ignore[misc]
@@ -93,7 +94,7 @@ def state_array(X: Any, backend: str, like: Any, dtype: Any = None) -> Any:
     xp = get_namespace(backend)
     X = host_values(X) if is_numpy_namespace(xp) else X  # on any device, copied to the host as the heads copy it
     X = xp.asarray(readable_by(X, xp), device=device(like))
-    if not bool(xp.all(xp.isfinite(X))):
+    if xp.isdtype(X.dtype, ("real floating", "complex floating")) and not bool(xp.all(xp.isfinite(X))):  # bool, int: finite
         raise FoalPipeError("X contains NaN or inf; check the features (re-extract the store)")
     return as_dtype(X, xp, like.dtype if dtype is None else dtype, device(like))
 
@@ -105,7 +106,7 @@ def batch_labels(y: Any, classes: Any = None) -> tuple[np.ndarray, np.ndarray]:
     y = np.asarray(y)
     if y.dtype.kind == "c":
         raise FoalPipeError("y holds complex numbers, which are not class labels; pass integer ids or names")
-    labels = None if classes is None else np.asarray(classes).ravel()
+    labels = None if classes is None else np.asarray(label_array(classes, "classes=")).ravel()
     if labels is None or labels.size == 0:  # none declared: an empty list's float64 would promote the labels
         return y, y
     with np.errstate(invalid="ignore"):  # scikit-learn's cast of NaN: the check below names it
@@ -119,8 +120,11 @@ def task_classes(classes: Any, fitted: np.ndarray) -> np.ndarray | None:
     kind that does not mix with the ``fitted`` classes'; None stays None."""
     if classes is None:
         return None
-    classes = np.asarray(classes).ravel()
+    classes = np.asarray(label_array(classes, "classes=")).ravel()
     if classes.dtype.kind == "O" and any(c is None for c in classes.tolist()):
         raise FoalPipeError("classes= holds None; pass every label of the task (those of classes_ among them)")
+    if classes.size:
+        with np.errstate(invalid="ignore"):  # scikit-learn's cast of NaN: the check names it
+            check_targets(classes)  # as partial_fit's classes=: NaN, inf and fractional labels are no classes
     check_label_kinds(fitted, classes, PREDICT_CLASSES_PROBLEM)
     return classes

@@ -396,7 +396,8 @@ def check_finite(block: np.ndarray, split: str, rows: np.ndarray | int, what: st
     """``block`` (rows first, as stored) if every value is finite, else an error naming the store at ``root``,
     ``split/what`` and the first bad row. ``rows`` is the store row of ``block[0]`` (contiguous rows) or the store
     row of every block row. A wider dtype is suggested only for float16, the one a value can overflow in."""
-    finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
+    # the row width spelled out: NumPy cannot infer a -1 from an empty block (an empty split)
+    finite = np.isfinite(block.reshape(block.shape[0], math.prod(block.shape[1:]))).all(axis=1)
     if not finite.all():
         bad = int(np.flatnonzero(~finite)[0])
         row = int(rows + bad) if isinstance(rows, int) else int(rows[bad])

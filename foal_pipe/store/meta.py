@@ -60,6 +60,28 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def classes_problem(classes: Any) -> str | None:
+    """Why ``classes`` is no store's class names (None when it is): not a non-empty list of strings, a name no text
+    file can hold, or a name twice. One check for the reader and ``write_store``, so no writer makes what no reader
+    opens."""
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        if not isinstance(classes, list):
+            found = f"is {_json_type(classes)} ({shown(classes)})"
+        elif not classes:
+            found = "is empty"
+        else:
+            bad = next(c for c in classes if not isinstance(c, str))
+            found = f"holds {_json_type(bad)} ({shown(bad)})"
+        return f"must be a non-empty list of class names (strings), but it {found}"
+    if unwritable := next((c for c in classes if not writable_name(c)), None):
+        return (f"holds {unwritable!r}, a name with a lone surrogate that no text file can hold (the reports and "
+                "predictions write every name)")
+    if len(set(classes)) != len(classes):
+        twice = next(c for i, c in enumerate(classes) if c in classes[:i])
+        return f"names {twice!r} twice: two label ids for one name, which a model could not tell apart"
+    return None
+
+
 def _versions() -> str:
     """``1, 2, 3, 4 or 5``."""
     *head, last = map(str, READABLE_VERSIONS)
@@ -119,24 +141,8 @@ class StoreMeta:
             if key not in attrs:
                 raise FoalPipeError(f"{where} lacks the attribute {key!r}; re-extract it with `foal-pipe extract`")
         classes = attrs["classes"]
-        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
-            if not isinstance(classes, list):
-                found = f"is {_json_type(classes)} ({shown(classes)})"
-            elif not classes:
-                found = "is empty"
-            else:
-                bad = next(c for c in classes if not isinstance(c, str))
-                found = f"holds {_json_type(bad)} ({shown(bad)})"
-            raise FoalPipeError(f"{where}: attribute 'classes' must be a non-empty list of class names (strings), "
-                                f"but it {found}; fix it or re-extract the store")
-        if unwritable := next((c for c in classes if not writable_name(c)), None):
-            raise FoalPipeError(f"{where}: attribute 'classes' holds {unwritable!r}, a name with a lone surrogate that no "
-                                "text file can hold (the reports and predictions write every name); fix it or re-extract "
-                                "the store")
-        if len(set(classes)) != len(classes):
-            twice = next(c for i, c in enumerate(classes) if c in classes[:i])
-            raise FoalPipeError(f"{where}: attribute 'classes' names {twice!r} twice: two label ids for one name, which a "
-                                "model could not tell apart; fix it or re-extract the store")
+        if (problem := classes_problem(classes)) is not None:
+            raise FoalPipeError(f"{where}: attribute 'classes' {problem}; fix it or re-extract the store")
         expected = {"dataset": (str,), "encoder": (dict,), "complete": (bool,), "generation": (str,)}
         for key, types in expected.items():
             if key in attrs and not isinstance(attrs[key], types):

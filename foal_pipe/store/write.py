@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import numbers
 import os
 import re
 import shlex
@@ -15,9 +16,11 @@ from typing import Any
 
 import numpy as np
 import zarr
+from array_api_compat import is_torch_array
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
-from foal_pipe.errors import FoalPipeError, param
+from foal_pipe.core.backend import host_values
+from foal_pipe.errors import FoalPipeError, clipped, param
 from foal_pipe.io import exchange
 from foal_pipe.io.outpaths import enclosing_store, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
@@ -33,6 +36,7 @@ from foal_pipe.store.meta import (
     WRITE_CONFIG,
     BlockLayout,
     StoreMeta,
+    classes_problem,
     encoder_problem,
     open_array,
     store_group,
@@ -66,11 +70,8 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
     a feature store there), so an interrupted creation leaves nothing at ``where``. Anything else at ``where``
     -- a file, a folder holding other things -- is refused before anything is written: it is not ours to delete.
     """
-    if dtype not in FEATURE_DTYPES:
-        raise FoalPipeError(f"feature dtype {dtype!r} is outside the spec; choose one of {', '.join(FEATURE_DTYPES)}")
-    if unwritable := next((c for c in meta.classes if isinstance(c, str) and not writable_name(c)), None):
-        raise FoalPipeError(f"class name {unwritable!r} holds a lone surrogate, which no text file can hold (the reports "
-                            "and predictions write every name); name the classes with text")
+    check_dtype(dtype)
+    check_writable(meta.classes)
     if blocks is not None and blocks.dtype not in BLOCK_DTYPES:
         raise FoalPipeError(f"blocks dtype {blocks.dtype!r} is outside the spec; choose one of "
                             f"{', '.join(BLOCK_DTYPES)}")
@@ -109,6 +110,19 @@ def create_skeleton(where: str | Path, meta: StoreMeta, dim: int, dtype: str, ch
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def check_writable(classes: Any) -> None:
+    """Refuse a class name with a lone surrogate, which no report or prediction file could hold."""
+    if unwritable := next((c for c in classes if isinstance(c, str) and not writable_name(c)), None):
+        raise FoalPipeError(f"class name {unwritable!r} holds a lone surrogate, which no text file can hold (the reports "
+                            "and predictions write every name); name the classes with text")
+
+
+def check_dtype(dtype: Any) -> None:
+    """Refuse a feature dtype outside the spec (before any value is cast to it)."""
+    if not isinstance(dtype, str) or dtype not in FEATURE_DTYPES:
+        raise FoalPipeError(f"feature dtype {dtype!r} is outside the spec; choose one of {', '.join(FEATURE_DTYPES)}")
 
 
 def write_manifest(group: zarr.Group, raw: bytes) -> dict[str, Any]:
@@ -295,40 +309,140 @@ def write_store(
         example = {"name": "mine", "fusion": "none", "image_size": 0, "normalize": False}
         raise FoalPipeError(f"{param('encoder')} {problem}; pass e.g. {param('encoder', example)}")
     path = Path(path)
-    dim = _check_rows(train, test, len(classes))
+    names = _check_classes(classes)
+    check_dtype(dtype)
+    features, labels, dim = _check_rows(train, test, len(names), dtype)
     layout = None
     if blocks is not None:
         layout = BlockLayout(int(blocks[0].shape[1]), np.asarray(blocks[0]).dtype.name, norm or FinalNorm("identity"))
-    create_skeleton(path, StoreMeta(tuple(classes), dataset, encoder), dim, dtype, chunk_rows,
-                    {name: y for name, (_, y) in zip(SPLITS, (train, test))}, blocks=layout)
-    for i, (name, (x, _)) in enumerate(zip(SPLITS, (train, test))):
+    create_skeleton(path, StoreMeta(names, dataset, encoder), dim, dtype, chunk_rows, labels, blocks=layout)
+    for i, name in enumerate(SPLITS):
         writer = FeatureWriter(path, name)
         for lo in range(0, writer.n_rows, writer.chunk_rows):
             hi = lo + writer.chunk_rows
-            writer.write(lo, np.asarray(x[lo:hi], dtype=dtype), None if blocks is None else blocks[i][lo:hi])
+            writer.write(lo, features[name][lo:hi], None if blocks is None else blocks[i][lo:hi])
         mark_progress(path, name, writer.n_rows)
     complete_store(path)
     return path
 
 
-def _check_rows(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], n_classes: int) -> int:
-    """The feature width of ``write_store``'s rows, refused before anything is written unless each split is (N, d)
-    features, d >= 1 and alike in both, with one label per row in ``[0, n_classes)`` or -1 (unlabelled)."""
-    widths = []
+def _check_classes(classes: Any) -> tuple[str, ...]:
+    """``classes`` as the store's names, refused as the reader refuses them (:func:`classes_problem`); one string is
+    refused too: its letters are no list of names."""
+    names: Any = classes
+    problem: str | None = None
+    if isinstance(classes, (str, bytes)):
+        problem = f"is {'one string' if isinstance(classes, str) else 'bytes'} ({classes!r}), not a list of names"
+    else:
+        try:
+            names = list(classes)
+            check_writable(names)
+        except TypeError:
+            pass  # named by the reader's check below
+        problem = classes_problem(names)
+    if problem is not None:
+        raise FoalPipeError(f"write_store: {param('classes')} {problem}; pass a list of distinct class names (strings), "
+                            "one per label id")
+    return tuple(names)
+
+
+def _check_rows(train: tuple[Any, Any], test: tuple[Any, Any], n_classes: int,
+                dtype: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """Each split's features cast to ``dtype``, its labels as int64 ids and the feature width, refused before anything
+    is written unless each split is (N, d) real features, d >= 1 and alike in both, with one whole-number label per
+    row in ``[0, n_classes)`` or -1 (unlabelled), and no finite value beyond ``dtype``'s range."""
+    features, labels, widths = {}, {}, []
     for name, (x, y) in zip(SPLITS, (train, test)):
-        x_shape, y = np.shape(x), np.asarray(y)
-        if len(x_shape) != 2 or x_shape[1] < 1 or y.shape != x_shape[:1]:
-            raise FoalPipeError(f"write_store: {name} features {x_shape} and labels {y.shape} do not match; pass (N, d) "
+        x, y = _features(x, f"{name} features"), _label_ids(y, name)
+        if x.ndim != 2 or x.shape[1] < 1 or y.shape != x.shape[:1]:
+            raise FoalPipeError(f"write_store: {name} features {x.shape} and labels {y.shape} do not match; pass (N, d) "
                                 "features, d >= 1, and (N,) labels")
         bad = np.flatnonzero((y < -1) | (y >= n_classes))
         if bad.size:
             raise FoalPipeError(f"write_store: {name} label {y[bad[0]]} at row {int(bad[0])} is outside [0, {n_classes}) "
                                 "(the number of classes) and not -1 (unlabelled); fix the labels or the classes")
-        widths.append(int(x_shape[1]))
+        features[name], labels[name] = _cast(x, dtype, name), y.astype(np.int64)
+        widths.append(int(x.shape[1]))
     if widths[0] != widths[1]:
         raise FoalPipeError(f"write_store: train features have {widths[0]} dimensions but test features {widths[1]}; "
                             "pass both splits from the same encoder")
-    return widths[0]
+    return features, labels, widths[0]
+
+
+def _features(x: Any, what: str) -> np.ndarray:
+    """``x`` as a NumPy array of real numbers (a tensor detached, bfloat16 widened), refused in one line where NumPy
+    would change it in the cast: complex (the imaginary part dropped), masked (the values behind the mask written),
+    sparse, strings or other objects."""
+    if type(x).__module__.startswith("scipy.sparse"):
+        raise FoalPipeError(f"write_store: {what} are a SciPy sparse {type(x).__name__}; pass dense rows (.toarray())")
+    if isinstance(x, np.ma.MaskedArray) and np.ma.is_masked(x):
+        raise FoalPipeError(f"write_store: {what} have masked (missing) entries, which would be written as the values "
+                            "behind the mask; fill them (.filled(value)) or drop their rows")
+    values = _on_host(x, what)
+    if values.dtype.kind == "O":  # Python numbers are read as floats; None would be NaN, a str parsed
+        other = next((v for v in values.ravel().tolist() if not isinstance(v, numbers.Real)), values)
+        if other is not values:
+            raise FoalPipeError(f"write_store: {what} hold objects that are no real numbers (first {other!r}); pass "
+                                "an array of real numbers")
+        try:
+            values = values.astype(np.float64)
+        except OverflowError:
+            raise FoalPipeError(f"write_store: {what} hold an integer beyond float64's range; pass values that a "
+                                "float can hold") from None
+    if values.dtype.kind not in "biuf":
+        raise FoalPipeError(f"write_store: {what} are {values.dtype} values, which a store cannot hold without changing "
+                            "them; pass real numbers (NumPy floats or integers)")
+    return values
+
+
+def _on_host(x: Any, what: str) -> np.ndarray:
+    """``x`` as a NumPy array: a tensor by :func:`host_values` (detached, bfloat16 widened; sparse or meta refused),
+    an array of a namespace it does not copy (dask) or a list by NumPy; refused in one line where NumPy cannot."""
+    try:
+        try:
+            return np.asarray(host_values(x, what))
+        except FoalPipeError:
+            if is_torch_array(x):  # sparse or on the meta device: host_values' line
+                raise
+            return np.asarray(x)  # a namespace without a copy to the host of its own (dask): NumPy reads it
+    except FoalPipeError:
+        raise
+    except (TypeError, ValueError) as exc:  # ragged nesting, an object NumPy cannot read
+        raise FoalPipeError(f"write_store: NumPy cannot read {what} as an array ({clipped(str(exc), 80)}); pass an "
+                            "array of real numbers") from None
+
+
+def _cast(x: np.ndarray, dtype: str, split: str) -> np.ndarray:
+    """``x`` as ``dtype``, refused where a finite value becomes inf (beyond the dtype's range)."""
+    with np.errstate(over="ignore"):
+        cast = np.asarray(x, dtype=dtype)
+    over = np.isfinite(x) & ~np.isfinite(cast)
+    if over.any():
+        row, col = (int(i[0]) for i in np.nonzero(over))
+        raise FoalPipeError(f"write_store: {split} feature {x[row, col]} (row {row}, column {col}) is beyond {dtype}'s "
+                            f"range and would be written as inf; pass {param('dtype', 'float64')} or scale the features")
+    return cast
+
+
+def _label_ids(y: Any, split: str) -> np.ndarray:
+    """``y`` as a NumPy array of whole numbers (a tensor detached), refused in one line when a label is no class id:
+    a string, None, a fraction (written as its integer part) or masked (the id behind the mask written)."""
+    if isinstance(y, np.ma.MaskedArray) and np.ma.is_masked(y):
+        raise FoalPipeError(f"write_store: {split} labels have masked (missing) entries; label those rows -1 "
+                            "(unlabelled) or drop them")
+    ids = _on_host(y, f"{split} labels")
+    if ids.dtype.kind == "O":
+        ids = np.asarray(ids.tolist())  # Python ints read as int64 (a None stays an object)
+    if ids.dtype.kind not in "biuf":
+        first = next((v for v in ids.ravel().tolist() if not isinstance(v, numbers.Real)), None)
+        raise FoalPipeError(f"write_store: {split} labels are {ids.dtype} values (first {first!r}), not class ids; pass "
+                            "each row's class as an integer, its position in classes (-1: unlabelled)")
+    if ids.dtype.kind == "f" and ids.ndim == 1:
+        bad = np.flatnonzero(~np.isfinite(ids) | (ids != np.round(ids)))
+        if bad.size:
+            raise FoalPipeError(f"write_store: {split} label {ids[bad[0]]} at row {int(bad[0])} is not a whole number, "
+                                "so no class id; pass each row's class as an integer, its position in classes")
+    return ids
 
 
 class ReplacedStoreLeft(FoalPipeError):
