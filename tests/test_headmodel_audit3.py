@@ -168,7 +168,7 @@ def test_a_refused_batch_keeps_the_calls_before_it(name):
     (before, the head's refusal undid them, or ncm's and the others' rows broke the head half-way)."""
     calls = _calls(name)
     model = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
-    with pytest.raises(FoalPipeError, match=rf"^rows have shape \(4, {D + 1}\) but the head was built for dim={D}"):
+    with pytest.raises(FoalPipeError, match=rf"^rows have shape \(4, {D + 1}\) but the {name} head takes \(n, {D}\)"):
         model.partial_fit(np.ones((4, D + 1)), np.array([0, 1, 7, 7]))
     fresh = _model(name, calls)[0].partial_fit(*calls[1]).partial_fit(*calls[2])
     assert model.n_samples_seen_ == fresh.n_samples_seen_ == 24

@@ -32,6 +32,7 @@ would move the weights by more than 1%, is refused rather than solved into noise
 
 from __future__ import annotations
 
+import numbers
 import operator
 from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
@@ -143,6 +144,12 @@ class RidgeStatistics:
                 f"G {tuple(self.G.shape)} and Q {tuple(self.Q.shape)} do not fit {self.classes.size} classes; "
                 "expected (D, D) and (D, C)"
             )
+        kind = label_kind(self.classes)
+        if "/" in kind:
+            raise FoalPipeError(f"classes hold labels of kinds {kind}, which do not sort together; use one kind of label "
+                                "(integer ids or names)")
+        if self.classes.dtype.kind == "f" and not np.isfinite(self.classes).all():
+            raise FoalPipeError("classes hold NaN or inf, which are no class labels; pass integer ids or names")
         if self.classes.size > 1 and np.any(self.classes[1:] <= self.classes[:-1]):
             raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
         if self.counts is not None and self.counts.shape != self.classes.shape:
@@ -269,6 +276,15 @@ class RidgeStatistics:
         if other.dim != self.dim:
             raise FoalPipeError(f"cannot add statistics of dimension {other.dim} to dimension {self.dim}; "
                                 "use the same projection")
+        if self.classes.size and other.classes.size:
+            kinds = label_kind(self.classes), label_kind(other.classes)
+            if kinds[0] != kinds[1]:
+                raise FoalPipeError(f"cannot add statistics of labels of kind {kinds[1]} to those of kind {kinds[0]}; "
+                                    "use one kind of label (integer ids or names)")
+            union = np.union1d(self.classes, other.classes)
+            if union.size != np.unique(np.concatenate([self.classes.astype(object), other.classes.astype(object)])).size:
+                raise FoalPipeError("cannot add statistics whose labels have no common exact type (integer ids beside "
+                                    "fractions lose ids in float64); use integer ids on both sides")
 
     def _like(self, array: Any) -> RidgeStatistics:
         """These statistics in the namespace and on the device of ``array`` (host sums from Dask workers join
@@ -437,6 +453,17 @@ def _class_counts(counts: Any, n: int) -> np.ndarray:
         raise FoalPipeError(f"counts sum to {int(checked.sum())} rows, more than n={n}, the rows summed; pass "
                             "n = H.shape[0] and the rows per class")
     return checked
+
+
+def label_kind(classes: np.ndarray) -> str:
+    """``number`` (bools, integers and floats sort together), ``str`` or ``bytes``; for an object array holding
+    several of them, those kinds joined by ``/``."""
+    kinds = {"b": "number", "i": "number", "u": "number", "f": "number", "U": "str", "S": "bytes"}
+    if classes.dtype.kind != "O":
+        return kinds.get(classes.dtype.kind, classes.dtype.name)
+    found = {"str" if isinstance(v, str) else "bytes" if isinstance(v, bytes)
+             else "number" if isinstance(v, numbers.Real) else type(v).__name__ for v in classes.ravel().tolist()}
+    return "/".join(sorted(found)) or "number"
 
 
 def _added(a: Any, b: Any) -> Any:

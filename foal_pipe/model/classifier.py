@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from array_api_compat import array_namespace, device
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from foal_pipe.core.backend import backend_of, dtype_name, get_namespace, resolve_dtype, to_numpy
@@ -59,6 +60,15 @@ class _FileRecord(NamedTuple):
     metadata: dict[str, Any]
     projection: np.ndarray | None
     n_samples: int
+
+    def same_projection(self, other: _FileRecord) -> bool:
+        """Whether two files may record one projection: the same matrix and activation, or one file holds none (no
+        figure to tell them apart by)."""
+        mine, theirs = self.projection, other.projection
+        if mine is None or theirs is None:
+            return True
+        return (mine.shape == theirs.shape and mine.dtype == theirs.dtype and bool(np.array_equal(mine, theirs))
+                and self.metadata.get("activation", "sigmoid") == other.metadata.get("activation", "sigmoid"))
 
     def kept(self, given: dict[str, Any], projection: Any, n_classes: int, n_samples: int) -> dict[str, Any]:
         """The recorded metadata under ``given`` (``save``'s keywords win; a ``projection`` given records its own
@@ -291,6 +301,10 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         if names[0] is not None and names[1] is not None and list(names[0]) != list(names[1]):
             raise FoalPipeError("cannot merge classifiers fitted on other feature names or another column order (the sums "
                                 "of different columns would be added); fit both on the same columns in the same order")
+        records = [getattr(c, "_recorded", None) for c in (self, other)]
+        if records[0] is not None and records[1] is not None and not records[0].same_projection(records[1]):
+            raise FoalPipeError("cannot merge classifiers loaded from model files of different projections (or "
+                                "activations): their sums are of different features; merge learners of one projection")
         merged = AnalyticClassifier.from_statistics(
             self.statistics_ + other.statistics_, gamma=mine["gamma"], dtype=mine["dtype"], gamma_grid=mine["gamma_grid"],
             per_decade=mine["per_decade"])
@@ -300,6 +314,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         known = names[0] if names[0] is not None else names[1]
         if known is not None:  # as the learner that saw both streams keeps the named one's columns
             merged.feature_names_in_ = known
+        if (record := records[0] or records[1]) is not None:  # its projection and names saved again; the other
+            merged._recorded = record  # learner's rows count as rows outside its stores
         return merged
 
     @classmethod
@@ -324,7 +340,14 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         dtype = dtype or dtype_name(statistics.dtype)
         clf = cls(gamma=gamma, engine="gram", dtype=dtype, backend=backend_of(statistics.G), gamma_grid=gamma_grid,
                   per_decade=per_decade)
-        state = {"G": statistics.G, "Q": statistics.Q}
+        xp = array_namespace(statistics.G)
+        if statistics.counts is not None and statistics.classes.size:
+            rowless = xp.asarray(np.flatnonzero(statistics.counts == 0), device=device(statistics.Q))
+            if rowless.shape[0] and bool(xp.any(xp.take(statistics.Q, rowless, axis=1) != 0)):
+                raise FoalPipeError("the statistics count no row of a class whose column of Q is not zero (a row of a "
+                                    "class adds to its column); pass the counts of the rows summed into Q")
+        # copies: the caller's arrays stay the caller's (an in-place add to them would move this classifier unseen)
+        state = {"G": xp.asarray(statistics.G, copy=True), "Q": xp.asarray(statistics.Q, copy=True)}
         if statistics.counts is not None:
             state["counts"] = statistics.counts
         return clf._restore(state, statistics.classes, statistics.n, statistics.dim)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import array_api_compat.numpy as xp_numpy
 import numpy as np
 
-from foal_pipe.core.backend import to_numpy
+from foal_pipe.core.backend import host_values, to_numpy
 from foal_pipe.core.engines import owner_lock
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.scoring import Ties, best_of
@@ -65,6 +65,22 @@ class HeadClassifier(SolvesOnDemand):
         self._classes = np.asarray(tensors["classes"], dtype=np.int64)
         self._new_rows: dict[int, int] = {}  # while pending: rows of the classes new since the last solve
         self.n_samples_seen_ = int(n_samples_seen)
+        self._width = head_width(name, tensors)  # of the rows it takes: checked before any scores or sums
+
+    _width: int | None = None  # None: a pickle from before the width was kept (unchecked)
+
+    def _checked(self, rows: Any) -> np.ndarray:
+        """``rows`` as float64 rows of the head's space, refused in one line unless 2-D, of the head's width and
+        finite (NumPy's own errors, or a silent score of a 1-D row, otherwise)."""
+        X = np.asarray(host_values(rows, "rows"), dtype=np.float64)
+        width = self._width
+        if X.ndim != 2 or (width is not None and X.shape[1] != width):
+            raise FoalPipeError(f"rows have shape {X.shape} but the {self.name} head takes (n, {width}): rows of its "
+                                f"space; pass DeployedModel.rows(features), or 2-D rows of {width} values")
+        if not np.isfinite(X).all():
+            raise FoalPipeError(f"rows hold NaN or inf (first at row {int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])}); "
+                                "check the features")
+        return X
 
     def __getstate__(self) -> dict[str, Any]:
         """The model-file tensors of every row so far stand for the running head, rebuilt from them when next needed
@@ -117,12 +133,14 @@ class HeadClassifier(SolvesOnDemand):
 
     def class_scores(self, rows: Any) -> np.ndarray:
         """The scorer's scores of the rows of the head's space, (n, n_classes), columns in ``classes_`` order."""
+        rows = self._checked(rows)
         with np.errstate(over="ignore", invalid="ignore"):  # refused by finite_scores, without a warning first
             return finite_scores(np.asarray(to_numpy(self.scorer.scores(rows)), dtype=np.float64))
 
     def scores_with_ties(self, rows: Any) -> tuple[np.ndarray, tuple[Ties, np.ndarray] | None]:
         """:meth:`class_scores`, and a linear head's :class:`~foal_pipe.core.scoring.Ties` with the float64 rows
         (balanced's, ridge's); the other heads check their scores' resolution as they solve."""
+        rows = self._checked(rows)
         ties = getattr(self.scorer, "ties", None)
         return self.class_scores(rows), None if ties is None else ties(rows)
 
@@ -138,7 +156,17 @@ class HeadClassifier(SolvesOnDemand):
         class the head cannot fit at the task's end (fecam's of one row) or a batch the head refuses is refused by this
         call, which then changes nothing (the calls since the last solve stay); a head whose boundary ends a task
         (dual) solves here, refused the same way. ``names`` (class id -> name) lets a refusal name the class."""
-        labels = np.asarray(labels, dtype=np.int64)
+        labels = np.asarray(host_values(labels, "labels"))
+        if labels.dtype.kind not in "iu" or labels.ndim != 1:
+            raise FoalPipeError(f"labels must be a 1-D array of integer class ids, got {labels.dtype} of shape "
+                                f"{labels.shape}; pass ids (DeployedModel.partial_fit takes class names too)")
+        if labels.dtype.kind == "u" and labels.size and int(labels.max()) > np.iinfo(np.int64).max:
+            raise FoalPipeError(f"label id {int(labels.max())} lies outside the int64 range of a model's ids; map the "
+                                "labels to ids 0, 1, ...")
+        labels = labels.astype(np.int64)
+        rows = self._checked(rows)
+        if rows.shape[0] != labels.size:
+            raise FoalPipeError(f"{rows.shape[0]} rows but {labels.size} labels; pass one label per row")
         pending = self._undo
         solved = self._classes if pending is None else pending[0]["_classes"]  # each fitted at its solve
         new_rows = {} if pending is None else dict(self._new_rows)
@@ -147,7 +175,7 @@ class HeadClassifier(SolvesOnDemand):
             new_rows[label] = new_rows.get(label, 0) + n
         named = {**self._names, **(names or {})}
         HEADS[self.name].head.check_counts([named.get(c, c) for c in sorted(new_rows)], [new_rows[c] for c in sorted(new_rows)])
-        head, model, undo = self._take(np.asarray(rows, dtype=np.float64), labels, self._own_head,
+        head, model, undo = self._take(rows, labels, self._own_head,
                                        not HEADS[self.name].head.solve_on_demand, named)
         self._head, self._tensors, self._new_rows, self._names = head, None, new_rows, named
         self._classes = np.union1d(self._classes, labels).astype(np.int64)

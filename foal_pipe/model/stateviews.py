@@ -33,6 +33,11 @@ def row_major(W: Any) -> Any:
 
 
 def read_only_statistics(s: RidgeStatistics) -> RidgeStatistics:
-    """The gram engine's sums ``s`` with ``G`` and ``Q`` read-only and their classes and counts copied."""
+    """The gram engine's sums ``s`` with ``G`` and ``Q`` read-only and their classes and counts copied. NumPy's are
+    views, so the engine's own arrays are made read-only too: its next update adds into new arrays (the sums' ``+=``
+    does so for a read-only array) rather than moving a snapshot handed out, whose ``n`` would no longer fit them."""
+    for array in (s.G, s.Q):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
     return RidgeStatistics(read_only(s.G), read_only(s.Q), s.classes.copy(), s.n,
                            None if s.counts is None else s.counts.copy(), symmetric=True)
