@@ -156,3 +156,40 @@ def test_merge_of_loaded_learners_saves_a_deployable_model(tmp_path):
     np.testing.assert_array_equal(deployed.projection.components_, projection.components_)
     F = np.vstack([projection.transform(X1), projection.transform(X2)])
     np.testing.assert_allclose(deployed.classifier.weights_, closed_form(F, np.concatenate([Y1, Y2])), rtol=1e-9, atol=1e-12)
+
+
+def test_statistics_are_read_under_the_learners_lock(monkeypatch) -> None:
+    """A ``partial_fit`` in another thread adds to ``G`` and then to ``Q`` and ``n``: ``statistics_`` (and so
+    ``merge``) read beside it waits for the call, and gets sums and a row count of one moment (before, ``G`` of 70
+    rows with ``n`` of 40 where the read fell between)."""
+    import threading
+
+    import foal_pipe.core.statistics as statistics_module
+
+    rng = np.random.default_rng(4)
+    H, y = rng.normal(size=(70, 5)), np.arange(70) % 3
+    clf = AnalyticClassifier().fit(H[:40], y[:40])
+    original, inside, release = statistics_module._added, threading.Event(), threading.Event()
+
+    def paused(a, b):
+        out = original(a, b)
+        if not inside.is_set():  # the first sum of the call (G): the others wait
+            inside.set()
+            release.wait(5)
+        return out
+
+    monkeypatch.setattr(statistics_module, "_added", paused)
+    writer = threading.Thread(target=clf.partial_fit, args=(H[40:], y[40:]))
+    writer.start()
+    assert inside.wait(5)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(clf.statistics_))
+    reader.start()
+    reader.join(0.5)
+    release.set()
+    writer.join(5)
+    reader.join(5)
+    snapshot = got[0]
+    G = np.asarray(snapshot.G)
+    np.testing.assert_allclose(G, H[: snapshot.n].T @ H[: snapshot.n], rtol=1e-12, atol=1e-12)  # G of its own n rows
+    assert snapshot.n == 70

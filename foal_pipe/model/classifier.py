@@ -258,11 +258,12 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
     @property
     def statistics_(self) -> RidgeStatistics:
         """The sufficient statistics (gram engine only; the RLS recursion keeps ``R`` and ``W`` instead)."""
-        self._check_fitted()
-        if not isinstance(self._engine, GramEngine):
-            raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
-        # handed out read-only: a write into G or Q would move the weights unseen
-        return read_only_statistics(self._engine.statistics)
+        with owner_lock(self):  # G, Q and n of one moment: a partial_fit in another thread adds to them in turn
+            self._check_fitted()
+            if not isinstance(self._engine, GramEngine):
+                raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
+            # handed out read-only: a write into G or Q would move the weights unseen
+            return read_only_statistics(self._engine.statistics)
 
     @property
     def gamma_(self) -> float:
