@@ -6,12 +6,15 @@ import json
 
 import numpy as np
 import pytest
+import zarr
 from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 import foal_pipe
 from foal_pipe.cli import app
+from foal_pipe.errors import FoalPipeError
 from foal_pipe.store import write_store
+from foal_pipe.store.integrity import compute_generation
 
 runner = CliRunner()
 
@@ -106,8 +109,17 @@ def test_continuation_with_dask_equals_local(two_stores):
 
 
 def test_class_name_clash_refused(two_stores):
+    """A store naming one class twice: write_store refuses to write it, and one whose attributes say so (edited)
+    is refused by learn --init-model, before any output."""
     tmp_path, _, _ = two_stores
-    clash, _, _ = store(tmp_path / "clash.zarr", ["cat", "owl", "cat"], 5, np.random.default_rng(4))
+    with pytest.raises(FoalPipeError, match="'cat' twice: two label ids"):
+        store(tmp_path / "refused.zarr", ["cat", "owl", "cat"], 5, np.random.default_rng(4))
+    assert not (tmp_path / "refused.zarr").exists()
+    clash, _, _ = store(tmp_path / "clash.zarr", ["cat", "owl", "eel"], 5, np.random.default_rng(4))
+    group = zarr.open_group(str(clash), mode="r+")
+    attrs = {k: v for k, v in dict(group.attrs).items() if k != "generation"} | {"classes": ["cat", "owl", "cat"]}
+    group.attrs.put(attrs)
+    group.attrs.put(attrs | {"generation": compute_generation(clash)})
     result = learn("--init-model", tmp_path / "run_a" / "model.safetensors", "--features", clash, "--out",
                    tmp_path / "run_c", "--tasks", 1)
     assert_one_line_error(result, "'cat'", "two label ids")
