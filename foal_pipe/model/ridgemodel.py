@@ -193,8 +193,9 @@ def with_input_names(projection: Any, metadata: dict[str, Any]) -> dict[str, Any
 
 def is_identity_matrix(matrix: Any) -> bool:
     """Whether a projection matrix is the identity: behind it, the classifier's columns are the model's inputs."""
-    P = np.asarray(matrix)
-    return P.ndim == 2 and P.shape[0] == P.shape[1] and bool((np.eye(P.shape[0], dtype=P.dtype) == P).all())
+    P = np.asarray(matrix)  # no D x D identity built to compare with: a wide square projection is large
+    return (P.ndim == 2 and P.shape[0] == P.shape[1] and bool((np.diagonal(P) == 1).all())
+            and int(np.count_nonzero(P)) == P.shape[0])
 
 
 def identity_names(matrix: Any, meta: Mapping[str, Any]) -> list[str] | None:
@@ -210,8 +211,9 @@ def restore_input_names(projection: Any, meta: Mapping[str, Any], where: str | P
     one distinct string per row of its matrix; behind an identity projection, the classifier's (``feature_names``)
     where the projection records none, so that a DataFrame is checked against the columns the learner saw."""
     names, d = meta.get(INPUT_NAMES), int(projection.components_.shape[0])
-    if names is None and projection.activation == "identity" and getattr(projection, "bias_", None) is None:
-        names = identity_names(projection.components_, {**meta, "activation": "identity"})
+    if (names is None and projection.activation == "identity" and getattr(projection, "bias_", None) is None
+            and is_identity_matrix(projection.components_)):
+        names = meta.get("feature_names")
     if names is None:
         return projection
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names) == d):
