@@ -12,14 +12,16 @@ their count, equals Python's ``partial_fit`` of the new store's rows); refused b
 name, a mixed, float, bytes or wrong-length label list, one name in two normalisations) leave scores, names, classes and
 counts unchanged; heads' statistics stay float64 whatever the batch sizes.
 
-Faults found (each test below failed on the code of 9ba7b1e for its reason; 2 is fixed, 1 and 3 are open, strict
-xfails, for the owner):
+Faults found (each test below failed on the code of 9ba7b1e for its reason; 1 and 2 are fixed, 3 is open, a strict
+xfail, for the owner):
 
 1. A ``--dtype float32`` ridge model fed by ``partial_fit`` in small batches drifts beyond the 1% that float32 sums
    promise (``DRIFTS``), unrefused: the sums are accumulated in float32 one batch at a time, so their rounding grows
    with the number of calls, while the drift check (``core.drift.drift``) models one rounding of the final sums.
    3,000 one-row calls leave W 1.8% from the closed form; ``learn --dtype float32`` on the same rows (any
-   ``--batch-size``) and one ``partial_fit`` of them are within 0.3%.
+   ``--batch-size``) and one ``partial_fit`` of them are within 0.3%. Fixed in the twenty-seventh stop: the sums
+   count their additions' rounding (``RidgeStatistics.rounding``), so the stream is refused on the way
+   (``tests/test_sums_rounding.py``).
 2. A ridge ``DeployedModel`` that ``partial_fit`` takes a batch whose sums its gamma cannot resolve (here: ordinary
    rows of a ``--dtype float32 --gamma 1e-4`` model, once it has seen about 3,000) is accepted, and from then on every
    ``scores``/``predict``/``save`` is refused naming a larger gamma, which the loaded model cannot take
@@ -81,9 +83,6 @@ def _closed_form(model, X: np.ndarray, labels: np.ndarray, gamma: float) -> np.n
 
 # --- 1. float32 sums accumulated one small batch at a time drift beyond the promised 1% -----------------------------
 
-@pytest.mark.xfail(strict=True, reason="open (owner): the float32 drift estimate (core/drift.py) models sums built in "
-                   "blocks of thousands of rows; each partial_fit call adds a rounding of the running sums it does not "
-                   "count (docs/guarantees.md says so; use float64 for streams of many small batches)")
 def test_a_float32_stream_of_one_row_batches_stays_within_the_float32_drift_or_is_refused(tmp_path):
     path, x, y, means = _learned(tmp_path, "--dtype", "float32", "--gamma", "1e-3", dim=30)
     rng = np.random.default_rng(1)

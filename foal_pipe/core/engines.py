@@ -323,7 +323,7 @@ class GramEngine:
         """Undo :meth:`insert_classes` of a refused batch (the sums take a batch only once it is formed)."""
         s, kept = self.statistics, np.searchsorted(grown, old)
         counts = None if s.counts is None else s.counts[kept]
-        self.statistics = RidgeStatistics(s.G, kept_columns(s.Q, kept), old, s.n, counts)
+        self.statistics = RidgeStatistics(s.G, kept_columns(s.Q, kept), old, s.n, counts, rounding=s.rounding)
         self._solution = None
 
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
@@ -353,7 +353,7 @@ class GramEngine:
         if floor and float(self.gamma) < floor:  # the sums with the batch (a copy: these stay) name a gamma they take
             prospective = self.statistics + batch
             try:
-                check_gammas(prospective.G, float(self.gamma), prospective.Q)
+                check_gammas(prospective.G, float(self.gamma), prospective.Q, prospective.rounding_top)
             except FoalPipeError as exc:
                 raise FoalPipeError(f"{exc.template}; this batch is refused and the model left as it was") from None
 
@@ -396,7 +396,8 @@ class GramEngine:
         xp = array_namespace(empty.G)
         cast = {name: xp.asarray(state[name], dtype=empty.G.dtype, device=device(empty.G)) for name in self.state_names}
         counts = state.get("counts")
-        self.statistics = RidgeStatistics(cast["G"], cast["Q"], classes, int(n), None if counts is None else np.asarray(counts))
+        self.statistics = RidgeStatistics(cast["G"], cast["Q"], classes, int(n), None if counts is None else np.asarray(counts),
+                                          rounding=state.get("rounding"))
         self._solution = None
 
 

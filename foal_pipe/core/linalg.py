@@ -107,64 +107,72 @@ def cheap_drift_floor(lowest: float, dim: int, top: float, dtype: str) -> float:
     return max(0.0, drift(float(dim), top, dtype) / DRIFTS[dtype] - lowest)
 
 
-def drift_refusal(gamma: float, moved: float, dtype: str, G: Any = None, Q: Any = None) -> FoalPipeError:
+def drift_refusal(gamma: float, moved: float, dtype: str, G: Any = None, Q: Any = None,
+                  top: float | None = None) -> FoalPipeError:
     """The refusal of a gamma the sums' rounding moves the weights at; given the sums, it names one they take."""
     return FoalPipeError(
         f"at gamma {gamma:g} the rounding of the {dtype} Gram sums may move the weights by about "
         f"{drift_beyond(moved, dtype)} (more than {drift_share(DRIFTS[dtype], dtype)}: G + gamma I is too "
-        f"ill-conditioned for them); {larger_gamma(G, Q)}{float64_way_out(dtype)}")
+        f"ill-conditioned for them); {larger_gamma(G, Q, top=top)}{float64_way_out(dtype)}")
 
 
-def larger_gamma(G: Any = None, Q: Any = None, floor: float | None = None) -> str:
+def larger_gamma(G: Any = None, Q: Any = None, floor: float | None = None, top: float | None = None) -> str:
     """A refusal's advice: with the sums ``G`` (D up to :data:`SINGLE_THREAD_FACTOR_DIM`), a gamma they take, the
     least above their resolution at which their rounding moves the weights by :data:`NAMED_SHARE` of the limit:
     from their eigenvalues (:func:`drift_floor`; computed for the message alone), which bound the drift of columns of
     every scale, then, where the columns' scales differ (:func:`column_scales`), as :func:`check_drift` measures it,
-    by bisection below that bound (a factorisation a step); else ``floor`` or only a larger one."""
+    by bisection below that bound (a factorisation a step); else ``floor`` or only a larger one. ``top``: the
+    rounding's scale (:attr:`~foal_pipe.core.statistics.RidgeStatistics.rounding_top`), by default ``max|G|``."""
     if G is not None and 0 < G.shape[0] <= SINGLE_THREAD_FACTOR_DIM:
         dtype, limit, scales = dtype_name(G.dtype), NAMED_SHARE * DRIFTS[dtype_name(G.dtype)], column_scales(G)
+        top = largest_entry(G) if top is None else top
         with suppress(*linalg_errors()):  # LAPACK did not converge: the advice without a figure from the eigenvalues
             values = to_numpy(array_namespace(G).linalg.eigvalsh(float64(G))).astype(np.float64)
             finite_resolution(G, Q)
             least = resolution(G)
-            floor = max(least, drift_floor(values, largest_entry(G), dtype, limit))
+            floor = max(least, drift_floor(values, top, dtype, limit))
             if not bool(array_namespace(G).all(scales == 1)) and floor > least:
-                floor = max(least, least_gamma(lambda gamma: probed_drift(G, gamma, scales), limit, least, floor, 1e-4))
+                floor = max(least, least_gamma(lambda gamma: probed_drift(G, gamma, scales, top=top), limit, least,
+                                               floor, 1e-4))
     if floor is None:
         return "use a larger gamma"
     return f"use a gamma of at least {rounded_up(floor)} (a later task's sums, over more rows, may need more)"
 
 
-def probed_drift(G: Any, gamma: float, scales: Any, Q: Any = None, named: bool = False) -> float:
+def probed_drift(G: Any, gamma: float, scales: Any, Q: Any = None, named: bool = False, top: float | None = None) -> float:
     """:func:`drift` at ``gamma`` from :data:`PROBES` random columns, each row times ``scales``
     (:func:`column_scales`), solved: ``|R (G + gamma I)^-1 R|_F^2`` estimated (Hutchinson). Where ``G + gamma I`` is
-    not positive definite: refused naming a gamma (``named``; :func:`gamma_solver`), else infinite."""
+    not positive definite: refused naming a gamma (``named``; :func:`gamma_solver`), else infinite. ``top``: as
+    :func:`larger_gamma`'s."""
     xp, dim = array_namespace(G), G.shape[0]
     r = scales[:, None]
     with factor_threads(dim):
         if named:
-            solver = gamma_solver(G, gamma, Q)
+            solver = gamma_solver(G, gamma, Q, top)
         else:
             try:
                 solver = spd_solver(shifted(G, float(gamma)), dtype_name(G.dtype))
             except FoalPipeError:
                 return math.inf
         solved = solver(r * probe_columns(G))
-    return drift(float(xp.sum((r * solved) ** 2)) / PROBES, largest_entry(G), dtype_name(G.dtype))
+    return drift(float(xp.sum((r * solved) ** 2)) / PROBES, largest_entry(G) if top is None else top,
+                 dtype_name(G.dtype))
 
 
-def check_drift(G: Any, gamma: float, Q: Any = None) -> None:
+def check_drift(G: Any, gamma: float, Q: Any = None, top: float | None = None) -> None:
     """Refuse what :func:`check_gammas` refuses, and a gamma at which the rounding of the sums ``G`` moves
     ``(G + gamma I)^-1 Q`` by more than :data:`DRIFTS` (:func:`drift`, each column at its own scale): every check of
     a solver that factors ``G + gamma I`` once per gamma. Free where the bound ``D / gamma^2`` already passes (every
-    well-conditioned case), else :data:`PROBES` random columns solved (:func:`probed_drift`)."""
-    check_gammas(G, gamma, Q)
+    well-conditioned case), else :data:`PROBES` random columns solved (:func:`probed_drift`). ``top``: as
+    :func:`larger_gamma`'s."""
+    check_gammas(G, gamma, Q, top)
     dtype, dim = dtype_name(G.dtype), G.shape[0]
-    if dim == 0 or drift(dim / float(gamma) / float(gamma), largest_entry(G), dtype) <= DRIFTS[dtype]:  # gamma^2: inf past 1e154
+    top = largest_entry(G) if top is None else top
+    if dim == 0 or drift(dim / float(gamma) / float(gamma), top, dtype) <= DRIFTS[dtype]:  # gamma^2: inf past 1e154
         return
-    moved = probed_drift(G, gamma, column_scales(G), Q, named=True)
+    moved = probed_drift(G, gamma, column_scales(G), Q, named=True, top=top)
     if moved > DRIFTS[dtype]:
-        raise drift_refusal(float(gamma), moved, dtype, G, Q)
+        raise drift_refusal(float(gamma), moved, dtype, G, Q, top)
 
 
 #: The float64 solve's own rounding moves ``W`` by at most about ``u sqrt(D) lambda_max / gamma`` (relative,
@@ -231,19 +239,21 @@ def float64_way_out(dtype: str) -> str:
     return "" if dtype == "float64" else f" or {param('dtype', 'float64')}"
 
 
-def not_positive_definite(where: str, dtype: str = "float32", G: Any = None, Q: Any = None) -> FoalPipeError:
+def not_positive_definite(where: str, dtype: str = "float32", G: Any = None, Q: Any = None,
+                          top: float | None = None) -> FoalPipeError:
     """The refusal of a ``G + gamma I`` that rounding left indefinite (``where``: which gamma; ``dtype``: the sums';
-    given the sums ``G``, a gamma they take is named: :func:`larger_gamma`)."""
+    given the sums ``G``, a gamma they take is named: :func:`larger_gamma`, with ``top``)."""
     return FoalPipeError(
         f"G + gamma I is not positive definite {where}: rounding in the Gram sums outweighs gamma, so the solve "
-        f"would be noise; {larger_gamma(G, Q)}{float64_way_out(dtype)}"
+        f"would be noise; {larger_gamma(G, Q, top=top)}{float64_way_out(dtype)}"
     )
 
 
-def check_gammas(G: Any, gammas: Any, Q: Any = None) -> None:
+def check_gammas(G: Any, gammas: Any, Q: Any = None, top: float | None = None) -> None:
     """Refuse gammas that are not positive or that underflow in the dtype of ``G`` (see
     :func:`~foal_pipe.core.drift.resolution`), and
-    sums that overflowed or (given ``Q``) underflowed (:func:`finite_resolution`)."""
+    sums that overflowed or (given ``Q``) underflowed (:func:`finite_resolution`); a refusal names a gamma the sums
+    take (:func:`larger_gamma`, with ``top``)."""
     low = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
     check_positive(low)
     finite_resolution(G, Q)
@@ -252,7 +262,7 @@ def check_gammas(G: Any, gammas: Any, Q: Any = None) -> None:
         raise FoalPipeError(
             f"gamma {low.min():g} is below the resolution of the {dtype_name(G.dtype)} Gram sums "
             f"({floor:.3g} = eps x the largest diagonal entry, or {SCALE_SPREAD**2:g}x the least where less), so the solve "
-            f"would be noise; {larger_gamma(G, Q, floor)}"
+            f"would be noise; {larger_gamma(G, Q, floor, top)}"
             f"{float64_way_out(dtype_name(G.dtype))}"
         )
 
@@ -379,12 +389,13 @@ def spd_solver(A: Any, dtype: str = "float32") -> Callable[[Any], Any]:
     return solve
 
 
-def gamma_solver(G: Any, gamma: float, Q: Any = None) -> Callable[[Any], Any]:
-    """:func:`spd_solver` of ``G + gamma I`` (``G`` kept), refused naming a gamma ``G``, ``Q`` take: :func:`larger_gamma`."""
+def gamma_solver(G: Any, gamma: float, Q: Any = None, top: float | None = None) -> Callable[[Any], Any]:
+    """:func:`spd_solver` of ``G + gamma I`` (``G`` kept), refused naming a gamma ``G``, ``Q`` take: :func:`larger_gamma`
+    (with ``top``)."""
     try:
         return spd_solver(shifted(G, float(gamma)), dtype_name(G.dtype))
     except FoalPipeError:
-        raise not_positive_definite(f"at gamma {gamma:g}", dtype_name(G.dtype), G, Q) from None
+        raise not_positive_definite(f"at gamma {gamma:g}", dtype_name(G.dtype), G, Q, top) from None
 
 
 def linalg_raises(xp: Any) -> AbstractContextManager:

@@ -32,8 +32,6 @@ would move the weights by more than 1%, is refused rather than solved into noise
 
 from __future__ import annotations
 
-import numbers
-import operator
 from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
 
@@ -41,7 +39,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
 
 from foal_pipe.core.backend import default_device, dtype_name
-from foal_pipe.core.drift import DRIFTS, column_scales, drift
+from foal_pipe.core.drift import CALIBRATED_ROUNDING, DRIFTS, PRODUCT_ROWS, column_scales, drift, rounding_top
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, apply_reflectors, eigen_floor, lapack_ok
 from foal_pipe.core.linalg import (
     PROBES,
@@ -59,7 +57,8 @@ from foal_pipe.core.linalg import (
     one_hot,
     probe_columns,
 )
-from foal_pipe.errors import FoalPipeError, clipped
+from foal_pipe.core.sumfields import checked_rounding, class_counts, label_kind, row_count, top_diagonal
+from foal_pipe.errors import FoalPipeError
 
 #: The default grid of ``--gamma auto``: 13 powers of ten from 1e-4 to 1e8 (12 decades).
 DEFAULT_GAMMA_GRID: tuple[float, ...] = tuple(float(10.0**k) for k in range(-4, 9))
@@ -104,6 +103,12 @@ class RidgeStatistics:
     counts : ndarray of shape (C,) or None
         Rows per class; ``counts.sum() == |Y|_F^2``, which is ``n`` unless classes were restricted away.
         None when unknown (a model file written without them): ``|Y|_F^2`` is then taken as ``n``.
+    rounding : float or None (keyword)
+        The sum, over the products and additions that formed ``G`` in its dtype, of the square of the largest
+        diagonal entry each left: how far their roundings reach (:func:`~foal_pipe.core.drift.rounding_top`), which
+        grows with the number of additions (a stream of one-row batches). Kept by :meth:`from_batch` and the
+        additions; None when unknown (sums given directly, a model file written before it was recorded), taken as
+        the calibrated one of sums formed in a few blocks.
 
     Examples
     --------
@@ -123,6 +128,7 @@ class RidgeStatistics:
     n: int
     counts: np.ndarray | None = None
     _: KW_ONLY
+    rounding: float | None = None
     symmetric: InitVar[bool] = False
 
     def __post_init__(self, symmetric: bool) -> None:
@@ -135,9 +141,9 @@ class RidgeStatistics:
             raise FoalPipeError(f"G ({self.G.dtype}) and Q ({self.Q.dtype}) must hold real floats; pass them as float64 "
                                 "(or float32) arrays")
         self.classes = np.asarray(self.classes).ravel()
-        self.n = _row_count(self.n)
+        self.n = row_count(self.n)
         if self.counts is not None:
-            self.counts = _class_counts(self.counts, self.n)
+            self.counts = class_counts(self.counts, self.n)
         D = self.G.shape[0] if self.G.ndim == 2 else -1
         if self.G.ndim != 2 or self.G.shape[1] != D or tuple(self.Q.shape) != (D, self.classes.size):
             raise FoalPipeError(
@@ -154,6 +160,8 @@ class RidgeStatistics:
             raise FoalPipeError("classes must be sorted and unique, matching the columns of Q")
         if self.counts is not None and self.counts.shape != self.classes.shape:
             raise FoalPipeError(f"counts has {self.counts.size} entries for {self.classes.size} classes; pass one per class")
+        if self.rounding is not None:
+            self.rounding = checked_rounding(self.rounding)
         if not symmetric:
             self._check_gram()
             self._check_symmetric()
@@ -215,7 +223,9 @@ class RidgeStatistics:
         pos = class_positions(classes, labels)
         Y = one_hot(labels, classes, H)
         Ht = H.T
-        return cls(Ht @ H, Ht @ Y, classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size), symmetric=True)
+        G = Ht @ H
+        return cls(G, Ht @ Y, classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size),
+                   rounding=max(1.0, H.shape[0] / PRODUCT_ROWS) * top_diagonal(G) ** 2, symmetric=True)
 
     @property
     def dim(self) -> int:
@@ -224,6 +234,12 @@ class RidgeStatistics:
     @property
     def dtype(self) -> Any:
         return self.G.dtype
+
+    @property
+    def rounding_top(self) -> float:
+        """``max|G|`` as the drift estimates take it: raised where many additions' roundings reach beyond it
+        (:func:`~foal_pipe.core.drift.rounding_top`)."""
+        return rounding_top(largest_entry(self.G), self.rounding)
 
     @property
     def target_norm2(self) -> float:
@@ -239,7 +255,8 @@ class RidgeStatistics:
         if self.counts is not None:
             counts = np.zeros(classes.size, dtype=np.int64)
             counts[np.isin(classes, self.classes)] = self.counts
-        return RidgeStatistics(self.G, align_columns(self.Q, self.classes, classes), classes, self.n, counts, symmetric=True)
+        return RidgeStatistics(self.G, align_columns(self.Q, self.classes, classes), classes, self.n, counts,
+                               rounding=self.rounding, symmetric=True)
 
     def restrict(self, classes: Any) -> RidgeStatistics:
         """Only the columns of ``classes`` (a subset): rows of other classes stay in ``G`` with zero targets."""
@@ -247,15 +264,17 @@ class RidgeStatistics:
         keep = class_positions(self.classes, classes)
         xp = array_namespace(self.Q)
         Q = xp.take(self.Q, xp.asarray(keep, device=device(self.Q)), axis=1)
-        return RidgeStatistics(self.G, Q, classes, self.n, None if self.counts is None else self.counts[keep], symmetric=True)
+        return RidgeStatistics(self.G, Q, classes, self.n, None if self.counts is None else self.counts[keep],
+                               rounding=self.rounding, symmetric=True)
 
     def __add__(self, other: RidgeStatistics) -> RidgeStatistics:
         self._check_compatible(other)
         other = other._like(self.G)
         classes = np.union1d(self.classes, other.classes)
         a, b = self.aligned(classes), other.aligned(classes)
-        return RidgeStatistics(self.G + other.G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts),
-                               symmetric=True)
+        G = self.G + other.G
+        return RidgeStatistics(G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts),
+                               rounding=self._added_rounding(other, G), symmetric=True)
 
     def __iadd__(self, other: RidgeStatistics) -> RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
@@ -264,11 +283,26 @@ class RidgeStatistics:
         classes = np.union1d(self.classes, other.classes)
         mine = self.aligned(classes)  # before G changes: a refusal here leaves these statistics as they were
         theirs = other.aligned(classes)
+        counted = self._counted_rounding() if self.n and other.n else None  # before G changes
         self.G = _added(self.G, other.G)
         Q = _added(mine.Q if mine is not self else self.Q, theirs.Q)
         self.Q, self.classes, self.counts = Q, classes, _add_counts(mine.counts, theirs.counts)
+        self.rounding = self._added_rounding(other, self.G, counted)
         self.n += other.n
         return self
+
+    def _added_rounding(self, other: RidgeStatistics, total: Any, counted: float | None = None) -> float | None:
+        """The :attr:`rounding` of these sums plus ``other``'s, whose sum is ``total``: both parts' and the
+        addition's, which rounds every entry at ``total``'s scale (none where a part is of no row: adding zeros is
+        exact). ``counted``: this part's (:meth:`_counted_rounding`), taken before an in-place addition."""
+        if self.n == 0 or other.n == 0:
+            return other.rounding if self.n == 0 else self.rounding
+        counted = self._counted_rounding() if counted is None else counted
+        return counted + other._counted_rounding() + top_diagonal(total) ** 2
+
+    def _counted_rounding(self) -> float:
+        """:attr:`rounding`, or where unknown the calibrated figure of these sums' size."""
+        return CALIBRATED_ROUNDING * top_diagonal(self.G) ** 2 if self.rounding is None else self.rounding
 
     def _check_compatible(self, other: RidgeStatistics) -> None:
         if not isinstance(other, RidgeStatistics):
@@ -299,17 +333,21 @@ class RidgeStatistics:
             read_only = isinstance(part, np.ndarray) and not part.flags.writeable
             return xp.asarray(part, device=where, copy=True if read_only else None)
 
-        return RidgeStatistics(moved(self.G), moved(self.Q), self.classes, self.n, self.counts, symmetric=True)
+        return RidgeStatistics(moved(self.G), moved(self.Q), self.classes, self.n, self.counts, rounding=self.rounding,
+                               symmetric=True)
 
     def copy(self) -> RidgeStatistics:
         xp = array_namespace(self.G)
         counts = None if self.counts is None else self.counts.copy()
         return RidgeStatistics(xp.asarray(self.G, copy=True), xp.asarray(self.Q, copy=True), self.classes.copy(), self.n, counts,
-                               symmetric=True)
+                               rounding=self.rounding, symmetric=True)
 
     def state(self) -> dict[str, Any]:
-        """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum): what a model keeps."""
-        return {"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
+        """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum) and the :attr:`rounding`
+        (a float: the drift checks of sums learned on from a file need it, and a stream saved and reloaded then
+        counts what the uninterrupted stream counts): what a model keeps."""
+        return ({"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
+                | ({} if self.rounding is None else {"rounding": self.rounding}))
 
     def solve(self, gamma: float, drift_checked: bool = False) -> Any:
         """``W = (G + gamma I)^-1 Q`` (D x C), solved in float64, refused at a gamma at which the rounding of the sums
@@ -323,23 +361,23 @@ class RidgeStatistics:
         xp = array_namespace(self.G)
         dtype = dtype_name(self.G.dtype)
         probed = not drift_checked and dtype == "float32"
+        top = self.rounding_top
         if drift_checked or probed:
-            check_gammas(self.G, gamma, self.Q)
+            check_gammas(self.G, gamma, self.Q, top)
         else:
-            check_drift(self.G, gamma, self.Q)
+            check_drift(self.G, gamma, self.Q, top)
         Q = float64(self.Q)
         if probed:
-            top = largest_entry(self.G)
             scales = column_scales(self.G)[:, None]  # each column at its own scale (core/drift.py)
             Q = xp.concat([Q, scales * probe_columns(self.G)], axis=1)
         with factor_threads(self.dim):
-            solver = gamma_solver(self.G, gamma, self.Q)
+            solver = gamma_solver(self.G, gamma, self.Q, top)
             W = solver(Q)
             C = self.Q.shape[1]
             if probed:
                 moved = drift(float(xp.sum((scales * W[:, C:]) ** 2)) / PROBES, top, dtype)
                 if moved > DRIFTS[dtype]:
-                    raise drift_refusal(float(gamma), moved, dtype, self.G, self.Q)
+                    raise drift_refusal(float(gamma), moved, dtype, self.G, self.Q, top)
                 W = W[:, :C]
             check_solved(self.G, float(gamma), W, self.Q, solver)
         return W
@@ -375,7 +413,7 @@ class RidgeStatistics:
         floor = finite_resolution(self.G, self.Q)
         with factor_threads(self.dim):
             values, vectors = xp.linalg.eigh(float64(self.G))
-        return Factored(False, eigen_floor(floor, values, largest_entry(self.G), dtype_name(self.G.dtype)),
+        return Factored(False, eigen_floor(floor, values, self.rounding_top, dtype_name(self.G.dtype)),
                         (values, vectors))
 
     def tridiagonal(self, factored: Factored | None = None) -> RidgeTridiagonal:
@@ -404,7 +442,7 @@ class RidgeStatistics:
             lwork = int(lapack.dsytrd_lwork(self.dim, lower=1)[0])
             reduced, diagonal, offdiagonal, tau, info = lapack.dsytrd(float64(self.G), lower=1, lwork=lwork)
             lapack_ok("dsytrd", info)
-            top, dtype = largest_entry(self.G), dtype_name(self.G.dtype)
+            top, dtype = self.rounding_top, dtype_name(self.G.dtype)
             lowest = eigvalsh_tridiagonal(diagonal, offdiagonal, check_finite=False, select="i", select_range=(0, 0))
             if cheap_drift_floor(float(lowest[0]), self.dim, top, dtype) > max(floor, -float(lowest[0])):
                 # the bound from the lowest eigenvalue alone does not clear the floor: every eigenvalue decides
@@ -422,48 +460,6 @@ class Factored:
     tridiagonal: bool
     floor: float
     arrays: tuple[Any, ...]
-
-
-def _row_count(n: Any) -> int:
-    """``n`` as the number of rows: a whole number >= 0 (a boolean or a fraction refused rather than truncated)."""
-    if isinstance(n, (float, np.floating)) and float(n).is_integer():
-        n = int(n)
-    try:
-        if isinstance(n, (bool, np.bool_)):
-            raise TypeError
-        count = operator.index(n)
-    except TypeError:
-        raise FoalPipeError(f"n (the rows summed) must be a whole number, got {n!r:.40}; pass H.shape[0]") from None
-    if count < 0:
-        raise FoalPipeError(f"n (the rows summed) is {count}, below 0; pass H.shape[0]")
-    return count
-
-
-def _class_counts(counts: Any, n: int) -> np.ndarray:
-    """``counts`` as int64 rows per class: whole numbers >= 0 that sum to at most ``n`` (fewer: classes restricted
-    away), as the model file holds them."""
-    given = np.asarray(counts).ravel()
-    if given.dtype.kind not in "iuf" or (given.dtype.kind == "f" and not np.all(np.mod(given, 1) == 0)):
-        raise FoalPipeError(f"counts must hold whole numbers of rows per class, got {clipped(str(given.tolist()))}; "
-                            "pass np.bincount of the rows' class positions")
-    checked = given.astype(np.int64)
-    if checked.size and int(checked.min()) < 0:
-        raise FoalPipeError(f"counts holds {int(checked.min())}, but a class has at least 0 rows; pass the rows per class")
-    if int(checked.sum()) > n:
-        raise FoalPipeError(f"counts sum to {int(checked.sum())} rows, more than n={n}, the rows summed; pass "
-                            "n = H.shape[0] and the rows per class")
-    return checked
-
-
-def label_kind(classes: np.ndarray) -> str:
-    """``number`` (bools, integers and floats sort together), ``str`` or ``bytes``; for an object array holding
-    several of them, those kinds joined by ``/``."""
-    kinds = {"b": "number", "i": "number", "u": "number", "f": "number", "U": "str", "S": "bytes"}
-    if classes.dtype.kind != "O":
-        return kinds.get(classes.dtype.kind, classes.dtype.name)
-    found = {"str" if isinstance(v, str) else "bytes" if isinstance(v, bytes)
-             else "number" if isinstance(v, numbers.Real) else type(v).__name__ for v in classes.ravel().tolist()}
-    return "/".join(sorted(found)) or "number"
 
 
 def _added(a: Any, b: Any) -> Any:

@@ -43,8 +43,7 @@ from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_che
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
 FORMAT_VERSION = 2
-#: The version of a file holding a head other than ridge (:func:`foal_pipe.heads.state.file_heads`); ridge's files
-#: stay version 2, byte for byte.
+#: The version of a file holding a head other than ridge (:func:`foal_pipe.heads.state.file_heads`); ridge's stay 2.
 HEAD_FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 #: The first version with a ``checksum``; a file declaring an older one while carrying it is refused.
@@ -131,6 +130,7 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
                    else "must be a non-empty list of positive numbers (the grid of a gamma='auto' model)"),
     "per_decade": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (a gamma='auto' search's)"),
     "rows_outside_stores": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (rows counted)"),
+    "sums_rounding": (False, lambda v, _: None if _is_number(v) and v >= 0 else "must be a number >= 0 (the sums' rounding)"),
 }
 
 

@@ -79,7 +79,10 @@ class RidgeModel:
                                       and len(set(names)) == len(names) == d):
             raise FoalPipeError(f"{path}: metadata 'feature_names' is not {d} distinct strings, one per row of W (the "
                                 "columns the estimator was fitted on); the file was edited: train and save the model again")
-        state = {name: a for name, a in tensors.items() if name in (*ENGINES[engine].state_names, "counts", "drift")}
+        kept = (*ENGINES[engine].state_names, "counts", "drift")
+        state: dict[str, Any] = {name: a for name, a in tensors.items() if name in kept}
+        if engine == "gram" and "sums_rounding" in meta:  # the gram sums' rounding (RidgeStatistics.rounding)
+            state["rounding"] = float(meta["sums_rounding"])
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
                    meta["n_samples_seen"], grid, per_decade, None if names is None else tuple(names))
 
@@ -94,7 +97,7 @@ class RidgeModel:
         if self.classes.dtype.kind == "u" and self.classes.size and int(self.classes.max()) > np.iinfo(np.int64).max:
             raise FoalPipeError(f"class label {int(self.classes.max())} is above 2**63 - 1, the largest id a model file "
                                 "holds (int64); map the labels to smaller ids first")
-        tensors = {name: to_numpy(a) for name, a in self.state.items()}
+        tensors = {name: to_numpy(a) for name, a in self.state.items() if name != "rounding"}
         if "G" in tensors:
             tensors["G"] = lower_mirrored(tensors["G"])
         tensors["W"] = to_numpy(self.weights).astype(np.float64)
@@ -108,6 +111,8 @@ class RidgeModel:
             settings["per_decade"] = int(self.per_decade)
         if self.feature_names is not None:
             settings["feature_names"] = [str(name) for name in self.feature_names]
+        if self.state.get("rounding") is not None:
+            settings["sums_rounding"] = float(self.state["rounding"])
         return write_model(path, tensors, {**metadata, **settings})
 
 
@@ -125,7 +130,7 @@ def lower_mirrored(G: np.ndarray) -> np.ndarray:
 #: options and rows seen): a ``save(**metadata)`` naming one is refused rather than overwritten (a fixed-gamma
 #: model saved with ``gamma_grid=`` read back as ``gamma="auto"``).
 SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid",
-                "per_decade", "feature_names", "head", "head_options")
+                "per_decade", "feature_names", "sums_rounding", "head", "head_options")
 
 
 def check_metadata(metadata: Mapping[str, Any], n_classes: int) -> None:
@@ -267,7 +272,8 @@ class SavedRidge(RidgeFace):
         dtype, state = np.dtype(self.model.dtype), self.model.state
         counts = state.get("counts")
         return RidgeStatistics(np.asarray(state["G"], dtype=dtype), np.asarray(state["Q"], dtype=dtype),
-                               self.model.classes, int(self.model.n_samples), None if counts is None else np.asarray(counts))
+                               self.model.classes, int(self.model.n_samples), None if counts is None else np.asarray(counts),
+                               rounding=state.get("rounding"))
 
     def weights(self) -> np.ndarray:
         """``W`` in float64, refused when not finite; the recursion's as its state dtype holds it."""

@@ -40,4 +40,4 @@ def read_only_statistics(s: RidgeStatistics) -> RidgeStatistics:
         if isinstance(array, np.ndarray):
             array.flags.writeable = False
     return RidgeStatistics(read_only(s.G), read_only(s.Q), s.classes.copy(), s.n,
-                           None if s.counts is None else s.counts.copy(), symmetric=True)
+                           None if s.counts is None else s.counts.copy(), rounding=s.rounding, symmetric=True)

@@ -20,8 +20,10 @@ import numpy as np
 from array_api_compat import is_numpy_namespace
 
 from foal_pipe.core.backend import default_device
+from foal_pipe.core.drift import CALIBRATED_ROUNDING
 from foal_pipe.core.linalg import one_hot
 from foal_pipe.core.statistics import RidgeStatistics
+from foal_pipe.core.sumfields import top_diagonal
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.ahead import FactorAhead, can_run_ahead, second_thread
 from foal_pipe.protocol.internal import internal_error, known
@@ -108,6 +110,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
     for i, task in enumerate(split if split is not None else run.stream.tasks):
         group[list(task)] = i
     summed: list[int] = []
+    rounding = 0.0  # RidgeStatistics.rounding of G: each class's sums taken as calibrated, and every addition's
     boundaries, running = [], RidgeStatistics.empty(run.dim, xp, sums.G.dtype)
     sample = solver.sample if solver.needs_rows else None
     bar = (progress_bar("leave-one-out (sampled rows)", sum(b.size for b in sample.boundaries)) if sample is not None
@@ -117,13 +120,16 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
             with run.timed("sum"):
                 for c in sorted(task, key=lambda c: (group[c], c)):
                     if sums.counts[c]:
+                        rounding += CALIBRATED_ROUNDING * top_diagonal(sums.G[c, ...]) ** 2
                         G += sums.G[c, ...]
+                        rounding += top_diagonal(G) ** 2 if summed else 0.0  # the first is added to zeros: exact
                         columns[:, c : c + 1] += sums.Q[c, ...]
                         seen[c] = True
                         summed.append(int(c))
                 classes = np.flatnonzero(seen)
                 Q = xp.take(columns, xp.asarray(classes, device=default_device(xp)), axis=1)
-                running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes])
+                running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes],
+                                          rounding=rounding if summed else None)
             key = tuple(summed)
             if memo is not None and key in memo:
                 boundaries.append(memo[key])

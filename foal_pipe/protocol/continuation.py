@@ -67,7 +67,7 @@ def relabel(statistics: RidgeStatistics, merged: np.ndarray) -> RidgeStatistics:
     ids = merged[statistics.classes]
     order = np.argsort(ids, kind="stable")
     counts = statistics.counts[order] if statistics.counts is not None else None
-    return RidgeStatistics(statistics.G, statistics.Q[:, order], ids[order], statistics.n, counts)
+    return RidgeStatistics(statistics.G, statistics.Q[:, order], ids[order], statistics.n, counts, rounding=statistics.rounding)
 
 
 def store_ids(classes: np.ndarray, merged: np.ndarray) -> np.ndarray:
