@@ -1,9 +1,11 @@
-"""The rounding of Gram sums formed by many additions (``RidgeStatistics.rounding``, ``core.drift.rounding_top``).
+"""The rounding of Gram sums formed by many additions (``RidgeStatistics.rounding``, ``core.rounding``,
+``core.drift.rounding_top``).
 
 Each addition into float32 running sums rounds every entry by up to a unit of the sum's size, so a stream of small
 ``partial_fit`` batches rounds its sums far more than ``learn``'s few blocks, whose rounding the drift estimate was
-calibrated on. The sums count their additions' reach, the drift checks take it, and model files keep it where it
-goes beyond the calibration. Checked against float64 sums and float64 closed forms of the same rows.
+calibrated on. The sums count their products' and additions' rounding (a random walk's variance) and measure it
+exactly at a few entries; the drift checks take both, and model files keep them. Checked against float64 sums and
+float64 closed forms of the same rows.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from foal_pipe import AnalyticClassifier
 from foal_pipe.cli import app
 from foal_pipe.core.drift import CALIBRATED_ROUNDING, DRIFTS, ROUNDING_SPREAD, UNITS, column_scales
 from foal_pipe.core.linalg import probed_drift
+from foal_pipe.core.rounding import sample_entries
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.model.ridgemodel import RidgeModel
@@ -79,9 +82,14 @@ def test_additions_count_each_parts_rounding_and_the_sums_own():
     a = RidgeStatistics.from_batch(H[:300], labels[:300], np.arange(4))
     b = RidgeStatistics.from_batch(H[300:], labels[300:], np.arange(4))
     top = lambda G: float(np.max(np.diag(G)))  # noqa: E731
-    assert a.rounding == top(a.G) ** 2
+    rows, cols = sample_entries(H.shape[1])
+    assert a.rounding.variance == (U32 * top(a.G)) ** 2
+    np.testing.assert_array_equal(a.rounding.errors, 0)  # a product's rounding: the calibration's, not measured
     total = a + b
-    assert total.rounding == a.rounding + b.rounding + top(total.G) ** 2
+    assert total.rounding.variance == a.rounding.variance + b.rounding.variance + (U32 * top(total.G)) ** 2
+    added = a.G.astype(np.float64) + b.G.astype(np.float64)  # exact: two float32 values
+    np.testing.assert_array_equal(total.rounding.errors, (added - total.G)[rows, cols])  # the addition's, exactly
+    assert np.abs(total.rounding.errors).max() > 0
     c = a.copy()
     c += b
     assert c.rounding == total.rounding and np.array_equal(c.G, total.G)
@@ -89,13 +97,17 @@ def test_additions_count_each_parts_rounding_and_the_sums_own():
     assert (empty + a).rounding == a.rounding  # adding to zeros rounds nothing
     given = RidgeStatistics(a.G, a.Q, a.classes, a.n, a.counts)  # unknown: the calibrated figure of its size
     assert given.rounding is None and given.rounding_top == float(np.abs(a.G).max())
-    assert (given + b).rounding == CALIBRATED_ROUNDING * top(a.G) ** 2 + b.rounding + top(total.G) ** 2
+    variance = CALIBRATED_ROUNDING * (U32 * top(a.G)) ** 2 + b.rounding.variance + (U32 * top(total.G)) ** 2
+    assert (given + b).rounding.variance == variance
     in_place = RidgeStatistics(a.G.copy(), a.Q.copy(), a.classes, a.n, a.counts)
     in_place += b  # its own size taken before G grows
     assert in_place.rounding == (given + b).rounding
+    wider = RidgeStatistics.from_batch(H[:300].astype(np.float64), labels[:300], np.arange(4)) + b
+    assert wider.G.dtype == np.float64 and wider.rounding.variance >= b.rounding.variance  # float32's rounding kept
+    assert wider.rounding_top > 1e7 * float(np.abs(wider.G).max())  # in float64's units: checked at float32's
 
 
-@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), "1", True])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), "1", True, 10**400])
 def test_a_rounding_that_no_sums_have_is_refused(value):
     H, labels = _activations(50)
     s = RidgeStatistics.from_batch(H, labels)
@@ -147,15 +159,16 @@ def test_a_stream_saved_and_reloaded_writes_the_file_of_the_uninterrupted_stream
         AnalyticClassifier.load(path).partial_fit(H[i : i + 1], labels[i : i + 1]).save(path)
     assert path.read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
     s = whole.statistics_
-    assert _header(path)["sums_rounding"] == json.dumps(s.rounding)
-    assert s.rounding > CALIBRATED_ROUNDING * float(np.abs(s.G).max()) ** 2  # beyond the calibration: it counts
+    assert json.loads(_header(path)["sums_rounding"]) == s.rounding.variance
+    assert json.loads(_header(path)["sums_rounding_errors"]) == s.rounding.errors.tolist()
+    assert s.rounding_top > float(np.abs(s.G).max())  # beyond the calibration: it counts
 
 
 def test_a_file_without_the_rounding_reads_as_calibrated_and_a_save_cannot_set_it(tmp_path):
     H, labels = _activations(300)
     clf = AnalyticClassifier(gamma=1.0, dtype="float32").fit(H, labels)
     path = clf.save(tmp_path / "m.safetensors")
-    assert json.loads(_header(path)["sums_rounding"]) == clf.statistics_.rounding
+    assert json.loads(_header(path)["sums_rounding"]) == clf.statistics_.rounding.variance
     model = RidgeModel.load(path)
     older = RidgeModel({k: v for k, v in model.state.items() if k != "rounding"}, model.weights, model.classes,
                        model.gamma, model.engine, model.dtype, model.n_samples)  # as a writer before it kept it
@@ -183,5 +196,14 @@ def test_learn_orders_count_the_additions_of_the_class_sums(tmp_path):
     s = model.classifier.statistics_
     H = np.asarray(model.projection.transform(x), dtype=np.float64)
     measured = float(np.std(s.G.astype(np.float64) - H.T @ H)) / U32
-    assert s.rounding > CALIBRATED_ROUNDING * float(np.abs(s.G).max()) ** 2
+    assert s.rounding.variance > CALIBRATED_ROUNDING * (U32 * float(np.abs(s.G).max())) ** 2
     assert measured <= ROUNDING_SPREAD * s.rounding_top
+
+
+def test_sums_of_a_dtype_whose_rounding_is_not_bounded_are_refused():
+    H, labels = _activations(20)
+    with pytest.raises(FoalPipeError, match="sums of dtype float16 are not supported"):
+        RidgeStatistics.from_batch(H.astype(np.float16), labels)
+    G = (H.T @ H).astype(np.float16)
+    with pytest.raises(FoalPipeError, match="sums of dtype float16 are not supported"):
+        RidgeStatistics(G, np.zeros((G.shape[0], 1), np.float16), np.array([0]), 20)

@@ -32,15 +32,22 @@ UNITS = {"float32": 2.0**-24, "float64": 2.0**-53}
 #: the running sums' roundings. On digits and a 20,000-row store (sigmoid and ReLU, D = 200 to 2,000, gammas 1e-2 to
 #: 10) :func:`drift` at one rounding gave 0.90-1.16x the measured change of the weights (sigmoid), 0.1-0.23x (ReLU).
 ROUNDING_SPREAD = 2.0 / np.sqrt(3.0)
-#: The :attr:`~foal_pipe.core.statistics.RidgeStatistics.rounding` that :data:`ROUNDING_SPREAD` stands for, per unit of
-#: the largest entry squared (``3 ROUNDING_SPREAD^2``: one addition's rounding has standard deviation ``u / sqrt(3)``);
-#: sums whose rounding is unknown are taken to have it.
+#: The :class:`~foal_pipe.core.rounding.Rounding` variance that :data:`ROUNDING_SPREAD` stands for, per ``(u max|G|)^2``
+#: (``3 ROUNDING_SPREAD^2``: one addition's rounding has standard deviation ``u / sqrt(3)``); sums whose rounding is
+#: unknown are taken to have it.
 CALIBRATED_ROUNDING = 4.0
 #: One product ``H^T H`` of ``n`` rows rounds inside the BLAS's own accumulation too: one float32 product (OpenBLAS,
 #: sigmoid activations, D = 200) left its entries 0.8-0.95 units of the largest from the float64 sums up to 30,000
 #: rows, 1.47 at 100,000 and 2.63 at 300,000 rows, as about ``n / 14,000`` additions would; a product counts as
 #: ``n / PRODUCT_ROWS`` additions (at least one), which stays within the calibration for ``learn``'s blocks.
 PRODUCT_ROWS = 8192
+#: The measured rounding (:meth:`~foal_pipe.core.rounding.Rounding.measured`) times this stands for the entries'
+#: standard deviation in :func:`drift`: the calibration's own ratio, as ``ROUNDING_SPREAD u max|G|`` stands for sums
+#: whose sampled entries' rounding measured 0.83-0.95 units of the largest (one float32 product of up to 30,000
+#: sigmoid rows at D = 200; the benchmarks' 50,000 x 768 store in 20 blocks at D = 1000): 1.2-1.4x, the lower taken,
+#: so that sums formed as ``learn`` forms them keep the calibrated figure. Rows added again and again round more
+#: than the walk counts (alike at every addition), and this sees it.
+MEASURED_MARGIN = 1.2
 #: The estimate's margin per dtype. float32 sums' rounding dominates their solve's and was calibrated above (it
 #: overestimates). For float64 sums the sums' and the solve's own rounding are alike: against iteratively refined
 #: solutions (761 random cases, n 10-5,000, D 10-1,000) the bare estimate fell to 0.35x the true change (sigmoid
@@ -96,18 +103,19 @@ def diagonal_resolution(diagonal: Any) -> float:
     return float(xp.finfo(diagonal.dtype).eps) * max(min(top, SCALE_SPREAD**2 * least), 0.0)
 
 
-def rounding_top(top: float, rounding: float | None) -> float:
-    """The ``top`` :func:`drift` takes for sums of largest entry ``top`` formed by additions whose
-    :attr:`~foal_pipe.core.statistics.RidgeStatistics.rounding` is ``rounding`` (None: unknown, the calibration's).
+def rounding_top(top: float, variance: float | None, measured: float, unit: float) -> float:
+    """The ``top`` :func:`drift` takes for sums of largest entry ``top`` and unit of rounding ``unit`` whose
+    :class:`~foal_pipe.core.rounding.Rounding` has ``variance`` (None: unknown, the calibration's) and measured
+    root-mean-square error ``measured``.
 
-    Each addition into running sums rounds every entry by up to a unit of that sum's size, so the roundings of ``K``
-    additions add up like a random walk: a standard deviation of ``u sqrt(rounding / 3)``, ``rounding`` summing the
-    squared largest diagonal entry after each addition. :data:`ROUNDING_SPREAD` was calibrated on sums of about ten
-    blocks, where this is at most ``ROUNDING_SPREAD u top``; beyond, the walk's figure is taken (3,000 one-row
-    additions: 16x that of ten blocks, whose entries' measured rounding grew 11x)."""
-    if rounding is None:
+    Rows that differ round as a random walk, whose standard deviation is ``sqrt(variance / 3)``:
+    :data:`ROUNDING_SPREAD` was calibrated on sums of about ten blocks, where this is at most
+    ``ROUNDING_SPREAD u top``; beyond, the walk's figure is taken (3,000 one-row additions: 16x that of ten blocks,
+    whose entries' measured rounding grew 11x). Rows added again and again round alike at every addition, linearly:
+    the error measured at the sampled entries, times :data:`MEASURED_MARGIN`, is taken where it is larger still."""
+    if variance is None:
         return top
-    return max(top, math.sqrt(rounding / CALIBRATED_ROUNDING))
+    return max(top, math.sqrt(variance / CALIBRATED_ROUNDING) / unit, MEASURED_MARGIN * measured / (ROUNDING_SPREAD * unit))
 
 
 def drift(inverse_frobenius2: float, top: float, dtype: str = "float32") -> float:

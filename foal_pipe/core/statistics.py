@@ -39,7 +39,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_namespace
 
 from foal_pipe.core.backend import default_device, dtype_name
-from foal_pipe.core.drift import CALIBRATED_ROUNDING, DRIFTS, PRODUCT_ROWS, column_scales, drift, rounding_top
+from foal_pipe.core.drift import CALIBRATED_ROUNDING, DRIFTS, column_scales, drift, rounding_top
 from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, apply_reflectors, eigen_floor, lapack_ok
 from foal_pipe.core.linalg import (
     PROBES,
@@ -57,7 +57,8 @@ from foal_pipe.core.linalg import (
     one_hot,
     probe_columns,
 )
-from foal_pipe.core.sumfields import checked_rounding, class_counts, label_kind, row_count, top_diagonal
+from foal_pipe.core.rounding import Rounding, addition_rounding, checked_rounding, product_rounding, sampled, unit
+from foal_pipe.core.sumfields import class_counts, label_kind, row_count, top_diagonal
 from foal_pipe.errors import FoalPipeError
 
 #: The default grid of ``--gamma auto``: 13 powers of ten from 1e-4 to 1e8 (12 decades).
@@ -103,12 +104,12 @@ class RidgeStatistics:
     counts : ndarray of shape (C,) or None
         Rows per class; ``counts.sum() == |Y|_F^2``, which is ``n`` unless classes were restricted away.
         None when unknown (a model file written without them): ``|Y|_F^2`` is then taken as ``n``.
-    rounding : float or None (keyword)
-        The sum, over the products and additions that formed ``G`` in its dtype, of the square of the largest
-        diagonal entry each left: how far their roundings reach (:func:`~foal_pipe.core.drift.rounding_top`), which
-        grows with the number of additions (a stream of one-row batches). Kept by :meth:`from_batch` and the
-        additions; None when unknown (sums given directly, a model file written before it was recorded), taken as
-        the calibrated one of sums formed in a few blocks.
+    rounding : Rounding or None (keyword)
+        The rounding the products and additions that formed ``G`` left (:class:`~foal_pipe.core.rounding.Rounding`:
+        counted, and measured at a few entries), which grows with the additions (a stream of one-row batches, rows
+        added again and again) and which the drift checks take (:attr:`rounding_top`). Kept by :meth:`from_batch`
+        and the additions; given as a number, the counted variance; None when unknown (sums given directly, a model
+        file written before it was recorded), taken as the calibrated one of sums formed in a few blocks.
 
     Examples
     --------
@@ -128,7 +129,7 @@ class RidgeStatistics:
     n: int
     counts: np.ndarray | None = None
     _: KW_ONLY
-    rounding: float | None = None
+    rounding: Rounding | None = None
     symmetric: InitVar[bool] = False
 
     def __post_init__(self, symmetric: bool) -> None:
@@ -140,6 +141,7 @@ class RidgeStatistics:
         if not (xp.isdtype(self.G.dtype, "real floating") and xp.isdtype(self.Q.dtype, "real floating")):
             raise FoalPipeError(f"G ({self.G.dtype}) and Q ({self.Q.dtype}) must hold real floats; pass them as float64 "
                                 "(or float32) arrays")
+        unit(self.G)  # a dtype whose rounding is bounded: float32 or float64
         self.classes = np.asarray(self.classes).ravel()
         self.n = row_count(self.n)
         if self.counts is not None:
@@ -161,7 +163,7 @@ class RidgeStatistics:
         if self.counts is not None and self.counts.shape != self.classes.shape:
             raise FoalPipeError(f"counts has {self.counts.size} entries for {self.classes.size} classes; pass one per class")
         if self.rounding is not None:
-            self.rounding = checked_rounding(self.rounding)
+            self.rounding = checked_rounding(self.rounding, D)
         if not symmetric:
             self._check_gram()
             self._check_symmetric()
@@ -225,7 +227,7 @@ class RidgeStatistics:
         Ht = H.T
         G = Ht @ H
         return cls(G, Ht @ Y, classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size),
-                   rounding=max(1.0, H.shape[0] / PRODUCT_ROWS) * top_diagonal(G) ** 2, symmetric=True)
+                   rounding=product_rounding(H, G), symmetric=True)
 
     @property
     def dim(self) -> int:
@@ -237,9 +239,11 @@ class RidgeStatistics:
 
     @property
     def rounding_top(self) -> float:
-        """``max|G|`` as the drift estimates take it: raised where many additions' roundings reach beyond it
-        (:func:`~foal_pipe.core.drift.rounding_top`)."""
-        return rounding_top(largest_entry(self.G), self.rounding)
+        """``max|G|`` as the drift estimates take it: raised where the products' and additions' rounding reaches
+        beyond it (:func:`~foal_pipe.core.drift.rounding_top`)."""
+        r = self.rounding
+        return rounding_top(largest_entry(self.G), None if r is None else r.variance, 0.0 if r is None else r.measured(),
+                            unit(self.G))
 
     @property
     def target_norm2(self) -> float:
@@ -272,9 +276,10 @@ class RidgeStatistics:
         other = other._like(self.G)
         classes = np.union1d(self.classes, other.classes)
         a, b = self.aligned(classes), other.aligned(classes)
+        parts = self._parts(other)
         G = self.G + other.G
         return RidgeStatistics(G, a.Q + b.Q, classes, self.n + other.n, _add_counts(a.counts, b.counts),
-                               rounding=self._added_rounding(other, G), symmetric=True)
+                               rounding=self._added_rounding(other, G, parts), symmetric=True)
 
     def __iadd__(self, other: RidgeStatistics) -> RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
@@ -283,26 +288,36 @@ class RidgeStatistics:
         classes = np.union1d(self.classes, other.classes)
         mine = self.aligned(classes)  # before G changes: a refusal here leaves these statistics as they were
         theirs = other.aligned(classes)
-        counted = self._counted_rounding() if self.n and other.n else None  # before G changes
+        parts = self._parts(other)  # before G changes
         self.G = _added(self.G, other.G)
         Q = _added(mine.Q if mine is not self else self.Q, theirs.Q)
         self.Q, self.classes, self.counts = Q, classes, _add_counts(mine.counts, theirs.counts)
-        self.rounding = self._added_rounding(other, self.G, counted)
+        self.rounding = self._added_rounding(other, self.G, parts)
         self.n += other.n
         return self
 
-    def _added_rounding(self, other: RidgeStatistics, total: Any, counted: float | None = None) -> float | None:
-        """The :attr:`rounding` of these sums plus ``other``'s, whose sum is ``total``: both parts' and the
-        addition's, which rounds every entry at ``total``'s scale (none where a part is of no row: adding zeros is
-        exact). ``counted``: this part's (:meth:`_counted_rounding`), taken before an in-place addition."""
+    def _parts(self, other: RidgeStatistics) -> tuple[Rounding, np.ndarray, np.ndarray] | None:
+        """Both parts' rounding and their sampled entries before they are added (None where a part is of no row:
+        adding zeros is exact)."""
         if self.n == 0 or other.n == 0:
-            return other.rounding if self.n == 0 else self.rounding
-        counted = self._counted_rounding() if counted is None else counted
-        return counted + other._counted_rounding() + top_diagonal(total) ** 2
+            return None
+        return self.counted_rounding() + other.counted_rounding(), sampled(self.G), sampled(other.G)
 
-    def _counted_rounding(self) -> float:
-        """:attr:`rounding`, or where unknown the calibrated figure of these sums' size."""
-        return CALIBRATED_ROUNDING * top_diagonal(self.G) ** 2 if self.rounding is None else self.rounding
+    def _added_rounding(self, other: RidgeStatistics, total: Any,
+                        parts: tuple[Rounding, np.ndarray, np.ndarray] | None) -> Rounding | None:
+        """The :attr:`rounding` of these sums plus ``other``'s, whose sum is ``total``: both parts' (``parts``:
+        :meth:`_parts`) and the addition's, which rounds every entry at ``total``'s scale, measured exactly at the
+        sampled entries."""
+        if parts is None:
+            return other.rounding if self.n == 0 else self.rounding
+        rounding, a, b = parts
+        return rounding + addition_rounding(a, b, total)
+
+    def counted_rounding(self) -> Rounding:
+        """:attr:`rounding`, or where unknown the calibrated figure of these sums' size and dtype (nothing measured)."""
+        if self.rounding is not None:
+            return self.rounding
+        return Rounding(CALIBRATED_ROUNDING * (unit(self.G) * top_diagonal(self.G)) ** 2)
 
     def _check_compatible(self, other: RidgeStatistics) -> None:
         if not isinstance(other, RidgeStatistics):

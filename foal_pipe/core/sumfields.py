@@ -1,10 +1,8 @@
 """The fields of :class:`~foal_pipe.core.statistics.RidgeStatistics` as given, checked: the rows summed, the rows
-per class, the kind of the class labels and the sums' rounding; and the largest diagonal entry the rounding is
-counted in."""
+per class and the kind of the class labels; and the largest diagonal entry, which the sums' rounding is counted in."""
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 from typing import Any
@@ -61,17 +59,3 @@ def top_diagonal(G: Any) -> float:
     """The largest diagonal entry of sums ``G`` (their largest entry: ``|G_ij| <= sqrt(G_ii G_jj)``), 0 when empty."""
     xp = array_namespace(G)
     return max(float(xp.max(xp.linalg.diagonal(G))), 0.0) if G.shape[0] else 0.0
-
-
-def checked_rounding(value: Any) -> float:
-    """``value`` as a :attr:`RidgeStatistics.rounding`: a finite number >= 0."""
-    try:
-        if isinstance(value, (bool, np.bool_, str, bytes)):
-            raise TypeError
-        rounding = float(value)
-    except (TypeError, ValueError):
-        rounding = math.nan
-    if not (math.isfinite(rounding) and rounding >= 0):
-        raise FoalPipeError(f"rounding must be a finite number >= 0 (the sum of the squared largest diagonal entry "
-                            f"after each addition), got {value!r:.40}; leave it out (None) when unknown")
-    return rounding

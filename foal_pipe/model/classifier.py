@@ -351,8 +351,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
         state = {"G": xp.asarray(statistics.G, copy=True), "Q": xp.asarray(statistics.Q, copy=True)}
         if statistics.counts is not None:
             state["counts"] = statistics.counts
-        if statistics.rounding is not None:
-            state["rounding"] = statistics.rounding
+        if statistics.rounding is not None or dtype != dtype_name(statistics.dtype):  # a cast keeps what rounded them
+            state["rounding"] = statistics.counted_rounding()
         return clf._restore(state, statistics.classes, statistics.n, statistics.dim)
 
     def _restore(self, state: dict[str, Any], classes: np.ndarray, n_samples: int, dim: int) -> AnalyticClassifier:

@@ -49,8 +49,7 @@ READABLE_VERSIONS = (1, 2, 3)
 #: The first version with a ``checksum``; a file declaring an older one while carrying it is refused.
 CHECKSUM_FROM = 2
 ALIGNMENT = 8
-#: :func:`check_solution`'s tolerances, relative to the scale of the system; a legitimate solve leaves about
-#: 1e-15 (float64 rounding), so both leave a margin of a million.
+#: :func:`check_solution`'s tolerances, relative to the system's scale; a legitimate solve leaves about 1e-15.
 RESIDUAL_TOLERANCE = 1e-9
 GAMMA_TOLERANCE = 1e-9
 
@@ -131,6 +130,7 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "per_decade": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (a gamma='auto' search's)"),
     "rows_outside_stores": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (rows counted)"),
     "sums_rounding": (False, lambda v, _: None if _is_number(v) and v >= 0 else "must be a number >= 0 (the sums' rounding)"),
+    "sums_rounding_errors": (False, lambda v, _: None if isinstance(v, list) and all(map(_is_number, v)) else "must be numbers"),
 }
 
 

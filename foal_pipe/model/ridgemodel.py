@@ -19,6 +19,7 @@ from foal_pipe.core.backend import dtype_name, to_numpy
 from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE, search_grid
+from foal_pipe.core.rounding import Rounding
 from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, MissingAttribute, clipped
@@ -82,7 +83,8 @@ class RidgeModel:
         kept = (*ENGINES[engine].state_names, "counts", "drift")
         state: dict[str, Any] = {name: a for name, a in tensors.items() if name in kept}
         if engine == "gram" and "sums_rounding" in meta:  # the gram sums' rounding (RidgeStatistics.rounding)
-            state["rounding"] = float(meta["sums_rounding"])
+            errors = meta.get("sums_rounding_errors")
+            state["rounding"] = Rounding(float(meta["sums_rounding"]), None if errors is None else np.asarray(errors))
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
                    meta["n_samples_seen"], grid, per_decade, None if names is None else tuple(names))
 
@@ -111,8 +113,11 @@ class RidgeModel:
             settings["per_decade"] = int(self.per_decade)
         if self.feature_names is not None:
             settings["feature_names"] = [str(name) for name in self.feature_names]
-        if self.state.get("rounding") is not None:
-            settings["sums_rounding"] = float(self.state["rounding"])
+        rounding = self.state.get("rounding")
+        if rounding is not None:
+            settings["sums_rounding"] = float(rounding.variance)
+            if rounding.errors is not None:
+                settings["sums_rounding_errors"] = [float(e) for e in rounding.errors]
         return write_model(path, tensors, {**metadata, **settings})
 
 
@@ -130,7 +135,7 @@ def lower_mirrored(G: np.ndarray) -> np.ndarray:
 #: options and rows seen): a ``save(**metadata)`` naming one is refused rather than overwritten (a fixed-gamma
 #: model saved with ``gamma_grid=`` read back as ``gamma="auto"``).
 SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid",
-                "per_decade", "feature_names", "sums_rounding", "head", "head_options")
+                "per_decade", "feature_names", "sums_rounding", "sums_rounding_errors", "head", "head_options")
 
 
 def check_metadata(metadata: Mapping[str, Any], n_classes: int) -> None:

@@ -20,10 +20,9 @@ import numpy as np
 from array_api_compat import is_numpy_namespace
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.core.drift import CALIBRATED_ROUNDING
 from foal_pipe.core.linalg import one_hot
+from foal_pipe.core.rounding import Rounding, addition_rounding, product_rounding, sampled
 from foal_pipe.core.statistics import RidgeStatistics
-from foal_pipe.core.sumfields import top_diagonal
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.ahead import FactorAhead, can_run_ahead, second_thread
 from foal_pipe.protocol.internal import internal_error, known
@@ -46,6 +45,8 @@ class ClassSums:
     G: Any
     Q: Any
     counts: np.ndarray
+    #: Each class's ``G_c``'s rounding (:attr:`~foal_pipe.core.statistics.RidgeStatistics.rounding`), None before rows.
+    rounding: list[Rounding | None]
 
 
 def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
@@ -59,7 +60,7 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
     dtype = getattr(xp, run.model.dtype)
     sums = ClassSums(xp.zeros((n_classes, run.dim, run.dim), dtype=dtype, device=default_device(xp)),
                      xp.zeros((n_classes, run.dim, 1), dtype=dtype, device=default_device(xp)),
-                     np.diff(train.offsets).astype(np.int64)[:n_classes])
+                     np.diff(train.offsets).astype(np.int64)[:n_classes], [None] * n_classes)
     host = is_numpy_namespace(xp)
     started = np.zeros(n_classes, dtype=bool)
     with progress_bar("train (per-class gram)", train.n_rows) as advance:
@@ -74,14 +75,19 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
                     c, part = int(labels[a]), H[a:b, ...]
                     Ht, Y = part.T, one_hot(labels[a:b], np.array([c]), part)
                     if started[c]:
-                        sums.G[c, ...] += Ht @ part
+                        product, before = Ht @ part, sampled(sums.G[c, ...])
+                        sums.G[c, ...] += product
                         sums.Q[c, ...] += Ht @ Y
-                    elif host:
-                        np.matmul(Ht, part, out=sums.G[c])
-                        np.matmul(Ht, Y, out=sums.Q[c])
+                        sums.rounding[c] = known(sums.rounding[c], "a class's rounding") + product_rounding(
+                            part, product) + addition_rounding(before, sampled(product), sums.G[c, ...])
                     else:
-                        sums.G[c, ...] = Ht @ part
-                        sums.Q[c, ...] = Ht @ Y
+                        if host:
+                            np.matmul(Ht, part, out=sums.G[c])
+                            np.matmul(Ht, Y, out=sums.Q[c])
+                        else:
+                            sums.G[c, ...] = Ht @ part
+                            sums.Q[c, ...] = Ht @ Y
+                        sums.rounding[c] = product_rounding(part, sums.G[c, ...])
                     started[c] = True
             advance(hi - lo)
     return sums
@@ -110,7 +116,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
     for i, task in enumerate(split if split is not None else run.stream.tasks):
         group[list(task)] = i
     summed: list[int] = []
-    rounding = 0.0  # RidgeStatistics.rounding of G: each class's sums taken as calibrated, and every addition's
+    rounding = Rounding(0.0)  # RidgeStatistics.rounding of G: each class's sums' and every addition's
     boundaries, running = [], RidgeStatistics.empty(run.dim, xp, sums.G.dtype)
     sample = solver.sample if solver.needs_rows else None
     bar = (progress_bar("leave-one-out (sampled rows)", sum(b.size for b in sample.boundaries)) if sample is not None
@@ -120,9 +126,11 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
             with run.timed("sum"):
                 for c in sorted(task, key=lambda c: (group[c], c)):
                     if sums.counts[c]:
-                        rounding += CALIBRATED_ROUNDING * top_diagonal(sums.G[c, ...]) ** 2
+                        rounding += known(sums.rounding[c], "a class's rounding")
+                        before = sampled(G) if summed else None  # the first is added to zeros: exact
                         G += sums.G[c, ...]
-                        rounding += top_diagonal(G) ** 2 if summed else 0.0  # the first is added to zeros: exact
+                        if before is not None:
+                            rounding += addition_rounding(before, sampled(sums.G[c, ...]), G)
                         columns[:, c : c + 1] += sums.Q[c, ...]
                         seen[c] = True
                         summed.append(int(c))
