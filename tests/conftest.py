@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if VIT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+#: What stages/_params.py pins in ``os.environ`` when imported (BLAS threads, CPU kernels), for the stage processes.
+STAGE_PINS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "MKL_CBWR",
+              "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "NPY_DISABLE_CPU_FEATURES")
+SESSION_PINS = {name: os.environ.get(name) for name in STAGE_PINS}
+
+
+@pytest.fixture(autouse=True)
+def _stage_pins_stay_in_their_test() -> Iterator[None]:
+    """A test importing a stage's ``_params`` pins the variables in this process, where they would outlive it: a later
+    test's workers (loky's, Dask's) would load other kernels than this process did and differ in the last bits
+    (``test_loky_workers_equal_one_process_on_one_blas_thread`` after ``test_orders.py``). Restored after each test."""
+    yield
+    for name, value in SESSION_PINS.items():
+        if os.environ.get(name) != value:
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)
