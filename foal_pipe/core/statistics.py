@@ -359,8 +359,8 @@ class RidgeStatistics:
 
     def state(self) -> dict[str, Any]:
         """``G``, ``Q`` and, when known, the rows per class ``counts`` (GCV needs their sum) and the :attr:`rounding`
-        (a float: the drift checks of sums learned on from a file need it, and a stream saved and reloaded then
-        counts what the uninterrupted stream counts): what a model keeps."""
+        (a :class:`~foal_pipe.core.rounding.Rounding`: the drift checks of sums learned on from a file need it, and a
+        stream saved and reloaded then counts what the uninterrupted stream counts): what a model keeps."""
         return ({"G": self.G, "Q": self.Q} | ({} if self.counts is None else {"counts": self.counts})
                 | ({} if self.rounding is None else {"rounding": self.rounding}))
 
