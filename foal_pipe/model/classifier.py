@@ -40,7 +40,7 @@ from foal_pipe.model.ridgemodel import (
     identity_names,
     ridge_projection,
 )
-from foal_pipe.model.stateviews import read_only, read_only_statistics, row_major
+from foal_pipe.model.stateviews import OwnState, read_only, read_only_statistics, row_major
 
 #: scikit-learn's ``check_estimator`` checks that AnalyticClassifier fails on purpose, with the reason
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
@@ -93,7 +93,7 @@ class _FileRecord(NamedTuple):
         return {**kept, **given}
 
 
-class AnalyticClassifier(UserErrors, RidgeFace, ClassifierMixin, BaseEstimator):
+class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseEstimator):
     """Linear classifier on activations, fitted to one-hot labels by exact online ridge regression.
 
     After every ``partial_fit`` call the weights equal the closed-form ridge solution

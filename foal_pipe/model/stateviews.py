@@ -3,10 +3,12 @@
 ``weights_`` and ``statistics_`` may be the engine's own arrays: a write through them would move the weights unseen,
 so NumPy's are handed out as read-only views (no copy) and another namespace's, which has no such flag, as copies.
 The weights are laid out row-major as a loaded model's are, so ``X @ W`` gives the same bits in memory as reloaded.
+A copy (``copy.copy``) holds an engine of its own, for the same reason.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -41,3 +43,11 @@ def read_only_statistics(s: RidgeStatistics) -> RidgeStatistics:
             array.flags.writeable = False
     return RidgeStatistics(read_only(s.G), read_only(s.Q), s.classes.copy(), s.n,
                            None if s.counts is None else s.counts.copy(), rounding=s.rounding, symmetric=True)
+
+
+class OwnState:
+    """``copy.copy`` of a fitted estimator is one of its own, as its pickle is: a shallow copy shared the engine, so
+    learning on the copy moved the original's weights but not its ``n_samples_seen_`` or ``classes_``."""
+
+    def __copy__(self) -> Any:
+        return copy.deepcopy(self)
