@@ -1,5 +1,6 @@
-"""Before and after, side by side: `learn --gamma 1`, `learn --gamma auto`, `sweep` and `sweep --no-loo` with two
-source trees (``--baseline`` against this checkout, each through ``PYTHONPATH``), interleaved in one run.
+"""Before and after, side by side: `learn --gamma 1`, `learn --gamma auto`, `sweep`, `sweep --no-loo` and `learn
+--dtype float32` (``learn32``) with two source trees (``--baseline`` against this checkout, each through
+``PYTHONPATH``), interleaved in one run.
 
 Each round runs every command with the baseline tree, then with this one, for each ``--threads`` setting (``default``:
 the machine's BLAS threads, nothing pinned; a number: every BLAS/OpenMP pool set to it); medians over ``--repeats``

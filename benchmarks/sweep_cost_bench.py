@@ -1,6 +1,7 @@
 """What the honest answers cost beside one `learn` (issue 31): `learn --gamma 1`, `learn --gamma auto` (LOO
 accuracy on the default 4,096-row sample), `sweep` (13 gammas, leave-one-out on the same sample), `sweep --no-loo`
-(GCV only), on one synthetic store, at the machine's default BLAS threads (nothing is pinned).
+(GCV only), `learn --gamma 1 --dtype float32` (``learn32``), on one synthetic store, at the machine's default BLAS
+threads (nothing is pinned).
 
 The commands run round-robin ``--repeats`` times (load from other processes hits each alike); medians of wall
 time, the ratio of each to `learn --gamma 1`'s median, every run's time and the median run's ``timings.json``,
@@ -9,7 +10,7 @@ random row order) is written under a temporary folder and deleted afterwards.
 
 Usage: python benchmarks/sweep_cost_bench.py [--rows 50000] [--test-rows 10000] [--features 768] [--classes 100]
            [--projection-dim 1000] [--activation sigmoid] [--tasks 10] [--repeats 3]
-           [--only learn,auto,sweep,sweep_gcv] [--json benchmarks/results/sweep_cost_bench.json]
+           [--only learn,auto,sweep,sweep_gcv,learn32] [--json benchmarks/results/sweep_cost_bench.json]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ COMMANDS = {
     "auto": ["learn", "--gamma", "auto"],
     "sweep": ["sweep"],
     "sweep_gcv": ["sweep", "--no-loo"],
+    "learn32": ["learn", "--gamma", "1", "--dtype", "float32"],
 }
 
 

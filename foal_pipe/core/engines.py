@@ -394,7 +394,8 @@ class GramEngine:
                 raise FoalPipeError(f"saved gram state lacks the tensor {name!r}; save the model again")
         empty = self.statistics
         xp = array_namespace(empty.G)
-        cast = {name: xp.asarray(state[name], dtype=empty.G.dtype, device=device(empty.G)) for name in self.state_names}
+        cast = {name: xp.asarray(state[name], dtype=empty.G.dtype if name == "G" else xp.float64, device=device(empty.G))
+                for name in self.state_names}  # Q in float64, as RidgeStatistics holds it (a file may hold float32)
         counts = state.get("counts")
         self.statistics = RidgeStatistics(cast["G"], cast["Q"], classes, int(n), None if counts is None else np.asarray(counts),
                                           rounding=state.get("rounding"))

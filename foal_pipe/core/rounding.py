@@ -7,8 +7,7 @@ and again (a batch in several epochs) round the same way at every addition of th
 so their errors add linearly, which no count of additions bounds tightly; for them the additions' error is measured
 exactly (TwoSum) at :data:`SAMPLED_ENTRIES` fixed entries of ``G`` (``errors``), and the drift checks take whichever
 is larger. A product's own rounding is not measured: one product is what the calibration stands for. Only ``G``'s
-rounding is counted: ``Q = H^T Y`` of a store of repeated rows rounds alike inside every BLAS product, and that
-moves the weights beyond the estimate (a strict xfail in ``tests/test_audit_rounding_s27.py``).
+rounding is counted: ``Q`` is held in float64 (:class:`~foal_pipe.core.statistics.RidgeStatistics`).
 """
 
 from __future__ import annotations

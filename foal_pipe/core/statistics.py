@@ -26,8 +26,8 @@ This module, with :mod:`foal_pipe.core.linalg` and :mod:`foal_pipe.core.gammapat
 the one-hot matrix and the Gram update are written. It is written once against the array API
 (``array-api-compat``), so NumPy, CuPy and torch arrays run the same code; labels and classes stay host-side
 NumPy arrays (they index, they do not compute). Solves and eigendecompositions run in float64 whatever the
-state's dtype: float32 sums halve the memory, and a gamma below their resolution, or at which their rounding
-would move the weights by more than 1%, is refused rather than solved into noise.
+state's dtype: float32 sums (``G``; ``Q`` is float64 always) halve the memory, and a gamma below their resolution,
+or at which their rounding would move the weights by more than 1%, is refused rather than solved into noise.
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ class RidgeStatistics:
     ----------
     G : array of shape (D, D)
     Q : array of shape (D, C)
-        Column ``k`` sums the activations of the rows labelled ``classes[k]``.
+        Column ``k`` sums the activations of the rows labelled ``classes[k]``. Held in float64 whatever ``G``'s dtype
+        (float32 rows' products with 0/1 targets are exact there): the drift checks count ``G``'s rounding only, and a
+        float32 ``Q`` of a store of repeated rows, rounding alike in every block, moved the weights 0.57% unseen.
     classes : ndarray of shape (C,)
         Sorted, unique labels (host NumPy).
     n : int
@@ -141,6 +143,7 @@ class RidgeStatistics:
         if not (xp.isdtype(self.G.dtype, "real floating") and xp.isdtype(self.Q.dtype, "real floating")):
             raise FoalPipeError(f"G ({self.G.dtype}) and Q ({self.Q.dtype}) must hold real floats; pass them as float64 "
                                 "(or float32) arrays")
+        self.Q = float64(self.Q)
         unit(self.G)  # a dtype whose rounding is bounded: float32 or float64
         self.classes = np.asarray(self.classes).ravel()
         self.n = row_count(self.n)
@@ -205,7 +208,7 @@ class RidgeStatistics:
         device = default_device(xp) if device is None else device
         return cls(
             xp.zeros((dim, dim), dtype=dtype, device=device),
-            xp.zeros((dim, 0), dtype=dtype, device=device),
+            xp.zeros((dim, 0), dtype=xp.float64, device=device),
             np.empty(0, dtype=np.int64),
             0,
             np.empty(0, dtype=np.int64),
@@ -223,10 +226,10 @@ class RidgeStatistics:
             raise FoalPipeError(f"H has {H.shape[0]} rows but there are {labels.shape[0]} labels; pass one label per row")
         classes = np.unique(labels) if classes is None else np.asarray(classes).ravel()
         pos = class_positions(classes, labels)
-        Y = one_hot(labels, classes, H)
         Ht = H.T
         G = Ht @ H
-        return cls(G, Ht @ Y, classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size),
+        wide = float64(Ht)  # Q in float64: see the class's docstring
+        return cls(G, wide @ one_hot(labels, classes, wide), classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size),
                    rounding=product_rounding(H, G), symmetric=True)
 
     @property

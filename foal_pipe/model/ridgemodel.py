@@ -276,7 +276,7 @@ class SavedRidge(RidgeFace):
             raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
         dtype, state = np.dtype(self.model.dtype), self.model.state
         counts = state.get("counts")
-        return RidgeStatistics(np.asarray(state["G"], dtype=dtype), np.asarray(state["Q"], dtype=dtype),
+        return RidgeStatistics(np.asarray(state["G"], dtype=dtype), np.asarray(state["Q"], dtype=np.float64),
                                self.model.classes, int(self.model.n_samples), None if counts is None else np.asarray(counts),
                                rounding=state.get("rounding"))
 

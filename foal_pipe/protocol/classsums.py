@@ -20,7 +20,7 @@ import numpy as np
 from array_api_compat import is_numpy_namespace
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.core.linalg import one_hot
+from foal_pipe.core.linalg import float64, one_hot
 from foal_pipe.core.rounding import Rounding, addition_rounding, product_rounding, sampled
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.progress import progress_bar
@@ -59,7 +59,7 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
     n_classes = len(run.store.classes)
     dtype = getattr(xp, run.model.dtype)
     sums = ClassSums(xp.zeros((n_classes, run.dim, run.dim), dtype=dtype, device=default_device(xp)),
-                     xp.zeros((n_classes, run.dim, 1), dtype=dtype, device=default_device(xp)),
+                     xp.zeros((n_classes, run.dim, 1), dtype=xp.float64, device=default_device(xp)),
                      np.diff(train.offsets).astype(np.int64)[:n_classes], [None] * n_classes)
     host = is_numpy_namespace(xp)
     started = np.zeros(n_classes, dtype=bool)
@@ -73,20 +73,22 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
                 cuts = np.flatnonzero(np.diff(labels)) + 1
                 for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), hi - lo]):
                     c, part = int(labels[a]), H[a:b, ...]
-                    Ht, Y = part.T, one_hot(labels[a:b], np.array([c]), part)
+                    Ht = part.T
+                    wide = float64(Ht)  # Q in float64, as RidgeStatistics holds it
+                    Y = one_hot(labels[a:b], np.array([c]), wide)
                     if started[c]:
                         product, before = Ht @ part, sampled(sums.G[c, ...])
                         sums.G[c, ...] += product
-                        sums.Q[c, ...] += Ht @ Y
+                        sums.Q[c, ...] += wide @ Y
                         sums.rounding[c] = known(sums.rounding[c], "a class's rounding") + product_rounding(
                             part, product) + addition_rounding(before, sampled(product), sums.G[c, ...])
                     else:
                         if host:
                             np.matmul(Ht, part, out=sums.G[c])
-                            np.matmul(Ht, Y, out=sums.Q[c])
+                            np.matmul(wide, Y, out=sums.Q[c])
                         else:
                             sums.G[c, ...] = Ht @ part
-                            sums.Q[c, ...] = Ht @ Y
+                            sums.Q[c, ...] = wide @ Y
                         sums.rounding[c] = product_rounding(part, sums.G[c, ...])
                     started[c] = True
             advance(hi - lo)
@@ -109,7 +111,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
     if memo is not None and not isinstance(solver, ManyGammas):
         raise internal_error("boundaries shared between runs without a gamma path")
     G = xp.zeros((run.dim, run.dim), dtype=sums.G.dtype, device=default_device(xp))
-    columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.G.dtype, device=default_device(xp))
+    columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.Q.dtype, device=default_device(xp))
     seen = np.zeros(sums.counts.size, dtype=bool)
     n_groups = len(split if split is not None else run.stream.tasks)
     group = n_groups + np.arange(sums.counts.size)  # a class outside the split after every task of it
