@@ -54,8 +54,8 @@ from foal_pipe.core.linalg import (
     float64,
     gamma_solver,
     largest_entry,
-    one_hot,
     probe_columns,
+    target_sums,
 )
 from foal_pipe.core.rounding import Rounding, addition_rounding, checked_rounding, product_rounding, sampled, unit
 from foal_pipe.core.sumfields import class_counts, label_kind, row_count, top_diagonal
@@ -228,8 +228,7 @@ class RidgeStatistics:
         pos = class_positions(classes, labels)
         Ht = H.T
         G = Ht @ H
-        wide = float64(Ht)  # Q in float64: see the class's docstring
-        return cls(G, wide @ one_hot(labels, classes, wide), classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size),
+        return cls(G, target_sums(H, labels, classes), classes, int(H.shape[0]), np.bincount(pos, minlength=classes.size),
                    rounding=product_rounding(H, G), symmetric=True)
 
     @property

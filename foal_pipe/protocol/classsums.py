@@ -20,7 +20,7 @@ import numpy as np
 from array_api_compat import is_numpy_namespace
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.core.linalg import float64, one_hot
+from foal_pipe.core.linalg import target_sums
 from foal_pipe.core.rounding import Rounding, addition_rounding, product_rounding, sampled
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.progress import progress_bar
@@ -73,22 +73,19 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
                 cuts = np.flatnonzero(np.diff(labels)) + 1
                 for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), hi - lo]):
                     c, part = int(labels[a]), H[a:b, ...]
-                    Ht = part.T
-                    wide = float64(Ht)  # Q in float64, as RidgeStatistics holds it
-                    Y = one_hot(labels[a:b], np.array([c]), wide)
+                    Ht, q = part.T, target_sums(part, labels[a:b], np.array([c]))
                     if started[c]:
                         product, before = Ht @ part, sampled(sums.G[c, ...])
                         sums.G[c, ...] += product
-                        sums.Q[c, ...] += wide @ Y
+                        sums.Q[c, ...] += q
                         sums.rounding[c] = known(sums.rounding[c], "a class's rounding") + product_rounding(
                             part, product) + addition_rounding(before, sampled(product), sums.G[c, ...])
                     else:
                         if host:
                             np.matmul(Ht, part, out=sums.G[c])
-                            np.matmul(wide, Y, out=sums.Q[c])
                         else:
                             sums.G[c, ...] = Ht @ part
-                            sums.Q[c, ...] = wide @ Y
+                        sums.Q[c, ...] = q
                         sums.rounding[c] = product_rounding(part, sums.G[c, ...])
                     started[c] = True
             advance(hi - lo)
