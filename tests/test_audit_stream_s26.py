@@ -12,8 +12,8 @@ their count, equals Python's ``partial_fit`` of the new store's rows); refused b
 name, a mixed, float, bytes or wrong-length label list, one name in two normalisations) leave scores, names, classes and
 counts unchanged; heads' statistics stay float64 whatever the batch sizes.
 
-Faults found (each test below failed on the code of 9ba7b1e for its reason; 1 and 2 are fixed, 3 is open, a strict
-xfail, for the owner):
+Faults found (each test below failed on the code of 9ba7b1e for its reason; 1 and 2 are fixed, 3 in the
+twenty-eighth stop):
 
 1. A ``--dtype float32`` ridge model fed by ``partial_fit`` in small batches drifts beyond the 1% that float32 sums
    promise (``DRIFTS``), unrefused: the sums are accumulated in float32 one batch at a time, so their rounding grows
@@ -33,7 +33,8 @@ xfail, for the owner):
    a reload against sums rebuilt from ``R^-1`` (``RLSEngine._formed_sums``), which already hold the recursion's error:
    it records 3-6x less drift than the uninterrupted stream, so the bytes differ, and the drift check depends on the
    save history (gamma 1.2e-9, D = 20, 40 batches: the uninterrupted stream's weights are refused, the same weights
-   reached with a save and reload after every batch are accepted).
+   reached with a save and reload after every batch are accepted). Fixed: the rls file keeps the float64 sums
+   (``G``, ``Q``, ``counts``) the drift is measured against, and a reload goes on from them.
 """
 
 from __future__ import annotations
@@ -159,8 +160,6 @@ def _stream(path: Path, x, y, means, root: Path, every: int, tag: str, batches: 
     return model, model.save(root / f"{tag}_final.safetensors"), np.vstack(rows), np.concatenate(labels)
 
 
-@pytest.mark.xfail(strict=True, reason="open (owner), documented in docs/guarantees.md: a loaded rls model measures its "
-                   "drift from the state it was loaded with, as the file keeps no float64 sums beside R")
 def test_an_rls_stream_saved_every_k_batches_writes_the_file_of_the_uninterrupted_stream(tmp_path):
     from safetensors.numpy import load_file
 
@@ -191,3 +190,32 @@ def test_a_stream_saved_every_k_batches_is_the_uninterrupted_stream(tmp_path, op
         exact = _closed_form(saved, X, labels, gamma)
         tolerance = 1e-4 if "float32" in options else 1e-9  # docs: 1e-9 in float64
         np.testing.assert_allclose(saved.classifier.weights_, exact, rtol=0, atol=tolerance * np.abs(exact).max())
+
+
+def test_an_rls_stream_saved_after_every_batch_is_refused_where_the_uninterrupted_one_is(tmp_path):
+    """The case of fault 3: at gamma 1.2e-9 the recursion drifts past the check on the way; a stream saved and
+    reloaded after every batch measured its drift from sums rebuilt from ``R`` and was accepted."""
+    path, x, y, means = _learned(tmp_path, "--engine", "rls", "--gamma", "1.2e-9")
+    refusals = []
+    for every in (0, 1):
+        with pytest.raises(FoalPipeError, match="the RLS recursion's rounding moved the weights") as caught:
+            _stream(path, x, y, means, tmp_path, every, f"every{every}", batches=40)
+        refusals.append(str(caught.value))
+    assert refusals[0] == refusals[1]
+
+
+def test_an_rls_files_checking_sums_are_checked_against_its_weights(tmp_path):
+    """The sums an rls file keeps are read as a gram file's are: ``W - drift`` must solve them (an edit that a new
+    checksum covers still shows), and they must be float64."""
+    from foal_pipe.model.modelfile import read_model, write_model
+
+    path, *_ = _learned(tmp_path, "--engine", "rls")
+    tensors, meta = read_model(path)
+    assert {"R", "W", "drift", "G", "Q", "counts"} <= set(tensors) and tensors["G"].dtype == np.float64
+    foal_pipe.load_model(write_model(tmp_path / "same.safetensors", tensors, meta))  # rewritten as it was: read
+    edited = dict(tensors, G=tensors["G"] * 1.01)
+    with pytest.raises(FoalPipeError, match="W does not solve"):
+        foal_pipe.load_model(write_model(tmp_path / "edited.safetensors", edited, meta))
+    narrowed = dict(tensors, G=tensors["G"].astype(np.float32))
+    with pytest.raises(FoalPipeError, match="G is float32"):
+        foal_pipe.load_model(write_model(tmp_path / "narrowed.safetensors", narrowed, meta))

@@ -276,11 +276,13 @@ class RLSEngine:
         return self.R
 
     def state(self) -> dict[str, Any]:
-        """``R`` and ``W``, and ``W``'s drift from the exact solve (:meth:`verify`'s, measured first if due), which a
-        model file keeps so that its scores are checked with it (:class:`~foal_pipe.core.scoring.Ties`)."""
+        """``R`` and ``W``, ``W``'s drift from the exact solve (:meth:`verify`'s, measured first if due), which a
+        model file keeps so that its scores are checked with it (:class:`~foal_pipe.core.scoring.Ties`), and the
+        float64 sums it is measured against (``G``, ``Q``, ``counts``, ``rounding``): a stream saved and reloaded
+        goes on measuring it from them, as the uninterrupted stream does, not from sums rebuilt from ``R``."""
         with owner_lock(self):
             self.verify()
-            return {"R": self.R, "W": self.W, "drift": self.drift}
+            return {"R": self.R, "W": self.W, "drift": self.drift, **self._formed_sums().aligned(self.classes).state()}
 
     def load_state(self, state: dict[str, Any], classes: np.ndarray, n: int) -> None:
         xp = array_namespace(self.R)
@@ -294,7 +296,13 @@ class RLSEngine:
         # Learning on measures the drift again, from the sums the loaded state stands for.
         self.drift = (xp.asarray(state["drift"], dtype=xp.float64, device=device(self.R)) if "drift" in state
                       else xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R)))
-        self._sums, self._pending, self._verified = None, [], True  # the sums from R when learning continues
+        self._sums = None  # a file written before it kept the sums: those the loaded R and W stand for
+        if "G" in state and "Q" in state:
+            G, Q = (xp.asarray(state[name], dtype=xp.float64, device=device(self.R)) for name in ("G", "Q"))
+            counts = state.get("counts")
+            self._sums = RidgeStatistics(G, Q, self.classes, self._loaded_rows, None if counts is None else np.asarray(counts),
+                                         rounding=state.get("rounding"))
+        self._pending, self._verified = [], True
 
 
 class GramEngine:

@@ -203,17 +203,17 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
         if problem:
             raise refuse(where, f"metadata {key!r} ({shown(metadata[key])}) {problem}")
     state = ENGINES[metadata["engine"]].state_names
-    absent = [name for name in state if name not in tensors]
-    if absent:
+    if absent := [name for name in state if name not in tensors]:
         raise refuse(where, f"the {metadata['engine']} engine's state tensor {absent[0]!r} is missing")
-    kept = (*state, "drift") if metadata["engine"] == "rls" else state  # the recursion's drift: rls only
-    stray = sorted(name for name in set(tensors) & {"G", "Q", "R", "drift"} if name not in kept)
-    if stray:
+    rls = metadata["engine"] == "rls"
+    kept = (*state, "drift", "G", "Q") if rls else state  # the recursion's drift and checking sums: rls only
+    if stray := sorted(name for name in set(tensors) & {"G", "Q", "R", "drift"} if name not in kept):
         raise refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
-    for name in state:  # Q in float64 whatever the dtype (RidgeStatistics); a file written before holds it in the dtype
-        if name != "W" and tensors[name].dtype.name not in {metadata["dtype"], "float64" if name == "Q" else ""}:
+    for name in ("G", "Q", "R"):  # Q, and rls's checking sums, in float64 whatever the dtype (a gram file before: Q too)
+        wanted = {"float64"} if rls and name != "R" else {metadata["dtype"], "float64" if name == "Q" else ""}
+        if name in tensors and tensors[name].dtype.name not in wanted:
             raise refuse(where, f"{name} is {tensors[name].dtype} but metadata 'dtype' says {metadata['dtype']}")
-    if unverified and metadata["engine"] == "rls":
+    if unverified and rls:
         raise refuse(where, "a version-1 rls model carries no checksum, and its R and W hold no relation to check it "
                             "by (a gram model's W solves its G and Q), so an altered file could not be told apart")
     _check_values(tensors, where)
@@ -226,8 +226,8 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
                              <= max(grid) * (1 + GAMMA_TOLERANCE)):
         raise refuse(where, f"metadata 'gamma_grid' records a gamma='auto' model, which the gram engine chooses within "
                             f"its grid, but the model is {metadata['engine']} with gamma {metadata['gamma']:g}")
-    if all(isinstance(tensors.get(name), np.ndarray) for name in ("W", "G", "Q")):
-        check_solution(tensors["W"], tensors["G"], tensors["Q"], metadata["gamma"], where)
+    if all(isinstance(tensors.get(name), np.ndarray) for name in ("W", "G", "Q", *("drift",) * rls)):
+        check_solution(tensors["W"] - tensors.get("drift", 0), tensors["G"], tensors["Q"], metadata["gamma"], where)
 
 
 def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], where: str) -> None:

@@ -80,9 +80,9 @@ class RidgeModel:
                                       and len(set(names)) == len(names) == d):
             raise FoalPipeError(f"{path}: metadata 'feature_names' is not {d} distinct strings, one per row of W (the "
                                 "columns the estimator was fitted on); the file was edited: train and save the model again")
-        kept = (*ENGINES[engine].state_names, "counts", "drift")
+        kept = (*ENGINES[engine].state_names, "counts", "drift", "G", "Q")  # rls: its checking sums, if kept
         state: dict[str, Any] = {name: a for name, a in tensors.items() if name in kept}
-        if engine == "gram" and "sums_rounding" in meta:  # the gram sums' rounding (RidgeStatistics.rounding)
+        if "sums_rounding" in meta:  # the sums' rounding (RidgeStatistics.rounding): gram's, or rls's checking sums
             errors = meta.get("sums_rounding_errors")
             state["rounding"] = Rounding(float(meta["sums_rounding"]), None if errors is None else np.asarray(errors))
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
