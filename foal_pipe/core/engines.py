@@ -32,8 +32,6 @@ from foal_pipe.core.linalg import check_gammas, checked_solve, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
 
-#: The rls engine's rows gathered into one product for its checking sums (:class:`RLSEngine`).
-VERIFY_ROWS = 4096
 #: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
 GCV_DOF_WARNING = 0.9
 
@@ -152,9 +150,10 @@ class RLSEngine:
 
     The recursion updates ``(G + gamma I)^-1`` itself, so its rounding is not the sums': at small gammas it moved W
     by 27% (digits, gamma 1e-9) where the sums' exact solve was within 1e-7. The engine therefore keeps those sums
-    beside it (float64 ``G`` and ``Q``, rows gathered into :data:`VERIFY_ROWS`-row products) and, whenever the weights
-    are asked for after an update, checks them against that solve (:meth:`verify`): a recursion that drifted by more
-    than :data:`~foal_pipe.core.drift.DRIFTS` is refused, as is a gamma the sums themselves cannot resolve."""
+    beside it (float64 ``G`` and ``Q``, each batch's product added as it comes, so that neither a read nor a save
+    changes how they are summed) and, whenever the weights are asked for after an update, checks them against that
+    solve (:meth:`verify`): a recursion that drifted by more than :data:`~foal_pipe.core.drift.DRIFTS` is refused, as
+    is a gamma the sums themselves cannot resolve."""
 
     name = "rls"
     state_names = ("R", "W")
@@ -174,12 +173,16 @@ class RLSEngine:
         self.drift = xp.zeros((dim, 0), dtype=xp.float64, device=device)
         self.classes = np.empty(0)
         self._sums: RidgeStatistics | None = RidgeStatistics.empty(dim, xp, xp.float64, device)
-        self._pending: list[tuple[Any, np.ndarray]] = []
         self._verified, self._loaded_rows = True, 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """An engine pickled before the drift was kept: its weights are checked again, which measures it."""
+        """An engine pickled before the drift was kept: its weights are checked again, which measures it; one pickled
+        while rows waited to be added to its checking sums (before each batch was added as it came): they are added."""
+        pending = state.pop("_pending", [])
         self.__dict__.update(state)
+        for H, labels in pending:
+            self._sums = self._formed_sums()
+            self._sums += RidgeStatistics.from_batch(H, labels, np.unique(labels))
         if "drift" not in state:
             xp = array_namespace(self.R)
             self.drift = xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R))
@@ -198,8 +201,9 @@ class RLSEngine:
 
     @locked
     def update(self, H: Any, labels: Any, classes: np.ndarray) -> None:
-        """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``; under the
-        engine's lock (:func:`owner_lock`), so that a reader's :meth:`verify` never takes half of its pending rows."""
+        """One Woodbury step: ``K = (I + H R H^T)^-1``, ``W += R H^T K (Y - H W)``, ``R -= R H^T K H R``, and the
+        batch's sums added to the checking sums; under the engine's lock (:func:`owner_lock`), so that a reader's
+        :meth:`verify` never takes half of a step."""
         check_engine_dtype(self.name, dtype_name(self.R.dtype))
         xp = array_namespace(self.R)
         self._sums = self._formed_sums()
@@ -217,21 +221,11 @@ class RLSEngine:
         R = RHtK @ RHt.T
         R *= -1.0
         R += self.R  # R - U, in U's memory: the same bits
+        labels = np.asarray(labels).ravel()
+        batch = RidgeStatistics.from_batch(xp.astype(H, xp.float64), labels, np.unique(labels))
         self.W, self.R = W, R
-        self._pending.append((xp.asarray(H, copy=True), np.asarray(labels).ravel()))
-        if sum(h.shape[0] for h, _ in self._pending) >= VERIFY_ROWS:
-            self._gather()
+        self._sums += batch
         self._verified = False
-
-    def _gather(self) -> None:
-        """Add the pending rows to the sums in one product."""
-        if not self._pending:
-            return
-        xp = array_namespace(self.R)
-        H = xp.concat([h for h, _ in self._pending], axis=0)
-        labels = np.concatenate([y for _, y in self._pending])
-        self._pending = []
-        self._sums = self._formed_sums() + RidgeStatistics.from_batch(xp.astype(H, xp.float64), labels, np.unique(labels))
 
     def _formed_sums(self) -> RidgeStatistics:
         """The checking sums; after :meth:`load_state`, those the loaded state stands for, ``G + gamma I = R^-1``
@@ -248,10 +242,9 @@ class RLSEngine:
     def verify(self) -> None:
         """Refuse weights that the recursion's rounding moved from the exact solve of the same sums by more than
         :data:`~foal_pipe.core.drift.DRIFTS` (that solve refuses a gamma the sums cannot resolve). Under the engine's
-        lock: readers in several threads verify once, from every pending row."""
+        lock: readers in several threads verify once."""
         if self._verified:  # a loaded state is verified until it is updated
             return
-        self._gather()
         xp = array_namespace(self.R)
         exact = self._formed_sums().aligned(self.classes).solve(self.gamma)
         scale = float(xp.linalg.vector_norm(exact))
@@ -302,7 +295,7 @@ class RLSEngine:
             counts = state.get("counts")
             self._sums = RidgeStatistics(G, Q, self.classes, self._loaded_rows, None if counts is None else np.asarray(counts),
                                          rounding=state.get("rounding"))
-        self._pending, self._verified = [], True
+        self._verified = True
 
 
 class GramEngine:

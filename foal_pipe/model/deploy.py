@@ -26,6 +26,7 @@ from foal_pipe.heads import HEADS
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
 from foal_pipe.model.ridgemodel import INPUT_NAMES, SET_BY_MODEL, RidgeModel, SavedRidge, restore_input_names
+from foal_pipe.model.stateviews import OwnState
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
     from foal_pipe.model.classifier import AnalyticClassifier
@@ -73,7 +74,7 @@ def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, whe
                         f"new images with the model's settings ({wanted})")
 
 
-class DeployedModel:
+class DeployedModel(OwnState):
     """A loaded model: ``classifier`` (an :class:`AnalyticClassifier` that keeps learning, or a head's
     :class:`~foal_pipe.model.headmodel.HeadClassifier`), ``projection``,
     ``class_names`` (one per column of ``W``, in ``classifier.classes_`` order) and ``encoder_spec`` (the

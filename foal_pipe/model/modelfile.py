@@ -205,10 +205,11 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
     state = ENGINES[metadata["engine"]].state_names
     if absent := [name for name in state if name not in tensors]:
         raise refuse(where, f"the {metadata['engine']} engine's state tensor {absent[0]!r} is missing")
-    rls = metadata["engine"] == "rls"
-    kept = (*state, "drift", "G", "Q") if rls else state  # the recursion's drift and checking sums: rls only
+    kept = (*state, "drift", "G", "Q") if (rls := metadata["engine"] == "rls") else state  # its drift and checking sums
     if stray := sorted(name for name in set(tensors) & {"G", "Q", "R", "drift"} if name not in kept):
         raise refuse(where, f"tensor {stray[0]!r} does not belong to the {metadata['engine']} engine")
+    if rls and len(half := {"G", "Q"} & set(tensors)) == 1:  # both (W - drift solves them), or neither (a file before)
+        raise refuse(where, f"the rls engine keeps its checking sums G and Q together, but only {half.pop()!r} is here")
     for name in ("G", "Q", "R"):  # Q, and rls's checking sums, in float64 whatever the dtype (a gram file before: Q too)
         wanted = {"float64"} if rls and name != "R" else {metadata["dtype"], "float64" if name == "Q" else ""}
         if name in tensors and tensors[name].dtype.name not in wanted:
@@ -217,8 +218,7 @@ def validate_model(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
         raise refuse(where, "a version-1 rls model carries no checksum, and its R and W hold no relation to check it "
                             "by (a gram model's W solves its G and Q), so an altered file could not be told apart")
     _check_values(tensors, where)
-    counts = tensors.get("counts")
-    if isinstance(counts, np.ndarray) and int(counts.sum()) > metadata["n_samples_seen"]:  # fewer: classes restricted away
+    if isinstance(counts := tensors.get("counts"), np.ndarray) and int(counts.sum()) > metadata["n_samples_seen"]:  # fewer: ok
         raise refuse(where, f"the class row counts sum to {int(counts.sum())}, more than 'n_samples_seen' "
                             f"({metadata['n_samples_seen']})")
     grid = metadata.get("gamma_grid")

@@ -46,8 +46,9 @@ def read_only_statistics(s: RidgeStatistics) -> RidgeStatistics:
 
 
 class OwnState:
-    """``copy.copy`` of a fitted estimator is one of its own, as its pickle is: a shallow copy shared the engine, so
-    learning on the copy moved the original's weights but not its ``n_samples_seen_`` or ``classes_``."""
+    """``copy.copy`` of a fitted estimator (or a deployed model) is one of its own, as its pickle is: a shallow copy
+    shared the engine (the classifier), so learning on the copy moved the original's weights but not its
+    ``n_samples_seen_`` or ``classes_`` (its ``class_names``: the original could no longer be saved)."""
 
     def __copy__(self) -> Any:
         return copy.deepcopy(self)

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from foal_pipe.core.engines import VERIFY_ROWS
 from foal_pipe.core.gammasearch import search_grid
 from foal_pipe.core.leaveoneout import LOO_BLOCK_VALUES
 from foal_pipe.errors import param
@@ -155,8 +154,8 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
     square = D * D
     eigen = eigen or run.model.gamma == "auto" or n_models > 1
     if run.model.engine == "rls":
-        # R and one update's D x D product; the checking sums' G and its solve's G + gamma I, and their rows gathered
-        state = 2 * square * item + 2 * square * 8 + 2 * VERIFY_ROWS * D * 8
+        # R and one update's D x D product; the checking sums' G and its solve's G + gamma I (or a batch's product)
+        state = 2 * square * item + 2 * square * 8
     elif eigen:  # G, its float64 copy / eigenvectors, LAPACK's 2 D^2 workspace; during LOO, V beside G and a batch Gram;
         state = 2 * square * item + 4 * square * 8  # G's copy at a boundary factored ahead (learners.gram.FactorAhead)
     else:  # G and one batch's Gram while summing; G and G + gamma I at a solve
