@@ -18,7 +18,7 @@ import functools
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
@@ -28,7 +28,7 @@ from foal_pipe.core.backend import dtype_name
 from foal_pipe.core.drift import DRIFTS, diagonal_resolution
 from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, best_point, search_grid
-from foal_pipe.core.linalg import check_gammas, checked_solve, one_hot, shifted
+from foal_pipe.core.linalg import check_gammas, checked_solve, float64, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
 from foal_pipe.errors import FoalPipeError, param
 
@@ -133,6 +133,16 @@ def grow_classes(engine: GramEngine | RLSEngine, classes: np.ndarray, labels: np
     return merged
 
 
+def saved_sums(state: Mapping[str, Any], classes: np.ndarray, n: int, like: Any, dtype: Any) -> RidgeStatistics:
+    """The sums a model's state keeps (``G``, ``Q``, ``counts``, ``rounding``) in the namespace and on the device of
+    ``like``: ``G`` in ``dtype``, ``Q`` in float64, as :class:`RidgeStatistics` holds it (a file written before the
+    twenty-eighth stop holds it in ``G``'s dtype)."""
+    xp, where = array_namespace(like), device(like)
+    G, Q = xp.asarray(state["G"], dtype=dtype, device=where), xp.asarray(state["Q"], dtype=xp.float64, device=where)
+    counts = state.get("counts")
+    return RidgeStatistics(G, Q, classes, int(n), None if counts is None else np.asarray(counts), rounding=state.get("rounding"))
+
+
 def check_engine_dtype(engine: str, dtype: str) -> None:
     """Refuse the RLS recursion in float32: it updates ``(G + gamma I)^-1`` itself, whose rounding errors grow with
     its conditioning and the number of updates without a bound that could be checked (on 300 correlated rows,
@@ -222,7 +232,7 @@ class RLSEngine:
         R *= -1.0
         R += self.R  # R - U, in U's memory: the same bits
         labels = np.asarray(labels).ravel()
-        batch = RidgeStatistics.from_batch(xp.astype(H, xp.float64), labels, np.unique(labels))
+        batch = RidgeStatistics.from_batch(float64(H), labels, np.unique(labels))
         self.W, self.R = W, R
         self._sums += batch
         self._verified = False
@@ -289,12 +299,9 @@ class RLSEngine:
         # Learning on measures the drift again, from the sums the loaded state stands for.
         self.drift = (xp.asarray(state["drift"], dtype=xp.float64, device=device(self.R)) if "drift" in state
                       else xp.zeros(self.W.shape, dtype=xp.float64, device=device(self.R)))
-        self._sums = None  # a file written before it kept the sums: those the loaded R and W stand for
-        if "G" in state and "Q" in state:
-            G, Q = (xp.asarray(state[name], dtype=xp.float64, device=device(self.R)) for name in ("G", "Q"))
-            counts = state.get("counts")
-            self._sums = RidgeStatistics(G, Q, self.classes, self._loaded_rows, None if counts is None else np.asarray(counts),
-                                         rounding=state.get("rounding"))
+        # the checking sums the file kept; none in a file written before it kept them: those the loaded R and W stand for
+        self._sums = (saved_sums(state, self.classes, self._loaded_rows, self.R, xp.float64)
+                      if "G" in state and "Q" in state else None)
         self._verified = True
 
 
@@ -393,13 +400,7 @@ class GramEngine:
         for name in self.state_names:
             if name not in state:
                 raise FoalPipeError(f"saved gram state lacks the tensor {name!r}; save the model again")
-        empty = self.statistics
-        xp = array_namespace(empty.G)
-        cast = {name: xp.asarray(state[name], dtype=empty.G.dtype if name == "G" else xp.float64, device=device(empty.G))
-                for name in self.state_names}  # Q in float64, as RidgeStatistics holds it (a file may hold float32)
-        counts = state.get("counts")
-        self.statistics = RidgeStatistics(cast["G"], cast["Q"], classes, int(n), None if counts is None else np.asarray(counts),
-                                          rounding=state.get("rounding"))
+        self.statistics = saved_sums(state, classes, n, self.statistics.G, self.statistics.G.dtype)
         self._solution = None
 
 

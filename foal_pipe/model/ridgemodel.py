@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from foal_pipe.core.backend import dtype_name, to_numpy
-from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights
+from foal_pipe.core.engines import ENGINES, check_gamma, checked_weights, saved_sums
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.gammasearch import PER_DECADE, search_grid
 from foal_pipe.core.rounding import Rounding
@@ -274,11 +274,7 @@ class SavedRidge(RidgeFace):
         """The gram engine's sums in the state dtype (the RLS recursion keeps ``R`` and ``W`` instead)."""
         if self.model.engine != "gram":
             raise MissingAttribute("only the gram engine keeps sufficient statistics; use engine='gram'")
-        dtype, state = np.dtype(self.model.dtype), self.model.state
-        counts = state.get("counts")
-        return RidgeStatistics(np.asarray(state["G"], dtype=dtype), np.asarray(state["Q"], dtype=np.float64),
-                               self.model.classes, int(self.model.n_samples), None if counts is None else np.asarray(counts),
-                               rounding=state.get("rounding"))
+        return saved_sums(self.model.state, self.model.classes, self.model.n_samples, np.empty(0), np.dtype(self.model.dtype))
 
     def weights(self) -> np.ndarray:
         """``W`` in float64, refused when not finite; the recursion's as its state dtype holds it."""
