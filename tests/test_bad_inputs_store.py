@@ -128,6 +128,17 @@ def test_label_dtypes_that_are_not_integers(tmp_path, dtype):
         open_store(_store_with(tmp_path, labels_dtype=dtype))
 
 
+def test_boolean_labels_are_not_written_as_class_ids(tmp_path):
+    """A mask passed for the labels was written as ids 0 and 1, which the reader refuses in a store's own arrays."""
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    mask = np.arange(6) % 2 == 0
+    with pytest.raises(FoalPipeError, match=r"^write_store: train labels are booleans, not class ids; .*y\.astype\(int\)"):
+        write_store(tmp_path / "b.zarr", (x, mask), (x, np.arange(6) % 2), ["x", "y"])
+    assert not (tmp_path / "b.zarr").exists()
+    write_store(tmp_path / "i.zarr", (x, mask.astype(int)), (x, np.arange(6) % 2), ["x", "y"])
+    assert open_store(tmp_path / "i.zarr").train.labels[:].tolist() == mask.astype(int).tolist()
+
+
 def test_float64_features_are_in_the_spec(tmp_path):
     assert open_store(_store_with(tmp_path, features_dtype="float64")).train.features.dtype == np.float64
 

@@ -70,8 +70,8 @@ def test_the_counted_rounding_covers_the_float32_sums_measured_rounding(batch):
     measured = float(np.std(s.G.astype(np.float64) - exact)) / U32  # in units of rounding
     top = float(np.abs(s.G).max())
     assert measured <= ROUNDING_SPREAD * s.rounding_top  # what the drift estimate takes
-    if batch == 4096:  # one product: the calibrated figure, as before
-        assert s.rounding_top == top
+    if batch == 4096:  # one product of rows that differ: its measured rounding within the calibration's reach
+        assert top <= s.rounding_top <= 1.3 * top
     if batch == 1:  # 3,000 additions: their rounding is beyond the calibrated figure, which no longer covers it
         assert measured > ROUNDING_SPREAD * top
         assert s.rounding_top > 5 * top
@@ -84,11 +84,16 @@ def test_additions_count_each_parts_rounding_and_the_sums_own():
     top = lambda G: float(np.max(np.diag(G)))  # noqa: E731
     rows, cols = sample_entries(H.shape[1])
     assert a.rounding.variance == (U32 * top(a.G)) ** 2
-    np.testing.assert_array_equal(a.rounding.errors, 0)  # a product's rounding: the calibration's, not measured
+    exact = [h.astype(np.float64).T @ h.astype(np.float64) for h in (H[:300], H[300:])]  # float32 products: exact
+    np.testing.assert_allclose(a.rounding.errors, (exact[0] - a.G)[rows, cols], rtol=0, atol=1e-6 * U32 * top(a.G))
+    assert np.abs(a.rounding.errors).max() > 0  # a float32 product's own rounding, measured
     total = a + b
     assert total.rounding.variance == a.rounding.variance + b.rounding.variance + (U32 * top(total.G)) ** 2
     added = a.G.astype(np.float64) + b.G.astype(np.float64)  # exact: two float32 values
-    np.testing.assert_array_equal(total.rounding.errors, (added - total.G)[rows, cols])  # the addition's, exactly
+    np.testing.assert_array_equal(total.rounding.errors - a.rounding.errors - b.rounding.errors,
+                                  (added - total.G)[rows, cols])  # the addition's, exactly
+    np.testing.assert_allclose(total.rounding.errors, (exact[0] + exact[1] - total.G)[rows, cols], rtol=0,
+                               atol=1e-6 * U32 * top(total.G))  # the products' and the addition's: all of it
     assert np.abs(total.rounding.errors).max() > 0
     c = a.copy()
     c += b

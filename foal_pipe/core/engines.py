@@ -30,6 +30,7 @@ from foal_pipe.core.gammapath import gcv_undeterminable
 from foal_pipe.core.gammasearch import PER_DECADE, best_point, search_grid
 from foal_pipe.core.linalg import check_gammas, checked_solve, float64, one_hot, shifted
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID, RidgeStatistics, align_columns
+from foal_pipe.core.sumfields import joined_classes
 from foal_pipe.errors import FoalPipeError, param
 
 #: GCV's choice is flagged when the effective degrees of freedom exceed this fraction of the rows.
@@ -125,11 +126,9 @@ def checked_weights(W: Any) -> Any:
 
 def grow_classes(engine: GramEngine | RLSEngine, classes: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """The sorted ``classes`` with ``labels``' new ones, the engine's columns widened to them (zero where new)."""
-    new = np.setdiff1d(labels, classes)
-    if new.size == 0:
-        return classes
-    merged = np.union1d(classes, new)
-    engine.insert_classes(classes, merged)
+    merged = joined_classes(classes, labels)
+    if merged is not classes:
+        engine.insert_classes(classes, merged)
     return merged
 
 

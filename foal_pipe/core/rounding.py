@@ -6,8 +6,9 @@ every entry by up to a unit of the sum's size, independently, so their variances
 and again (a batch in several epochs) round the same way at every addition of the same increment within one binade,
 so their errors add linearly, which no count of additions bounds tightly; for them the additions' error is measured
 exactly (TwoSum) at :data:`SAMPLED_ENTRIES` fixed entries of ``G`` (``errors``), and the drift checks take whichever
-is larger. A product's own rounding is not measured: one product is what the calibration stands for. Only ``G``'s
-rounding is counted: ``Q`` is held in float64 (:class:`~foal_pipe.core.statistics.RidgeStatistics`).
+is larger. A float32 product's own rounding is measured there too (:func:`product_errors`): rows repeated inside one
+product round alike as well. Only ``G``'s rounding is counted: ``Q`` is held in float64
+(:class:`~foal_pipe.core.statistics.RidgeStatistics`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ SAMPLED_ENTRIES = 64
 class Rounding:
     """The rounding of sums ``G``: ``variance``, the sum over the products and additions that formed them of
     ``(u max diag)^2`` after each (``u``: the unit of rounding of the dtype it happened in; a product of ``n`` rows
-    counts ``n / PRODUCT_ROWS`` times), and ``errors``, the additions' exact sum minus the sums at
-    :func:`sample_entries` (float64; None where not measured, as for sums given directly)."""
+    counts ``n / PRODUCT_ROWS`` times), and ``errors``, the exact sums (of float32 products, and of the additions)
+    minus the sums at :func:`sample_entries` (float64; None where not measured, as for sums given directly)."""
 
     variance: float
     errors: np.ndarray | None = None
@@ -58,9 +59,13 @@ class Rounding:
         return 0.0 if self.errors is None or not self.errors.size else float(np.sqrt(np.mean(self.errors**2)))
 
 
-def checked_rounding(value: Any, dim: int) -> Rounding:
+def checked_rounding(value: Any, dim: int, overflowed: bool = False) -> Rounding:
     """``value`` (a :class:`Rounding`, or its ``variance`` alone: a number) checked: a finite variance >= 0 and, where
-    given, one finite error per sampled entry of sums of dimension ``dim``."""
+    given, one finite error per sampled entry of sums of dimension ``dim``. Of sums that ``overflowed`` (a diagonal
+    entry not finite), the rounding of their products and additions (:func:`one_rounding`) is kept as it is: the
+    solve refuses the sums, naming the overflow."""
+    if overflowed and isinstance(value, Rounding):
+        return value
     variance, errors = (value.variance, value.errors) if isinstance(value, Rounding) else (value, None)
     try:
         if isinstance(variance, (bool, np.bool_, str, bytes)):
@@ -99,9 +104,22 @@ def sampled(G: Any) -> np.ndarray:
 def addition_errors(a: np.ndarray, b: np.ndarray, total: np.ndarray) -> np.ndarray:
     """``a + b - total`` exactly (float64 host values at the sampled entries; ``total``: the sum as rounded), by
     TwoSum: ``a + b = s + e`` exactly, ``s - total`` exact where they lie close."""
-    s = a + b
-    bb = s - a
-    return (s - total) + ((a - (s - bb)) + (b - bb))
+    with np.errstate(over="ignore", invalid="ignore"):  # sums that overflowed: the solve refuses them, naming it
+        s = a + b
+        bb = s - a
+        return (s - total) + ((a - (s - bb)) + (b - bb))
+
+
+def one_rounding(G: Any) -> float:
+    """``(u max diag G)^2``, the variance one rounding at the sums' scale stands for: inf where the sums overflowed
+    (the solve refuses them, naming it: :func:`~foal_pipe.core.linalg.finite_resolution`); refused where finite sums
+    are too large for it to be counted in float64 (a largest entry past 1e170 in float64)."""
+    top = top_diagonal(G)
+    scale = unit(G) * top
+    if math.isfinite(top) and not math.isfinite(scale * scale):
+        raise FoalPipeError(f"the {dtype_name(G.dtype)} Gram sums reach {top:.3g}, too large for their rounding to be "
+                            "counted (its variance passes float64's range); rescale the features to about unit scale")
+    return scale * scale
 
 
 def unit(G: Any) -> float:
@@ -115,12 +133,27 @@ def unit(G: Any) -> float:
 
 def product_rounding(H: Any, G: Any) -> Rounding:
     """The rounding of ``G = H^T H`` as formed from the rows ``H``: ``n / PRODUCT_ROWS`` additions' variance (at
-    least one). Nothing is measured: one product's rounding is the calibration's (its errors read 0)."""
-    return Rounding(max(1.0, H.shape[0] / PRODUCT_ROWS) * (unit(G) * top_diagonal(G)) ** 2,
-                    np.zeros(sample_entries(G.shape[0])[0].size))
+    least one), and, for float32 sums, the product's error measured at the sampled entries (:func:`product_errors`):
+    rows repeated inside one product round alike at each of its additions (16 rows 512 times each: 20 units of the
+    largest entry, where the calibration stands for about one). float64 sums' errors read 0 (nothing finer to
+    measure them with)."""
+    variance = max(1.0, H.shape[0] / PRODUCT_ROWS) * one_rounding(G)
+    if unit(G) <= UNITS["float64"]:
+        return Rounding(variance, np.zeros(sample_entries(G.shape[0])[0].size))
+    return Rounding(variance, product_errors(H, G))
+
+
+def product_errors(H: Any, G: Any) -> np.ndarray:
+    """``H^T H - G`` at :func:`sample_entries` (float64 host values): the products of float32 rows are exact in
+    float64, whose sums of ``n`` of them err by at most ``n 2^-53`` of their sizes, 2^-16 of a float32 unit at 8,192
+    rows: the float32 product's own rounding there, to float64's precision."""
+    xp = array_namespace(H)
+    rows, cols = (xp.asarray(index, device=device(H)) for index in sample_entries(G.shape[0]))
+    exact = xp.sum(xp.astype(xp.take(H, rows, axis=1), xp.float64) * xp.astype(xp.take(H, cols, axis=1), xp.float64), axis=0)
+    return to_numpy(exact).astype(np.float64) - sampled(G)
 
 
 def addition_rounding(a: np.ndarray, b: np.ndarray, total: Any) -> Rounding:
     """The rounding of one addition of sums whose sampled entries were ``a`` and ``b`` (:func:`sampled`, taken
     before), ``total`` their sum as rounded: a unit of its largest entry, and the errors measured."""
-    return Rounding((unit(total) * top_diagonal(total)) ** 2, addition_errors(a, b, sampled(total)))
+    return Rounding(one_rounding(total), addition_errors(a, b, sampled(total)))

@@ -32,6 +32,7 @@ or at which their rounding would move the weights by more than 1%, is refused ra
 
 from __future__ import annotations
 
+import math
 from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
 
@@ -57,8 +58,8 @@ from foal_pipe.core.linalg import (
     probe_columns,
     target_sums,
 )
-from foal_pipe.core.rounding import Rounding, addition_rounding, checked_rounding, product_rounding, sampled, unit
-from foal_pipe.core.sumfields import class_counts, label_kind, row_count, top_diagonal
+from foal_pipe.core.rounding import Rounding, addition_rounding, checked_rounding, one_rounding, product_rounding, sampled, unit
+from foal_pipe.core.sumfields import class_counts, joined_classes, label_kind, row_count, top_diagonal
 from foal_pipe.errors import FoalPipeError
 
 #: The default grid of ``--gamma auto``: 13 powers of ten from 1e-4 to 1e8 (12 decades).
@@ -166,7 +167,7 @@ class RidgeStatistics:
         if self.counts is not None and self.counts.shape != self.classes.shape:
             raise FoalPipeError(f"counts has {self.counts.size} entries for {self.classes.size} classes; pass one per class")
         if self.rounding is not None:
-            self.rounding = checked_rounding(self.rounding, D)
+            self.rounding = checked_rounding(self.rounding, D, overflowed=not math.isfinite(top_diagonal(self.G)))
         if not symmetric:
             self._check_gram()
             self._check_symmetric()
@@ -276,7 +277,7 @@ class RidgeStatistics:
     def __add__(self, other: RidgeStatistics) -> RidgeStatistics:
         self._check_compatible(other)
         other = other._like(self.G)
-        classes = np.union1d(self.classes, other.classes)
+        classes = joined_classes(self.classes, other.classes)
         a, b = self.aligned(classes), other.aligned(classes)
         parts = self._parts(other)
         G = self.G + other.G
@@ -287,7 +288,7 @@ class RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
         self._check_compatible(other)
         other = other._like(self.G)
-        classes = np.union1d(self.classes, other.classes)
+        classes = joined_classes(self.classes, other.classes)
         mine = self.aligned(classes)  # before G changes: a refusal here leaves these statistics as they were
         theirs = other.aligned(classes)
         parts = self._parts(other)  # before G changes
@@ -319,7 +320,7 @@ class RidgeStatistics:
         """:attr:`rounding`, or where unknown the calibrated figure of these sums' size and dtype (nothing measured)."""
         if self.rounding is not None:
             return self.rounding
-        return Rounding(CALIBRATED_ROUNDING * (unit(self.G) * top_diagonal(self.G)) ** 2)
+        return Rounding(CALIBRATED_ROUNDING * one_rounding(self.G))
 
     def _check_compatible(self, other: RidgeStatistics) -> None:
         if not isinstance(other, RidgeStatistics):

@@ -55,6 +55,13 @@ def label_kind(classes: np.ndarray) -> str:
     return "/".join(sorted(found)) or "number"
 
 
+def joined_classes(classes: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """``classes`` with ``other``'s new ones, sorted: ``classes`` itself (its dtype kept) where ``other`` brings none,
+    as a learner that saw both streams keeps the classes it had (float labels after int ids leave the ids int)."""
+    new = np.setdiff1d(other, classes)
+    return classes if new.size == 0 else np.union1d(classes, new)
+
+
 def top_diagonal(G: Any) -> float:
     """The largest diagonal entry of sums ``G`` (their largest entry: ``|G_ij| <= sqrt(G_ii G_jj)``), 0 when empty."""
     xp = array_namespace(G)

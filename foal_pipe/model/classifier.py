@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace, device
@@ -25,13 +25,13 @@ from foal_pipe.core.gammasearch import PER_DECADE
 from foal_pipe.core.scoring import Ties, among_classes, best_of
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, InputTypeError, MissingAttribute, param
+from foal_pipe.model.filerecord import FileRecord
 from foal_pipe.model.fittedparams import check_fitted_params, new_engine
 from foal_pipe.model.labels import check_label_kinds
 from foal_pipe.model.modelfile import read_model
 from foal_pipe.model.projection import NotFitted, SmoothProjection
 from foal_pipe.model.ridgeinput import UserErrors, batch_labels, state_array, task_classes, validated
 from foal_pipe.model.ridgemodel import (
-    INPUT_NAMES,
     SET_BY_MODEL,
     RidgeFace,
     RidgeModel,
@@ -51,46 +51,6 @@ _FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "_recorded", "classe
            "feature_names_in_", "n_samples_seen_")
 #: The parameters the fitted state is built with: ``set_params`` changes them for the next ``fit`` only.
 _STATE_PARAMS = ("gamma", "engine", "dtype", "backend", "gamma_grid", "per_decade")
-
-
-class _FileRecord(NamedTuple):
-    """What a loaded model file records beside the state (class names, encoder provenance, the projection's matrix and
-    activation, ...) and the rows seen when it was loaded: :meth:`AnalyticClassifier.save` writes it again."""
-
-    metadata: dict[str, Any]
-    projection: np.ndarray | None
-    n_samples: int
-
-    def same_projection(self, other: _FileRecord) -> bool:
-        """Whether two files may record one projection: the same matrix and activation, or one file holds none (no
-        figure to tell them apart by)."""
-        mine, theirs = self.projection, other.projection
-        if mine is None or theirs is None:
-            return True
-        return (mine.shape == theirs.shape and mine.dtype == theirs.dtype and bool(np.array_equal(mine, theirs))
-                and self.metadata.get("activation", "sigmoid") == other.metadata.get("activation", "sigmoid"))
-
-    def kept(self, given: dict[str, Any], projection: Any, n_classes: int, n_samples: int) -> dict[str, Any]:
-        """The recorded metadata under ``given`` (``save``'s keywords win; a ``projection`` given records its own
-        activation, an ``activation`` that contradicts the recorded projection's is refused), the rows learned since
-        the load added to ``rows_outside_stores`` (no store identity records them); class names that no longer fit
-        the classes (``partial_fit`` added some) refused rather than dropped."""
-        kept = dict(self.metadata)
-        if projection is not None:  # it records its own
-            kept.pop("activation", None)
-            kept.pop(INPUT_NAMES, None)
-        elif self.projection is not None:
-            activation = kept.setdefault("activation", "sigmoid")  # a version-1 file's, as load_model reads it
-            if given.get("activation", activation) != activation:
-                raise FoalPipeError(f"activation={given['activation']!r} contradicts the loaded projection's activation "
-                                    f"{activation!r}; drop activation= (the projection's is recorded)")
-        if outside := int(kept.get("rows_outside_stores", 0)) + n_samples - self.n_samples:
-            kept["rows_outside_stores"] = outside
-        names = kept.get("class_names")
-        if "class_names" not in given and isinstance(names, list) and len(names) != n_classes:
-            raise FoalPipeError(f"the loaded model file named {len(names)} classes, but the model has {n_classes} now "
-                                "(partial_fit added classes); pass class_names= with one name per class of classes_")
-        return {**kept, **given}
 
 
 class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseEstimator):
@@ -315,7 +275,9 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         known = names[0] if names[0] is not None else names[1]
         if known is not None:  # as the learner that saw both streams keeps the named one's columns
             merged.feature_names_in_ = known
-        if (record := records[0] or records[1]) is not None:  # its projection and names saved again; the other
+        if records[0] is not None and records[1] is not None:  # both files' stores, rows and names saved again
+            merged._recorded = records[0].joined(records[1], self.classes_, other.classes_, merged.classes_)
+        elif (record := records[0] or records[1]) is not None:  # its projection and names saved again; the other
             merged._recorded = record  # learner's rows count as rows outside its stores
         return merged
 
@@ -446,7 +408,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         """
         self._check_fitted()
         check_metadata(metadata, self.classes_.size)
-        recorded: _FileRecord | None = getattr(self, "_recorded", None)
+        recorded: FileRecord | None = getattr(self, "_recorded", None)
         if recorded is not None:
             metadata = recorded.kept(metadata, projection, int(self.classes_.size), self.n_samples_seen_)
         fitted = self._fitted_with
@@ -476,7 +438,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         names = model.feature_names or identity_names(tensors.get("projection"), meta)
         if names is not None:  # checked as the saved estimator checked them
             clf.feature_names_in_ = np.asarray(names, dtype=object)
-        clf._recorded = _FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
+        clf._recorded = FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
                                     clf.n_samples_seen_)
         return clf
 

@@ -23,9 +23,10 @@ from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, NoBlocks, clipped
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.heads import HEADS
+from foal_pipe.model.columns import columns_checked
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
-from foal_pipe.model.ridgemodel import INPUT_NAMES, SET_BY_MODEL, RidgeModel, SavedRidge, restore_input_names
+from foal_pipe.model.ridgemodel import INPUT_NAMES, SET_BY_MODEL, RidgeModel, SavedRidge, identity_names, restore_input_names
 from foal_pipe.model.stateviews import OwnState
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
@@ -76,13 +77,13 @@ def check_encoder(model_encoder: dict[str, Any] | None, store: FeatureStore, whe
 
 class DeployedModel(OwnState):
     """A loaded model: ``classifier`` (an :class:`AnalyticClassifier` that keeps learning, or a head's
-    :class:`~foal_pipe.model.headmodel.HeadClassifier`), ``projection``,
-    ``class_names`` (one per column of ``W``, in ``classifier.classes_`` order) and ``encoder_spec`` (the
-    provenance of the store it was trained on: what :meth:`predict_images` rebuilds).
+    :class:`~foal_pipe.model.headmodel.HeadClassifier`), ``projection``, ``class_names`` (one per column of ``W``,
+    in ``classifier.classes_`` order) and ``encoder_spec`` (the provenance of the store it was trained on: what
+    :meth:`predict_images` rebuilds).
 
     Threads: :meth:`partial_fit` and :meth:`save` hold the model's lock, and so do the readers that take names or
-    classes beside the scores (:meth:`best`, :meth:`predict_names`, :meth:`store_predictions`): none of them sees the
-    classifier of one call with the class names of another."""
+    classes beside the scores (:meth:`best`, :meth:`predict_names`, :meth:`store_predictions`): none of them sees
+    the classifier of one call with the class names of another."""
 
     _names: list[str]  # class_names: one list object
     _named: np.ndarray  # the classes its names were given for
@@ -114,12 +115,14 @@ class DeployedModel(OwnState):
         """One name per class of ``classifier.classes_``, in its order: one list, so a name changed in it is kept (and
         saved). A head's refused solve, which undoes its last calls' classes, takes their names out of it."""
         with owner_lock(self):
-            names, named = self._names, self._named
-            ids = self.classifier.classes_
+            names, named, ids = self._names, self._named, self.classifier.classes_
             if ids.size < len(names) == named.size and np.isin(ids, named).all():
                 kept = np.isin(named, ids)
                 names[:] = [name for name, keep in zip(names, kept.tolist()) if keep]
                 self._named = named[kept]
+            elif not np.array_equal(ids, named):  # names zipped with other classes would name rows wrongly
+                raise FoalPipeError(f"the classifier's classes {clipped(repr(ids.tolist()))} are not those its names were "
+                                    f"given for, {clipped(repr(named.tolist()))}; set model.class_names anew")
             return names
 
     @class_names.setter
@@ -132,6 +135,11 @@ class DeployedModel(OwnState):
         if problem := names_problem(names, n):  # at once: a name twice would send a labelled row to another class
             raise FoalPipeError(f"class_names {problem}; pass one distinct string per class of classifier.classes_")
         self._names, self._named = names, np.array(self.classifier.classes_)
+
+    @property
+    def named(self) -> bool:
+        """Whether it names its classes (its file's names, or given since), else shows ids as names (:func:`id_names`)."""
+        return self.metadata.get("class_names") is not None or self.class_names != id_names(self.classifier.classes_)
 
     # ------------------------------------------------------------------ inputs
     def _features(self, features: Any) -> np.ndarray:
@@ -245,11 +253,13 @@ class DeployedModel(OwnState):
         array with the model's feature dimension)."""
         return self.rows(self._features(features))
 
+    @columns_checked()
     def scores(self, features: Any) -> np.ndarray:
         """``activation(features @ P) @ W``, shape (n, n_classes), columns in ``classifier.classes_`` order
         (:meth:`AnalyticClassifier.class_scores <foal_pipe.model.classifier.AnalyticClassifier.class_scores>`)."""
         return self.classifier.class_scores(self.activations(features))
 
+    @columns_checked()
     def best(self, features: Any) -> tuple[np.ndarray, np.ndarray]:
         """Each row's label id of the highest score among ``classifier.classes_`` and that score; a ridge model
         refuses rows whose top two scores tie within their float64 rounding
@@ -259,6 +269,7 @@ class DeployedModel(OwnState):
             scores, ties = self.classifier.scores_with_ties(rows)
             return best_of(scores, self.classifier.classes_, ties=ties)
 
+    @columns_checked()  # the features' columns are checked, not the activations' (they have none)
     def predict(self, features: Any, classes: Any = None) -> np.ndarray:
         """The label id with the highest score for each row of ``features`` (n, d), among the classes the model
         has seen, or among ``classes`` (:meth:`AnalyticClassifier.predict
@@ -307,7 +318,7 @@ class DeployedModel(OwnState):
         self.check_width(data.dim, features)
         self.check_scoring(command, data)
         ids = self.classifier.classes_.tolist()
-        if self.metadata.get("class_names") is not None:
+        if self.named:
             known = self._ids_by_name()
             target = np.array([known.get(name, known.get(nfc(name), -1)) for name in store.classes] + [-1], dtype=np.int64)
         else:  # a model that records no names (saved from Python) knows its classes by label id, as `predict` reads it
@@ -394,10 +405,13 @@ class DeployedModel(OwnState):
         return out
 
     @locked  # the classifier and its class names change together
+    @columns_checked()
     def partial_fit(self, features: Any, labels: Any) -> DeployedModel:
         """Absorb labelled rows: ``labels`` are class names (strings) or label ids. Exact: the result equals the
         model trained on its old rows and these together. Their count adds to :attr:`rows_outside_stores`, which
         :meth:`save` records. Returns ``self``."""
+        if problem := names_problem(self.class_names, len(self.class_names)):  # edited in place: before any row is learned
+            raise FoalPipeError(f"class_names {problem}; set one distinct string per class of classifier.classes_")
         X = self._features(features)
         ids, known = self._label_ids(labels, X.shape[0])
         old = dict(zip(self.classifier.classes_.tolist(), self.class_names, strict=True))
@@ -424,7 +438,7 @@ class DeployedModel(OwnState):
         extra["activation"] = self.projection.activation
         if self.rows_outside_stores:
             extra["rows_outside_stores"] = self.rows_outside_stores
-        if self.metadata.get("class_names") is not None or self.class_names != id_names(self.classifier.classes_):
+        if self.named:
             extra["class_names"] = self.class_names
         if self.encoder_spec is not None:
             extra["encoder"] = self.encoder_spec
@@ -465,6 +479,8 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
         from foal_pipe.model.projection import SmoothProjection
 
         classifier = AnalyticClassifier.from_model(RidgeModel.from_file(path, tensors, meta))
+        if columns := meta.get("feature_names") or identity_names(tensors["projection"], meta):  # as its load
+            classifier.feature_names_in_ = np.asarray(columns, dtype=object)
         projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     else:
         classifier = SavedRidge(RidgeModel.from_file(path, tensors, meta))

@@ -39,6 +39,7 @@ from foal_pipe.errors import FoalPipeError, InputTypeError, clipped, param
 from foal_pipe.io import METRICS_FILE, atomic_path
 from foal_pipe.io.outpaths import enclosing_store, is_feature_store
 from foal_pipe.model.checksum import CHECKSUM_PREFIX, content_checksum, file_checksum, is_checksum
+from foal_pipe.model.solutioncheck import GAMMA_TOLERANCE, unsolved
 
 MODEL_FILE = "model.safetensors"
 FORMAT = "foal-pipe/model"
@@ -49,9 +50,6 @@ READABLE_VERSIONS = (1, 2, 3)
 #: The first version with a ``checksum``; a file declaring an older one while carrying it is refused.
 CHECKSUM_FROM = 2
 ALIGNMENT = 8
-#: :func:`check_solution`'s tolerances, relative to the system's scale; a legitimate solve leaves about 1e-15.
-RESIDUAL_TOLERANCE = 1e-9
-GAMMA_TOLERANCE = 1e-9
 
 #: safetensors' dtype codes for the dtypes a model file may hold.
 CODES: dict[np.dtype, str] = {
@@ -280,22 +278,9 @@ def _validate_head(tensors: Mapping[str, Any], metadata: Mapping[str, Any], wher
 
 
 def check_solution(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float, where: str = "model") -> None:
-    """Refuse a ``W`` that does not solve ``(G + gamma I) W = Q`` (a flipped bit, an edited ``gamma``).
-
-    Two checks in float64, each a matrix product (no factorisation): the relative residual
-    ``|(G + gamma I) W - Q| / (|G| |W| + gamma |W| + |Q|)`` (Frobenius norms), which a backward-stable solve
-    keeps near 1e-15 however ill-conditioned; and the gamma that ``W`` implies, ``<Q - G W, W> / |W|^2``,
-    against the stored one, to ``GAMMA_TOLERANCE (|G| + gamma)``: an edited gamma shows here first.
-    """
-    W, G, Q = (np.asarray(a, dtype=np.float64) for a in (W, G, Q))
-    GW = G @ W
-    norm_g, norm_w, norm_q = (float(np.linalg.norm(a)) for a in (G, W, Q))
-    residual = float(np.linalg.norm(GW + gamma * W - Q))
-    scale = (norm_g + gamma) * norm_w + norm_q
-    implied = float(np.vdot(Q - GW, W)) / norm_w**2 if norm_w else gamma
-    if abs(implied - gamma) > GAMMA_TOLERANCE * (norm_g + gamma) or residual > RESIDUAL_TOLERANCE * scale:
-        raise refuse(where, f"W does not solve (G + gamma I) W = Q for the stored gamma {gamma:g} (relative residual "
-                            f"{residual / scale:.1e}; W implies gamma {implied:.6g}): the file was altered")
+    """Refuse a ``W`` that does not solve ``(G + gamma I) W = Q`` (:func:`~foal_pipe.model.solutioncheck.unsolved`)."""
+    if (problem := unsolved(W, G, Q, gamma)) is not None:
+        raise refuse(where, problem)
 
 
 def _check_shapes(tensors: Mapping[str, Any], where: str,

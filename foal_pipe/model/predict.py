@@ -178,12 +178,17 @@ _BY_NAME = ("the CSV's ids would mean two things: predict the store's image file
 
 
 def _check_classes(model: DeployedModel, store: FeatureStore, features: str | Path) -> None:
+    """Refuse a store whose label ids name other classes than the model's: names compared in Unicode NFC form, as
+    :meth:`DeployedModel.store_predictions` matches them (a class spelled in NFD is the class it prints as)."""
+    from foal_pipe.model.deploy import nfc
+
     ours = dict(zip(model.classifier.classes_.tolist(), model.class_names))
     for label, name in ours.items():
-        if label < len(store.classes) and store.classes[label] != name:
+        if label < len(store.classes) and nfc(store.classes[label]) != nfc(name):
             raise FoalPipeError(
                 f"label {label} is {name!r} in the model but {store.classes[label]!r} in {features}; {_BY_NAME}")
-    label_of = {name: label for label, name in ours.items()}
+    label_of = {nfc(name): label for label, name in ours.items()}
     for label, name in enumerate(store.classes):
-        if label_of.get(name, label) != label:
-            raise FoalPipeError(f"class {name!r} is label {label_of[name]} in the model but {label} in {features}; {_BY_NAME}")
+        if label_of.get(nfc(name), label) != label:
+            raise FoalPipeError(f"class {name!r} is label {label_of[nfc(name)]} in the model but {label} in {features}; "
+                                f"{_BY_NAME}")

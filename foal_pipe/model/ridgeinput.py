@@ -18,13 +18,16 @@ from sklearn.utils.validation import validate_data
 
 from foal_pipe.core.backend import as_dtype, get_namespace, host_values, plain_values, readable_by
 from foal_pipe.errors import FoalPipeError, as_user_error
+from foal_pipe.model.columns import columns_were_checked
 from foal_pipe.model.labels import CLASSES_KIND_PROBLEM, PREDICT_CLASSES_PROBLEM, check_label_kinds, check_targets, label_array
 
 
 def validated(estimator: Any, X: Any, y: Any = None, reset: bool = False) -> tuple[Any, Any]:
-    """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch)."""
+    """scikit-learn's checks for host data; shape and finiteness checks for device arrays (CuPy, torch), and for
+    NumPy rows within :func:`~foal_pipe.model.columns.columns_checked`."""
     X, y = plain_values(X), None if y is None else label_array(y)
-    if is_numpy_array(X) or not is_array_api_obj(X):
+    host = is_numpy_array(X) or not is_array_api_obj(X)
+    if host and not (is_numpy_array(X) and columns_were_checked()):
         try:  # rows in C order: a product's bits would otherwise depend on the layout the rows came in
             if y is None:
                 return validate_data(estimator, X, reset=reset, dtype=[np.float64, np.float32], order="C"), None

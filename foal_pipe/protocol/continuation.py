@@ -1,18 +1,17 @@
-"""``learn --init-model``: continue a saved model of any head on a new store, exactly, matching classes by name (a
-known class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the
-model file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.learner`, :data:`PARTS`);
-both parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner. The model fixes everything
-its sums depend on (projection, activation, fusion, dtype, dual's batches) and gamma (or its grid), as it goes on.
+"""``learn --init-model``: continue a saved model of any head on a new store, exactly, matching classes by name (a known
+class name keeps its id, a new name gets the next id beyond the model's). One entry, :func:`run_continue`; the model
+file's head picks its part through the registry (:attr:`~foal_pipe.heads.HeadEntry.learner`, :data:`PARTS`); both
+parts run the one walk (:func:`~foal_pipe.protocol.walk.walk`) with their learner. The model fixes everything its
+sums depend on (projection, activation, fusion, dtype, dual's batches) and gamma (or its grid).
 
 Ridge: the saved gram statistics (``G``, ``Q``, counts) are the model's whole memory of its stream. The new store is
-walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at
-every task boundary: so the weights equal one run over the old stream followed by the new one.
+walked as ``learn`` walks any store, its sums relabelled to the model's label ids and added to the saved ones at every
+task boundary: so the weights equal one run over the old stream followed by the new one.
 
-Another head: its model file holds what continuing needs (:mod:`foal_pipe.heads.state`): ncm's and slda's class
-sums, counts (and slda's Gram), fecam's per-class sums and Grams, balanced's per-class Grams, dual's two Grams,
-right-hand sides and main inverse right after its last boundary (the next task's residuals zero the old classes'
-columns, as the recursion does at a task change). The new store's rows are added in stream order, exactly as if the
-old stream and the new one had been one; the head, its options and dual's batch size come from the model.
+Another head: its model file holds what continuing needs (:mod:`foal_pipe.heads.state`): ncm's and slda's class sums,
+counts (and slda's Gram), fecam's per-class sums and Grams, balanced's per-class Grams, dual's two Grams, right-hand
+sides and main inverse right after its last boundary (the next task's residuals zero the old classes' columns, as the
+recursion does at a task change). The new store's rows are added in stream order, as if the two streams were one.
 """
 
 from __future__ import annotations
@@ -336,13 +335,14 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
                       metrics: LearnMetrics, eval_features: Sequence[str | Path], out: str | Path, start: float,
                       identities: list[str]) -> Learned:
     """Write a continuation's outputs (ridge or a head): the ``final`` classifier deployed with the model's
-    projection and encoder and every class's name (the model's, then the new store's at their ``merged`` ids), and
-    ``metrics`` with what continuing adds: the model continued, the rows seen in all, the new store's label ids,
-    the tasks by name and the scores on each ``eval_features`` store; no ``seed`` or ``projection_init``: the
-    projection is the model's, whose file does not record how it was drawn."""
+    projection and encoder and every class's name (the model's where it names its classes, else the new store's at
+    their ``merged`` ids), and ``metrics`` with what continuing adds: the model continued, the rows seen in all, the
+    new store's label ids, the tasks by name and the scores on each ``eval_features`` store; no ``seed`` or
+    ``projection_init``: the projection is the model's, whose file does not record how it was drawn."""
     store = run.store
-    names = dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
-    names.update(zip(merged.tolist(), store.classes))
+    names = dict(zip(merged.tolist(), store.classes))
+    if deployed.named:  # a class it names keeps its spelling (a store's may be another Unicode normalisation)
+        names.update(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
     kept = ([names[c] for c in final.classes_.tolist()], deployed.encoder_spec,
             {**deployed.metadata, **provenance(run, deployed.metadata, identities)})
     result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it

@@ -426,14 +426,18 @@ def _cast(x: np.ndarray, dtype: str, split: str) -> np.ndarray:
 
 def _label_ids(y: Any, split: str) -> np.ndarray:
     """``y`` as a NumPy array of whole numbers (a tensor detached), refused in one line when a label is no class id:
-    a string, None, a fraction (written as its integer part) or masked (the id behind the mask written)."""
+    a string, None, a boolean (written as id 0 or 1), a fraction (written as its integer part) or masked (the id
+    behind the mask written)."""
     if isinstance(y, np.ma.MaskedArray) and np.ma.is_masked(y):
         raise FoalPipeError(f"write_store: {split} labels have masked (missing) entries; label those rows -1 "
                             "(unlabelled) or drop them")
     ids = _on_host(y, f"{split} labels")
     if ids.dtype.kind == "O":
         ids = np.asarray(ids.tolist())  # Python ints read as int64 (a None stays an object)
-    if ids.dtype.kind not in "biuf":
+    if ids.dtype.kind == "b":  # a mask passed for the labels: True and False are no class names' positions
+        raise FoalPipeError(f"write_store: {split} labels are booleans, not class ids; pass each row's class as an "
+                            "integer, its position in classes (y.astype(int) if True and False mean ids 1 and 0)")
+    if ids.dtype.kind not in "iuf":
         first = next((v for v in ids.ravel().tolist() if not isinstance(v, numbers.Real)), None)
         raise FoalPipeError(f"write_store: {split} labels are {ids.dtype} values (first {first!r}), not class ids; pass "
                             "each row's class as an integer, its position in classes (-1: unlabelled)")

@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 import numpy as np
 from array_api_compat import array_namespace, device
 
+from foal_pipe.core.activations import ROUNDED_AT_ZERO
 from foal_pipe.core.backend import default_device
 from foal_pipe.core.statistics import Factored, RidgeStatistics
 from foal_pipe.protocol.ahead import (
@@ -376,11 +377,35 @@ class GramLearner(Learner):
                     held, done = held - take, done + take
 
 
+#: How many rows across the stream :func:`check_erased_rows` projects together where the first row's activations are
+#: the activation's value at 0.
+ERASED_PROBES = 64
+
+
+def check_erased_rows(run: Run) -> None:
+    """Refuse, before the cluster's pass, train rows that the activation erases (the check of
+    :meth:`~foal_pipe.core.expansion.Expansion.apply`: rows that differ, every activation its value at 0), which the
+    cluster makes within each block's rows alone, where a block of equal rows passes. The stream's first row tells
+    whether to look (one row projected); only where its activations are the value at 0 are rows of up to
+    :data:`ERASED_PROBES` chunks across the stream projected together, as one block of the local walk is."""
+    walked = np.flatnonzero(run.row_task >= 0)
+    if run.projection.activation not in ROUNDED_AT_ZERO or walked.size < 2:
+        return
+    xp, width = run.xp, run.store.dim
+    first = run.projection.transform(run.store.train.take(walked[:1]), xp)
+    zero = run.projection.transform(np.zeros((1, width), dtype=np.float64), xp)
+    if bool(xp.all(first == zero)):
+        probes = walked[np.unique(np.linspace(0, walked.size - 1, ERASED_PROBES).astype(np.int64))]
+        run.projection.transform(run.store.train.take(probes), xp)  # refuses rows that differ, all at the value at 0
+
+
 def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
-    """With ``--scheduler dask``: every task's statistics, computed on the cluster in one pass over the store."""
+    """With ``--scheduler dask``: every task's statistics, computed on the cluster in one pass over the store, its
+    rows checked first for an activation that erases them (:func:`check_erased_rows`)."""
     from foal_pipe.cluster import cluster_failure, dask_client, lost_or_unreachable
     from foal_pipe.protocol.distributed import dask_statistics
 
+    check_erased_rows(run)
     path = str(Path(run.store.path).resolve())
     with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("gram"):
         try:
