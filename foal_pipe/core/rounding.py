@@ -111,10 +111,14 @@ def addition_errors(a: np.ndarray, b: np.ndarray, total: np.ndarray) -> np.ndarr
 
 
 def one_rounding(G: Any) -> float:
-    """``(u max diag G)^2``, the variance one rounding at the sums' scale stands for: inf where the sums overflowed
-    (the solve refuses them, naming it: :func:`~foal_pipe.core.linalg.finite_resolution`); refused where finite sums
-    are too large for it to be counted in float64 (a largest entry past 1e170 in float64)."""
-    top = top_diagonal(G)
+    """``(u max diag G)^2``, the variance one rounding at the sums' scale stands for (:func:`rounding_at`)."""
+    return rounding_at(top_diagonal(G), G)
+
+
+def rounding_at(top: float, G: Any) -> float:
+    """``(u top)^2`` for sums of ``G``'s dtype whose largest diagonal entry is ``top``: inf where they overflowed (the
+    solve refuses them, naming it: :func:`~foal_pipe.core.linalg.finite_resolution`); refused where finite sums are
+    too large for it to be counted in float64 (a largest entry past 1e170 in float64)."""
     scale = unit(G) * top
     if math.isfinite(top) and not math.isfinite(scale * scale):
         raise FoalPipeError(f"the {dtype_name(G.dtype)} Gram sums reach {top:.3g}, too large for their rounding to be "

@@ -58,7 +58,7 @@ from foal_pipe.core.linalg import (
     probe_columns,
     target_sums,
 )
-from foal_pipe.core.rounding import Rounding, addition_rounding, checked_rounding, one_rounding, product_rounding, sampled, unit
+from foal_pipe.core.rounding import Rounding, addition_rounding, checked_rounding, product_rounding, rounding_at, sampled, unit
 from foal_pipe.core.sumfields import class_counts, joined_classes, label_kind, row_count, top_diagonal
 from foal_pipe.errors import FoalPipeError
 
@@ -287,11 +287,13 @@ class RidgeStatistics:
     def __iadd__(self, other: RidgeStatistics) -> RidgeStatistics:
         """Add ``other`` into this object's arrays (``G`` is updated in place: no second D x D array)."""
         self._check_compatible(other)
-        other = other._like(self.G)
+        other, xp = other._like(self.G), array_namespace(self.G)
         classes = joined_classes(self.classes, other.classes)
         mine = self.aligned(classes)  # before G changes: a refusal here leaves these statistics as they were
         theirs = other.aligned(classes)
-        parts = self._parts(other)  # before G changes
+        parts = self._parts(other)  # before G changes, as is a sum too large for its rounding to be counted
+        if self.dim:
+            rounding_at(float(xp.max(xp.linalg.diagonal(self.G) + xp.linalg.diagonal(other.G))), self.G)
         self.G = _added(self.G, other.G)
         Q = _added(mine.Q if mine is not self else self.Q, theirs.Q)
         self.Q, self.classes, self.counts = Q, classes, _add_counts(mine.counts, theirs.counts)
@@ -320,7 +322,7 @@ class RidgeStatistics:
         """:attr:`rounding`, or where unknown the calibrated figure of these sums' size and dtype (nothing measured)."""
         if self.rounding is not None:
             return self.rounding
-        return Rounding(CALIBRATED_ROUNDING * one_rounding(self.G))
+        return Rounding(CALIBRATED_ROUNDING * rounding_at(top_diagonal(self.G), self.G))
 
     def _check_compatible(self, other: RidgeStatistics) -> None:
         if not isinstance(other, RidgeStatistics):

@@ -276,7 +276,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         if known is not None:  # as the learner that saw both streams keeps the named one's columns
             merged.feature_names_in_ = known
         if records[0] is not None and records[1] is not None:  # both files' stores, rows and names saved again
-            merged._recorded = records[0].joined(records[1], self.classes_, other.classes_, merged.classes_)
+            merged._recorded = records[0].joined(records[1], merged.classes_)
         elif (record := records[0] or records[1]) is not None:  # its projection and names saved again; the other
             merged._recorded = record  # learner's rows count as rows outside its stores
         return merged
@@ -439,7 +439,7 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         if names is not None:  # checked as the saved estimator checked them
             clf.feature_names_in_ = np.asarray(names, dtype=object)
         clf._recorded = FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
-                                    clf.n_samples_seen_)
+                                   clf.n_samples_seen_, clf.classes_.copy())
         return clf
 
     @classmethod

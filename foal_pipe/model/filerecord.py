@@ -14,12 +14,14 @@ from foal_pipe.model.ridgemodel import INPUT_NAMES
 
 
 class FileRecord(NamedTuple):
-    """A loaded file's metadata (less what the model sets itself), its projection and the rows seen when it was
-    loaded: :meth:`AnalyticClassifier.save <foal_pipe.model.classifier.AnalyticClassifier.save>` writes it again."""
+    """A loaded file's metadata (less what the model sets itself), its projection, the rows seen when it was loaded
+    and the classes it held then (its ``class_names`` name them):
+    :meth:`AnalyticClassifier.save <foal_pipe.model.classifier.AnalyticClassifier.save>` writes it again."""
 
     metadata: dict[str, Any]
     projection: np.ndarray | None
     n_samples: int
+    classes: np.ndarray | None = None
 
     def same_projection(self, other: FileRecord) -> bool:
         """Whether two files may record one projection: the same matrix and activation, or one file holds none (no
@@ -30,19 +32,25 @@ class FileRecord(NamedTuple):
         return (mine.shape == theirs.shape and mine.dtype == theirs.dtype and bool(np.array_equal(mine, theirs))
                 and self.metadata.get("activation", "sigmoid") == other.metadata.get("activation", "sigmoid"))
 
-    def joined(self, other: FileRecord, mine: np.ndarray, theirs: np.ndarray, classes: np.ndarray) -> FileRecord:
-        """The record of a merge of this file's learner (of classes ``mine`` now) with ``other``'s (``theirs``), whose
-        classes are ``classes``: the stores both learned (``learned_from``: continuing on either is refused, its rows
-        would count twice), the rows both learned outside stores and both loaded, and every class's name. Refused where
-        the files name one label id differently (one file's rows would be added to another class's column) or record
-        other encoders (their features are not alike); other keys are this file's."""
+    def joined(self, other: FileRecord, classes: np.ndarray) -> FileRecord:
+        """The record of a merge of this file's learner with ``other``'s, whose classes are ``classes``: the stores
+        and data both learned (continuing on either is refused: its rows would count twice), the rows both learned
+        outside stores and both loaded, and every class's name. Refused where both learned one store (its rows would
+        count twice), the files name one label id differently (one file's rows would join another class's column)
+        or record other encoders (their features are not alike). Other keys: the file's that holds the projection
+        (its activation and input names with it), else this one's, each key missing there taken from the other."""
         encoders = self.metadata.get("encoder"), other.metadata.get("encoder")
         if None not in encoders and encoders[0] != encoders[1]:
             raise FoalPipeError(f"cannot merge learners of model files of other encoders ({clipped(repr(encoders[0]))} "
                                 f"and {clipped(repr(encoders[1]))}): their sums are of different features; merge "
                                 "learners of one encoder")
-        metadata = dict(self.metadata)
-        names = [_names_by_id(record, ids) for record, ids in ((self, mine), (other, theirs))]
+        learned = {key: (self.metadata.get(key, []), other.metadata.get(key, [])) for key in ("learned_from", "learned_data")}
+        if twice := [i for mine, theirs in learned.values() for i in mine if i in theirs]:
+            raise FoalPipeError(f"cannot merge: both model files learned the store {twice[0][:16]}... (its rows would "
+                                "count twice); merge learners of different stores")
+        base, rest = (other, self) if self.projection is None and other.projection is not None else (self, other)
+        metadata = {**rest.metadata, **base.metadata}
+        names = [_names_by_id(record) for record in (self, other)]
         if names[0] is not None and names[1] is not None:
             for label in set(names[0]).intersection(names[1]):
                 a, b = names[0][label], names[1][label]
@@ -51,15 +59,14 @@ class FileRecord(NamedTuple):
                                         "other, so one file's rows would be added to another class; learn the rows of one "
                                         "by name into the other (DeployedModel.partial_fit with class names)")
         known = {**(names[1] or {}), **(names[0] or {})}
-        if all(label in known for label in classes.tolist()):
-            metadata["class_names"] = [known[label] for label in classes.tolist()]
-        learned = [*self.metadata.get("learned_from", []), *other.metadata.get("learned_from", [])]
-        if learned:
-            metadata["learned_from"] = list(dict.fromkeys(learned))
+        if known:  # a class no file names leaves the list short: save asks for class_names=
+            metadata["class_names"] = [known[label] for label in classes.tolist() if label in known]
+        for key, (mine, theirs) in learned.items():
+            if mine or theirs:
+                metadata[key] = [*mine, *theirs]
         if outside := int(self.metadata.get("rows_outside_stores", 0)) + int(other.metadata.get("rows_outside_stores", 0)):
             metadata["rows_outside_stores"] = outside
-        return FileRecord(metadata, self.projection if self.projection is not None else other.projection,
-                          self.n_samples + other.n_samples)
+        return FileRecord(metadata, base.projection, self.n_samples + other.n_samples, classes)
 
     def kept(self, given: dict[str, Any], projection: Any, n_classes: int, n_samples: int) -> dict[str, Any]:
         """The recorded metadata under ``given`` (``save``'s keywords win; a ``projection`` given records its own
@@ -80,14 +87,15 @@ class FileRecord(NamedTuple):
         names = kept.get("class_names")
         if "class_names" not in given and isinstance(names, list) and len(names) != n_classes:
             raise FoalPipeError(f"the loaded model file named {len(names)} classes, but the model has {n_classes} now "
-                                "(partial_fit added classes); pass class_names= with one name per class of classes_")
+                                "(partial_fit or a merge added classes); pass class_names= with one name per class of "
+                                "classes_")
         return {**kept, **given}
 
 
-def _names_by_id(record: FileRecord, classes: np.ndarray) -> dict[Any, str] | None:
-    """The class name of each of ``classes`` (a learner's now) that ``record`` names: None where the file names none,
-    or its names no longer fit the classes (the learner added classes since)."""
+def _names_by_id(record: FileRecord) -> dict[Any, str] | None:
+    """The class name of each label id ``record`` names (one per class it held when loaded): None where it names
+    none, or its names do not fit those classes (a merge's record, short of a name)."""
     names = record.metadata.get("class_names")
-    if not isinstance(names, list) or len(names) != classes.size:
+    if record.classes is None or not isinstance(names, list) or len(names) != record.classes.size:
         return None
-    return dict(zip(classes.tolist(), names))
+    return dict(zip(record.classes.tolist(), names))

@@ -18,12 +18,12 @@ def unsolved(W: np.ndarray, G: np.ndarray, Q: np.ndarray, gamma: float) -> str |
     Two checks in float64: the relative residual ``|(G + gamma I) W - Q| / (|G| |W| + gamma |W| + |Q|)`` (Frobenius
     norms), which a backward-stable solve keeps near 1e-15 however ill-conditioned; and the gamma that ``W`` implies,
     ``<Q - G W, W> / |W|^2``, against the stored one, to ``GAMMA_TOLERANCE (|G| + gamma)``: an edited gamma shows here
-    first. ``G``, ``Q`` and gamma are taken times the power of two that brings ``max|G|`` near 1 (exact, the same
-    ``W``): the norms of sums near float64's range would overflow, and an infinite scale pass anything.
+    first. ``G``, ``Q`` and gamma are taken times the power of two that brings a ``max|G|`` above 1 near 1 (exact, the
+    same ``W``): the norms of sums near float64's range would overflow, and an infinite scale pass anything.
     """
     W, G, Q = (np.asarray(a, dtype=np.float64) for a in (W, G, Q))
     top = float(np.max(np.abs(G))) if G.size else 0.0
-    shift = -math.frexp(top)[1] if 0 < top < math.inf else 0
+    shift = min(0, -math.frexp(top)[1]) if top < math.inf else 0  # down only: up, gamma and Q could overflow
     G, Q, stored, gamma = np.ldexp(G, shift), np.ldexp(Q, shift), gamma, math.ldexp(gamma, shift)
     GW = G @ W
     norm_g, norm_w, norm_q = (float(np.linalg.norm(a)) for a in (G, W, Q))

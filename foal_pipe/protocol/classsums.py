@@ -136,7 +136,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
                 classes = np.flatnonzero(seen)
                 Q = xp.take(columns, xp.asarray(classes, device=default_device(xp)), axis=1)
                 running = RidgeStatistics(G, Q, classes, int(sums.counts[classes].sum()), sums.counts[classes],
-                                          rounding=rounding if summed else None)
+                                          rounding=rounding if summed else None, symmetric=True)  # sums of products
             key = tuple(summed)
             if memo is not None and key in memo:
                 boundaries.append(memo[key])

@@ -339,10 +339,8 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     their ``merged`` ids), and ``metrics`` with what continuing adds: the model continued, the rows seen in all, the
     new store's label ids, the tasks by name and the scores on each ``eval_features`` store; no ``seed`` or
     ``projection_init``: the projection is the model's, whose file does not record how it was drawn."""
-    store = run.store
-    names = dict(zip(merged.tolist(), store.classes))
-    if deployed.named:  # a class it names keeps its spelling (a store's may be another Unicode normalisation)
-        names.update(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
+    store, ours = run.store, dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
+    names = {**ours, **dict(zip(merged.tolist(), run.store.classes)), **(ours if deployed.named else {})}  # its spelling
     kept = ([names[c] for c in final.classes_.tolist()], deployed.encoder_spec,
             {**deployed.metadata, **provenance(run, deployed.metadata, identities)})
     result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it
