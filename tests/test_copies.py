@@ -45,3 +45,23 @@ def test_a_copy_of_a_fitted_head_learns_apart_from_it(head):
     before = original.class_scores(X)
     copy.copy(original).partial_fit(*_rows(1, 20))
     np.testing.assert_array_equal(original.class_scores(X), before)
+
+
+def test_a_pickle_of_a_loaded_classifier_written_before_its_file_record_moved_loads(tmp_path):
+    """A loaded classifier's file record lived in ``foal_pipe.model.classifier`` as ``_FileRecord`` until the
+    twenty-ninth stop: a pickle naming it there loads, predicts and saves the file's record again."""
+    import pickle
+
+    from foal_pipe.model.modelfile import read_model
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 5)), np.arange(40) % 2
+    AnalyticClassifier().fit(X, y).save(tmp_path / "m.safetensors", class_names=["ant", "bee"])
+    loaded = AnalyticClassifier.load(tmp_path / "m.safetensors")
+    new = pickle.dumps(loaded, protocol=0)
+    old = new.replace(b"foal_pipe.model.filerecord\nFileRecord", b"foal_pipe.model.classifier\n_FileRecord")
+    assert old != new
+    again = pickle.loads(old)
+    np.testing.assert_array_equal(again.predict(X), loaded.predict(X))
+    again.save(tmp_path / "again.safetensors")
+    assert read_model(tmp_path / "again.safetensors")[1]["class_names"] == ["ant", "bee"]

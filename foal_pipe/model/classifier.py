@@ -46,6 +46,9 @@ from foal_pipe.model.stateviews import OwnState, read_only, read_only_statistics
 #: (passed as ``expected_failed_checks``; the tests hold the list to at most 3).
 SKLEARN_EXPECTED_FAILURES: dict[str, str] = {}
 
+#: Where pickles of a loaded classifier written before the twenty-ninth stop find its file record.
+_FileRecord = FileRecord
+
 #: Fitted state that :meth:`AnalyticClassifier.fit` clears before learning again.
 _FITTED = ("_engine", "_dtype", "_fitted_with", "_rowless", "_recorded", "classes_", "n_features_in_",
            "feature_names_in_", "n_samples_seen_")
