@@ -340,7 +340,7 @@ def continued_outputs(init_model: str | Path, deployed: DeployedModel, final: An
     new store's label ids, the tasks by name and the scores on each ``eval_features`` store; no ``seed`` or
     ``projection_init``: the projection is the model's, whose file does not record how it was drawn."""
     store, ours = run.store, dict(zip(deployed.classifier.classes_.tolist(), deployed.class_names))
-    names = {**ours, **dict(zip(merged.tolist(), run.store.classes)), **(ours if deployed.named else {})}  # its spelling
+    names = {**ours, **dict(zip(merged.tolist(), store.classes)), **(ours if deployed.named else {})}  # its spelling
     kept = ([names[c] for c in final.classes_.tolist()], deployed.encoder_spec,
             {**deployed.metadata, **provenance(run, deployed.metadata, identities)})
     result = DeployedModel(final, deployed.projection, *kept)  # as predict loads it
