@@ -412,6 +412,8 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         self._check_fitted()
         check_metadata(metadata, self.classes_.size)
         recorded: FileRecord | None = getattr(self, "_recorded", None)
+        if recorded is not None and not recorded.written:  # a DeployedModel's classifier: the model writes its own
+            recorded = None
         if recorded is not None:
             metadata = recorded.kept(metadata, projection, int(self.classes_.size), self.n_samples_seen_)
         fitted = self._fitted_with
@@ -436,13 +438,21 @@ class AnalyticClassifier(UserErrors, RidgeFace, OwnState, ClassifierMixin, BaseE
         is read by :meth:`RidgeModel.from_file <foal_pipe.model.ridgemodel.RidgeModel.from_file>`. What it records
         beside the state is kept for :meth:`save`, so a model loaded, continued and saved loses none of it."""
         tensors, meta = read_model(path)
+        return cls.loaded_from(path, tensors, meta, backend)
+
+    @classmethod
+    def loaded_from(cls, path: str | Path, tensors: dict[str, np.ndarray], meta: dict[str, Any],
+                    backend: str = "numpy", written: bool = True) -> AnalyticClassifier:
+        """:meth:`load`'s classifier of a model file read already (``tensors``, ``meta``: ``read_model``'s), which
+        :func:`~foal_pipe.model.deploy.load_model` shares: its columns checked and its record kept alike (``written``:
+        :class:`~foal_pipe.model.filerecord.FileRecord`'s)."""
         model = RidgeModel.from_file(path, tensors, meta)
         clf = cls.from_model(model, backend)
         names = model.feature_names or identity_names(tensors.get("projection"), meta)
         if names is not None:  # checked as the saved estimator checked them
             clf.feature_names_in_ = np.asarray(names, dtype=object)
         clf._recorded = FileRecord({k: v for k, v in meta.items() if k not in SET_BY_MODEL}, tensors.get("projection"),
-                                   clf.n_samples_seen_, clf.classes_.copy())
+                                   clf.n_samples_seen_, clf.classes_.copy(), written)
         return clf
 
     @classmethod

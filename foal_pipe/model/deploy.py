@@ -23,10 +23,10 @@ from foal_pipe.core.scoring import best_of
 from foal_pipe.errors import FoalPipeError, NoBlocks, clipped
 from foal_pipe.extract.encoding import BATCH_SIZE, build_recorded_encoder, encode_images, first_difference
 from foal_pipe.heads import HEADS
-from foal_pipe.model.columns import columns_checked
+from foal_pipe.model.columns import check_frame_columns, columns_checked
 from foal_pipe.model.headmodel import HeadClassifier, load_head
 from foal_pipe.model.modelfile import CHECKSUM_FROM, names_problem, read_model, refuse, stored_head
-from foal_pipe.model.ridgemodel import INPUT_NAMES, SET_BY_MODEL, RidgeModel, SavedRidge, identity_names, restore_input_names
+from foal_pipe.model.ridgemodel import INPUT_NAMES, SET_BY_MODEL, RidgeModel, SavedRidge, restore_input_names
 from foal_pipe.model.stateviews import OwnState
 
 if TYPE_CHECKING:  # scikit-learn: loaded with the estimators, not by predict, evaluate or learn --init-model
@@ -183,22 +183,12 @@ class DeployedModel(OwnState):
         """Refuse a DataFrame whose column names (all strings: scikit-learn's rule) are not, in order, those the model
         was fitted on: its projection's (recorded in the model file), or its classifier's behind the identity. Its
         values would be read by position, each column standing in for another."""
-        names = getattr(self.projection, "feature_names_in_", None)
-        if names is None and getattr(self.projection, "is_identity", False):
-            names = getattr(self.classifier, "feature_names_in_", None)
         columns = getattr(features, "columns", None)
-        if names is None or columns is None:
+        if columns is None:
             return
-        given, names = list(columns), list(names)
-        if not all(isinstance(c, str) for c in given):  # scikit-learn: a TypeError for mixed names, a warning for others
-            raise FoalPipeError(f"the features' columns are named {clipped(repr(given), 40)}, not by the strings the "
-                                f"model was fitted on; select them by name, features[{clipped(repr(names))}], or pass "
-                                "the values in that order as an array")
-        if given != names:
-            at = next((i for i, (a, b) in enumerate(zip(given, names)) if a != b), min(len(given), len(names)))
-            raise FoalPipeError(f"the features' columns differ from those the model was fitted on at position {at} "
-                                f"({clipped(repr(given[at:at + 3]), 40)} against {clipped(repr(names[at:at + 3]), 40)}); "
-                                f"select them in the model's order, features[{clipped(repr(names))}]")
+        check_frame_columns(columns, getattr(self.projection, "feature_names_in_", None))
+        if getattr(self.projection, "is_identity", False):  # the classifier reads the same columns: its own, too
+            check_frame_columns(columns, getattr(self.classifier, "feature_names_in_", None))
 
     def _label_ids(self, labels: Any, n_rows: int) -> tuple[np.ndarray, dict[int, str]]:
         """Label ids (int64) and the names of the ids given by name: ``labels`` must be one class name (str) or
@@ -389,6 +379,10 @@ class DeployedModel(OwnState):
                                 "e.g. ['cat', 'dog']")
         with owner_lock(self):  # the names and classes of one model
             ids, known = self._ids_by_name(), self.classifier.classes_
+        if known.dtype.kind not in "iu":  # names map to ids; a classifier of other labels takes its own
+            raise FoalPipeError(f"this model's classifier learned labels of dtype {known.dtype}, not integer class ids, so "
+                                "class names have no ids here; give the classifier its own labels "
+                                "(model.classifier.partial_fit(model.activations(X), labels))")
         nxt = int(known.max()) + 1 if known.size else 0
         out = np.empty(len(names), dtype=np.int64)
         spelled: dict[str, str] = {}
@@ -478,9 +472,7 @@ def load_model(path: str | Path, *, estimators: bool = True) -> DeployedModel:
         from foal_pipe.model.classifier import AnalyticClassifier
         from foal_pipe.model.projection import SmoothProjection
 
-        classifier = AnalyticClassifier.from_model(RidgeModel.from_file(path, tensors, meta))
-        if columns := meta.get("feature_names") or identity_names(tensors["projection"], meta):  # as its load
-            classifier.feature_names_in_ = np.asarray(columns, dtype=object)
+        classifier = AnalyticClassifier.loaded_from(path, tensors, meta, written=False)  # columns and names as its load
         projection = SmoothProjection.from_matrix(tensors["projection"], activation=activation, dtype=dtype)
     else:
         classifier = SavedRidge(RidgeModel.from_file(path, tensors, meta))

@@ -16,12 +16,15 @@ from foal_pipe.model.ridgemodel import INPUT_NAMES
 class FileRecord(NamedTuple):
     """A loaded file's metadata (less what the model sets itself), its projection, the rows seen when it was loaded
     and the classes it held then (its ``class_names`` name them):
-    :meth:`AnalyticClassifier.save <foal_pipe.model.classifier.AnalyticClassifier.save>` writes it again."""
+    :meth:`AnalyticClassifier.save <foal_pipe.model.classifier.AnalyticClassifier.save>` writes it again, unless
+    ``written`` is False (the classifier of a :class:`~foal_pipe.model.deploy.DeployedModel`, which writes its own
+    metadata): then it serves merges only, to compare the files' class names."""
 
     metadata: dict[str, Any]
     projection: np.ndarray | None
     n_samples: int
     classes: np.ndarray | None = None
+    written: bool = True
 
     def same_projection(self, other: FileRecord) -> bool:
         """Whether two files may record one projection: the same matrix and activation, or one file holds none (no
@@ -52,21 +55,19 @@ class FileRecord(NamedTuple):
         metadata = {**rest.metadata, **base.metadata}
         names = [_names_by_id(record) for record in (self, other)]
         if names[0] is not None and names[1] is not None:
-            for label in set(names[0]).intersection(names[1]):
-                a, b = names[0][label], names[1][label]
-                if unicodedata.normalize("NFC", a) != unicodedata.normalize("NFC", b):
-                    raise FoalPipeError(f"cannot merge: label {label!r} is class {a!r} in one model file and {b!r} in the "
-                                        "other, so one file's rows would be added to another class; learn the rows of one "
-                                        "by name into the other (DeployedModel.partial_fit with class names)")
+            _check_names_agree(names[0], names[1])
         known = {**(names[1] or {}), **(names[0] or {})}
-        if known:  # a class no file names leaves the list short: save asks for class_names=
-            metadata["class_names"] = [known[label] for label in classes.tolist() if label in known]
+        named = classes
+        if known:  # a class no file names leaves the list short (save asks for class_names=); the ids named are kept
+            named = np.asarray([label for label in classes.tolist() if label in known], dtype=classes.dtype)
+            metadata["class_names"] = [known[label] for label in named.tolist()]
         for key, (mine, theirs) in learned.items():
             if mine or theirs:
                 metadata[key] = [*mine, *theirs]
         if outside := int(self.metadata.get("rows_outside_stores", 0)) + int(other.metadata.get("rows_outside_stores", 0)):
             metadata["rows_outside_stores"] = outside
-        return FileRecord(metadata, base.projection, self.n_samples + other.n_samples, classes)
+        return FileRecord(metadata, base.projection, self.n_samples + other.n_samples, named,
+                          self.written or other.written)
 
     def kept(self, given: dict[str, Any], projection: Any, n_classes: int, n_samples: int) -> dict[str, Any]:
         """The recorded metadata under ``given`` (``save``'s keywords win; a ``projection`` given records its own
@@ -92,9 +93,28 @@ class FileRecord(NamedTuple):
         return {**kept, **given}
 
 
+def _check_names_agree(mine: dict[Any, str], theirs: dict[Any, str]) -> None:
+    """Refuse a merge of files that name one label id as two classes, or one class at two label ids: one file's rows
+    would be added to another class's column, or one class's rows split over two."""
+    fix = "learn the rows of one by name into the other (DeployedModel.partial_fit with class names)"
+    for label in set(mine).intersection(theirs):
+        if _nfc(mine[label]) != _nfc(theirs[label]):
+            raise FoalPipeError(f"cannot merge: label {label!r} is class {mine[label]!r} in one model file and "
+                                f"{theirs[label]!r} in the other, so one file's rows would be added to another class; {fix}")
+    ids = {_nfc(name): label for label, name in mine.items()}
+    for label, name in theirs.items():
+        if ids.get(_nfc(name), label) != label:
+            raise FoalPipeError(f"cannot merge: class {name!r} is label {ids[_nfc(name)]!r} in one model file and "
+                                f"{label!r} in the other, so its rows would be split over two classes; {fix}")
+
+
+def _nfc(name: str) -> str:
+    return unicodedata.normalize("NFC", name)
+
+
 def _names_by_id(record: FileRecord) -> dict[Any, str] | None:
-    """The class name of each label id ``record`` names (one per class it held when loaded): None where it names
-    none, or its names do not fit those classes (a merge's record, short of a name)."""
+    """The class name of each label id ``record`` names (one per class it held when loaded, or, a merge's, per class
+    a file named): None where it names none, or its names do not fit those classes."""
     names = record.metadata.get("class_names")
     if record.classes is None or not isinstance(names, list) or len(names) != record.classes.size:
         return None

@@ -432,9 +432,11 @@ def _label_ids(y: Any, split: str) -> np.ndarray:
         raise FoalPipeError(f"write_store: {split} labels have masked (missing) entries; label those rows -1 "
                             "(unlabelled) or drop them")
     ids = _on_host(y, f"{split} labels")
+    given = y if isinstance(y, (list, tuple)) else ids.ravel().tolist() if ids.dtype.kind == "O" else ()
     if ids.dtype.kind == "O":
         ids = np.asarray(ids.tolist())  # Python ints read as int64 (a None stays an object)
-    if ids.dtype.kind == "b":  # a mask passed for the labels: True and False are no class names' positions
+    if ids.dtype.kind == "b" or any(isinstance(v, (bool, np.bool_)) for v in given):  # NumPy reads [0, True] as ids
+        # a mask passed for the labels: True and False are no class names' positions
         raise FoalPipeError(f"write_store: {split} labels are booleans, not class ids; pass each row's class as an "
                             "integer, its position in classes (y.astype(int) if True and False mean ids 1 and 0)")
     if ids.dtype.kind not in "iuf":
