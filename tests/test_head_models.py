@@ -308,6 +308,7 @@ def test_ridge_model_file_is_unchanged_and_an_old_file_predicts_as_before(tmp_pa
     # since the twenty-seventh stop, the gram sums' rounding (docs/model-file.md); the old file is read without it
     rounding, errors = header[0].pop("sums_rounding"), header[0].pop("sums_rounding_errors")
     assert rounding > 0 and len(errors) == 64 and "sums_rounding" not in header[1]
+    assert len(header[0].pop("sums_rounding_diagonal")) == 8  # since the thirtieth stop, G's diagonal's rounding
     assert header[0] == header[1]
     for name in tensors:
         assert new[name].dtype == tensors[name].dtype

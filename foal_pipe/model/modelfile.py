@@ -92,6 +92,10 @@ def _is_number(v: Any) -> bool:
         return False
 
 
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and all(map(_is_number, v))
+
+
 def shown(value: Any) -> str:
     """A value's repr for a one-line message, cut at 60 characters with an ellipsis (not mid-quote, unmarked)."""
     return clipped(repr(value))
@@ -128,7 +132,8 @@ METADATA: dict[str, tuple[bool, Callable[[Any, int], str | None]]] = {
     "per_decade": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (a gamma='auto' search's)"),
     "rows_outside_stores": (False, lambda v, _: None if _is_int(v) and v >= 0 else "must be an integer >= 0 (rows counted)"),
     "sums_rounding": (False, lambda v, _: None if _is_number(v) and v >= 0 else "must be a number >= 0 (the sums' rounding)"),
-    "sums_rounding_errors": (False, lambda v, _: None if isinstance(v, list) and all(map(_is_number, v)) else "must be numbers"),
+    "sums_rounding_errors": (False, lambda v, _: None if _numbers(v) else "must be numbers"),
+    "sums_rounding_diagonal": (False, lambda v, _: None if _numbers(v) else "must be numbers, one per row of G"),
 }
 
 

@@ -83,8 +83,9 @@ class RidgeModel:
         kept = (*ENGINES[engine].state_names, "counts", "drift", "G", "Q")  # rls: its checking sums, if kept
         state: dict[str, Any] = {name: a for name, a in tensors.items() if name in kept}
         if "sums_rounding" in meta:  # the sums' rounding (RidgeStatistics.rounding): gram's, or rls's checking sums
-            errors = meta.get("sums_rounding_errors")
-            state["rounding"] = Rounding(float(meta["sums_rounding"]), None if errors is None else np.asarray(errors))
+            errors, diagonal = meta.get("sums_rounding_errors"), meta.get("sums_rounding_diagonal")
+            state["rounding"] = Rounding(float(meta["sums_rounding"]), None if errors is None else np.asarray(errors),
+                                         None if diagonal is None else np.asarray(diagonal))
         return cls(state, tensors["W"], tensors["classes"].astype(np.int64), meta["gamma"], engine, meta["dtype"],
                    meta["n_samples_seen"], grid, per_decade, None if names is None else tuple(names))
 
@@ -118,6 +119,8 @@ class RidgeModel:
             settings["sums_rounding"] = float(rounding.variance)
             if rounding.errors is not None:
                 settings["sums_rounding_errors"] = [float(e) for e in rounding.errors]
+            if rounding.diagonal is not None:
+                settings["sums_rounding_diagonal"] = [float(e) for e in rounding.diagonal]
         return write_model(path, tensors, {**metadata, **settings})
 
 
@@ -135,7 +138,8 @@ def lower_mirrored(G: np.ndarray) -> np.ndarray:
 #: options and rows seen): a ``save(**metadata)`` naming one is refused rather than overwritten (a fixed-gamma
 #: model saved with ``gamma_grid=`` read back as ``gamma="auto"``).
 SET_BY_MODEL = ("format", "format_version", "checksum", "gamma", "engine", "dtype", "n_samples_seen", "gamma_grid",
-                "per_decade", "feature_names", "sums_rounding", "sums_rounding_errors", "head", "head_options")
+                "per_decade", "feature_names", "sums_rounding", "sums_rounding_errors", "sums_rounding_diagonal", "head",
+                "head_options")
 
 
 def check_metadata(metadata: Mapping[str, Any], n_classes: int) -> None:
