@@ -120,18 +120,20 @@ class Expansion:
     def n_features_in_(self) -> int:
         return int(self.components_.shape[0])
 
-    def transform(self, X: Any, xp: Any = None) -> Any:
+    def transform(self, X: Any, xp: Any = None, check: bool = True) -> Any:
         """``activation(X @ P)`` of 2-D ``X`` (rows of a store, which refuses NaN and inf as it reads them);
-        ``xp`` (an array namespace) computes on its device, default: that of ``X``."""
+        ``xp`` (an array namespace) computes on its device, default: that of ``X``; ``check``: :meth:`apply`'s."""
         if getattr(X, "ndim", None) != 2 or X.shape[1] != self.n_features_in_:
             raise FoalPipeError(
                 f"features of shape {tuple(getattr(X, 'shape', ()))} do not fit the projection, which expects "
                 f"(rows, {self.n_features_in_}); use features from the same encoder as the model"
             )
-        return self.apply(X, xp)
+        return self.apply(X, xp, check)
 
-    def apply(self, X: Any, xp: Any = None) -> Any:
-        """:meth:`transform` of ``X`` already checked; the matrix is cached on each namespace and device it meets."""
+    def apply(self, X: Any, xp: Any = None, check: bool = True) -> Any:
+        """:meth:`transform` of ``X`` already checked; the matrix is cached on each namespace and device it meets.
+        ``check``: refuse rows that differ, all erased (:meth:`_check_erased`); False where the caller checks them
+        in other blocks (a Dask block's, :meth:`erased_rows`)."""
         host = is_numpy_array(X) or not is_array_api_obj(X)
         xp = xp or array_namespace(X)
         where = default_device(xp) if host else device(X)
@@ -150,7 +152,7 @@ class Expansion:
                     bias = self._device[key + " bias"] = xp.asarray(self.bias_, device=where)
                 Z += bias[None, :]
         H = ACTIVATIONS[self.activation](Z)
-        if self.activation in ROUNDED_AT_ZERO and H.shape[0] > 1:
+        if check and self.activation in ROUNDED_AT_ZERO and H.shape[0] > 1:
             self._check_erased(X, H, xp, key, where)
         return H
 
@@ -169,9 +171,26 @@ class Expansion:
             zero = self._device[key + " zero"] = ACTIVATIONS[self.activation](origin)
         if not bool(xp.all(H[:1, :] == zero)) or not bool(xp.all(zero == H)) or not bool(xp.any(X[:1, :] != X)):
             return
-        scale = float(xp.max(xp.abs(X)))
-        raise FoalPipeError(
-            f"the {self.activation} activations of {H.shape[0]} rows that differ all equal its value at 0 exactly: "
-            f"features of scale {scale:.3g} project below the activation's rounding, so nothing of their differences "
-            f"is left; rescale the features to about unit scale (e.g. keep the fusion's final norm), or use "
-            f"{param('activation', 'relu')} or {param('n_components', 0)} (ridge on the raw features)")
+        raise erased_error(self.activation, H.shape[0], float(xp.max(xp.abs(X))))
+
+    def erased_rows(self, H: Any) -> np.ndarray:
+        """Which rows of activations ``H`` (of this expansion, on the host) are the activation's value at 0 in every
+        column, as :meth:`apply` refuses them where rows that differ all are (a Dask block's rows are checked with the
+        walk's blocks: :func:`~foal_pipe.protocol.learners.gram.check_erased_blocks`)."""
+        H = np.asarray(H)
+        origin = np.zeros((1, H.shape[1]), dtype=H.dtype) if self.bias_ is None else self.bias_[None, :].astype(H.dtype)
+        zero = np.asarray(ACTIVATIONS[self.activation](origin))
+        rows = np.flatnonzero(H[:, 0] == zero[0, 0]) if H.shape[1] else np.arange(H.shape[0])
+        mask = np.zeros(H.shape[0], dtype=bool)
+        mask[rows[(H[rows] == zero).all(axis=1)]] = True
+        return mask
+
+
+def erased_error(activation: str, n_rows: int, scale: float) -> FoalPipeError:
+    """The refusal of ``n_rows`` rows that differ, of largest feature ``scale``, whose every activation is the value
+    at 0 (:meth:`Expansion.apply`)."""
+    return FoalPipeError(
+        f"the {activation} activations of {n_rows} rows that differ all equal its value at 0 exactly: "
+        f"features of scale {scale:.3g} project below the activation's rounding, so nothing of their differences "
+        f"is left; rescale the features to about unit scale (e.g. keep the fusion's final norm), or use "
+        f"{param('activation', 'relu')} or {param('n_components', 0)} (ridge on the raw features)")

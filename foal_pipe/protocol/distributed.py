@@ -25,14 +25,16 @@ called damaged.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 
 from foal_pipe.cluster import NoWorkers, WorkerWatch, cluster_errors, cluster_failure, cluster_result, require_distributed
+from foal_pipe.core.activations import ROUNDED_AT_ZERO
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
@@ -44,7 +46,40 @@ if TYPE_CHECKING:
     from distributed import Client
 
 T = TypeVar("T")
-Partial = list[RidgeStatistics | None]
+
+
+class ErasedRows(NamedTuple):
+    """The train rows a worker projected whose every activation is the value at 0 (store indices), each one's mark (a
+    hash of its values as projected: equal rows, equal marks) and largest feature: what the client needs to refuse
+    them as the local walk's blocks would (:func:`~foal_pipe.protocol.learners.gram.check_erased_blocks`). None found:
+    empty arrays."""
+
+    rows: np.ndarray
+    marks: np.ndarray
+    scales: np.ndarray
+
+    @classmethod
+    def of(cls, projection: Expansion, X: np.ndarray, H: Any, rows: np.ndarray) -> ErasedRows:
+        """Those of the rows ``X`` (store indices ``rows``) whose activations ``H`` the projection erased."""
+        if projection.activation not in ROUNDED_AT_ZERO:
+            return NO_ERASED
+        found = np.flatnonzero(projection.erased_rows(H))
+        values = np.asarray(X[found], dtype=projection.components_.dtype) + 0.0  # -0.0 as 0.0: they compare equal
+        marks = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
+                 for row in values]
+        return cls(rows[found].astype(np.int64), np.asarray(marks, dtype=np.int64),
+                   np.max(np.abs(values), axis=1, initial=0.0).astype(np.float64))
+
+    def __add__(self, other: object) -> ErasedRows:
+        if not isinstance(other, ErasedRows):
+            return NotImplemented
+        return ErasedRows(*(np.concatenate([a, b]) for a, b in zip(self, other)))
+
+
+NO_ERASED = ErasedRows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
+
+#: One block's (or a sum's) statistics per group, then the rows it found erased (:class:`ErasedRows`).
+Partial = list[Any]
 
 #: Upper bound on the feature bytes one Gram task reads at once (a block of whole store chunks).
 BLOCK_BYTES = 64 * 2**20
@@ -106,23 +141,29 @@ def block_statistics(
     step: int, store: str | None = None,
 ) -> Partial:
     """On a worker: the statistics of one block's rows per group (``groups``: each row's group, -1 for none; None
-    for a group without rows), each group's rows projected ``step`` at a time and added in order; rows that are not
-    finite refused naming ``store`` (as the user named it)."""
+    for a group without rows), each group's rows projected ``step`` at a time and added in order, then the rows the
+    activation erased (:class:`ErasedRows`, refused by the client in the walk's blocks, not this block's); rows that
+    are not finite refused naming ``store`` (as the user named it)."""
     X = np.asarray(X)
     check_finite(X, "train", first_row, root=None if store is None else Path(store))
     totals: Partial = [None] * n_groups
+    erased = NO_ERASED
+    projection = getattr(projection, "expansion", projection)  # a SmoothProjection's, as its transform computes
     for g in np.unique(groups[groups >= 0]).tolist():
         mine = np.flatnonzero(groups == g)
         for lo in range(0, mine.size, step):
             keep = mine[lo : lo + step]
-            part = RidgeStatistics.from_batch(projection.transform(X[keep]), labels[keep])
+            H = projection.transform(X[keep], check=False)
+            erased = erased + ErasedRows.of(projection, X[keep], H, first_row + keep)
+            part = RidgeStatistics.from_batch(H, labels[keep])
             current = totals[g]
             totals[g] = part if current is None else current + part
-    return totals
+    return [*totals, erased]
 
 
 def add_statistics(a: Partial, b: Partial) -> Partial:
-    """The group-wise sum of two partials, as new arrays (inputs held by Dask are never modified)."""
+    """The group-wise sum of two partials, as new arrays (inputs held by Dask are never modified), and both's
+    erased rows."""
     return [y if x is None else x if y is None else x + y for x, y in zip(a, b)]
 
 
@@ -166,14 +207,16 @@ def dask_statistics(
     step: int,
     advance: Callable[[int], None] = lambda n: None,
     shown: str | Path | None = None,
+    erased: Callable[[ErasedRows], None] | None = None,
 ) -> list[RidgeStatistics]:
     """The :class:`RidgeStatistics` of each group of train rows (``groups``: every row's group, -1 for none),
     computed on the cluster in one pass over the store.
 
     ``path`` is the store (visible to every worker), ``labels`` the train labels, ``projection`` a fitted
     :class:`~foal_pipe.core.expansion.Expansion` (or its future, scattered once by the caller), ``step`` the rows projected at
-    once; ``advance(n)`` reports rows done. A damaged chunk is named (under ``shown``, the store as the user named
-    it: ``path`` is resolved for the workers), a lost cluster is one line.
+    once; ``advance(n)`` reports rows done; ``erased`` is given the rows the activation erased (:class:`ErasedRows`)
+    before the sums are returned. A damaged chunk is named (under ``shown``, the store as the user named it:
+    ``path`` is resolved for the workers), a lost cluster is one line.
     """
     require_distributed()
     import dask
@@ -206,7 +249,8 @@ def dask_statistics(
             if future is not None and b is not None:
                 span_of[future.key], size_of[future.key] = (b[1], b[2]), b[3]
         del computed, blocks
-        totals = reduce_tree(client, futures, add_statistics, lambda f: advance(size_of.pop(f.key)), failed).result()
+        *totals, found = reduce_tree(client, futures, add_statistics, lambda f: advance(size_of.pop(f.key)),
+                                     failed).result()
     except FoalPipeError:
         raise
     except cluster_errors() as exc:
@@ -230,7 +274,9 @@ def dask_statistics(
     got = np.array([0 if t is None else t.n for t in totals])
     if not np.array_equal(got, expected) or any(t is None for t in totals):
         raise FoalPipeError(f"dask returned statistics for {int(got.sum())} of {int(expected.sum())} rows; re-run the command")
-    return totals
+    if erased is not None:
+        erased(found)
+    return cast(list[RidgeStatistics], totals)
 
 
 def chunk_file_error(split: Any, exc: MissingChunk | BadChunkFile) -> FoalPipeError:

@@ -11,13 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 from array_api_compat import array_namespace, device
 
-from foal_pipe.core.activations import ROUNDED_AT_ZERO
 from foal_pipe.core.backend import default_device
+from foal_pipe.core.expansion import erased_error
 from foal_pipe.core.statistics import Factored, RidgeStatistics
 from foal_pipe.protocol.ahead import (
     EIGH_COST,
@@ -34,6 +34,9 @@ from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending, Solver
 from foal_pipe.protocol.walk import Advance, Learner, n_stream
+
+if TYPE_CHECKING:
+    from foal_pipe.protocol.distributed import ErasedRows
 
 #: A lane's boundary solver: one gamma, or one that may wait for the rows (the gamma path; a continued model's).
 LaneSolver: TypeAlias = FixedGamma | Solver
@@ -377,35 +380,33 @@ class GramLearner(Learner):
                     held, done = held - take, done + take
 
 
-#: How many rows across the stream :func:`check_erased_rows` projects together where the first row's activations are
-#: the activation's value at 0.
-ERASED_PROBES = 64
-
-
-def check_erased_rows(run: Run) -> None:
-    """Refuse, before the cluster's pass, train rows that the activation erases (the check of
-    :meth:`~foal_pipe.core.expansion.Expansion.apply`: rows that differ, every activation its value at 0), which the
-    cluster makes within each block's rows alone, where a block of equal rows passes. The stream's first row tells
-    whether to look (one row projected); only where its activations are the value at 0 are rows of up to
-    :data:`ERASED_PROBES` chunks across the stream projected together, as one block of the local walk is."""
-    walked = np.flatnonzero(run.row_task >= 0)
-    if run.projection.activation not in ROUNDED_AT_ZERO or walked.size < 2:
+def check_erased_blocks(run: Run, erased: ErasedRows) -> None:
+    """Refuse train rows that the activation erases as the local walk refuses them: in its blocks (each task's rows
+    in storage order, :attr:`~foal_pipe.protocol.run.Run.block_rows` at a time), a block whose rows differ while
+    every one's activations are the value at 0 (:meth:`~foal_pipe.core.expansion.Expansion.apply`). The cluster's
+    blocks are the store's chunks, which hold other rows together: it only reports the rows it found erased
+    (``erased``, none on usual data), and they are judged here."""
+    if not erased.rows.size:
         return
-    xp, width = run.xp, run.store.dim
-    first = run.projection.transform(run.store.train.take(walked[:1]), xp)
-    zero = run.projection.transform(np.zeros((1, width), dtype=np.float64), xp)
-    if bool(xp.all(first == zero)):
-        probes = walked[np.unique(np.linspace(0, walked.size - 1, ERASED_PROBES).astype(np.int64))]
-        run.projection.transform(run.store.train.take(probes), xp)  # refuses rows that differ, all at the value at 0
+    n_rows = run.store.train.n_rows
+    found = np.zeros(n_rows, dtype=bool)
+    found[erased.rows] = True
+    marks, scales = np.zeros(n_rows, dtype=np.int64), np.zeros(n_rows)
+    marks[erased.rows], scales[erased.rows] = erased.marks, erased.scales
+    for task in run.stream.rows:
+        ordered = np.sort(task)
+        for lo in range(0, ordered.size, run.block_rows):
+            block = ordered[lo : lo + run.block_rows]
+            if block.size > 1 and found[block].all() and (marks[block] != marks[block[0]]).any():
+                raise erased_error(run.projection.activation, block.size, float(scales[block].max()))
 
 
 def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
     """With ``--scheduler dask``: every task's statistics, computed on the cluster in one pass over the store, its
-    rows checked first for an activation that erases them (:func:`check_erased_rows`)."""
+    rows checked for an activation that erases them (:func:`check_erased_blocks`)."""
     from foal_pipe.cluster import cluster_failure, dask_client, lost_or_unreachable
     from foal_pipe.protocol.distributed import dask_statistics
 
-    check_erased_rows(run)
     path = str(Path(run.store.path).resolve())
     with dask_client(run.execution.dask_address, run.execution.workers) as client, run.timed("gram"):
         try:
@@ -413,4 +414,5 @@ def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
         except lost_or_unreachable() as exc:  # the cluster lost as the run starts
             raise cluster_failure(exc) from None
         return dask_statistics(client, path, run.row_task, run.stream.n_tasks, run.store.train.labels, projection,
-                               run.block_rows, advance, shown=run.store.path)
+                               run.block_rows, advance, shown=run.store.path,
+                               erased=lambda found: check_erased_blocks(run, found))
