@@ -26,7 +26,7 @@ they found erased, with a hash of each, and the client judges them in the local 
    (Dask's refusal is one line with nothing written, so the promise "same result or refused" is formally kept; the
    schedulers still disagree about which stores are bad, which the brief asks to be the same.)
 
-Side finding (local only, not a test): ``learn --tasks 4 --order-seeds 0,1`` of fault 1's store learns it on both
+Side finding (local only; fixed with them, ``test_order_seeds_refuse_erased_rows_of_one_task_as_one_order_does``): ``learn --tasks 4 --order-seeds 0,1`` of fault 1's store learns it on both
 schedulers (exit 0) while the single-order local walk refuses it: the per-class sums
 (``protocol.classsums.class_statistics``) project blocks of rows in store order, whose first row is normal.
 
@@ -129,6 +129,19 @@ def test_dask_refuses_erased_rows_of_one_task_as_the_local_walk_does(one_task_er
 
 
 # --- 2. the converse: a chunk of distinct erased rows inside a task whose first row is normal ------------------------
+
+@pytest.mark.parametrize("orders", ["0,1", "0"])
+def test_order_seeds_refuse_erased_rows_of_one_task_as_one_order_does(one_task_erased, tmp_path, orders):
+    """The side finding, fixed with the faults: ``learn --order-seeds`` sums each class's rows in blocks of classes
+    (``protocol.classsums``), which held fault 1's erased rows together with normal ones and learned the store that
+    one order's walk refuses. Expected: refused alike, in each order's walk blocks."""
+    plain = _run(one_task_erased, tmp_path / "plain", "local", "", "--tasks", 4, "--projection-dim", 20)
+    orders_run = _run(one_task_erased, tmp_path / "orders", "local", "", "--tasks", 4, "--projection-dim", 20,
+                      "--order-seeds", orders)
+    for result, out in ((plain, tmp_path / "plain"), (orders_run, tmp_path / "orders")):
+        code, line, written = _outcome(result, out)
+        assert code == 1 and "all equal its value at 0 exactly" in line and not written, (orders, code, line)
+
 
 @pytest.fixture(scope="module")
 def erased_chunk(tmp_path_factory) -> Path:

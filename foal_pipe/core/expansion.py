@@ -133,7 +133,7 @@ class Expansion:
     def apply(self, X: Any, xp: Any = None, check: bool = True) -> Any:
         """:meth:`transform` of ``X`` already checked; the matrix is cached on each namespace and device it meets.
         ``check``: refuse rows that differ, all erased (:meth:`_check_erased`); False where the caller checks them
-        in other blocks (a Dask block's, :meth:`erased_rows`)."""
+        in other blocks (:mod:`foal_pipe.protocol.erasedrows`)."""
         host = is_numpy_array(X) or not is_array_api_obj(X)
         xp = xp or array_namespace(X)
         where = default_device(xp) if host else device(X)
@@ -172,18 +172,6 @@ class Expansion:
         if not bool(xp.all(H[:1, :] == zero)) or not bool(xp.all(zero == H)) or not bool(xp.any(X[:1, :] != X)):
             return
         raise erased_error(self.activation, H.shape[0], float(xp.max(xp.abs(X))))
-
-    def erased_rows(self, H: Any) -> np.ndarray:
-        """Which rows of activations ``H`` (of this expansion, on the host) are the activation's value at 0 in every
-        column, as :meth:`apply` refuses them where rows that differ all are (a Dask block's rows are checked with the
-        walk's blocks: :func:`~foal_pipe.protocol.learners.gram.check_erased_blocks`)."""
-        H = np.asarray(H)
-        origin = np.zeros((1, H.shape[1]), dtype=H.dtype) if self.bias_ is None else self.bias_[None, :].astype(H.dtype)
-        zero = np.asarray(ACTIVATIONS[self.activation](origin))
-        rows = np.flatnonzero(H[:, 0] == zero[0, 0]) if H.shape[1] else np.arange(H.shape[0])
-        mask = np.zeros(H.shape[0], dtype=bool)
-        mask[rows[(H[rows] == zero).all(axis=1)]] = True
-        return mask
 
 
 def erased_error(activation: str, n_rows: int, scale: float) -> FoalPipeError:

@@ -25,6 +25,7 @@ from foal_pipe.core.rounding import Rounding, addition_rounding, product_roundin
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.progress import progress_bar
 from foal_pipe.protocol.ahead import FactorAhead, can_run_ahead, second_thread
+from foal_pipe.protocol.erasedrows import NO_ERASED, ErasedRows, check_erased_blocks
 from foal_pipe.protocol.internal import internal_error, known
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas
@@ -47,6 +48,8 @@ class ClassSums:
     counts: np.ndarray
     #: Each class's ``G_c``'s rounding (:attr:`~foal_pipe.core.statistics.RidgeStatistics.rounding`), None before rows.
     rounding: list[Rounding | None]
+    #: The rows the activation erased, judged in each order's walk blocks (:func:`order_boundaries`).
+    erased: ErasedRows = NO_ERASED
 
 
 def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
@@ -67,7 +70,9 @@ def class_statistics(run: Run, rows: SharedRows) -> ClassSums:
         for lo in range(0, train.n_rows, run.block_rows):
             hi = min(lo + run.block_rows, train.n_rows)
             with run.timed("project"):
-                H = run.projection.transform(train.block(None, lo, hi, xp), xp)
+                X = train.block(None, lo, hi, xp)
+                H = run.projection.transform(X, xp, check=False)  # blocks of classes: judged in each order's blocks
+                sums.erased = sums.erased + ErasedRows.of(run.projection, X, H, train.rows[lo:hi])
             with run.timed("gram"):
                 labels = train.labels[lo:hi]
                 cuts = np.flatnonzero(np.diff(labels)) + 1
@@ -107,6 +112,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
     xp = run.xp
     if memo is not None and not isinstance(solver, ManyGammas):
         raise internal_error("boundaries shared between runs without a gamma path")
+    check_erased_blocks(run, sums.erased)
     G = xp.zeros((run.dim, run.dim), dtype=sums.G.dtype, device=default_device(xp))
     columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.Q.dtype, device=default_device(xp))
     seen = np.zeros(sums.counts.size, dtype=bool)

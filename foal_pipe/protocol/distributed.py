@@ -25,20 +25,19 @@ called damaged.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
 from foal_pipe.cluster import NoWorkers, WorkerWatch, cluster_errors, cluster_failure, cluster_result, require_distributed
-from foal_pipe.core.activations import ROUNDED_AT_ZERO
 from foal_pipe.core.expansion import Expansion
 from foal_pipe.core.statistics import RidgeStatistics
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import BASELINE_BYTES
+from foal_pipe.protocol.erasedrows import NO_ERASED, ErasedRows
 from foal_pipe.store.chunks import REEXTRACT, BadChunkFile, MissingChunk, check_finite, chunk_error, damage_reason
 from foal_pipe.store.seen import check_workers_see, store_identity
 
@@ -47,36 +46,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-
-class ErasedRows(NamedTuple):
-    """The train rows a worker projected whose every activation is the value at 0 (store indices), each one's mark (a
-    hash of its values as projected: equal rows, equal marks) and largest feature: what the client needs to refuse
-    them as the local walk's blocks would (:func:`~foal_pipe.protocol.learners.gram.check_erased_blocks`). None found:
-    empty arrays."""
-
-    rows: np.ndarray
-    marks: np.ndarray
-    scales: np.ndarray
-
-    @classmethod
-    def of(cls, projection: Expansion, X: np.ndarray, H: Any, rows: np.ndarray) -> ErasedRows:
-        """Those of the rows ``X`` (store indices ``rows``) whose activations ``H`` the projection erased."""
-        if projection.activation not in ROUNDED_AT_ZERO:
-            return NO_ERASED
-        found = np.flatnonzero(projection.erased_rows(H))
-        values = np.asarray(X[found], dtype=projection.components_.dtype) + 0.0  # -0.0 as 0.0: they compare equal
-        marks = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
-                 for row in values]
-        return cls(rows[found].astype(np.int64), np.asarray(marks, dtype=np.int64),
-                   np.max(np.abs(values), axis=1, initial=0.0).astype(np.float64))
-
-    def __add__(self, other: object) -> ErasedRows:
-        if not isinstance(other, ErasedRows):
-            return NotImplemented
-        return ErasedRows(*(np.concatenate([a, b]) for a, b in zip(self, other)))
-
-
-NO_ERASED = ErasedRows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
 
 #: One block's (or a sum's) statistics per group, then the rows it found erased (:class:`ErasedRows`).
 Partial = list[Any]

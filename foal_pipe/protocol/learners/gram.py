@@ -11,13 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 from array_api_compat import array_namespace, device
 
 from foal_pipe.core.backend import default_device
-from foal_pipe.core.expansion import erased_error
 from foal_pipe.core.statistics import Factored, RidgeStatistics
 from foal_pipe.protocol.ahead import (
     EIGH_COST,
@@ -29,14 +28,12 @@ from foal_pipe.protocol.ahead import (
     second_thread,
 )
 from foal_pipe.protocol.anytime import Anytime
+from foal_pipe.protocol.erasedrows import check_erased_blocks
 from foal_pipe.protocol.internal import internal_error
 from foal_pipe.protocol.rowcache import GroupedRows, TaskBlocks
 from foal_pipe.protocol.run import Run
 from foal_pipe.protocol.solvers import Boundary, FixedGamma, ManyGammas, Pending, Solver
 from foal_pipe.protocol.walk import Advance, Learner, n_stream
-
-if TYPE_CHECKING:
-    from foal_pipe.protocol.distributed import ErasedRows
 
 #: A lane's boundary solver: one gamma, or one that may wait for the rows (the gamma path; a continued model's).
 LaneSolver: TypeAlias = FixedGamma | Solver
@@ -378,27 +375,6 @@ class GramLearner(Learner):
                     yield chosen_all[done : done + take], {key: H[:take] for key, H in joined.items()}
                     parts = {key: [H[take:]] if take < held else [] for key, H in joined.items()}
                     held, done = held - take, done + take
-
-
-def check_erased_blocks(run: Run, erased: ErasedRows) -> None:
-    """Refuse train rows that the activation erases as the local walk refuses them: in its blocks (each task's rows
-    in storage order, :attr:`~foal_pipe.protocol.run.Run.block_rows` at a time), a block whose rows differ while
-    every one's activations are the value at 0 (:meth:`~foal_pipe.core.expansion.Expansion.apply`). The cluster's
-    blocks are the store's chunks, which hold other rows together: it only reports the rows it found erased
-    (``erased``, none on usual data), and they are judged here."""
-    if not erased.rows.size:
-        return
-    n_rows = run.store.train.n_rows
-    found = np.zeros(n_rows, dtype=bool)
-    found[erased.rows] = True
-    marks, scales = np.zeros(n_rows, dtype=np.int64), np.zeros(n_rows)
-    marks[erased.rows], scales[erased.rows] = erased.marks, erased.scales
-    for task in run.stream.rows:
-        ordered = np.sort(task)
-        for lo in range(0, ordered.size, run.block_rows):
-            block = ordered[lo : lo + run.block_rows]
-            if block.size > 1 and found[block].all() and (marks[block] != marks[block[0]]).any():
-                raise erased_error(run.projection.activation, block.size, float(scales[block].max()))
 
 
 def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
