@@ -82,7 +82,7 @@ def diagonal_estimate(diagonal: np.ndarray | None, G: Any) -> float:
     relative = np.divide(diagonal, sizes, out=np.zeros(dim), where=sizes > 0)
     squares = 0.0
     for lo in range(0, dim, DIAGONAL_ROWS):  # G's mean square, scaled by its largest entry: no overflow, no copy of G
-        part = G[lo : lo + DIAGONAL_ROWS, ...] / top
+        part = G[lo : min(lo + DIAGONAL_ROWS, dim), ...] / top
         squares += float(xp.sum(part * part))
     return float(np.sqrt(np.mean(relative**2) * squares)) * top / dim
 
@@ -211,7 +211,7 @@ def product_errors(H: Any, G: Any) -> np.ndarray:
                      axis=0)
     squares = xp.zeros(H.shape[1], dtype=xp.float64, device=device(H))
     for lo in range(0, H.shape[0], DIAGONAL_ROWS):  # a few rows at a time: no float64 copy of a wide block
-        wide = xp.astype(H[lo : lo + DIAGONAL_ROWS, ...], xp.float64)
+        wide = xp.astype(H[lo : min(lo + DIAGONAL_ROWS, H.shape[0]), ...], xp.float64)  # in bounds: array API
         squares = squares + xp.sum(wide * wide, axis=0)
     return np.concatenate([to_numpy(entries), to_numpy(squares)]).astype(np.float64) - sampled(G)
 
