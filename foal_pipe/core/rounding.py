@@ -68,23 +68,28 @@ class Rounding:
 
 def diagonal_estimate(diagonal: np.ndarray | None, G: Any) -> float:
     """The root mean square rounding of every entry of sums ``G`` whose diagonal errs by ``diagonal``: each entry
-    taken to err by the diagonal's relative error (its root mean square) times the entry's size, as sums of like
-    terms round in proportion to their size. Over float32 products of sigmoid and ReLU activations, of distinct and
-    of repeated rows, in one block or many, this stood at 0.86-1.21x the root mean square over every entry, where 64
-    sampled entries read 0.25-1.1x of it (a sparse ReLU column's products are often exactly 0)."""
+    taken to err by the diagonal's relative error times the entry's size, as sums of like terms round in proportion
+    to their size; the relative error is the diagonal's ``|errors| / |sizes|`` (2-norms), so that tiny entries (a
+    subnormal's relative error is ~1e-4) weigh as little as they err. Over float32 products of sigmoid and ReLU
+    activations, of distinct and of repeated rows, in one block or many, this stood at 0.93-1.39x the root mean
+    square over every entry, where 64 sampled entries read 0.25-1.31x of it (a sparse ReLU column's products are
+    often exactly 0). Everything is scaled by ``max|G|`` first: nothing overflows."""
     if diagonal is None or G is None or not diagonal.size:
         return 0.0
     xp, dim = array_namespace(G), G.shape[0]
     top = float(xp.max(xp.abs(G)))
     if not (math.isfinite(top) and top > 0):
         return 0.0
-    sizes = to_numpy(xp.linalg.diagonal(G)).astype(np.float64)
-    relative = np.divide(diagonal, sizes, out=np.zeros(dim), where=sizes > 0)
+    sizes = to_numpy(xp.linalg.diagonal(G)).astype(np.float64) / top
+    weight = float(np.sum(sizes * sizes))
+    if weight == 0:
+        return 0.0
+    relative2 = float(np.sum((diagonal / top) ** 2)) / weight  # |errors|^2 / |sizes|^2 of the diagonal
     squares = 0.0
-    for lo in range(0, dim, DIAGONAL_ROWS):  # G's mean square, scaled by its largest entry: no overflow, no copy of G
+    for lo in range(0, dim, DIAGONAL_ROWS):  # G's mean square, scaled by its largest entry: no copy of G
         part = G[lo : min(lo + DIAGONAL_ROWS, dim), ...] / top
         squares += float(xp.sum(part * part))
-    return float(np.sqrt(np.mean(relative**2) * squares)) * top / dim
+    return math.sqrt(relative2 * squares) * top / dim
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -100,11 +105,12 @@ def _rms(errors: np.ndarray | None) -> float:
     return 0.0 if errors is None or not errors.size else float(np.sqrt(np.mean(errors**2)))
 
 
-def checked_rounding(value: Any, dim: int, overflowed: bool = False) -> Rounding:
+def checked_rounding(value: Any, dim: int, overflowed: bool = False, top: float | None = None) -> Rounding:
     """``value`` (a :class:`Rounding`, or its ``variance`` alone: a number) checked: a finite variance >= 0 and, where
-    given, one finite error per sampled entry of sums of dimension ``dim``. Of sums that ``overflowed`` (a diagonal
-    entry not finite), the rounding of their products and additions (:func:`one_rounding`) is kept as it is: the
-    solve refuses the sums, naming the overflow."""
+    given, one finite error per sampled entry, and per diagonal entry, of sums of dimension ``dim``; with ``top``
+    (the sums' largest entry), none beyond it: no rounding of sums errs by as much as the sums themselves (an edited
+    model file). Of sums that ``overflowed`` (a diagonal entry not finite), the rounding of their products and
+    additions (:func:`one_rounding`) is kept as it is: the solve refuses the sums, naming the overflow."""
     if overflowed and isinstance(value, Rounding):
         return value
     variance, errors, diagonal = ((value.variance, value.errors, value.diagonal) if isinstance(value, Rounding)
@@ -118,17 +124,32 @@ def checked_rounding(value: Any, dim: int, overflowed: bool = False) -> Rounding
     if not (math.isfinite(checked) and checked >= 0):
         raise FoalPipeError(f"rounding must be a finite number >= 0 (the variance of the sums' rounding), got "
                             f"{variance!r:.40}; leave it out (None) when unknown")
-    if errors is not None:
-        errors = np.asarray(errors, dtype=np.float64).ravel()
-        if errors.size != sample_entries(dim)[0].size or not np.isfinite(errors).all():
-            raise FoalPipeError(f"the rounding's errors must be {sample_entries(dim)[0].size} finite numbers, one per "
-                                f"sampled entry of sums of dimension {dim}; leave them out when unknown")
-    if diagonal is not None:
-        diagonal = np.asarray(diagonal, dtype=np.float64).ravel()
-        if diagonal.size != dim or not np.isfinite(diagonal).all():
-            raise FoalPipeError(f"the rounding's diagonal errors must be {dim} finite numbers, one per diagonal entry of "
-                                f"sums of dimension {dim}; leave them out when unknown")
+    size = sample_entries(dim)[0].size
+    errors = _numbers(errors, size, f"the rounding's errors must be {size} finite numbers, one per sampled entry of "
+                                    f"sums of dimension {dim}")
+    diagonal = _numbers(diagonal, dim, f"the rounding's diagonal errors must be {dim} finite numbers, one per "
+                                       f"diagonal entry of sums of dimension {dim}")
+    if top is not None and math.isfinite(top):
+        largest = max(math.sqrt(checked), *(float(np.max(np.abs(e), initial=0.0)) for e in (errors, diagonal)
+                                            if e is not None))
+        if largest > top:
+            raise FoalPipeError(f"the rounding given errs by up to {largest:.3g}, more than the sums' largest entry "
+                                f"({top:.3g}), which no rounding of them reaches; pass the rounding these sums were "
+                                "formed with (a model file edited so: train it again)")
     return Rounding(checked, errors, diagonal)
+
+
+def _numbers(values: Any, size: int, what: str) -> np.ndarray | None:
+    """``values`` as ``size`` finite float64 numbers (None stays None), else one line: ``what``."""
+    if values is None:
+        return None
+    try:
+        out = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError, OverflowError):
+        out = np.full(1, np.nan)
+    if out.size != size or not np.isfinite(out).all():
+        raise FoalPipeError(f"{what}; leave them out when unknown")
+    return out
 
 
 @functools.lru_cache(maxsize=32)

@@ -167,7 +167,8 @@ class RidgeStatistics:
         if self.counts is not None and self.counts.shape != self.classes.shape:
             raise FoalPipeError(f"counts has {self.counts.size} entries for {self.classes.size} classes; pass one per class")
         if self.rounding is not None:
-            self.rounding = checked_rounding(self.rounding, D, overflowed=not math.isfinite(top_diagonal(self.G)))
+            top = top_diagonal(self.G)
+            self.rounding = checked_rounding(self.rounding, D, overflowed=not math.isfinite(top), top=top)
         if not symmetric:
             self._check_gram()
             self._check_symmetric()
