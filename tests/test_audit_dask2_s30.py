@@ -26,8 +26,9 @@ they found erased, with a hash of each, and the client judges them in the local 
    (Dask's refusal is one line with nothing written, so the promise "same result or refused" is formally kept; the
    schedulers still disagree about which stores are bad, which the brief asks to be the same.)
 
-Side finding (local only; fixed with them, ``test_order_seeds_refuse_erased_rows_of_one_task_as_one_order_does``): ``learn --tasks 4 --order-seeds 0,1`` of fault 1's store learns it on both
-schedulers (exit 0) while the single-order local walk refuses it: the per-class sums
+Side finding (local only; fixed with them,
+``test_order_seeds_refuse_erased_rows_of_one_task_as_one_order_does``): ``learn --tasks 4 --order-seeds 0,1`` of
+fault 1's store learns it on both schedulers (exit 0) while the single-order local walk refuses it: the per-class sums
 (``protocol.classsums.class_statistics``) project blocks of rows in store order, whose first row is normal.
 
 Checked and found right (Dask against local): ``--chunk-rows`` 1 and 7 with task boundaries inside chunks (fixed
