@@ -70,9 +70,8 @@ def test_the_counted_rounding_covers_the_float32_sums_measured_rounding(batch):
     measured = float(np.std(s.G.astype(np.float64) - exact)) / U32  # in units of rounding
     top = float(np.abs(s.G).max())
     assert measured <= ROUNDING_SPREAD * s.rounding_top  # what the drift estimate takes
-    if batch == 4096:  # one product of rows that differ: its measured rounding within the calibration's reach (the
-        # diagonal's estimate of every entry's rounding, 0.86-1.21x it, reads 1.32x here; the sampled entries below 1.3x)
-        assert top <= s.rounding_top <= 1.4 * top
+    if batch == 4096:  # one product of rows that differ: its measured rounding within the calibration's reach
+        assert top <= s.rounding_top <= 1.3 * top
     if batch == 1:  # 3,000 additions: their rounding is beyond the calibrated figure, which no longer covers it
         assert measured > ROUNDING_SPREAD * top
         assert s.rounding_top > 5 * top
