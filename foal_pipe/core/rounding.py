@@ -31,6 +31,10 @@ from foal_pipe.errors import FoalPipeError
 #: How many entries of ``G`` the sums' rounding is measured at (fixed per dimension: :func:`sample_entries`).
 SAMPLED_ENTRIES = 64
 
+#: Errors below float32's least normal number are never refused as beyond the sums: sums that underflowed to 0
+#: err by the values they flushed (:func:`checked_rounding`).
+SUBNORMAL_ROUNDING = float(np.finfo(np.float32).smallest_normal)
+
 #: Rows taken at a time where a whole ``G`` or block is read (:func:`product_errors`, :func:`diagonal_estimate`).
 DIAGONAL_ROWS = 256
 
@@ -132,7 +136,7 @@ def checked_rounding(value: Any, dim: int, overflowed: bool = False, top: float 
     if top is not None and math.isfinite(top):
         largest = max(math.sqrt(checked), *(float(np.max(np.abs(e), initial=0.0)) for e in (errors, diagonal)
                                             if e is not None))
-        if largest > top:
+        if largest > max(top, SUBNORMAL_ROUNDING):  # sums that underflowed err by what they flushed
             raise FoalPipeError(f"the rounding given errs by up to {largest:.3g}, more than the sums' largest entry "
                                 f"({top:.3g}), which no rounding of them reaches; pass the rounding these sums were "
                                 "formed with (a model file edited so: train it again)")

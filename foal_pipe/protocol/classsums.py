@@ -112,7 +112,7 @@ def order_boundaries(run: Run, sums: ClassSums, solver: FixedGamma | ManyGammas,
     xp = run.xp
     if memo is not None and not isinstance(solver, ManyGammas):
         raise internal_error("boundaries shared between runs without a gamma path")
-    check_erased_blocks(run, sums.erased)
+    check_erased_blocks(sums.erased, run.stream.rows, run.block_rows, run.store.train.n_rows, run.projection.activation)
     G = xp.zeros((run.dim, run.dim), dtype=sums.G.dtype, device=default_device(xp))
     columns = xp.zeros((run.dim, sums.counts.size), dtype=sums.Q.dtype, device=default_device(xp))
     seen = np.zeros(sums.counts.size, dtype=bool)

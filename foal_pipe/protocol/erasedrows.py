@@ -10,6 +10,7 @@ project without that check, report the rows they found erased (:class:`ErasedRow
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,7 +19,6 @@ from array_api_compat import array_namespace
 from foal_pipe.core.activations import ACTIVATIONS, ROUNDED_AT_ZERO
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.expansion import Expansion, erased_error
-from foal_pipe.protocol.run import Run
 
 
 class ErasedRows(NamedTuple):
@@ -57,18 +57,19 @@ class ErasedRows(NamedTuple):
 NO_ERASED = ErasedRows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
-def check_erased_blocks(run: Run, erased: ErasedRows) -> None:
-    """Refuse the train rows ``erased`` reports as ``run``'s walk refuses them: in its blocks (each task's rows in
-    storage order, :attr:`~foal_pipe.protocol.run.Run.block_rows` at a time), a block whose rows differ while every
-    one's activations are the value at 0. Nothing to do on usual data (no row erased)."""
+def check_erased_blocks(erased: ErasedRows, tasks: Sequence[np.ndarray], block_rows: int, n_rows: int,
+                        activation: str) -> None:
+    """Refuse the train rows ``erased`` reports as a walk over ``tasks`` (each task's store rows) refuses them: in its
+    blocks (each task's rows in storage order, ``block_rows`` at a time: a run's
+    :attr:`~foal_pipe.protocol.run.Run.block_rows`), a block whose rows differ while every one's ``activation`` is
+    its value at 0. ``n_rows``: the train split's. Nothing to do on usual data (no row erased)."""
     if not erased.rows.size:
         return
-    n_rows = run.store.train.n_rows
     found, marks, scales = np.zeros(n_rows, dtype=bool), np.zeros(n_rows, dtype=np.int64), np.zeros(n_rows)
     found[erased.rows], marks[erased.rows], scales[erased.rows] = True, erased.marks, erased.scales
-    for task in run.stream.rows:
+    for task in tasks:
         ordered = np.sort(task)
-        for lo in range(0, ordered.size, run.block_rows):
-            block = ordered[lo : lo + run.block_rows]
+        for lo in range(0, ordered.size, block_rows):
+            block = ordered[lo : lo + block_rows]
             if block.size > 1 and found[block].all() and (marks[block] != marks[block[0]]).any():
-                raise erased_error(run.projection.activation, block.size, float(scales[block].max()))
+                raise erased_error(activation, block.size, float(scales[block].max()))

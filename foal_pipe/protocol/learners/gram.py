@@ -391,4 +391,5 @@ def _dask_task_statistics(run: Run, advance: Advance) -> list[RidgeStatistics]:
             raise cluster_failure(exc) from None
         return dask_statistics(client, path, run.row_task, run.stream.n_tasks, run.store.train.labels, projection,
                                run.block_rows, advance, shown=run.store.path,
-                               erased=lambda found: check_erased_blocks(run, found))
+                               erased=lambda found: check_erased_blocks(found, run.stream.rows, run.block_rows,
+                                                                        run.store.train.n_rows, run.projection.activation))
