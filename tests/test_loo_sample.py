@@ -319,3 +319,26 @@ def test_gcv_draws_no_sample(tmp_path, store, monkeypatch):
     assert not drawn
     learn(store, tmp_path / "loo", "--gamma", "auto", "--loo-sample", 50)
     assert drawn
+
+
+def test_the_eigen_path_forms_every_gammas_leverages_once(data, monkeypatch):
+    """A zoom evaluates a boundary's sample a few gammas at a time: on the eigen path the leverages of every gamma are
+    one product per block of coordinates, formed once and sliced by each evaluation (and by the float32 screen),
+    equal to each evaluation's own ``(Z * Z) @ (1 / (lambda + g))``."""
+    H, labels = data
+    path = RidgeStatistics.from_batch(H, labels).eigen()
+    rows = np.arange(0, H.shape[0], 3)
+    loo = SampledLeaveOneOut(path, GAMMAS, rows.size)
+    loo.add(H[rows[:12]], labels[rows[:12]])
+    loo.add(H[rows[12:]], labels[rows[12:]])
+    calls = []
+    real = type(path).leverages
+    monkeypatch.setattr(type(path), "leverages", lambda self, *a, **k: calls.append(a[1].shape) or real(self, *a, **k))
+    for indices in ([0, 1], [2], [1, 3, 4]):
+        loo.evaluate(np.array(indices))
+    loo.evaluate(np.array([2, 3]), ("loo_accuracy",))
+    assert calls == [(H.shape[1], GAMMAS.size)] * 2  # two blocks of coordinates, every gamma at once
+    Z = path.coordinates(H[rows])
+    inv, _ = path.scaling(GAMMAS)
+    np.testing.assert_allclose(np.concatenate([g for g, _ in loo._grid]), (Z * Z) @ inv, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(np.concatenate([n for _, n in loo._grid]), np.linalg.norm(Z, axis=1), rtol=1e-13)

@@ -4,6 +4,8 @@ store) and --loo-sample 0 choose alike."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from helpers import build_store, learn
@@ -116,8 +118,9 @@ def test_the_default_sample_of_every_row_and_loo_sample_zero_choose_alike(tmp_pa
 
 
 def test_the_memory_estimate_counts_the_samples_coordinates(store):
-    """The zoom keeps the sampled rows' eigen-coordinates (float64): the largest boundary sample x D x 8 bytes, and
-    for LOO accuracy their float32 copy and their leverages at every gamma of the refined grid."""
+    """The zoom keeps the sampled rows' eigen-coordinates (float64): the largest boundary sample x D x 8 bytes, their
+    leverages at every gamma of the refined grid (for LOO accuracy's screen always, otherwise where the grid holds at
+    most D gammas), and for LOO accuracy their float32 copy."""
     from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
     from foal_pipe.protocol.memoryparts import memory_parts
     from foal_pipe.protocol.run import prepare
@@ -129,7 +132,10 @@ def test_the_memory_estimate_counts_the_samples_coordinates(store):
     assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8 + 100 * 48 * 4 + 100 * 97 * 8
     by_mse = (settings[0], ModelConfig(projection_dim=48, gamma="auto", loo_sample=100, select="loo"), *settings[2:])
     parts = memory_parts(prepare(store, *by_mse, loo=True), 1, True)
-    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8
+    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 48 * 8  # 97 gammas > D: not held
+    wide = (settings[0], replace(by_mse[1], projection_dim=120), *settings[2:])
+    parts = memory_parts(prepare(store, *wide, loo=True), 1, True)
+    assert parts["leave-one-out sample's eigen-coordinates"] == 100 * 120 * 8 + 100 * 97 * 8  # held: D >= 97
     exact = (settings[0], ModelConfig(projection_dim=48, gamma="auto", loo_sample=0), *settings[2:])
     assert not any("eigen-coordinates" in name for name in memory_parts(prepare(store, *exact, loo=True), 1, True))
 

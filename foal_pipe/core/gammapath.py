@@ -236,13 +236,19 @@ def fitted_from(Z: Any, inv: Any, scaled: Any, scratch: Scratch | None = None) -
     """Fitted scores (m, M, C) and leverages (m, M) of rows with eigen-coordinates ``Z`` (m x D), from a path's
     :meth:`~RidgeEigen.scaling`: every gamma's in two matrix products. With ``scratch`` (NumPy), the scores and
     ``Z * Z`` are written into its buffers: the same products, without fresh pages for every block."""
+    fitted = fitted_scores(Z, scaled, inv.shape[1], scratch)
+    if scratch is None or not (is_numpy_array(Z) and Z.dtype == np.float64):
+        return fitted, (Z * Z) @ inv
+    return fitted, np.multiply(Z, Z, out=scratch("squares", Z.shape)) @ inv
+
+
+def fitted_scores(Z: Any, scaled: Any, M: int, scratch: Scratch | None = None) -> Any:
+    """:func:`fitted_from`'s scores alone (m, M, C), at the ``M`` gammas of ``scaled``."""
     xp = array_namespace(Z)
-    M = inv.shape[1]
     m, width = Z.shape[0], scaled.shape[1]
     if scratch is None or not (is_numpy_array(Z) and Z.dtype == scaled.dtype == np.float64):
-        return xp.reshape(Z @ scaled, (m, M, width // max(M, 1))), (Z * Z) @ inv
-    fitted = np.matmul(Z, scaled, out=scratch("fitted", (m, width)))
-    return fitted.reshape(m, M, width // max(M, 1)), np.multiply(Z, Z, out=scratch("squares", Z.shape)) @ inv
+        return xp.reshape(Z @ scaled, (m, M, width // max(M, 1)))
+    return np.matmul(Z, scaled, out=scratch("fitted", (m, width))).reshape(m, M, width // max(M, 1))
 
 
 def tridiagonal_leverages(Z: np.ndarray, inverse: np.ndarray, below: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 from array_api_compat import array_namespace, device, is_numpy_array
 
 from foal_pipe.core.backend import to_numpy
-from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from
+from foal_pipe.core.gammapath import RidgeEigen, RidgeTridiagonal, Scratch, fitted_from, fitted_scores
 from foal_pipe.core.linalg import blas_threads, class_positions, factor_threads, float64, one_hot
 from foal_pipe.core.scoring import U64, longest_column, score_bound
 from foal_pipe.errors import FoalPipeError
@@ -258,6 +258,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
         self._labels: list[np.ndarray] = []
         self._scratch = Scratch()  # the blocks' scores and squares, reused by every block of every evaluation
         self._screen: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] | None = None  # :meth:`_screened_rows`
+        self._grid: list[tuple[Any, Any]] | None = None  # :meth:`_grid_leverages`
 
     def add(self, H: Any, labels: Any) -> None:
         """Keep sampled rows ``H`` (m x D)' eigen-coordinates and labels: any gammas are then scored by products
@@ -271,14 +272,56 @@ class SampledLeaveOneOut(_LeftOutTotals):
         correct = np.zeros(indices.size, dtype=np.int64)
         squared = np.zeros(indices.size, dtype=np.float64)
         step = max(1, LOO_BLOCK_VALUES // max(1, 3 * indices.size * self.n_classes))  # bounds the temporaries
-        for Z, labels in zip(self._coordinates, self._labels):
+        grid = self._grid_leverages()
+        for i, (Z, labels) in enumerate(zip(self._coordinates, self._labels)):
             for lo in range(0, Z.shape[0], step):
-                block = Z[lo : min(lo + step, Z.shape[0]), :]
-                right, sums = left_out(*self.path.fitted_at(block, scaling, self._scratch), labels[lo : lo + step],
-                                       self.path.classes, self._lonely)
+                hi = min(lo + step, Z.shape[0])
+                block = Z[lo:hi, :]
+                if grid is None:
+                    fitted = self.path.fitted_at(block, scaling, self._scratch)
+                else:  # the eigen path: the scores' product; the leverages, of every gamma, are at hand
+                    xp = array_namespace(block)
+                    at = xp.asarray(indices, device=device(block))
+                    leverage = xp.take(grid[i][0][lo:hi, :], at, axis=1)
+                    fitted = fitted_scores(block, scaling[1], at.shape[0], self._scratch), leverage
+                right, sums = left_out(*fitted, labels[lo:hi], self.path.classes, self._lonely)
                 correct += right
                 squared += sums
         return correct, squared
+
+    def _grid_leverages(self, screen: bool = False) -> list[tuple[Any, Any]] | None:
+        """On the eigen path, per block of coordinates, every sampled row's leverage at every gamma of the grid (m, K),
+        one product ``(Z * Z) @ (1 / (lambda + g))`` for all of them, and the rows' lengths: computed once, then read by
+        every evaluation of a zoom (each stage formed ``Z * Z`` and its leverages again: about half a small stage's
+        time) and by the float32 screen (``screen``: which needs them whatever the grid's size). Without the screen,
+        only for grids of at most ``D`` gammas, whose leverages cost no more than the coordinates' own product and
+        memory (:func:`~foal_pipe.protocol.memoryparts.memory_parts` counts them so); a finer grid's evaluations form
+        their own. None on the tridiagonal path, whose leverages are a recurrence per gamma."""
+        if not isinstance(self.path, RidgeEigen):
+            return None
+        if self._grid is None and (screen or grid_leverages_kept(self.gammas.size, self.path.values.shape[0])):
+            shrinkage = self.path.shrinkage(self.gammas)
+            self._grid = [self._block_leverages(Z, shrinkage) for Z in self._coordinates]
+        return self._grid
+
+    def _block_leverages(self, Z: Any, shrinkage: Any) -> tuple[Any, Any]:
+        """:meth:`_grid_leverages` of one block of coordinates, ``Z * Z`` a slice at a time (bounded scratch)."""
+        xp = array_namespace(Z)
+        if not Z.shape[0]:  # an empty block: no rows to score
+            where = device(Z)
+            return (xp.zeros((0, self.gammas.size), dtype=Z.dtype, device=where),
+                    xp.zeros((0,), dtype=Z.dtype, device=where))
+        leverage, norms = [], []
+        step = max(1, LOO_BLOCK_VALUES // max(1, Z.shape[1]))
+        for lo in range(0, Z.shape[0], step):
+            block = Z[lo : min(lo + step, Z.shape[0]), :]  # in-bounds slices of both axes: the standard's only kind
+            squares = (np.multiply(block, block, out=self._scratch("squares", block.shape)) if is_numpy_array(block)
+                       else block * block)
+            norms.append(xp.sqrt(xp.sum(squares, axis=1)))
+            leverage.append(self.path.leverages(block, shrinkage, squares))
+        if len(leverage) == 1:
+            return leverage[0], norms[0]
+        return xp.concat(leverage, axis=0), xp.concat(norms, axis=0)
 
     def _correct(self, indices: np.ndarray) -> np.ndarray | None:
         """The rows predicted right, by :func:`screened_correct` (NumPy float64 coordinates of two classes or
@@ -312,23 +355,25 @@ class SampledLeaveOneOut(_LeftOutTotals):
         two classes, coordinates beyond float32's range."""
         if self.n_classes < 2 or not all(is_numpy_array(Z) and Z.dtype == np.float64 for Z in self._coordinates):
             return []
-        grid = self.path.shrinkage(self.gammas) if isinstance(self.path, RidgeEigen) else None
-        rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+        lows = []
         for Z in self._coordinates:
             with np.errstate(over="ignore"):
-                low = Z.astype(np.float32)
-            if not np.isfinite(low).all():
+                lows.append(Z.astype(np.float32))
+            if not np.isfinite(lows[-1]).all():
                 return []
+        grid = self._grid_leverages(screen=True)
+        rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+        for i, (Z, low) in enumerate(zip(self._coordinates, lows)):
+            if grid is not None:
+                leverage, norms = grid[i]
+                rows.append((low, norms, leverage))
+                continue
             norms = np.empty(Z.shape[0])
-            leverage = None if grid is None else np.empty((Z.shape[0], self.gammas.size))
             step = max(1, LOO_BLOCK_VALUES // max(1, Z.shape[1]))  # ``Z * Z`` a block at a time: bounded scratch
             for lo in range(0, Z.shape[0], step):
                 block = Z[lo : lo + step]
-                squares = np.multiply(block, block, out=self._scratch("squares", block.shape))
-                norms[lo : lo + step] = np.sqrt(squares.sum(axis=1))
-                if leverage is not None:
-                    leverage[lo : lo + step] = self.path.leverages(block, grid, squares)
-            rows.append((low, norms, leverage))
+                norms[lo : lo + step] = np.sqrt(np.multiply(block, block, out=self._scratch("squares", block.shape)).sum(axis=1))
+            rows.append((low, norms, None))
         return rows
 
     @property
@@ -339,6 +384,12 @@ class SampledLeaveOneOut(_LeftOutTotals):
         if self.rows != self.expected:
             raise FoalPipeError(f"sampled leave-one-out saw {self.rows} rows but the sample holds {self.expected}")
 
+
+
+def grid_leverages_kept(n_gammas: int, dim: int) -> bool:
+    """Whether a sampled pass on the eigen path keeps its rows' leverages at every gamma of a grid of ``n_gammas``
+    without the float32 screen (:meth:`SampledLeaveOneOut._grid_leverages`): at most ``dim`` of them."""
+    return n_gammas <= dim
 
 
 def sample_needs_vectors(rows: int, dim: int, threads: int | None = None) -> bool:

@@ -134,7 +134,8 @@ def run_sweep(
     check_capabilities(others, Settings(stream, model, evaluation, execution))  # what ridge alone would take
     check_output_dir(out, inputs=[features])
     run = prepare(features, stream, replace(model, gamma=1.0, engine="gram"), evaluation, execution,
-                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others)
+                  n_models=len(gammas), loo=sweep.loo, command="sweep", fusions=fusions, heads=others,
+                  search=sweep.search_points)
     warn_dropped(run, stream, log)
     if sweep.loo and not run.keep_activations:
         log(reread_note(run))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.engines import check_gamma
-from foal_pipe.core.gammasearch import PER_DECADE
+from foal_pipe.core.gammasearch import PER_DECADE, search_grid
 from foal_pipe.core.statistics import DEFAULT_GAMMA_GRID
 from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.memory import DEFAULT_MAX_MEMORY
@@ -317,6 +317,12 @@ class SweepConfig:
     @property
     def resolved_select(self) -> str:
         return self.select or ("loo" if self.loo else "gcv")
+
+    @property
+    def search_points(self) -> int:
+        """The gammas of the refined search over :attr:`gammas` (its leave-one-out may hold every one's leverages a
+        boundary: the memory estimate counts them); 0 without leave-one-out."""
+        return int(search_grid(self.gammas, self.per_decade).size) if self.loo else 0
 
 
 def config_record(config: Any) -> dict[str, Any]:

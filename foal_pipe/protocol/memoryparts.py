@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from foal_pipe.core.gammasearch import search_grid
-from foal_pipe.core.leaveoneout import LOO_BLOCK_VALUES
+from foal_pipe.core.leaveoneout import LOO_BLOCK_VALUES, grid_leverages_kept
 from foal_pipe.errors import param
 from foal_pipe.memory import human
 from foal_pipe.protocol.headruns import head_space
@@ -20,10 +20,10 @@ from foal_pipe.protocol.runstate import HeadStart, Run, row_sample
 
 
 def run_parts(run: Run, n_models: int = 1, loo: bool = False, heads: Sequence[str] = (), ridge: bool = True,
-              start: HeadStart | None = None, eigen: bool = False) -> dict[str, int]:
+              start: HeadStart | None = None, eigen: bool = False, search: int = 0) -> dict[str, int]:
     """:func:`prepare`'s estimate of one run, the activations kept for leave-one-out aside (``prepare`` decides
     those): ``table`` and ``--order-seeds`` add what their runs hold together to it."""
-    parts = memory_parts(run, n_models, loo, eigen)
+    parts = memory_parts(run, n_models, loo, eigen, search)
     if not ridge:
         parts = {name: size for name, size in parts.items() if name.startswith(("a block", "decoded"))}
     width = run.features_dim
@@ -137,13 +137,15 @@ def kept_bytes(run: Run) -> int:
     return rows * run.dim * np.dtype(run.model.dtype).itemsize * len(run.lanes)
 
 
-def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dict[str, int]:
+def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False, search: int = 0) -> dict[str, int]:
     """The estimated peak, by what holds it (bytes): the state at its largest phase, one block of rows, the
     decoded rows the walk caches (:mod:`foal_pipe.rowcache`: in memory up to its limit, else in a temporary file
     that costs no process memory) and their index (held either way), the boundaries' weights kept for the test
     pass; the state and the weights once per lane (``sweep --fusions``: each fusion keeps its statistics and its
-    pending boundary); with a sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom, and
-    for LOO accuracy alone their float32 copy and leverages at every gamma (:meth:`SampledLeaveOneOut._correct`).
+    pending boundary); with a sampled leave-one-out, the sample's eigen-coordinates (float64) kept for its zoom, their
+    leverages at every gamma of the refined grid (``search`` of them for ``sweep``, else ``--gamma auto``'s grid) where
+    it keeps them (:meth:`SampledLeaveOneOut._grid_leverages`), and for LOO accuracy alone their float32 copy
+    (:meth:`SampledLeaveOneOut._correct`).
     ``eigen``: a solver that factors every boundary whatever the gammas (``sweep``'s :class:`ManyGammas`, one gamma included).
 
     A block holds at most the rows of the larger split, and the read at most the split's chunks (:func:`_read_bytes`):
@@ -181,8 +183,11 @@ def memory_parts(run: Run, n_models: int, loo: bool, eigen: bool = False) -> dic
     sample = row_sample(run) if loo else None
     if sample is not None and sample.boundaries:  # SampledLeaveOneOut keeps the sample's H V for the zoom
         per_row = D * 8
+        points = search or _loo_gammas(run, n_models)[0]
         if run.model.gamma == "auto" and run.model.select == "loo_accuracy":  # the float32 screen's copy, leverages
-            per_row += D * 4 + search_grid(run.model.gamma_grid, run.model.per_decade).size * 8
+            per_row += D * 4 + points * 8
+        elif grid_leverages_kept(points, D):
+            per_row += points * 8
         parts[f"leave-one-out sample's eigen-coordinates{per_lane}"] = (
             max(p.size for p in sample.boundaries) * per_row * lanes)
     if loo:

@@ -72,15 +72,17 @@ from foal_pipe.protocol.stream import dropped_warning, listed_order
 from foal_pipe.protocol.walk import SharedRows, shared_rows
 
 
-def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: int = 1, eigen: bool = False) -> None:
+def _check_class_memory(command: str, runs: Sequence[Run], loo: bool, n_models: int = 1, eigen: bool = False,
+                        search: int = 0) -> None:
     """The per-class statistics, on top of one order's run as its solver walks it (``n_models`` gammas' weights,
     ``eigen``: factored at every boundary, as ``sweep``'s; its cached rows included; ``loo``: and a sampled
-    leave-one-out's coordinates) and the other orders' prepared runs, against the available memory."""
+    leave-one-out's coordinates; ``search``: ``sweep``'s refined gammas) and the other orders' prepared runs, against
+    the available memory."""
     from foal_pipe.protocol.memoryparts import run_parts
 
     run = runs[0]
     need = class_statistics_bytes(len(run.store.classes), run.dim, run.model.dtype)
-    parts = {**run_parts(run, n_models, loo, eigen=eigen), "per-class statistics": need}
+    parts = {**run_parts(run, n_models, loo, eigen=eigen, search=search), "per-class statistics": need}
     if len(runs) > 1:
         parts[f"the other {len(runs) - 1} orders' prepared runs"] = sum(held_bytes(r) for r in runs[1:])
     gammas = f"fewer {param('gammas')}, " if command == "sweep" else ""
@@ -285,7 +287,8 @@ def _sweep_runs(features: str | Path, seeds: Sequence[int], sweep: SweepConfig, 
     gammas = [check_gamma(g) for g in sweep.gammas]
     m = replace(model, gamma=1.0, engine="gram")
     return each_order(seeds, lambda s: prepare(features, replace(stream, order_seed=s), m, evaluation, execution,
-                                                n_models=len(gammas), loo=sweep.loo, command="sweep", heads=heads))
+                                                n_models=len(gammas), loo=sweep.loo, command="sweep", heads=heads,
+                                                search=sweep.search_points))
 
 
 def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfig, stream: StreamConfig,
@@ -295,7 +298,7 @@ def _sweep_one_pass(runs: Sequence[Run], seeds: Sequence[int], sweep: SweepConfi
     leave-one-out, the rows it scored."""
     gammas = [float(g) for g in sweep.gammas]
     m = runs[0].model
-    _check_class_memory("sweep", runs, sweep.loo, len(gammas), eigen=True)
+    _check_class_memory("sweep", runs, sweep.loo, len(gammas), eigen=True, search=sweep.search_points)
     warn_dropped_once(seeds, runs, stream, log)
     reports, notes = [], []
     with np.errstate(all="ignore"):

@@ -43,12 +43,14 @@ def prepare(
     heads: Sequence[str] = (),
     ridge: bool = True,
     start: HeadStart | None = None,
+    search: int = 0,
 ) -> Run:
     """Validate everything before any work: settings, store, stream, projection, memory.
 
     ``fusions`` (``sweep --fusions``) walks every fusion of the store's blocks at once (:attr:`Run.fused`);
     ``heads`` (other than ridge) add their state to the memory estimate; ``ridge=False`` (``learn --head``) leaves
-    out ridge's state and weights; ``start`` (a continued head) adds the model's classes and tensors.
+    out ridge's state and weights; ``start`` (a continued head) adds the model's classes and tensors; ``search``
+    (``sweep``): the gammas of its refined search (:attr:`SweepConfig.search_points`).
     """
     check_settings(model, execution, fusions)
     started = time.perf_counter()  # the backend's start-up: `auto` may import CuPy or torch to look for a GPU
@@ -81,7 +83,7 @@ def prepare(
     check_class_rows(run, heads, start)
     from foal_pipe.protocol.memoryparts import kept_bytes, memory_fix, run_parts  # it reads a Run
 
-    parts = run_parts(run, n_models, loo, heads, ridge, start, eigen=command == "sweep")
+    parts = run_parts(run, n_models, loo, heads, ridge, start, eigen=command == "sweep", search=search)
     if loo:
         kept = {KEPT_PART: kept_bytes(run)}
         run.keep_activations = kept[KEPT_PART] <= execution.max_memory and fits({**parts, **kept})
