@@ -392,3 +392,23 @@ def test_head_factorisations_run_on_one_blas_thread(monkeypatch):
     symmetric_pinv(xnp.asarray(S))  # eigh
     cholesky_factor(xnp.asarray(S))
     assert entered == [6, 6, 6]
+
+
+def test_definite_inverse_is_inv_exactly_symmetric_and_falls_back(monkeypatch):
+    """A certified definite matrix is inverted from its Cholesky factor (NumPy): ``inv``'s matrix to rounding, exactly
+    symmetric, in row-major order; where the factorisation stops (not positive definite to rounding) and for other
+    dtypes, ``inv`` itself."""
+    from foal_pipe.heads.moments import definite_inverse
+
+    rng = np.random.default_rng(5)
+    A = rng.normal(size=(40, 30))
+    S = A.T @ A / 40 + 0.3 * np.eye(30)
+    got = definite_inverse(S)
+    np.testing.assert_allclose(got, np.linalg.inv(S), rtol=1e-11, atol=1e-12 * np.abs(got).max())
+    np.testing.assert_allclose(got @ S, np.eye(30), atol=1e-12)
+    assert got.flags.c_contiguous and np.array_equal(got, got.T)
+    indefinite = S - 2.0 * np.eye(30) * np.linalg.eigvalsh(S).max()
+    assert definite_inverse(indefinite).tobytes() == np.linalg.inv(indefinite).tobytes()
+    low = S.astype(np.float32)
+    assert definite_inverse(low).dtype == np.float32
+    assert definite_inverse(low).tobytes() == np.linalg.inv(low).tobytes()

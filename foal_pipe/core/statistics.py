@@ -245,9 +245,9 @@ class RidgeStatistics:
     def rounding_top(self) -> float:
         """``max|G|`` as the drift estimates take it: raised where the products' and additions' rounding reaches
         beyond it (:func:`~foal_pipe.core.drift.rounding_top`)."""
-        r = self.rounding
-        return rounding_top(largest_entry(self.G), None if r is None else r.variance,
-                            0.0 if r is None else r.measured(self.G), unit(self.G))
+        r, top = self.rounding, largest_entry(self.G)
+        return rounding_top(top, None if r is None else r.variance, 0.0 if r is None else r.measured(self.G, top),
+                            unit(self.G))
 
     @property
     def target_norm2(self) -> float:

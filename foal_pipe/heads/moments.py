@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace, device
+from array_api_compat import array_namespace, device, is_numpy_namespace
 
 from foal_pipe.core.backend import default_device, to_numpy
 from foal_pipe.core.linalg import class_positions, factor_threads, one_hot
@@ -193,16 +193,35 @@ def symmetric_pinv(S: Any, floor: float = 0.0) -> Any:
     """``pinv(S)`` of a symmetric ``S`` by the array API's definition (singular values ``|w|`` at most
     ``max(d) eps max|w|`` dropped), from ``eigh``, a few times cheaper than the SVD ``pinv`` runs; ``floor`` (a lower
     bound on ``S``'s eigenvalues, 0: none known): when it certifies that nothing is dropped
-    (:func:`certified_definite`), ``inv(S)``, the same matrix, a few times cheaper again."""
+    (:func:`certified_definite`), ``inv(S)``, the same matrix, a few times cheaper again (:func:`definite_inverse`)."""
     xp = array_namespace(S)
     with factor_threads(S.shape[0]):  # one BLAS thread: two are many times slower on a busy machine
         if certified_definite(S, floor):
-            return xp.linalg.inv(S)
+            return definite_inverse(S)
         w, V = xp.linalg.eigh(S)
     magnitude = xp.abs(w)
     kept = magnitude > S.shape[0] * xp.finfo(S.dtype).eps * xp.max(magnitude)
     inverse = xp.where(kept, 1 / xp.where(kept, w, xp.ones_like(w)), xp.zeros_like(w))
     return (V * inverse[None, :]) @ V.T
+
+
+def definite_inverse(S: Any) -> Any:
+    """``inv(S)`` of a symmetric ``S`` certified positive definite (:func:`certified_definite`). NumPy: from its
+    Cholesky factor (LAPACK ``dpotrf`` and ``dpotri``, half of ``inv``'s LU time: 25 against 49 ms at d = 784 on
+    one thread), mirrored from one triangle, so exactly symmetric; where rounding leaves the factorisation
+    unfinished, ``inv``. Other namespaces: ``inv``."""
+    xp = array_namespace(S)
+    if not (is_numpy_namespace(xp) and S.dtype == np.float64):
+        return xp.linalg.inv(S)
+    from scipy.linalg.lapack import dpotrf, dpotri
+
+    factor, info = dpotrf(S, lower=True, clean=False)
+    if info == 0:
+        inverse, info = dpotri(factor, lower=True)
+        if info == 0:
+            lower = np.tril(inverse)
+            return row_major(lower + np.tril(lower, -1).T)
+    return xp.linalg.inv(S)
 
 
 def shift_diagonal(S: Any, value: float) -> Any:
