@@ -566,3 +566,21 @@ def documented_stream(y: np.ndarray, n_classes: int, n_tasks: int, seed: int) ->
         rng.shuffle(idx)
         rows.append(idx)
     return tasks, rows
+
+
+def memory_checks(monkeypatch) -> list[dict[str, int]]:
+    """Every check_memory call's parts (``prepare``'s, ``table``'s, the orders'), on an unbounded machine."""
+    import importlib
+
+    import foal_pipe.memory as memory
+
+    calls: list[dict[str, int]] = []
+
+    def spy(command, parts, fix):
+        calls.append(dict(parts))
+        return memory.BASELINE_BYTES + sum(parts.values())
+
+    for name in ("foal_pipe.protocol.run", "foal_pipe.protocol.table", "foal_pipe.protocol.orders"):
+        monkeypatch.setattr(importlib.import_module(name), "check_memory", spy)
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**40)
+    return calls

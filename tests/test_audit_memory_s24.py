@@ -6,13 +6,12 @@ one chunk), not by rows."""
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import tracemalloc
 
 import numpy as np
 import pytest
-from helpers import invoke
+from helpers import invoke, memory_checks
 
 import foal_pipe.memory as memory
 
@@ -46,20 +45,6 @@ def model(store, tmp_path_factory):
     return out
 
 
-def _spy(monkeypatch) -> list[dict[str, int]]:
-    """Every check_memory call's parts, on an unbounded machine."""
-    calls: list[dict[str, int]] = []
-
-    def spy(command, parts, fix):
-        calls.append(dict(parts))
-        return memory.BASELINE_BYTES + sum(parts.values())
-
-    for name in ("foal_pipe.protocol.run", "foal_pipe.protocol.table", "foal_pipe.protocol.orders"):
-        monkeypatch.setattr(importlib.import_module(name), "check_memory", spy)
-    monkeypatch.setattr(memory, "available_memory", lambda: 2**40)
-    return calls
-
-
 def _peak(*args, out) -> tuple[object, int]:
     """The command's result and its peak of traced allocations (warm: imports and first-call caches left out)."""
     invoke(*args, "--out", out)
@@ -73,7 +58,7 @@ def _peak(*args, out) -> tuple[object, int]:
 
 
 def _estimate_vs_peak(monkeypatch, tmp_path, *args) -> tuple[float, float]:
-    calls = _spy(monkeypatch)
+    calls = memory_checks(monkeypatch)
     result, peak = _peak(*args, out=tmp_path / "out")
     assert result.exit_code == 0, result.output
     estimate = max(sum(parts.values()) for parts in calls[len(calls) // 2:])  # the measured run's checks

@@ -4,15 +4,13 @@ Each test failed on the change as first written; its docstring says what was wro
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import array_api_strict
 import numpy as np
 import pytest
-from helpers import build_store, invoke
+from helpers import build_store, invoke, memory_checks
 
-import foal_pipe.memory as memory
 from foal_pipe.core.leaveoneout import SampledLeaveOneOut
 from foal_pipe.core.statistics import RidgeStatistics
 
@@ -100,15 +98,7 @@ def test_sweep_memory_estimate_covers_the_grid_leverages_it_holds(tmp_path, monk
     sweep's ``--gammas`` (a sweep over 1e-10 .. 1e10 at 100 a decade held 1.6 MB at D = 8 and 100 sampled rows against
     an estimate of 0.97 MB). Right: a grid of more gammas than D is not held, and the estimate's "leave-one-out
     sample's eigen-coordinates" part is at least the coordinates and leverages a boundary holds."""
-    calls: list[dict[str, int]] = []
-
-    def spy(command, parts, fix):
-        calls.append(dict(parts))
-        return memory.BASELINE_BYTES + sum(parts.values())
-
-    for name in ("foal_pipe.protocol.run", "foal_pipe.protocol.table", "foal_pipe.protocol.orders"):
-        monkeypatch.setattr(importlib.import_module(name), "check_memory", spy)
-    monkeypatch.setattr(memory, "available_memory", lambda: 2**40)
+    calls = memory_checks(monkeypatch)
     held: list[int] = []
     real = SampledLeaveOneOut._grid_leverages
 
