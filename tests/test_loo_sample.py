@@ -342,3 +342,20 @@ def test_the_eigen_path_forms_every_gammas_leverages_once(data, monkeypatch):
     inv, _ = path.scaling(GAMMAS)
     np.testing.assert_allclose(np.concatenate([g for g, _ in loo._grid]), (Z * Z) @ inv, rtol=1e-13, atol=0)
     np.testing.assert_allclose(np.concatenate([n for _, n in loo._grid]), np.linalg.norm(Z, axis=1), rtol=1e-13)
+
+
+def test_the_refined_grids_size_decides_whether_leverages_are_kept(data):
+    """The leverages of every gamma are kept for refined grids of at most D gammas, judged on the whole grid the
+    memory estimate counted (``grid``) even where the gammas given are its points above the sums' resolution: 5 gammas
+    of a 20-point grid at D = 14 are not kept, the same 5 alone are; the curves are the same either way."""
+    H, labels = data
+    path = RidgeStatistics.from_batch(H, labels).eigen()
+    rows = np.arange(0, H.shape[0], 2)
+    curves = {}
+    for grid in (None, 20):
+        loo = SampledLeaveOneOut(path, GAMMAS, rows.size, grid=grid)
+        loo.add(H[rows], labels[rows])
+        curves[grid] = loo.evaluate(np.array([1, 3]))
+        assert (loo._grid is None) is (grid == 20)
+    for name in curves[None]:
+        np.testing.assert_allclose(curves[20][name], curves[None][name], rtol=1e-13, atol=0)

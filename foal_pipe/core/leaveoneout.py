@@ -245,10 +245,13 @@ class SampledLeaveOneOut(_LeftOutTotals):
     per gamma for the leverages); :func:`sample_needs_vectors` chooses. The coordinates are
     kept, so the gammas are scored after the pass, only those a zoom asks for (:meth:`evaluate`; ``m D`` float64
     values).
-    ``rows``: how many rows will be added (the sample's size); ``counts``: as :class:`LeaveOneOut`'s.
+    ``rows``: how many rows will be added (the sample's size); ``counts``: as :class:`LeaveOneOut`'s; ``grid``: the
+    refined grid's size, of which ``gammas`` may be the points above the sums' resolution (None: ``gammas``' own),
+    which decides whether every gamma's leverages are kept (:meth:`_grid_leverages`) as the memory estimate does.
     """
 
-    def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int, counts: Any = None) -> None:
+    def __init__(self, path: RidgeEigen | RidgeTridiagonal, gammas: Any, rows: int, counts: Any = None,
+                 grid: int | None = None) -> None:
         self.path = path
         self._lonely = lonely_classes(counts, path.classes)
         self.gammas = path._gammas(gammas)
@@ -259,6 +262,7 @@ class SampledLeaveOneOut(_LeftOutTotals):
         self._scratch = Scratch()  # the blocks' scores and squares, reused by every block of every evaluation
         self._screen: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] | None = None  # :meth:`_screened_rows`
         self._grid: list[tuple[Any, Any]] | None = None  # :meth:`_grid_leverages`
+        self._grid_size = self.gammas.size if grid is None else int(grid)
 
     def add(self, H: Any, labels: Any) -> None:
         """Keep sampled rows ``H`` (m x D)' eigen-coordinates and labels: any gammas are then scored by products
@@ -274,16 +278,16 @@ class SampledLeaveOneOut(_LeftOutTotals):
         step = max(1, LOO_BLOCK_VALUES // max(1, 3 * indices.size * self.n_classes))  # bounds the temporaries
         grid = self._grid_leverages()
         for i, (Z, labels) in enumerate(zip(self._coordinates, self._labels)):
+            if grid is not None:  # the eigen path: the leverages, of every gamma, are at hand
+                xp = array_namespace(Z)
+                leverages = xp.take(grid[i][0], xp.asarray(indices, device=device(Z)), axis=1)
             for lo in range(0, Z.shape[0], step):
                 hi = min(lo + step, Z.shape[0])
                 block = Z[lo:hi, :]
                 if grid is None:
                     fitted = self.path.fitted_at(block, scaling, self._scratch)
-                else:  # the eigen path: the scores' product; the leverages, of every gamma, are at hand
-                    xp = array_namespace(block)
-                    at = xp.asarray(indices, device=device(block))
-                    leverage = xp.take(grid[i][0][lo:hi, :], at, axis=1)
-                    fitted = fitted_scores(block, scaling[1], at.shape[0], self._scratch), leverage
+                else:  # the scores' product alone
+                    fitted = fitted_scores(block, scaling[1], indices.size, self._scratch), leverages[lo:hi, :]
                 right, sums = left_out(*fitted, labels[lo:hi], self.path.classes, self._lonely)
                 correct += right
                 squared += sums
@@ -294,34 +298,33 @@ class SampledLeaveOneOut(_LeftOutTotals):
         one product ``(Z * Z) @ (1 / (lambda + g))`` for all of them, and the rows' lengths: computed once, then read by
         every evaluation of a zoom (each stage formed ``Z * Z`` and its leverages again: about half a small stage's
         time) and by the float32 screen (``screen``: which needs them whatever the grid's size). Without the screen,
-        only for grids of at most ``D`` gammas, whose leverages cost no more than the coordinates' own product and
-        memory (:func:`~foal_pipe.protocol.memoryparts.memory_parts` counts them so); a finer grid's evaluations form
-        their own. None on the tridiagonal path, whose leverages are a recurrence per gamma."""
+        only for refined grids of at most ``D`` gammas (``grid``, as given), whose leverages cost no more than the
+        coordinates' own product and memory (:func:`~foal_pipe.protocol.memoryparts.memory_parts` counts them so); a
+        finer grid's evaluations form their own. None on the tridiagonal path, whose leverages are a recurrence per
+        gamma."""
         if not isinstance(self.path, RidgeEigen):
             return None
-        if self._grid is None and (screen or grid_leverages_kept(self.gammas.size, self.path.values.shape[0])):
+        if self._grid is None and (screen or grid_leverages_kept(self._grid_size, self.path.values.shape[0])):
             shrinkage = self.path.shrinkage(self.gammas)
             self._grid = [self._block_leverages(Z, shrinkage) for Z in self._coordinates]
         return self._grid
 
     def _block_leverages(self, Z: Any, shrinkage: Any) -> tuple[Any, Any]:
-        """:meth:`_grid_leverages` of one block of coordinates, ``Z * Z`` a slice at a time (bounded scratch)."""
+        """:meth:`_grid_leverages` of one block of coordinates, ``Z * Z`` a slice at a time (bounded scratch): the
+        leverages at the gammas of ``shrinkage`` (None: not formed, for the screen's lengths alone) and the lengths."""
         xp = array_namespace(Z)
-        if not Z.shape[0]:  # an empty block: no rows to score
-            where = device(Z)
-            return (xp.zeros((0, self.gammas.size), dtype=Z.dtype, device=where),
-                    xp.zeros((0,), dtype=Z.dtype, device=where))
         leverage, norms = [], []
         step = max(1, LOO_BLOCK_VALUES // max(1, Z.shape[1]))
-        for lo in range(0, Z.shape[0], step):
+        for lo in range(0, max(Z.shape[0], 1), step):  # an empty block: one empty slice, (0, K) leverages
             block = Z[lo : min(lo + step, Z.shape[0]), :]  # in-bounds slices of both axes: the standard's only kind
             squares = (np.multiply(block, block, out=self._scratch("squares", block.shape)) if is_numpy_array(block)
                        else block * block)
             norms.append(xp.sqrt(xp.sum(squares, axis=1)))
-            leverage.append(self.path.leverages(block, shrinkage, squares))
-        if len(leverage) == 1:
-            return leverage[0], norms[0]
-        return xp.concat(leverage, axis=0), xp.concat(norms, axis=0)
+            if shrinkage is not None:
+                leverage.append(self.path.leverages(block, shrinkage, squares))
+        if len(norms) == 1:
+            return (leverage or [None])[0], norms[0]
+        return (xp.concat(leverage, axis=0) if leverage else None), xp.concat(norms, axis=0)
 
     def _correct(self, indices: np.ndarray) -> np.ndarray | None:
         """The rows predicted right, by :func:`screened_correct` (NumPy float64 coordinates of two classes or
@@ -364,16 +367,8 @@ class SampledLeaveOneOut(_LeftOutTotals):
         grid = self._grid_leverages(screen=True)
         rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
         for i, (Z, low) in enumerate(zip(self._coordinates, lows)):
-            if grid is not None:
-                leverage, norms = grid[i]
-                rows.append((low, norms, leverage))
-                continue
-            norms = np.empty(Z.shape[0])
-            step = max(1, LOO_BLOCK_VALUES // max(1, Z.shape[1]))  # ``Z * Z`` a block at a time: bounded scratch
-            for lo in range(0, Z.shape[0], step):
-                block = Z[lo : lo + step]
-                norms[lo : lo + step] = np.sqrt(np.multiply(block, block, out=self._scratch("squares", block.shape)).sum(axis=1))
-            rows.append((low, norms, None))
+            leverage, norms = grid[i] if grid is not None else self._block_leverages(Z, None)
+            rows.append((low, norms, leverage))
         return rows
 
     @property

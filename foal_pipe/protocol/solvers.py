@@ -181,7 +181,7 @@ class ManyGammas:
                 raise internal_error("leave-one-out over every row without the eigenvectors")
             loo = LeaveOneOut(path, fine, statistics.counts)
         else:
-            loo = SampledLeaveOneOut(path, fine, rows, statistics.counts)
+            loo = SampledLeaveOneOut(path, fine, rows, statistics.counts, grid=self.fine.size)
         gcv = np.full(self.grid.size, np.inf)  # never chosen where left out
         solvable = self.grid > (path.floor if cut else 0.0)
         gcv[solvable] = path.gcv(self.grid[solvable])
