@@ -584,3 +584,16 @@ def memory_checks(monkeypatch) -> list[dict[str, int]]:
         monkeypatch.setattr(importlib.import_module(name), "check_memory", spy)
     monkeypatch.setattr(memory, "available_memory", lambda: 2**40)
     return calls
+
+
+def write_nonfinite_store(*args, **kwargs) -> Path:
+    """:func:`~foal_pipe.store.write_store` letting NaN and inf features and block tokens through (it refuses them),
+    so that the readers' own refusals of such a store can be tested."""
+    from foal_pipe.store import write as store_write
+
+    original = store_write.check_finite
+    store_write.check_finite = lambda x, what: None
+    try:
+        return store_write.write_store(*args, **kwargs)
+    finally:
+        store_write.check_finite = original

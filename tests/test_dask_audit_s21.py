@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import assert_clean_error, assert_identical_stores, invoke, make_image_tree
+from helpers import assert_clean_error, assert_identical_stores, invoke, make_image_tree, write_nonfinite_store
 
 import foal_pipe.protocol.distributed as dist
 from foal_pipe.errors import FoalPipeError
@@ -36,7 +36,7 @@ def _rows(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def _nan_store(path: Path) -> Path:
     x, y = _rows()
     x[257, 3] = np.nan
-    return write_store(path, (x, y), (x[:40], y[:40]), list("abcd"), chunk_rows=50)
+    return write_nonfinite_store(path, (x, y), (x[:40], y[:40]), list("abcd"), chunk_rows=50)
 
 
 def _damaged_store(path: Path) -> Path:

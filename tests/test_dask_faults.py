@@ -16,11 +16,10 @@ from typer.testing import CliRunner
 
 distributed = pytest.importorskip("distributed")
 
-from helpers import cluster_store  # noqa: E402
+from helpers import cluster_store, write_nonfinite_store  # noqa: E402
 
 from foal_pipe.cli import app  # noqa: E402
 from foal_pipe.errors import FoalPipeError  # noqa: E402
-from foal_pipe.store import write_store  # noqa: E402
 
 pytestmark = pytest.mark.slow  # local Dask clusters
 
@@ -243,7 +242,7 @@ def test_a_worker_failure_prints_one_line_and_no_worker_traceback(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(400, 8)), np.arange(400) % 4
     x[257, 3] = np.nan
-    path = write_store(tmp_path / "nan.zarr", (x, y), (x[:40], y[:40]), list("abcd"), chunk_rows=50)
+    path = write_nonfinite_store(tmp_path / "nan.zarr", (x, y), (x[:40], y[:40]), list("abcd"), chunk_rows=50)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = ["learn", "--features", str(path), "--out", str(tmp_path / "o"), "--tasks", "2", "--backend", "numpy",
                "--scheduler", "dask", "--workers", "2"]

@@ -12,10 +12,9 @@ from typer.testing import CliRunner
 
 distributed = pytest.importorskip("distributed")
 
-from helpers import cluster_store  # noqa: E402
+from helpers import cluster_store, write_nonfinite_store  # noqa: E402
 
 from foal_pipe.cli import app  # noqa: E402
-from foal_pipe.store import write_store  # noqa: E402
 
 pytestmark = pytest.mark.slow  # local Dask clusters
 
@@ -132,7 +131,7 @@ def test_nan_features_reported_from_a_worker(tmp_path, cluster):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(400, 8)), np.arange(400) % 4
     x[257, 3] = np.nan
-    path = write_store(tmp_path / "nan.zarr", (x, y), (x[:40], y[:40]), list("abcd"), chunk_rows=50)
+    path = write_nonfinite_store(tmp_path / "nan.zarr", (x, y), (x[:40], y[:40]), list("abcd"), chunk_rows=50)
     result = invoke("learn", "--features", path, "--out", tmp_path / "out", "--tasks", "2",
                     "--scheduler", "dask", "--dask-address", cluster.scheduler_address)
     assert result.exit_code == 1, result.output

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_identical_stores, digits_pixels_spec, int32_store, invoke
+from helpers import assert_identical_stores, digits_pixels_spec, int32_store, invoke, write_nonfinite_store
 
 from foal_pipe.cli.flags import cli_form
 from foal_pipe.errors import FoalPipeError
 from foal_pipe.extract import run_extract
-from foal_pipe.store import open_store, verify_store, write_store
+from foal_pipe.store import open_store, verify_store
 from foal_pipe.store.verify import REFUSED, WHOLE_STORE, changed_chunks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -42,7 +42,8 @@ def _nan_store(path: Path, dtype: str = "float32", blocks_dtype: str | None = No
         b = np.ones((600, 2, 4), blocks_dtype)
         b[400, 1, 2] = np.inf
         blocks = (b, b[:100])
-    return write_store(path, (x, y), (x[:100], y[:100]), list("abc"), chunk_rows=64, dtype=dtype, blocks=blocks)
+    return write_nonfinite_store(path, (x, y), (x[:100], y[:100]), list("abc"), chunk_rows=64, dtype=dtype,
+                                 blocks=blocks)
 
 
 @pytest.mark.parametrize(("dtype", "hint"), [("float32", ""), ("float64", ""),

@@ -241,3 +241,25 @@ def test_write_store_refuses_bad_rows_before_writing(tmp_path, edit):
     with pytest.raises(FoalPipeError, match=message):
         write_store(tmp_path / "s.zarr", (x, y), test, CLASSES, chunk_rows=16)
     assert not (tmp_path / "s.zarr").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["train", "test", "train blocks", "test blocks"])
+def test_write_store_refuses_non_finite_rows_before_writing(tmp_path, value, where):
+    """Every reader refuses a store holding NaN or inf, so the writer refuses the rows first, naming the value and
+    its place; a finite store of the same rows is written (the check is on what was given, not on the dtype)."""
+    (x, y), (xt, yt) = _rows(32, 0), _rows(16, 1)
+    x, xt = x.astype(np.float64), xt.astype(np.float64)
+    tokens = [np.ones((32, 2, x.shape[1]), np.float32), np.ones((16, 2, x.shape[1]), np.float32)]
+    split, *blocks = where.split()
+    target = (tokens[0] if split == "train" else tokens[1]) if blocks else (x if split == "train" else xt)
+    spot = (5, 1, 3) if blocks else (5, 3)
+    target[spot] = value
+    kind = "block token" if blocks else "feature"
+    with pytest.raises(FoalPipeError, match=rf"write_store: {split} {kind} -?(nan|inf) \(row 5, "
+                                            rf"{'position 1, 3' if blocks else 'column 3'}\) is not a finite number"):
+        write_store(tmp_path / "s.zarr", (x, y), (xt, yt), CLASSES, chunk_rows=16, blocks=tuple(tokens))
+    assert list(tmp_path.iterdir()) == []
+    target[spot] = 0.0
+    store = open_store(write_store(tmp_path / "s.zarr", (x, y), (xt, yt), CLASSES, chunk_rows=16, blocks=tuple(tokens)))
+    assert store.split("train").n_rows == 32

@@ -302,7 +302,8 @@ def write_store(
     """Write a complete store from in-memory arrays (tests, benchmarks, small datasets; extract streams).
 
     ``blocks``: per-block tokens ``(N, L, d)`` of train and test (their dtype is stored), with the final
-    ``norm`` (default: none, ``identity``)."""
+    ``norm`` (default: none, ``identity``). Features or tokens that are NaN or inf are refused before anything is
+    written, as every reader would refuse the store."""
     encoder = encoder or {"name": "synthetic", "fusion": "none", "image_size": 0, "normalize": False}
     problem = encoder_problem(encoder) if isinstance(encoder, dict) else "is not a dict"
     if problem is not None:  # every reader would refuse the store
@@ -314,6 +315,8 @@ def write_store(
     features, labels, dim = _check_rows(train, test, len(names), dtype)
     layout = None
     if blocks is not None:
+        for split, tokens in zip(SPLITS, blocks, strict=True):
+            check_finite(np.asarray(tokens), f"{split} block token")
         layout = BlockLayout(int(blocks[0].shape[1]), np.asarray(blocks[0]).dtype.name, norm or FinalNorm("identity"))
     create_skeleton(path, StoreMeta(names, dataset, encoder), dim, dtype, chunk_rows, labels, blocks=layout)
     for i, name in enumerate(SPLITS):
@@ -412,8 +415,21 @@ def _on_host(x: Any, what: str) -> np.ndarray:
                             "array of real numbers") from None
 
 
+def check_finite(x: np.ndarray, what: str) -> None:
+    """Refuse NaN or inf in ``x`` (features, or block tokens), naming the first: every reader refuses a store that
+    holds one, so it is refused before anything is written."""
+    finite = np.isfinite(x)
+    if not finite.all():
+        at = tuple(int(i[0]) for i in np.nonzero(~finite))
+        raise FoalPipeError(f"write_store: {what} {x[at]} (row {at[0]}, {'position' if len(at) > 2 else 'column'} "
+                            f"{', '.join(map(str, at[1:]))}) is not a finite number, which every reader refuses; drop "
+                            "or fix that row")
+
+
 def _cast(x: np.ndarray, dtype: str, split: str) -> np.ndarray:
-    """``x`` as ``dtype``, refused where a finite value becomes inf (beyond the dtype's range)."""
+    """``x`` as ``dtype``, refused where a value is NaN or inf (every reader refuses such a store) or where a finite
+    value becomes inf (beyond the dtype's range)."""
+    check_finite(x, f"{split} feature")
     with np.errstate(over="ignore"):
         cast = np.asarray(x, dtype=dtype)
     over = np.isfinite(x) & ~np.isfinite(cast)
