@@ -10,6 +10,7 @@ from helpers import DIM, N_CLASSES, build_store, invoke, learn, read
 
 from foal_pipe import SmoothProjection
 from foal_pipe.core.activations import relu, sigmoid
+from foal_pipe.core.expansion import Expansion
 from foal_pipe.protocol.config import EvaluationConfig, ExecutionConfig, ModelConfig, StreamConfig
 from foal_pipe.protocol.learners.gram import GramLearner
 from foal_pipe.protocol.run import prepare
@@ -164,3 +165,22 @@ def test_walk_holds_the_closed_form_at_every_boundary_and_decodes_each_chunk_onc
         assert np.abs(b.W[:, 0, :] - W).max() / np.abs(W).max() < 1e-9
     chunks = -(-run.store.train.n_rows // run.store.train.chunk_rows)
     assert sorted(decoded) == sorted(set(decoded)) and len(decoded) == chunks  # every chunk once, leave-one-out too
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "cos"])
+def test_the_value_at_zero_is_the_activation_of_the_bias_on_each_namespace(activation):
+    """What an erased row's activations all equal (the walk's refusal and the workers' ErasedRows share it): 0.5 for
+    the sigmoid, ``sqrt(2 / D) cos(b)`` for random Fourier features with bias ``b``; computed once per namespace and
+    device, the same on NumPy and torch."""
+    import array_api_compat.torch as xt
+
+    rng = np.random.default_rng(0)
+    b = rng.uniform(0, 2 * np.pi, size=5) if activation == "cos" else None
+    expansion = Expansion.from_matrix(rng.normal(size=(3, 5)), activation, bias=b)
+    numpy_zero = expansion.at_zero(np, "cpu")
+    expected = np.sqrt(2 / 5) * np.cos(b) if activation == "cos" else np.full(5, 0.5)
+    np.testing.assert_allclose(numpy_zero, expected[None, :], rtol=1e-15)
+    assert numpy_zero.dtype == np.float64
+    assert expansion.at_zero(np, "cpu") is numpy_zero  # cached
+    torch_zero = expansion.at_zero(xt, xt.asarray(0.0).device).numpy()
+    np.testing.assert_array_equal(torch_zero, numpy_zero)

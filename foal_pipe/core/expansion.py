@@ -153,22 +153,31 @@ class Expansion:
                 Z += bias[None, :]
         H = ACTIVATIONS[self.activation](Z)
         if check and self.activation in ROUNDED_AT_ZERO and H.shape[0] > 1:
-            self._check_erased(X, H, xp, key, where)
+            self._check_erased(X, H, xp, where)
         return H
 
-    def _check_erased(self, X: Any, H: Any, xp: Any, key: str, where: Any) -> None:
+    def at_zero(self, xp: Any, where: Any) -> Any:
+        """``(1, D)``: the activations of the origin's row (the bias's, with one) in ``xp`` on ``where``, cached there:
+        the value every activation of a row the activation erases takes (:meth:`_check_erased`,
+        :class:`~foal_pipe.protocol.erasedrows.ErasedRows`)."""
+        key = f"{xp.__name__} {where} zero"
+        zero = self._device.get(key)
+        if zero is None:
+            origin = xp.zeros((1, self.components_.shape[1]), dtype=getattr(xp, self.components_.dtype.name),
+                              device=where)
+            if self.bias_ is not None:
+                origin += xp.asarray(self.bias_, device=where)[None, :]
+            zero = self._device[key] = ACTIVATIONS[self.activation](origin)
+        return zero
+
+    def _check_erased(self, X: Any, H: Any, xp: Any, where: Any) -> None:
         """Refuse rows ``X`` that differ while every one of their activations ``H`` is the activation's value at 0
         (``sigmoid``'s 0.5): each ``x P`` lies within the activation's rounding of 0 (below 2^-54 for the sigmoid), so
         nothing of the rows' differences is left and rounding, not the data, would decide the result (a store of
         features near 1e-30). Features that are merely small keep a few digits and pass; so do rows that are all
         equal, or exactly 0. A real encoder's rows (or pixels) are never all that close to 0 while differing unless
         the whole store is. On the usual path this costs one row's comparison (the first row is not at 0)."""
-        zero = self._device.get(key + " zero")
-        if zero is None:
-            origin = xp.zeros((1, H.shape[1]), dtype=H.dtype, device=where)
-            if self.bias_ is not None:
-                origin += self._device[key + " bias"]
-            zero = self._device[key + " zero"] = ACTIVATIONS[self.activation](origin)
+        zero = self.at_zero(xp, where)
         if not bool(xp.all(H[:1, :] == zero)) or not bool(xp.all(zero == H)) or not bool(xp.any(X[:1, :] != X)):
             return
         raise erased_error(self.activation, H.shape[0], float(xp.max(xp.abs(X))))

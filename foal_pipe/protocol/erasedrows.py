@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
-from foal_pipe.core.activations import ACTIVATIONS, ROUNDED_AT_ZERO
+from foal_pipe.core.activations import ROUNDED_AT_ZERO
 from foal_pipe.core.backend import to_numpy
 from foal_pipe.core.expansion import Expansion, erased_error
 
@@ -36,8 +36,7 @@ class ErasedRows(NamedTuple):
         if projection.activation not in ROUNDED_AT_ZERO or not H.shape[0] or not H.shape[1]:
             return NO_ERASED
         xp = array_namespace(H)
-        origin = np.zeros((1, H.shape[1])) if projection.bias_ is None else projection.bias_[None, :]
-        zero = to_numpy(ACTIVATIONS[projection.activation](xp.asarray(origin.astype(projection.components_.dtype))))
+        zero = to_numpy(projection.at_zero(xp, device(H)))
         candidates = np.flatnonzero(to_numpy(H[:, 0] == float(zero[0, 0])))
         if not candidates.size:
             return NO_ERASED
