@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import CHUNK, KWARGS_4, TINY_VIT, extract_one_thread, store_files, vit4_spec
+from helpers import CHUNK, KWARGS_4, TINY_VIT, extract_one_thread, store_files, vit4_spec, write_nonfinite_store
 from typer.testing import CliRunner
 
 import foal_pipe.store as st
@@ -386,7 +386,7 @@ def test_nan_in_blocks_is_named(tmp_path):
     blocks = np.ones((20, 2, 3), np.float16)
     blocks[13, 1, 2] = np.inf
     x, y = np.ones((20, 3), np.float32), np.zeros(20, int)
-    path = write_store(tmp_path / "s.zarr", (x, y), (x, y), ["a"], chunk_rows=8, blocks=(blocks, blocks))
+    path = write_nonfinite_store(tmp_path / "s.zarr", (x, y), (x, y), ["a"], chunk_rows=8, blocks=(blocks, blocks))
     with pytest.raises(FoalPipeError, match=r"train/blocks has NaN or inf values \(first bad row: 13\).*blocks_dtype='float32'"):
         list(open_store(path, fusion="mean-cls").train.iter_chunks())
     problems = [str(p) for p in verify_store(path).problems]

@@ -263,3 +263,25 @@ def test_write_store_refuses_non_finite_rows_before_writing(tmp_path, value, whe
     target[spot] = 0.0
     store = open_store(write_store(tmp_path / "s.zarr", (x, y), (xt, yt), CLASSES, chunk_rows=16, blocks=tuple(tokens)))
     assert store.split("train").n_rows == 32
+
+
+@pytest.mark.parametrize("edit", ["three", "one", "none", "rows", "flat", "blocks", "strings"])
+def test_write_store_refuses_block_tokens_it_cannot_keep_in_one_line(tmp_path, edit):
+    """Block tokens are a (train, test) pair of (N, L, d) real numbers, a row per feature row and the same L and d in
+    both splits; anything else is one line before anything is written (a raw ValueError or a half-made store
+    before)."""
+    (x, y), (xt, yt) = _rows(32, 0), _rows(16, 1)
+    train, test = np.ones((32, 2, 8), np.float32), np.ones((16, 2, 8), np.float32)
+    blocks, message = {
+        "three": ((train, test, test), "must be a pair"),
+        "one": ((train,), "must be a pair"),
+        "none": ((train, None), "test block tokens are object values"),
+        "rows": ((train, train), r"test block tokens have shape \(32, 2, 8\)"),
+        "flat": ((train[:, 0], test[:, 0]), r"train block tokens have shape \(32, 8\)"),
+        "blocks": ((train, np.ones((16, 3, 8), np.float32)), r"test block tokens have shape \(16, 3, 8\)"),
+        "strings": ((train, test.astype(str)), "test block tokens are <U32 values"),
+    }[edit]
+    with pytest.raises(FoalPipeError, match=message) as caught:
+        write_store(tmp_path / "s.zarr", (x, y), (xt, yt), CLASSES, chunk_rows=16, blocks=blocks)
+    assert "\n" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []

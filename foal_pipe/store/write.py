@@ -315,9 +315,8 @@ def write_store(
     features, labels, dim = _check_rows(train, test, len(names), dtype)
     layout = None
     if blocks is not None:
-        for split, tokens in zip(SPLITS, blocks, strict=True):
-            check_finite(np.asarray(tokens), f"{split} block token")
-        layout = BlockLayout(int(blocks[0].shape[1]), np.asarray(blocks[0]).dtype.name, norm or FinalNorm("identity"))
+        blocks = _check_blocks(blocks, {name: int(features[name].shape[0]) for name in SPLITS})
+        layout = BlockLayout(int(blocks[0].shape[1]), blocks[0].dtype.name, norm or FinalNorm("identity"))
     create_skeleton(path, StoreMeta(names, dataset, encoder), dim, dtype, chunk_rows, labels, blocks=layout)
     for i, name in enumerate(SPLITS):
         writer = FeatureWriter(path, name)
@@ -364,7 +363,8 @@ def _check_rows(train: tuple[Any, Any], test: tuple[Any, Any], n_classes: int,
         if bad.size:
             raise FoalPipeError(f"write_store: {name} label {y[bad[0]]} at row {int(bad[0])} is outside [0, {n_classes}) "
                                 "(the number of classes) and not -1 (unlabelled); fix the labels or the classes")
-        features[name], labels[name] = _cast(x, dtype, name), y.astype(np.int64)
+        features[name] = _cast(x, dtype, f"{name} feature", f"pass {param('dtype', 'float64')} or scale the features")
+        labels[name] = y.astype(np.int64)
         widths.append(int(x.shape[1]))
     if widths[0] != widths[1]:
         raise FoalPipeError(f"write_store: train features have {widths[0]} dimensions but test features {widths[1]}; "
@@ -420,24 +420,56 @@ def check_finite(x: np.ndarray, what: str) -> None:
     holds one, so it is refused before anything is written."""
     finite = np.isfinite(x)
     if not finite.all():
-        at = tuple(int(i[0]) for i in np.nonzero(~finite))
-        raise FoalPipeError(f"write_store: {what} {x[at]} (row {at[0]}, {'position' if len(at) > 2 else 'column'} "
-                            f"{', '.join(map(str, at[1:]))}) is not a finite number, which every reader refuses; drop "
-                            "or fix that row")
+        at = _first(~finite)
+        raise FoalPipeError(f"write_store: {what} {x[at]} ({_place(at)}) is not a finite number, which every reader "
+                            "refuses; drop or fix that row")
 
 
-def _cast(x: np.ndarray, dtype: str, split: str) -> np.ndarray:
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i[0]) for i in np.nonzero(mask))
+
+
+def _place(at: tuple[int, ...]) -> str:
+    """A feature's (row, column) or a block token's (row, block, column) as a message names it."""
+    return f"row {at[0]}, " + (f"position {at[1]}, {at[2]}" if len(at) > 2 else f"column {at[1]}")
+
+
+def _cast(x: np.ndarray, dtype: str, what: str, fix: str) -> np.ndarray:
     """``x`` as ``dtype``, refused where a value is NaN or inf (every reader refuses such a store) or where a finite
-    value becomes inf (beyond the dtype's range)."""
-    check_finite(x, f"{split} feature")
+    value becomes inf (beyond the dtype's range: ``fix`` says what to do)."""
+    check_finite(x, what)
     with np.errstate(over="ignore"):
         cast = np.asarray(x, dtype=dtype)
     over = np.isfinite(x) & ~np.isfinite(cast)
     if over.any():
-        row, col = (int(i[0]) for i in np.nonzero(over))
-        raise FoalPipeError(f"write_store: {split} feature {x[row, col]} (row {row}, column {col}) is beyond {dtype}'s "
-                            f"range and would be written as inf; pass {param('dtype', 'float64')} or scale the features")
+        at = _first(over)
+        raise FoalPipeError(f"write_store: {what} {x[at]} ({_place(at)}) is beyond {dtype}'s range and would be "
+                            f"written as inf; {fix}")
     return cast
+
+
+def _check_blocks(blocks: Any, rows: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The train and test block tokens as the store keeps them, in the train tokens' dtype (the store's blocks
+    dtype), refused in one line before anything is written: no pair of splits, a dtype outside the spec, tokens that
+    are no real numbers or not ``(N, L, d)`` with a row per feature row (``rows``, per split), NaN or inf, or a
+    token beyond that dtype's range (it would be written as inf)."""
+    if not isinstance(blocks, (tuple, list)) or len(blocks) != 2:
+        raise FoalPipeError(f"write_store: {param('blocks')} must be a pair (train tokens, test tokens), each (N, L, d); "
+                            "pass both splits' tokens")
+    tokens = [_on_host(b, f"{split} block tokens") for split, b in zip(SPLITS, blocks, strict=True)]
+    dtype = tokens[0].dtype.name
+    if dtype not in BLOCK_DTYPES:
+        raise FoalPipeError(f"blocks dtype {dtype!r} is outside the spec; choose one of {', '.join(BLOCK_DTYPES)}")
+    for split, t in zip(SPLITS, tokens, strict=True):
+        if t.dtype.kind not in "biuf":
+            raise FoalPipeError(f"write_store: {split} block tokens are {t.dtype} values; pass real numbers in "
+                                f"{' or '.join(BLOCK_DTYPES)}")
+        if t.ndim != 3 or t.shape[1:] != tokens[0].shape[1:] or t.shape[0] != rows[split] or 0 in t.shape[1:]:
+            raise FoalPipeError(f"write_store: {split} block tokens have shape {t.shape}; pass (N, L, d) tokens, one "
+                                f"row per feature row ({rows[split]}) and the same L, d >= 1 in both splits")
+    fix = "pass the tokens of both splits as float32 or scale them"
+    train, test = (_cast(t, dtype, f"{split} block token", fix) for split, t in zip(SPLITS, tokens, strict=True))
+    return train, test
 
 
 def _label_ids(y: Any, split: str) -> np.ndarray:
