@@ -589,11 +589,12 @@ def memory_checks(monkeypatch) -> list[dict[str, int]]:
 def write_nonfinite_store(*args, **kwargs) -> Path:
     """:func:`~foal_pipe.store.write_store` letting NaN and inf features and block tokens through (it refuses them),
     so that the readers' own refusals of such a store can be tested."""
-    from foal_pipe.store import write as store_write
+    from foal_pipe.store import given
+    from foal_pipe.store.write import write_store
 
-    original = store_write.check_finite
-    store_write.check_finite = lambda x, what: None
+    original = given.check_finite
+    given.check_finite = lambda x, what: None
     try:
-        return store_write.write_store(*args, **kwargs)
+        return write_store(*args, **kwargs)
     finally:
-        store_write.check_finite = original
+        given.check_finite = original

@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 import zarr
-from array_api_compat import is_torch_array
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
-from foal_pipe.core.backend import host_values
-from foal_pipe.errors import FoalPipeError, clipped, param
+from foal_pipe.errors import FoalPipeError, param
 from foal_pipe.io import exchange
 from foal_pipe.io.outpaths import enclosing_store, is_feature_store
 from foal_pipe.store.blockfusion import FinalNorm
+from foal_pipe.store.given import cast_finite, check_blocks, on_host
 from foal_pipe.store.integrity import check_chunks, compute_generation, record_chunks
 from foal_pipe.store.log import log_path
 from foal_pipe.store.manifest import MANIFEST
@@ -315,7 +314,7 @@ def write_store(
     features, labels, dim = _check_rows(train, test, len(names), dtype)
     layout = None
     if blocks is not None:
-        blocks = _check_blocks(blocks, {name: int(features[name].shape[0]) for name in SPLITS})
+        blocks = check_blocks(blocks, {name: int(features[name].shape[0]) for name in SPLITS})
         layout = BlockLayout(int(blocks[0].shape[1]), blocks[0].dtype.name, norm or FinalNorm("identity"))
     create_skeleton(path, StoreMeta(names, dataset, encoder), dim, dtype, chunk_rows, labels, blocks=layout)
     for i, name in enumerate(SPLITS):
@@ -363,7 +362,7 @@ def _check_rows(train: tuple[Any, Any], test: tuple[Any, Any], n_classes: int,
         if bad.size:
             raise FoalPipeError(f"write_store: {name} label {y[bad[0]]} at row {int(bad[0])} is outside [0, {n_classes}) "
                                 "(the number of classes) and not -1 (unlabelled); fix the labels or the classes")
-        features[name] = _cast(x, dtype, f"{name} feature", f"pass {param('dtype', 'float64')} or scale the features")
+        features[name] = cast_finite(x, dtype, f"{name} feature", f"pass {param('dtype', 'float64')} or scale the features")
         labels[name] = y.astype(np.int64)
         widths.append(int(x.shape[1]))
     if widths[0] != widths[1]:
@@ -381,7 +380,7 @@ def _features(x: Any, what: str) -> np.ndarray:
     if isinstance(x, np.ma.MaskedArray) and np.ma.is_masked(x):
         raise FoalPipeError(f"write_store: {what} have masked (missing) entries, which would be written as the values "
                             "behind the mask; fill them (.filled(value)) or drop their rows")
-    values = _on_host(x, what)
+    values = on_host(x, what)
     if values.dtype.kind == "O":  # Python numbers are read as floats; None would be NaN, a str parsed
         other = next((v for v in values.ravel().tolist() if not isinstance(v, numbers.Real)), values)
         if other is not values:
@@ -398,80 +397,6 @@ def _features(x: Any, what: str) -> np.ndarray:
     return values
 
 
-def _on_host(x: Any, what: str) -> np.ndarray:
-    """``x`` as a NumPy array: a tensor by :func:`host_values` (detached, bfloat16 widened; sparse or meta refused),
-    an array of a namespace it does not copy (dask) or a list by NumPy; refused in one line where NumPy cannot."""
-    try:
-        try:
-            return np.asarray(host_values(x, what))
-        except FoalPipeError:
-            if is_torch_array(x):  # sparse or on the meta device: host_values' line
-                raise
-            return np.asarray(x)  # a namespace without a copy to the host of its own (dask): NumPy reads it
-    except FoalPipeError:
-        raise
-    except (TypeError, ValueError) as exc:  # ragged nesting, an object NumPy cannot read
-        raise FoalPipeError(f"write_store: NumPy cannot read {what} as an array ({clipped(str(exc), 80)}); pass an "
-                            "array of real numbers") from None
-
-
-def check_finite(x: np.ndarray, what: str) -> None:
-    """Refuse NaN or inf in ``x`` (features, or block tokens), naming the first: every reader refuses a store that
-    holds one, so it is refused before anything is written."""
-    finite = np.isfinite(x)
-    if not finite.all():
-        at = _first(~finite)
-        raise FoalPipeError(f"write_store: {what} {x[at]} ({_place(at)}) is not a finite number, which every reader "
-                            "refuses; drop or fix that row")
-
-
-def _first(mask: np.ndarray) -> tuple[int, ...]:
-    return tuple(int(i[0]) for i in np.nonzero(mask))
-
-
-def _place(at: tuple[int, ...]) -> str:
-    """A feature's (row, column) or a block token's (row, block, column) as a message names it."""
-    return f"row {at[0]}, " + (f"position {at[1]}, {at[2]}" if len(at) > 2 else f"column {at[1]}")
-
-
-def _cast(x: np.ndarray, dtype: str, what: str, fix: str) -> np.ndarray:
-    """``x`` as ``dtype``, refused where a value is NaN or inf (every reader refuses such a store) or where a finite
-    value becomes inf (beyond the dtype's range: ``fix`` says what to do)."""
-    check_finite(x, what)
-    with np.errstate(over="ignore"):
-        cast = np.asarray(x, dtype=dtype)
-    over = np.isfinite(x) & ~np.isfinite(cast)
-    if over.any():
-        at = _first(over)
-        raise FoalPipeError(f"write_store: {what} {x[at]} ({_place(at)}) is beyond {dtype}'s range and would be "
-                            f"written as inf; {fix}")
-    return cast
-
-
-def _check_blocks(blocks: Any, rows: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The train and test block tokens as the store keeps them, in the train tokens' dtype (the store's blocks
-    dtype), refused in one line before anything is written: no pair of splits, a dtype outside the spec, tokens that
-    are no real numbers or not ``(N, L, d)`` with a row per feature row (``rows``, per split), NaN or inf, or a
-    token beyond that dtype's range (it would be written as inf)."""
-    if not isinstance(blocks, (tuple, list)) or len(blocks) != 2:
-        raise FoalPipeError(f"write_store: {param('blocks')} must be a pair (train tokens, test tokens), each (N, L, d); "
-                            "pass both splits' tokens")
-    tokens = [_on_host(b, f"{split} block tokens") for split, b in zip(SPLITS, blocks, strict=True)]
-    dtype = tokens[0].dtype.name
-    if dtype not in BLOCK_DTYPES:
-        raise FoalPipeError(f"blocks dtype {dtype!r} is outside the spec; choose one of {', '.join(BLOCK_DTYPES)}")
-    for split, t in zip(SPLITS, tokens, strict=True):
-        if t.dtype.kind not in "biuf":
-            raise FoalPipeError(f"write_store: {split} block tokens are {t.dtype} values; pass real numbers in "
-                                f"{' or '.join(BLOCK_DTYPES)}")
-        if t.ndim != 3 or t.shape[1:] != tokens[0].shape[1:] or t.shape[0] != rows[split] or 0 in t.shape[1:]:
-            raise FoalPipeError(f"write_store: {split} block tokens have shape {t.shape}; pass (N, L, d) tokens, one "
-                                f"row per feature row ({rows[split]}) and the same L, d >= 1 in both splits")
-    fix = "pass the tokens of both splits as float32 or scale them"
-    train, test = (_cast(t, dtype, f"{split} block token", fix) for split, t in zip(SPLITS, tokens, strict=True))
-    return train, test
-
-
 def _label_ids(y: Any, split: str) -> np.ndarray:
     """``y`` as a NumPy array of whole numbers (a tensor detached), refused in one line when a label is no class id:
     a string, None, a boolean (written as id 0 or 1), a fraction (written as its integer part) or masked (the id
@@ -479,7 +404,7 @@ def _label_ids(y: Any, split: str) -> np.ndarray:
     if isinstance(y, np.ma.MaskedArray) and np.ma.is_masked(y):
         raise FoalPipeError(f"write_store: {split} labels have masked (missing) entries; label those rows -1 "
                             "(unlabelled) or drop them")
-    ids = _on_host(y, f"{split} labels")
+    ids = on_host(y, f"{split} labels")
     given = y if isinstance(y, (list, tuple)) else ids.ravel().tolist() if ids.dtype.kind == "O" else ()
     if ids.dtype.kind == "O":
         ids = np.asarray(ids.tolist())  # Python ints read as int64 (a None stays an object)
